@@ -1,0 +1,2 @@
+"""lipbound: Lipschitz bounds for attention, derived, proved, checked and exported."""
+__version__ = "0.1.0"

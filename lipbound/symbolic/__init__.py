@@ -1,0 +1,1 @@
+"""The symbolic layer: derive, prove and export Lipschitz bounds for attention."""

@@ -1,0 +1,221 @@
+"""Results of a derivation: a :class:`Bound`, or :class:`NotLipschitz` with a witness family.
+
+A bound is a SymPy expression plus the assumptions it used plus its derivation
+record.  It can be simplified, have numbers substituted, be expanded to leading
+order, be compared with another bound, and be turned into numpy (fast) or
+interval (rigorous) code with :meth:`Bound.lambdify`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable, final
+
+import sympy as sp
+
+from ..errors import AssumptionError
+from . import symbols as S
+from .record import Derivation
+
+__all__ = ["Result", "Bound", "NotLipschitz", "expand_special", "numeric_namespace"]
+
+
+def expand_special(expr: sp.Expr) -> sp.Expr:
+    """Replace ``kappa``, ``causal_kappa`` and ``lambert_level`` by their closed forms."""
+    return sp.sympify(expr).replace(
+        lambda e: isinstance(e, (S.kappa, S.causal_kappa, S.lambert_level)),
+        lambda e: e.closed_form())
+
+
+class Result:
+    """Common interface of :class:`Bound` and :class:`NotLipschitz`.  Abstract."""
+
+    variant: str
+    norm: str
+    domain: str
+    assumptions: tuple[str, ...]
+    record: Derivation
+    lipschitz: bool
+
+    def to_json(self) -> dict:
+        raise NotImplementedError
+
+
+@final
+@dataclass(frozen=True)
+class Bound(Result):
+    """``Lip(variant) <= expr`` under ``assumptions``.
+
+    Attributes
+    ----------
+    variant, norm, domain : str
+        Keys of the variant, the norm on X, and the domain.
+    expr : sympy expression
+        The bound in weight-norm symbols, sizes and radii.
+    generic : sympy expression
+        The same bound in the kernel constants (the theorem's statement).
+    constants : dict
+        Kernel constant symbol -> expression used to pass from ``generic`` to ``expr``.
+    assumptions : tuple of str
+        Human-readable assumptions.
+    record : Derivation
+        Every step, in order: the kernel constants, then the theorem.
+    theorem : str
+        Identifier of the general theorem (the name of its file in ``proofs/``).
+    provenance : str
+        ``"derived"`` for lipbound's own derivations, else a claim's tag.
+    """
+
+    variant: str
+    norm: str
+    domain: str
+    expr: sp.Expr
+    generic: sp.Expr
+    constants: dict
+    assumptions: tuple[str, ...]
+    record: Derivation = field(repr=False, compare=False)
+    theorem: str = ""
+    provenance: str = "derived"
+    lipschitz: bool = field(default=True, init=False)
+
+    # working with the expression --------------------------------------------
+    @property
+    def free_symbols(self) -> set:
+        return self.expr.free_symbols
+
+    def subs(self, values: dict) -> "Bound":
+        """Substitute numbers or expressions for symbols (keys: symbols or their names)."""
+        mapping = _mapping(self.expr, values)
+        return replace(self, expr=self.expr.xreplace(mapping))
+
+    def simplify(self) -> "Bound":
+        return replace(self, expr=sp.simplify(self.expr))
+
+    def closed_form(self) -> sp.Expr:
+        """The bound with kappa and Lambert levels written out."""
+        return expand_special(self.expr)
+
+    def evaluate(self, values: dict | None = None) -> float:
+        """Float value after substitution (every symbol must be given)."""
+        expr = expand_special(self.subs(values or {}).expr)
+        if expr.free_symbols:
+            raise AssumptionError("values", "a number for every symbol of the bound",
+                                  f"missing {sorted(map(str, expr.free_symbols))}",
+                                  "pass them in values={...}")
+        return float(sp.N(expr, 30))
+
+    def leading_order(self, variable: sp.Symbol, point=sp.oo) -> sp.Expr:
+        """Leading term as ``variable -> point`` (``Theta`` behaviour), by SymPy limits.
+
+        Returns ``c * g(variable)`` where ``bound / g -> c``, ``c`` finite and non-zero.
+        """
+        from .asymptotics import leading_term
+        return leading_term(expand_special(self.expr), variable, point)
+
+    def lambdify(self, backend: str = "numpy") -> tuple[list[sp.Symbol], Callable]:
+        """Compile the bound.  ``backend``: ``"numpy"`` (fast), ``"mpmath"`` (high precision)
+        or ``"interval"`` (``mpmath.iv``, outward rounding: use for certified values).
+
+        Returns ``(symbols, function)``; call ``function(*values)`` in the order of ``symbols``.
+        """
+        expr = expand_special(self.expr)
+        symbols = sorted(expr.free_symbols, key=str)
+        return symbols, sp.lambdify(symbols, expr, modules=numeric_namespace(backend))
+
+    def compare(self, other: "Bound", **kwargs):
+        """Decide ``self <= other`` for all admissible values (see :func:`lipbound.symbolic.compare.compare`)."""
+        from .compare import compare
+        return compare(self.expr, other.expr, **kwargs)
+
+    def latex(self) -> str:
+        from ..printing.latex import latex
+        return latex(self.expr)
+
+    def to_json(self) -> dict:
+        from ..printing.latex import latex
+        return {
+            "variant": self.variant, "norm": self.norm, "domain": self.domain,
+            "bound": sp.srepr(self.expr), "latex": latex(self.expr), "generic": sp.srepr(self.generic),
+            "generic_latex": latex(self.generic), "assumptions": list(self.assumptions),
+            "steps": [{"claim": _claim_text(s.claim), "justification": s.justification,
+                       "lemma": s.lemma} for s in self.record.steps],
+            "theorem": self.theorem, "provenance": self.provenance, "lipschitz": True,
+        }
+
+
+@final
+@dataclass(frozen=True)
+class NotLipschitz(Result):
+    """The map is not Lipschitz on the domain: along ``family`` (a curve ``X_t``)
+    the Jacobian norm is at least ``growth``, which tends to infinity.
+
+    Attributes
+    ----------
+    family : sympy Matrix
+        ``X_t``, rows are tokens, in the parameter :data:`lipbound.symbolic.symbols.t`.
+    growth : sympy expression
+        A lower bound on ``||Df(X_t)||`` (exact for the instance in ``instance``).
+    instance : str
+        The weights the family is computed for (e.g. ``"d = 1, W_Q = W_K = W_V = 1"``).
+    """
+
+    variant: str
+    norm: str
+    domain: str
+    family: sp.Matrix
+    growth: sp.Expr
+    instance: str
+    assumptions: tuple[str, ...]
+    record: Derivation = field(repr=False, compare=False)
+    theorem: str = ""
+    lipschitz: bool = field(default=False, init=False)
+
+    @property
+    def limit(self) -> sp.Expr:
+        """``lim_{t -> oo} |growth|`` (infinite)."""
+        return sp.Abs(sp.limit(self.growth, S.t, sp.oo))
+
+    def to_json(self) -> dict:
+        from ..printing.latex import latex
+        return {
+            "variant": self.variant, "norm": self.norm, "domain": self.domain,
+            "bound": sp.srepr(sp.oo), "latex": r"\infty", "assumptions": list(self.assumptions),
+            "steps": [{"claim": _claim_text(s.claim), "justification": s.justification,
+                       "lemma": s.lemma} for s in self.record.steps],
+            "lipschitz": False, "family": sp.srepr(self.family), "family_latex": latex(self.family),
+            "growth": sp.srepr(self.growth), "growth_latex": latex(self.growth),
+            "instance": self.instance, "theorem": self.theorem,
+        }
+
+
+def _claim_text(claim) -> str:
+    from ..printing.latex import latex
+    return claim if isinstance(claim, str) else latex(claim)
+
+
+def _mapping(expr: sp.Expr, values: dict) -> dict:
+    by_name = {str(s): s for s in expr.free_symbols}
+    mapping = {}
+    for key, value in values.items():
+        symbol = by_name.get(key) if isinstance(key, str) else key
+        if symbol is not None:
+            mapping[symbol] = sp.sympify(value)
+    return mapping
+
+
+def numeric_namespace(backend: str) -> list:
+    """Modules for ``sympy.lambdify``: numpy, mpmath, or rigorous ``mpmath.iv``."""
+    if backend == "numpy":
+        import mpmath
+        import numpy as np
+        lambertw = np.vectorize(lambda z: float(mpmath.lambertw(z).real), otypes=[float])
+        digamma = np.vectorize(lambda z: float(mpmath.digamma(z)), otypes=[float])
+        return [{"LambertW": lambertw, "digamma": digamma}, "numpy"]
+    if backend == "mpmath":
+        import mpmath
+        return [{"LambertW": mpmath.lambertw, "digamma": mpmath.digamma}, "mpmath"]
+    if backend == "interval":
+        from ..numeric.rigorous import interval_namespace
+        return [interval_namespace()]
+    raise AssumptionError("backend", "'numpy', 'mpmath' or 'interval'", repr(backend),
+                          "choose one of the three")

@@ -1,0 +1,118 @@
+"""Named lemmas that derivation steps cite, with their statements.
+
+The proof documents print each cited lemma once, in an appendix, so that a
+reader can check every step without leaving the paper.  The registry is tested
+for completeness: every lemma a step cites must be defined here.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = ["LEMMAS"]
+
+#: ``id -> (title, statement in LaTeX)``
+LEMMAS: Final[dict[str, tuple[str, str]]] = {
+    "softmax-derivative": (
+        "Derivative of attention",
+        r"For $f_i(X) = \sum_j p_{ij} v(x_j)$ with $p_{ij} = e^{s_{ij}} / \sum_k e^{s_{ik}}$, "
+        r"$Df_i[E] = \sum_j p_{ij} V^\top e_j + \operatorname{Cov}_{j \sim p_i}(\mathrm{d}s_{ij}, v(x_j))$, "
+        r"where $\mathrm{d}s_{ij} = \nabla_x s(x_i, x_j) \cdot e_i + \nabla_y s(x_i, x_j) \cdot e_j$."),
+    "jensen": (
+        "Jensen",
+        r"For weights $p_j \ge 0$ summing to one, "
+        r"$\|\sum_j p_j V^\top e_j\| \le \|V\|_2 (\sum_j p_j \|e_j\|^2)^{1/2}$."),
+    "cauchy-schwarz-cov": (
+        "Covariance bound",
+        r"$\|\operatorname{Cov}_p(a, w)\| = \|\mathbb{E}_p[(a - \bar a)(w - c)]\| \le "
+        r"\operatorname{std}_p(a) \sup_j \|w_j - c\|$ for every vector $c$."),
+    "mean-abs-cov": (
+        "Covariance bound in mean absolute deviation",
+        r"$\|\operatorname{Cov}_p(a, w)\| \le \mathbb{E}_p|a - \bar a| \, \sup_j \|w_j - c\|$ and "
+        r"$\mathbb{E}_p|a - \bar a| \le 2\,\mathbb{E}_p|a|$."),
+    "minkowski": (
+        "Minkowski",
+        r"$\operatorname{std}(a + b) \le \operatorname{std}(a) + \operatorname{std}(b)$ and "
+        r"$\operatorname{std}(a) \le (\mathbb{E} a^2)^{1/2}$; and $\|u + w\|_2 \le \|u\|_2 + \|w\|_2$ "
+        r"for vectors of per-token norms."),
+    "weight-cap": (
+        "Attention weights are capped by the score spread",
+        r"If $|s(x, y) - s(x, y')| \le \omega$ for all keys, then "
+        r"$p_{ij} \le e^{\omega} / (e^{\omega} + n - 1)$, so every column of $P$ sums to at most "
+        r"$\kappa(n, \omega) = n e^{\omega} / (e^{\omega} + n - 1) \le \min(n, e^{\omega})$."),
+    "causal-cap": (
+        "Column sums under causal masking",
+        r"Row $i$ attends to $i$ tokens, so $p_{ij} \le e^\omega / (e^\omega + i - 1)$ and every column "
+        r"sums to at most $\kappa_{\mathrm{c}}(n, \omega) = \sum_{i=1}^{n} e^\omega / (e^\omega + i - 1) "
+        r"= e^\omega (\psi(e^\omega + n) - \psi(e^\omega))$."),
+    "mean-value": (
+        "Mean value theorem",
+        r"On a convex set, $\|f(X) - f(X')\| \le \sup_{Z} \|Df(Z)\| \, \|X - X'\|$ for the operator norm "
+        r"induced by the chosen norms."),
+    "popoviciu": (
+        "Popoviciu",
+        r"A random variable with values in an interval of length $\ell$ has standard deviation at most "
+        r"$\ell / 2$."),
+    "norm-equivalence": (
+        "Norm equivalence",
+        r"$\|u\|_\infty \le \|u\|_2 \le \sqrt{d}\,\|u\|_\infty$ for $u \in \mathbb{R}^d$."),
+    "submultiplicative": (
+        "Submultiplicativity",
+        r"$\|MN\|_2 \le \|M\|_2 \|N\|_2$."),
+    "norm-calculus": (
+        "Norm calculus",
+        r"Triangle inequality, Cauchy--Schwarz $|\langle u, w\rangle| \le \|u\| \|w\|$, "
+        r"submultiplicativity and $\|y - c\| \le R$ on the domain."),
+    "value-lipschitz": (
+        "Affine values",
+        r"$v(y) = V^\top y + b_V$ is $\|V\|_2$-Lipschitz."),
+    "value-spread": (
+        "Value spread",
+        r"$\sup_{y \in B(c, R)} \|v(y) - v(c)\| = \|V\|_2 R$."),
+    "score-range": (
+        "Score range",
+        r"$\sup_{y, y'} |s(x, y) - s(x, y')| \le \sup s - \inf s$, at most $\sup |s|$ for a score of "
+        r"constant sign and $2 \sup |s|$ otherwise."),
+    "shift-invariance": (
+        "Shift invariance of softmax",
+        r"Adding to all scores of a row a quantity that does not depend on the key leaves $p_{ij}$ unchanged."),
+    "layernorm-ball": (
+        "LayerNorm image",
+        r"$\mathrm{LN}(x) = \gamma \odot z + c$ with $z \perp \mathbf{1}$, $\|z\| = \sqrt{d}$ "
+        r"(less with the LayerNorm $\epsilon$), hence $\|\mathrm{LN}(x) - c\| \le \|\gamma\|_\infty \sqrt{d}$; "
+        r"the convex hull of the image lies in that ball."),
+    "multi-head": (
+        "Multi-head composition",
+        r"$F(X) = [f^1(X), \dots, f^H(X)] W_O$: per token $\|[u_1, \dots, u_H] W_O\| \le "
+        r"\|W_O\|_2 (\sum_h \|u_h\|^2)^{1/2} \le \|W_O\|_2 \sum_h \|u_h\|$."),
+    "residual": (
+        "Residual connection",
+        r"$\operatorname{Lip}(\mathrm{id} + f) \le 1 + \operatorname{Lip}(f)$ in every norm."),
+    "cross-queries": (
+        "Cross-attention in the queries",
+        r"With the context fixed, $Df_i[E_Y] = \operatorname{Cov}_{j \sim p_i}(\nabla_x s(y_i, x_j) "
+        r"\cdot e_i, v(x_j))$: only the query-gradient term survives and no sum over tokens appears."),
+    "lambert-moment": (
+        "Second moment under L2 attention",
+        r"If $p_j \propto e^{-t_j}$ over $N$ tokens with $t_j \ge 0$ and one $t_j = 0$, then "
+        r"$\sum_j p_j t_j \le W_0((N - 1)/e)$: with $u_j = e^{-t_j}$, concavity of $-u \log u$ puts the "
+        r"maximum at equal $u_j$, and $\max_S -S \log(S/(N-1)) / (1 + S) = W_0((N-1)/e)$."),
+    "l2-self-weight": (
+        "Self-weight under L2 attention",
+        r"A token attends to itself with score $0 \ge s_{ij}$, so $p_{ij} \le p_{ii}$, hence $p_{ij} \le 1/2$ "
+        r"for $j \ne i$ and every column of $P$ sums to at most $(n + 1)/2$; and "
+        r"$p_{ij} t_{ij} \le t e^{-t} / (1 + e^{-t}) \le W_0(1/e)$."),
+    "witness-family": (
+        "Unbounded growth",
+        r"Along the curve $X_t$, $\|Df(X_t)\| \to \infty$ as $t \to \infty$, so no finite Lipschitz "
+        r"constant exists on the unbounded domain."),
+    "kantorovich": (
+        "Kantorovich--Rubinstein",
+        r"$W_1(\mu, \nu) = \sup_{\mathrm{Lip}(\varphi) \le 1} \int \varphi \, d(\mu - \nu)$; for an "
+        r"$L$-Lipschitz map $T$, $W_1(T_\# \mu, T_\# \nu) \le L \, W_1(\mu, \nu)$."),
+    "permutation-coupling": (
+        "Uniform measures of equal size",
+        r"For $\mu = \frac1n \sum_i \delta_{x_i}$ and $\nu = \frac1n \sum_i \delta_{y_i}$, "
+        r"$W_1(\mu, \nu) = \min_\sigma \frac1n \sum_i \|x_i - y_{\sigma(i)}\| = "
+        r"\min_\sigma \frac1n \|X - P_\sigma Y\|_{2,1}$, and attention is permutation-equivariant."),
+}

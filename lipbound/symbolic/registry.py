@@ -1,0 +1,49 @@
+"""Registries: built-in variants by name.  Tested for completeness (every entry derives,
+prints, and is covered by the soundness tests)."""
+
+from __future__ import annotations
+
+from typing import Callable, Final
+
+from .scores import DotProduct, L2Distance, ScaledCosine
+from .variants import CrossAttention, MultiHead, Residual, SelfAttention, Variant
+
+__all__ = ["VARIANTS", "variant", "variant_names"]
+
+#: name -> (factory, one-line description)
+VARIANTS: Final[dict[str, tuple[Callable[[], Variant], str]]] = {
+    "dot-product": (lambda: SelfAttention(DotProduct()), "dot-product self-attention with biases"),
+    "dot-product-nobias": (lambda: SelfAttention(DotProduct(biases=False)),
+                           "dot-product self-attention without biases (DESIGN.md section 2)"),
+    "causal": (lambda: SelfAttention(DotProduct(), causal=True), "causal (masked) dot-product self-attention"),
+    "l2-tied": (lambda: SelfAttention(L2Distance(tied=True)),
+                "L2 self-attention, tied W_Q = W_K, values through A (Kim et al. 2021)"),
+    "l2-untied": (lambda: SelfAttention(L2Distance(tied=False)), "L2 self-attention with untied W_Q, W_K"),
+    "l2-tied-plain-values": (lambda: SelfAttention(L2Distance(tied=True, kim_values=False)),
+                             "tied L2 scores with plain values v(y) = W_V^T y"),
+    "cosine": (lambda: SelfAttention(ScaledCosine()), "scaled cosine self-attention (LipsFormer-style)"),
+    "cross-queries": (lambda: CrossAttention(DotProduct(), "queries"), "dot-product cross-attention, in the queries"),
+    "cross-context": (lambda: CrossAttention(DotProduct(), "context"), "dot-product cross-attention, in the context"),
+    "cross-joint": (lambda: CrossAttention(DotProduct(), "joint"), "dot-product cross-attention, jointly"),
+    "multi-head": (lambda: MultiHead(SelfAttention(DotProduct())), "multi-head dot-product self-attention with W_O"),
+    "multi-head-l2": (lambda: MultiHead(SelfAttention(L2Distance(tied=True))),
+                      "multi-head tied L2 self-attention with W_O (Kim et al. 2021)"),
+    "residual": (lambda: Residual(SelfAttention(DotProduct())), "X + Att(X), dot-product self-attention"),
+    "residual-multi-head": (lambda: Residual(MultiHead(SelfAttention(DotProduct()))),
+                            "X + MHA(X), multi-head dot-product self-attention"),
+}
+
+
+def variant_names() -> list[str]:
+    return list(VARIANTS)
+
+
+def variant(name: str) -> Variant:
+    """The built-in variant called ``name`` (see :data:`VARIANTS`)."""
+    from ..errors import AssumptionError
+    try:
+        factory, _ = VARIANTS[name]
+    except KeyError:
+        raise AssumptionError("variant", f"one of {', '.join(VARIANTS)}", repr(name),
+                              "run `lipbound list` to see the variants") from None
+    return factory()

@@ -1,0 +1,255 @@
+"""Symbols of the symbolic layer: sizes, radii, weight matrices and their norms.
+
+Every quantity a bound may contain is a positive SymPy symbol of a dedicated
+class, so that the LaTeX printer can write it as a mathematician would
+(``\\|W_V\\|_2``, ``\\kappa``, ``W_0``) and the numeric layer can recognise what
+to compute for it.  Classes are final; their constructors take only ``name``
+and SymPy assumptions, so ``srepr`` output round-trips through ``eval``.
+"""
+
+from __future__ import annotations
+
+from typing import Final, final
+
+import sympy as sp
+
+__all__ = [
+    "n", "m", "d", "d_k", "d_v", "H", "R", "t",
+    "SizeSymbol", "RadiusSymbol", "MatrixNormSymbol", "VectorNormSymbol",
+    "KernelConstant", "LowerBoundSymbol",
+    "L_V", "rho", "alpha", "beta", "omega",
+    "matrix_norm", "vector_norm", "canonical_matrix", "matrix_key",
+    "weight", "bias", "token",
+    "W_Q", "W_K", "W_V", "W_O", "W", "b_Q", "b_K", "b_V", "x", "y", "c",
+    "NAMED_MATRICES", "name_matrix",
+    "kappa", "causal_kappa", "lambert_level",
+]
+
+
+@final
+class SizeSymbol(sp.Symbol):
+    """A positive integer size: n tokens, m queries, d features, d_k, d_v, H heads."""
+
+    def __new__(cls, name: str, **assumptions):
+        assumptions.setdefault("positive", True)
+        assumptions.setdefault("integer", True)
+        return super().__new__(cls, name, **assumptions)
+
+
+@final
+class RadiusSymbol(sp.Symbol):
+    """A positive real scale: a radius R, a temperature tau, a LayerNorm gain."""
+
+    def __new__(cls, name: str, **assumptions):
+        assumptions.setdefault("positive", True)
+        return super().__new__(cls, name, **assumptions)
+
+
+@final
+class MatrixNormSymbol(sp.Symbol):
+    """The spectral norm ``||M||_2`` of a constant matrix expression M.
+
+    The name is the canonical string of M (see :func:`canonical_matrix`); the
+    expression itself is recovered from :data:`NAMED_MATRICES` or by parsing.
+    """
+
+    def __new__(cls, name: str, **assumptions):
+        assumptions.setdefault("positive", True)
+        return super().__new__(cls, name, **assumptions)
+
+
+@final
+class VectorNormSymbol(sp.Symbol):
+    """The Euclidean norm ``||u||_2`` of a constant vector expression u (a bias, a centre)."""
+
+    def __new__(cls, name: str, **assumptions):
+        assumptions.setdefault("nonnegative", True)
+        return super().__new__(cls, name, **assumptions)
+
+
+@final
+class LowerBoundSymbol(sp.Symbol):
+    """A user-stated positive lower bound, e.g. ``inf_x ||W_Q^T x|| >= m_Q``."""
+
+    def __new__(cls, name: str, **assumptions):
+        assumptions.setdefault("positive", True)
+        return super().__new__(cls, name, **assumptions)
+
+
+@final
+class KernelConstant(sp.Symbol):
+    """A kernel constant of DESIGN.md section 2: L_V, rho, alpha, beta, omega."""
+
+    def __new__(cls, name: str, **assumptions):
+        assumptions.setdefault("nonnegative", True)
+        return super().__new__(cls, name, **assumptions)
+
+
+# Sizes and scales ---------------------------------------------------------
+n: Final = SizeSymbol("n")
+m: Final = SizeSymbol("m")
+d: Final = SizeSymbol("d")
+d_k: Final = SizeSymbol("d_k")
+d_v: Final = SizeSymbol("d_v")
+H: Final = SizeSymbol("H")
+R: Final = RadiusSymbol("R")
+t: Final = sp.Symbol("t", positive=True)
+
+# Kernel constants ---------------------------------------------------------
+L_V: Final = KernelConstant("L_V")
+rho: Final = KernelConstant("rho")
+alpha: Final = KernelConstant("alpha")
+beta: Final = KernelConstant("beta")
+omega: Final = KernelConstant("omega")
+
+
+# Matrices and vectors -----------------------------------------------------
+def weight(name: str, rows=d, cols=d_k) -> sp.MatrixSymbol:
+    """A weight matrix as a SymPy ``MatrixSymbol`` of shape (rows, cols)."""
+    return sp.MatrixSymbol(name, rows, cols)
+
+
+def bias(name: str, rows=d_k) -> sp.MatrixSymbol:
+    """A bias (or centre) column vector of shape (rows, 1)."""
+    return sp.MatrixSymbol(name, rows, 1)
+
+
+def token(name: str, rows=d) -> sp.MatrixSymbol:
+    """A token variable (query ``x`` or key ``y``), a column vector in R^rows."""
+    return sp.MatrixSymbol(name, rows, 1)
+
+
+W_Q: Final = weight("W_Q")
+W_K: Final = weight("W_K")
+W_V: Final = weight("W_V", d, d_v)
+W_O: Final = weight("W_O", d_v, d)
+W: Final = weight("W")
+b_Q: Final = bias("b_Q")
+b_K: Final = bias("b_K")
+b_V: Final = bias("b_V", d_v)
+x: Final = token("x")
+y: Final = token("y")
+c: Final = token("c")  # the centre of a domain (the LayerNorm bias)
+
+#: Named matrices, ``matrix_key(M) -> (name, scalar)``: ``scalar * ||M||`` prints as
+#: ``||name||``.  ``A = W_Q W_K^T / sqrt(d_k)`` (and ``W W^T / sqrt(d_k)`` when tied).
+NAMED_MATRICES: dict[str, tuple[str, sp.Expr]] = {}
+
+
+def name_matrix(name: str, expression: sp.MatrixExpr, scalar: sp.Expr = sp.Integer(1)) -> None:
+    """Register ``name := scalar * expression`` so that ``scalar ||expression||`` prints as ``||name||``."""
+    NAMED_MATRICES[matrix_key(expression)] = (name, sp.sympify(scalar))
+
+
+def canonical_matrix(expression: sp.MatrixExpr) -> sp.MatrixExpr:
+    """Pick one of M, M^T (they have the same spectral norm) by a stable order."""
+    expression = sp.MatMul(expression).doit() if isinstance(expression, sp.MatMul) else expression
+    transposed = expression.T.doit()
+    return min(expression, transposed, key=lambda e: (sp.count_ops(e), str(e)))
+
+
+def matrix_key(expression: sp.MatrixExpr) -> str:
+    """Canonical string of a constant matrix, the name of its norm symbol."""
+    return str(canonical_matrix(expression))
+
+
+#: Norm symbol name -> the constant matrix or vector expression it is the norm of.
+NORM_OF: dict[str, sp.MatrixExpr] = {}
+
+
+def matrix_norm(expression: sp.MatrixExpr) -> MatrixNormSymbol:
+    """``||expression||_2`` as a positive symbol (scalar factors must be pulled out first)."""
+    canonical = canonical_matrix(expression)
+    NORM_OF.setdefault(str(canonical), canonical)
+    return MatrixNormSymbol(str(canonical))
+
+
+def vector_norm(expression: sp.MatrixExpr) -> VectorNormSymbol:
+    """``||expression||_2`` of a constant vector as a non-negative symbol."""
+    expression = sp.MatAdd(expression).doit()
+    NORM_OF.setdefault(str(expression), expression)
+    return VectorNormSymbol(str(expression))
+
+
+for _matrix in (W_Q, W_K, W_V, W_O, W):
+    matrix_norm(_matrix)
+
+
+name_matrix("A", W_Q * W_K.T, 1 / sp.sqrt(d_k))
+name_matrix("A", W * W.T, 1 / sp.sqrt(d_k))
+
+
+# Column-sum constants -----------------------------------------------------
+class kappa(sp.Function):
+    r"""Column-sum bound of the attention matrix, ``kappa(n, omega) = n e^omega / (e^omega + n - 1)``.
+
+    If every score spread is at most omega, each attention weight satisfies
+    ``p_ij <= e^omega / (e^omega + n - 1)``, so every column of P sums to at most
+    kappa; ``1 <= kappa <= min(n, e^omega)``.  Kept as a function so that it
+    prints as ``\kappa`` and can be expanded with :meth:`rewrite_closed`.
+    """
+
+    is_positive = True
+
+    @classmethod
+    def eval(cls, size, spread):
+        if spread == 0:
+            return sp.Integer(1)
+        if size == 1:
+            return sp.Integer(1)
+        return None
+
+    def closed_form(self) -> sp.Expr:
+        size, spread = self.args
+        return size * sp.exp(spread) / (sp.exp(spread) + size - 1)
+
+    def _eval_rewrite_as_exp(self, size, spread, **kwargs):
+        return size * sp.exp(spread) / (sp.exp(spread) + size - 1)
+
+
+class causal_kappa(sp.Function):
+    r"""Column-sum bound under causal masking: ``sum_{i=1}^{n} e^omega / (e^omega + i - 1)``.
+
+    Row i attends to i tokens, so ``p_ij <= e^omega / (e^omega + i - 1)``; the first
+    column has the largest sum.  Closed form ``e^omega (psi(e^omega + n) - psi(e^omega))``
+    with psi the digamma function; grows like ``e^omega log n``.
+    """
+
+    is_positive = True
+
+    @classmethod
+    def eval(cls, size, spread):
+        if size == 1:
+            return sp.Integer(1)
+        return None
+
+    def closed_form(self) -> sp.Expr:
+        size, spread = self.args
+        return sp.exp(spread) * (sp.digamma(sp.exp(spread) + size) - sp.digamma(sp.exp(spread)))
+
+    def _eval_rewrite_as_exp(self, size, spread, **kwargs):
+        return self.closed_form()
+
+
+class lambert_level(sp.Function):
+    r"""``ell(N) = W_0((N - 1)/e)``: the largest mean squared distance under L2 attention.
+
+    For weights ``p_j ∝ exp(-t_j)`` over N tokens with one token at ``t = 0`` (the
+    query attends to itself), ``sup sum_j p_j t_j = W_0((N-1)/e)``: the function
+    ``phi^{-1}(N-1)`` of Kim et al. (2021), ``phi(x) = x e^{x+1}``.
+    """
+
+    is_positive = True
+
+    @classmethod
+    def eval(cls, size):
+        if size.is_Number:
+            return sp.LambertW((size - 1) / sp.E)
+        return None
+
+    def closed_form(self) -> sp.Expr:
+        (size,) = self.args
+        return sp.LambertW((size - 1) / sp.E)
+
+    def _eval_rewrite_as_exp(self, size, **kwargs):
+        return self.closed_form()

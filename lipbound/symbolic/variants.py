@@ -1,0 +1,166 @@
+"""Attention variants: which theorem applies, and the derivation written once.
+
+A variant declares its structure (self- or cross-attention, heads, residual,
+causal mask) and its score; :meth:`Variant.derive` is the single composition
+rule: kernel constants of the score, a general theorem of
+:mod:`lipbound.symbolic.theorems`, substitution, and the joined record.
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+import sympy as sp
+
+from ..assumptions import Assumptions, VecInf, Mixed2Inf
+from ..errors import AssumptionError
+from . import symbols as S
+from . import theorems as T
+from .bound import Bound, Result
+from .record import Derivation, Described, le
+from .scores import Score
+
+__all__ = ["Variant", "SelfAttention", "CrossAttention", "MultiHead", "Residual"]
+
+
+class Variant:
+    """An attention map whose Lipschitz constant lipbound derives.  Abstract."""
+
+    title: str = ""
+
+    @property
+    def score(self) -> Score:
+        raise NotImplementedError
+
+    def theorem(self, assumptions: Assumptions) -> T.Theorem:
+        raise NotImplementedError
+
+    def derive(self, assumptions: Assumptions, key: str = "") -> Result:
+        """Derive ``Lip(self)`` under ``assumptions`` (a :class:`Bound` or a
+        :class:`~lipbound.symbolic.bound.NotLipschitz`)."""
+        if not isinstance(assumptions, Assumptions):
+            raise AssumptionError("assumptions", "an Assumptions object", type(assumptions).__name__,
+                                  "build one with lipbound.Assumptions(domain=..., norm=...)")
+        from .unbounded import derive_unbounded
+        key = key or self.title
+        if not assumptions.domain.bounded:
+            return derive_unbounded(self, assumptions, key)
+        constants = self.score.kernel_constants(assumptions)
+        theorem = self.theorem(assumptions)
+        expr = theorem.statement.xreplace(constants.as_substitution())
+        record = Derivation(f"{self.title}: {assumptions.norm.title}, {assumptions.domain.key} domain")
+        record.absorb(constants.record)
+        record.absorb(theorem.proof)
+        record.add(le(Described(r"\operatorname{Lip}(f)"), expr),
+                   "substitute the kernel constants into the theorem")
+        return Bound(variant=key, norm=assumptions.norm.key, domain=assumptions.domain.key, expr=expr,
+                     generic=theorem.statement, constants=constants.as_substitution(),
+                     assumptions=tuple(assumptions.describe() + record.hypotheses), record=record,
+                     theorem=theorem.id)
+
+
+def _per_token_norm(assumptions: Assumptions):
+    """l_inf on vec(X) is handled through the (2, inf) norm and norm equivalence."""
+    return Mixed2Inf() if isinstance(assumptions.norm, VecInf) else assumptions.norm
+
+
+def _to_vec_inf(theorem: T.Theorem, assumptions: Assumptions) -> T.Theorem:
+    return T.vector_infinity(theorem, assumptions.d) if isinstance(assumptions.norm, VecInf) else theorem
+
+
+@final
+class SelfAttention(Variant):
+    """Single-head self-attention ``f_i(X) = sum_j softmax_j s(x_i, x_j) v(x_j)``.
+
+    Parameters
+    ----------
+    score : Score
+    causal : bool
+        Token i attends only to tokens 1..i.
+    """
+
+    def __init__(self, score: Score, causal: bool = False):
+        self._score = score
+        self.causal = causal
+        self.title = ("causal " if causal else "") + f"self-attention ({score.name})"
+
+    @property
+    def score(self) -> Score:
+        return self._score
+
+    def theorem(self, assumptions: Assumptions) -> T.Theorem:
+        inner = T.self_attention(_per_token_norm(assumptions), self.causal, assumptions.n)
+        return _to_vec_inf(inner, assumptions)
+
+
+@final
+class CrossAttention(Variant):
+    """Cross-attention: m queries Y attend to a context X of n tokens.
+
+    Parameters
+    ----------
+    score : Score
+    argument : {"queries", "context", "joint"}
+        Lipschitz in the queries (context fixed), in the context, or in both.
+    """
+
+    ARGUMENTS = ("queries", "context", "joint")
+
+    def __init__(self, score: Score, argument: str = "joint"):
+        if argument not in self.ARGUMENTS:
+            raise AssumptionError("argument", f"one of {self.ARGUMENTS}", repr(argument),
+                                  "choose the input the constant is taken in")
+        self._score = score
+        self.argument = argument
+        self.title = f"cross-attention in the {argument} ({score.name})"
+
+    @property
+    def score(self) -> Score:
+        return self._score
+
+    def theorem(self, assumptions: Assumptions) -> T.Theorem:
+        inner = T.cross_attention(_per_token_norm(assumptions), self.argument, assumptions.n, assumptions.m)
+        return _to_vec_inf(inner, assumptions)
+
+
+@final
+class MultiHead(Variant):
+    """H heads of the same kind (per-head constants are maxima over heads), then ``W_O``."""
+
+    def __init__(self, head: SelfAttention | CrossAttention):
+        if not isinstance(head, (SelfAttention, CrossAttention)):
+            raise AssumptionError("head", "a SelfAttention or CrossAttention variant",
+                                  type(head).__name__, "wrap a single-head variant")
+        self.head = head
+        self.title = f"multi-head {head.title}"
+
+    @property
+    def score(self) -> Score:
+        return self.head.score
+
+    def theorem(self, assumptions: Assumptions) -> T.Theorem:
+        per_token = _per_token_norm(assumptions)
+        inner = self.head.theorem(assumptions.with_(norm=per_token))
+        return _to_vec_inf(T.multi_head(inner, per_token, assumptions.H), assumptions)
+
+
+@final
+class Residual(Variant):
+    """The residual map ``X -> X + f(X)``."""
+
+    def __init__(self, inner: Variant):
+        if isinstance(inner, Residual):
+            raise AssumptionError("inner", "a non-residual variant", "Residual",
+                                  "wrap the attention map once")
+        self.inner = inner
+        self.title = f"residual {inner.title}"
+
+    @property
+    def score(self) -> Score:
+        return self.inner.score
+
+    def theorem(self, assumptions: Assumptions) -> T.Theorem:
+        return T.residual(self.inner.theorem(assumptions))
+
+
+_ = sp
