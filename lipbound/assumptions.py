@@ -19,7 +19,7 @@ from .symbolic.record import Derivation, le
 
 __all__ = [
     "Truth", "Domain", "Ball", "LayerNormImage", "Unbounded",
-    "Norm", "Frobenius", "Mixed21", "Mixed2Inf", "VecInf", "NORMS", "norm_from_key",
+    "Norm", "Frobenius", "Mixed21", "Mixed2Inf", "VecInf", "Wasserstein1", "NORMS", "norm_from_key",
     "NormAtLeast", "Assumptions",
 ]
 
@@ -184,7 +184,16 @@ class VecInf(Norm):
     title = "l_infinity norm on vec(X)"
 
 
-NORMS: dict[str, Norm] = {cls.key: cls() for cls in (Frobenius, Mixed21, Mixed2Inf, VecInf)}
+@final
+class Wasserstein1(Norm):
+    """Wasserstein-1 between the empirical measures of the tokens (Euclidean ground cost);
+    for measure-valued variants only."""
+
+    key = "w1"
+    title = "Wasserstein-1 distance between measures"
+
+
+NORMS: dict[str, Norm] = {cls.key: cls() for cls in (Frobenius, Mixed21, Mixed2Inf, VecInf, Wasserstein1)}
 
 
 def norm_from_key(key: str | Norm) -> Norm:

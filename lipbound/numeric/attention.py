@@ -39,8 +39,9 @@ class Head:
     ----------
     W_Q, W_K : ndarray, shape (d, d_k)
     W_V : ndarray, shape (d, d_v)
-        Value map ``v(y) = y W_V + b_V`` as actually used (for Kim et al.'s L2 values,
-        pass ``W_Q W_Q^T W_V / sqrt(d_k)``; see :meth:`kim_values`).
+        Value weights: ``v(y) = y W_V + b_V``, or with ``kim_values`` the values go through
+        ``A`` as in Kim et al. (2021): ``v(y) = y W_Q W_Q^T W_V / sqrt(d_k) + b_V``.
+        :attr:`V` is the matrix actually applied.
     b_Q, b_K : ndarray, shape (d_k,), optional
     b_V : ndarray, shape (d_v,), optional
     score : {"dot", "l2", "cosine"}
@@ -48,6 +49,8 @@ class Head:
         Temperature and regulariser of the cosine score.
     causal : bool
         Row i attends to keys 1..i (self-attention only).
+    kim_values : bool
+        Values through ``A = W_Q W_Q^T / sqrt(d_k)`` (tied L2 attention of Kim et al.).
     """
 
     W_Q: np.ndarray
@@ -60,6 +63,7 @@ class Head:
     tau: float = 1.0
     eps: float = 1.0
     causal: bool = False
+    kim_values: bool = False
     name: str = field(default="", compare=False)
 
     def __post_init__(self):
@@ -105,9 +109,16 @@ class Head:
         """``A = W_Q W_K^T / sqrt(d_k)``, shape (d, d)."""
         return self.W_Q @ self.W_K.T / np.sqrt(self.d_k)
 
-    def kim_values(self) -> "Head":
-        """Values through A, as in Kim et al. (2021): ``W_V <- W_Q W_Q^T W_V / sqrt(d_k)``."""
-        return replace(self, W_V=self.W_Q @ (self.W_Q.T @ self.W_V) / np.sqrt(self.d_k))
+    @property
+    def V(self) -> np.ndarray:
+        """The value matrix actually applied, shape (d, d_v)."""
+        if self.kim_values:
+            return self.W_Q @ (self.W_Q.T @ self.W_V) / np.sqrt(self.d_k)
+        return self.W_V
+
+    def with_kim_values(self) -> "Head":
+        """The same head with values through A, as in Kim et al. (2021)."""
+        return replace(self, kim_values=True)
 
 
 @final
@@ -216,7 +227,7 @@ def cross_forward(head: Head, Y: np.ndarray, X: np.ndarray) -> np.ndarray:
     Y, X = _check_tokens("Y", Y, head.d), _check_tokens("X", X, head.d)
     Q, K = _project(head, Y, X)
     P = _softmax(_scores(head, Q, K), head.causal)
-    return P @ (X @ head.W_V + head.b_V)
+    return P @ (X @ head.V + head.b_V)
 
 
 def cross_jvp(head: Head, Y, X, dY, dX):
@@ -228,8 +239,9 @@ def cross_jvp(head: Head, Y, X, dY, dX):
     P = _softmax(_scores(head, Q, K), head.causal)
     dS = _score_jvp(head, Q, K, dQ, dK)
     dP = P * (dS - np.sum(P * dS, axis=-1, keepdims=True))
-    values = X @ head.W_V + head.b_V
-    return P @ values, dP @ values + P @ (dX @ head.W_V)
+    V = head.V
+    values = X @ V + head.b_V
+    return P @ values, dP @ values + P @ (dX @ V)
 
 
 def cross_vjp(head: Head, Y, X, G):
@@ -237,9 +249,10 @@ def cross_vjp(head: Head, Y, X, G):
     Y, X = _check_tokens("Y", Y, head.d), _check_tokens("X", X, head.d)
     Q, K = _project(head, Y, X)
     P = _softmax(_scores(head, Q, K), head.causal)
-    values = X @ head.W_V + head.b_V
+    V = head.V
+    values = X @ V + head.b_V
     gP = G @ np.swapaxes(values, -1, -2)
-    gX = (np.swapaxes(P, -1, -2) @ G) @ head.W_V.T
+    gX = (np.swapaxes(P, -1, -2) @ G) @ V.T
     gS = P * (gP - np.sum(P * gP, axis=-1, keepdims=True))
     gQ, gK = _score_vjp(head, Q, K, gS)
     return gQ @ head.W_Q.T, gX + gK @ head.W_K.T

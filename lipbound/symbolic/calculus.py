@@ -228,13 +228,12 @@ def gradient(score: sp.Expr, variable, variables: tuple) -> list[VecTerm]:
     for atom in atoms:
         dummy = sp.Dummy("a", real=True)
         partial = score.xreplace({atom: dummy}).diff(dummy).xreplace({dummy: atom})
-        partial = sp.simplify(partial)
         if partial == 0:
             continue
         for factor, jacobian_t, through in _atom_gradient(atom, variable, variables):
             scalar, matrix = _pull_scalar(jacobian_t)
             vec = (matrix * through).expand().doit()
-            terms.append(VecTerm(sp.simplify(partial * factor * scalar), vec, matrix, through))
+            terms.append(VecTerm(sp.factor_terms(partial * factor * scalar), vec, matrix, through))
     return _merge(terms)
 
 
@@ -362,7 +361,7 @@ def _pointwise(term: VecTerm, region: Region) -> sp.Expr:
 
 def upper_norm_terms(terms: list[VecTerm], region: Region) -> sp.Expr:
     """A sound upper bound on ``sup ||sum_t coef_t vec_t||`` (triangle inequality over terms)."""
-    return sp.Add(*[upper_abs(sp.simplify(_pointwise(term, region)), region) for term in terms])
+    return sp.Add(*[upper_abs(_pointwise(term, region), region) for term in terms])
 
 
 def upper_norm_mat(terms: list[MatTerm], region: Region) -> sp.Expr:
@@ -384,7 +383,7 @@ def upper_norm_mat(terms: list[MatTerm], region: Region) -> sp.Expr:
         coefficient = term.coef * term.right.coef
         pointwise = coefficient * _vector_norm(term.left, coefficient, region) * \
             _vector_norm(term.right, coefficient, region)
-        total += upper_abs(sp.simplify(pointwise), region)
+        total += upper_abs(pointwise, region)
     for coef, matrix in constant.items():
         total += upper_abs(coef, region) * _norm_of_constant_matrix(matrix)
     return total
@@ -452,7 +451,7 @@ def _pair_cauchy_schwarz(product: sp.Mul) -> sp.Expr:
         result = sp.Mul(*factors)
     if result == product:
         return product
-    return sp.Abs(sp.simplify(result))
+    return sp.Abs(result)
 
 
 def _has_negative_power(product: sp.Expr, atom) -> bool:

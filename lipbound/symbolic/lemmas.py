@@ -26,6 +26,13 @@ LEMMAS: Final[dict[str, tuple[str, str]]] = {
         "Covariance bound",
         r"$\|\operatorname{Cov}_p(a, w)\| = \|\mathbb{E}_p[(a - \bar a)(w - c)]\| \le "
         r"\operatorname{std}_p(a) \sup_j \|w_j - c\|$ for every vector $c$."),
+    "covariance-cap": (
+        "Covariance of the values",
+        r"For a distribution $p$ on points $w_j$ with $\|w_j - c\| \le \rho$, "
+        r"$\operatorname{tr}\operatorname{Cov}_p(w) \le \rho^2$ and, for every $k$, "
+        r"$\operatorname{tr}\operatorname{Cov}_p(w) \le \mathbb{E}_p\|w - w_k\|^2 \le 4\rho^2 (1 - p_k)$; "
+        r"hence $\sum_i p_{ij} \operatorname{tr}\operatorname{Cov}_{p_i}(w) \le \rho^2 \min(\kappa, 3n/4)$, "
+        r"since $p \min(1, 4(1-p)) \le \min(p, 3/4)$."),
     "mean-abs-cov": (
         "Covariance bound in mean absolute deviation",
         r"$\|\operatorname{Cov}_p(a, w)\| \le \mathbb{E}_p|a - \bar a| \, \sup_j \|w_j - c\|$ and "

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable, Final
 
 from .scores import DotProduct, L2Distance, ScaledCosine
-from .variants import CrossAttention, MultiHead, Residual, SelfAttention, Variant
+from .variants import CrossAttention, MeasureAttention, MultiHead, Residual, SelfAttention, Variant
 
 __all__ = ["VARIANTS", "variant", "variant_names"]
 
@@ -31,6 +31,16 @@ VARIANTS: Final[dict[str, tuple[Callable[[], Variant], str]]] = {
     "residual": (lambda: Residual(SelfAttention(DotProduct())), "X + Att(X), dot-product self-attention"),
     "residual-multi-head": (lambda: Residual(MultiHead(SelfAttention(DotProduct()))),
                             "X + MHA(X), multi-head dot-product self-attention"),
+    "measure-w1": (lambda: MeasureAttention(DotProduct(), "uniform"),
+                   "self-attention on uniform empirical measures of n tokens, Wasserstein-1"),
+    "measure-w1-mean-field": (lambda: MeasureAttention(DotProduct(), "mean-field"),
+                              "self-attention on measures of any size (mean-field), Wasserstein-1"),
+    "measure-w1-residual": (lambda: Residual(MeasureAttention(DotProduct(), "uniform")),
+                            "x + Gamma_mu(x) pushed forward, uniform measures, Wasserstein-1"),
+    "measure-cross-queries": (lambda: MeasureAttention(DotProduct(), "mean-field", "queries"),
+                              "cross-attention on measures, in the query measure, Wasserstein-1"),
+    "measure-cross-context": (lambda: MeasureAttention(DotProduct(), "mean-field", "context"),
+                              "cross-attention on measures, in the context measure, Wasserstein-1"),
 }
 
 

@@ -63,7 +63,7 @@ def smaller(a: sp.Expr, b: sp.Expr) -> sp.Expr:
     """
     for first, second in ((a, b), (b, a)):
         for candidate in (first, coarsen(first)):
-            if sp.simplify(candidate - second).is_nonpositive:
+            if sp.expand(candidate - second).is_nonpositive:
                 return first
     return sp.Min(a, b)
 
@@ -132,12 +132,12 @@ class Score:
                    "value-spread")
 
         grad_y = gradient(score, S.y, variables)
-        beta = sp.simplify(upper_norm_terms(grad_y, region))
+        beta = _tidy(upper_norm_terms(grad_y, region))
         hessian = mixed_hessian(score, S.x, S.y, variables)
-        alpha = smaller(sp.simplify(radius * upper_norm_mat(hessian, region)),
-                        sp.simplify(upper_norm_terms(gradient(score, S.x, variables), region)))
+        alpha = smaller(_tidy(radius * upper_norm_mat(hessian, region)),
+                        _tidy(upper_norm_terms(gradient(score, S.x, variables), region)))
         spread_range, why = score_range(score, region)
-        omega = smaller(sp.simplify(2 * radius * beta), sp.simplify(spread_range))
+        omega = smaller(_tidy(2 * radius * beta), _tidy(spread_range))
         beta, alpha, omega = (name_norms(e) for e in (beta, alpha, omega))
 
         record.add(eq(_SUP_GRAD_Y, _vector_sum(grad_y)), "differentiation (chain rule)")
@@ -152,6 +152,11 @@ class Score:
                    "mean-value")
         record.add(le(S.omega, omega), why, "score-range")
         return KernelConstants(L_V=L_V, rho=rho, alpha=alpha, beta=beta, omega=omega, record=record)
+
+
+def _tidy(expr: sp.Expr) -> sp.Expr:
+    """A cheap normal form: expand, then pull common factors out (no full ``simplify``)."""
+    return sp.factor_terms(sp.expand(expr))
 
 
 def _vector_sum(terms) -> sp.Expr:

@@ -15,7 +15,7 @@ import sympy as sp
 
 __all__ = [
     "n", "m", "d", "d_k", "d_v", "H", "R", "t",
-    "SizeSymbol", "RadiusSymbol", "MatrixNormSymbol", "VectorNormSymbol",
+    "SizeSymbol", "RadiusSymbol", "MatrixNormSymbol", "InfNormSymbol", "VectorNormSymbol",
     "KernelConstant", "LowerBoundSymbol",
     "L_V", "rho", "alpha", "beta", "omega",
     "matrix_norm", "vector_norm", "canonical_matrix", "matrix_key",
@@ -52,6 +52,16 @@ class MatrixNormSymbol(sp.Symbol):
     The name is the canonical string of M (see :func:`canonical_matrix`); the
     expression itself is recovered from :data:`NAMED_MATRICES` or by parsing.
     """
+
+    def __new__(cls, name: str, **assumptions):
+        assumptions.setdefault("positive", True)
+        return super().__new__(cls, name, **assumptions)
+
+
+@final
+class InfNormSymbol(sp.Symbol):
+    """The l_inf operator norm ``||M||_inf`` (largest absolute row sum) of a matrix named by
+    its string, e.g. ``InfNormSymbol("W_Q.T")``.  Used by published l_inf claims."""
 
     def __new__(cls, name: str, **assumptions):
         assumptions.setdefault("positive", True)

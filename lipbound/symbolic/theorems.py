@@ -22,7 +22,7 @@ from . import symbols as S
 from .record import Derivation, Described, le
 
 __all__ = ["Theorem", "self_attention", "cross_attention", "multi_head", "residual",
-           "vector_infinity"]
+           "vector_infinity", "w1_uniform", "w1_mean_field", "w1_cross"]
 
 L_V, rho, alpha, beta, omega = S.L_V, S.rho, S.alpha, S.beta, S.omega
 
@@ -82,12 +82,19 @@ def self_attention(norm: Norm, causal: bool = False, n=S.n) -> Theorem:
         proof.add(le(Described(r"\max_i \|Df_i[E]\|"), statement * Described(r"\|E\|_{2,\infty}")),
                   "maximum over i: no sum over tokens appears")
     else:
+        K_cov = sp.Min(K, sp.Rational(3, 4) * n)
         proof.add(le(_MEAN, L_V * _U), r"Jensen, with u_i = (sum_j p_ij ||e_j||^2)^(1/2)", "jensen")
-        proof.add(le(_COV, rho * (alpha * Described(r"\|e_i\|") + beta * _U)),
-                  "covariance bound, then Minkowski on the two parts of ds_ij", "cauchy-schwarz-cov")
+        proof.add(le(_COV, Described(r"\tau_i") * (alpha * Described(r"\|e_i\|") + beta * _U)),
+                  "covariance bound with tau_i^2 = tr Cov_{p_i}(v), then Minkowski on the two parts of ds_ij",
+                  "cauchy-schwarz-cov")
+        proof.add(le(Described(r"\tau_i^2"), rho ** 2 * sp.Min(1, 4 * (1 - Described(r"p_{ij}")))),
+                  "tr Cov <= E||v - c||^2 <= rho^2, and tr Cov <= E||v - v(x_j)||^2 <= 4 rho^2 (1 - p_ij)",
+                  "covariance-cap")
         proof.add(le(Described(r"\textstyle\sum_i u_i^2"), K * Described(r"\|E\|_F^2")),
                   "exchange the sums; every column of P sums to at most kappa", cap)
-        statement = L_V * sp.sqrt(K) + rho * (alpha + beta * sp.sqrt(K))
+        proof.add(le(Described(r"\textstyle\sum_i \tau_i^2 u_i^2"), rho ** 2 * K_cov * Described(r"\|E\|_F^2")),
+                  "p min(1, 4(1 - p)) <= min(p, 3/4) for every weight p_ij", "covariance-cap")
+        statement = L_V * sp.sqrt(K) + rho * (alpha + beta * sp.sqrt(K_cov))
         proof.add(le(Described(r"\|Df[E]\|_F"), statement * Described(r"\|E\|_F")),
                   "Minkowski over i", "minkowski")
     proof.add(le(_LIP, statement), "mean value theorem on the convex domain", "mean-value")
@@ -166,6 +173,69 @@ def residual(inner: Theorem) -> Theorem:
     proof.add(le(Described(r"\operatorname{Lip}(\mathrm{id} + f)"), statement), "triangle inequality",
               "residual")
     return Theorem(f"residual-{inner.id}", f"Residual {inner.title.lower()}", statement, proof)
+
+
+def w1_uniform(n=S.n) -> Theorem:
+    """Self-attention on uniform empirical measures of n atoms, in Wasserstein-1.
+
+    ``W_1(mu, nu) = min_sigma ||X - P_sigma Y||_{2,1} / n`` and attention is permutation
+    equivariant, so the (2,1) constant is a W1 constant.
+    """
+    inner = self_attention(Mixed21(), n=n)
+    proof = Derivation("Self-attention on uniform measures in Wasserstein-1")
+    proof.hypothesis("mu, nu uniform empirical measures of n atoms each, all atoms in the (convex) domain")
+    proof.absorb(inner.proof)
+    proof.add(le(Described(r"W_1(f_\# \mu, f_\# \nu)"),
+                 Described(r"\tfrac1n \|f(X) - f(P_\sigma Y)\|_{2,1}")),
+              "couple the outputs by the optimal permutation of the inputs", "permutation-coupling")
+    proof.add(le(Described(r"\operatorname{Lip}_{W_1}(f)"), inner.statement),
+              "the (2,1) bound applied to X and P_sigma Y", "permutation-coupling")
+    return Theorem("measure-w1-uniform", "Self-attention on uniform measures (W1)", inner.statement, proof)
+
+
+def w1_mean_field() -> Theorem:
+    """Self-attention on probability measures of any size and weights (mean-field), in W1.
+
+    ``F(mu) = (Gamma_mu)_# mu``; ``Lip(Gamma_mu) <= rho alpha`` and
+    ``sup_x ||Gamma_mu(x) - Gamma_nu(x)|| <= e^omega (L_V + 2 rho beta) W_1(mu, nu)``.
+    No size appears: the constant holds uniformly in n (the mean-field regime).
+    """
+    statement = rho * alpha + sp.exp(omega) * (L_V + 2 * rho * beta)
+    proof = Derivation("Self-attention on measures in Wasserstein-1 (mean-field)")
+    proof.hypothesis("mu, nu probability measures supported in the (convex) domain")
+    proof.add(le(Described(r"W_1(F(\mu), F(\nu))"),
+                 Described(r"W_1((\Gamma_\mu)_\# \mu, (\Gamma_\mu)_\# \nu) + "
+                           r"\sup_x \|\Gamma_\mu(x) - \Gamma_\nu(x)\|")),
+              "triangle inequality; couple (Gamma_mu)_# nu and (Gamma_nu)_# nu through nu")
+    proof.add(le(Described(r"\|D\Gamma_\mu(x)\|"), rho * alpha),
+              "D Gamma_mu(x)[e] = Cov_{y ~ K_mu(x, .)}(grad_x s(x, y) . e, v(y))", "cauchy-schwarz-cov")
+    proof.add(le(Described(r"\tfrac{e^{s(x, y)}}{\int e^{s(x, z)} \, d\mu_t(z)}"), sp.exp(omega)),
+              "the score spread is at most omega on the domain", "weight-cap")
+    proof.add(le(Described(r"\|\Gamma_\mu(x) - \Gamma_\nu(x)\|"),
+                 sp.exp(omega) * (L_V + 2 * rho * beta) * Described(r"W_1(\mu, \nu)")),
+              "differentiate along mu_t = (1 - t) mu + t nu; the integrand (v(y) - Gamma(x)) e^{s(x,y)} / Z_t "
+              "is Lipschitz in y with constant e^omega (L_V + 2 rho beta)", "kantorovich")
+    proof.add(le(Described(r"\operatorname{Lip}_{W_1}(F)"), statement), "add the two parts", "kantorovich")
+    return Theorem("measure-w1-mean-field", "Self-attention on measures, mean-field (W1)", statement, proof)
+
+
+def w1_cross(argument: str) -> Theorem:
+    """Cross-attention ``(Gamma_mu)_# nu`` in W1: in the queries nu, in the context mu, or jointly."""
+    query_part = rho * alpha
+    context_part = sp.exp(omega) * (L_V + 2 * rho * beta)
+    statement = {"queries": query_part, "context": context_part, "joint": query_part + context_part}[argument]
+    proof = Derivation(f"Cross-attention on measures in the {argument} (W1)")
+    proof.hypothesis("query measure and context measure supported in their (convex) domains")
+    if argument in ("queries", "joint"):
+        proof.add(le(Described(r"W_1((\Gamma_\mu)_\# \nu, (\Gamma_\mu)_\# \nu')"),
+                     query_part * Described(r"W_1(\nu, \nu')")), "Gamma_mu is rho alpha-Lipschitz", "kantorovich")
+    if argument in ("context", "joint"):
+        proof.add(le(Described(r"W_1((\Gamma_\mu)_\# \nu, (\Gamma_{\mu'})_\# \nu)"),
+                     context_part * Described(r"W_1(\mu, \mu')")),
+                  "sup_x ||Gamma_mu(x) - Gamma_mu'(x)|| as in the mean-field theorem", "kantorovich")
+    proof.add(le(Described(r"\operatorname{Lip}_{W_1}"), statement), "triangle inequality")
+    return Theorem(f"measure-w1-cross-{argument}", f"Cross-attention on measures in the {argument} (W1)",
+                   statement, proof)
 
 
 def _suffix(norm: Norm) -> str:

@@ -20,7 +20,7 @@ from .bound import Bound, Result
 from .record import Derivation, Described, le
 from .scores import Score
 
-__all__ = ["Variant", "SelfAttention", "CrossAttention", "MultiHead", "Residual"]
+__all__ = ["Variant", "SelfAttention", "CrossAttention", "MultiHead", "Residual", "MeasureAttention"]
 
 
 class Variant:
@@ -31,6 +31,9 @@ class Variant:
     @property
     def score(self) -> Score:
         raise NotImplementedError
+
+    def _measure_valued(self) -> bool:
+        return _is_measure(self)
 
     def theorem(self, assumptions: Assumptions) -> T.Theorem:
         raise NotImplementedError
@@ -45,6 +48,11 @@ class Variant:
         key = key or self.title
         if not assumptions.domain.bounded:
             return derive_unbounded(self, assumptions, key)
+        if self._measure_valued() and assumptions.norm.key != "w1":
+            assumptions = assumptions.with_(norm="w1")
+        elif not self._measure_valued() and assumptions.norm.key == "w1":
+            raise AssumptionError("norm", "a norm on X (fro, 2,1, 2,inf, inf) for a token-level variant",
+                                  "'w1'", "use a measure variant (measure-w1, ...) for Wasserstein-1")
         constants = self.score.kernel_constants(assumptions)
         theorem = self.theorem(assumptions)
         expr = theorem.statement.xreplace(constants.as_substitution())
@@ -57,6 +65,11 @@ class Variant:
                      generic=theorem.statement, constants=constants.as_substitution(),
                      assumptions=tuple(assumptions.describe() + record.hypotheses), record=record,
                      theorem=theorem.id)
+
+
+def _is_measure(variant) -> bool:
+    inner = getattr(variant, "inner", None)
+    return isinstance(variant, MeasureAttention) or (inner is not None and _is_measure(inner))
 
 
 def _per_token_norm(assumptions: Assumptions):
@@ -121,6 +134,48 @@ class CrossAttention(Variant):
     def theorem(self, assumptions: Assumptions) -> T.Theorem:
         inner = T.cross_attention(_per_token_norm(assumptions), self.argument, assumptions.n, assumptions.m)
         return _to_vec_inf(inner, assumptions)
+
+
+@final
+class MeasureAttention(Variant):
+    """Attention acting on probability measures (Vuckovic, Baratin, Tachet des Combes 2020),
+    Lipschitz in Wasserstein-1.
+
+    Parameters
+    ----------
+    score : Score
+    regime : {"uniform", "mean-field"}
+        ``"uniform"``: self-attention on uniform empirical measures of n atoms (the
+        (2,1) route); ``"mean-field"``: any measures, a constant independent of n.
+    argument : {"self", "queries", "context", "joint"}
+        Self-attention, or cross-attention ``(Gamma_mu)_# nu`` in one or both measures.
+    """
+
+    REGIMES = ("uniform", "mean-field")
+    ARGUMENTS = ("self", "queries", "context", "joint")
+
+    def __init__(self, score: Score, regime: str = "uniform", argument: str = "self"):
+        if regime not in self.REGIMES:
+            raise AssumptionError("regime", f"one of {self.REGIMES}", repr(regime), "pick a regime")
+        if argument not in self.ARGUMENTS:
+            raise AssumptionError("argument", f"one of {self.ARGUMENTS}", repr(argument), "pick an argument")
+        if argument != "self" and regime == "uniform":
+            raise AssumptionError("regime", "'mean-field' for cross-attention on measures", repr(regime),
+                                  "use regime='mean-field' (measures of any size)")
+        self._score = score
+        self.regime = regime
+        self.argument = argument
+        what = "self-attention" if argument == "self" else f"cross-attention in the {argument}"
+        self.title = f"{what} on measures, {regime} W1 ({score.name})"
+
+    @property
+    def score(self) -> Score:
+        return self._score
+
+    def theorem(self, assumptions: Assumptions) -> T.Theorem:
+        if self.argument != "self":
+            return T.w1_cross(self.argument)
+        return T.w1_uniform(assumptions.n) if self.regime == "uniform" else T.w1_mean_field()
 
 
 @final
