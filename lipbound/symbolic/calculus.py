@@ -21,6 +21,7 @@ exactly; :func:`coarsen` trades them for products when a user wants that.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, final
 
@@ -74,14 +75,15 @@ ATOMS = (Inner, Norm, SoftNorm)
 
 
 # Affine structure -----------------------------------------------------------
-def _terms(vector: sp.MatrixExpr) -> list[sp.MatrixExpr]:
+@functools.lru_cache(maxsize=4096)  # matrix-expression algebra is slow; the same vectors recur
+def _terms(vector: sp.MatrixExpr) -> tuple[sp.MatrixExpr, ...]:
     expanded = sp.expand(vector) if not isinstance(vector, sp.MatrixExpr) else vector.expand()
     expanded = expanded.doit() if hasattr(expanded, "doit") else expanded
     if isinstance(expanded, sp.MatAdd):
-        return list(expanded.args)
+        return tuple(expanded.args)
     if getattr(expanded, "is_ZeroMatrix", False):
-        return []
-    return [expanded]
+        return ()
+    return (expanded,)
 
 
 def _split_term(term: sp.MatrixExpr) -> tuple[sp.Expr, list[sp.MatrixExpr]]:
@@ -94,6 +96,12 @@ def _split_term(term: sp.MatrixExpr) -> tuple[sp.Expr, list[sp.MatrixExpr]]:
 
 
 def affine_parts(vector: sp.MatrixExpr, variables: tuple) -> dict:
+    """Split an affine vector (cached; returns a fresh dict)."""
+    return dict(_affine_parts(vector, tuple(variables)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _affine_parts(vector: sp.MatrixExpr, variables: tuple) -> tuple:
     """Split an affine vector into ``{variable: coefficient matrix, None: constant}``.
 
     ``vector = sum_v C_v v + b``; coefficients are matrix expressions.  Raises
@@ -116,7 +124,7 @@ def affine_parts(vector: sp.MatrixExpr, variables: tuple) -> dict:
             piece = scalar * (sp.MatMul(*rest) if rest else sp.Identity(last.shape[0]))
         piece = piece.doit() if hasattr(piece, "doit") else piece
         parts[key] = piece if key not in parts else (parts[key] + piece).doit()
-    return parts
+    return tuple(parts.items())
 
 
 def _expand_inner(expr: sp.Expr, variables: tuple) -> sp.Expr:
@@ -148,7 +156,8 @@ def drop_free_terms(score: sp.Expr, key_variable, variables: tuple, record: Deri
     dropped = [term for term in terms if not _depends(term, key_variable)]
     result = sp.Add(*kept)
     if dropped:
-        record.add(sp.Symbol(r"s(x, y) \simeq " + sp.latex(result)),
+        from ..printing.latex import latex  # printing depends on this module: import late
+        record.add(Described(r"s(x, y) \simeq " + latex(result)),
                    "softmax is invariant under adding to every score of a row a term "
                    "that does not depend on the key", "shift-invariance")
     return result
@@ -224,7 +233,7 @@ def gradient(score: sp.Expr, variable, variables: tuple) -> list[VecTerm]:
     """
     score = sp.sympify(score)
     terms: list[VecTerm] = []
-    atoms = [a for a in score.atoms(*ATOMS) if _depends(a, variable)]
+    atoms = sorted((a for a in score.atoms(*ATOMS) if _depends(a, variable)), key=sp.default_sort_key)
     for atom in atoms:
         dummy = sp.Dummy("a", real=True)
         partial = score.xreplace({atom: dummy}).diff(dummy).xreplace({dummy: atom})
@@ -294,6 +303,7 @@ class Region:
     floors: Callable[[sp.MatrixExpr], sp.Expr | None] = lambda vector: None
 
 
+@functools.lru_cache(maxsize=4096)
 def _norm_of_constant_matrix(matrix: sp.MatrixExpr) -> sp.Expr:
     scalar, factors = _split_term(matrix)
     if not factors:
@@ -307,6 +317,7 @@ def _norm_of_constant_matrix(matrix: sp.MatrixExpr) -> sp.Expr:
     return sp.Abs(scalar) * S.matrix_norm(body)
 
 
+@functools.lru_cache(maxsize=4096)
 def _norm_of_constant_vector(vector: sp.MatrixExpr) -> sp.Expr:
     scalar, factors = _split_term(vector)
     if not factors:

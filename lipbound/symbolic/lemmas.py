@@ -31,7 +31,7 @@ LEMMAS: Final[dict[str, tuple[str, str]]] = {
         r"For a distribution $p$ on points $w_j$ with $\|w_j - c\| \le \rho$, "
         r"$\operatorname{tr}\operatorname{Cov}_p(w) \le \rho^2$ and, for every $k$, "
         r"$\operatorname{tr}\operatorname{Cov}_p(w) \le \mathbb{E}_p\|w - w_k\|^2 \le 4\rho^2 (1 - p_k)$; "
-        r"hence $\sum_i p_{ij} \operatorname{tr}\operatorname{Cov}_{p_i}(w) \le \rho^2 \min(\kappa, 3n/4)$, "
+        r"hence $\sum_i p_{ij} \operatorname{tr}\operatorname{Cov}_{p_i}(w) \le \rho^2 \min(\kappa_{n}(\omega), 3n/4)$, "
         r"since $p \min(1, 4(1-p)) \le \min(p, 3/4)$."),
     "mean-abs-cov": (
         "Covariance bound in mean absolute deviation",
@@ -46,11 +46,11 @@ LEMMAS: Final[dict[str, tuple[str, str]]] = {
         "Attention weights are capped by the score spread",
         r"If $|s(x, y) - s(x, y')| \le \omega$ for all keys, then "
         r"$p_{ij} \le e^{\omega} / (e^{\omega} + n - 1)$, so every column of $P$ sums to at most "
-        r"$\kappa(n, \omega) = n e^{\omega} / (e^{\omega} + n - 1) \le \min(n, e^{\omega})$."),
+        r"$\kappa_{n}(\omega) = n e^{\omega} / (e^{\omega} + n - 1) \le \min(n, e^{\omega})$."),
     "causal-cap": (
         "Column sums under causal masking",
         r"Row $i$ attends to $i$ tokens, so $p_{ij} \le e^\omega / (e^\omega + i - 1)$ and every column "
-        r"sums to at most $\kappa_{\mathrm{c}}(n, \omega) = \sum_{i=1}^{n} e^\omega / (e^\omega + i - 1) "
+        r"sums to at most $\kappa^{\mathrm{c}}_{n}(\omega) = \sum_{i=1}^{n} e^\omega / (e^\omega + i - 1) "
         r"= e^\omega (\psi(e^\omega + n) - \psi(e^\omega))$."),
     "mean-value": (
         "Mean value theorem",

@@ -70,7 +70,6 @@ def smaller(a: sp.Expr, b: sp.Expr) -> sp.Expr:
 
 _CACHE: dict = {}
 
-_SUP_GRAD_Y = Described(r"\sup_{x, y} \left\| \nabla_y s(x, y) \right\|")
 _SUP_HESS = Described(r"\sup_{x, y} \left\| \partial_y \nabla_x s(x, y) \right\|")
 _SUP_GRAD_X = Described(r"\sup_{x, y} \left\| \nabla_x s(x, y) \right\|")
 _SPREAD = Described(r"\sup_{x, y, y'} \left| s(x, y) - s(x, y') \right|")
@@ -140,7 +139,7 @@ class Score:
         omega = smaller(_tidy(2 * radius * beta), _tidy(spread_range))
         beta, alpha, omega = (name_norms(e) for e in (beta, alpha, omega))
 
-        record.add(eq(_SUP_GRAD_Y, _vector_sum(grad_y)), "differentiation (chain rule)")
+        record.add(Described(r"\nabla_y s(x, y) = " + _vector_sum(grad_y)), "differentiation (chain rule)")
         record.add(le(S.beta, beta), "triangle inequality, Cauchy-Schwarz, submultiplicativity, "
                    "then the domain bounds", "norm-calculus")
         record.add(le(S.alpha, radius * _SUP_HESS),
@@ -159,11 +158,23 @@ def _tidy(expr: sp.Expr) -> sp.Expr:
     return sp.factor_terms(sp.expand(expr))
 
 
-def _vector_sum(terms) -> sp.Expr:
-    total = sp.Integer(0)
+def _vector_sum(terms) -> str:
+    """LaTeX of ``sum_t coef_t vec_t`` (a vector: not a SymPy scalar expression)."""
+    from ..printing.latex import latex  # printing depends on this module: import late
+    parts = []
     for term in terms:
-        total += term.coef * sp.Symbol(sp.latex(term.vec))
-    return total
+        coefficient = latex(term.coef)
+        if term.coef == 1:
+            factor = ""
+        elif term.coef.is_Atom or isinstance(term.coef, sp.Mul):
+            factor = coefficient + " "
+        else:
+            factor = "\\left(" + coefficient + "\\right) "
+        vector = latex(term.vec)
+        if factor and isinstance(term.vec, sp.MatAdd):
+            vector = "\\left(" + vector + "\\right)"
+        parts.append(factor + vector)
+    return " + ".join(parts) if parts else "0"
 
 
 @final

@@ -12,6 +12,7 @@ Notation: ``f_i(X) = sum_j p_ij v(x_j)``, ``E`` a tangent direction,
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import final
 
@@ -53,6 +54,7 @@ def _column_sum(size, causal: bool) -> sp.Expr:
     return S.causal_kappa(size, omega) if causal else S.kappa(size, omega)
 
 
+@functools.lru_cache(maxsize=None)  # theorems are pure: build each once
 def self_attention(norm: Norm, causal: bool = False, n=S.n) -> Theorem:
     """Single-head self-attention on a convex domain, from the kernel constants."""
     K = _column_sum(n, causal)
@@ -102,6 +104,7 @@ def self_attention(norm: Norm, causal: bool = False, n=S.n) -> Theorem:
                    "Self-attention" + (" (causal)" if causal else ""), statement, proof)
 
 
+@functools.lru_cache(maxsize=None)  # theorems are pure: build each once
 def cross_attention(norm: Norm, argument: str, n=S.n, m=S.m) -> Theorem:
     """Cross-attention: m queries Y attend to a context X of n tokens; Lipschitz in
     ``argument`` = ``"queries"``, ``"context"`` or ``"joint"``."""
@@ -175,6 +178,7 @@ def residual(inner: Theorem) -> Theorem:
     return Theorem(f"residual-{inner.id}", f"Residual {inner.title.lower()}", statement, proof)
 
 
+@functools.lru_cache(maxsize=None)  # theorems are pure: build each once
 def w1_uniform(n=S.n) -> Theorem:
     """Self-attention on uniform empirical measures of n atoms, in Wasserstein-1.
 
@@ -193,6 +197,7 @@ def w1_uniform(n=S.n) -> Theorem:
     return Theorem("measure-w1-uniform", "Self-attention on uniform measures (W1)", inner.statement, proof)
 
 
+@functools.lru_cache(maxsize=None)  # theorems are pure: build each once
 def w1_mean_field() -> Theorem:
     """Self-attention on probability measures of any size and weights (mean-field), in W1.
 
@@ -219,6 +224,7 @@ def w1_mean_field() -> Theorem:
     return Theorem("measure-w1-mean-field", "Self-attention on measures, mean-field (W1)", statement, proof)
 
 
+@functools.lru_cache(maxsize=None)  # theorems are pure: build each once
 def w1_cross(argument: str) -> Theorem:
     """Cross-attention ``(Gamma_mu)_# nu`` in W1: in the queries nu, in the context mu, or jointly."""
     query_part = rho * alpha

@@ -260,7 +260,7 @@ def derive_unbounded(variant, assumptions: Assumptions, key: str) -> Result:
                "an entry of the exact Jacobian (SymPy differentiation)", "softmax-derivative")
     record.add(eq(sp.Limit(entry, S.t, sp.oo), sp.limit(entry, S.t, sp.oo)), "limit as t -> infinity",
                "witness-family")
-    if isinstance(score, DotProduct) and isinstance(head, SelfAttention):
+    if isinstance(score, DotProduct) and isinstance(head, SelfAttention) and not head.causal:
         gamma = S.MatrixNormSymbol("gamma_{A,V}")
         general = S.t ** 2 * (assumptions.n - 1) / assumptions.n ** 2 * gamma - S.MatrixNormSymbol("W_V") / assumptions.n
         record.add(le(general, Described(r"\|Df(X_t)\|")),

@@ -19,6 +19,7 @@ from . import theorems as T
 from .bound import Bound, Result
 from .record import Derivation, Described, le
 from .scores import Score
+from .unbounded import derive_unbounded
 
 __all__ = ["Variant", "SelfAttention", "CrossAttention", "MultiHead", "Residual", "MeasureAttention"]
 
@@ -44,7 +45,6 @@ class Variant:
         if not isinstance(assumptions, Assumptions):
             raise AssumptionError("assumptions", "an Assumptions object", type(assumptions).__name__,
                                   "build one with lipbound.Assumptions(domain=..., norm=...)")
-        from .unbounded import derive_unbounded
         key = key or self.title
         if not assumptions.domain.bounded:
             return derive_unbounded(self, assumptions, key)
