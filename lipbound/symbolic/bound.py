@@ -97,7 +97,7 @@ class Bound(Result):
 
     def evaluate(self, values: dict | None = None) -> float:
         """Float value after substitution (every symbol must be given)."""
-        expr = expand_special(self.subs(values or {}).expr)
+        expr = expand_special(self.expr).xreplace(_mapping(self.expr, values or {}))
         if expr.free_symbols:
             raise AssumptionError("values", "a number for every symbol of the bound",
                                   f"missing {sorted(map(str, expr.free_symbols))}",
@@ -118,9 +118,13 @@ class Bound(Result):
 
         Returns ``(symbols, function)``; call ``function(*values)`` in the order of ``symbols``.
         """
-        expr = expand_special(self.expr)
+        # the interval namespace has rigorous, cancellation-free kappa and Lambert levels
+        expr = self.expr if backend == "interval" else expand_special(self.expr)
         symbols = sorted(expr.free_symbols, key=str)
-        return symbols, sp.lambdify(symbols, expr, modules=numeric_namespace(backend))
+        function = sp.lambdify(symbols, expr, modules=numeric_namespace(backend))
+        if backend != "interval":  # sums over tokens: n may arrive as 8.0 or mpf(8)
+            function.__globals__["range"] = _integer_range
+        return symbols, function
 
     def compare(self, other: "Bound", **kwargs):
         """Decide ``self <= other`` for all admissible values (see :func:`lipbound.symbolic.compare.compare`)."""
@@ -203,6 +207,11 @@ def _mapping(expr: sp.Expr, values: dict) -> dict:
     return mapping
 
 
+def _integer_range(start, stop):
+    """``range`` for sums over tokens whose bound arrives as a float or an mpf (``n = 8.0``)."""
+    return range(int(start), int(stop))
+
+
 def numeric_namespace(backend: str) -> list:
     """Modules for ``sympy.lambdify``: numpy, mpmath, or rigorous ``mpmath.iv``."""
     if backend == "numpy":
@@ -210,10 +219,12 @@ def numeric_namespace(backend: str) -> list:
         import numpy as np
         lambertw = np.vectorize(lambda z: float(mpmath.lambertw(z).real), otypes=[float])
         digamma = np.vectorize(lambda z: float(mpmath.digamma(z)), otypes=[float])
-        return [{"LambertW": lambertw, "digamma": digamma}, "numpy"]
+        polygamma = np.vectorize(lambda k, z: float(mpmath.polygamma(int(k), z)), otypes=[float])
+        return [{"LambertW": lambertw, "digamma": digamma, "polygamma": polygamma}, "numpy"]
     if backend == "mpmath":
         import mpmath
-        return [{"LambertW": mpmath.lambertw, "digamma": mpmath.digamma}, "mpmath"]
+        return [{"LambertW": mpmath.lambertw, "digamma": mpmath.digamma,
+                 "polygamma": lambda k, z: mpmath.polygamma(int(k), z)}, "mpmath"]
     if backend == "interval":
         from ..numeric.rigorous import interval_namespace
         return [interval_namespace()]

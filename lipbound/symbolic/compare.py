@@ -27,8 +27,8 @@ from typing import final
 import mpmath
 import sympy as sp
 
+from ..errors import NotCertifiedError
 from . import symbols as S
-from .bound import expand_special
 
 __all__ = ["Comparison", "compare", "amgm_certificate", "UPPER_FACTS"]
 
@@ -210,7 +210,7 @@ def compare(a: sp.Expr, b: sp.Expr, box: dict | None = None, samples: int = 2000
     proved, strict = _prove(a, b, steps)
     if proved:
         return Comparison("proved", tuple(steps), strict)
-    return _numeric(expand_special(a), expand_special(b), box, samples, seed, depth)
+    return _numeric(a, b, box, samples, seed, depth)  # the interval namespace knows kappa and friends
 
 
 def _default_box(symbols, box):
@@ -230,7 +230,6 @@ def _numeric(a, b, box, samples, seed, depth) -> Comparison:
     difference = b - a
     symbols = sorted(difference.free_symbols, key=str)
     bounds = _default_box(symbols, box)
-    point_value = sp.lambdify(symbols, difference, modules=numeric_namespace("mpmath"))
     interval_value = sp.lambdify(symbols, difference, modules=numeric_namespace("interval"))
     rng = random.Random(seed)
     for _ in range(samples):
@@ -239,19 +238,33 @@ def _numeric(a, b, box, samples, seed, depth) -> Comparison:
             low, high = bounds[s]
             point[s] = rng.randint(int(low), int(high)) if s.is_integer else \
                 float(mpmath.exp(rng.uniform(float(mpmath.log(low)), float(mpmath.log(high)))))
-        exact = interval_value(*[mpmath.iv.mpf(point[s]) for s in symbols])
+        try:
+            exact = interval_value(*[mpmath.iv.mpf(point[s]) for s in symbols])
+        except NotCertifiedError:
+            continue
         if exact.b < 0:
             return Comparison("refuted", ("interval evaluation at the point is negative",),
                               counterexample={str(k): v for k, v in point.items()},
                               box={str(k): v for k, v in bounds.items()})
-    del point_value
     queue = [{s: (mpmath.mpf(lo), mpmath.mpf(hi)) for s, (lo, hi) in bounds.items()}]
     for _ in range(4 ** min(depth, 6)):
         if not queue:
             return Comparison("verified-on-box", ("interval branch and bound: b - a >= 0 on every sub-box",),
                               box={str(k): v for k, v in bounds.items()})
         cell = queue.pop()
-        enclosure = interval_value(*[mpmath.iv.mpf([lo, hi]) for lo, hi in cell.values()])
+        try:
+            enclosure = interval_value(*[mpmath.iv.mpf([lo, hi]) for lo, hi in cell.values()])
+        except NotCertifiedError:  # e.g. a sum over tokens needs an exact integer n: split sizes first
+            sizes = [s for s in cell if s.is_integer and cell[s][1] > cell[s][0]]
+            if not sizes:
+                return Comparison("unknown", ("a function could not be enclosed on this box",),
+                                  box={str(k): v for k, v in bounds.items()})
+            widest = max(sizes, key=lambda s: float(cell[s][1] - cell[s][0]))
+            lo, hi = cell[widest]
+            middle = mpmath.floor((lo + hi) / 2)
+            queue.append({**cell, widest: (lo, middle)})
+            queue.append({**cell, widest: (middle + 1, hi)})
+            continue
         if enclosure.a >= 0:
             continue
         widest = max(cell, key=lambda s: float(cell[s][1] / cell[s][0]))

