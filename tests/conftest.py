@@ -3,7 +3,11 @@
 import os
 import sys
 
-import pytest
+# One BLAS thread: on two cores, threaded BLAS in parallel test processes is many times slower.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import pytest  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 

@@ -16,6 +16,7 @@ over the leading axis, with no explicit Jacobian.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import final
 
@@ -109,9 +110,9 @@ class Head:
         """``A = W_Q W_K^T / sqrt(d_k)``, shape (d, d)."""
         return self.W_Q @ self.W_K.T / np.sqrt(self.d_k)
 
-    @property
+    @functools.cached_property
     def V(self) -> np.ndarray:
-        """The value matrix actually applied, shape (d, d_v)."""
+        """The value matrix actually applied, shape (d, d_v) (computed once)."""
         if self.kim_values:
             return self.W_Q @ (self.W_Q.T @ self.W_V) / np.sqrt(self.d_k)
         return self.W_V
