@@ -104,27 +104,26 @@ def _theorem_ids() -> list[str]:
 
 
 def _compare(args) -> int:
-    from .assumptions import Assumptions, Ball
     from .symbolic.claims import claim
-    from .symbolic.registry import variant
-    published = claim(args.claim)
-    if published.statement is None or published.kind != "upper-bound":
-        raise LipboundError("claim", "a claim with a closed-form upper bound", f"{args.claim} ({published.kind})",
-                            "pick one of kim-l2-fro, kim-l2-inf, castin-theorem, ...")
-    name = args.variant or published.variant
-    from .assumptions import LayerNormImage, Unbounded
-    domain = {"ball": Ball, "layernorm": LayerNormImage, "unbounded": Unbounded}[published.domain]()
-    derived = variant(name).derive(Assumptions(domain=domain, norm=published.norm, tied=True if "l2" in name else None),
-                                   name)
-    from .symbolic.compare import compare
-    forward = compare(derived.expr, published.statement)
-    print(f"derived ({name}, {derived.norm}, {derived.domain}): Lip <= {derived.expr}")
-    print(f"claim {published.key} {published.provenance}: Lip <= {published.statement}")
-    print(f"derived <= claim: {forward.verdict}" + (" (strictly)" if forward.strict else ""))
-    for step in forward.steps:
-        print(f"  {step}")
-    if forward.counterexample:
-        print(f"  counterexample: {forward.counterexample}")
+    from .symbolic.comparison import comparison_latex, comparison_rows
+    if args.claim:
+        claim(args.claim)  # a clear error for an unknown claim
+    rows = comparison_rows(None if not args.claim else [args.claim])
+    if args.claim and not rows:
+        raise LipboundError("claim", "a claim with a closed-form upper bound on an attention variant",
+                            repr(args.claim), "see `lipbound list`; e.g. castin-theorem or kim-l2-fro")
+    if args.latex:
+        print(comparison_latex(rows))
+        return 0
+    for row in rows:
+        item = row.claim
+        print(f"{item.key} {item.provenance}")
+        print(f"  on: {item.variant}, norm {item.norm}, domain {item.domain}")
+        print(f"  claim:   Lip <= {row.published}")
+        print(f"  derived: Lip <= {row.derived}")
+        print(f"  relation: {row.relation}")
+        for step in row.steps:
+            print(f"    {step}")
     return 0
 
 
@@ -145,9 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     derive.add_argument("--proof", action="store_true", help="print the derivation as LaTeX (align*)")
     derive.add_argument("--json", action="store_true", help="print one JSON object")
 
-    compare = sub.add_parser("compare", help="compare a derived bound with a published claim symbolically")
-    compare.add_argument("claim")
-    compare.add_argument("--variant", help="derived variant to compare (default: the claim's)")
+    compare = sub.add_parser("compare", help="derived bounds against published claims, decided symbolically")
+    compare.add_argument("claim", nargs="?", help="one claim (default: the whole table)")
+    compare.add_argument("--latex", action="store_true", help="print the table as LaTeX")
 
     _add_numeric_commands(sub)
     return parser

@@ -59,11 +59,18 @@ def _upper_kappa(node):
     return [size, sp.exp(spread)]
 
 
+def _submultiplicative(node):
+    from .calculus import coarsen
+    coarse = coarsen(node)
+    return [coarse] if coarse != node else []
+
+
 #: sub-term class -> function giving terms known to be >= it
 UPPER_FACTS = {
     S.kappa: _upper_kappa,
     S.causal_kappa: lambda node: [node.args[0]],
     sp.Min: lambda node: list(node.args),
+    S.MatrixNormSymbol: _submultiplicative,   # ||M N|| <= ||M|| ||N||
 }
 
 
@@ -228,16 +235,23 @@ def _default_box(symbols, box):
 def _numeric(a, b, box, samples, seed, depth) -> Comparison:
     from .bound import numeric_namespace
     difference = b - a
-    symbols = sorted(difference.free_symbols, key=str)
+    symbols = sorted(difference.free_symbols, key=lambda s: (str(s), type(s).__name__))
     bounds = _default_box(symbols, box)
-    interval_value = sp.lambdify(symbols, difference, modules=numeric_namespace("interval"))
+    plain = [sp.Dummy(f"v{i}", **s.assumptions0) for i, s in enumerate(symbols)]  # names may clash
+    interval_value = sp.lambdify(plain, difference.xreplace(dict(zip(symbols, plain))),
+                                 modules=numeric_namespace("interval"))
     rng = random.Random(seed)
+    joint = {s: _submultiplicative(s)[0] for s in symbols
+             if isinstance(s, S.MatrixNormSymbol) and _submultiplicative(s)
+             and _submultiplicative(s)[0].free_symbols <= set(symbols)}
     for _ in range(samples):
         point = {}
         for s in symbols:
             low, high = bounds[s]
             point[s] = rng.randint(int(low), int(high)) if s.is_integer else \
                 float(mpmath.exp(rng.uniform(float(mpmath.log(low)), float(mpmath.log(high)))))
+        for s, product in joint.items():  # admissible points only: ||M N|| <= ||M|| ||N||
+            point[s] = float(product.xreplace(point)) * rng.uniform(0.01, 1.0)
         try:
             exact = interval_value(*[mpmath.iv.mpf(point[s]) for s in symbols])
         except NotCertifiedError:
