@@ -98,8 +98,10 @@ def _recheck(args) -> int:
         from .numeric.weights import load_weights
         weights = load_weights(args.weights, num_heads=args.num_heads)
     result = recheck_file(args.witness, weights)
-    print(result.describe() if hasattr(result, "describe") else result)
-    return 0 if getattr(result, "valid", True) else 1
+    print(result.message)
+    print(f"target: {result.target}; enclosure [{result.lower!r}, {result.upper!r}]; "
+          f"in the domain: {result.in_domain} (largest ||x_i - c|| = {result.max_distance!r}); {result.seconds:.2f} s")
+    return 0 if result.valid else 1
 
 
 def _add_verify_arguments(parser, weights: bool = True) -> None:

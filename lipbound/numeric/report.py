@@ -168,9 +168,14 @@ def _head_bounds(head: attention.Head, domain: NumericDomain, n: int, sdp: bool)
 
 
 def _sdp_bounds(target, domain: NumericDomain, n: int) -> list[UpperBound]:
-    from .sdp import certified_bounds
-    return [UpperBound(b.name, b.value, b.certified, b.provenance)
-            for b in certified_bounds(target, radius=domain.radius, center=domain.center, n=n)]
+    """The SDP relaxation of the local Lipschitz problem (registry entry of the variant);
+    an uncertified solve is listed as such and never counts as a bound."""
+    from ..symbolic.registry import variant
+    from .sdp import relax
+    name = "dot-product" if isinstance(target, attention.Head) else "multi-head"
+    result = relax(variant(name), target, domain.radius, domain.center, n=n)
+    return [UpperBound("sdp", result.value if result.certified else float("inf"), result.certified,
+                       result.provenance + ("" if result.certified else f" (not certified: {result.reason})"))]
 
 
 def verify_model(model, *, layers=None, heads=None, n: int = 8, radius="layernorm", sdp: bool = False,

@@ -1,0 +1,546 @@
+"""Re-check a witness independently, in high precision, with a rigorous enclosure.
+
+The stored float64 inputs (``X``, ``E`` or ``Y``, the centre, the radius) and the float
+weights are taken as exact binary numbers.  Everything linear is then computed *exactly*
+in integer arithmetic (a float is ``m 2^e`` with an integer m, so ``X W + b`` is an exact
+dyadic matrix); the nonlinear part (the scores' ``1/sqrt(d_k)``, ``exp``, the softmax
+division, the cosine score's square roots) runs in ``mpmath.iv`` interval arithmetic at
+:data:`RECHECK_DPS` digits with outward rounding; products of an interval matrix with an
+exact one use midpoint-radius (ball) arithmetic: an exact centre times the exact matrix,
+plus a radius bounded in float64 with its rounding error inflated (Higham 2002, eq. 3.13).
+The result is an interval that contains the true value
+
+* ``||Df(X)[E]||_F / ||E||_F``  (kind "jacobian", Frobenius norms), or
+* ``N(f(X) - f(Y)) / N(X - Y)`` (kind "secant"; ``N`` Frobenius or ``||.||_{2,1}``),
+
+of the very map the witness names, together with an exact test that every token lies in
+the closed ball ``||x_i - c|| <= R``.  Nothing of :mod:`lipbound.numeric.attention` or of the
+search is reused: the forward pass and the JVP are written again here.
+
+A witness is *valid* when it lies in the domain and its stated value does not exceed the
+enclosure's upper end by more than :data:`ROUNDING_TOLERANCE` (relative): the float64 search
+may round, but not by more.  Its certified lower bound on the Lipschitz constant is then the
+enclosure's lower end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import final
+
+import mpmath
+import numpy as np
+from mpmath import iv, libmp
+
+from ..errors import AssumptionError, WeightsError
+from .attention import Head, Layer
+from .rigorous import lower, upper
+from .witness import Witness
+
+__all__ = ["Recheck", "recheck", "recheck_file", "RECHECK_DPS", "ROUNDING_TOLERANCE"]
+
+#: Decimal digits of the interval arithmetic.
+RECHECK_DPS = 50
+#: How far (relative) a stated value may exceed the certified enclosure and still count as rounding.
+ROUNDING_TOLERANCE = 1e-9
+_U = 2.0 ** -53
+
+
+@final
+@dataclass(frozen=True)
+class Recheck:
+    """The outcome of :func:`recheck`.
+
+    Attributes
+    ----------
+    stated : float
+        The value the witness claims.
+    value : mpmath.mpf
+        The high-precision value (midpoint of the enclosure).
+    lower, upper : float
+        The enclosure, rounded outward: the true value lies in ``[lower, upper]``.
+    in_domain : bool
+        Every token (of X, and of Y for a secant) satisfies ``||x_i - c|| <= R``, decided exactly.
+    max_distance : float
+        ``max_i ||x_i - c||`` rounded up (over X and Y).
+    valid : bool
+        In the domain, and ``stated <= upper (1 + ROUNDING_TOLERANCE)``.
+    relative_difference : float
+        ``|stated - value| / value``.
+    seconds : float
+        Time the re-check took.
+    target : str
+        What was re-checked (model, layer, head, score).
+    message : str
+        One line for people.
+    """
+
+    stated: float
+    value: mpmath.mpf
+    lower: float
+    upper: float
+    in_domain: bool
+    max_distance: float
+    valid: bool
+    relative_difference: float
+    seconds: float
+    target: str
+    message: str
+
+    @property
+    def certified_lower_bound(self) -> float | None:
+        """A rigorous lower bound on the Lipschitz constant over the domain (None if the point
+        is outside the domain)."""
+        return self.lower if self.in_domain else None
+
+    def as_dict(self) -> dict:
+        return {"stated": self.stated, "value": mpmath.nstr(self.value, 20), "lower": self.lower,
+                "upper": self.upper, "in_domain": self.in_domain, "max_distance": self.max_distance,
+                "valid": self.valid, "relative_difference": self.relative_difference,
+                "certified_lower_bound": self.certified_lower_bound, "seconds": self.seconds,
+                "target": self.target, "message": self.message}
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact dyadic matrices
+# ---------------------------------------------------------------------------------------------
+@final
+class _Dyadic:
+    """An exact real matrix ``m * 2**e``: ``m`` an object array of Python ints, ``e`` an int."""
+
+    __slots__ = ("m", "e")
+
+    def __init__(self, m: np.ndarray, e: int):
+        self.m, self.e = m, int(e)
+
+    @classmethod
+    def of(cls, array) -> "_Dyadic":
+        """The exact value of a float64 array."""
+        array = np.asarray(array, dtype=np.float64)
+        mantissa, exponent = np.frexp(array)
+        ints = np.ldexp(mantissa, 53).astype(np.int64)           # exact: |mantissa| < 1
+        exponent = exponent.astype(np.int64) - 53
+        nonzero = ints != 0
+        base = int(exponent[nonzero].min()) if np.any(nonzero) else 0
+        shifts = np.where(nonzero, exponent - base, 0).astype(object)
+        return cls(ints.astype(object) << shifts, base)
+
+    @property
+    def shape(self):
+        return self.m.shape
+
+    def _aligned(self, other: "_Dyadic"):
+        e = min(self.e, other.e)
+        return self.m << (self.e - e), other.m << (other.e - e), e
+
+    def __add__(self, other: "_Dyadic") -> "_Dyadic":
+        a, b, e = self._aligned(other)
+        return _Dyadic(a + b, e)
+
+    def __sub__(self, other: "_Dyadic") -> "_Dyadic":
+        a, b, e = self._aligned(other)
+        return _Dyadic(a - b, e)
+
+    def __matmul__(self, other: "_Dyadic") -> "_Dyadic":
+        return _Dyadic(self.m @ other.m, self.e + other.e)
+
+    def __mul__(self, other: "_Dyadic") -> "_Dyadic":
+        return _Dyadic(self.m * other.m, self.e + other.e)
+
+    @property
+    def T(self) -> "_Dyadic":
+        return _Dyadic(self.m.T, self.e)
+
+    def row_sums_of_squares(self) -> "_Dyadic":
+        return _Dyadic(np.sum(self.m * self.m, axis=-1), 2 * self.e)
+
+    def intervals(self) -> np.ndarray:
+        """Exact (point) intervals, an object array of ``iv.mpf``."""
+        out = np.empty(self.m.shape, dtype=object)
+        for index, man in np.ndenumerate(self.m):
+            raw = libmp.from_man_exp(int(man), self.e)       # no precision given: exact
+            out[index] = iv.make_mpf((raw, raw))
+        return out
+
+    def abs_upper(self) -> np.ndarray:
+        """``|value|`` elementwise as float64, rounded up."""
+        out = np.empty(self.m.shape)
+        for index, man in np.ndenumerate(self.m):
+            raw = libmp.from_man_exp(abs(int(man)), self.e)
+            out[index] = upper(iv.make_mpf((raw, raw)))
+        return out
+
+    def total(self) -> int:
+        """Sum of all mantissas (for exact sums of squares, with exponent ``e``)."""
+        return int(np.sum(self.m)) if self.m.size else 0
+
+
+def _exact_sqrt(man: int, e: int):
+    """``sqrt(man 2^e)`` as an interval."""
+    raw = libmp.from_man_exp(int(man), int(e))
+    return iv.sqrt(iv.make_mpf((raw, raw)))
+
+
+def _concat(parts: list[_Dyadic], axis: int) -> _Dyadic:
+    e = min(p.e for p in parts)
+    return _Dyadic(np.concatenate([p.m << (p.e - e) for p in parts], axis=axis), e)
+
+
+# ---------------------------------------------------------------------------------------------
+# Balls: exact centre +- float radius
+# ---------------------------------------------------------------------------------------------
+def _inflate(array: np.ndarray, length: int) -> np.ndarray:
+    """Upper bound on a non-negative float computation of ``length`` products summed: the
+    computed value times ``1 + 2 (length + 2) u`` (doubled for safety), plus underflow slack,
+    one ulp up (Higham 2002, eq. 3.13 with gamma_k <= 2 k u)."""
+    factor = 1.0 + 4.0 * (length + 2) * _U
+    return np.nextafter(np.asarray(array, dtype=np.float64) * factor + (length + 2) * 2.0 ** -1074, np.inf)
+
+
+@final
+class _Ball:
+    """Elementwise enclosure ``center +- radius`` of a matrix: ``center`` exact, ``radius`` float64
+    (every entry an upper bound)."""
+
+    __slots__ = ("center", "radius")
+
+    def __init__(self, center: _Dyadic, radius: np.ndarray):
+        self.center, self.radius = center, np.asarray(radius, dtype=np.float64)
+
+    @classmethod
+    def exact(cls, value: _Dyadic) -> "_Ball":
+        return cls(value, np.zeros(value.shape))
+
+    @classmethod
+    def of_intervals(cls, values: np.ndarray) -> "_Ball":
+        """An interval matrix ``[lo, hi]`` as ``lo +- (hi - lo)`` (centre exact, radius rounded up)."""
+        mans = np.empty(values.shape, dtype=object)
+        exps = np.zeros(values.shape, dtype=np.int64)
+        radius = np.empty(values.shape)
+        for index, x in np.ndenumerate(values):
+            lo, hi = x._mpi_
+            if any(raw in (libmp.fninf, libmp.finf, libmp.fnan) for raw in (lo, hi)):
+                raise AssumptionError("witness", "finite intermediate values", "an infinite interval",
+                                      "raise the working precision (dps) or check the weights")
+            sign, man, exp, _ = lo
+            mans[index], exps[index] = (-man if sign else man), exp
+            width = libmp.mpf_sub(hi, lo)                     # exact (no precision given)
+            radius[index] = upper(iv.make_mpf((width, width)))
+        nonzero = np.array([m != 0 for m in mans.ravel()], dtype=bool).reshape(values.shape)
+        base = int(exps[nonzero].min()) if np.any(nonzero) else 0
+        shifts = np.where(nonzero, exps - base, 0).astype(object)
+        return cls(_Dyadic(mans << shifts, base), radius)
+
+    def __add__(self, other: "_Ball") -> "_Ball":
+        return _Ball(self.center + other.center, _inflate(self.radius + other.radius, 1))
+
+    def __sub__(self, other: "_Ball") -> "_Ball":
+        return _Ball(self.center - other.center, _inflate(self.radius + other.radius, 1))
+
+    def matmul_exact(self, matrix: _Dyadic) -> "_Ball":
+        """``(c +- r) B = c B +- r |B|``."""
+        radius = _inflate(self.radius @ matrix.abs_upper(), matrix.shape[0])
+        return _Ball(self.center @ matrix, radius)
+
+    def frobenius(self):
+        """Interval enclosing ``||value||_F``."""
+        c2 = self.center.row_sums_of_squares()
+        centre = _exact_sqrt(c2.total(), c2.e)
+        spread = upper(iv.sqrt(iv.mpf(float(_inflate(np.sum(self.radius ** 2), self.radius.size)))))
+        return _widen(centre, spread)
+
+    def mixed21(self):
+        """Interval enclosing ``sum_i ||row_i||_2``."""
+        c2 = self.center.row_sums_of_squares()
+        total = iv.mpf(0)
+        for man in c2.m:
+            total += _exact_sqrt(man, c2.e)
+        spread = float(_inflate(np.sum(np.sqrt(_inflate(np.sum(self.radius ** 2, axis=-1), self.radius.shape[-1]))),
+                                self.radius.shape[0]))
+        return _widen(total, math.nextafter(spread, math.inf))
+
+
+def _widen(x, radius: float):
+    """``x +- radius`` as an interval (outward)."""
+    return x + iv.mpf([-radius, radius])
+
+
+# ---------------------------------------------------------------------------------------------
+# One head, again: scores, softmax, forward and JVP
+# ---------------------------------------------------------------------------------------------
+@final
+class _HeadCheck:
+    """Exact projections and interval attention weights of one head at one input."""
+
+    def __init__(self, head: Head, X: _Dyadic, weights: dict):
+        self.head = head
+        self.n = X.shape[0]
+        W_Q, W_K, W_V, b_Q, b_K, b_V = weights["W_Q"], weights["W_K"], weights["W_V"], weights["b_Q"], weights["b_K"], weights["b_V"]
+        self.weights = weights
+        self.Q = X @ W_Q + _row(b_Q, self.n)
+        self.K = X @ W_K + _row(b_K, self.n)
+        self.V = X @ W_V + _row(b_V, self.n)
+        self.rsqrt = 1 / iv.sqrt(iv.mpf(head.d_k))
+        self.S = self._scores()
+        self.P = self._softmax(self.S)
+
+    # scores -----------------------------------------------------------------------------------
+    def _scores(self) -> np.ndarray:
+        head, Q, K = self.head, self.Q, self.K
+        if head.score == "dot":
+            return (Q @ K.T).intervals() * self.rsqrt
+        if head.score == "l2":
+            qq, kk = Q.row_sums_of_squares(), K.row_sums_of_squares()
+            cross = (Q @ K.T).intervals()
+            qi, ki = qq.intervals(), kk.intervals()
+            return -(qi[:, None] - 2 * cross + ki[None, :]) * self.rsqrt
+        self.nq, self.nk = self._softnorms(Q), self._softnorms(K)
+        return (Q @ K.T).intervals() * iv.mpf(self.head.tau) / (self.nq[:, None] * self.nk[None, :])
+
+    def _softnorms(self, M: _Dyadic) -> np.ndarray:
+        squares = M.row_sums_of_squares().intervals()
+        return np.array([iv.sqrt(s + iv.mpf(self.head.eps)) for s in squares], dtype=object)
+
+    def _softmax(self, S: np.ndarray) -> np.ndarray:
+        n = self.n
+        P = np.empty((n, n), dtype=object)
+        for i in range(n):
+            keys = range(i + 1) if self.head.causal else range(n)
+            shift = max((S[i, j] for j in keys), key=lambda x: x.mid).mid
+            exps = {j: iv.exp(S[i, j] - shift) for j in keys}
+            total = iv.fsum(exps.values())
+            for j in range(n):
+                P[i, j] = exps[j] / total if j in exps else iv.mpf(0)
+        return P
+
+    def score_jvp(self, E: _Dyadic) -> tuple[np.ndarray, _Dyadic]:
+        """``(dS, dV)``: the score derivative (intervals) and the value tangent ``E W_V`` (exact)."""
+        w = self.weights
+        dQ, dK, dV = E @ w["W_Q"], E @ w["W_K"], E @ w["W_V"]
+        head, Q, K = self.head, self.Q, self.K
+        if head.score == "dot":
+            return (dQ @ K.T + Q @ dK.T).intervals() * self.rsqrt, dV
+        if head.score == "l2":
+            qdq = _Dyadic(np.sum(Q.m * dQ.m, axis=-1), Q.e + dQ.e).intervals()
+            kdk = _Dyadic(np.sum(K.m * dK.m, axis=-1), K.e + dK.e).intervals()
+            mixed = (Q @ dK.T + dQ @ K.T).intervals()
+            return -2 * (qdq[:, None] - mixed + kdk[None, :]) * self.rsqrt, dV
+        qk = (Q @ K.T).intervals()
+        dqk = (dQ @ K.T + Q @ dK.T).intervals()
+        qdq = _Dyadic(np.sum(Q.m * dQ.m, axis=-1), Q.e + dQ.e).intervals()
+        kdk = _Dyadic(np.sum(K.m * dK.m, axis=-1), K.e + dK.e).intervals()
+        nq, nk = self.nq[:, None], self.nk[None, :]
+        tau = iv.mpf(head.tau)
+        dS = (dqk / (nq * nk) - qk * (qdq[:, None] / (nq ** 3 * nk) + kdk[None, :] / (nq * nk ** 3))) * tau
+        return dS, dV
+
+    def forward(self) -> _Ball:
+        """``f(X) = P V`` (n, d_v)."""
+        return _Ball.of_intervals(self.P).matmul_exact(self.V)
+
+    def jvp(self, E: _Dyadic) -> _Ball:
+        """``Df(X)[E] = dP V + P dV`` with ``dP = P o (dS - rowsum(P o dS))``."""
+        dS, dV = self.score_jvp(E)
+        P = self.P
+        mean = np.array([iv.fsum(P[i, j] * dS[i, j] for j in range(self.n)) for i in range(self.n)], dtype=object)
+        dP = P * (dS - mean[:, None])
+        return _Ball.of_intervals(dP).matmul_exact(self.V) + _Ball.of_intervals(P).matmul_exact(dV)
+
+
+def _row(bias: _Dyadic, n: int) -> _Dyadic:
+    return _Dyadic(np.broadcast_to(bias.m, (n,) + bias.shape).copy(), bias.e)
+
+
+def _exact_weights(head: Head) -> dict:
+    return {key: _Dyadic.of(getattr(head, key)) for key in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V")}
+
+
+@final
+class _MapCheck:
+    """The map named by a witness (one head, or a layer with ``W_O`` and maybe the residual)."""
+
+    def __init__(self, target: Head | Layer):
+        self.target = target
+        if isinstance(target, Head):
+            self.heads, self.W_O, self.residual = (target,), None, False
+        else:
+            self.heads, self.W_O, self.residual = tuple(target.heads), _Dyadic.of(target.W_O), bool(target.residual)
+        self.weights = [_exact_weights(h) for h in self.heads]
+
+    def _combine(self, parts: list[_Ball], identity: _Dyadic) -> _Ball:
+        if self.W_O is None:
+            return parts[0]
+        merged = _Ball(_concat([p.center for p in parts], axis=1), np.concatenate([p.radius for p in parts], axis=1))
+        out = merged.matmul_exact(self.W_O)
+        return out + _Ball.exact(identity) if self.residual else out
+
+    def forward_difference(self, X: _Dyadic, Y: _Dyadic) -> _Ball:
+        """``F(X) - F(Y)``: the output bias cancels exactly."""
+        parts = []
+        for head, weights in zip(self.heads, self.weights):
+            parts.append(_HeadCheck(head, X, weights).forward() - _HeadCheck(head, Y, weights).forward())
+        return self._combine(parts, X - Y)
+
+    def jvp(self, X: _Dyadic, E: _Dyadic) -> _Ball:
+        parts = [_HeadCheck(head, X, weights).jvp(E) for head, weights in zip(self.heads, self.weights)]
+        return self._combine(parts, E)
+
+
+# ---------------------------------------------------------------------------------------------
+# The domain, exactly
+# ---------------------------------------------------------------------------------------------
+def _domain(points: list[np.ndarray], center: np.ndarray, radius: float) -> tuple[bool, float]:
+    """Exact test ``||x_i - c||^2 <= R^2`` for every token; and ``max ||x_i - c||`` rounded up."""
+    c = _Dyadic.of(center[None, :])
+    R = _Dyadic.of(np.array([radius]))
+    R2 = R * R
+    inside, largest = True, 0.0
+    for X in points:
+        shifted = _Dyadic.of(X) - _Dyadic(np.broadcast_to(c.m, X.shape).copy(), c.e)
+        squares = shifted.row_sums_of_squares()
+        e = min(squares.e, R2.e)
+        bound = int(R2.m[0]) << (R2.e - e)
+        for man in squares.m:
+            inside &= (int(man) << (squares.e - e)) <= bound
+            largest = max(largest, upper(_exact_sqrt(man, squares.e)))
+    return bool(inside), largest
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _interval_digits(dps: int):
+    """``mpmath.iv`` has no ``workdps``: set its precision for the block and restore it."""
+    before = iv.prec
+    iv.dps = dps
+    try:
+        yield
+    finally:
+        iv.prec = before
+
+
+def _check_target(witness: Witness, target) -> None:
+    if not isinstance(target, (Head, Layer)):
+        raise WeightsError("head_or_layer", "an attention.Head or attention.Layer", type(target).__name__,
+                           "pass ModelWeights.layers[L].heads[h] or .as_layer(residual=...)")
+    heads = (target,) if isinstance(target, Head) else tuple(target.heads)
+    if heads[0].d != witness.d:
+        raise WeightsError("head_or_layer", f"a map of width d = {witness.d} (the witness's tokens)",
+                           f"width {heads[0].d}", "pass the weights the witness was found for")
+    if witness.head is not None and not isinstance(target, Head):
+        raise AssumptionError("head_or_layer", f"a single Head (the witness is for head {witness.head})", "a Layer",
+                              f"pass layer.heads[{witness.head}]")
+    if witness.head is None and witness.layer is not None and not isinstance(target, Layer):
+        raise AssumptionError("head_or_layer", "a Layer (the witness is for a whole layer)", "a Head",
+                              "pass layer.as_layer(residual=...)")
+    if isinstance(target, Layer) and bool(target.residual) != witness.residual:
+        raise AssumptionError("head_or_layer", f"residual={witness.residual} as in the witness",
+                              f"residual={bool(target.residual)}", f"pass as_layer(residual={witness.residual})")
+    if any(h.score != witness.score for h in heads):
+        raise AssumptionError("head_or_layer", f"score {witness.score!r} as in the witness",
+                              f"scores {sorted({h.score for h in heads})}", "pass the map the witness was found for")
+
+
+def recheck(witness: Witness, head_or_layer: Head | Layer, dps: int = RECHECK_DPS) -> Recheck:
+    """Recompute a witness's value in high precision, with a rigorous enclosure.
+
+    Parameters
+    ----------
+    witness : Witness
+    head_or_layer : attention.Head or attention.Layer
+        The map the witness is for (a Layer carries ``W_O`` and the residual flag).
+    dps : int
+        Decimal digits of the interval arithmetic.
+
+    Returns
+    -------
+    Recheck
+        ``valid`` is False when a token lies outside the ball or the stated value exceeds the
+        enclosure by more than :data:`ROUNDING_TOLERANCE`.
+    """
+    if not isinstance(witness, Witness):
+        raise WeightsError("witness", "a Witness", type(witness).__name__, "load one with Witness.load(path)")
+    _check_target(witness, head_or_layer)
+    began = time.perf_counter()
+    with _interval_digits(dps), mpmath.workdps(dps):
+        check = _MapCheck(head_or_layer)
+        X = _Dyadic.of(witness.X)
+        if witness.kind == "jacobian":
+            out = check.jvp(X, _Dyadic.of(witness.E))
+            E2 = _Dyadic.of(witness.E).row_sums_of_squares()
+            denominator = _exact_sqrt(E2.total(), E2.e)
+            numerator = out.frobenius()
+            points = [witness.X]
+        else:
+            Y = _Dyadic.of(witness.Y)
+            out = check.forward_difference(X, Y)
+            diff = _Ball.exact(X - Y)
+            numerator = out.frobenius() if witness.norm == "fro" else out.mixed21()
+            denominator = diff.frobenius() if witness.norm == "fro" else diff.mixed21()
+            points = [witness.X, witness.Y]
+        if not lower(denominator) > 0:
+            raise AssumptionError("witness", "a nonzero direction (E != 0, or X != Y)", "zero",
+                                  "a witness needs a direction or two distinct inputs")
+        enclosure = numerator / denominator
+        low, high = lower(enclosure), upper(enclosure)
+        value = mpmath.mp.make_mpf(enclosure.mid._mpi_[0])
+        in_domain, largest = _domain(points, witness.center, witness.radius)
+    stated = witness.value
+    relative = float(abs(stated - value) / value) if value > 0 else (0.0 if stated == 0 else math.inf)
+    valid = in_domain and stated <= high * (1 + ROUNDING_TOLERANCE)
+    if valid:
+        message = (f"valid: Lip >= {low:.12g} on the ball of radius {witness.radius:g} "
+                   f"(stated {stated:.12g}, relative difference {relative:.1e})")
+    elif not in_domain:
+        message = (f"invalid: a token lies outside the ball (max ||x_i - c|| = {largest!r} > R = "
+                   f"{witness.radius!r})")
+    else:
+        message = f"invalid: the value is at most {high:.12g}, below the stated {stated:.12g}"
+    return Recheck(stated=stated, value=value, lower=low, upper=high, in_domain=in_domain, max_distance=largest,
+                   valid=valid, relative_difference=relative, seconds=time.perf_counter() - began,
+                   target=witness.target, message=message)
+
+
+def recheck_file(path: str | Path, weights=None, dps: int = RECHECK_DPS) -> Recheck:
+    """Load a witness file and re-check it against the weights it names.
+
+    Parameters
+    ----------
+    path : str or Path
+        A file written by :meth:`Witness.save`.
+    weights : None, str, Path or ModelWeights
+        ``None``: the embedded default model (:func:`lipbound.numeric.weights.load_default`);
+        a path: a checkpoint read by :func:`lipbound.numeric.weights.load_weights`;
+        or loaded weights.
+    """
+    from . import weights as loaders
+    witness = Witness.load(path)
+    if witness.layer is None:
+        raise WeightsError(str(path), "a witness that names its layer", "layer = None",
+                           "re-check it in Python: recheck(witness, head_or_layer)")
+    if weights is None:
+        model = loaders.load_default()
+    elif isinstance(weights, (str, Path)):
+        model = loaders.load_weights(weights, layers=[witness.layer])
+    else:
+        model = weights
+    if not hasattr(model, "layer"):
+        raise WeightsError("weights", "None, a checkpoint path or ModelWeights", type(model).__name__,
+                           "pass --weights FILE or nothing for the embedded model")
+    if witness.model and model.name and witness.model != model.name:
+        raise WeightsError("weights", f"the weights of {witness.model!r} (named in the witness)",
+                           f"weights of {model.name!r}", "pass --weights with that model's checkpoint")
+    layer = model.layer(witness.layer)
+    if witness.head is not None:
+        if not 0 <= witness.head < len(layer.heads):
+            raise WeightsError("witness.head", f"a head index in [0, {len(layer.heads)})", str(witness.head),
+                               "the witness does not belong to these weights")
+        target = layer.heads[witness.head]
+    else:
+        target = layer.as_layer(residual=witness.residual)
+    return recheck(witness, target, dps=dps)

@@ -1,0 +1,525 @@
+r"""A relaxation of the local Lipschitz problem of one dot-product head.
+
+We bound ``sup { ||Df(X)[E]||_F : X in B(c, R)^n, ||E||_F = 1 }``, which by the mean
+value theorem on the convex set ``B(c, R)^n`` bounds ``Lip(f)`` in the Frobenius norm.
+The attention weights and the per-query key distributions are relaxed to convex
+sets (the column polytope of P, the spectraplex of covariances); what is left is a
+supremum over those sets of quantities of the concrete matrices, computed by the SDPs
+of :mod:`lipbound.numeric.sdp.joint` and certified there.
+
+**Setting.**  ``f_i(X) = sum_j p_ij (W_V^T x_j + b_V)``, ``p_i = softmax_j(s_ij)``,
+``s_ij = (W_Q^T x_i + b_Q).(W_K^T x_j + b_K) / sqrt(d_k)``.  The score is affine in the key:
+``s(x_i, y) = g_i^T y + const_i`` with ``g_i = A^T x_i + u``, ``A = W_Q W_K^T / sqrt(d_k)``,
+``u = W_K b_Q / sqrt(d_k)``.  Differentiating (DESIGN.md section 2),
+
+    Df_i[E] = T_i + S_i,   T_i = E_{p_i}[W_V^T e_j] + Cov_{p_i}(W_V^T x_j, g_i^T e_j),
+                           S_i = W_V^T Sigma_i A^T e_i,     Sigma_i = Cov_{p_i}(x_j).
+
+**Proof sketch (each step is an inequality valid at every X in the domain).**
+
+1. *Query term.*  ``||S_i|| <= b_i ||e_i||`` with ``b_i = ||W_V^T Sigma_i A^T||``.
+2. *Key term, one query.*  For a unit ``y``, ``y^T T_i = E_p[(W_V y + delta_j g_i)^T e_j]`` with
+   ``delta_j = y^T W_V^T (x_j - x_bar_i)``, ``E_p delta_j = 0``.  Hence
+   ``E_p ||W_V y + delta_j g_i||^2 = ||W_V y||^2 + ||g_i||^2 y^T W_V^T Sigma_i W_V y`` (the cross
+   term vanishes), and Cauchy-Schwarz in ``L^2(p_i)`` gives
+   ``||T_i||^2 <= (L^2 + ||g_i||^2 Y_i) u_i^2``, ``L = ||W_V||``, ``Y_i = ||W_V^T Sigma_i W_V||``,
+   ``u_i^2 = sum_j p_ij ||e_j||^2``.  (The closed form adds ``L`` and ``||g|| sqrt(Y)``; this adds squares.)
+3. *Variance caps.*  ``Y_i = max_y Var_{p_i}(y^T W_V^T x_j)``; that scalar lies in an interval of
+   half-width ``h <= L R``.  A distribution on such an interval has variance ``<= h^2``, and
+   ``<= 4 p (1 - p) h^2`` if one atom has mass ``p >= 1/2`` (law of total variance with the
+   Bhatia-Davis inequality for the rest).  So ``Y_i <= L^2 R^2 cap(p_ij)`` for every j,
+   ``cap(p) = 1`` for ``p <= 1/2``, ``4 p (1 - p)`` above; and ``||g_i|| <= beta``, the exact
+   trust-region value (:func:`~.joint.key_gradient_sup`).
+4. *Coupling through Sigma_i.*  By :class:`~.joint.JointRange`, ``(b_i, Y_i) <= R^2 k`` for some
+   ``k in K`` (``tr Sigma_i <= R^2``).  Hence ``b_i <= R^2 gamma_{A,V}`` and
+   ``b_i sqrt(L^2 + beta^2 Y_i) <= c_hat := R^2 sup_{k in K} k_1 sqrt(L^2 + beta^2 R^2 k_2)``,
+   one SDP over the concrete matrices: a query cannot spend the same covariance
+   direction on the query term (which wants ``||A u|| ||W_V^T u||`` large) and on the key term
+   (which wants ``||W_V^T u||`` large) unless they agree.
+5. *Sum over queries.*  With ``eps_i = ||e_i||`` (``sum eps^2 = 1``) and ``a_ij^2 = L^2 + beta^2 L^2 R^2 cap(p_ij)``,
+
+       ||Df[E]||^2 <= sum_i (b_i eps_i + ||T_i||)^2
+                   <= b_hat^2 + sum_j eps_j^2 sum_i p_ij a_ij^2 + 2 c_hat sum_i eps_i u_i .
+
+6. *Column polytope.*  Scores of one query differ by at most ``omega = 2 R beta``, so every weight
+   of a row with N keys lies in ``[1 / (1 + (N - 1) e^omega), p_bar = 1 / (1 + (N - 1) e^-omega)]``;
+   thus ``sum_i p_ij a_ij^2 <= Phi := sum_i max_p phi(p)`` over that range,
+   ``phi(p) = p L^2 + L^2 R^2 beta^2 p cap(p)`` (``p cap(p)`` peaks at ``p = 2/3``).  A row with a
+   single key has ``Sigma_i = 0``, so ``b_hat = 0`` when every row has one key (n = 1).
+   For the cross term, with ``w_j = eps_j^2`` and P row-stochastic, ``u_i^2 = (P w)_i <= max_j w_j``
+   gives ``sum_i eps_i u_i <= max_w (w + sqrt((n - 1) w (1 - w))) = (1 + sqrt n) / 2``, and
+   Cauchy-Schwarz gives ``<= sqrt(kappa)``, ``kappa`` the largest column sum.
+7. *Result.*  ``Lip(f) <= min( sqrt(b_hat^2 + Phi + 2 c_hat xi), b_hat + sqrt(Phi) )`` with
+   ``xi = min((1 + sqrt n) / 2, sqrt(kappa))`` (the second form is Minkowski on step 5).
+
+Every term is at most the corresponding closed-form term
+(``gamma_{A,V} <= ||A|| ||W_V||``, trust-region beta ``<=`` the triangle bound,
+``p cap(p) <= min(p, 3/4)``), so the result never exceeds
+:func:`closed_form_self_attention`.  Causal masking changes only ``p_bar_i`` (row i has i keys)
+and the column sums; cross-attention keeps step 1 for the queries and steps 2-6 for the
+context, with m queries per column.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import final
+
+import numpy as np
+
+from ...errors import AssumptionError, WeightsError
+from ..attention import Head
+from .certify import CertifiedBound, Enclosure, iv, lambda_max_upper, lower, one_blas_thread, upper
+from .joint import (JointRange, SOLVERS, _ball, _check_head, key_form, key_gradient_sup, value_gram)
+
+__all__ = ["HeadBounds", "self_attention_bound", "cross_attention_bound", "measure_attention_bound",
+           "matrix_aware_closed_form", "closed_form_self_attention", "closed_form_cross_attention"]
+
+_PROVENANCE = ("per-query moment relaxation over the column polytope of P and the spectraplex of key "
+               "covariances (lipbound.numeric.sdp.head, module docstring), constants certified by "
+               "lipbound.numeric.sdp.joint")
+
+
+# Closed forms (the symbolic theorems, evaluated in floating point, for comparison) ----------------
+def _kappa(n: int, omega: float, causal: bool) -> float:
+    weights = [1.0 / (1.0 + (i - 1) * math.exp(-omega)) for i in range(1, n + 1)]
+    return sum(weights) if causal else n * weights[-1]
+
+
+def _plain_constants(head: Head, R_key: float, R_query: float, c_query: np.ndarray):
+    norm_A = np.linalg.norm(head.A, 2)
+    norm_V = np.linalg.norm(head.W_V, 2)
+    q0 = head.W_Q.T @ c_query + head.b_Q
+    beta = norm_A * R_query + np.linalg.norm(head.W_K @ q0) / math.sqrt(head.d_k)
+    score_range = 2 * R_key * np.linalg.norm(head.W_K, 2) * (
+        np.linalg.norm(head.W_Q, 2) * R_query + np.linalg.norm(q0)) / math.sqrt(head.d_k)
+    omega = min(2 * R_key * beta, score_range)
+    return norm_A, norm_V, beta, omega
+
+
+def closed_form_self_attention(head: Head, radius: float, center=None, *, n: int, causal: bool = False) -> float:
+    r"""The symbolic layer's Frobenius bound evaluated in floating point (not certified):
+
+        L_V sqrt(kappa) + rho (alpha + beta sqrt(min(kappa, 3 n / 4))),
+
+    ``L_V = ||W_V||``, ``rho = ||W_V|| R``, ``alpha = ||A|| R``, ``beta = ||A|| R + ||A^T c + u||``,
+    ``omega = min(2 R beta, 2 R ||W_K|| (||W_Q|| R + ||W_Q^T c + b_Q||) / sqrt(d_k))``
+    (:func:`lipbound.symbolic.theorems.self_attention`, DESIGN.md section 2).
+    """
+    head = _check_head(head)
+    R, c = _ball(head, radius, center)
+    n = _check_size("n", n)
+    norm_A, norm_V, beta, omega = _plain_constants(head, R, R, c)
+    kappa = _kappa(n, omega, causal)
+    return float(norm_V * math.sqrt(kappa) + norm_V * R * (norm_A * R + beta * math.sqrt(min(kappa, 0.75 * n))))
+
+
+def closed_form_cross_attention(head: Head, radius: float, center=None, *, n: int, m: int,
+                                argument: str = "joint", query_radius=None, query_center=None) -> float:
+    r"""The symbolic cross-attention bound (Frobenius) in floating point (not certified):
+    queries ``rho alpha``; context ``(L_V + rho beta) sqrt(m p_bar)``; joint the root of the sum of squares
+    (:func:`lipbound.symbolic.theorems.cross_attention`)."""
+    head = _check_head(head)
+    R, c = _ball(head, radius, center)
+    R_q, c_q = _ball(head, R if query_radius is None else query_radius, c if query_center is None else query_center)
+    n, m = _check_size("n", n), _check_size("m", m)
+    norm_A, norm_V, beta, omega = _plain_constants(head, R, R_q, c_q)
+    query_part = norm_V * R * norm_A * R
+    context_part = (norm_V + norm_V * R * beta) * math.sqrt(m * _kappa(n, omega, False) / n)
+    return float({"queries": query_part, "context": context_part,
+                  "joint": math.hypot(query_part, context_part)}[_check_argument(argument)])
+
+
+# Certified constants ----------------------------------------------------------------------------
+@final
+class HeadBounds:
+    """Certified matrix-aware constants of one dot-product head on balls, computed once.
+
+    Parameters
+    ----------
+    head : Head
+        Dot-product head, ``W_Q, W_K`` (d, d_k), ``W_V`` (d, d_v).
+    radius, center :
+        The key (context) ball ``B(c, R)``; ``center`` of shape (d,), default 0.
+    query_radius, query_center :
+        The query ball (cross-attention); default: the key ball.
+    value : ndarray or Enclosure, shape (d, d_out), optional
+        The value map actually applied (e.g. ``W_V W_O^h`` for a head followed by its
+        block of the output projection); default ``head.W_V``.
+    solver : {"auto", "clarabel", "scs", "eig"}
+
+    Attributes
+    ----------
+    value_norm2 : CertifiedBound
+        ``L^2 = ||value||_2^2``.
+    gamma : CertifiedBound
+        ``gamma_{A,V} = max_u ||A u|| ||value^T u||``.
+    beta : CertifiedBound
+        ``sup ||A^T x + u||`` over the query ball.
+    """
+
+    @one_blas_thread
+    def __init__(self, head: Head, radius: float, center=None, *, query_radius=None, query_center=None,
+                 value=None, solver: str = "auto"):
+        self.head = _check_head(head)
+        self.R, self.c = _ball(head, radius, center)
+        self.R_query, self.c_query = _ball(head, self.R if query_radius is None else query_radius,
+                                           self.c if query_center is None else query_center)
+        if solver not in SOLVERS:
+            raise AssumptionError("solver", f"one of {SOLVERS}", repr(solver),
+                                  "choose 'auto', 'clarabel', 'scs' or 'eig'")
+        self.solver = solver
+        own_values = value is None
+        if value is None:
+            value = Enclosure.exact(head.W_V)
+        elif not isinstance(value, Enclosure):
+            value = np.asarray(value, dtype=float)
+            if value.ndim != 2 or value.shape[0] != head.d:
+                raise WeightsError("value", f"a matrix of shape ({head.d}, d_out)", f"shape {value.shape}",
+                                   "pass the value map as it acts on tokens, e.g. W_V @ W_O_block")
+            value = Enclosure.exact(value)
+        self.own_values = own_values
+        started = time.perf_counter()
+        G2 = value_gram(value)
+        top = max(lambda_max_upper(G2), 0.0)
+        self.value_norm2 = CertifiedBound("||W_V||^2", top, True, {"lambda_max_upper": top}, "eig",
+                                          time.perf_counter() - started, "certified",
+                                          "lambda_max(W_V W_V^T), Cholesky residual certificate")
+        self.range = JointRange(key_form(head), G2)
+        self.solver = self.range.pick_solver(solver)      # "auto" resolved by the reduced dimension
+        self.gamma = self.range.gain(solver=self.solver, name="gamma_{A,V}")
+        self.beta = key_gradient_sup(head, self.R_query, self.c_query)
+        self._coupled: CertifiedBound | None = None
+
+    @property
+    def coupled(self) -> CertifiedBound:
+        """``c_hat / R^2 = sup_{k in K} k_1 sqrt(L^2 + beta^2 R^2 k_2)`` (step 4 of the module docstring)."""
+        if self._coupled is None:
+            failed = _first_failure(self.gamma, self.beta)
+            if failed is not None:
+                self._coupled = failed
+            else:
+                slope = upper(iv.mpf(self.beta.value) ** 2 * iv.mpf(self.R) ** 2)
+                self._coupled = self.range.coupled_gain(
+                    self.value_norm2.value, slope, self.gamma.value, self.value_norm2.value,
+                    solver=self.solver, name="coupled gain",
+                    provenance="sup over K of k_1 sqrt(L^2 + beta^2 R^2 k_2); lipbound.numeric.sdp.joint")
+        return self._coupled
+
+    def matches(self, head: Head, radius, center) -> bool:
+        """Whether these constants were computed for ``head`` on ``B(center, radius)``."""
+        R, c = _ball(head, radius, center)
+        return self.head is head and self.R == R and np.array_equal(self.c, c)
+
+    # scalar assembly, in outward-rounded interval arithmetic -------------------------------
+    def _weight_range(self, keys: int):
+        """All weights of a row with ``keys`` keys lie in ``[p_lo, p_hi]``,
+        ``p_hi = 1 / (1 + (keys - 1) e^-omega)``, ``p_lo = 1 / (1 + (keys - 1) e^omega)``,
+        ``omega = 2 R beta`` (the largest score spread of one query)."""
+        omega = 2 * iv.mpf(self.R) * iv.mpf(self.beta.value)
+        return lower(1 / (1 + (keys - 1) * iv.exp(omega))), 1 / (1 + (keys - 1) * iv.exp(-omega))
+
+    def _phi_max(self, keys: int):
+        """``max phi(p)`` over the weights ``p in [p_lo, p_hi]`` of a row with ``keys`` keys:
+        ``<= p_hi L^2 + L^2 R^2 beta^2 max psi``, where ``psi(p) = p cap(p)`` increases on
+        ``[0, 2/3]`` (to 16/27) and decreases after."""
+        p_lo, p_bar = self._weight_range(keys)
+        p_hi = iv.mpf(upper(p_bar))
+        two_thirds = iv.mpf(2) / 3
+        if upper(p_hi) < lower(two_thirds):
+            point = p_hi
+        elif p_lo > upper(two_thirds):
+            point = iv.mpf(p_lo)
+        else:
+            point = two_thirds
+        psi = point if upper(point) <= 0.5 else 4 * point ** 2 * (1 - point)
+        L2 = iv.mpf(self.value_norm2.value)
+        return p_hi * L2 + L2 * iv.mpf(self.R) ** 2 * iv.mpf(self.beta.value) ** 2 * psi
+
+    def terms(self, n: int, *, m: int | None = None, causal: bool = False) -> dict:
+        """``b_hat, Phi, kappa`` as intervals for n keys (and m queries in cross-attention);
+        ``row_cap`` is 0 when every row has a single key (then ``Sigma_i = 0``), else 1."""
+        R2 = iv.mpf(self.R) ** 2
+        if m is None and causal:
+            keys = list(range(1, n + 1))
+        else:
+            keys = [n] * (n if m is None else m)
+        Phi = sum((self._phi_max(k) for k in keys), iv.mpf(0))
+        kappa = sum((iv.mpf(upper(self._weight_range(k)[1])) for k in keys), iv.mpf(0))
+        row_cap = 1 if max(keys) >= 2 else 0
+        b_hat = R2 * iv.mpf(self.gamma.value) * row_cap
+        return {"b_hat": b_hat, "Phi": Phi, "kappa": kappa, "row_cap": iv.mpf(row_cap)}
+
+
+def _first_failure(*bounds: CertifiedBound) -> CertifiedBound | None:
+    """The first bound that is not certified, if any."""
+    return next((bound for bound in bounds if not bound.certified), None)
+
+
+def _check_size(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise AssumptionError(name, "a positive integer", repr(value), f"pass {name} >= 1 tokens")
+    return int(value)
+
+
+def _check_argument(argument: str) -> str:
+    if argument not in ("queries", "context", "joint"):
+        raise AssumptionError("argument", "'queries', 'context' or 'joint'", repr(argument),
+                              "choose the input the constant is taken in")
+    return argument
+
+
+def _result(name, bounds: HeadBounds, pieces, value_iv, certificate, started, require) -> CertifiedBound:
+    failed = _first_failure(*pieces)
+    certificate.update({piece.name: piece for piece in pieces})
+    if failed is not None:
+        result = CertifiedBound(name, math.nan, False, certificate, bounds.solver, time.perf_counter() - started,
+                                failed.status, _PROVENANCE, reason=f"{failed.name}: {failed.reason}")
+        if require:
+            result.require()
+        return result
+    return CertifiedBound(name, upper(value_iv), True, certificate, bounds.solver, time.perf_counter() - started,
+                          "certified", _PROVENANCE)
+
+
+def _reuse(bounds: HeadBounds | None, head: Head, radius, center, value) -> HeadBounds | None:
+    if bounds is None:
+        return None
+    if not isinstance(bounds, HeadBounds) or not bounds.matches(head, radius, center) or \
+            (value is not None) == bounds.own_values:
+        raise AssumptionError("bounds", "HeadBounds computed for this head, ball and value map",
+                              "constants of another head, ball or value map",
+                              "build HeadBounds(head, radius, center, value=...) with the same arguments")
+    return bounds
+
+
+def _intervals_to_floats(terms: dict) -> dict:
+    return {key: upper(value) for key, value in terms.items()}
+
+
+@one_blas_thread
+def self_attention_bound(head: Head, radius: float, center=None, *, n: int, causal: bool | None = None,
+                         solver: str = "auto", value=None, require: bool = False,
+                         bounds: HeadBounds | None = None) -> CertifiedBound:
+    r"""Certified ``Lip(f)`` of dot-product self-attention on ``B(c, R)^n`` (Frobenius norm).
+
+    ``min( sqrt(b_hat^2 + Phi + 2 c_hat xi), b_hat + sqrt(Phi) )`` (module docstring, step 7).
+
+    Parameters
+    ----------
+    head : Head
+        ``W_Q, W_K`` (d, d_k), ``W_V`` (d, d_v); score ``"dot"``.
+    radius : float
+        R > 0.
+    center : ndarray of shape (d,), optional
+        c (default 0).
+    n : int
+        Number of tokens.
+    causal : bool, optional
+        Causal mask (default ``head.causal``).
+    solver : {"auto", "clarabel", "scs", "eig"}
+    value : ndarray (d, d_out), optional
+        Value map replacing ``W_V`` (multi-head split through ``W_O``).
+    require : bool
+        Raise :class:`~lipbound.errors.SolverError` instead of returning an uncertified result.
+    bounds : HeadBounds, optional
+        Precomputed constants (reused across n).
+
+    Returns
+    -------
+    CertifiedBound
+        The certificate holds the sub-certificates, the terms and the closed form.
+    """
+    started = time.perf_counter()
+    n = _check_size("n", n)
+    causal = _causal(head, causal)
+    bounds = _reuse(bounds, head, radius, center, value) or HeadBounds(head, radius, center, value=value,
+                                                                       solver=solver)
+    pieces = [bounds.value_norm2, bounds.gamma, bounds.beta]
+    certificate: dict = {"n": n, "causal": causal, "radius": bounds.R}
+    if _first_failure(*pieces) is None:
+        pieces.append(bounds.coupled)
+    if _first_failure(*pieces) is not None:
+        return _result("Lip(self-attention)", bounds, pieces, None, certificate, started, require)
+    terms = bounds.terms(n, causal=causal)
+    c_hat = iv.mpf(bounds.R) ** 2 * iv.mpf(bounds.coupled.value) * terms["row_cap"]
+    xi = iv.sqrt(terms["kappa"])
+    star = (1 + iv.sqrt(iv.mpf(n))) / 2
+    if upper(star) < lower(xi):
+        xi = star
+    b_hat, Phi = terms["b_hat"], terms["Phi"]
+    pythagorean = iv.sqrt(b_hat ** 2 + Phi + 2 * c_hat * xi)
+    minkowski = b_hat + iv.sqrt(Phi)
+    total = pythagorean if upper(pythagorean) <= upper(minkowski) else minkowski
+    certificate.update(_intervals_to_floats(terms), c_hat=upper(c_hat), xi=upper(xi),
+                       pythagorean=upper(pythagorean), minkowski=upper(minkowski))
+    if bounds.own_values:
+        certificate["closed_form"] = closed_form_self_attention(head, bounds.R, bounds.c, n=n, causal=causal)
+    return _result("Lip(self-attention)", bounds, pieces, total, certificate, started, require)
+
+
+def _causal(head: Head, causal: bool | None) -> bool:
+    if causal is None:
+        return bool(head.causal)
+    if bool(causal) != bool(head.causal):
+        raise AssumptionError("causal", f"the head's own mask (head.causal={head.causal})", repr(causal),
+                              "build the Head with causal=True for a masked variant")
+    return bool(causal)
+
+
+@one_blas_thread
+def cross_attention_bound(head: Head, radius: float, center=None, *, n: int, m: int, argument: str = "joint",
+                          query_radius=None, query_center=None, solver: str = "auto", value=None,
+                          require: bool = False) -> CertifiedBound:
+    r"""Certified ``Lip`` of dot-product cross-attention (Frobenius): m queries in the query ball
+    attend to n context tokens in ``B(c, R)``.
+
+    * queries: ``b_hat = R^2 gamma_{A,V}`` (no n appears);
+    * context: ``sqrt(Phi)`` with m queries per column;
+    * joint: ``min( sqrt(b_hat^2 + Phi), sqrt(lambda_max([[b_hat^2, c_hat sqrt(kappa)],
+      [c_hat sqrt(kappa), Phi]])) )``, since ``sum_i eps^Y_i u_i <= ||E_Y|| ||E_X|| sqrt(kappa)``.
+
+    Parameters as in :func:`self_attention_bound`; ``m`` queries, ``argument`` in
+    ``{"queries", "context", "joint"}``, ``query_radius``/``query_center`` the query ball.
+    """
+    started = time.perf_counter()
+    n, m = _check_size("n", n), _check_size("m", m)
+    argument = _check_argument(argument)
+    if head.causal:
+        raise AssumptionError("head.causal", "False for cross-attention", "True",
+                              "causal masking applies to self-attention only")
+    bounds = HeadBounds(head, radius, center, query_radius=query_radius, query_center=query_center,
+                        value=value, solver=solver)
+    pieces = [bounds.value_norm2, bounds.gamma, bounds.beta]
+    certificate: dict = {"n": n, "m": m, "argument": argument, "radius": bounds.R, "query_radius": bounds.R_query}
+    if argument == "joint" and _first_failure(*pieces) is None:
+        pieces.append(bounds.coupled)
+    if _first_failure(*pieces) is not None:
+        return _result(f"Lip(cross-attention, {argument})", bounds, pieces, None, certificate, started, require)
+    terms = bounds.terms(n, m=m)
+    b_hat, Phi, kappa = terms["b_hat"], terms["Phi"], terms["kappa"]
+    if argument == "queries":
+        total = b_hat
+    elif argument == "context":
+        total = iv.sqrt(Phi)
+    else:
+        c_hat = iv.mpf(bounds.R) ** 2 * iv.mpf(bounds.coupled.value) * terms["row_cap"]
+        off = c_hat * iv.sqrt(kappa)
+        coupled = iv.sqrt((b_hat ** 2 + Phi) / 2 + iv.sqrt(((b_hat ** 2 - Phi) / 2) ** 2 + off ** 2))
+        plain = iv.sqrt(b_hat ** 2 + Phi)
+        total = coupled if upper(coupled) <= upper(plain) else plain
+        certificate.update(c_hat=upper(c_hat), coupled=upper(coupled), plain=upper(plain))
+    certificate.update(_intervals_to_floats(terms))
+    if bounds.own_values:
+        certificate["closed_form"] = closed_form_cross_attention(
+            head, bounds.R, bounds.c, n=n, m=m, argument=argument, query_radius=bounds.R_query,
+            query_center=bounds.c_query)
+    return _result(f"Lip(cross-attention, {argument})", bounds, pieces, total, certificate, started, require)
+
+
+@one_blas_thread
+def matrix_aware_closed_form(head: Head, radius: float, center=None, *, n: int, causal: bool | None = None,
+                             solver: str = "auto", bounds: HeadBounds | None = None) -> CertifiedBound:
+    r"""The closed form with its norm products replaced by the certified joint constants:
+
+        L_V sqrt(kappa') + R^2 gamma_{A,V} + L_V R beta' sqrt(min(kappa', 3 n / 4)),
+
+    ``beta'`` the trust-region value, ``kappa'`` from ``omega' = 2 R beta'``.  Each replacement is
+    proved in :mod:`lipbound.numeric.sdp.joint`; the theorem is
+    :func:`lipbound.symbolic.theorems.self_attention`.
+    """
+    started = time.perf_counter()
+    n = _check_size("n", n)
+    causal = _causal(head, causal)
+    bounds = _reuse(bounds, head, radius, center, None) or HeadBounds(head, radius, center, solver=solver)
+    pieces = [bounds.value_norm2, bounds.gamma, bounds.beta]
+    certificate: dict = {"n": n, "causal": causal}
+    if _first_failure(*pieces) is not None:
+        return _result("Lip(self-attention), matrix-aware closed form", bounds, pieces, None, certificate,
+                       started, False)
+    terms = bounds.terms(n, causal=causal)
+    kappa = terms["kappa"]
+    cap = iv.mpf(3) * n / 4
+    k_cov = kappa if upper(kappa) <= lower(cap) else cap
+    L = iv.sqrt(iv.mpf(bounds.value_norm2.value))
+    value = L * iv.sqrt(kappa) + terms["b_hat"] + L * iv.mpf(bounds.R) * iv.mpf(bounds.beta.value) * iv.sqrt(k_cov)
+    certificate.update(kappa=upper(kappa), b_hat=upper(terms["b_hat"]))
+    return _result("Lip(self-attention), matrix-aware closed form", bounds, pieces, value, certificate, started,
+                   False)
+
+
+
+@one_blas_thread
+def measure_attention_bound(head: Head, radius: float, center=None, *, n: int | None = None,
+                            regime: str = "uniform", argument: str = "self", query_radius=None, query_center=None,
+                            solver: str = "auto", require: bool = False) -> CertifiedBound:
+    r"""Certified Wasserstein-1 constant of attention on measures (Vuckovic, Baratin, Tachet des
+    Combes 2020), with the matrix-aware constants of :mod:`lipbound.numeric.sdp.joint`.
+
+    * ``regime="uniform"`` (uniform empirical measures of n atoms): the (2,1) constant, which
+      :func:`lipbound.symbolic.theorems.w1_uniform` shows is a W1 constant.  Per query,
+      ``||S_i|| <= R^2 gamma_{A,V} ||e_i||`` and, bounding the covariance by the mean absolute
+      deviation, ``||Cov_{p_i}(W_V^T x, g_i^T e)|| <= rho E|a - a_bar| <= 2 rho beta sum_j p_ij (1 - p_ij) ||e_j||``
+      (``|a_j - a_bar| <= sum_k p_k |a_j - a_k|``), so
+
+          Lip <= R^2 gamma_{A,V} + n max_p p (L + 2 rho beta (1 - p))
+
+      over the weight range of a row (module docstring, step 6); the closed form has
+      ``rho alpha + (L + 2 rho beta) kappa``.
+    * ``regime="mean-field"``: :func:`lipbound.symbolic.theorems.w1_mean_field`,
+      ``rho alpha + e^omega (L + 2 rho beta)``, with ``rho alpha -> R^2 gamma_{A,V}`` (``D Gamma_mu(x)[e] =
+      W_V^T Sigma A^T e``) and the trust-region beta, ``omega = 2 R beta``.
+    * ``argument`` in ``{"queries", "context", "joint"}``: cross-attention on measures
+      (:func:`lipbound.symbolic.theorems.w1_cross`), ``R^2 gamma``, ``e^omega (L + 2 rho beta)``, their sum.
+
+    Parameters
+    ----------
+    head : Head
+    radius, center :
+        The support ball of the (context) measures.
+    n : int
+        Atoms per measure (``regime="uniform"`` only).
+    regime : {"uniform", "mean-field"}
+    argument : {"self", "queries", "context", "joint"}
+    query_radius, query_center :
+        Support ball of the query measure (cross-attention); default the same ball.
+    solver : {"auto", "clarabel", "scs", "eig"}
+    require : bool
+    """
+    started = time.perf_counter()
+    if regime not in ("uniform", "mean-field"):
+        raise AssumptionError("regime", "'uniform' or 'mean-field'", repr(regime), "pick a regime")
+    if argument not in ("self", "queries", "context", "joint"):
+        raise AssumptionError("argument", "'self', 'queries', 'context' or 'joint'", repr(argument),
+                              "pick the measure the constant is taken in")
+    if regime == "uniform":
+        if argument != "self":
+            raise AssumptionError("regime", "'mean-field' for cross-attention on measures", repr(regime),
+                                  "use regime='mean-field'")
+        n = _check_size("n", n)
+    bounds = HeadBounds(head, radius, center, query_radius=query_radius, query_center=query_center, solver=solver)
+    pieces = [bounds.value_norm2, bounds.gamma, bounds.beta]
+    name = f"Lip_W1(measure attention, {regime}, {argument})"
+    certificate: dict = {"regime": regime, "argument": argument, "n": n}
+    if _first_failure(*pieces) is not None:
+        return _result(name, bounds, pieces, None, certificate, started, require)
+    R = iv.mpf(bounds.R)
+    L = iv.sqrt(iv.mpf(bounds.value_norm2.value))
+    beta = iv.mpf(bounds.beta.value)
+    rho_beta = L * R * beta
+    query_part = R ** 2 * iv.mpf(bounds.gamma.value)
+    if regime == "uniform":
+        p_lo, p_bar = bounds._weight_range(n)
+        p_hi = iv.mpf(upper(p_bar))
+        # p (1 - p) peaks at 1/2; clamp to the weight range
+        q = p_hi if upper(p_hi) < 0.5 else (iv.mpf(p_lo) if p_lo > 0.5 else iv.mpf(0.5))
+        column = n * (p_hi * L + 2 * rho_beta * q * (1 - q))
+        total = query_part * (1 if n >= 2 else 0) + column
+        certificate.update(query_part=upper(query_part), column=upper(column))
+    else:
+        context_part = iv.exp(2 * R * beta) * (L + 2 * rho_beta)
+        total = {"self": query_part + context_part, "queries": query_part, "context": context_part,
+                 "joint": query_part + context_part}[argument]
+        certificate.update(query_part=upper(query_part), context_part=upper(context_part))
+    return _result(name, bounds, pieces, total, certificate, started, require)

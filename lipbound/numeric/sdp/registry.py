@@ -1,0 +1,207 @@
+"""The registry of SDP relaxations, keyed by the symbolic variant class.
+
+Meaning and lowering are kept apart (DESIGN.md section 4): a variant of
+:mod:`lipbound.symbolic.variants` says *what* map is bounded; the entry here says *how*
+its constant is computed from concrete weights.  Every entry has the signature
+
+    entry(target, radius, center=None, *, n, **options) -> CertifiedBound
+
+and never returns an uncertified number: a failed solve or re-check comes back as
+``certified=False`` with a reason, or raises :class:`~lipbound.errors.SolverError` when
+called with ``require=True``.  A completeness test asserts that every variant class has
+an entry.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+from typing import Callable, Final
+
+from ...errors import AssumptionError, WeightsError
+from ...symbolic.scores import DotProduct
+from ...symbolic.variants import CrossAttention, MeasureAttention, MultiHead, Residual, SelfAttention, Variant
+from ..attention import Head, Layer
+from .certify import CertifiedBound, Enclosure, iv, spectral_norm_upper, upper
+from .head import cross_attention_bound, measure_attention_bound, self_attention_bound
+
+__all__ = ["SDP_RELAXATIONS", "relax", "self_attention_entry", "cross_attention_entry", "measure_entry",
+           "multi_head_entry", "residual_entry"]
+
+
+def _head(target) -> Head:
+    if not isinstance(target, Head):
+        raise WeightsError("target", "a lipbound.numeric.attention.Head", type(target).__name__,
+                           "pass one head (layer.heads[h]) for single-head variants")
+    return target
+
+
+def _layer(target) -> Layer:
+    if not isinstance(target, Layer) and callable(getattr(target, "as_layer", None)):
+        target = target.as_layer()  # lipbound.numeric.weights.LayerWeights
+    if not isinstance(target, Layer):
+        raise WeightsError("target", "a lipbound.numeric.attention.Layer", type(target).__name__,
+                           "build Layer(heads=..., W_O=...) for a multi-head variant")
+    return target
+
+
+def self_attention_entry(target: Head, radius: float, center=None, *, n: int, causal: bool | None = None,
+                         solver: str = "auto", require: bool = False) -> CertifiedBound:
+    """Single-head dot-product self-attention on ``B(c, R)^n``: :func:`~.head.self_attention_bound`."""
+    return self_attention_bound(_head(target), radius, center, n=n, causal=causal, solver=solver,
+                                require=require)
+
+
+def cross_attention_entry(target: Head, radius: float, center=None, *, n: int, m: int, argument: str = "joint",
+                          query_radius=None, query_center=None, solver: str = "auto",
+                          require: bool = False) -> CertifiedBound:
+    """Dot-product cross-attention, m queries and n context tokens: :func:`~.head.cross_attention_bound`."""
+    return cross_attention_bound(_head(target), radius, center, n=n, m=m, argument=argument,
+                                 query_radius=query_radius, query_center=query_center, solver=solver,
+                                 require=require)
+
+
+def measure_entry(target: Head, radius: float, center=None, *, n: int | None = None, regime: str = "uniform",
+                  argument: str = "self", query_radius=None, query_center=None, solver: str = "auto",
+                  require: bool = False) -> CertifiedBound:
+    """Attention on probability measures, Lipschitz in W1: :func:`~.head.measure_attention_bound`."""
+    return measure_attention_bound(_head(target), radius, center, n=n, regime=regime, argument=argument,
+                                   query_radius=query_radius, query_center=query_center, solver=solver,
+                                   require=require)
+
+
+def multi_head_entry(target: Layer, radius: float, center=None, *, n: int,
+                     inner: SelfAttention | CrossAttention | None = None, m: int | None = None,
+                     solver: str = "auto", require: bool = False) -> CertifiedBound:
+    r"""H heads concatenated, then ``W_O``: ``F(X) = [f^1(X), ..., f^H(X)] W_O``.
+
+    Two certified combinations, the smaller is reported:
+
+    * concatenation: ``||DF[E]|| <= ||W_O|| (sum_h ||Df^h[E]||^2)^(1/2) <= ||W_O|| (sum_h L_h^2)^(1/2)``;
+    * split of ``W_O`` per head: ``F = sum_h f^h W_O^h`` with ``W_O^h`` the rows of head h, and
+      ``f^h W_O^h`` is itself a head with value map ``W_V^h W_O^h``, so
+      ``Lip(F) <= sum_h L'_h`` with ``L'_h`` its matrix-aware bound (the alignment of ``W_V^h``
+      with ``W_O^h`` enters every joint constant).
+
+    ``inner`` is the per-head variant (default: non-causal self-attention); for
+    cross-attention heads pass ``m`` (queries).
+    """
+    started = time.perf_counter()
+    layer = _layer(target)
+    if layer.residual:
+        raise AssumptionError("target.residual", "False for MultiHead (the map without X)", "True",
+                              "use the Residual entry, or replace(layer, residual=False)")
+    inner = SelfAttention(DotProduct()) if inner is None else inner
+    if not isinstance(inner, (SelfAttention, CrossAttention)):
+        raise AssumptionError("inner", "a SelfAttention or CrossAttention variant", type(inner).__name__,
+                              "pass the per-head variant, e.g. MultiHead(SelfAttention(DotProduct())).head")
+    W_O = Enclosure.exact(layer.W_O)
+
+    def per_head(head: Head, value) -> CertifiedBound:
+        if isinstance(inner, SelfAttention):
+            return self_attention_bound(head, radius, center, n=n, causal=inner.causal, solver=solver, value=value)
+        if m is None:
+            raise AssumptionError("m", "the number of queries for cross-attention heads", "None", "pass m=...")
+        return cross_attention_bound(head, radius, center, n=n, m=m, argument=inner.argument, solver=solver,
+                                     value=value)
+
+    own, split = [], []
+    start = 0
+    for head in layer.heads:
+        block = Enclosure(W_O.mid[start:start + head.d_v], W_O.rad[start:start + head.d_v])
+        start += head.d_v
+        own.append(per_head(head, None))
+        split.append(per_head(head, Enclosure.exact(head.W_V) @ block))
+    certificate: dict = {"per_head": own, "per_head_split": split}
+    failed = next((b for b in own + split if not b.certified), None)
+    if failed is not None:
+        result = CertifiedBound("Lip(multi-head)", math.nan, False, certificate, solver,
+                                time.perf_counter() - started, failed.status,
+                                "multi-head combination of per-head relaxations",
+                                reason=f"a head: {failed.reason}")
+        if require:
+            result.require()
+        return result
+    norm_O = spectral_norm_upper(W_O)
+    concatenated = iv.mpf(norm_O) * iv.sqrt(sum((iv.mpf(b.value) ** 2 for b in own), iv.mpf(0)))
+    summed = sum((iv.mpf(b.value) for b in split), iv.mpf(0))
+    certificate.update(norm_W_O=norm_O, concatenated=upper(concatenated), split=upper(summed))
+    value = min(upper(concatenated), upper(summed))
+    return CertifiedBound("Lip(multi-head)", value, True, certificate, solver, time.perf_counter() - started,
+                          "certified", "||W_O|| (sum_h L_h^2)^(1/2) and sum_h Lip(f^h W_O^h), the smaller; "
+                          "lipbound.numeric.sdp.registry.multi_head_entry")
+
+
+def residual_entry(target: Head | Layer, radius: float, center=None, *, n: int, inner: Variant | None = None,
+                   **options) -> CertifiedBound:
+    """``X -> X + g(X)``: ``Lip <= 1 + Lip(g)`` in every norm (triangle inequality).
+
+    ``inner`` is the variant of g (default: SelfAttention for a Head, MultiHead for a Layer);
+    ``options`` go to g's entry.
+    """
+    started = time.perf_counter()
+    if not isinstance(target, Head):
+        target = _layer(target)
+    if inner is None:
+        inner = (MultiHead(SelfAttention(DotProduct())) if isinstance(target, Layer)
+                 else SelfAttention(DotProduct(), causal=bool(getattr(target, "causal", False))))
+    if isinstance(inner, Residual):
+        raise AssumptionError("inner", "a non-residual variant", "Residual", "wrap the attention map once")
+    if isinstance(target, Layer) and target.residual:
+        target = replace(target, residual=False)
+    bound = relax(inner, target, radius, center, n=n, **options)
+    certificate = {"inner": bound}
+    if not bound.certified:
+        return CertifiedBound("Lip(residual)", math.nan, False, certificate, bound.solver,
+                              time.perf_counter() - started, bound.status, "1 + Lip(inner)",
+                              reason=f"inner: {bound.reason}")
+    return CertifiedBound("Lip(residual)", upper(1 + iv.mpf(bound.value)), True, certificate, bound.solver,
+                          time.perf_counter() - started, "certified", "1 + Lip(inner) (triangle inequality)")
+
+
+#: variant class -> entry(target, radius, center=None, *, n, **options) -> CertifiedBound
+SDP_RELAXATIONS: Final[dict[type, Callable[..., CertifiedBound]]] = {
+    SelfAttention: self_attention_entry,
+    CrossAttention: cross_attention_entry,
+    MeasureAttention: measure_entry,
+    MultiHead: multi_head_entry,
+    Residual: residual_entry,
+}
+
+
+def relax(variant: Variant, target, radius: float, center=None, *, n: int, **options) -> CertifiedBound:
+    """Certified bound for ``variant`` with concrete weights ``target`` on ``B(center, radius)^n``.
+
+    Parameters
+    ----------
+    variant : Variant
+        From :mod:`lipbound.symbolic.variants`; its score must be :class:`DotProduct`.
+    target : Head or Layer
+        The weights (a Layer for MultiHead, a Head for single-head variants).
+    radius, center, n :
+        The domain ``B(c, R)^n``.
+    **options
+        Passed to the entry (``solver``, ``require``, ``m`` for cross-attention, ...).
+    """
+    if not isinstance(variant, Variant):
+        raise AssumptionError("variant", "a lipbound.symbolic.variants.Variant", type(variant).__name__,
+                              "pass e.g. SelfAttention(DotProduct())")
+    entry = SDP_RELAXATIONS.get(type(variant))
+    if entry is None:
+        raise AssumptionError("variant", f"one of {[c.__name__ for c in SDP_RELAXATIONS]}", type(variant).__name__,
+                              "add an entry to SDP_RELAXATIONS")
+    if not isinstance(variant.score, DotProduct):
+        raise AssumptionError("variant.score", "a DotProduct score", type(variant.score).__name__,
+                              "the SDP relaxations cover dot-product attention; use the symbolic closed form "
+                              "for L2 and cosine scores")
+    if isinstance(variant, SelfAttention):
+        return entry(target, radius, center, n=n, causal=variant.causal, **options)
+    if isinstance(variant, CrossAttention):
+        return entry(target, radius, center, n=n, argument=variant.argument, **options)
+    if isinstance(variant, MeasureAttention):
+        return entry(target, radius, center, n=n, regime=variant.regime, argument=variant.argument, **options)
+    if isinstance(variant, MultiHead):
+        return entry(target, radius, center, n=n, inner=variant.head, **options)
+    return entry(target, radius, center, n=n, inner=variant.inner, **options)
+
