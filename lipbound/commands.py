@@ -40,7 +40,7 @@ def _verify(args) -> int:
     report = verify_model(model, layers=None if args.layer is None else [args.layer],
                           heads=None if args.head is None else [args.head], n=args.n, radius=radius,
                           sdp=args.sdp, budget=args.budget, seed=args.seed, witness_dir=args.witness_dir,
-                          progress=_print_row)
+                          drop_query_bias=args.drop_query_bias, progress=_print_row)
     print()
     print(report.table())
     _write_outputs(report, args)
@@ -114,6 +114,9 @@ def _add_verify_arguments(parser, weights: bool = True) -> None:
                                  "or 'layernorm-image' (ball about the LayerNorm bias)")
         parser.add_argument("--num-heads", type=int, help="heads per layer if no config says")
         parser.add_argument("--sdp", action="store_true", help="add the SDP relaxations (slower)")
+        parser.add_argument("--drop-query-bias", action="store_true",
+                            help="verify the heads without their query bias, where published claims about plain "
+                                 "dot-product attention apply (they are listed and checked)")
     parser.add_argument("--n", type=int, default=8, help="number of tokens (default 8)")
     parser.add_argument("--budget", type=float, default=10.0, help="witness search seconds per head")
     parser.add_argument("--seed", type=int, default=0)

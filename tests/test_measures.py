@@ -197,3 +197,22 @@ def test_plain_arrays_are_not_measures():
     assert info.value.argument == "mu"
     with pytest.raises(WeightsError):
         layer_map("not a layer", EmpiricalMeasure(np.zeros((2, head.d))), np.zeros((1, head.d)))
+
+
+def test_measure_witness_is_exact_and_below_the_certified_w1_constant():
+    """Witness search on measures for a real head: exact W1 on both sides, below the constant."""
+    from lipbound.measures.witness import measure_witness
+    from lipbound.measures.wasserstein import w1 as exact_w1
+    from lipbound.numeric.certify import head_constant
+    from lipbound.numeric.evaluate import NumericDomain
+    from lipbound.numeric.weights import load_default
+    layer = load_default(layers=5).layers[5]
+    domain = NumericDomain.from_layernorm(layer.ln_in, about="origin")
+    head = layer.heads[2]
+    witness = measure_witness(head, radius=domain.radius, n=6, budget_seconds=2.0)
+    assert witness.mu.size == witness.nu.size == 6 and witness.mu.is_uniform
+    assert np.all(np.linalg.norm(witness.nu.points, axis=1) <= domain.radius)
+    np.testing.assert_allclose(exact_w1(witness.mu, witness.nu), witness.w1_in, rtol=1e-12)
+    constant = head_constant(head, "w1", domain, 6).value
+    print(f"measure witness {witness.ratio:.4g} <= certified W1 constant {constant:.4g}")
+    assert 1.0 < witness.ratio <= constant

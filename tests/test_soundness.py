@@ -28,7 +28,7 @@ from soundness_cases import (MEASURE_VARIANTS, NORMS, TOKEN_VARIANTS, certified_
 
 SLOW = os.environ.get("LIPBOUND_SLOW") == "1"
 FAST = settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-THOROUGH = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+THOROUGH = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 shapes = st.fixed_dictionaries({
     "n": st.integers(1, 4), "d": st.integers(1, 3), "d_k": st.integers(1, 3), "d_v": st.integers(1, 3),
@@ -73,7 +73,7 @@ def test_no_point_beats_the_bound(name, norm, domain, shape):
 @THOROUGH
 @given(shape=shapes)
 def test_no_point_beats_the_bound_thoroughly(name, norm, domain, shape):
-    """80 cases per (variant, norm, domain): well over 1000 cases in all."""
+    """10 generated cases per (variant, norm, domain), 120 combinations: 1200 cases in all."""
     _check(name, norm, domain, shape, points=20, climbs=3)
 
 
@@ -195,3 +195,46 @@ def test_measure_bounds_beat_every_sampled_pair(name):
             if moved > 1e-9:
                 best = max(best, w1(a, b) / moved)
         assert best <= upper, (name, best, upper)
+
+
+search_cases = st.fixed_dictionaries({
+    "n": st.integers(2, 6), "d": st.integers(2, 8), "d_k": st.integers(1, 4), "d_v": st.integers(1, 4),
+    "radius": st.floats(0.3, 6.0), "scale": st.sampled_from([0.3, 1.0, 3.0]), "seed": st.integers(0, 2**31),
+    "biases": st.booleans(),
+})
+
+
+def _searched(case: dict):
+    """Search a witness on a random head and compare it with every certified upper bound."""
+    from lipbound.numeric.sdp import relax
+    from lipbound.numeric.witness import search_witness
+    rng = np.random.default_rng(case["seed"])
+    d, d_k, d_v = case["d"], case["d_k"], case["d_v"]
+    biases = dict(b_Q=rng.standard_normal(d_k), b_K=rng.standard_normal(d_k), b_V=rng.standard_normal(d_v)) \
+        if case["biases"] else {}
+    head = att.Head(case["scale"] * rng.standard_normal((d, d_k)) / np.sqrt(d),
+                    case["scale"] * rng.standard_normal((d, d_k)) / np.sqrt(d),
+                    rng.standard_normal((d, d_v)) / np.sqrt(d), **biases)
+    witness = search_witness(head, radius=case["radius"], n=case["n"], budget_seconds=0.3, seed=case["seed"])
+    domain = NumericDomain.ball(case["radius"])
+    name = "dot-product" if case["biases"] else "dot-product-nobias"
+    closed = evaluate_bound(variant(name).derive(Assumptions(domain=Ball()), name), head, domain, case["n"]).upper
+    assert witness.value <= closed, (witness.value, closed)
+    sdp = relax(variant("dot-product"), head, case["radius"], None, n=case["n"])
+    if sdp.certified:
+        assert witness.value <= sdp.value, (witness.value, sdp.value)
+    return witness.value / min(closed, sdp.value if sdp.certified else closed)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=search_cases)
+def test_searched_witnesses_never_beat_a_certified_bound(case):
+    assert _searched(case) <= 1
+
+
+@pytest.mark.slow
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=search_cases)
+def test_searched_witnesses_never_beat_a_certified_bound_1000_cases(case):
+    """The slow profile: 1000 generated heads, each searched and compared with the closed form and the SDP."""
+    assert _searched(case) <= 1

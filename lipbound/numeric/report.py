@@ -17,7 +17,7 @@ import csv
 import io
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import final
 
@@ -35,10 +35,15 @@ __all__ = ["UpperBound", "HeadReport", "ModelReport", "verify_model", "resolve_d
 @final
 @dataclass(frozen=True)
 class UpperBound:
+    """One upper bound of a row.  ``certified``: its value is a rigorous upper end of the
+    expression; ``proven``: the expression is a theorem (lipbound's derivations and SDP
+    certificates), not a published claim whose transcription may be wrong."""
+
     name: str
     value: float
     certified: bool
     provenance: str
+    proven: bool = True
 
 
 @final
@@ -58,7 +63,8 @@ class HeadReport:
 
     @property
     def best_upper(self) -> float:
-        certified = [b.value for b in self.upper_bounds if b.certified]
+        """The smallest certified bound that is also proven (claims do not count)."""
+        certified = [b.value for b in self.upper_bounds if b.certified and b.proven]
         return min(certified) if certified else float("inf")
 
     @property
@@ -155,13 +161,17 @@ def _head_bounds(head: attention.Head, domain: NumericDomain, n: int, sdp: bool)
     bounds = []
     derived = head_constant(head, "fro", domain, n)
     bounds.append(UpperBound("derived", derived.value, True, "derived (lipbound theorem self-attention-fro)"))
-    if domain.gamma_max is None and domain.center is None:
+    if domain.gamma_max is None and domain.center is None and not np.any(head.b_Q):
+        # without a query bias the claims about plain dot-product attention on B_R apply too
         from ..assumptions import Assumptions, Ball
+        from ..symbolic.claims import CLAIMS
         from ..symbolic.registry import variant
-        design = variant("dot-product-nobias").derive(Assumptions(domain=Ball()), "dot-product-nobias")
-        if not np.any(head.b_Q):
-            value = evaluate_bound(design, head, domain, n).upper
-            bounds.append(UpperBound("derived-nobias", value, True, "derived (no query bias)"))
+        plain = variant("dot-product-nobias").derive(Assumptions(domain=Ball()), "dot-product-nobias")
+        bounds.append(UpperBound("derived-nobias", evaluate_bound(plain, head, domain, n).upper, True,
+                                 "derived (lipbound theorem self-attention-fro, no query bias)"))
+        claim = CLAIMS["castin-theorem"]
+        bounds.append(UpperBound(claim.key, evaluate_bound(claim.statement, head, domain, n).upper, True,
+                                 claim.provenance, proven=claim.is_theorem))
     if sdp:
         bounds.extend(_sdp_bounds(head, domain, n))
     return bounds
@@ -180,8 +190,13 @@ def _sdp_bounds(target, domain: NumericDomain, n: int) -> list[UpperBound]:
 
 def verify_model(model, *, layers=None, heads=None, n: int = 8, radius="layernorm", sdp: bool = False,
                  budget: float = 10.0, seed: int = 0, witness_dir: str | Path = "witnesses",
-                 whole_layers: bool = True, progress=None) -> ModelReport:
-    """The sandwich for every selected head (and each whole layer) of ``model`` (ModelWeights)."""
+                 whole_layers: bool = True, drop_query_bias: bool = False, progress=None) -> ModelReport:
+    """The sandwich for every selected head (and each whole layer) of ``model`` (ModelWeights).
+
+    ``drop_query_bias``: verify the heads without their query bias (key and value biases
+    never change a Lipschitz constant), the setting of published claims about plain
+    dot-product attention, which are then listed (with their provenance) and checked.
+    """
     from .witness import search_witness
     began = time.perf_counter()
     witness_dir = Path(witness_dir)
@@ -195,6 +210,8 @@ def verify_model(model, *, layers=None, heads=None, n: int = 8, radius="layernor
         chosen_heads = range(len(layer.heads)) if heads is None else list(heads)
         for h in chosen_heads:
             head = layer.heads[h]
+            if drop_query_bias:
+                head = replace(head, b_Q=np.zeros(head.d_k))
             witness = search_witness(head, radius=domain.radius, center=domain.center, n=n, budget_seconds=budget,
                                      seed=seed, model=model.name, layer=layer_index, head=h)
             path = witness.save(witness_dir / f"{_slug(model.name)}-L{layer_index}-H{h}-n{n}.npz")

@@ -1,0 +1,78 @@
+"""Published claims: every claim has a checker; known-wrong constants are refuted; on the same
+weights, the measured relation between derived and published bounds is printed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lipbound.assumptions import Assumptions, Ball, Unbounded
+from lipbound.numeric import attention as att
+from lipbound.numeric.claims import CHECKERS, check
+from lipbound.numeric.evaluate import NumericDomain, evaluate_bound
+from lipbound.numeric.weights import load_default
+from lipbound.symbolic.claims import CLAIMS
+from lipbound.symbolic.registry import variant
+
+
+def test_every_claim_has_a_checker():
+    assert set(CHECKERS) == set(CLAIMS)
+
+
+@pytest.mark.parametrize("key", ["gelu-1.12", "power-iteration-5", "l2-untied-global"])
+def test_known_wrong_constants_are_refuted_with_certified_witnesses(key):
+    result = check(key, budget=5)
+    print(result.describe())
+    assert result.verdict == "REFUTED"
+    assert result.witness_value > result.claimed
+
+
+@pytest.mark.parametrize("key", ["softmax-half", "lipschitznorm", "kim-not-lipschitz", "vuckovic-w1"])
+def test_true_claims_are_confirmed(key):
+    assert check(key, budget=5).verdict == "confirmed"
+
+
+def test_kim_l2_transcription_is_refuted_as_transcribed():
+    """The recalled l_2 statement is linear in ||W_Q||, the map quadratic: large scales refute it."""
+    result = check("kim-l2-fro", budget=5)
+    print(result.describe())
+    assert result.verdict == "REFUTED" and "as transcribed" in result.notes
+    assert CLAIMS["kim-l2-fro"].tag == "unverified"
+
+
+def test_derived_against_castin_on_the_same_real_heads():
+    """Layer 0 of all-MiniLM-L6-v2 with the biases dropped (the claim's setting), R = LayerNorm radius."""
+    layer = load_default(layers=0).layers[0]
+    domain = NumericDomain.from_layernorm(layer.ln_in, about="origin")
+    derived = variant("dot-product-nobias").derive(Assumptions(domain=Ball()), "dot-product-nobias")
+    castin = CLAIMS["castin-theorem"].statement
+    for n in (8, 32):
+        ratios = []
+        for head in layer.heads:
+            plain = att.Head(head.W_Q, head.W_K, head.W_V)
+            ours = evaluate_bound(derived, plain, domain, n).upper
+            theirs = evaluate_bound(castin, plain, domain, n).interval[0]
+            ratios.append(ours / theirs)
+            assert ours < theirs
+        print(f"n = {n}: derived / Castin et al. (recalled) on the 12 heads: min {min(ratios):.3f}, "
+              f"median {np.median(ratios):.3f}, max {max(ratios):.3f}")
+
+
+def test_derived_against_kim_on_the_same_random_l2_weights():
+    """Tied L2, values through A, one head, W_O = I, on R^{n x d}: the ratio derived / Kim (as transcribed)."""
+    rng = np.random.default_rng(0)
+    derived = variant("multi-head-l2").derive(Assumptions(domain=Unbounded(), tied=True), "multi-head-l2")
+    rows = []
+    for scale in (0.25, 1.0, 4.0):
+        d = 4
+        W = scale * rng.standard_normal((d, d)) / np.sqrt(d)
+        head = att.Head(W, W, rng.standard_normal((d, d)) / np.sqrt(d), score="l2", kim_values=True)
+        layer = att.Layer((head,), np.eye(d))
+        for n in (2, 8, 32):
+            ours = evaluate_bound(derived, layer, NumericDomain.ball(1.0), n, H=1).upper
+            kim = evaluate_bound(CLAIMS["kim-l2-fro"].statement, layer, NumericDomain.ball(1.0), n, H=1).upper
+            rows.append((scale, n, ours / kim))
+    for scale, n, ratio in rows:
+        print(f"||W|| scale {scale}, n = {n}: derived / Kim et al. (transcribed, W_0((N-1)/e)) = {ratio:.3f}")
+    # smaller than the transcription at small scale, larger at large scale: the transcription is linear in ||W||
+    assert min(r for s, _, r in rows if s == 0.25) < 1 < max(r for s, _, r in rows if s == 4.0)
