@@ -59,7 +59,7 @@ def test_generation_keeps_foreign_files_and_removes_stale_generated_ones(tmp_pat
     (tmp_path / "old-theorem.tex").write_text(HEADER + "\\section{gone}\n")
     written = generate(tmp_path)
     assert [path.name for path in written] == [
-        "kernel-constants.tex", "main.tex", "not-lipschitz-dot-product.tex", "self-attention-fro.tex"]
+        "claims.tex", "kernel-constants.tex", "main.tex", "not-lipschitz-dot-product.tex", "self-attention-fro.tex"]
     assert (tmp_path / "notes.tex").exists()
     assert not (tmp_path / "old-theorem.tex").exists()
     assert all(path.read_text().startswith(HEADER) for path in written)
@@ -79,7 +79,7 @@ def test_committed_proofs_are_consistent():
     references = set(re.findall(r"\\ref\{([^}]+)\}", text))
     assert references <= labels, f"undefined: {sorted(references - labels)}"
     assert len(re.findall(r"\\label\{", text)) == len(labels), "a label is defined twice"
-    theorem_files = sorted(set(files) - {"main.tex", "kernel-constants.tex"})
+    theorem_files = sorted(set(files) - {"main.tex", "kernel-constants.tex", "claims.tex"})
     for name in theorem_files:
         assert f"\\label{{thm:{name[:-4]}}}" in files[name]
     assert {"self-attention-fro.tex", "not-lipschitz-dot-product.tex", "l2-global-fro.tex"} <= set(theorem_files)

@@ -302,10 +302,10 @@ def render(instances: list[Instance], failures: list[tuple[str, str, str, str]] 
         if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", theorem_id):
             raise AssumptionError("theorem", "an id of lowercase letters, digits and hyphens", repr(theorem_id),
                                   "name the theorem like 'self-attention-fro' (it names a file)")
-        if theorem_id in ("main", "kernel-constants"):
-            raise AssumptionError("theorem", "an id other than 'main' and 'kernel-constants'", repr(theorem_id),
-                                  "rename the theorem")
-    files = {"kernel-constants.tex": _constants_file(instances, slugs)}
+        if theorem_id in ("main", "kernel-constants", "claims"):
+            raise AssumptionError("theorem", "an id other than 'main', 'kernel-constants' and 'claims'",
+                                  repr(theorem_id), "rename the theorem")
+    files = {"kernel-constants.tex": _constants_file(instances, slugs), "claims.tex": _claims_file()}
     for theorem_id, group in groups.items():
         result = group[0].result
         if isinstance(result, NotLipschitz):
@@ -331,6 +331,29 @@ def render(instances: list[Instance], failures: list[tuple[str, str, str, str]] 
         + not_derived + "\\appendix\n\\section{Lemmas}\\label{sec:lemmas}\n\\sloppy\n" + lemma_appendix(cited)
         + "\\end{document}\n")
     return {name: text.rstrip("\n") + "\n" for name, text in files.items()}
+
+
+def _claims_file() -> str:
+    """Published claims next to the derived bounds under the same assumptions, with provenance."""
+    from ..symbolic.comparison import comparison_rows
+    out = [HEADER, "\\section{Published claims and the derived bounds}\\label{sec:claims}\n",
+           "Each claim is encoded with its provenance: \\emph{abstract} (read in the abstract), \\emph{code} "
+           "(read in the authors' code), \\emph{3p} (restated by a third party), \\emph{unverified} (recalled, "
+           "not checked against the paper). An unverified claim is not a theorem of its paper; a relation "
+           "below is proved (or refuted) for the statement as transcribed.\n"]
+    for row in comparison_rows():
+        item = row.claim
+        out.append("\\subsection*{%s (%s)}\n" % (text_to_latex(item.title), escape_text(item.tag)))
+        out.append("Source: %s. Variant \\texttt{%s}, %s, %s.\n" % (
+            escape_text(item.source), escape_text(item.variant), text_to_latex(_norm_title(item.norm)),
+            escape_text(DOMAIN_TITLES[item.domain])))
+        if item.reading:
+            out.append("Reading: %s.\n" % text_to_latex(item.reading))
+        out.append("Claim:\n" + statement_latex(row.published))
+        if row.derived.is_finite is not False:  # oo: the variant is not Lipschitz there
+            out.append("Derived:\n" + statement_latex(row.derived))
+        out.append("Relation: %s.\n\n" % escape_text(row.relation))
+    return "".join(out)
 
 
 def generate(directory) -> list[Path]:
