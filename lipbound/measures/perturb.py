@@ -57,9 +57,9 @@ import numpy as np
 from ..assumptions import Assumptions, Ball, LayerNormImage, Truth
 from ..errors import AssumptionError, LipboundError, NotCertifiedError
 from ..numeric import attention
-from ..numeric.certify import CertifiedConstant
+from ..numeric.certify import CertifiedConstant, compose_heads, output_blocks
 from ..numeric.evaluate import NumericDomain, _renamed, symbol_intervals
-from ..numeric.rigorous import certify_le, interval, interval_lambdify, spectral_norm_upper, upper, vector_norm_upper
+from ..numeric.rigorous import certify_le, interval, interval_lambdify, upper, vector_norm_upper
 from ..numeric.weights import LayerNormParams
 from ..symbolic import symbols as S
 from ..symbolic.registry import variant
@@ -180,10 +180,7 @@ class BlockW1Constant:
             # only the weight norms are kept: sizes and radii are filled in per evaluation
             enclosures = symbol_intervals(bound.expr, head, domain=self.layernorm_domain, n=1)
             self._norms.append({s: e for s, e in enclosures.items() if isinstance(s, _NORM_SYMBOLS)})
-        self._blocks, start = [], 0
-        for head in layer.heads:
-            self._blocks.append(spectral_norm_upper(layer.W_O[start:start + head.d_v]))
-            start += head.d_v
+        self._blocks = output_blocks(layer)
         self._cache: dict = {}
 
     @property
@@ -246,11 +243,9 @@ class BlockW1Constant:
                 raise NotCertifiedError("head constant", "a finite interval enclosure", str(value),
                                         "the bound overflowed; use a smaller domain")
             per_head.append(upper(value))
-        total = sum((interval(b) * interval(v) for b, v in zip(self._blocks, per_head)), interval(0))
-        if self.layer.residual:
-            total = total + 1
+        total = compose_heads(per_head, self._blocks, "w1", self.layer.residual)
         where = "LayerNorm image" if radius is None else f"ball of radius {radius:.6g} about beta"
-        return CertifiedConstant(upper(total), f"layer (w1), per-head W_O blocks, {where}"
+        return CertifiedConstant(total, f"layer (w1), per-head W_O blocks, {where}"
                                  + (", residual" if self.layer.residual else ""), "w1", tuple(per_head),
                                  details={"atoms": atoms, "radius": self.layernorm_radius if radius is None else radius,
                                           "W_O_blocks": tuple(self._blocks)})

@@ -29,7 +29,7 @@ from . import attention
 from .evaluate import NumericDomain, evaluate_bound
 from .rigorous import interval, spectral_norm_upper, upper
 
-__all__ = ["CertifiedConstant", "head_constant", "layer_constant", "HEAD_VARIANT"]
+__all__ = ["CertifiedConstant", "head_constant", "layer_constant", "output_blocks", "compose_heads", "HEAD_VARIANT"]
 
 #: norm key -> the registry variant whose bound certifies a single real (biased) head
 HEAD_VARIANT = {"fro": "dot-product", "2,1": "dot-product", "2,inf": "dot-product", "inf": "dot-product",
@@ -80,31 +80,41 @@ def head_constant(head: attention.Head, norm: str, domain: NumericDomain, n: int
     return CertifiedConstant(evaluation.upper, f"{name} ({norm})", norm, details={"float": evaluation.float_value})
 
 
+def output_blocks(layer) -> list[float]:
+    """Certified ``||W_O^h||_2`` for the rows of ``W_O`` that read each head."""
+    blocks, start = [], 0
+    for head in layer.heads:
+        blocks.append(spectral_norm_upper(layer.W_O[start:start + head.d_v]))
+        start += head.d_v
+    return blocks
+
+
+def compose_heads(per_head, blocks, norm: str, residual: bool = False, whole_output_norm: float | None = None) -> float:
+    """The composition rule of a multi-head layer, written once (certified, interval arithmetic).
+
+    ``sum_h ||W_O^h|| L_h`` in every norm (per token ``||sum_h u_h W_O^h|| <= sum_h ||W_O^h|| ||u_h||``);
+    for Frobenius and (2,inf) also ``||W_O|| (sum_h L_h^2)^(1/2)`` when ``whole_output_norm`` is given,
+    and the smaller is kept; plus 1 for a residual layer.
+    """
+    L = [interval(v) for v in per_head]
+    value = upper(sum((interval(b) * l for b, l in zip(blocks, L)), interval(0)))
+    if whole_output_norm is not None and norm in ("fro", "2,inf"):
+        value = min(value, upper(interval(whole_output_norm) * iv.sqrt(sum((l * l for l in L), interval(0)))))
+    return upper(interval(value) + 1) if residual else value
+
+
 def layer_constant(layer, norm: str, domain: NumericDomain, n: int, residual: bool = False) -> CertifiedConstant:
     """The certified constant of a multi-head layer (``attention.Layer`` or ``LayerWeights``),
-    composed from per-head constants and the per-head blocks of ``W_O``; plus 1 if residual."""
+    composed from per-head constants and the per-head blocks of ``W_O`` (:func:`compose_heads`)."""
     heads = layer.heads
-    W_O = layer.W_O
-    per_head = [head_constant(h, norm, domain, n).value for h in heads]
-    blocks, start = [], 0
-    for h in heads:
-        blocks.append(spectral_norm_upper(W_O[start:start + h.d_v]))
-        start += h.d_v
-    L = [interval(v) for v in per_head]
-    blockwise = sum((interval(b) * l for b, l in zip(blocks, L)), interval(0))
-    whole = interval(spectral_norm_upper(W_O)) * iv.sqrt(sum((l * l for l in L), interval(0)))
-    if norm in ("fro", "2,inf"):
-        value = min(upper(blockwise), upper(whole))
+    blocks = output_blocks(layer)
+    whole = spectral_norm_upper(layer.W_O)
+    if norm == "inf":  # through (2,inf) and norm equivalence: ||X||_{2,inf} <= sqrt(d) ||vec X||_inf
+        per_head = [head_constant(h, "2,inf", domain, n).value for h in heads]
+        value = upper(interval(compose_heads(per_head, blocks, "2,inf", False, whole)) * iv.sqrt(interval(heads[0].d)))
+        value = upper(interval(value) + 1) if residual else value
     else:
-        value = upper(blockwise)
-    if norm == "inf":  # per-head constants are already in l_inf on vec(X); compose through (2,inf) instead
-        per_head_2inf = [head_constant(h, "2,inf", domain, n).value for h in heads]
-        composed = sum((interval(b) * interval(l) for b, l in zip(blocks, per_head_2inf)), interval(0))
-        value = min(value, upper(composed * iv.sqrt(interval(heads[0].d))))
-    if residual:
-        value = upper(interval(value) + 1)
+        per_head = [head_constant(h, norm, domain, n).value for h in heads]
+        value = compose_heads(per_head, blocks, norm, residual, whole)
     return CertifiedConstant(value, f"layer ({norm}), per-head W_O blocks" + (", residual" if residual else ""),
                              norm, tuple(per_head), details={"W_O_blocks": tuple(blocks)})
-
-
-_ = np

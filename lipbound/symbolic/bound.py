@@ -141,9 +141,8 @@ class Bound(Result):
             "variant": self.variant, "norm": self.norm, "domain": self.domain,
             "bound": sp.srepr(self.expr), "latex": latex(self.expr), "generic": sp.srepr(self.generic),
             "generic_latex": latex(self.generic), "assumptions": list(self.assumptions),
-            "steps": [{"claim": _claim_text(s.claim), "justification": s.justification,
-                       "lemma": s.lemma} for s in self.record.steps],
-            "theorem": self.theorem, "provenance": self.provenance, "lipschitz": True,
+            "steps": _steps_json(self.record), "theorem": self.theorem, "provenance": self.provenance,
+            "lipschitz": True,
         }
 
 
@@ -184,12 +183,15 @@ class NotLipschitz(Result):
         return {
             "variant": self.variant, "norm": self.norm, "domain": self.domain,
             "bound": sp.srepr(sp.oo), "latex": r"\infty", "assumptions": list(self.assumptions),
-            "steps": [{"claim": _claim_text(s.claim), "justification": s.justification,
-                       "lemma": s.lemma} for s in self.record.steps],
-            "lipschitz": False, "family": sp.srepr(self.family), "family_latex": latex(self.family),
+            "steps": _steps_json(self.record), "lipschitz": False, "family": sp.srepr(self.family), "family_latex": latex(self.family),
             "growth": sp.srepr(self.growth), "growth_latex": latex(self.growth),
             "instance": self.instance, "theorem": self.theorem,
         }
+
+
+def _steps_json(record: Derivation) -> list[dict]:
+    return [{"claim": _claim_text(s.claim), "justification": s.justification, "lemma": s.lemma}
+            for s in record.steps]
 
 
 def _claim_text(claim) -> str:
