@@ -61,15 +61,18 @@ def _demo(args) -> int:
     bound = variant("dot-product").derive(Assumptions(domain=Ball()), "dot-product")
     print("lipbound demo: the embedded default model (all-MiniLM-L6-v2, layers 0 and 5)")
     print("\n1. Derived bound (dot-product self-attention with biases, Frobenius norm, tokens in B_R):")
-    print(f"   Lip <= {bound.expr}")
+    print(f"   theorem {bound.theorem}:  Lip <= {bound.generic}")
+    for symbol, value in bound.constants.items():
+        print(f"     {str(symbol):6s} <= {value}")
     print(f"   LaTeX: {latex(bound.expr)}")
     print(f"   ({len(bound.record.steps)} proof steps; `lipbound derive dot-product --proof` prints them)")
     model = load_default()
     print(f"\n2. Sandwich per head, n = {args.n} tokens, ball of the LayerNorm radius, "
-          f"witness budget {args.budget} s per head:")
+          f"witness budget {args.budget} s per head, bounds: derived closed form"
+          + (" and SDP relaxation" if not args.no_sdp else "") + ":")
     report = verify_model(model, n=args.n, radius="layernorm", budget=args.budget, seed=args.seed,
                           witness_dir=args.witness_dir, heads=None if args.all_heads else range(args.heads),
-                          whole_layers=args.all_heads, progress=_print_row)
+                          whole_layers=args.all_heads, sdp=not args.no_sdp, progress=_print_row)
     gaps = [row.gap for row in report.heads if row.head is not None]
     print(f"\nmedian gap (best certified upper / witness) over {len(gaps)} heads: {float(np.median(gaps)):.3g}; "
           f"worst {max(gaps):.3g}; refuted bounds: {sum(len(r.refuted) for r in report.heads)}")
@@ -135,6 +138,7 @@ def register(sub) -> None:
     _add_verify_arguments(demo, weights=False)
     demo.add_argument("--heads", type=int, default=12, help="heads per layer to show (default all 12)")
     demo.add_argument("--all-heads", action="store_true", help="also the whole multi-head layers")
+    demo.add_argument("--no-sdp", action="store_true", help="closed forms only (faster)")
     demo.set_defaults(handler=_demo, budget=2.0)
 
     check = sub.add_parser("check", help="try to refute a published claim (exit 3 if refuted)")
