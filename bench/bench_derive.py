@@ -43,7 +43,7 @@ def main() -> None:
     args = parser.parse_args()
     import lipbound.printing.latex  # noqa: F401  (import time is not part of the figure)
     import lipbound.printing.proof  # noqa: F401
-    import lipbound.symbolic.registry  # noqa: F401
+    import lipbound.symbolic.registry  # noqa: F401  (import time is not part of the figure)
     cold = run()
     warm = run()
     with_proofs = run(proofs=True)

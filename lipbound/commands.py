@@ -165,8 +165,9 @@ def _register_measure_command(sub, name: str, module: str) -> None:
     try:
         target = importlib.import_module(f"lipbound.measures.{module}")
     except ImportError as error:  # the measures layer needs scipy (exact W1)
-        parser = sub.add_parser(name, help=f"(unavailable: {error})")
-        parser.set_defaults(handler=lambda args: _unavailable(name, error))
+        reason = str(error)
+        parser = sub.add_parser(name, help=f"(unavailable: {reason})")
+        parser.set_defaults(handler=lambda args: _unavailable(name, reason))
         return
     getattr(target, f"add_{name}_parser")(sub)
 

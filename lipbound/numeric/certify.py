@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import final
 
-import numpy as np
 from mpmath import iv
 
 from ..assumptions import Assumptions, Ball, LayerNormImage

@@ -23,8 +23,7 @@ from mpmath import iv
 
 from ..assumptions import Truth
 from ..errors import AssumptionError
-from ..symbolic import symbols as S
-from ..symbolic.claims import CLAIMS, PublishedClaim, claim
+from ..symbolic.claims import PublishedClaim, claim
 from . import attention as att
 from .rigorous import certify_le, interval, interval_lambdify, spectral_norm_lower, spectral_norm_upper, upper
 
@@ -354,5 +353,3 @@ def check(key: str, weights=None, seed: int = 0, budget: float = 20.0) -> CheckR
     item = claim(key)
     return CHECKERS[key](item, seed, budget, weights)
 
-
-_ = CLAIMS, S

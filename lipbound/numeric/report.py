@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -242,5 +241,3 @@ def verify_model(model, *, layers=None, heads=None, n: int = 8, radius="layernor
 def _slug(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in name) or "model"
 
-
-_ = json

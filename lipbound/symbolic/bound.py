@@ -216,15 +216,14 @@ def _integer_range(start, stop):
 
 def numeric_namespace(backend: str) -> list:
     """Modules for ``sympy.lambdify``: numpy, mpmath, or rigorous ``mpmath.iv``."""
+    import mpmath
     if backend == "numpy":
-        import mpmath
         import numpy as np
         lambertw = np.vectorize(lambda z: float(mpmath.lambertw(z).real), otypes=[float])
         digamma = np.vectorize(lambda z: float(mpmath.digamma(z)), otypes=[float])
         polygamma = np.vectorize(lambda k, z: float(mpmath.polygamma(int(k), z)), otypes=[float])
         return [{"LambertW": lambertw, "digamma": digamma, "polygamma": polygamma}, "numpy"]
     if backend == "mpmath":
-        import mpmath
         return [{"LambertW": mpmath.lambertw, "digamma": mpmath.digamma,
                  "polygamma": lambda k, z: mpmath.polygamma(int(k), z)}, "mpmath"]
     if backend == "interval":

@@ -552,5 +552,3 @@ def coarsen(expr: sp.Expr, record: Derivation | None = None) -> sp.Expr:
 
 _MATRIX_LOCALS = {name: sp.Symbol(name, commutative=False)
                   for name in ("W_Q", "W_K", "W_V", "W_O", "W", "A")}
-
-_ = Described  # re-exported for callers composing claims about described quantities

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import final
 
 import mpmath
@@ -292,5 +292,3 @@ def _numeric(a, b, box, samples, seed, depth) -> Comparison:
         queue.append({**cell, widest: (middle, hi)})
     return Comparison("unknown", ("branch and bound did not finish",), box={str(k): v for k, v in bounds.items()})
 
-
-_ = field

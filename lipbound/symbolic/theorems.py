@@ -18,7 +18,7 @@ from typing import final
 
 import sympy as sp
 
-from ..assumptions import Frobenius, Mixed21, Mixed2Inf, Norm, VecInf
+from ..assumptions import Mixed21, Mixed2Inf, Norm
 from . import symbols as S
 from .record import Derivation, Described, le
 
@@ -247,5 +247,3 @@ def w1_cross(argument: str) -> Theorem:
 def _suffix(norm: Norm) -> str:
     return {"fro": "fro", "2,1": "21", "2,inf": "2inf", "inf": "2inf"}[norm.key]
 
-
-_ = (Frobenius, VecInf)

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 from typing import final
 
-import sympy as sp
-
 from ..assumptions import Assumptions, VecInf, Mixed2Inf
 from ..errors import AssumptionError
-from . import symbols as S
 from . import theorems as T
 from .bound import Bound, Result
 from .record import Derivation, Described, le
@@ -217,5 +214,3 @@ class Residual(Variant):
     def theorem(self, assumptions: Assumptions) -> T.Theorem:
         return T.residual(self.inner.theorem(assumptions))
 
-
-_ = sp
