@@ -356,12 +356,9 @@ class JointRange:
         value, b = self.support_upper(0.0, a)
         certificate.update(weight_a=a, weight_b=b, t=0.5 / a, lambda_max_upper=value)
         if solver != "eig":
-            tolerance = _TOLERANCE[solver]
-            certificate["tolerance"] = tolerance
-            if not abs(objective - value) <= tolerance * value:
-                return _failed(name, provenance, solver, started, status,
-                               f"solver objective {objective:.10g} disagrees with the re-checked "
-                               f"certificate {value:.10g} (relative tolerance {tolerance:g})", certificate)
+            disagreement = _disagreement(objective, value, solver, certificate)
+            if disagreement:
+                return _failed(name, provenance, solver, started, status, disagreement, certificate)
         if polish:
             a_best = self.best_weight(0.0)
             polished, _ = self.support_upper(0.0, a_best)
@@ -439,12 +436,9 @@ class JointRange:
         value = _polygon_sup(H, mu, k1_max, k2_max, base, slope)
         certificate.update(mu=mu, weight_a=a, weight_b=b, support_upper=H)
         if not math.isnan(objective):  # a solver ran: its objective must agree with the certificate
-            tolerance = _TOLERANCE[solver]
-            certificate["tolerance"] = tolerance
-            if not abs(objective - value) <= tolerance * value:
-                return _failed(name, provenance, solver, started, status,
-                               f"solver objective {objective:.10g} disagrees with the re-checked "
-                               f"certificate {value:.10g} (relative tolerance {tolerance:g})", certificate)
+            disagreement = _disagreement(objective, value, solver, certificate)
+            if disagreement:
+                return _failed(name, provenance, solver, started, status, disagreement, certificate)
         v = self.top_vector(mu, a)
         x_iv, y_iv = self.point(v)
         x_lo, y_lo = max(lower(x_iv), 0.0), max(lower(y_iv), 0.0)
@@ -478,6 +472,16 @@ class JointRange:
         mu = span * math.tan(theta)
         return mu, self.best_weight(mu)
 
+
+
+def _disagreement(objective: float, value: float, solver: str, certificate: dict) -> str:
+    """Why a solver's objective and the re-checked certificate disagree ("" if they agree)."""
+    tolerance = _TOLERANCE[solver]
+    certificate["tolerance"] = tolerance
+    if abs(objective - value) <= tolerance * value:
+        return ""
+    return (f"solver objective {objective:.10g} disagrees with the re-checked certificate {value:.10g} "
+            f"(relative tolerance {tolerance:g})")
 
 def _failed(name, provenance, solver, started, status, reason, certificate) -> CertifiedBound:
     return CertifiedBound(name, math.nan, False, certificate, solver, time.perf_counter() - started,
