@@ -582,3 +582,11 @@ def test_importing_the_package_does_not_import_a_solver():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
 
+
+
+def test_relaxations_refuse_heads_that_are_not_dot_product():
+    rng = np.random.default_rng(5)
+    W = rng.standard_normal((3, 2))
+    l2_head = Head(W, W, rng.standard_normal((3, 2)), score="l2")
+    with pytest.raises(AssumptionError, match="dot-product scores"):
+        relax(SelfAttention(DotProduct()), l2_head, 1.0, None, n=3)

@@ -452,3 +452,15 @@ def test_search_results_lie_in_the_ball_and_recheck(d, d_k, n, radius, seed, sco
     _, dF = self_jvp(head, witness.X[None], witness.E[None])
     np.testing.assert_allclose(np.linalg.norm(dF), witness.value, rtol=1e-12)
     assert local_jacobian_norm(head, witness.X, iterations=300, start=witness.E)[0] >= witness.value * (1 - 1e-9)
+
+
+def test_recheck_uses_the_values_the_head_applies():
+    """Tied L2 heads with Kim et al.'s values go through A: the re-check must use Head.V, not W_V."""
+    rng = np.random.default_rng(4)
+    W = rng.standard_normal((3, 2))
+    head = Head(W, W, rng.standard_normal((3, 2)), score="l2", kim_values=True)
+    witness = search_witness(head, radius=1.5, n=3, budget_seconds=0.5)
+    result = recheck(witness, head)
+    assert result.valid, result.message
+    with pytest.raises(WeightsError, match="kim_values"):
+        Head(W, W, W, score="dot", kim_values=True)

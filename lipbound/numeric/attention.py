@@ -70,6 +70,9 @@ class Head:
     def __post_init__(self):
         if self.score not in SCORES:
             raise WeightsError("score", f"one of {SCORES}", repr(self.score), "pick a built-in score")
+        if self.kim_values and self.score != "l2":
+            raise WeightsError("kim_values", "score 'l2' (values through A belong to Kim et al.'s L2 attention)",
+                               f"score {self.score!r}", "set score='l2' or kim_values=False")
         for key in ("W_Q", "W_K", "W_V"):
             value = np.asarray(getattr(self, key), dtype=float)
             if value.ndim != 2:

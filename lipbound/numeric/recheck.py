@@ -356,7 +356,11 @@ def _row(bias: _Dyadic, n: int) -> _Dyadic:
 
 
 def _exact_weights(head: Head) -> dict:
-    return {key: _Dyadic.of(getattr(head, key)) for key in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V")}
+    """The head's floats as exact dyadics; ``W_V`` is the value matrix the head applies
+    (:attr:`Head.V`, which goes through ``A`` for Kim et al.'s L2 values)."""
+    weights = {key: _Dyadic.of(getattr(head, key)) for key in ("W_Q", "W_K", "b_Q", "b_K", "b_V")}
+    weights["W_V"] = _Dyadic.of(head.V)
+    return weights
 
 
 @final

@@ -368,11 +368,7 @@ class JointRange:
         vectors.append(self.top_vector(0.0, a))
         low = self.gain_lower(vectors)
         certificate["lower"] = low
-        if low > value:
-            return _failed(name, provenance, solver, started, status,
-                           f"certified lower bound {low!r} exceeds the upper bound {value!r}", certificate)
-        return CertifiedBound(name, value, True, certificate, solver, time.perf_counter() - started,
-                              status, provenance, lower=low)
+        return _bracketed(name, provenance, solver, started, status, value, low, certificate)
 
     def _zero(self, name, provenance, solver, started) -> CertifiedBound:
         """A form vanishes (numerically): the product of the two norms is then the bound."""
@@ -445,11 +441,7 @@ class JointRange:
         low = lower(iv.sqrt(iv.mpf(x_lo) * iv.mpf(y_lo)) * iv.sqrt(iv.mpf(base) + iv.mpf(slope) * y_lo)) \
             if base + slope > 0 else 0.0
         certificate["rank_one_lower"] = low
-        if low > value:
-            return _failed(name, provenance, solver, started, status,
-                           f"certified lower bound {low!r} exceeds the upper bound {value!r}", certificate)
-        return CertifiedBound(name, value, True, certificate, solver, time.perf_counter() - started,
-                              status, provenance, lower=low)
+        return _bracketed(name, provenance, solver, started, status, value, low, certificate)
 
     def _coupled_search(self, base, slope, k1_max, k2_max) -> tuple[float, float]:
         """Numeric minimisation over mu of the half-plane bound (steers the certificate only)."""
@@ -482,6 +474,15 @@ def _disagreement(objective: float, value: float, solver: str, certificate: dict
         return ""
     return (f"solver objective {objective:.10g} disagrees with the re-checked certificate {value:.10g} "
             f"(relative tolerance {tolerance:g})")
+
+def _bracketed(name, provenance, solver, started, status, value, low, certificate) -> CertifiedBound:
+    """The certified value, unless its certified lower bound contradicts it (then a failure)."""
+    if low > value:
+        return _failed(name, provenance, solver, started, status,
+                       f"certified lower bound {low!r} exceeds the upper bound {value!r}", certificate)
+    return CertifiedBound(name, value, True, certificate, solver, time.perf_counter() - started,
+                          status, provenance, lower=low)
+
 
 def _failed(name, provenance, solver, started, status, reason, certificate) -> CertifiedBound:
     return CertifiedBound(name, math.nan, False, certificate, solver, time.perf_counter() - started,

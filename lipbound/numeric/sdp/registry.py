@@ -195,6 +195,10 @@ def relax(variant: Variant, target, radius: float, center=None, *, n: int, **opt
         raise AssumptionError("variant.score", "a DotProduct score", type(variant.score).__name__,
                               "the SDP relaxations cover dot-product attention; use the symbolic closed form "
                               "for L2 and cosine scores")
+    scores = sorted({h.score for h in getattr(target, "heads", (target,)) if hasattr(h, "score")})
+    if scores and scores != ["dot"]:  # the relaxations model dot-product scores only
+        raise AssumptionError("target", "heads with dot-product scores", f"scores {scores}",
+                              "use the symbolic closed form for L2 and cosine heads")
     if isinstance(variant, SelfAttention):
         return entry(target, radius, center, n=n, causal=variant.causal, **options)
     if isinstance(variant, CrossAttention):
