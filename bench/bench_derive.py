@@ -15,7 +15,7 @@ import time
 
 
 def run(norms=("fro",), domains=("ball",), proofs: bool = False) -> list[tuple[str, str, str, float]]:
-    from lipbound.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
+    from lipbound.symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
     from lipbound.errors import LipboundError
     from lipbound.printing.latex import latex
     from lipbound.printing.proof import derivation_to_latex

@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--no-layers", action="store_true", help="skip the whole multi-head layers")
     args = parser.parse_args()
     from lipbound.numeric.report import verify_model
-    from lipbound.numeric.weights import load_default
+    from lipbound.numeric.model import load_default
     model = load_default()
     with tempfile.TemporaryDirectory() as directory:
         report = verify_model(model, layers=args.layers, n=args.n, radius="layernorm", sdp=True, budget=args.budget,

@@ -24,16 +24,16 @@ def main() -> None:
     args = parser.parse_args()
     from lipbound.measures.witness import measure_witness
     from lipbound.numeric.certify import head_constant
-    from lipbound.numeric.evaluate import NumericDomain
+    from lipbound.numeric.domains import LayerNormOutputs, TokenBall
     from lipbound.numeric.sdp import relax
-    from lipbound.numeric.weights import load_default
+    from lipbound.numeric.model import load_default
     from lipbound.symbolic.registry import variant
     model = load_default()
     print(f"{'layer':>5} {'head':>4} {'W1 witness':>11} {'closed form':>12} {'SDP':>10} {'gap':>6}")
     gaps = []
     for layer_index in args.layers:
         layer = model.layers[layer_index]
-        domain = NumericDomain.from_layernorm(layer.ln_in, about="origin")
+        domain = TokenBall(layer.ln_in.radius_about_origin)
         for h in (args.heads if args.heads is not None else range(len(layer.heads))):
             head = layer.heads[h]
             witness = measure_witness(head, radius=domain.radius, n=args.n, budget_seconds=args.budget)

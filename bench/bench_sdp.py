@@ -35,7 +35,7 @@ from lipbound.numeric.sdp import (HeadBounds, closed_form_self_attention, key_gr
                                   layernorm_joint_gain, layernorm_value_spread, matrix_aware_closed_form, relax,
                                   self_attention_bound)
 from lipbound.numeric.sdp.joint import JointRange, key_form, value_gram  # noqa: E402
-from lipbound.numeric.weights import load_default  # noqa: E402
+from lipbound.numeric.model import load_default  # noqa: E402
 from lipbound.symbolic.scores import DotProduct  # noqa: E402
 from lipbound.symbolic.variants import MultiHead, SelfAttention  # noqa: E402
 

@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lipbound.numeric.weights import load_default  # noqa: E402
+from lipbound.numeric.model import load_default  # noqa: E402
 from lipbound.numeric.witness import AttentionKernel, jacobian_norms, single_threaded_blas  # noqa: E402
 
 

@@ -29,7 +29,7 @@ from typing import final
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lipbound.numeric.weights import load_default  # noqa: E402
+from lipbound.numeric.model import load_default  # noqa: E402
 from lipbound.numeric.witness import Witness, castin_adversarial, naive_ascent, search_witness  # noqa: E402
 
 
@@ -63,8 +63,8 @@ def witness_rows(weights=None, layers=(0, 5), heads=None, ns=(8, 32), budget: fl
 
     Parameters
     ----------
-    weights : ModelWeights, optional
-        Default: :func:`lipbound.numeric.weights.load_default`.
+    weights : Model, optional
+        Default: :func:`lipbound.numeric.model.load_default`.
     layers, heads, ns : iterables of int
         Layers, heads (default all) and sequence lengths.
     budget : float

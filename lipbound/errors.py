@@ -14,6 +14,7 @@ __all__ = [
     "WeightsError",
     "SolverError",
     "NotCertifiedError",
+    "OutputError",
 ]
 
 
@@ -58,3 +59,7 @@ class SolverError(LipboundError):
 
 class NotCertifiedError(LipboundError):
     """Rigorous arithmetic could not decide a comparison; nothing is claimed."""
+
+
+class OutputError(LipboundError):
+    """An output path cannot be written (checked before any work starts)."""

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
-from lipbound.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
+from lipbound.symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
 from lipbound.numeric import attention as att
-from lipbound.numeric.evaluate import NumericDomain, evaluate_bound
-from lipbound.numeric.weights import LayerNormParams
+from lipbound.numeric.domains import LayerNormOutputs, TokenBall
+from lipbound.numeric.evaluate import evaluate_bound
+from lipbound.numeric.model import LayerNorm
 from lipbound.symbolic.registry import variant
 
 TOKEN_VARIANTS = ("dot-product", "dot-product-nobias", "causal", "l2-tied", "l2-untied", "l2-tied-plain-values",
@@ -40,7 +41,7 @@ class Case:
     heads: list
     layer: att.Layer | None
     numeric_domain: NumericDomain | None
-    ln: LayerNormParams | None
+    ln: LayerNorm | None
     values: dict
     m: int | None = None
 
@@ -84,11 +85,11 @@ def make_case(name: str, norm: str, domain: str, rng: np.random.Generator, n: in
     ln = None
     numeric_domain = None
     if domain == "ball":
-        numeric_domain = NumericDomain.ball(radius)
+        numeric_domain = TokenBall(radius)
     elif domain == "layernorm":
         gamma = rng.uniform(0.3, 1.2, d) * radius / np.sqrt(d)
-        ln = LayerNormParams(gamma=gamma, beta=0.3 * rng.standard_normal(d), eps=1e-12)
-        numeric_domain = NumericDomain.from_layernorm(ln, about="center")
+        ln = LayerNorm(gamma=gamma, beta=0.3 * rng.standard_normal(d), eps=1e-12)
+        numeric_domain = LayerNormOutputs(ln)
     return Case(name, norm, domain, n, d, head_list, layer, numeric_domain, ln, values,
                 m=max(1, n - 1) if name.startswith(("cross", "measure-cross")) else None)
 
@@ -103,7 +104,7 @@ def certified_upper(case: Case) -> float:
     """The variant's bound on these weights, evaluated rigorously (upper end)."""
     result = variant(case.name).derive(assumptions_for(case), case.name)
     assert result.lipschitz, f"{case.name} is not Lipschitz on {case.domain}"
-    domain = case.numeric_domain or NumericDomain.ball(1.0)  # the unbounded bound does not use R
+    domain = case.numeric_domain or TokenBall(1.0)  # the unbounded bound does not use R
     evaluation = evaluate_bound(result, case.target, domain, case.n, m=case.m,
                                 H=len(case.heads) if case.layer is not None else None, values=case.values)
     assert evaluation.certified

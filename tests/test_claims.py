@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lipbound.assumptions import Assumptions, Ball, Unbounded
+from lipbound.symbolic.assumptions import Assumptions, Ball, Unbounded
 from lipbound.numeric import attention as att
 from lipbound.numeric.claims import CHECKERS, check
-from lipbound.numeric.evaluate import NumericDomain, evaluate_bound
-from lipbound.numeric.weights import load_default
+from lipbound.numeric.domains import LayerNormOutputs, TokenBall
+from lipbound.numeric.evaluate import evaluate_bound
+from lipbound.numeric.model import load_default
 from lipbound.symbolic.claims import CLAIMS
 from lipbound.symbolic.registry import variant
 
@@ -43,14 +44,14 @@ def test_kim_l2_transcription_is_refuted_as_transcribed():
 def test_derived_against_castin_on_the_same_real_heads():
     """Layer 0 of all-MiniLM-L6-v2 with the biases dropped (the claim's setting), R = LayerNorm radius."""
     layer = load_default(layers=0).layers[0]
-    domain = NumericDomain.from_layernorm(layer.ln_in, about="origin")
+    domain = TokenBall(layer.ln_in.radius_about_origin)
     derived = variant("dot-product-nobias").derive(Assumptions(domain=Ball()), "dot-product-nobias")
     castin = CLAIMS["castin-theorem"].statement
     for n in (8, 32):
         ratios = []
         for head in layer.heads:
             plain = att.Head(head.W_Q, head.W_K, head.W_V)
-            ours = evaluate_bound(derived, plain, domain, n).upper
+            ours = evaluate_bound(derived, plain, domain, n).value
             theirs = evaluate_bound(castin, plain, domain, n).interval[0]
             ratios.append(ours / theirs)
             assert ours < theirs
@@ -69,8 +70,8 @@ def test_derived_against_kim_on_the_same_random_l2_weights():
         head = att.Head(W, W, rng.standard_normal((d, d)) / np.sqrt(d), score="l2", kim_values=True)
         layer = att.Layer((head,), np.eye(d))
         for n in (2, 8, 32):
-            ours = evaluate_bound(derived, layer, NumericDomain.ball(1.0), n, H=1).upper
-            kim = evaluate_bound(CLAIMS["kim-l2-fro"].statement, layer, NumericDomain.ball(1.0), n, H=1).upper
+            ours = evaluate_bound(derived, layer, TokenBall(1.0), n, H=1).value
+            kim = evaluate_bound(CLAIMS["kim-l2-fro"].statement, layer, TokenBall(1.0), n, H=1).value
             rows.append((scale, n, ours / kim))
     for scale, n, ratio in rows:
         print(f"||W|| scale {scale}, n = {n}: derived / Kim et al. (transcribed, W_0((N-1)/e)) = {ratio:.3f}")

@@ -83,9 +83,9 @@ def test_verify_exits_3_when_a_bound_is_refuted(monkeypatch, tmp_path, capsys):
         return certify.CertifiedConstant(1e-3, value.name, value.norm)
 
     monkeypatch.setattr(report, "head_constant", too_small)
-    from lipbound.numeric.weights import load_default
+    from lipbound.numeric.model import load_default
     path = tmp_path / "plain.npz"
-    from lipbound.numeric.weights import save_plain
+    from lipbound.numeric.model import save_plain
     save_plain(load_default(layers=0), path)
     status = main(["verify", str(path), "--layer", "0", "--head", "3", "--budget", "1", "--radius", "layernorm",
                    "--witness-dir", str(tmp_path / "w"), "--json", str(tmp_path / "r.json")])

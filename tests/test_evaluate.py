@@ -16,12 +16,14 @@ import pytest
 import sympy as sp
 from mpmath import mp
 
-from lipbound.assumptions import Assumptions, Ball, LayerNormImage, Truth, Unbounded
+from lipbound.rigorous.intervals import Verdict
+from lipbound.symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
 from lipbound.errors import AssumptionError, NotCertifiedError
 from lipbound.numeric import attention
-from lipbound.numeric.evaluate import NumericDomain, evaluate_bound, is_increasing, symbol_intervals
+from lipbound.numeric.domains import LayerNormOutputs, TokenBall
+from lipbound.numeric.evaluate import evaluate_bound, is_increasing, symbol_intervals
 from lipbound.numeric.rigorous import certify_le, upper
-from lipbound.numeric.weights import LayerNormParams, LayerWeights, load_default
+from lipbound.numeric.model import LayerNorm, TransformerLayer, load_default
 from lipbound.symbolic import symbols as S
 from lipbound.symbolic.registry import VARIANTS, variant
 
@@ -41,11 +43,11 @@ def small_head(seed: int, tied: bool = False) -> attention.Head:
                           b_K=rng.standard_normal(3) / 4, b_V=rng.standard_normal(4) / 4)
 
 
-def small_layer(seed: int) -> LayerWeights:
+def small_layer(seed: int) -> TransformerLayer:
     rng = np.random.default_rng(seed)
     heads = (small_head(seed), small_head(seed + 1))
-    return LayerWeights(0, heads, rng.standard_normal((8, 6)) / 3, rng.standard_normal(6),
-                        ln_in=LayerNormParams(1 + rng.uniform(-0.5, 0.5, 6), rng.standard_normal(6) / 3))
+    return TransformerLayer(0, heads, rng.standard_normal((8, 6)) / 3, rng.standard_normal(6),
+                        ln_in=LayerNorm(1 + rng.uniform(-0.5, 0.5, 6), rng.standard_normal(6) / 3))
 
 
 # An independent high-precision reference ----------------------------------------------------------
@@ -138,24 +140,24 @@ CASES = [
 def test_evaluation_encloses_the_high_precision_value(name, domain, numeric, tied, m):
     head = small_head(17, tied=tied)
     layer = small_layer(17)
-    numeric_domain = {"ball": NumericDomain.ball(2.5),
-                      "ball-centred": NumericDomain.ball(1.5, center=layer.ln_in.beta),
-                      "layernorm": NumericDomain.from_layernorm(layer.ln_in, about="center")}[numeric]
+    numeric_domain = {"ball": TokenBall(2.5),
+                      "ball-centred": TokenBall(1.5, center=layer.ln_in.beta),
+                      "layernorm": LayerNormOutputs(layer.ln_in)}[numeric]
     bound = variant(name).derive(Assumptions(domain=domain))
     evaluation = evaluate_bound(bound, head, numeric_domain, n=5, m=m)
     exact = reference_value(bound.expr, (head,), None, numeric_domain, 5, m)
     assert evaluation.certified
     with mp.workdps(DIGITS):
         assert mp.mpf(evaluation.interval[0]) <= exact <= mp.mpf(evaluation.upper)
-    assert evaluation.upper >= evaluation.float_value
+    assert evaluation.upper >= evaluation.details["float_value"]
     np.testing.assert_allclose(evaluation.upper, float(exact), rtol=1e-9)
 
 
 @pytest.mark.parametrize("name, domain", [("multi-head", Ball()), ("residual-multi-head", LayerNormImage())])
 def test_multi_head_evaluation_takes_maxima_over_heads(name, domain):
     layer = small_layer(5)
-    numeric_domain = (NumericDomain.ball(2.0) if isinstance(domain, Ball)
-                      else NumericDomain.from_layernorm(layer.ln_in, about="center"))
+    numeric_domain = (TokenBall(2.0) if isinstance(domain, Ball)
+                      else LayerNormOutputs(layer.ln_in))
     bound = variant(name).derive(Assumptions(domain=domain))
     evaluation = evaluate_bound(bound, layer, numeric_domain, n=4)
     exact = reference_value(bound.expr, layer.heads, layer, numeric_domain, 4)
@@ -177,11 +179,11 @@ def test_every_built_in_bound_is_increasing_in_its_norm_symbols():
             bound = variant(name).derive(Assumptions(domain=domain))
             for symbol in bound.expr.free_symbols:
                 if isinstance(symbol, (S.MatrixNormSymbol, S.VectorNormSymbol)):
-                    assert is_increasing(bound.expr, symbol) is Truth.TRUE, (name, domain.key, symbol)
+                    assert is_increasing(bound.expr, symbol) is Verdict.HOLDS, (name, domain.key, symbol)
     A, W_V = S.MatrixNormSymbol("A"), S.MatrixNormSymbol("W_V")
-    assert is_increasing(1 / W_V, W_V) is Truth.UNKNOWN
-    assert is_increasing(W_V - A, A) is Truth.UNKNOWN
-    assert is_increasing(sp.exp(-A) * W_V, A) is Truth.UNKNOWN
+    assert is_increasing(1 / W_V, W_V) is Verdict.UNKNOWN
+    assert is_increasing(W_V - A, A) is Verdict.UNKNOWN
+    assert is_increasing(sp.exp(-A) * W_V, A) is Verdict.UNKNOWN
 
 
 def test_non_monotone_expressions_need_a_single_head():
@@ -189,10 +191,10 @@ def test_non_monotone_expressions_need_a_single_head():
     A, W_V = S.MatrixNormSymbol("A"), S.MatrixNormSymbol("W_V")
     expr = W_V / (1 + A)
     with pytest.raises(NotCertifiedError, match="increasing in the per-head symbol"):
-        evaluate_bound(expr, layer, NumericDomain.ball(1.0), n=3)
+        evaluate_bound(expr, layer, TokenBall(1.0), n=3)
     head = layer.heads[1]
-    evaluation = evaluate_bound(expr, head, NumericDomain.ball(1.0), n=3)  # two-sided enclosures
-    exact = reference_value(expr, (head,), None, NumericDomain.ball(1.0), 3)
+    evaluation = evaluate_bound(expr, head, TokenBall(1.0), n=3)  # two-sided enclosures
+    exact = reference_value(expr, (head,), None, TokenBall(1.0), 3)
     with mp.workdps(DIGITS):
         assert mp.mpf(evaluation.interval[0]) <= exact <= mp.mpf(evaluation.upper)
 
@@ -204,7 +206,7 @@ def test_design_figures_for_minilm_layer_zero_head_zero(minilm):
     A, W_V, R, n = S.MatrixNormSymbol("A"), S.MatrixNormSymbol("W_V"), S.R, S.n
     kappa = S.kappa(n, 2 * A * R ** 2)
     design = W_V * (sp.sqrt(kappa) + A * R ** 2 * (1 + sp.sqrt(kappa)))
-    domain = NumericDomain.ball(20.25)
+    domain = TokenBall(20.25)
     evaluation = evaluate_bound(design, head, domain, n=8)
     assert evaluation.certified
     np.testing.assert_allclose(evaluation.upper, 2116, rtol=0.01)
@@ -212,8 +214,8 @@ def test_design_figures_for_minilm_layer_zero_head_zero(minilm):
     np.testing.assert_allclose(evaluation.symbols["A"], np.linalg.norm(head.A, 2), rtol=1e-10)
     # the derived bound follows DESIGN's route and is at most the DESIGN formula
     derived = evaluate_bound(variant("dot-product-nobias").derive(Assumptions(domain=Ball())), head, domain, n=8)
-    assert certify_le(derived.interval, evaluation.interval) is Truth.TRUE
-    assert derived.upper >= derived.float_value
+    assert certify_le(derived.interval, evaluation.interval) is Verdict.HOLDS
+    assert derived.upper >= derived.details["float_value"]
 
 
 def _witness(jvp, vjp, X) -> float:
@@ -233,20 +235,20 @@ def test_certified_bounds_exceed_jacobian_norms_of_the_real_model(minilm):
     layer_map = layer.as_layer()
     layer_sigma = _witness(lambda X, E: attention.layer_jvp(layer_map, X, E),
                            lambda X, G: attention.layer_vjp(layer_map, X, G), X)
-    around_zero = NumericDomain.from_layernorm(ln)
-    around_beta = NumericDomain.from_layernorm(ln, about="center")
+    around_zero = TokenBall(ln.radius_about_origin)
+    around_beta = LayerNormOutputs(ln)
     for domain, numeric in ((Ball(), around_zero), (LayerNormImage(), around_beta)):
         single = evaluate_bound(variant("dot-product").derive(Assumptions(domain=domain)), head, numeric, n=6)
         assert single.certified and head_sigma <= single.upper
     multi = evaluate_bound(variant("multi-head").derive(Assumptions(domain=LayerNormImage())), layer,
                            around_beta, n=6)
     assert multi.certified and layer_sigma <= multi.upper
-    assert multi.upper >= multi.float_value
+    assert multi.upper >= multi.details["float_value"]
 
 
 def test_radius_about_the_origin_is_used_for_origin_balls(minilm):
     ln = minilm.layer(0).ln_in
-    domain = NumericDomain.from_layernorm(ln, about="center")
+    domain = LayerNormOutputs(ln)
     head = minilm.layer(0).heads[0]
     intervals = symbol_intervals(S.R * S.MatrixNormSymbol("W_V"), head, domain=domain, n=8)
     assert upper(intervals[S.R]) >= ln.radius_about_origin * (1 - 1e-12)  # R + ||beta||
@@ -260,19 +262,19 @@ def test_unknown_symbols_and_given_values():
     zeta = sp.Symbol("zeta", positive=True)
     expr = zeta * S.MatrixNormSymbol("W_V")
     with pytest.raises(AssumptionError) as caught:
-        evaluate_bound(expr, head, NumericDomain.ball(1.0), n=2)
+        evaluate_bound(expr, head, TokenBall(1.0), n=2)
     assert "zeta" in str(caught.value) and "values=" in caught.value.fix
-    evaluation = evaluate_bound(expr, head, NumericDomain.ball(1.0), n=2, values={"zeta": 2})
+    evaluation = evaluate_bound(expr, head, TokenBall(1.0), n=2, values={"zeta": 2})
     with mp.workdps(DIGITS):
         exact = 2 * max(mp.svd_r(_mp(head.W_V), compute_uv=False))
         assert mp.mpf(evaluation.interval[0]) <= exact <= mp.mpf(evaluation.upper)
     with pytest.raises(AssumptionError, match="values"):
-        evaluate_bound(expr, head, NumericDomain.ball(1.0), n=2, values={"zeta": "two"})
+        evaluate_bound(expr, head, TokenBall(1.0), n=2, values={"zeta": "two"})
 
 
 def test_errors_name_what_is_missing():
     head, layer = small_head(4), small_layer(4)
-    ball = NumericDomain.ball(1.0)
+    ball = TokenBall(1.0)
     multi = variant("multi-head").derive(Assumptions(domain=Ball()))
     with pytest.raises(AssumptionError, match="W_O"):
         evaluate_bound(multi, head, ball, n=3)
@@ -287,8 +289,8 @@ def test_errors_name_what_is_missing():
     with pytest.raises(AssumptionError, match="NotLipschitz"):
         evaluate_bound(variant("dot-product").derive(Assumptions(domain=Unbounded())), head, ball, n=3)
     with pytest.raises(AssumptionError, match="model width"):
-        evaluate_bound(multi, layer, NumericDomain.ball(1.0, center=np.zeros(5)), n=3)
+        evaluate_bound(multi, layer, TokenBall(1.0, center=np.zeros(5)), n=3)
     with pytest.raises(AssumptionError, match="positive finite"):
-        NumericDomain.ball(-1.0)
+        TokenBall(-1.0)
     with pytest.raises(AssumptionError, match="'origin' or 'center'"):
         NumericDomain.from_layernorm(layer.ln_in, about="left")

@@ -21,12 +21,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lipbound.symbolic as symbolic_package
-from lipbound.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
+from lipbound.symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
 from lipbound.errors import AssumptionError
 from lipbound.printing.document import bound_section, comparison_table, standalone, statement_latex
 from lipbound.printing.latex import LipboundLatexPrinter, latex
-from lipbound.printing.proof import (CLAIM_WIDTH, SpreadNames, derivation_to_latex, lemma_appendix,
-                                     split_expression, text_to_latex, visual_width)
+from lipbound.printing.prose import text_to_latex
+from lipbound.printing.layout import CLAIM_WIDTH, SpreadNames, split_expression, visual_width
+from lipbound.printing.derivation import derivation_to_latex, lemma_appendix
 from lipbound.symbolic import symbols as S
 from lipbound.symbolic.calculus import Inner, Norm, SoftNorm
 from lipbound.symbolic.lemmas import LEMMAS

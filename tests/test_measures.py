@@ -204,10 +204,10 @@ def test_measure_witness_is_exact_and_below_the_certified_w1_constant():
     from lipbound.measures.witness import measure_witness
     from lipbound.measures.wasserstein import w1 as exact_w1
     from lipbound.numeric.certify import head_constant
-    from lipbound.numeric.evaluate import NumericDomain
-    from lipbound.numeric.weights import load_default
+    from lipbound.numeric.domains import LayerNormOutputs, TokenBall
+    from lipbound.numeric.model import load_default
     layer = load_default(layers=5).layers[5]
-    domain = NumericDomain.from_layernorm(layer.ln_in, about="origin")
+    domain = TokenBall(layer.ln_in.radius_about_origin)
     head = layer.heads[2]
     witness = measure_witness(head, radius=domain.radius, n=6, budget_seconds=2.0)
     assert witness.mu.size == witness.nu.size == 6 and witness.mu.is_uniform

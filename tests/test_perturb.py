@@ -26,7 +26,7 @@ from lipbound.measures.perturb import (FLOAT_ALLOWANCE, BlockW1Constant, add_per
                                        whole_word_ids)
 from lipbound.numeric import attention
 from lipbound.numeric.certify import layer_constant
-from lipbound.numeric.evaluate import NumericDomain
+from lipbound.numeric.domains import LayerNormOutputs, TokenBall
 
 SENTENCES_PATH = os.path.join(os.path.dirname(__file__), os.pardir, "lipbound", "measures", "data", "sentences.txt")
 
@@ -158,7 +158,7 @@ def test_block_constant_agrees_with_layer_constant(model):
     heads = full.heads[:2]
     sub = attention.Layer(heads, full.W_O[:sum(h.d_v for h in heads)], full.b_O, residual=True)
     layernorm = layernorm_feeding(model, 3)
-    reference = layer_constant(sub, "w1", NumericDomain.from_layernorm(layernorm, about="center"), 12, residual=True)
+    reference = layer_constant(sub, "w1", LayerNormOutputs(layernorm), 12, residual=True)
     block = BlockW1Constant(sub, layernorm)
     value = block.on_layernorm_image(12).value
     assert value >= reference.value

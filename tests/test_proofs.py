@@ -17,16 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from lipbound.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
+from lipbound.symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
 from lipbound.printing.document import bound_section, comparison_table, standalone
-from lipbound.printing.proof import text_to_latex
-from lipbound.printing import proofs
-from lipbound.printing.proofs import HEADER, generate
+from lipbound.printing.prose import text_to_latex
+from lipbound.printing import proof_files as proofs
+from lipbound.printing.proof_files import HEADER, generate
 from lipbound.symbolic import symbols as S
 from lipbound.symbolic.registry import variant
 
 PROOFS = Path(__file__).resolve().parent.parent / "proofs"
-REGENERATE = "python -m lipbound.printing.proofs proofs/"
+REGENERATE = "lipbound proofs proofs/"
 #: An overfull line wider than this (points) is a layout bug, not a rounding of TeX's line breaking.
 OVERFULL_TOLERANCE_PT = 30.0
 

@@ -19,12 +19,13 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from mpmath import iv, mp
 
-from lipbound.assumptions import Assumptions, Ball, Truth
 from lipbound.errors import AssumptionError, NotCertifiedError, WeightsError
-from lipbound.numeric.rigorous import (MatrixEnclosure, certify_le, interval, interval_lambdify,
-                                       interval_namespace, is_psd_certified, lower, product_norm_interval,
-                                       product_norm_upper, spectral_norm_lower, spectral_norm_upper, upper,
-                                       vector_norm_lower, vector_norm_upper)
+from lipbound.rigorous.compiler import compile_interval
+from lipbound.rigorous.intervals import Verdict, certify_le, interval, lower, upper
+from lipbound.rigorous.linalg import (Enclosure, is_psd_certified, product_norm_interval, product_norm_upper,
+                                      spectral_norm_lower, spectral_norm_upper, vector_norm_lower,
+                                      vector_norm_upper)
+from lipbound.symbolic.assumptions import Assumptions, Ball
 from lipbound.symbolic import symbols as S
 from lipbound.symbolic.registry import variant
 
@@ -148,7 +149,7 @@ def test_low_rank_products_are_bracketed_without_forming_them(seed):
     with mp.workdps(DIGITS):
         exact = max(mp.svd_r(exact_matrix(X) * exact_matrix(Y).T, compute_uv=False))
     low_rank = product_norm_interval(X, Y.T)
-    dense = (MatrixEnclosure.exact(X) @ MatrixEnclosure.exact(Y.T)).norm_interval()
+    dense = (Enclosure.exact(X) @ Enclosure.exact(Y.T)).norm_interval()
     for enclosure in (low_rank, dense):
         with mp.workdps(DIGITS):
             assert enclosure.a <= exact <= enclosure.b
@@ -160,13 +161,13 @@ def test_low_rank_products_are_bracketed_without_forming_them(seed):
 def test_property_enclosure_contains_exact_products_sums_and_scalings(seed, scale):
     rng = np.random.default_rng(seed)
     A, B, C = (rng.standard_normal(shape) * scale for shape in ((3, 4), (4, 2), (3, 2)))
-    enclosure = (MatrixEnclosure.exact(A) @ MatrixEnclosure.exact(B) - MatrixEnclosure.exact(C)).scale(
+    enclosure = (Enclosure.exact(A) @ Enclosure.exact(B) - Enclosure.exact(C)).scale(
         iv.mpf(1) / 3)
     with mp.workdps(DIGITS):
         exact = (exact_matrix(A) * exact_matrix(B) - exact_matrix(C)) / 3
         for i in range(3):
             for j in range(2):
-                assert abs(exact[i, j] - mp.mpf(enclosure.value[i, j])) <= mp.mpf(enclosure.error[i, j])
+                assert abs(exact[i, j] - mp.mpf(enclosure.mid[i, j])) <= mp.mpf(enclosure.rad[i, j])
         norm = max(mp.svd_r(exact, compute_uv=False))
     assert enclosure.norm_lower() <= norm <= enclosure.norm_upper()
 
@@ -207,12 +208,12 @@ def test_property_psd_certificate_is_sound(seed, n, shift):
 x, y = sp.symbols("x y", positive=True)
 
 
+def _compiled(symbols, expr):
+    return compile_interval(expr, symbols)
+
+
 def test_rational_constants_become_exact_intervals():
-    function = sp.lambdify([x], sp.Rational(1, 3) * x, modules=[interval_namespace()])
-    import inspect
-    source = inspect.getsource(function)
-    assert "mpf(1)/mpf(3)" in source and "0.333" not in source
-    result = function(iv.mpf(1))
+    result = compile_interval(sp.Rational(1, 3) * x, [x])(1)
     with mp.workdps(DIGITS):
         third = mp.mpf(1) / 3
         assert third in result
@@ -244,9 +245,8 @@ expressions = st.recursive(leaves, _extend, max_leaves=8)
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(expressions, st.sampled_from(["0.37", "1.5", "3", "12.25"]), st.sampled_from(["0.01", "2", "7.5"]))
-def test_property_interval_namespace_encloses_high_precision_values(expr, px, py):
-    function = sp.lambdify([x, y], expr, modules=[interval_namespace()])
-    result = interval(function(iv.mpf(px), iv.mpf(py)))  # a constant expression returns a number
+def test_property_compiled_intervals_enclose_high_precision_values(expr, px, py):
+    result = compile_interval(expr, [x, y])(px, py)
     reference = _reference(expr, (px, py))
     with mp.workdps(DIGITS):
         assert result.a <= reference <= result.b, (expr, result, reference)
@@ -259,7 +259,7 @@ def test_property_interval_namespace_encloses_high_precision_values(expr, px, py
 ])
 def test_lambertw_encloses_published_values(argument, value):
     """W_0 values quoted in reference/published-bounds.md (Kim et al. 2021)."""
-    result = interval_lambdify([], sp.LambertW(argument))()
+    result = _compiled([], sp.LambertW(argument))()
     with mp.workdps(DIGITS):
         exact = mp.lambertw(mp.mpf(sp.N(argument, 60))).real
         assert result.a <= exact <= result.b
@@ -269,25 +269,25 @@ def test_lambertw_encloses_published_values(argument, value):
 
 def test_lambertw_at_the_branch_point_and_digamma_values():
     z = sp.Symbol("z", real=True)
-    at_branch = interval_lambdify([z], sp.LambertW(z))(-iv.exp(-1))  # an enclosure of -1/e
+    at_branch = _compiled([z], sp.LambertW(z))(-iv.exp(-1))  # an enclosure of -1/e
     assert at_branch.a <= -1 <= at_branch.b and upper(at_branch) < -0.99
     with pytest.raises(NotCertifiedError, match="-1/e"):
-        interval_lambdify([z], sp.LambertW(z))(iv.mpf(-1))
+        _compiled([z], sp.LambertW(z))(iv.mpf(-1))
     for argument, exact in ((1, -mp.euler), (sp.Rational(1, 2), -mp.euler - 2 * mp.log(2))):
-        result = interval_lambdify([], sp.digamma(argument))()
+        result = _compiled([], sp.digamma(argument))()
         with mp.workdps(DIGITS):
             assert result.a <= exact <= result.b
-    big = interval_lambdify([x], sp.digamma(x))(iv.mpf(10) ** 10)  # SymPy would expand psi(10^10) exactly
+    big = _compiled([x], sp.digamma(x))(iv.mpf(10) ** 10)  # SymPy would expand psi(10^10) exactly
     with mp.workdps(DIGITS):
         assert big.a <= mp.digamma(mp.mpf(10) ** 10) <= big.b
     with pytest.raises(NotCertifiedError, match="digamma"):
-        interval_lambdify([x], sp.digamma(x))(iv.mpf([-1, 1]))
+        _compiled([x], sp.digamma(x))(iv.mpf([-1, 1]))
 
 
 @pytest.mark.parametrize("n, omega", [(5, "0.5"), (8, "712.5"), (5000, "3"), (10 ** 6, "60")])
 def test_kappa_and_causal_kappa_enclose_their_sums(n, omega):
-    kappa = interval_lambdify([S.omega], S.kappa(n, S.omega))(iv.mpf(omega))
-    causal = interval_lambdify([S.omega], S.causal_kappa(n, S.omega))(iv.mpf(omega))
+    kappa = _compiled([S.omega], S.kappa(n, S.omega))(iv.mpf(omega))
+    causal = _compiled([S.omega], S.causal_kappa(n, S.omega))(iv.mpf(omega))
     with mp.workdps(DIGITS):
         w = mp.mpf(omega)
         exact_kappa = n * mp.exp(w) / (mp.exp(w) + n - 1)
@@ -304,13 +304,33 @@ def test_kappa_and_causal_kappa_enclose_their_sums(n, omega):
     assert upper(causal) - lower(causal) <= 1e-9 * upper(causal)
 
 
-def test_functions_without_interval_versions_are_refused_not_run():
-    """lambdify would otherwise import mpmath's point version of gamma and return a float."""
-    function = sp.lambdify([x], sp.gamma(x) + sp.tan(x), modules=[interval_namespace()])
-    with pytest.raises(NotCertifiedError, match="rigorous interval version"):
-        function(iv.mpf(2))
-    with pytest.raises(NotCertifiedError, match="Piecewise"):
-        interval_lambdify([x], sp.Piecewise((x, x > 1), (1, True)))
+def test_functions_without_interval_versions_are_refused_when_compiling():
+    """A node the compiler cannot enclose is refused before anything is evaluated."""
+    for expr in (sp.gamma(x) + 1, sp.tan(x), sp.floor(x), sp.Symbol("z") + x):
+        with pytest.raises(NotCertifiedError, match="enclose|symbols that all have a value"):
+            compile_interval(expr, [x])
+
+
+def test_piecewise_encloses_every_branch_that_may_apply():
+    """Regression: Piecewise((x, x > 1), (10 x, True)) on [0.5, 2] was [5, 20], missing x = 1.5."""
+    function = compile_interval(sp.Piecewise((x, x > 1), (10 * x, True)), [x])
+    enclosure = function((0.5, 2))
+    for value in (0.5, 1.0, 1.5, 2.0):
+        exact = value if value > 1 else 10 * value
+        assert enclosure.a <= exact <= enclosure.b
+    assert function(2).a == 2 and function((3, 4)).b == 4  # certainly above 1: the first branch only
+    assert function((0.1, 0.5)).a == 1  # certainly below: the second
+    with pytest.raises(NotCertifiedError, match="Piecewise"):  # no branch certain to apply
+        compile_interval(sp.Piecewise((x, x > 1)), [x])((0.5, 2))
+
+
+def test_bound_lambdify_interval_refuses_what_it_cannot_enclose():
+    """Regression: Bound.lambdify("interval") compiled expressions the interval path refused."""
+    from dataclasses import replace
+    bound = variant("dot-product").derive(Assumptions(domain=Ball()))
+    crooked = replace(bound, expr=sp.gamma(bound.expr))
+    with pytest.raises(NotCertifiedError, match="enclose"):
+        crooked.lambdify("interval")
 
 
 def test_bound_lambdify_interval_backend_encloses_the_mpmath_value():
@@ -331,13 +351,13 @@ def test_bound_lambdify_interval_backend_encloses_the_mpmath_value():
 
 # Decisions ------------------------------------------------------------------------------------------
 def test_certify_le_is_three_valued():
-    assert certify_le(iv.mpf([1, 2]), iv.mpf([2, 3])) is Truth.TRUE  # touching: sup a = inf b
-    assert certify_le(iv.mpf([3, 4]), iv.mpf([1, 2])) is Truth.FALSE
-    assert certify_le(iv.mpf([1, 2]), iv.mpf([1.5, 3])) is Truth.UNKNOWN
-    assert certify_le(iv.mpf([1, 3]), 2.0) is Truth.UNKNOWN
-    assert certify_le(1, 2) is Truth.TRUE and certify_le(2.0, 1) is Truth.FALSE
+    assert certify_le(iv.mpf([1, 2]), iv.mpf([2, 3])) is Verdict.HOLDS  # touching: sup a = inf b
+    assert certify_le(iv.mpf([3, 4]), iv.mpf([1, 2])) is Verdict.FAILS
+    assert certify_le(iv.mpf([1, 2]), iv.mpf([1.5, 3])) is Verdict.UNKNOWN
+    assert certify_le(iv.mpf([1, 3]), 2.0) is Verdict.UNKNOWN
+    assert certify_le(1, 2) is Verdict.HOLDS and certify_le(2.0, 1) is Verdict.FAILS
     third = iv.mpf(1) / 3
-    assert certify_le(third, third) is Truth.UNKNOWN  # an interval of width > 0 against itself
+    assert certify_le(third, third) is Verdict.UNKNOWN  # an interval of width > 0 against itself
 
 
 def test_interval_conversions_round_outward():
@@ -349,3 +369,14 @@ def test_interval_conversions_round_outward():
     assert interval((1, 2)).a == 1 and interval(sp.Rational(1, 3)).b >= third.b
     with pytest.raises(AssumptionError, match="lo <= hi"):
         interval((2, 1))
+
+
+def test_importing_lipbound_changes_no_process_wide_precision():
+    """The interval context is lipbound's own: mpmath.iv keeps the precision its user set."""
+    import subprocess
+    import sys
+    code = ("import mpmath; mpmath.iv.prec = 80; import lipbound.numeric.report, lipbound.numeric.sdp, "
+            "lipbound.numeric.recheck; from lipbound.rigorous import precision\n"
+            "with precision(300): pass\nprint(mpmath.iv.prec)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "80"

@@ -367,16 +367,17 @@ def test_single_token_is_exact():
 def test_relaxation_is_below_the_symbolic_closed_form(name, causal):
     """The symbolic theorem, derived by lipbound.symbolic and evaluated rigorously by
     lipbound.numeric.evaluate, is an independent route to the closed form."""
-    from lipbound.assumptions import Assumptions, Ball
-    from lipbound.numeric.evaluate import NumericDomain, evaluate_bound
+    from lipbound.symbolic.assumptions import Assumptions, Ball
+    from lipbound.numeric.domains import LayerNormOutputs, TokenBall
+from lipbound.numeric.evaluate import evaluate_bound
     from lipbound.symbolic.registry import variant
     symbolic = variant(name).derive(Assumptions(domain=Ball()))
     rng = np.random.default_rng(10)
     for radius, n in ((0.3, 2), (2.0, 5), (6.0, 8)):
         head = random_head(rng, 6, 2, 3, causal=causal)
-        evaluation = evaluate_bound(symbolic, head, NumericDomain.ball(radius), n)
+        evaluation = evaluate_bound(symbolic, head, TokenBall(radius), n)
         np.testing.assert_allclose(closed_form_self_attention(head, radius, n=n, causal=causal),
-                                   evaluation.float_value, rtol=1e-9)
+                                   evaluation.details["float_value"], rtol=1e-9)
         bound = self_attention_bound(head, radius, n=n, solver="eig")
         assert bound.certified and bound.value <= evaluation.upper
 
@@ -491,7 +492,7 @@ def test_measure_attention_mean_field_w1():
 
 @pytest.fixture(scope="module")
 def real_layer():
-    weights = pytest.importorskip("lipbound.numeric.weights")
+    weights = pytest.importorskip("lipbound.numeric.model")
     return weights.load_default(layers=[0]).layers[0]
 
 

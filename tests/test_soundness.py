@@ -18,9 +18,10 @@ import sympy as sp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lipbound.assumptions import Assumptions, Ball, Unbounded
+from lipbound.symbolic.assumptions import Assumptions, Ball, Unbounded
 from lipbound.numeric import attention as att
-from lipbound.numeric.evaluate import NumericDomain, evaluate_bound
+from lipbound.numeric.domains import LayerNormOutputs, TokenBall
+from lipbound.numeric.evaluate import evaluate_bound
 from lipbound.symbolic.registry import variant
 
 from soundness_cases import (MEASURE_VARIANTS, NORMS, TOKEN_VARIANTS, certified_upper, climb,
@@ -128,7 +129,7 @@ def test_exact_sympy_jacobian_never_beats_the_bound(seed):
     head = att.Head(np.array(W_Q, dtype=float), np.array(W_K, dtype=float), np.array(W_V, dtype=float))
     radius = 1.25
     bound = variant("dot-product-nobias").derive(Assumptions(domain=Ball(), n=2), "dot-product-nobias")
-    upper = evaluate_bound(bound, head, NumericDomain.ball(radius), n=2).upper
+    upper = evaluate_bound(bound, head, TokenBall(radius), n=2).value
     worst = 0.0
     for _ in range(8):
         point = rng.standard_normal((2, 2))
@@ -166,7 +167,7 @@ def test_measure_bounds_beat_every_sampled_pair(name):
         case = make_case("dot-product", "w1", "ball", rng, n, d, 2, 2, radius)
         head = case.heads[0]
         bound = variant(name).derive(Assumptions(domain=Ball(), norm="w1", n=n), name)
-        upper = evaluate_bound(bound, head, case.numeric_domain, n).upper
+        upper = evaluate_bound(bound, head, case.numeric_domain, n).value
         best = 0.0
         for _ in range(20):
             X = sample_points(case, rng, 1)[0]
@@ -216,7 +217,7 @@ def _searched(case: dict):
                     case["scale"] * rng.standard_normal((d, d_k)) / np.sqrt(d),
                     rng.standard_normal((d, d_v)) / np.sqrt(d), **biases)
     witness = search_witness(head, radius=case["radius"], n=case["n"], budget_seconds=0.3, seed=case["seed"])
-    domain = NumericDomain.ball(case["radius"])
+    domain = TokenBall(case["radius"])
     name = "dot-product" if case["biases"] else "dot-product-nobias"
     closed = evaluate_bound(variant(name).derive(Assumptions(domain=Ball()), name), head, domain, case["n"]).upper
     assert witness.value <= closed, (witness.value, closed)

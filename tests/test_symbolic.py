@@ -8,13 +8,14 @@ import sys
 import pytest
 import sympy as sp
 
-from lipbound.assumptions import (Assumptions, Ball, LayerNormImage, NormAtLeast, Truth, Unbounded, norm_from_key)
+from lipbound.rigorous.intervals import Verdict
+from lipbound.symbolic.assumptions import (Assumptions, Ball, LayerNormImage, NormAtLeast, Unbounded, norm_from_key)
 from lipbound.errors import AssumptionError
 from lipbound.symbolic import symbols as S
 from lipbound.symbolic.asymptotics import dot_product_regimes, leading_term
 from lipbound.symbolic.calculus import Inner, Norm
 from lipbound.symbolic.claims import CLAIMS, TAGS
-from lipbound.symbolic.compare import compare
+from lipbound.symbolic.prover import compare
 from lipbound.symbolic.lemmas import LEMMAS
 from lipbound.symbolic.registry import VARIANTS, variant
 from lipbound.symbolic.scores import CustomScore, L2Distance
@@ -30,7 +31,7 @@ def design_bound():
 
 
 def test_importing_the_symbolic_layer_does_not_import_cvxpy_or_scipy():
-    code = ("import sys, lipbound.symbolic.registry, lipbound.symbolic.claims, lipbound.symbolic.compare, "
+    code = ("import sys, lipbound.symbolic.registry, lipbound.symbolic.claims, lipbound.symbolic.prover, "
             "lipbound.printing.latex; bad = [m for m in ('cvxpy', 'scipy') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -39,12 +40,12 @@ def test_importing_the_symbolic_layer_does_not_import_cvxpy_or_scipy():
 
 def test_three_valued_assumptions_never_pass_an_unknown():
     unknown = Assumptions()
-    assert unknown.ask("tied") is Truth.UNKNOWN
+    assert unknown.ask("tied") is Verdict.UNKNOWN
     with pytest.raises(TypeError):
         bool(unknown.ask("tied"))
     with pytest.raises(AssumptionError, match="tied: expected known true"):
         unknown.require("tied", "the global L2 theorem")
-    assert Assumptions(tied=True).ask("tied") is Truth.TRUE
+    assert Assumptions(tied=True).ask("tied") is Verdict.HOLDS
     with pytest.raises(AssumptionError, match="radius"):
         Ball(radius=-1)
     with pytest.raises(AssumptionError, match="norm"):
@@ -56,13 +57,22 @@ def test_three_valued_assumptions_never_pass_an_unknown():
 def test_every_registry_variant_derives_on_every_domain_with_a_complete_record():
     for name in VARIANTS:
         for domain in (Ball(), LayerNormImage(), Unbounded()):
-            result = variant(name).derive(Assumptions(domain=domain), name)
+            chosen = variant(name)
+            result = chosen.derive(Assumptions(domain=domain, norm=chosen.norms[0]), name)
             assert result.record.steps, name
             for step in result.record.steps:
                 assert step.justification
                 assert step.lemma is None or step.lemma in LEMMAS, (name, step.lemma)
             if result.lipschitz:
                 assert result.expr.free_symbols and result.expr.is_positive is not False
+
+
+def test_a_norm_a_variant_does_not_use_is_refused_not_ignored():
+    """Regression: `derive measure-w1 --norm fro` silently answered in W1."""
+    with pytest.raises(AssumptionError, match="norm: expected 'w1'"):
+        variant("measure-w1").derive(Assumptions(domain=Ball(), norm="fro"))
+    with pytest.raises(AssumptionError, match="norm: expected a norm on X"):
+        variant("dot-product").derive(Assumptions(domain=Ball(), norm="w1"))
 
 
 def test_unknown_variant_is_a_clear_error():

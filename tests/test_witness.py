@@ -18,12 +18,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lipbound.assumptions import Assumptions
+from lipbound.symbolic.assumptions import Assumptions
 from lipbound.errors import AssumptionError, WeightsError
 from lipbound.numeric.attention import (Head, Layer, dense_jacobian, layer_forward, layer_jvp, layer_vjp,
                                         self_forward, self_jvp, self_vjp)
 from lipbound.numeric.recheck import ROUNDING_TOLERANCE, Recheck, recheck, recheck_file
-from lipbound.numeric.weights import DEFAULT_WEIGHTS, load_default
+from lipbound.numeric.model import DEFAULT_WEIGHTS, load_default
 from lipbound.numeric.witness import (AttentionKernel, Witness, _castin_input, castin_adversarial, in_ball,
                                       jacobian_norms, local_jacobian_norm, naive_ascent, project_to_ball,
                                       search_witness, single_threaded_blas, structured_starts)

@@ -4,10 +4,10 @@
   (Vuckovic, Baratin, Tachet des Combes 2020);
 * :mod:`~lipbound.measures.wasserstein`: exact W1 (assignment problem or transport LP);
 * :mod:`~lipbound.measures.tokenizer`: BERT WordPiece tokenization from ``vocab.txt``;
-* :mod:`~lipbound.measures.bert`: a BERT encoder in numpy reading Hugging Face checkpoints.
+* :mod:`~lipbound.measures.bert`: a BERT checkpoint with its tokenizer, for experiments on real text.
 """
 
-from .bert import AttentionBlockOutput, BertConfig, BertLayer, BertModel, LayerNorm, default_model_dir, gelu
+from .bert import AttentionBlockOutput, BertModel, default_model_dir
 from .empirical import (EmpiricalMeasure, attention_map, cross_attention_measure, layer_map,
                         self_attention_layer_measure, self_attention_measure)
 from .tokenizer import WordPieceTokenizer, basic_tokenize
@@ -18,5 +18,5 @@ __all__ = [
     "layer_map", "self_attention_layer_measure",
     "OptimalCoupling", "w1", "w1_with_plan", "w1_line", "ground_cost",
     "WordPieceTokenizer", "basic_tokenize",
-    "BertConfig", "BertModel", "BertLayer", "LayerNorm", "AttentionBlockOutput", "default_model_dir", "gelu",
+    "BertModel", "AttentionBlockOutput", "default_model_dir",
 ]

@@ -38,7 +38,6 @@ point) or diverge (measured rates above 1).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -46,17 +45,19 @@ from typing import final
 
 import numpy as np
 
-from ..assumptions import Assumptions, Truth, Unbounded
+from ..rigorous.intervals import Verdict
+from ..symbolic.assumptions import Assumptions, Unbounded
 from ..errors import AssumptionError
 from ..numeric import attention
-from ..numeric.evaluate import NumericDomain, evaluate_bound
-from ..numeric.rigorous import certify_le, interval
+from ..numeric.model import Head
+from ..numeric.domains import AllTokens
+from ..numeric.evaluate import evaluate_bound
+from ..rigorous.intervals import certify_le, interval
 from ..symbolic.registry import variant
-from .perturb import load_model
+from .bert import load_text_model
 
 __all__ = ["DEFAULT_SENTENCE", "DEFAULT_SCALES", "TiedL2Block", "IterationTrace", "DepthReport",
-           "tied_l2_block", "invert", "iterate", "depth_experiment", "scale_sweep", "sweep_table",
-           "depth_command", "add_depth_parser"]
+           "tied_l2_block", "invert", "iterate", "depth_experiment", "scale_sweep", "sweep_table"]
 
 DEFAULT_SENTENCE = "The cat slept all afternoon."
 #: certified constants of the sweep: two contractions, then 8 (a witness near 1), 16 (not a
@@ -83,7 +84,7 @@ class TiedL2Block:
 
     Attributes
     ----------
-    head : attention.Head
+    head : Head
         ``score="l2"``, ``W_Q = W_K = W`` (d, d_k), ``kim_values=True``, ``W_V`` (d, d).
     n : int
         Tokens the constant is certified for.
@@ -96,46 +97,38 @@ class TiedL2Block:
         Where the weights come from.
     """
 
-    head: attention.Head
+    head: Head
     n: int
     certified: float
     factor: float
     source: str
-    evaluated: attention.Head = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self):
-        # The same map with the value matrix A W_V formed once (Head.V recomputes it at every call);
-        # the certified constant belongs to ``head``, whose Kim form the bound needs.
-        object.__setattr__(self, "evaluated", attention.Head(
-            self.head.W_Q, self.head.W_K, self.head.V, b_V=self.head.b_V, score="l2", name=self.head.name))
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
         """``Att(X)``, X of shape (n, d)."""
-        return attention.self_forward(self.evaluated, X)[0]
+        return attention.self_forward(self.head, X)[0]
 
     def witness(self, X: np.ndarray, iterations: int = 60, seed: int = 0) -> float:
         """``||DAtt(X) E||_F`` for the top direction E found by power iteration on ``J^T J``
         (:func:`lipbound.numeric.attention.jacobian_norm`): a lower bound on the Lipschitz constant."""
-        sigma, _ = attention.jacobian_norm(lambda Z, E: attention.self_jvp(self.evaluated, Z, E),
-                                           lambda Z, G: attention.self_vjp(self.evaluated, Z, G),
+        sigma, _ = attention.jacobian_norm(lambda Z, E: attention.self_jvp(self.head, Z, E),
+                                           lambda Z, G: attention.self_vjp(self.head, Z, G),
                                            np.asarray(X, dtype=float)[None], iterations=iterations, seed=seed)
         return float(sigma[0])
 
 
-def _certify(head: attention.Head, n: int) -> float:
-    # The global bound has no radius: the domain object only fixes the (absent) centre.
-    return evaluate_bound(_global_bound(), head, NumericDomain.ball(1.0), n).upper
+def _certify(head: Head, n: int) -> float:
+    return evaluate_bound(_global_bound(), head, AllTokens(), n).value
 
 
 def _check_layer(bert, layer) -> None:
-    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 1 <= layer <= bert.num_layers:
-        raise AssumptionError("layer", f"a layer number between 1 and {bert.num_layers}", repr(layer),
-                              "pass e.g. layer=1")
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < bert.num_layers:
+        raise AssumptionError("--layer", f"a layer between 0 and {bert.num_layers - 1} (counted from 0)", repr(layer),
+                              "pass e.g. --layer 0")
 
 
-def tied_l2_block(model=None, *, layer: int = 1, head: int = 1, n: int = 8, certified: float = 0.5) -> TiedL2Block:
+def tied_l2_block(model=None, *, layer: int = 0, head: int = 0, n: int = 8, certified: float = 0.5) -> TiedL2Block:
     """The tied L2 block of the module docstring, built from head ``head`` of layer ``layer``
-    (both 1-based) and rescaled so that its certified constant for n tokens is ``certified``.
+    (both counted from 0) and rescaled so that its certified constant for n tokens is ``certified``.
 
     The bound is linear in ``||W^T W_V||``, so one evaluation at ``t = 1`` gives the factor; the
     rescaled block is certified again (the returned ``certified`` is that second value, equal to
@@ -146,23 +139,24 @@ def tied_l2_block(model=None, *, layer: int = 1, head: int = 1, n: int = 8, cert
     AssumptionError
         Layer or head out of range, ``n < 1``, ``certified <= 0``.
     """
-    bert = load_model(model)
+    bert = load_text_model(model)
     _check_layer(bert, layer)
-    heads = bert.heads(layer - 1)
-    if isinstance(head, bool) or not isinstance(head, (int, np.integer)) or not 1 <= head <= len(heads):
-        raise AssumptionError("head", f"a head number between 1 and {len(heads)}", repr(head), "pass e.g. head=1")
+    heads = bert.heads(layer)
+    if isinstance(head, bool) or not isinstance(head, (int, np.integer)) or not 0 <= head < len(heads):
+        raise AssumptionError("--head", f"a head between 0 and {len(heads) - 1} (counted from 0)", repr(head),
+                              "pass e.g. --head 0")
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise AssumptionError("n", "a positive int (tokens)", repr(n), "pass the sentence length")
     finite = isinstance(certified, (int, float)) and not isinstance(certified, bool) and math.isfinite(certified)
     if not (finite and certified > 0):
         raise AssumptionError("certified", "a positive finite constant", repr(certified),
                               "pass e.g. 0.5 for a contraction, 64 to see divergence")
-    real = heads[head - 1]
-    W_O = bert.attention_layer(layer - 1).W_O[(head - 1) * real.d_v:head * real.d_v]
+    real = heads[head]
+    W_O = bert.attention_layer(layer).output_block(head)
     values, offset = real.W_V @ W_O, real.b_V @ W_O
 
-    def build(factor: float) -> attention.Head:
-        return attention.Head(real.W_Q, real.W_Q, factor * values, b_V=offset, score="l2", kim_values=True,
+    def build(factor: float) -> Head:
+        return Head(real.W_Q, real.W_Q, factor * values, b_V=offset, score="l2", kim_values=True,
                               name=f"tied L2 from layer {layer} head {head}")
 
     factor = float(certified) / _certify(build(1.0), int(n))
@@ -258,8 +252,8 @@ def _run(kind: str, step, X0: np.ndarray, scale: float, certified: float, steps:
                 rate = interval((max(difference - slack, 0.0), difference + slack)) / \
                     interval((previous - slack, previous + slack))
                 answer = certify_le(rate, certified)
-                violations += answer is Truth.FALSE
-                undecided += answer is Truth.UNKNOWN
+                violations += answer is Verdict.FAILS
+                undecided += answer is Verdict.UNKNOWN
         if difference <= _CONVERGED * scale:
             status = "converged"
             break
@@ -399,7 +393,7 @@ class DepthReport:
 
 
 def depth_experiment(scale: float = 0.5, *, steps: int = 100, sentence: str = DEFAULT_SENTENCE, model=None,
-                     layer: int = 1, head: int = 1) -> DepthReport:
+                     layer: int = 0, head: int = 0) -> DepthReport:
     """Build the tied L2 block with certified constant ``scale`` for the tokens of ``sentence``,
     invert ``X + Att(X)`` at the sentence's input of layer ``layer`` and iterate ``Att`` from it.
 
@@ -409,9 +403,9 @@ def depth_experiment(scale: float = 0.5, *, steps: int = 100, sentence: str = DE
     """
     if not isinstance(sentence, str) or not sentence.strip():
         raise AssumptionError("sentence", "a non-empty sentence", repr(sentence), f"pass e.g. {DEFAULT_SENTENCE!r}")
-    bert = load_model(model)
+    bert = load_text_model(model)
     _check_layer(bert, layer)
-    X = bert.hidden_states(bert.encode(sentence))[layer - 1]
+    X = bert.hidden_states(bert.encode(sentence))[layer]
     block = tied_l2_block(bert, layer=layer, head=head, n=X.shape[0], certified=scale)
     Y = X + block(X)
     return DepthReport(sentence, X.shape[0], X.shape[1], float(scale), block, block.witness(X),
@@ -431,60 +425,3 @@ def sweep_table(reports) -> str:
         lines.append(f"{r.certified:11.4g} {r.witness:8.4g} {r.inverse.status:>10s} {r.inverse.mean_rate:7.3f} "
                      f"{r.forward.status:>10s} {r.forward.mean_rate:7.3f} {r.rate_violations:10d}")
     return "\n".join(lines)
-
-
-# Command line -------------------------------------------------------------------------------------
-def add_depth_parser(subparsers) -> None:
-    """Register ``lipbound depth [--scale S] [--steps K] [--json FILE] [--plot FILE]`` (handler:
-    :func:`depth_command`)."""
-    parser = subparsers.add_parser(
-        "depth", help="weight-shared iteration of a certified tied-L2 block: inversion and fixed points",
-        description="Rescale a tied L2 attention block built from real weights to a certified Lipschitz "
-                    "constant S, invert X + Att(X) by fixed-point iteration and iterate X -> Att(X); "
-                    "measured contraction rates are checked against S.")
-    parser.add_argument("--scale", default="0.5",
-                        help="certified constant(s) of the block: S, or a comma list for a sweep (default 0.5)")
-    parser.add_argument("--steps", type=int, default=100, help="iteration budget (default 100)")
-    parser.add_argument("--sentence", default=DEFAULT_SENTENCE, help="text whose hidden states are iterated")
-    parser.add_argument("--layer", type=int, default=1, help="1-based layer of the source head and of the inputs")
-    parser.add_argument("--head", type=int, default=1, help="1-based source head")
-    parser.add_argument("--json", metavar="FILE", help="write the report(s) as JSON")
-    parser.add_argument("--plot", metavar="FILE", help="save the convergence plot (first scale)")
-    parser.add_argument("--model", metavar="DIR", help="a BERT checkpoint directory (default: all-MiniLM-L6-v2)")
-    parser.set_defaults(handler=depth_command)
-
-
-def _scales(text: str) -> tuple[float, ...]:
-    values = []
-    for part in str(text).split(","):
-        try:
-            value = float(part)
-        except ValueError:
-            value = float("nan")
-        if not (math.isfinite(value) and value > 0):
-            raise AssumptionError("--scale", "positive numbers, e.g. 0.5 or 0.5,16,64", repr(text),
-                                  "write the certified constant(s) of the block")
-        values.append(value)
-    return tuple(values)
-
-
-def depth_command(args) -> int:
-    """Run :func:`depth_experiment` for parsed arguments; print the tables.  Exit status 3 when a
-    measured rate exceeds its certified constant."""
-    scales = _scales(args.scale)
-    reports = scale_sweep(scales, steps=args.steps, sentence=args.sentence, model=args.model,
-                          layer=args.layer, head=args.head)
-    for report in reports:
-        print(report.table())
-        print()
-    if len(reports) > 1:
-        print(sweep_table(reports))
-        print(f"violations: {sum(r.rate_violations for r in reports)}")
-    if args.json:
-        payload = reports[0].to_json() if len(reports) == 1 else [r.to_json() for r in reports]
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=2)
-    if args.plot:
-        reports[0].plot(args.plot)
-    return 3 if any(r.rate_violations for r in reports) else 0
-

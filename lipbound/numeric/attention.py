@@ -16,140 +16,14 @@ over the leading axis, with no explicit Jacobian.
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, field, replace
-from typing import final
-
 import numpy as np
 
 from ..errors import WeightsError
+from .model.components import Head, Layer
 
-__all__ = ["Head", "Layer", "SCORES", "self_forward", "self_jvp", "self_vjp",
+__all__ = ["self_forward", "self_jvp", "self_vjp",
            "cross_forward", "cross_jvp", "cross_vjp", "layer_forward", "layer_jvp", "layer_vjp",
            "jacobian_norm", "dense_jacobian"]
-
-SCORES = ("dot", "l2", "cosine")
-
-
-@final
-@dataclass(frozen=True)
-class Head:
-    """One attention head.
-
-    Parameters
-    ----------
-    W_Q, W_K : ndarray, shape (d, d_k)
-    W_V : ndarray, shape (d, d_v)
-        Value weights: ``v(y) = y W_V + b_V``, or with ``kim_values`` the values go through
-        ``A`` as in Kim et al. (2021): ``v(y) = y W_Q W_Q^T W_V / sqrt(d_k) + b_V``.
-        :attr:`V` is the matrix actually applied.
-    b_Q, b_K : ndarray, shape (d_k,), optional
-    b_V : ndarray, shape (d_v,), optional
-    score : {"dot", "l2", "cosine"}
-    tau, eps : float
-        Temperature and regulariser of the cosine score.
-    causal : bool
-        Row i attends to keys 1..i (self-attention only).
-    kim_values : bool
-        Values through ``A = W_Q W_Q^T / sqrt(d_k)`` (tied L2 attention of Kim et al.).
-    """
-
-    W_Q: np.ndarray
-    W_K: np.ndarray
-    W_V: np.ndarray
-    b_Q: np.ndarray | None = None
-    b_K: np.ndarray | None = None
-    b_V: np.ndarray | None = None
-    score: str = "dot"
-    tau: float = 1.0
-    eps: float = 1.0
-    causal: bool = False
-    kim_values: bool = False
-    name: str = field(default="", compare=False)
-
-    def __post_init__(self):
-        if self.score not in SCORES:
-            raise WeightsError("score", f"one of {SCORES}", repr(self.score), "pick a built-in score")
-        if self.kim_values and self.score != "l2":
-            raise WeightsError("kim_values", "score 'l2' (values through A belong to Kim et al.'s L2 attention)",
-                               f"score {self.score!r}", "set score='l2' or kim_values=False")
-        for key in ("W_Q", "W_K", "W_V"):
-            value = np.asarray(getattr(self, key), dtype=float)
-            if value.ndim != 2:
-                raise WeightsError(key, "a 2-d array (d, d_k)", f"shape {value.shape}", "pass a matrix")
-            if not np.all(np.isfinite(value)):
-                raise WeightsError(key, "finite entries", "NaN or Inf", "check the checkpoint")
-            object.__setattr__(self, key, value)
-        d, d_k = self.W_Q.shape
-        if self.W_K.shape != (d, d_k):
-            raise WeightsError("W_K", f"shape {(d, d_k)} like W_Q", f"shape {self.W_K.shape}",
-                               "query and key projections must have the same shape")
-        if self.W_V.shape[0] != d:
-            raise WeightsError("W_V", f"{d} rows (the token width)", f"shape {self.W_V.shape}",
-                               "transpose Hugging Face weights: W = weight.T")
-        for key, size in (("b_Q", d_k), ("b_K", d_k), ("b_V", self.W_V.shape[1])):
-            value = getattr(self, key)
-            value = np.zeros(size) if value is None else np.asarray(value, dtype=float)
-            if value.shape != (size,):
-                raise WeightsError(key, f"shape ({size},)", f"shape {value.shape}", "check the bias slice")
-            if not np.all(np.isfinite(value)):
-                raise WeightsError(key, "finite entries", "NaN or Inf", "check the checkpoint")
-            object.__setattr__(self, key, value)
-
-    @property
-    def d(self) -> int:
-        return self.W_Q.shape[0]
-
-    @property
-    def d_k(self) -> int:
-        return self.W_Q.shape[1]
-
-    @property
-    def d_v(self) -> int:
-        return self.W_V.shape[1]
-
-    @property
-    def A(self) -> np.ndarray:
-        """``A = W_Q W_K^T / sqrt(d_k)``, shape (d, d)."""
-        return self.W_Q @ self.W_K.T / np.sqrt(self.d_k)
-
-    @functools.cached_property
-    def V(self) -> np.ndarray:
-        """The value matrix actually applied, shape (d, d_v) (computed once)."""
-        if self.kim_values:
-            return self.W_Q @ (self.W_Q.T @ self.W_V) / np.sqrt(self.d_k)
-        return self.W_V
-
-    def with_kim_values(self) -> "Head":
-        """The same head with values through A, as in Kim et al. (2021)."""
-        return replace(self, kim_values=True)
-
-
-@final
-@dataclass(frozen=True)
-class Layer:
-    """Multi-head attention: ``F(X) = [f^1(X), ..., f^H(X)] W_O + b_O`` (plus X if residual).
-
-    ``W_O`` has shape (H * d_v, d).
-    """
-
-    heads: tuple[Head, ...]
-    W_O: np.ndarray
-    b_O: np.ndarray | None = None
-    residual: bool = False
-
-    def __post_init__(self):
-        W_O = np.asarray(self.W_O, dtype=float)
-        width = sum(h.d_v for h in self.heads)
-        if W_O.ndim != 2 or W_O.shape[0] != width:
-            raise WeightsError("W_O", f"shape ({width}, d)", f"shape {W_O.shape}",
-                               "the output projection takes the concatenated heads")
-        if not np.all(np.isfinite(W_O)):
-            raise WeightsError("W_O", "finite entries", "NaN or Inf", "check the checkpoint")
-        object.__setattr__(self, "W_O", W_O)
-        b_O = np.zeros(W_O.shape[1]) if self.b_O is None else np.asarray(self.b_O, dtype=float)
-        object.__setattr__(self, "b_O", b_O)
-        object.__setattr__(self, "heads", tuple(self.heads))
 
 
 # Scores ---------------------------------------------------------------------

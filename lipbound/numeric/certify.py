@@ -1,119 +1,87 @@
-"""Certified Lipschitz constants of real heads and layers, from the symbolic bounds.
+"""Certified Lipschitz constants of real heads and layers, from the symbolic theorems.
 
-A head's constant is the symbolic bound of its variant (derived once, with the
-head's biases) evaluated rigorously on its weights
-(:func:`~lipbound.numeric.evaluate.evaluate_bound`).  A multi-head layer
-``F(X) = sum_h f^h(X) W_O^h`` (``W_O^h`` the rows of ``W_O`` that read head h)
-composes per-head constants with the per-head blocks of ``W_O``, which is sharper
-than ``||W_O|| sqrt(H) max_h L_h`` of the symbolic multi-head theorem:
+A head's constant is the bound of the theorem that covers it (:mod:`lipbound.numeric.dispatch`:
+its score, biases, tying, values and mask select the variant), derived on the domain's
+symbolic form and evaluated rigorously on its weights (:func:`~lipbound.numeric.evaluate.evaluate_bound`).
 
-* Frobenius: ``min(||W_O|| (sum_h L_h^2)^(1/2), sum_h ||W_O^h|| L_h)``;
-* (2,1), (2,inf), W1: ``sum_h ||W_O^h|| L_h`` (per token ``||sum_h u_h W_O^h|| <=
-  sum_h ||W_O^h|| ||u_h||``), and ``||W_O|| (sum_h L_h^2)^(1/2)`` for (2,inf).
-
-Every number is an upper end of an interval enclosure.
+A multi-head layer ``F(X) = sum_h f^h(X) W_O^h`` (``W_O^h`` the rows of ``W_O`` that read head h)
+composes the per-head constants by the rule of :func:`lipbound.symbolic.theorems.compose_heads`
+(per token ``||sum_h u_h W_O^h|| <= sum_h ||W_O^h|| ||u_h||``, and in Frobenius and (2,inf) also
+``||W_O|| (sum_h L_h^2)^(1/2)``), evaluated in interval arithmetic; a residual layer adds 1 and the
+l_inf norm on vec(X) goes through the (2,inf) constant times ``sqrt(d)`` (the same theorems).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import final
-
-from mpmath import iv
-
-from ..assumptions import Assumptions, Ball, LayerNormImage
 from ..errors import AssumptionError
-from ..symbolic.registry import variant
-from . import attention
-from .evaluate import NumericDomain, evaluate_bound
-from .rigorous import interval, spectral_norm_upper, upper
+from ..rigorous.compiler import compile_interval
+from ..rigorous.intervals import Verdict, interval, upper
+from ..rigorous.linalg import spectral_norm_upper
+from ..rigorous.value import CertifiedValue, not_certified
+from ..symbolic import theorems as T
+from .dispatch import derive_for
+from .domains import TokenDomain
+from .evaluate import evaluate_bound
+from .model import Head, Layer, TransformerLayer
 
-__all__ = ["CertifiedConstant", "head_constant", "layer_constant", "output_blocks", "compose_heads", "HEAD_VARIANT"]
+__all__ = ["head_constant", "layer_constant", "output_blocks", "NORMS"]
 
-#: norm key -> the registry variant whose bound certifies a single real (biased) head
-HEAD_VARIANT = {"fro": "dot-product", "2,1": "dot-product", "2,inf": "dot-product", "inf": "dot-product",
-                "w1": "measure-w1"}
-
-
-@final
-@dataclass(frozen=True)
-class CertifiedConstant:
-    """A certified upper bound on a Lipschitz constant.
-
-    Attributes
-    ----------
-    value : float
-        The certified upper end.
-    name : str
-        What it is (``"dot-product (fro)"``, ``"layer (2,1), per-head W_O blocks"``).
-    norm : str
-    per_head : tuple of float
-        The per-head constants a layer constant was composed from (empty for a head).
-    provenance : str
-        ``"derived"`` for lipbound's theorems.
-    """
-
-    value: float
-    name: str
-    norm: str
-    per_head: tuple = ()
-    provenance: str = "derived"
-    details: dict = field(default_factory=dict, compare=False)
+#: norm key -> meaning, for heads and layers (``w1``: uniform empirical measures of n atoms)
+NORMS = {"fro": "Frobenius", "2,1": "(2,1)", "2,inf": "(2,inf)", "inf": "l_inf on vec(X)", "w1": "Wasserstein-1"}
 
 
-def _domain_key(domain: NumericDomain):
-    return LayerNormImage() if domain.gamma_max is not None else Ball()
+def _check_norm(norm: str) -> str:
+    if norm not in NORMS:
+        raise AssumptionError("--norm", f"one of {', '.join(NORMS)}", repr(norm), "e.g. --norm fro")
+    return norm
 
 
-def head_constant(head: attention.Head, norm: str, domain: NumericDomain, n: int,
-                  variant_name: str | None = None) -> CertifiedConstant:
-    """The certified constant of one head (Frobenius, (2,1), (2,inf), l_inf on vec, or W1
-    on uniform measures of n atoms) on the domain."""
-    name = variant_name or HEAD_VARIANT.get(norm)
-    if name is None:
-        raise AssumptionError("norm", f"one of {sorted(HEAD_VARIANT)}", repr(norm), "pick a supported norm")
-    if head.causal and name == "dot-product":
-        name = "causal"
-    bound = variant(name).derive(Assumptions(domain=_domain_key(domain), norm=norm), name)
-    evaluation = evaluate_bound(bound, head, domain, n)
-    return CertifiedConstant(evaluation.upper, f"{name} ({norm})", norm, details={"float": evaluation.float_value})
+def head_constant(head: Head, norm: str, domain: TokenDomain, n: int, *, m: int | None = None,
+                  role: str = "self") -> CertifiedValue:
+    """The certified constant of one head in ``norm`` on ``domain`` (n tokens; m queries for
+    cross-attention in ``role``), by the theorem that covers the head."""
+    norm = _check_norm(norm)
+    bound = derive_for(head, domain.assumption, "fro" if norm == "w1" else norm, role, measure=norm == "w1")
+    value = evaluate_bound(bound, head, domain, n, m=m, name="derived")
+    return value.renamed("derived", provenance=f"lipbound theorem {bound.theorem} ({bound.variant}, {NORMS[norm]})")
 
 
-def output_blocks(layer) -> list[float]:
+def output_blocks(layer: Layer | TransformerLayer) -> list[float]:
     """Certified ``||W_O^h||_2`` for the rows of ``W_O`` that read each head."""
-    blocks, start = [], 0
-    for head in layer.heads:
-        blocks.append(spectral_norm_upper(layer.W_O[start:start + head.d_v]))
-        start += head.d_v
-    return blocks
+    attention = layer.attention if isinstance(layer, TransformerLayer) else layer
+    return [spectral_norm_upper(attention.output_block(h)) for h in range(attention.num_heads)]
 
 
-def compose_heads(per_head, blocks, norm: str, residual: bool = False, whole_output_norm: float | None = None) -> float:
-    """The composition rule of a multi-head layer, written once (certified, interval arithmetic).
+def _compose(per_head: list[float], blocks: list[float], whole: float, norm: str, residual: bool, d: int) -> float:
+    """Evaluate the composition theorem of :mod:`lipbound.symbolic.theorems` on certified numbers."""
+    theorem = T.compose_heads(len(per_head), "2,inf" if norm == "inf" else norm)
+    statement = theorem.statement
+    if norm == "inf":
+        statement = T.vector_infinity(theorem).statement
+    if residual:
+        statement = T.residual(T.Theorem(theorem.id, theorem.title, statement, theorem.proof)).statement
+    values = {**{str(s): interval(v) for s, v in zip(T.head_constants(len(per_head)), per_head)},
+              **{str(s): interval(v) for s, v in zip(T.block_norms(len(per_head)), blocks)},
+              "W_O": interval(whole), "d": interval(d)}
+    symbols = sorted(statement.free_symbols, key=str)
+    return upper(compile_interval(statement, symbols)(*[values[str(s)] for s in symbols]))
 
-    ``sum_h ||W_O^h|| L_h`` in every norm (per token ``||sum_h u_h W_O^h|| <= sum_h ||W_O^h|| ||u_h||``);
-    for Frobenius and (2,inf) also ``||W_O|| (sum_h L_h^2)^(1/2)`` when ``whole_output_norm`` is given,
-    and the smaller is kept; plus 1 for a residual layer.
-    """
-    L = [interval(v) for v in per_head]
-    value = upper(sum((interval(b) * l for b, l in zip(blocks, L)), interval(0)))
-    if whole_output_norm is not None and norm in ("fro", "2,inf"):
-        value = min(value, upper(interval(whole_output_norm) * iv.sqrt(sum((l * l for l in L), interval(0)))))
-    return upper(interval(value) + 1) if residual else value
 
-
-def layer_constant(layer, norm: str, domain: NumericDomain, n: int, residual: bool = False) -> CertifiedConstant:
-    """The certified constant of a multi-head layer (``attention.Layer`` or ``LayerWeights``),
-    composed from per-head constants and the per-head blocks of ``W_O`` (:func:`compose_heads`)."""
-    heads = layer.heads
-    blocks = output_blocks(layer)
-    whole = spectral_norm_upper(layer.W_O)
-    if norm == "inf":  # through (2,inf) and norm equivalence: ||X||_{2,inf} <= sqrt(d) ||vec X||_inf
-        per_head = [head_constant(h, "2,inf", domain, n).value for h in heads]
-        value = upper(interval(compose_heads(per_head, blocks, "2,inf", False, whole)) * iv.sqrt(interval(heads[0].d)))
-        value = upper(interval(value) + 1) if residual else value
-    else:
-        per_head = [head_constant(h, norm, domain, n).value for h in heads]
-        value = compose_heads(per_head, blocks, norm, residual, whole)
-    return CertifiedConstant(value, f"layer ({norm}), per-head W_O blocks" + (", residual" if residual else ""),
-                             norm, tuple(per_head), details={"W_O_blocks": tuple(blocks)})
+def layer_constant(layer: TransformerLayer | Layer, norm: str, domain: TokenDomain, n: int,
+                   residual: bool = False) -> CertifiedValue:
+    """The certified constant of a multi-head layer, composed from its heads' constants and the
+    per-head blocks of ``W_O`` (plus the identity when ``residual``)."""
+    norm = _check_norm(norm)
+    attention = layer.attention if isinstance(layer, TransformerLayer) else layer
+    head_norm = "2,inf" if norm == "inf" else norm
+    per_head = [head_constant(h, head_norm, domain, n) for h in attention.heads]
+    failed = next((v for v in per_head if not v.certified), None)
+    if failed is not None:
+        return not_certified("derived", "per-head theorems composed with the W_O blocks", f"a head: {failed.reason}")
+    blocks = output_blocks(attention)
+    whole = spectral_norm_upper(attention.W_O)
+    value = _compose([v.value for v in per_head], blocks, whole, norm, residual, attention.d)
+    return CertifiedValue("derived", value, Verdict.HOLDS,
+                          "per-head theorems composed with the W_O blocks (theorem multi-head-composition)"
+                          + (", residual" if residual else ""),
+                          details={"per_head": [v.value for v in per_head], "W_O_blocks": blocks, "W_O": whole})

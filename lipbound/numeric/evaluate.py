@@ -1,139 +1,42 @@
 """Evaluate a symbolic :class:`~lipbound.symbolic.bound.Bound` on concrete weights, rigorously.
 
 Every free symbol of the bound receives an interval that provably contains its value on
-the given weights and domain (:func:`symbol_intervals`): sizes exactly, radii rounded
-up, norm symbols ``||M||_2`` through certified two-sided bounds
-(:mod:`lipbound.numeric.rigorous`: a floating-point Cholesky certificate above, ``||M v||``
-below, with the rounding of every matrix product bounded).  The closed form is then
-evaluated in ``mpmath.iv`` interval arithmetic (:func:`evaluate_bound`); the upper end
-of the result is a certified upper bound on the Lipschitz constant the bound states.
+the given weights and domain (:func:`symbol_intervals`): sizes exactly, the domain's radius and
+LayerNorm gain from the :class:`~lipbound.numeric.domains.TokenDomain`, norm symbols ``||M||_2``
+through certified two-sided bounds (:mod:`lipbound.rigorous.linalg`).  The closed form is then
+compiled by :func:`lipbound.rigorous.compiler.compile_interval` and evaluated in interval
+arithmetic (:func:`evaluate_bound`); the upper end of the result is a certified upper bound on
+the Lipschitz constant the bound states.  A bound is evaluated only on heads its theorem covers
+(:func:`lipbound.numeric.dispatch.check_covers`).
 
-Conventions of the symbols (lipbound.symbolic.symbols): ``A = W_Q W_K^T / sqrt(d_k)``;
+Conventions of the symbols (:mod:`lipbound.symbolic.symbols`): ``A = W_Q W_K^T / sqrt(d_k)``;
 ``W`` is the tied projection (``W_Q = W_K``); ``W_O`` is the whole output projection of a
-layer; ``c`` is the centre of the domain (0 when it has none).  Matrices are read off the
-head as they are: for Kim et al.'s L2 values the bound itself contains ``W W^T W_V``, so pass
-the head with its plain ``W_V`` (not :meth:`~lipbound.numeric.attention.Head.kim_values`).
+layer; ``c`` is the centre of the domain.  Matrices are read off the head as they are: for Kim
+et al.'s L2 values the bound itself contains ``W W^T W_V``, so the head's raw ``W_V`` is used.
 For a multi-head layer a per-head symbol takes the maximum over heads, as the multi-head
-theorem states; this is sound because the bound is checked to be increasing in each such
-symbol.
+theorem states; this is sound because the bound is checked to be increasing in each such symbol.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
-from typing import final
 
 import mpmath
 import numpy as np
 import sympy as sp
 
-from ..assumptions import Truth
 from ..errors import AssumptionError, NotCertifiedError
+from ..rigorous.compiler import compile_interval
+from ..rigorous.intervals import Verdict, interval, lower, upper
+from ..rigorous.linalg import Enclosure, product_norm_interval
+from ..rigorous.value import CertifiedValue, not_certified
 from ..symbolic import symbols as S
 from ..symbolic.bound import Bound
-from . import attention
-from .rigorous import (MatrixEnclosure, interval, interval_lambdify, lower, product_norm_interval, upper,
-                       vector_norm_upper)
-from .weights import LayerNormParams, LayerWeights
+from .dispatch import check_covers
+from .domains import TokenDomain
+from .model import Head, Layer, TransformerLayer
 
-__all__ = ["NumericDomain", "Evaluation", "symbol_intervals", "evaluate_bound", "is_increasing"]
-
-
-@final
-@dataclass(frozen=True)
-class NumericDomain:
-    """Where the tokens live, numerically: every token within ``radius`` of ``center``.
-
-    Parameters
-    ----------
-    radius : float
-        ``R``, taken as exact (constructors below round up).
-    center : ndarray of shape (d,) or None
-        The centre ``c`` (None: the origin).
-    gamma_max : float or None
-        ``||gamma||_inf`` when the tokens are LayerNorm outputs ``gamma * z + c``,
-        ``z`` orthogonal to 1, ``||z|| <= sqrt(d)`` (the LayerNormImage domain).
-    """
-
-    radius: float
-    center: np.ndarray | None = None
-    gamma_max: float | None = None
-
-    def __post_init__(self):
-        radius = float(self.radius)
-        if not (np.isfinite(radius) and radius > 0):
-            raise AssumptionError("radius", "a positive finite float", repr(self.radius),
-                                  "give the radius of a ball holding every token, e.g. NumericDomain.ball(20.25)")
-        object.__setattr__(self, "radius", radius)
-        if self.center is not None:
-            center = np.asarray(self.center, dtype=np.float64)
-            if center.ndim != 1 or not np.all(np.isfinite(center)):
-                raise AssumptionError("center", "a finite 1-d array (d,)", f"shape {center.shape}",
-                                      "pass the centre as a vector, e.g. the LayerNorm bias")
-            object.__setattr__(self, "center", center)
-        if self.gamma_max is not None:
-            gamma_max = float(self.gamma_max)
-            if not (np.isfinite(gamma_max) and gamma_max > 0):
-                raise AssumptionError("gamma_max", "a positive finite float or None", repr(self.gamma_max),
-                                      "use NumericDomain.from_layernorm(ln, about='center')")
-            object.__setattr__(self, "gamma_max", gamma_max)
-
-    @classmethod
-    def ball(cls, R: float, center: np.ndarray | None = None) -> "NumericDomain":
-        """Every token in the closed ball of radius R about ``center`` (default: the origin)."""
-        return cls(radius=R, center=center)
-
-    @classmethod
-    def from_layernorm(cls, ln: LayerNormParams, about: str = "origin") -> "NumericDomain":
-        """The outputs of LayerNorm ``ln``.
-
-        ``about="origin"``: the ball about 0 of radius ``max|gamma| sqrt(d) + ||beta||``
-        (what DESIGN.md calls the LayerNorm radius).  ``about="center"``: the ball about
-        ``beta`` of radius ``max|gamma| sqrt(d)``, with ``gamma_max`` set, which is also
-        the LayerNormImage domain of the symbolic layer.  Radii are rounded up.
-        """
-        if not isinstance(ln, LayerNormParams):
-            raise AssumptionError("ln", "a LayerNormParams", type(ln).__name__,
-                                  "take it from LayerWeights.ln_in")
-        if about == "origin":
-            return cls(radius=ln.radius_about_origin)
-        if about == "center":
-            return cls(radius=ln.radius_about_center, center=ln.beta, gamma_max=ln.gamma_max)
-        raise AssumptionError("about", "'origin' or 'center'", repr(about), "choose one of the two")
-
-    def radius_about_origin(self):
-        """Interval enclosing ``radius + ||center||``, the radius of a ball about 0 holding the domain."""
-        if self.center is None:
-            return interval(self.radius)
-        return interval(self.radius) + interval(vector_norm_upper(self.center))
-
-
-@final
-@dataclass(frozen=True)
-class Evaluation:
-    """A bound evaluated on weights.
-
-    Attributes
-    ----------
-    upper : float
-        Certified upper bound on the bound's value (``inf`` when not certified).
-    interval : tuple of float
-        Enclosure ``(lo, hi)`` of the bound's value at the (enclosed) symbol values.
-    float_value : float
-        Plain double-precision evaluation (numpy) at the norm estimates (the midpoints of the
-        enclosures) -- what a non-rigorous computation reports; not certified.
-    certified : bool
-        Whether the interval evaluation gave a finite enclosure.
-    symbols : dict of str to (float, float)
-        The enclosure used for every symbol.
-    """
-
-    upper: float
-    interval: tuple[float, float]
-    float_value: float
-    certified: bool
-    symbols: dict = field(default_factory=dict, compare=False)
+__all__ = ["symbol_intervals", "evaluate_bound", "is_increasing"]
 
 
 # Norm symbols -------------------------------------------------------------------------------
@@ -172,29 +75,29 @@ def _uses(matrix: sp.MatrixExpr, symbol: sp.MatrixSymbol) -> bool:
 class _Environment:
     """Exact float matrices for the symbols of one head (and the layer's W_O, the centre)."""
 
-    def __init__(self, head: attention.Head | None, layer, center: np.ndarray, sizes: dict):
+    def __init__(self, head: Head | None, layer, center: np.ndarray, sizes: dict):
         self.head, self.layer, self.center, self.sizes = head, layer, center, sizes
 
-    def matrix(self, name: str) -> MatrixEnclosure:
+    def matrix(self, name: str) -> Enclosure:
         if name == "W_O":
             if self.layer is None:
                 raise AssumptionError("W_O", "a layer with an output projection", "a single head",
-                                      "pass layer=LayerWeights(...) (or evaluate the single-head bound)")
-            return MatrixEnclosure.exact(self.layer.W_O)
+                                      "pass layer=TransformerLayer(...) (or evaluate the single-head bound)")
+            return Enclosure.exact(self.layer.W_O)
         if name == "c":
-            return MatrixEnclosure.exact(self.center)
+            return Enclosure.exact(self.center)
         head = self.head
         if name == "W":
             if not np.array_equal(head.W_Q, head.W_K):
                 raise AssumptionError("W", "a head with tied weights W_Q = W_K", f"the untied head {head.name!r}",
                                       "this bound is for tied (L2) attention; evaluate it on a tied head")
-            return MatrixEnclosure.exact(head.W_Q)
+            return Enclosure.exact(head.W_Q)
         if name in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V"):
-            return MatrixEnclosure.exact(getattr(head, name))
+            return Enclosure.exact(getattr(head, name))
         raise AssumptionError(name, "a weight, bias or the centre c", f"the matrix symbol {name}",
                               "norm symbols may not involve the tokens x, y")
 
-    def enclose(self, expr: sp.MatrixExpr) -> MatrixEnclosure:
+    def enclose(self, expr: sp.MatrixExpr) -> Enclosure:
         """Evaluate a matrix expression with a rigorous elementwise error bound."""
         if isinstance(expr, sp.MatrixSymbol):
             return self.matrix(expr.name)
@@ -217,6 +120,16 @@ class _Environment:
 
 
     def norm_interval(self, expr: sp.MatrixExpr):
+        """Interval enclosing ``||expr||_2``, computed once per head (and centre) and kept on the head."""
+        if self.head is None or _uses(expr, S.W_O):
+            return self._norm_interval(expr)
+        key = (str(expr), self.center.tobytes() if _uses(expr, S.c) else None)
+        cache = self.head.norm_cache
+        if key not in cache:
+            cache[key] = self._norm_interval(expr)
+        return cache[key]
+
+    def _norm_interval(self, expr: sp.MatrixExpr):
         """Interval enclosing ``||expr||_2`` (Euclidean for a vector).  A product of two factors
         goes through :func:`product_norm_interval`, which never forms a low-rank product."""
         if isinstance(expr, sp.MatMul):
@@ -228,7 +141,7 @@ class _Environment:
         return self.enclose(expr).norm_interval()
 
 
-def _chain(factors: list) -> MatrixEnclosure:
+def _chain(factors: list) -> Enclosure:
     """The product of the factors in the cheapest order (matrix-chain dynamic programme): the
     error bound holds for any order, and ``W (W^T W_V)`` costs far less than ``(W W^T) W_V``."""
     dims = [factors[0].shape[0]] + [f.shape[1] for f in factors]
@@ -259,66 +172,66 @@ def _scalar_interval(expr: sp.Expr, sizes: dict):
 
 @functools.lru_cache(maxsize=256)
 def _constant_interval(expr: sp.Expr):
-    return interval(interval_lambdify([], expr)())  # an integer constant comes back as an int
+    return compile_interval(expr, [])()
 
 
 # Monotonicity ----------------------------------------------------------------------------------
-def _all(truths) -> Truth:
+def _all(truths) -> Verdict:
     truths = list(truths)
-    return Truth.TRUE if all(t is Truth.TRUE for t in truths) else Truth.UNKNOWN
+    return Verdict.HOLDS if all(t is Verdict.HOLDS for t in truths) else Verdict.UNKNOWN
 
 
-def is_increasing(expr: sp.Expr, symbol: sp.Symbol) -> Truth:
+def is_increasing(expr: sp.Expr, symbol: sp.Symbol) -> Verdict:
     """Whether ``expr`` is non-decreasing in ``symbol`` over the symbols' assumed ranges.
 
     A syntactic, sound check: sums, products of non-negative factors, positive powers,
     ``exp, log, sqrt, LambertW, Min, Max`` and lipbound's ``kappa`` (increasing in both
-    arguments) of increasing arguments.  ``Truth.UNKNOWN`` when the rules do not apply.
+    arguments) of increasing arguments.  ``Verdict.UNKNOWN`` when the rules do not apply.
     """
     expr = sp.sympify(expr)
     if symbol not in expr.free_symbols or expr == symbol:
-        return Truth.TRUE
+        return Verdict.HOLDS
     if isinstance(expr, (sp.Add, sp.Min, sp.Max)):
         return _all(is_increasing(a, symbol) for a in expr.args)
     if isinstance(expr, sp.Mul):
         if any(factor.is_nonnegative is not True for factor in expr.args):
-            return Truth.UNKNOWN
+            return Verdict.UNKNOWN
         return _all(is_increasing(a, symbol) for a in expr.args)
     if isinstance(expr, sp.Pow):
         base, exponent = expr.args
         if symbol not in exponent.free_symbols:
             if exponent.is_positive and base.is_nonnegative:
                 return is_increasing(base, symbol)
-            return Truth.UNKNOWN
+            return Verdict.UNKNOWN
         if symbol not in base.free_symbols and (base - 1).is_nonnegative:
             return is_increasing(exponent, symbol)
-        return Truth.UNKNOWN
+        return Verdict.UNKNOWN
     if isinstance(expr, (sp.exp, sp.log)) or (isinstance(expr, sp.LambertW) and len(expr.args) == 1):
         return is_increasing(expr.args[0], symbol)
     if isinstance(expr, (S.kappa, S.causal_kappa)):
         size, spread = expr.args
         if spread.is_nonnegative is not True:
-            return Truth.UNKNOWN
+            return Verdict.UNKNOWN
         return _all(is_increasing(a, symbol) for a in expr.args)
     if isinstance(expr, S.lambert_level):
         return is_increasing(expr.args[0], symbol)
     if isinstance(expr, sp.Abs) and expr.args[0].is_nonnegative:
         return is_increasing(expr.args[0], symbol)
-    return Truth.UNKNOWN
+    return Verdict.UNKNOWN
 
 
 # Symbol values ----------------------------------------------------------------------------------
 def _heads_of(head, layer) -> tuple:
     if head is not None:
-        if not isinstance(head, attention.Head):
-            raise AssumptionError("head", "an attention.Head", type(head).__name__, "pass one head of a layer")
+        if not isinstance(head, Head):
+            raise AssumptionError("head", "a Head", type(head).__name__, "pass one head of a layer")
         return (head,)
     if layer is None:
         raise AssumptionError("head", "a Head, or a layer via layer=...", "neither",
                               "pass the weights the bound is evaluated on")
-    if not isinstance(layer, (LayerWeights, attention.Layer)):
-        raise AssumptionError("layer", "a LayerWeights or attention.Layer", type(layer).__name__,
-                              "load one with lipbound.numeric.weights.load_weights")
+    if not isinstance(layer, (TransformerLayer, Layer)):
+        raise AssumptionError("layer", "a TransformerLayer or Layer", type(layer).__name__,
+                              "load one with lipbound.numeric.model.load_weights")
     return tuple(layer.heads)
 
 
@@ -344,19 +257,20 @@ def _free(expr) -> set:
     return sp.sympify(expr).free_symbols
 
 
-def symbol_intervals(expr, head: attention.Head | None = None, *, layer=None, domain: NumericDomain,
+def symbol_intervals(expr, head: Head | None = None, *, layer=None, domain: TokenDomain,
                      n: int, m: int | None = None, H: int | None = None, values: dict | None = None) -> dict:
     """An interval for every free symbol of ``expr`` on these weights and this domain.
 
     Parameters
     ----------
     expr : sympy expression or Bound
-    head : attention.Head, optional
+    head : Head, optional
         The head whose weights the per-head symbols refer to.  Without it, per-head symbols
         take the maximum over ``layer.heads``.
-    layer : LayerWeights or attention.Layer, optional
+    layer : TransformerLayer or Layer, optional
         Supplies ``W_O`` and ``H`` (and the heads when ``head`` is None).
-    domain : NumericDomain
+    domain : TokenDomain
+        Gives ``R`` (or ``gamma_max``) and the centre ``c``.
     n, m, H : int
         Tokens, queries (cross-attention), heads (default: the layer's head count).
     values : dict, optional
@@ -365,24 +279,20 @@ def symbol_intervals(expr, head: attention.Head | None = None, *, layer=None, do
     Returns
     -------
     dict
-        ``symbol -> mpmath.iv.mpf``.  Sizes are exact; ``R`` is the domain radius (about the
-        centre c when the expression involves c, else about the origin, i.e. plus
-        ``||c||``); norm symbols get certified ``[lower, upper]`` bounds.
+        ``symbol -> interval``.  Sizes are exact; norm symbols get certified ``[lower, upper]``.
 
     Raises
     ------
     AssumptionError
         A symbol lipbound cannot compute (named), or weights/domain that do not fit.
     """
-    if not isinstance(domain, NumericDomain):
-        raise AssumptionError("domain", "a NumericDomain", type(domain).__name__,
-                              "build one with NumericDomain.ball(R) or NumericDomain.from_layernorm(ln)")
+    if not isinstance(domain, TokenDomain):
+        raise AssumptionError("domain", "a TokenDomain", type(domain).__name__,
+                              "build one with TokenBall(R) or LayerNormOutputs(norm)")
     heads = _heads_of(head, layer)
     d, d_k, d_v = (_common(heads, a) for a in ("d", "d_k", "d_v"))
+    domain.check_width(d)
     center = np.zeros(d) if domain.center is None else domain.center
-    if center.shape != (d,):
-        raise AssumptionError("domain.center", f"a vector of the model width {d}", f"shape {center.shape}",
-                              "the centre lives in token space")
     for name, value, meaning in (("n", n, "the number of tokens"), ("m", m, "the number of queries"),
                                  ("H", H, "the number of heads")):
         if value is None and name != "n":
@@ -396,10 +306,10 @@ def symbol_intervals(expr, head: attention.Head | None = None, *, layer=None, do
     free = _free(expr)
     norm_symbols = {s: _norm_expression(str(s)) for s in free
                     if isinstance(s, (S.MatrixNormSymbol, S.VectorNormSymbol)) and str(s) not in values}
+    known = domain.symbol_values(centred=any(_uses(matrix, S.c) for matrix, _ in norm_symbols.values()))
     if layer is None and any(_uses(matrix, S.W_O) for matrix, _ in norm_symbols.values()):
         raise AssumptionError("W_O", "a layer with an output projection (the bound is multi-head)",
-                              "a single head", "pass the LayerWeights (or evaluate a single-head bound)")
-    centred = any(_uses(matrix, S.c) for matrix, _ in norm_symbols.values())
+                              "a single head", "pass the layer (or evaluate a single-head bound)")
     environments = [_Environment(h, layer, center[:, None], exact_sizes) for h in heads]
 
     out = {}
@@ -412,14 +322,12 @@ def symbol_intervals(expr, head: attention.Head | None = None, *, layer=None, do
                 raise AssumptionError(name, f"a value for {name}", "None",
                                       f"pass {name}=... (it appears in the bound)")
             out[symbol] = interval(int(sizes[name]))
-        elif name == "R":
-            out[symbol] = interval(domain.radius) if centred else domain.radius_about_origin()
+        elif name in known:
+            out[symbol] = known[name]
         elif name == "gamma_max":
-            if domain.gamma_max is None:
-                raise AssumptionError("gamma_max", "a LayerNorm domain (the bound is for LayerNorm outputs)",
-                                      "a domain without gamma_max",
-                                      "use NumericDomain.from_layernorm(ln, about='center')")
-            out[symbol] = interval(domain.gamma_max)
+            raise AssumptionError(name, "LayerNorm outputs (the bound was derived on a LayerNorm image)",
+                                  domain.describe(), "derive the bound on the domain it is evaluated on "
+                                  "(lipbound.numeric.dispatch.derive_for)")
         elif name in ("tau", "epsilon"):
             out[symbol] = interval(_common(heads, "tau" if name == "tau" else "eps"))
         elif symbol in norm_symbols:
@@ -480,62 +388,65 @@ def _float_value(expr: sp.Expr, point: dict) -> float:
         return float(function(*[point[s] for s in symbols]))
 
 
-def evaluate_bound(bound, head_or_layer, domain: NumericDomain, n: int, *, m: int | None = None,
-                   H: int | None = None, values: dict | None = None) -> Evaluation:
+def evaluate_bound(bound, head_or_layer, domain: TokenDomain, n: int, *, m: int | None = None,
+                   H: int | None = None, values: dict | None = None, name: str = "derived") -> CertifiedValue:
     """Evaluate a bound on concrete weights with interval arithmetic.
 
     Parameters
     ----------
     bound : Bound or sympy expression
-        E.g. ``variant("dot-product-nobias").derive(Assumptions(domain=Ball()))``.
-    head_or_layer : attention.Head, LayerWeights or attention.Layer
+        A :class:`Bound` is evaluated only on heads its theorem covers; a bare expression (a
+        published claim's statement) is evaluated as given.
+    head_or_layer : Head, TransformerLayer or Layer
         A head for single-head bounds; a layer for multi-head bounds (``W_O``, ``H``), or for
         a single-head bound maximised over the layer's heads.
-    domain : NumericDomain
+    domain : TokenDomain
     n, m, H : int
         Tokens, queries, heads.
     values : dict, optional
         Values for further symbols (e.g. user-stated lower bounds), by name.
+    name : str
+        The name of the returned value.
 
     Returns
     -------
-    Evaluation
-        ``upper`` is certified: the exact value of the bound at the true weight norms is at
-        most ``upper``.
+    CertifiedValue
+        ``value`` is certified: the bound's exact value at the true weight norms is at most it.
+        ``details``: ``interval`` (the enclosure), ``float_value`` (a plain double-precision
+        evaluation at the norm estimates, what a non-rigorous computation reports) and
+        ``symbols`` (the enclosure of every symbol).
 
     Raises
     ------
     AssumptionError
-        Unknown symbols, a single head for a bound with ``W_O``, mismatched domain.
+        Unknown symbols, a head the theorem does not cover, a single head for a bound with ``W_O``.
     NotCertifiedError
         A multi-head maximum over a bound not proved increasing in the per-head symbols, or
-        functions without a rigorous interval version.
+        an expression without a rigorous interval version.
     """
     if getattr(bound, "lipschitz", True) is False:
         raise AssumptionError("bound", "a Bound", "NotLipschitz: the map is not Lipschitz on its domain",
-                              "derive the bound on a bounded domain (Ball or LayerNormImage)")
+                              "derive the bound on a bounded domain (a ball or a LayerNorm image)")
     expr = bound.expr if isinstance(bound, Bound) else sp.sympify(bound)
-    if isinstance(head_or_layer, attention.Head):
-        head, layer = head_or_layer, None
-    else:
-        head, layer = None, head_or_layer
-    intervals = symbol_intervals(expr, head, layer=layer, domain=domain, n=n, m=m, H=H, values=values)
+    head, layer = (head_or_layer, None) if isinstance(head_or_layer, Head) else (None, head_or_layer)
     heads = _heads_of(head, layer)
+    if isinstance(bound, Bound):
+        for member in heads:
+            check_covers(bound, member)
+    intervals = symbol_intervals(expr, head, layer=layer, domain=domain, n=n, m=m, H=H, values=values)
     if len(heads) > 1:
         for symbol in intervals:
-            if isinstance(symbol, (S.MatrixNormSymbol, S.VectorNormSymbol)) and is_increasing(expr, symbol) is not Truth.TRUE:
+            if isinstance(symbol, (S.MatrixNormSymbol, S.VectorNormSymbol)) and is_increasing(expr, symbol) is not Verdict.HOLDS:
                 raise NotCertifiedError(
                     "bound", f"an expression increasing in the per-head symbol {symbol}",
                     "no proof of monotonicity", "evaluate each head on its own (pass a Head) and take the maximum")
     symbols = sorted(intervals, key=str)
-    renamed, plain = _renamed(expr, symbols)
-    function = interval_lambdify(plain, renamed)
-    result = interval(function(*[intervals[s] for s in symbols]))
+    result = compile_interval(expr, symbols)(*[intervals[s] for s in symbols])
     lo, hi = lower(result), upper(result)
-    certified = bool(np.isfinite(lo) and np.isfinite(hi))
-    # the plain evaluation sees what a float computation would: the norm estimates (midpoints
-    # of enclosures a relative 1e-10 wide), no directed rounding
-    float_value = _float_value(expr, {s: float(e.mid) for s, e in intervals.items()})
-    return Evaluation(upper=hi if certified else float("inf"), interval=(lo, hi), float_value=float_value,
-                      certified=certified,
-                      symbols={str(s): (lower(e), upper(e)) for s, e in intervals.items()})
+    # the plain evaluation sees what a float computation would: the norm estimates, no directed rounding
+    details = {"interval": (lo, hi), "float_value": _float_value(expr, {s: float(e.mid) for s, e in intervals.items()}),
+               "symbols": {str(s): (lower(e), upper(e)) for s, e in intervals.items()}}
+    provenance = f"lipbound theorem {bound.theorem}" if isinstance(bound, Bound) else "expression evaluated"
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return not_certified(name, provenance, "the interval evaluation overflowed", **details)
+    return CertifiedValue(name, hi, Verdict.HOLDS, provenance, details=details)

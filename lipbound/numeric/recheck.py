@@ -25,23 +25,22 @@ enclosure's lower end.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import final
 
 import mpmath
 import numpy as np
-from mpmath import iv, libmp
+from mpmath import libmp
 
 from ..errors import AssumptionError, WeightsError
-from .attention import Head, Layer
-from .rigorous import lower, upper
+from ..rigorous.intervals import IV, lower, precision, upper
+from .model import DEFAULT_WEIGHTS, Head, Layer, Model, load_weights
 from .witness import Witness
 
-__all__ = ["Recheck", "recheck", "recheck_file", "RECHECK_DPS", "ROUNDING_TOLERANCE"]
+__all__ = ["directional_norm", "Recheck", "recheck", "recheck_file", "RECHECK_DPS", "ROUNDING_TOLERANCE"]
 
 #: Decimal digits of the interval arithmetic.
 RECHECK_DPS = 50
@@ -90,6 +89,8 @@ class Recheck:
     seconds: float
     target: str
     message: str
+    weights: str = ""
+    sha256: str = ""
 
     @property
     def certified_lower_bound(self) -> float | None:
@@ -102,7 +103,7 @@ class Recheck:
                 "upper": self.upper, "in_domain": self.in_domain, "max_distance": self.max_distance,
                 "valid": self.valid, "relative_difference": self.relative_difference,
                 "certified_lower_bound": self.certified_lower_bound, "seconds": self.seconds,
-                "target": self.target, "message": self.message}
+                "target": self.target, "message": self.message, "weights": self.weights, "sha256": self.sha256}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,11 +160,11 @@ class _Dyadic:
         return _Dyadic(np.sum(self.m * self.m, axis=-1), 2 * self.e)
 
     def intervals(self) -> np.ndarray:
-        """Exact (point) intervals, an object array of ``iv.mpf``."""
+        """Exact (point) intervals, an object array of ``IV.mpf``."""
         out = np.empty(self.m.shape, dtype=object)
         for index, man in np.ndenumerate(self.m):
             raw = libmp.from_man_exp(int(man), self.e)       # no precision given: exact
-            out[index] = iv.make_mpf((raw, raw))
+            out[index] = IV.make_mpf((raw, raw))
         return out
 
     def abs_upper(self) -> np.ndarray:
@@ -171,7 +172,7 @@ class _Dyadic:
         out = np.empty(self.m.shape)
         for index, man in np.ndenumerate(self.m):
             raw = libmp.from_man_exp(abs(int(man)), self.e)
-            out[index] = upper(iv.make_mpf((raw, raw)))
+            out[index] = upper(IV.make_mpf((raw, raw)))
         return out
 
     def total(self) -> int:
@@ -182,7 +183,7 @@ class _Dyadic:
 def _exact_sqrt(man: int, e: int):
     """``sqrt(man 2^e)`` as an interval."""
     raw = libmp.from_man_exp(int(man), int(e))
-    return iv.sqrt(iv.make_mpf((raw, raw)))
+    return IV.sqrt(IV.make_mpf((raw, raw)))
 
 
 def _concat(parts: list[_Dyadic], axis: int) -> _Dyadic:
@@ -229,7 +230,7 @@ class _Ball:
             sign, man, exp, _ = lo
             mans[index], exps[index] = (-man if sign else man), exp
             width = libmp.mpf_sub(hi, lo)                     # exact (no precision given)
-            radius[index] = upper(iv.make_mpf((width, width)))
+            radius[index] = upper(IV.make_mpf((width, width)))
         nonzero = np.array([m != 0 for m in mans.ravel()], dtype=bool).reshape(values.shape)
         base = int(exps[nonzero].min()) if np.any(nonzero) else 0
         shifts = np.where(nonzero, exps - base, 0).astype(object)
@@ -250,13 +251,23 @@ class _Ball:
         """Interval enclosing ``||value||_F``."""
         c2 = self.center.row_sums_of_squares()
         centre = _exact_sqrt(c2.total(), c2.e)
-        spread = upper(iv.sqrt(iv.mpf(float(_inflate(np.sum(self.radius ** 2), self.radius.size)))))
+        spread = upper(IV.sqrt(IV.mpf(float(_inflate(np.sum(self.radius ** 2), self.radius.size)))))
         return _widen(centre, spread)
+
+    def max_abs(self):
+        """Interval enclosing ``max_ij |value_ij|`` (the l_inf norm of vec)."""
+        lo, hi = IV.mpf(0), IV.mpf(0)
+        for (index, man), radius in zip(np.ndenumerate(self.center.m), self.radius.ravel()):
+            raw = libmp.from_man_exp(abs(int(man)), self.center.e)
+            entry = IV.make_mpf((raw, raw))
+            lo = max(lo, entry - float(radius), key=lambda v: v.a)
+            hi = max(hi, entry + float(radius), key=lambda v: v.b)
+        return IV.make_mpf((lo._mpi_[0], hi._mpi_[1]))
 
     def mixed21(self):
         """Interval enclosing ``sum_i ||row_i||_2``."""
         c2 = self.center.row_sums_of_squares()
-        total = iv.mpf(0)
+        total = IV.mpf(0)
         for man in c2.m:
             total += _exact_sqrt(man, c2.e)
         spread = float(_inflate(np.sum(np.sqrt(_inflate(np.sum(self.radius ** 2, axis=-1), self.radius.shape[-1]))),
@@ -266,7 +277,7 @@ class _Ball:
 
 def _widen(x, radius: float):
     """``x +- radius`` as an interval (outward)."""
-    return x + iv.mpf([-radius, radius])
+    return x + IV.mpf([-radius, radius])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,7 +295,7 @@ class _HeadCheck:
         self.Q = X @ W_Q + _row(b_Q, self.n)
         self.K = X @ W_K + _row(b_K, self.n)
         self.V = X @ W_V + _row(b_V, self.n)
-        self.rsqrt = 1 / iv.sqrt(iv.mpf(head.d_k))
+        self.rsqrt = 1 / IV.sqrt(IV.mpf(head.d_k))
         self.S = self._scores()
         self.P = self._softmax(self.S)
 
@@ -299,11 +310,11 @@ class _HeadCheck:
             qi, ki = qq.intervals(), kk.intervals()
             return -(qi[:, None] - 2 * cross + ki[None, :]) * self.rsqrt
         self.nq, self.nk = self._softnorms(Q), self._softnorms(K)
-        return (Q @ K.T).intervals() * iv.mpf(self.head.tau) / (self.nq[:, None] * self.nk[None, :])
+        return (Q @ K.T).intervals() * IV.mpf(self.head.tau) / (self.nq[:, None] * self.nk[None, :])
 
     def _softnorms(self, M: _Dyadic) -> np.ndarray:
         squares = M.row_sums_of_squares().intervals()
-        return np.array([iv.sqrt(s + iv.mpf(self.head.eps)) for s in squares], dtype=object)
+        return np.array([IV.sqrt(s + IV.mpf(self.head.eps)) for s in squares], dtype=object)
 
     def _softmax(self, S: np.ndarray) -> np.ndarray:
         n = self.n
@@ -311,10 +322,10 @@ class _HeadCheck:
         for i in range(n):
             keys = range(i + 1) if self.head.causal else range(n)
             shift = max((S[i, j] for j in keys), key=lambda x: x.mid).mid
-            exps = {j: iv.exp(S[i, j] - shift) for j in keys}
-            total = iv.fsum(exps.values())
+            exps = {j: IV.exp(S[i, j] - shift) for j in keys}
+            total = IV.fsum(exps.values())
             for j in range(n):
-                P[i, j] = exps[j] / total if j in exps else iv.mpf(0)
+                P[i, j] = exps[j] / total if j in exps else IV.mpf(0)
         return P
 
     def score_jvp(self, E: _Dyadic) -> tuple[np.ndarray, _Dyadic]:
@@ -334,7 +345,7 @@ class _HeadCheck:
         qdq = _Dyadic(np.sum(Q.m * dQ.m, axis=-1), Q.e + dQ.e).intervals()
         kdk = _Dyadic(np.sum(K.m * dK.m, axis=-1), K.e + dK.e).intervals()
         nq, nk = self.nq[:, None], self.nk[None, :]
-        tau = iv.mpf(head.tau)
+        tau = IV.mpf(head.tau)
         dS = (dqk / (nq * nk) - qk * (qdq[:, None] / (nq ** 3 * nk) + kdk[None, :] / (nq * nk ** 3))) * tau
         return dS, dV
 
@@ -346,7 +357,7 @@ class _HeadCheck:
         """``Df(X)[E] = dP V + P dV`` with ``dP = P o (dS - rowsum(P o dS))``."""
         dS, dV = self.score_jvp(E)
         P = self.P
-        mean = np.array([iv.fsum(P[i, j] * dS[i, j] for j in range(self.n)) for i in range(self.n)], dtype=object)
+        mean = np.array([IV.fsum(P[i, j] * dS[i, j] for j in range(self.n)) for i in range(self.n)], dtype=object)
         dP = P * (dS - mean[:, None])
         return _Ball.of_intervals(dP).matmul_exact(self.V) + _Ball.of_intervals(P).matmul_exact(dV)
 
@@ -417,21 +428,15 @@ def _domain(points: list[np.ndarray], center: np.ndarray, radius: float) -> tupl
 # ---------------------------------------------------------------------------------------------
 # Public API
 # ---------------------------------------------------------------------------------------------
-@contextlib.contextmanager
 def _interval_digits(dps: int):
-    """``mpmath.iv`` has no ``workdps``: set its precision for the block and restore it."""
-    before = iv.prec
-    iv.dps = dps
-    try:
-        yield
-    finally:
-        iv.prec = before
+    """Interval arithmetic at ``dps`` decimal digits inside the block."""
+    return precision(int(dps * 3.3219280948873626) + 8)
 
 
 def _check_target(witness: Witness, target) -> None:
     if not isinstance(target, (Head, Layer)):
-        raise WeightsError("head_or_layer", "an attention.Head or attention.Layer", type(target).__name__,
-                           "pass ModelWeights.layers[L].heads[h] or .as_layer(residual=...)")
+        raise WeightsError("head_or_layer", "a Head or a Layer", type(target).__name__,
+                           "pass model.layer(L).heads[h] or model.layer(L).as_layer(residual=...)")
     heads = (target,) if isinstance(target, Head) else tuple(target.heads)
     if heads[0].d != witness.d:
         raise WeightsError("head_or_layer", f"a map of width d = {witness.d} (the witness's tokens)",
@@ -510,41 +515,73 @@ def recheck(witness: Witness, head_or_layer: Head | Layer, dps: int = RECHECK_DP
                    target=witness.target, message=message)
 
 
+def directional_norm(target: Head | Layer, X: np.ndarray, E: np.ndarray, norm: str = "fro",
+                     dps: int = RECHECK_DPS) -> tuple[float, float]:
+    """A rigorous enclosure ``(lower, upper)`` of ``||Df(X)[E]|| / ||E||`` in the Frobenius norm
+    (``norm="fro"``) or the l_inf norm of vec (``norm="inf"``): the lower end bounds the map's
+    Lipschitz constant in that norm from below on any domain holding X."""
+    if norm not in ("fro", "inf"):
+        raise AssumptionError("norm", "'fro' or 'inf'", repr(norm), "choose the norm of the directional derivative")
+    with _interval_digits(dps), mpmath.workdps(dps):
+        out = _MapCheck(target).jvp(_Dyadic.of(X), _Dyadic.of(E))
+        direction = _Ball.exact(_Dyadic.of(E))
+        ratio = out.frobenius() / direction.frobenius() if norm == "fro" else out.max_abs() / direction.max_abs()
+    return lower(ratio), upper(ratio)
+
+
+def _weights_for(witness: Witness, weights):
+    """The model a witness is re-checked against: ``weights`` (a path or a Model) if given, else the
+    file the witness names; refused when its sha256 differs from the one the witness records."""
+    if isinstance(weights, Model):
+        model = weights
+    else:
+        path = weights if weights is not None else witness.weights
+        if not path:
+            if witness.model and witness.model != "sentence-transformers/all-MiniLM-L6-v2":
+                raise WeightsError("--weights", f"the checkpoint of {witness.model!r} (the witness records no file)",
+                                   "nothing", "pass --weights FILE with the weights the witness was found on")
+            path = DEFAULT_WEIGHTS
+        if not Path(path).exists():
+            raise WeightsError("--weights", "the checkpoint the witness was found on",
+                               f"{path} (recorded in the witness, no longer there)",
+                               "pass --weights FILE with those weights")
+        model = load_weights(path, layers=None if witness.layer is None else [witness.layer])
+    if witness.sha256 and model.sha256 and witness.sha256 != model.sha256:
+        raise WeightsError("--weights", f"weights with sha256 {witness.sha256[:16]}... (recorded in the witness, "
+                           f"read from {witness.weights or 'an unnamed file'})",
+                           f"{model.path or 'weights'} with sha256 {model.sha256[:16]}...",
+                           "pass --weights with the exact file the witness was found on")
+    return model
+
+
 def recheck_file(path: str | Path, weights=None, dps: int = RECHECK_DPS) -> Recheck:
-    """Load a witness file and re-check it against the weights it names.
+    """Load a witness file and re-check it against the weights it was found on.
 
     Parameters
     ----------
     path : str or Path
         A file written by :meth:`Witness.save`.
-    weights : None, str, Path or ModelWeights
-        ``None``: the embedded default model (:func:`lipbound.numeric.weights.load_default`);
-        a path: a checkpoint read by :func:`lipbound.numeric.weights.load_weights`;
-        or loaded weights.
+    weights : None, str, Path or Model
+        ``None``: the file the witness records (its sha256 is checked); a path or a loaded
+        model otherwise (refused when its sha256 differs from the witness's).
+
+    Returns
+    -------
+    Recheck
+        With ``weights`` and ``sha256`` naming the weights used.
     """
-    from . import weights as loaders
     witness = Witness.load(path)
     if witness.layer is None:
         raise WeightsError(str(path), "a witness that names its layer", "layer = None",
                            "re-check it in Python: recheck(witness, head_or_layer)")
-    if weights is None:
-        model = loaders.load_default()
-    elif isinstance(weights, (str, Path)):
-        model = loaders.load_weights(weights, layers=[witness.layer])
-    else:
-        model = weights
-    if not hasattr(model, "layer"):
-        raise WeightsError("weights", "None, a checkpoint path or ModelWeights", type(model).__name__,
-                           "pass --weights FILE or nothing for the embedded model")
-    if witness.model and model.name and witness.model != model.name:
-        raise WeightsError("weights", f"the weights of {witness.model!r} (named in the witness)",
-                           f"weights of {model.name!r}", "pass --weights with that model's checkpoint")
+    model = _weights_for(witness, weights)
     layer = model.layer(witness.layer)
     if witness.head is not None:
         if not 0 <= witness.head < len(layer.heads):
-            raise WeightsError("witness.head", f"a head index in [0, {len(layer.heads)})", str(witness.head),
+            raise WeightsError("witness head", f"a head index in [0, {len(layer.heads)})", str(witness.head),
                                "the witness does not belong to these weights")
         target = layer.heads[witness.head]
     else:
         target = layer.as_layer(residual=witness.residual)
-    return recheck(witness, target, dps=dps)
+    result = recheck(witness, target, dps=dps)
+    return replace(result, weights=model.path, sha256=model.sha256)

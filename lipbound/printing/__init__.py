@@ -2,15 +2,18 @@
 
 * :mod:`~lipbound.printing.latex` -- :class:`LipboundLatexPrinter` (a SymPy ``LatexPrinter`` with
   one ``_print_<Class>`` per lipbound node) and :func:`latex`;
-* :mod:`~lipbound.printing.proof` -- derivation records as ``align*`` proofs, lemma appendices;
+* :mod:`~lipbound.printing.prose` -- ASCII mathematics in justifications, as LaTeX;
+* :mod:`~lipbound.printing.layout` -- widths and line breaking of displayed formulas;
+* :mod:`~lipbound.printing.derivation` -- derivation records as ``align*`` proofs, lemma appendices;
 * :mod:`~lipbound.printing.document` -- a bound as a section, standalone articles, comparison tables;
-* :mod:`~lipbound.printing.proofs` -- the generator of ``proofs/`` (``python -m lipbound.printing.proofs
-  proofs/``), not imported here.
+* :mod:`~lipbound.printing.proof_files` -- the generator of the repository's ``proofs/``
+  (``lipbound proofs DIR``), not imported here.
 """
 
+from .derivation import derivation_to_latex, lemma_appendix
 from .document import bound_section, comparison_table, standalone
 from .latex import LipboundLatexPrinter, latex
-from .proof import derivation_to_latex, lemma_appendix, text_to_latex
+from .prose import text_to_latex
 
 __all__ = ["LipboundLatexPrinter", "latex", "derivation_to_latex", "lemma_appendix", "text_to_latex",
            "bound_section", "standalone", "comparison_table"]

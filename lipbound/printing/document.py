@@ -19,13 +19,14 @@ from numbers import Number
 
 import sympy as sp
 
-from ..assumptions import NORMS
+from ..symbolic.assumptions import NORMS
 from ..errors import AssumptionError
 from ..symbolic.bound import Bound, NotLipschitz
 from ..symbolic.record import Described
 from .latex import LipboundLatexPrinter
-from .proof import (DISPLAY_WIDTH, SpreadNames, derivation_to_latex, escape_text, hypotheses_latex,
-                    lemma_appendix, split_expression, text_to_latex, visual_width)
+from .prose import escape_text, text_to_latex
+from .layout import DISPLAY_WIDTH, SpreadNames, split_expression, visual_width
+from .derivation import derivation_to_latex, hypotheses_latex, lemma_appendix
 
 __all__ = ["bound_section", "standalone", "comparison_table", "statement_latex", "preamble",
            "DOMAIN_TITLES", "has_booktabs"]
@@ -163,7 +164,7 @@ def standalone(body: str, title: str) -> str:
     lemma the body cites (``\ref{lem:<id>}``) that it does not state itself.
 
     ``booktabs`` is loaded when the body uses its rules (``\toprule``).  ``title`` is prose
-    (ASCII mathematics allowed, see :func:`~lipbound.printing.proof.text_to_latex`).
+    (ASCII mathematics allowed, see :func:`~lipbound.printing.prose.text_to_latex`).
     """
     if not isinstance(body, str) or not isinstance(title, str):
         raise AssumptionError("body, title", "two strings", f"{type(body).__name__}, {type(title).__name__}",

@@ -15,6 +15,7 @@ import sympy as sp
 
 from ..errors import AssumptionError
 from . import symbols as S
+from .facts import HeadFacts
 from .record import Derivation
 
 __all__ = ["Result", "Bound", "NotLipschitz", "expand_special", "numeric_namespace"]
@@ -64,6 +65,9 @@ class Bound(Result):
         Identifier of the general theorem (the name of its file in ``proofs/``).
     provenance : str
         ``"derived"`` for lipbound's own derivations, else a claim's tag.
+    facts : HeadFacts or None
+        The heads the theorem covers (score, biases, tying, values, mask, argument); the
+        numeric layer evaluates the bound only on heads these facts cover.
     """
 
     variant: str
@@ -76,6 +80,7 @@ class Bound(Result):
     record: Derivation = field(repr=False, compare=False)
     theorem: str = ""
     provenance: str = "derived"
+    facts: HeadFacts | None = None
     lipschitz: bool = field(default=True, init=False)
 
     # working with the expression --------------------------------------------
@@ -118,17 +123,19 @@ class Bound(Result):
 
         Returns ``(symbols, function)``; call ``function(*values)`` in the order of ``symbols``.
         """
-        # the interval namespace has rigorous, cancellation-free kappa and Lambert levels
-        expr = self.expr if backend == "interval" else expand_special(self.expr)
+        if backend == "interval":  # kappa and Lambert levels have rigorous, tight interval forms
+            from ..rigorous.compiler import compile_interval
+            symbols = sorted(self.expr.free_symbols, key=str)
+            return symbols, compile_interval(self.expr, symbols)
+        expr = expand_special(self.expr)
         symbols = sorted(expr.free_symbols, key=str)
         function = sp.lambdify(symbols, expr, modules=numeric_namespace(backend))
-        if backend != "interval":  # sums over tokens: n may arrive as 8.0 or mpf(8)
-            function.__globals__["range"] = _integer_range
+        function.__globals__["range"] = _integer_range  # sums over tokens: n may arrive as 8.0
         return symbols, function
 
     def compare(self, other: "Bound", **kwargs):
-        """Decide ``self <= other`` for all admissible values (see :func:`lipbound.symbolic.compare.compare`)."""
-        from .compare import compare
+        """Decide ``self <= other`` for all admissible values (see :func:`lipbound.symbolic.prover.compare`)."""
+        from .prover import compare
         return compare(self.expr, other.expr, **kwargs)
 
     def latex(self) -> str:
@@ -215,7 +222,8 @@ def _integer_range(start, stop):
 
 
 def numeric_namespace(backend: str) -> list:
-    """Modules for ``sympy.lambdify``: numpy, mpmath, or rigorous ``mpmath.iv``."""
+    """Modules for ``sympy.lambdify``: numpy or mpmath (the rigorous route is
+    :func:`lipbound.rigorous.compiler.compile_interval`)."""
     import mpmath
     if backend == "numpy":
         import numpy as np
@@ -226,8 +234,5 @@ def numeric_namespace(backend: str) -> list:
     if backend == "mpmath":
         return [{"LambertW": mpmath.lambertw, "digamma": mpmath.digamma,
                  "polygamma": lambda k, z: mpmath.polygamma(int(k), z)}, "mpmath"]
-    if backend == "interval":
-        from ..numeric.rigorous import interval_namespace
-        return [interval_namespace()]
     raise AssumptionError("backend", "'numpy', 'mpmath' or 'interval'", repr(backend),
                           "choose one of the three")

@@ -7,7 +7,7 @@ output that uses a claim carries its tag; a claim tagged ``unverified`` is never
 presented as a theorem.  The numeric layer evaluates claims on weights and tries
 to refute them (:mod:`lipbound.numeric.claims`).
 
-Tags (see ``shared/reference/published-bounds.md``):
+Tags (docs/claims.md lists every claim with its source):
 ``abstract`` read in the paper's abstract; ``code`` read in the authors' released
 code; ``3p`` restated by a third party; ``unverified`` recalled, not checked
 against the paper's text; ``known-wrong`` a constant in public code that is false.
@@ -64,6 +64,8 @@ class PublishedClaim:
         What the statement bounds (registry variant name, norm key, domain key).
     reading : str
         Which transcription is encoded where it is ambiguous.
+    lipschitz : bool or None
+        For a qualitative claim: whether it says the variant is Lipschitz on the domain.
     notes : str
         Anything a reader must know.
     """
@@ -79,6 +81,7 @@ class PublishedClaim:
     domain: str = "ball"
     reading: str = ""
     notes: str = ""
+    lipschitz: bool | None = None
     symbols: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
@@ -133,7 +136,7 @@ _CLAIMS: list[PublishedClaim] = [
         _kim_inf(_ell_b), variant="multi-head-l2", norm="inf", domain="unbounded", reading="W_0(N/e) [3p]"),
     PublishedClaim(
         "kim-not-lipschitz", "Dot-product self-attention is not Lipschitz on an unbounded domain", KIM,
-        "abstract", None, kind="property", variant="dot-product", domain="unbounded",
+        "abstract", None, kind="property", variant="dot-product", domain="unbounded", lipschitz=False,
         notes="qualitative; lipbound derives the witness family X_t = (0, t), df_1/dx_1 = 1/2 + t^2/4"),
     PublishedClaim(
         "castin-theorem", "sqrt(n) bound for self-attention on B_R^n", CASTIN, "unverified",
@@ -158,7 +161,7 @@ _CLAIMS: list[PublishedClaim] = [
         notes="the theorem's constant is [unverified]; the checkable part is |s_ij| <= 1, hence omega <= 2"),
     PublishedClaim(
         "vuckovic-w1", "Attention is Lipschitz in Wasserstein-1 on compact domains", VUCKOVIC, "abstract",
-        None, kind="property", variant="measure-w1", norm="w1", domain="ball",
+        None, kind="property", variant="measure-w1", norm="w1", domain="ball", lipschitz=True,
         notes="qualitative in the abstract; the constant was not read. lipbound derives its own "
               "(measure-w1, measure-w1-mean-field)"),
     PublishedClaim(

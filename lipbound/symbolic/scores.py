@@ -84,9 +84,17 @@ class Score:
 
     name: str = ""
     title: str = ""
+    #: The score kind of :class:`~lipbound.symbolic.facts.HeadFacts` ("dot", "l2", "cosine", "custom").
+    kind: str = "custom"
+    biased: bool = True
+    tied: bool = False
 
     def expression(self) -> sp.Expr:
         raise NotImplementedError
+
+    @property
+    def values_through_A(self) -> bool:
+        return False
 
     def value_matrix(self) -> sp.MatrixExpr:
         """V with ``v(y) = V^T y + b_V`` (shape d x d_v)."""
@@ -177,6 +185,10 @@ def _vector_sum(terms) -> str:
     return " + ".join(parts) if parts else "0"
 
 
+def _biased(projection: sp.MatrixExpr, bias: sp.MatrixSymbol, biases: bool) -> sp.MatrixExpr:
+    return (projection + bias).doit() if biases else projection.doit()
+
+
 @final
 class DotProduct(Score):
     r"""Dot-product attention with biases: ``s = (W_Q^T x + b_Q) . (W_K^T y + b_K) / sqrt(d_k)``.
@@ -186,31 +198,46 @@ class DotProduct(Score):
 
     name = "dot-product"
     title = "dot-product score"
+    kind = "dot"
 
     def __init__(self, biases: bool = True):
         self.biases = biases
 
+    @property
+    def biased(self) -> bool:
+        return self.biases
+
     def expression(self) -> sp.Expr:
-        query = S.W_Q.T * S.x + (S.b_Q if self.biases else sp.ZeroMatrix(S.d_k, 1))
-        key = S.W_K.T * S.y + (S.b_K if self.biases else sp.ZeroMatrix(S.d_k, 1))
-        return Inner(query.doit(), key.doit()) / sp.sqrt(S.d_k)
+        query, key = _biased(S.W_Q.T * S.x, S.b_Q, self.biases), _biased(S.W_K.T * S.y, S.b_K, self.biases)
+        return Inner(query, key) / sp.sqrt(S.d_k)
 
 
 @final
 class L2Distance(Score):
-    r"""L2 attention: ``s = -||W_Q^T x - W_K^T y||^2 / sqrt(d_k)`` (Kim, Papamakarios, Mnih 2021).
+    r"""L2 attention: ``s = -||(W_Q^T x + b_Q) - (W_K^T y + b_K)||^2 / sqrt(d_k)`` (Kim,
+    Papamakarios, Mnih 2021; their heads have no biases).
 
-    With ``tied=True`` (``W_Q = W_K = W``) and Kim et al.'s value map
+    With ``tied=True`` (``W_Q = W_K = W``), no biases and Kim et al.'s value map
     ``v(y) = W_V^T A y``, ``A = W W^T / sqrt(d_k)``, it is Lipschitz on all of R^d
     (:mod:`lipbound.symbolic.unbounded`).  Untied, it is not.
     """
 
     name = "l2"
     title = "L2 distance score"
+    kind = "l2"
 
-    def __init__(self, tied: bool = True, kim_values: bool | None = None):
+    def __init__(self, tied: bool = True, kim_values: bool | None = None, biases: bool = False):
         self.tied = tied
         self.kim_values = tied if kim_values is None else kim_values
+        self.biases = biases
+
+    @property
+    def biased(self) -> bool:
+        return self.biases
+
+    @property
+    def values_through_A(self) -> bool:
+        return self.kim_values
 
     @property
     def query_weight(self):
@@ -221,8 +248,9 @@ class L2Distance(Score):
         return S.W if self.tied else S.W_K
 
     def expression(self) -> sp.Expr:
-        difference = (self.query_weight.T * S.x - self.key_weight.T * S.y).doit()
-        return -Norm(difference) ** 2 / sp.sqrt(S.d_k)
+        query = _biased(self.query_weight.T * S.x, S.b_Q, self.biases)
+        key = _biased(self.key_weight.T * S.y, S.b_K, self.biases)
+        return -Norm((query - key).doit()) ** 2 / sp.sqrt(S.d_k)
 
     def value_matrix(self) -> sp.MatrixExpr:
         if self.kim_values:
@@ -235,6 +263,8 @@ class L2Distance(Score):
             out.append("tied query and key weights W_Q = W_K = W")
         if self.kim_values:
             out.append("values through A: v(y) = W_V^T A y, A = W W^T / sqrt(d_k)")
+        if self.biases:
+            out.append("query and key biases b_Q, b_K inside the distance")
         return out
 
     def check(self, assumptions) -> None:
@@ -246,17 +276,25 @@ class L2Distance(Score):
 @final
 class ScaledCosine(Score):
     r"""Scaled cosine attention (LipsFormer-style): ``s = tau <q, k> / (N(q) N(k))``,
-    ``q = W_Q^T x``, ``k = W_K^T y``, ``N(u) = sqrt(||u||^2 + eps)``.
+    ``q = W_Q^T x (+ b_Q)``, ``k = W_K^T y (+ b_K)``, ``N(u) = sqrt(||u||^2 + eps)``.
 
     The epsilon keeps the score smooth at ``q = 0``; ``|s| <= tau``.
     """
 
     name = "cosine"
     title = "scaled cosine score"
+    kind = "cosine"
+
+    def __init__(self, biases: bool = False):
+        self.biases = biases
+
+    @property
+    def biased(self) -> bool:
+        return self.biases
 
     def expression(self) -> sp.Expr:
-        query = S.W_Q.T * S.x
-        key = S.W_K.T * S.y
+        query = _biased(S.W_Q.T * S.x, S.b_Q, self.biases)
+        key = _biased(S.W_K.T * S.y, S.b_K, self.biases)
         return tau * Inner(query, key) / (SoftNorm(query, epsilon) * SoftNorm(key, epsilon))
 
     def hypotheses(self) -> list[str]:

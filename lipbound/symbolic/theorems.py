@@ -18,12 +18,12 @@ from typing import final
 
 import sympy as sp
 
-from ..assumptions import Mixed21, Mixed2Inf, Norm
+from .assumptions import Frobenius, Mixed21, Mixed2Inf, Norm
 from . import symbols as S
 from .record import Derivation, Described, le
 
-__all__ = ["Theorem", "self_attention", "cross_attention", "multi_head", "residual",
-           "vector_infinity", "w1_uniform", "w1_mean_field", "w1_cross"]
+__all__ = ["Theorem", "self_attention", "cross_attention", "multi_head", "compose_heads", "head_constants",
+           "block_norms", "residual", "vector_infinity", "w1_uniform", "w1_mean_field", "w1_cross"]
 
 L_V, rho, alpha, beta, omega = S.L_V, S.rho, S.alpha, S.beta, S.omega
 
@@ -158,6 +158,43 @@ def multi_head(head: Theorem, norm: Norm, heads=S.H) -> Theorem:
     return Theorem(f"multi-head-{head.id}", f"Multi-head {head.title.lower()}", statement, proof)
 
 
+def head_constants(heads: int) -> list[sp.Symbol]:
+    """``L_1, ..., L_H``: the constants of the heads of a layer."""
+    return [S.KernelConstant(f"L_{h}") for h in range(1, heads + 1)]
+
+
+def block_norms(heads: int) -> list[S.MatrixNormSymbol]:
+    """``||W_O^1||, ..., ||W_O^H||``: the norms of the rows of ``W_O`` that read each head."""
+    return [S.MatrixNormSymbol(f"W_O^{h}") for h in range(1, heads + 1)]
+
+
+@functools.lru_cache(maxsize=None)
+def compose_heads(heads: int, norm_key: str) -> Theorem:
+    """A layer ``F = sum_h f^h W_O^h`` of H heads with constants ``L_h`` (the composition rule).
+
+    Per token ``||sum_h u_h W_O^h|| <= sum_h ||W_O^h|| ||u_h||``, summed or maximised over tokens:
+    ``Lip(F) <= sum_h ||W_O^h|| L_h`` in every norm.  Concatenation gives
+    ``||[u_1..u_H] W_O|| <= ||W_O|| (sum_h ||u_h||^2)^(1/2)``: ``||W_O|| (sum_h L_h^2)^(1/2)`` in the
+    Frobenius and (2,inf) norms, ``||W_O|| sum_h L_h`` in the (2,1) norm and W1.  The smaller holds.
+    """
+    L, B = head_constants(heads), block_norms(heads)
+    W_O = S.MatrixNormSymbol("W_O")
+    split = sp.Add(*[b * l for b, l in zip(B, L)])
+    if norm_key in ("fro", "2,inf"):
+        concatenated = W_O * sp.sqrt(sp.Add(*[l ** 2 for l in L]))
+    elif norm_key in ("2,1", "w1"):
+        concatenated = W_O * sp.Add(*L)
+    else:
+        raise ValueError(f"no composition rule for the norm {norm_key!r}")
+    statement = sp.Min(split, concatenated)
+    proof = Derivation(f"A layer of {heads} heads")
+    proof.hypothesis("head h is L_h-Lipschitz; W_O^h are the rows of W_O that read head h")
+    proof.add(le(_LIP, split), "per token, ||sum_h u_h W_O^h|| <= sum_h ||W_O^h|| ||u_h||", "multi-head")
+    proof.add(le(_LIP, concatenated), "per token, ||[u_1..u_H] W_O|| <= ||W_O|| (sum_h ||u_h||^2)^(1/2)", "multi-head")
+    return Theorem(f"multi-head-composition-{_suffix(Mixed21() if norm_key == 'w1' else _NORM_OF[norm_key])}",
+                   "Multi-head composition", statement, proof)
+
+
 def vector_infinity(inner: Theorem, d=S.d) -> Theorem:
     """From the (2,inf) bound to l_inf on vec(X): ``||E||_{2,inf} <= sqrt(d) ||vec E||_inf``."""
     statement = sp.sqrt(d) * inner.statement
@@ -242,6 +279,9 @@ def w1_cross(argument: str) -> Theorem:
     proof.add(le(Described(r"\operatorname{Lip}_{W_1}"), statement), "triangle inequality")
     return Theorem(f"measure-w1-cross-{argument}", f"Cross-attention on measures in the {argument} (W1)",
                    statement, proof)
+
+
+_NORM_OF = {"fro": Frobenius(), "2,1": Mixed21(), "2,inf": Mixed2Inf()}
 
 
 def _suffix(norm: Norm) -> str:

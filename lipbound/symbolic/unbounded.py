@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sympy as sp
 
-from ..assumptions import Assumptions, Mixed21, Mixed2Inf, VecInf
+from .assumptions import Assumptions, Mixed21, Mixed2Inf, VecInf
 from ..errors import AssumptionError
 from . import symbols as S
 from . import theorems as T
@@ -226,7 +226,7 @@ def derive_unbounded(variant, assumptions: Assumptions, key: str) -> Result:
         head = head.inner if isinstance(head, Residual) else head.head
     score = head.score
     if isinstance(head, SelfAttention) and isinstance(score, L2Distance) and score.tied and score.kim_values \
-            and not head.causal:
+            and not head.causal and not score.biases:
         assumptions.require("self_attends", "the global L2 theorem")
         if assumptions.tied is False:
             raise AssumptionError("tied", "W_Q = W_K (the global L2 theorem needs tied weights)",
@@ -241,7 +241,7 @@ def derive_unbounded(variant, assumptions: Assumptions, key: str) -> Result:
         return Bound(variant=key, norm=assumptions.norm.key, domain="unbounded", expr=theorem.statement,
                      generic=theorem.statement, constants={},
                      assumptions=tuple(assumptions.describe() + theorem.hypotheses), record=theorem.proof,
-                     theorem=theorem.id)
+                     theorem=theorem.id, facts=variant.head_facts)
     if isinstance(score, L2Distance) and score.tied and not score.kim_values:
         found = _hidden_direction_family()
     else:

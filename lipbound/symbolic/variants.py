@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import final
 
-from ..assumptions import Assumptions, VecInf, Mixed2Inf
+from .assumptions import Assumptions, VecInf, Mixed2Inf
 from ..errors import AssumptionError
 from . import theorems as T
 from .bound import Bound, Result
+from .facts import HeadFacts
 from .record import Derivation, Described, le
 from .scores import Score
 from .unbounded import derive_unbounded
@@ -30,8 +31,22 @@ class Variant:
     def score(self) -> Score:
         raise NotImplementedError
 
+    @property
+    def head_facts(self) -> HeadFacts:
+        """The facts of the heads this variant's theorem covers (see :meth:`HeadFacts.covers`)."""
+        raise NotImplementedError
+
+    def _facts(self, causal: bool = False, role: str = "self") -> HeadFacts:
+        score = self.score
+        return HeadFacts(score.kind, score.biased, score.tied, score.values_through_A, causal, role)
+
     def _measure_valued(self) -> bool:
         return _is_measure(self)
+
+    @property
+    def norms(self) -> tuple[str, ...]:
+        """The norms its theorems are stated in (keys of :data:`~lipbound.symbolic.assumptions.NORMS`)."""
+        return ("w1",) if self._measure_valued() else ("fro", "2,1", "2,inf", "inf")
 
     def theorem(self, assumptions: Assumptions) -> T.Theorem:
         raise NotImplementedError
@@ -45,11 +60,12 @@ class Variant:
         key = key or self.title
         if not assumptions.domain.bounded:
             return derive_unbounded(self, assumptions, key)
-        if self._measure_valued() and assumptions.norm.key != "w1":
-            assumptions = assumptions.with_(norm="w1")
-        elif not self._measure_valued() and assumptions.norm.key == "w1":
+        if assumptions.norm.key not in self.norms:
+            if self._measure_valued():
+                raise AssumptionError("norm", "'w1' (measure variants are Lipschitz in Wasserstein-1)",
+                                      repr(assumptions.norm.key), "state Assumptions(norm='w1')")
             raise AssumptionError("norm", "a norm on X (fro, 2,1, 2,inf, inf) for a token-level variant",
-                                  "'w1'", "use a measure variant (measure-w1, ...) for Wasserstein-1")
+                                  repr(assumptions.norm.key), "use a measure variant (measure-w1, ...) for Wasserstein-1")
         constants = self.score.kernel_constants(assumptions)
         theorem = self.theorem(assumptions)
         expr = theorem.statement.xreplace(constants.as_substitution())
@@ -61,7 +77,7 @@ class Variant:
         return Bound(variant=key, norm=assumptions.norm.key, domain=assumptions.domain.key, expr=expr,
                      generic=theorem.statement, constants=constants.as_substitution(),
                      assumptions=tuple(assumptions.describe() + record.hypotheses), record=record,
-                     theorem=theorem.id)
+                     theorem=theorem.id, facts=self.head_facts)
 
 
 def _is_measure(variant) -> bool:
@@ -98,6 +114,10 @@ class SelfAttention(Variant):
     def score(self) -> Score:
         return self._score
 
+    @property
+    def head_facts(self) -> HeadFacts:
+        return self._facts(self.causal)
+
     def theorem(self, assumptions: Assumptions) -> T.Theorem:
         inner = T.self_attention(_per_token_norm(assumptions), self.causal, assumptions.n)
         return _to_vec_inf(inner, assumptions)
@@ -127,6 +147,10 @@ class CrossAttention(Variant):
     @property
     def score(self) -> Score:
         return self._score
+
+    @property
+    def head_facts(self) -> HeadFacts:
+        return self._facts(role=f"cross-{self.argument}")
 
     def theorem(self, assumptions: Assumptions) -> T.Theorem:
         inner = T.cross_attention(_per_token_norm(assumptions), self.argument, assumptions.n, assumptions.m)
@@ -169,6 +193,10 @@ class MeasureAttention(Variant):
     def score(self) -> Score:
         return self._score
 
+    @property
+    def head_facts(self) -> HeadFacts:
+        return self._facts(role="self" if self.argument == "self" else f"cross-{self.argument}")
+
     def theorem(self, assumptions: Assumptions) -> T.Theorem:
         if self.argument != "self":
             return T.w1_cross(self.argument)
@@ -190,6 +218,10 @@ class MultiHead(Variant):
     def score(self) -> Score:
         return self.head.score
 
+    @property
+    def head_facts(self) -> HeadFacts:
+        return self.head.head_facts
+
     def theorem(self, assumptions: Assumptions) -> T.Theorem:
         per_token = _per_token_norm(assumptions)
         inner = self.head.theorem(assumptions.with_(norm=per_token))
@@ -210,6 +242,10 @@ class Residual(Variant):
     @property
     def score(self) -> Score:
         return self.inner.score
+
+    @property
+    def head_facts(self) -> HeadFacts:
+        return self.inner.head_facts
 
     def theorem(self, assumptions: Assumptions) -> T.Theorem:
         return T.residual(self.inner.theorem(assumptions))

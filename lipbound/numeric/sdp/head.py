@@ -55,7 +55,7 @@ of :mod:`lipbound.numeric.sdp.joint` and certified there.
 Every term is at most the corresponding closed-form term
 (``gamma_{A,V} <= ||A|| ||W_V||``, trust-region beta ``<=`` the triangle bound,
 ``p cap(p) <= min(p, 3/4)``), so the result never exceeds
-:func:`closed_form_self_attention`.  Causal masking changes only ``p_bar_i`` (row i has i keys)
+the symbolic closed form evaluated on the same head.  Causal masking changes only ``p_bar_i`` (row i has i keys)
 and the column sums; cross-attention keeps step 1 for the queries and steps 2-6 for the
 context, with m queries per column.
 """
@@ -70,65 +70,18 @@ import numpy as np
 
 from ...errors import AssumptionError, WeightsError
 from ..attention import Head
-from .certify import CertifiedBound, Enclosure, iv, lambda_max_upper, lower, one_blas_thread, upper
-from .joint import (JointRange, SOLVERS, _ball, _check_head, key_form, key_gradient_sup, value_gram)
+from ...rigorous.intervals import IV, lower, upper
+from ...rigorous.linalg import Enclosure, lambda_max_upper
+from ...rigorous.value import CertifiedValue
+from ..blas import one_blas_thread
+from .joint import (JointRange, SOLVERS, _ball, _check_head, key_form, key_gradient_sup, sdp_value, value_gram)
 
 __all__ = ["HeadBounds", "self_attention_bound", "cross_attention_bound", "measure_attention_bound",
-           "matrix_aware_closed_form", "closed_form_self_attention", "closed_form_cross_attention"]
+           "matrix_aware_closed_form"]
 
 _PROVENANCE = ("per-query moment relaxation over the column polytope of P and the spectraplex of key "
                "covariances (lipbound.numeric.sdp.head, module docstring), constants certified by "
                "lipbound.numeric.sdp.joint")
-
-
-# Closed forms (the symbolic theorems, evaluated in floating point, for comparison) ----------------
-def _kappa(n: int, omega: float, causal: bool) -> float:
-    weights = [1.0 / (1.0 + (i - 1) * math.exp(-omega)) for i in range(1, n + 1)]
-    return sum(weights) if causal else n * weights[-1]
-
-
-def _plain_constants(head: Head, R_key: float, R_query: float, c_query: np.ndarray):
-    norm_A = np.linalg.norm(head.A, 2)
-    norm_V = np.linalg.norm(head.W_V, 2)
-    q0 = head.W_Q.T @ c_query + head.b_Q
-    beta = norm_A * R_query + np.linalg.norm(head.W_K @ q0) / math.sqrt(head.d_k)
-    score_range = 2 * R_key * np.linalg.norm(head.W_K, 2) * (
-        np.linalg.norm(head.W_Q, 2) * R_query + np.linalg.norm(q0)) / math.sqrt(head.d_k)
-    omega = min(2 * R_key * beta, score_range)
-    return norm_A, norm_V, beta, omega
-
-
-def closed_form_self_attention(head: Head, radius: float, center=None, *, n: int, causal: bool = False) -> float:
-    r"""The symbolic layer's Frobenius bound evaluated in floating point (not certified):
-
-        L_V sqrt(kappa) + rho (alpha + beta sqrt(min(kappa, 3 n / 4))),
-
-    ``L_V = ||W_V||``, ``rho = ||W_V|| R``, ``alpha = ||A|| R``, ``beta = ||A|| R + ||A^T c + u||``,
-    ``omega = min(2 R beta, 2 R ||W_K|| (||W_Q|| R + ||W_Q^T c + b_Q||) / sqrt(d_k))``
-    (:func:`lipbound.symbolic.theorems.self_attention`, DESIGN.md section 2).
-    """
-    head = _check_head(head)
-    R, c = _ball(head, radius, center)
-    n = _check_size("n", n)
-    norm_A, norm_V, beta, omega = _plain_constants(head, R, R, c)
-    kappa = _kappa(n, omega, causal)
-    return float(norm_V * math.sqrt(kappa) + norm_V * R * (norm_A * R + beta * math.sqrt(min(kappa, 0.75 * n))))
-
-
-def closed_form_cross_attention(head: Head, radius: float, center=None, *, n: int, m: int,
-                                argument: str = "joint", query_radius=None, query_center=None) -> float:
-    r"""The symbolic cross-attention bound (Frobenius) in floating point (not certified):
-    queries ``rho alpha``; context ``(L_V + rho beta) sqrt(m p_bar)``; joint the root of the sum of squares
-    (:func:`lipbound.symbolic.theorems.cross_attention`)."""
-    head = _check_head(head)
-    R, c = _ball(head, radius, center)
-    R_q, c_q = _ball(head, R if query_radius is None else query_radius, c if query_center is None else query_center)
-    n, m = _check_size("n", n), _check_size("m", m)
-    norm_A, norm_V, beta, omega = _plain_constants(head, R, R_q, c_q)
-    query_part = norm_V * R * norm_A * R
-    context_part = (norm_V + norm_V * R * beta) * math.sqrt(m * _kappa(n, omega, False) / n)
-    return float({"queries": query_part, "context": context_part,
-                  "joint": math.hypot(query_part, context_part)}[_check_argument(argument)])
 
 
 # Certified constants ----------------------------------------------------------------------------
@@ -151,11 +104,11 @@ class HeadBounds:
 
     Attributes
     ----------
-    value_norm2 : CertifiedBound
+    value_norm2 : CertifiedValue
         ``L^2 = ||value||_2^2``.
-    gamma : CertifiedBound
+    gamma : CertifiedValue
         ``gamma_{A,V} = max_u ||A u|| ||value^T u||``.
-    beta : CertifiedBound
+    beta : CertifiedValue
         ``sup ||A^T x + u||`` over the query ball.
     """
 
@@ -183,24 +136,24 @@ class HeadBounds:
         started = time.perf_counter()
         G2 = value_gram(value)
         top = max(lambda_max_upper(G2), 0.0)
-        self.value_norm2 = CertifiedBound("||W_V||^2", top, True, {"lambda_max_upper": top}, "eig",
+        self.value_norm2 = sdp_value("||W_V||^2", top, True, {"lambda_max_upper": top}, "eig",
                                           time.perf_counter() - started, "certified",
                                           "lambda_max(W_V W_V^T), Cholesky residual certificate")
         self.range = JointRange(key_form(head), G2)
         self.solver = self.range.pick_solver(solver)      # "auto" resolved by the reduced dimension
         self.gamma = self.range.gain(solver=self.solver, name="gamma_{A,V}")
         self.beta = key_gradient_sup(head, self.R_query, self.c_query)
-        self._coupled: CertifiedBound | None = None
+        self._coupled: CertifiedValue | None = None
 
     @property
-    def coupled(self) -> CertifiedBound:
+    def coupled(self) -> CertifiedValue:
         """``c_hat / R^2 = sup_{k in K} k_1 sqrt(L^2 + beta^2 R^2 k_2)`` (step 4 of the module docstring)."""
         if self._coupled is None:
             failed = _first_failure(self.gamma, self.beta)
             if failed is not None:
                 self._coupled = failed
             else:
-                slope = upper(iv.mpf(self.beta.value) ** 2 * iv.mpf(self.R) ** 2)
+                slope = upper(IV.mpf(self.beta.value) ** 2 * IV.mpf(self.R) ** 2)
                 self._coupled = self.range.coupled_gain(
                     self.value_norm2.value, slope, self.gamma.value, self.value_norm2.value,
                     solver=self.solver, name="coupled gain",
@@ -217,42 +170,42 @@ class HeadBounds:
         """All weights of a row with ``keys`` keys lie in ``[p_lo, p_hi]``,
         ``p_hi = 1 / (1 + (keys - 1) e^-omega)``, ``p_lo = 1 / (1 + (keys - 1) e^omega)``,
         ``omega = 2 R beta`` (the largest score spread of one query)."""
-        omega = 2 * iv.mpf(self.R) * iv.mpf(self.beta.value)
-        return lower(1 / (1 + (keys - 1) * iv.exp(omega))), 1 / (1 + (keys - 1) * iv.exp(-omega))
+        omega = 2 * IV.mpf(self.R) * IV.mpf(self.beta.value)
+        return lower(1 / (1 + (keys - 1) * IV.exp(omega))), 1 / (1 + (keys - 1) * IV.exp(-omega))
 
     def _phi_max(self, keys: int):
         """``max phi(p)`` over the weights ``p in [p_lo, p_hi]`` of a row with ``keys`` keys:
         ``<= p_hi L^2 + L^2 R^2 beta^2 max psi``, where ``psi(p) = p cap(p)`` increases on
         ``[0, 2/3]`` (to 16/27) and decreases after."""
         p_lo, p_bar = self._weight_range(keys)
-        p_hi = iv.mpf(upper(p_bar))
-        two_thirds = iv.mpf(2) / 3
+        p_hi = IV.mpf(upper(p_bar))
+        two_thirds = IV.mpf(2) / 3
         if upper(p_hi) < lower(two_thirds):
             point = p_hi
         elif p_lo > upper(two_thirds):
-            point = iv.mpf(p_lo)
+            point = IV.mpf(p_lo)
         else:
             point = two_thirds
         psi = point if upper(point) <= 0.5 else 4 * point ** 2 * (1 - point)
-        L2 = iv.mpf(self.value_norm2.value)
-        return p_hi * L2 + L2 * iv.mpf(self.R) ** 2 * iv.mpf(self.beta.value) ** 2 * psi
+        L2 = IV.mpf(self.value_norm2.value)
+        return p_hi * L2 + L2 * IV.mpf(self.R) ** 2 * IV.mpf(self.beta.value) ** 2 * psi
 
     def terms(self, n: int, *, m: int | None = None, causal: bool = False) -> dict:
         """``b_hat, Phi, kappa`` as intervals for n keys (and m queries in cross-attention);
         ``row_cap`` is 0 when every row has a single key (then ``Sigma_i = 0``), else 1."""
-        R2 = iv.mpf(self.R) ** 2
+        R2 = IV.mpf(self.R) ** 2
         if m is None and causal:
             keys = list(range(1, n + 1))
         else:
             keys = [n] * (n if m is None else m)
-        Phi = sum((self._phi_max(k) for k in keys), iv.mpf(0))
-        kappa = sum((iv.mpf(upper(self._weight_range(k)[1])) for k in keys), iv.mpf(0))
+        Phi = sum((self._phi_max(k) for k in keys), IV.mpf(0))
+        kappa = sum((IV.mpf(upper(self._weight_range(k)[1])) for k in keys), IV.mpf(0))
         row_cap = 1 if max(keys) >= 2 else 0
-        b_hat = R2 * iv.mpf(self.gamma.value) * row_cap
-        return {"b_hat": b_hat, "Phi": Phi, "kappa": kappa, "row_cap": iv.mpf(row_cap)}
+        b_hat = R2 * IV.mpf(self.gamma.value) * row_cap
+        return {"b_hat": b_hat, "Phi": Phi, "kappa": kappa, "row_cap": IV.mpf(row_cap)}
 
 
-def _first_failure(*bounds: CertifiedBound) -> CertifiedBound | None:
+def _first_failure(*bounds: CertifiedValue) -> CertifiedValue | None:
     """The first bound that is not certified, if any."""
     return next((bound for bound in bounds if not bound.certified), None)
 
@@ -270,16 +223,16 @@ def _check_argument(argument: str) -> str:
     return argument
 
 
-def _result(name, bounds: HeadBounds, pieces, value_iv, certificate, started, require) -> CertifiedBound:
+def _result(name, bounds: HeadBounds, pieces, value_iv, certificate, started, require) -> CertifiedValue:
     failed = _first_failure(*pieces)
     certificate.update({piece.name: piece for piece in pieces})
     if failed is not None:
-        result = CertifiedBound(name, math.nan, False, certificate, bounds.solver, time.perf_counter() - started,
-                                failed.status, _PROVENANCE, reason=f"{failed.name}: {failed.reason}")
+        result = sdp_value(name, math.nan, False, certificate, bounds.solver, time.perf_counter() - started,
+                                failed.details["status"], _PROVENANCE, reason=f"{failed.name}: {failed.reason}")
         if require:
             result.require()
         return result
-    return CertifiedBound(name, upper(value_iv), True, certificate, bounds.solver, time.perf_counter() - started,
+    return sdp_value(name, upper(value_iv), True, certificate, bounds.solver, time.perf_counter() - started,
                           "certified", _PROVENANCE)
 
 
@@ -301,7 +254,7 @@ def _intervals_to_floats(terms: dict) -> dict:
 @one_blas_thread
 def self_attention_bound(head: Head, radius: float, center=None, *, n: int, causal: bool | None = None,
                          solver: str = "auto", value=None, require: bool = False,
-                         bounds: HeadBounds | None = None) -> CertifiedBound:
+                         bounds: HeadBounds | None = None) -> CertifiedValue:
     r"""Certified ``Lip(f)`` of dot-product self-attention on ``B(c, R)^n`` (Frobenius norm).
 
     ``min( sqrt(b_hat^2 + Phi + 2 c_hat xi), b_hat + sqrt(Phi) )`` (module docstring, step 7).
@@ -328,7 +281,7 @@ def self_attention_bound(head: Head, radius: float, center=None, *, n: int, caus
 
     Returns
     -------
-    CertifiedBound
+    CertifiedValue
         The certificate holds the sub-certificates, the terms and the closed form.
     """
     started = time.perf_counter()
@@ -343,19 +296,17 @@ def self_attention_bound(head: Head, radius: float, center=None, *, n: int, caus
     if _first_failure(*pieces) is not None:
         return _result("Lip(self-attention)", bounds, pieces, None, certificate, started, require)
     terms = bounds.terms(n, causal=causal)
-    c_hat = iv.mpf(bounds.R) ** 2 * iv.mpf(bounds.coupled.value) * terms["row_cap"]
-    xi = iv.sqrt(terms["kappa"])
-    star = (1 + iv.sqrt(iv.mpf(n))) / 2
+    c_hat = IV.mpf(bounds.R) ** 2 * IV.mpf(bounds.coupled.value) * terms["row_cap"]
+    xi = IV.sqrt(terms["kappa"])
+    star = (1 + IV.sqrt(IV.mpf(n))) / 2
     if upper(star) < lower(xi):
         xi = star
     b_hat, Phi = terms["b_hat"], terms["Phi"]
-    pythagorean = iv.sqrt(b_hat ** 2 + Phi + 2 * c_hat * xi)
-    minkowski = b_hat + iv.sqrt(Phi)
+    pythagorean = IV.sqrt(b_hat ** 2 + Phi + 2 * c_hat * xi)
+    minkowski = b_hat + IV.sqrt(Phi)
     total = pythagorean if upper(pythagorean) <= upper(minkowski) else minkowski
     certificate.update(_intervals_to_floats(terms), c_hat=upper(c_hat), xi=upper(xi),
                        pythagorean=upper(pythagorean), minkowski=upper(minkowski))
-    if bounds.own_values:
-        certificate["closed_form"] = closed_form_self_attention(head, bounds.R, bounds.c, n=n, causal=causal)
     return _result("Lip(self-attention)", bounds, pieces, total, certificate, started, require)
 
 
@@ -371,7 +322,7 @@ def _causal(head: Head, causal: bool | None) -> bool:
 @one_blas_thread
 def cross_attention_bound(head: Head, radius: float, center=None, *, n: int, m: int, argument: str = "joint",
                           query_radius=None, query_center=None, solver: str = "auto", value=None,
-                          require: bool = False) -> CertifiedBound:
+                          require: bool = False) -> CertifiedValue:
     r"""Certified ``Lip`` of dot-product cross-attention (Frobenius): m queries in the query ball
     attend to n context tokens in ``B(c, R)``.
 
@@ -402,25 +353,21 @@ def cross_attention_bound(head: Head, radius: float, center=None, *, n: int, m: 
     if argument == "queries":
         total = b_hat
     elif argument == "context":
-        total = iv.sqrt(Phi)
+        total = IV.sqrt(Phi)
     else:
-        c_hat = iv.mpf(bounds.R) ** 2 * iv.mpf(bounds.coupled.value) * terms["row_cap"]
-        off = c_hat * iv.sqrt(kappa)
-        coupled = iv.sqrt((b_hat ** 2 + Phi) / 2 + iv.sqrt(((b_hat ** 2 - Phi) / 2) ** 2 + off ** 2))
-        plain = iv.sqrt(b_hat ** 2 + Phi)
+        c_hat = IV.mpf(bounds.R) ** 2 * IV.mpf(bounds.coupled.value) * terms["row_cap"]
+        off = c_hat * IV.sqrt(kappa)
+        coupled = IV.sqrt((b_hat ** 2 + Phi) / 2 + IV.sqrt(((b_hat ** 2 - Phi) / 2) ** 2 + off ** 2))
+        plain = IV.sqrt(b_hat ** 2 + Phi)
         total = coupled if upper(coupled) <= upper(plain) else plain
         certificate.update(c_hat=upper(c_hat), coupled=upper(coupled), plain=upper(plain))
     certificate.update(_intervals_to_floats(terms))
-    if bounds.own_values:
-        certificate["closed_form"] = closed_form_cross_attention(
-            head, bounds.R, bounds.c, n=n, m=m, argument=argument, query_radius=bounds.R_query,
-            query_center=bounds.c_query)
     return _result(f"Lip(cross-attention, {argument})", bounds, pieces, total, certificate, started, require)
 
 
 @one_blas_thread
 def matrix_aware_closed_form(head: Head, radius: float, center=None, *, n: int, causal: bool | None = None,
-                             solver: str = "auto", bounds: HeadBounds | None = None) -> CertifiedBound:
+                             solver: str = "auto", bounds: HeadBounds | None = None) -> CertifiedValue:
     r"""The closed form with its norm products replaced by the certified joint constants:
 
         L_V sqrt(kappa') + R^2 gamma_{A,V} + L_V R beta' sqrt(min(kappa', 3 n / 4)),
@@ -440,10 +387,10 @@ def matrix_aware_closed_form(head: Head, radius: float, center=None, *, n: int, 
                        started, False)
     terms = bounds.terms(n, causal=causal)
     kappa = terms["kappa"]
-    cap = iv.mpf(3) * n / 4
+    cap = IV.mpf(3) * n / 4
     k_cov = kappa if upper(kappa) <= lower(cap) else cap
-    L = iv.sqrt(iv.mpf(bounds.value_norm2.value))
-    value = L * iv.sqrt(kappa) + terms["b_hat"] + L * iv.mpf(bounds.R) * iv.mpf(bounds.beta.value) * iv.sqrt(k_cov)
+    L = IV.sqrt(IV.mpf(bounds.value_norm2.value))
+    value = L * IV.sqrt(kappa) + terms["b_hat"] + L * IV.mpf(bounds.R) * IV.mpf(bounds.beta.value) * IV.sqrt(k_cov)
     certificate.update(kappa=upper(kappa), b_hat=upper(terms["b_hat"]))
     return _result("Lip(self-attention), matrix-aware closed form", bounds, pieces, value, certificate, started,
                    False)
@@ -453,7 +400,7 @@ def matrix_aware_closed_form(head: Head, radius: float, center=None, *, n: int, 
 @one_blas_thread
 def measure_attention_bound(head: Head, radius: float, center=None, *, n: int | None = None,
                             regime: str = "uniform", argument: str = "self", query_radius=None, query_center=None,
-                            solver: str = "auto", require: bool = False) -> CertifiedBound:
+                            solver: str = "auto", require: bool = False) -> CertifiedValue:
     r"""Certified Wasserstein-1 constant of attention on measures (Vuckovic, Baratin, Tachet des
     Combes 2020), with the matrix-aware constants of :mod:`lipbound.numeric.sdp.joint`.
 
@@ -504,21 +451,21 @@ def measure_attention_bound(head: Head, radius: float, center=None, *, n: int | 
     certificate: dict = {"regime": regime, "argument": argument, "n": n}
     if _first_failure(*pieces) is not None:
         return _result(name, bounds, pieces, None, certificate, started, require)
-    R = iv.mpf(bounds.R)
-    L = iv.sqrt(iv.mpf(bounds.value_norm2.value))
-    beta = iv.mpf(bounds.beta.value)
+    R = IV.mpf(bounds.R)
+    L = IV.sqrt(IV.mpf(bounds.value_norm2.value))
+    beta = IV.mpf(bounds.beta.value)
     rho_beta = L * R * beta
-    query_part = R ** 2 * iv.mpf(bounds.gamma.value)
+    query_part = R ** 2 * IV.mpf(bounds.gamma.value)
     if regime == "uniform":
         p_lo, p_bar = bounds._weight_range(n)
-        p_hi = iv.mpf(upper(p_bar))
+        p_hi = IV.mpf(upper(p_bar))
         # p (1 - p) peaks at 1/2; clamp to the weight range
-        q = p_hi if upper(p_hi) < 0.5 else (iv.mpf(p_lo) if p_lo > 0.5 else iv.mpf(0.5))
+        q = p_hi if upper(p_hi) < 0.5 else (IV.mpf(p_lo) if p_lo > 0.5 else IV.mpf(0.5))
         column = n * (p_hi * L + 2 * rho_beta * q * (1 - q))
         total = query_part * (1 if n >= 2 else 0) + column
         certificate.update(query_part=upper(query_part), column=upper(column))
     else:
-        context_part = iv.exp(2 * R * beta) * (L + 2 * rho_beta)
+        context_part = IV.exp(2 * R * beta) * (L + 2 * rho_beta)
         total = {"self": query_part + context_part, "queries": query_part, "context": context_part,
                  "joint": query_part + context_part}[argument]
         certificate.update(query_part=upper(query_part), context_part=upper(context_part))

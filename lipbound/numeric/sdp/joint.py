@@ -3,7 +3,7 @@ r"""Matrix-aware replacements of the norm products in the closed-form bound.
 The closed form for dot-product self-attention on ``B(c, R)^n`` (DESIGN.md section 2,
 :func:`lipbound.symbolic.theorems.self_attention`) multiplies operator norms that ignore
 how the concrete matrices align.  This module computes the joint quantities instead,
-each as a :class:`~lipbound.numeric.sdp.certify.CertifiedBound` whose value comes from a
+each as a :class:`~lipbound.rigorous.value.CertifiedValue` whose value comes from a
 rigorous re-check, never from a solver's objective.
 
 **The query-gradient term: gamma_{A,V}.**  Write ``A = W_Q W_K^T / sqrt(d_k)``,
@@ -72,10 +72,12 @@ import numpy as np
 
 from ...errors import AssumptionError, SolverError, WeightsError
 from ..attention import Head
-from .certify import (CertifiedBound, Enclosure, iv, lambda_max_upper, lambda_min_lower, lower,
-                      one_blas_thread, spectral_norm_upper, upper)
+from ...rigorous.intervals import IV, Verdict, lower, upper
+from ...rigorous.linalg import Enclosure, lambda_max_upper, lambda_min_lower, spectral_norm_upper
+from ...rigorous.value import CertifiedValue
+from ..blas import one_blas_thread
 
-__all__ = ["JointRange", "SdpCandidate", "joint_gain", "gamma_AV", "key_form", "value_gram",
+__all__ = ["JointRange", "SdpCandidate", "sdp_value", "joint_gain", "gamma_AV", "key_form", "value_gram",
            "key_gradient_sup", "layernorm_value_spread", "layernorm_joint_gain", "SOLVERS"]
 
 #: Accepted solver names: conic solvers through cvxpy, "eig" (one-dimensional convex
@@ -87,6 +89,17 @@ _TOLERANCE = {"clarabel": 1e-5, "scs": 2e-3, "eig": 0.0}
 _PROVENANCE_GAMMA = ("gamma_{A,V} = max_u ||A u|| ||W_V^T u||: exact SDP over the joint numerical range "
                      "(Brickman 1961), certified by lambda_max(a A^T A + W_V W_V^T/(4a)) (AM-GM); "
                      "lipbound.numeric.sdp.joint")
+
+
+def sdp_value(name: str, value: float, certified: bool, certificate: dict, solver: str, seconds: float,
+              status: str, provenance: str, reason: str = "", lower: float = math.nan) -> CertifiedValue:
+    """A relaxation's result as a :class:`~lipbound.rigorous.value.CertifiedValue`: ``details`` holds
+    the solver, the seconds, the status and the re-check numbers of the certificate."""
+    details = {"solver": solver, "seconds": seconds, "status": status, **certificate}
+    if certified:
+        return CertifiedValue(name, value, Verdict.HOLDS, provenance, lower=lower, details=details)
+    return CertifiedValue(name, math.nan, Verdict.UNKNOWN, provenance, lower=lower, reason=reason or "not certified",
+                          details=details)
 
 
 # Gram matrices of a head ------------------------------------------------------------------
@@ -106,7 +119,7 @@ def key_form(head: Head) -> Enclosure:
     head = _check_head(head)
     W_Q, W_K = Enclosure.exact(head.W_Q), Enclosure.exact(head.W_K)
     inner = (W_Q.T @ W_Q)
-    return (W_K @ inner @ W_K.T).scale(Enclosure.real(1 / iv.mpf(head.d_k))).sym()
+    return (W_K @ inner @ W_K.T).scale(Enclosure.scalar(1 / IV.mpf(head.d_k))).sym()
 
 
 def value_gram(W_V: np.ndarray | Enclosure) -> Enclosure:
@@ -277,7 +290,7 @@ class JointRange:
         if not (a > 0 and math.isfinite(a) and mu >= 0 and math.isfinite(mu)):
             raise SolverError("a, mu", "a > 0 and mu >= 0, finite", f"a={a!r}, mu={mu!r}",
                               "the certificate needs a positive AM-GM weight")
-        b = upper(iv.mpf(mu) + 1 / (4 * iv.mpf(a)))
+        b = upper(IV.mpf(mu) + 1 / (4 * IV.mpf(a)))
         return lambda_max_upper(self.G1.scale(a) + self.G2.scale(b)), b
 
     def support_numeric(self, mu: float, a: float) -> float:
@@ -311,13 +324,13 @@ class JointRange:
             if v is None or not np.any(v):
                 continue
             x, y = self.point(v)
-            best = max(best, lower(iv.sqrt(iv.mpf(max(lower(x), 0.0)) * iv.mpf(max(lower(y), 0.0)))))
+            best = max(best, lower(IV.sqrt(IV.mpf(max(lower(x), 0.0)) * IV.mpf(max(lower(y), 0.0)))))
         return best
 
     # the gain sup_W sqrt(x y) ---------------------------------------------------------------
     @one_blas_thread
     def gain(self, solver: str = "auto", name: str = "gamma", provenance: str = _PROVENANCE_GAMMA,
-             polish: bool = True) -> CertifiedBound:
+             polish: bool = True) -> CertifiedValue:
         """``sup_{||u||=1} sqrt(u^T G1 u * u^T G2 u)``, certified.
 
         Parameters
@@ -370,17 +383,17 @@ class JointRange:
         certificate["lower"] = low
         return _bracketed(name, provenance, solver, started, status, value, low, certificate)
 
-    def _zero(self, name, provenance, solver, started) -> CertifiedBound:
+    def _zero(self, name, provenance, solver, started) -> CertifiedValue:
         """A form vanishes (numerically): the product of the two norms is then the bound."""
         tops = [max(lambda_max_upper(G), 0.0) for G in (self.G1, self.G2)]
-        value = upper(iv.sqrt(iv.mpf(tops[0]) * iv.mpf(tops[1])))
-        return CertifiedBound(name, value, True, {"degenerate": "norm product", "lambda_max_upper": tops},
+        value = upper(IV.sqrt(IV.mpf(tops[0]) * IV.mpf(tops[1])))
+        return sdp_value(name, value, True, {"degenerate": "norm product", "lambda_max_upper": tops},
                               solver, time.perf_counter() - started, "certified", provenance, lower=0.0)
 
     # the coupled gain sup_K k_1 sqrt(base + slope k_2) ----------------------------------------
     @one_blas_thread
     def coupled_gain(self, base: float, slope: float, k1_max: float, k2_max: float, solver: str = "auto",
-                     name: str = "coupled gain", provenance: str = "") -> CertifiedBound:
+                     name: str = "coupled gain", provenance: str = "") -> CertifiedValue:
         r"""``sup_{k in K} k_1 sqrt(base + slope k_2)``, certified.
 
         ``k1_max`` and ``k2_max`` must be certified upper bounds of ``sup_K k_1`` and of
@@ -401,8 +414,8 @@ class JointRange:
                 raise SolverError(label, "a finite non-negative number", repr(value),
                                   "pass certified upper bounds")
         if self.degenerate or k1_max == 0.0:
-            value = upper(iv.mpf(k1_max) * iv.sqrt(iv.mpf(base) + iv.mpf(slope) * iv.mpf(k2_max)))
-            return CertifiedBound(name, value, True, {"degenerate": "box bound"}, solver,
+            value = upper(IV.mpf(k1_max) * IV.sqrt(IV.mpf(base) + IV.mpf(slope) * IV.mpf(k2_max)))
+            return sdp_value(name, value, True, {"degenerate": "box bound"}, solver,
                                   time.perf_counter() - started, "certified", provenance, lower=0.0)
         certificate: dict = {"reduced_dimension": self.rank, "base": base, "slope": slope,
                              "k1_max": k1_max, "k2_max": k2_max}
@@ -438,7 +451,7 @@ class JointRange:
         v = self.top_vector(mu, a)
         x_iv, y_iv = self.point(v)
         x_lo, y_lo = max(lower(x_iv), 0.0), max(lower(y_iv), 0.0)
-        low = lower(iv.sqrt(iv.mpf(x_lo) * iv.mpf(y_lo)) * iv.sqrt(iv.mpf(base) + iv.mpf(slope) * y_lo)) \
+        low = lower(IV.sqrt(IV.mpf(x_lo) * IV.mpf(y_lo)) * IV.sqrt(IV.mpf(base) + IV.mpf(slope) * y_lo)) \
             if base + slope > 0 else 0.0
         certificate["rank_one_lower"] = low
         return _bracketed(name, provenance, solver, started, status, value, low, certificate)
@@ -475,17 +488,17 @@ def _disagreement(objective: float, value: float, solver: str, certificate: dict
     return (f"solver objective {objective:.10g} disagrees with the re-checked certificate {value:.10g} "
             f"(relative tolerance {tolerance:g})")
 
-def _bracketed(name, provenance, solver, started, status, value, low, certificate) -> CertifiedBound:
+def _bracketed(name, provenance, solver, started, status, value, low, certificate) -> CertifiedValue:
     """The certified value, unless its certified lower bound contradicts it (then a failure)."""
     if low > value:
         return _failed(name, provenance, solver, started, status,
                        f"certified lower bound {low!r} exceeds the upper bound {value!r}", certificate)
-    return CertifiedBound(name, value, True, certificate, solver, time.perf_counter() - started,
+    return sdp_value(name, value, True, certificate, solver, time.perf_counter() - started,
                           status, provenance, lower=low)
 
 
-def _failed(name, provenance, solver, started, status, reason, certificate) -> CertifiedBound:
-    return CertifiedBound(name, math.nan, False, certificate, solver, time.perf_counter() - started,
+def _failed(name, provenance, solver, started, status, reason, certificate) -> CertifiedValue:
+    return sdp_value(name, math.nan, False, certificate, solver, time.perf_counter() - started,
                           status, provenance, reason=reason)
 
 
@@ -539,14 +552,14 @@ def _polygon_sup(H, mu, k1_max, k2_max, base, slope, cells: int = 2048, rounds: 
 # Public constants of a head -----------------------------------------------------------------------
 @one_blas_thread
 def joint_gain(G1, G2, solver: str = "auto", name: str = "joint gain",
-               provenance: str = _PROVENANCE_GAMMA) -> CertifiedBound:
+               provenance: str = _PROVENANCE_GAMMA) -> CertifiedValue:
     """``max_{||u||=1} sqrt(u^T G1 u) sqrt(u^T G2 u)`` for PSD ``G1 = F1^T F1``, ``G2 = F2^T F2``,
     i.e. ``max ||F1 u|| ||F2 u||``, certified (see :class:`JointRange`)."""
     return JointRange(G1, G2).gain(solver=solver, name=name, provenance=provenance)
 
 
 @one_blas_thread
-def gamma_AV(head: Head, solver: str = "auto") -> CertifiedBound:
+def gamma_AV(head: Head, solver: str = "auto") -> CertifiedValue:
     r"""``gamma_{A,V} = max_{||u||=1} ||A u|| ||W_V^T u||`` for a dot-product head.
 
     Replaces ``||A|| ||W_V||`` in the query-gradient term: ``||Cov_p(e^T A x, W_V^T x)||
@@ -560,7 +573,7 @@ def gamma_AV(head: Head, solver: str = "auto") -> CertifiedBound:
 
     Returns
     -------
-    CertifiedBound
+    CertifiedValue
         ``value`` = certified upper bound, ``lower`` = certified lower bound.
     """
     head = _check_head(head)
@@ -582,7 +595,7 @@ def _ball(head: Head, radius, center) -> tuple[float, np.ndarray]:
 
 
 @one_blas_thread
-def key_gradient_sup(head: Head, radius: float, center: np.ndarray | None = None) -> CertifiedBound:
+def key_gradient_sup(head: Head, radius: float, center: np.ndarray | None = None) -> CertifiedValue:
     r"""``beta = sup_{||x - c|| <= R} ||A^T x + u||``, ``u = W_K b_Q / sqrt(d_k)``: the exact
     trust-region value, certified by the S-lemma (module docstring).
 
@@ -628,12 +641,12 @@ def key_gradient_sup(head: Head, radius: float, center: np.ndarray | None = None
     # rescaled certificate matrix [[lam' I - R^2 G, -R h], [-R h^T, tau - lam' - s0]], lam' = lam R^2
     d = head.d
     certificate: dict = {"lambda": lam, "tau_candidate": value}
-    lam_scaled = upper(iv.mpf(lam) * iv.mpf(R) * iv.mpf(R))
-    top = Enclosure.exact(np.eye(d)).scale(lam_scaled) - G.scale(Enclosure.real(iv.mpf(R) ** 2))
+    lam_scaled = upper(IV.mpf(lam) * IV.mpf(R) * IV.mpf(R))
+    top = Enclosure.exact(np.eye(d)).scale(lam_scaled) - G.scale(Enclosure.scalar(IV.mpf(R) ** 2))
     side = h.scale(-R)
     certified_tau = None
     for slack in (1e-10, 1e-9, 1e-8, 1e-7, 1e-6, 1e-5):
-        tau_c = upper(iv.mpf(value) * (1 + iv.mpf(slack)) + iv.mpf(slack) * iv.mpf(lam_scaled))
+        tau_c = upper(IV.mpf(value) * (1 + IV.mpf(slack)) + IV.mpf(slack) * IV.mpf(lam_scaled))
         corner = Enclosure.exact(np.array([[tau_c]])) - Enclosure.exact(np.array([[lam_scaled]])) - s0
         blocks = Enclosure(np.block([[top.mid, side.mid], [side.mid.T, corner.mid]]),
                            np.block([[top.rad, side.rad], [side.rad.T, corner.rad]]))
@@ -642,16 +655,16 @@ def key_gradient_sup(head: Head, radius: float, center: np.ndarray | None = None
             certified_tau = tau_c
             certificate.update(slack=slack, tau=tau_c, min_eig_lower=floor_eig)
             break
-    triangle = upper((iv.mpf(spectral_norm_upper(W_Q @ W_K.T)) * iv.mpf(R)
-                      + iv.mpf(spectral_norm_upper(W_K @ q0))) / iv.sqrt(iv.mpf(head.d_k)))
+    triangle = upper((IV.mpf(spectral_norm_upper(W_Q @ W_K.T)) * IV.mpf(R)
+                      + IV.mpf(spectral_norm_upper(W_K @ q0))) / IV.sqrt(IV.mpf(head.d_k)))
     certificate["triangle_bound"] = triangle
     provenance = ("beta = sup_{||x-c||<=R} ||A^T x + u||: trust-region secular equation, certified by an "
                   "S-lemma PSD check; lipbound.numeric.sdp.joint.key_gradient_sup")
     if certified_tau is None:
-        return CertifiedBound("beta", math.nan, False, certificate, "secular-equation",
+        return sdp_value("beta", math.nan, False, certificate, "secular-equation",
                               time.perf_counter() - started, "psd check failed", provenance,
                               reason="the S-lemma matrix could not be certified PSD")
-    beta_up = upper(iv.sqrt(iv.mpf(certified_tau) / iv.mpf(head.d_k)))
+    beta_up = upper(IV.sqrt(IV.mpf(certified_tau) / IV.mpf(head.d_k)))
     # certified lower bound: the secular maximiser (and the top eigenvector), scaled into the ball
     candidates = []
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -663,13 +676,13 @@ def key_gradient_sup(head: Head, radius: float, center: np.ndarray | None = None
     best_low = 0.0
     for z in candidates:
         z_enc = Enclosure.exact(z.reshape(-1, 1))
-        if upper((Enclosure.exact(z.reshape(1, -1)) @ z_enc).interval()) > lower(iv.mpf(R) ** 2):
+        if upper((Enclosure.exact(z.reshape(1, -1)) @ z_enc).interval()) > lower(IV.mpf(R) ** 2):
             continue
         vec = Enclosure.exact(head.W_K) @ (W_Q.T @ z_enc + q0)
         norm2 = (vec.T @ vec).interval()
-        best_low = max(best_low, lower(iv.sqrt(iv.mpf(max(lower(norm2), 0.0)) / iv.mpf(head.d_k))))
+        best_low = max(best_low, lower(IV.sqrt(IV.mpf(max(lower(norm2), 0.0)) / IV.mpf(head.d_k))))
     certificate["lower"] = best_low
-    return CertifiedBound("beta", min(beta_up, triangle), True, certificate, "secular-equation",
+    return sdp_value("beta", min(beta_up, triangle), True, certificate, "secular-equation",
                           time.perf_counter() - started, "certified",
                           provenance, lower=best_low)
 
@@ -678,7 +691,7 @@ def _layernorm_projector(gain: np.ndarray) -> Enclosure:
     """``diag(gain) P``, ``P = I - 1 1^T / d``, as an enclosure."""
     gain = np.asarray(gain, dtype=float).reshape(-1)
     d = gain.size
-    P = Enclosure.exact(np.eye(d)) - Enclosure.exact(np.ones((d, d))).scale(Enclosure.real(1 / iv.mpf(d)))
+    P = Enclosure.exact(np.eye(d)) - Enclosure.exact(np.ones((d, d))).scale(Enclosure.scalar(1 / IV.mpf(d)))
     return Enclosure.exact(np.diag(gain)) @ P
 
 
@@ -691,7 +704,7 @@ def _check_gain(gain, d: int) -> np.ndarray:
 
 
 @one_blas_thread
-def layernorm_value_spread(W_V: np.ndarray, gain: np.ndarray) -> CertifiedBound:
+def layernorm_value_spread(W_V: np.ndarray, gain: np.ndarray) -> CertifiedValue:
     r"""``sup ||W_V^T diag(gain) z||`` over ``z`` orthogonal to 1 with ``||z|| = sqrt(d)``:
     exactly ``sqrt(d) ||W_V^T diag(gain) P||``, ``P = I - 1 1^T / d``.
 
@@ -712,22 +725,22 @@ def layernorm_value_spread(W_V: np.ndarray, gain: np.ndarray) -> CertifiedBound:
     F = Enclosure.exact(W_V).T @ _layernorm_projector(gain)          # (d_v, d)
     G = (F @ F.T).sym()
     top = max(lambda_max_upper(G), 0.0)
-    value = upper(iv.sqrt(iv.mpf(d) * iv.mpf(top)))
+    value = upper(IV.sqrt(IV.mpf(d) * IV.mpf(top)))
     # lower: the top right-singular vector, projected exactly (in enclosure arithmetic) onto 1-perp
     vector = np.linalg.svd(F.mid)[2][0]
     image = F @ Enclosure.exact(vector.reshape(-1, 1))
     projected = _layernorm_projector(np.ones(d)) @ Enclosure.exact(vector.reshape(-1, 1))
     num, den = (image.T @ image).interval(), (projected.T @ projected).interval()
-    low = lower(iv.sqrt(iv.mpf(d) * iv.mpf(max(lower(num), 0.0)) / iv.mpf(upper(den)))) if upper(den) > 0 else 0.0
-    naive = upper(iv.mpf(spectral_norm_upper(W_V)) * iv.mpf(float(np.max(np.abs(gain)))) * iv.sqrt(iv.mpf(d)))
-    return CertifiedBound("rho (LayerNorm image)", value, True, {"lambda_max_upper": top, "naive": naive},
+    low = lower(IV.sqrt(IV.mpf(d) * IV.mpf(max(lower(num), 0.0)) / IV.mpf(upper(den)))) if upper(den) > 0 else 0.0
+    naive = upper(IV.mpf(spectral_norm_upper(W_V)) * IV.mpf(float(np.max(np.abs(gain)))) * IV.sqrt(IV.mpf(d)))
+    return sdp_value("rho (LayerNorm image)", value, True, {"lambda_max_upper": top, "naive": naive},
                           "eig", time.perf_counter() - started, "certified",
                           "sup over z orthogonal to 1, ||z|| = sqrt(d), of ||W_V^T diag(gain) z|| = "
                           "sqrt(d) ||W_V^T diag(gain) P||; lipbound.numeric.sdp.joint", lower=low)
 
 
 @one_blas_thread
-def layernorm_joint_gain(head: Head, gain: np.ndarray, solver: str = "auto") -> CertifiedBound:
+def layernorm_joint_gain(head: Head, gain: np.ndarray, solver: str = "auto") -> CertifiedValue:
     r"""``d * max_{u ⟂ 1, ||u|| = 1} ||A D u|| ||W_V^T D u||``, ``D = diag(gain)``: the bound on
     ``||Cov_p(e^T A x, W_V^T x)|| / ||e||`` for tokens on the LayerNorm image (it replaces
     ``R^2 gamma_{A,V}``), since ``Cov(x) = D Cov(z) D`` with ``tr Cov(z) <= d`` on ``1``-perp."""
@@ -739,8 +752,8 @@ def layernorm_joint_gain(head: Head, gain: np.ndarray, solver: str = "auto") -> 
     inner = joint_gain(G1, G2, solver=solver, name="gamma (LayerNorm image)")
     if not inner.certified:
         return inner
-    value = upper(iv.mpf(head.d) * iv.mpf(inner.value))
-    low = lower(iv.mpf(head.d) * iv.mpf(inner.lower))
-    return CertifiedBound("d * gamma (LayerNorm image)", value, True, {"gamma": inner}, inner.solver,
-                          inner.solve_time, inner.status, inner.provenance + "; times tr Cov(z) <= d",
+    value = upper(IV.mpf(head.d) * IV.mpf(inner.value))
+    low = lower(IV.mpf(head.d) * IV.mpf(inner.lower))
+    return sdp_value("d * gamma (LayerNorm image)", value, True, {"gamma": inner}, inner.details["solver"],
+                          inner.details["seconds"], inner.details["status"], inner.provenance + "; times tr Cov(z) <= d",
                           lower=low)

@@ -1,10 +1,13 @@
 """The registry of SDP relaxations, keyed by the symbolic variant class.
 
-Meaning and lowering are kept apart (DESIGN.md section 4): a variant of
+Meaning and lowering are kept apart: a variant of
 :mod:`lipbound.symbolic.variants` says *what* map is bounded; the entry here says *how*
 its constant is computed from concrete weights.  Every entry has the signature
 
-    entry(target, radius, center=None, *, n, **options) -> CertifiedBound
+    entry(target, domain, *, n, **options) -> CertifiedValue
+
+with ``domain`` a :class:`~lipbound.numeric.domains.TokenDomain` (the relaxations see its
+enclosing ball)
 
 and never returns an uncertified number: a failed solve or re-check comes back as
 ``certified=False`` with a reason, or raises :class:`~lipbound.errors.SolverError` when
@@ -22,9 +25,13 @@ from typing import Callable, Final
 from ...errors import AssumptionError, WeightsError
 from ...symbolic.scores import DotProduct
 from ...symbolic.variants import CrossAttention, MeasureAttention, MultiHead, Residual, SelfAttention, Variant
-from ..attention import Head, Layer
-from .certify import CertifiedBound, Enclosure, iv, spectral_norm_upper, upper
+from ..domains import TokenDomain
+from ..model import Head, Layer
+from ...rigorous.intervals import IV, upper
+from ...rigorous.linalg import Enclosure, spectral_norm_upper
+from ...rigorous.value import CertifiedValue
 from .head import cross_attention_bound, measure_attention_bound, self_attention_bound
+from .joint import sdp_value
 
 __all__ = ["SDP_RELAXATIONS", "relax", "self_attention_entry", "cross_attention_entry", "measure_entry",
            "multi_head_entry", "residual_entry"]
@@ -39,41 +46,50 @@ def _head(target) -> Head:
 
 def _layer(target) -> Layer:
     if not isinstance(target, Layer) and callable(getattr(target, "as_layer", None)):
-        target = target.as_layer()  # lipbound.numeric.weights.LayerWeights
+        target = target.as_layer()  # lipbound.numeric.model.TransformerLayer
     if not isinstance(target, Layer):
         raise WeightsError("target", "a lipbound.numeric.attention.Layer", type(target).__name__,
                            "build Layer(heads=..., W_O=...) for a multi-head variant")
     return target
 
 
-def self_attention_entry(target: Head, radius: float, center=None, *, n: int, causal: bool | None = None,
-                         solver: str = "auto", require: bool = False) -> CertifiedBound:
+def _ball(domain: TokenDomain) -> tuple[float, object]:
+    if not isinstance(domain, TokenDomain):
+        raise AssumptionError("domain", "a TokenDomain (lipbound.numeric.domains)", type(domain).__name__,
+                              "pass TokenBall(R) or LayerNormOutputs(norm)")
+    return domain.enclosing_ball()
+
+
+def self_attention_entry(target: Head, domain: TokenDomain, *, n: int, causal: bool | None = None,
+                         solver: str = "auto", require: bool = False) -> CertifiedValue:
     """Single-head dot-product self-attention on ``B(c, R)^n``: :func:`~.head.self_attention_bound`."""
-    return self_attention_bound(_head(target), radius, center, n=n, causal=causal, solver=solver,
+    return self_attention_bound(_head(target), *_ball(domain), n=n, causal=causal, solver=solver,
                                 require=require)
 
 
-def cross_attention_entry(target: Head, radius: float, center=None, *, n: int, m: int, argument: str = "joint",
-                          query_radius=None, query_center=None, solver: str = "auto",
-                          require: bool = False) -> CertifiedBound:
+def cross_attention_entry(target: Head, domain: TokenDomain, *, n: int, m: int, argument: str = "joint",
+                          query_domain: TokenDomain | None = None, solver: str = "auto",
+                          require: bool = False) -> CertifiedValue:
     """Dot-product cross-attention, m queries and n context tokens: :func:`~.head.cross_attention_bound`."""
-    return cross_attention_bound(_head(target), radius, center, n=n, m=m, argument=argument,
+    query_radius, query_center = _ball(query_domain or domain)
+    return cross_attention_bound(_head(target), *_ball(domain), n=n, m=m, argument=argument,
                                  query_radius=query_radius, query_center=query_center, solver=solver,
                                  require=require)
 
 
-def measure_entry(target: Head, radius: float, center=None, *, n: int | None = None, regime: str = "uniform",
-                  argument: str = "self", query_radius=None, query_center=None, solver: str = "auto",
-                  require: bool = False) -> CertifiedBound:
+def measure_entry(target: Head, domain: TokenDomain, *, n: int | None = None, regime: str = "uniform",
+                  argument: str = "self", query_domain: TokenDomain | None = None, solver: str = "auto",
+                  require: bool = False) -> CertifiedValue:
     """Attention on probability measures, Lipschitz in W1: :func:`~.head.measure_attention_bound`."""
-    return measure_attention_bound(_head(target), radius, center, n=n, regime=regime, argument=argument,
+    query_radius, query_center = _ball(query_domain or domain)
+    return measure_attention_bound(_head(target), *_ball(domain), n=n, regime=regime, argument=argument,
                                    query_radius=query_radius, query_center=query_center, solver=solver,
                                    require=require)
 
 
-def multi_head_entry(target: Layer, radius: float, center=None, *, n: int,
+def multi_head_entry(target: Layer, domain: TokenDomain, *, n: int,
                      inner: SelfAttention | CrossAttention | None = None, m: int | None = None,
-                     solver: str = "auto", require: bool = False) -> CertifiedBound:
+                     solver: str = "auto", require: bool = False) -> CertifiedValue:
     r"""H heads concatenated, then ``W_O``: ``F(X) = [f^1(X), ..., f^H(X)] W_O``.
 
     Two certified combinations, the smaller is reported:
@@ -97,8 +113,9 @@ def multi_head_entry(target: Layer, radius: float, center=None, *, n: int,
         raise AssumptionError("inner", "a SelfAttention or CrossAttention variant", type(inner).__name__,
                               "pass the per-head variant, e.g. MultiHead(SelfAttention(DotProduct())).head")
     W_O = Enclosure.exact(layer.W_O)
+    radius, center = _ball(domain)
 
-    def per_head(head: Head, value) -> CertifiedBound:
+    def per_head(head: Head, value) -> CertifiedValue:
         if isinstance(inner, SelfAttention):
             return self_attention_bound(head, radius, center, n=n, causal=inner.causal, solver=solver, value=value)
         if m is None:
@@ -116,25 +133,25 @@ def multi_head_entry(target: Layer, radius: float, center=None, *, n: int,
     certificate: dict = {"per_head": own, "per_head_split": split}
     failed = next((b for b in own + split if not b.certified), None)
     if failed is not None:
-        result = CertifiedBound("Lip(multi-head)", math.nan, False, certificate, solver,
-                                time.perf_counter() - started, failed.status,
+        result = sdp_value("Lip(multi-head)", math.nan, False, certificate, solver,
+                                time.perf_counter() - started, failed.details["status"],
                                 "multi-head combination of per-head relaxations",
                                 reason=f"a head: {failed.reason}")
         if require:
             result.require()
         return result
     norm_O = spectral_norm_upper(W_O)
-    concatenated = iv.mpf(norm_O) * iv.sqrt(sum((iv.mpf(b.value) ** 2 for b in own), iv.mpf(0)))
-    summed = sum((iv.mpf(b.value) for b in split), iv.mpf(0))
+    concatenated = IV.mpf(norm_O) * IV.sqrt(sum((IV.mpf(b.value) ** 2 for b in own), IV.mpf(0)))
+    summed = sum((IV.mpf(b.value) for b in split), IV.mpf(0))
     certificate.update(norm_W_O=norm_O, concatenated=upper(concatenated), split=upper(summed))
     value = min(upper(concatenated), upper(summed))
-    return CertifiedBound("Lip(multi-head)", value, True, certificate, solver, time.perf_counter() - started,
+    return sdp_value("Lip(multi-head)", value, True, certificate, solver, time.perf_counter() - started,
                           "certified", "||W_O|| (sum_h L_h^2)^(1/2) and sum_h Lip(f^h W_O^h), the smaller; "
                           "lipbound.numeric.sdp.registry.multi_head_entry")
 
 
-def residual_entry(target: Head | Layer, radius: float, center=None, *, n: int, inner: Variant | None = None,
-                   **options) -> CertifiedBound:
+def residual_entry(target: Head | Layer, domain: TokenDomain, *, n: int, inner: Variant | None = None,
+                   **options) -> CertifiedValue:
     """``X -> X + g(X)``: ``Lip <= 1 + Lip(g)`` in every norm (triangle inequality).
 
     ``inner`` is the variant of g (default: SelfAttention for a Head, MultiHead for a Layer);
@@ -150,18 +167,18 @@ def residual_entry(target: Head | Layer, radius: float, center=None, *, n: int, 
         raise AssumptionError("inner", "a non-residual variant", "Residual", "wrap the attention map once")
     if isinstance(target, Layer) and target.residual:
         target = replace(target, residual=False)
-    bound = relax(inner, target, radius, center, n=n, **options)
+    bound = relax(inner, target, domain, n=n, **options)
     certificate = {"inner": bound}
     if not bound.certified:
-        return CertifiedBound("Lip(residual)", math.nan, False, certificate, bound.solver,
-                              time.perf_counter() - started, bound.status, "1 + Lip(inner)",
+        return sdp_value("Lip(residual)", math.nan, False, certificate, bound.details["solver"],
+                              time.perf_counter() - started, bound.details["status"], "1 + Lip(inner)",
                               reason=f"inner: {bound.reason}")
-    return CertifiedBound("Lip(residual)", upper(1 + iv.mpf(bound.value)), True, certificate, bound.solver,
+    return sdp_value("Lip(residual)", upper(1 + IV.mpf(bound.value)), True, certificate, bound.details["solver"],
                           time.perf_counter() - started, "certified", "1 + Lip(inner) (triangle inequality)")
 
 
-#: variant class -> entry(target, radius, center=None, *, n, **options) -> CertifiedBound
-SDP_RELAXATIONS: Final[dict[type, Callable[..., CertifiedBound]]] = {
+#: variant class -> entry(target, domain, *, n, **options) -> CertifiedValue
+SDP_RELAXATIONS: Final[dict[type, Callable[..., CertifiedValue]]] = {
     SelfAttention: self_attention_entry,
     CrossAttention: cross_attention_entry,
     MeasureAttention: measure_entry,
@@ -170,7 +187,7 @@ SDP_RELAXATIONS: Final[dict[type, Callable[..., CertifiedBound]]] = {
 }
 
 
-def relax(variant: Variant, target, radius: float, center=None, *, n: int, **options) -> CertifiedBound:
+def relax(variant: Variant, target, domain: TokenDomain, *, n: int, **options) -> CertifiedValue:
     """Certified bound for ``variant`` with concrete weights ``target`` on ``B(center, radius)^n``.
 
     Parameters
@@ -179,8 +196,8 @@ def relax(variant: Variant, target, radius: float, center=None, *, n: int, **opt
         From :mod:`lipbound.symbolic.variants`; its score must be :class:`DotProduct`.
     target : Head or Layer
         The weights (a Layer for MultiHead, a Head for single-head variants).
-    radius, center, n :
-        The domain ``B(c, R)^n``.
+    domain, n :
+        The domain of every token (its enclosing ball ``B(c, R)``) and the number of tokens.
     **options
         Passed to the entry (``solver``, ``require``, ``m`` for cross-attention, ...).
     """
@@ -200,12 +217,12 @@ def relax(variant: Variant, target, radius: float, center=None, *, n: int, **opt
         raise AssumptionError("target", "heads with dot-product scores", f"scores {scores}",
                               "use the symbolic closed form for L2 and cosine heads")
     if isinstance(variant, SelfAttention):
-        return entry(target, radius, center, n=n, causal=variant.causal, **options)
+        return entry(target, domain, n=n, causal=variant.causal, **options)
     if isinstance(variant, CrossAttention):
-        return entry(target, radius, center, n=n, argument=variant.argument, **options)
+        return entry(target, domain, n=n, argument=variant.argument, **options)
     if isinstance(variant, MeasureAttention):
-        return entry(target, radius, center, n=n, regime=variant.regime, argument=variant.argument, **options)
+        return entry(target, domain, n=n, regime=variant.regime, argument=variant.argument, **options)
     if isinstance(variant, MultiHead):
-        return entry(target, radius, center, n=n, inner=variant.head, **options)
-    return entry(target, radius, center, n=n, inner=variant.inner, **options)
+        return entry(target, domain, n=n, inner=variant.head, **options)
+    return entry(target, domain, n=n, inner=variant.inner, **options)
 

@@ -2,7 +2,7 @@
 
 For every claim with a closed-form statement, lipbound derives its own bound for the
 same variant, norm and domain and decides symbolically which is smaller
-(:func:`lipbound.symbolic.compare.compare`).  Each row carries the claim's provenance
+(:func:`lipbound.symbolic.prover.compare`).  Each row carries the claim's provenance
 tag, so an ``unverified`` transcription is never shown as a theorem.
 """
 
@@ -13,9 +13,9 @@ from typing import final
 
 import sympy as sp
 
-from ..assumptions import Assumptions, Ball, LayerNormImage, Unbounded
+from .assumptions import Assumptions, Ball, LayerNormImage, Unbounded
 from .claims import CLAIMS, PublishedClaim
-from .compare import compare
+from .prover import compare
 from .registry import variant
 
 __all__ = ["ComparisonRow", "comparison_rows", "comparison_latex"]

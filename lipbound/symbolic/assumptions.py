@@ -1,42 +1,27 @@
 """Assumptions a bound is derived under: domain, sizes, norm, weight facts.
 
-Queries are three-valued (:class:`Truth`): an assumption that was not stated is
+Queries are three-valued (:class:`~lipbound.rigorous.intervals.Verdict`): an assumption that was not stated is
 ``UNKNOWN``, and an unknown never counts as a pass -- :meth:`Assumptions.require`
 raises :class:`~lipbound.errors.AssumptionError` naming what is missing.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field, replace
 from typing import final
 
 import sympy as sp
 
-from .errors import AssumptionError
-from .symbolic import symbols as S
-from .symbolic.record import Derivation, le
+from ..errors import AssumptionError
+from ..rigorous.intervals import Verdict
+from . import symbols as S
+from .record import Derivation, le
 
 __all__ = [
-    "Truth", "Domain", "Ball", "LayerNormImage", "Unbounded",
+    "Domain", "Ball", "LayerNormImage", "Unbounded",
     "Norm", "Frobenius", "Mixed21", "Mixed2Inf", "VecInf", "Wasserstein1", "NORMS", "norm_from_key",
     "NormAtLeast", "Assumptions",
 ]
-
-
-class Truth(enum.Enum):
-    """Three-valued answer to an assumption query."""
-
-    TRUE = "true"
-    FALSE = "false"
-    UNKNOWN = "unknown"
-
-    def __bool__(self):  # an unknown must never be mistaken for a pass
-        raise TypeError("Truth is three-valued: compare with Truth.TRUE explicitly")
-
-    @classmethod
-    def of(cls, value: bool | None) -> "Truth":
-        return cls.UNKNOWN if value is None else (cls.TRUE if value else cls.FALSE)
 
 
 # Domains ------------------------------------------------------------------
@@ -275,21 +260,21 @@ class Assumptions:
             object.__setattr__(self, name, value)
 
     # three-valued queries -------------------------------------------------
-    def ask(self, question: str) -> Truth:
-        """Answer ``"bounded"``, ``"tied"``, ``"self_attends"`` with a :class:`Truth`."""
+    def ask(self, question: str) -> Verdict:
+        """Answer ``"bounded"``, ``"tied"``, ``"self_attends"`` with a :class:`Verdict`."""
         if question == "bounded":
-            return Truth.of(self.domain.bounded)
+            return Verdict.of(self.domain.bounded)
         if question == "tied":
-            return Truth.of(self.tied)
+            return Verdict.of(self.tied)
         if question == "self_attends":
-            return Truth.of(self.self_attends)
+            return Verdict.of(self.self_attends)
         raise AssumptionError("question", "'bounded', 'tied' or 'self_attends'", repr(question),
                               "ask about a known assumption")
 
     def require(self, question: str, needed_by: str) -> None:
         """Raise :class:`AssumptionError` unless ``question`` is known to be true."""
         answer = self.ask(question)
-        if answer is not Truth.TRUE:
+        if answer is not Verdict.HOLDS:
             raise AssumptionError(
                 question, f"known true ({needed_by} needs it)", answer.value,
                 f"state {question}=True in Assumptions if it holds")

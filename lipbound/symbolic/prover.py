@@ -28,6 +28,7 @@ import mpmath
 import sympy as sp
 
 from ..errors import NotCertifiedError
+from ..rigorous.compiler import compile_interval
 from . import symbols as S
 
 __all__ = ["Comparison", "compare", "amgm_certificate", "UPPER_FACTS"]
@@ -233,13 +234,10 @@ def _default_box(symbols, box):
 
 
 def _numeric(a, b, box, samples, seed, depth) -> Comparison:
-    from .bound import numeric_namespace
     difference = b - a
     symbols = sorted(difference.free_symbols, key=lambda s: (str(s), type(s).__name__))
     bounds = _default_box(symbols, box)
-    plain = [sp.Dummy(f"v{i}", **s.assumptions0) for i, s in enumerate(symbols)]  # names may clash
-    interval_value = sp.lambdify(plain, difference.xreplace(dict(zip(symbols, plain))),
-                                 modules=numeric_namespace("interval"))
+    interval_value = compile_interval(difference, symbols)
     rng = random.Random(seed)
     joint = {s: _submultiplicative(s)[0] for s in symbols
              if isinstance(s, S.MatrixNormSymbol) and _submultiplicative(s)
@@ -253,7 +251,7 @@ def _numeric(a, b, box, samples, seed, depth) -> Comparison:
         for s, product in joint.items():  # admissible points only: ||M N|| <= ||M|| ||N||
             point[s] = float(product.xreplace(point)) * rng.uniform(0.01, 1.0)
         try:
-            exact = interval_value(*[mpmath.iv.mpf(point[s]) for s in symbols])
+            exact = interval_value(*[point[s] for s in symbols])
         except NotCertifiedError:
             continue
         if exact.b < 0:
@@ -267,7 +265,7 @@ def _numeric(a, b, box, samples, seed, depth) -> Comparison:
                               box={str(k): v for k, v in bounds.items()})
         cell = queue.pop()
         try:
-            enclosure = interval_value(*[mpmath.iv.mpf([lo, hi]) for lo, hi in cell.values()])
+            enclosure = interval_value(*[(lo, hi) for lo, hi in (cell[s] for s in symbols)])
         except NotCertifiedError:  # e.g. a sum over tokens needs an exact integer n: split sizes first
             sizes = [s for s in cell if s.is_integer and cell[s][1] > cell[s][0]]
             if not sizes:

@@ -1,0 +1,65 @@
+"""The command line, the only face of lipbound: ``lipbound COMMAND ...``.
+
+* :mod:`.symbolic` -- ``list``, ``derive``, ``compare``, ``proofs`` (no numeric module is loaded);
+* :mod:`.models` -- ``demo``, ``verify``, ``check``, ``recheck`` on real weights;
+* :mod:`.text` -- ``perturb``, ``depth`` on real text;
+* :mod:`.parsing` -- the parser and the ``type=`` converters; :mod:`.output` -- report files, progress.
+
+A user error (bad option, unreadable file, missing assumption) prints one line naming the
+option, what was expected, what came and the fix, and exits with status 2 -- never a
+traceback.  Other exit statuses: 1 an invalid witness, 3 a bound or claim refuted, 130
+interrupted, 141 the reader of the output went away (``lipbound ... | head``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..errors import LipboundError
+from . import models, symbolic, text
+from .parsing import EXIT_USER_ERROR, Parser
+
+__all__ = ["main", "build_parser"]
+
+EXIT_BROKEN_PIPE = 141
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="lipbound", description="Lipschitz bounds for attention: derive, prove, check, export.\n"
+                    "Layers and heads are counted from 0.  `lipbound COMMAND --help` shows examples.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
+    for module in (symbolic, models, text):
+        module.register(sub)
+    return parser
+
+
+#: library argument names -> the options that set them
+_OPTIONS = {"head": "--head", "layer": "--layer", "n": "--n", "m": "--m", "num_heads": "--num-heads",
+            "radius": "--radius", "budget_seconds": "--budget", "norm": "--norm", "domain": "--radius",
+            "sentence": "sentence", "k": "--replace/--insert/--delete", "layers": "--layers"}
+
+
+def _in_cli_terms(error: LipboundError) -> str:
+    """The error's one line, naming the command-line option that sets the argument at fault."""
+    option = _OPTIONS.get(error.argument)
+    if option is None:
+        return str(error)
+    return f"{option}: expected {error.expected}, got {error.got}. Fix: {error.fix}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except LipboundError as error:
+        sys.stderr.write(f"lipbound: error: {_in_cli_terms(error)}\n")
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        sys.stderr.write("lipbound: interrupted\n")
+        return models.EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # the reader closed the pipe: stop quietly, and keep Python from complaining at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE

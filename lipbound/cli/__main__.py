@@ -1,0 +1,7 @@
+"""``python -m lipbound.cli``: the same as the ``lipbound`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

@@ -1,0 +1,213 @@
+"""Commands on real weights: ``demo``, ``verify``, ``check``, ``recheck``.
+
+Layers and heads are counted from 0 everywhere.  Output paths are checked when the arguments
+are parsed, before any work; reports are rewritten atomically after every finished row, so an
+interrupted run (Ctrl-C) keeps what finished.  Exit statuses: 0 done, 1 an invalid witness
+(``recheck``), 2 a user error, 3 a bound or claim refuted, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from .output import Progress, ReportFiles
+from .parsing import epilog, index, output_directory, output_file, positive_float, positive_int, radius_spec
+
+__all__ = ["register", "EXIT_INVALID", "EXIT_REFUTED", "EXIT_INTERRUPTED"]
+
+EXIT_INVALID = 1
+EXIT_REFUTED = 3
+EXIT_INTERRUPTED = 130
+
+
+def _row_text(row) -> str:
+    who = "whole layer" if row.head is None else f"head {row.head}"
+    flags = (" REFUTED: " + ", ".join(row.refuted)) if row.refuted else ""
+    return (f"layer {row.layer} {who}: witness {row.witness_value:.4g} <= Lip <= {row.best_upper:.4g}, "
+            f"gap {row.gap:.3g}{flags}")
+
+
+def _run_verification(verification, files: ReportFiles) -> int:
+    """Run row by row: progress on stderr, every report file rewritten after each row; on Ctrl-C
+    the files keep the finished rows (marked partial)."""
+    progress = Progress(len(verification.jobs))
+
+    def on_row(report, row):
+        files.write(report)
+        progress.update(len(report.rows), _row_text(row))
+
+    try:
+        report = verification.run(on_row)
+    except KeyboardInterrupt:
+        files.write(verification.report)
+        kept = files.describe()
+        sys.stderr.write(f"lipbound: interrupted; {len(verification.report.rows)} of {verification.report.planned} rows "
+                         f"kept{' in ' + kept if kept else ''}\n")
+        return EXIT_INTERRUPTED
+    files.write(report)
+    print()
+    print(report.table())
+    if report.refuted:
+        print("\nREFUTED: a witness beats at least one bound (exit status 3)")
+        return EXIT_REFUTED
+    return 0
+
+
+def _files(args) -> ReportFiles:
+    return ReportFiles(args.json, args.csv, args.markdown, args.latex)
+
+
+def _verify(args) -> int:
+    from ..numeric.model import load_weights
+    from ..numeric.report import Verification
+    model = load_weights(args.weights, num_heads=args.num_heads, layers=None if args.layer is None else [args.layer])
+    verification = Verification(model, layers=None if args.layer is None else [args.layer],
+                                heads=None if args.head is None else [args.head], n=args.n, domain=args.radius,
+                                sdp=args.sdp, budget=args.budget, seed=args.seed, witness_dir=args.witness_dir,
+                                drop_query_bias=args.drop_query_bias)
+    return _run_verification(verification, _files(args))
+
+
+def _demo(args) -> int:
+    import numpy as np
+
+    from ..numeric.model import load_default
+    from ..numeric.report import Verification
+    from ..printing.latex import latex
+    from ..symbolic.assumptions import Assumptions, Ball
+    from ..symbolic.registry import variant
+    bound = variant("dot-product").derive(Assumptions(domain=Ball()), "dot-product")
+    print("lipbound demo: the embedded default model (all-MiniLM-L6-v2, layers 0 and 5)")
+    print("\n1. Derived bound (dot-product self-attention with biases, Frobenius norm, tokens in B_R):")
+    print(f"   theorem {bound.theorem}:  Lip <= {bound.generic}")
+    for symbol, value in bound.constants.items():
+        print(f"     {str(symbol):6s} <= {value}")
+    print(f"   LaTeX: {latex(bound.expr)}")
+    print(f"   ({len(bound.record.steps)} proof steps; `lipbound derive dot-product --proof` prints them)")
+    model = load_default()
+    print(f"\n2. Sandwich per head, n = {args.n} tokens, ball of the LayerNorm radius, witness budget "
+          f"{args.budget:g} s per head, bounds: the derived closed form"
+          + (" and the SDP relaxation" if not args.no_sdp else "") + ":", flush=True)
+    verification = Verification(model, n=args.n, domain="layernorm", budget=args.budget, seed=args.seed,
+                                witness_dir=args.witness_dir, heads=None if args.all_heads else range(args.heads),
+                                whole_layers=args.all_heads, sdp=not args.no_sdp)
+    status = _run_verification(verification, _files(args))
+    rows = verification.report.rows
+    gaps = [row.gap for row in rows if row.head is not None]
+    if gaps:
+        print(f"\nmedian gap (best certified upper / witness) over {len(gaps)} heads: {float(np.median(gaps)):.3g}; "
+              f"worst {max(gaps):.3g}; refuted bounds: {sum(len(r.refuted) for r in rows)}")
+        print(f"witnesses saved in {args.witness_dir}/ (re-check one with `lipbound recheck FILE`)")
+    return status
+
+
+def _check(args) -> int:
+    from ..numeric.claims import check
+    from ..numeric.model import load_weights
+    weights = load_weights(args.weights, num_heads=args.num_heads) if args.weights else None
+    result = check(args.claim, weights=weights, seed=args.seed, budget=args.budget)
+    print(result.describe())
+    if args.json:
+        from ..io import write_text
+        write_text(args.json, json.dumps(result.__dict__, indent=2, default=str), "--json")
+    return EXIT_REFUTED if result.refuted else 0
+
+
+def _recheck(args) -> int:
+    from ..numeric.recheck import recheck_file
+    result = recheck_file(args.witness, args.weights)
+    print(result.message)
+    print(f"target: {result.target}; weights: {result.weights or 'in memory'} (sha256 {result.sha256 or 'unknown'})")
+    print(f"enclosure [{result.lower!r}, {result.upper!r}]; in the domain: {result.in_domain} "
+          f"(largest ||x_i - c|| = {result.max_distance!r}); {result.seconds:.2f} s")
+    return 0 if result.valid else EXIT_INVALID
+
+
+def _add_run_options(parser, weights: bool = True) -> None:
+    if weights:
+        parser.add_argument("weights", help="a .safetensors file, a Hugging Face BERT directory, or a plain .npz")
+        parser.add_argument("--layer", type=index("--layer", "layer"), help="one layer, counted from 0 (default: all)")
+        parser.add_argument("--head", type=index("--head", "head"),
+                            help="one head, counted from 0 (default: every head and the whole layer)")
+        parser.add_argument("--radius", type=radius_spec(), default="layernorm",
+                            help="the domain of each layer's inputs: 'layernorm' (default: the ball about 0 holding "
+                                 "every output of the LayerNorm that feeds the layer), 'layernorm-image' (those "
+                                 "outputs; their hull is the ball about the LayerNorm bias), or a radius R (the ball "
+                                 "||x|| <= R)")
+        parser.add_argument("--num-heads", type=positive_int("--num-heads"),
+                            help="heads per layer, when no config.json or metadata says")
+        parser.add_argument("--sdp", action="store_true", help="add the SDP relaxations (slower, tighter)")
+        parser.add_argument("--drop-query-bias", action="store_true",
+                            help="verify the heads without their query bias, the setting of published claims about "
+                                 "plain dot-product attention (they are then listed and checked)")
+    parser.add_argument("--n", type=positive_int("--n"), default=8, help="number of tokens (default 8)")
+    parser.add_argument("--budget", type=positive_float("--budget"), default=10.0,
+                        help="wall-clock seconds of each head's witness search (twice that for a whole layer)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the witness search (default 0)")
+    parser.add_argument("--witness-dir", type=output_directory("--witness-dir"), default="witnesses",
+                        help="folder the witnesses are saved in (default witnesses/)")
+    parser.add_argument("--json", type=output_file("--json", ".json"), help="write the report as JSON")
+    parser.add_argument("--csv", type=output_file("--csv", ".csv"), help="write the report as CSV")
+    parser.add_argument("--markdown", type=output_file("--markdown", ".md"), help="write the report as Markdown")
+    parser.add_argument("--latex", type=output_file("--latex", ".tex"), help="write the report as a LaTeX table")
+
+
+_STATUSES = "Exit status: 0 done, 2 user error, 3 a witness refutes a bound, 130 interrupted (finished rows kept)."
+
+
+def register(sub) -> None:
+    verify = sub.add_parser(
+        "verify", help="the sandwich witness <= Lip <= bounds for every head and layer of a model",
+        description="For every head (and whole layer) of a checkpoint: search a witness, evaluate every "
+                    "certified bound on the domain the layer's inputs live on, and report the sandwich "
+                    "witness <= Lip <= bound with the gap.  Layers and heads are counted from 0.",
+        epilog=epilog("lipbound verify model.safetensors",
+                      "lipbound verify MODEL_DIR --layer 0 --head 3 --n 16 --sdp",
+                      "lipbound verify model.safetensors --radius 20 --json report.json --latex table.tex",
+                      notes=_STATUSES + "  Report files are rewritten after every row (JSON \"complete\": false "
+                                        "until the end)."))
+    _add_run_options(verify)
+    verify.set_defaults(handler=_verify)
+
+    demo = sub.add_parser(
+        "demo", help="derive, evaluate and sandwich on the embedded default model",
+        description="Derive the dot-product bound, evaluate it on every head of the embedded default model "
+                    "(layers 0 and 5 of all-MiniLM-L6-v2), search a witness for each and print the sandwich.",
+        epilog=epilog("lipbound demo", "lipbound demo --no-sdp --budget 1", "lipbound demo --all-heads --json demo.json",
+                      notes=_STATUSES))
+    _add_run_options(demo, weights=False)
+    demo.add_argument("--heads", type=positive_int("--heads", 12), default=12,
+                      help="heads per layer to show, the first ones (default all 12)")
+    demo.add_argument("--all-heads", action="store_true", help="every head and the whole multi-head layers")
+    demo.add_argument("--no-sdp", action="store_true", help="closed forms only (faster)")
+    demo.set_defaults(handler=_demo, budget=2.0)
+
+    check = sub.add_parser(
+        "check", help="try to refute a published claim (exit 3 if refuted)",
+        description="Search for a certified witness against a published claim (`lipbound list` names them), "
+                    "on random weights and on --weights if given.  Verdicts: REFUTED, not refuted, confirmed "
+                    "(lipbound proves it), not certified.",
+        epilog=epilog("lipbound check castin-theorem", "lipbound check kim-l2-fro --budget 60",
+                      "lipbound check castin-code --weights model.safetensors --json check.json",
+                      notes="Exit status: 0 not refuted or confirmed, 2 user error, 3 refuted."))
+    check.add_argument("claim", help="a claim key (see `lipbound list`)")
+    check.add_argument("--weights", help="also try these weights (a checkpoint file or directory)")
+    check.add_argument("--num-heads", type=positive_int("--num-heads"), help="heads per layer of --weights")
+    check.add_argument("--seed", type=int, default=0, help="seed of the search (default 0)")
+    check.add_argument("--budget", type=positive_float("--budget"), default=20.0,
+                       help="wall-clock seconds of the search (default 20)")
+    check.add_argument("--json", type=output_file("--json", ".json"), help="write the result as JSON")
+    check.set_defaults(handler=_check)
+
+    recheck = sub.add_parser(
+        "recheck", help="recompute a saved witness in high precision",
+        description="Re-verify a witness file with exact arithmetic on the stored floats and 50-digit interval "
+                    "arithmetic, against the weights it was found on (the file and sha256 it records; a "
+                    "different file is refused).",
+        epilog=epilog("lipbound recheck witnesses/all-MiniLM-L6-v2-L0-H0-n8.npz",
+                      "lipbound recheck witness.npz --weights finetuned.safetensors",
+                      notes="Exit status: 0 valid, 1 invalid, 2 user error (e.g. other weights than recorded)."))
+    recheck.add_argument("witness", help="a witness .npz written by verify, demo or search_witness")
+    recheck.add_argument("--weights", help="the weights the witness was found on (default: the file it records)")
+    recheck.set_defaults(handler=_recheck)

@@ -1,0 +1,168 @@
+"""The parser class and the ``type=`` converters of every option.
+
+Each converter turns the text a user typed into the value the library takes, or raises an
+:class:`argparse.ArgumentTypeError` whose message says what was expected, what came and how to
+fix it in terms of the command line; the parser prints it on one line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from pathlib import Path
+
+__all__ = ["Parser", "EXIT_USER_ERROR", "positive_int", "index", "positive_float", "int_list", "radius_spec",
+           "output_file", "output_directory", "plot_file", "epilog"]
+
+EXIT_USER_ERROR = 2
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line and exit with status 2."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):  # noqa: D401 - argparse API
+        sys.stderr.write(f"lipbound: error: {message} (see `{self.prog} --help`)\n")
+        raise SystemExit(EXIT_USER_ERROR)
+
+
+def epilog(*examples: str, notes: str = "") -> str:
+    """The ``--help`` footer: examples, then notes."""
+    text = "examples:\n" + "\n".join(f"  {line}" for line in examples)
+    return text + ("\n\n" + notes if notes else "")
+
+
+def _fail(expected: str, got: str, fix: str):
+    raise argparse.ArgumentTypeError(f"expected {expected}, got {got!r}. Fix: {fix}")
+
+
+def positive_int(option: str, largest: int | None = None):
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            _fail("a positive integer", text, f"write e.g. {option} 8")
+        if value < 1:
+            _fail("a positive integer", text, f"write e.g. {option} 8")
+        if largest is not None and value > largest:
+            _fail(f"an integer at most {largest}", text, f"write e.g. {option} {min(largest, 8)}")
+        return value
+    convert.__name__ = option
+    return convert
+
+
+def index(option: str, what: str):
+    """A 0-based index (layers and heads are counted from 0)."""
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            _fail(f"a {what} number counted from 0", text, f"write e.g. {option} 0")
+        if value < 0:
+            _fail(f"a {what} number counted from 0 (0, 1, 2, ...)", text,
+                  f"{what}s are counted from 0; write e.g. {option} 0 for the first {what}")
+        return value
+    convert.__name__ = option
+    return convert
+
+
+def positive_float(option: str):
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            _fail("a positive number", text, f"write e.g. {option} 10")
+        return value
+    convert.__name__ = option
+    return convert
+
+
+def int_list(option: str, low: int = 0):
+    """``"3"``, ``"1..3"`` (inclusive) or ``"1,4,6"`` -> a sorted tuple of ints >= ``low``."""
+    def convert(text: str) -> tuple[int, ...]:
+        values: set[int] = set()
+        for part in str(text).split(","):
+            match = re.fullmatch(r"\s*(\d+)\s*(?:\.\.\s*(\d+)\s*)?", part)
+            if match is None:
+                _fail("an integer, a range A..B or a comma list", text, f"write e.g. {option} 0..5 or {option} 0,2")
+            start = int(match.group(1))
+            stop = int(match.group(2)) if match.group(2) is not None else start
+            if stop < start or start < low:
+                _fail(f"a range A..B with {low} <= A <= B", text, f"write e.g. {option} {low}..{low + 2}")
+            values.update(range(start, stop + 1))
+        return tuple(sorted(values))
+    convert.__name__ = option
+    return convert
+
+
+def radius_spec(option: str = "--radius"):
+    """``layernorm``, ``layernorm-image`` or a positive number (a :class:`DomainSpec`)."""
+    def convert(text: str):
+        from ..numeric.domains import DOMAIN_SPECS, DomainSpec
+        try:
+            return DomainSpec.parse(text, option)
+        except Exception:
+            _fail(f"a positive number or one of {', '.join(DOMAIN_SPECS)}", text,
+                  f"write e.g. {option} 20.25 or {option} layernorm")
+    convert.__name__ = option
+    return convert
+
+
+def _writable(path: Path, option: str) -> Path:
+    from ..io import check_output
+    from ..errors import OutputError
+    try:
+        return check_output(path, option)
+    except OutputError as error:
+        raise argparse.ArgumentTypeError(str(error).split(": ", 1)[1]) from None
+
+
+def output_file(option: str, *suffixes: str):
+    """A file that can be written (its folder exists and is writable), checked before any work."""
+    def convert(text: str) -> Path:
+        path = Path(text)
+        if suffixes and path.suffix.lower() not in suffixes:
+            _fail(f"a file ending in {' or '.join(suffixes)}", text, f"write e.g. {option} report{suffixes[0]}")
+        return _writable(path, option)
+    convert.__name__ = option
+    return convert
+
+
+def output_directory(option: str):
+    """A folder that exists and is writable, or can be created (its parent is)."""
+    def convert(text: str) -> Path:
+        import os
+        path = Path(text)
+        if path.exists() and not path.is_dir():
+            _fail("a folder", f"{text} (a file)", f"choose another {option}")
+        probe = path if path.exists() else path.parent if str(path.parent) else Path(".")
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        if not os.access(probe, os.W_OK | os.X_OK):
+            _fail("a folder that can be written", f"{text} (permission denied)", f"choose another {option}")
+        return path
+    convert.__name__ = option
+    return convert
+
+
+def plot_file(option: str = "--plot"):
+    """A file in a format matplotlib can write (png, pdf, svg, ...), in a writable folder."""
+    def convert(text: str) -> Path:
+        path = Path(text)
+        try:
+            from matplotlib.figure import Figure
+            formats = sorted(Figure().canvas.get_supported_filetypes())
+        except ImportError:
+            _fail("a plot file (needs matplotlib)", text, "pip install 'lipbound[all]' to draw plots")
+        if path.suffix.lower().lstrip(".") not in formats:
+            _fail(f"a file ending in one of .{', .'.join(formats)}", text, f"write e.g. {option} figure.png")
+        return _writable(path, option)
+    convert.__name__ = option
+    return convert

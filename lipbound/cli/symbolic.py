@@ -1,0 +1,165 @@
+"""Commands of the symbolic layer: ``list``, ``derive``, ``compare``, ``proofs``.
+
+They load no numeric module (no numpy-heavy code, no cvxpy, no scipy): ``lipbound derive`` starts
+in about the time SymPy takes to import.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..errors import LipboundError
+from .parsing import epilog, output_directory, positive_int
+
+__all__ = ["register"]
+
+_NORM_HELP = ("norm on X: fro (Frobenius, default), 2,1 (sum of token norms), 2,inf (largest token norm), "
+              "inf (l_inf on vec X); w1 (Wasserstein-1) for the measure variants, their only norm")
+
+
+def _derive(args) -> int:
+    import sympy as sp
+
+    from ..printing.derivation import derivation_to_latex
+    from ..printing.latex import latex
+    from ..symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
+    from ..symbolic.registry import variant
+    chosen = variant(args.variant)
+    norm = args.norm or chosen.norms[0]
+    if norm not in chosen.norms:
+        raise LipboundError("--norm", f"one of {', '.join(chosen.norms)} for {args.variant}", repr(norm),
+                            f"omit --norm or pass --norm {chosen.norms[0]}")
+    sizes = {name: sp.Integer(getattr(args, name)) for name in ("n", "m", "H") if getattr(args, name) is not None}
+    domain = {"ball": Ball, "layernorm": LayerNormImage, "unbounded": Unbounded}[args.domain]()
+    assumptions = Assumptions(domain=domain, norm=norm, tied=True if "l2-tied" in args.variant else None, **sizes)
+    result = chosen.derive(assumptions, args.variant)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+        return 0
+    if args.latex or args.proof:
+        if result.lipschitz:
+            print(latex(result.expr))
+        else:
+            print(r"\text{not Lipschitz: } X_t = " + latex(result.family) + r",\quad "
+                  + latex(result.growth) + r" \to \infty")
+        if args.proof:
+            print(derivation_to_latex(result.record))
+        return 0
+    print(f"variant:  {args.variant}    norm: {result.norm}    domain: {result.domain}")
+    if result.lipschitz:
+        print(f"bound:    Lip <= {result.expr}")
+    else:
+        print("bound:    NOT LIPSCHITZ on this domain")
+        print(f"witness:  X_t = {result.family.tolist()} ({result.instance}); "
+              f"entry of the Jacobian {result.growth} -> infinity")
+    print("assumptions:")
+    for line in result.assumptions:
+        print(f"  - {line}")
+    print(f"derivation ({len(result.record.steps)} steps; --proof for LaTeX):")
+    for step in result.record.steps:
+        print(f"  {step.justification}" + (f"  [{step.lemma}]" if step.lemma else ""))
+    return 0
+
+
+def _list(args) -> int:
+    from ..symbolic.assumptions import Assumptions, Ball
+    from ..symbolic.claims import CLAIMS
+    from ..symbolic.lemmas import LEMMAS
+    from ..symbolic.registry import VARIANTS, variant
+    print("variants (lipbound derive VARIANT):")
+    for name, (_, description) in VARIANTS.items():
+        print(f"  {name:24s} {description}")
+    ids = set()
+    for name in VARIANTS:
+        for norm in variant(name).norms:
+            try:
+                ids.add(variant(name).derive(Assumptions(domain=Ball(), norm=norm), name).theorem)
+            except LipboundError:
+                continue
+    print("theorems (one proof each in proofs/):")
+    for theorem_id in sorted(ids):
+        print(f"  {theorem_id}")
+    print("published claims (lipbound check CLAIM):")
+    for key, item in CLAIMS.items():
+        print(f"  {key:20s} [{item.tag}] {item.title}")
+    print(f"lemmas: {len(LEMMAS)} ({', '.join(sorted(LEMMAS))})")
+    return 0
+
+
+def _compare(args) -> int:
+    from ..symbolic.claim_table import comparison_latex, comparison_rows
+    from ..symbolic.claims import claim
+    if args.claim:
+        claim(args.claim)  # a clear error for an unknown claim
+    rows = comparison_rows(None if not args.claim else [args.claim])
+    if args.claim and not rows:
+        raise LipboundError("claim", "a claim with a closed-form upper bound on an attention variant",
+                            repr(args.claim), "see `lipbound list`; e.g. castin-theorem or kim-l2-fro")
+    if args.latex:
+        print(comparison_latex(rows))
+        return 0
+    for row in rows:
+        item = row.claim
+        print(f"{item.key} {item.provenance}")
+        print(f"  on: {item.variant}, norm {item.norm}, domain {item.domain}")
+        print(f"  claim:   Lip <= {row.published}")
+        print(f"  derived: Lip <= {row.derived}")
+        print(f"  relation: {row.relation}")
+        for step in row.steps:
+            print(f"    {step}")
+    return 0
+
+
+def _proofs(args) -> int:
+    from ..printing.proof_files import generate
+    paths = generate(args.directory)
+    print(f"wrote {len(paths)} files to {args.directory}")
+    return 0
+
+
+def register(sub) -> None:
+    sub.add_parser("list", help="variants, theorems, published claims",
+                   description="List the built-in variants, the theorems with a proof in proofs/, the published "
+                               "claims lipbound can check, and the lemmas the proofs cite.",
+                   epilog=epilog("lipbound list")).set_defaults(handler=_list)
+
+    derive = sub.add_parser(
+        "derive", help="derive a bound and its proof",
+        description="Derive the Lipschitz bound of an attention variant from its kernel assumptions, with every "
+                    "step recorded; print it as text, LaTeX, a LaTeX proof or JSON.",
+        epilog=epilog("lipbound derive dot-product --norm fro --domain ball",
+                      "lipbound derive dot-product --domain unbounded      # NOT LIPSCHITZ, with X_t",
+                      "lipbound derive l2-tied --domain unbounded --latex",
+                      "lipbound derive causal --proof > proof.tex",
+                      "lipbound derive measure-w1 --json",
+                      notes="Run `lipbound list` for the variants.  Exit status 0, or 2 for a user error."))
+    derive.add_argument("variant", help="a built-in variant (see `lipbound list`)")
+    derive.add_argument("--norm", choices=["fro", "2,1", "2,inf", "inf", "w1"], help=_NORM_HELP)
+    derive.add_argument("--domain", default="ball", choices=["ball", "layernorm", "unbounded"],
+                        help="where tokens live: ball (every token in B(0, R), default), layernorm (the image of a "
+                             "LayerNorm), unbounded (all of R^d; the answer may be NOT LIPSCHITZ)")
+    derive.add_argument("--n", type=positive_int("--n"), help="number of tokens (default: the symbol n)")
+    derive.add_argument("--m", type=positive_int("--m"), help="number of queries, for cross-attention")
+    derive.add_argument("--H", type=positive_int("--H"), help="number of heads, for multi-head variants")
+    derive.add_argument("--latex", action="store_true", help="print the bound as LaTeX")
+    derive.add_argument("--proof", action="store_true", help="print the bound and its derivation as LaTeX (align*)")
+    derive.add_argument("--json", action="store_true", help="print one JSON object")
+    derive.set_defaults(handler=_derive)
+
+    compare = sub.add_parser(
+        "compare", help="derived bounds against published claims, decided symbolically",
+        description="Compare lipbound's derived bound with a published claim under the same assumptions, and "
+                    "prove the relation (<=, >=, or where it changes) with recorded steps.",
+        epilog=epilog("lipbound compare                  # the whole table", "lipbound compare castin-theorem",
+                      "lipbound compare --latex > table.tex"))
+    compare.add_argument("claim", nargs="?", help="one claim (default: the whole table; see `lipbound list`)")
+    compare.add_argument("--latex", action="store_true", help="print the table as LaTeX")
+    compare.set_defaults(handler=_compare)
+
+    proofs = sub.add_parser(
+        "proofs", help="regenerate the LaTeX proofs of every theorem",
+        description="Write one LaTeX file per theorem, the kernel constants, the claims table and main.tex "
+                    "(which inputs them all) into DIRECTORY.  Only files lipbound generated are replaced.",
+        epilog=epilog("lipbound proofs proofs/ && (cd proofs && latexmk -pdf main.tex)"))
+    proofs.add_argument("directory", type=output_directory("directory"), help="the folder to write")
+    proofs.set_defaults(handler=_proofs)

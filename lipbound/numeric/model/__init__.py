@@ -1,0 +1,73 @@
+"""The model description: heads, attention layers, norms, feed-forward blocks, whole models,
+and the loaders that build them from checkpoints.
+
+* :mod:`.components` -- :class:`Head`, :class:`Layer` (multi-head attention), :class:`LayerNorm`,
+  :class:`FeedForward`;
+* :mod:`.transformer` -- :class:`TransformerLayer` (a layer with the norm feeding it),
+  :class:`Embeddings`, :class:`Model` (layers with provenance: path and sha256);
+* :mod:`.files` -- reading safetensors and ``.npz`` by their bytes, never unpickling;
+* :mod:`.huggingface` -- the BERT family; :mod:`.plain` -- the plain per-head format.
+
+:func:`load_weights` reads any of them; :func:`load_default` the embedded default (layers 0
+and 5 of sentence-transformers/all-MiniLM-L6-v2, attention and LayerNorms; Apache-2.0, see
+``data/NOTICE``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...errors import WeightsError
+from .components import SCORES, FeedForward, Head, Layer, LayerNorm
+from .files import TensorSource, open_checkpoint
+from .huggingface import is_bert, load_bert
+from .plain import PLAIN_FORMAT, load_plain, save_plain
+from .transformer import Embeddings, Model, TransformerLayer
+
+__all__ = ["SCORES", "Head", "Layer", "LayerNorm", "FeedForward", "TransformerLayer", "Embeddings", "Model",
+           "load_weights", "load_default", "save_plain", "PLAIN_FORMAT", "DEFAULT_WEIGHTS", "DEFAULT_LAYERS"]
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+DEFAULT_WEIGHTS = DATA / "minilm-l6-attention.safetensors"
+DEFAULT_LAYERS = (0, 5)
+LAYOUTS = "Hugging Face BERT family (encoder.layer.N.attention.self.query.weight, ...), the plain lipbound .npz"
+
+
+def load_weights(path, num_heads: int | None = None, layers=None) -> Model:
+    """Load a checkpoint: a ``.safetensors`` file, a Hugging Face model directory, or a plain ``.npz``.
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+    num_heads : int, optional
+        Heads per layer when no config.json or metadata says.
+    layers : int or iterable of int, optional
+        Layer indices to load (counted from 0; default: all).
+
+    Raises
+    ------
+    WeightsError
+        Unreadable or unrecognised files (pickles are refused), unknown layouts (the message
+        names the tensors seen and the layouts supported), missing keys, wrong shapes, NaN/Inf.
+    """
+    source, config = open_checkpoint(path)
+    if not isinstance(source, TensorSource):
+        raise WeightsError(str(source), f"a checkpoint in a supported layout ({LAYOUTS})",
+                           "a CTranslate2 model.bin", "convert the model to safetensors or the plain .npz format")
+    if source.kind == "npz":
+        return load_plain(source, num_heads, layers)
+    if is_bert(source):
+        return load_bert(source, config, num_heads, layers)
+    sample = ", ".join(sorted(source.keys())[:6])
+    raise WeightsError(str(source.path), f"tensor names of a supported layout: {LAYOUTS}",
+                       f"{len(source.keys())} tensors such as {sample or 'none'}",
+                       "convert the weights to the plain .npz format (see docs/formats.md)")
+
+
+def load_default(layers=None) -> Model:
+    """The embedded default: layers 0 and 5 of sentence-transformers/all-MiniLM-L6-v2 (a 6-layer
+    BERT, hidden 384, 12 heads of size 32), with the LayerNorms feeding each layer."""
+    if not DEFAULT_WEIGHTS.is_file():
+        raise WeightsError(str(DEFAULT_WEIGHTS), "the embedded default weights", "no such file",
+                           "regenerate them with python scripts/extract_default.py")
+    return load_weights(DEFAULT_WEIGHTS, layers=layers)

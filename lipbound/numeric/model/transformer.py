@@ -1,0 +1,196 @@
+"""A transformer as one description: layers in order, each with its attention, the norm
+feeding it, its feed-forward block, and the provenance of the weights.
+
+A BERT encoder layer (post-LN, Devlin et al. 2019; Vaswani et al. 2017) maps
+
+    Y = LN_att(X + Attn(X)),    X' = LN_out(Y + FFN(Y)),
+
+and the input of layer l is the output of the LayerNorm before it (``embeddings.LayerNorm``
+for layer 0, ``LN_out`` of layer l - 1 otherwise): :attr:`TransformerLayer.ln_in`, which fixes
+the domain the attention's inputs live on.  A checkpoint may hold attention only (the embedded
+default model): then ``ffn`` is None and only the attention is available.  The forward pass of
+whole layers and models is :mod:`lipbound.numeric.forward`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import final
+
+import numpy as np
+
+from ...errors import WeightsError
+from .components import FeedForward, Head, Layer, LayerNorm
+
+__all__ = ["TransformerLayer", "Embeddings", "Model"]
+
+
+@final
+@dataclass(frozen=True)
+class TransformerLayer:
+    """One transformer layer.
+
+    Parameters
+    ----------
+    index : int
+        Its position in the model, from 0.
+    attention : Layer
+        The multi-head self-attention (``residual=False``; the residual is added by :meth:`forward`).
+    ln_in : LayerNorm or None
+        The LayerNorm whose output feeds the attention: it fixes the input domain.
+    ln_out : LayerNorm or None
+        The LayerNorm after the attention's residual sum (BERT's ``attention.output.LayerNorm``).
+    ffn : FeedForward or None
+    ffn_norm : LayerNorm or None
+        The LayerNorm after the feed-forward residual sum (BERT's ``output.LayerNorm``).
+    """
+
+    index: int
+    attention: Layer
+    ln_in: LayerNorm | None = None
+    ln_out: LayerNorm | None = None
+    ffn: FeedForward | None = None
+    ffn_norm: LayerNorm | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.attention, Layer):
+            raise WeightsError("attention", "a lipbound.numeric.model.Layer", type(self.attention).__name__,
+                               "build it with Layer(heads, W_O, b_O)")
+        d = self.attention.d
+        if self.attention.W_O.shape[1] != d:
+            raise WeightsError("W_O", f"shape ({self.attention.W_O.shape[0]}, {d})", f"shape {self.attention.W_O.shape}",
+                               "the output projection maps back to the model width")
+        for name in ("ln_in", "ln_out", "ffn_norm"):
+            norm = getattr(self, name)
+            if norm is not None and (not isinstance(norm, LayerNorm) or norm.d != d):
+                raise WeightsError(name, f"a LayerNorm over {d} features or None", repr(getattr(norm, "d", norm)),
+                                   "pass the LayerNorm of this layer's width")
+        if self.ffn is not None and self.ffn.W_1.shape[0] != d:
+            raise WeightsError("ffn.W_1", f"{d} rows", f"shape {self.ffn.W_1.shape}", "check the intermediate dense weight")
+        object.__setattr__(self, "index", int(self.index))
+
+    @property
+    def heads(self) -> tuple[Head, ...]:
+        return self.attention.heads
+
+    @property
+    def W_O(self) -> np.ndarray:
+        return self.attention.W_O
+
+    @property
+    def num_heads(self) -> int:
+        return self.attention.num_heads
+
+    @property
+    def d(self) -> int:
+        return self.attention.d
+
+    def as_layer(self, residual: bool = False) -> Layer:
+        """The multi-head attention map, optionally with its residual ``X + Attn(X)``."""
+        if residual == self.attention.residual:
+            return self.attention
+        return Layer(self.attention.heads, self.attention.W_O, self.attention.b_O, residual=residual)
+
+
+@final
+@dataclass(frozen=True)
+class Embeddings:
+    """``X_0 = LN(E_word[ids] + E_pos[0..n-1] + E_type[types])`` (BERT)."""
+
+    word: np.ndarray
+    position: np.ndarray
+    token_type: np.ndarray
+    norm: LayerNorm
+
+    @property
+    def vocab_size(self) -> int:
+        return self.word.shape[0]
+
+    @property
+    def max_positions(self) -> int:
+        return self.position.shape[0]
+
+    def __call__(self, ids, token_type_ids=None) -> np.ndarray:
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+            raise WeightsError("token ids", "a non-empty sequence of integer token ids",
+                               f"{ids.dtype} of shape {ids.shape}", "tokenize one sentence")
+        if ids.min() < 0 or ids.max() >= self.vocab_size:
+            raise WeightsError("token ids", f"ids in [0, {self.vocab_size})", f"range [{ids.min()}, {ids.max()}]",
+                               "use ids from this model's vocabulary")
+        if ids.size > self.max_positions:
+            raise WeightsError("sentence", f"at most {self.max_positions} tokens (the model's position table)",
+                               f"{ids.size} tokens", "shorten the text or split it into sentences")
+        types = np.zeros_like(ids) if token_type_ids is None else np.asarray(token_type_ids)
+        if types.shape != ids.shape or types.min() < 0 or types.max() >= self.token_type.shape[0]:
+            raise WeightsError("token_type_ids", f"shape {ids.shape} with values in [0, {self.token_type.shape[0]})",
+                               f"shape {types.shape}", "pass one segment id per token (zeros for one sentence)")
+        return self.norm(self.word[ids].astype(np.float64) + self.position[: ids.size] + self.token_type[types])
+
+
+@final
+@dataclass(frozen=True)
+class Model:
+    """A transformer's weights with their provenance.
+
+    Parameters
+    ----------
+    name : str
+        Model name (e.g. ``sentence-transformers/all-MiniLM-L6-v2``).
+    layers : dict of int to TransformerLayer
+        The layers that were loaded, by index.
+    num_heads, hidden : int
+    source : str
+        Where the tensors came from.
+    licence : str
+    path : str
+        The file or directory read.
+    sha256 : str
+        Hash of the weight file(s) (of their concatenated hashes for several files).
+    embeddings : Embeddings or None
+        Present when the checkpoint holds them (full models).
+    num_layers : int
+        Layers of the model (``layers`` may hold a subset).
+    """
+
+    name: str
+    layers: dict
+    num_heads: int
+    hidden: int
+    source: str = ""
+    licence: str = "unknown"
+    path: str = ""
+    sha256: str = ""
+    embeddings: Embeddings | None = None
+    num_layers: int = 0
+    metadata: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        if not self.layers:
+            raise WeightsError("layers", "at least one layer", "none", "load at least one layer")
+        for index, layer in self.layers.items():
+            if not isinstance(layer, TransformerLayer) or layer.index != index:
+                raise WeightsError(f"layers[{index}]", f"a TransformerLayer with index {index}", repr(layer)[:60],
+                                   "key the dict by layer index")
+        object.__setattr__(self, "layers", dict(sorted(self.layers.items())))
+        object.__setattr__(self, "num_layers", max(self.num_layers, max(self.layers) + 1))
+
+    def layer(self, index: int) -> TransformerLayer:
+        """The layer ``index``; a :class:`WeightsError` lists the loaded ones."""
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or int(index) not in self.layers:
+            raise WeightsError("layer", f"one of the loaded layers {list(self.layers)} (counted from 0)", repr(index),
+                               f"pick a layer in {list(self.layers)}")
+        return self.layers[int(index)]
+
+    def head(self, layer: int, head: int) -> Head:
+        heads = self.layer(layer).heads
+        if isinstance(head, bool) or not isinstance(head, (int, np.integer)) or not 0 <= head < len(heads):
+            raise WeightsError("head", f"an index in 0..{len(heads) - 1} (heads are counted from 0)", repr(head),
+                               f"layer {layer} has {len(heads)} heads")
+        return heads[int(head)]
+
+    @property
+    def complete(self) -> bool:
+        """Embeddings and every layer with its feed-forward block: the whole forward pass runs."""
+        return (self.embeddings is not None and sorted(self.layers) == list(range(self.num_layers))
+                and all(layer.ffn is not None for layer in self.layers.values()))

@@ -1,0 +1,59 @@
+"""Witnesses: inputs where attention really stretches (certified lower bounds).
+
+The domain is ``D = {X in R^{n x d} : ||x_i - c||_2 <= R for every token i}``, a
+convex set, and ``f`` is smooth, so for the Frobenius norm
+
+    Lip(f; D) = sup_{X in D} ||Df(X)||_2   >=   ||Df(X)[E]||_F / ||E||_F    for any X in D, E != 0,
+
+and for any norm ``Lip(f; D) >= ||f(X) - f(Y)|| / ||X - Y||`` for ``X, Y in D``.  A
+:class:`~.record.Witness` stores such an ``(X, E)`` ("jacobian") or ``(X, Y)`` ("secant") with the
+value it certifies; :func:`lipbound.numeric.recheck.recheck` recomputes that value in
+high precision from the stored floats, so anyone can check it.
+
+The search (:func:`search_witness`) exploits the structure of dot-product attention.
+With ``A = W_Q W_K^T / sqrt(d_k)`` and ``u = W_K b_Q / sqrt(d_k)`` the score is
+``s(x, y) = x^T A y + u . y`` up to terms in ``x`` alone (which softmax ignores), and
+
+    Df_i[E] = sum_j p_ij W_V^T e_j + Cov_{j~p_i}(ds_ij, v(x_j)),
+    ds_ij   = (A x_j) . e_i + (A^T x_i + u) . e_j                       .
+
+The covariance is largest for a query tied (``p = 1/2, 1/2``) between two keys far
+apart with very different values.  Two constructions follow, combined in one:
+
+* alpha-type: keys ``+R a``, ``-R a``, a query with ``s`` tied between them, moved along
+  ``A a``: ``||Df|| ~ R^2 ||A a|| ||W_V^T a||``;
+* beta-type: the same two keys and ``m = n - 2`` queries at ``R b`` with the tie
+  ``(R A^T b + u) . a = 0`` and ``R^2 b^T A b + R u . b << 0`` (queries ignore each
+  other), the keys moved in opposite directions along ``R A^T b + u``:
+  ``||Df|| ~ sqrt(m / 2) R ||R A^T b + u|| ||W_V^T a||``, the ``sqrt(n)`` growth of
+  Castin, Ablin, Peyre (ICML 2024).
+
+Both together predict ``||Df||^2 ~ R^2 ||W_V^T a||^2 (m/2 ||R A^T b + u||^2 + R^2 ||A a||^2)``
+(:func:`_predicted_norm` refines it with the attention the queries keep on each other), which
+:func:`structured_starts` maximises over unit ``a, b`` by batched Riemannian Adam with the tie
+imposed exactly.  The best candidates (with Castin et al.'s input, random inputs and a radius
+continuation from R/4) are polished by a batched L-BFGS ascent of the local Jacobian norm
+``sigma_max(Df(X))`` in smooth coordinates of the ball: power iteration (JVP/VJP) for the top
+right singular vector E, and ``grad_X ||Df(X) E||`` by a second-order (reverse-over-forward)
+formula.  A head sees a token only through ``x W_Q``, ``x W_K``, ``x W_V``, so a single head
+is searched in the orthonormal basis of that span (at most ``3 d_k`` coordinates per token)
+without loss, and its power iteration runs in output space through ``n x n`` Gram sandwiches
+(:meth:`_Linearization._gram_step`).  For a multi-head layer every head contributes its
+structured inputs, a greedy step ties further heads at the same input (:class:`_TieSurrogate`),
+and the polish runs on the layer map.  The best candidate's value is recomputed from scratch
+in float64 with :mod:`lipbound.numeric.attention`, at a point projected into the closed ball
+with a small inward margin.
+
+Modules: :mod:`.record` (the witness file), :mod:`.kernel` (the batched kernel), :mod:`.starts`
+(structured inputs), :mod:`.ascent` (the polish), :mod:`.values` (final values from scratch),
+:mod:`.search` (the public searches).
+"""
+
+from .kernel import AttentionKernel, jacobian_norms
+from .record import WITNESS_FORMAT, Witness, in_ball, project_to_ball
+from .search import castin_adversarial, naive_ascent, search_witness
+from .starts import structured_starts
+from .values import local_jacobian_norm
+
+__all__ = ["Witness", "WITNESS_FORMAT", "AttentionKernel", "jacobian_norms", "search_witness", "naive_ascent",
+           "castin_adversarial", "structured_starts", "local_jacobian_norm", "in_ball", "project_to_ball"]

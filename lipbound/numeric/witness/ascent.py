@@ -1,0 +1,190 @@
+"""Batched L-BFGS ascent of the local Jacobian norm in smooth coordinates of the ball."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import final
+
+import numpy as np
+
+from .kernel import unit_rows
+
+__all__ = ["Candidates", "start_candidates", "take", "join", "polish", "random_tokens", "continuation"]
+
+
+@final
+@dataclass
+class Candidates:
+    """A batch of inputs (working coordinates) with their directions and Jacobian-norm estimates."""
+
+    X: np.ndarray
+    E: np.ndarray
+    sigma: np.ndarray
+    family: list[str]
+
+
+def _evaluate(kernel, Xw: np.ndarray, E: np.ndarray, steps: int):
+    """``(sigma, E, grad)``: warm-started power iteration and ``grad_X sigma`` (envelope theorem)."""
+    lin = kernel.linearize(Xw)
+    sigma, E, JE = lin.top_singular(E, steps)
+    return sigma, E, lin.curvature(E, JE / np.maximum(sigma, 1e-300)[:, None, None])
+
+
+def start_candidates(kernel, Xw: np.ndarray, family: list[str], rng, power_steps: int = 30) -> Candidates:
+    sigma, E, _ = _evaluate(kernel, Xw, rng.standard_normal(Xw.shape), power_steps)
+    return Candidates(Xw, E, sigma, list(family))
+
+
+def take(c: Candidates, index) -> Candidates:
+    index = np.asarray(index, dtype=int)
+    return Candidates(c.X[index], c.E[index], c.sigma[index], [c.family[i] for i in index])
+
+
+def join(*parts: Candidates) -> Candidates:
+    parts = [p for p in parts if len(p.X)]
+    return Candidates(*(np.concatenate([getattr(p, key) for p in parts]) for key in ("X", "E", "sigma")),
+                       [f for p in parts for f in p.family])
+
+
+@final
+class _BallChart:
+    """Smooth coordinates on the ball: token ``x_i = R s(rho_i) z_i / ||z_i||``, ``s`` the logistic
+    function, so that every point of the variables is feasible; tokens on the sphere stay there
+    (``s'`` vanishes), tokens inside may grow.  Variables are flattened to (b, n (d + 1))."""
+
+    CAP = 20.0   # logit of 1 - 2e-9: tokens start at most that close to the sphere
+
+    def __init__(self, radius: float, n: int, d: int):
+        self.R, self.n, self.d = radius, n, d
+
+    def encode(self, X: np.ndarray) -> np.ndarray:
+        norms = np.linalg.norm(X, axis=-1)
+        ratio = np.clip(norms / self.R, 1e-6, 1.0)
+        rho = np.minimum(np.log(ratio) - np.log1p(-np.minimum(ratio, 1 - 1e-12)), self.CAP)
+        Z = np.where(norms[..., None] > 0, X / np.where(norms > 0, norms, 1.0)[..., None], 1.0 / math.sqrt(self.d))
+        return np.concatenate([Z.reshape(len(X), self.n * self.d), rho], axis=1)
+
+    def decode(self, v: np.ndarray):
+        b = len(v)
+        Z = v[:, :self.n * self.d].reshape(b, self.n, self.d)
+        rho = v[:, self.n * self.d:]
+        size = np.maximum(np.linalg.norm(Z, axis=-1, keepdims=True), 1e-300)
+        scale = self.R * (0.5 + 0.5 * np.tanh(0.5 * rho))[..., None]   # logistic, without overflow
+        return scale * Z / size, (Z, size, scale, rho)
+
+    def pullback(self, grad: np.ndarray, cache) -> np.ndarray:
+        Z, size, scale, rho = cache
+        unit = Z / size
+        radial = np.sum(grad * unit, axis=-1, keepdims=True)
+        gZ = scale * (grad - radial * unit) / size
+        s = 0.5 + 0.5 * np.tanh(0.5 * rho)
+        grho = radial[..., 0] * self.R * s * (1 - s)
+        return np.concatenate([gZ.reshape(len(grad), self.n * self.d), grho], axis=1)
+
+
+def polish(kernel, cands: Candidates, radius: float, deadline: float, max_iterations: int = 10 ** 9,
+            power_steps: int = 6, memory: int = 8) -> Candidates:
+    """Batched L-BFGS ascent of ``sigma_max(Df(X))`` in the coordinates of :class:`_BallChart`,
+    with a backtracking (Armijo) line search per candidate.  Monotone: each candidate returns its
+    best point, never worse than its start."""
+    b, n, d = cands.X.shape
+    if b == 0:
+        return cands
+    chart = _BallChart(radius, n, d)
+    v = chart.encode(cands.X)
+    X, cache = chart.decode(v)
+    sigma, E, grad = _evaluate(kernel, X, cands.E, power_steps)
+    g = -chart.pullback(grad, cache)                               # we minimise -sigma
+    best = Candidates(cands.X.copy(), cands.E.copy(), cands.sigma.copy(), list(cands.family))
+    improved = sigma > best.sigma
+    best.X[improved], best.E[improved], best.sigma[improved] = X[improved], E[improved], sigma[improved]
+    S = np.zeros((memory, b, v.shape[1]))                          # steps s_k, newest at (count - 1) % memory
+    Yg = np.zeros_like(S)                                           # gradient changes y_k
+    curv = np.zeros((memory, b))                                    # 1 / (s_k . y_k), 0 for unused pairs
+    # initial inverse-Hessian scale: the first step moves the largest coordinate by 0.01
+    gamma = 0.01 / np.maximum(np.max(np.abs(g), axis=1), 1e-300)
+    count = 0
+    active = np.ones(b, dtype=bool)
+    for _ in range(max_iterations):
+        if time.perf_counter() >= deadline or not np.any(active):
+            break
+        # two-loop recursion (Nocedal & Wright, Algorithm 7.4), batched over candidates
+        q = g.copy()
+        alphas = []
+        for age in range(min(count, memory)):
+            slot = (count - 1 - age) % memory
+            alpha = curv[slot] * np.sum(S[slot] * q, axis=1)
+            q -= alpha[:, None] * Yg[slot]
+            alphas.append((slot, alpha))
+        q *= gamma[:, None]
+        for slot, alpha in reversed(alphas):
+            beta = curv[slot] * np.sum(Yg[slot] * q, axis=1)
+            q += (alpha - beta)[:, None] * S[slot]
+        p = -q
+        slope = np.sum(p * g, axis=1)
+        bad = slope >= 0                                            # not a descent direction: use -g
+        p[bad] = -g[bad] * (0.01 / np.maximum(np.max(np.abs(g[bad]), axis=1), 1e-300))[:, None]
+        # trust region: no coordinate moves by more than 1 (z starts with unit rows; flat regions
+        # with vanishing curvature would otherwise ask for enormous steps)
+        p *= np.minimum(1.0, 1.0 / np.maximum(np.max(np.abs(p), axis=1), 1e-300))[:, None]
+        slope = np.sum(p * g, axis=1)
+        # backtracking line search on the active candidates
+        t = np.ones(b)
+        accepted = np.zeros(b, dtype=bool)
+        new_v, new_sigma, new_E, new_g = v.copy(), sigma.copy(), E.copy(), g.copy()
+        trying = active.copy()
+        for _ in range(12):
+            idx = np.flatnonzero(trying)
+            if idx.size == 0 or time.perf_counter() >= deadline:
+                break
+            trial = v[idx] + t[idx, None] * p[idx]
+            Xt, cache_t = chart.decode(trial)
+            sig_t, E_t, grad_t = _evaluate(kernel, Xt, E[idx], power_steps)
+            ok = -sig_t <= -sigma[idx] + 1e-4 * t[idx] * slope[idx]
+            done = idx[ok]
+            new_v[done], new_sigma[done], new_E[done] = trial[ok], sig_t[ok], E_t[ok]
+            new_g[done] = -chart.pullback(grad_t[ok], tuple(c[ok] for c in cache_t))
+            better = sig_t > best.sigma[idx]
+            keep = idx[better]
+            best.X[keep], best.E[keep], best.sigma[keep] = Xt[better], E_t[better], sig_t[better]
+            accepted[done] = True
+            trying[done] = False
+            t[idx[~ok]] *= 0.3
+        active &= accepted       # a candidate whose line search failed has converged
+        s_new, y_new = new_v - v, new_g - g
+        sy = np.sum(s_new * y_new, axis=1)
+        slot = count % memory
+        good = accepted & (sy > 1e-12 * np.linalg.norm(s_new, axis=1) * np.linalg.norm(y_new, axis=1))
+        S[slot] = np.where(good[:, None], s_new, 0.0)
+        Yg[slot] = np.where(good[:, None], y_new, 0.0)
+        curv[slot] = np.where(good, 1.0 / np.where(good, sy, 1.0), 0.0)
+        gamma = np.where(good, sy / np.maximum(np.sum(y_new * y_new, axis=1), 1e-300), gamma)
+        count += 1
+        v, sigma, E, g = new_v, new_sigma, new_E, new_g
+    return best
+
+
+def random_tokens(rng, count: int, n: int, d: int, radius: float) -> np.ndarray:
+    return radius * unit_rows(rng.standard_normal((count, n, d)).reshape(count * n, d)).reshape(count, n, d)
+
+
+def continuation(kernel, rng, count: int, n: int, radius: float, deadline: float) -> Candidates:
+    """Random inputs on the sphere polished at radius R/4 (softmax not yet saturated), then
+    scaled to R/2 and R and polished again."""
+    Xw = random_tokens(rng, count, n, kernel.d_in, radius)
+    stages = (0.25, 0.5, 1.0)
+    start_time = time.perf_counter()
+    cands = None
+    for index, fraction in enumerate(stages):
+        share = (deadline - start_time) / len(stages)
+        stage_deadline = min(deadline, start_time + share * (index + 1))
+        if cands is None:
+            cands = start_candidates(kernel, Xw * fraction, ["continuation"] * count, rng)
+        else:
+            cands = start_candidates(kernel, cands.X * (fraction / stages[index - 1]), cands.family, rng)
+        cands = polish(kernel, cands, radius * fraction, stage_deadline)
+    return cands
+
+

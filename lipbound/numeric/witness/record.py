@@ -1,0 +1,253 @@
+"""The witness record: an input where an attention map stretches, saved so anyone can re-check it.
+
+A :class:`Witness` stores ``(X, E)`` ("jacobian": ``||Df(X)[E]||_F`` with ``||E||_F = 1``) or
+``(X, Y)`` ("secant": ``||f(X) - f(Y)|| / ||X - Y||``) with the value it claims, the ball it
+lies in, and the weights it was found on (their path and sha256), in an ``.npz`` file of plain
+arrays and a JSON metadata string; :mod:`lipbound.numeric.recheck` recomputes the value in
+high precision.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import final
+
+import numpy as np
+
+from ...errors import AssumptionError, WeightsError
+from ...io import atomic_write
+
+__all__ = ["Witness", "WITNESS_FORMAT", "KINDS", "NORMS", "INWARD_MARGIN", "in_ball", "project_to_ball"]
+
+#: Version tag written into every witness file.
+WITNESS_FORMAT = "lipbound-witness/2"
+KINDS = ("jacobian", "secant")
+NORMS = ("fro", "2,1")
+#: Tokens are pulled this far (relative) inside the sphere, so rounding never puts them outside.
+INWARD_MARGIN = 1e-9
+
+
+@final
+@dataclass(frozen=True, eq=False)
+class Witness:
+    """An input where an attention map stretches by ``value``: a certified lower bound on
+    its Lipschitz constant over the ball domain (once :func:`~lipbound.numeric.recheck.recheck`
+    has confirmed it).
+
+    Attributes
+    ----------
+    kind : {"jacobian", "secant"}
+        ``"jacobian"``: ``value = ||Df(X)[E]||_F`` with ``||E||_F = 1`` (Frobenius norms);
+        ``"secant"``: ``value = ||f(X) - f(Y)|| / ||X - Y||`` in the norm ``norm``.
+    X : ndarray, shape (n, d)
+        The input (tokens are rows).
+    E : ndarray, shape (n, d), or None
+        The direction (kind "jacobian").
+    Y : ndarray, shape (n, d), or None
+        The second input (kind "secant").
+    value : float
+        The value claimed (computed in float64).
+    norm : {"fro", "2,1"}
+        Norm on inputs and outputs: Frobenius, or ``||X||_{2,1} = sum_i ||x_i||`` (secant only).
+    radius, center : float, ndarray of shape (d,)
+        The domain: every token satisfies ``||x_i - center|| <= radius``.
+    seed : int
+    method : str
+        How it was found (e.g. ``"structured+polish"``, ``"naive-ascent"``, ``"castin-adversarial"``).
+    model : str
+        The model the weights come from ("" if not named).
+    weights, sha256 : str
+        The file or directory the weights were read from, and its sha256 (empty for weights built
+        in memory): :mod:`lipbound.numeric.recheck` reloads exactly these weights, or refuses.
+    domain : str
+        The domain the map was searched on (the witness lies in its enclosing ball).
+    layer, head : int or None
+        Which layer and head; ``head=None`` means the whole multi-head layer.
+    score : str
+        The score function (``"dot"``, ``"l2"``, ``"cosine"``).
+    residual : bool
+        Whether the map is ``X + Att(X)``.
+    created : str
+        ISO 8601 time stamp (UTC).
+    details : dict
+        JSON-serialisable extras (the candidate family, iterations, ...).
+    """
+
+    kind: str
+    X: np.ndarray
+    value: float
+    radius: float
+    center: np.ndarray
+    E: np.ndarray | None = None
+    Y: np.ndarray | None = None
+    norm: str = "fro"
+    seed: int = 0
+    method: str = ""
+    model: str = ""
+    weights: str = ""
+    sha256: str = ""
+    domain: str = ""
+    layer: int | None = None
+    head: int | None = None
+    score: str = "dot"
+    residual: bool = False
+    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    details: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise AssumptionError("kind", f"one of {KINDS}", repr(self.kind), "use 'jacobian' or 'secant'")
+        if self.norm not in NORMS:
+            raise AssumptionError("norm", f"one of {NORMS}", repr(self.norm), "use 'fro' or '2,1'")
+        if self.kind == "jacobian" and self.norm != "fro":
+            raise AssumptionError("norm", "'fro' for a jacobian witness", repr(self.norm),
+                                  "state (2,1)-norm witnesses as secant pairs")
+        X = _finite_matrix("X", self.X)
+        object.__setattr__(self, "X", X)
+        other = "E" if self.kind == "jacobian" else "Y"
+        if getattr(self, other) is None:
+            raise AssumptionError(other, f"an array of shape {X.shape} for a {self.kind} witness", "None",
+                                  f"pass {other}=...")
+        second = _finite_matrix(other, getattr(self, other))
+        if second.shape != X.shape:
+            raise WeightsError(other, f"shape {X.shape} like X", f"shape {second.shape}",
+                               "X and its companion must have the same number of tokens and width")
+        object.__setattr__(self, other, second)
+        center = np.zeros(X.shape[1]) if self.center is None else np.array(self.center, dtype=float)
+        if center.shape != (X.shape[1],) or not np.all(np.isfinite(center)):
+            raise WeightsError("center", f"a finite vector of shape ({X.shape[1]},)", f"shape {center.shape}",
+                               "the centre of the ball has the width of a token")
+        center.setflags(write=False)
+        object.__setattr__(self, "center", center)
+        radius = float(self.radius)
+        if not (radius > 0 and math.isfinite(radius)):
+            raise AssumptionError("radius", "a finite R > 0", repr(self.radius), "give the ball's radius")
+        object.__setattr__(self, "radius", radius)
+        value = float(self.value)
+        if not math.isfinite(value) or value < 0:
+            raise AssumptionError("value", "a finite non-negative number", repr(self.value),
+                                  "a witness value is a norm ratio")
+        object.__setattr__(self, "value", value)
+        json.dumps(self.details)  # fails early on non-serialisable extras
+
+    @property
+    def n(self) -> int:
+        return self.X.shape[0]
+
+    @property
+    def d(self) -> int:
+        return self.X.shape[1]
+
+    @property
+    def target(self) -> str:
+        """A short name of the map: ``"model layer 0 head 3 (dot)"``."""
+        where = "" if self.layer is None else f" layer {self.layer}"
+        which = " (all heads)" if self.head is None else f" head {self.head}"
+        extra = ", residual" if self.residual else ""
+        return f"{self.model or 'unnamed model'}{where}{which} ({self.score}{extra})"
+
+    def in_domain(self) -> bool:
+        """Float check of ``||x_i - c|| <= R`` (and for ``Y``); the exact check is in
+        :func:`lipbound.numeric.recheck.recheck`."""
+        ok = bool(np.all(in_ball(self.X, self.center, self.radius)))
+        if self.Y is not None:
+            ok = ok and bool(np.all(in_ball(self.Y, self.center, self.radius)))
+        return ok
+
+    def metadata(self) -> dict:
+        return {"format": WITNESS_FORMAT, "kind": self.kind, "value": self.value, "value_hex": self.value.hex(),
+                "norm": self.norm, "radius": self.radius, "radius_hex": self.radius.hex(), "seed": self.seed,
+                "method": self.method, "model": self.model, "weights": self.weights, "sha256": self.sha256,
+                "domain": self.domain, "layer": self.layer, "head": self.head,
+                "score": self.score, "residual": self.residual, "created": self.created,
+                "details": self.details, "n": self.n, "d": self.d}
+
+    def save(self, path: str | Path) -> Path:
+        """Write an ``.npz`` file: arrays ``X``, ``E`` or ``Y``, ``center`` (float64) and
+        ``metadata`` (a JSON string as a unicode array).  Nothing is pickled.  Returns the path
+        (``.npz`` is appended when missing, as numpy does)."""
+        path = Path(path)
+        if path.suffix != ".npz":
+            path = path.with_name(path.name + ".npz")
+        arrays = {"X": self.X, "center": self.center, "metadata": np.array(json.dumps(self.metadata()))}
+        arrays["E" if self.kind == "jacobian" else "Y"] = self.E if self.kind == "jacobian" else self.Y
+        with atomic_write(path, "--witness-dir") as handle:
+            np.savez(handle, **arrays)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Witness":
+        """Read a file written by :meth:`save` (``np.load(..., allow_pickle=False)``)."""
+        path = Path(path)
+        if not path.is_file():
+            raise WeightsError(str(path), "an existing witness file (.npz)", "no such file",
+                               "check the path (Witness.save appends .npz)")
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                arrays = {key: data[key] for key in data.files}
+        except (ValueError, OSError) as error:
+            raise WeightsError(str(path), "a witness .npz written by Witness.save without pickled objects",
+                               f"an unreadable file ({error})", "re-create the witness with Witness.save") from None
+        if "metadata" not in arrays or "X" not in arrays or "center" not in arrays:
+            raise WeightsError(str(path), "arrays X, center and metadata", f"arrays {sorted(arrays)}",
+                               "this is not a lipbound witness file")
+        try:
+            meta = json.loads(str(arrays["metadata"][()]))
+        except (json.JSONDecodeError, TypeError, IndexError) as error:
+            raise WeightsError(str(path), "JSON metadata", f"unparsable metadata ({error})",
+                               "re-create the witness with Witness.save") from None
+        if meta.get("format") not in (WITNESS_FORMAT, "lipbound-witness/1"):
+            raise WeightsError(str(path), f"format {WITNESS_FORMAT!r}", repr(meta.get("format")),
+                               "re-create the witness with this version of lipbound")
+        kind = meta["kind"]
+        second = "E" if kind == "jacobian" else "Y"
+        if second not in arrays:
+            raise WeightsError(str(path), f"an array {second} for a {kind} witness", f"arrays {sorted(arrays)}",
+                               "the file is incomplete; re-create it")
+        return cls(kind=kind, X=arrays["X"], E=arrays.get("E"), Y=arrays.get("Y"),
+                   value=float.fromhex(meta["value_hex"]), norm=meta["norm"],
+                   radius=float.fromhex(meta["radius_hex"]), center=arrays["center"], seed=int(meta["seed"]),
+                   method=meta["method"], model=meta["model"], weights=meta.get("weights", ""),
+                   sha256=meta.get("sha256", ""), domain=meta.get("domain", ""), layer=meta["layer"], head=meta["head"],
+                   score=meta["score"], residual=bool(meta["residual"]), created=meta["created"],
+                   details=meta.get("details", {}))
+
+
+def _finite_matrix(name: str, value) -> np.ndarray:
+    array = np.array(value, dtype=float)
+    if array.ndim != 2 or array.shape[0] < 1:
+        raise WeightsError(name, "a matrix of shape (n, d), tokens as rows", f"shape {array.shape}",
+                           "pass one input, not a batch")
+    if not np.all(np.isfinite(array)):
+        raise WeightsError(name, "finite entries", "NaN or Inf", "a witness is a concrete finite input")
+    array.setflags(write=False)
+    return array
+
+
+# ---------------------------------------------------------------------------------------------
+# The ball
+# ---------------------------------------------------------------------------------------------
+def in_ball(X: np.ndarray, center: np.ndarray, radius: float) -> np.ndarray:
+    """Float test ``||x_i - c|| <= R`` for every token; returns a boolean per input of the batch."""
+    X = np.asarray(X, dtype=float)
+    norms = np.linalg.norm(X - center, axis=-1)
+    return np.all(norms <= radius, axis=-1)
+
+
+def project_to_ball(X: np.ndarray, radius: float, center: np.ndarray | float = 0.0,
+                    margin: float = INWARD_MARGIN) -> np.ndarray:
+    """Euclidean projection of every token onto the ball of radius ``R (1 - margin)`` about ``c``.
+
+    ``X`` has shape (..., n, d).  The inward margin keeps rounding from pushing a token out.
+    """
+    shifted = np.asarray(X, dtype=float) - center
+    norms = np.linalg.norm(shifted, axis=-1, keepdims=True)
+    limit = radius * (1.0 - margin)
+    scale = np.where(norms > limit, limit / np.where(norms > 0, norms, 1.0), 1.0)
+    return shifted * scale + center
+
+

@@ -1,0 +1,303 @@
+"""The public searches: the structured search, naive ascent and Castin et al.'s input."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from ...errors import AssumptionError, WeightsError
+from ..blas import one_blas_thread
+from ..domains import TokenDomain
+from ..model import Head, Layer
+from .ascent import continuation, join, polish, random_tokens, start_candidates, take
+from .kernel import AttentionKernel, heads_of, kernel_for, unit_rows
+from .record import NORMS, Witness, project_to_ball
+from .starts import TieSurrogate, castin_input, structured_starts
+from .values import jacobian_value, local_jacobian_norm, pull_inside, reference_maps, secant_value
+
+__all__ = ["search_witness", "naive_ascent", "castin_adversarial"]
+
+_NAIVE_LR = 0.003
+
+
+def _check_search_args(target, domain, n, budget_seconds, norm):
+    """``(R, c, heads)``: the ball the search runs in (the domain's enclosing ball) and the heads."""
+    heads, _, _ = heads_of(target)
+    if isinstance(n, bool) or not (isinstance(n, (int, np.integer)) and n >= 1):
+        raise AssumptionError("--n", "an integer number of tokens >= 1", repr(n), "pass --n 8, say")
+    if not (isinstance(budget_seconds, (int, float)) and budget_seconds > 0):
+        raise AssumptionError("--budget", "a positive number of seconds", repr(budget_seconds), "pass --budget 10")
+    if norm not in NORMS:
+        raise AssumptionError("norm", f"one of {NORMS}", repr(norm), "use 'fro' or '2,1'")
+    if not isinstance(domain, TokenDomain):
+        raise AssumptionError("domain", "a TokenDomain (lipbound.numeric.domains)", type(domain).__name__,
+                              "pass domain=TokenBall(R) or LayerNormOutputs(norm)")
+    d = heads[0].d
+    domain.check_width(d)
+    radius, center = domain.enclosing_ball()
+    return radius, np.zeros(d) if center is None else center, heads
+
+
+def _initial_pool(target, kernel, center, radius, n, rng, deadline) -> list[tuple[np.ndarray, str]]:
+    """Starting inputs in the kernel's working coordinates: for every dot-product head, the best
+    structured inputs (searched in that head's own reduced basis) and Castin et al.'s input;
+    then random inputs.  Heads are visited until ``deadline``."""
+    heads, _, _ = heads_of(target)
+    inside = radius * (1 - 1e-6)
+    pool = [(random_tokens(rng, 8, n, kernel.d_in, inside), "random")]
+    if not isinstance(kernel, AttentionKernel):
+        return pool
+    keep = max(2, 24 // len(heads)) if len(heads) > 1 else 16
+    surrogate = None
+    # heads in decreasing order of a crude size, R^2 ||A_h|| ||W_V^h|| ||W_O^h||: the budget may end early
+    W_O = getattr(target, "W_O", None)
+    sizes = [np.linalg.norm(h.A, 2) * np.linalg.norm(h.W_V, 2)
+             * (1.0 if W_O is None else np.linalg.norm(W_O[i * h.d_v:(i + 1) * h.d_v], 2)) for i, h in enumerate(heads)]
+    for index in np.argsort(sizes)[::-1]:
+        head = heads[index]
+        if time.perf_counter() >= deadline and len(pool) > 1:
+            break
+        own = AttentionKernel(head, center)
+        if n >= 3:
+            W_Q, W_K, W_V, b_Q, _, _ = own.head_weights(0)
+            light = len(heads) > 1
+            starts, _ = structured_starts(W_Q, W_K, W_V, b_Q, inside, n, count=16 if light else 32,
+                                          steps=120 if light else 200, seed=int(rng.integers(2 ** 31)))
+            pool.append((kernel.to_work(own.from_work(starts[:keep])), "structured"))
+            if kernel.H > 1:
+                surrogate = surrogate or TieSurrogate(kernel, inside, n)
+                pool.append((surrogate.combine(pool[-1][0][0])[None], "tied-heads"))
+        try:
+            castin = castin_input(head.W_Q, head.W_K, inside, n, literal=False)
+            signs = np.stack([castin, -castin]) if len(heads) == 1 else castin[None]   # eig fixes no sign
+            pool.append((kernel.to_work(signs + center), "castin"))
+        except AssumptionError:
+            pass
+    return pool
+
+
+def _describe(target, domain: TokenDomain, origin, layer, head) -> dict:
+    """What the witness is about: the map, its domain, and the weights (name, path, sha256)."""
+    heads, _, residual = heads_of(target)
+    return {"model": getattr(origin, "name", "") or "", "weights": getattr(origin, "path", "") or "",
+            "sha256": getattr(origin, "sha256", "") or "", "layer": layer,
+            "head": head if isinstance(target, Head) else None, "score": heads[0].score, "residual": residual,
+            "domain": domain.describe()}
+
+
+@one_blas_thread
+def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_seconds: float, seed: int = 0,
+                   norm: str = "fro", origin=None, layer: int | None = None, head: int | None = None,
+                   polish_count: int = 12) -> Witness:
+    """Find an input where ``target`` stretches as much as possible on the ball domain.
+
+    Parameters
+    ----------
+    target : Head or Layer
+    domain : TokenDomain
+        The search runs in its enclosing ball ``||x_i - c|| <= R``.
+    n : int
+        Number of tokens.
+    budget_seconds : float
+        Wall-clock budget of the whole search, the final recomputation included.
+    seed : int
+    norm : {"fro", "2,1"}
+        ``"fro"``: a jacobian witness; ``"2,1"``: a secant witness ``(X, Y)`` that moves one
+        token, for ``||.||_{2,1}`` on inputs and outputs.
+    origin : Model, optional
+        The model the weights come from: its name, path and sha256 are recorded in the witness.
+    layer, head : int
+        Where the target sits in the model (counted from 0).
+    polish_count : int
+        How many candidates are polished together.
+
+    Returns
+    -------
+    Witness
+        ``value`` recomputed with :mod:`lipbound.numeric.attention` at a point inside the ball.
+
+    Notes
+    -----
+    Candidates: structured alpha/beta inputs of every head (:func:`structured_starts`,
+    dot-product scores only), Castin et al.'s adversarial input, random inputs with radius
+    continuation; the best are polished by projected ascent of the local Jacobian norm.
+    """
+    radius, center, heads = _check_search_args(target, domain, n, budget_seconds, norm)
+    began = time.perf_counter()
+    deadline = began + budget_seconds * (0.9 if norm == "fro" else 0.75)
+    rng = np.random.default_rng(seed)
+    kernel = kernel_for(target, center)
+    pool = _initial_pool(target, kernel, center, radius, n, rng, began + 0.25 * (deadline - began))
+    Xw = np.concatenate([p[0] for p in pool])
+    families = [p[1] for p in pool for _ in range(len(p[0]))]
+    cands = start_candidates(kernel, project_to_ball(Xw, radius), families, rng, power_steps=15 if len(heads) == 1 else 6)
+    pooled = time.perf_counter()
+    # keep the best of every family, then the best overall
+    order = list(np.argsort(-cands.sigma))
+    chosen = [next(i for i in order if cands.family[i] == family) for family in dict.fromkeys(families)]
+    chosen += [i for i in order if i not in chosen][:max(polish_count - len(chosen), 0)]
+    cands = take(cands, chosen)
+    # continuation from random inputs gets a sixth of the remaining time
+    now = time.perf_counter()
+    cands = join(cands, continuation(kernel, rng, 4, n, radius, now + (deadline - now) / 6))
+    cands = polish(kernel, cands, radius, deadline)
+    polished = time.perf_counter()
+    best = int(np.argmax(cands.sigma))
+    X = pull_inside(kernel.from_work(cands.X[best]), center, radius)
+    # the final value, from scratch: a few more power steps at the projected point, then
+    # ||Df(X)[E]|| with ||E|| = 1 by lipbound.numeric.attention
+    _, E, _ = kernel.linearize(kernel.to_work(X)[None]).top_singular(cands.E[best][None], 20)
+    E = kernel.direction_from_work(E[0])
+    E = E / np.linalg.norm(E)
+    value = jacobian_value(target, X, E)
+    details = {"family": cands.family[best], "search_sigma": float(cands.sigma[best]),
+               "candidates": len(cands.sigma), "pool_seconds": round(pooled - began, 3),
+               "polish_seconds": round(polished - pooled, 3), "seconds": round(time.perf_counter() - began, 3)}
+    about = _describe(target, domain, origin, layer, head)
+    if norm == "fro":
+        return Witness(kind="jacobian", X=X, E=E, value=value, norm="fro", radius=radius, center=center,
+                       seed=seed, method="structured+polish", details=details, **about)
+    Y, ratio, token = _secant_21(target, X, E, center, radius)
+    details.update({"moved_token": token, "jacobian_value": value, "seconds": round(time.perf_counter() - began, 3)})
+    return Witness(kind="secant", X=X, Y=Y, value=ratio, norm="2,1", radius=radius, center=center, seed=seed,
+                   method="structured+polish+secant", details=details, **about)
+
+
+def _secant_21(target, X: np.ndarray, E: np.ndarray, center: np.ndarray, radius: float):
+    """Turn a point into a (2,1)-norm secant witness ``(X, Y)`` that moves one token.
+
+    For each token j, the unit e maximising ``sum_i ||J_ij e||`` (a convex function of e) is
+    approached by the monotone iteration ``e <- sum_i J_ij^T (J_ij e) / ||J_ij e||`` (all j in
+    one batch); then a scan over step lengths ``t`` and both signs picks ``Y = X + t e_j``
+    (projected into the ball) with the largest ratio ``||f(X) - f(Y)||_{2,1} / ||X - Y||_{2,1}``.
+    Returns ``(Y, ratio, j)``."""
+    forward, jvp, vjp = reference_maps(target)
+    n, d = X.shape
+    diagonal = (np.arange(n), np.arange(n))
+    around = np.broadcast_to(X, (n, n, d))
+    e = unit_rows(E + (np.linalg.norm(E, axis=1, keepdims=True) == 0) / math.sqrt(d))
+    for _ in range(30):
+        tangent = np.zeros((n, n, d))
+        tangent[diagonal] = e
+        out = jvp(around, tangent)[1]
+        rows = np.linalg.norm(out, axis=2, keepdims=True)
+        back = vjp(around, out / np.where(rows > 0, rows, 1.0))[diagonal]
+        e = np.where(np.linalg.norm(back, axis=1, keepdims=True) > 0, unit_rows(back), e)
+    f_X = forward(X[None])[0]
+    lengths = radius * np.geomspace(1e-6, 0.3, 40)
+    moves = np.concatenate([lengths, -lengths])
+    best = (-1.0, None, -1)
+    for j in range(n):
+        Y = np.repeat(X[None], len(moves), axis=0)
+        Y[:, j] = X[j] + moves[:, None] * e[j]
+        Y = pull_inside(Y, center, radius)
+        moved_in = np.linalg.norm(X - Y, axis=2).sum(axis=1)
+        moved_out = np.linalg.norm(f_X - forward(Y), axis=2).sum(axis=1)
+        ratios = np.where(moved_in > 0, moved_out / np.where(moved_in > 0, moved_in, 1.0), -1.0)
+        k = int(np.argmax(ratios))
+        if ratios[k] > best[0]:
+            best = (float(ratios[k]), Y[k], j)
+    _, Y, j = best
+    return Y, secant_value(target, X, Y, "2,1"), j
+
+
+@one_blas_thread
+def naive_ascent(target: Head | Layer, *, domain: TokenDomain, n: int, budget_seconds: float, seed: int = 0,
+                 norm: str = "fro", batch: int = 32, origin=None, layer: int | None = None,
+                 head: int | None = None) -> Witness:
+    """The baseline: gradient ascent (Adam) of the secant ratio ``||f(X) - f(Y)|| / ||X - Y||``
+    from random starts, projected onto the ball, for ``budget_seconds``.
+
+    Starts: tokens uniform on the sphere ``||x - c|| = R`` (in all d coordinates) and
+    ``Y = X + 0.05 R g / sqrt(d)`` with g standard normal; ``batch`` restarts run together and new
+    ones replace them every 300 steps.  Adam's step decays linearly from ``0.003 R`` (the best of
+    0.0003 R .. 0.03 R on all-MiniLM-L6-v2 layer 0 head 0, n = 8), so the baseline is a tuned
+    one.  Returns the best pair as a secant witness (value recomputed with
+    :mod:`lipbound.numeric.attention`).
+    """
+    radius, center, heads = _check_search_args(target, domain, n, budget_seconds, norm)
+    began = time.perf_counter()
+    deadline = began + budget_seconds
+    rng = np.random.default_rng(seed)
+    kernel = kernel_for(target, center, reduce=False)
+    d = kernel.d_in
+    best = (-1.0, None, None)
+    rounds = 0
+    while rounds == 0 or time.perf_counter() < deadline:
+        rounds += 1
+        X = random_tokens(rng, batch, n, d, radius)
+        Y = project_to_ball(X + 0.05 * radius * rng.standard_normal(X.shape) / math.sqrt(d), radius, 0.0)
+        state = [np.zeros_like(X), np.zeros_like(X), np.zeros_like(Y), np.zeros_like(Y)]
+        lr0 = _NAIVE_LR * radius
+        for step in range(1, 301):
+            if time.perf_counter() >= deadline and best[1] is not None:
+                break
+            ratio, gX, gY = _secant_grad(kernel, X, Y, norm)
+            top = int(np.argmax(ratio))
+            if ratio[top] > best[0]:
+                best = (float(ratio[top]), X[top].copy(), Y[top].copy())
+            lr = lr0 * (1 - step / 301) + 1e-4 * radius
+            X, state[0], state[1] = _adam(X, gX, state[0], state[1], step, lr)
+            Y, state[2], state[3] = _adam(Y, gY, state[2], state[3], step, lr)
+            X, Y = project_to_ball(X, radius, 0.0), project_to_ball(Y, radius, 0.0)
+    X = pull_inside(kernel.from_work(best[1]), center, radius)
+    Y = pull_inside(kernel.from_work(best[2]), center, radius)
+    value = secant_value(target, X, Y, norm)
+    details = {"rounds": rounds, "batch": batch, "search_ratio": best[0],
+               "seconds": round(time.perf_counter() - began, 3)}
+    return Witness(kind="secant", X=X, Y=Y, value=value, norm=norm, radius=radius, center=center, seed=seed,
+                   method="naive-ascent", details=details, **_describe(target, domain, origin, layer, head))
+
+
+def _adam(x, g, m, v, step, lr):
+    m = 0.9 * m + 0.1 * g
+    v = 0.999 * v + 0.001 * g * g
+    update = (m / (1 - 0.9 ** step)) / (np.sqrt(v / (1 - 0.999 ** step)) + 1e-12)
+    return x + lr * update, m, v
+
+
+def _secant_grad(kernel, X, Y, norm):
+    """Ratio ``r = N(f(X) - f(Y)) / N(X - Y)`` and its gradients in X and Y (batched)."""
+    lx, ly = kernel.linearize(X), kernel.linearize(Y)
+    diff_out, diff_in = lx.F - ly.F, X - Y
+    if norm == "fro":
+        top = np.sqrt(np.sum(diff_out ** 2, axis=(1, 2)))
+        bottom = np.sqrt(np.sum(diff_in ** 2, axis=(1, 2)))
+        g_top = diff_out / np.maximum(top, 1e-300)[:, None, None]
+        g_bottom = diff_in / np.maximum(bottom, 1e-300)[:, None, None]
+    else:
+        rows_out = np.linalg.norm(diff_out, axis=2, keepdims=True)
+        rows_in = np.linalg.norm(diff_in, axis=2, keepdims=True)
+        top, bottom = rows_out.sum(axis=(1, 2)), rows_in.sum(axis=(1, 2))
+        g_top = diff_out / np.maximum(rows_out, 1e-300)
+        g_bottom = diff_in / np.maximum(rows_in, 1e-300)
+    bottom = np.maximum(bottom, 1e-300)
+    ratio = top / bottom
+    gX = (lx.vjp(g_top) - ratio[:, None, None] * g_bottom) / bottom[:, None, None]
+    gY = (-ly.vjp(g_top) + ratio[:, None, None] * g_bottom) / bottom[:, None, None]
+    return ratio, gX, gY
+
+
+@one_blas_thread
+def castin_adversarial(head: Head, *, domain: TokenDomain, n: int, origin=None, layer: int | None = None,
+                       head_index: int | None = None, iterations: int = 300) -> Witness:
+    """Castin, Ablin, Peyre (ICML 2024) adversarial input and its local Jacobian norm.
+
+    From the real eigenpairs of their ``A = K^T Q / sqrt(d_k)`` (our ``A^T``; eigenvalues as
+    ``numpy.linalg.eig`` returns them, no symmetrisation, as in their released code): if
+    ``lambda_max > -8 lambda_min`` the top eigenvector u gives ``x_1 = R u``,
+    ``x_2 = .. = x_n = R u / 2``; else the bottom one gives ``x_1 = -R u``, ``x_2 = .. = x_n = R u``
+    (tokens about ``center``).  The value is ``||Df(X)[E]||`` of this head after power iteration
+    (their code evaluates the whole self-attention block, all heads, at the input built from one head).
+    """
+    if not isinstance(head, Head):
+        raise WeightsError("head", "a single Head (the construction uses one matrix A)", type(head).__name__,
+                           "pass layer.heads[h]")
+    radius, center, _ = _check_search_args(head, domain, n, 1.0, "fro")
+    X = pull_inside(castin_input(head.W_Q, head.W_K, radius, n) + center, center, radius)
+    value, E = local_jacobian_norm(head, X, iterations=iterations)
+    return Witness(kind="jacobian", X=X, E=E, value=value, norm="fro", radius=radius, center=center, seed=0,
+                   method="castin-adversarial", **_describe(head, domain, origin, layer, head_index))
+

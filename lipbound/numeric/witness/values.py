@@ -1,0 +1,60 @@
+"""Final witness values, recomputed from scratch with :mod:`lipbound.numeric.attention`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..attention import jacobian_norm, layer_forward, layer_jvp, layer_vjp, self_forward, self_jvp, self_vjp
+from ..model import Head, Layer
+from .record import INWARD_MARGIN, project_to_ball
+
+__all__ = ["local_jacobian_norm", "jacobian_value", "secant_value", "pull_inside", "reference_maps"]
+
+
+def reference_maps(target: Head | Layer):
+    if isinstance(target, Head):
+        return (lambda X: self_forward(target, X), lambda X, E: self_jvp(target, X, E),
+                lambda X, G: self_vjp(target, X, G))
+    return (lambda X: layer_forward(target, X), lambda X, E: layer_jvp(target, X, E),
+            lambda X, G: layer_vjp(target, X, G))
+
+
+def local_jacobian_norm(target: Head | Layer, X: np.ndarray, iterations: int = 200,
+                        start: np.ndarray | None = None, seed: int = 0) -> tuple[float, np.ndarray]:
+    """``(||Df(X)[E]||_F, E)`` with ``||E||_F = 1`` after power iteration, computed with
+    :func:`lipbound.numeric.attention.jacobian_norm` (float64, independent of the search kernel)."""
+    _, jvp, vjp = reference_maps(target)
+    X = np.asarray(X, dtype=float)[None]
+    sigma, E = jacobian_norm(jvp, vjp, X, iterations=iterations, seed=seed,
+                             start=None if start is None else np.asarray(start, dtype=float)[None])
+    E = E[0] / np.linalg.norm(E[0])
+    _, dF = jvp(X, E[None])
+    return float(np.linalg.norm(dF[0])), E
+
+
+def jacobian_value(target: Head | Layer, X: np.ndarray, E: np.ndarray) -> float:
+    """``||Df(X)[E]||_F`` by :mod:`lipbound.numeric.attention` (float64)."""
+    _, jvp, _ = reference_maps(target)
+    return float(np.linalg.norm(jvp(X[None], E[None])[1]))
+
+
+def secant_value(target: Head | Layer, X: np.ndarray, Y: np.ndarray, norm: str) -> float:
+    forward, _, _ = reference_maps(target)
+    diff_out = forward(X[None])[0] - forward(Y[None])[0]
+    diff_in = X - Y
+    if norm == "fro":
+        return float(np.linalg.norm(diff_out) / np.linalg.norm(diff_in))
+    return float(np.sum(np.linalg.norm(diff_out, axis=1)) / np.sum(np.linalg.norm(diff_in, axis=1)))
+
+
+def pull_inside(X: np.ndarray, center: np.ndarray, radius: float) -> np.ndarray:
+    """Project into the ball with the inward margin; shrink again in the (never seen) case that
+    rounding left a token outside."""
+    X = project_to_ball(X, radius, center)
+    margin = INWARD_MARGIN
+    while not np.all(np.linalg.norm(X - center, axis=-1) <= radius * (1 - margin / 2)):
+        margin *= 4
+        X = project_to_ball(X, radius, center, margin=margin)
+    return X
+
+

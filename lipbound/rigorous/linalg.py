@@ -1,0 +1,430 @@
+"""Floating-point linear algebra with rigorous error bounds: enclosures, norms, eigenvalues.
+
+An :class:`Enclosure` is a real matrix known to lie within ``mid +- rad`` entrywise.  Its
+arithmetic bounds every rounding error with the classical model
+``|fl(X Y) - X Y| <= gamma_k |X| |Y| + k eta`` (Higham, *Accuracy and Stability of Numerical
+Algorithms*, 2nd ed., Thm 3.5 and eq. 3.13; ``gamma_k = k u / (1 - k u)``, ``u = 2^-53``,
+``eta = 2^-1074`` the spacing of subnormals), which holds for every order of summation,
+blocked or fused, so numpy's BLAS may be used freely.
+
+Eigenvalue bounds (:func:`lambda_min_lower`): for any real L and shift s,
+``lambda_min(S) >= s - ||S - s I - L L^T||_2`` because ``L L^T`` is positive semidefinite;
+L comes from a floating Cholesky factorisation of ``mid - s I`` and the residual is bounded
+rigorously, so the bound does not depend on how L was computed.  Spectral norms
+(:func:`spectral_norm_bounds`) bracket ``||M||_2`` by ``sqrt(lambda_max)`` of an enclosed Gram
+matrix above and ``||M v|| / ||v||`` below; :func:`product_norm_interval` brackets
+``||X Y||_2`` without forming a product of low inner rank.  Every returned float is rounded
+outward, and a test that rounding could flip reports failure (nothing is claimed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import final
+
+import numpy as np
+from mpmath import libmp
+
+from ..errors import AssumptionError, NotCertifiedError, WeightsError
+from . import functions as F
+from .intervals import IV, _raw, interval, lower, point, upper
+
+__all__ = ["UNIT_ROUNDOFF", "Enclosure", "vector_norm_upper", "vector_norm_lower", "spectral_norm_bounds",
+           "spectral_norm_upper", "spectral_norm_lower", "lambda_min_lower", "lambda_max_upper",
+           "top_eigenvalue_bounds", "is_psd_certified", "product_norm_interval", "product_norm_upper"]
+
+UNIT_ROUNDOFF = 2.0 ** -53
+_U = UNIT_ROUNDOFF
+_ETA = 2.0 ** -1074
+
+
+def _gamma(k: int) -> float:
+    """``gamma_k = k u / (1 - k u)`` rounded up (the factor ``1 + 4u`` covers its own rounding)."""
+    if k * _U >= 0.5:
+        raise NotCertifiedError("size", f"k u < 1/2 (k < {int(0.5 / _U)})", str(k),
+                                "the problem is too large for the floating-point error bounds")
+    return k * _U / (1.0 - k * _U) * (1.0 + 4 * _U)
+
+
+def _safe(k: int) -> float:
+    """Inflation factor for a non-negative quantity computed with at most ``k + 8`` roundings."""
+    return 1.0 + 2.0 * _gamma(k + 8)
+
+
+def _fro_upper(X: np.ndarray) -> float:
+    """Upper bound on the Frobenius norm of a non-negative float array, rounding included."""
+    X = np.asarray(X, dtype=float)
+    largest = float(np.max(X)) if X.size else 0.0
+    if largest == 0.0:
+        return 0.0
+    scaled = X / largest  # entries in [0, 1]: no overflow; each division rounds by at most u (relative)
+    total = float(np.sum(scaled * scaled)) * (1 + 4 * _U)
+    total += 4 * X.size * _ETA  # entries that underflowed in the division
+    return math.nextafter(largest * math.sqrt(total * _safe(X.size)) * (1 + 4 * _U), math.inf) + _ETA
+
+
+def _as_array(name: str, value, ndim: tuple = (2,)) -> np.ndarray:
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise WeightsError(name, "a real array", type(value).__name__, "pass a numpy array of floats") from None
+    if array.ndim not in ndim:
+        raise WeightsError(name, f"a {' or '.join(map(str, ndim))}-d array", f"shape {array.shape}",
+                           "reshape it, e.g. v[:, None] for a column vector")
+    if not np.all(np.isfinite(array)):
+        raise WeightsError(name, "finite entries", "NaN or Inf", "check how the matrix was computed")
+    return array
+
+
+# Enclosures ------------------------------------------------------------------------------------
+@final
+@dataclass(frozen=True)
+class Enclosure:
+    """A real matrix known to lie within ``mid +- rad`` entrywise.
+
+    Parameters
+    ----------
+    mid : ndarray
+        Floating-point midpoint: a matrix, or a 0-d scalar.
+    rad : ndarray
+        Non-negative radius of the same shape.
+
+    ``@``, ``+``, ``-``, :meth:`scale` and ``.T`` return enclosures of the exact result of the
+    same operation on the enclosed matrices.
+    """
+
+    mid: np.ndarray
+    rad: np.ndarray
+
+    def __post_init__(self):
+        mid = np.asarray(self.mid, dtype=np.float64)
+        rad = np.broadcast_to(np.asarray(self.rad, dtype=np.float64), mid.shape).copy()
+        if not (np.all(np.isfinite(mid)) and np.all(np.isfinite(rad))):
+            raise NotCertifiedError("matrix", "finite floating-point entries", "NaN or Inf (an overflow)",
+                                    "rescale the weights; the computation exceeds the float range")
+        if np.any(rad < 0):
+            raise WeightsError("rad", "a non-negative radius", "a negative entry", "build with Enclosure.exact")
+        object.__setattr__(self, "mid", mid)
+        object.__setattr__(self, "rad", rad)
+
+    @classmethod
+    def exact(cls, value) -> "Enclosure":
+        """A float matrix taken as exact; a vector becomes a column, a scalar stays 0-d."""
+        array = _as_array("value", value, (0, 1, 2))
+        if array.ndim == 1:
+            array = array[:, None]
+        return cls(array, np.zeros_like(array))
+
+    @classmethod
+    def scalar(cls, value) -> "Enclosure":
+        """A 0-d enclosure of an interval or exact number (e.g. ``1 / sqrt(d_k)``)."""
+        x = interval(value)
+        lo, hi = lower(x), upper(x)
+        mid = 0.5 * lo + 0.5 * hi
+        rad = max(upper(interval(hi) - interval(mid)), upper(interval(mid) - interval(lo)))
+        return cls(np.float64(mid), np.float64(rad))
+
+    @property
+    def shape(self) -> tuple:
+        return self.mid.shape
+
+    @property
+    def T(self) -> "Enclosure":
+        return Enclosure(self.mid.T, self.rad.T)
+
+    @property
+    def is_exact(self) -> bool:
+        return not np.any(self.rad)
+
+    def __getitem__(self, index) -> "Enclosure":
+        return Enclosure(self.mid[index], self.rad[index])
+
+    def __matmul__(self, other) -> "Enclosure":
+        other = _as_enclosure(other)
+        if self.mid.ndim != 2 or other.mid.ndim != 2 or self.shape[1] != other.shape[0]:
+            raise WeightsError("other", f"a matrix with {self.shape[-1]} rows", f"shape {other.shape}",
+                               "check the order of the factors")
+        k = self.shape[1]
+        with np.errstate(over="ignore"):
+            mid = self.mid @ other.mid
+            spread = _gamma(k) * (np.abs(self.mid) @ np.abs(other.mid))
+            if not self.is_exact:
+                spread = spread + self.rad @ (np.abs(other.mid) + other.rad)
+            if not other.is_exact:
+                spread = spread + np.abs(self.mid) @ other.rad
+            rad = spread * _safe(k) + (k + 4) * _ETA
+        return Enclosure(mid, rad)
+
+    def _combine(self, other, sign: float) -> "Enclosure":
+        other = _as_enclosure(other)
+        mid = self.mid + sign * other.mid
+        return Enclosure(mid, (self.rad + other.rad + _U * np.abs(mid)) * _safe(2) + _ETA)
+
+    def __add__(self, other) -> "Enclosure":
+        return self._combine(other, 1.0)
+
+    def __sub__(self, other) -> "Enclosure":
+        return self._combine(other, -1.0)
+
+    def __neg__(self) -> "Enclosure":
+        return Enclosure(-self.mid, self.rad)
+
+    def scale(self, factor) -> "Enclosure":
+        """``factor * self`` for a float (exact), an interval, or a 0-d :class:`Enclosure`."""
+        if isinstance(factor, Enclosure):
+            s, r = float(factor.mid), float(factor.rad)
+        elif isinstance(factor, float):
+            s, r = factor, 0.0
+        else:
+            enclosed = Enclosure.scalar(factor)
+            s, r = float(enclosed.mid), float(enclosed.rad)
+        mid = s * self.mid
+        rad = (abs(s) * self.rad + r * (np.abs(self.mid) + self.rad) + _U * np.abs(mid)) * _safe(3) + _ETA
+        return Enclosure(mid, rad)
+
+    def sym(self) -> "Enclosure":
+        """An exactly symmetric enclosure of a matrix known to be symmetric: the upper triangle
+        mirrored (each computed entry encloses its exact value, and the exact matrix is symmetric)."""
+        return Enclosure(np.triu(self.mid) + np.triu(self.mid, 1).T, np.triu(self.rad) + np.triu(self.rad, 1).T)
+
+    def quad(self, v) -> "Enclosure":
+        """``v^T S v`` for a float vector v (taken exactly), as a 0-d enclosure."""
+        column = Enclosure.exact(np.asarray(v, dtype=np.float64).reshape(-1, 1))
+        product = column.T @ (self @ column)
+        return Enclosure(product.mid.reshape(()), product.rad.reshape(()))
+
+    def interval(self):
+        """The enclosed scalar as an interval."""
+        if self.mid.size != 1:
+            raise WeightsError("enclosure", "a scalar", f"shape {self.mid.shape}", "index it first")
+        m, r = float(self.mid.reshape(())), float(self.rad.reshape(()))
+        return interval(m) + interval((-r, r))
+
+    def norm_interval(self):
+        """Interval enclosing the spectral norm of the exact matrix (Euclidean for a vector)."""
+        lo, hi = spectral_norm_bounds(self.mid)
+        if self.is_exact:
+            return interval((lo, hi))
+        deviation = interval(_fro_upper(self.rad))
+        bottom = _raw(interval(lo) - deviation)[0]
+        if libmp.mpf_lt(bottom, libmp.fzero):
+            bottom = libmp.fzero
+        return IV.make_mpf((bottom, _raw(interval(hi) + deviation)[1]))
+
+    def norm_upper(self) -> float:
+        return upper(self.norm_interval())
+
+    def norm_lower(self) -> float:
+        return lower(self.norm_interval())
+
+
+def _as_enclosure(value) -> Enclosure:
+    return value if isinstance(value, Enclosure) else Enclosure.exact(value)
+
+
+# Vector norms ----------------------------------------------------------------------------------
+def _power_of_two_scale(array: np.ndarray) -> tuple[np.ndarray, int, bool]:
+    """``array * 2^-e`` with the largest entry in [1/2, 1), the exponent e, and whether the
+    scaling was exact (scaling down can round entries into the subnormals)."""
+    _, exponent = math.frexp(float(np.max(np.abs(array))))
+    scaled = np.ldexp(array, -exponent)
+    return scaled, exponent, bool(np.array_equal(np.ldexp(scaled, exponent), array))
+
+
+def _sum_of_squares_bounds(v: np.ndarray) -> tuple:
+    """Interval ends enclosing ``sum v_i^2`` for a float vector with entries at most 1 in size:
+    ``|fl(v . v) - v . v| <= gamma_n v . v + n eta`` for any summation order."""
+    n = v.size
+    computed = float(np.dot(v, v))
+    g = interval(2 * _gamma(n))
+    slack = interval(2 * n) * interval(_ETA)
+    return (interval(computed) - slack) / (1 + g), (interval(computed) + slack) / (1 - g)
+
+
+def vector_norm_upper(v) -> float:
+    """Certified upper bound on the Euclidean norm ``||v||_2`` (any shape is flattened)."""
+    v = _as_array("v", v, (0, 1, 2, 3)).ravel()
+    if v.size == 0 or not np.any(v):
+        return 0.0
+    scaled, exponent, exact = _power_of_two_scale(v)
+    norm = IV.sqrt(_sum_of_squares_bounds(scaled)[1])
+    if not exact:  # rounding into subnormals moved each entry by at most eta
+        norm = norm + IV.sqrt(interval(v.size)) * interval(_ETA)
+    return upper(norm * IV.mpf(2) ** exponent)
+
+
+def vector_norm_lower(v) -> float:
+    """Certified lower bound on ``||v||_2`` (rounded down, never negative)."""
+    v = _as_array("v", v, (0, 1, 2, 3)).ravel()
+    if v.size == 0 or not np.any(v):
+        return 0.0
+    scaled, exponent, exact = _power_of_two_scale(v)
+    low = _sum_of_squares_bounds(scaled)[0]
+    if libmp.mpf_le(_raw(low)[0], libmp.fzero):
+        return 0.0
+    norm = IV.sqrt(point(_raw(low)[0]))
+    if not exact:
+        norm = norm - IV.sqrt(interval(v.size)) * interval(_ETA)
+    return max(0.0, lower(norm * IV.mpf(2) ** exponent))
+
+
+# Eigenvalues -----------------------------------------------------------------------------------
+def lambda_min_lower(S, attempts: int = 8) -> float:
+    """A certified lower bound on ``lambda_min`` of the symmetric matrix enclosed by ``S``.
+
+    Pick ``s`` a little below the computed ``lambda_min`` of the (mirrored) midpoint, factor
+    ``B = fl(mid - s I) = L L^T + Delta`` by Cholesky, bound ``||Delta||_2 <= ||Delta||_F``
+    rigorously (``|fl(L L^T) - L L^T| <= gamma_m |L||L|^T + m eta``) and add the radius (Weyl):
+    ``lambda_min(S) >= s - ||Delta||_F - ||rad||_F``.  Returns ``-inf`` if no factorisation
+    succeeds (nothing is claimed).
+    """
+    if not isinstance(S, Enclosure):
+        S = _as_array("S", S)
+        if S.shape[0] != S.shape[-1] or not np.array_equal(S, S.T):
+            raise AssumptionError("S", "an exactly symmetric square matrix", f"shape {S.shape}, not symmetric",
+                                  "symmetrize first, e.g. (S + S.T) / 2, and certify that matrix")
+    S = _as_enclosure(S).sym()
+    M = S.mid
+    m = M.shape[0] if M.ndim == 2 else -1
+    if M.ndim != 2 or M.shape[1] != m:
+        raise WeightsError("S", "a square matrix", f"shape {M.shape}", "pass a symmetric matrix")
+    if m == 0:
+        return math.inf
+    radius = _fro_upper(S.rad)
+    scale = float(np.linalg.norm(M))
+    if scale == 0.0:
+        return math.nextafter(-radius, -math.inf)
+    estimate = float(np.linalg.eigvalsh(M)[0])
+    for attempt in range(attempts):
+        shift = estimate - 16.0 * (m + 2) * _U * scale * (8.0 ** attempt)
+        B = M.copy()
+        B[np.diag_indices(m)] = np.diag(M) - shift
+        try:
+            L = np.linalg.cholesky(B)
+        except np.linalg.LinAlgError:
+            continue
+        absL = np.abs(L)
+        residual = (np.abs(B - L @ L.T) * (1 + 2 * _U)
+                    + (_gamma(m) * (absL @ absL.T) + m * _ETA) * _safe(m))
+        residual[np.diag_indices(m)] += _U * np.abs(np.diag(B)) * (1 + 2 * _U) + _ETA  # fl(M_ii - s)
+        delta = _fro_upper(residual) + radius
+        return math.nextafter(math.nextafter(shift - delta, -math.inf), -math.inf)
+    return -math.inf
+
+
+def lambda_max_upper(S) -> float:
+    """A certified upper bound on ``lambda_max`` of the symmetric matrix enclosed by ``S``."""
+    return -lambda_min_lower(-S if isinstance(S, Enclosure) else -_as_array("S", S))
+
+
+def top_eigenvalue_bounds(S):
+    """Intervals ``(lower, upper)`` for ``lambda_max`` of the symmetric matrix enclosed by ``S``,
+    or None when the upper certificate fails.  Lower: the Rayleigh quotient at the computed top
+    eigenvector, in enclosure arithmetic; upper: :func:`lambda_max_upper`."""
+    S = _as_enclosure(S).sym()
+    _, vectors = np.linalg.eigh(S.mid)
+    v = vectors[:, -1]
+    quotient = S.quad(v).interval() / interval(vector_norm_upper(v)) ** 2
+    top = lambda_max_upper(S)
+    if not math.isfinite(top):
+        return None
+    return IV.make_mpf((_raw(quotient)[0], _raw(quotient)[0])), interval(top)
+
+
+def is_psd_certified(S, margin: float = 0.0) -> bool:
+    """True only if ``lambda_min(S) >= margin`` is proved (False: not proved, maybe true)."""
+    return lambda_min_lower(S) >= margin
+
+
+# Spectral norms --------------------------------------------------------------------------------
+def _spectral_bounds_scaled(M: np.ndarray) -> tuple[float, float]:
+    """Certified ``(lower, upper)`` for ``||M||_2`` when ``max |M_ij|`` is in [1/2, 1)."""
+    M = M if M.shape[1] <= M.shape[0] else M.T  # the smaller Gram matrix
+    gram = (Enclosure.exact(M.T) @ Enclosure.exact(M)).sym()
+    top = lambda_max_upper(gram)
+    high = math.nextafter(math.sqrt(max(top, 0.0)), math.inf) if math.isfinite(top) else math.inf
+    _, vectors = np.linalg.eigh(gram.mid)
+    v = vectors[:, -1]
+    image = Enclosure.exact(M) @ Enclosure.exact(v)
+    low = (interval(vector_norm_lower(image.mid)) - interval(_fro_upper(image.rad))) / interval(vector_norm_upper(v))
+    return max(0.0, lower(low)), high
+
+
+def spectral_norm_bounds(M) -> tuple[float, float]:
+    """Certified ``(lower, upper)`` floats for ``||M||_2`` of a finite float matrix (taken exactly).
+
+    Upper: ``sqrt(lambda_max(M^T M))`` through an enclosed Gram matrix (or the Frobenius norm,
+    whichever is smaller); lower: ``||M v|| / ||v||`` at the computed top singular vector.
+    """
+    M = _as_array("M", M)
+    if M.size == 0 or not np.any(M):
+        return 0.0, 0.0
+    if min(M.shape) == 1:
+        return vector_norm_lower(M), vector_norm_upper(M)
+    scaled, exponent, exact = _power_of_two_scale(M)
+    low, high = _spectral_bounds_scaled(scaled)
+    factor = IV.mpf(2) ** exponent
+    low_iv, high_iv = interval(low) * factor, interval(high) * factor
+    if not exact:  # ||Delta M||_2 <= ||Delta M||_F <= sqrt(mn) eta
+        deviation = IV.sqrt(interval(M.size)) * interval(_ETA)
+        low_iv, high_iv = low_iv - deviation, high_iv + deviation
+    return max(0.0, lower(low_iv)), min(upper(high_iv), vector_norm_upper(M))
+
+
+def spectral_norm_upper(M) -> float:
+    """Certified upper bound on ``||M||_2`` for a float matrix or an :class:`Enclosure`."""
+    if isinstance(M, Enclosure):
+        return M.norm_upper()
+    return spectral_norm_bounds(M)[1]
+
+
+def spectral_norm_lower(M) -> float:
+    """Certified lower bound on ``||M||_2`` (rounded down, never negative)."""
+    if isinstance(M, Enclosure):
+        return M.norm_lower()
+    return spectral_norm_bounds(M)[0]
+
+
+def product_norm_interval(X, Y):
+    """Interval enclosing ``||X Y||_2`` for matrices or enclosures X (p, k), Y (k, q).
+
+    When the inner dimension is small (``2 k <= min(p, q)``, e.g. ``W_Q W_K^T`` with d = 384,
+    d_k = 32) the product is not formed: ``||X Y||^2 = lambda_max(G_X G_Y)`` with the k x k
+    Gram matrices ``G_X = X^T X``, ``G_Y = Y Y^T``; with a floating Cholesky factor
+    ``L L^T = G_Y + E`` (E enclosed), ``G_X G_Y`` is similar to ``G_X^{1/2} (L L^T - E) G_X^{1/2}``,
+    so by Weyl ``|lambda_max(G_X G_Y) - lambda_max(L^T G_X L)| <= ||G_X|| ||E||``.
+    Otherwise the product is formed with its error bound.
+    """
+    X, Y = _as_enclosure(X), _as_enclosure(Y)
+    (p, k), q = X.shape, Y.shape[1]
+    if 2 * k <= min(p, q):
+        gram_x, gram_y = (X.T @ X).sym(), (Y @ Y.T).sym()
+        try:
+            factor = Enclosure.exact(np.linalg.cholesky(gram_y.mid))
+        except np.linalg.LinAlgError:
+            factor = None
+        if factor is not None:
+            residual = factor @ factor.T - gram_y
+            residual_norm = interval(vector_norm_upper(residual.mid)) + interval(_fro_upper(residual.rad))
+            core, outer = top_eigenvalue_bounds(factor.T @ gram_x @ factor), top_eigenvalue_bounds(gram_x)
+            if core is not None and outer is not None:
+                spread = interval(upper(outer[1])) * residual_norm
+                low_raw = _raw(core[0] - spread)[0]
+                low = IV.sqrt(point(libmp.fzero if libmp.mpf_lt(low_raw, libmp.fzero) else low_raw))
+                return IV.make_mpf((_raw(low)[0], _raw(F.sqrt(core[1] + spread))[1]))
+    return (X @ Y).norm_interval()
+
+
+def product_norm_upper(*factors) -> float:
+    """Certified upper bound on ``||F_1 F_2 ... F_k||_2``; sharper than ``prod ||F_i||`` whenever
+    the factors are not aligned (``||W_Q W_K^T||`` against ``||W_Q|| ||W_K||``)."""
+    if not factors:
+        raise AssumptionError("factors", "at least one matrix", "none", "pass the factors of the product")
+    enclosures = [Enclosure.exact(_as_array(f"factors[{i}]", f)) for i, f in enumerate(factors)]
+    if len(enclosures) == 1:
+        return enclosures[0].norm_upper()
+    head = enclosures[0]
+    for factor in enclosures[1:-1]:
+        head = head @ factor
+    return upper(product_norm_interval(head, enclosures[-1]))
