@@ -18,7 +18,7 @@ def run(norms=("fro",), domains=("ball",), proofs: bool = False) -> list[tuple[s
     from lipbound.symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
     from lipbound.errors import LipboundError
     from lipbound.printing.latex import latex
-    from lipbound.printing.proof import derivation_to_latex
+    from lipbound.printing.derivation import derivation_to_latex
     from lipbound.symbolic.registry import VARIANTS, variant
     make = {"ball": Ball, "layernorm": LayerNormImage, "unbounded": Unbounded}
     rows = []
@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--all", action="store_true", help="also every norm and domain")
     args = parser.parse_args()
     import lipbound.printing.latex  # noqa: F401  (import time is not part of the figure)
-    import lipbound.printing.proof  # noqa: F401
+    import lipbound.printing.derivation  # noqa: F401
     import lipbound.symbolic.registry  # noqa: F401  (import time is not part of the figure)
     cold = run()
     warm = run()

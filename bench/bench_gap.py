@@ -29,7 +29,7 @@ def main() -> None:
     from lipbound.numeric.model import load_default
     model = load_default()
     with tempfile.TemporaryDirectory() as directory:
-        report = verify_model(model, layers=args.layers, n=args.n, radius="layernorm", sdp=True, budget=args.budget,
+        report = verify_model(model, layers=args.layers, n=args.n, domain="layernorm", sdp=True, budget=args.budget,
                               witness_dir=directory, whole_layers=not args.no_layers,
                               progress=lambda row: print(f"  layer {row.layer} head "
                                                          f"{'all' if row.head is None else row.head}: witness "
@@ -37,7 +37,7 @@ def main() -> None:
                                                          f"gap {row.gap:.3g}", flush=True))
     print()
     print(report.table())
-    heads = [row for row in report.heads if row.head is not None]
+    heads = [row for row in report.rows if row.head is not None]
     gaps = np.array([row.gap for row in heads])
     closed = np.array([next(b.value for b in row.upper_bounds if b.name == "derived") / row.witness_value
                        for row in heads])
@@ -50,7 +50,7 @@ def main() -> None:
     print(f"worst head: layer {worst.layer} head {worst.head} (gap {worst.gap:.3g}: witness "
           f"{worst.witness_value:.4g}, best upper {worst.best_upper:.4g})")
     print(f"median gap target (<= 3): {'MET' if np.median(gaps) <= 3 else 'NOT MET'}; "
-          f"refuted bounds: {sum(len(row.refuted) for row in report.heads)}; total {report.seconds:.0f} s")
+          f"refuted bounds: {sum(len(row.refuted) for row in report.rows)}; total {report.seconds:.0f} s")
 
 
 if __name__ == "__main__":

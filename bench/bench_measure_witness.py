@@ -24,7 +24,7 @@ def main() -> None:
     args = parser.parse_args()
     from lipbound.measures.witness import measure_witness
     from lipbound.numeric.certify import head_constant
-    from lipbound.numeric.domains import LayerNormOutputs, TokenBall
+    from lipbound.numeric.domains import TokenBall
     from lipbound.numeric.sdp import relax
     from lipbound.numeric.model import load_default
     from lipbound.symbolic.registry import variant
@@ -36,9 +36,9 @@ def main() -> None:
         domain = TokenBall(layer.ln_in.radius_about_origin)
         for h in (args.heads if args.heads is not None else range(len(layer.heads))):
             head = layer.heads[h]
-            witness = measure_witness(head, radius=domain.radius, n=args.n, budget_seconds=args.budget)
+            witness = measure_witness(head, domain=domain, n=args.n, budget_seconds=args.budget)
             closed = head_constant(head, "w1", domain, args.n).value
-            sdp = relax(variant("measure-w1"), head, domain.radius, None, n=args.n)
+            sdp = relax(variant("measure-w1"), head, domain, n=args.n)
             best = min(closed, sdp.value) if sdp.certified else closed
             gaps.append(best / witness.ratio)
             assert witness.ratio <= best, "a measure witness beats a certified W1 constant"

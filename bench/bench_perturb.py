@@ -52,13 +52,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", nargs="+", default=["replace"], choices=["replace", "insert", "delete"])
     parser.add_argument("--k", default="1..3", help="edit sizes (default 1..3)")
-    parser.add_argument("--layers", default="1..6", help="1-based layers (default 1..6)")
+    parser.add_argument("--layers", default="0..5", help="layers counted from 0 (default 0..5)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    from lipbound.measures.perturb import load_model, parse_range, perturb
-    model = load_model()
-    ks, layers = parse_range(args.k, "--k"), parse_range(args.layers, "--layers")
+    from lipbound.cli.parsing import int_list
+    from lipbound.measures.bert import load_text_model
+    from lipbound.measures.perturb import perturb
+    model = load_text_model()
+    ks, layers = int_list("--k", 1)(args.k), int_list("--layers")(args.layers)
     for mode in args.modes:
         start = time.perf_counter()
         reports = [perturb(s, k=ks, mode=mode, layers=layers, seed=args.seed, model=model) for s in sentences()]

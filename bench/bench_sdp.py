@@ -31,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from lipbound.numeric.sdp import (HeadBounds, closed_form_self_attention, key_gradient_sup,  # noqa: E402
+from lipbound.numeric.certify import head_constant  # noqa: E402
+from lipbound.numeric.domains import TokenBall  # noqa: E402
+from lipbound.numeric.sdp import (HeadBounds, key_gradient_sup,  # noqa: E402
                                   layernorm_joint_gain, layernorm_value_spread, matrix_aware_closed_form, relax,
                                   self_attention_bound)
 from lipbound.numeric.sdp.joint import JointRange, key_form, value_gram  # noqa: E402
@@ -54,15 +56,15 @@ def part_a(head, ln, radius: float, n: int, solver: str) -> None:
     joint_range = JointRange(key_form(head), value_gram(head.W_V))
     for route in dict.fromkeys((joint_range.pick_solver(solver), "clarabel", "scs", "eig")):
         gamma, seconds = _timed(joint_range.gain, solver=route)
-        label = f"gamma_AV [{gamma.solver}]"
+        label = f"gamma_AV [{gamma.details['solver']}]"
         print(f"{label:34s} {gamma.value:16.10f} {gamma.lower:16.10f} {norm_A * norm_V:13.6f} "
               f"{gamma.value / (norm_A * norm_V):6.3f} {seconds:8.2f}")
     beta, seconds = _timed(key_gradient_sup, head, radius)
-    triangle = beta.certificate["triangle_bound"]
+    triangle = beta.details["triangle_bound"]
     print(f"{'beta = sup ||A^T x + u|| [secular]':34s} {beta.value:16.10f} {beta.lower:16.10f} {triangle:13.6f} "
           f"{beta.value / triangle:6.3f} {seconds:8.2f}")
     spread, seconds = _timed(layernorm_value_spread, head.W_V, ln.gamma)
-    naive = spread.certificate["naive"]
+    naive = spread.details["naive"]
     print(f"{'rho on the LayerNorm image':34s} {spread.value:16.10f} {spread.lower:16.10f} {naive:13.6f} "
           f"{spread.value / naive:6.3f} {seconds:8.2f}")
     ln_gain, seconds = _timed(layernorm_joint_gain, head, ln.gamma, solver="eig")
@@ -70,7 +72,7 @@ def part_a(head, ln, radius: float, n: int, solver: str) -> None:
     print(f"{'d gamma on the LayerNorm image':34s} {ln_gain.value:16.6f} {ln_gain.lower:16.6f} {product:13.3f} "
           f"{ln_gain.value / product:6.3f} {seconds:8.2f}")
     aware, seconds = _timed(matrix_aware_closed_form, head, radius, n=n, solver=solver)
-    closed = closed_form_self_attention(head, radius, n=n)
+    closed = head_constant(head, "fro", TokenBall(radius), n).value
     print(f"{'closed form with these constants':34s} {aware.value:16.4f} {'':>16s} {closed:13.4f} "
           f"{aware.value / closed:6.3f} {seconds:8.2f}")
     print()
@@ -78,19 +80,19 @@ def part_a(head, ln, radius: float, n: int, solver: str) -> None:
 
 def part_b(head, radius: float, n: int, solver: str, witness_budget: float) -> None:
     print(f"(b) relaxation of the local Lipschitz problem, layer 0 head 0, n = {n}, R = {radius}")
-    closed = closed_form_self_attention(head, radius, n=n)
+    closed = head_constant(head, "fro", TokenBall(radius), n).value
     for route in dict.fromkeys((solver, "eig")):
         bound, seconds = _timed(self_attention_bound, head, radius, n=n, solver=route)
         status = "certified" if bound.certified else f"NOT certified ({bound.reason})"
         print(f"  [{route:8s}] relaxation {bound.value:10.3f}   closed form {closed:10.3f}   "
               f"ratio {bound.value / closed:6.3f}   {seconds:6.2f} s   {status}")
-    terms = bound.certificate
+    terms = bound.details
     print(f"  terms: b_hat = R^2 gamma = {terms['b_hat']:.3f}, Phi = {terms['Phi']:.1f}, "
           f"c_hat = {terms['c_hat']:.1f}, xi = {terms['xi']:.4f}; "
           f"sqrt(b^2 + Phi + 2 c xi) = {terms['pythagorean']:.3f}, b + sqrt(Phi) = {terms['minkowski']:.3f}")
     if witness_budget > 0:
         from lipbound.numeric.witness import search_witness
-        found, seconds = _timed(search_witness, head, radius=radius, n=n, budget_seconds=witness_budget)
+        found, seconds = _timed(search_witness, head, domain=TokenBall(radius), n=n, budget_seconds=witness_budget)
         print(f"  witness (lower bound, {witness_budget:g} s search): {found.value:.3f}   "
               f"sandwich [{found.value:.1f}, {bound.value:.1f}], width ratio {bound.value / found.value:.2f}")
     print()
@@ -107,7 +109,7 @@ def all_heads(layer, heads, radius: float, n: int, solver: str) -> None:
         bound = self_attention_bound(head, radius, n=n, bounds=constants)
         aware = matrix_aware_closed_form(head, radius, n=n, bounds=constants)
         seconds = time.perf_counter() - started
-        closed = closed_form_self_attention(head, radius, n=n)
+        closed = head_constant(head, "fro", TokenBall(radius), n).value
         if not bound.certified:
             print(f"{index:4d} {closed:12.2f} {'':>13s} NOT certified: {bound.reason}")
             continue
@@ -121,10 +123,10 @@ def all_heads(layer, heads, radius: float, n: int, solver: str) -> None:
 
 def layer_bound(layer, radius: float, n: int, solver: str) -> None:
     target = layer.as_layer()
-    bound, seconds = _timed(relax, MultiHead(SelfAttention(DotProduct())), target, radius, n=n, solver=solver)
+    bound, seconds = _timed(relax, MultiHead(SelfAttention(DotProduct())), target, TokenBall(radius), n=n, solver=solver)
     print(f"multi-head layer 0 (registry, MultiHead): {bound.value:.2f} "
-          f"[concatenated {bound.certificate.get('concatenated', float('nan')):.2f}, "
-          f"split through W_O {bound.certificate.get('split', float('nan')):.2f}], {seconds:.1f} s")
+          f"[concatenated {bound.details.get('concatenated', float('nan')):.2f}, "
+          f"split through W_O {bound.details.get('split', float('nan')):.2f}], {seconds:.1f} s")
 
 
 def main(argv=None) -> None:

@@ -24,7 +24,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lipbound.numeric.model import load_default  # noqa: E402
-from lipbound.numeric.witness import AttentionKernel, jacobian_norms, single_threaded_blas  # noqa: E402
+from lipbound.numeric.blas import single_threaded_blas  # noqa: E402
+from lipbound.numeric.witness import AttentionKernel, jacobian_norms  # noqa: E402
 
 
 def measure(batch: int = 512, loop: int = 64, n: int = 8, steps: int = 20, layer: int = 0, head: int = 0,

@@ -29,6 +29,7 @@ from typing import final
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from lipbound.numeric.domains import TokenBall  # noqa: E402
 from lipbound.numeric.model import load_default  # noqa: E402
 from lipbound.numeric.witness import Witness, castin_adversarial, naive_ascent, search_witness  # noqa: E402
 
@@ -76,15 +77,16 @@ def witness_rows(weights=None, layers=(0, 5), heads=None, ns=(8, 32), budget: fl
     rows = []
     for layer_index in layers:
         layer = weights.layer(layer_index)
-        radius = layer.ln_in.radius_about_origin
+        domain = TokenBall(layer.ln_in.radius_about_origin)
+        radius = domain.radius
         for head_index in (range(len(layer.heads)) if heads is None else heads):
             head = layer.heads[head_index]
             for n in ns:
                 began = time.perf_counter()
-                about = {"model": weights.name, "layer": layer_index, "head": head_index}
-                ours = search_witness(head, radius=radius, n=n, budget_seconds=budget, seed=seed, **about)
-                naive = naive_ascent(head, radius=radius, n=n, budget_seconds=budget, seed=seed, **about)
-                castin = castin_adversarial(head, radius, n, model=weights.name, layer=layer_index,
+                about = {"origin": weights, "layer": layer_index, "head": head_index}
+                ours = search_witness(head, domain=domain, n=n, budget_seconds=budget, seed=seed, **about)
+                naive = naive_ascent(head, domain=domain, n=n, budget_seconds=budget, seed=seed, **about)
+                castin = castin_adversarial(head, domain=domain, n=n, origin=weights, layer=layer_index,
                                             head_index=head_index)
                 row = WitnessRow(layer_index, head_index, n, radius, ours.value, naive.value, castin.value,
                                  time.perf_counter() - began, {"ours": ours, "naive": naive, "castin": castin})

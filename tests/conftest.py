@@ -8,8 +8,15 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+# Hypothesis: derandomized (the same examples every run) for CI, which scripts/test.sh selects;
+# HYPOTHESIS_PROFILE=explore draws new examples and prints how to reproduce a failure.
+settings.register_profile("ci", derandomize=True, print_blob=True, deadline=None)
+settings.register_profile("explore", derandomize=False, print_blob=True, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_addoption(parser):

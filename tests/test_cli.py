@@ -1,18 +1,35 @@
-"""The command line as users call it: outputs, JSON fields, exit statuses, one-line errors."""
+"""The command line as users call it: outputs, JSON fields, exit statuses, one-line errors,
+output paths checked before work, partial reports that survive an interrupt."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
-from lipbound.cli import main
+from lipbound.cli import build_parser, main
+from lipbound.numeric.model import DEFAULT_WEIGHTS, load_default, save_plain
+
+MODEL = str(DEFAULT_WEIGHTS)
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lipbound.cli", *args], capture_output=True, text=True, timeout=900)
+def run(*args: str, timeout: float = 900, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lipbound.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, **kwargs)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
 
 
 def test_list_names_variants_theorems_and_claims(capsys):
@@ -45,20 +62,76 @@ def test_derive_latex_and_proof(capsys):
     assert r"W_0" in out and r"\begin{align*}" in out
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["derive", "no-such-variant"], "variant: expected one of"),
-    (["derive", "dot-product", "--norm", "w1"], "norm: expected a norm on X"),
-    (["compare", "no-such-claim"], "claim: expected one of"),
-    (["derive", "dot-product", "--n", "0"], "n: expected a positive integer"),
-    (["check", "no-such-claim"], "claim: expected one of"),
-    (["verify", "/nonexistent/model.safetensors"], "/nonexistent/model.safetensors"),
+def test_measure_variants_answer_in_w1_and_refuse_another_norm(capsys):
+    assert main(["derive", "measure-w1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["norm"] == "w1"
+
+
+def test_derive_and_list_load_no_numeric_module():
+    code = ("import sys; from lipbound.cli import main; main(['derive', 'dot-product']); main(['list']); "
+            "print(sorted(m for m in sys.modules if m.startswith(('lipbound.numeric', 'lipbound.measures', "
+            "'cvxpy', 'scipy'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["derive", "no-such-variant"], ["variant: expected one of"]),
+    (["derive", "dot-product", "--norm", "w1"], ["--norm: expected one of fro"]),
+    (["derive", "measure-w1", "--norm", "fro"], ["--norm: expected one of w1", "Fix: omit --norm"]),
+    (["compare", "no-such-claim"], ["claim: expected one of"]),
+    (["derive", "dot-product", "--n", "0"], ["argument --n: expected a positive integer", "Fix: write e.g. --n 8"]),
+    (["check", "no-such-claim"], ["claim: expected one of"]),
+    (["verify", "/nonexistent/model.safetensors"], ["/nonexistent/model.safetensors"]),
+    (["verify", MODEL, "--radius", "abc"], ["argument --radius: expected a positive number or one of layernorm",
+                                            "got 'abc'", "Fix: write e.g. --radius 20.25"]),
+    (["verify", MODEL, "--head", "-1"], ["argument --head", "counted from 0", "got '-1'"]),
+    (["verify", MODEL, "--head", "12", "--layer", "0"], ["--head: expected an index in 0..11", "got 12"]),
+    (["verify", MODEL, "--layer", "3"], ["--layer: expected one of the layers in the file [0, 5]", "got 3"]),
+    (["verify", MODEL, "--budget", "-2"], ["argument --budget: expected a positive number"]),
+    (["verify", MODEL, "--json", "/nonexistent/dir/report.json"], ["argument --json", "no folder /nonexistent/dir",
+                                                                   "mkdir -p /nonexistent/dir"]),
+    (["verify", MODEL, "--json", "report.txt"], ["argument --json: expected a file ending in .json"]),
+    (["perturb", "The cat sat.", "--plot", "w1.xyz"], ["argument --plot: expected a file ending in one of", ".png"]),
+    (["perturb", "The cat sat.", "--layers", "2..1"], ["argument --layers: expected a range A..B"]),
+    (["perturb", "The cat sat.", "--layers", "7"], ["--layers: expected layer numbers between 0 and 5"]),
+    (["perturb", " ".join(["word"] * 2000)], ["sentence: expected at most 512 tokens", "2002 tokens"]),
+    (["depth", "--head", "12"], ["--head: expected a head between 0 and 11"]),
+    (["recheck", "/nonexistent/witness.npz"], ["/nonexistent/witness.npz"]),
 ])
-def test_user_errors_are_one_line_with_exit_status_2(args, fragment):
-    result = run(*args)
-    assert result.returncode == 2, result.stderr
-    assert fragment in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert "Traceback" not in result.stderr
+def test_user_errors_are_one_line_with_exit_status_2(args, fragments):
+    assert_one_line_error(run(*args), *fragments)
+
+
+def test_too_many_tokens_are_refused_before_anything_is_allocated(tmp_path):
+    """Regression: --n 1000000 was killed by the kernel after taking 24 GB."""
+    started = time.perf_counter()
+    result = run("verify", MODEL, "--layer", "0", "--head", "0", "--n", "1000000", "--witness-dir", str(tmp_path))
+    assert_one_line_error(result, "--n: expected a size whose witness search fits in memory", "Fix: lower --n")
+    assert time.perf_counter() - started < 60
+
+
+def test_a_closed_pipe_ends_quietly():
+    """Regression: `lipbound derive cosine --proof | head` printed a BrokenPipeError traceback."""
+    process = subprocess.Popen([sys.executable, "-m", "lipbound.cli", "derive", "cosine", "--proof"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.read(10)
+    process.stdout.close()
+    stderr = process.stderr.read().decode()
+    process.wait(timeout=120)
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr
+    assert process.returncode in (0, 141)
+
+
+def test_every_subcommand_documents_examples_and_every_option():
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name, sub in subparsers.choices.items():
+        text = sub.format_help()
+        assert "examples:" in text, name
+        for action in sub._actions:
+            if action.dest != "help":
+                assert action.help, (name, action.dest)
 
 
 def test_compare_table_latex(capsys):
@@ -75,20 +148,85 @@ def test_check_refutes_gelu_and_exits_3(capsys):
 
 def test_verify_exits_3_when_a_bound_is_refuted(monkeypatch, tmp_path, capsys):
     """Gate a model's CI: an (artificially) wrong bound makes verify exit with status 3."""
-    from lipbound.numeric import certify, report
-    real = certify.head_constant
+    from lipbound.numeric import report
+    real = report.head_constant
 
     def too_small(*args, **kwargs):
-        value = real(*args, **kwargs)
-        return certify.CertifiedConstant(1e-3, value.name, value.norm)
+        return real(*args, **kwargs).renamed("derived", value=1e-3)
 
     monkeypatch.setattr(report, "head_constant", too_small)
-    from lipbound.numeric.model import load_default
     path = tmp_path / "plain.npz"
-    from lipbound.numeric.model import save_plain
     save_plain(load_default(layers=0), path)
     status = main(["verify", str(path), "--layer", "0", "--head", "3", "--budget", "1", "--radius", "layernorm",
                    "--witness-dir", str(tmp_path / "w"), "--json", str(tmp_path / "r.json")])
     assert status == 3
     data = json.loads((tmp_path / "r.json").read_text())
-    assert data["heads"][0]["refuted"] == ["derived"]
+    assert data["rows"][0]["refuted"] == ["derived"] and data["complete"] is True
+
+
+def test_verify_report_names_the_weights_and_every_row_field(tmp_path, capsys):
+    out_json, out_tex = tmp_path / "r.json", tmp_path / "r.tex"
+    status = main(["verify", MODEL, "--layer", "5", "--head", "1", "--budget", "0.5", "--witness-dir",
+                   str(tmp_path / "w"), "--json", str(out_json), "--latex", str(out_tex), "--markdown",
+                   str(tmp_path / "r.md"), "--csv", str(tmp_path / "r.csv")])
+    assert status == 0
+    data = json.loads(out_json.read_text())
+    model = load_default(layers=5)
+    assert data["path"] == model.path and data["sha256"] == model.sha256 and data["norm"] == "fro" and data["n"] == 8
+    assert "ball of radius" in data["domains"]["5"]
+    row = data["rows"][0]
+    for key in ("block", "layer", "head", "kind", "n", "m", "domain", "witness", "upper_bounds", "best_upper", "gap",
+                "refuted"):
+        assert key in row
+    assert row["layer"] == 5 and row["head"] == 1 and row["witness"]["file"].endswith(".npz")
+    assert row["witness"]["value"] <= row["best_upper"]
+    tex = out_tex.read_text()
+    assert r"\toprule" in tex and model.sha256[:12] in tex
+    assert model.sha256 in (tmp_path / "r.md").read_text() and model.sha256 in (tmp_path / "r.csv").read_text()
+
+
+def test_recheck_names_its_weights_and_refuses_other_ones(tmp_path):
+    witness_dir = tmp_path / "w"
+    assert main(["verify", MODEL, "--layer", "0", "--head", "2", "--budget", "0.5", "--witness-dir", str(witness_dir)]) == 0
+    witness = next(witness_dir.glob("*.npz"))
+    good = run("recheck", str(witness))
+    assert good.returncode == 0 and load_default(layers=0).sha256 in good.stdout and "valid" in good.stdout
+    # a fine-tune that kept its base model's name: other weights, same name
+    tuned = load_default(layers=0)
+    layer = tuned.layer(0)
+    head = layer.heads[2]
+    from dataclasses import replace
+
+    from lipbound.numeric.model import Layer, Model, TransformerLayer
+    heads = list(layer.heads)
+    heads[2] = replace(head, W_Q=head.W_Q * 1.01)
+    other = Model(tuned.name, {0: TransformerLayer(0, Layer(tuple(heads), layer.W_O, layer.attention.b_O),
+                                                  ln_in=layer.ln_in)}, tuned.num_heads, tuned.hidden)
+    path = save_plain(other, tmp_path / "tuned.npz")
+    refused = run("recheck", str(witness), "--weights", str(path))
+    assert_one_line_error(refused, "--weights: expected weights with sha256", "Fix: pass --weights with the exact file")
+
+
+def test_interrupted_verify_keeps_the_finished_rows(tmp_path):
+    """Ctrl-C during a long run: the report written so far survives, marked partial."""
+    report = tmp_path / "partial.json"
+    process = subprocess.Popen([sys.executable, "-m", "lipbound.cli", "verify", MODEL, "--layer", "0", "--budget", "1",
+                                "--witness-dir", str(tmp_path / "w"), "--json", str(report)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not report.exists():
+        time.sleep(0.2)
+    assert report.exists()
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and "rows kept" in stderr and "about" in stderr  # progress with time left
+    data = json.loads(report.read_text())
+    assert data["complete"] is False and 1 <= data["rows_finished"] < data["rows_planned"] == 13
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".partial")]
+
+
+def test_budget_is_a_wall_clock_limit(tmp_path):
+    started = time.perf_counter()
+    assert main(["verify", MODEL, "--layer", "0", "--head", "0", "--budget", "1", "--witness-dir", str(tmp_path)]) == 0
+    assert time.perf_counter() - started < 1 + 8  # the search, plus the bound's evaluation and start-up

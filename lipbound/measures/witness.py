@@ -17,7 +17,9 @@ from typing import final
 
 import numpy as np
 
-from ..numeric.attention import Head
+from ..numeric.domains import TokenDomain
+from ..numeric.model import Head
+from ..numeric.witness import project_to_ball, search_witness
 from .empirical import EmpiricalMeasure, self_attention_measure
 from .wasserstein import w1
 
@@ -55,18 +57,16 @@ def _ratio(head: Head, mu: EmpiricalMeasure, nu: EmpiricalMeasure) -> tuple[floa
     return moved_in, moved_out, moved_out / moved_in
 
 
-def measure_witness(head: Head, *, radius: float, n: int, budget_seconds: float = 5.0, seed: int = 0,
-                    center: np.ndarray | None = None) -> MeasureWitness:
-    """The best W1 ratio found for ``head`` on uniform measures of ``n`` atoms in the ball.
+def measure_witness(head: Head, *, domain: TokenDomain, n: int, budget_seconds: float = 5.0,
+                    seed: int = 0) -> MeasureWitness:
+    """The best W1 ratio found for ``head`` on uniform measures of ``n`` atoms in the domain's ball.
 
     Starts from the (2,1) secant witness (one token moved), then tries larger and smaller
     displacements of the moved token along the same direction (kept inside the ball),
     keeping the best exact ratio.
     """
-    from ..numeric.witness import project_to_ball, search_witness
-    center = np.zeros(head.d) if center is None else np.asarray(center, dtype=float)
-    secant = search_witness(head, radius=radius, center=center, n=n, budget_seconds=budget_seconds, seed=seed,
-                            norm="2,1")
+    secant = search_witness(head, domain=domain, n=n, budget_seconds=budget_seconds, seed=seed, norm="2,1")
+    radius, center = secant.radius, secant.center
     X, Y = secant.X, secant.Y
     best = None
     for scale in (1.0, 0.1, 10.0, 100.0, 1e3):

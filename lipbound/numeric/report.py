@@ -29,11 +29,14 @@ import numpy as np
 from ..errors import AssumptionError
 from ..rigorous.intervals import Verdict, certify_le, interval
 from ..rigorous.value import CertifiedValue
+from ..symbolic.claims import CLAIMS
+from ..symbolic.registry import variant
 from .certify import head_constant, layer_constant
 from .dispatch import head_facts
 from .domains import DomainSpec, TokenBall, TokenDomain
 from .evaluate import evaluate_bound
 from .model import Head, Model
+from .sdp import relax
 from .witness import search_witness
 
 __all__ = ["HeadReport", "ModelReport", "Verification", "verify_model"]
@@ -146,6 +149,9 @@ class ModelReport:
                                  bound.certified, bound.provenance, row.best_upper, row.gap, ";".join(row.refuted)])
         return buffer.getvalue()
 
+    def latex(self) -> str:
+        return _latex(self)
+
     def markdown(self) -> str:
         lines = [f"# Lipschitz sandwich for {self.model}", ""] + [f"- {line}" for line in self.header_lines()] + [
             "", "witness <= true constant <= certified bound", "",
@@ -156,6 +162,35 @@ class ModelReport:
             lines.append(f"| {row.layer} | {'all' if row.head is None else row.head} | {row.witness_value:.4g} | "
                          f"{row.best_upper:.4g} | {row.gap:.3g} | {bounds} | {', '.join(row.refuted) or '-'} |")
         return "\n".join(lines) + "\n"
+
+
+def _tex(text: str) -> str:
+    """Plain text for a LaTeX table cell."""
+    for char, escaped in (("\\", r"\textbackslash{}"), ("_", r"\_"), ("%", r"\%"), ("&", r"\&"), ("#", r"\#"),
+                          ("$", r"\$"), ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"), ("^", r"\^{}")):
+        text = text.replace(char, escaped)
+    return text
+
+
+def _latex(report: ModelReport) -> str:
+    """A booktabs table (needs ``\\usepackage{booktabs}``) with a caption naming the weights."""
+    names = list(dict.fromkeys(b.name for row in report.rows for b in row.upper_bounds))
+    lines = [r"\begin{table}[t]", r"\centering", r"\small",
+             r"\begin{tabular}{rr" + "r" * (1 + len(names)) + "rr}", r"\toprule",
+             " & ".join(["layer", "head", "witness"] + [_tex(n) for n in names] + ["best upper", "gap"]) + r" \\",
+             r"\midrule"]
+    for row in report.rows:
+        values = {b.name: (f"{b.value:.4g}" if b.certified else "n.c.") for b in row.upper_bounds}
+        cells = [str(row.layer), "all" if row.head is None else str(row.head), f"{row.witness_value:.4g}"]
+        cells += [values.get(name, "--") for name in names] + [f"{row.best_upper:.4g}", f"{row.gap:.3g}"]
+        lines.append(" & ".join(cells) + r" \\")
+    caption = (f"Witness $\\le \\operatorname{{Lip}} \\le$ certified bounds, {_tex(report.model)}, "
+               f"$n = {report.n}$, {_tex(report.norm)} norm; weights {_tex(report.path)} "
+               f"(sha256 \\texttt{{{report.sha256[:16]}}}); "
+               + "; ".join(f"layer {k}: {_tex(v)}" for k, v in sorted(report.domains.items()))
+               + ("" if report.complete else f" ({_tex(report.status())})") + ".")
+    lines += [r"\bottomrule", r"\end{tabular}", r"\caption{" + caption + "}", r"\end{table}"]
+    return "\n".join(lines) + "\n"
 
 
 def _refutations(row: HeadReport) -> None:
@@ -171,7 +206,6 @@ def _refutations(row: HeadReport) -> None:
 
 def _claims(head: Head, domain: TokenDomain, n: int) -> list[CertifiedValue]:
     """Published claims whose hypotheses the head meets, evaluated for comparison (never a best bound)."""
-    from ..symbolic.claims import CLAIMS
     facts = head_facts(head)
     if not (isinstance(domain, TokenBall) and domain.center is None and facts.score == "dot"
             and not np.any(head.b_Q) and not facts.causal):
@@ -184,8 +218,6 @@ def _claims(head: Head, domain: TokenDomain, n: int) -> list[CertifiedValue]:
 def _sdp_bounds(target, domain: TokenDomain, n: int) -> list[CertifiedValue]:
     """The SDP relaxation of the local Lipschitz problem (registry entry of the variant);
     an uncertified solve is listed as such and never counts as a bound."""
-    from ..symbolic.registry import variant
-    from .sdp import relax
     name = "dot-product" if isinstance(target, Head) else "multi-head"
     if any(h.score != "dot" for h in getattr(target, "heads", (target,))):
         return []  # the relaxations model dot-product scores only

@@ -20,7 +20,7 @@ import sympy as sp
 from ..errors import AssumptionError
 from ..symbolic import symbols as S
 from ..symbolic.lemmas import LEMMAS
-from ..symbolic.record import Derivation
+from ..symbolic.record import Derivation, Simeq, VectorSum
 from .latex import LipboundLatexPrinter
 from .layout import CLAIM_WIDTH, POINTS, SpreadNames, pack_lines, split_expression, visual_width
 from .prose import escape_text, text_to_latex
@@ -94,12 +94,16 @@ def _claim_parts(claim, spreads: SpreadNames, printer) -> tuple[object, str, obj
     """(left side, relation LaTeX, right side) of a claim; sides are SymPy objects or LaTeX strings."""
     if isinstance(claim, sp.core.relational.Relational):
         return spreads.apply(claim.lhs), _RELATION_TEX[claim.rel_op], spreads.apply(claim.rhs)
+    if isinstance(claim, Simeq):
+        return spreads.apply(claim.lhs), r"\simeq", spreads.apply(claim.rhs)
     text = claim.name if isinstance(claim, sp.Symbol) else (claim if isinstance(claim, str) else printer.doprint(claim))
     left, relation, right = _split_string_claim(text)
     return left, relation, right
 
 
 def _side_lines(side, width: float, printer, first: float | None = None) -> list[str]:
+    if isinstance(side, VectorSum):  # a vector: broken at its top-level signs, like text
+        side = printer.doprint(side)
     if isinstance(side, str):
         return _split_string(side, width, first)
     return split_expression(side, width, printer, first=first)

@@ -28,7 +28,7 @@ from .prose import escape_text, text_to_latex
 from .layout import DISPLAY_WIDTH, SpreadNames, split_expression, visual_width
 from .derivation import derivation_to_latex, hypotheses_latex, lemma_appendix
 
-__all__ = ["bound_section", "standalone", "comparison_table", "statement_latex", "preamble",
+__all__ = ["bound_section", "standalone", "comparison_table", "comparison_latex", "statement_latex", "preamble",
            "DOMAIN_TITLES", "has_booktabs"]
 
 #: How a domain key reads in a title.
@@ -239,3 +239,11 @@ def comparison_table(rows: list[dict], columns: list[tuple[str, str]], booktabs:
     return "\n".join(lines) + "\n"
 
 
+
+
+def comparison_latex(rows) -> str:
+    """The table of derived bounds against published claims
+    (:func:`lipbound.symbolic.claim_table.comparison_rows`), with the provenance tag of every claim."""
+    columns = [("claim", "Claim"), ("tag", "Tag"), ("norm", "Norm"), ("domain", "Domain"),
+               ("published", "Published bound"), ("relation", "Relation to the derived bound")]
+    return comparison_table([row.as_dict() for row in rows], columns)

@@ -240,6 +240,26 @@ class LipboundLatexPrinter(LatexPrinter):
                 tex += " + " + self._print(term)
         return tex
 
+    def _print_Simeq(self, expr):
+        return self._print(expr.lhs) + r" \simeq " + self._print(expr.rhs)
+
+    def _print_VectorSum(self, expr):
+        r"""``sum_t c_t v_t``: a coefficient that is a sum is parenthesised, and so is a vector sum
+        that has a coefficient (``\left(2 R\right) \left(W_K^\top x + b_K\right)``)."""
+        parts = []
+        for coefficient, vector in expr.terms:
+            if coefficient == 1:
+                factor = ""
+            elif coefficient.is_Atom or isinstance(coefficient, sp.Mul):
+                factor = self._print(coefficient) + " "
+            else:
+                factor = r"\left(" + self._print(coefficient) + r"\right) "
+            tex = self._print(vector)
+            if factor and isinstance(vector, sp.MatAdd):
+                tex = r"\left(" + tex + r"\right)"
+            parts.append(factor + tex)
+        return " + ".join(parts) if parts else "0"
+
     # powers: a norm's bars already delimit it, so no parentheses before an exponent
     def _print_Pow(self, expr):
         base, exponent = expr.args

@@ -25,6 +25,7 @@ from ..symbolic.assumptions import NORMS, Assumptions, Ball, LayerNormImage, Unb
 from ..errors import AssumptionError
 from ..symbolic import symbols as S
 from ..symbolic.bound import Bound, NotLipschitz, Result
+from ..symbolic.claim_table import comparison_rows
 from ..symbolic.record import le
 from ..symbolic.registry import VARIANTS, variant
 from .document import DOMAIN_TITLES, preamble, statement_latex
@@ -272,6 +273,14 @@ def _check_one_statement(theorem_id: str, group: list[Instance], statement) -> N
 _NOTATION = r"""\section*{Notation}
 Tokens $x_1, \dots, x_n \in \mathbb{R}^d$ are the rows of $X$; $f_i(X) = \sum_j p_{ij} v(x_j)$ with
 $p_{ij} = e^{s(x_i, x_j)} / \sum_k e^{s(x_i, x_k)}$ and $v(y) = V^\top y + b_V$.
+The projections are $W_Q, W_K \in \mathbb{R}^{d \times d_k}$ and $W_V \in \mathbb{R}^{d \times d_v}$ with
+biases $b_Q, b_K \in \mathbb{R}^{d_k}$, $b_V \in \mathbb{R}^{d_v}$; dot-product attention scores
+$s(x, y) = (W_Q^\top x + b_Q) \cdot (W_K^\top y + b_K) / \sqrt{d_k}$, and $A = W_Q W_K^\top / \sqrt{d_k}$
+(for tied weights $W_Q = W_K = W$, $A = W W^\top / \sqrt{d_k}$).  Multi-head layers map
+$X \mapsto [f^1(X), \dots, f^H(X)] W_O$ with $W_O \in \mathbb{R}^{H d_v \times d}$.  A ball domain
+holds every token in $\{x : \|x - c\| \le R\}$ ($c = 0$ unless stated); a LayerNorm image holds the
+outputs $\gamma \odot z + c$, $z \perp \mathbf{1}$, $\|z\| \le \sqrt{d}$, with
+$\gamma_{\max} = \|\gamma\|_\infty$.
 $\|M\|_2$ is the spectral norm of a matrix, $\|M\|_\infty$ its largest absolute row sum, $\|u\|_2$
 (or $\|u\|$) the Euclidean norm of a vector; $\gamma_{A,V} = \max_{\|u\| = 1} \|A u\| \|W_V^\top u\|$.
 The kernel constants are $L_V$ (the Lipschitz constant of $v$), the value spread $\rho$, the query
@@ -331,7 +340,6 @@ def render(instances: list[Instance], failures: list[tuple[str, str, str, str]] 
 
 def _claims_file() -> str:
     """Published claims next to the derived bounds under the same assumptions, with provenance."""
-    from ..symbolic.claim_table import comparison_rows
     out = [HEADER, "\\section{Published claims and the derived bounds}\\label{sec:claims}\n",
            "Each claim is encoded with its provenance: \\emph{abstract} (read in the abstract), \\emph{code} "
            "(read in the authors' code), \\emph{3p} (restated by a third party), \\emph{unverified} (recalled, "

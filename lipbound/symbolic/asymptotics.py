@@ -3,7 +3,7 @@
 ``leading_term(expr, x)`` returns ``c x^k`` with ``expr / (c x^k) -> 1`` as
 ``x -> oo`` (or ``c`` alone when the limit is finite), after replacing every
 ``Min``/``Max`` by the argument that eventually wins.  ``dot_product_regimes``
-shows the two regimes of the dot-product bound that DESIGN.md names:
+shows the two regimes of the dot-product bound (docs/mathematics.md):
 ``Theta(sqrt(n))`` for large R, and independence of n as ``||A|| R^2 -> 0``.
 """
 
@@ -15,6 +15,7 @@ from typing import final
 import sympy as sp
 
 from ..errors import AssumptionError
+from . import symbols as S
 
 __all__ = ["eventually", "point_limit", "growth_exponent", "leading_term", "Regimes", "dot_product_regimes"]
 
@@ -94,9 +95,7 @@ class Regimes:
 
 def dot_product_regimes(bound_expr: sp.Expr) -> Regimes:
     """Regimes of the dot-product self-attention bound (no biases, Frobenius, ball)."""
-    from . import symbols as S
-    from .bound import expand_special
-    expr = expand_special(bound_expr)
+    expr = S.expand_special(bound_expr)
     A = S.MatrixNormSymbol("A")
     large_R = leading_term(expr, S.R)
     in_n = leading_term(large_R, S.n)

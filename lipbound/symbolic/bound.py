@@ -14,18 +14,15 @@ from typing import Callable, final
 import sympy as sp
 
 from ..errors import AssumptionError
-from . import symbols as S
+from ..rigorous.compiler import compile_interval
+from .asymptotics import leading_term
 from .facts import HeadFacts
+from .prover import compare
 from .record import Derivation
+from . import symbols as S
+from .symbols import expand_special
 
-__all__ = ["Result", "Bound", "NotLipschitz", "expand_special", "numeric_namespace"]
-
-
-def expand_special(expr: sp.Expr) -> sp.Expr:
-    """Replace ``kappa``, ``causal_kappa`` and ``lambert_level`` by their closed forms."""
-    return sp.sympify(expr).replace(
-        lambda e: isinstance(e, (S.kappa, S.causal_kappa, S.lambert_level)),
-        lambda e: e.closed_form())
+__all__ = ["Result", "Bound", "NotLipschitz", "numeric_namespace"]
 
 
 class Result:
@@ -37,9 +34,6 @@ class Result:
     assumptions: tuple[str, ...]
     record: Derivation
     lipschitz: bool
-
-    def to_json(self) -> dict:
-        raise NotImplementedError
 
 
 @final
@@ -114,7 +108,6 @@ class Bound(Result):
 
         Returns ``c * g(variable)`` where ``bound / g -> c``, ``c`` finite and non-zero.
         """
-        from .asymptotics import leading_term
         return leading_term(expand_special(self.expr), variable, point)
 
     def lambdify(self, backend: str = "numpy") -> tuple[list[sp.Symbol], Callable]:
@@ -124,7 +117,6 @@ class Bound(Result):
         Returns ``(symbols, function)``; call ``function(*values)`` in the order of ``symbols``.
         """
         if backend == "interval":  # kappa and Lambert levels have rigorous, tight interval forms
-            from ..rigorous.compiler import compile_interval
             symbols = sorted(self.expr.free_symbols, key=str)
             return symbols, compile_interval(self.expr, symbols)
         expr = expand_special(self.expr)
@@ -135,22 +127,9 @@ class Bound(Result):
 
     def compare(self, other: "Bound", **kwargs):
         """Decide ``self <= other`` for all admissible values (see :func:`lipbound.symbolic.prover.compare`)."""
-        from .prover import compare
         return compare(self.expr, other.expr, **kwargs)
 
-    def latex(self) -> str:
-        from ..printing.latex import latex
-        return latex(self.expr)
 
-    def to_json(self) -> dict:
-        from ..printing.latex import latex
-        return {
-            "variant": self.variant, "norm": self.norm, "domain": self.domain,
-            "bound": sp.srepr(self.expr), "latex": latex(self.expr), "generic": sp.srepr(self.generic),
-            "generic_latex": latex(self.generic), "assumptions": list(self.assumptions),
-            "steps": _steps_json(self.record), "theorem": self.theorem, "provenance": self.provenance,
-            "lipschitz": True,
-        }
 
 
 @final
@@ -184,26 +163,6 @@ class NotLipschitz(Result):
     def limit(self) -> sp.Expr:
         """``lim_{t -> oo} |growth|`` (infinite)."""
         return sp.Abs(sp.limit(self.growth, S.t, sp.oo))
-
-    def to_json(self) -> dict:
-        from ..printing.latex import latex
-        return {
-            "variant": self.variant, "norm": self.norm, "domain": self.domain,
-            "bound": sp.srepr(sp.oo), "latex": r"\infty", "assumptions": list(self.assumptions),
-            "steps": _steps_json(self.record), "lipschitz": False, "family": sp.srepr(self.family), "family_latex": latex(self.family),
-            "growth": sp.srepr(self.growth), "growth_latex": latex(self.growth),
-            "instance": self.instance, "theorem": self.theorem,
-        }
-
-
-def _steps_json(record: Derivation) -> list[dict]:
-    return [{"claim": _claim_text(s.claim), "justification": s.justification, "lemma": s.lemma}
-            for s in record.steps]
-
-
-def _claim_text(claim) -> str:
-    from ..printing.latex import latex
-    return claim if isinstance(claim, str) else latex(claim)
 
 
 def _mapping(expr: sp.Expr, values: dict) -> dict:

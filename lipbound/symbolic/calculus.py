@@ -29,7 +29,7 @@ import sympy as sp
 
 from ..errors import AssumptionError
 from . import symbols as S
-from .record import Derivation, Described, le
+from .record import Derivation, Described, Simeq, le
 
 __all__ = [
     "Inner", "Norm", "SoftNorm", "VecTerm", "MatTerm", "Region",
@@ -156,8 +156,7 @@ def drop_free_terms(score: sp.Expr, key_variable, variables: tuple, record: Deri
     dropped = [term for term in terms if not _depends(term, key_variable)]
     result = sp.Add(*kept)
     if dropped:
-        from ..printing.latex import latex  # printing depends on this module: import late
-        record.add(Described(r"s(x, y) \simeq " + latex(result)),
+        record.add(Simeq(Described("s(x, y)"), result),
                    "softmax is invariant under adding to every score of a row a term "
                    "that does not depend on the key", "shift-invariance")
     return result

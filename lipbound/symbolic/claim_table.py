@@ -14,11 +14,12 @@ from typing import final
 import sympy as sp
 
 from .assumptions import Assumptions, Ball, LayerNormImage, Unbounded
+from . import symbols as S
 from .claims import CLAIMS, PublishedClaim
 from .prover import compare
 from .registry import variant
 
-__all__ = ["ComparisonRow", "comparison_rows", "comparison_latex"]
+__all__ = ["ComparisonRow", "comparison_rows"]
 
 _DOMAINS = {"ball": Ball, "layernorm": LayerNormImage, "unbounded": Unbounded}
 
@@ -64,7 +65,6 @@ def comparison_rows(keys=None) -> list[ComparisonRow]:
             rows.append(ComparisonRow(item, sp.oo, item.statement,
                                       "the variant is not Lipschitz on this domain: the claim is false", ()))
             continue
-        from . import symbols as S
         if item.statement.atoms(S.InfNormSymbol) and not derived.expr.atoms(S.InfNormSymbol):
             rows.append(ComparisonRow(item, derived.expr, item.statement,
                                       "different weight norms (l_inf vs spectral): compared on weights only", ()))
@@ -84,11 +84,3 @@ def comparison_rows(keys=None) -> list[ComparisonRow]:
                 relation, steps = f"derived <= claim: {forward.verdict}", forward.steps
         rows.append(ComparisonRow(item, derived.expr, item.statement, relation, tuple(steps)))
     return rows
-
-
-def comparison_latex(rows: list[ComparisonRow]) -> str:
-    """The table as LaTeX (a ``tabular``), with the provenance tag of every claim."""
-    from ..printing.document import comparison_table
-    columns = [("claim", "Claim"), ("tag", "Tag"), ("norm", "Norm"), ("domain", "Domain"),
-               ("published", "Published bound"), ("relation", "Relation to the derived bound")]
-    return comparison_table([row.as_dict() for row in rows], columns)

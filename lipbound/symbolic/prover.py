@@ -30,6 +30,7 @@ import sympy as sp
 from ..errors import NotCertifiedError
 from ..rigorous.compiler import compile_interval
 from . import symbols as S
+from .calculus import coarsen
 
 __all__ = ["Comparison", "compare", "amgm_certificate", "UPPER_FACTS"]
 
@@ -61,7 +62,6 @@ def _upper_kappa(node):
 
 
 def _submultiplicative(node):
-    from .calculus import coarsen
     coarse = coarsen(node)
     return [coarse] if coarse != node else []
 

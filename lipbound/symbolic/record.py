@@ -14,7 +14,7 @@ from typing import final
 
 import sympy as sp
 
-__all__ = ["Described", "Step", "Derivation", "le", "eq"]
+__all__ = ["Described", "Simeq", "VectorSum", "Step", "Derivation", "le", "eq"]
 
 
 @final
@@ -27,6 +27,37 @@ class Described(sp.Symbol):
     def __new__(cls, name: str, **assumptions):
         assumptions.setdefault("nonnegative", True)
         return super().__new__(cls, name, **assumptions)
+
+
+@final
+class Simeq(sp.Basic):
+    """``lhs ≃ rhs``: equal up to terms a softmax ignores (added to every score of a row)."""
+
+    def __new__(cls, lhs, rhs):
+        return sp.Basic.__new__(cls, sp.sympify(lhs), sp.sympify(rhs))
+
+    @property
+    def lhs(self):
+        return self.args[0]
+
+    @property
+    def rhs(self):
+        return self.args[1]
+
+
+@final
+class VectorSum(sp.Basic):
+    """``sum_t c_t v_t``: scalar coefficients times vector expressions (a gradient), kept as its terms.
+
+    Built from ``(coefficient, vector)`` pairs; ``terms`` gives them back.
+    """
+
+    def __new__(cls, terms):
+        return sp.Basic.__new__(cls, *[sp.Tuple(sp.sympify(c), v) for c, v in terms])
+
+    @property
+    def terms(self) -> list[tuple]:
+        return [tuple(pair) for pair in self.args]
 
 
 def le(lhs, rhs) -> sp.Rel:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Callable, Final
 
+from ..errors import AssumptionError
 from .scores import DotProduct, L2Distance, ScaledCosine
 from .variants import CrossAttention, MeasureAttention, MultiHead, Residual, SelfAttention, Variant
 
@@ -14,7 +15,7 @@ __all__ = ["VARIANTS", "variant", "variant_names"]
 VARIANTS: Final[dict[str, tuple[Callable[[], Variant], str]]] = {
     "dot-product": (lambda: SelfAttention(DotProduct()), "dot-product self-attention with biases"),
     "dot-product-nobias": (lambda: SelfAttention(DotProduct(biases=False)),
-                           "dot-product self-attention without biases (DESIGN.md section 2)"),
+                           "dot-product self-attention without biases"),
     "causal": (lambda: SelfAttention(DotProduct(), causal=True), "causal (masked) dot-product self-attention"),
     "l2-tied": (lambda: SelfAttention(L2Distance(tied=True)),
                 "L2 self-attention, tied W_Q = W_K, values through A (Kim et al. 2021)"),
@@ -50,7 +51,6 @@ def variant_names() -> list[str]:
 
 def variant(name: str) -> Variant:
     """The built-in variant called ``name`` (see :data:`VARIANTS`)."""
-    from ..errors import AssumptionError
     try:
         factory, _ = VARIANTS[name]
     except KeyError:

@@ -4,7 +4,7 @@ A score class declares only local facts: its expression ``s(x, y)`` in the query
 token x and key token y (built from :class:`~lipbound.symbolic.calculus.Inner`,
 :class:`~lipbound.symbolic.calculus.Norm`, ...), its value map
 ``v(y) = V^T y + b_V``, and how it behaves on an unbounded domain.  The kernel
-constants of DESIGN.md section 2 are derived once, in :meth:`Score.kernel_constants`,
+constants (docs/mathematics.md, section 2) are derived once, in :meth:`Score.kernel_constants`,
 for every score alike:
 
 * ``L_V = ||V||_2``, and the value spread ``rho = sup_y ||V^T (y - c)|| <= ||V|| R``;
@@ -27,7 +27,7 @@ from ..errors import AssumptionError
 from . import symbols as S
 from .calculus import (Inner, Norm, Region, SoftNorm, coarsen, drop_free_terms, gradient, mixed_hessian,
                        name_norms, score_range, upper_norm_mat, upper_norm_terms, upper_norm_vec)
-from .record import Derivation, Described, eq, le
+from .record import Derivation, Described, VectorSum, eq, le
 
 __all__ = ["KernelConstants", "Score", "DotProduct", "L2Distance", "ScaledCosine", "CustomScore",
            "smaller"]
@@ -147,7 +147,8 @@ class Score:
         omega = smaller(_tidy(2 * radius * beta), _tidy(spread_range))
         beta, alpha, omega = (name_norms(e) for e in (beta, alpha, omega))
 
-        record.add(Described(r"\nabla_y s(x, y) = " + _vector_sum(grad_y)), "differentiation (chain rule)")
+        record.add(eq(Described(r"\nabla_y s(x, y)"), VectorSum((t.coef, t.vec) for t in grad_y)),
+                   "differentiation (chain rule)")
         record.add(le(S.beta, beta), "triangle inequality, Cauchy-Schwarz, submultiplicativity, "
                    "then the domain bounds", "norm-calculus")
         record.add(le(S.alpha, radius * _SUP_HESS),
@@ -164,25 +165,6 @@ class Score:
 def _tidy(expr: sp.Expr) -> sp.Expr:
     """A cheap normal form: expand, then pull common factors out (no full ``simplify``)."""
     return sp.factor_terms(sp.expand(expr))
-
-
-def _vector_sum(terms) -> str:
-    """LaTeX of ``sum_t coef_t vec_t`` (a vector: not a SymPy scalar expression)."""
-    from ..printing.latex import latex  # printing depends on this module: import late
-    parts = []
-    for term in terms:
-        coefficient = latex(term.coef)
-        if term.coef == 1:
-            factor = ""
-        elif term.coef.is_Atom or isinstance(term.coef, sp.Mul):
-            factor = coefficient + " "
-        else:
-            factor = "\\left(" + coefficient + "\\right) "
-        vector = latex(term.vec)
-        if factor and isinstance(term.vec, sp.MatAdd):
-            vector = "\\left(" + vector + "\\right)"
-        parts.append(factor + vector)
-    return " + ".join(parts) if parts else "0"
 
 
 def _biased(projection: sp.MatrixExpr, bias: sp.MatrixSymbol, biases: bool) -> sp.MatrixExpr:

@@ -22,7 +22,7 @@ __all__ = [
     "weight", "bias", "token",
     "W_Q", "W_K", "W_V", "W_O", "W", "b_Q", "b_K", "b_V", "x", "y", "c",
     "NAMED_MATRICES", "name_matrix",
-    "kappa", "causal_kappa", "lambert_level",
+    "kappa", "causal_kappa", "lambert_level", "expand_special",
 ]
 
 
@@ -88,7 +88,7 @@ class LowerBoundSymbol(sp.Symbol):
 
 @final
 class KernelConstant(sp.Symbol):
-    """A kernel constant of DESIGN.md section 2: L_V, rho, alpha, beta, omega."""
+    """A kernel constant: L_V, rho, alpha, beta, omega (docs/mathematics.md, section 2)."""
 
     def __new__(cls, name: str, **assumptions):
         assumptions.setdefault("nonnegative", True)
@@ -274,3 +274,10 @@ class lambert_level(sp.Function):
 
     def _eval_rewrite_as_exp(self, size, **kwargs):
         return self.closed_form()
+
+
+def expand_special(expr: sp.Expr) -> sp.Expr:
+    """Replace ``kappa``, ``causal_kappa`` and ``lambert_level`` by their closed forms."""
+    return sp.sympify(expr).replace(
+        lambda e: isinstance(e, (kappa, causal_kappa, lambert_level)),
+        lambda e: e.closed_form())

@@ -7,7 +7,7 @@ functions only supply constants (:mod:`lipbound.symbolic.scores`) and variants
 only choose a theorem (:mod:`lipbound.symbolic.variants`).
 
 Notation: ``f_i(X) = sum_j p_ij v(x_j)``, ``E`` a tangent direction,
-``Df_i[E] = sum_j p_ij V^T e_j + Cov_{j~p_i}(ds_ij, v(x_j))`` (DESIGN.md section 2).
+``Df_i[E] = sum_j p_ij V^T e_j + Cov_{j~p_i}(ds_ij, v(x_j))`` (docs/mathematics.md, section 2).
 """
 
 from __future__ import annotations

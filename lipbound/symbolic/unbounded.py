@@ -218,22 +218,16 @@ def _hidden_direction_family():
 
 def derive_unbounded(variant, assumptions: Assumptions, key: str) -> Result:
     """Global bound for tied L2 attention with Kim values; a witness family otherwise."""
-    from .variants import CrossAttention, MultiHead, Residual, SelfAttention
-    layers = []
-    head = variant
-    while isinstance(head, (Residual, MultiHead)):
-        layers.append(head)
-        head = head.inner if isinstance(head, Residual) else head.head
-    score = head.score
-    if isinstance(head, SelfAttention) and isinstance(score, L2Distance) and score.tied and score.kim_values \
-            and not head.causal and not score.biases:
+    facts, score = variant.head_facts, variant.score
+    if facts.role == "self" and isinstance(score, L2Distance) and score.tied and score.kim_values \
+            and not facts.causal and not score.biases:
         assumptions.require("self_attends", "the global L2 theorem")
         if assumptions.tied is False:
             raise AssumptionError("tied", "W_Q = W_K (the global L2 theorem needs tied weights)",
                                   "tied=False", "tie the query and key weights, or state a bounded domain")
         theorem = l2_global_theorem(assumptions.norm, assumptions.n, assumptions.d)
-        for layer in reversed(layers):
-            if isinstance(layer, MultiHead):
+        for wrapper in reversed(variant.wrappers):
+            if wrapper == "multi-head":
                 per_token = Mixed2Inf() if isinstance(assumptions.norm, VecInf) else assumptions.norm
                 theorem = T.multi_head(theorem, per_token, assumptions.H)
             else:
@@ -245,8 +239,8 @@ def derive_unbounded(variant, assumptions: Assumptions, key: str) -> Result:
     if isinstance(score, L2Distance) and score.tied and not score.kim_values:
         found = _hidden_direction_family()
     else:
-        argument = head.argument if isinstance(head, CrossAttention) else "self"
-        found = find_witness_family(score, argument, causal=getattr(head, "causal", False))
+        argument = "self" if facts.role == "self" else facts.role.split("-", 1)[1]
+        found = find_witness_family(score, argument, causal=facts.causal)
     if found is None:
         raise AssumptionError(
             "domain", f"a bounded domain for the {score.title} (no global theorem applies)", "Unbounded",
@@ -260,7 +254,7 @@ def derive_unbounded(variant, assumptions: Assumptions, key: str) -> Result:
                "an entry of the exact Jacobian (SymPy differentiation)", "softmax-derivative")
     record.add(eq(sp.Limit(entry, S.t, sp.oo), sp.limit(entry, S.t, sp.oo)), "limit as t -> infinity",
                "witness-family")
-    if isinstance(score, DotProduct) and isinstance(head, SelfAttention) and not head.causal:
+    if isinstance(score, DotProduct) and facts.role == "self" and not facts.causal:
         gamma = S.MatrixNormSymbol("gamma_{A,V}")
         general = S.t ** 2 * (assumptions.n - 1) / assumptions.n ** 2 * gamma - S.MatrixNormSymbol("W_V") / assumptions.n
         record.add(le(general, Described(r"\|Df(X_t)\|")),

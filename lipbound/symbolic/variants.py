@@ -36,6 +36,9 @@ class Variant:
         """The facts of the heads this variant's theorem covers (see :meth:`HeadFacts.covers`)."""
         raise NotImplementedError
 
+    #: The structure around the head, outermost first: ``"residual"``, ``"multi-head"``.
+    wrappers: tuple[str, ...] = ()
+
     def _facts(self, causal: bool = False, role: str = "self") -> HeadFacts:
         score = self.score
         return HeadFacts(score.kind, score.biased, score.tied, score.values_through_A, causal, role)
@@ -59,6 +62,10 @@ class Variant:
                                   "build one with lipbound.Assumptions(domain=..., norm=...)")
         key = key or self.title
         if not assumptions.domain.bounded:
+            if self._measure_valued():
+                raise AssumptionError("domain", "a bounded domain (lipbound derives W1 constants on balls and "
+                                      "LayerNorm images only)", "Unbounded",
+                                      "state Ball(radius=R) or LayerNormImage(); lipbound claims nothing here")
             return derive_unbounded(self, assumptions, key)
         if assumptions.norm.key not in self.norms:
             if self._measure_valued():
@@ -213,6 +220,7 @@ class MultiHead(Variant):
                                   type(head).__name__, "wrap a single-head variant")
         self.head = head
         self.title = f"multi-head {head.title}"
+        self.wrappers = ("multi-head",) + head.wrappers
 
     @property
     def score(self) -> Score:
@@ -238,6 +246,7 @@ class Residual(Variant):
                                   "wrap the attention map once")
         self.inner = inner
         self.title = f"residual {inner.title}"
+        self.wrappers = ("residual",) + inner.wrappers
 
     @property
     def score(self) -> Score:

@@ -117,6 +117,11 @@ def load_bert(tensors: TensorSource, config: dict, num_heads=None, layers=None) 
         names = [f"{att}.self.{p}.{t}" for p in ("query", "key", "value") for t in ("weight", "bias")]
         tensors.require(names + [f"{att}.output.dense.weight", f"{att}.output.dense.bias"], f"layer {index}",
                         _EXPORT_FIX)
+        shapes = {part: tensors.get(f"{att}.self.{part}.weight").shape for part in ("query", "key", "value")}
+        if len(set(shapes.values())) != 1:
+            raise WeightsError(f"{tensors.path}:{att}.self", "query, key and value weights of one shape (out, in)",
+                               ", ".join(f"{part} {shape}" for part, shape in shapes.items()),
+                               "check the checkpoint: the three projections of a layer have the same shape")
         W, b = {}, {}
         for part in ("query", "key", "value"):
             W[part], b[part] = linear(f"{att}.self.{part}", d, width)

@@ -28,8 +28,10 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import WeightsError
+from ...io import atomic_write
 from .components import FeedForward, Head, Layer, LayerNorm
 from .files import TensorSource
+from .huggingface import select_layers
 from .transformer import Model, TransformerLayer
 
 __all__ = ["PLAIN_FORMAT", "load_plain", "save_plain"]
@@ -75,7 +77,6 @@ def _norm(tensors: TensorSource, stem: str, d: int) -> LayerNorm | None:
 
 
 def load_plain(tensors: TensorSource, num_heads=None, layers=None) -> Model:
-    from .huggingface import select_layers
     fmt = _scalar(tensors, "format", str, default="")
     if fmt != PLAIN_FORMAT:
         raise WeightsError(f"{tensors.path}:format", repr(PLAIN_FORMAT), repr(fmt) if fmt else "no format key", _FIX)
@@ -96,6 +97,10 @@ def load_plain(tensors: TensorSource, num_heads=None, layers=None) -> Model:
             tensors.require([f"{key}.{k}" for k in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V")], f"head {h} of layer {index}",
                             "write every head of the layer (save_plain does), or request other layers")
             d_k, d_v = _width(tensors, f"{key}.W_Q", d), _width(tensors, f"{key}.W_V", d)
+            if _width(tensors, f"{key}.W_K", d) != d_k:
+                raise WeightsError(f"{tensors.path}:{key}.W_Q/W_K", "query and key projections of one width d_k",
+                                   f"W_Q of shape {tensors.get(key + '.W_Q').shape}, W_K of shape "
+                                   f"{tensors.get(key + '.W_K').shape}", "store both with the head's key width")
             heads.append(Head(
                 W_Q=tensors.tensor(f"{key}.W_Q", (d, d_k)), W_K=tensors.tensor(f"{key}.W_K", (d, d_k)),
                 W_V=tensors.tensor(f"{key}.W_V", (d, d_v)), b_Q=tensors.tensor(f"{key}.b_Q", (d_k,)),
@@ -127,7 +132,6 @@ def save_plain(model: Model, path) -> Path:
 
     Returns the path written; readable back with :func:`~lipbound.numeric.model.load_weights`.
     """
-    from ...io import atomic_write
     if not isinstance(model, Model):
         raise WeightsError("model", "a lipbound.numeric.model.Model", type(model).__name__, "load one with load_weights")
     path = Path(path)

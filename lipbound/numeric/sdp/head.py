@@ -10,7 +10,7 @@ of :mod:`lipbound.numeric.sdp.joint` and certified there.
 **Setting.**  ``f_i(X) = sum_j p_ij (W_V^T x_j + b_V)``, ``p_i = softmax_j(s_ij)``,
 ``s_ij = (W_Q^T x_i + b_Q).(W_K^T x_j + b_K) / sqrt(d_k)``.  The score is affine in the key:
 ``s(x_i, y) = g_i^T y + const_i`` with ``g_i = A^T x_i + u``, ``A = W_Q W_K^T / sqrt(d_k)``,
-``u = W_K b_Q / sqrt(d_k)``.  Differentiating (DESIGN.md section 2),
+``u = W_K b_Q / sqrt(d_k)``.  Differentiating (docs/mathematics.md, section 2),
 
     Df_i[E] = T_i + S_i,   T_i = E_{p_i}[W_V^T e_j] + Cov_{p_i}(W_V^T x_j, g_i^T e_j),
                            S_i = W_V^T Sigma_i A^T e_i,     Sigma_i = Cov_{p_i}(x_j).

@@ -1,6 +1,6 @@
 r"""Matrix-aware replacements of the norm products in the closed-form bound.
 
-The closed form for dot-product self-attention on ``B(c, R)^n`` (DESIGN.md section 2,
+The closed form for dot-product self-attention on ``B(c, R)^n`` (docs/mathematics.md, section 2,
 :func:`lipbound.symbolic.theorems.self_attention`) multiplies operator norms that ignore
 how the concrete matrices align.  This module computes the joint quantities instead,
 each as a :class:`~lipbound.rigorous.value.CertifiedValue` whose value comes from a

@@ -9,6 +9,7 @@ import numpy as np
 
 from ...errors import AssumptionError, WeightsError
 from ..blas import one_blas_thread
+from ..memory import available_bytes, require_memory
 from ..domains import TokenDomain
 from ..model import Head, Layer
 from .ascent import continuation, join, polish, random_tokens, start_candidates, take
@@ -36,8 +37,21 @@ def _check_search_args(target, domain, n, budget_seconds, norm):
                               "pass domain=TokenBall(R) or LayerNormOutputs(norm)")
     d = heads[0].d
     domain.check_width(d)
+    _check_memory(len(heads), int(n), d)
     radius, center = domain.enclosing_ball()
     return radius, np.zeros(d) if center is None else center, heads
+
+
+#: Inputs the search holds at once (pool, polish, continuation) and n x n arrays per input and head.
+_BATCH, _SQUARES = 32, 12
+
+
+def _check_memory(heads: int, n: int, d: int) -> None:
+    """The search keeps about ``_BATCH`` inputs with ``_SQUARES`` n x n float arrays per head each."""
+    per_token_squared = _BATCH * _SQUARES * heads * 8
+    needed = per_token_squared * n * n + _BATCH * 16 * n * d * 8
+    largest = int((available_bytes() * 0.8 / per_token_squared) ** 0.5)
+    require_memory(needed, "--n", "witness search", largest)
 
 
 def _initial_pool(target, kernel, center, radius, n, rng, deadline) -> list[tuple[np.ndarray, str]]:
