@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lipbound.numeric.model import load_default  # noqa: E402
 from lipbound.numeric.blas import single_threaded_blas  # noqa: E402
-from lipbound.numeric.witness import AttentionKernel, jacobian_norms  # noqa: E402
+from lipbound.numeric.attention import AttentionMap  # noqa: E402
+from lipbound.numeric.witness import jacobian_norms  # noqa: E402
 
 
 def measure(batch: int = 512, loop: int = 64, n: int = 8, steps: int = 20, layer: int = 0, head: int = 0,
@@ -35,7 +36,7 @@ def measure(batch: int = 512, loop: int = 64, n: int = 8, steps: int = 20, layer
     target = weights.layers[layer].heads[head]
     radius = weights.layers[layer].ln_in.radius_about_origin
     # full token space (d = 384), no reduction to the head's span: the benchmark is about batching
-    kernel = AttentionKernel(target, reduce=False)
+    kernel = AttentionMap(target, reduce=False)
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((batch, n, kernel.d_in))
     X *= radius / np.linalg.norm(X, axis=-1, keepdims=True)

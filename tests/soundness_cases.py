@@ -18,7 +18,7 @@ from lipbound.symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unb
 from lipbound.numeric import attention as att
 from lipbound.numeric.domains import LayerNormOutputs, TokenBall
 from lipbound.numeric.evaluate import evaluate_bound
-from lipbound.numeric.model import LayerNorm
+from lipbound.numeric.model import Head, Layer, LayerNorm
 from lipbound.symbolic.registry import variant
 
 TOKEN_VARIANTS = ("dot-product", "dot-product-nobias", "causal", "l2-tied", "l2-untied", "l2-tied-plain-values",
@@ -39,7 +39,7 @@ class Case:
     n: int
     d: int
     heads: list
-    layer: att.Layer | None
+    layer: Layer | None
     numeric_domain: NumericDomain | None
     ln: LayerNorm | None
     values: dict
@@ -61,26 +61,26 @@ def make_case(name: str, norm: str, domain: str, rng: np.random.Generator, n: in
     def matrix(rows, cols, s=1.0):
         return s * rng.standard_normal((rows, cols)) / np.sqrt(rows)
 
-    def head() -> att.Head:
+    def head() -> Head:
         W_Q, W_K, W_V = matrix(d, d_k, scale), matrix(d, d_k, scale), matrix(d, d_v)
         biases = dict(b_Q=rng.standard_normal(d_k), b_K=rng.standard_normal(d_k), b_V=rng.standard_normal(d_v))
         if name in ("dot-product-nobias",):
-            return att.Head(W_Q, W_K, W_V, score="dot")
+            return Head(W_Q, W_K, W_V, score="dot")
         if name in ("l2-tied", "multi-head-l2"):
-            return att.Head(W_Q, W_Q, W_V, score="l2", kim_values=True)
+            return Head(W_Q, W_Q, W_V, score="l2", kim_values=True)
         if name == "l2-tied-plain-values":
-            return att.Head(W_Q, W_Q, W_V, score="l2")
+            return Head(W_Q, W_Q, W_V, score="l2")
         if name == "l2-untied":
-            return att.Head(W_Q, W_K, W_V, score="l2")
+            return Head(W_Q, W_K, W_V, score="l2")
         if name == "cosine":
-            return att.Head(W_Q, W_K, W_V, score="cosine", tau=2.0, eps=0.3)
-        return att.Head(W_Q, W_K, W_V, score="dot", causal=name == "causal", **biases)
+            return Head(W_Q, W_K, W_V, score="cosine", tau=2.0, eps=0.3)
+        return Head(W_Q, W_K, W_V, score="dot", causal=name == "causal", **biases)
 
     count = heads if name.startswith(("multi-head", "residual-multi-head")) else 1
     head_list = [head() for _ in range(count)]
     layer = None
     if count > 1:
-        layer = att.Layer(tuple(head_list), matrix(count * d_v, d), residual=name.startswith("residual"))
+        layer = Layer(tuple(head_list), matrix(count * d_v, d), residual=name.startswith("residual"))
     values = {"tau": 2.0, "epsilon": 0.3} if name == "cosine" else {}
     ln = None
     numeric_domain = None
@@ -138,7 +138,7 @@ def sample_points(case: Case, rng: np.random.Generator, count: int, rows: int | 
     return points
 
 
-def _ties(head: att.Head, R: float, rows: int, count: int, rng) -> np.ndarray:
+def _ties(head: Head, R: float, rows: int, count: int, rng) -> np.ndarray:
     """Keys at +-R a, queries at R b with b^T A a = 0: queries split their attention between
     two far-apart keys, where the covariance term of the Jacobian is largest."""
     A = head.A

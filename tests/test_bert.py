@@ -227,9 +227,6 @@ def test_missing_tensor_is_named(tmp_path):
     assert info.value.argument == f"{tmp_path}:encoder.layer.1.output.dense.bias"
 
 
-@pytest.mark.xfail(strict=True, reason="library gap: load_weights reads d_ff from the tensors and never checks "
-                   "config.json's intermediate_size against them, so a config that disagrees with the "
-                   "checkpoint is accepted")
 def test_shape_disagreement_with_config(tmp_path):
     write_tiny_bert(tmp_path, prefix="", intermediate_size=32)
     with pytest.raises(WeightsError) as info:
@@ -237,15 +234,9 @@ def test_shape_disagreement_with_config(tmp_path):
     assert info.value.argument.endswith("encoder.layer.0.intermediate.dense.weight")
 
 
-_NOT_REFUSED = pytest.mark.xfail(strict=True, reason="library gap: lipbound.numeric.model.load_weights does not "
-                                 "read this config key and loads the checkpoint as an absolute-position BERT, "
-                                 "so its hidden states would be silently wrong")
-
-
 @pytest.mark.parametrize("override, argument", [
-    pytest.param({"position_embedding_type": "relative_key"}, "position_embedding_type", marks=_NOT_REFUSED),
+    ({"position_embedding_type": "relative_key"}, "position_embedding_type"),
     ({"hidden_act": "swish"}, "hidden_act"),
-    pytest.param({"model_type": "roberta"}, "model_type", marks=_NOT_REFUSED),
     ({"num_attention_heads": 3}, "--num-heads"),  # 3 heads do not divide the width 8
 ])
 def test_unsupported_configs(tmp_path, override, argument):
@@ -254,6 +245,20 @@ def test_unsupported_configs(tmp_path, override, argument):
         BertModel.from_directory(tmp_path)
     assert argument in info.value.argument
     assert str(next(iter(override.values()))) in str(info.value)
+
+
+def test_roberta_positions_start_after_padding(tmp_path):
+    # RoBERTa numbers positions from padding_idx + 1; the embedding step must read those rows.
+    tensors = write_tiny_bert(tmp_path, model_type="roberta", pad_token_id=1)
+    model = BertModel.from_directory(tmp_path)
+    ids = model.encode("ab")
+    t = {k: v.astype(float) for k, v in tensors.items()}
+    n = len(ids)
+    z = (t["bert.embeddings.word_embeddings.weight"][ids] + t["bert.embeddings.position_embeddings.weight"][2:2 + n]
+         + t["bert.embeddings.token_type_embeddings.weight"][0])
+    z = (z - z.mean(1, keepdims=True)) / np.sqrt(z.var(1, keepdims=True) + 1e-12)
+    expected = z * t["bert.embeddings.LayerNorm.weight"] + t["bert.embeddings.LayerNorm.bias"]
+    np.testing.assert_allclose(model.hidden_states(ids)[0], expected, rtol=1e-10, atol=1e-10)
 
 
 def test_pickled_checkpoints_are_refused(tmp_path):

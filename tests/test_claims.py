@@ -11,7 +11,7 @@ from lipbound.numeric import attention as att
 from lipbound.numeric.claims import CHECKERS, check
 from lipbound.numeric.domains import LayerNormOutputs, TokenBall
 from lipbound.numeric.evaluate import evaluate_bound
-from lipbound.numeric.model import load_default
+from lipbound.numeric.model import Head, Layer, load_default
 from lipbound.symbolic.claims import CLAIMS
 from lipbound.symbolic.registry import variant
 
@@ -50,9 +50,9 @@ def test_derived_against_castin_on_the_same_real_heads():
     for n in (8, 32):
         ratios = []
         for head in layer.heads:
-            plain = att.Head(head.W_Q, head.W_K, head.W_V)
+            plain = Head(head.W_Q, head.W_K, head.W_V)
             ours = evaluate_bound(derived, plain, domain, n).value
-            theirs = evaluate_bound(castin, plain, domain, n).interval[0]
+            theirs = evaluate_bound(castin, plain, domain, n).details["interval"][0]
             ratios.append(ours / theirs)
             assert ours < theirs
         print(f"n = {n}: derived / Castin et al. (recalled) on the 12 heads: min {min(ratios):.3f}, "
@@ -67,8 +67,8 @@ def test_derived_against_kim_on_the_same_random_l2_weights():
     for scale in (0.25, 1.0, 4.0):
         d = 4
         W = scale * rng.standard_normal((d, d)) / np.sqrt(d)
-        head = att.Head(W, W, rng.standard_normal((d, d)) / np.sqrt(d), score="l2", kim_values=True)
-        layer = att.Layer((head,), np.eye(d))
+        head = Head(W, W, rng.standard_normal((d, d)) / np.sqrt(d), score="l2", kim_values=True)
+        layer = Layer((head,), np.eye(d))
         for n in (2, 8, 32):
             ours = evaluate_bound(derived, layer, TokenBall(1.0), n, H=1).value
             kim = evaluate_bound(CLAIMS["kim-l2-fro"].statement, layer, TokenBall(1.0), n, H=1).value

@@ -4,12 +4,11 @@ Banach: with Lip_F(Att) <= L < 1, X -> Y - Att(X) and X -> Att(X) converge geome
 <= L; every measured rate ||X_{k+2} - X_{k+1}|| / ||X_{k+1} - X_k|| is bounded by L whatever L is.
 Independent routes: the certified constant against the closed form of the global L2 theorem
 evaluated in numpy (SVD norms), against secant ratios at far-apart inputs and against the
-power-iteration witness at the data.
+power-iteration witness at the data.  Layers and heads are counted from 0.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import mpmath
@@ -18,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lipbound.cli import main
 from lipbound.errors import AssumptionError
-from lipbound.measures.depth import (add_depth_parser, depth_experiment, invert, iterate, scale_sweep,
-                                     sweep_table, tied_l2_block)
-from lipbound.measures.perturb import load_model
+from lipbound.measures.bert import load_text_model
+from lipbound.measures.depth import depth_experiment, invert, iterate, scale_sweep, sweep_table, tied_l2_block
 from lipbound.numeric import attention
 
 SENTENCE = "The cat slept all afternoon."  # n = 8 tokens
@@ -29,7 +28,7 @@ SENTENCE = "The cat slept all afternoon."  # n = 8 tokens
 
 @pytest.fixture(scope="module")
 def model():
-    return load_model()
+    return load_text_model()
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +38,7 @@ def inputs(model):
 
 @pytest.fixture(scope="module")
 def contraction(model):
-    return tied_l2_block(model, layer=1, head=1, n=8, certified=0.5)
+    return tied_l2_block(model, layer=0, head=0, n=8, certified=0.5)
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +47,12 @@ def sweep(model):
 
 
 # The certified constant ----------------------------------------------------------------------------
-def test_block_is_rescaled_to_the_requested_constant(contraction):
+def test_block_is_rescaled_to_the_requested_constant(contraction, model):
     np.testing.assert_allclose(contraction.certified, 0.5, rtol=1e-9)
     head = contraction.head
     assert head.score == "l2" and head.kim_values and np.array_equal(head.W_Q, head.W_K)
     assert head.V.shape == (384, 384)
+    np.testing.assert_array_equal(head.W_Q, model.heads(0)[0].W_Q)  # layer 0, head 0: the first of each
     X = np.random.default_rng(0).standard_normal((8, 384)) * 5
     np.testing.assert_allclose(contraction(X), attention.self_forward(head, X)[0], rtol=1e-15, atol=0)
 
@@ -146,8 +146,8 @@ def test_report_json_and_plot(sweep, tmp_path):
 
 # Errors and command line -------------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, argument", [
-    ({"layer": 0}, "layer"), ({"layer": 7}, "layer"), ({"head": 13}, "head"), ({"n": 0}, "n"),
-    ({"certified": -1.0}, "certified"), ({"certified": float("inf")}, "certified"),
+    ({"layer": -1}, "--layer"), ({"layer": 6}, "--layer"), ({"head": -1}, "--head"), ({"head": 12}, "--head"),
+    ({"n": 0}, "n"), ({"certified": -1.0}, "certified"), ({"certified": float("inf")}, "certified"),
 ])
 def test_block_arguments_are_checked(model, kwargs, argument):
     with pytest.raises(AssumptionError) as info:
@@ -163,27 +163,37 @@ def test_iteration_arguments_are_checked(contraction, inputs):
         iterate(contraction, inputs, steps=1)
     assert info.value.argument == "steps"
     with pytest.raises(AssumptionError) as info:
-        depth_experiment(0.5, sentence="", model=load_model())
+        depth_experiment(0.5, sentence="", model=load_text_model())
     assert info.value.argument == "sentence"
+    with pytest.raises(AssumptionError) as info:
+        depth_experiment(0.5, model=load_text_model(), layer=6)
+    assert info.value.argument == "--layer"
 
 
-def _run_cli(argv):
-    parser = argparse.ArgumentParser(prog="lipbound")
-    add_depth_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.handler(args)
+def test_last_layer_and_head_are_valid(model):
+    """Counted from 0: layer 5 and head 11 are the last of all-MiniLM-L6-v2."""
+    block = tied_l2_block(model, layer=5, head=11, n=8, certified=0.5)
+    np.testing.assert_allclose(block.certified, 0.5, rtol=1e-9)
+    np.testing.assert_array_equal(block.head.W_Q, model.heads(5)[11].W_Q)
 
 
 def test_cli(tmp_path, capsys):
     json_path, plot_path = tmp_path / "depth.json", tmp_path / "depth.png"
-    assert _run_cli(["depth", "--scale", "0.5", "--steps", "40", "--json", str(json_path),
-                     "--plot", str(plot_path)]) == 0
+    assert main(["depth", "--scale", "0.5", "--steps", "40", "--json", str(json_path),
+                 "--plot", str(plot_path)]) == 0
     output = capsys.readouterr().out.strip().splitlines()
     assert output[-1] == "violations: 0"
     assert any(line.startswith("inverse: converged") for line in output)
     payload = json.loads(json_path.read_text())
     np.testing.assert_allclose(payload["certified"], 0.5, rtol=1e-9)
     assert plot_path.exists()
-    with pytest.raises(AssumptionError) as info:
-        _run_cli(["depth", "--scale", "-2"])
-    assert info.value.argument == "--scale"
+    with pytest.raises(SystemExit) as info:
+        main(["depth", "--scale", "-2"])
+    assert info.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("lipbound: error: argument --scale: expected positive numbers") and "Fix:" in error
+    with pytest.raises(SystemExit) as info:
+        main(["depth", "--layer", "-1"])
+    assert info.value.code == 2 and "argument --layer" in capsys.readouterr().err
+    assert main(["depth", "--head", "12"]) == 2
+    assert capsys.readouterr().err.strip().startswith("lipbound: error: --head: expected a head between 0 and 11")

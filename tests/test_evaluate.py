@@ -22,8 +22,8 @@ from lipbound.errors import AssumptionError, NotCertifiedError
 from lipbound.numeric import attention
 from lipbound.numeric.domains import LayerNormOutputs, TokenBall
 from lipbound.numeric.evaluate import evaluate_bound, is_increasing, symbol_intervals
-from lipbound.numeric.rigorous import certify_le, upper
-from lipbound.numeric.model import LayerNorm, TransformerLayer, load_default
+from lipbound.rigorous.intervals import certify_le, upper
+from lipbound.numeric.model import Head, Layer, LayerNorm, TransformerLayer, load_default
 from lipbound.symbolic import symbols as S
 from lipbound.symbolic.registry import VARIANTS, variant
 
@@ -35,10 +35,10 @@ def minilm():
     return load_default()
 
 
-def small_head(seed: int, tied: bool = False) -> attention.Head:
+def small_head(seed: int, tied: bool = False) -> Head:
     rng = np.random.default_rng(seed)
     W_Q = rng.standard_normal((6, 3)) / 2
-    return attention.Head(W_Q=W_Q, W_K=W_Q if tied else rng.standard_normal((6, 3)) / 2,
+    return Head(W_Q=W_Q, W_K=W_Q if tied else rng.standard_normal((6, 3)) / 2,
                           W_V=rng.standard_normal((6, 4)) / 2, b_Q=rng.standard_normal(3) / 4,
                           b_K=rng.standard_normal(3) / 4, b_V=rng.standard_normal(4) / 4)
 
@@ -46,8 +46,8 @@ def small_head(seed: int, tied: bool = False) -> attention.Head:
 def small_layer(seed: int) -> TransformerLayer:
     rng = np.random.default_rng(seed)
     heads = (small_head(seed), small_head(seed + 1))
-    return TransformerLayer(0, heads, rng.standard_normal((8, 6)) / 3, rng.standard_normal(6),
-                        ln_in=LayerNorm(1 + rng.uniform(-0.5, 0.5, 6), rng.standard_normal(6) / 3))
+    return TransformerLayer(0, Layer(heads, rng.standard_normal((8, 6)) / 3, rng.standard_normal(6)),
+                            ln_in=LayerNorm(1 + rng.uniform(-0.5, 0.5, 6), rng.standard_normal(6) / 3))
 
 
 # An independent high-precision reference ----------------------------------------------------------

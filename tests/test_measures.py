@@ -15,11 +15,12 @@ from lipbound.errors import AssumptionError, WeightsError
 from lipbound.measures import (EmpiricalMeasure, attention_map, cross_attention_measure, layer_map,
                                self_attention_layer_measure, self_attention_measure, w1)
 from lipbound.numeric import attention
+from lipbound.numeric.model import Head, Layer, SCORES
 
 
-def random_head(seed: int, score: str = "dot", d: int = 5, d_k: int = 3, d_v: int = 4) -> attention.Head:
+def random_head(seed: int, score: str = "dot", d: int = 5, d_k: int = 3, d_v: int = 4) -> Head:
     rng = np.random.default_rng(seed)
-    return attention.Head(rng.standard_normal((d, d_k)), rng.standard_normal((d, d_k)),
+    return Head(rng.standard_normal((d, d_k)), rng.standard_normal((d, d_k)),
                           rng.standard_normal((d, d_v)), rng.standard_normal(d_k),
                           rng.standard_normal(d_k), rng.standard_normal(d_v), score=score, tau=2.0)
 
@@ -71,7 +72,7 @@ def test_merged_adds_masses_of_repeated_points():
 
 
 # Uniform measures = token-level attention ----------------------------------------------
-@pytest.mark.parametrize("score", attention.SCORES)
+@pytest.mark.parametrize("score", SCORES)
 @pytest.mark.parametrize("n", [1, 2, 7])
 def test_self_attention_on_uniform_measure_is_token_attention(score, n):
     head = random_head(n, score)
@@ -81,7 +82,7 @@ def test_self_attention_on_uniform_measure_is_token_attention(score, n):
     np.testing.assert_allclose(out.weights, np.full(n, 1 / n), rtol=1e-15)
 
 
-@pytest.mark.parametrize("score", attention.SCORES)
+@pytest.mark.parametrize("score", SCORES)
 def test_cross_attention_on_uniform_measures_is_token_cross_attention(score):
     head = random_head(3, score)
     rng = np.random.default_rng(4)
@@ -96,14 +97,14 @@ def test_cross_attention_on_uniform_measures_is_token_cross_attention(score):
 def test_multi_head_layer_on_uniform_measure_is_layer_forward(residual):
     heads = tuple(random_head(s, "dot", d=6, d_k=2, d_v=3) for s in range(3))
     rng = np.random.default_rng(5)
-    layer = attention.Layer(heads, rng.standard_normal((9, 6)), rng.standard_normal(6), residual=residual)
+    layer = Layer(heads, rng.standard_normal((9, 6)), rng.standard_normal(6), residual=residual)
     X = rng.standard_normal((5, 6))
     out = self_attention_layer_measure(layer, EmpiricalMeasure.uniform(X))
     np.testing.assert_allclose(out.points, attention.layer_forward(layer, X)[0], rtol=1e-12, atol=1e-12)
 
 
 # Masses -----------------------------------------------------------------------------
-@pytest.mark.parametrize("score", attention.SCORES)
+@pytest.mark.parametrize("score", SCORES)
 def test_duplicated_points_behave_like_mass(score):
     head = random_head(7, score)
     rng = np.random.default_rng(8)
@@ -173,7 +174,7 @@ def test_output_points_lie_in_the_convex_hull_of_the_values():
 
 # Errors ---------------------------------------------------------------------------------
 def test_causal_heads_are_refused_on_measures():
-    head = attention.Head(np.eye(2), np.eye(2), np.eye(2), causal=True)
+    head = Head(np.eye(2), np.eye(2), np.eye(2), causal=True)
     with pytest.raises(AssumptionError) as info:
         self_attention_measure(head, EmpiricalMeasure(np.zeros((2, 2))))
     assert info.value.argument == "head.causal"

@@ -4,7 +4,9 @@ For uniform measures of n atoms, W1((Gamma_mu)_# mu, (Gamma_mu')_# mu') <= L_W1 
 the (2,1) constant of the residual block (theorem measure-w1-uniform; Vuckovic, Baratin, Tachet des
 Combes 2020).  Independent routes: W1 by the assignment problem against POT's network simplex
 (ot.emd2), block outputs by the measure form (empirical.self_attention_layer_measure) against the
-token forward pass, the cached layer constant against lipbound.numeric.certify.layer_constant.
+token forward pass, the cached layer constant against the per-head constants of
+lipbound.numeric.certify.head_constant composed with numpy's spectral norms of the W_O blocks.
+Layers are counted from 0: row.layer = l compares the inputs hidden_states[l] of layer l.
 """
 
 from __future__ import annotations
@@ -19,14 +21,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lipbound.cli import main
+from lipbound.cli.parsing import int_list
 from lipbound.errors import AssumptionError
 from lipbound.measures import EmpiricalMeasure, self_attention_layer_measure, w1
-from lipbound.measures.perturb import (FLOAT_ALLOWANCE, BlockW1Constant, add_perturb_parser, block_constant,
-                                       draw_edits, layernorm_feeding, load_model, parse_range, perturb,
-                                       whole_word_ids)
+from lipbound.measures.bert import load_text_model
+from lipbound.measures.edits import draw_edits, whole_word_ids
+from lipbound.measures.perturb import FLOAT_ALLOWANCE, block_constant, data_radius, perturb
 from lipbound.numeric import attention
-from lipbound.numeric.certify import layer_constant
-from lipbound.numeric.domains import LayerNormOutputs, TokenBall
+from lipbound.numeric.certify import head_constant
+from lipbound.numeric.domains import LayerNormOutputs
 
 SENTENCES_PATH = os.path.join(os.path.dirname(__file__), os.pardir, "lipbound", "measures", "data", "sentences.txt")
 
@@ -38,14 +42,14 @@ def sentences() -> list[str]:
 
 @pytest.fixture(scope="module")
 def model():
-    return load_model()
+    return load_text_model()
 
 
 @pytest.fixture(scope="module")
 def fast_reports(model):
-    """Two sentences (8 and 19 tokens), k = 1..3 replacements, layers 1 and 6."""
+    """Two sentences (8 and 19 tokens), k = 1..3 replacements, the first and last layers (0 and 5)."""
     chosen = [sentences()[0], sentences()[4]]
-    return [perturb(s, k=(1, 2, 3), layers=(1, 6), seed=0, model=model) for s in chosen]
+    return [perturb(s, k=(1, 2, 3), layers=(0, 5), seed=0, model=model) for s in chosen]
 
 
 def _ratio_summary(reports) -> str:
@@ -75,12 +79,13 @@ def test_replacements_never_exceed_the_prediction(fast_reports):
 
 
 def test_input_w1_obeys_the_replacement_bound(fast_reports, model):
-    """W1 <= (1/n) sum ||x_i - x'_i|| (identity coupling) at every layer, and at layer 1 exactly k
+    """W1 <= (1/n) sum ||x_i - x'_i|| (identity coupling) at every layer, and at layer 0 exactly k
     rows of the embedding differ, so W1 <= (k/n) max_i ||x_i - x'_i||."""
     for report in fast_reports:
         for row in report.rows:
             assert row.input_w1 <= row.coupling_bound * (1 + 1e-12)
-            assert row.input_w1 <= row.k / row.n * row.input_movement * (1 + 1e-12) or row.layer != 1
+            assert row.input_w1 <= row.k / row.n * row.input_movement * (1 + 1e-12) or row.layer != 0
+        assert {row.layer for row in report.rows} == {0, 5}
         edit = report.edits[2]
         X = model.hidden_states(model.encode(report.sentence))[0]
         X_new = model.hidden_states(list(edit.ids))[0]
@@ -104,7 +109,7 @@ def test_measured_w1_by_independent_routes(fast_reports, model):
     problem equals POT's exact transport cost."""
     ot = pytest.importorskip("ot")
     report = fast_reports[1]
-    row = next(r for r in report.rows if r.layer == 6 and r.k == 3)
+    row = next(r for r in report.rows if r.layer == 5 and r.k == 3)
     states = model.hidden_states(model.encode(report.sentence))
     states_new = model.hidden_states(list(report.edits[3].ids))
     layer = model.attention_layer(5)
@@ -122,7 +127,7 @@ def test_measured_w1_by_independent_routes(fast_reports, model):
 def test_insert_and_delete_never_exceed_the_prediction(model, mode, index):
     ot = pytest.importorskip("ot")
     sentence = sentences()[index]
-    report = perturb(sentence, k=(1, 2), mode=mode, layers=(1,), seed=index, model=model)
+    report = perturb(sentence, k=(1, 2), mode=mode, layers=(0,), seed=index, model=model)
     assert report.violations == 0 and report.not_certified == 0
     for row in report.rows:
         assert row.n_perturbed == row.n + (row.k if mode == "insert" else -row.k)
@@ -152,34 +157,40 @@ def test_repeated_atoms_are_token_attention_on_repeated_tokens(model):
 
 
 # The certified constant ----------------------------------------------------------------------------------
-def test_block_constant_agrees_with_layer_constant(model):
-    """The cached per-head evaluation composes like certify.layer_constant (two heads, to stay fast)."""
-    full = model.attention_layer(3)
-    heads = full.heads[:2]
-    sub = attention.Layer(heads, full.W_O[:sum(h.d_v for h in heads)], full.b_O, residual=True)
-    layernorm = layernorm_feeding(model, 3)
-    reference = layer_constant(sub, "w1", LayerNormOutputs(layernorm), 12, residual=True)
-    block = BlockW1Constant(sub, layernorm)
-    value = block.on_layernorm_image(12).value
-    assert value >= reference.value
-    np.testing.assert_allclose(value, reference.value, rtol=1e-12)
-    np.testing.assert_allclose(block.on_layernorm_image(12).per_head, reference.per_head, rtol=1e-12)
+def test_block_constant_composes_the_head_constants(model):
+    """The block constant is 1 + sum_h ||W_O^h||_2 L_h (residual, W1 on uniform measures), with L_h
+    the certified per-head measure-w1 constants and ||W_O^h||_2 here by numpy's SVD."""
+    layernorm = model.layernorm_feeding(3)
+    block = block_constant(model, 3, 12)
+    assert block.certified and "residual" in block.provenance
+    value = block.value
+    per_head = [head_constant(h, "w1", LayerNormOutputs(layernorm), 12) for h in model.heads(3)]
+    assert all(h.certified for h in per_head)
+    np.testing.assert_allclose(block.details["per_head"], [h.value for h in per_head], rtol=1e-12)
+    attention_layer = model.attention_layer(3)
+    blocks = [np.linalg.norm(attention_layer.output_block(h), 2) for h in range(attention_layer.num_heads)]
+    np.testing.assert_allclose(block.details["W_O_blocks"], blocks, rtol=1e-12)
+    composed = 1 + sum(b * h.value for b, h in zip(blocks, per_head))
+    assert value >= composed
+    np.testing.assert_allclose(value, composed, rtol=1e-12)
+    assert block_constant(model, 3, 12) is block  # computed once per model, layer and size
     # the ball about beta with the LayerNorm radius is the same set of assumptions
-    np.testing.assert_allclose(block.on_ball(12, block.layernorm_radius).value, value, rtol=1e-9)
+    radius = layernorm.radius_about_center
+    np.testing.assert_allclose(block_constant(model, 3, 12, radius).value, value, rtol=1e-9)
     # smaller balls and fewer atoms give smaller constants; more atoms larger
-    assert block.on_ball(12, block.layernorm_radius / 2).value < value
-    assert block.on_layernorm_image(6).value < value < block.on_layernorm_image(24).value
+    assert block_constant(model, 3, 12, radius / 2).value < value
+    assert block_constant(model, 3, 6).value < value < block_constant(model, 3, 24).value
 
 
 def test_data_radius_covers_every_token(model):
-    block = block_constant(model, 0)
+    layernorm = model.layernorm_feeding(0)
     X = model.hidden_states(model.encode(sentences()[3]))[0]
     Z = model.hidden_states(model.encode(sentences()[8]))[0]
-    radius = block.data_radius(X, Z)
-    distances = np.linalg.norm(np.vstack([X, Z]) - block.layernorm.beta, axis=1)
+    radius = data_radius(layernorm.beta, X, Z)
+    distances = np.linalg.norm(np.vstack([X, Z]) - layernorm.beta, axis=1)
     assert radius >= distances.max()
     np.testing.assert_allclose(radius, distances.max(), rtol=1e-13)
-    assert radius <= block.layernorm_radius
+    assert radius <= layernorm.radius_about_center
 
 
 # Edits -----------------------------------------------------------------------------------------------------
@@ -223,13 +234,14 @@ def test_whole_word_vocabulary(model):
     ({"k": 7}, "k"),           # only 6 word tokens can be edited
     ({"k": 0}, "k"),
     ({"k": (1, 9)}, "k"),
-    ({"layers": (0, 1)}, "layers"),
-    ({"layers": range(1, 8)}, "layers"),
+    ({"layers": (-1, 0)}, "--layers"),  # layers are counted from 0
+    ({"layers": range(0, 7)}, "--layers"),  # 6 layers: 0..5
+    ({"layers": ()}, "--layers"),
     ({"mode": "swap"}, "mode"),
-    ({"model": "/nonexistent/bert-dir"}, "model"),
+    ({"model": "/nonexistent/bert-dir"}, "--model"),
 ])
 def test_bad_input_is_refused_with_a_four_part_message(model, kwargs, argument):
-    arguments = {"sentence": "The cat slept all afternoon.", "model": model, "layers": (1,)}
+    arguments = {"sentence": "The cat slept all afternoon.", "model": model, "layers": (0,)}
     arguments.update(kwargs)
     sentence = arguments.pop("sentence")
     with pytest.raises(AssumptionError) as info:
@@ -239,31 +251,24 @@ def test_bad_input_is_refused_with_a_four_part_message(model, kwargs, argument):
     assert "Fix:" in str(info.value)
 
 
-@pytest.mark.parametrize("text, expected", [("3", (3,)), ("1..3", (1, 2, 3)), ("1,4,6", (1, 4, 6)),
+@pytest.mark.parametrize("text, expected", [("3", (3,)), ("0", (0,)), ("1..3", (1, 2, 3)), ("1,4,6", (1, 4, 6)),
                                             ("1..2,5", (1, 2, 5))])
-def test_parse_range(text, expected):
-    assert parse_range(text, "--layers") == expected
+def test_int_list(text, expected):
+    assert int_list("--layers")(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "a", "3..1", "1-3"])
-def test_parse_range_refuses_nonsense(text):
-    with pytest.raises(AssumptionError) as info:
-        parse_range(text, "--layers")
-    assert info.value.argument == "--layers"
+@pytest.mark.parametrize("text", ["", "a", "3..1", "1-3", "-1"])
+def test_int_list_refuses_nonsense(text):
+    with pytest.raises(argparse.ArgumentTypeError) as info:
+        int_list("--layers")(text)
+    assert repr(text) in str(info.value) and "Fix: write e.g. --layers" in str(info.value)
 
 
 # Command line --------------------------------------------------------------------------------------------
-def _run_cli(argv):
-    parser = argparse.ArgumentParser(prog="lipbound")
-    add_perturb_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.handler(args)
-
-
 def test_cli_prints_the_table_and_writes_json_and_plot(tmp_path, capsys):
     json_path, plot_path = tmp_path / "report.json", tmp_path / "plot.png"
-    status = _run_cli(["perturb", "The cat slept all afternoon.", "--replace", "1..2", "--layers", "1",
-                       "--json", str(json_path), "--plot", str(plot_path)])
+    status = main(["perturb", "The cat slept all afternoon.", "--replace", "1..2", "--layers", "0",
+                   "--json", str(json_path), "--plot", str(plot_path)])
     output = capsys.readouterr().out.strip().splitlines()
     assert status == 0
     assert output[-1] == "violations: 0"
@@ -272,7 +277,7 @@ def test_cli_prints_the_table_and_writes_json_and_plot(tmp_path, capsys):
         assert column in header
     payload = json.loads(json_path.read_text())
     assert payload["sentence"] == "The cat slept all afternoon." and payload["n"] == 8
-    assert [(r["layer"], r["k"]) for r in payload["rows"]] == [(1, 1), (1, 2)]
+    assert [(r["layer"], r["k"]) for r in payload["rows"]] == [(0, 1), (0, 2)]
     for row in payload["rows"]:
         assert isinstance(row["measured"], float) and isinstance(row["predicted"], float)
         assert row["measured"] <= row["predicted"]
@@ -280,33 +285,61 @@ def test_cli_prints_the_table_and_writes_json_and_plot(tmp_path, capsys):
 
 
 def test_cli_delete_and_errors(capsys):
-    assert _run_cli(["perturb", "Rain is expected tomorrow morning.", "--delete", "1", "--layers", "2"]) == 0
+    assert main(["perturb", "Rain is expected tomorrow morning.", "--delete", "1", "--layers", "1"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == "violations: 0"
-    with pytest.raises(AssumptionError) as info:
-        _run_cli(["perturb", "Rain is expected tomorrow morning.", "--insert", "8", "--layers", "1"])
-    assert info.value.argument == "k"
-    with pytest.raises(AssumptionError) as info:
-        _run_cli(["perturb", "Rain is expected.", "--layers", "1..9"])
-    assert info.value.argument == "layers"
+    assert main(["perturb", "Rain is expected tomorrow morning.", "--insert", "8", "--layers", "0"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "lipbound: error: --replace/--insert/--delete: expected 1 <= k <= 6 (the word tokens of the sentence; "
+        "[CLS] and [SEP] are never edited), got 8. Fix: choose a smaller k or a longer sentence")
+    assert main(["perturb", "Rain is expected.", "--layers", "0..9"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("lipbound: error: --layers: expected layer numbers between 0 and 5 (counted from 0)")
+    assert len(error.splitlines()) == 1 and "Fix:" in error
+    for bad in ("1-3", "-1"):  # refused by the option's converter, exit status 2, one line
+        with pytest.raises(SystemExit) as info:
+            main(["perturb", "Rain is expected.", "--layers", bad])
+        assert info.value.code == 2
+        error = capsys.readouterr().err.strip()
+        assert error.startswith("lipbound: error: argument --layers: expected") and len(error.splitlines()) == 1
 
 
 def test_registered_cli_command(capsys):
-    """Through ``lipbound`` itself, once lipbound.commands registers the command."""
-    pytest.importorskip("lipbound.commands")
-    from lipbound.cli import build_parser, main
+    """Through ``lipbound`` itself: perturb is a registered subcommand, also as ``python -m lipbound.cli``."""
+    from lipbound.cli import build_parser
     subcommands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    if "perturb" not in subcommands.choices:
-        pytest.skip("perturb is not registered in lipbound.commands")
-    assert main(["perturb", "The cat slept all afternoon.", "--layers", "1"]) == 0
+    assert "perturb" in subcommands.choices
+    assert main(["perturb", "The cat slept all afternoon.", "--layers", "0"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == "violations: 0"
-    assert main(["perturb", "", "--layers", "1"]) == 2
+    assert main(["perturb", "", "--layers", "0"]) == 2
+    assert capsys.readouterr().err.startswith("lipbound: error: sentence: expected a non-empty sentence")
+
+
+def test_cli_refuses_a_sentence_longer_than_the_model(capsys):
+    """all-MiniLM-L6-v2 has 512 positions: a longer sentence is a user error naming the sentence."""
+    assert main(["perturb", "word " * 600, "--layers", "0"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("lipbound: error: sentence: expected at most 512 tokens")
+    assert "602 tokens" in error and "ids" not in error and len(error.splitlines()) == 1
+
+
+def test_module_entry_point(tmp_path):
+    import subprocess
+    import sys
+    json_path = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-m", "lipbound.cli", "perturb", "The cat slept all afternoon.",
+                           "--layers", "5", "--json", str(json_path)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "violations: 0"
+    payload = json.loads(json_path.read_text())
+    assert [row["layer"] for row in payload["rows"]] == [5] and payload["violations"] == 0
 
 
 # The full sweep -------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_full_sweep_twenty_sentences_six_layers(model):
-    """All 20 sentences of sentences.txt, k = 1..3 replacements, all 6 layers: zero violations."""
-    reports = [perturb(s, k=(1, 2, 3), layers=range(1, 7), seed=0, model=model) for s in sentences()]
+    """All 20 sentences of sentences.txt, k = 1..3 replacements, all 6 layers (0..5): zero violations."""
+    reports = [perturb(s, k=(1, 2, 3), layers=range(6), seed=0, model=model) for s in sentences()]
     rows = [row for r in reports for row in r.rows]
     assert len(rows) == 20 * 3 * 6
     assert sum(r.violations for r in reports) == 0 and sum(r.not_certified for r in reports) == 0

@@ -369,7 +369,7 @@ def test_relaxation_is_below_the_symbolic_closed_form(name, causal):
     lipbound.numeric.evaluate, is an independent route to the closed form."""
     from lipbound.symbolic.assumptions import Assumptions, Ball
     from lipbound.numeric.domains import LayerNormOutputs, TokenBall
-from lipbound.numeric.evaluate import evaluate_bound
+    from lipbound.numeric.evaluate import evaluate_bound
     from lipbound.symbolic.registry import variant
     symbolic = variant(name).derive(Assumptions(domain=Ball()))
     rng = np.random.default_rng(10)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from lipbound.symbolic.assumptions import Assumptions, Ball, Unbounded
 from lipbound.numeric import attention as att
+from lipbound.numeric.model import Head
 from lipbound.numeric.domains import LayerNormOutputs, TokenBall
 from lipbound.numeric.evaluate import evaluate_bound
 from lipbound.symbolic.registry import variant
@@ -92,7 +93,7 @@ def test_the_bounds_are_not_vacuous_on_small_heads():
 def test_jvp_matches_finite_differences_on_every_score():
     rng = np.random.default_rng(3)
     for score in ("dot", "l2", "cosine"):
-        head = att.Head(rng.standard_normal((3, 2)), rng.standard_normal((3, 2)), rng.standard_normal((3, 2)),
+        head = Head(rng.standard_normal((3, 2)), rng.standard_normal((3, 2)), rng.standard_normal((3, 2)),
                         rng.standard_normal(2), rng.standard_normal(2), rng.standard_normal(2), score=score)
         X, E = rng.standard_normal((1, 4, 3)), rng.standard_normal((1, 4, 3))
         step = 1e-6
@@ -126,7 +127,7 @@ def test_exact_sympy_jacobian_never_beats_the_bound(seed):
     X = sp.Matrix(2, 2, symbols)
     F = _sympy_attention(X, W_Q, W_K, W_V)
     J = sp.Matrix(list(F)).jacobian(sp.Matrix(symbols))
-    head = att.Head(np.array(W_Q, dtype=float), np.array(W_K, dtype=float), np.array(W_V, dtype=float))
+    head = Head(np.array(W_Q, dtype=float), np.array(W_K, dtype=float), np.array(W_V, dtype=float))
     radius = 1.25
     bound = variant("dot-product-nobias").derive(Assumptions(domain=Ball(), n=2), "dot-product-nobias")
     upper = evaluate_bound(bound, head, TokenBall(radius), n=2).value
@@ -150,7 +151,7 @@ def test_kim_witness_family_is_exact():
     assert not result.lipschitz
     t = sp.Symbol("t", positive=True)
     assert sp.simplify(result.growth.xreplace({result.growth.free_symbols.pop(): t}) - (sp.Rational(1, 2) + t ** 2 / 4)) == 0
-    head = att.Head(np.ones((1, 1)), np.ones((1, 1)), np.ones((1, 1)))
+    head = Head(np.ones((1, 1)), np.ones((1, 1)), np.ones((1, 1)))
     for value in (1.0, 5.0, 20.0):
         J = att.dense_jacobian(lambda X_, E: att.self_jvp(head, X_, E), np.array([[0.0], [value]]))
         np.testing.assert_allclose(J[0, 0], 0.5 + value ** 2 / 4, rtol=1e-9)
@@ -213,7 +214,7 @@ def _searched(case: dict):
     d, d_k, d_v = case["d"], case["d_k"], case["d_v"]
     biases = dict(b_Q=rng.standard_normal(d_k), b_K=rng.standard_normal(d_k), b_V=rng.standard_normal(d_v)) \
         if case["biases"] else {}
-    head = att.Head(case["scale"] * rng.standard_normal((d, d_k)) / np.sqrt(d),
+    head = Head(case["scale"] * rng.standard_normal((d, d_k)) / np.sqrt(d),
                     case["scale"] * rng.standard_normal((d, d_k)) / np.sqrt(d),
                     rng.standard_normal((d, d_v)) / np.sqrt(d), **biases)
     witness = search_witness(head, radius=case["radius"], n=case["n"], budget_seconds=0.3, seed=case["seed"])

@@ -27,10 +27,10 @@ from typing import final
 import numpy as np
 
 from ..errors import AssumptionError, WeightsError
-from ..numeric import attention
-# The score and projection helpers are shared with token-level attention so that
-# both forms evaluate the very same score (one definition, two readings).
-from ..numeric.attention import _project, _scores
+# The scores are those of token-level attention, so that both forms evaluate the very same
+# score (one definition, two readings).
+from ..numeric.attention import head_scores
+from ..numeric.model import Head, Layer
 
 __all__ = [
     "EmpiricalMeasure",
@@ -164,17 +164,17 @@ def _check_measure(name: str, mu, d: int) -> EmpiricalMeasure:
     return mu
 
 
-def _check_head(head) -> attention.Head:
-    if not isinstance(head, attention.Head):
-        raise WeightsError("head", "a lipbound.numeric.attention.Head", type(head).__name__,
-                           "build the head with attention.Head(W_Q, W_K, W_V, ...)")
+def _check_head(head) -> Head:
+    if not isinstance(head, Head):
+        raise WeightsError("head", "a lipbound.numeric.Head", type(head).__name__,
+                           "build the head with Head(W_Q, W_K, W_V, ...)")
     if head.causal:
         raise AssumptionError("head.causal", "False: a measure has no token order",
                               "True", "use token-level attention for causal masking")
     return head
 
 
-def attention_map(head: attention.Head, mu: EmpiricalMeasure, x: np.ndarray) -> np.ndarray:
+def attention_map(head: Head, mu: EmpiricalMeasure, x: np.ndarray) -> np.ndarray:
     """``Gamma_mu(x) = int v(y) K_mu(x, dy)`` at query points ``x``.
 
     ``Gamma_mu(x) = sum_j w_j exp(s(x, y_j)) v(y_j) / sum_k w_k exp(s(x, y_k))`` with
@@ -182,7 +182,7 @@ def attention_map(head: attention.Head, mu: EmpiricalMeasure, x: np.ndarray) -> 
 
     Parameters
     ----------
-    head : attention.Head
+    head : Head
         Score ``s`` (dot, l2 or cosine) and value map; must not be causal.
     mu : EmpiricalMeasure
         The context measure (keys and values), points of dimension ``head.d``.
@@ -199,8 +199,7 @@ def attention_map(head: attention.Head, mu: EmpiricalMeasure, x: np.ndarray) -> 
     if x.ndim != 2 or x.shape[1] != head.d:
         raise WeightsError("x", f"query points of shape (m, {head.d})", f"shape {x.shape}",
                            "pass the query points as rows")
-    Q, K = _project(head, x, mu.points)
-    S = _scores(head, Q, K)
+    S = head_scores(head, x, mu.points)[0]
     # Masses enter as log-weights; zero mass means the point is absent (log 0 = -inf).
     positive = mu.weights > 0
     log_w = np.full(mu.size, -np.inf)
@@ -212,7 +211,7 @@ def attention_map(head: attention.Head, mu: EmpiricalMeasure, x: np.ndarray) -> 
     return P @ (mu.points @ head.V + head.b_V)
 
 
-def self_attention_measure(head: attention.Head, mu: EmpiricalMeasure) -> EmpiricalMeasure:
+def self_attention_measure(head: Head, mu: EmpiricalMeasure) -> EmpiricalMeasure:
     """Self-attention on measures: ``mu -> (Gamma_mu)_# mu``.
 
     Returns the measure with points ``Gamma_mu(x_i)`` (shape (k, d_v)) and the masses of ``mu``.
@@ -221,7 +220,7 @@ def self_attention_measure(head: attention.Head, mu: EmpiricalMeasure) -> Empiri
     return mu.push_forward(attention_map(head, mu, mu.points))
 
 
-def cross_attention_measure(head: attention.Head, nu_queries: EmpiricalMeasure,
+def cross_attention_measure(head: Head, nu_queries: EmpiricalMeasure,
                             mu_context: EmpiricalMeasure) -> EmpiricalMeasure:
     """Cross-attention on measures: ``nu -> (Gamma_mu)_# nu``.
 
@@ -232,14 +231,14 @@ def cross_attention_measure(head: attention.Head, nu_queries: EmpiricalMeasure,
     return nu.push_forward(attention_map(head, mu_context, nu.points))
 
 
-def layer_map(layer: attention.Layer, mu: EmpiricalMeasure, x: np.ndarray) -> np.ndarray:
+def layer_map(layer: Layer, mu: EmpiricalMeasure, x: np.ndarray) -> np.ndarray:
     """Multi-head attention read on measures, at query points ``x`` (m, d).
 
     ``F_mu(x) = [Gamma^1_mu(x), ..., Gamma^H_mu(x)] W_O + b_O`` (+ ``x`` if ``layer.residual``).
     """
-    if not isinstance(layer, attention.Layer):
-        raise WeightsError("layer", "a lipbound.numeric.attention.Layer", type(layer).__name__,
-                           "build it with attention.Layer(heads, W_O, b_O)")
+    if not isinstance(layer, Layer):
+        raise WeightsError("layer", "a lipbound.numeric.Layer", type(layer).__name__,
+                           "build it with Layer(heads, W_O, b_O)")
     x = np.asarray(x, dtype=float)
     if not layer.heads:
         raise WeightsError("layer.heads", "at least one head", "none", "add the heads of the layer")
@@ -247,6 +246,6 @@ def layer_map(layer: attention.Layer, mu: EmpiricalMeasure, x: np.ndarray) -> np
     return x + out if layer.residual else out
 
 
-def self_attention_layer_measure(layer: attention.Layer, mu: EmpiricalMeasure) -> EmpiricalMeasure:
+def self_attention_layer_measure(layer: Layer, mu: EmpiricalMeasure) -> EmpiricalMeasure:
     """``mu -> (F_mu)_# mu`` for a multi-head layer (see :func:`layer_map`)."""
     return mu.push_forward(layer_map(layer, mu, mu.points))

@@ -6,7 +6,8 @@ and the loaders that build them from checkpoints.
 * :mod:`.transformer` -- :class:`TransformerLayer` (a layer with the norm feeding it),
   :class:`Embeddings`, :class:`Model` (layers with provenance: path and sha256);
 * :mod:`.files` -- reading safetensors and ``.npz`` by their bytes, never unpickling;
-* :mod:`.huggingface` -- the BERT family; :mod:`.plain` -- the plain per-head format.
+* :mod:`.huggingface` -- the BERT family; :mod:`.ctranslate2` -- Whisper as CTranslate2 ships it;
+  :mod:`.plain` -- the plain per-head format.
 
 :func:`load_weights` reads any of them; :func:`load_default` the embedded default (layers 0
 and 5 of sentence-transformers/all-MiniLM-L6-v2, attention and LayerNorms; Apache-2.0, see
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from ...errors import WeightsError
 from .components import SCORES, FeedForward, Head, Layer, LayerNorm
+from .ctranslate2 import load_whisper
 from .files import TensorSource, open_checkpoint
 from .huggingface import is_bert, load_bert
 from .plain import PLAIN_FORMAT, load_plain, save_plain
@@ -30,7 +32,8 @@ __all__ = ["SCORES", "Head", "Layer", "LayerNorm", "FeedForward", "TransformerLa
 DATA = Path(__file__).resolve().parent.parent / "data"
 DEFAULT_WEIGHTS = DATA / "minilm-l6-attention.safetensors"
 DEFAULT_LAYERS = (0, 5)
-LAYOUTS = "Hugging Face BERT family (encoder.layer.N.attention.self.query.weight, ...), the plain lipbound .npz"
+LAYOUTS = ("Hugging Face BERT family (encoder.layer.N.attention.self.query.weight, ...), CTranslate2 Whisper "
+           "(model.bin), the plain lipbound .npz")
 
 
 def load_weights(path, num_heads: int | None = None, layers=None) -> Model:
@@ -51,9 +54,8 @@ def load_weights(path, num_heads: int | None = None, layers=None) -> Model:
         names the tensors seen and the layouts supported), missing keys, wrong shapes, NaN/Inf.
     """
     source, config = open_checkpoint(path)
-    if not isinstance(source, TensorSource):
-        raise WeightsError(str(source), f"a checkpoint in a supported layout ({LAYOUTS})",
-                           "a CTranslate2 model.bin", "convert the model to safetensors or the plain .npz format")
+    if not isinstance(source, TensorSource):  # a CTranslate2 model.bin
+        return load_whisper(source, layers, num_heads, config)
     if source.kind == "npz":
         return load_plain(source, num_heads, layers)
     if is_bert(source):

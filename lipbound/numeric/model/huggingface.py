@@ -91,6 +91,11 @@ def load_bert(tensors: TensorSource, config: dict, num_heads=None, layers=None) 
     present = sorted({index for _, index in found})
     chosen = select_layers(present, layers)
     heads_count = num_heads_of(num_heads, config, tensors.metadata, tensors.path)
+    position = config.get("position_embedding_type", "absolute")
+    if position != "absolute":  # relative positions add terms to every score: another score function
+        raise WeightsError(f"{tensors.path}: config.json position_embedding_type", "'absolute'", repr(position),
+                           "lipbound's theorems cover attention whose scores depend on the tokens only; "
+                           "relative position scores are not covered")
     eps = float(config.get("layer_norm_eps", tensors.metadata.get("layer_norm_eps", 1e-12)))
     first_key = f"{prefix}encoder.layer.{chosen[0]}.attention.self.query.weight"
     first = tensors.get(first_key)
@@ -134,6 +139,10 @@ def load_bert(tensors: TensorSource, config: dict, num_heads=None, layers=None) 
         ffn = None
         if f"{stem}.intermediate.dense.weight" in tensors.keys():
             d_ff = tensors.get(f"{stem}.intermediate.dense.weight").shape[0]
+            if "intermediate_size" in config and int(config["intermediate_size"]) != d_ff:
+                raise WeightsError(f"{tensors.path}:{stem}.intermediate.dense.weight",
+                                   f"{config['intermediate_size']} rows (intermediate_size in config.json)",
+                                   f"{d_ff} rows", "use the config.json of this checkpoint")
             W_1, b_1 = linear(f"{stem}.intermediate.dense", d, d_ff)
             W_2, b_2 = linear(f"{stem}.output.dense", d_ff, d)
             ffn = FeedForward(W_1, b_1, W_2, b_2, act)
@@ -144,14 +153,16 @@ def load_bert(tensors: TensorSource, config: dict, num_heads=None, layers=None) 
     word = f"{prefix}embeddings.word_embeddings.weight"
     if word in tensors.keys():
         vocab = tensors.get(word)
-        position = tensors.tensor(f"{prefix}embeddings.position_embeddings.weight")
+        positions = tensors.tensor(f"{prefix}embeddings.position_embeddings.weight")
         types = tensors.tensor(f"{prefix}embeddings.token_type_embeddings.weight")
         norm = _layernorm(tensors, f"{prefix}embeddings.LayerNorm", d, eps)
         if vocab.ndim != 2 or vocab.shape[1] != d or norm is None or not np.all(np.isfinite(vocab)):
             raise WeightsError(f"{tensors.path}:{word}", f"a (vocab, {d}) table and the embedding LayerNorm",
                                f"shape {vocab.shape} (finite: {bool(np.all(np.isfinite(vocab)))})",
                                "use a complete BERT checkpoint")
-        embeddings = Embeddings(vocab, position, types, norm)  # the big table keeps its stored precision
+        # RoBERTa counts positions from padding_idx + 1
+        offset = int(config.get("pad_token_id", 0)) + 1 if config.get("model_type") in ("roberta", "xlm-roberta") else 0
+        embeddings = Embeddings(vocab, positions, types, norm, offset)  # the table keeps its stored precision
     metadata = tensors.metadata
     return Model(name=metadata.get("name") or config.get("_name_or_path") or tensors.path.stem, layers=loaded,
                  num_heads=heads_count, hidden=d, source=metadata.get("source") or str(tensors.path),

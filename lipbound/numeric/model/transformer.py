@@ -1,13 +1,24 @@
-"""A transformer as one description: layers in order, each with its attention, the norm
-feeding it, its feed-forward block, and the provenance of the weights.
+"""A transformer as one description: stacks of layers in order, each layer with its attention
+(self, causal or cross), the norms feeding it and where they sit, its feed-forward block, and the
+provenance of the weights.
 
-A BERT encoder layer (post-LN, Devlin et al. 2019; Vaswani et al. 2017) maps
+Two placements of the LayerNorms:
 
-    Y = LN_att(X + Attn(X)),    X' = LN_out(Y + FFN(Y)),
+* post-LN (BERT, Devlin et al. 2019; Vaswani et al. 2017)::
 
-and the input of layer l is the output of the LayerNorm before it (``embeddings.LayerNorm``
-for layer 0, ``LN_out`` of layer l - 1 otherwise): :attr:`TransformerLayer.ln_in`, which fixes
-the domain the attention's inputs live on.  A checkpoint may hold attention only (the embedded
+      Y = LN_att(X + Attn(X)),    X' = LN_ffn(Y + FFN(Y));
+
+  the attention reads the output of the LayerNorm before it (``embeddings.LayerNorm`` for layer 0,
+  ``LN_ffn`` of layer l - 1 otherwise);
+* pre-LN (GPT-2, ViT, Whisper)::
+
+      Z = X + Attn(LN_1(X)),   [Z' = Z + Cross(LN_c(Z), C)],   X' = Z' + FFN(LN_2(Z')),
+
+  the attention reads ``LN_1``'s output; a decoder's cross-attention reads ``LN_c``'s output as
+  queries and the context ``C`` (the encoder's output after its final LayerNorm) as keys and values.
+
+In both, :attr:`TransformerLayer.ln_in` is the LayerNorm whose output the self-attention reads: it
+fixes the domain of the attention's inputs.  A checkpoint may hold attention only (the embedded
 default model): then ``ffn`` is None and only the attention is available.  The forward pass of
 whole layers and models is :mod:`lipbound.numeric.forward`.
 """
@@ -42,7 +53,14 @@ class TransformerLayer:
         The LayerNorm after the attention's residual sum (BERT's ``attention.output.LayerNorm``).
     ffn : FeedForward or None
     ffn_norm : LayerNorm or None
-        The LayerNorm after the feed-forward residual sum (BERT's ``output.LayerNorm``).
+        post-LN: the LayerNorm after the feed-forward residual sum (BERT's ``output.LayerNorm``);
+        pre-LN: the LayerNorm the feed-forward block reads.
+    cross : Layer or None
+        Cross-attention of a decoder layer: its queries are this stream, its keys and values the
+        context (the output of another stack).
+    cross_norm : LayerNorm or None
+        The LayerNorm the cross-attention's queries are read through (pre-LN).
+    placement : {"post", "pre"}
     """
 
     index: int
@@ -51,6 +69,9 @@ class TransformerLayer:
     ln_out: LayerNorm | None = None
     ffn: FeedForward | None = None
     ffn_norm: LayerNorm | None = None
+    cross: Layer | None = None
+    cross_norm: LayerNorm | None = None
+    placement: str = "post"
 
     def __post_init__(self):
         if not isinstance(self.attention, Layer):
@@ -60,7 +81,12 @@ class TransformerLayer:
         if self.attention.W_O.shape[1] != d:
             raise WeightsError("W_O", f"shape ({self.attention.W_O.shape[0]}, {d})", f"shape {self.attention.W_O.shape}",
                                "the output projection maps back to the model width")
-        for name in ("ln_in", "ln_out", "ffn_norm"):
+        if self.placement not in ("post", "pre"):
+            raise WeightsError("placement", "'post' or 'pre'", repr(self.placement), "state where the LayerNorms sit")
+        if self.cross is not None and (not isinstance(self.cross, Layer) or self.cross.d != d):
+            raise WeightsError("cross", f"a Layer of width {d} or None", repr(type(self.cross).__name__),
+                               "pass the cross-attention of this layer")
+        for name in ("ln_in", "ln_out", "ffn_norm", "cross_norm"):
             norm = getattr(self, name)
             if norm is not None and (not isinstance(norm, LayerNorm) or norm.d != d):
                 raise WeightsError(name, f"a LayerNorm over {d} features or None", repr(getattr(norm, "d", norm)),
@@ -82,6 +108,10 @@ class TransformerLayer:
         return self.attention.num_heads
 
     @property
+    def causal(self) -> bool:
+        return self.attention.heads[0].causal
+
+    @property
     def d(self) -> int:
         return self.attention.d
 
@@ -95,12 +125,14 @@ class TransformerLayer:
 @final
 @dataclass(frozen=True)
 class Embeddings:
-    """``X_0 = LN(E_word[ids] + E_pos[0..n-1] + E_type[types])`` (BERT)."""
+    """``X_0 = LN(E_word[ids] + E_pos[o..o+n-1] + E_type[types])`` (BERT: ``o = 0``; RoBERTa counts
+    positions from ``o = padding_idx + 1``)."""
 
     word: np.ndarray
     position: np.ndarray
     token_type: np.ndarray
     norm: LayerNorm
+    position_offset: int = 0
 
     @property
     def vocab_size(self) -> int:
@@ -108,7 +140,7 @@ class Embeddings:
 
     @property
     def max_positions(self) -> int:
-        return self.position.shape[0]
+        return self.position.shape[0] - self.position_offset
 
     def __call__(self, ids, token_type_ids=None) -> np.ndarray:
         ids = np.asarray(ids)
@@ -125,7 +157,8 @@ class Embeddings:
         if types.shape != ids.shape or types.min() < 0 or types.max() >= self.token_type.shape[0]:
             raise WeightsError("token_type_ids", f"shape {ids.shape} with values in [0, {self.token_type.shape[0]})",
                                f"shape {types.shape}", "pass one segment id per token (zeros for one sentence)")
-        return self.norm(self.word[ids].astype(np.float64) + self.position[: ids.size] + self.token_type[types])
+        positions = self.position[self.position_offset:self.position_offset + ids.size]
+        return self.norm(self.word[ids].astype(np.float64) + positions + self.token_type[types])
 
 
 @final
@@ -151,6 +184,15 @@ class Model:
         Present when the checkpoint holds them (full models).
     num_layers : int
         Layers of the model (``layers`` may hold a subset).
+    final_norm : LayerNorm or None
+        The LayerNorm after the last layer of a pre-LN stack (GPT-2's ``ln_f``, Whisper's
+        ``encoder/layer_norm``): the output of the model, and the context of a decoder's
+        cross-attention.
+    decoder : dict of int to TransformerLayer
+        The decoder stack of an encoder-decoder (Whisper); empty otherwise.  ``layers`` is then
+        the encoder.
+    decoder_final_norm : LayerNorm or None
+    decoder_layers : int
     """
 
     name: str
@@ -164,6 +206,10 @@ class Model:
     embeddings: Embeddings | None = None
     num_layers: int = 0
     metadata: dict = field(default_factory=dict, compare=False)
+    final_norm: LayerNorm | None = None
+    decoder: dict = field(default_factory=dict)
+    decoder_final_norm: LayerNorm | None = None
+    decoder_layers: int = 0
 
     def __post_init__(self):
         if not self.layers:
@@ -172,18 +218,37 @@ class Model:
             if not isinstance(layer, TransformerLayer) or layer.index != index:
                 raise WeightsError(f"layers[{index}]", f"a TransformerLayer with index {index}", repr(layer)[:60],
                                    "key the dict by layer index")
+        for index, layer in self.decoder.items():
+            if not isinstance(layer, TransformerLayer) or layer.index != index:
+                raise WeightsError(f"decoder[{index}]", f"a TransformerLayer with index {index}", repr(layer)[:60],
+                                   "key the dict by layer index")
         object.__setattr__(self, "layers", dict(sorted(self.layers.items())))
+        object.__setattr__(self, "decoder", dict(sorted(self.decoder.items())))
         object.__setattr__(self, "num_layers", max(self.num_layers, max(self.layers) + 1))
+        if self.decoder:
+            object.__setattr__(self, "decoder_layers", max(self.decoder_layers, max(self.decoder) + 1))
 
-    def layer(self, index: int) -> TransformerLayer:
-        """The layer ``index``; a :class:`WeightsError` lists the loaded ones."""
-        if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or int(index) not in self.layers:
-            raise WeightsError("layer", f"one of the loaded layers {list(self.layers)} (counted from 0)", repr(index),
-                               f"pick a layer in {list(self.layers)}")
-        return self.layers[int(index)]
+    @property
+    def blocks(self) -> tuple[str, ...]:
+        """The stacks: ``("encoder",)``, or ``("encoder", "decoder")`` for an encoder-decoder."""
+        return ("encoder", "decoder") if self.decoder else ("encoder",)
 
-    def head(self, layer: int, head: int) -> Head:
-        heads = self.layer(layer).heads
+    def stack(self, block: str = "encoder") -> dict:
+        if block not in self.blocks:
+            raise WeightsError("block", f"one of {', '.join(self.blocks)}", repr(block),
+                               "this model has no such stack" if block in ("encoder", "decoder") else "pick a stack")
+        return self.layers if block == "encoder" else self.decoder
+
+    def layer(self, index: int, block: str = "encoder") -> TransformerLayer:
+        """The layer ``index`` of a stack; a :class:`WeightsError` lists the loaded ones."""
+        layers = self.stack(block)
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or int(index) not in layers:
+            raise WeightsError("layer", f"one of the loaded layers {list(layers)} (counted from 0)", repr(index),
+                               f"pick a layer in {list(layers)}")
+        return layers[int(index)]
+
+    def head(self, layer: int, head: int, block: str = "encoder") -> Head:
+        heads = self.layer(layer, block).heads
         if isinstance(head, bool) or not isinstance(head, (int, np.integer)) or not 0 <= head < len(heads):
             raise WeightsError("head", f"an index in 0..{len(heads) - 1} (heads are counted from 0)", repr(head),
                                f"layer {layer} has {len(heads)} heads")

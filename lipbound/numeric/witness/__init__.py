@@ -49,11 +49,11 @@ Modules: :mod:`.record` (the witness file), :mod:`.kernel` (the batched kernel),
 :mod:`.search` (the public searches).
 """
 
-from .kernel import AttentionKernel, jacobian_norms
+from .kernel import jacobian_norms, kernel_for
 from .record import WITNESS_FORMAT, Witness, in_ball, project_to_ball
 from .search import castin_adversarial, naive_ascent, search_witness
 from .starts import structured_starts
 from .values import local_jacobian_norm
 
-__all__ = ["Witness", "WITNESS_FORMAT", "AttentionKernel", "jacobian_norms", "search_witness", "naive_ascent",
+__all__ = ["Witness", "WITNESS_FORMAT", "kernel_for", "jacobian_norms", "search_witness", "naive_ascent",
            "castin_adversarial", "structured_starts", "local_jacobian_norm", "in_ball", "project_to_ball"]

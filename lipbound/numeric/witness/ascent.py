@@ -9,7 +9,7 @@ from typing import final
 
 import numpy as np
 
-from .kernel import unit_rows
+from ..attention import unit_rows
 
 __all__ = ["Candidates", "start_candidates", "take", "join", "polish", "random_tokens", "continuation"]
 

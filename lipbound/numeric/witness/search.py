@@ -13,7 +13,8 @@ from ..memory import available_bytes, require_memory
 from ..domains import TokenDomain
 from ..model import Head, Layer
 from .ascent import continuation, join, polish, random_tokens, start_candidates, take
-from .kernel import AttentionKernel, heads_of, kernel_for, unit_rows
+from ..attention import AttentionMap, heads_of, unit_rows
+from .kernel import kernel_for
 from .record import NORMS, Witness, project_to_ball
 from .starts import TieSurrogate, castin_input, structured_starts
 from .values import jacobian_value, local_jacobian_norm, pull_inside, reference_maps, secant_value
@@ -25,7 +26,7 @@ _NAIVE_LR = 0.003
 
 def _check_search_args(target, domain, n, budget_seconds, norm):
     """``(R, c, heads)``: the ball the search runs in (the domain's enclosing ball) and the heads."""
-    heads, _, _ = heads_of(target)
+    heads = heads_of(target)[0]
     if isinstance(n, bool) or not (isinstance(n, (int, np.integer)) and n >= 1):
         raise AssumptionError("--n", "an integer number of tokens >= 1", repr(n), "pass --n 8, say")
     if not (isinstance(budget_seconds, (int, float)) and budget_seconds > 0):
@@ -58,10 +59,10 @@ def _initial_pool(target, kernel, center, radius, n, rng, deadline) -> list[tupl
     """Starting inputs in the kernel's working coordinates: for every dot-product head, the best
     structured inputs (searched in that head's own reduced basis) and Castin et al.'s input;
     then random inputs.  Heads are visited until ``deadline``."""
-    heads, _, _ = heads_of(target)
+    heads = heads_of(target)[0]
     inside = radius * (1 - 1e-6)
     pool = [(random_tokens(rng, 8, n, kernel.d_in, inside), "random")]
-    if not isinstance(kernel, AttentionKernel):
+    if kernel.score != "dot":  # the structured constructions are for dot-product scores
         return pool
     keep = max(2, 24 // len(heads)) if len(heads) > 1 else 16
     surrogate = None
@@ -73,7 +74,7 @@ def _initial_pool(target, kernel, center, radius, n, rng, deadline) -> list[tupl
         head = heads[index]
         if time.perf_counter() >= deadline and len(pool) > 1:
             break
-        own = AttentionKernel(head, center)
+        own = AttentionMap(head, center, reduce=True)
         if n >= 3:
             W_Q, W_K, W_V, b_Q, _, _ = own.head_weights(0)
             light = len(heads) > 1
@@ -94,7 +95,7 @@ def _initial_pool(target, kernel, center, radius, n, rng, deadline) -> list[tupl
 
 def _describe(target, domain: TokenDomain, origin, layer, head) -> dict:
     """What the witness is about: the map, its domain, and the weights (name, path, sha256)."""
-    heads, _, residual = heads_of(target)
+    heads, _, _, residual = heads_of(target)
     return {"model": getattr(origin, "name", "") or "", "weights": getattr(origin, "path", "") or "",
             "sha256": getattr(origin, "sha256", "") or "", "layer": layer,
             "head": head if isinstance(target, Head) else None, "score": heads[0].score, "residual": residual,

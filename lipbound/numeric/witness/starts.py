@@ -10,7 +10,7 @@ import numpy as np
 
 from ...errors import AssumptionError
 from ..blas import one_blas_thread
-from .kernel import AttentionKernel, unit_rows
+from ..attention import AttentionMap, unit_rows
 
 __all__ = ["structured_starts", "TieSurrogate", "castin_input"]
 
@@ -144,7 +144,7 @@ class TieSurrogate:
     ``w_h . a = 0`` for h in S, are linear in a: :meth:`tie` imposes them by projection.
     """
 
-    def __init__(self, kernel: "AttentionKernel", radius: float, n: int):
+    def __init__(self, kernel: AttentionMap, radius: float, n: int):
         self.R, self.m = radius, n - 2
         self.heads = []
         for h in range(kernel.H):
