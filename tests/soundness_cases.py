@@ -108,7 +108,7 @@ def certified_upper(case: Case) -> float:
     evaluation = evaluate_bound(result, case.target, domain, case.n, m=case.m,
                                 H=len(case.heads) if case.layer is not None else None, values=case.values)
     assert evaluation.certified
-    return evaluation.upper
+    return evaluation.value
 
 
 # Points of the domain ---------------------------------------------------------------------
@@ -127,7 +127,7 @@ def sample_points(case: Case, rng: np.random.Generator, count: int, rows: int | 
         z *= np.sqrt(d) / np.maximum(np.linalg.norm(z, axis=-1, keepdims=True), 1e-300)
         shrink = np.where(rng.random((count, rows, 1)) < 0.5, 1.0, rng.uniform(0.2, 1.0, (count, rows, 1)))
         return case.ln.gamma * z * shrink + case.ln.beta
-    R = case.numeric_domain.radius
+    R = case.numeric_domain.enclosing_ball()[0]
     directions = rng.standard_normal((count, rows, d))
     directions /= np.linalg.norm(directions, axis=-1, keepdims=True)
     lengths = np.where(rng.random((count, rows, 1)) < 0.6, 1.0, rng.random((count, rows, 1)) ** (1 / d))
@@ -229,7 +229,7 @@ def climb(case: Case, X: np.ndarray, rng, steps: int = 30, Y=None) -> float:
 def _spread(case: Case) -> float:
     if case.numeric_domain is None:
         return 1.0
-    return case.numeric_domain.radius
+    return case.numeric_domain.enclosing_ball()[0]
 
 
 def project(case: Case, X: np.ndarray) -> np.ndarray:
@@ -242,7 +242,7 @@ def project(case: Case, X: np.ndarray) -> np.ndarray:
         norms = np.maximum(np.linalg.norm(z, axis=-1, keepdims=True), 1e-300)
         z *= np.minimum(1.0, np.sqrt(case.d) / norms)
         return case.ln.gamma * z + case.ln.beta
-    R = case.numeric_domain.radius
+    R = case.numeric_domain.enclosing_ball()[0]
     norms = np.linalg.norm(X, axis=-1, keepdims=True)
     return X * np.minimum(1.0, R * (1 - 1e-9) / np.maximum(norms, 1e-300))
 

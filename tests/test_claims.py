@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 from lipbound.symbolic.assumptions import Assumptions, Ball, Unbounded
-from lipbound.numeric import attention as att
 from lipbound.numeric.claims import CHECKERS, check
-from lipbound.numeric.domains import LayerNormOutputs, TokenBall
+from lipbound.numeric.domains import AllTokens, TokenBall
 from lipbound.numeric.evaluate import evaluate_bound
 from lipbound.numeric.model import Head, Layer, load_default
 from lipbound.symbolic.claims import CLAIMS
@@ -70,8 +69,8 @@ def test_derived_against_kim_on_the_same_random_l2_weights():
         head = Head(W, W, rng.standard_normal((d, d)) / np.sqrt(d), score="l2", kim_values=True)
         layer = Layer((head,), np.eye(d))
         for n in (2, 8, 32):
-            ours = evaluate_bound(derived, layer, TokenBall(1.0), n, H=1).value
-            kim = evaluate_bound(CLAIMS["kim-l2-fro"].statement, layer, TokenBall(1.0), n, H=1).value
+            ours = evaluate_bound(derived, layer, AllTokens(), n, H=1).value
+            kim = evaluate_bound(CLAIMS["kim-l2-fro"].statement, layer, AllTokens(), n, H=1).value
             rows.append((scale, n, ours / kim))
     for scale, n, ratio in rows:
         print(f"||W|| scale {scale}, n = {n}: derived / Kim et al. (transcribed, W_0((N-1)/e)) = {ratio:.3f}")

@@ -21,8 +21,8 @@ from lipbound.numeric.model import Head, Layer, SCORES
 def random_head(seed: int, score: str = "dot", d: int = 5, d_k: int = 3, d_v: int = 4) -> Head:
     rng = np.random.default_rng(seed)
     return Head(rng.standard_normal((d, d_k)), rng.standard_normal((d, d_k)),
-                          rng.standard_normal((d, d_v)), rng.standard_normal(d_k),
-                          rng.standard_normal(d_k), rng.standard_normal(d_v), score=score, tau=2.0)
+                rng.standard_normal((d, d_v)), rng.standard_normal(d_k),
+                rng.standard_normal(d_k), rng.standard_normal(d_v), score=score, tau=2.0)
 
 
 # EmpiricalMeasure ---------------------------------------------------------------
@@ -205,12 +205,12 @@ def test_measure_witness_is_exact_and_below_the_certified_w1_constant():
     from lipbound.measures.witness import measure_witness
     from lipbound.measures.wasserstein import w1 as exact_w1
     from lipbound.numeric.certify import head_constant
-    from lipbound.numeric.domains import LayerNormOutputs, TokenBall
+    from lipbound.numeric.domains import TokenBall
     from lipbound.numeric.model import load_default
     layer = load_default(layers=5).layers[5]
     domain = TokenBall(layer.ln_in.radius_about_origin)
     head = layer.heads[2]
-    witness = measure_witness(head, radius=domain.radius, n=6, budget_seconds=2.0)
+    witness = measure_witness(head, domain=domain, n=6, budget_seconds=2.0)
     assert witness.mu.size == witness.nu.size == 6 and witness.mu.is_uniform
     assert np.all(np.linalg.norm(witness.nu.points, axis=1) <= domain.radius)
     np.testing.assert_allclose(exact_w1(witness.mu, witness.nu), witness.w1_in, rtol=1e-12)

@@ -2,8 +2,8 @@
 
 What is tested, by independent routes:
 
-* the certified linear algebra brackets values computed in 50-digit arithmetic, and agrees
-  with the independent certificates of :mod:`lipbound.numeric.rigorous`;
+* the certified linear algebra (:mod:`lipbound.rigorous.linalg`) brackets values computed in
+  50-digit arithmetic (mpmath), and its PSD decisions agree with the exact spectrum;
 * a solver's answer counts only through its re-check: a patched solver that returns a wrong
   objective, a wrong primal or a failed status is rejected (``certified=False``, ``value``
   NaN, :class:`SolverError` on ``require``);
@@ -11,8 +11,10 @@ What is tested, by independent routes:
   certified lower bounds, and are tight (the SDP is exact);
 * the relaxation of the local Lipschitz problem dominates dense Jacobian norms at random,
   structured and locally optimised inputs, and the witness search; it never exceeds the
-  closed form (evaluated independently by :mod:`lipbound.numeric.evaluate`);
-* every variant class of :mod:`lipbound.symbolic.variants` has a registry entry.
+  closed form (the symbolic theorem, evaluated independently by :mod:`lipbound.numeric.evaluate`);
+* every variant class of :mod:`lipbound.symbolic.variants` has a registry entry, the entries
+  take their ball from a :class:`~lipbound.numeric.domains.TokenDomain`, and every
+  relaxation refuses heads whose score is not the dot product.
 """
 
 from __future__ import annotations
@@ -29,17 +31,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize
 
-from lipbound.errors import AssumptionError, SolverError, WeightsError
-from lipbound.numeric.attention import (Head, Layer, cross_jvp, dense_jacobian, layer_jvp, self_forward,
-                                        self_jvp)
-from lipbound.numeric.sdp import certify, joint
-from lipbound.numeric.sdp import (SDP_RELAXATIONS, CertifiedBound, Enclosure, HeadBounds, closed_form_cross_attention,
-                                  closed_form_self_attention, cross_attention_bound, gamma_AV, is_psd_certified,
-                                  key_gradient_sup, lambda_max_upper, lambda_min_lower, layernorm_joint_gain,
-                                  layernorm_value_spread, matrix_aware_closed_form, measure_attention_bound, relax,
-                                  self_attention_bound, spectral_norm_upper)
+from lipbound.errors import AssumptionError, NotCertifiedError, SolverError, WeightsError
+from lipbound.numeric.attention import cross_jvp, dense_jacobian, layer_jvp, self_forward, self_jvp
+from lipbound.numeric.dispatch import derive_for
+from lipbound.numeric.domains import AllTokens, LayerNormOutputs, TokenBall
+from lipbound.numeric.evaluate import evaluate_bound
+from lipbound.numeric.model import Head, Layer, LayerNorm, TransformerLayer, load_default
+from lipbound.numeric.sdp import joint
+from lipbound.numeric.sdp import (SDP_RELAXATIONS, HeadBounds, cross_attention_bound, gamma_AV, key_gradient_sup,
+                                  layernorm_joint_gain, layernorm_value_spread, matrix_aware_closed_form,
+                                  measure_attention_bound, relax, sdp_value, self_attention_bound)
+from lipbound.numeric.witness import search_witness
+from lipbound.rigorous.intervals import IV, Verdict
+from lipbound.rigorous.linalg import (Enclosure, is_psd_certified, lambda_max_upper, lambda_min_lower,
+                                      spectral_norm_lower, spectral_norm_upper)
+from lipbound.rigorous.value import CertifiedValue
 from lipbound.symbolic import variants as variants_module
-from lipbound.symbolic.scores import DotProduct, L2Distance
+from lipbound.symbolic.scores import DotProduct, L2Distance, ScaledCosine
 from lipbound.symbolic.variants import CrossAttention, MeasureAttention, MultiHead, Residual, SelfAttention
 
 FAST = settings(max_examples=20, deadline=None, derandomize=True,
@@ -118,12 +126,67 @@ def largest_jacobian_norm(head: Head, radius, center, n, rng, random_points=40, 
     return best
 
 
+# Closed forms -----------------------------------------------------------------------------------
+def symbolic_closed_form(head: Head, radius, center=None, *, n, m=None, role="self") -> CertifiedValue:
+    """The theorem that covers ``head`` (:func:`lipbound.numeric.dispatch.derive_for`), derived on
+    ``B(c, R)`` and evaluated on the weights by :func:`lipbound.numeric.evaluate.evaluate_bound`:
+    a route to the closed form independent of the relaxations.  ``details["float_value"]`` is its
+    plain double-precision evaluation, ``value`` its certified upper end."""
+    domain = TokenBall(radius, center)
+    return evaluate_bound(derive_for(head, domain.assumption, "fro", role), head, domain, n, m=m)
+
+
+def _kappa(n: int, omega: float, causal: bool) -> float:
+    """Largest column sum of the attention matrix: every weight of a row with i keys is at most
+    ``1 / (1 + (i - 1) e^-omega)``."""
+    weights = [1.0 / (1.0 + (i - 1) * math.exp(-omega)) for i in range(1, n + 1)]
+    return sum(weights) if causal else n * weights[-1]
+
+
+def _plain_constants(head: Head, R_key: float, R_query: float, c_query: np.ndarray):
+    """``||A||, ||W_V||``, ``beta = ||A|| R_q + ||A^T c_q + u||`` and the score spread
+    ``omega = min(2 R beta, 2 R ||W_K|| (||W_Q|| R_q + ||W_Q^T c_q + b_Q||) / sqrt(d_k))``, in floats."""
+    norm_A = np.linalg.norm(head.A, 2)
+    norm_V = np.linalg.norm(head.W_V, 2)
+    q0 = head.W_Q.T @ c_query + head.b_Q
+    beta = norm_A * R_query + np.linalg.norm(head.W_K @ q0) / math.sqrt(head.d_k)
+    score_range = 2 * R_key * np.linalg.norm(head.W_K, 2) * (
+        np.linalg.norm(head.W_Q, 2) * R_query + np.linalg.norm(q0)) / math.sqrt(head.d_k)
+    return norm_A, norm_V, beta, min(2 * R_key * beta, score_range)
+
+
+def closed_form_self_attention(head: Head, radius, center=None, *, n: int) -> float:
+    """The Frobenius bound of :func:`lipbound.symbolic.theorems.self_attention` transcribed in floats:
+    ``L_V sqrt(kappa) + rho (alpha + beta sqrt(min(kappa, 3 n / 4)))`` with ``L_V = ||W_V||``,
+    ``rho = ||W_V|| R``, ``alpha = ||A|| R`` (causal heads: the causal column sums)."""
+    center = np.zeros(head.d) if center is None else np.asarray(center, dtype=float)
+    norm_A, norm_V, beta, omega = _plain_constants(head, radius, radius, center)
+    kappa = _kappa(n, omega, head.causal)
+    return float(norm_V * math.sqrt(kappa)
+                 + norm_V * radius * (norm_A * radius + beta * math.sqrt(min(kappa, 0.75 * n))))
+
+
+def closed_form_cross_attention(head: Head, radius, center=None, *, n: int, m: int, argument: str,
+                                query_radius=None, query_center=None) -> float:
+    """The Frobenius bound of :func:`lipbound.symbolic.theorems.cross_attention` in floats, with the
+    context in ``B(c, R)`` and the queries in their own ball: queries ``rho alpha``; context
+    ``(L_V + rho beta) sqrt(m kappa / n)``; joint the root of the sum of squares."""
+    center = np.zeros(head.d) if center is None else np.asarray(center, dtype=float)
+    query_radius = radius if query_radius is None else query_radius
+    query_center = center if query_center is None else np.asarray(query_center, dtype=float)
+    norm_A, norm_V, beta, omega = _plain_constants(head, radius, query_radius, query_center)
+    query_part = norm_V * radius * norm_A * radius
+    context_part = (norm_V + norm_V * radius * beta) * math.sqrt(m * _kappa(n, omega, False) / n)
+    return float({"queries": query_part, "context": context_part,
+                  "joint": math.hypot(query_part, context_part)}[argument])
+
+
 # Certified linear algebra ------------------------------------------------------------------
 def test_enclosure_product_contains_the_exact_product():
     rng = np.random.default_rng(0)
     X = rng.standard_normal((5, 7)) * 10.0 ** rng.integers(-3, 4, (5, 7))
     Y = rng.standard_normal((7, 4))
-    product = (Enclosure.exact(X) @ Enclosure.exact(Y)).scale(Enclosure.real(1 / certify.iv.sqrt(3)))
+    product = (Enclosure.exact(X) @ Enclosure.exact(Y)).scale(Enclosure.scalar(1 / IV.sqrt(3)))
     with mpmath.workdps(60):
         exact = mpmath.matrix(X.tolist()) * mpmath.matrix(Y.tolist()) / mpmath.sqrt(3)
         for i in range(5):
@@ -147,19 +210,32 @@ def test_eigenvalue_bounds_bracket_the_truth(condition):
     np.testing.assert_allclose([low, high], [float(exact[0]), float(exact[-1])], rtol=1e-9, atol=1e-12)
 
 
-def test_spectral_norm_agrees_with_the_rigorous_module():
-    rigorous = pytest.importorskip("lipbound.numeric.rigorous")
+def exact_spectrum(S: np.ndarray) -> list:
+    """Eigenvalues of the float matrix S (taken exactly), ascending, in 50-digit arithmetic."""
+    with mpmath.workdps(50):
+        return sorted(mpmath.eigsy(mpmath.matrix(S.tolist()))[0])
+
+
+def test_spectral_norm_agrees_with_50_digit_arithmetic():
+    """||M||_2 = sqrt(lambda_max(M^T M)), with the Gram matrix and its spectrum computed by mpmath."""
     rng = np.random.default_rng(2)
     for shape in ((3, 7), (40, 12), (96, 32)):
         M = rng.standard_normal(shape)
-        ours, theirs = spectral_norm_upper(M), rigorous.spectral_norm_upper(M)
-        assert ours >= np.linalg.norm(M, 2) and theirs >= np.linalg.norm(M, 2)
-        np.testing.assert_allclose(ours, theirs, rtol=1e-10)
+        small = M if shape[0] >= shape[1] else M.T
+        with mpmath.workdps(50):
+            F = mpmath.matrix(small.tolist())
+            exact = mpmath.sqrt(max(mpmath.eigsy(F.T * F)[0]))
+            upper_bound, lower_bound = spectral_norm_upper(M), spectral_norm_lower(M)
+            assert mpmath.mpf(lower_bound) <= exact <= mpmath.mpf(upper_bound)
+        assert upper_bound >= np.linalg.norm(M, 2)
+        np.testing.assert_allclose([lower_bound, upper_bound], float(exact), rtol=1e-10)
         B = M.T @ M if shape[0] > shape[1] else M @ M.T        # full rank
         B = 0.5 * (B + B.T)
+        smallest = exact_spectrum(B)[0]
         margin = 0.5 * float(np.linalg.eigvalsh(B)[0])
-        assert is_psd_certified(B, margin) and rigorous.is_psd_certified(B, margin)
-        assert not is_psd_certified(B, 3 * margin) and not rigorous.is_psd_certified(B, 3 * margin)
+        assert smallest > 0 and mpmath.mpf(lambda_min_lower(B)) <= smallest
+        assert is_psd_certified(B, margin)
+        assert mpmath.mpf(3 * margin) > smallest and not is_psd_certified(B, 3 * margin)
 
 
 def test_psd_certification_says_no_when_it_must():
@@ -175,11 +251,20 @@ def test_psd_certification_says_no_when_it_must():
 
 
 def test_uncertified_bound_never_carries_a_number():
-    bound = CertifiedBound("x", 3.0, False, {}, "scs", 0.0, "infeasible", "test", reason="solver failed")
-    assert math.isnan(bound.value)
+    bound = sdp_value("x", 3.0, False, {}, "scs", 0.0, "infeasible", "test", reason="solver failed")
+    assert not bound.certified and math.isnan(bound.value) and bound.details["status"] == "infeasible"
     with pytest.raises(SolverError, match="solver failed"):
         bound.require()
-    assert CertifiedBound("x", 3.0, True, {}, "eig", 0.0, "certified", "test").require() == 3.0
+    assert sdp_value("x", 3.0, True, {}, "eig", 0.0, "certified", "test").require() == 3.0
+    # the value type itself: no number without the verdict HOLDS, and no HOLDS without a number
+    unknown = CertifiedValue("x", 3.0, Verdict.UNKNOWN, "test")
+    assert not unknown.certified and math.isnan(unknown.value) and unknown.reason
+    with pytest.raises(SolverError):
+        unknown.require()
+    with pytest.raises(NotCertifiedError):
+        CertifiedValue("x", math.nan, Verdict.HOLDS, "test")
+    with pytest.raises(NotCertifiedError):
+        CertifiedValue("x", 3.0, Verdict.FAILS, "test")
 
 
 # gamma_{A,V} ----------------------------------------------------------------------------------
@@ -217,8 +302,8 @@ def test_gamma_solvers_agree():
     results = {solver: gamma_AV(head, solver=solver) for solver in ("eig", "clarabel", "scs")}
     assert all(result.certified for result in results.values())
     np.testing.assert_allclose([r.value for r in results.values()], results["eig"].value, rtol=1e-9)
-    assert results["clarabel"].certificate["sdp_status"] == "optimal"
-    np.testing.assert_allclose(results["clarabel"].certificate["sdp_objective"], results["eig"].value, rtol=1e-5)
+    assert results["clarabel"].details["sdp_status"] == "optimal"
+    np.testing.assert_allclose(results["clarabel"].details["sdp_objective"], results["eig"].value, rtol=1e-5)
 
 
 @pytest.fixture
@@ -252,7 +337,7 @@ def test_a_wrong_solver_primal_is_rejected(monkeypatch, small_head):
         c.status, c.objective, 50 * c.x, c.y, c.b, c.U, c.seconds))
     rejected = gamma_AV(small_head, solver="clarabel")
     assert not rejected.certified and "disagrees" in rejected.reason
-    assert rejected.certificate["lambda_max_upper"] > 1.01 * rejected.certificate["sdp_objective"]
+    assert rejected.details["lambda_max_upper"] > 1.01 * rejected.details["sdp_objective"]
 
 
 def test_a_failed_solve_is_not_a_bound(monkeypatch, small_head):
@@ -292,7 +377,7 @@ def test_trust_region_beta(d, d_k, seed, radius, offset):
     u = head.W_K @ head.b_Q / math.sqrt(d_k)
     sampled = np.linalg.norm(X @ head.A + u, axis=1).max()
     assert sampled <= bound.value and bound.lower <= bound.value
-    assert bound.value <= bound.certificate["triangle_bound"]
+    assert bound.value <= bound.details["triangle_bound"]
     np.testing.assert_allclose(bound.lower, bound.value, rtol=1e-6)
 
 
@@ -317,7 +402,7 @@ def test_layernorm_value_spread():
     W_V, gain, bias = rng.standard_normal((d, 3)), rng.uniform(0.2, 2.0, d), rng.standard_normal(d)
     bound = layernorm_value_spread(W_V, gain)
     spread = np.linalg.norm((layernorm_image(rng, 20000, gain, bias) - bias) @ W_V, axis=1).max()
-    assert spread <= bound.value and bound.lower <= bound.value <= bound.certificate["naive"]
+    assert spread <= bound.value and bound.lower <= bound.value <= bound.details["naive"]
     np.testing.assert_allclose(bound.lower, bound.value, rtol=1e-9)
 
 
@@ -351,7 +436,7 @@ def test_relaxation_dominates_jacobian_norms(d, d_k, d_v, n, seed, radius, scale
     assert bound.certified
     found = largest_jacobian_norm(head, radius, center, n, rng, random_points=25, starts=1, iterations=300)
     assert found <= bound.value
-    closed = closed_form_self_attention(head, radius, center, n=n, causal=causal)
+    closed = symbolic_closed_form(head, radius, center, n=n).details["float_value"]
     assert bound.value <= closed * (1 + 1e-9)
     aware = matrix_aware_closed_form(head, radius, center, n=n, solver="eig")
     assert aware.certified and bound.value <= aware.value * (1 + 1e-9) and aware.value <= closed * (1 + 1e-9)
@@ -366,20 +451,40 @@ def test_single_token_is_exact():
 @pytest.mark.parametrize("name, causal", [("dot-product", False), ("causal", True)])
 def test_relaxation_is_below_the_symbolic_closed_form(name, causal):
     """The symbolic theorem, derived by lipbound.symbolic and evaluated rigorously by
-    lipbound.numeric.evaluate, is an independent route to the closed form."""
+    lipbound.numeric.evaluate, is an independent route to the closed form; it agrees with the
+    formula of the theorem transcribed here in floats."""
     from lipbound.symbolic.assumptions import Assumptions, Ball
-    from lipbound.numeric.domains import LayerNormOutputs, TokenBall
-    from lipbound.numeric.evaluate import evaluate_bound
     from lipbound.symbolic.registry import variant
     symbolic = variant(name).derive(Assumptions(domain=Ball()))
     rng = np.random.default_rng(10)
     for radius, n in ((0.3, 2), (2.0, 5), (6.0, 8)):
         head = random_head(rng, 6, 2, 3, causal=causal)
         evaluation = evaluate_bound(symbolic, head, TokenBall(radius), n)
-        np.testing.assert_allclose(closed_form_self_attention(head, radius, n=n, causal=causal),
+        assert evaluation.certified
+        np.testing.assert_allclose(closed_form_self_attention(head, radius, n=n),
                                    evaluation.details["float_value"], rtol=1e-9)
         bound = self_attention_bound(head, radius, n=n, solver="eig")
-        assert bound.certified and bound.value <= evaluation.upper
+        assert bound.certified and bound.value <= evaluation.value
+
+
+@pytest.mark.parametrize("argument", ["queries", "context", "joint"])
+def test_cross_closed_form_is_the_symbolic_theorem(argument):
+    """The float transcription of the cross-attention theorem used below (which also takes a
+    separate query ball) agrees with the theorem derived and evaluated by lipbound when the
+    queries and the context share one ball."""
+    rng = np.random.default_rng(16)
+    for radius, n, m, center in ((0.5, 2, 3, None), (2.0, 4, 2, None), (1.5, 3, 2, 0.4 * rng.standard_normal(4))):
+        head = random_head(rng, 4, 2, 2)
+        evaluation = symbolic_closed_form(head, radius, center, n=n, m=m, role=f"cross-{argument}")
+        closed = closed_form_cross_attention(head, radius, center, n=n, m=m, argument=argument)
+        if center is not None and argument == "queries":
+            # rho alpha does not mention c, so the evaluation takes the ball about 0 that holds
+            # B(c, R) (radius R + ||c||): sound, and never below the bound about c
+            assert closed <= evaluation.details["float_value"]
+        else:
+            np.testing.assert_allclose(closed, evaluation.details["float_value"], rtol=1e-9)
+        bound = cross_attention_bound(head, radius, center, n=n, m=m, argument=argument, solver="eig")
+        assert bound.certified and bound.value <= evaluation.value
 
 
 @settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -414,11 +519,10 @@ def test_cross_attention_relaxation(d, n, m, seed, radius):
 
 
 def test_relaxation_dominates_the_witness_search():
-    witness = pytest.importorskip("lipbound.numeric.witness")
     rng = np.random.default_rng(11)
     for d, n, radius in ((4, 3, 1.5), (6, 5, 3.0)):
         head = random_head(rng, d, 2, 2)
-        found = witness.search_witness(head, radius=radius, n=n, budget_seconds=1.5, seed=1)
+        found = search_witness(head, domain=TokenBall(radius), n=n, budget_seconds=1.5, seed=1)
         bound = self_attention_bound(head, radius, n=n, solver="eig")
         assert found.value <= bound.value
 
@@ -491,22 +595,21 @@ def test_measure_attention_mean_field_w1():
 
 
 @pytest.fixture(scope="module")
-def real_layer():
-    weights = pytest.importorskip("lipbound.numeric.model")
-    return weights.load_default(layers=[0]).layers[0]
+def real_layer() -> TransformerLayer:
+    return load_default(layers=[0]).layers[0]
 
 
 def test_real_head_sandwich(real_layer):
     """all-MiniLM-L6-v2 layer 0 head 0, n = 8, R = 20.25: witness <= relaxation < closed form."""
-    witness = pytest.importorskip("lipbound.numeric.witness")
     head = real_layer.heads[0]
     bounds = HeadBounds(head, 20.25, solver="eig")
     assert bounds.range.rank <= 2 * head.d_k                   # reduced to span(W_K) + span(W_V)
     bound = self_attention_bound(head, 20.25, n=8, bounds=bounds)
-    closed = closed_form_self_attention(head, 20.25, n=8)
+    closed = symbolic_closed_form(head, 20.25, n=8).details["float_value"]
+    np.testing.assert_allclose(closed, closed_form_self_attention(head, 20.25, n=8), rtol=1e-9)
     assert bound.certified and bound.value < 0.85 * closed
     assert bounds.gamma.value < 0.7 * np.linalg.norm(head.A, 2) * np.linalg.norm(head.W_V, 2)
-    found = witness.search_witness(head, radius=20.25, n=8, budget_seconds=4.0, seed=0)
+    found = search_witness(head, domain=TokenBall(20.25), n=8, budget_seconds=4.0, seed=0)
     assert found.value <= bound.value
 
 
@@ -518,7 +621,7 @@ def test_registry_covers_every_variant_class():
     assert classes
     assert set(classes) <= set(SDP_RELAXATIONS)
     for entry in SDP_RELAXATIONS.values():
-        assert {"target", "radius", "center", "n"} <= set(inspect.signature(entry).parameters)
+        assert {"target", "domain", "n"} <= set(inspect.signature(entry).parameters)
 
 
 @pytest.fixture
@@ -532,18 +635,23 @@ def test_every_variant_through_the_registry(small_layer):
     rng = np.random.default_rng(13)
     head = small_layer.heads[0]
     radius, n = 1.2, 3
-    single = relax(SelfAttention(DotProduct()), head, radius, n=n, solver="eig")
+    ball = TokenBall(radius)
+    single = relax(SelfAttention(DotProduct()), head, ball, n=n, solver="eig")
     masked = relax(SelfAttention(DotProduct(), causal=True),
-                   Head(head.W_Q, head.W_K, head.W_V, head.b_Q, head.b_K, head.b_V, causal=True), radius, n=n,
+                   Head(head.W_Q, head.W_K, head.W_V, head.b_Q, head.b_K, head.b_V, causal=True), ball, n=n,
                    solver="eig")
-    crossed = relax(CrossAttention(DotProduct(), "joint"), head, radius, n=n, m=2, solver="eig")
-    multi = relax(MultiHead(SelfAttention(DotProduct())), small_layer, radius, n=n, solver="eig")
-    residual = relax(Residual(SelfAttention(DotProduct())), head, radius, n=n, solver="eig")
-    residual_multi = relax(Residual(MultiHead(SelfAttention(DotProduct()))), small_layer, radius, n=n, solver="eig")
-    measure = relax(MeasureAttention(DotProduct()), head, radius, n=n, solver="eig")
-    mean_field = relax(MeasureAttention(DotProduct(), "mean-field", "context"), head, radius, n=n, solver="eig")
+    crossed = relax(CrossAttention(DotProduct(), "joint"), head, ball, n=n, m=2, solver="eig")
+    multi = relax(MultiHead(SelfAttention(DotProduct())), small_layer, ball, n=n, solver="eig")
+    residual = relax(Residual(SelfAttention(DotProduct())), head, ball, n=n, solver="eig")
+    residual_multi = relax(Residual(MultiHead(SelfAttention(DotProduct()))), small_layer, ball, n=n, solver="eig")
+    measure = relax(MeasureAttention(DotProduct()), head, ball, n=n, solver="eig")
+    mean_field = relax(MeasureAttention(DotProduct(), "mean-field", "context"), head, ball, n=n, solver="eig")
     for bound in (single, masked, crossed, multi, residual, residual_multi, measure, mean_field):
         assert bound.certified and bound.value > 0
+    # each entry is the function it names, on the domain's ball
+    assert single.value == self_attention_bound(head, radius, n=n, solver="eig").value
+    assert crossed.value == cross_attention_bound(head, radius, n=n, m=2, argument="joint", solver="eig").value
+    assert measure.value == measure_attention_bound(head, radius, n=n, solver="eig").value
     np.testing.assert_allclose(residual.value, 1 + single.value, rtol=1e-12)
     np.testing.assert_allclose(residual_multi.value, 1 + multi.value, rtol=1e-12)
     # multi-head: dominates the layer's Jacobian norms, and is at most the closed-form composition
@@ -552,16 +660,51 @@ def test_every_variant_through_the_registry(small_layer):
         J = dense_jacobian(lambda X, E: layer_jvp(small_layer, X, E), X)
         assert np.linalg.norm(J, 2) <= multi.value
     composed = np.linalg.norm(small_layer.W_O, 2) * math.sqrt(
-        sum(closed_form_self_attention(h, radius, n=n) ** 2 for h in small_layer.heads))
+        sum(symbolic_closed_form(h, radius, n=n).details["float_value"] ** 2 for h in small_layer.heads))
     assert multi.value <= composed
-    assert multi.value <= multi.certificate["concatenated"] and multi.value <= multi.certificate["split"]
+    assert multi.value <= multi.details["concatenated"] and multi.value <= multi.details["split"]
+
+
+def test_registry_takes_the_ball_of_the_domain(small_layer):
+    """A TransformerLayer is lowered to its attention, LayerNorm outputs to their enclosing ball
+    ``B(beta, max|gamma| sqrt(d))``, and cross-attention queries to the ball of their own domain;
+    the bounds dominate Jacobian norms at inputs that are LayerNorm outputs."""
+    rng = np.random.default_rng(17)
+    d, n = small_layer.d, 3
+    norm = LayerNorm(rng.uniform(0.1, 0.3, d), 0.2 * rng.standard_normal(d))
+    layer = TransformerLayer(0, Layer(small_layer.heads, small_layer.W_O, 0.1 * rng.standard_normal(d)), ln_in=norm)
+    outputs = LayerNormOutputs(norm)
+    radius, center = norm.radius_about_center, norm.beta
+    assert radius >= np.max(np.abs(norm.gamma)) * math.sqrt(d)
+    head = layer.heads[0]
+    single = relax(SelfAttention(DotProduct()), head, outputs, n=n, solver="eig")
+    multi = relax(MultiHead(SelfAttention(DotProduct())), layer, outputs, n=n, solver="eig")
+    residual = relax(Residual(MultiHead(SelfAttention(DotProduct()))), layer, outputs, n=n, solver="eig")
+    assert single.certified and multi.certified and residual.certified
+    assert single.value == self_attention_bound(head, radius, center, n=n, solver="eig").value
+    assert multi.value == relax(MultiHead(SelfAttention(DotProduct())), small_layer, TokenBall(radius, center),
+                                n=n, solver="eig").value
+    np.testing.assert_allclose(residual.value, 1 + multi.value, rtol=1e-12)
+    for X in norm(rng.standard_normal((40, n, d)) * rng.uniform(0.1, 10.0, (40, n, 1))):
+        assert np.all(outputs.contains(X))
+        assert jacobian_norm(head, X) <= single.value
+        assert np.linalg.norm(dense_jacobian(lambda X, E: layer_jvp(layer.attention, X, E), X), 2) <= multi.value
+    q_center = 0.3 * rng.standard_normal(d)
+    crossed = relax(CrossAttention(DotProduct(), "joint"), head, outputs, n=n, m=2, solver="eig",
+                    query_domain=TokenBall(0.8, q_center))
+    assert crossed.certified and crossed.value == cross_attention_bound(
+        head, radius, center, n=n, m=2, argument="joint", query_radius=0.8, query_center=q_center,
+        solver="eig").value
 
 
 @pytest.mark.parametrize("call, error", [
-    (lambda head, layer: relax(SelfAttention(L2Distance()), head, 1.0, n=2), AssumptionError),
-    (lambda head, layer: relax(MultiHead(SelfAttention(DotProduct())), head, 1.0, n=2), WeightsError),
-    (lambda head, layer: relax(SelfAttention(DotProduct()), layer, 1.0, n=2), WeightsError),
-    (lambda head, layer: SDP_RELAXATIONS[MultiHead](Layer(layer.heads, layer.W_O, residual=True), 1.0, n=2),
+    (lambda head, layer: relax(SelfAttention(L2Distance()), head, TokenBall(1.0), n=2), AssumptionError),
+    (lambda head, layer: relax(MultiHead(SelfAttention(DotProduct())), head, TokenBall(1.0), n=2), WeightsError),
+    (lambda head, layer: relax(SelfAttention(DotProduct()), layer, TokenBall(1.0), n=2), WeightsError),
+    (lambda head, layer: relax(SelfAttention(DotProduct()), head, 1.0, n=2), AssumptionError),
+    (lambda head, layer: relax(SelfAttention(DotProduct()), head, AllTokens(), n=2), AssumptionError),
+    (lambda head, layer: SDP_RELAXATIONS[MultiHead](Layer(layer.heads, layer.W_O, residual=True), TokenBall(1.0),
+                                                    n=2),
      AssumptionError),
     (lambda head, layer: self_attention_bound(head, -1.0, n=2), AssumptionError),
     (lambda head, layer: self_attention_bound(head, 1.0, np.zeros(3), n=2), AssumptionError),
@@ -584,10 +727,55 @@ def test_importing_the_package_does_not_import_a_solver():
     assert out == ["False", "False"]
 
 
+def _not_dot_product(rng, score: str) -> Head:
+    W = rng.standard_normal((5, 2))
+    return Head(W, W if score == "l2" else rng.standard_normal((5, 2)), rng.standard_normal((5, 2)), score=score)
 
-def test_relaxations_refuse_heads_that_are_not_dot_product():
+
+@pytest.mark.parametrize("score", ["l2", "cosine"])
+def test_relaxations_refuse_heads_that_are_not_dot_product(small_layer, score):
+    """The relaxations model dot-product scores only: every entry of the registry and every
+    constant refuses an L2 or cosine head (alone, or among the heads of a layer) with an
+    AssumptionError, instead of returning a number for another map."""
     rng = np.random.default_rng(5)
-    W = rng.standard_normal((3, 2))
-    l2_head = Head(W, W, rng.standard_normal((3, 2)), score="l2")
-    with pytest.raises(AssumptionError, match="dot-product scores"):
-        relax(SelfAttention(DotProduct()), l2_head, 1.0, None, n=3)
+    other = _not_dot_product(rng, score)
+    mixed = Layer((small_layer.heads[0], other, small_layer.heads[2]), small_layer.W_O)
+    mixed_layer = TransformerLayer(0, mixed, ln_in=LayerNorm(np.ones(5), np.zeros(5)))
+    ball = TokenBall(1.0)
+    refused = [
+        lambda: relax(SelfAttention(DotProduct()), other, ball, n=3),
+        lambda: relax(SelfAttention(DotProduct()), other, LayerNormOutputs(mixed_layer.ln_in), n=3),
+        lambda: relax(CrossAttention(DotProduct(), "joint"), other, ball, n=3, m=2),
+        lambda: relax(MeasureAttention(DotProduct()), other, ball, n=3),
+        lambda: relax(MeasureAttention(DotProduct(), "mean-field", "context"), other, ball, n=3),
+        lambda: relax(Residual(SelfAttention(DotProduct())), other, ball, n=3),
+        lambda: relax(MultiHead(SelfAttention(DotProduct())), mixed, ball, n=3),
+        lambda: relax(MultiHead(SelfAttention(DotProduct())), mixed_layer, ball, n=3),
+        lambda: relax(Residual(MultiHead(SelfAttention(DotProduct()))), mixed, ball, n=3),
+    ]
+    for call in refused:
+        with pytest.raises(AssumptionError, match="dot-product scores"):
+            call()
+    direct = [
+        lambda: SDP_RELAXATIONS[SelfAttention](other, ball, n=3),
+        lambda: SDP_RELAXATIONS[CrossAttention](other, ball, n=3, m=2),
+        lambda: SDP_RELAXATIONS[MeasureAttention](other, ball, n=3),
+        lambda: SDP_RELAXATIONS[MultiHead](mixed, ball, n=3),
+        lambda: SDP_RELAXATIONS[Residual](other, ball, n=3),
+        lambda: self_attention_bound(other, 1.0, n=3),
+        lambda: cross_attention_bound(other, 1.0, n=3, m=2),
+        lambda: measure_attention_bound(other, 1.0, n=3),
+        lambda: matrix_aware_closed_form(other, 1.0, n=3),
+        lambda: HeadBounds(other, 1.0),
+        lambda: gamma_AV(other),
+        lambda: key_gradient_sup(other, 1.0),
+        lambda: layernorm_joint_gain(other, np.ones(5)),
+    ]
+    for call in direct:
+        with pytest.raises(AssumptionError, match="dot-product") as raised:
+            call()
+        assert "Fix:" in str(raised.value)
+    # a variant whose score is not the dot product is refused too, even on a dot-product head
+    score_variant = SelfAttention(L2Distance(tied=True)) if score == "l2" else SelfAttention(ScaledCosine())
+    with pytest.raises(AssumptionError, match="DotProduct"):
+        relax(score_variant, small_layer.heads[0], ball, n=3)

@@ -217,12 +217,12 @@ def _searched(case: dict):
     head = Head(case["scale"] * rng.standard_normal((d, d_k)) / np.sqrt(d),
                     case["scale"] * rng.standard_normal((d, d_k)) / np.sqrt(d),
                     rng.standard_normal((d, d_v)) / np.sqrt(d), **biases)
-    witness = search_witness(head, radius=case["radius"], n=case["n"], budget_seconds=0.3, seed=case["seed"])
     domain = TokenBall(case["radius"])
+    witness = search_witness(head, domain=domain, n=case["n"], budget_seconds=0.3, seed=case["seed"])
     name = "dot-product" if case["biases"] else "dot-product-nobias"
-    closed = evaluate_bound(variant(name).derive(Assumptions(domain=Ball()), name), head, domain, case["n"]).upper
+    closed = evaluate_bound(variant(name).derive(Assumptions(domain=Ball()), name), head, domain, case["n"]).value
     assert witness.value <= closed, (witness.value, closed)
-    sdp = relax(variant("dot-product"), head, case["radius"], None, n=case["n"])
+    sdp = relax(variant("dot-product"), head, domain, n=case["n"])
     if sdp.certified:
         assert witness.value <= sdp.value, (witness.value, sdp.value)
     return witness.value / min(closed, sdp.value if sdp.certified else closed)

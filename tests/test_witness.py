@@ -1,15 +1,18 @@
 """Witnesses (lower bounds): the batched kernel, the search, the record, and the re-check.
 
-Independent routes must agree: the search kernel against lipbound.numeric.attention, the
-stated witness value against the exact-and-interval re-check, the witness against the
-dense Jacobian at the same point and against the symbolic upper bound of the
-``dot-product`` variant.
+Independent routes must agree: the search kernel (in working coordinates about a centre,
+reduced to the span of the projections) against the plain functions of
+lipbound.numeric.attention, the stated witness value against the exact-and-interval re-check,
+the witness against the dense Jacobian at the same point and against the symbolic upper bound
+of the ``dot-product`` variant.  Witness files name the weights they were found on (path and
+sha256), and the re-check refuses others.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import math
 
 import mpmath
@@ -20,13 +23,16 @@ from hypothesis import strategies as st
 
 from lipbound.symbolic.assumptions import Assumptions
 from lipbound.errors import AssumptionError, WeightsError
-from lipbound.numeric.attention import (Head, Layer, dense_jacobian, layer_forward, layer_jvp, layer_vjp,
-                                        self_forward, self_jvp, self_vjp)
+from lipbound.numeric.attention import (dense_jacobian, layer_forward, layer_jvp, layer_vjp, self_forward, self_jvp,
+                                        self_vjp)
+from lipbound.numeric.blas import single_threaded_blas
+from lipbound.numeric.domains import LayerNormOutputs, TokenBall
 from lipbound.numeric.recheck import ROUNDING_TOLERANCE, Recheck, recheck, recheck_file
-from lipbound.numeric.model import DEFAULT_WEIGHTS, load_default
-from lipbound.numeric.witness import (AttentionKernel, Witness, _castin_input, castin_adversarial, in_ball,
-                                      jacobian_norms, local_jacobian_norm, naive_ascent, project_to_ball,
-                                      search_witness, single_threaded_blas, structured_starts)
+from lipbound.numeric.model import DEFAULT_WEIGHTS, Head, Layer, load_default, load_weights
+from lipbound.numeric.witness import (Witness, castin_adversarial, in_ball, jacobian_norms, kernel_for,
+                                      local_jacobian_norm, naive_ascent, project_to_ball, search_witness,
+                                      structured_starts)
+from lipbound.numeric.witness.starts import castin_input
 from lipbound.symbolic.registry import variant
 
 
@@ -50,7 +56,8 @@ def l0h0(model):
 @pytest.fixture(scope="module")
 def l0h0_witness(model, l0h0):
     head, radius = l0h0
-    return search_witness(head, radius=radius, n=8, budget_seconds=3.0, seed=0, model=model.name, layer=0, head=0)
+    return search_witness(head, domain=TokenBall(radius), n=8, budget_seconds=3.0, seed=0, origin=model, layer=0,
+                          head=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,7 +73,7 @@ def _reference(target):
     if isinstance(target, Head):
         return (lambda X: self_forward(target, X), lambda X, E: self_jvp(target, X, E)[1],
                 lambda X, G: self_vjp(target, X, G))
-    return (lambda X: layer_forward(target, X) - target.b_O, lambda X, E: layer_jvp(target, X, E)[1],
+    return (lambda X: layer_forward(target, X), lambda X, E: layer_jvp(target, X, E)[1],
             lambda X, G: layer_vjp(target, X, G))
 
 
@@ -78,7 +85,7 @@ def test_kernel_agrees_with_attention_module(causal, reduce):
     rng = np.random.default_rng(3)
     for target in _targets(rng, causal):
         center = rng.standard_normal(7)
-        kernel = AttentionKernel(target, center=center, reduce=reduce)
+        kernel = kernel_for(target, center, reduce=reduce)
         forward, jvp, vjp = _reference(target)
         X = rng.standard_normal((3, 5, 7))
         Ew = rng.standard_normal((3, 5, kernel.d_in))
@@ -97,7 +104,7 @@ def test_second_order_term_matches_finite_differences(causal):
     """``curvature(E, G) = grad_X <G, Df(X)[E]>`` against a central difference of JVPs."""
     rng = np.random.default_rng(4)
     for target in _targets(rng, causal):
-        kernel = AttentionKernel(target)
+        kernel = kernel_for(target, None)
         Xw = rng.standard_normal((2, 5, kernel.d_in))
         E, D = rng.standard_normal(Xw.shape), rng.standard_normal(Xw.shape)
         G = rng.standard_normal(kernel.linearize(Xw).F.shape)
@@ -113,11 +120,11 @@ def test_output_space_power_iteration_matches_dense_norm():
     spectral norm of the dense Jacobian (never above it)."""
     rng = np.random.default_rng(5)
     head = random_head(rng, d=6, d_k=2, d_v=3)
-    kernel = AttentionKernel(head, reduce=False)
+    kernel = kernel_for(head, None, reduce=False)
     X = rng.standard_normal((4, 3, 6))
     lin = kernel.linearize(X)
     G = rng.standard_normal((4, 3, 3))
-    np.testing.assert_allclose(lin._gram_step(G), lin.jvp(lin.vjp(G)), rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(lin.gram_step(G), lin.jvp(lin.vjp(G)), rtol=1e-11, atol=1e-11)
     sigma, E = jacobian_norms(kernel, X, steps=500)
     dense = np.array([np.linalg.norm(dense_jacobian(lambda Y, T: self_jvp(head, Y, T), x), 2) for x in X])
     assert np.all(sigma <= dense * (1 + 1e-12))
@@ -128,7 +135,7 @@ def test_output_space_power_iteration_matches_dense_norm():
 # ---------------------------------------------------------------------------------------------
 # The record
 # ---------------------------------------------------------------------------------------------
-def test_save_load_round_trip_without_pickle(tmp_path, l0h0_witness):
+def test_save_load_round_trip_without_pickle(tmp_path, model, l0h0_witness):
     path = l0h0_witness.save(tmp_path / "witness")
     assert path.suffix == ".npz"
     with np.load(path, allow_pickle=False) as data:            # readable with pickling refused
@@ -142,6 +149,10 @@ def test_save_load_round_trip_without_pickle(tmp_path, l0h0_witness):
     assert loaded.metadata() == l0h0_witness.metadata()
     assert (loaded.model, loaded.layer, loaded.head, loaded.score, loaded.residual) == \
         ("sentence-transformers/all-MiniLM-L6-v2", 0, 0, "dot", False)
+    # the weights it was found on: their file and its sha256, and the domain searched
+    assert loaded.weights == model.path == str(DEFAULT_WEIGHTS)
+    assert loaded.sha256 == model.sha256 == hashlib.sha256(DEFAULT_WEIGHTS.read_bytes()).hexdigest()
+    assert loaded.domain == TokenBall(l0h0_witness.radius).describe()
 
 
 def test_load_refuses_pickled_and_foreign_files(tmp_path):
@@ -184,16 +195,57 @@ def test_recheck_reproduces_the_real_witness(l0h0, l0h0_witness):
     assert result.certified_lower_bound == result.lower
 
 
-def test_recheck_file_uses_the_embedded_weights(tmp_path, l0h0_witness):
+def test_recheck_file_uses_the_recorded_weights(tmp_path, model, l0h0_witness):
     path = l0h0_witness.save(tmp_path / "w.npz")
-    result = recheck_file(path)
+    result = recheck_file(path)                                     # the file the witness records
     assert result.valid
     np.testing.assert_allclose(float(result.value), l0h0_witness.value, rtol=1e-9)
+    assert (result.weights, result.sha256) == (model.path, model.sha256)   # it says which weights it used
     from_file = recheck_file(path, weights=DEFAULT_WEIGHTS)         # a checkpoint path, loaded afresh
     assert from_file.valid and from_file.lower == result.lower
-    renamed = dataclasses.replace(l0h0_witness, model="some/other-model").save(tmp_path / "other.npz")
+    assert (from_file.weights, from_file.sha256) == (str(DEFAULT_WEIGHTS), model.sha256)
+    from_model = recheck_file(path, weights=model)                  # a loaded model
+    assert from_model.valid and from_model.lower == result.lower and from_model.sha256 == model.sha256
+    # a witness that names another model but no file cannot fall back on the embedded weights
+    renamed = dataclasses.replace(l0h0_witness, model="some/other-model", weights="", sha256="")
     with pytest.raises(WeightsError, match="other-model"):
-        recheck_file(renamed)
+        recheck_file(renamed.save(tmp_path / "other.npz"))
+    # nor one whose weights file has gone
+    moved = dataclasses.replace(l0h0_witness, weights=str(tmp_path / "gone.safetensors"))
+    with pytest.raises(WeightsError, match="gone.safetensors"):
+        recheck_file(moved.save(tmp_path / "moved.npz"))
+
+
+def _flip_a_weight_bit(path):
+    """Flip the lowest bit of the first byte of a safetensors file's tensor data (after the 8-byte
+    header length and the JSON header): a mantissa bit of the first weight, so the file still
+    loads, with finite weights, but has another sha256."""
+    data = bytearray(path.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")
+    data[start] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def test_recheck_refuses_weights_with_another_hash(tmp_path, model, l0h0_witness):
+    """The sha256 a witness records must match the weights it is re-checked against, whether
+    they are passed explicitly or read from the recorded file."""
+    copy = tmp_path / "copy.safetensors"
+    copy.write_bytes(DEFAULT_WEIGHTS.read_bytes())
+    found_on_copy = dataclasses.replace(l0h0_witness, weights=str(copy)).save(tmp_path / "w.npz")
+    before = recheck_file(found_on_copy)                            # the copy is byte-identical: accepted
+    assert before.valid and (before.weights, before.sha256) == (str(copy), model.sha256)
+    _flip_a_weight_bit(copy)
+    modified = load_weights(copy, layers=[0])
+    assert modified.sha256 != model.sha256
+    found_on_default = l0h0_witness.save(tmp_path / "default.npz")
+    # the recorded file, changed since; or the changed file passed as a path or as a loaded model
+    attempts = [(found_on_copy, None), (found_on_copy, copy), (found_on_copy, modified),
+                (found_on_default, copy), (found_on_default, modified)]
+    for witness_file, weights in attempts:
+        with pytest.raises(WeightsError, match="sha256") as error:
+            recheck_file(witness_file, weights=weights)
+        # the message names both hashes: the recorded one and the one of the weights offered
+        assert model.sha256[:16] in str(error.value) and modified.sha256[:16] in str(error.value)
 
 
 def test_recheck_flags_tampered_witnesses(l0h0, l0h0_witness):
@@ -275,7 +327,7 @@ def test_witness_never_exceeds_the_dense_jacobian_norm():
     rng = np.random.default_rng(9)
     for trial in range(4):
         head = random_head(rng, d=5, d_k=2, d_v=2, causal=trial % 2 == 1)
-        witness = search_witness(head, radius=2.0, n=3, budget_seconds=0.5, seed=trial)
+        witness = search_witness(head, domain=TokenBall(2.0), n=3, budget_seconds=0.5, seed=trial)
         J = dense_jacobian(lambda Y, T: self_jvp(head, Y, T), witness.X)
         exact = np.linalg.norm(J, 2)
         assert witness.value <= exact * (1 + 1e-12)
@@ -302,11 +354,11 @@ def test_witnesses_stay_below_the_symbolic_upper_bound(model):
     for trial in range(3):
         head = random_head(rng, d=6, d_k=2, d_v=3, scale=1.5)
         radius, n = [0.5, 2.0, 4.0][trial], [3, 4, 6][trial]
-        witness = search_witness(head, radius=radius, n=n, budget_seconds=0.6, seed=trial)
+        witness = search_witness(head, domain=TokenBall(radius), n=n, budget_seconds=0.6, seed=trial)
         assert witness.value <= _dot_product_bound(head, radius, n)
     layer = model.layers[5]
     head, radius = layer.heads[3], layer.ln_in.radius_about_origin
-    witness = search_witness(head, radius=radius, n=8, budget_seconds=1.5)
+    witness = search_witness(head, domain=TokenBall(radius), n=8, budget_seconds=1.5)
     bound = _dot_product_bound(head, radius, 8)
     assert 300 < witness.value <= bound
 
@@ -315,17 +367,20 @@ def test_witnesses_stay_below_the_symbolic_upper_bound(model):
 # The searches on the real model
 # ---------------------------------------------------------------------------------------------
 def test_structured_search_beats_300_on_layer0_head0(l0h0_witness, l0h0):
-    """DESIGN.md section 2: on all-MiniLM-L6-v2 layer 0 head 0, n = 8, R = 20.25 (the
-    LayerNorm radius), naive ascent reaches 12 to 85 and a two-token tie about 340."""
+    """On all-MiniLM-L6-v2 layer 0 head 0, n = 8, R = 20.25 (the LayerNorm radius about the
+    origin, max|gamma| sqrt(d) + ||beta||), tuned naive ascent of the secant ratio reaches 12 to
+    85, while two far keys with a query tied between them (the alpha/beta inputs of
+    lipbound.numeric.witness) reach about 340."""
     _, radius = l0h0
     assert l0h0_witness.value > 300
     assert l0h0_witness.in_domain() and l0h0_witness.radius == radius
+    np.testing.assert_array_equal(l0h0_witness.center, np.zeros(384))
     assert l0h0_witness.details["seconds"] < 4.0
 
 
 def test_structured_starts_predict_the_jacobian_norm(l0h0):
     head, radius = l0h0
-    kernel = AttentionKernel(head)
+    kernel = kernel_for(head, None)
     W_Q, W_K, W_V, b_Q, _, _ = kernel.head_weights(0)
     X, phi = structured_starts(W_Q, W_K, W_V, b_Q, radius * (1 - 1e-6), 8, count=16, steps=150)
     assert np.all(np.diff(phi) <= 0)
@@ -341,10 +396,10 @@ def test_structured_starts_predict_the_jacobian_norm(l0h0):
 
 def test_naive_and_castin_baselines_run_and_recheck(l0h0, l0h0_witness):
     head, radius = l0h0
-    naive = naive_ascent(head, radius=radius, n=8, budget_seconds=1.0, seed=1)
+    naive = naive_ascent(head, domain=TokenBall(radius), n=8, budget_seconds=1.0, seed=1)
     assert naive.kind == "secant" and naive.method == "naive-ascent"
     assert recheck(naive, head).valid
-    castin = castin_adversarial(head, radius, 8)
+    castin = castin_adversarial(head, domain=TokenBall(radius), n=8)
     assert recheck(castin, head).valid
     # all-MiniLM L0H0: lambda_max <= -8 lambda_min, so x_1 = -R u and x_2 = .. = x_8 = R u
     np.testing.assert_allclose(castin.X[1:], np.broadcast_to(castin.X[1], (7, 384)), rtol=0, atol=0)
@@ -358,14 +413,14 @@ def test_castin_reduced_eigenpairs_match_the_literal_recipe(model):
     numpy.linalg.eig on the full d x d matrix, as in Castin et al.'s code."""
     for head in model.layers[5].heads[:2]:
         with single_threaded_blas():
-            literal = _castin_input(head.W_Q, head.W_K, 1.0, 3, literal=True)
-            reduced = _castin_input(head.W_Q, head.W_K, 1.0, 3, literal=False)
+            literal = castin_input(head.W_Q, head.W_K, 1.0, 3, literal=True)
+            reduced = castin_input(head.W_Q, head.W_K, 1.0, 3, literal=False)
         assert min(np.abs(literal - reduced).max(), np.abs(literal + reduced).max()) < 1e-10
 
 
 def test_secant_witness_in_the_21_norm(l0h0):
     head, radius = l0h0
-    witness = search_witness(head, radius=radius, n=6, budget_seconds=1.5, norm="2,1")
+    witness = search_witness(head, domain=TokenBall(radius), n=6, budget_seconds=1.5, norm="2,1")
     assert witness.kind == "secant" and witness.norm == "2,1"
     moved = np.flatnonzero(np.any(witness.X != witness.Y, axis=1))
     assert moved.tolist() == [witness.details["moved_token"]]
@@ -380,18 +435,34 @@ def test_layer_witness_on_a_small_random_layer():
     heads = tuple(random_head(rng, d=8, d_k=2, d_v=2) for _ in range(3))
     for residual in (False, True):
         layer = Layer(heads, rng.standard_normal((6, 8)), rng.standard_normal(8), residual=residual)
-        witness = search_witness(layer, radius=1.5, n=4, budget_seconds=1.0, center=rng.standard_normal(8))
+        witness = search_witness(layer, domain=TokenBall(1.5, center=rng.standard_normal(8)), n=4, budget_seconds=1.0)
         assert witness.head is None and witness.residual == residual
         assert recheck(witness, layer).valid
         dense = dense_jacobian(lambda Y, T: layer_jvp(layer, Y, T), witness.X)
         assert witness.value <= np.linalg.norm(dense, 2) * (1 + 1e-12)
 
 
+def test_search_on_layernorm_outputs(model):
+    """A LayerNormOutputs domain is searched in its enclosing ball: radius max|gamma| sqrt(d)
+    about beta (every LayerNorm output gamma * z + beta has ||z|| <= sqrt(d))."""
+    layer = model.layers[0]
+    head, norm = layer.heads[0], layer.ln_in
+    domain = LayerNormOutputs(norm)
+    witness = search_witness(head, domain=domain, n=8, budget_seconds=1.0, origin=model, layer=0, head=0)
+    assert witness.radius == norm.radius_about_center < norm.radius_about_origin
+    np.testing.assert_array_equal(witness.center, norm.beta)
+    assert witness.domain == domain.describe() and witness.in_domain()
+    result = recheck(witness, head)
+    assert result.valid and result.in_domain and result.max_distance <= witness.radius
+    np.testing.assert_allclose(float(result.value), witness.value, rtol=1e-9)
+    assert witness.value > 300
+
+
 @pytest.mark.slow
 def test_real_layer_witness_rechecks(model):
     layer = model.layers[0]
     target, radius = layer.as_layer(), layer.ln_in.radius_about_origin
-    witness = search_witness(target, radius=radius, n=8, budget_seconds=10.0, model=model.name, layer=0)
+    witness = search_witness(target, domain=TokenBall(radius), n=8, budget_seconds=10.0, origin=model, layer=0)
     result = recheck(witness, target)
     assert result.valid
     np.testing.assert_allclose(float(result.value), witness.value, rtol=1e-9)
@@ -402,25 +473,28 @@ def test_real_layer_witness_rechecks(model):
 def test_real_head_n32_beats_castin_and_naive(model):
     layer = model.layers[0]
     head, radius = layer.heads[0], layer.ln_in.radius_about_origin
-    ours = search_witness(head, radius=radius, n=32, budget_seconds=5.0)
-    naive = naive_ascent(head, radius=radius, n=32, budget_seconds=5.0)
-    castin = castin_adversarial(head, radius, 32)
+    ours = search_witness(head, domain=TokenBall(radius), n=32, budget_seconds=5.0)
+    naive = naive_ascent(head, domain=TokenBall(radius), n=32, budget_seconds=5.0)
+    castin = castin_adversarial(head, domain=TokenBall(radius), n=32)
     assert ours.value > 3 * naive.value and ours.value > castin.value
     assert recheck(ours, head).valid
 
 
 def test_search_arguments_are_checked(l0h0):
     head, radius = l0h0
+    ball = TokenBall(radius)
     with pytest.raises(AssumptionError, match="radius"):
-        search_witness(head, radius=-1.0, n=4, budget_seconds=1)
+        search_witness(head, domain=TokenBall(-1.0), n=4, budget_seconds=1)
+    with pytest.raises(AssumptionError, match="domain"):                 # a bare radius is not a domain
+        search_witness(head, domain=radius, n=4, budget_seconds=1)
     with pytest.raises(AssumptionError, match="n"):
-        search_witness(head, radius=radius, n=0, budget_seconds=1)
+        search_witness(head, domain=ball, n=0, budget_seconds=1)
     with pytest.raises(AssumptionError, match="norm"):
-        search_witness(head, radius=radius, n=4, budget_seconds=1, norm="inf")
-    with pytest.raises(WeightsError, match="center"):
-        search_witness(head, radius=radius, n=4, budget_seconds=1, center=np.zeros(3))
+        search_witness(head, domain=ball, n=4, budget_seconds=1, norm="inf")
+    with pytest.raises(AssumptionError, match="centre of shape"):         # a centre of the wrong width
+        search_witness(head, domain=TokenBall(radius, center=np.zeros(3)), n=4, budget_seconds=1)
     with pytest.raises(WeightsError, match="Head or a Layer"):
-        search_witness("head", radius=radius, n=4, budget_seconds=1)
+        search_witness("head", domain=ball, n=4, budget_seconds=1)
 
 
 def test_projection_onto_the_ball():
@@ -444,7 +518,7 @@ def test_search_results_lie_in_the_ball_and_recheck(d, d_k, n, radius, seed, sco
     rng = np.random.default_rng(seed)
     head = random_head(rng, d=d, d_k=d_k, d_v=2, score=score, causal=causal)
     center = rng.standard_normal(d) if centred else None
-    witness = search_witness(head, radius=radius, n=n, budget_seconds=0.25, seed=seed, center=center)
+    witness = search_witness(head, domain=TokenBall(radius, center=center), n=n, budget_seconds=0.25, seed=seed)
     assert witness.in_domain()
     result = recheck(witness, head)
     assert result.in_domain and result.valid
@@ -459,7 +533,7 @@ def test_recheck_uses_the_values_the_head_applies():
     rng = np.random.default_rng(4)
     W = rng.standard_normal((3, 2))
     head = Head(W, W, rng.standard_normal((3, 2)), score="l2", kim_values=True)
-    witness = search_witness(head, radius=1.5, n=3, budget_seconds=0.5)
+    witness = search_witness(head, domain=TokenBall(1.5), n=3, budget_seconds=0.5)
     result = recheck(witness, head)
     assert result.valid, result.message
     with pytest.raises(WeightsError, match="kim_values"):

@@ -216,6 +216,10 @@ def relax(variant: Variant, target, domain: TokenDomain, *, n: int, **options) -
     if scores and scores != ["dot"]:  # the relaxations model dot-product scores only
         raise AssumptionError("target", "heads with dot-product scores", f"scores {scores}",
                               "use the symbolic closed form for L2 and cosine heads")
+    fixed = sorted(set(options) & {"causal", "argument", "regime", "inner"})
+    if fixed:  # the variant states these facts; a second, possibly different, value has no place
+        raise AssumptionError(fixed[0], "no such option (the variant states it)", f"{fixed[0]}={options[fixed[0]]!r}",
+                              "choose the variant that states it, e.g. SelfAttention(DotProduct(), causal=True)")
     if isinstance(variant, SelfAttention):
         return entry(target, domain, n=n, causal=variant.causal, **options)
     if isinstance(variant, CrossAttention):
