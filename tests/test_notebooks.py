@@ -19,8 +19,8 @@ def test_there_are_notebooks():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[os.path.basename(p) for p in NOTEBOOKS])
 def test_notebook_runs(path):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
+    import nbformat
+    import nbclient
     notebook = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(notebook, timeout=TIME_LIMIT_S, kernel_name="python3",
                                      resources={"metadata": {"path": os.path.dirname(path)}})

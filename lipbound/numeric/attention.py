@@ -447,35 +447,29 @@ def cross_vjp(head: Head, Y, X, G):
     return AttentionMap(head).linearize(_tokens("X", X, head.d), _tokens("Y", Y, head.d)).vjp(G)
 
 
-def self_forward(head: Head, X) -> np.ndarray:
-    """Self-attention ``f(X)``, shape (b, n, d_v)."""
-    return AttentionMap(head).linearize(_tokens("X", X, head.d)).F
+def self_forward(target: Head | Layer, X) -> np.ndarray:
+    """Self-attention ``f(X)`` of a head (b, n, d_v) or a layer (b, n, d_out)."""
+    return AttentionMap(target).linearize(_tokens("X", X, _width(target))).F
 
 
-def self_jvp(head: Head, X, E):
-    """``(f(X), Df(X)[E])`` for self-attention."""
-    X = _tokens("X", X, head.d)
-    lin = AttentionMap(head).linearize(X)
+def self_jvp(target: Head | Layer, X, E):
+    """``(f(X), Df(X)[E])`` for self-attention of a head or a layer."""
+    X = _tokens("X", X, _width(target))
+    lin = AttentionMap(target).linearize(X)
     return lin.F, lin.jvp(np.broadcast_to(E, X.shape))
 
 
-def self_vjp(head: Head, X, G):
-    """``Df(X)^T [G]`` for self-attention, shape (b, n, d)."""
-    return AttentionMap(head).linearize(_tokens("X", X, head.d)).vjp(G)
+def self_vjp(target: Head | Layer, X, G):
+    """``Df(X)^T [G]`` for self-attention of a head or a layer, shape (b, n, d)."""
+    return AttentionMap(target).linearize(_tokens("X", X, _width(target))).vjp(G)
 
 
-def layer_forward(layer: Layer, X) -> np.ndarray:
-    return AttentionMap(layer).linearize(_tokens("X", X, layer.d)).F
+def _width(target) -> int:
+    return heads_of(target)[0][0].d
 
 
-def layer_jvp(layer: Layer, X, E):
-    X = _tokens("X", X, layer.d)
-    lin = AttentionMap(layer).linearize(X)
-    return lin.F, lin.jvp(np.broadcast_to(E, X.shape))
-
-
-def layer_vjp(layer: Layer, X, G):
-    return AttentionMap(layer).linearize(_tokens("X", X, layer.d)).vjp(G)
+#: A multi-head layer is evaluated by the same engine as a head.
+layer_forward, layer_jvp, layer_vjp = self_forward, self_jvp, self_vjp
 
 
 def jacobian_norm(jvp, vjp, X: np.ndarray, iterations: int = 50, seed: int = 0, start: np.ndarray | None = None):

@@ -37,6 +37,7 @@ from mpmath import libmp
 
 from ..errors import AssumptionError, WeightsError
 from ..rigorous.intervals import IV, lower, precision, upper
+from ..rigorous.linalg import UNIT_ROUNDOFF
 from .model import DEFAULT_WEIGHTS, Head, Layer, Model, load_weights
 from .witness import Witness
 
@@ -46,7 +47,6 @@ __all__ = ["directional_norm", "Recheck", "recheck", "recheck_file", "RECHECK_DP
 RECHECK_DPS = 50
 #: How far (relative) a stated value may exceed the certified enclosure and still count as rounding.
 ROUNDING_TOLERANCE = 1e-9
-_U = 2.0 ** -53
 
 
 @final
@@ -198,7 +198,7 @@ def _inflate(array: np.ndarray, length: int) -> np.ndarray:
     """Upper bound on a non-negative float computation of ``length`` products summed: the
     computed value times ``1 + 2 (length + 2) u`` (doubled for safety), plus underflow slack,
     one ulp up (Higham 2002, eq. 3.13 with gamma_k <= 2 k u)."""
-    factor = 1.0 + 4.0 * (length + 2) * _U
+    factor = 1.0 + 4.0 * (length + 2) * UNIT_ROUNDOFF
     return np.nextafter(np.asarray(array, dtype=np.float64) * factor + (length + 2) * 2.0 ** -1074, np.inf)
 
 

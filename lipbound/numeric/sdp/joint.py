@@ -71,9 +71,9 @@ from typing import final
 import numpy as np
 
 from ...errors import AssumptionError, SolverError, WeightsError
-from ..attention import Head
+from ..model import Head
 from ...rigorous.intervals import IV, Verdict, lower, upper
-from ...rigorous.linalg import Enclosure, lambda_max_upper, lambda_min_lower, spectral_norm_upper
+from ...rigorous.linalg import UNIT_ROUNDOFF, Enclosure, lambda_max_upper, lambda_min_lower, spectral_norm_upper
 from ...rigorous.value import CertifiedValue
 from ..blas import one_blas_thread
 
@@ -518,7 +518,7 @@ def _polygon_sup(H, mu, k1_max, k2_max, base, slope, cells: int = 2048, rounds: 
     whose bound is below the best value seen at a grid point are set aside (their bounds
     still enter the maximum); the others are split again, ``rounds`` times.
     """
-    u = 2.0 ** -53
+    u = UNIT_ROUNDOFF
 
     def cell_bounds(left, right):
         if math.isinf(H):
