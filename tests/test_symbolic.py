@@ -25,8 +25,9 @@ from lipbound.symbolic.variants import SelfAttention
 A, W_V = S.MatrixNormSymbol("A"), S.MatrixNormSymbol("W_V")
 
 
-def design_bound():
-    """DESIGN.md section 2: ||W_V|| (sqrt(kappa) + ||A|| R^2 (1 + sqrt(kappa))), omega = 2 ||A|| R^2."""
+def covariance_route_bound():
+    """The plain covariance-route bound of docs/mathematics.md section 2, with every kernel constant
+    at its crude value: ||W_V|| (sqrt(kappa) + ||A|| R^2 (1 + sqrt(kappa))), omega = 2 ||A|| R^2."""
     k = S.kappa(S.n, 2 * A * S.R ** 2)
     return W_V * (sp.sqrt(k) + A * S.R ** 2 * (1 + sp.sqrt(k)))
 
@@ -85,11 +86,11 @@ def test_unknown_variant_is_a_clear_error():
         variant("softmax-of-doom")
 
 
-def test_dot_product_bound_is_no_looser_than_design_for_all_admissible_values():
+def test_dot_product_bound_is_no_looser_than_the_plain_covariance_route():
     derived = variant("dot-product-nobias").derive(Assumptions(domain=Ball()), "x")
-    result = compare(derived.expr, design_bound())
+    result = compare(derived.expr, covariance_route_bound())
     assert result.verdict == "proved", result
-    assert compare(design_bound(), derived.expr).verdict != "proved"  # strictly tighter somewhere
+    assert compare(covariance_route_bound(), derived.expr).verdict != "proved"  # strictly tighter somewhere
 
 
 def test_dot_product_bound_is_strictly_tighter_than_recalled_castin():
