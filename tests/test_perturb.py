@@ -1,14 +1,12 @@
-"""Token-level perturbations of real sentences: measured W1 movement never exceeds the certified prediction.
+"""Token edits of real sentences: the measured W1 movement against its certificates, per layer.
 
-For uniform measures of n atoms, W1((Gamma_mu)_# mu, (Gamma_mu')_# mu') <= L_W1 W1(mu, mu') with L_W1
-the (2,1) constant of the residual block (theorem measure-w1-uniform; Vuckovic, Baratin, Tachet des
-Combes 2020).  Independent routes: W1 by the assignment problem against POT's network simplex
-(ot.emd2), block outputs by the measure form (empirical.self_attention_layer_measure) against the
-token forward pass, the cached layer constant against the per-head constants of
-lipbound.numeric.certify.head_constant composed with numpy's spectral norms of the W_O blocks.
-Layers are counted from 0: row.layer = l compares the inputs hidden_states[l] of layer l.
+Rows carry exactly layer, k, positions, n, measured, measured_max_token, predicted_path, predicted_set,
+worst_witness and global.  Independent routes: W1 by the assignment problem against POT's network
+simplex (ot.emd2), block outputs by the measure form (empirical.self_attention_layer_measure) against
+the token forward pass, the global prediction against the block constant composed from the per-head
+constants, the set certificate against every edit of its (small) set evaluated by the forward pass.
+Layers are counted from 0.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -27,7 +25,7 @@ from lipbound.errors import AssumptionError
 from lipbound.measures import EmpiricalMeasure, self_attention_layer_measure, w1
 from lipbound.measures.bert import load_text_model
 from lipbound.measures.edits import draw_edits, whole_word_ids
-from lipbound.measures.perturb import FLOAT_ALLOWANCE, block_constant, data_radius, perturb
+from lipbound.measures.perturb import block_constant, data_radius, perturb
 from lipbound.numeric import attention
 from lipbound.numeric.certify import head_constant
 from lipbound.numeric.domains import LayerNormOutputs
@@ -45,101 +43,97 @@ def model():
     return load_text_model()
 
 
+ROW_KEYS = {"layer", "k", "positions", "n", "measured", "measured_max_token", "predicted_path", "predicted_set",
+            "worst_witness", "global"}
+SMALL = {"vocabulary": 24, "search": "all"}
+
+
 @pytest.fixture(scope="module")
-def fast_reports(model):
-    """Two sentences (8 and 19 tokens), k = 1..3 replacements, the first and last layers (0 and 5)."""
-    chosen = [sentences()[0], sentences()[4]]
-    return [perturb(s, k=(1, 2, 3), layers=(0, 5), seed=0, model=model) for s in chosen]
-
-
-def _ratio_summary(reports) -> str:
-    lines = []
-    for layer in sorted({row.layer for r in reports for row in r.rows}):
-        ratios = np.array([row.ratio for r in reports for row in r.rows if row.layer == layer])
-        lines.append(f"layer {layer}: {ratios.size} rows, measured/predicted min {ratios.min():.3g}, "
-                     f"median {np.median(ratios):.3g}, max {ratios.max():.3g}")
-    return "\n".join(lines)
+def fast_report(model):
+    """One sentence (8 tokens), k = 1, 2 replacements at chosen positions, layer 0; a set of 26 tokens."""
+    return perturb(sentences()[0], k=(1, 2), positions=(2, 4), layers=(0,), seed=0, model=model, **SMALL)
 
 
 # Soundness on real text --------------------------------------------------------------------------------
-def test_replacements_never_exceed_the_prediction(fast_reports):
-    for report in fast_reports:
-        assert len(report.rows) == 6
-        assert report.violations == 0 and report.not_certified == 0
-        for row in report.rows:
-            assert row.verdict == "holds"
-            assert row.measured <= row.predicted * (1 - FLOAT_ALLOWANCE)
-            np.testing.assert_allclose(row.predicted, min(row.constant_data, row.constant_layernorm) * row.input_w1,
-                                       rtol=1e-15)
-            assert row.constant_data <= row.constant_layernorm
-            assert 0 < row.radius_data <= row.radius_layernorm
-            assert row.atoms == row.n == row.n_perturbed  # replacement keeps the size
-            assert row.amplification <= row.constant_data  # a stretch seen is a lower bound on the constant
-    print("\n" + _ratio_summary(fast_reports))
+def test_rows_hold_every_certificate(fast_report, model):
+    report = fast_report
+    assert report.violations == 0 and report.orderings_broken == 0
+    for check in report.counts().values():
+        assert check["violated"] == 0 and check["not certified"] == 0
+    for row in report.rows:
+        assert row.measured <= row.predicted_path <= 2 * row.measured
+        assert row.measured <= row.worst_witness <= row.predicted_set
+        assert row.measured <= row.measured_max_token * (1 + 1e-12)  # W1 <= identity coupling <= max movement
+        assert row.positions == (2, 4)[:row.k]
+    payload = report.to_json()
+    assert all(set(r) == ROW_KEYS for r in payload["rows"])
+    assert payload["violations"] == 0 and payload["set"]["size"] == 26  # 24 drawn and the two edits
 
 
-def test_input_w1_obeys_the_replacement_bound(fast_reports, model):
-    """W1 <= (1/n) sum ||x_i - x'_i|| (identity coupling) at every layer, and at layer 0 exactly k
-    rows of the embedding differ, so W1 <= (k/n) max_i ||x_i - x'_i||."""
-    for report in fast_reports:
-        for row in report.rows:
-            assert row.input_w1 <= row.coupling_bound * (1 + 1e-12)
-            assert row.input_w1 <= row.k / row.n * row.input_movement * (1 + 1e-12) or row.layer != 0
-        assert {row.layer for row in report.rows} == {0, 5}
-        edit = report.edits[2]
-        X = model.hidden_states(model.encode(report.sentence))[0]
-        X_new = model.hidden_states(list(edit.ids))[0]
-        changed = np.flatnonzero(np.linalg.norm(X - X_new, axis=1) > 0)
-        np.testing.assert_array_equal(changed, np.sort(edit.positions))
+def test_global_prediction_is_the_block_constant_times_the_input_w1(fast_report, model):
+    row = fast_report.rows[0]
+    ids = model.encode(fast_report.sentence)
+    X, X_new = model.hidden_states(ids)[0], model.hidden_states(list(fast_report.edits[1].ids))[0]
+    input_w1 = w1(EmpiricalMeasure.uniform(X), EmpiricalMeasure.uniform(X_new))
+    constant = min(block_constant(model, 0, row.n).value,
+                   block_constant(model, 0, row.n, data_radius(model.layernorm_feeding(0).beta, X, X_new)).value)
+    np.testing.assert_allclose(row.global_, constant * input_w1, rtol=1e-12)
+    assert row.global_ > 1e3 * row.predicted_set  # the local certificates are orders of magnitude sharper
 
 
-def test_per_token_movement_is_reported_for_one_replacement(fast_reports):
-    """W1 <= (1/n) sum_i ||y_i - y'_i|| <= max_i ||y_i - y'_i||, and the edited token moves most."""
-    for report in fast_reports:
-        for row in (r for r in report.rows if r.k == 1):
-            assert row.token_movement is not None and row.context_movement is not None
-            assert row.measured <= row.token_movement * (1 + 1e-12)
-            assert 0 < row.context_movement <= row.token_movement
-        payload = report.to_json()
-        assert all("token_movement" in r for r in payload["rows"])
-
-
-def test_measured_w1_by_independent_routes(fast_reports, model):
+def test_measured_w1_by_independent_routes(fast_report, model):
     """The block output by the measure form equals the token forward pass, and W1 by the assignment
     problem equals POT's exact transport cost."""
     import ot
-    report = fast_reports[1]
-    row = next(r for r in report.rows if r.layer == 5 and r.k == 3)
-    states = model.hidden_states(model.encode(report.sentence))
-    states_new = model.hidden_states(list(report.edits[3].ids))
-    layer = model.attention_layer(5)
-    mu, mu_new = EmpiricalMeasure.uniform(states[5]), EmpiricalMeasure.uniform(states_new[5])
+    row = next(r for r in fast_report.rows if r.k == 2)
+    states = model.hidden_states(model.encode(fast_report.sentence))
+    states_new = model.hidden_states(list(fast_report.edits[2].ids))
+    layer = model.attention_layer(0)
+    mu, mu_new = EmpiricalMeasure.uniform(states[0]), EmpiricalMeasure.uniform(states_new[0])
     out, out_new = self_attention_layer_measure(layer, mu), self_attention_layer_measure(layer, mu_new)
-    np.testing.assert_allclose(out.points, model.attention_block(5, states[5]).pre_norm, rtol=1e-12, atol=1e-11)
+    np.testing.assert_allclose(out.points, model.attention_block(0, states[0]).pre_norm, rtol=1e-12, atol=1e-11)
     cost = np.linalg.norm(out.points[:, None, :] - out_new.points[None, :, :], axis=-1)
-    pot_value = ot.emd2(out.weights, out_new.weights, cost)
-    np.testing.assert_allclose(row.measured, pot_value, rtol=1e-9)
-    np.testing.assert_allclose(row.input_w1, w1(mu, mu_new), rtol=1e-14)
+    np.testing.assert_allclose(row.measured, ot.emd2(out.weights, out_new.weights, cost), rtol=1e-9)
+
+
+def test_set_certificate_covers_every_edit_of_its_set(fast_report, model):
+    """k = 1: every token of the set at position 2, through the forward pass, moves layer 0 by at most
+    predicted_set; and the search, which saw the whole set, found the largest movement."""
+    from lipbound.measures.perturb import _set_ids
+    ids = model.encode(fast_report.sentence)
+    candidates, _ = _set_ids(model, 24, fast_report.edits, 0)
+    block = model.attention_block(0, model.hidden_states(ids)[0]).pre_norm
+    movements = []
+    for word in candidates:
+        edited = list(ids)
+        edited[2] = int(word)
+        Z = model.attention_block(0, model.hidden_states(edited)[0]).pre_norm
+        movements.append(w1(EmpiricalMeasure.uniform(block), EmpiricalMeasure.uniform(Z)))
+    row = next(r for r in fast_report.rows if r.k == 1)
+    assert max(movements) <= row.predicted_set
+    np.testing.assert_allclose(row.worst_witness, max(movements), rtol=1e-12)
+    assert fast_report.search[1]["exhaustive"]
 
 
 # Insertions and deletions -------------------------------------------------------------------------------
-@pytest.mark.parametrize("mode, index", [("insert", 1), ("delete", 5), ("insert", 11), ("delete", 13)])
-def test_insert_and_delete_never_exceed_the_prediction(model, mode, index):
+@pytest.mark.parametrize("mode, index", [("insert", 1), ("delete", 5)])
+def test_insert_and_delete_hold_their_certificates(model, mode, index):
     import ot
     sentence = sentences()[index]
-    report = perturb(sentence, k=(1, 2), mode=mode, layers=(0,), seed=index, model=model)
-    assert report.violations == 0 and report.not_certified == 0
-    for row in report.rows:
-        assert row.n_perturbed == row.n + (row.k if mode == "insert" else -row.k)
-        assert row.atoms == math.lcm(row.n, row.n_perturbed)
-        assert row.measured <= row.predicted
-        assert row.token_movement is None  # positions do not match after a change of size
-    # the transport LP (HiGHS) against POT on the insertion/deletion of two tokens
+    report = perturb(sentence, k=(1,), mode=mode, layers=(0,), seed=index, model=model, **SMALL)
+    assert report.violations == 0
+    row = report.rows[0]
+    assert row.measured <= row.predicted_path <= 2 * row.measured
+    assert row.measured <= row.worst_witness <= row.predicted_set
+    if mode == "delete":  # a set of one edit: the worst found is the edit itself
+        assert row.worst_witness == row.measured
+    # the transport LP (HiGHS) against POT on the inputs of the insertion or deletion
     states = model.hidden_states(model.encode(sentence))[0]
-    states_new = model.hidden_states(list(report.edits[2].ids))[0]
+    states_new = model.hidden_states(list(report.edits[1].ids))[0]
     cost = np.linalg.norm(states[:, None, :] - states_new[None, :, :], axis=-1)
     expected = ot.emd2(np.full(len(states), 1 / len(states)), np.full(len(states_new), 1 / len(states_new)), cost)
-    np.testing.assert_allclose(report.rows[1].input_w1, expected, rtol=1e-7)
+    np.testing.assert_allclose(w1(EmpiricalMeasure.uniform(states), EmpiricalMeasure.uniform(states_new)), expected,
+                               rtol=1e-7)
 
 
 def test_repeated_atoms_are_token_attention_on_repeated_tokens(model):
@@ -239,9 +233,16 @@ def test_whole_word_vocabulary(model):
     ({"layers": ()}, "--layers"),
     ({"mode": "swap"}, "mode"),
     ({"model": "/nonexistent/bert-dir"}, "--model"),
+    ({"positions": (0,)}, "positions"),       # [CLS] is never edited
+    ({"positions": (7,)}, "positions"),       # nor [SEP]
+    ({"positions": (2, 2)}, "positions"),
+    ({"k": 2, "positions": (3,)}, "positions"),
+    ({"vocabulary": 0}, "vocabulary"),
+    ({"search": "some"}, "search"),
+    ({"path_tolerance": 2.0}, "path_tolerance"),
 ])
 def test_bad_input_is_refused_with_a_four_part_message(model, kwargs, argument):
-    arguments = {"sentence": "The cat slept all afternoon.", "model": model, "layers": (0,)}
+    arguments = {"sentence": "The cat slept all afternoon.", "model": model, "layers": (0,), **SMALL}
     arguments.update(kwargs)
     sentence = arguments.pop("sentence")
     with pytest.raises(AssumptionError) as info:
@@ -265,51 +266,62 @@ def test_int_list_refuses_nonsense(text):
 
 
 # Command line --------------------------------------------------------------------------------------------
+CLI_SMALL = ["--vocabulary", "16", "--search", "16"]
+
+
 def test_cli_prints_the_table_and_writes_json_and_plot(tmp_path, capsys):
     json_path, plot_path = tmp_path / "report.json", tmp_path / "plot.png"
-    status = main(["perturb", "The cat slept all afternoon.", "--replace", "1..2", "--layers", "0",
+    status = main(["perturb", "The cat slept all afternoon.", "--positions", "3", "--layers", "0", *CLI_SMALL,
                    "--json", str(json_path), "--plot", str(plot_path)])
     output = capsys.readouterr().out.strip().splitlines()
     assert status == 0
     assert output[-1] == "violations: 0"
     header = next(line for line in output if line.lstrip().startswith("layer"))
-    for column in ("k/n", "input W1", "measured", "predicted", "ratio"):
+    for column in ("measured", "path", "set", "worst", "global"):
         assert column in header
     payload = json.loads(json_path.read_text())
     assert payload["sentence"] == "The cat slept all afternoon." and payload["n"] == 8
-    assert [(r["layer"], r["k"]) for r in payload["rows"]] == [(0, 1), (0, 2)]
-    for row in payload["rows"]:
-        assert isinstance(row["measured"], float) and isinstance(row["predicted"], float)
-        assert row["measured"] <= row["predicted"]
+    assert [(r["layer"], r["k"], r["positions"]) for r in payload["rows"]] == [(0, 1, [3])]
+    assert all(set(r) == ROW_KEYS for r in payload["rows"])
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(tmp_path.glob(".*partial"))  # written atomically
 
 
 def test_cli_delete_and_errors(capsys):
-    assert main(["perturb", "Rain is expected tomorrow morning.", "--delete", "1", "--layers", "1"]) == 0
+    assert main(["perturb", "Rain is expected tomorrow morning.", "--delete", "1", "--layers", "0"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == "violations: 0"
     assert main(["perturb", "Rain is expected tomorrow morning.", "--insert", "8", "--layers", "0"]) == 2
-    assert capsys.readouterr().err.strip() == (
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "lipbound: error: --replace/--insert/--delete: expected 1 <= k <= 6 (the word tokens of the sentence; "
         "[CLS] and [SEP] are never edited), got 8. Fix: choose a smaller k or a longer sentence")
     assert main(["perturb", "Rain is expected.", "--layers", "0..9"]) == 2
     error = capsys.readouterr().err.strip()
     assert error.startswith("lipbound: error: --layers: expected layer numbers between 0 and 5 (counted from 0)")
     assert len(error.splitlines()) == 1 and "Fix:" in error
-    for bad in ("1-3", "-1"):  # refused by the option's converter, exit status 2, one line
+    assert main(["perturb", "Rain is expected.", "--positions", "9", "--layers", "0"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("lipbound: error: --positions: expected distinct token positions in 1..3")
+    assert len(error.splitlines()) == 1 and "Fix:" in error
+    for option, bad in (("--layers", "1-3"), ("--layers", "-1"), ("--vocabulary", "0"), ("--search", "x")):
         with pytest.raises(SystemExit) as info:
-            main(["perturb", "Rain is expected.", "--layers", bad])
+            main(["perturb", "Rain is expected.", option, bad])
         assert info.value.code == 2
         error = capsys.readouterr().err.strip()
-        assert error.startswith("lipbound: error: argument --layers: expected") and len(error.splitlines()) == 1
+        assert error.startswith(f"lipbound: error: argument {option}: expected") and len(error.splitlines()) == 1
+
+
+def test_output_paths_are_checked_before_work(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["perturb", "Rain is expected.", "--json", str(tmp_path / "missing" / "r.json")])
+    assert info.value.code == 2
+    assert "--json" in capsys.readouterr().err
 
 
 def test_registered_cli_command(capsys):
-    """Through ``lipbound`` itself: perturb is a registered subcommand, also as ``python -m lipbound.cli``."""
+    """Through ``lipbound`` itself: perturb and local are registered subcommands."""
     from lipbound.cli import build_parser
     subcommands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    assert "perturb" in subcommands.choices
-    assert main(["perturb", "The cat slept all afternoon.", "--layers", "0"]) == 0
-    assert capsys.readouterr().out.strip().splitlines()[-1] == "violations: 0"
+    assert {"perturb", "local"} <= set(subcommands.choices)
     assert main(["perturb", "", "--layers", "0"]) == 2
     assert capsys.readouterr().err.startswith("lipbound: error: sentence: expected a non-empty sentence")
 
@@ -317,31 +329,19 @@ def test_registered_cli_command(capsys):
 def test_cli_refuses_a_sentence_longer_than_the_model(capsys):
     """all-MiniLM-L6-v2 has 512 positions: a longer sentence is a user error naming the sentence."""
     assert main(["perturb", "word " * 600, "--layers", "0"]) == 2
-    error = capsys.readouterr().err.strip()
+    error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("lipbound: error: sentence: expected at most 512 tokens")
-    assert "602 tokens" in error and "ids" not in error and len(error.splitlines()) == 1
-
-
-def test_module_entry_point(tmp_path):
-    import subprocess
-    import sys
-    json_path = tmp_path / "report.json"
-    done = subprocess.run([sys.executable, "-m", "lipbound.cli", "perturb", "The cat slept all afternoon.",
-                           "--layers", "5", "--json", str(json_path)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "violations: 0"
-    payload = json.loads(json_path.read_text())
-    assert [row["layer"] for row in payload["rows"]] == [5] and payload["violations"] == 0
+    assert "602 tokens" in error and "ids" not in error
 
 
 # The full sweep -------------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_full_sweep_twenty_sentences_six_layers(model):
-    """All 20 sentences of sentences.txt, k = 1..3 replacements, all 6 layers (0..5): zero violations."""
-    reports = [perturb(s, k=(1, 2, 3), layers=range(6), seed=0, model=model) for s in sentences()]
+def test_full_sweep_twenty_sentences(model):
+    """All 20 sentences of sentences.txt, k = 1..3 replacements, layers 0 and 5: zero violations of any
+    certificate, predicted_path within a factor 2 of the measured movement."""
+    reports = [perturb(s, k=(1, 2, 3), layers=(0, 5), seed=0, model=model, vocabulary=64, search=64)
+               for s in sentences()]
     rows = [row for r in reports for row in r.rows]
-    assert len(rows) == 20 * 3 * 6
-    assert sum(r.violations for r in reports) == 0 and sum(r.not_certified for r in reports) == 0
-    assert all(row.measured <= row.predicted for row in rows)
-    print("\n" + _ratio_summary(reports))
+    assert len(rows) == 20 * 3 * 2
+    assert sum(r.violations for r in reports) == 0
+    assert all(row.predicted_path <= 2 * row.measured for row in rows)

@@ -2,7 +2,7 @@
 
 * :mod:`.symbolic` -- ``list``, ``derive``, ``compare``, ``proofs`` (no numeric module is loaded);
 * :mod:`.models` -- ``demo``, ``verify``, ``check``, ``recheck`` on real weights;
-* :mod:`.text` -- ``perturb``, ``depth`` on real text;
+* :mod:`.text` -- ``perturb``, ``local``, ``depth`` on real text;
 * :mod:`.parsing` -- the parser and the ``type=`` converters; :mod:`.output` -- report files, progress.
 
 A user error (bad option, unreadable file, missing assumption) prints one line naming the
@@ -37,7 +37,9 @@ def build_parser() -> Parser:
 #: library argument names -> the options that set them
 _OPTIONS = {"head": "--head", "layer": "--layer", "n": "--n", "m": "--m", "num_heads": "--num-heads",
             "radius": "--radius", "budget_seconds": "--budget", "norm": "--norm", "domain": "--radius",
-            "sentence": "sentence", "k": "--replace/--insert/--delete", "layers": "--layers"}
+            "sentence": "sentence", "k": "--replace/--insert/--delete", "layers": "--layers",
+            "positions": "--positions", "vocabulary": "--vocabulary", "search": "--search", "eps": "--eps",
+            "path_tolerance": "--tolerance"}
 
 
 def _in_cli_terms(error: LipboundError) -> str:

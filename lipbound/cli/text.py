@@ -1,11 +1,15 @@
-"""Commands on real text: ``perturb`` (token edits, W1 movement) and ``depth`` (weight-shared iteration).
+"""Commands on real text: ``perturb`` (token edits, W1 movement and its certificates), ``local`` (local
+Lipschitz constants around a sentence, and edit certificates at chosen positions) and ``depth``
+(weight-shared iteration).
 
-Layers and heads are counted from 0, as everywhere in lipbound.
+Layers, heads and token positions are counted from 0, as everywhere in lipbound.
 """
 
 from __future__ import annotations
 
 import json
+
+import sys
 
 from .parsing import epilog, index, int_list, output_file, plot_file, positive_int
 
@@ -14,20 +18,129 @@ __all__ = ["register"]
 MODES = ("replace", "insert", "delete")
 
 
-def _perturb(args) -> int:
-    from ..io import write_text
-    from ..measures.perturb import perturb
-    mode, spec = "replace", (1,)
+def _edit_options(args):
+    mode, spec = "replace", None
     for candidate in MODES:
         if getattr(args, candidate, None) is not None:
             mode, spec = candidate, getattr(args, candidate)
-    report = perturb(args.sentence, k=spec, mode=mode, layers=args.layers, seed=args.seed, model=args.model)
+    if spec is None:
+        spec = (len(args.positions),) if args.positions else (1,)
+    return mode, spec
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"lipbound: {text}\n")
+    sys.stderr.flush()
+
+
+def _edits(args, layers):
+    from ..measures.perturb import perturb
+    mode, spec = _edit_options(args)
+    return perturb(args.sentence, k=spec, mode=mode, layers=layers, seed=args.seed, model=args.model,
+                   positions=args.positions, vocabulary=args.vocabulary, search=args.search,
+                   path_tolerance=args.tolerance, progress=_say)
+
+
+def _write_edits(report, args) -> None:
+    from ..io import write_text
     print(report.table())
     if args.json:
         write_text(args.json, json.dumps(report.to_json(), indent=2), "--json")
     if args.plot:
         report.plot(args.plot)
+
+
+def _perturb(args) -> int:
+    report = _edits(args, args.layers)
+    _write_edits(report, args)
     return 3 if report.violations else 0
+
+
+def _local(args) -> int:
+    from ..io import write_text
+    from ..measures.curves import curve_table, local_curve, plot_curve
+    from ..measures.curves import DEFAULT_EPS
+    curve, tokens = local_curve(args.sentence, layer=args.layer, kind=args.kind, head=args.head, last=args.last,
+                                norm=args.norm, ball=args.ball, positions=args.positions or (),
+                                eps=args.eps if args.eps is not None else DEFAULT_EPS,
+                                model=args.model, progress=lambda done, total: _say(f"L(eps): {done}/{total} radii"))
+    print(" ".join(tokens))
+    print(curve_table(curve))
+    payload = {"curve": curve.to_json()}
+    refuted = sum(p.verdict == "violated" for p in curve.points)
+    report = None
+    if args.positions or any(getattr(args, m, None) is not None for m in MODES):
+        print()
+        report = _edits(args, tuple(range(args.layer, (args.last if args.last is not None else args.layer) + 1)))
+        print(report.table())
+        payload["edits"] = report.to_json()
+        refuted += report.violations
+        if args.plot:
+            report.plot(args.plot)
+    if args.plot_curve:
+        plot_curve(curve, args.plot_curve)
+    if args.json:
+        write_text(args.json, json.dumps(payload, indent=2), "--json")
+    return 3 if refuted else 0
+
+
+def _float_list(option: str):
+    import argparse
+    import math
+
+    def convert(text: str) -> tuple[float, ...]:
+        values = []
+        for part in str(text).split(","):
+            try:
+                value = float(part)
+            except ValueError:
+                value = math.nan
+            if not (math.isfinite(value) and value >= 0):
+                raise argparse.ArgumentTypeError(f"expected non-negative numbers separated by commas, e.g. 0,1e-3,1e-2, "
+                                                 f"got {text!r}. Fix: write {option} 0,1e-3,1e-2")
+            values.append(value)
+        return tuple(values)
+    convert.__name__ = option
+    return convert
+
+
+def _count_or_all(option: str):
+    import argparse
+
+    def convert(text: str):
+        if text == "all":
+            return "all"
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"expected a positive number or 'all', got {text!r}. "
+                                             f"Fix: write e.g. {option} 2048 or {option} all")
+        return value
+    convert.__name__ = option
+    return convert
+
+
+def _add_edit_options(parser, default_k: str) -> None:
+    edit = parser.add_mutually_exclusive_group()
+    edit.add_argument("--replace", metavar="K", type=int_list("--replace", 1),
+                      help=f"replace K word tokens (K, A..B or a list; default {default_k})")
+    edit.add_argument("--insert", metavar="K", type=int_list("--insert", 1), help="insert K words")
+    edit.add_argument("--delete", metavar="K", type=int_list("--delete", 1), help="delete K word tokens")
+    parser.add_argument("--positions", type=int_list("--positions", 1),
+                        help="edit these token positions (counted from 0; [CLS] is 0), e.g. 3,7; insertions go "
+                             "before them (default: drawn with --seed)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the positions and words (default 0)")
+    parser.add_argument("--vocabulary", type=_count_or_all("--vocabulary"), default="all",
+                        help="the set certified: any of 'all' tokens of the vocabulary (default) or of N sampled ones")
+    parser.add_argument("--search", type=_count_or_all("--search"), default=None,
+                        help="candidates per edited slot searched for the worst edit: N or 'all' (default 4096)")
+    parser.add_argument("--tolerance", type=float, default=0.2,
+                        help="path certificate: refine until its error is at most this fraction (default 0.2)")
+    parser.add_argument("--json", type=output_file("--json", ".json"), help="write the report as JSON")
+    parser.add_argument("--plot", type=plot_file(), help="save measured, worst, certified and global W1 per layer")
+    parser.add_argument("--model", metavar="DIR", help="a BERT checkpoint directory (default: all-MiniLM-L6-v2)")
 
 
 def _scales(text: str) -> tuple[float, ...]:
@@ -68,26 +181,52 @@ def _depth(args) -> int:
 def register(sub) -> None:
     perturb = sub.add_parser(
         "perturb", help="edit k tokens of a sentence; measured vs certified W1 movement per layer",
-        description="Replace, insert or delete k word tokens of a sentence and compare the exact Wasserstein-1 "
-                    "movement of every attention block's output with the certified W1 constant times the input "
-                    "movement.  Layers are counted from 0.",
+        description="Replace, insert or delete k word tokens of a sentence and compare, per layer, the exact "
+                    "Wasserstein-1 movement of the attention block outputs X + MHA(X) with its certificates: along "
+                    "this edit (predicted_path), for every edit of the set (predicted_set: any vocabulary token in the "
+                    "edited slots, pushed from the embeddings through the layers), the worst edit found in the set "
+                    "(worst_witness) and the global constant times the input movement (global).  Layers and "
+                    "positions are counted from 0.",
         epilog=epilog('lipbound perturb "The cat sat on the mat."',
-                      'lipbound perturb "The cat sat on the mat." --replace 1..3 --layers 0,5 --plot w1.png',
+                      'lipbound perturb "The cat sat on the mat." --positions 2 --search all --plot w1.png',
+                      'lipbound perturb "The cat sat on the mat." --replace 1..3 --layers 0,5 --vocabulary 2048',
                       'lipbound perturb "A longer sentence to edit." --delete 2 --json edits.json',
-                      notes="Exit status: 0, 2 user error, 3 a measured movement exceeds its certified prediction."))
+                      notes="Exit status: 0, 2 user error, 3 a measured movement or a witness exceeds its certificate."))
     perturb.add_argument("sentence", help="the text to perturb (at most the model's 512 positions)")
-    edit = perturb.add_mutually_exclusive_group()
-    edit.add_argument("--replace", metavar="K", type=int_list("--replace", 1),
-                      help="replace K word tokens (K, A..B or a list; default 1)")
-    edit.add_argument("--insert", metavar="K", type=int_list("--insert", 1), help="insert K random whole words")
-    edit.add_argument("--delete", metavar="K", type=int_list("--delete", 1), help="delete K word tokens")
+    _add_edit_options(perturb, "1")
     perturb.add_argument("--layers", type=int_list("--layers"), default=tuple(range(6)),
                          help="layers counted from 0, e.g. 0..5 or 0,3 (default 0..5)")
-    perturb.add_argument("--seed", type=int, default=0, help="seed of the positions and words (default 0)")
-    perturb.add_argument("--json", type=output_file("--json", ".json"), help="write the report as JSON")
-    perturb.add_argument("--plot", type=plot_file(), help="save measured and predicted W1 against k/n (png, pdf, ...)")
-    perturb.add_argument("--model", metavar="DIR", help="a BERT checkpoint directory (default: all-MiniLM-L6-v2)")
     perturb.set_defaults(handler=_perturb)
+
+    local = sub.add_parser(
+        "local", help="local Lipschitz constants L(eps) around a sentence, and edit certificates at chosen positions",
+        description="Certified local Lipschitz constant of a head, an attention layer (with its residual), a whole "
+                    "layer (block) or a stack of layers on the neighbourhood U(X, eps) of the sentence's hidden "
+                    "states X entering --layer, for radii eps given as fractions of the LayerNorm radius, with a "
+                    "witness inside each neighbourhood.  With --positions (or --replace/--insert/--delete) also the "
+                    "edit certificates of perturb for the layers of the component.  Layers, heads and positions "
+                    "are counted from 0.",
+        epilog=epilog('lipbound local "The cat sat on the mat."',
+                      'lipbound local "The cat sat on the mat." --kind head --head 3 --eps 0,1e-4,1e-3,1e-2 '
+                      '--plot-curve curve.png',
+                      'lipbound local "The cat sat on the mat." --kind block --ball tokens --positions 2',
+                      'lipbound local "The cat sat on the mat." --positions 2 --vocabulary 2048 --json local.json',
+                      notes="Exit status: 0, 2 user error, 3 a witness or a measured movement exceeds its certificate."))
+    local.add_argument("sentence", help="the text whose hidden states X are the centre of U(X, eps)")
+    local.add_argument("--layer", type=index("--layer", "layer"), default=0, help="the layer, counted from 0 (default 0)")
+    local.add_argument("--kind", choices=("head", "layer", "block", "stack"), default="layer",
+                       help="head, layer (attention with residual), block (whole layer) or stack (--layer..--last)")
+    local.add_argument("--head", type=index("--head", "head"), help="the head of --kind head, counted from 0")
+    local.add_argument("--last", type=index("--last", "layer"), help="the last layer of --kind stack")
+    local.add_argument("--norm", choices=("fro", "2,1", "2,inf"), default="fro",
+                       help="the norm of the Lipschitz constant (default fro)")
+    local.add_argument("--ball", choices=("fro", "2,1", "2,inf", "tokens"), default="fro",
+                       help="the neighbourhood: a ball in this norm, or 'tokens' (only --positions move)")
+    local.add_argument("--eps", type=_float_list("--eps"), default=None,
+                       help="radii as fractions of the LayerNorm radius (default 0,1e-5,1e-4,...,1,2)")
+    local.add_argument("--plot-curve", type=plot_file("--plot-curve"), help="save L(eps) and its witness (png, pdf, ...)")
+    _add_edit_options(local, "the number of --positions")
+    local.set_defaults(handler=_local)
 
     depth = sub.add_parser(
         "depth", help="weight-shared iteration of a certified tied-L2 block: inversion and fixed points",

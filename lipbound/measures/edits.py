@@ -1,7 +1,11 @@
-"""Token edits of a sentence: replace, insert or delete k word tokens, drawn reproducibly.
+"""Token edits of a sentence: replace, insert or delete k word tokens, drawn reproducibly, and the
+sets of edits they belong to.
 
 Edits never touch ``[CLS]`` and ``[SEP]``; new words are whole vocabulary words of letters
 (no special token, no ``##`` continuation); the edit of k tokens extends the one of k - 1.
+Positions are drawn, or chosen (``positions``).  :func:`edit_set` describes every edit of the same
+kind at the same positions -- any of the candidate tokens in every edited slot -- as an
+:class:`~lipbound.local.propagate.EditTemplate` for the set certificates.
 """
 
 from __future__ import annotations
@@ -11,9 +15,11 @@ from typing import final
 
 import numpy as np
 
+from ..errors import AssumptionError
+from ..local.propagate import EditTemplate
 from .bert import BertModel
 
-__all__ = ["MODES", "Edit", "draw_edits", "whole_word_ids"]
+__all__ = ["MODES", "Edit", "draw_edits", "whole_word_ids", "edit_set", "check_positions", "edited_ids"]
 
 MODES = ("replace", "insert", "delete")
 
@@ -55,7 +61,20 @@ class Edit:
                 "tokens": list(self.tokens)}
 
 
-def draw_edits(model: BertModel, ids, mode: str, ks, seed: int) -> dict[int, Edit]:
+def check_positions(positions, mode: str, n: int) -> tuple[int, ...]:
+    """Chosen positions (token indices counted from 0, ``[CLS]`` is 0): replace and delete edit word
+    tokens ``1..n-2``; insert puts a word before token ``1..n-1``.  Distinct, in the given order."""
+    values = tuple(int(p) for p in positions)
+    low, high = (1, n - 1) if mode == "insert" else (1, n - 2)
+    bad = [p for p in values if not low <= p <= high]
+    if not values or bad or len(set(values)) != len(values):
+        raise AssumptionError("positions", f"distinct token positions in {low}..{high} (counted from 0; [CLS] is 0"
+                              f"{' and [SEP] is ' + str(n - 1) if mode != 'insert' else ''})",
+                              repr(list(values)), f"pick positions of this sentence's words, e.g. --positions {low}")
+    return values
+
+
+def draw_edits(model: BertModel, ids, mode: str, ks, seed: int, positions=None) -> dict[int, Edit]:
     """The edits of :func:`perturb`, one per k, drawn by ``numpy.random.default_rng(seed)``.
 
     Nested: the edit of k tokens extends the one of k - 1 (same positions and words).  Word
@@ -72,6 +91,8 @@ def draw_edits(model: BertModel, ids, mode: str, ks, seed: int) -> dict[int, Edi
     ks : sequence of int
         Edit sizes, each in ``[1, n - 2]`` (checked by :func:`perturb`).
     seed : int
+    positions : sequence of int, optional
+        Chosen positions (see :func:`check_positions`); the k-token edit uses the first k.
     """
     ids = [int(i) for i in ids]
     tokenizer = model.tokenizer
@@ -79,8 +100,13 @@ def draw_edits(model: BertModel, ids, mode: str, ks, seed: int) -> dict[int, Edi
     n, largest = len(ids), max(ks)
     candidates = whole_word_ids(tokenizer)
     order = rng.permutation(np.arange(1, n - 1))  # word positions; [CLS] (0) and [SEP] (n-1) never
+    if positions is not None:
+        order = np.array(check_positions(positions, mode, n))
+        if largest > order.size:
+            raise AssumptionError("positions", f"at least {largest} positions (one per edited token)",
+                                  f"{order.size}", "give as many --positions as the largest k")
     if mode == "insert":
-        slots = rng.integers(1, n, size=largest)  # insert before an original token, after [CLS]
+        slots = order[:largest] if positions is not None else rng.integers(1, n, size=largest)
         new = rng.choice(candidates, size=largest)
     else:
         slots = order[:largest]
@@ -103,11 +129,55 @@ def draw_edits(model: BertModel, ids, mode: str, ks, seed: int) -> dict[int, Edi
             out = [t for i, t in enumerate(ids) if i not in removed]
             described = tuple(tokenizer.vocab[ids[int(p)]] for p in chosen)
         else:
-            out = []
-            for i, token in enumerate(ids):
-                out.extend(int(w) for s, w in zip(chosen, words) if s == i)
-                out.append(token)
+            out = edited_ids(ids, "insert", chosen, words)
             described = tuple(tokenizer.vocab[int(w)] for w in words)
         edits[k] = Edit(k, tuple(int(p) for p in chosen), described, tuple(out),
                         tuple(tokenizer.decode_tokens(out)))
     return edits
+
+
+def edited_ids(ids, mode: str, positions, words=()) -> list[int]:
+    """The ids of an edited sentence: ``words`` replace the tokens at ``positions``, are inserted before
+    them, or the tokens there are deleted."""
+    ids = [int(i) for i in ids]
+    if mode == "replace":
+        out = list(ids)
+        for position, word in zip(positions, words):
+            out[int(position)] = int(word)
+        return out
+    if mode == "delete":
+        removed = {int(p) for p in positions}
+        return [t for i, t in enumerate(ids) if i not in removed]
+    out = []
+    for i, token in enumerate(ids):
+        out.extend(int(w) for s, w in zip(positions, words) if int(s) == i)
+        out.append(token)
+    return out
+
+
+def edit_set(ids, mode: str, positions, candidates) -> EditTemplate:
+    """Every edit of kind ``mode`` at ``positions``, any of ``candidates`` (token ids) in every edited slot
+    (a deletion is a set of one edit): the template of the set certificates.
+
+    Replaced tokens are centred on themselves; an inserted token on the token it is inserted before;
+    every other token on itself, at its position in the edited sentence.
+    """
+    ids = np.asarray([int(i) for i in ids], dtype=np.int64)
+    candidates = np.unique(np.asarray(candidates, dtype=np.int64))
+    positions = [int(p) for p in positions]
+    n = ids.size
+    if mode == "replace":
+        words = tuple(candidates if i in positions else ids[i:i + 1] for i in range(n))
+        return EditTemplate(ids, np.arange(n), np.arange(n), words)
+    if mode == "delete":
+        kept = np.array([i for i in range(n) if i not in set(positions)])
+        return EditTemplate(ids, kept, np.arange(kept.size), tuple(ids[i:i + 1] for i in kept))
+    source, words = [], []
+    for i in range(n):
+        for s in positions:
+            if s == i:
+                source.append(i)
+                words.append(candidates)
+        source.append(i)
+        words.append(ids[i:i + 1])
+    return EditTemplate(ids, np.array(source), np.arange(len(source)), tuple(words))

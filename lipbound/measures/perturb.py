@@ -1,72 +1,57 @@
-"""Token-level perturbations of real text, measured in Wasserstein-1 and predicted by certified constants.
+"""Token edits of real text: measured Wasserstein-1 movement against certificates along the edit and over its set.
 
-A sentence of n WordPiece tokens (``[CLS] ... [SEP]``) is, at the input of layer l (layers counted from 0), the uniform
-empirical measure ``mu = (1/n) sum_i delta_{x_i}`` of its hidden states (Vuckovic, Baratin,
-Tachet des Combes 2020, "A Mathematical Theory of Attention", arXiv:2007.02876).  The residual
-attention block of the layer maps ``mu`` to ``(x -> x + F_mu(x))_# mu`` (``F_mu`` the multi-head
-attention read on measures, :func:`~lipbound.measures.empirical.layer_map`), which on a uniform
-measure is the token map ``X -> X + MHA(X)`` before the LayerNorm.
+A sentence of n WordPiece tokens (``[CLS] ... [SEP]``) is, at the input of layer l (counted from 0), the
+uniform empirical measure of its hidden states (Vuckovic, Baratin, Tachet des Combes 2020, "A
+Mathematical Theory of Attention", arXiv:2007.02876).  The residual attention block of the layer maps
+it to the measure of ``X + MHA(X)``.  Edit the sentence -- replace, insert or delete k word tokens, at
+drawn or chosen positions -- and compare, layer by layer (:class:`~lipbound.measures.edit_report.EditRow`):
 
-Edit the sentence -- replace, insert or delete k word tokens, never ``[CLS]``/``[SEP]`` -- and
-compare, layer by layer,
+* ``measured``: the exact W1 between the block outputs of the sentence and of the edit, and
+  ``measured_max_token``, the largest movement of a matched token;
+* ``predicted_path``: W1 certified along the segment between the layer's two inputs, coupled by their
+  optimal plan (:func:`lipbound.local.path.path_certificate`): it knows the edit at that layer;
+* ``predicted_set``: W1 certified for every edit of the set -- any token of ``vocabulary`` in every
+  edited slot (a deletion is a set of one) -- pushed from the embeddings through the layers without
+  running any edit through the model (:func:`lipbound.local.propagate.propagate`);
+* ``worst_witness``: the largest exact W1 found over the set (:func:`lipbound.measures.vocabulary.worst_edits`):
+  every candidate when one slot is edited and the search covers the set, coordinate ascent otherwise;
+* ``global``: the certified W1 constant of the block on the whole LayerNorm image times the W1 of the
+  layer's inputs, the prediction lipbound made before local certificates (theorem
+  ``measure-w1-uniform``; for sentences of different lengths on ``lcm(n, n')`` atoms; the smaller of the
+  constants on the LayerNorm image and on the ball about its bias that holds both inputs).
 
-* **measured**: the exact ``W1`` between the block outputs of the two sentences;
-* **predicted**: ``L_W1 * W1(mu, mu')``, the certified Wasserstein-1 constant of the block times the
-  exact ``W1`` of the two inputs.
-
-Why the prediction is an upper bound:
-
-* *Equal sizes (replace).*  For uniform measures of n atoms, ``W1(mu, mu') = min_sigma
-  ||X - P_sigma X'||_{2,1} / n`` (Birkhoff), and attention is permutation equivariant, so the (2,1)
-  Lipschitz constant of ``X -> X + MHA(X)`` on ``D^n`` is a W1 constant (theorem
-  ``measure-w1-uniform``, variant ``"measure-w1"``; the residual adds 1, and heads compose through the
-  per-head blocks of ``W_O``: ``1 + sum_h ||W_O^h|| L_h``).  Replacing k of n tokens moves the input
-  measure by at most ``(k/n) max_i ||x_i - x'_i||`` (identity coupling); at deeper layers every
-  token moves, and ``W1`` is measured exactly anyway.
-* *Different sizes (insert, delete).*  ``mu`` (n atoms) and ``mu'`` (n' atoms) are both uniform
-  measures of ``N = lcm(n, n')`` atoms (repeat each atom ``N/n`` resp. ``N/n'`` times).  Attention on
-  a measure with repeated atoms is token-level attention on the repeated tokens (a key repeated r
-  times carries r times the weight, exactly its mass), so the uniform constant with N atoms applies.
-* *Domain.*  The constant holds when every atom of both measures lies in a convex set on which the
-  kernel constants hold.  The inputs of a layer are outputs of the LayerNorm feeding it,
-  ``gamma * z + beta`` with ``||z|| <= sqrt(d)``: all lie in the ball about ``beta`` of radius
-  ``max|gamma| sqrt(d)`` (:class:`~lipbound.numeric.domains.LayerNormOutputs`).  For one pair
-  of sentences, the smaller ball about ``beta`` whose radius is the largest ``||x_i - beta||`` over
-  the tokens of both inputs also contains both measures, and the theorem applied there gives a
-  smaller, equally valid constant for that pair.  Both are reported; the prediction uses the smaller.
-
-Every constant is an upper end of an interval evaluation (:mod:`lipbound.rigorous`).  The
-comparison ``measured <= predicted`` is decided in interval arithmetic after widening both sides by
-a float allowance (:data:`FLOAT_ALLOWANCE`); a comparison the allowance cannot decide is reported
-"not certified", never as a pass.
+The chain ``measured <= predicted_path <= predicted_set`` and ``worst_witness <= predicted_set`` is
+checked in interval arithmetic (:class:`~lipbound.measures.edit_report.EditReport`).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field
-from typing import final
 
 import numpy as np
+from scipy.optimize import linprog
+from scipy import sparse
 
-from ..errors import AssumptionError, NotCertifiedError
+from ..errors import AssumptionError
+from ..local.path import path_certificate
+from ..local.propagate import coupling_bound, propagate
 from ..numeric.certify import layer_constant
 from ..numeric.domains import LayerNormOutputs, TokenBall
-from ..rigorous.intervals import Verdict, certify_le, interval, upper
+from ..rigorous.intervals import interval, upper
 from ..rigorous.linalg import vector_norm_upper
 from ..rigorous.value import CertifiedValue
 from .bert import BertModel, load_text_model
-from .edits import MODES, draw_edits
+from .edit_report import FLOAT_ALLOWANCE, EditReport, EditRow
+from .edits import MODES, draw_edits, edit_set, edited_ids
 from .empirical import EmpiricalMeasure
-from .wasserstein import w1
+from .vocabulary import worst_edits
+from .wasserstein import w1, w1_with_plan
 
-__all__ = ["FLOAT_ALLOWANCE", "PerturbationRow", "PerturbationReport", "perturb", "block_constant", "data_radius"]
+__all__ = ["FLOAT_ALLOWANCE", "perturb", "block_constant", "data_radius", "integer_plan", "DEFAULT_SEARCH"]
 
-#: Relative widening of measured and predicted values before they are compared.  The float64
-#: forward pass and the W1 assignment round at about 1e-13 relative on these sizes (tokens of
-#: norm about 20, d = 384, n < 100); 1e-6 is far above that, so rounding cannot decide a verdict.
-FLOAT_ALLOWANCE = 1e-6
+#: Candidates per edited slot the worst-edit search screens by default (``search="all"``: the whole set).
+DEFAULT_SEARCH = 4096
 
 
 def block_constant(bert: BertModel, layer: int, atoms: int, radius: float | None = None) -> CertifiedValue:
@@ -92,153 +77,6 @@ def data_radius(center: np.ndarray, *token_sets: np.ndarray) -> float:
             largest = max(largest, vector_norm_upper(row))
     return upper(interval(largest) * (1 + interval(2) ** -52))
 
-
-@final
-@dataclass(frozen=True)
-class PerturbationRow:
-    """One layer and one edit size.
-
-    Attributes
-    ----------
-    layer : int
-        The layer (counted from 0) whose attention block is measured.
-    k : int
-    n, n_perturbed, atoms : int
-        Sizes of the two sentences and ``N = lcm(n, n')``, the atoms the constant is taken for.
-    input_w1 : float
-        Exact ``W1`` between the inputs of the layer.
-    measured : float
-        Exact ``W1`` between the attention-block outputs ``X + MHA(X)`` (before the LayerNorm).
-    constant_layernorm, constant_data : float
-        Certified constants on the LayerNorm image and on the data-aware ball.
-    radius_layernorm, radius_data : float
-        Their radii about the LayerNorm bias.
-    predicted : float
-        ``min(constants) * input_w1``.
-    ratio : float
-        ``measured / predicted``.
-    amplification : float
-        ``measured / input_w1``: how much this block stretched this pair (a lower bound on its
-        W1 constant, to compare with the certified one).
-    verdict : str
-        ``"holds"``, ``"violated"`` or ``"not certified"`` (see :data:`FLOAT_ALLOWANCE`).
-    hidden_w1 : float
-        Exact ``W1`` between the full-layer outputs (after the feed-forward block), for information.
-    token_movement, context_movement, input_movement, coupling_bound : float or None
-        Replace only (positions match): ``max_i ||y_i - y'_i||`` over all tokens and over the
-        unedited tokens of the block outputs, ``max_i ||x_i - x'_i||`` of the inputs, and the
-        identity-coupling bound ``(1/n) sum_i ||x_i - x'_i|| >= input_w1``.
-    """
-
-    layer: int
-    k: int
-    n: int
-    n_perturbed: int
-    atoms: int
-    input_w1: float
-    measured: float
-    constant_layernorm: float
-    constant_data: float
-    radius_layernorm: float
-    radius_data: float
-    predicted: float
-    ratio: float
-    amplification: float
-    verdict: str
-    hidden_w1: float
-    token_movement: float | None = None
-    context_movement: float | None = None
-    input_movement: float | None = None
-    coupling_bound: float | None = None
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-@final
-@dataclass(frozen=True)
-class PerturbationReport:
-    """Rows for every (layer, k) of one sentence and one edit mode (see :func:`perturb`)."""
-
-    sentence: str
-    mode: str
-    seed: int
-    n: int
-    tokens: tuple
-    edits: dict
-    rows: tuple
-    model: str = field(default="")
-
-    @property
-    def violations(self) -> int:
-        """Rows whose measured W1 certainly exceeds the prediction (a refuted bound)."""
-        return sum(row.verdict == "violated" for row in self.rows)
-
-    @property
-    def not_certified(self) -> int:
-        return sum(row.verdict == "not certified" for row in self.rows)
-
-    @property
-    def ratios(self) -> np.ndarray:
-        return np.array([row.ratio for row in self.rows])
-
-    def to_json(self) -> dict:
-        return {"sentence": self.sentence, "mode": self.mode, "seed": self.seed, "n": self.n,
-                "model": self.model, "tokens": list(self.tokens),
-                "edits": [edit.to_json() for edit in self.edits.values()],
-                "rows": [row.to_json() for row in self.rows],
-                "violations": self.violations, "not_certified": self.not_certified,
-                "float_allowance": FLOAT_ALLOWANCE}
-
-    def table(self) -> str:
-        """The rows as a text table (stretch = measured / input W1), then ``violations: V``."""
-        header = (f"{'layer':>5s} {'k':>3s} {'k/n':>7s} {'input W1':>10s} {'measured':>10s} "
-                  f"{'predicted':>10s} {'ratio':>9s} {'stretch':>7s} {'L (data)':>10s} {'L (LN)':>10s}")
-        lines = [f"sentence: {self.sentence!r} (n = {self.n} tokens), {self.mode}, seed {self.seed}"]
-        for edit in self.edits.values():
-            lines.append(f"  k = {edit.k}: {' '.join(edit.tokens)}")
-        lines.append(header)
-        for row in self.rows:
-            flag = "" if row.verdict == "holds" else f"  {row.verdict.upper()}"
-            lines.append(f"{row.layer:5d} {row.k:3d} {row.k / row.n:7.4f} {row.input_w1:10.4g} {row.measured:10.4g} "
-                         f"{row.predicted:10.4g} {row.ratio:9.3g} {row.amplification:7.3f} {row.constant_data:10.4g} "
-                         f"{row.constant_layernorm:10.4g}{flag}")
-        if self.mode == "replace":
-            lines.append("per-token movement of the block outputs, max_i ||y_i - y'_i|| (unedited tokens):")
-            for row in self.rows:
-                lines.append(f"  layer {row.layer}, k = {row.k}: {row.token_movement:.4g} ({row.context_movement:.4g})")
-        if self.not_certified:
-            lines.append(f"not certified: {self.not_certified}")
-        lines.append(f"violations: {self.violations}")
-        return "\n".join(lines)
-
-    def plot(self, path) -> str:
-        """Measured and predicted W1 against k/n, one panel per layer, log scale; saved to ``path``
-        (format from the extension).  Returns the path."""
-        from matplotlib.backends.backend_agg import FigureCanvasAgg  # no pyplot: no global backend change
-        from matplotlib.figure import Figure
-
-        layers = sorted({row.layer for row in self.rows})
-        columns = min(3, len(layers))
-        rows_count = -(-len(layers) // columns)
-        figure = Figure(figsize=(4.2 * columns, 3.4 * rows_count), constrained_layout=True)
-        FigureCanvasAgg(figure)
-        for index, layer in enumerate(layers):
-            axes = figure.add_subplot(rows_count, columns, index + 1)
-            rows = sorted((r for r in self.rows if r.layer == layer), key=lambda r: r.k)
-            x = [r.k / r.n for r in rows]
-            axes.plot(x, [r.measured for r in rows], "o-", label="measured W1 (block output)")
-            axes.plot(x, [r.predicted for r in rows], "s--", label="predicted (data ball)")
-            axes.plot(x, [r.constant_layernorm * r.input_w1 for r in rows], "^:", label="predicted (LayerNorm ball)")
-            axes.plot(x, [r.input_w1 for r in rows], "x-.", label="input W1")
-            axes.set_yscale("log")
-            axes.set_title(f"layer {layer}")
-            axes.set_xlabel("k / n")
-            axes.set_ylabel("W1")
-        figure.axes[0].legend(fontsize=7)
-        figure.suptitle(f"{self.mode} k tokens: {self.sentence[:60]}", fontsize=9)
-        figure.savefig(os.fspath(path), dpi=110)
-        return os.fspath(path)
 
 
 def _uniform(tokens: np.ndarray) -> EmpiricalMeasure:
@@ -276,46 +114,103 @@ def _check_layers(layers, count: int) -> tuple[int, ...]:
     return tuple(sorted({int(v) for v in values}))
 
 
-def _verdict(measured: float, constant: float, input_w1: float) -> str:
-    allowance = interval((1 - FLOAT_ALLOWANCE, 1 + FLOAT_ALLOWANCE))
-    answer = certify_le(interval(measured) * allowance, interval(constant) * interval(input_w1) * allowance)
-    if answer is Verdict.HOLDS:
-        return "holds"
-    return "violated" if answer is Verdict.FAILS else "not certified"
+def integer_plan(plan: np.ndarray | None, n: int, n_new: int, cost: np.ndarray | None = None) -> np.ndarray:
+    """A coupling of the uniform measures on n and n' atoms with integer masses (rows summing to n',
+    columns to n): ``plan * n n'`` rounded when that is exact (transport vertices are integral), else the
+    north-west corner coupling in sentence order.  ``cost`` (n, n') first finds an optimal plan (HiGHS)."""
+    if plan is None and cost is not None:
+        rows = sparse.kron(sparse.eye(n), np.ones((1, n_new)))
+        cols = sparse.kron(np.ones((1, n)), sparse.eye(n_new))
+        result = linprog(cost.ravel(), A_eq=sparse.vstack([rows, cols.tocsr()[:-1]]).tocsc(),
+                         b_eq=np.concatenate([np.full(n, float(n_new)), np.full(n_new - 1, float(n))]),
+                         bounds=(0, None), method="highs")
+        plan = None if result.status != 0 or result.x is None else result.x.reshape(n, n_new) / (n * n_new)
+    if plan is not None:
+        scaled = np.rint(np.asarray(plan) * n * n_new).astype(np.int64)
+        if np.all(scaled >= 0) and np.all(scaled.sum(axis=1) == n_new) and np.all(scaled.sum(axis=0) == n):
+            return scaled
+    out = np.zeros((n, n_new), dtype=np.int64)
+    supply, demand = np.full(n, n_new), np.full(n_new, n)
+    a = b = 0
+    while a < n and b < n_new:
+        amount = min(supply[a], demand[b])
+        out[a, b] += amount
+        supply[a] -= amount
+        demand[b] -= amount
+        a += supply[a] == 0
+        b += demand[b] == 0
+    return out
 
 
-def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed: int = 0,
-            model=None) -> PerturbationReport:
-    """Edit k word tokens of ``sentence`` and compare measured with certified W1 movement, per layer.
+def _set_ids(bert: BertModel, vocabulary, edits: dict, seed: int) -> tuple[np.ndarray, str]:
+    """The candidate tokens of the set: the whole vocabulary, a reproducible sample of N ids (with the
+    drawn words), or the given ids."""
+    size = bert.model.embeddings.vocab_size
+    drawn = [bert.tokenizer.token_to_id(w) for e in edits.values() for w in e.words]
+    if vocabulary is None or (isinstance(vocabulary, str) and vocabulary == "all"):
+        return np.arange(size), f"any of the {size} tokens of the vocabulary"
+    if isinstance(vocabulary, (int, np.integer)) and not isinstance(vocabulary, bool):
+        if not 1 <= vocabulary <= size:
+            raise AssumptionError("vocabulary", f"a number of tokens in 1..{size}, or 'all'", repr(vocabulary),
+                                  "e.g. --vocabulary 2048 or --vocabulary all")
+        sample = np.random.default_rng(seed + 7919).choice(size, size=int(vocabulary), replace=False)
+        ids = np.unique(np.concatenate([sample, np.asarray(drawn, dtype=np.int64)]))
+        return ids, f"any of {ids.size} tokens (a sample of {vocabulary} drawn with seed {seed}, and the drawn words)"
+    ids = np.unique(np.asarray(list(vocabulary), dtype=np.int64))
+    if ids.size == 0 or ids.min() < 0 or ids.max() >= size:
+        raise AssumptionError("vocabulary", f"token ids in 0..{size - 1}", repr(list(vocabulary))[:60], "pass valid ids")
+    return ids, f"any of {ids.size} given tokens"
+
+
+def _search_ids(candidates: np.ndarray, search, seed: int, must: list) -> tuple[np.ndarray, bool]:
+    if search is None:
+        search = DEFAULT_SEARCH
+    if isinstance(search, str):
+        if search != "all":
+            raise AssumptionError("search", "a positive number of candidates or 'all'", repr(search), "e.g. --search 4096")
+        return candidates, True
+    if isinstance(search, bool) or not isinstance(search, (int, np.integer)) or search < 1:
+        raise AssumptionError("search", "a positive number of candidates or 'all'", repr(search), "e.g. --search 4096")
+    if search >= candidates.size:
+        return candidates, True
+    chosen = np.random.default_rng(seed + 104729).choice(candidates, size=int(search), replace=False)
+    return np.unique(np.concatenate([chosen, np.asarray(must, dtype=np.int64)])), False
+
+
+def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed: int = 0, model=None,
+            positions=None, vocabulary=None, search=None, path_tolerance: float = 0.2, set_certificate: bool = True,
+            progress=None) -> EditReport:
+    """Edit k word tokens of ``sentence``; per layer, measured W1 movement against its certificates.
 
     Parameters
     ----------
     sentence : str
-        Text; tokenized by the model's WordPiece vocabulary into n tokens ``[CLS] ... [SEP]``.
     k : int or sequence of int
-        Edit sizes, ``1 <= k <= n - 2``.  Edits are nested: the k-token edit extends the (k-1)-token one.
+        Edit sizes, ``1 <= k <= n - 2``; nested (the k-token edit extends the (k-1)-token one).
     mode : {"replace", "insert", "delete"}
-        Replace k word tokens by random whole-word vocabulary entries (letters only, never a special
-        token or a ``##`` piece), insert k such words at random places, or delete k word tokens.
     layers : iterable of int
-        Layers counted from 0 (all six of all-MiniLM-L6-v2 by default).
+        Layers counted from 0.
     seed : int
-        Positions and words are drawn by ``numpy.random.default_rng(seed)``.
+        Draws positions (unless given) and words.
     model : BertModel, path or None
-        The model (None: the installed all-MiniLM-L6-v2).
+    positions : sequence of int, optional
+        The positions to edit (token indices counted from 0; ``[CLS]`` is 0); insertions go before them.
+    vocabulary : None, "all", int or sequence of int
+        The candidate tokens of the set certificate: the whole vocabulary (default), a sample of N, or ids.
+    search : None, "all" or int
+        Candidates per edited slot the worst-edit search screens (default :data:`DEFAULT_SEARCH`; 0: none,
+        the drawn edit is the worst found).
+    path_tolerance : float
+        The path certificate halves its pieces until its error is at most this fraction of its main part.
+    set_certificate : bool
+        False skips the set certificate (``predicted_set`` is NaN), for sweeps of the path certificate.
+    progress : callable, optional
+        Called with a line of text as each stage finishes.
 
     Returns
     -------
-    PerturbationReport
-        One :class:`PerturbationRow` per (layer, k).  With X (n, d) and X' (n', d) the inputs of a
-        layer, ``Y = X + MHA(X)``: ``measured = W1(U(Y), U(Y'))``, ``predicted = L * W1(U(X), U(X'))``
-        with ``L`` the smaller of the certified constants on uniform measures of ``lcm(n, n')``
-        atoms in the LayerNorm ball and in the data-aware ball (module docstring).
-
-    Raises
-    ------
-    AssumptionError
-        Empty sentence, unknown mode, k out of range, layers out of range, model directory missing.
+    EditReport
+        One :class:`~lipbound.measures.edit_report.EditRow` per (layer, k).
     """
     if not isinstance(sentence, str) or not sentence.strip():
         raise AssumptionError("sentence", "a non-empty sentence", repr(sentence),
@@ -324,58 +219,131 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
         raise AssumptionError("mode", f"one of {MODES}", repr(mode), "use --replace K, --insert K or --delete K")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise AssumptionError("seed", "an int", repr(seed), "pass e.g. seed=0")
+    if isinstance(path_tolerance, bool) or not (isinstance(path_tolerance, (int, float)) and 0 < path_tolerance <= 1):
+        raise AssumptionError("path_tolerance", "a fraction in (0, 1]", repr(path_tolerance), "e.g. --tolerance 0.2")
+    if not (search is None or search == "all" or (isinstance(search, (int, np.integer)) and not isinstance(search, bool)
+                                                  and search >= 0)):
+        raise AssumptionError("search", "a number of candidates (0: the drawn edit only) or 'all'", repr(search),
+                              "e.g. --search 4096 or --search all")
     bert = load_text_model(model)
     if bert.tokenizer is None:
-        raise AssumptionError("model", "a checkpoint with vocab.txt", "no tokenizer",
-                              "add vocab.txt to the model directory")
+        raise AssumptionError("model", "a checkpoint with vocab.txt", "no tokenizer", "add vocab.txt to the model directory")
+    say = progress or (lambda text: None)
     ids = bert.encode(sentence)
     n = len(ids)
     if n < 3:
         raise AssumptionError("sentence", "at least one word token", f"{sentence!r} (no tokens)",
                               "pass a sentence with words in it")
-    ks = _check_ks(k, n - 2)
+    ks = _check_ks(len(positions) if positions is not None and k is None else k, n - 2)
     chosen_layers = _check_layers(layers, bert.num_layers)
-    edits = draw_edits(bert, ids, mode, ks, int(seed))
+    edits = draw_edits(bert, ids, mode, ks, int(seed), positions)
+    candidates, set_text = _set_ids(bert, vocabulary, edits, int(seed)) if mode != "delete" else (None, "")
     original = bert.hidden_states(ids)
-    outputs = {layer: bert.attention_block(layer, original[layer]).pre_norm for layer in chosen_layers}
-    rows = []
+    blocks = {layer: bert.attention_block(layer, original[layer]).pre_norm for layer in range(max(chosen_layers) + 1)}
+
+    def outputs_of(new_ids):
+        states = bert.hidden_states(list(new_ids))
+        return [bert.attention_block(layer, states[layer]).pre_norm for layer in range(max(chosen_layers) + 1)]
+
+    rows, search_info = [], {}
     for k_value, edit in edits.items():
         states = bert.hidden_states(list(edit.ids))
         n_new = len(edit.ids)
-        atoms = n if n_new == n else math.lcm(n, n_new)
+        template = edit_set(ids, mode, edit.positions, candidates if candidates is not None else [])
+        pairs = _matched(template)
+        sets = None
+        if set_certificate:
+            say(f"k = {k_value}: set certificate through layers 0..{max(chosen_layers)}")
+            sets = propagate(bert.model, template, layers=chosen_layers)
+        if search == 0:
+            search_info[k_value] = {"description": "the drawn edit only", "evaluated": 1, "exhaustive": False}
+        worst = {} if search == 0 else _worst(bert, ids, edit, mode, template, candidates, search, seed, chosen_layers, blocks, outputs_of,
+                       search_info, k_value, say)
         for layer in chosen_layers:
             X, X_new = original[layer], states[layer]
-            Y, Y_new = outputs[layer], bert.attention_block(layer, X_new).pre_norm
-            input_w1 = w1(_uniform(X), _uniform(X_new))
-            measured = w1(_uniform(Y), _uniform(Y_new))
-            hidden_w1 = w1(_uniform(original[layer + 1]), _uniform(states[layer + 1]))
-            norm = bert.layernorm_feeding(layer)
-            on_layernorm = block_constant(bert, layer, atoms)
-            radius = data_radius(norm.beta, X, X_new)
-            if radius > norm.radius_about_center:  # LayerNorm outputs cannot leave its ball: a float anomaly
-                raise NotCertifiedError("inputs of layer", f"tokens within {norm.radius_about_center} of the LayerNorm "
-                                        "bias", f"a token at distance up to {radius}",
-                                        "check the hidden states; the LayerNorm-image constant does not apply")
-            on_data = block_constant(bert, layer, atoms, radius)
-            constant = min(on_layernorm.value, on_data.value)
-            predicted = constant * input_w1
-            ratio = measured / predicted if predicted > 0 else (0.0 if measured == 0 else math.inf)
-            extra = {}
-            if mode == "replace":
-                moved = np.linalg.norm(Y - Y_new, axis=1)
-                unedited = np.setdiff1d(np.arange(n), edit.positions)
-                shifts = np.linalg.norm(X - X_new, axis=1)
-                extra = {"token_movement": float(moved.max()), "context_movement": float(moved[unedited].max()),
-                         "input_movement": float(shifts.max()), "coupling_bound": math.fsum(shifts) / n}
-            rows.append(PerturbationRow(
-                layer=layer, k=k_value, n=n, n_perturbed=n_new, atoms=atoms, input_w1=input_w1, measured=measured,
-                constant_layernorm=on_layernorm.value, constant_data=on_data.value,
-                radius_layernorm=norm.radius_about_center, radius_data=radius, predicted=predicted, ratio=ratio,
-                amplification=measured / input_w1 if input_w1 > 0 else math.inf,
-                verdict=_verdict(measured, constant, input_w1), hidden_w1=hidden_w1, **extra))
-    rows.sort(key=lambda r: (r.layer, r.k))
-    return PerturbationReport(sentence, mode, int(seed), n, tuple(bert.tokenizer.decode_tokens(ids)), edits,
-                              tuple(rows), model=_model_label(model))
+            Y, Y_new = blocks[layer], bert.attention_block(layer, X_new).pre_norm
+            measured = w1(EmpiricalMeasure.uniform(Y), EmpiricalMeasure.uniform(Y_new))
+            moved = max(float(np.linalg.norm(Y[a] - Y_new[i])) for a, i in pairs) if len(pairs) else math.nan
+            coupling = w1_with_plan(EmpiricalMeasure.uniform(X), EmpiricalMeasure.uniform(X_new))
+            plan = integer_plan(coupling.plan, n, n_new)
+            say(f"k = {k_value}, layer {layer}: path certificate")
+            path = path_certificate(bert.model.layer(layer).as_layer(residual=True), X, X_new, plan,
+                                    tolerance=path_tolerance)
+            predicted_set = math.nan if sets is None else coupling_bound(sets[layer], _set_plan(sets[layer], n, n_new, mode))
+            rows.append(EditRow(layer, k_value, tuple(edit.positions), n, measured, moved, path.bound,
+                                predicted_set, max(worst.get(layer, measured), measured),
+                                _global(bert, layer, X, X_new, coupling.value)))
+    rows.sort(key=lambda r: (r.k, r.layer))
+    return EditReport(sentence, mode, int(seed), n, tuple(bert.tokenizer.decode_tokens(ids)), edits, tuple(rows),
+                      {"description": set_text or "the deletion itself (a set of one edit)",
+                       "size": None if candidates is None else int(candidates.size)}, search_info,
+                      model=_model_label(model))
+
+
+def _matched(template) -> np.ndarray:
+    """``(a, i)``: original token a and the edited sentence's token i it became (an inserted token matches
+    none; it sits just before the token it was inserted before)."""
+    source = template.source
+    inserted = np.append(source[1:] == source[:-1], False)
+    return np.array([(a, i) for i, a in enumerate(source) if not inserted[i]])
+
+
+def _set_plan(layer_set, n: int, n_new: int, mode: str) -> np.ndarray:
+    """The coupling of the original outputs with the set's balls: the identity for a replacement, else
+    the optimal plan of the bounding costs ``||z_a - c_i|| + r_i`` (any coupling gives a valid bound)."""
+    if mode == "replace":
+        return np.eye(n, dtype=np.int64) * n
+    cost = np.linalg.norm(layer_set.original[:, None, :] - layer_set.centers[None, :, :], axis=-1) + layer_set.radii[None, :]
+    return integer_plan(None, n, n_new, cost)
+
+
+def _worst(bert, ids, edit, mode, template, candidates, search, seed, layers, blocks, outputs_of, info, k, say):
+    """The largest exact W1 per layer over the set (the edit itself for a deletion)."""
+    if mode == "delete":
+        info[k] = {"description": "the deletion itself", "evaluated": 1, "exhaustive": True}
+        return {}
+    slots = [i for i, words in enumerate(template.words) if words.size > 1]
+    drawn = [edit.ids[i] for i in slots]
+    options, exhaustive = zip(*[_search_ids(candidates, search, seed + j, [drawn[j]]) for j in range(len(slots))])
+    n_new = template.n_new
+    screen_pairs, screen_weights = _screening_coupling(len(ids), n_new, template)
+
+    def make(choice):
+        out = np.array([int(template.words[i][0]) for i in range(n_new)])
+        out[slots] = choice
+        return out
+
+    say(f"k = {k}: searching the worst edit over {sum(len(o) for o in options)} candidates")
+    found = worst_edits(bert.model, ids, make, slots, list(options), layers, [blocks[l] for l in range(max(layers) + 1)],
+                        screen_pairs, screen_weights, start=drawn, reference=outputs_of,
+                        exhaustive=all(exhaustive) and len(slots) == 1)
+    info[k] = {"description": ("every candidate" if found.exhaustive else
+                               f"{'screened' if len(slots) == 1 else 'coordinate ascent over'} "
+                               f"{found.evaluated} candidates") + f" in {found.seconds:.1f} s",
+               "evaluated": found.evaluated, "exhaustive": found.exhaustive, "seconds": found.seconds}
+    return found.values
+
+
+def _screening_coupling(n: int, n_new: int, template) -> tuple[np.ndarray, np.ndarray]:
+    """A fixed coupling of the original and an edited sentence for screening (north-west corner in order)."""
+    plan = integer_plan(None, n, n_new) if n != n_new else np.eye(n, dtype=np.int64) * n
+    pairs = np.argwhere(plan > 0)
+    return pairs, plan[pairs[:, 0], pairs[:, 1]] / (n * n_new)
+
+
+def _global(bert: BertModel, layer: int, X: np.ndarray, X_new: np.ndarray, input_w1: float) -> float:
+    """The pre-local prediction: the smaller certified W1 constant (LayerNorm image, data ball) times the input W1."""
+    n, n_new = len(X), len(X_new)
+    atoms = n if n == n_new else math.lcm(n, n_new)
+    norm = bert.layernorm_feeding(layer)
+    constants = [block_constant(bert, layer, atoms)]
+    radius = data_radius(norm.beta, X, X_new)
+    if radius <= norm.radius_about_center:
+        constants.append(block_constant(bert, layer, atoms, radius))
+    values = [c.value for c in constants if c.certified]
+    if not values:
+        return math.inf
+    return upper(interval(min(values)) * interval(input_w1))
 
 
 def _model_label(model) -> str:

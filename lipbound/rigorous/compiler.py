@@ -27,9 +27,10 @@ from mpmath import libmp
 
 from ..errors import NotCertifiedError
 from . import functions as F
+from .arrays import IntervalArray, as_interval_array
 from .intervals import IV, Verdict, certify_le, hull, interval
 
-__all__ = ["IntervalFunction", "compile_interval", "NAMED_FUNCTIONS"]
+__all__ = ["IntervalFunction", "compile_interval", "compile_array", "NAMED_FUNCTIONS"]
 
 #: SymPy function class name -> interval implementation (for functions defined outside SymPy).
 NAMED_FUNCTIONS: dict[str, Callable] = {
@@ -240,3 +241,72 @@ def _piecewise(node: sp.Piecewise, positions: dict) -> Callable:
                                 "add a final (expr, True) branch")
 
     return evaluate
+
+
+# Arrays ------------------------------------------------------------------------------------------
+def compile_array(expr, symbols: Sequence[sp.Symbol]) -> Callable:
+    """Compile ``expr`` for :class:`~lipbound.rigorous.arrays.IntervalArray` arguments (broadcast
+    together), in the order of ``symbols``: the vectorised twin of :func:`compile_interval`, for a
+    closed form evaluated on many data-dependent values at once.
+
+    Accepted: numbers, symbols, ``+``, ``*``, integer powers, square roots and their reciprocals,
+    ``exp``, ``Abs``, ``Min``, ``Max``.  Anything else raises :class:`NotCertifiedError` at compile time.
+    """
+    expr = sp.sympify(expr)
+    positions = {s: i for i, s in enumerate(symbols)}
+    missing = expr.free_symbols - set(positions)
+    if missing:
+        raise NotCertifiedError("expr", "symbols that all have a value", f"free symbols {sorted(map(str, missing))}",
+                                "give a value (array) for every free symbol")
+
+    def build(node) -> Callable:
+        if node.is_Symbol:
+            index = positions[node]
+            return lambda args: args[index]
+        if node.is_Number or isinstance(node, sp.NumberSymbol):
+            value = IntervalArray.constant(_constant(node))
+            return lambda args: value
+        if isinstance(node, (sp.Add, sp.Mul)):
+            parts = [build(a) for a in node.args]
+            join = (lambda a, b: a + b) if isinstance(node, sp.Add) else (lambda a, b: a * b)
+            return lambda args: functools.reduce(lambda s, p: join(s, p(args)), parts[1:], parts[0](args))
+        if isinstance(node, sp.Pow):
+            base, exponent = node.args
+            inner = build(base)
+            if exponent.is_Integer and int(exponent) >= 0:
+                k = int(exponent)
+                if k == 2:
+                    return lambda args: inner(args).square()
+                return lambda args: functools.reduce(lambda s, _: s * inner(args), range(k - 1), inner(args))
+            if exponent.is_Integer:
+                positive = build(sp.Pow(base, -exponent))
+                return lambda args: positive(args).reciprocal()
+            if exponent == sp.Rational(1, 2):
+                return lambda args: inner(args).sqrt()
+            if exponent == -sp.Rational(1, 2):
+                return lambda args: inner(args).sqrt().reciprocal()
+            if base == sp.E:
+                power = build(exponent)
+                return lambda args: power(args).exp()
+            raise _refuse(node)
+        if isinstance(node, (sp.Min, sp.Max)):
+            parts = [build(a) for a in node.args]
+            pick = (lambda a, b: a.minimum(b)) if isinstance(node, sp.Min) else (lambda a, b: a.maximum(b))
+            return lambda args: functools.reduce(lambda s, p: pick(s, p(args)), parts[1:], parts[0](args))
+        if type(node) is sp.Abs:
+            inner = build(node.args[0])
+            return lambda args: inner(args).abs()
+        if type(node) is sp.exp:
+            inner = build(node.args[0])
+            return lambda args: inner(args).exp()
+        raise _refuse(node)
+
+    evaluate = build(expr)
+
+    def call(*values):
+        if len(values) != len(symbols):
+            raise NotCertifiedError("arguments", f"{len(symbols)} arrays ({', '.join(map(str, symbols))})",
+                                    f"{len(values)} arrays", "pass one array per symbol, in order")
+        return evaluate(tuple(as_interval_array(v) for v in values))
+
+    return call

@@ -122,4 +122,32 @@ LEMMAS: Final[dict[str, tuple[str, str]]] = {
         r"For $\mu = \frac1n \sum_i \delta_{x_i}$ and $\nu = \frac1n \sum_i \delta_{y_i}$, "
         r"$W_1(\mu, \nu) = \min_\sigma \frac1n \sum_i \|x_i - y_{\sigma(i)}\| = "
         r"\min_\sigma \frac1n \|X - P_\sigma Y\|_{2,1}$, and attention is permutation-equivariant."),
+    "softmax-monotone": (
+        "Monotonicity of softmax",
+        r"$p_{ij} = m_j e^{s_{ij}} / \sum_l m_l e^{s_{il}}$ increases with $s_{ij}$ and decreases with every "
+        r"$s_{il}$, $l \ne j$; so scores within $[s^-_{il}, s^+_{il}]$ give "
+        r"$p_{ij} \le m_j e^{s^+_{ij}} / (m_j e^{s^+_{ij}} + \sum_{l \ne j} m_l e^{s^-_{il}})$, and symmetrically."),
+    "box-simplex": (
+        "Linear functions on the softmax box",
+        r"Over $\{p : p^-_l \le p_l \le p^+_l, \sum_l p_l = 1\}$ the maximum of $\sum_l p_l z_l$ is reached by "
+        r"raising the weights of the largest $z_l$ from $p^-_l$ to $p^+_l$ in turn until the total is one."),
+    "layernorm-jacobian": (
+        "Jacobian of LayerNorm",
+        r"With $u = Pz$, $n(u) = (\|u\|^2 + d\epsilon)^{1/2}$ and $g = u / n(u)$: "
+        r"$D\,\mathrm{LN}(z) = \operatorname{diag}(\gamma) \sqrt d\,(P - g g^\top) / n(u)$, and "
+        r"$0 \preceq P - g g^\top \preceq I$."),
+    "cap-chord": (
+        "Directions in a ball",
+        r"If $\|u' - u\| \le R < \|u\|$, the angle between $u'$ and $u$ is at most $\arcsin(R / \|u\|)$, so "
+        r"$\|u'/\|u'\| - u/\|u\|\| \le \sqrt{2 - 2\sqrt{1 - R^2/\|u\|^2}}$."),
+    "secant-slope": (
+        "Secant slopes",
+        r"For a $C^1$ function $\sigma$, $(\sigma(b) - \sigma(a)) / (b - a) = \sigma'(\xi)$ for some $\xi$ between "
+        r"$a$ and $b$: it lies in the range of $\sigma'$ over $[a, b]$."),
+    "telescoping": (
+        "Telescoping the chain rule",
+        r"$A_m \cdots A_1 - B_m \cdots B_1 = \sum_k A_m \cdots A_{k+1} (A_k - B_k) B_{k-1} \cdots B_1$."),
+    "midpoint-integral": (
+        "Integral along a segment",
+        r"$F(X') - F(X) = \int_0^1 DF(X(t)) (X' - X)\,dt$ for $X(t) = (1 - t) X + t X'$ and $F$ of class $C^1$."),
 }

@@ -1,0 +1,328 @@
+"""What each component does on a product of token balls: movement, Jacobian blocks, their variation.
+
+For a component ``g`` (a head, an attention layer with its residual, a LayerNorm, a residual
+feed-forward block) and token balls U around a centre X (:class:`~lipbound.local.balls.TokenBalls`),
+:class:`LocalBounds` holds certified upper bounds on
+
+* ``movement[i] >= sup_U ||g_i(Y) - g_i(X)||`` (so ``g(U)`` lies in the token balls about ``g(X)``);
+* ``blocks[i, j] >= sup_U ||B_ij(Y)||`` (the Jacobian block ``d g_i / d y_j``);
+* ``variation[i, j] >= sup_U ||B_ij(Y) - B_ij(X)||``;
+* ``at_center[i, j] >= ||B_ij(X)||``.
+
+The data-dependent facts are measured on X in interval arithmetic (:mod:`lipbound.local.enclosed`)
+and fed into the closed forms of :mod:`lipbound.symbolic.local` (score deviation, softmax
+range, attention movement, block and variation bounds, LayerNorm and feed-forward theorems),
+compiled by :func:`~lipbound.rigorous.compiler.compile_array`.  A layer's head h is read as a head
+whose values are ``v W_O^h`` (its contribution to the output), and heads add up (the split form
+of :func:`lipbound.symbolic.theorems.compose_heads`); the residual adds the identity
+(:func:`~lipbound.symbolic.theorems.residual`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import final
+
+import numpy as np
+from ..numeric.model import FeedForward, Head, Layer, LayerNorm
+from ..rigorous.arrays import IntervalArray, gelu_slope
+from ..rigorous.elementwise import gelu_slope_extrema
+from ..rigorous.compiler import compile_array
+from ..rigorous.linalg import product_norm_upper, spectral_norm_upper, spectral_norm_upper_large
+from ..symbolic import local as T
+from .balls import TokenBalls
+from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedLayerNorm
+
+__all__ = ["LocalBounds", "attention_bounds", "layernorm_bounds", "feedforward_bounds", "simplex_box_max"]
+
+
+@final
+@dataclass(frozen=True, eq=False)
+class LocalBounds:
+    """Certified bounds of one component on token balls (module docstring); arrays of floats."""
+
+    movement: np.ndarray
+    blocks: np.ndarray
+    variation: np.ndarray
+    at_center: np.ndarray
+    output: IntervalArray
+    facts: dict
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(theorem_id: str):
+    theorem = T.LOCAL_THEOREMS[theorem_id]
+    symbols = sorted(theorem.statement.free_symbols, key=str)
+    return compile_array(theorem.statement, symbols), [str(s) for s in symbols]
+
+
+def _enclose(theorem, **values) -> IntervalArray:
+    """A local theorem's statement on arrays, its symbols given by their (LaTeX) names."""
+    function, names = _compiled(theorem.id)
+    return function(*[values[name] for name in names])
+
+
+def _evaluate(theorem, **values) -> np.ndarray:
+    """The upper end of :func:`_enclose`: the certified upper bound the theorem states."""
+    return _enclose(theorem, **values).hi
+
+
+def simplex_box_max(p_lo: np.ndarray, p_hi: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """Upper bounds on ``max {sum_l p_l z_l : p_lo <= p <= p_hi, sum_l p_l = 1}`` over the last axis.
+
+    Lagrangian duality: for every lambda, ``sum_l p_l z_l = lambda + sum_l p_l (z_l - lambda) <=
+    lambda + sum_l max(p_lo_l (z_l - lambda), p_hi_l (z_l - lambda))``; lambda is taken at the greedy
+    breakpoint (lemma ``box-simplex``), where the bound is the maximum, and evaluated in interval
+    arithmetic, so any float lambda gives a valid bound.
+    """
+    p_lo, p_hi, z = (np.asarray(a, dtype=np.float64) for a in np.broadcast_arrays(p_lo, p_hi, z))
+    order = np.argsort(-z, axis=-1)
+    capacity = np.take_along_axis(p_hi - p_lo, order, axis=-1)
+    slack = 1.0 - p_lo.sum(axis=-1, keepdims=True)
+    filled = np.cumsum(capacity, axis=-1) >= slack
+    index = np.where(filled.any(axis=-1), filled.argmax(axis=-1), z.shape[-1] - 1)[..., None]
+    lam = np.take_along_axis(np.take_along_axis(z, order, axis=-1), index, axis=-1)
+    shifted = IntervalArray(z) - IntervalArray(lam)
+    terms = (shifted * IntervalArray(p_lo)).maximum(shifted * IntervalArray(p_hi))
+    return (terms.sum(axis=-1) + IntervalArray(lam[..., 0])).hi
+
+
+def _norm(head: Head, key: str, matrix_of) -> float:
+    """A certified spectral norm of a matrix (or of a product of two, without forming it), kept in the
+    head's cache of norms (the head is immutable)."""
+    cache = head.norm_cache
+    if ("local", key) not in cache:
+        matrix = matrix_of()
+        cache[("local", key)] = product_norm_upper(*matrix) if isinstance(matrix, tuple) else spectral_norm_upper(matrix)
+    return cache[("local", key)]
+
+
+def _head_norms(engine) -> dict:
+    """Certified ``||W_Q||, ||W_K||, ||V|| (= L_V), ||W_Q W_K^T||`` per head, arrays (H,)."""
+    out = {key: [] for key in ("W_Q", "W_K", "L_V", "QK")}
+    for h, head in enumerate(engine.heads):
+        W_Q, W_K, V = engine.head_weights(h)[:3]
+        out["W_Q"].append(_norm(head, "W_Q", lambda: W_Q))
+        out["W_K"].append(_norm(head, "W_K", lambda: W_K))
+        out["L_V"].append(_norm(head, "V", lambda: V))
+        out["QK"].append(_norm(head, "QK", lambda: (W_Q, W_K.T)))
+    return {key: np.array(value) for key, value in out.items()}
+
+
+
+def _value_space(E: EnclosedAttention, target) -> tuple[IntervalArray, IntervalArray, np.ndarray]:
+    """Values and head outputs where they act on the output: ``v_j W_O^h`` and ``f_i W_O^h`` for a layer
+    (each head of a layer is a head with values ``v W_O^h``), ``v_j`` and ``f_i`` for a head; and the
+    certified norm of each head's value map (``||V^h W_O^h||`` or ``||V||``), shape (H,)."""
+    engine = E.engine
+    if engine.W_O is None:
+        head = engine.heads[0]
+        return E.V, E.F, np.array([_norm(head, "V", lambda: engine.head_weights(0)[2])])
+    values, outputs, norms = [], [], []
+    for h, head in enumerate(engine.heads):
+        rows = target.output_block(h)
+        values.append(E.V[h].matmul(rows))
+        outputs.append(E.F[h].matmul(rows))
+        norms.append(_norm(head, "V W_O^h", lambda: (engine.head_weights(h)[2], rows)))
+    stack = lambda parts: IntervalArray(np.stack([p.lo for p in parts]), np.stack([p.hi for p in parts]))  # noqa: E731
+    return stack(values), stack(outputs), np.array(norms)
+
+
+def attention_bounds(target: Head | Layer, balls: TokenBalls, enclosed: EnclosedAttention | None = None,
+                     want_blocks: bool = True, scores: IntervalArray | None = None,
+                     value_shift: np.ndarray | None = None) -> LocalBounds:
+    """Bounds of a head, or of an attention layer (with its residual when ``target.residual``).
+
+    ``scores`` (H, n, n) and ``value_shift`` (H, n) replace the ball-derived score ranges and
+    ``Delta v_j = ||V^h W_O^h|| r_j`` when the caller knows sharper ones (e.g. maxima over a finite
+    set of inputs); both must hold on the whole of U.
+    """
+    E = enclosed or EnclosedAttention(target, balls.center, balls.masses)
+    engine = E.engine
+    norms = _head_norms(engine)
+    H, n = engine.H, balls.n
+    r = balls.radii
+    values, outputs, value_norms = _value_space(E, target)
+    b = np.stack([E.Q[h].matmul(engine.head_weights(h)[1].T).norm_upper() for h in range(H)])  # ||W_K q_i^T||
+    if scores is None:
+        a = np.stack([E.K[h].matmul(engine.head_weights(h)[0].T).norm_upper() for h in range(H)])  # ||W_Q k_j^T||
+        sigma = _evaluate(T.score_deviation(), **{
+            "c": E.c, r"\|W_Q \bar k_j^\top\|": a[:, None, :], r"\|W_K \bar q_i^\top\|": b[:, :, None],
+            r"\|W_Q W_K^\top\|": norms["QK"][:, None, None], "r_i": r[None, :, None], "r_j": r[None, None, :]})
+        scores = E.S + IntervalArray(-sigma, sigma)
+    p_hi, p_lo = _softmax_range(scores, balls.masses)
+    p_hi, p_lo = np.maximum(p_hi, E.P.hi), np.minimum(p_lo, E.P.lo)
+    delta = np.maximum((IntervalArray(p_hi) - IntervalArray(E.P.lo)).hi, (IntervalArray(E.P.hi) - IntervalArray(p_lo)).hi)
+    rho = (values.expand(1) - outputs.expand(2)).norm_upper()                     # ||(v_j - f_i) W_O^h|| at X
+    shift = (IntervalArray(value_norms[:, None]) * IntervalArray(r[None, :])).hi if value_shift is None else value_shift
+    D = (IntervalArray(delta) * IntervalArray(rho)).sum(axis=-1).hi
+    mean_shift = simplex_box_max(p_lo, p_hi, np.broadcast_to(shift[:, None, :], p_lo.shape))
+    head_move = _evaluate(T.attention_movement(), D_i=D, **{r"E_i[\Delta v]": mean_shift})
+    reach = _evaluate(T.attention_reach(), **{r"E_i[\rho + \Delta v]": simplex_box_max(
+        p_lo, p_hi, (IntervalArray(rho) + IntervalArray(shift[:, None, :])).hi)})
+    head_move = np.minimum(head_move, reach)
+    facts = {"p_hi": p_hi, "p_lo": p_lo, "head_movement": head_move, "scores": scores}
+    per_head = [head_move]
+    if want_blocks:
+        per_head += list(_attention_blocks(E, norms, value_norms, r, shift, p_lo, p_hi, delta, rho, head_move, b))
+    movement, *matrices = (IntervalArray(m).sum(axis=0).hi for m in per_head)   # heads add up (multi-head rule)
+    if engine.residual:
+        movement = (IntervalArray(movement) + IntervalArray(r)).hi
+        if want_blocks:
+            eye = IntervalArray(np.eye(n))
+            matrices[0] = (IntervalArray(matrices[0]) + eye).hi
+            matrices[2] = (IntervalArray(matrices[2]) + eye).hi
+    blocks, variation, at_center = matrices if want_blocks else (None, None, None)
+    if want_blocks:  # the mean value theorem on U, token by token: movement_i <= sum_j M_ij r_j
+        movement = np.minimum(movement, IntervalArray(blocks).einsum("ij,j->i", IntervalArray(r)).hi)
+    return LocalBounds(movement, blocks, variation, at_center, output=E.output, facts=facts)
+
+
+def _softmax_range(scores: IntervalArray, masses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(p_upper, p_lower)`` for scores anywhere in ``scores`` (theorems local-softmax-upper/lower).
+
+    Upper ends: shift every row by its largest lower score, so the other tokens' sum Z^- (or the own
+    term) contains a term ``e^0`` and the denominator stays away from 0; an own exponent beyond 700
+    gives the trivial bound 1.  Lower ends: shift by the largest upper score; where the denominator's
+    enclosure reaches 0 (everything underflows) the trivial bound 0 is used.
+    """
+    m = IntervalArray(masses)
+    ends = {}
+    for side, values, others in (("upper", scores.hi, scores.lo), ("lower", scores.lo, scores.hi)):
+        shift = np.max(scores.lo if side == "upper" else scores.hi, axis=-1, keepdims=True)
+        exponent = IntervalArray(values) - IntervalArray(shift)
+        trivial = exponent.hi > 700.0
+        exponent = IntervalArray(np.minimum(exponent.lo, 700.0), np.minimum(exponent.hi, 700.0))
+        rest = (IntervalArray(others) - IntervalArray(shift)).exp() * m
+        Z = rest.sum(axis=-1, keepdims=True) - rest                          # sum over l != j
+        Z = IntervalArray(np.maximum(Z.lo, 0.0), np.maximum(Z.hi, 0.0))
+        own = exponent.exp() * m
+        undefined = (own + Z).lo <= 0.0
+        Z = IntervalArray(np.where(undefined, 1.0, Z.lo), np.where(undefined, 1.0, Z.hi))
+        theorem = T.softmax_upper() if side == "upper" else T.softmax_lower()
+        names = {"upper": (r"s^{+}_{ij}", r"Z^{-}_{ij}"), "lower": (r"s^{-}_{ij}", r"Z^{+}_{ij}")}[side]
+        result = _enclose(theorem, **{"m_j": m, names[0]: exponent, names[1]: Z})
+        if side == "upper":
+            ends[side] = np.where(trivial | undefined, 1.0, np.minimum(result.hi, 1.0))
+        else:
+            ends[side] = np.where(undefined, 0.0, np.maximum(result.lo, 0.0))
+    return ends["upper"], ends["lower"]
+
+
+def _attention_blocks(E: EnclosedAttention, norms: dict, value_norms, r, shift, p_lo, p_hi, delta, rho, head_move,
+                      w_norm):
+    """Per head ``(M, V, N)`` of shape (H, n, n): block bounds on U, their variation, and at X
+    (theorems local-attention-block and local-attention-variation, in the heads' output space)."""
+    H = E.engine.H
+    L_V = value_norms[:, None, None]
+    rj = r[None, None, :]
+    mu = head_move[:, :, None]
+    dU = (IntervalArray(shift[:, None, :]) + IntervalArray(mu)).hi
+    U_plus = (IntervalArray(rho) + IntervalArray(dU)).hi                                  # (H, n, n)
+    w_plus = (IntervalArray(w_norm) + IntervalArray(norms["QK"][:, None] * r[None, :])).hi  # (H, n)
+    dw = (IntervalArray(norms["QK"][:, None]) * IntervalArray(r[None, :])).hi
+    # K^+_il = ||k_l - kappa_i|| + ||W_K|| r_l with the fixed key kappa_i = sum_l p_il k_l (floats at X)
+    kappa = np.einsum("hil,hlk->hik", E.P.mid, E.K.mid)
+    key_spread = (E.K.expand(1) - IntervalArray(kappa).expand(2)).norm_upper()           # (H, n, n)
+    key_shift = IntervalArray(norms["W_K"][:, None, None]) * IntervalArray(rj)
+    K_plus = (IntervalArray(key_spread) + key_shift).hi
+    C_plus = simplex_box_max(p_lo, p_hi, (IntervalArray(U_plus) * IntervalArray(K_plus)).hi)
+    dC = (IntervalArray(delta) * IntervalArray(U_plus) * IntervalArray(K_plus)
+          + IntervalArray(E.P.hi) * (IntervalArray(dU) * IntervalArray(K_plus)
+                                     + IntervalArray(rho) * key_shift)).sum(axis=-1).hi
+    C_at = simplex_box_max(E.P.lo, E.P.hi, (IntervalArray(rho) * IntervalArray(key_spread)).hi)
+    diagonal = np.broadcast_to(np.eye(E.n), (H, E.n, E.n))
+    common = {"c": E.c, "L_V": L_V, r"[i = j]": diagonal, "W_Q": norms["W_Q"][:, None, None]}
+    M = _evaluate(T.attention_block(), **common, **{
+        r"p^{+}_{ij}": p_hi, r"U^{+}_{ij}": U_plus, r"w^{+}_i": w_plus[:, :, None], r"C^{+}_i": C_plus[:, :, None]})
+    V = _evaluate(T.attention_variation(), **common, **{
+        r"\delta_{ij}": delta, r"U^{+}_{ij}": U_plus, r"w^{+}_i": w_plus[:, :, None], r"\bar p_{ij}": E.P.hi,
+        r"\Delta U_{ij}": dU, r"\|\bar u_{ij}\|": rho, r"\Delta w_i": dw[:, :, None], r"\Delta C_i": dC[:, :, None]})
+    N = _evaluate(T.attention_block(), **common, **{
+        r"p^{+}_{ij}": E.P.hi, r"U^{+}_{ij}": rho, r"w^{+}_i": w_norm[:, :, None], r"C^{+}_i": C_at[:, :, None]})
+    return M, V, N
+
+
+# LayerNorm ------------------------------------------------------------------------------------------
+def layernorm_bounds(norm: LayerNorm, balls: TokenBalls, enclosed: EnclosedLayerNorm | None = None) -> LocalBounds:
+    """Bounds of a LayerNorm (per token: the block matrices are diagonal)."""
+    E = enclosed or EnclosedLayerNorm(norm, balls.center)
+    R = balls.radii
+    common = {r"\|\gamma\|_\infty": np.float64(norm.gamma_max), "d": np.float64(norm.d), r"\nu": E.nu,
+              r"\delta": E.delta}
+    lipschitz = _evaluate(T.layernorm_lipschitz(), **common, R=R)
+    at_center = _evaluate(T.layernorm_lipschitz(), **common, R=np.zeros_like(R))
+    reach = (IntervalArray(norm.radius_about_center) + IntervalArray((E.output - IntervalArray(norm.beta)).norm_upper())).hi
+    small = R < E.nu.lo                                                      # the chord form needs R < nu
+    chord = np.full_like(R, np.inf)
+    if np.any(small):
+        chord[small] = _evaluate(T.layernorm_movement(), **{k: (v[small] if isinstance(v, IntervalArray) and v.shape
+                                                                 else v) for k, v in common.items()}, R=R[small])
+    movement = np.minimum(np.minimum(chord, (IntervalArray(lipschitz) * IntervalArray(R)).hi), reach)
+    scale = IntervalArray(norm.gamma_max) * IntervalArray(float(norm.d)).sqrt()
+    G = np.minimum((IntervalArray(movement) / scale).hi, 2.0)
+    variation = _evaluate(T.layernorm_variation(), **common, R=R, G=G)
+    return LocalBounds(movement, np.diag(lipschitz), np.diag(variation), np.diag(at_center), E.output,
+                       {"nu": E.nu, "lipschitz": lipschitz})
+
+
+# Feed-forward ----------------------------------------------------------------------------------------
+def _column_norms(ffn: FeedForward) -> np.ndarray:
+    return IntervalArray(ffn.W_1).norm_upper(axis=0)
+
+
+def _split_norms(ffn: FeedForward, spread: np.ndarray) -> tuple[float, float]:
+    """``(||W_2^T diag(s)^{1/2}||, ||diag(s)^{1/2} W_1^T||)`` for one token's slope deviations s, certified."""
+    if not np.any(spread):
+        return 0.0, 0.0
+    root = IntervalArray(spread).sqrt()
+    left = (IntervalArray(ffn.W_2) * root[:, None]).to_enclosure()
+    right = (IntervalArray(ffn.W_1) * root[None, :]).to_enclosure()
+    return spectral_norm_upper_large(left), spectral_norm_upper_large(right)
+
+
+_GLOBAL: dict = {}
+
+
+def feedforward_global(ffn: FeedForward) -> float:
+    """``1 + max GELU' ||W_1|| ||W_2||``: the residual block's Lipschitz constant on all of R^d
+    (``max GELU' = GELU'(sqrt 2) = 1.1289...``); computed once per block."""
+    key = id(ffn)
+    if key not in _GLOBAL or _GLOBAL[key][0] is not ffn:
+        top = gelu_slope_extrema()[1][1]
+        value = (IntervalArray(1.0) + IntervalArray(top) * IntervalArray(spectral_norm_upper(ffn.W_1))
+                 * IntervalArray(spectral_norm_upper(ffn.W_2))).hi.item()
+        _GLOBAL[key] = (ffn, value)
+    return _GLOBAL[key][1]
+
+
+def feedforward_bounds(ffn: FeedForward, balls: TokenBalls, enclosed: EnclosedFeedForward | None = None,
+                       want_variation: bool = True, local_limit: float = 2.0) -> LocalBounds:
+    """Bounds of the residual feed-forward block ``y + FFN(y)`` (per token): on the ball of token i the
+    slopes ``GELU'(h_k)`` stay within ``s_k`` of their value at the centre, so
+    ``sup ||B_ii(Y) - B_ii(X)|| <= ||W_2^T diag(s)^(1/2)|| ||diag(s)^(1/2) W_1^T||`` (theorem
+    local-feedforward-variation), ``sup ||B_ii|| <= ||B_ii(X)|| + that`` (theorem local-lipschitz), and
+    the movement is at most that times the radius (mean value theorem, lemma secant-slope).  Tokens whose
+    radius exceeds ``local_limit`` (their slopes range over nearly everything) take the global constant
+    :func:`feedforward_global`, unless the variation is asked for."""
+    E = enclosed or EnclosedFeedForward(ffn, balls.center)
+    R = balls.radii
+    n = R.shape[0]
+    local = (R > 0) & ((R <= local_limit) | want_variation)
+    reach = IntervalArray(_column_norms(ffn))[None, :] * IntervalArray(R)[:, None]
+    slopes = gelu_slope(E.h + IntervalArray(-reach.hi, reach.hi))                 # GELU' over the interval of h
+    factors = np.zeros((2, n))
+    for i in np.flatnonzero(local):
+        deviation = np.maximum((IntervalArray(slopes.hi[i]) - IntervalArray(E.slope.lo[i])).hi,
+                               (IntervalArray(E.slope.hi[i]) - IntervalArray(slopes.lo[i])).hi)
+        factors[:, i] = _split_norms(ffn, deviation)
+    names = (r"\|W_2^\top \operatorname{diag}(s)^{1/2}\|", r"\|\operatorname{diag}(s)^{1/2} W_1^\top\|")
+    variation = _evaluate(T.feedforward_variation(), **{names[0]: factors[0], names[1]: factors[1]})
+    at_center = E.jacobian_norms(None if want_variation else np.flatnonzero(local))
+    lipschitz = _evaluate(T.jacobian_on_neighbourhood(), **{r"\|Df(X)\|": at_center,
+                                                            r"\sup_U \|Df(Y) - Df(X)\|": variation})
+    lipschitz = np.where(local | (R == 0), lipschitz, feedforward_global(ffn))
+    movement = (IntervalArray(lipschitz) * IntervalArray(R)).hi
+    return LocalBounds(movement, np.diag(lipschitz), np.diag(variation), np.diag(at_center), E.output,
+                       {"slopes": slopes})

@@ -1,0 +1,170 @@
+"""Chains of components: a head, an attention layer, a transformer block, a stack of blocks.
+
+A :class:`Component` is one map of a post-LN BERT layer (Devlin et al. 2019)::
+
+    Z = X + Attn(X),   Y = LN_att(Z),   X' = LN_out(Y + FFN(Y))
+
+-- ``"head"`` (one head), ``"attention"`` (the layer's heads and W_O with the residual),
+``"layernorm"``, ``"feedforward"`` (``y + FFN(y)``) -- evaluated three ways: rigorously at a point
+(:mod:`lipbound.local.enclosed`), on token balls (:mod:`lipbound.local.bounds`), and in float64
+with JVPs and VJPs for witnesses (the attention through :class:`~lipbound.numeric.attention.AttentionMap`).
+:func:`chain_for` builds the chain a user names: ``head``, ``layer`` (attention with residual),
+``block`` (the whole layer) or ``stack`` (several whole layers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import final
+
+import numpy as np
+from scipy.special import ndtr
+
+from ..errors import AssumptionError
+from ..numeric.attention import AttentionMap
+from ..numeric.model import FeedForward, LayerNorm, Model
+from ..rigorous.arrays import IntervalArray
+from .balls import TokenBalls
+from .bounds import LocalBounds, attention_bounds, feedforward_bounds, layernorm_bounds
+from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedLayerNorm
+
+__all__ = ["Component", "KINDS", "chain_for", "chain_forward", "chain_jvp", "chain_vjp"]
+
+#: what a user can ask a local constant of
+KINDS = {"head": "one attention head", "layer": "the attention layer with its residual, X + MHA(X)",
+         "block": "the whole transformer layer: LN(Z + FFN(Z)), Z = LN(X + MHA(X))",
+         "stack": "several whole layers, one after the other"}
+
+
+@final
+@dataclass(frozen=True, eq=False)
+class Component:
+    """One map of a chain: ``kind`` in {"head", "attention", "layernorm", "feedforward"}."""
+
+    kind: str
+    target: object
+    name: str
+
+    def enclose(self, X):
+        if self.kind in ("head", "attention"):
+            return EnclosedAttention(self.target, X)
+        if self.kind == "layernorm":
+            return EnclosedLayerNorm(self.target, X)
+        return EnclosedFeedForward(self.target, X)
+
+    def bounds(self, balls: TokenBalls, enclosed=None, want_blocks: bool = True) -> LocalBounds:
+        if self.kind in ("head", "attention"):
+            return attention_bounds(self.target, balls, enclosed, want_blocks=want_blocks)
+        if self.kind == "layernorm":
+            return layernorm_bounds(self.target, balls, enclosed)
+        return feedforward_bounds(self.target, balls, enclosed, want_variation=want_blocks)
+
+    def jacobian(self, enclosed) -> IntervalArray:
+        """The dense Jacobian at the enclosed point, row convention ``(n d_in, n d_out)``."""
+        if self.kind in ("head", "attention"):
+            return enclosed.jacobian()
+        n, d = enclosed.output.shape
+        lo, hi = np.zeros((n * d, n * d)), np.zeros((n * d, n * d))
+        for i in range(n):
+            block = enclosed.jacobian_block(i)
+            lo[i * d:(i + 1) * d, i * d:(i + 1) * d] = block.lo
+            hi[i * d:(i + 1) * d, i * d:(i + 1) * d] = block.hi
+        return IntervalArray(lo, hi)
+
+    # float64, batched (b, n, d) -------------------------------------------------------------------
+    def _engine(self) -> AttentionMap:
+        engine = getattr(self, "_cached_engine", None)
+        if engine is None:
+            engine = AttentionMap(self.target)
+            object.__setattr__(self, "_cached_engine", engine)
+        return engine
+
+    def forward(self, X: np.ndarray) -> np.ndarray:
+        if self.kind in ("head", "attention"):
+            return self._engine().linearize(X).F
+        if self.kind == "layernorm":
+            return self.target(X)
+        return X + self.target(X)
+
+    def jvp(self, X: np.ndarray, E: np.ndarray) -> np.ndarray:
+        if self.kind in ("head", "attention"):
+            return self._engine().linearize(X).jvp(E)
+        if self.kind == "layernorm":
+            g, scale = _layernorm_parts(self.target, X)
+            centred = E - E.mean(axis=-1, keepdims=True)
+            return (centred - g * np.sum(g * centred, axis=-1, keepdims=True)) * (self.target.gamma * scale)
+        slopes = _gelu_slope(X @ self.target.W_1 + self.target.b_1)
+        return E + ((E @ self.target.W_1) * slopes) @ self.target.W_2
+
+    def vjp(self, X: np.ndarray, G: np.ndarray) -> np.ndarray:
+        if self.kind in ("head", "attention"):
+            return self._engine().linearize(X).vjp(G)
+        if self.kind == "layernorm":
+            g, scale = _layernorm_parts(self.target, X)
+            W = G * (self.target.gamma * scale)
+            centred = W - W.mean(axis=-1, keepdims=True)
+            return centred - g * np.sum(g * W, axis=-1, keepdims=True)
+        slopes = _gelu_slope(X @ self.target.W_1 + self.target.b_1)
+        return G + ((G @ self.target.W_2.T) * slopes) @ self.target.W_1.T
+
+
+def _layernorm_parts(norm: LayerNorm, X: np.ndarray):
+    """``g = u / n(u)`` and ``sqrt(d) / n(u)`` per token (float)."""
+    u = X - X.mean(axis=-1, keepdims=True)
+    size = np.sqrt(np.sum(u * u, axis=-1, keepdims=True) + norm.d * norm.eps)
+    return u / size, np.sqrt(norm.d) / size
+
+
+def _gelu_slope(h: np.ndarray) -> np.ndarray:
+    """``GELU'(h) = Phi(h) + h phi(h)`` in float (witnesses only; certificates use the enclosed slopes)."""
+    return ndtr(h) + h * np.exp(-0.5 * h * h) / np.sqrt(2 * np.pi)
+
+
+def chain_for(model: Model, kind: str, layer: int, head: int | None = None, last: int | None = None) -> list[Component]:
+    """The chain a user names (layers and heads counted from 0).
+
+    ``head``: head ``head`` of ``layer``; ``layer``: the attention layer with its residual;
+    ``block``: the whole layer; ``stack``: whole layers ``layer..last``.
+    """
+    if kind not in KINDS:
+        raise AssumptionError("--kind", f"one of {', '.join(KINDS)}", repr(kind), "e.g. --kind layer")
+    if kind == "head":
+        if head is None:
+            raise AssumptionError("--head", "a head index (counted from 0) for --kind head", "none", "pass --head 0")
+        return [Component("head", model.head(layer, head), f"layer {layer} head {head}")]
+    if kind == "layer":
+        return [Component("attention", model.layer(layer).as_layer(residual=True), f"layer {layer} attention")]
+    last = layer if kind == "block" or last is None else last
+    if last < layer:
+        raise AssumptionError("--last", f"a layer at least {layer}", repr(last), f"pass --last {layer} or more")
+    chain = []
+    for index in range(layer, last + 1):
+        item = model.layer(index)
+        if item.ffn is None or item.ln_out is None or item.ffn_norm is None or item.placement != "post":
+            raise AssumptionError("--kind", "a post-LN layer with its feed-forward block (a full BERT checkpoint)",
+                                  f"layer {index} without them", "load the full model, or use --kind layer")
+        chain += [Component("attention", item.as_layer(residual=True), f"layer {index} attention"),
+                  Component("layernorm", item.ln_out, f"layer {index} attention LayerNorm"),
+                  Component("feedforward", item.ffn, f"layer {index} feed-forward"),
+                  Component("layernorm", item.ffn_norm, f"layer {index} output LayerNorm")]
+    return chain
+
+
+def chain_forward(chain: list[Component], X: np.ndarray) -> list[np.ndarray]:
+    """``[X_1 = X, X_2, ..., X_{m+1}]`` (float, batched)."""
+    states = [X]
+    for component in chain:
+        states.append(component.forward(states[-1]))
+    return states
+
+
+def chain_jvp(chain: list[Component], states: list[np.ndarray], E: np.ndarray) -> np.ndarray:
+    for component, X in zip(chain, states):
+        E = component.jvp(X, E)
+    return E
+
+
+def chain_vjp(chain: list[Component], states: list[np.ndarray], G: np.ndarray) -> np.ndarray:
+    for component, X in zip(reversed(chain), reversed(states[:len(chain)])):
+        G = component.vjp(X, G)
+    return G

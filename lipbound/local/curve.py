@@ -1,0 +1,367 @@
+"""The local Lipschitz constant ``L(eps)`` of a chain around a real input, certified and witnessed.
+
+For a chain ``F = g_m o ... o g_1`` (:mod:`lipbound.local.chains`), an input X and a neighbourhood
+``U(X, eps)`` (:class:`~lipbound.local.balls.Neighbourhood`), the certified value is
+
+    L(eps) <= min( ||DF(X)||  +  || sum_k (M_m ... M_{k+1}) V_k (N_{k-1} ... N_1) ||,   ||M_m ... M_1||,   L_global )
+
+(theorems ``local-lipschitz`` and ``local-chain``): ``N_k``, ``M_k``, ``V_k`` are the matrices of
+per-token block norms of ``Dg_k`` at the centre, their bounds on the token balls ``U_k`` (``U_1`` encloses
+``U(X, eps)``, ``U_{k+1} = g_k(U_k)`` enclosed by the movement bounds), and the bounds on their
+variation; ``||DF(X)||`` is the certified norm of the dense Jacobian at X (Frobenius: one Gram
+product and one Cholesky, :func:`~lipbound.rigorous.linalg.spectral_norm_upper_large`; (2,1) and
+(2,inf): the largest column or row sum of certified block norms); the norm of a matrix of block
+norms is its spectral norm (Frobenius), its largest column sum ((2,1)) or row sum ((2,inf)).
+``L_global`` is the certified constant of :mod:`lipbound.numeric.certify` on the LayerNorm image
+(heads and attention layers).  As eps -> 0 the value tends to ``||DF(X)||``; for large eps it meets
+the global constant.
+
+The witness is a point Y of ``U(X, eps)`` itself (not of its enclosure) and the Jacobian norm there:
+power iteration (JVP/VJP) for the Frobenius norm, the column or row maximisation of a dense float
+Jacobian for the mixed norms, improved by a few projected ascent steps whose gradient is the
+symmetric difference of VJPs along the top singular direction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import final
+
+import numpy as np
+
+from ..errors import AssumptionError
+from ..numeric.certify import head_constant, layer_constant
+from ..numeric.domains import LayerNormOutputs
+from ..numeric.model import Model
+from ..rigorous.arrays import IntervalArray
+from ..rigorous.intervals import Verdict, certify_le, interval
+from ..rigorous.linalg import Enclosure, spectral_norm_upper, spectral_norm_upper_large
+from ..rigorous.value import CertifiedValue
+from .balls import LIPSCHITZ_NORMS, Neighbourhood, TokenBalls
+from .chains import Component, chain_for, chain_forward, chain_jvp, chain_vjp
+
+__all__ = ["CurvePoint", "LipschitzCurve", "lipschitz_curve", "DENSE_LIMIT", "FLOAT_ALLOWANCE"]
+
+#: Largest ``n d`` for which the Frobenius norm of the dense Jacobian is certified directly
+#: (above it, the spectral norm of the matrix of block norms bounds it).
+DENSE_LIMIT = 6144
+#: Relative widening of a float witness before it is compared with a certified value.
+FLOAT_ALLOWANCE = 1e-6
+
+
+@final
+@dataclass(frozen=True)
+class CurvePoint:
+    """One eps: the certified bound, the witness, and what the bound is made of."""
+
+    eps: float
+    certified: float
+    witness: float
+    local: float
+    variation: float
+    global_constant: float
+    verdict: str
+
+    @property
+    def ratio(self) -> float:
+        return self.certified / self.witness if self.witness > 0 else math.inf
+
+    def to_json(self) -> dict:
+        return {"eps": self.eps, "certified": self.certified, "witness": self.witness, "ratio": self.ratio,
+                "local": self.local, "variation": self.variation, "global": self.global_constant,
+                "verdict": self.verdict}
+
+
+@final
+@dataclass(frozen=True)
+class LipschitzCurve:
+    """``L(eps)`` of a chain around one input (see :func:`lipschitz_curve`)."""
+
+    kind: str
+    description: str
+    norm: str
+    ball: str
+    positions: tuple
+    n: int
+    radius: float
+    jacobian_norm: float
+    jacobian_witness: float
+    points: tuple = field(default=())
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "component": self.description, "norm": self.norm, "ball": self.ball,
+                "positions": list(self.positions), "n": self.n, "layernorm_radius": self.radius,
+                "jacobian_norm": self.jacobian_norm, "jacobian_witness": self.jacobian_witness,
+                "points": [p.to_json() for p in self.points]}
+
+
+def _check_norm(norm: str) -> str:
+    if norm not in LIPSCHITZ_NORMS:
+        raise AssumptionError("--norm", f"one of {', '.join(LIPSCHITZ_NORMS)}", repr(norm), "e.g. --norm fro")
+    return norm
+
+
+def _matrix_norm(T: np.ndarray, norm: str) -> float:
+    """The norm of a non-negative matrix of block norms that bounds the operator norm (module docstring)."""
+    T = np.asarray(T, dtype=np.float64)
+    if not np.any(T):
+        return 0.0
+    if norm == "fro":
+        return spectral_norm_upper(T)
+    sums = IntervalArray(T).sum(axis=0 if norm == "2,1" else 1).hi
+    return float(np.max(sums))
+
+
+def _product(*matrices: np.ndarray) -> np.ndarray:
+    """Upper bound on the product of non-negative matrices (each rounding covered)."""
+    out = matrices[0]
+    for M in matrices[1:]:
+        out = IntervalArray(out).einsum("ij,jk->ik", IntervalArray(M)).hi
+    return out
+
+
+def _block_norms(J: Enclosure, n_in: int, n_out: int, d_in: int, d_out: int) -> np.ndarray:
+    """Certified ``||B_ij||_2`` from a dense row-convention Jacobian: (n_out, n_in)."""
+    enclosure = J
+    out = np.zeros((n_out, n_in))
+    for j in range(n_in):
+        for i in range(n_out):
+            block = Enclosure(enclosure.mid[j * d_in:(j + 1) * d_in, i * d_out:(i + 1) * d_out],
+                              enclosure.rad[j * d_in:(j + 1) * d_in, i * d_out:(i + 1) * d_out])
+            out[i, j] = block.norm_upper()
+    return out
+
+
+class _Centre:
+    """The chain at the centre: exact float points X_k, their rounding radii, enclosures, Jacobians."""
+
+    def __init__(self, chain: list[Component], X: np.ndarray, dense: bool):
+        self.points, self.rounding, self.enclosed = [np.asarray(X, dtype=np.float64)], [np.zeros(X.shape[0])], []
+        for component in chain:
+            enclosed = component.enclose(self.points[-1])
+            self.enclosed.append(enclosed)
+            mid = enclosed.output.mid
+            self.points.append(mid)
+            self.rounding.append((enclosed.output - IntervalArray(mid)).norm_upper())
+        self.jacobian = None
+        if dense:
+            product = None
+            for component, enclosed in zip(chain, self.enclosed):
+                J = component.jacobian(enclosed).to_enclosure()
+                product = J if product is None else product @ J
+            self.jacobian = product
+
+
+def _global_constant(model: Model, chain: list[Component], layer: int, norm: str, n: int) -> float:
+    """The certified global constant on the LayerNorm image (heads and attention layers), else inf."""
+    if len(chain) != 1 or chain[0].kind not in ("head", "attention"):
+        return math.inf
+    domain = LayerNormOutputs(model.layer(layer).ln_in)
+    if chain[0].kind == "head":
+        value = head_constant(chain[0].target, norm, domain, n)
+    else:
+        value = layer_constant(chain[0].target, norm, domain, n, residual=True)
+    return value.value if value.certified else math.inf
+
+
+def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: int = 0, head: int | None = None,
+                    last: int | None = None, norm: str = "fro", ball: str = "fro", positions=(), eps=(),
+                    ascent_steps: int = 4, seed: int = 0, progress=None) -> LipschitzCurve:
+    """``L(eps)`` of a head, an attention layer, a block or a stack at the input ``X`` (n, d).
+
+    Parameters
+    ----------
+    model : Model
+        The model description (:mod:`lipbound.numeric.model`).
+    X : ndarray, shape (n, d)
+        The input of ``layer`` (a sentence's hidden states ``hidden_states(ids)[layer]``, or any array).
+    kind : {"head", "layer", "block", "stack"}
+    layer, head, last : int
+        Layer (and head, and last layer of a stack), counted from 0.
+    norm : {"fro", "2,1", "2,inf"}
+        Norm of the Lipschitz constant.
+    ball : {"fro", "2,1", "2,inf", "tokens"}
+        The neighbourhood ``U(X, eps)``; ``"tokens"`` moves the tokens ``positions`` only.
+    eps : sequence of float
+        Radii of the neighbourhoods (non-negative).
+    ascent_steps : int
+        Projected ascent steps of the witness per eps.
+    progress : callable, optional
+        Called with ``(done, total)`` after each eps.
+    """
+    norm = _check_norm(norm)
+    X = np.asarray(X, dtype=np.float64)
+    chain = chain_for(model, kind, layer, head, last)
+    n, d = X.shape
+    neighbourhoods = [Neighbourhood(ball, e, tuple(positions)) for e in eps]
+    if not neighbourhoods:
+        raise AssumptionError("--eps", "at least one radius", "none", "e.g. --eps 1e-3,1e-2,1e-1")
+    moving = neighbourhoods[0].moving(n)
+    dense = n * d <= DENSE_LIMIT
+    centre = _Centre(chain, X, dense)
+    witness_at_x, direction = _witness_value(chain, X, moving, norm, seed)
+    N_dense = _jacobian_norm(centre, chain, moving, norm, witness_at_x, n, d)
+    per_component = [None] * len(chain)
+    N_blocks = []
+    for k, component in enumerate(chain):
+        zero = TokenBalls(centre.points[k], centre.rounding[k])
+        per_component[k] = component.bounds(zero, centre.enclosed[k])
+        N_blocks.append(per_component[k].at_center)
+    global_value = _global_constant(model, chain, layer, norm, n)
+    radius = model.layer(layer).ln_in.radius_about_center if model.layer(layer).ln_in is not None else math.nan
+    points = []
+    for index, hood in enumerate(neighbourhoods):
+        balls = hood.balls(X)
+        M, V = [], []
+        for k, component in enumerate(chain):
+            bounds = component.bounds(balls, centre.enclosed[k])
+            M.append(bounds.blocks)
+            V.append(bounds.variation)
+            if k + 1 < len(chain):
+                radii = (IntervalArray(bounds.movement) + IntervalArray(centre.rounding[k + 1])).hi
+                balls = TokenBalls(centre.points[k + 1], radii)
+        columns = np.flatnonzero(moving)
+        total = np.zeros((n, columns.size))
+        for k in range(len(chain)):
+            right = _product(*reversed(N_blocks[:k]))[:, columns] if k else np.eye(n)[:, columns]
+            left = _product(*reversed(M[k + 1:])) if k + 1 < len(chain) else np.eye(n)
+            total = (IntervalArray(total) + IntervalArray(_product(left, V[k], right))).hi
+        variation = _matrix_norm(total, norm)
+        local = (IntervalArray(N_dense) + IntervalArray(variation)).hi.item()
+        crude = _matrix_norm(_product(*reversed(M))[:, columns], norm)
+        certified = min(local, crude, global_value)
+        witness, direction = _witness_search(chain, X, hood, moving, norm, witness_at_x, direction, ascent_steps, seed)
+        verdict = certify_le(interval(witness) * interval(1 - FLOAT_ALLOWANCE), interval(certified))
+        points.append(CurvePoint(hood.eps, certified, witness, local, variation, global_value,
+                                 {Verdict.HOLDS: "holds", Verdict.FAILS: "violated"}.get(verdict, "not certified")))
+        if progress is not None:
+            progress(index + 1, len(neighbourhoods))
+    description = chain[0].name if len(chain) == 1 else f"{chain[0].name} .. {chain[-1].name}"
+    return LipschitzCurve(kind, description, norm, ball, tuple(positions), n, radius, N_dense, witness_at_x,
+                          tuple(points))
+
+
+# the Jacobian at X ------------------------------------------------------------------------------
+def _jacobian_norm(centre: _Centre, chain, moving, norm: str, estimate: float, n: int, d: int) -> float:
+    """Certified ``||DF(X)||`` restricted to the moving tokens' inputs."""
+    if centre.jacobian is None:
+        blocks = _product(*reversed([c.bounds(TokenBalls(p, r), e).at_center for c, p, r, e in
+                                     zip(chain, centre.points, centre.rounding, centre.enclosed)]))
+        return _matrix_norm(blocks[:, moving], norm)
+    J = centre.jacobian
+    d_out = J.shape[1] // n
+    rows = np.concatenate([np.arange(j * d, (j + 1) * d) for j in np.flatnonzero(moving)])
+    J = Enclosure(J.mid[rows], J.rad[rows])
+    if norm == "fro":
+        return spectral_norm_upper_large(J, estimate * (1 + 1e-9))
+    blocks = _block_norms(J, int(moving.sum()), n, d, d_out)
+    sums = IntervalArray(blocks).sum(axis=0 if norm == "2,1" else 1).hi
+    return float(np.max(sums))
+
+
+# witnesses ----------------------------------------------------------------------------------------
+def _float_jacobian(chain, Y: np.ndarray, moving: np.ndarray) -> np.ndarray:
+    """Dense float Jacobian at Y, blocks ``(n_out, d_out, n_moving, d)``."""
+    n, d = Y.shape
+    columns = np.flatnonzero(moving)
+    basis = np.zeros((columns.size * d, n, d))
+    for k, j in enumerate(columns):
+        basis[k * d:(k + 1) * d, j, :] = np.eye(d)
+    states = chain_forward(chain, np.broadcast_to(Y, basis.shape).copy())
+    out = chain_jvp(chain, states, basis)                      # (columns*d, n, d_out)
+    return out.reshape(columns.size, d, n, -1).transpose(2, 3, 0, 1)
+
+
+def _mixed_norm(J: np.ndarray, norm: str, iterations: int = 30) -> float:
+    """Lower bound on the (2,1) or (2,inf) operator norm of a dense float Jacobian (n_out, d_out, m, d)."""
+    best = 0.0
+    if norm == "2,1":     # max over input tokens j of max_{|e|=1} sum_i ||B_ij e||
+        for j in range(J.shape[2]):
+            blocks = J[:, :, j, :]
+            e = np.linalg.svd(blocks.reshape(-1, blocks.shape[-1]), full_matrices=False)[2][0]
+            for _ in range(iterations):
+                images = np.einsum("iad,d->ia", blocks, e)
+                sizes = np.linalg.norm(images, axis=1, keepdims=True)
+                e = np.einsum("iad,ia->d", blocks, images / np.where(sizes > 0, sizes, 1.0))
+                e /= max(np.linalg.norm(e), 1e-300)
+            best = max(best, float(np.sum(np.linalg.norm(np.einsum("iad,d->ia", blocks, e), axis=1))))
+        return best
+    for i in range(J.shape[0]):  # max over output tokens i of max_{||e_j|| <= 1} ||sum_j B_ij e_j||
+        row = J[i]                                              # (d_out, m, d)
+        y = np.linalg.svd(row.reshape(row.shape[0], -1), full_matrices=False)[0][:, 0]
+        for _ in range(iterations):
+            e = np.einsum("amd,a->md", row, y)
+            e /= np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-300)
+            y = np.einsum("amd,md->a", row, e)
+            y /= max(np.linalg.norm(y), 1e-300)
+        e = np.einsum("amd,a->md", row, y)
+        e /= np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-300)
+        best = max(best, float(np.linalg.norm(np.einsum("amd,md->a", row, e))))
+    return best
+
+
+def _top_singular(chain, Y: np.ndarray, moving: np.ndarray, start: np.ndarray | None, seed: int, steps: int = 40):
+    """Power iteration on ``DF(Y)^T DF(Y)`` restricted to the moving tokens: ``(sigma, E, G)``."""
+    rng = np.random.default_rng(seed)
+    states = chain_forward(chain, Y[None])
+    E = rng.standard_normal(Y.shape) if start is None else start.copy()
+    E *= moving[:, None]
+    E /= np.linalg.norm(E)
+    for _ in range(steps):
+        image = chain_jvp(chain, states, E[None])[0]
+        E = chain_vjp(chain, states, image[None])[0] * moving[:, None]
+        E /= max(np.linalg.norm(E), 1e-300)
+    image = chain_jvp(chain, states, E[None])[0]
+    sigma = float(np.linalg.norm(image))
+    return sigma, E, image / max(sigma, 1e-300)
+
+
+def _witness_value(chain, Y, moving, norm, seed, start=None):
+    if norm == "fro":
+        sigma, E, _ = _top_singular(chain, Y, moving, start, seed)
+        return sigma, E
+    return _mixed_norm(_float_jacobian(chain, Y, moving), norm), start
+
+
+def _project(X: np.ndarray, Y: np.ndarray, hood: Neighbourhood, moving: np.ndarray) -> np.ndarray:
+    """The point of ``U(X, eps)`` nearest to Y (a little inside)."""
+    offset = (Y - X) * moving[:, None]
+    eps = hood.eps * (1 - 1e-9)
+    sizes = np.linalg.norm(offset, axis=1)
+    if hood.ball == "fro":
+        total = np.linalg.norm(offset)
+        return X + offset * min(1.0, eps / total) if total > 0 else X.copy()
+    if hood.ball in ("2,inf", "tokens"):
+        return X + offset * np.minimum(1.0, eps / np.where(sizes > 0, sizes, 1.0))[:, None]
+    if sizes.sum() <= eps:  # (2,1): project the row norms onto the l1 ball, keep directions
+        return X + offset
+    ordered = np.sort(sizes)[::-1]
+    cumulative = np.cumsum(ordered)
+    k = np.flatnonzero(ordered - (cumulative - eps) / np.arange(1, sizes.size + 1) > 0)[-1]
+    threshold = (cumulative[k] - eps) / (k + 1)
+    shrunk = np.maximum(sizes - threshold, 0.0)
+    return X + offset * (shrunk / np.where(sizes > 0, sizes, 1.0))[:, None]
+
+
+def _witness_search(chain, X, hood, moving, norm, at_x, direction, steps, seed):
+    """The best Jacobian norm found in ``U(X, eps)``: X itself, then projected ascent."""
+    best = at_x
+    if hood.eps == 0 or steps == 0:
+        return best, direction
+    Y, E = X.copy(), direction
+    for step in range(steps):
+        sigma, E, G = _top_singular(chain, Y, moving, E, seed + step, steps=15)
+        h = 1e-4 * hood.eps + 1e-7
+        states_plus = chain_forward(chain, (Y + h * E)[None])
+        states_minus = chain_forward(chain, (Y - h * E)[None])
+        gradient = (chain_vjp(chain, states_plus, G[None])[0] - chain_vjp(chain, states_minus, G[None])[0]) / (2 * h)
+        gradient *= moving[:, None]
+        size = np.linalg.norm(gradient)
+        if not np.isfinite(size) or size == 0:
+            break
+        Y = _project(X, Y + gradient * (hood.eps / size), hood, moving)
+        value = _witness_value(chain, Y, moving, norm, seed, E)[0] if norm != "fro" else \
+            _top_singular(chain, Y, moving, E, seed, steps=25)[0]
+        best = max(best, value)
+    return best, direction

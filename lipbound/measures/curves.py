@@ -1,0 +1,87 @@
+"""``L(eps)`` on real text: the local Lipschitz constant around a sentence's hidden states, and its plot.
+
+:func:`local_curve` tokenizes a sentence, runs it through the model, and asks
+:func:`lipbound.local.curve.lipschitz_curve` for the certified constant and the witness of a head, an
+attention layer, a block or a stack of blocks on ``U(X, eps)`` around the hidden states ``X`` that
+enter the chosen layer, for radii given as fractions of the LayerNorm radius ``R = max|gamma| sqrt(d)``
+of the LayerNorm feeding that layer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import AssumptionError
+from ..local.curve import LipschitzCurve, lipschitz_curve
+from .bert import load_text_model
+from .edit_report import save_figure
+
+__all__ = ["DEFAULT_EPS", "local_curve", "curve_table", "plot_curve"]
+
+#: Default radii, as fractions of the LayerNorm radius.
+DEFAULT_EPS = (0.0, 1e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 2.0)
+
+
+def local_curve(sentence: str, *, layer: int = 0, kind: str = "layer", head: int | None = None,
+                last: int | None = None, norm: str = "fro", ball: str = "fro", positions=(), eps=DEFAULT_EPS,
+                model=None, progress=None) -> tuple[LipschitzCurve, list]:
+    """``L(eps)`` of a component at the hidden states of ``sentence`` entering ``layer``.
+
+    ``eps`` are fractions of the LayerNorm radius of the layer (module docstring).  Returns the curve and
+    the sentence's tokens.
+    """
+    if not isinstance(sentence, str) or not sentence.strip():
+        raise AssumptionError("sentence", "a non-empty sentence", repr(sentence), 'pass some text, e.g. "The cat slept."')
+    bert = load_text_model(model)
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < bert.num_layers:
+        raise AssumptionError("--layer", f"a layer in 0..{bert.num_layers - 1} (counted from 0)", repr(layer),
+                              "pass e.g. --layer 0")
+    fractions = tuple(float(e) for e in eps)
+    if not fractions or any(not (math.isfinite(e) and e >= 0) for e in fractions):
+        raise AssumptionError("--eps", "non-negative fractions of the LayerNorm radius", repr(eps),
+                              "e.g. --eps 0,1e-4,1e-3,1e-2")
+    ids = bert.encode(sentence)
+    X = bert.hidden_states(ids)[layer]
+    radius = bert.layernorm_feeding(layer).radius_about_center
+    curve = lipschitz_curve(bert.model, X, kind=kind, layer=layer, head=head, last=last, norm=norm, ball=ball,
+                            positions=positions, eps=[f * radius for f in fractions], progress=progress)
+    return curve, bert.tokenizer.decode_tokens(ids)
+
+
+def curve_table(curve: LipschitzCurve) -> str:
+    lines = [f"{curve.description}: L(eps) in the {curve.norm} norm on the {curve.ball} ball"
+             + (f" (tokens {list(curve.positions)})" if curve.ball == "tokens" else "")
+             + f", n = {curve.n}, LayerNorm radius R = {curve.radius:.4g}",
+             f"||DF(X)||: certified {curve.jacobian_norm:.6g}, witness {curve.jacobian_witness:.6g}",
+             f"{'eps/R':>9s} {'eps':>10s} {'certified':>11s} {'witness':>10s} {'ratio':>8s} {'variation':>10s} "
+             f"{'global':>10s}  verdict"]
+    for p in curve.points:
+        lines.append(f"{p.eps / curve.radius:9.2g} {p.eps:10.4g} {p.certified:11.5g} {p.witness:10.5g} {p.ratio:8.3f} "
+                     f"{p.variation:10.4g} {p.global_constant:10.4g}  {p.verdict}")
+    return "\n".join(lines)
+
+
+def plot_curve(curve: LipschitzCurve, path) -> str:
+    """Certified ``L(eps)`` and its witness against ``eps / R`` (log axes), with the global constant."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(5.6, 4.0), constrained_layout=True)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot(1, 1, 1)
+    points = [p for p in curve.points if p.eps > 0]
+    x = [p.eps / curve.radius for p in points]
+    axes.plot(x, [p.certified for p in points], "s-", label="certified L(eps)")
+    axes.plot(x, [p.witness for p in points], "o-", label="witness in U(X, eps)")
+    axes.axhline(curve.jacobian_norm, color="gray", linestyle=":", label="||DF(X)|| (eps -> 0)")
+    if points and math.isfinite(points[0].global_constant):
+        axes.axhline(points[0].global_constant, color="black", linestyle="--", label="global certified constant")
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    axes.set_xlabel("eps / R (R = LayerNorm radius)")
+    axes.set_ylabel(f"local Lipschitz constant ({curve.norm})")
+    axes.set_title(f"{curve.description}, {curve.ball} ball, n = {curve.n}", fontsize=9)
+    axes.legend(fontsize=7)
+    return save_figure(figure, path, "--plot-curve")

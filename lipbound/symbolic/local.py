@@ -1,0 +1,318 @@
+"""Local theorems: bounds on a neighbourhood of a real input, from facts measured on that input.
+
+The global theorems (:mod:`lipbound.symbolic.theorems`) hold on a whole domain and pay for its
+worst case.  These hold on a *product of token balls* ``U = {Y : ||y_j - x_j|| <= r_j}`` around a
+concrete input X (or on a piece of a segment), and take as data what X and U make measurable:
+the scores, attention weights, values, key and query norms at X, the radii r_j, the LayerNorm's
+centred norm, the GELU slope ranges.  Each theorem's statement is a closed form in those
+quantities; the numeric layer (:mod:`lipbound.local`) measures the quantities in interval
+arithmetic and evaluates the statement with :func:`lipbound.rigorous.compiler.compile_array`.
+
+Notation (docs/local.md): a head maps ``f_i = sum_j p_ij v_j`` with ``q_i = x_i W_Q + b_Q``,
+``k_j = x_j W_K + b_K``, ``v_j = x_j V + b_V``, ``s_ij = c q_i . k_j`` (``c = 1/sqrt(d_k)``) and
+``p_ij = m_j e^{s_ij} / sum_l m_l e^{s_il}`` (atom masses m_j; all 1 for a sentence).  Bars mark
+values at X, ``J_ij = d f_i / d x_j`` (a d_v x d block), ``Pi_i`` the set of probability vectors
+within the softmax ranges of row i, and ``E_i[z] = max_{p in Pi_i} sum_l p_l z_l``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import sympy as sp
+
+from . import symbols as S
+from .record import Derivation, Described, le
+from .theorems import Theorem
+
+__all__ = ["LOCAL_THEOREMS", "score_deviation", "softmax_upper", "softmax_lower", "attention_movement",
+           "attention_reach", "attention_block", "attention_variation", "layernorm_lipschitz", "layernorm_movement",
+           "layernorm_variation", "feedforward_variation", "jacobian_on_neighbourhood", "chain_variation",
+           "path_certificate", "coupling_bound", "q"]
+
+
+@functools.lru_cache(maxsize=None)
+def q(name: str) -> Described:
+    """A data-dependent quantity of the local theorems, by its LaTeX name."""
+    return Described(name)
+
+
+_LIP = Described(r"\operatorname{Lip}_U(f)")
+c, r_i, r_j = q("c"), q("r_i"), q("r_j")
+L_V = S.L_V
+gamma_max = q(r"\|\gamma\|_\infty")
+
+
+@functools.lru_cache(maxsize=None)
+def score_deviation() -> Theorem:
+    """``|s_ij(Y) - s_ij(X)| <= c (a_ij r_i + b_ij r_j + g r_i r_j)`` on U."""
+    a, b, g = q(r"\|W_Q \bar k_j^\top\|"), q(r"\|W_K \bar q_i^\top\|"), q(r"\|W_Q W_K^\top\|")
+    statement = c * (a * r_i + b * r_j + g * r_i * r_j)
+    proof = Derivation("Score deviation on a product of token balls")
+    proof.hypothesis("Y in U: ||y_j - x_j|| <= r_j for every token j")
+    proof.add(Described(r"s_{ij}(Y) - s_{ij}(X) = c\,(e_i W_Q \bar k_j^\top + \bar q_i W_K^\top e_j^\top "
+                        r"+ e_i W_Q W_K^\top e_j^\top),\ e_j = y_j - x_j"), "expand the bilinear score")
+    proof.add(le(Described(r"|s_{ij}(Y) - s_{ij}(X)|"), statement), "Cauchy-Schwarz on each term", "norm-calculus")
+    return Theorem("local-score-deviation", "Score deviation on token balls", statement, proof)
+
+
+def _softmax(upper: bool) -> Theorem:
+    m, s, Z = q("m_j"), q(r"s^{+}_{ij}" if upper else r"s^{-}_{ij}"), q(r"Z^{-}_{ij}" if upper else r"Z^{+}_{ij}")
+    statement = m * sp.exp(s) / (m * sp.exp(s) + Z)
+    side = "upper" if upper else "lower"
+    proof = Derivation(f"Softmax range, {side} end")
+    proof.hypothesis("every score of row i lies in [s^-_il, s^+_il]")
+    proof.add(Described(r"p_{ij} = \bigl(1 + \textstyle\sum_{l \ne j} \tfrac{m_l}{m_j} e^{s_{il} - s_{ij}}\bigr)^{-1}"),
+              "divide by the j-th term")
+    proof.add(le(Described(r"p_{ij}") if upper else statement, statement if upper else Described(r"p_{ij}")),
+              "p_ij increases with s_ij and decreases with every s_il, l != j; Z^- = sum_{l != j} m_l e^{s^-_il}, "
+              "Z^+ = sum_{l != j} m_l e^{s^+_il}", "softmax-monotone")
+    return Theorem(f"local-softmax-{side}", f"Softmax range ({side})", statement, proof)
+
+
+@functools.lru_cache(maxsize=None)
+def softmax_upper() -> Theorem:
+    """``p_ij <= m_j e^{s+_ij} / (m_j e^{s+_ij} + Z-_ij)``."""
+    return _softmax(True)
+
+
+@functools.lru_cache(maxsize=None)
+def softmax_lower() -> Theorem:
+    """``p_ij >= m_j e^{s-_ij} / (m_j e^{s-_ij} + Z+_ij)``."""
+    return _softmax(False)
+
+
+@functools.lru_cache(maxsize=None)
+def attention_movement() -> Theorem:
+    """``||f_i(Y) - f_i(X)|| <= D_i + E_i[Delta v]`` with ``D_i = sum_j delta_ij ||v_j - f_i||`` (at X)."""
+    D, E = q("D_i"), q(r"E_i[\Delta v]")
+    statement = D + E
+    proof = Derivation("Movement of a head's output on token balls")
+    proof.hypothesis("the softmax ranges of row i hold on U; delta_ij = max(p^+_ij - p_ij, p_ij - p^-_ij); "
+                     "||v_j(Y) - v_j(X)|| <= Delta v_j (e.g. ||V|| r_j, or a maximum over a finite set of inputs)")
+    proof.add(Described(r"f_i(Y) - f_i(X) = \textstyle\sum_j p'_{ij} (v'_j - \bar v_j) + "
+                        r"\sum_j (p'_{ij} - \bar p_{ij}) (\bar v_j - \bar f_i)"),
+              "add and subtract; sum_j (p'_ij - p_ij) = 0 removes f_i", "shift-invariance")
+    proof.add(le(Described(r"\|\textstyle\sum_j p'_{ij} (v'_j - \bar v_j)\|"), E),
+              "triangle inequality and p'_i in Pi_i", "box-simplex")
+    proof.add(le(Described(r"\|\textstyle\sum_j (p'_{ij} - \bar p_{ij}) (\bar v_j - \bar f_i)\|"), D),
+              "triangle inequality", "norm-calculus")
+    proof.add(le(Described(r"\|f_i(Y) - f_i(X)\|"), statement),
+              "add the two parts; a layer's head h is read with values v W_O^h, and heads add up", "multi-head")
+    return Theorem("local-attention-movement", "Movement of attention on token balls", statement, proof)
+
+
+@functools.lru_cache(maxsize=None)
+def attention_reach() -> Theorem:
+    """``||f_i(Y) - f_i(X)|| <= E_i[rho + Delta v]``: the output stays in the hull of the values."""
+    statement = q(r"E_i[\rho + \Delta v]")
+    proof = Derivation("Reach of a head's output on token balls")
+    proof.hypothesis("the softmax ranges of row i hold on U; ||v_j(Y) - v_j(X)|| <= Delta v_j; rho_ij = ||v_j(X) - f_i(X)||")
+    proof.add(Described(r"f_i(Y) - f_i(X) = \textstyle\sum_j p'_{ij} (v'_j - \bar f_i)"), "the weights sum to one")
+    proof.add(le(Described(r"\|f_i(Y) - f_i(X)\|"), statement),
+              "||v'_j - f_i|| <= rho_ij + Delta v_j, and p'_i in Pi_i", "box-simplex")
+    return Theorem("local-attention-reach", "Reach of attention on token balls", statement, proof)
+
+
+def _block_symbols():
+    return dict(p_plus=q(r"p^{+}_{ij}"), p_bar=q(r"\bar p_{ij}"), delta=q(r"\delta_{ij}"),
+                u_plus=q(r"U^{+}_{ij}"), u_bar=q(r"\|\bar u_{ij}\|"), du=q(r"\Delta U_{ij}"),
+                w_plus=q(r"w^{+}_i"), dw=q(r"\Delta w_i"), C_plus=q(r"C^{+}_i"), dC=q(r"\Delta C_i"),
+                diagonal=q(r"[i = j]"), W_Q=S.matrix_norm(S.W_Q))
+
+
+@functools.lru_cache(maxsize=None)
+def attention_block() -> Theorem:
+    """``sup_U ||J_ij|| <= p+ L_V + c p+ U+ w+ + [i=j] c ||W_Q|| C+``."""
+    s = _block_symbols()
+    statement = s["p_plus"] * L_V + c * s["p_plus"] * s["u_plus"] * s["w_plus"] + s["diagonal"] * c * s["W_Q"] * s["C_plus"]
+    proof = Derivation("Jacobian blocks of a head on token balls")
+    proof.hypothesis("the softmax ranges hold on U; u_ij = v_j - f_i, w_i = W_K q_i^T, "
+                     "C_i = sum_l p_il u_il (k_l - kappa_i)^T for the fixed key kappa_i = sum_l p_il k_l at X")
+    proof.add(Described(r"J_{ij} = p_{ij} V^\top + c\,p_{ij}\,u_{ij} w_i^\top + [i = j]\,c\,C_i W_Q^\top"),
+              "differentiate f_i = sum_l p_il v_l in x_j; sum_l p_il u_il = 0 lets kappa_i be any key",
+              "softmax-derivative")
+    proof.add(le(Described(r"\|u_{ij}\|"), s["u_plus"]),
+              "U^+_ij = ||v_j - f_i||(X) + Delta v_j + mu_i, mu_i the movement bound of f_i", "norm-calculus")
+    proof.add(le(Described(r"\|w_i\|"), s["w_plus"]), "w^+_i = ||W_K q_i^T||(X) + ||W_K W_Q^T|| r_i", "norm-calculus")
+    proof.add(le(Described(r"\|C_i\|"), s["C_plus"]),
+              "C^+_i = E_i[U^+_il (||k_l - kappa_i||(X) + ||W_K|| r_l)]", "box-simplex")
+    proof.add(le(Described(r"\sup_U \|J_{ij}\|"), statement), "triangle inequality", "norm-calculus")
+    return Theorem("local-attention-block", "Jacobian blocks of attention on token balls", statement, proof)
+
+
+@functools.lru_cache(maxsize=None)
+def attention_variation() -> Theorem:
+    """``sup_U ||J_ij(Y) - J_ij(X)||``, each factor's change bounded in turn."""
+    s = _block_symbols()
+    statement = (s["delta"] * L_V + c * (s["delta"] * s["u_plus"] * s["w_plus"]
+                 + s["p_bar"] * (s["du"] * s["w_plus"] + s["u_bar"] * s["dw"])) + s["diagonal"] * c * s["W_Q"] * s["dC"])
+    proof = Derivation("Variation of a head's Jacobian blocks on token balls")
+    proof.absorb(attention_block().proof)
+    proof.add(Described(r"p' u' w'^\top - \bar p \bar u \bar w^\top = (p' - \bar p) u' w'^\top + "
+                        r"\bar p (u' - \bar u) w'^\top + \bar p \bar u (w' - \bar w)^\top"), "telescope the product")
+    proof.add(le(Described(r"\|u'_{ij} - \bar u_{ij}\|"), s["du"]), "Delta U_ij = Delta v_j + mu_i", "norm-calculus")
+    proof.add(le(Described(r"\|w'_i - \bar w_i\|"), s["dw"]), "Delta w_i = ||W_K W_Q^T|| r_i", "norm-calculus")
+    proof.add(le(Described(r"\|C'_i - \bar C_i\|"), s["dC"]),
+              "the same telescoping under the sum over l: Delta C_i = sum_l delta_il U^+_il K^+_l + "
+              "p_il (Delta U_il K^+_l + ||u_il|| ||W_K|| r_l), K^+_l = ||k_l - kappa_i|| + ||W_K|| r_l", "norm-calculus")
+    proof.add(le(Described(r"\sup_U \|J_{ij}(Y) - J_{ij}(X)\|"), statement), "triangle inequality", "norm-calculus")
+    return Theorem("local-attention-variation", "Variation of attention's Jacobian on token balls", statement, proof)
+
+
+def _layernorm_symbols():
+    return dict(nu=q(r"\nu"), R=q("R"), delta=q(r"\delta"), d=S.d)
+
+
+@functools.lru_cache(maxsize=None)
+def layernorm_lipschitz() -> Theorem:
+    """``sup ||J_LN|| <= ||gamma||_inf sqrt(d) / sqrt(max(nu - R, 0)^2 + delta)`` on the ball ``B(z, R)``."""
+    s = _layernorm_symbols()
+    low = sp.Max(s["nu"] - s["R"], 0)
+    statement = gamma_max * sp.sqrt(s["d"]) / sp.sqrt(low ** 2 + s["delta"])
+    proof = Derivation("LayerNorm on a ball")
+    proof.hypothesis("LN(z) = gamma * sqrt(d) P z / sqrt(||P z||^2 + delta) + beta, P the centring projection, "
+                     "delta = d eps; nu = ||P z|| at the centre, ||z' - z|| <= R")
+    proof.add(le(Described(r"\|D\,\mathrm{LN}(z')\|"),
+                 gamma_max * sp.sqrt(s["d"]) / Described(r"\sqrt{\|P z'\|^2 + \delta}")),
+              "D LN = diag(gamma) sqrt(d) (P - g g^T) / n(u), g = u / n(u), n(u) = sqrt(||u||^2 + delta), "
+              "and 0 <= P - g g^T <= I", "layernorm-jacobian")
+    proof.add(le(Described(r"\|P z'\|"), s["nu"] + s["R"]), "P is an orthogonal projection")
+    proof.add(le(Described(r"\sup \|D\,\mathrm{LN}\|"), statement), "||P z'|| >= nu - R", "norm-calculus")
+    return Theorem("local-layernorm-lipschitz", "LayerNorm on a ball (Lipschitz)", statement, proof)
+
+
+def _lam(t, delta):
+    return t / sp.sqrt(t ** 2 + delta)
+
+
+@functools.lru_cache(maxsize=None)
+def layernorm_movement() -> Theorem:
+    """``||LN(z') - LN(z)|| <= ||gamma||_inf sqrt(d) G`` for ``||z' - z|| <= R < nu``, with G the
+    normalised movement: the chord of the cone the ball subtends, plus the change of the scale."""
+    s = _layernorm_symbols()
+    ratio = s["R"] / s["nu"]
+    chord = ratio * sp.sqrt(2 / (1 + sp.sqrt(1 - ratio ** 2)))
+    G = chord + _lam(s["nu"], s["delta"]) - _lam(s["nu"] - s["R"], s["delta"])
+    statement = gamma_max * sp.sqrt(s["d"]) * G
+    proof = Derivation("LayerNorm movement on a ball")
+    proof.hypothesis("||z' - z|| <= R < nu = ||P z||")
+    proof.add(Described(r"g(u) = \hat u \, \lambda(\|u\|),\ \lambda(t) = t / \sqrt{t^2 + \delta}"),
+              "normalised output of the LayerNorm, u = P z")
+    proof.add(le(Described(r"\|\hat u' - \hat u\|"), chord),
+              "u' lies in B(u, R), which subtends a cone of half-angle arcsin(R / nu): "
+              "chord 2 sin(theta / 2) = sqrt(2 - 2 sqrt(1 - R^2 / nu^2))", "cap-chord")
+    proof.add(le(Described(r"|\lambda(\|u'\|) - \lambda(\nu)|"), _lam(s["nu"], s["delta"]) - _lam(s["nu"] - s["R"], s["delta"])),
+              "lambda is increasing and concave on t > 0 and ||u'|| in [nu - R, nu + R]")
+    proof.add(le(Described(r"\|\mathrm{LN}(z') - \mathrm{LN}(z)\|"), statement),
+              "||gamma * w|| <= ||gamma||_inf ||w|| and the triangle inequality", "norm-calculus")
+    return Theorem("local-layernorm-movement", "LayerNorm movement on a ball", statement, proof)
+
+
+@functools.lru_cache(maxsize=None)
+def layernorm_variation() -> Theorem:
+    """``sup ||J_LN(z') - J_LN(z)|| <= ||gamma|| sqrt(d) (|1/n' - 1/n| + 2 G / n)``."""
+    s = _layernorm_symbols()
+    G = q("G")
+    n_c = sp.sqrt(s["nu"] ** 2 + s["delta"])
+    n_low = sp.sqrt(sp.Max(s["nu"] - s["R"], 0) ** 2 + s["delta"])
+    n_high = sp.sqrt((s["nu"] + s["R"]) ** 2 + s["delta"])
+    statement = gamma_max * sp.sqrt(s["d"]) * (sp.Max(1 / n_low - 1 / n_c, 1 / n_c - 1 / n_high) + 2 * G / n_c)
+    proof = Derivation("Variation of the LayerNorm Jacobian on a ball")
+    proof.hypothesis("||z' - z|| <= R; G bounds ||g(u') - g(u)|| (LayerNorm movement, or R / n(nu - R))")
+    proof.add(Described(r"B(u') - B(u) = \sqrt d\,(\tfrac1{n'} - \tfrac1n)(P - g' g'^\top) - "
+                        r"\tfrac{\sqrt d}{n} (g' g'^\top - g g^\top)"), "write D LN = diag(gamma) B(u)")
+    proof.add(le(Described(r"\|g' g'^\top - g g^\top\|"), 2 * G), "||a a^T - b b^T|| <= ||a - b|| (||a|| + ||b||), "
+              "||g|| < 1", "norm-calculus")
+    proof.add(le(Described(r"\sup \|D\,\mathrm{LN}(z') - D\,\mathrm{LN}(z)\|"), statement),
+              "n(u') lies between n(nu - R) and n(nu + R)", "layernorm-jacobian")
+    return Theorem("local-layernorm-variation", "Variation of the LayerNorm Jacobian", statement, proof)
+
+
+def _split(spread: str):
+    return (q(rf"\|W_2^\top \operatorname{{diag}}({spread})^{{1/2}}\|"),
+            q(rf"\|\operatorname{{diag}}({spread})^{{1/2}} W_1^\top\|"))
+
+
+@functools.lru_cache(maxsize=None)
+def feedforward_variation() -> Theorem:
+    """``sup ||W_2^T (D' - D) W_1^T|| <= ||W_2^T diag(t)^(1/2)|| ||diag(t)^(1/2) W_1^T||``, t the slope deviations."""
+    a, b = _split("s")
+    statement = a * b
+    proof = Derivation("Variation of the feed-forward Jacobian on a ball")
+    proof.hypothesis("x -> x + act(x W_1 + b_1) W_2 + b_2, D(x + FFN(x)) = I + W_2^T diag(act'(h)) W_1^T; on the ball "
+                     "|act'(h'_k) - act'(h_k)| <= s_k (the range of GELU' over the interval of h_k, about its value at the centre)")
+    proof.add(le(Described(r"\|W_2^\top E W_1^\top\|"), statement),
+              "|E| <= diag(s): E = diag(s)^{1/2} E' diag(s)^{1/2} with ||E'|| <= 1, and submultiplicativity",
+              "submultiplicative")
+    proof.add(le(Described(r"\|x' + \mathrm{FFN}(x') - x - \mathrm{FFN}(x)\|"),
+                 (q(r"\|D(x + \mathrm{FFN})(x)\|") + statement) * q("R")),
+              "mean value theorem on the ball; the secant slope of GELU lies in the range of GELU'", "secant-slope")
+    return Theorem("local-feedforward-variation", "Variation of the feed-forward Jacobian", statement, proof)
+
+
+@functools.lru_cache(maxsize=None)
+def jacobian_on_neighbourhood() -> Theorem:
+    """``Lip_U(f) <= ||Df(X)|| + sup_U ||Df(Y) - Df(X)||`` on a convex U."""
+    N, V = q(r"\|Df(X)\|"), q(r"\sup_U \|Df(Y) - Df(X)\|")
+    statement = N + V
+    proof = Derivation("Local Lipschitz constant from the Jacobian at X")
+    proof.hypothesis("U convex, X in U")
+    proof.add(le(Described(r"\|Df(Y)\|"), statement), "triangle inequality", "norm-calculus")
+    proof.add(le(_LIP, statement), "mean value theorem on U", "mean-value")
+    return Theorem("local-lipschitz", "Local Lipschitz constant", statement, proof)
+
+
+@functools.lru_cache(maxsize=None)
+def chain_variation(steps: int) -> Theorem:
+    """For ``F = g_m o ... o g_1`` on U with ``U_{k+1}`` holding ``g_k(U_k)``:
+    ``sup ||DF(Y) - DF(X)|| <= sum_k (prod_{l>k} M_l) V_k (prod_{l<k} N_l)``."""
+    M = [q(rf"M_{{{k}}}") for k in range(1, steps + 1)]
+    V = [q(rf"V_{{{k}}}") for k in range(1, steps + 1)]
+    N = [q(rf"N_{{{k}}}") for k in range(1, steps + 1)]
+    statement = sp.Add(*[sp.Mul(*M[k + 1:]) * V[k] * sp.Mul(*N[:k]) for k in range(steps)])
+    proof = Derivation(f"Variation of the Jacobian of a chain of {steps} maps")
+    proof.hypothesis("g_k maps U_k into U_{k+1}; M_l = sup_{U_l} ||Dg_l||, V_k = sup_{U_k} ||Dg_k(Y) - Dg_k(X_k)||, "
+                     "N_l = ||Dg_l(X_l)||; blockwise, with the matrices of per-token block norms multiplied")
+    proof.add(Described(r"DF(Y) - DF(X) = \textstyle\sum_k Dg_m(Y_m) \cdots Dg_{k+1}(Y_{k+1}) "
+                        r"(Dg_k(Y_k) - Dg_k(X_k)) Dg_{k-1}(X_{k-1}) \cdots Dg_1(X_1)"),
+              "telescope the chain rule", "telescoping")
+    proof.add(le(Described(r"\sup_U \|DF(Y) - DF(X)\|"), statement), "submultiplicativity", "submultiplicative")
+    return Theorem(f"local-chain-{steps}", "Variation along a chain", statement, proof)
+
+
+@functools.lru_cache(maxsize=None)
+def path_certificate() -> Theorem:
+    """``||F_i(X') - F_i(X)|| <= ||sum_k w_k F'_i(t_k)|| + sum_k w_k e_ik``."""
+    main, rest = q(r"\|\textstyle\sum_k w_k F'_i(t_k)\|"), q(r"\textstyle\sum_k w_k e_{ik}")
+    statement = main + rest
+    proof = Derivation("Movement along a segment, subdivided")
+    proof.hypothesis("X(t) = (1 - t) X + t X'; [0, 1] cut into pieces I_k of length w_k with midpoints t_k; "
+                     "e_ik >= sup_{t in I_k} ||F'_i(t) - F'_i(t_k)||, F'(t) = DF(X(t)) (X' - X)")
+    proof.add(Described(r"F(X') - F(X) = \textstyle\sum_k \int_{I_k} F'(t)\,dt = "
+                        r"\sum_k w_k F'(t_k) + \sum_k \int_{I_k} (F'(t) - F'(t_k))\,dt"),
+              "fundamental theorem of calculus", "midpoint-integral")
+    proof.add(le(Described(r"\|F_i(X') - F_i(X)\|"), statement), "triangle inequality", "norm-calculus")
+    return Theorem("local-path", "Path certificate", statement, proof)
+
+
+@functools.lru_cache(maxsize=None)
+def coupling_bound() -> Theorem:
+    """``W1(mu, mu') <= sum_{a,i} pi_ai (||z_a - c_i|| + r_i)`` for atoms ``z'_i`` in ``B(c_i, r_i)``."""
+    statement = q(r"\textstyle\sum_{a,i} \pi_{ai} (\|z_a - c_i\| + r_i)")
+    proof = Derivation("Wasserstein-1 through a coupling")
+    proof.hypothesis("mu = sum_a mu_a delta_{z_a}, mu' = sum_i mu'_i delta_{z'_i} with ||z'_i - c_i|| <= r_i; "
+                     "pi a coupling of the masses")
+    proof.add(le(Described(r"W_1(\mu, \mu')"), Described(r"\textstyle\sum_{a,i} \pi_{ai} \|z_a - z'_i\|")),
+              "any coupling bounds the optimal one", "kantorovich")
+    proof.add(le(Described(r"W_1(\mu, \mu')"), statement), "triangle inequality", "norm-calculus")
+    return Theorem("local-coupling", "Wasserstein-1 through a coupling", statement, proof)
+
+
+#: every local theorem, by id (tested for completeness and for its lemmas)
+LOCAL_THEOREMS = {t.id: t for t in (score_deviation(), softmax_upper(), softmax_lower(), attention_movement(),
+                                    attention_reach(),
+                                    attention_block(), attention_variation(), layernorm_lipschitz(),
+                                    layernorm_movement(), layernorm_variation(), feedforward_variation(),
+                                    jacobian_on_neighbourhood(), chain_variation(2), path_certificate(),
+                                    coupling_bound())}
