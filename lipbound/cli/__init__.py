@@ -1,7 +1,7 @@
 """The command line, the only face of lipbound: ``lipbound COMMAND ...``.
 
 * :mod:`.symbolic` -- ``list``, ``derive``, ``compare``, ``proofs`` (no numeric module is loaded);
-* :mod:`.models` -- ``demo``, ``verify``, ``check``, ``recheck`` on real weights;
+* :mod:`.models` -- ``demo``, ``verify``, ``convert``, ``check``, ``recheck`` on real weights;
 * :mod:`.text` -- ``perturb``, ``depth`` on real text;
 * :mod:`.parsing` -- the parser and the ``type=`` converters; :mod:`.output` -- report files, progress.
 
@@ -35,9 +35,9 @@ def build_parser() -> Parser:
 
 
 #: library argument names -> the options that set them
-_OPTIONS = {"head": "--head", "layer": "--layer", "n": "--n", "m": "--m", "num_heads": "--num-heads",
-            "radius": "--radius", "budget_seconds": "--budget", "norm": "--norm", "domain": "--radius",
-            "sentence": "sentence", "k": "--replace/--insert/--delete", "layers": "--layers"}
+_OPTIONS = {"head": "--head", "layer": "--layer", "block": "--block", "kind": "--kind", "n": "--n", "m": "--m",
+            "num_heads": "--num-heads", "radius": "--radius", "budget_seconds": "--budget", "norm": "--norm",
+            "domain": "--radius", "sentence": "sentence", "k": "--replace/--insert/--delete", "layers": "--layers"}
 
 
 def _in_cli_terms(error: LipboundError) -> str:
