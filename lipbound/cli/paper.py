@@ -185,11 +185,13 @@ def _plot_gaps(args) -> int:
     return 0
 
 
-def _plot_perturb(args) -> int:
-    from ..printing.figures import draw_perturbation
-    draw_perturbation(_read_json(args.report, "report"), args.output)
-    print(f"wrote {args.output}")
-    return 0
+def _plot_report(draw_name: str):
+    def handler(args) -> int:
+        from ..printing import figures
+        getattr(figures, draw_name)(_read_json(args.report, "report"), args.output)
+        print(f"wrote {args.output}")
+        return 0
+    return handler
 
 
 def _add_style_options(parser) -> None:
@@ -251,14 +253,16 @@ def register(sub) -> None:
     preamble.set_defaults(handler=_preamble)
 
     plot = sub.add_parser(
-        "plot", help="figures: bound and witness against n and R, gaps per head, token edits",
+        "plot", help="figures: bound and witness against n and R, gaps per head, token edits, L(eps)",
         description="Draw a figure at paper column width (3.3 in): scaling (certified bound and witness of a real "
                     "head against n and R, log-log, fitted slopes), gaps (certified bound / witness of every head, "
-                    "from a verify --json report or measured now), perturb (a perturb --json report).",
+                    "from a verify --json report or measured now), perturb (a perturb --json report against k / n), "
+                    "edits (the same per layer, with the set certificates), curve (L(eps) of a local --json report).",
         epilog=epilog("lipbound plot scaling -o scaling.pdf", "lipbound plot gaps report.json -o gaps.png",
-                      "lipbound plot perturb edits.json -o edits.pdf"))
+                      "lipbound plot perturb edits.json -o edits.pdf", "lipbound plot edits edits.json -o layers.pdf",
+                      "lipbound plot curve local.json -o curve.pdf"))
     kinds = plot.add_subparsers(dest="kind", required=True, metavar="KIND", parser_class=type(plot),
-                                help="scaling, gaps or perturb")
+                                help="scaling, gaps, perturb, edits or curve")
     scaling = kinds.add_parser(
         "scaling", help="certified bound and witness of one head against n and R",
         description="Certified bound and certified witness of one head against the number of tokens (on the ball "
@@ -291,4 +295,25 @@ def register(sub) -> None:
                       "lipbound plot perturb edits.json -o edits.pdf"))
     perturb.add_argument("report", help="a report written by lipbound perturb --json")
     _add_figure_output(perturb)
-    perturb.set_defaults(handler=_plot_perturb)
+    perturb.set_defaults(handler=_plot_report("draw_perturbation"))
+
+    edits = kinds.add_parser(
+        "edits", help="per layer: measured, worst witness, certified for the set and along the edit, global",
+        description="The rows of a `lipbound perturb --json` (or `lipbound local --json`) report per layer, on a log "
+                    "axis: measured Wasserstein-1 movement of the attention block outputs, the worst edit found in "
+                    "the set, predicted_set, predicted_path and the global prediction; one panel per k.",
+        epilog=epilog('lipbound perturb "The cat sat on the mat." --positions 2 --json edits.json',
+                      "lipbound plot edits edits.json -o layers.pdf"))
+    edits.add_argument("report", help="a report written by lipbound perturb --json or lipbound local --json")
+    _add_figure_output(edits)
+    edits.set_defaults(handler=_plot_report("draw_edit_layers"))
+
+    curve = kinds.add_parser(
+        "curve", help="the local Lipschitz constant L(eps) and its witness",
+        description="The certified local Lipschitz constant L(eps) of a `lipbound local --json` report and its "
+                    "witness against eps / R, log-log, with ||DF(X)|| and the global constant.",
+        epilog=epilog('lipbound local "The cat sat on the mat." --json local.json',
+                      "lipbound plot curve local.json -o curve.pdf"))
+    curve.add_argument("report", help="a report written by lipbound local --json")
+    _add_figure_output(curve)
+    curve.set_defaults(handler=_plot_report("draw_local_curve"))

@@ -47,7 +47,8 @@ def _write_edits(report, args) -> None:
     if args.json:
         write_text(args.json, json.dumps(report.to_json(), indent=2), "--json")
     if args.plot:
-        report.plot(args.plot)
+        from ..printing.figures import draw_edit_layers
+        draw_edit_layers(report.to_json(), args.plot, "--plot")
 
 
 def _perturb(args) -> int:
@@ -58,8 +59,8 @@ def _perturb(args) -> int:
 
 def _local(args) -> int:
     from ..io import write_text
-    from ..measures.curves import curve_table, local_curve, plot_curve
-    from ..measures.curves import DEFAULT_EPS
+    from ..measures.curves import DEFAULT_EPS, curve_table, local_curve
+    from ..printing.figures import draw_edit_layers, draw_local_curve
     curve, tokens = local_curve(args.sentence, layer=args.layer, kind=args.kind, head=args.head, last=args.last,
                                 norm=args.norm, ball=args.ball, positions=args.positions or (),
                                 eps=args.eps if args.eps is not None else DEFAULT_EPS,
@@ -76,9 +77,9 @@ def _local(args) -> int:
         payload["edits"] = report.to_json()
         refuted += report.violations
         if args.plot:
-            report.plot(args.plot)
+            draw_edit_layers(payload["edits"], args.plot, "--plot")
     if args.plot_curve:
-        plot_curve(curve, args.plot_curve)
+        draw_local_curve(payload, args.plot_curve, "--plot-curve")
     if args.json:
         write_text(args.json, json.dumps(payload, indent=2), "--json")
     return 3 if refuted else 0

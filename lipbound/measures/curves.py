@@ -1,4 +1,4 @@
-"""``L(eps)`` on real text: the local Lipschitz constant around a sentence's hidden states, and its plot.
+"""``L(eps)`` on real text: the local Lipschitz constant around a sentence's hidden states, and its table.
 
 :func:`local_curve` tokenizes a sentence, runs it through the model, and asks
 :func:`lipbound.local.curve.lipschitz_curve` for the certified constant and the witness of a head, an
@@ -16,9 +16,8 @@ import numpy as np
 from ..errors import AssumptionError
 from ..local.curve import LipschitzCurve, lipschitz_curve
 from .bert import load_text_model
-from .edit_report import save_figure
 
-__all__ = ["DEFAULT_EPS", "local_curve", "curve_table", "plot_curve"]
+__all__ = ["DEFAULT_EPS", "local_curve", "curve_table"]
 
 #: Default radii, as fractions of the LayerNorm radius.
 DEFAULT_EPS = (0.0, 1e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 2.0)
@@ -61,27 +60,3 @@ def curve_table(curve: LipschitzCurve) -> str:
         lines.append(f"{p.eps / curve.radius:9.2g} {p.eps:10.4g} {p.certified:11.5g} {p.witness:10.5g} {p.ratio:8.3f} "
                      f"{p.variation:10.4g} {p.global_constant:10.4g}  {p.verdict}")
     return "\n".join(lines)
-
-
-def plot_curve(curve: LipschitzCurve, path) -> str:
-    """Certified ``L(eps)`` and its witness against ``eps / R`` (log axes), with the global constant."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(5.6, 4.0), constrained_layout=True)
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot(1, 1, 1)
-    points = [p for p in curve.points if p.eps > 0]
-    x = [p.eps / curve.radius for p in points]
-    axes.plot(x, [p.certified for p in points], "s-", label="certified L(eps)")
-    axes.plot(x, [p.witness for p in points], "o-", label="witness in U(X, eps)")
-    axes.axhline(curve.jacobian_norm, color="gray", linestyle=":", label="||DF(X)|| (eps -> 0)")
-    if points and math.isfinite(points[0].global_constant):
-        axes.axhline(points[0].global_constant, color="black", linestyle="--", label="global certified constant")
-    axes.set_xscale("log")
-    axes.set_yscale("log")
-    axes.set_xlabel("eps / R (R = LayerNorm radius)")
-    axes.set_ylabel(f"local Lipschitz constant ({curve.norm})")
-    axes.set_title(f"{curve.description}, {curve.ball} ball, n = {curve.n}", fontsize=9)
-    axes.legend(fontsize=7)
-    return save_figure(figure, path, "--plot-curve")

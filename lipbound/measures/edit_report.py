@@ -1,4 +1,4 @@
-"""Rows, tables, JSON and plots of edit certificates (``lipbound perturb`` and ``lipbound local``).
+"""Rows, tables and JSON of edit certificates (``lipbound perturb`` and ``lipbound local``).
 
 One :class:`EditRow` per layer and edit size: the measured movement of the actual edit, the
 certificates along its path and over its set, the worst edit found in the set, and the global
@@ -12,17 +12,13 @@ cannot decide is "not certified", never a pass.
 
 from __future__ import annotations
 
-import io
 import math
 from dataclasses import asdict, dataclass, field
 from typing import final
 
-import numpy as np
-
-from ..io import atomic_write
 from ..rigorous.intervals import Verdict, certify_le, interval
 
-__all__ = ["FLOAT_ALLOWANCE", "EditRow", "EditReport", "CHECKS", "save_figure"]
+__all__ = ["FLOAT_ALLOWANCE", "EditRow", "EditReport", "CHECKS"]
 
 #: Relative widening of float values before they are compared.  The float64 forward pass and the W1
 #: assignment round at about 1e-13 relative on these sizes; 1e-6 is far above that.
@@ -157,44 +153,6 @@ class EditReport:
         lines.append(f"violations: {self.violations}")
         return "\n".join(lines)
 
-    def plot(self, path) -> str:
-        """Per layer (x axis, counted from 0): measured, worst witness, predicted_set, predicted_path and global
-        W1 on a log axis, one panel per edit size; saved atomically to ``path``."""
-        from matplotlib.backends.backend_agg import FigureCanvasAgg  # no pyplot: no global backend change
-        from matplotlib.figure import Figure
-
-        ks = sorted({row.k for row in self.rows})
-        figure = Figure(figsize=(4.6 * len(ks), 3.8), constrained_layout=True)
-        FigureCanvasAgg(figure)
-        styles = (("measured", "o-", "measured W1 (this edit)"), ("worst_witness", "v-", "worst edit found in the set"),
-                  ("predicted_set", "s--", "certified for the whole set"),
-                  ("predicted_path", "^--", "certified along this edit"), ("global_", "x:", "global constant x input W1"))
-        for index, k in enumerate(ks):
-            axes = figure.add_subplot(1, len(ks), index + 1)
-            rows = sorted((r for r in self.rows if r.k == k), key=lambda r: r.layer)
-            layers = [r.layer for r in rows]
-            for key, style, label in styles:
-                values = [getattr(r, key) for r in rows]
-                if any(np.isfinite(values)):
-                    axes.plot(layers, values, style, label=label)
-            axes.set_yscale("log")
-            axes.set_xlabel("layer (counted from 0)")
-            axes.set_ylabel("W1 of the attention block outputs")
-            axes.set_title(f"{self.mode} k = {k} at {list(rows[0].positions)}", fontsize=9)
-        figure.axes[0].legend(fontsize=7)
-        figure.suptitle(self.sentence[:80], fontsize=9)
-        return save_figure(figure, path, "--plot")
-
 
 def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else math.inf
-
-
-def save_figure(figure, path, option: str) -> str:
-    """Render a matplotlib figure in memory and write it atomically (format from the extension)."""
-    import os
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format=os.fspath(path).rsplit(".", 1)[-1].lower(), dpi=110)
-    with atomic_write(path, option) as handle:
-        handle.write(buffer.getvalue())
-    return os.fspath(path)

@@ -1,4 +1,4 @@
-r"""Figures at paper column width: bound and witness against n and R, gaps per head, token edits.
+r"""Figures at paper column width: bound and witness against n and R, gaps per head, token edits, L(eps).
 
 Each function draws from plain data (no numeric code is imported here) onto a matplotlib
 :class:`~matplotlib.figure.Figure` 3.3 inches wide -- one column of a two-column paper -- with
@@ -12,7 +12,11 @@ names (any format matplotlib writes: png, pdf, svg, eps, ...).
 * :func:`draw_gaps` -- a :class:`GapGrid`: the gap (certified bound / witness) of every head of a
   model, layers by heads, read from a ``verify --json`` report (:func:`gap_grid_from_report`);
 * :func:`draw_perturbation` -- the measured and certified Wasserstein-1 movement of each layer
-  against the share of edited tokens, from a ``perturb --json`` report.
+  against the share of edited tokens, from a ``perturb --json`` report;
+* :func:`draw_edit_layers` -- per layer: measured, worst witness, certified for the set, certified
+  along the edit and the global prediction, from a ``perturb --json`` or ``local --json`` report;
+* :func:`draw_local_curve` -- the certified local Lipschitz constant ``L(eps)`` and its witness,
+  from a ``local --json`` report.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from ..io import atomic_write
 from .paper import ScalingFigure, Series
 
 __all__ = ["COLUMN_WIDTH", "draw_scaling", "GapGrid", "gap_grid_from_report", "draw_gaps", "draw_perturbation",
-           "figure_formats"]
+           "draw_edit_layers", "draw_local_curve", "EDIT_FIELDS", "figure_formats"]
 
 #: One column of a two-column paper, in inches.
 COLUMN_WIDTH = 3.3
@@ -172,22 +176,37 @@ def draw_gaps(grid: GapGrid, path, option: str = "--output") -> Path:
     return _save(figure, path, option)
 
 
+def _edit_rows(report: dict, option: str) -> tuple[str, list]:
+    """The rows of a ``perturb --json`` report (or of the ``edits`` of a ``local --json`` one), with
+    ``None`` (not computed) read as NaN."""
+    fix = 'write one with lipbound perturb "A sentence." --json edits.json'
+    try:
+        report = report.get("edits", report) if isinstance(report.get("edits"), dict) else report
+        rows = [{key: (math.nan if row[key] is None else float(row[key])) if key not in ("layer", "k", "positions")
+                 else row[key] for key in EDIT_FIELDS} for row in report["rows"]]
+        mode = str(report.get("mode", "replace"))
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise AssumptionError(option, "a lipbound perturb --json report", f"a file without its rows ({error})",
+                              fix) from None
+    if not rows:
+        raise AssumptionError(option, "a lipbound perturb --json report", "no rows", fix)
+    return mode, rows
+
+
+#: The fields of an edit row that the figures read (docs/formats.md).
+EDIT_FIELDS = ("layer", "k", "positions", "n", "measured", "predicted_path", "predicted_set", "worst_witness",
+               "global")
+
+
 @_styled
 def draw_perturbation(report: dict, path, option: str = "--output") -> Path:
-    """Measured Wasserstein-1 movement of each layer's attention block (solid) and its certified
-    prediction (dashed) against the share ``k / n`` of edited tokens, log scale; one legend."""
-    try:
-        mode = str(report.get("mode", "replace"))
-        curves = {}
-        for row in sorted(report["rows"], key=lambda row: (int(row["layer"]), row["k"])):
-            curves.setdefault(int(row["layer"]), []).append(
-                (row["k"] / row["n"], float(row["measured"]), float(row["predicted"])))
-    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as error:
-        raise AssumptionError("report", "a lipbound perturb --json report", f"a file without its rows ({error})",
-                              'write one with lipbound perturb "A sentence." --json edits.json') from None
-    if not curves:
-        raise AssumptionError("report", "a lipbound perturb --json report", "no rows",
-                              'write one with lipbound perturb "A sentence." --json edits.json')
+    """Measured Wasserstein-1 movement of each layer's attention block (solid) and its certificate
+    along the edit, ``predicted_path`` (dashed), against the share ``k / n`` of edited tokens, log
+    scale; one legend."""
+    mode, rows = _edit_rows(report, "report")
+    curves = {}
+    for row in sorted(rows, key=lambda row: (int(row["layer"]), row["k"])):
+        curves.setdefault(int(row["layer"]), []).append((row["k"] / row["n"], row["measured"], row["predicted_path"]))
     from matplotlib.lines import Line2D
     figure = _figure(2.6)
     axes = figure.subplots()
@@ -202,7 +221,83 @@ def draw_perturbation(report: dict, path, option: str = "--output") -> Path:
     axes.set_ylabel(r"$W_1$ movement of the block output")
     handles = [Line2D([], [], color=colour, marker="o", label=f"layer {layer}") for colour, layer in zip(colours, layers)]
     handles += [Line2D([], [], color="0.3", linestyle="-", label="measured"),
-                Line2D([], [], color="0.3", linestyle="--", label=r"certified: $L \cdot W_1(\mathrm{inputs})$")]
+                Line2D([], [], color="0.3", linestyle="--", label="certified along the edit")]
     axes.legend(handles=handles, frameon=False, ncol=2, loc="best")
+    axes.grid(True, which="major", linewidth=0.3, alpha=0.5)
+    return _save(figure, path, option)
+
+
+_EDIT_STYLES = (("measured", "-o", _WITNESS, "measured (this edit)"),
+                ("worst_witness", "-v", "#4393c3", "worst edit found in the set"),
+                ("predicted_set", "--s", _BOUND, "certified for the whole set"),
+                ("predicted_path", "--^", "#f4a582", "certified along this edit"),
+                ("global", ":x", "0.3", r"global constant $\times$ input $W_1$"))
+
+
+@_styled
+def draw_edit_layers(report: dict, path, option: str = "--output") -> Path:
+    """Per layer: measured, worst witness, ``predicted_set``, ``predicted_path`` and ``global``
+    Wasserstein-1 movement of the attention block outputs on a log axis, one panel per edit size k
+    (stacked), one legend."""
+    mode, rows = _edit_rows(report, "report")
+    ks = sorted({int(row["k"]) for row in rows})
+    figure = _figure(0.4 + 1.9 * len(ks))
+    panels = np.atleast_1d(figure.subplots(len(ks), 1, sharex=True))
+    for axes, k in zip(panels, ks):
+        chosen = sorted((row for row in rows if int(row["k"]) == k), key=lambda row: int(row["layer"]))
+        layers = [int(row["layer"]) for row in chosen]
+        for key, style, colour, label in _EDIT_STYLES:
+            values = np.array([row[key] for row in chosen], dtype=float)
+            if np.isfinite(values).any():
+                axes.plot(layers, values, style, color=colour, label=label, markerfacecolor="none")
+        axes.set_yscale("log")
+        axes.set_ylabel(r"$W_1$ of the block output")
+        axes.set_title(f"{mode} $k = {k}$ at positions {list(chosen[0]['positions'])}, $n = {int(chosen[0]['n'])}$",
+                       fontsize=7)
+        axes.grid(True, which="major", linewidth=0.3, alpha=0.5)
+    panels[-1].set_xlabel("layer (counted from 0)")
+    panels[-1].xaxis.get_major_locator().set_params(integer=True)
+    panels[0].legend(frameon=False, fontsize=6, loc="best")
+    return _save(figure, path, option)
+
+
+def _curve(report: dict, option: str) -> dict:
+    fix = 'write one with lipbound local "A sentence." --json local.json'
+    try:
+        curve = report.get("curve", report)
+        points = [{key: float(point[key]) for key in ("eps", "certified", "witness", "global")}
+                  for point in curve["points"]]
+        curve = {"points": points, "radius": float(curve["layernorm_radius"]),
+                 "jacobian_norm": float(curve["jacobian_norm"]), "component": str(curve.get("component", "")),
+                 "ball": str(curve.get("ball", "")), "norm": str(curve.get("norm", "")), "n": int(curve["n"])}
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise AssumptionError(option, "a lipbound local --json report", f"a file without its curve ({error})",
+                              fix) from None
+    if not any(point["eps"] > 0 for point in points):
+        raise AssumptionError(option, "a curve with a radius eps > 0", "only eps = 0", fix)
+    return curve
+
+
+@_styled
+def draw_local_curve(report: dict, path, option: str = "--output") -> Path:
+    """The certified local Lipschitz constant ``L(eps)`` (solid) and its witness in ``U(X, eps)``
+    (dashed) against ``eps / R`` on log axes, with ``||DF(X)||`` (the limit eps -> 0, dotted) and the
+    global certified constant (dash-dotted); from a ``local --json`` report."""
+    curve = _curve(report, "report")
+    points = [point for point in curve["points"] if point["eps"] > 0]
+    share = [point["eps"] / curve["radius"] for point in points]
+    figure = _figure(2.6)
+    axes = figure.subplots()
+    axes.plot(share, [point["certified"] for point in points], "-s", color=_BOUND, label=r"certified $L(\varepsilon)$")
+    axes.plot(share, [point["witness"] for point in points], "--o", color=_WITNESS, label=r"witness in $U(X, \varepsilon)$")
+    axes.axhline(curve["jacobian_norm"], color="0.5", linestyle=":", linewidth=0.8, label=r"$\|DF(X)\|$")
+    if math.isfinite(points[0]["global"]):
+        axes.axhline(points[0]["global"], color="0.2", linestyle="-.", linewidth=0.8, label="global constant")
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    axes.set_xlabel(r"$\varepsilon / R$ ($R$: LayerNorm radius)")
+    axes.set_ylabel(r"$\mathrm{Lip}(F|_{U(X, \varepsilon)})$ (%s)" % curve["norm"])
+    axes.set_title(f"{curve['component']}, {curve['ball']} ball, $n = {curve['n']}$", fontsize=7)
+    axes.legend(frameon=False, fontsize=6, loc="best")
     axes.grid(True, which="major", linewidth=0.3, alpha=0.5)
     return _save(figure, path, option)
