@@ -60,8 +60,9 @@ def test_gaps_from_a_verify_report_of_real_weights(tmp_path):
 
 
 def test_perturbation_curves_from_a_report(tmp_path):
-    rows = [{"layer": layer, "k": k, "n": 9, "measured": 0.5 * k + layer, "predicted": 1e5 * k} for layer in (0, 3)
-            for k in (1, 2, 3)]
+    rows = [{"layer": layer, "k": k, "positions": list(range(2, 2 + k)), "n": 9, "measured": 0.5 * k + layer,
+             "predicted_path": 0.6 * k + layer, "predicted_set": 3.0 * k + layer, "worst_witness": 0.9 * k + layer,
+             "global": 1e5 * k} for layer in (0, 3) for k in (1, 2, 3)]
     report = tmp_path / "edits.json"
     report.write_text(json.dumps({"mode": "replace", "rows": rows}))
     out = tmp_path / "edits.png"

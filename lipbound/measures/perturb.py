@@ -9,7 +9,8 @@ drawn or chosen positions -- and compare, layer by layer (:class:`~lipbound.meas
 * ``measured``: the exact W1 between the block outputs of the sentence and of the edit, and
   ``measured_max_token``, the largest movement of a matched token;
 * ``predicted_path``: W1 certified along the segment between the layer's two inputs, coupled by their
-  optimal plan (:func:`lipbound.local.path.path_certificate`): it knows the edit at that layer;
+  optimal plan (:func:`lipbound.local.path.path_certificate`): it knows the edit at that layer (the
+  smaller of this and ``predicted_set``, which bounds the edit too, since the edit is in its set);
 * ``predicted_set``: W1 certified for every edit of the set -- any token of ``vocabulary`` in every
   edited slot (a deletion is a set of one) -- pushed from the embeddings through the layers without
   running any edit through the model (:func:`lipbound.local.propagate.propagate`);
@@ -159,7 +160,8 @@ def _set_ids(bert: BertModel, vocabulary, edits: dict, seed: int) -> tuple[np.nd
     ids = np.unique(np.asarray(list(vocabulary), dtype=np.int64))
     if ids.size == 0 or ids.min() < 0 or ids.max() >= size:
         raise AssumptionError("vocabulary", f"token ids in 0..{size - 1}", repr(list(vocabulary))[:60], "pass valid ids")
-    return ids, f"any of {ids.size} given tokens"
+    ids = np.unique(np.concatenate([ids, np.asarray(drawn, dtype=np.int64)]))  # the edit is always in its set
+    return ids, f"any of {ids.size} tokens (the given ones and the drawn words)"
 
 
 def _search_ids(candidates: np.ndarray, search, seed: int, must: list) -> tuple[np.ndarray, bool]:
@@ -270,7 +272,9 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
             path = path_certificate(bert.model.layer(layer).as_layer(residual=True), X, X_new, plan,
                                     tolerance=path_tolerance)
             predicted_set = math.nan if sets is None else coupling_bound(sets[layer], _set_plan(sets[layer], n, n_new, mode))
-            rows.append(EditRow(layer, k_value, tuple(edit.positions), n, measured, moved, path.bound,
+            # the edit is in its set, so the set certificate bounds it too: the path certificate is the smaller
+            rows.append(EditRow(layer, k_value, tuple(edit.positions), n, measured, moved,
+                                path.bound if math.isnan(predicted_set) else min(path.bound, predicted_set),
                                 predicted_set, max(worst.get(layer, measured), measured),
                                 _global(bert, layer, X, X_new, coupling.value)))
     rows.sort(key=lambda r: (r.k, r.layer))

@@ -16,7 +16,9 @@ names (any format matplotlib writes: png, pdf, svg, eps, ...).
 * :func:`draw_edit_layers` -- per layer: measured, worst witness, certified for the set, certified
   along the edit and the global prediction, from a ``perturb --json`` or ``local --json`` report;
 * :func:`draw_local_curve` -- the certified local Lipschitz constant ``L(eps)`` and its witness,
-  from a ``local --json`` report.
+  from a ``local --json`` report;
+* :func:`draw_edit_scaling` -- measured and certified movements of many sentences against ``k / n``,
+  with fitted power laws (``bench/bench_local.py --figure``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from ..io import atomic_write
 from .paper import ScalingFigure, Series
 
 __all__ = ["COLUMN_WIDTH", "draw_scaling", "GapGrid", "gap_grid_from_report", "draw_gaps", "draw_perturbation",
-           "draw_edit_layers", "draw_local_curve", "EDIT_FIELDS", "figure_formats"]
+           "draw_edit_layers", "draw_local_curve", "draw_edit_scaling", "EDIT_FIELDS", "figure_formats"]
 
 #: One column of a two-column paper, in inches.
 COLUMN_WIDTH = 3.3
@@ -299,5 +301,43 @@ def draw_local_curve(report: dict, path, option: str = "--output") -> Path:
     axes.set_ylabel(r"$\mathrm{Lip}(F|_{U(X, \varepsilon)})$ (%s)" % curve["norm"])
     axes.set_title(f"{curve['component']}, {curve['ball']} ball, $n = {curve['n']}$", fontsize=7)
     axes.legend(frameon=False, fontsize=6, loc="best")
+    axes.grid(True, which="major", linewidth=0.3, alpha=0.5)
+    return _save(figure, path, option)
+
+
+@_styled
+def draw_edit_scaling(rows: list, path, option: str = "--output") -> Path:
+    """Measured (filled) and path-certified (open) Wasserstein-1 movement of the attention block outputs
+    against the edited share ``k / n``, one colour per layer, log-log, with the least-squares power law
+    ``W1 ~ C (k / n)^c`` of each (solid: measured, dashed: certified) and its exponent in the legend.
+    ``rows``: dicts with ``layer``, ``k``, ``n``, ``measured`` and ``predicted_path`` (many sentences)."""
+    try:
+        layers = sorted({int(row["layer"]) for row in rows})
+        data = {layer: np.array([(row["k"] / row["n"], row["measured"], row["predicted_path"]) for row in rows
+                                 if int(row["layer"]) == layer], dtype=float) for layer in layers}
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
+        raise AssumptionError("rows", "edit rows with layer, k, n, measured and predicted_path", str(error),
+                              "pass the rows of perturb reports") from None
+    figure = _figure(2.8)
+    axes = figure.subplots()
+    for index, layer in enumerate(layers):
+        share, measured, certified = data[layer].T
+        colour = f"C{index % 10}"
+        grid = np.geomspace(share.min(), share.max(), 20)
+        slopes = []
+        for values, marker, style in ((measured, "o", "-"), (certified, "s", "--")):
+            axes.plot(share, values, marker, color=colour, markersize=2.5,
+                      markerfacecolor=colour if marker == "o" else "none", linestyle="none")
+            slope, intercept = np.polyfit(np.log(share), np.log(values), 1)
+            axes.plot(grid, np.exp(intercept) * grid ** slope, style, color=colour, linewidth=0.8)
+            slopes.append(slope)
+        axes.plot([], [], "-o", color=colour, markersize=2.5,
+                  label=f"layer {layer}: $c = {slopes[0]:.2f}$ / ${slopes[1]:.2f}$")
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    axes.set_xlabel(r"edited share of tokens $k / n$")
+    axes.set_ylabel(r"$W_1$ movement of the block output")
+    axes.set_title(r"measured ($\bullet$, solid) and certified along the edit ($\square$, dashed)", fontsize=7)
+    axes.legend(frameon=False, fontsize=5.5, loc="lower right", ncol=2)
     axes.grid(True, which="major", linewidth=0.3, alpha=0.5)
     return _save(figure, path, option)

@@ -1,0 +1,162 @@
+"""Local certificates on real text: how close the certified movements come to the measured ones.
+
+On all-MiniLM-L6-v2 and the 20 sentences of lipbound/measures/data/sentences.txt (layers counted from 0):
+
+* ``path``  -- predicted_path / measured per layer, replace / insert / delete, k = 1..3 (nested edits,
+  seed 0); target <= 2 at every layer; every row's chain checked (violations must be 0);
+* ``set``   -- predicted_set / worst_witness for k = 1 over the whole vocabulary (every one of the 30522
+  tokens through the model: the worst edit is exact), layers 0 and 5; targets <= 3 and <= 10;
+* ``curve`` -- L(eps) certified / witness of the attention layer (with its residual) for eps up to 1% of
+  the LayerNorm radius (target <= 1.5), and whether the certified curve meets the global constant at
+  eps = 2 R;
+* ``time``  -- k = 1 over the whole vocabulary for one sentence and all 6 layers (target < 120 s);
+* ``fits``  -- from the ``path`` rows: least-squares exponents of ``W1 ~ C k^a n^b`` for the measured and
+  the certified movements per layer (a = -b is a law in k / n), and of ``W1 ~ C (k / n)^c``.
+
+Run: ``python bench/bench_local.py [--parts path set curve time fits] [--sentences 20] [--figure F.png]``
+(the whole run takes hours on two cores; ``--sentences N`` takes the N shortest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def sentences(count: int) -> list[str]:
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "lipbound", "measures", "data", "sentences.txt")
+    with open(path, encoding="utf-8") as handle:
+        lines = [line.strip() for line in handle if line.strip()]
+    return sorted(lines, key=len)[:count]
+
+
+def _quartiles(values) -> str:
+    values = np.asarray(values, dtype=float)
+    if not values.size:
+        return "--"
+    return "min %.3g  median %.3g  max %.3g" % (values.min(), np.median(values), values.max())
+
+
+def path_part(model, texts, modes, ks, layers):
+    from lipbound.measures.perturb import perturb
+    rows, violations = [], 0
+    for mode in modes:
+        began = time.perf_counter()
+        for text in texts:
+            report = perturb(text, k=ks, mode=mode, layers=layers, seed=0, model=model, set_certificate=False, search=0)
+            violations += report.violations
+            rows += [(mode, row) for row in report.rows]
+        chosen = [row for m, row in rows if m == mode]
+        print(f"path, {mode}: {len(chosen)} rows in {time.perf_counter() - began:.0f} s")
+        for layer in layers:
+            ratios = [row.predicted_path / row.measured for row in chosen if row.layer == layer]
+            print(f"  layer {layer}: predicted_path / measured {_quartiles(ratios)}  "
+                  f"(global / measured median {np.median([r.global_ / r.measured for r in chosen if r.layer == layer]):.3g})")
+    worst = max(row.predicted_path / row.measured for _, row in rows)
+    print(f"path: largest predicted_path / measured {worst:.3g} (target <= 2: {'met' if worst <= 2 else 'NOT met'}); "
+          f"violations {violations}")
+    return rows
+
+
+def set_part(model, texts, layers):
+    from lipbound.measures.perturb import perturb
+    for text in texts:
+        began = time.perf_counter()
+        report = perturb(text, k=1, layers=layers, seed=0, model=model, vocabulary="all", search="all")
+        seconds = time.perf_counter() - began
+        cells = ", ".join(f"layer {row.layer}: set / worst {row.predicted_set / row.worst_witness:.3g}"
+                          for row in report.rows)
+        print(f"set, n = {report.n}, {report.search[1]['description']}: {cells}; violations {report.violations} "
+              f"({seconds:.0f} s)")
+
+
+def curve_part(model, texts, layers, fractions):
+    from lipbound.measures.curves import local_curve
+    for text in texts:
+        for layer in layers:
+            curve, _ = local_curve(text, layer=layer, kind="layer", eps=fractions + (2.0,), model=model)
+            small = [p for p in curve.points if p.eps <= 0.01 * curve.radius * (1 + 1e-12)]
+            last = curve.points[-1]
+            print(f"curve, n = {curve.n}, layer {layer}: certified / witness "
+                  + "  ".join(f"{p.eps / curve.radius:.0e}: {p.ratio:.3g}" for p in small)
+                  + f"; at 2R certified {last.certified:.4g} vs global {last.global_constant:.4g} "
+                  f"({'meets' if math.isclose(last.certified, last.global_constant, rel_tol=1e-9) else 'below'}); "
+                  f"verdicts {sorted({p.verdict for p in curve.points})}")
+
+
+def time_part(model, text):
+    from lipbound.measures.perturb import perturb
+    began = time.perf_counter()
+    report = perturb(text, k=1, layers=range(6), seed=0, model=model, vocabulary="all", search="all")
+    seconds = time.perf_counter() - began
+    print(f"time: k = 1 over the whole vocabulary ({report.edit_set['size']} tokens), n = {report.n}, 6 layers: "
+          f"{seconds:.0f} s (target < 120 s: {'met' if seconds < 120 else 'NOT met'}); {report.search[1]['description']}")
+
+
+def fit(rows, key):
+    """Least squares of ``log W1 = log C + a log k + b log n`` and of ``log W1 = log C + c log(k / n)``."""
+    k = np.array([row.k for row in rows], dtype=float)
+    n = np.array([row.n for row in rows], dtype=float)
+    y = np.log([getattr(row, key) for row in rows])
+    a, b = np.linalg.lstsq(np.stack([np.ones_like(k), np.log(k), np.log(n)], axis=1), y, rcond=None)[0][1:]
+    c = np.polyfit(np.log(k / n), y, 1)[0]
+    return a, b, c
+
+
+def fits_part(rows, layers, figure):
+    replaced = [row for mode, row in rows if mode == "replace"]
+    fits = {}
+    for layer in layers:
+        chosen = [row for row in replaced if row.layer == layer]
+        if len({row.n for row in chosen}) < 2:
+            continue
+        for key in ("measured", "predicted_path"):
+            fits[layer, key] = fit(chosen, key)
+            a, b, c = fits[layer, key]
+            print(f"fits, layer {layer}, {key}: W1 ~ k^{a:.2f} n^{b:.2f};  W1 ~ (k/n)^{c:.2f}")
+    if figure and replaced:
+        from lipbound.printing.figures import draw_edit_scaling
+        data = [{"layer": row.layer, "k": row.k, "n": row.n, "measured": row.measured,
+                 "predicted_path": row.predicted_path} for row in replaced]
+        print(f"wrote {draw_edit_scaling(data, figure)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", nargs="+", default=["path", "set", "curve", "time", "fits"],
+                        choices=["path", "set", "curve", "time", "fits"])
+    parser.add_argument("--sentences", type=int, default=20, help="the N shortest of the 20 sentences (default 20)")
+    parser.add_argument("--set-sentences", type=int, default=2, help="sentences of the whole-vocabulary part (default 2)")
+    parser.add_argument("--modes", nargs="+", default=["replace", "insert", "delete"])
+    parser.add_argument("--k", default="1..3", help="edit sizes (default 1..3)")
+    parser.add_argument("--layers", default="0..5", help="layers counted from 0 (default 0..5)")
+    parser.add_argument("--figure", help="write the k / n figure of the fits here (e.g. docs/figures/edits.png)")
+    args = parser.parse_args()
+
+    from lipbound.cli.parsing import int_list
+    from lipbound.measures.bert import load_text_model
+    model = load_text_model()
+    ks, layers = int_list("--k", 1)(args.k), int_list("--layers")(args.layers)
+    texts = sentences(args.sentences)
+    rows = []
+    if "path" in args.parts or "fits" in args.parts:
+        rows = path_part(model, texts, args.modes if "path" in args.parts else ["replace"], ks, layers)
+    if "fits" in args.parts:
+        fits_part(rows, layers, args.figure)
+    if "set" in args.parts:
+        set_part(model, sentences(args.set_sentences), (min(layers), max(layers)))
+    if "curve" in args.parts:
+        curve_part(model, texts[:2], (min(layers), max(layers)), (1e-5, 1e-4, 1e-3, 1e-2))
+    if "time" in args.parts:
+        time_part(model, texts[0])
+
+
+if __name__ == "__main__":
+    main()

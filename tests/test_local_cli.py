@@ -1,0 +1,85 @@
+"""``lipbound local`` and the figures of local certificates, through the command line, on the installed
+all-MiniLM-L6-v2: L(eps) certified against its witness inside U(X, eps), edit rows at chosen positions,
+JSON written atomically, figures drawn from the reports, and one-line errors before any work.
+Layers, heads and positions are counted from 0.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from lipbound.cli import main
+from lipbound.printing.figures import draw_edit_layers, draw_local_curve
+
+ROW_KEYS = {"layer", "k", "positions", "n", "measured", "measured_max_token", "predicted_path", "predicted_set",
+            "worst_witness", "global"}
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_local_curve_and_edit_rows_through_the_command_line(tmp_path, capsys):
+    report, curve_png, edits_png = tmp_path / "local.json", tmp_path / "curve.png", tmp_path / "edits.png"
+    status = main(["local", "The cat sat on the mat.", "--kind", "head", "--head", "3", "--eps", "0,1e-4,1e-2,2",
+                   "--positions", "2", "--vocabulary", "12", "--search", "all", "--json", str(report),
+                   "--plot-curve", str(curve_png), "--plot", str(edits_png)])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert out.splitlines()[0] == "[CLS] the cat sat on the mat . [SEP]"
+    payload = json.loads(report.read_text())
+    curve = payload["curve"]
+    assert curve["kind"] == "head" and curve["n"] == 9 and len(curve["points"]) == 4
+    certified = [p["certified"] for p in curve["points"]]
+    witness = [p["witness"] for p in curve["points"]]
+    assert all(p["verdict"] == "holds" for p in curve["points"])
+    assert all(w <= c for w, c in zip(witness, certified))
+    assert np.all(np.diff(certified) >= 0)  # U(X, eps) grows with eps
+    # eps -> 0: the certified value is the Jacobian norm at X, and the witness attains it
+    assert certified[0] == pytest.approx(curve["jacobian_norm"], rel=1e-9)
+    assert witness[0] == pytest.approx(curve["jacobian_norm"], rel=1e-6)
+    # at twice the LayerNorm radius the curve has met the global constant of the head
+    assert certified[-1] == pytest.approx(curve["points"][-1]["global"], rel=1e-12)
+    rows = payload["edits"]["rows"]
+    assert [(r["layer"], r["k"], r["positions"]) for r in rows] == [(0, 1, [2])]
+    assert all(set(r) == ROW_KEYS for r in rows) and payload["edits"]["violations"] == 0
+    row = rows[0]
+    assert row["measured"] <= row["predicted_path"] <= row["predicted_set"] < row["global"]
+    assert row["worst_witness"] <= row["predicted_set"]
+    assert curve_png.read_bytes()[:8] == PNG and edits_png.read_bytes()[:8] == PNG
+    assert not list(tmp_path.glob(".*partial"))
+    # the same figures from the saved report
+    for kind, out_name in (("curve", "again.pdf"), ("edits", "layers.svg"), ("perturb", "share.png")):
+        assert main(["plot", kind, str(report), "-o", str(tmp_path / out_name)]) == 0
+    assert (tmp_path / "again.pdf").read_bytes().startswith(b"%PDF")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--eps", "1e-3,x"], "argument --eps: expected non-negative numbers separated by commas"),
+    (["--kind", "head"], "--head: expected a head index (counted from 0) for --kind head"),
+    (["--kind", "stack", "--layer", "3", "--last", "1"], "--last: expected a layer at least 3"),
+    (["--ball", "tokens"], "--positions: expected the tokens that move"),
+    (["--layer", "6"], "--layer: expected"),
+    (["--plot-curve", "/nonexistent/dir/c.png"], "no folder /nonexistent/dir"),
+])
+def test_local_errors_are_one_line(args, fragment, capsys):
+    try:
+        status = main(["local", "Rain is expected.", "--eps", "0", *args])
+    except SystemExit as stop:
+        status = stop.code
+    assert status == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and fragment in error[0] and "Fix:" in error[0], error
+
+
+def test_figures_refuse_reports_of_the_wrong_kind(tmp_path):
+    edits = {"mode": "replace", "rows": [{"layer": layer, "k": 1, "positions": [2], "n": 9, "measured": 1.0 + layer,
+                                          "measured_max_token": 3.0, "predicted_path": 1.2 + layer,
+                                          "predicted_set": None, "worst_witness": 1.5 + layer, "global": 1e5}
+                                         for layer in range(3)]}
+    draw_edit_layers(edits, tmp_path / "edits.png")  # predicted_set not computed: drawn without it
+    assert (tmp_path / "edits.png").read_bytes()[:8] == PNG
+    with pytest.raises(Exception, match="a lipbound local --json report"):
+        draw_local_curve(edits, tmp_path / "curve.png")
+    with pytest.raises(Exception, match="a lipbound perturb --json report"):
+        draw_edit_layers({"rows": [{"layer": 0}]}, tmp_path / "edits.png")
+    assert not (tmp_path / "curve.png").exists()
