@@ -68,9 +68,11 @@ class CurvePoint:
         return self.certified / self.witness if self.witness > 0 else math.inf
 
     def to_json(self) -> dict:
-        return {"eps": self.eps, "certified": self.certified, "witness": self.witness, "ratio": self.ratio,
-                "local": self.local, "variation": self.variation, "global": self.global_constant,
-                "verdict": self.verdict}
+        out = {"eps": self.eps, "certified": self.certified, "witness": self.witness, "ratio": self.ratio,
+               "local": self.local, "variation": self.variation, "global": self.global_constant,
+               "verdict": self.verdict}
+        return {key: None if isinstance(value, float) and not math.isfinite(value) else value
+                for key, value in out.items()}  # JSON has no infinity: null where no bound applies
 
 
 @final

@@ -267,8 +267,8 @@ def _curve(report: dict, option: str) -> dict:
     fix = 'write one with lipbound local "A sentence." --json local.json'
     try:
         curve = report.get("curve", report)
-        points = [{key: float(point[key]) for key in ("eps", "certified", "witness", "global")}
-                  for point in curve["points"]]
+        points = [{key: math.inf if point[key] is None else float(point[key])
+                   for key in ("eps", "certified", "witness", "global")} for point in curve["points"]]
         curve = {"points": points, "radius": float(curve["layernorm_radius"]),
                  "jacobian_norm": float(curve["jacobian_norm"]), "component": str(curve.get("component", "")),
                  "ball": str(curve.get("ball", "")), "norm": str(curve.get("norm", "")), "n": int(curve["n"])}
@@ -337,7 +337,7 @@ def draw_edit_scaling(rows: list, path, option: str = "--output") -> Path:
     axes.set_yscale("log")
     axes.set_xlabel(r"edited share of tokens $k / n$")
     axes.set_ylabel(r"$W_1$ movement of the block output")
-    axes.set_title(r"measured ($\bullet$, solid) and certified along the edit ($\square$, dashed)", fontsize=7)
+    axes.set_title("measured (filled, solid) and certified along the edit (open, dashed)", fontsize=7)
     axes.legend(frameon=False, fontsize=5.5, loc="lower right", ncol=2)
     axes.grid(True, which="major", linewidth=0.3, alpha=0.5)
     return _save(figure, path, option)
