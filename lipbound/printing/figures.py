@@ -337,7 +337,9 @@ def draw_edit_scaling(rows: list, path, option: str = "--output") -> Path:
     axes.set_yscale("log")
     axes.set_xlabel(r"edited share of tokens $k / n$")
     axes.set_ylabel(r"$W_1$ movement of the block output")
-    axes.set_title("measured (filled, solid) and certified along the edit (open, dashed)", fontsize=7)
+    axes.set_title("filled, solid: measured; open, dashed: certified", fontsize=7)
+    from matplotlib.ticker import NullFormatter
+    axes.xaxis.set_minor_formatter(NullFormatter())
     axes.legend(frameon=False, fontsize=5.5, loc="lower right", ncol=2)
     axes.grid(True, which="major", linewidth=0.3, alpha=0.5)
     return _save(figure, path, option)
