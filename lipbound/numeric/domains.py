@@ -47,7 +47,8 @@ def project_to_ball(X: np.ndarray, radius: float, center) -> np.ndarray:
     norms = np.linalg.norm(shifted, axis=-1, keepdims=True)
     return shifted * np.where(norms > radius, radius / np.where(norms > 0, norms, 1.0), 1.0) + center
 
-__all__ = ["TokenDomain", "TokenBall", "LayerNormOutputs", "AllTokens", "DomainSpec", "DOMAIN_SPECS"]
+__all__ = ["TokenDomain", "TokenBall", "LayerNormOutputs", "AllTokens", "DomainSpec", "DOMAIN_SPECS",
+           "domain_from_plain"]
 
 
 class TokenDomain:
@@ -146,6 +147,15 @@ class TokenDomain:
         re-decides membership from it)."""
         R, c = self.enclosing_ball()
         return {"kind": "ball", "radius": R, "center": c}
+
+    def plain(self) -> dict:
+        """The domain as plain data (numbers and arrays) that travels to a worker process;
+        :func:`domain_from_plain` rebuilds it."""
+        if isinstance(self, TokenBall):
+            return {"kind": self.key, "radius": self.radius, "center": self.center}
+        if isinstance(self, LayerNormOutputs):
+            return {"kind": self.key, "gamma": self.norm.gamma, "beta": self.norm.beta, "eps": self.norm.eps}
+        return {"kind": self.key}
 
     def check_width(self, d: int, what: str = "the head") -> None:
         center = self.center
@@ -363,6 +373,18 @@ class AllTokens(TokenDomain):
 
     def contains(self, X: np.ndarray) -> np.ndarray:
         return np.ones(np.asarray(X).shape[:-1], dtype=bool)
+
+
+def domain_from_plain(data: dict) -> TokenDomain:
+    """The domain of :meth:`TokenDomain.plain`."""
+    kind = data.get("kind")
+    if kind == "ball":
+        return TokenBall(data["radius"], data["center"])
+    if kind == "layernorm-image":
+        return LayerNormOutputs(LayerNorm(data["gamma"], data["beta"], data["eps"]))
+    if kind == "unbounded":
+        return AllTokens()
+    raise AssumptionError("domain", "ball, layernorm-image or unbounded", repr(kind), "pass TokenDomain.plain()")
 
 
 #: The spellings of :class:`DomainSpec` besides a radius.
