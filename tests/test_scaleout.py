@@ -13,12 +13,11 @@ import time
 
 import dask
 import pytest
-from dask.distributed import LocalCluster
 
 from lipbound.cli import main
 from lipbound.errors import AssumptionError, ClusterError
 from lipbound.numeric.model import DEFAULT_WEIGHTS, attention_arrays, attention_from_arrays, load_default
-from lipbound.numeric.scaleout import TaskFailed, run_all
+from lipbound.numeric.scaleout import TaskFailed, local_cluster, run_all
 from lipbound.numeric.verification import Verification, verify_job
 
 pytestmark = pytest.mark.xdist_group("scaleout")   # one xdist process starts the shared cluster
@@ -34,7 +33,7 @@ def slow_reciprocal(x: float, delay: float) -> float:
 
 @pytest.fixture(scope="module")
 def cluster():
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as local:
+    with local_cluster(2) as local:
         yield local.scheduler_address
 
 

@@ -105,7 +105,7 @@ def _demo(args) -> int:
     print(f"   ({len(bound.record.steps)} proof steps; `lipbound derive dot-product --proof` prints them)")
     model = load_default()
     print(f"\n2. Sandwich per head, n = {args.n} tokens, ball of the LayerNorm radius, witness budget "
-          f"{args.budget:g} s per head, bounds: the derived closed form"
+          f"{args.budget:g} nominal s per head, bounds: the derived closed form"
           + (" and the SDP relaxation" if not args.no_sdp else "") + ":", flush=True)
     verification = Verification(model, n=args.n, domain="layernorm", budget=args.budget, seed=args.seed,
                                 witness_dir=args.witness_dir, heads=None if args.all_heads else range(args.heads),

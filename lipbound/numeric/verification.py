@@ -242,8 +242,14 @@ class Verification:
         began = time.perf_counter()
         self.witness_dir.mkdir(parents=True, exist_ok=True)
         finished: dict[int, HeadReport] = {}
+        # in parallel, the whole layers (several times a head's work) start first, so that no long
+        # job is left alone at the end; serially, the planned order
+        order = list(range(len(self.jobs)))
+        if jobs != 1 or scheduler is not None:
+            order.sort(key=lambda i: self.jobs[i].head is not None)
 
-        def arrived(done: int, total: int, index: int, result: dict) -> None:
+        def arrived(done: int, total: int, position: int, result: dict) -> None:
+            index = order[position]
             row = self.assemble(self.jobs[index], result)
             finished[index] = row
             self.report.rows = [finished[i] for i in sorted(finished)]
@@ -252,7 +258,7 @@ class Verification:
                 on_row(self.report, row)
 
         try:
-            run_all(verify_job, [self.task(job) for job in self.jobs], jobs=jobs, scheduler=scheduler,
+            run_all(verify_job, [self.task(self.jobs[i]) for i in order], jobs=jobs, scheduler=scheduler,
                     progress=arrived)
         except TaskFailed as failure:
             self.report.seconds = time.perf_counter() - began
