@@ -11,10 +11,11 @@ does (:meth:`lipbound.numeric.verification.Verification.run`):
 3. ``scheduler=ADDRESS``: the workers of a 2-worker LocalCluster started beforehand (as a
    running cluster would be), so the time is the work alone.
 
-Prints the wall time of each, the speed-ups over serial, whether every report number (witness
-values, every upper bound, best bound, gap, refutations) is identical to the serial run's, and
-the machine's load average (``os.getloadavg``) before and after each run: on a shared machine
-the figures are pessimistic.  Targets: speed-ups >= 1.7 on a 2-core machine, identical numbers.
+Prints the wall time of each, the speed-ups over serial, the CPU seconds spent (this process
+and its local worker processes) and the cores that makes per wall second, whether every report
+number (witness values, every upper bound, best bound, gap, refutations) is identical to the
+serial run's, and the machine's load average (``os.getloadavg``) before and after each run: on
+a shared machine the speed-ups are capped by the share of the cores the run receives.  Targets: speed-ups >= 1.7 on a 2-core machine, identical numbers.
 
 Run: ``python bench/bench_scaleout.py [--budget 1] [--n 8] [--layers 0 1] [--json out.json]``
 """
@@ -51,6 +52,23 @@ def _numbers(report) -> list[dict]:
     return rows
 
 
+def _cpu() -> float:
+    """CPU seconds of this process, of its running descendants (the local workers) and of its
+    children that have exited."""
+    import psutil
+
+    me = psutil.Process()
+    running = 0.0
+    for process in [me] + me.children(recursive=True):
+        try:
+            times = process.cpu_times()
+            running += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    t = os.times()
+    return running + t.children_user + t.children_system
+
+
 def _load() -> str:
     return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -74,13 +92,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         def run(name: str, **how) -> None:
             verification = Verification(model, witness_dir=Path(folder) / name, **options)
-            before = _load()
+            before, cpu = _load(), _cpu()
             began = time.perf_counter()
             reports[name] = verification.run(**how)
             seconds = time.perf_counter() - began
-            figures[name] = {"seconds": seconds, "rows": len(reports[name].rows), "load_before": before,
-                             "load_after": _load()}
-            print(f"  {name:10s} {seconds:8.1f} s  {len(reports[name].rows)} rows  "
+            cpu = _cpu() - cpu
+            figures[name] = {"seconds": seconds, "cpu_seconds": cpu, "cores": cpu / seconds,
+                             "rows": len(reports[name].rows), "load_before": before, "load_after": _load()}
+            print(f"  {name:10s} {seconds:8.1f} s  {len(reports[name].rows)} rows  {cpu:8.1f} CPU-s "
                   f"(load average {before} before, {_load()} after)", flush=True)
 
         run("serial")
@@ -90,11 +109,15 @@ def main() -> None:
             figures["cluster start"] = {"seconds": time.perf_counter() - started}
             run("cluster", scheduler=cluster.scheduler_address)
     serial = _numbers(reports["serial"])
-    print(f"\n{'run':10s} {'seconds':>8s} {'speed-up':>9s}  identical numbers")
+    print(f"\n{'run':10s} {'seconds':>8s} {'speed-up':>9s} {'CPU-s':>8s} {'cores got':>9s}  identical numbers")
     for name in ("serial", "jobs=2", "cluster"):
         same = _numbers(reports[name]) == serial
         figures[name].update(speedup=figures["serial"]["seconds"] / figures[name]["seconds"], identical=same)
-        print(f"{name:10s} {figures[name]['seconds']:8.1f} {figures[name]['speedup']:8.2f}x  {'yes' if same else 'NO'}")
+        f = figures[name]
+        print(f"{name:10s} {f['seconds']:8.1f} {f['speedup']:8.2f}x {f['cpu_seconds']:8.1f} {f['cores']:9.2f}  "
+              f"{'yes' if same else 'NO'}")
+    print("(cores got: CPU seconds of this process and its local workers per wall second; on a shared machine "
+          "it shows the share of the cores the run received)")
     print(f"(the LocalCluster of the last run started in {figures['cluster start']['seconds']:.1f} s, not counted; "
           "jobs=2 counts its own start)")
     refuted = sum(len(row.refuted) for row in reports["serial"].rows)

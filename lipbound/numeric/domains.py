@@ -151,11 +151,7 @@ class TokenDomain:
     def plain(self) -> dict:
         """The domain as plain data (numbers and arrays) that travels to a worker process;
         :func:`domain_from_plain` rebuilds it."""
-        if isinstance(self, TokenBall):
-            return {"kind": self.key, "radius": self.radius, "center": self.center}
-        if isinstance(self, LayerNormOutputs):
-            return {"kind": self.key, "gamma": self.norm.gamma, "beta": self.norm.beta, "eps": self.norm.eps}
-        return {"kind": self.key}
+        raise NotImplementedError
 
     def check_width(self, d: int, what: str = "the head") -> None:
         center = self.center
@@ -207,6 +203,9 @@ class TokenBall(TokenDomain):
 
     def enclosing_ball(self) -> tuple[float, np.ndarray | None]:
         return self.radius, self.center
+
+    def plain(self) -> dict:
+        return {"kind": self.key, "radius": self.radius, "center": self.center}
 
     def describe(self) -> str:
         where = "0" if self.center is None else f"c (||c|| <= {vector_norm_upper(self.center):.6g})"
@@ -320,6 +319,9 @@ class LayerNormOutputs(TokenDomain):
         z[..., ~live] = -z[..., live].sum(axis=-1, keepdims=True) / np.sum(~live)
         return z
 
+    def plain(self) -> dict:
+        return {"kind": self.key, "gamma": self.norm.gamma, "beta": self.norm.beta, "eps": self.norm.eps}
+
     def record(self) -> dict:
         return {"kind": "layernorm-image", "gamma": self.norm.gamma, "beta": self.norm.beta,
                 "radius": self.norm.radius_about_center, "center": self.norm.beta}
@@ -370,6 +372,9 @@ class AllTokens(TokenDomain):
 
     def describe(self) -> str:
         return "all of R^(n x d)"
+
+    def plain(self) -> dict:
+        return {"kind": self.key}
 
     def contains(self, X: np.ndarray) -> np.ndarray:
         return np.ones(np.asarray(X).shape[:-1], dtype=bool)
