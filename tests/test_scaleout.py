@@ -12,6 +12,7 @@ import sys
 import time
 
 import dask
+import distributed  # noqa: F401  (its config defaults must exist before a dask.config.set block)
 import numpy as np
 import pytest
 

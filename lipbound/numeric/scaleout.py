@@ -139,7 +139,7 @@ def _connect(scheduler: str):
     import dask
     from dask.distributed import Client
     from dask.utils import parse_timedelta
-    timeout = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), default="seconds")
+    timeout = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect", default="30s"), default="seconds")
     how = (f"start one with `dask scheduler` and a worker per machine with `dask worker {scheduler}`, "
            "or check the address")
     try:
