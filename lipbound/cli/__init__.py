@@ -40,7 +40,7 @@ _OPTIONS = {"head": "--head", "layer": "--layer", "block": "--block", "kind": "-
             "num_heads": "--num-heads", "radius": "--radius", "budget_seconds": "--budget", "norm": "--norm",
             "domain": "--radius", "sentence": "sentence", "k": "--replace/--insert/--delete", "layers": "--layers",
             "score": "--score", "fact": "--fact", "prefix": "--prefix", "text_width": "--text-width",
-            "font_size": "--font-size"}
+            "font_size": "--font-size", "jobs": "--jobs", "scheduler": "--scheduler"}
 
 
 def _in_cli_terms(error: LipboundError) -> str:
