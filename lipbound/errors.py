@@ -15,6 +15,7 @@ __all__ = [
     "SolverError",
     "NotCertifiedError",
     "OutputError",
+    "ClusterError",
 ]
 
 
@@ -63,3 +64,7 @@ class NotCertifiedError(LipboundError):
 
 class OutputError(LipboundError):
     """An output path cannot be written (checked before any work starts)."""
+
+
+class ClusterError(LipboundError):
+    """Work cannot be handed out: no dask scheduler answers at the address, or dask is missing."""

@@ -23,6 +23,12 @@ def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="run tests marked slow")
 
 
+def pytest_configure(config):
+    # tests marked xdist_group (e.g. those sharing a dask cluster) run in one xdist process
+    if getattr(config.option, "dist", "no") == "load":
+        config.option.dist = "loadgroup"
+
+
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--runslow") or os.environ.get("LIPBOUND_SLOW") == "1" or "slow" in (config.option.markexpr or ""):
         return

@@ -374,7 +374,8 @@ def test_structured_search_beats_300_on_layer0_head0(l0h0_witness, l0h0):
     assert l0h0_witness.value > 300
     assert l0h0_witness.in_domain() and l0h0_witness.radius == radius
     np.testing.assert_array_equal(l0h0_witness.center, np.zeros(384))
-    assert l0h0_witness.details["seconds"] < 4.0
+    # the budget (3 nominal seconds) is work, not wall-clock time: the search stays within it
+    assert l0h0_witness.details["pool_work"] + l0h0_witness.details["polish_work"] <= 3.0
 
 
 def test_structured_starts_predict_the_jacobian_norm(l0h0):

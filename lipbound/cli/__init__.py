@@ -41,7 +41,8 @@ _OPTIONS = {"head": "--head", "layer": "--layer", "block": "--block", "kind": "-
             "domain": "--radius", "sentence": "sentence", "k": "--replace/--insert/--delete", "layers": "--layers",
             "score": "--score", "fact": "--fact", "prefix": "--prefix", "text_width": "--text-width",
             "font_size": "--font-size", "positions": "--positions", "vocabulary": "--vocabulary",
-            "search": "--search", "eps": "--eps", "path_tolerance": "--tolerance"}
+            "search": "--search", "eps": "--eps", "path_tolerance": "--tolerance", "jobs": "--jobs",
+            "scheduler": "--scheduler"}
 
 
 def _in_cli_terms(error: LipboundError) -> str:

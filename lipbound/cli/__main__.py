@@ -4,4 +4,5 @@ import sys
 
 from . import main
 
-sys.exit(main())
+if __name__ == "__main__":  # worker processes (``--jobs``) import this module without running it
+    sys.exit(main())

@@ -12,7 +12,8 @@ import json
 import sys
 
 from .output import Progress, ReportFiles
-from .parsing import choice, epilog, index, output_directory, output_file, positive_float, positive_int, radius_spec
+from .parsing import (choice, epilog, index, output_directory, output_file, positive_float, positive_int, radius_spec,
+                      scheduler_address)
 
 __all__ = ["register", "EXIT_INVALID", "EXIT_REFUTED", "EXIT_INTERRUPTED"]
 
@@ -34,9 +35,10 @@ def _row_text(row) -> str:
             f"{row.best_upper:.4g}, gap {row.gap:.3g}{flags}")
 
 
-def _run_verification(verification, files: ReportFiles) -> int:
-    """Run row by row: progress on stderr, every report file rewritten after each row; on Ctrl-C
-    the files keep the finished rows (marked partial)."""
+def _run_verification(verification, files: ReportFiles, args) -> int:
+    """Run the rows (in this process, in --jobs processes or on the --scheduler's cluster):
+    progress on stderr, every report file rewritten after each finished row; on Ctrl-C or a failed
+    job the files keep the finished rows (marked partial)."""
     progress = Progress(len(verification.jobs))
 
     def on_row(report, row):
@@ -44,7 +46,7 @@ def _run_verification(verification, files: ReportFiles) -> int:
         progress.update(len(report.rows), _row_text(row))
 
     try:
-        report = verification.run(on_row)
+        report = verification.run(on_row, jobs=args.jobs, scheduler=args.scheduler)
     except KeyboardInterrupt:
         files.write(verification.report)
         kept = files.describe()
@@ -72,7 +74,7 @@ def _verify(args) -> int:
                                 heads=None if args.head is None else [args.head], kinds=args.kind, n=args.n, m=args.m,
                                 domain=args.radius, sdp=args.sdp, budget=args.budget, seed=args.seed,
                                 witness_dir=args.witness_dir, drop_query_bias=args.drop_query_bias)
-    return _run_verification(verification, _files(args))
+    return _run_verification(verification, _files(args), args)
 
 
 def _convert(args) -> int:
@@ -103,12 +105,12 @@ def _demo(args) -> int:
     print(f"   ({len(bound.record.steps)} proof steps; `lipbound derive dot-product --proof` prints them)")
     model = load_default()
     print(f"\n2. Sandwich per head, n = {args.n} tokens, ball of the LayerNorm radius, witness budget "
-          f"{args.budget:g} s per head, bounds: the derived closed form"
+          f"{args.budget:g} nominal s per head, bounds: the derived closed form"
           + (" and the SDP relaxation" if not args.no_sdp else "") + ":", flush=True)
     verification = Verification(model, n=args.n, domain="layernorm", budget=args.budget, seed=args.seed,
                                 witness_dir=args.witness_dir, heads=None if args.all_heads else range(args.heads),
                                 whole_layers=args.all_heads, sdp=not args.no_sdp)
-    status = _run_verification(verification, _files(args))
+    status = _run_verification(verification, _files(args), args)
     rows = verification.report.rows
     gaps = [row.gap for row in rows if row.head is not None]
     if gaps:
@@ -176,9 +178,19 @@ def _add_run_options(parser, weights: bool = True) -> None:
     parser.add_argument("--n", type=positive_int("--n"), default=8,
                         help="number of tokens (default 8); for cross-attention, of context tokens")
     parser.add_argument("--budget", type=positive_float("--budget"), default=10.0,
-                        help="wall-clock seconds of each head's witness search (default %(default)g; twice that for a "
-                             "whole layer)")
+                        help="work of each head's witness search, in nominal seconds (default %(default)g; twice that "
+                             "for a whole layer): a fixed number of search steps, about that many seconds on an idle "
+                             "core, more on a busy or slow one, so that the same --seed gives the same numbers on "
+                             "any machine, with any --jobs or --scheduler")
     parser.add_argument("--seed", type=int, default=0, help="seed of the witness search (default 0)")
+    parser.add_argument("--jobs", type=positive_int("--jobs"), default=1,
+                        help="worker processes on this machine, one thread each (default 1: no extra process; "
+                             "needs dask.distributed: pip install 'lipbound[scale]')")
+    parser.add_argument("--scheduler", type=scheduler_address(), metavar="ADDRESS",
+                        help="run the rows on the dask cluster whose scheduler is at ADDRESS (tcp://HOST:8786; "
+                             "start it with `dask scheduler` and `dask worker ADDRESS` on each machine); the "
+                             "connection waits distributed.comm.timeouts.connect (dask config, e.g. "
+                             "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=10s)")
     parser.add_argument("--witness-dir", type=output_directory("--witness-dir"), default="witnesses",
                         help="folder the witnesses are saved in (default witnesses/)")
     parser.add_argument("--json", type=output_file("--json", ".json"), help="write the report as JSON")
@@ -204,6 +216,8 @@ def register(sub) -> None:
                       "lipbound verify MODEL_DIR --layer 0 --head 3 --n 16 --sdp",
                       "lipbound verify whisper/model.bin --block decoder --kind cross --n 8 --m 4",
                       "lipbound verify model.safetensors --radius 20 --json report.json --latex table.tex",
+                      "lipbound verify MODEL_DIR --jobs 2",
+                      "lipbound verify MODEL_DIR --scheduler tcp://10.0.0.5:8786",
                       notes=_STATUSES + "  Report files are rewritten after every row (JSON \"complete\": false "
                                         "until the end)."))
     _add_run_options(verify)

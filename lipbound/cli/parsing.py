@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 __all__ = ["Parser", "EXIT_USER_ERROR", "positive_int", "index", "positive_float", "int_list", "radius_spec",
-           "choice", "output_file", "output_directory", "plot_file", "epilog"]
+           "choice", "output_file", "output_directory", "plot_file", "epilog", "scheduler_address"]
 
 EXIT_USER_ERROR = 2
 
@@ -121,6 +121,20 @@ def radius_spec(option: str = "--radius"):
         except Exception:
             _fail(f"a positive number or one of {', '.join(DOMAIN_SPECS)}", text,
                   f"write e.g. {option} 20.25 or {option} layernorm")
+    convert.__name__ = option
+    return convert
+
+
+def scheduler_address(option: str = "--scheduler"):
+    """A dask scheduler address, ``tcp://host:port`` (or ``host:port``, read as tcp); whether it
+    answers is checked when the run starts."""
+    def convert(text: str) -> str:
+        address = text if "://" in text else f"tcp://{text}"
+        match = re.fullmatch(r"(tcp|tls|ucx)://([^/:\s]+|\[[0-9A-Fa-f:]+\]):(\d{1,5})", address)
+        if match is None or not 0 < int(match.group(3)) < 65536:
+            _fail("a dask scheduler address tcp://HOST:PORT", text, f"write e.g. {option} tcp://10.0.0.5:8786 "
+                  "(the address `dask scheduler` prints)")
+        return address
     convert.__name__ = option
     return convert
 

@@ -47,7 +47,8 @@ def project_to_ball(X: np.ndarray, radius: float, center) -> np.ndarray:
     norms = np.linalg.norm(shifted, axis=-1, keepdims=True)
     return shifted * np.where(norms > radius, radius / np.where(norms > 0, norms, 1.0), 1.0) + center
 
-__all__ = ["TokenDomain", "TokenBall", "LayerNormOutputs", "AllTokens", "DomainSpec", "DOMAIN_SPECS"]
+__all__ = ["TokenDomain", "TokenBall", "LayerNormOutputs", "AllTokens", "DomainSpec", "DOMAIN_SPECS",
+           "domain_from_plain"]
 
 
 class TokenDomain:
@@ -147,6 +148,11 @@ class TokenDomain:
         R, c = self.enclosing_ball()
         return {"kind": "ball", "radius": R, "center": c}
 
+    def plain(self) -> dict:
+        """The domain as plain data (numbers and arrays) that travels to a worker process;
+        :func:`domain_from_plain` rebuilds it."""
+        raise NotImplementedError
+
     def check_width(self, d: int, what: str = "the head") -> None:
         center = self.center
         if center is not None and center.shape != (d,):
@@ -197,6 +203,9 @@ class TokenBall(TokenDomain):
 
     def enclosing_ball(self) -> tuple[float, np.ndarray | None]:
         return self.radius, self.center
+
+    def plain(self) -> dict:
+        return {"kind": self.key, "radius": self.radius, "center": self.center}
 
     def describe(self) -> str:
         where = "0" if self.center is None else f"c (||c|| <= {vector_norm_upper(self.center):.6g})"
@@ -310,6 +319,9 @@ class LayerNormOutputs(TokenDomain):
         z[..., ~live] = -z[..., live].sum(axis=-1, keepdims=True) / np.sum(~live)
         return z
 
+    def plain(self) -> dict:
+        return {"kind": self.key, "gamma": self.norm.gamma, "beta": self.norm.beta, "eps": self.norm.eps}
+
     def record(self) -> dict:
         return {"kind": "layernorm-image", "gamma": self.norm.gamma, "beta": self.norm.beta,
                 "radius": self.norm.radius_about_center, "center": self.norm.beta}
@@ -361,8 +373,23 @@ class AllTokens(TokenDomain):
     def describe(self) -> str:
         return "all of R^(n x d)"
 
+    def plain(self) -> dict:
+        return {"kind": self.key}
+
     def contains(self, X: np.ndarray) -> np.ndarray:
         return np.ones(np.asarray(X).shape[:-1], dtype=bool)
+
+
+def domain_from_plain(data: dict) -> TokenDomain:
+    """The domain of :meth:`TokenDomain.plain`."""
+    kind = data.get("kind")
+    if kind == "ball":
+        return TokenBall(data["radius"], data["center"])
+    if kind == "layernorm-image":
+        return LayerNormOutputs(LayerNorm(data["gamma"], data["beta"], data["eps"]))
+    if kind == "unbounded":
+        return AllTokens()
+    raise AssumptionError("domain", "ball, layernorm-image or unbounded", repr(kind), "pass TokenDomain.plain()")
 
 
 #: The spellings of :class:`DomainSpec` besides a radius.

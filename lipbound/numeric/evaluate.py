@@ -32,11 +32,12 @@ from ..rigorous.linalg import Enclosure, product_norm_interval
 from ..rigorous.value import CertifiedValue, not_certified
 from ..symbolic import symbols as S
 from ..symbolic.bound import Bound
+from ..symbolic.monotone import is_nondecreasing
 from .dispatch import check_covers
 from .domains import TokenDomain
 from .model import Head, Layer, TransformerLayer
 
-__all__ = ["symbol_intervals", "evaluate_bound", "is_increasing"]
+__all__ = ["symbol_intervals", "evaluate_bound"]
 
 
 # Norm symbols -------------------------------------------------------------------------------
@@ -173,51 +174,6 @@ def _scalar_interval(expr: sp.Expr, sizes: dict):
 @functools.lru_cache(maxsize=256)
 def _constant_interval(expr: sp.Expr):
     return compile_interval(expr, [])()
-
-
-# Monotonicity ----------------------------------------------------------------------------------
-def _all(truths) -> Verdict:
-    truths = list(truths)
-    return Verdict.HOLDS if all(t is Verdict.HOLDS for t in truths) else Verdict.UNKNOWN
-
-
-def is_increasing(expr: sp.Expr, symbol: sp.Symbol) -> Verdict:
-    """Whether ``expr`` is non-decreasing in ``symbol`` over the symbols' assumed ranges.
-
-    A syntactic, sound check: sums, products of non-negative factors, positive powers,
-    ``exp, log, sqrt, LambertW, Min, Max`` and lipbound's ``kappa`` (increasing in both
-    arguments) of increasing arguments.  ``Verdict.UNKNOWN`` when the rules do not apply.
-    """
-    expr = sp.sympify(expr)
-    if symbol not in expr.free_symbols or expr == symbol:
-        return Verdict.HOLDS
-    if isinstance(expr, (sp.Add, sp.Min, sp.Max)):
-        return _all(is_increasing(a, symbol) for a in expr.args)
-    if isinstance(expr, sp.Mul):
-        if any(factor.is_nonnegative is not True for factor in expr.args):
-            return Verdict.UNKNOWN
-        return _all(is_increasing(a, symbol) for a in expr.args)
-    if isinstance(expr, sp.Pow):
-        base, exponent = expr.args
-        if symbol not in exponent.free_symbols:
-            if exponent.is_positive and base.is_nonnegative:
-                return is_increasing(base, symbol)
-            return Verdict.UNKNOWN
-        if symbol not in base.free_symbols and (base - 1).is_nonnegative:
-            return is_increasing(exponent, symbol)
-        return Verdict.UNKNOWN
-    if isinstance(expr, (sp.exp, sp.log)) or (isinstance(expr, sp.LambertW) and len(expr.args) == 1):
-        return is_increasing(expr.args[0], symbol)
-    if isinstance(expr, (S.kappa, S.causal_kappa)):
-        size, spread = expr.args
-        if spread.is_nonnegative is not True:
-            return Verdict.UNKNOWN
-        return _all(is_increasing(a, symbol) for a in expr.args)
-    if isinstance(expr, S.lambert_level):
-        return is_increasing(expr.args[0], symbol)
-    if isinstance(expr, sp.Abs) and expr.args[0].is_nonnegative:
-        return is_increasing(expr.args[0], symbol)
-    return Verdict.UNKNOWN
 
 
 # Symbol values ----------------------------------------------------------------------------------
@@ -436,7 +392,7 @@ def evaluate_bound(bound, head_or_layer, domain: TokenDomain, n: int, *, m: int 
     intervals = symbol_intervals(expr, head, layer=layer, domain=domain, n=n, m=m, H=H, values=values)
     if len(heads) > 1:
         for symbol in intervals:
-            if isinstance(symbol, (S.MatrixNormSymbol, S.VectorNormSymbol)) and is_increasing(expr, symbol) is not Verdict.HOLDS:
+            if isinstance(symbol, (S.MatrixNormSymbol, S.VectorNormSymbol)) and not is_nondecreasing(expr, symbol):
                 raise NotCertifiedError(
                     "bound", f"an expression increasing in the per-head symbol {symbol}",
                     "no proof of monotonicity", "evaluate each head on its own (pass a Head) and take the maximum")

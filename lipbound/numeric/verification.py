@@ -20,9 +20,11 @@ cross-attention reads its queries through the pre-cross-attention LayerNorm (``c
 and its context, the encoder's output, through the encoder's final LayerNorm
 (:attr:`Model.context_norm`).
 
-:class:`Verification` runs the jobs in order (one per head, then the whole layer, per layer,
-kind and stack) and hands each finished row to a callback, so a long run writes a partial report
-after every row and keeps what finished when interrupted.
+:class:`Verification` plans the jobs (one per head, then the whole layer, per layer, kind and
+stack), hands each to :func:`verify_job` as plain arrays -- in this process, in local worker
+processes or on a dask cluster (:mod:`lipbound.numeric.scaleout`) -- and assembles each result
+into its report row as it finishes, so a long run writes a partial report after every row and
+keeps what finished when interrupted or when a job fails.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, final
 
 import numpy as np
@@ -39,13 +42,14 @@ from ..rigorous.value import CertifiedValue
 from ..symbolic.claims import CLAIMS
 from .certify import head_bounds, layer_bounds
 from .dispatch import head_facts
-from .domains import DomainSpec, TokenBall, TokenDomain
+from .domains import DomainSpec, TokenBall, TokenDomain, domain_from_plain
 from .evaluate import evaluate_bound
-from .model import Head, Layer, Model
+from .model import Head, Layer, Model, attention_arrays, attention_from_arrays
 from .report import KINDS, HeadReport, ModelReport, refutations
-from .witness import search_witness
+from .scaleout import TaskFailed, run_all
+from .witness import Witness, search_witness
 
-__all__ = ["Job", "Verification", "verify_model", "KINDS", "KIND_CHOICES", "plan_jobs"]
+__all__ = ["Job", "Verification", "verify_model", "verify_job", "KINDS", "KIND_CHOICES", "plan_jobs"]
 
 #: What ``--kind`` accepts: a kind, or ``cross`` for its three senses.
 KIND_CHOICES = ("self", "causal", "cross") + KINDS[2:]
@@ -167,7 +171,9 @@ class Verification:
     sdp : bool
         Add the SDP relaxations.
     budget : float
-        Wall-clock seconds of each head's witness search (twice that for a whole layer).
+        Nominal seconds of each head's witness search (twice that for a whole layer): a fixed
+        amount of work (:mod:`lipbound.numeric.witness.clock`), so a seed gives the same numbers
+        on any machine and in any worker.
     drop_query_bias : bool
         Verify the heads without their query bias, the setting of published claims about plain
         dot-product attention (which are then listed and checked).
@@ -222,17 +228,41 @@ class Verification:
                                       self.spec.resolve(layer.cross_norm, f"the queries of {where}"))
         return self._domains[key]
 
-    def run(self, on_row: Callable[[ModelReport, HeadReport], None] | None = None) -> ModelReport:
-        """Verify every job in order; ``on_row(report, row)`` after each finished row."""
+    def run(self, on_row: Callable[[ModelReport, HeadReport], None] | None = None, *, jobs: int = 1,
+            scheduler: str | None = None) -> ModelReport:
+        """Verify every job; ``on_row(report, row)`` after each finished row.
+
+        The jobs run through :func:`lipbound.numeric.scaleout.run_all`: in this process
+        (``jobs=1``), in ``jobs`` local processes, or on the dask cluster at ``scheduler``.  Each
+        job travels as plain arrays (:func:`verify_job`) and its result is assembled here into
+        the report row, so every way gives the same rows.  ``report.rows`` lists the finished
+        rows in the order of :attr:`jobs`.  If a job raises, the rows that finished stay in the
+        report (``complete`` False) and the job's exception propagates.
+        """
         began = time.perf_counter()
         self.witness_dir.mkdir(parents=True, exist_ok=True)
-        for job in self.jobs:
-            row = self._row(job)
-            refutations(row)
-            self.report.rows.append(row)
+        finished: dict[int, HeadReport] = {}
+        # in parallel, the whole layers (several times a head's work) start first, so that no long
+        # job is left alone at the end; serially, the planned order
+        order = list(range(len(self.jobs)))
+        if jobs != 1 or scheduler is not None:
+            order.sort(key=lambda i: self.jobs[i].head is not None)
+
+        def arrived(done: int, total: int, position: int, result: dict) -> None:
+            index = order[position]
+            row = self.assemble(self.jobs[index], result)
+            finished[index] = row
+            self.report.rows = [finished[i] for i in sorted(finished)]
             self.report.seconds = time.perf_counter() - began
             if on_row is not None:
                 on_row(self.report, row)
+
+        try:
+            run_all(verify_job, [self.task(self.jobs[i]) for i in order], jobs=jobs, scheduler=scheduler,
+                    progress=arrived)
+        except TaskFailed as failure:
+            self.report.seconds = time.perf_counter() - began
+            raise failure.error from None
         self.report.complete = True
         self.report.seconds = time.perf_counter() - began
         return self.report
@@ -245,27 +275,73 @@ class Verification:
         head = attention.heads[job.head]
         return replace(head, b_Q=np.zeros(head.d_k)) if self.drop_query_bias else head
 
-    def _row(self, job: Job) -> HeadReport:
-        n, m = self.n, self.m if job.cross else None
+    def task(self, job: Job) -> tuple:
+        """The arguments of :func:`verify_job` for ``job``: plain arrays, numbers and strings."""
         domain, query_domain = self.domains_of(job)
-        target = self._target(job)
-        budget = self.budget * (2 if job.head is None else 1)
-        witness = search_witness(target, domain=domain, n=n, budget_seconds=budget, seed=self.seed,
-                                 origin=self.model, layer=job.layer, head=job.head, block=job.block, role=job.role,
-                                 m=m, query_domain=query_domain)
+        model = self.model
+        return (attention_arrays(self._target(job)), domain.plain(), None if query_domain is None else
+                query_domain.plain(), self.n, self.m if job.cross else None, job.role, job.kind, self.sdp,
+                self.budget * (2 if job.head is None else 1), self.seed,
+                (model.name, model.path or "", model.sha256 or ""), job.block, job.layer, job.head)
+
+    def assemble(self, job: Job, result: dict) -> HeadReport:
+        """The report row of ``job`` from what :func:`verify_job` returned; saves the witness."""
+        m = self.m if job.cross else None
+        domain, query_domain = self.domains_of(job)
+        witness = Witness.from_arrays(result["witness"])
+        self.witness_dir.mkdir(parents=True, exist_ok=True)
         name = "all" if job.head is None else f"H{job.head}"
-        size = f"n{n}" + (f"-m{m}" if m is not None else "")
+        size = f"n{self.n}" + (f"-m{m}" if m is not None else "")
         path = witness.save(self.witness_dir / f"{_slug(self.model.name)}-{job.block}-L{job.layer}-{job.kind}-{name}-"
                                                f"{size}.npz")
-        options = dict(role=job.role, m=m, query_domain=query_domain, sdp=self.sdp)
-        if job.head is None:
-            bounds = layer_bounds(target, domain, n, **options)
-        else:
-            bounds = head_bounds(target, domain, n, **options)
-            if job.kind == "self":
-                bounds += _claims(target, domain, n)
-        return HeadReport(job.layer, job.head, _domain_text(domain, query_domain), n, witness.value, str(path),
-                          witness.method, list(bounds), block=job.block, kind=job.kind, m=m)
+        bounds = [CertifiedValue.from_json(bound) for bound in result["bounds"]]
+        row = HeadReport(job.layer, job.head, _domain_text(domain, query_domain), self.n, witness.value, str(path),
+                         witness.method, bounds, block=job.block, kind=job.kind, m=m)
+        refutations(row)
+        return row
+
+
+def verify_job(target: dict, domain: dict, query_domain: dict | None, n: int, m: int | None, role: str, kind: str,
+               sdp: bool, budget: float, seed: int, origin: tuple[str, str, str], block: str, layer: int,
+               head: int | None) -> dict:
+    """One row's work, from plain data to plain data, wherever it runs (a worker process too).
+
+    Parameters
+    ----------
+    target : dict
+        The head or layer as :func:`~lipbound.numeric.model.attention_arrays`.
+    domain, query_domain : dict
+        :meth:`~lipbound.numeric.domains.TokenDomain.plain` of the tokens' (the context's) and the
+        queries' domains (None for self-attention).
+    n, m, role, kind, sdp, budget, seed
+        As for :func:`~lipbound.numeric.witness.search_witness` and
+        :func:`~lipbound.numeric.certify.head_bounds`; ``budget`` in nominal seconds of work.
+    origin : (name, path, sha256)
+        The weights, recorded in the witness.
+    block, layer, head : str, int, int or None
+        Where the target sits in the model.
+
+    Returns
+    -------
+    dict
+        ``{"witness": Witness.to_arrays(), "bounds": [CertifiedValue.to_json(), ...]}``; any cvxpy
+        problem or SymPy expression is built and dropped here.
+    """
+    target_map = attention_from_arrays(target)
+    context = domain_from_plain(domain)
+    queries = None if query_domain is None else domain_from_plain(query_domain)
+    name, path, sha256 = origin
+    witness = search_witness(target_map, domain=context, n=n, budget_seconds=budget, seed=seed,
+                             origin=SimpleNamespace(name=name, path=path, sha256=sha256), layer=layer, head=head,
+                             block=block, role=role, m=m, query_domain=queries)
+    options = dict(role=role, m=m, query_domain=queries, sdp=sdp)
+    if head is None:
+        bounds = layer_bounds(target_map, context, n, **options)
+    else:
+        bounds = head_bounds(target_map, context, n, **options)
+        if kind == "self":
+            bounds += _claims(target_map, context, n)
+    return {"witness": witness.to_arrays(), "bounds": [bound.to_json() for bound in bounds]}
 
 
 def _domain_text(domain: TokenDomain, query_domain: TokenDomain | None) -> str:
@@ -286,6 +362,9 @@ def _claims(head: Head, domain: TokenDomain, n: int) -> list[CertifiedValue]:
 
 
 def verify_model(model: Model, **options) -> ModelReport:
-    """Run a :class:`Verification` to the end (``progress`` is called with each finished row)."""
+    """Run a :class:`Verification` to the end (``progress`` is called with each finished row;
+    ``jobs`` and ``scheduler`` as for :meth:`Verification.run`)."""
     progress = options.pop("progress", None)
-    return Verification(model, **options).run(None if progress is None else (lambda report, row: progress(row)))
+    how = {key: options.pop(key) for key in ("jobs", "scheduler") if key in options}
+    return Verification(model, **options).run(None if progress is None else (lambda report, row: progress(row)),
+                                               **how)

@@ -96,6 +96,15 @@ class CertifiedValue:
                 "proven": self.proven, "lower": None if math.isnan(self.lower) else self.lower,
                 "reason": self.reason, "details": jsonable(self.details)}
 
+    @classmethod
+    def from_json(cls, data: dict) -> "CertifiedValue":
+        """The value of :meth:`to_json` (the same number, verdict and provenance; details as plain
+        data), e.g. after it travelled from a worker process."""
+        value, lower = data["value"], data["lower"]
+        return cls(data["name"], math.nan if value is None else value, Verdict(data["verdict"]), data["provenance"],
+                   proven=data["proven"], lower=math.nan if lower is None else lower, reason=data["reason"],
+                   details=data["details"])
+
 
 def not_certified(name: str, provenance: str, reason: str, **details) -> CertifiedValue:
     """A value that could not be certified (NaN, with the reason)."""

@@ -248,7 +248,7 @@ def w1_mean_field() -> Theorem:
     proof.add(le(Described(r"W_1(F(\mu), F(\nu))"),
                  Described(r"W_1((\Gamma_\mu)_\# \mu, (\Gamma_\mu)_\# \nu) + "
                            r"\sup_x \|\Gamma_\mu(x) - \Gamma_\nu(x)\|")),
-              "triangle inequality; couple (Gamma_mu)_# nu and (Gamma_nu)_# nu through nu")
+              "triangle inequality; couple the push-forwards of nu by Gamma_mu and by Gamma_nu through nu")
     proof.add(le(Described(r"\|D\Gamma_\mu(x)\|"), rho * alpha),
               "D Gamma_mu(x)[e] = Cov_{y ~ K_mu(x, .)}(grad_x s(x, y) . e, v(y))", "cauchy-schwarz-cov")
     proof.add(le(Described(r"\tfrac{e^{s(x, y)}}{\int e^{s(x, z)} \, d\mu_t(z)}"), sp.exp(omega)),

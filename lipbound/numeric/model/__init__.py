@@ -25,11 +25,12 @@ from .ctranslate2 import load_whisper
 from .files import TensorSource, open_checkpoint
 from .huggingface import layout_of, load_huggingface
 from .layouts import supported_layouts
-from .plain import PLAIN_FORMAT, load_plain, save_plain
+from .plain import PLAIN_FORMAT, attention_arrays, attention_from_arrays, load_plain, save_plain
 from .transformer import BLOCKS, Embeddings, Model, TransformerLayer
 
 __all__ = ["SCORES", "Head", "Layer", "LayerNorm", "FeedForward", "TransformerLayer", "Embeddings", "Model", "BLOCKS",
-           "load_weights", "load_default", "save_plain", "PLAIN_FORMAT", "DEFAULT_WEIGHTS", "DEFAULT_LAYERS"]
+           "load_weights", "load_default", "save_plain", "PLAIN_FORMAT", "DEFAULT_WEIGHTS", "DEFAULT_LAYERS",
+           "attention_arrays", "attention_from_arrays"]
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 DEFAULT_WEIGHTS = DATA / "minilm-l6-attention.safetensors"

@@ -32,6 +32,7 @@ them; :func:`save_plain` (``lipbound convert``) writes it from any loaded model.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +44,7 @@ from .files import TensorSource
 from .huggingface import select_layers
 from .transformer import BLOCKS, Model, TransformerLayer
 
-__all__ = ["PLAIN_FORMAT", "load_plain", "save_plain"]
+__all__ = ["PLAIN_FORMAT", "load_plain", "save_plain", "attention_arrays", "attention_from_arrays"]
 
 PLAIN_FORMAT = "lipbound-plain-v2"
 _FORMATS = ("lipbound-plain-v1", PLAIN_FORMAT)
@@ -87,27 +88,29 @@ def _norm(tensors: TensorSource, stem: str, d: int) -> LayerNorm | None:
     return LayerNorm(tensors.tensor(names[0], (d,)), tensors.tensor(names[1], (d,)), _scalar(tensors, names[2], float))
 
 
+def _head(tensors: TensorSource, key: str, d: int, where: str, name: str | None = None) -> Head:
+    """The head ``{key}.W_Q``, ... (named ``name``, default ``key``)."""
+    tensors.require([f"{key}.{k}" for k in _HEAD_ARRAYS], where,
+                    "write every head of the layer (save_plain does), or request other layers")
+    d_k, d_v = _width(tensors, f"{key}.W_Q", d), _width(tensors, f"{key}.W_V", d)
+    if _width(tensors, f"{key}.W_K", d) != d_k:
+        raise WeightsError(f"{tensors.path}:{key}.W_Q/W_K", "query and key projections of one width d_k",
+                           f"W_Q of shape {tensors.get(key + '.W_Q').shape}, W_K of shape "
+                           f"{tensors.get(key + '.W_K').shape}", "store both with the head's key width")
+    return Head(W_Q=tensors.tensor(f"{key}.W_Q", (d, d_k)), W_K=tensors.tensor(f"{key}.W_K", (d, d_k)),
+                W_V=tensors.tensor(f"{key}.W_V", (d, d_v)), b_Q=tensors.tensor(f"{key}.b_Q", (d_k,)),
+                b_K=tensors.tensor(f"{key}.b_K", (d_k,)), b_V=tensors.tensor(f"{key}.b_V", (d_v,)),
+                score=_scalar(tensors, f"{key}.score", str, default="dot"),
+                tau=_scalar(tensors, f"{key}.tau", float, default=1.0),
+                eps=_scalar(tensors, f"{key}.eps", float, default=1.0),
+                causal=_scalar(tensors, f"{key}.causal", bool, default=False) is True,
+                kim_values=_scalar(tensors, f"{key}.kim_values", bool, default=False) is True,
+                name=key if name is None else name)
+
+
 def _attention(tensors: TensorSource, stem: str, heads_count: int, d: int, where: str) -> Layer:
     """The heads ``{stem}.head{h}`` with ``{stem}.W_O`` and ``{stem}.b_O``."""
-    heads = []
-    for h in range(heads_count):
-        key = f"{stem}.head{h}"
-        tensors.require([f"{key}.{k}" for k in _HEAD_ARRAYS], f"head {h} of {where}",
-                        "write every head of the layer (save_plain does), or request other layers")
-        d_k, d_v = _width(tensors, f"{key}.W_Q", d), _width(tensors, f"{key}.W_V", d)
-        if _width(tensors, f"{key}.W_K", d) != d_k:
-            raise WeightsError(f"{tensors.path}:{key}.W_Q/W_K", "query and key projections of one width d_k",
-                               f"W_Q of shape {tensors.get(key + '.W_Q').shape}, W_K of shape "
-                               f"{tensors.get(key + '.W_K').shape}", "store both with the head's key width")
-        heads.append(Head(
-            W_Q=tensors.tensor(f"{key}.W_Q", (d, d_k)), W_K=tensors.tensor(f"{key}.W_K", (d, d_k)),
-            W_V=tensors.tensor(f"{key}.W_V", (d, d_v)), b_Q=tensors.tensor(f"{key}.b_Q", (d_k,)),
-            b_K=tensors.tensor(f"{key}.b_K", (d_k,)), b_V=tensors.tensor(f"{key}.b_V", (d_v,)),
-            score=_scalar(tensors, f"{key}.score", str, default="dot"),
-            tau=_scalar(tensors, f"{key}.tau", float, default=1.0),
-            eps=_scalar(tensors, f"{key}.eps", float, default=1.0),
-            causal=_scalar(tensors, f"{key}.causal", bool, default=False) is True,
-            kim_values=_scalar(tensors, f"{key}.kim_values", bool, default=False) is True, name=key))
+    heads = [_head(tensors, f"{stem}.head{h}", d, f"head {h} of {where}") for h in range(heads_count)]
     width = sum(h.d_v for h in heads)
     tensors.require([f"{stem}.W_O", f"{stem}.b_O"], where, _FIX)
     return Layer(tuple(heads), tensors.tensor(f"{stem}.W_O", (width, d)), tensors.tensor(f"{stem}.b_O", (d,)))
@@ -183,13 +186,16 @@ def _put_attention(arrays: dict, stem: str, attention: Layer, heads_count: int) 
         raise WeightsError(stem, f"{heads_count} heads", str(attention.num_heads),
                            "the plain format stores one head count per file")
     for h, head in enumerate(attention.heads):
-        key = f"{stem}.head{h}"
-        for name in _HEAD_ARRAYS:
-            arrays[f"{key}.{name}"] = getattr(head, name)
-        arrays[f"{key}.score"] = np.array(head.score)
-        arrays[f"{key}.tau"], arrays[f"{key}.eps"] = np.array(head.tau), np.array(head.eps)
-        arrays[f"{key}.causal"], arrays[f"{key}.kim_values"] = np.array(head.causal), np.array(head.kim_values)
+        _put_head(arrays, f"{stem}.head{h}", head)
     arrays[f"{stem}.W_O"], arrays[f"{stem}.b_O"] = attention.W_O, attention.b_O
+
+
+def _put_head(arrays: dict, key: str, head: Head) -> None:
+    for name in _HEAD_ARRAYS:
+        arrays[f"{key}.{name}"] = getattr(head, name)
+    arrays[f"{key}.score"] = np.array(head.score)
+    arrays[f"{key}.tau"], arrays[f"{key}.eps"] = np.array(head.tau), np.array(head.eps)
+    arrays[f"{key}.causal"], arrays[f"{key}.kim_values"] = np.array(head.causal), np.array(head.kim_values)
 
 
 def save_plain(model: Model, path) -> Path:
@@ -227,3 +233,47 @@ def save_plain(model: Model, path) -> Path:
     with atomic_write(path, "--output") as handle:
         np.savez(handle, **arrays)
     return path
+
+
+# ---------------------------------------------------------------------------------------------
+# One head or attention layer as plain arrays, to send to another process
+# ---------------------------------------------------------------------------------------------
+class _InMemory(TensorSource):
+    kind = "arrays"
+
+    def __init__(self, arrays: dict, label: str):
+        self.arrays, self.path, self.files, self.metadata = arrays, Path(label), [], {}
+
+    def keys(self) -> set[str]:
+        return set(self.arrays)
+
+    def get(self, key: str) -> np.ndarray:
+        return np.asarray(self.arrays[key])
+
+
+def attention_arrays(attention: Head | Layer) -> dict[str, np.ndarray]:
+    """A head or a multi-head layer as a dict of numpy arrays, in the plain format's keys
+    (``head{h}.W_Q``, ..., ``W_O``, ``b_O``; a lone head as ``head0.*``) with the heads' names:
+    plain data that travels to a worker process, read back by :func:`attention_from_arrays`."""
+    if isinstance(attention, Head):
+        arrays = {"kind": np.array("head"), "names": np.array([attention.name])}
+        _put_head(arrays, "head0", attention)
+        return arrays
+    if not isinstance(attention, Layer):
+        raise WeightsError("attention", "a Head or a Layer", type(attention).__name__, "pass layer.attention")
+    arrays = {"kind": np.array("layer"), "names": np.array([h.name for h in attention.heads]),
+              "residual": np.array(attention.residual)}
+    _put_attention(arrays, "layer", attention, attention.num_heads)
+    return arrays
+
+
+def attention_from_arrays(arrays: dict) -> Head | Layer:
+    """The head or layer of :func:`attention_arrays`."""
+    source = _InMemory(arrays, "attention")
+    names = [str(name) for name in np.asarray(arrays["names"])]
+    d = np.asarray(arrays["head0.W_Q" if str(arrays["kind"]) == "head" else "layer.head0.W_Q"]).shape[0]
+    if str(arrays["kind"]) == "head":
+        return _head(source, "head0", d, "the head", names[0])
+    layer = _attention(source, "layer", len(names), d, "the layer")
+    heads = tuple(replace(head, name=name) for head, name in zip(layer.heads, names))
+    return Layer(heads, layer.W_O, layer.b_O, residual=bool(arrays["residual"]))

@@ -73,6 +73,8 @@ def _top(factors: list[np.ndarray], weights: np.ndarray, start: np.ndarray | Non
         return sum(w * (Z @ (Z.T @ x)) for w, Z in zip(weights, factors))
 
     operator = LinearOperator((size, size), matvec=apply, dtype=float)
+    if start is None:   # ARPACK's own random start depends on the calls the process made before
+        start = np.random.default_rng(0).standard_normal(size)
     try:
         values, vectors = eigsh(operator, k=1, which="LA", v0=start, tol=1e-8, maxiter=5000)
         return float(values[0]), vectors[:, 0]

@@ -49,10 +49,14 @@ and the polish runs on the layer map.  The best candidate's value is recomputed 
 in float64 with :mod:`lipbound.numeric.attention`, at a point projected into the closed ball
 with a small inward margin.
 
+Every deadline of the search is read on a :class:`~.clock.WorkClock`, which counts the work
+done rather than the time spent, so a budget buys the same steps on any machine and the seed
+alone fixes the witness.
+
 Modules: :mod:`.record` (the witness file), :mod:`.kernel` (the batched kernel), :mod:`.problem`
 (the map, its argument and the charts of its domains), :mod:`.starts` (structured inputs),
-:mod:`.ascent` (the polish), :mod:`.values` (final values from scratch), :mod:`.search` (the
-public searches).
+:mod:`.ascent` (the polish), :mod:`.values` (final values from scratch), :mod:`.clock` (the work
+clock), :mod:`.search` (the public searches).
 """
 
 from .kernel import jacobian_norms, kernel_for

@@ -25,6 +25,7 @@ import numpy as np
 
 from ...errors import AssumptionError
 from ..attention import AttentionMap, heads_of, unit_rows
+from .clock import WorkClock
 
 __all__ = ["SearchProblem", "ROLES", "Group"]
 
@@ -70,13 +71,16 @@ class SearchProblem:
         The queries of cross-attention.
     n, m : int
         Context tokens, and queries (cross roles).
+    clock : WorkClock, optional
+        Charged for every evaluation (a new clock by default).
     """
 
-    def __init__(self, target, role: str, domain, query_domain, n: int, m: int | None):
+    def __init__(self, target, role: str, domain, query_domain, n: int, m: int | None, clock: WorkClock | None = None):
         if role not in ROLES:
             raise AssumptionError("role", f"one of {ROLES}", repr(role), "choose the argument of the constant")
         heads = heads_of(target)[0]
         self.target, self.role, self.n = target, role, int(n)
+        self.clock = WorkClock() if clock is None else clock
         self.domain, self.query_domain = domain, query_domain
         self.cross = role != "self"
         self.m = int(m) if self.cross else self.n
@@ -104,6 +108,9 @@ class SearchProblem:
         self.shape_mask = np.zeros((self.rows, self.width))
         for g in self.groups:
             self.shape_mask[g.rows, :g.width] = 1.0
+        k = self.kernel
+        self.work_per_input = k.H * self.rows * (self.rows * (k.d_k + k.d_v) + self.width * (2 * k.d_k + k.d_v))
+        self.clock.charge(4 * d * self.width ** 2)                 # the reduced bases and charts
 
     # inputs -----------------------------------------------------------------------------------
     def from_unit(self, U: np.ndarray, scale: float = 1.0) -> np.ndarray:
@@ -179,7 +186,9 @@ class SearchProblem:
 
     def evaluate(self, Z: np.ndarray, E: np.ndarray, steps: int):
         """``(sigma, E, grad)``: power iteration warm-started at E (masked to the moving rows) and
-        ``grad_Z sigma`` (envelope theorem: ``grad_Z <G, Df(Z)[E]>`` at ``G = Df[E] / sigma``)."""
+        ``grad_Z sigma`` (envelope theorem: ``grad_Z <G, Df(Z)[E]>`` at ``G = Df[E] / sigma``);
+        charges :attr:`clock`."""
+        self.clock.charge(len(Z) * (steps + (3 if not self.cross else 5)) * self.work_per_input)
         lin = self.linearize(Z)
         if not self.cross:
             sigma, E, JE = lin.top_singular(E[..., :self.context.width], steps)
@@ -207,7 +216,7 @@ class SearchProblem:
     # structured inputs, in the chart of a single-domain (self-attention) problem ---------------------
     def for_head(self, h: int) -> "SearchProblem":
         """Self-attention of head h alone on the same domain (its own reduced chart)."""
-        return SearchProblem(self.kernel.heads[h], "self", self.domain, None, self.n, None)
+        return SearchProblem(self.kernel.heads[h], "self", self.domain, None, self.n, None, self.clock)
 
     def head_weights_in_chart(self, h: int):
         """``(W_Q, W_K, V, b_Q, b_K, b_V)`` of head h as seen from the chart ``u`` (x' = u K^{1/2})."""

@@ -276,14 +276,19 @@ class Witness:
         path = Path(path)
         if path.suffix != ".npz":
             path = path.with_name(path.name + ".npz")
+        with atomic_write(path, "--witness-dir") as handle:
+            np.savez(handle, **self.to_arrays())
+        return path
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The arrays of the file :meth:`save` writes (plain data: the witness travels between
+        processes as this dict; :meth:`from_arrays` reads it back)."""
         arrays = {"X": self.X, "center": self.center, "metadata": np.array(json.dumps(self.metadata()))}
         for key in ("E", "Y", "Q", "EQ", "query_center", "gamma", "query_gamma"):
             if getattr(self, key) is not None:
                 arrays[key] = getattr(self, key)
         arrays.update({f"coordinates.{key}": value for key, value in self.coordinates.items()})
-        with atomic_write(path, "--witness-dir") as handle:
-            np.savez(handle, **arrays)
-        return path
+        return arrays
 
     @classmethod
     def load(cls, path: str | Path) -> "Witness":
@@ -298,21 +303,26 @@ class Witness:
         except (ValueError, OSError) as error:
             raise WeightsError(str(path), "a witness .npz written by Witness.save without pickled objects",
                                f"an unreadable file ({error})", "re-create the witness with Witness.save") from None
+        return cls.from_arrays(arrays, str(path))
+
+    @classmethod
+    def from_arrays(cls, arrays: dict, path: str = "witness") -> "Witness":
+        """The witness of :meth:`to_arrays` (``path`` names it in messages)."""
         if "metadata" not in arrays or "X" not in arrays or "center" not in arrays:
-            raise WeightsError(str(path), "arrays X, center and metadata", f"arrays {sorted(arrays)}",
+            raise WeightsError(path, "arrays X, center and metadata", f"arrays {sorted(arrays)}",
                                "this is not a lipbound witness file")
         try:
             meta = json.loads(str(arrays["metadata"][()]))
         except (json.JSONDecodeError, TypeError, IndexError) as error:
-            raise WeightsError(str(path), "JSON metadata", f"unparsable metadata ({error})",
+            raise WeightsError(path, "JSON metadata", f"unparsable metadata ({error})",
                                "re-create the witness with Witness.save") from None
         if meta.get("format") not in (WITNESS_FORMAT, "lipbound-witness/2", "lipbound-witness/1"):
-            raise WeightsError(str(path), f"format {WITNESS_FORMAT!r}", repr(meta.get("format")),
+            raise WeightsError(path, f"format {WITNESS_FORMAT!r}", repr(meta.get("format")),
                                "re-create the witness with this version of lipbound")
         kind = meta["kind"]
         second = "E" if kind == "jacobian" else "Y"
         if second not in arrays:
-            raise WeightsError(str(path), f"an array {second} for a {kind} witness", f"arrays {sorted(arrays)}",
+            raise WeightsError(path, f"an array {second} for a {kind} witness", f"arrays {sorted(arrays)}",
                                "the file is incomplete; re-create it")
         query_radius = meta.get("query_radius_hex")
         return cls(kind=kind, X=arrays["X"], E=arrays.get("E"), Y=arrays.get("Y"),

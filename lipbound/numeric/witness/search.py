@@ -69,7 +69,7 @@ def _evaluate_pool(problem: SearchProblem, pool, rng, power_steps: int, chunk: i
     families = [p[1] for p in pool for _ in range(len(p[0]))]
     parts = []
     for first in range(0, len(Xw), chunk):
-        if parts and time.perf_counter() >= deadline:
+        if parts and problem.clock() >= deadline:
             break
         part = slice(first, first + chunk)
         parts.append(start_candidates(problem, problem.retract(Xw[part], 1 - 1e-9), families[part], rng,
@@ -91,7 +91,7 @@ def _self_pool(problem: SearchProblem, rng, deadline, work: float = 1.0) -> list
              * (1.0 if W_O is None else np.linalg.norm(W_O[i * h.d_v:(i + 1) * h.d_v], 2)) for i, h in enumerate(heads)]
     for index in np.argsort(sizes)[::-1]:
         head = heads[index]
-        if time.perf_counter() >= deadline and len(pool) > 0:
+        if problem.clock() >= deadline and len(pool) > 0:
             break
         own = problem if len(heads) == 1 else problem.for_head(int(index))
         if n >= 3:
@@ -99,10 +99,10 @@ def _self_pool(problem: SearchProblem, rng, deadline, work: float = 1.0) -> list
             size = own.context.radius
             W_Q, W_K, W_V, b_Q, _, _ = (w / size if i < 3 else w for i, w in enumerate(own.head_weights_in_chart(0)))
             light = len(heads) > 1
-            share = (deadline - time.perf_counter()) / (1 if not light else max(1, len(heads) // 3))
+            share = (deadline - problem.clock()) / (1 if not light else max(1, len(heads) // 3))
             starts, _ = structured_starts(W_Q, W_K, W_V, b_Q, size * (1 - 1e-6), n, count=16 if light else 32,
                                           steps=120 if light else 200, seed=int(rng.integers(2 ** 31)),
-                                          deadline=time.perf_counter() + max(share, 0.0))
+                                          deadline=problem.clock() + max(share, 0.0), clock=problem.clock)
             tokens = own.lift(own.from_unit(starts[:keep] / size))[0]
             pool.append((problem.retract(problem.to_work(tokens)), "structured"))
             if problem.kernel.H > 1:
@@ -153,7 +153,9 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     n : int
         Number of tokens (of context tokens for cross-attention).
     budget_seconds : float
-        Wall-clock budget of the whole search, the final recomputation included.
+        Budget of the search in nominal seconds of work (:mod:`.clock`): a fixed number of steps
+        and restarts for the shapes, about that many seconds on an idle core.  The search stops
+        at the same step on any machine, so the seed alone fixes the witness.
     seed : int
     norm : {"fro", "2,1"}
         ``"fro"``: a jacobian witness; ``"2,1"``: a secant witness ``(X, Y)`` that moves one
@@ -196,10 +198,12 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     query_domain = domain if query_domain is None else query_domain
     if cross:
         _check_domain("query_domain", query_domain, heads_of(target)[0][0].d)
-    began = time.perf_counter()
+    started = time.perf_counter()
+    problem = SearchProblem(target, role, domain, query_domain, n, m if cross else None)
+    clock = problem.clock
+    began = clock()
     deadline = began + budget_seconds * (0.9 if norm == "fro" else 0.75)
     rng = np.random.default_rng(seed)
-    problem = SearchProblem(target, role, domain, query_domain, n, m if cross else None)
     heads = problem.kernel.heads
     # the cost of one input grows like n^2: fewer candidates for long inputs keep the budget
     work = max(1.0, (problem.rows / 64) ** 2)
@@ -212,17 +216,17 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     cands = _evaluate_pool(problem, pool, rng, 15 if len(heads) == 1 else 6, max(1, int(32 / work)),
                            began + 0.4 * (deadline - began))
     families = list(dict.fromkeys(cands.family))
-    pooled = time.perf_counter()
+    pooled = clock()
     # keep the best of every family, then the best overall
     order = list(np.argsort(-np.where(np.isfinite(cands.sigma), cands.sigma, -np.inf)))
     chosen = [next(i for i in order if cands.family[i] == family) for family in dict.fromkeys(families)]
     chosen += [i for i in order if i not in chosen][:max(polish_count - len(chosen), 0)]
     cands = take(cands, chosen)
     # continuation from random inputs gets a sixth of the remaining time
-    now = time.perf_counter()
+    now = clock()
     cands = join(cands, continuation(problem, rng, max(1, int(4 / work)), now + (deadline - now) / 6))
     cands = polish(problem, cands, deadline)
-    polished = time.perf_counter()
+    polished = clock()
     best = int(np.argmax(np.where(np.isfinite(cands.sigma), cands.sigma, -np.inf)))
     # the final point, exactly in the domain, and a few more power steps there
     X, Y = problem.lift(cands.X[best][None])
@@ -237,8 +241,8 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
         E = unit_rows(problem.mask[None] * np.ones_like(E))
     E_X, E_Y = problem.lift_directions(E)
     details = {"family": cands.family[best], "search_sigma": float(cands.sigma[best]),
-               "candidates": len(cands.sigma), "pool_seconds": round(pooled - began, 3),
-               "polish_seconds": round(polished - pooled, 3)}
+               "candidates": len(cands.sigma), "pool_work": round(pooled - began, 6),
+               "polish_work": round(polished - pooled, 6)}
     about = _describe(target, domain, origin, layer, head, block)
     fields = _domain_fields(domain)
     if cross:
@@ -249,19 +253,19 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
         coordinates.update({"E": v for v in w.values()})
         coordinates.update({"EQ": v for v in wq.values()})
         value = cross_value(target, Y, X, EQ, E_X)
-        details["seconds"] = round(time.perf_counter() - began, 3)
+        details["seconds"] = round(time.perf_counter() - started, 3)
         return Witness(kind="jacobian", X=X, E=E_X, Q=Y, EQ=EQ, value=value, norm="fro", seed=seed, role=role,
                        method="structured+polish", details=details, coordinates=coordinates, **fields, **about)
     E, w = domain.representable_directions(E_X[0])
     coordinates.update({"E": v for v in w.values()})
     value = jacobian_value(target, X, E)
     if norm == "fro":
-        details["seconds"] = round(time.perf_counter() - began, 3)
+        details["seconds"] = round(time.perf_counter() - started, 3)
         return Witness(kind="jacobian", X=X, E=E, value=value, norm="fro", seed=seed, method="structured+polish",
                        details=details, coordinates=coordinates, **fields, **about)
     Y, ratio, token, y_coordinates = _secant_21(target, X, E, domain)
     coordinates.update({"Y": v for v in y_coordinates.values()})
-    details.update({"moved_token": token, "jacobian_value": value, "seconds": round(time.perf_counter() - began, 3)})
+    details.update({"moved_token": token, "jacobian_value": value, "seconds": round(time.perf_counter() - started, 3)})
     return Witness(kind="secant", X=X, Y=Y, value=ratio, norm="2,1", seed=seed, method="structured+polish+secant",
                    details=details, coordinates=coordinates, **fields, **about)
 

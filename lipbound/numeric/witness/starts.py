@@ -4,7 +4,6 @@ beta-type), several heads tied at one input, and Castin et al.'s adversarial inp
 from __future__ import annotations
 
 import math
-import time
 from typing import final
 
 import numpy as np
@@ -12,6 +11,7 @@ import numpy as np
 from ...errors import AssumptionError
 from ..blas import one_blas_thread
 from ..attention import AttentionMap, unit_rows
+from .clock import CALL_WORK, WorkClock
 
 __all__ = ["structured_starts", "TieSurrogate", "castin_input", "cross_starts"]
 
@@ -19,7 +19,8 @@ __all__ = ["structured_starts", "TieSurrogate", "castin_input", "cross_starts"]
 @one_blas_thread
 def structured_starts(W_Q: np.ndarray, W_K: np.ndarray, W_V: np.ndarray, b_Q: np.ndarray, radius: float,
                       n: int, count: int = 64, steps: int = 300, margin: float = 10.0,
-                      seed: int = 0, deadline: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+                      seed: int = 0, deadline: float | None = None,
+                      clock: WorkClock | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Alpha/beta-type inputs for one dot-product head, ball about the origin.
 
     With ``A = W_Q W_K^T / sqrt(d_k)``, ``u = W_K b_Q / sqrt(d_k)`` and ``m = n - 2`` queries,
@@ -37,7 +38,10 @@ def structured_starts(W_Q: np.ndarray, W_K: np.ndarray, W_V: np.ndarray, b_Q: np
     ----------
     W_Q, W_K, W_V : ndarray, shapes (d, d_k), (d, d_k), (d, d_v)
     deadline : float, optional
-        ``time.perf_counter()`` at which the ascent stops (the inputs are valid at every step).
+        The reading of ``clock`` at which the ascent stops (the inputs are valid at every step).
+    clock : WorkClock, optional
+        Charged for every step (a new one by default: the deadline is then in nominal seconds
+        of work from 0).
     b_Q : ndarray, shape (d_k,)
         Query bias with the ball's centre folded in (``b_Q + c W_Q``); the key bias only shifts
         a whole row of scores.
@@ -62,6 +66,8 @@ def structured_starts(W_Q: np.ndarray, W_K: np.ndarray, W_V: np.ndarray, b_Q: np
     u = W_K @ b_Q / math.sqrt(d_k)
     VV, AtA, As = W_V @ W_V.T, A.T @ A, A + A.T
     m = n - 2
+    clock = WorkClock() if clock is None else clock
+    clock.charge(10 * d ** 3)                          # the decompositions of A and W_V
     rng = np.random.default_rng(seed)
     left = np.linalg.svd(A)[0][:, :min(8, d)]
     k = left.shape[1]
@@ -83,8 +89,9 @@ def structured_starts(W_Q: np.ndarray, W_K: np.ndarray, W_V: np.ndarray, b_Q: np
     moments = [np.zeros_like(a), np.zeros_like(b)]
     squares = [np.zeros_like(a), np.zeros_like(b)]
     for step in range(1, steps + 1):
-        if deadline is not None and time.perf_counter() >= deadline:
+        if deadline is not None and clock() >= deadline:
             break
+        clock.charge(count * d * d)
         lr = 0.02 * (1 - step / (steps + 1)) + 0.001
         wa = a @ VV
         w = R * b @ A + u
@@ -168,6 +175,7 @@ class TieSurrogate:
 
     def value(self, a: np.ndarray, b: np.ndarray, directions: list[np.ndarray] | None = None) -> float:
         R, m = self.R, self.m
+        self.problem.clock.charge(len(self.heads) * (2 * CALL_WORK + 4 * a.size * self.problem.kernel.d_v))
         directions = self.directions(b) if directions is None else directions
         outputs = []
         for (A, u, W_V, b_V, W_O), w in zip(self.heads, directions):
