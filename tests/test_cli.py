@@ -228,7 +228,7 @@ def test_interrupted_verify_keeps_the_finished_rows(tmp_path):
     assert not [name for name in os.listdir(tmp_path) if name.endswith(".partial")]
 
 
-def test_budget_is_a_wall_clock_limit(tmp_path):
+def test_a_one_second_budget_ends_within_seconds(tmp_path):
     started = time.perf_counter()
     assert main(["verify", MODEL, "--layer", "0", "--head", "0", "--budget", "1", "--witness-dir", str(tmp_path)]) == 0
     assert time.perf_counter() - started < 1 + 8  # the search, plus the bound's evaluation and start-up
