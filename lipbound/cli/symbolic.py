@@ -31,8 +31,18 @@ def _derive(args) -> int:
         raise LipboundError("--norm", f"one of {', '.join(chosen.norms)} for {args.variant}", repr(norm),
                             f"omit --norm or pass --norm {chosen.norms[0]}")
     sizes = {name: sp.Integer(getattr(args, name)) for name in ("n", "m", "H") if getattr(args, name) is not None}
-    domain = {"ball": Ball, "layernorm": LayerNormImage, "unbounded": Unbounded}[args.domain]()
-    assumptions = Assumptions(domain=domain, norm=norm, tied=True if "l2-tied" in args.variant else None, **sizes)
+    from ..symbolic.blocks import BlockVariant
+    domain_key = args.domain or ("unbounded" if isinstance(chosen, BlockVariant) else "ball")
+    domain = {"ball": Ball, "layernorm": LayerNormImage, "unbounded": Unbounded}[domain_key]()
+    facts = ()
+    if args.variance_floor:
+        fact = getattr(chosen, "floor_fact", lambda: None)()
+        if fact is None:
+            raise LipboundError("--variance-floor", "a normalisation or a pre-LN block (layernorm, rmsnorm, "
+                                "pre-ln-feed-forward)", args.variant, "drop --variance-floor for this variant")
+        facts = (fact,)
+    assumptions = Assumptions(domain=domain, norm=norm, tied=True if "l2-tied" in args.variant else None,
+                              facts=facts, **sizes)
     result = chosen.derive(assumptions, args.variant)
     if args.json:
         print(json.dumps(result_json(result), indent=2))
@@ -66,11 +76,18 @@ def _list(args) -> int:
     from ..symbolic.assumptions import Assumptions, Ball
     from ..symbolic.claims import CLAIMS
     from ..symbolic.lemmas import LEMMAS
-    from ..symbolic.registry import VARIANTS, variant
+    from ..symbolic.registry import BLOCKS, VARIANTS, variant
     print("variants (lipbound derive VARIANT):")
     for name, (_, description) in VARIANTS.items():
         print(f"  {name:24s} {description}")
     ids = set()
+    print("blocks (lipbound derive BLOCK [--variance-floor]):")
+    for name, (_, description) in BLOCKS.items():
+        print(f"  {name:24s} {description}")
+        block = variant(name)
+        for norm in block.norms:
+            for assumptions in block.proof_assumptions():
+                ids.add(block.derive(assumptions.with_(norm=norm), name).theorem)
     for name in VARIANTS:
         for norm in variant(name).norms:
             try:
@@ -127,25 +144,32 @@ def register(sub) -> None:
 
     derive = sub.add_parser(
         "derive", help="derive a bound and its proof",
-        description="Derive the Lipschitz bound of an attention variant from its kernel assumptions, with every "
-                    "step recorded; print it as text, LaTeX, a LaTeX proof or JSON.",
+        description="Derive the Lipschitz bound of an attention variant from its kernel assumptions, or of a "
+                    "normalisation, feed-forward or residual block, with every step recorded; print it as text, "
+                    "LaTeX, a LaTeX proof or JSON.",
         epilog=epilog("lipbound derive dot-product --norm fro --domain ball",
                       "lipbound derive dot-product --domain unbounded      # NOT LIPSCHITZ, with X_t",
                       "lipbound derive l2-tied --domain unbounded --latex",
                       "lipbound derive causal --proof > proof.tex",
                       "lipbound derive measure-w1 --json",
+                      "lipbound derive layernorm --variance-floor --proof",
+                      "lipbound derive pre-ln-feed-forward --norm 2,inf",
                       notes="Run `lipbound list` for the variants.  Exit status 0, or 2 for a user error."))
-    derive.add_argument("variant", help="a built-in variant (see `lipbound list`)")
+    derive.add_argument("variant", help="a built-in variant or block (see `lipbound list`)")
     derive.add_argument("--norm", choices=["fro", "2,1", "2,inf", "inf", "w1"], help=_NORM_HELP)
-    derive.add_argument("--domain", default="ball", choices=["ball", "layernorm", "unbounded"],
-                        help="where tokens live: ball (every token in B(0, R), default), layernorm (the image of a "
-                             "LayerNorm), unbounded (all of R^d; the answer may be NOT LIPSCHITZ)")
+    derive.add_argument("--domain", choices=["ball", "layernorm", "unbounded"],
+                        help="where tokens live: ball (every token in B(0, R), default for attention), layernorm (the "
+                             "image of a LayerNorm), unbounded (all of R^d, default for blocks; attention may be NOT "
+                             "LIPSCHITZ there)")
     derive.add_argument("--n", type=positive_int("--n"), help="number of tokens (default: the symbol n)")
     derive.add_argument("--m", type=positive_int("--m"), help="number of queries, for cross-attention")
     derive.add_argument("--H", type=positive_int("--H"), help="number of heads, for multi-head variants")
     derive.add_argument("--latex", action="store_true", help="print the bound as LaTeX")
     derive.add_argument("--proof", action="store_true", help="print the bound and its derivation as LaTeX (align*)")
     derive.add_argument("--json", action="store_true", help="print one JSON object")
+    derive.add_argument("--variance-floor", action="store_true",
+                        help="state that every token's variance is at least sigma_min^2 (the mean square for "
+                             "rmsnorm): the local constant of a normalisation or of a pre-LN block")
     derive.set_defaults(handler=_derive)
 
     compare = sub.add_parser(
