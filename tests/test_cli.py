@@ -148,20 +148,20 @@ def test_check_refutes_gelu_and_exits_3(capsys):
 
 def test_verify_exits_3_when_a_bound_is_refuted(monkeypatch, tmp_path, capsys):
     """Gate a model's CI: an (artificially) wrong bound makes verify exit with status 3."""
-    from lipbound.numeric import report
-    real = report.head_constant
+    from lipbound.numeric import verification
+    real = verification.head_bounds
 
     def too_small(*args, **kwargs):
-        return real(*args, **kwargs).renamed("derived", value=1e-3)
+        return [bound.renamed(bound.name, value=1e-3) for bound in real(*args, **kwargs)]
 
-    monkeypatch.setattr(report, "head_constant", too_small)
+    monkeypatch.setattr(verification, "head_bounds", too_small)
     path = tmp_path / "plain.npz"
     save_plain(load_default(layers=0), path)
     status = main(["verify", str(path), "--layer", "0", "--head", "3", "--budget", "1", "--radius", "layernorm",
                    "--witness-dir", str(tmp_path / "w"), "--json", str(tmp_path / "r.json")])
     assert status == 3
     data = json.loads((tmp_path / "r.json").read_text())
-    assert data["rows"][0]["refuted"] == ["derived"] and data["complete"] is True
+    assert "derived" in data["rows"][0]["refuted"] and data["complete"] is True
 
 
 def test_verify_report_names_the_weights_and_every_row_field(tmp_path, capsys):
@@ -173,7 +173,9 @@ def test_verify_report_names_the_weights_and_every_row_field(tmp_path, capsys):
     data = json.loads(out_json.read_text())
     model = load_default(layers=5)
     assert data["path"] == model.path and data["sha256"] == model.sha256 and data["norm"] == "fro" and data["n"] == 8
-    assert "ball of radius" in data["domains"]["5"]
+    assert data["domains"] == [{"block": "encoder", "layer": 5, "attention": "self",
+                                "domain": data["rows"][0]["domain"]}]
+    assert "ball of radius" in data["domains"][0]["domain"]
     row = data["rows"][0]
     for key in ("block", "layer", "head", "kind", "n", "m", "domain", "witness", "upper_bounds", "best_upper", "gap",
                 "refuted"):
@@ -230,3 +232,46 @@ def test_budget_is_a_wall_clock_limit(tmp_path):
     started = time.perf_counter()
     assert main(["verify", MODEL, "--layer", "0", "--head", "0", "--budget", "1", "--witness-dir", str(tmp_path)]) == 0
     assert time.perf_counter() - started < 1 + 8  # the search, plus the bound's evaluation and start-up
+
+
+# ------------------------------------------------------------------------------------------------
+# derive custom, preamble, paper, plot
+# ------------------------------------------------------------------------------------------------
+def _call(args: list[str]) -> int:
+    try:
+        return main(args)
+    except SystemExit as exit:
+        return exit.code
+
+
+def test_preamble_prints_prefixed_environments_and_no_document_class(capsys):
+    assert main(["preamble", "--prefix", "lip"]) == 0
+    out = capsys.readouterr().out
+    assert "\\newtheorem{liptheorem}{Theorem}" in out and "\\newtheorem{liplemma}[liptheorem]{Lemma}" in out
+    assert "\\documentclass" not in out and "\\allowdisplaybreaks" in out
+
+
+def test_derive_custom_from_the_command_line(capsys):
+    assert main(["derive", "custom", "--score", "Inner(q, k)**2/d_k"]) == 0
+    out = capsys.readouterr().out
+    assert "score:    s(x, y) = Inner(W_Q.T*x, W_K.T*y)**2/d_k" in out and "bound:    Lip <= " in out
+    assert main(["derive", "custom", "--score", "Inner(q, k)**2/d_k", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["theorem"] == "self-attention-fro"
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["derive", "custom"], ["--score: expected a score for the variant custom", 'Fix: add e.g. --score']),
+    (["derive", "dot-product", "--score", "Inner(q, k)"], ["--score: expected the variant custom"]),
+    (["derive", "custom", "--score", "Inner(q, k"], ["--score: expected a SymPy expression", "syntax error"]),
+    (["derive", "custom", "--score", "open('x')"], ["--score: expected", "unknown function 'open'"]),
+    (["derive", "custom", "--score", "Inner(q, k)/Norm(q)"],
+     ["--fact: expected a positive lower bound on Norm(q)", 'Fix: add --fact "Norm(q) >= m_Q"']),
+    (["derive", "custom", "--score", "Inner(q, k)", "--fact", "Norm(q) > 1"], ["--fact: expected a lower bound"]),
+    (["derive", "sigmoid", "--domain", "unbounded"], ["--domain: expected a bounded domain", "--domain ball"]),
+    (["plot", "scaling", "-o", "figure.docx"], ["argument -o/--output: expected a file ending in one of"]),
+    (["preamble", "--text-width", "100"], ["--text-width: expected a text width of at least 300pt"]),
+])
+def test_authoring_errors_are_one_line_with_exit_status_2(args, fragments, capsys):
+    assert _call(args) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and all(fragment in lines[0] for fragment in fragments), lines

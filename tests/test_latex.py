@@ -76,12 +76,11 @@ NODES = [
     (Norm(S.W.T * S.x - S.W.T * S.y), r"\|W^\top x - W^\top y\|"),
     (-Norm(S.W_Q.T * S.x - S.W_K.T * S.y) ** 2 / sp.sqrt(S.d_k),
      r"- \frac{\|W_Q^\top x - W_K^\top y\|^{2}}{\sqrt{d_k}}"),
-    (SoftNorm(S.W_Q.T * S.x, epsilon), r"\sqrt{\|W_Q^\top x\|^{2} + \varepsilon}"),
-    (SoftNorm(S.W_Q.T * S.x, epsilon) ** 2, r"\left(\|W_Q^\top x\|^{2} + \varepsilon\right)"),
-    (SoftNorm(S.W_Q.T * S.x, epsilon) ** 3, r"\left(\|W_Q^\top x\|^{2} + \varepsilon\right)^{3/2}"),
+    (SoftNorm(S.W_Q.T * S.x, epsilon), r"N_{\varepsilon}(W_Q^\top x)"),
+    (SoftNorm(S.W_Q.T * S.x, epsilon) ** 2, r"N_{\varepsilon}(W_Q^\top x)^{2}"),
+    (SoftNorm(S.W_Q.T * S.x, epsilon) ** 3, r"N_{\varepsilon}(W_Q^\top x)^{3}"),
     (tau * Inner(S.W_Q.T * S.x, S.W_K.T * S.y) / (SoftNorm(S.W_Q.T * S.x, epsilon) * SoftNorm(S.W_K.T * S.y, epsilon)),
-     r"\frac{\tau \langle W_Q^\top x, W_K^\top y\rangle}{\sqrt{\|W_K^\top y\|^{2} + \varepsilon} "
-     r"\sqrt{\|W_Q^\top x\|^{2} + \varepsilon}}"),
+     r"\frac{\tau \langle W_Q^\top x, W_K^\top y\rangle}{N_{\varepsilon}(W_K^\top y) N_{\varepsilon}(W_Q^\top x)}"),
     # described quantities print verbatim and come last in products
     (Described(r"\|Df(X)[E]\|"), r"\|Df(X)[E]\|"),
     (S.L_V * Described("u_i"), r"L_V u_i"),
@@ -202,6 +201,24 @@ BOUNDS = {
         r"\|W_Q\|_2 \tau}{\sqrt{\varepsilon}}, \frac{R \tau \left(\|A\|_2 \sqrt{d_k} + 3 \|W_K\|_2 "
         r"\|W_Q\|_2\right)}{\varepsilon}\right)\right) + \|W_V\|_2 \sqrt{\kappa_{n}\left(\min\left(2 "
         r"\tau, \frac{4 \|W_K\|_2 R \tau}{\sqrt{\varepsilon}}\right)\right)}",
+    ("sigmoid", "fro", "ball"):
+        r"\frac{\|W_V\|_2 n \kappa_{n + 1}\left(\frac{\|W_K\|_2 \|W_Q\|_2 R^{2} + \|W_K\|_2 R \|b_Q\|_2 + "
+        r"\|W_Q\|_2 R \|b_K\|_2 + \|b_K\|_2 \|b_Q\|_2}{\sqrt{d_k}}\right)}{n + 1} + \left(\|W_V\|_2 R + \|"
+        r"b_V\|_2\right) \left(\frac{\|A\|_2 R \sqrt{d_k} + \|W_K b_Q\|_2}{\sqrt{d_k}} + \frac{\|A\|_2 R "
+        r"\sqrt{d_k} + \|W_Q b_K\|_2}{\sqrt{d_k}}\right) \min\left(\frac{n}{4}, \frac{n \kappa_{n + 1}\left"
+        r"(\frac{\|W_K\|_2 \|W_Q\|_2 R^{2} + \|W_K\|_2 R \|b_Q\|_2 + \|W_Q\|_2 R \|b_K\|_2 + \|b_K\|_2 \|b"
+        r"_Q\|_2}{\sqrt{d_k}}\right)}{n + 1}\right)",
+    ("linear-elu", "fro", "ball"):
+        r"\|W_V\|_2 R \left(\frac{\|W_K\|_2 \left(\|W_Q\|_2 R + \sqrt{d_k}\right) e^{\frac{\|W_K\|_2 R + "
+        r"\|W_Q\|_2 R}{\sqrt{d_k}}} \sqrt{\min\left(\frac{3 n}{4}, \kappa_{n}\left(\min\left(\frac{2 \|W_K"
+        r"\|_2 R \left(\|W_Q\|_2 R + \sqrt{d_k}\right) e^{\frac{\|W_K\|_2 R + \|W_Q\|_2 R}{\sqrt{d_k}}}}{d_"
+        r"k}, \log{\left(\frac{\|W_K\|_2 R}{\sqrt{d_k}} + 1 \right)} + \log{\left(\frac{\|W_Q\|_2 R}{\sqrt"
+        r"{d_k}} + 1 \right)} + \frac{\|W_K\|_2 R + \|W_Q\|_2 R}{\sqrt{d_k}}\right)\right)\right)}}{d_k} +"
+        r" \frac{\|W_Q\|_2 \left(\|W_K\|_2 R + \sqrt{d_k}\right) e^{\frac{\|W_K\|_2 R + \|W_Q\|_2 R}{\sqrt"
+        r"{d_k}}}}{d_k}\right) + \|W_V\|_2 \sqrt{\kappa_{n}\left(\min\left(\frac{2 \|W_K\|_2 R \left(\|W_Q"
+        r"\|_2 R + \sqrt{d_k}\right) e^{\frac{\|W_K\|_2 R + \|W_Q\|_2 R}{\sqrt{d_k}}}}{d_k}, \log{\left(\f"
+        r"rac{\|W_K\|_2 R}{\sqrt{d_k}} + 1 \right)} + \log{\left(\frac{\|W_Q\|_2 R}{\sqrt{d_k}} + 1 \right"
+        r")} + \frac{\|W_K\|_2 R + \|W_Q\|_2 R}{\sqrt{d_k}}\right)\right)}",
     ("cross-queries", "fro", "ball"):
         r"\|A\|_2 \|W_V\|_2 R^{2}",
     ("cross-context", "fro", "ball"):
@@ -489,7 +506,11 @@ def test_bound_section_and_standalone():
     cited = set(re.findall(r"\\ref\{lem:([^}]+)\}", document))
     stated = set(re.findall(r"\\label\{lem:([^}]+)\}", document))
     assert cited and cited == stated
-    assert "booktabs" not in document
+    # regression: the assumptions were plain text ("sizes: n=n, m=m", "every token attends to itself: True")
+    assumptions = section.split("\\paragraph{Assumptions.}")[1].split("\\begin{proof}")[0]
+    assert "sizes" not in assumptions and "True" not in assumptions and "=n" not in assumptions
+    assert r"$\|x_i\|_2 \le R$ for $i = 1, \dots, n$" in assumptions
+    assert r"Frobenius norm $\|X\|_F" in assumptions
     with pytest.raises(AssumptionError, match="level"):
         bound_section(result, level="chapter")
     with pytest.raises(AssumptionError, match="result"):
@@ -521,8 +542,93 @@ def test_comparison_table():
         "l2\\_tied & -- & $3$ & $1.5 \\times 10^{-7}$ \\\\\n\\bottomrule\n\\end{tabular}\n")
     plain = comparison_table(rows, columns, booktabs=False)
     assert plain.count("\\hline") == 3 and "\\toprule" not in plain
-    assert "\\usepackage{booktabs}" in standalone(comparison_table(rows, columns, booktabs=True), "t")
+    assert "\\usepackage{array,booktabs,graphicx}" in standalone(comparison_table(rows, columns, booktabs=True), "t")
     with pytest.raises(AssumptionError, match="columns"):
         comparison_table(rows, [])
     with pytest.raises(AssumptionError, match="rows"):
         comparison_table([{"variant": object()}], [("variant", "Variant")])
+
+
+# ------------------------------------------------------------------------------------------------
+# Fragments a user pastes: `derive --latex`, `derive --proof`, `lipbound preamble`
+# ------------------------------------------------------------------------------------------------
+#: What users paste into: a plain amsmath article (10pt, text width 345pt).
+PLAIN_ARTICLE = "\\documentclass{article}\n\\usepackage{amsmath}\n"
+FRAGMENTS = [["derive", "dot-product", "--proof"],
+             ["derive", "custom", "--score", "tau*Inner(q, k)/(Norm(q)*Norm(k))", "--fact", "Norm(q) >= m_Q",
+              "--fact", "Norm(k) >= m_K", "--proof"],
+             ["derive", "l2-tied", "--domain", "unbounded", "--latex"],
+             ["derive", "dot-product", "--domain", "layernorm", "--latex"],
+             ["derive", "causal", "--domain", "unbounded", "--proof"]]
+
+
+def _printed(capsys, args: list[str]) -> str:
+    from lipbound.cli import main
+    assert main(args) == 0
+    return capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def fragments():
+    import contextlib
+    import io
+    from lipbound.cli import main
+    printed = []
+    for args in [["preamble"]] + FRAGMENTS:
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            assert main(args) == 0
+        printed.append(buffer.getvalue())
+    return printed[0], printed[1:]
+
+
+def test_fragments_are_latex_from_their_first_line(fragments):
+    """Regressions: `derive --proof` began with bare mathematics outside math mode, cited 30
+    lemmas it never stated, and listed plain-text hypotheses ("sizes: n=n, m=m", "every token
+    attends to itself: True")."""
+    preamble, texts = fragments
+    assert "\\documentclass" not in preamble and "\\allowdisplaybreaks" in preamble
+    for args, text in zip(FRAGMENTS, texts):
+        first = text.lstrip().splitlines()[0]
+        assert first.startswith(("\\begin{equation*}", "{\\sloppy")), (args, first)
+        assert "sizes:" not in text and ": True" not in text
+        cited = set(re.findall(r"\\ref\{(lb:lem:[^}]+)\}", text))
+        stated = set(re.findall(r"\\label\{(lb:lem:[^}]+)\}", text))
+        assert cited <= stated, (args, sorted(cited - stated))
+    dot_product = texts[0]
+    assert "A &\\coloneqq" in dot_product  # the symbol A is defined before it is used
+    assert re.search(r"\\item\[\$A\$\]", dot_product)
+
+
+@pytest.mark.tex
+def test_pasted_fragments_compile_in_a_plain_article(fragments, tmp_path):
+    """Exactly what a user does: `lipbound preamble` into the preamble of a plain amsmath article,
+    the printed fragments into its body; zero errors, every reference resolved, no line overfull
+    by more than 10 pt (the proof's align* breaks across pages)."""
+    from test_paper import compile_latex
+    preamble, texts = fragments
+    document = PLAIN_ARTICLE + preamble + "\\begin{document}\n" + "\n\n".join(texts) + "\\end{document}\n"
+    (tmp_path / "pasted.tex").write_text(document)
+    _, pages = compile_latex(tmp_path, "pasted.tex")
+    assert pages >= 4
+
+
+def test_every_registry_variant_prints_with_a_complete_legend():
+    """Every symbol a statement uses has a definition (the legend raises otherwise), and every
+    definition is also in docs/symbols.md."""
+    from pathlib import Path
+    from lipbound.printing.legend import MEANINGS, legend_entries
+    from lipbound.printing.theorem import result_latex
+    for name in VARIANTS:
+        chosen = variant(name)
+        result = chosen.derive(Assumptions(domain=Ball(), norm=chosen.norms[0],
+                                           tied=True if chosen.score.tied else None), name)
+        parts = result_latex(chosen, result)
+        assert parts.legend and parts.lemmas, name
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "symbols.md").read_text()
+    plain = {"Lip": "Lip(f)", "norms": "||M||_2", "inf-norms": "||M||_inf", "lower": "m_Q", "A_tied": "W W^T",
+             "soft-norm": "N_eps(u)"}
+    for key in MEANINGS:
+        assert f"`{plain.get(key, key)}" in docs or plain.get(key, key) in docs, key
+    with pytest.raises(AssumptionError, match="legend"):
+        legend_entries(S.MatrixNormSymbol("Z_9"))

@@ -28,7 +28,7 @@ from lipbound.symbolic.registry import variant
 PROOFS = Path(__file__).resolve().parent.parent / "proofs"
 REGENERATE = "lipbound proofs proofs/"
 #: An overfull line wider than this (points) is a layout bug, not a rounding of TeX's line breaking.
-OVERFULL_TOLERANCE_PT = 30.0
+OVERFULL_TOLERANCE_PT = 10.0
 
 TEX_MISSING = shutil.which("latexmk") is None or shutil.which("pdflatex") is None
 needs_tex = pytest.mark.skipif(TEX_MISSING, reason="no TeX engine on PATH (latexmk and pdflatex are needed)")

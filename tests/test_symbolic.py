@@ -7,6 +7,8 @@ import sys
 
 import pytest
 import sympy as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lipbound.rigorous.intervals import Verdict
 from lipbound.printing.export import result_json
@@ -23,6 +25,8 @@ from lipbound.symbolic.scores import CustomScore, L2Distance
 from lipbound.symbolic.variants import SelfAttention
 
 A, W_V = S.MatrixNormSymbol("A"), S.MatrixNormSymbol("W_V")
+#: Variants whose theorems need a bounded domain and claim nothing (no bound, no witness) beyond it.
+BOUNDED_ONLY = ("sigmoid", "linear-elu")
 
 
 def covariance_route_bound():
@@ -60,9 +64,9 @@ def test_every_registry_variant_derives_on_every_domain_with_a_complete_record()
     for name in VARIANTS:
         for domain in (Ball(), LayerNormImage(), Unbounded()):
             chosen = variant(name)
-            if chosen.norms == ("w1",) and not domain.bounded:
-                with pytest.raises(AssumptionError, match="bounded domain"):  # no W1 claim off bounded domains
-                    chosen.derive(Assumptions(domain=domain, norm="w1"), name)
+            if (chosen.norms == ("w1",) or name in BOUNDED_ONLY) and not domain.bounded:
+                with pytest.raises(AssumptionError, match="bounded domain"):  # lipbound claims nothing there
+                    chosen.derive(Assumptions(domain=domain, norm=chosen.norms[0]), name)
                 continue
             result = chosen.derive(Assumptions(domain=domain, norm=chosen.norms[0]), name)
             assert result.record.steps, name
@@ -190,3 +194,169 @@ def test_lambert_levels_match_the_reference_values():
     expected = {2: 0.278464542761, 8: 0.973138752867, 32: 1.82978741244, 1000: 4.42050160394}
     for n, value in expected.items():
         assert abs(float(sp.N(S.lambert_level(sp.Integer(n)), 20)) - value) < 1e-11
+
+
+# ------------------------------------------------------------------------------------------------
+# User-defined scores from text
+# ------------------------------------------------------------------------------------------------
+def test_a_score_from_text_is_the_score_built_from_classes():
+    from lipbound.symbolic.custom import KEY, QUERY, custom_variant
+    text_variant, facts = custom_variant("tau * Inner(q, k) / (Norm(q) * Norm(k))", ["Norm(q) >= m_Q", "m_K <= Norm(k)"])
+    tau = [s for s in text_variant.score.expression().free_symbols if s.name == "tau"][0]
+    by_hand = tau * Inner(QUERY, KEY) / (Norm(QUERY) * Norm(KEY))
+    assert sp.simplify(text_variant.score.expression() - by_hand) == 0
+    assert [fact.vector for fact in facts] == [QUERY, KEY]
+    assert [str(fact.bound) for fact in facts] == ["m_Q", "m_K"]
+    bound = text_variant.derive(Assumptions(domain=Ball(), facts=facts), "custom")
+    reference = SelfAttention(CustomScore(by_hand)).derive(Assumptions(domain=Ball(), facts=facts), "custom")
+    assert bound.expr == reference.expr
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("__import__('os').system('true')", "call __import__('os').system"),
+    ("__import__('os')", "unknown function '__import__'"),
+    ("Inner(q, k).__class__", "Attribute is not allowed"),
+    ("(lambda: 1)()", "call"),
+    ("[q for q in k]", "ListComp is not allowed"),
+    ("Inner(q, k) if 1 else 0", "IfExp is not allowed"),
+    ("q", "q is a vector"),
+    ("Inner(q, k) + q", "adds a vector and a scalar"),
+    ("Inner(q, k) ** q", "raises a vector"),
+    ("Inner(q, k) ** 100", "exponent"),
+    ("Inner(q, k) / foo", "unknown name 'foo'"),
+    ("log(Inner(q, k))", "unknown function 'log'"),
+    ("Norm(q)", "depends on both q and k"),
+    ("Inner(q, k", "syntax error"),
+    ("x" * 500, "at most 400 characters"),
+])
+def test_score_text_is_parsed_without_eval_and_errors_say_what_came(text, fragment):
+    from lipbound.symbolic.custom import parse_score
+    with pytest.raises(AssumptionError, match="score") as caught:
+        parse_score(text)
+    assert fragment in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_facts_from_text_and_the_missing_one_named():
+    from lipbound.symbolic.custom import custom_variant, parse_fact
+    assert parse_fact("Norm(q - k) >= 0.5").bound == sp.Rational(1, 2)
+    for bad in ("Norm(q) >= 0", "q >= 1", "Norm(q) >= tau", "Norm(q) == m_Q", "Norm(q) >= m_Q >= 1"):
+        with pytest.raises(AssumptionError, match="fact"):
+            parse_fact(bad)
+    chosen, facts = custom_variant("Inner(q, k) / Norm(q)")
+    with pytest.raises(AssumptionError, match=r"lower bound on \|\|W_Q.T\*x\|\|"):
+        chosen.derive(Assumptions(domain=Ball(), facts=facts))
+
+
+# ------------------------------------------------------------------------------------------------
+# Attention that is not a softmax: sigmoid attention and linear attention
+# ------------------------------------------------------------------------------------------------
+def _norm_values(expr, weights: dict, n: int, radius: float) -> dict:
+    """Numbers for the symbols of a bound, computed here with numpy from the weights."""
+    import numpy as np
+    symbols = {name: sp.MatrixSymbol(name, *value.shape) for name, value in weights.items()}
+    values = {}
+    for symbol in expr.free_symbols:
+        if isinstance(symbol, (S.MatrixNormSymbol, S.VectorNormSymbol)):
+            if symbol.name == "A":
+                matrix = weights["W_Q"] @ weights["W_K"].T / np.sqrt(weights["W_Q"].shape[1])
+            else:
+                parsed = sp.sympify(symbol.name, locals=symbols)
+                matrix = np.array(parsed.subs({symbols[k]: sp.Matrix(v) for k, v in weights.items()})
+                                  .doit().as_explicit(), dtype=float)
+            values[symbol] = float(np.linalg.norm(matrix, 2))
+        else:
+            values[symbol] = {"n": n, "R": radius, "d_k": weights["W_Q"].shape[1], "d": weights["W_Q"].shape[0]}[
+                symbol.name]
+    return values
+
+
+def _forward(kind: str, X, weights):
+    """Sigmoid attention sigma(s - log n) with the biased dot-product score, or linear attention with
+    phi = elu + 1 (Katharopoulos et al. 2020), written here independently of lipbound."""
+    import numpy as np
+    n, d_k = len(X), weights["W_Q"].shape[1]
+    values = X @ weights["W_V"] + weights["b_V"].ravel()
+    if kind == "sigmoid":
+        scores = (X @ weights["W_Q"] + weights["b_Q"].ravel()) @ (X @ weights["W_K"] + weights["b_K"].ravel()).T
+        return (1 / (1 + np.exp(-(scores / np.sqrt(d_k) - np.log(n))))) @ values
+    phi = lambda u: np.where(u > 0, u + 1, np.exp(np.minimum(u, 0)))  # noqa: E731
+    kernel = phi(X @ weights["W_Q"]) @ phi(X @ weights["W_K"]).T
+    return (kernel / kernel.sum(axis=1, keepdims=True)) @ values
+
+
+def _jacobian_norm(kind: str, X, weights, step: float = 1e-6) -> float:
+    """Spectral norm of the Jacobian by central differences (the Frobenius-norm Lipschitz constant
+    is its supremum over the domain)."""
+    import numpy as np
+    columns = []
+    for index in range(X.size):
+        E = np.zeros(X.size)
+        E[index] = step
+        E = E.reshape(X.shape)
+        columns.append(((_forward(kind, X + E, weights) - _forward(kind, X - E, weights)) / (2 * step)).ravel())
+    return float(np.linalg.norm(np.array(columns).T, 2))
+
+
+@settings(max_examples=12)
+@given(kind=st.sampled_from(["sigmoid", "linear-elu"]), n=st.integers(2, 4), d=st.integers(2, 4),
+       d_k=st.integers(1, 3), scale=st.floats(0.2, 3.0), radius=st.floats(0.3, 3.0), seed=st.integers(0, 2 ** 16))
+def test_sigmoid_and_linear_attention_bounds_hold_against_an_independent_jacobian(kind, n, d, d_k, scale, radius,
+                                                                                   seed):
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    weights = {"W_Q": rng.normal(size=(d, d_k)) * scale, "W_K": rng.normal(size=(d, d_k)) * scale,
+               "W_V": rng.normal(size=(d, d)), "b_Q": rng.normal(size=(d_k, 1)), "b_K": rng.normal(size=(d_k, 1)),
+               "b_V": rng.normal(size=(d, 1))}
+    bound = variant(kind).derive(Assumptions(domain=Ball()), kind)
+    expr = S.expand_special(bound.expr)
+    value = float(sp.N(expr.xreplace(_norm_values(expr, weights, n, radius))))
+    for _ in range(8):  # points with every token on the sphere of radius R, and inside
+        X = rng.normal(size=(n, d))
+        X *= radius * rng.uniform(0.6, 1.0, size=(n, 1)) / np.linalg.norm(X, axis=1, keepdims=True)
+        assert _jacobian_norm(kind, X, weights) <= value
+
+
+def test_no_theorem_is_claimed_for_sigmoid_or_linear_attention_off_bounded_domains():
+    for name, theorem in (("sigmoid", "sigmoid-attention"), ("linear-elu", "self-attention")):
+        assert variant(name).derive(Assumptions(domain=Ball()), name).theorem.startswith(theorem)
+        with pytest.raises(AssumptionError, match="bounded domain"):
+            variant(name).derive(Assumptions(domain=Unbounded()), name)
+    facts = variant("sigmoid").head_facts
+    assert facts.weights == "sigmoid" and not facts.covers(variant("dot-product").head_facts)
+    assert not variant("dot-product").head_facts.covers(facts)
+
+
+# ------------------------------------------------------------------------------------------------
+# Notation and regimes
+# ------------------------------------------------------------------------------------------------
+def test_every_named_matrix_is_defined_before_it_is_used():
+    """Regression: the proofs for dot-product attention used ||A|| without defining A."""
+    from lipbound.symbolic.record import Defines
+    for name in VARIANTS:
+        chosen = variant(name)
+        result = chosen.derive(Assumptions(domain=Ball(), norm=chosen.norms[0],
+                                           tied=True if chosen.score.tied else None), name)
+        if not result.lipschitz or S.MatrixNormSymbol("A") not in result.expr.free_symbols:
+            continue
+        steps = result.record.steps
+        defined = next(i for i, step in enumerate(steps) if isinstance(step.claim, Defines)
+                       and str(step.claim.lhs) == "A")
+        used = next(i for i, step in enumerate(steps) if isinstance(step.claim, sp.Basic)
+                    and S.MatrixNormSymbol("A") in step.claim.free_symbols)
+        assert defined < used, name
+
+
+def test_regimes_of_a_bound_agree_with_the_bound_written_by_hand():
+    """docs/mathematics.md: without biases on B(0, R)^n the bound is
+    ||W_V|| (sqrt(kappa) + ||A|| R^2 (1 + sqrt(min(kappa, 3n/4)))), kappa -> n as R -> oo and
+    kappa -> 1 as R -> 0; so it grows like ||A|| ||W_V|| R^2 (1 + sqrt(3n/4)), tends to ||W_V||,
+    and stays finite as n -> oo (kappa <= e^omega)."""
+    from lipbound.symbolic.asymptotics import regimes
+    expr = variant("dot-product-nobias").derive(Assumptions(domain=Ball()), "dot-product-nobias").expr
+    large_radius, many_tokens, small_radius = regimes(expr)
+    assert large_radius.exact and large_radius.exponent == 2
+    assert sp.simplify(large_radius.leading - A * W_V * S.R ** 2 * (1 + sp.sqrt(3 * S.n / 4))) == 0
+    assert many_tokens.exact and many_tokens.exponent == 0 and S.n not in many_tokens.leading.free_symbols
+    assert small_radius.point == 0 and small_radius.leading == W_V
+    biased = regimes(variant("dot-product").derive(Assumptions(domain=Ball()), "dot-product").expr)
+    assert biased[0].exponent == 2 and not biased[0].exact  # a minimum SymPy cannot order: an upper regime

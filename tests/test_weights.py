@@ -189,7 +189,7 @@ def test_plain_npz_round_trip(default, tmp_path):
     assert path.suffix == ".npz"
     with np.load(path, allow_pickle=False) as archive:  # plain arrays only
         assert all(archive[k].dtype != object for k in archive.files)
-        assert "layer5.head11.W_V" in archive.files
+        assert "encoder.layer5.head11.W_V" in archive.files
     again = load_weights(path)
     assert (again.name, again.num_heads, again.hidden, again.licence, again.source) == \
         (default.name, default.num_heads, default.hidden, default.licence, default.source)
@@ -202,6 +202,19 @@ def test_plain_npz_round_trip(default, tmp_path):
         np.testing.assert_array_equal(other.ln_in.beta, layer.ln_in.beta)
         assert other.ln_out.eps == layer.ln_out.eps
     assert list(load_weights(path, layers=[5]).layers) == [5]
+
+
+def test_plain_version_1_files_still_load(default, tmp_path):
+    """A file written by hand in the first version of the format (no stack prefix) is an encoder."""
+    head = default.layer(0).heads[4]
+    path = tmp_path / "v1.npz"
+    np.savez(path, format=np.array("lipbound-plain-v1"), num_heads=np.array(1), hidden=np.array(384),
+             **{"layer0.head0.W_Q": head.W_Q, "layer0.head0.W_K": head.W_K, "layer0.head0.W_V": head.W_V,
+                "layer0.head0.b_Q": head.b_Q, "layer0.head0.b_K": head.b_K, "layer0.head0.b_V": head.b_V,
+                "layer0.head0.causal": np.array(True), "layer0.W_O": np.eye(32, 384), "layer0.b_O": np.zeros(384)})
+    model = load_weights(path)
+    assert model.blocks == ("encoder",) and model.layout == "plain" and model.layer(0).causal
+    np.testing.assert_array_equal(model.head(0, 0).W_K, head.W_K)
 
 
 # Errors ----------------------------------------------------------------------------------------------
@@ -381,12 +394,12 @@ def test_plain_format_errors(tmp_path, default):
     assert_structured(caught.value, "format", "save_plain")
     path = save_plain(default, tmp_path / "plain.npz")
     with np.load(path, allow_pickle=False) as archive:
-        arrays = {k: archive[k] for k in archive.files if k != "layer0.head3.b_K"}
+        arrays = {k: archive[k] for k in archive.files if k != "encoder.layer0.head3.b_K"}
     broken = tmp_path / "broken.npz"
     np.savez(broken, **arrays)
     with pytest.raises(WeightsError) as caught:
         load_weights(broken, layers=[0])
-    assert_structured(caught.value, "layer0.head3.b_K", "missing keys")
+    assert_structured(caught.value, "encoder.layer0.head3.b_K", "missing keys")
     with pytest.raises(WeightsError) as caught:
         load_weights(path, num_heads=6)
     assert_structured(caught.value, "--num-heads", "12", "6")
@@ -401,20 +414,20 @@ def test_plain_head_with_a_wrong_query_width_blames_W_Q(tmp_path, default):
     """W_Q of head 3 is 30 columns wide where every other projection of the head (W_K, b_Q, b_K)
     is 32: the error names W_Q and its shape, never W_K alone with W_Q's width as the expectation."""
     arrays = _plain_arrays(default, tmp_path)
-    arrays["layer0.head3.W_Q"] = arrays["layer0.head3.W_Q"][:, :30]
+    arrays["encoder.layer0.head3.W_Q"] = arrays["encoder.layer0.head3.W_Q"][:, :30]
     path = tmp_path / "narrow_query.npz"
     np.savez(path, **arrays)
     with pytest.raises(WeightsError) as caught:
         load_weights(path, layers=[0])
-    assert_structured(caught.value, "layer0.head3.W_Q", "(384, 30)")
-    assert "layer0.head3.W_Q" in caught.value.argument
+    assert_structured(caught.value, "encoder.layer0.head3.W_Q", "(384, 30)")
+    assert "encoder.layer0.head3.W_Q" in caught.value.argument
     assert "shape (384, 30)" not in caught.value.expected  # W_Q's width is not what W_K should have had
     # too few rows (the token width) is blamed on W_Q alone
-    arrays["layer0.head3.W_Q"] = _plain_arrays(default, tmp_path)["layer0.head3.W_Q"][:380]
+    arrays["encoder.layer0.head3.W_Q"] = _plain_arrays(default, tmp_path)["encoder.layer0.head3.W_Q"][:380]
     np.savez(path, **arrays)
     with pytest.raises(WeightsError) as caught:
         load_weights(path, layers=[0])
-    assert caught.value.argument.endswith("layer0.head3.W_Q")
+    assert caught.value.argument.endswith("encoder.layer0.head3.W_Q")
     assert_structured(caught.value, "(380, 32)", "384 rows")
 
 

@@ -90,8 +90,7 @@ def test_kernel_agrees_with_attention_module(causal, reduce):
         X = rng.standard_normal((3, 5, 7))
         Ew = rng.standard_normal((3, 5, kernel.d_in))
         lin = kernel.linearize(kernel.to_work(X))
-        expected = forward(X) - (center if getattr(target, "residual", False) else 0)
-        np.testing.assert_allclose(lin.F, expected, rtol=1e-11, atol=1e-11)
+        np.testing.assert_allclose(lin.F, forward(X), rtol=1e-11, atol=1e-11)   # the residual adds X itself
         np.testing.assert_allclose(lin.jvp(Ew), jvp(X, kernel.direction_from_work(Ew)), rtol=1e-10, atol=1e-10)
         G = rng.standard_normal(lin.F.shape)
         full = vjp(X, G)
@@ -443,19 +442,32 @@ def test_layer_witness_on_a_small_random_layer():
 
 
 def test_search_on_layernorm_outputs(model):
-    """A LayerNormOutputs domain is searched in its enclosing ball: radius max|gamma| sqrt(d)
-    about beta (every LayerNorm output gamma * z + beta has ||z|| <= sqrt(d))."""
+    """A LayerNormOutputs domain is searched on the image itself, ``gamma * z + beta`` with ``z``
+    orthogonal to 1 and ``||z|| <= sqrt(d)`` (an ellipsoid in a hyperplane): the witness stores the
+    exact coordinates z of its tokens and w of its direction (``E = gamma * w``, ``sum w = 0``,
+    tangent to the image), which the re-check decides exactly."""
     layer = model.layers[0]
     head, norm = layer.heads[0], layer.ln_in
     domain = LayerNormOutputs(norm)
     witness = search_witness(head, domain=domain, n=8, budget_seconds=1.0, origin=model, layer=0, head=0)
     assert witness.radius == norm.radius_about_center < norm.radius_about_origin
     np.testing.assert_array_equal(witness.center, norm.beta)
+    np.testing.assert_array_equal(witness.gamma, norm.gamma)
     assert witness.domain == domain.describe() and witness.in_domain()
+    z, w = witness.coordinates["X"], witness.coordinates["E"]
+    assert all(math.fsum(row) == 0 for row in z) and all(math.fsum(row) == 0 for row in w)
+    np.testing.assert_allclose(witness.X, norm.beta + norm.gamma * z, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(witness.E, norm.gamma * w)
     result = recheck(witness, head)
-    assert result.valid and result.in_domain and result.max_distance <= witness.radius
+    assert result.valid and result.in_domain and result.max_distance <= math.sqrt(norm.d)
     np.testing.assert_allclose(float(result.value), witness.value, rtol=1e-9)
     assert witness.value > 300
+    # a direction off the image, or a token off the hyperplane, is refused
+    off = dataclasses.replace(witness, coordinates={"X": z, "E": w + 1e-3})
+    assert not recheck(off, head).valid
+    shifted = z.copy()
+    shifted[0, 0] += 2.0 ** -30
+    assert not recheck(dataclasses.replace(witness, coordinates={"X": shifted, "E": w}), head).in_domain
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """The command line, the only face of lipbound: ``lipbound COMMAND ...``.
 
 * :mod:`.symbolic` -- ``list``, ``derive``, ``compare``, ``proofs`` (no numeric module is loaded);
-* :mod:`.models` -- ``demo``, ``verify``, ``check``, ``recheck`` on real weights;
+* :mod:`.paper` -- ``paper``, ``preamble``, ``plot`` for authors (the numeric layer only to measure real heads);
+* :mod:`.models` -- ``demo``, ``verify``, ``convert``, ``check``, ``recheck`` on real weights;
 * :mod:`.text` -- ``perturb``, ``depth`` on real text;
 * :mod:`.parsing` -- the parser and the ``type=`` converters; :mod:`.output` -- report files, progress.
 
@@ -17,7 +18,7 @@ import os
 import sys
 
 from ..errors import LipboundError
-from . import models, symbolic, text
+from . import models, paper, symbolic, text
 from .parsing import EXIT_USER_ERROR, Parser
 
 __all__ = ["main", "build_parser"]
@@ -29,15 +30,17 @@ def build_parser() -> Parser:
     parser = Parser(prog="lipbound", description="Lipschitz bounds for attention: derive, prove, check, export.\n"
                     "Layers and heads are counted from 0.  `lipbound COMMAND --help` shows examples.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
-    for module in (symbolic, models, text):
+    for module in (symbolic, paper, models, text):
         module.register(sub)
     return parser
 
 
 #: library argument names -> the options that set them
-_OPTIONS = {"head": "--head", "layer": "--layer", "n": "--n", "m": "--m", "num_heads": "--num-heads",
-            "radius": "--radius", "budget_seconds": "--budget", "norm": "--norm", "domain": "--radius",
-            "sentence": "sentence", "k": "--replace/--insert/--delete", "layers": "--layers"}
+_OPTIONS = {"head": "--head", "layer": "--layer", "block": "--block", "kind": "--kind", "n": "--n", "m": "--m",
+            "num_heads": "--num-heads", "radius": "--radius", "budget_seconds": "--budget", "norm": "--norm",
+            "domain": "--radius", "sentence": "sentence", "k": "--replace/--insert/--delete", "layers": "--layers",
+            "score": "--score", "fact": "--fact", "prefix": "--prefix", "text_width": "--text-width",
+            "font_size": "--font-size"}
 
 
 def _in_cli_terms(error: LipboundError) -> str:

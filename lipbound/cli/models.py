@@ -1,4 +1,4 @@
-"""Commands on real weights: ``demo``, ``verify``, ``check``, ``recheck``.
+"""Commands on real weights: ``demo``, ``verify``, ``convert``, ``check``, ``recheck``.
 
 Layers and heads are counted from 0 everywhere.  Output paths are checked when the arguments
 are parsed, before any work; reports are rewritten atomically after every finished row, so an
@@ -12,7 +12,7 @@ import json
 import sys
 
 from .output import Progress, ReportFiles
-from .parsing import epilog, index, output_directory, output_file, positive_float, positive_int, radius_spec
+from .parsing import choice, epilog, index, output_directory, output_file, positive_float, positive_int, radius_spec
 
 __all__ = ["register", "EXIT_INVALID", "EXIT_REFUTED", "EXIT_INTERRUPTED"]
 
@@ -21,11 +21,17 @@ EXIT_REFUTED = 3
 EXIT_INTERRUPTED = 130
 
 
+#: ``--block`` and ``--kind`` values (the library's BLOCKS and KIND_CHOICES, spelled here so that
+#: building the parser loads no numeric module)
+_BLOCKS = ("encoder", "decoder")
+_KINDS = ("self", "causal", "cross", "cross-queries", "cross-context", "cross-joint")
+
+
 def _row_text(row) -> str:
     who = "whole layer" if row.head is None else f"head {row.head}"
     flags = (" REFUTED: " + ", ".join(row.refuted)) if row.refuted else ""
-    return (f"layer {row.layer} {who}: witness {row.witness_value:.4g} <= Lip <= {row.best_upper:.4g}, "
-            f"gap {row.gap:.3g}{flags}")
+    return (f"{row.block} layer {row.layer} {who} {row.kind}: witness {row.witness_value:.4g} <= Lip <= "
+            f"{row.best_upper:.4g}, gap {row.gap:.3g}{flags}")
 
 
 def _run_verification(verification, files: ReportFiles) -> int:
@@ -60,20 +66,30 @@ def _files(args) -> ReportFiles:
 
 def _verify(args) -> int:
     from ..numeric.model import load_weights
-    from ..numeric.report import Verification
+    from ..numeric.verification import Verification
     model = load_weights(args.weights, num_heads=args.num_heads, layers=None if args.layer is None else [args.layer])
-    verification = Verification(model, layers=None if args.layer is None else [args.layer],
-                                heads=None if args.head is None else [args.head], n=args.n, domain=args.radius,
-                                sdp=args.sdp, budget=args.budget, seed=args.seed, witness_dir=args.witness_dir,
-                                drop_query_bias=args.drop_query_bias)
+    verification = Verification(model, blocks=args.block, layers=None if args.layer is None else [args.layer],
+                                heads=None if args.head is None else [args.head], kinds=args.kind, n=args.n, m=args.m,
+                                domain=args.radius, sdp=args.sdp, budget=args.budget, seed=args.seed,
+                                witness_dir=args.witness_dir, drop_query_bias=args.drop_query_bias)
     return _run_verification(verification, _files(args))
+
+
+def _convert(args) -> int:
+    from ..numeric.model import PLAIN_FORMAT, load_weights, save_plain
+    from ..numeric.model.files import sha256_of
+    model = load_weights(args.weights, num_heads=args.num_heads)
+    written = save_plain(model, args.output)
+    print(f"wrote {written} ({PLAIN_FORMAT}, sha256 {sha256_of([written])})")
+    print(f"from {model.path} (sha256 {model.sha256}): {model.describe()}")
+    return 0
 
 
 def _demo(args) -> int:
     import numpy as np
 
     from ..numeric.model import load_default
-    from ..numeric.report import Verification
+    from ..numeric.verification import Verification
     from ..printing.latex import latex
     from ..symbolic.assumptions import Assumptions, Ball
     from ..symbolic.registry import variant
@@ -124,33 +140,52 @@ def _recheck(args) -> int:
     return 0 if result.valid else EXIT_INVALID
 
 
+_WEIGHTS_HELP = ("a checkpoint: a .safetensors file or Hugging Face model directory (BERT, RoBERTa, DistilBERT, "
+                 "ViT, GPT-2), a CTranslate2 Whisper model.bin or its directory, or a plain lipbound .npz")
+
+
 def _add_run_options(parser, weights: bool = True) -> None:
     if weights:
-        parser.add_argument("weights", help="a .safetensors file, a Hugging Face BERT directory, or a plain .npz")
-        parser.add_argument("--layer", type=index("--layer", "layer"), help="one layer, counted from 0 (default: all)")
+        parser.add_argument("weights", help=_WEIGHTS_HELP)
+        parser.add_argument("--block", type=choice("--block", _BLOCKS),
+                            help="one stack: encoder or decoder (default: every stack the model has)")
+        parser.add_argument("--layer", type=index("--layer", "layer"),
+                            help="one layer of each selected stack, counted from 0 (default: all)")
         parser.add_argument("--head", type=index("--head", "head"),
                             help="one head, counted from 0 (default: every head and the whole layer)")
+        parser.add_argument("--kind", type=choice("--kind", _KINDS),
+                            help="which attention: self (an encoder's), causal (a decoder's self-attention), cross "
+                                 "(a decoder's cross-attention in its three senses: cross-queries, the constant in "
+                                 "the m queries; cross-context, in the n context tokens; cross-joint, in both), or "
+                                 "one of those three (default: every kind each layer has)")
+        parser.add_argument("--m", type=positive_int("--m"),
+                            help="queries of cross-attention (default: n); n is then the number of context tokens")
         parser.add_argument("--radius", type=radius_spec(), default="layernorm",
-                            help="the domain of each layer's inputs: 'layernorm' (default: the ball about 0 holding "
-                                 "every output of the LayerNorm that feeds the layer), 'layernorm-image' (those "
-                                 "outputs; their hull is the ball about the LayerNorm bias), or a radius R (the ball "
-                                 "||x|| <= R)")
+                            help="the domain of each attention's inputs: 'layernorm' (default: the ball about 0 "
+                                 "holding every output of the LayerNorm that feeds them: for cross-attention, the "
+                                 "decoder's pre-cross-attention LayerNorm for the queries and the encoder's final "
+                                 "LayerNorm for the context), 'layernorm-image' (those outputs, an ellipsoid; their "
+                                 "hull lies in the ball about the LayerNorm bias), or a radius R (the ball "
+                                 "||x|| <= R for every token)")
         parser.add_argument("--num-heads", type=positive_int("--num-heads"),
                             help="heads per layer, when no config.json or metadata says")
         parser.add_argument("--sdp", action="store_true", help="add the SDP relaxations (slower, tighter)")
         parser.add_argument("--drop-query-bias", action="store_true",
                             help="verify the heads without their query bias, the setting of published claims about "
                                  "plain dot-product attention (they are then listed and checked)")
-    parser.add_argument("--n", type=positive_int("--n"), default=8, help="number of tokens (default 8)")
+    parser.add_argument("--n", type=positive_int("--n"), default=8,
+                        help="number of tokens (default 8); for cross-attention, of context tokens")
     parser.add_argument("--budget", type=positive_float("--budget"), default=10.0,
-                        help="wall-clock seconds of each head's witness search (twice that for a whole layer)")
+                        help="wall-clock seconds of each head's witness search (default %(default)g; twice that for a "
+                             "whole layer)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the witness search (default 0)")
     parser.add_argument("--witness-dir", type=output_directory("--witness-dir"), default="witnesses",
                         help="folder the witnesses are saved in (default witnesses/)")
     parser.add_argument("--json", type=output_file("--json", ".json"), help="write the report as JSON")
     parser.add_argument("--csv", type=output_file("--csv", ".csv"), help="write the report as CSV")
     parser.add_argument("--markdown", type=output_file("--markdown", ".md"), help="write the report as Markdown")
-    parser.add_argument("--latex", type=output_file("--latex", ".tex"), help="write the report as a LaTeX table")
+    parser.add_argument("--latex", type=output_file("--latex", ".tex"), help="write the report as LaTeX booktabs tables (the rows, then the "
+                                                                               "rankings; over 40 rows, a longtable)")
 
 
 _STATUSES = "Exit status: 0 done, 2 user error, 3 a witness refutes a bound, 130 interrupted (finished rows kept)."
@@ -158,17 +193,35 @@ _STATUSES = "Exit status: 0 done, 2 user error, 3 a witness refutes a bound, 130
 
 def register(sub) -> None:
     verify = sub.add_parser(
-        "verify", help="the sandwich witness <= Lip <= bounds for every head and layer of a model",
-        description="For every head (and whole layer) of a checkpoint: search a witness, evaluate every "
-                    "certified bound on the domain the layer's inputs live on, and report the sandwich "
-                    "witness <= Lip <= bound with the gap.  Layers and heads are counted from 0.",
+        "verify", help="the sandwich witness <= Lip <= bounds for every attention head and layer of a model",
+        description="For every head (and whole multi-head layer) of every attention of a checkpoint -- an encoder's "
+                    "self-attention, a decoder's causal self-attention, cross-attention in its queries, in its "
+                    "context and jointly -- search a witness, evaluate every certified bound on the domain the "
+                    "attention's inputs live on (from the LayerNorm that feeds them; see --radius), and report the "
+                    "sandwich witness <= Lip <= bound with the gap, then the least smooth heads and layers.  "
+                    "Stacks, layers and heads are counted from 0.",
         epilog=epilog("lipbound verify model.safetensors",
                       "lipbound verify MODEL_DIR --layer 0 --head 3 --n 16 --sdp",
+                      "lipbound verify whisper/model.bin --block decoder --kind cross --n 8 --m 4",
                       "lipbound verify model.safetensors --radius 20 --json report.json --latex table.tex",
                       notes=_STATUSES + "  Report files are rewritten after every row (JSON \"complete\": false "
                                         "until the end)."))
     _add_run_options(verify)
     verify.set_defaults(handler=_verify)
+
+    convert = sub.add_parser(
+        "convert", help="write any checkpoint lipbound reads in the plain .npz format",
+        description="Read a checkpoint (any layout `verify` reads) and write it in the plain lipbound .npz format "
+                    "(docs/formats.md): every stack, head, cross-attention, LayerNorm with its placement, final "
+                    "norm and feed-forward block, with the source's sha256.  The output path is checked before "
+                    "the model is read, and the file is written atomically.",
+        epilog=epilog("lipbound convert gpt2/ gpt2.npz", "lipbound convert whisper/model.bin whisper.npz",
+                      notes="Exit status: 0 written, 2 user error."))
+    convert.add_argument("weights", help=_WEIGHTS_HELP)
+    convert.add_argument("output", metavar="OUT", type=output_file("OUT", ".npz"), help="the .npz file to write")
+    convert.add_argument("--num-heads", type=positive_int("--num-heads"),
+                         help="heads per layer, when no config.json or metadata says")
+    convert.set_defaults(handler=_convert)
 
     demo = sub.add_parser(
         "demo", help="derive, evaluate and sandwich on the embedded default model",

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 __all__ = ["Parser", "EXIT_USER_ERROR", "positive_int", "index", "positive_float", "int_list", "radius_spec",
-           "output_file", "output_directory", "plot_file", "epilog"]
+           "choice", "output_file", "output_directory", "plot_file", "epilog"]
 
 EXIT_USER_ERROR = 2
 
@@ -98,6 +98,16 @@ def int_list(option: str, low: int = 0):
                 _fail(f"a range A..B with {low} <= A <= B", text, f"write e.g. {option} {low}..{low + 2}")
             values.update(range(start, stop + 1))
         return tuple(sorted(values))
+    convert.__name__ = option
+    return convert
+
+
+def choice(option: str, choices: tuple[str, ...]):
+    """One of ``choices``, spelled exactly."""
+    def convert(text: str) -> str:
+        if text not in choices:
+            _fail(f"one of {', '.join(choices)}", text, f"write e.g. {option} {choices[-1]}")
+        return text
     convert.__name__ = option
     return convert
 

@@ -17,46 +17,91 @@ _NORM_HELP = ("norm on X: fro (Frobenius, default), 2,1 (sum of token norms), 2,
               "inf (l_inf on vec X); w1 (Wasserstein-1) for the measure variants, their only norm")
 
 
-def _derive(args) -> int:
+def chosen_variant(name: str, score: str | None, facts):
+    """The variant a command names, with the parsed ``--fact`` list: a registry variant, or
+    ``custom`` built from ``--score`` (errors name the options)."""
+    from ..symbolic.custom import custom_variant, parse_fact
+    from ..symbolic.registry import variant
+    if name == "custom":
+        if score is None:
+            raise LipboundError("--score", "a score for the variant custom", "none",
+                                'add e.g. --score "Inner(q, k)**2/d_k"')
+        return custom_variant(score, facts or ())
+    if score is not None:
+        raise LipboundError("--score", "the variant custom (a score replaces the built-in one only there)",
+                            f"--score with {name}", f'run lipbound derive custom --score "{score}"')
+    return variant(name), tuple(parse_fact(fact) for fact in facts or ())
+
+
+def derive_result(name: str, chosen, facts, norm: str | None, domain: str | None, sizes: dict,
+                  variance_floor: bool = False):
+    """Derive ``chosen`` under the options of ``derive``/``paper`` (``domain`` None: unbounded for a
+    block, the ball for attention); a missing assumption of a user-defined score is reported as the
+    ``--fact`` to add."""
     import sympy as sp
 
-    from ..printing.derivation import derivation_to_latex
-    from ..printing.export import result_json
-    from ..printing.latex import latex
+    from ..errors import AssumptionError
     from ..symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
-    from ..symbolic.registry import variant
-    chosen = variant(args.variant)
-    norm = args.norm or chosen.norms[0]
+    from ..symbolic.custom import in_score_terms
+    norm = norm or chosen.norms[0]
     if norm not in chosen.norms:
-        raise LipboundError("--norm", f"one of {', '.join(chosen.norms)} for {args.variant}", repr(norm),
+        raise LipboundError("--norm", f"one of {', '.join(chosen.norms)} for {name}", repr(norm),
                             f"omit --norm or pass --norm {chosen.norms[0]}")
-    sizes = {name: sp.Integer(getattr(args, name)) for name in ("n", "m", "H") if getattr(args, name) is not None}
     from ..symbolic.blocks import BlockVariant
-    domain_key = args.domain or ("unbounded" if isinstance(chosen, BlockVariant) else "ball")
-    domain = {"ball": Ball, "layernorm": LayerNormImage, "unbounded": Unbounded}[domain_key]()
-    facts = ()
-    if args.variance_floor:
-        fact = getattr(chosen, "floor_fact", lambda: None)()
+    block = isinstance(chosen, BlockVariant)
+    domain = domain or ("unbounded" if block else "ball")
+    if variance_floor:
+        fact = chosen.floor_fact() if block else None
         if fact is None:
             raise LipboundError("--variance-floor", "a normalisation or a pre-LN block (layernorm, rmsnorm, "
-                                "pre-ln-feed-forward)", args.variant, "drop --variance-floor for this variant")
-        facts = (fact,)
-    assumptions = Assumptions(domain=domain, norm=norm, tied=True if "l2-tied" in args.variant else None,
-                              facts=facts, **sizes)
-    result = chosen.derive(assumptions, args.variant)
+                                "pre-ln-feed-forward)", name, "drop --variance-floor for this variant")
+        facts = (*facts, fact)
+    tied = None if block or not chosen.score.tied else True
+    assumptions = Assumptions(domain={"ball": Ball, "layernorm": LayerNormImage, "unbounded": Unbounded}[domain](),
+                              norm=norm, tied=tied, facts=tuple(facts),
+                              **{key: sp.Integer(value) for key, value in sizes.items() if value is not None})
+    try:
+        return chosen.derive(assumptions, name)
+    except AssumptionError as error:
+        if error.argument == "assumptions.facts":
+            vector = in_score_terms(error.expected.split("||")[1]) if "||" in error.expected else "q"
+            bound = {"q": "m_Q", "k": "m_K"}.get(vector, "m")
+            raise LipboundError("--fact", f"a positive lower bound on Norm({vector}) over the domain (the score "
+                                "divides by it)", "none stated", f'add --fact "Norm({vector}) >= {bound}"') from None
+        if error.argument == "score":
+            raise LipboundError("--score", in_score_terms(error.expected), in_score_terms(error.got),
+                                in_score_terms(error.fix)) from None
+        if error.argument == "domain":
+            raise LipboundError("--domain", error.expected, error.got,
+                                "use --domain ball or --domain layernorm; lipbound claims nothing else here") from None
+        raise
+
+
+def _derive(args) -> int:
+    from ..printing.document import statement_latex
+    from ..printing.export import result_json
+    from ..printing.style import PAPER
+    from ..printing.theorem import proof_fragment
+    chosen, facts = chosen_variant(args.variant, args.score, args.fact)
+    result = derive_result(args.variant, chosen, facts, args.norm, args.domain,
+                           {"n": args.n, "m": args.m, "H": args.H}, args.variance_floor)
     if args.json:
         print(json.dumps(result_json(result), indent=2))
         return 0
-    if args.latex or args.proof:
+    if args.proof:
+        print(proof_fragment(chosen, result), end="")
+        return 0
+    if args.latex:
         if result.lipschitz:
-            print(latex(result.expr))
+            print(statement_latex(result.expr, width=PAPER.display_width), end="")
         else:
-            print(r"\text{not Lipschitz: } X_t = " + latex(result.family) + r",\quad "
-                  + latex(result.growth) + r" \to \infty")
-        if args.proof:
-            print(derivation_to_latex(result.record))
+            from ..symbolic.record import Described
+            print(statement_latex(result.family, relation="=", lhs=Described("X_t"), width=PAPER.display_width)
+                  + "(not Lipschitz: an entry of the Jacobian along $X_t$ tends to infinity)\n", end="")
         return 0
     print(f"variant:  {args.variant}    norm: {result.norm}    domain: {result.domain}")
+    if args.score:
+        print(f"score:    s(x, y) = {chosen.score.expression()}  (q = W_Q.T*x, k = W_K.T*y)")
     if result.lipschitz:
         print(f"bound:    Lip <= {result.expr}")
     else:
@@ -136,6 +181,23 @@ def _proofs(args) -> int:
     return 0
 
 
+def add_variant_options(parser, many: bool = False) -> None:
+    """The options that choose a variant and its assumptions (``derive`` and ``paper``)."""
+    parser.add_argument("variant", nargs="+" if many else None,
+                        help="a built-in variant or block (see `lipbound list`), or custom with --score")
+    parser.add_argument("--norm", choices=["fro", "2,1", "2,inf", "inf", "w1"], help=_NORM_HELP)
+    parser.add_argument("--domain", choices=["ball", "layernorm", "unbounded"],
+                        help="where tokens live: ball (every token in B(0, R), default for attention), layernorm (the "
+                             "image of a LayerNorm), unbounded (all of R^d, default for blocks; attention may be NOT "
+                             "LIPSCHITZ there)")
+    parser.add_argument("--score", metavar="EXPR",
+                        help="the score of the variant custom, in the query q = W_Q^T x and key k = W_K^T y: "
+                             "Inner(q, k), Norm(q), SoftNorm(q, epsilon), d_k, d, tau, numbers, + - * / ** and exp, "
+                             'sqrt, tanh, e.g. "Inner(q, k)**2/d_k"')
+    parser.add_argument("--fact", action="append", metavar="FACT",
+                        help='an assumption on the domain, e.g. "Norm(q) >= m_Q" (repeat for several)')
+
+
 def register(sub) -> None:
     sub.add_parser("list", help="variants, theorems, published claims",
                    description="List the built-in variants, the theorems with a proof in proofs/, the published "
@@ -150,22 +212,24 @@ def register(sub) -> None:
         epilog=epilog("lipbound derive dot-product --norm fro --domain ball",
                       "lipbound derive dot-product --domain unbounded      # NOT LIPSCHITZ, with X_t",
                       "lipbound derive l2-tied --domain unbounded --latex",
-                      "lipbound derive causal --proof > proof.tex",
+                      "lipbound derive causal --proof > proof.tex        # paste after `lipbound preamble`",
+                      'lipbound derive custom --score "Inner(q, k)**2/d_k"',
+                      'lipbound derive custom --score "tau*Inner(q, k)/(Norm(q)*Norm(k))" '
+                      '--fact "Norm(q) >= m_Q" --fact "Norm(k) >= m_K"',
+                      "lipbound derive sigmoid --domain layernorm",
                       "lipbound derive measure-w1 --json",
                       "lipbound derive layernorm --variance-floor --proof",
                       "lipbound derive pre-ln-feed-forward --norm 2,inf",
                       notes="Run `lipbound list` for the variants.  Exit status 0, or 2 for a user error."))
-    derive.add_argument("variant", help="a built-in variant or block (see `lipbound list`)")
-    derive.add_argument("--norm", choices=["fro", "2,1", "2,inf", "inf", "w1"], help=_NORM_HELP)
-    derive.add_argument("--domain", choices=["ball", "layernorm", "unbounded"],
-                        help="where tokens live: ball (every token in B(0, R), default for attention), layernorm (the "
-                             "image of a LayerNorm), unbounded (all of R^d, default for blocks; attention may be NOT "
-                             "LIPSCHITZ there)")
+    add_variant_options(derive)
     derive.add_argument("--n", type=positive_int("--n"), help="number of tokens (default: the symbol n)")
     derive.add_argument("--m", type=positive_int("--m"), help="number of queries, for cross-attention")
     derive.add_argument("--H", type=positive_int("--H"), help="number of heads, for multi-head variants")
-    derive.add_argument("--latex", action="store_true", help="print the bound as LaTeX")
-    derive.add_argument("--proof", action="store_true", help="print the bound and its derivation as LaTeX (align*)")
+    derive.add_argument("--latex", action="store_true",
+                        help="print the bound as a displayed LaTeX equation (paste it after `lipbound preamble`)")
+    derive.add_argument("--proof", action="store_true",
+                        help="print the assumptions, the theorems, their proofs, the symbols and the lemmas as LaTeX "
+                             "that compiles after `lipbound preamble`")
     derive.add_argument("--json", action="store_true", help="print one JSON object")
     derive.add_argument("--variance-floor", action="store_true",
                         help="state that every token's variance is at least sigma_min^2 (the mean square for "

@@ -33,9 +33,14 @@ import numpy as np
 from ..errors import WeightsError
 from .model.components import Head, Layer
 
-__all__ = ["AttentionMap", "Linearization", "heads_of", "self_forward", "self_jvp", "self_vjp", "cross_forward",
+__all__ = ["GRAM_TOKENS", "AttentionMap", "Linearization", "heads_of", "self_forward", "self_jvp", "self_vjp", "cross_forward",
            "cross_jvp", "cross_vjp", "layer_forward", "layer_jvp", "layer_vjp", "jacobian_norm", "dense_jacobian",
            "head_scores", "unit_rows"]
+
+
+#: Up to this many tokens a single head's power iteration runs in output space (its n x n Gram
+#: sandwiches cost O(n^3) a step; token space costs O(n^2 d) and wins beyond).
+GRAM_TOKENS = 64
 
 
 def heads_of(target) -> tuple[tuple[Head, ...], np.ndarray | None, np.ndarray | None, bool]:
@@ -84,7 +89,9 @@ class AttentionMap:
         whose identity sees every direction).
     """
 
-    def __init__(self, target: Head | Layer, center: np.ndarray | None = None, reduce: bool = False):
+    def __init__(self, target: Head | Layer, center: np.ndarray | None = None, reduce: bool = False,
+                 tangent: np.ndarray | None = None, query_center: np.ndarray | None = None,
+                 query_tangent: np.ndarray | None = None):
         heads, W_O, b_O, residual = heads_of(target)
         first = heads[0]
         facts = lambda h: (h.d, h.d_k, h.d_v, h.causal, h.score, h.tau, h.eps)  # noqa: E731
@@ -95,20 +102,18 @@ class AttentionMap:
         self.H, self.d, self.d_k, self.d_v = len(heads), first.d, first.d_k, first.d_v
         self.score, self.causal, self.tau, self.eps = first.score, first.causal, first.tau, first.eps
         self.residual, self.W_O, self.b_O = residual, W_O, b_O
-        self.center = np.zeros(self.d) if center is None else np.asarray(center, dtype=float)
-        if self.center.shape != (self.d,):
-            raise WeightsError("center", f"shape ({self.d},)", f"shape {self.center.shape}",
-                               "the centre has the width of a token")
         W = np.concatenate([h.W_Q for h in heads] + [h.W_K for h in heads] + [h.V for h in heads], axis=1)
         bias = np.concatenate([h.b_Q for h in heads] + [h.b_K for h in heads] + [h.b_V for h in heads])
-        self.basis = None
-        if reduce and not residual:
-            left, singular, _ = np.linalg.svd(W, full_matrices=False)
-            rank = int(np.sum(singular > singular[0] * 1e-12)) if singular.size and singular[0] > 0 else 0
-            if 0 < rank < self.d:
-                self.basis = left[:, :rank]
+        self.center, self.basis = self._frame(W, center, tangent, reduce and not residual, slice(None))
         self.W = W if self.basis is None else self.basis.T @ W
         self.bias = bias + self.center @ W
+        # queries of cross-attention may live in another set: their own frame, seeing only W_Q
+        self.query_center, self.query_basis = self.center, self.basis
+        if query_center is not None or query_tangent is not None:
+            self.query_center, self.query_basis = self._frame(W, query_center, query_tangent, reduce and not residual,
+                                                              slice(0, self.H * self.d_k))
+        self.Wq = W if self.query_basis is None else self.query_basis.T @ W
+        self.bias_q = bias + self.query_center @ W
         self.WT = np.ascontiguousarray(self.W.T)
         self.scale = 1.0 / math.sqrt(self.d_k)
         self.width = self.W.shape[1]
@@ -119,24 +124,62 @@ class AttentionMap:
             self.gram = {"QQ": W_Q.T @ W_Q, "KQ": W_K.T @ W_Q, "KK": W_K.T @ W_K, "QV": W_Q.T @ W_V,
                          "KV": W_K.T @ W_V, "VV": W_V.T @ W_V}
 
+    def _frame(self, W: np.ndarray, center, tangent, reduce: bool, columns: slice):
+        """``(c, U)``: the origin and an orthonormal basis (None: all of R^d) of the working coordinates.
+
+        ``tangent`` (d, r) orthonormal: the tokens move in ``c + span(tangent)`` only (a flat domain,
+        e.g. a LayerNorm image).  ``reduce``: keep only the part of that span the projections
+        ``W[:, columns]`` see; moving a token orthogonally to it changes nothing."""
+        center = np.zeros(self.d) if center is None else np.asarray(center, dtype=float)
+        if center.shape != (self.d,):
+            raise WeightsError("center", f"shape ({self.d},)", f"shape {center.shape}",
+                               "the centre has the width of a token")
+        basis = None
+        if tangent is not None:
+            basis = np.asarray(tangent, dtype=float)
+            if basis.ndim != 2 or basis.shape[0] != self.d or basis.shape[1] > self.d:
+                raise WeightsError("tangent", f"an orthonormal basis of shape ({self.d}, r)", f"shape {basis.shape}",
+                                   "pass TokenDomain.frame()'s basis")
+        if reduce:
+            seen = W[:, columns] if basis is None else basis.T @ W[:, columns]
+            left, singular, _ = np.linalg.svd(seen, full_matrices=False)
+            rank = int(np.sum(singular > singular[0] * 1e-12)) if singular.size and singular[0] > 0 else 0
+            width = self.d if basis is None else basis.shape[1]
+            if 0 < rank < width:
+                basis = left[:, :rank] if basis is None else basis @ left[:, :rank]
+        if basis is not None and basis.shape == (self.d, self.d) and tangent is None:
+            basis = None
+        return center, basis
+
     @property
     def d_in(self) -> int:
         """Working coordinates per token."""
         return self.d if self.basis is None else self.basis.shape[1]
 
     @property
+    def d_query(self) -> int:
+        """Working coordinates per query of cross-attention."""
+        return self.d if self.query_basis is None else self.query_basis.shape[1]
+
+    @property
     def d_out(self) -> int:
         return self.H * self.d_v if self.W_O is None else self.W_O.shape[1]
 
-    def to_work(self, X: np.ndarray) -> np.ndarray:
-        shifted = np.asarray(X, dtype=float) - self.center
-        return shifted if self.basis is None else shifted @ self.basis
+    def _frame_of(self, queries: bool):
+        return (self.query_center, self.query_basis) if queries else (self.center, self.basis)
+
+    def to_work(self, X: np.ndarray, queries: bool = False) -> np.ndarray:
+        """Working coordinates of tokens (of the queries of cross-attention when ``queries``)."""
+        center, basis = self._frame_of(queries)
+        shifted = np.asarray(X, dtype=float) - center
+        return shifted if basis is None else shifted @ basis
 
     def from_work(self, Xw: np.ndarray) -> np.ndarray:
-        return (Xw if self.basis is None else Xw @ self.basis.T) + self.center
+        return self.direction_from_work(Xw) + self.center
 
-    def direction_from_work(self, Ew: np.ndarray) -> np.ndarray:
-        return Ew if self.basis is None else Ew @ self.basis.T
+    def direction_from_work(self, Ew: np.ndarray, queries: bool = False) -> np.ndarray:
+        basis = self._frame_of(queries)[1]
+        return Ew if basis is None else Ew @ basis.T
 
     def head_weights(self, h: int) -> tuple[np.ndarray, ...]:
         """``(W_Q, W_K, V, b_Q, b_K, b_V)`` of head ``h`` in working coordinates."""
@@ -171,7 +214,7 @@ class Linearization:
                                "causal masks apply to self-attention")
         proj = self._project(Xw)
         _, K, V = self._split(proj)
-        Q = self._split(self._project(Yw))[0] if self.cross else self._split(proj)[0]
+        Q = self._split(self._project(Yw, queries=True))[0] if self.cross else self._split(proj)[0]
         self.Q, self.K, self.V = (np.ascontiguousarray(M) for M in (Q, K, V))
         S = self.S = self._scores()
         if engine.causal:
@@ -187,9 +230,10 @@ class Linearization:
         self._F = None
 
     # layout ------------------------------------------------------------------------------------
-    def _project(self, Zw: np.ndarray) -> np.ndarray:
+    def _project(self, Zw: np.ndarray, queries: bool = False) -> np.ndarray:
         k = self.k
-        return (Zw.reshape(-1, k.d_in) @ k.W + k.bias).reshape(Zw.shape[0], Zw.shape[1], k.width)
+        W, bias = (k.Wq, k.bias_q) if queries else (k.W, k.bias)
+        return (Zw.reshape(-1, W.shape[0]) @ W + bias).reshape(Zw.shape[0], Zw.shape[1], k.width)
 
     def _split(self, Z: np.ndarray):
         k, b, n = self.k, Z.shape[0], Z.shape[1]
@@ -220,8 +264,9 @@ class Linearization:
         b, m = G.shape[0], G.shape[1]
         return G.reshape(b, m, self.k.H, self.k.d_v).transpose(0, 2, 1, 3)
 
-    def _to_proj(self, E: np.ndarray) -> np.ndarray:
-        return (E.reshape(-1, self.k.d_in) @ self.k.W).reshape(E.shape[0], E.shape[1], self.k.width)
+    def _to_proj(self, E: np.ndarray, queries: bool = False) -> np.ndarray:
+        W = self.k.Wq if queries else self.k.W
+        return (E.reshape(-1, W.shape[0]) @ W).reshape(E.shape[0], E.shape[1], self.k.width)
 
     def _from_proj(self, Z: np.ndarray) -> np.ndarray:
         return (Z.reshape(-1, self.k.width) @ self.k.WT).reshape(Z.shape[0], Z.shape[1], self.k.d_in)
@@ -276,7 +321,7 @@ class Linearization:
             out = self._heads_out(self.P @ self.V)
             if self.k.b_O is not None:
                 out = out + self.k.b_O
-            self._F = out + self.X if self.k.residual else out
+            self._F = out + self.k.from_work(self.X) if self.k.residual else out
         return self._F
 
     def _jvp_heads(self, dQ, dK, dV) -> np.ndarray:
@@ -292,11 +337,11 @@ class Linearization:
         self-attention); ``EY`` (b, m, d_in) moves the queries of cross-attention."""
         _, dK, dV = self._split(self._to_proj(E))
         if self.cross:
-            dQ = self._split(self._to_proj(EY))[0] if EY is not None else np.zeros_like(self.Q)
+            dQ = self._split(self._to_proj(EY, queries=True))[0] if EY is not None else np.zeros_like(self.Q)
         else:
             dQ = self._split(self._to_proj(E))[0]
         out = self._jvp_heads(dQ, dK, dV)
-        return out + E if self.k.residual else out
+        return out + self.k.direction_from_work(E) if self.k.residual else out
 
     def vjp(self, G: np.ndarray):
         """``Df^T[G]`` for G (b, m, d_out): an array for self-attention, ``(gY, gX)`` for cross."""
@@ -308,10 +353,10 @@ class Linearization:
         gV = self.PT @ Gh
         if not self.cross:
             out = self._from_proj(self._merge(gQ, gK, gV))
-            return out + G if self.k.residual else out
+            return out + (G if self.k.basis is None else G @ self.k.basis) if self.k.residual else out
         k = self.k
-        gY = (gQ.transpose(0, 2, 1, 3).reshape(self.b, self.m, -1) @ self.k.WT[:k.H * k.d_k]).reshape(
-            self.b, self.m, k.d_in)
+        gY = (gQ.transpose(0, 2, 1, 3).reshape(self.b, self.m, -1) @ k.Wq[:, :k.H * k.d_k].T).reshape(
+            self.b, self.m, k.d_query)
         gX = self._from_proj(self._merge(None, gK, gV))
         return gY, gX
 
@@ -360,11 +405,11 @@ class Linearization:
 
         Returns ``(sigma, E, JE)``: unit directions E, ``JE = Df[E]`` and ``sigma = ||JE||_F``, so each
         sigma is a lower bound on the local Jacobian norm whatever the convergence.  A single
-        dot-product head iterates ``Df Df^T`` in output space (:meth:`gram_step`), other maps
-        ``Df^T Df`` in token space.
+        dot-product head with at most :data:`GRAM_TOKENS` tokens iterates ``Df Df^T`` in output space
+        (:meth:`gram_step`, O(n^3) a step), other maps ``Df^T Df`` in token space (O(n^2 d)).
         """
         E = unit_rows(start)
-        if self.k.gram is not None and steps > 0:
+        if self.k.gram is not None and steps > 0 and self.n <= GRAM_TOKENS:
             G = self.jvp(E)
             for _ in range(steps):
                 G = self.gram_step(G)

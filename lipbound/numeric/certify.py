@@ -16,15 +16,19 @@ from __future__ import annotations
 from ..errors import AssumptionError
 from ..rigorous.compiler import compile_interval
 from ..rigorous.intervals import Verdict, interval, upper
-from ..rigorous.linalg import spectral_norm_upper
+from ..rigorous.linalg import spectral_norm_upper, vector_norm_upper
 from ..rigorous.value import CertifiedValue, not_certified
 from ..symbolic import theorems as T
-from .dispatch import derive_for
-from .domains import TokenDomain
+from ..symbolic.scores import DotProduct
+from ..symbolic.variants import CrossAttention, MultiHead, SelfAttention
+from .dispatch import ROLES, derive_for, head_facts
+from .domains import TokenBall, TokenDomain
 from .evaluate import evaluate_bound
 from .model import Head, Layer, TransformerLayer
+from .sdp import HeadBounds, matrix_aware_closed_form, relax
+from .sdp.layer import layer_head_bounds, layer_joint_bound
 
-__all__ = ["head_constant", "layer_constant", "output_blocks", "NORMS"]
+__all__ = ["head_constant", "layer_constant", "head_bounds", "layer_bounds", "output_blocks", "NORMS"]
 
 #: norm key -> meaning, for heads and layers (``w1``: uniform empirical measures of n atoms)
 NORMS = {"fro": "Frobenius", "2,1": "(2,1)", "2,inf": "(2,inf)", "inf": "l_inf on vec(X)", "w1": "Wasserstein-1"}
@@ -36,14 +40,35 @@ def _check_norm(norm: str) -> str:
     return norm
 
 
+def _joint_domain(domain: TokenDomain, query_domain: TokenDomain | None) -> TokenDomain:
+    """One domain holding the queries and the context (the symbolic theorems state one): the domain
+    itself when both agree, else the ball about 0 holding both."""
+    if query_domain is None or domain.same_as(query_domain):
+        return domain
+    radius = max(upper(interval(R) + interval(0.0 if c is None else vector_norm_upper(c)))
+                 for R, c in (domain.enclosing_ball(), query_domain.enclosing_ball()))
+    return TokenBall(radius)
+
+
+def _check_role(role: str, m: int | None) -> None:
+    if role not in ROLES:
+        raise AssumptionError("role", f"one of {ROLES}", repr(role), "choose the argument of the constant")
+    if role != "self" and m is None:
+        raise AssumptionError("m", "the number of queries of cross-attention", "None", "pass m=... (--m M)")
+
+
 def head_constant(head: Head, norm: str, domain: TokenDomain, n: int, *, m: int | None = None,
-                  role: str = "self") -> CertifiedValue:
+                  role: str = "self", query_domain: TokenDomain | None = None) -> CertifiedValue:
     """The certified constant of one head in ``norm`` on ``domain`` (n tokens; m queries for
-    cross-attention in ``role``), by the theorem that covers the head."""
+    cross-attention in ``role``, in ``query_domain``), by the theorem that covers the head."""
     norm = _check_norm(norm)
-    bound = derive_for(head, domain.assumption, "fro" if norm == "w1" else norm, role, measure=norm == "w1")
-    value = evaluate_bound(bound, head, domain, n, m=m, name="derived")
-    return value.renamed("derived", provenance=f"lipbound theorem {bound.theorem} ({bound.variant}, {NORMS[norm]})")
+    _check_role(role, m)
+    joint = _joint_domain(domain, query_domain)
+    bound = derive_for(head, joint.assumption, "fro" if norm == "w1" else norm, role, measure=norm == "w1")
+    value = evaluate_bound(bound, head, joint, n, m=m, name="derived")
+    where = "" if joint is domain else f", on {joint.describe()} (holds queries and context)"
+    return value.renamed("derived", provenance=f"lipbound theorem {bound.theorem} ({bound.variant}, {NORMS[norm]})"
+                         + where)
 
 
 def output_blocks(layer: Layer | TransformerLayer) -> list[float]:
@@ -68,13 +93,15 @@ def _compose(per_head: list[float], blocks: list[float], whole: float, norm: str
 
 
 def layer_constant(layer: TransformerLayer | Layer, norm: str, domain: TokenDomain, n: int,
-                   residual: bool = False) -> CertifiedValue:
+                   residual: bool = False, *, role: str = "self", m: int | None = None,
+                   query_domain: TokenDomain | None = None) -> CertifiedValue:
     """The certified constant of a multi-head layer, composed from its heads' constants and the
     per-head blocks of ``W_O`` (plus the identity when ``residual``)."""
     norm = _check_norm(norm)
     attention = layer.attention if isinstance(layer, TransformerLayer) else layer
     head_norm = "2,inf" if norm == "inf" else norm
-    per_head = [head_constant(h, head_norm, domain, n) for h in attention.heads]
+    per_head = [head_constant(h, head_norm, domain, n, role=role, m=m, query_domain=query_domain)
+                for h in attention.heads]
     failed = next((v for v in per_head if not v.certified), None)
     if failed is not None:
         return not_certified("derived", "per-head theorems composed with the W_O blocks", f"a head: {failed.reason}")
@@ -85,3 +112,99 @@ def layer_constant(layer: TransformerLayer | Layer, norm: str, domain: TokenDoma
                           "per-head theorems composed with the W_O blocks (theorem multi-head-composition)"
                           + (", residual" if residual else ""),
                           details={"per_head": [v.value for v in per_head], "W_O_blocks": blocks, "W_O": whole})
+
+
+def head_bounds(head: Head, domain: TokenDomain, n: int, *, role: str = "self", m: int | None = None,
+                query_domain: TokenDomain | None = None, sdp: bool = False) -> list[CertifiedValue]:
+    """Every applicable certified upper bound on the Frobenius Lipschitz constant of one head.
+
+    Parameters
+    ----------
+    head : Head
+    domain : TokenDomain
+        The tokens (self-attention) or the context (cross-attention): a ball or a LayerNorm image.
+    n : int
+        Tokens (context tokens).
+    role : {"self", "cross-queries", "cross-context", "cross-joint"}
+        The argument of the constant; causal heads take "self" only.
+    m : int, optional
+        Queries of cross-attention.
+    query_domain : TokenDomain, optional
+        The queries' domain (default: ``domain``).
+    sdp : bool
+        Add the SDP relaxation of the local Lipschitz problem (dot-product heads).
+
+    Returns
+    -------
+    list of CertifiedValue
+        ``"derived"``: the theorem that covers the head (:mod:`lipbound.numeric.dispatch`), on one
+        domain holding queries and context; for dot-product heads ``"matrix-aware"``: the same
+        theorem with the norm products replaced by joint constants on the true domains (ellipsoids
+        for LayerNorm images, two domains for cross-attention; eigenvalue certificates, no conic
+        solver); ``"sdp"`` when asked.  A bound that could not be certified is listed with
+        ``certified=False`` and its reason.
+    """
+    _check_role(role, m)
+    facts = head_facts(head, role)                       # refuses what no theorem covers, e.g. causal cross
+    values = [head_constant(head, "fro", domain, n, m=m, role=role, query_domain=query_domain)]
+    if facts.score != "dot":
+        return values
+    cross = role != "self"
+    queries = (query_domain or domain) if cross else None
+    bounds = HeadBounds(head, domain, query_radius=queries, solver="auto" if sdp else "eig")
+    # a conic solver that fails leaves the eigenvalue certificates, which need none
+    closed = bounds if bounds.gamma.certified else HeadBounds(head, domain, query_radius=queries, solver="eig")
+    argument = role[6:] if cross else None
+    values.append(matrix_aware_closed_form(head, domain, n=n, m=m, argument=argument, query_radius=queries,
+                                           bounds=closed).renamed("matrix-aware"))
+    if sdp:
+        values.append(_relaxation(head, domain, n, role, m, query_domain, bounds=bounds))
+    return values
+
+
+def layer_bounds(attention_layer: Layer | TransformerLayer, domain: TokenDomain, n: int, *, role: str = "self",
+                 m: int | None = None, query_domain: TokenDomain | None = None,
+                 sdp: bool = False) -> list[CertifiedValue]:
+    """Every applicable certified upper bound on the Frobenius Lipschitz constant of a whole
+    multi-head layer ``sum_h f^h W_O^h`` (no residual), as :func:`head_bounds` for one head:
+    ``"derived"`` (the per-head theorems composed with the blocks of ``W_O``), for dot-product heads
+    ``"matrix-aware"`` (the sum over heads of the matrix-aware bound of ``f^h W_O^h``) and
+    ``"joint"`` (the heads seen jointly with ``W_O``, :func:`lipbound.numeric.sdp.layer.layer_joint_bound`),
+    and ``"sdp"`` when asked (the smallest of the registry's multi-head combinations)."""
+    _check_role(role, m)
+    attention = attention_layer.attention if isinstance(attention_layer, TransformerLayer) else attention_layer
+    if attention.residual:
+        attention = Layer(attention.heads, attention.W_O, attention.b_O)
+    for head in attention.heads:
+        head_facts(head, role)
+    values = [layer_constant(attention, "fro", domain, n, role=role, m=m, query_domain=query_domain)]
+    if any(h.score != "dot" for h in attention.heads):
+        return values
+    cross = role != "self"
+    queries = (query_domain or domain) if cross else None
+    heads = layer_head_bounds(attention, domain, queries, "auto" if sdp else "eig")
+    argument = role[6:] if cross else None
+    split = [matrix_aware_closed_form(h, domain, n=n, m=m, argument=argument, query_radius=queries, bounds=b,
+                                      value=b.value) for h, b in zip(attention.heads, heads)]
+    failed = next((v for v in split if not v.certified), None)
+    if failed is None:
+        total = upper(sum((interval(v.value) for v in split), interval(0)))
+        values.append(CertifiedValue("matrix-aware", total, Verdict.HOLDS,
+                                     "sum over heads of the matrix-aware bound of f^h W_O^h (triangle inequality)",
+                                     details={"per_head": [v.value for v in split]}))
+    else:
+        values.append(not_certified("matrix-aware", "sum over heads of f^h W_O^h", f"a head: {failed.reason}"))
+    values.append(layer_joint_bound(attention, domain, n=n, role=role, m=m, query_domain=queries, heads=heads)
+                  .renamed("joint"))
+    if sdp:
+        values.append(_relaxation(attention, domain, n, role, m, query_domain, heads=heads))
+    return values
+
+
+def _relaxation(target, domain, n, role, m, query_domain, **reuse) -> CertifiedValue:
+    """The SDP relaxation of the registry for the target's variant (``reuse``: precomputed constants)."""
+    causal = any(h.causal for h in ((target,) if isinstance(target, Head) else target.heads))
+    inner = SelfAttention(DotProduct(), causal=causal) if role == "self" else CrossAttention(DotProduct(), role[6:])
+    options = dict(reuse) if role == "self" else {"m": m, "query_domain": query_domain, **reuse}
+    variant = inner if isinstance(target, Head) else MultiHead(inner)
+    return relax(variant, target, domain, n=n, **options).renamed("sdp")

@@ -9,8 +9,17 @@ a witness (:meth:`TokenDomain.contains`) and the reports (:meth:`TokenDomain.des
 
 * :class:`TokenBall` -- every token in the closed ball ``||x - c|| <= R``;
 * :class:`LayerNormOutputs` -- every token an output ``gamma * z + beta`` of a LayerNorm
-  (``z`` orthogonal to 1, ``||z|| <= sqrt(d)``), whose convex hull lies in the ball of radius
-  ``max|gamma| sqrt(d)`` about ``beta``.
+  (``z`` orthogonal to 1, ``||z|| <= sqrt(d)``): its hull is the ellipsoid
+  ``{beta + M w : ||w|| <= sqrt(d)}``, ``M = diag(gamma) P``, ``P = I - 1 1^T / d``, flat (it lies in
+  the hyperplane ``beta + diag(gamma) 1-perp``), inside the ball of radius ``max|gamma| sqrt(d)``
+  about ``beta``.
+
+Every bounded domain is such an ellipsoid ``{c + M w : ||w|| <= r}`` (a ball: ``M = I``, ``r = R``):
+:meth:`TokenDomain.shape` gives ``(M, r)`` as enclosures for certified bounds,
+:meth:`TokenDomain.frame` an orthonormal basis of the directions tokens move in with the
+semi-axes for the searches, and :meth:`TokenDomain.representable` turns a float input into one
+that lies in the domain exactly, with the coordinates that prove it (:meth:`TokenDomain.record`
+stores the domain in a witness file).
 
 :class:`DomainSpec` is the unresolved form a user writes (``"layernorm"``, ``"layernorm-image"``
 or a radius), resolved per layer against the LayerNorm that feeds it.
@@ -25,11 +34,18 @@ from typing import final
 import numpy as np
 
 from ..errors import AssumptionError
-from ..rigorous.intervals import interval
-from ..rigorous.linalg import vector_norm_upper
+from ..rigorous.intervals import IV, interval
+from ..rigorous.linalg import Enclosure, vector_norm_upper
 from ..symbolic import symbols as S
 from ..symbolic.assumptions import Ball, Domain, LayerNormImage, Unbounded
 from .model.components import LayerNorm
+
+
+def project_to_ball(X: np.ndarray, radius: float, center) -> np.ndarray:
+    """Euclidean projection of the rows of X (..., d) onto the ball ``||x - c|| <= radius``."""
+    shifted = np.asarray(X, dtype=float) - center
+    norms = np.linalg.norm(shifted, axis=-1, keepdims=True)
+    return shifted * np.where(norms > radius, radius / np.where(norms > 0, norms, 1.0), 1.0) + center
 
 __all__ = ["TokenDomain", "TokenBall", "LayerNormOutputs", "AllTokens", "DomainSpec", "DOMAIN_SPECS"]
 
@@ -69,6 +85,67 @@ class TokenDomain:
 
     def describe(self) -> str:
         raise NotImplementedError
+
+    # the ellipsoid {c + M w : ||w|| <= r} ----------------------------------------------------
+    def shape(self, d: int) -> tuple[Enclosure, object]:
+        """``(M, r)``: every token is ``c + M w`` with ``||w|| <= r``; ``M`` (d, d) an enclosure, ``r`` an
+        interval.  A ball: ``M = I``, ``r = R``."""
+        R, _ = self.enclosing_ball()
+        return Enclosure.exact(np.eye(d)), interval(R)
+
+    def tangent_projector(self) -> Enclosure | None:
+        """The orthogonal projector onto the directions the tokens move in (``range M``), as an
+        enclosure; None when they move in every direction (the domain has interior)."""
+        return None
+
+    def frame(self, d: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        """``(c, T, S)`` in floats, for searches: the domain is ``{c + T (S * v) : ||v|| <= 1}`` with ``T``
+        (d, r) orthonormal columns (None: ``T = I``, r = d) and semi-axes ``S`` (r,)."""
+        R, c = self.enclosing_ball()
+        return (np.zeros(d) if c is None else np.asarray(c, dtype=float)), None, np.full(d, R)
+
+    def representable(self, X: np.ndarray, margin: float = 1e-9) -> tuple[np.ndarray, dict]:
+        """``(X', coordinates)``: tokens near X (..., d) that lie in the domain exactly, pulled a relative
+        ``margin`` inside; ``coordinates`` holds what proves membership exactly (empty for a ball,
+        whose re-check tests ``||x - c|| <= R`` on X' itself)."""
+        R, c = self.enclosing_ball()
+        center = 0.0 if c is None else c
+        for shrink in (margin, 4 * margin, 16 * margin, 1e-6):
+            inside = project_to_ball(X, R * (1 - shrink), center)
+            if np.all(np.linalg.norm(inside - center, axis=-1) <= R * (1 - shrink / 2)):
+                return inside, {}
+        raise AssumptionError("X", "tokens that can be pulled inside the domain", "tokens that rounding keeps outside",
+                              "report this input")
+
+    def representable_directions(self, E: np.ndarray) -> tuple[np.ndarray, dict]:
+        """``(E', coordinates)``: directions near E along which the tokens may move (tangent to the
+        domain) exactly; a ball takes any direction."""
+        return np.asarray(E, dtype=float), {}
+
+    def tangent_directions(self, E: np.ndarray) -> np.ndarray:
+        """The orthogonal projection of directions (..., d) onto those the tokens move in (floats)."""
+        return np.asarray(E, dtype=float)
+
+    def retract(self, X: np.ndarray) -> np.ndarray:
+        """Tokens (..., d) pulled into the domain in floats (membership up to rounding; see
+        :meth:`representable` for exact membership)."""
+        R, c = self.enclosing_ball()
+        return project_to_ball(X, R, 0.0 if c is None else c)
+
+    def same_as(self, other) -> bool:
+        """Whether ``other`` is the same set (same kind, radius and arrays)."""
+        if not isinstance(other, TokenDomain):
+            return False
+        mine, theirs = self.record(), other.record()
+        return mine.keys() == theirs.keys() and all(
+            (mine[k] is None and theirs[k] is None) or (mine[k] is not None and theirs[k] is not None
+                                                          and np.array_equal(mine[k], theirs[k])) for k in mine)
+
+    def record(self) -> dict:
+        """The domain as plain JSON and float arrays, for a witness file (:mod:`lipbound.numeric.recheck`
+        re-decides membership from it)."""
+        R, c = self.enclosing_ball()
+        return {"kind": "ball", "radius": R, "center": c}
 
     def check_width(self, d: int, what: str = "the head") -> None:
         center = self.center
@@ -155,8 +232,108 @@ class LayerNormOutputs(TokenDomain):
         return {**super().symbol_values(centred), "gamma_max": interval(self.norm.gamma_max)}
 
     def describe(self) -> str:
-        return (f"LayerNorm outputs gamma * z + beta, ||z|| <= sqrt({self.norm.d}), max|gamma| = "
-                f"{self.norm.gamma_max:.6g} (within {self.norm.radius_about_center:.6g} of beta)")
+        return (f"LayerNorm image: ellipsoid beta + diag(gamma) z, z orthogonal to 1, ||z|| <= sqrt({self.norm.d}), "
+                f"max|gamma| = {self.norm.gamma_max:.6g} (within {self.norm.radius_about_center:.6g} of beta)")
+
+    def shape(self, d: int | None = None) -> tuple[Enclosure, object]:
+        d = self.norm.d
+        centring = Enclosure.exact(np.eye(d)) - Enclosure.exact(np.ones((d, d))).scale(Enclosure.scalar(1 / IV.mpf(d)))
+        return Enclosure.exact(np.diag(self.norm.gamma)) @ centring, IV.sqrt(IV.mpf(d))
+
+    def tangent_projector(self) -> Enclosure:
+        """``I_S - nu nu^T / ||nu||^2``, ``nu_k = 1 / gamma_k`` (0 where ``gamma_k = 0``, and ``I_S`` zero
+        there): the projector onto ``range(diag(gamma) P) = diag(gamma) 1-perp``."""
+        gamma = self.norm.gamma
+        live = gamma != 0
+        nu = np.zeros_like(gamma)
+        nu[live] = 1.0 / gamma[live]
+        spread = np.where(live, np.abs(nu) * 2.0 ** -52, 0.0)               # 1/gamma rounds by <= 1/2 ulp
+        nu_enclosure = Enclosure(nu[:, None], spread[:, None])
+        square = (nu_enclosure.T @ nu_enclosure).interval()
+        outer = (nu_enclosure @ nu_enclosure.T).scale(1 / square)
+        return Enclosure.exact(np.diag(live.astype(float))) - outer
+
+    def frame(self, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        gamma = self.norm.gamma
+        M = np.sqrt(gamma.size) * (np.diag(gamma) - np.outer(gamma, np.ones_like(gamma)) / gamma.size)
+        left, singular, _ = np.linalg.svd(M)
+        keep = singular > singular[0] * 1e-12
+        return np.asarray(self.norm.beta, dtype=float), left[:, keep], singular[keep]
+
+    def representable(self, X: np.ndarray, margin: float = 1e-9) -> tuple[np.ndarray, dict]:
+        """Tokens ``beta + gamma * z`` with ``z`` on a dyadic grid, ``sum z = 0`` exactly and
+        ``||z||^2 < d`` exactly; the coordinates are ``{"z": z}``.  The float tokens returned are the
+        rounded ``beta + gamma * z`` (the re-check uses the exact ones)."""
+        z = self._coordinates(X)
+        d = self.norm.d
+        norms = np.linalg.norm(z, axis=-1, keepdims=True)
+        limit = math.sqrt(d) * (1 - margin)
+        z = z * np.where(norms > limit, limit / np.where(norms > 0, norms, 1.0), 1.0)
+        for _ in range(8):
+            exact = _on_grid(z)
+            if all(_squares(row) < d * 2 ** (2 * _GRID) for row in exact.reshape(-1, d)):
+                z = np.ldexp(exact.astype(float), -_GRID)
+                return self.norm.beta + self.norm.gamma * z, {"z": z}
+            z = z * (1 - 4 * margin)
+        raise AssumptionError("X", "tokens that can be pulled inside the LayerNorm image", "tokens that stay outside",
+                              "report this input")
+
+    def tangent_directions(self, E: np.ndarray) -> np.ndarray:
+        gamma = self.norm.gamma
+        live = gamma != 0
+        nu = np.where(live, 1.0 / np.where(live, gamma, 1.0), 0.0)
+        E = np.where(live, np.asarray(E, dtype=float), 0.0)
+        return E - (E @ nu)[..., None] * nu / (nu @ nu)
+
+    def retract(self, X: np.ndarray) -> np.ndarray:
+        z = self._coordinates(X)
+        norms = np.linalg.norm(z, axis=-1, keepdims=True)
+        limit = math.sqrt(self.norm.d) * (1 - 1e-9)
+        return self.norm.beta + self.norm.gamma * z * np.where(norms > limit, limit / np.where(norms > 0, norms, 1.0), 1.0)
+
+    def representable_directions(self, E: np.ndarray) -> tuple[np.ndarray, dict]:
+        """Directions ``gamma * w`` with ``w`` on a dyadic grid and ``sum w = 0`` exactly (tangent to the
+        image); the coordinates are ``{"w": w}``."""
+        w = np.ldexp(_on_grid(self._coordinates(E, shift=False)).astype(float), -_GRID)
+        return self.norm.gamma * w, {"w": w}
+
+    def _coordinates(self, X: np.ndarray, shift: bool = True) -> np.ndarray:
+        """``z`` with ``gamma * z = x - beta`` where ``gamma != 0``, the rest chosen so that ``sum z = 0``
+        (if every gain is non-zero, the part of ``x - beta`` off the image is dropped: ``z`` is centred)."""
+        gamma = self.norm.gamma
+        live = gamma != 0
+        shifted = np.asarray(X, dtype=float) - (self.norm.beta if shift else 0.0)
+        z = np.zeros_like(shifted)
+        z[..., live] = shifted[..., live] / gamma[live]
+        if np.all(live):
+            return z - z.mean(axis=-1, keepdims=True)
+        z[..., ~live] = -z[..., live].sum(axis=-1, keepdims=True) / np.sum(~live)
+        return z
+
+    def record(self) -> dict:
+        return {"kind": "layernorm-image", "gamma": self.norm.gamma, "beta": self.norm.beta,
+                "radius": self.norm.radius_about_center, "center": self.norm.beta}
+
+
+#: Coordinates on the LayerNorm image are multiples of 2^-_GRID (|z| <= sqrt(d) < 2^12 keeps them exact).
+_GRID = 40
+
+
+def _on_grid(z: np.ndarray) -> np.ndarray:
+    """Integers ``k`` (object array) with ``k 2^-_GRID`` close to z and every row summing to exactly 0."""
+    z = np.asarray(z, dtype=float)
+    k = np.rint(np.ldexp(z, _GRID)).astype(np.int64).astype(object)
+    rows = k.reshape(-1, k.shape[-1])
+    for row in rows:
+        total = int(sum(row))
+        if total:
+            largest = int(np.argmax(np.abs(row.astype(float))))
+            row[largest] -= total
+    return rows.reshape(k.shape)
+
+
+def _squares(row) -> int:
+    return sum(int(v) * int(v) for v in row)
 
 
 @final

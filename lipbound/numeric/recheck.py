@@ -13,9 +13,13 @@ The result is an interval that contains the true value
 * ``||Df(X)[E]||_F / ||E||_F``  (kind "jacobian", Frobenius norms), or
 * ``N(f(X) - f(Y)) / N(X - Y)`` (kind "secant"; ``N`` Frobenius or ``||.||_{2,1}``),
 
-of the very map the witness names, together with an exact test that every token lies in
-the closed ball ``||x_i - c|| <= R``.  Nothing of :mod:`lipbound.numeric.attention` or of the
-search is reused: the forward pass and the JVP are written again here.
+of the very map the witness names, together with an exact test that every token lies in its
+domain: the closed ball ``||x_i - c|| <= R``, or the LayerNorm image ``beta + gamma * z`` with ``z``
+orthogonal to 1 and ``||z|| <= sqrt(d)``, decided on the stored coordinates z (the token used is
+the exact ``beta + gamma * z``, and a direction must be ``gamma * w`` with ``sum w = 0``: tangent to
+the image).  Cross-attention witnesses carry m queries ``Q`` (and a direction ``EQ`` when the
+constant is taken in them), each in its own domain.  Nothing of :mod:`lipbound.numeric.attention`
+or of the search is reused: the forward pass and the JVP are written again here.
 
 A witness is *valid* when it lies in the domain and its stated value does not exceed the
 enclosure's upper end by more than :data:`ROUNDING_TOLERANCE` (relative): the float64 search
@@ -65,7 +69,7 @@ class Recheck:
     in_domain : bool
         Every token (of X, and of Y for a secant) satisfies ``||x_i - c|| <= R``, decided exactly.
     max_distance : float
-        ``max_i ||x_i - c||`` rounded up (over X and Y).
+        ``max_i ||x_i - c||`` rounded up (over X, Y and Q); on a LayerNorm image ``max_i ||z_i||``.
     valid : bool
         In the domain, and ``stated <= upper (1 + ROUNDING_TOLERANCE)``.
     relative_difference : float
@@ -287,12 +291,14 @@ def _widen(x, radius: float):
 class _HeadCheck:
     """Exact projections and interval attention weights of one head at one input."""
 
-    def __init__(self, head: Head, X: _Dyadic, weights: dict):
+    def __init__(self, head: Head, X: _Dyadic, weights: dict, queries: _Dyadic | None = None):
         self.head = head
         self.n = X.shape[0]
+        self.cross = queries is not None
+        self.m = queries.shape[0] if self.cross else self.n
         W_Q, W_K, W_V, b_Q, b_K, b_V = weights["W_Q"], weights["W_K"], weights["W_V"], weights["b_Q"], weights["b_K"], weights["b_V"]
         self.weights = weights
-        self.Q = X @ W_Q + _row(b_Q, self.n)
+        self.Q = (queries if self.cross else X) @ W_Q + _row(b_Q, self.m)
         self.K = X @ W_K + _row(b_K, self.n)
         self.V = X @ W_V + _row(b_V, self.n)
         self.rsqrt = 1 / IV.sqrt(IV.mpf(head.d_k))
@@ -318,9 +324,9 @@ class _HeadCheck:
 
     def _softmax(self, S: np.ndarray) -> np.ndarray:
         n = self.n
-        P = np.empty((n, n), dtype=object)
-        for i in range(n):
-            keys = range(i + 1) if self.head.causal else range(n)
+        P = np.empty((self.m, n), dtype=object)
+        for i in range(self.m):
+            keys = range(i + 1) if self.head.causal and not self.cross else range(n)
             shift = max((S[i, j] for j in keys), key=lambda x: x.mid).mid
             exps = {j: IV.exp(S[i, j] - shift) for j in keys}
             total = IV.fsum(exps.values())
@@ -328,10 +334,17 @@ class _HeadCheck:
                 P[i, j] = exps[j] / total if j in exps else IV.mpf(0)
         return P
 
-    def score_jvp(self, E: _Dyadic) -> tuple[np.ndarray, _Dyadic]:
-        """``(dS, dV)``: the score derivative (intervals) and the value tangent ``E W_V`` (exact)."""
+    def score_jvp(self, E: _Dyadic, EQ: _Dyadic | None = None) -> tuple[np.ndarray, _Dyadic]:
+        """``(dS, dV)``: the score derivative (intervals) and the value tangent ``E W_V`` (exact);
+        ``EQ`` moves the queries of cross-attention (None: they stay)."""
         w = self.weights
-        dQ, dK, dV = E @ w["W_Q"], E @ w["W_K"], E @ w["W_V"]
+        dK, dV = E @ w["W_K"], E @ w["W_V"]
+        if not self.cross:
+            dQ = E @ w["W_Q"]
+        elif EQ is not None:
+            dQ = EQ @ w["W_Q"]
+        else:
+            dQ = _Dyadic(np.zeros(self.Q.shape, dtype=object), 0)
         head, Q, K = self.head, self.Q, self.K
         if head.score == "dot":
             return (dQ @ K.T + Q @ dK.T).intervals() * self.rsqrt, dV
@@ -353,11 +366,11 @@ class _HeadCheck:
         """``f(X) = P V`` (n, d_v)."""
         return _Ball.of_intervals(self.P).matmul_exact(self.V)
 
-    def jvp(self, E: _Dyadic) -> _Ball:
+    def jvp(self, E: _Dyadic, EQ: _Dyadic | None = None) -> _Ball:
         """``Df(X)[E] = dP V + P dV`` with ``dP = P o (dS - rowsum(P o dS))``."""
-        dS, dV = self.score_jvp(E)
+        dS, dV = self.score_jvp(E, EQ)
         P = self.P
-        mean = np.array([IV.fsum(P[i, j] * dS[i, j] for j in range(self.n)) for i in range(self.n)], dtype=object)
+        mean = np.array([IV.fsum(P[i, j] * dS[i, j] for j in range(self.n)) for i in range(self.m)], dtype=object)
         dP = P * (dS - mean[:, None])
         return _Ball.of_intervals(dP).matmul_exact(self.V) + _Ball.of_intervals(P).matmul_exact(dV)
 
@@ -400,8 +413,12 @@ class _MapCheck:
             parts.append(_HeadCheck(head, X, weights).forward() - _HeadCheck(head, Y, weights).forward())
         return self._combine(parts, X - Y)
 
-    def jvp(self, X: _Dyadic, E: _Dyadic) -> _Ball:
-        parts = [_HeadCheck(head, X, weights).jvp(E) for head, weights in zip(self.heads, self.weights)]
+    def jvp(self, X: _Dyadic, E: _Dyadic, queries: _Dyadic | None = None, EQ: _Dyadic | None = None) -> _Ball:
+        """``Df[E]`` (self-attention) or ``Df(Q, X)[EQ, E]`` (cross-attention: ``queries`` given)."""
+        if queries is not None and self.residual:
+            raise AssumptionError("head_or_layer", "a map without the residual for cross-attention", "residual=True",
+                                  "re-check the cross-attention layer itself")
+        parts = [_HeadCheck(head, X, weights, queries).jvp(E, EQ) for head, weights in zip(self.heads, self.weights)]
         return self._combine(parts, E)
 
 
@@ -423,6 +440,51 @@ def _domain(points: list[np.ndarray], center: np.ndarray, radius: float) -> tupl
             inside &= (int(man) << (squares.e - e)) <= bound
             largest = max(largest, upper(_exact_sqrt(man, squares.e)))
     return bool(inside), largest
+
+
+def _image_tokens(z: np.ndarray, gamma: np.ndarray, beta: np.ndarray) -> tuple[_Dyadic, bool, float]:
+    """The exact tokens ``beta + gamma * z`` of a LayerNorm image, whether every row of z is orthogonal
+    to 1 with ``||z||^2 <= d`` (decided exactly), and ``max ||z||`` rounded up."""
+    Z = _Dyadic.of(z)
+    n, d = Z.shape
+    tokens = _Dyadic.of(np.broadcast_to(gamma, z.shape)) * Z + _Dyadic.of(np.broadcast_to(beta, z.shape))
+    inside = all(sum(int(v) for v in row) == 0 for row in Z.m)
+    squares = Z.row_sums_of_squares()
+    limit = d << max(-squares.e, 0) if squares.e <= 0 else None
+    largest = 0.0
+    for man in squares.m:
+        inside &= (int(man) <= limit) if limit is not None else (int(man) << squares.e) <= d
+        largest = max(largest, upper(_exact_sqrt(man, squares.e)))
+    return tokens, bool(inside), largest
+
+
+def _image_directions(w: np.ndarray, gamma: np.ndarray) -> tuple[_Dyadic, bool]:
+    """The exact directions ``gamma * w`` and whether every row of w sums to exactly 0 (tangent)."""
+    W = _Dyadic.of(w)
+    return _Dyadic.of(np.broadcast_to(gamma, w.shape)) * W, all(sum(int(v) for v in row) == 0 for row in W.m)
+
+
+def _points(witness: Witness, key: str, direction: bool = False):
+    """The exact array ``key`` of the witness in its domain: ``(dyadic, in_domain, largest)``.  On a
+    LayerNorm image the exact point comes from the stored coordinates (refused without them)."""
+    query = key in ("Q", "EQ")
+    gamma = witness.query_gamma if query else witness.gamma
+    array = getattr(witness, key)
+    if gamma is None:
+        if direction:
+            return _Dyadic.of(array), True, 0.0
+        center = witness.query_center if query else witness.center
+        inside, largest = _domain([array], center, witness.query_radius if query else witness.radius)
+        return _Dyadic.of(array), inside, largest
+    coordinates = witness.coordinates.get(key)
+    if coordinates is None:
+        if direction and not np.any(array):
+            return _Dyadic.of(array), True, 0.0          # the zero direction moves nothing
+        return _Dyadic.of(array), False, math.inf
+    if direction:
+        exact, tangent = _image_directions(coordinates, gamma)
+        return exact, tangent, 0.0
+    return _image_tokens(coordinates, gamma, witness.query_center if query else witness.center)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -450,6 +512,9 @@ def _check_target(witness: Witness, target) -> None:
     if isinstance(target, Layer) and bool(target.residual) != witness.residual:
         raise AssumptionError("head_or_layer", f"residual={witness.residual} as in the witness",
                               f"residual={bool(target.residual)}", f"pass as_layer(residual={witness.residual})")
+    if witness.role != "self" and any(h.causal for h in heads):
+        raise AssumptionError("head_or_layer", f"a head without a causal mask (the witness is {witness.role})",
+                              "a causal head", "cross-attention heads are not masked")
     if any(h.score != witness.score for h in heads):
         raise AssumptionError("head_or_layer", f"score {witness.score!r} as in the witness",
                               f"scores {sorted({h.score for h in heads})}", "pass the map the witness was found for")
@@ -478,36 +543,53 @@ def recheck(witness: Witness, head_or_layer: Head | Layer, dps: int = RECHECK_DP
     began = time.perf_counter()
     with _interval_digits(dps), mpmath.workdps(dps):
         check = _MapCheck(head_or_layer)
-        X = _Dyadic.of(witness.X)
+        X, inside, largest = _points(witness, "X")
+        domains = [(inside, largest, "X")]
         if witness.kind == "jacobian":
-            out = check.jvp(X, _Dyadic.of(witness.E))
-            E2 = _Dyadic.of(witness.E).row_sums_of_squares()
-            denominator = _exact_sqrt(E2.total(), E2.e)
+            E, tangent, _ = _points(witness, "E", direction=True)
+            directions = [(tangent, "E")]
+            squares = E.row_sums_of_squares()
+            total = _Dyadic(np.array([squares.total()], dtype=object), squares.e)
+            queries = EQ = None
+            if witness.role != "self":
+                queries, inside_q, largest_q = _points(witness, "Q")
+                domains.append((inside_q, largest_q, "Q"))
+                if witness.EQ is not None:
+                    EQ, tangent_q, _ = _points(witness, "EQ", direction=True)
+                    directions.append((tangent_q, "EQ"))
+                    more = EQ.row_sums_of_squares()
+                    total = _concat([total, _Dyadic(np.array([more.total()], dtype=object), more.e)], axis=0)
+            out = check.jvp(X, E, queries, EQ)
+            denominator = _exact_sqrt(total.total(), total.e)
             numerator = out.frobenius()
-            points = [witness.X]
         else:
-            Y = _Dyadic.of(witness.Y)
+            Y, inside_y, largest_y = _points(witness, "Y")
+            domains.append((inside_y, largest_y, "Y"))
+            directions = []
             out = check.forward_difference(X, Y)
             diff = _Ball.exact(X - Y)
             numerator = out.frobenius() if witness.norm == "fro" else out.mixed21()
             denominator = diff.frobenius() if witness.norm == "fro" else diff.mixed21()
-            points = [witness.X, witness.Y]
         if not lower(denominator) > 0:
             raise AssumptionError("witness", "a nonzero direction (E != 0, or X != Y)", "zero",
                                   "a witness needs a direction or two distinct inputs")
         enclosure = numerator / denominator
         low, high = lower(enclosure), upper(enclosure)
         value = mpmath.mp.make_mpf(enclosure.mid._mpi_[0])
-        in_domain, largest = _domain(points, witness.center, witness.radius)
+    in_domain = all(ok for ok, _, _ in domains) and all(ok for ok, _ in directions)
+    largest = max(size for _, size, _ in domains)
     stated = witness.value
     relative = float(abs(stated - value) / value) if value > 0 else (0.0 if stated == 0 else math.inf)
     valid = in_domain and stated <= high * (1 + ROUNDING_TOLERANCE)
+    where = "the LayerNorm image" if witness.gamma is not None else f"the ball of radius {witness.radius:g}"
     if valid:
-        message = (f"valid: Lip >= {low:.12g} on the ball of radius {witness.radius:g} "
-                   f"(stated {stated:.12g}, relative difference {relative:.1e})")
+        message = (f"valid: Lip >= {low:.12g} on {where} (stated {stated:.12g}, relative difference {relative:.1e})")
     elif not in_domain:
-        message = (f"invalid: a token lies outside the ball (max ||x_i - c|| = {largest!r} > R = "
-                   f"{witness.radius!r})")
+        outside = [name for ok, _, name in domains if not ok] + [f"{name} (not tangent)" for ok, name in directions
+                                                                   if not ok]
+        message = (f"invalid: {', '.join(outside)} outside the domain (max ||x_i - c|| = {largest!r} > R = "
+                   f"{witness.radius!r})" if witness.gamma is None and witness.role == "self" and "X" in outside
+                   else f"invalid: {', '.join(outside)} outside the domain (decided exactly)")
     else:
         message = f"invalid: the value is at most {high:.12g}, below the stated {stated:.12g}"
     return Recheck(stated=stated, value=value, lower=low, upper=high, in_domain=in_domain, max_distance=largest,
@@ -575,13 +657,41 @@ def recheck_file(path: str | Path, weights=None, dps: int = RECHECK_DPS) -> Rech
         raise WeightsError(str(path), "a witness that names its layer", "layer = None",
                            "re-check it in Python: recheck(witness, head_or_layer)")
     model = _weights_for(witness, weights)
-    layer = model.layer(witness.layer)
-    if witness.head is not None:
-        if not 0 <= witness.head < len(layer.heads):
-            raise WeightsError("witness head", f"a head index in [0, {len(layer.heads)})", str(witness.head),
+    layer = model.layer(witness.layer, witness.block)
+    attention = layer.attention
+    if witness.role != "self":
+        if layer.cross is None:
+            raise WeightsError("witness role", "a layer with cross-attention", f"{witness.block} layer {witness.layer}",
                                "the witness does not belong to these weights")
-        target = layer.heads[witness.head]
-    else:
+        attention = layer.cross
+    if witness.head is not None:
+        if not 0 <= witness.head < len(attention.heads):
+            raise WeightsError("witness head", f"a head index in [0, {len(attention.heads)})", str(witness.head),
+                               "the witness does not belong to these weights")
+        target = attention.heads[witness.head]
+    elif witness.role == "self":
         target = layer.as_layer(residual=witness.residual)
+    else:
+        target = attention
+    _check_domains(witness, model, layer)
     result = recheck(witness, target, dps=dps)
     return replace(result, weights=model.path, sha256=model.sha256)
+
+
+def _check_domains(witness: Witness, model: Model, layer) -> None:
+    """A witness on a LayerNorm image must name the LayerNorm that really feeds the attention: the
+    layer's input norm (self-attention), its cross-attention norm (queries) and the encoder's
+    final norm (context of cross-attention)."""
+    if witness.role == "self":
+        expected = [("gamma", layer.ln_in, "the LayerNorm feeding the layer")]
+    else:
+        expected = [("query_gamma", layer.cross_norm, "the LayerNorm feeding the cross-attention's queries"),
+                    ("gamma", model.final_norm, "the encoder's final LayerNorm (the context)")]
+    for key, norm, what in expected:
+        gamma = getattr(witness, key)
+        if gamma is None:
+            continue
+        center = witness.center if key == "gamma" else witness.query_center
+        if norm is None or not (np.array_equal(gamma, norm.gamma) and np.array_equal(center, norm.beta)):
+            raise WeightsError("witness domain", f"the image of {what}", "another LayerNorm's gain and bias",
+                               "re-check the witness against the weights it was found on")

@@ -20,15 +20,20 @@ import sympy as sp
 from ..errors import AssumptionError
 from ..symbolic import symbols as S
 from ..symbolic.lemmas import LEMMAS
-from ..symbolic.record import Derivation, Simeq, VectorSum
+from ..symbolic.record import Derivation, Described, Sides, VectorSum
 from .latex import LipboundLatexPrinter
-from .layout import CLAIM_WIDTH, POINTS, SpreadNames, pack_lines, split_expression, visual_width
+from .layout import POINTS, SpreadNames, pack_lines, split_expression, visual_width
 from .prose import escape_text, text_to_latex
+from .style import PROOFS, TexStyle
 
 __all__ = ["derivation_to_latex", "lemma_appendix", "cited_lemmas", "claim_rows", "hypotheses_latex",
            "justification_latex"]
 
 _JUSTIFICATION_BOX = r"\parbox[t]{0.28\textwidth}{\raggedright\small %s}"
+#: A left side wider than this share of a row goes on a line of its own.
+_LEFT_SHARE = 0.34
+#: The least room a right side is given, in points.
+_MIN_ROOM = 120.0
 
 # --------------------------------------------------------------------------------------------
 _RELATION_TEX = {"==": "=", "<=": r"\le", ">=": r"\ge", "<": "<", ">": ">", "!=": r"\ne"}
@@ -94,15 +99,15 @@ def _claim_parts(claim, spreads: SpreadNames, printer) -> tuple[object, str, obj
     """(left side, relation LaTeX, right side) of a claim; sides are SymPy objects or LaTeX strings."""
     if isinstance(claim, sp.core.relational.Relational):
         return spreads.apply(claim.lhs), _RELATION_TEX[claim.rel_op], spreads.apply(claim.rhs)
-    if isinstance(claim, Simeq):
-        return spreads.apply(claim.lhs), r"\simeq", spreads.apply(claim.rhs)
+    if isinstance(claim, Sides):
+        return spreads.apply(claim.lhs), claim.relation, spreads.apply(claim.rhs)
     text = claim.name if isinstance(claim, sp.Symbol) else (claim if isinstance(claim, str) else printer.doprint(claim))
     left, relation, right = _split_string_claim(text)
     return left, relation, right
 
 
 def _side_lines(side, width: float, printer, first: float | None = None) -> list[str]:
-    if isinstance(side, VectorSum):  # a vector: broken at its top-level signs, like text
+    if isinstance(side, (VectorSum, Described)):  # broken at its top-level signs, like text
         side = printer.doprint(side)
     if isinstance(side, str):
         return _split_string(side, width, first)
@@ -114,7 +119,7 @@ def _side_tex(side, printer) -> str:
 
 
 def claim_rows(claim, spreads: SpreadNames, printer: LipboundLatexPrinter | None = None,
-               width: float = CLAIM_WIDTH, left_width: float | None = None) -> list[str]:
+               width: float = PROOFS.claim_width, left_width: float | None = None) -> list[str]:
     r"""The ``align*`` cells of one claim: ``["lhs &\le rhs1", "&\quad {}+ rhs2", ...]``.
 
     A long spread defined by the claim (``\omega \le X``) is named here: the row reads
@@ -127,8 +132,13 @@ def claim_rows(claim, spreads: SpreadNames, printer: LipboundLatexPrinter | None
     if isinstance(claim, sp.core.relational.Relational) and claim.lhs == S.omega and \
             claim.rel_op in ("<=", "==") and claim.rhs in spreads.pending:
         prefix = printer.doprint(spreads.name(claim.rhs)) + r" \coloneqq "
-    room = width - (left_width if left_width is not None else visual_width(left_tex)) - POINTS["relation"]
-    room = max(room, 160.0)
+    left_room = left_width if left_width is not None else visual_width(left_tex)
+    if relation and visual_width(left_tex) > max(left_room, _LEFT_SHARE * width):
+        # a wide left side takes a line of its own in the right column; the relation starts the next
+        room = max(width - left_room - POINTS["quad"] - POINTS["relation"], _MIN_ROOM)
+        lines = _side_lines(right, room - POINTS["quad"], printer, first=room - visual_width(prefix))
+        return [f"&{left_tex}", rf"&\quad {relation} {prefix}{lines[0]}"] + [r"&\qquad " + line for line in lines[1:]]
+    room = max(width - left_room - POINTS["relation"], _MIN_ROOM)
     lines = _side_lines(right, room - POINTS["quad"], printer, first=room - visual_width(prefix))
     lines[0] = prefix + lines[0]
     relation_cell = f"&{relation} " if relation else "& "
@@ -137,12 +147,12 @@ def claim_rows(claim, spreads: SpreadNames, printer: LipboundLatexPrinter | None
     return rows
 
 
-def justification_latex(justification: str, lemma: str | None) -> str:
+def justification_latex(justification: str, lemma: str | None, style: TexStyle = PROOFS) -> str:
     """The justification in prose, with ``(Lemma~\\ref{lem:id})`` when a lemma is cited."""
     text = text_to_latex(justification) if justification else ""
     if lemma:
         _require_lemma(lemma)
-        reference = r"(Lemma~\ref{lem:%s})" % lemma
+        reference = r"(Lemma~\ref{%s})" % style.label("lem", lemma)
         text = (text + " " + reference).strip()
     return text
 
@@ -162,7 +172,7 @@ def hypotheses_latex(hypotheses) -> str:
 
 
 def derivation_to_latex(record: Derivation, hypotheses: bool = True,
-                        spreads: SpreadNames | None = None) -> str:
+                        spreads: SpreadNames | None = None, style: TexStyle = PROOFS) -> str:
     r"""A derivation as LaTeX: its hypotheses as an ``itemize``, then one ``align*``, a row per step.
 
     Parameters
@@ -174,6 +184,8 @@ def derivation_to_latex(record: Derivation, hypotheses: bool = True,
     spreads : SpreadNames, optional
         Names of long spreads shared with the caller (so that a statement printed after the
         proof can use the same :math:`\bar\omega`).
+    style : TexStyle
+        Label keys of the cited lemmas and the line length (default: the repository's ``proofs/``).
 
     Returns
     -------
@@ -191,24 +203,28 @@ def derivation_to_latex(record: Derivation, hypotheses: bool = True,
         out.append("Hypotheses:\n" + hypotheses_latex(record.hypotheses))
     if not record.steps:
         return "".join(out)
-    left_width = _common_left_width(record, printer)
+    left_width = _common_left_width(record, printer, style.claim_width)
     rows = []
     for step in record.steps:
-        cells = claim_rows(step.claim, spreads, printer, CLAIM_WIDTH, left_width)
-        why = justification_latex(step.justification, step.lemma)
-        first = cells[0] + (" && " + _JUSTIFICATION_BOX % why if why else "")
-        rows.append("\\\\\n".join([first] + cells[1:]))
+        cells = claim_rows(step.claim, spreads, printer, style.claim_width, left_width)
+        why = justification_latex(step.justification, step.lemma, style)
+        # beside the relation: after a left side that took a line of its own, that is the second row
+        at = 1 if len(cells) > 1 and cells[0].startswith("&") and not cells[0].startswith(r"&\quad") else 0
+        if why:
+            cells[at] += " && " + _JUSTIFICATION_BOX % why
+        rows.append("\\\\\n".join(cells))
     out.append("\\begin{align*}\n" + "\\\\\n".join(rows) + "\n\\end{align*}\n")
     return "".join(out)
 
 
-def _common_left_width(record: Derivation, printer) -> float:
-    """All left sides share one column: the widest one sets the room left for right sides."""
+def _common_left_width(record: Derivation, printer, width: float) -> float:
+    """All left sides share one column: the widest one sets the room left for right sides (left
+    sides wider than :data:`_LEFT_SHARE` of the row go on a line of their own and do not count)."""
     widths = [0.0]
     for step in record.steps:
         left, _, _ = _claim_parts(step.claim, SpreadNames(), printer)
         widths.append(visual_width(_side_tex(left, printer)))
-    return max(widths)
+    return max(w for w in widths if w <= _LEFT_SHARE * width)
 
 
 def cited_lemmas(*records: Derivation) -> list[str]:
@@ -216,8 +232,9 @@ def cited_lemmas(*records: Derivation) -> list[str]:
     return sorted({step.lemma for record in records for step in record.steps if step.lemma})
 
 
-def lemma_appendix(ids) -> str:
-    r"""One ``\begin{lemma}[title]\label{lem:<id>}`` per lemma id (sorted, each once), with its statement.
+def lemma_appendix(ids, style: TexStyle = PROOFS) -> str:
+    r"""One ``\begin{lemma}[title]\label{lem:<id>}`` per lemma id (sorted, each once), with its statement
+    (environment and label prefixed by ``style``).
 
     Raises
     ------
@@ -228,6 +245,7 @@ def lemma_appendix(ids) -> str:
     for lemma in sorted(set(ids)):
         _require_lemma(lemma)
         title, statement = LEMMAS[lemma]
-        blocks.append("\\begin{lemma}[%s]\\label{lem:%s}\n%s\n\\end{lemma}\n" % (
-            escape_text(title), lemma, statement))
+        env = style.env("lemma")
+        blocks.append("\\begin{%s}[%s]\\label{%s}\n%s\n\\end{%s}\n" % (
+            env, escape_text(title), style.label("lem", lemma), statement, env))
     return "\n".join(blocks)

@@ -26,7 +26,9 @@ from ..symbolic.record import Described
 from .latex import LipboundLatexPrinter
 from .prose import escape_text, text_to_latex
 from .layout import DISPLAY_WIDTH, SpreadNames, split_expression, visual_width
-from .derivation import derivation_to_latex, hypotheses_latex, lemma_appendix
+from .derivation import derivation_to_latex, lemma_appendix
+from .setting import assumption_list
+from .style import PROOFS, TexStyle, document_preamble
 
 __all__ = ["bound_section", "standalone", "comparison_table", "comparison_latex", "statement_latex", "preamble",
            "DOMAIN_TITLES", "has_booktabs"]
@@ -52,33 +54,18 @@ def has_booktabs() -> bool:
     return found.returncode == 0 and bool(found.stdout.strip())
 
 
-def preamble(booktabs: bool = False) -> str:
-    r"""The preamble of lipbound's documents: ``article``, geometry, amsmath, amssymb, amsthm,
-    mathtools (``\coloneqq``), theorem environments, ``\allowdisplaybreaks`` (long proofs
-    span pages); ``booktabs`` on request."""
-    packages = [r"\documentclass[11pt]{article}",
-                r"\usepackage[a4paper,margin=2.2cm]{geometry}",
-                r"\usepackage{amsmath,amssymb,amsthm,mathtools}"]
-    if booktabs:
-        packages.append(r"\usepackage{booktabs}")
-    packages += [
-        r"\newtheorem{theorem}{Theorem}[section]",
-        r"\newtheorem{proposition}[theorem]{Proposition}",
-        r"\newtheorem{lemma}{Lemma}",
-        r"\allowdisplaybreaks",
-        r"\setlength{\emergencystretch}{3em}",
-        r"\setlength{\parindent}{0pt}",
-        r"\setlength{\parskip}{0.5ex plus 0.2ex}",
-    ]
-    return "\n".join(packages) + "\n"
+def preamble(style: TexStyle = PROOFS) -> str:
+    r"""The preamble of lipbound's standalone documents (:func:`~lipbound.printing.style.document_preamble`):
+    an article of the style's line length with amsmath, amssymb, amsthm, mathtools, booktabs,
+    graphicx, the theorem environments and ``\allowdisplaybreaks`` (long proofs span pages)."""
+    return document_preamble(style)
 
 
-def _where_lines(spreads: SpreadNames, printer) -> list[str]:
+def _where_lines(spreads: SpreadNames, printer, width: float) -> list[str]:
     rows = []
     for spread, name in spreads.names.items():
         head = r"\text{where } %s \coloneqq " % printer.doprint(name)
-        lines = split_expression(spread, DISPLAY_WIDTH - 2 * _QUAD, printer,
-                                 first=DISPLAY_WIDTH - visual_width(head))
+        lines = split_expression(spread, width - 2 * _QUAD, printer, first=width - visual_width(head))
         rows.append("&" + head + lines[0])
         rows += [r"&\qquad " + line for line in lines[1:]]
     return rows
@@ -97,7 +84,7 @@ def statement_latex(expr, relation: str = r"\le", lhs=_LIP, width: float = DISPL
     room = width - visual_width(left) - _RELATION
     lines = split_expression(shown, room - _QUAD, printer, first=room)
     rows = [f"{left} &{relation} {lines[0]}"] + [r"&\quad " + line for line in lines[1:]]
-    rows += _where_lines(spreads, printer)
+    rows += _where_lines(spreads, printer, width)
     return "\\begin{equation*}\n\\begin{split}\n" + "\\\\\n".join(rows) + "\n\\end{split}\n\\end{equation*}\n"
 
 
@@ -110,8 +97,8 @@ def _norm_title(result) -> str:
     return norm.title if norm is not None else str(result.norm)
 
 
-def bound_section(result, level: str = "section") -> str:
-    r"""A result as a LaTeX section: title, statement, assumptions, proof.
+def bound_section(result, level: str = "section", style: TexStyle = PROOFS) -> str:
+    r"""A result as a LaTeX section: title, statement, assumptions (a mathematical list), proof.
 
     Parameters
     ----------
@@ -119,6 +106,8 @@ def bound_section(result, level: str = "section") -> str:
         From ``variant(name).derive(Assumptions(...), name)``.
     level : {"section", "subsection", "subsubsection"}
         Sectioning command of the title.
+    style : TexStyle
+        Lemma labels and line length (default: the repository's ``proofs/``).
 
     Returns
     -------
@@ -134,48 +123,49 @@ def bound_section(result, level: str = "section") -> str:
     if not isinstance(result, (Bound, NotLipschitz)):
         raise AssumptionError("result", "a Bound or NotLipschitz", type(result).__name__,
                               "pass the result of variant(name).derive(Assumptions(...), name)")
+    width = style.display_width
     domain = DOMAIN_TITLES.get(result.domain, result.domain)
     title = f"{escape_text(result.variant)}: {text_to_latex(_norm_title(result))}, {escape_text(domain)}"
     label = _label("bound", result.variant, result.norm, result.domain)
     out = [f"\\{level}{{{title}}}\\label{{sec:{label}}}\n"]
     if isinstance(result, Bound):
         out.append("In the %s on $X$, the map $f$ satisfies\n" % text_to_latex(_norm_title(result)))
-        out.append(statement_latex(result.expr))
+        out.append(statement_latex(result.expr, width=width))
         if result.provenance != "derived":
             out.append("Provenance: %s.\n" % escape_text(result.provenance))
     else:
         out.append("The map $f$ is not Lipschitz on the unbounded domain: along the curve\n")
-        out.append(statement_latex(result.family, relation="=", lhs=Described("X_t")))
+        out.append(statement_latex(result.family, relation="=", lhs=Described("X_t"), width=width))
         out.append("(in the instance %s) an entry of the Jacobian grows without bound,\n"
                    % text_to_latex(result.instance))
         out.append(statement_latex(result.growth, relation="=",
-                                   lhs=Described(r"\partial f / \partial x \,(X_t)")))
+                                   lhs=Described(r"\partial f / \partial x \,(X_t)"), width=width))
         out.append("so $\\operatorname{Lip}(f) = \\infty$ in every norm on $X$.\n")
-    out.append("\\paragraph{Assumptions.}\n" + hypotheses_latex(result.assumptions))
-    out.append("\\begin{proof}\n" + derivation_to_latex(result.record, hypotheses=False) + "\\end{proof}\n")
+    out.append("\\paragraph{Assumptions.}\n" + assumption_list(result, result.record.hypotheses))
+    out.append("\\begin{proof}\n" + derivation_to_latex(result.record, hypotheses=False, style=style)
+               + "\\end{proof}\n")
     return "\n".join(out)
 
 
-_LEMMA_REFERENCE = re.compile(r"\\ref\{lem:([^{}]+)\}")
+_LEMMA_REFERENCE = re.compile(r"\\ref\{((?:[A-Za-z]+:)?lem:[^{}]+)\}")
 
 
-def standalone(body: str, title: str) -> str:
+def standalone(body: str, title: str, style: TexStyle = PROOFS) -> str:
     r"""A complete ``article``: :func:`preamble`, ``title``, ``body`` and an appendix with every
     lemma the body cites (``\ref{lem:<id>}``) that it does not state itself.
 
-    ``booktabs`` is loaded when the body uses its rules (``\toprule``).  ``title`` is prose
-    (ASCII mathematics allowed, see :func:`~lipbound.printing.prose.text_to_latex`).
+    ``title`` is prose (ASCII mathematics allowed, see :func:`~lipbound.printing.prose.text_to_latex`).
     """
     if not isinstance(body, str) or not isinstance(title, str):
         raise AssumptionError("body, title", "two strings", f"{type(body).__name__}, {type(title).__name__}",
                               "pass the LaTeX body and a plain-text title")
     cited = set(_LEMMA_REFERENCE.findall(body))
-    stated = set(re.findall(r"\\label\{lem:([^{}]+)\}", body))
-    missing = sorted(cited - stated)
+    stated = set(re.findall(r"\\label\{((?:[A-Za-z]+:)?lem:[^{}]+)\}", body))
+    missing = sorted(label.rsplit(":", 1)[1] for label in cited - stated)
     appendix = ""
     if missing:
-        appendix = "\\appendix\n\\section{Lemmas}\n\\sloppy\n" + lemma_appendix(missing)
-    return (preamble(booktabs=r"\toprule" in body)
+        appendix = "\\appendix\n\\section{Lemmas}\n\\sloppy\n" + lemma_appendix(missing, style)
+    return (preamble(style)
             + "\\title{%s}\n\\author{lipbound}\n\\date{}\n" % text_to_latex(title)
             + "\\begin{document}\n\\maketitle\n\n" + body.rstrip("\n") + "\n\n" + appendix
             + "\\end{document}\n")

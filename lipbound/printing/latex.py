@@ -22,7 +22,7 @@ object                                 LaTeX
 ``lambert_level(n)``                   ``W_0\!\left(\frac{n - 1}{e}\right)``
 ``LambertW(z)``                        ``W_0\!\left(z\right)``
 ``Inner(u, v)``, ``Norm(u)``           ``\langle u, v\rangle``, ``\|u\|``
-``SoftNorm(u, epsilon)``               ``\sqrt{\|u\|^{2} + \varepsilon}``
+``SoftNorm(u, epsilon)``               ``N_{\varepsilon}(u)``, i.e. ``(\|u\|^2 + \varepsilon)^{1/2}``
 ``gamma_max``, ``epsilon``, ``d_k``    ``\gamma_{\max}``, ``\varepsilon``, ``d_k``
 ``eps``, ``sigma_min``, ``ell_phi``    ``\varepsilon``, ``\sigma_{\min}``, ``\ell_{\varphi}`` (blocks)
 ``MatrixNormSymbol("D_gamma*Pi")``     ``\|D_{\gamma} \Pi\|_2``
@@ -41,7 +41,8 @@ from sympy.printing.latex import LatexPrinter, translate
 
 from ..symbolic import symbols as S
 from ..symbolic.calculus import Inner, Norm, SoftNorm
-from ..symbolic.record import Described
+from ..symbolic.nonsoftmax import FeatureMap
+from ..symbolic.record import Defines, Described, Sides
 
 __all__ = ["LipboundLatexPrinter", "latex", "symbol_latex", "matrix_expression_latex", "ordered_factors"]
 
@@ -247,8 +248,17 @@ class LipboundLatexPrinter(LatexPrinter):
                 tex += " + " + self._print(term)
         return tex
 
+    def _print_Sides(self, expr: Sides):
+        return f"{self._print(expr.lhs)} {expr.relation} {self._print(expr.rhs)}"
+
+    def _print_Defines(self, expr: Defines):
+        return self._print_Sides(expr)
+
+    def _print_FeatureMap(self, expr: FeatureMap, exp=None):
+        return _with_power(r"\phi(%s)" % self._print(expr.args[0]), exp)
+
     def _print_Simeq(self, expr):
-        return self._print(expr.lhs) + r" \simeq " + self._print(expr.rhs)
+        return self._print_Sides(expr)
 
     def _print_VectorSum(self, expr):
         r"""``sum_t c_t v_t``: a coefficient that is a sum is parenthesised, and so is a vector sum
@@ -265,7 +275,9 @@ class LipboundLatexPrinter(LatexPrinter):
             if factor and isinstance(vector, sp.MatAdd):
                 tex = r"\left(" + tex + r"\right)"
             parts.append(factor + tex)
-        return " + ".join(parts) if parts else "0"
+        if not parts:
+            return "0"
+        return parts[0] + "".join((" " + part) if part.startswith("- ") else (" + " + part) for part in parts[1:])
 
     # powers: a norm's bars already delimit it, so no parentheses before an exponent
     def _print_Pow(self, expr):
@@ -313,25 +325,16 @@ class LipboundLatexPrinter(LatexPrinter):
     def _print_Norm(self, expr: Norm, exp=None):
         return _with_power(r"\|%s\|" % self._print(expr.args[0]), exp)
 
-    def _soft_norm_radicand(self, expr: SoftNorm) -> str:
-        vector, epsilon = expr.args
-        return r"\|%s\|^{2} + %s" % (self._print(vector), self._print(epsilon))
-
     def _print_SoftNorm(self, expr: SoftNorm, exp=None):
-        tex = r"\sqrt{%s}" % self._soft_norm_radicand(expr)
-        return tex if exp is None else r"\left(%s\right)^{%s}" % (tex, exp)
+        r"""``N_\varepsilon(u) = (\|u\|^2 + \varepsilon)^{1/2}``, the regularised norm, by its name (the
+        legend and the lemmas define it): a fraction of two of them still fits on a line."""
+        vector, epsilon = expr.args
+        return _with_power(r"N_{%s}(%s)" % (self._print(epsilon), self._print(vector)), exp)
 
     def _print_SoftNorm_power(self, base: SoftNorm, exponent) -> str:
-        r"""``SoftNorm^k = (\|u\|^2 + eps)^{k/2}``: squares lose their root."""
-        radicand = r"\left(%s\right)" % self._soft_norm_radicand(base)
-        half = exponent / 2
-        if half == 1:
-            return radicand
         if exponent.is_negative or (exponent.is_Rational and abs(exponent.p) == 1 and exponent.q != 1):
             return super()._print_Pow(sp.Pow(base, exponent, evaluate=False))
-        if half.is_Rational and not half.is_Integer:
-            return r"%s^{%d/%d}" % (radicand, half.p, half.q)  # 3/2 inline, not \frac{3}{2}
-        return r"%s^{%s}" % (radicand, self._print(half))
+        return self._print_SoftNorm(base, self._print(exponent))
 
 
 def _is_described(factor) -> bool:

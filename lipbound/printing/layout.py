@@ -19,15 +19,15 @@ from sympy.simplify.radsimp import fraction
 from ..symbolic import symbols as S
 from ..symbolic.record import Described
 from .latex import LipboundLatexPrinter, latex, ordered_factors
+from .style import PROOFS
 
 __all__ = ["visual_width", "split_expression", "pack_lines", "SpreadNames", "POINTS", "CLAIM_WIDTH", "DISPLAY_WIDTH"]
 
 #: Room for a claim (left side, relation, right side) in an ``align*`` row next to a justification
-#: box of ``0.28\textwidth``, in points: the text width of :func:`~lipbound.printing.document.preamble`
-#: (472pt) less the box (132pt) and the column gap.
-CLAIM_WIDTH = 310.0
-#: Room for a displayed equation without a justification column, in points.
-DISPLAY_WIDTH = 440.0
+#: box of ``0.28\textwidth``, and for a displayed equation, in points, in the generated ``proofs/``
+#: (other documents: :class:`~lipbound.printing.style.TexStyle`).
+CLAIM_WIDTH = PROOFS.claim_width
+DISPLAY_WIDTH = PROOFS.display_width
 
 # --------------------------------------------------------------------------------------------
 _COMMAND = re.compile(r"\\([A-Za-z]+|.)")
@@ -160,6 +160,8 @@ def _delimiters(content: str) -> tuple[str, str]:
 
 
 _BREAKABLE_FUNCTIONS = (sp.Min, sp.Max)
+#: Functions whose argument may break across lines inside sized parentheses: ``\exp\Bigl( .. \Bigr)``.
+_GROUP_FUNCTIONS = {sp.exp: r"\exp", sp.log: r"\log"}
 #: The narrowest first line worth starting a broken expression on, in points.
 _MIN_FIRST = 60.0
 #: Room taken by a sized delimiter and the space around it, in points.
@@ -187,6 +189,8 @@ def split_expression(expr, width: float, printer: LipboundLatexPrinter | None = 
         return _split_product(expr, width, first, printer) or [whole]
     if isinstance(expr, _BREAKABLE_FUNCTIONS):
         return _split_extremum(expr, width, first, printer, "")
+    if type(expr) in _GROUP_FUNCTIONS:
+        return _split_function(expr, width, first, printer, "", "")
     if _is_group_power(expr):
         return _split_group(expr.base, width, first, printer, "", "", _power_tex(expr, printer))
     return [whole]
@@ -196,6 +200,11 @@ def _is_group_power(expr) -> bool:
     """``(a + b)^k`` or ``sqrt(a + b)``: a sum that can break inside sized parentheses."""
     return isinstance(expr, sp.Pow) and isinstance(expr.base, sp.Add) and (
         (expr.exp.is_Integer and expr.exp > 1) or expr.exp == sp.Rational(1, 2))
+
+
+def _is_extremum_root(expr) -> bool:
+    r"""``sqrt(min(a, b))``: written ``\min(a, b)^{1/2}`` when it must break."""
+    return isinstance(expr, sp.Pow) and isinstance(expr.base, _BREAKABLE_FUNCTIONS) and expr.exp == sp.Rational(1, 2)
 
 
 def _power_tex(expr: sp.Pow, printer) -> str:
@@ -263,11 +272,49 @@ def _split_product(expr: sp.Mul, width: float, first: float, printer) -> list[st
             return None
         return [prefix + " " + lines[0]] + lines[1:]
     factors = ordered_factors(expr)
-    candidates = [i for i, f in enumerate(factors)
-                  if isinstance(f, (sp.Add,) + _BREAKABLE_FUNCTIONS) or _is_group_power(f)]
+    candidates = [i for i, f in enumerate(factors) if _breakable(f, printer)]
     if not candidates:
         return None
+    wide = [i for i in candidates if visual_width(_factor_tex(factors[i], printer)) > width / 3]
+    if len(wide) > 1:  # several long factors: each breaks in turn, the product continues with \cdot
+        return _split_factors(sign, factors, width, first, printer)
     chosen = max(candidates, key=lambda i: (visual_width(printer._print(factors[i])), -i))
+    return _split_chosen(sign, factors, chosen, width, first, printer)
+
+
+def _split_factors(sign: str, factors: list, width: float, first: float, printer) -> list[str]:
+    r"""A product packed greedily: factors join the line while they fit; a factor that does not fit
+    starts a new line after ``\cdot``, broken inside its own delimiters when it can be."""
+    lines: list[str] = []
+    current, room = sign.strip(), first
+    for factor in factors:
+        tex = _factor_tex(factor, printer)
+        joined = (current + " " + tex).strip()
+        if visual_width(joined) <= room:
+            current = joined
+            continue
+        if current and visual_width(current) > room / 2:  # start the factor on a line of its own
+            lines.append(current)
+            current, room = r"{}\cdot", width
+        if _breakable(factor, printer):
+            pieces = _split_chosen(current + " " if current else "", [factor], 0, width, room, printer)
+        else:
+            pieces = [(current + " " + tex).strip()]
+        lines.extend(pieces[:-1])
+        current, room = pieces[-1], width
+    if current:
+        lines.append(current)
+    return lines
+
+
+def _breakable(factor, printer) -> bool:
+    """A factor of a product that can break across lines."""
+    return isinstance(factor, (sp.Add,) + _BREAKABLE_FUNCTIONS) or _is_group_power(factor) or (
+        type(factor) in _GROUP_FUNCTIONS or _is_extremum_root(factor)) and visual_width(printer._print(factor)) > _MIN_FIRST
+
+
+def _split_chosen(sign: str, factors: list, chosen: int, width: float, first: float, printer) -> list[str]:
+    """The product of ``factors`` broken inside ``factors[chosen]``."""
     before = " ".join(_factor_tex(f, printer) for f in factors[:chosen])
     after = " ".join(_factor_tex(f, printer) for f in factors[chosen + 1:])
     prefix = (sign + before).strip()
@@ -276,7 +323,13 @@ def _split_product(expr: sp.Mul, width: float, first: float, printer) -> list[st
         return _split_group(target, width, first, printer, prefix, after)
     if _is_group_power(target):
         return _split_group(target.base, width, first, printer, prefix, after, _power_tex(target, printer))
+    if type(target) in _GROUP_FUNCTIONS:
+        return _split_function(target, width, first, printer, prefix, after)
+    power = ""
+    if _is_extremum_root(target):
+        target, power = target.base, "^{1/2}"
     lines = _split_extremum(target, width, first, printer, prefix)
+    lines[-1] += power
     if after:
         lines[-1] += " " + after
     return lines
@@ -309,6 +362,23 @@ def _split_group(target: sp.Add, width: float, first: float, printer, prefix: st
         return [prefix + " " + opening] + lines + tail
     lines[0] = (prefix + " " + opening).strip() + " " + lines[0]
     return lines + tail
+
+
+def _split_function(expr, width: float, first: float, printer, prefix: str, after: str) -> list[str]:
+    r"""``prefix \exp\Bigl( argument \Bigr) after`` (or ``\log``) with the argument broken inside."""
+    opening_tex = (prefix + " " + _GROUP_FUNCTIONS[type(expr)]).strip()
+    argument = expr.args[0]
+    if isinstance(argument, sp.Add):
+        return _split_group(argument, width, first, printer, opening_tex, after)
+    room = first - visual_width(opening_tex) - 2 * _DELIMITER
+    lines = split_expression(argument, width - _DELIMITER, printer, first=max(room, _MIN_FIRST))
+    opening, closing = _delimiters(" ".join(lines))
+    lines = _wrap(lines, opening_tex + opening, closing)
+    if after and visual_width(lines[-1] + " " + after) > width:
+        return lines + [r"{}\cdot " + after]
+    if after:
+        lines[-1] += " " + after
+    return lines
 
 
 def _split_extremum(expr, width: float, first: float, printer, prefix: str) -> list[str]:

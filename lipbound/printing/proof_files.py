@@ -124,20 +124,22 @@ def _domain(key: str):
     return next(domain for domain in DOMAINS if domain.key == key)
 
 
-def _score_identity(score) -> tuple:
-    return type(score).__name__, tuple(sorted(vars(score).items()))
+def _score_identity(chosen) -> tuple:
+    """What the kernel constants depend on: the score and how its values become weights."""
+    score = chosen.score
+    return type(score).__name__, tuple(sorted(vars(score).items())), chosen.head_facts.weights
 
 
 def _constants_slugs() -> dict:
     """Score identity -> the first registry variant that uses the score (a stable, readable name)."""
     slugs: dict = {}
     for name in VARIANTS:
-        slugs.setdefault(_score_identity(variant(name).score), name)
+        slugs.setdefault(_score_identity(variant(name)), name)
     return slugs
 
 
 def _constants_label(name: str, domain: str, slugs: dict) -> str:
-    return "prop:constants-%s-%s" % (slugs[_score_identity(variant(name).score)], domain)
+    return "prop:constants-%s-%s" % (slugs[_score_identity(variant(name))], domain)
 
 
 def _variant_line(name: str) -> str:
@@ -159,7 +161,7 @@ def _constants_file(instances: list[Instance], slugs: dict) -> str:
     for instance in instances:
         if not isinstance(instance.result, Bound) or instance.domain == "unbounded" or instance.variant in BLOCKS:
             continue
-        key = (slugs[_score_identity(variant(instance.variant).score)], instance.domain)
+        key = (slugs[_score_identity(variant(instance.variant))], instance.domain)
         if key not in users:
             users[key] = []
             order.append((key, instance))
@@ -171,10 +173,9 @@ def _constants_file(instances: list[Instance], slugs: dict) -> str:
            "into Lipschitz bounds.\n"]
     for (slug, domain), instance in order:
         score_variant = variant(instance.variant)
-        constants = score_variant.score.kernel_constants(
+        constants = score_variant.kernel_constants(
             Assumptions(domain=_domain(domain), norm=instance.norm))
-        values = [le(S.L_V, constants.L_V), le(S.rho, constants.rho), le(S.alpha, constants.alpha),
-                  le(S.beta, constants.beta), le(S.omega, constants.omega)]
+        values = [le(symbol, value) for symbol, value in constants.as_substitution().items()]
         rows = []
         spreads = SpreadNames()
         for claim in values:

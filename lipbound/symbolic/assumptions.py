@@ -290,16 +290,20 @@ class Assumptions:
         return replace(self, **changes)
 
     def describe(self) -> list[str]:
-        """Human-readable list of the assumptions (the ``assumptions`` field of ``--json``)."""
+        """Human-readable list of the assumptions (the ``assumptions`` field of ``--json``): the
+        domain, the norm, the sizes given as numbers, tying, the diagonal, the stated floors."""
         lines = [f"domain: {self.domain.describe()}"]
         if self.query_domain is not None:
             lines.append(f"query domain: {self.query_domain.describe()}")
         lines.append(f"norm: {self.norm.title}")
-        lines.append(f"sizes: n={self.n}, m={self.m}, d={self.d}, d_k={self.d_k}, d_v={self.d_v}, H={self.H}")
+        given = [f"{name} = {getattr(self, name)}" for name in ("n", "m", "d", "d_k", "d_v", "H")
+                 if getattr(self, name).is_Number]
+        if given:
+            lines.append("sizes: " + ", ".join(given))
         if self.tied is not None:
-            lines.append(f"tied W_Q = W_K: {self.tied}")
+            lines.append("tied weights W_Q = W_K" if self.tied else "untied weights W_Q, W_K")
         if self.self_attends is not None:
-            lines.append(f"every token attends to itself: {self.self_attends}")
+            lines.append("every token attends to itself" if self.self_attends else "the diagonal is masked")
         for fact in self.facts:
             lines.append(f"||{fact.vector}|| >= {fact.bound} on the domain")
         return lines

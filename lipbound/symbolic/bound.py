@@ -62,6 +62,9 @@ class Bound(Result):
     facts : HeadFacts or None
         The heads the theorem covers (score, biases, tying, values, mask, argument); the
         numeric layer evaluates the bound only on heads these facts cover.
+    stated : Assumptions or None
+        The assumptions object the bound was derived under (the printing layer writes it as a
+        mathematical list).
     """
 
     variant: str
@@ -75,6 +78,7 @@ class Bound(Result):
     theorem: str = ""
     provenance: str = "derived"
     facts: HeadFacts | None = None
+    stated: object = field(default=None, repr=False, compare=False)
     lipschitz: bool = field(default=True, init=False)
 
     # working with the expression --------------------------------------------
@@ -146,6 +150,8 @@ class NotLipschitz(Result):
         A lower bound on ``||Df(X_t)||`` (exact for the instance in ``instance``).
     instance : str
         The weights the family is computed for (e.g. ``"d = 1, W_Q = W_K = W_V = 1"``).
+    stated : Assumptions or None
+        The assumptions object of the derivation.
     """
 
     variant: str
@@ -157,6 +163,7 @@ class NotLipschitz(Result):
     assumptions: tuple[str, ...]
     record: Derivation = field(repr=False, compare=False)
     theorem: str = ""
+    stated: object = field(default=None, repr=False, compare=False)
     lipschitz: bool = field(default=False, init=False)
 
     @property

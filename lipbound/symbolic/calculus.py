@@ -34,8 +34,8 @@ from .record import Derivation, Described, Simeq, le
 __all__ = [
     "Inner", "Norm", "SoftNorm", "VecTerm", "MatTerm", "Region",
     "affine_parts", "expand_score", "drop_free_terms", "gradient", "mixed_hessian",
-    "upper_norm_vec", "upper_norm_terms", "upper_norm_mat", "upper_abs", "lower_abs", "score_range",
-    "name_norms", "coarsen",
+    "upper_norm_vec", "upper_norm_terms", "upper_norm_mat", "upper_abs", "lower_abs", "score_range", "constant_sign",
+    "name_norms", "named_definitions", "coarsen",
 ]
 
 
@@ -503,7 +503,7 @@ def lower_abs(expr: sp.Expr, region: Region) -> sp.Expr:
                           "state a positive lower bound (NormAtLeast) for this quantity")
 
 
-def _sign(expr: sp.Expr) -> int:
+def constant_sign(expr: sp.Expr) -> int:
     """+1 if expr >= 0 everywhere, -1 if <= 0 everywhere, 0 if unknown."""
     replacements = {}
     for atom in sp.sympify(expr).atoms(*ATOMS):
@@ -520,7 +520,7 @@ def _sign(expr: sp.Expr) -> int:
 def score_range(score: sp.Expr, region: Region) -> tuple[sp.Expr, str]:
     """An upper bound on ``sup s - inf s`` over the region, with its reason."""
     bound = upper_abs(score, region)
-    if _sign(score) != 0:
+    if constant_sign(score) != 0:
         return bound, "the score has a constant sign, so its range is at most sup |s|"
     return 2 * bound, "the range of s is at most 2 sup |s|"
 
@@ -534,6 +534,19 @@ def name_norms(expr: sp.Expr) -> sp.Expr:
             name, scalar = S.NAMED_MATRICES[symbol.name]
             replacements[symbol] = S.MatrixNormSymbol(name) / scalar
     return sp.sympify(expr).xreplace(replacements)
+
+
+def named_definitions(*exprs: sp.Expr) -> list[tuple[sp.MatrixSymbol, sp.MatrixExpr]]:
+    """``(A, W_Q W_K^T / sqrt(d_k))`` for every named matrix whose norm :func:`name_norms` will write
+    by its name in ``exprs`` (call it before naming), in a stable order."""
+    found = {}
+    for expr in exprs:
+        for symbol in sp.sympify(expr).atoms(S.MatrixNormSymbol):
+            if symbol.name in S.NAMED_MATRICES:
+                name, _ = S.NAMED_MATRICES[symbol.name]
+                value = S.NAMED_DEFINITIONS[symbol.name]
+                found[name] = (sp.MatrixSymbol(name, *value.shape), value)
+    return [found[name] for name in sorted(found)]
 
 
 def coarsen(expr: sp.Expr, record: Derivation | None = None) -> sp.Expr:

@@ -19,10 +19,13 @@ from typing import final
 
 from ..errors import AssumptionError
 
-__all__ = ["HeadFacts", "SCORES", "ROLES"]
+__all__ = ["HeadFacts", "SCORES", "ROLES", "WEIGHTS"]
 
-#: Score functions with theorems: dot product, L2 distance, scaled cosine, a user-defined score.
-SCORES = ("dot", "l2", "cosine", "custom")
+#: Score functions with theorems: dot product, L2 distance, scaled cosine, a user-defined score,
+#: and the kernel of linear attention (a positive feature map, normalised as a Markov kernel).
+SCORES = ("dot", "l2", "cosine", "custom", "feature-map")
+#: How scores become weights: a softmax over the keys (a Markov kernel), or a sigmoid of each score.
+WEIGHTS = ("softmax", "sigmoid")
 #: The argument a constant is taken in: self-attention, or cross-attention in the queries,
 #: in the context, or jointly.
 ROLES = ("self", "cross-queries", "cross-context", "cross-joint")
@@ -46,6 +49,9 @@ class HeadFacts:
     causal : bool
         Token i attends to tokens 1..i.
     role : {"self", "cross-queries", "cross-context", "cross-joint"}
+    weights : {"softmax", "sigmoid"}
+        Softmax weights (every row sums to one) or sigmoid weights ``sigma(s_ij + b)``; a theorem
+        for one never covers the other.
     """
 
     score: str
@@ -54,12 +60,15 @@ class HeadFacts:
     values_through_A: bool = False
     causal: bool = False
     role: str = "self"
+    weights: str = "softmax"
 
     def __post_init__(self):
         if self.score not in SCORES:
             raise AssumptionError("score", f"one of {SCORES}", repr(self.score), "pick a score with a theorem")
         if self.role not in ROLES:
             raise AssumptionError("role", f"one of {ROLES}", repr(self.role), "pick the argument of the constant")
+        if self.weights not in WEIGHTS:
+            raise AssumptionError("weights", f"one of {WEIGHTS}", repr(self.weights), "pick how scores become weights")
         if self.causal and self.role != "self":
             raise AssumptionError("causal", "False for cross-attention (masks apply to self-attention)", "True",
                                   "cross-attention heads attend to the whole context")
@@ -67,12 +76,13 @@ class HeadFacts:
     def covers(self, head: "HeadFacts") -> bool:
         """Whether a theorem derived under these facts holds for a head with the facts ``head``."""
         return (self.score == head.score and self.role == head.role and self.causal == head.causal
-                and self.values_through_A == head.values_through_A
+                and self.weights == head.weights and self.values_through_A == head.values_through_A
                 and (self.biased or not head.biased) and (head.tied or not self.tied))
 
     def describe(self) -> str:
-        parts = [{"dot": "dot-product", "l2": "L2-distance", "cosine": "scaled-cosine", "custom": "user-defined"}
-                 [self.score] + " score", "with biases" if self.biased else "without biases"]
+        parts = [{"dot": "dot-product", "l2": "L2-distance", "cosine": "scaled-cosine", "custom": "user-defined",
+                  "feature-map": "feature-map"}[self.score] + " score",
+                 "with biases" if self.biased else "without biases"]
         if self.score == "l2":
             parts.append("tied W_Q = W_K" if self.tied else "untied W_Q, W_K")
         parts.append("values through A" if self.values_through_A else "values x W_V + b_V")

@@ -151,4 +151,32 @@ LEMMAS: Final[dict[str, tuple[str, str]]] = {
         "Composition",
         r"If $f$ is $L_f$-Lipschitz on $D$ and $g$ is $L_g$-Lipschitz on a set holding $f(D)$, then "
         r"$g \circ f$ is $L_g L_f$-Lipschitz on $D$."),
+    "value-magnitude": (
+        "Value magnitude",
+        r"$\sup_{y \in B(c, R)} \|V^\top y + b_V\| \le \|V\|_2 R + \|V^\top c + b_V\|$ (triangle inequality)."),
+    "sigmoid-derivative": (
+        "Derivative of sigmoid attention",
+        r"For $f_i(X) = \sum_j \sigma_{ij} v(x_j)$ with $\sigma_{ij} = \sigma(s(x_i, x_j) + b)$, "
+        r"$Df_i[E] = \sum_j \sigma_{ij} V^\top e_j + \sum_j \sigma'_{ij}\, \mathrm{d}s_{ij}\, v(x_j)$, where "
+        r"$\sigma' = \sigma(1 - \sigma)$ and $\mathrm{d}s_{ij} = \nabla_x s(x_i, x_j) \cdot e_i + "
+        r"\nabla_y s(x_i, x_j) \cdot e_j$."),
+    "sigmoid-weights": (
+        "Sigmoid weights",
+        r"$\sigma(t) = 1 / (1 + e^{-t})$ is increasing and $\sigma' = \sigma(1 - \sigma) \le \min(1/4, \sigma)$. "
+        r"If $s \le s_{\max}$ and $b = -\log n$, every row and column of $(\sigma_{ij})$ sums to at most "
+        r"$n \sigma(s_{\max} - \log n) = n / (1 + n e^{-s_{\max}}) = \frac{n}{n + 1} \kappa_{n+1}(s_{\max}) "
+        r"\le \min(n, e^{s_{\max}})$, with $\kappa_N(\omega) = N e^{\omega} / (e^{\omega} + N - 1)$."),
+    "schur-test": (
+        "Schur's test",
+        r"A matrix $M$ with non-negative entries satisfies $\|M\|_2 \le (\max_i \sum_j M_{ij})^{1/2} "
+        r"(\max_j \sum_i M_{ij})^{1/2}$."),
+    "feature-map": (
+        "Linear attention as a Markov kernel",
+        r"With $K(x, y) = \phi(W_Q^\top x) \cdot \phi(W_K^\top y) > 0$, the weights "
+        r"$p_{ij} = K(x_i, x_j) / \sum_l K(x_i, x_l)$ are the softmax of $s = \log K$. For "
+        r"$\phi(t) = \mathrm{elu}(t) + 1$ coordinatewise, $e^{-|t|} \le \phi(t) \le 1 + |t|$ and "
+        r"$0 < \phi'(t) \le 1$; hence $\|\phi(u)\| \le \sqrt{d_k} + \|u\|$, "
+        r"$\phi(q) \cdot \phi(k) \ge \sum_i e^{-|q_i| - |k_i|} \ge d_k e^{-(\|q\| + \|k\|)/\sqrt{d_k}}$ "
+        r"(Jensen and $\|u\|_1 \le \sqrt{d_k} \|u\|$), and "
+        r"$\|\nabla_y s\| \le \|W_K\|_2 \|\phi(q)\| / K$."),
 }

@@ -14,7 +14,7 @@ from typing import final
 
 import sympy as sp
 
-__all__ = ["Described", "Simeq", "VectorSum", "Step", "Derivation", "le", "eq"]
+__all__ = ["Described", "Sides", "Simeq", "Defines", "VectorSum", "Step", "Derivation", "le", "eq"]
 
 
 @final
@@ -29,12 +29,14 @@ class Described(sp.Symbol):
         return super().__new__(cls, name, **assumptions)
 
 
-@final
-class Simeq(sp.Basic):
-    """``lhs ≃ rhs``: equal up to terms a softmax ignores (added to every score of a row)."""
+class Sides(sp.Basic):
+    """Two sides kept as written (``lhs``, ``rhs``), joined by :attr:`relation` (LaTeX).  Abstract: see
+    :class:`Simeq`, :class:`Defines`."""
+
+    relation: str = ""
 
     def __new__(cls, lhs, rhs):
-        return sp.Basic.__new__(cls, sp.sympify(lhs), sp.sympify(rhs))
+        return sp.Basic.__new__(cls, sp.sympify(lhs), rhs if isinstance(rhs, sp.Basic) else sp.sympify(rhs))
 
     @property
     def lhs(self):
@@ -43,6 +45,20 @@ class Simeq(sp.Basic):
     @property
     def rhs(self):
         return self.args[1]
+
+
+@final
+class Simeq(Sides):
+    """``lhs ≃ rhs``: equal up to terms a softmax ignores (added to every score of a row)."""
+
+    relation = r"\simeq"
+
+
+@final
+class Defines(Sides):
+    """``name := value``: notation a proof introduces (``A := W_Q W_K^T / sqrt(d_k)``)."""
+
+    relation = r"\coloneqq"
 
 
 @final

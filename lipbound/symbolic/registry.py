@@ -8,6 +8,7 @@ from typing import Callable, Final
 from ..errors import AssumptionError
 from .blocks import FeedForwardMap, NormalizationMap, NormResidual
 from .scores import DotProduct, L2Distance, ScaledCosine
+from .nonsoftmax import FeatureMapKernel, SigmoidAttention
 from .variants import CrossAttention, MeasureAttention, MultiHead, Residual, SelfAttention, Variant
 
 __all__ = ["VARIANTS", "BLOCKS", "variant", "variant_names"]
@@ -43,6 +44,10 @@ VARIANTS: Final[dict[str, tuple[Callable[[], Variant], str]]] = {
                               "cross-attention on measures, in the query measure, Wasserstein-1"),
     "measure-cross-context": (lambda: MeasureAttention(DotProduct(), "mean-field", "context"),
                               "cross-attention on measures, in the context measure, Wasserstein-1"),
+    "sigmoid": (lambda: SigmoidAttention(DotProduct()),
+                "sigmoid self-attention sigma(s + b), b = -log n, dot-product score with biases (no softmax)"),
+    "linear-elu": (lambda: SelfAttention(FeatureMapKernel()),
+                   "linear attention: feature map elu + 1, normalised as a Markov kernel"),
 }
 
 

@@ -26,8 +26,8 @@ import sympy as sp
 from ..errors import AssumptionError
 from . import symbols as S
 from .calculus import (Inner, Norm, Region, SoftNorm, coarsen, drop_free_terms, gradient, mixed_hessian,
-                       name_norms, score_range, upper_norm_mat, upper_norm_terms, upper_norm_vec)
-from .record import Derivation, Described, VectorSum, eq, le
+                       name_norms, named_definitions, score_range, upper_norm_mat, upper_norm_terms, upper_norm_vec)
+from .record import Defines, Derivation, Described, VectorSum, eq, le
 
 __all__ = ["KernelConstants", "Score", "DotProduct", "L2Distance", "ScaledCosine", "CustomScore",
            "smaller"]
@@ -88,6 +88,9 @@ class Score:
     kind: str = "custom"
     biased: bool = True
     tied: bool = False
+    #: Whether small instances of the score can be evaluated exactly, so that the unbounded domain
+    #: is searched for a witness family (:mod:`lipbound.symbolic.unbounded`).
+    global_witnesses: bool = True
 
     def expression(self) -> sp.Expr:
         raise NotImplementedError
@@ -121,8 +124,7 @@ class Score:
         for text in self.hypotheses():
             record.hypothesis(text)
         key_ball = assumptions.domain.enclosing_ball(record)
-        query_domain = assumptions.query_domain or assumptions.domain
-        query_ball = query_domain.enclosing_ball(record)
+        query_ball = key_ball if assumptions.query_domain is None else assumptions.query_domain.enclosing_ball(record)
         region = Region({S.x: (query_ball.center, query_ball.radius),
                          S.y: (key_ball.center, key_ball.radius)},
                         floors=assumptions.lower_bound)
@@ -132,11 +134,8 @@ class Score:
         score = drop_free_terms(self.expression(), S.y, variables, record)
 
         value = self.value_matrix()
-        L_V = name_norms(upper_norm_vec((value.T * S.y).doit(), Region({S.y: (None, 1)})))
-        record.add(eq(S.L_V, L_V), "L_V is the operator norm of the linear part of v", "value-lipschitz")
-        rho = name_norms(upper_norm_vec((value.T * S.y).doit(), Region({S.y: (None, radius)})))
-        record.add(le(S.rho, rho), "rho = sup_y ||V^T (y - c)|| <= ||V|| R on the key domain",
-                   "value-spread")
+        L_V = upper_norm_vec((value.T * S.y).doit(), Region({S.y: (None, 1)}))
+        rho = upper_norm_vec((value.T * S.y).doit(), Region({S.y: (None, radius)}))
 
         grad_y = gradient(score, S.y, variables)
         beta = _tidy(upper_norm_terms(grad_y, region))
@@ -145,8 +144,11 @@ class Score:
                         _tidy(upper_norm_terms(gradient(score, S.x, variables), region)))
         spread_range, why = score_range(score, region)
         omega = smaller(_tidy(2 * radius * beta), _tidy(spread_range))
-        beta, alpha, omega = (name_norms(e) for e in (beta, alpha, omega))
-
+        define_names(record, L_V, rho, beta, alpha, omega)
+        L_V, rho, beta, alpha, omega = (name_norms(e) for e in (L_V, rho, beta, alpha, omega))
+        record.add(eq(S.L_V, L_V), "L_V is the operator norm of the linear part of v", "value-lipschitz")
+        record.add(le(S.rho, rho), "rho = sup_y ||V^T (y - c)|| <= ||V|| R on the key domain",
+                   "value-spread")
         record.add(eq(Described(r"\nabla_y s(x, y)"), VectorSum((t.coef, t.vec) for t in grad_y)),
                    "differentiation (chain rule)")
         record.add(le(S.beta, beta), "triangle inequality, Cauchy-Schwarz, submultiplicativity, "
@@ -160,6 +162,13 @@ class Score:
                    "mean-value")
         record.add(le(S.omega, omega), why, "score-range")
         return KernelConstants(L_V=L_V, rho=rho, alpha=alpha, beta=beta, omega=omega, record=record)
+
+
+def define_names(record: Derivation, *exprs: sp.Expr) -> None:
+    """Record ``A := W_Q W_K^T / sqrt(d_k)`` (and every other named matrix the constants will use)
+    as notation, before the first step that writes its norm."""
+    for name, value in named_definitions(*exprs):
+        record.add(Defines(name, value), "notation for the matrix of the bilinear part of the score")
 
 
 def _tidy(expr: sp.Expr) -> sp.Expr:

@@ -21,7 +21,7 @@ __all__ = [
     "matrix_norm", "vector_norm", "canonical_matrix", "matrix_key",
     "weight", "bias", "token",
     "W_Q", "W_K", "W_V", "W_O", "W", "b_Q", "b_K", "b_V", "x", "y", "c",
-    "NAMED_MATRICES", "name_matrix",
+    "NAMED_MATRICES", "NAMED_DEFINITIONS", "name_matrix",
     "kappa", "causal_kappa", "lambert_level", "expand_special",
     "BlockParameter", "d_ff", "eps", "sigma_min", "ell_phi", "gamma_max", "W_1", "W_2", "D_gamma", "Pi",
 ]
@@ -145,11 +145,15 @@ c: Final = token("c")  # the centre of a domain (the LayerNorm bias)
 #: Named matrices, ``matrix_key(M) -> (name, scalar)``: ``scalar * ||M||`` prints as
 #: ``||name||``.  ``A = W_Q W_K^T / sqrt(d_k)`` (and ``W W^T / sqrt(d_k)`` when tied).
 NAMED_MATRICES: dict[str, tuple[str, sp.Expr]] = {}
+#: ``matrix_key(M) -> scalar * M`` as it was named (``W_Q W_K^T / sqrt(d_k)``, not the transpose that
+#: ``canonical_matrix`` may pick): the definition a proof states before it uses the name.
+NAMED_DEFINITIONS: dict[str, sp.MatrixExpr] = {}
 
 
 def name_matrix(name: str, expression: sp.MatrixExpr, scalar: sp.Expr = sp.Integer(1)) -> None:
     """Register ``name := scalar * expression`` so that ``scalar ||expression||`` prints as ``||name||``."""
     NAMED_MATRICES[matrix_key(expression)] = (name, sp.sympify(scalar))
+    NAMED_DEFINITIONS[matrix_key(expression)] = sp.sympify(scalar) * expression
 
 
 def canonical_matrix(expression: sp.MatrixExpr) -> sp.MatrixExpr:

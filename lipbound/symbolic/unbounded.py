@@ -40,8 +40,8 @@ def l2_global_theorem(norm, n=S.n, d=S.d) -> T.Theorem:
     proof.hypothesis("values through A: v(y) = W_V^T A y, A = W W^T / sqrt(d_k)")
     proof.add(Described(r"f = C \circ g \circ P,\ z_j = W^\top x_j / d_k^{1/4},\ "
                         r"g_i(Z) = \textstyle\sum_j p_{ij} z_j,\ p_{ij} \propto e^{-\|z_i - z_j\|^2}"),
-              "factor through the projection; C = W_V^T W / d_k^{1/4}, so Lip(f) <= ||W^T W_V|| ||W|| "
-              "Lip(g) / sqrt(d_k)", "submultiplicative")
+              "factor through the projection, with C = W_V^T W / d_k^{1/4}; submultiplicativity",
+              "submultiplicative")
     proof.add(Described(r"Dg_i[H] = \textstyle\sum_j p_{ij} h_j + 2\Sigma_i h_i - "
                         r"2\operatorname{Cov}_{j \sim p_i}(w_{ij} \cdot h_j, w_{ij}),\ w_{ij} = z_j - z_i"),
               "differentiate; Sigma_i is the covariance of w_ij under p_i", "softmax-derivative")
@@ -219,6 +219,11 @@ def _hidden_direction_family():
 def derive_unbounded(variant, assumptions: Assumptions, key: str) -> Result:
     """Global bound for tied L2 attention with Kim values; a witness family otherwise."""
     facts, score = variant.head_facts, variant.score
+    if not score.global_witnesses:
+        raise AssumptionError(
+            "domain", f"a bounded domain for the {score.title} (no theorem of lipbound applies on R^d)",
+            "Unbounded", "state Ball(radius=R) or LayerNormImage(); lipbound claims neither a bound nor "
+            "non-Lipschitzness here")
     if facts.role == "self" and isinstance(score, L2Distance) and score.tied and score.kim_values \
             and not facts.causal and not score.biases:
         assumptions.require("self_attends", "the global L2 theorem")
@@ -235,7 +240,7 @@ def derive_unbounded(variant, assumptions: Assumptions, key: str) -> Result:
         return Bound(variant=key, norm=assumptions.norm.key, domain="unbounded", expr=theorem.statement,
                      generic=theorem.statement, constants={},
                      assumptions=tuple(assumptions.describe() + theorem.hypotheses), record=theorem.proof,
-                     theorem=theorem.id, facts=variant.head_facts)
+                     theorem=theorem.id, facts=variant.head_facts, stated=assumptions)
     if isinstance(score, L2Distance) and score.tied and not score.kim_values:
         found = _hidden_direction_family()
     else:
@@ -264,4 +269,4 @@ def derive_unbounded(variant, assumptions: Assumptions, key: str) -> Result:
     return NotLipschitz(variant=key, norm=assumptions.norm.key, domain="unbounded", family=family,
                         growth=entry, instance=instance,
                         assumptions=tuple(assumptions.describe() + record.hypotheses), record=record,
-                        theorem=f"not-lipschitz-{score.name}")
+                        theorem=f"not-lipschitz-{score.name}", stated=assumptions)

@@ -54,6 +54,11 @@ class Variant:
     def theorem(self, assumptions: Assumptions) -> T.Theorem:
         raise NotImplementedError
 
+    def kernel_constants(self, assumptions: Assumptions):
+        """The constants the theorem is stated in, derived for this variant's score (the softmax
+        kernel constants unless the variant's weights need others)."""
+        return self.score.kernel_constants(assumptions)
+
     def derive(self, assumptions: Assumptions, key: str = "") -> Result:
         """Derive ``Lip(self)`` under ``assumptions`` (a :class:`Bound` or a
         :class:`~lipbound.symbolic.bound.NotLipschitz`)."""
@@ -73,7 +78,7 @@ class Variant:
                                       repr(assumptions.norm.key), "state Assumptions(norm='w1')")
             raise AssumptionError("norm", "a norm on X (fro, 2,1, 2,inf, inf) for a token-level variant",
                                   repr(assumptions.norm.key), "use a measure variant (measure-w1, ...) for Wasserstein-1")
-        constants = self.score.kernel_constants(assumptions)
+        constants = self.kernel_constants(assumptions)
         theorem = self.theorem(assumptions)
         expr = theorem.statement.xreplace(constants.as_substitution())
         record = Derivation(f"{self.title}: {assumptions.norm.title}, {assumptions.domain.key} domain")
@@ -84,7 +89,7 @@ class Variant:
         return Bound(variant=key, norm=assumptions.norm.key, domain=assumptions.domain.key, expr=expr,
                      generic=theorem.statement, constants=constants.as_substitution(),
                      assumptions=tuple(assumptions.describe() + record.hypotheses), record=record,
-                     theorem=theorem.id, facts=self.head_facts)
+                     theorem=theorem.id, facts=self.head_facts, stated=assumptions)
 
 
 def _is_measure(variant) -> bool:

@@ -30,7 +30,7 @@ from ..domains import LayerNormOutputs, TokenBall, TokenDomain
 from ..sdp.ffn import lipsdp_neuron
 from .certify import derive_block, evaluate_block
 from .ffn import closed_form, midpoint_form
-from .norms import check_floor, norm_kind
+from .norms import check_floor, norm_constant, norm_kind
 
 __all__ = ["ffn_constants", "best", "residual_constant", "pre_norm_ffn_constants", "fold_gain", "norm_image"]
 
@@ -98,7 +98,6 @@ def pre_norm_ffn_constants(norm, W_1, W_2, act: str, *, sigma_min: float | None 
                            effort: int = 60) -> dict:
     """``{"composed", "folded", "best"}`` for the pre-LN block ``x + F(N(x))`` (per token): the rule
     on ``Lip(N)`` and F's best constant, and on ``Lip(g)`` and LipSDP-Neuron of ``F~``."""
-    from .norms import norm_constant
     floor = check_floor(sigma_min)
     inner = ffn_constants(W_1, W_2, act, solver=solver, effort=effort)["best"]
     composed = residual_constant("pre", norm_constant(norm, floor), inner)

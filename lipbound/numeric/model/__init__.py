@@ -6,8 +6,9 @@ and the loaders that build them from checkpoints.
 * :mod:`.transformer` -- :class:`TransformerLayer` (a layer with the norm feeding it),
   :class:`Embeddings`, :class:`Model` (layers with provenance: path and sha256);
 * :mod:`.files` -- reading safetensors and ``.npz`` by their bytes, never unpickling;
-* :mod:`.huggingface` -- the BERT family; :mod:`.ctranslate2` -- Whisper as CTranslate2 ships it;
-  :mod:`.plain` -- the plain per-head format.
+* :mod:`.layouts` -- the Hugging Face layouts declared as data (BERT/RoBERTa, DistilBERT, ViT,
+  GPT-2), read by :mod:`.huggingface`; :mod:`.ctranslate2` -- Whisper as CTranslate2 ships it;
+  :mod:`.plain` -- the plain format, which holds any of them.
 
 :func:`load_weights` reads any of them; :func:`load_default` the embedded default (layers 0
 and 5 of sentence-transformers/all-MiniLM-L6-v2, attention and LayerNorms; Apache-2.0, see
@@ -22,22 +23,22 @@ from ...errors import WeightsError
 from .components import SCORES, FeedForward, Head, Layer, LayerNorm
 from .ctranslate2 import load_whisper
 from .files import TensorSource, open_checkpoint
-from .huggingface import is_bert, load_bert
+from .huggingface import layout_of, load_huggingface
+from .layouts import supported_layouts
 from .plain import PLAIN_FORMAT, load_plain, save_plain
-from .transformer import Embeddings, Model, TransformerLayer
+from .transformer import BLOCKS, Embeddings, Model, TransformerLayer
 
-__all__ = ["SCORES", "Head", "Layer", "LayerNorm", "FeedForward", "TransformerLayer", "Embeddings", "Model",
+__all__ = ["SCORES", "Head", "Layer", "LayerNorm", "FeedForward", "TransformerLayer", "Embeddings", "Model", "BLOCKS",
            "load_weights", "load_default", "save_plain", "PLAIN_FORMAT", "DEFAULT_WEIGHTS", "DEFAULT_LAYERS"]
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 DEFAULT_WEIGHTS = DATA / "minilm-l6-attention.safetensors"
 DEFAULT_LAYERS = (0, 5)
-LAYOUTS = ("Hugging Face BERT family (encoder.layer.N.attention.self.query.weight, ...), CTranslate2 Whisper "
-           "(model.bin), the plain lipbound .npz")
 
 
 def load_weights(path, num_heads: int | None = None, layers=None) -> Model:
-    """Load a checkpoint: a ``.safetensors`` file, a Hugging Face model directory, or a plain ``.npz``.
+    """Load a checkpoint: a ``.safetensors`` file or Hugging Face model directory (BERT/RoBERTa,
+    DistilBERT, ViT, GPT-2), a CTranslate2 Whisper ``model.bin`` (or its directory), or a plain ``.npz``.
 
     Parameters
     ----------
@@ -45,7 +46,7 @@ def load_weights(path, num_heads: int | None = None, layers=None) -> Model:
     num_heads : int, optional
         Heads per layer when no config.json or metadata says.
     layers : int or iterable of int, optional
-        Layer indices to load (counted from 0; default: all).
+        Layer indices to load (counted from 0; default: all), in every stack that has them.
 
     Raises
     ------
@@ -58,12 +59,13 @@ def load_weights(path, num_heads: int | None = None, layers=None) -> Model:
         return load_whisper(source, layers, num_heads, config)
     if source.kind == "npz":
         return load_plain(source, num_heads, layers)
-    if is_bert(source):
-        return load_bert(source, config, num_heads, layers)
+    layout = layout_of(source)
+    if layout is not None:
+        return load_huggingface(source, config, num_heads, layers, layout)
     sample = ", ".join(sorted(source.keys())[:6])
-    raise WeightsError(str(source.path), f"tensor names of a supported layout: {LAYOUTS}",
+    raise WeightsError(str(source.path), f"tensor names of a supported layout: {supported_layouts()}",
                        f"{len(source.keys())} tensors such as {sample or 'none'}",
-                       "convert the weights to the plain .npz format (see docs/formats.md)")
+                       "write the attention weights in the plain .npz format (docs/formats.md)")
 
 
 def load_default(layers=None) -> Model:

@@ -152,12 +152,19 @@ def _layer(variables, path, block: str, index: int, d: int, heads: int, act: str
                             cross=cross, cross_norm=cross_norm, placement="pre")
 
 
+def _layers_present(variables: dict, block: str) -> list[int]:
+    prefix = f"{block}/layer_"
+    return sorted({int(name[len(prefix):].split("/")[0]) for name in variables
+                   if name.startswith(prefix) and name[len(prefix):].split("/")[0].isdigit()})
+
+
 def load_whisper(path, layers=None, num_heads: int | None = None, config: dict | None = None) -> Model:
     """A Whisper encoder-decoder from a CTranslate2 ``model.bin`` (or the directory holding it).
 
-    ``layers`` selects layers of both stacks (counted from 0; default all).  ``layers`` of the
-    returned model is the encoder, ``decoder`` the decoder; ``final_norm`` is the encoder's final
-    LayerNorm (the context of every cross-attention), ``decoder_final_norm`` the decoder's.
+    ``layers`` selects layers of both stacks (counted from 0; default all; an index need only
+    exist in one stack).  ``layers`` of the returned model is the encoder, ``decoder`` the
+    decoder; ``final_norm`` is the encoder's final LayerNorm (the context of every
+    cross-attention), ``decoder_final_norm`` the decoder's.
     """
     path = Path(path)
     file = path / "model.bin" if path.is_dir() else path
@@ -169,23 +176,22 @@ def load_whisper(path, layers=None, num_heads: int | None = None, config: dict |
     if d is None:
         raise WeightsError(f"{file}:encoder/layer_norm/gamma", "the encoder's final LayerNorm", "missing",
                            "use a complete CTranslate2 Whisper model")
+    present = {block: _layers_present(variables, block) for block in ("encoder", "decoder")}
+    wanted = set(select_layers(sorted(set(present["encoder"]) | set(present["decoder"])), layers))  # each in a stack
     stacks = {}
     for block in ("encoder", "decoder"):
         count = int(np.asarray(variables.get(f"{block}/num_heads", num_heads or 0)).item())
         if count < 1 or d % count:
             raise WeightsError("--num-heads", f"a divisor of the width {d} (from {block}/num_heads)", str(count),
                                "pass --num-heads N")
-        present = sorted({int(name.split("/")[1][len("layer_"):]) for name in variables
-                          if name.startswith(f"{block}/layer_") and name.split("/")[1][len("layer_"):].isdigit()})
-        act_code = int(np.asarray(variables.get(f"{block}/activation", 3)).item())
-        act = _ACTIVATIONS.get(act_code, "gelu")
-        chosen = select_layers(present, layers)
-        stacks[block] = ({i: _layer(variables, file, block, i, d, count, act) for i in chosen}, len(present), count)
+        act = _ACTIVATIONS.get(int(np.asarray(variables.get(f"{block}/activation", 3)).item()), "gelu")
+        stacks[block] = ({i: _layer(variables, file, block, i, d, count, act) for i in present[block] if i in wanted},
+                         len(present[block]), count)
     encoder, encoder_layers, heads = stacks["encoder"]
     decoder, decoder_layers, _ = stacks["decoder"]
-    return Model(name=(config or {}).get("_name_or_path") or "whisper (CTranslate2)", layers=encoder, num_heads=heads,
-                 hidden=d, source=str(file), licence=(config or {}).get("license", "unknown"), path=str(file),
-                 sha256=sha256_of([file]), num_layers=encoder_layers,
-                 metadata={"spec": spec, "format": "ctranslate2"},
+    return Model(name=file.parent.name or file.name, layers=encoder, num_heads=heads, hidden=d, source=str(file),
+                 licence=(config or {}).get("license", "unknown"), path=str(file), sha256=sha256_of([file]),
+                 num_layers=encoder_layers, metadata={"spec": spec, "format": "ctranslate2"},
                  final_norm=_norm(variables, file, "encoder/layer_norm", d), decoder=decoder,
-                 decoder_final_norm=_norm(variables, file, "decoder/layer_norm", d), decoder_layers=decoder_layers)
+                 decoder_final_norm=_norm(variables, file, "decoder/layer_norm", d), decoder_layers=decoder_layers,
+                 layout="Whisper (CTranslate2)")

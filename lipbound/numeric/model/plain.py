@@ -1,23 +1,32 @@
-"""The plain per-head ``.npz`` format: every head kind lipbound knows, readable by any numpy.
+"""The plain ``.npz`` format: every model lipbound reads, as plain arrays any numpy can read.
 
-One array per key, read with ``allow_pickle=False``::
+One array per key, read with ``allow_pickle=False`` (``{B}`` is a stack, ``encoder.`` or
+``decoder.``)::
 
-    format                 "lipbound-plain-v1"
-    name, source, licence  0-d strings
-    num_heads, hidden      0-d ints
-    layer{L}.head{h}.W_Q   (d, d_k)     layer{L}.head{h}.b_Q   (d_k,)
-    layer{L}.head{h}.W_K   (d, d_k)     layer{L}.head{h}.b_K   (d_k,)
-    layer{L}.head{h}.W_V   (d, d_v)     layer{L}.head{h}.b_V   (d_v,)
-    layer{L}.head{h}.score        0-d string, optional: "dot" (default), "l2", "cosine"
-    layer{L}.head{h}.tau, .eps    0-d floats, optional (cosine; default 1)
-    layer{L}.head{h}.causal       0-d bool, optional (default False)
-    layer{L}.head{h}.kim_values   0-d bool, optional (L2 values through A; default False)
-    layer{L}.W_O           (H d_v, d)   layer{L}.b_O           (d,)
-    layer{L}.ln_in.gamma, .beta (d,), .eps 0-d     optional; likewise ln_out and ffn_norm
-    layer{L}.ffn.W_1 (d, d_ff), .b_1, .W_2 (d_ff, d), .b_2, .act (0-d string)   optional
+    format                        "lipbound-plain-v2"
+    name, source, licence, layout 0-d strings (layout: the checkpoint layout it came from)
+    source_sha256                 0-d string, optional: sha256 of the checkpoint it was converted from
+    num_heads, hidden             0-d ints
+    blocks                        0-d string: "encoder" (default), "decoder" (decoder-only) or "encoder,decoder"
+    {B}layer{L}.head{h}.W_Q   (d, d_k)     {B}layer{L}.head{h}.b_Q   (d_k,)
+    {B}layer{L}.head{h}.W_K   (d, d_k)     {B}layer{L}.head{h}.b_K   (d_k,)
+    {B}layer{L}.head{h}.W_V   (d, d_v)     {B}layer{L}.head{h}.b_V   (d_v,)
+    {B}layer{L}.head{h}.score        0-d string, optional: "dot" (default), "l2", "cosine"
+    {B}layer{L}.head{h}.tau, .eps    0-d floats, optional (cosine; default 1)
+    {B}layer{L}.head{h}.causal       0-d bool, optional (default False)
+    {B}layer{L}.head{h}.kim_values   0-d bool, optional (L2 values through A; default False)
+    {B}layer{L}.W_O           (H d_v, d)   {B}layer{L}.b_O           (d,)
+    {B}layer{L}.placement     0-d string, optional: "post" (default) or "pre"
+    {B}layer{L}.ln_in.gamma, .beta (d,), .eps 0-d   optional; likewise ln_out, ffn_norm, cross_norm
+    {B}layer{L}.ffn.W_1 (d, d_ff), .b_1, .W_2 (d_ff, d), .b_2, .act (0-d string)   optional
+    {B}layer{L}.cross.head{h}.*, {B}layer{L}.cross.W_O, .b_O   optional: cross-attention (as a layer's heads)
+    {B}final_norm.gamma, .beta, .eps                             optional: the stack's final LayerNorm
+    {B}num_layers             0-d int, optional: layers of the stack (the file may hold some of them)
 
-Matrices are stored as the model applies them (``W = weight.T``, tokens as rows).  It is the
-escape hatch for layouts lipbound does not read: write the arrays with numpy and load them.
+Version 1 files (``"lipbound-plain-v1"``: no ``{B}`` prefix, one encoder stack, no cross-attention)
+are read too.  Matrices are stored as the model applies them (``W = weight.T``, tokens as rows).
+It is the escape hatch for layouts lipbound does not read: write the arrays with numpy and load
+them; :func:`save_plain` (``lipbound convert``) writes it from any loaded model.
 """
 
 from __future__ import annotations
@@ -32,13 +41,15 @@ from ...io import atomic_write
 from .components import FeedForward, Head, Layer, LayerNorm
 from .files import TensorSource
 from .huggingface import select_layers
-from .transformer import Model, TransformerLayer
+from .transformer import BLOCKS, Model, TransformerLayer
 
 __all__ = ["PLAIN_FORMAT", "load_plain", "save_plain"]
 
-PLAIN_FORMAT = "lipbound-plain-v1"
-_LAYER = re.compile(r"^layer(\d+)\.W_O$")
-_FIX = "write the file with lipbound.numeric.model.save_plain (or follow the plain format in docs/)"
+PLAIN_FORMAT = "lipbound-plain-v2"
+_FORMATS = ("lipbound-plain-v1", PLAIN_FORMAT)
+_FIX = "write the file with lipbound.numeric.model.save_plain (or follow the plain format in docs/formats.md)"
+_NORMS = ("ln_in", "ln_out", "ffn_norm", "cross_norm")
+_HEAD_ARRAYS = ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V")
 
 
 def _scalar(tensors: TensorSource, key: str, kind: type, default=None):
@@ -76,61 +87,117 @@ def _norm(tensors: TensorSource, stem: str, d: int) -> LayerNorm | None:
     return LayerNorm(tensors.tensor(names[0], (d,)), tensors.tensor(names[1], (d,)), _scalar(tensors, names[2], float))
 
 
+def _attention(tensors: TensorSource, stem: str, heads_count: int, d: int, where: str) -> Layer:
+    """The heads ``{stem}.head{h}`` with ``{stem}.W_O`` and ``{stem}.b_O``."""
+    heads = []
+    for h in range(heads_count):
+        key = f"{stem}.head{h}"
+        tensors.require([f"{key}.{k}" for k in _HEAD_ARRAYS], f"head {h} of {where}",
+                        "write every head of the layer (save_plain does), or request other layers")
+        d_k, d_v = _width(tensors, f"{key}.W_Q", d), _width(tensors, f"{key}.W_V", d)
+        if _width(tensors, f"{key}.W_K", d) != d_k:
+            raise WeightsError(f"{tensors.path}:{key}.W_Q/W_K", "query and key projections of one width d_k",
+                               f"W_Q of shape {tensors.get(key + '.W_Q').shape}, W_K of shape "
+                               f"{tensors.get(key + '.W_K').shape}", "store both with the head's key width")
+        heads.append(Head(
+            W_Q=tensors.tensor(f"{key}.W_Q", (d, d_k)), W_K=tensors.tensor(f"{key}.W_K", (d, d_k)),
+            W_V=tensors.tensor(f"{key}.W_V", (d, d_v)), b_Q=tensors.tensor(f"{key}.b_Q", (d_k,)),
+            b_K=tensors.tensor(f"{key}.b_K", (d_k,)), b_V=tensors.tensor(f"{key}.b_V", (d_v,)),
+            score=_scalar(tensors, f"{key}.score", str, default="dot"),
+            tau=_scalar(tensors, f"{key}.tau", float, default=1.0),
+            eps=_scalar(tensors, f"{key}.eps", float, default=1.0),
+            causal=_scalar(tensors, f"{key}.causal", bool, default=False) is True,
+            kim_values=_scalar(tensors, f"{key}.kim_values", bool, default=False) is True, name=key))
+    width = sum(h.d_v for h in heads)
+    tensors.require([f"{stem}.W_O", f"{stem}.b_O"], where, _FIX)
+    return Layer(tuple(heads), tensors.tensor(f"{stem}.W_O", (width, d)), tensors.tensor(f"{stem}.b_O", (d,)))
+
+
+def _present(tensors: TensorSource, prefix: str) -> list[int]:
+    """The layer indices of the stack whose keys start with ``prefix``."""
+    pattern = re.compile(rf"^{re.escape(prefix)}layer(\d+)\.W_O$")
+    return sorted(int(m.group(1)) for m in map(pattern.match, tensors.keys()) if m)
+
+
+def _stack(tensors: TensorSource, prefix: str, heads_count: int, d: int, indices) -> dict:
+    """``{index: TransformerLayer}`` for ``indices`` of the stack whose keys start with ``prefix``."""
+    loaded = {}
+    for index in indices:
+        stem = f"{prefix}layer{index}"
+        ffn = None
+        if f"{stem}.ffn.W_1" in tensors.keys():
+            ffn = FeedForward(tensors.tensor(f"{stem}.ffn.W_1"), tensors.tensor(f"{stem}.ffn.b_1"),
+                              tensors.tensor(f"{stem}.ffn.W_2"), tensors.tensor(f"{stem}.ffn.b_2"),
+                              _scalar(tensors, f"{stem}.ffn.act", str, default="gelu"))
+        cross = _attention(tensors, f"{stem}.cross", heads_count, d, f"the cross-attention of {stem}") \
+            if f"{stem}.cross.W_O" in tensors.keys() else None
+        norms = {which: _norm(tensors, f"{stem}.{which}", d) for which in _NORMS}
+        loaded[index] = TransformerLayer(index, _attention(tensors, stem, heads_count, d, stem), ffn=ffn, cross=cross,
+                                         placement=_scalar(tensors, f"{stem}.placement", str, default="post"), **norms)
+    return loaded
+
+
 def load_plain(tensors: TensorSource, num_heads=None, layers=None) -> Model:
     fmt = _scalar(tensors, "format", str, default="")
-    if fmt != PLAIN_FORMAT:
-        raise WeightsError(f"{tensors.path}:format", repr(PLAIN_FORMAT), repr(fmt) if fmt else "no format key", _FIX)
+    if fmt not in _FORMATS:
+        raise WeightsError(f"{tensors.path}:format", f"one of {_FORMATS}", repr(fmt) if fmt else "no format key", _FIX)
     heads_count = _scalar(tensors, "num_heads", int)
     if num_heads is not None and int(num_heads) != heads_count:
         raise WeightsError("--num-heads", f"{heads_count} (stored in the file)", repr(num_heads),
                            "omit --num-heads for plain files")
     d = _scalar(tensors, "hidden", int)
-    present = sorted(int(m.group(1)) for m in map(_LAYER.match, tensors.keys()) if m)
-    if not present:
-        raise WeightsError(str(tensors.path), "keys layer{L}.W_O, layer{L}.head{h}.W_Q, ...", "no layer", _FIX)
-    loaded = {}
-    for index in select_layers(present, layers):
-        stem = f"layer{index}"
-        heads = []
-        for h in range(heads_count):
-            key = f"{stem}.head{h}"
-            tensors.require([f"{key}.{k}" for k in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V")], f"head {h} of layer {index}",
-                            "write every head of the layer (save_plain does), or request other layers")
-            d_k, d_v = _width(tensors, f"{key}.W_Q", d), _width(tensors, f"{key}.W_V", d)
-            if _width(tensors, f"{key}.W_K", d) != d_k:
-                raise WeightsError(f"{tensors.path}:{key}.W_Q/W_K", "query and key projections of one width d_k",
-                                   f"W_Q of shape {tensors.get(key + '.W_Q').shape}, W_K of shape "
-                                   f"{tensors.get(key + '.W_K').shape}", "store both with the head's key width")
-            heads.append(Head(
-                W_Q=tensors.tensor(f"{key}.W_Q", (d, d_k)), W_K=tensors.tensor(f"{key}.W_K", (d, d_k)),
-                W_V=tensors.tensor(f"{key}.W_V", (d, d_v)), b_Q=tensors.tensor(f"{key}.b_Q", (d_k,)),
-                b_K=tensors.tensor(f"{key}.b_K", (d_k,)), b_V=tensors.tensor(f"{key}.b_V", (d_v,)),
-                score=_scalar(tensors, f"{key}.score", str, default="dot"),
-                tau=_scalar(tensors, f"{key}.tau", float, default=1.0),
-                eps=_scalar(tensors, f"{key}.eps", float, default=1.0),
-                causal=_scalar(tensors, f"{key}.causal", bool, default=False) is True,
-                kim_values=_scalar(tensors, f"{key}.kim_values", bool, default=False) is True, name=key))
-        width = sum(h.d_v for h in heads)
-        tensors.require([f"{stem}.W_O", f"{stem}.b_O"], f"layer {index}", _FIX)
-        ffn = None
-        if f"{stem}.ffn.W_1" in tensors.keys():
-            W_1 = tensors.tensor(f"{stem}.ffn.W_1")
-            ffn = FeedForward(W_1, tensors.tensor(f"{stem}.ffn.b_1"), tensors.tensor(f"{stem}.ffn.W_2"),
-                              tensors.tensor(f"{stem}.ffn.b_2"), _scalar(tensors, f"{stem}.ffn.act", str, default="gelu"))
-        loaded[index] = TransformerLayer(
-            index, Layer(tuple(heads), tensors.tensor(f"{stem}.W_O", (width, d)), tensors.tensor(f"{stem}.b_O", (d,))),
-            ln_in=_norm(tensors, f"{stem}.ln_in", d), ln_out=_norm(tensors, f"{stem}.ln_out", d), ffn=ffn,
-            ffn_norm=_norm(tensors, f"{stem}.ffn_norm", d))
-    return Model(name=_scalar(tensors, "name", str, default=tensors.path.stem), layers=loaded,
+    blocks = tuple(_scalar(tensors, "blocks", str, default="encoder").split(","))
+    if blocks not in (("encoder",), ("decoder",), BLOCKS) or (fmt != PLAIN_FORMAT and blocks != ("encoder",)):
+        raise WeightsError(f"{tensors.path}:blocks", "'encoder', 'decoder' or 'encoder,decoder' (format v2)",
+                           repr(",".join(blocks)), _FIX)
+    prefixes = {block: "" if fmt == _FORMATS[0] else f"{block}." for block in blocks}
+    present = {block: _present(tensors, prefixes[block]) for block in blocks}
+    if not any(present.values()):
+        raise WeightsError(str(tensors.path), f"keys {prefixes[blocks[0]]}layer{{L}}.W_O, "
+                           f"{prefixes[blocks[0]]}layer{{L}}.head{{h}}.W_Q, ...", "no layer", _FIX)
+    wanted = set(select_layers(sorted(set().union(*present.values())), layers))  # each in some stack
+    stacks = {block: (_stack(tensors, prefixes[block], heads_count, d, sorted(wanted & set(present[block]))),
+                      _scalar(tensors, f"{prefixes[block]}num_layers", int,
+                              default=present[block][-1] + 1 if present[block] else 0)) for block in blocks}
+    first, second = stacks[blocks[0]], stacks.get("decoder") if len(blocks) == 2 else None
+    final = {block: _norm(tensors, f"{prefixes[block]}final_norm", d) for block in blocks}
+    metadata = {"format": fmt}
+    if "source_sha256" in tensors.keys():
+        metadata["source_sha256"] = _scalar(tensors, "source_sha256", str)
+    return Model(name=_scalar(tensors, "name", str, default=tensors.path.stem), layers=first[0],
                  num_heads=heads_count, hidden=d, source=_scalar(tensors, "source", str, default=str(tensors.path)),
                  licence=_scalar(tensors, "licence", str, default="unknown"), path=str(tensors.path),
-                 sha256=tensors.sha256)
+                 sha256=tensors.sha256, num_layers=first[1], metadata=metadata, final_norm=final[blocks[0]],
+                 decoder={} if second is None else second[0], decoder_layers=0 if second is None else second[1],
+                 decoder_final_norm=final.get("decoder") if second is not None else None,
+                 decoder_only=blocks == ("decoder",), layout=_scalar(tensors, "layout", str, default="plain"))
+
+
+def _put_norm(arrays: dict, stem: str, norm: LayerNorm | None) -> None:
+    if norm is not None:
+        arrays[f"{stem}.gamma"], arrays[f"{stem}.beta"], arrays[f"{stem}.eps"] = norm.gamma, norm.beta, np.array(norm.eps)
+
+
+def _put_attention(arrays: dict, stem: str, attention: Layer, heads_count: int) -> None:
+    if attention.num_heads != heads_count:
+        raise WeightsError(stem, f"{heads_count} heads", str(attention.num_heads),
+                           "the plain format stores one head count per file")
+    for h, head in enumerate(attention.heads):
+        key = f"{stem}.head{h}"
+        for name in _HEAD_ARRAYS:
+            arrays[f"{key}.{name}"] = getattr(head, name)
+        arrays[f"{key}.score"] = np.array(head.score)
+        arrays[f"{key}.tau"], arrays[f"{key}.eps"] = np.array(head.tau), np.array(head.eps)
+        arrays[f"{key}.causal"], arrays[f"{key}.kim_values"] = np.array(head.causal), np.array(head.kim_values)
+    arrays[f"{stem}.W_O"], arrays[f"{stem}.b_O"] = attention.W_O, attention.b_O
 
 
 def save_plain(model: Model, path) -> Path:
     """Write ``model`` in the plain format (``.npz`` appended if missing), atomically.
 
-    Returns the path written; readable back with :func:`~lipbound.numeric.model.load_weights`.
+    Every stack, cross-attention, LayerNorm (with its placement) and feed-forward block is kept;
+    the checkpoint's sha256 is recorded as ``source_sha256``.  Returns the path written, readable
+    back with :func:`~lipbound.numeric.model.load_weights`.
     """
     if not isinstance(model, Model):
         raise WeightsError("model", "a lipbound.numeric.model.Model", type(model).__name__, "load one with load_weights")
@@ -138,31 +205,25 @@ def save_plain(model: Model, path) -> Path:
     if path.suffix != ".npz":
         path = path.with_name(path.name + ".npz")
     arrays = {"format": np.array(PLAIN_FORMAT), "name": np.array(model.name), "source": np.array(model.source),
-              "licence": np.array(model.licence), "num_heads": np.array(model.num_heads),
-              "hidden": np.array(model.hidden)}
-    for index, layer in model.layers.items():
-        if layer.num_heads != model.num_heads:
-            raise WeightsError(f"layers[{index}]", f"{model.num_heads} heads", str(layer.num_heads),
-                               "the plain format stores one head count per file")
-        for h, head in enumerate(layer.heads):
-            key = f"layer{index}.head{h}"
-            for name in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V"):
-                arrays[f"{key}.{name}"] = getattr(head, name)
-            arrays[f"{key}.score"] = np.array(head.score)
-            arrays[f"{key}.tau"], arrays[f"{key}.eps"] = np.array(head.tau), np.array(head.eps)
-            arrays[f"{key}.causal"], arrays[f"{key}.kim_values"] = np.array(head.causal), np.array(head.kim_values)
-        arrays[f"layer{index}.W_O"] = layer.attention.W_O
-        arrays[f"layer{index}.b_O"] = layer.attention.b_O
-        for which in ("ln_in", "ln_out", "ffn_norm"):
-            norm = getattr(layer, which)
-            if norm is not None:
-                arrays[f"layer{index}.{which}.gamma"] = norm.gamma
-                arrays[f"layer{index}.{which}.beta"] = norm.beta
-                arrays[f"layer{index}.{which}.eps"] = np.array(norm.eps)
-        if layer.ffn is not None:
-            for name in ("W_1", "b_1", "W_2", "b_2"):
-                arrays[f"layer{index}.ffn.{name}"] = getattr(layer.ffn, name)
-            arrays[f"layer{index}.ffn.act"] = np.array(layer.ffn.act)
+              "licence": np.array(model.licence), "layout": np.array(model.layout or "plain"),
+              "num_heads": np.array(model.num_heads), "hidden": np.array(model.hidden),
+              "blocks": np.array(",".join(model.blocks)),
+              "source_sha256": np.array(model.metadata.get("source_sha256") or model.sha256)}
+    for block in model.blocks:
+        for index, layer in model.stack(block).items():
+            stem = f"{block}.layer{index}"
+            _put_attention(arrays, stem, layer.attention, model.num_heads)
+            arrays[f"{stem}.placement"] = np.array(layer.placement)
+            for which in _NORMS:
+                _put_norm(arrays, f"{stem}.{which}", getattr(layer, which))
+            if layer.cross is not None:
+                _put_attention(arrays, f"{stem}.cross", layer.cross, model.num_heads)
+            if layer.ffn is not None:
+                for name in ("W_1", "b_1", "W_2", "b_2"):
+                    arrays[f"{stem}.ffn.{name}"] = getattr(layer.ffn, name)
+                arrays[f"{stem}.ffn.act"] = np.array(layer.ffn.act)
+        _put_norm(arrays, f"{block}.final_norm", model.final_norm_of(block))
+        arrays[f"{block}.num_layers"] = np.array(model.stack_size(block))
     with atomic_write(path, "--output") as handle:
         np.savez(handle, **arrays)
     return path

@@ -1,6 +1,8 @@
-"""A transformer as one description: stacks of layers in order, each layer with its attention
-(self, causal or cross), the norms feeding it and where they sit, its feed-forward block, and the
-provenance of the weights.
+"""A transformer as one description: stacks of layers in order -- an encoder (BERT, ViT), a
+decoder (GPT-2: causal self-attention) or both (Whisper: the decoder's cross-attention reads the
+encoder's output) -- each layer with its attention (self, causal, and cross when it has one), the
+norms feeding it and where they sit, its feed-forward block; each pre-LN stack's final norm; and
+the provenance of the weights.
 
 Two placements of the LayerNorms:
 
@@ -33,7 +35,10 @@ import numpy as np
 from ...errors import WeightsError
 from .components import FeedForward, Head, Layer, LayerNorm
 
-__all__ = ["TransformerLayer", "Embeddings", "Model"]
+__all__ = ["TransformerLayer", "Embeddings", "Model", "BLOCKS"]
+
+#: The stacks a model may have, in order.
+BLOCKS = ("encoder", "decoder")
 
 
 @final
@@ -115,6 +120,11 @@ class TransformerLayer:
     def d(self) -> int:
         return self.attention.d
 
+    @property
+    def self_kind(self) -> str:
+        """``"causal"`` when the self-attention is masked, else ``"self"``."""
+        return "causal" if self.causal else "self"
+
     def as_layer(self, residual: bool = False) -> Layer:
         """The multi-head attention map, optionally with its residual ``X + Attn(X)``."""
         if residual == self.attention.residual:
@@ -126,11 +136,11 @@ class TransformerLayer:
 @dataclass(frozen=True)
 class Embeddings:
     """``X_0 = LN(E_word[ids] + E_pos[o..o+n-1] + E_type[types])`` (BERT: ``o = 0``; RoBERTa counts
-    positions from ``o = padding_idx + 1``)."""
+    positions from ``o = padding_idx + 1``; DistilBERT has no token types: ``token_type`` None)."""
 
     word: np.ndarray
     position: np.ndarray
-    token_type: np.ndarray
+    token_type: np.ndarray | None
     norm: LayerNorm
     position_offset: int = 0
 
@@ -153,25 +163,38 @@ class Embeddings:
         if ids.size > self.max_positions:
             raise WeightsError("sentence", f"at most {self.max_positions} tokens (the model's position table)",
                                f"{ids.size} tokens", "shorten the text or split it into sentences")
+        positions = self.position[self.position_offset:self.position_offset + ids.size]
+        summed = self.word[ids].astype(np.float64) + positions
+        if self.token_type is None:
+            if token_type_ids is not None and np.any(token_type_ids):
+                raise WeightsError("token_type_ids", "none (this model has no token-type embeddings)",
+                                   "non-zero segment ids", "pass one sentence without segment ids")
+            return self.norm(summed)
         types = np.zeros_like(ids) if token_type_ids is None else np.asarray(token_type_ids)
         if types.shape != ids.shape or types.min() < 0 or types.max() >= self.token_type.shape[0]:
             raise WeightsError("token_type_ids", f"shape {ids.shape} with values in [0, {self.token_type.shape[0]})",
                                f"shape {types.shape}", "pass one segment id per token (zeros for one sentence)")
-        positions = self.position[self.position_offset:self.position_offset + ids.size]
-        return self.norm(self.word[ids].astype(np.float64) + positions + self.token_type[types])
+        return self.norm(summed + self.token_type[types])
 
 
 @final
 @dataclass(frozen=True)
 class Model:
-    """A transformer's weights with their provenance.
+    """A transformer's weights with their provenance: one or two stacks of layers.
+
+    An encoder (BERT, ViT) has the stack ``"encoder"``; a decoder-only model (GPT-2) the stack
+    ``"decoder"`` (``decoder_only``); an encoder-decoder (Whisper) both, the decoder's layers
+    reading the encoder's output through their cross-attention.
 
     Parameters
     ----------
     name : str
-        Model name (e.g. ``sentence-transformers/all-MiniLM-L6-v2``).
+        What the weights are called: the name the file itself records (safetensors metadata,
+        the plain format's ``name``), else the file or directory name -- never a base-model name
+        a fine-tune inherited in its config.json.
     layers : dict of int to TransformerLayer
-        The layers that were loaded, by index.
+        The layers of the first stack that were loaded, by index (the encoder; the decoder of
+        a decoder-only model).  Empty only when decoder layers alone were requested.
     num_heads, hidden : int
     source : str
         Where the tensors came from.
@@ -181,18 +204,23 @@ class Model:
     sha256 : str
         Hash of the weight file(s) (of their concatenated hashes for several files).
     embeddings : Embeddings or None
-        Present when the checkpoint holds them (full models).
+        Present when the checkpoint holds token embeddings with their LayerNorm (BERT family).
     num_layers : int
-        Layers of the model (``layers`` may hold a subset).
+        Layers of the first stack (``layers`` may hold a subset).
+    metadata : dict
     final_norm : LayerNorm or None
-        The LayerNorm after the last layer of a pre-LN stack (GPT-2's ``ln_f``, Whisper's
-        ``encoder/layer_norm``): the output of the model, and the context of a decoder's
-        cross-attention.
+        The LayerNorm after the last layer of a pre-LN first stack (GPT-2's ``ln_f``, ViT's
+        ``layernorm``, Whisper's ``encoder/layer_norm``): the stack's output, and the context of
+        a decoder's cross-attention.
     decoder : dict of int to TransformerLayer
-        The decoder stack of an encoder-decoder (Whisper); empty otherwise.  ``layers`` is then
-        the encoder.
+        The decoder stack of an encoder-decoder (Whisper); empty otherwise.
     decoder_final_norm : LayerNorm or None
     decoder_layers : int
+    decoder_only : bool
+        The first stack is a decoder (causal self-attention, no encoder): GPT-2.
+    layout : str
+        The checkpoint layout read (``"BERT"``, ``"RoBERTa"``, ``"DistilBERT"``, ``"ViT"``,
+        ``"GPT-2"``, ``"Whisper (CTranslate2)"``, ``"plain"``), for reports.
     """
 
     name: str
@@ -210,49 +238,94 @@ class Model:
     decoder: dict = field(default_factory=dict)
     decoder_final_norm: LayerNorm | None = None
     decoder_layers: int = 0
+    decoder_only: bool = False
+    layout: str = ""
 
     def __post_init__(self):
-        if not self.layers:
+        if not self.layers and not self.decoder:
             raise WeightsError("layers", "at least one layer", "none", "load at least one layer")
-        for index, layer in self.layers.items():
-            if not isinstance(layer, TransformerLayer) or layer.index != index:
-                raise WeightsError(f"layers[{index}]", f"a TransformerLayer with index {index}", repr(layer)[:60],
-                                   "key the dict by layer index")
-        for index, layer in self.decoder.items():
-            if not isinstance(layer, TransformerLayer) or layer.index != index:
-                raise WeightsError(f"decoder[{index}]", f"a TransformerLayer with index {index}", repr(layer)[:60],
-                                   "key the dict by layer index")
+        if self.decoder_only and self.decoder:
+            raise WeightsError("decoder", "no second stack in a decoder-only model", f"{len(self.decoder)} layers",
+                               "put a decoder-only model's layers in `layers`")
+        for which, stack in (("layers", self.layers), ("decoder", self.decoder)):
+            for index, layer in stack.items():
+                if not isinstance(layer, TransformerLayer) or layer.index != index:
+                    raise WeightsError(f"{which}[{index}]", f"a TransformerLayer with index {index}", repr(layer)[:60],
+                                       "key the dict by layer index")
+        for which in ("final_norm", "decoder_final_norm"):
+            norm = getattr(self, which)
+            if norm is not None and (not isinstance(norm, LayerNorm) or norm.d != self.hidden):
+                raise WeightsError(which, f"a LayerNorm over {self.hidden} features or None",
+                                   repr(getattr(norm, "d", norm)), "pass the stack's final LayerNorm")
         object.__setattr__(self, "layers", dict(sorted(self.layers.items())))
         object.__setattr__(self, "decoder", dict(sorted(self.decoder.items())))
-        object.__setattr__(self, "num_layers", max(self.num_layers, max(self.layers) + 1))
+        object.__setattr__(self, "num_layers", max(self.num_layers, max(self.layers, default=-1) + 1))
         if self.decoder:
             object.__setattr__(self, "decoder_layers", max(self.decoder_layers, max(self.decoder) + 1))
 
     @property
     def blocks(self) -> tuple[str, ...]:
-        """The stacks: ``("encoder",)``, or ``("encoder", "decoder")`` for an encoder-decoder."""
-        return ("encoder", "decoder") if self.decoder else ("encoder",)
+        """The stacks in order: ``("encoder",)``, ``("decoder",)`` or ``("encoder", "decoder")``."""
+        if self.decoder_only:
+            return ("decoder",)
+        return BLOCKS if self.decoder else ("encoder",)
 
-    def stack(self, block: str = "encoder") -> dict:
+    def check_block(self, block: str | None) -> str:
+        if block is None:
+            return self.blocks[0]
         if block not in self.blocks:
-            raise WeightsError("block", f"one of {', '.join(self.blocks)}", repr(block),
-                               "this model has no such stack" if block in ("encoder", "decoder") else "pick a stack")
-        return self.layers if block == "encoder" else self.decoder
+            has = " and ".join(self.blocks)
+            raise WeightsError("block", f"one of the stacks of this model: {', '.join(self.blocks)}", repr(block),
+                               f"this model has {'only ' if len(self.blocks) == 1 else ''}the {has}"
+                               + ("" if block in BLOCKS else "; pick a stack"))
+        return block
 
-    def layer(self, index: int, block: str = "encoder") -> TransformerLayer:
-        """The layer ``index`` of a stack; a :class:`WeightsError` lists the loaded ones."""
+    def stack(self, block: str | None = None) -> dict:
+        """The loaded layers of a stack (default: the first), by index."""
+        block = self.check_block(block)
+        return self.layers if block == self.blocks[0] else self.decoder
+
+    def stack_size(self, block: str | None = None) -> int:
+        """How many layers the stack has (loaded or not)."""
+        block = self.check_block(block)
+        return self.num_layers if block == self.blocks[0] else self.decoder_layers
+
+    def final_norm_of(self, block: str | None = None) -> LayerNorm | None:
+        """The LayerNorm after the last layer of a pre-LN stack (None for post-LN stacks)."""
+        block = self.check_block(block)
+        return self.final_norm if block == self.blocks[0] else self.decoder_final_norm
+
+    @property
+    def context_norm(self) -> LayerNorm | None:
+        """The LayerNorm whose outputs a cross-attention reads as keys and values: the encoder's
+        final LayerNorm (pre-LN), else the last encoder layer's output LayerNorm (post-LN)."""
+        if "encoder" not in self.blocks or not self.decoder:
+            return None
+        if self.final_norm is not None:
+            return self.final_norm
+        last = self.layers.get(self.num_layers - 1)
+        return None if last is None or last.placement != "post" else last.ffn_norm
+
+    def layer(self, index: int, block: str | None = None) -> TransformerLayer:
+        """The layer ``index`` of a stack (default: the first); a :class:`WeightsError` lists the loaded ones."""
         layers = self.stack(block)
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or int(index) not in layers:
-            raise WeightsError("layer", f"one of the loaded layers {list(layers)} (counted from 0)", repr(index),
+            where = "" if len(self.blocks) == 1 else f" of the {self.check_block(block)}"
+            raise WeightsError("layer", f"one of the loaded layers{where} {list(layers)} (counted from 0)", repr(index),
                                f"pick a layer in {list(layers)}")
         return layers[int(index)]
 
-    def head(self, layer: int, head: int, block: str = "encoder") -> Head:
+    def head(self, layer: int, head: int, block: str | None = None) -> Head:
         heads = self.layer(layer, block).heads
         if isinstance(head, bool) or not isinstance(head, (int, np.integer)) or not 0 <= head < len(heads):
             raise WeightsError("head", f"an index in 0..{len(heads) - 1} (heads are counted from 0)", repr(head),
                                f"layer {layer} has {len(heads)} heads")
         return heads[int(head)]
+
+    def describe(self) -> str:
+        """One line: layout, stacks with their layer counts, heads, width."""
+        stacks = " + ".join(f"{self.stack_size(b)} {b} layers" for b in self.blocks)
+        return f"{self.layout or 'transformer'}: {stacks}, {self.num_heads} heads, width {self.hidden}"
 
     @property
     def complete(self) -> bool:

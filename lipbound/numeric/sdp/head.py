@@ -29,7 +29,7 @@ of :mod:`lipbound.numeric.sdp.joint` and certified there.
    ``<= 4 p (1 - p) h^2`` if one atom has mass ``p >= 1/2`` (law of total variance with the
    Bhatia-Davis inequality for the rest).  So ``Y_i <= L^2 R^2 cap(p_ij)`` for every j,
    ``cap(p) = 1`` for ``p <= 1/2``, ``4 p (1 - p)`` above; and ``||g_i|| <= beta``, the exact
-   trust-region value (:func:`~.joint.key_gradient_sup`).
+   trust-region value (:func:`~.region.key_gradient_sup`).
 4. *Coupling through Sigma_i.*  By :class:`~.joint.JointRange`, ``(b_i, Y_i) <= R^2 k`` for some
    ``k in K`` (``tr Sigma_i <= R^2``).  Hence ``b_i <= R^2 gamma_{A,V}`` and
    ``b_i sqrt(L^2 + beta^2 Y_i) <= c_hat := R^2 sup_{k in K} k_1 sqrt(L^2 + beta^2 R^2 k_2)``,
@@ -74,7 +74,8 @@ from ...rigorous.intervals import IV, lower, upper
 from ...rigorous.linalg import Enclosure, lambda_max_upper
 from ...rigorous.value import CertifiedValue
 from ..blas import one_blas_thread
-from .joint import (JointRange, SOLVERS, _ball, _check_head, key_form, key_gradient_sup, sdp_value, value_gram)
+from .joint import JointRange, SOLVERS, _check_head, key_form, sdp_value, value_gram
+from .region import Region, key_gradient, trust_region_sup
 
 __all__ = ["HeadBounds", "self_attention_bound", "cross_attention_bound", "measure_attention_bound",
            "matrix_aware_closed_form"]
@@ -87,16 +88,22 @@ _PROVENANCE = ("per-query moment relaxation over the column polytope of P and th
 # Certified constants ----------------------------------------------------------------------------
 @final
 class HeadBounds:
-    """Certified matrix-aware constants of one dot-product head on balls, computed once.
+    """Certified matrix-aware constants of one dot-product head on its regions, computed once.
+
+    The keys (context) lie in ``D = {c + M w : ||w|| <= r}`` and the queries in ``D_Q`` (the same
+    set for self-attention); ``Pi``, ``Pi_Q`` project onto the directions they move in
+    (:class:`~.region.Region`: a ball has ``M = Pi = I``, ``r = R``).
 
     Parameters
     ----------
     head : Head
         Dot-product head, ``W_Q, W_K`` (d, d_k), ``W_V`` (d, d_v).
     radius, center :
-        The key (context) ball ``B(c, R)``; ``center`` of shape (d,), default 0.
+        The keys' region: a :class:`~lipbound.numeric.domains.TokenDomain` (a ball or a LayerNorm
+        image), a :class:`~.region.Region`, or the radius R of the ball ``B(c, R)`` (``center`` of
+        shape (d,), default 0).
     query_radius, query_center :
-        The query ball (cross-attention); default: the key ball.
+        The queries' region in the same forms (cross-attention); default: the keys' region.
     value : ndarray or Enclosure, shape (d, d_out), optional
         The value map actually applied (e.g. ``W_V W_O^h`` for a head followed by its
         block of the output projection); default ``head.W_V``.
@@ -105,20 +112,32 @@ class HeadBounds:
     Attributes
     ----------
     value_norm2 : CertifiedValue
-        ``L^2 = ||value||_2^2``.
+        ``L^2 = ||Pi V||^2``, the squared Lipschitz constant of the values along the keys' directions.
+    spread2 : CertifiedValue
+        ``rho^2 = r^2 ||V^T M||^2``: every value lies within rho of ``v(c)``.
     gamma : CertifiedValue
-        ``gamma_{A,V} = max_u ||A u|| ||value^T u||``.
+        ``gamma = max_{||a|| = 1} ||Pi_Q A M a|| ||V^T M a||`` (the query-gradient term is at most
+        ``r^2 gamma``).
     beta : CertifiedValue
-        ``sup ||A^T x + u||`` over the query ball.
+        ``sup_{x in D_Q} ||Pi (A^T x + u)||`` (key gradient along the keys' directions).
+    score_gain : CertifiedValue
+        ``sup_{x in D_Q} ||M^T (A^T x + u)||``; the scores of one query spread by at most
+        ``omega = 2 r score_gain``.
     """
 
     @one_blas_thread
-    def __init__(self, head: Head, radius: float, center=None, *, query_radius=None, query_center=None,
+    def __init__(self, head: Head, radius, center=None, *, query_radius=None, query_center=None,
                  value=None, solver: str = "auto"):
         self.head = _check_head(head)
-        self.R, self.c = _ball(head, radius, center)
-        self.R_query, self.c_query = _ball(head, self.R if query_radius is None else query_radius,
-                                           self.c if query_center is None else query_center)
+        self.keys = Region.of(radius, center, head.d)
+        self.queries = self.keys if query_radius is None else Region.of(query_radius, query_center, head.d)
+        for region in (self.keys, self.queries):
+            if region.d != head.d:
+                raise AssumptionError("domain", f"a domain in R^{head.d} (the width of the head)",
+                                      f"a domain in R^{region.d}", "take the domain from the LayerNorm that feeds it")
+        self.r = self.keys.r
+        self.R, self.c = self.keys.R, self.keys.center
+        self.R_query, self.c_query = self.queries.R, self.queries.center
         if solver not in SOLVERS:
             raise AssumptionError("solver", f"one of {SOLVERS}", repr(solver),
                                   "choose 'auto', 'clarabel', 'scs' or 'eig'")
@@ -132,50 +151,76 @@ class HeadBounds:
                 raise WeightsError("value", f"a matrix of shape ({head.d}, d_out)", f"shape {value.shape}",
                                    "pass the value map as it acts on tokens, e.g. W_V @ W_O_block")
             value = Enclosure.exact(value)
-        self.own_values = own_values
+        self.own_values, self.value = own_values, value
         started = time.perf_counter()
-        G2 = value_gram(value)
-        top = max(lambda_max_upper(G2), 0.0)
+        keys, queries = self.keys, self.queries
+        moving = keys.project(value)                                   # Pi V
+        top = max(lambda_max_upper(value_gram(moving)), 0.0)
         self.value_norm2 = sdp_value("||W_V||^2", top, True, {"lambda_max_upper": top}, "eig",
-                                          time.perf_counter() - started, "certified",
-                                          "lambda_max(W_V W_V^T), Cholesky residual certificate")
-        self.range = JointRange(key_form(head), G2)
+                                     time.perf_counter() - started, "certified",
+                                     "lambda_max(V^T Pi V), Cholesky residual certificate")
+        shaped = keys.times_shape(value.T)                             # V^T M, (d_out, d)
+        G2 = value_gram(shaped.T)                                      # M^T V V^T M
+        top2 = max(lambda_max_upper(G2), 0.0)
+        self.shaped_norm2 = top2
+        spread2 = upper(IV.mpf(top2) * keys.r ** 2)
+        self.spread2 = sdp_value("rho^2", spread2, True, {"lambda_max_upper": top2}, "eig", 0.0, "certified",
+                                 "r^2 lambda_max(M^T V V^T M): values within rho of v(c)")
+        scale = Enclosure.scalar(1 / IV.sqrt(IV.mpf(head.d_k)))
+        W_Q, W_K = Enclosure.exact(head.W_Q), Enclosure.exact(head.W_K)
+        if keys.is_ball and queries.is_ball:
+            G1 = key_form(head)
+        else:
+            F1 = queries.project(W_Q) @ keys.times_shape(W_K.T).scale(scale)    # Pi_Q A M, (d, d)
+            G1 = (F1.T @ F1).sym()
+        self.range = JointRange(G1, G2)
         self.solver = self.range.pick_solver(solver)      # "auto" resolved by the reduced dimension
         self.gamma = self.range.gain(solver=self.solver, name="gamma_{A,V}")
-        self.beta = key_gradient_sup(head, self.R_query, self.c_query)
+        # the key gradient A^T x + u at x = c_Q + M_Q w: (A^T M_Q) w + (A^T c_Q + u)
+        self.beta = trust_region_sup(*key_gradient(head, queries, keys, "project"), queries.r, "beta", _BETA)
+        if keys.is_ball:
+            self.score_gain = self.beta
+        else:
+            self.score_gain = trust_region_sup(*key_gradient(head, queries, keys, "shape"), queries.r, "score gain",
+                                               _SCORE_GAIN)
         self._coupled: CertifiedValue | None = None
 
     @property
     def coupled(self) -> CertifiedValue:
-        """``c_hat / R^2 = sup_{k in K} k_1 sqrt(L^2 + beta^2 R^2 k_2)`` (step 4 of the module docstring)."""
+        """``c_hat / r^2 = sup_{k in K} k_1 sqrt(L^2 + beta^2 r^2 k_2)`` (step 4 of the module docstring)."""
         if self._coupled is None:
             failed = _first_failure(self.gamma, self.beta)
             if failed is not None:
                 self._coupled = failed
             else:
-                slope = upper(IV.mpf(self.beta.value) ** 2 * IV.mpf(self.R) ** 2)
+                slope = upper(IV.mpf(self.beta.value) ** 2 * self.r ** 2)
                 self._coupled = self.range.coupled_gain(
-                    self.value_norm2.value, slope, self.gamma.value, self.value_norm2.value,
+                    self.value_norm2.value, slope, self.gamma.value, self.shaped_norm2,
                     solver=self.solver, name="coupled gain",
-                    provenance="sup over K of k_1 sqrt(L^2 + beta^2 R^2 k_2); lipbound.numeric.sdp.joint")
+                    provenance="sup over K of k_1 sqrt(L^2 + beta^2 r^2 k_2); lipbound.numeric.sdp.joint")
         return self._coupled
 
-    def matches(self, head: Head, radius, center) -> bool:
-        """Whether these constants were computed for ``head`` on ``B(center, radius)``."""
-        R, c = _ball(head, radius, center)
-        return self.head is head and self.R == R and np.array_equal(self.c, c)
+    def matches(self, head: Head, radius, center, query_radius=None, query_center=None) -> bool:
+        """Whether these constants were computed for ``head`` on these regions."""
+        keys = Region.of(radius, center, head.d)
+        queries = keys if query_radius is None else Region.of(query_radius, query_center, head.d)
+        return self.head is head and self.keys.same_as(keys) and self.queries.same_as(queries)
 
     # scalar assembly, in outward-rounded interval arithmetic -------------------------------
+    @property
+    def omega(self):
+        """``2 r sup ||M^T g||``: the largest score spread of one query."""
+        return 2 * self.r * IV.mpf(self.score_gain.value)
+
     def _weight_range(self, keys: int):
         """All weights of a row with ``keys`` keys lie in ``[p_lo, p_hi]``,
-        ``p_hi = 1 / (1 + (keys - 1) e^-omega)``, ``p_lo = 1 / (1 + (keys - 1) e^omega)``,
-        ``omega = 2 R beta`` (the largest score spread of one query)."""
-        omega = 2 * IV.mpf(self.R) * IV.mpf(self.beta.value)
+        ``p_hi = 1 / (1 + (keys - 1) e^-omega)``, ``p_lo = 1 / (1 + (keys - 1) e^omega)``."""
+        omega = self.omega
         return lower(1 / (1 + (keys - 1) * IV.exp(omega))), 1 / (1 + (keys - 1) * IV.exp(-omega))
 
     def _phi_max(self, keys: int):
         """``max phi(p)`` over the weights ``p in [p_lo, p_hi]`` of a row with ``keys`` keys:
-        ``<= p_hi L^2 + L^2 R^2 beta^2 max psi``, where ``psi(p) = p cap(p)`` increases on
+        ``<= p_hi L^2 + beta^2 rho^2 max psi``, where ``psi(p) = p cap(p)`` increases on
         ``[0, 2/3]`` (to 16/27) and decreases after."""
         p_lo, p_bar = self._weight_range(keys)
         p_hi = IV.mpf(upper(p_bar))
@@ -188,12 +233,12 @@ class HeadBounds:
             point = two_thirds
         psi = point if upper(point) <= 0.5 else 4 * point ** 2 * (1 - point)
         L2 = IV.mpf(self.value_norm2.value)
-        return p_hi * L2 + L2 * IV.mpf(self.R) ** 2 * IV.mpf(self.beta.value) ** 2 * psi
+        return p_hi * L2 + IV.mpf(self.spread2.value) * IV.mpf(self.beta.value) ** 2 * psi
 
     def terms(self, n: int, *, m: int | None = None, causal: bool = False) -> dict:
         """``b_hat, Phi, kappa`` as intervals for n keys (and m queries in cross-attention);
         ``row_cap`` is 0 when every row has a single key (then ``Sigma_i = 0``), else 1."""
-        R2 = IV.mpf(self.R) ** 2
+        r2 = self.r ** 2
         if m is None and causal:
             keys = list(range(1, n + 1))
         else:
@@ -201,8 +246,14 @@ class HeadBounds:
         Phi = sum((self._phi_max(k) for k in keys), IV.mpf(0))
         kappa = sum((IV.mpf(upper(self._weight_range(k)[1])) for k in keys), IV.mpf(0))
         row_cap = 1 if max(keys) >= 2 else 0
-        b_hat = R2 * IV.mpf(self.gamma.value) * row_cap
+        b_hat = r2 * IV.mpf(self.gamma.value) * row_cap
         return {"b_hat": b_hat, "Phi": Phi, "kappa": kappa, "row_cap": IV.mpf(row_cap)}
+
+
+_BETA = ("beta = sup over the queries' region of ||Pi (A^T x + u)||: trust-region secular equation certified by "
+         "an S-lemma PSD check; lipbound.numeric.sdp.region")
+_SCORE_GAIN = ("sup over the queries' region of ||M^T (A^T x + u)|| (score spread omega = 2 r times it): "
+               "trust-region secular equation, S-lemma certificate; lipbound.numeric.sdp.region")
 
 
 def _first_failure(*bounds: CertifiedValue) -> CertifiedValue | None:
@@ -236,10 +287,12 @@ def _result(name, bounds: HeadBounds, pieces, value_iv, certificate, started, re
                           "certified", _PROVENANCE)
 
 
-def _reuse(bounds: HeadBounds | None, head: Head, radius, center, value) -> HeadBounds | None:
+def _reuse(bounds: HeadBounds | None, head: Head, radius, center, value, query_radius=None,
+           query_center=None) -> HeadBounds | None:
+    """The precomputed constants, checked to belong to this head, its regions and value map."""
     if bounds is None:
         return None
-    if not isinstance(bounds, HeadBounds) or not bounds.matches(head, radius, center) or \
+    if not isinstance(bounds, HeadBounds) or not bounds.matches(head, radius, center, query_radius, query_center) or \
             (value is not None) == bounds.own_values:
         raise AssumptionError("bounds", "HeadBounds computed for this head, ball and value map",
                               "constants of another head, ball or value map",
@@ -289,14 +342,14 @@ def self_attention_bound(head: Head, radius: float, center=None, *, n: int, caus
     causal = _causal(head, causal)
     bounds = _reuse(bounds, head, radius, center, value) or HeadBounds(head, radius, center, value=value,
                                                                        solver=solver)
-    pieces = [bounds.value_norm2, bounds.gamma, bounds.beta]
+    pieces = [bounds.value_norm2, bounds.gamma, bounds.beta, bounds.score_gain]
     certificate: dict = {"n": n, "causal": causal, "radius": bounds.R}
     if _first_failure(*pieces) is None:
         pieces.append(bounds.coupled)
     if _first_failure(*pieces) is not None:
         return _result("Lip(self-attention)", bounds, pieces, None, certificate, started, require)
     terms = bounds.terms(n, causal=causal)
-    c_hat = IV.mpf(bounds.R) ** 2 * IV.mpf(bounds.coupled.value) * terms["row_cap"]
+    c_hat = bounds.r ** 2 * IV.mpf(bounds.coupled.value) * terms["row_cap"]
     xi = IV.sqrt(terms["kappa"])
     star = (1 + IV.sqrt(IV.mpf(n))) / 2
     if upper(star) < lower(xi):
@@ -322,7 +375,7 @@ def _causal(head: Head, causal: bool | None) -> bool:
 @one_blas_thread
 def cross_attention_bound(head: Head, radius: float, center=None, *, n: int, m: int, argument: str = "joint",
                           query_radius=None, query_center=None, solver: str = "auto", value=None,
-                          require: bool = False) -> CertifiedValue:
+                          require: bool = False, bounds: HeadBounds | None = None) -> CertifiedValue:
     r"""Certified ``Lip`` of dot-product cross-attention (Frobenius): m queries in the query ball
     attend to n context tokens in ``B(c, R)``.
 
@@ -340,9 +393,9 @@ def cross_attention_bound(head: Head, radius: float, center=None, *, n: int, m: 
     if head.causal:
         raise AssumptionError("head.causal", "False for cross-attention", "True",
                               "causal masking applies to self-attention only")
-    bounds = HeadBounds(head, radius, center, query_radius=query_radius, query_center=query_center,
-                        value=value, solver=solver)
-    pieces = [bounds.value_norm2, bounds.gamma, bounds.beta]
+    bounds = _reuse(bounds, head, radius, center, value, query_radius, query_center) or HeadBounds(
+        head, radius, center, query_radius=query_radius, query_center=query_center, value=value, solver=solver)
+    pieces = [bounds.value_norm2, bounds.gamma, bounds.beta, bounds.score_gain]
     certificate: dict = {"n": n, "m": m, "argument": argument, "radius": bounds.R, "query_radius": bounds.R_query}
     if argument == "joint" and _first_failure(*pieces) is None:
         pieces.append(bounds.coupled)
@@ -355,7 +408,7 @@ def cross_attention_bound(head: Head, radius: float, center=None, *, n: int, m: 
     elif argument == "context":
         total = IV.sqrt(Phi)
     else:
-        c_hat = IV.mpf(bounds.R) ** 2 * IV.mpf(bounds.coupled.value) * terms["row_cap"]
+        c_hat = bounds.r ** 2 * IV.mpf(bounds.coupled.value) * terms["row_cap"]
         off = c_hat * IV.sqrt(kappa)
         coupled = IV.sqrt((b_hat ** 2 + Phi) / 2 + IV.sqrt(((b_hat ** 2 - Phi) / 2) ** 2 + off ** 2))
         plain = IV.sqrt(b_hat ** 2 + Phi)
@@ -366,35 +419,55 @@ def cross_attention_bound(head: Head, radius: float, center=None, *, n: int, m: 
 
 
 @one_blas_thread
-def matrix_aware_closed_form(head: Head, radius: float, center=None, *, n: int, causal: bool | None = None,
-                             solver: str = "auto", bounds: HeadBounds | None = None) -> CertifiedValue:
-    r"""The closed form with its norm products replaced by the certified joint constants:
+def matrix_aware_closed_form(head: Head, radius, center=None, *, n: int, causal: bool | None = None,
+                             solver: str = "auto", bounds: HeadBounds | None = None, m: int | None = None,
+                             argument: str | None = None, query_radius=None, query_center=None,
+                             value=None) -> CertifiedValue:
+    r"""The closed form of the self- and cross-attention theorems with the norm products replaced by the
+    certified joint constants of :class:`HeadBounds` (on a ball or an ellipsoid such as a LayerNorm image):
 
-        L_V sqrt(kappa') + R^2 gamma_{A,V} + L_V R beta' sqrt(min(kappa', 3 n / 4)),
+        self:     L sqrt(kappa) + r^2 gamma + rho beta sqrt(min(kappa, 3 n / 4)),
+        queries:  r^2 gamma,      context: L sqrt(K) + rho beta sqrt(min(K, 3 m / 4)),
+        joint:    (queries^2 + context^2)^(1/2),
 
-    ``beta'`` the trust-region value, ``kappa'`` from ``omega' = 2 R beta'``.  Each replacement is
-    proved in :mod:`lipbound.numeric.sdp.joint`; the theorem is
-    :func:`lipbound.symbolic.theorems.self_attention`.
+    ``kappa`` (K: m queries per column) from the score spread ``omega = 2 r sup ||M^T g||``; the
+    covariance terms vanish when every row has one key (n = 1).  Each replacement is proved in
+    docs/mathematics.md ("the LayerNorm image"); the theorems are
+    :func:`lipbound.symbolic.theorems.self_attention` and :func:`~lipbound.symbolic.theorems.cross_attention`.
     """
     started = time.perf_counter()
     n = _check_size("n", n)
-    causal = _causal(head, causal)
-    bounds = _reuse(bounds, head, radius, center, None) or HeadBounds(head, radius, center, solver=solver)
-    pieces = [bounds.value_norm2, bounds.gamma, bounds.beta]
-    certificate: dict = {"n": n, "causal": causal}
+    cross = argument is not None
+    if cross:
+        m = _check_size("m", m)
+        argument = _check_argument(argument)
+        if head.causal:
+            raise AssumptionError("head.causal", "False for cross-attention", "True",
+                                  "causal masking applies to self-attention only")
+        causal = False
+    else:
+        causal = _causal(head, causal)
+    bounds = _reuse(bounds, head, radius, center, value, query_radius, query_center) or HeadBounds(
+        head, radius, center, query_radius=query_radius, query_center=query_center, value=value, solver=solver)
+    pieces = [bounds.value_norm2, bounds.gamma, bounds.beta, bounds.score_gain]
+    name = "Lip(cross-attention, matrix-aware closed form)" if cross else "Lip(self-attention), matrix-aware closed form"
+    certificate: dict = {"n": n, "m": m, "causal": causal, "argument": argument or "self"}
     if _first_failure(*pieces) is not None:
-        return _result("Lip(self-attention), matrix-aware closed form", bounds, pieces, None, certificate,
-                       started, False)
-    terms = bounds.terms(n, causal=causal)
+        return _result(name, bounds, pieces, None, certificate, started, False)
+    terms = bounds.terms(n, m=m if cross else None, causal=causal)
     kappa = terms["kappa"]
-    cap = IV.mpf(3) * n / 4
+    cap = IV.mpf(3) * (m if cross else n) / 4
     k_cov = kappa if upper(kappa) <= lower(cap) else cap
     L = IV.sqrt(IV.mpf(bounds.value_norm2.value))
-    value = L * IV.sqrt(kappa) + terms["b_hat"] + L * IV.mpf(bounds.R) * IV.mpf(bounds.beta.value) * IV.sqrt(k_cov)
-    certificate.update(kappa=upper(kappa), b_hat=upper(terms["b_hat"]))
-    return _result("Lip(self-attention), matrix-aware closed form", bounds, pieces, value, certificate, started,
-                   False)
-
+    rho = IV.sqrt(IV.mpf(bounds.spread2.value))
+    queries = terms["b_hat"]
+    context = L * IV.sqrt(kappa) + rho * IV.mpf(bounds.beta.value) * IV.sqrt(k_cov) * terms["row_cap"]
+    if not cross:
+        value_iv = queries + context
+    else:
+        value_iv = {"queries": queries, "context": context, "joint": IV.sqrt(queries ** 2 + context ** 2)}[argument]
+    certificate.update(kappa=upper(kappa), b_hat=upper(queries), context=upper(context))
+    return _result(name, bounds, pieces, value_iv, certificate, started, False)
 
 
 @one_blas_thread
@@ -451,11 +524,10 @@ def measure_attention_bound(head: Head, radius: float, center=None, *, n: int | 
     certificate: dict = {"regime": regime, "argument": argument, "n": n}
     if _first_failure(*pieces) is not None:
         return _result(name, bounds, pieces, None, certificate, started, require)
-    R = IV.mpf(bounds.R)
     L = IV.sqrt(IV.mpf(bounds.value_norm2.value))
     beta = IV.mpf(bounds.beta.value)
-    rho_beta = L * R * beta
-    query_part = R ** 2 * IV.mpf(bounds.gamma.value)
+    rho_beta = IV.sqrt(IV.mpf(bounds.spread2.value)) * beta
+    query_part = bounds.r ** 2 * IV.mpf(bounds.gamma.value)
     if regime == "uniform":
         p_lo, p_bar = bounds._weight_range(n)
         p_hi = IV.mpf(upper(p_bar))
@@ -465,7 +537,7 @@ def measure_attention_bound(head: Head, radius: float, center=None, *, n: int | 
         total = query_part * (1 if n >= 2 else 0) + column
         certificate.update(query_part=upper(query_part), column=upper(column))
     else:
-        context_part = IV.exp(2 * R * beta) * (L + 2 * rho_beta)
+        context_part = IV.exp(bounds.omega) * (L + 2 * rho_beta)
         total = {"self": query_part + context_part, "queries": query_part, "context": context_part,
                  "joint": query_part + context_part}[argument]
         certificate.update(query_part=upper(query_part), context_part=upper(context_part))

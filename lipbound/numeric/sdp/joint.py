@@ -44,7 +44,8 @@ MiniLM head of width 384).  The basis only steers the search: certificates are
 recomputed on the full matrices, so an inexact basis cannot make a value unsound.
 
 **The key-gradient term: beta.**  ``grad_y s(x, y) = A^T x + u``, ``u = W_K b_Q / sqrt(d_k)``,
-and ``beta = sup_{||x - c|| <= R} ||A^T x + u||`` is a trust-region problem.  With
+and ``beta = sup_{||x - c|| <= R} ||A^T x + u||`` is a trust-region problem
+(:func:`lipbound.numeric.sdp.region.key_gradient_sup`).  With
 ``M = W_K W_Q^T``, ``w = W_K (W_Q^T c + b_Q)``, ``z = x - c``: ``d_k beta^2 = sup_{||z|| <= R}
 ||M z + w||^2``, whose exact value solves the secular equation
 ``||(lambda I - M^T M)^{-1} M^T w|| = R``.  Certificate (S-lemma): if
@@ -78,7 +79,7 @@ from ...rigorous.value import CertifiedValue
 from ..blas import one_blas_thread
 
 __all__ = ["JointRange", "SdpCandidate", "sdp_value", "joint_gain", "gamma_AV", "key_form", "value_gram",
-           "key_gradient_sup", "layernorm_value_spread", "layernorm_joint_gain", "SOLVERS"]
+           "layernorm_value_spread", "layernorm_joint_gain", "SOLVERS"]
 
 #: Accepted solver names: conic solvers through cvxpy, "eig" (one-dimensional convex
 #: search on the eigenvalue certificate, no conic solver), "auto" (Clarabel for small
@@ -205,7 +206,7 @@ def _solve_coupled_sdp(M1: np.ndarray, M2: np.ndarray, ell: float, solver: str) 
     return SdpCandidate(status, objective, float(x.value), float(y.value), b_value, np.array(U.value), seconds)
 
 
-def _golden_min(fun, lo: float, hi: float, iterations: int = 80) -> float:
+def _golden_min(fun, lo: float, hi: float, iterations: int = 60) -> float:
     """Minimiser of a unimodal function on [lo, hi] by golden-section search."""
     ratio = (math.sqrt(5) - 1) / 2
     a, b = lo, hi
@@ -592,99 +593,6 @@ def _ball(head: Head, radius, center) -> tuple[float, np.ndarray]:
         raise AssumptionError("center", f"a finite vector of shape ({head.d},)",
                               f"shape {center.shape}", "pass the ball's centre (the LayerNorm bias) or None")
     return radius, center
-
-
-@one_blas_thread
-def key_gradient_sup(head: Head, radius: float, center: np.ndarray | None = None) -> CertifiedValue:
-    r"""``beta = sup_{||x - c|| <= R} ||A^T x + u||``, ``u = W_K b_Q / sqrt(d_k)``: the exact
-    trust-region value, certified by the S-lemma (module docstring).
-
-    The closed form uses ``||A|| R + ||A^T c + u||`` (triangle inequality); it is recorded in
-    the certificate as ``triangle_bound``.
-
-    Parameters
-    ----------
-    head : Head
-    radius : float
-        R > 0.
-    center : ndarray of shape (d,), optional
-        c (default 0).
-    """
-    started = time.perf_counter()
-    head = _check_head(head)
-    R, c = _ball(head, radius, center)
-    W_Q, W_K = Enclosure.exact(head.W_Q), Enclosure.exact(head.W_K)
-    G_K = W_K.T @ W_K                                    # (d_k, d_k)
-    q0 = W_Q.T @ Enclosure.exact(c.reshape(-1, 1)) + Enclosure.exact(head.b_Q.reshape(-1, 1))
-    G = (W_Q @ G_K @ W_Q.T).sym()                        # M^T M, M = W_K W_Q^T
-    h = W_Q @ (G_K @ q0)                                 # M^T w
-    s0 = (q0.T @ (G_K @ q0))                             # ||w||^2
-    g_values, g_vectors = np.linalg.eigh(G.mid)
-    g_max = max(float(g_values[-1]), 0.0)
-    coeffs = (g_vectors.T @ h.mid.reshape(-1)) ** 2
-    s0_mid = float(s0.mid.reshape(()))
-
-    def tau(lam: float) -> float:
-        return lam * R * R + s0_mid + float(np.sum(coeffs / (lam - g_values)))
-
-    def slope(lam: float) -> float:
-        return R * R - float(np.sum(coeffs / (lam - g_values) ** 2))
-
-    floor = g_max * (1 + 1e-9) + 1e-12 * (g_max + math.sqrt(float(np.sum(coeffs))) / R + 1e-300)
-    if slope(floor) >= 0:
-        lam = floor                                      # the "hard case": optimum at lambda_max
-    else:
-        hi = g_max + math.sqrt(float(np.sum(coeffs))) / R + 1.0
-        from scipy.optimize import brentq
-        lam = max(brentq(slope, floor, hi, xtol=1e-15 * hi, rtol=1e-15), floor)
-    value = tau(lam)
-    # rescaled certificate matrix [[lam' I - R^2 G, -R h], [-R h^T, tau - lam' - s0]], lam' = lam R^2
-    d = head.d
-    certificate: dict = {"lambda": lam, "tau_candidate": value}
-    lam_scaled = upper(IV.mpf(lam) * IV.mpf(R) * IV.mpf(R))
-    top = Enclosure.exact(np.eye(d)).scale(lam_scaled) - G.scale(Enclosure.scalar(IV.mpf(R) ** 2))
-    side = h.scale(-R)
-    certified_tau = None
-    for slack in (1e-10, 1e-9, 1e-8, 1e-7, 1e-6, 1e-5):
-        tau_c = upper(IV.mpf(value) * (1 + IV.mpf(slack)) + IV.mpf(slack) * IV.mpf(lam_scaled))
-        corner = Enclosure.exact(np.array([[tau_c]])) - Enclosure.exact(np.array([[lam_scaled]])) - s0
-        blocks = Enclosure(np.block([[top.mid, side.mid], [side.mid.T, corner.mid]]),
-                           np.block([[top.rad, side.rad], [side.rad.T, corner.rad]]))
-        floor_eig = lambda_min_lower(blocks)
-        if floor_eig >= 0.0:
-            certified_tau = tau_c
-            certificate.update(slack=slack, tau=tau_c, min_eig_lower=floor_eig)
-            break
-    triangle = upper((IV.mpf(spectral_norm_upper(W_Q @ W_K.T)) * IV.mpf(R)
-                      + IV.mpf(spectral_norm_upper(W_K @ q0))) / IV.sqrt(IV.mpf(head.d_k)))
-    certificate["triangle_bound"] = triangle
-    provenance = ("beta = sup_{||x-c||<=R} ||A^T x + u||: trust-region secular equation, certified by an "
-                  "S-lemma PSD check; lipbound.numeric.sdp.joint.key_gradient_sup")
-    if certified_tau is None:
-        return sdp_value("beta", math.nan, False, certificate, "secular-equation",
-                              time.perf_counter() - started, "psd check failed", provenance,
-                              reason="the S-lemma matrix could not be certified PSD")
-    beta_up = upper(IV.sqrt(IV.mpf(certified_tau) / IV.mpf(head.d_k)))
-    # certified lower bound: the secular maximiser (and the top eigenvector), scaled into the ball
-    candidates = []
-    with np.errstate(divide="ignore", invalid="ignore"):
-        z = g_vectors @ ((g_vectors.T @ h.mid.reshape(-1)) / (lam - g_values))
-    for direction in (z, g_vectors[:, -1], -g_vectors[:, -1]):
-        size = float(np.linalg.norm(direction)) if np.all(np.isfinite(direction)) else 0.0
-        if 1e-150 < size < 1e150:
-            candidates.append(direction / size * R * (1 - 1e-9))
-    best_low = 0.0
-    for z in candidates:
-        z_enc = Enclosure.exact(z.reshape(-1, 1))
-        if upper((Enclosure.exact(z.reshape(1, -1)) @ z_enc).interval()) > lower(IV.mpf(R) ** 2):
-            continue
-        vec = Enclosure.exact(head.W_K) @ (W_Q.T @ z_enc + q0)
-        norm2 = (vec.T @ vec).interval()
-        best_low = max(best_low, lower(IV.sqrt(IV.mpf(max(lower(norm2), 0.0)) / IV.mpf(head.d_k))))
-    certificate["lower"] = best_low
-    return sdp_value("beta", min(beta_up, triangle), True, certificate, "secular-equation",
-                          time.perf_counter() - started, "certified",
-                          provenance, lower=best_low)
 
 
 def _layernorm_projector(gain: np.ndarray) -> Enclosure:

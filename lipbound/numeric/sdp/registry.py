@@ -6,8 +6,8 @@ its constant is computed from concrete weights.  Every entry has the signature
 
     entry(target, domain, *, n, **options) -> CertifiedValue
 
-with ``domain`` a :class:`~lipbound.numeric.domains.TokenDomain` (the relaxations see its
-enclosing ball)
+with ``domain`` a :class:`~lipbound.numeric.domains.TokenDomain` (a ball, or a LayerNorm image that
+the relaxations see as the ellipsoid it is)
 
 and never returns an uncertified number: a failed solve or re-check comes back as
 ``certified=False`` with a reason, or raises :class:`~lipbound.errors.SolverError` when
@@ -31,6 +31,7 @@ from ...rigorous.intervals import IV, upper
 from ...rigorous.linalg import Enclosure, spectral_norm_upper
 from ...rigorous.value import CertifiedValue
 from .head import cross_attention_bound, measure_attention_bound, self_attention_bound
+from .layer import layer_head_bounds, layer_joint_bound
 from .joint import sdp_value
 
 __all__ = ["SDP_RELAXATIONS", "relax", "self_attention_entry", "cross_attention_entry", "measure_entry",
@@ -53,55 +54,62 @@ def _layer(target) -> Layer:
     return target
 
 
-def _ball(domain: TokenDomain) -> tuple[float, object]:
+def _region(domain: TokenDomain) -> tuple[TokenDomain, None]:
+    """``(domain, None)``: the relaxations take the domain itself (a ball or a LayerNorm image) where a
+    ball's ``(radius, center)`` would go."""
     if not isinstance(domain, TokenDomain):
         raise AssumptionError("domain", "a TokenDomain (lipbound.numeric.domains)", type(domain).__name__,
                               "pass TokenBall(R) or LayerNormOutputs(norm)")
-    return domain.enclosing_ball()
+    domain.enclosing_ball()          # refuses unbounded domains
+    return domain, None
 
 
 def self_attention_entry(target: Head, domain: TokenDomain, *, n: int, causal: bool | None = None,
-                         solver: str = "auto", require: bool = False) -> CertifiedValue:
-    """Single-head dot-product self-attention on ``B(c, R)^n``: :func:`~.head.self_attention_bound`."""
-    return self_attention_bound(_head(target), *_ball(domain), n=n, causal=causal, solver=solver,
-                                require=require)
+                         solver: str = "auto", require: bool = False, bounds=None) -> CertifiedValue:
+    """Single-head dot-product self-attention on ``domain^n``: :func:`~.head.self_attention_bound`
+    (``bounds``: precomputed :class:`~.head.HeadBounds` of the same head and domain)."""
+    return self_attention_bound(_head(target), *_region(domain), n=n, causal=causal, solver=solver,
+                                require=require, bounds=bounds)
 
 
 def cross_attention_entry(target: Head, domain: TokenDomain, *, n: int, m: int, argument: str = "joint",
                           query_domain: TokenDomain | None = None, solver: str = "auto",
-                          require: bool = False) -> CertifiedValue:
+                          require: bool = False, bounds=None) -> CertifiedValue:
     """Dot-product cross-attention, m queries and n context tokens: :func:`~.head.cross_attention_bound`."""
-    query_radius, query_center = _ball(query_domain or domain)
-    return cross_attention_bound(_head(target), *_ball(domain), n=n, m=m, argument=argument,
+    query_radius, query_center = _region(query_domain or domain)
+    return cross_attention_bound(_head(target), *_region(domain), n=n, m=m, argument=argument,
                                  query_radius=query_radius, query_center=query_center, solver=solver,
-                                 require=require)
+                                 require=require, bounds=bounds)
 
 
 def measure_entry(target: Head, domain: TokenDomain, *, n: int | None = None, regime: str = "uniform",
                   argument: str = "self", query_domain: TokenDomain | None = None, solver: str = "auto",
                   require: bool = False) -> CertifiedValue:
     """Attention on probability measures, Lipschitz in W1: :func:`~.head.measure_attention_bound`."""
-    query_radius, query_center = _ball(query_domain or domain)
-    return measure_attention_bound(_head(target), *_ball(domain), n=n, regime=regime, argument=argument,
+    query_radius, query_center = _region(query_domain or domain)
+    return measure_attention_bound(_head(target), *_region(domain), n=n, regime=regime, argument=argument,
                                    query_radius=query_radius, query_center=query_center, solver=solver,
                                    require=require)
 
 
 def multi_head_entry(target: Layer, domain: TokenDomain, *, n: int,
                      inner: SelfAttention | CrossAttention | None = None, m: int | None = None,
-                     solver: str = "auto", require: bool = False) -> CertifiedValue:
+                     query_domain: TokenDomain | None = None, solver: str = "auto", require: bool = False,
+                     heads: list | None = None) -> CertifiedValue:
     r"""H heads concatenated, then ``W_O``: ``F(X) = [f^1(X), ..., f^H(X)] W_O``.
 
-    Two certified combinations, the smaller is reported:
+    Three certified combinations, the smallest is reported:
 
     * concatenation: ``||DF[E]|| <= ||W_O|| (sum_h ||Df^h[E]||^2)^(1/2) <= ||W_O|| (sum_h L_h^2)^(1/2)``;
     * split of ``W_O`` per head: ``F = sum_h f^h W_O^h`` with ``W_O^h`` the rows of head h, and
       ``f^h W_O^h`` is itself a head with value map ``W_V^h W_O^h``, so
-      ``Lip(F) <= sum_h L'_h`` with ``L'_h`` its matrix-aware bound (the alignment of ``W_V^h``
-      with ``W_O^h`` enters every joint constant).
+      ``Lip(F) <= sum_h L'_h`` with ``L'_h`` its relaxation (the alignment of ``W_V^h``
+      with ``W_O^h`` enters every joint constant);
+    * the heads seen jointly with ``W_O`` (:func:`~.layer.layer_joint_bound`).
 
-    ``inner`` is the per-head variant (default: non-causal self-attention); for
-    cross-attention heads pass ``m`` (queries).
+    ``inner`` is the per-head variant (default: non-causal self-attention); for cross-attention
+    heads pass ``m`` (queries) and ``query_domain``.  ``heads``: precomputed
+    :class:`~.head.HeadBounds` with the value maps ``W_V^h W_O^h`` (the concatenation is then skipped).
     """
     started = time.perf_counter()
     layer = _layer(target)
@@ -112,42 +120,50 @@ def multi_head_entry(target: Layer, domain: TokenDomain, *, n: int,
     if not isinstance(inner, (SelfAttention, CrossAttention)):
         raise AssumptionError("inner", "a SelfAttention or CrossAttention variant", type(inner).__name__,
                               "pass the per-head variant, e.g. MultiHead(SelfAttention(DotProduct())).head")
+    cross = isinstance(inner, CrossAttention)
+    if cross and m is None:
+        raise AssumptionError("m", "the number of queries for cross-attention heads", "None", "pass m=...")
     W_O = Enclosure.exact(layer.W_O)
-    radius, center = _ball(domain)
+    radius, center = _region(domain)
+    query_radius = (query_domain or domain) if cross else None
 
-    def per_head(head: Head, value) -> CertifiedValue:
-        if isinstance(inner, SelfAttention):
-            return self_attention_bound(head, radius, center, n=n, causal=inner.causal, solver=solver, value=value)
-        if m is None:
-            raise AssumptionError("m", "the number of queries for cross-attention heads", "None", "pass m=...")
+    def per_head(head: Head, value, bounds=None) -> CertifiedValue:
+        if not cross:
+            return self_attention_bound(head, radius, center, n=n, causal=inner.causal, solver=solver, value=value,
+                                        bounds=bounds)
         return cross_attention_bound(head, radius, center, n=n, m=m, argument=inner.argument, solver=solver,
-                                     value=value)
+                                     value=value, query_radius=query_radius, bounds=bounds)
 
     own, split = [], []
-    start = 0
-    for head in layer.heads:
-        block = Enclosure(W_O.mid[start:start + head.d_v], W_O.rad[start:start + head.d_v])
-        start += head.d_v
-        own.append(per_head(head, None))
-        split.append(per_head(head, Enclosure.exact(head.W_V) @ block))
-    certificate: dict = {"per_head": own, "per_head_split": split}
+    if heads is None:
+        heads = layer_head_bounds(layer, domain, query_radius, solver)
+        own = [per_head(head, None) for head in layer.heads]
+    for head, bounds in zip(layer.heads, heads):
+        split.append(per_head(head, bounds.value, bounds))
+    role = "self" if not cross else f"cross-{inner.argument}"
+    joint = layer_joint_bound(layer, domain, n=n, role=role, m=m, query_domain=query_domain if cross else None,
+                              solver=solver, heads=heads)
+    certificate: dict = {"per_head": own, "per_head_split": split, "joint": joint}
     failed = next((b for b in own + split if not b.certified), None)
     if failed is not None:
         result = sdp_value("Lip(multi-head)", math.nan, False, certificate, solver,
-                                time.perf_counter() - started, failed.details["status"],
-                                "multi-head combination of per-head relaxations",
-                                reason=f"a head: {failed.reason}")
+                           time.perf_counter() - started, failed.details["status"],
+                           "multi-head combination of per-head relaxations", reason=f"a head: {failed.reason}")
         if require:
             result.require()
         return result
-    norm_O = spectral_norm_upper(W_O)
-    concatenated = IV.mpf(norm_O) * IV.sqrt(sum((IV.mpf(b.value) ** 2 for b in own), IV.mpf(0)))
-    summed = sum((IV.mpf(b.value) for b in split), IV.mpf(0))
-    certificate.update(norm_W_O=norm_O, concatenated=upper(concatenated), split=upper(summed))
-    value = min(upper(concatenated), upper(summed))
-    return sdp_value("Lip(multi-head)", value, True, certificate, solver, time.perf_counter() - started,
-                          "certified", "||W_O|| (sum_h L_h^2)^(1/2) and sum_h Lip(f^h W_O^h), the smaller; "
-                          "lipbound.numeric.sdp.registry.multi_head_entry")
+    candidates = {"split": upper(sum((IV.mpf(b.value) for b in split), IV.mpf(0)))}
+    if own:
+        norm_O = spectral_norm_upper(W_O)
+        candidates["concatenated"] = upper(IV.mpf(norm_O) * IV.sqrt(sum((IV.mpf(b.value) ** 2 for b in own),
+                                                                       IV.mpf(0))))
+    if joint.certified:
+        candidates["joint"] = joint.value
+    certificate.update(candidates)
+    best = min(candidates, key=candidates.get)
+    return sdp_value("Lip(multi-head)", candidates[best], True, certificate, solver, time.perf_counter() - started,
+                     "certified", f"the smallest of ||W_O|| (sum_h L_h^2)^(1/2), sum_h Lip(f^h W_O^h) and the heads "
+                     f"seen jointly ({best}); lipbound.numeric.sdp.registry.multi_head_entry")
 
 
 def residual_entry(target: Head | Layer, domain: TokenDomain, *, n: int, inner: Variant | None = None,

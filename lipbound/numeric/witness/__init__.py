@@ -1,11 +1,16 @@
 """Witnesses: inputs where attention really stretches (certified lower bounds).
 
-The domain is ``D = {X in R^{n x d} : ||x_i - c||_2 <= R for every token i}``, a
-convex set, and ``f`` is smooth, so for the Frobenius norm
+The domain is ``D^n``, D a ball ``||x - c|| <= R`` or the image of a LayerNorm (an ellipsoid in a
+hyperplane, :mod:`lipbound.numeric.domains`), a convex set, and ``f`` is smooth, so for the
+Frobenius norm
 
-    Lip(f; D) = sup_{X in D} ||Df(X)||_2   >=   ||Df(X)[E]||_F / ||E||_F    for any X in D, E != 0,
+    Lip(f; D^n) = sup_{X in D^n} ||Df(X)|| on tangent directions  >=  ||Df(X)[E]||_F / ||E||_F
 
-and for any norm ``Lip(f; D) >= ||f(X) - f(Y)|| / ||X - Y||`` for ``X, Y in D``.  A
+for any X in ``D^n`` and any E != 0 whose rows are directions the tokens move in (all directions for
+a ball), and for any norm ``Lip(f; D^n) >= ||f(X) - f(Y)|| / ||X - Y||`` for ``X, Y in D^n``.
+Cross-attention (``role`` "cross-queries", "cross-context", "cross-joint") moves the m queries, the
+n context tokens or both, each in its own domain; :mod:`.problem` holds the map, the role and the
+charts of the domains.  A
 :class:`~.record.Witness` stores such an ``(X, E)`` ("jacobian") or ``(X, Y)`` ("secant") with the
 value it certifies; :func:`lipbound.numeric.recheck.recheck` recomputes that value in
 high precision from the stored floats, so anyone can check it.
@@ -44,9 +49,10 @@ and the polish runs on the layer map.  The best candidate's value is recomputed 
 in float64 with :mod:`lipbound.numeric.attention`, at a point projected into the closed ball
 with a small inward margin.
 
-Modules: :mod:`.record` (the witness file), :mod:`.kernel` (the batched kernel), :mod:`.starts`
-(structured inputs), :mod:`.ascent` (the polish), :mod:`.values` (final values from scratch),
-:mod:`.search` (the public searches).
+Modules: :mod:`.record` (the witness file), :mod:`.kernel` (the batched kernel), :mod:`.problem`
+(the map, its argument and the charts of its domains), :mod:`.starts` (structured inputs),
+:mod:`.ascent` (the polish), :mod:`.values` (final values from scratch), :mod:`.search` (the
+public searches).
 """
 
 from .kernel import jacobian_norms, kernel_for

@@ -1,4 +1,5 @@
-"""Batched L-BFGS ascent of the local Jacobian norm in smooth coordinates of the ball."""
+"""Batched L-BFGS ascent of the local Jacobian norm in smooth coordinates of the domain's chart
+(:class:`~.problem.SearchProblem`: a ball, or an ellipsoid such as a LayerNorm image)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 
 from ..attention import unit_rows
 
-__all__ = ["Candidates", "start_candidates", "take", "join", "polish", "random_tokens", "continuation"]
+__all__ = ["Candidates", "start_candidates", "take", "join", "polish", "continuation"]
 
 
 @final
@@ -25,15 +26,12 @@ class Candidates:
     family: list[str]
 
 
-def _evaluate(kernel, Xw: np.ndarray, E: np.ndarray, steps: int):
-    """``(sigma, E, grad)``: warm-started power iteration and ``grad_X sigma`` (envelope theorem)."""
-    lin = kernel.linearize(Xw)
-    sigma, E, JE = lin.top_singular(E, steps)
-    return sigma, E, lin.curvature(E, JE / np.maximum(sigma, 1e-300)[:, None, None])
-
-
-def start_candidates(kernel, Xw: np.ndarray, family: list[str], rng, power_steps: int = 30) -> Candidates:
-    sigma, E, _ = _evaluate(kernel, Xw, rng.standard_normal(Xw.shape), power_steps)
+def start_candidates(problem, Xw: np.ndarray, family: list[str], rng, power_steps: int = 30) -> Candidates:
+    """Candidates at the inputs Xw; an input a construction left non-finite gets sigma = -inf (never chosen)."""
+    finite = np.all(np.isfinite(Xw), axis=(1, 2))
+    Xw = np.where(finite[:, None, None], Xw, 0.0)
+    sigma, E, _ = problem.evaluate(Xw, rng.standard_normal(Xw.shape), power_steps)
+    sigma = np.where(finite & np.isfinite(sigma), sigma, -np.inf)
     return Candidates(Xw, E, sigma, list(family))
 
 
@@ -49,53 +47,58 @@ def join(*parts: Candidates) -> Candidates:
 
 
 @final
-class _BallChart:
-    """Smooth coordinates on the ball: token ``x_i = R s(rho_i) z_i / ||z_i||``, ``s`` the logistic
-    function, so that every point of the variables is feasible; tokens on the sphere stay there
-    (``s'`` vanishes), tokens inside may grow.  Variables are flattened to (b, n (d + 1))."""
+class _Chart:
+    """Smooth coordinates on the domain: token ``x' = s(rho) (z / ||z||) K^{1/2}`` in the chart of its
+    row group (:class:`~.problem.SearchProblem`), ``s`` the logistic function, so that every point of
+    the variables is feasible; tokens on the boundary stay there (``s'`` vanishes), tokens inside
+    may grow.  Variables are flattened to (b, rows (width + 1))."""
 
-    CAP = 20.0   # logit of 1 - 2e-9: tokens start at most that close to the sphere
+    CAP = 20.0   # logit of 1 - 2e-9: tokens start at most that close to the boundary
 
-    def __init__(self, radius: float, n: int, d: int):
-        self.R, self.n, self.d = radius, n, d
+    def __init__(self, problem, scale: float = 1.0):
+        self.problem, self.scale = problem, scale
+        self.n, self.d = problem.rows, problem.width
 
     def encode(self, X: np.ndarray) -> np.ndarray:
-        norms = np.linalg.norm(X, axis=-1)
-        ratio = np.clip(norms / self.R, 1e-6, 1.0)
+        U = self.problem.to_unit(X, self.scale)
+        norms = np.linalg.norm(U, axis=-1)
+        ratio = np.clip(norms, 1e-6, 1.0)
         rho = np.minimum(np.log(ratio) - np.log1p(-np.minimum(ratio, 1 - 1e-12)), self.CAP)
-        Z = np.where(norms[..., None] > 0, X / np.where(norms > 0, norms, 1.0)[..., None], 1.0 / math.sqrt(self.d))
+        Z = np.where(norms[..., None] > 0, U / np.where(norms > 0, norms, 1.0)[..., None], 1.0 / math.sqrt(self.d))
+        Z = Z * self.problem.shape_mask
         return np.concatenate([Z.reshape(len(X), self.n * self.d), rho], axis=1)
 
     def decode(self, v: np.ndarray):
         b = len(v)
-        Z = v[:, :self.n * self.d].reshape(b, self.n, self.d)
+        Z = v[:, :self.n * self.d].reshape(b, self.n, self.d) * self.problem.shape_mask
         rho = v[:, self.n * self.d:]
         size = np.maximum(np.linalg.norm(Z, axis=-1, keepdims=True), 1e-300)
-        scale = self.R * (0.5 + 0.5 * np.tanh(0.5 * rho))[..., None]   # logistic, without overflow
-        return scale * Z / size, (Z, size, scale, rho)
+        scale = (0.5 + 0.5 * np.tanh(0.5 * rho))[..., None]   # logistic, without overflow
+        return self.problem.from_unit(scale * Z / size, self.scale), (Z, size, scale, rho)
 
     def pullback(self, grad: np.ndarray, cache) -> np.ndarray:
         Z, size, scale, rho = cache
+        grad = self.problem.from_unit(grad, self.scale)                 # d/du of x' = u K^{1/2} (K symmetric)
         unit = Z / size
         radial = np.sum(grad * unit, axis=-1, keepdims=True)
         gZ = scale * (grad - radial * unit) / size
         s = 0.5 + 0.5 * np.tanh(0.5 * rho)
-        grho = radial[..., 0] * self.R * s * (1 - s)
+        grho = radial[..., 0] * s * (1 - s)
         return np.concatenate([gZ.reshape(len(grad), self.n * self.d), grho], axis=1)
 
 
-def polish(kernel, cands: Candidates, radius: float, deadline: float, max_iterations: int = 10 ** 9,
-            power_steps: int = 6, memory: int = 8) -> Candidates:
-    """Batched L-BFGS ascent of ``sigma_max(Df(X))`` in the coordinates of :class:`_BallChart`,
+def polish(problem, cands: Candidates, deadline: float, scale: float = 1.0, max_iterations: int = 10 ** 9,
+           power_steps: int = 6, memory: int = 8) -> Candidates:
+    """Batched L-BFGS ascent of ``sigma_max(Df(X))`` in the coordinates of :class:`_Chart`,
     with a backtracking (Armijo) line search per candidate.  Monotone: each candidate returns its
     best point, never worse than its start."""
     b, n, d = cands.X.shape
     if b == 0:
         return cands
-    chart = _BallChart(radius, n, d)
+    chart = _Chart(problem, scale)
     v = chart.encode(cands.X)
     X, cache = chart.decode(v)
-    sigma, E, grad = _evaluate(kernel, X, cands.E, power_steps)
+    sigma, E, grad = problem.evaluate(X, cands.E, power_steps)
     g = -chart.pullback(grad, cache)                               # we minimise -sigma
     best = Candidates(cands.X.copy(), cands.E.copy(), cands.sigma.copy(), list(cands.family))
     improved = sigma > best.sigma
@@ -141,7 +144,7 @@ def polish(kernel, cands: Candidates, radius: float, deadline: float, max_iterat
                 break
             trial = v[idx] + t[idx, None] * p[idx]
             Xt, cache_t = chart.decode(trial)
-            sig_t, E_t, grad_t = _evaluate(kernel, Xt, E[idx], power_steps)
+            sig_t, E_t, grad_t = problem.evaluate(Xt, E[idx], power_steps)
             ok = -sig_t <= -sigma[idx] + 1e-4 * t[idx] * slope[idx]
             done = idx[ok]
             new_v[done], new_sigma[done], new_E[done] = trial[ok], sig_t[ok], E_t[ok]
@@ -166,14 +169,10 @@ def polish(kernel, cands: Candidates, radius: float, deadline: float, max_iterat
     return best
 
 
-def random_tokens(rng, count: int, n: int, d: int, radius: float) -> np.ndarray:
-    return radius * unit_rows(rng.standard_normal((count, n, d)).reshape(count * n, d)).reshape(count, n, d)
-
-
-def continuation(kernel, rng, count: int, n: int, radius: float, deadline: float) -> Candidates:
-    """Random inputs on the sphere polished at radius R/4 (softmax not yet saturated), then
-    scaled to R/2 and R and polished again."""
-    Xw = random_tokens(rng, count, n, kernel.d_in, radius)
+def continuation(problem, rng, count: int, deadline: float) -> Candidates:
+    """Random inputs on the boundary polished on the domain scaled by 1/4 (softmax not yet
+    saturated), then scaled to 1/2 and 1 and polished again."""
+    Xw = problem.random(rng, count)
     stages = (0.25, 0.5, 1.0)
     start_time = time.perf_counter()
     cands = None
@@ -181,10 +180,8 @@ def continuation(kernel, rng, count: int, n: int, radius: float, deadline: float
         share = (deadline - start_time) / len(stages)
         stage_deadline = min(deadline, start_time + share * (index + 1))
         if cands is None:
-            cands = start_candidates(kernel, Xw * fraction, ["continuation"] * count, rng)
+            cands = start_candidates(problem, Xw * fraction, ["continuation"] * count, rng)
         else:
-            cands = start_candidates(kernel, cands.X * (fraction / stages[index - 1]), cands.family, rng)
-        cands = polish(kernel, cands, radius * fraction, stage_deadline)
+            cands = start_candidates(problem, cands.X * (fraction / stages[index - 1]), cands.family, rng)
+        cands = polish(problem, cands, stage_deadline, scale=fraction)
     return cands
-
-

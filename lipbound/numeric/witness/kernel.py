@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..attention import AttentionMap, unit_rows
+from ..attention import GRAM_TOKENS, AttentionMap, unit_rows
 from ..blas import one_blas_thread
 from ..model import Head, Layer
 
@@ -49,7 +49,7 @@ def jacobian_norms(kernel: AttentionMap, Xw: np.ndarray, steps: int = 20, seed: 
     """
     Xw = np.asarray(Xw, dtype=float)
     rng = np.random.default_rng(seed)
-    if kernel.gram is None:
+    if kernel.gram is None or Xw.shape[1] > GRAM_TOKENS:
         sigma, E, _ = kernel.linearize(Xw).top_singular(rng.standard_normal(Xw.shape), steps)
         return sigma, (E if directions else None)
     starts = rng.standard_normal((Xw.shape[0], Xw.shape[1], kernel.d_v))

@@ -1,10 +1,16 @@
 """The witness record: an input where an attention map stretches, saved so anyone can re-check it.
 
-A :class:`Witness` stores ``(X, E)`` ("jacobian": ``||Df(X)[E]||_F`` with ``||E||_F = 1``) or
-``(X, Y)`` ("secant": ``||f(X) - f(Y)|| / ||X - Y||``) with the value it claims, the ball it
-lies in, and the weights it was found on (their path and sha256), in an ``.npz`` file of plain
-arrays and a JSON metadata string; :mod:`lipbound.numeric.recheck` recomputes the value in
-high precision.
+A :class:`Witness` stores ``(X, E)`` ("jacobian": ``||Df(X)[E]||_F / ||E||_F``) or ``(X, Y)``
+("secant": ``||f(X) - f(Y)|| / ||X - Y||``) with the value it claims, the domain it lies in, and
+the weights it was found on (their path and sha256), in an ``.npz`` file of plain arrays and a
+JSON metadata string; :mod:`lipbound.numeric.recheck` recomputes the value in high precision.
+
+Cross-attention witnesses (``role`` "cross-queries", "cross-context", "cross-joint") also store
+the queries ``Q`` and, when the constant is taken in them, a direction ``EQ`` on them.  A domain
+is a ball (``radius``, ``center``) or a LayerNorm image (``gamma`` besides: tokens
+``center + gamma * z``, ``z`` orthogonal to 1, ``||z|| <= sqrt(d)``); for the image the exact
+coordinates ``z`` of every token (and ``w`` of every direction, ``E = gamma * w``, ``sum w = 0``) are
+stored in ``coordinates``, because a float token almost never lies exactly on the hyperplane.
 """
 
 from __future__ import annotations
@@ -20,12 +26,16 @@ import numpy as np
 
 from ...errors import AssumptionError, WeightsError
 from ...io import atomic_write
+from ..domains import project_to_ball as _project
 
-__all__ = ["Witness", "WITNESS_FORMAT", "KINDS", "NORMS", "INWARD_MARGIN", "in_ball", "project_to_ball"]
+__all__ = ["Witness", "WITNESS_FORMAT", "KINDS", "ROLES", "NORMS", "INWARD_MARGIN", "in_ball", "project_to_ball"]
 
 #: Version tag written into every witness file.
-WITNESS_FORMAT = "lipbound-witness/2"
+WITNESS_FORMAT = "lipbound-witness/3"
 KINDS = ("jacobian", "secant")
+#: The argument of the constant (see :mod:`lipbound.numeric.witness.problem`).
+ROLES = ("self", "cross-queries", "cross-context", "cross-joint")
+_ARRAYS = ("X", "E", "Y", "Q", "EQ")
 NORMS = ("fro", "2,1")
 #: Tokens are pulled this far (relative) inside the sphere, so rounding never puts them outside.
 INWARD_MARGIN = 1e-9
@@ -75,6 +85,19 @@ class Witness:
         ISO 8601 time stamp (UTC).
     details : dict
         JSON-serialisable extras (the candidate family, iterations, ...).
+    role : {"self", "cross-queries", "cross-context", "cross-joint"}
+        The argument of the constant.
+    Q, EQ : ndarray of shape (m, d), or None
+        Cross-attention: the queries, and the direction on them (roles "cross-queries" and
+        "cross-joint"; for "cross-queries" E is zero).
+    gamma : ndarray of shape (d,), or None
+        The domain of X is the LayerNorm image ``center + gamma * z`` (None: the ball).
+    query_radius, query_center, query_gamma :
+        The domain of the queries (cross-attention), as for X.
+    coordinates : dict of str to ndarray
+        Exact coordinates on a LayerNorm image: ``"X"``, ``"Y"``, ``"Q"`` hold z, ``"E"``, ``"EQ"`` hold w.
+    block : str
+        The stack of the model (``"encoder"`` or ``"decoder"``).
     """
 
     kind: str
@@ -97,6 +120,15 @@ class Witness:
     residual: bool = False
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     details: dict = field(default_factory=dict)
+    role: str = "self"
+    Q: np.ndarray | None = None
+    EQ: np.ndarray | None = None
+    gamma: np.ndarray | None = None
+    query_radius: float | None = None
+    query_center: np.ndarray | None = None
+    query_gamma: np.ndarray | None = None
+    coordinates: dict = field(default_factory=dict)
+    block: str = "encoder"
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -132,7 +164,58 @@ class Witness:
             raise AssumptionError("value", "a finite non-negative number", repr(self.value),
                                   "a witness value is a norm ratio")
         object.__setattr__(self, "value", value)
+        self._check_cross(X)
+        for key in ("gamma", "query_gamma"):
+            if getattr(self, key) is not None:
+                gamma = np.array(getattr(self, key), dtype=float)
+                if gamma.shape != (X.shape[1],) or not np.all(np.isfinite(gamma)):
+                    raise WeightsError(key, f"a finite vector of shape ({X.shape[1]},)", f"shape {gamma.shape}",
+                                       "pass the LayerNorm gain of the domain")
+                gamma.setflags(write=False)
+                object.__setattr__(self, key, gamma)
+        coordinates = {}
+        for key, value in dict(self.coordinates).items():
+            reference = getattr(self, key, None) if key in _ARRAYS else None
+            array = _finite_matrix(f"coordinates[{key!r}]", value)
+            if reference is None or array.shape != reference.shape:
+                raise WeightsError(f"coordinates[{key!r}]", f"coordinates of the stored array {key}",
+                                   f"shape {array.shape}", "store z (tokens) and w (directions) of the same shape")
+            coordinates[key] = array
+        object.__setattr__(self, "coordinates", coordinates)
         json.dumps(self.details)  # fails early on non-serialisable extras
+
+    def _check_cross(self, X: np.ndarray) -> None:
+        if self.role not in ROLES:
+            raise AssumptionError("role", f"one of {ROLES}", repr(self.role), "choose the argument of the constant")
+        if self.role == "self":
+            if self.Q is not None or self.EQ is not None:
+                raise AssumptionError("Q", "no queries for self-attention", "an array", "use a cross role")
+            return
+        if self.kind != "jacobian":
+            raise AssumptionError("kind", "'jacobian' for cross-attention", repr(self.kind), "store (X, E, Q, EQ)")
+        if self.Q is None:
+            raise AssumptionError("Q", "the queries of cross-attention (m, d)", "None", "pass Q=...")
+        Q = _finite_matrix("Q", self.Q)
+        if Q.shape[1] != X.shape[1]:
+            raise WeightsError("Q", f"queries of width {X.shape[1]}", f"shape {Q.shape}", "queries are tokens too")
+        object.__setattr__(self, "Q", Q)
+        if self.role in ("cross-queries", "cross-joint"):
+            if self.EQ is None:
+                raise AssumptionError("EQ", "a direction on the queries", "None", "pass EQ=...")
+            EQ = _finite_matrix("EQ", self.EQ)
+            if EQ.shape != Q.shape:
+                raise WeightsError("EQ", f"shape {Q.shape} like Q", f"shape {EQ.shape}", "one row per query")
+            object.__setattr__(self, "EQ", EQ)
+        elif self.EQ is not None:
+            raise AssumptionError("EQ", "None (the constant is taken in the context)", "an array", "drop EQ")
+        radius = self.radius if self.query_radius is None else float(self.query_radius)
+        center = self.center if self.query_center is None else np.array(self.query_center, dtype=float)
+        if not (radius > 0 and math.isfinite(radius)) or center.shape != (X.shape[1],):
+            raise AssumptionError("query_radius", "a finite radius > 0 and a centre of the token width",
+                                  f"{radius!r}, shape {center.shape}", "give the queries' ball")
+        center.setflags(write=False)
+        object.__setattr__(self, "query_radius", float(radius))
+        object.__setattr__(self, "query_center", center)
 
     @property
     def n(self) -> int:
@@ -143,38 +226,61 @@ class Witness:
         return self.X.shape[1]
 
     @property
+    def m(self) -> int | None:
+        return None if self.Q is None else self.Q.shape[0]
+
+    @property
     def target(self) -> str:
         """A short name of the map: ``"model layer 0 head 3 (dot)"``."""
         where = "" if self.layer is None else f" layer {self.layer}"
+        where = f" {self.block}{where}" if self.block != "encoder" else where
         which = " (all heads)" if self.head is None else f" head {self.head}"
         extra = ", residual" if self.residual else ""
-        return f"{self.model or 'unnamed model'}{where}{which} ({self.score}{extra})"
+        role = "" if self.role == "self" else f", {self.role}"
+        return f"{self.model or 'unnamed model'}{where}{which} ({self.score}{extra}{role})"
 
     def in_domain(self) -> bool:
-        """Float check of ``||x_i - c|| <= R`` (and for ``Y``); the exact check is in
-        :func:`lipbound.numeric.recheck.recheck`."""
-        ok = bool(np.all(in_ball(self.X, self.center, self.radius)))
-        if self.Y is not None:
-            ok = ok and bool(np.all(in_ball(self.Y, self.center, self.radius)))
+        """Float check that every token lies in its domain (the exact check is in
+        :func:`lipbound.numeric.recheck.recheck`)."""
+        ok = True
+        for key in ("X", "Y", "Q"):
+            points = getattr(self, key)
+            if points is None:
+                continue
+            query = key == "Q"
+            gamma = self.query_gamma if query else self.gamma
+            radius = self.query_radius if query else self.radius
+            center = self.query_center if query else self.center
+            if gamma is None:
+                ok = ok and bool(np.all(in_ball(points, center, radius)))
+            else:
+                z = self.coordinates.get(key)
+                ok = ok and z is not None and bool(np.all(np.linalg.norm(z, axis=-1) ** 2 <= z.shape[-1])) \
+                    and bool(np.allclose(center + gamma * z, points, rtol=0, atol=1e-9 * (1 + np.abs(points).max())))
         return ok
 
     def metadata(self) -> dict:
         return {"format": WITNESS_FORMAT, "kind": self.kind, "value": self.value, "value_hex": self.value.hex(),
                 "norm": self.norm, "radius": self.radius, "radius_hex": self.radius.hex(), "seed": self.seed,
                 "method": self.method, "model": self.model, "weights": self.weights, "sha256": self.sha256,
-                "domain": self.domain, "layer": self.layer, "head": self.head,
-                "score": self.score, "residual": self.residual, "created": self.created,
-                "details": self.details, "n": self.n, "d": self.d}
+                "domain": self.domain, "layer": self.layer, "head": self.head, "block": self.block,
+                "role": self.role, "score": self.score, "residual": self.residual, "created": self.created,
+                "query_radius_hex": None if self.query_radius is None else self.query_radius.hex(),
+                "details": self.details, "n": self.n, "m": self.m, "d": self.d}
 
     def save(self, path: str | Path) -> Path:
-        """Write an ``.npz`` file: arrays ``X``, ``E`` or ``Y``, ``center`` (float64) and
-        ``metadata`` (a JSON string as a unicode array).  Nothing is pickled.  Returns the path
-        (``.npz`` is appended when missing, as numpy does)."""
+        """Write an ``.npz`` file: arrays ``X``, ``E`` or ``Y``, ``center`` (float64), the queries
+        ``Q``, ``EQ``, ``query_center`` of cross-attention, ``gamma``/``query_gamma`` and
+        ``coordinates.KEY`` of LayerNorm images, and ``metadata`` (a JSON string as a unicode array).
+        Nothing is pickled.  Returns the path (``.npz`` is appended when missing, as numpy does)."""
         path = Path(path)
         if path.suffix != ".npz":
             path = path.with_name(path.name + ".npz")
         arrays = {"X": self.X, "center": self.center, "metadata": np.array(json.dumps(self.metadata()))}
-        arrays["E" if self.kind == "jacobian" else "Y"] = self.E if self.kind == "jacobian" else self.Y
+        for key in ("E", "Y", "Q", "EQ", "query_center", "gamma", "query_gamma"):
+            if getattr(self, key) is not None:
+                arrays[key] = getattr(self, key)
+        arrays.update({f"coordinates.{key}": value for key, value in self.coordinates.items()})
         with atomic_write(path, "--witness-dir") as handle:
             np.savez(handle, **arrays)
         return path
@@ -200,7 +306,7 @@ class Witness:
         except (json.JSONDecodeError, TypeError, IndexError) as error:
             raise WeightsError(str(path), "JSON metadata", f"unparsable metadata ({error})",
                                "re-create the witness with Witness.save") from None
-        if meta.get("format") not in (WITNESS_FORMAT, "lipbound-witness/1"):
+        if meta.get("format") not in (WITNESS_FORMAT, "lipbound-witness/2", "lipbound-witness/1"):
             raise WeightsError(str(path), f"format {WITNESS_FORMAT!r}", repr(meta.get("format")),
                                "re-create the witness with this version of lipbound")
         kind = meta["kind"]
@@ -208,13 +314,20 @@ class Witness:
         if second not in arrays:
             raise WeightsError(str(path), f"an array {second} for a {kind} witness", f"arrays {sorted(arrays)}",
                                "the file is incomplete; re-create it")
+        query_radius = meta.get("query_radius_hex")
         return cls(kind=kind, X=arrays["X"], E=arrays.get("E"), Y=arrays.get("Y"),
                    value=float.fromhex(meta["value_hex"]), norm=meta["norm"],
                    radius=float.fromhex(meta["radius_hex"]), center=arrays["center"], seed=int(meta["seed"]),
                    method=meta["method"], model=meta["model"], weights=meta.get("weights", ""),
                    sha256=meta.get("sha256", ""), domain=meta.get("domain", ""), layer=meta["layer"], head=meta["head"],
                    score=meta["score"], residual=bool(meta["residual"]), created=meta["created"],
-                   details=meta.get("details", {}))
+                   details=meta.get("details", {}), role=meta.get("role", "self"), Q=arrays.get("Q"),
+                   EQ=arrays.get("EQ"), gamma=arrays.get("gamma"),
+                   query_radius=None if query_radius is None else float.fromhex(query_radius),
+                   query_center=arrays.get("query_center"), query_gamma=arrays.get("query_gamma"),
+                   coordinates={key.split(".", 1)[1]: value for key, value in arrays.items()
+                                if key.startswith("coordinates.")},
+                   block=meta.get("block", "encoder"))
 
 
 def _finite_matrix(name: str, value) -> np.ndarray:
@@ -244,10 +357,4 @@ def project_to_ball(X: np.ndarray, radius: float, center: np.ndarray | float = 0
 
     ``X`` has shape (..., n, d).  The inward margin keeps rounding from pushing a token out.
     """
-    shifted = np.asarray(X, dtype=float) - center
-    norms = np.linalg.norm(shifted, axis=-1, keepdims=True)
-    limit = radius * (1.0 - margin)
-    scale = np.where(norms > limit, limit / np.where(norms > 0, norms, 1.0), 1.0)
-    return shifted * scale + center
-
-
+    return _project(X, radius * (1.0 - margin), center)

@@ -10,35 +10,43 @@ import numpy as np
 from ...errors import AssumptionError, WeightsError
 from ..blas import one_blas_thread
 from ..memory import available_bytes, require_memory
-from ..domains import TokenDomain
+from ..domains import TokenBall, TokenDomain
 from ..model import Head, Layer
-from .ascent import continuation, join, polish, random_tokens, start_candidates, take
+from .ascent import continuation, join, polish, start_candidates, take
 from ..attention import AttentionMap, heads_of, unit_rows
 from .kernel import kernel_for
+from .problem import ROLES, SearchProblem
 from .record import NORMS, Witness, project_to_ball
-from .starts import TieSurrogate, castin_input, structured_starts
-from .values import jacobian_value, local_jacobian_norm, pull_inside, reference_maps, secant_value
+from .starts import TieSurrogate, castin_input, cross_starts, structured_starts
+from .values import cross_value, jacobian_value, local_jacobian_norm, pull_inside, reference_maps, secant_value
 
 __all__ = ["search_witness", "naive_ascent", "castin_adversarial"]
 
 _NAIVE_LR = 0.003
 
 
-def _check_search_args(target, domain, n, budget_seconds, norm):
-    """``(R, c, heads)``: the ball the search runs in (the domain's enclosing ball) and the heads."""
+def _check_domain(name: str, domain, d: int) -> None:
+    if not isinstance(domain, TokenDomain):
+        raise AssumptionError(name, "a TokenDomain (lipbound.numeric.domains)", type(domain).__name__,
+                              "pass domain=TokenBall(R) or LayerNormOutputs(norm)")
+    domain.check_width(d)
+    domain.enclosing_ball()       # refuses unbounded domains
+
+
+def _check_search_args(target, domain, n, budget_seconds, norm, m=None):
+    """``(R, c, heads)``: the domain's enclosing ball and the heads; every argument checked."""
     heads = heads_of(target)[0]
     if isinstance(n, bool) or not (isinstance(n, (int, np.integer)) and n >= 1):
         raise AssumptionError("--n", "an integer number of tokens >= 1", repr(n), "pass --n 8, say")
+    if m is not None and (isinstance(m, bool) or not (isinstance(m, (int, np.integer)) and m >= 1)):
+        raise AssumptionError("--m", "an integer number of queries >= 1", repr(m), "pass --m 8, say")
     if not (isinstance(budget_seconds, (int, float)) and budget_seconds > 0):
         raise AssumptionError("--budget", "a positive number of seconds", repr(budget_seconds), "pass --budget 10")
     if norm not in NORMS:
         raise AssumptionError("norm", f"one of {NORMS}", repr(norm), "use 'fro' or '2,1'")
-    if not isinstance(domain, TokenDomain):
-        raise AssumptionError("domain", "a TokenDomain (lipbound.numeric.domains)", type(domain).__name__,
-                              "pass domain=TokenBall(R) or LayerNormOutputs(norm)")
     d = heads[0].d
-    domain.check_width(d)
-    _check_memory(len(heads), int(n), d)
+    _check_domain("domain", domain, d)
+    _check_memory(len(heads), int(n) + int(m or 0), d)
     radius, center = domain.enclosing_ball()
     return radius, np.zeros(d) if center is None else center, heads
 
@@ -55,159 +63,239 @@ def _check_memory(heads: int, n: int, d: int) -> None:
     require_memory(needed, "--n", "witness search", largest)
 
 
-def _initial_pool(target, kernel, center, radius, n, rng, deadline) -> list[tuple[np.ndarray, str]]:
-    """Starting inputs in the kernel's working coordinates: for every dot-product head, the best
-    structured inputs (searched in that head's own reduced basis) and Castin et al.'s input;
-    then random inputs.  Heads are visited until ``deadline``."""
+def _evaluate_pool(problem: SearchProblem, pool, rng, power_steps: int, chunk: int, deadline: float):
+    """Jacobian norms of the starting inputs, in chunks until ``deadline`` (at least one chunk)."""
+    Xw = np.concatenate([p[0] for p in pool])
+    families = [p[1] for p in pool for _ in range(len(p[0]))]
+    parts = []
+    for first in range(0, len(Xw), chunk):
+        if parts and time.perf_counter() >= deadline:
+            break
+        part = slice(first, first + chunk)
+        parts.append(start_candidates(problem, problem.retract(Xw[part], 1 - 1e-9), families[part], rng,
+                                      power_steps=power_steps))
+    return join(*parts)
+
+
+def _self_pool(problem: SearchProblem, rng, deadline, work: float = 1.0) -> list[tuple[np.ndarray, str]]:
+    """Structured starts of self-attention: for every dot-product head, the best alpha/beta inputs
+    (found in that head's own reduced chart), several heads tied at once, Castin et al.'s input."""
+    target, n = problem.target, problem.n
     heads = heads_of(target)[0]
-    inside = radius * (1 - 1e-6)
-    pool = [(random_tokens(rng, 8, n, kernel.d_in, inside), "random")]
-    if kernel.score != "dot":  # the structured constructions are for dot-product scores
-        return pool
-    keep = max(2, 24 // len(heads)) if len(heads) > 1 else 16
+    pool = []
+    keep = max(1, int((max(2, 24 // len(heads)) if len(heads) > 1 else 16) / work))
     surrogate = None
-    # heads in decreasing order of a crude size, R^2 ||A_h|| ||W_V^h|| ||W_O^h||: the budget may end early
     W_O = getattr(target, "W_O", None)
+    # heads in decreasing order of a crude size, ||A_h|| ||W_V^h|| ||W_O^h||: the budget may end early
     sizes = [np.linalg.norm(h.A, 2) * np.linalg.norm(h.W_V, 2)
              * (1.0 if W_O is None else np.linalg.norm(W_O[i * h.d_v:(i + 1) * h.d_v], 2)) for i, h in enumerate(heads)]
     for index in np.argsort(sizes)[::-1]:
         head = heads[index]
-        if time.perf_counter() >= deadline and len(pool) > 1:
+        if time.perf_counter() >= deadline and len(pool) > 0:
             break
-        own = AttentionMap(head, center, reduce=True)
+        own = problem if len(heads) == 1 else problem.for_head(int(index))
         if n >= 3:
-            W_Q, W_K, W_V, b_Q, _, _ = own.head_weights(0)
+            # the chart's unit ball, scaled to the longest semi-axis (the scale the construction is tuned for)
+            size = own.context.radius
+            W_Q, W_K, W_V, b_Q, _, _ = (w / size if i < 3 else w for i, w in enumerate(own.head_weights_in_chart(0)))
             light = len(heads) > 1
-            starts, _ = structured_starts(W_Q, W_K, W_V, b_Q, inside, n, count=16 if light else 32,
-                                          steps=120 if light else 200, seed=int(rng.integers(2 ** 31)))
-            pool.append((kernel.to_work(own.from_work(starts[:keep])), "structured"))
-            if kernel.H > 1:
-                surrogate = surrogate or TieSurrogate(kernel, inside, n)
-                pool.append((surrogate.combine(pool[-1][0][0])[None], "tied-heads"))
+            share = (deadline - time.perf_counter()) / (1 if not light else max(1, len(heads) // 3))
+            starts, _ = structured_starts(W_Q, W_K, W_V, b_Q, size * (1 - 1e-6), n, count=16 if light else 32,
+                                          steps=120 if light else 200, seed=int(rng.integers(2 ** 31)),
+                                          deadline=time.perf_counter() + max(share, 0.0))
+            tokens = own.lift(own.from_unit(starts[:keep] / size))[0]
+            pool.append((problem.retract(problem.to_work(tokens)), "structured"))
+            if problem.kernel.H > 1:
+                surrogate = surrogate or TieSurrogate(problem, n)
+                pool.append((problem.retract(surrogate.combine(pool[-1][0][0])[None]), "tied-heads"))
         try:
-            castin = castin_input(head.W_Q, head.W_K, inside, n, literal=False)
+            R, c = problem.context.radius, problem.context.center
+            castin = castin_input(head.W_Q, head.W_K, R, n, literal=False)
             signs = np.stack([castin, -castin]) if len(heads) == 1 else castin[None]   # eig fixes no sign
-            pool.append((kernel.to_work(signs + center), "castin"))
+            pool.append((problem.retract(problem.to_work(signs + c)), "castin"))
         except AssumptionError:
             pass
     return pool
 
 
-def _describe(target, domain: TokenDomain, origin, layer, head) -> dict:
+def _describe(target, domain: TokenDomain, origin, layer, head, block="encoder") -> dict:
     """What the witness is about: the map, its domain, and the weights (name, path, sha256)."""
     heads, _, _, residual = heads_of(target)
     return {"model": getattr(origin, "name", "") or "", "weights": getattr(origin, "path", "") or "",
             "sha256": getattr(origin, "sha256", "") or "", "layer": layer,
             "head": head if isinstance(target, Head) else None, "score": heads[0].score, "residual": residual,
-            "domain": domain.describe()}
+            "domain": domain.describe(), "block": block}
+
+
+def _domain_fields(domain: TokenDomain, prefix: str = "") -> dict:
+    record = domain.record()
+    fields = {f"{prefix}radius": float(record["radius"]), f"{prefix}center": record["center"]}
+    if record["kind"] == "layernorm-image":
+        fields[f"{prefix}gamma"] = record["gamma"]
+    return fields
 
 
 @one_blas_thread
 def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_seconds: float, seed: int = 0,
                    norm: str = "fro", origin=None, layer: int | None = None, head: int | None = None,
-                   polish_count: int = 12) -> Witness:
-    """Find an input where ``target`` stretches as much as possible on the ball domain.
+                   role: str = "self", m: int | None = None, query_domain: TokenDomain | None = None,
+                   block: str = "encoder", polish_count: int = 12) -> Witness:
+    """Find an input where ``target`` stretches as much as possible on its domain.
 
     Parameters
     ----------
     target : Head or Layer
+        One head, or a multi-head layer with its output projection (causal heads: role "self").
     domain : TokenDomain
-        The search runs in its enclosing ball ``||x_i - c|| <= R``.
+        Where the tokens live (self-attention), or the context (cross-attention).  A ball, or a
+        LayerNorm image (an ellipsoid in a hyperplane: the search stays on it and its witness
+        stores the exact coordinates that prove membership).
     n : int
-        Number of tokens.
+        Number of tokens (of context tokens for cross-attention).
     budget_seconds : float
         Wall-clock budget of the whole search, the final recomputation included.
     seed : int
     norm : {"fro", "2,1"}
         ``"fro"``: a jacobian witness; ``"2,1"``: a secant witness ``(X, Y)`` that moves one
-        token, for ``||.||_{2,1}`` on inputs and outputs.
+        token, for ``||.||_{2,1}`` on inputs and outputs (self-attention only).
     origin : Model, optional
         The model the weights come from: its name, path and sha256 are recorded in the witness.
     layer, head : int
-        Where the target sits in the model (counted from 0).
+        Where the target sits in the model (counted from 0); ``block`` the stack.
+    role : {"self", "cross-queries", "cross-context", "cross-joint"}
+        The argument of the constant: self-attention, or cross-attention in the m queries (the
+        context fixed), in the n context tokens, or in both.
+    m : int, optional
+        Queries of cross-attention (default n).
+    query_domain : TokenDomain, optional
+        Where the queries of cross-attention live (default: ``domain``).
     polish_count : int
         How many candidates are polished together.
 
     Returns
     -------
     Witness
-        ``value`` recomputed with :mod:`lipbound.numeric.attention` at a point inside the ball.
+        ``value`` recomputed with :mod:`lipbound.numeric.attention` at a point of the domain.
 
     Notes
     -----
-    Candidates: structured alpha/beta inputs of every head (:func:`structured_starts`,
-    dot-product scores only), Castin et al.'s adversarial input, random inputs with radius
-    continuation; the best are polished by projected ascent of the local Jacobian norm.
+    Candidates: structured alpha/beta inputs of every head (:func:`structured_starts`, dot-product
+    self-attention; ties between far keys for cross-attention), several heads tied at one input,
+    Castin et al.'s adversarial input, random inputs with a continuation from a shrunk domain; the
+    best are polished together by an L-BFGS ascent of the local Jacobian norm in smooth
+    coordinates of the domain.
     """
-    radius, center, heads = _check_search_args(target, domain, n, budget_seconds, norm)
+    if role not in ROLES:
+        raise AssumptionError("role", f"one of {ROLES}", repr(role), "choose the argument of the constant")
+    cross = role != "self"
+    if cross:
+        m = n if m is None else m
+        if norm != "fro":
+            raise AssumptionError("norm", "'fro' for cross-attention witnesses", repr(norm), "use norm='fro'")
+    _check_search_args(target, domain, n, budget_seconds, norm, m if cross else None)
+    query_domain = domain if query_domain is None else query_domain
+    if cross:
+        _check_domain("query_domain", query_domain, heads_of(target)[0][0].d)
     began = time.perf_counter()
     deadline = began + budget_seconds * (0.9 if norm == "fro" else 0.75)
     rng = np.random.default_rng(seed)
-    kernel = kernel_for(target, center)
-    pool = _initial_pool(target, kernel, center, radius, n, rng, began + 0.25 * (deadline - began))
-    Xw = np.concatenate([p[0] for p in pool])
-    families = [p[1] for p in pool for _ in range(len(p[0]))]
-    cands = start_candidates(kernel, project_to_ball(Xw, radius), families, rng, power_steps=15 if len(heads) == 1 else 6)
+    problem = SearchProblem(target, role, domain, query_domain, n, m if cross else None)
+    heads = problem.kernel.heads
+    # the cost of one input grows like n^2: fewer candidates for long inputs keep the budget
+    work = max(1.0, (problem.rows / 64) ** 2)
+    polish_count = max(2, int(polish_count / work))
+    until = began + 0.25 * (deadline - began)
+    pool = []
+    if problem.kernel.score == "dot":  # the structured constructions are for dot-product scores
+        pool += cross_starts(problem, rng) if cross else _self_pool(problem, rng, until, work)
+    pool.append((problem.random(rng, max(2, int(8 / work)), 1 - 1e-6), "random"))
+    cands = _evaluate_pool(problem, pool, rng, 15 if len(heads) == 1 else 6, max(1, int(32 / work)),
+                           began + 0.4 * (deadline - began))
+    families = list(dict.fromkeys(cands.family))
     pooled = time.perf_counter()
     # keep the best of every family, then the best overall
-    order = list(np.argsort(-cands.sigma))
+    order = list(np.argsort(-np.where(np.isfinite(cands.sigma), cands.sigma, -np.inf)))
     chosen = [next(i for i in order if cands.family[i] == family) for family in dict.fromkeys(families)]
     chosen += [i for i in order if i not in chosen][:max(polish_count - len(chosen), 0)]
     cands = take(cands, chosen)
     # continuation from random inputs gets a sixth of the remaining time
     now = time.perf_counter()
-    cands = join(cands, continuation(kernel, rng, 4, n, radius, now + (deadline - now) / 6))
-    cands = polish(kernel, cands, radius, deadline)
+    cands = join(cands, continuation(problem, rng, max(1, int(4 / work)), now + (deadline - now) / 6))
+    cands = polish(problem, cands, deadline)
     polished = time.perf_counter()
-    best = int(np.argmax(cands.sigma))
-    X = pull_inside(kernel.from_work(cands.X[best]), center, radius)
-    # the final value, from scratch: a few more power steps at the projected point, then
-    # ||Df(X)[E]|| with ||E|| = 1 by lipbound.numeric.attention
-    _, E, _ = kernel.linearize(kernel.to_work(X)[None]).top_singular(cands.E[best][None], 20)
-    E = kernel.direction_from_work(E[0])
-    E = E / np.linalg.norm(E)
-    value = jacobian_value(target, X, E)
+    best = int(np.argmax(np.where(np.isfinite(cands.sigma), cands.sigma, -np.inf)))
+    # the final point, exactly in the domain, and a few more power steps there
+    X, Y = problem.lift(cands.X[best][None])
+    X, coordinates = domain.representable(X[0])
+    if cross:
+        Y, query_coordinates = query_domain.representable(Y[0])
+        coordinates.update({"Q": value for value in query_coordinates.values()})
+    coordinates = {("X" if key == "z" else key): value for key, value in coordinates.items()}
+    Z = problem.to_work(X[None], None if Y is None else Y[None])
+    _, E, _ = problem.evaluate(Z, cands.E[best][None], 20)
+    if not np.any(E * problem.mask):   # the map is constant in its argument (e.g. one key): any direction
+        E = unit_rows(problem.mask[None] * np.ones_like(E))
+    E_X, E_Y = problem.lift_directions(E)
     details = {"family": cands.family[best], "search_sigma": float(cands.sigma[best]),
                "candidates": len(cands.sigma), "pool_seconds": round(pooled - began, 3),
-               "polish_seconds": round(polished - pooled, 3), "seconds": round(time.perf_counter() - began, 3)}
-    about = _describe(target, domain, origin, layer, head)
+               "polish_seconds": round(polished - pooled, 3)}
+    about = _describe(target, domain, origin, layer, head, block)
+    fields = _domain_fields(domain)
+    if cross:
+        fields.update(_domain_fields(query_domain, "query_"))
+        about["domain"] = f"queries: {query_domain.describe()}; context: {domain.describe()}"
+        E_X, w = domain.representable_directions(E_X[0]) if role != "cross-queries" else (np.zeros_like(X), {})
+        EQ, wq = query_domain.representable_directions(E_Y[0]) if role != "cross-context" else (None, {})
+        coordinates.update({"E": v for v in w.values()})
+        coordinates.update({"EQ": v for v in wq.values()})
+        value = cross_value(target, Y, X, EQ, E_X)
+        details["seconds"] = round(time.perf_counter() - began, 3)
+        return Witness(kind="jacobian", X=X, E=E_X, Q=Y, EQ=EQ, value=value, norm="fro", seed=seed, role=role,
+                       method="structured+polish", details=details, coordinates=coordinates, **fields, **about)
+    E, w = domain.representable_directions(E_X[0])
+    coordinates.update({"E": v for v in w.values()})
+    value = jacobian_value(target, X, E)
     if norm == "fro":
-        return Witness(kind="jacobian", X=X, E=E, value=value, norm="fro", radius=radius, center=center,
-                       seed=seed, method="structured+polish", details=details, **about)
-    Y, ratio, token = _secant_21(target, X, E, center, radius)
+        details["seconds"] = round(time.perf_counter() - began, 3)
+        return Witness(kind="jacobian", X=X, E=E, value=value, norm="fro", seed=seed, method="structured+polish",
+                       details=details, coordinates=coordinates, **fields, **about)
+    Y, ratio, token, y_coordinates = _secant_21(target, X, E, domain)
+    coordinates.update({"Y": v for v in y_coordinates.values()})
     details.update({"moved_token": token, "jacobian_value": value, "seconds": round(time.perf_counter() - began, 3)})
-    return Witness(kind="secant", X=X, Y=Y, value=ratio, norm="2,1", radius=radius, center=center, seed=seed,
-                   method="structured+polish+secant", details=details, **about)
+    return Witness(kind="secant", X=X, Y=Y, value=ratio, norm="2,1", seed=seed, method="structured+polish+secant",
+                   details=details, coordinates=coordinates, **fields, **about)
 
 
-def _secant_21(target, X: np.ndarray, E: np.ndarray, center: np.ndarray, radius: float):
+def _secant_21(target, X: np.ndarray, E: np.ndarray, domain: TokenDomain):
     """Turn a point into a (2,1)-norm secant witness ``(X, Y)`` that moves one token.
 
     For each token j, the unit e maximising ``sum_i ||J_ij e||`` (a convex function of e) is
     approached by the monotone iteration ``e <- sum_i J_ij^T (J_ij e) / ||J_ij e||`` (all j in
-    one batch); then a scan over step lengths ``t`` and both signs picks ``Y = X + t e_j``
-    (projected into the ball) with the largest ratio ``||f(X) - f(Y)||_{2,1} / ||X - Y||_{2,1}``.
-    Returns ``(Y, ratio, j)``."""
+    one batch), kept tangent to the domain; then a scan over step lengths ``t`` and both signs
+    picks ``Y = X + t e_j`` (pulled into the domain) with the largest ratio
+    ``||f(X) - f(Y)||_{2,1} / ||X - Y||_{2,1}``.  Returns ``(Y, ratio, j, coordinates of Y)``."""
     forward, jvp, vjp = reference_maps(target)
     n, d = X.shape
     diagonal = (np.arange(n), np.arange(n))
     around = np.broadcast_to(X, (n, n, d))
-    e = unit_rows(E + (np.linalg.norm(E, axis=1, keepdims=True) == 0) / math.sqrt(d))
+    tangent_of = domain.tangent_directions
+    e = unit_rows(tangent_of(E + (np.linalg.norm(E, axis=1, keepdims=True) == 0) / math.sqrt(d)))
     for _ in range(30):
         tangent = np.zeros((n, n, d))
         tangent[diagonal] = e
         out = jvp(around, tangent)[1]
         rows = np.linalg.norm(out, axis=2, keepdims=True)
-        back = vjp(around, out / np.where(rows > 0, rows, 1.0))[diagonal]
+        back = tangent_of(vjp(around, out / np.where(rows > 0, rows, 1.0))[diagonal])
         e = np.where(np.linalg.norm(back, axis=1, keepdims=True) > 0, unit_rows(back), e)
     f_X = forward(X[None])[0]
+    radius, _ = domain.enclosing_ball()
     lengths = radius * np.geomspace(1e-6, 0.3, 40)
     moves = np.concatenate([lengths, -lengths])
     best = (-1.0, None, -1)
     for j in range(n):
         Y = np.repeat(X[None], len(moves), axis=0)
         Y[:, j] = X[j] + moves[:, None] * e[j]
-        Y = pull_inside(Y, center, radius)
+        Y = domain.retract(Y)
         moved_in = np.linalg.norm(X - Y, axis=2).sum(axis=1)
         moved_out = np.linalg.norm(f_X - forward(Y), axis=2).sum(axis=1)
         ratios = np.where(moved_in > 0, moved_out / np.where(moved_in > 0, moved_in, 1.0), -1.0)
@@ -215,7 +303,8 @@ def _secant_21(target, X: np.ndarray, E: np.ndarray, center: np.ndarray, radius:
         if ratios[k] > best[0]:
             best = (float(ratios[k]), Y[k], j)
     _, Y, j = best
-    return Y, secant_value(target, X, Y, "2,1"), j
+    Y, coordinates = domain.representable(Y)
+    return Y, secant_value(target, X, Y, "2,1"), j, coordinates
 
 
 @one_blas_thread
@@ -223,7 +312,8 @@ def naive_ascent(target: Head | Layer, *, domain: TokenDomain, n: int, budget_se
                  norm: str = "fro", batch: int = 32, origin=None, layer: int | None = None,
                  head: int | None = None) -> Witness:
     """The baseline: gradient ascent (Adam) of the secant ratio ``||f(X) - f(Y)|| / ||X - Y||``
-    from random starts, projected onto the ball, for ``budget_seconds``.
+    from random starts, projected onto the domain's enclosing ball (the witness records that ball),
+    for ``budget_seconds``.
 
     Starts: tokens uniform on the sphere ``||x - c|| = R`` (in all d coordinates) and
     ``Y = X + 0.05 R g / sqrt(d)`` with g standard normal; ``batch`` restarts run together and new
@@ -242,7 +332,7 @@ def naive_ascent(target: Head | Layer, *, domain: TokenDomain, n: int, budget_se
     rounds = 0
     while rounds == 0 or time.perf_counter() < deadline:
         rounds += 1
-        X = random_tokens(rng, batch, n, d, radius)
+        X = radius * unit_rows(rng.standard_normal((batch * n, d))).reshape(batch, n, d)
         Y = project_to_ball(X + 0.05 * radius * rng.standard_normal(X.shape) / math.sqrt(d), radius, 0.0)
         state = [np.zeros_like(X), np.zeros_like(X), np.zeros_like(Y), np.zeros_like(Y)]
         lr0 = _NAIVE_LR * radius
@@ -263,7 +353,8 @@ def naive_ascent(target: Head | Layer, *, domain: TokenDomain, n: int, budget_se
     details = {"rounds": rounds, "batch": batch, "search_ratio": best[0],
                "seconds": round(time.perf_counter() - began, 3)}
     return Witness(kind="secant", X=X, Y=Y, value=value, norm=norm, radius=radius, center=center, seed=seed,
-                   method="naive-ascent", details=details, **_describe(target, domain, origin, layer, head))
+                   method="naive-ascent", details=details,
+                   **_describe(target, TokenBall(radius, center), origin, layer, head))
 
 
 def _adam(x, g, m, v, step, lr):
@@ -314,5 +405,5 @@ def castin_adversarial(head: Head, *, domain: TokenDomain, n: int, origin=None, 
     X = pull_inside(castin_input(head.W_Q, head.W_K, radius, n) + center, center, radius)
     value, E = local_jacobian_norm(head, X, iterations=iterations)
     return Witness(kind="jacobian", X=X, E=E, value=value, norm="fro", radius=radius, center=center, seed=0,
-                   method="castin-adversarial", **_describe(head, domain, origin, layer, head_index))
+                   method="castin-adversarial", **_describe(head, TokenBall(radius, center), origin, layer, head_index))
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..attention import jacobian_norm, layer_forward, layer_jvp, layer_vjp, self_forward, self_jvp, self_vjp
+from ..attention import AttentionMap, jacobian_norm, layer_forward, layer_jvp, layer_vjp, self_forward, self_jvp, self_vjp
 from ..model import Head, Layer
 from .record import INWARD_MARGIN, project_to_ball
 
-__all__ = ["local_jacobian_norm", "jacobian_value", "secant_value", "pull_inside", "reference_maps"]
+__all__ = ["local_jacobian_norm", "jacobian_value", "cross_value", "secant_value", "pull_inside", "reference_maps"]
 
 
 def reference_maps(target: Head | Layer):
@@ -33,9 +33,17 @@ def local_jacobian_norm(target: Head | Layer, X: np.ndarray, iterations: int = 2
 
 
 def jacobian_value(target: Head | Layer, X: np.ndarray, E: np.ndarray) -> float:
-    """``||Df(X)[E]||_F`` by :mod:`lipbound.numeric.attention` (float64)."""
+    """``||Df(X)[E]||_F / ||E||_F`` by :mod:`lipbound.numeric.attention` (float64)."""
     _, jvp, _ = reference_maps(target)
-    return float(np.linalg.norm(jvp(X[None], E[None])[1]))
+    return float(np.linalg.norm(jvp(X[None], E[None])[1]) / np.linalg.norm(E))
+
+
+def cross_value(target: Head | Layer, Q: np.ndarray, X: np.ndarray, EQ: np.ndarray | None, EX: np.ndarray) -> float:
+    """``||Df(Q, X)[EQ, EX]||_F / ||(EQ, EX)||_F`` for cross-attention (float64, the plain engine)."""
+    lin = AttentionMap(target).linearize(np.asarray(X, dtype=float)[None], np.asarray(Q, dtype=float)[None])
+    out = lin.jvp(np.asarray(EX, dtype=float)[None], None if EQ is None else np.asarray(EQ, dtype=float)[None])
+    size = np.sqrt(np.sum(np.square(EX)) + (0.0 if EQ is None else np.sum(np.square(EQ))))
+    return float(np.linalg.norm(out) / size)
 
 
 def secant_value(target: Head | Layer, X: np.ndarray, Y: np.ndarray, norm: str) -> float:

@@ -1,0 +1,279 @@
+r"""A certified constant of a whole multi-head layer that sees its heads jointly with ``W_O``.
+
+The layer is ``F = sum_h f^h W_O^h``: head h with the value map ``M_h = V_h W_O^h`` (d, d_out).
+Keys lie in ``D = {c + M w : ||w|| <= r}``, queries in ``D_Q`` (the same for self-attention), and
+``Pi``, ``Pi_Q`` project onto the directions they move in (:class:`~.region.Region`).  With
+``N_h = M_h^T M M^T M_h`` (d_out, d_out), per query i (docs/mathematics.md, "whole layers"):
+
+    DF_i[E] = Q_i + mean_i + key_i,
+    Q_i    = sum_h M_h^T Sigma^h_i A_h^T e^Q_i,                 Sigma^h_i = Cov_{p^h_i}(x_j) = M C^h_i M^T,
+    mean_i = sum_h sum_j p^h_ij M_h^T e_j,
+    key_i  = sum_h Cov_{p^h_i}(M_h^T x_j, g^h_i . e_j),          g^h_i = A_h^T x_i + u_h.
+
+1. *Query term.*  ``y^T Q_i = sum_h (M^T M_h y)^T C^h_i (M^T A_h^T Pi_Q e)`` and ``|b^T C a| <= tr C
+   ||a|| ||b|| <= r^2 ||a|| ||b||``, so ``y^T Q_i <= r^2 ||e|| sum_h alpha_h ||M^T M_h y||`` with
+   ``alpha_h = ||Pi_Q A_h M||``.  For weights ``lambda_h > 0`` with ``sum_h alpha_h^2 / lambda_h <= 1``,
+   Cauchy-Schwarz gives ``sum_h alpha_h t_h <= (sum_h lambda_h t_h^2)^(1/2)``, hence
+   ``||Q_i|| <= r^2 Lambda(alpha)^(1/2) ||e_i||``, ``Lambda(alpha) = lambda_max(sum_h lambda_h N_h)``.  Also
+   ``||Q_i|| <= r^2 sum_h gamma_h ||e_i||`` (the per-head joint gains); the smaller is used.
+2. *Key term.*  ``y^T key_i = sum_j e_j^T sum_h c^h_ij Pi g^h_i`` with ``c^h_ij = p^h_ij delta^h_ij``,
+   ``delta^h_ij = y^T M_h^T (x_j - xbar^h_i)``.  For weights with ``sum_h beta_h^2 / lambda_h <= 1``,
+   ``beta_h = sup_{x in D_Q} ||Pi g^h(x)||``: ``||sum_h c_h Pi g^h|| <= sum_h |c_h| ||Pi g^h||
+   <= (sum_h lambda_h c_h^2)^(1/2)``.  With ``w_ij = max_h p^h_ij`` (so ``p^h_ij / w_ij <= 1``),
+   Cauchy-Schwarz over j gives ``y^T key_i <= (sum_j w_ij ||e_j||^2)^(1/2) (sum_h lambda_h
+   Var_{p^h_i}(y^T M_h^T x))^(1/2)`` and ``Var <= r^2 ||M^T M_h y||^2``: ``||key_i|| <= r Lambda(beta)^(1/2)
+   (sum_j w_ij ||e_j||^2)^(1/2)``.  Summing over i, ``||key||_F <= r Lambda(beta)^(1/2) kappa_max^(1/2)
+   ||E_X||``, ``kappa_max = sum_i max_h pbar^h_i`` the column sums of the largest weights,
+   ``pbar^h_i = 1 / (1 + (N_i - 1) e^{-omega_h})`` (``N_i`` keys in row i, ``omega_h`` the head's
+   score spread).
+3. *Mean term.*  Per head (Jensen): ``||mean^h||_F <= L_h kappa_h^(1/2) ||E_X||``, ``L_h = ||Pi M_h||``;
+   at n = 1 every weight is 1 and ``mean_i = (sum_h M_h)^T e_i``: ``||(sum_h M_h)^T Pi||`` exactly.
+4. *Sum.*  Minkowski over tokens: self-attention ``Lip(F) <= b + m + k``; cross-attention in the
+   queries ``b``, in the context ``m + k``, jointly ``(b^2 + (m + k)^2)^(1/2)`` (Cauchy-Schwarz on
+   ``||E_Q||^2 + ||E_X||^2 = 1``).  Rows with a single key have ``Sigma = 0`` and no key term.
+
+``Lambda`` is minimised over the weights through its dual, ``max_{W >= 0, tr W = 1}
+(sum_h beta_h <N_h, W>^(1/2))^2`` (Frank-Wolfe; concave), whose maximiser gives
+``lambda_h = beta_h S / <N_h, W>^(1/2)``, ``S = sum_k beta_k <N_k, W>^(1/2)``.  The search only
+steers: any weights whose constraint holds in interval arithmetic give a certified bound, with
+``lambda_max`` bounded rigorously.  When the heads' outputs ``N_h`` are orthogonal ``Lambda`` is the
+l2 combination ``sum_h beta_h^2 ||N_h||``; when they coincide, the triangle inequality.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from ...errors import AssumptionError
+from ...rigorous.intervals import IV, interval, upper
+from ...rigorous.linalg import Enclosure, lambda_max_upper, spectral_norm_upper
+from ...rigorous.value import CertifiedValue
+from ..blas import one_blas_thread
+from ..model import Layer
+from .head import HeadBounds
+from .joint import sdp_value
+from .region import Region, key_gradient
+
+__all__ = ["layer_joint_bound", "layer_head_bounds", "stacked_weights"]
+
+_PROVENANCE = ("whole layer, heads seen jointly with W_O: per-token weighted Cauchy-Schwarz over heads "
+               "(lipbound.numeric.sdp.layer, module docstring)")
+
+
+def _top(factors: list[np.ndarray], weights: np.ndarray, start: np.ndarray | None = None):
+    """``(lambda_max, v)`` of ``sum_h weights_h Z_h Z_h^T`` (factors Z_h (p, k_h)), by Lanczos."""
+    from scipy.sparse.linalg import LinearOperator, eigsh
+    size = factors[0].shape[0]
+
+    def apply(x):
+        x = np.asarray(x).reshape(-1)
+        return sum(w * (Z @ (Z.T @ x)) for w, Z in zip(weights, factors))
+
+    operator = LinearOperator((size, size), matvec=apply, dtype=float)
+    try:
+        values, vectors = eigsh(operator, k=1, which="LA", v0=start, tol=1e-8, maxiter=5000)
+        return float(values[0]), vectors[:, 0]
+    except Exception:            # no convergence: a dense eigendecomposition
+        dense = sum(w * (Z @ Z.T) for w, Z in zip(weights, factors))
+        values, vectors = np.linalg.eigh(0.5 * (dense + dense.T))
+        return float(values[-1]), vectors[:, -1]
+
+
+def stacked_weights(outputs: list[np.ndarray], inputs: list[np.ndarray], offsets: np.ndarray, radius: float,
+                    iterations: int = 40) -> np.ndarray:
+    """Weights ``lambda_h`` that (nearly) minimise ``lambda_max(sum_h lambda_h T_h T_h^T) C(lambda)^2`` with
+    ``C(lambda) = r lambda_max(sum_h Z_h Z_h^T / lambda_h)^(1/2) + (sum_h k_h^2 / lambda_h)^(1/2)`` (both are
+    homogeneous, so the weights are then scaled to ``C = 1``): gradient descent in ``log lambda``.
+    Floats; only the certificate built from them counts."""
+    H = len(outputs)
+    log_w = np.zeros(H)
+    best, best_w = math.inf, np.ones(H)
+    v = z = None
+    step = 0.5
+    for _ in range(iterations):
+        w = np.exp(log_w)
+        top_out, v = _top(outputs, w, v)
+        top_in, z = _top(inputs, 1 / w, z) if radius > 0 else (0.0, None)
+        spread = float(np.sum(offsets ** 2 / w))
+        C = radius * math.sqrt(max(top_in, 0.0)) + math.sqrt(spread)
+        value = top_out * C * C
+        if value < best:
+            best, best_w = value, w.copy()
+        else:
+            step *= 0.6
+        grad_out = w * np.array([np.sum((T.T @ v) ** 2) for T in outputs]) / max(top_out, 1e-300)
+        grad_in = -(radius / (2 * math.sqrt(max(top_in, 1e-300)))) * np.array(
+            [np.sum((Z.T @ z) ** 2) for Z in inputs]) / w if radius > 0 else np.zeros(H)
+        grad_spread = -(offsets ** 2 / w) / (2 * math.sqrt(max(spread, 1e-300))) if spread > 0 else np.zeros(H)
+        gradient = grad_out + 2 * (grad_in + grad_spread) / max(C, 1e-300)
+        log_w = np.log(best_w) - step * gradient / max(np.max(np.abs(gradient)), 1e-12)
+    w = best_w
+    top_in = _top(inputs, 1 / w, None)[0] if radius > 0 else 0.0
+    C = radius * math.sqrt(max(top_in, 0.0)) + math.sqrt(float(np.sum(offsets ** 2 / w)))
+    return w * C * C
+
+
+def _factor(gram: np.ndarray) -> np.ndarray:
+    """``L`` with ``L L^T = gram`` (PSD, float; a search aid only)."""
+    values, vectors = np.linalg.eigh(0.5 * (gram + gram.T))
+    return vectors * np.sqrt(np.maximum(values, 0.0))
+
+
+def _stacked_form(blocks: list[Enclosure], middles: list[Enclosure], weights) -> Enclosure:
+    """``sum_h weights_h B_h S_h B_h^T`` as an enclosure (B_h (p, k), S_h (k, k))."""
+    total = None
+    for B, S, w in zip(blocks, middles, weights):
+        term = (B @ S.scale(float(w)) @ B.T)
+        total = term if total is None else total + term
+    return total.sym()
+
+
+def _joint_term(outputs, output_middles, inputs, input_middles, offsets, radius, name):
+    """Certified ``sqrt(lambda_max(sum_h lambda_h N_h))`` for weights with ``C(lambda) <= 1`` (checked in
+    interval arithmetic), ``N_h = O_h^T S_h O_h``, ``C`` as in :func:`stacked_weights` with
+    ``P_h = I_h U_h I_h^T``; returns ``(value, info)``."""
+    float_out = [(O.mid.T @ _factor(S.mid)) for O, S in zip(outputs, output_middles)]
+    float_in = [(B.mid @ _factor(S.mid)) for B, S in zip(inputs, input_middles)]
+    offsets_up = np.array([upper(x) for x in offsets]) if offsets is not None else np.zeros(len(outputs))
+    weights = stacked_weights(float_out, float_in, offsets_up, float(upper(radius)) if inputs else 0.0)
+    for inflate in (1e-9, 1e-6, 1e-3, 1e-1):
+        lam = weights * (1 + inflate)
+        top_in = lambda_max_upper(_stacked_form(inputs, input_middles, 1 / lam)) if inputs else 0.0
+        constraint = (radius * IV.sqrt(IV.mpf(max(top_in, 0.0)))
+                      + IV.sqrt(sum((IV.mpf(k) ** 2 / IV.mpf(w) for k, w in zip(offsets_up, lam)), IV.mpf(0))))
+        if upper(constraint) <= 1.0:
+            break
+    else:
+        return None, {"failed": f"{name}: the weights' constraint was not certified"}
+    top = max(lambda_max_upper(_stacked_form([O.T for O in outputs], output_middles, lam)), 0.0)
+    return IV.sqrt(IV.mpf(top)), {"weights": [float(w) for w in lam], "constraint": upper(constraint)}
+
+
+def layer_head_bounds(layer: Layer, domain, query_domain=None, solver: str = "eig") -> list[HeadBounds]:
+    """The constants of every head ``f^h W_O^h`` of a layer (value maps ``W_V^h W_O^h``) on the keys'
+    region ``domain`` (and the queries' ``query_domain`` for cross-attention)."""
+    return [HeadBounds(h, domain, query_radius=query_domain, solver=solver,
+                       value=Enclosure.exact(h.W_V) @ Enclosure.exact(layer.output_block(i)))
+            for i, h in enumerate(layer.heads)]
+
+
+@one_blas_thread
+def layer_joint_bound(layer: Layer, domain, *, n: int, role: str = "self", m: int | None = None,
+                      query_domain=None, solver: str = "eig", heads: list[HeadBounds] | None = None) -> CertifiedValue:
+    """Certified Frobenius Lipschitz constant of the multi-head layer ``sum_h f^h W_O^h`` (no residual),
+    heads seen jointly (module docstring).
+
+    Parameters
+    ----------
+    layer : Layer
+        Dot-product heads and ``W_O``.
+    domain, query_domain :
+        The keys' (context) and queries' regions: TokenDomain, Region, or a ball's radius.
+    n, m : int
+        Keys (context tokens) and queries (cross-attention).
+    role : {"self", "cross-queries", "cross-context", "cross-joint"}
+    solver : str
+        For the per-head joint gains (:class:`HeadBounds`).
+    heads : list of HeadBounds, optional
+        Per-head constants with the value maps ``V_h W_O^h`` (computed when absent).
+    """
+    started = time.perf_counter()
+    if layer.residual:
+        raise AssumptionError("layer.residual", "False (the attention map without X)", "True",
+                              "bound the layer without the residual and add 1")
+    cross = role != "self"
+    if role not in ("self", "cross-queries", "cross-context", "cross-joint"):
+        raise AssumptionError("role", "self, cross-queries, cross-context or cross-joint", repr(role),
+                              "choose the argument of the constant")
+    d = layer.d
+    keys = Region.of(domain, None, d)
+    queries = keys if query_domain is None else Region.of(query_domain, None, d)
+    if heads is None:
+        heads = layer_head_bounds(layer, keys, queries if cross else None, solver)
+    failed = next((piece for hb in heads for piece in (hb.value_norm2, hb.gamma, hb.beta, hb.score_gain)
+                   if not piece.certified), None)
+    if failed is not None:
+        return sdp_value("Lip(layer, joint)", math.nan, False, {}, solver, time.perf_counter() - started,
+                         "not certified", _PROVENANCE, reason=f"a head: {failed.name}: {failed.reason}")
+    causal = any(h.causal for h in layer.heads) and not cross
+    rows = m if cross else n
+    key_counts = list(range(1, n + 1)) if causal else [n] * rows
+    several = max(key_counts) >= 2
+    r = keys.r
+    certificate: dict = {"n": n, "m": m, "role": role, "heads": len(heads)}
+    # N_h = W_O^h^T (V_h^T M M^T V_h) W_O^h: the heads' outputs, seen through the keys' shape
+    blocks = [Enclosure.exact(layer.output_block(i)) for i in range(len(heads))]
+    value_forms = []
+    for h in layer.heads:
+        shaped = keys.times_shape(Enclosure.exact(h.W_V.T))            # V_h^T M, (d_v, d)
+        value_forms.append((shaped @ shaped.T).sym())
+    scales = [Enclosure.scalar(1 / IV.mpf(h.d_k)) for h in layer.heads]
+    # 1. query term: P^alpha_h = Pi_Q W_Q^h (W_K^h^T M M^T W_K^h / d_k) W_Q^h^T Pi_Q
+    b = IV.mpf(0)
+    if several and role != "cross-context":
+        inputs, middles = [], []
+        for h, s in zip(layer.heads, scales):
+            inputs.append(queries.project(Enclosure.exact(h.W_Q)))
+            shaped = keys.times_shape(Enclosure.exact(h.W_K.T))
+            middles.append((shaped @ shaped.T).sym().scale(s))
+        joint, info = _joint_term(blocks, value_forms, inputs, middles, None, interval(1), "query term")
+        summed = r ** 2 * sum((IV.mpf(hb.gamma.value) for hb in heads), IV.mpf(0))
+        b = summed if joint is None or upper(r ** 2 * joint) > upper(summed) else r ** 2 * joint
+        certificate.update(query_joint=None if joint is None else upper(r ** 2 * joint), query_summed=upper(summed),
+                           query_weights=info)
+    # 2. key term: P^beta_h = Pi W_K^h (W_Q^h^T M_Q M_Q^T W_Q^h / d_k) W_K^h^T Pi, offsets ||Pi (A_h^T c_Q + u_h)||
+    k = IV.mpf(0)
+    if several and role != "cross-queries":
+        kappa_max = IV.mpf(0)
+        for count in key_counts:
+            largest = max((upper(1 / (1 + (count - 1) * IV.exp(-hb.omega))) for hb in heads), default=1.0)
+            kappa_max += IV.mpf(largest)
+        inputs, middles, offsets = [], [], []
+        for h, s in zip(layer.heads, scales):
+            W_K = keys.project(Enclosure.exact(h.W_K))
+            inputs.append(W_K)
+            shaped = queries.times_shape(Enclosure.exact(h.W_Q.T))
+            middles.append((shaped @ shaped.T).sym().scale(s))
+            shift = key_gradient(h, queries, keys)[1]                      # Pi (A_h^T c_Q + u_h)
+            offsets.append(IV.sqrt(IV.mpf(max(upper((shift.T @ shift).interval()), 0.0))))
+        spectral, info = _joint_term(blocks, value_forms, inputs, middles, offsets, queries.r, "key term")
+        plain, plain_info = _joint_term(blocks, value_forms, [], [], [IV.mpf(hb.beta.value) for hb in heads],
+                                        interval(0), "key term (Cauchy-Schwarz)")
+        options = [t for t in (spectral, plain) if t is not None]
+        if not options:
+            return sdp_value("Lip(layer, joint)", math.nan, False, certificate, solver,
+                             time.perf_counter() - started, "not certified", _PROVENANCE,
+                             reason="no weights certified for the key term")
+        best = min(options, key=upper)
+        k = r * best * IV.sqrt(kappa_max)
+        certificate.update(key=upper(k), kappa_max=upper(kappa_max), key_weights=info, key_plain_weights=plain_info,
+                           key_spectral=None if spectral is None else upper(r * spectral * IV.sqrt(kappa_max)),
+                           key_plain=None if plain is None else upper(r * plain * IV.sqrt(kappa_max)))
+    # 3. mean term
+    mean = IV.mpf(0)
+    if role != "cross-queries":
+        if not several:
+            total = heads[0].value
+            for hb in heads[1:]:
+                total = total + hb.value
+            # one key per row: every weight is 1, mean_i = (sum_h M_h)^T e_1 for each of the rows
+            mean = IV.mpf(spectral_norm_upper(keys.project(total))) * (IV.sqrt(IV.mpf(rows)) if cross else 1)
+        else:
+            for hb in heads:
+                kappa_h = sum((IV.mpf(upper(hb._weight_range(c)[1])) for c in key_counts), IV.mpf(0))
+                mean += IV.sqrt(IV.mpf(hb.value_norm2.value) * kappa_h)
+        certificate["mean"] = upper(mean)
+    certificate["query"] = upper(b)
+    if role == "self":
+        total_iv = b + mean + k
+    elif role == "cross-queries":
+        total_iv = b
+    elif role == "cross-context":
+        total_iv = mean + k
+    else:
+        total_iv = IV.sqrt(b ** 2 + (mean + k) ** 2)
+    return sdp_value("Lip(layer, joint)", upper(total_iv), True, certificate, solver, time.perf_counter() - started,
+                     "certified", _PROVENANCE)

@@ -1,0 +1,291 @@
+"""Planning and running the sandwich witness <= Lip <= certified for every attention of a model.
+
+An attention of a model is verified as a *kind*, the map whose Lipschitz constant is taken:
+
+==================  ==========================================================================
+kind                map (tokens are rows; queries ``Y`` (m, d), context ``X`` (n, d))
+==================  ==========================================================================
+``self``            ``X -> Att(X, X)``, self-attention of an encoder
+``causal``          ``X -> Att(X, X)`` with row i attending to tokens 1..i (a decoder)
+``cross-queries``   ``Y -> Att(Y, X)``, the context fixed anywhere in its domain
+``cross-context``   ``X -> Att(Y, X)``, the queries fixed anywhere in their domain
+``cross-joint``     ``(Y, X) -> Att(Y, X)``, both moving
+==================  ==========================================================================
+
+``--kind cross`` selects the three senses of cross-attention.  A :class:`Job` is one head (or
+the whole multi-head layer, ``head`` None, ``sum_h head_h W_O^h + b_O``) of one layer of one
+stack, in one kind.  Its inputs live in the image of the LayerNorm that feeds them
+(:meth:`Verification.domains_of`): self-attention reads its layer's ``ln_in``; a decoder's
+cross-attention reads its queries through the pre-cross-attention LayerNorm (``cross_norm``)
+and its context, the encoder's output, through the encoder's final LayerNorm
+(:attr:`Model.context_norm`).
+
+:class:`Verification` runs the jobs in order (one per head, then the whole layer, per layer,
+kind and stack) and hands each finished row to a callback, so a long run writes a partial report
+after every row and keeps what finished when interrupted.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, final
+
+import numpy as np
+
+from ..errors import AssumptionError
+from ..rigorous.value import CertifiedValue
+from ..symbolic.claims import CLAIMS
+from .certify import head_bounds, layer_bounds
+from .dispatch import head_facts
+from .domains import DomainSpec, TokenBall, TokenDomain
+from .evaluate import evaluate_bound
+from .model import Head, Layer, Model
+from .report import KINDS, HeadReport, ModelReport, refutations
+from .witness import search_witness
+
+__all__ = ["Job", "Verification", "verify_model", "KINDS", "KIND_CHOICES", "plan_jobs"]
+
+#: What ``--kind`` accepts: a kind, or ``cross`` for its three senses.
+KIND_CHOICES = ("self", "causal", "cross") + KINDS[2:]
+CROSS_KINDS = KINDS[2:]
+
+
+@final
+@dataclass(frozen=True)
+class Job:
+    """One row of the report: ``head`` of layer ``layer`` of stack ``block`` (None: the whole
+    layer), in ``kind``."""
+
+    block: str
+    layer: int
+    head: int | None
+    kind: str
+
+    @property
+    def role(self) -> str:
+        """The argument of the constant, as :mod:`lipbound.numeric.dispatch` names it."""
+        return "self" if self.kind in ("self", "causal") else self.kind
+
+    @property
+    def cross(self) -> bool:
+        return self.kind in CROSS_KINDS
+
+
+def _expand(kinds) -> tuple[str, ...] | None:
+    if kinds is None:
+        return None
+    if isinstance(kinds, str):
+        kinds = (kinds,)
+    chosen = []
+    for kind in kinds:
+        if kind not in KIND_CHOICES:
+            raise AssumptionError("kind", f"one of {', '.join(KIND_CHOICES)}", repr(kind), "e.g. --kind cross")
+        chosen += list(CROSS_KINDS) if kind == "cross" else [kind]
+    return tuple(dict.fromkeys(chosen))
+
+
+def _kinds_of(model: Model, block: str, index: int) -> tuple[str, ...]:
+    layer = model.layer(index, block)
+    return (layer.self_kind,) + (CROSS_KINDS if layer.cross is not None else ())
+
+
+def _offered(model: Model, blocks) -> str:
+    """What each stack offers, for messages: ``encoder: self; decoder: causal, cross``."""
+    parts = []
+    for block in blocks:
+        kinds = {k for index in model.stack(block) for k in _kinds_of(model, block, index)}
+        shown = [k for k in ("self", "causal") if k in kinds] + (["cross"] if kinds & set(CROSS_KINDS) else [])
+        parts.append(f"{block}: {', '.join(shown) or 'nothing loaded'}")
+    return "; ".join(parts)
+
+
+def plan_jobs(model: Model, *, blocks=None, layers=None, heads=None, kinds=None,
+              whole_layers: bool = True) -> list[Job]:
+    """The jobs for the selected stacks, layers, heads and kinds (each default: all), checked.
+
+    Raises
+    ------
+    WeightsError, AssumptionError
+        A stack, layer or head the model does not have; a kind no selected layer has (e.g.
+        ``cross`` on an encoder, ``self`` on a causal decoder).
+    """
+    if isinstance(blocks, str):
+        blocks = (blocks,)
+    chosen_blocks = tuple(model.check_block(b) for b in blocks) if blocks is not None else model.blocks
+    wanted = _expand(kinds)
+    jobs: list[Job] = []
+    for block in chosen_blocks:
+        indices = sorted(model.stack(block)) if layers is None else \
+            [model.layer(i, block).index for i in ([layers] if isinstance(layers, int) else layers)]
+        for index in indices:
+            layer = model.layer(index, block)
+            for h in heads or ():
+                model.head(index, h, block)  # a clear error before any work
+            for kind in _kinds_of(model, block, index):
+                if wanted is not None and kind not in wanted:
+                    continue
+                count = (layer.cross if kind in CROSS_KINDS else layer.attention).num_heads
+                jobs += [Job(block, index, h, kind) for h in (range(count) if heads is None else heads)]
+                if whole_layers and heads is None:
+                    jobs.append(Job(block, index, None, kind))
+    if not jobs:
+        where = " and ".join(chosen_blocks)
+        raise AssumptionError("kind", f"a kind the selected layers have ({_offered(model, chosen_blocks)})",
+                              ", ".join(wanted or ()) or "nothing", f"pick one of those with --kind, or another "
+                              f"--block than the {where}" if len(model.blocks) > 1 else "pick one of those with --kind")
+    return jobs
+
+
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in name) or "model"
+
+
+@final
+class Verification:
+    """The sandwich for every selected attention of a model, row by row.
+
+    Parameters
+    ----------
+    model : Model
+    blocks : str or list of str, optional
+        Stacks to verify (``"encoder"``, ``"decoder"``; default all).
+    layers, heads : list of int, optional
+        Layers (of each selected stack) and heads to verify (counted from 0; default all).  The
+        whole layer is verified when every head is (``whole_layers``).
+    kinds : str or list of str, optional
+        Kinds (see the module docstring; ``"cross"`` for its three senses; default every kind
+        each layer has).
+    n : int
+        Tokens of self-attention; context tokens of cross-attention.
+    m : int, optional
+        Queries of cross-attention (default ``n``).
+    domain : DomainSpec or str
+        ``"layernorm"``, ``"layernorm-image"`` or a radius, resolved per attention against the
+        LayerNorm that feeds it (both of them for cross-attention).
+    sdp : bool
+        Add the SDP relaxations.
+    budget : float
+        Wall-clock seconds of each head's witness search (twice that for a whole layer).
+    drop_query_bias : bool
+        Verify the heads without their query bias, the setting of published claims about plain
+        dot-product attention (which are then listed and checked).
+    """
+
+    def __init__(self, model: Model, *, blocks=None, layers=None, heads=None, kinds=None, n: int = 8,
+                 m: int | None = None, domain="layernorm", sdp: bool = False, budget: float = 10.0, seed: int = 0,
+                 witness_dir: str | Path = "witnesses", whole_layers: bool = True, drop_query_bias: bool = False):
+        if not isinstance(model, Model):
+            raise AssumptionError("model", "a lipbound.numeric.model.Model", type(model).__name__,
+                                  "load one with load_weights(path)")
+        self.model = model
+        self.heads = None if heads is None else list(heads)
+        self.jobs = plan_jobs(model, blocks=blocks, layers=layers, heads=self.heads, kinds=kinds,
+                              whole_layers=whole_layers)
+        has_cross = any(job.cross for job in self.jobs)
+        if m is not None and not has_cross:
+            raise AssumptionError("m", "no query count: only cross-attention has m queries besides n context tokens",
+                                  f"m = {m} for {', '.join(sorted({job.kind for job in self.jobs}))} attention",
+                                  "omit --m (self-attention has n tokens), or add --kind cross")
+        self.n, self.m = n, (n if m is None else m) if has_cross else None
+        self.sdp, self.budget, self.seed = sdp, budget, seed
+        self.spec = DomainSpec.parse(domain)
+        self.witness_dir = Path(witness_dir)
+        self.drop_query_bias = drop_query_bias
+        self._domains: dict = {}
+        for job in self.jobs:
+            self.domains_of(job)  # a clear error (no LayerNorm, no context) before any work
+        groups = {}
+        for job in self.jobs:
+            context, queries = self.domains_of(job)
+            groups[(job.block, job.layer, "cross" if job.cross else job.kind)] = _domain_text(context, queries)
+        self.report = ModelReport(model.name, model.path, model.sha256, n, "fro", groups, planned=len(self.jobs),
+                                  m=self.m, description=model.describe())
+
+    def domains_of(self, job: Job) -> tuple[TokenDomain, TokenDomain | None]:
+        """``(context domain, query domain)``: the domain of the tokens (self-attention) or of
+        the context (cross-attention), and the queries' domain (None for self-attention)."""
+        key = (job.block, job.layer, job.cross)
+        if key not in self._domains:
+            layer = self.model.layer(job.layer, job.block)
+            where = f"layer {job.layer} of the {job.block}"
+            if not job.cross:
+                self._domains[key] = (self.spec.resolve(layer.ln_in, where), None)
+            else:
+                context = self.model.context_norm
+                if context is None and self.spec.kind != "radius":
+                    raise AssumptionError("--radius", "a number, since no LayerNorm is known to feed the "
+                                          "cross-attention's context (the encoder output)", repr(self.spec.kind),
+                                          "pass --radius R")
+                self._domains[key] = (self.spec.resolve(context, f"the context of {where}"),
+                                      self.spec.resolve(layer.cross_norm, f"the queries of {where}"))
+        return self._domains[key]
+
+    def run(self, on_row: Callable[[ModelReport, HeadReport], None] | None = None) -> ModelReport:
+        """Verify every job in order; ``on_row(report, row)`` after each finished row."""
+        began = time.perf_counter()
+        self.witness_dir.mkdir(parents=True, exist_ok=True)
+        for job in self.jobs:
+            row = self._row(job)
+            refutations(row)
+            self.report.rows.append(row)
+            self.report.seconds = time.perf_counter() - began
+            if on_row is not None:
+                on_row(self.report, row)
+        self.report.complete = True
+        self.report.seconds = time.perf_counter() - began
+        return self.report
+
+    def _target(self, job: Job) -> Head | Layer:
+        layer = self.model.layer(job.layer, job.block)
+        attention = layer.cross if job.cross else layer.attention
+        if job.head is None:
+            return attention
+        head = attention.heads[job.head]
+        return replace(head, b_Q=np.zeros(head.d_k)) if self.drop_query_bias else head
+
+    def _row(self, job: Job) -> HeadReport:
+        n, m = self.n, self.m if job.cross else None
+        domain, query_domain = self.domains_of(job)
+        target = self._target(job)
+        budget = self.budget * (2 if job.head is None else 1)
+        witness = search_witness(target, domain=domain, n=n, budget_seconds=budget, seed=self.seed,
+                                 origin=self.model, layer=job.layer, head=job.head, block=job.block, role=job.role,
+                                 m=m, query_domain=query_domain)
+        name = "all" if job.head is None else f"H{job.head}"
+        size = f"n{n}" + (f"-m{m}" if m is not None else "")
+        path = witness.save(self.witness_dir / f"{_slug(self.model.name)}-{job.block}-L{job.layer}-{job.kind}-{name}-"
+                                               f"{size}.npz")
+        options = dict(role=job.role, m=m, query_domain=query_domain, sdp=self.sdp)
+        if job.head is None:
+            bounds = layer_bounds(target, domain, n, **options)
+        else:
+            bounds = head_bounds(target, domain, n, **options)
+            if job.kind == "self":
+                bounds += _claims(target, domain, n)
+        return HeadReport(job.layer, job.head, _domain_text(domain, query_domain), n, witness.value, str(path),
+                          witness.method, list(bounds), block=job.block, kind=job.kind, m=m)
+
+
+def _domain_text(domain: TokenDomain, query_domain: TokenDomain | None) -> str:
+    if query_domain is None:
+        return domain.describe()
+    return f"queries: {query_domain.describe()}; context: {domain.describe()}"
+
+
+def _claims(head: Head, domain: TokenDomain, n: int) -> list[CertifiedValue]:
+    """Published claims whose hypotheses the head meets, evaluated for comparison (never a best bound)."""
+    facts = head_facts(head)
+    if not (isinstance(domain, TokenBall) and domain.center is None and facts.score == "dot"
+            and not np.any(head.b_Q) and not facts.causal):
+        return []  # the claims state dot-product self-attention without query bias on a ball about 0
+    claim = CLAIMS["castin-theorem"]
+    value = evaluate_bound(claim.statement, head, domain, n, name=claim.key)
+    return [value.renamed(claim.key, provenance=claim.provenance, proven=claim.is_theorem)]
+
+
+def verify_model(model: Model, **options) -> ModelReport:
+    """Run a :class:`Verification` to the end (``progress`` is called with each finished row)."""
+    progress = options.pop("progress", None)
+    return Verification(model, **options).run(None if progress is None else (lambda report, row: progress(row)))
