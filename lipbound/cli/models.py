@@ -83,10 +83,10 @@ def _verify_whole(args) -> int:
     files = _files(args)
     state = {}
 
-    def on_task(report, done, total):
+    def on_task(report, done, total, text):
         files.write(report)
         state["report"] = report
-        state.setdefault("progress", Progress(total)).update(done, f"{len(report.components)} components")
+        state.setdefault("progress", Progress(total)).update(done, text)
 
     try:
         report = verify_whole(model, n=args.n, m=args.m, domain=args.radius, effort=args.effort,

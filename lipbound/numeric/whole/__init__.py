@@ -16,7 +16,7 @@ import time
 from ...errors import AssumptionError
 from ..model import Model
 from .report import LOOSE_GAP, WholeReport
-from .tasks import plan_tasks, run_task, run_tasks
+from .tasks import describe_task, plan_tasks, run_task, run_tasks
 
 __all__ = ["verify_whole", "WholeReport", "plan_tasks", "run_task", "run_tasks", "LOOSE_GAP"]
 
@@ -38,7 +38,7 @@ def verify_whole(model: Model, *, n: int = 8, m: int | None = None, domain: str 
     restarts, iterations, seed : int
         Witness starts, power iterations and seed (counted, never timed: the same numbers each run).
     on_task : callable, optional
-        ``on_task(report, done, total)`` after each task.
+        ``on_task(report, done, total, text)`` after each task (``text`` names it).
     """
     if not isinstance(model, Model) or not model.path:
         raise AssumptionError("model", "a Model loaded from a path (load_weights(path))",
@@ -49,7 +49,8 @@ def verify_whole(model: Model, *, n: int = 8, m: int | None = None, domain: str 
 
     def progress(so_far, task):
         if on_task is not None:
-            on_task(WholeReport.build(model, tasks, so_far, n, m, time.perf_counter() - started), len(so_far), len(tasks))
+            on_task(WholeReport.build(model, tasks, so_far, n, m, time.perf_counter() - started), len(so_far), len(tasks),
+                    describe_task(task))
 
     results = run_tasks(tasks, progress)  # the one loop; a scheduler can replace it task for task
     return WholeReport.build(model, tasks, results, n, m, time.perf_counter() - started)

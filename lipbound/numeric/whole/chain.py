@@ -26,6 +26,7 @@ from typing import Callable, final
 
 import numpy as np
 
+from ...errors import WeightsError
 from ..attention import AttentionMap, unit_rows
 from ..blocks.activations import activation_maps
 from ..model import LayerNorm
@@ -125,7 +126,6 @@ class _StepLinear:
 def layer_steps(layer: TransformerLayer, block: str) -> list[Step]:
     """The steps of one layer (module docstring); a layer without its feed-forward block and norms
     is refused."""
-    from ...errors import WeightsError
     where = f"{block} layer {layer.index}"
     if layer.ffn is None or layer.ffn_norm is None:
         raise WeightsError(where, "a layer with its feed-forward block and LayerNorms", "attention weights only",

@@ -84,12 +84,15 @@ class WholeReport:
     complete: bool = False
     components: list = field(default_factory=list)
     model_bounds: list = field(default_factory=list)
+    image_input: dict = field(default_factory=dict)  # stack -> its input is a LayerNorm image (post-LN)
 
     @classmethod
     def build(cls, model, tasks, results, n, m, seconds=0.0) -> "WholeReport":
         report = cls(model.name, model.path, getattr(model, "sha256", ""), n, m, model.blocks, len(tasks), seconds,
                      complete=len(results) == len(tasks))
         done = {(t[0], t[2], t[3], t[4]): r for t, r in zip(tasks, results)}
+        report.image_input = {block: model.stack(block)[min(model.stack(block))].placement == "post"
+                              for block in model.blocks}
         for block in model.blocks:
             layers = []
             for index in sorted(model.stack(block)):
@@ -165,9 +168,12 @@ class WholeReport:
                 cross = {"R_A": R_A, "R_Q": R_Q, "R_F": R_F, "L_C": _best(context["upper"])["value"],
                          "naive": naive_factors, "T_C": context["upper"][0]["value"]}
             best, naive = _product(*best_factors), _product(*naive_factors)
-        layer_row = _row(block, index, "layer", f"{layer.placement}-LN layer",
+        logs = {key: sum(part.get(key, 0.0) for part in factors) for key in ("attention", "ffn", "norm")}
+        dominant = max(logs, key=logs.get)
+        layer_row = _row(block, index, "layer", f"{layer.placement}-LN layer, {dominant} dominates",
                          [_entry("compositional", best, certified), _entry("textbook product", naive, certified)],
                          done[("layer", block, index, "")]["witness"])
+        layer_row["dominant"] = dominant
         rows.append(layer_row)
         return {"best": best, "naive": naive, "certified": certified, "factors": factors, "cross": cross,
                 "row": layer_row}
@@ -182,7 +188,8 @@ class WholeReport:
         naive = _product(*(layer["naive"] for layer in layers), L_final)
         factors = [_shares(L_final, norm=L_final)] + [part for layer in layers for part in layer["factors"]]
         what = "decoder input" if block == "decoder" else f"input of the first {block} layer"
-        self.model_bounds.append(self._bound(block, "stream", value, certified, f"the {what}", output, naive,
+        where = " (on the image of the LayerNorm before it)" if self.image_input.get(block) else " (all of R^(n x d))"
+        self.model_bounds.append(self._bound(block, "stream", value, certified, f"the {what}{where}", output, naive,
                                              stream["witness"] if stream else None, factors))
         context = done.get(("model", block, -1, "context"))
         if layers[0]["cross"] is not None:

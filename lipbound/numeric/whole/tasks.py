@@ -36,7 +36,7 @@ from ..model import load_weights
 from ..witness.blocks import ffn_witness, norm_witness
 from .chain import Step, chain_jacobian_norm, layer_steps, stack_steps
 
-__all__ = ["WitnessEffort", "plan_tasks", "run_task", "run_tasks"]
+__all__ = ["plan_tasks", "run_task", "run_tasks", "describe_task"]
 
 #: norm attribute of a layer -> the component's name in reports
 NORM_NAMES = {"ln_in": "attention input LayerNorm", "ln_out": "attention LayerNorm", "cross_norm": "cross LayerNorm",
@@ -214,6 +214,15 @@ def plan_tasks(model, *, n: int, m: int | None = None, domain: str = "layernorm"
         if block == "decoder" and model.context_norm is not None:
             tasks.append(("model", model.path, block, -1, "context") + common)
     return tasks
+
+
+def describe_task(task: tuple) -> str:
+    """``"ffn of encoder layer 3"``, ``"end-to-end witness of the decoder in its context"``."""
+    kind, _, block, layer, detail = task[:5]
+    if kind == "model":
+        return f"end-to-end witness of the {block} in its {'input' if detail == 'stream' else 'context'}"
+    where = f"the {block}'s final LayerNorm" if layer < 0 else f"{block} layer {layer}"
+    return f"{kind}{' ' + detail if detail else ''} of {where}"
 
 
 def run_tasks(tasks: list[tuple], progress=None) -> list[dict]:
