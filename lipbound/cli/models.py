@@ -70,8 +70,11 @@ def _verify_whole(args) -> int:
     after every task (JSON "complete": false until the end)."""
     from ..numeric.model import load_weights
     from ..numeric.whole import verify_whole
+    if args.latex is not None:
+        raise LipboundError("--latex", "a report format --whole writes (--json, --csv, --markdown)",
+                            f"--latex {args.latex}", "use --json or --markdown with --whole")
     for option, value in (("--layer", args.layer), ("--head", args.head), ("--kind", args.kind),
-                          ("--latex", args.latex), ("--block", args.block)):
+                          ("--block", args.block)):
         if value is not None:
             raise LipboundError(option, "no selection with --whole (it takes every layer, head and block)",
                                 f"{option} {value}", f"drop {option}, or drop --whole to verify attention only")

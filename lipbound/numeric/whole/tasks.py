@@ -27,13 +27,15 @@ import math
 
 import numpy as np
 
+from ..attention import AttentionMap, unit_rows
 from ..blocks.constants import ffn_constants, pre_norm_ffn_constants
 from ..blocks.ffn import arrays
 from ..blocks.norms import norm_constant
 from ..certify import layer_bounds
 from ..domains import DomainSpec, LayerNormOutputs
-from ..model import load_weights
+from ..model import LayerNorm, load_weights
 from ..witness.blocks import ffn_witness, norm_witness
+from ..witness.starts import castin_input
 from .chain import Step, chain_jacobian_norm, layer_steps, stack_steps
 
 __all__ = ["plan_tasks", "run_task", "run_tasks", "describe_task"]
@@ -88,6 +90,44 @@ def _chain_witness(steps, X, C, argument, tangent, iterations, seed) -> float:
                                             seed=seed)[0]))
 
 
+def _castin_starts(layer, n: int, heads: int = 3) -> np.ndarray:
+    """Castin et al.'s input for the ``heads`` largest heads (``||A_h|| ||W_V^h||``), both signs,
+    pulled into the image of the LayerNorm that feeds the layer (their construction of a large
+    Jacobian, :func:`lipbound.numeric.witness.starts.castin_input`)."""
+    norm, domain = layer.ln_in, LayerNormOutputs(layer.ln_in)
+    sizes = [np.linalg.norm(h.A, 2) * np.linalg.norm(h.W_V, 2) for h in layer.heads]
+    starts = []
+    for index in np.argsort(sizes)[::-1][:heads]:
+        head = layer.heads[index]
+        tokens = castin_input(head.W_Q, head.W_K, norm.radius_about_center, n, literal=False)
+        starts += [domain.retract(norm.beta + tokens), domain.retract(norm.beta - tokens)]
+    return np.stack(starts)
+
+
+def _self_ascent(target, norm: LayerNorm, X: np.ndarray, iterations: int, seed: int) -> float:
+    """Ascent of the local Jacobian norm of self-attention over the image of ``norm``: at each of
+    ``iterations`` steps, a few power iterations give the top singular pair ``(E, G)`` (tangent to
+    the image), ``||J E||`` is recorded (a lower bound: X lies in the image), and X moves along the
+    tangent part of ``grad_X <G, J(X) E>`` (:meth:`Linearization.curvature`, the gradient of the norm)
+    and is pulled back into the image.  Counted, not timed."""
+    domain = LayerNormOutputs(norm)
+    engine = AttentionMap(target)
+    rng = np.random.default_rng(seed)
+    E = unit_rows(domain.tangent_directions(rng.standard_normal(X.shape)))
+    step = 0.6 * norm.gamma_max * math.sqrt(norm.d)
+    best = 0.0
+    for _ in range(iterations):
+        lin = engine.linearize(X)
+        for _ in range(4):
+            E = unit_rows(domain.tangent_directions(lin.vjp(lin.jvp(E))))
+        JE = lin.jvp(E)
+        sigma = np.sqrt(np.sum(JE * JE, axis=(1, 2)))
+        best = max(best, float(np.max(sigma)))
+        grad = domain.tangent_directions(lin.curvature(E, JE / sigma[:, None, None]))
+        X = domain.retract(X + step * unit_rows(grad))
+    return best
+
+
 def _attention(model, block, index, kind, n, m, domain_spec, restarts, iterations, seed) -> dict:
     layer = model.stack(block)[index]
     rng = np.random.default_rng(seed)
@@ -100,7 +140,9 @@ def _attention(model, block, index, kind, n, m, domain_spec, restarts, iteration
         image = LayerNormOutputs(layer.ln_in)
         X = _image_points(layer.ln_in, rng, (restarts, n))
         inner = [Step("attention", layer.as_layer(residual=False), None, False, "")]
-        witness = _chain_witness(inner, X, None, "stream", image.tangent_directions, iterations, seed)
+        starts = np.concatenate([X, _castin_starts(layer, n)])
+        witness = max(_chain_witness(inner, X, None, "stream", image.tangent_directions, iterations, seed),
+                      _self_ascent(inner[0].part, layer.ln_in, starts, iterations, seed))
         residual = layer_steps(layer, block)[:1]
         Xr, tangent = _stream_points(model, block, index, rng, (restarts, n))
         residual_witness = _chain_witness(residual, Xr, None, "stream", tangent, iterations, seed)
