@@ -190,7 +190,7 @@ for _matrix in (W_Q, W_K, W_V, W_O, W):
     matrix_norm(_matrix)
 
 
-# Normalisation and feed-forward blocks (docs/mathematics.md, section 8) ----------------------
+# Normalisation and feed-forward blocks (docs/mathematics.md, section 10) ----------------------
 @final
 class BlockParameter(sp.Symbol):
     """A positive scalar of a normalisation or feed-forward block: the normalisation epsilon

@@ -187,10 +187,11 @@ class WholeReport:
         value = _product(*(layer["best"] for layer in layers), L_final)
         naive = _product(*(layer["naive"] for layer in layers), L_final)
         factors = [_shares(L_final, norm=L_final)] + [part for layer in layers for part in layer["factors"]]
+        eps = sorted({r["eps"] for key, r in done.items() if key[0] == "norm" and key[1] == block})
         what = "decoder input" if block == "decoder" else f"input of the first {block} layer"
         where = " (on the image of the LayerNorm before it)" if self.image_input.get(block) else " (all of R^(n x d))"
         self.model_bounds.append(self._bound(block, "stream", value, certified, f"the {what}{where}", output, naive,
-                                             stream["witness"] if stream else None, factors))
+                                             stream["witness"] if stream else None, factors, eps))
         context = done.get(("model", block, -1, "context"))
         if layers[0]["cross"] is not None:
             K = K_naive = 0.0
@@ -202,9 +203,9 @@ class WholeReport:
                                                      + interval(c["T_C"])))
             self.model_bounds.append(self._bound(
                 block, "context", _product(K, L_final), certified, "the encoder output (the context; decoder input "
-                "fixed)", output, _product(K_naive, L_final), context["witness"] if context else None, factors))
+                "fixed)", output, _product(K_naive, L_final), context["witness"] if context else None, factors, eps))
 
-    def _bound(self, block, argument, value, certified, source, output, naive, witness, factors) -> dict:
+    def _bound(self, block, argument, value, certified, source, output, naive, witness, factors, eps) -> dict:
         gap = value / witness if witness else math.inf
         logs = {key: sum(part.get(key, 0.0) for part in factors) for key in ("attention", "ffn", "norm")}
         total = sum(logs.values()) or 1.0
@@ -213,7 +214,7 @@ class WholeReport:
         bound = {"value": value, "certified": certified, "input": source, "output": output, "norm": "fro",
                  "n": self.m if block == "decoder" and argument == "stream" and self.m else self.n,
                  "witness": witness, "gap": gap, "naive_product": naive, "block": block, "argument": argument,
-                 "log_shares": shares, "dominant": dominant}
+                 "log_shares": shares, "dominant": dominant, "eps": eps}
         bound["statement"] = _statement(bound, factors)
         return bound
 
@@ -291,6 +292,7 @@ def _statement(bound: dict, factors: dict) -> str:
            "block at once, along aligned directions")
     if norm_share > 0.2:
         why += (f"; the LayerNorm constants ||diag(gamma) P|| / sqrt(eps) ({norm_share:.0%}) are attained only at "
-                "tokens of (nearly) zero variance, which a trained model's tokens never have")
+                "tokens of (nearly) zero variance (eps = " + ", ".join(f"{e:g}" for e in bound["eps"]) + "), and "
+                "nothing certifies a variance floor for what a LayerNorm reads inside the model")
     return (f"ASTRONOMICALLY LOOSE: the certified bound is {orders:.1f} orders of magnitude above the witness; "
             f"{why}.  The truth lies between the witness and the bound.")
