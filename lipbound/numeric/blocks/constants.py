@@ -95,11 +95,13 @@ def fold_gain(norm, W_1, b_1=None):
 
 
 def pre_norm_ffn_constants(norm, W_1, W_2, act: str, *, sigma_min: float | None = None, solver: str = "auto",
-                           effort: int = 60) -> dict:
+                           effort: int = 60, inner: CertifiedValue | None = None) -> dict:
     """``{"composed", "folded", "best"}`` for the pre-LN block ``x + F(N(x))`` (per token): the rule
-    on ``Lip(N)`` and F's best constant, and on ``Lip(g)`` and LipSDP-Neuron of ``F~``."""
+    on ``Lip(N)`` and F's best constant (``inner`` when already computed), and on ``Lip(g)`` and
+    LipSDP-Neuron of ``F~``."""
     floor = check_floor(sigma_min)
-    inner = ffn_constants(W_1, W_2, act, solver=solver, effort=effort)["best"]
+    if inner is None:
+        inner = ffn_constants(W_1, W_2, act, solver=solver, effort=effort)["best"]
     composed = residual_constant("pre", norm_constant(norm, floor), inner)
     folded_W_1, _ = fold_gain(norm, W_1)
     radial = upper(1 / IV.sqrt(interval(floor or 0.0) ** 2 + interval(norm.eps)))

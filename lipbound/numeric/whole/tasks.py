@@ -171,7 +171,8 @@ def _ffn(model, block, index, effort, restarts, iterations, seed) -> dict:
     upper = _values(v for k, v in values.items() if k != "best")
     result = {"upper": upper}
     if layer.placement == "pre":
-        pre = pre_norm_ffn_constants(layer.ffn_norm, w["W_1"], w["W_2"], w["act"], effort=effort)
+        pre = pre_norm_ffn_constants(layer.ffn_norm, w["W_1"], w["W_2"], w["act"], effort=effort,
+                                     inner=values["best"])
         result["residual_upper"] = _values([pre["composed"], pre["folded"]])
     witness = ffn_witness(w["W_1"], w["b_1"], w["W_2"], w["act"], b_2=w["b_2"], seed=seed, starts=max(restarts, 2),
                           steps=10 * iterations, budget=math.inf)
