@@ -227,3 +227,19 @@ def test_the_serial_path_does_not_import_dask():
             "assert run_all(divmod, [(7, 2), (9, 4)]) == [(3, 1), (2, 1)]; "
             "assert not any(m == 'dask' or m.startswith(('dask.', 'distributed')) for m in sys.modules), 'dask'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(DEFAULT_WEIGHTS.parents[3]))
+
+
+def test_whole_model_tasks_on_the_cluster_give_the_serial_report(cluster, tmp_path):
+    """``verify --whole`` runs its tasks through the same runner: identical numbers on the cluster."""
+    from tests.test_whole import _saved, encoder_decoder
+    from lipbound.numeric.whole import verify_whole
+
+    model = _saved(encoder_decoder(layers=1), tmp_path)
+    settings = dict(n=2, m=2, effort=3, restarts=2, iterations=5)
+    seen = []
+    serial = verify_whole(model, **settings)
+    spread = verify_whole(model, scheduler=cluster, on_task=lambda report, done, total, text: seen.append(done),
+                          **settings)
+    assert serial.complete and spread.complete and sorted(seen) == list(range(1, len(seen) + 1))
+    assert json.dumps(serial.components, sort_keys=True) == json.dumps(spread.components, sort_keys=True)
+    assert [b["value"] for b in serial.model_bounds] == [b["value"] for b in spread.model_bounds]

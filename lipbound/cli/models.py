@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ..errors import LipboundError
 from .output import Progress, ReportFiles
 from .parsing import (choice, epilog, index, output_directory, output_file, positive_float, positive_int, radius_spec,
                       scheduler_address)
@@ -66,7 +67,55 @@ def _files(args) -> ReportFiles:
     return ReportFiles(args.json, args.csv, args.markdown, args.latex)
 
 
+def _verify_whole(args) -> int:
+    """``verify --whole``: the end-to-end bound with its breakdown; the report files are rewritten
+    after every task (JSON "complete": false until the end)."""
+    from ..numeric.model import load_weights
+    from ..numeric.whole import verify_whole
+    if args.latex is not None:
+        raise LipboundError("--latex", "a report format --whole writes (--json, --csv, --markdown)",
+                            f"--latex {args.latex}", "use --json or --markdown with --whole")
+    for option, value in (("--layer", args.layer), ("--head", args.head), ("--kind", args.kind),
+                          ("--block", args.block)):
+        if value is not None:
+            raise LipboundError(option, "no selection with --whole (it takes every layer, head and block)",
+                                f"{option} {value}", f"drop {option}, or drop --whole to verify attention only")
+    for option, value in (("--sdp", args.sdp), ("--drop-query-bias", args.drop_query_bias)):
+        if value:
+            raise LipboundError(option, "no attention-only option with --whole", option,
+                                f"drop {option} (--whole takes each block's best certified bound)")
+    model = load_weights(args.weights, num_heads=args.num_heads)
+    files = _files(args)
+    state = {}
+
+    def on_task(report, done, total, text):
+        files.write(report)
+        state["report"] = report
+        state.setdefault("progress", Progress(total)).update(done, text)
+
+    try:
+        report = verify_whole(model, n=args.n, m=args.m, domain=args.radius, effort=args.effort,
+                              restarts=args.restarts, iterations=args.iterations, seed=args.seed, jobs=args.jobs,
+                              scheduler=args.scheduler, on_task=on_task)
+    except KeyboardInterrupt:
+        kept = files.describe()
+        done = len(state["report"].components) if "report" in state else 0
+        sys.stderr.write(f"lipbound: interrupted; {done} components kept{' in ' + kept if kept else ''}\n")
+        return EXIT_INTERRUPTED
+    files.write(report)
+    print()
+    print(report.table())
+    refuted = [r for r in report.components if r["witness"] is not None and r["witness"] > r["best_upper"]]
+    refuted += [b for b in report.model_bounds if b["witness"] is not None and b["witness"] > b["value"]]
+    if refuted:
+        print("\nREFUTED: a witness beats a certified bound (exit status 3)")
+        return EXIT_REFUTED
+    return 0
+
+
 def _verify(args) -> int:
+    if args.whole:
+        return _verify_whole(args)
     from ..numeric.model import load_weights
     from ..numeric.verification import Verification
     model = load_weights(args.weights, num_heads=args.num_heads, layers=None if args.layer is None else [args.layer])
@@ -172,6 +221,18 @@ def _add_run_options(parser, weights: bool = True) -> None:
         parser.add_argument("--num-heads", type=positive_int("--num-heads"),
                             help="heads per layer, when no config.json or metadata says")
         parser.add_argument("--sdp", action="store_true", help="add the SDP relaxations (slower, tighter)")
+        parser.add_argument("--whole", action="store_true",
+                            help="the whole model end to end: every attention, feed-forward block, LayerNorm, "
+                                 "residual step and layer, composed from the input of the first layer to the last "
+                                 "hidden state (a decoder: in its input and in the encoder output), with witnesses "
+                                 "and gaps per component and end to end")
+        parser.add_argument("--effort", type=positive_int("--effort"), default=30,
+                            help="with --whole: L-BFGS steps per smoothing level of LipSDP-Neuron (default 30)")
+        parser.add_argument("--restarts", type=positive_int("--restarts"), default=4,
+                            help="with --whole: witness starts per component (default 4)")
+        parser.add_argument("--iterations", type=positive_int("--iterations"), default=30,
+                            help="with --whole: power iterations per witness (default 30; counted, not timed, so "
+                                 "the same seed gives the same numbers)")
         parser.add_argument("--drop-query-bias", action="store_true",
                             help="verify the heads without their query bias, the setting of published claims about "
                                  "plain dot-product attention (they are then listed and checked)")
@@ -218,6 +279,7 @@ def register(sub) -> None:
                       "lipbound verify model.safetensors --radius 20 --json report.json --latex table.tex",
                       "lipbound verify MODEL_DIR --jobs 2",
                       "lipbound verify MODEL_DIR --scheduler tcp://10.0.0.5:8786",
+                      "lipbound verify MODEL_DIR --whole --n 8 --json whole.json   # end to end, with the breakdown",
                       notes=_STATUSES + "  Report files are rewritten after every row (JSON \"complete\": false "
                                         "until the end)."))
     _add_run_options(verify)

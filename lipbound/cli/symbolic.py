@@ -33,9 +33,11 @@ def chosen_variant(name: str, score: str | None, facts):
     return variant(name), tuple(parse_fact(fact) for fact in facts or ())
 
 
-def derive_result(name: str, chosen, facts, norm: str | None, domain: str, sizes: dict):
-    """Derive ``chosen`` under the options of ``derive``/``paper``; a missing assumption of a
-    user-defined score is reported as the ``--fact`` to add."""
+def derive_result(name: str, chosen, facts, norm: str | None, domain: str | None, sizes: dict,
+                  variance_floor: bool = False):
+    """Derive ``chosen`` under the options of ``derive``/``paper`` (``domain`` None: unbounded for a
+    block, the ball for attention); a missing assumption of a user-defined score is reported as the
+    ``--fact`` to add."""
     import sympy as sp
 
     from ..errors import AssumptionError
@@ -45,8 +47,18 @@ def derive_result(name: str, chosen, facts, norm: str | None, domain: str, sizes
     if norm not in chosen.norms:
         raise LipboundError("--norm", f"one of {', '.join(chosen.norms)} for {name}", repr(norm),
                             f"omit --norm or pass --norm {chosen.norms[0]}")
+    from ..symbolic.blocks import BlockVariant
+    block = isinstance(chosen, BlockVariant)
+    domain = domain or ("unbounded" if block else "ball")
+    if variance_floor:
+        fact = chosen.floor_fact() if block else None
+        if fact is None:
+            raise LipboundError("--variance-floor", "a normalisation or a pre-LN block (layernorm, rmsnorm, "
+                                "pre-ln-feed-forward)", name, "drop --variance-floor for this variant")
+        facts = (*facts, fact)
+    tied = None if block or not chosen.score.tied else True
     assumptions = Assumptions(domain={"ball": Ball, "layernorm": LayerNormImage, "unbounded": Unbounded}[domain](),
-                              norm=norm, tied=True if chosen.score.tied else None, facts=tuple(facts),
+                              norm=norm, tied=tied, facts=tuple(facts),
                               **{key: sp.Integer(value) for key, value in sizes.items() if value is not None})
     try:
         return chosen.derive(assumptions, name)
@@ -72,7 +84,7 @@ def _derive(args) -> int:
     from ..printing.theorem import proof_fragment
     chosen, facts = chosen_variant(args.variant, args.score, args.fact)
     result = derive_result(args.variant, chosen, facts, args.norm, args.domain,
-                           {"n": args.n, "m": args.m, "H": args.H})
+                           {"n": args.n, "m": args.m, "H": args.H}, args.variance_floor)
     if args.json:
         print(json.dumps(result_json(result), indent=2))
         return 0
@@ -109,11 +121,18 @@ def _list(args) -> int:
     from ..symbolic.assumptions import Assumptions, Ball
     from ..symbolic.claims import CLAIMS
     from ..symbolic.lemmas import LEMMAS
-    from ..symbolic.registry import VARIANTS, variant
+    from ..symbolic.registry import BLOCKS, VARIANTS, variant
     print("variants (lipbound derive VARIANT):")
     for name, (_, description) in VARIANTS.items():
         print(f"  {name:24s} {description}")
     ids = set()
+    print("blocks (lipbound derive BLOCK [--variance-floor]):")
+    for name, (_, description) in BLOCKS.items():
+        print(f"  {name:24s} {description}")
+        block = variant(name)
+        for norm in block.norms:
+            for assumptions in block.proof_assumptions():
+                ids.add(block.derive(assumptions.with_(norm=norm), name).theorem)
     for name in VARIANTS:
         for norm in variant(name).norms:
             try:
@@ -165,11 +184,12 @@ def _proofs(args) -> int:
 def add_variant_options(parser, many: bool = False) -> None:
     """The options that choose a variant and its assumptions (``derive`` and ``paper``)."""
     parser.add_argument("variant", nargs="+" if many else None,
-                        help="a built-in variant (see `lipbound list`), or custom with --score")
+                        help="a built-in variant or block (see `lipbound list`), or custom with --score")
     parser.add_argument("--norm", choices=["fro", "2,1", "2,inf", "inf", "w1"], help=_NORM_HELP)
-    parser.add_argument("--domain", default="ball", choices=["ball", "layernorm", "unbounded"],
-                        help="where tokens live: ball (every token in B(0, R), default), layernorm (the image of a "
-                             "LayerNorm), unbounded (all of R^d; the answer may be NOT LIPSCHITZ)")
+    parser.add_argument("--domain", choices=["ball", "layernorm", "unbounded"],
+                        help="where tokens live: ball (every token in B(0, R), default for attention), layernorm (the "
+                             "image of a LayerNorm), unbounded (all of R^d, default for blocks; attention may be NOT "
+                             "LIPSCHITZ there)")
     parser.add_argument("--score", metavar="EXPR",
                         help="the score of the variant custom, in the query q = W_Q^T x and key k = W_K^T y: "
                              "Inner(q, k), Norm(q), SoftNorm(q, epsilon), d_k, d, tau, numbers, + - * / ** and exp, "
@@ -186,8 +206,9 @@ def register(sub) -> None:
 
     derive = sub.add_parser(
         "derive", help="derive a bound and its proof",
-        description="Derive the Lipschitz bound of an attention variant from its kernel assumptions, with every "
-                    "step recorded; print it as text, LaTeX, a LaTeX proof or JSON.",
+        description="Derive the Lipschitz bound of an attention variant from its kernel assumptions, or of a "
+                    "normalisation, feed-forward or residual block, with every step recorded; print it as text, "
+                    "LaTeX, a LaTeX proof or JSON.",
         epilog=epilog("lipbound derive dot-product --norm fro --domain ball",
                       "lipbound derive dot-product --domain unbounded      # NOT LIPSCHITZ, with X_t",
                       "lipbound derive l2-tied --domain unbounded --latex",
@@ -197,6 +218,8 @@ def register(sub) -> None:
                       '--fact "Norm(q) >= m_Q" --fact "Norm(k) >= m_K"',
                       "lipbound derive sigmoid --domain layernorm",
                       "lipbound derive measure-w1 --json",
+                      "lipbound derive layernorm --variance-floor --proof",
+                      "lipbound derive pre-ln-feed-forward --norm 2,inf",
                       notes="Run `lipbound list` for the variants.  Exit status 0, or 2 for a user error."))
     add_variant_options(derive)
     derive.add_argument("--n", type=positive_int("--n"), help="number of tokens (default: the symbol n)")
@@ -208,6 +231,9 @@ def register(sub) -> None:
                         help="print the assumptions, the theorems, their proofs, the symbols and the lemmas as LaTeX "
                              "that compiles after `lipbound preamble`")
     derive.add_argument("--json", action="store_true", help="print one JSON object")
+    derive.add_argument("--variance-floor", action="store_true",
+                        help="state that every token's variance is at least sigma_min^2 (the mean square for "
+                             "rmsnorm): the local constant of a normalisation or of a pre-LN block")
     derive.set_defaults(handler=_derive)
 
     compare = sub.add_parser(

@@ -24,6 +24,8 @@ object                                 LaTeX
 ``Inner(u, v)``, ``Norm(u)``           ``\langle u, v\rangle``, ``\|u\|``
 ``SoftNorm(u, epsilon)``               ``N_{\varepsilon}(u)``, i.e. ``(\|u\|^2 + \varepsilon)^{1/2}``
 ``gamma_max``, ``epsilon``, ``d_k``    ``\gamma_{\max}``, ``\varepsilon``, ``d_k``
+``eps``, ``sigma_min``, ``ell_phi``    ``\varepsilon``, ``\sigma_{\min}``, ``\ell_{\varphi}`` (blocks)
+``MatrixNormSymbol("D_gamma*Pi")``     ``\|D_{\gamma} \Pi\|_2``
 =====================================  =========================================
 """
 
@@ -191,6 +193,11 @@ class LipboundLatexPrinter(LatexPrinter):
 
     def _print_LowerBoundSymbol(self, expr, style="plain"):
         return symbol_latex(expr.name)
+
+    def _print_BlockParameter(self, expr, style="plain"):
+        r"""A block's scalar: the normalisation's ``eps`` prints as ``\varepsilon`` (as prose writes
+        epsilon), ``sigma_min`` as ``\sigma_{\min}``, ``ell_phi`` as ``\ell_{\varphi}``."""
+        return symbol_latex("epsilon" if expr.name == "eps" else expr.name)
 
     def _print_MatrixNormSymbol(self, expr, style="plain"):
         r"""Spectral norm ``\|M\|_2``; a Greek-named joint quantity (``gamma_{A,V}``) prints bare."""

@@ -62,6 +62,15 @@ MEANINGS: dict[str, str] = {
     "inf-norms": r"$\|M\|_\infty$ is the largest absolute row sum of a matrix $M$",
     "lower": r"a positive lower bound stated in the assumptions",
     "soft-norm": r"the regularised norm $(\|u\|_2^2 + \varepsilon)^{1/2}$ of a vector $u$",
+    "eps": r"the variance regulariser of a LayerNorm or RMSNorm, $\varepsilon > 0$",
+    "sigma_min": r"a stated floor: every token's variance (RMSNorm: mean square) is at least $\sigma_{\min}^2$",
+    "D_gamma": r"$\operatorname{diag}(\gamma)$, the gain of the normalisation",
+    "Pi": r"the centring projection $I - \mathbf{1} \mathbf{1}^\top / d$ ($\Pi = I$ for RMSNorm)",
+    "d_ff": r"hidden width of a feed-forward block",
+    "W_1": r"first feed-forward weight ($d \times d_{\mathrm{ff}}$): $f(x) = W_2^\top \varphi(W_1^\top x + b_1) + b_2$",
+    "W_2": r"second feed-forward weight ($d_{\mathrm{ff}} \times d$)",
+    "ell_phi": r"$\ell_\varphi = \max(|\alpha_\varphi|, |\beta_\varphi|)$, the largest slope of the activation "
+               r"$\varphi$, whose secant slopes lie in the certified range $[\alpha_\varphi, \beta_\varphi]$",
 }
 
 #: Function classes -> (symbol LaTeX, definition).
@@ -131,7 +140,7 @@ def legend_entries(*exprs, tied: bool = False) -> list[tuple[str, str]]:
             elif isinstance(node, Described):  # described in place; only Lip(f) is in the legend
                 lip = lip or node.name.startswith(r"\operatorname{Lip}")
             elif isinstance(node, (sp.MatrixSymbol, sp.Symbol)):
-                names[node.name] = None
+                names[node.name] = node if isinstance(node, sp.Symbol) else None
             elif type(node) in FUNCTION_MEANINGS:
                 functions[type(node)] = None
             elif isinstance(node, Inner):
@@ -148,7 +157,8 @@ def legend_entries(*exprs, tied: bool = False) -> list[tuple[str, str]]:
         entries.append((r"N_{\varepsilon}(u)", MEANINGS["soft-norm"]))
     order = list(MEANINGS)
     for name in sorted(names, key=lambda n: (order.index(n) if n in order else len(order), n)):
-        symbol = printer.doprint(sp.Symbol(name)) if name not in _MATRIX_NAMESPACE else symbol_latex(name)
+        symbol = printer.doprint(names[name] or sp.Symbol(name)) if name not in _MATRIX_NAMESPACE \
+            else symbol_latex(name)  # the symbol itself: its class may print it (eps as \varepsilon)
         if name in MEANINGS:
             meaning = MEANINGS["A_tied"] if (name == "A" and tied) else MEANINGS[name]
         elif lower and name not in _MATRIX_NAMESPACE:

@@ -2,7 +2,9 @@ r"""Generate ``proofs/``: one LaTeX file per general theorem, from the derivatio
 
 Every built-in variant (:data:`lipbound.symbolic.registry.VARIANTS`) is derived in each of its
 norms (``fro``, ``2,1``, ``2,inf``, ``inf``; ``w1`` for measures) on the domains ``Ball()``,
-``LayerNormImage()`` and ``Unbounded()``.  Results are grouped by their ``theorem`` id; each ``<id>.tex`` states the
+``LayerNormImage()`` and ``Unbounded()``; every block (:data:`~lipbound.symbolic.registry.BLOCKS`)
+in each norm under the assumptions it names (``BlockVariant.proof_assumptions``: all of ``R^d``,
+and a variance floor for the normalisations).  Results are grouped by their ``theorem`` id; each ``<id>.tex`` states the
 general theorem once (its statement in the kernel constants, its hypotheses, its proof) and
 then lists the bounds it gives for every variant and domain that uses it.  The kernel
 constants of each score on each bounded domain are derived once, in ``kernel-constants.tex``;
@@ -27,7 +29,7 @@ from ..symbolic import symbols as S
 from ..symbolic.bound import Bound, NotLipschitz, Result
 from ..symbolic.claim_table import comparison_rows
 from ..symbolic.record import le
-from ..symbolic.registry import VARIANTS, variant
+from ..symbolic.registry import BLOCKS, VARIANTS, variant
 from .document import DOMAIN_TITLES, preamble, statement_latex
 from .latex import LipboundLatexPrinter
 from .prose import escape_text, text_to_latex
@@ -82,6 +84,12 @@ def derive_all() -> tuple[list[Instance], list[tuple[str, str, str, str]]]:
                 if key not in seen:
                     seen.add(key)
                     instances.append(Instance(name, result.norm, result.domain, result))
+    for name in BLOCKS:
+        block = variant(name)
+        for norm in block.norms:
+            for assumptions in block.proof_assumptions():
+                result = block.derive(assumptions.with_(norm=norm), name)
+                instances.append(Instance(name, result.norm, result.domain, result))
     return instances, failures
 
 
@@ -151,7 +159,7 @@ def _constants_file(instances: list[Instance], slugs: dict) -> str:
     users: dict = {}
     order: list = []
     for instance in instances:
-        if not isinstance(instance.result, Bound) or instance.domain == "unbounded":
+        if not isinstance(instance.result, Bound) or instance.domain == "unbounded" or instance.variant in BLOCKS:
             continue
         key = (slugs[_score_identity(variant(instance.variant))], instance.domain)
         if key not in users:
@@ -226,6 +234,26 @@ def _global_theorem_file(theorem_id: str, group: list[Instance]) -> str:
     out.append("\\subsection{Instances}\nThe statement is already in weight norms; it applies to\n"
                "\\begin{itemize}\n" + "".join("  \\item %s\n" % _variant_line(instance.variant)
                                             for instance in group) + "\\end{itemize}\n")
+    return "\n".join(out)
+
+
+def _block_theorem_file(theorem_id: str, group: list[Instance]) -> str:
+    """A token-wise block's theorem (already in weight norms), the norms it holds in, its instances."""
+    first = group[0].result
+    _check_one_statement(theorem_id, group, first.generic)
+    norms = list(dict.fromkeys(instance.norm for instance in group))
+    title = _section_title(first.record.title, "inf") if norms == ["inf"] else text_to_latex(first.record.title)
+    out = _theorem_header(theorem_id, title)
+    token_norms = ", ".join(text_to_latex(_norm_title(norm)) for norm in norms if norm != "inf")
+    where = " and in the ".join(part for part in (token_norms and token_norms + " on $X$",
+                                                  "inf" in norms and text_to_latex(_norm_title("inf"))) if part)
+    out.append("\\begin{theorem}\\label{thm:%s}\nAssume\n%sThen, in the %s,\n%s\\end{theorem}\n" % (
+        theorem_id, hypotheses_latex(first.record.hypotheses), where, statement_latex(first.generic)))
+    out.append("\\begin{proof}\n" + derivation_to_latex(first.record, hypotheses=False) + "\\end{proof}\n")
+    lines = dict.fromkeys("  \\item \\texttt{%s} (%s), %s\n" % (
+        escape_text(instance.variant), text_to_latex(BLOCKS[instance.variant][1]),
+        escape_text(DOMAIN_TITLES[instance.domain])) for instance in group)
+    out.append("\\subsection{Instances}\nIt applies to\n\\begin{itemize}\n" + "".join(lines) + "\\end{itemize}\n")
     return "\n".join(out)
 
 
@@ -316,6 +344,8 @@ def render(instances: list[Instance], failures: list[tuple[str, str, str, str]] 
         result = group[0].result
         if isinstance(result, NotLipschitz):
             text = _not_lipschitz_file(theorem_id, group)
+        elif group[0].variant in BLOCKS:
+            text = _block_theorem_file(theorem_id, group)
         elif group[0].domain == "unbounded":
             text = _global_theorem_file(theorem_id, group)
         else:

@@ -50,7 +50,7 @@ _OPERATORS = {
     "Cov": r"\operatorname{Cov}", "Var": r"\operatorname{Var}", "vec": r"\operatorname{vec}",
     "diag": r"\operatorname{diag}",
 }
-_ALWAYS_MATH_WORDS = {"infinity": r"\infty", "oo": r"\infty"}
+_ALWAYS_MATH_WORDS = {"infinity": r"\infty", "oo": r"\infty", "ell": r"\ell"}
 _TEXT_LETTERS = {"a", "I"}
 _RELATIONS = {"<=": r"\le", ">=": r"\ge", "!=": r"\ne", "->": r"\to", "=>": r"\Rightarrow",
               "<-": r"\leftarrow", "==": "=", ":=": r"\coloneqq"}

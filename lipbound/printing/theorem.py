@@ -113,7 +113,15 @@ def result_latex(variant, result, style: TexStyle = PAPER) -> ResultLatex:
 
 
 def _assumption_body(variant, result) -> str:
-    return "The map $f$ is %s, and\n" % text_to_latex(variant.title) + assumption_list(result, variant.score.hypotheses())
+    hypotheses = variant.score.hypotheses() if variant.score is not None else ()  # a block has no score
+    return "The map $f$ is %s, and\n" % text_to_latex(variant.title) + assumption_list(result, hypotheses)
+
+
+def _score_terms(variant) -> tuple:
+    """The score expression for the legend (none for a block), and whether it is tied."""
+    if variant.score is None:
+        return (), False
+    return (variant.score.expression(),), variant.score.tied
 
 
 def _single_theorem(variant, result, style, labels, title, norm) -> ResultLatex:
@@ -125,7 +133,8 @@ def _single_theorem(variant, result, style, labels, title, norm) -> ResultLatex:
             labels["assumption"], hypotheses_latex(result.record.hypotheses), norm,
             statement_latex(result.expr, width=width))
         proof = derivation_to_latex(result.record, hypotheses=False, style=style)
-        legend = legend_entries(result.expr, variant.score.expression(), tied=variant.score.tied)
+        score, tied = _score_terms(variant)
+        legend = legend_entries(result.expr, *score, tied=tied)
     else:
         statement = ("Under Assumption~\\ref{%s}, $f$ is not Lipschitz: along the curve\n%s"
                      "(in the instance %s) an entry of the Jacobian grows without bound,\n%s"
@@ -134,7 +143,8 @@ def _single_theorem(variant, result, style, labels, title, norm) -> ResultLatex:
             text_to_latex(result.instance),
             statement_latex(result.growth, relation="=", lhs=Described(r"\partial f / \partial x \,(X_t)"), width=width))
         proof = derivation_to_latex(result.record, hypotheses=False, style=style)
-        legend = legend_entries(variant.score.expression(), tied=variant.score.tied)
+        score, tied = _score_terms(variant)
+        legend = legend_entries(*score, tied=tied)
     body = assumption + _environment(style, "theorem", text_to_latex(result.record.title), labels["theorem"],
                                      statement) + _proof(proof)
     return ResultLatex(body, {k: v for k, v in labels.items() if k in ("assumption", "theorem")},

@@ -9,7 +9,7 @@ evaluated by a routine that might not enclose.
 Accepted: numbers (integers and rationals enclosed exactly or outward, floats at their exact
 binary value, ``pi``, ``E``, ``EulerGamma``), symbols, ``+``, ``*``, powers (integer powers,
 square roots, and ``b^e = exp(e log b)`` for ``b > 0``), ``exp``, ``log``, ``Abs``, ``sin``,
-``cos``, ``Min``, ``Max``, ``erf``, ``LambertW`` (principal branch), ``digamma`` and
+``cos``, ``tanh``, ``Min``, ``Max``, ``erf``, ``LambertW`` (principal branch), ``digamma`` and
 ``polygamma(0, .)``, the functions named in :data:`NAMED_FUNCTIONS` (lipbound's ``kappa``,
 ``causal_kappa``, ``lambert_level``), and ``Piecewise`` whose conditions are comparisons
 joined by ``And``/``Or``/``Not``: a branch whose condition is certainly false is skipped,
@@ -37,7 +37,7 @@ NAMED_FUNCTIONS: dict[str, Callable] = {
     "kappa": F.kappa, "causal_kappa": F.causal_kappa, "lambert_level": F.lambert_level,
 }
 
-_UNARY = {sp.exp: IV.exp, sp.log: F.log, sp.Abs: abs, sp.sin: IV.sin, sp.cos: IV.cos, sp.erf: F.erf,
+_UNARY = {sp.exp: IV.exp, sp.log: F.log, sp.Abs: abs, sp.sin: IV.sin, sp.cos: IV.cos, sp.tanh: F.tanh, sp.erf: F.erf,
           sp.digamma: F.digamma}
 
 
@@ -83,7 +83,7 @@ def compile_interval(expr, symbols: Sequence[sp.Symbol]) -> IntervalFunction:
 
 def _refuse(node) -> NotCertifiedError:
     return NotCertifiedError(
-        "expr", "an expression lipbound can enclose (numbers, +, *, powers, exp, log, Abs, sin, cos, Min, Max, erf, "
+        "expr", "an expression lipbound can enclose (numbers, +, *, powers, exp, log, Abs, sin, cos, tanh, Min, Max, erf, "
         "LambertW, digamma, kappa, causal_kappa, lambert_level, Piecewise of comparisons)",
         f"the node {type(node).__name__}: {node}",
         "rewrite the expression with supported functions, or evaluate it without certification (mpmath)")

@@ -4,7 +4,7 @@ Each function takes intervals of :data:`~lipbound.rigorous.intervals.IV` (or exa
 and returns an interval that encloses the exact image:
 
 * ``sqrt``, ``log`` (clipping a lower end that rounding pushed below 0), ``minimum``,
-  ``maximum``;
+  ``maximum``, ``tanh`` (through ``exp``, increasing);
 * ``lambertw`` -- the principal branch ``W_0``, endpoints certified through ``w e^w``;
 * ``digamma`` -- the asymptotic series with its remainder bound (DLMF 5.11(ii));
 * ``erf`` -- the alternating Taylor series with its tail, or ``1 - erfc`` with the
@@ -24,7 +24,7 @@ from mpmath import libmp
 from ..errors import NotCertifiedError
 from .intervals import IV, _raw, hull, interval, point, precision
 
-__all__ = ["sqrt", "log", "minimum", "maximum", "lambertw", "digamma", "polygamma", "erf",
+__all__ = ["sqrt", "log", "tanh", "minimum", "maximum", "lambertw", "digamma", "polygamma", "erf",
            "kappa", "causal_kappa", "lambert_level", "exact_positive_integer"]
 
 
@@ -45,6 +45,11 @@ def log(x):
         raise NotCertifiedError("log argument", "a positive number", f"the interval {interval(x)}",
                                 "the expression takes the logarithm of a non-positive quantity")
     return IV.log(IV.make_mpf((libmp.fzero if libmp.mpf_lt(lo, libmp.fzero) else lo, hi)))
+
+
+def tanh(x):
+    """``tanh x = 1 - 2 / (e^{2x} + 1)``: x appears once and the map increases, so the enclosure is tight."""
+    return 1 - 2 / (IV.exp(2 * interval(x)) + 1)
 
 
 def _extremum(args, largest: bool):
@@ -162,20 +167,23 @@ def _erf_point(p):
         tail_hi = _raw(IV.exp(-x * x) / (x * IV.sqrt(IV.pi)))[1]  # 0 < erfc(x) <= e^{-x^2} / (x sqrt(pi))
         return IV.make_mpf((_raw(1 - point(tail_hi))[0], libmp.from_int(1)))
     # alternating series; terms decrease once k > x^2; cancellation costs about x^2 log2(e) bits
-    extra = int(float(mpmath.mpf(p)) ** 2 * 1.45) + 16
+    x_squared = float(mpmath.mpf(p)) ** 2
+    extra = int(x_squared * 1.45) + 16
     with precision(IV.prec + extra):
         x = point(p)
         square = x * x
         term = x  # x^(2k+1) / k!
+        piece = term  # term / (2k + 1)
         total = IV.mpf(0)
+        tiny = libmp.from_man_exp(1, -IV.prec - 4)
         k = 0
         while True:
-            total = total + (term / (2 * k + 1) if k % 2 == 0 else -term / (2 * k + 1))
+            total = total + piece if k % 2 == 0 else total - piece
             term = term * square / (k + 1)
             k += 1
-            next_term = term / (2 * k + 1)
-            if k > float(mpmath.mpf(p)) ** 2 + 2 and libmp.mpf_lt(_raw(next_term)[1], libmp.from_man_exp(1, -IV.prec - 4)):
-                bound = _raw(next_term)[1]
+            piece = term / (2 * k + 1)
+            if k > x_squared + 2 and libmp.mpf_lt(_raw(piece)[1], tiny):
+                bound = _raw(piece)[1]  # the first neglected term bounds the alternating tail
                 total = total + IV.make_mpf((libmp.mpf_neg(bound), bound))
                 break
         result = 2 / IV.sqrt(IV.pi) * total
@@ -191,6 +199,12 @@ def erf(x):
             return -_erf_point(libmp.mpf_neg(raw))
         return _erf_point(raw)
 
+    if lo == hi:  # a point: one series
+        return at(lo)
+    width = _raw(point(hi) - point(lo))[1]
+    if libmp.mpf_lt(width, libmp.from_man_exp(1, -40)):  # narrow: erf' <= 2 / sqrt(pi) bounds the rest
+        start = at(lo)
+        return IV.make_mpf((_raw(start)[0], _raw(start + point(width) * 2 / IV.sqrt(IV.pi))[1]))
     return IV.make_mpf((_raw(at(lo))[0], _raw(at(hi))[1]))
 
 

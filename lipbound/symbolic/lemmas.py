@@ -150,6 +150,35 @@ LEMMAS: Final[dict[str, tuple[str, str]]] = {
     "midpoint-integral": (
         "Integral along a segment",
         r"$F(X') - F(X) = \int_0^1 DF(X(t)) (X' - X)\,dt$ for $X(t) = (1 - t) X + t X'$ and $F$ of class $C^1$."),
+    "radial-normalization": (
+        "Normalisation is radial",
+        r"For $g(u) = u / \sqrt{\|u\|^2/d + \varepsilon}$ write $g(u) = h(\|u\|)\, u / \|u\|$ with "
+        r"$h(r) = r / \sqrt{r^2/d + \varepsilon}$: $h(r)/r = (r^2/d + \varepsilon)^{-1/2}$ decreases and "
+        r"$0 \le h'(r) = \varepsilon\, (r^2/d + \varepsilon)^{-3/2} \le h(r)/r$.  For $\|u\|, \|u'\| \ge r_0$ "
+        r"at angle $\theta$, $\|g(u) - g(u')\|^2 = (h(\|u\|) - h(\|u'\|))^2 + 2 h(\|u\|) h(\|u'\|) "
+        r"(1 - \cos\theta) \le L^2 \|u - u'\|^2$ with $L = (r_0^2/d + \varepsilon)^{-1/2}$, since "
+        r"$\|u - u'\|^2 = (\|u\| - \|u'\|)^2 + 2 \|u\| \|u'\| (1 - \cos\theta)$.  No convexity is needed."),
+    "normalization-sharpness": (
+        "The normalisation bound is attained",
+        r"Let $v$ be a top right singular vector of $D_\gamma \Pi$ ($v \perp \mathbf{1}$).  At a token $x_0$ with "
+        r"$\Pi x_0 \perp v$ and $\|\Pi x_0\|^2/d = \sigma_{\min}^2$ ($x_0 = 0$ without a floor), "
+        r"$DN(x_0)\, v = D_\gamma \Pi v / \sqrt{\sigma_{\min}^2 + \varepsilon}$, and $x_0 + t v$ keeps the "
+        r"variance floor for every real $t$; so the bound is the Lipschitz constant (with a floor, $d \ge 3$ leaves "
+        r"room for $\Pi x_0$; for RMSNorm $\Pi = I$, $v$ a unit vector where $|\gamma|$ is largest, $d \ge 2$)."),
+    "slope-restriction": (
+        "Slope-restricted activations",
+        r"If every secant slope $(\varphi(s) - \varphi(t))/(s - t)$ lies in $[\alpha_\varphi, \beta_\varphi]$ "
+        r"(for a $C^1$ activation: $\varphi'$ does), then $|\varphi(s) - \varphi(t)| \le \ell_\varphi |s - t|$ "
+        r"with $\ell_\varphi = \max(-\alpha_\varphi, \beta_\varphi)$, entrywise and hence in the Euclidean norm."),
+    "tokenwise": (
+        "Token-wise maps",
+        r"If $F(X) = (f(x_1), \dots, f(x_n))$ and $\|f(x) - f(y)\| \le L \|x - y\|$, then "
+        r"$\|F(X) - F(Y)\|_{2,p} \le L \|X - Y\|_{2,p}$ for $p \in \{1, 2, \infty\}$ "
+        r"($p = 2$: the Frobenius norm)."),
+    "composition": (
+        "Composition",
+        r"If $f$ is $L_f$-Lipschitz on $D$ and $g$ is $L_g$-Lipschitz on a set holding $f(D)$, then "
+        r"$g \circ f$ is $L_g L_f$-Lipschitz on $D$."),
     "value-magnitude": (
         "Value magnitude",
         r"$\sup_{y \in B(c, R)} \|V^\top y + b_V\| \le \|V\|_2 R + \|V^\top c + b_V\|$ (triangle inequality)."),

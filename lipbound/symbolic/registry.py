@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Callable, Final
 
 from ..errors import AssumptionError
+from .blocks import FeedForwardMap, NormalizationMap, NormResidual
 from .scores import DotProduct, L2Distance, ScaledCosine
 from .nonsoftmax import FeatureMapKernel, SigmoidAttention
 from .variants import CrossAttention, MeasureAttention, MultiHead, Residual, SelfAttention, Variant
 
-__all__ = ["VARIANTS", "variant", "variant_names"]
+__all__ = ["VARIANTS", "BLOCKS", "variant", "variant_names"]
 
 #: name -> (factory, one-line description)
 VARIANTS: Final[dict[str, tuple[Callable[[], Variant], str]]] = {
@@ -50,15 +51,29 @@ VARIANTS: Final[dict[str, tuple[Callable[[], Variant], str]]] = {
 }
 
 
+#: Token-wise blocks around attention (lipbound.symbolic.blocks): name -> (factory, description)
+BLOCKS: Final[dict[str, tuple[Callable[[], Variant], str]]] = {
+    "layernorm": (lambda: NormalizationMap("layernorm"), "LayerNorm gamma * (x - mean(x)) / sqrt(var(x) + epsilon) + beta"),
+    "rmsnorm": (lambda: NormalizationMap("rmsnorm"), "RMSNorm gamma * x / sqrt(||x||^2 / d + epsilon)"),
+    "feed-forward": (lambda: FeedForwardMap(), "feed-forward block W_2^T phi(W_1^T x + b_1) + b_2"),
+    "pre-norm-residual": (lambda: NormResidual("pre"), "x + F(N(x)) from the constants L_F and L_N"),
+    "post-norm-residual": (lambda: NormResidual("post"), "N(x + F(x)) from the constants L_F and L_N"),
+    "pre-ln-feed-forward": (lambda: NormResidual("pre", FeedForwardMap(), NormalizationMap()),
+                            "x + FFN(LN(x)), pre-LN (GPT-2, Whisper)"),
+    "post-ln-feed-forward": (lambda: NormResidual("post", FeedForwardMap(), NormalizationMap()),
+                             "LN(x + FFN(x)), post-LN (BERT)"),
+}
+
+
 def variant_names() -> list[str]:
-    return list(VARIANTS)
+    return list(VARIANTS) + list(BLOCKS)
 
 
 def variant(name: str) -> Variant:
-    """The built-in variant called ``name`` (see :data:`VARIANTS`)."""
+    """The built-in variant or block called ``name`` (see :data:`VARIANTS` and :data:`BLOCKS`)."""
     try:
-        factory, _ = VARIANTS[name]
+        factory, _ = VARIANTS[name] if name in VARIANTS else BLOCKS[name]
     except KeyError:
-        raise AssumptionError("variant", f"one of {', '.join(VARIANTS)}", repr(name),
+        raise AssumptionError("variant", f"one of {', '.join(variant_names())}", repr(name),
                               "run `lipbound list` to see the variants") from None
     return factory()

@@ -23,6 +23,7 @@ __all__ = [
     "W_Q", "W_K", "W_V", "W_O", "W", "b_Q", "b_K", "b_V", "x", "y", "c",
     "NAMED_MATRICES", "NAMED_DEFINITIONS", "name_matrix",
     "kappa", "causal_kappa", "lambert_level", "expand_special",
+    "BlockParameter", "d_ff", "eps", "sigma_min", "ell_phi", "gamma_max", "W_1", "W_2", "D_gamma", "Pi",
 ]
 
 
@@ -186,6 +187,30 @@ def vector_norm(expression: sp.MatrixExpr) -> VectorNormSymbol:
 
 
 for _matrix in (W_Q, W_K, W_V, W_O, W):
+    matrix_norm(_matrix)
+
+
+# Normalisation and feed-forward blocks (docs/mathematics.md, section 11) ----------------------
+@final
+class BlockParameter(sp.Symbol):
+    """A positive scalar of a normalisation or feed-forward block: the normalisation epsilon
+    ``eps``, the variance floor ``sigma_min``, the activation's largest slope ``ell_phi``."""
+
+    def __new__(cls, name: str, **assumptions):
+        assumptions.setdefault("positive", True)
+        return super().__new__(cls, name, **assumptions)
+
+
+d_ff: Final = SizeSymbol("d_ff")
+eps: Final = BlockParameter("eps")              # LN(x) = gamma * (x - mean x) / sqrt(var x + eps) + beta
+sigma_min: Final = BlockParameter("sigma_min")  # every token's variance is at least sigma_min^2
+ell_phi: Final = BlockParameter("ell_phi")      # sup_t |phi'(t)| of the activation
+gamma_max: Final = RadiusSymbol("gamma_max")    # ||gamma||_inf of a normalisation's gain
+W_1: Final = weight("W_1", d, d_ff)             # f(x) = W_2^T phi(W_1^T x + b_1) + b_2
+W_2: Final = weight("W_2", d_ff, d)
+D_gamma: Final = weight("D_gamma", d, d)        # diag(gamma)
+Pi: Final = weight("Pi", d, d)                  # the centring projection I - 1 1^T / d
+for _matrix in (W_1, W_2, D_gamma * Pi):
     matrix_norm(_matrix)
 
 

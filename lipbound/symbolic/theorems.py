@@ -23,7 +23,8 @@ from . import symbols as S
 from .record import Derivation, Described, le
 
 __all__ = ["Theorem", "self_attention", "cross_attention", "multi_head", "compose_heads", "head_constants",
-           "block_norms", "residual", "vector_infinity", "w1_uniform", "w1_mean_field", "w1_cross"]
+           "block_norms", "residual", "vector_infinity", "w1_uniform", "w1_mean_field", "w1_cross",
+           "component", "compose", "tokenwise", "norm_residual"]
 
 L_V, rho, alpha, beta, omega = S.L_V, S.rho, S.alpha, S.beta, S.omega
 
@@ -213,6 +214,58 @@ def residual(inner: Theorem) -> Theorem:
     proof.add(le(Described(r"\operatorname{Lip}(\mathrm{id} + f)"), statement), "triangle inequality",
               "residual")
     return Theorem(f"residual-{inner.id}", f"Residual {inner.title.lower()}", statement, proof)
+
+
+def component(name: str, what: str) -> Theorem:
+    """A map known only by its constant: ``what`` is ``name``-Lipschitz (``L_F``, ``L_N``), the
+    placeholder through which the numeric layer composes certified constants."""
+    constant = S.KernelConstant(name)
+    proof = Derivation(what)
+    proof.hypothesis(f"{what} is {name}-Lipschitz on its domain")
+    return Theorem(f"component-{name}", what, constant, proof)
+
+
+def compose(outer: Theorem, inner: Theorem, id: str = "", title: str = "", why: str = "") -> Theorem:
+    """``g o f``: ``Lip <= Lip(g) Lip(f)``, g's constant holding on the image of f (``why`` says why)."""
+    statement = outer.statement * inner.statement
+    proof = Derivation(title or f"{outer.title} after {inner.title.lower()}")
+    proof.absorb(inner.proof)
+    proof.absorb(outer.proof)
+    proof.add(le(Described(r"\operatorname{Lip}(g \circ f)"), statement),
+              "the constants of a composition multiply" + (f"; {why}" if why else ""), "composition")
+    return Theorem(id or f"{outer.id}-after-{inner.id}", proof.title, statement, proof)
+
+
+def tokenwise(per_token: Theorem, norm: Norm, d=S.d) -> Theorem:
+    """A map applied to each token with constant L: ``L`` in the Frobenius, (2,1) and (2,inf)
+    norms on X, ``sqrt(d) L`` in l_inf on vec(X) (through (2,inf))."""
+    proof = Derivation(per_token.proof.title)
+    proof.absorb(per_token.proof)
+    proof.add(le(Described(r"\|F(X) - F(Y)\|_{2,p}"), per_token.statement * Described(r"\|X - Y\|_{2,p}")),
+              "F acts token by token; p = 2 (Frobenius), 1 or infinity", "tokenwise")
+    theorem = Theorem(per_token.id, per_token.title, per_token.statement, proof)
+    return vector_infinity(Theorem(f"{per_token.id}-2inf", per_token.title, per_token.statement, proof), d) \
+        if norm.key == "inf" else theorem
+
+
+def norm_residual(placement: str, inner: Theorem, norm: Theorem, image: str = "") -> Theorem:
+    """A residual block with a normalisation N around an inner map F, written with the rules above.
+
+    ``"pre"``: ``x + F(N(x))``, ``Lip <= 1 + Lip(F) Lip(N)``, F taken on the image of N (``image``
+    describes it; bounded for a LayerNorm, so every block after a norm has a bounded domain).
+    ``"post"``: ``N(x + F(x))``, ``Lip <= Lip(N) (1 + Lip(F))``, N taken on all of R^d (its input
+    has no known variance floor); the output lies in the image of N whatever came in.
+    """
+    if placement == "pre":
+        inside = compose(inner, norm, why=f"F reads the outputs of N{f' ({image})' if image else ''}")
+        return residual(inside)
+    if placement == "post":
+        theorem = compose(norm, residual(inner), why="N is taken on all of R^d")
+        theorem.proof.add(Described(r"N(x + F(x)) \in N(\mathbb{R}^d)"),
+                          "the output is in the image of N whatever came in (the next block's domain)",
+                          "layernorm-ball")
+        return theorem
+    raise ValueError(f"no residual placement {placement!r}: 'pre' or 'post'")
 
 
 @functools.lru_cache(maxsize=None)  # theorems are pure: build each once
