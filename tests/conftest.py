@@ -29,7 +29,13 @@ def pytest_configure(config):
         config.option.dist = "loadgroup"
 
 
+#: The longest tests start first, so that the two test processes finish together.
+_FIRST = ("tests/test_notebooks.py::test_notebook_runs", "tests/test_paper.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: next((i for i, prefix in enumerate(_FIRST) if item.nodeid.startswith(prefix)),
+                                     len(_FIRST)))
     if config.getoption("--runslow") or os.environ.get("LIPBOUND_SLOW") == "1" or "slow" in (config.option.markexpr or ""):
         return
     skip = pytest.mark.skip(reason="slow: run with --runslow or LIPBOUND_SLOW=1")
