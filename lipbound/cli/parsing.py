@@ -84,6 +84,25 @@ def positive_float(option: str):
     return convert
 
 
+def float_list(option: str, example: str, *, zero: bool = False, fix: str = ""):
+    """``"0.5"`` or ``"0,1e-3,1e-2"`` -> a tuple of finite numbers, positive (``zero``: or 0), in the
+    order given."""
+    def convert(text: str) -> tuple[float, ...]:
+        values = []
+        for part in str(text).split(","):
+            try:
+                value = float(part)
+            except ValueError:
+                value = math.nan
+            if not (math.isfinite(value) and (value > 0 or (zero and value == 0))):
+                _fail(f"{'non-negative' if zero else 'positive'} numbers separated by commas, e.g. {example}", text,
+                      fix or f"write {option} {example}")
+            values.append(value)
+        return tuple(values)
+    convert.__name__ = option
+    return convert
+
+
 def int_list(option: str, low: int = 0):
     """``"3"``, ``"1..3"`` (inclusive) or ``"1,4,6"`` -> a sorted tuple of ints >= ``low``."""
     def convert(text: str) -> tuple[int, ...]:

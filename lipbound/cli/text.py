@@ -11,7 +11,7 @@ import json
 
 import sys
 
-from .parsing import epilog, index, int_list, output_file, plot_file, positive_int
+from .parsing import epilog, float_list, index, int_list, output_file, plot_file, positive_int
 
 __all__ = ["register"]
 
@@ -85,26 +85,6 @@ def _local(args) -> int:
     return 3 if refuted else 0
 
 
-def _float_list(option: str):
-    import argparse
-    import math
-
-    def convert(text: str) -> tuple[float, ...]:
-        values = []
-        for part in str(text).split(","):
-            try:
-                value = float(part)
-            except ValueError:
-                value = math.nan
-            if not (math.isfinite(value) and value >= 0):
-                raise argparse.ArgumentTypeError(f"expected non-negative numbers separated by commas, e.g. 0,1e-3,1e-2, "
-                                                 f"got {text!r}. Fix: write {option} 0,1e-3,1e-2")
-            values.append(value)
-        return tuple(values)
-    convert.__name__ = option
-    return convert
-
-
 def _count_or_all(option: str):
     import argparse
 
@@ -142,22 +122,6 @@ def _add_edit_options(parser, default_k: str) -> None:
     parser.add_argument("--json", type=output_file("--json", ".json"), help="write the report as JSON")
     parser.add_argument("--plot", type=plot_file(), help="save measured, worst, certified and global W1 per layer")
     parser.add_argument("--model", metavar="DIR", help="a BERT checkpoint directory (default: all-MiniLM-L6-v2)")
-
-
-def _scales(text: str) -> tuple[float, ...]:
-    import argparse
-    import math
-    values = []
-    for part in str(text).split(","):
-        try:
-            value = float(part)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and value > 0):
-            raise argparse.ArgumentTypeError(f"expected positive numbers, e.g. 0.5 or 0.5,16,64, got {text!r}. "
-                                             "Fix: write the certified constant(s) of the block")
-        values.append(value)
-    return tuple(values)
 
 
 def _depth(args) -> int:
@@ -223,7 +187,7 @@ def register(sub) -> None:
                        help="the norm of the Lipschitz constant (default fro)")
     local.add_argument("--ball", choices=("fro", "2,1", "2,inf", "tokens"), default="fro",
                        help="the neighbourhood: a ball in this norm, or 'tokens' (only --positions move)")
-    local.add_argument("--eps", type=_float_list("--eps"), default=None,
+    local.add_argument("--eps", type=float_list("--eps", "0,1e-3,1e-2", zero=True), default=None,
                        help="radii as fractions of the LayerNorm radius (default 0,1e-5,1e-4,...,1,2)")
     local.add_argument("--plot-curve", type=plot_file("--plot-curve"), help="save L(eps) and its witness (png, pdf, ...)")
     _add_edit_options(local, "the number of --positions")
@@ -237,7 +201,7 @@ def register(sub) -> None:
         epilog=epilog("lipbound depth", "lipbound depth --scale 0.5,16,64 --json depth.json",
                       "lipbound depth --layer 2 --head 5 --plot depth.png",
                       notes="Exit status: 0, 2 user error, 3 a measured rate exceeds its certified constant."))
-    depth.add_argument("--scale", type=_scales, default=(0.5,),
+    depth.add_argument("--scale", type=float_list("--scale", "0.5,16,64", fix="write the certified constant(s) of the block"), default=(0.5,),
                        help="certified constant(s) of the block: S, or a comma list for a sweep (default 0.5)")
     depth.add_argument("--steps", type=positive_int("--steps"), default=100, help="iteration budget (default 100)")
     depth.add_argument("--sentence", default="The cat slept all afternoon.",

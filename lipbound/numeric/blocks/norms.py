@@ -24,7 +24,7 @@ import numpy as np
 from ...errors import AssumptionError, WeightsError
 from ...rigorous.intervals import interval
 from ...rigorous.value import CertifiedValue
-from ..model.components import LayerNorm, _finite  # the model description's checks
+from ..model.components import LayerNorm, _finite, _positive_eps  # the model description's checks
 from ..sdp.joint import _layernorm_projector  # diag(gamma) P as an enclosure, written once
 from .certify import derive_block, evaluate_block
 
@@ -48,11 +48,8 @@ class RMSNorm:
 
     def __post_init__(self):
         gamma = _finite("gamma", self.gamma, 1)
-        eps = float(self.eps)
-        if not (math.isfinite(eps) and eps > 0):
-            raise WeightsError("eps", "a positive finite float", repr(self.eps), "use the checkpoint's rms_norm_eps")
         object.__setattr__(self, "gamma", gamma)
-        object.__setattr__(self, "eps", eps)
+        object.__setattr__(self, "eps", _positive_eps(self.eps, "use the checkpoint's rms_norm_eps"))
 
     @property
     def d(self) -> int:

@@ -28,6 +28,14 @@ __all__ = ["SCORES", "Head", "Layer", "LayerNorm", "FeedForward", "ACTIVATIONS",
 SCORES = ("dot", "l2", "cosine")
 
 
+def _positive_eps(value, fix: str) -> float:
+    """A normalisation's variance regulariser: a positive finite float, or :class:`WeightsError`."""
+    eps = float(value)
+    if not (math.isfinite(eps) and eps > 0):
+        raise WeightsError("eps", "a positive finite float", repr(value), fix)
+    return eps
+
+
 def _finite(name: str, value, ndim: int) -> np.ndarray:
     array = np.asarray(value, dtype=np.float64)
     if array.ndim != ndim:
@@ -227,13 +235,9 @@ class LayerNorm:
         if beta.shape != gamma.shape:
             raise WeightsError("beta", f"shape {gamma.shape} like gamma", f"shape {beta.shape}",
                                "pass one value per feature")
-        eps = float(self.eps)
-        if not (math.isfinite(eps) and eps > 0):
-            raise WeightsError("eps", "a positive finite float", repr(self.eps),
-                               "use the checkpoint's layer_norm_eps (1e-12 for BERT)")
         object.__setattr__(self, "gamma", gamma)
         object.__setattr__(self, "beta", beta)
-        object.__setattr__(self, "eps", eps)
+        object.__setattr__(self, "eps", _positive_eps(self.eps, "use the checkpoint's layer_norm_eps (1e-12 for BERT)"))
 
     @property
     def d(self) -> int:
