@@ -73,12 +73,7 @@ def compile_interval(expr, symbols: Sequence[sp.Symbol]) -> IntervalFunction:
         A node without a rigorous interval version, or a free symbol not in ``symbols``.
     """
     expr = sp.sympify(expr)
-    positions = {s: i for i, s in enumerate(symbols)}
-    missing = expr.free_symbols - set(positions)
-    if missing:
-        raise NotCertifiedError("expr", "symbols that all have a value", f"free symbols {sorted(map(str, missing))}",
-                                "give a value (interval) for every free symbol")
-    return IntervalFunction(expr, symbols, _compile(expr, positions))
+    return IntervalFunction(expr, symbols, _compile(expr, _positions(expr, symbols, "interval")))
 
 
 def _refuse(node) -> NotCertifiedError:
@@ -243,6 +238,16 @@ def _piecewise(node: sp.Piecewise, positions: dict) -> Callable:
     return evaluate
 
 
+def _positions(expr: sp.Expr, symbols: Sequence[sp.Symbol], value: str) -> dict:
+    """Each symbol's argument position; every free symbol of ``expr`` must have one."""
+    positions = {symbol: i for i, symbol in enumerate(symbols)}
+    missing = expr.free_symbols - set(positions)
+    if missing:
+        raise NotCertifiedError("expr", "symbols that all have a value", f"free symbols {sorted(map(str, missing))}",
+                                f"give a value ({value}) for every free symbol")
+    return positions
+
+
 # Arrays ------------------------------------------------------------------------------------------
 def compile_array(expr, symbols: Sequence[sp.Symbol]) -> Callable:
     """Compile ``expr`` for :class:`~lipbound.rigorous.arrays.IntervalArray` arguments (broadcast
@@ -253,11 +258,7 @@ def compile_array(expr, symbols: Sequence[sp.Symbol]) -> Callable:
     ``exp``, ``Abs``, ``Min``, ``Max``.  Anything else raises :class:`NotCertifiedError` at compile time.
     """
     expr = sp.sympify(expr)
-    positions = {s: i for i, s in enumerate(symbols)}
-    missing = expr.free_symbols - set(positions)
-    if missing:
-        raise NotCertifiedError("expr", "symbols that all have a value", f"free symbols {sorted(map(str, missing))}",
-                                "give a value (array) for every free symbol")
+    positions = _positions(expr, symbols, "array")
 
     def build(node) -> Callable:
         if node.is_Symbol:
