@@ -17,7 +17,11 @@ number (witness values, every upper bound, best bound, gap, refutations) is iden
 serial run's, and the machine's load average (``os.getloadavg``) before and after each run: on
 a shared machine the speed-ups are capped by the share of the cores the run receives.  Targets: speed-ups >= 1.7 on a 2-core machine, identical numbers.
 
-Run: ``python bench/bench_scaleout.py [--budget 1] [--n 8] [--layers 0 1] [--json out.json]``
+``--whole`` times ``lipbound verify MODEL --whole`` instead (every attention, feed-forward block,
+LayerNorm and residual, and the end-to-end maps: :func:`lipbound.numeric.whole.verify_whole`) and
+compares its components and end-to-end bounds.
+
+Run: ``python bench/bench_scaleout.py [--budget 1] [--n 8] [--layers 0 1] [--whole] [--json out.json]``
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from lipbound.numeric.model import load_weights  # noqa: E402
 from lipbound.numeric.scaleout import local_cluster  # noqa: E402
 from lipbound.numeric.verification import Verification  # noqa: E402
+from lipbound.numeric.whole import verify_whole  # noqa: E402
 
 
 def _model_dir() -> Path:
@@ -44,6 +49,8 @@ def _model_dir() -> Path:
 
 
 def _numbers(report) -> list[dict]:
+    if hasattr(report, "model_bounds"):  # a whole-model report
+        return [report.components, report.model_bounds]
     rows = []
     for row in report.rows:
         data = row.to_json()
@@ -80,26 +87,31 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8, help="tokens (default 8)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--layers", type=int, nargs="*", help="layers to verify (default all 6)")
+    parser.add_argument("--whole", action="store_true", help="time verify --whole (the whole model end to end)")
     parser.add_argument("--json", help="write the figures as JSON")
     args = parser.parse_args()
 
-    
+
     model = load_weights(_model_dir())
     options = dict(layers=args.layers, n=args.n, budget=args.budget, seed=args.seed)
-    print(f"{model.describe()}; n = {args.n}, budget {args.budget:g} nominal s per head, seed {args.seed}; "
-          f"{os.cpu_count()} cores", flush=True)
+    what = "verify --whole" if args.whole else f"budget {args.budget:g} nominal s per head"
+    print(f"{model.describe()}; n = {args.n}, {what}, seed {args.seed}; {os.cpu_count()} cores", flush=True)
     figures, reports = {}, {}
     with tempfile.TemporaryDirectory() as folder:
         def run(name: str, **how) -> None:
-            verification = Verification(model, witness_dir=Path(folder) / name, **options)
+            if args.whole:
+                verify = lambda: verify_whole(model, n=args.n, seed=args.seed, **how)  # noqa: E731
+            else:
+                verify = lambda: Verification(model, witness_dir=Path(folder) / name, **options).run(**how)  # noqa: E731
             before, cpu = _load(), _cpu()
             began = time.perf_counter()
-            reports[name] = verification.run(**how)
+            reports[name] = verify()
+            rows = len(_numbers(reports[name])[0]) if args.whole else len(reports[name].rows)
             seconds = time.perf_counter() - began
             cpu = _cpu() - cpu
             figures[name] = {"seconds": seconds, "cpu_seconds": cpu, "cores": cpu / seconds,
-                             "rows": len(reports[name].rows), "load_before": before, "load_after": _load()}
-            print(f"  {name:10s} {seconds:8.1f} s  {len(reports[name].rows)} rows  {cpu:8.1f} CPU-s "
+                             "rows": rows, "load_before": before, "load_after": _load()}
+            print(f"  {name:10s} {seconds:8.1f} s  {rows} rows  {cpu:8.1f} CPU-s "
                   f"(load average {before} before, {_load()} after)", flush=True)
 
         run("serial")
@@ -120,8 +132,14 @@ def main() -> None:
           "it shows the share of the cores the run received)")
     print(f"(the LocalCluster of the last run started in {figures['cluster start']['seconds']:.1f} s, not counted; "
           "jobs=2 counts its own start)")
-    refuted = sum(len(row.refuted) for row in reports["serial"].rows)
-    print(f"refuted bounds: {refuted}; rows: {len(serial)}")
+    if args.whole:
+        bounds = reports["serial"].model_bounds
+        refuted = sum(b["witness"] is not None and b["witness"] > b["value"] for b in bounds) + sum(
+            r["witness"] is not None and r["witness"] > r["best_upper"] for r in reports["serial"].components)
+        print(f"refuted bounds: {refuted}; components: {len(serial[0])}; end-to-end maps: {len(bounds)}")
+    else:
+        refuted = sum(len(row.refuted) for row in reports["serial"].rows)
+        print(f"refuted bounds: {refuted}; rows: {len(serial)}")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
 
