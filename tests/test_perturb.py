@@ -115,6 +115,22 @@ def test_set_certificate_covers_every_edit_of_its_set(fast_report, model):
     assert fast_report.search[1]["exhaustive"]
 
 
+def test_screening_forward_pass_follows_the_float64_one(model):
+    """The float32 screening pass (tanh-form GELU) against the float64 forward pass, every layer's block
+    outputs, on edited sentences: close enough to rank candidates (reported values never come from it)."""
+    from lipbound.measures.vocabulary import ScreeningModel
+    ids = model.encode(sentences()[0])
+    batch = np.array([ids] + [[*ids[:2], word, *ids[3:]] for word in (1996, 4937, 29610)])
+    screened = ScreeningModel(model.model).block_outputs(batch, model.num_layers - 1)
+    for row, edited in enumerate(batch):
+        states = model.hidden_states(list(edited))
+        for layer in range(model.num_layers):
+            exact = model.attention_block(layer, states[layer]).pre_norm
+            scale = np.abs(exact).max()
+            assert np.abs(screened[layer][row] - exact).max() <= 2e-3 * scale
+            assert np.abs(screened[layer][row] - exact).max() > 0        # a separate, float32 route
+
+
 # Insertions and deletions -------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode, sentence, positions", [
     ("insert", "Rain is expected tomorrow morning.", (5,)),

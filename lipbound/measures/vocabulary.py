@@ -7,8 +7,9 @@ below).  Several positions: coordinate ascent -- each position in turn takes its
 the others fixed -- over a shortlist per position.
 
 Screening runs the whole model in float32 on batches of candidates (:class:`ScreeningModel`, a
-float32 copy of the weights; BLAS in single precision is about twice as fast) and scores each
-candidate by the cost of a fixed coupling (an upper bound on W1).  The best candidates of every layer
+float32 copy of the weights; BLAS in single precision is about twice as fast; GELU in its tanh form,
+within 4.8e-4 of the erf form and a third of its cost) and scores each candidate by the cost of a
+fixed coupling (an upper bound on W1).  The best candidates of every layer
 are then evaluated again by the float64 forward pass of :mod:`lipbound.numeric.forward` and their exact
 W1 is computed (:func:`lipbound.measures.wasserstein.w1`): only these values are reported, so every
 reported movement is a real edit's real movement (a witness).
@@ -22,7 +23,6 @@ from dataclasses import dataclass
 from typing import final
 
 import numpy as np
-from scipy.special import erf
 
 from ..errors import AssumptionError
 from ..numeric.model import Model
@@ -69,6 +69,20 @@ class ScreeningModel:
         centred = X - X.mean(axis=-1, keepdims=True)
         return gamma * centred / np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + eps) + beta
 
+    @staticmethod
+    def _gelu(h):
+        """``h Phi(h)`` in the tanh form ``h (1 + tanh(sqrt(2/pi) (h + 0.044715 h^3))) / 2`` (Hendrycks &
+        Gimpel 2016), ``|difference| < 4.8e-4``: it only ranks candidates."""
+        inner = h * h
+        inner *= np.float32(0.044715)
+        inner += np.float32(1.0)
+        inner *= h
+        inner *= np.float32(math.sqrt(2 / math.pi))
+        np.tanh(inner, out=inner)
+        inner += np.float32(1.0)
+        inner *= np.float32(0.5)
+        return inner * h
+
     def block_outputs(self, ids: np.ndarray, last: int) -> list[np.ndarray]:
         """``X_l + MHA_l(X_l)`` for layers ``0..last`` of a batch of sentences ``ids`` (B, n)."""
         B, n = ids.shape
@@ -91,8 +105,7 @@ class ScreeningModel:
                 break
             Y = self._norm(block, p["ln_out"])
             h = self._dense(Y, p["W_1"], p["b_1"])
-            X = self._norm(Y + self._dense(0.5 * h * (1 + erf(h * np.float32(1 / math.sqrt(2)))), p["W_2"], p["b_2"]),
-                           p["ffn_norm"])
+            X = self._norm(Y + self._dense(self._gelu(h), p["W_2"], p["b_2"]), p["ffn_norm"])
         return outputs
 
 
@@ -117,7 +130,7 @@ class EditSearch:
 
 
 def worst_edits(model: Model, original_ids, make_ids, slots: list, candidates: list, layers, original_outputs,
-                pairs: np.ndarray, weights: np.ndarray, *, start=None, sweeps: int = 2, top: int = 8,
+                pairs: np.ndarray, weights: np.ndarray, *, start=None, sweeps: int = 2, top: int = 16,
                 batch: int = 256, reference=None, exhaustive: bool = False, progress=None) -> EditSearch:
     """Search a set of edits for the largest W1 movement at each layer.
 
