@@ -24,9 +24,18 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    # tests marked xdist_group (e.g. those sharing a dask cluster) run in one xdist process
+    # tests marked xdist_group (e.g. those sharing a dask cluster or a written paper) run in one xdist
+    # process: the controller schedules by group, and each worker (which parses the command line itself,
+    # before this hook) is told to name the groups in its test ids, which is what the scheduler reads
     if getattr(config.option, "dist", "no") == "load":
         config.option.dist = "loadgroup"
+    if getattr(config, "workerinput", {}).get("lipbound_loadgroup"):
+        config.option.loadgroup = True
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput["lipbound_loadgroup"] = node.config.getvalue("dist") == "loadgroup"
 
 
 #: The longest tests start first, so that the two test processes finish together.

@@ -23,6 +23,9 @@ from lipbound.printing.paper import BIB_FILE, MAIN_FILE, PREAMBLE_FILE, SECTION_
 from lipbound.cli.symbolic import chosen_variant, derive_result
 from lipbound.printing.paper import PaperEntry
 
+#: one test process writes the section once (the module's fixture) and runs every check on it
+pytestmark = pytest.mark.xdist_group("paper")
+
 TEX = shutil.which("latexmk") and shutil.which("pdflatex") and shutil.which("pdftoppm") and shutil.which("bibtex")
 needs_tex = pytest.mark.skipif(not TEX, reason="latexmk, pdflatex, bibtex and pdftoppm are needed")
 #: A line overfull by more than this is a layout bug.

@@ -46,6 +46,7 @@ _SIZES = ("n", "m", "d", "d_k", "d_v", "H")
 _PER_HEAD = (S.W_Q, S.W_K, S.W_V, S.W, S.b_Q, S.b_K, S.b_V)
 
 
+@functools.lru_cache(maxsize=256)
 def _norm_expression(name: str) -> tuple[sp.MatrixExpr, sp.Expr]:
     """``(M, s)`` such that the norm symbol called ``name`` stands for ``s ||M||_2``."""
     named = [(key, scalar) for key, (label, scalar) in S.NAMED_MATRICES.items() if label == name]
@@ -124,7 +125,7 @@ class _Environment:
         """Interval enclosing ``||expr||_2``, computed once per head (and centre) and kept on the head."""
         if self.head is None or _uses(expr, S.W_O):
             return self._norm_interval(expr)
-        key = (str(expr), self.center.tobytes() if _uses(expr, S.c) else None)
+        key = (expr, self.center.tobytes() if _uses(expr, S.c) else None)
         cache = self.head.norm_cache
         if key not in cache:
             cache[key] = self._norm_interval(expr)
@@ -334,12 +335,29 @@ _FLOAT_FUNCTIONS = {"kappa": _float_kappa, "causal_kappa": _float_causal_kappa,
                     "LambertW": _float_lambertw, "digamma": _float_digamma, "polygamma": _float_digamma}
 
 
+@functools.lru_cache(maxsize=256)
+def _float_function(expr: sp.Expr, symbols: tuple):
+    """The lambdified expression, once per bound and symbol order (printing it is the costly part)."""
+    renamed, plain = _renamed(expr, list(symbols))
+    return sp.lambdify(plain, renamed, modules=[_FLOAT_FUNCTIONS, "numpy"])
+
+
+@functools.lru_cache(maxsize=256)
+def _interval_function(expr: sp.Expr, symbols: tuple):
+    """:func:`compile_interval` once per bound and symbol order (not once per head or layer)."""
+    return compile_interval(expr, list(symbols))
+
+
+@functools.lru_cache(maxsize=1024)
+def _increasing(expr: sp.Expr, symbol) -> bool:
+    return is_nondecreasing(expr, symbol)
+
+
 def _float_value(expr: sp.Expr, point: dict) -> float:
     """Plain double-precision evaluation (numpy), with kappa written as n / (1 + (n-1) e^-omega)
     so that large score spreads do not overflow."""
-    symbols = sorted(point, key=str)
-    renamed, plain = _renamed(expr, symbols)
-    function = sp.lambdify(plain, renamed, modules=[_FLOAT_FUNCTIONS, "numpy"])
+    symbols = tuple(sorted(point, key=str))
+    function = _float_function(expr, symbols)
     with np.errstate(all="ignore"):
         return float(function(*[point[s] for s in symbols]))
 
@@ -392,12 +410,12 @@ def evaluate_bound(bound, head_or_layer, domain: TokenDomain, n: int, *, m: int 
     intervals = symbol_intervals(expr, head, layer=layer, domain=domain, n=n, m=m, H=H, values=values)
     if len(heads) > 1:
         for symbol in intervals:
-            if isinstance(symbol, (S.MatrixNormSymbol, S.VectorNormSymbol)) and not is_nondecreasing(expr, symbol):
+            if isinstance(symbol, (S.MatrixNormSymbol, S.VectorNormSymbol)) and not _increasing(expr, symbol):
                 raise NotCertifiedError(
                     "bound", f"an expression increasing in the per-head symbol {symbol}",
                     "no proof of monotonicity", "evaluate each head on its own (pass a Head) and take the maximum")
     symbols = sorted(intervals, key=str)
-    result = compile_interval(expr, symbols)(*[intervals[s] for s in symbols])
+    result = _interval_function(expr, tuple(symbols))(*[intervals[s] for s in symbols])
     lo, hi = lower(result), upper(result)
     # the plain evaluation sees what a float computation would: the norm estimates, no directed rounding
     details = {"interval": (lo, hi), "float_value": _float_value(expr, {s: float(e.mid) for s, e in intervals.items()}),

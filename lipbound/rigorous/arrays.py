@@ -9,7 +9,11 @@ operands inside theirs:
 * ``exp``, the normal CDF and density, GELU and the range of its slope go through
   :mod:`lipbound.rigorous.elementwise` (no platform ``exp`` or ``erf``);
 * sums along an axis add ``gamma_{k} sum |x|`` (Higham, eq. 3.5, any order of summation);
-* products with a float matrix go through :class:`~lipbound.rigorous.linalg.Enclosure`;
+* contractions (``matmul``, ``bmm``, ``einsum``) in midpoint-radius form (Rump 1999), two or three
+  BLAS products with an a-priori bound of their rounding (:func:`_product`);
+* an array built from one float array is an exact point (``lo is hi``): operations on points skip
+  what is known to vanish (the radius, two of the four end products); large arrays are processed in
+  blocks where a temporary would otherwise be as large as the array;
 * :meth:`IntervalArray.norm_upper` / :meth:`norm_lower` bound the Euclidean norm of every array
   in the box along an axis.
 
@@ -24,18 +28,20 @@ import numpy as np
 
 from ..errors import NotCertifiedError
 from .elementwise import (UNIT_ROUNDOFF, down, exp_bounds, gamma_bound, gelu_slope_extrema, normal_cdf_bounds,
-                          normal_pdf_bounds, up)
+                          normal_pdf_bounds, up, up_nonnegative, all_finite)
 from .intervals import interval, lower, upper
 from .linalg import Enclosure
 
 __all__ = ["IntervalArray", "as_interval_array", "gelu", "gelu_slope", "normal_cdf", "normal_pdf"]
 
 _ETA = 2.0 ** -1074
+#: Entries per block of the blockwise loops (large arrays): temporaries stay in the cache and the heap.
+_BLOCK = 1 << 15
 
 
 def _finite(name: str, *arrays) -> None:
     for array in arrays:
-        if not np.all(np.isfinite(array)):
+        if not all_finite(array):
             raise NotCertifiedError(name, "finite numbers", "an overflow or NaN",
                                     "rescale the inputs; the computation exceeds the float range")
 
@@ -50,18 +56,45 @@ class IntervalArray:
         Float arrays of one shape (broadcast); ``hi`` defaults to ``lo`` (a point array).
     """
 
-    __slots__ = ("lo", "hi")
+    __slots__ = ("lo", "hi", "_operand")
     __array_priority__ = 100  # numpy arrays defer to our operators
 
     def __init__(self, lo, hi=None):
         lo = np.asarray(lo, dtype=np.float64)
-        hi = lo if hi is None else np.asarray(hi, dtype=np.float64)
+        if hi is None or hi is lo:  # a point array: one array stands for both ends
+            _finite("interval array", lo)
+            self.lo = self.hi = lo
+            self._operand = None
+            return
+        hi = np.asarray(hi, dtype=np.float64)
         if lo.shape != hi.shape:
             lo, hi = (np.array(a) for a in np.broadcast_arrays(lo, hi))
         _finite("interval array", lo, hi)
         if np.any(lo > hi):
             raise NotCertifiedError("interval array", "lo <= hi", "a reversed interval", "build it from (lo, hi)")
         self.lo, self.hi = lo, hi
+        self._operand = None
+
+    @classmethod
+    def _ordered(cls, lo: np.ndarray, hi: np.ndarray, check: bool = True) -> "IntervalArray":
+        """Ends that are ordered by construction (outward rounding of ordered operands is monotone):
+        only finiteness is checked (an overflow), and not at all for views of a checked array."""
+        if check:
+            _finite("interval array", lo) if hi is lo else _finite("interval array", lo, hi)
+        out = object.__new__(cls)
+        out.lo, out.hi = lo, hi
+        out._operand = None
+        return out
+
+    def _view(self, transform) -> "IntervalArray":
+        """The same transform (a view: index, reshape, swap) of both ends, a point array staying one."""
+        lo = transform(self.lo)
+        return IntervalArray._ordered(lo, lo if self.is_point else transform(self.hi), check=False)
+
+    @property
+    def is_point(self) -> bool:
+        """True for an array built from one float array (both ends the same object): an exact point."""
+        return self.lo is self.hi
 
     # construction --------------------------------------------------------------------------------
     @classmethod
@@ -73,7 +106,9 @@ class IntervalArray:
     def around(cls, center, radius) -> "IntervalArray":
         """``center +- radius`` (rounded outward)."""
         center, radius = np.asarray(center, dtype=np.float64), np.asarray(radius, dtype=np.float64)
-        return cls(down(center - radius), up(center + radius))
+        if np.any(radius < 0):
+            raise NotCertifiedError("radius", "a non-negative radius", "a negative entry", "pass |radius|")
+        return cls._ordered(down(center - radius), up(center + radius))
 
     @classmethod
     def from_enclosure(cls, enclosure: Enclosure) -> "IntervalArray":
@@ -86,9 +121,45 @@ class IntervalArray:
         return cls(lower(x), upper(x))
 
     def to_enclosure(self) -> Enclosure:
-        mid = 0.5 * self.lo + 0.5 * self.hi
-        rad = np.maximum(up(self.hi - mid), up(mid - self.lo))
-        return Enclosure(mid, rad)
+        mid, rad = self._mid_rad()
+        return Enclosure._trusted(mid, np.zeros_like(mid) if rad is None else rad)
+
+    def _as_operand(self) -> tuple:
+        """``(mid, rad, |mid|, max |mid|)`` of a factor of :func:`_product`, computed once per array (an
+        array multiplied by many others, e.g. ``V^h W_O^h`` for every Jacobian column, pays once)."""
+        if self._operand is None:
+            mid, rad = self._mid_rad()
+            magnitude = np.abs(mid)
+            self._operand = (mid, rad, magnitude, float(np.max(magnitude, initial=0.0)))
+        return self._operand
+
+    def _mid_rad(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(mid, rad)`` with ``[lo, hi]`` inside ``mid +- rad`` entrywise; ``rad`` is None for a point.
+
+        ``mid = fl(lo/2 + hi/2)``; the computed differences ``D1 = fl(hi - mid)``, ``D2 = fl(mid - lo)``
+        lie within half an ulp of the exact ones, so ``max(hi - mid, mid - lo) <= nextafter(max(D1, D2),
+        inf)``, which :func:`~lipbound.rigorous.elementwise.up_nonnegative` bounds (``D1 + D2 = hi - lo
+        >= 0`` exactly, so the larger one is not negative)."""
+        if self.is_point:
+            return self.lo, None
+        lo, hi = self.lo, self.hi
+        if lo.size < 2 * _BLOCK or not (lo.flags.c_contiguous and hi.flags.c_contiguous):
+            mid = lo * 0.5
+            mid += hi * 0.5
+            rad = np.maximum(hi - mid, mid - lo)
+            return mid, up_nonnegative(rad, out=rad)
+        mid, rad = np.empty_like(lo), np.empty_like(lo)
+        flat = [a.reshape(-1) for a in (lo, hi, mid, rad)]
+        spare = np.empty(_BLOCK)
+        for start in range(0, lo.size, _BLOCK):  # block by block: no large temporaries
+            low, high, m, r = (a[start:start + _BLOCK] for a in flat)
+            t = spare[:low.size]
+            np.multiply(low, 0.5, out=m)
+            m += np.multiply(high, 0.5, out=t)
+            np.subtract(high, m, out=r)
+            np.maximum(r, np.subtract(m, low, out=t), out=r)
+            up_nonnegative(r, out=r)
+        return mid, rad
 
     # shape ---------------------------------------------------------------------------------------
     @property
@@ -101,42 +172,46 @@ class IntervalArray:
 
     @property
     def mid(self) -> np.ndarray:
-        return 0.5 * self.lo + 0.5 * self.hi
+        return self.lo if self.is_point else 0.5 * self.lo + 0.5 * self.hi
 
     @property
     def rad(self) -> np.ndarray:
-        """An upper bound on the half-width."""
-        mid = self.mid
-        return np.maximum(up(self.hi - mid), up(mid - self.lo))
+        """An upper bound on the half-width (about :attr:`mid`)."""
+        mid, rad = self._mid_rad()
+        return np.zeros_like(mid) if rad is None else rad
 
     @property
     def magnitude(self) -> np.ndarray:
         """``max |x|`` over each interval (exact)."""
+        if self.is_point:
+            return np.abs(self.lo)
         return np.maximum(np.abs(self.lo), np.abs(self.hi))
 
     @property
     def mignitude(self) -> np.ndarray:
         """``min |x|`` over each interval (exact)."""
+        if self.is_point:
+            return np.abs(self.lo)
         return np.where((self.lo <= 0) & (self.hi >= 0), 0.0, np.minimum(np.abs(self.lo), np.abs(self.hi)))
 
     def __getitem__(self, index) -> "IntervalArray":
-        return IntervalArray(self.lo[index], self.hi[index])
+        return self._view(lambda a: a[index])
 
     def __len__(self) -> int:
         return len(self.lo)
 
     def reshape(self, *shape) -> "IntervalArray":
-        return IntervalArray(self.lo.reshape(*shape), self.hi.reshape(*shape))
+        return self._view(lambda a: a.reshape(*shape))
 
     def lmatmul(self, W) -> "IntervalArray":
         """``W x`` over the second-to-last axis for a float matrix W (taken exactly)."""
         return self.swapaxes(-1, -2).matmul(np.asarray(W, dtype=np.float64).T).swapaxes(-1, -2)
 
     def swapaxes(self, a: int, b: int) -> "IntervalArray":
-        return IntervalArray(np.swapaxes(self.lo, a, b), np.swapaxes(self.hi, a, b))
+        return self._view(lambda x: np.swapaxes(x, a, b))
 
     def expand(self, axis: int) -> "IntervalArray":
-        return IntervalArray(np.expand_dims(self.lo, axis), np.expand_dims(self.hi, axis))
+        return self._view(lambda x: np.expand_dims(x, axis))
 
     def contains(self, value) -> bool:
         value = np.asarray(value, dtype=np.float64)
@@ -148,27 +223,51 @@ class IntervalArray:
     # arithmetic ----------------------------------------------------------------------------------
     def __add__(self, other) -> "IntervalArray":
         other = as_interval_array(other)
-        return IntervalArray(down(self.lo + other.lo), up(self.hi + other.hi))
+        if self.is_point and other.is_point:
+            total = self.lo + other.lo
+            return IntervalArray._ordered(down(total), up(total))
+        return IntervalArray._ordered(down(self.lo + other.lo), up(self.hi + other.hi))
 
     __radd__ = __add__
 
     def __sub__(self, other) -> "IntervalArray":
         other = as_interval_array(other)
-        return IntervalArray(down(self.lo - other.hi), up(self.hi - other.lo))
+        if self.is_point and other.is_point:
+            difference = self.lo - other.lo
+            return IntervalArray._ordered(down(difference), up(difference))
+        return IntervalArray._ordered(down(self.lo - other.hi), up(self.hi - other.lo))
 
     def __rsub__(self, other) -> "IntervalArray":
         return as_interval_array(other) - self
 
     def __neg__(self) -> "IntervalArray":
-        return IntervalArray(-self.hi, -self.lo)
+        if self.is_point:
+            negated = -self.lo
+            return IntervalArray._ordered(negated, negated, check=False)
+        return IntervalArray._ordered(-self.hi, -self.lo, check=False)
 
     def __mul__(self, other) -> "IntervalArray":
+        """The hull of the products of the ends, rounded outward: four products in general (one minimum
+        and one maximum when one factor is non-negative: ``x y`` is then smallest at ``x_lo`` and largest
+        at ``x_hi``), two when one factor is a point, one for two points."""
         other = as_interval_array(other)
+        if self.is_point and not other.is_point or (self.lo.size < other.lo.size and not other.is_point):
+            self, other = other, self  # the product commutes: the special factor goes second
         with np.errstate(invalid="ignore", over="ignore"):
-            products = (self.lo * other.lo, self.lo * other.hi, self.hi * other.lo, self.hi * other.hi)
-        low = np.minimum(np.minimum(products[0], products[1]), np.minimum(products[2], products[3]))
-        high = np.maximum(np.maximum(products[0], products[1]), np.maximum(products[2], products[3]))
-        return IntervalArray(down(low), up(high))
+            if other.is_point:
+                if self.is_point:
+                    product = self.lo * other.lo
+                    return IntervalArray._ordered(down(product), up(product))
+                first, second = self.lo * other.lo, self.hi * other.lo
+                low, high = np.minimum(first, second), np.maximum(first, second)
+            elif other.lo.size <= self.lo.size and not np.any(other.lo < 0):  # other >= 0: the sign of x decides
+                low = np.minimum(self.lo * other.lo, self.lo * other.hi)
+                high = np.maximum(self.hi * other.lo, self.hi * other.hi)
+            else:
+                products = (self.lo * other.lo, self.lo * other.hi, self.hi * other.lo, self.hi * other.hi)
+                low = np.minimum(np.minimum(products[0], products[1]), np.minimum(products[2], products[3]))
+                high = np.maximum(np.maximum(products[0], products[1]), np.maximum(products[2], products[3]))
+        return IntervalArray._ordered(down(low), up(high))
 
     __rmul__ = __mul__
 
@@ -176,7 +275,10 @@ class IntervalArray:
         if np.any((self.lo <= 0) & (self.hi >= 0)):
             raise NotCertifiedError("divisor", "intervals that exclude 0", "an interval containing 0",
                                     "bound the denominator away from zero first")
-        return IntervalArray(down(1.0 / self.hi), up(1.0 / self.lo))
+        if self.is_point:
+            inverse = 1.0 / self.lo
+            return IntervalArray._ordered(down(inverse), up(inverse))
+        return IntervalArray._ordered(down(1.0 / self.hi), up(1.0 / self.lo))
 
     def __truediv__(self, other) -> "IntervalArray":
         return self * as_interval_array(other).reciprocal()
@@ -185,48 +287,63 @@ class IntervalArray:
         return as_interval_array(other) * self.reciprocal()
 
     def square(self) -> "IntervalArray":
+        if self.is_point:
+            squared = self.lo * self.lo
+            return IntervalArray._ordered(np.maximum(down(squared), 0.0), up_nonnegative(squared, out=squared))
         low, high = self.mignitude, self.magnitude
-        return IntervalArray(np.maximum(down(low * low), 0.0), up(high * high))
+        return IntervalArray._ordered(np.maximum(down(low * low), 0.0), up_nonnegative(high * high))
 
     def sqrt(self) -> "IntervalArray":
         if np.any(self.hi < 0):
             raise NotCertifiedError("sqrt argument", "non-negative numbers", "a negative interval",
                                     "the expression takes the square root of a negative quantity")
-        return IntervalArray(np.maximum(down(np.sqrt(np.maximum(self.lo, 0.0))), 0.0), up(np.sqrt(self.hi)))
+        if self.is_point:
+            root = np.sqrt(np.maximum(self.lo, 0.0))
+            return IntervalArray._ordered(np.maximum(down(root), 0.0), up_nonnegative(root, out=root))
+        return IntervalArray._ordered(np.maximum(down(np.sqrt(np.maximum(self.lo, 0.0))), 0.0),
+                                      up_nonnegative(np.sqrt(self.hi)))
 
     def exp(self) -> "IntervalArray":
-        return IntervalArray(exp_bounds(self.lo)[0], exp_bounds(self.hi)[1])
+        if self.is_point:
+            return IntervalArray._ordered(*exp_bounds(self.lo))
+        return IntervalArray._ordered(exp_bounds(self.lo)[0], exp_bounds(self.hi)[1])
 
     def abs(self) -> "IntervalArray":
-        return IntervalArray(self.mignitude, self.magnitude)
+        if self.is_point:
+            return self._view(np.abs)
+        return IntervalArray._ordered(self.mignitude, self.magnitude, check=False)
 
     def maximum(self, other) -> "IntervalArray":
         other = as_interval_array(other)
-        return IntervalArray(np.maximum(self.lo, other.lo), np.maximum(self.hi, other.hi))
+        return IntervalArray._ordered(np.maximum(self.lo, other.lo), np.maximum(self.hi, other.hi), check=False)
 
     def minimum(self, other) -> "IntervalArray":
         other = as_interval_array(other)
-        return IntervalArray(np.minimum(self.lo, other.lo), np.minimum(self.hi, other.hi))
+        return IntervalArray._ordered(np.minimum(self.lo, other.lo), np.minimum(self.hi, other.hi), check=False)
 
     def clip_below(self, floor: float) -> "IntervalArray":
         """Intersect with ``[floor, inf)``: for a quantity known to be at least ``floor``."""
-        return IntervalArray(np.maximum(self.lo, floor), np.maximum(self.hi, floor))
+        if self.is_point:
+            return self._view(lambda a: np.maximum(a, floor))
+        return IntervalArray._ordered(np.maximum(self.lo, floor), np.maximum(self.hi, floor), check=False)
 
     def hull(self, other) -> "IntervalArray":
         other = as_interval_array(other)
-        return IntervalArray(np.minimum(self.lo, other.lo), np.maximum(self.hi, other.hi))
+        return IntervalArray._ordered(np.minimum(self.lo, other.lo), np.maximum(self.hi, other.hi), check=False)
 
     # reductions ----------------------------------------------------------------------------------
     def sum(self, axis=-1, keepdims: bool = False) -> "IntervalArray":
         """Sum along ``axis`` with the rounding of any summation order bounded."""
         count = self.lo.shape[axis] if self.lo.ndim else 1
         gamma = gamma_bound(max(count, 2))
+        factor = gamma * (1 + gamma) * (1 + 4 * UNIT_ROUNDOFF)
         ends = []
-        for values, direction in ((self.lo, -1.0), (self.hi, 1.0)):
+        for values in ((self.lo,) if self.is_point else (self.lo, self.hi)):
             total = np.sum(values, axis=axis, keepdims=keepdims)
-            spread = np.sum(np.abs(values), axis=axis, keepdims=keepdims) * (gamma * (1 + gamma) * (1 + 4 * UNIT_ROUNDOFF))
-            ends.append(down(total - spread) if direction < 0 else up(total + spread))
-        return IntervalArray(*ends)
+            spread = np.sum(np.abs(values), axis=axis, keepdims=keepdims) * factor
+            ends.append((total, spread))
+        (total_lo, spread_lo), (total_hi, spread_hi) = ends[0], ends[-1]
+        return IntervalArray._ordered(down(total_lo - spread_lo), up(total_hi + spread_hi))
 
     def norm_upper(self, axis=-1) -> np.ndarray:
         """Upper bounds on ``max ||x||_2`` along ``axis`` over the box."""
@@ -237,49 +354,68 @@ class IntervalArray:
         return _norm_lower(self.mignitude, axis)
 
     def matmul(self, W) -> "IntervalArray":
-        """``x W`` over the last axis for a float matrix W (taken exactly), any leading shape."""
+        """``x W`` over the last axis for a float matrix W (taken exactly), any leading shape
+        (the error model of :func:`_product`)."""
         W = np.asarray(W, dtype=np.float64)
-        enclosure = self.to_enclosure()
-        lead = self.shape[:-1]
-        product = Enclosure(enclosure.mid.reshape(-1, self.shape[-1]), enclosure.rad.reshape(-1, self.shape[-1])) \
-            @ Enclosure.exact(W)
-        return IntervalArray.around(product.mid.reshape(lead + (W.shape[1],)), product.rad.reshape(lead + (W.shape[1],)))
+        k = self.shape[-1]
+        flat = self.reshape(-1, k)
+        center, spread = _product(np.matmul, flat, IntervalArray._ordered(W, W, check=False), k)
+        shape = self.shape[:-1] + (W.shape[1],)
+        return IntervalArray.around(center.reshape(shape), spread.reshape(shape))
 
     def bmm(self, other) -> "IntervalArray":
-        """``self @ other`` over the last two axes (batched, broadcast), by BLAS, with the error model of
-        :meth:`einsum`: ``|ab - a_m b_m| <= |a_m| r_b + r_a (|b_m| + r_b)`` plus ``gamma_k |a_m| |b_m|``."""
-        other = as_interval_array(other)
-        a, b = self.to_enclosure(), other.to_enclosure()
-        count = self.shape[-1]
-        am = np.abs(a.mid)
-        mid = a.mid @ b.mid
-        if b.is_exact and a.is_exact:
-            spread = gamma_bound(count + 2) * (am @ np.abs(b.mid))
-        elif b.is_exact:
-            spread = (gamma_bound(count + 2) * am + a.rad) @ np.abs(b.mid)
-        else:
-            bm = np.abs(b.mid)
-            spread = (gamma_bound(count + 2) * am) @ bm + am @ b.rad + a.rad @ (bm + b.rad)
-        spread = up(spread * (1 + gamma_bound(count + 4)) + (count + 4) * _ETA)
-        return IntervalArray.around(mid, spread)
+        """``self @ other`` over the last two axes (batched, broadcast), by BLAS (:func:`_product`)."""
+        center, spread = _product(np.matmul, self, as_interval_array(other), self.shape[-1])
+        return IntervalArray.around(center, spread)
 
     def einsum(self, spec: str, other: "IntervalArray") -> "IntervalArray":
         """``np.einsum(spec, self, other)`` of two interval arrays whose contraction is a sum of
-        products: midpoint-radius arithmetic, ``|ab - a_m b_m| <= |a_m| r_b + r_a |b_m| + r_a r_b``,
-        and the rounding of the midpoint product bounded by ``gamma_k |a_m| |b_m|``."""
+        products (:func:`_product`)."""
         other = as_interval_array(other)
-        a, b = self.to_enclosure(), other.to_enclosure()
         inputs, output = spec.split("->")
         left, right = inputs.split(",")
         sizes = {**dict(zip(right, other.shape)), **dict(zip(left, self.shape))}
         count = int(np.prod([sizes[c] for c in set(left + right) - set(output)], dtype=np.int64))
-        am, bm = np.abs(a.mid), np.abs(b.mid)
         fast = count > 64  # long contractions through BLAS; short ones in einsum's own loop (faster there)
-        mid = np.einsum(spec, a.mid, b.mid, optimize=fast)
-        spread = (gamma_bound(count + 2) * np.einsum(spec, am, bm, optimize=fast)
-                  + np.einsum(spec, am, b.rad, optimize=fast) + np.einsum(spec, a.rad, bm + b.rad, optimize=fast))
-        spread = up(spread * (1 + gamma_bound(count + 4)) + (count + 4) * _ETA)
-        return IntervalArray.around(mid, spread)
+        contract = lambda a, b: np.einsum(spec, a, b, optimize=fast)  # noqa: E731
+        center, spread = _product(contract, self, other, count)
+        return IntervalArray.around(center, spread)
+
+
+def _product(contract, a: IntervalArray, b: IntervalArray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Midpoint and radius of a bilinear contraction (a sum of ``count`` products per entry: ``@``,
+    ``einsum``) of ``a`` in ``[a_m +- r_a]`` and ``b`` in ``[b_m +- r_b]``, in midpoint-radius
+    arithmetic with at most three float contractions (Rump, "Fast and parallel interval arithmetic",
+    BIT 39, 1999):
+
+    ``|a b - fl(a_m b_m)| <= |a_m| (gamma |b_m| + r_b) + r_a (|b_m| + r_b) + count eta (2 + max|a_m| + max|b_m|)``
+
+    with ``gamma = gamma_count``: ``|a b - a_m b_m| <= |a_m| r_b + r_a (|b_m| + r_b)`` exactly,
+    ``|fl(a_m b_m) - a_m b_m| <= gamma_count |a_m| |b_m|`` for any summation order (Higham, eq. 3.13),
+    and the last term covers underflow (at most ``eta / 2`` in each product and in each entry of
+    ``gamma |a_m|``, ``gamma |b_m|``).  With ``b`` exact the first two terms are one contraction
+    ``(gamma |a_m| + r_a) |b_m|``.  The float evaluation of the radius takes at most ``count + 3``
+    roundings of non-negative numbers (two forming a factor, ``count`` in the contraction, one adding
+    two contractions), each covered by the factor ``1 + gamma_{count+6}``; the last rounding by
+    :func:`~lipbound.rigorous.elementwise.up_nonnegative`."""
+    a_mid, a_rad, abs_a, largest_a = a._as_operand()
+    b_mid, b_rad, abs_b, largest_b = b._as_operand()
+    center = contract(a_mid, b_mid)
+    gamma = gamma_bound(count)
+    if b_rad is None:
+        weight = abs_a * gamma
+        if a_rad is not None:
+            weight += a_rad
+        spread = contract(weight, abs_b)
+    else:
+        inner = abs_b * gamma
+        inner += b_rad
+        spread = contract(abs_a, inner)
+        if a_rad is not None:
+            spread = spread + contract(a_rad, abs_b + b_rad)
+    spread = np.multiply(spread, 1 + gamma_bound(count + 6))
+    spread += (count + 4) * _ETA * (3.0 + largest_a + largest_b)
+    return center, up_nonnegative(spread, out=spread)
 
 
 def as_interval_array(value) -> IntervalArray:
@@ -312,7 +448,9 @@ def _norm_lower(mignitude: np.ndarray, axis) -> np.ndarray:
 def normal_cdf(x: IntervalArray) -> IntervalArray:
     """``Phi`` on each interval (increasing)."""
     x = as_interval_array(x)
-    return IntervalArray(normal_cdf_bounds(x.lo)[0], normal_cdf_bounds(x.hi)[1])
+    if x.is_point:
+        return IntervalArray._ordered(*normal_cdf_bounds(x.lo))
+    return IntervalArray._ordered(normal_cdf_bounds(x.lo)[0], normal_cdf_bounds(x.hi)[1])
 
 
 def normal_pdf(x: IntervalArray) -> IntervalArray:
@@ -333,7 +471,8 @@ def gelu_slope(x: IntervalArray) -> IntervalArray:
     and at the critical points ``+-sqrt 2`` the interval contains (Hendrycks and Gimpel 2016)."""
     x = as_interval_array(x)
     (bottom_lo, bottom_hi), (top_lo, top_hi), (root_lo, root_hi) = gelu_slope_extrema()
-    ends_lo, ends_hi = _slope_at(x.lo), _slope_at(x.hi)
+    ends_lo = _slope_at(x.lo)
+    ends_hi = ends_lo if x.is_point else _slope_at(x.hi)
     lo = np.minimum(ends_lo.lo, ends_hi.lo)
     hi = np.maximum(ends_lo.hi, ends_hi.hi)
     has_top = (x.lo <= root_hi) & (x.hi >= root_lo)

@@ -33,7 +33,7 @@ from mpmath import libmp
 from .functions import erf
 from .intervals import IV, _raw, interval, lower, precision, upper
 
-__all__ = ["UNIT_ROUNDOFF", "down", "up", "gamma_bound", "exp_bounds", "normal_cdf_bounds", "normal_pdf_bounds",
+__all__ = ["UNIT_ROUNDOFF", "down", "up", "up_nonnegative", "all_finite", "gamma_bound", "exp_bounds", "normal_cdf_bounds", "normal_pdf_bounds",
            "inv_sqrt_2pi", "gelu_slope_extrema"]
 
 UNIT_ROUNDOFF = 2.0 ** -53
@@ -52,13 +52,51 @@ def down(x):
     one ulp of x (exactly scaled, the smallest subnormal covering underflow), and rounding to
     nearest is monotone, so the result is at most ``nextafter(x, -inf)``."""
     x = np.asarray(x, dtype=np.float64)
-    return x - (np.abs(x) * _ULP_FACTOR + _TINY)
+    if x.ndim == 0:
+        return x - (np.abs(x) * _ULP_FACTOR + _TINY)
+    step = np.abs(x)          # one temporary, updated in place: the same roundings as the formula
+    step *= _ULP_FACTOR
+    step += _TINY
+    return np.subtract(x, step, out=step)
 
 
 def up(x):
     """A float at or above the next float above every entry (see :func:`down`)."""
     x = np.asarray(x, dtype=np.float64)
-    return x + (np.abs(x) * _ULP_FACTOR + _TINY)
+    if x.ndim == 0:
+        return x + (np.abs(x) * _ULP_FACTOR + _TINY)
+    step = np.abs(x)
+    step *= _ULP_FACTOR
+    step += _TINY
+    return np.add(x, step, out=step)
+
+
+_STEP_UP = 1.0 + 2.0 ** -52  # nextafter(1, inf), exactly representable
+
+
+def up_nonnegative(x, out=None):
+    """:func:`up` for non-negative entries, in two passes: ``fl(fl(x (1 + 2^-52)) + 2^-1074)``.
+
+    For a normal ``x`` in ``[2^e, 2^(e+1))`` the exact product exceeds x by ``x 2^-52 >= 2^(e-52)``, one
+    ulp of x, so it is at least ``nextafter(x, inf)``, a float; rounding to nearest is monotone and keeps
+    floats, so ``fl(x (1 + 2^-52)) >= nextafter(x, inf)``, and adding ``2^-1074`` cannot lower it.  For a
+    subnormal x (or 0) the product rounds to at least x and adding the smallest subnormal is exact
+    there, giving at least ``x + 2^-1074 = nextafter(x, inf)``.  ``out`` may be x itself (the caller
+    owns a temporary)."""
+    x = np.asarray(x, dtype=np.float64)
+    result = np.multiply(x, _STEP_UP, out=out if isinstance(out, np.ndarray) else None)
+    result += _TINY
+    return result
+
+
+def all_finite(array: np.ndarray) -> bool:
+    """Whether every entry is finite.  A finite sum proves it (an Inf or NaN entry makes the sum Inf or
+    NaN) in one pass without a temporary; only a sum that is not finite is looked at entry by entry
+    (an entry is not finite, or the sum of finite entries overflowed)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(np.sum(array)):
+            return True
+    return bool(np.all(np.isfinite(array)))
 
 
 def gamma_bound(k: int) -> float:

@@ -28,6 +28,7 @@ from mpmath import libmp
 
 from ..errors import AssumptionError, NotCertifiedError, WeightsError
 from . import functions as F
+from .elementwise import all_finite
 from .intervals import IV, _raw, interval, lower, point, upper
 
 __all__ = ["UNIT_ROUNDOFF", "Enclosure", "vector_norm_upper", "vector_norm_lower", "spectral_norm_bounds",
@@ -54,12 +55,22 @@ def _safe(k: int) -> float:
 
 
 def _fro_upper(X: np.ndarray) -> float:
-    """Upper bound on the Frobenius norm of a non-negative float array, rounding included."""
+    """Upper bound on the Frobenius norm of a float array (of its entries' absolute values), rounding
+    included.
+
+    Largest entry between ``2^-400`` and ``2^400`` in size: one BLAS dot product of the array with itself,
+    ``|fl(x . x) - x . x| <= gamma_N x . x + N eta`` (any summation order; ``eta`` covers the squares
+    that underflow), so ``||X||_F^2 <= (fl(x . x) + N eta) / (1 - gamma_N)``, inflated by ``_safe`` for
+    the roundings of that formula.  Otherwise the entries are scaled by the largest one first."""
     X = np.asarray(X, dtype=float)
-    largest = float(np.max(X)) if X.size else 0.0
+    largest = max(float(np.max(X)), -float(np.min(X))) if X.size else 0.0
     if largest == 0.0:
         return 0.0
-    scaled = X / largest  # entries in [0, 1]: no overflow; each division rounds by at most u (relative)
+    if 2.0 ** -400 <= largest <= 2.0 ** 400:  # no square overflows (nor a sum of 2^53 of them)
+        flat = X.ravel()
+        total = (float(np.dot(flat, flat)) + X.size * _ETA) * _safe(X.size)
+        return math.nextafter(math.sqrt(total), math.inf)
+    scaled = np.abs(X) / largest  # entries in [0, 1]: no overflow; each division rounds by at most u (relative)
     total = float(np.sum(scaled * scaled)) * (1 + 4 * _U)
     total += 4 * X.size * _ETA  # entries that underflowed in the division
     return math.nextafter(largest * math.sqrt(total * _safe(X.size)) * (1 + 4 * _U), math.inf) + _ETA
@@ -110,6 +121,18 @@ class Enclosure:
         object.__setattr__(self, "rad", rad)
 
     @classmethod
+    def _trusted(cls, mid: np.ndarray, rad: np.ndarray) -> "Enclosure":
+        """An enclosure from float64 arrays of one shape, ``rad >= 0`` by construction: no copy, only the
+        check that nothing overflowed."""
+        if not (all_finite(mid) and all_finite(rad)):
+            raise NotCertifiedError("matrix", "finite floating-point entries", "NaN or Inf (an overflow)",
+                                    "rescale the weights; the computation exceeds the float range")
+        out = object.__new__(cls)
+        object.__setattr__(out, "mid", mid)
+        object.__setattr__(out, "rad", rad)
+        return out
+
+    @classmethod
     def exact(cls, value) -> "Enclosure":
         """A float matrix taken as exact; a vector becomes a column, a scalar stays 0-d."""
         array = _as_array("value", value, (0, 1, 2))
@@ -147,15 +170,27 @@ class Enclosure:
             raise WeightsError("other", f"a matrix with {self.shape[-1]} rows", f"shape {other.shape}",
                                "check the order of the factors")
         k = self.shape[1]
+        # midpoint-radius (Rump 1999): |X Y - fl(X_m Y_m)| <= |X_m| (gamma_k |Y_m| + Y_r) + X_r (|Y_m| + Y_r)
+        # + (k + 4) eta (2 + max|X_m| + max|Y_m|) (underflow, also in gamma_k |.|); three products at most
         with np.errstate(over="ignore"):
             mid = self.mid @ other.mid
-            spread = _gamma(k) * (np.abs(self.mid) @ np.abs(other.mid))
-            if not self.is_exact:
-                spread = spread + self.rad @ (np.abs(other.mid) + other.rad)
-            if not other.is_exact:
-                spread = spread + np.abs(self.mid) @ other.rad
-            rad = spread * _safe(k) + (k + 4) * _ETA
-        return Enclosure(mid, rad)
+            left, right = np.abs(self.mid), np.abs(other.mid)
+            largest = float(np.max(left, initial=0.0)) + float(np.max(right, initial=0.0))
+            if other.is_exact:
+                weight = left * _gamma(k)
+                if not self.is_exact:
+                    weight += self.rad
+                spread = weight @ right
+            else:
+                inner = right * _gamma(k)
+                inner += other.rad
+                spread = left @ inner
+                if not self.is_exact:
+                    right += other.rad
+                    spread += self.rad @ right
+            rad = spread * _safe(k)
+            rad += (k + 4) * _ETA * (2.0 + largest)
+        return Enclosure._trusted(mid, rad)
 
     def _combine(self, other, sign: float) -> "Enclosure":
         other = _as_enclosure(other)
@@ -228,9 +263,13 @@ def _as_enclosure(value) -> Enclosure:
 def _power_of_two_scale(array: np.ndarray) -> tuple[np.ndarray, int, bool]:
     """``array * 2^-e`` with the largest entry in [1/2, 1), the exponent e, and whether the
     scaling was exact (scaling down can round entries into the subnormals)."""
-    _, exponent = math.frexp(float(np.max(np.abs(array))))
+    _, exponent = math.frexp(max(float(np.max(array)), -float(np.min(array))))
     scaled = np.ldexp(array, -exponent)
-    return scaled, exponent, bool(np.array_equal(np.ldexp(scaled, exponent), array))
+    if exponent <= 0:  # scaling up by a power of two is exact (the largest entry stays below 1)
+        return scaled, exponent, True
+    # scaling down is exact unless an entry falls into the subnormals; only those need a closer look
+    tiny = (scaled < 2.0 ** -1022) & (scaled > -2.0 ** -1022)  # boolean temporaries only
+    return scaled, exponent, not np.any(tiny) or bool(np.array_equal(np.ldexp(scaled[tiny], exponent), array[tiny]))
 
 
 def _sum_of_squares_bounds(v: np.ndarray) -> tuple:
@@ -405,9 +444,11 @@ def spectral_norm_upper_large(M, estimate: float | None = None, margin: float = 
         return radius
     scaled, exponent, exact = _power_of_two_scale(mid)
     rows, k = scaled.shape
-    gram = scaled.T @ scaled
-    gram = np.triu(gram) + np.triu(gram, 1).T
-    frobenius = _fro_upper(np.abs(scaled))
+    gram = scaled.T @ scaled  # numpy's syrk path returns it exactly symmetric; mirror it if not
+    if not np.array_equal(gram, gram.T):
+        gram = np.triu(gram)
+        gram += np.triu(gram, 1).T  # each entry encloses its exact value either way
+    frobenius = _fro_upper(scaled)
     gram_error = _gamma(rows) * frobenius * frobenius * _safe(rows) + k * _ETA
     if estimate is not None:
         top = (float(estimate) * 2.0 ** -exponent) ** 2
@@ -419,15 +460,18 @@ def spectral_norm_upper_large(M, estimate: float | None = None, margin: float = 
             vector = gram @ vector
             vector /= max(np.linalg.norm(vector), 1e-300)
         top = float(vector @ gram @ vector)
+    diagonal = np.diag(gram).copy()
+    B = np.negative(gram, out=gram)  # exact; the Gram matrix is not needed any more
     for attempt in range(12):
         level = top * (1 + margin * 4.0 ** attempt) + 1e-300
-        B = -gram
-        B[np.diag_indices(k)] += level
+        np.fill_diagonal(B, level - diagonal)  # fl(level - G_ii): one rounding each
         try:
             L = np.linalg.cholesky(B)
         except np.linalg.LinAlgError:
             continue
-        residual = _fro_upper(np.abs(B - L @ L.T) * (1 + 2 * _U)) + _gamma(k) * _fro_upper(np.abs(L)) ** 2 * _safe(k)
+        product = L @ L.T
+        product -= B  # fl(fl(L L^T) - B): within a factor 1 + 2u of its exact value, entrywise
+        residual = _fro_upper(product) * (1 + 4 * _U) + _gamma(k) * _fro_upper(L) ** 2 * _safe(k)
         residual += _U * float(np.max(np.abs(np.diag(B)))) * math.sqrt(k) * (1 + 4 * _U)  # fl(level - G_ii)
         bound = interval(level) + interval(residual) + interval(gram_error)
         norm = F.sqrt(bound) * IV.mpf(2) ** exponent

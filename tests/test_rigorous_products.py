@@ -1,0 +1,194 @@
+"""Midpoint-radius products, the two-pass outward rounding, the blockwise midpoint and radius, the BLAS
+Frobenius bound and the large-matrix norm, each checked against mpmath at 200 bits on random operands
+(every kind of factor: exact points, intervals, non-negative intervals, tiny and huge entries)."""
+
+from __future__ import annotations
+
+import itertools
+
+import mpmath
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lipbound.rigorous import arrays as A
+from lipbound.rigorous.arrays import IntervalArray
+from lipbound.rigorous.elementwise import all_finite, up_nonnegative
+from lipbound.rigorous.linalg import Enclosure, _fro_upper, _power_of_two_scale, spectral_norm_upper_large
+
+#: Exponent ranges of the entries: ordinary, tiny (products underflow), large.
+SCALES = st.sampled_from([0, -500, -1000, 300])
+
+
+def _exact(x) -> mpmath.mpf:
+    return mpmath.mpf(float(x))
+
+
+def _inside(lo, hi, value) -> bool:
+    return _exact(lo) <= value <= _exact(hi)
+
+
+def _operand(rng, shape, kind: str, scale: int) -> IntervalArray:
+    mid = rng.standard_normal(shape) * 2.0 ** scale
+    if kind == "point":
+        return IntervalArray(mid)
+    width = np.abs(mid) * 1e-6 * rng.random(shape) + 2.0 ** scale * 1e-9
+    if kind == "positive":
+        mid = np.abs(mid) + width
+    return IntervalArray(mid - width, mid + width)
+
+
+def _samples(box: IntervalArray, rng, count: int = 3):
+    """The two corners and random points of a box (float arrays inside it)."""
+    yield box.lo
+    yield box.hi
+    for _ in range(count):
+        yield box.lo + (box.hi - box.lo) * rng.random(box.shape)
+
+
+@settings(max_examples=60)
+@given(st.integers(-1074, 1023), st.integers(0, 2**52 - 1))
+def test_two_pass_rounding_up_passes_the_next_float(exponent, mantissa):
+    x = np.array([np.ldexp(1.0 + mantissa * 2.0 ** -52, exponent) if exponent > -1023
+                  else mantissa * 2.0 ** -1074, 0.0, 5e-324])
+    x = x[np.isfinite(x)]
+    result = up_nonnegative(x)
+    with mpmath.workprec(200):
+        assert all(_exact(r) >= _exact(np.nextafter(v, np.inf)) for v, r in zip(x, result) if np.isfinite(r))
+    assert np.all(result >= np.nextafter(x, np.inf))
+
+
+def test_all_finite_is_exact_also_when_the_sum_overflows():
+    huge = np.full(4, 1.7e308)
+    assert all_finite(huge)                       # the sum overflows; every entry is finite
+    assert not all_finite(np.array([1.0, np.inf]))
+    assert not all_finite(np.array([np.nan, 1.0]))
+    assert not all_finite(np.array([np.inf, -np.inf]))
+    with pytest.raises(Exception):
+        IntervalArray(np.array([1.0, np.nan]))
+
+
+@settings(max_examples=25)
+@given(st.integers(0, 2**31 - 1), st.sampled_from(["point", "interval", "positive"]),
+       st.sampled_from(["point", "interval", "positive"]), SCALES, SCALES)
+def test_products_of_every_kind_of_factor_enclose_the_exact_products(seed, left, right, scale_a, scale_b):
+    rng = np.random.default_rng(seed)
+    a, b = _operand(rng, (3, 4), left, scale_a), _operand(rng, (3, 4), right, scale_b)
+    product = a * b
+    with mpmath.workprec(200):
+        for x, y in zip(_samples(a, rng), _samples(b, rng)):
+            for i, j in itertools.product(range(3), range(4)):
+                assert _inside(product.lo[i, j], product.hi[i, j], _exact(x[i, j]) * _exact(y[i, j]))
+    scalar = _operand(rng, (), right, scale_b)  # a 0-d factor on either side
+    for result in (a * scalar, scalar * a):
+        with mpmath.workprec(200):
+            for x in _samples(a, rng):
+                for s in (scalar.lo, scalar.hi):
+                    for i, j in itertools.product(range(3), range(4)):
+                        assert _inside(result.lo[i, j], result.hi[i, j], _exact(x[i, j]) * _exact(s))
+
+
+@settings(max_examples=25)
+@given(st.integers(0, 2**31 - 1), st.sampled_from(["point", "interval"]), st.sampled_from(["point", "interval"]),
+       SCALES, SCALES)
+def test_matmul_bmm_and_einsum_enclose_the_exact_contraction(seed, left, right, scale_a, scale_b):
+    rng = np.random.default_rng(seed)
+    a, b = _operand(rng, (2, 3, 5), left, scale_a), _operand(rng, (2, 5, 4), right, scale_b)
+    W = rng.standard_normal((5, 4)) * 2.0 ** scale_b
+    results = {"bmm": a.bmm(b), "einsum": a.einsum("hik,hkj->hij", b)}
+    by_weight = a.matmul(W)
+    with mpmath.workprec(200):
+        for x, y in zip(_samples(a, rng), _samples(b, rng)):
+            for h, i, j in itertools.product(range(2), range(3), range(4)):
+                exact = mpmath.fsum(_exact(x[h, i, k]) * _exact(y[h, k, j]) for k in range(5))
+                for result in results.values():
+                    assert _inside(result.lo[h, i, j], result.hi[h, i, j], exact)
+                exact_w = mpmath.fsum(_exact(x[h, i, k]) * _exact(W[k, j]) for k in range(5))
+                assert _inside(by_weight.lo[h, i, j], by_weight.hi[h, i, j], exact_w)
+    if scale_a == scale_b == 0:  # ordinary entries: the radius is a few roundings, not more
+        center = a.mid @ b.mid
+        assert np.all(results["bmm"].hi - results["bmm"].lo <= 1e-12 * (np.abs(a.mid) @ np.abs(b.mid))
+                      + 2 * (np.abs(a.mid) + a.rad) @ b.rad + 2 * a.rad @ np.abs(b.mid) + 1e-300)
+        assert results["bmm"].contains(center)
+
+
+@settings(max_examples=20)
+@given(st.integers(0, 2**31 - 1), st.sampled_from([(3, 4), (300, 300)]), st.booleans(), SCALES)
+def test_midpoint_and_radius_cover_the_box_blockwise_or_not(seed, shape, transposed, scale):
+    rng = np.random.default_rng(seed)
+    box = _operand(rng, shape, "interval", scale)
+    if transposed:  # a non-contiguous view takes the whole-array route
+        box = box.swapaxes(0, 1)
+    enclosure = box.to_enclosure()
+    flat = np.flatnonzero(rng.random(box.lo.size) < (1.0 if box.lo.size < 100 else 0.002))
+    with mpmath.workprec(200):
+        for index in flat:
+            i = np.unravel_index(index, box.shape)
+            mid, rad = _exact(enclosure.mid[i]), _exact(enclosure.rad[i])
+            assert mid - rad <= _exact(box.lo[i]) and _exact(box.hi[i]) <= mid + rad
+    assert np.all(enclosure.rad <= (box.hi - box.lo) * (0.5 + 1e-15) + 4e-16 * np.abs(enclosure.mid) + 1e-300)
+
+
+@settings(max_examples=20)
+@given(st.integers(0, 2**31 - 1), st.booleans(), st.booleans(), SCALES)
+def test_enclosure_products_contain_every_product_of_their_members(seed, left_exact, right_exact, scale):
+    rng = np.random.default_rng(seed)
+    X_mid, Y_mid = rng.standard_normal((3, 6)) * 2.0 ** scale, rng.standard_normal((6, 4))
+    X = Enclosure.exact(X_mid) if left_exact else Enclosure(X_mid, np.abs(X_mid) * 1e-7)
+    Y = Enclosure.exact(Y_mid) if right_exact else Enclosure(Y_mid, np.abs(Y_mid) * 1e-7)
+    product = X @ Y
+    with mpmath.workprec(200):
+        for _ in range(4):
+            x = X.mid + X.rad * rng.uniform(-1, 1, X.shape)
+            y = Y.mid + Y.rad * rng.uniform(-1, 1, Y.shape)
+            for i, j in itertools.product(range(3), range(4)):
+                exact = mpmath.fsum(_exact(x[i, k]) * _exact(y[k, j]) for k in range(6))
+                assert abs(exact - _exact(product.mid[i, j])) <= _exact(product.rad[i, j])
+
+
+@settings(max_examples=25)
+@given(st.integers(0, 2**31 - 1), st.sampled_from([0, -420, -600, 420, -1070]), st.integers(1, 400))
+def test_frobenius_bound_by_blas_or_by_scaling_is_above_the_exact_norm(seed, scale, size):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal(size) * 2.0 ** scale
+    bound = _fro_upper(X)
+    with mpmath.workprec(200):
+        exact = mpmath.sqrt(mpmath.fsum(_exact(v) ** 2 for v in X))
+        assert exact <= _exact(bound)
+        assert _exact(bound) <= exact * (1 + 1e-12) + mpmath.sqrt(size) * mpmath.mpf(2) ** -537
+
+
+@settings(max_examples=20)
+@given(st.integers(0, 2**31 - 1), st.sampled_from([-3, 0, 5, -1060]))
+def test_power_of_two_scaling_reports_exactly_whether_it_lost_bits(seed, exponent):
+    rng = np.random.default_rng(seed)
+    M = rng.standard_normal((4, 4)) * 2.0 ** exponent
+    M[0, 0] = 3.0 * 2.0 ** (exponent + 40)  # scaling down by the largest entry can push others below 2^-1022
+    scaled, e, exact = _power_of_two_scale(M)
+    assert 0.5 <= np.max(np.abs(scaled)) < 1
+    assert exact == bool(np.array_equal(np.ldexp(scaled, e), M))
+
+
+@settings(max_examples=8)
+@given(st.integers(0, 2**31 - 1), st.booleans(), st.booleans())
+def test_large_matrix_norm_is_above_the_exact_singular_value(seed, with_estimate, inexact):
+    rng = np.random.default_rng(seed)
+    M = rng.standard_normal((7, 5)) + np.eye(7, 5) * 3
+    rad = np.abs(M) * 1e-8 if inexact else np.zeros_like(M)
+    with mpmath.workdps(60):
+        exact = max(mpmath.svd_r(mpmath.matrix(M.tolist()), compute_uv=False))
+        frobenius_rad = mpmath.sqrt(mpmath.fsum(_exact(r) ** 2 for r in rad.ravel()))
+    estimate = float(np.linalg.norm(M, 2)) if with_estimate else None
+    bound = spectral_norm_upper_large(Enclosure(M, rad), estimate)
+    assert exact + frobenius_rad <= _exact(bound) if inexact else exact <= _exact(bound)
+    assert bound <= float(exact) * (1 + 1e-5) + 2 * float(frobenius_rad)
+
+
+def test_an_operand_used_many_times_is_prepared_once():
+    values = IntervalArray(np.ones((2, 3)), np.ones((2, 3)) + 1e-9)
+    first = values._as_operand()
+    weights = IntervalArray(np.full((4, 2), 0.5))
+    weights.einsum("ih,hv->iv", values)
+    assert values._as_operand() is first
+    assert A._BLOCK >= 1024
