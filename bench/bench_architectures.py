@@ -16,8 +16,12 @@ Targets: zero refuted; head gap median <= 2 and max <= 3 per kind; whole-layer g
 the whole report in under 5 minutes on a 2-core machine.  The time is measured on whatever else
 the machine runs: on a shared machine it is pessimistic.
 
+``--compare earlier.json`` (a report this script wrote with ``--json``, e.g. on another revision)
+prints the earlier run's figures beside this one's, kind by kind, with the ratio of the gap
+medians and maxes (earlier / now) and the targets met by each.
+
 Run: ``python bench/bench_architectures.py [--n 8] [--m 8] [--budget 1] [--radius layernorm]
-[--sdp] [--quick] [--json rows.json]``
+[--sdp] [--quick] [--json rows.json] [--compare earlier.json]``
 """
 
 from __future__ import annotations
@@ -43,8 +47,8 @@ def _whisper() -> Path:
 def _stats(rows) -> str:
     if not rows:
         return f"{'--':>5s} {'--':>8s} {'--':>8s} {'--':>8s}"
-    gaps = np.array([row.gap for row in rows])
-    refuted = sum(len(row.refuted) for row in rows)
+    gaps = np.array([row["gap"] for row in rows])
+    refuted = sum(len(row["refuted"]) for row in rows)
     return f"{len(rows):5d} {refuted:8d} {np.median(gaps):8.3g} {np.max(gaps):8.3g}"
 
 
@@ -59,7 +63,9 @@ def main() -> None:
     parser.add_argument("--sdp", action="store_true", help="add the SDP relaxations")
     parser.add_argument("--quick", action="store_true", help="layer 0 of each stack only")
     parser.add_argument("--json", help="write the report (every row) to this JSON file")
+    parser.add_argument("--compare", help="a report written by --json (another run) to print beside this one")
     args = parser.parse_args()
+    earlier = json.loads(Path(args.compare).read_text()) if args.compare else None   # a bad file fails first
     from lipbound.numeric.model import load_weights
     from lipbound.numeric.verification import Verification
 
@@ -89,27 +95,60 @@ def main() -> None:
     total = time.perf_counter() - began
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=2))
+    rows = [_plain(row) for row in report.rows]
     print()
-    print(f"{'kind':13s} | {'heads':>5s} {'refuted':>8s} {'gap med':>8s} {'gap max':>8s} | "
-          f"{'layers':>5s} {'refuted':>8s} {'gap med':>8s} {'gap max':>8s} | {'seconds':>8s}")
-    for kind in KINDS:
-        rows = [row for row in report.rows if row.kind == kind]
-        heads = [row for row in rows if row.head is not None]
-        layers = [row for row in rows if row.head is None]
-        print(f"{kind:13s} | {_stats(heads)} | {_stats(layers)} | {seconds[kind]:8.1f}")
-    heads = [row for row in report.rows if row.head is not None]
-    layers = [row for row in report.rows if row.head is None]
-    print(f"{'all':13s} | {_stats(heads)} | {_stats(layers)} | {report.seconds:8.1f}")
-    refuted = sum(len(row.refuted) for row in report.rows)
-    head_ok = all(np.median([r.gap for r in heads if r.kind == k]) <= 2 and max(r.gap for r in heads if r.kind == k) <= 3
-                  for k in KINDS if any(r.kind == k for r in heads))
-    layer_ok = bool(layers) and np.median([r.gap for r in layers]) <= 3
+    _table(rows, {kind: seconds[kind] for kind in KINDS} | {"all": report.seconds})
+    refuted = sum(len(row["refuted"]) for row in rows)
+    head_ok, layer_ok = _targets(rows)
     print(f"\nrefuted: {refuted} (target 0); head gaps median <= 2 and max <= 3 in every kind: "
           f"{'MET' if head_ok else 'NOT MET'}; whole-layer gap median <= 3: {'MET' if layer_ok else 'NOT MET'}")
     print(f"wall time: {total:.1f} s in all (loading {loaded:.1f} s), target < 300 s: "
           f"{'MET' if total < 300 else 'NOT MET'}; {os.cpu_count()} CPUs, load average at the end "
           f"{os.getloadavg()[0]:.2f} (others' work on a shared machine makes this time pessimistic)")
+    if earlier is not None:
+        _compare(earlier, rows, args.compare)
 
+
+def _plain(row) -> dict:
+    """The fields the tables use, from a report row (a --json file's rows carry the same keys)."""
+    return {"kind": row.kind, "head": row.head, "gap": row.gap, "refuted": list(row.refuted)}
+
+
+def _targets(rows) -> tuple[bool, bool]:
+    heads = [r for r in rows if r["head"] is not None]
+    layers = [r for r in rows if r["head"] is None]
+    head_ok = all(np.median([r["gap"] for r in heads if r["kind"] == k]) <= 2
+                  and max(r["gap"] for r in heads if r["kind"] == k) <= 3
+                  for k in KINDS if any(r["kind"] == k for r in heads))
+    return head_ok, bool(layers) and np.median([r["gap"] for r in layers]) <= 3
+
+
+def _table(rows, seconds) -> None:
+    print(f"{'kind':13s} | {'heads':>5s} {'refuted':>8s} {'gap med':>8s} {'gap max':>8s} | "
+          f"{'layers':>5s} {'refuted':>8s} {'gap med':>8s} {'gap max':>8s} | {'seconds':>8s}")
+    for kind in KINDS + ("all",):
+        chosen = [r for r in rows if kind == "all" or r["kind"] == kind]
+        heads = [r for r in chosen if r["head"] is not None]
+        layers = [r for r in chosen if r["head"] is None]
+        print(f"{kind:13s} | {_stats(heads)} | {_stats(layers)} | {seconds.get(kind, float('nan')):8.1f}")
+
+
+def _compare(earlier: dict, rows, name: str) -> None:
+    """The earlier run's gap medians and maxes beside this run's, per kind, heads and layers."""
+    before = [{"kind": r["kind"], "head": r["head"], "gap": r["gap"], "refuted": r["refuted"]} for r in earlier["rows"]]
+    print(f"\nbeside {name} (earlier; {len(before)} rows): gap median and max, earlier -> now (earlier / now)")
+    for part, keep in (("heads", lambda r: r["head"] is not None), ("layers", lambda r: r["head"] is None)):
+        for kind in KINDS + ("all",):
+            old = [r["gap"] for r in before if keep(r) and (kind == "all" or r["kind"] == kind)]
+            new = [r["gap"] for r in rows if keep(r) and (kind == "all" or r["kind"] == kind)]
+            if old and new:
+                print(f"  {part:6s} {kind:13s} median {np.median(old):6.3g} -> {np.median(new):6.3g} "
+                      f"({np.median(old) / np.median(new):5.2f}x)   max {max(old):6.3g} -> {max(new):6.3g} "
+                      f"({max(old) / max(new):5.2f}x)")
+    for label, chosen in (("earlier", before), ("now", rows)):
+        head_ok, layer_ok = _targets(chosen)
+        print(f"  {label:7s}: refuted {sum(len(r['refuted']) for r in chosen)}; heads (median <= 2, max <= 3 per "
+              f"kind) {'MET' if head_ok else 'NOT MET'}; layers (median <= 3) {'MET' if layer_ok else 'NOT MET'}")
 
 if __name__ == "__main__":
     main()

@@ -386,10 +386,11 @@ def test_structured_starts_predict_the_jacobian_norm(l0h0):
     assert np.all(np.diff(phi) <= 0)
     sigma, _ = jacobian_norms(kernel, X[:4], steps=80)
     np.testing.assert_allclose(sigma, phi[:4], rtol=0.02)
-    # the tie (R A^T b + u) . a = 0 holds to rounding
+    # the tie: the queries' scores of the two keys agree to rounding, (b A + u) . (x_1 - x_2) = 0
     A, u = W_Q @ W_K.T / math.sqrt(32), W_K @ b_Q / math.sqrt(32)
-    a, b = X[0, 0] / np.linalg.norm(X[0, 0]), X[0, 2]
-    assert abs((b @ A + u) @ a) < 1e-9 * np.linalg.norm(b @ A + u)
+    g, spread = X[0, 2] @ A + u, X[0, 0] - X[0, 1]
+    assert abs(g @ spread) < 1e-9 * np.linalg.norm(g) * np.linalg.norm(spread)
+    assert np.all(np.linalg.norm(X, axis=-1) <= radius)
     with pytest.raises(AssumptionError, match="at least 3"):
         structured_starts(W_Q, W_K, W_V, b_Q, radius, 2)
 

@@ -51,6 +51,17 @@ of :mod:`lipbound.numeric.sdp.joint` and certified there.
    Cauchy-Schwarz gives ``<= sqrt(kappa)``, ``kappa`` the largest column sum.
 7. *Result.*  ``Lip(f) <= min( sqrt(b_hat^2 + Phi + 2 c_hat xi), b_hat + sqrt(Phi) )`` with
    ``xi = min((1 + sqrt n) / 2, sqrt(kappa))`` (the second form is Minkowski on step 5).
+8. *Key term, mean and covariance apart.*  ``T_i = mean_i + cov_i`` with ``||mean_i|| <= L u_i`` (Jensen) and
+   ``y^T cov_i = sum_j p_ij z_j delta_j``, ``z_j = g_i . e_j``.  Since ``sum_j p_ij delta_j = 0`` the sum is
+   ``Cov_{p_i}(z, delta) <= Var(z)^(1/2) Var(delta)^(1/2)``, and
+   ``Var(z) = 1/2 sum_{j,k} p_j p_k (z_j - z_k)^2 <= 2 sum_j p_j (1 - p_j) z_j^2`` (``(a - b)^2 <= 2 a^2 + 2 b^2``),
+   while ``Var(delta) <= rho^2 cap(p_ij)`` for every j (step 3).  So ``||cov_i||^2 <= beta^2 rho^2
+   sum_j nu(p_ij) ||e_j||^2`` with ``nu(p) = 2 p (1 - p) cap(p) <= 1/2`` (at p = 1/2), and Minkowski
+   over i gives ``(sum_i ||T_i||^2)^(1/2) <= L sqrt(kappa) + rho beta sqrt(kappa_cov)``, ``kappa_cov = sum_i max nu``
+   over the row's weight range (column polytope as in step 6).  Where moving one key is all a query
+   sees (``p_ij = 2/3``), step 5 charges ``p cap(p) = 16/27`` per row, this ``nu(2/3) = 32/81``; in all,
+   ``kappa_cov <= n / 2`` against ``sum_i max p cap(p) <= 16 n / 27``.  The Minkowski form of step 7 and the
+   context terms of cross-attention use ``min(sqrt(Phi), L sqrt(kappa) + rho beta sqrt(kappa_cov))``.
 
 Every term is at most the corresponding closed-form term
 (``gamma_{A,V} <= ||A|| ||W_V||``, trust-region beta ``<=`` the triangle bound,
@@ -235,8 +246,16 @@ class HeadBounds:
         L2 = IV.mpf(self.value_norm2.value)
         return p_hi * L2 + IV.mpf(self.spread2.value) * IV.mpf(self.beta.value) ** 2 * psi
 
+    def _nu_max(self, keys: int):
+        """``max nu(p)`` over the weights ``p in [p_lo, p_hi]`` of a row with ``keys`` keys, where
+        ``nu(p) = 2 p (1 - p) cap(p)`` (step 8 of the module docstring) rises on ``[0, 1/2]`` to
+        1/2 and falls after."""
+        p_lo, p_bar = self._weight_range(keys)
+        return max_on_weights(p_lo, p_bar, lambda p: 2 * p * (1 - p) * (1 if upper(p) <= 0.5 else 4 * p * (1 - p)),
+                              IV.mpf(1) / 2)
+
     def terms(self, n: int, *, m: int | None = None, causal: bool = False) -> dict:
-        """``b_hat, Phi, kappa`` as intervals for n keys (and m queries in cross-attention);
+        """``b_hat, Phi, kappa, kappa_cov`` as intervals for n keys (and m queries in cross-attention);
         ``row_cap`` is 0 when every row has a single key (then ``Sigma_i = 0``), else 1."""
         r2 = self.r ** 2
         if m is None and causal:
@@ -245,9 +264,32 @@ class HeadBounds:
             keys = [n] * (n if m is None else m)
         Phi = sum((self._phi_max(k) for k in keys), IV.mpf(0))
         kappa = sum((IV.mpf(upper(self._weight_range(k)[1])) for k in keys), IV.mpf(0))
+        kappa_cov = sum((self._nu_max(k) for k in keys), IV.mpf(0))
         row_cap = 1 if max(keys) >= 2 else 0
         b_hat = r2 * IV.mpf(self.gamma.value) * row_cap
-        return {"b_hat": b_hat, "Phi": Phi, "kappa": kappa, "row_cap": IV.mpf(row_cap)}
+        return {"b_hat": b_hat, "Phi": Phi, "kappa": kappa, "kappa_cov": kappa_cov, "row_cap": IV.mpf(row_cap)}
+
+    def key_term(self, terms: dict):
+        """``sqrt(sum_i ||T_i||^2) / ||E_X||`` bounded two ways (steps 6 and 8 of the module docstring):
+        ``min(sqrt(Phi), L sqrt(kappa) + rho beta sqrt(kappa_cov))``."""
+        L = IV.sqrt(IV.mpf(self.value_norm2.value))
+        rho_beta = IV.sqrt(IV.mpf(self.spread2.value)) * IV.mpf(self.beta.value)
+        split = L * IV.sqrt(terms["kappa"]) + rho_beta * IV.sqrt(terms["kappa_cov"]) * terms["row_cap"]
+        whole = IV.sqrt(terms["Phi"])
+        return whole if upper(whole) <= upper(split) else split
+
+
+def max_on_weights(p_lo: float, p_bar, function, peak):
+    """Upper bound of ``max function(p)`` over ``p in [p_lo, p_hi]`` (``p_hi`` the upper end of the interval
+    ``p_bar``) for a function that rises on ``[0, 1/2]`` to ``peak`` at 1/2 and falls on ``[1/2, 1]``:
+    the value at ``p_hi`` when ``p_hi <= 1/2``, at ``p_lo`` when ``p_lo >= 1/2`` (both rounded outward:
+    a larger ``p_hi``, a smaller ``p_lo``), else ``peak``."""
+    p_hi = IV.mpf(upper(p_bar))
+    if upper(p_hi) <= 0.5:
+        return IV.mpf(upper(function(p_hi)))
+    if p_lo >= 0.5:
+        return IV.mpf(upper(function(IV.mpf(p_lo))))
+    return peak
 
 
 _BETA = ("beta = sup over the queries' region of ||Pi (A^T x + u)||: trust-region secular equation certified by "
@@ -356,7 +398,7 @@ def self_attention_bound(head: Head, radius: float, center=None, *, n: int, caus
         xi = star
     b_hat, Phi = terms["b_hat"], terms["Phi"]
     pythagorean = IV.sqrt(b_hat ** 2 + Phi + 2 * c_hat * xi)
-    minkowski = b_hat + IV.sqrt(Phi)
+    minkowski = b_hat + bounds.key_term(terms)
     total = pythagorean if upper(pythagorean) <= upper(minkowski) else minkowski
     certificate.update(_intervals_to_floats(terms), c_hat=upper(c_hat), xi=upper(xi),
                        pythagorean=upper(pythagorean), minkowski=upper(minkowski))
@@ -406,12 +448,12 @@ def cross_attention_bound(head: Head, radius: float, center=None, *, n: int, m: 
     if argument == "queries":
         total = b_hat
     elif argument == "context":
-        total = IV.sqrt(Phi)
+        total = bounds.key_term(terms)
     else:
         c_hat = bounds.r ** 2 * IV.mpf(bounds.coupled.value) * terms["row_cap"]
         off = c_hat * IV.sqrt(kappa)
         coupled = IV.sqrt((b_hat ** 2 + Phi) / 2 + IV.sqrt(((b_hat ** 2 - Phi) / 2) ** 2 + off ** 2))
-        plain = IV.sqrt(b_hat ** 2 + Phi)
+        plain = IV.sqrt(b_hat ** 2 + bounds.key_term(terms) ** 2)
         total = coupled if upper(coupled) <= upper(plain) else plain
         certificate.update(c_hat=upper(c_hat), coupled=upper(coupled), plain=upper(plain))
     certificate.update(_intervals_to_floats(terms))
@@ -426,11 +468,12 @@ def matrix_aware_closed_form(head: Head, radius, center=None, *, n: int, causal:
     r"""The closed form of the self- and cross-attention theorems with the norm products replaced by the
     certified joint constants of :class:`HeadBounds` (on a ball or an ellipsoid such as a LayerNorm image):
 
-        self:     L sqrt(kappa) + r^2 gamma + rho beta sqrt(min(kappa, 3 n / 4)),
-        queries:  r^2 gamma,      context: L sqrt(K) + rho beta sqrt(min(K, 3 m / 4)),
+        self:     L sqrt(kappa) + r^2 gamma + rho beta sqrt(min(kappa, 3 n / 4, kappa_cov)),
+        queries:  r^2 gamma,      context: L sqrt(K) + rho beta sqrt(min(K, 3 m / 4, kappa_cov)),
         joint:    (queries^2 + context^2)^(1/2),
 
-    ``kappa`` (K: m queries per column) from the score spread ``omega = 2 r sup ||M^T g||``; the
+    ``kappa`` (K: m queries per column) from the score spread ``omega = 2 r sup ||M^T g||``, ``kappa_cov``
+    the column sum of ``2 p (1 - p) cap(p)`` (step 8 of the module docstring); the
     covariance terms vanish when every row has one key (n = 1).  Each replacement is proved in
     docs/mathematics.md ("the LayerNorm image"); the theorems are
     :func:`lipbound.symbolic.theorems.self_attention` and :func:`~lipbound.symbolic.theorems.cross_attention`.
@@ -462,11 +505,13 @@ def matrix_aware_closed_form(head: Head, radius, center=None, *, n: int, causal:
     rho = IV.sqrt(IV.mpf(bounds.spread2.value))
     queries = terms["b_hat"]
     context = L * IV.sqrt(kappa) + rho * IV.mpf(bounds.beta.value) * IV.sqrt(k_cov) * terms["row_cap"]
+    split = L * IV.sqrt(kappa) + rho * IV.mpf(bounds.beta.value) * IV.sqrt(terms["kappa_cov"]) * terms["row_cap"]
+    context = split if upper(split) < upper(context) else context
     if not cross:
         value_iv = queries + context
     else:
         value_iv = {"queries": queries, "context": context, "joint": IV.sqrt(queries ** 2 + context ** 2)}[argument]
-    certificate.update(kappa=upper(kappa), b_hat=upper(queries), context=upper(context))
+    certificate.update(kappa=upper(kappa), kappa_cov=upper(terms["kappa_cov"]), b_hat=upper(queries), context=upper(context))
     return _result(name, bounds, pieces, value_iv, certificate, started, False)
 
 

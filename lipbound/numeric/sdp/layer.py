@@ -25,7 +25,13 @@ Keys lie in ``D = {c + M w : ||w|| <= r}``, queries in ``D_Q`` (the same for sel
    (sum_j w_ij ||e_j||^2)^(1/2)``.  Summing over i, ``||key||_F <= r Lambda(beta)^(1/2) kappa_max^(1/2)
    ||E_X||``, ``kappa_max = sum_i max_h pbar^h_i`` the column sums of the largest weights,
    ``pbar^h_i = 1 / (1 + (N_i - 1) e^{-omega_h})`` (``N_i`` keys in row i, ``omega_h`` the head's
-   score spread).
+   score spread).  *Covariance form.*  Since ``sum_j p^h_ij delta^h_ij = 0``, ``y^T key_i = sum_h
+   Cov_{p^h_i}(zeta_h, delta^h)`` with ``zeta_jh = Pi g^h_i . e_j``, at most ``sum_h Var(zeta_h)^(1/2)
+   Var(delta^h)^(1/2) <= (sum_h Var(zeta_h) / lambda_h)^(1/2) (sum_h lambda_h Var(delta^h))^(1/2)``;
+   ``Var_p(zeta) <= 2 sum_j p_j (1 - p_j) zeta_j^2`` and ``sum_h zeta_jh^2 / lambda_h <= ||e_j||^2`` under
+   either condition on the weights, so ``||key_i||^2 <= r^2 Lambda 2 sum_j q_ij ||e_j||^2`` with
+   ``q_ij = max_h p^h_ij (1 - p^h_ij) <= 1/4``: the column sums ``kappa_max`` may be replaced by
+   ``2 sum_i max_h max p (1 - p)`` over the rows' weight ranges (at most n / 2); the smaller is used.
 3. *Mean term.*  Per head (Jensen): ``||mean^h||_F <= L_h kappa_h^(1/2) ||E_X||``, ``L_h = ||Pi M_h||``;
    at n = 1 every weight is 1 and ``mean_i = (sum_h M_h)^T e_i``: ``||(sum_h M_h)^T Pi||`` exactly.
 4. *Sum.*  Minkowski over tokens: self-attention ``Lip(F) <= b + m + k``; cross-attention in the
@@ -53,7 +59,7 @@ from ...rigorous.linalg import Enclosure, lambda_max_upper, spectral_norm_upper
 from ...rigorous.value import CertifiedValue
 from ..blas import one_blas_thread
 from ..model import Layer
-from .head import HeadBounds
+from .head import HeadBounds, max_on_weights
 from .joint import sdp_value
 from .region import Region, key_gradient
 
@@ -229,10 +235,14 @@ def layer_joint_bound(layer: Layer, domain, *, n: int, role: str = "self", m: in
     # 2. key term: P^beta_h = Pi W_K^h (W_Q^h^T M_Q M_Q^T W_Q^h / d_k) W_K^h^T Pi, offsets ||Pi (A_h^T c_Q + u_h)||
     k = IV.mpf(0)
     if several and role != "cross-queries":
-        kappa_max = IV.mpf(0)
+        kappa_max, spread = IV.mpf(0), IV.mpf(0)
         for count in key_counts:
             largest = max((upper(1 / (1 + (count - 1) * IV.exp(-hb.omega))) for hb in heads), default=1.0)
             kappa_max += IV.mpf(largest)
+            # 2 max_h max p (1 - p) over the row's weights (step 2, covariance form)
+            spread += 2 * max((max_on_weights(*hb._weight_range(count), lambda p: p * (1 - p), IV.mpf(1) / 4)
+                               for hb in heads), key=upper)
+        column = kappa_max if upper(kappa_max) <= upper(spread) else spread
         inputs, middles, offsets = [], [], []
         for h, s in zip(layer.heads, scales):
             W_K = keys.project(Enclosure.exact(h.W_K))
@@ -250,10 +260,11 @@ def layer_joint_bound(layer: Layer, domain, *, n: int, role: str = "self", m: in
                              time.perf_counter() - started, "not certified", _PROVENANCE,
                              reason="no weights certified for the key term")
         best = min(options, key=upper)
-        k = r * best * IV.sqrt(kappa_max)
-        certificate.update(key=upper(k), kappa_max=upper(kappa_max), key_weights=info, key_plain_weights=plain_info,
-                           key_spectral=None if spectral is None else upper(r * spectral * IV.sqrt(kappa_max)),
-                           key_plain=None if plain is None else upper(r * plain * IV.sqrt(kappa_max)))
+        k = r * best * IV.sqrt(column)
+        certificate.update(key=upper(k), kappa_max=upper(kappa_max), key_column=upper(column),
+                           key_covariance_column=upper(spread), key_weights=info, key_plain_weights=plain_info,
+                           key_spectral=None if spectral is None else upper(r * spectral * IV.sqrt(column)),
+                           key_plain=None if plain is None else upper(r * plain * IV.sqrt(column)))
     # 3. mean term
     mean = IV.mpf(0)
     if role != "cross-queries":

@@ -34,27 +34,36 @@ apart with very different values.  Two constructions follow, combined in one:
   Castin, Ablin, Peyre (ICML 2024).
 
 Both together predict ``||Df||^2 ~ R^2 ||W_V^T a||^2 (m/2 ||R A^T b + u||^2 + R^2 ||A a||^2)``
-(:func:`_predicted_norm` refines it with the attention the queries keep on each other), which
-:func:`structured_starts` maximises over unit ``a, b`` by batched Riemannian Adam with the tie
-imposed exactly.  The best candidates (with Castin et al.'s input, random inputs and a radius
+(:func:`.structured.predicted_norm` refines it with the attention the queries keep on each other),
+which :func:`structured_starts` maximises over unit ``a, b`` by batched Riemannian Adam with the tie
+imposed exactly.  On an ellipsoid (a LayerNorm image, whose semi-axes span orders of magnitude)
+positions are chart points and moves are measured in the tokens' own coordinates
+(:mod:`.structured`): the key gradient ``g = b S A + u`` is taken in the tokens' coordinates, the
+tie and the value spread in the chart.  Rather than asking the queries' own score to be low,
+the keys' midpoint is lifted along the chart gradient until both keys score ``margin`` above
+the queries (a small shift on real scores).  Cross-attention uses the same construction in the
+charts of its two domains, for the role's terms (beta-type for the context, alpha-type for the
+queries, both jointly), the other context tokens parked where the queries' scores are lowest.
+The best candidates (with Castin et al.'s input, random inputs and a radius
 continuation from R/4) are polished by a batched L-BFGS ascent of the local Jacobian norm
-``sigma_max(Df(X))`` in smooth coordinates of the ball: power iteration (JVP/VJP) for the top
+``sigma_max(Df(X))`` in smooth coordinates of the domain: power iteration (JVP/VJP) for the top
 right singular vector E, and ``grad_X ||Df(X) E||`` by a second-order (reverse-over-forward)
 formula.  A head sees a token only through ``x W_Q``, ``x W_K``, ``x W_V``, so a single head
 is searched in the orthonormal basis of that span (at most ``3 d_k`` coordinates per token)
 without loss, and its power iteration runs in output space through ``n x n`` Gram sandwiches
 (:meth:`_Linearization._gram_step`).  For a multi-head layer every head contributes its
-structured inputs, a greedy step ties further heads at the same input (:class:`_TieSurrogate`),
+structured inputs, a greedy step ties further heads at the same input (:class:`.starts.TieSurrogate`),
 and the polish runs on the layer map.  The best candidate's value is recomputed from scratch
-in float64 with :mod:`lipbound.numeric.attention`, at a point projected into the closed ball
-with a small inward margin.
+in float64 with :mod:`lipbound.numeric.attention`, at a point that lies in the domain exactly.
 
 Every deadline of the search is read on a :class:`~.clock.WorkClock`, which counts the work
 done rather than the time spent, so a budget buys the same steps on any machine and the seed
 alone fixes the witness.
 
 Modules: :mod:`.record` (the witness file), :mod:`.kernel` (the batched kernel), :mod:`.problem`
-(the map, its argument and the charts of its domains), :mod:`.starts` (structured inputs),
+(the map, its argument and the charts of its domains), :mod:`.structured` (two keys tied for many
+queries, on balls and ellipsoids, self- and cross-attention), :mod:`.starts` (several heads tied
+at once, cross-attention inputs, Castin et al.'s input),
 :mod:`.ascent` (the polish), :mod:`.values` (final values from scratch), :mod:`.clock` (the work
 clock), :mod:`.search` (the public searches).
 """
@@ -62,7 +71,7 @@ clock), :mod:`.search` (the public searches).
 from .kernel import jacobian_norms, kernel_for
 from .record import WITNESS_FORMAT, Witness, in_ball, project_to_ball
 from .search import castin_adversarial, naive_ascent, search_witness
-from .starts import structured_starts
+from .structured import structured_starts
 from .values import local_jacobian_norm
 
 __all__ = ["Witness", "WITNESS_FORMAT", "kernel_for", "jacobian_norms", "search_witness", "naive_ascent",

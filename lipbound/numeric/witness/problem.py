@@ -213,13 +213,7 @@ class SearchProblem:
         sigma, E, _ = self.evaluate(Z, rng.standard_normal(Z.shape) * self.mask, steps)
         return sigma, E
 
-    # structured inputs, in the chart of a single-domain (self-attention) problem ---------------------
+    # one head of a layer ---------------------------------------------------------------------------
     def for_head(self, h: int) -> "SearchProblem":
         """Self-attention of head h alone on the same domain (its own reduced chart)."""
         return SearchProblem(self.kernel.heads[h], "self", self.domain, None, self.n, None, self.clock)
-
-    def head_weights_in_chart(self, h: int):
-        """``(W_Q, W_K, V, b_Q, b_K, b_V)`` of head h as seen from the chart ``u`` (x' = u K^{1/2})."""
-        W_Q, W_K, V, b_Q, b_K, b_V = self.kernel.head_weights(h)
-        root = self.context.root
-        return root @ W_Q, root @ W_K, root @ V, b_Q, b_K, b_V

@@ -17,7 +17,8 @@ from ..attention import AttentionMap, heads_of, unit_rows
 from .kernel import kernel_for
 from .problem import ROLES, SearchProblem
 from .record import NORMS, Witness, project_to_ball
-from .starts import TieSurrogate, castin_input, cross_starts, structured_starts
+from .starts import TieSurrogate, castin_input, cross_starts
+from .structured import structured_starts
 from .values import cross_value, jacobian_value, local_jacobian_norm, pull_inside, reference_maps, secant_value
 
 __all__ = ["search_witness", "naive_ascent", "castin_adversarial"]
@@ -95,15 +96,15 @@ def _self_pool(problem: SearchProblem, rng, deadline, work: float = 1.0) -> list
             break
         own = problem if len(heads) == 1 else problem.for_head(int(index))
         if n >= 3:
-            # the chart's unit ball, scaled to the longest semi-axis (the scale the construction is tuned for)
-            size = own.context.radius
-            W_Q, W_K, W_V, b_Q, _, _ = (w / size if i < 3 else w for i, w in enumerate(own.head_weights_in_chart(0)))
+            # positions in the head's chart, moves in working coordinates
+            W_Q, W_K, W_V, b_Q, _, _ = own.kernel.head_weights(0)
             light = len(heads) > 1
             share = (deadline - problem.clock()) / (1 if not light else max(1, len(heads) // 3))
-            starts, _ = structured_starts(W_Q, W_K, W_V, b_Q, size * (1 - 1e-6), n, count=16 if light else 32,
+            starts, _ = structured_starts(W_Q, W_K, W_V, b_Q, 1 - 1e-6, n, count=16 if light else 32,
                                           steps=120 if light else 200, seed=int(rng.integers(2 ** 31)),
-                                          deadline=problem.clock() + max(share, 0.0), clock=problem.clock)
-            tokens = own.lift(own.from_unit(starts[:keep] / size))[0]
+                                          deadline=problem.clock() + max(share, 0.0), clock=problem.clock,
+                                          shape=own.context.root)
+            tokens = own.lift(starts[:keep])[0]
             pool.append((problem.retract(problem.to_work(tokens)), "structured"))
             if problem.kernel.H > 1:
                 surrogate = surrogate or TieSurrogate(problem, n)
@@ -211,7 +212,7 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     until = began + 0.25 * (deadline - began)
     pool = []
     if problem.kernel.score == "dot":  # the structured constructions are for dot-product scores
-        pool += cross_starts(problem, rng) if cross else _self_pool(problem, rng, until, work)
+        pool += cross_starts(problem, rng, until) if cross else _self_pool(problem, rng, until, work)
     pool.append((problem.random(rng, max(2, int(8 / work)), 1 - 1e-6), "random"))
     cands = _evaluate_pool(problem, pool, rng, 15 if len(heads) == 1 else 6, max(1, int(32 / work)),
                            began + 0.4 * (deadline - began))

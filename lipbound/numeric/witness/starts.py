@@ -1,5 +1,6 @@
-"""Structured starting points for dot-product heads: ties between far keys (alpha- and
-beta-type), several heads tied at one input, and Castin et al.'s adversarial input."""
+"""Structured starting points built on :mod:`.structured`: several heads of a layer tied at one
+input, cross-attention's inputs in the charts of its two domains, and Castin et al.'s adversarial
+input."""
 
 from __future__ import annotations
 
@@ -9,269 +10,141 @@ from typing import final
 import numpy as np
 
 from ...errors import AssumptionError
-from ..blas import one_blas_thread
-from ..attention import AttentionMap, unit_rows
-from .clock import CALL_WORK, WorkClock
+from ..attention import unit_rows
+from .clock import CALL_WORK
+from .structured import TieForm, ascend
 
-__all__ = ["structured_starts", "TieSurrogate", "castin_input", "cross_starts"]
-
-
-@one_blas_thread
-def structured_starts(W_Q: np.ndarray, W_K: np.ndarray, W_V: np.ndarray, b_Q: np.ndarray, radius: float,
-                      n: int, count: int = 64, steps: int = 300, margin: float = 10.0,
-                      seed: int = 0, deadline: float | None = None,
-                      clock: WorkClock | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Alpha/beta-type inputs for one dot-product head, ball about the origin.
-
-    With ``A = W_Q W_K^T / sqrt(d_k)``, ``u = W_K b_Q / sqrt(d_k)`` and ``m = n - 2`` queries,
-    maximises over unit ``a, b`` the predicted Jacobian norm
-
-        phi(a, b)^2 = R^2 ||W_V^T a||^2 ( m/2 ||R A^T b + u||^2 + R^2 ||A a||^2 )
-
-    under the tie ``(R A^T b + u) . a = 0`` (linear in a: imposed exactly by projection after
-    every step) and a penalty keeping the query-query score ``R^2 b^T A b + R u . b`` below
-    ``-margin``.  Starts: b among the top left singular vectors of A (and random), a the best of the top left
-    singular vectors of ``W_V`` projected on the tie hyperplane; then Riemannian Adam on both spheres.
-    The input is ``x_1 = R a``, ``x_2 = -R a``, ``x_3 = .. = x_n = R b``.
-
-    Parameters
-    ----------
-    W_Q, W_K, W_V : ndarray, shapes (d, d_k), (d, d_k), (d, d_v)
-    deadline : float, optional
-        The reading of ``clock`` at which the ascent stops (the inputs are valid at every step).
-    clock : WorkClock, optional
-        Charged for every step (a new one by default: the deadline is then in nominal seconds
-        of work from 0).
-    b_Q : ndarray, shape (d_k,)
-        Query bias with the ball's centre folded in (``b_Q + c W_Q``); the key bias only shifts
-        a whole row of scores.
-    radius : float
-    n : int
-        Tokens, at least 3 (two keys and a query).
-
-    Returns
-    -------
-    X : ndarray, shape (count, n, d)
-        Candidate inputs, best first.
-    phi : ndarray, shape (count,)
-        Predicted Jacobian norms (:func:`_predicted_norm`, which counts the attention the
-        queries keep on each other).
-    """
-    if n < 3:
-        raise AssumptionError("n", "at least 3 tokens (two keys and a query)", repr(n),
-                              "use random or Castin starts for n = 2")
-    d, d_k = W_Q.shape
-    R = float(radius)
-    A = W_Q @ W_K.T / math.sqrt(d_k)
-    u = W_K @ b_Q / math.sqrt(d_k)
-    VV, AtA, As = W_V @ W_V.T, A.T @ A, A + A.T
-    m = n - 2
-    clock = WorkClock() if clock is None else clock
-    clock.charge(10 * d ** 3)                          # the decompositions of A and W_V
-    rng = np.random.default_rng(seed)
-    left = np.linalg.svd(A)[0][:, :min(8, d)]
-    k = left.shape[1]
-    coef = rng.standard_normal((count, k)) * np.geomspace(1.0, 0.2, k)
-    coef[:min(k, count)] = np.eye(k)[:min(k, count)]
-    b = unit_rows(coef @ left.T)
-    b[count // 2:] = unit_rows(rng.standard_normal((count - count // 2, d)))
-
-    def tie(a, b):
-        w = R * b @ A + u
-        return unit_rows(a - (np.sum(w * a, axis=1) / np.maximum(np.sum(w * w, axis=1), 1e-300))[:, None] * w)
-
-    # a: of the top left singular vectors of W_V projected on the tie hyperplane, the one W_V stretches most
-    w = unit_rows(R * b @ A + u)
-    tops = np.linalg.svd(W_V, full_matrices=False)[0][:, :min(8, W_V.shape[1])].T          # (k, d)
-    projected = tops[None] - (tops @ w.T).T[:, :, None] * w[:, None, :]                     # (count, k, d)
-    stretch = np.linalg.norm(projected @ W_V, axis=2) / np.maximum(np.linalg.norm(projected, axis=2), 1e-300)
-    a = tie(projected[np.arange(count), np.argmax(stretch, axis=1)], b)
-    moments = [np.zeros_like(a), np.zeros_like(b)]
-    squares = [np.zeros_like(a), np.zeros_like(b)]
-    for step in range(1, steps + 1):
-        if deadline is not None and clock() >= deadline:
-            break
-        clock.charge(count * d * d)
-        lr = 0.02 * (1 - step / (steps + 1)) + 0.001
-        wa = a @ VV
-        w = R * b @ A + u
-        inner = 0.5 * m * np.sum(w * w, axis=1) + R * R * np.sum((a @ A.T) ** 2, axis=1) + 1e-300
-        excess = np.maximum(R * R * np.sum(b * (b @ A.T), axis=1) + R * b @ u + margin, 0.0) / (R * R)
-        grad_a = 2 * wa / np.maximum(np.sum(a * wa, axis=1), 1e-300)[:, None] + 2 * R * R * (a @ AtA) / inner[:, None]
-        grad_b = m * R * (w @ A.T) / inner[:, None] - 20 * excess[:, None] * (b @ As + u / R)
-        for index, (x, g) in enumerate(((a, grad_a), (b, grad_b))):
-            g = g - np.sum(g * x, axis=1, keepdims=True) * x        # tangent to the sphere
-            moments[index] = 0.9 * moments[index] + 0.1 * g
-            squares[index] = 0.999 * squares[index] + 0.001 * g * g
-            x[:] = unit_rows(x + lr * (moments[index] / (1 - 0.9 ** step))
-                         / (np.sqrt(squares[index] / (1 - 0.999 ** step)) + 1e-12))
-        a[:] = tie(a, b)
-    # the queries may do better inside the ball (a weaker pull towards each other): scan their radius
-    phi = _predicted_norm(a, b, A, u, W_V, R, m)
-    for shrink in np.linspace(0.95, 0.3, 14):
-        a_shrunk = tie(a, shrink * b)
-        trial = _predicted_norm(a_shrunk, shrink * b, A, u, W_V, R, m)
-        better = trial > phi
-        a[better], b[better], phi[better] = a_shrunk[better], shrink * b[better], trial[better]
-    order = np.argsort(-phi)
-    a, b, phi = a[order], b[order], phi[order]
-    X = np.empty((count, n, d))
-    X[:, 0], X[:, 1] = R * a, -R * a
-    X[:, 2:] = R * b[:, None, :]
-    return X, phi
-
-
-def _predicted_norm(a: np.ndarray, b: np.ndarray, A: np.ndarray, u: np.ndarray, W_V: np.ndarray,
-                    R: float, m: int) -> np.ndarray:
-    """Predicted ``||Df||`` at ``x_1 = R a, x_2 = -R a, x_3..x_{m+2} = R b`` (rows of a, b: a batch).
-
-    The queries attend to (key 1, key 2, the m queries) with the softmax of
-    ``(R t, -R t, R^2 b^T A b + R u . b + log m)``, ``t = (R A^T b + u) . a``.  Moving the keys
-    by ``+-g / sqrt 2`` along ``w = R A^T b + u`` gives each query ``||w|| ||c||`` with
-    ``c = (p_1 (v_1 - vbar) - p_2 (v_2 - vbar)) / sqrt 2`` (beta part); moving a query along
-    ``A a`` gives ``2 R ||A a|| ||p_1 p_2 (v_1 - v_2) + ...||``, taken as ``4 p_1 p_2 R^2 ||A a||
-    ||W_V^T a||`` (alpha part); the two add in quadrature, the beta part ``sqrt(m)`` times.
-    """
-    w = R * b @ A + u
-    t = R * np.sum(w * a, axis=1)
-    scores = np.stack([t, -t, R * R * np.sum(b * (b @ A.T), axis=1) + R * b @ u + math.log(max(m, 1))], axis=1)
-    p = np.exp(scores - scores.max(axis=1, keepdims=True))
-    p /= p.sum(axis=1, keepdims=True)
-    va, vb = R * a @ W_V, R * b @ W_V                 # the value bias cancels in every difference
-    mean = p[:, :1] * va - p[:, 1:2] * va + p[:, 2:] * vb
-    c = (p[:, :1] * (va - mean) - p[:, 1:2] * (-va - mean)) / math.sqrt(2)
-    beta = math.sqrt(m) * np.linalg.norm(c, axis=1) * np.linalg.norm(w, axis=1)
-    alpha = 4 * p[:, 0] * p[:, 1] * R * R * np.linalg.norm(a @ A.T, axis=1) * np.linalg.norm(a @ W_V, axis=1)
-    return np.sqrt(beta ** 2 + alpha ** 2)
+__all__ = ["TieSurrogate", "castin_input", "cross_starts"]
 
 
 @final
 class TieSurrogate:
-    """Predicted Jacobian norm of a multi-head layer at a structured input ``u_1 = a``,
-    ``u_2 = -a``, ``u_3 = .. = u_n = b`` (chart coordinates of a :class:`~.problem.SearchProblem`,
-    where the domain is the unit ball), counting the queries' rows under key moves
-    ``e_1 = -e_2 = g / sqrt 2``.
+    """Predicted Jacobian norm of a multi-head layer at a structured input: two keys at the chart
+    points ``mid +- a'``, the ``m = n - 2`` queries at b (chart of a self-attention
+    :class:`~.problem.SearchProblem`; positions in the chart, moves in working coordinates, as in
+    :mod:`.structured`).
 
-    For head h, with ``w_h = A_h^T b + u_h`` (weights seen from the chart), the queries' attention
-    ``p`` on (key 1, key 2, the m queries) is the softmax of ``(w_h . a, -w_h . a, b^T A_h b + u_h . b
-    + log m)``, and ``Cov_{j~p}(ds_j, v_j) = (w_h . g) c_h``, ``c_h = (p_1 (v_1 - vbar) - p_2 (v_2 - vbar)) / sqrt 2``.
-    The layer's output per query is ``sum_h (w_h . g) W_O^h^T c_h``, so the prediction is
-    ``sqrt(m) sigma_max(sum_h W_O^h^T c_h w_h^T)``.  Ties for a set S of heads,
-    ``w_h . a = 0`` for h in S, are linear in a: :meth:`tie` imposes them by projection.
+    Head h, with the value map ``V_h W_O^h``, has the key gradient ``g_h = b S A_h + u_h``; its
+    queries attend to (key 1, key 2, the m queries) with the softmax of ``(g_h . k_1, g_h . k_2,
+    g_h . q + log m)``.  Moving the keys by e gives each query ``sum_h (g_h . e) c_h``,
+    ``c_h = (p_1 (v_1 - vbar) - p_2 (v_2 - vbar)) / sqrt 2``, so the prediction is
+    ``sqrt(m) sigma_max(sum_h c_h g_h^T)``.  Ties for a set of heads, ``(g_h S) . a = 0``, are linear
+    in a (:meth:`place` imposes them by projection), and the midpoint, the least-norm solution of
+    ``(g_h S) . mid = s_h(q, q) + margin`` over the tied heads, lifts the keys above the queries' own
+    scores for each of them.
     """
 
-    def __init__(self, problem, n: int):
-        self.problem, self.R, self.m = problem, 1.0, n - 2
-        kernel = problem.kernel
-        self.heads = []
+    def __init__(self, problem, n: int, margin: float = 10.0):
+        self.problem, self.m = problem, n - 2
+        kernel, S = problem.kernel, problem.context.root
+        self.S = S
+        self.forms = []
         for h in range(kernel.H):
-            W_Q, W_K, W_V, b_Q, _, b_V = problem.head_weights_in_chart(h)
-            A = W_Q @ W_K.T / math.sqrt(kernel.d_k)
-            W_O = kernel.W_O[h * kernel.d_v:(h + 1) * kernel.d_v] if kernel.W_O is not None else np.eye(kernel.d_v)
-            self.heads.append((A, W_K @ b_Q / math.sqrt(kernel.d_k), W_V, b_V, W_O))
+            W_Q, W_K, V, b_Q, _, _ = kernel.head_weights(h)
+            if kernel.W_O is not None:
+                V = V @ kernel.W_O[h * kernel.d_v:(h + 1) * kernel.d_v]
+            self.forms.append(TieForm(S, W_Q @ W_K.T / math.sqrt(kernel.d_k), W_K @ b_Q / math.sqrt(kernel.d_k), V,
+                                      self.m, "self", margin))
 
-    def directions(self, b: np.ndarray) -> list[np.ndarray]:
-        return [self.R * b @ A + u for A, u, *_ in self.heads]
-
-    def value(self, a: np.ndarray, b: np.ndarray, directions: list[np.ndarray] | None = None) -> float:
-        R, m = self.R, self.m
-        self.problem.clock.charge(len(self.heads) * (2 * CALL_WORK + 4 * a.size * self.problem.kernel.d_v))
-        directions = self.directions(b) if directions is None else directions
-        outputs = []
-        for (A, u, W_V, b_V, W_O), w in zip(self.heads, directions):
-            t = R * (w @ a)
-            scores = np.array([t, -t, R * R * (b @ A @ b) + R * (u @ b) + math.log(m)])
+    def value(self, first: np.ndarray, second: np.ndarray, b: np.ndarray) -> float:
+        """The prediction for keys at the chart points ``first``, ``second`` and queries at b."""
+        m = self.m
+        self.problem.clock.charge(len(self.forms) * (2 * CALL_WORK + 4 * b.size * self.forms[0].SV.shape[1]))
+        outputs, directions = [], []
+        for form in self.forms:
+            g = form.gradient(b[None])[0]
+            scores = np.array([g @ (first @ self.S), g @ (second @ self.S), g @ (b @ self.S) + math.log(m)])
             p = np.exp(scores - scores.max())
             p /= p.sum()
-            values = np.stack([R * a @ W_V + b_V, -R * a @ W_V + b_V, R * b @ W_V + b_V])
+            values = np.stack([first @ form.SV, second @ form.SV, b @ form.SV])
             mean = p @ values
-            outputs.append((p[0] * (values[0] - mean) - p[1] * (values[1] - mean)) / math.sqrt(2) @ W_O)
-        # sigma_max(O^T W) for the rank-H matrix sum_h o_h w_h^T, through two thin QRs
+            outputs.append((p[0] * (values[0] - mean) - p[1] * (values[1] - mean)) / math.sqrt(2))
+            directions.append(g)
+        # sigma_max(O^T W) for the rank-H matrix sum_h o_h g_h^T, through two thin QRs
         r_out = np.linalg.qr(np.array(outputs).T, mode="r")
         r_dir = np.linalg.qr(np.array(directions).T, mode="r")
         return math.sqrt(m) * float(np.linalg.norm(r_out @ r_dir.T, 2))
 
-    @staticmethod
-    def tie(a: np.ndarray, directions: list[np.ndarray]) -> np.ndarray:
-        basis, _ = np.linalg.qr(np.array(directions).T)
-        return unit_rows(a - basis @ (basis.T @ a))
+    def place(self, a: np.ndarray, b: np.ndarray, tied: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Chart points of the two keys tied for the heads ``tied`` (a the direction they spread in)."""
+        normals = np.array([self.forms[h].gradient(b[None])[0] @ self.S for h in tied])
+        basis, _ = np.linalg.qr(normals.T)
+        a = a - basis @ (basis.T @ a)
+        a = a / max(np.linalg.norm(a), 1e-300)
+        own = np.array([self.forms[h].gradient(b[None])[0] @ (b @ self.S) for h in tied])
+        mid = np.linalg.lstsq(normals, np.maximum(own + self.forms[0].margin, 0.0), rcond=None)[0]
+        mid = mid * min(1.0, 0.9 / max(np.linalg.norm(mid), 1e-300))
+        spread = math.sqrt(max(1 - mid @ mid, 0.0)) * a
+        return mid + spread, mid - spread
 
     def combine(self, X: np.ndarray) -> np.ndarray:
         """Greedily add heads whose tie raises the prediction (one structured input (n, width) in
         the problem's working coordinates)."""
         U = self.problem.to_unit(X[None])[0]
-        a, b = unit_rows(U[0]), unit_rows(U[2])
-        directions = self.directions(b)
-        current, chosen = self.value(a, b, directions), []
-        while len(chosen) < len(self.heads) - 1:
+        b = U[2]
+        a = unit_rows((U[0] - U[1])[None])[0]
+        current, chosen, keys = self.value(U[0], U[1], b), [], None
+        while len(chosen) < len(self.forms):
             trials = []
-            for h in range(len(self.heads)):
+            for h in range(len(self.forms)):
                 if h not in chosen:
-                    tied = self.tie(a, [directions[k] for k in chosen + [h]])
-                    trials.append((self.value(tied, b, directions), h))
-            best, head = max(trials)
+                    first, second = self.place(a, b, chosen + [h])
+                    trials.append((self.value(first, second, b), h, (first, second)))
+            best, head, placed = max(trials, key=lambda trial: trial[0])
             if best <= current * 1.001:
                 break
-            current, chosen = best, chosen + [head]
-        if not chosen:
+            current, chosen, keys = best, chosen + [head], placed
+        if keys is None:
             return X
-        a = self.tie(a, [directions[k] for k in chosen])
         out = U.copy()
-        out[0], out[1] = np.linalg.norm(U[0]) * a, -np.linalg.norm(U[1]) * a
+        out[0], out[1] = keys
         return self.problem.from_unit(out[None])[0]
 
 
-def cross_starts(problem, rng, per_head: int = 6, heads: int = 3) -> list[tuple[np.ndarray, str]]:
-    """Structured inputs of dot-product cross-attention, in the charts of the queries and the context
-    (both unit balls there; ``s(y, x) = y^T A x + u . x`` up to terms in y alone).
+def cross_starts(problem, rng, deadline: float | None = None, count: int = 8, heads: int = 3,
+                 keep: int = 3) -> list[tuple[np.ndarray, str]]:
+    """Structured inputs of dot-product cross-attention (:mod:`.structured`): every query at the
+    chart point b, two context tokens tied for them at ``+-a``, the other context tokens parked
+    where the queries' scores are lowest ("cross-structured") or alternating on ``+-a``
+    ("cross-alternating", as good for the alpha part and a fallback where the scores are too flat
+    to park tokens).  ``(a, b)`` maximise the predicted norm of the role (beta-type for the
+    context, alpha-type for the queries, both jointly), positions in the charts of the two
+    domains, moves in working coordinates.
 
-    * context (beta-type): every query at b, the keys at ``+-a`` with the tie ``(A^T b + u) . a = 0``;
-      moving the keys along ``A^T b + u`` gives each query ``~ ||A^T b + u|| ||V^T a||``; b among the
-      top left singular vectors of A, a the top eigenvector of ``V V^T`` on the tie hyperplane;
-    * queries (alpha-type): keys at ``+-a``, a maximising ``||A a|| ||V^T a||`` (top eigenvectors of
-      ``A^T A / ||A||^2 + V V^T / ||V||^2``), queries on the tie hyperplane ``b . A a = -u . a``.
-
-    Heads are taken in decreasing order of ``||A_h|| ||V_h||``; returns ``[(Z, family)]``."""
+    Heads are taken in decreasing order of ``||S_Q A_h|| ||S V_h||`` (at most ``heads``), each
+    ascended for a share of the clock's time left before ``deadline``; returns ``[(Z, family)]``."""
     kernel, q, x = problem.kernel, problem.queries, problem.context
     H, dk, dv = kernel.H, kernel.d_k, kernel.d_v
-    sizes, weights = [], []
+    forms, sizes = [], []
     for h in range(H):
-        W_Q = q.root @ kernel.Wq[:, h * dk:(h + 1) * dk]
-        W_K = x.root @ kernel.W[:, H * dk + h * dk:H * dk + (h + 1) * dk]
-        V = x.root @ kernel.W[:, 2 * H * dk + h * dv:2 * H * dk + (h + 1) * dv]
+        W_Q = kernel.Wq[:, h * dk:(h + 1) * dk]
+        W_K = kernel.W[:, H * dk + h * dk:H * dk + (h + 1) * dk]
+        V = kernel.W[:, 2 * H * dk + h * dv:2 * H * dk + (h + 1) * dv]
         if kernel.W_O is not None:
             V = V @ kernel.W_O[h * dv:(h + 1) * dv]
         b_Q = kernel.bias_q[h * dk:(h + 1) * dk]
-        A = W_Q @ W_K.T / math.sqrt(dk)
-        u = W_K @ b_Q / math.sqrt(dk)
-        weights.append((A, u, V))
-        sizes.append(np.linalg.norm(A, 2) * np.linalg.norm(V, 2))
+        form = TieForm(x.root, W_Q @ W_K.T / math.sqrt(dk), W_K @ b_Q / math.sqrt(dk), V, problem.m, problem.role,
+                       query_shape=q.root)
+        forms.append(form)
+        sizes.append(np.linalg.norm(form.B, 2) * np.linalg.norm(form.SV, 2))
+    chosen = np.argsort(sizes)[::-1][:heads]
     out = []
-    for h in np.argsort(sizes)[::-1][:heads]:
-        A, u, V = weights[h]
-        starts = []
-        if problem.role in ("cross-context", "cross-joint"):
-            left = np.linalg.svd(A)[0][:, :max(1, per_head // 2)]
-            for b in np.concatenate([left.T, -left.T]):
-                w = b @ A + u
-                w = w / max(np.linalg.norm(w), 1e-300)
-                plane = np.eye(x.width) - np.outer(w, w)
-                a = np.linalg.eigh(plane @ (V @ V.T) @ plane)[1][:, -1]
-                starts.append((np.tile(b, (q.count, 1)), a))
-        if problem.role in ("cross-queries", "cross-joint"):
-            form = A.T @ A / max(np.linalg.norm(A, 2) ** 2, 1e-300) + V @ V.T / max(np.linalg.norm(V, 2) ** 2, 1e-300)
-            for a in np.linalg.eigh(form)[1][:, ::-1][:, :max(1, per_head // 2)].T:
-                w = A @ a
-                B = unit_rows(rng.standard_normal((q.count, q.width)))
-                B = B - ((B @ w + u @ a) / max(w @ w, 1e-300))[:, None] * w
-                B = B / np.maximum(np.linalg.norm(B, axis=1, keepdims=True), 1.0)
-                starts.append((B, a))
-        for B, a in starts:
-            U = np.zeros((1, problem.rows, problem.width))
-            U[0, q.rows, :q.width] = B * (1 - 1e-6)
-            signs = np.where(np.arange(x.count) % 2 == 0, 1.0, -1.0)
-            U[0, x.rows, :x.width] = signs[:, None] * a[None, :] * (1 - 1e-6)
-            out.append((problem.from_unit(U), "cross-structured"))
+    signs = np.where(np.arange(x.count) % 2 == 0, 1.0, -1.0)[:, None]
+    for rank, h in enumerate(chosen):
+        form = forms[h]
+        share = None if deadline is None else problem.clock() + (deadline - problem.clock()) / (len(chosen) - rank)
+        a, b, _ = ascend(form, count, rng, 150, share, problem.clock)
+        first, second = form.keys(a[:keep], b[:keep])
+        parked = form.parked(b[:keep])
+        for i in range(len(first)):
+            U = np.zeros((2, problem.rows, problem.width))
+            U[:, q.rows, :q.width] = b[i]
+            U[1, x.rows, :x.width] = signs * first[i]
+            if x.count >= 2:
+                U[0, x.rows, :x.width] = parked[i]
+                U[0, x.rows.start, :x.width], U[0, x.rows.start + 1, :x.width] = first[i], second[i]
+            Z = problem.from_unit(U * (1 - 1e-6))
+            out += ([(Z[:1], "cross-structured")] if x.count >= 2 else []) + [(Z[1:], "cross-alternating")]
     return out
 
 
