@@ -176,9 +176,10 @@ class EnclosedLayerNorm:
         d = norm.d
         mean = Z.sum(axis=-1, keepdims=True) * IntervalArray.constant(IV.mpf(1) / d)
         u = Z - mean
-        self.nu = u.square().sum(axis=-1).sqrt()
+        squares = u.square().sum(axis=-1)
+        self.nu = squares.sqrt()
         self.delta = IntervalArray.constant(IV.mpf(d) * IV.mpf(norm.eps))
-        self.scale = (u.square().sum(axis=-1) + self.delta).sqrt()
+        self.scale = (squares + self.delta).sqrt()
         self.g = u / self.scale.expand(-1)
         self.root_d = IntervalArray.constant(IV.sqrt(d))
         self.output = self.g * (IntervalArray(norm.gamma) * self.root_d) + IntervalArray(norm.beta)
