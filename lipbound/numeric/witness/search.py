@@ -13,7 +13,7 @@ from ..memory import available_bytes, require_memory
 from ..domains import TokenBall, TokenDomain
 from ..model import Head, Layer
 from .ascent import continuation, join, polish, start_candidates, take
-from ..attention import AttentionMap, heads_of, unit_rows
+from ..attention import heads_of, unit_rows
 from .kernel import kernel_for
 from .problem import ROLES, SearchProblem
 from .record import NORMS, Witness, project_to_ball
