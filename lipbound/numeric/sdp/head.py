@@ -223,7 +223,7 @@ class HeadBounds:
         """``2 r sup ||M^T g||``: the largest score spread of one query."""
         return 2 * self.r * IV.mpf(self.score_gain.value)
 
-    def _weight_range(self, keys: int):
+    def weight_range(self, keys: int):
         """All weights of a row with ``keys`` keys lie in ``[p_lo, p_hi]``,
         ``p_hi = 1 / (1 + (keys - 1) e^-omega)``, ``p_lo = 1 / (1 + (keys - 1) e^omega)``."""
         omega = self.omega
@@ -233,26 +233,16 @@ class HeadBounds:
         """``max phi(p)`` over the weights ``p in [p_lo, p_hi]`` of a row with ``keys`` keys:
         ``<= p_hi L^2 + beta^2 rho^2 max psi``, where ``psi(p) = p cap(p)`` increases on
         ``[0, 2/3]`` (to 16/27) and decreases after."""
-        p_lo, p_bar = self._weight_range(keys)
-        p_hi = IV.mpf(upper(p_bar))
-        two_thirds = IV.mpf(2) / 3
-        if upper(p_hi) < lower(two_thirds):
-            point = p_hi
-        elif p_lo > upper(two_thirds):
-            point = IV.mpf(p_lo)
-        else:
-            point = two_thirds
-        psi = point if upper(point) <= 0.5 else 4 * point ** 2 * (1 - point)
+        p_lo, p_bar = self.weight_range(keys)
+        psi = max_on_weights(p_lo, p_bar, lambda p: p * _cap(p), IV.mpf(2) / 3)
         L2 = IV.mpf(self.value_norm2.value)
-        return p_hi * L2 + IV.mpf(self.spread2.value) * IV.mpf(self.beta.value) ** 2 * psi
+        return IV.mpf(upper(p_bar)) * L2 + IV.mpf(self.spread2.value) * IV.mpf(self.beta.value) ** 2 * psi
 
     def _nu_max(self, keys: int):
         """``max nu(p)`` over the weights ``p in [p_lo, p_hi]`` of a row with ``keys`` keys, where
         ``nu(p) = 2 p (1 - p) cap(p)`` (step 8 of the module docstring) rises on ``[0, 1/2]`` to
         1/2 and falls after."""
-        p_lo, p_bar = self._weight_range(keys)
-        return max_on_weights(p_lo, p_bar, lambda p: 2 * p * (1 - p) * (1 if upper(p) <= 0.5 else 4 * p * (1 - p)),
-                              IV.mpf(1) / 2)
+        return max_on_weights(*self.weight_range(keys), lambda p: 2 * p * (1 - p) * _cap(p), IV.mpf(1) / 2)
 
     def terms(self, n: int, *, m: int | None = None, causal: bool = False) -> dict:
         """``b_hat, Phi, kappa, kappa_cov`` as intervals for n keys (and m queries in cross-attention);
@@ -263,33 +253,46 @@ class HeadBounds:
         else:
             keys = [n] * (n if m is None else m)
         Phi = sum((self._phi_max(k) for k in keys), IV.mpf(0))
-        kappa = sum((IV.mpf(upper(self._weight_range(k)[1])) for k in keys), IV.mpf(0))
+        kappa = sum((IV.mpf(upper(self.weight_range(k)[1])) for k in keys), IV.mpf(0))
         kappa_cov = sum((self._nu_max(k) for k in keys), IV.mpf(0))
         row_cap = 1 if max(keys) >= 2 else 0
         b_hat = r2 * IV.mpf(self.gamma.value) * row_cap
         return {"b_hat": b_hat, "Phi": Phi, "kappa": kappa, "kappa_cov": kappa_cov, "row_cap": IV.mpf(row_cap)}
 
+    def split_key_term(self, terms: dict, column=None):
+        """``L sqrt(kappa) + rho beta sqrt(column)`` (mean and covariance apart, step 8 of the module
+        docstring), the covariance column ``kappa_cov`` unless another valid one is given."""
+        column = terms["kappa_cov"] if column is None else column
+        L = IV.sqrt(IV.mpf(self.value_norm2.value))
+        rho_beta = IV.sqrt(IV.mpf(self.spread2.value)) * IV.mpf(self.beta.value)
+        return L * IV.sqrt(terms["kappa"]) + rho_beta * IV.sqrt(column) * terms["row_cap"]
+
     def key_term(self, terms: dict):
         """``sqrt(sum_i ||T_i||^2) / ||E_X||`` bounded two ways (steps 6 and 8 of the module docstring):
         ``min(sqrt(Phi), L sqrt(kappa) + rho beta sqrt(kappa_cov))``."""
-        L = IV.sqrt(IV.mpf(self.value_norm2.value))
-        rho_beta = IV.sqrt(IV.mpf(self.spread2.value)) * IV.mpf(self.beta.value)
-        split = L * IV.sqrt(terms["kappa"]) + rho_beta * IV.sqrt(terms["kappa_cov"]) * terms["row_cap"]
+        split = self.split_key_term(terms)
         whole = IV.sqrt(terms["Phi"])
         return whole if upper(whole) <= upper(split) else split
 
 
-def max_on_weights(p_lo: float, p_bar, function, peak):
+def _cap(p):
+    """``cap(p)``: 1 for ``p <= 1/2``, else ``4 p (1 - p)`` (step 3 of the module docstring)."""
+    return 1 if upper(p) <= 0.5 else 4 * p * (1 - p)
+
+
+def max_on_weights(p_lo: float, p_bar, function, top):
     """Upper bound of ``max function(p)`` over ``p in [p_lo, p_hi]`` (``p_hi`` the upper end of the interval
-    ``p_bar``) for a function that rises on ``[0, 1/2]`` to ``peak`` at 1/2 and falls on ``[1/2, 1]``:
-    the value at ``p_hi`` when ``p_hi <= 1/2``, at ``p_lo`` when ``p_lo >= 1/2`` (both rounded outward:
-    a larger ``p_hi``, a smaller ``p_lo``), else ``peak``."""
+    ``p_bar``) for a function that rises on ``[0, top]`` and falls on ``[top, 1]`` (``top`` an interval
+    holding the peak's place): the value at ``p_hi`` when ``p_hi`` lies below ``top``, at ``p_lo`` when
+    ``p_lo`` lies above it (both rounded outward: a larger ``p_hi``, a smaller ``p_lo``), else at ``top``."""
     p_hi = IV.mpf(upper(p_bar))
-    if upper(p_hi) <= 0.5:
-        return IV.mpf(upper(function(p_hi)))
-    if p_lo >= 0.5:
-        return IV.mpf(upper(function(IV.mpf(p_lo))))
-    return peak
+    if upper(p_hi) < lower(top):
+        point = p_hi
+    elif p_lo > upper(top):
+        point = IV.mpf(p_lo)
+    else:
+        point = top
+    return IV.mpf(upper(function(point)))
 
 
 _BETA = ("beta = sup over the queries' region of ||Pi (A^T x + u)||: trust-region secular equation certified by "
@@ -499,14 +502,9 @@ def matrix_aware_closed_form(head: Head, radius, center=None, *, n: int, causal:
         return _result(name, bounds, pieces, None, certificate, started, False)
     terms = bounds.terms(n, m=m if cross else None, causal=causal)
     kappa = terms["kappa"]
-    cap = IV.mpf(3) * (m if cross else n) / 4
-    k_cov = kappa if upper(kappa) <= lower(cap) else cap
-    L = IV.sqrt(IV.mpf(bounds.value_norm2.value))
-    rho = IV.sqrt(IV.mpf(bounds.spread2.value))
+    column = min((kappa, IV.mpf(3) * (m if cross else n) / 4, terms["kappa_cov"]), key=upper)
     queries = terms["b_hat"]
-    context = L * IV.sqrt(kappa) + rho * IV.mpf(bounds.beta.value) * IV.sqrt(k_cov) * terms["row_cap"]
-    split = L * IV.sqrt(kappa) + rho * IV.mpf(bounds.beta.value) * IV.sqrt(terms["kappa_cov"]) * terms["row_cap"]
-    context = split if upper(split) < upper(context) else context
+    context = bounds.split_key_term(terms, column)
     if not cross:
         value_iv = queries + context
     else:
@@ -574,7 +572,7 @@ def measure_attention_bound(head: Head, radius: float, center=None, *, n: int | 
     rho_beta = IV.sqrt(IV.mpf(bounds.spread2.value)) * beta
     query_part = bounds.r ** 2 * IV.mpf(bounds.gamma.value)
     if regime == "uniform":
-        p_lo, p_bar = bounds._weight_range(n)
+        p_lo, p_bar = bounds.weight_range(n)
         p_hi = IV.mpf(upper(p_bar))
         # p (1 - p) peaks at 1/2; clamp to the weight range
         q = p_hi if upper(p_hi) < 0.5 else (IV.mpf(p_lo) if p_lo > 0.5 else IV.mpf(0.5))

@@ -237,10 +237,9 @@ def layer_joint_bound(layer: Layer, domain, *, n: int, role: str = "self", m: in
     if several and role != "cross-queries":
         kappa_max, spread = IV.mpf(0), IV.mpf(0)
         for count in key_counts:
-            largest = max((upper(1 / (1 + (count - 1) * IV.exp(-hb.omega))) for hb in heads), default=1.0)
-            kappa_max += IV.mpf(largest)
+            kappa_max += IV.mpf(max((upper(hb.weight_range(count)[1]) for hb in heads), default=1.0))
             # 2 max_h max p (1 - p) over the row's weights (step 2, covariance form)
-            spread += 2 * max((max_on_weights(*hb._weight_range(count), lambda p: p * (1 - p), IV.mpf(1) / 4)
+            spread += 2 * max((max_on_weights(*hb.weight_range(count), lambda p: p * (1 - p), IV.mpf(1) / 2)
                                for hb in heads), key=upper)
         column = kappa_max if upper(kappa_max) <= upper(spread) else spread
         inputs, middles, offsets = [], [], []
@@ -276,7 +275,7 @@ def layer_joint_bound(layer: Layer, domain, *, n: int, role: str = "self", m: in
             mean = IV.mpf(spectral_norm_upper(keys.project(total))) * (IV.sqrt(IV.mpf(rows)) if cross else 1)
         else:
             for hb in heads:
-                kappa_h = sum((IV.mpf(upper(hb._weight_range(c)[1])) for c in key_counts), IV.mpf(0))
+                kappa_h = sum((IV.mpf(upper(hb.weight_range(c)[1])) for c in key_counts), IV.mpf(0))
                 mean += IV.sqrt(IV.mpf(hb.value_norm2.value) * kappa_h)
         certificate["mean"] = upper(mean)
     certificate["query"] = upper(b)
