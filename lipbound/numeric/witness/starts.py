@@ -67,11 +67,12 @@ class TieSurrogate:
 
     def place(self, a: np.ndarray, b: np.ndarray, tied: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """Chart points of the two keys tied for the heads ``tied`` (a the direction they spread in)."""
-        normals = np.array([self.forms[h].gradient(b[None])[0] @ self.S for h in tied])
+        gradients = np.array([self.forms[h].gradient(b[None])[0] for h in tied])
+        normals = gradients @ self.S
         basis, _ = np.linalg.qr(normals.T)
         a = a - basis @ (basis.T @ a)
         a = a / max(np.linalg.norm(a), 1e-300)
-        own = np.array([self.forms[h].gradient(b[None])[0] @ (b @ self.S) for h in tied])
+        own = gradients @ (b @ self.S)
         mid = np.linalg.lstsq(normals, np.maximum(own + self.forms[0].margin, 0.0), rcond=None)[0]
         mid = mid * min(1.0, 0.9 / max(np.linalg.norm(mid), 1e-300))
         spread = math.sqrt(max(1 - mid @ mid, 0.0)) * a
