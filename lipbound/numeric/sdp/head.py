@@ -62,6 +62,39 @@ of :mod:`lipbound.numeric.sdp.joint` and certified there.
    sees (``p_ij = 2/3``), step 5 charges ``p cap(p) = 16/27`` per row, this ``nu(2/3) = 32/81``; in all,
    ``kappa_cov <= n / 2`` against ``sum_i max p cap(p) <= 16 n / 27``.  The Minkowski form of step 7 and the
    context terms of cross-attention use ``min(sqrt(Phi), L sqrt(kappa) + rho beta sqrt(kappa_cov))``.
+9. *Row by row* (self-attention).  Steps 1 and 8 bound each row, ``||Df_i[E]|| <= b_hat eps_i + w_i`` with
+   ``w_i = L u_i + rho beta (sum_j nu_ij eps_j^2)^(1/2)``.  In a row ``nu_ij <= c`` (the largest ``max nu``
+   over the rows' weight ranges, at most 1/2) and ``sum_j nu_ij <= sum_j 2 p_ij (1 - p_ij) <= t = 2 (1 - 1/n)``,
+   so ``sum_j nu_ij eps_j^2 <= c s`` with s the mass ``eps_j^2`` of the ``K = ceil(t / c)`` largest tokens,
+   and ``u_i <= max_j eps_j <= s^(1/2)``: every ``w_i <= W s^(1/2)``, ``W = L + rho beta c^(1/2)``.  With
+   ``sum_i eps_i <= (K s)^(1/2) + ((n - K)(1 - s))^(1/2)`` (Cauchy-Schwarz on the K largest and the rest),
+
+       sum_i (b_hat eps_i + w_i)^2 <= b_hat^2 + n W^2 s + 2 b_hat W (K^(1/2) s + (n - K)^(1/2) (s (1 - s))^(1/2)),
+
+   and ``max_s (alpha s + beta' (s (1 - s))^(1/2)) = (alpha + (alpha^2 + beta'^2)^(1/2)) / 2`` (put
+   ``s = (1 + cos theta) / 2``): ``Lip(f)^2 <= b_hat^2 + (alpha + (alpha^2 + beta'^2)^(1/2)) / 2`` with
+   ``alpha = n W^2 + 2 b_hat W K^(1/2)``, ``beta' = 2 b_hat W (n - K)^(1/2)``.  Minkowski charges the
+   query term at every token the key term reaches; a query moved by ``eps_i`` reaches only its own row.
+10. *Tokens that spread the values are weak queries* (self-attention).  In step 8, ``Var_{p_i}(delta)`` is at
+   most a quarter of the squared range of ``y^T V^T M w_l`` over the tokens, so at most ``R^2`` with
+   ``R = (v_(1) + v_(2)) / 2``, ``v_l = ||V^T M w_l||`` and ``v_(1) >= v_(2)`` the two largest; and ``||g_i||``
+   is the query gain ``q_i = ||F w_i + g_0||`` of token i itself (``F = Pi A^T M``, ``g_0 = Pi (A^T c + u)``).
+   So ``w_i <= (L + q_i R c'^(1/2)) s^(1/2) =: W_i s^(1/2)`` with ``c' = max 2 p (1 - p)`` over the weight
+   ranges (``Var(z) <= 2 sum_j p_j (1 - p_j) z_j^2``, no cap), K from ``c'`` as in step 9.  The two tokens
+   that give ``v_(1)``, ``v_(2)`` spend their chart budget on the values: for every ``mu >= 0``, a token with
+   ``||V^T M w|| >= v`` has ``q^2 <= T(mu) - mu v^2``, ``T(mu) = r^2 lambda_max(F^T F + mu M^T V V^T M) +
+   2 r ||F^T g_0|| + ||g_0||^2`` (add ``mu (||V^T M w||^2 - v^2) >= 0``); every other token has ``q <= beta``.
+   Hence ``sum_i W_i^2 <= Q = sup (n - 2)(L + beta R c'^(1/2))^2 + sum_{v in {v_1, v_2}} (L + h(v) R c'^(1/2))^2``
+   over ``0 <= v_2 <= v_1 <= rho``, ``h(v)^2 = min(beta^2, min_mu T(mu) - mu v^2)`` (decreasing in v),
+   bounded on a grid of cells from their ends.  In the cross term ``2 sum_i b_i eps_i w_i``, ``b_i w_i <= b_hat L
+   s^(1/2) + beta (c' s)^(1/2) b_i Var_i^(1/2)`` and ``(b_i, Var_i) <= r^2 k`` for some ``k in K`` (step 4), so
+   ``b_i Var_i^(1/2) <= C = min(r^3 sup_K k_1 k_2^(1/2), b_hat rho)``.  Step 9's argument with ``n W^2`` replaced
+   by Q and ``b_hat W`` by ``D = b_hat L + beta c'^(1/2) C`` gives ``Lip(f)^2 <= b_hat^2 + (alpha + (alpha^2 +
+   beta'^2)^(1/2)) / 2`` with ``alpha = Q + 2 D K^(1/2)``, ``beta' = 2 D (n - K)^(1/2)``.
+   Where the query directions ``F`` and the value directions ``V^T M`` of a head are nearly orthogonal (the
+   embedded MiniLM heads), the two value-spreading tokens are nearly silent as queries (Q is close to
+   ``(n - 2) (L + beta rho c'^(1/2))^2``, not n times it) and a row weighing a full spread has little query
+   gain left (C well below ``b_hat rho``).
 
 Every term is at most the corresponding closed-form term
 (``gamma_{A,V} <= ||A|| ||W_V||``, trust-region beta ``<=`` the triangle bound,
@@ -82,7 +115,8 @@ import numpy as np
 from ...errors import AssumptionError, WeightsError
 from ..attention import Head
 from ...rigorous.intervals import IV, lower, upper
-from ...rigorous.linalg import Enclosure, lambda_max_upper
+from ...rigorous.arrays import IntervalArray
+from ...rigorous.linalg import Enclosure, lambda_max_upper, vector_norm_upper
 from ...rigorous.value import CertifiedValue
 from ..blas import one_blas_thread
 from .joint import JointRange, SOLVERS, _check_head, key_form, sdp_value, value_gram
@@ -173,7 +207,7 @@ class HeadBounds:
         shaped = keys.times_shape(value.T)                             # V^T M, (d_out, d)
         G2 = value_gram(shaped.T)                                      # M^T V V^T M
         top2 = max(lambda_max_upper(G2), 0.0)
-        self.shaped_norm2 = top2
+        self.shaped_norm2, self._value_form = top2, G2
         spread2 = upper(IV.mpf(top2) * keys.r ** 2)
         self.spread2 = sdp_value("rho^2", spread2, True, {"lambda_max_upper": top2}, "eig", 0.0, "certified",
                                  "r^2 lambda_max(M^T V V^T M): values within rho of v(c)")
@@ -195,6 +229,8 @@ class HeadBounds:
             self.score_gain = trust_region_sup(*key_gradient(head, queries, keys, "shape"), queries.r, "score gain",
                                                _SCORE_GAIN)
         self._coupled: CertifiedValue | None = None
+        self._query_caps: list | None = None
+        self._value_coupling: CertifiedValue | None = None
 
     @property
     def coupled(self) -> CertifiedValue:
@@ -267,12 +303,103 @@ class HeadBounds:
         rho_beta = IV.sqrt(IV.mpf(self.spread2.value)) * IV.mpf(self.beta.value)
         return L * IV.sqrt(terms["kappa"]) + rho_beta * IV.sqrt(column) * terms["row_cap"]
 
+    def row_form(self, n: int, causal: bool, b_hat):
+        """The self-attention bound of step 9 of the module docstring, row by row (None for n = 1)."""
+        if n < 2:
+            return None
+        keys = range(2, n + 1) if causal else (n,)
+        cap = max((self._nu_max(k) for k in keys), key=upper)
+        if upper(cap) <= 0:
+            return None
+        W = IV.sqrt(IV.mpf(self.value_norm2.value)) + IV.sqrt(IV.mpf(self.spread2.value)) * IV.mpf(
+            self.beta.value) * IV.sqrt(cap)
+        return _largest_over_shares(b_hat, n, _top_count(n, cap), n * W ** 2, b_hat * W)
+
+    @property
+    def value_coupling(self) -> CertifiedValue:
+        """``sup_{k in K} k_1 sqrt(k_2)``: a row's query gain ``b_i <= r^2 k_1`` and the spread of the values it
+        weighs, ``Var_i <= r^2 k_2``, come from the same covariance (step 10 of the module docstring)."""
+        if self._value_coupling is None:
+            failed = _first_failure(self.gamma)
+            self._value_coupling = failed if failed is not None else self.range.coupled_gain(
+                0.0, 1.0, self.gamma.value, self.shaped_norm2, solver=self.solver, name="value coupling",
+                provenance="sup over K of k_1 sqrt(k_2); lipbound.numeric.sdp.joint")
+        return self._value_coupling
+
+    def query_caps(self) -> list[tuple[float, object]]:
+        """Pairs ``(mu, T)`` with ``||Pi (A^T x + u)||^2 <= T - mu v^2`` for every token ``x = c + M w`` of the
+        region whose values ``||V^T M w|| >= v`` (step 10 of the module docstring): with ``F = Pi A^T M``,
+        ``g_0 = Pi (A^T c + u)``, ``T = r^2 lambda_max(F^T F + mu M^T V V^T M) + 2 r ||F^T g_0|| + ||g_0||^2``."""
+        if self._query_caps is None:
+            (W_K, right), shift = key_gradient(self.head, self.queries, self.keys, "project")
+            F = W_K @ right                                                 # (d, d) in chart coordinates
+            G1 = (F.T @ F).sym()
+            cross = F.T @ shift
+            linear = vector_norm_upper(np.abs(cross.mid) + cross.rad)
+            offset = vector_norm_upper(np.abs(shift.mid) + shift.rad)
+            ratio = max(float(np.linalg.eigvalsh(0.5 * (G1.mid + G1.mid.T))[-1]), 0.0) / max(self.shaped_norm2, 1e-300)
+            r = self.r
+            self._query_caps = []
+            for factor in (0.0, 0.03, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 3.0, 10.0, 30.0, 100.0):
+                mu = factor * ratio
+                top = max(lambda_max_upper((G1 + self._value_form.scale(mu)).sym()), 0.0)
+                T = r ** 2 * IV.mpf(top) + 2 * r * IV.mpf(linear) + IV.mpf(offset) ** 2
+                self._query_caps.append((mu, IV.mpf(upper(T))))
+        return self._query_caps
+
+    def spread_form(self, n: int, causal: bool, b_hat, cells: int = 256):
+        """The self-attention bound of step 10 of the module docstring (None for n = 1 or cross-attention)."""
+        if n < 2 or not self.keys.same_as(self.queries):
+            return None
+        counts = range(2, n + 1) if causal else (n,)
+        cap = max((max_on_weights(*self.weight_range(k), lambda p: 2 * p * (1 - p), IV.mpf(1) / 2) for k in counts),
+                  key=upper)
+        if upper(cap) <= 0:
+            return None
+        L, beta = IV.sqrt(IV.mpf(self.value_norm2.value)), IV.mpf(self.beta.value)
+        rho, root = IV.sqrt(IV.mpf(self.spread2.value)), IV.sqrt(cap)
+        # Q: the largest sum over rows of (L + q_i R sqrt(c))^2, on cells of the two largest value spreads
+        edges = np.linspace(0.0, upper(rho), cells + 1)
+        v = IntervalArray(edges[:-1])
+        capped = IntervalArray(np.full(cells, upper(beta ** 2)))
+        for mu, T in self.query_caps():
+            capped = capped.minimum(IntervalArray(np.full(cells, upper(T))) - v.square() * IntervalArray(mu))
+        h = IntervalArray(np.maximum(capped.lo, 0.0), np.maximum(capped.hi, 0.0)).sqrt()       # (cells,)
+        top = IntervalArray(edges[1:])
+        R = (top.expand(1) + top.expand(0)) * IntervalArray(0.5)                                # (cells, cells)
+        gain = R * IntervalArray.constant(root)
+        L_iv, beta_iv = IntervalArray.constant(L), IntervalArray.constant(beta)
+        rows = ((L_iv + beta_iv * gain).square() * IntervalArray(float(max(n - 2, 0)))
+                + (L_iv + h.expand(1) * gain).square() + (L_iv + h.expand(0) * gain).square())
+        Q = IV.mpf(float(np.max(rows.hi)))
+        # the cross term: b_i (L u_i + beta sqrt(X_i) sqrt(Var_i)) with (b_i, Var_i) <= r^2 k, k in K
+        spread_gain = b_hat * rho
+        coupling = self.value_coupling
+        if coupling.certified and upper(self.r ** 3 * IV.mpf(coupling.value)) < upper(spread_gain):
+            spread_gain = self.r ** 3 * IV.mpf(coupling.value)
+        return _largest_over_shares(b_hat, n, _top_count(n, cap), Q, b_hat * L + beta * root * spread_gain)
+
     def key_term(self, terms: dict):
         """``sqrt(sum_i ||T_i||^2) / ||E_X||`` bounded two ways (steps 6 and 8 of the module docstring):
         ``min(sqrt(Phi), L sqrt(kappa) + rho beta sqrt(kappa_cov))``."""
         split = self.split_key_term(terms)
         whole = IV.sqrt(terms["Phi"])
         return whole if upper(whole) <= upper(split) else split
+
+
+def _top_count(n: int, cap) -> int:
+    """K = ceil(t / cap) with ``t = 2 (1 - 1/n)`` (at most n): a row's weights ``nu_ij <= cap`` summing to at
+    most t reach at most ``cap`` times the share of the K largest token moves (steps 9 and 10)."""
+    return min(n, math.ceil(upper(2 * (1 - IV.mpf(1) / n) / cap)))
+
+
+def _largest_over_shares(b_hat, n: int, K: int, rows, cross):
+    """``sqrt(b_hat^2 + (alpha + (alpha^2 + beta'^2)^(1/2)) / 2)``, ``alpha = rows + 2 cross K^(1/2)``,
+    ``beta' = 2 cross (n - K)^(1/2)``: the largest over the share s of ``b_hat^2 + rows s + 2 cross (K^(1/2) s +
+    (n - K)^(1/2) (s (1 - s))^(1/2))`` (steps 9 and 10 of the module docstring)."""
+    alpha = rows + 2 * cross * IV.sqrt(IV.mpf(K))
+    slant = 2 * cross * IV.sqrt(IV.mpf(n - K))
+    return IV.sqrt(b_hat ** 2 + (alpha + IV.sqrt(alpha ** 2 + slant ** 2)) / 2)
 
 
 def _cap(p):
@@ -355,7 +482,8 @@ def self_attention_bound(head: Head, radius: float, center=None, *, n: int, caus
                          bounds: HeadBounds | None = None) -> CertifiedValue:
     r"""Certified ``Lip(f)`` of dot-product self-attention on ``B(c, R)^n`` (Frobenius norm).
 
-    ``min( sqrt(b_hat^2 + Phi + 2 c_hat xi), b_hat + sqrt(Phi) )`` (module docstring, step 7).
+    ``min( sqrt(b_hat^2 + Phi + 2 c_hat xi), b_hat + sqrt(Phi) )`` (module docstring, step 7) and the row
+    by row forms of steps 9 and 10.
 
     Parameters
     ----------
@@ -402,9 +530,13 @@ def self_attention_bound(head: Head, radius: float, center=None, *, n: int, caus
     b_hat, Phi = terms["b_hat"], terms["Phi"]
     pythagorean = IV.sqrt(b_hat ** 2 + Phi + 2 * c_hat * xi)
     minkowski = b_hat + bounds.key_term(terms)
-    total = pythagorean if upper(pythagorean) <= upper(minkowski) else minkowski
+    rows = bounds.row_form(n, causal, b_hat)
+    spread = bounds.spread_form(n, causal, b_hat)
+    total = min((form for form in (pythagorean, minkowski, rows, spread) if form is not None), key=upper)
     certificate.update(_intervals_to_floats(terms), c_hat=upper(c_hat), xi=upper(xi),
-                       pythagorean=upper(pythagorean), minkowski=upper(minkowski))
+                       pythagorean=upper(pythagorean), minkowski=upper(minkowski),
+                       row_by_row=None if rows is None else upper(rows),
+                       spread_tokens=None if spread is None else upper(spread))
     return _result("Lip(self-attention)", bounds, pieces, total, certificate, started, require)
 
 
@@ -475,6 +607,8 @@ def matrix_aware_closed_form(head: Head, radius, center=None, *, n: int, causal:
         queries:  r^2 gamma,      context: L sqrt(K) + rho beta sqrt(min(K, 3 m / 4, kappa_cov)),
         joint:    (queries^2 + context^2)^(1/2),
 
+    and for self-attention the row-by-row form of step 9 of the module docstring where smaller (step 10, which
+    needs a second coupled gain, is the relaxation's).
     ``kappa`` (K: m queries per column) from the score spread ``omega = 2 r sup ||M^T g||``, ``kappa_cov``
     the column sum of ``2 p (1 - p) cap(p)`` (step 8 of the module docstring); the
     covariance terms vanish when every row has one key (n = 1).  Each replacement is proved in
@@ -507,6 +641,10 @@ def matrix_aware_closed_form(head: Head, radius, center=None, *, n: int, causal:
     context = bounds.split_key_term(terms, column)
     if not cross:
         value_iv = queries + context
+        rows = bounds.row_form(n, causal, queries)
+        if rows is not None and upper(rows) < upper(value_iv):
+            value_iv = rows
+        certificate["row_by_row"] = None if rows is None else upper(rows)
     else:
         value_iv = {"queries": queries, "context": context, "joint": IV.sqrt(queries ** 2 + context ** 2)}[argument]
     certificate.update(kappa=upper(kappa), kappa_cov=upper(terms["kappa_cov"]), b_hat=upper(queries), context=upper(context))

@@ -80,7 +80,8 @@ def _evaluate_pool(problem: SearchProblem, pool, rng, power_steps: int, chunk: i
 
 def _self_pool(problem: SearchProblem, rng, deadline, work: float = 1.0) -> list[tuple[np.ndarray, str]]:
     """Structured starts of self-attention: for every dot-product head, the best alpha/beta inputs
-    (found in that head's own reduced chart), several heads tied at once, Castin et al.'s input."""
+    (found in that head's own reduced chart, for the value map the target applies: ``W_V^h W_O^h`` in a
+    layer), several heads tied at once, Castin et al.'s input."""
     target, n = problem.target, problem.n
     heads = heads_of(target)[0]
     pool = []
@@ -98,6 +99,8 @@ def _self_pool(problem: SearchProblem, rng, deadline, work: float = 1.0) -> list
         if n >= 3:
             # positions in the head's chart, moves in working coordinates
             W_Q, W_K, W_V, b_Q, _, _ = own.kernel.head_weights(0)
+            if W_O is not None:
+                W_V = W_V @ W_O[index * head.d_v:(index + 1) * head.d_v]
             light = len(heads) > 1
             share = (deadline - problem.clock()) / (1 if not light else max(1, len(heads) // 3))
             starts, _ = structured_starts(W_Q, W_K, W_V, b_Q, 1 - 1e-6, n, count=16 if light else 32,
