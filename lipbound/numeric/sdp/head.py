@@ -274,11 +274,16 @@ class HeadBounds:
         L2 = IV.mpf(self.value_norm2.value)
         return IV.mpf(upper(p_bar)) * L2 + IV.mpf(self.spread2.value) * IV.mpf(self.beta.value) ** 2 * psi
 
-    def _nu_max(self, keys: int):
+    def _nu_max(self, keys: int, with_cap: bool = True):
         """``max nu(p)`` over the weights ``p in [p_lo, p_hi]`` of a row with ``keys`` keys, where
-        ``nu(p) = 2 p (1 - p) cap(p)`` (step 8 of the module docstring) rises on ``[0, 1/2]`` to
-        1/2 and falls after."""
-        return max_on_weights(*self.weight_range(keys), lambda p: 2 * p * (1 - p) * _cap(p), IV.mpf(1) / 2)
+        ``nu(p) = 2 p (1 - p) cap(p)`` (step 8 of the module docstring; ``2 p (1 - p)`` without the cap)
+        rises on ``[0, 1/2]`` to 1/2 and falls after."""
+        factor = _cap if with_cap else (lambda p: 1)
+        return max_on_weights(*self.weight_range(keys), lambda p: 2 * p * (1 - p) * factor(p), IV.mpf(1) / 2)
+
+    def _largest_nu(self, n: int, causal: bool, with_cap: bool = True):
+        """The largest ``max nu`` over the rows with two keys or more (steps 9 and 10)."""
+        return max((self._nu_max(k, with_cap) for k in (range(2, n + 1) if causal else (n,))), key=upper)
 
     def terms(self, n: int, *, m: int | None = None, causal: bool = False) -> dict:
         """``b_hat, Phi, kappa, kappa_cov`` as intervals for n keys (and m queries in cross-attention);
@@ -307,8 +312,7 @@ class HeadBounds:
         """The self-attention bound of step 9 of the module docstring, row by row (None for n = 1)."""
         if n < 2:
             return None
-        keys = range(2, n + 1) if causal else (n,)
-        cap = max((self._nu_max(k) for k in keys), key=upper)
+        cap = self._largest_nu(n, causal)
         if upper(cap) <= 0:
             return None
         W = IV.sqrt(IV.mpf(self.value_norm2.value)) + IV.sqrt(IV.mpf(self.spread2.value)) * IV.mpf(
@@ -351,9 +355,7 @@ class HeadBounds:
         """The self-attention bound of step 10 of the module docstring (None for n = 1 or cross-attention)."""
         if n < 2 or not self.keys.same_as(self.queries):
             return None
-        counts = range(2, n + 1) if causal else (n,)
-        cap = max((max_on_weights(*self.weight_range(k), lambda p: 2 * p * (1 - p), IV.mpf(1) / 2) for k in counts),
-                  key=upper)
+        cap = self._largest_nu(n, causal, with_cap=False)
         if upper(cap) <= 0:
             return None
         L, beta = IV.sqrt(IV.mpf(self.value_norm2.value)), IV.mpf(self.beta.value)
@@ -711,10 +713,8 @@ def measure_attention_bound(head: Head, radius: float, center=None, *, n: int | 
     query_part = bounds.r ** 2 * IV.mpf(bounds.gamma.value)
     if regime == "uniform":
         p_lo, p_bar = bounds.weight_range(n)
-        p_hi = IV.mpf(upper(p_bar))
-        # p (1 - p) peaks at 1/2; clamp to the weight range
-        q = p_hi if upper(p_hi) < 0.5 else (IV.mpf(p_lo) if p_lo > 0.5 else IV.mpf(0.5))
-        column = n * (p_hi * L + 2 * rho_beta * q * (1 - q))
+        spread = max_on_weights(p_lo, p_bar, lambda p: p * (1 - p), IV.mpf(1) / 2)
+        column = n * (IV.mpf(upper(p_bar)) * L + 2 * rho_beta * spread)
         total = query_part * (1 if n >= 2 else 0) + column
         certificate.update(query_part=upper(query_part), column=upper(column))
     else:

@@ -87,10 +87,10 @@ def _self_pool(problem: SearchProblem, rng, deadline, work: float = 1.0) -> list
     pool = []
     keep = max(1, int((max(2, 24 // len(heads)) if len(heads) > 1 else 16) / work))
     surrogate = None
-    W_O = getattr(target, "W_O", None)
+    through_W_O = getattr(target, "W_O", None) is not None      # a Layer: head h acts through W_O^h
     # heads in decreasing order of a crude size, ||A_h|| ||W_V^h|| ||W_O^h||: the budget may end early
     sizes = [np.linalg.norm(h.A, 2) * np.linalg.norm(h.W_V, 2)
-             * (1.0 if W_O is None else np.linalg.norm(W_O[i * h.d_v:(i + 1) * h.d_v], 2)) for i, h in enumerate(heads)]
+             * (np.linalg.norm(target.output_block(i), 2) if through_W_O else 1.0) for i, h in enumerate(heads)]
     for index in np.argsort(sizes)[::-1]:
         head = heads[index]
         if problem.clock() >= deadline and len(pool) > 0:
@@ -99,8 +99,8 @@ def _self_pool(problem: SearchProblem, rng, deadline, work: float = 1.0) -> list
         if n >= 3:
             # positions in the head's chart, moves in working coordinates
             W_Q, W_K, W_V, b_Q, _, _ = own.kernel.head_weights(0)
-            if W_O is not None:
-                W_V = W_V @ W_O[index * head.d_v:(index + 1) * head.d_v]
+            if through_W_O:
+                W_V = W_V @ target.output_block(int(index))
             light = len(heads) > 1
             share = (deadline - problem.clock()) / (1 if not light else max(1, len(heads) // 3))
             starts, _ = structured_starts(W_Q, W_K, W_V, b_Q, 1 - 1e-6, n, count=16 if light else 32,

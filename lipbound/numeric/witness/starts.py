@@ -42,7 +42,7 @@ class TieSurrogate:
         for h in range(kernel.H):
             W_Q, W_K, V, b_Q, _, _ = kernel.head_weights(h)
             if kernel.W_O is not None:
-                V = V @ kernel.W_O[h * kernel.d_v:(h + 1) * kernel.d_v]
+                V = V @ problem.target.output_block(h)
             self.forms.append(TieForm(S, W_Q @ W_K.T / math.sqrt(kernel.d_k), W_K @ b_Q / math.sqrt(kernel.d_k), V,
                                       self.m, "self", margin))
 
@@ -122,7 +122,7 @@ def cross_starts(problem, rng, deadline: float | None = None, count: int = 8, he
         W_K = kernel.W[:, H * dk + h * dk:H * dk + (h + 1) * dk]
         V = kernel.W[:, 2 * H * dk + h * dv:2 * H * dk + (h + 1) * dv]
         if kernel.W_O is not None:
-            V = V @ kernel.W_O[h * dv:(h + 1) * dv]
+            V = V @ problem.target.output_block(h)
         b_Q = kernel.bias_q[h * dk:(h + 1) * dk]
         form = TieForm(x.root, W_Q @ W_K.T / math.sqrt(dk), W_K @ b_Q / math.sqrt(dk), V, problem.m, problem.role,
                        query_shape=q.root)
