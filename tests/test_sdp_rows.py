@@ -19,7 +19,7 @@ from lipbound.numeric.sdp.head import self_attention_bound
 from test_layers import check_case, make, make_domain
 
 
-def _row_form(n, b, L, rho_beta, cap):
+def row_form(n, b, L, rho_beta, cap):
     """Step 9's closed form in floats, as the docstring states it."""
     K = min(n, math.ceil(2 * (1 - 1 / n) / cap))
     W = L + rho_beta * math.sqrt(cap)
@@ -47,7 +47,7 @@ def test_rows_lemma(seed, n, peaked, concentrated):
     b, L, rho_beta = rng.uniform(0, 5, 3)
     rows = b * eps + L * np.sqrt(P @ eps ** 2) + rho_beta * np.sqrt(nu @ eps ** 2)
     cap = max(float(nu.max()), 1e-3)
-    assert np.sum(rows ** 2) <= _row_form(n, b, L, rho_beta, cap) ** 2 * (1 + 1e-12)
+    assert np.sum(rows ** 2) <= row_form(n, b, L, rho_beta, cap) ** 2 * (1 + 1e-12)
 
 
 def test_the_row_forms_bind_on_real_heads():
@@ -60,7 +60,7 @@ def test_the_row_forms_bind_on_real_heads():
     value = self_attention_bound(head, domain, n=8, bounds=bounds)
     details = value.details
     assert details["row_by_row"] < details["minkowski"] and details["row_by_row"] < details["pythagorean"]
-    expected = _row_form(8, details["b_hat"], math.sqrt(bounds.value_norm2.value),
+    expected = row_form(8, details["b_hat"], math.sqrt(bounds.value_norm2.value),
                          math.sqrt(bounds.spread2.value) * bounds.beta.value, 0.5)
     assert details["row_by_row"] >= expected and details["row_by_row"] <= expected * (1 + 1e-9)
     assert details["spread_tokens"] < 0.97 * details["row_by_row"]
@@ -70,7 +70,7 @@ def test_the_row_forms_bind_on_real_heads():
     assert min(float(T.b) - mu * rho2 for mu, T in bounds.query_caps()) < 0.2 * bounds.beta.value ** 2
 
 
-def _moving_projector(domain, d):
+def moving_projector(domain, d):
     """The orthogonal projector onto the directions tokens of the domain move in, from its own description."""
     if isinstance(domain, TokenBall):
         return np.eye(d)
@@ -104,7 +104,7 @@ def test_query_caps_hold_at_points_of_the_domain(seed, d, which, scale):
     domain = make_domain(which, rng, d, float(rng.uniform(0.5, 3.0)))
     bounds = HeadBounds(head, domain, solver="eig")
     caps = bounds.query_caps()
-    Pi = _moving_projector(domain, d)
+    Pi = moving_projector(domain, d)
     X = _points(domain, rng, 200, d)
     centre = domain.center if isinstance(domain, TokenBall) else domain.norm.beta
     A = head.W_Q @ head.W_K.T / math.sqrt(head.d_k)

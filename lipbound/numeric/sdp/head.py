@@ -317,7 +317,7 @@ class HeadBounds:
             return None
         W = IV.sqrt(IV.mpf(self.value_norm2.value)) + IV.sqrt(IV.mpf(self.spread2.value)) * IV.mpf(
             self.beta.value) * IV.sqrt(cap)
-        return _largest_over_shares(b_hat, n, _top_count(n, cap), n * W ** 2, b_hat * W)
+        return largest_over_shares(b_hat, n, top_count(n, cap), n * W ** 2, b_hat * W)
 
     @property
     def value_coupling(self) -> CertifiedValue:
@@ -379,7 +379,7 @@ class HeadBounds:
         coupling = self.value_coupling
         if coupling.certified and upper(self.r ** 3 * IV.mpf(coupling.value)) < upper(spread_gain):
             spread_gain = self.r ** 3 * IV.mpf(coupling.value)
-        return _largest_over_shares(b_hat, n, _top_count(n, cap), Q, b_hat * L + beta * root * spread_gain)
+        return largest_over_shares(b_hat, n, top_count(n, cap), Q, b_hat * L + beta * root * spread_gain)
 
     def key_term(self, terms: dict):
         """``sqrt(sum_i ||T_i||^2) / ||E_X||`` bounded two ways (steps 6 and 8 of the module docstring):
@@ -389,13 +389,13 @@ class HeadBounds:
         return whole if upper(whole) <= upper(split) else split
 
 
-def _top_count(n: int, cap) -> int:
+def top_count(n: int, cap) -> int:
     """K = ceil(t / cap) with ``t = 2 (1 - 1/n)`` (at most n): a row's weights ``nu_ij <= cap`` summing to at
     most t reach at most ``cap`` times the share of the K largest token moves (steps 9 and 10)."""
     return min(n, math.ceil(upper(2 * (1 - IV.mpf(1) / n) / cap)))
 
 
-def _largest_over_shares(b_hat, n: int, K: int, rows, cross):
+def largest_over_shares(b_hat, n: int, K: int, rows, cross):
     """``sqrt(b_hat^2 + (alpha + (alpha^2 + beta'^2)^(1/2)) / 2)``, ``alpha = rows + 2 cross K^(1/2)``,
     ``beta' = 2 cross (n - K)^(1/2)``: the largest over the share s of ``b_hat^2 + rows s + 2 cross (K^(1/2) s +
     (n - K)^(1/2) (s (1 - s))^(1/2))`` (steps 9 and 10 of the module docstring)."""

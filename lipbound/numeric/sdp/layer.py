@@ -10,16 +10,23 @@ Keys lie in ``D = {c + M w : ||w|| <= r}``, queries in ``D_Q`` (the same for sel
     mean_i = sum_h sum_j p^h_ij M_h^T e_j,
     key_i  = sum_h Cov_{p^h_i}(M_h^T x_j, g^h_i . e_j),          g^h_i = A_h^T x_i + u_h.
 
-1. *Query term.*  ``y^T Q_i = sum_h (M^T M_h y)^T C^h_i (M^T A_h^T Pi_Q e)`` and ``|b^T C a| <= tr C
-   ||a|| ||b|| <= r^2 ||a|| ||b||``, so ``y^T Q_i <= r^2 ||e|| sum_h alpha_h ||M^T M_h y||`` with
-   ``alpha_h = ||Pi_Q A_h M||``.  For weights ``lambda_h > 0`` with ``sum_h alpha_h^2 / lambda_h <= 1``,
-   Cauchy-Schwarz gives ``sum_h alpha_h t_h <= (sum_h lambda_h t_h^2)^(1/2)``, hence
-   ``||Q_i|| <= r^2 Lambda(alpha)^(1/2) ||e_i||``, ``Lambda(alpha) = lambda_max(sum_h lambda_h N_h)``.  Also
-   ``||Q_i|| <= r^2 sum_h gamma_h ||e_i||`` (the per-head joint gains); the smaller is used.
+1. *Query term.*  ``y^T Q_i = sum_h t_h^T C^h_i q_h`` with ``t_h = M^T M_h y``, ``q_h = M^T A_h^T Pi_Q e``.  For
+   ``C >= 0``, ``t^T C q = tr(C (q t^T + t q^T) / 2) <= tr C (||t|| ||q|| + t . q) / 2`` (the largest
+   eigenvalue of the symmetric rank-two matrix), and ``tr C^h_i <= r^2``, so ``y^T Q_i <= r^2 (sum_h ||t_h||
+   ||q_h|| + y^T X e) / 2`` with ``X = sum_h M_h^T M M^T A_h^T Pi_Q`` (d_out, d).  For weights ``lambda_h > 0``
+   with ``lambda_max(sum_h Pi_Q A_h M M^T A_h^T Pi_Q / lambda_h) <= 1``, Cauchy-Schwarz gives ``sum_h ||t_h||
+   ||q_h|| <= Lambda(alpha)^(1/2) ||e||``, ``Lambda(alpha) = lambda_max(sum_h lambda_h N_h)``, hence ``||Q_i|| <=
+   r^2 (Lambda(alpha)^(1/2) + ||X||) / 2 ||e_i||``.  Where the heads' query and value directions are nearly
+   orthogonal, ``||X||`` is small and this is about half of ``r^2 Lambda(alpha)^(1/2)``.  Also ``||Q_i|| <= r^2
+   sum_h gamma_h ||e_i||`` (the per-head joint gains); the smaller is used.
 2. *Key term.*  ``y^T key_i = sum_j e_j^T sum_h c^h_ij Pi g^h_i`` with ``c^h_ij = p^h_ij delta^h_ij``,
-   ``delta^h_ij = y^T M_h^T (x_j - xbar^h_i)``.  For weights with ``sum_h beta_h^2 / lambda_h <= 1``,
-   ``beta_h = sup_{x in D_Q} ||Pi g^h(x)||``: ``||sum_h c_h Pi g^h|| <= sum_h |c_h| ||Pi g^h||
-   <= (sum_h lambda_h c_h^2)^(1/2)``.  With ``w_ij = max_h p^h_ij`` (so ``p^h_ij / w_ij <= 1``),
+   ``delta^h_ij = y^T M_h^T (x_j - xbar^h_i)``.  For weights such that the matrix with columns ``Pi g^h(x) /
+   lambda_h^(1/2)`` has norm at most 1 for every query ``x in D_Q``: ``||sum_h c_h Pi g^h|| <= (sum_h lambda_h
+   c_h^2)^(1/2)``.  With ``x = c_Q + M_Q w``, ``Pi g^h(x) = F_h w + k_h`` (``k_h = Pi (A_h^T c_Q + u_h)``), and
+   ``F_h w + k_h = [F_h, sigma^(1/2) k_h] (w; sigma^(-1/2))``, so the condition holds when ``(r_Q^2 + 1 /
+   sigma) lambda_max(sum_h (F_h F_h^T + sigma k_h k_h^T) / lambda_h) <= 1`` for some ``sigma > 0`` (at the best
+   sigma never weaker than ``r_Q ||[F_h / lambda_h^(1/2)]|| + ||[k_h / lambda_h^(1/2)]||``, which is also
+   tried), or when ``sum_h beta_h^2 / lambda_h <= 1``, ``beta_h = sup_{x in D_Q} ||Pi g^h(x)||``.  With ``w_ij = max_h p^h_ij`` (so ``p^h_ij / w_ij <= 1``),
    Cauchy-Schwarz over j gives ``y^T key_i <= (sum_j w_ij ||e_j||^2)^(1/2) (sum_h lambda_h
    Var_{p^h_i}(y^T M_h^T x))^(1/2)`` and ``Var <= r^2 ||M^T M_h y||^2``: ``||key_i|| <= r Lambda(beta)^(1/2)
    (sum_j w_ij ||e_j||^2)^(1/2)``.  Summing over i, ``||key||_F <= r Lambda(beta)^(1/2) kappa_max^(1/2)
@@ -37,13 +44,20 @@ Keys lie in ``D = {c + M w : ||w|| <= r}``, queries in ``D_Q`` (the same for sel
 4. *Sum.*  Minkowski over tokens: self-attention ``Lip(F) <= b + m + k``; cross-attention in the
    queries ``b``, in the context ``m + k``, jointly ``(b^2 + (m + k)^2)^(1/2)`` (Cauchy-Schwarz on
    ``||E_Q||^2 + ||E_X||^2 = 1``).  Rows with a single key have ``Sigma = 0`` and no key term.
+5. *Row by row* (self-attention).  Row i has ``||DF_i[E]|| <= b eps_i + ||mean_i|| + ||key_i||``.  Per head
+   ``||sum_j p^h_ij M_h^T e_j|| <= L_h max_j eps_j``.  In step 2's covariance form ``sum_h Var(zeta_h) /
+   lambda_h <= sum_j nu_ij eps_j^2`` with ``nu_ij = sum_h pi_h 2 p^h_ij (1 - p^h_ij)``, ``pi_h = ||Pi g^h_i||^2 /
+   lambda_h`` summing to at most 1; so ``nu_ij <= c = 2 max_h max p (1 - p)`` and ``sum_j nu_ij <= 2 (1 - 1/n)``.
+   This is the row of the one-head relaxation's step 9 (:mod:`.head`) with ``L = sum_h L_h`` and ``rho beta =
+   r Lambda(beta)^(1/2)``: ``Lip(F)^2 <= b^2 + (alpha + (alpha^2 + beta'^2)^(1/2)) / 2``, ``alpha = n W^2 + 2 b W
+   K^(1/2)``, ``beta' = 2 b W (n - K)^(1/2)``, ``W = sum_h L_h + r (Lambda c)^(1/2)``, ``K = ceil(2 (1 - 1/n) / c)``;
+   the smaller of this and step 4 is reported.
 
-``Lambda`` is minimised over the weights through its dual, ``max_{W >= 0, tr W = 1}
-(sum_h beta_h <N_h, W>^(1/2))^2`` (Frank-Wolfe; concave), whose maximiser gives
-``lambda_h = beta_h S / <N_h, W>^(1/2)``, ``S = sum_k beta_k <N_k, W>^(1/2)``.  The search only
-steers: any weights whose constraint holds in interval arithmetic give a certified bound, with
-``lambda_max`` bounded rigorously.  When the heads' outputs ``N_h`` are orthogonal ``Lambda`` is the
-l2 combination ``sum_h beta_h^2 ||N_h||``; when they coincide, the triangle inequality.
+The weights only steer: any weights whose condition holds in interval arithmetic give a certified bound,
+with ``lambda_max`` bounded rigorously; they are found by gradient descent on ``log lambda``
+(:func:`stacked_weights`).  When the heads' outputs ``N_h`` are orthogonal and their key gradients too,
+``Lambda`` is the largest head's; when the key gradients share a direction, the l2 combination
+``sum_h beta_h^2 ||N_h||``; when everything coincides, the triangle inequality.
 """
 
 from __future__ import annotations
@@ -59,7 +73,7 @@ from ...rigorous.linalg import Enclosure, lambda_max_upper, spectral_norm_upper
 from ...rigorous.value import CertifiedValue
 from ..blas import one_blas_thread
 from ..model import Layer
-from .head import HeadBounds, max_on_weights
+from .head import HeadBounds, largest_over_shares, max_on_weights, top_count
 from .joint import sdp_value
 from .region import Region, key_gradient
 
@@ -130,34 +144,70 @@ def _factor(gram: np.ndarray) -> np.ndarray:
     return vectors * np.sqrt(np.maximum(values, 0.0))
 
 
-def _stacked_form(blocks: list[Enclosure], middles: list[Enclosure], weights) -> Enclosure:
-    """``sum_h weights_h B_h S_h B_h^T`` as an enclosure (B_h (p, k), S_h (k, k))."""
+def _stacked_form(terms: list[list[tuple[Enclosure, Enclosure]]], weights) -> Enclosure:
+    """``sum_h weights_h sum_k B_hk S_hk B_hk^T`` as an enclosure (per head, pairs ``B`` (p, k), ``S`` (k, k))."""
     total = None
-    for B, S, w in zip(blocks, middles, weights):
-        term = (B @ S.scale(float(w)) @ B.T)
-        total = term if total is None else total + term
+    for pairs, w in zip(terms, weights):
+        for B, S in pairs:
+            term = B @ S.scale(float(w)) @ B.T
+            total = term if total is None else total + term
     return total.sym()
 
 
-def _joint_term(outputs, output_middles, inputs, input_middles, offsets, radius, name):
+def _float_factors(terms) -> list[np.ndarray]:
+    """Per head ``Z_h`` with ``Z_h Z_h^T = sum_k B_hk S_hk B_hk^T`` (floats, a search aid)."""
+    return [np.hstack([B.mid @ _factor(S.mid) for B, S in pairs]) for pairs in terms]
+
+
+def _joint_term(outputs, output_middles, inputs, offsets, radius, name, weights=None):
     """Certified ``sqrt(lambda_max(sum_h lambda_h N_h))`` for weights with ``C(lambda) <= 1`` (checked in
-    interval arithmetic), ``N_h = O_h^T S_h O_h``, ``C`` as in :func:`stacked_weights` with
-    ``P_h = I_h U_h I_h^T``; returns ``(value, info)``."""
-    float_out = [(O.mid.T @ _factor(S.mid)) for O, S in zip(outputs, output_middles)]
-    float_in = [(B.mid @ _factor(S.mid)) for B, S in zip(inputs, input_middles)]
+    interval arithmetic), ``N_h = O_h^T S_h O_h``, ``C`` as in :func:`stacked_weights` with the input Gram
+    ``P_h = sum_k B_hk S_hk B_hk^T`` (``inputs``: per head its pairs); returns ``(value, info)``."""
     offsets_up = np.array([upper(x) for x in offsets]) if offsets is not None else np.zeros(len(outputs))
-    weights = stacked_weights(float_out, float_in, offsets_up, float(upper(radius)) if inputs else 0.0)
+    if weights is None:
+        weights = stacked_weights([O.mid.T @ _factor(S.mid) for O, S in zip(outputs, output_middles)],
+                                  _float_factors(inputs), offsets_up, float(upper(radius)) if inputs else 0.0)
     for inflate in (1e-9, 1e-6, 1e-3, 1e-1):
         lam = weights * (1 + inflate)
-        top_in = lambda_max_upper(_stacked_form(inputs, input_middles, 1 / lam)) if inputs else 0.0
+        top_in = lambda_max_upper(_stacked_form(inputs, 1 / lam)) if inputs else 0.0
         constraint = (radius * IV.sqrt(IV.mpf(max(top_in, 0.0)))
                       + IV.sqrt(sum((IV.mpf(k) ** 2 / IV.mpf(w) for k, w in zip(offsets_up, lam)), IV.mpf(0))))
         if upper(constraint) <= 1.0:
             break
     else:
         return None, {"failed": f"{name}: the weights' constraint was not certified"}
-    top = max(lambda_max_upper(_stacked_form([O.T for O in outputs], output_middles, lam)), 0.0)
+    top = max(lambda_max_upper(_stacked_form([[(O.T, S)] for O, S in zip(outputs, output_middles)], lam)), 0.0)
     return IV.sqrt(IV.mpf(top)), {"weights": [float(w) for w in lam], "constraint": upper(constraint)}
+
+
+def _key_term(outputs, output_middles, grams, shifts, radius, name):
+    """The key term's joint value with the query offsets ``k_h`` inside the condition (step 2): the columns
+    ``F_h w + k_h = [F_h, k_h sigma^(1/2)] (w; sigma^(-1/2))`` with ``||(w; sigma^(-1/2))|| <= (r^2 + 1 /
+    sigma)^(1/2)``, so ``C = (r^2 + 1 / sigma)^(1/2) lambda_max(sum_h (F_h F_h^T + sigma k_h k_h^T) /
+    lambda_h)^(1/2)``, never above the triangle form ``r ||F|| + ||K||`` at the best sigma.  The triangle form
+    and a few ``sigma`` about ``||F|| / (r ||K||)`` are compared in floats; the best is certified."""
+    float_out = [O.mid.T @ _factor(S.mid) for O, S in zip(outputs, output_middles)]
+    float_in = _float_factors(grams)
+    offsets = [IV.sqrt(IV.mpf(max(upper((k.T @ k).interval()), 0.0))) for k in shifts]
+    r = float(upper(radius))
+    weights = stacked_weights(float_out, float_in, np.array([upper(x) for x in offsets]), r)
+    best = (_top(float_out, weights)[0], grams, offsets, radius, weights, None)
+    K = np.hstack([k.mid for k in shifts])
+    gain = math.sqrt(max(_top(float_in, np.ones(len(grams)))[0], 0.0))
+    if gain > 0 and np.linalg.norm(K, 2) > 0:
+        middle = r * np.linalg.norm(K, 2) / gain                          # tau^2 of the aligned case
+        for factor in (0.12, 0.25, 0.5, 1.0):
+            sigma = 1.0 / (factor * middle)
+            widened = [np.hstack([Z, math.sqrt(sigma) * k.mid]) for Z, k in zip(float_in, shifts)]
+            weights = stacked_weights(float_out, widened, np.zeros(len(grams)), math.sqrt(r * r + 1 / sigma))
+            value = _top(float_out, weights)[0]
+            if value < best[0]:
+                pairs = [list(g) + [(k, Enclosure.exact(np.array([[sigma]])))] for g, k in zip(grams, shifts)]
+                best = (value, pairs, None, IV.sqrt(radius ** 2 + 1 / IV.mpf(sigma)), weights, sigma)
+    _, inputs, offsets, widened_radius, weights, sigma = best
+    value, info = _joint_term(outputs, output_middles, inputs, offsets, widened_radius, name, weights=weights)
+    info["offset_scale"] = sigma
+    return value, info
 
 
 def layer_head_bounds(layer: Layer, domain, query_domain=None, solver: str = "eig") -> list[HeadBounds]:
@@ -214,44 +264,50 @@ def layer_joint_bound(layer: Layer, domain, *, n: int, role: str = "self", m: in
     certificate: dict = {"n": n, "m": m, "role": role, "heads": len(heads)}
     # N_h = W_O^h^T (V_h^T M M^T V_h) W_O^h: the heads' outputs, seen through the keys' shape
     blocks = [Enclosure.exact(layer.output_block(i)) for i in range(len(heads))]
-    value_forms = []
-    for h in layer.heads:
+    value_forms, value_shapes = [], []
+    for h, block in zip(layer.heads, blocks):
         shaped = keys.times_shape(Enclosure.exact(h.W_V.T))            # V_h^T M, (d_v, d)
         value_forms.append((shaped @ shaped.T).sym())
+        value_shapes.append(block.T @ shaped)                          # M_h^T M, (d_out, d)
     scales = [Enclosure.scalar(1 / IV.mpf(h.d_k)) for h in layer.heads]
     # 1. query term: P^alpha_h = Pi_Q W_Q^h (W_K^h^T M M^T W_K^h / d_k) W_Q^h^T Pi_Q
     b = IV.mpf(0)
     if several and role != "cross-context":
-        inputs, middles = [], []
-        for h, s in zip(layer.heads, scales):
-            inputs.append(queries.project(Enclosure.exact(h.W_Q)))
+        grams, aligned = [], None
+        for h, s, shape in zip(layer.heads, scales, value_shapes):
             shaped = keys.times_shape(Enclosure.exact(h.W_K.T))
-            middles.append((shaped @ shaped.T).sym().scale(s))
-        joint, info = _joint_term(blocks, value_forms, inputs, middles, None, interval(1), "query term")
+            W_Q = queries.project(Enclosure.exact(h.W_Q))
+            grams.append([(W_Q, (shaped @ shaped.T).sym().scale(s))])
+            term = (shape @ shaped.T) @ W_Q.T.scale(Enclosure.scalar(1 / IV.sqrt(IV.mpf(h.d_k))))
+            aligned = term if aligned is None else aligned + term       # X = sum_h M_h^T M M^T A_h^T Pi_Q
+        joint, info = _joint_term(blocks, value_forms, grams, None, interval(1), "query term")
         summed = r ** 2 * sum((IV.mpf(hb.gamma.value) for hb in heads), IV.mpf(0))
-        b = summed if joint is None or upper(r ** 2 * joint) > upper(summed) else r ** 2 * joint
-        certificate.update(query_joint=None if joint is None else upper(r ** 2 * joint), query_summed=upper(summed),
-                           query_weights=info)
+        b = summed
+        if joint is not None:
+            # step 1: y^T Q_i <= r^2 sum_h (||t_h|| ||q_h|| + t_h . q_h) / 2 <= r^2 (Lambda^(1/2) + ||X||) / 2
+            halved = r ** 2 * (joint + IV.mpf(spectral_norm_upper(aligned))) / 2
+            b = halved if upper(halved) < upper(summed) else summed
+            certificate.update(query_joint=upper(r ** 2 * joint), query_halved=upper(halved))
+        certificate.update(query_summed=upper(summed), query_weights=info)
     # 2. key term: P^beta_h = Pi W_K^h (W_Q^h^T M_Q M_Q^T W_Q^h / d_k) W_K^h^T Pi, offsets ||Pi (A_h^T c_Q + u_h)||
     k = IV.mpf(0)
     if several and role != "cross-queries":
-        kappa_max, spread = IV.mpf(0), IV.mpf(0)
+        kappa_max, spread, pair = IV.mpf(0), IV.mpf(0), IV.mpf(0)
         for count in key_counts:
             kappa_max += IV.mpf(max((upper(hb.weight_range(count)[1]) for hb in heads), default=1.0))
             # 2 max_h max p (1 - p) over the row's weights (step 2, covariance form)
-            spread += 2 * max((max_on_weights(*hb.weight_range(count), lambda p: p * (1 - p), IV.mpf(1) / 2)
-                               for hb in heads), key=upper)
+            row = 2 * max((max_on_weights(*hb.weight_range(count), lambda p: p * (1 - p), IV.mpf(1) / 2)
+                           for hb in heads), key=upper)
+            spread += row
+            pair = pair if count < 2 or upper(pair) >= upper(row) else row
         column = kappa_max if upper(kappa_max) <= upper(spread) else spread
-        inputs, middles, offsets = [], [], []
+        grams, shifts = [], []
         for h, s in zip(layer.heads, scales):
-            W_K = keys.project(Enclosure.exact(h.W_K))
-            inputs.append(W_K)
             shaped = queries.times_shape(Enclosure.exact(h.W_Q.T))
-            middles.append((shaped @ shaped.T).sym().scale(s))
-            shift = key_gradient(h, queries, keys)[1]                      # Pi (A_h^T c_Q + u_h)
-            offsets.append(IV.sqrt(IV.mpf(max(upper((shift.T @ shift).interval()), 0.0))))
-        spectral, info = _joint_term(blocks, value_forms, inputs, middles, offsets, queries.r, "key term")
-        plain, plain_info = _joint_term(blocks, value_forms, [], [], [IV.mpf(hb.beta.value) for hb in heads],
+            grams.append([(keys.project(Enclosure.exact(h.W_K)), (shaped @ shaped.T).sym().scale(s))])
+            shifts.append(key_gradient(h, queries, keys)[1])               # Pi (A_h^T c_Q + u_h), (d, 1)
+        spectral, info = _key_term(blocks, value_forms, grams, shifts, queries.r, "key term")
+        plain, plain_info = _joint_term(blocks, value_forms, [], [IV.mpf(hb.beta.value) for hb in heads],
                                         interval(0), "key term (Cauchy-Schwarz)")
         options = [t for t in (spectral, plain) if t is not None]
         if not options:
@@ -260,6 +316,7 @@ def layer_joint_bound(layer: Layer, domain, *, n: int, role: str = "self", m: in
                              reason="no weights certified for the key term")
         best = min(options, key=upper)
         k = r * best * IV.sqrt(column)
+        key_row = r * best * IV.sqrt(pair)        # step 5: a row's key part per unit share of its top K moves
         certificate.update(key=upper(k), kappa_max=upper(kappa_max), key_column=upper(column),
                            key_covariance_column=upper(spread), key_weights=info, key_plain_weights=plain_info,
                            key_spectral=None if spectral is None else upper(r * spectral * IV.sqrt(column)),
@@ -281,6 +338,13 @@ def layer_joint_bound(layer: Layer, domain, *, n: int, role: str = "self", m: in
     certificate["query"] = upper(b)
     if role == "self":
         total_iv = b + mean + k
+        if several and upper(pair) > 0:
+            # step 5, row by row: ||DF_i|| <= b eps_i + W s^(1/2), W = sum_h L_h + r Lambda^(1/2) c^(1/2)
+            W = sum((IV.sqrt(IV.mpf(hb.value_norm2.value)) for hb in heads), IV.mpf(0)) + key_row
+            by_rows = largest_over_shares(b, n, top_count(n, pair), n * W ** 2, b * W)
+            certificate["row_form"] = upper(by_rows)
+            if upper(by_rows) < upper(total_iv):
+                total_iv = by_rows
     elif role == "cross-queries":
         total_iv = b
     elif role == "cross-context":
