@@ -19,26 +19,25 @@ Keys lie in ``D = {c + M w : ||w|| <= r}``, queries in ``D_Q`` (the same for sel
    r^2 (Lambda(alpha)^(1/2) + ||X||) / 2 ||e_i||``.  Where the heads' query and value directions are nearly
    orthogonal, ``||X||`` is small and this is about half of ``r^2 Lambda(alpha)^(1/2)``.  Also ``||Q_i|| <= r^2
    sum_h gamma_h ||e_i||`` (the per-head joint gains); the smaller is used.
-2. *Key term.*  ``y^T key_i = sum_j e_j^T sum_h c^h_ij Pi g^h_i`` with ``c^h_ij = p^h_ij delta^h_ij``,
-   ``delta^h_ij = y^T M_h^T (x_j - xbar^h_i)``.  For weights such that the matrix with columns ``Pi g^h(x) /
-   lambda_h^(1/2)`` has norm at most 1 for every query ``x in D_Q``: ``||sum_h c_h Pi g^h|| <= (sum_h lambda_h
-   c_h^2)^(1/2)``.  With ``x = c_Q + M_Q w``, ``Pi g^h(x) = F_h w + k_h`` (``k_h = Pi (A_h^T c_Q + u_h)``), and
-   ``F_h w + k_h = [F_h, sigma^(1/2) k_h] (w; sigma^(-1/2))``, so the condition holds when ``(r_Q^2 + 1 /
-   sigma) lambda_max(sum_h (F_h F_h^T + sigma k_h k_h^T) / lambda_h) <= 1`` for some ``sigma > 0`` (at the best
-   sigma never weaker than ``r_Q ||[F_h / lambda_h^(1/2)]|| + ||[k_h / lambda_h^(1/2)]||``, which is also
-   tried), or when ``sum_h beta_h^2 / lambda_h <= 1``, ``beta_h = sup_{x in D_Q} ||Pi g^h(x)||``.  With ``w_ij = max_h p^h_ij`` (so ``p^h_ij / w_ij <= 1``),
-   Cauchy-Schwarz over j gives ``y^T key_i <= (sum_j w_ij ||e_j||^2)^(1/2) (sum_h lambda_h
-   Var_{p^h_i}(y^T M_h^T x))^(1/2)`` and ``Var <= r^2 ||M^T M_h y||^2``: ``||key_i|| <= r Lambda(beta)^(1/2)
-   (sum_j w_ij ||e_j||^2)^(1/2)``.  Summing over i, ``||key||_F <= r Lambda(beta)^(1/2) kappa_max^(1/2)
-   ||E_X||``, ``kappa_max = sum_i max_h pbar^h_i`` the column sums of the largest weights,
-   ``pbar^h_i = 1 / (1 + (N_i - 1) e^{-omega_h})`` (``N_i`` keys in row i, ``omega_h`` the head's
-   score spread).  *Covariance form.*  Since ``sum_j p^h_ij delta^h_ij = 0``, ``y^T key_i = sum_h
-   Cov_{p^h_i}(zeta_h, delta^h)`` with ``zeta_jh = Pi g^h_i . e_j``, at most ``sum_h Var(zeta_h)^(1/2)
-   Var(delta^h)^(1/2) <= (sum_h Var(zeta_h) / lambda_h)^(1/2) (sum_h lambda_h Var(delta^h))^(1/2)``;
-   ``Var_p(zeta) <= 2 sum_j p_j (1 - p_j) zeta_j^2`` and ``sum_h zeta_jh^2 / lambda_h <= ||e_j||^2`` under
-   either condition on the weights, so ``||key_i||^2 <= r^2 Lambda 2 sum_j q_ij ||e_j||^2`` with
-   ``q_ij = max_h p^h_ij (1 - p^h_ij) <= 1/4``: the column sums ``kappa_max`` may be replaced by
-   ``2 sum_i max_h max p (1 - p)`` over the rows' weight ranges (at most n / 2); the smaller is used.
+2. *Key term.*  ``y^T key_i = sum_j e_j^T sum_h c^h_ij Pi g^h_i`` with ``c^h_ij = p^h_ij delta^h_ij``, ``delta^h_ij
+   = y^T M_h^T (x_j - xbar^h_i)``.  For weights such that the matrix with columns ``Pi g^h(x) / lambda_h^(1/2)`` has
+   norm at most 1 for every query ``x in D_Q``: ``||sum_h c_h Pi g^h|| <= (sum_h lambda_h c_h^2)^(1/2)``.  With ``x
+   = c_Q + M_Q w``, ``Pi g^h(x) = F_h w + k_h`` (``k_h = Pi (A_h^T c_Q + u_h)``), and ``F_h w + k_h = [F_h,
+   sigma^(1/2) k_h] (w; sigma^(-1/2))``, so the condition holds when ``(r_Q^2 + 1 / sigma) lambda_max(sum_h (F_h
+   F_h^T + sigma k_h k_h^T) / lambda_h) <= 1`` for some ``sigma > 0`` (at the best sigma never weaker than ``r_Q
+   ||[F_h / lambda_h^(1/2)]|| + ||[k_h / lambda_h^(1/2)]||``, which is also tried), or when ``sum_h beta_h^2 /
+   lambda_h <= 1``, ``beta_h = sup_{x in D_Q} ||Pi g^h(x)||``.  With ``w_ij = max_h p^h_ij`` (so ``p^h_ij / w_ij <=
+   1``), Cauchy-Schwarz over j gives ``y^T key_i <= (sum_j w_ij ||e_j||^2)^(1/2) (sum_h lambda_h Var_{p^h_i}(y^T
+   M_h^T x))^(1/2)`` and ``Var <= r^2 ||M^T M_h y||^2``: ``||key_i|| <= r Lambda(beta)^(1/2) (sum_j w_ij
+   ||e_j||^2)^(1/2)``.  Summing over i, ``||key||_F <= r Lambda(beta)^(1/2) kappa_max^(1/2) ||E_X||``, ``kappa_max =
+   sum_i max_h pbar^h_i`` the column sums of the largest weights, ``pbar^h_i = 1 / (1 + (N_i - 1) e^{-omega_h})``
+   (``N_i`` keys in row i, ``omega_h`` the head's score spread).  *Covariance form.*  Since ``sum_j p^h_ij
+   delta^h_ij = 0``, ``y^T key_i = sum_h Cov_{p^h_i}(zeta_h, delta^h)`` with ``zeta_jh = Pi g^h_i . e_j``, at most
+   ``sum_h Var(zeta_h)^(1/2) Var(delta^h)^(1/2) <= (sum_h Var(zeta_h) / lambda_h)^(1/2) (sum_h lambda_h
+   Var(delta^h))^(1/2)``; ``Var_p(zeta) <= 2 sum_j p_j (1 - p_j) zeta_j^2`` and ``sum_h zeta_jh^2 / lambda_h <=
+   ||e_j||^2`` under either condition on the weights, so ``||key_i||^2 <= r^2 Lambda 2 sum_j q_ij ||e_j||^2`` with
+   ``q_ij = max_h p^h_ij (1 - p^h_ij) <= 1/4``: the column sums ``kappa_max`` may be replaced by ``2 sum_i max_h max
+   p (1 - p)`` over the rows' weight ranges (at most n / 2); the smaller is used.
 3. *Mean term.*  Per head (Jensen): ``||mean^h||_F <= L_h kappa_h^(1/2) ||E_X||``, ``L_h = ||Pi M_h||``;
    at n = 1 every weight is 1 and ``mean_i = (sum_h M_h)^T e_i``: ``||(sum_h M_h)^T Pi||`` exactly.
 4. *Sum.*  Minkowski over tokens: self-attention ``Lip(F) <= b + m + k``; cross-attention in the
