@@ -42,7 +42,7 @@ def head_products(engine: AttentionMap) -> IntervalArray:
     blocks = []
     for h in range(engine.H):
         value = engine.head_weights(h)[2]
-        rows = engine.W_O[h * engine.d_v:(h + 1) * engine.d_v]
+        rows = engine.target.output_block(h)
         blocks.append(IntervalArray.from_enclosure(Enclosure.exact(value) @ Enclosure.exact(rows)))
     return IntervalArray(np.stack([b.lo for b in blocks]), np.stack([b.hi for b in blocks]))
 
@@ -113,7 +113,7 @@ class EnclosedAttention:
             ws, os, cs = [], [], []
             for h in range(e.H):
                 W_K = e.head_weights(h)[1]
-                rows = np.eye(e.d_v) if e.W_O is None else e.W_O[h * e.d_v:(h + 1) * e.d_v]
+                rows = np.eye(e.d_v) if e.W_O is None else e.target.output_block(h)
                 ws.append(self.Q[h].matmul(W_K.T))                         # (n, d)
                 os.append(U[h].matmul(rows))                               # (n, n, d_out)
                 C_h = (self.P[h].expand(-1).expand(-1) * (self.K[h].expand(0).expand(-1) * U[h].expand(2))).sum(axis=1)
