@@ -134,6 +134,19 @@ def find_witness_family(score, argument: str = "self", causal: bool = False, val
     values = dict(values or {})
     if isinstance(score, L2Distance) and not score.tied:
         values.setdefault("W_K", 2)
+    # the search sees the score only through its expression and its values: one search per such key
+    # (every norm of a variant asks the same question)
+    key = (sp.srepr(score.expression()), sp.srepr(score.value_matrix()), argument, bool(causal),
+           tuple(sorted((name, sp.srepr(sp.sympify(value))) for name, value in values.items())))
+    if key not in _SEARCHED:
+        _SEARCHED[key] = _search_families(score, values, argument, causal)
+    return _SEARCHED[key]
+
+
+_SEARCHED: dict = {}
+
+
+def _search_families(score, values, argument, causal):
     cross = argument != "self"
     for dim, query_point, key_points in _FAMILIES:
         if (query_point is None) == cross:
@@ -191,7 +204,7 @@ def _try_family(score, values, dim, argument, causal, query_point, key_points):
         if limit in (sp.oo, -sp.oo):
             instance = ", ".join(f"{k} = {val}" for k, val in sorted(values.items())) or "identity weights"
             rows = ([query_point] if query_point is not None else []) + list(key_points)
-            family = sp.Matrix([list(r) if dim > 1 else [r] for r in rows])
+            family = sp.ImmutableMatrix([list(r) if dim > 1 else [r] for r in rows])   # shared by the cache
             return family, along, f"d = d_k = d_v = {dim}, no biases, {instance}" + \
                 ("; first row is the query" if query_point is not None else "")
     return None
