@@ -532,7 +532,7 @@ def test_search_results_lie_in_the_ball_and_recheck(d, d_k, n, radius, seed, sco
     rng = np.random.default_rng(seed)
     head = random_head(rng, d=d, d_k=d_k, d_v=2, score=score, causal=causal)
     center = rng.standard_normal(d) if centred else None
-    witness = search_witness(head, domain=TokenBall(radius, center=center), n=n, budget_seconds=0.25, seed=seed)
+    witness = search_witness(head, domain=TokenBall(radius, center=center), n=n, budget_seconds=0.1, seed=seed)
     assert witness.in_domain()
     result = recheck(witness, head)
     assert result.in_domain and result.valid
