@@ -15,8 +15,8 @@ from lipbound.numeric.domains import LayerNormOutputs
 from lipbound.numeric.model import Layer, load_default
 from lipbound.numeric.sdp import layer_joint_bound
 
-from test_layers import check_case
-from test_sdp_rows import moving_projector, row_form
+from test_layers import check_case, tangent_basis
+from test_sdp_rows import row_form
 
 
 @settings(max_examples=200, deadline=None)
@@ -98,7 +98,8 @@ def test_the_layer_forms_bind_on_a_real_layer():
     # X from the weights and the LayerNorm's own description: M = diag(gamma) (I - 1 1^T / d), r^2 = d
     d = layer.attention.d
     M = layer.ln_in.gamma[:, None] * (np.eye(d) - 1.0 / d)
-    Pi = moving_projector(LayerNormOutputs(layer.ln_in), d)
+    basis = tangent_basis(LayerNormOutputs(layer.ln_in), d)
+    Pi = basis @ basis.T
     X = sum(two.output_block(h).T @ head.W_V.T @ M @ M.T @ head.W_K @ head.W_Q.T @ Pi / math.sqrt(head.d_k)
             for h, head in enumerate(two.heads))
     expected = (details["query_joint"] + d * np.linalg.norm(X, 2)) / 2

@@ -16,7 +16,7 @@ from lipbound.numeric.model import load_default
 from lipbound.numeric.sdp import HeadBounds
 from lipbound.numeric.sdp.head import self_attention_bound
 
-from test_layers import check_case, make, make_domain
+from test_layers import check_case, make, make_domain, tangent_basis
 
 
 def row_form(n, b, L, rho_beta, cap):
@@ -70,16 +70,6 @@ def test_the_row_forms_bind_on_real_heads():
     assert min(float(T.b) - mu * rho2 for mu, T in bounds.query_caps()) < 0.2 * bounds.beta.value ** 2
 
 
-def moving_projector(domain, d):
-    """The orthogonal projector onto the directions tokens of the domain move in, from its own description."""
-    if isinstance(domain, TokenBall):
-        return np.eye(d)
-    gamma = domain.norm.gamma
-    basis, _ = np.linalg.qr((np.eye(d) - 1.0 / d) * gamma[:, None])
-    basis = basis[:, np.abs(np.diag(_)) > 1e-12]
-    return basis @ basis.T
-
-
 def _points(domain, rng, count, d):
     """Points of the domain from its own description (ball: c + t R u; LayerNorm image: beta + gamma z with
     z orthogonal to 1, ||z|| = t sqrt(d)), t in [0, 1], some on the boundary."""
@@ -104,7 +94,8 @@ def test_query_caps_hold_at_points_of_the_domain(seed, d, which, scale):
     domain = make_domain(which, rng, d, float(rng.uniform(0.5, 3.0)))
     bounds = HeadBounds(head, domain, solver="eig")
     caps = bounds.query_caps()
-    Pi = moving_projector(domain, d)
+    basis = tangent_basis(domain, d)
+    Pi = basis @ basis.T
     X = _points(domain, rng, 200, d)
     centre = domain.center if isinstance(domain, TokenBall) else domain.norm.beta
     A = head.W_Q @ head.W_K.T / math.sqrt(head.d_k)

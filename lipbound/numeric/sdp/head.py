@@ -274,7 +274,7 @@ class HeadBounds:
         L2 = IV.mpf(self.value_norm2.value)
         return IV.mpf(upper(p_bar)) * L2 + IV.mpf(self.spread2.value) * IV.mpf(self.beta.value) ** 2 * psi
 
-    def _nu_max(self, keys: int, with_cap: bool = True):
+    def nu_max(self, keys: int, with_cap: bool = True):
         """``max nu(p)`` over the weights ``p in [p_lo, p_hi]`` of a row with ``keys`` keys, where
         ``nu(p) = 2 p (1 - p) cap(p)`` (step 8 of the module docstring; ``2 p (1 - p)`` without the cap)
         rises on ``[0, 1/2]`` to 1/2 and falls after."""
@@ -283,7 +283,7 @@ class HeadBounds:
 
     def _largest_nu(self, n: int, causal: bool, with_cap: bool = True):
         """The largest ``max nu`` over the rows with two keys or more (steps 9 and 10)."""
-        return max((self._nu_max(k, with_cap) for k in (range(2, n + 1) if causal else (n,))), key=upper)
+        return max((self.nu_max(k, with_cap) for k in (range(2, n + 1) if causal else (n,))), key=upper)
 
     def terms(self, n: int, *, m: int | None = None, causal: bool = False) -> dict:
         """``b_hat, Phi, kappa, kappa_cov`` as intervals for n keys (and m queries in cross-attention);
@@ -295,7 +295,7 @@ class HeadBounds:
             keys = [n] * (n if m is None else m)
         Phi = sum((self._phi_max(k) for k in keys), IV.mpf(0))
         kappa = sum((IV.mpf(upper(self.weight_range(k)[1])) for k in keys), IV.mpf(0))
-        kappa_cov = sum((self._nu_max(k) for k in keys), IV.mpf(0))
+        kappa_cov = sum((self.nu_max(k) for k in keys), IV.mpf(0))
         row_cap = 1 if max(keys) >= 2 else 0
         b_hat = r2 * IV.mpf(self.gamma.value) * row_cap
         return {"b_hat": b_hat, "Phi": Phi, "kappa": kappa, "kappa_cov": kappa_cov, "row_cap": IV.mpf(row_cap)}

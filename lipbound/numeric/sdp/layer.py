@@ -72,7 +72,7 @@ from ...rigorous.linalg import Enclosure, lambda_max_upper, spectral_norm_upper
 from ...rigorous.value import CertifiedValue
 from ..blas import one_blas_thread
 from ..model import Layer
-from .head import HeadBounds, largest_over_shares, max_on_weights, top_count
+from .head import HeadBounds, largest_over_shares, top_count
 from .joint import sdp_value
 from .region import Region, key_gradient
 
@@ -291,14 +291,13 @@ def layer_joint_bound(layer: Layer, domain, *, n: int, role: str = "self", m: in
     # 2. key term: P^beta_h = Pi W_K^h (W_Q^h^T M_Q M_Q^T W_Q^h / d_k) W_K^h^T Pi, offsets ||Pi (A_h^T c_Q + u_h)||
     k = IV.mpf(0)
     if several and role != "cross-queries":
-        kappa_max, spread, pair = IV.mpf(0), IV.mpf(0), IV.mpf(0)
-        for count in key_counts:
-            kappa_max += IV.mpf(max((upper(hb.weight_range(count)[1]) for hb in heads), default=1.0))
-            # 2 max_h max p (1 - p) over the row's weights (step 2, covariance form)
-            row = 2 * max((max_on_weights(*hb.weight_range(count), lambda p: p * (1 - p), IV.mpf(1) / 2)
-                           for hb in heads), key=upper)
-            spread += row
-            pair = pair if count < 2 or upper(pair) >= upper(row) else row
+        kappa_max = sum((IV.mpf(max((upper(hb.weight_range(count)[1]) for hb in heads), default=1.0))
+                         for count in key_counts), IV.mpf(0))
+        # 2 max_h max p (1 - p) over the weights of a row with that many keys (step 2, covariance form)
+        largest = {count: max((hb.nu_max(count, with_cap=False) for hb in heads), key=upper)
+                   for count in set(key_counts)}
+        spread = sum((largest[count] for count in key_counts), IV.mpf(0))
+        pair = max((value for count, value in largest.items() if count >= 2), key=upper, default=IV.mpf(0))
         column = kappa_max if upper(kappa_max) <= upper(spread) else spread
         grams, shifts = [], []
         for h, s in zip(layer.heads, scales):
