@@ -86,8 +86,14 @@ def curve_part(model, texts, layers, fractions):
             curve, _ = local_curve(text, layer=layer, kind="layer", eps=fractions + (2.0,), model=model)
             small = [p for p in curve.points if p.eps <= 0.01 * curve.radius * (1 + 1e-12)]
             last = curve.points[-1]
+            within = 0.0  # the largest eps / R up to which every ratio is <= 1.5
+            for p in small:
+                if p.ratio > 1.5:
+                    break
+                within = p.eps / curve.radius
             print(f"curve, n = {curve.n}, layer {layer}: certified / witness "
                   + "  ".join(f"{p.eps / curve.radius:.0e}: {p.ratio:.3g}" for p in small)
+                  + f" (<= 1.5 up to {within:.0e} R)"
                   + f"; at 2R certified {last.certified:.4g} vs global {last.global_constant:.4g} "
                   f"({'meets' if math.isclose(last.certified, last.global_constant, rel_tol=1e-9) else 'below'}); "
                   f"verdicts {sorted({p.verdict for p in curve.points})}")
@@ -146,7 +152,7 @@ def main() -> None:
     if "set" in args.parts:
         set_part(model, sentences(args.set_sentences), layers)
     if "curve" in args.parts:
-        curve_part(model, texts[:2], (min(layers), max(layers)), (1e-5, 1e-4, 1e-3, 1e-2))
+        curve_part(model, texts[:2], (min(layers), max(layers)), (1e-5, 1e-4, 1e-3, 2e-3, 3e-3, 1e-2))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def test_local_curve_and_edit_rows_through_the_command_line(tmp_path, capsys):
     report, curve_png, edits_png = tmp_path / "local.json", tmp_path / "curve.png", tmp_path / "edits.png"
-    status = main(["local", "The cat sat on the mat.", "--kind", "head", "--head", "3", "--eps", "0,1e-4,1e-2,2",
+    status = main(["local", "The cat sat on the mat.", "--kind", "head", "--head", "3", "--eps", "0,1e-4,1e-3,1e-2,2",
                    "--positions", "2", "--vocabulary", "12", "--search", "all", "--json", str(report),
                    "--plot-curve", str(curve_png), "--plot", str(edits_png)])
     out = capsys.readouterr().out
@@ -28,7 +28,7 @@ def test_local_curve_and_edit_rows_through_the_command_line(tmp_path, capsys):
     assert out.splitlines()[0] == "[CLS] the cat sat on the mat . [SEP]"
     payload = json.loads(report.read_text())
     curve = payload["curve"]
-    assert curve["kind"] == "head" and curve["n"] == 9 and len(curve["points"]) == 4
+    assert curve["kind"] == "head" and curve["n"] == 9 and len(curve["points"]) == 5
     certified = [p["certified"] for p in curve["points"]]
     witness = [p["witness"] for p in curve["points"]]
     assert all(p["verdict"] == "holds" for p in curve["points"])
@@ -37,6 +37,8 @@ def test_local_curve_and_edit_rows_through_the_command_line(tmp_path, capsys):
     # eps -> 0: the certified value is the Jacobian norm at X, and the witness attains it
     assert certified[0] == pytest.approx(curve["jacobian_norm"], rel=1e-9)
     assert witness[0] == pytest.approx(curve["jacobian_norm"], rel=1e-6)
+    # up to 1e-3 R the curvature bound keeps the certified value within 1.5 times the witness
+    assert all(p["ratio"] <= 1.5 for p in curve["points"][:3])
     # at twice the LayerNorm radius the curve has met the global constant of the head
     assert certified[-1] == pytest.approx(curve["points"][-1]["global"], rel=1e-12)
     rows = payload["edits"]["rows"]

@@ -34,7 +34,8 @@ from ..symbolic import local as T
 from .balls import TokenBalls
 from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedLayerNorm
 
-__all__ = ["LocalBounds", "attention_bounds", "layernorm_bounds", "feedforward_bounds", "simplex_box_max"]
+__all__ = ["LocalBounds", "attention_bounds", "layernorm_bounds", "feedforward_bounds", "simplex_box_max",
+           "attention_norms", "value_space", "evaluate_theorem"]
 
 
 @final
@@ -63,7 +64,7 @@ def _enclose(theorem, **values) -> IntervalArray:
     return function(*[values[name] for name in names])
 
 
-def _evaluate(theorem, **values) -> np.ndarray:
+def evaluate_theorem(theorem, **values) -> np.ndarray:
     """The upper end of :func:`_enclose`: the certified upper bound the theorem states."""
     return _enclose(theorem, **values).hi
 
@@ -98,7 +99,7 @@ def _norm(head: Head, key: str, matrix_of) -> float:
     return cache[("local", key)]
 
 
-def _head_norms(engine) -> dict:
+def attention_norms(engine) -> dict:
     """Certified ``||W_Q||, ||W_K||, ||V|| (= L_V), ||W_Q W_K^T||`` per head, arrays (H,)."""
     out = {key: [] for key in ("W_Q", "W_K", "L_V", "QK")}
     for h, head in enumerate(engine.heads):
@@ -111,7 +112,7 @@ def _head_norms(engine) -> dict:
 
 
 
-def _value_space(E: EnclosedAttention, target) -> tuple[IntervalArray, IntervalArray, np.ndarray]:
+def value_space(E: EnclosedAttention, target) -> tuple[IntervalArray, IntervalArray, np.ndarray]:
     """Values and head outputs where they act on the output: ``v_j W_O^h`` and ``f_i W_O^h`` for a layer
     (each head of a layer is a head with values ``v W_O^h``), ``v_j`` and ``f_i`` for a head; and the
     certified norm of each head's value map (``||V^h W_O^h||`` or ``||V||``), shape (H,)."""
@@ -125,8 +126,7 @@ def _value_space(E: EnclosedAttention, target) -> tuple[IntervalArray, IntervalA
         values.append(E.V[h].matmul(rows))
         outputs.append(E.F[h].matmul(rows))
         norms.append(_norm(head, "V W_O^h", lambda: (engine.head_weights(h)[2], rows)))
-    stack = lambda parts: IntervalArray(np.stack([p.lo for p in parts]), np.stack([p.hi for p in parts]))  # noqa: E731
-    return stack(values), stack(outputs), np.array(norms)
+    return IntervalArray.stack(values), IntervalArray.stack(outputs), np.array(norms)
 
 
 def attention_bounds(target: Head | Layer, balls: TokenBalls, enclosed: EnclosedAttention | None = None,
@@ -140,14 +140,14 @@ def attention_bounds(target: Head | Layer, balls: TokenBalls, enclosed: Enclosed
     """
     E = enclosed or EnclosedAttention(target, balls.center, balls.masses)
     engine = E.engine
-    norms = _head_norms(engine)
+    norms = attention_norms(engine)
     H, n = engine.H, balls.n
     r = balls.radii
-    values, outputs, value_norms = _value_space(E, target)
+    values, outputs, value_norms = value_space(E, target)
     b = np.stack([E.Q[h].matmul(engine.head_weights(h)[1].T).norm_upper() for h in range(H)])  # ||W_K q_i^T||
     if scores is None:
         a = np.stack([E.K[h].matmul(engine.head_weights(h)[0].T).norm_upper() for h in range(H)])  # ||W_Q k_j^T||
-        sigma = _evaluate(T.score_deviation(), **{
+        sigma = evaluate_theorem(T.score_deviation(), **{
             "c": E.c, r"\|W_Q \bar k_j^\top\|": a[:, None, :], r"\|W_K \bar q_i^\top\|": b[:, :, None],
             r"\|W_Q W_K^\top\|": norms["QK"][:, None, None], "r_i": r[None, :, None], "r_j": r[None, None, :]})
         scores = E.S + IntervalArray(-sigma, sigma)
@@ -158,11 +158,12 @@ def attention_bounds(target: Head | Layer, balls: TokenBalls, enclosed: Enclosed
     shift = (IntervalArray(value_norms[:, None]) * IntervalArray(r[None, :])).hi if value_shift is None else value_shift
     D = (IntervalArray(delta) * IntervalArray(rho)).sum(axis=-1).hi
     mean_shift = simplex_box_max(p_lo, p_hi, np.broadcast_to(shift[:, None, :], p_lo.shape))
-    head_move = _evaluate(T.attention_movement(), D_i=D, **{r"E_i[\Delta v]": mean_shift})
-    reach = _evaluate(T.attention_reach(), **{r"E_i[\rho + \Delta v]": simplex_box_max(
+    head_move = evaluate_theorem(T.attention_movement(), D_i=D, **{r"E_i[\Delta v]": mean_shift})
+    reach = evaluate_theorem(T.attention_reach(), **{r"E_i[\rho + \Delta v]": simplex_box_max(
         p_lo, p_hi, (IntervalArray(rho) + IntervalArray(shift[:, None, :])).hi)})
     head_move = np.minimum(head_move, reach)
-    facts = {"p_hi": p_hi, "p_lo": p_lo, "head_movement": head_move, "scores": scores}
+    facts = {"p_hi": p_hi, "p_lo": p_lo, "head_movement": head_move, "scores": scores, "delta": delta,
+             "value_shift": shift}
     per_head = [head_move]
     if want_blocks:
         per_head += list(_attention_blocks(E, norms, value_norms, r, shift, p_lo, p_hi, delta, rho, head_move, b))
@@ -234,12 +235,12 @@ def _attention_blocks(E: EnclosedAttention, norms: dict, value_norms, r, shift, 
     C_at = simplex_box_max(E.P.lo, E.P.hi, (IntervalArray(rho) * IntervalArray(key_spread)).hi)
     diagonal = np.broadcast_to(np.eye(E.n), (H, E.n, E.n))
     common = {"c": E.c, "L_V": L_V, r"[i = j]": diagonal, "W_Q": norms["W_Q"][:, None, None]}
-    M = _evaluate(T.attention_block(), **common, **{
+    M = evaluate_theorem(T.attention_block(), **common, **{
         r"p^{+}_{ij}": p_hi, r"U^{+}_{ij}": U_plus, r"w^{+}_i": w_plus[:, :, None], r"C^{+}_i": C_plus[:, :, None]})
-    V = _evaluate(T.attention_variation(), **common, **{
+    V = evaluate_theorem(T.attention_variation(), **common, **{
         r"\delta_{ij}": delta, r"U^{+}_{ij}": U_plus, r"w^{+}_i": w_plus[:, :, None], r"\bar p_{ij}": E.P.hi,
         r"\Delta U_{ij}": dU, r"\|\bar u_{ij}\|": rho, r"\Delta w_i": dw[:, :, None], r"\Delta C_i": dC[:, :, None]})
-    N = _evaluate(T.attention_block(), **common, **{
+    N = evaluate_theorem(T.attention_block(), **common, **{
         r"p^{+}_{ij}": E.P.hi, r"U^{+}_{ij}": rho, r"w^{+}_i": w_norm[:, :, None], r"C^{+}_i": C_at[:, :, None]})
     return M, V, N
 
@@ -251,18 +252,18 @@ def layernorm_bounds(norm: LayerNorm, balls: TokenBalls, enclosed: EnclosedLayer
     R = balls.radii
     common = {r"\|\gamma\|_\infty": np.float64(norm.gamma_max), "d": np.float64(norm.d), r"\nu": E.nu,
               r"\delta": E.delta}
-    lipschitz = _evaluate(T.layernorm_lipschitz(), **common, R=R)
-    at_center = _evaluate(T.layernorm_lipschitz(), **common, R=np.zeros_like(R))
+    lipschitz = evaluate_theorem(T.layernorm_lipschitz(), **common, R=R)
+    at_center = evaluate_theorem(T.layernorm_lipschitz(), **common, R=np.zeros_like(R))
     reach = (IntervalArray(norm.radius_about_center) + IntervalArray((E.output - IntervalArray(norm.beta)).norm_upper())).hi
     small = R < E.nu.lo                                                      # the chord form needs R < nu
     chord = np.full_like(R, np.inf)
     if np.any(small):
-        chord[small] = _evaluate(T.layernorm_movement(), **{k: (v[small] if isinstance(v, IntervalArray) and v.shape
+        chord[small] = evaluate_theorem(T.layernorm_movement(), **{k: (v[small] if isinstance(v, IntervalArray) and v.shape
                                                                  else v) for k, v in common.items()}, R=R[small])
     movement = np.minimum(np.minimum(chord, (IntervalArray(lipschitz) * IntervalArray(R)).hi), reach)
     scale = IntervalArray(norm.gamma_max) * IntervalArray(float(norm.d)).sqrt()
     G = np.minimum((IntervalArray(movement) / scale).hi, 2.0)
-    variation = _evaluate(T.layernorm_variation(), **common, R=R, G=G)
+    variation = evaluate_theorem(T.layernorm_variation(), **common, R=R, G=G)
     return LocalBounds(movement, np.diag(lipschitz), np.diag(variation), np.diag(at_center), E.output,
                        {"nu": E.nu, "lipschitz": lipschitz})
 
@@ -318,9 +319,9 @@ def feedforward_bounds(ffn: FeedForward, balls: TokenBalls, enclosed: EnclosedFe
                                (IntervalArray(E.slope.hi[i]) - IntervalArray(slopes.lo[i])).hi)
         factors[:, i] = _split_norms(ffn, deviation)
     names = (r"\|W_2^\top \operatorname{diag}(s)^{1/2}\|", r"\|\operatorname{diag}(s)^{1/2} W_1^\top\|")
-    variation = _evaluate(T.feedforward_variation(), **{names[0]: factors[0], names[1]: factors[1]})
+    variation = evaluate_theorem(T.feedforward_variation(), **{names[0]: factors[0], names[1]: factors[1]})
     at_center = E.jacobian_norms(None if want_variation else np.flatnonzero(local))
-    lipschitz = _evaluate(T.jacobian_on_neighbourhood(), **{r"\|Df(X)\|": at_center,
+    lipschitz = evaluate_theorem(T.jacobian_on_neighbourhood(), **{r"\|Df(X)\|": at_center,
                                                             r"\sup_U \|Df(Y) - Df(X)\|": variation})
     lipschitz = np.where(local | (R == 0), lipschitz, feedforward_global(ffn))
     movement = (IntervalArray(lipschitz) * IntervalArray(R)).hi

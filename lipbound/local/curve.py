@@ -13,8 +13,10 @@ product and one Cholesky, :func:`~lipbound.rigorous.linalg.spectral_norm_upper_l
 (2,inf): the largest column or row sum of certified block norms); the norm of a matrix of block
 norms is its spectral norm (Frobenius), its largest column sum ((2,1)) or row sum ((2,inf)).
 ``L_global`` is the certified constant of :mod:`lipbound.numeric.certify` on the LayerNorm image
-(heads and attention layers).  As eps -> 0 the value tends to ``||DF(X)||``; for large eps it meets
-the global constant.
+(heads and attention layers).  For a single head or attention layer in the Frobenius norm, the
+variation term is also bounded through the second derivative, integrated over the radii up to eps
+(:mod:`lipbound.local.curvature`, theorem ``local-attention-curvature``), and the smaller bound
+counts.  As eps -> 0 the value tends to ``||DF(X)||``; for large eps it meets the global constant.
 
 The witness is a point Y of ``U(X, eps)`` itself (not of its enclosure) and the Jacobian norm there:
 power iteration (JVP/VJP) for the Frobenius norm, the column or row maximisation of a dense float
@@ -30,7 +32,7 @@ from typing import final
 
 import numpy as np
 
-from ..errors import AssumptionError
+from ..errors import AssumptionError, NotCertifiedError
 from ..numeric.certify import head_constant, layer_constant
 from ..numeric.domains import LayerNormOutputs
 from ..numeric.model import Model
@@ -40,6 +42,7 @@ from ..rigorous.linalg import Enclosure, spectral_norm_upper, spectral_norm_uppe
 from ..rigorous.value import CertifiedValue
 from .balls import LIPSCHITZ_NORMS, Neighbourhood, TokenBalls
 from .chains import Component, chain_for, chain_forward, chain_jvp, chain_vjp
+from .curvature import AttentionCurvature
 
 __all__ = ["CurvePoint", "LipschitzCurve", "lipschitz_curve", "DENSE_LIMIT", "FLOAT_ALLOWANCE"]
 
@@ -214,6 +217,7 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
         N_blocks.append(per_component[k].at_center)
     global_value = _global_constant(model, chain, layer, norm, n)
     radius = model.layer(layer).ln_in.radius_about_center if model.layer(layer).ln_in is not None else math.nan
+    curvature = _CurvatureRoute.of(chain, centre, X, neighbourhoods) if norm == "fro" else None
     points = []
     for index, hood in enumerate(neighbourhoods):
         balls = hood.balls(X)
@@ -232,6 +236,8 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
             left = _product(*reversed(M[k + 1:])) if k + 1 < len(chain) else np.eye(n)
             total = (IntervalArray(total) + IntervalArray(_product(left, V[k], right))).hi
         variation = _matrix_norm(total, norm)
+        if curvature is not None:
+            variation = min(variation, curvature.variation(hood, variation))
         local = (IntervalArray(N_dense) + IntervalArray(variation)).hi.item()
         crude = _matrix_norm(_product(*reversed(M))[:, columns], norm)
         certified = min(local, crude, global_value)
@@ -245,6 +251,60 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
     description = chain[0].name if len(chain) == 1 else f"{chain[0].name} .. {chain[-1].name}"
     return LipschitzCurve(kind, description, norm, ball, tuple(positions), n, radius, N_dense, witness_at_x,
                           tuple(points))
+
+
+class _CurvatureRoute:
+    """``sup_U ||DF(Y) - DF(X)||_2`` of a single head or attention layer through its second derivative
+    (theorem local-attention-curvature): the curvature bound on the neighbourhoods ``U(X, t)`` of a
+    grid of radii (four per decade over four decades below the largest eps, and every eps asked for),
+    integrated from 0 to eps as an upper Riemann sum."""
+
+    def __init__(self, chain, centre: _Centre, X: np.ndarray, hood: Neighbourhood, radii: list):
+        self.component, self.enclosed, self.X, self.hood = chain[0], centre.enclosed[0], X, hood
+        self.curvature = AttentionCurvature(self.enclosed, chain[0].target)
+        top = max(radii)
+        self.grid = sorted(set(radii) | {top * 10.0 ** (-k / 4) for k in range(1, 17)})
+        moving = float(hood.moving(X.shape[0]).sum())   # ||Y - X||_F <= theta_U eps
+        self.frobenius = IntervalArray(1.0) if hood.ball in ("fro", "2,1") else IntervalArray(moving).sqrt()
+        self.chis, self.exhausted = {}, math.inf
+
+    @classmethod
+    def of(cls, chain, centre: _Centre, X, neighbourhoods):
+        radii = [hood.eps for hood in neighbourhoods if hood.eps > 0]
+        if len(chain) != 1 or chain[0].kind not in ("head", "attention") or not radii \
+                or not AttentionCurvature.fits(centre.enclosed[0]):
+            return None
+        return cls(chain, centre, X, neighbourhoods[0], radii)
+
+    def _chis(self, t: float) -> tuple:
+        if t not in self.chis:
+            balls = Neighbourhood(self.hood.ball, t, self.hood.positions).balls(self.X)
+            try:
+                self.chis[t] = self.curvature.chis(self.component.bounds(balls, self.enclosed), balls.radii)
+            except NotCertifiedError:  # the enclosures overflow on U(X, t): no bound by this route
+                self.chis[t] = (math.inf,) * 3
+        return self.chis[t]
+
+    def variation(self, hood: Neighbourhood, other: float) -> float:
+        """The integrated bound for ``U(X, hood.eps)`` (inf once it has lost to ``other``, the blockwise
+        bound, at a smaller eps: it grows faster)."""
+        if hood.eps == 0:
+            return 0.0
+        if hood.eps > self.exhausted:
+            return math.inf
+        total, previous = IntervalArray(0.0), 0.0
+        for t in (t for t in self.grid if t <= hood.eps):
+            chis = self._chis(t)
+            if not all(math.isfinite(chi) for chi in chis):
+                self.exhausted = hood.eps
+                return math.inf
+            width = (IntervalArray(t) - IntervalArray(previous)).hi.item()
+            total = total + IntervalArray(self.curvature.piece(chis, width))
+            previous = t
+        value = (total * self.frobenius).hi.item()
+        if value > other:
+            self.exhausted = hood.eps
+        return value
 
 
 # the Jacobian at X ------------------------------------------------------------------------------

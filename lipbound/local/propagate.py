@@ -175,8 +175,7 @@ def _first_block_enumerated(layer, template: EditTemplate, candidates: list, slo
     F0 = e_rest.einsum("hij,hjv->hiv", V[:, others]) / T.expand(-1)                      # (H, n, d_v)
     rows = [layer.output_block(h) for h in range(H)]
     blocks = np.stack(rows)                                                              # (H, d_v, d)
-    G = IntervalArray(np.stack([F0[h].matmul(rows[h]).lo for h in range(H)]),
-                      np.stack([F0[h].matmul(rows[h]).hi for h in range(H)]))            # (H, n, d)
+    G = IntervalArray.stack([F0[h].matmul(rows[h]) for h in range(H)])               # (H, n, d)
     base = fixed + IntervalArray(engine.b_O) + G.sum(axis=0)                             # (n, d)
     Y = candidates[slot]
     largest = np.zeros(n)

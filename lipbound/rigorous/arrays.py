@@ -115,6 +115,12 @@ class IntervalArray:
         return cls.around(enclosure.mid, enclosure.rad)
 
     @classmethod
+    def stack(cls, parts) -> "IntervalArray":
+        """The enclosures ``parts`` (one shape) stacked along a new first axis."""
+        parts = list(parts)
+        return cls(np.stack([p.lo for p in parts]), np.stack([p.hi for p in parts]))
+
+    @classmethod
     def constant(cls, value) -> "IntervalArray":
         """A 0-d enclosure of an exact number or an mpmath interval (``1 / sqrt(d_k)``)."""
         x = interval(value)

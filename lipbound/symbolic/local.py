@@ -26,7 +26,7 @@ from .record import Derivation, Described, le
 from .theorems import Theorem
 
 __all__ = ["LOCAL_THEOREMS", "score_deviation", "softmax_upper", "softmax_lower", "attention_movement",
-           "attention_reach", "attention_block", "attention_variation", "layernorm_lipschitz", "layernorm_movement",
+           "attention_reach", "attention_block", "attention_variation", "attention_curvature", "layernorm_lipschitz", "layernorm_movement",
            "layernorm_variation", "feedforward_variation", "jacobian_on_neighbourhood", "chain_variation",
            "path_certificate", "coupling_bound", "q"]
 
@@ -158,6 +158,48 @@ def attention_variation() -> Theorem:
               "p_il (Delta U_il K^+_l + ||u_il|| ||W_K|| r_l), K^+_l = ||k_l - kappa_i|| + ||W_K|| r_l", "norm-calculus")
     proof.add(le(Described(r"\sup_U \|J_{ij}(Y) - J_{ij}(X)\|"), statement), "triangle inequality", "norm-calculus")
     return Theorem("local-attention-variation", "Variation of attention's Jacobian on token balls", statement, proof)
+
+
+@functools.lru_cache(maxsize=None)
+def attention_curvature() -> Theorem:
+    """``sup_U ||DF(Y) - DF(X)|| <= theta_U sum_k (eps_k - eps_{k-1}) (chi_I + chi_II + chi_III)(U(X, eps_k))`` for
+    a head or an attention layer; the statement is one term of the sum."""
+    width = q(r"\Delta\epsilon_k")
+    chi_I, chi_II, chi_III = q(r"\chi_{I}"), q(r"\chi_{II}"), q(r"\chi_{III}")
+    statement = width * (chi_I + chi_II + chi_III)
+    proof = Derivation("Second derivative of attention on token balls")
+    proof.hypothesis("radii 0 = eps_0 < eps_1 < ... < eps_K = eps, Delta eps_k = eps_k - eps_{k-1}; ||Y - X||_F <= "
+                     "theta_U eps on U(X, eps) (theta_U = 1 for the Frobenius and (2,1) balls, the square root of the "
+                     "number of moving tokens otherwise); zeta_ij(e) = ds_ij[e] - sum_l p_il ds_il[e] with "
+                     "ds_ij[e] = c (e_i W_Q k_j^T + q_i W_K^T e_j^T); u_ij = v_j A_h - f_i, A_h = V^h W_O^h; "
+                     "Theta_h the matrix of f -> (p_ij zeta_ij(f))_ij, Omega_i that of "
+                     "e -> ((p_ij ||u_ij||)^(1/2) zeta_ij(e))_(h,j), omega_i >= ||Omega_i||, Qt_h = W_Q^h W_K^h^T; "
+                     "chi_I, chi_II, chi_III (docs/local.md) bounded on U(X, eps_k)")
+    proof.add(Described(r"D^2F[e, f]_i = \textstyle\sum_h \sum_j p_{ij} (\zeta_{ij}(f) e_j + \zeta_{ij}(e) f_j) A_h "
+                        r"+ p_{ij} \zeta_{ij}(e) \zeta_{ij}(f) u_{ij} "
+                        r"+ c\,p_{ij} (e_i \tilde Q_h f_j^\top + f_i \tilde Q_h e_j^\top) u_{ij}"),
+              "differentiate DF[e]_i = sum_j p_ij e_j A_h + p_ij zeta_ij(e) u_ij again; "
+              "sum_j p_ij zeta_ij = 0 and sum_j p_ij u_ij = 0 remove the other terms", "softmax-derivative")
+    proof.add(le(Described(r"\|\textstyle\sum_h \Theta_h(f)\,E\,A_h\|_F"), chi_I / 2),
+              "||T E A||_F <= ||T||_2 ||E||_F ||A|| and ||Theta_h(f)||_2 <= ||Theta_h f|| per head (also with p_ij "
+              "raised to its upper end on U, the Frobenius norm being monotone in |entries|); jointly, "
+              "sum_h t_h e_j A_h = e_j [A_1 ... A_H] (t (x) I) gives ||[A_1 ... A_H]|| ||[Theta_1; ...; Theta_H] f||",
+              "norm-calculus")
+    proof.add(le(Described(r"\|(\textstyle\sum_{h,j} p_{ij} \zeta_{ij}(e) \zeta_{ij}(f) u_{ij})_i\|_F"), chi_II),
+              "Cauchy-Schwarz in (h, j) with weights p_ij ||u_ij||: each token's term is at most "
+              "||Omega_i e|| ||Omega_i f|| (also with p_ij ||u_ij|| raised to its upper end on U); then ||Omega_i f|| <= omega_i",
+              "norm-calculus")
+    proof.add(le(Described(r"\|(c \textstyle\sum_{h,j} p_{ij} d^2 s_{ij}[e, f]\,u_{ij})_i\|_F"), chi_III),
+              "|e_i Qt f_j^T| <= ||Qt|| ||e_i|| ||f_j|| and sum_i x_i y_i (W z)_i <= max_i ||W_i|| for unit "
+              "non-negative x, y, z; or, heads joined, sum_{h,j} w_hj e_i Qt_h f_j^T = e_i [Qt_1 ... Qt_H] (F^T w_h)_h "
+              "with ||F^T w_h|| <= ||w_h||; per token the smaller", "norm-calculus")
+    proof.add(le(Described(r"\|DF(Y) - DF(X)\|_2"),
+                 Described(r"\theta_U \textstyle\int_0^\epsilon \sup_{U(X, t)} \|D^2F\|\,dt")),
+              "DF(Y) - DF(X) = int_0^1 D^2F(X + s (Y - X))[Y - X, .] ds and X + s (Y - X) lies in U(X, s eps)",
+              "mean-value")
+    proof.add(le(Described(r"\sup_U \|DF(Y) - DF(X)\|_2"), Described(r"\theta_U \textstyle\sum_k") * statement),
+              "on [eps_{k-1}, eps_k] the supremum over U(X, t) is at most its bound on U(X, eps_k)", "norm-calculus")
+    return Theorem("local-attention-curvature", "Second derivative of attention on token balls", statement, proof)
 
 
 def _layernorm_symbols():
@@ -312,7 +354,8 @@ def coupling_bound() -> Theorem:
 #: every local theorem, by id (tested for completeness and for its lemmas)
 LOCAL_THEOREMS = {t.id: t for t in (score_deviation(), softmax_upper(), softmax_lower(), attention_movement(),
                                     attention_reach(),
-                                    attention_block(), attention_variation(), layernorm_lipschitz(),
+                                    attention_block(), attention_variation(), attention_curvature(),
+                                    layernorm_lipschitz(),
                                     layernorm_movement(), layernorm_variation(), feedforward_variation(),
                                     jacobian_on_neighbourhood(), chain_variation(2), path_certificate(),
                                     coupling_bound())}

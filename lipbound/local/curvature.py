@@ -1,0 +1,209 @@
+"""The second derivative of attention around a real input: how fast its Jacobian can change.
+
+For a head or an attention layer F (each head's values in the output space, ``A_h = V^h W_O^h``; the
+residual and the biases have no second derivative) and a direction e of the input, write
+
+    zeta_ij(e) = ds_ij[e] - sum_l p_il ds_il[e],   ds_ij[e] = c (e_i W_Q k_j^T + q_i W_K^T e_j^T),
+
+the centred change of the scores, and ``u_ij = v_j A_h - f_i``.  Differentiating
+``DF[e]_i = sum_j p_ij e_j A_h + p_ij zeta_ij(e) u_ij`` once more (lemma ``softmax-derivative``; the sums
+``sum_j p_ij zeta_ij = 0`` and ``sum_j p_ij u_ij = 0`` cancel the other terms) gives, per head,
+
+    D^2F[e, f]_i = sum_j p_ij (zeta_ij(f) e_j + zeta_ij(e) f_j) A_h + sum_j p_ij zeta_ij(e) zeta_ij(f) u_ij
+                   + c sum_j p_ij (e_i Qt_h f_j^T + f_i Qt_h e_j^T) u_ij,        Qt_h = W_Q^h W_K^h^T,
+
+and for unit e, f (Frobenius) the three groups are at most (theorem ``local-attention-curvature``)
+
+    chi_I   = 2 min( sum_h ||A_h|| ||Theta_h||,  ||[A_1 ... A_H]|| ||[Theta_1; ...; Theta_H]|| ),
+    chi_II  = || [omega_1 Omega_1; ...; omega_n Omega_n] ||,   omega_i >= ||Omega_i||,
+    chi_III = 2 c max_i min( (sum_j (sum_h ||Qt_h|| p_ij ||u_ij||)^2)^(1/2),
+                             ||[Qt_1 ... Qt_H]|| (sum_{h,j} p_ij^2 ||u_ij||^2)^(1/2) ),
+
+with ``Theta_h`` the matrix of ``f -> (p_ij zeta_ij(f))_ij`` ((n^2) x (n d)) and ``Omega_i`` that of
+``e -> ((p_ij ||u_ij||)^(1/2) zeta_ij(e))_(h, j)`` ((H n) x (n d)).  On a product of token balls they are
+evaluated in ball arithmetic: each matrix is its enclosure at X plus a deviation whose Frobenius norm
+is bounded block by block from the weight ranges, key and query movements and value shifts of
+:func:`~lipbound.local.bounds.attention_bounds`; the norms at X are computed once.  Since
+``DF(Y) - DF(X) = int_0^1 D^2F(X + s (Y - X))[Y - X, .] ds`` and ``X + s (Y - X)`` lies in ``U(X, s eps)``,
+
+    sup_{U(X, eps)} ||DF(Y) - DF(X)||_2 <= theta_U sum_k (eps_k - eps_{k-1}) (chi_I + chi_II + chi_III)(U(X, eps_k))
+
+for radii ``0 = eps_0 < eps_1 < ... < eps_K = eps``, with ``||Y - X||_F <= theta_U eps`` on U (``theta_U = 1``
+for the Frobenius and (2,1) balls, the square root of the number of moving tokens otherwise).  The
+matrices have ``H n^3 d`` entries; :data:`CURVATURE_LIMIT` caps them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..rigorous.arrays import IntervalArray
+from ..rigorous.linalg import Enclosure, spectral_norm_upper_large
+from ..symbolic import local as T
+from .bounds import LocalBounds, attention_norms, evaluate_theorem, value_space
+from .enclosed import EnclosedAttention, head_products
+
+__all__ = ["AttentionCurvature", "CURVATURE_LIMIT"]
+
+#: Largest ``H n^3 d`` for which the curvature matrices are formed (about 250 MB of interval entries).
+CURVATURE_LIMIT = 16_000_000
+
+
+class AttentionCurvature:
+    """The curvature bound of a head or an attention layer at one input (module docstring).
+
+    Parameters
+    ----------
+    E : EnclosedAttention
+        The head or layer enclosed at X (n tokens).
+    target : Head or Layer
+        The same target (its ``output_block`` places each head in the output space).
+
+    The matrices at X and their norms are built once; :meth:`chis` adds a neighbourhood's deviations and
+    :meth:`piece` makes one term of the theorem's sum.
+    """
+
+    def __init__(self, E: EnclosedAttention, target):
+        engine = E.engine
+        H, n, d = engine.H, E.n, engine.d
+        self.E, self.H, self.n, self.d = E, H, n, d
+        self.norms = attention_norms(engine)
+        values, outputs, self.value_norms = value_space(E, target)
+        products = head_products(engine)                                                # A_h, (H, d, d_out)
+        self.values_joint = _norm(products.swapaxes(0, 1).reshape(d, -1))               # ||[A_1 ... A_H]||
+        scores = IntervalArray.stack([IntervalArray.from_enclosure(Enclosure.exact(W_Q) @ Enclosure.exact(W_K.T))
+                         for W_Q, W_K in (engine.head_weights(h)[:2] for h in range(H))])
+        self.scores_joint = _norm(scores.swapaxes(0, 1).reshape(d, -1))                 # ||[Qt_1 ... Qt_H]||
+        u = values.expand(1) - outputs.expand(2)                                       # u_ij at X, (H, n, n, d_out)
+        self.rho = IntervalArray(u.norm_lower(), u.norm_upper())                        # ||u_ij|| at X
+        kappa = E.P.einsum("hil,hlk->hik", E.K)                                         # sum_l p_il k_l
+        spread = E.K.expand(1) - kappa.expand(2)                                        # k_j - kappa_i, (H, n, n, d_k)
+        key_part, query_part = [], []
+        for h in range(H):
+            W_Q, W_K = engine.head_weights(h)[:2]
+            key_part.append(spread[h].matmul(W_Q.T))                                   # W_Q (k_j - kappa_i), (n, n, d)
+            query_part.append(E.Q[h].matmul(W_K.T))                                    # W_K q_i, (n, d)
+        key_part, query_part = IntervalArray.stack(key_part), IntervalArray.stack(query_part)
+        self.key_norms = key_part.norm_upper()                                          # (H, n, n)
+        self.query_norms = query_part.norm_upper()                                      # (H, n)
+        # zeta_ij as a row: block m is c (delta_mj - p_im) W_K q_i + [m = i] c W_Q (k_j - kappa_i)
+        coefficient = IntervalArray(np.eye(n)[None, None]) - E.P.expand(2)              # (H, n(i), n(j), n(m))
+        a = coefficient.expand(-1) * query_part.expand(2).expand(2)
+        lo, hi = a.lo.copy(), a.hi.copy()
+        for i in range(n):
+            own = IntervalArray(lo[:, i, :, i], hi[:, i, :, i]) + key_part[:, i]
+            lo[:, i, :, i], hi[:, i, :, i] = own.lo, own.hi
+        self.zeta = IntervalArray(lo, hi) * E.c                                         # (H, n, n, n, d)
+        self.coefficient = coefficient.magnitude                                        # |delta_mj - p_im| at X
+        self.c = E.c.hi.item()
+        # the matrices at X and their norms (the neighbourhoods only add deviations)
+        G = self.zeta * E.P.expand(-1).expand(-1)                                       # Theta: rows p_ij zeta_ij
+        self.G_norms = np.array([_norm(G[h].reshape(n * n, n * d)) for h in range(H)])
+        self.G_norm = _norm(G.reshape(H * n * n, n * d))
+        self.weight = (E.P * self.rho).sqrt()                                           # Omega: (p_ij ||u_ij||)^(1/2) zeta_ij
+        self.rows = (self.zeta * self.weight.expand(-1).expand(-1)).swapaxes(0, 1).reshape(n, H * n, n * d)
+        self.row_norms = np.array([_norm(self.rows[i]) for i in range(n)])
+
+    @staticmethod
+    def fits(E: EnclosedAttention) -> bool:
+        """Whether the matrices stay within :data:`CURVATURE_LIMIT`."""
+        return E.engine.H * E.n ** 3 * E.engine.d <= CURVATURE_LIMIT
+
+    def _functional_deviation(self, facts: dict, r: np.ndarray):
+        """``(sup_U ||zeta_ijm||, sup_U ||zeta_ijm(Y) - zeta_ijm(X)||)`` per block m of each row, (H, n, n, n)."""
+        QK = IntervalArray(self.norms["QK"][:, None])                                   # ||W_Q W_K^T||, (H, 1)
+        delta, p_hi, c = IntervalArray(facts["delta"]), IntervalArray(facts["p_hi"]), IntervalArray(self.c)
+        radii = IntervalArray(r)
+        w_plus = IntervalArray(self.query_norms) + QK * radii[None, :]                 # ||W_K q_i|| on U, (H, n)
+        # kappa_i moves by sum_l delta_il ||W_Q (k_l - kappa_i)|| + ||Qt|| sum_l p_il r_l
+        moved_kappa = (delta * IntervalArray(self.key_norms)).sum(axis=-1) + QK * (p_hi * radii[None, None, :]).sum(axis=-1)
+        key_change = QK.expand(-1) * radii[None, None, :] + moved_kappa.expand(-1)     # (H, n(i), n(j))
+        coef, moved_p = IntervalArray(self.coefficient), delta.expand(2)                # (H, n, n, n), delta_im
+        w = w_plus[:, :, None, None]
+        change = c * (moved_p * w + coef * (QK * radii[None, :])[:, :, None, None])
+        size = c * (coef + moved_p) * w
+        change_hi, size_hi = change.hi.copy(), size.hi.copy()
+        for i in range(self.n):
+            change_hi[:, i, :, i] = (IntervalArray(change_hi[:, i, :, i]) + c * key_change[:, i]).hi
+            size_hi[:, i, :, i] = (IntervalArray(size_hi[:, i, :, i])
+                                   + c * (IntervalArray(self.key_norms[:, i]) + key_change[:, i])).hi
+        return size_hi, change_hi
+
+    @staticmethod
+    def _scaled_deviation(at_x: IntervalArray, on_u: IntervalArray, size: np.ndarray, change: np.ndarray) -> np.ndarray:
+        """``sup_U ||s(Y) z(Y) - s(X) z(X)|| <= |s(Y) - s(X)| ||z(Y)|| + |s(X)| ||z(Y) - z(X)||`` per block,
+        for row scales s enclosed at X and on U, shape (H, n, n)."""
+        moved = np.maximum(np.maximum((on_u - IntervalArray(at_x.lo)).hi, (IntervalArray(at_x.hi) - on_u).hi), 0.0)
+        return (IntervalArray(moved[..., None]) * IntervalArray(size)
+                + IntervalArray(at_x.magnitude[..., None]) * IntervalArray(change)).hi
+
+    def chis(self, bounds: LocalBounds, r: np.ndarray) -> tuple[float, float, float]:
+        """``(chi_I, chi_II, chi_III)`` on the token balls with radii ``r``; ``bounds`` are those of
+        :func:`~lipbound.local.bounds.attention_bounds` on the same balls (their ``facts``)."""
+        E, facts = self.E, bounds.facts
+        H, n, d = self.H, self.n, self.d
+        p_on_u = IntervalArray(facts["p_lo"], facts["p_hi"])
+        size, change = self._functional_deviation(facts, r)
+        moved_u = IntervalArray(facts["value_shift"][:, None, :]) + IntervalArray(facts["head_movement"][:, :, None])
+        rho_on_u = IntervalArray(np.maximum((self.rho - moved_u).lo, 0.0), (self.rho + moved_u).hi)
+        p_plus = IntervalArray(facts["p_hi"])
+        # Each matrix two ways: rows scaled at X plus the scale's change, or scaled by the scale's upper
+        # end on U, where only zeta changes (the first wins on small balls, the second on large ones).
+        # chi_I: Theta_h per head and all heads stacked
+        G_change = self._scaled_deviation(E.P, p_on_u, size, change)                  # (H, n, n, n)
+        per_head = IntervalArray(self.G_norms) + IntervalArray(_root_sum_squares(G_change.reshape(H, -1), axis=-1))
+        stacked = IntervalArray(self.G_norm) + IntervalArray(_root_sum_squares(G_change, None))
+        upper = self.zeta * p_plus.expand(-1).expand(-1)
+        stacked_upper = IntervalArray(_norm(upper.reshape(H * n * n, n * d))) \
+            + IntervalArray(_root_sum_squares((p_plus.expand(-1) * IntervalArray(change)).hi, None))
+        first = min((IntervalArray(self.value_norms) * per_head).sum(axis=0).hi.item(),
+                    (IntervalArray(self.values_joint) * stacked).hi.item(),
+                    (IntervalArray(self.values_joint) * stacked_upper).hi.item())
+        chi_I = (IntervalArray(2.0) * IntervalArray(first)).hi.item()
+        # chi_II: Omega_i, rows (h, j) of query i
+        weight_plus = (p_plus * IntervalArray(rho_on_u.hi)).sqrt()
+        M_change = self._scaled_deviation(self.weight, (p_on_u * rho_on_u).sqrt(), size, change)  # (H, n, n, n)
+        rows_plus = (self.zeta * weight_plus.expand(-1).expand(-1)).swapaxes(0, 1).reshape(n, H * n, n * d)
+        M_plus_change = (weight_plus.expand(-1) * IntervalArray(change)).hi
+        second = math.inf
+        for rows, row_norms, moved in ((self.rows, self.row_norms, M_change), (rows_plus, None, M_plus_change)):
+            row_change = _root_sum_squares(moved.swapaxes(0, 1).reshape(n, -1), axis=-1)          # (n,)
+            if row_norms is None:
+                row_norms = np.array([_norm(rows[i]) for i in range(n)])
+            m = (IntervalArray(row_norms) + IntervalArray(row_change)).hi
+            scaled = rows * IntervalArray(m)[:, None, None]
+            second = min(second, (IntervalArray(_norm(scaled.reshape(n * H * n, n * d))) + IntervalArray(
+                _root_sum_squares((IntervalArray(m) * IntervalArray(row_change)).hi, None))).hi.item())
+        chi_II = second
+        # chi_III: W_ij = sum_h ||Qt_h|| p_ij ||u_ij||, or the heads joined through ||[Qt_1 ... Qt_H]||
+        reach = p_plus * IntervalArray(rho_on_u.hi)                                             # (H, n, n)
+        W = (IntervalArray(self.norms["QK"][:, None, None]) * reach).sum(axis=0)
+        joined = IntervalArray(self.scores_joint) * IntervalArray(
+            _root_sum_squares(reach.hi.swapaxes(0, 1).reshape(n, -1), -1))
+        third = float(np.max(np.minimum(_root_sum_squares(W.hi, axis=-1), joined.hi)))
+        chi_III = (IntervalArray(2.0) * IntervalArray(self.c) * IntervalArray(third)).hi.item()
+        return chi_I, chi_II, chi_III
+
+    @staticmethod
+    def piece(chis: tuple, width: float) -> float:
+        """One term ``(eps_k - eps_{k-1}) (chi_I + chi_II + chi_III)`` of theorem local-attention-curvature,
+        from :meth:`chis` on ``U(X, eps_k)`` and the width ``eps_k - eps_{k-1}`` (rounded up)."""
+        chi_I, chi_II, chi_III = chis
+        return evaluate_theorem(T.attention_curvature(), **{
+            r"\chi_{I}": chi_I, r"\chi_{II}": chi_II, r"\chi_{III}": chi_III,
+            r"\Delta\epsilon_k": width}).item()
+
+
+def _root_sum_squares(x: np.ndarray, axis) -> np.ndarray:
+    """Upper bound on ``sqrt(sum x^2)`` over ``axis`` (all axes for None) for non-negative floats."""
+    x = np.asarray(x, dtype=np.float64)
+    if axis is None:
+        x, axis = x.ravel(), 0
+    return IntervalArray(x).square().sum(axis=axis).sqrt().hi
+
+
+def _norm(matrix: IntervalArray) -> float:
+    """Certified spectral norm of an interval matrix (midpoint's norm plus the radius's Frobenius norm)."""
+    return spectral_norm_upper_large(matrix.to_enclosure())

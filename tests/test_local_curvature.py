@@ -1,0 +1,204 @@
+"""The second derivative of attention (theorem local-attention-curvature), checked against independent routes.
+
+* the closed form of ``D^2F[e, f]`` the theorem starts from, written here again in plain numpy, against
+  central differences of the forward pass's Jacobian-vector products;
+* the curvature bound at X against the largest ``||D^2F[e, f]||`` an alternating ascent finds;
+* the integrated bound on ``U(X, eps)`` against the largest ``||DF(Y) - DF(X)||_2`` found by projected
+  ascent inside U (dense Jacobians by finite differences), for heads and layers, several balls;
+* on a generated model, the curve through the route (real weights: tests/test_local_cli.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import local_models
+from lipbound.local.balls import Neighbourhood
+from lipbound.local.chains import Component
+from lipbound.local.curvature import AttentionCurvature
+from lipbound.local.curve import _Centre, _CurvatureRoute, lipschitz_curve
+from lipbound.local.enclosed import EnclosedAttention
+from lipbound.numeric.model import Head, Layer
+
+
+def _target(rng, kind: str, d: int, heads: int, d_k: int, scale: float):
+    made = tuple(Head(scale * rng.standard_normal((d, d_k)), scale * rng.standard_normal((d, d_k)),
+                      rng.standard_normal((d, d_k)) / np.sqrt(d), 0.3 * rng.standard_normal(d_k),
+                      0.3 * rng.standard_normal(d_k), 0.3 * rng.standard_normal(d_k), name=f"head{h}")
+                 for h in range(heads))
+    if kind == "head":
+        return made[0]
+    return Layer(made, rng.standard_normal((heads * d_k, d)) / np.sqrt(d), 0.2 * rng.standard_normal(d), residual=True)
+
+
+def _parts(target):
+    """``[(W_Q, W_K, A, b_Q, b_K, b_A)]`` per head, values in the output space."""
+    if isinstance(target, Head):
+        return [(target.W_Q, target.W_K, target.V, target.b_Q, target.b_K, target.b_V)]
+    return [(h.W_Q, h.W_K, h.V @ target.output_block(k), h.b_Q, h.b_K, h.b_V @ target.output_block(k))
+            for k, h in enumerate(target.heads)]
+
+
+def _forward(target, X):
+    out = X.copy() if isinstance(target, Layer) else 0.0
+    for W_Q, W_K, A, b_Q, b_K, b_A in _parts(target):
+        S = (X @ W_Q + b_Q) @ (X @ W_K + b_K).T / np.sqrt(W_Q.shape[1])
+        P = np.exp(S - S.max(axis=1, keepdims=True))
+        out = out + (P / P.sum(axis=1, keepdims=True)) @ (X @ A + b_A)
+    return out
+
+
+def _second(target, X, e, f):
+    """``D^2F(X)[e, f]`` by the formula of the theorem (no finite differences)."""
+    total = 0.0
+    for W_Q, W_K, A, b_Q, b_K, b_A in _parts(target):
+        c = 1 / np.sqrt(W_Q.shape[1])
+        q, k, v = X @ W_Q + b_Q, X @ W_K + b_K, X @ A + b_A
+        S = c * q @ k.T
+        P = np.exp(S - S.max(axis=1, keepdims=True))
+        P /= P.sum(axis=1, keepdims=True)
+        u = v[None, :, :] - (P @ v)[:, None, :]
+
+        def centred(g):
+            ds = c * ((g @ W_Q) @ k.T + q @ (g @ W_K).T)
+            return ds - np.sum(P * ds, axis=1, keepdims=True)
+
+        ae, af = centred(e), centred(f)
+        Qt = W_Q @ W_K.T
+        second_scores = c * (e @ Qt @ f.T + f @ Qt @ e.T)
+        total = total + (P * af) @ (e @ A) + (P * ae) @ (f @ A) \
+            + np.einsum("ij,ijd->id", P * (ae * af + second_scores), u)
+    return total
+
+
+def _jvp(target, X, e, h=1e-6):
+    return (_forward(target, X + h * e) - _forward(target, X - h * e)) / (2 * h)
+
+
+def _jacobian(target, Y):
+    n, d = Y.shape
+    columns = []
+    for index in range(n * d):
+        e = np.zeros(n * d)
+        e[index] = 1.0
+        columns.append(_jvp(target, Y, e.reshape(n, d)).ravel())
+    return np.array(columns).T
+
+
+@pytest.mark.parametrize("kind", ["head", "layer"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_second_derivative_formula_matches_finite_differences(kind, seed):
+    rng = np.random.default_rng(seed)
+    target = _target(rng, kind, d=5, heads=2, d_k=3, scale=1.5)
+    X = rng.standard_normal((4, 5))
+    for _ in range(3):
+        e, f = rng.standard_normal((2, 4, 5))
+        h = 1e-4
+        numeric = (_jvp(target, X + h * e, f) - _jvp(target, X - h * e, f)) / (2 * h)
+        assert np.allclose(_second(target, X, e, f), numeric, rtol=1e-4, atol=1e-5)
+
+
+def _largest_second(target, X, rng, restarts=6, steps=40):
+    """Alternating ascent on ``||D^2F[e, f]||`` over unit e, f (a lower bound on the true norm)."""
+    best = 0.0
+    n, d = X.shape
+    basis = np.eye(n * d).reshape(n * d, n, d)
+    for _ in range(restarts):
+        e, f = rng.standard_normal((2, n, d))
+        e, f = e / np.linalg.norm(e), f / np.linalg.norm(f)
+        for _ in range(steps):
+            g = _second(target, X, e, f)
+            g /= max(np.linalg.norm(g), 1e-300)
+            e = np.array([np.sum(g * _second(target, X, b, f)) for b in basis]).reshape(n, d)
+            e /= max(np.linalg.norm(e), 1e-300)
+            f, e = e, f
+        best = max(best, float(np.linalg.norm(_second(target, X, e, f))))
+    return best
+
+
+def _route(target, X, ball="fro", eps=1.0, positions=()):
+    kind = "head" if isinstance(target, Head) else "attention"
+    chain = [Component(kind, target, "generated")]
+    hoods = [Neighbourhood(ball, eps, positions)]
+    return _CurvatureRoute.of(chain, _Centre(chain, X, dense=False), X, hoods)
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), kind=st.sampled_from(["head", "layer"]), n=st.integers(2, 4),
+       scale=st.sampled_from([0.5, 1.5, 3.0]))
+def test_the_curvature_bounds_the_second_derivative_at_x(seed, kind, n, scale):
+    rng = np.random.default_rng(seed)
+    target = _target(rng, kind, d=4, heads=2, d_k=2, scale=scale)
+    X = rng.standard_normal((n, 4))
+    route = _route(target, X)
+    chi = sum(route._chis(1e-12))
+    found = _largest_second(target, X, rng)
+    assert found <= chi * (1 + 1e-6)
+
+
+def _largest_change(target, X, hood, rng, restarts=4, steps=12):
+    """Projected ascent on ``||DF(Y) - DF(X)||_2`` over Y in U(X, eps)."""
+    J0 = _jacobian(target, X)
+    moving = hood.moving(X.shape[0])[:, None]
+    best = 0.0
+
+    def project(E):
+        E = E * moving
+        if hood.ball == "fro":
+            return E * min(1.0, hood.eps / max(np.linalg.norm(E), 1e-300))
+        sizes = np.linalg.norm(E, axis=1, keepdims=True)
+        return E * np.minimum(1.0, hood.eps / np.maximum(sizes, 1e-300))
+
+    for _ in range(restarts):
+        E = project(rng.standard_normal(X.shape) * 10)
+        for _ in range(steps):
+            D = _jacobian(target, X + E) - J0
+            U, s, Vt = np.linalg.svd(D)
+            best = max(best, float(s[0]))
+            u, v = U[:, 0].reshape(X.shape[0], -1), Vt[0].reshape(X.shape)
+            gradient = np.array([np.sum(u * _second(target, X + E, b, v)) for b in np.eye(X.size).reshape(-1, *X.shape)])
+            E = project(E + gradient.reshape(X.shape) * hood.eps / max(np.linalg.norm(gradient), 1e-300))
+        best = max(best, float(np.linalg.norm(_jacobian(target, X + E) - J0, 2)))
+    return best
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), kind=st.sampled_from(["head", "layer"]), ball=st.sampled_from(["fro", "2,inf", "tokens"]),
+       eps=st.sampled_from([1e-3, 0.05, 0.3, 1.0]), scale=st.sampled_from([0.7, 2.0]))
+def test_the_integrated_bound_holds_on_the_neighbourhood(seed, kind, ball, eps, scale):
+    rng = np.random.default_rng(seed)
+    target = _target(rng, kind, d=4, heads=2, d_k=2, scale=scale)
+    X = rng.standard_normal((3, 4))
+    hood = Neighbourhood(ball, eps, (1,) if ball == "tokens" else ())
+    route = _route(target, X, ball, eps, hood.positions)
+    bound = route.variation(hood, np.inf)
+    assert _largest_change(target, X, hood, rng) <= bound * (1 + 1e-6) + 1e-7
+
+
+def test_the_curvature_matrices_are_refused_beyond_their_size_limit():
+    rng = np.random.default_rng(0)
+    target = _target(rng, "layer", d=4, heads=2, d_k=2, scale=1.0)
+    small = EnclosedAttention(target, rng.standard_normal((3, 4)))
+    assert AttentionCurvature.fits(small)
+    large = EnclosedAttention(target, rng.standard_normal((160, 4)))
+    assert not AttentionCurvature.fits(large)
+    chain = [Component("attention", target, "generated")]
+    X = rng.standard_normal((160, 4))
+    assert _CurvatureRoute.of(chain, _Centre(chain, X, dense=False), X, [Neighbourhood("fro", 0.1)]) is None
+
+
+def test_the_curve_of_a_generated_model_gains_from_the_route_and_keeps_its_witness_below(monkeypatch):
+    generated = local_models.model(seed=3, layers=1)
+    X = generated.layer(0).ln_in(np.random.default_rng(1).standard_normal((4, 6)))
+    eps = [0.0, 1e-4, 1e-3, 1e-2]
+    curve = lipschitz_curve(generated, X, kind="layer", layer=0, eps=eps, ascent_steps=3)
+    monkeypatch.setattr(_CurvatureRoute, "of", classmethod(lambda cls, *args: None))
+    blockwise = lipschitz_curve(generated, X, kind="layer", layer=0, eps=eps, ascent_steps=3)
+    for point, other in zip(curve.points, blockwise.points):
+        assert point.verdict == "holds"
+        assert point.witness <= point.certified <= other.certified
+    assert curve.points[2].certified < blockwise.points[2].certified
+    assert curve.points[2].ratio < 1.1
