@@ -47,8 +47,9 @@ from .enclosed import EnclosedAttention, head_products
 
 __all__ = ["AttentionCurvature", "CURVATURE_LIMIT"]
 
-#: Largest ``H n^3 d`` for which the curvature matrices are formed (about 250 MB of interval entries).
-CURVATURE_LIMIT = 16_000_000
+#: Largest ``H n^3 d`` for which the curvature matrices are formed (n <= 12 tokens at MiniLM's width:
+#: their spectral norms cost about n^5, a few seconds per radius at the limit).
+CURVATURE_LIMIT = 8_000_000
 
 
 class AttentionCurvature:

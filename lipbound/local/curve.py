@@ -256,14 +256,15 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
 class _CurvatureRoute:
     """``sup_U ||DF(Y) - DF(X)||_2`` of a single head or attention layer through its second derivative
     (theorem local-attention-curvature): the curvature bound on the neighbourhoods ``U(X, t)`` of a
-    grid of radii (four per decade over four decades below the largest eps, and every eps asked for),
-    integrated from 0 to eps as an upper Riemann sum."""
+    grid of radii (the powers of 10^(1/4) over a decade below each eps asked for, and the eps
+    themselves), integrated from 0 to eps as an upper Riemann sum; radii are evaluated once, lazily."""
 
     def __init__(self, chain, centre: _Centre, X: np.ndarray, hood: Neighbourhood, radii: list):
         self.component, self.enclosed, self.X, self.hood = chain[0], centre.enclosed[0], X, hood
         self.curvature = AttentionCurvature(self.enclosed, chain[0].target)
-        top = max(radii)
-        self.grid = sorted(set(radii) | {top * 10.0 ** (-k / 4) for k in range(1, 17)})
+        lattice = {10.0 ** (k / 4) for eps in radii for k in range(math.floor(4 * math.log10(eps)) - 3,
+                                                                       math.ceil(4 * math.log10(eps)))}
+        self.grid = sorted(set(radii) | lattice)
         moving = float(hood.moving(X.shape[0]).sum())   # ||Y - X||_F <= theta_U eps
         self.frobenius = IntervalArray(1.0) if hood.ball in ("fro", "2,1") else IntervalArray(moving).sqrt()
         self.chis, self.exhausted = {}, math.inf
@@ -286,8 +287,8 @@ class _CurvatureRoute:
         return self.chis[t]
 
     def variation(self, hood: Neighbourhood, other: float) -> float:
-        """The integrated bound for ``U(X, hood.eps)`` (inf once it has lost to ``other``, the blockwise
-        bound, at a smaller eps: it grows faster)."""
+        """The integrated bound for ``U(X, hood.eps)``; inf as soon as its partial sum exceeds ``other`` (the
+        blockwise bound), and for every larger eps after that (it grows faster)."""
         if hood.eps == 0:
             return 0.0
         if hood.eps > self.exhausted:
@@ -301,10 +302,10 @@ class _CurvatureRoute:
             width = (IntervalArray(t) - IntervalArray(previous)).hi.item()
             total = total + IntervalArray(self.curvature.piece(chis, width))
             previous = t
-        value = (total * self.frobenius).hi.item()
-        if value > other:
-            self.exhausted = hood.eps
-        return value
+            if (total * self.frobenius).hi.item() > other:  # the rest only adds: the blockwise bound wins
+                self.exhausted = hood.eps
+                return math.inf
+        return (total * self.frobenius).hi.item()
 
 
 # the Jacobian at X ------------------------------------------------------------------------------
