@@ -258,8 +258,8 @@ def layernorm_bounds(norm: LayerNorm, balls: TokenBalls, enclosed: EnclosedLayer
     small = R < E.nu.lo                                                      # the chord form needs R < nu
     chord = np.full_like(R, np.inf)
     if np.any(small):
-        chord[small] = evaluate_theorem(T.layernorm_movement(), **{k: (v[small] if isinstance(v, IntervalArray) and v.shape
-                                                                 else v) for k, v in common.items()}, R=R[small])
+        restricted = {k: (v[small] if isinstance(v, IntervalArray) and v.shape else v) for k, v in common.items()}
+        chord[small] = evaluate_theorem(T.layernorm_movement(), **restricted, R=R[small])
     movement = np.minimum(np.minimum(chord, (IntervalArray(lipschitz) * IntervalArray(R)).hi), reach)
     scale = IntervalArray(norm.gamma_max) * IntervalArray(float(norm.d)).sqrt()
     G = np.minimum((IntervalArray(movement) / scale).hi, 2.0)
@@ -322,7 +322,7 @@ def feedforward_bounds(ffn: FeedForward, balls: TokenBalls, enclosed: EnclosedFe
     variation = evaluate_theorem(T.feedforward_variation(), **{names[0]: factors[0], names[1]: factors[1]})
     at_center = E.jacobian_norms(None if want_variation else np.flatnonzero(local))
     lipschitz = evaluate_theorem(T.jacobian_on_neighbourhood(), **{r"\|Df(X)\|": at_center,
-                                                            r"\sup_U \|Df(Y) - Df(X)\|": variation})
+                                                                   r"\sup_U \|Df(Y) - Df(X)\|": variation})
     lipschitz = np.where(local | (R == 0), lipschitz, feedforward_global(ffn))
     movement = (IntervalArray(lipschitz) * IntervalArray(R)).hi
     return LocalBounds(movement, np.diag(lipschitz), np.diag(variation), np.diag(at_center), E.output,
