@@ -39,7 +39,6 @@ from ..numeric.model import Model
 from ..rigorous.arrays import IntervalArray
 from ..rigorous.intervals import Verdict, certify_le, interval
 from ..rigorous.linalg import Enclosure, spectral_norm_upper, spectral_norm_upper_large
-from ..rigorous.value import CertifiedValue
 from .balls import LIPSCHITZ_NORMS, Neighbourhood, TokenBalls
 from .chains import Component, chain_for, chain_forward, chain_jvp, chain_vjp
 from .curvature import AttentionCurvature
