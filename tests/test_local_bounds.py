@@ -28,7 +28,7 @@ from lipbound.numeric.attention import self_forward
 from lipbound.numeric.forward import attention_block, hidden_states
 
 
-def _jacobian(f, X, h=1e-6):
+def central_jacobian(f, X, h=1e-6):
     """Dense Jacobian by central differences: ``J[i, a, j, b] = d f(X)_{i a} / d X_{j b}``."""
     n, d = X.shape
     out = None
@@ -61,12 +61,12 @@ def _points(rng, balls: TokenBalls, count: int):
 
 
 def _check_component(f, bounds, balls, rng, count=40, tol=1e-6):
-    J0 = _jacobian(f, balls.center)
+    J0 = central_jacobian(f, balls.center)
     assert np.all(_block_norms(J0) <= bounds.at_center * (1 + tol) + tol)
     for Y in _points(rng, balls, count):
         moved = np.linalg.norm(f(Y) - f(balls.center), axis=1)
         assert np.all(moved <= bounds.movement * (1 + tol) + tol), (moved, bounds.movement)
-        J = _jacobian(f, Y)
+        J = central_jacobian(f, Y)
         assert np.all(_block_norms(J) <= bounds.blocks * (1 + tol) + 1e-5)
         assert np.all(_block_norms(J - J0) <= bounds.variation * (1 + tol) + 1e-5)
 
@@ -145,7 +145,7 @@ def test_lipschitz_curve_sandwich_on_a_generated_block():
             offset = Y - X
             size = np.linalg.norm(offset)
             Y = X + (offset * min(1.0, point.eps / size) if size > 0 else 0)
-            J = _jacobian(block, Y).reshape(X.size, X.size)
+            J = central_jacobian(block, Y).reshape(X.size, X.size)
             assert np.linalg.norm(J, 2) <= point.certified * (1 + 1e-6)
     assert curve.points[0].certified == pytest.approx(curve.jacobian_norm, rel=1e-6)
     assert curve.points[1].certified <= 1.05 * curve.jacobian_norm

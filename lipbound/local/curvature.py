@@ -148,11 +148,11 @@ class AttentionCurvature:
         # chi_I: Theta_h per head and all heads stacked, the rows scaled at X plus the scale's change, or
         # scaled by the scale's upper end on U, where only zeta changes
         G_change = self._scaled_deviation(E.P, p_on_u, size, change)                  # (H, n, n, n)
-        per_head = IntervalArray(self.G_norms) + IntervalArray(_root_sum_squares(G_change.reshape(H, -1), axis=-1))
-        stacked = IntervalArray(self.G_norm) + IntervalArray(_root_sum_squares(G_change, None))
+        per_head = IntervalArray(self.G_norms) + IntervalArray(IntervalArray(G_change.reshape(H, -1)).norm_upper())
+        stacked = IntervalArray(self.G_norm) + IntervalArray(IntervalArray(G_change.ravel()).norm_upper())
         upper = self.zeta * p_plus.expand(-1).expand(-1)
         stacked_upper = IntervalArray(_norm(upper.reshape(H * n * n, n * d))) \
-            + IntervalArray(_root_sum_squares((p_plus.expand(-1) * IntervalArray(change)).hi, None))
+            + IntervalArray((p_plus.expand(-1) * IntervalArray(change)).reshape(-1).norm_upper())
         first = min((IntervalArray(self.value_norms) * per_head).sum(axis=0).hi.item(),
                     (IntervalArray(self.values_joint) * stacked).hi.item(),
                     (IntervalArray(self.values_joint) * stacked_upper).hi.item())
@@ -161,17 +161,17 @@ class AttentionCurvature:
         # (scaling at X and adding the scale's change never did better on the MiniLM layers)
         weight = (p_plus * IntervalArray(rho_on_u.hi)).sqrt()
         rows = (self.zeta * weight.expand(-1).expand(-1)).swapaxes(0, 1).reshape(n, H * n, n * d)
-        row_change = _root_sum_squares((weight.expand(-1) * IntervalArray(change)).hi.swapaxes(0, 1).reshape(n, -1), -1)
+        row_change = (weight.expand(-1) * IntervalArray(change)).swapaxes(0, 1).reshape(n, -1).norm_upper()
         m = (IntervalArray([_norm(rows[i]) for i in range(n)]) + IntervalArray(row_change)).hi   # omega_i
         scaled = rows * IntervalArray(m)[:, None, None]
         chi_II = (IntervalArray(_norm(scaled.reshape(n * H * n, n * d)))
-                  + IntervalArray(_root_sum_squares((IntervalArray(m) * IntervalArray(row_change)).hi, None))).hi.item()
+                  + IntervalArray((IntervalArray(m) * IntervalArray(row_change)).norm_upper())).hi.item()
         # chi_III: W_ij = sum_h ||Qt_h|| p_ij ||u_ij||, or the heads joined through ||[Qt_1 ... Qt_H]||
         reach = p_plus * IntervalArray(rho_on_u.hi)                                             # (H, n, n)
         W = (IntervalArray(self.norms["QK"][:, None, None]) * reach).sum(axis=0)
         joined = IntervalArray(self.scores_joint) * IntervalArray(
-            _root_sum_squares(reach.hi.swapaxes(0, 1).reshape(n, -1), -1))
-        third = float(np.max(np.minimum(_root_sum_squares(W.hi, axis=-1), joined.hi)))
+            reach.swapaxes(0, 1).reshape(n, -1).norm_upper())
+        third = float(np.max(np.minimum(W.norm_upper(), joined.hi)))
         chi_III = (IntervalArray(2.0) * IntervalArray(self.c) * IntervalArray(third)).hi.item()
         return chi_I, chi_II, chi_III
 
@@ -183,14 +183,6 @@ class AttentionCurvature:
         return evaluate_theorem(T.attention_curvature(), **{
             r"\chi_{I}": chi_I, r"\chi_{II}": chi_II, r"\chi_{III}": chi_III,
             r"\Delta\epsilon_k": width}).item()
-
-
-def _root_sum_squares(x: np.ndarray, axis) -> np.ndarray:
-    """Upper bound on ``sqrt(sum x^2)`` over ``axis`` (all axes for None) for non-negative floats."""
-    x = np.asarray(x, dtype=np.float64)
-    if axis is None:
-        x, axis = x.ravel(), 0
-    return IntervalArray(x).square().sum(axis=axis).sqrt().hi
 
 
 def _norm(matrix: IntervalArray) -> float:
