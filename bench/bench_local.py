@@ -9,7 +9,8 @@ On all-MiniLM-L6-v2 and the 20 sentences of lipbound/measures/data/sentences.txt
   at layer 5; the wall time of the first sentence is the ``time`` figure (target < 120 s for 6 layers);
 * ``curve`` -- L(eps) certified / witness of the attention layer (with its residual) for eps up to 1% of
   the LayerNorm radius (target <= 1.5), and whether the certified curve meets the global constant at
-  eps = 2 R;
+  eps = 2 R, with each curve's wall time; on the two shortest sentences, or on sentences of the token
+  counts ``--curve-lengths`` (e.g. 8,14,16,20,24,37) with the curvature bound up to ``--curvature-tokens``;
 * ``fits``  -- from the ``path`` rows: least-squares exponents of ``W1 ~ C k^a n^b`` for the measured and
   the certified movements per layer (a = -b is a law in k / n), and of ``W1 ~ C (k / n)^c``.
 
@@ -79,11 +80,24 @@ def set_part(model, texts, layers):
                  if index == 0 else ""))
 
 
-def curve_part(model, texts, layers, fractions):
+def by_length(model, counts) -> list[str]:
+    """One of the 20 sentences per token count asked for (the first with exactly that many tokens)."""
+    every = sentences(20)
+    lengths = [len(model.encode(text)) for text in every]
+    missing = sorted(set(counts) - set(lengths))
+    if missing:
+        raise SystemExit(f"--curve-lengths: no sentence has {missing} tokens; the 20 have {sorted(set(lengths))}")
+    return [every[lengths.index(count)] for count in counts]
+
+
+def curve_part(model, texts, layers, fractions, curvature_tokens):
     from lipbound.measures.curves import local_curve
     for text in texts:
         for layer in layers:
-            curve, _ = local_curve(text, layer=layer, kind="layer", eps=fractions + (2.0,), model=model)
+            began = time.perf_counter()
+            curve, _ = local_curve(text, layer=layer, kind="layer", eps=fractions + (2.0,), model=model,
+                                   curvature_tokens=curvature_tokens)
+            seconds = time.perf_counter() - began
             small = [p for p in curve.points if p.eps <= 0.01 * curve.radius * (1 + 1e-12)]
             last = curve.points[-1]
             within = 0.0  # the largest eps / R up to which every ratio is <= 1.5
@@ -96,7 +110,7 @@ def curve_part(model, texts, layers, fractions):
                   + f" (<= 1.5 up to {within:.0e} R)"
                   + f"; at 2R certified {last.certified:.4g} vs global {last.global_constant:.4g} "
                   f"({'meets' if math.isclose(last.certified, last.global_constant, rel_tol=1e-9) else 'below'}); "
-                  f"verdicts {sorted({p.verdict for p in curve.points})}")
+                  f"verdicts {sorted({p.verdict for p in curve.points})}; {seconds:.0f} s")
 
 
 def fit(rows, key):
@@ -137,6 +151,11 @@ def main() -> None:
     parser.add_argument("--k", default="1..3", help="edit sizes (default 1..3)")
     parser.add_argument("--layers", default="0..5", help="layers counted from 0 (default 0..5)")
     parser.add_argument("--figure", help="write the k / n figure of the fits here (e.g. docs/figures/edits.png)")
+    parser.add_argument("--curve-lengths", default="",
+                        help="the curve part on sentences with these token counts (e.g. 14,20,37) instead of the "
+                             "two shortest")
+    parser.add_argument("--curvature-tokens", type=int, default=None,
+                        help="largest n of the curvature bound in the curve part (default: lipbound's)")
     args = parser.parse_args()
 
     from lipbound.cli.parsing import int_list
@@ -152,7 +171,11 @@ def main() -> None:
     if "set" in args.parts:
         set_part(model, sentences(args.set_sentences), layers)
     if "curve" in args.parts:
-        curve_part(model, texts[:2], (min(layers), max(layers)), (1e-5, 1e-4, 1e-3, 2e-3, 3e-3, 1e-2))
+        from lipbound.local.curvature import CURVATURE_TOKENS
+        chosen = by_length(model, int_list("--curve-lengths", 1)(args.curve_lengths)) if args.curve_lengths \
+            else texts[:2]
+        curve_part(model, chosen, (min(layers), max(layers)), (1e-5, 1e-4, 1e-3, 2e-3, 3e-3, 1e-2),
+                   args.curvature_tokens or CURVATURE_TOKENS)
 
 
 if __name__ == "__main__":

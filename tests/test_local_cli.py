@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from lipbound.cli import main
+from lipbound.local.curvature import CURVATURE_TOKENS
 from lipbound.printing.figures import draw_edit_layers, draw_local_curve
 
 ROW_KEYS = {"layer", "k", "positions", "n", "measured", "measured_max_token", "predicted_path", "predicted_set",
@@ -62,6 +63,7 @@ def test_local_curve_and_edit_rows_through_the_command_line(tmp_path, capsys):
     (["--ball", "tokens"], "--positions: expected the tokens that move"),
     (["--layer", "6"], "--layer: expected"),
     (["--plot-curve", "/nonexistent/dir/c.png"], "no folder /nonexistent/dir"),
+    (["--curvature-tokens", "0"], "argument --curvature-tokens: expected a positive integer, got '0'"),
 ])
 def test_local_errors_are_one_line(args, fragment, capsys):
     try:
@@ -71,6 +73,20 @@ def test_local_errors_are_one_line(args, fragment, capsys):
     assert status == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and fragment in error[0] and "Fix:" in error[0], error
+
+
+def test_curvature_tokens_switch_the_second_derivative_bound_on_and_off(tmp_path, capsys):
+    curves = {}
+    for tokens in ("16", "8"):   # the sentence has 9 tokens
+        path = tmp_path / f"{tokens}.json"
+        assert main(["local", "The cat sat on the mat.", "--kind", "head", "--head", "3", "--eps", "0,1e-3",
+                     "--curvature-tokens", tokens, "--json", str(path)]) == 0
+        curves[tokens] = json.loads(path.read_text())["curve"]["points"]
+    assert curves["16"][0]["certified"] == pytest.approx(curves["8"][0]["certified"], rel=1e-9)
+    assert curves["16"][1]["witness"] <= curves["16"][1]["certified"] < curves["8"][1]["certified"]
+    with pytest.raises(SystemExit):
+        main(["local", "--help"])
+    assert f"(default {CURVATURE_TOKENS};" in " ".join(capsys.readouterr().out.split())
 
 
 def test_figures_refuse_reports_of_the_wrong_kind(tmp_path):

@@ -19,7 +19,7 @@ import local_models
 from test_local_bounds import central_jacobian
 from lipbound.local.balls import Neighbourhood
 from lipbound.local.chains import Component
-from lipbound.local.curvature import AttentionCurvature
+from lipbound.local.curvature import CURVATURE_TOKENS, AttentionCurvature
 from lipbound.local.curve import _Centre, _CurvatureRoute, lipschitz_curve
 from lipbound.local.enclosed import EnclosedAttention
 from lipbound.numeric.model import Head, Layer
@@ -175,16 +175,20 @@ def test_the_integrated_bound_holds_on_the_neighbourhood(seed, kind, ball, eps, 
     assert _largest_change(target, X, hood, rng) <= bound * (1 + 1e-6) + 1e-7
 
 
-def test_the_curvature_matrices_are_refused_beyond_their_size_limit():
+def test_the_curvature_matrices_are_refused_beyond_their_token_and_size_limits():
     rng = np.random.default_rng(0)
     target = _target(rng, "layer", d=4, heads=2, d_k=2, scale=1.0)
     small = EnclosedAttention(target, rng.standard_normal((3, 4)))
-    assert AttentionCurvature.fits(small)
-    large = EnclosedAttention(target, rng.standard_normal((160, 4)))
-    assert not AttentionCurvature.fits(large)
+    assert AttentionCurvature.fits(small) and not AttentionCurvature.fits(small, tokens=2)
+    longer = EnclosedAttention(target, rng.standard_normal((CURVATURE_TOKENS + 1, 4)))
+    assert not AttentionCurvature.fits(longer) and AttentionCurvature.fits(longer, tokens=CURVATURE_TOKENS + 1)
+    huge = EnclosedAttention(target, rng.standard_normal((300, 4)))     # H n^3 d = 2.2e8 entries
+    assert not AttentionCurvature.fits(huge, tokens=1000)
     chain = [Component("attention", target, "generated")]
-    X = rng.standard_normal((160, 4))
-    assert _CurvatureRoute.of(chain, _Centre(chain, X, dense=False), X, [Neighbourhood("fro", 0.1)]) is None
+    X = rng.standard_normal((CURVATURE_TOKENS + 1, 4))
+    centre = _Centre(chain, X, dense=False)
+    assert _CurvatureRoute.of(chain, centre, X, [Neighbourhood("fro", 0.1)]) is None
+    assert _CurvatureRoute.of(chain, centre, X, [Neighbourhood("fro", 0.1)], CURVATURE_TOKENS + 1) is not None
 
 
 def test_the_curve_of_a_generated_model_gains_from_the_route_and_keeps_its_witness_below(monkeypatch):

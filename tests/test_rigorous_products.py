@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from lipbound.rigorous import arrays as A
 from lipbound.rigorous.arrays import IntervalArray
 from lipbound.rigorous.elementwise import all_finite, up_nonnegative
-from lipbound.rigorous.linalg import Enclosure, _fro_upper, _power_of_two_scale, spectral_norm_upper_large
+from lipbound.rigorous.linalg import Enclosure, RowGram, _fro_upper, _power_of_two_scale, spectral_norm_upper_large
 
 #: Exponent ranges of the entries: ordinary, tiny (products underflow), large.
 SCALES = st.sampled_from([0, -500, -1000, 300])
@@ -183,6 +183,39 @@ def test_large_matrix_norm_is_above_the_exact_singular_value(seed, with_estimate
     bound = spectral_norm_upper_large(Enclosure(M, rad), estimate)
     assert exact + frobenius_rad <= _exact(bound) if inexact else exact <= _exact(bound)
     assert bound <= float(exact) * (1 + 1e-5) + 2 * float(frobenius_rad)
+
+
+@settings(max_examples=12)
+@given(st.integers(0, 2**31 - 1), st.sampled_from([(6, 4), (3, 9), (12, 5)]), st.sampled_from([-30, 0, 40]),
+       st.booleans(), st.booleans())
+def test_row_gram_norms_cover_every_scaled_member_of_the_enclosure(seed, shape, exponent, subset, inexact):
+    rng = np.random.default_rng(seed)
+    Z = rng.standard_normal(shape) * 2.0 ** exponent
+    rad = np.abs(Z) * 1e-7 if inexact else np.zeros_like(Z)
+    gram = RowGram(Enclosure(Z, rad))
+    rows = np.sort(rng.choice(shape[0], max(1, shape[0] // 2), replace=False)) if subset else np.arange(shape[0])
+    scales = rng.uniform(0, 3, rows.size) * 2.0 ** -exponent
+    scales[0] = 0.0
+    bound = gram.norm_upper(scales, None if not subset else rows)
+    with mpmath.workdps(60):
+        for member in (Z, Z + rad, Z - rad * rng.uniform(-1, 1, shape)):
+            scaled = mpmath.matrix([[_exact(s) * _exact(v) for v in member[r]] for s, r in zip(scales, rows)])
+            assert max(mpmath.svd_r(scaled, compute_uv=False)) <= _exact(bound)
+        middle = max(mpmath.svd_r(mpmath.matrix([[_exact(s) * _exact(v) for v in Z[r]] for s, r in zip(scales, rows)]),
+                                  compute_uv=False))
+    assert bound <= float(middle) * (1 + 1e-4) + 2 * np.linalg.norm(scales[:, None] * rad[rows]) + 1e-150
+    assert gram.norm_upper(np.zeros(rows.size), rows) <= 2 * np.linalg.norm(rad)
+
+
+def test_row_gram_of_many_rows_places_its_level_by_subspace_iteration():
+    rng = np.random.default_rng(4)
+    Z = rng.standard_normal((1700, 6)) * rng.uniform(0.2, 2, (1700, 1))
+    scales = rng.uniform(0, 1, 1700)
+    exact = np.linalg.norm(scales[:, None] * Z, 2)
+    bound = RowGram(Z).norm_upper(scales)
+    assert exact * (1 - 1e-12) <= bound <= exact * (1 + 1e-4)
+    with pytest.raises(Exception, match="non-negative row scales"):
+        RowGram(Z).norm_upper(-scales)
 
 
 def test_an_operand_used_many_times_is_prepared_once():

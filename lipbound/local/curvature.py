@@ -30,7 +30,9 @@ is bounded block by block from the weight ranges, key and query movements and va
 
 for radii ``0 = eps_0 < eps_1 < ... < eps_K = eps``, with ``||Y - X||_F <= theta_U eps`` on U (``theta_U = 1``
 for the Frobenius and (2,1) balls, the square root of the number of moving tokens otherwise).  The
-matrices have ``H n^3 d`` entries; :data:`CURVATURE_LIMIT` caps them.
+matrices have ``H n^3 d`` entries (:data:`CURVATURE_ENTRIES` caps them) and all their norms come from one
+Gram matrix of their ``H n^2`` rows (:class:`~lipbound.rigorous.linalg.RowGram`), whose factorisations cost
+about ``(H n^2)^3`` per radius: the bound is formed up to a number of tokens (:data:`CURVATURE_TOKENS` by default).
 """
 
 from __future__ import annotations
@@ -38,16 +40,18 @@ from __future__ import annotations
 import numpy as np
 
 from ..rigorous.arrays import IntervalArray
-from ..rigorous.linalg import Enclosure, spectral_norm_upper_large
+from ..rigorous.linalg import Enclosure, RowGram, spectral_norm_upper_large
 from ..symbolic import local as T
 from .bounds import LocalBounds, attention_norms, evaluate_theorem, value_space
 from .enclosed import EnclosedAttention, head_products
 
-__all__ = ["AttentionCurvature", "CURVATURE_LIMIT"]
+__all__ = ["AttentionCurvature", "CURVATURE_ENTRIES", "CURVATURE_TOKENS"]
 
-#: Largest ``H n^3 d`` for which the curvature matrices are formed (n <= 12 tokens at MiniLM's width:
-#: their spectral norms cost about n^5, a few seconds per radius at the limit).
-CURVATURE_LIMIT = 8_000_000
+#: Largest ``H n^3 d`` for which the curvature matrices are formed (memory: n <= 25 at MiniLM's width).
+CURVATURE_ENTRIES = 80_000_000
+#: Default largest number of tokens for the curvature bound (time per radius at MiniLM's width: about
+#: 2.5 s at 16 tokens, 9 s at 20, 25 s at 24, growing as n^6).
+CURVATURE_TOKENS = 20
 
 
 class AttentionCurvature:
@@ -94,18 +98,31 @@ class AttentionCurvature:
         for i in range(n):
             own = IntervalArray(lo[:, i, :, i], hi[:, i, :, i]) + key_part[:, i]
             lo[:, i, :, i], hi[:, i, :, i] = own.lo, own.hi
-        self.zeta = IntervalArray(lo, hi) * E.c                                         # (H, n, n, n, d)
+        zeta = IntervalArray(lo, hi) * E.c                                              # (H, n, n, n, d)
+        del a, lo, hi
+        # every matrix below is zeta's rows (h, i, j) scaled: one Gram matrix of the rows serves them all
+        self.zeta_rows = RowGram(zeta.reshape(H * n * n, n * d).to_enclosure())
+        del zeta
         self.coefficient = coefficient.magnitude                                        # |delta_mj - p_im| at X
         self.c = E.c.hi.item()
-        # the matrices at X and their norms (the neighbourhoods only add deviations)
-        G = self.zeta * E.P.expand(-1).expand(-1)                                       # Theta: rows p_ij zeta_ij
-        self.G_norms = np.array([_norm(G[h].reshape(n * n, n * d)) for h in range(H)])
-        self.G_norm = _norm(G.reshape(H * n * n, n * d))
+        # Theta at X (rows p_ij zeta_ij) and its norms; the neighbourhoods only add deviations
+        p_at_x = E.P.magnitude                                                          # (H, n, n)
+        self.G_norms = np.array([self.zeta_rows.norm_upper(p_at_x[h].ravel(), self._head_rows(h)) for h in range(H)])
+        self.G_norm = self.zeta_rows.norm_upper(p_at_x.ravel())
+
+    def _head_rows(self, h: int) -> np.ndarray:
+        """Indices of head h's rows (i, j) among zeta's rows (h, i, j)."""
+        return np.arange(h * self.n * self.n, (h + 1) * self.n * self.n)
+
+    def _query_rows(self, i: int) -> np.ndarray:
+        """Indices of query i's rows (h, j) among zeta's rows (h, i, j), in that order."""
+        n = self.n
+        return (np.arange(self.H)[:, None] * n * n + i * n + np.arange(n)[None, :]).ravel()
 
     @staticmethod
-    def fits(E: EnclosedAttention) -> bool:
-        """Whether the matrices stay within :data:`CURVATURE_LIMIT`."""
-        return E.engine.H * E.n ** 3 * E.engine.d <= CURVATURE_LIMIT
+    def fits(E: EnclosedAttention, tokens: int = CURVATURE_TOKENS) -> bool:
+        """Whether X has at most ``tokens`` tokens and the matrices stay within :data:`CURVATURE_ENTRIES`."""
+        return E.n <= tokens and E.engine.H * E.n ** 3 * E.engine.d <= CURVATURE_ENTRIES
 
     def _functional_deviation(self, facts: dict, r: np.ndarray):
         """``(sup_U ||zeta_ijm||, sup_U ||zeta_ijm(Y) - zeta_ijm(X)||)`` per block m of each row, (H, n, n, n)."""
@@ -150,8 +167,7 @@ class AttentionCurvature:
         G_change = self._scaled_deviation(E.P, p_on_u, size, change)                  # (H, n, n, n)
         per_head = IntervalArray(self.G_norms) + IntervalArray(IntervalArray(G_change.reshape(H, -1)).norm_upper())
         stacked = IntervalArray(self.G_norm) + IntervalArray(IntervalArray(G_change.ravel()).norm_upper())
-        upper = self.zeta * p_plus.expand(-1).expand(-1)
-        stacked_upper = IntervalArray(_norm(upper.reshape(H * n * n, n * d))) \
+        stacked_upper = IntervalArray(self.zeta_rows.norm_upper(p_plus.hi.ravel())) \
             + IntervalArray((p_plus.expand(-1) * IntervalArray(change)).reshape(-1).norm_upper())
         first = min((IntervalArray(self.value_norms) * per_head).sum(axis=0).hi.item(),
                     (IntervalArray(self.values_joint) * stacked).hi.item(),
@@ -160,11 +176,11 @@ class AttentionCurvature:
         # chi_II: Omega_i, rows (h, j) of query i scaled by the upper end of (p_ij ||u_ij||)^(1/2) on U
         # (scaling at X and adding the scale's change never did better on the MiniLM layers)
         weight = (p_plus * IntervalArray(rho_on_u.hi)).sqrt()
-        rows = (self.zeta * weight.expand(-1).expand(-1)).swapaxes(0, 1).reshape(n, H * n, n * d)
         row_change = (weight.expand(-1) * IntervalArray(change)).swapaxes(0, 1).reshape(n, -1).norm_upper()
-        m = (IntervalArray([_norm(rows[i]) for i in range(n)]) + IntervalArray(row_change)).hi   # omega_i
-        scaled = rows * IntervalArray(m)[:, None, None]
-        chi_II = (IntervalArray(_norm(scaled.reshape(n * H * n, n * d)))
+        omega = [self.zeta_rows.norm_upper(weight.hi[:, i].ravel(), self._query_rows(i)) for i in range(n)]
+        m = (IntervalArray(omega) + IntervalArray(row_change)).hi                              # omega_i
+        scaled = (IntervalArray(m)[None, :, None] * weight).hi                                 # (H, n, n)
+        chi_II = (IntervalArray(self.zeta_rows.norm_upper(scaled.ravel()))
                   + IntervalArray((IntervalArray(m) * IntervalArray(row_change)).norm_upper())).hi.item()
         # chi_III: W_ij = sum_h ||Qt_h|| p_ij ||u_ij||, or the heads joined through ||[Qt_1 ... Qt_H]||
         reach = p_plus * IntervalArray(rho_on_u.hi)                                             # (H, n, n)

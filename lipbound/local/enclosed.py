@@ -140,9 +140,12 @@ class EnclosedAttention:
 
     def jacobian(self) -> IntervalArray:
         """The dense Jacobian in row convention, shape (n d, n d_out): rows index ``(j, a)`` inputs."""
-        columns = [self.jacobian_column(j) for j in range(self.n)]
-        lo = np.stack([c.lo for c in columns]).transpose(0, 2, 1, 3).reshape(self.n * self.engine.d, -1)
-        hi = np.stack([c.hi for c in columns]).transpose(0, 2, 1, 3).reshape(self.n * self.engine.d, -1)
+        n, d = self.n, self.engine.d
+        lo, hi = np.empty((n * d, n * self.d_out)), np.empty((n * d, n * self.d_out))
+        for j in range(n):  # filled in place: no stacked copy of the whole matrix
+            column = self.jacobian_column(j)
+            lo[j * d:(j + 1) * d] = column.lo.transpose(1, 0, 2).reshape(d, -1)
+            hi[j * d:(j + 1) * d] = column.hi.transpose(1, 0, 2).reshape(d, -1)
         return IntervalArray(lo, hi)
 
 

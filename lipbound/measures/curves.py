@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from ..errors import AssumptionError
+from ..local.curvature import CURVATURE_TOKENS
 from ..local.curve import LipschitzCurve, lipschitz_curve
 from .bert import load_text_model
 
@@ -25,7 +26,7 @@ DEFAULT_EPS = (0.0, 1e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 2.0
 
 def local_curve(sentence: str, *, layer: int = 0, kind: str = "layer", head: int | None = None,
                 last: int | None = None, norm: str = "fro", ball: str = "fro", positions=(), eps=DEFAULT_EPS,
-                model=None, progress=None) -> tuple[LipschitzCurve, list]:
+                curvature_tokens: int = CURVATURE_TOKENS, model=None, progress=None) -> tuple[LipschitzCurve, list]:
     """``L(eps)`` of a component at the hidden states of ``sentence`` entering ``layer``.
 
     ``eps`` are fractions of the LayerNorm radius of the layer (module docstring).  Returns the curve and
@@ -37,6 +38,10 @@ def local_curve(sentence: str, *, layer: int = 0, kind: str = "layer", head: int
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < bert.num_layers:
         raise AssumptionError("--layer", f"a layer in 0..{bert.num_layers - 1} (counted from 0)", repr(layer),
                               "pass e.g. --layer 0")
+    if isinstance(curvature_tokens, bool) or not isinstance(curvature_tokens, (int, np.integer)) \
+            or curvature_tokens < 1:
+        raise AssumptionError("--curvature-tokens", "a positive number of tokens", repr(curvature_tokens),
+                              "pass e.g. --curvature-tokens 16")
     fractions = tuple(float(e) for e in eps)
     if not fractions or any(not (math.isfinite(e) and e >= 0) for e in fractions):
         raise AssumptionError("--eps", "non-negative fractions of the LayerNorm radius", repr(eps),
@@ -45,7 +50,8 @@ def local_curve(sentence: str, *, layer: int = 0, kind: str = "layer", head: int
     X = bert.hidden_states(ids)[layer]
     radius = bert.layernorm_feeding(layer).radius_about_center
     curve = lipschitz_curve(bert.model, X, kind=kind, layer=layer, head=head, last=last, norm=norm, ball=ball,
-                            positions=positions, eps=[f * radius for f in fractions], progress=progress)
+                            positions=positions, eps=[f * radius for f in fractions],
+                            curvature_tokens=int(curvature_tokens), progress=progress)
     return curve, bert.tokenizer.decode_tokens(ids)
 
 

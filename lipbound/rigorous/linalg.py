@@ -34,7 +34,7 @@ from .intervals import IV, _raw, interval, lower, point, upper
 __all__ = ["UNIT_ROUNDOFF", "Enclosure", "vector_norm_upper", "vector_norm_lower", "spectral_norm_bounds",
            "spectral_norm_upper", "spectral_norm_lower", "lambda_min_lower", "lambda_max_upper",
            "top_eigenvalue_bounds", "is_psd_certified", "product_norm_interval", "product_norm_upper",
-           "spectral_norm_upper_large"]
+           "spectral_norm_upper_large", "RowGram"]
 
 UNIT_ROUNDOFF = 2.0 ** -53
 _U = UNIT_ROUNDOFF
@@ -431,7 +431,7 @@ def spectral_norm_upper_large(M, estimate: float | None = None, margin: float = 
     Gram product and one Cholesky factorisation (no eigendecomposition).
 
     With ``A`` the scaled midpoint (entries in [1/2, 1)), ``G = fl(A^T A)`` and a level ``t`` just above
-    the estimate of ``lambda_max(G)`` (power iteration when ``estimate`` is None), factor
+    the estimate of ``lambda_max(G)`` (:func:`_top_estimate`, or ``estimate^2`` if larger), factor
     ``fl(t I - G) = L L^T + Delta`` by Cholesky; then ``lambda_max(A^T A) <= t + ||Delta||_F +
     ||fl(A^T A) - A^T A||_F``, every term bounded rigorously (``gamma_k ||A||_F^2`` for the products,
     Higham Thm 3.5).  The enclosure's radius adds ``||rad||_F`` (Weyl).  Falls back to
@@ -449,22 +449,47 @@ def spectral_norm_upper_large(M, estimate: float | None = None, margin: float = 
         gram = np.triu(gram)
         gram += np.triu(gram, 1).T  # each entry encloses its exact value either way
     frobenius = _fro_upper(scaled)
+    del scaled  # only the Gram matrix is needed from here on
     gram_error = _gamma(rows) * frobenius * frobenius * _safe(rows) + k * _ETA
+    top = _top_estimate(gram)  # a failed factorisation costs more than the estimate
     if estimate is not None:
-        top = (float(estimate) * 2.0 ** -exponent) ** 2
-    elif k <= 1500:
-        top = float(np.linalg.eigvalsh(gram)[-1])
-    else:
-        vector = np.random.default_rng(0).standard_normal(k)
-        for _ in range(300):
-            vector = gram @ vector
-            vector /= max(np.linalg.norm(vector), 1e-300)
-        top = float(vector @ gram @ vector)
-    diagonal = np.diag(gram).copy()
-    B = np.negative(gram, out=gram)  # exact; the Gram matrix is not needed any more
+        top = max(top, (float(estimate) * 2.0 ** -exponent) ** 2)
+    top_bound = _top_by_cholesky(gram, top, margin)  # the Gram matrix is not needed any more
+    if top_bound is not None:
+        norm = F.sqrt(top_bound + interval(gram_error)) * IV.mpf(2) ** exponent
+        if not exact:
+            norm = norm + IV.sqrt(interval(mid.size)) * interval(_ETA)
+        return upper(norm + interval(radius))
+    return spectral_norm_upper(M)
+
+
+def _top_estimate(S: np.ndarray) -> float:
+    """Float estimate of ``lambda_max`` of a symmetric matrix (no guarantee: it only places the level of
+    :func:`_top_by_cholesky`): all eigenvalues up to 1500 rows, else 30 steps of subspace iteration on
+    8 vectors and the largest Ritz value."""
+    k = S.shape[0]
+    if k <= 1500:
+        return float(np.linalg.eigvalsh(S)[-1])
+    basis = np.random.default_rng(0).standard_normal((k, 8))
+    for _ in range(30):
+        basis = np.linalg.qr(S @ basis)[0]
+    return float(np.linalg.eigvalsh(basis.T @ (S @ basis))[-1])
+
+
+def _top_by_cholesky(S: np.ndarray, top: float, margin: float):
+    """An interval above ``lambda_max(S)`` for an exactly symmetric float matrix S (overwritten), or None.
+
+    At a level t just above the estimate ``top`` (raised by factors of 4 in ``margin`` while it fails),
+    factor ``fl(t I - S) = L L^T - Delta`` by Cholesky; since ``L L^T`` is positive semidefinite,
+    ``lambda_max(S) <= t + ||Delta||_F``, with ``|fl(L L^T) - L L^T| <= gamma_k |L||L|^T`` (Higham Thm 3.5)
+    and the rounding of ``t - S_ii`` counted.
+    """
+    k = S.shape[0]
+    diagonal = np.diag(S).copy()
+    B = np.negative(S, out=S)  # exact
     for attempt in range(12):
         level = top * (1 + margin * 4.0 ** attempt) + 1e-300
-        np.fill_diagonal(B, level - diagonal)  # fl(level - G_ii): one rounding each
+        np.fill_diagonal(B, level - diagonal)  # fl(level - S_ii): one rounding each
         try:
             L = np.linalg.cholesky(B)
         except np.linalg.LinAlgError:
@@ -472,13 +497,92 @@ def spectral_norm_upper_large(M, estimate: float | None = None, margin: float = 
         product = L @ L.T
         product -= B  # fl(fl(L L^T) - B): within a factor 1 + 2u of its exact value, entrywise
         residual = _fro_upper(product) * (1 + 4 * _U) + _gamma(k) * _fro_upper(L) ** 2 * _safe(k)
-        residual += _U * float(np.max(np.abs(np.diag(B)))) * math.sqrt(k) * (1 + 4 * _U)  # fl(level - G_ii)
-        bound = interval(level) + interval(residual) + interval(gram_error)
-        norm = F.sqrt(bound) * IV.mpf(2) ** exponent
-        if not exact:
-            norm = norm + IV.sqrt(interval(mid.size)) * interval(_ETA)
-        return upper(norm + interval(radius))
-    return spectral_norm_upper(M)
+        residual += _U * float(np.max(np.abs(np.diag(B)))) * math.sqrt(k) * (1 + 4 * _U)  # fl(level - S_ii)
+        return interval(level) + interval(residual)
+    return None
+
+
+def _row_squares_upper(A: np.ndarray) -> np.ndarray:
+    """Upper bounds on the squared Euclidean norms of the rows of a float matrix with entries below 2^400
+    in size: ``fl(a . a)`` is within ``gamma_k a . a + k eta`` of ``a . a`` (any summation order)."""
+    k = A.shape[1]
+    return (np.einsum("ij,ij->i", A, A) + k * _ETA) * _safe(k)
+
+
+def _weighted_squares_upper(s: np.ndarray, x: np.ndarray) -> float:
+    """Upper bound on ``sum s_r^2 x_r`` for non-negative float vectors: each term ``fl(fl(s_r^2) x_r)`` is
+    within ``gamma_2`` of its value plus ``(x_r + 1) eta`` of underflow, the sum within ``gamma_m``."""
+    if s.size == 0:
+        return 0.0
+    return (float(np.dot(s * s, x)) + s.size * (float(np.max(x)) + 1) * _ETA) * _safe(s.size + 2)
+
+
+@final
+class RowGram:
+    """The Gram matrix of the rows of an enclosed matrix Z (m, k), formed once, for certified upper
+    bounds on ``||diag(s) Z_R||_2`` -- Z's rows R (all by default) scaled by non-negative factors s --
+    for many scalings, each at the price of one Cholesky factorisation of size ``|R|``.
+
+    With ``A = 2^-e mid`` (largest entry in [1/2, 1), the scaling exact) and ``G = fl(A A^T)``,
+    ``|G - A A^T| <= gamma_k |A||A|^T + k eta``; with ``D = diag(s)`` and ``S_rc = fl(fl(s_r s_c) G_rc)``
+    (exactly symmetric; each entry within ``gamma_2 |D G D| + (k + 2) eta`` of ``D G D``, the entries of G
+    being at most k),
+
+        ||D Z_R||_2 <= 2^e (lambda_max(S) + gamma_2' (||S||_F + e_u) + e_u
+                            + gamma_k sum_r s_r^2 ||A_r||^2 + k eta ||s||^2)^(1/2) + ||D rad_R||_F
+
+    (Weyl for the radius; ``gamma_2' = gamma_2 / (1 - gamma_2)``, ``e_u = |R| (k + 2) eta``),
+    ``lambda_max(S)`` bounded by :func:`_top_by_cholesky`; when no level factorises, the Frobenius norm of
+    ``D Z_R`` stands.
+    """
+
+    def __init__(self, Z):
+        Z = _as_enclosure(Z)
+        if Z.mid.ndim != 2:
+            raise WeightsError("Z", "a matrix", f"shape {Z.mid.shape}", "reshape the rows first")
+        self.m, self.k = Z.mid.shape
+        self.exponent = 0
+        if np.any(Z.mid):
+            scaled, self.exponent, exact = _power_of_two_scale(Z.mid)
+            if not exact:
+                raise NotCertifiedError("Z", "entries that stay normal when scaled", "subnormal entries",
+                                        "rescale the matrix")
+        else:
+            scaled = Z.mid
+        self.gram = scaled @ scaled.T  # numpy's syrk path returns it exactly symmetric; mirror it if not
+        if not np.array_equal(self.gram, self.gram.T):
+            self.gram = np.triu(self.gram)
+            self.gram += np.triu(self.gram, 1).T  # each entry encloses its exact value either way
+        self.squares = _row_squares_upper(scaled)                    # ||A_r||^2
+        self.nonzero = np.any(scaled != 0, axis=1)
+        self.radius_squares = None if Z.is_exact else _row_squares_upper(Z.rad)
+
+    def norm_upper(self, scales, rows=None, margin: float = 1e-5) -> float:
+        """Certified upper bound on ``||diag(scales) Z_rows||_2`` over the enclosure (class docstring)."""
+        rows = np.arange(self.m) if rows is None else np.asarray(rows, dtype=np.int64).ravel()
+        s = np.asarray(scales, dtype=np.float64).ravel()
+        if s.shape != rows.shape or not np.all(s >= 0) or not np.all(np.isfinite(s)):
+            raise WeightsError("scales", f"{rows.size} finite non-negative row scales", f"shape {s.shape}",
+                               "pass one upper bound per row")
+        squared = _weighted_squares_upper(s, np.ones_like(s))                          # ||s||^2
+        frobenius = _weighted_squares_upper(s, self.squares[rows])                      # ||D A_R||_F^2
+        radius = 0.0 if self.radius_squares is None else \
+            math.nextafter(math.sqrt(_weighted_squares_upper(s, self.radius_squares[rows])), math.inf)
+        if not np.any((s > 0) & self.nonzero[rows]):
+            return radius
+        S = np.outer(s, s)  # fl(s_r s_c) = fl(s_c s_r): S is exactly symmetric
+        every = rows.size == self.m and np.array_equal(rows, np.arange(self.m))
+        S *= self.gram if every else self.gram[np.ix_(rows, rows)]
+        g2 = interval(_gamma(2))
+        underflow = interval(rows.size) * interval(self.k + 2) * interval(_ETA)            # ||.||_F of (k + 2) eta
+        error = (g2 / (1 - g2) * (interval(_fro_upper(S)) + underflow) + underflow
+                 + interval(_gamma(self.k)) * interval(frobenius)
+                 + interval(self.k) * interval(_ETA) * interval(squared))
+        top = _top_by_cholesky(S, _top_estimate(S), margin)
+        scale = IV.mpf(2) ** self.exponent
+        if top is None:  # the Frobenius norm bounds the spectral norm
+            return upper(IV.sqrt(interval(frobenius)) * scale + interval(radius))
+        return upper(F.sqrt(top + error) * scale + interval(radius))
 
 
 def product_norm_interval(X, Y):
