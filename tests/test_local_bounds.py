@@ -151,6 +151,23 @@ def test_lipschitz_curve_sandwich_on_a_generated_block():
     assert curve.points[1].certified <= 1.05 * curve.jacobian_norm
 
 
+def test_chains_take_the_dense_jacobian_below_their_own_limit(monkeypatch):
+    """A chain of several components forms its dense Jacobian only up to CHAIN_DENSE_LIMIT (its products cost
+    (n d)^3 each), a single head or layer up to DENSE_LIMIT; beyond, the matrix of block norms bounds it."""
+    from lipbound.local import curve as module
+    generated = local_models.model(seed=4, layers=2)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    values = {}
+    for limit in (10_000, 0):
+        monkeypatch.setattr(module, "CHAIN_DENSE_LIMIT", limit)
+        values[limit] = {kind: lipschitz_curve(generated, X, kind=kind, layer=0, eps=[0.0], ascent_steps=1)
+                         for kind in ("block", "layer")}
+    dense, blockwise = values[10_000], values[0]
+    assert dense["block"].jacobian_norm == pytest.approx(dense["block"].jacobian_witness, rel=1e-6)
+    assert blockwise["block"].jacobian_norm > dense["block"].jacobian_norm * (1 + 1e-6)
+    assert blockwise["layer"].jacobian_norm == dense["layer"].jacobian_norm
+
+
 @settings(max_examples=5)
 @given(seed=st.integers(0, 10_000), mode=st.sampled_from(["replace", "insert", "delete"]))
 def test_path_certificate_bounds_the_exact_movement(seed, mode):

@@ -43,12 +43,15 @@ from .balls import LIPSCHITZ_NORMS, Neighbourhood, TokenBalls
 from .chains import Component, chain_for, chain_forward, chain_jvp, chain_vjp
 from .curvature import CURVATURE_TOKENS, AttentionCurvature
 
-__all__ = ["CurvePoint", "LipschitzCurve", "lipschitz_curve", "DENSE_LIMIT", "FLOAT_ALLOWANCE"]
+__all__ = ["CurvePoint", "LipschitzCurve", "lipschitz_curve", "DENSE_LIMIT", "CHAIN_DENSE_LIMIT", "FLOAT_ALLOWANCE"]
 
 #: Largest ``n d`` for which the Frobenius norm of the dense Jacobian is certified directly (n <= 42 at
 #: MiniLM's width: about 10 GB and 2 minutes at the limit; above it, the spectral norm of the matrix of
 #: block norms bounds it, often ten times looser).
 DENSE_LIMIT = 16384
+#: The same for chains of several components, whose dense Jacobians are multiplied (three products of
+#: ``(n d)^3`` each per component: n <= 16 at MiniLM's width).
+CHAIN_DENSE_LIMIT = 6144
 #: Relative widening, both ways, of a float witness before it is compared with a certified value: the
 #: witness is a Jacobian norm computed in float64 (sums of at most a few thousand terms, relative
 #: error far below 1e-12); the certified Jacobian norm at X is asked to sit 1e-8 above the estimate.
@@ -209,7 +212,7 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
     if not neighbourhoods:
         raise AssumptionError("--eps", "at least one radius", "none", "e.g. --eps 1e-3,1e-2,1e-1")
     moving = neighbourhoods[0].moving(n)
-    dense = n * d <= DENSE_LIMIT
+    dense = n * d <= (DENSE_LIMIT if len(chain) == 1 else CHAIN_DENSE_LIMIT)
     centre = _Centre(chain, X, dense)
     witness_at_x, direction = _witness_value(chain, X, moving, norm, seed)
     N_dense = _jacobian_norm(centre, chain, moving, norm, witness_at_x, n, d)
