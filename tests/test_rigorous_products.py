@@ -218,6 +218,16 @@ def test_row_gram_of_many_rows_places_its_level_by_subspace_iteration():
         RowGram(Z).norm_upper(-scales)
 
 
+def test_row_gram_counts_the_bits_its_scaling_loses():
+    Z = np.array([[3.0 * 2.0 ** 40, 0.0], [(1 + 2.0 ** -52) * 2.0 ** -1000, 3.0 * 2.0 ** -1030]])  # bits lost
+    assert not _power_of_two_scale(Z)[2]
+    gram = RowGram(Z)
+    with mpmath.workdps(60):
+        for scales in ([0.0, 1.0], [1.0, 1.0]):
+            scaled = mpmath.matrix([[_exact(s) * _exact(v) for v in row] for s, row in zip(scales, Z)])
+            assert max(mpmath.svd_r(scaled, compute_uv=False)) <= _exact(gram.norm_upper(np.array(scales)))
+
+
 def test_an_operand_used_many_times_is_prepared_once():
     values = IntervalArray(np.ones((2, 3)), np.ones((2, 3)) + 1e-9)
     first = values._as_operand()

@@ -523,7 +523,8 @@ class RowGram:
     bounds on ``||diag(s) Z_R||_2`` -- Z's rows R (all by default) scaled by non-negative factors s --
     for many scalings, each at the price of one Cholesky factorisation of size ``|R|``.
 
-    With ``A = 2^-e mid`` (largest entry in [1/2, 1), the scaling exact) and ``G = fl(A A^T)``,
+    With ``A = fl(2^-e mid)`` (largest entry in [1/2, 1); entries that the scaling rounds into the
+    subnormals move by at most ``eta``, which the radius takes up) and ``G = fl(A A^T)``,
     ``|G - A A^T| <= gamma_k |A||A|^T + k eta``; with ``D = diag(s)`` and ``S_rc = fl(fl(s_r s_c) G_rc)``
     (exactly symmetric; each entry within ``gamma_2 |D G D| + (k + 2) eta`` of ``D G D``, the entries of G
     being at most k),
@@ -541,21 +542,18 @@ class RowGram:
         if Z.mid.ndim != 2:
             raise WeightsError("Z", "a matrix", f"shape {Z.mid.shape}", "reshape the rows first")
         self.m, self.k = Z.mid.shape
-        self.exponent = 0
+        self.exponent, scaled, rad = 0, Z.mid, Z.rad
         if np.any(Z.mid):
             scaled, self.exponent, exact = _power_of_two_scale(Z.mid)
-            if not exact:
-                raise NotCertifiedError("Z", "entries that stay normal when scaled", "subnormal entries",
-                                        "rescale the matrix")
-        else:
-            scaled = Z.mid
+            if not exact:  # entries rounded into the subnormals moved by at most eta: Z is in 2^e A +- (rad + 2^e eta)
+                rad = np.nextafter(rad + math.ldexp(_ETA, self.exponent), np.inf)
         self.gram = scaled @ scaled.T  # numpy's syrk path returns it exactly symmetric; mirror it if not
         if not np.array_equal(self.gram, self.gram.T):
             self.gram = np.triu(self.gram)
             self.gram += np.triu(self.gram, 1).T  # each entry encloses its exact value either way
         self.squares = _row_squares_upper(scaled)                    # ||A_r||^2
         self.nonzero = np.any(scaled != 0, axis=1)
-        self.radius_squares = None if Z.is_exact else _row_squares_upper(Z.rad)
+        self.radius_squares = None if not np.any(rad) else _row_squares_upper(rad)
 
     def norm_upper(self, scales, rows=None, margin: float = 1e-5) -> float:
         """Certified upper bound on ``||diag(scales) Z_rows||_2`` over the enclosure (class docstring)."""
