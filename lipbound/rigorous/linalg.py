@@ -545,7 +545,7 @@ class RowGram:
         self.exponent, scaled, rad = 0, Z.mid, Z.rad
         if np.any(Z.mid):
             scaled, self.exponent, exact = _power_of_two_scale(Z.mid)
-            if not exact:  # entries rounded into the subnormals moved by at most eta: Z is in 2^e A +- (rad + 2^e eta)
+            if not exact:  # entries rounded into the subnormals moved by at most eta (scaled units)
                 rad = np.nextafter(rad + math.ldexp(_ETA, self.exponent), np.inf)
         self.gram = scaled @ scaled.T  # numpy's syrk path returns it exactly symmetric; mirror it if not
         if not np.array_equal(self.gram, self.gram.T):
