@@ -71,7 +71,7 @@ class AttentionCurvature:
     def __init__(self, E: EnclosedAttention, target):
         engine = E.engine
         H, n, d = engine.H, E.n, engine.d
-        self.E, self.H, self.n, self.d = E, H, n, d
+        self.E, self.H, self.n = E, H, n
         self.norms = attention_norms(engine)
         values, outputs, self.value_norms = value_space(E, target)
         products = head_products(engine)                                                # A_h, (H, d, d_out)
@@ -156,7 +156,7 @@ class AttentionCurvature:
         """``(chi_I, chi_II, chi_III)`` on the token balls with radii ``r``; ``bounds`` are those of
         :func:`~lipbound.local.bounds.attention_bounds` on the same balls (their ``facts``)."""
         E, facts = self.E, bounds.facts
-        H, n, d = self.H, self.n, self.d
+        H, n = self.H, self.n
         p_on_u = IntervalArray(facts["p_lo"], facts["p_hi"])
         size, change = self._functional_deviation(facts, r)
         moved_u = IntervalArray(facts["value_shift"][:, None, :]) + IntervalArray(facts["head_movement"][:, :, None])

@@ -426,6 +426,16 @@ def spectral_norm_lower(M) -> float:
     return spectral_norm_bounds(M)[0]
 
 
+def _symmetric_gram(A: np.ndarray) -> np.ndarray:
+    """``fl(A A^T)``, exactly symmetric: numpy's syrk path returns it so; otherwise the upper triangle is
+    mirrored (each entry encloses its exact value either way)."""
+    gram = A @ A.T
+    if not np.array_equal(gram, gram.T):
+        gram = np.triu(gram)
+        gram += np.triu(gram, 1).T
+    return gram
+
+
 def spectral_norm_upper_large(M, estimate: float | None = None, margin: float = 1e-6) -> float:
     """Certified upper bound on ``||M||_2`` for a large float matrix or :class:`Enclosure`, with one
     Gram product and one Cholesky factorisation (no eigendecomposition).
@@ -444,10 +454,7 @@ def spectral_norm_upper_large(M, estimate: float | None = None, margin: float = 
         return radius
     scaled, exponent, exact = _power_of_two_scale(mid)
     rows, k = scaled.shape
-    gram = scaled.T @ scaled  # numpy's syrk path returns it exactly symmetric; mirror it if not
-    if not np.array_equal(gram, gram.T):
-        gram = np.triu(gram)
-        gram += np.triu(gram, 1).T  # each entry encloses its exact value either way
+    gram = _symmetric_gram(scaled.T)
     frobenius = _fro_upper(scaled)
     del scaled  # only the Gram matrix is needed from here on
     gram_error = _gamma(rows) * frobenius * frobenius * _safe(rows) + k * _ETA
@@ -547,10 +554,7 @@ class RowGram:
             scaled, self.exponent, exact = _power_of_two_scale(Z.mid)
             if not exact:  # entries rounded into the subnormals moved by at most eta (scaled units)
                 rad = np.nextafter(rad + math.ldexp(_ETA, self.exponent), np.inf)
-        self.gram = scaled @ scaled.T  # numpy's syrk path returns it exactly symmetric; mirror it if not
-        if not np.array_equal(self.gram, self.gram.T):
-            self.gram = np.triu(self.gram)
-            self.gram += np.triu(self.gram, 1).T  # each entry encloses its exact value either way
+        self.gram = _symmetric_gram(scaled)
         self.squares = _row_squares_upper(scaled)                    # ||A_r||^2
         self.nonzero = np.any(scaled != 0, axis=1)
         self.radius_squares = None if not np.any(rad) else _row_squares_upper(rad)
