@@ -34,6 +34,7 @@ def test_local_curve_and_edit_rows_through_the_command_line(tmp_path, capsys):
     witness = [p["witness"] for p in curve["points"]]
     assert all(p["verdict"] == "holds" for p in curve["points"])
     assert all(w <= c for w, c in zip(witness, certified))
+    assert all(p["variation_witness"] <= p["variation"] for p in curve["points"])
     assert np.all(np.diff(certified) >= 0)  # U(X, eps) grows with eps
     # eps -> 0: the certified value is the Jacobian norm at X, and the witness attains it
     assert certified[0] == pytest.approx(curve["jacobian_norm"], rel=1e-9)

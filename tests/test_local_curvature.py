@@ -204,5 +204,18 @@ def test_the_curve_of_a_generated_model_gains_from_the_route_and_keeps_its_witne
     for point, other in zip(curve.points, blockwise.points):
         assert point.verdict == "holds"
         assert point.witness <= point.certified <= other.certified
+        # the change of the Jacobian found inside U is below the variation either route certifies
+        assert (0 < point.variation_witness <= point.variation) if point.eps else point.variation_witness == 0
     assert curve.points[2].certified < blockwise.points[2].certified
     assert curve.points[2].ratio < 1.1
+
+
+def test_a_variation_below_the_change_found_is_reported_violated(monkeypatch):
+    """The curve's verdict can refute: a variation bound of 0 is beaten by the change the ascent finds."""
+    generated = local_models.model(seed=3, layers=1)
+    X = generated.layer(0).ln_in(np.random.default_rng(1).standard_normal((4, 6)))
+    monkeypatch.setattr(_CurvatureRoute, "variation", lambda self, hood, other: 0.0)
+    curve = lipschitz_curve(generated, X, kind="layer", layer=0, eps=[0.0, 1e-2], ascent_steps=3)
+    assert curve.points[0].verdict == "holds"
+    assert curve.points[1].variation == 0.0 < curve.points[1].variation_witness
+    assert curve.points[1].verdict == "violated"

@@ -21,7 +21,10 @@ counts.  As eps -> 0 the value tends to ``||DF(X)||``; for large eps it meets th
 The witness is a point Y of ``U(X, eps)`` itself (not of its enclosure) and the Jacobian norm there:
 power iteration (JVP/VJP) for the Frobenius norm, the column or row maximisation of a dense float
 Jacobian for the mixed norms, improved by a few projected ascent steps whose gradient is the
-symmetric difference of VJPs along the top singular direction.
+symmetric difference of VJPs along the top singular direction.  The same ascent on
+``||DF(Y) - DF(X)||`` witnesses the variation term: ``variation_witness <= sup_U ||DF(Y) - DF(X)|| <=
+variation``, so each point shows how much of its gap is the variation bound and how much the
+triangle inequality ``||DF(Y)|| <= ||DF(X)|| + ||DF(Y) - DF(X)||`` itself.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ class CurvePoint:
     witness: float
     local: float
     variation: float
+    variation_witness: float
     global_constant: float
     verdict: str
 
@@ -77,7 +81,8 @@ class CurvePoint:
 
     def to_json(self) -> dict:
         out = {"eps": self.eps, "certified": self.certified, "witness": self.witness, "ratio": self.ratio,
-               "local": self.local, "variation": self.variation, "global": self.global_constant,
+               "local": self.local, "variation": self.variation, "variation_witness": self.variation_witness,
+               "global": self.global_constant,
                "verdict": self.verdict}
         return {key: None if isinstance(value, float) and not math.isfinite(value) else value
                 for key, value in out.items()}  # JSON has no infinity: null where no bound applies
@@ -248,11 +253,12 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
         local = (IntervalArray(N_dense) + IntervalArray(variation)).hi.item()
         crude = _matrix_norm(_product(*reversed(M))[:, columns], norm)
         certified = min(local, crude, global_value)
-        witness, direction = _witness_search(chain, X, hood, moving, norm, witness_at_x, direction, ascent_steps, seed)
-        verdict = certify_le(interval(witness) * interval((1 - FLOAT_ALLOWANCE, 1 + FLOAT_ALLOWANCE)),
-                             interval(certified))
-        points.append(CurvePoint(hood.eps, certified, witness, local, variation, global_value,
-                                 {Verdict.HOLDS: "holds", Verdict.FAILS: "violated"}.get(verdict, "not certified")))
+        witness = _ascent(chain, X, hood, moving, norm, witness_at_x, direction, ascent_steps, seed)
+        change = _ascent(chain, X, hood, moving, norm, 0.0, direction, ascent_steps, seed, change=True)
+        verdicts = {certify_le(interval(found) * interval((1 - FLOAT_ALLOWANCE, 1 + FLOAT_ALLOWANCE)), interval(bound))
+                    for found, bound in ((witness, certified), (change, variation))}
+        verdict = "violated" if Verdict.FAILS in verdicts else "holds" if verdicts == {Verdict.HOLDS} else "not certified"
+        points.append(CurvePoint(hood.eps, certified, witness, local, variation, change, global_value, verdict))
         if progress is not None:
             progress(index + 1, len(neighbourhoods))
     description = chain[0].name if len(chain) == 1 else f"{chain[0].name} .. {chain[-1].name}"
@@ -375,20 +381,30 @@ def _mixed_norm(J: np.ndarray, norm: str, iterations: int = 30) -> float:
     return best
 
 
-def _top_singular(chain, Y: np.ndarray, moving: np.ndarray, start: np.ndarray | None, seed: int, steps: int = 40):
-    """Power iteration on ``DF(Y)^T DF(Y)`` restricted to the moving tokens: ``(sigma, E, G)``."""
+def _top_singular(chain, Y: np.ndarray, moving: np.ndarray, start: np.ndarray | None, seed: int, steps: int = 40,
+                  reference=None):
+    """Power iteration on ``M^T M`` restricted to the moving tokens, ``M = DF(Y)``, or ``DF(Y) - DF(X)`` with
+    ``reference`` the chain's states at X: ``(sigma, E, G)``."""
     rng = np.random.default_rng(seed)
     states = chain_forward(chain, Y[None])
+
+    def image(E):
+        out = chain_jvp(chain, states, E[None])[0]
+        return out if reference is None else out - chain_jvp(chain, reference, E[None])[0]
+
+    def back(G):
+        out = chain_vjp(chain, states, G[None])[0]
+        return out if reference is None else out - chain_vjp(chain, reference, G[None])[0]
+
     E = rng.standard_normal(Y.shape) if start is None else start.copy()
     E *= moving[:, None]
-    E /= np.linalg.norm(E)
+    E /= max(np.linalg.norm(E), 1e-300)
     for _ in range(steps):
-        image = chain_jvp(chain, states, E[None])[0]
-        E = chain_vjp(chain, states, image[None])[0] * moving[:, None]
+        E = back(image(E)) * moving[:, None]
         E /= max(np.linalg.norm(E), 1e-300)
-    image = chain_jvp(chain, states, E[None])[0]
-    sigma = float(np.linalg.norm(image))
-    return sigma, E, image / max(sigma, 1e-300)
+    out = image(E)
+    sigma = float(np.linalg.norm(out))
+    return sigma, E, out / max(sigma, 1e-300)
 
 
 def _witness_value(chain, Y, moving, norm, seed, start=None):
@@ -418,14 +434,19 @@ def _project(X: np.ndarray, Y: np.ndarray, hood: Neighbourhood, moving: np.ndarr
     return X + offset * (shrunk / np.where(sizes > 0, sizes, 1.0))[:, None]
 
 
-def _witness_search(chain, X, hood, moving, norm, at_x, direction, steps, seed):
-    """The best Jacobian norm found in ``U(X, eps)``: X itself, then projected ascent."""
+def _ascent(chain, X, hood, moving, norm, at_x, direction, steps, seed, change: bool = False) -> float:
+    """The largest Jacobian norm found in ``U(X, eps)`` (X itself, then projected ascent), or with ``change``
+    the largest ``||DF(Y) - DF(X)||``.  The gradient of ``<G, DF(Y) E>`` in Y (the same for the change:
+    ``DF(X)`` is constant) is the symmetric difference of VJPs along E; at X the change is 0, so its
+    first step follows the Jacobian's own top direction."""
     best = at_x
     if hood.eps == 0 or steps == 0:
-        return best, direction
+        return best
+    reference = chain_forward(chain, X[None]) if change else None
+    dense_at_x = _float_jacobian(chain, X, moving) if change and norm != "fro" else 0.0
     Y, E = X.copy(), direction
     for step in range(steps):
-        sigma, E, G = _top_singular(chain, Y, moving, E, seed + step, steps=15)
+        sigma, E, G = _top_singular(chain, Y, moving, E, seed + step, steps=15, reference=reference if step else None)
         h = 1e-4 * hood.eps + 1e-7
         states_plus = chain_forward(chain, (Y + h * E)[None])
         states_minus = chain_forward(chain, (Y - h * E)[None])
@@ -435,7 +456,9 @@ def _witness_search(chain, X, hood, moving, norm, at_x, direction, steps, seed):
         if not np.isfinite(size) or size == 0:
             break
         Y = _project(X, Y + gradient * (hood.eps / size), hood, moving)
-        value = _witness_value(chain, Y, moving, norm, seed, E)[0] if norm != "fro" else \
-            _top_singular(chain, Y, moving, E, seed, steps=25)[0]
+        if norm == "fro":
+            value = _top_singular(chain, Y, moving, E, seed, steps=25, reference=reference)[0]
+        else:
+            value = _mixed_norm(_float_jacobian(chain, Y, moving) - dense_at_x, norm)
         best = max(best, value)
-    return best, direction
+    return best

@@ -30,7 +30,7 @@ from .bounds import attention_bounds, feedforward_bounds, layernorm_bounds
 from ..numeric.attention import AttentionMap
 from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedLayerNorm, inverse_sqrt, softmax
 
-__all__ = ["EditTemplate", "LayerSet", "propagate", "embedding_enclosure", "coupling_bound"]
+__all__ = ["EditTemplate", "LayerSet", "propagate", "through_layer", "embedding_enclosure", "coupling_bound"]
 
 
 @final
@@ -251,7 +251,7 @@ def propagate(model: Model, template: EditTemplate, layers=None, progress=None) 
             progress(index + 1, last + 1)
         if index == last:
             break
-        centers, radii = _through_layer(item, z_centers, z_radii)
+        centers, radii = through_layer(item, z_centers, z_radii)
         original = centers if same else _original_next(item, reference)
     return out
 
@@ -269,7 +269,7 @@ def _rounding(enclosure: IntervalArray) -> np.ndarray:
     return (enclosure - IntervalArray(enclosure.mid)).norm_upper()
 
 
-def _through_layer(item, centers, radii):
+def through_layer(item, centers, radii):
     """From the attention block outputs of a layer to the next layer's inputs: the LayerNorm, the residual
     feed-forward block and the output LayerNorm, each with its movement bound; the centres move to the
     midpoints of their enclosures, the radii grow by the rounding."""

@@ -61,8 +61,8 @@ def curve_table(curve: LipschitzCurve) -> str:
              + f", n = {curve.n}, LayerNorm radius R = {curve.radius:.4g}",
              f"||DF(X)||: certified {curve.jacobian_norm:.6g}, witness {curve.jacobian_witness:.6g}",
              f"{'eps/R':>9s} {'eps':>10s} {'certified':>11s} {'witness':>10s} {'ratio':>8s} {'variation':>10s} "
-             f"{'global':>10s}  verdict"]
+             f"{'var. found':>10s} {'global':>10s}  verdict"]
     for p in curve.points:
         lines.append(f"{p.eps / curve.radius:9.2g} {p.eps:10.4g} {p.certified:11.5g} {p.witness:10.5g} {p.ratio:8.3f} "
-                     f"{p.variation:10.4g} {p.global_constant:10.4g}  {p.verdict}")
+                     f"{p.variation:10.4g} {p.variation_witness:10.4g} {p.global_constant:10.4g}  {p.verdict}")
     return "\n".join(lines)

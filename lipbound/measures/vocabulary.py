@@ -87,9 +87,13 @@ class ScreeningModel:
 
     def block_outputs(self, ids: np.ndarray, last: int) -> list[np.ndarray]:
         """``X_l + MHA_l(X_l)`` for layers ``0..last`` of a batch of sentences ``ids`` (B, n)."""
+        return self.forward(ids, last)[1]
+
+    def forward(self, ids: np.ndarray, last: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The inputs ``X_l`` and the attention block outputs ``X_l + MHA_l(X_l)`` of layers ``0..last``."""
         B, n = ids.shape
         X = self._norm(self.word[ids] + self.position[self.offset:self.offset + n] + self.type, self.embedding_norm)
-        outputs = []
+        inputs, outputs = [], []
         for index in range(last + 1):
             p = self.layers[index]
             H, dk, dv = p["H"], p["dk"], p["dv"]
@@ -102,13 +106,14 @@ class ScreeningModel:
             S /= S.sum(axis=-1, keepdims=True)
             F = (S @ V).transpose(0, 2, 1, 3).reshape(B, n, H * dv)
             block = X + self._dense(F, p["W_O"], p["b_O"])
+            inputs.append(X)
             outputs.append(block)
             if index == last:
                 break
             Y = self._norm(block, p["ln_out"])
             h = self._dense(Y, p["W_1"], p["b_1"])
             X = self._norm(Y + self._dense(self._gelu(h), p["W_2"], p["b_2"]), p["ffn_norm"])
-        return outputs
+        return inputs, outputs
 
 
 def coupling_cost(original: np.ndarray, edited: np.ndarray, pairs: np.ndarray, weights: np.ndarray) -> np.ndarray:
