@@ -524,6 +524,14 @@ def _weighted_squares_upper(s: np.ndarray, x: np.ndarray) -> float:
     return (float(np.dot(s * s, x)) + s.size * (float(np.max(x)) + 1) * _ETA) * _safe(s.size + 2)
 
 
+def _ldexp_up(array: np.ndarray, exponent: int) -> np.ndarray:
+    """``array * 2^exponent`` for a non-negative array, entries the scaling rounds rounded up."""
+    scaled = np.ldexp(array, exponent)
+    rounded = np.ldexp(scaled, -exponent) != array
+    scaled[rounded] = np.nextafter(scaled[rounded], np.inf)
+    return scaled
+
+
 @final
 class RowGram:
     """The Gram matrix of the rows of an enclosed matrix Z (m, k), formed once, for certified upper
@@ -541,7 +549,10 @@ class RowGram:
 
     (Weyl for the radius; ``gamma_2' = gamma_2 / (1 - gamma_2)``, ``e_u = |R| (k + 2) eta``),
     ``lambda_max(S)`` bounded by :func:`_top_by_cholesky`; when no level factorises, the Frobenius norm of
-    ``D Z_R`` stands.
+    ``D Z_R`` stands.  The radius is kept in the units of A (``2^-e rad``, rounded up), and the factors
+    are scaled the same way per call (``s = 2^f s'`` with the largest of ``s'`` in [1/2, 1), rounded
+    up), so that no square of a factor or of a radius overflows or vanishes; the result is multiplied
+    by ``2^(e + f)`` in interval arithmetic.
     """
 
     def __init__(self, Z):
@@ -549,11 +560,12 @@ class RowGram:
         if Z.mid.ndim != 2:
             raise WeightsError("Z", "a matrix", f"shape {Z.mid.shape}", "reshape the rows first")
         self.m, self.k = Z.mid.shape
-        self.exponent, scaled, rad = 0, Z.mid, Z.rad
+        self.exponent, scaled, exact = 0, Z.mid, True
         if np.any(Z.mid):
             scaled, self.exponent, exact = _power_of_two_scale(Z.mid)
-            if not exact:  # entries rounded into the subnormals moved by at most eta (scaled units)
-                rad = np.nextafter(rad + math.ldexp(_ETA, self.exponent), np.inf)
+        rad = _ldexp_up(Z.rad, -self.exponent)                        # in the units of A
+        if not exact:  # entries rounded into the subnormals moved by at most eta
+            rad = np.nextafter(rad + _ETA, np.inf)
         self.gram = _symmetric_gram(scaled)
         self.squares = _row_squares_upper(scaled)                    # ||A_r||^2
         self.nonzero = np.any(scaled != 0, axis=1)
@@ -566,12 +578,18 @@ class RowGram:
         if s.shape != rows.shape or not np.all(s >= 0) or not np.all(np.isfinite(s)):
             raise WeightsError("scales", f"{rows.size} finite non-negative row scales", f"shape {s.shape}",
                                "pass one upper bound per row")
+        # rounding a factor up is safe: the norm grows with every factor
+        shift = math.frexp(float(np.max(s)))[1] if s.size else 0
+        return upper(self._norm_in_units(_ldexp_up(s, -shift), rows, margin) * IV.mpf(2) ** (shift + self.exponent))
+
+    def _norm_in_units(self, s: np.ndarray, rows: np.ndarray, margin: float):
+        """Interval above ``||diag(s) Z_rows|| / 2^e`` for factors s at most 1."""
         squared = _weighted_squares_upper(s, np.ones_like(s))                          # ||s||^2
         frobenius = _weighted_squares_upper(s, self.squares[rows])                      # ||D A_R||_F^2
         radius = 0.0 if self.radius_squares is None else \
             math.nextafter(math.sqrt(_weighted_squares_upper(s, self.radius_squares[rows])), math.inf)
         if not np.any((s > 0) & self.nonzero[rows]):
-            return radius
+            return interval(radius)
         S = np.outer(s, s)  # fl(s_r s_c) = fl(s_c s_r): S is exactly symmetric
         every = rows.size == self.m and np.array_equal(rows, np.arange(self.m))
         S *= self.gram if every else self.gram[np.ix_(rows, rows)]
@@ -581,10 +599,9 @@ class RowGram:
                  + interval(_gamma(self.k)) * interval(frobenius)
                  + interval(self.k) * interval(_ETA) * interval(squared))
         top = _top_by_cholesky(S, _top_estimate(S), margin)
-        scale = IV.mpf(2) ** self.exponent
         if top is None:  # the Frobenius norm bounds the spectral norm
-            return upper(IV.sqrt(interval(frobenius)) * scale + interval(radius))
-        return upper(F.sqrt(top + error) * scale + interval(radius))
+            return IV.sqrt(interval(frobenius)) + interval(radius)
+        return F.sqrt(top + error) + interval(radius)
 
 
 def product_norm_interval(X, Y):
