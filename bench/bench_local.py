@@ -10,7 +10,8 @@ On all-MiniLM-L6-v2 and the 20 sentences of lipbound/measures/data/sentences.txt
 * ``curve`` -- L(eps) certified / witness of the attention layer (with its residual) for eps up to 1% of
   the LayerNorm radius (target <= 1.5), and whether the certified curve meets the global constant at
   eps = 2 R, with each curve's wall time; on the two shortest sentences, or on sentences of the token
-  counts ``--curve-lengths`` (e.g. 8,14,16,20,24,37) with the curvature bound up to ``--curvature-tokens``;
+  counts ``--curve-lengths`` (e.g. 8,14,16,20,24,37) with the curvature bound's Gram route up to
+  ``--curvature-tokens`` and its split bound beyond;
 * ``fits``  -- from the ``path`` rows: least-squares exponents of ``W1 ~ C k^a n^b`` for the measured and
   the certified movements per layer (a = -b is a law in k / n), and of ``W1 ~ C (k / n)^c``.
 
@@ -155,7 +156,7 @@ def main() -> None:
                         help="the curve part on sentences with these token counts (e.g. 14,20,37) instead of the "
                              "two shortest")
     parser.add_argument("--curvature-tokens", type=int, default=None,
-                        help="largest n of the curvature bound in the curve part (default: lipbound's)")
+                        help="largest n of the curvature bound's Gram route in the curve part (longer: the split bound; default: lipbound's)")
     args = parser.parse_args()
 
     from lipbound.cli.parsing import int_list

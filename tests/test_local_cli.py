@@ -76,7 +76,7 @@ def test_local_errors_are_one_line(args, fragment, capsys):
     assert len(error) == 1 and fragment in error[0] and "Fix:" in error[0], error
 
 
-def test_curvature_tokens_switch_the_second_derivative_bound_on_and_off(tmp_path, capsys):
+def test_curvature_tokens_choose_the_gram_route_or_the_looser_split_bound(tmp_path, capsys):
     curves = {}
     for tokens in ("16", "8"):   # the sentence has 9 tokens
         path = tmp_path / f"{tokens}.json"

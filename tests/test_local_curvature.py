@@ -2,7 +2,10 @@
 
 * the closed form of ``D^2F[e, f]`` the theorem starts from, written here again in plain numpy, against
   central differences of the forward pass's Jacobian-vector products;
-* the curvature bound at X against the largest ``||D^2F[e, f]||`` an alternating ascent finds;
+* the curvature bound at X against the largest ``||D^2F[e, f]||`` an alternating ascent finds, by the
+  Gram route and by the split bound;
+* the split bound's norms of ``zeta``'s scaled rows against their exact norms (``zeta`` formed here from
+  the scores' derivative);
 * the integrated bound on ``U(X, eps)`` against the largest ``||DF(Y) - DF(X)||_2`` found by projected
   ascent inside U (dense Jacobians by finite differences), for heads and layers, several balls;
 * on a generated model, the curve through the route (real weights: tests/test_local_cli.py).
@@ -19,7 +22,7 @@ import local_models
 from test_local_bounds import central_jacobian
 from lipbound.local.balls import Neighbourhood
 from lipbound.local.chains import Component
-from lipbound.local.curvature import CURVATURE_TOKENS, AttentionCurvature
+from lipbound.local.curvature import CURVATURE_TOKENS, SPLIT_ENTRIES, AttentionCurvature, _SplitRows
 from lipbound.local.curve import _Centre, _CurvatureRoute, lipschitz_curve
 from lipbound.local.enclosed import EnclosedAttention
 from lipbound.numeric.model import Head, Layer
@@ -116,24 +119,64 @@ def _largest_second(target, X, rng, restarts=6, steps=40):
     return best
 
 
-def _route(target, X, ball="fro", eps=1.0, positions=()):
+def _route(target, X, ball="fro", eps=1.0, positions=(), split=False):
     kind = "head" if isinstance(target, Head) else "attention"
     chain = [Component(kind, target, "generated")]
     hoods = [Neighbourhood(ball, eps, positions)]
-    return _CurvatureRoute.of(chain, _Centre(chain, X, dense=False), X, hoods)
+    route = _CurvatureRoute.of(chain, _Centre(chain, X, dense=False), X, hoods, 0 if split else CURVATURE_TOKENS)
+    assert isinstance(route.curvature.zeta_rows, _SplitRows) == split
+    return route
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(seed=st.integers(0, 10_000), kind=st.sampled_from(["head", "layer"]), n=st.integers(2, 4),
-       scale=st.sampled_from([0.5, 1.5, 3.0]))
-def test_the_curvature_bounds_the_second_derivative_at_x(seed, kind, n, scale):
+       scale=st.sampled_from([0.5, 1.5, 3.0]), split=st.booleans())
+def test_the_curvature_bounds_the_second_derivative_at_x(seed, kind, n, scale, split):
     rng = np.random.default_rng(seed)
     target = _target(rng, kind, d=4, heads=2, d_k=2, scale=scale)
     X = rng.standard_normal((n, 4))
-    route = _route(target, X)
+    route = _route(target, X, split=split)
     chi = sum(route._chis(1e-12))
     found = _largest_second(target, X, rng)
     assert found <= chi * (1 + 1e-6)
+
+
+def _zeta(target, X):
+    """The rows ``(h, i, j)`` of ``e -> zeta_ij(e)`` per head, from the scores' derivative, (H n n, n d)."""
+    n, d = X.shape
+    rows = []
+    for W_Q, W_K, A, b_Q, b_K, b_A in _parts(target):
+        c = 1 / np.sqrt(W_Q.shape[1])
+        q, k = X @ W_Q + b_Q, X @ W_K + b_K
+        S = c * q @ k.T
+        P = np.exp(S - S.max(axis=1, keepdims=True))
+        P /= P.sum(axis=1, keepdims=True)
+        columns = []
+        for e in np.eye(n * d).reshape(n * d, n, d):
+            ds = c * ((e @ W_Q) @ k.T + q @ (e @ W_K).T)
+            columns.append((ds - np.sum(P * ds, axis=1, keepdims=True)).ravel())
+        rows.append(np.array(columns).T)
+    return np.concatenate(rows)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), kind=st.sampled_from(["head", "layer"]), n=st.integers(2, 5),
+       scale=st.sampled_from([0.3, 1.5, 4.0]), rows=st.sampled_from(["all", "query", "head", "some"]))
+def test_the_split_bound_covers_the_norms_of_zetas_scaled_rows(seed, kind, n, scale, rows):
+    rng = np.random.default_rng(seed)
+    target = _target(rng, kind, d=4, heads=2, d_k=2, scale=scale)
+    X = rng.standard_normal((n, 4))
+    curvature = AttentionCurvature(EnclosedAttention(target, X), target, split=True)
+    Z = _zeta(target, X)
+    H = Z.shape[0] // (n * n)
+    chosen = {"all": np.arange(H * n * n), "query": curvature._query_rows(int(rng.integers(n))),
+              "head": curvature._head_rows(int(rng.integers(H))),
+              "some": np.flatnonzero(rng.random(H * n * n) < 0.4)}[rows]
+    scales = rng.uniform(0, 2, chosen.size)
+    exact = np.linalg.norm(scales[:, None] * Z[chosen], 2)
+    bound = curvature.zeta_rows.norm_upper(scales, chosen)
+    assert exact <= bound * (1 + 1e-9) + 1e-12
+    assert bound <= 4 * exact * np.sqrt(n) + 1e-9        # a bound, not a vacuous one
 
 
 def _largest_change(target, X, hood, rng, restarts=4, steps=12):
@@ -167,31 +210,38 @@ def _largest_change(target, X, hood, rng, restarts=4, steps=12):
 @settings(max_examples=8, deadline=None)
 @given(seed=st.integers(0, 10_000), kind=st.sampled_from(["head", "layer"]),
        ball=st.sampled_from(["fro", "2,1", "2,inf", "tokens"]),
-       eps=st.sampled_from([1e-3, 0.05, 0.3, 1.0]), scale=st.sampled_from([0.7, 2.0]))
-def test_the_integrated_bound_holds_on_the_neighbourhood(seed, kind, ball, eps, scale):
+       eps=st.sampled_from([1e-3, 0.05, 0.3, 1.0]), scale=st.sampled_from([0.7, 2.0]), split=st.booleans())
+def test_the_integrated_bound_holds_on_the_neighbourhood(seed, kind, ball, eps, scale, split):
     rng = np.random.default_rng(seed)
     target = _target(rng, kind, d=4, heads=2, d_k=2, scale=scale)
     X = rng.standard_normal((3, 4))
     hood = Neighbourhood(ball, eps, (1,) if ball == "tokens" else ())
-    route = _route(target, X, ball, eps, hood.positions)
+    route = _route(target, X, ball, eps, hood.positions, split)
     bound = route.variation(hood, np.inf)
     assert _largest_change(target, X, hood, rng) <= bound * (1 + 1e-6) + 1e-7
 
 
-def test_the_curvature_matrices_are_refused_beyond_their_token_and_size_limits():
+def test_each_input_gets_the_gram_route_the_split_bound_or_neither_by_its_size():
     rng = np.random.default_rng(0)
     target = _target(rng, "layer", d=4, heads=2, d_k=2, scale=1.0)
     small = EnclosedAttention(target, rng.standard_normal((3, 4)))
-    assert AttentionCurvature.fits(small) and not AttentionCurvature.fits(small, tokens=2)
+    assert AttentionCurvature.route(small) == "gram" and AttentionCurvature.route(small, tokens=2) == "split"
     longer = EnclosedAttention(target, rng.standard_normal((CURVATURE_TOKENS + 1, 4)))
-    assert not AttentionCurvature.fits(longer) and AttentionCurvature.fits(longer, tokens=CURVATURE_TOKENS + 1)
+    assert AttentionCurvature.route(longer) == "split"
+    assert AttentionCurvature.route(longer, tokens=CURVATURE_TOKENS + 1) == "gram"
+    largest = int((SPLIT_ENTRIES / 2) ** 0.25)                          # H n^4 within the cap, 2 heads
+    assert AttentionCurvature.route(EnclosedAttention(target, rng.standard_normal((largest, 4))), tokens=0) == "split"
+    beyond = EnclosedAttention(target, rng.standard_normal((largest + 1, 4)))
+    assert AttentionCurvature.route(beyond, tokens=0) is None and AttentionCurvature.route(beyond, tokens=1000) == "gram"
     huge = EnclosedAttention(target, rng.standard_normal((300, 4)))     # H n^3 d = 2.2e8 entries
-    assert not AttentionCurvature.fits(huge, tokens=1000)
+    assert AttentionCurvature.route(huge, tokens=1000) is None
     chain = [Component("attention", target, "generated")]
     X = rng.standard_normal((CURVATURE_TOKENS + 1, 4))
     centre = _Centre(chain, X, dense=False)
-    assert _CurvatureRoute.of(chain, centre, X, [Neighbourhood("fro", 0.1)]) is None
-    assert _CurvatureRoute.of(chain, centre, X, [Neighbourhood("fro", 0.1)], CURVATURE_TOKENS + 1) is not None
+    routes = [_CurvatureRoute.of(chain, centre, X, [Neighbourhood("fro", 0.1)], tokens)
+              for tokens in (CURVATURE_TOKENS, CURVATURE_TOKENS + 1)]
+    assert isinstance(routes[0].curvature.zeta_rows, _SplitRows)
+    assert not isinstance(routes[1].curvature.zeta_rows, _SplitRows)
 
 
 def test_the_curve_of_a_generated_model_gains_from_the_route_and_keeps_its_witness_below(monkeypatch):

@@ -33,6 +33,19 @@ for the Frobenius and (2,1) balls, the square root of the number of moving token
 matrices have ``H n^3 d`` entries (:data:`CURVATURE_ENTRIES` caps them) and all their norms come from one
 Gram matrix of their ``H n^2`` rows (:class:`~lipbound.rigorous.linalg.RowGram`), whose factorisations cost
 about ``(H n^2)^3`` per radius: the bound is formed up to a number of tokens (:data:`CURVATURE_TOKENS` by default).
+
+Longer inputs get the split bound instead, which never forms ``zeta``.  With ``a_hi = W_K q_i``, row
+(h, i, j) of ``zeta`` is its own block ``o_hij = c ((delta_ij - p_ii) a_hi + W_Q (k_j - kappa_i))`` on
+``e_i`` plus ``c (delta_mj - p_im) a_hi`` on the other tokens' ``e_m``; for row scales s (Minkowski, then
+Cauchy-Schwarz per (h, i))
+
+    ||diag(s) zeta|| <= max_i ||diag(s_i) [o_hij]_(h,j)|| + c ||diag(nu) [a_hi]_(h,i)||,
+    nu_hi = (sum_j s_hij^2 sum_{m != i} (delta_mj - p_im)^2)^(1/2),
+
+and for the rows of one query i the two parts act on orthogonal parts of e, so their squares add.
+It takes one ``H n x d`` Gram matrix and n of them of size ``H n`` (about 2-3.5 times the Gram route's
+``chi_I + chi_II`` on the MiniLM layers, at a cost that no longer grows as n^6); its deviation arrays
+have ``H n^4`` entries (:data:`SPLIT_ENTRIES` caps them).
 """
 
 from __future__ import annotations
@@ -45,13 +58,15 @@ from ..symbolic import local as T
 from .bounds import LocalBounds, attention_norms, evaluate_theorem, value_space
 from .enclosed import EnclosedAttention, head_products
 
-__all__ = ["AttentionCurvature", "CURVATURE_ENTRIES", "CURVATURE_TOKENS"]
+__all__ = ["AttentionCurvature", "CURVATURE_ENTRIES", "CURVATURE_TOKENS", "SPLIT_ENTRIES"]
 
 #: Largest ``H n^3 d`` for which the curvature matrices are formed (memory: n <= 25 at MiniLM's width).
 CURVATURE_ENTRIES = 80_000_000
-#: Default largest number of tokens for the curvature bound (time per radius at MiniLM's width: about
-#: 2.5 s at 16 tokens, 9 s at 20, 25 s at 24, growing as n^6).
+#: Default largest number of tokens for the Gram route (time per radius at MiniLM's width: about
+#: 2.5 s at 16 tokens, 9 s at 20, 25 s at 24, growing as n^6); longer inputs take the split bound.
 CURVATURE_TOKENS = 20
+#: Largest ``H n^4`` for which the split bound is formed (n <= 38 with 12 heads).
+SPLIT_ENTRIES = 25_000_000
 
 
 class AttentionCurvature:
@@ -63,12 +78,15 @@ class AttentionCurvature:
         The head or layer enclosed at X (n tokens).
     target : Head or Layer
         The same target (its ``output_block`` places each head in the output space).
+    split : bool
+        Bound the norms of ``zeta``'s scaled rows by the split bound instead of their Gram matrix
+        (module docstring; for inputs the Gram route does not reach, see :meth:`route`).
 
     The matrices at X and their norms are built once; :meth:`chis` adds a neighbourhood's deviations and
     :meth:`piece` makes one term of the theorem's sum.
     """
 
-    def __init__(self, E: EnclosedAttention, target):
+    def __init__(self, E: EnclosedAttention, target, split: bool = False):
         engine = E.engine
         H, n, d = engine.H, E.n, engine.d
         self.E, self.H, self.n = E, H, n
@@ -93,6 +111,19 @@ class AttentionCurvature:
         self.query_norms = query_part.norm_upper()                                      # (H, n)
         # zeta_ij as a row: block m is c (delta_mj - p_im) W_K q_i + [m = i] c W_Q (k_j - kappa_i)
         coefficient = IntervalArray(np.eye(n)[None, None]) - E.P.expand(2)              # (H, n(i), n(j), n(m))
+        self.coefficient = coefficient.magnitude                                        # |delta_mj - p_im| at X
+        self.c = E.c.hi.item()
+        self.zeta_rows = _SplitRows(query_part, key_part, coefficient, E.c) if split \
+            else self._gram(E, coefficient, query_part, key_part)
+        # Theta at X (rows p_ij zeta_ij) and its norms; the neighbourhoods only add deviations
+        p_at_x = E.P.magnitude                                                          # (H, n, n)
+        self.G_norms = np.array([self.zeta_rows.norm_upper(p_at_x[h].ravel(), self._head_rows(h)) for h in range(H)])
+        self.G_norm = self.zeta_rows.norm_upper(p_at_x.ravel())
+
+    @staticmethod
+    def _gram(E: EnclosedAttention, coefficient, query_part, key_part) -> RowGram:
+        """The Gram matrix of ``zeta``'s rows, formed from the rows themselves."""
+        H, n, d = E.engine.H, E.n, E.engine.d
         a = coefficient.expand(-1) * query_part.expand(2).expand(2)
         lo, hi = a.lo.copy(), a.hi.copy()
         for i in range(n):
@@ -101,14 +132,7 @@ class AttentionCurvature:
         zeta = IntervalArray(lo, hi) * E.c                                              # (H, n, n, n, d)
         del a, lo, hi
         # every matrix below is zeta's rows (h, i, j) scaled: one Gram matrix of the rows serves them all
-        self.zeta_rows = RowGram(zeta.reshape(H * n * n, n * d).to_enclosure())
-        del zeta
-        self.coefficient = coefficient.magnitude                                        # |delta_mj - p_im| at X
-        self.c = E.c.hi.item()
-        # Theta at X (rows p_ij zeta_ij) and its norms; the neighbourhoods only add deviations
-        p_at_x = E.P.magnitude                                                          # (H, n, n)
-        self.G_norms = np.array([self.zeta_rows.norm_upper(p_at_x[h].ravel(), self._head_rows(h)) for h in range(H)])
-        self.G_norm = self.zeta_rows.norm_upper(p_at_x.ravel())
+        return RowGram(zeta.reshape(H * n * n, n * d).to_enclosure())
 
     def _head_rows(self, h: int) -> np.ndarray:
         """Indices of head h's rows (i, j) among zeta's rows (h, i, j)."""
@@ -120,9 +144,13 @@ class AttentionCurvature:
         return (np.arange(self.H)[:, None] * n * n + i * n + np.arange(n)[None, :]).ravel()
 
     @staticmethod
-    def fits(E: EnclosedAttention, tokens: int = CURVATURE_TOKENS) -> bool:
-        """Whether X has at most ``tokens`` tokens and the matrices stay within :data:`CURVATURE_ENTRIES`."""
-        return E.n <= tokens and E.engine.H * E.n ** 3 * E.engine.d <= CURVATURE_ENTRIES
+    def route(E: EnclosedAttention, tokens: int = CURVATURE_TOKENS) -> str | None:
+        """``"gram"`` when X has at most ``tokens`` tokens and the matrices stay within
+        :data:`CURVATURE_ENTRIES`, else ``"split"`` while ``H n^4`` stays within :data:`SPLIT_ENTRIES`, else None."""
+        H, n = E.engine.H, E.n
+        if n <= tokens and H * n ** 3 * E.engine.d <= CURVATURE_ENTRIES:
+            return "gram"
+        return "split" if H * n ** 4 <= SPLIT_ENTRIES else None
 
     def _functional_deviation(self, facts: dict, r: np.ndarray):
         """``(sup_U ||zeta_ijm||, sup_U ||zeta_ijm(Y) - zeta_ijm(X)||)`` per block m of each row, (H, n, n, n)."""
@@ -199,6 +227,40 @@ class AttentionCurvature:
         return evaluate_theorem(T.attention_curvature(), **{
             r"\chi_{I}": chi_I, r"\chi_{II}": chi_II, r"\chi_{III}": chi_III,
             r"\Delta\epsilon_k": width}).item()
+
+
+class _SplitRows:
+    """Certified ``||diag(s) zeta_R||`` by the split bound (module docstring), with the interface of
+    :class:`~lipbound.rigorous.linalg.RowGram`: scales on the rows ``R`` (all by default) of ``zeta``'s
+    rows ``(h, i, j)``, the others zero."""
+
+    def __init__(self, query_part: IntervalArray, key_part: IntervalArray, coefficient: IntervalArray,
+                 c: IntervalArray):
+        H, n, d = query_part.shape
+        self.shape, self.c = (H, n, n), c
+        magnitude = coefficient.magnitude.copy()                                       # |delta_mj - p_im|
+        own_lo, own_hi = np.empty((H, n, n)), np.empty((H, n, n))
+        for i in range(n):
+            own_lo[:, i], own_hi[:, i] = coefficient.lo[:, i, :, i], coefficient.hi[:, i, :, i]
+            magnitude[:, i, :, i] = 0.0
+        own = IntervalArray(own_lo, own_hi).expand(-1) * query_part.expand(2) + key_part   # block i, (H, n, n, d)
+        self.own = [RowGram(own[:, i].reshape(H * n, d).to_enclosure()) for i in range(n)]  # rows (h, j) of query i
+        self.queries = RowGram(query_part.reshape(H * n, d).to_enclosure())                # rows a_hi, (h, i)
+        self.other_norms = IntervalArray(magnitude).norm_upper()                           # ||(e_j - p_i)_{m != i}||
+
+    def norm_upper(self, scales, rows=None) -> float:
+        s = np.zeros(int(np.prod(self.shape)))
+        s[slice(None) if rows is None else rows] = scales
+        s = s.reshape(self.shape)
+        nu = (IntervalArray(s) * IntervalArray(self.other_norms)).norm_upper().ravel()     # (H n)
+        active = np.flatnonzero(nu)
+        other = IntervalArray(self.queries.norm_upper(nu[active], active) if active.size else 0.0)
+        queries = np.flatnonzero(np.any(s > 0, axis=(0, 2)))
+        own = IntervalArray(max((self.own[i].norm_upper(s[:, i].ravel()[moving], moving)
+                                 for i in queries for moving in [np.flatnonzero(s[:, i].ravel())]), default=0.0))
+        # one query: its own block and the others act on orthogonal parts of E (Cauchy-Schwarz)
+        total = (own * own + other * other).sqrt() if queries.size <= 1 else own + other
+        return (self.c * total).hi.item()
 
 
 def _norm(matrix: IntervalArray) -> float:

@@ -204,8 +204,9 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
     ascent_steps : int
         Projected ascent steps of the witness per eps.
     curvature_tokens : int
-        Largest n for which the curvature bound is formed (its cost grows as n^6; about 9 s per radius
-        at 20 tokens of MiniLM).
+        Largest n for which the curvature bound is formed from its Gram matrix (its cost grows as n^6;
+        about 9 s per radius at 20 tokens of MiniLM); longer inputs get the split bound while it fits
+        (:meth:`~lipbound.local.curvature.AttentionCurvature.route`).
     progress : callable, optional
         Called with ``(done, total)`` after each eps.
     """
@@ -272,9 +273,9 @@ class _CurvatureRoute:
     grid of radii (the powers of 10^(1/4) over a decade below each eps asked for, and the eps
     themselves), integrated from 0 to eps as an upper Riemann sum; radii are evaluated once, lazily."""
 
-    def __init__(self, chain, centre: _Centre, X: np.ndarray, hood: Neighbourhood, radii: list):
+    def __init__(self, chain, centre: _Centre, X: np.ndarray, hood: Neighbourhood, radii: list, split: bool = False):
         self.component, self.enclosed, self.X, self.hood = chain[0], centre.enclosed[0], X, hood
-        self.curvature = AttentionCurvature(self.enclosed, chain[0].target)
+        self.curvature = AttentionCurvature(self.enclosed, chain[0].target, split=split)
         lattice = {10.0 ** (k / 4) for eps in radii for k in range(math.floor(4 * math.log10(eps)) - 3,
                                                                        math.ceil(4 * math.log10(eps)))}
         self.grid = sorted(set(radii) | lattice)
@@ -285,10 +286,10 @@ class _CurvatureRoute:
     @classmethod
     def of(cls, chain, centre: _Centre, X, neighbourhoods, tokens: int = CURVATURE_TOKENS):
         radii = [hood.eps for hood in neighbourhoods if hood.eps > 0]
-        if len(chain) != 1 or chain[0].kind not in ("head", "attention") or not radii \
-                or not AttentionCurvature.fits(centre.enclosed[0], tokens):
+        if len(chain) != 1 or chain[0].kind not in ("head", "attention") or not radii:
             return None
-        return cls(chain, centre, X, neighbourhoods[0], radii)
+        route = AttentionCurvature.route(centre.enclosed[0], tokens)
+        return None if route is None else cls(chain, centre, X, neighbourhoods[0], radii, split=route == "split")
 
     def _chis(self, t: float) -> tuple:
         if t not in self.chis:
