@@ -30,6 +30,8 @@ def test_local_curve_and_edit_rows_through_the_command_line(tmp_path, capsys):
     payload = json.loads(report.read_text())
     curve = payload["curve"]
     assert curve["kind"] == "head" and curve["n"] == 9 and len(curve["points"]) == 5
+    assert curve["variation_bound"] == "curvature-gram"
+    assert "second derivative's (Gram matrix)" in out
     certified = [p["certified"] for p in curve["points"]]
     witness = [p["witness"] for p in curve["points"]]
     assert all(p["verdict"] == "holds" for p in curve["points"])
@@ -82,7 +84,9 @@ def test_curvature_tokens_choose_the_gram_route_or_the_looser_split_bound(tmp_pa
         path = tmp_path / f"{tokens}.json"
         assert main(["local", "The cat sat on the mat.", "--kind", "head", "--head", "3", "--eps", "0,1e-3",
                      "--curvature-tokens", tokens, "--json", str(path)]) == 0
-        curves[tokens] = json.loads(path.read_text())["curve"]["points"]
+        report = json.loads(path.read_text())["curve"]
+        assert report["variation_bound"] == ("curvature-gram" if tokens == "16" else "curvature-split")
+        curves[tokens] = report["points"]
     assert curves["16"][0]["certified"] == pytest.approx(curves["8"][0]["certified"], rel=1e-9)
     assert curves["16"][1]["witness"] <= curves["16"][1]["certified"] < curves["8"][1]["certified"]
     with pytest.raises(SystemExit):

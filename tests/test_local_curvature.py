@@ -251,6 +251,7 @@ def test_the_curve_of_a_generated_model_gains_from_the_route_and_keeps_its_witne
     curve = lipschitz_curve(generated, X, kind="layer", layer=0, eps=eps, ascent_steps=3)
     monkeypatch.setattr(_CurvatureRoute, "of", classmethod(lambda cls, *args: None))
     blockwise = lipschitz_curve(generated, X, kind="layer", layer=0, eps=eps, ascent_steps=3)
+    assert (curve.variation_bound, blockwise.variation_bound) == ("curvature-gram", "blockwise")
     for point, other in zip(curve.points, blockwise.points):
         assert point.verdict == "holds"
         assert point.witness <= point.certified <= other.certified

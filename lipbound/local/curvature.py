@@ -89,7 +89,7 @@ class AttentionCurvature:
     def __init__(self, E: EnclosedAttention, target, split: bool = False):
         engine = E.engine
         H, n, d = engine.H, E.n, engine.d
-        self.E, self.H, self.n = E, H, n
+        self.E, self.H, self.n, self.split = E, H, n, split
         self.norms = attention_norms(engine)
         values, outputs, self.value_norms = value_space(E, target)
         products = head_products(engine)                                                # A_h, (H, d, d_out)

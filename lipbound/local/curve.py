@@ -103,12 +103,15 @@ class LipschitzCurve:
     jacobian_norm: float
     jacobian_witness: float
     points: tuple = field(default=())
+    #: how the variation term is bounded: "blockwise", or also through the second derivative by its Gram
+    #: matrix ("curvature-gram") or by the split bound ("curvature-split"); the smaller bound counts
+    variation_bound: str = "blockwise"
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "component": self.description, "norm": self.norm, "ball": self.ball,
                 "positions": list(self.positions), "n": self.n, "layernorm_radius": self.radius,
                 "jacobian_norm": self.jacobian_norm, "jacobian_witness": self.jacobian_witness,
-                "points": [p.to_json() for p in self.points]}
+                "variation_bound": self.variation_bound, "points": [p.to_json() for p in self.points]}
 
 
 def _check_norm(norm: str) -> str:
@@ -263,8 +266,10 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
         if progress is not None:
             progress(index + 1, len(neighbourhoods))
     description = chain[0].name if len(chain) == 1 else f"{chain[0].name} .. {chain[-1].name}"
+    bound = "blockwise" if curvature is None else \
+        "curvature-split" if curvature.curvature.split else "curvature-gram"
     return LipschitzCurve(kind, description, norm, ball, tuple(positions), n, radius, N_dense, witness_at_x,
-                          tuple(points))
+                          tuple(points), bound)
 
 
 class _CurvatureRoute:
