@@ -195,7 +195,7 @@ def register(sub) -> None:
                        help="bound how fast the Jacobian changes through the second derivative by its Gram matrix for "
                             "sentences of at most this many tokens (default 20; its time grows as n^6: about 2.5 s "
                             "per radius at 16 tokens, 9 s at 20, 25 s at 24); longer sentences get the split bound "
-                            "(2-3 times looser, under a second per radius; up to 38 tokens with 12 heads), "
+                            "(looser, under a second per radius; up to 38 tokens with 12 heads), "
                             "the longest the blockwise bound")
     local.add_argument("--plot-curve", type=plot_file("--plot-curve"), help="save L(eps) and its witness (png, pdf, ...)")
     _add_edit_options(local, "the number of --positions")
