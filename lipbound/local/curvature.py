@@ -34,7 +34,7 @@ matrices have ``H n^3 d`` entries (:data:`CURVATURE_ENTRIES` caps them) and all 
 Gram matrix of their ``H n^2`` rows (:class:`~lipbound.rigorous.linalg.RowGram`), whose factorisations cost
 about ``(H n^2)^3`` per radius: the bound is formed up to a number of tokens (:data:`CURVATURE_TOKENS` by default).
 
-Longer inputs get the split bound instead, which never forms ``zeta``.  With ``a_hi = W_K q_i``, row
+Longer inputs get the split bound instead, which forms ``zeta`` one query at a time.  With ``a_hi = W_K q_i``, row
 (h, i, j) of ``zeta`` is its own block ``o_hij = c ((delta_ij - p_ii) a_hi + W_Q (k_j - kappa_i))`` on
 ``e_i`` plus ``c (delta_mj - p_im) a_hi`` on the other tokens' ``e_m``; for row scales s (Minkowski, then
 Cauchy-Schwarz per (h, i))
@@ -42,10 +42,9 @@ Cauchy-Schwarz per (h, i))
     ||diag(s) zeta|| <= max_i ||diag(s_i) [o_hij]_(h,j)|| + c ||diag(nu) [a_hi]_(h,i)||,
     nu_hi = (sum_j s_hij^2 sum_{m != i} (delta_mj - p_im)^2)^(1/2),
 
-and for the rows of one query i the two parts act on orthogonal parts of e, so their squares add.
-It takes one ``H n x d`` Gram matrix and n of them of size ``H n`` (about 2-3.7 times the Gram route's
-``chi_I + chi_II`` on the MiniLM layers, at a cost that no longer grows as n^6); its deviation arrays
-have ``H n^4`` entries (:data:`SPLIT_ENTRIES` caps them).
+while the rows of one query i, ``H n`` of them, get their norms from their own Gram matrix.  It takes
+one ``H n x d`` Gram matrix and 2 n of size ``H n`` (at a cost that no longer grows as n^6); its
+deviation arrays have ``H n^4`` entries (:data:`SPLIT_ENTRIES` caps them).
 """
 
 from __future__ import annotations
@@ -124,15 +123,9 @@ class AttentionCurvature:
     def _gram(E: EnclosedAttention, coefficient, query_part, key_part) -> RowGram:
         """The Gram matrix of ``zeta``'s rows, formed from the rows themselves."""
         H, n, d = E.engine.H, E.n, E.engine.d
-        a = coefficient.expand(-1) * query_part.expand(2).expand(2)
-        lo, hi = a.lo.copy(), a.hi.copy()
-        for i in range(n):
-            own = IntervalArray(lo[:, i, :, i], hi[:, i, :, i]) + key_part[:, i]
-            lo[:, i, :, i], hi[:, i, :, i] = own.lo, own.hi
-        zeta = IntervalArray(lo, hi) * E.c                                              # (H, n, n, n, d)
-        del a, lo, hi
+        zeta = IntervalArray.stack([_query_rows(coefficient, query_part, key_part, E.c, i) for i in range(n)])
         # every matrix below is zeta's rows (h, i, j) scaled: one Gram matrix of the rows serves them all
-        return RowGram(zeta.reshape(H * n * n, n * d).to_enclosure())
+        return RowGram(zeta.swapaxes(0, 1).reshape(H * n * n, n * d).to_enclosure())
 
     def _head_rows(self, h: int) -> np.ndarray:
         """Indices of head h's rows (i, j) among zeta's rows (h, i, j)."""
@@ -229,41 +222,53 @@ class AttentionCurvature:
             r"\Delta\epsilon_k": width}).item()
 
 
+def _query_rows(coefficient: IntervalArray, query_part: IntervalArray, key_part: IntervalArray, c: IntervalArray,
+                i: int) -> IntervalArray:
+    """``zeta``'s rows ``(h, j)`` of query i, block m of each being ``c (delta_mj - p_im) W_K q_i + [m = i] c W_Q
+    (k_j - kappa_i)``: shape (H, n(j), n(m), d)."""
+    block = coefficient[:, i].expand(-1) * query_part[:, i].expand(1).expand(1)
+    lo, hi = block.lo.copy(), block.hi.copy()
+    own = IntervalArray(lo[:, :, i], hi[:, :, i]) + key_part[:, i]
+    lo[:, :, i], hi[:, :, i] = own.lo, own.hi
+    return IntervalArray(lo, hi) * c
+
+
 class _SplitRows:
     """Certified ``||diag(s) zeta_R||`` by the split bound (module docstring), with the interface of
     :class:`~lipbound.rigorous.linalg.RowGram`: scales on the rows ``R`` (all by default) of ``zeta``'s
-    rows ``(h, i, j)``, the others zero."""
+    rows ``(h, i, j)``, the others zero.  The rows of one query have a Gram matrix of their own (``H n``
+    rows), which gives their norms without the split."""
 
     def __init__(self, query_part: IntervalArray, key_part: IntervalArray, coefficient: IntervalArray,
                  c: IntervalArray):
         H, n, d = query_part.shape
         self.shape, self.c = (H, n, n), c
-        magnitude = coefficient.magnitude.copy()                                       # |delta_mj - p_im|
-        own_lo, own_hi = np.empty((H, n, n)), np.empty((H, n, n))
+        self.own, self.per_query = [], []
         for i in range(n):
-            own_lo[:, i], own_hi[:, i] = coefficient.lo[:, i, :, i], coefficient.hi[:, i, :, i]
-            magnitude[:, i, :, i] = 0.0
-        own = IntervalArray(own_lo, own_hi).expand(-1) * query_part.expand(2) + key_part   # block i, (H, n, n, d)
-        self.own = [RowGram(own[:, i].reshape(H * n, d).to_enclosure()) for i in range(n)]  # rows (h, j) of query i
+            rows = _query_rows(coefficient, query_part, key_part, c, i)                   # (H, n(j), n(m), d)
+            self.per_query.append(RowGram(rows.reshape(H * n, n * d).to_enclosure()))
+            self.own.append(RowGram(rows[:, :, i].reshape(H * n, d).to_enclosure()))      # its own blocks o_hij
         self.queries = RowGram(query_part.reshape(H * n, d).to_enclosure())                # rows a_hi, (h, i)
+        magnitude = coefficient.magnitude.copy()                                           # |delta_mj - p_im|
+        for i in range(n):
+            magnitude[:, i, :, i] = 0.0
         self.other_norms = IntervalArray(magnitude).norm_upper()                           # ||(e_j - p_i)_{m != i}||
 
     def norm_upper(self, scales, rows=None) -> float:
         s = np.zeros(int(np.prod(self.shape)))
         s[slice(None) if rows is None else rows] = scales
         s = s.reshape(self.shape)
+        queries = np.flatnonzero(np.any(s > 0, axis=(0, 2)))
+        if queries.size == 0:
+            return 0.0
+        moving = [np.flatnonzero(s[:, i].ravel()) for i in queries]
+        if queries.size == 1:
+            return self.per_query[queries[0]].norm_upper(s[:, queries[0]].ravel()[moving[0]], moving[0])
+        own = max(self.own[i].norm_upper(s[:, i].ravel()[rows_i], rows_i) for i, rows_i in zip(queries, moving))
         nu = (IntervalArray(s) * IntervalArray(self.other_norms)).norm_upper().ravel()     # (H n)
         active = np.flatnonzero(nu)
-        other = IntervalArray(self.queries.norm_upper(nu[active], active) if active.size else 0.0)
-        queries = np.flatnonzero(np.any(s > 0, axis=(0, 2)))
-        own = 0.0
-        for i in queries:
-            moving = np.flatnonzero(s[:, i].ravel())
-            own = max(own, self.own[i].norm_upper(s[:, i].ravel()[moving], moving))
-        own = IntervalArray(own)
-        # one query: its own block and the others act on orthogonal parts of E (Cauchy-Schwarz)
-        total = (own * own + other * other).sqrt() if queries.size <= 1 else own + other
-        return (self.c * total).hi.item()
+        other = self.queries.norm_upper(nu[active], active) if active.size else 0.0
+        return (IntervalArray(own) + self.c * IntervalArray(other)).hi.item()
 
 
 def _norm(matrix: IntervalArray) -> float:
