@@ -40,10 +40,10 @@ Longer inputs get the split bound instead, which forms ``zeta`` one query at a t
 Cauchy-Schwarz per (h, i))
 
     ||diag(s) zeta|| <= max_i ||diag(s_i) [o_hij]_(h,j)|| + c ||diag(nu) [a_hi]_(h,i)||,
-    nu_hi = (sum_j s_hij^2 sum_{m != i} (delta_mj - p_im)^2)^(1/2),
+    nu_hi = ||diag(s_hi) [delta_mj - p_im]_(j, m != i)||  (an n x (n - 1) matrix),
 
 while the rows of one query i, ``H n`` of them, get their norms from their own Gram matrix.  It takes
-one ``H n x d`` Gram matrix and 2 n of size ``H n`` (at a cost that no longer grows as n^6); its
+one ``H n x d`` Gram matrix, 2 n of size ``H n`` and ``H n`` of size n (at a cost that no longer grows as n^6); its
 deviation arrays have ``H n^4`` entries (:data:`SPLIT_ENTRIES` caps them).
 """
 
@@ -249,10 +249,9 @@ class _SplitRows:
             self.per_query.append(RowGram(rows.reshape(H * n, n * d).to_enclosure()))
             self.own.append(RowGram(rows[:, :, i].reshape(H * n, d).to_enclosure()))      # its own blocks o_hij
         self.queries = RowGram(query_part.reshape(H * n, d).to_enclosure())                # rows a_hi, (h, i)
-        magnitude = coefficient.magnitude.copy()                                           # |delta_mj - p_im|
-        for i in range(n):
-            magnitude[:, i, :, i] = 0.0
-        self.other_norms = IntervalArray(magnitude).norm_upper()                           # ||(e_j - p_i)_{m != i}||
+        others = [np.arange(n) != i for i in range(n)]
+        self.others = [[RowGram(coefficient[h, i][:, others[i]].to_enclosure()) for i in range(n)]
+                       for h in range(H)]                                                  # (delta_mj - p_im)_{j, m != i}
 
     def norm_upper(self, scales, rows=None) -> float:
         s = np.zeros(int(np.prod(self.shape)))
@@ -265,7 +264,8 @@ class _SplitRows:
         if queries.size == 1:
             return self.per_query[queries[0]].norm_upper(s[:, queries[0]].ravel()[moving[0]], moving[0])
         own = max(self.own[i].norm_upper(s[:, i].ravel()[rows_i], rows_i) for i, rows_i in zip(queries, moving))
-        nu = (IntervalArray(s) * IntervalArray(self.other_norms)).norm_upper().ravel()     # (H n)
+        nu = np.array([[self.others[h][i].norm_upper(s[h, i]) if np.any(s[h, i]) else 0.0
+                        for i in range(self.shape[1])] for h in range(self.shape[0])]).ravel()   # (H n)
         active = np.flatnonzero(nu)
         other = self.queries.norm_upper(nu[active], active) if active.size else 0.0
         return (IntervalArray(own) + self.c * IntervalArray(other)).hi.item()
