@@ -55,8 +55,9 @@ def _forward(target, X):
     return out
 
 
-def _second(target, X, e, f):
-    """``D^2F(X)[e, f]`` by the formula of the theorem (no finite differences)."""
+def _second(target, X, e, f, groups=("I", "II", "III")):
+    """``D^2F(X)[e, f]`` by the formula of the theorem (no finite differences), or the sum of some of its
+    three groups."""
     total = 0.0
     for W_Q, W_K, A, b_Q, b_K, b_A in _parts(target):
         c = 1 / np.sqrt(W_Q.shape[1])
@@ -73,8 +74,9 @@ def _second(target, X, e, f):
         ae, af = centred(e), centred(f)
         Qt = W_Q @ W_K.T
         second_scores = c * (e @ Qt @ f.T + f @ Qt @ e.T)
-        total = total + (P * af) @ (e @ A) + (P * ae) @ (f @ A) \
-            + np.einsum("ij,ijd->id", P * (ae * af + second_scores), u)
+        parts = {"I": (P * af) @ (e @ A) + (P * ae) @ (f @ A), "II": np.einsum("ij,ijd->id", P * ae * af, u),
+                 "III": np.einsum("ij,ijd->id", P * second_scores, u)}
+        total = total + sum(parts[g] for g in groups)
     return total
 
 
@@ -101,8 +103,9 @@ def test_the_second_derivative_formula_matches_finite_differences(kind, seed):
         assert np.allclose(_second(target, X, e, f), numeric, rtol=1e-4, atol=1e-5)
 
 
-def _largest_second(target, X, rng, restarts=6, steps=40):
-    """Alternating ascent on ``||D^2F[e, f]||`` over unit e, f (a lower bound on the true norm)."""
+def _largest_second(target, X, rng, restarts=6, steps=40, groups=("I", "II", "III")):
+    """Alternating ascent on ``||D^2F[e, f]||`` (or on some of its groups) over unit e, f (a lower bound on
+    the true norm)."""
     best = 0.0
     n, d = X.shape
     basis = np.eye(n * d).reshape(n * d, n, d)
@@ -110,12 +113,12 @@ def _largest_second(target, X, rng, restarts=6, steps=40):
         e, f = rng.standard_normal((2, n, d))
         e, f = e / np.linalg.norm(e), f / np.linalg.norm(f)
         for _ in range(steps):
-            g = _second(target, X, e, f)
+            g = _second(target, X, e, f, groups)
             g /= max(np.linalg.norm(g), 1e-300)
-            e = np.array([np.sum(g * _second(target, X, b, f)) for b in basis]).reshape(n, d)
+            e = np.array([np.sum(g * _second(target, X, b, f, groups)) for b in basis]).reshape(n, d)
             e /= max(np.linalg.norm(e), 1e-300)
             f, e = e, f
-        best = max(best, float(np.linalg.norm(_second(target, X, e, f))))
+        best = max(best, float(np.linalg.norm(_second(target, X, e, f, groups))))
     return best
 
 
@@ -139,6 +142,22 @@ def test_the_curvature_bounds_the_second_derivative_at_x(seed, kind, n, scale, s
     chi = sum(route._chis(1e-12))
     found = _largest_second(target, X, rng)
     assert found <= chi * (1 + 1e-6)
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 4), scale=st.sampled_from([0.5, 1.5, 3.0]),
+       heads=st.sampled_from([2, 3]))
+def test_the_values_joined_bound_covers_the_third_group(seed, n, scale, heads):
+    """``chi_III`` through the values before W_O bounds the ``Qt`` group on its own (found by ascent)."""
+    rng = np.random.default_rng(seed)
+    target = _target(rng, "layer", d=4, heads=heads, d_k=2, scale=scale)
+    X = rng.standard_normal((n, 4))
+    route = _route(target, X)
+    r = np.zeros(n)
+    bounds = route.component.bounds(Neighbourhood("fro", 1e-12).balls(X), route.enclosed)
+    joined = 2 * route.curvature.c * route.curvature._values_joined(bounds.facts, r)
+    found = _largest_second(target, X, rng, groups=("III",))
+    assert found <= joined * (1 + 1e-6)
 
 
 def _zeta(target, X):

@@ -35,7 +35,7 @@ from .balls import TokenBalls
 from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedLayerNorm
 
 __all__ = ["LocalBounds", "attention_bounds", "layernorm_bounds", "feedforward_bounds", "simplex_box_max",
-           "attention_norms", "value_space", "evaluate_theorem"]
+           "attention_norms", "value_space", "evaluate_theorem", "head_movement"]
 
 
 @final
@@ -156,12 +156,7 @@ def attention_bounds(target: Head | Layer, balls: TokenBalls, enclosed: Enclosed
     delta = np.maximum((IntervalArray(p_hi) - IntervalArray(E.P.lo)).hi, (IntervalArray(E.P.hi) - IntervalArray(p_lo)).hi)
     rho = (values.expand(1) - outputs.expand(2)).norm_upper()                     # ||(v_j - f_i) W_O^h|| at X
     shift = (IntervalArray(value_norms[:, None]) * IntervalArray(r[None, :])).hi if value_shift is None else value_shift
-    D = (IntervalArray(delta) * IntervalArray(rho)).sum(axis=-1).hi
-    mean_shift = simplex_box_max(p_lo, p_hi, np.broadcast_to(shift[:, None, :], p_lo.shape))
-    head_move = evaluate_theorem(T.attention_movement(), D_i=D, **{r"E_i[\Delta v]": mean_shift})
-    reach = evaluate_theorem(T.attention_reach(), **{r"E_i[\rho + \Delta v]": simplex_box_max(
-        p_lo, p_hi, (IntervalArray(rho) + IntervalArray(shift[:, None, :])).hi)})
-    head_move = np.minimum(head_move, reach)
+    head_move = head_movement(p_lo, p_hi, delta, rho, shift)
     facts = {"p_hi": p_hi, "p_lo": p_lo, "head_movement": head_move, "scores": scores, "delta": delta,
              "value_shift": shift}
     per_head = [head_move]
@@ -178,6 +173,18 @@ def attention_bounds(target: Head | Layer, balls: TokenBalls, enclosed: Enclosed
     if want_blocks:  # the mean value theorem on U, token by token: movement_i <= sum_j M_ij r_j
         movement = np.minimum(movement, IntervalArray(blocks).einsum("ij,j->i", IntervalArray(r)).hi)
     return LocalBounds(movement, blocks, variation, at_center, output=E.output, facts=facts)
+
+
+def head_movement(p_lo: np.ndarray, p_hi: np.ndarray, delta: np.ndarray, rho: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """``sup_U ||f_i(Y) - f_i(X)||`` per head and query (theorems local-movement and local-reach), from the
+    weight ranges ``[p_lo, p_hi]`` (H, n, n), the weights' largest changes ``delta``, ``rho_ij >= ||v_j - f_i||``
+    at X and the value shifts ``shift`` (H, n) on U, all in one space (the values' or the output's)."""
+    D = (IntervalArray(delta) * IntervalArray(rho)).sum(axis=-1).hi
+    mean_shift = simplex_box_max(p_lo, p_hi, np.broadcast_to(shift[:, None, :], p_lo.shape))
+    moved = evaluate_theorem(T.attention_movement(), D_i=D, **{r"E_i[\Delta v]": mean_shift})
+    reach = evaluate_theorem(T.attention_reach(), **{r"E_i[\rho + \Delta v]": simplex_box_max(
+        p_lo, p_hi, (IntervalArray(rho) + IntervalArray(shift[:, None, :])).hi)})
+    return np.minimum(moved, reach)
 
 
 def _softmax_range(scores: IntervalArray, masses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

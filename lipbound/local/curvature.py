@@ -16,9 +16,12 @@ and for unit e, f (Frobenius) the three groups are at most (theorem ``local-atte
 
     chi_I   = 2 min( sum_h ||A_h|| ||Theta_h||,  ||[A_1 ... A_H]|| ||[Theta_1; ...; Theta_H]|| ),
     chi_II  = || [omega_1 Omega_1; ...; omega_n Omega_n] ||,   omega_i >= ||Omega_i||,
-    chi_III = 2 c max_i min( (sum_j (sum_h ||Qt_h|| p_ij ||u_ij||)^2)^(1/2),
-                             ||[Qt_1 ... Qt_H]|| (sum_{h,j} p_ij^2 ||u_ij||^2)^(1/2) ),
+    chi_III = 2 c min( max_i min( (sum_j (sum_h ||Qt_h|| p_ij ||u_ij||)^2)^(1/2),
+                                  ||[Qt_1 ... Qt_H]|| (sum_{h,j} p_ij^2 ||u_ij||^2)^(1/2) ),
+                       ||W_O|| max_i ||sum_h beta_hi^2 Qt_h Qt_h^T||^(1/2) ),   beta_hi^2 = sum_j p_ij^2 ||v_j - f_i||^2,
 
+the last for a layer, with ``v_j - f_i`` in the values' space before ``W_O`` (the heads' terms are
+``w_h W_O^h``, so they add up as ``[w_1 ... w_H] W_O``, and ``||w_h|| <= c beta_hi ||e_i Qt_h|| ||f||``);
 with ``Theta_h`` the matrix of ``f -> (p_ij zeta_ij(f))_ij`` ((n^2) x (n d)) and ``Omega_i`` that of
 ``e -> ((p_ij ||u_ij||)^(1/2) zeta_ij(e))_(h, j)`` ((H n) x (n d)).  On a product of token balls they are
 evaluated in ball arithmetic: each matrix is its enclosure at X plus a deviation whose Frobenius norm
@@ -54,7 +57,7 @@ import numpy as np
 from ..rigorous.arrays import IntervalArray
 from ..rigorous.linalg import Enclosure, RowGram, spectral_norm_upper_large
 from ..symbolic import local as T
-from .bounds import LocalBounds, attention_norms, evaluate_theorem, value_space
+from .bounds import LocalBounds, attention_norms, evaluate_theorem, head_movement, value_space
 from .enclosed import EnclosedAttention, head_products
 
 __all__ = ["AttentionCurvature", "CURVATURE_ENTRIES", "CURVATURE_TOKENS", "SPLIT_ENTRIES"]
@@ -96,6 +99,12 @@ class AttentionCurvature:
         scores = IntervalArray.stack([IntervalArray.from_enclosure(Enclosure.exact(W_Q) @ Enclosure.exact(W_K.T))
                          for W_Q, W_K in (engine.head_weights(h)[:2] for h in range(H))])
         self.scores_joint = _norm(scores.swapaxes(0, 1).reshape(d, -1))                 # ||[Qt_1 ... Qt_H]||
+        # chi_III through the values before W_O (a layer): ||W_O||, Qt_h Qt_h^T and ||v_j - f_i|| at X
+        self.output_norm = None if engine.W_O is None else _norm(IntervalArray(engine.W_O))
+        if self.output_norm is not None:
+            self.score_grams = scores.bmm(scores.swapaxes(1, 2))                          # (H, d, d)
+            gaps = E.V.expand(1) - E.F.expand(2)                                        # v_j - f_i, (H, n, n, d_v)
+            self.value_rho = IntervalArray(gaps.norm_lower(), gaps.norm_upper())
         u = values.expand(1) - outputs.expand(2)                                       # u_ij at X, (H, n, n, d_out)
         self.rho = IntervalArray(u.norm_lower(), u.norm_upper())                        # ||u_ij|| at X
         kappa = E.P.einsum("hil,hlk->hik", E.K)                                         # sum_l p_il k_l
@@ -208,9 +217,22 @@ class AttentionCurvature:
         W = (IntervalArray(self.norms["QK"][:, None, None]) * reach).sum(axis=0)
         joined = IntervalArray(self.scores_joint) * IntervalArray(
             reach.swapaxes(0, 1).reshape(n, -1).norm_upper())
-        third = float(np.max(np.minimum(W.norm_upper(), joined.hi)))
+        third = min(float(np.max(np.minimum(W.norm_upper(), joined.hi))), self._values_joined(facts, r))
         chi_III = (IntervalArray(2.0) * IntervalArray(self.c) * IntervalArray(third)).hi.item()
         return chi_I, chi_II, chi_III
+
+    def _values_joined(self, facts: dict, r: np.ndarray) -> float:
+        """``||W_O|| max_i ||sum_h beta_hi^2 Qt_h Qt_h^T||^(1/2)`` with ``beta_hi^2 >= sum_j p_ij^2 ||v_j - f_i||^2``
+        on U in the values' space (a layer's heads add up through W_O); inf for a single head."""
+        if self.output_norm is None:
+            return np.inf
+        shift = (IntervalArray(self.norms["L_V"][:, None]) * IntervalArray(r[None, :])).hi         # ||V^h|| r_j
+        moved = head_movement(facts["p_lo"], facts["p_hi"], facts["delta"], self.value_rho.hi, shift)
+        gap = IntervalArray(self.value_rho.hi) + IntervalArray(shift[:, None, :]) + IntervalArray(moved[:, :, None])
+        beta = (IntervalArray(facts["p_hi"]) * gap).norm_upper()                                     # (H, n)
+        weights = IntervalArray(beta) * IntervalArray(beta)
+        top = max(_norm(weights[:, i].einsum("h,hab->ab", self.score_grams)) for i in range(self.n))
+        return (IntervalArray(self.output_norm) * IntervalArray(top).sqrt()).hi.item()
 
     @staticmethod
     def piece(chis: tuple, width: float) -> float:
