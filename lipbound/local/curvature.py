@@ -103,8 +103,7 @@ class AttentionCurvature:
         self.output_norm = None if engine.W_O is None else _norm(IntervalArray(engine.W_O))
         if self.output_norm is not None:
             self.score_grams = scores.bmm(scores.swapaxes(1, 2))                          # (H, d, d)
-            gaps = E.V.expand(1) - E.F.expand(2)                                        # v_j - f_i, (H, n, n, d_v)
-            self.value_rho = IntervalArray(gaps.norm_lower(), gaps.norm_upper())
+            self.value_rho = (E.V.expand(1) - E.F.expand(2)).norm_upper()                # ||v_j - f_i||, (H, n, n)
         u = values.expand(1) - outputs.expand(2)                                       # u_ij at X, (H, n, n, d_out)
         self.rho = IntervalArray(u.norm_lower(), u.norm_upper())                        # ||u_ij|| at X
         kappa = E.P.einsum("hil,hlk->hik", E.K)                                         # sum_l p_il k_l
@@ -227,8 +226,8 @@ class AttentionCurvature:
         if self.output_norm is None:
             return np.inf
         shift = (IntervalArray(self.norms["L_V"][:, None]) * IntervalArray(r[None, :])).hi         # ||V^h|| r_j
-        moved = head_movement(facts["p_lo"], facts["p_hi"], facts["delta"], self.value_rho.hi, shift)
-        gap = IntervalArray(self.value_rho.hi) + IntervalArray(shift[:, None, :]) + IntervalArray(moved[:, :, None])
+        moved = head_movement(facts["p_lo"], facts["p_hi"], facts["delta"], self.value_rho, shift)
+        gap = IntervalArray(self.value_rho) + IntervalArray(shift[:, None, :]) + IntervalArray(moved[:, :, None])
         beta = (IntervalArray(facts["p_hi"]) * gap).norm_upper()                                     # (H, n)
         weights = IntervalArray(beta) * IntervalArray(beta)
         top = max(_norm(weights[:, i].einsum("h,hab->ab", self.score_grams)) for i in range(self.n))
