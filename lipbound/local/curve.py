@@ -272,17 +272,23 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
                           tuple(points), bound)
 
 
+#: Radii per decade of the curvature route's Riemann sum: 6 rather than 4 lowers the certified variation
+#: by about 5% (2.19 -> 2.09 at 2e-3 R on the shortest sentence) for about 1.5 times the evaluations.
+_GRID_PER_DECADE = 6
+
+
 class _CurvatureRoute:
     """``sup_U ||DF(Y) - DF(X)||_2`` of a single head or attention layer through its second derivative
     (theorem local-attention-curvature): the curvature bound on the neighbourhoods ``U(X, t)`` of a
-    grid of radii (the powers of 10^(1/4) over a decade below each eps asked for, and the eps
+    grid of radii (the powers of 10^(1/6) over a decade below each eps asked for, and the eps
     themselves), integrated from 0 to eps as an upper Riemann sum; radii are evaluated once, lazily."""
 
     def __init__(self, chain, centre: _Centre, X: np.ndarray, hood: Neighbourhood, radii: list, split: bool = False):
         self.component, self.enclosed, self.X, self.hood = chain[0], centre.enclosed[0], X, hood
         self.curvature = AttentionCurvature(self.enclosed, chain[0].target, split=split)
-        lattice = {10.0 ** (k / 4) for eps in radii for k in range(math.floor(4 * math.log10(eps)) - 3,
-                                                                       math.ceil(4 * math.log10(eps)))}
+        steps = _GRID_PER_DECADE
+        lattice = {10.0 ** (k / steps) for eps in radii
+                   for k in range(math.floor(steps * math.log10(eps)) - steps + 1, math.ceil(steps * math.log10(eps)))}
         self.grid = sorted(set(radii) | lattice)
         moving = float(hood.moving(X.shape[0]).sum())   # ||Y - X||_F <= theta_U eps
         self.frobenius = IntervalArray(1.0) if hood.ball in ("fro", "2,1") else IntervalArray(moving).sqrt()
