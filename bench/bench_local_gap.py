@@ -216,10 +216,8 @@ def groups_part(bert, text, position, counts):
 
 
 def between_part(bert, text, position):
-    from lipbound.local.balls import TokenBalls
-    from lipbound.local.bounds import feedforward_bounds, layernorm_bounds
-    from lipbound.local.enclosed import EnclosedFeedForward, EnclosedLayerNorm
-    from lipbound.local.propagate import propagate
+    from lipbound.local.enclosed import EnclosedFeedForward
+    from lipbound.local.propagate import propagate, through_layer_steps
     from lipbound.measures.edits import edit_set
     ids = np.array(bert.encode(text))
     began = time.perf_counter()
@@ -227,27 +225,22 @@ def between_part(bert, text, position):
     moved = outputs[0].astype(np.float64)                                    # (V, n, d)
     start = propagate(bert.model, edit_set(ids, "replace", [position], np.arange(moved.shape[0])), layers=[0])[0]
     item = bert.model.layer(0)
-    centers, radii, reference = start.centers, start.radii, start.centers
+    reference = start.centers
     others = np.arange(ids.size) != position
     print(f"between, layer 0 to 1, position {position} of {text!r} ({time.perf_counter() - began:.0f} s): "
           "ball radius / largest movement over the vocabulary")
-    for name, target, enclose in (("output LayerNorm", item.ln_out, EnclosedLayerNorm),
-                                  ("residual feed-forward", item.ffn, EnclosedFeedForward),
-                                  ("feed-forward LayerNorm", item.ffn_norm, EnclosedLayerNorm)):
-        enclosed = enclose(target, centers)
-        if enclose is EnclosedFeedForward:
-            bounds = feedforward_bounds(target, TokenBalls(centers, radii), enclosed, want_variation=False)
+    names = ("output LayerNorm", "residual feed-forward", "feed-forward LayerNorm")
+    for name, (target, enclosed, bounds, _, radii) in zip(names, through_layer_steps(item, start.centers, start.radii)):
+        if isinstance(enclosed, EnclosedFeedForward):
             step = lambda Y: Y + target(Y)  # noqa: E731
             at_center = enclosed.jacobian_norms(None)
-            extra = (f"; Jacobian norm at the centres {np.min(at_center):.3g}-{np.max(at_center):.3g}, on the balls {np.min(np.diag(bounds.blocks)):.4g}-"
-                     f"{np.max(np.diag(bounds.blocks)):.4g}")
+            extra = (f"; Jacobian norm at the centres {np.min(at_center):.3g}-{np.max(at_center):.3g}, on the balls "
+                     f"{np.min(np.diag(bounds.blocks)):.4g}-{np.max(np.diag(bounds.blocks)):.4g}")
         else:
-            bounds = layernorm_bounds(target, TokenBalls(centers, radii), enclosed)
             step = target
             extra = f"; max |gamma| / rms gamma {target.gamma_max / np.sqrt(np.mean(target.gamma ** 2)):.3g}"
         moved, reference = step(moved), step(reference)
         largest = np.linalg.norm(moved - reference[None], axis=-1).max(axis=0)
-        centers, radii = enclosed.output.mid, bounds.movement
         ratios = radii / largest
         print(f"  {name}: edited token {radii[position]:.4g} / {largest[position]:.4g}; others' ratios "
               f"{np.min(ratios[others]):.3g}-{np.max(ratios[others]):.3g} (median {np.median(ratios[others]):.3g})"

@@ -30,7 +30,8 @@ from .bounds import attention_bounds, feedforward_bounds, layernorm_bounds
 from ..numeric.attention import AttentionMap
 from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedLayerNorm, inverse_sqrt, softmax
 
-__all__ = ["EditTemplate", "LayerSet", "propagate", "through_layer", "embedding_enclosure", "coupling_bound"]
+__all__ = ["EditTemplate", "LayerSet", "propagate", "through_layer", "through_layer_steps", "embedding_enclosure",
+           "coupling_bound"]
 
 
 @final
@@ -269,26 +270,37 @@ def _rounding(enclosure: IntervalArray) -> np.ndarray:
     return (enclosure - IntervalArray(enclosure.mid)).norm_upper()
 
 
+def _per_token_stage(item):
+    """The components between two attention blocks, in order, with their enclosures."""
+    return ((item.ln_out, EnclosedLayerNorm), (item.ffn, EnclosedFeedForward), (item.ffn_norm, EnclosedLayerNorm))
+
+
+def through_layer_steps(item, centers, radii):
+    """:func:`through_layer` step by step: yields ``(component, enclosure, bounds, centers, radii)`` after each of
+    the LayerNorm, the residual feed-forward block and the output LayerNorm."""
+    for target, enclose in _per_token_stage(item):
+        enclosed = enclose(target, centers)
+        if enclose is EnclosedFeedForward:
+            bounds = feedforward_bounds(target, TokenBalls(centers, radii), enclosed, want_variation=False)
+        else:
+            bounds = layernorm_bounds(target, TokenBalls(centers, radii), enclosed)
+        centers, radii = enclosed.output.mid, (IntervalArray(bounds.movement) + IntervalArray(_rounding(enclosed.output))).hi
+        yield target, enclosed, bounds, centers, radii
+
+
 def through_layer(item, centers, radii):
     """From the attention block outputs of a layer to the next layer's inputs: the LayerNorm, the residual
     feed-forward block and the output LayerNorm, each with its movement bound; the centres move to the
     midpoints of their enclosures, the radii grow by the rounding."""
-    for target, enclose in ((item.ln_out, EnclosedLayerNorm), (item.ffn, EnclosedFeedForward),
-                            (item.ffn_norm, EnclosedLayerNorm)):
-        enclosed = enclose(target, centers)
-        if enclose is EnclosedFeedForward:
-            movement = feedforward_bounds(target, TokenBalls(centers, radii), enclosed, want_variation=False).movement
-        else:
-            movement = layernorm_bounds(target, TokenBalls(centers, radii), enclosed).movement
-        centers, radii = enclosed.output.mid, (IntervalArray(movement) + IntervalArray(_rounding(enclosed.output))).hi
+    for *_, centers, radii in through_layer_steps(item, centers, radii):
+        pass
     return centers, radii
 
 
 def _original_next(item, reference: EnclosedAttention) -> np.ndarray:
     """The original sentence's next hidden states (float points, each step at the previous midpoint)."""
     states = reference.output.mid
-    for target, enclose in ((item.ln_out, EnclosedLayerNorm), (item.ffn, EnclosedFeedForward),
-                            (item.ffn_norm, EnclosedLayerNorm)):
+    for target, enclose in _per_token_stage(item):
         states = enclose(target, states).output.mid
     return states
 
