@@ -11,7 +11,9 @@ On all-MiniLM-L6-v2 and the 20 sentences of lipbound/measures/data/sentences.txt
   the LayerNorm radius (target <= 1.5), and whether the certified curve meets the global constant at
   eps = 2 R, with each curve's wall time; on the two shortest sentences, or on sentences of the token
   counts ``--curve-lengths`` (e.g. 8,14,16,20,24,37) with the curvature bound's Gram route up to
-  ``--curvature-tokens`` and its split bound beyond;
+  ``--curvature-tokens`` and its split bound beyond, and on any ``--curve-text`` (longer inputs: the
+  Jacobian at X by groups of tokens beyond 42 tokens); each line names how ``||DF(X)||`` and the
+  variation were bounded;
 * ``fits``  -- from the ``path`` rows: least-squares exponents of ``W1 ~ C k^a n^b`` for the measured and
   the certified movements per layer (a = -b is a law in k / n), and of ``W1 ~ C (k / n)^c``.
 
@@ -106,7 +108,8 @@ def curve_part(model, texts, layers, fractions, curvature_tokens):
                 if p.ratio > 1.5:
                     break
                 within = p.eps / curve.radius
-            print(f"curve, n = {curve.n}, layer {layer}: certified / witness "
+            print(f"curve, n = {curve.n}, layer {layer}: ||DF(X)|| {curve.jacobian_norm:.4g} / {curve.jacobian_witness:.4g} "
+                  f"({curve.jacobian_bound}), variation {curve.variation_bound}; certified / witness "
                   + "  ".join(f"{p.eps / curve.radius:.0e}: {p.ratio:.3g}" for p in small)
                   + f" (<= 1.5 up to {within:.0e} R)"
                   + f"; at 2R certified {last.certified:.4g} vs global {last.global_constant:.4g} "
@@ -155,6 +158,9 @@ def main() -> None:
     parser.add_argument("--curve-lengths", default="",
                         help="the curve part on sentences with these token counts (e.g. 14,20,37) instead of the "
                              "two shortest")
+    parser.add_argument("--curve-text", action="append", default=[],
+                        help="the curve part on this text too (repeatable), e.g. inputs longer than the bundled "
+                             "sentences, whose Jacobian at X is bounded by groups of tokens")
     parser.add_argument("--curvature-tokens", type=int, default=None,
                         help="largest n of the curvature bound's Gram route in the curve part (longer: the split bound; default: lipbound's)")
     args = parser.parse_args()
@@ -174,7 +180,8 @@ def main() -> None:
     if "curve" in args.parts:
         from lipbound.local.curvature import CURVATURE_TOKENS
         chosen = by_length(model, int_list("--curve-lengths", 1)(args.curve_lengths)) if args.curve_lengths \
-            else texts[:2]
+            else [] if args.curve_text else texts[:2]
+        chosen += args.curve_text
         curve_part(model, chosen, (min(layers), max(layers)), (1e-5, 1e-4, 1e-3, 2e-3, 3e-3, 1e-2),
                    args.curvature_tokens or CURVATURE_TOKENS)
 

@@ -30,8 +30,8 @@ def test_local_curve_and_edit_rows_through_the_command_line(tmp_path, capsys):
     payload = json.loads(report.read_text())
     curve = payload["curve"]
     assert curve["kind"] == "head" and curve["n"] == 9 and len(curve["points"]) == 5
-    assert curve["variation_bound"] == "curvature-gram"
-    assert "second derivative's (Gram matrix)" in out
+    assert (curve["jacobian_bound"], curve["variation_bound"]) == ("dense", "curvature-gram")
+    assert "second derivative's (Gram matrix)" in out and "(dense Jacobian)" in out
     certified = [p["certified"] for p in curve["points"]]
     witness = [p["witness"] for p in curve["points"]]
     assert all(p["verdict"] == "holds" for p in curve["points"])

@@ -66,7 +66,7 @@ def _local(args) -> int:
                                 norm=args.norm, ball=args.ball, positions=args.positions or (),
                                 eps=args.eps if args.eps is not None else DEFAULT_EPS,
                                 curvature_tokens=args.curvature_tokens or CURVATURE_TOKENS, model=args.model,
-                                progress=lambda done, total: _say(f"L(eps): {done}/{total} radii"))
+                                progress=lambda done, total, what: _say(f"L(eps): {done}/{total} {what}"))
     print(" ".join(tokens))
     print(curve_table(curve))
     payload = {"curve": curve.to_json()}
@@ -195,7 +195,7 @@ def register(sub) -> None:
                        help="bound how fast the Jacobian changes through the second derivative by its Gram matrix for "
                             "sentences of at most this many tokens (default 20; its time grows as n^6: about 2.5 s "
                             "per radius at 16 tokens, 9 s at 20, 25 s at 24); longer sentences get the split bound "
-                            "(looser, under a second per radius; up to 38 tokens with 12 heads), "
+                            "(looser, seconds per radius; up to 64 tokens with 12 heads), "
                             "the longest the blockwise bound")
     local.add_argument("--plot-curve", type=plot_file("--plot-curve"), help="save L(eps) and its witness (png, pdf, ...)")
     _add_edit_options(local, "the number of --positions")

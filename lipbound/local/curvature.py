@@ -67,8 +67,9 @@ CURVATURE_ENTRIES = 80_000_000
 #: Default largest number of tokens for the Gram route (time per radius at MiniLM's width: about
 #: 2.5 s at 16 tokens, 9 s at 20, 25 s at 24, growing as n^6); longer inputs take the split bound.
 CURVATURE_TOKENS = 20
-#: Largest ``H n^4`` for which the split bound is formed (n <= 38 with 12 heads).
-SPLIT_ENTRIES = 25_000_000
+#: Largest ``H n^4`` for which the split bound is formed: n <= 64 with 12 heads (at n = 61 on MiniLM: about
+#: 2 minutes to set up, 10 s per radius, 4 GB).
+SPLIT_ENTRIES = 12 * 64 ** 4
 
 
 class AttentionCurvature:

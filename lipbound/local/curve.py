@@ -42,6 +42,7 @@ from ..numeric.model import Model
 from ..rigorous.arrays import IntervalArray
 from ..rigorous.intervals import Verdict, certify_le, interval
 from ..rigorous.linalg import Enclosure, spectral_norm_upper, spectral_norm_upper_large
+from . import grouped
 from .balls import LIPSCHITZ_NORMS, Neighbourhood, TokenBalls
 from .chains import Component, chain_for, chain_forward, chain_jvp, chain_vjp
 from .curvature import CURVATURE_TOKENS, AttentionCurvature
@@ -49,8 +50,8 @@ from .curvature import CURVATURE_TOKENS, AttentionCurvature
 __all__ = ["CurvePoint", "LipschitzCurve", "lipschitz_curve", "DENSE_LIMIT", "CHAIN_DENSE_LIMIT", "FLOAT_ALLOWANCE"]
 
 #: Largest ``n d`` for which the Frobenius norm of the dense Jacobian is certified directly (n <= 42 at
-#: MiniLM's width: about 10 GB and 2 minutes at the limit; above it, the spectral norm of the matrix of
-#: block norms bounds it, often ten times looser).
+#: MiniLM's width: about 10 GB and 2 minutes at the limit); above it, the norms of the Jacobian's blocks
+#: between groups of tokens bound it (:mod:`lipbound.local.grouped`).
 DENSE_LIMIT = 16384
 #: The same for chains of several components, whose dense Jacobians are multiplied (three products of
 #: ``(n d)^3`` each per component: n <= 16 at MiniLM's width).
@@ -106,12 +107,15 @@ class LipschitzCurve:
     #: how the variation term is bounded: "blockwise", or also through the second derivative by its Gram
     #: matrix ("curvature-gram") or by the split bound ("curvature-split"); the smaller bound counts
     variation_bound: str = "blockwise"
+    #: how ``jacobian_norm`` is bounded: from the "dense" Jacobian, from the blocks between groups of tokens
+    #: ("grouped", inputs too long for the dense one), or from products of per-token block norms ("blockwise")
+    jacobian_bound: str = "dense"
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "component": self.description, "norm": self.norm, "ball": self.ball,
                 "positions": list(self.positions), "n": self.n, "layernorm_radius": self.radius,
                 "jacobian_norm": self.jacobian_norm, "jacobian_witness": self.jacobian_witness,
-                "variation_bound": self.variation_bound, "points": [p.to_json() for p in self.points]}
+                "jacobian_bound": self.jacobian_bound, "variation_bound": self.variation_bound, "points": [p.to_json() for p in self.points]}
 
 
 def _check_norm(norm: str) -> str:
@@ -211,7 +215,8 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
         about 9 s per radius at 20 tokens of MiniLM); longer inputs get the split bound while it fits
         (:meth:`~lipbound.local.curvature.AttentionCurvature.route`).
     progress : callable, optional
-        Called with ``(done, total)`` after each eps.
+        Called with ``(done, total, what)`` after each eps (``what`` "radii") and, for inputs too long for
+        the dense Jacobian, after each block of ``DF(X)`` (``"blocks of DF(X)"``).
     """
     norm = _check_norm(norm)
     X = np.asarray(X, dtype=np.float64)
@@ -224,7 +229,7 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
     dense = n * d <= (DENSE_LIMIT if len(chain) == 1 else CHAIN_DENSE_LIMIT)
     centre = _Centre(chain, X, dense)
     witness_at_x, direction = _witness_value(chain, X, moving, norm, seed)
-    N_dense = _jacobian_norm(centre, chain, moving, norm, witness_at_x, n, d)
+    N_dense, jacobian_bound = _jacobian_norm(centre, chain, moving, norm, witness_at_x, n, d, progress)
     per_component = [None] * len(chain)
     N_blocks = []
     for k, component in enumerate(chain):
@@ -264,12 +269,12 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
         verdict = "violated" if Verdict.FAILS in verdicts else "holds" if verdicts == {Verdict.HOLDS} else "not certified"
         points.append(CurvePoint(hood.eps, certified, witness, local, variation, change, global_value, verdict))
         if progress is not None:
-            progress(index + 1, len(neighbourhoods))
+            progress(index + 1, len(neighbourhoods), "radii")
     description = chain[0].name if len(chain) == 1 else f"{chain[0].name} .. {chain[-1].name}"
     bound = "blockwise" if curvature is None else \
         "curvature-split" if curvature.curvature.split else "curvature-gram"
     return LipschitzCurve(kind, description, norm, ball, tuple(positions), n, radius, N_dense, witness_at_x,
-                          tuple(points), bound)
+                          tuple(points), bound, jacobian_bound)
 
 
 #: Radii per decade of the curvature route's Riemann sum: 6 rather than 4 lowers the certified variation
@@ -334,22 +339,31 @@ class _CurvatureRoute:
 
 
 # the Jacobian at X ------------------------------------------------------------------------------
-def _jacobian_norm(centre: _Centre, chain, moving, norm: str, estimate: float, n: int, d: int) -> float:
-    """Certified ``||DF(X)||`` restricted to the moving tokens' inputs."""
+def _jacobian_norm(centre: _Centre, chain, moving, norm: str, estimate: float, n: int, d: int,
+                   progress=None) -> tuple:
+    """Certified ``||DF(X)||`` restricted to the moving tokens' inputs, and how it was bounded: "dense",
+    "grouped" (:mod:`lipbound.local.grouped`) or "blockwise" (products of per-token block norms)."""
     if centre.jacobian is None:
         blocks = _product(*reversed([c.bounds(TokenBalls(p, r), e).at_center for c, p, r, e in
                                      zip(chain, centre.points, centre.rounding, centre.enclosed)]))
-        return _matrix_norm(blocks[:, moving], norm)
+        bound, route = _matrix_norm(blocks[:, moving], norm), "blockwise"
+        if grouped.covers(chain):
+            size = max(1, grouped.GROUP_WIDTH // d) if norm == "fro" else 1
+            report = None if progress is None else lambda done, total: progress(done, total, "blocks of DF(X)")
+            by_groups = _matrix_norm(grouped.group_block_norms(chain, centre.enclosed, moving, size, report), norm)
+            if by_groups < bound:
+                bound, route = by_groups, "grouped"
+        return bound, route
     J = centre.jacobian
     d_out = J.shape[1] // n
     if not np.all(moving):  # (a copy: only when some tokens stay)
         rows = np.concatenate([np.arange(j * d, (j + 1) * d) for j in np.flatnonzero(moving)])
         J = Enclosure(J.mid[rows], J.rad[rows])
     if norm == "fro":
-        return spectral_norm_upper_large(J, estimate * (1 + 1e-8))
+        return spectral_norm_upper_large(J, estimate * (1 + 1e-8)), "dense"
     blocks = _block_norms(J, int(moving.sum()), n, d, d_out)
     sums = IntervalArray(blocks).sum(axis=0 if norm == "2,1" else 1).hi
-    return float(np.max(sums))
+    return float(np.max(sums)), "dense"
 
 
 # witnesses ----------------------------------------------------------------------------------------

@@ -123,19 +123,24 @@ class EnclosedAttention:
             self._products = (head_products(e), IntervalArray.stack(ws), IntervalArray.stack(os), C_all.lmatmul(W_Q_all))
         return self._products
 
-    def jacobian_column(self, j: int) -> IntervalArray:
-        """The blocks ``B_ij`` for every i, shape (n, d, d_out)."""
+    def jacobian_column(self, j: int, outputs=None) -> IntervalArray:
+        """The blocks ``B_ij`` for every output token i (or those listed in ``outputs``), shape
+        (n or len(outputs), d, d_out)."""
         values, w, o, G = self._parts()
-        Pj = self.P[:, :, j]                                                 # (H, n)
+        rows = np.arange(self.n) if outputs is None else np.asarray(outputs, dtype=np.int64)
+        Pj = self.P[:, rows, j]                                              # (H, m)
         first = Pj.einsum("hi,hab->iab", values)
-        second = (Pj * self.c).expand(-1).__mul__(w).einsum("hia,hib->iab", o[:, :, j, :])
+        second = (Pj * self.c).expand(-1).__mul__(w[:, rows]).einsum("hia,hib->iab", o[:, rows, j, :])
         column = first + second
+        own = np.flatnonzero(rows == j)
+        if own.size == 0:
+            return column
         diagonal = G[j] * self.c                                             # (d, d_out)
         lo, hi = column.lo.copy(), column.hi.copy()
-        block = IntervalArray(lo[j], hi[j]) + diagonal
+        block = IntervalArray(lo[own[0]], hi[own[0]]) + diagonal
         if self.engine.residual:
             block = block + IntervalArray(np.eye(self.engine.d))
-        lo[j], hi[j] = block.lo, block.hi
+        lo[own[0]], hi[own[0]] = block.lo, block.hi
         return IntervalArray(lo, hi)
 
     def jacobian(self) -> IntervalArray:

@@ -55,6 +55,9 @@ def local_curve(sentence: str, *, layer: int = 0, kind: str = "layer", head: int
     return curve, bert.tokenizer.decode_tokens(ids)
 
 
+_JACOBIAN_BOUNDS = {"dense": "dense Jacobian",
+                    "grouped": "blocks between groups of tokens",
+                    "blockwise": "products of per-token block norms"}
 _VARIATION_BOUNDS = {"blockwise": "blockwise bound",
                      "curvature-gram": "the smaller of the blockwise bound and the second derivative's (Gram matrix)",
                      "curvature-split": "the smaller of the blockwise bound and the second derivative's (split bound)"}
@@ -64,7 +67,8 @@ def curve_table(curve: LipschitzCurve) -> str:
     lines = [f"{curve.description}: L(eps) in the {curve.norm} norm on the {curve.ball} ball"
              + (f" (tokens {list(curve.positions)})" if curve.ball == "tokens" else "")
              + f", n = {curve.n}, LayerNorm radius R = {curve.radius:.4g}",
-             f"||DF(X)||: certified {curve.jacobian_norm:.6g}, witness {curve.jacobian_witness:.6g}; "
+             f"||DF(X)||: certified {curve.jacobian_norm:.6g} ({_JACOBIAN_BOUNDS[curve.jacobian_bound]}), "
+             f"witness {curve.jacobian_witness:.6g}; "
              f"variation: {_VARIATION_BOUNDS[curve.variation_bound]}",
              f"{'eps/R':>9s} {'eps':>10s} {'certified':>11s} {'witness':>10s} {'ratio':>8s} {'variation':>10s} "
              f"{'var. found':>10s} {'global':>10s}  verdict"]
