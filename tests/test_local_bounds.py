@@ -153,17 +153,25 @@ def test_lipschitz_curve_sandwich_on_a_generated_block():
 
 def test_chains_take_the_dense_jacobian_below_their_own_limit(monkeypatch):
     """A chain of several components forms its dense Jacobian only up to CHAIN_DENSE_LIMIT (its products cost
-    (n d)^3 each), a single head or layer up to DENSE_LIMIT; beyond, the matrix of block norms bounds it."""
+    (n d)^3 each), a single head or layer up to DENSE_LIMIT; beyond, the blocks between groups of tokens
+    bound it (one group here: the dense value again), and without them the matrix of block norms."""
     from lipbound.local import curve as module
     generated = local_models.model(seed=4, layers=2)
     X = hidden_states(generated, [1, 5, 7, 2])[0]
-    values = {}
-    for limit in (10_000, 0):
-        monkeypatch.setattr(module, "CHAIN_DENSE_LIMIT", limit)
-        values[limit] = {kind: lipschitz_curve(generated, X, kind=kind, layer=0, eps=[0.0], ascent_steps=1)
-                         for kind in ("block", "layer")}
-    dense, blockwise = values[10_000], values[0]
+
+    def curves():
+        return {kind: lipschitz_curve(generated, X, kind=kind, layer=0, eps=[0.0], ascent_steps=1)
+                for kind in ("block", "layer")}
+
+    monkeypatch.setattr(module, "CHAIN_DENSE_LIMIT", 10_000)
+    dense = curves()
+    monkeypatch.setattr(module, "CHAIN_DENSE_LIMIT", 0)
+    grouped = curves()
+    monkeypatch.setattr(module.grouped, "covers", lambda chain: False)
+    blockwise = curves()
     assert dense["block"].jacobian_norm == pytest.approx(dense["block"].jacobian_witness, rel=1e-6)
+    assert [c["block"].jacobian_bound for c in (dense, grouped, blockwise)] == ["dense", "grouped", "blockwise"]
+    assert grouped["block"].jacobian_norm == pytest.approx(dense["block"].jacobian_norm, rel=1e-6)
     assert blockwise["block"].jacobian_norm > dense["block"].jacobian_norm * (1 + 1e-6)
     assert blockwise["layer"].jacobian_norm == dense["layer"].jacobian_norm
 
