@@ -96,3 +96,31 @@ def test_curve_beyond_the_dense_limit_takes_the_groups(monkeypatch):
     blockwise = lipschitz_curve(bert.model, X, kind="layer", eps=(0.0,))
     assert blockwise.jacobian_bound == "blockwise"
     assert blockwise.jacobian_norm > 5 * by_groups.jacobian_norm
+
+
+def test_float_jacobian_in_chunks_is_the_whole_one():
+    """The witnesses' dense float Jacobian, formed a few basis directions at a time, against one pass."""
+    from lipbound.local.curve import _float_jacobian
+    rng = np.random.default_rng(3)
+    target = _target(rng, "layer", 4, heads=2, d_k=3, scale=1.0)
+    X = rng.standard_normal((5, 4))
+    chain = [Component("attention", target, "layer")]
+    moving = np.array([True, False, True, True, False])
+    whole = _float_jacobian(chain, X, moving, chunk=10_000)
+    assert np.array_equal(_float_jacobian(chain, X, moving, chunk=3), whole)
+    J = central_jacobian(lambda Y: _forward(target, Y), X)[:, :, moving]
+    assert np.allclose(whole, J, atol=1e-6)
+
+
+def test_every_route_of_the_curve_has_its_line_in_the_table():
+    """The table names each way ||DF(X)|| and the variation can be bounded (registries complete)."""
+    import dataclasses
+
+    from lipbound.local.curve import LipschitzCurve
+    from lipbound.measures.curves import curve_table
+    curve = LipschitzCurve("layer", "layer 0 attention", "fro", "fro", (), 3, 1.0, 2.0, 1.5)
+    lines = {(jacobian, variation): curve_table(dataclasses.replace(curve, jacobian_bound=jacobian,
+                                                                    variation_bound=variation)).splitlines()[1]
+             for jacobian in ("dense", "grouped", "blockwise")
+             for variation in ("blockwise", "curvature-gram", "curvature-split")}
+    assert len(set(lines.values())) == 9

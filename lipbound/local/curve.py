@@ -115,7 +115,8 @@ class LipschitzCurve:
         return {"kind": self.kind, "component": self.description, "norm": self.norm, "ball": self.ball,
                 "positions": list(self.positions), "n": self.n, "layernorm_radius": self.radius,
                 "jacobian_norm": self.jacobian_norm, "jacobian_witness": self.jacobian_witness,
-                "jacobian_bound": self.jacobian_bound, "variation_bound": self.variation_bound, "points": [p.to_json() for p in self.points]}
+                "jacobian_bound": self.jacobian_bound, "variation_bound": self.variation_bound,
+                "points": [p.to_json() for p in self.points]}
 
 
 def _check_norm(norm: str) -> str:
@@ -385,16 +386,22 @@ def _jacobian_norm(centre: _Centre, chain, moving, norm: str, estimate: float, n
 
 
 # witnesses ----------------------------------------------------------------------------------------
-def _float_jacobian(chain, Y: np.ndarray, moving: np.ndarray) -> np.ndarray:
-    """Dense float Jacobian at Y, blocks ``(n_out, d_out, n_moving, d)``."""
+def _float_jacobian(chain, Y: np.ndarray, moving: np.ndarray, chunk: int = 512) -> np.ndarray:
+    """Dense float Jacobian at Y, blocks ``(n_out, d_out, n_moving, d)``, from JVPs along ``chunk`` basis
+    directions at a time (the whole basis at once would hold several copies of the Jacobian)."""
     n, d = Y.shape
     columns = np.flatnonzero(moving)
-    basis = np.zeros((columns.size * d, n, d))
-    for k, j in enumerate(columns):
-        basis[k * d:(k + 1) * d, j, :] = np.eye(d)
-    states = chain_forward(chain, np.broadcast_to(Y, basis.shape).copy())
-    out = chain_jvp(chain, states, basis)                      # (columns*d, n, d_out)
-    return out.reshape(columns.size, d, n, -1).transpose(2, 3, 0, 1)
+    out = None
+    for begin in range(0, columns.size * d, chunk):
+        index = np.arange(begin, min(begin + chunk, columns.size * d))
+        basis = np.zeros((index.size, n, d))
+        basis[np.arange(index.size), columns[index // d], index % d] = 1.0
+        states = chain_forward(chain, np.broadcast_to(Y, basis.shape).copy())
+        part = chain_jvp(chain, states, basis)                 # (chunk, n, d_out)
+        if out is None:
+            out = np.empty((n, part.shape[-1], columns.size, d))
+        out[:, :, index // d, index % d] = part.transpose(1, 2, 0)
+    return out
 
 
 def _mixed_norm(J: np.ndarray, norm: str, iterations: int = 30) -> float:
@@ -503,6 +510,8 @@ def _ascent(chain, X, hood, moving, norm, at_x, direction, steps, seed, change: 
         if norm == "fro":
             value = _top_singular(chain, Y, moving, E, seed, steps=25, reference=reference)[0]
         else:
-            value = _mixed_norm(_float_jacobian(chain, Y, moving) - dense_at_x, norm)
+            jacobian = _float_jacobian(chain, Y, moving)
+            jacobian -= dense_at_x
+            value = _mixed_norm(jacobian, norm)
         best = max(best, value)
     return best
