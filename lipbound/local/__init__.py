@@ -12,6 +12,10 @@ theorems of :mod:`lipbound.symbolic.local`:
   blocks at a point (values and Jacobian blocks as interval arrays);
 * :mod:`.bounds` -- on token balls: per-token movement, the matrix of block Jacobian bounds and of
   block Jacobian variations, for each component;
+* :mod:`.chains` -- the components a user names and their chains (head, layer, block, stack);
+* :mod:`.curvature` -- the second derivative of attention on a neighbourhood (Gram route, split bound);
+* :mod:`.grouped` -- the Jacobian's norm at X from its blocks between groups of tokens (inputs too long
+  for the dense Jacobian);
 * :mod:`.curve` -- the local Lipschitz constant ``L(eps)`` of a head, a layer, a block or a stack,
   certified and witnessed;
 * :mod:`.path` -- the movement of one edit, certified along the segment between the inputs;
