@@ -242,12 +242,13 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
     curvature = _CurvatureRoute.of(chain, centre, X, neighbourhoods, curvature_tokens) if norm == "fro" else None
     # a block or stack starts with an attention layer: on U its outputs lie in a Frobenius ball of radius
     # Lip_U(attention) ||Y - X||_F, which caps every token's movement (the token balls alone add up
-    # every token's worst case; the split curvature bound, cheaper than the Gram route, is enough for a cap)
+    # every token's worst case; the split curvature bound, cheaper than the Gram route, is enough for a cap;
+    # only its certified values are used, so it searches no witness inside U)
     first = None
     if len(chain) > 1 and any(hood.eps > 0 for hood in neighbourhoods):
         inner = None if progress is None else lambda done, total, what: progress(done, total, f"{what} (attention alone)")
         first = lipschitz_curve(model, X, kind="layer", layer=layer, norm="fro", ball=ball, positions=positions,
-                                eps=eps, ascent_steps=1, seed=seed, curvature_tokens=1, progress=inner)
+                                eps=eps, ascent_steps=0, seed=seed, curvature_tokens=1, progress=inner)
     points = []
     for index, hood in enumerate(neighbourhoods):
         balls = hood.balls(X)
