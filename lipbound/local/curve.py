@@ -12,8 +12,9 @@ variation; ``||DF(X)||`` is the certified norm of the dense Jacobian at X (Frobe
 product and one Cholesky, :func:`~lipbound.rigorous.linalg.spectral_norm_upper_large`; (2,1) and
 (2,inf): the largest column or row sum of certified block norms); the norm of a matrix of block
 norms is its spectral norm (Frobenius), its largest column sum ((2,1)) or row sum ((2,inf)).
-``L_global`` is the certified constant of :mod:`lipbound.numeric.certify` on the LayerNorm image
-(heads and attention layers).  For a single head or attention layer in the Frobenius norm, the
+``L_global`` is the certified constant of :mod:`lipbound.numeric.certify` (heads and attention layers) on
+the ball about the LayerNorm bias that holds every token of ``U(X, eps)`` (not on the LayerNorm image,
+which U leaves).  For a single head or attention layer in the Frobenius norm, the
 variation term is also bounded through the second derivative, integrated over the radii up to eps
 (:mod:`lipbound.local.curvature`, theorem ``local-attention-curvature``), and the smaller bound
 counts.  As eps -> 0 the value tends to ``||DF(X)||``; for large eps it meets the global constant.
@@ -37,7 +38,7 @@ import numpy as np
 
 from ..errors import AssumptionError, NotCertifiedError
 from ..numeric.certify import head_constant, layer_constant
-from ..numeric.domains import LayerNormOutputs
+from ..numeric.domains import TokenBall
 from ..numeric.model import Model
 from ..rigorous.arrays import IntervalArray
 from ..rigorous.intervals import Verdict, certify_le, interval
@@ -176,11 +177,21 @@ class _Centre:
             self.jacobian = product
 
 
-def _global_constant(model: Model, chain: list[Component], layer: int, norm: str, n: int) -> float:
-    """The certified global constant on the LayerNorm image (heads and attention layers), else inf."""
-    if len(chain) != 1 or chain[0].kind not in ("head", "attention"):
+def _global_constant(model: Model, chain: list[Component], layer: int, norm: str, X: np.ndarray, eps: float) -> float:
+    """The certified global constant of a head or an attention layer on a ball of token domains that holds
+    every point of ``U(X, eps)``; inf for other chains and for eps = 0 (U is X alone).
+
+    The LayerNorm image does not hold U: its points leave the image's hyperplane ``sum_k (y_k - beta_k) /
+    gamma_k = 0`` at once.  Every token of U moves by at most eps in each of its norms, so every token lies
+    in the ball about the LayerNorm bias beta (the origin without a LayerNorm) of radius
+    ``max_i ||x_i - beta|| + eps``, on which the constant is taken."""
+    if len(chain) != 1 or chain[0].kind not in ("head", "attention") or eps == 0:
         return math.inf
-    domain = LayerNormOutputs(model.layer(layer).ln_in)
+    feeding = model.layer(layer).ln_in
+    center = np.zeros(X.shape[1]) if feeding is None else feeding.beta
+    farthest = float(np.max((IntervalArray(X) - IntervalArray(center)).norm_upper()))
+    domain = TokenBall((IntervalArray(farthest) + IntervalArray(eps)).hi.item(), center)
+    n = X.shape[0]
     if chain[0].kind == "head":
         value = head_constant(chain[0].target, norm, domain, n)
     else:
@@ -237,7 +248,6 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
         zero = TokenBalls(centre.points[k], centre.rounding[k])
         per_component[k] = component.bounds(zero, centre.enclosed[k])
         N_blocks.append(per_component[k].at_center)
-    global_value = _global_constant(model, chain, layer, norm, n)
     radius = model.layer(layer).ln_in.radius_about_center if model.layer(layer).ln_in is not None else math.nan
     curvature = _CurvatureRoute.of(chain, centre, X, neighbourhoods, curvature_tokens) if norm == "fro" else None
     # a block or stack starts with an attention layer: on U its outputs lie in a Frobenius ball of radius
@@ -276,6 +286,7 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
             variation = min(variation, curvature.variation(hood, variation))
         local = (IntervalArray(N_dense) + IntervalArray(variation)).hi.item()
         crude = _matrix_norm(_product(*reversed(M))[:, columns], norm)
+        global_value = _global_constant(model, chain, layer, norm, X, hood.eps)
         certified = min(local, crude, global_value)
         witness = _ascent(chain, X, hood, moving, norm, witness_at_x, direction, ascent_steps, seed)
         change = _ascent(chain, X, hood, moving, norm, 0.0, direction, ascent_steps, seed, change=True)
