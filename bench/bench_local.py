@@ -93,28 +93,32 @@ def by_length(model, counts) -> list[str]:
     return [every[lengths.index(count)] for count in counts]
 
 
-def curve_part(model, texts, layers, fractions, curvature_tokens):
+def curve_part(model, texts, layers, fractions, curvature_tokens, kinds=("layer",)):
+    """L(eps) of each kind: the attention layer, the whole layer (block), or the stack of the layer and the next."""
     from lipbound.measures.curves import local_curve
-    for text in texts:
-        for layer in layers:
-            began = time.perf_counter()
-            curve, _ = local_curve(text, layer=layer, kind="layer", eps=fractions + (2.0,), model=model,
-                                   curvature_tokens=curvature_tokens)
-            seconds = time.perf_counter() - began
-            small = [p for p in curve.points if p.eps <= 0.01 * curve.radius * (1 + 1e-12)]
-            last = curve.points[-1]
-            within = 0.0  # the largest eps / R up to which every ratio is <= 1.5
-            for p in small:
-                if p.ratio > 1.5:
-                    break
-                within = p.eps / curve.radius
-            print(f"curve, n = {curve.n}, layer {layer}: ||DF(X)|| {curve.jacobian_norm:.4g} / {curve.jacobian_witness:.4g} "
-                  f"({curve.jacobian_bound}), variation {curve.variation_bound}; certified / witness "
-                  + "  ".join(f"{p.eps / curve.radius:.0e}: {p.ratio:.3g}" for p in small)
-                  + f" (<= 1.5 up to {within:.0e} R)"
-                  + f"; at 2R certified {last.certified:.4g} vs global {last.global_constant:.4g} "
-                  f"({'meets' if math.isclose(last.certified, last.global_constant, rel_tol=1e-9) else 'below'}); "
-                  f"verdicts {sorted({p.verdict for p in curve.points})}; {seconds:.0f} s")
+    for text, kind, layer in ((t, k, l) for t in texts for k in kinds for l in layers):
+        top = min(layer + 1, model.num_layers - 1) if kind == "stack" else None
+        if kind == "stack" and top == layer:
+            continue
+        began = time.perf_counter()
+        curve, _ = local_curve(text, layer=layer, kind=kind, last=top, eps=fractions + (2.0,), model=model,
+                               curvature_tokens=curvature_tokens)
+        seconds = time.perf_counter() - began
+        small = [p for p in curve.points if p.eps <= 0.01 * curve.radius * (1 + 1e-12)]
+        last = curve.points[-1]
+        within = 0.0  # the largest eps / R up to which every ratio is <= 1.5
+        for p in small:
+            if p.ratio > 1.5:
+                break
+            within = p.eps / curve.radius
+        print(f"curve, n = {curve.n}, {curve.description}: ||DF(X)|| {curve.jacobian_norm:.4g} / {curve.jacobian_witness:.4g} "
+              f"({curve.jacobian_bound}), variation {curve.variation_bound}; certified / witness "
+              + "  ".join(f"{p.eps / curve.radius:.0e}: {p.ratio:.3g}" for p in small)
+              + f" (<= 1.5 up to {within:.0e} R)"
+              + (f"; at 2R certified {last.certified:.4g} vs global {last.global_constant:.4g} "
+                 f"({'meets' if math.isclose(last.certified, last.global_constant, rel_tol=1e-9) else 'below'})"
+                 if math.isfinite(last.global_constant) else "; no global constant") + "; "
+              f"verdicts {sorted({p.verdict for p in curve.points})}; {seconds:.0f} s")
 
 
 def fit(rows, key):
@@ -161,6 +165,9 @@ def main() -> None:
     parser.add_argument("--curve-text", action="append", default=[],
                         help="the curve part on this text too (repeatable), e.g. inputs longer than the bundled "
                              "sentences, whose Jacobian at X is bounded by groups of tokens")
+    parser.add_argument("--curve-kinds", nargs="+", default=["layer"], choices=["layer", "block", "stack"],
+                        help="the curve part for the attention layer, the whole layer, and/or the stack of a layer "
+                             "and the next (default layer)")
     parser.add_argument("--curvature-tokens", type=int, default=None,
                         help="largest n of the curvature bound's Gram route in the curve part (longer: the split bound; default: lipbound's)")
     args = parser.parse_args()
@@ -183,7 +190,7 @@ def main() -> None:
             else [] if args.curve_text else texts[:2]
         chosen += args.curve_text
         curve_part(model, chosen, (min(layers), max(layers)), (1e-5, 1e-4, 1e-3, 2e-3, 3e-3, 1e-2),
-                   args.curvature_tokens or CURVATURE_TOKENS)
+                   args.curvature_tokens or CURVATURE_TOKENS, args.curve_kinds)
 
 
 if __name__ == "__main__":

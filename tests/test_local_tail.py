@@ -1,15 +1,124 @@
-"""The global constant of a curve on a domain that holds its neighbourhood, checked against sampled points."""
+"""A block's curve split at its attention output, the feed-forward block's second derivative, and the global
+constant of a curve on a domain that holds its neighbourhood: each checked against independent float routes."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.special import ndtr
 
 import local_models
-from lipbound.local.chains import chain_for
+from lipbound.local.balls import TokenBalls
+from lipbound.local.bounds import feedforward_bounds
+from lipbound.local.chains import chain_for, chain_forward
 from lipbound.local.curve import _top_singular, lipschitz_curve
+from lipbound.local.enclosed import EnclosedFeedForward
+from lipbound.measures.bert import load_text_model
 from lipbound.numeric.certify import head_constant
 from lipbound.numeric.domains import LayerNormOutputs
+from lipbound.numeric.forward import hidden_states
 from lipbound.numeric.model.transformer import Model
+
+
+def _slope(h):
+    return ndtr(h) + h * np.exp(-0.5 * h * h) / np.sqrt(2 * np.pi)
+
+
+def _curvature(h):
+    return np.exp(-0.5 * h * h) / np.sqrt(2 * np.pi) * (2 - h * h)
+
+
+def _ffn_jacobian(ffn, y):
+    """Row convention ``I + W_1 diag(GELU'(h)) W_2``, in float, written here from the formula."""
+    return np.eye(y.size) + (ffn.W_1 * _slope(y @ ffn.W_1 + ffn.b_1)) @ ffn.W_2
+
+
+def _second_derivative_norm(ffn, y, rng, restarts=4, steps=60):
+    """A lower bound on ``max |sum_k g_k (u.w_k)(e.w_k)(r_k.v)|`` over unit u, e, v by alternating maximisation,
+    and the direction e that attains it."""
+    g = _curvature(y @ ffn.W_1 + ffn.b_1)
+    best, best_e = 0.0, None
+    for _ in range(restarts):
+        e = rng.standard_normal(y.size)
+        e /= np.linalg.norm(e)
+        for _ in range(steps):
+            M = (ffn.W_1 * (g * (e @ ffn.W_1))) @ ffn.W_2
+            U, S, Vt = np.linalg.svd(M)
+            e = ffn.W_1 @ (g * (U[:, 0] @ ffn.W_1) * (ffn.W_2 @ Vt[0]))
+            e /= np.linalg.norm(e)
+        if S[0] > best:
+            best, best_e = S[0], e
+    return best, best_e
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), width=st.sampled_from([10, 40]), scale=st.sampled_from([0.5, 1.0, 3.0]),
+       radius=st.sampled_from([1e-3, 0.05, 0.5]))
+def test_feedforward_second_derivative_bounds_the_change_of_its_jacobian(seed, width, scale, radius):
+    """``Lambda_i^(1/2)`` is at least the norm of the second derivative found by alternating maximisation, and the
+    variation bound holds along that worst direction, its opposite and random directions of the ball."""
+    rng = np.random.default_rng(seed)
+    ffn = local_models.layer(rng, d_ff=width).ffn
+    ffn = type(ffn)(scale * ffn.W_1, ffn.b_1, ffn.W_2, ffn.b_2)
+    Y = 2 * rng.standard_normal((3, 6))
+    enclosed = EnclosedFeedForward(ffn, Y)
+    roots = enclosed.curvature_norms()
+    balls = TokenBalls(Y, np.full(3, radius))
+    variation = np.diag(feedforward_bounds(ffn, balls, enclosed).variation)
+    for i in range(3):
+        found, e = _second_derivative_norm(ffn, Y[i], rng)
+        assert found <= roots[i] * (1 + 1e-9)
+        J = _ffn_jacobian(ffn, Y[i])
+        directions = [e, -e] + [d / np.linalg.norm(d) for d in rng.standard_normal((6, 6))]
+        for direction in directions:
+            change = np.linalg.norm(_ffn_jacobian(ffn, Y[i] + radius * direction) - J, 2)
+            assert change <= variation[i] * (1 + 1e-9)
+
+
+def test_second_derivative_form_is_tighter_on_real_weights():
+    """On a real feed-forward block at a small radius the second-derivative form is several times tighter than
+    the slope-deviation form alone (the first theorem's box of slopes pays for every neuron at once)."""
+    bert = load_text_model()
+    X = bert.hidden_states(bert.encode("The cat slept all afternoon."))[0]
+    chain = chain_for(bert.model, "block", 0)
+    Y = chain_forward(chain, X[None])[2][0]                        # the feed-forward block's inputs
+    ffn = chain[2].target
+    balls = TokenBalls(Y, np.full(Y.shape[0], 0.03))
+    both = np.diag(feedforward_bounds(ffn, balls).variation)
+    slopes_only = np.diag(feedforward_bounds(ffn, balls, want_variation=False).variation)
+    assert np.all(both * 3 < slopes_only)
+
+
+def _check_at_adversarial_points(chain, X, curve, seed):
+    """Every point of the curve holds, and at the two points of U along the top singular direction of the
+    Jacobian's change (found near X) the Jacobian norm and its change stay below the certified values."""
+    moving = np.ones(X.shape[0], dtype=bool)
+    reference = chain_forward(chain, X[None])
+    rng = np.random.default_rng(seed)
+    for point in curve.points:
+        assert point.verdict == "holds" and point.witness <= point.certified
+        if point.eps == 0:
+            continue
+        _, E, _ = _top_singular(chain, X + 1e-3 * rng.standard_normal(X.shape), moving, None, 0, reference=reference)
+        for Y in (X + point.eps * E / np.linalg.norm(E), X - point.eps * E / np.linalg.norm(E)):
+            assert _top_singular(chain, Y, moving, None, 0)[0] <= point.certified * (1 + 1e-9)
+            assert _top_singular(chain, Y, moving, None, 0, reference=reference)[0] <= point.variation * (1 + 1e-9)
+
+
+def test_block_curve_splits_at_the_attention_output():
+    """A block's variation is the smaller of the blockwise bound and the split at the attention's output; the
+    curve still holds against exact Jacobians at adversarial points of U (the top singular directions of the
+    Jacobian's change, scaled onto the sphere) and starts at ||DF(X)||."""
+    generated = local_models.model(seed=7, layers=1)
+    X = hidden_states(generated, [1, 5, 7, 2, 9])[0]
+    eps = [0.0, 1e-5, 1e-2, 0.2]
+    curve = lipschitz_curve(generated, X, kind="block", layer=0, eps=eps, ascent_steps=3)
+    assert curve.variation_bound == "attention-tail"
+    _check_at_adversarial_points(chain_for(generated, "block", 0), X, curve, seed=1)
+    assert curve.points[0].certified == pytest.approx(curve.jacobian_norm, rel=1e-6)
+    assert curve.points[1].certified <= 1.01 * curve.jacobian_norm
 
 
 def test_curve_global_constant_holds_off_the_layernorm_image():
@@ -32,3 +141,104 @@ def test_curve_global_constant_holds_off_the_layernorm_image():
     point = lipschitz_curve(model, X, kind="head", head=0, layer=0, eps=[eps], ascent_steps=2).points[0]
     assert point.verdict == "holds" and found <= point.certified
     assert point.global_constant >= found
+
+
+def test_stack_curve_composes_its_blocks(monkeypatch):
+    """A stack of two generated layers takes its blocks' own curves, composed: at eps = 0 the certified value is
+    the Jacobian norm at X (the blockwise product of rounding balls gave more), and at every eps it holds against
+    exact Jacobians at adversarial points of U and lies below the blockwise bound."""
+    generated = local_models.model(seed=3, layers=2)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    eps = [0.0, 1e-5, 1e-3, 0.1]
+    curve = lipschitz_curve(generated, X, kind="stack", layer=0, last=1, eps=eps, ascent_steps=3)
+    assert curve.variation_bound == "stack-blocks"
+    _check_at_adversarial_points(chain_for(generated, "stack", 0, last=1), X, curve, seed=2)
+    assert curve.points[0].certified == pytest.approx(curve.jacobian_norm, rel=1e-6)
+    assert curve.points[1].certified <= 1.05 * curve.jacobian_norm
+    from lipbound.local import curve as module
+    monkeypatch.setattr(module, "_StackOfBlocks", lambda *args, **kwargs: None)
+    blockwise = lipschitz_curve(generated, X, kind="stack", layer=0, last=1, eps=eps, ascent_steps=0)
+    assert blockwise.variation_bound == "blockwise"
+    assert all(a.variation <= b.variation for a, b in zip(curve.points, blockwise.points))
+    assert curve.points[0].variation < blockwise.points[0].variation
+
+
+@settings(max_examples=20, deadline=None)
+@given(centre=st.floats(-6, 6), width=st.floats(0, 3))
+def test_gelu_derivative_enclosures_hold_the_derivatives(centre, width):
+    """The enclosures of GELU'' and GELU''' over an interval hold the derivatives (written here from their
+    formulas) at points throughout it."""
+    from lipbound.rigorous.arrays import IntervalArray, gelu_curvature, gelu_third
+    lo, hi = centre - width, centre + width
+    box = IntervalArray(np.array([lo]), np.array([hi]))
+    second, third = gelu_curvature(box), gelu_third(box)
+    x = np.linspace(lo, hi, 101)
+    density = np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi)
+    slack = 1e-12
+    assert np.all(second.lo[0] - slack <= density * (2 - x * x)) and np.all(density * (2 - x * x) <= second.hi[0] + slack)
+    values = x * density * (x * x - 4)
+    assert np.all(third.lo[0] - slack <= values) and np.all(values <= third.hi[0] + slack)
+
+
+def _tail_setting(model, X, eps):
+    """The block's chain at X, its tail, and the per-component balls, bounds and radii on the Frobenius ball of
+    radius eps (as the curve forms them, without the attention's cap)."""
+    from lipbound.local.balls import Neighbourhood
+    from lipbound.local.curve import _Centre
+    from lipbound.local.tail import BlockTail
+    chain = chain_for(model, "block", 0)
+    centre = _Centre(chain, X, False)
+    balls = Neighbourhood("fro", eps).balls(X)
+    M, V, N, radii = [], [], [], []
+    for k, component in enumerate(chain):
+        bounds = component.bounds(balls, centre.enclosed[k])
+        zero = component.bounds(TokenBalls(centre.points[k], centre.rounding[k]), centre.enclosed[k])
+        M.append(bounds.blocks), V.append(bounds.variation), N.append(zero.at_center), radii.append(balls.radii)
+        if k < 3:
+            balls = TokenBalls(centre.points[k + 1], (bounds.movement + centre.rounding[k + 1]) * (1 + 1e-12))
+    return chain, centre, BlockTail(centre.enclosed), (M, V, N, radii, centre.rounding)
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), eps=st.sampled_from([1e-3, 3e-2, 0.3]))
+def test_block_tail_bounds_hold_per_token(seed, eps):
+    """Both bounds of a block's per-token maps (telescoped, and with the LayerNorms folded into the feed-forward
+    block's second derivative) hold against Jacobians by central differences at points of the token's ball after
+    the attention: random, on the sphere, and along the direction that moves the Jacobian most among them."""
+    generated = local_models.model(seed=seed % 50, layers=1)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    chain, centre, tail, setting = _tail_setting(generated, X, eps)
+    telescoped, folded = tail.omega_tokens(*setting)
+    item = generated.layer(0)
+
+    def per_token(z):
+        y = item.ln_out(z[None])
+        return item.ffn_norm(y + item.ffn(y))[0]
+
+    def jacobian(z, h=1e-6):
+        return np.stack([(per_token(z + h * e) - per_token(z - h * e)) / (2 * h) for e in np.eye(z.size)])
+
+    rng = np.random.default_rng(seed)
+    radius = setting[3][1]
+    for i in range(X.shape[0]):
+        x = centre.points[1][i]
+        at_centre = jacobian(x)
+        worst = 0.0
+        for _ in range(12):
+            e = rng.standard_normal(x.size)
+            z = x + radius[i] * e / np.linalg.norm(e) * (1.0 if rng.random() < 0.7 else rng.random())
+            worst = max(worst, np.linalg.norm(jacobian(z) - at_centre, 2))
+        assert worst <= folded[i] * (1 + 1e-6) + 1e-7
+        assert worst <= telescoped[i] * (1 + 1e-6) + 1e-7
+
+
+def test_folding_the_layernorms_tightens_the_tail_on_real_weights():
+    """On the first block of all-MiniLM-L6-v2 at 1e-6 of the LayerNorm radius (token balls without the attention's
+    cap), folding the LayerNorms' Jacobians into the feed-forward block's second derivative at least halves every
+    token's bound."""
+    bert = load_text_model()
+    X = bert.hidden_states(bert.encode("The cat slept all afternoon."))[0]
+    eps = 1e-6 * bert.layernorm_feeding(0).radius_about_center
+    *_, tail, setting = _tail_setting(bert.model, X, eps)
+    telescoped, folded = tail.omega_tokens(*setting)
+    assert np.all(2 * folded < telescoped)

@@ -16,6 +16,8 @@ theorems of :mod:`lipbound.symbolic.local`:
 * :mod:`.curvature` -- the second derivative of attention on a neighbourhood (Gram route, split bound);
 * :mod:`.grouped` -- the Jacobian's norm at X from its blocks between groups of tokens (inputs too long
   for the dense Jacobian);
+* :mod:`.tail` -- a whole layer split at its attention's output: how far the per-token maps' Jacobian
+  moves (the LayerNorms folded into the feed-forward block's second derivative);
 * :mod:`.curve` -- the local Lipschitz constant ``L(eps)`` of a head, a layer, a block or a stack,
   certified and witnessed;
 * :mod:`.path` -- the movement of one edit, certified along the segment between the inputs;

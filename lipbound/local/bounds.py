@@ -26,7 +26,7 @@ from typing import final
 
 import numpy as np
 from ..numeric.model import FeedForward, Head, Layer, LayerNorm
-from ..rigorous.arrays import IntervalArray, gelu_slope
+from ..rigorous.arrays import IntervalArray, gelu_curvature, gelu_slope, gelu_third
 from ..rigorous.elementwise import gelu_slope_extrema
 from ..rigorous.compiler import compile_array
 from ..rigorous.linalg import product_norm_upper, spectral_norm_upper, spectral_norm_upper_large
@@ -34,7 +34,7 @@ from ..symbolic import local as T
 from .balls import TokenBalls
 from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedLayerNorm
 
-__all__ = ["LocalBounds", "attention_bounds", "layernorm_bounds", "feedforward_bounds", "simplex_box_max",
+__all__ = ["LocalBounds", "attention_bounds", "layernorm_bounds", "feedforward_bounds", "remainder_weights", "simplex_box_max",
            "attention_norms", "value_space", "evaluate_theorem", "head_movement"]
 
 
@@ -290,6 +290,43 @@ def _split_norms(ffn: FeedForward, spread: np.ndarray) -> tuple[float, float]:
     return spectral_norm_upper_large(left), spectral_norm_upper_large(right)
 
 
+def remainder_weights(ffn: FeedForward, E: EnclosedFeedForward, R: np.ndarray, tokens) -> np.ndarray:
+    """Per token and neuron, ``t_k >= |Delta_k (e.w_k)|`` on the ball of radius R (theorem
+    local-feedforward-curvature): how far the mean of GELU'' over the segment moves from its value at the
+    centre -- the range of GELU'' over the interval of h, or half the largest third derivative there times
+    ``||w_k|| R`` -- times ``||w_k|| R``.  Shape (n, d_ff), zero for tokens not listed."""
+    columns = IntervalArray(_column_norms(ffn))
+    reach = columns[None, :] * IntervalArray(R)[:, None]
+    interval = E.h + IntervalArray(-reach.hi, reach.hi)
+    ranges, third = gelu_curvature(interval), gelu_third(interval).magnitude
+    at_centre = E.curvature
+    out = np.zeros(E.h.shape)
+    for i in tokens:
+        change = np.maximum((IntervalArray(ranges.hi[i]) - IntervalArray(at_centre.lo[i])).hi,
+                            (IntervalArray(at_centre.hi[i]) - IntervalArray(ranges.lo[i])).hi)
+        # or half the largest third derivative times ||w_k|| R: the mean of a Lipschitz change over the segment
+        change = np.minimum(change, (IntervalArray(third[i]) * columns * IntervalArray(R[i]) * IntervalArray(0.5)).hi)
+        out[i] = (IntervalArray(change) * columns * IntervalArray(R[i])).hi
+    return out
+
+
+def _second_derivative_variation(ffn: FeedForward, E: EnclosedFeedForward, R: np.ndarray,
+                                 local: np.ndarray) -> np.ndarray:
+    """The variation of the block's Jacobian on the token balls through its second derivative at the centre
+    (theorem local-feedforward-curvature; inf for tokens not in ``local``): ``R Lambda^(1/2)`` plus the
+    split bound of :func:`remainder_weights`."""
+    tokens = np.flatnonzero(local)
+    root = E.curvature_norms(tokens)
+    weights = remainder_weights(ffn, E, R, tokens)
+    rest = np.zeros((2, R.shape[0]))
+    for i in tokens:
+        rest[:, i] = _split_norms(ffn, weights[i])
+    names = (r"\|W_2^\top \operatorname{diag}(t)^{1/2}\|", r"\|\operatorname{diag}(t)^{1/2} W_1^\top\|")
+    bound = evaluate_theorem(T.feedforward_curvature(), R=R, **{r"\Lambda^{1/2}": root, names[0]: rest[0],
+                                                                names[1]: rest[1]})
+    return np.where(local, bound, np.inf)
+
+
 _GLOBAL: dict = {}
 
 
@@ -327,6 +364,8 @@ def feedforward_bounds(ffn: FeedForward, balls: TokenBalls, enclosed: EnclosedFe
         factors[:, i] = _split_norms(ffn, deviation)
     names = (r"\|W_2^\top \operatorname{diag}(s)^{1/2}\|", r"\|\operatorname{diag}(s)^{1/2} W_1^\top\|")
     variation = evaluate_theorem(T.feedforward_variation(), **{names[0]: factors[0], names[1]: factors[1]})
+    if want_variation and np.any(local):
+        variation = np.minimum(variation, _second_derivative_variation(ffn, E, R, local))
     at_center = E.jacobian_norms(None if want_variation else np.flatnonzero(local))
     lipschitz = evaluate_theorem(T.jacobian_on_neighbourhood(), **{r"\|Df(X)\|": at_center,
                                                                    r"\sup_U \|Df(Y) - Df(X)\|": variation})

@@ -17,7 +17,9 @@ the ball about the LayerNorm bias that holds every token of ``U(X, eps)`` (not o
 which U leaves).  For a single head or attention layer in the Frobenius norm, the
 variation term is also bounded through the second derivative, integrated over the radii up to eps
 (:mod:`lipbound.local.curvature`, theorem ``local-attention-curvature``), and the smaller bound
-counts.  As eps -> 0 the value tends to ``||DF(X)||``; for large eps it meets the global constant.
+counts.  For a block (Frobenius) the variation also splits at the attention's output
+(:mod:`lipbound.local.tail`), and a stack composes its blocks' own curves (:class:`_StackOfBlocks`).  As
+eps -> 0 the value tends to ``||DF(X)||``; for large eps it meets the global constant.
 
 The witness is a point Y of ``U(X, eps)`` itself (not of its enclosure) and the Jacobian norm there:
 power iteration (JVP/VJP) for the Frobenius norm, the column or row maximisation of a dense float
@@ -43,10 +45,13 @@ from ..numeric.model import Model
 from ..rigorous.arrays import IntervalArray
 from ..rigorous.intervals import Verdict, certify_le, interval
 from ..rigorous.linalg import Enclosure, spectral_norm_upper, spectral_norm_upper_large
+from ..symbolic import local as T
 from . import grouped
 from .balls import LIPSCHITZ_NORMS, Neighbourhood, TokenBalls
+from .bounds import evaluate_theorem
 from .chains import Component, chain_for, chain_forward, chain_jvp, chain_vjp
 from .curvature import CURVATURE_TOKENS, AttentionCurvature
+from .tail import BlockTail
 
 __all__ = ["CurvePoint", "LipschitzCurve", "lipschitz_curve", "DENSE_LIMIT", "CHAIN_DENSE_LIMIT", "FLOAT_ALLOWANCE"]
 
@@ -258,15 +263,21 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
     if len(chain) > 1 and any(hood.eps > 0 for hood in neighbourhoods):
         inner = None if progress is None else lambda done, total, what: progress(done, total, f"{what} (attention alone)")
         first = lipschitz_curve(model, X, kind="layer", layer=layer, norm="fro", ball=ball, positions=positions,
-                                eps=eps, ascent_steps=0, seed=seed, curvature_tokens=1, progress=inner)
+                                eps=eps, ascent_steps=0, seed=seed, curvature_tokens=curvature_tokens, progress=inner)
+    # a block: its variation also splits at the attention's output (theorem local-attention-tail)
+    tail = BlockTail(centre.enclosed) if first is not None and norm == "fro" and len(chain) == 4 else None
+    # a stack: its blocks' own curves, composed (theorem local-chain on the blocks)
+    stack = _StackOfBlocks(model, chain, centre, X, layer, ball, positions, [h.eps for h in neighbourhoods],
+                           curvature_tokens, progress) if kind == "stack" and len(chain) > 4 and norm == "fro" else None
     points = []
     for index, hood in enumerate(neighbourhoods):
         balls = hood.balls(X)
-        M, V = [], []
+        M, V, ball_radii = [], [], []
         for k, component in enumerate(chain):
             bounds = component.bounds(balls, centre.enclosed[k])
             M.append(bounds.blocks)
             V.append(bounds.variation)
+            ball_radii.append(balls.radii)
             if k + 1 < len(chain):
                 movement = bounds.movement
                 if k == 0 and first is not None:
@@ -282,10 +293,16 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
             left = _product(*reversed(M[k + 1:])) if k + 1 < len(chain) else np.eye(n)
             total = (IntervalArray(total) + IntervalArray(_product(left, V[k], right))).hi
         variation = _matrix_norm(total, norm)
+        if tail is not None and hood.eps > 0:
+            variation = min(variation, tail.variation(first.points[index], M, V, N_blocks, ball_radii, centre.rounding))
         if curvature is not None:
             variation = min(variation, curvature.variation(hood, variation))
+        if stack is not None:
+            variation = min(variation, stack.variation[index])
         local = (IntervalArray(N_dense) + IntervalArray(variation)).hi.item()
         crude = _matrix_norm(_product(*reversed(M))[:, columns], norm)
+        if stack is not None:
+            crude = min(crude, stack.product[index])
         global_value = _global_constant(model, chain, layer, norm, X, hood.eps)
         certified = min(local, crude, global_value)
         witness = _ascent(chain, X, hood, moving, norm, witness_at_x, direction, ascent_steps, seed)
@@ -297,10 +314,78 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
         if progress is not None:
             progress(index + 1, len(neighbourhoods), "radii")
     description = chain[0].name if len(chain) == 1 else f"{chain[0].name} .. {chain[-1].name}"
-    bound = "blockwise" if curvature is None else \
+    bound = "attention-tail" if tail is not None else "stack-blocks" if stack is not None else \
+        "blockwise" if curvature is None else \
         "curvature-split" if curvature.curvature.split else "curvature-gram"
     return LipschitzCurve(kind, description, norm, ball, tuple(positions), n, radius, N_dense, witness_at_x,
                           tuple(points), bound, jacobian_bound)
+
+
+class _StackOfBlocks:
+    """A stack ``F = B_L o ... o B_1`` of whole layers through its blocks' own curves (Frobenius norm).
+
+    With ``X~_l`` the float centres of the chain at the blocks' inputs (``X~_1 = X``) and ``J~_l`` the product of
+    block l's component Jacobians along the float chain from ``X~_l`` (the dense Jacobian that block's own
+    curve certifies), telescoping over the blocks (theorem local-chain, one block per step) gives, for any
+    points ``Y_l`` in sets ``U_l`` that hold the images of U,
+
+        sup_U ||DF(Y) - J~_L ... J~_1|| <= sum_l (L_L ... L_(l+1)) V_l (N_(l-1) ... N_1),   Lip_U(F) <= L_L ... L_1,
+
+    with ``L_l``, ``V_l`` block l's certified constant and variation (about ``J~_l``) on ``U_l`` and ``N_l =
+    ||J~_l||`` (block 1 restricted to the moving tokens); ``J~_L ... J~_1`` is the stack's own dense Jacobian
+    at the centre.  ``U_1 = U``; ``U_l`` for l > 1 is the Frobenius ball about ``X~_l`` of radius ``rho_l``,
+    ``rho_2 = L_1 theta_U eps + e_2``, ``rho_(l+1) = L_l rho_l + e_(l+1)``, where ``e_(l+1)`` bounds how far the
+    exact image of ``X~_l`` lies from ``X~_(l+1)`` (the float chain's rounding through block l, pushed through
+    its components' movement bounds): ``U_l`` holds every image of U, the exact image of X included.
+
+    Attributes ``variation`` and ``product``: the two bounds, one per eps.
+    """
+
+    def __init__(self, model, chain, centre: _Centre, X, first: int, ball: str, positions, eps: list, tokens: int,
+                 progress):
+        def report(l):
+            return None if progress is None else \
+                lambda done, total, what: progress(done, total, f"{what} (block {first + l} of the stack)")
+
+        blocks = len(chain) // 4
+        curve = lipschitz_curve(model, X, kind="block", layer=first, ball=ball, positions=positions, eps=list(eps),
+                                ascent_steps=0, curvature_tokens=tokens, progress=report(0))
+        L, V, N = [[p.certified for p in curve.points]], [[p.variation for p in curve.points]], [curve.jacobian_norm]
+        rho = [(IntervalArray(p.certified) * _frobenius_factor(Neighbourhood(ball, e, tuple(positions)), X.shape[0])
+                * IntervalArray(e)).hi.item() for p, e in zip(curve.points, eps)]
+        for l in range(1, blocks):
+            drift = _rounding_reach(chain[4 * (l - 1):4 * l], centre, 4 * (l - 1))
+            rho = [(IntervalArray(r) + IntervalArray(drift)).hi.item() for r in rho]
+            curve = lipschitz_curve(model, centre.points[4 * l], kind="block", layer=first + l, eps=rho,
+                                    ascent_steps=0, curvature_tokens=tokens, progress=report(l))
+            L.append([p.certified for p in curve.points])
+            V.append([p.variation for p in curve.points])
+            N.append(curve.jacobian_norm)
+            rho = [(IntervalArray(a) * IntervalArray(r)).hi.item() for a, r in zip(L[-1], rho)]
+        theorem = T.chain_variation(blocks)
+        self.variation, self.product = [], []
+        for k in range(len(eps)):
+            values = {**{f"M_{{{l + 1}}}": L[l][k] for l in range(blocks)},
+                      **{f"V_{{{l + 1}}}": V[l][k] for l in range(blocks)},
+                      **{f"N_{{{l + 1}}}": N[l] for l in range(blocks)}}
+            finite = all(math.isfinite(v) for v in values.values())
+            self.variation.append(float(evaluate_theorem(theorem, **{key: np.float64(v) for key, v in values.items()}))
+                                  if finite else math.inf)
+            product = IntervalArray(1.0)
+            for l in range(blocks):
+                product = product * IntervalArray(L[l][k])
+            self.product.append(product.hi.item())
+
+
+def _rounding_reach(components, centre: _Centre, start: int) -> float:
+    """A bound on ``||g(X~_start) - X~_end||_F`` for the components g from ``start`` on: the float chain's
+    rounding, each step's ball pushed through the next component's movement bound."""
+    radii = np.zeros(centre.points[start].shape[0])
+    for offset, component in enumerate(components):
+        k = start + offset
+        bounds = component.bounds(TokenBalls(centre.points[k], radii), centre.enclosed[k], want_blocks=False)
+        radii = (IntervalArray(bounds.movement) + IntervalArray(centre.rounding[k + 1])).hi
+    return float(IntervalArray(radii).norm_upper(axis=0))
 
 
 def _frobenius_factor(hood: Neighbourhood, n: int) -> IntervalArray:

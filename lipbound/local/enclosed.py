@@ -23,11 +23,12 @@ import numpy as np
 from ..errors import WeightsError
 from ..numeric.attention import AttentionMap
 from ..numeric.model import FeedForward, Head, Layer, LayerNorm
-from ..rigorous.arrays import IntervalArray, as_interval_array, gelu, gelu_slope
+from ..rigorous.arrays import IntervalArray, as_interval_array, gelu, gelu_curvature, gelu_slope
 from ..rigorous.intervals import IV
-from ..rigorous.linalg import Enclosure, spectral_norm_upper_large
+from ..rigorous.linalg import Enclosure, lambda_max_upper, spectral_norm_upper_large
 
-__all__ = ["EnclosedAttention", "EnclosedLayerNorm", "EnclosedFeedForward", "inverse_sqrt", "head_products", "softmax"]
+__all__ = ["EnclosedAttention", "EnclosedLayerNorm", "EnclosedFeedForward", "inverse_sqrt", "head_products", "softmax",
+           "trilinear_norm", "feedforward_grams"]
 
 
 def inverse_sqrt(k: int) -> IntervalArray:
@@ -233,7 +234,64 @@ class EnclosedFeedForward:
             out[i] = cache[i]
         return out
 
+    def curvature_norms(self, tokens=None) -> np.ndarray:
+        """Certified ``Lambda_i^(1/2)``: the norm of the second derivative of the block at token i, the
+        trilinear form ``(u, e, v) -> sum_k g_k (u.w_k) (e.w_k) (r_k.v)`` on unit vectors (``g = GELU''(h_i)``,
+        ``w_k`` the columns of W_1, ``r_k`` the rows of W_2), by :func:`trilinear_norm` (theorem
+        local-feedforward-curvature).  Tokens: all by default (0 for the others), each computed once."""
+        cache = self.__dict__.setdefault("_curvature", {})
+        n = self.h.shape[0]
+        out = np.zeros(n)
+        tokens = range(n) if tokens is None else tokens
+        if any(i not in cache for i in tokens):
+            first, second = feedforward_grams(self.ffn)
+            W_1, W_2, g = IntervalArray(self.ffn.W_1), IntervalArray(self.ffn.W_2), self.curvature
+            for i in (i for i in tokens if i not in cache):
+                cache[i] = trilinear_norm(g[i], W_1, W_2, first, first, second)
+        for i in tokens:
+            out[i] = cache[i]
+        return out
+
+    @property
+    def curvature(self) -> IntervalArray:
+        """``GELU''(h)`` (n, d_ff), enclosed."""
+        if "_second" not in self.__dict__:
+            self._second = gelu_curvature(self.h)
+        return self._second
+
     def jacobian_block(self, i: int) -> IntervalArray:
         """``B_ii = I + W_1 diag(GELU'(h_i)) W_2`` (d, d)."""
         scaled = IntervalArray(self.ffn.W_1) * self.slope[i].expand(0)
         return scaled.einsum("ak,kb->ab", IntervalArray(self.ffn.W_2)) + IntervalArray(np.eye(self.ffn.W_1.shape[0]))
+
+
+_GRAMS: dict = {}
+
+
+def feedforward_grams(ffn: FeedForward) -> tuple:
+    """``(W_1^T W_1, W_2 W_2^T)`` enclosed, once per block."""
+    key = id(ffn)
+    if key not in _GRAMS or _GRAMS[key][0] is not ffn:
+        first = IntervalArray.from_enclosure(Enclosure.exact(ffn.W_1.T) @ Enclosure.exact(ffn.W_1))
+        second = IntervalArray.from_enclosure(Enclosure.exact(ffn.W_2) @ Enclosure.exact(ffn.W_2.T))
+        _GRAMS[key] = (ffn, first, second)
+    return _GRAMS[key][1:]
+
+
+def trilinear_norm(g: IntervalArray, A: IntervalArray, B: IntervalArray, e_gram: IntervalArray,
+                   a_gram: IntervalArray | None = None, b_gram: IntervalArray | None = None) -> float:
+    """Certified bound on ``max |sum_k g_k (a.A_k) (e.E_k) (B_k.b)|`` over unit vectors a, e, b.
+
+    ``A_k`` are the columns of A (d, m), ``B_k`` the rows of B (m, d'), ``E_k`` vectors with Gram matrix
+    ``e_gram`` (m, m).  Gathering e with b (or with a) into one unit vector of a tensor product bounds the form
+    by the norm of a ``d x (d d')`` matrix M with ``M M^T = A diag(g) (G_E o B B^T) diag(g) A^T`` (``o`` the
+    entrywise product), or of its counterpart ``B^T diag(g) (G_E o A^T A) diag(g) B``; the smaller top
+    eigenvalue's square root, certified, counts (theorem local-feedforward-curvature).  ``a_gram``, ``b_gram``:
+    ``A^T A`` and ``B B^T`` when already formed."""
+    a_gram = A.swapaxes(0, 1).bmm(A) if a_gram is None else a_gram
+    b_gram = B.bmm(B.swapaxes(0, 1)) if b_gram is None else b_gram
+    tops = []
+    for outer, gram in ((A, e_gram * b_gram), (B.swapaxes(0, 1), e_gram * a_gram)):
+        scaled = outer * g.expand(0)                                                      # (d, m)
+        tops.append(lambda_max_upper(scaled.bmm(gram).bmm(scaled.swapaxes(0, 1)).to_enclosure()))
+    return IntervalArray(max(min(tops), 0.0)).sqrt().hi.item()

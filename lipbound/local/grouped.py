@@ -27,7 +27,7 @@ import numpy as np
 from ..rigorous.arrays import IntervalArray
 from ..rigorous.linalg import spectral_norm_upper_large
 
-__all__ = ["GROUP_WIDTH", "covers", "group_block_norms"]
+__all__ = ["GROUP_WIDTH", "covers", "token_tail", "group_block_norms"]
 
 #: Largest number of rows of a block (b d): 16 tokens at MiniLM's width, a few seconds per block.
 GROUP_WIDTH = 6144
@@ -37,6 +37,15 @@ def covers(chain) -> bool:
     """Whether the chain is one head or attention layer followed only by per-token maps."""
     return bool(chain) and chain[0].kind in ("head", "attention") and \
         all(component.kind in ("layernorm", "feedforward") for component in chain[1:])
+
+
+def token_tail(enclosed, i: int):
+    """``T_i``: the blocks of the per-token maps after the attention (``enclosed[1:]``) at token i multiplied
+    in order, ``(d, d_out)`` enclosed; None for the attention alone (the identity)."""
+    product = None
+    for block in (e.jacobian_block(i) for e in enclosed[1:]):
+        product = block if product is None else product.einsum("ab,bc->ac", block)
+    return product
 
 
 def group_block_norms(chain, enclosed, moving: np.ndarray, tokens_per_group: int, progress=None):
@@ -69,12 +78,8 @@ def group_block_norms(chain, enclosed, moving: np.ndarray, tokens_per_group: int
     tails = {}
 
     def tail(i: int):
-        """``T_i``: the per-token maps' blocks at output token i multiplied in order (None: identity)."""
         if i not in tails:
-            product = None
-            for block in (e.jacobian_block(i) for e in enclosed[1:]):
-                product = block if product is None else product.einsum("ab,bc->ac", block)
-            tails[i] = product
+            tails[i] = token_tail(enclosed, i)
         return tails[i]
 
     T = np.zeros((len(groups_out), len(groups_in)))

@@ -60,7 +60,10 @@ _JACOBIAN_BOUNDS = {"dense": "dense Jacobian",
                     "blockwise": "products of per-token block norms"}
 _VARIATION_BOUNDS = {"blockwise": "blockwise bound",
                      "curvature-gram": "the smaller of the blockwise bound and the second derivative's (Gram matrix)",
-                     "curvature-split": "the smaller of the blockwise bound and the second derivative's (split bound)"}
+                     "curvature-split": "the smaller of the blockwise bound and the second derivative's (split bound)",
+                     "attention-tail": "the smaller of the blockwise bound and the split at the attention's output "
+                                       "(the attention's own variation, then the per-token maps')",
+                     "stack-blocks": "the smaller of the blockwise bound and the blocks' own curves, composed"}
 
 
 def curve_table(curve: LipschitzCurve) -> str:

@@ -32,7 +32,8 @@ from .elementwise import (UNIT_ROUNDOFF, down, exp_bounds, gamma_bound, gelu_slo
 from .intervals import interval, lower, upper
 from .linalg import Enclosure
 
-__all__ = ["IntervalArray", "as_interval_array", "gelu", "gelu_slope", "normal_cdf", "normal_pdf"]
+__all__ = ["IntervalArray", "as_interval_array", "gelu", "gelu_slope", "gelu_curvature", "gelu_third", "normal_cdf",
+           "normal_pdf"]
 
 _ETA = 2.0 ** -1074
 #: Entries per block of the blockwise loops (large arrays): temporaries stay in the cache and the heap.
@@ -486,6 +487,20 @@ def gelu_slope(x: IntervalArray) -> IntervalArray:
     hi = np.where(has_top, np.maximum(hi, top_hi), hi)
     lo = np.where(has_bottom, np.minimum(lo, bottom_lo), lo)
     return IntervalArray(np.maximum(lo, bottom_lo), np.minimum(hi, top_hi))
+
+
+def gelu_curvature(x: IntervalArray) -> IntervalArray:
+    """An enclosure of the range of ``GELU''(x) = phi(x) (2 - x^2)`` over each interval (the product of the
+    two factors' ranges: wider than the range by at most the order of the interval's width)."""
+    x = as_interval_array(x)
+    return normal_pdf(x) * (IntervalArray(2.0) - x.square())
+
+
+def gelu_third(x: IntervalArray) -> IntervalArray:
+    """An enclosure of the range of the third derivative ``x phi(x) (x^2 - 4)`` of GELU over each interval
+    (the product of the factors' ranges)."""
+    x = as_interval_array(x)
+    return x * normal_pdf(x) * (x.square() - IntervalArray(4.0))
 
 
 def gelu(x: IntervalArray) -> IntervalArray:

@@ -27,7 +27,8 @@ from .theorems import Theorem
 
 __all__ = ["LOCAL_THEOREMS", "score_deviation", "softmax_upper", "softmax_lower", "attention_movement",
            "attention_reach", "attention_block", "attention_variation", "attention_curvature", "layernorm_lipschitz", "layernorm_movement",
-           "layernorm_variation", "feedforward_variation", "jacobian_on_neighbourhood", "chain_variation",
+           "layernorm_variation", "feedforward_variation", "feedforward_curvature", "attention_tail", "block_tail_variation",
+           "jacobian_on_neighbourhood", "chain_variation",
            "path_certificate", "coupling_bound", "q"]
 
 
@@ -294,6 +295,91 @@ def feedforward_variation() -> Theorem:
 
 
 @functools.lru_cache(maxsize=None)
+def feedforward_curvature() -> Theorem:
+    """``sup ||D(x') - D(x)|| <= R Lambda^(1/2) + ||W_2^T diag(t)^(1/2)|| ||diag(t)^(1/2) W_1^T||`` on ``B(x, R)``:
+    the second derivative at the centre, and per neuron the change of GELU'' over its interval."""
+    a, b = _split("t")
+    root = q(r"\Lambda^{1/2}")
+    statement = q("R") * root + a * b
+    proof = Derivation("Variation of the feed-forward Jacobian through its second derivative")
+    proof.hypothesis("x -> x + act(x W_1 + b_1) W_2 + b_2 with w_k the columns of W_1 and r_k the rows of W_2; "
+                     "x' in B(x, R), e = x' - x, h_k = x w_k + b_k; g_k = act''(h_k); "
+                     "delta_k >= |act''(y) - g_k| for y within R ||w_k|| of h_k, or delta_k >= S_k ||w_k|| R / 2 with "
+                     "S_k >= |act^(3)| there; t_k = delta_k ||w_k|| R; "
+                     "Lambda the smaller of lambda_max(W_1 diag(g) (G_1 o G_2) diag(g) W_1^T) and "
+                     "lambda_max(W_2^T diag(g) (G_1 o G_1) diag(g) W_2), G_1 = W_1^T W_1, G_2 = W_2 W_2^T")
+    proof.add(Described(r"\operatorname{act}'(h_k + e w_k) - \operatorname{act}'(h_k) = (e w_k)(g_k + \Delta_k),"
+                        r"\ |\Delta_k| \le \delta_k"),
+              "mean value theorem for act' on the interval of h_k: g_k + Delta_k is the mean of act'' over the "
+              "segment, so |Delta_k| <= delta_k, and <= S_k |e w_k| / 2 (act'' is S_k-Lipschitz there)", "mean-value")
+    proof.add(Described(r"u^\top (D(x') - D(x)) v = \textstyle\sum_k g_k (u \cdot r_k)(e \cdot w_k)(v \cdot w_k)"
+                        r" + \sum_k \Delta_k (e \cdot w_k) (u \cdot r_k)(v \cdot w_k)"),
+              "expand the change of the slopes", "norm-calculus")
+    proof.add(le(Described(r"|\textstyle\sum_k g_k (u \cdot r_k)(e \cdot w_k)(v \cdot w_k)|"),
+                 q("R") * root),
+              "the sum is v^T M (u (x) e) and u^T M' (e (x) v), the Kronecker products unit vectors of R^(d^2), "
+              "with M M^T = W_1 diag(g) (G_1 o G_2) diag(g) W_1^T and M' M'^T = W_2^T diag(g) (G_1 o G_1) diag(g) W_2",
+              "submultiplicative")
+    proof.add(le(Described(r"\sup \|D(x') - D(x)\|"), statement),
+              "|Delta_k (e w_k)| <= t_k, then as in local-feedforward-variation", "submultiplicative")
+    return Theorem("local-feedforward-curvature", "Variation of the feed-forward Jacobian, second-derivative form",
+                   statement, proof)
+
+
+@functools.lru_cache(maxsize=None)
+def attention_tail() -> Theorem:
+    """``sup_U ||DF(Y) - DF(X)|| <= tau var_U(A) + omega Lip_U(A)`` for ``F = T o A``, T per token."""
+    tau, var, omega, lip = q(r"\tau"), q(r"\operatorname{var}_U(A)"), q(r"\omega"), q(r"\operatorname{Lip}_U(A)")
+    statement = tau * var + omega * lip
+    proof = Derivation("Variation of an attention layer followed by per-token maps")
+    proof.hypothesis("F = T o A on a convex U; T acts token by token with Jacobian blocks T_i; "
+                     "tau >= max_i ||T_i(A(X))||, omega >= max_i sup ||T_i(z) - T_i(A(X)_i)|| over token balls "
+                     "holding A(U); var_U(A) >= sup_U ||DA(Y) - DA(X)||, Lip_U(A) >= sup_U ||DA(Y)||")
+    proof.add(Described(r"DF(Y) - DF(X) = \operatorname{diag}(T_i(A(X)))\,(DA(Y) - DA(X)) "
+                        r"+ \operatorname{diag}(T_i(A(Y)) - T_i(A(X)))\,DA(Y)"),
+              "chain rule, add and subtract diag(T_i(A(X))) DA(Y)", "telescoping")
+    proof.add(le(Described(r"\sup_U \|DF(Y) - DF(X)\|"), statement),
+              "a block-diagonal matrix has the norm of its largest block; submultiplicativity", "submultiplicative")
+    return Theorem("local-attention-tail", "Variation of an attention layer and the maps after it", statement, proof)
+
+
+@functools.lru_cache(maxsize=None)
+def block_tail_variation() -> Theorem:
+    """``sup ||T(y) - T(x)||`` for ``T = J_1 J_F J_2`` (LayerNorm, feed-forward block, LayerNorm) on a ball,
+    with both LayerNorms' Jacobians at the centre folded into the feed-forward block's second derivative."""
+    V1, V2, VF = q("V_1"), q("V_2"), q("V_F")
+    M2, MF, N1, C = q("M_2"), q("M_F"), q("N_1"), q(r"\|J_1 J_F\|")
+    r, rho = q("r"), q(r"\rho")
+    full, mixed = q(r"\Lambda_{11}^{1/2}"), q(r"\Lambda_{1}^{1/2}")
+    a, b = q(r"\|\operatorname{diag}(t)^{1/2} (J_1 W_1)^\top\|"), q(r"\|\operatorname{diag}(t)^{1/2} W_2 J_2\|")
+    statement = V1 * MF * M2 + r * full + (r * V1 + rho) * mixed + a * b + N1 * VF * V2 + C * V2
+    proof = Derivation("Variation of the per-token maps of a block, the LayerNorms folded in")
+    proof.hypothesis("T(y) = J_1(y) J_F(y_2) J_2(y_3) in row convention along the chain y -> y_2 = LN_1(y) -> "
+                     "y_3 = y_2 + FFN(y_2); x, x_2, x_3 the centres (x_2 within rho of LN_1(x)); ||y - x|| <= r; "
+                     "V, M, N the variations, suprema and centre values of the three Jacobians on their balls; "
+                     "w_k the columns of W_1, r_k the rows of W_2, g = act''(h) at x_2; Lambda_11 and Lambda_1 "
+                     "the bounds of local-feedforward-curvature for the form with a- and b-sides (J_1 w_k, r_k J_2) "
+                     "and e-side J_1 w_k, resp. w_k; t as there, on the ball of y_2; the ball of y_3 of radius at "
+                     "most r (||J_1 J_F|| + V_1 M_F + N_1 V_F) + rho_3, rho_3 >= ||G(x) - x_3|| for G = (id + FFN) o LN_1")
+    proof.add(Described(r"T(y) - T(x) = \Delta J_1\, J_F(y_2) J_2(y_3) + J_1(x)\, \Delta J_F\, J_2(x_3) "
+                        r"+ J_1(x)\, \Delta J_F\, \Delta J_2 + J_1(x) J_F(x_2)\, \Delta J_2"),
+              "telescope the product, then split J_2(y_3) = J_2(x_3) + Delta J_2", "telescoping")
+    proof.add(Described(r"y_2 - x_2 = (y - x) \bar J_1 + (LN_1(x) - x_2),\ "
+                        r"\|\bar J_1 - J_1(x)\| \le V_1"),
+              "mean value theorem for LN_1 (the mean Jacobian on the segment)", "mean-value")
+    proof.add(le(Described(r"\|y_3 - x_3\|"), r * (C + V1 * MF + N1 * VF) + q(r"\rho_3")),
+              "mean value theorem for the first two maps: their mean Jacobian on the segment is within "
+              "V_1 M_F + N_1 V_F of J_1(x) J_F(x_2)", "mean-value")
+    proof.add(le(Described(r"\|J_1(x)\, \Delta J_F\, J_2(x_3)\|"),
+                 r * full + (r * V1 + rho) * mixed + a * b),
+              "the second derivative of local-feedforward-curvature in the direction y_2 - x_2, its a- and b-sides "
+              "multiplied by J_1(x) and J_2(x_3); the slopes' remainder split as there", "submultiplicative")
+    proof.add(le(Described(r"\sup \|T(y) - T(x)\|"), statement), "submultiplicativity on the other terms",
+              "submultiplicative")
+    return Theorem("local-block-tail", "Variation of a block's per-token maps", statement, proof)
+
+
+@functools.lru_cache(maxsize=None)
 def jacobian_on_neighbourhood() -> Theorem:
     """``Lip_U(f) <= ||Df(X)|| + sup_U ||Df(Y) - Df(X)||`` on a convex U."""
     N, V = q(r"\|Df(X)\|"), q(r"\sup_U \|Df(Y) - Df(X)\|")
@@ -357,5 +443,6 @@ LOCAL_THEOREMS = {t.id: t for t in (score_deviation(), softmax_upper(), softmax_
                                     attention_block(), attention_variation(), attention_curvature(),
                                     layernorm_lipschitz(),
                                     layernorm_movement(), layernorm_variation(), feedforward_variation(),
+                                    feedforward_curvature(), attention_tail(), block_tail_variation(),
                                     jacobian_on_neighbourhood(), chain_variation(2), path_certificate(),
                                     coupling_bound())}

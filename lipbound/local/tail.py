@@ -1,0 +1,123 @@
+"""A whole layer split at its attention's output: the attention, then the maps that act token by token.
+
+A block ``F = T o A`` is the attention layer A (with its residual) followed, at every token, by
+``T = LN_out o (id + FFN) o LN_att``, whose Jacobian at token i is ``T_i = J_1 J_F J_2`` (row convention).
+With ``DF(Y) - DF(X) = diag(T_i(A(X))) (DA(Y) - DA(X)) + diag(T_i(A(Y)) - T_i(A(X))) DA(Y)`` (theorem
+local-attention-tail),
+
+    sup_U ||DF(Y) - DF(X)|| <= tau var_U(A) + omega Lip_U(A),
+
+``var_U(A)`` and ``Lip_U(A)`` the attention's own certified variation and constant on U, ``tau = max_i
+||T_i(A(X))||`` and ``omega`` a bound on ``max_i ||T_i(z) - T_i(A(X)_i)||`` over the token balls that hold
+``A(U)``.  For ``omega`` the smaller of two bounds counts, per token: the telescoping sum of the three maps'
+bounds (theorem local-chain), and the same with both LayerNorms' Jacobians at the centre folded into the
+feed-forward block's second derivative (theorem local-block-tail), which keeps the LayerNorms' projection
+and scales apart from the directions the feed-forward weights read (about nine times smaller than the
+product of their norms on MiniLM's blocks).  Both take the output LayerNorm on balls whose radius follows
+the mean Jacobian of the first two maps (``||J_1 J_F||`` at the centre plus its variation) instead of the
+product of their suprema.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..rigorous.arrays import IntervalArray
+from ..rigorous.linalg import spectral_norm_upper_large
+from ..symbolic import local as T
+from .balls import TokenBalls
+from .bounds import evaluate_theorem, layernorm_bounds, remainder_weights
+from .enclosed import feedforward_grams, trilinear_norm
+from .grouped import token_tail
+
+__all__ = ["BlockTail"]
+
+
+class BlockTail:
+    """The per-token maps of one block at its centre (module docstring).
+
+    Parameters
+    ----------
+    enclosed : list
+        The block's four enclosures at the float centres: attention, LayerNorm, feed-forward block,
+        LayerNorm.
+    """
+
+    def __init__(self, enclosed):
+        self.ln_1, self.ffn, self.ln_2 = enclosed[1], enclosed[2], enclosed[3]
+        n = self.ffn.h.shape[0]
+        self.tau = max(spectral_norm_upper_large(token_tail(enclosed, i).to_enclosure()) for i in range(n))
+        self._folded = {}
+
+    def _token(self, i: int) -> dict:
+        """Radius-free facts of token i: the folded weights ``J_1 W_1`` and ``W_2 J_2``, the two second-derivative
+        bounds (e-side folded or not) and ``||J_1 J_F||``, all certified, computed once."""
+        if i not in self._folded:
+            ffn = self.ffn.ffn
+            J_1, J_2 = self.ln_1.jacobian_block(i), self.ln_2.jacobian_block(i)
+            A = J_1.matmul(ffn.W_1)                                                    # (d, d_ff): columns J_1 w_k
+            B = IntervalArray(ffn.W_2).bmm(J_2)                                        # (d_ff, d): rows r_k J_2
+            a_gram, b_gram = A.swapaxes(0, 1).bmm(A), B.bmm(B.swapaxes(0, 1))
+            plain = feedforward_grams(ffn)[0]                                          # W_1^T W_1
+            g = self.ffn.curvature[i]
+            self._folded[i] = {
+                "A": A, "B": B,
+                "full": trilinear_norm(g, A, B, a_gram, a_gram, b_gram),
+                "mixed": trilinear_norm(g, A, B, plain, a_gram, b_gram),
+                "front": spectral_norm_upper_large(J_1.einsum("ab,bc->ac", self.ffn.jacobian_block(i)).to_enclosure())}
+        return self._folded[i]
+
+    def omega_tokens(self, M: list, V: list, N: list, radii: list, rounding: np.ndarray) -> tuple:
+        """Per token, the two bounds on ``sup ||T_i(z) - T_i(A(X)_i)||`` on one neighbourhood: telescoped and
+        folded.  ``M``, ``V``, ``N`` are the chain's per-token block-norm matrices (the attention first, then
+        the three maps; diagonal for these), ``radii`` the token balls' radii before each map, ``rounding``
+        the rounding radii of the chain's float centres (one array per map's input)."""
+        n = V[1].shape[0]
+        M, V = list(M), list(V)
+        M[3], V[3] = self._output_norm_on_tighter_balls(M, V, N, radii, rounding)
+        telescoped = np.zeros(n)
+        for k in range(1, 4):   # the telescoping sum (theorem local-chain), diagonal
+            term = IntervalArray(np.diag(V[k]))
+            for later in range(k + 1, 4):
+                term = term * IntervalArray(np.diag(M[later]))
+            for earlier in range(1, k):
+                term = term * IntervalArray(np.diag(N[earlier]))
+            telescoped = (IntervalArray(telescoped) + term).hi
+        r, r_ffn = radii[1], radii[2]
+        weights = remainder_weights(self.ffn.ffn, self.ffn, r_ffn, range(n))
+        folded = np.empty(n)
+        for i in range(n):
+            facts = self._token(i)
+            root = IntervalArray(weights[i]).sqrt()
+            front = spectral_norm_upper_large((facts["A"].swapaxes(0, 1) * root.expand(-1)).to_enclosure())
+            back = spectral_norm_upper_large((facts["B"] * root.expand(-1)).to_enclosure())
+            values = {"V_1": V[1][i, i], "V_F": V[2][i, i], "V_2": V[3][i, i], "M_F": M[2][i, i], "M_2": M[3][i, i],
+                      "N_1": N[1][i, i], r"\|J_1 J_F\|": facts["front"], "r": r[i], r"\rho": rounding[2][i],
+                      r"\Lambda_{11}^{1/2}": facts["full"], r"\Lambda_{1}^{1/2}": facts["mixed"],
+                      r"\|\operatorname{diag}(t)^{1/2} (J_1 W_1)^\top\|": front,
+                      r"\|\operatorname{diag}(t)^{1/2} W_2 J_2\|": back}
+            folded[i] = float(evaluate_theorem(T.block_tail_variation(), **{k: np.float64(v) for k, v in values.items()}))
+        return telescoped, folded
+
+    def _output_norm_on_tighter_balls(self, M, V, N, radii, rounding) -> tuple:
+        """``M_2``, ``V_2`` of the output LayerNorm on balls of radius ``min(radii[3], r (||J_1 J_F|| + V_1 M_F +
+        N_1 V_F) + rho_3)``: the input of that LayerNorm moves by ``(y - x)`` times the mean Jacobian of the
+        first two maps on the segment, within ``V_1 M_F + N_1 V_F`` of ``J_1 J_F`` at the centre (theorem
+        local-block-tail), where the chained balls pay ``M_1 M_F``."""
+        n = V[1].shape[0]
+        front = np.array([self._token(i)["front"] for i in range(n)])
+        rate = (IntervalArray(front) + IntervalArray(np.diag(V[1])) * IntervalArray(np.diag(M[2]))
+                + IntervalArray(np.diag(N[1])) * IntervalArray(np.diag(V[2])))
+        # the float centre x_3 lies within rho_3 of the exact image of x (the roundings of two steps)
+        rho_3 = IntervalArray(rounding[3]) + IntervalArray(np.diag(M[2])) * IntervalArray(rounding[2])
+        tighter = np.minimum(radii[3], (rate * IntervalArray(radii[1]) + rho_3).hi)
+        bounds = layernorm_bounds(self.ln_2.norm, TokenBalls(self.ln_2.Z.mid, tighter), self.ln_2)
+        return bounds.blocks, bounds.variation
+
+    def variation(self, attention, M: list, V: list, N: list, radii: list, rounding: np.ndarray) -> float:
+        """``tau var_U(A) + omega Lip_U(A)`` (theorem local-attention-tail), ``attention`` a point of the
+        attention's own curve on the same U."""
+        omega = float(np.max(np.minimum(*self.omega_tokens(M, V, N, radii, rounding))))
+        return (IntervalArray(self.tau) * IntervalArray(attention.variation)
+                + IntervalArray(omega) * IntervalArray(attention.certified)).hi.item()
+
