@@ -34,8 +34,8 @@ from ..symbolic import local as T
 from .balls import TokenBalls
 from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedLayerNorm
 
-__all__ = ["LocalBounds", "attention_bounds", "layernorm_bounds", "feedforward_bounds", "remainder_weights", "simplex_box_max",
-           "attention_norms", "value_space", "evaluate_theorem", "head_movement"]
+__all__ = ["LocalBounds", "attention_bounds", "layernorm_bounds", "feedforward_bounds", "remainder_weights",
+           "simplex_box_max", "attention_norms", "value_space", "evaluate_theorem", "head_movement"]
 
 
 @final

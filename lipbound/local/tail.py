@@ -96,7 +96,8 @@ class BlockTail:
                       r"\Lambda_{11}^{1/2}": facts["full"], r"\Lambda_{1}^{1/2}": facts["mixed"],
                       r"\|\operatorname{diag}(t)^{1/2} (J_1 W_1)^\top\|": front,
                       r"\|\operatorname{diag}(t)^{1/2} W_2 J_2\|": back}
-            folded[i] = float(evaluate_theorem(T.block_tail_variation(), **{k: np.float64(v) for k, v in values.items()}))
+            values = {key: np.float64(value) for key, value in values.items()}
+            folded[i] = float(evaluate_theorem(T.block_tail_variation(), **values))
         return telescoped, folded
 
     def _output_norm_on_tighter_balls(self, M, V, N, radii, rounding) -> tuple:

@@ -27,8 +27,8 @@ from .theorems import Theorem
 
 __all__ = ["LOCAL_THEOREMS", "score_deviation", "softmax_upper", "softmax_lower", "attention_movement",
            "attention_reach", "attention_block", "attention_variation", "attention_curvature", "layernorm_lipschitz", "layernorm_movement",
-           "layernorm_variation", "feedforward_variation", "feedforward_curvature", "attention_tail", "block_tail_variation",
-           "jacobian_on_neighbourhood", "chain_variation",
+           "layernorm_variation", "feedforward_variation", "feedforward_curvature", "attention_tail",
+           "block_tail_variation", "jacobian_on_neighbourhood", "chain_variation",
            "path_certificate", "coupling_bound", "q"]
 
 
@@ -360,7 +360,8 @@ def block_tail_variation() -> Theorem:
                      "w_k the columns of W_1, r_k the rows of W_2, g = act''(h) at x_2; Lambda_11 and Lambda_1 "
                      "the bounds of local-feedforward-curvature for the form with a- and b-sides (J_1 w_k, r_k J_2) "
                      "and e-side J_1 w_k, resp. w_k; t as there, on the ball of y_2; the ball of y_3 of radius at "
-                     "most r (||J_1 J_F|| + V_1 M_F + N_1 V_F) + rho_3, rho_3 >= ||G(x) - x_3|| for G = (id + FFN) o LN_1")
+                     "most r (||J_1 J_F|| + V_1 M_F + N_1 V_F) + rho_3, rho_3 >= ||G(x) - x_3|| for "
+                     "G = (id + FFN) o LN_1")
     proof.add(Described(r"T(y) - T(x) = \Delta J_1\, J_F(y_2) J_2(y_3) + J_1(x)\, \Delta J_F\, J_2(x_3) "
                         r"+ J_1(x)\, \Delta J_F\, \Delta J_2 + J_1(x) J_F(x_2)\, \Delta J_2"),
               "telescope the product, then split J_2(y_3) = J_2(x_3) + Delta J_2", "telescoping")
