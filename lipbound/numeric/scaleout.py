@@ -158,14 +158,15 @@ def _connect(scheduler: str):
 
 def local_cluster(workers: int):
     """A :class:`dask.distributed.LocalCluster` of ``workers`` processes, one thread each, no
-    dashboard, started with :data:`BLAS_ENVIRONMENT` only: dask's default worker environment also
+    dashboard (the scheduler's HTTP endpoints on a free port: on 8787, the default, a second cluster
+    warns), started with :data:`BLAS_ENVIRONMENT` only: dask's default worker environment also
     sets ``MALLOC_TRIM_THRESHOLD_``, which turns glibc's reuse of large blocks off and costs numpy
     code full of temporaries many times the system time (measured 8x on witness searches)."""
     import dask
     from dask.distributed import LocalCluster
     with dask.config.set({"distributed.nanny.pre-spawn-environ": dict(BLAS_ENVIRONMENT)}):
         return LocalCluster(n_workers=check_jobs(workers), threads_per_worker=1, processes=True,
-                            dashboard_address=None)
+                            dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"})
 
 
 def _distributed(function, tasks, jobs, scheduler, progress) -> list:
