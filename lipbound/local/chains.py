@@ -28,7 +28,8 @@ from .balls import TokenBalls
 from .bounds import LocalBounds, attention_bounds, feedforward_bounds, layernorm_bounds
 from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedLayerNorm
 
-__all__ = ["Component", "KINDS", "chain_for", "chain_forward", "chain_jvp", "chain_vjp"]
+__all__ = ["Component", "KINDS", "chain_for", "chain_forward", "chain_jvp", "chain_vjp", "product_upper",
+           "telescoped_variation"]
 
 #: what a user can ask a local constant of
 KINDS = {"head": "one attention head", "layer": "the attention layer with its residual, X + MHA(X)",
@@ -168,3 +169,24 @@ def chain_vjp(chain: list[Component], states: list[np.ndarray], G: np.ndarray) -
     for component, X in zip(reversed(chain), reversed(states[:len(chain)])):
         G = component.vjp(X, G)
     return G
+
+
+def product_upper(*matrices: np.ndarray) -> np.ndarray:
+    """Upper bound on the product of non-negative matrices (each rounding covered)."""
+    out = matrices[0]
+    for M in matrices[1:]:
+        out = IntervalArray(out).einsum("ij,jk->ik", IntervalArray(M)).hi
+    return out
+
+
+def telescoped_variation(M: list, V: list, N: list, columns: np.ndarray) -> np.ndarray:
+    """``sum_k (M_m ... M_{k+1}) V_k (N_{k-1} ... N_1)`` for matrices of per-token block norms (theorem
+    local-chain), the first map's inputs restricted to ``columns``: an upper bound, entry by entry, on the
+    block norms of ``DF(Y) - DF(X)`` over the balls the bounds M, V hold on."""
+    n = V[0].shape[0]
+    total = np.zeros((n, columns.size))
+    for k in range(len(V)):
+        right = product_upper(*reversed(N[:k]))[:, columns] if k else np.eye(n)[:, columns]
+        left = product_upper(*reversed(M[k + 1:])) if k + 1 < len(V) else np.eye(n)
+        total = (IntervalArray(total) + IntervalArray(product_upper(left, V[k], right))).hi
+    return total

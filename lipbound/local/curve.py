@@ -49,7 +49,7 @@ from ..symbolic import local as T
 from . import grouped
 from .balls import LIPSCHITZ_NORMS, Neighbourhood, TokenBalls
 from .bounds import evaluate_theorem
-from .chains import Component, chain_for, chain_forward, chain_jvp, chain_vjp
+from .chains import Component, chain_for, chain_forward, chain_jvp, chain_vjp, product_upper, telescoped_variation
 from .curvature import CURVATURE_TOKENS, AttentionCurvature
 from .tail import BlockTail
 
@@ -140,14 +140,6 @@ def _matrix_norm(T: np.ndarray, norm: str) -> float:
         return spectral_norm_upper(T)
     sums = IntervalArray(T).sum(axis=0 if norm == "2,1" else 1).hi
     return float(np.max(sums))
-
-
-def _product(*matrices: np.ndarray) -> np.ndarray:
-    """Upper bound on the product of non-negative matrices (each rounding covered)."""
-    out = matrices[0]
-    for M in matrices[1:]:
-        out = IntervalArray(out).einsum("ij,jk->ik", IntervalArray(M)).hi
-    return out
 
 
 def _block_norms(J: Enclosure, n_in: int, n_out: int, d_in: int, d_out: int) -> np.ndarray:
@@ -265,7 +257,7 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
         first = lipschitz_curve(model, X, kind="layer", layer=layer, norm="fro", ball=ball, positions=positions,
                                 eps=eps, ascent_steps=0, seed=seed, curvature_tokens=curvature_tokens, progress=inner)
     # a block: its variation also splits at the attention's output (theorem local-attention-tail)
-    tail = BlockTail(centre.enclosed) if first is not None and norm == "fro" and len(chain) == 4 else None
+    tail = BlockTail(centre.enclosed) if first is not None and norm == "fro" and kind == "block" else None
     # a stack: its blocks' own curves, composed (theorem local-chain on the blocks)
     stack = _StackOfBlocks(model, chain, centre, X, layer, ball, positions, [h.eps for h in neighbourhoods],
                            curvature_tokens, progress) if kind == "stack" and len(chain) > 4 and norm == "fro" else None
@@ -287,12 +279,7 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
                 radii = (IntervalArray(movement) + IntervalArray(centre.rounding[k + 1])).hi
                 balls = TokenBalls(centre.points[k + 1], radii)
         columns = np.flatnonzero(moving)
-        total = np.zeros((n, columns.size))
-        for k in range(len(chain)):
-            right = _product(*reversed(N_blocks[:k]))[:, columns] if k else np.eye(n)[:, columns]
-            left = _product(*reversed(M[k + 1:])) if k + 1 < len(chain) else np.eye(n)
-            total = (IntervalArray(total) + IntervalArray(_product(left, V[k], right))).hi
-        variation = _matrix_norm(total, norm)
+        variation = _matrix_norm(telescoped_variation(M, V, N_blocks, columns), norm)
         if tail is not None and hood.eps > 0:
             variation = min(variation, tail.variation(first.points[index], M, V, N_blocks, ball_radii, centre.rounding))
         if curvature is not None:
@@ -300,7 +287,7 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
         if stack is not None:
             variation = min(variation, stack.variation[index])
         local = (IntervalArray(N_dense) + IntervalArray(variation)).hi.item()
-        crude = _matrix_norm(_product(*reversed(M))[:, columns], norm)
+        crude = _matrix_norm(product_upper(*reversed(M))[:, columns], norm)
         if stack is not None:
             crude = min(crude, stack.product[index])
         global_value = _global_constant(model, chain, layer, norm, X, hood.eps)
@@ -460,7 +447,7 @@ def _jacobian_norm(centre: _Centre, chain, moving, norm: str, estimate: float, n
     """Certified ``||DF(X)||`` restricted to the moving tokens' inputs, and how it was bounded: "dense",
     "grouped" (:mod:`lipbound.local.grouped`) or "blockwise" (products of per-token block norms)."""
     if centre.jacobian is None:
-        blocks = _product(*reversed([c.bounds(TokenBalls(p, r), e).at_center for c, p, r, e in
+        blocks = product_upper(*reversed([c.bounds(TokenBalls(p, r), e).at_center for c, p, r, e in
                                      zip(chain, centre.points, centre.rounding, centre.enclosed)]))
         bound, route = _matrix_norm(blocks[:, moving], norm), "blockwise"
         if grouped.covers(chain):

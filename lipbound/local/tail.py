@@ -27,6 +27,7 @@ from ..rigorous.linalg import spectral_norm_upper_large
 from ..symbolic import local as T
 from .balls import TokenBalls
 from .bounds import evaluate_theorem, layernorm_bounds, remainder_weights
+from .chains import telescoped_variation
 from .enclosed import feedforward_grams, trilinear_norm
 from .grouped import token_tail
 
@@ -75,14 +76,7 @@ class BlockTail:
         n = V[1].shape[0]
         M, V = list(M), list(V)
         M[3], V[3] = self._output_norm_on_tighter_balls(M, V, N, radii, rounding)
-        telescoped = np.zeros(n)
-        for k in range(1, 4):   # the telescoping sum (theorem local-chain), diagonal
-            term = IntervalArray(np.diag(V[k]))
-            for later in range(k + 1, 4):
-                term = term * IntervalArray(np.diag(M[later]))
-            for earlier in range(1, k):
-                term = term * IntervalArray(np.diag(N[earlier]))
-            telescoped = (IntervalArray(telescoped) + term).hi
+        telescoped = np.diag(telescoped_variation(M[1:], V[1:], N[1:], np.arange(n)))   # diagonal: per token
         r, r_ffn = radii[1], radii[2]
         weights = remainder_weights(self.ffn.ffn, self.ffn, r_ffn, range(n))
         folded = np.empty(n)
