@@ -26,6 +26,7 @@ from lipbound.measures.empirical import EmpiricalMeasure
 from lipbound.measures.wasserstein import w1, w1_with_plan
 from lipbound.numeric.attention import self_forward
 from lipbound.numeric.forward import attention_block, hidden_states
+from lipbound.rigorous.arrays import IntervalArray
 
 
 def central_jacobian(f, X, h=1e-6):
@@ -84,6 +85,22 @@ def test_attention_bounds_hold_on_token_balls(seed, radius, scale):
     _check_component(lambda Y: self_forward(layer, Y)[0], attention_bounds(layer, balls), balls, rng, count=12)
     head = item.heads[1]
     _check_component(lambda Y: self_forward(head, Y)[0], attention_bounds(head, balls), balls, rng, count=12)
+
+
+def test_attention_bounds_hold_when_the_scores_leave_the_float_range():
+    """Score ranges 718 wide (known ranges passed in, as the set certificates do): a lower end's exponential
+    is subnormal, and the theorems' reciprocal of it overflowed before the trivial end 0 was taken there;
+    the bounds are finite and hold."""
+    rng = np.random.default_rng(3)
+    item = local_models.layer(rng)
+    X = item.ln_in(rng.standard_normal((4, 6)))
+    balls = TokenBalls(X, 0.3 * rng.random(4))
+    layer = item.as_layer(residual=True)
+    E = EnclosedAttention(layer, X)
+    bounds = attention_bounds(layer, balls, E, scores=E.S + IntervalArray(-359.0, 359.0))
+    assert np.all(bounds.facts["p_lo"] == 0.0) and np.all(bounds.facts["p_hi"] == 1.0)
+    assert np.all(np.isfinite(bounds.movement))
+    _check_component(lambda Y: self_forward(layer, Y)[0], bounds, balls, rng, count=6)
 
 
 @settings(max_examples=6)

@@ -187,21 +187,28 @@ def head_movement(p_lo: np.ndarray, p_hi: np.ndarray, delta: np.ndarray, rho: np
     return np.minimum(moved, reach)
 
 
+#: Largest |exponent| the softmax theorems are evaluated at (see :func:`_softmax_range`).
+_EXPONENT_LIMIT = 600.0
+
+
 def _softmax_range(scores: IntervalArray, masses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(p_upper, p_lower)`` for scores anywhere in ``scores`` (theorems local-softmax-upper/lower).
 
     Upper ends: shift every row by its largest lower score, so the other tokens' sum Z^- (or the own
-    term) contains a term ``e^0`` and the denominator stays away from 0; an own exponent beyond 700
-    gives the trivial bound 1.  Lower ends: shift by the largest upper score; where the denominator's
-    enclosure reaches 0 (everything underflows) the trivial bound 0 is used.
+    term) contains a term ``e^0`` and the denominator stays away from 0; an own exponent beyond 600
+    gives the trivial bound 1.  Lower ends: shift by the largest upper score; an own exponent below -600,
+    or a denominator whose enclosure reaches 0 (everything underflows), gives the trivial bound 0.
     """
     m = IntervalArray(masses)
     ends = {}
     for side, values, others in (("upper", scores.hi, scores.lo), ("lower", scores.lo, scores.hi)):
         shift = np.max(scores.lo if side == "upper" else scores.hi, axis=-1, keepdims=True)
         exponent = IntervalArray(values) - IntervalArray(shift)
-        trivial = exponent.hi > 700.0
-        exponent = IntervalArray(np.minimum(exponent.lo, 700.0), np.minimum(exponent.hi, 700.0))
+        # beyond +-600 the exponentials (and the reciprocals the theorems take of them) leave the float
+        # range: there the trivial ends 1 (upper) and 0 (lower) lose nothing a float could show
+        trivial = exponent.hi > _EXPONENT_LIMIT if side == "upper" else exponent.lo < -_EXPONENT_LIMIT
+        exponent = IntervalArray(np.clip(exponent.lo, -_EXPONENT_LIMIT, _EXPONENT_LIMIT),
+                                 np.clip(exponent.hi, -_EXPONENT_LIMIT, _EXPONENT_LIMIT))
         rest = (IntervalArray(others) - IntervalArray(shift)).exp() * m
         Z = rest.sum(axis=-1, keepdims=True) - rest                          # sum over l != j
         Z = IntervalArray(np.maximum(Z.lo, 0.0), np.maximum(Z.hi, 0.0))
@@ -214,7 +221,7 @@ def _softmax_range(scores: IntervalArray, masses: np.ndarray) -> tuple[np.ndarra
         if side == "upper":
             ends[side] = np.where(trivial | undefined, 1.0, np.minimum(result.hi, 1.0))
         else:
-            ends[side] = np.where(undefined, 0.0, np.maximum(result.lo, 0.0))
+            ends[side] = np.where(trivial | undefined, 0.0, np.maximum(result.lo, 0.0))
     return ends["upper"], ends["lower"]
 
 
