@@ -24,9 +24,9 @@ eps -> 0 the value tends to ``||DF(X)||``; for large eps it meets the global con
 The witness is a point Y of ``U(X, eps)`` itself (not of its enclosure) and the Jacobian norm there:
 power iteration (JVP/VJP) for the Frobenius norm, the column or row maximisation of a dense float
 Jacobian for the mixed norms, improved by a few projected ascent steps whose gradient is the
-symmetric difference of VJPs along the top singular direction, from X and from the best of a few
-random points of U; the neighbourhoods are nested, so the best point of a smaller eps counts for
-the larger ones.  The same ascent on
+symmetric difference of VJPs along the top singular direction, from X and (the Jacobian norm) from
+the best of a few random points of U; the neighbourhoods are nested, so the best point of a smaller
+eps counts for the larger ones.  The same ascent on
 ``||DF(Y) - DF(X)||`` witnesses the variation term: ``variation_witness <= sup_U ||DF(Y) - DF(X)|| <=
 variation``, so each point shows how much of its gap is the variation bound and how much the
 triangle inequality ``||DF(Y)|| <= ||DF(X)|| + ||DF(Y) - DF(X)||`` itself.
@@ -229,6 +229,14 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
         Called with ``(done, total, what)`` after each eps (``what`` "radii") and, for inputs too long for
         the dense Jacobian, after each block of ``DF(X)`` (``"blocks of DF(X)"``).
     """
+    return _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent_steps, seed, curvature_tokens,
+                  progress)
+
+
+def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent_steps, seed, curvature_tokens,
+           progress, attention=None) -> LipschitzCurve:
+    """:func:`lipschitz_curve`; ``attention`` is the first layer's attention curve on the same neighbourhoods
+    when the caller has it (a stack hands its own to its first block)."""
     norm = _check_norm(norm)
     X = np.asarray(X, dtype=np.float64)
     chain = chain_for(model, kind, layer, head, last)
@@ -251,10 +259,9 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
     curvature = _CurvatureRoute.of(chain, centre, X, neighbourhoods, curvature_tokens) if norm == "fro" else None
     # a block or stack starts with an attention layer: on U its outputs lie in a Frobenius ball of radius
     # Lip_U(attention) ||Y - X||_F, which caps every token's movement (the token balls alone add up
-    # every token's worst case; the split curvature bound, cheaper than the Gram route, is enough for a cap;
-    # only its certified values are used, so it searches no witness inside U)
-    first = None
-    if len(chain) > 1 and any(hood.eps > 0 for hood in neighbourhoods):
+    # every token's worst case; only its certified values are used, so it searches no witness inside U)
+    first = attention
+    if first is None and len(chain) > 1 and any(hood.eps > 0 for hood in neighbourhoods):
         inner = None if progress is None else lambda done, total, what: progress(done, total, f"{what} (attention alone)")
         first = lipschitz_curve(model, X, kind="layer", layer=layer, norm="fro", ball=ball, positions=positions,
                                 eps=eps, ascent_steps=0, seed=seed, curvature_tokens=curvature_tokens, progress=inner)
@@ -262,7 +269,7 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
     tail = BlockTail(centre.enclosed) if first is not None and norm == "fro" and kind == "block" else None
     # a stack: its blocks' own curves, composed (theorem local-chain on the blocks)
     stack = _StackOfBlocks(model, chain, centre, X, layer, ball, positions, [h.eps for h in neighbourhoods],
-                           curvature_tokens, progress) if kind == "stack" and len(chain) > 4 and norm == "fro" else None
+                           curvature_tokens, progress, first) if kind == "stack" and len(chain) > 4 and norm == "fro" else None
     # smallest eps first: U(X, eps) grows with eps, so what was found in a smaller one is a witness in it too
     order = sorted(range(len(neighbourhoods)), key=lambda i: neighbourhoods[i].eps)
     points, witness, change = [None] * len(neighbourhoods), 0.0, 0.0
@@ -334,14 +341,14 @@ class _StackOfBlocks:
     """
 
     def __init__(self, model, chain, centre: _Centre, X, first: int, ball: str, positions, eps: list, tokens: int,
-                 progress):
+                 progress, attention: LipschitzCurve):
         def report(l):
             return None if progress is None else \
                 lambda done, total, what: progress(done, total, f"{what} (block {first + l} of the stack)")
 
         blocks = len(chain) // 4
-        curve = lipschitz_curve(model, X, kind="block", layer=first, ball=ball, positions=positions, eps=list(eps),
-                                ascent_steps=0, curvature_tokens=tokens, progress=report(0))
+        curve = _curve(model, X, "block", first, None, None, "fro", ball, positions, list(eps), 0, 0, tokens,
+                       report(0), attention)   # the stack's own attention curve: the same neighbourhoods
         L, V, N = [[p.certified for p in curve.points]], [[p.variation for p in curve.points]], [curve.jacobian_norm]
         rho = [(IntervalArray(p.certified) * _frobenius_factor(Neighbourhood(ball, e, tuple(positions)), X.shape[0])
                 * IntervalArray(e)).hi.item() for p, e in zip(curve.points, eps)]
@@ -580,7 +587,7 @@ def _project(X: np.ndarray, Y: np.ndarray, hood: Neighbourhood, moving: np.ndarr
 SCREENED_STARTS = 16
 
 
-def _screened_start(chain, X, hood, moving, seed, reference=None):
+def _screened_start(chain, X, hood, moving, seed):
     """The best of :data:`SCREENED_STARTS` random points on U's boundary by a short power iteration (even
     draws move every moving token, odd ones a single token: the corners of the (2,1) ball):
     ``(sigma, Y, E)``."""
@@ -592,7 +599,7 @@ def _screened_start(chain, X, hood, moving, seed, reference=None):
         offset /= np.linalg.norm(offset, axis=1, keepdims=True)
         mask = moving if k % 2 == 0 else np.isin(np.arange(X.shape[0]), rng.choice(columns, 1))
         Y = _project(X, X + offset * mask[:, None] * (2 * hood.eps), hood, moving)  # on the boundary
-        sigma, E, _ = _top_singular(chain, Y, moving, None, seed + k, steps=8, reference=reference)
+        sigma, E, _ = _top_singular(chain, Y, moving, None, seed + k, steps=8)
         if sigma > best[0]:
             best = (sigma, Y, E)
     return best
@@ -602,9 +609,10 @@ def _ascent(chain, X, hood, moving, norm, at_x, direction, steps, seed, change: 
     """The largest Jacobian norm found in ``U(X, eps)`` (X itself, then projected ascent), or with ``change``
     the largest ``||DF(Y) - DF(X)||``.  The gradient of ``<G, DF(Y) E>`` in Y (the same for the change:
     ``DF(X)`` is constant) is the symmetric difference of VJPs along E; at X the change is 0, so its
-    first step follows the Jacobian's own top direction.  A second climb starts from the best of a few
-    random points of U (:func:`_screened_start`): from X the climb stays near X's own maximum (on the
-    shortest sentence's attention layer at 0.3 R: 7.83 from X, 25.7 from the screened point)."""
+    first step follows the Jacobian's own top direction.  For the Jacobian norm a second climb starts from
+    the best of a few random points of U (:func:`_screened_start`): from X the climb stays near X's own
+    maximum (on the shortest sentence's attention layer at 0.3 R: 7.83 from X, 25.7 from the screened
+    point)."""
     best = at_x
     if hood.eps == 0 or steps == 0:
         return best
@@ -637,5 +645,7 @@ def _ascent(chain, X, hood, moving, norm, at_x, direction, steps, seed, change: 
         return found
 
     best = max(best, climb(X.copy(), direction, True))
-    _, Y, E = _screened_start(chain, X, hood, moving, seed, reference)
+    if change:  # (the change's witness only shows where a gap comes from: one climb is enough there)
+        return best
+    _, Y, E = _screened_start(chain, X, hood, moving, seed)
     return max(best, value(Y, E), climb(Y, E, False))
