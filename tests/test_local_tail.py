@@ -248,3 +248,23 @@ def test_folding_the_layernorms_tightens_the_tail_on_real_weights():
     *_, tail, setting = _tail_setting(bert.model, X, eps)
     telescoped, folded = tail.omega_tokens(*setting)
     assert np.all(2 * folded < telescoped)
+
+
+def test_whole_layer_and_stack_curves_end_at_their_global_constants():
+    """A whole layer's or a stack's global constant is the product of its components' (the first attention on
+    the ball about the LayerNorm bias that holds U, the next one on the image of the LayerNorm before it, the
+    LayerNorms and feed-forward blocks on all of R^d): finite, above the Jacobian norms at random points of
+    U, above the local bound at a small eps, and the certified value where the local bounds outgrow it."""
+    generated = local_models.model(seed=3, layers=2)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    rng = np.random.default_rng(4)
+    moving = np.ones(X.shape[0], dtype=bool)
+    for kind, last in (("block", None), ("stack", 1)):
+        small, large = lipschitz_curve(generated, X, kind=kind, layer=0, last=last, eps=[1e-3, 1.0],
+                                       ascent_steps=1).points
+        assert np.isfinite(large.global_constant) and large.certified == large.global_constant < large.local
+        assert small.certified == small.local < small.global_constant
+        chain = chain_for(generated, kind, 0, last=last)
+        for _ in range(10):
+            E = rng.standard_normal(X.shape)
+            assert _top_singular(chain, X + E / np.linalg.norm(E), moving, None, 0)[0] <= large.global_constant

@@ -42,7 +42,8 @@ import numpy as np
 
 from ..errors import AssumptionError, NotCertifiedError
 from ..numeric.certify import head_constant, layer_constant
-from ..numeric.domains import TokenBall
+from ..numeric.blocks.norms import norm_constant
+from ..numeric.domains import LayerNormOutputs, TokenBall
 from ..numeric.model import Model
 from ..rigorous.arrays import IntervalArray
 from ..rigorous.intervals import Verdict, certify_le, interval
@@ -50,7 +51,7 @@ from ..rigorous.linalg import Enclosure, spectral_norm_upper, spectral_norm_uppe
 from ..symbolic import local as T
 from . import grouped
 from .balls import LIPSCHITZ_NORMS, Neighbourhood, TokenBalls
-from .bounds import evaluate_theorem
+from .bounds import evaluate_theorem, feedforward_global
 from .chains import Component, chain_for, chain_forward, chain_jvp, chain_vjp, product_upper, telescoped_variation
 from .curvature import CURVATURE_TOKENS, AttentionCurvature
 from .tail import BlockTail
@@ -177,25 +178,38 @@ class _Centre:
 
 
 def _global_constant(model: Model, chain: list[Component], layer: int, norm: str, X: np.ndarray, eps: float) -> float:
-    """The certified global constant of a head or an attention layer on a ball of token domains that holds
-    every point of ``U(X, eps)``; inf for other chains and for eps = 0 (U is X alone).
+    """The certified global constant of the chain on a set that holds every point of ``U(X, eps)``: for a
+    head or an attention layer its constant there, for whole layers and stacks the product of their
+    components' constants; inf for eps = 0 (U is X alone) and where a factor is not certified.
 
     The LayerNorm image does not hold U: its points leave the image's hyperplane ``sum_k (y_k - beta_k) /
     gamma_k = 0`` at once.  Every token of U moves by at most eps in each of its norms, so every token lies
     in the ball about the LayerNorm bias beta (the origin without a LayerNorm) of radius
-    ``max_i ||x_i - beta|| + eps``, on which the constant is taken."""
-    if len(chain) != 1 or chain[0].kind not in ("head", "attention") or eps == 0:
+    ``max_i ||x_i - beta|| + eps``, on which the first attention's constant is taken; a later attention
+    takes its constant on the image of the LayerNorm before it (its inputs are that LayerNorm's outputs),
+    and the LayerNorms and feed-forward blocks, token by token, theirs on all of R^d."""
+    if eps == 0:
         return math.inf
     feeding = model.layer(layer).ln_in
     center = np.zeros(X.shape[1]) if feeding is None else feeding.beta
     farthest = float(np.max((IntervalArray(X) - IntervalArray(center)).norm_upper()))
-    domain = TokenBall((IntervalArray(farthest) + IntervalArray(eps)).hi.item(), center)
     n = X.shape[0]
-    if chain[0].kind == "head":
-        value = head_constant(chain[0].target, norm, domain, n)
-    else:
-        value = layer_constant(chain[0].target, norm, domain, n, residual=True)
-    return value.value if value.certified else math.inf
+    product = IntervalArray(1.0)
+    for k, component in enumerate(chain):
+        if component.kind in ("head", "attention"):
+            domain = TokenBall((IntervalArray(farthest) + IntervalArray(eps)).hi.item(), center) if k == 0 \
+                else LayerNormOutputs(chain[k - 1].target)
+            found = head_constant(component.target, norm, domain, n) if component.kind == "head" \
+                else layer_constant(component.target, norm, domain, n, residual=True)
+        elif component.kind == "layernorm":
+            found = norm_constant(component.target, norm_key=norm)
+        else:   # (per token, so the same in the three norms)
+            found = None
+        value = feedforward_global(component.target) if found is None else found.value if found.certified else math.inf
+        if not math.isfinite(value):
+            return math.inf
+        product = product * IntervalArray(value)
+    return product.hi.item()
 
 
 def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: int = 0, head: int | None = None,
