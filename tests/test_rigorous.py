@@ -21,7 +21,7 @@ from mpmath import iv, mp
 
 from lipbound.errors import AssumptionError, NotCertifiedError, WeightsError
 from lipbound.rigorous.compiler import compile_interval
-from lipbound.rigorous.intervals import Verdict, certify_le, interval, lower, upper
+from lipbound.rigorous.intervals import Verdict, certify_le, interval, lower, upper, upper_product
 from lipbound.rigorous.linalg import (Enclosure, is_psd_certified, product_norm_interval, product_norm_upper,
                                       spectral_norm_lower, spectral_norm_upper, vector_norm_lower,
                                       vector_norm_upper)
@@ -369,6 +369,16 @@ def test_interval_conversions_round_outward():
     assert interval((1, 2)).a == 1 and interval(sp.Rational(1, 3)).b >= third.b
     with pytest.raises(AssumptionError, match="lo <= hi"):
         interval((2, 1))
+
+
+def test_upper_product_rounds_up_every_factor_and_the_product():
+    factors = (0.1, 0.2, 0.3, 1e-3, 7.0 / 3.0)
+    with mp.workdps(60):   # the floats' product, exactly
+        exact = mp.mpf(1)
+        for value in factors:
+            exact *= mp.mpf(value)
+        assert exact <= mp.mpf(upper_product(*factors)) <= exact * (1 + mp.mpf(1e-15))
+    assert upper_product() == 1.0 and upper_product(3.0, 1e300, 1e10) == math.inf
 
 
 def test_importing_lipbound_changes_no_process_wide_precision():

@@ -46,7 +46,7 @@ from ..numeric.blocks.norms import norm_constant
 from ..numeric.domains import LayerNormOutputs, TokenBall
 from ..numeric.model import Model
 from ..rigorous.arrays import IntervalArray
-from ..rigorous.intervals import Verdict, certify_le, interval
+from ..rigorous.intervals import Verdict, certify_le, interval, upper_product
 from ..rigorous.linalg import Enclosure, spectral_norm_upper, spectral_norm_upper_large
 from ..symbolic import local as T
 from . import grouped
@@ -194,7 +194,7 @@ def _global_constant(model: Model, chain: list[Component], layer: int, norm: str
     center = np.zeros(X.shape[1]) if feeding is None else feeding.beta
     farthest = float(np.max((IntervalArray(X) - IntervalArray(center)).norm_upper()))
     n = X.shape[0]
-    product = IntervalArray(1.0)
+    factors = []
     for k, component in enumerate(chain):
         if component.kind in ("head", "attention"):
             domain = TokenBall((IntervalArray(farthest) + IntervalArray(eps)).hi.item(), center) if k == 0 \
@@ -208,8 +208,8 @@ def _global_constant(model: Model, chain: list[Component], layer: int, norm: str
         value = feedforward_global(component.target) if found is None else found.value if found.certified else math.inf
         if not math.isfinite(value):
             return math.inf
-        product = product * IntervalArray(value)
-    return product.hi.item()
+        factors.append(value)
+    return upper_product(*factors)
 
 
 def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: int = 0, head: int | None = None,
@@ -384,10 +384,7 @@ class _StackOfBlocks:
             finite = all(math.isfinite(v) for v in values.values())
             self.variation.append(float(evaluate_theorem(theorem, **{key: np.float64(v) for key, v in values.items()}))
                                   if finite else math.inf)
-            product = IntervalArray(1.0)
-            for l in range(blocks):
-                product = product * IntervalArray(L[l][k])
-            self.product.append(product.hi.item())
+            self.product.append(upper_product(*(L[l][k] for l in range(blocks))))
 
 
 def _rounding_reach(components, centre: _Centre, start: int) -> float:

@@ -23,8 +23,8 @@ from mpmath.ctx_iv import MPIntervalContext
 
 from ..errors import AssumptionError, NotCertifiedError
 
-__all__ = ["IV", "Verdict", "interval", "point", "hull", "lower", "upper", "certify_le", "precision",
-           "is_interval"]
+__all__ = ["IV", "Verdict", "interval", "point", "hull", "lower", "upper", "upper_product", "certify_le",
+           "precision", "is_interval"]
 
 #: The interval context of lipbound (outward rounding; 53 bits unless raised by :func:`precision`).
 IV = MPIntervalContext()
@@ -120,6 +120,15 @@ def _to_float(raw, upward: bool) -> float:
 def upper(x) -> float:
     """The upper end of ``interval(x)`` as a float rounded up."""
     return _to_float(_raw(interval(x))[1], upward=True)
+
+
+def upper_product(*values) -> float:
+    """An upper bound, rounded up, on the product of the arguments (the Lipschitz constant of a composition
+    from its factors'); 1 for none."""
+    total = interval(1.0)
+    for value in values:
+        total = total * interval(value)
+    return upper(total)
 
 
 def lower(x) -> float:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ...rigorous.intervals import interval, upper
+from ...rigorous.intervals import interval, upper, upper_product
 
 __all__ = ["WholeReport", "LOOSE_GAP"]
 
@@ -30,15 +30,8 @@ __all__ = ["WholeReport", "LOOSE_GAP"]
 LOOSE_GAP = 1e3
 
 
-def _product(*values) -> float:
-    total = interval(1.0)
-    for value in values:
-        total = total * interval(value)
-    return upper(total)
-
-
 def _plus_one_times(*values) -> float:
-    return upper(interval(1.0) + interval(_product(*values)))
+    return upper(interval(1.0) + interval(upper_product(*values)))
 
 
 def _best(upper_list) -> dict:
@@ -138,8 +131,8 @@ class WholeReport:
                              ffn["residual_witness"]))
             factors = [_shares(R_A, attention=R_A), _shares(R_F, ffn=R_F),
                        _shares(norm["ln_out"], norm=norm["ln_out"]), _shares(norm["ffn_norm"], norm=norm["ffn_norm"])]
-            best = _product(norm["ln_out"], R_A, norm["ffn_norm"], R_F)
-            naive = _product(norm["ln_out"], _plus_one_times(T_A), norm["ffn_norm"], _plus_one_times(T_F))
+            best = upper_product(norm["ln_out"], R_A, norm["ffn_norm"], R_F)
+            naive = upper_product(norm["ln_out"], _plus_one_times(T_A), norm["ffn_norm"], _plus_one_times(T_F))
             cross = None
         else:
             R_A = _plus_one_times(L_A, norm["ln_in"])
@@ -167,7 +160,7 @@ class WholeReport:
                 certified = certified and all(r["certified"] for r in rows[-3:])
                 cross = {"R_A": R_A, "R_Q": R_Q, "R_F": R_F, "L_C": _best(context["upper"])["value"],
                          "naive": naive_factors, "T_C": context["upper"][0]["value"]}
-            best, naive = _product(*best_factors), _product(*naive_factors)
+            best, naive = upper_product(*best_factors), upper_product(*naive_factors)
         logs = {key: sum(part.get(key, 0.0) for part in factors) for key in ("attention", "ffn", "norm")}
         dominant = max(logs, key=logs.get)
         layer_row = _row(block, index, "layer", f"{layer.placement}-LN layer, {dominant} dominates",
@@ -184,8 +177,8 @@ class WholeReport:
         certified = all(layer["certified"] for layer in layers) and (final is None or final["upper"][0]["certified"])
         output = f"the last hidden state of the {block}" + (" (after its final LayerNorm)" if final else "")
         stream = done.get(("model", block, -1, "stream"))
-        value = _product(*(layer["best"] for layer in layers), L_final)
-        naive = _product(*(layer["naive"] for layer in layers), L_final)
+        value = upper_product(*(layer["best"] for layer in layers), L_final)
+        naive = upper_product(*(layer["naive"] for layer in layers), L_final)
         factors = [_shares(L_final, norm=L_final)] + [part for layer in layers for part in layer["factors"]]
         eps = sorted({r["eps"] for key, r in done.items() if key[0] == "norm" and key[1] == block})
         what = "decoder input" if block == "decoder" else f"input of the first {block} layer"
@@ -197,13 +190,13 @@ class WholeReport:
             K = K_naive = 0.0
             for layer in layers:
                 c = layer["cross"]
-                K = _product(c["R_F"], upper(interval(_product(c["R_Q"], c["R_A"], K)) + interval(c["L_C"])))
+                K = upper_product(c["R_F"], upper(interval(upper_product(c["R_Q"], c["R_A"], K)) + interval(c["L_C"])))
                 naive_f = c["naive"]
-                K_naive = _product(naive_f[2], upper(interval(_product(naive_f[1], naive_f[0], K_naive))
+                K_naive = upper_product(naive_f[2], upper(interval(upper_product(naive_f[1], naive_f[0], K_naive))
                                                      + interval(c["T_C"])))
             self.model_bounds.append(self._bound(
-                block, "context", _product(K, L_final), certified, "the encoder output (the context; decoder input "
-                "fixed)", output, _product(K_naive, L_final), context["witness"] if context else None, factors, eps))
+                block, "context", upper_product(K, L_final), certified, "the encoder output (the context; decoder input "
+                "fixed)", output, upper_product(K_naive, L_final), context["witness"] if context else None, factors, eps))
 
     def _bound(self, block, argument, value, certified, source, output, naive, witness, factors, eps) -> dict:
         gap = value / witness if witness else math.inf
