@@ -238,16 +238,41 @@ def test_block_tail_bounds_hold_per_token(seed, eps):
         assert worst <= telescoped[i] * (1 + 1e-6) + 1e-7
 
 
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), eps=st.sampled_from([1e-3, 3e-2, 0.3]))
+def test_feedforward_change_behind_the_layernorm_holds(seed, eps):
+    """``K >= sup ||J_1(x) (J_F(y_2) - J_F(x_2))||`` (theorem local-feedforward-front, or ``N_1 V_F``) against the
+    float Jacobians at points y of the token's ball after the attention, y_2 = LN_1(y)."""
+    generated = local_models.model(seed=seed % 50, layers=1)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    chain, centre, tail, (M, V, N, radii, rounding) = _tail_setting(generated, X, eps)
+    change, _ = tail.front_change(V, N, radii, rounding)
+    item, rng, h = generated.layer(0), np.random.default_rng(seed), 1e-6
+    for i in range(X.shape[0]):
+        x = centre.points[1][i]
+        J_1 = np.stack([(item.ln_out(x + h * e) - item.ln_out(x - h * e)) / (2 * h) for e in np.eye(x.size)])
+        at_centre = _ffn_jacobian(item.ffn, item.ln_out(x))
+        for _ in range(12):
+            e = rng.standard_normal(x.size)
+            y = x + radii[1][i] * e / np.linalg.norm(e) * (1.0 if rng.random() < 0.7 else rng.random())
+            moved = J_1 @ (_ffn_jacobian(item.ffn, item.ln_out(y)) - at_centre)
+            assert np.linalg.norm(moved, 2) <= change[i] * (1 + 1e-6) + 1e-7
+
+
 def test_folding_the_layernorms_tightens_the_tail_on_real_weights():
     """On the first block of all-MiniLM-L6-v2 at 1e-6 of the LayerNorm radius (token balls without the attention's
     cap), folding the LayerNorms' Jacobians into the feed-forward block's second derivative at least halves every
-    token's bound."""
+    token's bound, and the change of the feed-forward Jacobian seen through the first LayerNorm."""
     bert = load_text_model()
     X = bert.hidden_states(bert.encode("The cat slept all afternoon."))[0][:4]   # four tokens keep it short
     eps = 1e-6 * bert.layernorm_feeding(0).radius_about_center
     *_, tail, setting = _tail_setting(bert.model, X, eps)
     telescoped, folded = tail.omega_tokens(*setting)
     assert np.all(2 * folded < telescoped)
+    # the first LayerNorm folded into the change of the feed-forward Jacobian: at least halves N_1 V_F
+    M, V, N, radii, rounding = setting
+    change, _ = tail.front_change(V, N, radii, rounding)
+    assert np.all(2 * change < np.diag(N[1]) * np.diag(V[2]))
 
 
 def test_whole_layer_and_stack_curves_end_at_their_global_constants():

@@ -51,20 +51,24 @@ class BlockTail:
         self._folded = {}
 
     def _token(self, i: int) -> dict:
-        """Radius-free facts of token i: the folded weights ``J_1 W_1`` and ``W_2 J_2``, the two second-derivative
-        bounds (e-side folded or not) and ``||J_1 J_F||``, all certified, computed once."""
+        """Radius-free facts of token i: the folded weights ``J_1 W_1`` and ``W_2 J_2``, the second-derivative
+        bounds (e-side folded or not; b-side ``r_k J_2`` or ``r_k``) and ``||J_1 J_F||``, all certified, computed
+        once."""
         if i not in self._folded:
             ffn = self.ffn.ffn
             J_1, J_2 = self.ln_1.jacobian_block(i), self.ln_2.jacobian_block(i)
             A = J_1.matmul(ffn.W_1)                                                    # (d, d_ff): columns J_1 w_k
             B = IntervalArray(ffn.W_2).bmm(J_2)                                        # (d_ff, d): rows r_k J_2
             a_gram, b_gram = A.swapaxes(0, 1).bmm(A), B.bmm(B.swapaxes(0, 1))
-            plain = feedforward_grams(ffn)[0]                                          # W_1^T W_1
+            plain, plain_b = feedforward_grams(ffn)                                   # W_1^T W_1, W_2 W_2^T
+            W_2 = IntervalArray(ffn.W_2)
             g = self.ffn.curvature[i]
             self._folded[i] = {
                 "A": A, "B": B,
                 "full": trilinear_norm(g, A, B, a_gram, a_gram, b_gram),
                 "mixed": trilinear_norm(g, A, B, plain, a_gram, b_gram),
+                "front full": trilinear_norm(g, A, W_2, a_gram, a_gram, plain_b),     # b-side r_k: J_1 Delta J_F
+                "front mixed": trilinear_norm(g, A, W_2, plain, a_gram, plain_b),
                 "front": spectral_norm_upper_large(J_1.einsum("ab,bc->ac", self.ffn.jacobian_block(i)).to_enclosure())}
         return self._folded[i]
 
@@ -75,34 +79,58 @@ class BlockTail:
         the rounding radii of the chain's float centres (one array per map's input)."""
         n = V[1].shape[0]
         M, V = list(M), list(V)
-        M[3], V[3] = self._output_norm_on_tighter_balls(M, V, N, radii, rounding)
+        r = radii[1]
+        change, splits = self.front_change(V, N, radii, rounding)      # K of the theorems, per token
+        M[3], V[3] = self._output_norm_on_tighter_balls(M, V, radii, rounding, change)
         telescoped = np.diag(telescoped_variation(M[1:], V[1:], N[1:], np.arange(n)))   # diagonal: per token
-        r, r_ffn = radii[1], radii[2]
-        weights = remainder_weights(self.ffn.ffn, self.ffn, r_ffn, range(n))
         folded = np.empty(n)
         for i in range(n):
             facts = self._token(i)
-            root = IntervalArray(weights[i]).sqrt()
-            front = spectral_norm_upper_large((facts["A"].swapaxes(0, 1) * root.expand(-1)).to_enclosure())
-            back = spectral_norm_upper_large((facts["B"] * root.expand(-1)).to_enclosure())
-            values = {"V_1": V[1][i, i], "V_F": V[2][i, i], "V_2": V[3][i, i], "M_F": M[2][i, i], "M_2": M[3][i, i],
-                      "N_1": N[1][i, i], r"\|J_1 J_F\|": facts["front"], "r": r[i], r"\rho": rounding[2][i],
+            values = {"V_1": V[1][i, i], "V_2": V[3][i, i], "M_F": M[2][i, i], "M_2": M[3][i, i],
+                      r"\sup \|J_1 \Delta J_F\|": change[i], r"\|J_1 J_F\|": facts["front"], "r": r[i],
+                      r"\rho": rounding[2][i],
                       r"\Lambda_{11}^{1/2}": facts["full"], r"\Lambda_{1}^{1/2}": facts["mixed"],
-                      r"\|\operatorname{diag}(t)^{1/2} (J_1 W_1)^\top\|": front,
-                      r"\|\operatorname{diag}(t)^{1/2} W_2 J_2\|": back}
+                      r"\|\operatorname{diag}(t)^{1/2} (J_1 W_1)^\top\|": splits[i][0],
+                      r"\|\operatorname{diag}(t)^{1/2} W_2 J_2\|": splits[i][1]}
             values = {key: np.float64(value) for key, value in values.items()}
             folded[i] = float(evaluate_theorem(T.block_tail_variation(), **values))
         return telescoped, folded
 
-    def _output_norm_on_tighter_balls(self, M, V, N, radii, rounding) -> tuple:
+    def _remainder_split(self, i: int, weights: np.ndarray) -> tuple:
+        """``(||diag(t)^(1/2) (J_1 W_1)^T||, ||diag(t)^(1/2) W_2 J_2||, ||diag(t)^(1/2) W_2||)`` of token i."""
+        facts = self._token(i)
+        root = IntervalArray(weights).sqrt()
+        return tuple(spectral_norm_upper_large(M.to_enclosure()) for M in (
+            facts["A"].swapaxes(0, 1) * root.expand(-1), facts["B"] * root.expand(-1),
+            IntervalArray(self.ffn.ffn.W_2) * root.expand(-1)))
+
+    def front_change(self, V: list, N: list, radii: list, rounding: list) -> tuple:
+        """Per token, ``K >= sup ||J_1(x) (J_F(y_2) - J_F(x_2))||`` on the balls of ``omega_tokens``: the smaller of
+        ``N_1 V_F`` and the folded form (theorem local-feedforward-front); and the remainder's split norms
+        (:meth:`_remainder_split`) per token."""
+        n, r = V[1].shape[0], radii[1]
+        weights = remainder_weights(self.ffn.ffn, self.ffn, radii[2], range(n))
+        splits = [self._remainder_split(i, weights[i]) for i in range(n)]
+        out = (IntervalArray(np.diag(N[1])) * IntervalArray(np.diag(V[2]))).hi
+        for i in range(n):
+            facts = self._token(i)
+            values = {"V_1": V[1][i, i], "r": r[i], r"\rho": rounding[2][i],
+                      r"\Lambda_{10}^{1/2}": facts["front full"], r"\Lambda_{00}^{1/2}": facts["front mixed"],
+                      r"\|\operatorname{diag}(t)^{1/2} (J_1 W_1)^\top\|": splits[i][0],
+                      r"\|\operatorname{diag}(t)^{1/2} W_2\|": splits[i][2]}
+            values = {key: np.float64(value) for key, value in values.items()}
+            out[i] = min(out[i], float(evaluate_theorem(T.feedforward_front_variation(), **values)))
+        return out, splits
+
+    def _output_norm_on_tighter_balls(self, M, V, radii, rounding, front_variation) -> tuple:
         """``M_2``, ``V_2`` of the output LayerNorm on balls of radius ``min(radii[3], r (||J_1 J_F|| + V_1 M_F +
-        N_1 V_F) + rho_3)``: the input of that LayerNorm moves by ``(y - x)`` times the mean Jacobian of the
-        first two maps on the segment, within ``V_1 M_F + N_1 V_F`` of ``J_1 J_F`` at the centre (theorem
-        local-block-tail), where the chained balls pay ``M_1 M_F``."""
+        K) + rho_3)``: the input of that LayerNorm moves by ``(y - x)`` times the mean Jacobian of the first two
+        maps on the segment, within ``V_1 M_F + K`` of ``J_1 J_F`` at the centre (theorem local-block-tail,
+        ``K`` from :meth:`front_change`), where the chained balls pay ``M_1 M_F``."""
         n = V[1].shape[0]
         front = np.array([self._token(i)["front"] for i in range(n)])
         rate = (IntervalArray(front) + IntervalArray(np.diag(V[1])) * IntervalArray(np.diag(M[2]))
-                + IntervalArray(np.diag(N[1])) * IntervalArray(np.diag(V[2])))
+                + IntervalArray(front_variation))
         # the float centre x_3 lies within rho_3 of the exact image of x (the roundings of two steps)
         rho_3 = IntervalArray(rounding[3]) + IntervalArray(np.diag(M[2])) * IntervalArray(rounding[2])
         tighter = np.minimum(radii[3], (rate * IntervalArray(radii[1]) + rho_3).hi)

@@ -27,7 +27,8 @@ from .theorems import Theorem
 
 __all__ = ["LOCAL_THEOREMS", "score_deviation", "softmax_upper", "softmax_lower", "attention_movement",
            "attention_reach", "attention_block", "attention_variation", "attention_curvature", "layernorm_lipschitz", "layernorm_movement",
-           "layernorm_variation", "feedforward_variation", "feedforward_curvature", "attention_tail",
+           "layernorm_variation", "feedforward_variation", "feedforward_curvature", "feedforward_front_variation",
+           "attention_tail",
            "block_tail_variation", "jacobian_on_neighbourhood", "chain_variation",
            "path_certificate", "coupling_bound", "q"]
 
@@ -344,33 +345,60 @@ def attention_tail() -> Theorem:
 
 
 @functools.lru_cache(maxsize=None)
+def feedforward_front_variation() -> Theorem:
+    """``sup ||J_1(x) (J_F(y_2) - J_F(x_2))||`` with the first LayerNorm's Jacobian at the centre folded into the
+    feed-forward block's second derivative."""
+    V1, r, rho = q("V_1"), q("r"), q(r"\rho")
+    full, mixed = q(r"\Lambda_{10}^{1/2}"), q(r"\Lambda_{00}^{1/2}")
+    a, b = q(r"\|\operatorname{diag}(t)^{1/2} (J_1 W_1)^\top\|"), q(r"\|\operatorname{diag}(t)^{1/2} W_2\|")
+    statement = r * full + (r * V1 + rho) * mixed + a * b
+    proof = Derivation("Variation of the feed-forward Jacobian seen through the LayerNorm before it")
+    proof.hypothesis("y_2 = LN_1(y), x_2 within rho of LN_1(x), ||y - x|| <= r, V_1 the variation of J_1 on the ball "
+                     "of y; w_k the columns of W_1, r_k the rows of W_2, g = act''(h) at x_2, t as in "
+                     "local-feedforward-curvature on the ball of y_2; Lambda_10 and Lambda_00 the bounds of "
+                     "local-feedforward-curvature for the form with a-side J_1 w_k, b-side r_k and e-side J_1 w_k, "
+                     "resp. w_k")
+    proof.add(Described(r"J_1(x) (J_F(y_2) - J_F(x_2)) = \textstyle\sum_k (e \cdot w_k)(g_k + \Delta_k)\, "
+                        r"(J_1(x) w_k)\, r_k,\ e = y_2 - x_2"),
+              "the change of the slopes (local-feedforward-curvature), J_1(x) taken into the columns", "norm-calculus")
+    proof.add(Described(r"e = (y - x) J_1(x) + (y - x)(\bar J_1 - J_1(x)) + (LN_1(x) - x_2),\ "
+                        r"\|\bar J_1 - J_1(x)\| \le V_1"),
+              "mean value theorem for LN_1 (the mean Jacobian on the segment)", "mean-value")
+    proof.add(le(Described(r"\sup \|J_1(x) (J_F(y_2) - J_F(x_2))\|"), statement),
+              "the second derivative's bound with e-side J_1 w_k for the first part of e and w_k for the rest; "
+              "|Delta_k (e w_k)| <= t_k, then as in local-feedforward-variation", "submultiplicative")
+    return Theorem("local-feedforward-front", "Variation of the feed-forward Jacobian behind a LayerNorm",
+                   statement, proof)
+
+
+@functools.lru_cache(maxsize=None)
 def block_tail_variation() -> Theorem:
     """``sup ||T(y) - T(x)||`` for ``T = J_1 J_F J_2`` (LayerNorm, feed-forward block, LayerNorm) on a ball,
     with both LayerNorms' Jacobians at the centre folded into the feed-forward block's second derivative."""
-    V1, V2, VF = q("V_1"), q("V_2"), q("V_F")
-    M2, MF, N1, C = q("M_2"), q("M_F"), q("N_1"), q(r"\|J_1 J_F\|")
+    V1, V2, K = q("V_1"), q("V_2"), q(r"\sup \|J_1 \Delta J_F\|")
+    M2, MF, C = q("M_2"), q("M_F"), q(r"\|J_1 J_F\|")
     r, rho = q("r"), q(r"\rho")
     full, mixed = q(r"\Lambda_{11}^{1/2}"), q(r"\Lambda_{1}^{1/2}")
     a, b = q(r"\|\operatorname{diag}(t)^{1/2} (J_1 W_1)^\top\|"), q(r"\|\operatorname{diag}(t)^{1/2} W_2 J_2\|")
-    statement = V1 * MF * M2 + r * full + (r * V1 + rho) * mixed + a * b + N1 * VF * V2 + C * V2
+    statement = V1 * MF * M2 + r * full + (r * V1 + rho) * mixed + a * b + K * V2 + C * V2
     proof = Derivation("Variation of the per-token maps of a block, the LayerNorms folded in")
     proof.hypothesis("T(y) = J_1(y) J_F(y_2) J_2(y_3) in row convention along the chain y -> y_2 = LN_1(y) -> "
                      "y_3 = y_2 + FFN(y_2); x, x_2, x_3 the centres (x_2 within rho of LN_1(x)); ||y - x|| <= r; "
                      "V, M, N the variations, suprema and centre values of the three Jacobians on their balls; "
                      "w_k the columns of W_1, r_k the rows of W_2, g = act''(h) at x_2; Lambda_11 and Lambda_1 "
                      "the bounds of local-feedforward-curvature for the form with a- and b-sides (J_1 w_k, r_k J_2) "
-                     "and e-side J_1 w_k, resp. w_k; t as there, on the ball of y_2; the ball of y_3 of radius at "
-                     "most r (||J_1 J_F|| + V_1 M_F + N_1 V_F) + rho_3, rho_3 >= ||G(x) - x_3|| for "
-                     "G = (id + FFN) o LN_1")
+                     "and e-side J_1 w_k, resp. w_k; t as there, on the ball of y_2; K >= sup ||J_1(x) Delta J_F|| "
+                     "(N_1 V_F, or local-feedforward-front); the ball of y_3 of radius at most "
+                     "r (||J_1 J_F|| + V_1 M_F + K) + rho_3, rho_3 >= ||G(x) - x_3|| for G = (id + FFN) o LN_1")
     proof.add(Described(r"T(y) - T(x) = \Delta J_1\, J_F(y_2) J_2(y_3) + J_1(x)\, \Delta J_F\, J_2(x_3) "
                         r"+ J_1(x)\, \Delta J_F\, \Delta J_2 + J_1(x) J_F(x_2)\, \Delta J_2"),
               "telescope the product, then split J_2(y_3) = J_2(x_3) + Delta J_2", "telescoping")
     proof.add(Described(r"y_2 - x_2 = (y - x) \bar J_1 + (LN_1(x) - x_2),\ "
                         r"\|\bar J_1 - J_1(x)\| \le V_1"),
               "mean value theorem for LN_1 (the mean Jacobian on the segment)", "mean-value")
-    proof.add(le(Described(r"\|y_3 - x_3\|"), r * (C + V1 * MF + N1 * VF) + q(r"\rho_3")),
+    proof.add(le(Described(r"\|y_3 - x_3\|"), r * (C + V1 * MF + K) + q(r"\rho_3")),
               "mean value theorem for the first two maps: their mean Jacobian on the segment is within "
-              "V_1 M_F + N_1 V_F of J_1(x) J_F(x_2)", "mean-value")
+              "V_1 M_F + K of J_1(x) J_F(x_2)", "mean-value")
     proof.add(le(Described(r"\|J_1(x)\, \Delta J_F\, J_2(x_3)\|"),
                  r * full + (r * V1 + rho) * mixed + a * b),
               "the second derivative of local-feedforward-curvature in the direction y_2 - x_2, its a- and b-sides "
@@ -444,6 +472,7 @@ LOCAL_THEOREMS = {t.id: t for t in (score_deviation(), softmax_upper(), softmax_
                                     attention_block(), attention_variation(), attention_curvature(),
                                     layernorm_lipschitz(),
                                     layernorm_movement(), layernorm_variation(), feedforward_variation(),
-                                    feedforward_curvature(), attention_tail(), block_tail_variation(),
+                                    feedforward_curvature(), feedforward_front_variation(), attention_tail(),
+                                    block_tail_variation(),
                                     jacobian_on_neighbourhood(), chain_variation(2), path_certificate(),
                                     coupling_bound())}
