@@ -68,7 +68,6 @@ class BlockTail:
                 "full": trilinear_norm(g, A, B, a_gram, a_gram, b_gram),
                 "mixed": trilinear_norm(g, A, B, plain, a_gram, b_gram),
                 "front full": trilinear_norm(g, A, W_2, a_gram, a_gram, plain_b),     # b-side r_k: J_1 Delta J_F
-                "front mixed": trilinear_norm(g, A, W_2, plain, a_gram, plain_b),
                 "front": spectral_norm_upper_large(J_1.einsum("ab,bc->ac", self.ffn.jacobian_block(i)).to_enclosure())}
         return self._folded[i]
 
@@ -114,8 +113,10 @@ class BlockTail:
         out = (IntervalArray(np.diag(N[1])) * IntervalArray(np.diag(V[2]))).hi
         for i in range(n):
             facts = self._token(i)
+            # e-side w_k: at most ||J_1|| times the block's own second-derivative bound (a J_1 w_k = (J_1^T a) w_k)
+            plain = (IntervalArray(N[1][i, i]) * IntervalArray(self.ffn.curvature_norms([i])[i])).hi.item()
             values = {"V_1": V[1][i, i], "r": r[i], r"\rho": rounding[2][i],
-                      r"\Lambda_{10}^{1/2}": facts["front full"], r"\Lambda_{00}^{1/2}": facts["front mixed"],
+                      r"\Lambda_{10}^{1/2}": facts["front full"], r"\Lambda_{00}^{1/2}": plain,
                       r"\|\operatorname{diag}(t)^{1/2} (J_1 W_1)^\top\|": splits[i][0],
                       r"\|\operatorname{diag}(t)^{1/2} W_2\|": splits[i][2]}
             values = {key: np.float64(value) for key, value in values.items()}

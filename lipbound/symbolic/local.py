@@ -357,7 +357,7 @@ def feedforward_front_variation() -> Theorem:
                      "of y; w_k the columns of W_1, r_k the rows of W_2, g = act''(h) at x_2, t as in "
                      "local-feedforward-curvature on the ball of y_2; Lambda_10 and Lambda_00 the bounds of "
                      "local-feedforward-curvature for the form with a-side J_1 w_k, b-side r_k and e-side J_1 w_k, "
-                     "resp. w_k")
+                     "resp. w_k (the latter at most ||J_1(x)|| times its Lambda^(1/2))")
     proof.add(Described(r"J_1(x) (J_F(y_2) - J_F(x_2)) = \textstyle\sum_k (e \cdot w_k)(g_k + \Delta_k)\, "
                         r"(J_1(x) w_k)\, r_k,\ e = y_2 - x_2"),
               "the change of the slopes (local-feedforward-curvature), J_1(x) taken into the columns", "norm-calculus")
