@@ -246,7 +246,7 @@ def test_feedforward_change_behind_the_layernorm_holds(seed, eps):
     generated = local_models.model(seed=seed % 50, layers=1)
     X = hidden_states(generated, [1, 5, 7, 2])[0]
     chain, centre, tail, (M, V, N, radii, rounding) = _tail_setting(generated, X, eps)
-    change, _ = tail.front_change(V, N, radii, rounding)
+    change, _ = tail.feedforward_change(V, N, radii, rounding)
     item, rng, h = generated.layer(0), np.random.default_rng(seed), 1e-6
     for i in range(X.shape[0]):
         x = centre.points[1][i]
@@ -271,7 +271,7 @@ def test_folding_the_layernorms_tightens_the_tail_on_real_weights():
     assert np.all(2 * folded < telescoped)
     # the first LayerNorm folded into the change of the feed-forward Jacobian: at least halves N_1 V_F
     M, V, N, radii, rounding = setting
-    change, _ = tail.front_change(V, N, radii, rounding)
+    change, _ = tail.feedforward_change(V, N, radii, rounding)
     assert np.all(2 * change < np.diag(N[1]) * np.diag(V[2]))
 
 

@@ -13,7 +13,8 @@ local-attention-tail),
 bounds (theorem local-chain), and the same with both LayerNorms' Jacobians at the centre folded into the
 feed-forward block's second derivative (theorem local-block-tail), which keeps the LayerNorms' projection
 and scales apart from the directions the feed-forward weights read (about nine times smaller than the
-product of their norms on MiniLM's blocks).  Both take the output LayerNorm on balls whose radius follows
+product of their norms on MiniLM's blocks); the change of the feed-forward Jacobian seen through the first
+LayerNorm, ``J_1 Delta J_F``, is folded the same way (theorem local-feedforward-front).  Both take the output LayerNorm on balls whose radius follows
 the mean Jacobian of the first two maps (``||J_1 J_F||`` at the centre plus its variation) instead of the
 product of their suprema.
 """
@@ -67,7 +68,7 @@ class BlockTail:
                 "A": A, "B": B,
                 "full": trilinear_norm(g, A, B, a_gram, a_gram, b_gram),
                 "mixed": trilinear_norm(g, A, B, plain, a_gram, b_gram),
-                "front full": trilinear_norm(g, A, W_2, a_gram, a_gram, plain_b),     # b-side r_k: J_1 Delta J_F
+                "Lambda_10": trilinear_norm(g, A, W_2, a_gram, a_gram, plain_b),     # b-side r_k: J_1 Delta J_F
                 "front": spectral_norm_upper_large(J_1.einsum("ab,bc->ac", self.ffn.jacobian_block(i)).to_enclosure())}
         return self._folded[i]
 
@@ -79,7 +80,7 @@ class BlockTail:
         n = V[1].shape[0]
         M, V = list(M), list(V)
         r = radii[1]
-        change, splits = self.front_change(V, N, radii, rounding)      # K of the theorems, per token
+        change, splits = self.feedforward_change(V, N, radii, rounding)      # K of the theorems, per token
         M[3], V[3] = self._output_norm_on_tighter_balls(M, V, radii, rounding, change)
         telescoped = np.diag(telescoped_variation(M[1:], V[1:], N[1:], np.arange(n)))   # diagonal: per token
         folded = np.empty(n)
@@ -103,7 +104,7 @@ class BlockTail:
             facts["A"].swapaxes(0, 1) * root.expand(-1), facts["B"] * root.expand(-1),
             IntervalArray(self.ffn.ffn.W_2) * root.expand(-1)))
 
-    def front_change(self, V: list, N: list, radii: list, rounding: list) -> tuple:
+    def feedforward_change(self, V: list, N: list, radii: list, rounding: list) -> tuple:
         """Per token, ``K >= sup ||J_1(x) (J_F(y_2) - J_F(x_2))||`` on the balls of ``omega_tokens``: the smaller of
         ``N_1 V_F`` and the folded form (theorem local-feedforward-front); and the remainder's split norms
         (:meth:`_remainder_split`) per token."""
@@ -116,22 +117,22 @@ class BlockTail:
             # e-side w_k: at most ||J_1|| times the block's own second-derivative bound (a J_1 w_k = (J_1^T a) w_k)
             plain = (IntervalArray(N[1][i, i]) * IntervalArray(self.ffn.curvature_norms([i])[i])).hi.item()
             values = {"V_1": V[1][i, i], "r": r[i], r"\rho": rounding[2][i],
-                      r"\Lambda_{10}^{1/2}": facts["front full"], r"\Lambda_{00}^{1/2}": plain,
+                      r"\Lambda_{10}^{1/2}": facts["Lambda_10"], r"\Lambda_{00}^{1/2}": plain,
                       r"\|\operatorname{diag}(t)^{1/2} (J_1 W_1)^\top\|": splits[i][0],
                       r"\|\operatorname{diag}(t)^{1/2} W_2\|": splits[i][2]}
             values = {key: np.float64(value) for key, value in values.items()}
             out[i] = min(out[i], float(evaluate_theorem(T.feedforward_front_variation(), **values)))
         return out, splits
 
-    def _output_norm_on_tighter_balls(self, M, V, radii, rounding, front_variation) -> tuple:
+    def _output_norm_on_tighter_balls(self, M, V, radii, rounding, change) -> tuple:
         """``M_2``, ``V_2`` of the output LayerNorm on balls of radius ``min(radii[3], r (||J_1 J_F|| + V_1 M_F +
         K) + rho_3)``: the input of that LayerNorm moves by ``(y - x)`` times the mean Jacobian of the first two
         maps on the segment, within ``V_1 M_F + K`` of ``J_1 J_F`` at the centre (theorem local-block-tail,
-        ``K`` from :meth:`front_change`), where the chained balls pay ``M_1 M_F``."""
+        ``K`` from :meth:`feedforward_change`), where the chained balls pay ``M_1 M_F``."""
         n = V[1].shape[0]
         front = np.array([self._token(i)["front"] for i in range(n)])
         rate = (IntervalArray(front) + IntervalArray(np.diag(V[1])) * IntervalArray(np.diag(M[2]))
-                + IntervalArray(front_variation))
+                + IntervalArray(change))
         # the float centre x_3 lies within rho_3 of the exact image of x (the roundings of two steps)
         rho_3 = IntervalArray(rounding[3]) + IntervalArray(np.diag(M[2])) * IntervalArray(rounding[2])
         tighter = np.minimum(radii[3], (rate * IntervalArray(radii[1]) + rho_3).hi)

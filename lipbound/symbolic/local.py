@@ -344,6 +344,13 @@ def attention_tail() -> Theorem:
     return Theorem("local-attention-tail", "Variation of an attention layer and the maps after it", statement, proof)
 
 
+def _first_layernorm_mean(proof: Derivation, displacement: str) -> None:
+    """The step shared by the block's per-token theorems: the feed-forward input's change through the mean
+    Jacobian of the first LayerNorm on the segment."""
+    proof.add(Described(displacement + r",\ \|\bar J_1 - J_1(x)\| \le V_1"),
+              "mean value theorem for LN_1 (the mean Jacobian on the segment)", "mean-value")
+
+
 @functools.lru_cache(maxsize=None)
 def feedforward_front_variation() -> Theorem:
     """``sup ||J_1(x) (J_F(y_2) - J_F(x_2))||`` with the first LayerNorm's Jacobian at the centre folded into the
@@ -361,9 +368,7 @@ def feedforward_front_variation() -> Theorem:
     proof.add(Described(r"J_1(x) (J_F(y_2) - J_F(x_2)) = \textstyle\sum_k (e \cdot w_k)(g_k + \Delta_k)\, "
                         r"(J_1(x) w_k)\, r_k,\ e = y_2 - x_2"),
               "the change of the slopes (local-feedforward-curvature), J_1(x) taken into the columns", "norm-calculus")
-    proof.add(Described(r"e = (y - x) J_1(x) + (y - x)(\bar J_1 - J_1(x)) + (LN_1(x) - x_2),\ "
-                        r"\|\bar J_1 - J_1(x)\| \le V_1"),
-              "mean value theorem for LN_1 (the mean Jacobian on the segment)", "mean-value")
+    _first_layernorm_mean(proof, r"e = (y - x) J_1(x) + (y - x)(\bar J_1 - J_1(x)) + (LN_1(x) - x_2)")
     proof.add(le(Described(r"\sup \|J_1(x) (J_F(y_2) - J_F(x_2))\|"), statement),
               "the second derivative's bound with e-side J_1 w_k for the first part of e and w_k for the rest; "
               "|Delta_k (e w_k)| <= t_k, then as in local-feedforward-variation", "submultiplicative")
@@ -393,9 +398,7 @@ def block_tail_variation() -> Theorem:
     proof.add(Described(r"T(y) - T(x) = \Delta J_1\, J_F(y_2) J_2(y_3) + J_1(x)\, \Delta J_F\, J_2(x_3) "
                         r"+ J_1(x)\, \Delta J_F\, \Delta J_2 + J_1(x) J_F(x_2)\, \Delta J_2"),
               "telescope the product, then split J_2(y_3) = J_2(x_3) + Delta J_2", "telescoping")
-    proof.add(Described(r"y_2 - x_2 = (y - x) \bar J_1 + (LN_1(x) - x_2),\ "
-                        r"\|\bar J_1 - J_1(x)\| \le V_1"),
-              "mean value theorem for LN_1 (the mean Jacobian on the segment)", "mean-value")
+    _first_layernorm_mean(proof, r"y_2 - x_2 = (y - x) \bar J_1 + (LN_1(x) - x_2)")
     proof.add(le(Described(r"\|y_3 - x_3\|"), r * (C + V1 * MF + K) + q(r"\rho_3")),
               "mean value theorem for the first two maps: their mean Jacobian on the segment is within "
               "V_1 M_F + K of J_1(x) J_F(x_2)", "mean-value")
