@@ -189,7 +189,7 @@ def main() -> None:
         chosen = by_length(model, int_list("--curve-lengths", 1)(args.curve_lengths)) if args.curve_lengths \
             else [] if args.curve_text else texts[:2]
         chosen += args.curve_text
-        curve_part(model, chosen, (min(layers), max(layers)), (1e-5, 1e-4, 1e-3, 2e-3, 3e-3, 1e-2),
+        curve_part(model, chosen, sorted({min(layers), max(layers)}), (1e-5, 1e-4, 1e-3, 2e-3, 3e-3, 1e-2),
                    args.curvature_tokens or CURVATURE_TOKENS, args.curve_kinds)
 
 
