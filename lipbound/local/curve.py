@@ -196,19 +196,19 @@ def _global_constant(model: Model, chain: list[Component], layer: int, norm: str
     n = X.shape[0]
     factors = []
     for k, component in enumerate(chain):
-        if component.kind in ("head", "attention"):
+        if component.kind == "feedforward":   # per token, so the same in the three norms
+            factors.append(feedforward_global(component.target))
+            continue
+        if component.kind == "layernorm":
+            found = norm_constant(component.target, norm_key=norm)
+        else:
             domain = TokenBall((IntervalArray(farthest) + IntervalArray(eps)).hi.item(), center) if k == 0 \
                 else LayerNormOutputs(chain[k - 1].target)
             found = head_constant(component.target, norm, domain, n) if component.kind == "head" \
                 else layer_constant(component.target, norm, domain, n, residual=True)
-        elif component.kind == "layernorm":
-            found = norm_constant(component.target, norm_key=norm)
-        else:   # (per token, so the same in the three norms)
-            found = None
-        value = feedforward_global(component.target) if found is None else found.value if found.certified else math.inf
-        if not math.isfinite(value):
+        if not found.certified:
             return math.inf
-        factors.append(value)
+        factors.append(found.value)
     return upper_product(*factors)
 
 

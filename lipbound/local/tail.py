@@ -14,9 +14,9 @@ bounds (theorem local-chain), and the same with both LayerNorms' Jacobians at th
 feed-forward block's second derivative (theorem local-block-tail), which keeps the LayerNorms' projection
 and scales apart from the directions the feed-forward weights read (about nine times smaller than the
 product of their norms on MiniLM's blocks); the change of the feed-forward Jacobian seen through the first
-LayerNorm, ``J_1 Delta J_F``, is folded the same way (theorem local-feedforward-front).  Both take the output LayerNorm on balls whose radius follows
-the mean Jacobian of the first two maps (``||J_1 J_F||`` at the centre plus its variation) instead of the
-product of their suprema.
+LayerNorm, ``J_1 Delta J_F``, is folded the same way (theorem local-feedforward-front).  Both take the
+output LayerNorm on balls whose radius follows the mean Jacobian of the first two maps (``||J_1 J_F||`` at
+the centre plus its variation) instead of the product of their suprema.
 """
 
 from __future__ import annotations

@@ -28,8 +28,7 @@ from .theorems import Theorem
 __all__ = ["LOCAL_THEOREMS", "score_deviation", "softmax_upper", "softmax_lower", "attention_movement",
            "attention_reach", "attention_block", "attention_variation", "attention_curvature", "layernorm_lipschitz", "layernorm_movement",
            "layernorm_variation", "feedforward_variation", "feedforward_curvature", "feedforward_front_variation",
-           "attention_tail",
-           "block_tail_variation", "jacobian_on_neighbourhood", "chain_variation",
+           "attention_tail", "block_tail_variation", "jacobian_on_neighbourhood", "chain_variation",
            "path_certificate", "coupling_bound", "q"]
 
 
