@@ -70,7 +70,13 @@ def _claimed_interval(statement: sp.Expr, values: dict):
     return compile_interval(statement, symbols)(*[values[s] for s in symbols])
 
 
+def _enclosed(value):
+    """An interval of a Fraction (exactly enclosed) or of an interval."""
+    return interval(sp.Rational(value.numerator, value.denominator)) if isinstance(value, Fraction) else value
+
+
 def _refuted_equality(item: PublishedClaim, witness: dict, true_value, claimed) -> CheckResult:
+    true_value, claimed = _enclosed(true_value), _enclosed(claimed)
     return CheckResult(item.key, "REFUTED", item.provenance, float(upper(claimed)), float(lower(true_value)), witness,
                        notes="the claimed value differs from the operator norm computed from its definition (an "
                              "equality is refuted in either direction)")
@@ -93,18 +99,15 @@ def check_softmax_inf_to_one(item: PublishedClaim, seed: int, budget: float, wei
             claimed = _claimed_exact(item.statement, {s: values[s] for s in item.statement.free_symbols})
             true_value = norm / temperature
             if claimed is None:
-                claimed = _claimed_interval(item.statement, {s: interval(sp.Rational(values[s].numerator,
-                                                                                    values[s].denominator))
-                                                             for s in item.statement.free_symbols})
-                if certify_le(claimed, true_value) is not Verdict.FAILS and \
-                        certify_le(true_value, claimed) is not Verdict.FAILS:
+                claimed = _claimed_interval(item.statement, {s: _enclosed(values[s]) for s in item.statement.free_symbols})
+                if certify_le(claimed, _enclosed(true_value)) is not Verdict.FAILS and \
+                        certify_le(_enclosed(true_value), claimed) is not Verdict.FAILS:
                     continue
             elif claimed == true_value:
                 continue
             return _refuted_equality(item, {"p": [str(v) for v in p], "tau": str(temperature),
                                             "operator norm (cube vertices, exact)": str(true_value),
-                                            "claimed value": str(claimed)}, interval(sp.Rational(
-                                                true_value.numerator, true_value.denominator)), claimed)
+                                            "claimed value": str(claimed)}, true_value, claimed)
     logits_checked = 0
     for _ in range(40 if budget >= 5 else 10):
         logits = rng.standard_normal(int(rng.integers(2, 9))) * float(rng.choice([0.3, 1.0, 4.0]))

@@ -129,6 +129,7 @@ def bias_free_forms() -> tuple[sp.Expr, sp.Expr]:
     return sigmoid, softmax
 
 
+@functools.lru_cache(maxsize=32)
 def bound_regions(n: int, c=1, low: float = 1e-6, high: float = 1e3, pieces: int = 32, depth: int = 20):
     """Where lipbound's sigmoid bound lies below its softmax bound (bias-free heads, n tokens, score
     ratio c), as ``x = ||A|| R^2`` runs over ``[low, high]``: ``[(a, b, relation)]`` with relation
