@@ -144,7 +144,7 @@ def _list(args) -> int:
         print(f"  {theorem_id}")
     print("published claims (lipbound check CLAIM):")
     for key, item in CLAIMS.items():
-        print(f"  {key:20s} [{item.tag}] {item.title}")
+        print(f"  {key:22s} [{item.tag}] {item.title}")
     print(f"lemmas: {len(LEMMAS)} ({', '.join(sorted(LEMMAS))})")
     return 0
 
