@@ -200,9 +200,9 @@ def check_sigmoid_regularity(item: PublishedClaim, seed: int, budget: float, wei
     n = 8
     for index, head in enumerate(layer.heads[:count]):
         # the same weights without a mask (the sigmoid map is defined for every dot-product head)
-        kept = Head(head.W_Q, head.W_K, head.W_V, head.b_Q, head.b_K, head.b_V, score=head.score,
+        kept = Head(head.W_Q, head.W_K, head.W_V, head.b_Q, head.b_K, head.b_V, kernel=head.kernel,
                     name=head.name)
-        plain = Head(head.W_Q, head.W_K, head.W_V, score=head.score, name=f"{head.name} without biases")
+        plain = Head(head.W_Q, head.W_K, head.W_V, kernel=head.kernel, name=f"{head.name} without biases")
         for label, target, R in (("biases kept", kept, 0.1), ("biases kept", kept, ln_radius),
                                  ("biases dropped", plain, 0.05)):
             _, X, E = sigmoid_witness(target, R, n, seed=seed, steps=int(20 + 10 * per))

@@ -35,6 +35,7 @@ from ..rigorous.arrays import IntervalArray
 from ..rigorous.functions import log
 from ..rigorous.intervals import IV, interval, lower, upper
 from ..rigorous.linalg import vector_norm_lower, vector_norm_upper
+from .dispatch import dot_product_scope
 from .model import Head
 
 __all__ = ["check_sigmoid_head", "sigmoid_forward", "sigmoid_jvp", "sigmoid_vjp", "sigmoid_jacobian_norm",
@@ -43,10 +44,10 @@ __all__ = ["check_sigmoid_head", "sigmoid_forward", "sigmoid_jvp", "sigmoid_vjp"
 
 def check_sigmoid_head(head: Head) -> Head:
     """The head, if its weights define sigmoid attention here: a dot-product score, no mask."""
-    if not isinstance(head, Head) or head.score != "dot" or head.causal:
+    if not isinstance(head, Head) or not dot_product_scope(head) or head.causal:
+        got = head.kernel.describe() if isinstance(head, Head) else type(head).__name__
         raise AssumptionError("head", "a dot-product head without a causal mask (its W_Q, W_K, W_V and biases "
-                              "define the sigmoid map)", getattr(head, "score", type(head).__name__),
-                              "pass a dot-product head")
+                              "define the sigmoid map)", got, "pass a dot-product head")
     return head
 
 
