@@ -26,11 +26,12 @@ from .files import TensorSource, open_checkpoint
 from .huggingface import layout_of, load_huggingface
 from .layouts import supported_layouts
 from .plain import PLAIN_FORMAT, attention_arrays, attention_from_arrays, load_plain, save_plain
+from .tokenizer import Tokenizer, load_tokenizer
 from .transformer import BLOCKS, Embeddings, Model, TransformerLayer
 
 __all__ = ["SCORES", "Head", "Layer", "LayerNorm", "FeedForward", "TransformerLayer", "Embeddings", "Model", "BLOCKS",
            "load_weights", "load_default", "save_plain", "PLAIN_FORMAT", "DEFAULT_WEIGHTS", "DEFAULT_LAYERS",
-           "attention_arrays", "attention_from_arrays"]
+           "attention_arrays", "attention_from_arrays", "Tokenizer", "load_tokenizer"]
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 DEFAULT_WEIGHTS = DATA / "minilm-l6-attention.safetensors"
