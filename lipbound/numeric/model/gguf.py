@@ -30,7 +30,7 @@ import numpy as np
 from ...errors import WeightsError
 from .files import TensorSource
 
-__all__ = ["GGUFSource", "gguf_config", "gguf_fields", "dequantisable_types", "GGUF_ARCHITECTURES"]
+__all__ = ["GGUFSource", "dequantise", "gguf_config", "gguf_fields", "dequantisable_types", "GGUF_ARCHITECTURES"]
 
 #: general.architecture values lipbound reads (llama.cpp's ``llama``: Llama, Mistral, SmolLM, ...).
 GGUF_ARCHITECTURES = ("llama",)
@@ -136,13 +136,15 @@ class GGUFSource(TensorSource):
 
     def get(self, key: str) -> np.ndarray:
         tensor = self._tensors[key]
-        kind = tensor.tensor_type.name
-        data = tensor.data
-        if kind in ("F32", "F64"):
-            array = np.asarray(data)
-        else:
-            array = _gguf().quants.dequantize(data, tensor.tensor_type)
-        return array.reshape(self.shape(key))
+        return dequantise(tensor.data, tensor.tensor_type).reshape(self.shape(key))
+
+
+def dequantise(data: np.ndarray, kind) -> np.ndarray:
+    """The floats of a GGUF tensor's stored rows: F32 and F64 as stored, anything else by
+    ``gguf.quants.dequantize`` (float32; e.g. Q4_1 blocks ``d q + m``, Q8_0 blocks ``d q``)."""
+    if kind.name in ("F32", "F64"):
+        return np.asarray(data)
+    return _gguf().quants.dequantize(data, kind)
 
 
 #: GGUF metadata key (after ``{architecture}.``) -> the config.json key it becomes.
