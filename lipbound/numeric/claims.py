@@ -30,6 +30,7 @@ from ..symbolic.claims import PublishedClaim, claim
 from ..symbolic.registry import variant
 from .attention import dense_jacobian, self_jvp
 from .domains import TokenBall
+from .kernels import L2Distance, softmax
 from .model import Head, load_default
 from .recheck import directional_norm
 from .witness import search_witness
@@ -136,7 +137,7 @@ def _check_kim(item: PublishedClaim, seed: int, budget: float, weights) -> Check
             n = int(rng.integers(2, 5))
             W = scale * rng.standard_normal((d, d)) / np.sqrt(d)
             W_V = rng.standard_normal((d, d)) / np.sqrt(d)
-            head = Head(W, W, W_V, score="l2", kim_values=True)
+            head = Head(W, W, W_V, kernel=L2Distance(), kim_values=True)
             values = {"n": interval(n), "d_k": interval(d), "H": interval(1), "W": interval(spectral_norm_upper(W)),
                       "W_V": interval(spectral_norm_upper(W_V)), "W_O": interval(1),
                       "W.T": _inf_norm_upper(W.T), "W_O.T": interval(1), "W_V.T": _inf_norm_upper(W_V.T)}
@@ -169,7 +170,7 @@ def _check_castin_theorem(item: PublishedClaim, seed: int, budget: float, weight
         heads = [(h, model.layers[0].ln_in.radius_about_origin) for h in model.layers[0].heads[:3]]
     best = None
     for head, radius in heads:
-        plain = Head(head.W_Q, head.W_K, head.W_V, score="dot")
+        plain = Head(head.W_Q, head.W_K, head.W_V)
         n = 8
         witness = search_witness(plain, domain=TokenBall(radius), n=n, budget_seconds=max(1.0, budget / len(heads)),
                                  seed=seed)
@@ -190,7 +191,7 @@ def _check_castin_code(item: PublishedClaim, seed: int, budget: float, weights) 
     model = weights or load_default(layers=0)
     layer = model.layers[min(model.layers)]
     radius = layer.ln_in.radius_about_origin if layer.ln_in is not None else 1.0
-    head = Head(layer.heads[0].W_Q, layer.heads[0].W_K, layer.heads[0].W_V, score="dot")
+    head = Head(layer.heads[0].W_Q, layer.heads[0].W_K, layer.heads[0].W_V)
     witness = search_witness(head, domain=TokenBall(radius), n=8, budget_seconds=max(2.0, budget), seed=seed)
     X = witness.X
     A = head.A
@@ -211,7 +212,7 @@ def _softmax_jacobian_norm(z: np.ndarray):
     exps = [IV.exp(interval(float(v)) - interval(float(np.max(z)))) for v in z]
     total = sum(exps, IV.mpf(0))
     p = [e / total for e in exps]
-    J = np.diag(np.exp(z - z.max()) / np.exp(z - z.max()).sum())
+    J = np.diag(softmax(z))
     J = J - np.outer(np.diag(J), np.diag(J))
     v = np.linalg.eigh(J)[1][:, -1]
     Jv = [p[i] * float(v[i]) - p[i] * sum((p[k] * float(v[k]) for k in range(len(z))), IV.mpf(0))
@@ -230,8 +231,7 @@ def _check_softmax(item: PublishedClaim, seed: int, budget: float, weights) -> C
                                   for _ in range(2000)]
 
     def norm(z):
-        p = np.exp(z - z.max())
-        p /= p.sum()
+        p = softmax(z)
         return np.linalg.norm(np.diag(p) - np.outer(p, p), 2)
 
     best = max(candidates, key=norm)
@@ -315,7 +315,7 @@ def _check_power_iteration(item: PublishedClaim, seed: int, budget: float, weigh
 
 def _check_untied(item: PublishedClaim, seed: int, budget: float, weights) -> CheckResult:
     """Untied L2 attention (W_Q = 1, W_K = 2 on R): along X_t = (0, t) the Jacobian grows like t^2."""
-    head = Head(np.ones((1, 1)), 2 * np.ones((1, 1)), np.ones((1, 1)), score="l2")
+    head = Head(np.ones((1, 1)), 2 * np.ones((1, 1)), np.ones((1, 1)), kernel=L2Distance())
     values = {"n": interval(2), "d_k": interval(1), "H": interval(1), "W_Q": interval(1), "W_V": interval(1),
               "W_O": interval(1)}
     claimed = _claim_value(item.statement, values)
