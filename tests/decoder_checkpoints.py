@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-D, HEADS, KV_HEADS, HEAD_DIM, FF, LAYERS, VOCAB = 16, 4, 2, 8, 24, 3, 40
+D, HEADS, KV_HEADS, FF, LAYERS, VOCAB = 16, 4, 2, 24, 3, 40
 
 #: config.json of each family (small), with the family's own options switched on.
 CONFIGS = {
