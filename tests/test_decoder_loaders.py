@@ -184,6 +184,12 @@ def smollm_tokenizer():
     return load_tokenizer(SMOLLM)
 
 
+@pytest.fixture(scope="module")
+def smollm_reference():
+    """``(config, raw)``: the file read by the reference, rows as llama.cpp stores them."""
+    return reference.read_gguf(SMOLLM)
+
+
 def test_smollm_is_the_described_architecture(smollm):
     assert smollm.layout == "Llama (GGUF)" and smollm.blocks == ("decoder",) and smollm.complete
     assert (smollm.num_layers, smollm.hidden, smollm.num_heads, smollm.max_positions) == (30, 576, 9, 8192)
@@ -197,8 +203,8 @@ def test_smollm_is_the_described_architecture(smollm):
     assert smollm.metadata["quantisation"] == "Q4_1" and smollm.metadata["tied_embeddings"]
 
 
-def test_smollm_matches_llama_cpp_conventions(smollm, smollm_tokenizer):
-    config, raw = reference.read_gguf(SMOLLM)
+def test_smollm_matches_llama_cpp_conventions(smollm, smollm_tokenizer, smollm_reference):
+    config, raw = smollm_reference
     ids = smollm_tokenizer.encode("The capital of France is")
     _compare(smollm, config, raw, ids, pairing="interleaved")
 
@@ -215,10 +221,10 @@ PARAGRAPH = ("The old lighthouse stood at the edge of the cliff, its white paint
              "a few lines in the logbook about the weather and the ships that had passed during the night.")
 
 
-def test_smollm_perplexity_and_the_wrong_rope_convention(smollm, smollm_tokenizer):
+def test_smollm_perplexity_and_the_wrong_rope_convention(smollm, smollm_tokenizer, smollm_reference):
     ids = smollm_tokenizer.encode(PARAGRAPH)
     right = reference.perplexity(logits(smollm, ids), ids)
-    config, raw = reference.read_gguf(SMOLLM)
+    config, raw = smollm_reference
     _, wrong_logits = reference.forward(config, raw, ids, "half")  # rotate-half on llama.cpp's rows
     wrong = reference.perplexity(wrong_logits, ids)
     assert right < 40  # measured 27.3 over 58 tokens; a broken reader gives thousands
