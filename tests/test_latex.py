@@ -399,14 +399,13 @@ BOUNDS = {
         r"\|b_Q\|_2\right)}{\sqrt{d_k}}\right)\right)}",
     ("sliding-window-bidirectional", "fro", "ball"):
         r"\|W_V\|_2 R \left(\|A\|_2 R + \frac{\left(\|A\|_2 R \sqrt{d_k} + \|W_K b_Q\|_2\right) "
-        r"\sqrt{\min\left(\frac{\kappa_{\min\left(n, w\right)}\left(\min\left(\frac{2 R \left(\|A\|_2 R "
+        r"\sqrt{\min\left(\kappa_{\min\left(n, 2 w - 1\right)}\left(\min\left(\frac{2 R \left(\|A\|_2 R "
         r"\sqrt{d_k} + \|W_K b_Q\|_2\right)}{\sqrt{d_k}}, \frac{2 \|W_K\|_2 R \left(\|W_Q\|_2 R + "
-        r"\|b_Q\|_2\right)}{\sqrt{d_k}}\right)\right) \min\left(n, 2 w - 1\right)}{\min\left(n, "
-        r"w\right)}, \frac{3 \min\left(n, 2 w - 1\right)}{4}\right)}}{\sqrt{d_k}}\right) + "
-        r"\frac{\|W_V\|_2 \sqrt{\kappa_{\min\left(n, w\right)}\left(\min\left(\frac{2 R \left(\|A\|_2 R "
-        r"\sqrt{d_k} + \|W_K b_Q\|_2\right)}{\sqrt{d_k}}, \frac{2 \|W_K\|_2 R \left(\|W_Q\|_2 R + "
-        r"\|b_Q\|_2\right)}{\sqrt{d_k}}\right)\right)} \sqrt{\min\left(n, 2 w - "
-        r"1\right)}}{\sqrt{\min\left(n, w\right)}}",
+        r"\|b_Q\|_2\right)}{\sqrt{d_k}}\right) + \log{\left(2 \right)}\right), \frac{3 \min\left(n, 2 w - "
+        r"1\right)}{4}\right)}}{\sqrt{d_k}}\right) + \|W_V\|_2 \sqrt{\kappa_{\min\left(n, 2 w - "
+        r"1\right)}\left(\min\left(\frac{2 R \left(\|A\|_2 R \sqrt{d_k} + \|W_K "
+        r"b_Q\|_2\right)}{\sqrt{d_k}}, \frac{2 \|W_K\|_2 R \left(\|W_Q\|_2 R + "
+        r"\|b_Q\|_2\right)}{\sqrt{d_k}}\right) + \log{\left(2 \right)}\right)}",
     ("alibi", "fro", "ball"):
         r"\|W_V\|_2 R \left(\|A\|_2 R + \frac{\left(\|A\|_2 R \sqrt{d_k} + \|W_K b_Q\|_2\right) "
         r"\sqrt{\min\left(\frac{3 n}{4}, 1 + \frac{\log{\left(e^{\min\left(\frac{2 R \left(\|A\|_2 R "

@@ -21,6 +21,7 @@ def chosen_variant(name: str, score: str | None, facts, positions: dict | None =
     """The variant a command names, with the parsed ``--fact`` list: a registry variant, or
     ``custom`` built from ``--score`` (errors name the options); ``positions`` (:func:`position_options`) adds
     a causal mask, a sliding window, position biases or a soft cap."""
+    from ..errors import AssumptionError
     from ..symbolic.custom import custom_variant, parse_fact
     from ..symbolic.positional import positioned
     from ..symbolic.registry import variant
@@ -40,7 +41,10 @@ def chosen_variant(name: str, score: str | None, facts, positions: dict | None =
             asked = next(option for option, value in positions.items() if value not in (None, False))
             raise LipboundError(f"--{asked}", "an attention variant (masks, biases and caps act on scores)", name,
                                 f"drop --{asked} for the block {name}")
-        chosen = positioned(chosen, **positions)
+        try:
+            chosen = positioned(chosen, **positions)
+        except AssumptionError as error:
+            raise LipboundError(f"--{error.argument}", error.expected, error.got, error.fix) from None
     return chosen, parsed
 
 
@@ -92,8 +96,6 @@ def derive_result(name: str, chosen, facts, norm: str | None, domain: str | None
         if error.argument == "domain":
             raise LipboundError("--domain", error.expected, error.got, "use --domain ball, layernorm or rmsnorm; "
                                 "lipbound claims nothing else here") from None
-        if error.argument in ("window", "bias", "score"):
-            raise LipboundError(f"--{error.argument}", error.expected, error.got, error.fix) from None
         raise
 
 

@@ -198,8 +198,8 @@ def _constants_file(instances: list[Instance], slugs: dict) -> str:
         if constants.record.hypotheses:
             out.append("Assume\n" + hypotheses_latex(constants.record.hypotheses) + "Then\n")
         out.append(_display_rows(rows) + "\\end{proposition}\n")
-        out.append("Used by: " + ", ".join(r"\texttt{%s}" % escape_text(name) for name in users[(slug, domain)])
-                   + ".\n")
+        out.append("{\\raggedright Used by: " + ", ".join(r"\texttt{%s}" % escape_text(name)
+                                                          for name in users[(slug, domain)]) + ".\\par}\n")
         out.append("\\begin{proof}\n" + derivation_to_latex(constants.record, hypotheses=False)
                    + "\\end{proof}\n")
     return "\n".join(out)

@@ -33,7 +33,7 @@ from . import symbols as S
 from . import theorems as T
 from .assumptions import Assumptions, Ball, LayerNormImage, NormAtLeast, RMSNormImage, Unbounded
 from .bound import Bound
-from .gated import GATED, gated_feed_forward, gated_witness, outer_radius
+from .gated import GATED, SHORT, gated_feed_forward, gated_witness, outer_radius
 from .record import Derivation, Described, eq, le
 from .variants import Variant
 
@@ -96,7 +96,8 @@ def normalization(kind: str, floor=None, largest_gain=S.gamma_max) -> T.Theorem:
         proof.add(eq(Described(r"DN(x)"), Described(r"D_\gamma (I - x x^\top / (d\, s(x)^2)) / s(x)")),
                   "differentiate, s(x) = (||x||^2 / d + epsilon)^(1/2)", "rmsnorm-jacobian")
         proof.add(le(Described(r"\|DN(x)\|_2"), gain / Described(r"\sqrt{\|x\|^2 / d + \varepsilon}")),
-                  "0 <= I - x x^T / (d s^2) <= I: the local bound at x, largest at x = 0 (no centring)",
+                  "d s^2 >= ||x||^2, so the factor between D_gamma and 1 / s has its eigenvalues in [0, 1]: the local "
+                  "bound at x, largest where ||x|| is smallest (at x = 0 without a floor: no centring)",
                   "rmsnorm-jacobian")
         proof.add(Described(r"N(x) \in \{\gamma \odot u : \|u\|_2 < \sqrt{d}\}"),
                   "||x / s(x)||^2 = ||x||^2 / (||x||^2 / d + epsilon) < d: the image, a bounded convex set about 0",
@@ -278,7 +279,7 @@ class NormResidual(BlockVariant):
         self.placement, self.inner, self.norm = placement, inner, norm
         self.layerscale, self.sandwich, self.after = layerscale, sandwich, after
         shown = "F" if inner is None else "FFN" if isinstance(inner, FeedForwardMap) else \
-            inner.title.removesuffix(" block") if isinstance(inner, GatedFeedForwardMap) else inner.title
+            SHORT[inner.name] if isinstance(inner, GatedFeedForwardMap) else inner.title
         name = "N" if norm is None else ("LN" if norm.kind == "layernorm" else "RMSNorm")
         branch = f"{shown}({name}(x))"
         if sandwich:

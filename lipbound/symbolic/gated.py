@@ -41,10 +41,12 @@ from .assumptions import Assumptions
 from .bound import NotLipschitz
 from .record import Derivation, Described, eq, le
 
-__all__ = ["GATED", "gated_feed_forward", "gated_witness", "certified_slope", "outer_radius"]
+__all__ = ["GATED", "SHORT", "gated_feed_forward", "gated_witness", "certified_slope", "outer_radius"]
 
 #: block name -> (activation name, title)
 GATED = {"swiglu": ("silu", "SwiGLU"), "geglu": ("gelu", "GeGLU"), "geglu-tanh": ("gelu_new", "GeGLU (tanh GELU)")}
+#: block name -> its name inside a residual block's title
+SHORT = {"swiglu": "SwiGLU", "geglu": "GeGLU", "geglu-tanh": "GeGLU"}
 _LIP = Described(r"\operatorname{Lip}(f)")
 
 
@@ -73,12 +75,13 @@ def gated_feed_forward(activation: str, radius: sp.Expr) -> T.Theorem:
     proof.hypothesis(f"phi is {spec.title}; ell_phi = sup |phi'| (certified: at most {certified_slope(activation)}), "
                      "and |phi(t)| <= |t|")
     proof.hypothesis(f"every token satisfies ||x|| <= {radius}")
-    proof.add(eq(Described(r"Df(x)"), Described(r"W_{\mathrm{down}}^\top (\operatorname{diag}(\varphi'(g) \odot u)\, "
-                                                r"W_{\mathrm{gate}}^\top + \operatorname{diag}(\varphi(g))\, W_{\mathrm{up}}^\top)")),
+    proof.add(eq(Described(r"Df(x)"), Described(r"W_{\mathrm{down}}^\top \operatorname{diag}(\varphi'(g) \odot u)\, "
+                                                r"W_{\mathrm{gate}}^\top + W_{\mathrm{down}}^\top \operatorname{diag}(\varphi(g))\, "
+                                                r"W_{\mathrm{up}}^\top")),
               "product rule, with g = W_gate^T x and u = W_up^T x", "gated-jacobian")
-    proof.add(le(Described(r"|\varphi'(g_i)\, u_i|"), S.ell_phi * radius * Described(r"\|W_{\mathrm{up}}[:, i]\|_2")),
-              "|phi'| <= ell_phi and |u_i| = |W_up[:, i]^T x| <= ||W_up[:, i]|| ||x||", "gated-jacobian")
-    proof.add(le(Described(r"|\varphi(g_i)|"), radius * Described(r"\|W_{\mathrm{gate}}[:, i]\|_2")),
+    proof.add(le(Described(r"|\varphi'(g_i)\, u_i|"), S.ell_phi * radius * Described(r"\|W_{\mathrm{up}} e_i\|_2")),
+              "|phi'| <= ell_phi and |u_i| = |(W_up e_i) . x| <= ||W_up e_i|| ||x||", "gated-jacobian")
+    proof.add(le(Described(r"|\varphi(g_i)|"), radius * Described(r"\|W_{\mathrm{gate}} e_i\|_2")),
               "phi(t) = t m(t) with m in (0, 1), so |phi(g_i)| <= |g_i|", "gated-jacobian")
     proof.add(le(Described(r"\|Df(x)\|_2"), statement),
               "a diagonal T with |T_ii| <= t a_i is D_a^(1/2) (T D_a^(-1)) D_a^(1/2), with ||T D_a^(-1)|| <= t; "
@@ -112,8 +115,9 @@ def gated_witness(name: str, key: str, assumptions: Assumptions) -> NotLipschitz
     record.hypothesis(f"instance: {instance}")
     record.add(eq(Described("x_t"), S.t), "a curve in the instance")
     record.add(eq(Described(r"f(x_t)"), along), "phi(W_gate^T x) times W_up^T x, read by W_down")
-    record.add(eq(Described(r"\partial f / \partial x \,(x_t)"), entry), "exact derivative (SymPy)", "gated-jacobian")
-    record.add(eq(sp.Limit(entry / S.t, S.t, sp.oo), slope),
+    derivative = Described(r"\partial f / \partial x \,(x_t)")
+    record.add(eq(derivative, entry), "exact derivative (SymPy)", "gated-jacobian")
+    record.add(eq(sp.Limit(derivative / S.t, S.t, sp.oo), slope),
                "the Jacobian grows linearly in t, so it is unbounded and f grows quadratically", "witness-family")
     return NotLipschitz(variant=key, norm=assumptions.norm.key, domain="unbounded", family=sp.ImmutableMatrix([[S.t]]),
                         growth=entry, instance=instance, assumptions=tuple(assumptions.describe() + record.hypotheses),

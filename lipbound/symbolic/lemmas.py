@@ -236,9 +236,10 @@ LEMMAS: Final[dict[str, tuple[str, str]]] = {
         r"$p_{ij} \le 1 / (1 + (N_i - 1) e^{-\omega - \Delta_b})$ for a row of $N_i$ keys."),
     "window-cap": (
         "Column sums under a sliding window",
-        r"If token $i$ attends to the tokens $j$ with $|i - j| < w$, every row has at least $\min(n, w)$ keys and every "
-        r"column at most $\min(n, 2w - 1)$ queries, so each column sums to at most "
-        r"$\min(n, 2w - 1) / (1 + (\min(n, w) - 1) e^{-\omega})$."),
+        r"If token $i$ attends to the tokens $j$ with $|i - j| < w$, every row has at least $N = \min(n, w)$ keys and "
+        r"every column at most $Q = \min(n, 2w - 1)$ queries, so each column sums to at most "
+        r"$Q / (1 + (N - 1) e^{-\omega})$; and $Q - 1 \le 2 (N - 1)$, so this is at most "
+        r"$Q / (1 + (Q - 1) e^{-\omega - \log 2}) = \kappa_{Q}(\omega + \log 2)$, with equality when $n \ge 2w - 1$."),
     "causal-window-cap": (
         "Column sums under a causal sliding window",
         r"If token $i$ attends to the tokens $j$ with $0 \le i - j < w$, row $i$ has $\min(i, w)$ keys and "

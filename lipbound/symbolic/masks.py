@@ -12,10 +12,12 @@ numbers: a bound ``K`` on its column sums and ``Q``, the most queries a column h
   ``c(min(1 + t, w))`` (c decreases), and it has at most ``min(n, w)`` terms, so exactly
   ``K = kappa^c_{min(n, w)}(omega')``, ``Q = min(n, w)``: where ``kappa^c_n`` grows like ``log n``, the window
   stops it at ``log w``; ``sqrt(min(n, w))`` replaces ``sqrt(n)`` in the covariance cap.
-* **Bidirectional sliding window** (``|i - j| < w``): every row has at least ``min(n, w)`` keys and
-  every column at most ``Q = min(n, 2w - 1)`` queries, so ``K = Q c(min(n, w))``; equal to ``kappa_n`` for
-  ``n <= w`` and exact as the weights saturate (``omega' -> oo``: both sides tend to ``Q``); the largest
-  column sum of the caps themselves is :func:`largest_cap_column` (docs/mathematics.md compares them).
+* **Bidirectional sliding window** (``|i - j| < w``): every row has at least ``N = min(n, w)`` keys and
+  every column at most ``Q = min(n, 2w - 1)`` queries, so a column sums to at most ``Q c(N)``; since
+  ``Q - 1 <= 2 (N - 1)``, ``Q c(N) <= Q / (1 + (Q - 1) e^{-omega' - log 2})``: ``K = kappa_Q(omega' + log 2)``, full
+  attention over ``2w - 1`` tokens with the spread raised by ``log 2`` (equal to ``Q c(N)`` for ``n >= 2w - 1``,
+  and to ``kappa_n`` plus ``log 2`` for ``n <= w``); the largest column sum of the caps themselves is
+  :func:`largest_cap_column` (docs/mathematics.md compares them).
 * **Position biases** ``b_ij`` constant in X (T5's relative buckets, ALiBi): the score's Jacobian is
   unchanged, but a row's scores spread by ``omega + Delta_b``, ``Delta_b`` the biases' spread over a row;
   ``omega' = omega + Delta_b``.  For ALiBi, ``b_ij = -m_A |i - j|``, ``Delta_b = m_A (min(n, w) - 1)``, and the
@@ -121,9 +123,9 @@ class Mask:
             why, lemma = "each weight is at most e^omega/(e^omega + n - 1)", "weight-cap"
         else:
             Q = sp.Min(n, 2 * self.window - 1)
-            K = Q * S.kappa(rows, capped) / rows
-            why, lemma = ("every row has at least min(n, w) keys and every column at most min(n, 2w - 1) "
-                          "queries", "window-cap")
+            K = S.kappa(Q, capped + sp.log(2))
+            why, lemma = ("every row has at least min(n, w) keys and every column at most min(n, 2w - 1) queries; "
+                          "min(n, 2w - 1) - 1 <= 2 (min(n, w) - 1)", "window-cap")
         proof.add(le(_COLUMN, K), why, lemma)
         if self.bias == "alibi":
             tail = 1 + (1 if self.causal else 2) * sp.log(1 + sp.exp(omega)) / S.m_A

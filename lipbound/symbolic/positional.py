@@ -109,6 +109,13 @@ class PositionalAttention(Variant):
         facts = self._facts(self.mask.causal)
         return HeadFacts(**{**vars(facts), "window": self.mask.window is not None, "position_bias": self.mask.bias})
 
+    def derive(self, assumptions: Assumptions, key: str = ""):
+        if isinstance(assumptions, Assumptions) and not assumptions.domain.bounded and self.mask.window == 1:
+            raise AssumptionError("window", "a width of at least 2 on an unbounded domain", "1",
+                                  "with w = 1 every token attends to itself alone and f is affine (Lip = ||W_V||); "
+                                  "derive on a bounded domain")
+        return super().derive(assumptions, key)
+
     def theorem(self, assumptions: Assumptions) -> T.Theorem:
         inner = T.self_attention(per_token_norm(assumptions), self.mask.causal, assumptions.n, self.mask.window,
                                  self.mask.bias)
@@ -130,9 +137,14 @@ def positioned(chosen: Variant, causal: bool = False, window=None, bias: str | N
     if isinstance(chosen, MultiHead):
         return MultiHead(positioned(chosen.head, causal, window, bias, softcap), grouped=chosen.grouped)
     if isinstance(chosen, CrossAttention) or not isinstance(chosen, (SelfAttention, PositionalAttention)):
-        asked = "--window" if window is not None else "--bias" if bias else "--causal" if causal else "--softcap"
+        asked = "window" if window is not None else "bias" if bias else "causal" if causal else "softcap"
         raise AssumptionError(asked, "a softmax self-attention variant (single-head, multi-head or residual)",
                               chosen.title, "masks, position biases and soft-capping apply to self-attention")
+    if chosen.score.kind != "dot":
+        asked = "window" if window is not None else "bias" if bias else "softcap" if softcap else "causal"
+        if asked != "causal":
+            raise AssumptionError(asked, "a dot-product, rotary or QK-norm variant (windows, position biases and soft "
+                                  "caps are derived for those)", chosen.score.title, "pick a dot-product-type variant")
     mask = chosen.mask if isinstance(chosen, PositionalAttention) else Mask(chosen.causal)
     if bias is not None and bias not in BIAS_OPTIONS:
         raise AssumptionError("bias", f"one of {sorted(BIAS_OPTIONS)}", repr(bias), "pick t5 (any relative bias) or alibi")
@@ -140,7 +152,7 @@ def positioned(chosen: Variant, causal: bool = False, window=None, bias: str | N
                 BIAS_OPTIONS[bias] if bias else mask.bias)
     score = SoftCapped(chosen.score) if softcap and not chosen.score.softcap else chosen.score
     if score.softcap and mask.bias != "none":
-        raise AssumptionError("--bias", "no position bias with soft-capped logits (no model caps biased scores; "
+        raise AssumptionError("bias", "no position bias with soft-capped logits (no model caps biased scores; "
                               "lipbound has no theorem for the combination)", f"--bias {bias or mask.bias}",
                               "drop --softcap or --bias")
     if mask.window is None and mask.bias == "none":

@@ -80,10 +80,12 @@ class QKNormScore(Score):
             record.hypothesis(text)
         key_ball = assumptions.domain.enclosing_ball(record)
         radius, gains, root = key_ball.radius, self.gains, sp.sqrt(S.d_k / S.epsilon)
-        record.add(eq(Described("s(x, y)"), self.expression()), "definition of the score, with n_Q(q) = sqrt(d_k) D_q q "
-                   "/ N_eps(q) for the regulariser d_k epsilon", "qk-norm")
+        record.add(eq(Described("s(x, y)"), Described(r"\tau\, n_Q(q)^\top " + (r"R_\Delta " if self.rotary else "")
+                                                      + r"n_K(k)")),
+                   "definition of the score: q = W_Q^T x + b_Q, n_Q(q) = D_q q / s, s = (||q||^2 / d_k + epsilon)^(1/2), "
+                   "and likewise n_K(k)", "qk-norm")
         record.add(le(Described(r"\|D n_Q(q)\|_2"), S.gamma_q / sp.sqrt(S.epsilon)),
-                   "D n_Q(q) = D_q (I - q q^T / (d_k s^2)) / s with s^2 = ||q||^2 / d_k + epsilon >= epsilon", "qk-norm")
+                   "D n_Q(q) is D_q times a symmetric factor with eigenvalues in [0, 1], over s >= sqrt(epsilon)", "qk-norm")
         record.add(le(Described(r"|s(x, y)|"), S.tau * S.d_k * gains),
                    "n_Q(q) = gamma_q * u with ||u|| < sqrt(d_k), likewise n_K(k) = gamma_k * v; "
                    + ("R_Delta is orthogonal, so |n_Q^T R_Delta n_K| <= ||n_Q|| ||n_K||" if self.rotary else
@@ -98,8 +100,8 @@ class QKNormScore(Score):
                    "(gamma_k * gamma_q * u)") + ", and ||D n_K|| <= gamma_k / sqrt(epsilon) acts on the "
                    "normalised query", "qk-norm")
         alpha = S.tau * S.MatrixNormSymbol("W_Q") * gains * root
-        record.add(le(S.alpha, alpha), "grad_x s . e = tau <D n_Q(q) W_Q^T e, " + ("R_Delta n_K(k)>" if self.rotary
-                   else "gamma_k * v>") + ": a linear function of the normalised key, which lies in a ball about "
+        record.add(le(S.alpha, alpha), "grad_x s . e = tau (D n_Q(q) W_Q^T e) . " + ("(R_Delta n_K(k))" if self.rotary
+                   else "(gamma_k * v)") + ": a linear function of the normalised key, which lies in a ball about "
                    "0 of radius sqrt(d_k); half its range bounds its standard deviation", "popoviciu")
         omega = sp.Min(2 * radius * beta, 2 * S.tau * S.d_k * gains)
         record.add(le(S.omega, omega), "mean value theorem along y -> y', or twice the bound on |s|", "score-range")

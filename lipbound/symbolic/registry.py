@@ -74,7 +74,7 @@ VARIANTS: Final[dict[str, tuple[Callable[[], Variant], str]]] = {
     "sliding-window-bidirectional": (lambda: PositionalAttention(DotProduct(), Mask(window=S.w)),
                                      "bidirectional sliding window |i - j| < w (Longformer, ModernBERT local layers)"),
     "alibi": (lambda: PositionalAttention(DotProduct(), Mask(causal=True, bias="alibi")),
-              "causal self-attention with ALiBi biases -m_A |i - j| (BLOOM, MPT)"),
+              "causal self-attention with ALiBi biases of slope m_A (BLOOM, MPT)"),
     "t5-bias": (lambda: PositionalAttention(DotProduct(), Mask(bias="relative")),
                 "self-attention with relative position biases spreading by Delta_b over a row (T5)"),
     "softcap": (lambda: SelfAttention(SoftCapped(DotProduct())),

@@ -32,6 +32,8 @@ from typing import Final, final
 
 import sympy as sp
 
+from ..rigorous.compiler import compile_interval
+from ..rigorous.intervals import IV, lower
 from . import symbols as S
 from .calculus import Inner, Region, upper_norm_vec
 from .record import Defines, Derivation, Described, eq, le
@@ -173,9 +175,6 @@ def unrotated_counterexample(radius=1, point=(sp.Rational(19, 20), sp.Rational(-
 
     Returns ``{"point", "jacobian", "lower", "claimed"}``; ``lower > claimed`` refutes the claim.
     """
-    from ..rigorous.compiler import compile_interval
-    from ..rigorous.intervals import IV, lower
-
     if any(abs(sp.sympify(coordinate)) > sp.sympify(radius) for coordinate in point):
         raise ValueError(f"the point {point} leaves [-{radius}, {radius}]^2")
     x1, x2 = sp.symbols("x_1 x_2", real=True)

@@ -274,11 +274,10 @@ def derive_unbounded(variant, assumptions: Assumptions, key: str) -> Result:
             "state Ball(radius=R) or LayerNormImage(); no witness family was found either, so "
             "lipbound claims neither a bound nor non-Lipschitzness")
     family, entry, instance = found
+    if facts.window:  # two neighbouring tokens see each other; with w = 1 each attends to itself alone: f is affine
+        instance += "; a window of width w >= 2"
     record = Derivation(f"{variant.title} is not Lipschitz on the unbounded domain")
     record.hypothesis(f"instance: {instance}")
-    if facts.window:
-        record.hypothesis("a window of width w >= 2 (two neighbouring tokens see each other; with w = 1 every token "
-                          "attends to itself alone and f is affine)")
     record.add(eq(Described("X_t"), family), "a curve in the instance")
     record.add(eq(Described(r"\partial f / \partial x \,(X_t)"), entry),
                "an entry of the exact Jacobian (SymPy differentiation)", "softmax-derivative")
