@@ -27,7 +27,7 @@ from lipbound.symbolic.registry import BLOCKS, variant
 name = {name!r}
 start = time.perf_counter()
 chosen = variant(name)
-result = chosen.derive(Assumptions(domain=Unbounded() if name in BLOCKS else Ball()), name)
+result = chosen.derive(Assumptions(domain=Unbounded() if name in BLOCKS else Ball(), norm=chosen.norms[0]), name)
 latex(result.expr if result.lipschitz else result.growth)
 bound = time.perf_counter() - start
 proof_fragment(chosen, result)

@@ -87,7 +87,7 @@ class Mask:
         if self.bias == "relative":
             out.append("additive position biases b_ij constant in X; over a row they spread by at most Delta_b")
         elif self.bias == "alibi":
-            out.append("ALiBi: additive biases b_ij = -m_A |i - j| with slope m_A > 0")
+            out.append("ALiBi: additive biases b_ij = - m_A |i - j| with slope m_A > 0")
         return out
 
     def keys_per_row(self, n) -> sp.Expr:

@@ -73,10 +73,10 @@ class SoftCapped(Score):
                    "tanh is 1-Lipschitz and |c_cap tanh| < c_cap", "soft-cap")
         omega = sp.Min(inner.omega, 2 * S.c_cap)
         record.add(le(S.omega, omega), "the spread of a row, capped", "soft-cap")
-        record.add(le(S.beta, inner.beta), "grad_y s~ = tanh'(s / c_cap) grad_y s with 0 < tanh' <= 1", "soft-cap")
+        record.add(le(S.beta, inner.beta), "the key gradient of the capped score is tanh'(s / c_cap) grad_y s, with 0 < tanh' <= 1", "soft-cap")
         alpha = self.inner.factor_alpha(assumptions, record)
-        record.add(le(S.alpha, alpha), "grad_x s~ = tanh'(s / c_cap) grad_x s: each key's query gradient gets its own "
-                   "factor in (0, 1], so only a route that survives such factors applies", "soft-cap")
+        record.add(le(S.alpha, alpha), "the query gradient of the capped score is tanh'(s / c_cap) grad_x s: a factor in (0, 1] that "
+                   "differs from key to key, so only a route that survives such factors applies", "soft-cap")
         return KernelConstants(L_V=inner.L_V, rho=inner.rho, alpha=alpha, beta=inner.beta, omega=omega, record=record)
 
     def factor_alpha(self, assumptions, record: Derivation) -> sp.Expr:

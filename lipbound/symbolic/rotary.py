@@ -128,17 +128,17 @@ class RotaryScore(Score):
         record.add(le(S.rho, rho), "rho = sup_y ||V^T (y - c)|| <= ||V|| R on the key domain", "value-spread")
         record.add(eq(Described(r"\nabla_y s(x_i, x_j)"),
                       Described(r"A_\Delta^\top (x_i - c_Q) + W_K R_\Delta^\top q_c / \sqrt{d_k}")),
-                   f"differentiation, with q_c = {_centre_text(q_c)} the query of the queries' centre c_Q")
+                   f"differentiation, with q_c = {_centre_text(q_c)} the query at the centre c_Q of the query domain")
         beta = a * R_Q + g_Q
         record.add(le(S.beta, beta), "triangle inequality: ||A_Delta^T|| <= a at every offset that occurs, "
                    "||x_i - c_Q|| <= R_Q, and g_Q = max_Delta ||W_K R_Delta^T q_c|| / sqrt(d_k)", "norm-calculus")
         record.add(eq(Described(r"\nabla_x s(x_i, x_j)"),
                       Described(r"A_{\Delta_{ij}} (x_j - c) + W_Q R_{\Delta_{ij}} k_c / \sqrt{d_k}")),
-                   f"differentiation, with k_c = {_centre_text(k_c)} the key of the keys' centre c")
+                   f"differentiation, with k_c = {_centre_text(k_c)} the key at the centre c of the key domain")
         alpha = a * R + g_K
         record.add(le(Described(r"|\nabla_x s(x_i, x_j) \cdot e|"), alpha * Described(r"\|e\|_2")),
-                   "every key has its own offset: the keys' gradients use different matrices A_Delta and different "
-                   "centre terms, so the mean value theorem along the keys does not apply; bound each gradient "
+                   "every key has its own offset: the query gradients of two keys use different matrices A_Delta and "
+                   "different centre terms, so the mean value theorem along the keys does not apply; bound each gradient "
                    "instead, with g_K = max_Delta ||W_Q R_Delta k_c|| / sqrt(d_k)", "rotary-query-term")
         record.add(le(S.alpha, alpha), "a standard deviation is at most the largest absolute value", "rotary-query-term")
         omega = 2 * (a * R_Q * R + g_Q * R + g_K * R_Q + s_c)

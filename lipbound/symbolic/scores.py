@@ -200,8 +200,8 @@ class Score:
         capped, largest = (name_norms(e) for e in values)
         record.add(le(Described(r"\operatorname{std}_{j}(t_j \nabla_x s(x, x_j) \cdot e) / \|e\|"), capped),
                    "factors t_j in [0, 1] times values in [mu - r, mu + r] lie in an interval of length at most "
-                   "2 r + |mu|, mu the full score's query gradient at the keys' centre (the mean value theorem "
-                   "along the keys gives r)", "popoviciu")
+                   "2 r + |mu|, mu the query gradient of the full score at the centre of the key domain (the mean "
+                   "value theorem along the keys gives r)", "popoviciu")
         record.add(le(Described(r"\operatorname{std}_{j}(t_j \nabla_x s(x, x_j) \cdot e) / \|e\|"), largest),
                    "|t_j grad_x s . e| <= sup ||grad_x s|| ||e||", "norm-calculus")
         return smaller(capped, largest)

@@ -177,7 +177,7 @@ def multi_head(head: Theorem, norm: Norm, heads=S.H, grouped: bool = False) -> T
                          "values W_V^{g(h)}; the constants are maxima over the heads and the groups")
         proof.add(Described(r"F(X) = \textstyle\sum_{h=1}^{H} f^h(X) W_O^h,\ f^h \text{ reading } W_K^{g(h)}, W_V^{g(h)}"),
                   "each query head has its own output block W_O^h; the heads of a group read the same keys and "
-                  "values, but with their own weights p^h_ij", "grouped-heads")
+                  "values, each with its own attention weights", "grouped-heads")
     proof.add(le(_LIP, statement), "per token, ||[u_1..u_H] W_O|| <= ||W_O|| (sum_h ||u_h||^2)^(1/2)"
               + (" <= ||W_O|| sum_h ||u_h||" if isinstance(norm, Mixed21) else "")
               + ("; H blocks, not G: with the heads of one group alike F = f (sum_h W_O^h), and "
