@@ -18,6 +18,7 @@ from lipbound.symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unb
 from lipbound.numeric import attention as att
 from lipbound.numeric.domains import LayerNormOutputs, TokenBall
 from lipbound.numeric.evaluate import evaluate_bound
+from lipbound.numeric.kernels import AttentionMask, DotProduct, L2Distance, ScaledCosine
 from lipbound.numeric.model import Head, Layer, LayerNorm
 from lipbound.symbolic.registry import variant
 
@@ -65,16 +66,16 @@ def make_case(name: str, norm: str, domain: str, rng: np.random.Generator, n: in
         W_Q, W_K, W_V = matrix(d, d_k, scale), matrix(d, d_k, scale), matrix(d, d_v)
         biases = dict(b_Q=rng.standard_normal(d_k), b_K=rng.standard_normal(d_k), b_V=rng.standard_normal(d_v))
         if name in ("dot-product-nobias",):
-            return Head(W_Q, W_K, W_V, score="dot")
+            return Head(W_Q, W_K, W_V)
         if name in ("l2-tied", "multi-head-l2"):
-            return Head(W_Q, W_Q, W_V, score="l2", kim_values=True)
+            return Head(W_Q, W_Q, W_V, kernel=L2Distance(), kim_values=True)
         if name == "l2-tied-plain-values":
-            return Head(W_Q, W_Q, W_V, score="l2")
+            return Head(W_Q, W_Q, W_V, kernel=L2Distance())
         if name == "l2-untied":
-            return Head(W_Q, W_K, W_V, score="l2")
+            return Head(W_Q, W_K, W_V, kernel=L2Distance())
         if name == "cosine":
-            return Head(W_Q, W_K, W_V, score="cosine", tau=2.0, eps=0.3)
-        return Head(W_Q, W_K, W_V, score="dot", causal=name == "causal", **biases)
+            return Head(W_Q, W_K, W_V, kernel=ScaledCosine(tau=2.0, eps=0.3))
+        return Head(W_Q, W_K, W_V, mask=AttentionMask(causal=name == "causal"), **biases)
 
     count = heads if name.startswith(("multi-head", "residual-multi-head")) else 1
     head_list = [head() for _ in range(count)]
@@ -133,7 +134,7 @@ def sample_points(case: Case, rng: np.random.Generator, count: int, rows: int | 
     lengths = np.where(rng.random((count, rows, 1)) < 0.6, 1.0, rng.random((count, rows, 1)) ** (1 / d))
     points = R * (1 - 1e-9) * directions * lengths
     ties = count // 3
-    if ties and rows >= 2 and d >= 2 and case.heads[0].score == "dot":
+    if ties and rows >= 2 and d >= 2 and isinstance(case.heads[0].kernel, DotProduct):
         points[:ties] = _ties(case.heads[0], R, rows, ties, rng)
     return points
 

@@ -21,6 +21,7 @@ from lipbound.errors import WeightsError
 from lipbound.measures import (BertModel, EmpiricalMeasure, default_model_dir, self_attention_layer_measure,
                                self_attention_measure)
 from lipbound.numeric import attention
+from lipbound.numeric.kernels import DotProduct
 from lipbound.numeric.model.components import ACTIVATIONS
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "lipbound", "measures", "data")
@@ -71,7 +72,7 @@ def test_model_shape(model):
     assert all(layer.ffn.act == "gelu" for layer in model.model.layers.values())  # config.json: hidden_act
     heads = model.heads(0)
     assert len(heads) == 12
-    assert all(h.W_Q.shape == (384, 32) and h.W_V.shape == (384, 32) and h.score == "dot" for h in heads)
+    assert all(h.W_Q.shape == (384, 32) and h.W_V.shape == (384, 32) and h.kernel == DotProduct() for h in heads)
     assert model.attention_layer(0).residual
 
 

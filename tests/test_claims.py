@@ -13,6 +13,7 @@ from lipbound.symbolic.assumptions import Assumptions, Ball, Unbounded
 from lipbound.numeric.claims import CHECKERS, check
 from lipbound.numeric.domains import AllTokens, TokenBall
 from lipbound.numeric.evaluate import evaluate_bound
+from lipbound.numeric.kernels import L2Distance
 from lipbound.numeric.model import Head, Layer, load_default
 from lipbound.symbolic.claims import CLAIMS
 from lipbound.symbolic.registry import variant
@@ -69,7 +70,7 @@ def test_derived_against_kim_on_the_same_random_l2_weights():
     for scale in (0.25, 1.0, 4.0):
         d = 4
         W = scale * rng.standard_normal((d, d)) / np.sqrt(d)
-        head = Head(W, W, rng.standard_normal((d, d)) / np.sqrt(d), score="l2", kim_values=True)
+        head = Head(W, W, rng.standard_normal((d, d)) / np.sqrt(d), kernel=L2Distance(), kim_values=True)
         layer = Layer((head,), np.eye(d))
         for n in (2, 8, 32):
             ours = evaluate_bound(derived, layer, AllTokens(), n, H=1).value

@@ -22,6 +22,7 @@ from lipbound.errors import AssumptionError
 from lipbound.measures.bert import load_text_model
 from lipbound.measures.depth import depth_experiment, invert, iterate, scale_sweep, sweep_table, tied_l2_block
 from lipbound.numeric import attention
+from lipbound.numeric.kernels import L2Distance
 
 SENTENCE = "The cat slept all afternoon."  # n = 8 tokens
 
@@ -50,7 +51,7 @@ def sweep(model):
 def test_block_is_rescaled_to_the_requested_constant(contraction, model):
     np.testing.assert_allclose(contraction.certified, 0.5, rtol=1e-9)
     head = contraction.head
-    assert head.score == "l2" and head.kim_values and np.array_equal(head.W_Q, head.W_K)
+    assert isinstance(head.kernel, L2Distance) and head.kim_values and np.array_equal(head.W_Q, head.W_K)
     assert head.V.shape == (384, 384)
     np.testing.assert_array_equal(head.W_Q, model.heads(0)[0].W_Q)  # layer 0, head 0: the first of each
     X = np.random.default_rng(0).standard_normal((8, 384)) * 5

@@ -30,6 +30,7 @@ from lipbound.numeric.domains import DomainSpec, LayerNormOutputs, TokenBall
 from lipbound.numeric.evaluate import evaluate_bound, symbol_intervals
 from lipbound.symbolic.monotone import is_nondecreasing
 from lipbound.rigorous.intervals import certify_le, upper
+from lipbound.numeric.kernels import KERNELS, AttentionMask
 from lipbound.numeric.model import Head, Layer, LayerNorm, TransformerLayer, load_default
 from lipbound.symbolic import symbols as S
 from lipbound.symbolic.registry import VARIANTS, variant
@@ -55,8 +56,9 @@ def small_head(seed: int, tied: bool = False, *, score: str = "dot", score_biase
     b_K, b_V = rng.standard_normal(3) / 4, rng.standard_normal(4) / 4
     if not score_biases:
         b_Q = b_K = None
-    return Head(W_Q=W_Q, W_K=W_K, W_V=W_V, b_Q=b_Q, b_K=b_K, b_V=b_V, score=score, causal=causal,
-                kim_values=kim_values, tau=tau, eps=eps)
+    kernel = KERNELS[score](tau=tau, eps=eps) if score == "cosine" else KERNELS[score]()
+    return Head(W_Q=W_Q, W_K=W_K, W_V=W_V, b_Q=b_Q, b_K=b_K, b_V=b_V, kernel=kernel,
+                mask=AttentionMask(causal=causal), kim_values=kim_values)
 
 
 def small_layer(seed: int) -> TransformerLayer:
@@ -119,7 +121,7 @@ def reference_value(expr, heads, layer, domain, n, m=None):
             elif name == "gamma_max":
                 values[symbol] = mp.mpf(domain.norm.gamma_max)
             elif name in ("tau", "epsilon"):
-                values[symbol] = mp.mpf(heads[0].tau if name == "tau" else heads[0].eps)
+                values[symbol] = mp.mpf(heads[0].kernel.symbol_values()[name])
             else:
                 named = [(k, s) for k, (label, s) in S.NAMED_MATRICES.items() if label == name and "W*" not in k]
                 key, scalar = named[0] if named else (name, sp.Integer(1))

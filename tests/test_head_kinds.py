@@ -28,6 +28,7 @@ from lipbound.errors import AssumptionError
 from lipbound.numeric.certify import head_constant
 from lipbound.numeric.dispatch import ROLES, head_facts
 from lipbound.numeric.domains import LayerNormOutputs, TokenBall
+from lipbound.numeric.kernels import AttentionMask, DotProduct, L2Distance, ScaledCosine
 from lipbound.numeric.model import Head, Layer, LayerNorm, Model, TransformerLayer, load_weights, save_plain
 
 NORMS = ("fro", "2,1", "2,inf", "inf")
@@ -48,8 +49,9 @@ def build_head(kind, seed: int, d: int = 3, d_k: int = 2, d_v: int = 2) -> Head:
     W_Q = rng.standard_normal((d, d_k)) * 0.8
     W_K = W_Q.copy() if tied else rng.standard_normal((d, d_k)) * 0.8
     biases = {"b_Q": rng.standard_normal(d_k) * 0.5, "b_K": rng.standard_normal(d_k) * 0.5} if biased else {}
-    return Head(W_Q, W_K, rng.standard_normal((d, d_v)), b_V=rng.standard_normal(d_v), score=score,
-                tau=1.5, eps=0.7, causal=causal, kim_values=kim, **biases)
+    kernel = {"dot": DotProduct(), "l2": L2Distance(), "cosine": ScaledCosine(tau=1.5, eps=0.7)}[score]
+    return Head(W_Q, W_K, rng.standard_normal((d, d_v)), b_V=rng.standard_normal(d_v), kernel=kernel,
+                mask=AttentionMask(causal=causal), kim_values=kim, **biases)
 
 
 # An independent forward pass, written from the definitions ------------------------------------
@@ -67,12 +69,13 @@ def reference_forward(head: Head, Y: np.ndarray, X: np.ndarray) -> np.ndarray:
             if head.causal and j > i:
                 continue
             k = x @ head.W_K + head.b_K
-            if head.score == "dot":
+            if isinstance(head.kernel, DotProduct):
                 s = q @ k / math.sqrt(head.d_k)
-            elif head.score == "l2":
+            elif isinstance(head.kernel, L2Distance):
                 s = -np.sum((q - k) ** 2) / math.sqrt(head.d_k)
             else:
-                s = head.tau * (q @ k) / (math.sqrt(q @ q + head.eps) * math.sqrt(k @ k + head.eps))
+                tau, eps = head.kernel.tau, head.kernel.eps
+                s = tau * (q @ k) / (math.sqrt(q @ q + eps) * math.sqrt(k @ k + eps))
             scores.append(s)
         scores = np.array(scores)
         weights = np.exp(scores - scores.max())
@@ -215,7 +218,7 @@ def test_every_head_kind_is_certified_by_its_own_theorem(kind, tmp_path):
             if ratio > WORST["ratio"]:
                 WORST.update(ratio=ratio, case=(kind, role, norm))
             assert found <= certified.value, (kind, role, norm, found, certified.value)
-    if head.score == "dot" and not head.causal:
+    if isinstance(head.kernel, DotProduct) and not head.causal:
         certified = head_constant(loaded, "w1", domain, 3)
         assert lower_bound(head, "w1", "self", domain, 3, 3, rng, count=4) <= certified.value
     else:
@@ -233,7 +236,7 @@ def test_worst_ratio_is_reported():
 def test_the_dot_product_theorem_no_longer_certifies_an_l2_head():
     """Regression: verify bounded a plain-format L2 head by the dot-product theorem (1.0, while the
     Jacobian at X = (2, -2) has spectral norm 7)."""
-    head = Head(np.zeros((1, 1)), np.ones((1, 1)), np.ones((1, 1)), score="l2")
+    head = Head(np.zeros((1, 1)), np.ones((1, 1)), np.ones((1, 1)), kernel=L2Distance())
     X = np.array([[2.0], [-2.0]])
     J = finite_difference_jacobian(lambda Z: reference_forward(head, Z, Z), X)
     np.testing.assert_allclose(np.linalg.norm(J, 2), 7.0, rtol=1e-6)

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from lipbound.errors import AssumptionError
 from lipbound.numeric.certify import head_bounds, layer_bounds
 from lipbound.numeric.domains import DomainSpec, LayerNormOutputs, TokenBall
+from lipbound.numeric.kernels import AttentionMask, L2Distance, ScaledCosine
 from lipbound.numeric.model import Head, Layer, LayerNorm, load_default
 from lipbound.numeric.recheck import recheck
 from lipbound.numeric.witness import search_witness
@@ -89,7 +90,7 @@ def make(kind: str, rng, d: int, d_k: int, d_v: int, H: int, scale: float):
         return Head(scale * rng.standard_normal((d, d_k)) / math.sqrt(d), scale * rng.standard_normal((d, d_k)) / math.sqrt(d),
                     rng.standard_normal((d, d_v)) / math.sqrt(d),
                     rng.standard_normal(d_k) if biases else None, rng.standard_normal(d_k) if biases else None,
-                    rng.standard_normal(d_v), causal=kind == "causal")
+                    rng.standard_normal(d_v), mask=AttentionMask(causal=kind == "causal"))
 
     heads = tuple(head() for _ in range(H))
     return heads, rng.standard_normal((H * d_v, d)) / math.sqrt(H * d_v)
@@ -222,10 +223,10 @@ def test_bounds_grow_with_n_from_the_exact_value():
 def test_other_scores_get_their_own_theorem_only():
     rng = np.random.default_rng(6)
     W = rng.standard_normal((3, 2))
-    for head in (Head(W, W, rng.standard_normal((3, 2)), score="l2", kim_values=True),
-                 Head(W, rng.standard_normal((3, 2)), rng.standard_normal((3, 2)), score="cosine")):
+    for head in (Head(W, W, rng.standard_normal((3, 2)), kernel=L2Distance(), kim_values=True),
+                 Head(W, rng.standard_normal((3, 2)), rng.standard_normal((3, 2)), kernel=ScaledCosine())):
         assert [b.name for b in head_bounds(head, TokenBall(1.0), 3)] == ["derived"]
-    causal = Head(W, W, W, causal=True)
+    causal = Head(W, W, W, mask=AttentionMask(causal=True))
     with pytest.raises(AssumptionError, match="causal"):
         head_bounds(causal, TokenBall(1.0), 3, role="cross-joint", m=2)
     with pytest.raises(AssumptionError, match="m"):

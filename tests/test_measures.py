@@ -15,14 +15,18 @@ from lipbound.errors import AssumptionError, WeightsError
 from lipbound.measures import (EmpiricalMeasure, attention_map, cross_attention_measure, layer_map,
                                self_attention_layer_measure, self_attention_measure, w1)
 from lipbound.numeric import attention
-from lipbound.numeric.model import Head, Layer, SCORES
+from lipbound.numeric.kernels import AttentionMask, L2Distance, ScaledCosine, DotProduct
+from lipbound.numeric.model import Head, Layer
+
+SCORES = ("dot", "l2", "cosine")
+KERNELS = {"dot": DotProduct(), "l2": L2Distance(), "cosine": ScaledCosine(tau=2.0)}
 
 
 def random_head(seed: int, score: str = "dot", d: int = 5, d_k: int = 3, d_v: int = 4) -> Head:
     rng = np.random.default_rng(seed)
     return Head(rng.standard_normal((d, d_k)), rng.standard_normal((d, d_k)),
                 rng.standard_normal((d, d_v)), rng.standard_normal(d_k),
-                rng.standard_normal(d_k), rng.standard_normal(d_v), score=score, tau=2.0)
+                rng.standard_normal(d_k), rng.standard_normal(d_v), kernel=KERNELS[score])
 
 
 # EmpiricalMeasure ---------------------------------------------------------------
@@ -174,10 +178,10 @@ def test_output_points_lie_in_the_convex_hull_of_the_values():
 
 # Errors ---------------------------------------------------------------------------------
 def test_causal_heads_are_refused_on_measures():
-    head = Head(np.eye(2), np.eye(2), np.eye(2), causal=True)
+    head = Head(np.eye(2), np.eye(2), np.eye(2), mask=AttentionMask(causal=True))
     with pytest.raises(AssumptionError) as info:
         self_attention_measure(head, EmpiricalMeasure(np.zeros((2, 2))))
-    assert info.value.argument == "head.causal"
+    assert info.value.argument == "head"
 
 
 def test_dimension_mismatch_names_the_measure():

@@ -36,6 +36,7 @@ from lipbound.numeric.attention import cross_jvp, dense_jacobian, layer_jvp, sel
 from lipbound.numeric.dispatch import derive_for
 from lipbound.numeric.domains import AllTokens, LayerNormOutputs, TokenBall
 from lipbound.numeric.evaluate import evaluate_bound
+from lipbound.numeric import kernels
 from lipbound.numeric.model import Head, Layer, LayerNorm, TransformerLayer, load_default
 from lipbound.numeric.sdp import joint
 from lipbound.numeric.sdp import (SDP_RELAXATIONS, HeadBounds, cross_attention_bound, gamma_AV, key_gradient_sup,
@@ -57,7 +58,7 @@ FAST = settings(max_examples=20, deadline=None, derandomize=True,
 def random_head(rng, d, d_k, d_v, scale=1.0, bias=0.5, causal=False) -> Head:
     return Head(scale * rng.standard_normal((d, d_k)), scale * rng.standard_normal((d, d_k)),
                 rng.standard_normal((d, d_v)), bias * rng.standard_normal(d_k), bias * rng.standard_normal(d_k),
-                rng.standard_normal(d_v), causal=causal)
+                rng.standard_normal(d_v), mask=kernels.AttentionMask(causal=causal))
 
 
 def ball_points(rng, count, n, d, radius, center) -> np.ndarray:
@@ -638,7 +639,7 @@ def test_every_variant_through_the_registry(small_layer):
     ball = TokenBall(radius)
     single = relax(SelfAttention(DotProduct()), head, ball, n=n, solver="eig")
     masked = relax(SelfAttention(DotProduct(), causal=True),
-                   Head(head.W_Q, head.W_K, head.W_V, head.b_Q, head.b_K, head.b_V, causal=True), ball, n=n,
+                   Head(head.W_Q, head.W_K, head.W_V, head.b_Q, head.b_K, head.b_V, mask=kernels.AttentionMask(causal=True)), ball, n=n,
                    solver="eig")
     crossed = relax(CrossAttention(DotProduct(), "joint"), head, ball, n=n, m=2, solver="eig")
     multi = relax(MultiHead(SelfAttention(DotProduct())), small_layer, ball, n=n, solver="eig")
@@ -722,7 +723,7 @@ def test_registry_takes_the_domain_as_it_is(small_layer):
     (lambda head, layer: self_attention_bound(head, 1.0, n=0), AssumptionError),
     (lambda head, layer: self_attention_bound(head, 1.0, n=2, solver="mosek"), AssumptionError),
     (lambda head, layer: self_attention_bound(head, 1.0, n=2, causal=True), AssumptionError),
-    (lambda head, layer: gamma_AV(Head(head.W_Q, head.W_K, head.W_V, score="l2")), AssumptionError),
+    (lambda head, layer: gamma_AV(Head(head.W_Q, head.W_K, head.W_V, kernel=kernels.L2Distance())), AssumptionError),
     (lambda head, layer: cross_attention_bound(head, 1.0, n=2, m=2, argument="keys"), AssumptionError),
 ])
 def test_bad_input_gets_a_clear_error(small_layer, call, error):
@@ -740,7 +741,8 @@ def test_importing_the_package_does_not_import_a_solver():
 
 def _not_dot_product(rng, score: str) -> Head:
     W = rng.standard_normal((5, 2))
-    return Head(W, W if score == "l2" else rng.standard_normal((5, 2)), rng.standard_normal((5, 2)), score=score)
+    return Head(W, W if score == "l2" else rng.standard_normal((5, 2)), rng.standard_normal((5, 2)),
+                kernel=kernels.KERNELS[score]())
 
 
 @pytest.mark.parametrize("score", ["l2", "cosine"])

@@ -18,6 +18,7 @@ import sys
 import numpy as np
 import pytest
 
+from lipbound.numeric.kernels import AttentionMask
 from lipbound.numeric.model import Head, Layer, LayerNorm, Model, TransformerLayer, load_weights, save_plain
 from lipbound.numeric.model.components import FeedForward
 from lipbound.numeric.scaleout import run_all
@@ -89,7 +90,7 @@ def fd_jacobian(f, Z, h=1e-6):
 # generated models -------------------------------------------------------------------------------
 def _head(rng, causal=False):
     return Head(rng.standard_normal((D, DK)), rng.standard_normal((D, DK)), rng.standard_normal((D, DK)),
-                rng.standard_normal(DK), rng.standard_normal(DK), rng.standard_normal(DK), causal=causal)
+                rng.standard_normal(DK), rng.standard_normal(DK), rng.standard_normal(DK), mask=AttentionMask(causal=causal))
 
 
 def _attention(rng, causal=False):

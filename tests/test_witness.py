@@ -28,6 +28,7 @@ from lipbound.numeric.attention import (dense_jacobian, layer_forward, layer_jvp
 from lipbound.numeric.blas import single_threaded_blas
 from lipbound.numeric.domains import LayerNormOutputs, TokenBall
 from lipbound.numeric.recheck import ROUNDING_TOLERANCE, Recheck, recheck, recheck_file
+from lipbound.numeric.kernels import KERNELS, AttentionMask, DotProduct, L2Distance
 from lipbound.numeric.model import DEFAULT_WEIGHTS, Head, Layer, load_default, load_weights
 from lipbound.numeric.witness import (Witness, castin_adversarial, in_ball, jacobian_norms, kernel_for,
                                       local_jacobian_norm, naive_ascent, project_to_ball, search_witness,
@@ -39,7 +40,7 @@ from lipbound.symbolic.registry import variant
 def random_head(rng, d=6, d_k=2, d_v=3, score="dot", causal=False, scale=1.0) -> Head:
     return Head(scale * rng.standard_normal((d, d_k)), scale * rng.standard_normal((d, d_k)),
                 rng.standard_normal((d, d_v)), rng.standard_normal(d_k), rng.standard_normal(d_k),
-                rng.standard_normal(d_v), score=score, causal=causal)
+                rng.standard_normal(d_v), kernel=KERNELS[score](), mask=AttentionMask(causal=causal))
 
 
 @pytest.fixture(scope="module")
@@ -546,9 +547,9 @@ def test_recheck_uses_the_values_the_head_applies():
     """Tied L2 heads with Kim et al.'s values go through A: the re-check must use Head.V, not W_V."""
     rng = np.random.default_rng(4)
     W = rng.standard_normal((3, 2))
-    head = Head(W, W, rng.standard_normal((3, 2)), score="l2", kim_values=True)
+    head = Head(W, W, rng.standard_normal((3, 2)), kernel=L2Distance(), kim_values=True)
     witness = search_witness(head, domain=TokenBall(1.5), n=3, budget_seconds=0.5)
     result = recheck(witness, head)
     assert result.valid, result.message
     with pytest.raises(WeightsError, match="kim_values"):
-        Head(W, W, W, score="dot", kim_values=True)
+        Head(W, W, W, kernel=DotProduct(), kim_values=True)

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import WeightsError
 from ..numeric.attention import AttentionMap
+from ..numeric.dispatch import dot_product_scope
 from ..numeric.model import FeedForward, Head, Layer, LayerNorm
 from ..rigorous.arrays import IntervalArray, as_interval_array, gelu, gelu_curvature, gelu_slope
 from ..rigorous.intervals import IV
@@ -72,9 +73,9 @@ class EnclosedAttention:
 
     def __init__(self, target: Head | Layer, X, masses=None):
         engine = AttentionMap(target)
-        if engine.score != "dot" or engine.causal:
+        if not dot_product_scope(target) or engine.causal:
             raise WeightsError("target", "a non-causal dot-product head or layer (the local theorems' scope)",
-                               f"score {engine.score!r}{', causal' if engine.causal else ''}",
+                               f"{engine.kernel.describe()}{', causal' if engine.causal else ''}",
                                "local certificates cover BERT-style attention; use lipbound verify for others")
         self.engine = engine
         X = as_interval_array(X)

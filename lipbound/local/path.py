@@ -31,6 +31,7 @@ from typing import final
 import numpy as np
 
 from ..errors import AssumptionError
+from ..numeric import kernels
 from ..numeric.attention import AttentionMap
 from ..numeric.model import Layer
 from ..rigorous.arrays import IntervalArray
@@ -218,7 +219,4 @@ def _anchor(engine: AttentionMap, start: np.ndarray, end: np.ndarray, masses: np
     """``g_i``: the head outputs at the middle of the segment (floats; any fixed vectors are valid)."""
     middle = 0.5 * (start + end)
     lin = engine.linearize(middle[None])
-    scores = lin.S[0] + np.log(masses)[None, None, :]
-    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    weights /= weights.sum(axis=-1, keepdims=True)
-    return np.einsum("hij,hjv->hiv", weights, lin.V[0])
+    return np.einsum("hij,hjv->hiv", kernels.softmax(lin.S[0] + np.log(masses)[None, None, :]), lin.V[0])

@@ -49,6 +49,7 @@ from ..rigorous.intervals import Verdict
 from ..symbolic.assumptions import Assumptions, Unbounded
 from ..errors import AssumptionError
 from ..numeric import attention
+from ..numeric.kernels import L2Distance
 from ..numeric.model import Head
 from ..numeric.domains import AllTokens
 from ..numeric.evaluate import evaluate_bound
@@ -85,7 +86,7 @@ class TiedL2Block:
     Attributes
     ----------
     head : Head
-        ``score="l2"``, ``W_Q = W_K = W`` (d, d_k), ``kim_values=True``, ``W_V`` (d, d).
+        ``kernel=L2Distance()``, ``W_Q = W_K = W`` (d, d_k), ``kim_values=True``, ``W_V`` (d, d).
     n : int
         Tokens the constant is certified for.
     certified : float
@@ -156,7 +157,7 @@ def tied_l2_block(model=None, *, layer: int = 0, head: int = 0, n: int = 8, cert
     values, offset = real.W_V @ W_O, real.b_V @ W_O
 
     def build(factor: float) -> Head:
-        return Head(real.W_Q, real.W_Q, factor * values, b_V=offset, score="l2", kim_values=True,
+        return Head(real.W_Q, real.W_Q, factor * values, b_V=offset, kernel=L2Distance(), kim_values=True,
                               name=f"tied L2 from layer {layer} head {head}")
 
     factor = float(certified) / _certify(build(1.0), int(n))

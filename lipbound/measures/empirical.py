@@ -30,6 +30,7 @@ from ..errors import AssumptionError, WeightsError
 # The scores are those of token-level attention, so that both forms evaluate the very same
 # score (one definition, two readings).
 from ..numeric.attention import head_scores
+from ..numeric.kernels import AttentionMask, softmax
 from ..numeric.model import Head, Layer
 
 __all__ = [
@@ -168,9 +169,13 @@ def _check_head(head) -> Head:
     if not isinstance(head, Head):
         raise WeightsError("head", "a lipbound.numeric.Head", type(head).__name__,
                            "build the head with Head(W_Q, W_K, W_V, ...)")
-    if head.causal:
-        raise AssumptionError("head.causal", "False: a measure has no token order",
-                              "True", "use token-level attention for causal masking")
+    if head.mask != AttentionMask() or head.kernel.positional:
+        raise AssumptionError("head", "a head without positions or masks: a measure has no token order",
+                              f"{head.kernel.describe()}, {head.mask.describe()}",
+                              "use token-level attention for masks and positions")
+    if not head.kernel.weights().normalised:
+        raise AssumptionError("head.kernel", "a kernel whose weights are a Markov kernel (a measure's mass is "
+                              "redistributed)", head.kernel.describe(), "use token-level attention")
     return head
 
 
@@ -204,11 +209,7 @@ def attention_map(head: Head, mu: EmpiricalMeasure, x: np.ndarray) -> np.ndarray
     positive = mu.weights > 0
     log_w = np.full(mu.size, -np.inf)
     log_w[positive] = np.log(mu.weights[positive])
-    S = S + log_w
-    S = S - np.max(S, axis=-1, keepdims=True)
-    P = np.exp(S)
-    P /= np.sum(P, axis=-1, keepdims=True)
-    return P @ (mu.points @ head.V + head.b_V)
+    return softmax(S + log_w) @ (mu.points @ head.V + head.b_V)
 
 
 def self_attention_measure(head: Head, mu: EmpiricalMeasure) -> EmpiricalMeasure:

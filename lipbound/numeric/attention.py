@@ -1,23 +1,28 @@
-"""Attention in numpy, batched: the forward pass, JVP, VJP and second-order term, for every score.
+"""Attention in numpy, batched: the forward pass, JVP, VJP and second-order term, for every kernel.
 
 Tokens are rows.  Queries ``Y`` (b, m, d) attend to keys and values ``X`` (b, n, d); for
-self-attention ``Y = X``.  A head maps ``f_i = sum_j softmax_j(s(y_i, x_j)) (x_j V + b_V)`` with
+self-attention ``Y = X``.  A head maps ``f_i = sum_j p_ij (x_j V + b_V)`` with
 
-* ``"dot"``:    ``s = (y W_Q + b_Q) . (x W_K + b_K) / sqrt(d_k)`` (Vaswani et al. 2017);
-* ``"l2"``:     ``s = -||(y W_Q + b_Q) - (x W_K + b_K)||^2 / sqrt(d_k)`` (Kim et al. 2021);
-* ``"cosine"``: ``s = tau <q, k> / (N(q) N(k))``, ``N(u) = sqrt(||u||^2 + eps)`` (LipsFormer-style);
+    p_i. = weights(mask(s(q_i, k_j; p_i, p_j))),    q = y W_Q + b_Q,  k = x W_K + b_K,
 
-``V = W_V``, or ``W_Q W_Q^T W_V / sqrt(d_k)`` with Kim et al.'s values (:attr:`Head.V`).  A layer
-maps ``F = [f^1, ..., f^H] W_O + b_O`` (plus X when residual).
+``s`` the head's attention kernel (:mod:`lipbound.numeric.kernels`: dot product, L2 distance,
+scaled cosine, RoPE, QK-norm, sigmoid, linear, user-defined), the mask its causal mask, window,
+position bias and soft-cap, the weights a softmax (or the kernel's own), ``p_i`` and ``p_j`` the
+positions of queries and keys (0..m-1 and 0..n-1 unless given); ``V = W_V``, or
+``W_Q W_Q^T W_V / sqrt(d_k)`` with Kim et al.'s values (:attr:`Head.V`).  A layer maps
+``F = [f^1, ..., f^H] W_O + b_O`` (plus X when residual).
 
-:class:`AttentionMap` prepares a head or a layer once: all projections of all heads go through
-one fused matrix product ``[Q | K | V] = X W + b``, optionally in *working coordinates*
-``x' = (x - c) U`` (``U`` an orthonormal basis of the span of the projections; moving a token
-orthogonally to it changes nothing, so a search there loses nothing).  :meth:`AttentionMap.linearize`
-returns a :class:`Linearization` at a batch of inputs, whose ``jvp``, ``vjp`` and ``curvature``
-(``grad_X <G, Df(X)[E]>``) reuse the projections and attention weights.  Derivatives are
-analytic (the curvature of l2 and cosine scores by central differences of VJPs).  The functions
-``self_forward``, ``cross_jvp``, ``layer_vjp``, ... are the same map called on plain arrays.
+:class:`AttentionMap` prepares a head or a layer once: all projections go through one fused
+matrix product ``[Q | K | V] = X W + b`` -- the queries of every head, the keys and values of
+every key/value group once (grouped-query attention: the heads of a group share them) --
+optionally in *working coordinates* ``x' = (x - c) U`` (``U`` an orthonormal basis of the span of
+the projections; moving a token orthogonally to it changes nothing, so a search there loses
+nothing).  The per-head split is :meth:`AttentionMap.split`: queries (b, G, r, m, d_k), keys and
+values (b, G, 1, n, .) for G groups of r heads, so that one matrix product broadcasts a group's
+keys over its heads.  :meth:`AttentionMap.linearize` returns a :class:`Linearization` at a batch
+of inputs, whose ``jvp``, ``vjp`` and ``curvature`` (``grad_X <G, Df(X)[E]>``) reuse the
+projections, scores and weights.  The functions ``self_forward``, ``cross_jvp``, ``layer_vjp``,
+... are the same map called on plain arrays.
 
 The deliberately independent implementation, in exact and interval arithmetic, is in
 :mod:`lipbound.numeric.recheck`.
@@ -25,12 +30,12 @@ The deliberately independent implementation, in exact and interval arithmetic, i
 
 from __future__ import annotations
 
-import math
 from typing import final
 
 import numpy as np
 
 from ..errors import WeightsError
+from .kernels import SOFTMAX, HeadMasks, reduce_to
 from .model.components import Head, Layer
 
 __all__ = ["GRAM_TOKENS", "AttentionMap", "Linearization", "heads_of", "self_forward", "self_jvp", "self_vjp", "cross_forward",
@@ -69,8 +74,14 @@ def _tokens(name: str, T, d: int) -> np.ndarray:
     return T
 
 
-def _softnorm(U: np.ndarray, eps: float) -> np.ndarray:
-    return np.sqrt(np.sum(U * U, axis=-1, keepdims=True) + eps)
+def _positions(name: str, positions, count: int) -> np.ndarray:
+    if positions is None:
+        return np.arange(count)
+    positions = np.asarray(positions)
+    if positions.shape != (count,) or not np.issubdtype(positions.dtype, np.integer):
+        raise WeightsError(name, f"{count} integer positions, one per token", f"{positions.dtype} of shape "
+                           f"{positions.shape}", "positions count from 0 (token i of a sequence sits at i)")
+    return positions
 
 
 @final
@@ -80,47 +91,62 @@ class AttentionMap:
     Parameters
     ----------
     target : Head or Layer
-        Every head of a layer must share its score, mask, temperature and shapes (the
-        projections are fused).
+        Every head of a layer must share its kernel and shapes (the projections are fused); each
+        head keeps its own mask.
     center : ndarray of shape (d,), optional
         Origin of the working coordinates (default 0).
     reduce : bool
         Work in an orthonormal basis of the span of the projections (ignored for residual layers,
         whose identity sees every direction).
+    tangent, query_center, query_tangent : optional
+        The tokens move in ``center + span(tangent)``; the queries of cross-attention in their
+        own frame.
+    dtype : numpy float type
+        float64 (default), or float32 for screening.
     """
 
     def __init__(self, target: Head | Layer, center: np.ndarray | None = None, reduce: bool = False,
                  tangent: np.ndarray | None = None, query_center: np.ndarray | None = None,
-                 query_tangent: np.ndarray | None = None):
+                 query_tangent: np.ndarray | None = None, dtype=np.float64):
         heads, W_O, b_O, residual = heads_of(target)
         first = heads[0]
-        facts = lambda h: (h.d, h.d_k, h.d_v, h.causal, h.score, h.tau, h.eps)  # noqa: E731
-        if any(facts(h) != facts(first) for h in heads):
-            raise WeightsError("target.heads", "heads of one score, mask and shape (they are evaluated together)",
+        if any((h.d, h.d_k, h.d_v) != (first.d, first.d_k, first.d_v) or h.kernel != first.kernel for h in heads):
+            raise WeightsError("target.heads", "heads of one kernel and shape (they are evaluated together)",
                                "a layer of mixed heads", "evaluate its heads one at a time")
-        self.target, self.heads = target, heads
+        self.target, self.heads, self.dtype = target, heads, np.dtype(dtype)
         self.H, self.d, self.d_k, self.d_v = len(heads), first.d, first.d_k, first.d_v
-        self.score, self.causal, self.tau, self.eps = first.score, first.causal, first.tau, first.eps
-        self.residual, self.W_O, self.b_O = residual, W_O, b_O
-        W = np.concatenate([h.W_Q for h in heads] + [h.W_K for h in heads] + [h.V for h in heads], axis=1)
-        bias = np.concatenate([h.b_Q for h in heads] + [h.b_K for h in heads] + [h.b_V for h in heads])
+        self.G = target.num_groups if isinstance(target, Layer) else 1
+        self.r = self.H // self.G
+        self.kernel, self.masks = first.kernel, HeadMasks(tuple(h.mask for h in heads))
+        self.weights = self.kernel.weights()
+        self.causal = self.masks.causal
+        self.residual = residual
+        self.W_O = None if W_O is None else W_O.astype(self.dtype, copy=False)
+        self.b_O = None if b_O is None else b_O.astype(self.dtype, copy=False)
+        shared = [heads[g * self.r] for g in range(self.G)]        # the first head of each group
+        W = np.concatenate([h.W_Q for h in heads] + [h.W_K for h in shared] + [h.V for h in shared], axis=1)
+        bias = np.concatenate([h.b_Q for h in heads] + [h.b_K for h in shared] + [h.b_V for h in shared])
         self.center, self.basis = self._frame(W, center, tangent, reduce and not residual, slice(None))
-        self.W = W if self.basis is None else self.basis.T @ W
-        self.bias = bias + self.center @ W
+        self.W = (W if self.basis is None else self.basis.T @ W).astype(self.dtype, copy=False)
+        self.bias = (bias + self.center @ W).astype(self.dtype, copy=False)
         # queries of cross-attention may live in another set: their own frame, seeing only W_Q
         self.query_center, self.query_basis = self.center, self.basis
         if query_center is not None or query_tangent is not None:
             self.query_center, self.query_basis = self._frame(W, query_center, query_tangent, reduce and not residual,
                                                               slice(0, self.H * self.d_k))
-        self.Wq = W if self.query_basis is None else self.query_basis.T @ W
-        self.bias_q = bias + self.query_center @ W
+        self.Wq = (W if self.query_basis is None else self.query_basis.T @ W).astype(self.dtype, copy=False)
+        self.bias_q = (bias + self.query_center @ W).astype(self.dtype, copy=False)
         self.WT = np.ascontiguousarray(self.W.T)
-        self.scale = 1.0 / math.sqrt(self.d_k)
         self.width = self.W.shape[1]
-        self.gram = None  # a single dot-product head: power iteration in output space (Gram blocks of W)
-        if self.H == 1 and W_O is None and not residual and self.score == "dot":
-            dk = self.d_k
-            W_Q, W_K, W_V = self.W[:, :dk], self.W[:, dk:2 * dk], self.W[:, 2 * dk:]
+        self.columns = (slice(0, self.H * self.d_k), slice(self.H * self.d_k, (self.H + self.G) * self.d_k),
+                        slice((self.H + self.G) * self.d_k, self.width))
+        # scores c q.k under a softmax and a mask without soft-cap: analytic curvature, Gram sandwiches
+        self.scale = self.kernel.bilinear_scale(self.d_k)
+        self.bilinear = self.scale is not None and self.weights is SOFTMAX and \
+            all(mask.softcap is None for mask in self.masks.masks)
+        self.gram = None  # a single bilinear head: power iteration in output space (Gram blocks of W)
+        if self.H == 1 and W_O is None and not residual and self.bilinear:
+            W_Q, W_K, W_V = (self.W[:, c] for c in self.columns)
             self.gram = {"QQ": W_Q.T @ W_Q, "KQ": W_K.T @ W_Q, "KK": W_K.T @ W_K, "QV": W_Q.T @ W_V,
                          "KV": W_K.T @ W_V, "VV": W_V.T @ W_V}
 
@@ -181,189 +207,184 @@ class AttentionMap:
         basis = self._frame_of(queries)[1]
         return Ew if basis is None else Ew @ basis.T
 
-    def head_weights(self, h: int) -> tuple[np.ndarray, ...]:
-        """``(W_Q, W_K, V, b_Q, b_K, b_V)`` of head ``h`` in working coordinates."""
-        H, dk, dv = self.H, self.d_k, self.d_v
-        cols = [slice(h * dk, (h + 1) * dk), slice(H * dk + h * dk, H * dk + (h + 1) * dk),
-                slice(2 * H * dk + h * dv, 2 * H * dk + (h + 1) * dv)]
-        return tuple(self.W[:, c] for c in cols) + tuple(self.bias[c] for c in cols)
+    def head_weights(self, h: int, queries: bool = False) -> tuple[np.ndarray, ...]:
+        """``(W_Q, W_K, V, b_Q, b_K, b_V)`` of head ``h`` in working coordinates (``W_Q``, ``b_Q`` in
+        the queries' frame when ``queries``)."""
+        dk, dv, g = self.d_k, self.d_v, h // self.r
+        q, k, v = self.columns
+        cols = [slice(q.start + h * dk, q.start + (h + 1) * dk), slice(k.start + g * dk, k.start + (g + 1) * dk),
+                slice(v.start + g * dv, v.start + (g + 1) * dv)]
+        W_Q, b_Q = (self.Wq, self.bias_q) if queries else (self.W, self.bias)
+        return (W_Q[:, cols[0]], self.W[:, cols[1]], self.W[:, cols[2]], b_Q[cols[0]], self.bias[cols[1]],
+                self.bias[cols[2]])
 
-    def linearize(self, Xw: np.ndarray, Yw: np.ndarray | None = None) -> "Linearization":
+    # the per-head layout, written once -------------------------------------------------------
+    def project(self, Zw: np.ndarray, queries: bool = False, bias: bool = True) -> np.ndarray:
+        """The fused projection ``Z W (+ b)`` (b, L, width) of tokens (or directions) in working coordinates."""
+        W, b = (self.Wq, self.bias_q) if queries else (self.W, self.bias)
+        out = Zw.reshape(-1, W.shape[0]) @ W
+        if bias:
+            out += b
+        return out.reshape(Zw.shape[0], Zw.shape[1], self.width)
+
+    def split(self, Z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The fused projection (b, L, width) -> queries (b, G, r, L, d_k), keys (b, G, 1, L, d_k) and
+        values (b, G, 1, L, d_v)."""
+        b, L = Z.shape[0], Z.shape[1]
+        q, k, v = self.columns
+        Q = Z[..., q].reshape(b, L, self.G, self.r, self.d_k).transpose(0, 2, 3, 1, 4)
+        K = Z[..., k].reshape(b, L, self.G, 1, self.d_k).transpose(0, 2, 3, 1, 4)
+        V = Z[..., v].reshape(b, L, self.G, 1, self.d_v).transpose(0, 2, 3, 1, 4)
+        return Q, K, V
+
+    def merge(self, gQ: np.ndarray | None, gK: np.ndarray, gV: np.ndarray) -> np.ndarray:
+        """Cotangents of :meth:`split`'s parts -> the fused projection space (b, L, width); ``gQ`` None
+        for the context of cross-attention, whose tokens are not queries."""
+        b, L = gK.shape[0], gK.shape[3]
+        first = np.zeros((b, L, self.H * self.d_k), dtype=gK.dtype) if gQ is None else \
+            gQ.transpose(0, 3, 1, 2, 4).reshape(b, L, -1)
+        return np.concatenate([first, gK.transpose(0, 3, 1, 2, 4).reshape(b, L, -1),
+                               gV.transpose(0, 3, 1, 2, 4).reshape(b, L, -1)], axis=-1)
+
+    def linearize(self, Xw: np.ndarray, Yw: np.ndarray | None = None, positions=None,
+                  query_positions=None) -> "Linearization":
         """The map and its derivatives at a batch of inputs in working coordinates: keys and values
-        ``Xw`` (b, n, d_in); queries ``Yw`` (b, m, d_in) for cross-attention (None: self-attention)."""
-        return Linearization(self, np.asarray(Xw, dtype=float), None if Yw is None else np.asarray(Yw, dtype=float))
+        ``Xw`` (b, n, d_in); queries ``Yw`` (b, m, d_in) for cross-attention (None: self-attention);
+        the positions of keys and queries (default 0..n-1 and 0..m-1; self-attention: the same)."""
+        Xw = np.asarray(Xw, dtype=self.dtype)
+        return Linearization(self, Xw, None if Yw is None else np.asarray(Yw, dtype=self.dtype), positions,
+                             query_positions)
 
-    def forward(self, Xw: np.ndarray, Yw: np.ndarray | None = None) -> np.ndarray:
-        return self.linearize(Xw, Yw).F
+    def forward(self, Xw: np.ndarray, Yw: np.ndarray | None = None, positions=None, query_positions=None) -> np.ndarray:
+        return self.linearize(Xw, Yw, positions, query_positions).F
+
+
+def _swap(M: np.ndarray) -> np.ndarray:
+    return np.swapaxes(M, -1, -2)
 
 
 @final
 class Linearization:
-    """Projections and attention weights at a batch of inputs, reused by JVPs, VJPs and the
-    second-order term.  Shapes: ``Q`` (b, H, m, d_k), ``K`` (b, H, n, d_k), ``V`` (b, H, n, d_v),
-    ``P`` (b, H, m, n)."""
+    """Projections, scores and attention weights at a batch of inputs, reused by JVPs, VJPs and
+    the second-order term.  Shapes (G groups of r heads, H = G r): ``Q5`` (b, G, r, m, d_k),
+    ``K5`` (b, G, 1, n, d_k), ``V5`` (b, G, 1, n, d_v), ``S`` and ``P`` (b, H, m, n) -- the raw
+    scores of the kernel and the weights after mask and softmax."""
 
-    def __init__(self, engine: AttentionMap, Xw: np.ndarray, Yw: np.ndarray | None):
+    def __init__(self, engine: AttentionMap, Xw: np.ndarray, Yw: np.ndarray | None, positions=None,
+                 query_positions=None):
         self.k = engine
         self.X, self.Y = Xw, Yw
         self.cross = Yw is not None
         self.b, self.n = Xw.shape[0], Xw.shape[1]
         self.m = Yw.shape[1] if self.cross else self.n
-        if engine.causal and self.cross:
-            raise WeightsError("target", "a non-causal head for cross-attention", "a causal head",
-                               "causal masks apply to self-attention")
-        proj = self._project(Xw)
-        _, K, V = self._split(proj)
-        Q = self._split(self._project(Yw, queries=True))[0] if self.cross else self._split(proj)[0]
-        self.Q, self.K, self.V = (np.ascontiguousarray(M) for M in (Q, K, V))
-        S = self.S = self._scores()
-        if engine.causal:
-            S = np.where(np.tril(np.ones((self.m, self.n), dtype=bool)), S, -np.inf)
-        S = S - np.max(S, axis=-1, keepdims=True)
-        P = np.exp(S)
-        self.P = P / np.sum(P, axis=-1, keepdims=True)
-        self.PT = np.ascontiguousarray(np.swapaxes(self.P, -1, -2))
-        self.VT = np.ascontiguousarray(np.swapaxes(self.V, -1, -2))
-        if engine.score == "dot":  # scaled copies reused by every JVP and VJP
-            self.Qc = engine.scale * self.Q
-            self.KTc = np.ascontiguousarray(engine.scale * np.swapaxes(self.K, -1, -2))
+        self.pos_k = _positions("positions", positions, self.n)
+        self.pos_q = _positions("query_positions", query_positions, self.m) if self.cross or query_positions is not None \
+            else self.pos_k
+        proj = engine.project(Xw)
+        Q, K, V = engine.split(proj)
+        if self.cross:
+            Q = engine.split(engine.project(Yw, queries=True))[0]
+        self.Q5, self.K5, self.V5 = Q, K, V
+        self.scores = engine.kernel.linearize(Q, K, self.pos_q, self.pos_k, engine.d)
+        self.S = self.scores.S.reshape(self.b, engine.H, self.m, self.n)
+        masked, self.slope = engine.masks.apply(self.S, self.pos_q, self.pos_k, self.cross)
+        self.P = engine.weights.forward(masked)
+        self.P5 = self.P.reshape(self.b, engine.G, engine.r, self.m, self.n)
         self._F = None
 
-    # layout ------------------------------------------------------------------------------------
-    def _project(self, Zw: np.ndarray, queries: bool = False) -> np.ndarray:
+    # per-head views (b, H, ., .) -----------------------------------------------------------------
+    def _heads(self, M5: np.ndarray) -> np.ndarray:
         k = self.k
-        W, bias = (k.Wq, k.bias_q) if queries else (k.W, k.bias)
-        return (Zw.reshape(-1, W.shape[0]) @ W + bias).reshape(Zw.shape[0], Zw.shape[1], k.width)
+        full = np.broadcast_to(M5, (M5.shape[0], k.G, k.r) + M5.shape[3:])
+        return full.reshape((M5.shape[0], k.H) + M5.shape[3:])
 
-    def _split(self, Z: np.ndarray):
-        k, b, n = self.k, Z.shape[0], Z.shape[1]
-        H, dk, dv = k.H, k.d_k, k.d_v
-        Q = Z[..., :H * dk].reshape(b, n, H, dk).transpose(0, 2, 1, 3)
-        K = Z[..., H * dk:2 * H * dk].reshape(b, n, H, dk).transpose(0, 2, 1, 3)
-        V = Z[..., 2 * H * dk:].reshape(b, n, H, dv).transpose(0, 2, 1, 3)
-        return Q, K, V
+    @property
+    def Q(self) -> np.ndarray:
+        return self._heads(self.Q5)
 
-    def _merge(self, gQ, gK, gV) -> np.ndarray:
-        """Per-head cotangents of Q, K, V -> the fused projection space (b, n, width); ``gQ`` None
-        for cross-attention, whose queries are not these tokens."""
-        b, n = gK.shape[0], gK.shape[2]
-        first = np.zeros((b, n, self.k.H * self.k.d_k)) if gQ is None else gQ.transpose(0, 2, 1, 3).reshape(b, n, -1)
-        return np.concatenate([first, gK.transpose(0, 2, 1, 3).reshape(b, n, -1),
-                               gV.transpose(0, 2, 1, 3).reshape(b, n, -1)], axis=-1)
+    @property
+    def K(self) -> np.ndarray:
+        return self._heads(self.K5)
 
-    def _heads_out(self, Fh: np.ndarray) -> np.ndarray:
-        """(b, H, m, d_v) -> the map's output (b, m, d_out), without bias."""
-        b, H, m, dv = Fh.shape
-        merged = Fh.transpose(0, 2, 1, 3).reshape(b, m, H * dv)
+    @property
+    def V(self) -> np.ndarray:
+        return self._heads(self.V5)
+
+    # output layout ---------------------------------------------------------------------------------
+    def _heads_out(self, F5: np.ndarray) -> np.ndarray:
+        """(b, G, r, m, d_v) -> the map's output (b, m, d_out), without bias."""
+        b, m = F5.shape[0], F5.shape[3]
+        merged = F5.transpose(0, 3, 1, 2, 4).reshape(b, m, self.k.H * self.k.d_v)
         return merged if self.k.W_O is None else merged @ self.k.W_O
 
     def _heads_in(self, G: np.ndarray) -> np.ndarray:
-        """Cotangent of the output (b, m, d_out) -> per head (b, H, m, d_v)."""
+        """Cotangent of the output (b, m, d_out) -> per head (b, G, r, m, d_v)."""
         if self.k.W_O is not None:
             G = G @ self.k.W_O.T
         b, m = G.shape[0], G.shape[1]
-        return G.reshape(b, m, self.k.H, self.k.d_v).transpose(0, 2, 1, 3)
-
-    def _to_proj(self, E: np.ndarray, queries: bool = False) -> np.ndarray:
-        W = self.k.Wq if queries else self.k.W
-        return (E.reshape(-1, W.shape[0]) @ W).reshape(E.shape[0], E.shape[1], self.k.width)
+        return G.reshape(b, m, self.k.G, self.k.r, self.k.d_v).transpose(0, 2, 3, 1, 4)
 
     def _from_proj(self, Z: np.ndarray) -> np.ndarray:
         return (Z.reshape(-1, self.k.width) @ self.k.WT).reshape(Z.shape[0], Z.shape[1], self.k.d_in)
 
-    # scores --------------------------------------------------------------------------------------
-    def _scores(self) -> np.ndarray:
-        k, Q, K = self.k, self.Q, self.K
-        KT = np.swapaxes(K, -1, -2)
-        if k.score == "dot":
-            return k.scale * (Q @ KT)
-        if k.score == "l2":
-            qq = np.sum(Q * Q, axis=-1)[..., :, None]
-            kk = np.sum(K * K, axis=-1)[..., None, :]
-            return -k.scale * (qq - 2 * Q @ KT + kk)
-        self.nq, self.nk = _softnorm(Q, k.eps), _softnorm(K, k.eps)
-        self.Qn, self.Kn = Q / self.nq, K / self.nk
-        return k.tau * self.Qn @ np.swapaxes(self.Kn, -1, -2)
-
-    def _score_jvp(self, dQ, dK) -> np.ndarray:
-        k, Q, K = self.k, self.Q, self.K
-        if k.score == "dot":
-            dS = dQ @ self.KTc
-            dS += self.Qc @ np.swapaxes(dK, -1, -2)
-            return dS
-        if k.score == "l2":
-            qdq = np.sum(Q * dQ, axis=-1)[..., :, None]
-            kdk = np.sum(K * dK, axis=-1)[..., None, :]
-            return -2 * k.scale * (qdq - dQ @ np.swapaxes(K, -1, -2) - Q @ np.swapaxes(dK, -1, -2) + kdk)
-        dQn = dQ / self.nq - Q * np.sum(Q * dQ, axis=-1, keepdims=True) / self.nq ** 3
-        dKn = dK / self.nk - K * np.sum(K * dK, axis=-1, keepdims=True) / self.nk ** 3
-        return k.tau * (dQn @ np.swapaxes(self.Kn, -1, -2) + self.Qn @ np.swapaxes(dKn, -1, -2))
-
-    def _score_vjp(self, gS):
-        k, Q, K = self.k, self.Q, self.K
-        gST = np.swapaxes(gS, -1, -2)
-        if k.score == "dot":
-            return k.scale * gS @ K, k.scale * gST @ Q
-        if k.score == "l2":
-            gQ = -2 * k.scale * (np.sum(gS, axis=-1)[..., None] * Q - gS @ K)
-            gK = 2 * k.scale * (gST @ Q - np.sum(gS, axis=-2)[..., None] * K)
-            return gQ, gK
-        gQn, gKn = k.tau * gS @ self.Kn, k.tau * gST @ self.Qn
-        gQ = gQn / self.nq - Q * np.sum(Q * gQn, axis=-1, keepdims=True) / self.nq ** 3
-        gK = gKn / self.nk - K * np.sum(K * gKn, axis=-1, keepdims=True) / self.nk ** 3
-        return gQ, gK
+    def _masked(self, dS: np.ndarray) -> np.ndarray:
+        """A tangent of the raw scores (b, G, r, m, n) -> of the masked scores (b, H, m, n)."""
+        dS = dS.reshape(self.b, self.k.H, self.m, self.n)
+        return dS * self.slope if self.slope is not None else dS
 
     # the map -------------------------------------------------------------------------------------
     @property
     def F(self) -> np.ndarray:
         """``f(X)`` (b, m, d_out), with the output bias (plus the input for a residual layer)."""
         if self._F is None:
-            out = self._heads_out(self.P @ self.V)
+            out = self._heads_out(self.P5 @ self.V5)
             if self.k.b_O is not None:
-                out = out + self.k.b_O
+                out += self.k.b_O
             self._F = out + self.k.from_work(self.X) if self.k.residual else out
         return self._F
 
     def _jvp_heads(self, dQ, dK, dV) -> np.ndarray:
-        dS = self._score_jvp(dQ, dK)
-        dS -= np.sum(self.P * dS, axis=-1, keepdims=True)
-        dS *= self.P                                           # dP = P o (dS - rowsum(P o dS))
-        out = dS @ self.V
-        out += self.P @ dV
+        dP = self.k.weights.derivative(self.P, self._masked(self.scores.jvp(dQ, dK)))
+        out = dP.reshape(self.P5.shape) @ self.V5
+        out += self.P5 @ dV
         return self._heads_out(out)
 
     def jvp(self, E: np.ndarray, EY: np.ndarray | None = None) -> np.ndarray:
         """``Df[E]``: ``E`` (b, n, d_in) moves the keys and values (and the queries in
         self-attention); ``EY`` (b, m, d_in) moves the queries of cross-attention."""
-        _, dK, dV = self._split(self._to_proj(E))
+        dQ, dK, dV = self.k.split(self.k.project(E, bias=False))
         if self.cross:
-            dQ = self._split(self._to_proj(EY, queries=True))[0] if EY is not None else np.zeros_like(self.Q)
-        else:
-            dQ = self._split(self._to_proj(E))[0]
+            dQ = None if EY is None else self.k.split(self.k.project(EY, queries=True, bias=False))[0]
         out = self._jvp_heads(dQ, dK, dV)
         return out + self.k.direction_from_work(E) if self.k.residual else out
+
+    def _score_cotangent(self, Gh: np.ndarray) -> np.ndarray:
+        """``gS`` of the raw scores (b, G, r, m, n) for head cotangents Gh (b, G, r, m, d_v)."""
+        gP = (Gh @ _swap(self.V5)).reshape(self.P.shape)
+        gS = self.k.weights.derivative(self.P, gP)
+        if self.slope is not None:
+            gS *= self.slope
+        return gS.reshape(self.P5.shape)
 
     def vjp(self, G: np.ndarray):
         """``Df^T[G]`` for G (b, m, d_out): an array for self-attention, ``(gY, gX)`` for cross."""
         Gh = self._heads_in(G)
-        gS = Gh @ self.VT
-        gS -= np.sum(self.P * gS, axis=-1, keepdims=True)
-        gS *= self.P                                           # P o (gP - rowsum(P o gP))
-        gQ, gK = self._score_vjp(gS)
-        gV = self.PT @ Gh
-        if not self.cross:
-            out = self._from_proj(self._merge(gQ, gK, gV))
-            return out + (G if self.k.basis is None else G @ self.k.basis) if self.k.residual else out
+        gQ, gK = self.scores.vjp(self._score_cotangent(Gh))
+        gV = reduce_to(_swap(self.P5) @ Gh, self.V5.shape)
         k = self.k
-        gY = (gQ.transpose(0, 2, 1, 3).reshape(self.b, self.m, -1) @ k.Wq[:, :k.H * k.d_k].T).reshape(
+        if not self.cross:
+            out = self._from_proj(k.merge(gQ, gK, gV))
+            return out + (G if k.basis is None else G @ k.basis) if k.residual else out
+        gY = (gQ.transpose(0, 3, 1, 2, 4).reshape(self.b, self.m, -1) @ k.Wq[:, k.columns[0]].T).reshape(
             self.b, self.m, k.d_query)
-        gX = self._from_proj(self._merge(None, gK, gV))
+        gX = self._from_proj(k.merge(None, gK, gV))
         return gY, gX
 
     def curvature(self, E: np.ndarray, G: np.ndarray) -> np.ndarray:
         """``grad_X <G, Df(X)[E]>`` with E, G held fixed (self-attention), shape (b, n, d_in).
 
-        Dot-product scores, reverse mode through the JVP (``S = c Q K^T``, ``P = softmax(S)``)::
+        Scores ``S = c Q K^T`` under a softmax (:attr:`AttentionMap.bilinear`), reverse mode
+        through the JVP (``P = softmax(mask(S))``, the mask adding constants and ``-inf``)::
 
             dS  = c (dQ K^T + Q dK^T),  m = rowsum(P o dS),  dP = P o (dS - m),  dF = dP V + P dV
             gdP = G V^T,  a = rowsum(P o gdP),  gdS = P o (gdP - a)
@@ -371,33 +392,35 @@ class Linearization:
             gQ  = c (gdS dK + gS K),  gK = c (gdS^T dQ + gS^T Q),  gV = dP^T G
             grad = [gQ | gK | gV] W^T
 
-        Other scores: the central difference ``(Df(X + hE)^T G - Df(X - hE)^T G) / 2h`` (symmetry of
+        Other kernels: the central difference ``(Df(X + hE)^T G - Df(X - hE)^T G) / 2h`` (symmetry of
         the Hessian of ``<G, f>``).  With ``G = Df[E] / ||Df[E]||`` and E the top right singular vector
         this is the gradient of the local Jacobian norm (envelope theorem).
         """
         if self.cross:
             raise WeightsError("curvature", "self-attention", "cross-attention", "use jvp and vjp")
-        if self.k.score != "dot":
+        k = self.k
+        if not k.bilinear:
             scale = np.sqrt(np.sum(self.X ** 2, axis=(1, 2), keepdims=True)) + 1.0
             h = 1e-5 * scale
-            plus, minus = self.k.linearize(self.X + h * E).vjp(G), self.k.linearize(self.X - h * E).vjp(G)
+            plus = k.linearize(self.X + h * E, positions=self.pos_k).vjp(G)
+            minus = k.linearize(self.X - h * E, positions=self.pos_k).vjp(G)
             return (plus - minus) / (2 * h)
-        dQ, dK, dV = self._split(self._to_proj(E))
+        dQ, dK, dV = k.split(k.project(E, bias=False))
         Gh = self._heads_in(G)
-        c, P = self.k.scale, self.P
-        KT, dKT = np.swapaxes(self.K, -1, -2), np.swapaxes(dK, -1, -2)
-        dS = c * (dQ @ KT + self.Q @ dKT)
+        c, P = k.scale, self.P5
+        Q, K, V = self.Q5, self.K5, self.V5
+        dS = c * (dQ @ _swap(K) + Q @ _swap(dK))
         m = np.sum(P * dS, axis=-1, keepdims=True)
         dP = P * (dS - m)
-        gdP = Gh @ np.swapaxes(self.V, -1, -2)
+        gdP = Gh @ _swap(V)
         a = np.sum(P * gdP, axis=-1, keepdims=True)
         gdS = P * (gdP - a)
-        gP = Gh @ np.swapaxes(dV, -1, -2) + gdP * (dS - m) - a * dS
+        gP = Gh @ _swap(dV) + gdP * (dS - m) - a * dS
         gS = P * (gP - np.sum(P * gP, axis=-1, keepdims=True))
-        gQ = c * (gdS @ dK + gS @ self.K)
-        gK = c * (np.swapaxes(gdS, -1, -2) @ dQ + np.swapaxes(gS, -1, -2) @ self.Q)
-        gV = np.swapaxes(dP, -1, -2) @ Gh
-        return self._from_proj(self._merge(gQ, gK, gV))
+        gQ = c * (gdS @ dK + gS @ K)
+        gK = reduce_to(c * (_swap(gdS) @ dQ + _swap(gS) @ Q), K.shape)
+        gV = reduce_to(_swap(dP) @ Gh, V.shape)
+        return self._from_proj(k.merge(gQ, gK, gV))
 
     # power iteration -------------------------------------------------------------------------------
     def top_singular(self, start: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -405,7 +428,7 @@ class Linearization:
 
         Returns ``(sigma, E, JE)``: unit directions E, ``JE = Df[E]`` and ``sigma = ||JE||_F``, so each
         sigma is a lower bound on the local Jacobian norm whatever the convergence.  A single
-        dot-product head with at most :data:`GRAM_TOKENS` tokens iterates ``Df Df^T`` in output space
+        bilinear head with at most :data:`GRAM_TOKENS` tokens iterates ``Df Df^T`` in output space
         (:meth:`gram_step`, O(n^3) a step), other maps ``Df^T Df`` in token space (O(n^2 d)).
         """
         E = unit_rows(start)
@@ -422,7 +445,7 @@ class Linearization:
         return np.sqrt(np.einsum("bij,bij->b", JE, JE)), E, JE
 
     def gram_step(self, G: np.ndarray) -> np.ndarray:
-        """``Df Df^T G`` for a single dot-product head, G of shape (b, n, d_v), in O(n^2 (n + d_v)).
+        """``Df Df^T G`` for a single bilinear head, G of shape (b, n, d_v), in O(n^2 (n + d_v)).
 
         ``Df^T G = [c gS K | c gS^T Q | P^T G] W^T`` with ``gS = P o (G V^T - rowsum(P o G V^T))``;
         applying ``Df`` needs only ``Z = (Df^T G) W``, i.e. the Gram blocks ``Gamma_XY = W_X^T W_Y``.
@@ -436,28 +459,29 @@ class Linearization:
         """
         if not hasattr(self, "_sandwich"):
             g, c = self.k.gram, self.k.scale
-            Q, K = self.Q[:, 0], self.K[:, 0]
-            KT, QT = np.swapaxes(K, -1, -2), np.swapaxes(Q, -1, -2)
+            Q, K, V = self.Q5[:, 0, 0], self.K5[:, 0, 0], self.V5[:, 0, 0]
+            KT, QT = _swap(K), _swap(Q)
             M1, M2, M3 = K @ g["QQ"] @ KT, Q @ g["KQ"] @ KT, Q @ g["KK"] @ QT
             N2, N3 = Q @ g["KV"], K @ g["QV"]
             right = np.concatenate([np.concatenate([c * M1, c * N3], axis=2),
                                     np.concatenate([c * M2, c * N2], axis=2)], axis=1)
             left = np.concatenate([c * M2, c * M3, N2], axis=2)
+            P = self.P[:, 0]
             self._sandwich = (np.ascontiguousarray(right), np.ascontiguousarray(left),
-                              np.ascontiguousarray(np.swapaxes(N3, -1, -2)), self.P[:, 0], self.PT[:, 0],
-                              self.V[:, 0], self.VT[:, 0])
+                              np.ascontiguousarray(_swap(N3)), P, np.ascontiguousarray(_swap(P)),
+                              V, np.ascontiguousarray(_swap(V)))
         right, left, N3T, P, PT, V, VT = self._sandwich
         c = self.k.scale
         b, n, dv = G.shape
         gS = G @ VT
         gS -= np.sum(P * gS, axis=-1, keepdims=True)
         gS *= P
-        gST = np.swapaxes(gS, -1, -2)
+        gST = _swap(gS)
         Gv = PT @ G
         both = np.concatenate([gS, gST], axis=2) @ right                 # [dS part | dV part]
         dS = both[..., :n]
         dS += Gv @ N3T
-        dS += left @ np.concatenate([gST, gS, np.swapaxes(Gv, -1, -2)], axis=1)
+        dS += left @ np.concatenate([gST, gS, _swap(Gv)], axis=1)
         dS *= c
         dS -= np.sum(P * dS, axis=-1, keepdims=True)
         dS *= P
@@ -470,7 +494,7 @@ class Linearization:
 
 # The same map on plain arrays ----------------------------------------------------------------------
 def head_scores(head: Head, Y, X) -> np.ndarray:
-    """The scores ``s(y_i, x_j)`` of one head, shape (b, m, n), before the mask and the softmax."""
+    """The scores ``s(y_i, x_j)`` of one head, shape (b, m, n), before the mask and the weights."""
     return AttentionMap(head).linearize(_tokens("X", X, head.d), _tokens("Y", Y, head.d)).S[:, 0]
 
 

@@ -21,7 +21,7 @@ from ..rigorous.value import CertifiedValue, not_certified
 from ..symbolic import theorems as T
 from ..symbolic.scores import DotProduct
 from ..symbolic.variants import CrossAttention, MultiHead, SelfAttention
-from .dispatch import ROLES, derive_for, head_facts
+from .dispatch import ROLES, check_layer, derive_for, dot_product_scope, head_facts
 from .domains import TokenBall, TokenDomain
 from .evaluate import evaluate_bound
 from .model import Head, Layer, TransformerLayer
@@ -145,9 +145,9 @@ def head_bounds(head: Head, domain: TokenDomain, n: int, *, role: str = "self", 
         ``certified=False`` and its reason.
     """
     _check_role(role, m)
-    facts = head_facts(head, role)                       # refuses what no theorem covers, e.g. causal cross
+    head_facts(head, role)                               # refuses what no theorem covers, e.g. causal cross
     values = [head_constant(head, "fro", domain, n, m=m, role=role, query_domain=query_domain)]
-    if facts.score != "dot":
+    if not dot_product_scope(head):
         return values
     cross = role != "self"
     queries = (query_domain or domain) if cross else None
@@ -174,11 +174,12 @@ def layer_bounds(attention_layer: Layer | TransformerLayer, domain: TokenDomain,
     _check_role(role, m)
     attention = attention_layer.attention if isinstance(attention_layer, TransformerLayer) else attention_layer
     if attention.residual:
-        attention = Layer(attention.heads, attention.W_O, attention.b_O)
+        attention = Layer(attention.heads, attention.W_O, attention.b_O, groups=attention.groups)
     for head in attention.heads:
         head_facts(head, role)
+    check_layer(attention)
     values = [layer_constant(attention, "fro", domain, n, role=role, m=m, query_domain=query_domain)]
-    if any(h.score != "dot" for h in attention.heads):
+    if not dot_product_scope(attention):
         return values
     cross = role != "self"
     queries = (query_domain or domain) if cross else None

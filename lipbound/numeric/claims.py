@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Callable, final
+from typing import Callable
 
 import mpmath
 import numpy as np
@@ -30,55 +29,14 @@ from ..symbolic.claims import PublishedClaim, claim
 from ..symbolic.registry import variant
 from .attention import dense_jacobian, self_jvp
 from .domains import TokenBall
+from .kernels import L2Distance, softmax
 from .model import Head, load_default
 from .recheck import directional_norm
+from .claim_checks import RECENT_CHECKERS
+from .claim_result import CheckResult, claim_verdict as _verdict
 from .witness import search_witness
 
 __all__ = ["CheckResult", "check", "CHECKERS"]
-
-
-@final
-@dataclass(frozen=True)
-class CheckResult:
-    """Outcome of trying to refute a claim.
-
-    ``verdict``: ``"REFUTED"`` (a certified witness beats the claim), ``"not refuted"``
-    (no witness found within the budget: not a proof), ``"confirmed"`` (the claim is
-    also a theorem lipbound derives or checks exactly), or ``"not certified"``.
-    """
-
-    claim: str
-    verdict: str
-    provenance: str
-    claimed: float | None = None
-    witness_value: float | None = None
-    witness: dict = field(default_factory=dict)
-    notes: str = ""
-
-    @property
-    def refuted(self) -> bool:
-        return self.verdict == "REFUTED"
-
-    def describe(self) -> str:
-        lines = [f"claim {self.claim} {self.provenance}", f"verdict: {self.verdict}"]
-        if self.claimed is not None:
-            lines.append(f"claimed value (certified upper end): {self.claimed:.6g}")
-        if self.witness_value is not None:
-            lines.append(f"witness value (certified lower end): {self.witness_value:.6g}")
-        for key, value in self.witness.items():
-            lines.append(f"witness {key}: {value}")
-        if self.notes:
-            lines.append(self.notes)
-        return "\n".join(lines)
-
-
-def _verdict(witness_low: float, claimed_high: float) -> str:
-    answer = certify_le(interval(witness_low), interval(claimed_high))
-    if answer is Verdict.FAILS:
-        return "REFUTED"
-    if answer is Verdict.HOLDS:
-        return "not refuted"
-    return "not certified"
 
 
 def _claim_value(statement: sp.Expr, values: dict) -> float:
@@ -136,7 +94,7 @@ def _check_kim(item: PublishedClaim, seed: int, budget: float, weights) -> Check
             n = int(rng.integers(2, 5))
             W = scale * rng.standard_normal((d, d)) / np.sqrt(d)
             W_V = rng.standard_normal((d, d)) / np.sqrt(d)
-            head = Head(W, W, W_V, score="l2", kim_values=True)
+            head = Head(W, W, W_V, kernel=L2Distance(), kim_values=True)
             values = {"n": interval(n), "d_k": interval(d), "H": interval(1), "W": interval(spectral_norm_upper(W)),
                       "W_V": interval(spectral_norm_upper(W_V)), "W_O": interval(1),
                       "W.T": _inf_norm_upper(W.T), "W_O.T": interval(1), "W_V.T": _inf_norm_upper(W_V.T)}
@@ -169,7 +127,7 @@ def _check_castin_theorem(item: PublishedClaim, seed: int, budget: float, weight
         heads = [(h, model.layers[0].ln_in.radius_about_origin) for h in model.layers[0].heads[:3]]
     best = None
     for head, radius in heads:
-        plain = Head(head.W_Q, head.W_K, head.W_V, score="dot")
+        plain = Head(head.W_Q, head.W_K, head.W_V)
         n = 8
         witness = search_witness(plain, domain=TokenBall(radius), n=n, budget_seconds=max(1.0, budget / len(heads)),
                                  seed=seed)
@@ -190,7 +148,7 @@ def _check_castin_code(item: PublishedClaim, seed: int, budget: float, weights) 
     model = weights or load_default(layers=0)
     layer = model.layers[min(model.layers)]
     radius = layer.ln_in.radius_about_origin if layer.ln_in is not None else 1.0
-    head = Head(layer.heads[0].W_Q, layer.heads[0].W_K, layer.heads[0].W_V, score="dot")
+    head = Head(layer.heads[0].W_Q, layer.heads[0].W_K, layer.heads[0].W_V)
     witness = search_witness(head, domain=TokenBall(radius), n=8, budget_seconds=max(2.0, budget), seed=seed)
     X = witness.X
     A = head.A
@@ -211,7 +169,7 @@ def _softmax_jacobian_norm(z: np.ndarray):
     exps = [IV.exp(interval(float(v)) - interval(float(np.max(z)))) for v in z]
     total = sum(exps, IV.mpf(0))
     p = [e / total for e in exps]
-    J = np.diag(np.exp(z - z.max()) / np.exp(z - z.max()).sum())
+    J = np.diag(softmax(z))
     J = J - np.outer(np.diag(J), np.diag(J))
     v = np.linalg.eigh(J)[1][:, -1]
     Jv = [p[i] * float(v[i]) - p[i] * sum((p[k] * float(v[k]) for k in range(len(z))), IV.mpf(0))
@@ -230,8 +188,7 @@ def _check_softmax(item: PublishedClaim, seed: int, budget: float, weights) -> C
                                   for _ in range(2000)]
 
     def norm(z):
-        p = np.exp(z - z.max())
-        p /= p.sum()
+        p = softmax(z)
         return np.linalg.norm(np.diag(p) - np.outer(p, p), 2)
 
     best = max(candidates, key=norm)
@@ -315,7 +272,7 @@ def _check_power_iteration(item: PublishedClaim, seed: int, budget: float, weigh
 
 def _check_untied(item: PublishedClaim, seed: int, budget: float, weights) -> CheckResult:
     """Untied L2 attention (W_Q = 1, W_K = 2 on R): along X_t = (0, t) the Jacobian grows like t^2."""
-    head = Head(np.ones((1, 1)), 2 * np.ones((1, 1)), np.ones((1, 1)), score="l2")
+    head = Head(np.ones((1, 1)), 2 * np.ones((1, 1)), np.ones((1, 1)), kernel=L2Distance())
     values = {"n": interval(2), "d_k": interval(1), "H": interval(1), "W_Q": interval(1), "W_V": interval(1),
               "W_O": interval(1)}
     claimed = _claim_value(item.statement, values)
@@ -360,6 +317,7 @@ CHECKERS: dict[str, Callable] = {
     "softmax-half": _check_softmax, "lipschitznorm": _check_lipschitznorm, "vuckovic-w1": _check_derived,
     "gelu-1.12": _check_gelu, "power-iteration-5": _check_power_iteration, "l2-untied-global": _check_untied,
 }
+CHECKERS.update(RECENT_CHECKERS)
 
 
 def check(key: str, weights=None, seed: int = 0, budget: float = 20.0) -> CheckResult:

@@ -1,12 +1,23 @@
 """A head's facts select its theorem, here and nowhere else.
 
-:func:`head_facts` reads what matters about a concrete head -- its score, whether its score
-has biases, whether ``W_Q = W_K``, its value convention, its mask -- and the argument the
-constant is taken in.  :func:`head_variant` maps those facts to the one symbolic variant whose
-theorem covers them, and :func:`derive_for` derives that theorem on a domain (cached).  A head
-no theorem covers is refused with an :class:`~lipbound.errors.AssumptionError` that names the
-facts; it is never bound by another variant's theorem.  :func:`check_covers` is the guard that
-:func:`~lipbound.numeric.evaluate.evaluate_bound` applies to any bound and head it is given.
+:func:`head_facts` reads what matters about a concrete head -- the facts its attention kernel
+reports (:meth:`lipbound.numeric.kernels.AttentionKernel.facts`: the score, how scores become
+weights, the scale), whether its score has biases, whether ``W_Q = W_K``, its value convention,
+its mask -- and the argument the constant is taken in.  :func:`head_variant` maps those facts to
+the one symbolic variant whose theorem covers them, and :func:`derive_for` derives that theorem on
+a domain (cached).  A head no theorem covers is refused with an
+:class:`~lipbound.errors.AssumptionError` that names the facts; it is never bound by another
+variant's theorem.  Today's theorems cover dot-product, L2-distance and scaled-cosine scores under
+a softmax, with the standard scale ``1/sqrt(d_k)``, a causal mask or none, one key/value group per
+head; rotary positions, QK-norm, sigmoid and linear attention, user-defined numeric scores,
+sliding windows, position biases, soft-caps and grouped-query layers are refused until their
+theorems are dispatched here.
+
+:func:`check_covers` is the guard that :func:`~lipbound.numeric.evaluate.evaluate_bound` applies to
+any bound and head it is given; :func:`check_layer` refuses layers no composition covers;
+:func:`dot_product_scope` says whether a head or layer lies in the scope of the constructions
+written for softmax dot-product attention (the matrix-aware forms, the SDP relaxations, the local
+theorems, the published claims).
 """
 
 from __future__ import annotations
@@ -19,13 +30,26 @@ from ..symbolic.bound import Bound
 from ..symbolic.facts import ROLES, HeadFacts
 from ..symbolic.scores import DotProduct, L2Distance, ScaledCosine
 from ..symbolic.variants import CrossAttention, MeasureAttention, SelfAttention, Variant
-from .model.components import Head
+from .model.components import Head, Layer
 
-__all__ = ["head_facts", "head_variant", "derive_for", "check_covers", "ROLES"]
+__all__ = ["head_facts", "head_variant", "derive_for", "check_covers", "check_layer", "dot_product_scope", "ROLES"]
+
+#: HeadFacts score key -> the symbolic score of its theorem (biases, ties, values from the facts)
+_SCORES = {
+    "dot": lambda facts: DotProduct(biases=facts.biased),
+    "l2": lambda facts: L2Distance(tied=facts.tied, kim_values=facts.values_through_A, biases=facts.biased),
+    "cosine": lambda facts: ScaledCosine(biases=facts.biased),
+}
+
+
+def _refuse(head: Head, what: str, why: str) -> AssumptionError:
+    return AssumptionError("head", "a head whose facts a lipbound theorem covers", f"{head.name or 'a head'}: {what}",
+                           f"no theorem applies ({why}); lipbound refuses rather than use another variant's bound")
 
 
 def head_facts(head: Head, role: str = "self") -> HeadFacts:
-    """The facts of ``head`` when its constant is taken in ``role`` (see :data:`ROLES`)."""
+    """The facts of ``head`` when its constant is taken in ``role`` (see :data:`ROLES`); refused
+    (AssumptionError) when no theorem of lipbound covers the head's kernel or mask."""
     if not isinstance(head, Head):
         raise AssumptionError("head", "a lipbound.numeric.model.Head", type(head).__name__,
                               "pass one head of a layer (layer.heads[h])")
@@ -34,8 +58,45 @@ def head_facts(head: Head, role: str = "self") -> HeadFacts:
     if head.causal and role != "self":
         raise AssumptionError("role", "'self' for a causal head (masks apply to self-attention)", repr(role),
                               "use --kind causal for masked heads; cross-attention heads are not masked")
-    return HeadFacts(score=head.score, biased=head.biased, tied=head.score == "l2" and head.tied,
+    kernel = head.kernel.facts(head.d_k)
+    if kernel.score not in _SCORES:
+        raise _refuse(head, kernel.describe, f"the kernel '{head.kernel.name}' has no dispatched theorem yet")
+    if kernel.weights != "softmax":
+        raise _refuse(head, kernel.describe, f"{kernel.weights} weights have no dispatched theorem yet")
+    if not kernel.standard_scale:
+        raise _refuse(head, kernel.describe, "the theorems state the score scale 1/sqrt(d_k)")
+    if not head.mask.plain:
+        raise _refuse(head, head.mask.describe(), "windows, position biases and soft-caps have no theorem yet")
+    return HeadFacts(score=kernel.score, biased=head.biased, tied=kernel.score == "l2" and head.tied,
                      values_through_A=head.kim_values, causal=head.causal, role=role)
+
+
+def check_layer(layer) -> None:
+    """Refuse a layer (a Layer or a TransformerLayer; None passes) no composition theorem covers:
+    grouped-query layers (their heads share keys and values; the multi-head rule is stated for
+    heads with their own)."""
+    layer = getattr(layer, "attention", layer)
+    if isinstance(layer, Layer) and layer.groups is not None:
+        raise AssumptionError("layer", "a layer whose heads read their own keys and values",
+                              f"grouped-query attention ({layer.num_heads} heads in {layer.num_groups} key/value groups)",
+                              "no theorem applies to shared keys and values yet; lipbound refuses rather than use "
+                              "the multi-head rule; bound the heads one at a time")
+
+
+def dot_product_scope(target) -> bool:
+    """Every head of ``target`` (a Head or a Layer) is a softmax dot-product head that a theorem
+    covers (no GQA): the scope of the constructions written for dot-product attention."""
+    heads = (target,) if isinstance(target, Head) else tuple(target.heads)
+    if isinstance(target, Layer) and target.groups is not None:
+        return False
+    for head in heads:
+        try:
+            facts = head_facts(head)
+        except AssumptionError:
+            return False
+        if facts.score != "dot":
+            return False
+    return True
 
 
 def head_variant(facts: HeadFacts, measure: bool = False) -> Variant:
@@ -43,15 +104,10 @@ def head_variant(facts: HeadFacts, measure: bool = False) -> Variant:
 
     ``measure=True``: attention on uniform empirical measures (Wasserstein-1), self-attention only.
     """
-    if facts.score == "dot":
-        score = DotProduct(biases=facts.biased)
-    elif facts.score == "l2":
-        score = L2Distance(tied=facts.tied, kim_values=facts.values_through_A, biases=facts.biased)
-    elif facts.score == "cosine":
-        score = ScaledCosine(biases=facts.biased)
-    else:
+    if facts.score not in _SCORES:
         raise _uncovered(facts, "user-defined scores are derived symbolically (lipbound derive custom); "
                                 "a numeric head has a built-in score")
+    score = _SCORES[facts.score](facts)
     if facts.values_through_A and facts.score != "l2":
         raise _uncovered(facts, "values through A belong to L2 attention")
     if measure:

@@ -428,8 +428,8 @@ class DomainSpec:
                                   f"e.g. {option} 20.25 or {option} layernorm")
         return cls("radius", radius)
 
-    def resolve(self, layer_norm: LayerNorm | None, where: str = "this layer") -> TokenDomain:
-        """The domain for a layer fed by ``layer_norm`` (None: no LayerNorm known)."""
+    def resolve(self, layer_norm, where: str = "this layer") -> TokenDomain:
+        """The domain for a layer fed by ``layer_norm`` (a LayerNorm or RMSNorm; None: no norm known)."""
         if self.kind == "radius":
             return TokenBall(self.radius)
         if layer_norm is None:
@@ -437,6 +437,10 @@ class DomainSpec:
                                   "pass --radius R")
         if self.kind == "layernorm":
             return TokenBall(layer_norm.radius_about_origin)
+        if not isinstance(layer_norm, LayerNorm):
+            raise AssumptionError("domain", f"a LayerNorm feeding {where} (its image is a flat ellipsoid)",
+                                  f"{type(layer_norm).__name__} (its image is not flat)",
+                                  "use the ball holding every output (domain 'layernorm') or a radius")
         return LayerNormOutputs(layer_norm)
 
     def describe(self) -> str:

@@ -33,7 +33,7 @@ from ..rigorous.value import CertifiedValue, not_certified
 from ..symbolic import symbols as S
 from ..symbolic.bound import Bound
 from ..symbolic.monotone import is_nondecreasing
-from .dispatch import check_covers
+from .dispatch import check_covers, check_layer
 from .domains import TokenDomain
 from .model import Head, Layer, TransformerLayer
 
@@ -192,6 +192,19 @@ def _heads_of(head, layer) -> tuple:
     return tuple(layer.heads)
 
 
+#: symbols whose values the heads' kernels give (the scaled cosine's temperature and regulariser)
+_KERNEL_SYMBOLS = ("tau", "epsilon")
+
+
+def _kernel_value(heads, name: str) -> float:
+    """The value every head's kernel gives the symbol ``name`` (refused when they differ or have none)."""
+    values = {h.kernel.symbol_values().get(name) for h in heads}
+    if len(values) != 1 or None in values:
+        raise AssumptionError(name, "one value shared by the heads' kernels", str(sorted(values, key=str)),
+                              "evaluate the heads one at a time, or pass values={...}")
+    return values.pop()
+
+
 def _common(heads, attribute: str) -> float:
     values = {getattr(h, attribute) for h in heads}
     if len(values) != 1:
@@ -285,8 +298,8 @@ def symbol_intervals(expr, head: Head | None = None, *, layer=None, domain: Toke
             raise AssumptionError(name, "LayerNorm outputs (the bound was derived on a LayerNorm image)",
                                   domain.describe(), "derive the bound on the domain it is evaluated on "
                                   "(lipbound.numeric.dispatch.derive_for)")
-        elif name in ("tau", "epsilon"):
-            out[symbol] = interval(_common(heads, "tau" if name == "tau" else "eps"))
+        elif name in _KERNEL_SYMBOLS:
+            out[symbol] = interval(_kernel_value(heads, name))
         elif symbol in norm_symbols:
             matrix, scalar = norm_symbols[symbol]
             scale = _scalar_interval(scalar, exact_sizes)
@@ -407,6 +420,7 @@ def evaluate_bound(bound, head_or_layer, domain: TokenDomain, n: int, *, m: int 
     if isinstance(bound, Bound):
         for member in heads:
             check_covers(bound, member)
+        check_layer(layer)
     intervals = symbol_intervals(expr, head, layer=layer, domain=domain, n=n, m=m, H=H, values=values)
     if len(heads) > 1:
         for symbol in intervals:

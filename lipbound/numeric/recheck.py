@@ -42,6 +42,7 @@ from mpmath import libmp
 from ..errors import AssumptionError, WeightsError
 from ..rigorous.intervals import IV, lower, precision, upper
 from ..rigorous.linalg import UNIT_ROUNDOFF
+from .kernels import DotProduct, L2Distance, ScaledCosine, Sigmoid
 from .model import DEFAULT_WEIGHTS, Head, Layer, Model, load_weights
 from .witness import Witness
 
@@ -287,12 +288,89 @@ def _widen(x, radius: float):
 # ---------------------------------------------------------------------------------------------
 # One head, again: scores, softmax, forward and JVP
 # ---------------------------------------------------------------------------------------------
+def _inner_rows(A: _Dyadic, B: _Dyadic) -> np.ndarray:
+    """``a_i . b_i`` for the rows of two exact matrices, as exact intervals."""
+    return _Dyadic(np.sum(A.m * B.m, axis=-1), A.e + B.e).intervals()
+
+
+def _scale(kernel, d_k: int):
+    """The kernel's score scale as an interval: its own float exactly, or ``1/sqrt(d_k)`` enclosed."""
+    return 1 / IV.sqrt(IV.mpf(d_k)) if kernel.scale is None else IV.mpf(kernel.scale)
+
+
+@final
+class _DotCheck:
+    """``s = c q . k`` (DotProduct, and the scores of Sigmoid)."""
+
+    def __init__(self, kernel, head: "_HeadCheck"):
+        self.head, self.c = head, _scale(kernel, head.d_k)
+        self.S = (head.Q @ head.K.T).intervals() * self.c
+
+    def jvp(self, dQ: _Dyadic, dK: _Dyadic) -> np.ndarray:
+        return (dQ @ self.head.K.T + self.head.Q @ dK.T).intervals() * self.c
+
+
+@final
+class _L2Check:
+    """``s = -c ||q - k||^2``."""
+
+    def __init__(self, kernel, head: "_HeadCheck"):
+        self.head, self.c = head, _scale(kernel, head.d_k)
+        Q, K = head.Q, head.K
+        qq, kk = Q.row_sums_of_squares().intervals(), K.row_sums_of_squares().intervals()
+        self.S = -(qq[:, None] - 2 * (Q @ K.T).intervals() + kk[None, :]) * self.c
+
+    def jvp(self, dQ: _Dyadic, dK: _Dyadic) -> np.ndarray:
+        Q, K = self.head.Q, self.head.K
+        mixed = (Q @ dK.T + dQ @ K.T).intervals()
+        return -2 * (_inner_rows(Q, dQ)[:, None] - mixed + _inner_rows(K, dK)[None, :]) * self.c
+
+
+@final
+class _CosineCheck:
+    """``s = tau q . k / (N(q) N(k))``, ``N(u) = sqrt(||u||^2 + eps)``."""
+
+    def __init__(self, kernel, head: "_HeadCheck"):
+        self.head, self.tau, eps = head, IV.mpf(kernel.tau), IV.mpf(kernel.eps)
+        norms = lambda M: np.array([IV.sqrt(v + eps) for v in M.row_sums_of_squares().intervals()], dtype=object)  # noqa: E731
+        self.nq, self.nk = norms(head.Q), norms(head.K)
+        self.qk = (head.Q @ head.K.T).intervals()
+        self.S = self.qk * self.tau / (self.nq[:, None] * self.nk[None, :])
+
+    def jvp(self, dQ: _Dyadic, dK: _Dyadic) -> np.ndarray:
+        Q, K = self.head.Q, self.head.K
+        dqk = (dQ @ K.T + Q @ dK.T).intervals()
+        nq, nk = self.nq[:, None], self.nk[None, :]
+        return (dqk / (nq * nk) - self.qk * (_inner_rows(Q, dQ)[:, None] / (nq ** 3 * nk)
+                                            + _inner_rows(K, dK)[None, :] / (nq * nk ** 3))) * self.tau
+
+
+#: kernel class -> its score in exact and interval arithmetic, written again here (``S``, ``jvp(dQ, dK)``);
+#: a kernel without an entry is refused (a completeness test lists them)
+SCORE_CHECKS = {DotProduct: _DotCheck, Sigmoid: _DotCheck, L2Distance: _L2Check, ScaledCosine: _CosineCheck}
+
+
+def _score_check(kernel, head: "_HeadCheck"):
+    entry = SCORE_CHECKS.get(type(kernel))
+    if entry is None:
+        raise AssumptionError("head_or_layer", f"a head whose kernel the re-check encloses ({', '.join(sorted(k.name for k in SCORE_CHECKS))})",
+                              kernel.describe(), "re-check it with a kernel that has an interval score, or trust the "
+                              "float value only as an estimate")
+    return entry(kernel, head)
+
+
+def _visible(mask, i: int, j: int) -> bool:
+    """Whether query i sees key j (positions 0..m-1 and 0..n-1)."""
+    return (not mask.causal or j <= i) and (mask.window is None or abs(i - j) < mask.window)
+
+
 @final
 class _HeadCheck:
-    """Exact projections and interval attention weights of one head at one input."""
+    """Exact projections and interval attention weights of one head at one input (positions
+    0..m-1 for queries and 0..n-1 for keys)."""
 
     def __init__(self, head: Head, X: _Dyadic, weights: dict, queries: _Dyadic | None = None):
-        self.head = head
+        self.head, self.d_k = head, head.d_k
         self.n = X.shape[0]
         self.cross = queries is not None
         self.m = queries.shape[0] if self.cross else self.n
@@ -301,42 +379,49 @@ class _HeadCheck:
         self.Q = (queries if self.cross else X) @ W_Q + _row(b_Q, self.m)
         self.K = X @ W_K + _row(b_K, self.n)
         self.V = X @ W_V + _row(b_V, self.n)
-        self.rsqrt = 1 / IV.sqrt(IV.mpf(head.d_k))
-        self.S = self._scores()
-        self.P = self._softmax(self.S)
+        self.score = _score_check(head.kernel, self)
+        self.S, self.slope = self._masked(self.score.S)
+        self.sigmoid = not head.kernel.weights().normalised
+        self.P = self._sigmoid(self.S) if self.sigmoid else self._softmax(self.S)
 
-    # scores -----------------------------------------------------------------------------------
-    def _scores(self) -> np.ndarray:
-        head, Q, K = self.head, self.Q, self.K
-        if head.score == "dot":
-            return (Q @ K.T).intervals() * self.rsqrt
-        if head.score == "l2":
-            qq, kk = Q.row_sums_of_squares(), K.row_sums_of_squares()
-            cross = (Q @ K.T).intervals()
-            qi, ki = qq.intervals(), kk.intervals()
-            return -(qi[:, None] - 2 * cross + ki[None, :]) * self.rsqrt
-        self.nq, self.nk = self._softnorms(Q), self._softnorms(K)
-        return (Q @ K.T).intervals() * IV.mpf(self.head.tau) / (self.nq[:, None] * self.nk[None, :])
+    def _masked(self, S: np.ndarray):
+        """Soft-cap, position bias; ``(scores, soft-cap slopes or None)``; hidden keys are skipped by the weights."""
+        mask = self.head.mask
+        slope = None
+        if mask.softcap is not None:
+            cap = IV.mpf(mask.softcap)
+            squashed = np.array([[IV.tanh(s / cap) for s in row] for row in S], dtype=object)
+            S, slope = squashed * cap, 1 - squashed * squashed
+        if mask.bias is not None:
+            S = S + np.vectorize(IV.mpf, otypes=[object])(mask.bias.matrix(np.arange(self.m), np.arange(self.n)))
+        return S, slope
 
-    def _softnorms(self, M: _Dyadic) -> np.ndarray:
-        squares = M.row_sums_of_squares().intervals()
-        return np.array([IV.sqrt(s + IV.mpf(self.head.eps)) for s in squares], dtype=object)
+    def _keys(self, i: int):
+        return [j for j in range(self.n) if _visible(self.head.mask, i, j)]
 
     def _softmax(self, S: np.ndarray) -> np.ndarray:
-        n = self.n
-        P = np.empty((self.m, n), dtype=object)
+        P = np.empty((self.m, self.n), dtype=object)
         for i in range(self.m):
-            keys = range(i + 1) if self.head.causal and not self.cross else range(n)
-            shift = max((S[i, j] for j in keys), key=lambda x: x.mid).mid
+            keys = self._keys(i)
+            shift = max((S[i, j] for j in keys), key=lambda x: x.mid).mid if keys else 0
             exps = {j: IV.exp(S[i, j] - shift) for j in keys}
             total = IV.fsum(exps.values())
-            for j in range(n):
+            for j in range(self.n):
                 P[i, j] = exps[j] / total if j in exps else IV.mpf(0)
         return P
 
+    def _sigmoid(self, S: np.ndarray) -> np.ndarray:
+        bias = -IV.log(IV.mpf(self.n)) if self.head.kernel.bias is None else IV.mpf(self.head.kernel.bias)
+        P = np.empty((self.m, self.n), dtype=object)
+        for i in range(self.m):
+            keys = set(self._keys(i))
+            for j in range(self.n):
+                P[i, j] = 1 / (1 + IV.exp(-(S[i, j] + bias))) if j in keys else IV.mpf(0)
+        return P
+
     def score_jvp(self, E: _Dyadic, EQ: _Dyadic | None = None) -> tuple[np.ndarray, _Dyadic]:
-        """``(dS, dV)``: the score derivative (intervals) and the value tangent ``E W_V`` (exact);
-        ``EQ`` moves the queries of cross-attention (None: they stay)."""
+        """``(dS, dV)``: the derivative of the masked scores (intervals) and the value tangent ``E W_V``
+        (exact); ``EQ`` moves the queries of cross-attention (None: they stay)."""
         w = self.weights
         dK, dV = E @ w["W_K"], E @ w["W_V"]
         if not self.cross:
@@ -345,33 +430,23 @@ class _HeadCheck:
             dQ = EQ @ w["W_Q"]
         else:
             dQ = _Dyadic(np.zeros(self.Q.shape, dtype=object), 0)
-        head, Q, K = self.head, self.Q, self.K
-        if head.score == "dot":
-            return (dQ @ K.T + Q @ dK.T).intervals() * self.rsqrt, dV
-        if head.score == "l2":
-            qdq = _Dyadic(np.sum(Q.m * dQ.m, axis=-1), Q.e + dQ.e).intervals()
-            kdk = _Dyadic(np.sum(K.m * dK.m, axis=-1), K.e + dK.e).intervals()
-            mixed = (Q @ dK.T + dQ @ K.T).intervals()
-            return -2 * (qdq[:, None] - mixed + kdk[None, :]) * self.rsqrt, dV
-        qk = (Q @ K.T).intervals()
-        dqk = (dQ @ K.T + Q @ dK.T).intervals()
-        qdq = _Dyadic(np.sum(Q.m * dQ.m, axis=-1), Q.e + dQ.e).intervals()
-        kdk = _Dyadic(np.sum(K.m * dK.m, axis=-1), K.e + dK.e).intervals()
-        nq, nk = self.nq[:, None], self.nk[None, :]
-        tau = IV.mpf(head.tau)
-        dS = (dqk / (nq * nk) - qk * (qdq[:, None] / (nq ** 3 * nk) + kdk[None, :] / (nq * nk ** 3))) * tau
-        return dS, dV
+        dS = self.score.jvp(dQ, dK)
+        return (dS if self.slope is None else dS * self.slope), dV
 
     def forward(self) -> _Ball:
         """``f(X) = P V`` (n, d_v)."""
         return _Ball.of_intervals(self.P).matmul_exact(self.V)
 
     def jvp(self, E: _Dyadic, EQ: _Dyadic | None = None) -> _Ball:
-        """``Df(X)[E] = dP V + P dV`` with ``dP = P o (dS - rowsum(P o dS))``."""
+        """``Df(X)[E] = dP V + P dV`` with ``dP = P o (dS - rowsum(P o dS))`` (softmax) or
+        ``dP = P (1 - P) dS`` (sigmoid)."""
         dS, dV = self.score_jvp(E, EQ)
         P = self.P
-        mean = np.array([IV.fsum(P[i, j] * dS[i, j] for j in range(self.n)) for i in range(self.m)], dtype=object)
-        dP = P * (dS - mean[:, None])
+        if self.sigmoid:
+            dP = P * (1 - P) * dS
+        else:
+            mean = np.array([IV.fsum(P[i, j] * dS[i, j] for j in range(self.n)) for i in range(self.m)], dtype=object)
+            dP = P * (dS - mean[:, None])
         return _Ball.of_intervals(dP).matmul_exact(self.V) + _Ball.of_intervals(P).matmul_exact(dV)
 
 
@@ -515,9 +590,9 @@ def _check_target(witness: Witness, target) -> None:
     if witness.role != "self" and any(h.causal for h in heads):
         raise AssumptionError("head_or_layer", f"a head without a causal mask (the witness is {witness.role})",
                               "a causal head", "cross-attention heads are not masked")
-    if any(h.score != witness.score for h in heads):
-        raise AssumptionError("head_or_layer", f"score {witness.score!r} as in the witness",
-                              f"scores {sorted({h.score for h in heads})}", "pass the map the witness was found for")
+    if any(h.kernel.name != witness.score for h in heads):
+        raise AssumptionError("head_or_layer", f"kernel {witness.score!r} as in the witness",
+                              f"kernels {sorted({h.kernel.name for h in heads})}", "pass the map the witness was found for")
 
 
 def recheck(witness: Witness, head_or_layer: Head | Layer, dps: int = RECHECK_DPS) -> Recheck:

@@ -41,7 +41,7 @@ from ..errors import AssumptionError
 from ..rigorous.value import CertifiedValue
 from ..symbolic.claims import CLAIMS
 from .certify import head_bounds, layer_bounds
-from .dispatch import head_facts
+from .dispatch import check_layer, dot_product_scope, head_facts
 from .domains import DomainSpec, TokenBall, TokenDomain, domain_from_plain
 from .evaluate import evaluate_bound
 from .model import Head, Layer, Model, attention_arrays, attention_from_arrays
@@ -201,6 +201,11 @@ class Verification:
         self.drop_query_bias = drop_query_bias
         self._domains: dict = {}
         for job in self.jobs:
+            target = self._target(job)       # a head or layer no theorem covers is refused before any work
+            for head in (target,) if isinstance(target, Head) else target.heads:
+                head_facts(head, job.role)
+            check_layer(target)
+        for job in self.jobs:
             self.domains_of(job)  # a clear error (no LayerNorm, no context) before any work
         groups = {}
         for job in self.jobs:
@@ -352,9 +357,8 @@ def _domain_text(domain: TokenDomain, query_domain: TokenDomain | None) -> str:
 
 def _claims(head: Head, domain: TokenDomain, n: int) -> list[CertifiedValue]:
     """Published claims whose hypotheses the head meets, evaluated for comparison (never a best bound)."""
-    facts = head_facts(head)
-    if not (isinstance(domain, TokenBall) and domain.center is None and facts.score == "dot"
-            and not np.any(head.b_Q) and not facts.causal):
+    if not (isinstance(domain, TokenBall) and domain.center is None and dot_product_scope(head)
+            and not np.any(head.b_Q) and not head.causal):
         return []  # the claims state dot-product self-attention without query bias on a ball about 0
     claim = CLAIMS["castin-theorem"]
     value = evaluate_bound(claim.statement, head, domain, n, name=claim.key)

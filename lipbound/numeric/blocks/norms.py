@@ -10,66 +10,29 @@ the Jacobian is
 and the constant is ``||D_gamma Pi|| / sqrt(eps)`` on all of ``R^d``, ``||D_gamma Pi|| /
 sqrt(sigma_min^2 + eps)`` on tokens whose variance (RMSNorm: mean square) is at least
 ``sigma_min^2`` -- both attained (:func:`lipbound.numeric.witness.blocks.norm_witness`).  The
-LayerNorm class is the model description's; RMSNorm (Zhang and Sennrich 2019) is here.
+classes are the model description's (:mod:`lipbound.numeric.normalization`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import final
 
 import numpy as np
 
 from ...errors import AssumptionError, WeightsError
 from ...rigorous.intervals import interval
 from ...rigorous.value import CertifiedValue
-from ..model.components import LayerNorm, _finite, _positive_eps  # the model description's checks
+from ..normalization import Normalization, RMSNorm
 from ..sdp.joint import _layernorm_projector  # diag(gamma) P as an enclosure, written once
 from .certify import derive_block, evaluate_block
 
 __all__ = ["RMSNorm", "norm_kind", "norm_jacobian", "gain_interval", "norm_constant", "check_floor"]
 
 
-@final
-@dataclass(frozen=True)
-class RMSNorm:
-    """``N(x) = gamma * x / sqrt(||x||^2 / d + eps)`` over the last axis (Zhang and Sennrich 2019).
-
-    Parameters
-    ----------
-    gamma : ndarray, shape (d,)
-    eps : float
-        > 0 (1e-6 for LLaMA).
-    """
-
-    gamma: np.ndarray
-    eps: float = 1e-6
-
-    def __post_init__(self):
-        gamma = _finite("gamma", self.gamma, 1)
-        object.__setattr__(self, "gamma", gamma)
-        object.__setattr__(self, "eps", _positive_eps(self.eps, "use the checkpoint's rms_norm_eps"))
-
-    @property
-    def d(self) -> int:
-        return self.gamma.size
-
-    @property
-    def gamma_max(self) -> float:
-        return float(np.max(np.abs(self.gamma)))
-
-    def __call__(self, X: np.ndarray) -> np.ndarray:
-        X = np.asarray(X, dtype=np.float64)
-        return self.gamma * X / np.sqrt((X ** 2).mean(axis=-1, keepdims=True) + self.eps)
-
-
 def norm_kind(norm) -> str:
-    """``"layernorm"`` or ``"rmsnorm"``."""
-    if isinstance(norm, LayerNorm):
-        return "layernorm"
-    if isinstance(norm, RMSNorm):
-        return "rmsnorm"
+    """``"layernorm"`` or ``"rmsnorm"`` (:attr:`~lipbound.numeric.normalization.Normalization.kind`)."""
+    if isinstance(norm, Normalization):
+        return norm.kind
     raise WeightsError("norm", "a LayerNorm or an RMSNorm", type(norm).__name__,
                        "build LayerNorm(gamma, beta, eps) or RMSNorm(gamma, eps)")
 

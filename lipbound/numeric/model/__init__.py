@@ -1,10 +1,11 @@
 """The model description: heads, attention layers, norms, feed-forward blocks, whole models,
 and the loaders that build them from checkpoints.
 
-* :mod:`.components` -- :class:`Head`, :class:`Layer` (multi-head attention), :class:`LayerNorm`,
-  :class:`FeedForward`;
-* :mod:`.transformer` -- :class:`TransformerLayer` (a layer with the norm feeding it),
-  :class:`Embeddings`, :class:`Model` (layers with provenance: path and sha256);
+* :mod:`.components` -- :class:`Head` (with its attention kernel and mask), :class:`Layer`
+  (multi-head attention, grouped-query groups), :class:`FeedForward`, :class:`GatedFeedForward`,
+  and the norms :class:`LayerNorm`, :class:`RMSNorm` (:mod:`lipbound.numeric.normalization`);
+* :mod:`.transformer` -- :class:`TransformerLayer` (a layer with its norms and their placement),
+  :class:`Embeddings`, :class:`TokenEmbeddings`, :class:`Model` (layers with provenance: path and sha256);
 * :mod:`.files` -- reading safetensors and ``.npz`` by their bytes, never unpickling;
 * :mod:`.layouts` -- the Hugging Face layouts declared as data (BERT/RoBERTa, DistilBERT, ViT,
   GPT-2), read by :mod:`.huggingface`; :mod:`.ctranslate2` -- Whisper as CTranslate2 ships it;
@@ -20,15 +21,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...errors import WeightsError
-from .components import SCORES, FeedForward, Head, Layer, LayerNorm
+from .components import FeedForward, GatedFeedForward, Head, Layer, LayerNorm, Normalization, RMSNorm
 from .ctranslate2 import load_whisper
 from .files import TensorSource, open_checkpoint
 from .huggingface import layout_of, load_huggingface
 from .layouts import supported_layouts
 from .plain import PLAIN_FORMAT, attention_arrays, attention_from_arrays, load_plain, save_plain
-from .transformer import BLOCKS, Embeddings, Model, TransformerLayer
+from .transformer import BLOCKS, PLACEMENTS, Embeddings, Model, TokenEmbeddings, TransformerLayer
 
-__all__ = ["SCORES", "Head", "Layer", "LayerNorm", "FeedForward", "TransformerLayer", "Embeddings", "Model", "BLOCKS",
+__all__ = ["Head", "Layer", "LayerNorm", "RMSNorm", "Normalization", "FeedForward", "GatedFeedForward",
+           "TransformerLayer", "Embeddings", "TokenEmbeddings", "Model", "BLOCKS", "PLACEMENTS",
            "load_weights", "load_default", "save_plain", "PLAIN_FORMAT", "DEFAULT_WEIGHTS", "DEFAULT_LAYERS",
            "attention_arrays", "attention_from_arrays"]
 

@@ -21,6 +21,7 @@ import os
 import numpy as np
 
 from ...errors import WeightsError
+from ..kernels import AttentionMask
 from .components import FeedForward, Head, Layer, LayerNorm
 from .files import TensorSource
 from .layouts import BERT, LAYOUTS, Layout
@@ -219,7 +220,7 @@ def load_huggingface(tensors: TensorSource, config: dict, num_heads=None, layers
         projections = reader.qkv(stem, width, qkv_bias)
         (W_Q, b_Q), (W_K, b_K), (W_V, b_V) = (projections[p] for p in ("query", "key", "value"))
         heads = tuple(Head(W_Q=W_Q[:, cols], W_K=W_K[:, cols], W_V=W_V[:, cols], b_Q=b_Q[cols], b_K=b_K[cols],
-                           b_V=b_V[cols], causal=layout.causal, name=f"layer{index}.head{h}")
+                           b_V=b_V[cols], mask=AttentionMask(causal=layout.causal), name=f"layer{index}.head{h}")
                       for h in range(heads_count) for cols in [slice(h * size, (h + 1) * size)])
         W_O, b_O = reader.projection(f"{stem}.{layout.output}", width, d)
         if layout.placement == "pre":

@@ -547,7 +547,7 @@ def _causal(head: Head, causal: bool | None) -> bool:
         return bool(head.causal)
     if bool(causal) != bool(head.causal):
         raise AssumptionError("causal", f"the head's own mask (head.causal={head.causal})", repr(causal),
-                              "build the Head with causal=True for a masked variant")
+                              "build the Head with mask=AttentionMask(causal=True) for a masked variant")
     return bool(causal)
 
 

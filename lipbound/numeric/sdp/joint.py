@@ -72,6 +72,7 @@ from typing import final
 import numpy as np
 
 from ...errors import AssumptionError, SolverError, WeightsError
+from ..dispatch import dot_product_scope
 from ..model import Head
 from ...rigorous.intervals import IV, Verdict, lower, upper
 from ...rigorous.linalg import UNIT_ROUNDOFF, Enclosure, lambda_max_upper, lambda_min_lower, spectral_norm_upper
@@ -104,14 +105,27 @@ def sdp_value(name: str, value: float, certified: bool, certificate: dict, solve
 
 
 # Gram matrices of a head ------------------------------------------------------------------
+#: SDP encoding (a kernel's :attr:`~lipbound.numeric.kernels.AttentionKernel.sdp_encoding`) -> what it models
+SDP_ENCODINGS = {"dot-product": "softmax attention with scores q . k / sqrt(d_k): the joint constants and "
+                                "relaxations of this module and of lipbound.numeric.sdp.head"}
+
+
+def check_encoding(target) -> None:
+    """Refuse a head or layer whose kernels have no SDP encoding here, or that lies outside the scope
+    the encoding states (:func:`lipbound.numeric.dispatch.dot_product_scope`)."""
+    heads = (target,) if isinstance(target, Head) else tuple(getattr(target, "heads", ()))
+    encodings = sorted({str(h.kernel.sdp_encoding) for h in heads})
+    if encodings != ["dot-product"] or not dot_product_scope(target):
+        kinds = sorted({h.kernel.describe() for h in heads} | {h.mask.describe() for h in heads if not h.mask.plain})
+        raise AssumptionError("target", "heads with dot-product scores, the one SDP encoding (standard scale, "
+                              "causal mask or none, one key/value group per head)",
+                              f"{'; '.join(kinds)} (encodings {encodings})",
+                              "use the symbolic closed form (lipbound.numeric.certify.head_bounds)")
 def _check_head(head) -> Head:
     if not isinstance(head, Head):
         raise WeightsError("head", "a lipbound.numeric.attention.Head", type(head).__name__,
                            "build one with Head(W_Q=..., W_K=..., W_V=...)")
-    if head.score != "dot":
-        raise AssumptionError("head.score", "'dot' (dot-product attention)", repr(head.score),
-                              "the SDP relaxations cover dot-product heads; use the symbolic closed form "
-                              "for L2 and cosine scores")
+    check_encoding(head)
     return head
 
 

@@ -32,9 +32,9 @@ from ...rigorous.linalg import Enclosure, spectral_norm_upper
 from ...rigorous.value import CertifiedValue
 from .head import cross_attention_bound, measure_attention_bound, self_attention_bound
 from .layer import layer_head_bounds, layer_joint_bound
-from .joint import sdp_value
+from .joint import SDP_ENCODINGS, check_encoding, sdp_value
 
-__all__ = ["SDP_RELAXATIONS", "relax", "self_attention_entry", "cross_attention_entry", "measure_entry",
+__all__ = ["SDP_RELAXATIONS", "SDP_ENCODINGS", "relax", "self_attention_entry", "cross_attention_entry", "measure_entry",
            "multi_head_entry", "residual_entry"]
 
 
@@ -228,10 +228,8 @@ def relax(variant: Variant, target, domain: TokenDomain, *, n: int, **options) -
         raise AssumptionError("variant.score", "a DotProduct score", type(variant.score).__name__,
                               "the SDP relaxations cover dot-product attention; use the symbolic closed form "
                               "for L2 and cosine scores")
-    scores = sorted({h.score for h in getattr(target, "heads", (target,)) if hasattr(h, "score")})
-    if scores and scores != ["dot"]:  # the relaxations model dot-product scores only
-        raise AssumptionError("target", "heads with dot-product scores", f"scores {scores}",
-                              "use the symbolic closed form for L2 and cosine heads")
+    if isinstance(target, (Head, Layer)) or callable(getattr(target, "as_layer", None)):
+        check_encoding(target if isinstance(target, (Head, Layer)) else target.as_layer())
     fixed = sorted(set(options) & {"causal", "argument", "regime", "inner"})
     if fixed:  # the variant states these facts; a second, possibly different, value has no place
         raise AssumptionError(fixed[0], "no such option (the variant states it)", f"{fixed[0]}={options[fixed[0]]!r}",

@@ -1,22 +1,31 @@
-"""A stack of transformer layers as a chain of steps with exact JVPs and VJPs (numpy, float64).
+"""The one float engine: a stack of transformer layers as a chain of steps with exact JVPs and VJPs
+(numpy; float64, or float32 for screening).
 
 Each step maps the stream ``X`` (b, n, d), and reads the context ``C`` (b, n_c, d) when it is a
-cross-attention; tokens are rows.  The steps, for one layer:
+cross-attention; tokens are rows, token i of a sequence sits at position i.  A step is
+
+    X -> X + a * N_out(inner(N_in(X)))          (residual),    or    X -> N(X)    (a norm),
+
+with ``inner`` a self-attention of any kernel and mask (grouped-query layers included), a
+cross-attention, or a feed-forward block (plain or gated), ``N_in``/``N_out`` optional norms
+(LayerNorm or RMSNorm) and ``a`` an optional LayerScale gain.  The steps of one layer:
 
 ==========  ==============================================================================
 placement   steps
 ==========  ==============================================================================
-post-LN     ``X + Attn(X)``, ``LN_att``, ``Y + FFN(Y)``, ``LN_out`` (BERT, MiniLM)
-pre-LN      ``X + Attn(LN_1 X)``, [``X + Cross(LN_2 X, C)``], ``X + FFN(LN_3 X)`` (Whisper)
+post        ``X + a Attn(X)``, ``N_out``, ``Y + f FFN(Y)``, ``N_ffn`` (BERT, MiniLM)
+pre         ``X + a Attn(N_in X)``, [``X + Cross(N_c X, C)``], ``X + f FFN(N_ffn X)`` (GPT-2, Whisper, Llama)
+sandwich    ``X + a N_out(Attn(N_in X))``, ``X + f N_ffo(FFN(N_ffn X))`` (Gemma 2 and 3)
 ==========  ==============================================================================
 
-and a pre-LN stack ends with its final LayerNorm.  :func:`chain_jacobian_norm` estimates the
-largest singular value of the Jacobian of the whole chain (or of one step) at a batch of inputs by
-power iteration, in the stream, in the context, or in both; its value ``||J E||`` for the returned
-unit tangent ``E`` is a lower bound on the Lipschitz constant on any domain holding the input as
-an interior point of the set its tangents span.  The attention engine is
-:class:`lipbound.numeric.attention.AttentionMap`; the normalisation and feed-forward maps are
-those of :mod:`lipbound.numeric.model.components`.
+and a pre-norm stack ends with its final norm.  :func:`chain_forward` runs the steps and keeps
+their linearizations; :func:`chain_jacobian_norm` estimates the largest singular value of the
+Jacobian of the whole chain (or of one step) at a batch of inputs by power iteration, in the
+stream, in the context, or in both; its value ``||J E||`` for the returned unit tangent ``E`` is a
+lower bound on the Lipschitz constant on any domain holding the input as an interior point of the
+set its tangents span.  :func:`hidden_states` and :func:`logits` run whole models from token ids.
+The attention engine is :class:`lipbound.numeric.attention.AttentionMap`, the norms
+:mod:`lipbound.numeric.normalization`, the activations :mod:`lipbound.numeric.blocks.activations`.
 """
 
 from __future__ import annotations
@@ -29,80 +38,151 @@ import numpy as np
 from ...errors import WeightsError
 from ..attention import AttentionMap, unit_rows
 from ..blocks.activations import activation_maps
-from ..model import LayerNorm
-from ..model.components import FeedForward
+from ..model.components import FeedForward, GatedFeedForward, Normalization
 from ..model.transformer import Model, TransformerLayer
+from ..normalization import NormalizedPoint
 
-__all__ = ["Step", "layer_steps", "stack_steps", "chain_forward", "chain_jacobian_norm"]
+__all__ = ["Step", "layer_steps", "stack_steps", "chain_forward", "chain_jacobian_norm", "hidden_states", "logits",
+           "STEP_KINDS"]
+
+#: what a step's inner map is
+STEP_KINDS = ("attention", "cross", "ffn", "norm")
 
 
-class _NormLinear:
-    """``LN`` at X: ``J e = gamma (P e - c (c . P e) / (d s^2)) / s`` per token, ``c = P x``."""
+class _Norm:
+    """A norm's parameters in one dtype (cast once)."""
 
-    def __init__(self, norm: LayerNorm, X: np.ndarray):
-        self.gamma, d = norm.gamma, norm.d
-        self.c = X - X.mean(axis=-1, keepdims=True)
-        self.s2 = (self.c ** 2).mean(axis=-1, keepdims=True) + norm.eps
-        self.s, self.d = np.sqrt(self.s2), d
-        self.F = self.gamma * self.c / self.s + norm.beta
+    def __init__(self, norm: Normalization, dtype):
+        self.gamma = norm.gamma.astype(dtype)
+        self.beta = None if not norm.centred else norm.center.astype(dtype)
+        self.eps, self.d, self.centred = norm.eps, norm.d, norm.centred
+
+    def linearize(self, X) -> NormalizedPoint:
+        return NormalizedPoint(X, self.gamma, self.eps, self.d, self.centred, self.beta)
+
+
+class _FeedForward:
+    """A plain or gated feed-forward block's weights in one dtype, linearised at X:
+    plain ``phi(X W_1 + b_1) W_2 + b_2``; gated ``(phi(X W_g + b_g) * (X W_u + b_u)) W_d + b_d``."""
+
+    def __init__(self, ffn: FeedForward | GatedFeedForward, dtype):
+        self.maps = activation_maps(ffn.act)
+        self.gated = isinstance(ffn, GatedFeedForward)
+        names = ("W_gate", "b_gate", "W_down", "b_down", "W_up", "b_up") if self.gated else ("W_1", "b_1", "W_2", "b_2")
+        self.W_1, self.b_1, self.W_2, self.b_2, *up = (getattr(ffn, name).astype(dtype) for name in names)
+        self.W_up, self.b_up = up if self.gated else (None, None)
+
+    def linearize(self, X):
+        return _FeedForwardPoint(self, X)
+
+
+def _dense(X, W, b=None):
+    """``X W (+ b)`` over the last axis as one matrix product."""
+    out = X.reshape(-1, X.shape[-1]) @ W
+    if b is not None:
+        out += b
+    return out.reshape(X.shape[:-1] + (W.shape[1],))
+
+
+class _FeedForwardPoint:
+    def __init__(self, ffn: _FeedForward, X):
+        self.ffn = ffn
+        z = _dense(X, ffn.W_1, ffn.b_1)
+        self.slope = ffn.maps.slope(z).astype(X.dtype, copy=False)
+        hidden = ffn.maps.forward(z).astype(X.dtype, copy=False)
+        if ffn.gated:
+            self.up, self.gate = _dense(X, ffn.W_up, ffn.b_up), hidden
+            hidden = hidden * self.up
+        self.F = _dense(hidden, ffn.W_2, ffn.b_2)
 
     def jvp(self, E):
-        P = E - E.mean(axis=-1, keepdims=True)
-        return self.gamma * (P - self.c * np.sum(self.c * P, axis=-1, keepdims=True) / (self.d * self.s2)) / self.s
+        f = self.ffn
+        dz = self.slope * _dense(E, f.W_1)
+        if f.gated:
+            dz = dz * self.up + self.gate * _dense(E, f.W_up)
+        return _dense(dz, f.W_2)
 
     def vjp(self, G):
-        h = self.gamma * G
-        t = (h - self.c * np.sum(self.c * h, axis=-1, keepdims=True) / (self.d * self.s2)) / self.s
-        return t - t.mean(axis=-1, keepdims=True)
-
-
-class _FeedForwardLinear:
-    """``phi(X W_1 + b_1) W_2 + b_2`` at X; derivative ``(phi'(z) o (E W_1)) W_2``."""
-
-    def __init__(self, ffn: FeedForward, X: np.ndarray):
-        maps = activation_maps(ffn.act)
-        z = X @ ffn.W_1 + ffn.b_1
-        self.W_1, self.W_2, self.slope = ffn.W_1, ffn.W_2, maps.slope(z)
-        self.F = maps.forward(z) @ ffn.W_2 + ffn.b_2
-
-    def jvp(self, E):
-        return (self.slope * (E @ self.W_1)) @ self.W_2
-
-    def vjp(self, G):
-        return (self.slope * (G @ self.W_2.T)) @ self.W_1.T
+        f = self.ffn
+        gh = _dense(G, f.W_2.T)
+        if not f.gated:
+            return _dense(self.slope * gh, f.W_1.T)
+        return _dense(gh * self.up * self.slope, f.W_1.T) + _dense(gh * self.gate, f.W_up.T)
 
 
 @final
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Step:
-    """One step of a chain: ``kind`` in attention, cross, ffn, norm; ``norm`` the LayerNorm read
-    before the inner map of a pre-LN residual step (None: post-LN or a plain norm step);
-    ``residual`` whether the input is added back; ``name`` where it sits."""
+    """One step of a chain (module docstring).
+
+    Attributes
+    ----------
+    kind : {"attention", "cross", "ffn", "norm"}
+    part : Layer, FeedForward, GatedFeedForward or a norm
+    norm : LayerNorm or RMSNorm or None
+        The norm the inner map reads (pre and sandwich placements).
+    residual : bool
+        The input is added back.
+    name : str
+        Where it sits.
+    out_norm : LayerNorm or RMSNorm or None
+        The norm on the inner map's output (sandwich placement).
+    scale : ndarray (d,) or None
+        The LayerScale gain of the branch.
+    """
 
     kind: str
     part: object
-    norm: LayerNorm | None
+    norm: Normalization | None
     residual: bool
     name: str
+    out_norm: Normalization | None = None
+    scale: np.ndarray | None = None
 
-    def linearize(self, X: np.ndarray, C: np.ndarray | None) -> "_StepLinear":
-        return _StepLinear(self, X, C)
+    def __post_init__(self):
+        if self.kind not in STEP_KINDS:
+            raise WeightsError("kind", f"one of {STEP_KINDS}", repr(self.kind), "build the steps with layer_steps")
+
+    def prepared(self, dtype) -> tuple:
+        """``(inner, norm, out_norm, scale)`` with every weight cast to ``dtype`` (once per step and dtype)."""
+        dtype = np.dtype(dtype)
+        cache = self.__dict__.setdefault("_prepared", {})
+        if dtype not in cache:
+            cache[dtype] = self._prepare(dtype)
+        return cache[dtype]
+
+    def _prepare(self, dtype) -> tuple:
+        if self.kind in ("attention", "cross"):
+            inner = AttentionMap(self.part, dtype=dtype)
+        elif self.kind == "ffn":
+            inner = _FeedForward(self.part, dtype)
+        else:
+            inner = _Norm(self.part, dtype)
+        norm = None if self.norm is None else _Norm(self.norm, dtype)
+        out_norm = None if self.out_norm is None else _Norm(self.out_norm, dtype)
+        return inner, norm, out_norm, None if self.scale is None else self.scale.astype(dtype)
+
+    def linearize(self, X: np.ndarray, C: np.ndarray | None, positions=None) -> "_StepLinear":
+        return _StepLinear(self, X, C, positions)
 
 
 class _StepLinear:
-    def __init__(self, step: Step, X, C):
+    def __init__(self, step: Step, X, C, positions):
         self.step = step
-        self.norm = _NormLinear(step.norm, X) if step.norm is not None else None
+        inner, norm, out_norm, self.scale = step.prepared(X.dtype)
+        self.norm = norm.linearize(X) if norm is not None else None
         inner_in = self.norm.F if self.norm is not None else X
-        if step.kind == "norm":
-            self.inner = _NormLinear(step.part, inner_in)
-        elif step.kind == "ffn":
-            self.inner = _FeedForwardLinear(step.part, inner_in)
-        elif step.kind == "attention":
-            self.inner = AttentionMap(step.part).linearize(inner_in)
+        if step.kind == "attention":
+            self.inner = inner.linearize(inner_in, positions=positions)
+        elif step.kind == "cross":
+            self.inner = inner.linearize(C, inner_in, query_positions=positions)  # context C, queries from the stream
         else:
-            self.inner = AttentionMap(step.part).linearize(C, inner_in)  # context C, queries from the stream
-        self.F = self.inner.F + X if step.residual else self.inner.F
+            self.inner = inner.linearize(inner_in)
+        self.out_norm = out_norm.linearize(self.inner.F) if out_norm is not None else None
+        branch = self.out_norm.F if self.out_norm is not None else self.inner.F
+        if self.scale is not None:
+            branch = branch * self.scale
+        self.F = branch + X if step.residual else branch
 
     def jvp(self, E, EC=None):
         inner_E = self.norm.jvp(E) if self.norm is not None else E
@@ -110,62 +190,88 @@ class _StepLinear:
             out = self.inner.jvp(np.zeros_like(self.inner.X) if EC is None else EC, inner_E)
         else:
             out = self.inner.jvp(inner_E)
+        if self.out_norm is not None:
+            out = self.out_norm.jvp(out)
+        if self.scale is not None:
+            out = out * self.scale
         return out + E if self.step.residual else out
 
     def vjp(self, G):
         """``(gX, gC)``: gC None unless the step reads the context."""
         gC = None
+        branch = G * self.scale if self.scale is not None else G
+        if self.out_norm is not None:
+            branch = self.out_norm.vjp(branch)
         if self.step.kind == "cross":
-            g_inner, gC = self.inner.vjp(G)
+            g_inner, gC = self.inner.vjp(branch)
         else:
-            g_inner = self.inner.vjp(G)
+            g_inner = self.inner.vjp(branch)
         gX = self.norm.vjp(g_inner) if self.norm is not None else g_inner
         return (gX + G if self.step.residual else gX), gC
 
 
+def _require(where: str, what: str, *parts) -> None:
+    if any(part is None for part in parts):
+        raise WeightsError(where, what, "a missing part", "load the full checkpoint (not an attention extract)")
+
+
 def layer_steps(layer: TransformerLayer, block: str) -> list[Step]:
-    """The steps of one layer (module docstring); a layer without its feed-forward block and norms
-    is refused."""
+    """The steps of one layer (module docstring); a layer without its feed-forward block or the
+    norms its placement states is refused."""
     where = f"{block} layer {layer.index}"
-    if layer.ffn is None or layer.ffn_norm is None:
-        raise WeightsError(where, "a layer with its feed-forward block and LayerNorms", "attention weights only",
-                           "load the full checkpoint (not an attention extract)")
     attention = layer.as_layer(residual=False)
+    a, f = layer.attn_scale, layer.ffn_scale
     if layer.placement == "post":
-        if layer.ln_out is None or layer.cross is not None:
-            raise WeightsError(where, "a post-LN encoder layer with its attention LayerNorm",
-                               "a post-LN layer without it, or with cross-attention", "load the full checkpoint")
-        return [Step("attention", attention, None, True, f"{where} attention"),
-                Step("norm", layer.ln_out, None, False, f"{where} attention LayerNorm"),
-                Step("ffn", layer.ffn, None, True, f"{where} feed-forward"),
-                Step("norm", layer.ffn_norm, None, False, f"{where} output LayerNorm")]
-    if layer.ln_in is None or (layer.cross is not None and layer.cross_norm is None):
-        raise WeightsError(where, "a pre-LN layer with the LayerNorm before each sub-block", "a missing LayerNorm",
-                           "load the full checkpoint")
-    steps = [Step("attention", attention, layer.ln_in, True, f"{where} attention")]
-    if layer.cross is not None:
-        steps.append(Step("cross", layer.cross, layer.cross_norm, True, f"{where} cross-attention"))
-    steps.append(Step("ffn", layer.ffn, layer.ffn_norm, True, f"{where} feed-forward"))
+        _require(where, "a post-norm layer with its feed-forward block and both norms", layer.ffn, layer.ln_out,
+                 layer.ffn_norm)
+        return [Step("attention", attention, None, True, f"{where} attention", scale=a),
+                Step("norm", layer.ln_out, None, False, f"{where} attention norm"),
+                Step("ffn", layer.ffn, None, True, f"{where} feed-forward", scale=f),
+                Step("norm", layer.ffn_norm, None, False, f"{where} output norm")]
+    if layer.placement == "pre":
+        _require(where, "a pre-norm layer with its feed-forward block and the norm before each sub-block", layer.ffn,
+                 layer.ln_in, layer.ffn_norm, *((layer.cross_norm,) if layer.cross is not None else ()))
+        steps = [Step("attention", attention, layer.ln_in, True, f"{where} attention", scale=a)]
+        if layer.cross is not None:
+            steps.append(Step("cross", layer.cross, layer.cross_norm, True, f"{where} cross-attention"))
+        steps.append(Step("ffn", layer.ffn, layer.ffn_norm, True, f"{where} feed-forward", scale=f))
+        return steps
+    _require(where, "a sandwich layer with its feed-forward block and its four norms", layer.ffn, layer.ln_in,
+             layer.ln_out, layer.ffn_norm, layer.ffn_out_norm)
+    return [Step("attention", attention, layer.ln_in, True, f"{where} attention", out_norm=layer.ln_out, scale=a),
+            Step("ffn", layer.ffn, layer.ffn_norm, True, f"{where} feed-forward", out_norm=layer.ffn_out_norm, scale=f)]
+
+
+def _layer_steps_cached(layer: TransformerLayer, block: str) -> tuple[Step, ...]:
+    """The steps of a layer, built once per layer (their prepared weights are reused)."""
+    steps = layer.cache.get(("steps", block))
+    if steps is None:
+        steps = layer.cache[("steps", block)] = tuple(layer_steps(layer, block))
     return steps
 
 
 def stack_steps(model: Model, block: str, layers=None) -> list[Step]:
     """Every step of a stack, from the input of its first layer to its last hidden state (the
-    final LayerNorm of a pre-LN stack included when every layer is taken)."""
+    final norm of a pre-norm stack included when every layer is taken)."""
     stack = model.stack(block)
     indices = sorted(stack) if layers is None else list(layers)
-    steps = [step for index in indices for step in layer_steps(stack[index], block)]
+    steps = [step for index in indices for step in _layer_steps_cached(stack[index], block)]
     final = model.final_norm_of(block)
     if final is not None and layers is None:
-        steps.append(Step("norm", final, None, False, f"{block} final LayerNorm"))
+        steps.append(Step("norm", final, None, False, f"{block} final norm"))
     return steps
 
 
-def chain_forward(steps: list[Step], X: np.ndarray, C: np.ndarray | None = None):
-    """The outputs and the linearizations of every step at X (b, n, d)."""
+def chain_forward(steps: list[Step], X: np.ndarray, C: np.ndarray | None = None, positions=None):
+    """The outputs and the linearizations of every step at X (b, n, d) (``positions`` of the
+    stream's tokens: default 0..n-1)."""
+    X = np.asarray(X)
+    if steps and (X.ndim != 3 or X.shape[-1] != steps[0].part.d):
+        raise WeightsError("X", f"tokens of shape (batch, n, {steps[0].part.d})", f"shape {X.shape}",
+                           "tokens are rows; the last axis is the model width")
     linear = []
     for step in steps:
-        linear.append(step.linearize(X, C))
+        linear.append(step.linearize(X, C, positions))
         X = linear[-1].F
     return X, linear
 
@@ -218,3 +324,44 @@ def chain_jacobian_norm(steps: list[Step], X: np.ndarray, C: np.ndarray | None =
         E = unit_rows(project(vjp(jvp(E))))
     dF = jvp(E)
     return np.sqrt(np.sum(dF * dF, axis=(1, 2))), E
+
+
+# Whole models from token ids ------------------------------------------------------------------------
+def _check_complete(model: Model) -> None:
+    if not model.complete:
+        raise WeightsError(model.path or model.name, "a full checkpoint (embeddings, every layer, feed-forward blocks)",
+                           "an attention-only or partial checkpoint", "load the whole model directory")
+    if model.decoder:
+        raise WeightsError(model.path or model.name, "an encoder or a decoder-only model",
+                           "an encoder-decoder (its decoder reads the encoder's output)",
+                           "run the stacks with chain_forward(stack_steps(model, block), X, C)")
+
+
+def hidden_states(model: Model, ids, dtype=np.float64) -> list[np.ndarray]:
+    """``[X_0, X_1, ..., X_L]`` for the token ids of one sentence, each of shape (n, d): ``X_0`` the
+    embeddings (after the embedding LayerNorm of a BERT), ``X_l`` the output of layer l (before
+    a pre-norm stack's final norm)."""
+    _check_complete(model)
+    X0 = model.embeddings(ids)
+    if model.max_positions is not None and X0.shape[0] > model.max_positions:
+        raise WeightsError("sentence", f"at most {model.max_positions} tokens (the model's context)",
+                           f"{X0.shape[0]} tokens", "shorten the text or split it into sentences")
+    X = X0.astype(dtype, copy=False)[None]
+    states = [X[0]]
+    block = model.blocks[0]
+    for index in range(model.num_layers):
+        X, _ = chain_forward(list(_layer_steps_cached(model.layers[index], block)), X)
+        states.append(X[0])
+    return states
+
+
+def logits(model: Model, ids, dtype=np.float64) -> np.ndarray:
+    """The next-token logits (n, vocab) of a decoder: ``final_norm(X_L) lm_head^T``."""
+    if model.lm_head is None:
+        raise WeightsError(model.path or model.name, "a decoder with its language-model head (lm_head)",
+                           "no lm_head", "load the whole checkpoint, or tie the head to the embeddings")
+    X = hidden_states(model, ids, dtype)[-1]
+    final = model.final_norm_of(model.blocks[0])
+    if final is not None:
+        X = _Norm(final, X.dtype).linearize(X).F
+    return X @ np.asarray(model.lm_head).astype(X.dtype, copy=False).T

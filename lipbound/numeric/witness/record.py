@@ -78,7 +78,7 @@ class Witness:
     layer, head : int or None
         Which layer and head; ``head=None`` means the whole multi-head layer.
     score : str
-        The score function (``"dot"``, ``"l2"``, ``"cosine"``).
+        The attention kernel's registry name (``"dot"``, ``"l2"``, ``"cosine"``, ``"rope"``, ...).
     residual : bool
         Whether the map is ``X + Att(X)``.
     created : str

@@ -10,6 +10,7 @@ import numpy as np
 from ...errors import AssumptionError, WeightsError
 from ..blas import one_blas_thread
 from ..memory import available_bytes, require_memory
+from ..dispatch import dot_product_scope
 from ..domains import TokenBall, TokenDomain
 from ..model import Head, Layer
 from .ascent import continuation, join, polish, start_candidates, take
@@ -127,7 +128,7 @@ def _describe(target, domain: TokenDomain, origin, layer, head, block="encoder")
     heads, _, _, residual = heads_of(target)
     return {"model": getattr(origin, "name", "") or "", "weights": getattr(origin, "path", "") or "",
             "sha256": getattr(origin, "sha256", "") or "", "layer": layer,
-            "head": head if isinstance(target, Head) else None, "score": heads[0].score, "residual": residual,
+            "head": head if isinstance(target, Head) else None, "score": heads[0].kernel.name, "residual": residual,
             "domain": domain.describe(), "block": block}
 
 
@@ -214,7 +215,7 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     polish_count = max(2, int(polish_count / work))
     until = began + 0.25 * (deadline - began)
     pool = []
-    if problem.kernel.score == "dot":  # the structured constructions are for dot-product scores
+    if dot_product_scope(target):  # the structured constructions are for dot-product scores
         pool += cross_starts(problem, rng, until) if cross else _self_pool(problem, rng, until, work)
     pool.append((problem.random(rng, max(2, int(8 / work)), 1 - 1e-6), "random"))
     cands = _evaluate_pool(problem, pool, rng, 15 if len(heads) == 1 else 6, max(1, int(32 / work)),

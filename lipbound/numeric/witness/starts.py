@@ -11,6 +11,7 @@ import numpy as np
 
 from ...errors import AssumptionError
 from ..attention import unit_rows
+from ..kernels import softmax
 from .clock import CALL_WORK
 from .structured import TieForm, ascend
 
@@ -54,8 +55,7 @@ class TieSurrogate:
         for form in self.forms:
             g = form.gradient(b[None])[0]
             scores = np.array([g @ (first @ self.S), g @ (second @ self.S), g @ (b @ self.S) + math.log(m)])
-            p = np.exp(scores - scores.max())
-            p /= p.sum()
+            p = softmax(scores)
             values = np.stack([first @ form.SV, second @ form.SV, b @ form.SV])
             mean = p @ values
             outputs.append((p[0] * (values[0] - mean) - p[1] * (values[1] - mean)) / math.sqrt(2))

@@ -36,6 +36,7 @@ import numpy as np
 from ...errors import AssumptionError
 from ..attention import unit_rows
 from ..blas import one_blas_thread
+from ..kernels import softmax
 from .clock import WorkClock
 
 __all__ = ["structured_starts", "TieForm", "ascend", "predicted_norm"]
@@ -148,8 +149,7 @@ def predicted_norm(form: TieForm, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if form.own:
         columns.append(np.sum((b @ form.SQ) * g, axis=1) + math.log(max(m, 1)))
     scores = np.stack(columns, axis=1)
-    p = np.exp(scores - scores.max(axis=1, keepdims=True))
-    p /= p.sum(axis=1, keepdims=True)
+    p = softmax(scores)
     v1, v2 = first @ form.SV, second @ form.SV                    # the value bias cancels in every difference
     mean = p[:, :1] * v1 + p[:, 1:2] * v2 + (p[:, 2:] * (b @ form.SV) if form.own else 0.0)
     c = (p[:, :1] * (v1 - mean) - p[:, 1:2] * (v2 - mean)) / math.sqrt(2)

@@ -1,0 +1,123 @@
+r"""Rotary position embeddings (RoPE; Su et al. 2021): the dot product of rotated queries and keys.
+
+A query at position ``p_i`` and a key at ``p_j`` score
+
+    s_ij = c (R(p_i) q_i) . (R(p_j) k_j) = c q_i^T R(p_j - p_i) k_j,
+
+``R(p)`` rotating each pair of coordinates ``(u_a, u_b)`` by the angle ``p theta_t``,
+``theta_t = base^(-2t/D)``, ``t = 0 .. D/2 - 1``, ``D = dims`` (coordinates beyond D are not
+rotated).  The pairs are ``(t, t + D/2)`` with ``pairing="half"`` (Hugging Face's
+``rotate_half``, GPT-NeoX) or ``(2t, 2t + 1)`` with ``pairing="interleaved"`` (GPT-J, the rows
+of llama.cpp's GGUF files):
+
+    u'_a = u_a cos - u_b sin,    u'_b = u_b cos + u_a sin.
+
+A rotation is linear and orthogonal: its JVP is itself and its VJP the rotation by ``-p theta``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, final
+
+import numpy as np
+
+from ...errors import WeightsError
+from ..checks import positive_float
+from .base import AttentionKernel, KernelFacts, register
+from .scores import BilinearScores, _standard, check_scale, scale_of
+
+__all__ = ["Rotary", "Rotation", "PAIRINGS"]
+
+PAIRINGS = ("half", "interleaved")
+
+
+@final
+class Rotation:
+    """``R(p_l) u_l`` for the rows u_l (..., L, w) of U at positions ``p`` (L,), as a linearised
+    transform (``F``, ``jvp``, ``vjp``)."""
+
+    __slots__ = ("cos", "sin", "first", "second", "F")
+
+    def __init__(self, rotary: "Rotary", U: np.ndarray, positions: np.ndarray):
+        D = rotary.rotated(U.shape[-1])
+        half = D // 2
+        frequencies = float(rotary.base) ** (-np.arange(half, dtype=np.float64) * 2.0 / D)
+        angles = np.asarray(positions, dtype=np.float64)[:, None] * frequencies[None, :]
+        self.cos, self.sin = np.cos(angles).astype(U.dtype), np.sin(angles).astype(U.dtype)
+        if rotary.pairing == "half":
+            self.first, self.second = slice(0, half), slice(half, D)
+        else:
+            self.first, self.second = slice(0, D, 2), slice(1, D, 2)
+        self.F = self.rotate(U, 1)
+
+    def rotate(self, U: np.ndarray, sign: int) -> np.ndarray:
+        """The rotation by ``sign * p theta`` (``sign = -1``: the transpose)."""
+        out = U.copy()
+        a, b = U[..., self.first], U[..., self.second]
+        sin = self.sin if sign > 0 else -self.sin
+        out[..., self.first] = a * self.cos - b * sin
+        out[..., self.second] = b * self.cos + a * sin
+        return out
+
+    def jvp(self, dU):
+        return self.rotate(dU, 1)
+
+    def vjp(self, gU):
+        return self.rotate(gU, -1)
+
+
+@register
+@final
+@dataclass(frozen=True, eq=False)
+class Rotary(AttentionKernel):
+    """RoPE (module docstring).
+
+    Parameters
+    ----------
+    base : float
+        ``theta`` of the frequencies (10000 for Llama 2, 500000 for Llama 3, 100000 for SmolLM2).
+    dims : int, optional
+        Rotated coordinates per head, even, at most d_k (None: all of d_k).
+    pairing : {"half", "interleaved"}
+    scale : float, optional
+        ``c`` (None: ``1/sqrt(d_k)``).
+    """
+
+    base: float = 10000.0
+    dims: int | None = None
+    pairing: str = "half"
+    scale: float | None = None
+    name: ClassVar[str] = "rope"
+    positional: ClassVar[bool] = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "base", positive_float("base", self.base, "use the checkpoint's rope_theta"))
+        if self.pairing not in PAIRINGS:
+            raise WeightsError("pairing", f"one of {PAIRINGS}", repr(self.pairing),
+                               "'half' for Hugging Face checkpoints, 'interleaved' for GGUF rows and GPT-J")
+        if self.dims is not None:
+            if isinstance(self.dims, bool) or not float(self.dims).is_integer() or int(self.dims) < 2 \
+                    or int(self.dims) % 2:
+                raise WeightsError("dims", "an even number of rotated coordinates >= 2", repr(self.dims),
+                                   "use the head size times partial_rotary_factor")
+            object.__setattr__(self, "dims", int(self.dims))
+        object.__setattr__(self, "scale", check_scale(self.scale))
+
+    def rotated(self, d_k: int) -> int:
+        """How many coordinates of a head of key width d_k rotate."""
+        return d_k if self.dims is None else self.dims
+
+    def check(self, d: int, d_k: int, where: str) -> None:
+        if self.rotated(d_k) > d_k or self.rotated(d_k) % 2:
+            raise WeightsError(f"{where}.kernel.dims", f"an even number <= d_k = {d_k}", repr(self.rotated(d_k)),
+                               "rotate at most the head's coordinates, in pairs")
+
+    def facts(self, d_k: int) -> KernelFacts:
+        return KernelFacts("rope", standard_scale=_standard(self.scale, d_k), describe=self.describe())
+
+    def rotation(self, U: np.ndarray, positions: np.ndarray) -> Rotation:
+        return Rotation(self, U, positions)
+
+    def linearize(self, Q, K, pos_q, pos_k, d):
+        return BilinearScores(scale_of(self.scale, Q.shape[-1]), Rotation(self, Q, pos_q), Rotation(self, K, pos_k))
