@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +65,8 @@ _FORMATS = ("lipbound-plain-v1", "lipbound-plain-v2", PLAIN_FORMAT)
 _FIX = "write the file with lipbound.numeric.model.save_plain (or follow the plain format in docs/formats.md)"
 _HEAD_ARRAYS = ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V")
 _GATED = ("W_gate", "W_up", "W_down", "b_gate", "b_up", "b_down")
+#: the scores a version 2 file could state (registry names; the cosine's tau and eps stored beside)
+_VERSION_2_SCORES = ("dot", "l2", "cosine")
 
 
 def _scalar(tensors: TensorSource, key: str, kind: type, default=None):
@@ -125,11 +127,11 @@ def _kernel_and_mask(tensors: TensorSource, key: str):
     """The kernel and mask of the head ``key``; version 2 files state ``score``, ``tau``, ``eps``, ``causal``."""
     if any(f"{key}.{legacy}" in tensors.keys() for legacy in ("score", "tau", "eps", "causal")):
         score = _scalar(tensors, f"{key}.score", str, default="dot")
-        if score not in ("dot", "l2", "cosine"):
-            raise WeightsError(f"{tensors.path}:{key}.score", "'dot', 'l2' or 'cosine'", repr(score), _FIX)
-        parameters = {"tau": _scalar(tensors, f"{key}.tau", float, default=1.0),
-                      "eps": _scalar(tensors, f"{key}.eps", float, default=1.0)} if score == "cosine" else {}
-        kernel = KERNELS[score](**parameters)
+        if score not in _VERSION_2_SCORES:
+            raise WeightsError(f"{tensors.path}:{key}.score", f"one of {_VERSION_2_SCORES}", repr(score), _FIX)
+        stored = {name: _scalar(tensors, f"{key}.{name}", float) for name in ("tau", "eps") if f"{key}.{name}" in tensors.keys()}
+        kernel = KERNELS[score].from_arrays({name: value for name, value in stored.items()
+                                             if name in {f.name for f in fields(KERNELS[score])}})
         mask = AttentionMask(causal=_scalar(tensors, f"{key}.causal", bool, default=False) is True)
         return kernel, mask
     kernel = KERNELS["dot"]()
