@@ -13,13 +13,12 @@ import sys
 
 from ..errors import LipboundError
 from .output import Progress, ReportFiles
-from .parsing import (choice, epilog, index, output_directory, output_file, positive_float, positive_int, radius_spec,
+from .parsing import (EXIT_REFUTED, choice, epilog, index, output_directory, output_file, positive_float, positive_int, radius_spec,
                       scheduler_address)
 
 __all__ = ["register", "EXIT_INVALID", "EXIT_REFUTED", "EXIT_INTERRUPTED"]
 
 EXIT_INVALID = 1
-EXIT_REFUTED = 3
 EXIT_INTERRUPTED = 130
 
 

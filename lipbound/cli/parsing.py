@@ -13,10 +13,12 @@ import re
 import sys
 from pathlib import Path
 
-__all__ = ["Parser", "EXIT_USER_ERROR", "positive_int", "index", "positive_float", "int_list", "radius_spec",
+__all__ = ["Parser", "EXIT_USER_ERROR", "EXIT_REFUTED", "positive_int", "index", "positive_float", "int_list", "radius_spec",
            "choice", "output_file", "output_directory", "plot_file", "epilog", "scheduler_address"]
 
 EXIT_USER_ERROR = 2
+#: A bound or a published claim refuted (``verify``, ``check``, ``compare``).
+EXIT_REFUTED = 3
 
 
 class Parser(argparse.ArgumentParser):
@@ -84,21 +86,27 @@ def positive_float(option: str):
     return convert
 
 
-def float_list(option: str, example: str, *, zero: bool = False, fix: str = ""):
+def float_list(option: str, example: str, *, zero: bool = False, fix: str = "", text: bool = False,
+               single: bool = False):
     """``"0.5"`` or ``"0,1e-3,1e-2"`` -> a tuple of finite numbers, positive (``zero``: or 0), in the
-    order given."""
-    def convert(text: str) -> tuple[float, ...]:
+    order given; ``text``: the numbers as typed (decimal strings, for exact enclosures), checked the
+    same way; ``single``: exactly one number, returned alone."""
+    def convert(typed: str):
         values = []
-        for part in str(text).split(","):
+        parts = str(typed).split(",")
+        if single and len(parts) != 1:
+            _fail(f"one number, e.g. {example}", typed, fix or f"write {option} {example}")
+        for part in parts:
             try:
                 value = float(part)
             except ValueError:
                 value = math.nan
             if not (math.isfinite(value) and (value > 0 or (zero and value == 0))):
-                _fail(f"{'non-negative' if zero else 'positive'} numbers separated by commas, e.g. {example}", text,
-                      fix or f"write {option} {example}")
-            values.append(value)
-        return tuple(values)
+                sign = "non-negative" if zero else "positive"
+                _fail(f"a {sign} number, e.g. {example}" if single else
+                      f"{sign} numbers separated by commas, e.g. {example}", typed, fix or f"write {option} {example}")
+            values.append(part.strip() if text else value)
+        return values[0] if single else tuple(values)
     convert.__name__ = option
     return convert
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from ..errors import LipboundError
-from .parsing import epilog, output_directory, positive_int
+from .parsing import EXIT_REFUTED, epilog, float_list, output_directory, positive_int
 
 __all__ = ["register"]
 
@@ -144,17 +144,59 @@ def _list(args) -> int:
         print(f"  {theorem_id}")
     print("published claims (lipbound check CLAIM):")
     for key, item in CLAIMS.items():
-        print(f"  {key:20s} [{item.tag}] {item.title}")
+        print(f"  {key:22s} [{item.tag}] {item.title}")
     print(f"lemmas: {len(LEMMAS)} ({', '.join(sorted(LEMMAS))})")
     return 0
 
 
+def _product_options(args) -> list[str]:
+    """The options of stated per-block constants that were given (refused where they mean nothing)."""
+    return [option for option, value in (("--blocks", args.blocks), ("--residual", args.residual),
+                                         ("--layers", args.layers != 1), ("--weight", args.weight != "1"),
+                                         ("--claimed", args.claimed)) if value]
+
+
+def _compare_report(args) -> int:
+    from ..symbolic.claim_table import PRODUCT_BOUND, claim_report
+    from ..symbolic.claims import CLAIMS
+    product = args.claim == PRODUCT_BOUND or CLAIMS[args.claim].kind == "product"
+    given = _product_options(args)
+    if given and not product:
+        raise LipboundError(given[0], "per-block constants for product-bound or a product claim (newhouse-...)",
+                            f"{given[0]} with {args.claim}", f"drop {given[0]}, or run lipbound compare product-bound "
+                            "--blocks 1.5,1.5 --claimed 2")
+    if args.claim == PRODUCT_BOUND and not args.blocks:
+        raise LipboundError("--blocks", "the per-block constants to compose, e.g. --blocks 1.5,1.5,2", "none",
+                            "add --blocks (and --claimed B to compare with a total)")
+    if args.claimed is not None and args.claim != PRODUCT_BOUND:
+        raise LipboundError("--claimed", "product-bound (a product claim states its own total)",
+                            f"--claimed with {args.claim}", "drop --claimed, or run lipbound compare product-bound")
+    if (args.residual or args.weight != "1" or args.layers != 1) and not args.blocks:
+        raise LipboundError("--blocks", "per-block constants for --residual, --weight and --layers to apply to",
+                            "none", "add --blocks, e.g. --blocks 0.5,0.5 --residual --layers 12")
+    if args.latex:
+        raise LipboundError("--latex", "the table of closed-form claims (lipbound compare --latex)",
+                            f"--latex with {args.claim}", "drop --latex; `lipbound proofs DIR` writes this claim's "
+                            "proof in claims.tex")
+    lines, refuted = claim_report(args.claim, blocks=args.blocks or (), residual=args.residual, layers=args.layers,
+                                  weight=args.weight, claimed=args.claimed)
+    print("\n".join(lines))
+    return EXIT_REFUTED if refuted else 0
+
+
 def _compare(args) -> int:
     from ..printing.document import comparison_latex
-    from ..symbolic.claim_table import comparison_rows
+    from ..symbolic.claim_table import PRODUCT_BOUND, REPORTED, comparison_rows
     from ..symbolic.claims import claim
-    if args.claim:
+    if args.claim and args.claim != PRODUCT_BOUND:
         claim(args.claim)  # a clear error for an unknown claim
+    if args.claim in REPORTED or args.claim == PRODUCT_BOUND:
+        return _compare_report(args)
+    given = _product_options(args)
+    if given:
+        raise LipboundError(given[0], "product-bound or a product claim (newhouse-...)",
+                            f"{given[0]} with {args.claim or 'the whole table'}",
+                            "run lipbound compare product-bound --blocks 1.5,1.5 --claimed 2")
     rows = comparison_rows(None if not args.claim else [args.claim])
     if args.claim and not rows:
         raise LipboundError("claim", "a claim with a closed-form upper bound on an attention variant",
@@ -239,11 +281,32 @@ def register(sub) -> None:
     compare = sub.add_parser(
         "compare", help="derived bounds against published claims, decided symbolically",
         description="Compare lipbound's derived bound with a published claim under the same assumptions, and "
-                    "prove the relation (<=, >=, or where it changes) with recorded steps.",
+                    "prove the relation (<=, >=, or where it changes) with recorded steps.  Claims that are not a "
+                    "bound on a variant (emadi-softmax-inf1, sigmoid-regularity, newhouse-..., lipattn-1-lipschitz) "
+                    "get a report: the theorem lipbound proves about them, or where the relation holds.  "
+                    "product-bound composes per-block constants you state with lipbound's rules.",
         epilog=epilog("lipbound compare                  # the whole table", "lipbound compare castin-theorem",
-                      "lipbound compare --latex > table.tex"))
-    compare.add_argument("claim", nargs="?", help="one claim (default: the whole table; see `lipbound list`)")
+                      "lipbound compare --latex > table.tex", "lipbound compare sigmoid-regularity",
+                      "lipbound compare product-bound --blocks 1.5,1.5,2 --claimed 4",
+                      "lipbound compare product-bound --blocks 0.5,0.5 --residual --weight 0.1 --layers 12 "
+                      "--claimed 2",
+                      "lipbound compare newhouse-2-lipschitz --blocks 1.01,1.02 --layers 24",
+                      notes="Exit status: 0 done, 2 user error, 3 stated constants compose to more than the claimed "
+                            "total, or the comparison refutes the claim."))
+    compare.add_argument("claim", nargs="?",
+                         help="one claim (default: the whole table; see `lipbound list`), or product-bound")
     compare.add_argument("--latex", action="store_true", help="print the table as LaTeX")
+    compare.add_argument("--blocks", type=float_list("--blocks", "1.5,1.5,2", zero=True, text=True), metavar="C1,C2,...",
+                         help="per-block Lipschitz constants, applied one after another (with product-bound or a "
+                              "product claim)")
+    compare.add_argument("--residual", action="store_true",
+                         help="each constant of --blocks is a residual branch f of a block x + w f(x)")
+    compare.add_argument("--weight", type=float_list("--weight", "0.1", zero=True, text=True, single=True),
+                         default="1", help="the branch weight w of --residual blocks (default 1)")
+    compare.add_argument("--layers", type=positive_int("--layers"), default=1,
+                         help="repeat the --blocks list this many times, one list per layer (default 1)")
+    compare.add_argument("--claimed", type=float_list("--claimed", "2", text=True, single=True), metavar="B",
+                         help="the whole-model bound to compare with (product-bound only; a claim states its own)")
     compare.set_defaults(handler=_compare)
 
     proofs = sub.add_parser(

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Callable, final
+from typing import Callable
 
 import mpmath
 import numpy as np
@@ -33,53 +32,11 @@ from .domains import TokenBall
 from .kernels import L2Distance, softmax
 from .model import Head, load_default
 from .recheck import directional_norm
+from .claim_checks import RECENT_CHECKERS
+from .claim_result import CheckResult, claim_verdict as _verdict
 from .witness import search_witness
 
 __all__ = ["CheckResult", "check", "CHECKERS"]
-
-
-@final
-@dataclass(frozen=True)
-class CheckResult:
-    """Outcome of trying to refute a claim.
-
-    ``verdict``: ``"REFUTED"`` (a certified witness beats the claim), ``"not refuted"``
-    (no witness found within the budget: not a proof), ``"confirmed"`` (the claim is
-    also a theorem lipbound derives or checks exactly), or ``"not certified"``.
-    """
-
-    claim: str
-    verdict: str
-    provenance: str
-    claimed: float | None = None
-    witness_value: float | None = None
-    witness: dict = field(default_factory=dict)
-    notes: str = ""
-
-    @property
-    def refuted(self) -> bool:
-        return self.verdict == "REFUTED"
-
-    def describe(self) -> str:
-        lines = [f"claim {self.claim} {self.provenance}", f"verdict: {self.verdict}"]
-        if self.claimed is not None:
-            lines.append(f"claimed value (certified upper end): {self.claimed:.6g}")
-        if self.witness_value is not None:
-            lines.append(f"witness value (certified lower end): {self.witness_value:.6g}")
-        for key, value in self.witness.items():
-            lines.append(f"witness {key}: {value}")
-        if self.notes:
-            lines.append(self.notes)
-        return "\n".join(lines)
-
-
-def _verdict(witness_low: float, claimed_high: float) -> str:
-    answer = certify_le(interval(witness_low), interval(claimed_high))
-    if answer is Verdict.FAILS:
-        return "REFUTED"
-    if answer is Verdict.HOLDS:
-        return "not refuted"
-    return "not certified"
 
 
 def _claim_value(statement: sp.Expr, values: dict) -> float:
@@ -360,6 +317,7 @@ CHECKERS: dict[str, Callable] = {
     "softmax-half": _check_softmax, "lipschitznorm": _check_lipschitznorm, "vuckovic-w1": _check_derived,
     "gelu-1.12": _check_gelu, "power-iteration-5": _check_power_iteration, "l2-untied-global": _check_untied,
 }
+CHECKERS.update(RECENT_CHECKERS)
 
 
 def check(key: str, weights=None, seed: int = 0, budget: float = 20.0) -> CheckResult:

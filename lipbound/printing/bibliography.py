@@ -61,16 +61,34 @@ REFERENCES: Final[dict[str, tuple[str, dict[str, str]]]] = {
         "title": "Transformers are {RNN}s: Fast Autoregressive Transformers with Linear Attention",
         "booktitle": "Proceedings of the 37th International Conference on Machine Learning (ICML)",
         "year": "2020", "eprint": "2006.16236", "archivePrefix": "arXiv", "url": "https://arxiv.org/abs/2006.16236"}),
-    "lb-ramapuram2024": ("misc", {
-        "author": "Ramapuram, Jason and others",
-        "title": "Theory, Analysis, and Best Practices for Sigmoid Self-Attention", "year": "2024",
+    "lb-ramapuram2024": ("inproceedings", {
+        "author": "Ramapuram, Jason and Danieli, Federico and Dhekane, Eeshan and Weers, Floris and Busbridge, Dan "
+                  "and Ablin, Pierre and Likhomanenko, Tatiana and Digani, Jagrit and Gu, Zijin and Shidani, Amitis "
+                  "and Webb, Russ",
+        "title": "Theory, Analysis, and Best Practices for Sigmoid Self-Attention",
+        "booktitle": "International Conference on Learning Representations (ICLR)", "year": "2025",
         "eprint": "2409.04431", "archivePrefix": "arXiv", "url": "https://arxiv.org/abs/2409.04431"}),
+    "lb-emadi2026": ("misc", {
+        "author": "Emadi, Seyed Morteza",
+        "title": "Exact Attention Sensitivity and the Geometry of Transformer Stability", "year": "2026",
+        "eprint": "2602.18849", "archivePrefix": "arXiv", "url": "https://arxiv.org/abs/2602.18849"}),
+    "lb-newhouse2025": ("misc", {
+        "author": "Newhouse, Laker and Hess, R. Preston and Cesista, Franz and Zahorodnii, Andrii and Bernstein, "
+                  "Jeremy and Isola, Phillip",
+        "title": "Training Transformers with Enforced {L}ipschitz Constants", "year": "2025",
+        "eprint": "2507.13338", "archivePrefix": "arXiv", "url": "https://arxiv.org/abs/2507.13338"}),
+    "lb-lipattn2026": ("misc", {  # an anonymous submission: no arXiv identifier
+        "author": "Anonymous",
+        "title": "Globally 1-{L}ipschitz Attention Without Sequence-Length Dependence",
+        "howpublished": "Submission to the International Conference on Learning Representations (ICLR) 2026, "
+                        "OpenReview 9Y7L5VeV4Z", "year": "2025", "url": "https://openreview.net/forum?id=9Y7L5VeV4Z"}),
 }
 
 _SCORE_CITATIONS = {"dot": ("lb-vaswani2017",), "l2": ("lb-kim2021",), "feature-map": ("lb-katharopoulos2020",)}
 _CLAIM_SOURCES = {C.KIM: ("lb-kim2021",), C.CASTIN: ("lb-castin2024",),
                   C.VUCKOVIC: ("lb-vuckovic2020", "lb-vuckovic2021"), C.NAIR: ("lb-nair2025",),
-                  C.GAO: ("lb-gao2017",), C.DASOULAS: ("lb-dasoulas2021",)}
+                  C.GAO: ("lb-gao2017",), C.DASOULAS: ("lb-dasoulas2021",), C.EMADI: ("lb-emadi2026",),
+                  C.RAMAPURAM: ("lb-ramapuram2024",), C.NEWHOUSE: ("lb-newhouse2025",), C.LIPATTN: ("lb-lipattn2026",)}
 
 
 def variant_citations(variant) -> tuple[str, ...]:

@@ -27,8 +27,11 @@ from ..symbolic.assumptions import NORMS, Assumptions, Ball, LayerNormImage, Unb
 from ..errors import AssumptionError
 from ..symbolic import symbols as S
 from ..symbolic.bound import Bound, NotLipschitz, Result
-from ..symbolic.claim_table import comparison_rows
-from ..symbolic.record import le
+from ..symbolic.claim_table import REPORTED, SCALAR_INSTANCE, comparison_rows, scalar_instance_numbers
+from ..symbolic.claim_theorems import proximal_map, sigmoid_scalar_instance, softmax_inf_to_one
+from ..symbolic.claims import CLAIMS
+from ..rigorous.intervals import lower, upper
+from ..symbolic.record import Described, le
 from ..symbolic.registry import BLOCKS, VARIANTS, variant
 from .document import DOMAIN_TITLES, preamble, statement_latex
 from .latex import LipboundLatexPrinter
@@ -388,6 +391,53 @@ def _claims_file() -> str:
         if row.derived.is_finite is not False:  # oo: the variant is not Lipschitz there
             out.append("Derived:\n" + statement_latex(row.derived))
         out.append("Relation: %s.\n\n" % escape_text(row.relation))
+    return "".join(out) + _reported_claims()
+
+
+#: Statements shown in a shorter form than the expression that is evaluated.
+_SHOWN = {"sigmoid-regularity": Described(r"n (\sigma_0 + 2 \sigma_0' R^2), \quad \sigma_0 = "
+                                          r"\frac{1}{1 + n e^{-R^2}}, \quad \sigma_0' = \sigma_0 (1 - \sigma_0)")}
+
+
+def _reported_claims() -> str:
+    """The claims that are not a closed-form bound on a variant, with what lipbound proves about them
+    (:mod:`lipbound.symbolic.claim_theorems`, :mod:`lipbound.symbolic.product_bounds`)."""
+    out = ["\\subsection*{Claims that are not a bound on a variant}\n"
+           "The following are checked against theorems lipbound proves (with their proofs) or against its "
+           "composition rules; \\texttt{lipbound check} adds certified witnesses on real weights.\n"]
+    n, radius = SCALAR_INSTANCE
+    witness, bound, refuted = scalar_instance_numbers()
+    statements = {
+        "emadi-softmax-inf1": (softmax_inf_to_one(), "=", Described(r"\|D_u \operatorname{softmax}(u / \tau)\|_{\infty \to 1}"),
+                               "The claim, in the reading above, is this theorem."),
+        "sigmoid-regularity": (sigmoid_scalar_instance(), r"\ge", Described(r"\operatorname{Lip}(f_\sigma)"),
+                               "At n = %d, R = %s: Lip of the sigmoid map >= %.6g %s %.6g >= Lip of the softmax map with "
+                               "the same weights (the self-attention theorem on the ball, ||A|| = ||W_V|| = 1)%s." % (
+                                   n, radius, lower(witness), ">" if refuted else "versus", upper(bound),
+                                   ": the pointwise reading is refuted on this instance" if refuted else "")),
+        "lipattn-1-lipschitz": (proximal_map(), r"\le", Described(r"\operatorname{Lip}(\operatorname{prox}_\varphi)"),
+                                "The claim, in the proximal reading, is this theorem; it holds for the exact proximal "
+                                "map, and for a truncated solver only under the step condition."),
+    }
+    for key in REPORTED:
+        item = CLAIMS[key]
+        out.append("\\subsubsection*{%s (%s)}\n" % (text_to_latex(item.title), escape_text(item.tag)))
+        out.append("Source: %s.\n" % escape_text(item.source))
+        if item.reading:
+            out.append("Reading: %s.\n" % text_to_latex(item.reading))
+        if key in statements:
+            theorem, relation, lhs, outcome = statements[key]
+            out.append("\\begin{theorem}\nAssume\n%sThen\n%s\\end{theorem}\n" % (
+                hypotheses_latex(theorem.hypotheses), statement_latex(_SHOWN.get(key, theorem.statement),
+                                                                      relation=relation, lhs=lhs)))
+            out.append("\\begin{proof}\n" + derivation_to_latex(theorem.proof, hypotheses=False) + "\\end{proof}\n")
+            out.append(text_to_latex(outcome) + "\n\n")
+        elif item.kind == "product":
+            out.append(text_to_latex(
+                "lipbound composes stated per-block constants c_i with its rules (composition, residual blocks): "
+                "Lip is at most the product of the c_i, or of the 1 + w c_i for residual branches x + w f_i(x); k "
+                "equal blocks stay within a total B when each is at most B^(1/k). The abstract states the total "
+                "only: there is nothing to refute.") + "\n\n")
     return "".join(out)
 
 

@@ -23,7 +23,7 @@ import sympy as sp
 from ..errors import AssumptionError
 from . import symbols as S
 
-__all__ = ["PublishedClaim", "CLAIMS", "claim", "TAGS"]
+__all__ = ["PublishedClaim", "CLAIMS", "claim", "TAGS", "theta", "tau", "p_max"]
 
 TAGS: Final = ("abstract", "code", "3p", "unverified", "known-wrong")
 
@@ -37,6 +37,14 @@ NAIR = "Nair, arXiv:2510.23012 (2025)"
 GAO = "Gao and Pavel, \"On the Properties of the Softmax Function\", arXiv:1704.00805 (2017)"
 DASOULAS = ("Dasoulas, Scaman, Virmaux, \"Lipschitz Normalization for Self-Attention Layers\", "
             "ICML 2021, PMLR 139:2456-2466")
+EMADI = ("Emadi, \"Exact Attention Sensitivity and the Geometry of Transformer Stability\", "
+         "arXiv:2602.18849 (2026)")
+RAMAPURAM = ("Ramapuram et al., \"Theory, Analysis, and Best Practices for Sigmoid Self-Attention\", "
+             "ICLR 2025, arXiv:2409.04431")
+NEWHOUSE = ("Newhouse, Hess, Cesista, Zahorodnii, Bernstein, Isola, \"Training Transformers with Enforced "
+            "Lipschitz Constants\", arXiv:2507.13338 (2025)")
+LIPATTN = ("\"Globally 1-Lipschitz Attention Without Sequence-Length Dependence\" (LipAttn), ICLR 2026 "
+           "submission, OpenReview 9Y7L5VeV4Z")
 
 
 @final
@@ -59,7 +67,9 @@ class PublishedClaim:
     kind : str
         ``"upper-bound"`` (a Lipschitz constant), ``"pointwise"`` (a local bound at an
         input X), ``"property"`` (a checkable qualitative fact), ``"constant"`` (a
-        numeric constant claimed for a scalar function).
+        numeric constant claimed for a scalar function), ``"exact"`` (the exact value of an
+        operator norm), ``"comparison"`` (one map is more regular than another on the same
+        weights), ``"product"`` (a whole-model bound that is a product of per-block constants).
     variant, norm, domain : str
         What the statement bounds (registry variant name, norm key, domain key).
     reading : str
@@ -68,6 +78,9 @@ class PublishedClaim:
         For a qualitative claim: whether it says the variant is Lipschitz on the domain.
     notes : str
         Anything a reader must know.
+    blocks : tuple of sympy numbers
+        For a ``"product"`` claim: the per-block constants it states, composed one after
+        another (empty when the source states only the total).
     """
 
     key: str
@@ -83,6 +96,7 @@ class PublishedClaim:
     notes: str = ""
     lipschitz: bool | None = None
     symbols: dict = field(default_factory=dict, compare=False)
+    blocks: tuple = ()
 
     def __post_init__(self):
         if self.tag not in TAGS:
@@ -106,6 +120,10 @@ _WQ, _WV, _WO = (S.MatrixNormSymbol(name) for name in ("W", "W_V", "W_O"))
 _A, _Vn = S.MatrixNormSymbol("A"), S.MatrixNormSymbol("W_V")
 _WQ_inf, _WQT_inf = S.InfNormSymbol("W"), S.InfNormSymbol("W.T")
 _WO_T_inf, _WV_T_inf = S.InfNormSymbol("W_O.T"), S.InfNormSymbol("W_V.T")
+#: The balanced-mass factor theta(p) of a probability vector, the softmax temperature, the largest weight.
+theta = sp.Symbol("theta", nonnegative=True)
+tau = S.RadiusSymbol("tau")
+p_max = sp.Symbol("p_max", positive=True)
 
 
 def _kim_l2(level):
@@ -178,6 +196,48 @@ _CLAIMS: list[PublishedClaim] = [
         "community L2-attention implementations (regression case)", "known-wrong",
         _kim_l2(_ell_a).xreplace({_WQ: S.MatrixNormSymbol("W_Q")}), variant="l2-untied", norm="fro",
         domain="unbounded", notes="untying W_Q and W_K (or masking the diagonal) loses Lipschitzness"),
+]
+
+# Claims of 2024-2026 (docs/claims.md, "Recent claims") ------------------------------------------
+_CLAIMS += [
+    PublishedClaim(
+        "emadi-softmax-inf1", "the softmax Jacobian's l_inf -> l_1 norm is exactly theta(p)/tau", EMADI, "abstract",
+        theta / tau, kind="exact", variant="softmax", norm="inf->1",
+        reading="theta(p) = 1 - min_s (p^T s)^2 over the sign vectors s (every entry +1 or -1); the abstract names "
+                "theta the balanced-mass factor in [0, 1] and does not define it. The Jacobian is taken in the "
+                "logits u of softmax(u / tau), p = softmax(u / tau)",
+        notes="proved by lipbound (claim_theorems.softmax_inf_to_one); theta = 1 iff the weights split into two "
+              "halves of equal mass (a partition problem); l_inf -> l_1 is not an induced l_p norm, so theta up "
+              "to 1 does not contradict softmax-half"),
+    PublishedClaim(
+        "sigmoid-regularity", "sigmoid attention is more regular than softmax attention", RAMAPURAM, "abstract",
+        None, kind="comparison", variant="sigmoid", norm="fro", domain="ball",
+        reading="pointwise in the weights: for the same W_Q, W_K, W_V (and biases) and the same ball, the "
+                "Lipschitz constant of sigmoid attention sigma(s - log n) is at most that of softmax attention",
+        notes="qualitative in the abstract; decided only where a certified witness of one map beats the certified "
+              "bound of the other"),
+    PublishedClaim(
+        "newhouse-2-lipschitz", "a 2-Lipschitz transformer reaches 60% on Shakespeare", NEWHOUSE, "abstract",
+        sp.Integer(2), kind="product", norm="fro", domain="unbounded",
+        reading="the whole-model bound is a product of per-block constants (the abstract gives the total only: "
+                "neither the depth nor the per-block constants)"),
+    PublishedClaim(
+        "newhouse-10-lipschitz", "a 10-Lipschitz 145M-parameter transformer reaches 21% on internet text",
+        NEWHOUSE, "abstract", sp.Integer(10), kind="product", norm="fro", domain="unbounded",
+        reading="as newhouse-2-lipschitz"),
+    PublishedClaim(
+        "newhouse-nanogpt", "matching NanoGPT (39.4%) takes a Lipschitz bound of 10^264", NEWHOUSE, "abstract",
+        sp.Integer(10) ** 264, kind="product", norm="fro", domain="unbounded",
+        reading="as newhouse-2-lipschitz"),
+    PublishedClaim(
+        "lipattn-1-lipschitz", "LipAttn is 1-Lipschitz independent of sequence length and parameter norms", LIPATTN,
+        "abstract", sp.Integer(1), kind="property", norm="fro", domain="unbounded",
+        lipschitz=True,
+        reading="LipAttn(X) = prox_phi(X), the minimiser over Y of phi(Y) + ||Y - X||_F^2 / 2, for a convex potential "
+                "phi (the abstract: coefficients from a convex potential, an implicit proximal update, firmly "
+                "non-expansive)",
+        notes="the potential and the solver are not in the abstract: lipbound checks the principle on an "
+              "attention-like convex potential of its own, and what a truncated solver keeps of it"),
 ]
 
 CLAIMS: Final[dict[str, PublishedClaim]] = {c.key: c for c in _CLAIMS}

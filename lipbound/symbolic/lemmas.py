@@ -198,6 +198,33 @@ LEMMAS: Final[dict[str, tuple[str, str]]] = {
         "Schur's test",
         r"A matrix $M$ with non-negative entries satisfies $\|M\|_2 \le (\max_i \sum_j M_{ij})^{1/2} "
         r"(\max_j \sum_i M_{ij})^{1/2}$."),
+    "cube-vertices": (
+        "Maxima on a cube",
+        r"A convex function on the cube $[-1, 1]^n$ attains its maximum at a vertex $s \in \{-1, 1\}^n$; in "
+        r"particular $\|y\|_1 = \max_{t \in \{-1, 1\}^n} t^\top y$ and "
+        r"$\max_{\|x\|_\infty \le 1} \|M x\|_1 = \max_{s, t \in \{-1, 1\}^n} t^\top M s$."),
+    "semidefinite-cauchy-schwarz": (
+        "Cauchy-Schwarz for a positive semidefinite form",
+        r"If $M$ is symmetric positive semidefinite, $t^\top M s \le (t^\top M t)^{1/2} (s^\top M s)^{1/2} "
+        r"\le \max(t^\top M t, s^\top M s)$. For a probability vector $p$, "
+        r"$z^\top (\operatorname{diag}(p) - p p^\top) z = \sum_i p_i z_i^2 - (p^\top z)^2 \ge 0$ (a variance)."),
+    "number-partition": (
+        "Balanced splits of weights",
+        r"For weights $p_i > 0$ there is a sign vector $s$ with $|p^\top s| \le \max_i p_i$ (place the weights "
+        r"in decreasing order, each on the lighter side). Deciding whether $p^\top s = 0$ for some $s$, i.e. "
+        r"whether the weights split into two sets of equal mass, is the partition problem, NP-complete for "
+        r"integer (or rational) weights (Karp 1972; Garey and Johnson 1979, problem SP12) and solvable in time "
+        r"polynomial in $n$ and the common denominator by dynamic programming."),
+    "proximal-firm": (
+        "Proximal maps are firmly non-expansive",
+        r"For a proper, closed, convex $\phi$ on a Euclidean space, $P(x) = \arg\min_y \phi(y) + "
+        r"\tfrac12 \|y - x\|^2$ satisfies $x - P(x) \in \partial\phi(P(x))$; monotonicity of "
+        r"$\partial\phi$ gives $\|P(x) - P(x')\|^2 \le \langle x - x', P(x) - P(x') \rangle$, hence "
+        r"$\|P(x) - P(x')\| \le \|x - x'\|$ (Moreau 1965)."),
+    "gradient-step": (
+        "A relaxed gradient step",
+        r"If $0 \preceq M \preceq L I$ and $0 < \eta \le 2 / (2 + L)$, then "
+        r"$\|(1 - \eta) I - \eta M\|_2 = \max(|1 - \eta|, |1 - \eta - \eta L|) \le 1 - \eta$."),
     "feature-map": (
         "Linear attention as a Markov kernel",
         r"With $K(x, y) = \phi(W_Q^\top x) \cdot \phi(W_K^\top y) > 0$, the weights "
