@@ -33,6 +33,7 @@ One array per key, read with ``allow_pickle=False`` (``{B}`` is a stack, ``encod
                                   .position_offset) or "token" (.word, .scale)
     lm_head (vocab, d)            optional; lm_head_tied 0-d bool: the head is embeddings.word
     max_positions                 0-d int, optional: the context length
+    logit_softcap                 0-d float, optional: c of the logits' soft-cap c tanh(z / c)
 
 Version 2 files (the score as ``{H}.score`` "dot", "l2" or "cosine" with ``.tau``, ``.eps``, and
 ``{H}.causal``) and version 1 files (no ``{B}`` prefix, one encoder stack, no cross-attention)
@@ -258,7 +259,8 @@ def load_plain(tensors: TensorSource, num_heads=None, layers=None) -> Model:
                  decoder_final_norm=final.get("decoder") if second is not None else None,
                  decoder_only=blocks == ("decoder",), layout=_scalar(tensors, "layout", str, default="plain"),
                  embeddings=embeddings, lm_head=lm_head,
-                 max_positions=_scalar(tensors, "max_positions", int, default=0) or None)
+                 max_positions=_scalar(tensors, "max_positions", int, default=0) or None,
+                 logit_softcap=_scalar(tensors, "logit_softcap", float, default=0.0) or None)
 
 
 def _put_norm(arrays: dict, stem: str, norm) -> None:
@@ -316,6 +318,8 @@ def _put_model_parts(arrays: dict, model: Model) -> None:
             arrays["lm_head"] = model.lm_head
     if model.max_positions is not None:
         arrays["max_positions"] = np.array(model.max_positions)
+    if model.logit_softcap is not None:
+        arrays["logit_softcap"] = np.array(model.logit_softcap)
 
 
 def save_plain(model: Model, path) -> Path:

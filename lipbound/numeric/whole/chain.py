@@ -382,7 +382,7 @@ def hidden_states(model: Model, ids, dtype=np.float64) -> list[np.ndarray]:
 
 def logits(model: Model, ids, dtype=np.float64) -> np.ndarray:
     """The next-token logits (n, vocab) of a decoder: ``final_norm(X_L) lm_head^T``, soft-capped
-    ``c tanh(z / c)`` when the model says so (Gemma 2: ``metadata["final_logit_softcapping"]``)."""
+    ``c tanh(z / c)`` when the model has ``logit_softcap`` c (Gemma 2)."""
     if model.lm_head is None:
         raise WeightsError(model.path or model.name, "a decoder with its language-model head (lm_head)",
                            "no lm_head", "load the whole checkpoint, or tie the head to the embeddings")
@@ -391,5 +391,5 @@ def logits(model: Model, ids, dtype=np.float64) -> np.ndarray:
     if final is not None:
         X = _Norm(final, X.dtype).linearize(X).F
     out = X @ np.asarray(model.lm_head).astype(X.dtype, copy=False).T
-    cap = model.metadata.get("final_logit_softcapping")
+    cap = model.logit_softcap
     return out if cap is None else cap * np.tanh(out / cap)
