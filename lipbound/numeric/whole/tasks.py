@@ -27,13 +27,14 @@ import math
 
 import numpy as np
 
+from ...errors import AssumptionError
 from ..attention import AttentionMap, unit_rows
 from ..blocks.constants import ffn_constants, pre_norm_ffn_constants
 from ..blocks.ffn import arrays
 from ..blocks.norms import norm_constant
 from ..certify import layer_bounds
 from ..domains import DomainSpec, LayerNormOutputs
-from ..model import LayerNorm, load_weights
+from ..model import FeedForward, LayerNorm, load_weights
 from ..witness.blocks import ffn_witness, norm_witness
 from ..witness.starts import castin_input
 from .chain import Step, chain_jacobian_norm, layer_steps, stack_steps
@@ -233,6 +234,20 @@ def run_task(kind: str, path: str, block: str, layer: int, detail: str, n: int, 
     raise ValueError(f"unknown task kind {kind!r}")
 
 
+def _check_composable(layer, where: str) -> None:
+    """The composed bounds cover post- and pre-LN layers of LayerNorms and plain feed-forward blocks;
+    other block kinds (RMSNorm, gated blocks, the sandwich placement, LayerScale) are refused."""
+    norms = [getattr(layer, slot) for slot in ("ln_in", "ln_out", "ffn_norm", "cross_norm")]
+    kinds = [norm.kind for norm in norms if norm is not None and norm.kind != "layernorm"]
+    other = ([f"placement {layer.placement}"] if layer.placement not in ("post", "pre") else []) + kinds \
+        + (["a gated feed-forward block"] if not isinstance(layer.ffn, FeedForward) else []) \
+        + (["LayerScale"] if layer.attn_scale is not None or layer.ffn_scale is not None else [])
+    if other:
+        raise AssumptionError("model", "layers whose blocks the composed bounds cover (post- or pre-LN, LayerNorms, "
+                              "plain feed-forward blocks)", f"{where}: {', '.join(other)}",
+                              "verify the attention without --whole; the composition of these blocks has no bound yet")
+
+
 def plan_tasks(model, *, n: int, m: int | None = None, domain: str = "layernorm", effort: int = 30,
                restarts: int = 4, iterations: int = 30, seed: int = 0) -> list[tuple]:
     """Every task of the whole-model verification of ``model`` (loaded from ``model.path``)."""
@@ -244,6 +259,7 @@ def plan_tasks(model, *, n: int, m: int | None = None, domain: str = "layernorm"
         for index in sorted(model.stack(block)):
             layer = model.stack(block)[index]
             layer_steps(layer, block)  # a clear error on a partial checkpoint, before any work
+            _check_composable(layer, f"{block} layer {index}")
             kinds = [layer.self_kind] + (["cross-queries", "cross-context"] if layer.cross is not None else [])
             tasks += [("attention", model.path, block, index, kind) + common for kind in kinds]
             tasks.append(("ffn", model.path, block, index, "") + common)
