@@ -27,12 +27,13 @@ from .files import TensorSource, open_checkpoint
 from .huggingface import layout_of, load_huggingface
 from .layouts import supported_layouts
 from .plain import PLAIN_FORMAT, attention_arrays, attention_from_arrays, load_plain, save_plain
+from .tokenizer import Tokenizer, load_tokenizer
 from .transformer import BLOCKS, PLACEMENTS, Embeddings, Model, TokenEmbeddings, TransformerLayer
 
 __all__ = ["Head", "Layer", "LayerNorm", "RMSNorm", "Normalization", "FeedForward", "GatedFeedForward",
            "TransformerLayer", "Embeddings", "TokenEmbeddings", "Model", "BLOCKS", "PLACEMENTS",
            "load_weights", "load_default", "save_plain", "PLAIN_FORMAT", "DEFAULT_WEIGHTS", "DEFAULT_LAYERS",
-           "attention_arrays", "attention_from_arrays"]
+           "attention_arrays", "attention_from_arrays", "Tokenizer", "load_tokenizer"]
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 DEFAULT_WEIGHTS = DATA / "minilm-l6-attention.safetensors"
