@@ -344,6 +344,99 @@ BOUNDS = {
         r"\|b_Q\|_2\right)}{\sqrt{d_k}}, \frac{2 \gamma_{\max} \left(\|A\|_2 \gamma_{\max} d "
         r"\sqrt{d_k} + \sqrt{d} \|W_K b_Q + W_K W_Q^\top "
         r"c\|_2\right)}{\sqrt{d_k}}\right)\right)\right)",
+    ("rope", "fro", "ball"):
+        r"\|W_V\|_2 R \left(R a + g_K + \left(R a + g_Q\right) \sqrt{\min\left(\frac{3 n}{4}, "
+        r"\kappa_{n}(2 R^{2} a + 2 R g_K + 2 R g_Q + 2 s_c)\right)}\right) + \|W_V\|_2 \sqrt{\kappa_{n}(2 "
+        r"R^{2} a + 2 R g_K + 2 R g_Q + 2 s_c)}",
+    ("rope-nobias", "fro", "ball"):
+        r"\|W_V\|_2 R \left(R a \sqrt{\min\left(\frac{3 n}{4}, \kappa_{n}(2 R^{2} a)\right)} + R a\right) "
+        r"+ \|W_V\|_2 \sqrt{\kappa_{n}(2 R^{2} a)}",
+    ("rope-causal", "fro", "ball"):
+        r"\|W_V\|_2 R \left(R a + g_K + \left(R a + g_Q\right) \sqrt{\min\left(\frac{3 n}{4}, "
+        r"\kappa^{\mathrm{c}}_{n}(2 R^{2} a + 2 R g_K + 2 R g_Q + 2 s_c)\right)}\right) + \|W_V\|_2 "
+        r"\sqrt{\kappa^{\mathrm{c}}_{n}(2 R^{2} a + 2 R g_K + 2 R g_Q + 2 s_c)}",
+    ("rope-multi-head", "fro", "ball"):
+        r"\|W_O\|_2 \sqrt{H} \left(\|W_V\|_2 R \left(R a + g_K + \left(R a + g_Q\right) "
+        r"\sqrt{\min\left(\frac{3 n}{4}, \kappa_{n}(2 R^{2} a + 2 R g_K + 2 R g_Q + 2 s_c)\right)}\right) "
+        r"+ \|W_V\|_2 \sqrt{\kappa_{n}(2 R^{2} a + 2 R g_K + 2 R g_Q + 2 s_c)}\right)",
+    ("rope-residual", "fro", "ball"):
+        r"\|W_V\|_2 R \left(R a + g_K + \left(R a + g_Q\right) \sqrt{\min\left(\frac{3 n}{4}, "
+        r"\kappa_{n}(2 R^{2} a + 2 R g_K + 2 R g_Q + 2 s_c)\right)}\right) + \|W_V\|_2 \sqrt{\kappa_{n}(2 "
+        r"R^{2} a + 2 R g_K + 2 R g_Q + 2 s_c)} + 1",
+    ("rope-cross-joint", "fro", "ball"):
+        r"\sqrt{\|W_V\|_2^{2} R^{2} \left(R a + g_K\right)^{2} + \frac{m \left(\|W_V\|_2 R \left(R a + "
+        r"g_Q\right) + \|W_V\|_2\right)^{2} \kappa_{n}(2 R^{2} a + 2 R g_K + 2 R g_Q + 2 s_c)}{n}}",
+    ("qk-norm", "fro", "ball"):
+        r"\|W_V\|_2 R \left(\frac{\|W_K\|_2 \gamma_{qk} \tau \sqrt{d_k} \sqrt{\min\left(\frac{3 n}{4}, "
+        r"\kappa_{n}\left(\min\left(2 \gamma_{qk} \tau d_k, \frac{2 \|W_K\|_2 R \gamma_{qk} \tau "
+        r"\sqrt{d_k}}{\sqrt{\varepsilon}}\right)\right)\right)}}{\sqrt{\varepsilon}} + \frac{\|W_Q\|_2 "
+        r"\gamma_{qk} \tau \sqrt{d_k}}{\sqrt{\varepsilon}}\right) + \|W_V\|_2 "
+        r"\sqrt{\kappa_{n}\left(\min\left(2 \gamma_{qk} \tau d_k, \frac{2 \|W_K\|_2 R \gamma_{qk} \tau "
+        r"\sqrt{d_k}}{\sqrt{\varepsilon}}\right)\right)}",
+    ("qk-norm-rope", "fro", "ball"):
+        r"\|W_V\|_2 R \left(\frac{\|W_K\|_2 \gamma_k \gamma_q \tau \sqrt{d_k} \sqrt{\min\left(\frac{3 "
+        r"n}{4}, \kappa_{n}\left(\min\left(2 \gamma_k \gamma_q \tau d_k, \frac{2 \|W_K\|_2 R \gamma_k "
+        r"\gamma_q \tau \sqrt{d_k}}{\sqrt{\varepsilon}}\right)\right)\right)}}{\sqrt{\varepsilon}} + "
+        r"\frac{\|W_Q\|_2 \gamma_k \gamma_q \tau \sqrt{d_k}}{\sqrt{\varepsilon}}\right) + \|W_V\|_2 "
+        r"\sqrt{\kappa_{n}\left(\min\left(2 \gamma_k \gamma_q \tau d_k, \frac{2 \|W_K\|_2 R \gamma_k "
+        r"\gamma_q \tau \sqrt{d_k}}{\sqrt{\varepsilon}}\right)\right)}",
+    ("gqa", "fro", "ball"):
+        r"\|W_O\|_2 \sqrt{H} \left(\|W_V\|_2 R \left(\|A\|_2 R + \frac{\left(\|A\|_2 R \sqrt{d_k} + \|W_K "
+        r"b_Q\|_2\right) \sqrt{\min\left(\frac{3 n}{4}, \kappa_{n}\left(\min\left(\frac{2 R \left(\|A\|_2 "
+        r"R \sqrt{d_k} + \|W_K b_Q\|_2\right)}{\sqrt{d_k}}, \frac{2 \|W_K\|_2 R \left(\|W_Q\|_2 R + "
+        r"\|b_Q\|_2\right)}{\sqrt{d_k}}\right)\right)\right)}}{\sqrt{d_k}}\right) + \|W_V\|_2 "
+        r"\sqrt{\kappa_{n}\left(\min\left(\frac{2 R \left(\|A\|_2 R \sqrt{d_k} + \|W_K "
+        r"b_Q\|_2\right)}{\sqrt{d_k}}, \frac{2 \|W_K\|_2 R \left(\|W_Q\|_2 R + "
+        r"\|b_Q\|_2\right)}{\sqrt{d_k}}\right)\right)}\right)",
+    ("sliding-window", "fro", "ball"):
+        r"\|W_V\|_2 R \left(\|A\|_2 R + \frac{\left(\|A\|_2 R \sqrt{d_k} + \|W_K b_Q\|_2\right) "
+        r"\sqrt{\min\left(\kappa^{\mathrm{c}}_{\min\left(n, w\right)}\left(\min\left(\frac{2 R "
+        r"\left(\|A\|_2 R \sqrt{d_k} + \|W_K b_Q\|_2\right)}{\sqrt{d_k}}, \frac{2 \|W_K\|_2 R "
+        r"\left(\|W_Q\|_2 R + \|b_Q\|_2\right)}{\sqrt{d_k}}\right)\right), \frac{3 \min\left(n, "
+        r"w\right)}{4}\right)}}{\sqrt{d_k}}\right) + \|W_V\|_2 \sqrt{\kappa^{\mathrm{c}}_{\min\left(n, "
+        r"w\right)}\left(\min\left(\frac{2 R \left(\|A\|_2 R \sqrt{d_k} + \|W_K "
+        r"b_Q\|_2\right)}{\sqrt{d_k}}, \frac{2 \|W_K\|_2 R \left(\|W_Q\|_2 R + "
+        r"\|b_Q\|_2\right)}{\sqrt{d_k}}\right)\right)}",
+    ("sliding-window-bidirectional", "fro", "ball"):
+        r"\|W_V\|_2 R \left(\|A\|_2 R + \frac{\left(\|A\|_2 R \sqrt{d_k} + \|W_K b_Q\|_2\right) "
+        r"\sqrt{\min\left(\kappa_{\min\left(n, 2 w - 1\right)}\left(\min\left(\frac{2 R \left(\|A\|_2 R "
+        r"\sqrt{d_k} + \|W_K b_Q\|_2\right)}{\sqrt{d_k}}, \frac{2 \|W_K\|_2 R \left(\|W_Q\|_2 R + "
+        r"\|b_Q\|_2\right)}{\sqrt{d_k}}\right) + \log{\left(2 \right)}\right), \frac{3 \min\left(n, 2 w - "
+        r"1\right)}{4}\right)}}{\sqrt{d_k}}\right) + \|W_V\|_2 \sqrt{\kappa_{\min\left(n, 2 w - "
+        r"1\right)}\left(\min\left(\frac{2 R \left(\|A\|_2 R \sqrt{d_k} + \|W_K "
+        r"b_Q\|_2\right)}{\sqrt{d_k}}, \frac{2 \|W_K\|_2 R \left(\|W_Q\|_2 R + "
+        r"\|b_Q\|_2\right)}{\sqrt{d_k}}\right) + \log{\left(2 \right)}\right)}",
+    ("alibi", "fro", "ball"):
+        r"\|W_V\|_2 R \left(\|A\|_2 R + \frac{\left(\|A\|_2 R \sqrt{d_k} + \|W_K b_Q\|_2\right) "
+        r"\sqrt{\min\left(\frac{3 n}{4}, 1 + \frac{\log{\left(e^{\min\left(\frac{2 R \left(\|A\|_2 R "
+        r"\sqrt{d_k} + \|W_K b_Q\|_2\right)}{\sqrt{d_k}}, \frac{2 \|W_K\|_2 R \left(\|W_Q\|_2 R + "
+        r"\|b_Q\|_2\right)}{\sqrt{d_k}}\right)} + 1 \right)}}{m_A}, \kappa^{\mathrm{c}}_{n}\left(m_A "
+        r"\left(n - 1\right) + \min\left(\frac{2 R \left(\|A\|_2 R \sqrt{d_k} + \|W_K "
+        r"b_Q\|_2\right)}{\sqrt{d_k}}, \frac{2 \|W_K\|_2 R \left(\|W_Q\|_2 R + "
+        r"\|b_Q\|_2\right)}{\sqrt{d_k}}\right)\right)\right)}}{\sqrt{d_k}}\right) + \|W_V\|_2 "
+        r"\sqrt{\min\left(1 + \frac{\log{\left(e^{\min\left(\frac{2 R \left(\|A\|_2 R \sqrt{d_k} + \|W_K "
+        r"b_Q\|_2\right)}{\sqrt{d_k}}, \frac{2 \|W_K\|_2 R \left(\|W_Q\|_2 R + "
+        r"\|b_Q\|_2\right)}{\sqrt{d_k}}\right)} + 1 \right)}}{m_A}, \kappa^{\mathrm{c}}_{n}\left(m_A "
+        r"\left(n - 1\right) + \min\left(\frac{2 R \left(\|A\|_2 R \sqrt{d_k} + \|W_K "
+        r"b_Q\|_2\right)}{\sqrt{d_k}}, \frac{2 \|W_K\|_2 R \left(\|W_Q\|_2 R + "
+        r"\|b_Q\|_2\right)}{\sqrt{d_k}}\right)\right)\right)}",
+    ("t5-bias", "fro", "ball"):
+        r"\|W_V\|_2 R \left(\|A\|_2 R + \frac{\left(\|A\|_2 R \sqrt{d_k} + \|W_K b_Q\|_2\right) "
+        r"\sqrt{\min\left(\frac{3 n}{4}, \kappa_{n}\left(\Delta_b + \min\left(\frac{2 R \left(\|A\|_2 R "
+        r"\sqrt{d_k} + \|W_K b_Q\|_2\right)}{\sqrt{d_k}}, \frac{2 \|W_K\|_2 R \left(\|W_Q\|_2 R + "
+        r"\|b_Q\|_2\right)}{\sqrt{d_k}}\right)\right)\right)}}{\sqrt{d_k}}\right) + \|W_V\|_2 "
+        r"\sqrt{\kappa_{n}\left(\Delta_b + \min\left(\frac{2 R \left(\|A\|_2 R \sqrt{d_k} + \|W_K "
+        r"b_Q\|_2\right)}{\sqrt{d_k}}, \frac{2 \|W_K\|_2 R \left(\|W_Q\|_2 R + "
+        r"\|b_Q\|_2\right)}{\sqrt{d_k}}\right)\right)}",
+    ("softcap", "fro", "ball"):
+        r"\|W_V\|_2 R \left(\frac{\left(\|A\|_2 R \sqrt{d_k} + \|W_K b_Q\|_2\right) "
+        r"\sqrt{\min\left(\frac{3 n}{4}, \kappa_{n}\left(\min\left(2 c_{\mathrm{cap}}, \frac{2 R "
+        r"\left(\|A\|_2 R \sqrt{d_k} + \|W_K b_Q\|_2\right)}{\sqrt{d_k}}, \frac{2 \|W_K\|_2 R "
+        r"\left(\|W_Q\|_2 R + \|b_Q\|_2\right)}{\sqrt{d_k}}\right)\right)\right)}}{\sqrt{d_k}} + "
+        r"\frac{\|A\|_2 R \sqrt{d_k} + \frac{\|W_Q b_K\|_2}{2}}{\sqrt{d_k}}\right) + \|W_V\|_2 "
+        r"\sqrt{\kappa_{n}\left(\min\left(2 c_{\mathrm{cap}}, \frac{2 R \left(\|A\|_2 R \sqrt{d_k} + "
+        r"\|W_K b_Q\|_2\right)}{\sqrt{d_k}}, \frac{2 \|W_K\|_2 R \left(\|W_Q\|_2 R + "
+        r"\|b_Q\|_2\right)}{\sqrt{d_k}}\right)\right)}",
 }
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import LipboundError
 from .parsing import epilog, index, int_list, output_directory, plot_file, positive_float, positive_int
-from .symbolic import add_variant_options, chosen_variant, derive_result
+from .symbolic import add_variant_options, chosen_variant, derive_result, position_options
 
 __all__ = ["register", "scaling_figure", "gap_grid"]
 
@@ -126,7 +126,7 @@ def _paper(args) -> int:
         model.head(args.layer, args.head)
     entries = []
     for name in dict.fromkeys(args.variant):
-        chosen, facts = chosen_variant(name, args.score if name == "custom" else None, args.fact)
+        chosen, facts = chosen_variant(name, args.score if name == "custom" else None, args.fact, position_options(args))
         result = derive_result(name, chosen, facts, args.norm, args.domain, {})
         entries.append(paper_entry(name, chosen, result))
     figure = None

@@ -13,8 +13,8 @@ import re
 import sys
 from pathlib import Path
 
-__all__ = ["Parser", "EXIT_USER_ERROR", "EXIT_REFUTED", "positive_int", "index", "positive_float", "int_list", "radius_spec",
-           "choice", "output_file", "output_directory", "plot_file", "epilog", "scheduler_address"]
+__all__ = ["Parser", "EXIT_USER_ERROR", "EXIT_REFUTED", "positive_int", "index", "positive_float", "int_list",
+           "radius_spec", "window_size", "choice", "output_file", "output_directory", "plot_file", "epilog", "scheduler_address"]
 
 EXIT_USER_ERROR = 2
 #: A bound or a published claim refuted (``verify``, ``check``, ``compare``).
@@ -125,6 +125,25 @@ def int_list(option: str, low: int = 0):
                 _fail(f"a range A..B with {low} <= A <= B", text, f"write e.g. {option} {low}..{low + 2}")
             values.update(range(start, stop + 1))
         return tuple(sorted(values))
+    convert.__name__ = option
+    return convert
+
+
+def window_size(option: str):
+    """A sliding window's width: a positive integer, or ``w`` for the symbol (a SymPy integer or symbol)."""
+    def convert(text: str):
+        import sympy as sp
+
+        from ..symbolic import symbols as S
+        if text.strip() == "w":
+            return S.w
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            _fail("a positive integer or w (the symbol)", text, f"write e.g. {option} 4096 or {option} w")
+        return sp.Integer(value)
     convert.__name__ = option
     return convert
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from ..errors import LipboundError
-from .parsing import EXIT_REFUTED, epilog, float_list, output_directory, positive_int
+from .parsing import EXIT_REFUTED, epilog, float_list, output_directory, positive_int, window_size
 
 __all__ = ["register"]
 
@@ -17,20 +17,41 @@ _NORM_HELP = ("norm on X: fro (Frobenius, default), 2,1 (sum of token norms), 2,
               "inf (l_inf on vec X); w1 (Wasserstein-1) for the measure variants, their only norm")
 
 
-def chosen_variant(name: str, score: str | None, facts):
+def chosen_variant(name: str, score: str | None, facts, positions: dict | None = None):
     """The variant a command names, with the parsed ``--fact`` list: a registry variant, or
-    ``custom`` built from ``--score`` (errors name the options)."""
+    ``custom`` built from ``--score`` (errors name the options); ``positions`` (:func:`position_options`) adds
+    a causal mask, a sliding window, position biases or a soft cap."""
+    from ..errors import AssumptionError
     from ..symbolic.custom import custom_variant, parse_fact
+    from ..symbolic.positional import positioned
     from ..symbolic.registry import variant
     if name == "custom":
         if score is None:
             raise LipboundError("--score", "a score for the variant custom", "none",
                                 'add e.g. --score "Inner(q, k)**2/d_k"')
-        return custom_variant(score, facts or ())
-    if score is not None:
+        chosen, parsed = custom_variant(score, facts or ())
+    elif score is not None:
         raise LipboundError("--score", "the variant custom (a score replaces the built-in one only there)",
                             f"--score with {name}", f'run lipbound derive custom --score "{score}"')
-    return variant(name), tuple(parse_fact(fact) for fact in facts or ())
+    else:
+        chosen, parsed = variant(name), tuple(parse_fact(fact) for fact in facts or ())
+    if positions and any(value not in (None, False) for value in positions.values()):
+        from ..symbolic.blocks import BlockVariant
+        if isinstance(chosen, BlockVariant) or chosen.score is None:
+            asked = next(option for option, value in positions.items() if value not in (None, False))
+            raise LipboundError(f"--{asked}", "an attention variant (masks, biases and caps act on scores)", name,
+                                f"drop --{asked} for the block {name}")
+        try:
+            chosen = positioned(chosen, **positions)
+        except AssumptionError as error:
+            raise LipboundError(f"--{error.argument}", error.expected, error.got, error.fix) from None
+    return chosen, parsed
+
+
+def position_options(args) -> dict:
+    """``--causal``, ``--window``, ``--bias``, ``--softcap`` as the keyword arguments of
+    :func:`lipbound.symbolic.positional.positioned`."""
+    return {"causal": args.causal, "window": args.window, "bias": args.bias, "softcap": args.softcap}
 
 
 def derive_result(name: str, chosen, facts, norm: str | None, domain: str | None, sizes: dict,
@@ -41,7 +62,7 @@ def derive_result(name: str, chosen, facts, norm: str | None, domain: str | None
     import sympy as sp
 
     from ..errors import AssumptionError
-    from ..symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
+    from ..symbolic.assumptions import Assumptions, Ball, LayerNormImage, RMSNormImage, Unbounded
     from ..symbolic.custom import in_score_terms
     norm = norm or chosen.norms[0]
     if norm not in chosen.norms:
@@ -57,7 +78,8 @@ def derive_result(name: str, chosen, facts, norm: str | None, domain: str | None
                                 "pre-ln-feed-forward)", name, "drop --variance-floor for this variant")
         facts = (*facts, fact)
     tied = None if block or not chosen.score.tied else True
-    assumptions = Assumptions(domain={"ball": Ball, "layernorm": LayerNormImage, "unbounded": Unbounded}[domain](),
+    assumptions = Assumptions(domain={"ball": Ball, "layernorm": LayerNormImage, "rmsnorm": RMSNormImage,
+                                      "unbounded": Unbounded}[domain](),
                               norm=norm, tied=tied, facts=tuple(facts),
                               **{key: sp.Integer(value) for key, value in sizes.items() if value is not None})
     try:
@@ -72,8 +94,8 @@ def derive_result(name: str, chosen, facts, norm: str | None, domain: str | None
             raise LipboundError("--score", in_score_terms(error.expected), in_score_terms(error.got),
                                 in_score_terms(error.fix)) from None
         if error.argument == "domain":
-            raise LipboundError("--domain", error.expected, error.got,
-                                "use --domain ball or --domain layernorm; lipbound claims nothing else here") from None
+            raise LipboundError("--domain", error.expected, error.got, "use --domain ball, layernorm or rmsnorm; "
+                                "lipbound claims nothing else here") from None
         raise
 
 
@@ -82,7 +104,7 @@ def _derive(args) -> int:
     from ..printing.export import result_json
     from ..printing.style import PAPER
     from ..printing.theorem import proof_fragment
-    chosen, facts = chosen_variant(args.variant, args.score, args.fact)
+    chosen, facts = chosen_variant(args.variant, args.score, args.fact, position_options(args))
     result = derive_result(args.variant, chosen, facts, args.norm, args.domain,
                            {"n": args.n, "m": args.m, "H": args.H}, args.variance_floor)
     if args.json:
@@ -228,10 +250,20 @@ def add_variant_options(parser, many: bool = False) -> None:
     parser.add_argument("variant", nargs="+" if many else None,
                         help="a built-in variant or block (see `lipbound list`), or custom with --score")
     parser.add_argument("--norm", choices=["fro", "2,1", "2,inf", "inf", "w1"], help=_NORM_HELP)
-    parser.add_argument("--domain", choices=["ball", "layernorm", "unbounded"],
+    parser.add_argument("--domain", choices=["ball", "layernorm", "rmsnorm", "unbounded"],
                         help="where tokens live: ball (every token in B(0, R), default for attention), layernorm (the "
-                             "image of a LayerNorm), unbounded (all of R^d, default for blocks; attention may be NOT "
-                             "LIPSCHITZ there)")
+                             "image of a LayerNorm), rmsnorm (the image of an RMSNorm, a ball about 0), unbounded (all "
+                             "of R^d, default for blocks; attention and gated blocks may be NOT LIPSCHITZ there)")
+    parser.add_argument("--causal", action="store_true",
+                        help="a causal mask on a self-attention variant (token i attends to tokens 1..i)")
+    parser.add_argument("--window", type=window_size("--window"), metavar="W",
+                        help="a sliding window on a self-attention variant: token i attends to |i - j| < W "
+                             "(0 <= i - j < W with --causal); W a positive integer, or w for the symbol")
+    parser.add_argument("--bias", choices=["alibi", "t5"],
+                        help="additive position biases on a self-attention variant: alibi (-m_A |i - j|, its own "
+                             "column sums) or t5 (any relative bias, stated in its spread Delta_b over a row)")
+    parser.add_argument("--softcap", action="store_true",
+                        help="soft-capped logits c_cap tanh(s / c_cap) on a dot-product, rotary or QK-norm variant")
     parser.add_argument("--score", metavar="EXPR",
                         help="the score of the variant custom, in the query q = W_Q^T x and key k = W_K^T y: "
                              "Inner(q, k), Norm(q), SoftNorm(q, epsilon), d_k, d, tau, numbers, + - * / ** and exp, "
@@ -262,6 +294,11 @@ def register(sub) -> None:
                       "lipbound derive measure-w1 --json",
                       "lipbound derive layernorm --variance-floor --proof",
                       "lipbound derive pre-ln-feed-forward --norm 2,inf",
+                      "lipbound derive rope --domain rmsnorm            # ||A|| becomes a = max_Delta ||A_Delta||",
+                      "lipbound derive qk-norm --domain unbounded       # NOT LIPSCHITZ, with X_t",
+                      "lipbound derive rope-causal --window 4096 --softcap",
+                      "lipbound derive dot-product --causal --bias alibi",
+                      "lipbound derive swiglu --domain rmsnorm",
                       notes="Run `lipbound list` for the variants.  Exit status 0, or 2 for a user error."))
     add_variant_options(derive)
     derive.add_argument("--n", type=positive_int("--n"), help="number of tokens (default: the symbol n)")

@@ -82,6 +82,53 @@ REFERENCES: Final[dict[str, tuple[str, dict[str, str]]]] = {
         "title": "Globally 1-{L}ipschitz Attention Without Sequence-Length Dependence",
         "howpublished": "Submission to the International Conference on Learning Representations (ICLR) 2026, "
                         "OpenReview 9Y7L5VeV4Z", "year": "2025", "url": "https://openreview.net/forum?id=9Y7L5VeV4Z"}),
+    "lb-su2021": ("misc", {
+        "author": "Su, Jianlin and Lu, Yu and Pan, Shengfeng and Murtadha, Ahmed and Wen, Bo and Liu, Yunfeng",
+        "title": "{RoFormer}: Enhanced Transformer with Rotary Position Embedding", "year": "2021",
+        "eprint": "2104.09864", "archivePrefix": "arXiv", "url": "https://arxiv.org/abs/2104.09864"}),
+    "lb-henry2020": ("inproceedings", {
+        "author": "Henry, Alex and Dachapally, Prudhvi Raj and Pawar, Shubham and Chen, Yuxuan",
+        "title": "Query-Key Normalization for Transformers", "booktitle": "Findings of EMNLP", "year": "2020",
+        "eprint": "2010.04245", "archivePrefix": "arXiv", "url": "https://arxiv.org/abs/2010.04245"}),
+    "lb-press2022": ("inproceedings", {
+        "author": "Press, Ofir and Smith, Noah A. and Lewis, Mike",
+        "title": "Train Short, Test Long: Attention with Linear Biases Enables Input Length Extrapolation",
+        "booktitle": "International Conference on Learning Representations (ICLR)", "year": "2022",
+        "eprint": "2108.12409", "archivePrefix": "arXiv", "url": "https://arxiv.org/abs/2108.12409"}),
+    "lb-raffel2020": ("article", {
+        "author": "Raffel, Colin and Shazeer, Noam and Roberts, Adam and Lee, Katherine and Narang, Sharan and "
+                  "Matena, Michael and Zhou, Yanqi and Li, Wei and Liu, Peter J.",
+        "title": "Exploring the Limits of Transfer Learning with a Unified Text-to-Text Transformer",
+        "journal": "Journal of Machine Learning Research", "year": "2020", "eprint": "1910.10683",
+        "archivePrefix": "arXiv", "url": "https://arxiv.org/abs/1910.10683"}),
+    "lb-beltagy2020": ("misc", {
+        "author": "Beltagy, Iz and Peters, Matthew E. and Cohan, Arman",
+        "title": "Longformer: The Long-Document Transformer", "year": "2020", "eprint": "2004.05150",
+        "archivePrefix": "arXiv", "url": "https://arxiv.org/abs/2004.05150"}),
+    "lb-shazeer2019": ("misc", {
+        "author": "Shazeer, Noam", "title": "Fast Transformer Decoding: One Write-Head is All You Need", "year": "2019",
+        "eprint": "1911.02150", "archivePrefix": "arXiv", "url": "https://arxiv.org/abs/1911.02150"}),
+    "lb-ainslie2023": ("inproceedings", {
+        "author": "Ainslie, Joshua and Lee-Thorp, James and de Jong, Michiel and Zemlyanskiy, Yury and Lebr{\\'o}n, "
+                  "Federico and Sanghai, Sumit",
+        "title": "{GQA}: Training Generalized Multi-Query Transformer Models from Multi-Head Checkpoints",
+        "booktitle": "Proceedings of EMNLP", "year": "2023", "eprint": "2305.13245", "archivePrefix": "arXiv",
+        "url": "https://arxiv.org/abs/2305.13245"}),
+    "lb-shazeer2020": ("misc", {
+        "author": "Shazeer, Noam", "title": "{GLU} Variants Improve Transformer", "year": "2020", "eprint": "2002.05202",
+        "archivePrefix": "arXiv", "url": "https://arxiv.org/abs/2002.05202"}),
+    "lb-zhang2019": ("inproceedings", {
+        "author": "Zhang, Biao and Sennrich, Rico", "title": "Root Mean Square Layer Normalization",
+        "booktitle": "Advances in Neural Information Processing Systems (NeurIPS)", "year": "2019",
+        "eprint": "1910.07467", "archivePrefix": "arXiv", "url": "https://arxiv.org/abs/1910.07467"}),
+    "lb-touvron2021": ("inproceedings", {
+        "author": "Touvron, Hugo and Cord, Matthieu and Sablayrolles, Alexandre and Synnaeve, Gabriel and "
+                  "J{\\'e}gou, Herv{\\'e}",
+        "title": "Going Deeper with Image Transformers", "booktitle": "Proceedings of ICCV", "year": "2021",
+        "eprint": "2103.17239", "archivePrefix": "arXiv", "url": "https://arxiv.org/abs/2103.17239"}),
+    "lb-gemma2024": ("misc", {
+        "author": "{Gemma Team}", "title": "Gemma 2: Improving Open Language Models at a Practical Size", "year": "2024",
+        "eprint": "2408.00118", "archivePrefix": "arXiv", "url": "https://arxiv.org/abs/2408.00118"}),
 }
 
 _SCORE_CITATIONS = {"dot": ("lb-vaswani2017",), "l2": ("lb-kim2021",), "feature-map": ("lb-katharopoulos2020",)}
@@ -91,14 +138,44 @@ _CLAIM_SOURCES = {C.KIM: ("lb-kim2021",), C.CASTIN: ("lb-castin2024",),
                   C.RAMAPURAM: ("lb-ramapuram2024",), C.NEWHOUSE: ("lb-newhouse2025",), C.LIPATTN: ("lb-lipattn2026",)}
 
 
+#: Head facts -> the papers they come from.
+_FACT_CITATIONS = {"rotary": ("lb-su2021",), "qk_norm": ("lb-henry2020",), "window": ("lb-beltagy2020",),
+                   "softcap": ("lb-gemma2024",)}
+_BIAS_CITATIONS = {"relative": ("lb-raffel2020",), "alibi": ("lb-press2022",)}
+
+
 def variant_citations(variant) -> tuple[str, ...]:
-    """The papers a variant's score, weights and structure come from."""
+    """The papers a variant's score, weights and structure come from (a block's: its normalisation, gated
+    unit, LayerScale, sandwich norms)."""
     facts = variant.head_facts
+    if facts is None:
+        return _block_citations(variant)
     keys = list(_SCORE_CITATIONS.get(facts.score, ()))
     if facts.weights == "sigmoid":
         keys.append("lb-ramapuram2024")
     if variant.norms == ("w1",):
         keys.append("lb-vuckovic2020")
+    for fact, cited in _FACT_CITATIONS.items():
+        if getattr(facts, fact):
+            keys.extend(cited)
+    keys.extend(_BIAS_CITATIONS.get(facts.position_bias, ()))
+    if getattr(variant, "grouped", False):
+        keys.extend(("lb-shazeer2019", "lb-ainslie2023"))
+    return tuple(dict.fromkeys(keys))
+
+
+def _block_citations(block) -> tuple[str, ...]:
+    parts = [block] + [getattr(block, name, None) for name in ("inner", "norm", "after")]
+    keys = []
+    for part in parts:
+        if getattr(part, "kind", None) == "rmsnorm":
+            keys.append("lb-zhang2019")
+        if getattr(part, "activation", None) is not None:
+            keys.append("lb-shazeer2020")
+    if getattr(block, "layerscale", False):
+        keys.append("lb-touvron2021")
+    if getattr(block, "sandwich", False):
+        keys.append("lb-gemma2024")
     return tuple(dict.fromkeys(keys))
 
 

@@ -35,6 +35,7 @@ __all__ = ["bound_section", "standalone", "comparison_table", "comparison_latex"
 
 #: How a domain key reads in a title.
 DOMAIN_TITLES = {"ball": "tokens in a ball", "layernorm": "tokens in the image of a LayerNorm",
+                 "rmsnorm": "tokens in the image of an RMSNorm",
                  "unbounded": "unbounded domain", "variance-floor": "tokens with a variance floor"}
 
 _LIP = Described(r"\operatorname{Lip}(f)")

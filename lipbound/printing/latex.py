@@ -49,7 +49,10 @@ __all__ = ["LipboundLatexPrinter", "latex", "symbol_latex", "matrix_expression_l
 #: Greek names whose variant form reads better in analysis (epsilon is a small positive number).
 _GREEK_VARIANTS = {"epsilon": r"\varepsilon", "phi": r"\varphi"}
 #: Words that print as operators when they are a subscript (``gamma_max -> \gamma_{\max}``).
-_SUBSCRIPT_WORDS = {"max": r"\max", "min": r"\min", "inf": r"\infty", "infty": r"\infty"}
+_SUBSCRIPT_WORDS = {"max": r"\max", "min": r"\min", "inf": r"\infty", "infty": r"\infty",
+                    # the parts of a gated block, a soft cap, the norm after a branch: words, set upright
+                    "gate": r"\mathrm{gate}", "up": r"\mathrm{up}", "down": r"\mathrm{down}", "cap": r"\mathrm{cap}",
+                    "post": r"\mathrm{post}"}
 #: A symbol name that is already LaTeX (``\|x - c\|``, ``s(x, y) \simeq ...``) prints verbatim.
 _LATEX_NAME = re.compile(r"[\\{}()\[\] ,|]")
 _BRACED_SUBSCRIPT = re.compile(r"^([A-Za-z]+)_\{([^{}]*)\}$")
@@ -189,6 +192,9 @@ class LipboundLatexPrinter(LatexPrinter):
         return symbol_latex(expr.name)
 
     def _print_KernelConstant(self, expr, style="plain"):
+        return symbol_latex(expr.name)
+
+    def _print_WeightQuantity(self, expr, style="plain"):
         return symbol_latex(expr.name)
 
     def _print_LowerBoundSymbol(self, expr, style="plain"):

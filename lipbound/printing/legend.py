@@ -30,9 +30,9 @@ MEANINGS: dict[str, str] = {
     "d_v": r"value width of a head",
     "H": r"number of heads of a layer",
     "R": r"radius of the ball holding every token",
-    "gamma_max": r"largest gain of the LayerNorm whose outputs the tokens are, $\|\gamma\|_\infty$",
-    "tau": r"temperature of the score",
-    "epsilon": r"regulariser of the normalised score, $\varepsilon > 0$",
+    "gamma_max": r"largest gain of the LayerNorm or RMSNorm whose outputs the tokens are, $\|\gamma\|_\infty$",
+    "tau": r"scale (temperature) of the score",
+    "epsilon": r"regulariser of the normalised score (of the RMSNorm on queries and keys under QK-norm), $\varepsilon > 0$",
     "x": r"a query token, a column vector of $\mathbb{R}^d$",
     "y": r"a key token, a column vector of $\mathbb{R}^d$",
     "W_Q": r"query projection ($d \times d_k$): the query is $W_Q^\top x$",
@@ -71,6 +71,45 @@ MEANINGS: dict[str, str] = {
     "W_2": r"second feed-forward weight ($d_{\mathrm{ff}} \times d$)",
     "ell_phi": r"$\ell_\varphi = \max(|\alpha_\varphi|, |\beta_\varphi|)$, the largest slope of the activation "
                r"$\varphi$, whose secant slopes lie in the certified range $[\alpha_\varphi, \beta_\varphi]$",
+    "L_F": r"a Lipschitz constant of the inner map $F$ of a residual block, on the image of its normalisation",
+    "L_N": r"a Lipschitz constant of the normalisation $N$ of a residual block",
+    "L_N'": r"a Lipschitz constant of the normalisation $N'$ after the branch (sandwich norms), on all of $\mathbb{R}^d$",
+    "w": r"width of a sliding window: token $i$ attends to the tokens $j$ with $|i - j| < w$ ($0 \le i - j < w$ when causal)",
+    "G": r"number of key/value groups of grouped-query attention (the $H$ query heads share $G$ key and value maps)",
+    "a": (r"$a = \max_\Delta \|A_\Delta\|_2$, $A_\Delta = W_Q R_\Delta W_K^\top / \sqrt{d_k}$, over the offsets $\Delta = p_j - p_i$ "
+          r"that occur: $2n - 1$ of them in self-attention, the $n$ causal ones under a causal mask, those inside the "
+          r"window under a sliding window"),
+    "g_Q": (r"$\max_\Delta \|W_K R_\Delta^\top (W_Q^\top c_Q + b_Q)\|_2 / \sqrt{d_k}$ over the offsets that occur, $c_Q$ "
+            r"the centre of the queries' domain ($0$ for a ball about the origin): the key gradient at that centre"),
+    "g_K": (r"$\max_\Delta \|W_Q R_\Delta (W_K^\top c + b_K)\|_2 / \sqrt{d_k}$ over the offsets that occur, $c$ the centre "
+            r"of the keys' domain: the query gradient at that centre"),
+    "s_c": (r"$\max_\Delta |(W_Q^\top c_Q + b_Q)^\top R_\Delta (W_K^\top c + b_K)| / \sqrt{d_k}$ over the offsets that "
+            r"occur: the score of the two centres"),
+    "R_Delta": (r"the rotation between a query and a key $\Delta$ positions apart, $R(\theta p_i)^\top R(\theta p_j)$: "
+                r"block-diagonal $2 \times 2$ rotations, orthogonal"),
+    "gamma_q": r"largest gain of the query normalisation of QK-norm, $\|\gamma_q\|_\infty$",
+    "gamma_k": r"largest gain of the key normalisation of QK-norm, $\|\gamma_k\|_\infty$",
+    "gamma_qk": r"$\max_l |\gamma_{q,l} \gamma_{k,l}|$, the largest product of the query and key gains of QK-norm",
+    "D_q": r"$\operatorname{diag}(\gamma_q)$, the gain of the query normalisation",
+    "D_k": r"$\operatorname{diag}(\gamma_k)$, the gain of the key normalisation",
+    "c_cap": r"the soft cap of the logits: the score is $c_{\mathrm{cap}} \tanh(s / c_{\mathrm{cap}})$",
+    "m_A": r"the slope of ALiBi: the bias of a key $t$ positions from its query is $-m_A t$",
+    "Delta_b": r"the largest spread of the position biases over a row, $\max_i (\max_j b_{ij} - \min_j b_{ij})$",
+    "lambda_max": r"largest gain of LayerScale, $\|\lambda\|_\infty$",
+    "gamma_post": r"largest gain of the RMSNorm after the branch (sandwich norms), $\|\gamma'\|_\infty$",
+    "W_gate": (r"gate weight of a gated block ($d \times d_{\mathrm{ff}}$): "
+               r"$f(x) = W_{\mathrm{down}}^\top (\varphi(W_{\mathrm{gate}}^\top x) \odot W_{\mathrm{up}}^\top x)$"),
+    "W_up": r"up weight of a gated block ($d \times d_{\mathrm{ff}}$)",
+    "W_down": r"down weight of a gated block ($d_{\mathrm{ff}} \times d$)",
+    "Gamma_up": (r"$\|W_{\mathrm{down}}^\top D_u^{1/2}\|_2 \|D_u^{1/2} W_{\mathrm{gate}}^\top\|_2$ with "
+                 r"$D_u = \operatorname{diag}(\|W_{\mathrm{up}}[:, i]\|_2)$: at most "
+                 r"$\mu_{\mathrm{up}} \|W_{\mathrm{down}}\|_2 \|W_{\mathrm{gate}}\|_2$"),
+    "Gamma_gate": (r"$\|W_{\mathrm{down}}^\top D_g^{1/2}\|_2 \|D_g^{1/2} W_{\mathrm{up}}^\top\|_2$ with "
+                   r"$D_g = \operatorname{diag}(\|W_{\mathrm{gate}}[:, i]\|_2)$: at most "
+                   r"$\mu_{\mathrm{gate}} \|W_{\mathrm{down}}\|_2 \|W_{\mathrm{up}}\|_2$"),
+    "mu_up": r"largest column norm of $W_{\mathrm{up}}$, $\max_i \|W_{\mathrm{up}}[:, i]\|_2$",
+    "r": r"a bound on the norm of every token, $\sup \|x\|_2$ over the domain ($R + \|c\|_2$ for a ball about $c$)",
+    "mu_gate": r"largest column norm of $W_{\mathrm{gate}}$, $\max_i \|W_{\mathrm{gate}}[:, i]\|_2$",
 }
 
 #: Function classes -> (symbol LaTeX, definition).

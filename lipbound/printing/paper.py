@@ -110,6 +110,8 @@ def related_claims(chosen) -> list[str]:
     weights, same argument, same mask (a claim about a variant without biases counts for the
     variant with them)."""
     facts = chosen.head_facts
+    if facts is None:  # a block: the published claims are about attention
+        return []
     keys = []
     for key, item in CLAIMS.items():
         if item.kind != "upper-bound" or item.statement is None:
@@ -140,7 +142,7 @@ def _regime_latex(regime: Regime, style: TexStyle) -> str:
     variable = latex(regime.variable)
     width = style.display_width
     if regime.point == 0:
-        return ("As $%s \\to 0$, with the other quantities fixed, the bound $B$ of the corollary tends to\n%s"
+        return ("As $%s \\to 0$, with the other quantities fixed, the bound $B$ tends to\n%s"
                 % (variable, statement_latex(regime.leading, relation="=", lhs=Described(r"\lim B"), width=width)))
     relation = r"\sim" if regime.exact else r"\le (1 + o(1))"
     if regime.exponent == 0:
@@ -159,8 +161,9 @@ def _regimes_latex(entry: PaperEntry, style: TexStyle) -> str:
     if not entry.regimes:
         return ""
     items = "".join("  \\item " + _regime_latex(regime, style) for regime in entry.regimes)
-    return ("\\paragraph{Asymptotic regimes.}\nLet $B$ denote the bound of Corollary~\\ref{%s}.\n\\begin{itemize}\n%s"
-            "\\end{itemize}\n" % (style.label("cor", _key(entry)), items))
+    role = ("Corollary", "cor") if entry.result.constants else ("Theorem", "thm")  # a bound in weight norms: one theorem
+    return ("\\paragraph{Asymptotic regimes.}\nLet $B$ denote the bound of %s~\\ref{%s}.\n\\begin{itemize}\n%s"
+            "\\end{itemize}\n" % (role[0], style.label(role[1], _key(entry)), items))
 
 
 def _key(entry: PaperEntry) -> str:

@@ -10,7 +10,7 @@ as numbers; the self-attention of every token only where a theorem needs it (L2 
 from __future__ import annotations
 
 from ..symbolic import symbols as S
-from ..symbolic.assumptions import Assumptions, Ball, Domain, LayerNormImage, Unbounded
+from ..symbolic.assumptions import Assumptions, Ball, Domain, LayerNormImage, RMSNormImage, Unbounded
 from .latex import LipboundLatexPrinter, latex
 from .prose import text_to_latex
 
@@ -44,6 +44,10 @@ def domain_sentence(domain: Domain, tokens: str = "x_i", count: str = "n") -> st
         return (rf"every token is an output of a LayerNorm: ${tokens} = \gamma \odot z_i + {centre}$ with "
                 rf"$z_i \perp \mathbf{{1}}$, $\|z_i\|_2 \le \sqrt{{{latex(domain.dim)}}}$ and "
                 rf"$\|\gamma\|_\infty \le {latex(domain.gain)}$, for $i = 1, \dots, {count}$")
+    if isinstance(domain, RMSNormImage):
+        return (rf"every token is an output of an RMSNorm: ${tokens} = \gamma \odot u_i$ with "
+                rf"$\|u_i\|_2 < \sqrt{{{latex(domain.dim)}}}$ and $\|\gamma\|_\infty \le {latex(domain.gain)}$, "
+                rf"for $i = 1, \dots, {count}$")
     if isinstance(domain, Unbounded):
         return rf"the tokens are unconstrained: $X \in \mathbb{{R}}^{{{count} \times d}}$"
     return text_to_latex(domain.describe())

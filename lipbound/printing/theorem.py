@@ -113,7 +113,12 @@ def result_latex(variant, result, style: TexStyle = PAPER) -> ResultLatex:
 
 
 def _assumption_body(variant, result) -> str:
-    hypotheses = variant.score.hypotheses() if variant.score is not None else ()  # a block has no score
+    hypotheses = list(variant.score.hypotheses()) if variant.score is not None else []  # a block has no score
+    part = variant
+    while part is not None:  # the mask and position biases of the head, under its wrappers
+        mask = getattr(part, "mask", None)
+        hypotheses += mask.hypotheses() if mask is not None else []
+        part = getattr(part, "head", None) or getattr(part, "inner", None)
     return "The map $f$ is %s, and\n" % text_to_latex(variant.title) + assumption_list(result, hypotheses)
 
 

@@ -18,7 +18,7 @@ from . import symbols as S
 from .record import Derivation, le
 
 __all__ = [
-    "Domain", "Ball", "LayerNormImage", "Unbounded",
+    "Domain", "Ball", "LayerNormImage", "RMSNormImage", "Unbounded",
     "Norm", "Frobenius", "Mixed21", "Mixed2Inf", "VecInf", "Wasserstein1", "NORMS", "norm_from_key",
     "NormAtLeast", "Assumptions",
 ]
@@ -101,6 +101,36 @@ class LayerNormImage(Domain):
     def describe(self) -> str:
         return (f"every token is a LayerNorm output gamma*z + {self.center}, ||z|| = sqrt({self.dim}), "
                 f"||gamma||_inf <= {self.gain}")
+
+
+@final
+@dataclass(frozen=True)
+class RMSNormImage(Domain):
+    r"""Tokens in the image of an RMSNorm, ``x = gamma * u`` with ``||u|| < sqrt(d)`` (lemma ``rmsnorm-image``).
+
+    A full-dimensional ellipsoid about 0 (no centring, no bias): convex, and inside the ball of radius
+    ``gamma_max sqrt(d)`` about the origin, where the mean value theorem is applied.  The domain of an
+    attention or feed-forward block that a pre-RMSNorm feeds (Llama, Mistral, Qwen, Gemma).
+    """
+
+    gain: sp.Expr = S.gamma_max
+    dim: sp.Expr = S.d
+    key: str = field(default="rmsnorm", init=False)
+
+    @property
+    def center(self) -> None:
+        return None
+
+    def enclosing_ball(self, record: Derivation | None = None) -> Ball:
+        ball = Ball(radius=self.gain * sp.sqrt(self.dim))
+        if record is not None:
+            record.hypothesis("tokens lie in the image of an RMSNorm: x = gamma * u with ||u|| < sqrt(d)")
+            record.add(le(sp.Symbol(r"\|x\|"), ball.radius),
+                       "||gamma * u|| <= ||gamma||_inf ||u|| < gamma_max sqrt(d); the image is convex", "rmsnorm-image")
+        return ball
+
+    def describe(self) -> str:
+        return f"every token is an RMSNorm output gamma*u, ||u|| < sqrt({self.dim}), ||gamma||_inf <= {self.gain}"
 
 
 @final

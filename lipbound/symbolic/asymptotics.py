@@ -62,7 +62,10 @@ def point_limit(expr: sp.Expr, variable: sp.Symbol, point) -> sp.Expr:
         dummy = sp.Dummy("m", positive=True)
         frozen[dummy] = node.func(*[sp.limit(a, variable, point) for a in node.args])
         expr = expr.xreplace({node: dummy})
-    return sp.limit(expr, variable, point).xreplace(frozen)
+    result = sp.limit(expr, variable, point)
+    for dummy, value in reversed(list(frozen.items())):  # a later Min may hold an earlier one's dummy
+        result = result.xreplace({dummy: value})
+    return result
 
 
 def growth_exponent(expr: sp.Expr, variable: sp.Symbol, point=sp.oo) -> sp.Expr:

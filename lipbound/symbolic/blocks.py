@@ -23,6 +23,7 @@ lifted to sequences by :func:`lipbound.symbolic.theorems.tokenwise`.
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import final
 
 import sympy as sp
@@ -30,13 +31,14 @@ import sympy as sp
 from ..errors import AssumptionError
 from . import symbols as S
 from . import theorems as T
-from .assumptions import Assumptions, NormAtLeast, Unbounded
+from .assumptions import Assumptions, Ball, LayerNormImage, NormAtLeast, RMSNormImage, Unbounded
 from .bound import Bound
+from .gated import GATED, SHORT, gated_feed_forward, gated_witness, outer_radius
 from .record import Derivation, Described, eq, le
 from .variants import Variant
 
 __all__ = ["NORMALIZATIONS", "normalization", "feed_forward", "variance_floor", "BlockVariant",
-           "NormalizationMap", "FeedForwardMap", "NormResidual"]
+           "NormalizationMap", "FeedForwardMap", "GatedFeedForwardMap", "NormResidual"]
 
 #: kind -> title
 NORMALIZATIONS = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
@@ -61,11 +63,12 @@ def variance_floor(kind: str, floor=S.sigma_min, d=S.d) -> NormAtLeast:
 
 
 @functools.lru_cache(maxsize=None)  # theorems are pure: build each once
-def normalization(kind: str, floor=None) -> T.Theorem:
+def normalization(kind: str, floor=None, largest_gain=S.gamma_max) -> T.Theorem:
     """LayerNorm or RMSNorm per token, on all of ``R^d`` (``floor=None``) or on tokens of variance
-    at least ``floor^2``: ``Lip = ||D_gamma Pi|| / sqrt(floor^2 + eps)`` (``gamma_max`` for RMSNorm)."""
+    at least ``floor^2``: ``Lip = ||D_gamma Pi|| / sqrt(floor^2 + eps)`` (``gamma_max`` for RMSNorm, or
+    ``largest_gain``: ``gamma_post`` for the norm after a branch)."""
     layer = _check_kind(kind) == "layernorm"
-    gain = S.matrix_norm(S.D_gamma * S.Pi) if layer else S.gamma_max
+    gain = S.matrix_norm(S.D_gamma * S.Pi) if layer else largest_gain
     scale = S.eps + (0 if floor is None else floor ** 2)
     statement = gain / sp.sqrt(scale)
     title = NORMALIZATIONS[kind] + ("" if floor is None else " with a variance floor")
@@ -89,6 +92,16 @@ def normalization(kind: str, floor=None) -> T.Theorem:
         proof.add(le(Described(r"\|D_\gamma w\|"), gain * Described(r"\|w\|")), "||diag(gamma)|| = gamma_max",
                   "submultiplicative")
     proof.add(le(_LIP, statement), "compose the three maps", "composition")
+    if not layer:  # the facts the blocks after an RMSNorm read
+        proof.add(eq(Described(r"DN(x)"), Described(r"D_\gamma (I - x x^\top / (d\, s(x)^2)) / s(x)")),
+                  "differentiate, s(x) = (||x||^2 / d + epsilon)^(1/2)", "rmsnorm-jacobian")
+        proof.add(le(Described(r"\|DN(x)\|_2"), gain / Described(r"\sqrt{\|x\|^2 / d + \varepsilon}")),
+                  "d s^2 >= ||x||^2, so the factor between D_gamma and 1 / s has its eigenvalues in [0, 1]: the local "
+                  "bound at x, largest where ||x|| is smallest (at x = 0 without a floor: no centring)",
+                  "rmsnorm-jacobian")
+        proof.add(Described(r"N(x) \in \{\gamma \odot u : \|u\|_2 < \sqrt{d}\}"),
+                  "||x / s(x)||^2 = ||x||^2 / (||x||^2 / d + epsilon) < d: the image, a bounded convex set about 0",
+                  "rmsnorm-image")
     if layer:
         proof.add(le(statement, S.gamma_max / sp.sqrt(scale)), "||D_gamma Pi|| <= ||D_gamma|| ||Pi|| = gamma_max")
     direction = "v a top right singular vector of D_gamma Pi" if layer else "v = e_k where |gamma_k| is largest"
@@ -158,7 +171,7 @@ class BlockVariant(Variant):
         return Bound(variant=key or self.title, norm=assumptions.norm.key, domain=self.domain_key(assumptions),
                      expr=theorem.statement, generic=theorem.statement, constants={},
                      assumptions=tuple(assumptions.describe() + theorem.hypotheses), record=theorem.proof,
-                     theorem=theorem.id)
+                     theorem=theorem.id, stated=assumptions)
 
 
 @final
@@ -199,44 +212,113 @@ class FeedForwardMap(BlockVariant):
 
 
 @final
+class GatedFeedForwardMap(BlockVariant):
+    """A gated feed-forward block (``"swiglu"``, ``"geglu"``, ``"geglu-tanh"``) as a map: its theorem on a
+    bounded domain (:func:`lipbound.symbolic.gated.gated_feed_forward`), a witness family on ``R^d``."""
+
+    def __init__(self, name: str = "swiglu"):
+        if name not in GATED:
+            raise AssumptionError("name", f"one of {sorted(GATED)}", repr(name), "pick a gated block")
+        self.name, self.activation = name, GATED[name][0]
+        self.title = f"{GATED[name][1]} block"
+
+    def per_token(self, assumptions: Assumptions) -> T.Theorem:
+        if not assumptions.domain.bounded:
+            raise AssumptionError("domain", f"a bounded domain for the {self.title} (it grows quadratically)",
+                                  "Unbounded", "state a ball or a normalisation's image")
+        return gated_feed_forward(self.activation, outer_radius(assumptions.domain))
+
+    def proof_assumptions(self) -> tuple[Assumptions, ...]:
+        return (Assumptions(domain=Ball()), Assumptions(domain=RMSNormImage()), Assumptions(domain=Unbounded()))
+
+    def theorem(self, assumptions: Assumptions) -> T.Theorem:
+        """The theorem in the radius symbol r: one statement on every bounded domain."""
+        if not assumptions.domain.bounded:
+            self.per_token(assumptions)  # the error
+        return T.tokenwise(gated_feed_forward(self.activation, S.r), assumptions.norm, assumptions.d)
+
+    def derive(self, assumptions: Assumptions, key: str = ""):
+        if isinstance(assumptions, Assumptions) and not assumptions.domain.bounded and assumptions.norm.key in self.norms:
+            return gated_witness(self.name, key or self.title, assumptions.with_(self_attends=None))
+        bound = super().derive(assumptions, key)
+        record = Derivation(bound.record.title).absorb(bound.record)
+        radius = outer_radius(assumptions.domain, record)
+        record.add(le(S.r, radius), "the largest token norm on the domain (R + ||c|| on a ball about c)", "norm-calculus")
+        expr = bound.expr.xreplace({S.r: radius})
+        record.add(le(_LIP, expr), "substitute r")
+        return replace(bound, expr=expr, record=record, assumptions=tuple(dict.fromkeys(bound.assumptions + tuple(
+            record.hypotheses))))
+
+
+@final
 class NormResidual(BlockVariant):
     """A residual block with a normalisation: ``"pre"`` ``x + F(N(x))``, ``"post"`` ``N(x + F(x))``.
 
     ``inner`` (F) and ``norm`` (N) are block variants, or None for a map known only by its
     constant (``L_F``, ``L_N``): the rule itself, in every norm on X, which the numeric layer
-    evaluates on certified constants.
+    evaluates on certified constants.  A pre-norm block may also scale the branch by LayerScale's
+    ``diag(lambda)`` (``layerscale``) and normalise its output (``sandwich``, Gemma 2/3:
+    ``x + N'(F(N(x)))``; ``after`` the concrete N', an RMSNorm with gain ``gamma_post``, or None for ``L_N'``).
     """
 
     PLACEMENTS = ("pre", "post")
 
-    def __init__(self, placement: str, inner: BlockVariant | None = None, norm: NormalizationMap | None = None):
+    def __init__(self, placement: str, inner: BlockVariant | None = None, norm: NormalizationMap | None = None,
+                 layerscale: bool = False, sandwich: bool = False, after: NormalizationMap | None = None):
         if placement not in self.PLACEMENTS:
             raise AssumptionError("placement", f"one of {self.PLACEMENTS}", repr(placement), "pick pre or post")
-        if inner is not None and not isinstance(inner, (FeedForwardMap, NormalizationMap)):
-            raise AssumptionError("inner", "a FeedForwardMap or NormalizationMap (or None)", type(inner).__name__,
-                                  "wrap a token-wise block, or None for the rule in L_F")
+        if inner is not None and not isinstance(inner, (FeedForwardMap, NormalizationMap, GatedFeedForwardMap)):
+            raise AssumptionError("inner", "a FeedForwardMap, GatedFeedForwardMap or NormalizationMap (or None)",
+                                  type(inner).__name__, "wrap a token-wise block, or None for the rule in L_F")
+        if placement == "post" and (layerscale or sandwich or isinstance(inner, GatedFeedForwardMap)):
+            raise AssumptionError("placement", "'pre' for LayerScale, sandwich norms and gated blocks", "'post'",
+                                  "a post-norm block reads F on all of R^d, where a gated block is not Lipschitz")
+        if after is not None and (not sandwich or after.kind != "rmsnorm"):
+            raise AssumptionError("after", "an RMSNorm after the branch of a sandwich block", repr(after),
+                                  "pass sandwich=True and NormalizationMap('rmsnorm')")
         self.placement, self.inner, self.norm = placement, inner, norm
-        shown = "F" if inner is None else "FFN"
+        self.layerscale, self.sandwich, self.after = layerscale, sandwich, after
+        shown = "F" if inner is None else "FFN" if isinstance(inner, FeedForwardMap) else \
+            SHORT[inner.name] if isinstance(inner, GatedFeedForwardMap) else inner.title
         name = "N" if norm is None else ("LN" if norm.kind == "layernorm" else "RMSNorm")
-        self.title = f"x + {shown}({name}(x))" if placement == "pre" else f"{name}(x + {shown}(x))"
+        branch = f"{shown}({name}(x))"
+        if sandwich:
+            branch = f"{'N_2' if after is None else 'RMSNorm'}({branch})"
+        if layerscale:
+            branch = f"diag(lambda) {branch}"
+        self.title = f"x + {branch}" if placement == "pre" else f"{name}(x + {shown}(x))"
 
     def _parts(self, assumptions: Assumptions) -> tuple[T.Theorem, T.Theorem]:
         norm_facts = assumptions if self.placement == "pre" else assumptions.with_(facts=())
         N = T.component("L_N", "N") if self.norm is None else self.norm.per_token(norm_facts)
-        F = T.component("L_F", "F") if self.inner is None else self.inner.per_token(assumptions.with_(facts=()))
+        image = assumptions.with_(facts=(), domain=RMSNormImage() if self.norm is not None and
+                                  self.norm.kind == "rmsnorm" else LayerNormImage())
+        F = T.component("L_F", "F") if self.inner is None else self.inner.per_token(image)
         return F, N
 
+    def _after(self) -> T.Theorem | None:
+        if not self.sandwich:
+            return None
+        if self.after is None:
+            return T.component("L_N'", "N'")
+        return normalization("rmsnorm", largest_gain=S.gamma_post)
+
     def _id(self, assumptions: Assumptions) -> str:
+        prefix = ("layerscale-" if self.layerscale else "") + ("sandwich-" if self.sandwich else "")
         if self.inner is None:
-            return f"{self.placement}-norm-residual"
+            return prefix + ("residual" if prefix else f"{self.placement}-norm-residual")
         floor = self.domain_key(assumptions) == "variance-floor"
-        return f"{self.placement}-ln-feed-forward" + ("-variance-floor" if floor else "")
+        norm = "ln" if self.norm.kind == "layernorm" else "rmsnorm"
+        inner = "feed-forward" if isinstance(self.inner, FeedForwardMap) else \
+            self.inner.name if isinstance(self.inner, GatedFeedForwardMap) else self.inner.kind
+        return prefix + f"{self.placement}-{norm}-{inner}" + ("-variance-floor" if floor else "")
 
     def per_token(self, assumptions: Assumptions) -> T.Theorem:
         F, N = self._parts(assumptions)
         image = "within gamma_max sqrt(d) of beta, a bounded set" if self.norm is None or \
             self.norm.kind == "layernorm" else "within gamma_max sqrt(d) of 0"
-        rule = T.norm_residual(self.placement, F, N, image)
+        rule = T.norm_residual(self.placement, F, N, image, after=self._after(),
+                               scale=S.lambda_max if self.layerscale else None)
         proof = Derivation(f"Residual block {self.title}").absorb(rule.proof)
         return T.Theorem(self._id(assumptions), self.title, rule.statement, proof)
 

@@ -22,8 +22,11 @@ import sympy as sp
 
 from ..errors import AssumptionError
 from . import symbols as S
+from .assumptions import Assumptions, Ball, Frobenius
+from .scores import DotProduct
+from .theorems import self_attention
 
-__all__ = ["PublishedClaim", "CLAIMS", "claim", "TAGS", "theta", "tau", "p_max"]
+__all__ = ["PublishedClaim", "CLAIMS", "PENDING_CLAIMS", "claim", "TAGS", "theta", "tau", "p_max"]
 
 TAGS: Final = ("abstract", "code", "3p", "unverified", "known-wrong")
 
@@ -239,6 +242,27 @@ _CLAIMS += [
         notes="the potential and the solver are not in the abstract: lipbound checks the principle on an "
               "attention-like convex potential of its own, and what a truncated solver keeps of it"),
 ]
+
+
+def _rope_unrotated() -> sp.Expr:
+    """The dot-product bound (Frobenius, with biases, on a ball about 0) put forward for rotary heads as it is: the
+    unrotated ``A = W_Q W_K^T / sqrt(d_k)`` and ``||W_K b_Q||`` where the theorem has the offsets' maxima."""
+    constants = DotProduct().kernel_constants(Assumptions(domain=Ball()))
+    return self_attention(Frobenius()).statement.xreplace(constants.as_substitution())
+
+
+#: Claims encoded here whose refutation the numeric layer (``lipbound check``) does not run yet: each joins
+#: :data:`CLAIMS` together with its checker in :mod:`lipbound.numeric.claims`.  ``rope-unrotated`` is refuted
+#: exactly by :func:`lipbound.symbolic.rotary.unrotated_counterexample`.
+PENDING_CLAIMS: Final[dict[str, PublishedClaim]] = {}
+PENDING_CLAIMS["rope-unrotated"] = (PublishedClaim(
+    "rope-unrotated", "RoPE attention satisfies the dot-product bound with the unrotated W_Q W_K^T",
+    "community Lipschitz estimates of rotary heads (regression case)", "known-wrong", _rope_unrotated(),
+    variant="rope", norm="fro",
+    domain="ball", reading="the dot-product bound on B(0, R), A = W_Q W_K^T / sqrt(d_k), applied to a rotary head",
+    notes="false: with d = 1, d_k = 2, W_Q = (1, 0), W_K = (0, 1) the unrotated W_Q W_K^T is 0 and the claim is "
+          "||W_V||, but the rotated A_Delta = -sin(Delta theta) / sqrt(2) moves the weights; the offsets' maximum "
+          "a = max_Delta ||A_Delta|| is what the theorem needs"))
 
 CLAIMS: Final[dict[str, PublishedClaim]] = {c.key: c for c in _CLAIMS}
 

@@ -6,9 +6,14 @@ from __future__ import annotations
 from typing import Callable, Final
 
 from ..errors import AssumptionError
-from .blocks import FeedForwardMap, NormalizationMap, NormResidual
+from . import symbols as S
+from .blocks import FeedForwardMap, GatedFeedForwardMap, NormalizationMap, NormResidual
+from .masks import Mask
 from .scores import DotProduct, L2Distance, ScaledCosine
 from .nonsoftmax import FeatureMapKernel, SigmoidAttention
+from .positional import PositionalAttention, SoftCapped
+from .qknorm import QKNormScore
+from .rotary import RotaryScore
 from .variants import CrossAttention, MeasureAttention, MultiHead, Residual, SelfAttention, Variant
 
 __all__ = ["VARIANTS", "BLOCKS", "variant", "variant_names"]
@@ -48,6 +53,32 @@ VARIANTS: Final[dict[str, tuple[Callable[[], Variant], str]]] = {
                 "sigmoid self-attention sigma(s + b), b = -log n, dot-product score with biases (no softmax)"),
     "linear-elu": (lambda: SelfAttention(FeatureMapKernel()),
                    "linear attention: feature map elu + 1, normalised as a Markov kernel"),
+    "rope": (lambda: SelfAttention(RotaryScore()),
+             "rotary (RoPE) self-attention with biases: ||A|| becomes a = max over the offsets of ||A_Delta||"),
+    "rope-nobias": (lambda: SelfAttention(RotaryScore(biases=False)),
+                    "RoPE self-attention without biases: on a ball about 0, the dot product's bound with ||A|| -> a"),
+    "rope-causal": (lambda: SelfAttention(RotaryScore(), causal=True),
+                    "causal RoPE self-attention (a decoder head: Llama, Mistral, Qwen)"),
+    "rope-multi-head": (lambda: MultiHead(SelfAttention(RotaryScore())), "multi-head RoPE self-attention with W_O"),
+    "rope-residual": (lambda: Residual(SelfAttention(RotaryScore())), "X + Att(X), RoPE self-attention"),
+    "rope-cross-joint": (lambda: CrossAttention(RotaryScore(), "joint"),
+                         "RoPE cross-attention, jointly (offsets j - i of m queries and n keys)"),
+    "qk-norm": (lambda: SelfAttention(QKNormScore()),
+                "QK-norm self-attention: an RMSNorm on each head's query and key (OLMo 2)"),
+    "qk-norm-rope": (lambda: SelfAttention(QKNormScore(rotary=True)),
+                     "QK-norm, then RoPE (Qwen3, Gemma 3): logits bounded by tau d_k gamma_q gamma_k"),
+    "gqa": (lambda: MultiHead(SelfAttention(DotProduct()), grouped=True),
+            "grouped-query multi-head attention: H query heads in G key/value groups (G = 1: multi-query)"),
+    "sliding-window": (lambda: PositionalAttention(DotProduct(), Mask(causal=True, window=S.w)),
+                       "causal sliding-window self-attention of width w (Mistral; Gemma 2/3 local layers)"),
+    "sliding-window-bidirectional": (lambda: PositionalAttention(DotProduct(), Mask(window=S.w)),
+                                     "bidirectional sliding window |i - j| < w (Longformer, ModernBERT local layers)"),
+    "alibi": (lambda: PositionalAttention(DotProduct(), Mask(causal=True, bias="alibi")),
+              "causal self-attention with ALiBi biases of slope m_A (BLOOM, MPT)"),
+    "t5-bias": (lambda: PositionalAttention(DotProduct(), Mask(bias="relative")),
+                "self-attention with relative position biases spreading by Delta_b over a row (T5)"),
+    "softcap": (lambda: SelfAttention(SoftCapped(DotProduct())),
+                "self-attention with soft-capped logits c_cap tanh(s / c_cap) (Gemma 2)"),
 }
 
 
@@ -62,6 +93,19 @@ BLOCKS: Final[dict[str, tuple[Callable[[], Variant], str]]] = {
                             "x + FFN(LN(x)), pre-LN (GPT-2, Whisper)"),
     "post-ln-feed-forward": (lambda: NormResidual("post", FeedForwardMap(), NormalizationMap()),
                              "LN(x + FFN(x)), post-LN (BERT)"),
+    "swiglu": (lambda: GatedFeedForwardMap("swiglu"),
+               "gated feed-forward block W_down^T (silu(W_gate^T x) * W_up^T x) (Llama, Mistral, Qwen)"),
+    "geglu": (lambda: GatedFeedForwardMap("geglu"), "gated feed-forward block with the erf GELU"),
+    "geglu-tanh": (lambda: GatedFeedForwardMap("geglu-tanh"), "gated feed-forward block with the tanh GELU (Gemma)"),
+    "pre-rmsnorm-swiglu": (lambda: NormResidual("pre", GatedFeedForwardMap("swiglu"), NormalizationMap("rmsnorm")),
+                           "x + SwiGLU(RMSNorm(x)), Llama's feed-forward block: Lipschitz on all of R^d"),
+    "layerscale-residual": (lambda: NormResidual("pre", layerscale=True),
+                            "x + diag(lambda) F(N(x)), LayerScale (CaiT, DINOv2)"),
+    "sandwich-residual": (lambda: NormResidual("pre", sandwich=True),
+                          "x + N_2(F(N(x))), sandwich norms (Gemma 2/3)"),
+    "sandwich-geglu": (lambda: NormResidual("pre", GatedFeedForwardMap("geglu-tanh"), NormalizationMap("rmsnorm"),
+                                            sandwich=True, after=NormalizationMap("rmsnorm")),
+                       "x + RMSNorm(GeGLU(RMSNorm(x))), Gemma 2/3's feed-forward block"),
 }
 
 

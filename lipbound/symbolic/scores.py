@@ -32,8 +32,7 @@ from .record import Defines, Derivation, Described, VectorSum, eq, le
 __all__ = ["KernelConstants", "Score", "DotProduct", "L2Distance", "ScaledCosine", "CustomScore",
            "smaller"]
 
-tau = S.RadiusSymbol("tau")
-epsilon = S.RadiusSymbol("epsilon")
+tau, epsilon = S.tau, S.epsilon
 
 
 @final
@@ -91,6 +90,20 @@ class Score:
     #: Whether small instances of the score can be evaluated exactly, so that the unbounded domain
     #: is searched for a witness family (:mod:`lipbound.symbolic.unbounded`).
     global_witnesses: bool = True
+    #: Facts of :class:`~lipbound.symbolic.facts.HeadFacts` the score states: rotary positions, QK-norm,
+    #: soft-capped logits.
+    rotary: bool = False
+    qk_norm: bool = False
+    softcap: bool = False
+
+    def identity(self) -> tuple:
+        """What the score is, as a hashable value (its class and parameters; nested scores by theirs)."""
+        return (type(self).__name__,) + tuple(sorted(
+            (key, value.identity() if isinstance(value, Score) else value) for key, value in vars(self).items()))
+
+    def witness_note(self) -> str:
+        """What a witness instance of the unbounded domain fixes besides the weights (none by default)."""
+        return ""
 
     def expression(self) -> sp.Expr:
         raise NotImplementedError
@@ -113,8 +126,7 @@ class Score:
     def kernel_constants(self, assumptions) -> KernelConstants:
         """Derive ``L_V, rho, alpha, beta, omega`` on the assumptions' domain(s) (cached)."""
         self.check(assumptions)
-        key = (type(self).__name__, tuple(sorted(vars(self).items(), key=lambda item: item[0])),
-               assumptions.domain, assumptions.query_domain, assumptions.facts)
+        key = (self.identity(), assumptions.domain, assumptions.query_domain, assumptions.facts)
         if key not in _CACHE:
             _CACHE[key] = self._derive_constants(assumptions)
         return _CACHE[key]
@@ -162,6 +174,37 @@ class Score:
                    "mean-value")
         record.add(le(S.omega, omega), why, "score-range")
         return KernelConstants(L_V=L_V, rho=rho, alpha=alpha, beta=beta, omega=omega, record=record)
+
+    def factor_alpha(self, assumptions, record: Derivation) -> sp.Expr:
+        """A bound on ``std_{j ~ p}(t_j grad_x s(x, x_j) . e) / ||e||`` for any factors ``t_j`` in ``[0, 1]``
+        (a soft cap multiplies each score's gradient by ``tanh'`` in ``(0, 1]``), with its steps recorded.
+
+        The factors break the mean value route: with ``u_j = grad_x s(x, x_j) . e`` in ``[mu - r, mu + r]``,
+        ``mu = grad_x s(x, c) . e`` (the full score: dropped terms no longer cancel) and
+        ``r = R sup ||d_y grad_x s|| ||e||``, the products ``t_j u_j`` lie in an interval of length at most
+        ``max(2 r, |mu| + r) <= 2 r + |mu|`` (Popoviciu: ``alpha <= R sup ||d_y grad_x s|| + g_c / 2``,
+        ``g_c = sup_x ||grad_x s(x, c)||``); and ``|t_j u_j| <= sup ||grad_x s|| ||e||``.
+        """
+        key_ball = assumptions.domain.enclosing_ball()
+        query_ball = key_ball if assumptions.query_domain is None else assumptions.query_domain.enclosing_ball()
+        variables = (S.x, S.y)
+        region = Region({S.x: (query_ball.center, query_ball.radius), S.y: (key_ball.center, key_ball.radius)},
+                        floors=assumptions.lower_bound)
+        at_centre = Region({S.x: (query_ball.center, query_ball.radius), S.y: (key_ball.center, sp.Integer(0))},
+                           floors=assumptions.lower_bound)
+        full = gradient(self.expression(), S.x, variables)
+        mean_value = key_ball.radius * upper_norm_mat(mixed_hessian(self.expression(), S.x, S.y, variables), region)
+        centre = upper_norm_terms(full, at_centre)
+        values = [_tidy(e) for e in (mean_value + centre / 2, upper_norm_terms(full, region))]
+        define_names(record, *values)
+        capped, largest = (name_norms(e) for e in values)
+        record.add(le(Described(r"\operatorname{std}_{j}(t_j \nabla_x s(x, x_j) \cdot e) / \|e\|"), capped),
+                   "factors t_j in [0, 1] times values in [mu - r, mu + r] lie in an interval of length at most "
+                   "2 r + |mu|, mu the query gradient of the full score at the centre of the key domain (the mean "
+                   "value theorem along the keys gives r)", "popoviciu")
+        record.add(le(Described(r"\operatorname{std}_{j}(t_j \nabla_x s(x, x_j) \cdot e) / \|e\|"), largest),
+                   "|t_j grad_x s . e| <= sup ||grad_x s|| ||e||", "norm-calculus")
+        return smaller(capped, largest)
 
 
 def define_names(record: Derivation, *exprs: sp.Expr) -> None:

@@ -24,6 +24,9 @@ __all__ = [
     "NAMED_MATRICES", "NAMED_DEFINITIONS", "name_matrix",
     "kappa", "causal_kappa", "lambert_level", "expand_special",
     "BlockParameter", "d_ff", "eps", "sigma_min", "ell_phi", "gamma_max", "W_1", "W_2", "D_gamma", "Pi",
+    "WeightQuantity", "w", "G", "tau", "epsilon", "a_rot", "g_Q", "g_K", "s_c", "R_Delta", "gamma_q", "gamma_k",
+    "gamma_qk", "gamma_post", "D_q", "D_k", "c_cap", "m_A", "Delta_b", "lambda_max", "W_gate", "W_up", "W_down",
+    "Gamma_up", "Gamma_gate", "mu_up", "mu_gate", "r",
 ]
 
 
@@ -211,6 +214,55 @@ W_2: Final = weight("W_2", d_ff, d)
 D_gamma: Final = weight("D_gamma", d, d)        # diag(gamma)
 Pi: Final = weight("Pi", d, d)                  # the centring projection I - 1 1^T / d
 for _matrix in (W_1, W_2, D_gamma * Pi):
+    matrix_norm(_matrix)
+
+
+# Positions, modern heads and gated blocks (docs/mathematics.md, section 13) ----------------------
+@final
+class WeightQuantity(sp.Symbol):
+    """A non-negative quantity of the weights (and of the domain's centre) that is not a single norm: a
+    maximum over the relative offsets of rotary attention, over the neurons of a gated block, the spread of
+    position biases.  Its definition is in docs/symbols.md (and the legend); the numeric layer evaluates
+    it from that definition."""
+
+    def __new__(cls, name: str, **assumptions):
+        assumptions.setdefault("nonnegative", True)
+        return super().__new__(cls, name, **assumptions)
+
+
+w: Final = SizeSymbol("w")          # sliding window: a query attends to keys fewer than w positions away
+G: Final = SizeSymbol("G")          # key/value groups of grouped-query attention (H query heads)
+tau: Final = RadiusSymbol("tau")    # the scale (temperature) of a score
+epsilon: Final = RadiusSymbol("epsilon")  # the regulariser of a normalised score (cosine, QK-norm)
+#: Rotary attention, A_Delta = W_Q R_Delta W_K^T / sqrt(d_k) over the offsets Delta that occur.
+a_rot: Final = WeightQuantity("a")        # max_Delta ||A_Delta||
+g_Q: Final = WeightQuantity("g_Q")        # max_Delta ||W_K R_Delta^T (W_Q^T c_Q + b_Q)|| / sqrt(d_k)
+g_K: Final = WeightQuantity("g_K")        # max_Delta ||W_Q R_Delta (W_K^T c + b_K)|| / sqrt(d_k)
+s_c: Final = WeightQuantity("s_c")        # max_Delta |(W_Q^T c_Q + b_Q)^T R_Delta (W_K^T c + b_K)| / sqrt(d_k)
+R_Delta: Final = weight("R_Delta", d_k, d_k)  # the rotation between a query and a key Delta positions apart
+#: QK-norm: largest gains of the query and key normalisations, and of their product.
+gamma_q: Final = RadiusSymbol("gamma_q")
+gamma_k: Final = RadiusSymbol("gamma_k")
+gamma_qk: Final = RadiusSymbol("gamma_qk")    # max_l |gamma_q,l gamma_k,l|
+D_q: Final = weight("D_q", d_k, d_k)          # diag(gamma_q)
+D_k: Final = weight("D_k", d_k, d_k)          # diag(gamma_k)
+#: Logit soft-capping s -> c tanh(s / c), ALiBi slope, spread of additive position biases over a row.
+c_cap: Final = RadiusSymbol("c_cap")
+m_A: Final = RadiusSymbol("m_A")
+Delta_b: Final = WeightQuantity("Delta_b")
+#: LayerScale's largest gain, and the gain of a normalisation after the branch (sandwich norms).
+lambda_max: Final = RadiusSymbol("lambda_max")
+gamma_post: Final = RadiusSymbol("gamma_post")
+#: Gated feed-forward blocks, f(x) = W_down^T (phi(W_gate^T x) * (W_up^T x)).
+W_gate: Final = weight("W_gate", d, d_ff)
+W_up: Final = weight("W_up", d, d_ff)
+W_down: Final = weight("W_down", d_ff, d)
+Gamma_up: Final = WeightQuantity("Gamma_up")      # ||W_down^T D_u^(1/2)|| ||D_u^(1/2) W_gate^T||, D_u = diag ||W_up[:, i]||
+Gamma_gate: Final = WeightQuantity("Gamma_gate")  # ||W_down^T D_g^(1/2)|| ||D_g^(1/2) W_up^T||, D_g = diag ||W_gate[:, i]||
+mu_up: Final = WeightQuantity("mu_up")            # max_i ||W_up[:, i]||
+mu_gate: Final = WeightQuantity("mu_gate")        # max_i ||W_gate[:, i]||
+r: Final = RadiusSymbol("r")                      # a bound on ||x|| over the domain (a gated block's theorem)
+for _matrix in (W_gate, W_up, W_down):
     matrix_norm(_matrix)
 
 

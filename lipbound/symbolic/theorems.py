@@ -20,11 +20,12 @@ import sympy as sp
 
 from .assumptions import Frobenius, Mixed21, Mixed2Inf, Norm
 from . import symbols as S
+from .masks import Mask
 from .record import Derivation, Described, le
 
-__all__ = ["Theorem", "self_attention", "cross_attention", "multi_head", "compose_heads", "head_constants",
-           "block_norms", "residual", "vector_infinity", "w1_uniform", "w1_mean_field", "w1_cross",
-           "component", "compose", "tokenwise", "norm_residual"]
+__all__ = ["Theorem", "self_attention", "cross_attention", "multi_head", "compose_heads", "compose_groups",
+           "head_constants", "block_norms", "group_block_norms", "residual", "vector_infinity", "w1_uniform", "w1_mean_field", "w1_cross",
+           "component", "compose", "tokenwise", "norm_residual", "scaled"]
 
 L_V, rho, alpha, beta, omega = S.L_V, S.rho, S.alpha, S.beta, S.omega
 
@@ -56,18 +57,28 @@ def _column_sum(size, causal: bool) -> sp.Expr:
 
 
 @functools.lru_cache(maxsize=None)  # theorems are pure: build each once
-def self_attention(norm: Norm, causal: bool = False, n=S.n) -> Theorem:
-    """Single-head self-attention on a convex domain, from the kernel constants."""
-    K = _column_sum(n, causal)
-    cap = "causal-cap" if causal else "weight-cap"
-    tag = "-causal" if causal else ""
-    proof = Derivation("Self-attention" + (" with causal masking" if causal else ""))
+def self_attention(norm: Norm, causal: bool = False, n=S.n, window=None, bias: str = "none") -> Theorem:
+    """Single-head self-attention on a convex domain, from the kernel constants.
+
+    ``window`` (w) and ``bias`` (``"relative"``, ``"alibi"``) state a sliding window and additive position
+    biases: they change the column sums of P and the most queries a column has
+    (:meth:`lipbound.symbolic.masks.Mask.column_sums`), nothing else.
+    """
+    mask = Mask(causal, window, bias)
+    plain = window is None and bias == "none"
+    K, Q = (_column_sum(n, causal), n) if plain else (None, None)
+    cap = ("causal-cap" if causal else "weight-cap") if plain else None  # a mask's caps were recorded above
+    tag = mask.tag
+    proof = Derivation("Self-attention" + (" with causal masking" if causal and plain else "")
+                       + ("" if plain else f" ({mask.title()})"))
     proof.hypothesis("the kernel constants L_V, rho, alpha, beta, omega hold on the (convex) domain")
-    if causal:
-        proof.hypothesis("causal mask: token i attends to tokens 1..i")
+    for text in mask.hypotheses():
+        proof.hypothesis(text)
     proof.add(Described(r"Df_i[E] = \textstyle\sum_j p_{ij} V^\top e_j + "
                         r"\operatorname{Cov}_{j \sim p_i}(\mathrm{d}s_{ij}, v(x_j))"),
               "differentiate the softmax", "softmax-derivative")
+    if not plain and not isinstance(norm, Mixed2Inf):  # the (2,inf) bound reads no column sum
+        K, Q = mask.column_sums(n, omega, proof)
     if isinstance(norm, Mixed21):
         proof.add(le(_MEAN, L_V * Described(r"\textstyle\sum_j p_{ij}\|e_j\|")), "triangle inequality")
         proof.add(le(_COV, rho * (alpha * Described(r"\|e_i\|") + 2 * beta * Described(r"\textstyle\sum_j p_{ij}\|e_j\|"))),
@@ -85,7 +96,7 @@ def self_attention(norm: Norm, causal: bool = False, n=S.n) -> Theorem:
         proof.add(le(Described(r"\max_i \|Df_i[E]\|"), statement * Described(r"\|E\|_{2,\infty}")),
                   "maximum over i: no sum over tokens appears")
     else:
-        K_cov = sp.Min(K, sp.Rational(3, 4) * n)
+        K_cov = sp.Min(K, sp.Rational(3, 4) * Q)
         proof.add(le(_MEAN, L_V * _U), r"Jensen, with u_i = (sum_j p_ij ||e_j||^2)^(1/2)", "jensen")
         proof.add(le(_COV, Described(r"\tau_i") * (alpha * Described(r"\|e_i\|") + beta * _U)),
                   "covariance bound with tau_i^2 = tr Cov_{p_i}(v), then Minkowski on the two parts of ds_ij",
@@ -94,7 +105,7 @@ def self_attention(norm: Norm, causal: bool = False, n=S.n) -> Theorem:
                   "tr Cov <= E||v - c||^2 <= rho^2, and tr Cov <= E||v - v(x_j)||^2 <= 4 rho^2 (1 - p_ij)",
                   "covariance-cap")
         proof.add(le(Described(r"\textstyle\sum_i u_i^2"), K * Described(r"\|E\|_F^2")),
-                  "exchange the sums; every column of P sums to at most kappa", cap)
+                  "exchange the sums; every column of P sums to at most " + ("kappa" if plain else "the bound above"), cap)
         proof.add(le(Described(r"\textstyle\sum_i \tau_i^2 u_i^2"), rho ** 2 * K_cov * Described(r"\|E\|_F^2")),
                   "p min(1, 4(1 - p)) <= min(p, 3/4) for every weight p_ij", "covariance-cap")
         statement = L_V * sp.sqrt(K) + rho * (alpha + beta * sp.sqrt(K_cov))
@@ -102,7 +113,8 @@ def self_attention(norm: Norm, causal: bool = False, n=S.n) -> Theorem:
                   "Minkowski over i", "minkowski")
     proof.add(le(_LIP, statement), "mean value theorem on the convex domain", "mean-value")
     return Theorem(f"self-attention{tag}-{_suffix(norm)}",
-                   "Self-attention" + (" (causal)" if causal else ""), statement, proof)
+                   "Self-attention" + (" (causal)" if causal and plain else "") + ("" if plain else f" ({mask.title()})"),
+                   statement, proof)
 
 
 @functools.lru_cache(maxsize=None)  # theorems are pure: build each once
@@ -146,17 +158,33 @@ def cross_attention(norm: Norm, argument: str, n=S.n, m=S.m) -> Theorem:
                    statement, proof)
 
 
-def multi_head(head: Theorem, norm: Norm, heads=S.H) -> Theorem:
-    """H heads with the same per-head bound (maximum over heads), concatenated, then W_O."""
+def multi_head(head: Theorem, norm: Norm, heads=S.H, grouped: bool = False) -> Theorem:
+    """H heads with the same per-head bound (maximum over heads), concatenated, then W_O.
+
+    ``grouped``: grouped-query attention, the H query heads in G groups sharing ``W_K^g``, ``W_V^g``.  The
+    per-head bound holds for each head whatever it shares, and the layer has H output blocks, so the
+    statement keeps ``sqrt(H)``: sharing values does not make it ``sqrt(G)`` (lemma ``grouped-heads``).
+    """
     W_O = S.MatrixNormSymbol("W_O")
     factor = heads if isinstance(norm, Mixed21) else sp.sqrt(heads)
     statement = W_O * factor * head.statement
-    proof = Derivation(f"Multi-head {head.title.lower()}")
+    proof = Derivation(("Grouped-query " if grouped else "Multi-head ") + head.title.lower())
     proof.absorb(head.proof)
     proof.hypothesis("H heads; per-head constants are maxima over heads")
+    if grouped:
+        proof.hypothesis("grouped-query attention: the H query heads fall into G key/value groups; the heads of group g "
+                         "share W_K^g, W_V^g (and b_K^g, b_V^g), so head h has A_h = W_Q^h W_K^{g(h)T} / sqrt(d_k) and "
+                         "values W_V^{g(h)}; the constants are maxima over the heads and the groups")
+        proof.add(Described(r"F(X) = \textstyle\sum_{h=1}^{H} f^h(X) W_O^h,\ f^h \text{ reading } W_K^{g(h)}, W_V^{g(h)}"),
+                  "each query head has its own output block W_O^h; the heads of a group read the same keys and "
+                  "values, each with its own attention weights", "grouped-heads")
     proof.add(le(_LIP, statement), "per token, ||[u_1..u_H] W_O|| <= ||W_O|| (sum_h ||u_h||^2)^(1/2)"
-              + (" <= ||W_O|| sum_h ||u_h||" if isinstance(norm, Mixed21) else ""), "multi-head")
-    return Theorem(f"multi-head-{head.id}", f"Multi-head {head.title.lower()}", statement, proof)
+              + (" <= ||W_O|| sum_h ||u_h||" if isinstance(norm, Mixed21) else "")
+              + ("; H blocks, not G: with the heads of one group alike F = f (sum_h W_O^h), and "
+                 "||sum_h W_O^h|| reaches sqrt(H) ||W_O||" if grouped else ""), "grouped-heads" if grouped else "multi-head")
+    prefix = "grouped-" if grouped else ""
+    return Theorem(f"{prefix}multi-head-{head.id}", ("Grouped-query " if grouped else "Multi-head ") + head.title.lower(),
+                   statement, proof)
 
 
 def head_constants(heads: int) -> list[sp.Symbol]:
@@ -194,6 +222,39 @@ def compose_heads(heads: int, norm_key: str) -> Theorem:
     proof.add(le(_LIP, concatenated), "per token, ||[u_1..u_H] W_O|| <= ||W_O|| (sum_h ||u_h||^2)^(1/2)", "multi-head")
     return Theorem(f"multi-head-composition-{_suffix(Mixed21() if norm_key == 'w1' else _NORM_OF[norm_key])}",
                    "Multi-head composition", statement, proof)
+
+
+def group_block_norms(groups: int) -> list[S.MatrixNormSymbol]:
+    """``||W_O^(1)||, ..., ||W_O^(G)||``: the norms of the rows of ``W_O`` that read each key/value group's heads."""
+    return [S.MatrixNormSymbol(f"W_O^g{g}") for g in range(1, groups + 1)]
+
+
+@functools.lru_cache(maxsize=None)
+def compose_groups(group_sizes: tuple[int, ...], norm_key: str) -> Theorem:
+    """A layer ``F = sum_h f^h W_O^h`` whose heads come in key/value groups (sizes ``group_sizes``, the heads
+    numbered group by group), with head constants ``L_h`` (the composition rule of grouped-query attention).
+
+    Besides the two rules of :func:`compose_heads`, concatenate within a group and add the groups:
+    per token ``||sum_g [u_h]_{h in g} W_O^g|| <= sum_g ||W_O^g|| (sum_{h in g} ||u_h||^2)^(1/2)``, so
+    ``Lip(F) <= sum_g ||W_O^g|| (sum_{h in g} L_h^2)^(1/2)`` (Frobenius, (2,inf); ``sum_{h in g} L_h`` in (2,1)).
+    Sound whatever the groups share; the smallest of the three holds.
+    """
+    heads = sum(group_sizes)
+    L, B, C = head_constants(heads), block_norms(heads), group_block_norms(len(group_sizes))
+    base = compose_heads(heads, norm_key)
+    starts = [sum(group_sizes[:g]) for g in range(len(group_sizes))]
+    members = [L[start:start + size] for start, size in zip(starts, group_sizes)]
+    if norm_key in ("fro", "2,inf"):
+        grouped = sp.Add(*[c * sp.sqrt(sp.Add(*[l ** 2 for l in group])) for c, group in zip(C, members)])
+    else:
+        grouped = sp.Add(*[c * sp.Add(*group) for c, group in zip(C, members)])
+    proof = Derivation(f"A layer of {heads} heads in {len(group_sizes)} key/value groups")
+    proof.absorb(base.proof)
+    proof.hypothesis("W_O^g are the rows of W_O that read the heads of group g")
+    proof.add(le(_LIP, grouped), "per token, concatenate within each group and add the groups (triangle inequality), "
+              "then Minkowski over the tokens", "grouped-heads")
+    return Theorem(f"grouped-composition-{_suffix(Mixed21() if norm_key == 'w1' else _NORM_OF[norm_key])}",
+                   "Grouped-query composition", sp.Min(*base.statement.args, grouped), proof)
 
 
 def vector_infinity(inner: Theorem, d=S.d) -> Theorem:
@@ -248,17 +309,37 @@ def tokenwise(per_token: Theorem, norm: Norm, d=S.d) -> Theorem:
         if norm.key == "inf" else theorem
 
 
-def norm_residual(placement: str, inner: Theorem, norm: Theorem, image: str = "") -> Theorem:
+def scaled(inner: Theorem, gain: sp.Expr, what: str = "LayerScale") -> Theorem:
+    """``diag(lambda) g``: ``Lip <= lambda_max Lip(g)`` (``gain`` bounds ``|lambda_k|``), in every norm on X."""
+    statement = gain * inner.statement
+    proof = Derivation(f"{what} after {inner.title.lower()}")
+    proof.absorb(inner.proof)
+    proof.add(le(Described(r"\operatorname{Lip}(\operatorname{diag}(\lambda)\, g)"), statement),
+              "||diag(lambda) u|| <= max_k |lambda_k| ||u|| token by token", "layerscale")
+    return Theorem(f"scaled-{inner.id}", proof.title, statement, proof)
+
+
+def norm_residual(placement: str, inner: Theorem, norm: Theorem, image: str = "", after: Theorem | None = None,
+                  scale: sp.Expr | None = None) -> Theorem:
     """A residual block with a normalisation N around an inner map F, written with the rules above.
 
     ``"pre"``: ``x + F(N(x))``, ``Lip <= 1 + Lip(F) Lip(N)``, F taken on the image of N (``image``
     describes it; bounded for a LayerNorm, so every block after a norm has a bounded domain).
+    ``after`` (sandwich norms, ``x + N'(F(N(x)))``): ``Lip(N')`` multiplies, N' taken on all of ``R^d``
+    (F's output has no variance floor).  ``scale`` (LayerScale, ``x + diag(lambda) F(N(x))``): ``lambda_max``
+    multiplies.
     ``"post"``: ``N(x + F(x))``, ``Lip <= Lip(N) (1 + Lip(F))``, N taken on all of R^d (its input
     has no known variance floor); the output lies in the image of N whatever came in.
     """
     if placement == "pre":
         inside = compose(inner, norm, why=f"F reads the outputs of N{f' ({image})' if image else ''}")
+        if after is not None:
+            inside = compose(after, inside, why="N' is taken on all of R^d: F's output has no variance floor")
+        if scale is not None:
+            inside = scaled(inside, scale)
         return residual(inside)
+    if after is not None or scale is not None:
+        raise ValueError("sandwich norms and LayerScale belong to pre-norm blocks")
     if placement == "post":
         theorem = compose(norm, residual(inner), why="N is taken on all of R^d")
         theorem.proof.add(Described(r"N(x + F(x)) \in N(\mathbb{R}^d)"),

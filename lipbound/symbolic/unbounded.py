@@ -124,40 +124,47 @@ _FAMILIES = (
 )
 
 
-def find_witness_family(score, argument: str = "self", causal: bool = False, values: dict | None = None):
+def find_witness_family(score, argument: str = "self", causal: bool = False, values: dict | None = None,
+                        offset_bias: bool = False):
     """Search small curves ``X_t`` (one or two dimensions, two key tokens) along which an entry
     of the exact Jacobian of attention tends to infinity.
 
     ``argument`` is ``"self"`` for self-attention or ``"queries"``/``"context"``/``"joint"``
-    for cross-attention with one query.  Returns ``(family, entry, instance)`` or None.
+    for cross-attention with one query.  ``offset_bias``: a position bias ``delta`` (any real) is
+    added to the score of the two tokens' off-diagonal pair (self-attention).  Returns
+    ``(family, entry, instance)`` or None.
     """
     values = dict(values or {})
     if isinstance(score, L2Distance) and not score.tied:
         values.setdefault("W_K", 2)
     # the search sees the score only through its expression and its values: one search per such key
     # (every norm of a variant asks the same question)
-    key = (sp.srepr(score.expression()), sp.srepr(score.value_matrix()), argument, bool(causal),
+    key = (sp.srepr(score.expression()), sp.srepr(score.value_matrix()), argument, bool(causal), offset_bias,
            tuple(sorted((name, sp.srepr(sp.sympify(value))) for name, value in values.items())))
     if key not in _SEARCHED:
-        _SEARCHED[key] = _search_families(score, values, argument, causal)
+        _SEARCHED[key] = _search_families(score, values, argument, causal, offset_bias)
     return _SEARCHED[key]
 
 
 _SEARCHED: dict = {}
 
 
-def _search_families(score, values, argument, causal):
+#: The position bias of the off-diagonal pair in a witness instance (any real number).
+_DELTA = sp.Symbol("delta", real=True)
+
+
+def _search_families(score, values, argument, causal, offset_bias=False):
     cross = argument != "self"
     for dim, query_point, key_points in _FAMILIES:
         if (query_point is None) == cross:
             continue
-        found = _try_family(score, values, dim, argument, causal, query_point, key_points)
+        found = _try_family(score, values, dim, argument, causal, query_point, key_points, offset_bias)
         if found is not None:
             return found
     return None
 
 
-def _try_family(score, values, dim, argument, causal, query_point, key_points):
+def _try_family(score, values, dim, argument, causal, query_point, key_points, offset_bias=False):
     def coordinates(name):
         return sp.Matrix(sp.symbols(f"{name}_1:{dim + 1}", real=True))
 
@@ -178,7 +185,7 @@ def _try_family(score, values, dim, argument, causal, query_point, key_points):
     outputs = []
     for i, q in enumerate(queries):
         visible = keys[: i + 1] if causal and query_point is None else keys
-        weights = [sp.exp(s(q, key)) for key in visible]
+        weights = [sp.exp(s(q, key) + (_DELTA if offset_bias and k != i else 0)) for k, key in enumerate(visible)]
         output = sum((w * v(key) for w, key in zip(weights, visible)), sp.zeros(dim, 1)) / sum(weights)
         outputs.extend(list(output))
     if argument == "queries":
@@ -206,7 +213,9 @@ def _try_family(score, values, dim, argument, causal, query_point, key_points):
             rows = ([query_point] if query_point is not None else []) + list(key_points)
             family = sp.ImmutableMatrix([list(r) if dim > 1 else [r] for r in rows])   # shared by the cache
             return family, along, f"d = d_k = d_v = {dim}, no biases, {instance}" + \
-                ("; first row is the query" if query_point is not None else "")
+                ("; first row is the query" if query_point is not None else "") + \
+                ("; the off-diagonal pair has position bias delta, the diagonal 0" if offset_bias else "") + \
+                (f"; {score.witness_note()}" if score.witness_note() else "")
     return None
 
 
@@ -258,13 +267,15 @@ def derive_unbounded(variant, assumptions: Assumptions, key: str) -> Result:
         found = _hidden_direction_family()
     else:
         argument = "self" if facts.role == "self" else facts.role.split("-", 1)[1]
-        found = find_witness_family(score, argument, causal=facts.causal)
+        found = find_witness_family(score, argument, causal=facts.causal, offset_bias=facts.position_bias != "none")
     if found is None:
         raise AssumptionError(
             "domain", f"a bounded domain for the {score.title} (no global theorem applies)", "Unbounded",
             "state Ball(radius=R) or LayerNormImage(); no witness family was found either, so "
             "lipbound claims neither a bound nor non-Lipschitzness")
     family, entry, instance = found
+    if facts.window:  # two neighbouring tokens see each other; with w = 1 each attends to itself alone: f is affine
+        instance += "; a window of width w >= 2"
     record = Derivation(f"{variant.title} is not Lipschitz on the unbounded domain")
     record.hypothesis(f"instance: {instance}")
     record.add(eq(Described("X_t"), family), "a curve in the instance")
@@ -272,7 +283,8 @@ def derive_unbounded(variant, assumptions: Assumptions, key: str) -> Result:
                "an entry of the exact Jacobian (SymPy differentiation)", "softmax-derivative")
     record.add(eq(sp.Limit(entry, S.t, sp.oo), sp.limit(entry, S.t, sp.oo)), "limit as t -> infinity",
                "witness-family")
-    if isinstance(score, DotProduct) and facts.role == "self" and not facts.causal:
+    if isinstance(score, DotProduct) and facts.role == "self" and not facts.causal and not facts.window \
+            and facts.position_bias == "none":
         gamma = S.MatrixNormSymbol("gamma_{A,V}")
         general = S.t ** 2 * (assumptions.n - 1) / assumptions.n ** 2 * gamma - S.MatrixNormSymbol("W_V") / assumptions.n
         record.add(le(general, Described(r"\|Df(X_t)\|")),

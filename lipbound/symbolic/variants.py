@@ -19,7 +19,8 @@ from .record import Derivation, Described, le
 from .scores import Score
 from .unbounded import derive_unbounded
 
-__all__ = ["Variant", "SelfAttention", "CrossAttention", "MultiHead", "Residual", "MeasureAttention"]
+__all__ = ["Variant", "SelfAttention", "CrossAttention", "MultiHead", "Residual", "MeasureAttention",
+           "per_token_norm", "to_vec_inf"]
 
 
 class Variant:
@@ -38,10 +39,13 @@ class Variant:
 
     #: The structure around the head, outermost first: ``"residual"``, ``"multi-head"``.
     wrappers: tuple[str, ...] = ()
+    #: One attention head (what :class:`MultiHead` takes).
+    single_head: bool = False
 
     def _facts(self, causal: bool = False, role: str = "self") -> HeadFacts:
         score = self.score
-        return HeadFacts(score.kind, score.biased, score.tied, score.values_through_A, causal, role)
+        return HeadFacts(score.kind, score.biased, score.tied, score.values_through_A, causal, role,
+                         rotary=score.rotary, qk_norm=score.qk_norm, softcap=score.softcap)
 
     def _measure_valued(self) -> bool:
         return _is_measure(self)
@@ -97,12 +101,12 @@ def _is_measure(variant) -> bool:
     return isinstance(variant, MeasureAttention) or (inner is not None and _is_measure(inner))
 
 
-def _per_token_norm(assumptions: Assumptions):
+def per_token_norm(assumptions: Assumptions):
     """l_inf on vec(X) is handled through the (2, inf) norm and norm equivalence."""
     return Mixed2Inf() if isinstance(assumptions.norm, VecInf) else assumptions.norm
 
 
-def _to_vec_inf(theorem: T.Theorem, assumptions: Assumptions) -> T.Theorem:
+def to_vec_inf(theorem: T.Theorem, assumptions: Assumptions) -> T.Theorem:
     return T.vector_infinity(theorem, assumptions.d) if isinstance(assumptions.norm, VecInf) else theorem
 
 
@@ -116,6 +120,8 @@ class SelfAttention(Variant):
     causal : bool
         Token i attends only to tokens 1..i.
     """
+
+    single_head = True
 
     def __init__(self, score: Score, causal: bool = False):
         self._score = score
@@ -131,8 +137,8 @@ class SelfAttention(Variant):
         return self._facts(self.causal)
 
     def theorem(self, assumptions: Assumptions) -> T.Theorem:
-        inner = T.self_attention(_per_token_norm(assumptions), self.causal, assumptions.n)
-        return _to_vec_inf(inner, assumptions)
+        inner = T.self_attention(per_token_norm(assumptions), self.causal, assumptions.n)
+        return to_vec_inf(inner, assumptions)
 
 
 @final
@@ -147,6 +153,7 @@ class CrossAttention(Variant):
     """
 
     ARGUMENTS = ("queries", "context", "joint")
+    single_head = True
 
     def __init__(self, score: Score, argument: str = "joint"):
         if argument not in self.ARGUMENTS:
@@ -165,8 +172,8 @@ class CrossAttention(Variant):
         return self._facts(role=f"cross-{self.argument}")
 
     def theorem(self, assumptions: Assumptions) -> T.Theorem:
-        inner = T.cross_attention(_per_token_norm(assumptions), self.argument, assumptions.n, assumptions.m)
-        return _to_vec_inf(inner, assumptions)
+        inner = T.cross_attention(per_token_norm(assumptions), self.argument, assumptions.n, assumptions.m)
+        return to_vec_inf(inner, assumptions)
 
 
 @final
@@ -217,14 +224,20 @@ class MeasureAttention(Variant):
 
 @final
 class MultiHead(Variant):
-    """H heads of the same kind (per-head constants are maxima over heads), then ``W_O``."""
+    """H heads of the same kind (per-head constants are maxima over heads), then ``W_O``.
 
-    def __init__(self, head: SelfAttention | CrossAttention):
-        if not isinstance(head, (SelfAttention, CrossAttention)):
-            raise AssumptionError("head", "a SelfAttention or CrossAttention variant",
+    ``grouped``: grouped-query attention, the H query heads in G key/value groups sharing ``W_K``, ``W_V``
+    (G = 1: multi-query attention); :func:`lipbound.symbolic.theorems.multi_head` states what sharing
+    changes.
+    """
+
+    def __init__(self, head: Variant, grouped: bool = False):
+        if not getattr(head, "single_head", False):
+            raise AssumptionError("head", "a single-head attention variant (SelfAttention, CrossAttention, ...)",
                                   type(head).__name__, "wrap a single-head variant")
         self.head = head
-        self.title = f"multi-head {head.title}"
+        self.grouped = grouped
+        self.title = ("grouped-query " if grouped else "") + f"multi-head {head.title}"
         self.wrappers = ("multi-head",) + head.wrappers
 
     @property
@@ -236,9 +249,9 @@ class MultiHead(Variant):
         return self.head.head_facts
 
     def theorem(self, assumptions: Assumptions) -> T.Theorem:
-        per_token = _per_token_norm(assumptions)
+        per_token = per_token_norm(assumptions)
         inner = self.head.theorem(assumptions.with_(norm=per_token))
-        return _to_vec_inf(T.multi_head(inner, per_token, assumptions.H), assumptions)
+        return to_vec_inf(T.multi_head(inner, per_token, assumptions.H, self.grouped), assumptions)
 
 
 @final
