@@ -37,7 +37,7 @@ from ..errors import AssumptionError
 from ..rigorous.intervals import IV, interval
 from ..rigorous.linalg import Enclosure, vector_norm_upper
 from ..symbolic import symbols as S
-from ..symbolic.assumptions import Ball, Domain, LayerNormImage, Unbounded
+from ..symbolic.assumptions import Ball, Domain, LayerNormImage, RMSNormImage, Unbounded
 from .model.components import LayerNorm, RMSNorm
 
 
@@ -368,7 +368,6 @@ class RMSNormOutputs(TokenDomain):
 
     @property
     def assumption(self) -> Domain:
-        from ..symbolic.assumptions import RMSNormImage   # TEMPORARY until the symbolic domain is merged
         return RMSNormImage()
 
     @property

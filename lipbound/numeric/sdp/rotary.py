@@ -53,6 +53,7 @@ see (:func:`reduced_sup`).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from functools import cached_property
@@ -62,16 +63,16 @@ import numpy as np
 
 from ...errors import AssumptionError
 from ...rigorous.intervals import IV, interval, lower, upper
-from ...rigorous.linalg import Enclosure, lambda_min_lower, product_norm_interval
+from ...rigorous.linalg import Enclosure, gram_norm_upper, lambda_min_lower, product_norm_interval
 from ...rigorous.value import CertifiedValue
 from ..kernels import DotProduct, Rotary
 from ..model import Head
+from ..offsets import HeadRows, rotation_enclosure
 from .head import largest_over_shares, max_on_weights, top_count
 from .joint import sdp_value
 from .region import Region, trust_region_sup
 
-__all__ = ["HeadRows", "rotation_enclosure", "reduced_sup", "PositionalHeadBounds", "positional_scope",
-           "positional_bound"]
+__all__ = ["reduced_sup", "PositionalHeadBounds", "positional_scope", "positional_bound", "positional_layer_bound"]
 
 _PROVENANCE = ("rotary and masked heads: per-row query, mean and key terms with every position-dependent "
                "constant a maximum over the offsets that occur (lipbound.numeric.sdp.rotary, module docstring)")
@@ -92,73 +93,13 @@ def _scale_interval(head: Head):
     return 1 / IV.sqrt(IV.mpf(head.d_k)) if scale is None else interval(float(scale))
 
 
-@final
-class HeadRows:
-    """The rows of a head of self-attention at positions ``0..n-1``: the keys each query sees, the
-    offsets ``p_j - p_i`` that occur, and the spread of the position bias over each row.
-
-    Attributes
-    ----------
-    visible : ndarray (n, n) of bool
-    key_counts : ndarray (n,) of int
-    offsets : tuple of int
-        Every offset ``p_j - p_i`` of a visible pair, increasing.
-    bias_spread : ndarray (n,)
-        ``max - min`` of the position bias over the keys of each row (0 without a bias).
-    softcap : float or None
-    """
-
-    def __init__(self, head: Head, n: int):
-        positions = np.arange(int(n))
-        visible = head.mask.visible(positions, positions)
-        self.visible = np.ones((n, n), dtype=bool) if visible is None else visible
-        self.key_counts = self.visible.sum(axis=1)
-        delta = positions[None, :] - positions[:, None]
-        self.offsets = tuple(sorted({int(v) for v in delta[self.visible]}))
-        bias = head.mask.bias
-        if bias is None:
-            self.bias_spread = np.zeros(n)
-        else:
-            table = bias.matrix(positions, positions)
-            self.bias_spread = np.array([np.ptp(table[i, self.visible[i]]) for i in range(n)], dtype=float)
-        self.softcap = head.mask.softcap
-        self.n = int(n)
-
-    def column_sum(self, per_row) -> object:
-        """``max_j sum_{i: j in V_i} per_row[i]`` (intervals), a column sum of any per-row bound."""
-        return max((sum((per_row[i] for i in range(self.n) if self.visible[i, j]), IV.mpf(0)) for j in range(self.n)),
-                   key=upper)
-
-
-def rotation_enclosure(kernel, d_k: int, offset: int) -> Enclosure:
-    """``R_Delta`` (d_k, d_k) with ``q^T R_Delta k`` the rotary score of a query and a key ``Delta = offset``
-    positions apart, enclosed: the angles ``Delta base^(-2t/D)`` and their cosines and sines in interval
-    arithmetic.  The identity for a dot product."""
-    if not isinstance(kernel, Rotary) or offset == 0:
-        return Enclosure.exact(np.eye(d_k))
-    D = kernel.rotated(d_k)
-    half = D // 2
-    mid, rad = np.eye(d_k), np.zeros((d_k, d_k))
-    log_base = IV.log(IV.mpf(kernel.base))
-    for t in range(half):
-        angle = IV.mpf(offset) * IV.exp(-IV.mpf(2 * t) / D * log_base)
-        cos, sin = IV.cos(angle), IV.sin(angle)
-        a, b = (t, t + half) if kernel.pairing == "half" else (2 * t, 2 * t + 1)
-        # rotated coordinates: u'_a = u_a cos - u_b sin, u'_b = u_b cos + u_a sin; R maps k to R k
-        for (row, col), value in (((a, a), cos), ((b, b), cos), ((a, b), -sin), ((b, a), sin)):
-            centre = float(value.mid)
-            mid[row, col] = centre
-            rad[row, col] = max(upper(value - centre), upper(centre - value))
-    return Enclosure(mid, rad)
-
-
 def reduced_sup(left: Enclosure, right: Enclosure, shift: Enclosure | None, radius, name: str,
                 provenance: str) -> CertifiedValue:
     """Certified ``sup_{||w|| <= r} ||left right w + shift||`` for ``left`` (p, k), ``right`` (k, q) with a small
     inner dimension k: ``{right w}`` lies in ``{C v : ||v|| <= r}`` for any C with ``C C^T >= right right^T``
     (checked in interval arithmetic), so the k-dimensional trust region of ``left C`` bounds it; without a
     shift the value is ``r ||left right||``."""
-    if shift is None or not np.any(shift.mid) and not np.any(shift.rad):
+    if shift is None:
         started = time.perf_counter()
         value = interval(radius) * product_norm_interval(left, right)
         return sdp_value(name, upper(value), True, {"lower": lower(value)}, "norm", time.perf_counter() - started,
@@ -189,8 +130,9 @@ class PositionalHeadBounds:
         The tokens' region: a :class:`~lipbound.numeric.domains.TokenDomain`, a :class:`~.region.Region`, or
         a ball's radius.
     n : int
-    value : ndarray or Enclosure (d, d_out), optional
-        The value map applied (``W_V W_O^h`` in a layer); default ``head.W_V``.
+    output : ndarray (d_v, d_out), optional
+        The block ``W_O^h`` of the output projection that reads the head: the value map is ``V = W_V W_O^h``
+        (default ``W_V``).
 
     Attributes
     ----------
@@ -200,25 +142,41 @@ class PositionalHeadBounds:
         ``rho = r ||V^T M||``.
     query_gain, key_gain, score_gain : CertifiedValue
         ``a``, ``beta`` and the score gain ``max_Delta sup ||M^T (A_Delta^T x + u_Delta)||`` (module docstring).
+
+    Notes
+    -----
+    Without biases and with the region about 0 each gain is ``r`` times a norm ``||X R_Delta Y||`` with
+    ``d_k``-wide factors, computed from the ``d_k x d_k`` Gram matrices of X (once) and of ``R_Delta Y``
+    (:func:`~lipbound.rigorous.linalg.gram_norm_interval`).
     """
 
-    def __init__(self, head: Head, domain, n: int, value=None):
+    def __init__(self, head: Head, domain, n: int, output=None):
         if not positional_scope(head):
             raise AssumptionError("head", "a softmax head with a rotary or dot-product score", head.kernel.describe(),
                                   "use the constants of the head's own kernel")
         self.head, self.n = head, int(n)
-        self.region = Region.of(domain, None, head.d)
+        self.region = region = Region.of(domain, None, head.d)
         self.rows = HeadRows(head, self.n)
-        self.r = self.region.r
+        self.r = region.r
         started = time.perf_counter()
-        self.value = Enclosure.exact(head.W_V) if value is None else (
-            value if isinstance(value, Enclosure) else Enclosure.exact(np.asarray(value, dtype=float)))
-        region = self.region
-        self.value_norm = region.project(self.value).norm_interval()
-        self.spread = self.r * product_norm_interval(self.value.T, region.shape) if region.shape is not None \
-            else self.r * self.value.norm_interval()
+        W_V = Enclosure.exact(head.W_V)
+        shaped_values = region.times_shape(W_V.T)                                  # V^T M, (d_v, d)
+        if output is None:
+            self.value_norm = region.project(W_V).norm_interval()
+            self.spread = self.r * shaped_values.norm_interval()
+        else:
+            block = Enclosure.exact(np.asarray(output, dtype=float))
+            self.value_norm = product_norm_interval(region.project(W_V), block)
+            self.spread = self.r * product_norm_interval(block.T, shaped_values)
         self.rotations = {delta: rotation_enclosure(head.kernel, head.d_k, delta) for delta in self.rows.offsets}
+        scale = Enclosure.scalar(_scale_interval(head))
+        W_Q, W_K = Enclosure.exact(head.W_Q), Enclosure.exact(head.W_K)
+        self._queries_shaped = region.times_shape(W_Q.T).scale(scale)             # sigma W_Q^T M, (d_k, d)
+        self._keys_shaped = region.times_shape(W_K.T)                             # W_K^T M, (d_k, d)
+        self._keys_scaled = self._keys_shaped.scale(scale)
+        self._query_left, self._key_left = region.project(W_Q), region.project(W_K)
         self.query_gain = self._largest("query gain", self._query_gradient)
+        self.query_coupled = self._coupled_query_term(output)
         self.key_gain = self._largest("beta", self._key_gradient, side="project")
         self.score_gain = self.key_gain if region.is_ball else self._largest("score gain", self._key_gradient,
                                                                              side="shape")
@@ -236,28 +194,108 @@ class PositionalHeadBounds:
                               lower=best.lower, details={"per_offset": {str(d): v.value for d, v in
                                                                         zip(self.rows.offsets, values)}})
 
+    def _centred(self, W: np.ndarray, bias: np.ndarray) -> Enclosure | None:
+        """``W^T c + b`` of the region's centre (None when it is exactly 0)."""
+        center = self.region.center
+        if not np.any(center) and not np.any(bias):
+            return None
+        return Enclosure.exact(W.T) @ Enclosure.exact(center.reshape(-1, 1)) + Enclosure.exact(bias.reshape(-1, 1))
+
+    @functools.cache
+    def _gram(self, which: str) -> Enclosure:
+        """The d_k x d_k Gram matrices of the fixed factors."""
+        factor = {"query_left": self._query_left, "key_left": self._key_left,
+                  "keys_shaped": self._keys_shaped.T}.get(which)
+        if factor is not None:
+            return (factor.T @ factor).sym()                                       # X^T X
+        factor = {"queries_shaped": self._queries_shaped, "keys_scaled": self._keys_scaled}[which]
+        return (factor @ factor.T).sym()                                           # Y Y^T
+
+    def _sup(self, left: Enclosure, left_gram: str, R: Enclosure, right: Enclosure, right_gram: str,
+             shift: Enclosure | None, name: str, provenance: str) -> CertifiedValue:
+        """``sup_{||w|| <= r} ||left R right w + shift||`` (the Gram route without a shift)."""
+        if shift is None:
+            started = time.perf_counter()
+            norm = gram_norm_upper(self._gram(left_gram), (R @ self._gram(right_gram) @ R.T).sym())
+            if math.isfinite(norm):
+                value = upper(interval(self.r) * interval(norm))
+                return sdp_value(name, value, True, {}, "norm", time.perf_counter() - started, "certified", provenance)
+        return reduced_sup(left, R @ right, shift, self.r, name, provenance)
+
     def _query_gradient(self, delta: int, name: str) -> CertifiedValue:
-        """``sup_w ||Pi (A_Delta (c + M w) + h_Delta)||``: left ``Pi W_Q``, right ``sigma R_Delta W_K^T M``."""
-        head, region, scale = self.head, self.region, Enclosure.scalar(_scale_interval(self.head))
-        R = self.rotations[delta]
-        left = region.project(Enclosure.exact(head.W_Q))
-        right = (R @ region.times_shape(Enclosure.exact(head.W_K.T))).scale(scale)
-        key_centre = Enclosure.exact(head.W_K.T) @ Enclosure.exact(region.center.reshape(-1, 1)) + Enclosure.exact(
-            head.b_K.reshape(-1, 1))
-        shift = left @ (R @ key_centre).scale(scale)
-        return reduced_sup(left, right, shift, self.r, name, "sup over the region of the query gradient")
+        """``sup_w ||Pi (A_Delta (c + M w) + h_Delta)||``: ``Pi W_Q`` times ``R_Delta`` times ``sigma W_K^T M``."""
+        head, R = self.head, self.rotations[delta]
+        key_centre = self._centred(head.W_K, head.b_K)
+        scale = Enclosure.scalar(_scale_interval(head))
+        shift = None if key_centre is None else self._query_left @ (R @ key_centre).scale(scale)
+        return self._sup(self._query_left, "query_left", R, self._keys_scaled, "keys_scaled", shift, name,
+                         "sup over the region of the query gradient")
 
     def _key_gradient(self, delta: int, name: str, side: str) -> CertifiedValue:
         """``sup_x ||K (A_Delta^T x + u_Delta)||``, K the projector (``side="project"``) or ``M^T`` ("shape")."""
-        head, region, scale = self.head, self.region, Enclosure.scalar(_scale_interval(self.head))
-        R = self.rotations[delta]
-        W_K = Enclosure.exact(head.W_K)
-        left = region.project(W_K) if side == "project" else region.times_shape(W_K.T).T
-        right = (R.T @ region.times_shape(Enclosure.exact(head.W_Q.T))).scale(scale)
-        query_centre = Enclosure.exact(head.W_Q.T) @ Enclosure.exact(region.center.reshape(-1, 1)) + Enclosure.exact(
-            head.b_Q.reshape(-1, 1))
-        shift = left @ (R.T @ query_centre).scale(scale)
-        return reduced_sup(left, right, shift, self.r, name, "sup over the region of the key gradient")
+        head, R = self.head, self.rotations[delta].T
+        left, left_gram = (self._key_left, "key_left") if side == "project" else (self._keys_shaped.T, "keys_shaped")
+        query_centre = self._centred(head.W_Q, head.b_Q)
+        scale = Enclosure.scalar(_scale_interval(head))
+        shift = None if query_centre is None else left @ (R @ query_centre).scale(scale)
+        return self._sup(left, left_gram, R, self._queries_shaped, "queries_shaped", shift, name,
+                         "sup over the region of the key gradient")
+
+    def _coupled_query_term(self, output) -> CertifiedValue | None:
+        """The query term coupled through the keys' second moments (step 1b of the module docstring):
+        ``b <= (r^2 / 2) max_Delta lambda_max(a M^T V V^T M + M^T A_Delta^T Pi A_Delta M / a)`` at one ``a > 0`` for
+        every offset; None when the query gradient has a constant part (a centre or a key bias)."""
+        head, region = self.head, self.region
+        if self._centred(head.W_K, head.b_K) is not None:
+            return None
+        started = time.perf_counter()
+        W_V = Enclosure.exact(head.W_V)
+        shaped = region.times_shape(W_V.T).T                                       # M^T V, (d, d_v)
+        basis = Enclosure(np.concatenate([shaped.mid, self._keys_shaped.T.mid], axis=1),
+                          np.concatenate([shaped.rad, self._keys_shaped.T.rad], axis=1))   # [M^T V, M^T W_K]
+        gram = (basis.T @ basis).sym()
+        d_v, d_k = head.d_v, head.d_k
+        outputs = Enclosure.exact(np.eye(d_v)) if output is None else \
+            (Enclosure.exact(np.asarray(output, dtype=float)) @ Enclosure.exact(np.asarray(output, dtype=float).T)).sym()
+        queries = self._gram("query_left").scale(_scale_interval(head) ** 2)     # sigma^2 W_Q^T Pi W_Q
+        inner = {delta: (R.T @ queries @ R).sym() for delta, R in self.rotations.items()}
+
+        def middle(a: float, delta: int) -> Enclosure:
+            mid, rad = np.zeros((d_v + d_k, d_v + d_k)), np.zeros((d_v + d_k, d_v + d_k))
+            top, bottom = outputs.scale(a), inner[delta].scale(1.0 / a)
+            mid[:d_v, :d_v], rad[:d_v, :d_v] = top.mid, top.rad
+            mid[d_v:, d_v:], rad[d_v:, d_v:] = bottom.mid, bottom.rad
+            ridge = 1e-12 * float(np.max(np.abs(mid))) + 1e-300
+            mid[np.diag_indices(d_v + d_k)] += ridge         # C + ridge I >= C: the bound only grows
+            return Enclosure(mid, rad)
+
+        # the common a that makes the largest over the offsets smallest, in floats (golden section on log a);
+        # only the certificate at that a counts
+        root = np.linalg.cholesky(gram.mid + 1e-12 * np.trace(gram.mid) * np.eye(gram.shape[0]))
+        values_part = root[:d_v].T @ outputs.mid @ root[:d_v]
+        scores_part = {delta: root[d_v:].T @ block.mid @ root[d_v:] for delta, block in inner.items()}
+
+        def largest(log_a: float) -> float:
+            a = math.exp(log_a)
+            return max(float(np.linalg.eigvalsh(a * values_part + part / a)[-1]) for part in scores_part.values())
+
+        scale = 0.5 * math.log(max(float(np.trace(inner[self.rows.offsets[0]].mid)), 1e-300)
+                               / max(float(np.trace(outputs.mid)), 1e-300))
+        low, high = scale - 8.0, scale + 8.0
+        ratio = (math.sqrt(5) - 1) / 2
+        for _ in range(24):
+            first, second = high - ratio * (high - low), low + ratio * (high - low)
+            if largest(first) <= largest(second):
+                high = second
+            else:
+                low = first
+        best = math.exp((low + high) / 2)
+        tops = [gram_norm_upper(gram, middle(best, delta).sym()) for delta in inner]
+        if not all(math.isfinite(t) for t in tops):
+            return None
+        value = upper(self.r ** 2 / 2 * IV.mpf(max(tops)) ** 2)
+        return sdp_value("coupled query term", value, True, {"a": best}, "eig", time.perf_counter() - started,
+                         "certified", "(r^2/2) max over the offsets of lambda_max(a M^T V V^T M + M^T A^T Pi A M / a)")
 
     def _centre_spread(self):
         """``max_{Delta, Delta'} sup_x sigma |q(x)^T (R_Delta - R_Delta') k_c|`` (step 4; 0 when ``k_c = 0``)."""
@@ -317,19 +355,22 @@ class PositionalHeadBounds:
         """``b, L, rho beta, kappa, kappa_cov`` and the row constants as intervals."""
         rows = self.rows
         several = bool(np.any(rows.key_counts >= 2))
-        b = self.spread * IV.mpf(self.query_gain.value) * (1 if several else 0)
+        b = self.spread * IV.mpf(self.query_gain.value)
+        if self.query_coupled is not None and self.query_coupled.certified and self.query_coupled.value < upper(b):
+            b = IV.mpf(self.query_coupled.value)
+        b = b * (1 if several else 0)
         kappa = rows.column_sum([IV.mpf(upper(self.weight_range(i)[1])) for i in range(rows.n)])
         nus = [self.row_nu(i) for i in range(rows.n)]
         return {"b": b, "L": self.value_norm, "rho_beta": self.spread * IV.mpf(self.key_gain.value),
                 "kappa": kappa, "kappa_cov": rows.column_sum(nus), "nu_max": max(nus, key=upper), "several": several}
 
 
-def positional_bound(head: Head, domain, n: int, *, value=None, bounds: PositionalHeadBounds | None = None,
+def positional_bound(head: Head, domain, n: int, *, output=None, bounds: PositionalHeadBounds | None = None,
                      name: str = "matrix-aware") -> CertifiedValue:
     """Certified Frobenius Lipschitz constant of a rotary or masked head of self-attention on ``domain^n``:
     the smaller of the Minkowski and the row-by-row forms of the module docstring (step 5)."""
     started = time.perf_counter()
-    bounds = bounds or PositionalHeadBounds(head, domain, n, value=value)
+    bounds = bounds or PositionalHeadBounds(head, domain, n, output=output)
     certificate: dict = {"n": n, "offsets": list(bounds.rows.offsets)}
     if not bounds.certified:
         failed = bounds.failure
@@ -352,3 +393,109 @@ def positional_bound(head: Head, domain, n: int, *, value=None, bounds: Position
             total = rows
     return sdp_value(name, upper(total), True, certificate, "eig", time.perf_counter() - started, "certified",
                      _PROVENANCE)
+
+
+_LAYER_PROVENANCE = ("whole layer of rotary or masked heads, seen jointly with W_O: weighted Cauchy-Schwarz over "
+                     "heads for the query and key terms, the mean term per key/value group "
+                     "(lipbound.numeric.sdp.rotary, positional_layer_bound)")
+
+
+def positional_layer_bound(layer, domain, n: int, *, heads: list[PositionalHeadBounds] | None = None,
+                           name: str = "joint") -> CertifiedValue:
+    r"""Certified Frobenius Lipschitz constant of a multi-head layer ``F = sum_h f^h W_O^h`` of rotary or masked
+    heads (self-attention, no residual), heads seen jointly.
+
+    Head h has the value map ``M_h = V_{g(h)} W_O^h`` (``g(h)`` its key/value group) and ``N_h = M_h^T M M^T M_h``.
+    Per query i, ``DF_i[E] = sum_h (S^h_i + mean^h_i + cov^h_i)`` (module docstring, each head with its own weights).
+
+    1. *Query term.*  ``y^T S^h_i = Cov_{p^h_i}(y . M_h^T x_j, zeta^h_j) <= Var_h^(1/2) a_h ||e_i||`` with ``Var_h <= r^2 y^T
+       N_h y``; for weights ``lambda_h > 0`` with ``sum_h a_h^2 / lambda_h <= 1``, Cauchy-Schwarz over heads gives
+       ``||sum_h S^h_i|| <= r Lambda^(1/2) ||e_i||``, ``Lambda = lambda_max(sum_h lambda_h N_h)`` (also ``<= sum_h b_h``).
+    2. *Key term* (step 2 of :mod:`.layer`, covariance form): ``||sum_h cov^h_i||^2 <= r^2 Lambda' 2 sum_j q_ij
+       ||e_j||^2``, ``q_ij = max_h p^h_ij (1 - p^h_ij)``, for weights with ``sum_h beta_h^2 / lambda_h <= 1`` (the key
+       gradients of all heads at one key share its offset, and each is at most ``beta_h``); or with the column sums
+       of ``max_h p^h_ij``.
+    3. *Mean term.*  ``mean_i = sum_h sum_j p^h_ij M_h^T e_j``.  Per head (Jensen) ``L_h kappa_h^(1/2)``; per group, the
+       heads of group g share ``u_j = V_g^T e_j``: ``||sum_{h in g} sum_j p^h_ij W_O^hT u_j|| <= ||W_O^g|| (sum_{h in g}
+       sum_j p^h_ij ||u_j||^2)^(1/2)`` (``W_O^g`` the rows of ``W_O`` that read the group), so the group adds at most
+       ``||W_O^g|| ||Pi V_g|| (sum_{h in g} kappa_h)^(1/2)``; the smaller per group is used.
+    4. *Sum* by Minkowski over tokens, and row by row as step 5 of :mod:`.layer` with ``W`` the mean part of a row
+       (``min(sum_h L_h, sum_g ||W_O^g|| ||Pi V_g|| |g|^(1/2))``) plus the key part.  With one key per row the map is
+       linear: ``||(sum_h M_h)^T Pi||``.
+    """
+    from .layer import _joint_term
+    started = time.perf_counter()
+    if layer.residual:
+        raise AssumptionError("layer.residual", "False (the attention map without X)", "True",
+                              "bound the layer without the residual and add 1")
+    region = Region.of(domain, None, layer.d)
+    blocks = [Enclosure.exact(layer.output_block(h)) for h in range(layer.num_heads)]
+    if heads is None:
+        heads = [PositionalHeadBounds(head, region, n, output=layer.output_block(h))
+                 for h, head in enumerate(layer.heads)]
+    certificate: dict = {"n": n, "heads": len(heads)}
+    failed = next((hb.failure for hb in heads if not hb.certified), None)
+    if failed is not None:
+        return sdp_value(name, math.nan, False, certificate, "eig", time.perf_counter() - started, "not certified",
+                         _LAYER_PROVENANCE, reason=f"a head: {failed.name}: {failed.reason}")
+    rows = heads[0].rows
+    r = region.r
+    several = bool(np.any(rows.key_counts >= 2))
+    # the heads' outputs seen through the region's shape: N_h = W_O^hT (V_h^T M M^T V_h) W_O^h
+    value_forms = []
+    for head in layer.heads:
+        shaped = region.times_shape(Enclosure.exact(head.W_V.T))
+        value_forms.append((shaped @ shaped.T).sym())
+    groups = [layer.group_heads(g) for g in range(layer.num_groups)]
+    # 3. mean term
+    kappas = [rows.column_sum([IV.mpf(upper(hb.weight_range(i)[1])) for i in range(rows.n)]) for hb in heads]
+    if not several:
+        values = Enclosure.exact(np.concatenate([head.W_V for head in layer.heads], axis=1))   # [V_1 .. V_H]
+        mean = product_norm_interval(region.project(values), Enclosure.exact(layer.W_O))       # ||(sum_h M_h)^T Pi||
+        row_mean = mean
+    else:
+        mean, row_mean = IV.mpf(0), IV.mpf(0)
+        for members in groups:
+            per_head = sum((hb.value_norm * IV.sqrt(kappas[h]) for h, hb in
+                            ((h, heads[h]) for h in members)), IV.mpf(0))
+            start = sum(layer.heads[h].d_v for h in range(members[0]))
+            stop = start + sum(layer.heads[h].d_v for h in members)
+            shared = Enclosure.exact(layer.W_O[start:stop]).norm_interval() * region.project(
+                Enclosure.exact(layer.heads[members[0]].W_V)).norm_interval()
+            grouped = shared * IV.sqrt(sum((kappas[h] for h in members), IV.mpf(0)))
+            mean += min(per_head, grouped, key=upper)
+            row_mean += min(sum((heads[h].value_norm for h in members), IV.mpf(0)),
+                            shared * IV.sqrt(IV.mpf(len(members))), key=upper)
+    certificate["mean"] = upper(mean)
+    b = k = key_row = IV.mpf(0)
+    if several:
+        # 1. query term
+        summed = sum((hb.spread * IV.mpf(hb.query_gain.value) for hb in heads), IV.mpf(0))
+        joint, info = _joint_term(blocks, value_forms, [], [IV.mpf(hb.query_gain.value) for hb in heads],
+                                  interval(0), "query term")
+        b = summed if joint is None or upper(summed) <= upper(r * joint) else r * joint
+        certificate.update(query_summed=upper(summed), query_joint=None if joint is None else upper(r * joint))
+        # 2. key term
+        kappa_max = rows.column_sum([IV.mpf(max(upper(hb.weight_range(i)[1]) for hb in heads)) for i in range(rows.n)])
+        largest = [max((hb.row_nu(i, with_cap=False) for hb in heads), key=upper) for i in range(rows.n)]
+        spread = rows.column_sum(largest)
+        column = kappa_max if upper(kappa_max) <= upper(spread) else spread
+        plain, plain_info = _joint_term(blocks, value_forms, [], [IV.mpf(hb.key_gain.value) for hb in heads],
+                                        interval(0), "key term")
+        if plain is None:
+            return sdp_value(name, math.nan, False, certificate, "eig", time.perf_counter() - started,
+                             "not certified", _LAYER_PROVENANCE, reason="no weights certified for the key term")
+        k = r * plain * IV.sqrt(column)
+        key_row = r * plain * IV.sqrt(max(largest, key=upper))      # step 5 of sdp.layer: c = 2 max p (1 - p)
+        certificate.update(query=upper(b), key=upper(k), key_column=upper(column), key_weights=plain_info)
+    total_iv = b + mean + k
+    certificate["minkowski"] = upper(total_iv)
+    cap = max((hb.row_nu(i, with_cap=False) for hb in heads for i in range(rows.n)), key=upper)
+    if several and upper(cap) > 0:
+        W = row_mean + key_row
+        by_rows = largest_over_shares(b, n, top_count(n, cap), n * W ** 2, b * W)
+        certificate["row_form"] = upper(by_rows)
+        if upper(by_rows) < upper(total_iv):
+            total_iv = by_rows
+    return sdp_value(name, upper(total_iv), True, certificate, "eig", time.perf_counter() - started, "certified",
+                     _LAYER_PROVENANCE)

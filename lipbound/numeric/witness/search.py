@@ -10,7 +10,7 @@ import numpy as np
 from ...errors import AssumptionError, WeightsError
 from ..blas import one_blas_thread
 from ..memory import available_bytes, require_memory
-from ..dispatch import dot_product_scope
+from ..dispatch import dot_product_scope, positional_scope
 from ..domains import TokenBall, TokenDomain
 from ..model import Head, Layer
 from .ascent import continuation, join, polish, start_candidates, take
@@ -18,7 +18,7 @@ from ..attention import heads_of, unit_rows
 from .kernel import kernel_for
 from .problem import ROLES, SearchProblem
 from .record import NORMS, Witness, project_to_ball
-from .starts import TieSurrogate, castin_input, cross_starts
+from .starts import TieSurrogate, castin_input, cross_starts, proxy_rotations
 from .structured import structured_starts
 from .values import cross_value, jacobian_value, local_jacobian_norm, pull_inside, reference_maps, secant_value
 
@@ -97,25 +97,27 @@ def _self_pool(problem: SearchProblem, rng, deadline, work: float = 1.0) -> list
         if problem.clock() >= deadline and len(pool) > 0:
             break
         own = problem if len(heads) == 1 else problem.for_head(int(index))
+        rotations = proxy_rotations(head, n)        # a rotary head: dot-product proxies W_Q R_Delta
         if n >= 3:
             # positions in the head's chart, moves in working coordinates
             W_Q, W_K, W_V, b_Q, _, _ = own.kernel.head_weights(0)
             if through_W_O:
                 W_V = W_V @ target.output_block(int(index))
             light = len(heads) > 1
-            share = (deadline - problem.clock()) / (1 if not light else max(1, len(heads) // 3))
-            starts, _ = structured_starts(W_Q, W_K, W_V, b_Q, 1 - 1e-6, n, count=16 if light else 32,
-                                          steps=120 if light else 200, seed=int(rng.integers(2 ** 31)),
-                                          deadline=problem.clock() + max(share, 0.0), clock=problem.clock,
-                                          shape=own.context.root)
-            tokens = own.lift(starts[:keep])[0]
-            pool.append((problem.retract(problem.to_work(tokens)), "structured"))
-            if problem.kernel.H > 1:
-                surrogate = surrogate or TieSurrogate(problem, n)
-                pool.append((problem.retract(surrogate.combine(pool[-1][0][0])[None]), "tied-heads"))
+            share = (deadline - problem.clock()) / (1 if not light else max(1, len(heads) // 3)) / len(rotations)
+            for rotation in rotations:
+                starts, _ = structured_starts(W_Q @ rotation, W_K, W_V, rotation.T @ b_Q, 1 - 1e-6, n,
+                                              count=16 if light else 32, steps=120 if light else 200,
+                                              seed=int(rng.integers(2 ** 31)), deadline=problem.clock() + max(share, 0.0),
+                                              clock=problem.clock, shape=own.context.root)
+                tokens = own.lift(starts[:keep])[0]
+                pool.append((problem.retract(problem.to_work(tokens)), "structured"))
+                if problem.kernel.H > 1:
+                    surrogate = surrogate or TieSurrogate(problem, n)
+                    pool.append((problem.retract(surrogate.combine(pool[-1][0][0])[None]), "tied-heads"))
         try:
             R, c = problem.context.radius, problem.context.center
-            castin = castin_input(head.W_Q, head.W_K, R, n, literal=False)
+            castin = castin_input(head.W_Q @ rotations[0], head.W_K, R, n, literal=False)
             signs = np.stack([castin, -castin]) if len(heads) == 1 else castin[None]   # eig fixes no sign
             pool.append((problem.retract(problem.to_work(signs + c)), "castin"))
         except AssumptionError:
@@ -215,7 +217,7 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     polish_count = max(2, int(polish_count / work))
     until = began + 0.25 * (deadline - began)
     pool = []
-    if dot_product_scope(target):  # the structured constructions are for dot-product scores
+    if dot_product_scope(target) or (not cross and positional_scope(target)):  # dot-product scores and proxies
         pool += cross_starts(problem, rng, until) if cross else _self_pool(problem, rng, until, work)
     pool.append((problem.random(rng, max(2, int(8 / work)), 1 - 1e-6), "random"))
     cands = _evaluate_pool(problem, pool, rng, 15 if len(heads) == 1 else 6, max(1, int(32 / work)),

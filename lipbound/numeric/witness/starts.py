@@ -15,7 +15,22 @@ from ..kernels import softmax
 from .clock import CALL_WORK
 from .structured import TieForm, ascend
 
-__all__ = ["TieSurrogate", "castin_input", "cross_starts"]
+__all__ = ["TieSurrogate", "castin_input", "cross_starts", "proxy_rotations"]
+
+
+def proxy_rotations(head, n: int) -> list[np.ndarray]:
+    """Rotations ``R_Delta`` (d_k, d_k) whose dot-product proxies ``W_Q R_Delta`` stand for a rotary head in the
+    structured starts (two keys tied for many queries: each query sees the keys at its own offsets, so no one
+    matrix is exact; the polish then climbs on the rotary map itself): the offset with the largest
+    ``||A_Delta||`` and the middle one of the causal offsets.  ``[I]`` for a head without rotary positions."""
+    from ..offsets import HeadRows, rotation_enclosure
+    if not getattr(head.kernel, "positional", False) or not hasattr(head.kernel, "rotated"):
+        return [np.eye(head.d_k)]
+    offsets = HeadRows(head, n).offsets
+    rotations = {delta: rotation_enclosure(head.kernel, head.d_k, delta).mid for delta in offsets}
+    sizes = {delta: np.linalg.norm(head.W_Q @ R @ head.W_K.T, 2) for delta, R in rotations.items()}
+    chosen = dict.fromkeys([max(sizes, key=sizes.get), offsets[len(offsets) // 2]])
+    return [rotations[delta] for delta in chosen]
 
 
 @final
