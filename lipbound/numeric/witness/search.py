@@ -137,8 +137,10 @@ def _describe(target, domain: TokenDomain, origin, layer, head, block="encoder")
 def _domain_fields(domain: TokenDomain, prefix: str = "") -> dict:
     record = domain.record()
     fields = {f"{prefix}radius": float(record["radius"]), f"{prefix}center": record["center"]}
-    if record["kind"] == "layernorm-image":
+    if record["kind"] in ("layernorm-image", "rmsnorm-image"):
         fields[f"{prefix}gamma"] = record["gamma"]
+        if record["kind"] == "rmsnorm-image":
+            fields["image"] = "rmsnorm"
     return fields
 
 
