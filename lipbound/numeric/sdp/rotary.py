@@ -27,6 +27,19 @@ carry over.  What does (each step holds at every X of ``D^n``):
    rho = r ||V^T M||``, so ``Var alpha <= rho^2``; ``|zeta_j| <= ||e_i|| a``, ``a = max_Delta sup_{w} ||Pi (A_Delta
    (c + M w) + h_Delta)||`` (the query gradient, a trust-region value per offset), so ``Var zeta <= ||e_i||^2
    a^2``.  By Cauchy-Schwarz ``||S_i|| <= b ||e_i||``, ``b = rho a``.  A row with one key has ``S_i = 0``.
+
+   1b. *Coupled through the keys' second moments* (no centre term: ``A_Delta c + h_Delta = 0``).  With ``x_j = c +
+   M w_j``, ``t = M^T V y`` and ``q_Delta = M^T A_Delta^T Pi e_i / ||e_i||``: ``Var alpha <= sum_j p_ij (t . w_j)^2 =
+   sum_Delta t^T U_Delta t`` and ``Var zeta <= E zeta^2 <= sum_Delta q_Delta^T U_Delta q_Delta`` (``|phi'| <= 1``), with
+   ``U_Delta = sum_{j: Delta_ij = Delta} p_ij w_j w_j^T >= 0`` and ``sum_Delta tr U_Delta <= r^2``.  For any ``a > 0``,
+   ``(Var alpha Var zeta)^(1/2) <= (a Var alpha + Var zeta / a) / 2 <= (1/2) sum_Delta tr U_Delta lambda_max(a t t^T +
+   q_Delta q_Delta^T / a)``, and ``sup_{||y|| = ||e|| = 1}`` of the last is at most ``lambda_max(a M^T V V^T M + M^T
+   A_Delta^T Pi A_Delta M / a)``.  So ``b <= (r^2 / 2) max_Delta lambda_max(a M^T V V^T M + M^T A_Delta^T Pi A_Delta M /
+   a)`` for one a shared by the offsets (a key of any offset may carry the mass).  With one offset (a dot product)
+   the minimum over a is ``r^2 max_u ||A M u|| ||V^T M u||``, the joint gain of :mod:`.joint`; with rotations it
+   keeps the alignment of the value and score directions that step 1 gives up, at the price of one a for all
+   offsets.  Both matrices live on ``span [M^T V, M^T W_K]`` (``d_v + d_k`` columns), where the eigenvalue is
+   certified.  The smaller of ``rho a`` and this is ``b``.
 2. *Key term* (step 8 of :mod:`.head`, unchanged).  ``y^T cov_i = Cov(z, delta)`` with ``z_j = phi'_ij e_j . g_ij``
    and ``delta_j = y^T V^T (x_j - xbar_i)`` (``sum_j p_ij delta_j = 0``); ``Var z <= 2 sum_j p_ij (1 - p_ij) z_j^2``,
    ``|z_j| <= beta ||e_j||`` with ``beta = max_Delta sup_{x in D} ||Pi (A_Delta^T x + u_Delta)||``, and ``Var delta <=
@@ -63,7 +76,7 @@ import numpy as np
 
 from ...errors import AssumptionError
 from ...rigorous.intervals import IV, interval, lower, upper
-from ...rigorous.linalg import Enclosure, gram_norm_upper, lambda_min_lower, product_norm_interval
+from ...rigorous.linalg import Enclosure, gram_norm_upper, lambda_max_upper, lambda_min_lower, product_norm_interval
 from ...rigorous.value import CertifiedValue
 from ..kernels import DotProduct, Rotary
 from ..model import Head
@@ -351,13 +364,19 @@ class PositionalHeadBounds:
     def failure(self) -> CertifiedValue | None:
         return next((v for v in (self.query_gain, self.key_gain, self.score_gain) if not v.certified), None)
 
+    @property
+    def query_term(self):
+        """``b``: the smaller of ``rho a`` (step 1) and the coupled form (step 1b), an interval."""
+        b = self.spread * IV.mpf(self.query_gain.value)
+        if self.query_coupled is not None and self.query_coupled.certified and self.query_coupled.value < upper(b):
+            b = IV.mpf(self.query_coupled.value)
+        return b
+
     def terms(self) -> dict:
         """``b, L, rho beta, kappa, kappa_cov`` and the row constants as intervals."""
         rows = self.rows
         several = bool(np.any(rows.key_counts >= 2))
-        b = self.spread * IV.mpf(self.query_gain.value)
-        if self.query_coupled is not None and self.query_coupled.certified and self.query_coupled.value < upper(b):
-            b = IV.mpf(self.query_coupled.value)
+        b = self.query_term
         b = b * (1 if several else 0)
         kappa = rows.column_sum([IV.mpf(upper(self.weight_range(i)[1])) for i in range(rows.n)])
         nus = [self.row_nu(i) for i in range(rows.n)]
@@ -393,6 +412,90 @@ def positional_bound(head: Head, domain, n: int, *, output=None, bounds: Positio
             total = rows
     return sdp_value(name, upper(total), True, certificate, "eig", time.perf_counter() - started, "certified",
                      _PROVENANCE)
+
+
+def _spectral_key_weights(layer, region, heads: list[PositionalHeadBounds], output_factors: list[np.ndarray],
+                          start: np.ndarray, iterations: int = 40):
+    """Weights for the spectral condition of the key term (step 2 of :func:`positional_layer_bound`), in floats:
+    minimise ``lambda_max(sum_h lambda_h N_h) C(lambda)^2`` with ``C = r max_Delta lambda_max(B D_Delta(lambda) B^T)^(1/2)``
+    by gradient steps on ``log lambda``, from ``start``.  Returns ``(lambda scaled to C = 1 in floats, B's Gram
+    enclosure, the per-offset per-head inner forms)``; only the certificate built from them counts."""
+    from .layer import _top
+    groups = [layer.group_heads(g) for g in range(layer.num_groups)]
+    keys = [region.project(Enclosure.exact(layer.heads[members[0]].W_K)) for members in groups]
+    basis = Enclosure(np.concatenate([k.mid for k in keys], axis=1), np.concatenate([k.rad for k in keys], axis=1))
+    gram = (basis.T @ basis).sym()
+    root = np.linalg.cholesky(gram.mid + 1e-12 * np.trace(gram.mid) * np.eye(gram.shape[0]))
+    d_k = layer.heads[0].d_k
+    offsets = heads[0].rows.offsets
+    inner = {delta: [(hb.rotations[delta].T @ hb._gram("queries_shaped") @ hb.rotations[delta]).sym() for hb in heads]
+             for delta in offsets}
+    owner = [layer.group_of(h) for h in range(len(heads))]
+    r = float(upper(region.r))
+
+    def constraint(weights):
+        worst, gradient = -1.0, None
+        for delta in offsets:
+            D = np.zeros(gram.shape)
+            for h, form in enumerate(inner[delta]):
+                block = slice(owner[h] * d_k, (owner[h] + 1) * d_k)
+                D[block, block] += form.mid / weights[h]
+            values, vectors = np.linalg.eigh(root.T @ D @ root)
+            if values[-1] > worst:
+                z = root @ vectors[:, -1]
+                worst = float(values[-1])
+                gradient = np.array([-(z[owner[h] * d_k:(owner[h] + 1) * d_k] @ inner[delta][h].mid
+                                       @ z[owner[h] * d_k:(owner[h] + 1) * d_k]) / weights[h] ** 2
+                                     for h in range(len(heads))])
+        return r * math.sqrt(max(worst, 0.0)), r * gradient / (2 * math.sqrt(max(worst, 1e-300)))
+
+    log_w = np.log(np.asarray(start, dtype=float))
+    best, best_w, v, step = math.inf, np.exp(log_w), None, 0.5
+    for _ in range(iterations):
+        w = np.exp(log_w)
+        top, v = _top(output_factors, w, v)
+        C, grad_C = constraint(w)
+        value = top * C * C
+        if value < best:
+            best, best_w = value, w.copy()
+        else:
+            step *= 0.6
+        grad_top = np.array([np.sum((T.T @ v) ** 2) for T in output_factors]) / max(top, 1e-300)
+        gradient = w * (grad_top + 2 * grad_C / max(C, 1e-300))              # d log(value) / d log w
+        log_w = np.log(best_w) - step * gradient / max(np.max(np.abs(gradient)), 1e-12)
+    C, _ = constraint(best_w)
+    return best_w * C * C, gram, inner, owner
+
+
+def _spectral_key_term(layer, region, heads, blocks, value_forms, start) -> tuple:
+    """Certified ``Lambda^(1/2) = lambda_max(sum_h lambda_h N_h)^(1/2)`` for weights whose spectral condition
+    ``r^2 max_Delta lambda_max(sum_h F^h_Delta F^hT_Delta / lambda_h) <= 1`` holds in interval arithmetic
+    (``F^h_Delta = Pi A^h_Delta^T M``, all heads at one key sharing its offset), or ``(None, reason)``."""
+    from .layer import _factor, _stacked_form
+    outputs = [O.mid.T @ _factor(S.mid) for O, S in zip(blocks, value_forms)]
+    weights, gram, inner, owner = _spectral_key_weights(layer, region, heads, outputs, start)
+    d_k = layer.heads[0].d_k
+    for inflate in (1e-9, 1e-6, 1e-3, 1e-1):
+        lam = weights * (1 + inflate)
+        worst = 0.0
+        for delta, forms in inner.items():
+            size = gram.shape[0]
+            mid, rad = np.zeros((size, size)), np.zeros((size, size))
+            for h, form in enumerate(forms):
+                block = slice(owner[h] * d_k, (owner[h] + 1) * d_k)
+                scaled = form.scale(1.0 / float(lam[h]))
+                mid[block, block] += scaled.mid
+                rad[block, block] += scaled.rad
+            ridge = 1e-12 * float(np.max(np.abs(mid))) + 1e-300
+            mid[np.diag_indices(size)] += ridge
+            norm = gram_norm_upper(gram, Enclosure(mid, rad * (1 + 1e-15) + 1e-300).sym())
+            worst = max(worst, norm)
+        if upper(interval(region.r) * interval(worst)) <= 1.0:
+            break
+    else:
+        return None, {"failed": "the spectral condition was not certified"}
+    top = max(lambda_max_upper(_stacked_form([[(O.T, S)] for O, S in zip(blocks, value_forms)], lam)), 0.0)
+    return IV.sqrt(IV.mpf(top)), {"weights": [float(w) for w in lam]}
 
 
 _LAYER_PROVENANCE = ("whole layer of rotary or masked heads, seen jointly with W_O: weighted Cauchy-Schwarz over "
@@ -470,7 +573,7 @@ def positional_layer_bound(layer, domain, n: int, *, heads: list[PositionalHeadB
     b = k = key_row = IV.mpf(0)
     if several:
         # 1. query term
-        summed = sum((hb.spread * IV.mpf(hb.query_gain.value) for hb in heads), IV.mpf(0))
+        summed = sum((hb.query_term for hb in heads), IV.mpf(0))
         joint, info = _joint_term(blocks, value_forms, [], [IV.mpf(hb.query_gain.value) for hb in heads],
                                   interval(0), "query term")
         b = summed if joint is None or upper(summed) <= upper(r * joint) else r * joint
@@ -482,12 +585,21 @@ def positional_layer_bound(layer, domain, n: int, *, heads: list[PositionalHeadB
         column = kappa_max if upper(kappa_max) <= upper(spread) else spread
         plain, plain_info = _joint_term(blocks, value_forms, [], [IV.mpf(hb.key_gain.value) for hb in heads],
                                         interval(0), "key term")
-        if plain is None:
+        spectral, spectral_info = (None, {})
+        if region.center is not None and not np.any(region.center) and not any(np.any(h.b_Q) for h in layer.heads):
+            start = np.array(plain_info.get("weights", [1.0] * len(heads)))
+            spectral, spectral_info = _spectral_key_term(layer, region, heads, blocks, value_forms, start)
+        options = [t for t in (plain, spectral) if t is not None]
+        if not options:
             return sdp_value(name, math.nan, False, certificate, "eig", time.perf_counter() - started,
                              "not certified", _LAYER_PROVENANCE, reason="no weights certified for the key term")
-        k = r * plain * IV.sqrt(column)
-        key_row = r * plain * IV.sqrt(max(largest, key=upper))      # step 5 of sdp.layer: c = 2 max p (1 - p)
-        certificate.update(query=upper(b), key=upper(k), key_column=upper(column), key_weights=plain_info)
+        joint_key = min(options, key=upper)
+        k = r * joint_key * IV.sqrt(column)
+        key_row = r * joint_key * IV.sqrt(max(largest, key=upper))      # step 5 of sdp.layer: c = 2 max p (1 - p)
+        certificate.update(query=upper(b), key=upper(k), key_column=upper(column), key_weights=plain_info,
+                           key_plain=None if plain is None else upper(r * plain * IV.sqrt(column)),
+                           key_spectral=None if spectral is None else upper(r * spectral * IV.sqrt(column)),
+                           key_spectral_weights=spectral_info)
     total_iv = b + mean + k
     certificate["minkowski"] = upper(total_iv)
     cap = max((hb.row_nu(i, with_cap=False) for hb in heads for i in range(rows.n)), key=upper)
