@@ -85,7 +85,7 @@ from .head import largest_over_shares, max_on_weights, top_count
 from .joint import sdp_value
 from .region import Region, trust_region_sup
 
-__all__ = ["reduced_sup", "PositionalHeadBounds", "positional_scope", "positional_bound", "positional_layer_bound"]
+__all__ = ["PositionalHeadBounds", "positional_bound", "positional_layer_bound", "positional_scope", "reduced_sup"]
 
 _PROVENANCE = ("rotary and masked heads: per-row query, mean and key terms with every position-dependent "
                "constant a maximum over the offsets that occur (lipbound.numeric.sdp.rotary, module docstring)")
@@ -294,9 +294,9 @@ class PositionalHeadBounds:
 
         scale = 0.5 * math.log(max(float(np.trace(inner[self.rows.offsets[0]].mid)), 1e-300)
                                / max(float(np.trace(outputs.mid)), 1e-300))
-        low, high = scale - 8.0, scale + 8.0
+        low, high = scale - 6.0, scale + 6.0
         ratio = (math.sqrt(5) - 1) / 2
-        for _ in range(24):
+        for _ in range(16):
             first, second = high - ratio * (high - low), low + ratio * (high - low)
             if largest(first) <= largest(second):
                 high = second
@@ -415,7 +415,7 @@ def positional_bound(head: Head, domain, n: int, *, output=None, bounds: Positio
 
 
 def _spectral_key_weights(layer, region, heads: list[PositionalHeadBounds], output_factors: list[np.ndarray],
-                          start: np.ndarray, iterations: int = 40):
+                          start: np.ndarray, iterations: int = 20):
     """Weights for the spectral condition of the key term (step 2 of :func:`positional_layer_bound`), in floats:
     minimise ``lambda_max(sum_h lambda_h N_h) C(lambda)^2`` with ``C = r max_Delta lambda_max(B D_Delta(lambda) B^T)^(1/2)``
     by gradient steps on ``log lambda``, from ``start``.  Returns ``(lambda scaled to C = 1 in floats, B's Gram
@@ -478,7 +478,7 @@ def _spectral_key_term(layer, region, heads, blocks, value_forms, start) -> tupl
     for inflate in (1e-9, 1e-6, 1e-3, 1e-1):
         lam = weights * (1 + inflate)
         worst = 0.0
-        for delta, forms in inner.items():
+        for forms in inner.values():
             size = gram.shape[0]
             mid, rad = np.zeros((size, size)), np.zeros((size, size))
             for h, form in enumerate(forms):
@@ -574,7 +574,7 @@ def positional_layer_bound(layer, domain, n: int, *, heads: list[PositionalHeadB
     if several:
         # 1. query term
         summed = sum((hb.query_term for hb in heads), IV.mpf(0))
-        joint, info = _joint_term(blocks, value_forms, [], [IV.mpf(hb.query_gain.value) for hb in heads],
+        joint, _ = _joint_term(blocks, value_forms, [], [IV.mpf(hb.query_gain.value) for hb in heads],
                                   interval(0), "query term")
         b = summed if joint is None or upper(summed) <= upper(r * joint) else r * joint
         certificate.update(query_summed=upper(summed), query_joint=None if joint is None else upper(r * joint))
