@@ -32,7 +32,9 @@ from lipbound.rigorous.intervals import lower, upper
 from lipbound.symbolic.assumptions import Assumptions, RMSNormImage
 
 SLOW = os.environ.get("LIPBOUND_SLOW") == "1"
-CASES = settings(max_examples=300 if SLOW else 6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# LIPBOUND_EXAMPLES=N draws N cases (a longer soundness run); LIPBOUND_SLOW=1 draws 300
+EXAMPLES = int(os.environ.get("LIPBOUND_EXAMPLES", "300" if SLOW else "6"))
+CASES = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 # The reference: attention written from the published equations ----------------------------------
