@@ -405,13 +405,17 @@ def positional_bound(head: Head, domain, n: int, *, output=None, bounds: Positio
                        score_gain=bounds.score_gain.value, omega=upper(max(bounds.omegas, key=upper)))
     cap = terms["nu_max"]
     if n >= 2 and upper(cap) > 0:
-        W = L + rho_beta * IV.sqrt(cap)
-        rows = largest_over_shares(b, n, top_count(n, cap), n * W ** 2, b * W)
-        certificate["row_by_row"] = upper(rows)
-        if upper(rows) < upper(total):
-            total = rows
+        total = _smaller_by_rows(total, b, n, cap, L + rho_beta * IV.sqrt(cap), certificate, "row_by_row")
     return sdp_value(name, upper(total), True, certificate, "eig", time.perf_counter() - started, "certified",
                      _PROVENANCE)
+
+
+def _smaller_by_rows(total, b, n: int, cap, W, certificate: dict, key: str):
+    """The smaller of ``total`` and the row-by-row form (step 5: query term ``b``, at most ``top_count(n, cap)``
+    rows with a covariance part, each row at most ``W``); records the row-by-row value under ``key``."""
+    rows = largest_over_shares(b, n, top_count(n, cap), n * W ** 2, b * W)
+    certificate[key] = upper(rows)
+    return rows if upper(rows) < upper(total) else total
 
 
 def _spectral_key_weights(layer, region, heads: list[PositionalHeadBounds], output_factors: list[np.ndarray],
@@ -604,10 +608,6 @@ def positional_layer_bound(layer, domain, n: int, *, heads: list[PositionalHeadB
     certificate["minkowski"] = upper(total_iv)
     cap = max((hb.row_nu(i, with_cap=False) for hb in heads for i in range(rows.n)), key=upper)
     if several and upper(cap) > 0:
-        W = row_mean + key_row
-        by_rows = largest_over_shares(b, n, top_count(n, cap), n * W ** 2, b * W)
-        certificate["row_form"] = upper(by_rows)
-        if upper(by_rows) < upper(total_iv):
-            total_iv = by_rows
+        total_iv = _smaller_by_rows(total_iv, b, n, cap, row_mean + key_row, certificate, "row_form")
     return sdp_value(name, upper(total_iv), True, certificate, "eig", time.perf_counter() - started, "certified",
                      _LAYER_PROVENANCE)
