@@ -83,6 +83,7 @@ from ..model import Head
 from ..offsets import HeadRows, rotation_enclosure
 from .head import largest_over_shares, max_on_weights, top_count
 from .joint import sdp_value
+from .layer import _factor, _joint_term, _stacked_form, _top
 from .region import Region, trust_region_sup
 
 __all__ = ["PositionalHeadBounds", "positional_bound", "positional_layer_bound", "positional_scope", "reduced_sup"]
@@ -424,7 +425,6 @@ def _spectral_key_weights(layer, region, heads: list[PositionalHeadBounds], outp
     minimise ``lambda_max(sum_h lambda_h N_h) C(lambda)^2`` with ``C = r max_Delta lambda_max(B D_Delta(lambda) B^T)^(1/2)``
     by gradient steps on ``log lambda``, from ``start``.  Returns ``(lambda scaled to C = 1 in floats, B's Gram
     enclosure, the per-offset per-head inner forms)``; only the certificate built from them counts."""
-    from .layer import _top
     groups = [layer.group_heads(g) for g in range(layer.num_groups)]
     keys = [region.project(Enclosure.exact(layer.heads[members[0]].W_K)) for members in groups]
     basis = Enclosure(np.concatenate([k.mid for k in keys], axis=1), np.concatenate([k.rad for k in keys], axis=1))
@@ -475,7 +475,6 @@ def _spectral_key_term(layer, region, heads, blocks, value_forms, start) -> tupl
     """Certified ``Lambda^(1/2) = lambda_max(sum_h lambda_h N_h)^(1/2)`` for weights whose spectral condition
     ``r^2 max_Delta lambda_max(sum_h F^h_Delta F^hT_Delta / lambda_h) <= 1`` holds in interval arithmetic
     (``F^h_Delta = Pi A^h_Delta^T M``, all heads at one key sharing its offset), or ``(None, reason)``."""
-    from .layer import _factor, _stacked_form
     outputs = [O.mid.T @ _factor(S.mid) for O, S in zip(blocks, value_forms)]
     weights, gram, inner, owner = _spectral_key_weights(layer, region, heads, outputs, start)
     d_k = layer.heads[0].d_k
@@ -530,7 +529,6 @@ def positional_layer_bound(layer, domain, n: int, *, heads: list[PositionalHeadB
        (``min(sum_h L_h, sum_g ||W_O^g|| ||Pi V_g|| |g|^(1/2))``) plus the key part.  With one key per row the map is
        linear: ``||(sum_h M_h)^T Pi||``.
     """
-    from .layer import _joint_term
     started = time.perf_counter()
     if layer.residual:
         raise AssumptionError("layer.residual", "False (the attention map without X)", "True",

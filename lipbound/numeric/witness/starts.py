@@ -12,6 +12,7 @@ import numpy as np
 from ...errors import AssumptionError
 from ..attention import unit_rows
 from ..kernels import softmax
+from ..offsets import HeadRows, rotation_enclosure
 from .clock import CALL_WORK
 from .structured import TieForm, ascend
 
@@ -23,7 +24,6 @@ def proxy_rotations(head, n: int) -> list[np.ndarray]:
     structured starts (two keys tied for many queries: each query sees the keys at its own offsets, so no one
     matrix is exact; the polish then climbs on the rotary map itself): the offset with the largest
     ``||A_Delta||`` and the middle one of the causal offsets.  ``[I]`` for a head without rotary positions."""
-    from ..offsets import HeadRows, rotation_enclosure
     if not getattr(head.kernel, "positional", False) or not hasattr(head.kernel, "rotated"):
         return [np.eye(head.d_k)]
     offsets = HeadRows(head, n).offsets
