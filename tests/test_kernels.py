@@ -343,19 +343,23 @@ def test_curvature_matches_differences_of_vjps_for_masked_dot_products():
 # Facts, dispatch, custom scores, the plain arrays ----------------------------------------------
 def test_kernels_without_theorems_are_refused_never_bound_by_another():
     rng = np.random.default_rng(7)
+    covered_kinds = (DotProduct, L2Distance, ScaledCosine, Rotary, QKNorm)
     for kernel in kernel_examples(rng):
         head = random_head(rng, kernel, AttentionMask())
-        covered = type(kernel) in (DotProduct, L2Distance, ScaledCosine) and kernel != DotProduct(scale=0.3)
-        if covered:
-            assert head_facts(head).score == kernel.facts(DK).score
+        if type(kernel) in covered_kinds and kernel != DotProduct(scale=0.3):
+            facts = head_facts(head)
+            assert facts.rotary == kernel.positional and facts.qk_norm == isinstance(kernel, QKNorm)
         else:
             with pytest.raises(AssumptionError, match="no theorem applies"):
                 head_facts(head)
-    for mask in mask_examples(rng)[2:]:
-        with pytest.raises(AssumptionError, match="no theorem applies"):
-            head_facts(random_head(rng, DotProduct(), mask))
-    with pytest.raises(AssumptionError, match="grouped-query"):
-        check_layer(_group_layer(rng, DotProduct(), AttentionMask(), 4, 2))
+    for mask in mask_examples(rng)[2:-1]:        # windows, position biases, soft-caps: each has its theorem
+        facts = head_facts(random_head(rng, DotProduct(), mask))
+        assert facts.window == (mask.window is not None) and facts.softcap == (mask.softcap is not None)
+    with pytest.raises(AssumptionError, match="no theorem"):        # a soft-cap on top of a position bias
+        head_facts(random_head(rng, DotProduct(), mask_examples(rng)[-1]))
+    with pytest.raises(AssumptionError, match="no theorem applies"):
+        head_facts(random_head(rng, L2Distance(), AttentionMask(window=2)))
+    check_layer(_group_layer(rng, DotProduct(), AttentionMask(), 4, 2))   # grouped-query layers compose
 
 
 def test_custom_kernels_refuse_what_has_no_value():

@@ -21,12 +21,14 @@ from ..rigorous.value import CertifiedValue, not_certified
 from ..symbolic import theorems as T
 from ..symbolic.scores import DotProduct
 from ..symbolic.variants import CrossAttention, MultiHead, SelfAttention
-from .dispatch import ROLES, check_layer, derive_for, dot_product_scope, head_facts
+from .dispatch import ROLES, check_layer, derive_for, dot_product_scope, head_facts, positional_scope
 from .domains import TokenBall, TokenDomain
 from .evaluate import evaluate_bound
 from .model import Head, Layer, TransformerLayer
 from .sdp import HeadBounds, matrix_aware_closed_form, relax
 from .sdp.layer import layer_head_bounds, layer_joint_bound
+from .sdp.region import Region
+from .sdp.rotary import PositionalHeadBounds, positional_bound, positional_layer_bound
 
 __all__ = ["head_constant", "layer_constant", "head_bounds", "layer_bounds", "output_blocks", "NORMS"]
 
@@ -148,6 +150,8 @@ def head_bounds(head: Head, domain: TokenDomain, n: int, *, role: str = "self", 
     head_facts(head, role)                               # refuses what no theorem covers, e.g. causal cross
     values = [head_constant(head, "fro", domain, n, m=m, role=role, query_domain=query_domain)]
     if not dot_product_scope(head):
+        if role == "self" and positional_scope(head):
+            values.append(positional_bound(head, domain, n))
         return values
     cross = role != "self"
     queries = (query_domain or domain) if cross else None
@@ -180,6 +184,8 @@ def layer_bounds(attention_layer: Layer | TransformerLayer, domain: TokenDomain,
     check_layer(attention)
     values = [layer_constant(attention, "fro", domain, n, role=role, m=m, query_domain=query_domain)]
     if not dot_product_scope(attention):
+        if role == "self" and positional_scope(attention):
+            values += _positional_layer(attention, domain, n)
         return values
     cross = role != "self"
     queries = (query_domain or domain) if cross else None
@@ -200,6 +206,24 @@ def layer_bounds(attention_layer: Layer | TransformerLayer, domain: TokenDomain,
     if sdp:
         values.append(_relaxation(attention, domain, n, role, m, query_domain, heads=heads))
     return values
+
+
+def _positional_layer(attention: Layer, domain: TokenDomain, n: int) -> list[CertifiedValue]:
+    """``"matrix-aware"`` (the sum over heads of the bound of ``f^h W_O^h``) and ``"joint"`` for a layer of rotary
+    or masked heads (:mod:`lipbound.numeric.sdp.rotary`), from one set of per-head constants."""
+    region = Region.of(domain, None, attention.d)
+    heads = [PositionalHeadBounds(head, region, n, output=attention.output_block(h))
+             for h, head in enumerate(attention.heads)]
+    split = [positional_bound(head, region, n, bounds=bounds) for head, bounds in zip(attention.heads, heads)]
+    failed = next((v for v in split if not v.certified), None)
+    if failed is None:
+        total = upper(sum((interval(v.value) for v in split), interval(0)))
+        summed = CertifiedValue("matrix-aware", total, Verdict.HOLDS,
+                                "sum over heads of the bound of f^h W_O^h (triangle inequality; lipbound.numeric.sdp.rotary)",
+                                details={"per_head": [v.value for v in split]})
+    else:
+        summed = not_certified("matrix-aware", "sum over heads of f^h W_O^h", f"a head: {failed.reason}")
+    return [summed, positional_layer_bound(attention, region, n, heads=heads)]
 
 
 def _relaxation(target, domain, n, role, m, query_domain, **reuse) -> CertifiedValue:

@@ -27,9 +27,10 @@ from ..rigorous.linalg import spectral_norm_lower, spectral_norm_upper
 from ..symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
 from ..symbolic.claims import PublishedClaim, claim
 from ..symbolic.registry import variant
+from ..symbolic.rotary import UNROTATED_FAMILY, unrotated_counterexample
 from .attention import dense_jacobian, self_jvp
 from .domains import TokenBall
-from .kernels import L2Distance, softmax
+from .kernels import L2Distance, Rotary, softmax
 from .model import Head, load_default
 from .recheck import directional_norm
 from .claim_checks import RECENT_CHECKERS
@@ -288,6 +289,50 @@ def _check_untied(item: PublishedClaim, seed: int, budget: float, weights) -> Ch
                        {"X": X.tolist(), "W_Q": 1, "W_K": 2, "W_V": 1, "family": "X_t = (0, t)"})
 
 
+def _unrotated_values(head: Head, radius: float, n: int) -> dict:
+    """The symbols of the unrotated claim on a rotary head: its W_Q W_K^T as if no rotation applied."""
+    return {"A": interval(spectral_norm_upper(head.W_Q @ head.W_K.T)) / IV.sqrt(IV.mpf(head.d_k)),
+            "W_V": interval(spectral_norm_upper(head.W_V)), "W_Q": interval(spectral_norm_upper(head.W_Q)),
+            "W_K": interval(spectral_norm_upper(head.W_K)), "b_Q": interval(float(np.linalg.norm(head.b_Q)) * (1 + 1e-15)),
+            "W_K*b_Q": interval(float(np.linalg.norm(head.W_K @ head.b_Q)) * (1 + 1e-12)), "R": interval(radius),
+            "n": interval(n), "d_k": interval(head.d_k)}
+
+
+def _check_rope_unrotated(item: PublishedClaim, seed: int, budget: float, weights) -> CheckResult:
+    """The dot-product bound with the unrotated ``W_Q W_K^T`` put forward for rotary heads.  Refuted exactly on
+    ``d = 1, d_k = 2, W_Q = (1, 0), W_K = (0, 1), W_V = 1`` (``W_Q W_K^T = 0``: the claim is ``||W_V|| = 1``): with
+    rotations of pi/2 per position, two tokens in [-1, 1] give a Jacobian whose norm is enclosed above 1.2
+    (:func:`lipbound.symbolic.rotary.unrotated_counterexample`, SymPy and interval arithmetic).  The same weights
+    under lipbound's rotary kernel (one radian per position) and, with ``weights``, the real rotary heads of the
+    model's first layer are searched too; their witness values are reported beside the claim."""
+    exact = unrotated_counterexample()
+    head = Head(np.array([[1.0, 0.0]]), np.array([[0.0, 1.0]]), np.ones((1, 1)), kernel=Rotary(dims=2))
+    claimed = _claim_value(item.statement, _unrotated_values(head, 1.0, 2))
+    details = {"instance": UNROTATED_FAMILY, "certified ||Df|| >=": exact["lower"], "claim": claimed}
+    generated = search_witness(head, domain=TokenBall(1.0), n=2, budget_seconds=max(1.0, budget / 4), seed=seed)
+    details["rotary kernel (1 rad per position), n = 2, R = 1: witness (float)"] = generated.value
+    try:   # certified when the re-check encloses rotary scores
+        details["rotary kernel witness, certified >="] = directional_norm(head, generated.X, generated.E)[0]
+    except AssumptionError:
+        pass
+    if weights is not None:
+        layer = weights.layers[min(weights.layers)]
+        best = None
+        for index, real in enumerate(layer.heads):
+            if not isinstance(real.kernel, Rotary):
+                continue
+            radius = layer.ln_in.radius_about_origin if layer.ln_in is not None else 1.0
+            value = _claim_value(item.statement, _unrotated_values(real, radius, 8))
+            found = search_witness(real, domain=TokenBall(radius), n=8, budget_seconds=max(1.0, budget / 8), seed=seed)
+            if best is None or found.value / value > best[0]:
+                best = (found.value / value, index, found.value, value)
+        if best is not None:
+            details.update({"real head": best[1], "real head witness (float)": best[2], "real head claim": best[3]})
+    return CheckResult(item.key, _verdict(exact["lower"], claimed), item.provenance, claimed, exact["lower"], details,
+                       notes="a is the largest ||A_Delta|| over the offsets that occur; the unrotated W_Q W_K^T "
+                             "can vanish while every A_Delta with Delta != 0 does not")
+
+
 _DOMAINS = {"ball": Ball, "layernorm": LayerNormImage, "unbounded": Unbounded}
 
 
@@ -316,6 +361,7 @@ CHECKERS: dict[str, Callable] = {
     "kim-not-lipschitz": _check_derived, "castin-theorem": _check_castin_theorem, "castin-code": _check_castin_code,
     "softmax-half": _check_softmax, "lipschitznorm": _check_lipschitznorm, "vuckovic-w1": _check_derived,
     "gelu-1.12": _check_gelu, "power-iteration-5": _check_power_iteration, "l2-untied-global": _check_untied,
+    "rope-unrotated": _check_rope_unrotated,
 }
 CHECKERS.update(RECENT_CHECKERS)
 

@@ -3,21 +3,23 @@
 :func:`head_facts` reads what matters about a concrete head -- the facts its attention kernel
 reports (:meth:`lipbound.numeric.kernels.AttentionKernel.facts`: the score, how scores become
 weights, the scale), whether its score has biases, whether ``W_Q = W_K``, its value convention,
-its mask -- and the argument the constant is taken in.  :func:`head_variant` maps those facts to
-the one symbolic variant whose theorem covers them, and :func:`derive_for` derives that theorem on
-a domain (cached).  A head no theorem covers is refused with an
-:class:`~lipbound.errors.AssumptionError` that names the facts; it is never bound by another
-variant's theorem.  Today's theorems cover dot-product, L2-distance and scaled-cosine scores under
-a softmax, with the standard scale ``1/sqrt(d_k)``, a causal mask or none, one key/value group per
-head; rotary positions, QK-norm, sigmoid and linear attention, user-defined numeric scores,
-sliding windows, position biases, soft-caps and grouped-query layers are refused until their
-theorems are dispatched here.
+its mask (causal, sliding window, position bias, soft-cap) -- and the argument the constant is
+taken in.  :func:`head_variant` maps those facts to the one symbolic variant whose theorem covers
+them, and :func:`derive_for` derives that theorem on a domain (cached).  A head no theorem covers is
+refused with an :class:`~lipbound.errors.AssumptionError` that names the facts; it is never bound by
+another variant's theorem.  The theorems cover, under a softmax with the standard scale
+``1/sqrt(d_k)``: dot-product, L2-distance and scaled-cosine scores; rotary positions (RoPE) and
+QK-norm (with or without rotary positions after the norm); causal masks, sliding windows, ALiBi and
+relative (T5) position biases, soft-capped logits (not with a position bias).  Sigmoid and linear
+attention and user-defined numeric scores are refused.
 
 :func:`check_covers` is the guard that :func:`~lipbound.numeric.evaluate.evaluate_bound` applies to
 any bound and head it is given; :func:`check_layer` refuses layers no composition covers;
 :func:`dot_product_scope` says whether a head or layer lies in the scope of the constructions
-written for softmax dot-product attention (the matrix-aware forms, the SDP relaxations, the local
-theorems, the published claims).
+written for softmax dot-product attention without positions (the joint constants of
+:mod:`lipbound.numeric.sdp.head`, the SDP relaxations, the local theorems, the published claims);
+:func:`positional_scope` the scope of :mod:`lipbound.numeric.sdp.rotary` (rotary heads and
+dot-product heads with any mask).
 """
 
 from __future__ import annotations
@@ -28,18 +30,29 @@ from ..errors import AssumptionError
 from ..symbolic.assumptions import Assumptions, Domain
 from ..symbolic.bound import Bound
 from ..symbolic.facts import ROLES, HeadFacts
+from ..symbolic import symbols as S
+from ..symbolic.masks import Mask
+from ..symbolic.positional import PositionalAttention, SoftCapped
+from ..symbolic.qknorm import QKNormScore
+from ..symbolic.rotary import RotaryScore
 from ..symbolic.scores import DotProduct, L2Distance, ScaledCosine
 from ..symbolic.variants import CrossAttention, MeasureAttention, SelfAttention, Variant
+from .kernels import ALiBi
 from .model.components import Head, Layer
 
-__all__ = ["head_facts", "head_variant", "derive_for", "check_covers", "check_layer", "dot_product_scope", "ROLES"]
+__all__ = ["head_facts", "head_variant", "derive_for", "check_covers", "check_layer", "dot_product_scope",
+           "positional_scope", "ROLES"]
 
-#: HeadFacts score key -> the symbolic score of its theorem (biases, ties, values from the facts)
+#: HeadFacts score key -> the symbolic score of its theorem (biases, ties, values, positions from the facts)
 _SCORES = {
-    "dot": lambda facts: DotProduct(biases=facts.biased),
+    "dot": lambda facts: (QKNormScore(rotary=facts.rotary) if facts.qk_norm else
+                          RotaryScore(biases=facts.biased) if facts.rotary else DotProduct(biases=facts.biased)),
     "l2": lambda facts: L2Distance(tied=facts.tied, kim_values=facts.values_through_A, biases=facts.biased),
     "cosine": lambda facts: ScaledCosine(biases=facts.biased),
 }
+#: KernelFacts score key -> (HeadFacts score key, rotary, QK-norm); the kernel says whether QK-norm rotates
+_KERNEL_SCORES = {"dot": ("dot", False, False), "l2": ("l2", False, False), "cosine": ("cosine", False, False),
+                  "rope": ("dot", True, False), "qk-norm": ("dot", None, True)}
 
 
 def _refuse(head: Head, what: str, why: str) -> AssumptionError:
@@ -59,33 +72,41 @@ def head_facts(head: Head, role: str = "self") -> HeadFacts:
         raise AssumptionError("role", "'self' for a causal head (masks apply to self-attention)", repr(role),
                               "use --kind causal for masked heads; cross-attention heads are not masked")
     kernel = head.kernel.facts(head.d_k)
-    if kernel.score not in _SCORES:
+    if kernel.score not in _KERNEL_SCORES:
         raise _refuse(head, kernel.describe, f"the kernel '{head.kernel.name}' has no dispatched theorem yet")
     if kernel.weights != "softmax":
         raise _refuse(head, kernel.describe, f"{kernel.weights} weights have no dispatched theorem yet")
     if not kernel.standard_scale:
         raise _refuse(head, kernel.describe, "the theorems state the score scale 1/sqrt(d_k)")
-    if not head.mask.plain:
-        raise _refuse(head, head.mask.describe(), "windows, position biases and soft-caps have no theorem yet")
-    return HeadFacts(score=kernel.score, biased=head.biased, tied=kernel.score == "l2" and head.tied,
-                     values_through_A=head.kim_values, causal=head.causal, role=role)
+    score, rotary, qk_norm = _KERNEL_SCORES[kernel.score]
+    if rotary is None:
+        rotary = head.kernel.positional
+    mask = head.mask
+    if (mask.window is not None or mask.bias is not None or mask.softcap is not None) and score != "dot":
+        raise _refuse(head, f"{kernel.describe}; {mask.describe()}",
+                      "windows, position biases and soft-caps are derived for dot-product-type scores")
+    if mask.softcap is not None and mask.bias is not None:
+        raise _refuse(head, mask.describe(), "no theorem combines soft-capped logits with position biases")
+    bias = "none" if mask.bias is None else "alibi" if isinstance(mask.bias, ALiBi) else "relative"
+    return HeadFacts(score=score, biased=head.biased, tied=score == "l2" and head.tied,
+                     values_through_A=head.kim_values, causal=head.causal, role=role, rotary=rotary, qk_norm=qk_norm,
+                     window=mask.window is not None, position_bias=bias, softcap=mask.softcap is not None)
 
 
 def check_layer(layer) -> None:
-    """Refuse a layer (a Layer or a TransformerLayer; None passes) no composition theorem covers:
-    grouped-query layers (their heads share keys and values; the multi-head rule is stated for
-    heads with their own)."""
+    """Refuse a layer (a Layer or a TransformerLayer; None passes) no composition theorem covers.
+    Grouped-query layers are covered: each query head is a map of the tokens whatever it shares, and
+    the layer has one block of ``W_O`` per query head (lemma ``grouped-heads``)."""
     layer = getattr(layer, "attention", layer)
-    if isinstance(layer, Layer) and layer.groups is not None:
-        raise AssumptionError("layer", "a layer whose heads read their own keys and values",
-                              f"grouped-query attention ({layer.num_heads} heads in {layer.num_groups} key/value groups)",
-                              "no theorem applies to shared keys and values yet; lipbound refuses rather than use "
-                              "the multi-head rule; bound the heads one at a time")
+    if isinstance(layer, Layer):
+        for head in layer.heads:
+            head_facts(head)
 
 
 def dot_product_scope(target) -> bool:
-    """Every head of ``target`` (a Head or a Layer) is a softmax dot-product head that a theorem
-    covers (no GQA): the scope of the constructions written for dot-product attention."""
+    """Every head of ``target`` (a Head or a Layer) is a softmax dot-product head without positions that a
+    theorem covers (a causal mask at most, no GQA): the scope of the constructions written for dot-product
+    attention."""
     heads = (target,) if isinstance(target, Head) else tuple(target.heads)
     if isinstance(target, Layer) and target.groups is not None:
         return False
@@ -94,7 +115,21 @@ def dot_product_scope(target) -> bool:
             facts = head_facts(head)
         except AssumptionError:
             return False
-        if facts.score != "dot":
+        if facts.score != "dot" or facts.rotary or facts.qk_norm or not head.mask.plain:
+            return False
+    return True
+
+
+def positional_scope(target) -> bool:
+    """Every head of ``target`` is a softmax head with a rotary or dot-product score (standard scale, no QK-norm)
+    that a theorem covers, under any mask: the scope of :mod:`lipbound.numeric.sdp.rotary`."""
+    heads = (target,) if isinstance(target, Head) else tuple(target.heads)
+    for head in heads:
+        try:
+            facts = head_facts(head)
+        except AssumptionError:
+            return False
+        if facts.score != "dot" or facts.qk_norm or head.kim_values:
             return False
     return True
 
@@ -111,10 +146,15 @@ def head_variant(facts: HeadFacts, measure: bool = False) -> Variant:
     if facts.values_through_A and facts.score != "l2":
         raise _uncovered(facts, "values through A belong to L2 attention")
     if measure:
-        if facts.role != "self" or facts.causal or facts.score != "dot":
+        if facts.role != "self" or facts.causal or facts.score != "dot" or facts.rotary or facts.qk_norm \
+                or facts.window or facts.position_bias != "none" or facts.softcap:
             raise _uncovered(facts, "the Wasserstein-1 theorem covers non-causal dot-product self-attention")
         return MeasureAttention(score, "uniform")
+    if facts.softcap:
+        score = SoftCapped(score)
     if facts.role == "self":
+        if facts.window or facts.position_bias != "none":
+            return PositionalAttention(score, Mask(facts.causal, S.w if facts.window else None, facts.position_bias))
         return SelfAttention(score, causal=facts.causal)
     return CrossAttention(score, facts.role.split("-", 1)[1])
 

@@ -37,8 +37,8 @@ from ..errors import AssumptionError
 from ..rigorous.intervals import IV, interval
 from ..rigorous.linalg import Enclosure, vector_norm_upper
 from ..symbolic import symbols as S
-from ..symbolic.assumptions import Ball, Domain, LayerNormImage, Unbounded
-from .model.components import LayerNorm
+from ..symbolic.assumptions import Ball, Domain, LayerNormImage, RMSNormImage, Unbounded
+from .model.components import LayerNorm, RMSNorm
 
 
 def project_to_ball(X: np.ndarray, radius: float, center) -> np.ndarray:
@@ -47,7 +47,7 @@ def project_to_ball(X: np.ndarray, radius: float, center) -> np.ndarray:
     norms = np.linalg.norm(shifted, axis=-1, keepdims=True)
     return shifted * np.where(norms > radius, radius / np.where(norms > 0, norms, 1.0), 1.0) + center
 
-__all__ = ["TokenDomain", "TokenBall", "LayerNormOutputs", "AllTokens", "DomainSpec", "DOMAIN_SPECS",
+__all__ = ["TokenDomain", "TokenBall", "LayerNormOutputs", "RMSNormOutputs", "AllTokens", "DomainSpec", "DOMAIN_SPECS",
            "domain_from_plain"]
 
 
@@ -350,6 +350,90 @@ def _squares(row) -> int:
 
 @final
 @dataclass(frozen=True)
+class RMSNormOutputs(TokenDomain):
+    """Every token an output of the RMSNorm ``norm``: ``gamma * u`` with ``||u|| < sqrt(d)``
+    (``u = x / sqrt(||x||^2 / d + eps)``), held by the full-dimensional ellipsoid
+    ``{M w : ||w|| <= sqrt(d)}``, ``M = diag(gamma)``, about 0 (the RMSNormImage domain of the
+    symbolic layer).  Its semi-axes are the gains: where most ``|gamma_k|`` are far below
+    ``max|gamma|`` (SmolLM2's first block: largest 0.31, root mean square 0.04) it is much thinner
+    than the ball ``max|gamma| sqrt(d)`` about 0 that holds it."""
+
+    norm: RMSNorm
+    key: str = field(default="rmsnorm-image", init=False)
+
+    def __post_init__(self):
+        if not isinstance(self.norm, RMSNorm):
+            raise AssumptionError("norm", "an RMSNorm", type(self.norm).__name__,
+                                  "take it from the layer (TransformerLayer.ln_in)")
+
+    @property
+    def assumption(self) -> Domain:
+        return RMSNormImage()
+
+    @property
+    def center(self) -> None:
+        return None
+
+    def enclosing_ball(self) -> tuple[float, None]:
+        return self.norm.radius_about_center, None
+
+    def symbol_values(self, centred: bool) -> dict:
+        return {**super().symbol_values(centred), "gamma_max": interval(self.norm.gamma_max)}
+
+    def describe(self) -> str:
+        gamma = self.norm.gamma
+        return (f"RMSNorm image: ellipsoid diag(gamma) u, ||u|| <= sqrt({self.norm.d}), max|gamma| = "
+                f"{self.norm.gamma_max:.6g}, rms(gamma) = {math.sqrt(float(np.mean(gamma ** 2))):.3g}")
+
+    def shape(self, d: int | None = None) -> tuple[Enclosure, object]:
+        return Enclosure.exact(np.diag(self.norm.gamma)), IV.sqrt(IV.mpf(self.norm.d))
+
+    def frame(self, d: int) -> tuple[np.ndarray, None, np.ndarray]:
+        return np.zeros(self.norm.d), None, np.abs(self.norm.gamma) * math.sqrt(self.norm.d)
+
+    def _coordinates(self, X: np.ndarray) -> np.ndarray:
+        gamma = self.norm.gamma
+        live = gamma != 0
+        u = np.zeros(np.shape(X))
+        u[..., live] = np.asarray(X, dtype=float)[..., live] / gamma[live]
+        return u
+
+    def representable(self, X: np.ndarray, margin: float = 1e-9) -> tuple[np.ndarray, dict]:
+        """Tokens ``gamma * u`` with ``u`` on a dyadic grid and ``||u||^2 < d`` exactly; the coordinates
+        are ``{"z": u}`` (the re-check forms the exact products ``gamma * u``)."""
+        u = self._coordinates(X)
+        d = self.norm.d
+        norms = np.linalg.norm(u, axis=-1, keepdims=True)
+        limit = math.sqrt(d) * (1 - margin)
+        u = u * np.where(norms > limit, limit / np.where(norms > 0, norms, 1.0), 1.0)
+        for _ in range(8):
+            exact = np.rint(np.ldexp(u, _GRID)).astype(np.int64).astype(object)
+            if all(_squares(row) < d * 2 ** (2 * _GRID) for row in exact.reshape(-1, d)):
+                u = np.ldexp(exact.astype(float), -_GRID)
+                return self.norm.gamma * u, {"z": u}
+            u = u * (1 - 4 * margin)
+        raise AssumptionError("X", "tokens that can be pulled inside the RMSNorm image", "tokens that stay outside",
+                              "report this input")
+
+    def retract(self, X: np.ndarray) -> np.ndarray:
+        u = self._coordinates(X)
+        norms = np.linalg.norm(u, axis=-1, keepdims=True)
+        limit = math.sqrt(self.norm.d) * (1 - 1e-9)
+        return self.norm.gamma * u * np.where(norms > limit, limit / np.where(norms > 0, norms, 1.0), 1.0)
+
+    def contains(self, X: np.ndarray) -> np.ndarray:
+        return np.linalg.norm(self._coordinates(X), axis=-1) <= math.sqrt(self.norm.d)
+
+    def plain(self) -> dict:
+        return {"kind": self.key, "gamma": self.norm.gamma, "eps": self.norm.eps}
+
+    def record(self) -> dict:
+        return {"kind": self.key, "gamma": self.norm.gamma, "radius": self.norm.radius_about_center,
+                "center": None}
+
+
+@final
+@dataclass(frozen=True)
 class AllTokens(TokenDomain):
     """No constraint: ``X`` ranges over all of ``R^{n x d}`` (for global theorems, e.g. tied L2)."""
 
@@ -387,6 +471,8 @@ def domain_from_plain(data: dict) -> TokenDomain:
         return TokenBall(data["radius"], data["center"])
     if kind == "layernorm-image":
         return LayerNormOutputs(LayerNorm(data["gamma"], data["beta"], data["eps"]))
+    if kind == "rmsnorm-image":
+        return RMSNormOutputs(RMSNorm(data["gamma"], data["eps"]))
     if kind == "unbounded":
         return AllTokens()
     raise AssumptionError("domain", "ball, layernorm-image or unbounded", repr(kind), "pass TokenDomain.plain()")
@@ -395,9 +481,10 @@ def domain_from_plain(data: dict) -> TokenDomain:
 #: The spellings of :class:`DomainSpec` besides a radius.
 DOMAIN_SPECS = {
     "layernorm": "the ball about 0 holding every output of the LayerNorm that feeds the layer "
-                 "(radius max|gamma| sqrt(d) + ||beta||)",
+                 "(radius max|gamma| sqrt(d) + ||beta||); for an RMSNorm its image, the ellipsoid "
+                 "{gamma * u : ||u|| <= sqrt(d)} about 0",
     "layernorm-image": "the outputs of the LayerNorm that feeds the layer (their hull: the ball of radius "
-                       "max|gamma| sqrt(d) about beta)",
+                       "max|gamma| sqrt(d) about beta); for an RMSNorm its image, as 'layernorm'",
 }
 
 
@@ -435,12 +522,10 @@ class DomainSpec:
         if layer_norm is None:
             raise AssumptionError("--radius", f"a number, since no LayerNorm feeds {where}", repr(self.kind),
                                   "pass --radius R")
+        if isinstance(layer_norm, RMSNorm):
+            return RMSNormOutputs(layer_norm)       # its image is a full-dimensional ellipsoid about 0
         if self.kind == "layernorm":
             return TokenBall(layer_norm.radius_about_origin)
-        if not isinstance(layer_norm, LayerNorm):
-            raise AssumptionError("domain", f"a LayerNorm feeding {where} (its image is a flat ellipsoid)",
-                                  f"{type(layer_norm).__name__} (its image is not flat)",
-                                  "use the ball holding every output (domain 'layernorm') or a radius")
         return LayerNormOutputs(layer_norm)
 
     def describe(self) -> str:

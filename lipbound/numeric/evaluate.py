@@ -27,7 +27,7 @@ import sympy as sp
 
 from ..errors import AssumptionError, NotCertifiedError
 from ..rigorous.compiler import compile_interval
-from ..rigorous.intervals import Verdict, interval, lower, upper
+from ..rigorous.intervals import IV, Verdict, interval, lower, upper
 from ..rigorous.linalg import Enclosure, product_norm_interval
 from ..rigorous.value import CertifiedValue, not_certified
 from ..symbolic import symbols as S
@@ -36,6 +36,7 @@ from ..symbolic.monotone import is_nondecreasing
 from .dispatch import check_covers, check_layer
 from .domains import TokenDomain
 from .model import Head, Layer, TransformerLayer
+from .offsets import HeadRows, offsets_of, rotation_enclosure
 
 __all__ = ["symbol_intervals", "evaluate_bound"]
 
@@ -192,13 +193,69 @@ def _heads_of(head, layer) -> tuple:
     return tuple(layer.heads)
 
 
-#: symbols whose values the heads' kernels give (the scaled cosine's temperature and regulariser)
-_KERNEL_SYMBOLS = ("tau", "epsilon")
+#: symbols whose values the heads' kernels give (the temperature and regulariser of the scaled cosine and of
+#: QK-norm, QK-norm's largest gains)
+_KERNEL_SYMBOLS = ("tau", "epsilon", "gamma_q", "gamma_k", "gamma_qk")
+#: weight quantities of rotary heads (lipbound.symbolic.symbols): maxima over the offsets that occur
+_ROTARY_QUANTITIES = ("a", "g_Q", "g_K", "s_c")
 
 
-def _kernel_value(heads, name: str) -> float:
-    """The value every head's kernel gives the symbol ``name`` (refused when they differ or have none)."""
+def _rotary_quantities(head: Head, center: np.ndarray, n: int, m: int | None) -> dict:
+    """``a = max ||A_Delta||``, ``g_Q = max ||W_K R_Delta^T q_c|| / sqrt(d_k)``, ``g_K = max ||W_Q R_Delta k_c|| /
+    sqrt(d_k)``, ``s_c = max |q_c^T R_Delta k_c| / sqrt(d_k)`` (``q_c = W_Q^T c + b_Q``, ``k_c = W_K^T c + b_K``) over
+    the offsets that occur (:func:`~lipbound.numeric.offsets.offsets_of`), as intervals; kept on the head."""
+    offsets = offsets_of(head, n, m)
+    key = ("rotary", center.tobytes(), offsets)
+    cache = head.norm_cache
+    if key not in cache:
+        scale = 1 / IV.sqrt(IV.mpf(head.d_k))
+        W_Q, W_K = Enclosure.exact(head.W_Q), Enclosure.exact(head.W_K)
+        column = Enclosure.exact(center.reshape(-1, 1))
+        q_c = W_Q.T @ column + Enclosure.exact(head.b_Q.reshape(-1, 1))
+        k_c = W_K.T @ column + Enclosure.exact(head.b_K.reshape(-1, 1))
+        parts = {name: [] for name in _ROTARY_QUANTITIES}
+        for delta in offsets:
+            R = rotation_enclosure(head.kernel, head.d_k, delta)
+            parts["a"].append(product_norm_interval(W_Q, R @ W_K.T))
+            parts["g_Q"].append((W_K @ (R.T @ q_c)).norm_interval())
+            parts["g_K"].append((W_Q @ (R @ k_c)).norm_interval())
+            parts["s_c"].append(abs((q_c.T @ (R @ k_c)).interval()))
+        cache[key] = {name: interval((max(lower(v) for v in values), max(upper(v) for v in values))) * scale
+                      for name, values in parts.items()}
+    return cache[key]
+
+
+def _mask_value(heads, name: str, n: int):
+    """The value every head's mask gives the symbol ``name``: the window ``w``, ALiBi's slope ``m_A``, the
+    spread ``Delta_b`` of the position biases over a row, the soft-cap ``c_cap`` (refused when the heads
+    differ or have none)."""
+    values = set()
+    for head in heads:
+        mask = head.mask
+        if name == "w":
+            values.add(mask.window)
+        elif name == "c_cap":
+            values.add(mask.softcap)
+        elif name == "m_A":
+            slope = getattr(mask.bias, "slope", None)
+            if slope is not None and slope <= 0:
+                raise AssumptionError("ALiBi.slope", "a positive slope (the ALiBi theorem's m_A > 0)", repr(slope),
+                                      "ALiBi biases decay with the distance: -m_A |i - j| with m_A > 0")
+            values.add(slope)
+        else:
+            values.add(float(np.max(HeadRows(head, n).bias_spread)))
+    if len(values) != 1 or None in values:
+        raise AssumptionError(name, "one value shared by the heads' masks", str(sorted(values, key=str)),
+                              "evaluate the heads one at a time")
+    return interval(values.pop())
+
+
+def _kernel_value(heads, name: str):
+    """The value every head's kernel gives the symbol ``name`` (refused when they differ or have none); a
+    temperature ``tau`` the kernel leaves to the standard scale is ``1/sqrt(d_k)``, enclosed."""
     values = {h.kernel.symbol_values().get(name) for h in heads}
+    if name == "tau" and values == {None} and all(h.kernel.facts(h.d_k).standard_scale for h in heads):
+        return 1 / IV.sqrt(IV.mpf(_common(heads, "d_k")))
     if len(values) != 1 or None in values:
         raise AssumptionError(name, "one value shared by the heads' kernels", str(sorted(values, key=str)),
                               "evaluate the heads one at a time, or pass values={...}")
@@ -300,6 +357,16 @@ def symbol_intervals(expr, head: Head | None = None, *, layer=None, domain: Toke
                                   "(lipbound.numeric.dispatch.derive_for)")
         elif name in _KERNEL_SYMBOLS:
             out[symbol] = interval(_kernel_value(heads, name))
+        elif name in _ROTARY_QUANTITIES:
+            enclosures = [_rotary_quantities(h, center, n, m)[name] for h in heads]
+            out[symbol] = interval((max(lower(e) for e in enclosures), max(upper(e) for e in enclosures)))
+        elif name in ("w", "m_A", "Delta_b", "c_cap"):
+            out[symbol] = _mask_value(heads, name, int(n))
+        elif name == "G":
+            groups = {getattr(getattr(layer, "attention", layer), "num_groups", None)}
+            if None in groups:
+                raise AssumptionError("G", "a layer with key/value groups", "a single head", "pass the layer")
+            out[symbol] = interval(groups.pop())
         elif symbol in norm_symbols:
             matrix, scalar = norm_symbols[symbol]
             scale = _scalar_interval(scalar, exact_sizes)
@@ -424,7 +491,8 @@ def evaluate_bound(bound, head_or_layer, domain: TokenDomain, n: int, *, m: int 
     intervals = symbol_intervals(expr, head, layer=layer, domain=domain, n=n, m=m, H=H, values=values)
     if len(heads) > 1:
         for symbol in intervals:
-            if isinstance(symbol, (S.MatrixNormSymbol, S.VectorNormSymbol)) and not _increasing(expr, symbol):
+            if isinstance(symbol, (S.MatrixNormSymbol, S.VectorNormSymbol, S.WeightQuantity)) \
+                    and not _increasing(expr, symbol):
                 raise NotCertifiedError(
                     "bound", f"an expression increasing in the per-head symbol {symbol}",
                     "no proof of monotonicity", "evaluate each head on its own (pass a Head) and take the maximum")

@@ -34,7 +34,7 @@ from .intervals import IV, _raw, interval, lower, point, upper
 __all__ = ["UNIT_ROUNDOFF", "Enclosure", "vector_norm_upper", "vector_norm_lower", "spectral_norm_bounds",
            "spectral_norm_upper", "spectral_norm_lower", "lambda_min_lower", "lambda_max_upper",
            "top_eigenvalue_bounds", "is_psd_certified", "product_norm_interval", "product_norm_upper",
-           "spectral_norm_upper_large", "RowGram"]
+           "spectral_norm_upper_large", "RowGram", "gram_norm_interval", "gram_norm_upper"]
 
 UNIT_ROUNDOFF = 2.0 ** -53
 _U = UNIT_ROUNDOFF
@@ -617,21 +617,44 @@ def product_norm_interval(X, Y):
     X, Y = _as_enclosure(X), _as_enclosure(Y)
     (p, k), q = X.shape, Y.shape[1]
     if 2 * k <= min(p, q):
-        gram_x, gram_y = (X.T @ X).sym(), (Y @ Y.T).sym()
-        try:
-            factor = Enclosure.exact(np.linalg.cholesky(gram_y.mid))
-        except np.linalg.LinAlgError:
-            factor = None
-        if factor is not None:
-            residual = factor @ factor.T - gram_y
-            residual_norm = interval(vector_norm_upper(residual.mid)) + interval(_fro_upper(residual.rad))
-            core, outer = top_eigenvalue_bounds(factor.T @ gram_x @ factor), top_eigenvalue_bounds(gram_x)
-            if core is not None and outer is not None:
-                spread = interval(upper(outer[1])) * residual_norm
-                low_raw = _raw(core[0] - spread)[0]
-                low = IV.sqrt(point(libmp.fzero if libmp.mpf_lt(low_raw, libmp.fzero) else low_raw))
-                return IV.make_mpf((_raw(low)[0], _raw(F.sqrt(core[1] + spread))[1]))
+        norm = gram_norm_interval((X.T @ X).sym(), (Y @ Y.T).sym())
+        if norm is not None:
+            return norm
     return (X @ Y).norm_interval()
+
+
+def gram_norm_upper(gram_x: Enclosure, gram_y: Enclosure) -> float:
+    """Certified upper bound on ``||X Y||_2`` from the Gram matrices (as :func:`gram_norm_interval`, the upper
+    end only: two eigenvalue certificates, no Rayleigh quotients); ``inf`` when none was certified."""
+    try:
+        factor = Enclosure.exact(np.linalg.cholesky(gram_y.mid))
+    except np.linalg.LinAlgError:
+        return math.inf
+    residual = factor @ factor.T - gram_y
+    residual_norm = interval(vector_norm_upper(residual.mid)) + interval(_fro_upper(residual.rad))
+    core, outer = lambda_max_upper((factor.T @ gram_x @ factor).sym()), lambda_max_upper(gram_x)
+    if not (math.isfinite(core) and math.isfinite(outer)):
+        return math.inf
+    return upper(F.sqrt(interval(max(core, 0.0)) + interval(max(outer, 0.0)) * residual_norm))
+
+
+def gram_norm_interval(gram_x: Enclosure, gram_y: Enclosure):
+    """Interval enclosing ``||X Y||_2`` from the k x k Gram matrices ``G_X = X^T X`` and ``G_Y = Y Y^T``
+    (symmetric enclosures; :func:`product_norm_interval`), or None when no bound was certified."""
+    try:
+        factor = Enclosure.exact(np.linalg.cholesky(gram_y.mid))
+    except np.linalg.LinAlgError:
+        return None
+    residual = factor @ factor.T - gram_y
+    residual_norm = interval(vector_norm_upper(residual.mid)) + interval(_fro_upper(residual.rad))
+    core, outer = top_eigenvalue_bounds(factor.T @ gram_x @ factor), top_eigenvalue_bounds(gram_x)
+    if core is None or outer is None:
+        return None
+    spread = interval(upper(outer[1])) * residual_norm
+    low_raw = _raw(core[0] - spread)[0]
+
+    low = IV.sqrt(point(libmp.fzero if libmp.mpf_lt(low_raw, libmp.fzero) else low_raw))
+    return IV.make_mpf((_raw(low)[0], _raw(F.sqrt(core[1] + spread))[1]))
 
 
 def product_norm_upper(*factors) -> float:

@@ -251,9 +251,9 @@ def _rope_unrotated() -> sp.Expr:
     return self_attention(Frobenius()).statement.xreplace(constants.as_substitution())
 
 
-#: Claims encoded here whose refutation the numeric layer (``lipbound check``) does not run yet: each joins
-#: :data:`CLAIMS` together with its checker in :mod:`lipbound.numeric.claims`.  ``rope-unrotated`` is refuted
-#: exactly by :func:`lipbound.symbolic.rotary.unrotated_counterexample`.
+#: Claims encoded here for regression checks of rotary heads; each is in :data:`CLAIMS` with its checker in
+#: :mod:`lipbound.numeric.claims`.  ``rope-unrotated`` is refuted exactly by
+#: :func:`lipbound.symbolic.rotary.unrotated_counterexample`.
 PENDING_CLAIMS: Final[dict[str, PublishedClaim]] = {}
 PENDING_CLAIMS["rope-unrotated"] = (PublishedClaim(
     "rope-unrotated", "RoPE attention satisfies the dot-product bound with the unrotated W_Q W_K^T",
@@ -264,7 +264,7 @@ PENDING_CLAIMS["rope-unrotated"] = (PublishedClaim(
           "||W_V||, but the rotated A_Delta = -sin(Delta theta) / sqrt(2) moves the weights; the offsets' maximum "
           "a = max_Delta ||A_Delta|| is what the theorem needs"))
 
-CLAIMS: Final[dict[str, PublishedClaim]] = {c.key: c for c in _CLAIMS}
+CLAIMS: Final[dict[str, PublishedClaim]] = {**{c.key: c for c in _CLAIMS}, **PENDING_CLAIMS}
 
 
 def claim(key: str) -> PublishedClaim:

@@ -11,6 +11,7 @@ small, near the null spaces of ``W_Q`` and ``W_K``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar, final
 
@@ -89,6 +90,14 @@ class QKNorm(AttentionKernel):
 
     def facts(self, d_k: int) -> KernelFacts:
         return KernelFacts("qk-norm", standard_scale=_standard(self.scale, d_k), describe=self.describe())
+
+    def symbol_values(self) -> dict[str, float]:
+        """``epsilon``, ``gamma_q = max|gamma_q|``, ``gamma_k = max|gamma_k|`` (exact) and ``gamma_qk = max_l |gamma_q,l
+        gamma_k,l|`` rounded up (the theorems increase in it); ``tau`` when the scale is stated."""
+        product = float(np.max(np.abs(self.gamma_q * self.gamma_k)))
+        values = {"epsilon": float(self.eps), "gamma_q": float(np.max(np.abs(self.gamma_q))),
+                  "gamma_k": float(np.max(np.abs(self.gamma_k))), "gamma_qk": math.nextafter(product, math.inf)}
+        return values if self.scale is None else {**values, "tau": float(self.scale)}
 
     def _transform(self, U, gamma, positions):
         normed = NormalizedPoint(U, gamma, self.eps, U.shape[-1], False)

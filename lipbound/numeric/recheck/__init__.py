@@ -148,6 +148,19 @@ def _image_tokens(z: np.ndarray, gamma: np.ndarray, beta: np.ndarray) -> tuple[D
     return tokens, bool(inside), largest
 
 
+def _rms_image_tokens(z: np.ndarray, gamma: np.ndarray) -> tuple[Dyadic, bool, float]:
+    """The exact tokens ``gamma * z`` of an RMSNorm image, whether every row has ``||z||^2 <= d`` (decided
+    exactly), and ``max ||z||`` rounded up."""
+    Z = Dyadic.of(z)
+    d = Z.shape[1]
+    squares = Z.row_sums_of_squares()
+    inside, largest = True, 0.0
+    for man in squares.m:
+        inside &= (int(man) <= d << -squares.e) if squares.e <= 0 else (int(man) << squares.e) <= d
+        largest = max(largest, upper(exact_sqrt(man, squares.e)))
+    return Dyadic.of(np.broadcast_to(gamma, z.shape)) * Z, bool(inside), largest
+
+
 def _image_directions(w: np.ndarray, gamma: np.ndarray) -> tuple[Dyadic, bool]:
     """The exact directions ``gamma * w`` and whether every row of w sums to exactly 0 (tangent)."""
     W = Dyadic.of(w)
@@ -166,11 +179,15 @@ def _points(witness: Witness, key: str, direction: bool = False):
         center = witness.query_center if query else witness.center
         inside, largest = _domain([array], center, witness.query_radius if query else witness.radius)
         return Dyadic.of(array), inside, largest
+    if witness.image == "rmsnorm" and direction:
+        return Dyadic.of(array), True, 0.0              # the image has interior: every direction is tangent
     coordinates = witness.coordinates.get(key)
     if coordinates is None:
         if direction and not np.any(array):
             return Dyadic.of(array), True, 0.0          # the zero direction moves nothing
         return Dyadic.of(array), False, math.inf
+    if witness.image == "rmsnorm":
+        return _rms_image_tokens(coordinates, gamma)
     if direction:
         exact, tangent = _image_directions(coordinates, gamma)
         return exact, tangent, 0.0
@@ -271,7 +288,8 @@ def recheck(witness: Witness, head_or_layer: Head | Layer, dps: int = RECHECK_DP
     stated = witness.value
     relative = float(abs(stated - value) / value) if value > 0 else (0.0 if stated == 0 else math.inf)
     valid = in_domain and stated <= high * (1 + ROUNDING_TOLERANCE)
-    where = "the LayerNorm image" if witness.gamma is not None else f"the ball of radius {witness.radius:g}"
+    where = f"the {'RMSNorm' if witness.image == 'rmsnorm' else 'LayerNorm'} image" if witness.gamma is not None \
+        else f"the ball of radius {witness.radius:g}"
     if valid:
         message = (f"valid: Lip >= {low:.12g} on {where} (stated {stated:.12g}, relative difference {relative:.1e})")
     elif not in_domain:
@@ -382,6 +400,7 @@ def _check_domains(witness: Witness, model: Model, layer) -> None:
         if gamma is None:
             continue
         center = witness.center if key == "gamma" else witness.query_center
-        if norm is None or not (np.array_equal(gamma, norm.gamma) and np.array_equal(center, norm.beta)):
+        if norm is None or not (np.array_equal(gamma, norm.gamma) and np.array_equal(center, norm.center)) \
+                or (witness.image == "rmsnorm") != (norm.kind == "rmsnorm"):
             raise WeightsError("witness domain", f"the image of {what}", "another LayerNorm's gain and bias",
                                "re-check the witness against the weights it was found on")

@@ -20,6 +20,7 @@ also computed and reported when smaller).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import final
@@ -28,14 +29,14 @@ import numpy as np
 
 from ...errors import AssumptionError
 from ...rigorous.intervals import IV, interval, lower, upper
-from ...rigorous.linalg import Enclosure, lambda_min_lower, spectral_norm_upper, vector_norm_upper
+from ...rigorous.linalg import UNIT_ROUNDOFF, Enclosure, lambda_min_lower, spectral_norm_upper, vector_norm_upper
 from ...rigorous.value import CertifiedValue
 from ..domains import TokenDomain
 from ..blas import one_blas_thread
 from ..model import Head
 from .joint import _check_head, sdp_value
 
-__all__ = ["Region", "trust_region_sup", "key_gradient_sup"]
+__all__ = ["Region", "trust_region_sup", "key_gradient_sup", "column_scaled"]
 
 
 @final
@@ -89,8 +90,21 @@ class Region:
         return upper(self.r)
 
     def times_shape(self, F: Enclosure) -> Enclosure:
-        """``F M`` for F (k, d)."""
-        return F if self.shape is None else F @ self.shape
+        """``F M`` for F (k, d); a diagonal M (an RMSNorm image) scales the columns."""
+        if self.shape is None:
+            return F
+        diagonal = self._diagonal
+        if diagonal is None:
+            return F @ self.shape
+        return column_scaled(F, diagonal)
+
+    @functools.cached_property
+    def _diagonal(self) -> np.ndarray | None:
+        """The diagonal of an exact diagonal shape, else None."""
+        shape = self.shape
+        if shape is None or not shape.is_exact or np.any(shape.mid - np.diag(np.diag(shape.mid))):
+            return None
+        return np.diag(shape.mid).copy()
 
     def project(self, F: Enclosure) -> Enclosure:
         """``Pi F`` for F (d, k)."""
@@ -103,6 +117,13 @@ class Region:
             return self.domain.same_as(other.domain)
         return (self.is_ball and other.is_ball and upper(self.r) == upper(other.r) and lower(self.r) == lower(other.r)
                 and np.array_equal(self.center, other.center))
+
+
+def column_scaled(F: Enclosure, scales: np.ndarray) -> Enclosure:
+    """``F diag(scales)`` for exact float scales: each entry one product, ``|fl(x s) - x s| <= u |fl(x s)| + eta``."""
+    mid = F.mid * scales
+    rad = (np.abs(F.rad * scales) + UNIT_ROUNDOFF * np.abs(mid)) * (1 + 4 * UNIT_ROUNDOFF) + 2.0 ** -1074
+    return Enclosure(mid, rad)
 
 
 def trust_region_sup(F: Enclosure | tuple, g: Enclosure, radius, name: str, provenance: str) -> CertifiedValue:

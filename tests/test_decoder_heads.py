@@ -1,0 +1,298 @@
+"""Heads and layers of the decoders people deploy: rotary positions, QK-norm, grouped-query attention,
+causal masks, sliding windows, position biases and soft-capped logits, on a ball or an RMSNorm image.
+
+Soundness: every certified bound ``verify`` reports (the theorem the head's facts select, the
+matrix-aware and joint forms of :mod:`lipbound.numeric.sdp.rotary`) against the spectral norm of a
+Jacobian computed here, by central differences of a forward pass written here from the published
+equations (Llama / Qwen3 / Gemma attention), at lipbound's own witness and at random points of the
+domain.  Weights, shapes, masks, ratios of query to key/value heads and domains come from hypothesis.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lipbound.errors import AssumptionError
+from lipbound.numeric.certify import head_bounds, layer_bounds
+from lipbound.numeric.dispatch import head_facts, head_variant, positional_scope
+from lipbound.numeric.domains import DomainSpec, RMSNormOutputs, TokenBall
+from lipbound.numeric.evaluate import symbol_intervals
+from lipbound.numeric.kernels import ALiBi, AttentionMask, DotProduct, QKNorm, Rotary, Sigmoid, T5Bias
+from lipbound.numeric.model import Head, Layer, RMSNorm
+from lipbound.numeric.offsets import HeadRows, offsets_of, rotation_enclosure
+from lipbound.numeric.sdp.rotary import PositionalHeadBounds, positional_bound, positional_layer_bound
+from lipbound.numeric.witness import search_witness
+from lipbound.rigorous.intervals import lower, upper
+from lipbound.symbolic.assumptions import Assumptions, RMSNormImage
+
+SLOW = os.environ.get("LIPBOUND_SLOW") == "1"
+# LIPBOUND_EXAMPLES=N draws N cases (a longer soundness run); LIPBOUND_SLOW=1 draws 300
+EXAMPLES = int(os.environ.get("LIPBOUND_EXAMPLES", "300" if SLOW else "6"))
+CASES = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# The reference: attention written from the published equations ----------------------------------
+def _rotate(u: np.ndarray, position: float, base: float, dims: int, pairing: str) -> np.ndarray:
+    """RoPE of one vector: rotate-half (Hugging Face) or adjacent pairs (GPT-J, llama.cpp rows)."""
+    out = np.array(u, dtype=float)
+    half = dims // 2
+    for t in range(half):
+        angle = position * base ** (-2.0 * t / dims)
+        a, b = (t, t + half) if pairing == "half" else (2 * t, 2 * t + 1)
+        out[a] = u[a] * math.cos(angle) - u[b] * math.sin(angle)
+        out[b] = u[b] * math.cos(angle) + u[a] * math.sin(angle)
+    return out
+
+
+def _rms(u: np.ndarray, gain: np.ndarray, eps: float) -> np.ndarray:
+    return gain * u / math.sqrt(float(np.mean(u * u)) + eps)
+
+
+def reference_head(head: Head, X: np.ndarray) -> np.ndarray:
+    """One head at positions 0..n-1: scores, soft-cap, bias, mask, softmax, values."""
+    n = X.shape[0]
+    kernel, mask = head.kernel, head.mask
+    Q, K, V = X @ head.W_Q + head.b_Q, X @ head.W_K + head.b_K, X @ head.W_V + head.b_V
+    rotary = kernel if isinstance(kernel, Rotary) else getattr(kernel, "rotary", None)
+    if isinstance(kernel, QKNorm):
+        Q = np.array([_rms(q, kernel.gamma_q, kernel.eps) for q in Q])
+        K = np.array([_rms(k, kernel.gamma_k, kernel.eps) for k in K])
+    if rotary is not None:
+        dims = head.d_k if rotary.dims is None else rotary.dims
+        Q = np.array([_rotate(q, i, rotary.base, dims, rotary.pairing) for i, q in enumerate(Q)])
+        K = np.array([_rotate(k, j, rotary.base, dims, rotary.pairing) for j, k in enumerate(K)])
+    S = Q @ K.T / math.sqrt(head.d_k)
+    if mask.softcap is not None:
+        S = mask.softcap * np.tanh(S / mask.softcap)
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    if isinstance(mask.bias, ALiBi):
+        S = S - mask.bias.slope * np.abs(i - j)
+    elif mask.bias is not None:
+        S = S + mask.bias.matrix(np.arange(n), np.arange(n))     # a constant table: only the weights see it
+    visible = np.ones((n, n), dtype=bool)
+    if mask.causal:
+        visible &= j <= i
+    if mask.window is not None:
+        visible &= np.abs(i - j) < mask.window
+    S = np.where(visible, S, -np.inf)
+    P = np.exp(S - S.max(axis=1, keepdims=True))
+    P /= P.sum(axis=1, keepdims=True)
+    return P @ V
+
+
+def reference_map(target):
+    if isinstance(target, Head):
+        return lambda X: reference_head(target, X)
+    return lambda X: np.concatenate([reference_head(h, X) for h in target.heads], axis=1) @ target.W_O
+
+
+def reference_norm(target, X: np.ndarray, step: float = 1e-6) -> float:
+    """``||Df(X)||_2`` by central differences of the reference (Frobenius norms on inputs and outputs)."""
+    f = reference_map(target)
+    columns = []
+    for index in range(X.size):
+        E = np.zeros(X.size)
+        E[index] = step
+        E = E.reshape(X.shape)
+        columns.append(((f(X + E) - f(X - E)) / (2 * step)).reshape(-1))
+    return float(np.linalg.norm(np.array(columns).T, 2))
+
+
+# Generated decoders ------------------------------------------------------------------------------
+SHAPES = ("llama", "qwen3", "gemma2", "gemma3", "masked")
+
+
+def _layer(shape: str, rng, d: int, d_k: int, heads: int, groups: int, scale: float) -> Layer:
+    """A tiny attention layer of the named family: Llama (RoPE, GQA, causal), Qwen3 (QK-norm then RoPE),
+    Gemma 2 (soft-capped logits, a sliding window), Gemma 3 (QK-norm, window), or a dot product with an
+    ALiBi or T5 bias."""
+    rotary = Rotary(base=float(rng.choice([3.0, 100.0, 10000.0])), pairing=str(rng.choice(["half", "interleaved"])),
+                    dims=None if rng.random() < 0.7 or d_k < 4 else 2)
+    if shape == "llama":
+        kernel, mask = rotary, AttentionMask(causal=True)
+    elif shape == "qwen3":
+        kernel = QKNorm(rng.uniform(0.3, 1.5, d_k), rng.uniform(0.3, 1.5, d_k), eps=1e-3, rotary=rotary)
+        mask = AttentionMask(causal=True)
+    elif shape == "gemma2":
+        kernel, mask = rotary, AttentionMask(causal=True, window=int(rng.integers(1, 4)), softcap=float(rng.uniform(1, 8)))
+    elif shape == "gemma3":
+        kernel = QKNorm(rng.uniform(0.3, 1.5, d_k), rng.uniform(0.3, 1.5, d_k), eps=1e-3, rotary=rotary)
+        mask = AttentionMask(causal=True, window=int(rng.integers(2, 4)))
+    else:
+        kernel = DotProduct()
+        bias = ALiBi(float(rng.uniform(0.1, 1.0))) if rng.random() < 0.5 else T5Bias(rng.standard_normal(8), 8, 16, True)
+        mask = AttentionMask(causal=bool(rng.random() < 0.5), bias=bias)
+    biased = shape in ("masked", "qwen3") and rng.random() < 0.5
+    per_group = heads // groups
+    W_K = [scale * rng.standard_normal((d, d_k)) for _ in range(groups)]
+    W_V = [rng.standard_normal((d, d_k)) for _ in range(groups)]
+    b_K = [rng.standard_normal(d_k) if biased else None for _ in range(groups)]
+    made = tuple(Head(scale * rng.standard_normal((d, d_k)), W_K[h // per_group], W_V[h // per_group],
+                      b_Q=rng.standard_normal(d_k) if biased else None, b_K=b_K[h // per_group], kernel=kernel,
+                      mask=mask) for h in range(heads))
+    return Layer(made, rng.standard_normal((heads * d_k, d)) / math.sqrt(heads * d_k),
+                 groups=tuple(h // per_group for h in range(heads)) if groups < heads else None)
+
+
+def _domain(rng, d: int, kind: str):
+    if kind == "rmsnorm":
+        return RMSNormOutputs(RMSNorm(rng.uniform(0.05, 1.0, d), 1e-5))
+    return TokenBall(float(rng.uniform(0.3, 2.0)), rng.standard_normal(d) if kind == "centred" else None)
+
+
+cases = st.fixed_dictionaries({
+    "shape": st.sampled_from(SHAPES), "d": st.integers(2, 5), "d_k": st.sampled_from([2, 4]),
+    "n": st.integers(1, 5), "heads": st.sampled_from([(1, 1), (2, 1), (2, 2), (4, 2), (3, 1)]),
+    "scale": st.sampled_from([0.3, 1.0, 2.5]), "domain": st.sampled_from(["rmsnorm", "ball", "centred"]),
+    "seed": st.integers(0, 2 ** 31),
+})
+
+
+def _points(rng, domain, n: int, d: int, count: int) -> list[np.ndarray]:
+    """Points of the domain: random ones and ones on its boundary."""
+    radius, center = domain.enclosing_ball()
+    out = []
+    for k in range(count):
+        X = rng.standard_normal((n, d))
+        if isinstance(domain, RMSNormOutputs):
+            u = X / np.linalg.norm(X, axis=1, keepdims=True) * math.sqrt(domain.norm.d) * (1 - 1e-9)
+            X = domain.norm.gamma * u * (rng.uniform(0.3, 1.0) if k % 2 else 1.0)
+        else:
+            X = (center if center is not None else 0) + radius * (1 - 1e-9) * X / np.linalg.norm(X, axis=1, keepdims=True)
+        out.append(X)
+    return out
+
+
+@CASES
+@given(cases)
+def test_certified_bounds_of_decoder_heads_and_layers_hold_against_an_independent_jacobian(case):
+    rng = np.random.default_rng(case["seed"])
+    heads, groups = case["heads"]
+    layer = _layer(case["shape"], rng, case["d"], case["d_k"], heads, groups, case["scale"])
+    domain = _domain(rng, case["d"], case["domain"])
+    n = case["n"]
+    for target in (layer.heads[0], layer):
+        bounds = head_bounds(target, domain, n) if isinstance(target, Head) else layer_bounds(target, domain, n)
+        certified = [b for b in bounds if b.certified]
+        assert certified and certified[0].name == "derived"
+        if positional_scope(target):
+            assert {b.name for b in certified} >= ({"matrix-aware"} if isinstance(target, Head)
+                                                   else {"matrix-aware", "joint"})
+        witness = search_witness(target, domain=domain, n=n, budget_seconds=0.6, seed=case["seed"] % 1000)
+        found = max([reference_norm(target, witness.X)] + [reference_norm(target, X) for X in _points(rng, domain, n, case["d"], 3)])
+        np.testing.assert_allclose(reference_norm(target, witness.X), witness.value, rtol=2e-4, atol=1e-8)
+        for bound in certified:
+            assert found <= bound.value * (1 + 1e-5) + 1e-9, (bound.name, found, bound.value, case)
+
+
+def test_one_key_per_row_is_linear_and_the_bounds_are_exact():
+    """A window of width 1: each token attends to itself, ``f(X) = X V``; matrix-aware and joint bounds equal
+    ``||V||`` and ``||[V_1 .. V_H] W_O||``, which the witness attains."""
+    rng = np.random.default_rng(3)
+    layer = _layer("llama", rng, 4, 2, 2, 1, 1.0)
+    layer = Layer(tuple(Head(h.W_Q, h.W_K, h.W_V, kernel=h.kernel, mask=AttentionMask(causal=True, window=1))
+                        for h in layer.heads), layer.W_O, groups=layer.groups)
+    domain = TokenBall(1.5)
+    head_value = positional_bound(layer.heads[0], domain, 4).value
+    np.testing.assert_allclose(head_value, np.linalg.norm(layer.heads[0].W_V, 2), rtol=1e-9)
+    joint = positional_layer_bound(layer, domain, 4).value
+    stacked = np.concatenate([h.W_V for h in layer.heads], axis=1) @ layer.W_O
+    np.testing.assert_allclose(joint, np.linalg.norm(stacked, 2), rtol=1e-9)
+
+
+# The pieces ----------------------------------------------------------------------------------------
+def test_rotation_enclosures_hold_the_kernels_float_rotation_and_compose():
+    for pairing in ("half", "interleaved"):
+        kernel = Rotary(base=500.0, pairing=pairing, dims=4)
+        u = np.arange(1.0, 7.0)
+        for delta in (-5, -1, 0, 3):
+            R = rotation_enclosure(kernel, 6, delta)
+            float_rotation = kernel.rotation(np.eye(6), np.full(6, float(delta))).F.T
+            assert np.all(np.abs(R.mid - float_rotation) <= R.rad + 1e-15)
+            np.testing.assert_allclose(R.mid @ u, _rotate(u, delta, 500.0, 4, pairing), rtol=1e-12, atol=1e-12)
+            assert np.all(R.rad < 1e-15)
+        # q^T R(p_j - p_i) k = (R(p_i) q) . (R(p_j) k)
+        q, k = np.arange(6.0), np.linspace(-1, 2, 6)
+        np.testing.assert_allclose(q @ rotation_enclosure(kernel, 6, 2).mid @ k,
+                                   _rotate(q, 3, 500.0, 4, pairing) @ _rotate(k, 5, 500.0, 4, pairing), rtol=1e-12)
+
+
+def test_offsets_and_rows_follow_the_mask():
+    head = Head(np.eye(2), np.eye(2), np.eye(2), kernel=Rotary(), mask=AttentionMask(causal=True, window=3))
+    rows = HeadRows(head, 6)
+    assert rows.offsets == (-2, -1, 0) and list(rows.key_counts) == [1, 2, 3, 3, 3, 3]
+    assert offsets_of(Head(np.eye(2), np.eye(2), np.eye(2), kernel=Rotary()), 4) == tuple(range(-3, 4))
+    assert offsets_of(head, 4, m=2) == tuple(range(-1, 4))
+    alibi = Head(np.eye(2), np.eye(2), np.eye(2), mask=AttentionMask(causal=True, bias=ALiBi(0.5)))
+    np.testing.assert_allclose(HeadRows(alibi, 4).bias_spread, [0.0, 0.5, 1.0, 1.5])
+
+
+def test_weight_quantities_of_rotary_heads_are_enclosed():
+    """``a = max ||A_Delta||`` and the centre terms, against a float computation over the offsets."""
+    rng = np.random.default_rng(5)
+    head = Head(rng.standard_normal((5, 4)), rng.standard_normal((5, 4)), rng.standard_normal((5, 3)),
+                b_Q=rng.standard_normal(4), b_K=rng.standard_normal(4), kernel=Rotary(base=7.0),
+                mask=AttentionMask(causal=True))
+    c = rng.standard_normal(5)
+    domain = TokenBall(1.3, c)
+    bound = head_variant(head_facts(head)).derive(Assumptions(domain=domain.assumption, norm="fro"))
+    values = symbol_intervals(bound, head, domain=domain, n=4)
+    named = {str(s): v for s, v in values.items()}
+    q_c, k_c = head.W_Q.T @ c + head.b_Q, head.W_K.T @ c + head.b_K
+    expected = {"a": 0.0, "g_Q": 0.0, "g_K": 0.0, "s_c": 0.0}
+    for delta in range(-3, 1):
+        R = head.kernel.rotation(np.eye(4), np.full(4, float(delta))).F.T
+        expected["a"] = max(expected["a"], np.linalg.norm(head.W_Q @ R @ head.W_K.T, 2) / 2)
+        expected["g_Q"] = max(expected["g_Q"], np.linalg.norm(head.W_K @ R.T @ q_c) / 2)
+        expected["g_K"] = max(expected["g_K"], np.linalg.norm(head.W_Q @ R @ k_c) / 2)
+        expected["s_c"] = max(expected["s_c"], abs(q_c @ R @ k_c) / 2)
+    for name, value in expected.items():
+        assert lower(named[name]) <= value * (1 + 1e-12) and value <= upper(named[name]) * (1 + 1e-12)
+        assert upper(named[name]) - lower(named[name]) < 1e-9 * (1 + value)
+
+
+def test_the_coupled_query_term_is_the_joint_gain_without_rotation():
+    """On a dot product (one offset) the coupled query term is ``r^2 max_u ||A M u|| ||V^T M u||``."""
+    rng = np.random.default_rng(11)
+    head = Head(rng.standard_normal((6, 2)), rng.standard_normal((6, 2)), rng.standard_normal((6, 2)),
+                mask=AttentionMask(causal=True, window=2))
+    bounds = PositionalHeadBounds(head, TokenBall(1.0), 3)
+    A, V = head.W_Q @ head.W_K.T / math.sqrt(2), head.W_V
+    directions = rng.standard_normal((200000, 6))
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    sampled = float(np.max(np.linalg.norm(directions @ A.T, axis=1) * np.linalg.norm(directions @ V, axis=1)))
+    assert sampled <= bounds.query_coupled.value * (1 + 1e-9)
+    assert bounds.query_coupled.value <= sampled * 1.02
+
+
+def test_the_rmsnorm_image_is_an_ellipsoid_about_zero():
+    norm = RMSNorm(np.array([0.5, 2.0, 0.1]), 1e-5)
+    domain = DomainSpec.parse("layernorm").resolve(norm)
+    assert isinstance(domain, RMSNormOutputs) and isinstance(domain.assumption, RMSNormImage)
+    X = norm(np.random.default_rng(0).standard_normal((50, 3)) * 30)
+    assert np.all(domain.contains(X))
+    inside, coordinates = domain.representable(np.array([[0.5 * math.sqrt(3), 0.0, 0.0], [1.0, 1.0, 0.1]]) * 2)
+    assert np.all(np.linalg.norm(coordinates["z"], axis=1) ** 2 < 3)
+    np.testing.assert_array_equal(inside, norm.gamma * coordinates["z"])
+    M, r = domain.shape()
+    np.testing.assert_array_equal(M.mid, np.diag(norm.gamma))
+    assert lower(r) ** 2 <= 3 <= upper(r) ** 2
+
+
+def test_heads_no_theorem_covers_are_refused():
+    rng = np.random.default_rng(2)
+    sigmoid = Head(rng.standard_normal((3, 2)), rng.standard_normal((3, 2)), rng.standard_normal((3, 2)),
+                   kernel=Sigmoid(), mask=AttentionMask(causal=True))
+    with pytest.raises(AssumptionError, match="no theorem applies"):
+        head_bounds(sigmoid, TokenBall(1.0), 3)
+    odd_scale = Head(rng.standard_normal((3, 2)), rng.standard_normal((3, 2)), rng.standard_normal((3, 2)),
+                     kernel=Rotary(scale=0.9))
+    with pytest.raises(AssumptionError, match="1/sqrt"):
+        head_bounds(odd_scale, TokenBall(1.0), 3)
+    assert not positional_scope(odd_scale)
