@@ -412,26 +412,33 @@ _GRID_PER_DECADE = 6
 class _CurvatureRoute:
     """``sup_U ||DF(Y) - DF(X)||_2`` of a single head or attention layer through its second derivative
     (theorem local-attention-curvature): the curvature bound on the neighbourhoods ``U(X, t)`` of a
-    grid of radii (the powers of 10^(1/6) over a decade below each eps asked for, and the eps
-    themselves), integrated from 0 to eps as an upper Riemann sum; radii are evaluated once, lazily."""
+    grid of radii (the powers of 10^(1/6) in the decade below eps, and eps itself), integrated from 0
+    to eps as an upper Riemann sum; radii are evaluated once, lazily, and shared between the eps.
 
-    def __init__(self, chain, centre: _Centre, X: np.ndarray, hood: Neighbourhood, radii: list, split: bool = False):
+    The grid of an eps is its own: the value at eps does not depend on which other radii are asked
+    for (a grid taken from all of them gave 4.5055, 4.5052 or 4.5026 at 1e-3 R on the same sentence,
+    depending on the list)."""
+
+    def __init__(self, chain, centre: _Centre, X: np.ndarray, hood: Neighbourhood, split: bool = False):
         self.component, self.enclosed, self.X, self.hood = chain[0], centre.enclosed[0], X, hood
         self.curvature = AttentionCurvature(self.enclosed, chain[0].target, split=split)
-        steps = _GRID_PER_DECADE
-        lattice = {10.0 ** (k / steps) for eps in radii
-                   for k in range(math.floor(steps * math.log10(eps)) - steps + 1, math.ceil(steps * math.log10(eps)))}
-        self.grid = sorted(set(radii) | lattice)
         self.frobenius = _frobenius_factor(hood, X.shape[0])
-        self.chis, self.exhausted = {}, math.inf
+        self.chis: dict = {}
+
+    @staticmethod
+    def grid(eps: float) -> list[float]:
+        """The radii of the Riemann sum up to ``eps``: the powers of 10^(1/6) in the decade below it, then eps."""
+        steps = _GRID_PER_DECADE
+        top = math.ceil(steps * math.log10(eps))
+        lattice = [10.0 ** (k / steps) for k in range(top - steps, top)]
+        return sorted({t for t in lattice if eps / 10 < t < eps} | {eps})
 
     @classmethod
     def of(cls, chain, centre: _Centre, X, neighbourhoods, tokens: int = CURVATURE_TOKENS):
-        radii = [hood.eps for hood in neighbourhoods if hood.eps > 0]
-        if len(chain) != 1 or chain[0].kind not in ("head", "attention") or not radii:
+        if len(chain) != 1 or chain[0].kind not in ("head", "attention") or not any(h.eps > 0 for h in neighbourhoods):
             return None
         route = AttentionCurvature.route(centre.enclosed[0], tokens)
-        return None if route is None else cls(chain, centre, X, neighbourhoods[0], radii, split=route == "split")
+        return None if route is None else cls(chain, centre, X, neighbourhoods[0], split=route == "split")
 
     def _chis(self, t: float) -> tuple:
         if t not in self.chis:
@@ -444,22 +451,18 @@ class _CurvatureRoute:
 
     def variation(self, hood: Neighbourhood, other: float) -> float:
         """The integrated bound for ``U(X, hood.eps)``; inf as soon as its partial sum exceeds ``other`` (the
-        blockwise bound), and for every larger eps after that (it grows faster)."""
+        blockwise bound, which then is the smaller: the rest only adds)."""
         if hood.eps == 0:
             return 0.0
-        if hood.eps > self.exhausted:
-            return math.inf
         total, previous = IntervalArray(0.0), 0.0
-        for t in (t for t in self.grid if t <= hood.eps):
+        for t in self.grid(hood.eps):
             chis = self._chis(t)
             if not all(math.isfinite(chi) for chi in chis):
-                self.exhausted = hood.eps
                 return math.inf
             width = (IntervalArray(t) - IntervalArray(previous)).hi.item()
             total = total + IntervalArray(self.curvature.piece(chis, width))
             previous = t
-            if (total * self.frobenius).hi.item() > other:  # the rest only adds: the blockwise bound wins
-                self.exhausted = hood.eps
+            if (total * self.frobenius).hi.item() > other:
                 return math.inf
         return (total * self.frobenius).hi.item()
 
