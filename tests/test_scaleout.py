@@ -243,3 +243,43 @@ def test_whole_model_tasks_on_the_cluster_give_the_serial_report(cluster, tmp_pa
     assert serial.complete and spread.complete and sorted(seen) == list(range(1, len(seen) + 1))
     assert json.dumps(serial.components, sort_keys=True) == json.dumps(spread.components, sort_keys=True)
     assert [b["value"] for b in serial.model_bounds] == [b["value"] for b in spread.model_bounds]
+
+
+def _without_thread_settings() -> dict:
+    """This environment without the BLAS thread counts the tests set (a user's shell sets none)."""
+    import os
+    return {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                                                             "MKL_NUM_THREADS")}
+
+
+def test_every_blas_runs_one_thread_inside_a_task_even_when_loaded_there():
+    """numpy's, scipy's and SCS's OpenBLAS each on one thread inside ``single_threaded_blas`` (scipy's is
+    loaded by the first task that factors a matrix: a threaded one made serial runs differ from --jobs)."""
+    code = ("import json, numpy; from lipbound.numeric.blas import blas_thread_counts, single_threaded_blas\n"
+            "with single_threaded_blas():\n"
+            "    import scipy.linalg, scs\n"
+            "    inside = blas_thread_counts()\n"
+            "print(json.dumps([inside, blas_thread_counts()]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=_without_thread_settings()).stdout
+    inside, after = json.loads(out.strip().splitlines()[-1])
+    assert len(inside) >= 2 and set(inside.values()) == {1}, inside
+    assert after.keys() == inside.keys()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_verify_whole_on_minilm_is_the_same_serially_and_with_two_jobs(tmp_path):
+    """The whole all-MiniLM-L6-v2 end to end (about 4 and 2.5 minutes): the serial run in a shell that sets no
+    thread count, the other in two workers; every component and the model bound agree to the last bit."""
+    from lipbound.measures.bert import default_model_dir
+    reports = []
+    for extra, name in (([], "serial"), (["--jobs", "2"], "jobs")):
+        subprocess.run([sys.executable, "-m", "lipbound.cli", "verify", default_model_dir(), "--whole", "--json",
+                        str(tmp_path / f"{name}.json")] + extra, check=True, capture_output=True,
+                       env=_without_thread_settings(), timeout=1800)
+        reports.append(json.loads((tmp_path / f"{name}.json").read_text()))
+    serial, jobs = reports
+    assert serial["complete"] and jobs["complete"]
+    assert serial["components"] == jobs["components"]
+    assert serial["model_bound"]["value"] == jobs["model_bound"]["value"]
