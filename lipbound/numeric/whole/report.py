@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ...printing.plaintext import legend_lines
 from ...rigorous.intervals import interval, upper, upper_product
 
 __all__ = ["WholeReport", "LOOSE_GAP"]
@@ -252,7 +253,24 @@ class WholeReport:
             out.append("  share of log10(bound): " + ", ".join(f"{k} {v:.0%}" for k, v in b["log_shares"].items())
                        + f"; dominant: {b['dominant']}")
             out.append("  " + b["statement"])
-        return "\n".join(out)
+        return "\n".join(out + [""] + self.legend())
+
+    def legend(self) -> list[str]:
+        """What the columns of :meth:`table` mean, one line each."""
+        return legend_lines(
+            "columns (Lipschitz constants in the Frobenius norm of the n tokens, output units per input unit):",
+            [("layer", "counted from 0; final: the stack's final LayerNorm"),
+             ("component", "attention (the multi-head map without its residual), norm (a LayerNorm), ffn (a "
+                           "feed-forward block), residual (a residual step), layer (the whole layer, composed)"),
+             ("part", "which one: the LayerNorm by its place, the residual step as a formula, which kind of "
+                      "component dominates a layer's bound"),
+             ("bound", "the best certified upper bound on the component's constant"),
+             ("method", "the method that gave it: derived, matrix-aware, joint (attention; see lipbound verify "
+                        "--help), closed form ||W_2|| ell_phi ||W_1||, midpoint form or LipSDP-Neuron (feed-forward), "
+                        "1 + L (a residual step), compositional (a layer: the product of its steps)"),
+             ("witness", "a lower bound on the constant: the largest Jacobian norm found by counted power iterations "
+                         "(the same --seed gives the same value); '-': none"),
+             ("gap", "bound / witness (1: tight)")])
 
 
 def _num(value) -> str:
