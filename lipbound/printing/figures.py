@@ -36,7 +36,7 @@ from ..io import atomic_write
 from .paper import ScalingFigure, Series
 
 __all__ = ["COLUMN_WIDTH", "draw_scaling", "GapGrid", "gap_grid_from_report", "draw_gaps", "draw_perturbation",
-           "draw_edit_layers", "draw_local_curve", "draw_edit_scaling", "EDIT_FIELDS", "figure_formats"]
+           "draw_edit_layers", "draw_local_curve", "draw_edit_scaling", "EDIT_FIELDS", "figure_formats", "clipped_texts"]
 
 #: One column of a two-column paper, in inches.
 COLUMN_WIDTH = 3.3
@@ -58,6 +58,32 @@ def _figure(height: float):
     figure = Figure(figsize=(COLUMN_WIDTH, height), constrained_layout=True)
     FigureCanvasAgg(figure)
     return figure
+
+
+def clipped_texts(figure) -> list[str]:
+    """The texts of a drawn ``figure`` whose tight bounding box leaves the canvas (by more than half a
+    pixel): none in any figure lipbound writes (tests/test_plot.py).  Tick labels count as their axis
+    draws them (the ticks inside the view); every other visible text by its own extent."""
+    from matplotlib.text import Text
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    width, height = figure.bbox.width, figure.bbox.height
+
+    def outside(box) -> bool:
+        return box is not None and (box.x0 < -0.5 or box.y0 < -0.5 or box.x1 > width + 0.5 or box.y1 > height + 0.5)
+
+    clipped, ticks = [], set()
+    for axes in figure.axes:
+        for axis in (axes.xaxis, axes.yaxis):
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                ticks.update((id(tick.label1), id(tick.label2)))
+            if outside(axis.get_tightbbox(renderer)):
+                clipped.append(f"the {axis.axis_name} axis of {axes.get_title() or axes.get_label() or 'an axes'}")
+    for text in figure.findobj(Text):
+        if id(text) not in ticks and text.get_visible() and text.get_text().strip() and \
+                outside(text.get_window_extent(renderer)):
+            clipped.append(text.get_text())
+    return clipped
 
 
 def _save(figure, path, option: str) -> Path:
@@ -87,10 +113,19 @@ def _series_axes(axes, series: Series, label: str, legend: bool) -> None:
     from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
     values = np.asarray(series.values, dtype=float)
     for data, colour, marker, style, name in ((series.bounds, _BOUND, "s", "-", "certified bound"),
-                                              (series.witnesses, _WITNESS, "o", "--", "witness")):
+                                              (series.witnesses, _WITNESS, "o", "--", "certified witness")):
         axes.plot(values, data, style, color=colour, marker=marker, label=name)
         fit = np.exp(np.polyval(np.polyfit(np.log(values), np.log(np.asarray(data, float)), 1), np.log(values)))
         axes.plot(values, fit, ":", color=colour, linewidth=0.8)
+    # the gap at both ends: the bound is certified at every point, so the curves can meet but never cross;
+    # a steeper witness only closes the gap over this range (the slopes are fits, not laws)
+    for index, align in ((0, "left"), (-1, "right")):
+        low, high = float(series.witnesses[index]), float(series.bounds[index])
+        axes.annotate("", xy=(values[index], low), xytext=(values[index], high),
+                      arrowprops={"arrowstyle": "<->", "color": "0.45", "linewidth": 0.6, "shrinkA": 0, "shrinkB": 0})
+        axes.annotate(r"$\times$%.2g" % (high / low), xy=(values[index], math.sqrt(low * high)),
+                      xytext=(4 if align == "left" else -4, 0), textcoords="offset points", ha=align, va="center",
+                      fontsize=6, color="0.3")
     axes.set_xscale("log")
     axes.set_yscale("log")
     axes.xaxis.set_major_locator(FixedLocator(values))
@@ -98,7 +133,7 @@ def _series_axes(axes, series: Series, label: str, legend: bool) -> None:
     axes.xaxis.set_minor_formatter(NullFormatter())
     axes.set_xticks(values, labels=[f"{value:.3g}" for value in values])
     axes.text(0.98, 0.04, "fitted slopes: bound %.2f, witness %.2f" % (series.bound_slope, series.witness_slope),
-              transform=axes.transAxes, ha="right", va="bottom", fontsize=7)
+              transform=axes.transAxes, ha="right", va="bottom", fontsize=6.5)
     axes.set_xlabel(label)
     axes.set_ylabel(r"$\mathrm{Lip}(f)$")
     axes.grid(True, which="major", linewidth=0.3, alpha=0.5)
@@ -106,15 +141,26 @@ def _series_axes(axes, series: Series, label: str, legend: bool) -> None:
         axes.legend(loc="upper left", frameon=False)
 
 
+def _wrapped(text: str, characters: int = 52) -> str:
+    """A title that fits the column: broken at spaces into lines of at most ``characters``."""
+    import textwrap
+    return "\n".join(textwrap.wrap(text, characters, break_on_hyphens=False)) or text
+
+
 @_styled
 def draw_scaling(data: ScalingFigure, path, option: str = "--output") -> Path:
-    """Bound and witness of one head against ``n`` (top) and ``R`` (bottom), log-log, slopes fitted
-    by least squares (dotted); one legend."""
-    figure = _figure(4.2)
+    """Bound and witness of one head against ``n`` on the ball of radius ``fixed_radius`` (top) and
+    against ``R`` with ``n = fixed_n`` (bottom), log-log, slopes fitted by least squares (dotted), the gap
+    marked at both ends of each panel; one legend and a note on what the slopes mean."""
+    figure = _figure(4.6)
     top, bottom = figure.subplots(2, 1)
-    _series_axes(top, data.n_series, r"number of tokens $n$", legend=True)
+    _series_axes(top, data.n_series, r"number of tokens $n$ (radius $R = %.4g$)" % data.fixed_radius, legend=True)
     _series_axes(bottom, data.radius_series, r"radius $R$ of the token ball ($n = %d$)" % data.fixed_n, legend=False)
-    top.set_title(data.head, fontsize=7)
+    top.set_title(_wrapped(data.head), fontsize=7)
+    figure.text(0.5, 0.005, "Lip lies between the curves at every point. The slopes are fits\n"
+                            "over this range: a steeper witness narrows the gap, never crosses.",
+                ha="center", va="bottom", fontsize=6, color="0.3")
+    figure.get_layout_engine().set(rect=(0, 0.06, 1, 0.94))
     return _save(figure, path, option)
 
 
@@ -122,42 +168,57 @@ def draw_scaling(data: ScalingFigure, path, option: str = "--output") -> Path:
 @dataclass(frozen=True)
 class GapGrid:
     """Gaps (certified bound / witness) of the heads of a model: ``gaps[i][h]`` for ``layers[i]``;
-    ``nan`` where a row is missing or has no finite gap."""
+    ``nan`` where a row is missing or has no finite gap.  ``columns`` names the columns (default the head
+    numbers; a report's whole-layer rows add a column ``all``); ``status`` says when the rows are partial."""
 
     model: str
     layers: tuple[int, ...]
     heads: int
     gaps: tuple[tuple[float, ...], ...]
     n: int
+    columns: tuple[str, ...] = ()
+    status: str = ""
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self.columns or tuple(str(h) for h in range(self.heads))
 
 
 def gap_grid_from_report(report: dict, where: str = "report") -> GapGrid:
-    """The head rows of a ``lipbound verify --json`` report (whole-layer rows are skipped)."""
+    """The rows of a ``lipbound verify --json`` report: one column per head, and a column ``all`` for the
+    whole layers when the report has them; ``status`` is set when the report is partial."""
     try:
-        rows = [row for row in report["rows"] if row.get("head") is not None]
+        rows = list(report["rows"])
+        heads = 1 + max(int(row["head"]) for row in rows if row.get("head") is not None)
         layers = sorted({int(row["layer"]) for row in rows})
-        heads = 1 + max(int(row["head"]) for row in rows)
+        whole = any(row.get("head") is None for row in rows)
         n = int(report.get("n", rows[0]["n"]))
-        cells = [(layers.index(int(row["layer"])), int(row["head"]), row.get("gap")) for row in rows]
+        cells = [(layers.index(int(row["layer"])), heads if row.get("head") is None else int(row["head"]),
+                  row.get("gap")) for row in rows]
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
         raise AssumptionError(where, "a lipbound verify --json report with head rows", f"a file without them ({error})",
                               "write one with lipbound verify MODEL --json report.json") from None
-    grid = np.full((len(layers), heads), np.nan)
-    for layer, head, gap in cells:
-        grid[layer, head] = np.nan if gap is None else float(gap)
-    return GapGrid(str(report.get("model", "")), tuple(layers), heads, tuple(map(tuple, grid)), n)
+    grid = np.full((len(layers), heads + int(whole)), np.nan)
+    for layer, column, gap in cells:
+        grid[layer, column] = np.nan if gap is None else float(gap)
+    status = ""
+    if report.get("complete") is False:
+        status = f"partial: {report.get('rows_finished', len(rows))} of {report.get('rows_planned', '?')} rows"
+    columns = tuple(str(h) for h in range(heads)) + (("all",) if whole else ())
+    return GapGrid(str(report.get("model", "")), tuple(layers), heads, tuple(map(tuple, grid)), n, columns, status)
 
 
 @_styled
 def draw_gaps(grid: GapGrid, path, option: str = "--output") -> Path:
-    """A heatmap of the gap of every head, layers by heads, logarithmic colour scale, one colour bar;
-    each cell is labelled with its gap."""
+    """A heatmap of the gap of every head (and whole layer), layers by heads, logarithmic colour scale, one
+    colour bar; each cell is labelled with its gap; a partial report says so in the title."""
     from matplotlib.colors import LogNorm
+    from matplotlib.ticker import FuncFormatter
     values = np.asarray(grid.gaps, dtype=float)
     if not np.isfinite(values).any():
         raise AssumptionError(option, "a report with at least one finite gap", "no finite gap",
                               "verify a model whose bounds are finite")
-    figure = _figure(0.5 + 0.32 * len(grid.layers) + 0.6)
+    figure = _figure(max(2.0, 0.9 + 0.32 * len(grid.layers)))
     axes = figure.subplots()
     finite = values[np.isfinite(values)]
     image = axes.imshow(values, cmap="viridis", norm=LogNorm(vmin=max(finite.min(), 1.0), vmax=max(finite.max(), 1.01)),
@@ -165,16 +226,19 @@ def draw_gaps(grid: GapGrid, path, option: str = "--output") -> Path:
     for (i, h), value in np.ndenumerate(values):
         text = "--" if not math.isfinite(value) else f"{value:.2g}"
         axes.text(h, i, text, ha="center", va="center", fontsize=5, color="white")
-    axes.set_xticks(range(grid.heads))
+    labels = grid.labels
+    axes.set_xticks(range(len(labels)), labels=labels)
     axes.set_yticks(range(len(grid.layers)), labels=[str(layer) for layer in grid.layers])
-    axes.set_xlabel(r"head $h$")
+    if labels[-1] == "all":
+        axes.axvline(len(labels) - 1.5, color="white", linewidth=1.5)
+    axes.set_xlabel(r"head $h$" + (" (all: the whole layer)" if labels[-1] == "all" else ""))
     axes.set_ylabel(r"layer")
-    axes.set_title(f"{grid.model}, $n = {grid.n}$" if grid.model else f"$n = {grid.n}$", fontsize=7)
-    from matplotlib.ticker import FuncFormatter
+    title = f"{grid.model}, $n = {grid.n}$" if grid.model else f"$n = {grid.n}$"
+    axes.set_title(_wrapped(title + (f" ({grid.status})" if grid.status else "")), fontsize=7)
     bar = figure.colorbar(image, ax=axes, pad=0.02)
     bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     bar.ax.yaxis.set_minor_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-    bar.set_label(r"gap $= \overline{L} / \underline{L}$ (bound / witness)")
+    bar.set_label("gap (bound / witness)")
     return _save(figure, path, option)
 
 
