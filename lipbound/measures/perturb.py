@@ -44,7 +44,7 @@ from ..rigorous.linalg import vector_norm_upper
 from ..rigorous.value import CertifiedValue
 from .bert import BertModel, load_text_model
 from .edit_report import FLOAT_ALLOWANCE, EditReport, EditRow
-from .edits import MODES, draw_edits, edit_set, edited_ids
+from .edits import MODES, draw_edits, drawable_ids, edit_set, edited_ids
 from .empirical import EmpiricalMeasure
 from .vocabulary import worst_edits
 from .wasserstein import w1, w1_with_plan
@@ -154,7 +154,12 @@ def _set_ids(bert: BertModel, vocabulary, edits: dict, seed: int) -> tuple[np.nd
         if not 1 <= vocabulary <= size:
             raise AssumptionError("vocabulary", f"a number of tokens in 1..{size}, or 'all'", repr(vocabulary),
                                   "e.g. --vocabulary 2048 or --vocabulary all")
-        sample = np.random.default_rng(seed + 7919).choice(size, size=int(vocabulary), replace=False)
+        pool = drawable_ids(bert.tokenizer)
+        if vocabulary > pool.size:
+            raise AssumptionError("vocabulary", f"a number of tokens in 1..{pool.size} (the vocabulary less the words "
+                                  "random draws skip), or 'all'", repr(vocabulary), "e.g. --vocabulary 2048 or "
+                                  "--vocabulary all")
+        sample = np.random.default_rng(seed + 7919).choice(pool, size=int(vocabulary), replace=False)
         ids = np.unique(np.concatenate([sample, np.asarray(drawn, dtype=np.int64)]))
         return ids, f"any of {ids.size} tokens (a sample of {vocabulary} drawn with seed {seed}, and the drawn words)"
     ids = np.unique(np.asarray(list(vocabulary), dtype=np.int64))
@@ -164,7 +169,7 @@ def _set_ids(bert: BertModel, vocabulary, edits: dict, seed: int) -> tuple[np.nd
     return ids, f"any of {ids.size} tokens (the given ones and the drawn words)"
 
 
-def _search_ids(candidates: np.ndarray, search, seed: int, must: list) -> tuple[np.ndarray, bool]:
+def _search_ids(candidates: np.ndarray, search, seed: int, must: list, drawable: np.ndarray) -> tuple[np.ndarray, bool]:
     if search is None:
         search = DEFAULT_SEARCH
     if isinstance(search, str):
@@ -175,7 +180,10 @@ def _search_ids(candidates: np.ndarray, search, seed: int, must: list) -> tuple[
         raise AssumptionError("search", "a positive number of candidates or 'all'", repr(search), "e.g. --search 4096")
     if search >= candidates.size:
         return candidates, True
-    chosen = np.random.default_rng(seed + 104729).choice(candidates, size=int(search), replace=False)
+    pool = np.intersect1d(candidates, drawable)   # a random sample never takes an offensive word
+    if search >= pool.size:
+        return np.unique(np.concatenate([pool, np.asarray(must, dtype=np.int64)])), False
+    chosen = np.random.default_rng(seed + 104729).choice(pool, size=int(search), replace=False)
     return np.unique(np.concatenate([chosen, np.asarray(must, dtype=np.int64)])), False
 
 
@@ -207,7 +215,8 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
     set_certificate : bool
         False skips the set certificate (``predicted_set`` is NaN), for sweeps of the path certificate.
     progress : callable, optional
-        Called with a line of text as each stage finishes.
+        ``progress(done, total, what)`` as each stage finishes (a set certificate, a search, a layer's path
+        certificate: ``total`` of them).
 
     Returns
     -------
@@ -230,7 +239,6 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
     bert = load_text_model(model)
     if bert.tokenizer is None:
         raise AssumptionError("model", "a checkpoint with vocab.txt", "no tokenizer", "add vocab.txt to the model directory")
-    say = progress or (lambda text: None)
     ids = bert.encode(sentence)
     n = len(ids)
     if n < 3:
@@ -247,6 +255,14 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
         states = bert.hidden_states(list(new_ids))
         return [bert.attention_block(layer, states[layer]).pre_norm for layer in range(max(chosen_layers) + 1)]
 
+    stages = len(edits) * (int(set_certificate) + int(search != 0 and mode != "delete") + len(chosen_layers))
+    finished = []
+
+    def say(what: str) -> None:
+        finished.append(what)
+        if progress is not None:
+            progress(len(finished), stages, what)
+
     rows, search_info = [], {}
     for k_value, edit in edits.items():
         states = bert.hidden_states(list(edit.ids))
@@ -255,8 +271,8 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
         pairs = _matched(template)
         sets = None
         if set_certificate:
-            say(f"k = {k_value}: set certificate through layers 0..{max(chosen_layers)}")
             sets = propagate(bert.model, template, layers=chosen_layers)
+            say(f"k = {k_value}: set certificate through layers 0..{max(chosen_layers)}")
         if search == 0:
             search_info[k_value] = {"description": "the drawn edit only", "evaluated": 1, "exhaustive": False}
         worst = {} if search == 0 else _worst(bert, ids, edit, mode, template, candidates, search, seed, chosen_layers, blocks, outputs_of,
@@ -268,9 +284,9 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
             moved = max(float(np.linalg.norm(Y[a] - Y_new[i])) for a, i in pairs) if len(pairs) else math.nan
             coupling = w1_with_plan(EmpiricalMeasure.uniform(X), EmpiricalMeasure.uniform(X_new))
             plan = integer_plan(coupling.plan, n, n_new)
-            say(f"k = {k_value}, layer {layer}: path certificate")
             path = path_certificate(bert.model.layer(layer).as_layer(residual=True), X, X_new, plan,
                                     tolerance=path_tolerance)
+            say(f"k = {k_value}, layer {layer}: path certificate")
             predicted_set = math.nan if sets is None else coupling_bound(sets[layer], _set_plan(sets[layer], n, n_new, mode))
             # the edit is in its set, so the set certificate bounds it too: the path certificate is the smaller
             rows.append(EditRow(layer, k_value, tuple(edit.positions), n, measured, moved,
@@ -308,7 +324,9 @@ def _worst(bert, ids, edit, mode, template, candidates, search, seed, layers, bl
         return {}
     slots = [i for i, words in enumerate(template.words) if words.size > 1]
     drawn = [edit.ids[i] for i in slots]
-    options, exhaustive = zip(*[_search_ids(candidates, search, seed + j, [drawn[j]]) for j in range(len(slots))])
+    drawable = drawable_ids(bert.tokenizer)
+    options, exhaustive = zip(*[_search_ids(candidates, search, seed + j, [drawn[j]], drawable)
+                                for j in range(len(slots))])
     n_new = template.n_new
     screen_pairs, screen_weights = _screening_coupling(len(ids), n_new, template)
 
@@ -317,7 +335,6 @@ def _worst(bert, ids, edit, mode, template, candidates, search, seed, layers, bl
         out[slots] = choice
         return out
 
-    say(f"k = {k}: searching the worst edit over {sum(len(o) for o in options)} candidates")
     found = worst_edits(bert.model, ids, make, slots, list(options), layers, [blocks[l] for l in range(max(layers) + 1)],
                         screen_pairs, screen_weights, start=drawn, reference=outputs_of,
                         exhaustive=all(exhaustive) and len(slots) == 1)
@@ -325,6 +342,7 @@ def _worst(bert, ids, edit, mode, template, candidates, search, seed, layers, bl
                                f"{'screened' if len(slots) == 1 else 'coordinate ascent over'} "
                                f"{found.evaluated} candidates") + f" in {found.seconds:.1f} s",
                "evaluated": found.evaluated, "exhaustive": found.exhaustive, "seconds": found.seconds}
+    say(f"k = {k}: the worst edit over {sum(len(o) for o in options)} candidates")
     return found.values
 
 
