@@ -223,7 +223,7 @@ def custom_variant(score: str, facts=()) -> tuple[SelfAttention, tuple[NormAtLea
     ...                                 ["Norm(q) >= m_Q", "Norm(k) >= m_K"])
     """
     parsed = tuple(parse_fact(fact) for fact in facts)
-    return SelfAttention(CustomScore(parse_score(score, parsed), name="custom")), parsed
+    return SelfAttention(CustomScore(parse_score(score, parsed), name="user-defined score")), parsed
 
 
 def in_score_terms(text: str) -> str:
