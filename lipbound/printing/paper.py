@@ -32,6 +32,7 @@ from ..symbolic.claim_table import ComparisonRow, comparison_rows
 from ..symbolic.claims import CLAIMS
 from ..symbolic.record import Described
 from ..symbolic.registry import variant as registry_variant
+from ..symbolic.scores import CustomScore
 from .bibliography import bibtex, cite, claim_citations, variant_citations
 from .derivation import lemma_appendix
 from .document import DOMAIN_TITLES, statement_latex
@@ -261,9 +262,9 @@ def paper_section(entries: list[PaperEntry], style: TexStyle = PAPER, figure: Sc
         parts.append("\\subsection{%s}\\label{%s}\n" % (
             escape_text(entry.variant.title[:1].upper() + entry.variant.title[1:]),
             style.label("sec", _key(entry)))
-            + ("The variant \\texttt{%s}%s.\n" % (escape_text(entry.key), cite(keys)))
+            + _opening(entry, keys)
             + pieces.body + "\n" + _regimes_latex(entry, style) + "\n" + claims_text)
-    names = ", ".join(r"\texttt{%s}" % escape_text(entry.key) for entry in entries)
+    names = ", ".join(_name(entry) for entry in entries)
     head = ("\\section{%s}\\label{%s}\n" % (text_to_latex(title), style.label("sec", "lipbound"))
             + "The bounds below were derived and proved by lipbound for %s; every step of every proof is "
               "recorded, and the lemmas the proofs cite are stated in Section~\\ref{%s}.\n"
@@ -274,6 +275,23 @@ def paper_section(entries: list[PaperEntry], style: TexStyle = PAPER, figure: Sc
         body += "\n\\subsection{On a real head}\\label{%s}\n" % style.label("sec", "real-head") + _figure_latex(figure, style)
     body += "\n\\subsection{Lemmas}\\label{%s}\n" % style.label("sec", "lemmas") + lemma_appendix(sorted(lemmas), style)
     return sloppy(body), cited
+
+
+def _user_defined(entry: PaperEntry) -> bool:
+    return isinstance(getattr(entry.variant, "score", None), CustomScore)
+
+
+def _name(entry: PaperEntry) -> str:
+    """How the section's first sentence names a variant: its key, or a user-defined score as such."""
+    return "self-attention with a user-defined score" if _user_defined(entry) else r"\texttt{%s}" % escape_text(entry.key)
+
+
+def _opening(entry: PaperEntry, keys) -> str:
+    """The subsection's first sentence: the variant's key and its papers, or a user-defined score's formula."""
+    if _user_defined(entry):
+        return ("The score is $s(x, y) = %s$, a function of the query $W_Q^\\top x$ and the key $W_K^\\top y$%s.\n"
+                % (latex(entry.variant.score.expression()), cite(keys)))
+    return "The variant \\texttt{%s}%s.\n" % (escape_text(entry.key), cite(keys))
 
 
 def paper_files(entries: list[PaperEntry], style: TexStyle = PAPER, figure: ScalingFigure | None = None,
