@@ -12,7 +12,6 @@ say something else.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Callable, final
 
@@ -123,12 +122,13 @@ def _check_kim(item: PublishedClaim, seed: int, budget: float, weights) -> Check
 
     With tokens far apart relative to the scores, each token attends to itself and
     f(X) ~ X A W_V, so Lip >= ||A W_V|| grows like ||W||^2 while the transcribed l_2
-    statement grows like ||W||: large scales refute it if the transcription is right.
+    statement grows like ||W||: large scales refute it if the transcription is right.  A fixed set of
+    54 small instances (well under a second): ``budget`` is not needed, and the seed alone fixes the
+    answer (a wall-clock deadline made it depend on the machine).
     """
     rng = np.random.default_rng(seed)
     norm = item.norm
     best = None
-    deadline = time.perf_counter() + budget
     scales = [0.5, 1.0, 2.0, 4.0, 8.0, 16.0]
     for scale in scales:
         for _ in range(3):
@@ -147,8 +147,6 @@ def _check_kim(item: PublishedClaim, seed: int, budget: float, weights) -> Check
                 local = float(np.max(np.sum(np.abs(J), axis=1))) if norm == "inf" else float(np.linalg.norm(J, 2))
                 if best is None or local / claimed > best[0]:
                     best = (local / claimed, head, X, claimed, local, scale, n, d)
-            if time.perf_counter() > deadline:
-                break
     ratio, head, X, claimed, local, scale, n, d = best
     low = _certified_local_norm(head, X, norm)
     return CheckResult(item.key, _verdict(low, claimed), item.provenance, claimed, low,
@@ -363,7 +361,11 @@ CHECKERS: dict[str, Callable] = {
 
 
 def check(key: str, weights=None, seed: int = 0, budget: float = 20.0) -> CheckResult:
-    """Try to refute claim ``key`` on random weights, and on ``weights`` (a Model) if given."""
+    """Try to refute claim ``key`` on random weights, and on ``weights`` (a Model) if given.
+
+    ``budget``: nominal seconds of witness search, counted in work as in every witness search
+    (:mod:`lipbound.numeric.witness.clock`), so that the seed fixes the answer on any machine; claims
+    decided by a fixed construction do not use it."""
     item = claim(key)
     return CHECKERS[key](item, seed, budget, weights)
 
