@@ -161,6 +161,7 @@ def _compile(directory: Path, table: str, packages: str = "booktabs") -> None:
     assert (directory / "doc.pdf").stat().st_size > 1000
 
 
+@pytest.mark.tex
 @pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is installed by scripts/test.sh")
 def test_the_latex_table_compiles(whisper_run):
     _, out, files = whisper_run
@@ -170,6 +171,7 @@ def test_the_latex_table_compiles(whisper_run):
     _compile(out, table)
 
 
+@pytest.mark.tex
 @pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is installed by scripts/test.sh")
 def test_a_long_report_is_a_longtable_that_compiles(tmp_path):
     from lipbound.numeric.report import LONG_TABLE, HeadReport, ModelReport
