@@ -125,8 +125,8 @@ class BlockVariant(Variant):
     :func:`~lipbound.symbolic.theorems.tokenwise`; it has no score and no head facts.  Abstract.
     """
 
-    score = None
-    head_facts = None
+    score = None  # type: ignore[assignment]  # a block has no score ...
+    head_facts = None  # type: ignore[assignment]  # ... and no head facts
     norms = ("fro", "2,1", "2,inf", "inf")
 
     def per_token(self, assumptions: Assumptions) -> T.Theorem:

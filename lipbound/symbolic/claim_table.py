@@ -13,7 +13,7 @@ from typing import final
 
 import sympy as sp
 
-from .assumptions import Assumptions, Ball, LayerNormImage, Unbounded
+from .assumptions import Assumptions, Ball, LayerNormImage, Unbounded, norm_from_key
 from . import symbols as S
 from .claims import CLAIMS, PublishedClaim
 from .prover import compare
@@ -48,7 +48,7 @@ class ComparisonRow:
 
 def _derived_for(item: PublishedClaim):
     tied = True if item.variant.startswith(("l2-tied", "multi-head-l2")) else None
-    assumptions = Assumptions(domain=_DOMAINS[item.domain](), norm=item.norm, tied=tied)
+    assumptions = Assumptions(domain=_DOMAINS[item.domain](), norm=norm_from_key(item.norm), tied=tied)
     return variant(item.variant).derive(assumptions, item.variant)
 
 

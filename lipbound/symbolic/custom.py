@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import Final, final
+from typing import Any, Final, NoReturn, final
 
 import sympy as sp
 
@@ -52,7 +52,7 @@ SCORE_SYNTAX: Final = ("a SymPy expression in q, k with Inner(q, k), Norm(q), So
 FACT_SYNTAX: Final = "a lower bound 'Norm(q) >= m_Q' or 'Norm(k) >= 0.5' (a norm of q, k or a combination)"
 
 
-def _fail(argument: str, expected: str, text: str, fix: str):
+def _fail(argument: str, expected: str, text: str, fix: str) -> NoReturn:
     raise AssumptionError(argument, expected, repr(text), fix)
 
 
@@ -61,7 +61,7 @@ def _fail(argument: str, expected: str, text: str, fix: str):
 class _Value:
     """A parsed node: a scalar SymPy expression, or a vector (an affine combination of q and k)."""
 
-    expr: object
+    expr: Any  # a SymPy expression (scalar) or matrix expression (vector)
     vector: bool = False
 
 
@@ -71,7 +71,7 @@ class _Builder:
     def __init__(self, text: str, argument: str, names: dict):
         self.text, self.argument, self.names = text, argument, names
 
-    def fail(self, what: str, fix: str):
+    def fail(self, what: str, fix: str) -> NoReturn:
         _fail(self.argument, SCORE_SYNTAX if self.argument == "score" else FACT_SYNTAX,
               f"{self.text} ({what})", fix)
 

@@ -158,7 +158,7 @@ def amgm_certificate(difference: sp.Expr) -> tuple[str, bool] | None:
     numerator, denominator = sp.fraction(expr)
     if not (denominator.is_positive or _positive(denominator)):
         return None
-    roots = {}
+    roots: dict[sp.Expr, sp.Symbol] = {}
     for power in numerator.atoms(sp.Pow):
         base, exponent = power.as_base_exp()
         if base.is_Symbol and base.is_positive and exponent.is_Rational and exponent.q == 2:
@@ -188,7 +188,7 @@ def amgm_certificate(difference: sp.Expr) -> tuple[str, bool] | None:
     constraints = []
     for qi, (_, cq) in enumerate(negative):
         constraints.append(sp.Eq(sum(amounts[k] for k, p in enumerate(pairs) if p[0] == qi), cq))
-    usage = {}
+    usage: dict[int, sp.Expr] = {}
     for k, (_, i, j) in enumerate(pairs):
         usage[i] = usage.get(i, 0) + amounts[k] / 2
         usage[j] = usage.get(j, 0) + amounts[k] / 2

@@ -237,7 +237,7 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     X, coordinates = domain.representable(X[0])
     if cross:
         Y, query_coordinates = query_domain.representable(Y[0])
-        coordinates.update({"Q": value for value in query_coordinates.values()})
+        coordinates.update(_named("Q", query_coordinates))
     coordinates = {("X" if key == "z" else key): value for key, value in coordinates.items()}
     Z = problem.to_work(X[None], None if Y is None else Y[None])
     _, E, _ = problem.evaluate(Z, cands.E[best][None], 20)
@@ -254,21 +254,21 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
         about["domain"] = f"queries: {query_domain.describe()}; context: {domain.describe()}"
         E_X, w = domain.representable_directions(E_X[0]) if role != "cross-queries" else (np.zeros_like(X), {})
         EQ, wq = query_domain.representable_directions(E_Y[0]) if role != "cross-context" else (None, {})
-        coordinates.update({"E": v for v in w.values()})
-        coordinates.update({"EQ": v for v in wq.values()})
+        coordinates.update(_named("E", w))
+        coordinates.update(_named("EQ", wq))
         value = cross_value(target, Y, X, EQ, E_X)
         details["seconds"] = round(time.perf_counter() - started, 3)
         return Witness(kind="jacobian", X=X, E=E_X, Q=Y, EQ=EQ, value=value, norm="fro", seed=seed, role=role,
                        method="structured+polish", details=details, coordinates=coordinates, **fields, **about)
     E, w = domain.representable_directions(E_X[0])
-    coordinates.update({"E": v for v in w.values()})
+    coordinates.update(_named("E", w))
     value = jacobian_value(target, X, E)
     if norm == "fro":
         details["seconds"] = round(time.perf_counter() - started, 3)
         return Witness(kind="jacobian", X=X, E=E, value=value, norm="fro", seed=seed, method="structured+polish",
                        details=details, coordinates=coordinates, **fields, **about)
     Y, ratio, token, y_coordinates = _secant_21(target, X, E, domain)
-    coordinates.update({"Y": v for v in y_coordinates.values()})
+    coordinates.update(_named("Y", y_coordinates))
     details.update({"moved_token": token, "jacobian_value": value, "seconds": round(time.perf_counter() - started, 3)})
     return Witness(kind="secant", X=X, Y=Y, value=ratio, norm="2,1", seed=seed, method="structured+polish+secant",
                    details=details, coordinates=coordinates, **fields, **about)
@@ -316,6 +316,13 @@ def _secant_21(target, X: np.ndarray, E: np.ndarray, domain: TokenDomain):
 
 
 @one_blas_thread
+def _named(key: str, found: dict) -> dict:
+    """The coordinate array a domain's chart gives (at most one) under ``key``; empty when it gives none."""
+    if len(found) > 1:
+        raise ValueError(f"one coordinate array expected, got {sorted(found)}")
+    return {key: next(iter(found.values()))} if found else {}
+
+
 def naive_ascent(target: Head | Layer, *, domain: TokenDomain, n: int, budget_seconds: float, seed: int = 0,
                  norm: str = "fro", batch: int = 32, origin=None, layer: int | None = None,
                  head: int | None = None) -> Witness:
