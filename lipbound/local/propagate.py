@@ -292,9 +292,8 @@ def through_layer(item, centers, radii):
     """From the attention block outputs of a layer to the next layer's inputs: the LayerNorm, the residual
     feed-forward block and the output LayerNorm, each with its movement bound; the centres move to the
     midpoints of their enclosures, the radii grow by the rounding."""
-    for *_, centers, radii in through_layer_steps(item, centers, radii):
-        pass
-    return centers, radii
+    *_, last = through_layer_steps(item, centers, radii)
+    return last[-2], last[-1]
 
 
 def _original_next(item, reference: EnclosedAttention) -> np.ndarray:
