@@ -25,7 +25,8 @@ def check_output(path, option: str, suffixes: tuple[str, ...] = ()) -> Path:
     """
     path = Path(path)
     if path.is_dir():
-        raise OutputError(option, "a file path", f"the folder {path}", f"give a file name, e.g. {option} {path / 'report'}")
+        raise OutputError(option, "a file path", f"the folder {path}",
+                          f"give a file name, e.g. {option} {path / 'report'}")
     if suffixes and path.suffix.lower() not in suffixes:
         raise OutputError(option, f"a file ending in {' or '.join(suffixes)}", repr(str(path)),
                           f"use e.g. {option} {path.with_suffix(suffixes[0])}")

@@ -50,7 +50,8 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "tex" in item.keywords:
                 item.add_marker(skip_tex)
-    if config.getoption("--runslow") or os.environ.get("LIPBOUND_SLOW") == "1" or "slow" in (config.option.markexpr or ""):
+    slow = config.getoption("--runslow") or os.environ.get("LIPBOUND_SLOW") == "1"
+    if slow or "slow" in (config.option.markexpr or ""):
         return
     skip = pytest.mark.skip(reason="slow: run with --runslow or LIPBOUND_SLOW=1")
     for item in items:

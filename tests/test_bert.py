@@ -183,7 +183,8 @@ def write_tiny_bert(path, prefix="bert.", **config_overrides):
     with open(os.path.join(path, "config.json"), "w") as handle:
         json.dump(config, handle)
     with open(os.path.join(path, "vocab.txt"), "w") as handle:
-        handle.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "c", "##a", "##b", ".", "!"]) + "\n")
+        tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "c", "##a", "##b", ".", "!"]
+        handle.write("\n".join(tokens) + "\n")
     shapes = {"embeddings.word_embeddings.weight": (vocab, d), "embeddings.position_embeddings.weight": (16, d),
               "embeddings.token_type_embeddings.weight": (2, d), "embeddings.LayerNorm.weight": (d,),
               "embeddings.LayerNorm.bias": (d,)}

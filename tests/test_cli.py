@@ -191,7 +191,8 @@ def test_verify_report_names_the_weights_and_every_row_field(tmp_path, capsys):
 
 def test_recheck_names_its_weights_and_refuses_other_ones(tmp_path):
     witness_dir = tmp_path / "w"
-    assert main(["verify", MODEL, "--layer", "0", "--head", "2", "--budget", "0.5", "--witness-dir", str(witness_dir)]) == 0
+    assert main(["verify", MODEL, "--layer", "0", "--head", "2", "--budget", "0.5",
+                 "--witness-dir", str(witness_dir)]) == 0
     witness = next(witness_dir.glob("*.npz"))
     good = run("recheck", str(witness))
     assert good.returncode == 0 and load_default(layers=0).sha256 in good.stdout and "valid" in good.stdout

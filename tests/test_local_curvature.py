@@ -222,7 +222,8 @@ def _largest_change(target, X, hood, rng, restarts=4, steps=12):
             U, s, Vt = np.linalg.svd(D)
             best = max(best, float(s[0]))
             u, v = U[:, 0].reshape(X.shape[0], -1), Vt[0].reshape(X.shape)
-            gradient = np.array([np.sum(u * _second(target, X + E, b, v)) for b in np.eye(X.size).reshape(-1, *X.shape)])
+            basis = np.eye(X.size).reshape(-1, *X.shape)
+            gradient = np.array([np.sum(u * _second(target, X + E, b, v)) for b in basis])
             E = project(E + gradient.reshape(X.shape) * hood.eps / max(np.linalg.norm(gradient), 1e-300))
         best = max(best, float(np.linalg.norm(_jacobian(target, X + E) - J0, 2)))
     return best
@@ -253,7 +254,8 @@ def test_each_input_gets_the_gram_route_the_split_bound_or_neither_by_its_size()
     largest = int((SPLIT_ENTRIES / 2) ** 0.25)                          # H n^4 within the cap, 2 heads
     assert AttentionCurvature.route(EnclosedAttention(target, rng.standard_normal((largest, 4))), tokens=0) == "split"
     beyond = EnclosedAttention(target, rng.standard_normal((largest + 1, 4)))
-    assert AttentionCurvature.route(beyond, tokens=0) is None and AttentionCurvature.route(beyond, tokens=1000) == "gram"
+    assert AttentionCurvature.route(beyond, tokens=0) is None
+    assert AttentionCurvature.route(beyond, tokens=1000) == "gram"
     huge = EnclosedAttention(target, rng.standard_normal((300, 4)))     # H n^3 d = 2.2e8 entries
     assert AttentionCurvature.route(huge, tokens=1000) is None
     chain = [Component("attention", target, "generated")]

@@ -306,7 +306,8 @@ def test_cli_prints_the_table_and_writes_json_and_plot(tmp_path, capsys):
 
 
 def test_cli_delete_and_errors(capsys):
-    assert main(["perturb", "Rain is expected tomorrow morning.", "--delete", "1", "--positions", "5", "--layers", "0"]) == 0
+    assert main(["perturb", "Rain is expected tomorrow morning.", "--delete", "1", "--positions", "5",
+                 "--layers", "0"]) == 0
     assert "violations: 0" in capsys.readouterr().out.strip().splitlines()
     assert main(["perturb", "Rain is expected tomorrow morning.", "--insert", "8", "--layers", "0"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (

@@ -70,7 +70,8 @@ def _serial_and_cluster(model, cluster, tmp_path, heads) -> list[list[dict]]:
     seen = []
     serial = run_all(verify_job, tasks)
     spread = run_all(verify_job, tasks, scheduler=cluster, progress=lambda done, total, i, _: seen.append((done, i)))
-    assert sorted(i for _, i in seen) == list(range(len(jobs))) and [d for d, _ in seen] == list(range(1, len(jobs) + 1))
+    assert sorted(i for _, i in seen) == list(range(len(jobs)))
+    assert [d for d, _ in seen] == list(range(1, len(jobs) + 1))
     rows = [[_numbers(verification.assemble(job, result).to_json()) for job, result in zip(jobs, results)]
             for results in (serial, spread)]
     assert all(row["best_upper"] is not None and row["witness"]["value"] > 0 for row in rows[0])

@@ -280,7 +280,8 @@ def _add_run_options(parser, weights: bool = True) -> None:
     parser.add_argument("--json", type=output_file("--json", ".json"), help="write the report as JSON")
     parser.add_argument("--csv", type=output_file("--csv", ".csv"), help="write the report as CSV")
     parser.add_argument("--markdown", type=output_file("--markdown", ".md"), help="write the report as Markdown")
-    parser.add_argument("--latex", type=output_file("--latex", ".tex"), help="write the report as LaTeX booktabs tables (the rows, then the "
+    parser.add_argument("--latex", type=output_file("--latex", ".tex"),
+                        help="write the report as LaTeX booktabs tables (the rows, then the "
                                                                                "rankings; over 40 rows, a longtable)")
 
 
@@ -330,7 +331,8 @@ def register(sub) -> None:
         description="Derive the dot-product bound, evaluate it on every head of the embedded default model "
                     "(layers 0 and 5 of all-MiniLM-L6-v2), search a witness for each and print the sandwich.  "
                     + ROWS_HELP,
-        epilog=epilog("lipbound demo", "lipbound demo --no-sdp --budget 1", "lipbound demo --all-heads --json demo.json",
+        epilog=epilog("lipbound demo", "lipbound demo --no-sdp --budget 1",
+                      "lipbound demo --all-heads --json demo.json",
                       notes=_STATUSES))
     _add_run_options(demo, weights=False)
     demo.add_argument("--heads", type=positive_int("--heads", 12), default=12,

@@ -121,7 +121,8 @@ def _paper(args) -> int:
     figure = None
     if model is not None:
         with Progress("figure") as progress:
-            figure = scaling_figure(model, args.layer, args.head, args.budget, args.n_values, args.seed, progress.update)
+            figure = scaling_figure(model, args.layer, args.head, args.budget, args.n_values, args.seed,
+                                    progress.update)
     args.output.mkdir(exist_ok=True)  # its parent exists (checked by --output)
     files = paper_files(entries, style, figure, args.title)
     for name, text in files.items():

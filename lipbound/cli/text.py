@@ -167,7 +167,8 @@ def register(sub) -> None:
                       'lipbound perturb "The cat sat on the mat." --positions 2 --search all --plot w1.png',
                       'lipbound perturb "The cat sat on the mat." --replace 1..3 --layers 0,5 --vocabulary 2048',
                       'lipbound perturb "A longer sentence to edit." --delete 2 --json edits.json',
-                      notes="Exit status: 0, 2 user error, 3 a measured movement or a witness exceeds its certificate."))
+                      notes="Exit status: 0, 2 user error, 3 a measured movement or a witness exceeds its "
+                            "certificate."))
     perturb.add_argument("sentence", help="the text to perturb (at most the model's 512 positions)")
     _add_edit_options(perturb, "1")
     perturb.add_argument("--layers", type=int_list("--layers"), default=tuple(range(6)),
@@ -187,9 +188,11 @@ def register(sub) -> None:
                       '--plot-curve curve.png',
                       'lipbound local "The cat sat on the mat." --kind block --ball tokens --positions 2',
                       'lipbound local "The cat sat on the mat." --positions 2 --vocabulary 2048 --json local.json',
-                      notes="Exit status: 0, 2 user error, 3 a witness or a measured movement exceeds its certificate."))
+                      notes="Exit status: 0, 2 user error, 3 a witness or a measured movement exceeds its "
+                            "certificate."))
     local.add_argument("sentence", help="the text whose hidden states X are the centre of U(X, eps)")
-    local.add_argument("--layer", type=index("--layer", "layer"), default=0, help="the layer, counted from 0 (default 0)")
+    local.add_argument("--layer", type=index("--layer", "layer"), default=0,
+                       help="the layer, counted from 0 (default 0)")
     local.add_argument("--kind", metavar="KIND", type=choice("--kind", ("head", "layer", "block", "stack")),
                        default="layer", help="one of: head, layer (attention with its residual, the default), block "
                                              "(a whole layer) or stack (--layer..--last)")
@@ -209,7 +212,8 @@ def register(sub) -> None:
                             "per radius at 16 tokens, 9 s at 20, 25 s at 24); longer sentences get the split bound "
                             "(looser, seconds per radius; up to 64 tokens with 12 heads), "
                             "the longest the blockwise bound")
-    local.add_argument("--plot-curve", type=plot_file("--plot-curve"), help="save L(eps) and its witness (png, pdf, ...)")
+    local.add_argument("--plot-curve", type=plot_file("--plot-curve"),
+                       help="save L(eps) and its witness (png, pdf, ...)")
     _add_edit_options(local, "the number of --positions")
     local.set_defaults(handler=_local)
 
@@ -221,14 +225,16 @@ def register(sub) -> None:
         epilog=epilog("lipbound depth", "lipbound depth --scale 0.5,16,64 --json depth.json",
                       "lipbound depth --layer 2 --head 5 --plot depth.png",
                       notes="Exit status: 0, 2 user error, 3 a measured rate exceeds its certified constant."))
-    depth.add_argument("--scale", type=float_list("--scale", "0.5,16,64", fix="write the certified constant(s) of the block"), default=(0.5,),
+    scales = float_list("--scale", "0.5,16,64", fix="write the certified constant(s) of the block")
+    depth.add_argument("--scale", type=scales, default=(0.5,),
                        help="certified constant(s) of the block: S, or a comma list for a sweep (default 0.5)")
     depth.add_argument("--steps", type=positive_int("--steps"), default=100, help="iteration budget (default 100)")
     depth.add_argument("--sentence", default="The cat slept all afternoon.",
                        help="text whose hidden states are iterated")
     depth.add_argument("--layer", type=index("--layer", "layer"), default=0,
                        help="layer of the source head and of the inputs, counted from 0 (default 0)")
-    depth.add_argument("--head", type=index("--head", "head"), default=0, help="source head, counted from 0 (default 0)")
+    depth.add_argument("--head", type=index("--head", "head"), default=0,
+                       help="source head, counted from 0 (default 0)")
     depth.add_argument("--json", type=output_file("--json", ".json"), help="write the report(s) as JSON")
     depth.add_argument("--plot", type=plot_file(), help="save the convergence plot (first scale)")
     depth.add_argument("--model", metavar="MODEL", type=_TEXT_MODEL, help=TEXT_MODEL_HELP)

@@ -26,7 +26,8 @@ __all__ = ["TokenBalls", "Neighbourhood", "BALLS", "LIPSCHITZ_NORMS"]
 
 #: the neighbourhoods: ball kinds of U(X, eps)
 BALLS = {"fro": "Frobenius ball ||Y - X||_F <= eps", "2,1": "(2,1) ball sum_j ||y_j - x_j|| <= eps",
-         "2,inf": "(2,inf) ball max_j ||y_j - x_j|| <= eps", "tokens": "the chosen tokens move by at most eps, the rest stay"}
+         "2,inf": "(2,inf) ball max_j ||y_j - x_j|| <= eps",
+         "tokens": "the chosen tokens move by at most eps, the rest stay"}
 #: the norms a local Lipschitz constant is measured in (on inputs and outputs)
 LIPSCHITZ_NORMS = {"fro": "Frobenius", "2,1": "(2,1)", "2,inf": "(2,inf)"}
 
@@ -75,7 +76,8 @@ class TokenBalls:
 
     def contains(self, Y) -> bool:
         """Float check (tests and witnesses): every token within its radius."""
-        return bool(np.all(np.linalg.norm(np.asarray(Y, dtype=float) - self.center, axis=-1) <= self.radii * (1 + 1e-12)))
+        distances = np.linalg.norm(np.asarray(Y, dtype=float) - self.center, axis=-1)
+        return bool(np.all(distances <= self.radii * (1 + 1e-12)))
 
     def project(self, Y) -> np.ndarray:
         """The nearest point of U to Y (each token pulled into its ball), a little inside."""

@@ -276,14 +276,17 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
     # every token's worst case; only its certified values are used, so it searches no witness inside U)
     first = attention
     if first is None and len(chain) > 1 and any(hood.eps > 0 for hood in neighbourhoods):
-        inner = None if progress is None else lambda done, total, what: progress(done, total, f"{what} (attention alone)")
+        inner = None if progress is None else \
+            lambda done, total, what: progress(done, total, f"{what} (attention alone)")
         first = lipschitz_curve(model, X, kind="layer", layer=layer, norm="fro", ball=ball, positions=positions,
                                 eps=eps, ascent_steps=0, seed=seed, curvature_tokens=curvature_tokens, progress=inner)
     # a block: its variation also splits at the attention's output (theorem local-attention-tail)
     tail = BlockTail(centre.enclosed) if first is not None and norm == "fro" and kind == "block" else None
     # a stack: its blocks' own curves, composed (theorem local-chain on the blocks)
-    stack = _StackOfBlocks(model, chain, centre, X, layer, ball, positions, [h.eps for h in neighbourhoods],
-                           curvature_tokens, progress, first) if kind == "stack" and len(chain) > 4 and norm == "fro" else None
+    stack = None
+    if kind == "stack" and len(chain) > 4 and norm == "fro":
+        stack = _StackOfBlocks(model, chain, centre, X, layer, ball, positions, [h.eps for h in neighbourhoods],
+                               curvature_tokens, progress, first)
     # smallest eps first: U(X, eps) grows with eps, so what was found in a smaller one is a witness in it too
     order = sorted(range(len(neighbourhoods)), key=lambda i: neighbourhoods[i].eps)
     points, witness, change = [None] * len(neighbourhoods), 0.0, 0.0
@@ -322,7 +325,8 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         change = max(change, _ascent(chain, X, hood, moving, norm, 0.0, direction, ascent_steps, seed, change=True))
         verdicts = {certify_le(interval(found) * interval((1 - FLOAT_ALLOWANCE, 1 + FLOAT_ALLOWANCE)), interval(bound))
                     for found, bound in ((witness, certified), (change, variation))}
-        verdict = "violated" if Verdict.FAILS in verdicts else "holds" if verdicts == {Verdict.HOLDS} else "not certified"
+        verdict = "violated" if Verdict.FAILS in verdicts else \
+            "holds" if verdicts == {Verdict.HOLDS} else "not certified"
         points[index] = CurvePoint(hood.eps, certified, witness, local, variation, change, global_value, verdict)
         if progress is not None:
             progress(done + 1, len(neighbourhoods), "radii")
@@ -649,7 +653,8 @@ def _ascent(chain, X, hood, moving, norm, at_x, direction, steps, seed, change: 
             h = 1e-4 * hood.eps + 1e-7
             states_plus = chain_forward(chain, (Y + h * E)[None])
             states_minus = chain_forward(chain, (Y - h * E)[None])
-            gradient = (chain_vjp(chain, states_plus, G[None])[0] - chain_vjp(chain, states_minus, G[None])[0]) / (2 * h)
+            gradient = (chain_vjp(chain, states_plus, G[None])[0]
+                        - chain_vjp(chain, states_minus, G[None])[0]) / (2 * h)
             gradient *= moving[:, None]
             size = np.linalg.norm(gradient)
             if not np.isfinite(size) or size == 0:

@@ -66,7 +66,8 @@ class EditTemplate:
                                   f"{source.size} sources, {position.size} positions, {len(words)} word sets",
                                   "build it with the edit helpers of lipbound.measures.edits")
         if np.any(source < 0) or np.any(source >= original.size):
-            raise AssumptionError("template.source", f"indices in 0..{original.size - 1}", repr(source), "fix the alignment")
+            raise AssumptionError("template.source", f"indices in 0..{original.size - 1}", repr(source),
+                                  "fix the alignment")
         object.__setattr__(self, "original", original)
         object.__setattr__(self, "source", source)
         object.__setattr__(self, "position", position)
@@ -167,7 +168,8 @@ def _first_block_enumerated(layer, template: EditTemplate, candidates: list, slo
     c = inverse_sqrt(dk)
     projected = fixed.matmul(engine.W) + IntervalArray(engine.bias)
     split = lambda Z, a, b, w: Z[..., a:b].reshape(Z.shape[:-1] + (H, w)).swapaxes(-2, -3)  # noqa: E731
-    Q, K, V = split(projected, 0, H * dk, dk), split(projected, H * dk, 2 * H * dk, dk), split(projected, 2 * H * dk, None, dv)
+    Q, K = split(projected, 0, H * dk, dk), split(projected, H * dk, 2 * H * dk, dk)
+    V = split(projected, 2 * H * dk, None, dv)
     S = Q.einsum("hik,hjk->hij", K) * c                                                  # (H, n, n)
     S_rest = S[:, :, others]
     shift = np.max(S_rest.hi, axis=-1)                                                   # (H, n)
@@ -284,7 +286,8 @@ def through_layer_steps(item, centers, radii):
             bounds = feedforward_bounds(target, TokenBalls(centers, radii), enclosed, want_variation=False)
         else:
             bounds = layernorm_bounds(target, TokenBalls(centers, radii), enclosed)
-        centers, radii = enclosed.output.mid, (IntervalArray(bounds.movement) + IntervalArray(_rounding(enclosed.output))).hi
+        centers = enclosed.output.mid
+        radii = (IntervalArray(bounds.movement) + IntervalArray(_rounding(enclosed.output))).hi
         yield target, enclosed, bounds, centers, radii
 
 

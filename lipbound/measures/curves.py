@@ -34,7 +34,8 @@ def local_curve(sentence: str, *, layer: int = 0, kind: str = "layer", head: int
     the sentence's tokens.
     """
     if not isinstance(sentence, str) or not sentence.strip():
-        raise AssumptionError("sentence", "a non-empty sentence", repr(sentence), 'pass some text, e.g. "The cat slept."')
+        raise AssumptionError("sentence", "a non-empty sentence", repr(sentence),
+                              'pass some text, e.g. "The cat slept."')
     bert = load_text_model(model)
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < bert.num_layers:
         raise AssumptionError("--layer", f"a layer in 0..{bert.num_layers - 1} (counted from 0)", repr(layer),

@@ -164,7 +164,8 @@ def _set_ids(bert: BertModel, vocabulary, edits: dict, seed: int) -> tuple[np.nd
         return ids, f"any of {ids.size} tokens (a sample of {vocabulary} drawn with seed {seed}, and the drawn words)"
     ids = np.unique(np.asarray(list(vocabulary), dtype=np.int64))
     if ids.size == 0 or ids.min() < 0 or ids.max() >= size:
-        raise AssumptionError("vocabulary", f"token ids in 0..{size - 1}", repr(list(vocabulary))[:60], "pass valid ids")
+        raise AssumptionError("vocabulary", f"token ids in 0..{size - 1}", repr(list(vocabulary))[:60],
+                              "pass valid ids")
     ids = np.unique(np.concatenate([ids, np.asarray(drawn, dtype=np.int64)]))  # the edit is always in its set
     return ids, f"any of {ids.size} tokens (the given ones and the drawn words)"
 
@@ -174,7 +175,8 @@ def _search_ids(candidates: np.ndarray, search, seed: int, must: list, drawable:
         search = DEFAULT_SEARCH
     if isinstance(search, str):
         if search != "all":
-            raise AssumptionError("search", "a positive number of candidates or 'all'", repr(search), "e.g. --search 4096")
+            raise AssumptionError("search", "a positive number of candidates or 'all'", repr(search),
+                                  "e.g. --search 4096")
         return candidates, True
     if isinstance(search, bool) or not isinstance(search, (int, np.integer)) or search < 1:
         raise AssumptionError("search", "a positive number of candidates or 'all'", repr(search), "e.g. --search 4096")
@@ -238,7 +240,8 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
                               "e.g. --search 4096 or --search all")
     bert = load_text_model(model)
     if bert.tokenizer is None:
-        raise AssumptionError("model", "a checkpoint with vocab.txt", "no tokenizer", "add vocab.txt to the model directory")
+        raise AssumptionError("model", "a checkpoint with vocab.txt", "no tokenizer",
+                              "add vocab.txt to the model directory")
     ids = bert.encode(sentence)
     n = len(ids)
     if n < 3:
@@ -275,8 +278,8 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
             say(f"k = {k_value}: set certificate through layers 0..{max(chosen_layers)}")
         if search == 0:
             search_info[k_value] = {"description": "the drawn edit only", "evaluated": 1, "exhaustive": False}
-        worst = {} if search == 0 else _worst(bert, ids, edit, mode, template, candidates, search, seed, chosen_layers, blocks, outputs_of,
-                       search_info, k_value, say)
+        worst = {} if search == 0 else _worst(bert, ids, edit, mode, template, candidates, search, seed, chosen_layers,
+                                              blocks, outputs_of, search_info, k_value, say)
         for layer in chosen_layers:
             X, X_new = original[layer], states[layer]
             Y, Y_new = blocks[layer], bert.attention_block(layer, X_new).pre_norm
@@ -287,7 +290,8 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
             path = path_certificate(bert.model.layer(layer).as_layer(residual=True), X, X_new, plan,
                                     tolerance=path_tolerance)
             say(f"k = {k_value}, layer {layer}: path certificate")
-            predicted_set = math.nan if sets is None else coupling_bound(sets[layer], _set_plan(sets[layer], n, n_new, mode))
+            predicted_set = math.nan if sets is None else \
+                coupling_bound(sets[layer], _set_plan(sets[layer], n, n_new, mode))
             # the edit is in its set, so the set certificate bounds it too: the path certificate is the smaller
             rows.append(EditRow(layer, k_value, tuple(edit.positions), n, measured, moved,
                                 path.bound if math.isnan(predicted_set) else min(path.bound, predicted_set),
@@ -313,7 +317,8 @@ def _set_plan(layer_set, n: int, n_new: int, mode: str) -> np.ndarray:
     the optimal plan of the bounding costs ``||z_a - c_i|| + r_i`` (any coupling gives a valid bound)."""
     if mode == "replace":
         return np.eye(n, dtype=np.int64) * n
-    cost = np.linalg.norm(layer_set.original[:, None, :] - layer_set.centers[None, :, :], axis=-1) + layer_set.radii[None, :]
+    distances = np.linalg.norm(layer_set.original[:, None, :] - layer_set.centers[None, :, :], axis=-1)
+    cost = distances + layer_set.radii[None, :]
     return integer_plan(None, n, n_new, cost)
 
 
@@ -335,7 +340,8 @@ def _worst(bert, ids, edit, mode, template, candidates, search, seed, layers, bl
         out[slots] = choice
         return out
 
-    found = worst_edits(bert.model, ids, make, slots, list(options), layers, [blocks[l] for l in range(max(layers) + 1)],
+    found = worst_edits(bert.model, ids, make, slots, list(options), layers,
+                        [blocks[l] for l in range(max(layers) + 1)],
                         screen_pairs, screen_weights, start=drawn, reference=outputs_of,
                         exhaustive=all(exhaustive) and len(slots) == 1)
     info[k] = {"description": ("every candidate" if found.exhaustive else

@@ -291,8 +291,10 @@ def _check_gelu(item: PublishedClaim, seed: int, budget: float, weights) -> Chec
     is beaten by ``x -> W_2 GELU(W_1 x)`` with W_1 = W_2 = 1 at x = sqrt 2."""
     value = _gelu_derivative_at_sqrt2()
     return CheckResult(item.key, _verdict(float(value.a), 1.12), item.provenance, 1.12, float(value.a),
-                       {"x": "sqrt(2)", "GELU'(x) enclosure": f"[{mpmath.nstr(value.a, 12)}, {mpmath.nstr(value.b, 12)}]",
-                        "product bound": "W_2 GELU(W_1 x), W_1 = W_2 = 1: derivative at sqrt(2) beats 1.12 ||W_1|| ||W_2||"})
+                       {"x": "sqrt(2)",
+                        "GELU'(x) enclosure": f"[{mpmath.nstr(value.a, 12)}, {mpmath.nstr(value.b, 12)}]",
+                        "product bound": "W_2 GELU(W_1 x), W_1 = W_2 = 1: derivative at sqrt(2) beats "
+                                         "1.12 ||W_1|| ||W_2||"})
 
 
 def _check_power_iteration(item: PublishedClaim, seed: int, budget: float, weights) -> CheckResult:

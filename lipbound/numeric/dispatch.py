@@ -91,6 +91,7 @@ def check_covers(bound: Bound, head: Head, role: str = "self") -> None:
                               "a bound without facts", "derive it with a variant (lipbound.symbolic.registry.variant)")
     head_kind = head_facts(head, facts.role if role == "self" and facts.role != "self" else role)
     if not facts.covers(head_kind):
-        raise AssumptionError("head", f"a head the theorem {bound.theorem or bound.variant} covers ({facts.describe()})",
+        raise AssumptionError("head",
+                              f"a head the theorem {bound.theorem or bound.variant} covers ({facts.describe()})",
                               f"{head.name or 'a head'}: {head_kind.describe()}",
                               "derive the bound of the head's own variant (lipbound.numeric.dispatch.derive_for)")

@@ -156,7 +156,8 @@ class TokenDomain:
     def check_width(self, d: int, what: str = "the head") -> None:
         center = self.center
         if center is not None and center.shape != (d,):
-            raise AssumptionError("domain", f"a domain in R^{d} (the width of {what})", f"a centre of shape {center.shape}",
+            raise AssumptionError("domain", f"a domain in R^{d} (the width of {what})",
+                                  f"a centre of shape {center.shape}",
                                   "take the domain from the LayerNorm that feeds this layer")
 
     def contains(self, X: np.ndarray) -> np.ndarray:
@@ -298,7 +299,8 @@ class LayerNormOutputs(TokenDomain):
         z = self._coordinates(X)
         norms = np.linalg.norm(z, axis=-1, keepdims=True)
         limit = math.sqrt(self.norm.d) * (1 - 1e-9)
-        return self.norm.beta + self.norm.gamma * z * np.where(norms > limit, limit / np.where(norms > 0, norms, 1.0), 1.0)
+        shrink = np.where(norms > limit, limit / np.where(norms > 0, norms, 1.0), 1.0)
+        return self.norm.beta + self.norm.gamma * z * shrink
 
     def representable_directions(self, E: np.ndarray) -> tuple[np.ndarray, dict]:
         """Directions ``gamma * w`` with ``w`` on a dyadic grid and ``sum w = 0`` exactly (tangent to the

@@ -260,7 +260,8 @@ class ModelReport:
         heads, layers = self.ranking()
         for title, rows in (("heads", heads), ("whole layers", layers)):
             if rows:
-                lines += ["", f"## Least smooth {title}", "", "largest witness first; Lip lies in [witness, best upper]",
+                lines += ["", f"## Least smooth {title}", "",
+                          "largest witness first; Lip lies in [witness, best upper]",
                           "", "| rank | block | layer | head | kind | witness | best upper |",
                           "|---:|---|---:|---:|---|---:|---:|"]
                 lines += [f"| {i + 1} | {r.block} | {r.layer} | {r.who} | {r.kind} | {r.witness_value:.4g} | "

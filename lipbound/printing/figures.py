@@ -36,7 +36,8 @@ from ..io import atomic_write
 from .paper import ScalingFigure, Series
 
 __all__ = ["COLUMN_WIDTH", "draw_scaling", "GapGrid", "gap_grid_from_report", "draw_gaps", "draw_perturbation",
-           "draw_edit_layers", "draw_local_curve", "draw_edit_scaling", "EDIT_FIELDS", "figure_formats", "clipped_texts"]
+           "draw_edit_layers", "draw_local_curve", "draw_edit_scaling", "EDIT_FIELDS", "figure_formats",
+           "clipped_texts"]
 
 #: One column of a two-column paper, in inches.
 COLUMN_WIDTH = 3.3
@@ -285,7 +286,8 @@ def draw_perturbation(report: dict, path, option: str = "--output") -> Path:
     axes.set_yscale("log")
     axes.set_xlabel(r"edited share of tokens $k / n$ (%s)" % mode)
     axes.set_ylabel(r"$W_1$ movement of the block output")
-    handles = [Line2D([], [], color=colour, marker="o", label=f"layer {layer}") for colour, layer in zip(colours, layers)]
+    handles = [Line2D([], [], color=colour, marker="o", label=f"layer {layer}")
+               for colour, layer in zip(colours, layers)]
     handles += [Line2D([], [], color="0.3", linestyle="-", label="measured"),
                 Line2D([], [], color="0.3", linestyle="--", label="certified along the edit")]
     axes.legend(handles=handles, frameon=False, ncol=2, loc="best")
@@ -355,7 +357,8 @@ def draw_local_curve(report: dict, path, option: str = "--output") -> Path:
     figure = _figure(2.6)
     axes = figure.subplots()
     axes.plot(share, [point["certified"] for point in points], "-s", color=_BOUND, label=r"certified $L(\varepsilon)$")
-    axes.plot(share, [point["witness"] for point in points], "--o", color=_WITNESS, label=r"witness in $U(X, \varepsilon)$")
+    axes.plot(share, [point["witness"] for point in points], "--o", color=_WITNESS,
+              label=r"witness in $U(X, \varepsilon)$")
     axes.axhline(curve["jacobian_norm"], color="0.5", linestyle=":", linewidth=0.8, label=r"$\|DF(X)\|$")
     if math.isfinite(points[0]["global"]):
         axes.axhline(points[0]["global"], color="0.2", linestyle="-.", linewidth=0.8, label="global constant")

@@ -46,7 +46,8 @@ from .theorem import result_key, result_latex, sloppy
 __all__ = ["PaperEntry", "Series", "ScalingFigure", "paper_entry", "paper_section", "paper_files",
            "related_claims", "fitted_slope", "SECTION_FILE", "PREAMBLE_FILE", "BIB_FILE", "MAIN_FILE", "FIGURE_STEM"]
 
-SECTION_FILE, PREAMBLE_FILE, BIB_FILE, MAIN_FILE = "lipbound-section.tex", "lipbound-preamble.tex", "lipbound.bib", "main.tex"
+SECTION_FILE, PREAMBLE_FILE = "lipbound-section.tex", "lipbound-preamble.tex"
+BIB_FILE, MAIN_FILE = "lipbound.bib", "main.tex"
 FIGURE_STEM = "lipbound-figure"
 _B = Described("B")
 
@@ -118,7 +119,8 @@ def related_claims(chosen) -> list[str]:
         other = registry_variant(item.variant).head_facts
         if (other.score, other.role, other.causal, other.weights) == (facts.score, facts.role, facts.causal,
                                                                       facts.weights) \
-                and other.values_through_A == facts.values_through_A and chosen.norms == registry_variant(item.variant).norms:
+                and other.values_through_A == facts.values_through_A \
+                and chosen.norms == registry_variant(item.variant).norms:
             keys.append(key)
     return keys
 
@@ -193,14 +195,16 @@ def _claims_latex(entry: PaperEntry, style: TexStyle) -> tuple[str, set[str]]:
         statements.append("\\texttt{%s} (%s%s):\n%s" % (
             escape_text(item.key), escape_text(item.tag), cite(keys),
             statement_latex(row.published, width=style.display_width)))
-    columns = "".join(r">{\raggedright\arraybackslash}p{%s\linewidth}" % share for share in ("0.22", "0.13", "0.27", "0.24"))
+    columns = "".join(r">{\raggedright\arraybackslash}p{%s\linewidth}" % share
+                      for share in ("0.22", "0.13", "0.27", "0.24"))
     table = ("\\begin{table}[ht]\n\\centering\\footnotesize\n"
              "\\begin{tabular}{@{}" + columns + "@{}}\n"
              "\\toprule\nClaim & Tag & Setting & Relation to the derived bound \\\\\n\\midrule\n"
              + "\n".join(rows) + "\n\\bottomrule\n\\end{tabular}\n"
              "\\caption{Published bounds about this kind of attention, each with its provenance: \\texttt{abstract} "
              "(read in the abstract), \\texttt{code} (read in the authors' code), \\texttt{3p} (restated by a third "
-             "party), \\texttt{unverified} (recalled, not checked against the paper), \\texttt{known-wrong} (a constant "
+             "party), \\texttt{unverified} (recalled, not checked against the paper), "
+             "\\texttt{known-wrong} (a constant "
              "in public code that is false). The relation compares each claim with lipbound's bound for the claim's "
              "own setting, proved or refuted symbolically; an \\texttt{unverified} claim is compared as "
              "transcribed.}\n\\label{%s}\n\\end{table}\n" % style.label("tab", "claims-" + _key(entry)))
@@ -272,7 +276,8 @@ def paper_section(entries: list[PaperEntry], style: TexStyle = PAPER, figure: Sc
             + "\\paragraph{Symbols.}\n" + legend_latex(list(dict.fromkeys(legend))))
     body = head + "\n".join(parts)
     if figure is not None:
-        body += "\n\\subsection{On a real head}\\label{%s}\n" % style.label("sec", "real-head") + _figure_latex(figure, style)
+        body += ("\n\\subsection{On a real head}\\label{%s}\n" % style.label("sec", "real-head")
+                 + _figure_latex(figure, style))
     body += "\n\\subsection{Lemmas}\\label{%s}\n" % style.label("sec", "lemmas") + lemma_appendix(sorted(lemmas), style)
     return sloppy(body), cited
 
@@ -283,7 +288,9 @@ def _user_defined(entry: PaperEntry) -> bool:
 
 def _name(entry: PaperEntry) -> str:
     """How the section's first sentence names a variant: its key, or a user-defined score as such."""
-    return "self-attention with a user-defined score" if _user_defined(entry) else r"\texttt{%s}" % escape_text(entry.key)
+    if _user_defined(entry):
+        return "self-attention with a user-defined score"
+    return r"\texttt{%s}" % escape_text(entry.key)
 
 
 def _opening(entry: PaperEntry, keys) -> str:

@@ -106,7 +106,8 @@ def feed_forward() -> T.Theorem:
     statement = W_2 * S.ell_phi * W_1
     proof = Derivation("Feed-forward block")
     proof.hypothesis("f(x) = W_2^T phi(W_1^T x + b_1) + b_2 per token, phi applied entrywise")
-    proof.hypothesis("every secant slope of phi lies in [alpha_phi, beta_phi], and ell_phi = max(|alpha_phi|, |beta_phi|)")
+    proof.hypothesis("every secant slope of phi lies in [alpha_phi, beta_phi], and "
+                     "ell_phi = max(|alpha_phi|, |beta_phi|)")
     proof.add(le(Described(r"\|f(x) - f(y)\|"), W_2 * Described(r"\|\varphi(z) - \varphi(z')\|")),
               "z = W_1^T x + b_1, z' = W_1^T y + b_1", "submultiplicative")
     proof.add(le(Described(r"\|\varphi(z) - \varphi(z')\|"), S.ell_phi * Described(r"\|z - z'\|")), "entrywise",

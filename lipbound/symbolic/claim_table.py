@@ -79,7 +79,8 @@ def comparison_rows(keys=None) -> list[ComparisonRow]:
                 relation, steps = "claim <= derived (proved)", backward.steps
             elif forward.verdict == "refuted" and backward.verdict == "refuted":
                 relation = "neither is smaller everywhere (both orders refuted)"
-                steps = (f"derived > claim at {forward.counterexample}", f"claim > derived at {backward.counterexample}")
+                steps = (f"derived > claim at {forward.counterexample}",
+                         f"claim > derived at {backward.counterexample}")
             else:
                 relation, steps = f"derived <= claim: {forward.verdict}", forward.steps
         rows.append(ComparisonRow(item, derived.expr, item.statement, relation, tuple(steps)))

@@ -117,7 +117,8 @@ class _Builder:
         if identifier in self.names:
             return _Value(self.names[identifier])
         known = sorted(set(_VECTORS) | set(_SCALARS) | set(self.names))
-        self.fail(f"unknown name {identifier!r}", f"use one of {', '.join(known)} (a lower bound m_Q is named by a fact)")
+        self.fail(f"unknown name {identifier!r}",
+                  f"use one of {', '.join(known)} (a lower bound m_Q is named by a fact)")
 
     def binary(self, node: ast.BinOp) -> _Value:
         left, right = self.build(node.left), self.build(node.right)
@@ -139,7 +140,8 @@ class _Builder:
                 self.fail(f"{ast.unparse(node)} raises a vector to a power", "use Norm(q)**2 or Inner(q, q)")
             exponent = right.expr
             if not (exponent.is_Rational and abs(exponent.p) <= _MAX_EXPONENT and exponent.q <= _MAX_EXPONENT):
-                self.fail(f"exponent {ast.unparse(node.right)}", f"a rational exponent p/q with |p|, q <= {_MAX_EXPONENT}")
+                self.fail(f"exponent {ast.unparse(node.right)}",
+                          f"a rational exponent p/q with |p|, q <= {_MAX_EXPONENT}")
             return _Value(left.expr ** exponent)
         self.fail(f"operator {type(node.op).__name__} is not allowed", "use + - * / **")
 
@@ -167,7 +169,8 @@ class _Builder:
 
 def _tree(text: str, argument: str, syntax: str):
     if not isinstance(text, str) or not text.strip():
-        _fail(argument, syntax, str(text), f"write e.g. {'Inner(q, k)/sqrt(d_k)' if argument == 'score' else 'Norm(q) >= m_Q'}")
+        _fail(argument, syntax, str(text),
+              f"write e.g. {'Inner(q, k)/sqrt(d_k)' if argument == 'score' else 'Norm(q) >= m_Q'}")
     if len(text) > _MAX_LENGTH:
         _fail(argument, f"at most {_MAX_LENGTH} characters", f"{text[:40]}... ({len(text)} characters)",
               "shorten the expression")

@@ -105,7 +105,8 @@ class _Safetensors(TensorSource):
             except Exception as error:  # the library raises its own SafetensorError
                 raise WeightsError(str(file), "a safetensors file (8-byte header length, JSON header, raw data)",
                                    f"an unreadable file ({type(error).__name__}: {error})",
-                                   "check that it is not truncated; re-export with safetensors.numpy.save_file") from None
+                                   "check that it is not truncated; re-export with safetensors.numpy.save_file"
+                                   ) from None
 
     def keys(self) -> set[str]:
         return set(self._where)

@@ -153,7 +153,8 @@ class _Reader:
         d_ff = _widths(self.tensors, self.layout, first)[1]
         for key in ("intermediate_size", "hidden_dim", "n_inner"):
             if config.get(key) is not None and int(config[key]) != d_ff:
-                raise WeightsError(f"{self.tensors.path}:{first}.weight", f"{config[key]} outputs ({key} in config.json)",
+                raise WeightsError(f"{self.tensors.path}:{first}.weight",
+                                   f"{config[key]} outputs ({key} in config.json)",
                                    f"{d_ff} outputs", "use the config.json of this checkpoint")
         W_1, b_1 = self.projection(first, self.d, d_ff)
         W_2, b_2 = self.projection(f"{stem}.{self.layout.ffn_out}", d_ff, self.d)

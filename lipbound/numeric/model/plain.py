@@ -178,7 +178,8 @@ def load_plain(tensors: TensorSource, num_heads=None, layers=None) -> Model:
 
 def _put_norm(arrays: dict, stem: str, norm: LayerNorm | None) -> None:
     if norm is not None:
-        arrays[f"{stem}.gamma"], arrays[f"{stem}.beta"], arrays[f"{stem}.eps"] = norm.gamma, norm.beta, np.array(norm.eps)
+        arrays[f"{stem}.gamma"], arrays[f"{stem}.beta"] = norm.gamma, norm.beta
+        arrays[f"{stem}.eps"] = np.array(norm.eps)
 
 
 def _put_attention(arrays: dict, stem: str, attention: Layer, heads_count: int) -> None:
@@ -206,7 +207,8 @@ def save_plain(model: Model, path) -> Path:
     back with :func:`~lipbound.numeric.model.load_weights`.
     """
     if not isinstance(model, Model):
-        raise WeightsError("model", "a lipbound.numeric.model.Model", type(model).__name__, "load one with load_weights")
+        raise WeightsError("model", "a lipbound.numeric.model.Model", type(model).__name__,
+                           "load one with load_weights")
     path = Path(path)
     if path.suffix != ".npz":
         path = path.with_name(path.name + ".npz")

@@ -84,7 +84,8 @@ class TransformerLayer:
                                "build it with Layer(heads, W_O, b_O)")
         d = self.attention.d
         if self.attention.W_O.shape[1] != d:
-            raise WeightsError("W_O", f"shape ({self.attention.W_O.shape[0]}, {d})", f"shape {self.attention.W_O.shape}",
+            raise WeightsError("W_O", f"shape ({self.attention.W_O.shape[0]}, {d})",
+                               f"shape {self.attention.W_O.shape}",
                                "the output projection maps back to the model width")
         if self.placement not in ("post", "pre"):
             raise WeightsError("placement", "'post' or 'pre'", repr(self.placement), "state where the LayerNorms sit")
@@ -97,7 +98,8 @@ class TransformerLayer:
                 raise WeightsError(name, f"a LayerNorm over {d} features or None", repr(getattr(norm, "d", norm)),
                                    "pass the LayerNorm of this layer's width")
         if self.ffn is not None and self.ffn.W_1.shape[0] != d:
-            raise WeightsError("ffn.W_1", f"{d} rows", f"shape {self.ffn.W_1.shape}", "check the intermediate dense weight")
+            raise WeightsError("ffn.W_1", f"{d} rows", f"shape {self.ffn.W_1.shape}",
+                               "check the intermediate dense weight")
         object.__setattr__(self, "index", int(self.index))
 
     @property

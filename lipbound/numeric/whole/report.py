@@ -153,8 +153,8 @@ class WholeReport:
                 rows.append(_row(block, index, "attention", "cross-attention in its context", context["upper"],
                                  context["witness"]))
                 R_Q = _plus_one_times(_best(queries["upper"])["value"], norm["cross_norm"])
-                rows.append(_row(block, index, "residual", "X + cross-attention(LN(X), C)", [_entry("1 + L_Q L_N", R_Q)],
-                                 queries["residual_witness"]))
+                rows.append(_row(block, index, "residual", "X + cross-attention(LN(X), C)",
+                                 [_entry("1 + L_Q L_N", R_Q)], queries["residual_witness"]))
                 factors.append(_shares(R_Q, attention=_best(queries["upper"])["value"], norm=norm["cross_norm"]))
                 best_factors.insert(1, R_Q)
                 naive_factors.insert(1, _plus_one_times(queries["upper"][0]["value"], norm["cross_norm"]))
@@ -196,8 +196,9 @@ class WholeReport:
                 K_naive = upper_product(naive_f[2], upper(interval(upper_product(naive_f[1], naive_f[0], K_naive))
                                                      + interval(c["T_C"])))
             self.model_bounds.append(self._bound(
-                block, "context", upper_product(K, L_final), certified, "the encoder output (the context; decoder input "
-                "fixed)", output, upper_product(K_naive, L_final), context["witness"] if context else None, factors, eps))
+                block, "context", upper_product(K, L_final), certified,
+                "the encoder output (the context; decoder input fixed)", output, upper_product(K_naive, L_final),
+                context["witness"] if context else None, factors, eps))
 
     def _bound(self, block, argument, value, certified, source, output, naive, witness, factors, eps) -> dict:
         gap = value / witness if witness else math.inf

@@ -92,7 +92,8 @@ class SearchProblem:
         if self.cross:
             cq, Tq, Sq = query_domain.frame(d)
             self.kernel = AttentionMap(target, c, reduce=True, tangent=T, query_center=cq, query_tangent=Tq)
-            self.queries = Group(0, self.m, cq, self.kernel.query_basis, Tq, Sq, role in ("cross-queries", "cross-joint"))
+            self.queries = Group(0, self.m, cq, self.kernel.query_basis, Tq, Sq,
+                                 role in ("cross-queries", "cross-joint"))
             self.context = Group(self.m, self.n, c, self.kernel.basis, T, S, role in ("cross-context", "cross-joint"))
             self.groups = (self.queries, self.context)
         else:
