@@ -238,7 +238,7 @@ def test_shape_disagreement_with_config(tmp_path):
 @pytest.mark.parametrize("override, argument", [
     ({"position_embedding_type": "relative_key"}, "position_embedding_type"),
     ({"hidden_act": "swish"}, "hidden_act"),
-    ({"num_attention_heads": 3}, "--num-heads"),  # 3 heads do not divide the width 8
+    ({"num_attention_heads": 3}, "num_heads"),  # 3 heads do not divide the width 8
 ])
 def test_unsupported_configs(tmp_path, override, argument):
     write_tiny_bert(tmp_path, **override)

@@ -38,16 +38,16 @@ def local_curve(sentence: str, *, layer: int = 0, kind: str = "layer", head: int
                               'pass some text, e.g. "The cat slept."')
     bert = load_text_model(model)
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < bert.num_layers:
-        raise AssumptionError("--layer", f"a layer in 0..{bert.num_layers - 1} (counted from 0)", repr(layer),
-                              "pass e.g. --layer 0")
+        raise AssumptionError("layer", f"a layer in 0..{bert.num_layers - 1} (counted from 0)", repr(layer),
+                              "choose e.g. `layer` 0")
     if isinstance(curvature_tokens, bool) or not isinstance(curvature_tokens, (int, np.integer)) \
             or curvature_tokens < 1:
-        raise AssumptionError("--curvature-tokens", "a positive number of tokens", repr(curvature_tokens),
-                              "pass e.g. --curvature-tokens 16")
+        raise AssumptionError("curvature_tokens", "a positive number of tokens", repr(curvature_tokens),
+                              "choose e.g. `curvature_tokens` 16")
     fractions = tuple(float(e) for e in eps)
     if not fractions or any(not (math.isfinite(e) and e >= 0) for e in fractions):
-        raise AssumptionError("--eps", "non-negative fractions of the LayerNorm radius", repr(eps),
-                              "e.g. --eps 0,1e-4,1e-3,1e-2")
+        raise AssumptionError("eps", "non-negative fractions of the LayerNorm radius", repr(eps),
+                              "give e.g. `eps` 0, 1e-4, 1e-3, 1e-2")
     ids = bert.encode(sentence)
     X = bert.hidden_states(ids)[layer]
     radius = bert.layernorm_feeding(layer).radius_about_center

@@ -123,8 +123,8 @@ def _certify(head: Head, n: int) -> float:
 
 def _check_layer(bert, layer) -> None:
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < bert.num_layers:
-        raise AssumptionError("--layer", f"a layer between 0 and {bert.num_layers - 1} (counted from 0)", repr(layer),
-                              "pass e.g. --layer 0")
+        raise AssumptionError("layer", f"a layer between 0 and {bert.num_layers - 1} (counted from 0)", repr(layer),
+                              "choose e.g. `layer` 0")
 
 
 def tied_l2_block(model=None, *, layer: int = 0, head: int = 0, n: int = 8, certified: float = 0.5) -> TiedL2Block:
@@ -144,8 +144,8 @@ def tied_l2_block(model=None, *, layer: int = 0, head: int = 0, n: int = 8, cert
     _check_layer(bert, layer)
     heads = bert.heads(layer)
     if isinstance(head, bool) or not isinstance(head, (int, np.integer)) or not 0 <= head < len(heads):
-        raise AssumptionError("--head", f"a head between 0 and {len(heads) - 1} (counted from 0)", repr(head),
-                              "pass e.g. --head 0")
+        raise AssumptionError("head", f"a head between 0 and {len(heads) - 1} (counted from 0)", repr(head),
+                              "choose e.g. `head` 0")
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise AssumptionError("n", "a positive int (tokens)", repr(n), "pass the sentence length")
     finite = isinstance(certified, (int, float)) and not isinstance(certified, bool) and math.isfinite(certified)

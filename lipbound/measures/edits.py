@@ -97,7 +97,7 @@ def check_positions(positions, mode: str, n: int) -> tuple[int, ...]:
     if not values or bad or len(set(values)) != len(values):
         raise AssumptionError("positions", f"distinct token positions in {low}..{high} (counted from 0; [CLS] is 0"
                               f"{' and [SEP] is ' + str(n - 1) if mode != 'insert' else ''})",
-                              repr(list(values)), f"pick positions of this sentence's words, e.g. --positions {low}")
+                              repr(list(values)), f"pick `positions` of this sentence's words, e.g. {low}")
     return values
 
 
@@ -131,7 +131,7 @@ def draw_edits(model: BertModel, ids, mode: str, ks, seed: int, positions=None) 
         order = np.array(check_positions(positions, mode, n))
         if largest > order.size:
             raise AssumptionError("positions", f"at least {largest} positions (one per edited token)",
-                                  f"{order.size}", "give as many --positions as the largest k")
+                                  f"{order.size}", "give as many `positions` as the largest k")
     if mode == "insert":
         slots = order[:largest] if positions is not None else rng.integers(1, n, size=largest)
         new = rng.choice(candidates, size=largest)

@@ -110,8 +110,8 @@ def _check_layers(layers, count: int) -> tuple[int, ...]:
         values = (layers,)
     if not values or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in values) \
             or any(not 0 <= v < count for v in values):
-        raise AssumptionError("--layers", f"layer numbers between 0 and {count - 1} (counted from 0)", repr(layers),
-                              f"pass e.g. --layers 0..{count - 1}")
+        raise AssumptionError("layers", f"layer numbers between 0 and {count - 1} (counted from 0)", repr(layers),
+                              f"choose `layers` between 0 and {count - 1}")
     return tuple(sorted({int(v) for v in values}))
 
 
@@ -153,12 +153,12 @@ def _set_ids(bert: BertModel, vocabulary, edits: dict, seed: int) -> tuple[np.nd
     if isinstance(vocabulary, (int, np.integer)) and not isinstance(vocabulary, bool):
         if not 1 <= vocabulary <= size:
             raise AssumptionError("vocabulary", f"a number of tokens in 1..{size}, or 'all'", repr(vocabulary),
-                                  "e.g. --vocabulary 2048 or --vocabulary all")
+                                  "e.g. `vocabulary` 2048 or 'all'")
         pool = drawable_ids(bert.tokenizer)
         if vocabulary > pool.size:
             raise AssumptionError("vocabulary", f"a number of tokens in 1..{pool.size} (the vocabulary less the words "
-                                  "random draws skip), or 'all'", repr(vocabulary), "e.g. --vocabulary 2048 or "
-                                  "--vocabulary all")
+                                  "random draws skip), or 'all'", repr(vocabulary), "e.g. `vocabulary` 2048 or "
+                                  "'all'")
         sample = np.random.default_rng(seed + 7919).choice(pool, size=int(vocabulary), replace=False)
         ids = np.unique(np.concatenate([sample, np.asarray(drawn, dtype=np.int64)]))
         return ids, f"any of {ids.size} tokens (a sample of {vocabulary} drawn with seed {seed}, and the drawn words)"
@@ -176,10 +176,10 @@ def _search_ids(candidates: np.ndarray, search, seed: int, must: list, drawable:
     if isinstance(search, str):
         if search != "all":
             raise AssumptionError("search", "a positive number of candidates or 'all'", repr(search),
-                                  "e.g. --search 4096")
+                                  "e.g. `search` 4096")
         return candidates, True
     if isinstance(search, bool) or not isinstance(search, (int, np.integer)) or search < 1:
-        raise AssumptionError("search", "a positive number of candidates or 'all'", repr(search), "e.g. --search 4096")
+        raise AssumptionError("search", "a positive number of candidates or 'all'", repr(search), "e.g. `search` 4096")
     if search >= candidates.size:
         return candidates, True
     pool = np.intersect1d(candidates, drawable)   # a random sample never takes an offensive word
@@ -229,15 +229,16 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
         raise AssumptionError("sentence", "a non-empty sentence", repr(sentence),
                               'pass some text, e.g. "The cat slept all afternoon."')
     if mode not in MODES:
-        raise AssumptionError("mode", f"one of {MODES}", repr(mode), "use --replace K, --insert K or --delete K")
+        raise AssumptionError("mode", f"one of {MODES}", repr(mode), "choose replace, insert or delete")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise AssumptionError("seed", "an int", repr(seed), "pass e.g. seed=0")
     if isinstance(path_tolerance, bool) or not (isinstance(path_tolerance, (int, float)) and 0 < path_tolerance <= 1):
-        raise AssumptionError("path_tolerance", "a fraction in (0, 1]", repr(path_tolerance), "e.g. --tolerance 0.2")
+        raise AssumptionError("path_tolerance", "a fraction in (0, 1]", repr(path_tolerance),
+                              "e.g. `path_tolerance` 0.2")
     if not (search is None or search == "all" or (isinstance(search, (int, np.integer)) and not isinstance(search, bool)
                                                   and search >= 0)):
         raise AssumptionError("search", "a number of candidates (0: the drawn edit only) or 'all'", repr(search),
-                              "e.g. --search 4096 or --search all")
+                              "e.g. `search` 4096 or 'all'")
     bert = load_text_model(model)
     if bert.tokenizer is None:
         raise AssumptionError("model", "a checkpoint with vocab.txt", "no tokenizer",
