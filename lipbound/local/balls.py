@@ -108,15 +108,15 @@ class Neighbourhood:
 
     def __post_init__(self):
         if self.ball not in BALLS:
-            raise AssumptionError("--ball", f"one of {', '.join(BALLS)}", repr(self.ball), "e.g. --ball fro")
+            raise AssumptionError("ball", f"one of {', '.join(BALLS)}", repr(self.ball), "e.g. `ball` fro")
         eps = float(self.eps)
         if not (math.isfinite(eps) and eps >= 0):
-            raise AssumptionError("--eps", "non-negative radii", repr(self.eps), "e.g. --eps 1e-3,1e-2,1e-1")
+            raise AssumptionError("eps", "non-negative radii", repr(self.eps), "e.g. `eps` 1e-3, 1e-2, 1e-1")
         object.__setattr__(self, "eps", eps)
         object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
         if self.ball == "tokens" and not self.positions:
-            raise AssumptionError("--positions", "the tokens that move (counted from 0)", "none",
-                                  "pass e.g. --positions 3,7 with --ball tokens")
+            raise AssumptionError("positions", "the tokens that move (counted from 0)", "none",
+                                  "name them, e.g. `positions` 3,7 with `ball` tokens")
 
     def moving(self, n: int) -> np.ndarray:
         """Boolean mask of the tokens that may move."""
@@ -124,7 +124,7 @@ class Neighbourhood:
             return np.ones(n, dtype=bool)
         bad = [p for p in self.positions if not 0 <= p < n]
         if bad:
-            raise AssumptionError("--positions", f"token positions in 0..{n - 1} (counted from 0)", repr(bad),
+            raise AssumptionError("positions", f"token positions in 0..{n - 1} (counted from 0)", repr(bad),
                                   "pick positions of this sentence's tokens")
         mask = np.zeros(n, dtype=bool)
         mask[list(self.positions)] = True

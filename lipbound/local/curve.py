@@ -130,7 +130,7 @@ class LipschitzCurve:
 
 def _check_norm(norm: str) -> str:
     if norm not in LIPSCHITZ_NORMS:
-        raise AssumptionError("--norm", f"one of {', '.join(LIPSCHITZ_NORMS)}", repr(norm), "e.g. --norm fro")
+        raise AssumptionError("norm", f"one of {', '.join(LIPSCHITZ_NORMS)}", repr(norm), "e.g. `norm` fro")
     return norm
 
 
@@ -257,7 +257,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
     n, d = X.shape
     neighbourhoods = [Neighbourhood(ball, e, tuple(positions)) for e in eps]
     if not neighbourhoods:
-        raise AssumptionError("--eps", "at least one radius", "none", "e.g. --eps 1e-3,1e-2,1e-1")
+        raise AssumptionError("eps", "at least one radius", "none", "e.g. `eps` 1e-3, 1e-2, 1e-1")
     moving = neighbourhoods[0].moving(n)
     dense = n * d <= (DENSE_LIMIT if len(chain) == 1 else CHAIN_DENSE_LIMIT)
     centre = _Centre(chain, X, dense)
