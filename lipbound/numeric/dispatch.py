@@ -33,7 +33,7 @@ def head_facts(head: Head, role: str = "self") -> HeadFacts:
         raise AssumptionError("role", f"one of {ROLES}", repr(role), "choose the argument of the constant")
     if head.causal and role != "self":
         raise AssumptionError("role", "'self' for a causal head (masks apply to self-attention)", repr(role),
-                              "use --kind causal for masked heads; cross-attention heads are not masked")
+                              "use `kind` causal for masked heads; cross-attention heads are not masked")
     return HeadFacts(score=head.score, biased=head.biased, tied=head.score == "l2" and head.tied,
                      values_through_A=head.kim_values, causal=head.causal, role=role)
 

@@ -187,8 +187,8 @@ class TokenBall(TokenDomain):
     def __post_init__(self):
         radius = float(self.radius)
         if not (math.isfinite(radius) and radius > 0):
-            raise AssumptionError("--radius", "a positive finite number", repr(self.radius),
-                                  "give the radius of a ball holding every token, e.g. --radius 20")
+            raise AssumptionError("radius", "a positive finite number", repr(self.radius),
+                                  "give the radius of a ball holding every token, e.g. `radius` 20")
         object.__setattr__(self, "radius", radius)
         if self.center is not None:
             center = np.asarray(self.center, dtype=np.float64)
@@ -367,7 +367,7 @@ class AllTokens(TokenDomain):
 
     def enclosing_ball(self):
         raise AssumptionError("domain", "a bounded domain (a ball or LayerNorm outputs)", "all of R^{n x d}",
-                              "witness searches and relaxations need a ball; pass --radius R")
+                              "witness searches and relaxations need a ball; give its `radius`")
 
     def symbol_values(self, centred: bool) -> dict:
         return {}
@@ -415,7 +415,7 @@ class DomainSpec:
     radius: float | None = None
 
     @classmethod
-    def parse(cls, text, option: str = "--radius") -> "DomainSpec":
+    def parse(cls, text, option: str = "domain") -> "DomainSpec":
         """``"layernorm"``, ``"layernorm-image"`` or a positive number."""
         if isinstance(text, DomainSpec):
             return text
@@ -427,7 +427,7 @@ class DomainSpec:
             radius = math.nan
         if not (math.isfinite(radius) and radius > 0):
             raise AssumptionError(option, f"a positive number or one of {', '.join(DOMAIN_SPECS)}", repr(text),
-                                  f"e.g. {option} 20.25 or {option} layernorm")
+                                  f"e.g. `{option}` 20.25 or `{option}` layernorm")
         return cls("radius", radius)
 
     def resolve(self, layer_norm: LayerNorm | None, where: str = "this layer") -> TokenDomain:
@@ -435,8 +435,8 @@ class DomainSpec:
         if self.kind == "radius":
             return TokenBall(self.radius)
         if layer_norm is None:
-            raise AssumptionError("--radius", f"a number, since no LayerNorm feeds {where}", repr(self.kind),
-                                  "pass --radius R")
+            raise AssumptionError("domain", f"a number, since no LayerNorm feeds {where}", repr(self.kind),
+                                  "give a radius R as the `domain`")
         if self.kind == "layernorm":
             return TokenBall(layer_norm.radius_about_origin)
         return LayerNormOutputs(layer_norm)

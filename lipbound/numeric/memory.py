@@ -33,4 +33,4 @@ def require_memory(needed: int, option: str, what: str, largest_fitting: int, fr
         raise AssumptionError(option, f"a size whose {what} fits in memory (at most {largest_fitting} here)",
                               f"a run needing about {needed / 2 ** 30:.3g} GiB, with {limit / 2 ** 30:.3g} GiB "
                               "available",
-                              f"lower {option} to {largest_fitting} or less")
+                              f"lower `{option}` to {largest_fitting} or less")

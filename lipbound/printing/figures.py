@@ -92,7 +92,7 @@ def _save(figure, path, option: str) -> Path:
     extension = path.suffix.lower().lstrip(".")
     if extension not in figure.canvas.get_supported_filetypes():
         raise AssumptionError(option, f"a file ending in one of .{', .'.join(figure_formats())}", str(path),
-                              f"write e.g. {option} figure.pdf")
+                              f"write e.g. `{option}` figure.pdf")
     buffer = io.BytesIO()
     figure.savefig(buffer, format=extension, dpi=300)
     with atomic_write(path, option) as handle:
@@ -149,7 +149,7 @@ def _wrapped(text: str, characters: int = 52) -> str:
 
 
 @_styled
-def draw_scaling(data: ScalingFigure, path, option: str = "--output") -> Path:
+def draw_scaling(data: ScalingFigure, path, option: str = "path") -> Path:
     """Bound and witness of one head against ``n`` on the ball of radius ``fixed_radius`` (top) and
     against ``R`` with ``n = fixed_n`` (bottom), log-log, slopes fitted by least squares (dotted), the gap
     marked at both ends of each panel; one legend and a note on what the slopes mean."""
@@ -210,7 +210,7 @@ def gap_grid_from_report(report: dict, where: str = "report") -> GapGrid:
 
 
 @_styled
-def draw_gaps(grid: GapGrid, path, option: str = "--output") -> Path:
+def draw_gaps(grid: GapGrid, path, option: str = "path") -> Path:
     """A heatmap of the gap of every head (and whole layer), layers by heads, logarithmic colour scale, one
     colour bar; each cell is labelled with its gap; a partial report says so in the title."""
     from matplotlib.colors import LogNorm
@@ -266,7 +266,7 @@ EDIT_FIELDS = ("layer", "k", "positions", "n", "measured", "predicted_path", "pr
 
 
 @_styled
-def draw_perturbation(report: dict, path, option: str = "--output") -> Path:
+def draw_perturbation(report: dict, path, option: str = "path") -> Path:
     """Measured Wasserstein-1 movement of each layer's attention block (solid) and its certificate
     along the edit, ``predicted_path`` (dashed), against the share ``k / n`` of edited tokens, log
     scale; one legend."""
@@ -303,7 +303,7 @@ _EDIT_STYLES = (("measured", "-o", _WITNESS, "measured (this edit)"),
 
 
 @_styled
-def draw_edit_layers(report: dict, path, option: str = "--output") -> Path:
+def draw_edit_layers(report: dict, path, option: str = "path") -> Path:
     """Per layer: measured, worst witness, ``predicted_set``, ``predicted_path`` and ``global``
     Wasserstein-1 movement of the attention block outputs on a log axis, one panel per edit size k
     (stacked), one legend."""
@@ -347,7 +347,7 @@ def _curve(report: dict, option: str) -> dict:
 
 
 @_styled
-def draw_local_curve(report: dict, path, option: str = "--output") -> Path:
+def draw_local_curve(report: dict, path, option: str = "path") -> Path:
     """The certified local Lipschitz constant ``L(eps)`` (solid) and its witness in ``U(X, eps)``
     (dashed) against ``eps / R`` on log axes, with ``||DF(X)||`` (the limit eps -> 0, dotted) and the
     global certified constant (dash-dotted); from a ``local --json`` report."""
@@ -373,7 +373,7 @@ def draw_local_curve(report: dict, path, option: str = "--output") -> Path:
 
 
 @_styled
-def draw_edit_scaling(rows: list, path, option: str = "--output") -> Path:
+def draw_edit_scaling(rows: list, path, option: str = "path") -> Path:
     """Measured (filled) and path-certified (open) Wasserstein-1 movement of the attention block outputs
     against the edited share ``k / n``, one colour per layer, log-log, with the least-squares power law
     ``W1 ~ C (k / n)^c`` of each (solid: measured, dashed: certified) and its exponent in the legend.

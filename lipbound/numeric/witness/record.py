@@ -278,7 +278,7 @@ class Witness:
         path = Path(path)
         if path.suffix != ".npz":
             path = path.with_name(path.name + ".npz")
-        with atomic_write(path, "--witness-dir") as handle:
+        with atomic_write(path, "witness_dir") as handle:
             np.savez(handle, **self.to_arrays())
         return path
 

@@ -38,11 +38,12 @@ def _check_search_args(target, domain, n, budget_seconds, norm, m=None):
     """``(R, c, heads)``: the domain's enclosing ball and the heads; every argument checked."""
     heads = heads_of(target)[0]
     if isinstance(n, bool) or not (isinstance(n, (int, np.integer)) and n >= 1):
-        raise AssumptionError("--n", "an integer number of tokens >= 1", repr(n), "pass --n 8, say")
+        raise AssumptionError("n", "an integer number of tokens >= 1", repr(n), "ask for `n` 8, say")
     if m is not None and (isinstance(m, bool) or not (isinstance(m, (int, np.integer)) and m >= 1)):
-        raise AssumptionError("--m", "an integer number of queries >= 1", repr(m), "pass --m 8, say")
+        raise AssumptionError("m", "an integer number of queries >= 1", repr(m), "ask for `m` 8, say")
     if not (isinstance(budget_seconds, (int, float)) and budget_seconds > 0):
-        raise AssumptionError("--budget", "a positive number of seconds", repr(budget_seconds), "pass --budget 10")
+        raise AssumptionError("budget_seconds", "a positive number of nominal seconds", repr(budget_seconds),
+                              "give e.g. `budget_seconds` 10")
     if norm not in NORMS:
         raise AssumptionError("norm", f"one of {NORMS}", repr(norm), "use 'fro' or '2,1'")
     d = heads[0].d
@@ -61,7 +62,7 @@ def _check_memory(heads: int, n: int, d: int) -> None:
     per_token_squared = _BATCH * _SQUARES * heads * 8
     needed = per_token_squared * n * n + _BATCH * 16 * n * d * 8
     largest = int((available_bytes() * 0.8 / per_token_squared) ** 0.5)
-    require_memory(needed, "--n", "witness search", largest)
+    require_memory(needed, "n", "witness search", largest)
 
 
 def _evaluate_pool(problem: SearchProblem, pool, rng, power_steps: int, chunk: int, deadline: float):
