@@ -189,7 +189,7 @@ def open_checkpoint(path) -> tuple[TensorSource | Path, dict]:
     path = Path(path)
     if not path.exists():
         raise WeightsError(str(path), "an existing file or directory", "no such path",
-                           "check the path, or use the embedded default model (no path)")
+                           "check the path")
     if path.is_dir():
         config = read_config(path / "config.json")
         files = sorted(path.glob("*.safetensors"))
