@@ -153,7 +153,7 @@ class BlockVariant(Variant):
                                   "build one with lipbound.Assumptions(domain=..., norm=...)")
         if assumptions.norm.key not in self.norms:
             raise AssumptionError("norm", "a norm on X (fro, 2,1, 2,inf, inf) for a token-wise block",
-                                  repr(assumptions.norm.key), "use --norm fro (blocks are not measure maps)")
+                                  repr(assumptions.norm.key), "use `norm` fro (blocks are not measure maps)")
         assumptions = assumptions.with_(self_attends=None)  # no attention inside a token-wise block
         theorem = self.theorem(assumptions)
         return Bound(variant=key or self.title, norm=assumptions.norm.key, domain=self.domain_key(assumptions),
