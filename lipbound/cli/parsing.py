@@ -196,12 +196,13 @@ def scheduler_address(option: str = "--scheduler"):
 
 
 def _writable(path: Path, option: str) -> Path:
-    from ..io import check_output
     from ..errors import OutputError
+    from ..io import check_output
+    from .terms import in_cli_terms
     try:
         return check_output(path, option)
     except OutputError as error:
-        raise argparse.ArgumentTypeError(str(error).split(": ", 1)[1]) from None
+        raise argparse.ArgumentTypeError(in_cli_terms(error).split(": ", 1)[1]) from None
 
 
 def output_file(option: str, *suffixes: str):

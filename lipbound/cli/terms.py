@@ -39,12 +39,12 @@ COMMAND_OPTIONS = {
     "local": {"model": "--model"},
     "depth": {"model": "--model", "path": "--plot"},
     "plot scaling": {"weights": "--weights", "model": "--weights", "path": "--output"},
-    "plot gaps": {"weights": "--weights", "model": "--weights", "path": "--output", "report": "REPORT"},
-    "plot perturb": {"path": "--output", "report": "REPORT"},
-    "plot edits": {"path": "--output", "report": "REPORT"},
-    "plot curve": {"path": "--output", "report": "REPORT"},
+    "plot gaps": {"weights": "--weights", "model": "--weights", "path": "--output"},
+    "plot perturb": {"path": "--output"},
+    "plot edits": {"path": "--output"},
+    "plot curve": {"path": "--output"},
 }
-_NAMED = re.compile(r"`([A-Za-z_][A-Za-z0-9_.]*)`")
+_NAMED = re.compile(r"`(-{0,2}[A-Za-z_][A-Za-z0-9_.-]*)`")
 
 
 def option_for(argument: str, command: str = "") -> str | None:
