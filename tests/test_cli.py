@@ -324,7 +324,6 @@ def test_choices_are_readable_in_help():
 
 
 def test_recheck_help_names_a_file_verify_writes(tmp_path):
-    from lipbound.cli.parsing import epilog  # noqa: F401  (the help is the parser's)
     help_text = run("recheck", "--help").stdout
     example = next(line.split()[2] for line in help_text.splitlines() if line.strip().startswith("lipbound recheck "))
     assert main(["verify", *_SMALL[:4], "--n", "8", "--budget", "0.05", "--witness-dir", str(tmp_path)]) == 0
