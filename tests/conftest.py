@@ -39,7 +39,8 @@ def pytest_configure_node(node):
 
 
 #: The longest tests start first, so that the two test processes finish together.
-_FIRST = ("tests/test_notebooks.py::test_notebook_runs", "tests/test_paper.py")
+_FIRST = ("tests/test_readme.py::test_every_command", "tests/test_notebooks.py::test_notebook_runs",
+          "tests/test_paper.py")
 
 
 def pytest_collection_modifyitems(config, items):

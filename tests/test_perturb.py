@@ -244,11 +244,11 @@ def test_whole_word_vocabulary(model):
     ({"k": 7}, "k"),           # only 6 word tokens can be edited
     ({"k": 0}, "k"),
     ({"k": (1, 9)}, "k"),
-    ({"layers": (-1, 0)}, "--layers"),  # layers are counted from 0
-    ({"layers": range(0, 7)}, "--layers"),  # 6 layers: 0..5
-    ({"layers": ()}, "--layers"),
+    ({"layers": (-1, 0)}, "layers"),  # layers are counted from 0
+    ({"layers": range(0, 7)}, "layers"),  # 6 layers: 0..5
+    ({"layers": ()}, "layers"),
     ({"mode": "swap"}, "mode"),
-    ({"model": "/nonexistent/bert-dir"}, "--model"),
+    ({"model": "/nonexistent/bert-dir"}, "model"),
     ({"positions": (0,)}, "positions"),       # [CLS] is never edited
     ({"positions": (7,)}, "positions"),       # nor [SEP]
     ({"positions": (2, 2)}, "positions"),
