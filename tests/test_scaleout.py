@@ -268,19 +268,42 @@ def test_every_blas_runs_one_thread_inside_a_task_even_when_loaded_there():
     assert after.keys() == inside.keys()
 
 
+def _whole_serially_and_with_two_jobs(model_path, tmp_path, *options: str) -> tuple[dict, dict]:
+    """``verify --whole`` on ``model_path`` in a shell that sets no thread count, then with ``--jobs 2``."""
+    reports = []
+    for extra, name in (([], "serial"), (["--jobs", "2"], "jobs")):
+        subprocess.run([sys.executable, "-m", "lipbound.cli", "verify", str(model_path), "--whole", "--json",
+                        str(tmp_path / f"{name}.json"), *options, *extra], check=True, capture_output=True,
+                       env=_without_thread_settings(), timeout=1800)
+        reports.append(json.loads((tmp_path / f"{name}.json").read_text()))
+    return reports[0], reports[1]
+
+
+def test_verify_whole_on_the_first_minilm_layer_is_the_same_serially_and_with_two_jobs(tmp_path):
+    """The fast variant of the next test: all-MiniLM-L6-v2's embeddings and layer 0 (its real weights, its
+    LipSDP-Neuron feed-forward, which factors matrices with scipy's BLAS) with few witness steps."""
+    import dataclasses
+
+    from lipbound.measures.bert import default_model_dir
+    from lipbound.numeric.model import load_weights
+    from lipbound.numeric.model.plain import save_plain
+    first = load_weights(default_model_dir(), layers=[0])
+    path = save_plain(dataclasses.replace(first, num_layers=1), tmp_path / "minilm-layer-0.npz")
+    serial, jobs = _whole_serially_and_with_two_jobs(path, tmp_path, "--n", "2", "--effort", "2", "--restarts", "1",
+                                                     "--iterations", "3")
+    assert serial["complete"] and jobs["complete"]
+    assert {row["component"] for row in serial["components"]} >= {"attention", "ffn", "norm", "layer"}
+    assert serial["components"] == jobs["components"]
+    assert serial["model_bound"]["value"] == jobs["model_bound"]["value"]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_verify_whole_on_minilm_is_the_same_serially_and_with_two_jobs(tmp_path):
     """The whole all-MiniLM-L6-v2 end to end (about 4 and 2.5 minutes): the serial run in a shell that sets no
     thread count, the other in two workers; every component and the model bound agree to the last bit."""
     from lipbound.measures.bert import default_model_dir
-    reports = []
-    for extra, name in (([], "serial"), (["--jobs", "2"], "jobs")):
-        subprocess.run([sys.executable, "-m", "lipbound.cli", "verify", default_model_dir(), "--whole", "--json",
-                        str(tmp_path / f"{name}.json")] + extra, check=True, capture_output=True,
-                       env=_without_thread_settings(), timeout=1800)
-        reports.append(json.loads((tmp_path / f"{name}.json").read_text()))
-    serial, jobs = reports
+    serial, jobs = _whole_serially_and_with_two_jobs(default_model_dir(), tmp_path)
     assert serial["complete"] and jobs["complete"]
     assert serial["components"] == jobs["components"]
     assert serial["model_bound"]["value"] == jobs["model_bound"]["value"]
