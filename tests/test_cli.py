@@ -435,6 +435,22 @@ def test_plain_text_prints_norms_as_norms_and_defines_kappa(capsys):
     assert "_sqrt_n" not in out and "\n    a is" not in out
 
 
+def test_plain_text_writes_the_lambert_function_as_w0():
+    import sympy as sp
+
+    from lipbound.printing.plaintext import plain
+    from lipbound.symbolic import symbols as S
+    assert plain(4 * S.lambert_level(S.n) + 1) == "4*W_0((n - 1)/e) + 1"
+    assert plain(sp.LambertW(S.n * sp.exp(-1))) == "W_0(n*exp(-1))"
+
+
+def test_compare_prints_no_private_function_names(capsys):
+    assert main(["compare", "kim-l2-fro"]) == 0
+    out = capsys.readouterr().out
+    assert "W_0((n - 1)/e)" in out and "W_0 = the principal branch" in out
+    assert "lambert_level" not in out and "LambertW" not in out
+
+
 def test_a_missing_text_model_says_how_to_install_it_once(monkeypatch, capsys):
     from lipbound.measures import bert
     monkeypatch.setattr(bert, "_DEFAULT_PACKAGE", "no_such_package_for_lipbound")

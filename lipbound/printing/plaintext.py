@@ -58,6 +58,12 @@ class _PlainPrinter(StrPrinter):
         n, omega = expr.args
         return f"kappa^c_{self._subscript(n)}({self._print(omega)})"
 
+    def _print_lambert_level(self, expr):
+        return f"W_0(({self._print(expr.args[0] - 1)})/e)"
+
+    def _print_LambertW(self, expr):
+        return "W_0(" + ", ".join(self._print(arg) for arg in expr.args) + ")"
+
     def _subscript(self, expr) -> str:
         text = self._print(expr)
         return text if text.isalnum() else f"{{{text}}}"
