@@ -23,7 +23,7 @@ from lipbound.cli.parsing import int_list
 from lipbound.errors import AssumptionError
 from lipbound.measures import EmpiricalMeasure, self_attention_layer_measure, w1
 from lipbound.measures.bert import load_text_model
-from lipbound.measures.edits import draw_edits, whole_word_ids
+from lipbound.measures.edits import clean_word_ids, draw_edits, drawable_ids, offensive_words, whole_word_ids
 from lipbound.measures.perturb import block_constant, data_radius, perturb
 from lipbound.numeric import attention
 from lipbound.numeric.certify import head_constant
@@ -234,6 +234,40 @@ def test_whole_word_vocabulary(model):
     assert "cat" in words and "[CLS]" not in words and "[MASK]" not in words
     assert not any(w.startswith("##") or not w.isalpha() for w in words)
     assert len(words) > 15000
+
+
+def test_random_edits_never_draw_a_word_of_the_offensive_list(model):
+    tokenizer = model.tokenizer
+    banned = offensive_words()
+    assert len(banned) >= 200 and {"nazi", "twisted"} & banned == {"nazi"}
+    in_vocabulary = banned & {token.lower() for token in tokenizer.vocab}
+    assert len(in_vocabulary) >= 100   # the list names words the model really has
+    clean, drawable = clean_word_ids(tokenizer), drawable_ids(tokenizer)
+    assert not {tokenizer.vocab[i].lower() for i in clean} & banned
+    assert not {tokenizer.vocab[i].lower() for i in drawable} & banned
+    whole = whole_word_ids(tokenizer)
+    assert clean.size == whole.size - sum(tokenizer.vocab[i].lower() in banned for i in whole) > 0
+    ids = model.encode(sentences()[0])
+    for seed in range(200):
+        for mode in ("replace", "insert"):
+            words = draw_edits(model, ids, mode, (1, 2, 3), seed)[3].words
+            assert not {w.lower() for w in words} & banned, (seed, mode, words)
+
+
+def test_the_readme_perturb_example_draws_clean_words(model):
+    """The README's example (seed 0) printed 'nazi' before the word list; it says what it draws now."""
+    edits = draw_edits(model, model.encode("The cat sat on the mat."), "replace", (1, 2), 0)
+    assert edits[1].words == ("twisted",) and edits[2].words == ("twisted", "hobbs")
+
+
+def test_sampled_candidate_sets_skip_the_offensive_words_and_all_keeps_them(model):
+    from lipbound.measures.perturb import _set_ids
+    banned = offensive_words()
+    edits = draw_edits(model, model.encode("The cat sat on the mat."), "replace", (1,), 0)
+    sample, _ = _set_ids(model, 4096, edits, seed=0)
+    assert not {model.tokenizer.vocab[i].lower() for i in sample} & banned
+    everything, _ = _set_ids(model, "all", edits, seed=0)
+    assert model.tokenizer.token_to_id("nazi") in everything
 
 
 # Errors -----------------------------------------------------------------------------------------------------
