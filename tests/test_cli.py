@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -321,6 +322,12 @@ def test_choices_are_readable_in_help():
     for command in (["derive", "--help"], ["local", "--help"]):
         text = run(*command).stdout
         assert "{fro,2,1" not in text and "NORM" in text and "2,inf (the largest token norm)" in " ".join(text.split())
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    plot = next(a for a in subparsers.choices["plot"]._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name, sub in [*subparsers.choices.items(), *plot.choices.items()]:
+        for group in re.findall(r"\{([^{}]*,[^{}]*)\}", sub.format_help()):   # argparse's {a,b,c}: words only
+            assert all(re.fullmatch(r"[a-z][a-z-]*", choice) for choice in group.split(",")), (name, group)
 
 
 def test_recheck_help_names_a_file_verify_writes(tmp_path):

@@ -193,8 +193,8 @@ def _add_style_options(parser) -> None:
                              "\\label{lb:thm:...}), so that they never clash with yours")
     parser.add_argument("--text-width", type=positive_float("--text-width"), default=345.0,
                         help="\\textwidth of your document in pt (default 345, a 10pt article; at least 300)")
-    parser.add_argument("--font-size", type=float, choices=[10.0, 11.0, 12.0], default=10.0,
-                        help="body font size of your document in pt (default 10)")
+    parser.add_argument("--font-size", type=float, choices=[10.0, 11.0, 12.0], default=10.0, metavar="PT",
+                        help="body font size of your document in pt, one of: 10 (the default), 11, 12")
 
 
 def _add_head_options(parser, weights_help: str) -> None:
