@@ -414,6 +414,36 @@ def test_progress_is_a_bar_with_the_time_left_on_a_terminal_and_silent_otherwise
     assert piped.returncode == 0 and piped.stderr == ""
 
 
+def test_every_long_run_moves_its_progress_bar_to_the_end(tmp_path, monkeypatch):
+    """verify, verify --whole, perturb, local, plot scaling and plot gaps (measured) report (done, total) to the one
+    bar of cli/output.py, ending at their total: the bar shows the time left (the test above: on a terminal)."""
+    from lipbound.cli import output
+    from test_whole import encoder_decoder
+    save_plain(encoder_decoder(layers=1), tmp_path / "m.npz")
+    seen: list[tuple[int, int | None]] = []
+    update = output.Progress.update
+
+    def recording(self, done, total=None, what=None):
+        update(self, done, total, what)
+        seen.append((done, self.bar.total))
+    monkeypatch.setattr(output.Progress, "update", recording)
+    fast = ["--budget", "0.05"]
+    commands = {
+        "verify": ["verify", *_SMALL, "--witness-dir", str(tmp_path / "w")],
+        "verify --whole": ["verify", str(tmp_path / "m.npz"), "--whole", "--n", "2", "--m", "2", "--effort", "2",
+                           "--restarts", "1", "--iterations", "2"],
+        "perturb": ["perturb", "Rain is expected.", "--positions", "2", "--layers", "0", "--vocabulary", "8",
+                    "--search", "8"],
+        "local": ["local", "Rain is expected.", "--kind", "head", "--head", "3", "--eps", "0,1e-3"],
+        "plot scaling": ["plot", "scaling", *fast, "--n-values", "2,4", "-o", str(tmp_path / "s.png")],
+        "plot gaps": ["plot", "gaps", *fast, "--n", "2", "-o", str(tmp_path / "g.png")],
+    }
+    for name, args in commands.items():
+        seen.clear()
+        assert main(args) in (0, 3), name
+        assert seen and seen[-1][1] and seen[-1][0] == seen[-1][1], (name, seen[-3:])
+
+
 def test_the_tables_explain_their_columns(tmp_path, capsys):
     assert main(["verify", *_SMALL[:4], "--n", "2", "--budget", "0.05", "--witness-dir", str(tmp_path),
                  "--csv", str(tmp_path / "r.csv")]) == 0
