@@ -417,8 +417,9 @@ def test_progress_is_a_bar_with_the_time_left_on_a_terminal_and_silent_otherwise
 def test_every_long_run_moves_its_progress_bar_to_the_end(tmp_path, monkeypatch):
     """verify, verify --whole, perturb, local, plot scaling and plot gaps (measured) report (done, total) to the one
     bar of cli/output.py, ending at their total: the bar shows the time left (the test above: on a terminal)."""
-    from lipbound.cli import output
     from test_whole import encoder_decoder
+
+    from lipbound.cli import output
     save_plain(encoder_decoder(layers=1), tmp_path / "m.npz")
     seen: list[tuple[int, int | None]] = []
     update = output.Progress.update
