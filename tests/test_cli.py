@@ -435,7 +435,7 @@ def test_every_long_run_moves_its_progress_bar_to_the_end(tmp_path, monkeypatch)
                            "--restarts", "1", "--iterations", "2"],
         "perturb": ["perturb", "Rain is expected.", "--positions", "2", "--layers", "0", "--vocabulary", "8",
                     "--search", "8"],
-        "local": ["local", "Rain is expected.", "--kind", "head", "--head", "3", "--eps", "0,1e-3"],
+        "local": ["local", "Rain is expected.", "--map", "head", "--head", "3", "--eps", "0,1e-3"],
         "plot scaling": ["plot", "scaling", *fast, "--n-values", "2,4", "-o", str(tmp_path / "s.png")],
         "plot gaps": ["plot", "gaps", *fast, "--n", "2", "-o", str(tmp_path / "g.png")],
     }

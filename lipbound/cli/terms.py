@@ -36,7 +36,7 @@ COMMAND_OPTIONS = {
     "recheck": {"weights": "--weights", "model": "--weights", "path": "WITNESS"},
     "convert": {"path": "OUT"},
     "perturb": {"model": "--model", "path": "--plot"},
-    "local": {"model": "--model"},
+    "local": {"model": "--model", "kind": "--map"},
     "depth": {"model": "--model", "path": "--plot"},
     "plot scaling": {"weights": "--weights", "model": "--weights", "path": "--output"},
     "plot gaps": {"weights": "--weights", "model": "--weights", "path": "--output"},

@@ -7,6 +7,7 @@ Layers, heads and token positions are counted from 0, as everywhere in lipbound.
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from .output import Progress
@@ -31,6 +32,15 @@ def _edit_options(args):
     if spec is None:
         spec = (len(args.positions),) if args.positions else (1,)
     return mode, spec
+
+
+def _renamed(option: str, new: str, why: str):
+    """An option's old name: refused with its new one (one name, one meaning across the commands)."""
+    def refuse(text: str):
+        raise argparse.ArgumentTypeError(f"expected {new} {text} (this option is now called {new}; {why}), got "
+                                         f"{option} {text!r}. Fix: write {new} {text}")
+    refuse.__name__ = option
+    return refuse
 
 
 def _text_model(name):
@@ -97,8 +107,6 @@ def _local(args) -> int:
 
 
 def _count_or_all(option: str):
-    import argparse
-
     def convert(text: str):
         if text == "all":
             return "all"
@@ -184,20 +192,23 @@ def register(sub) -> None:
                     "edit certificates of perturb for the layers of the component.  Layers, heads and positions "
                     "are counted from 0.",
         epilog=epilog('lipbound local "The cat sat on the mat."',
-                      'lipbound local "The cat sat on the mat." --kind head --head 3 --eps 0,1e-4,1e-3,1e-2 '
+                      'lipbound local "The cat sat on the mat." --map head --head 3 --eps 0,1e-4,1e-3,1e-2 '
                       '--plot-curve curve.png',
-                      'lipbound local "The cat sat on the mat." --kind block --ball tokens --positions 2',
+                      'lipbound local "The cat sat on the mat." --map block --ball tokens --positions 2',
                       'lipbound local "The cat sat on the mat." --positions 2 --vocabulary 2048 --json local.json',
                       notes="Exit status: 0, 2 user error, 3 a witness or a measured movement exceeds its "
                             "certificate."))
     local.add_argument("sentence", help="the text whose hidden states X are the centre of U(X, eps)")
     local.add_argument("--layer", type=index("--layer", "layer"), default=0,
                        help="the layer, counted from 0 (default 0)")
-    local.add_argument("--kind", metavar="KIND", type=choice("--kind", ("head", "layer", "block", "stack")),
-                       default="layer", help="one of: head, layer (attention with its residual, the default), block "
-                                             "(a whole layer) or stack (--layer..--last)")
-    local.add_argument("--head", type=index("--head", "head"), help="the head of --kind head, counted from 0")
-    local.add_argument("--last", type=index("--last", "layer"), help="the last layer of --kind stack")
+    local.add_argument("--map", metavar="MAP", dest="kind", type=choice("--map", ("head", "layer", "block", "stack")),
+                       default="layer", help="the map whose constant is certified, one of: head, layer (attention "
+                                             "with its residual, the default), block (a whole layer) or stack "
+                                             "(--layer..--last)")
+    local.add_argument("--kind", type=_renamed("--kind", "--map", "verify's --kind selects an attention (self, causal, "
+                                               "cross)"), help=argparse.SUPPRESS)
+    local.add_argument("--head", type=index("--head", "head"), help="the head of --map head, counted from 0")
+    local.add_argument("--last", type=index("--last", "layer"), help="the last layer of --map stack")
     local.add_argument("--norm", metavar="NORM", type=choice("--norm", ("fro", "2,1", "2,inf")), default="fro",
                        help="the norm of the Lipschitz constant, one of: fro (Frobenius, the default), 2,1 (the sum of "
                             "the token norms), 2,inf (the largest token norm)")
