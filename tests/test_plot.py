@@ -152,6 +152,23 @@ def test_every_figure_keeps_every_text_on_the_canvas(tmp_path, monkeypatch):
         _check_png(tmp_path / f"{name}.png")
 
 
+def test_the_depth_figure_keeps_every_text_on_the_canvas(tmp_path, monkeypatch):
+    """``depth --plot`` draws its own figure (lipbound.measures.depth): checked the same way."""
+    from matplotlib.figure import Figure
+
+    from lipbound.measures.depth import depth_experiment
+    from lipbound.printing.figures import clipped_texts
+    drawn, save = [], Figure.savefig
+
+    def keep(figure, *args, **kwargs):
+        drawn.append(figure)
+        return save(figure, *args, **kwargs)
+    monkeypatch.setattr(Figure, "savefig", keep)
+    depth_experiment(0.5, steps=20).plot(tmp_path / "depth.png")
+    assert len(drawn) == 1 and clipped_texts(drawn[0]) == []
+    assert float(np.mean(_image(tmp_path / "depth.png")[..., :3].min(axis=-1) < 0.9)) > 0.02
+
+
 def test_the_clipping_check_sees_a_clipped_label(tmp_path, monkeypatch):
     """The check itself: a colour-bar label longer than the figure is reported."""
     from lipbound.printing.figures import clipped_texts
