@@ -16,7 +16,7 @@ from pathlib import Path
 
 __all__ = ["Parser", "EXIT_USER_ERROR", "positive_int", "index", "positive_float", "int_list", "radius_spec",
            "choice", "output_file", "output_directory", "plot_file", "epilog", "scheduler_address", "model_path",
-           "DEFAULT_MODEL", "EMBEDDED_MODEL_HELP"]
+           "DEFAULT_MODEL", "EMBEDDED_MODEL_HELP", "renamed"]
 
 EXIT_USER_ERROR = 2
 
@@ -152,6 +152,14 @@ def choice(option: str, choices: tuple[str, ...]):
         return text
     convert.__name__ = option
     return convert
+
+
+def renamed(option: str, new: str, why: str):
+    """An option's old name (``help=argparse.SUPPRESS``): refused in one line that gives its new name ``new``."""
+    def refuse(text: str):
+        _fail(f"{new} {text} (this option is now called {new}; {why})", f"{option} {text}", f"write {new} {text}")
+    refuse.__name__ = option
+    return refuse
 
 
 def model_path(option: str, what: str = "checkpoint file or folder", default_is: str = "the embedded model"):

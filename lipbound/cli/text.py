@@ -12,7 +12,7 @@ import json
 
 from .output import Progress
 from .parsing import DEFAULT_MODEL, choice, epilog, float_list, index, int_list, model_path, output_file, plot_file, \
-    positive_int
+    positive_int, renamed
 
 __all__ = ["register"]
 
@@ -32,15 +32,6 @@ def _edit_options(args):
     if spec is None:
         spec = (len(args.positions),) if args.positions else (1,)
     return mode, spec
-
-
-def _renamed(option: str, new: str, why: str):
-    """An option's old name: refused with its new one (one name, one meaning across the commands)."""
-    def refuse(text: str):
-        raise argparse.ArgumentTypeError(f"expected {new} {text} (this option is now called {new}; {why}), got "
-                                         f"{option} {text!r}. Fix: write {new} {text}")
-    refuse.__name__ = option
-    return refuse
 
 
 def _text_model(name):
@@ -205,7 +196,7 @@ def register(sub) -> None:
                        default="layer", help="the map whose constant is certified, one of: head, layer (attention "
                                              "with its residual, the default), block (a whole layer) or stack "
                                              "(--layer..--last)")
-    local.add_argument("--kind", type=_renamed("--kind", "--map", "verify's --kind selects an attention (self, causal, "
+    local.add_argument("--kind", type=renamed("--kind", "--map", "verify's --kind selects an attention (self, causal, "
                                                "cross)"), help=argparse.SUPPRESS)
     local.add_argument("--head", type=index("--head", "head"), help="the head of --map head, counted from 0")
     local.add_argument("--last", type=index("--last", "layer"), help="the last layer of --map stack")
