@@ -189,7 +189,8 @@ def main(argv=None) -> int:
         label, package = MODELS[key]
         model, seconds = _timed(load_weights, _model_dir(package))
         layers = set(args.layers) if args.layers is not None else set(range(64))
-        print(f"== {label}: {model.num_layers} layers{' + decoder' if model.decoder else ''}, loaded in {seconds:.1f} s\n")
+        decoder = " + decoder" if model.decoder else ""
+        print(f"== {label}: {model.num_layers} layers{decoder}, loaded in {seconds:.1f} s\n")
         norms_part(label, model, layers, args.sigma_min)
         rows = ffn_part(label, model, layers, args.effort, args.witness_steps)
         residual_part(label, model, layers, rows, args.effort)

@@ -61,8 +61,9 @@ def path_part(model, texts, modes, ks, layers):
         print(f"path, {mode}: {len(chosen)} rows in {time.perf_counter() - began:.0f} s")
         for layer in layers:
             ratios = [row.predicted_path / row.measured for row in chosen if row.layer == layer]
+            global_ratio = np.median([r.global_ / r.measured for r in chosen if r.layer == layer])
             print(f"  layer {layer}: predicted_path / measured {_quartiles(ratios)}  "
-                  f"(global / measured median {np.median([r.global_ / r.measured for r in chosen if r.layer == layer]):.3g})")
+                  f"(global / measured median {global_ratio:.3g})")
     worst = max(row.predicted_path / row.measured for _, row in rows)
     print(f"path: largest predicted_path / measured {worst:.3g} (target <= 2: {'met' if worst <= 2 else 'NOT met'}); "
           f"violations {violations}")
@@ -111,7 +112,8 @@ def curve_part(model, texts, layers, fractions, curvature_tokens, kinds=("layer"
             if p.ratio > 1.5:
                 break
             within = p.eps / curve.radius
-        print(f"curve, n = {curve.n}, {curve.description}: ||DF(X)|| {curve.jacobian_norm:.4g} / {curve.jacobian_witness:.4g} "
+        print(f"curve, n = {curve.n}, {curve.description}: ||DF(X)|| {curve.jacobian_norm:.4g} / "
+              f"{curve.jacobian_witness:.4g} "
               f"({curve.jacobian_bound}), variation {curve.variation_bound}; certified / witness "
               + "  ".join(f"{p.eps / curve.radius:.0e}: {p.ratio:.3g}" for p in small)
               + f" (<= 1.5 up to {within:.0e} R)"
@@ -154,7 +156,8 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", default=["path", "set", "curve", "fits"],
                         choices=["path", "set", "curve", "fits"])
     parser.add_argument("--sentences", type=int, default=20, help="the N shortest of the 20 sentences (default 20)")
-    parser.add_argument("--set-sentences", type=int, default=2, help="sentences of the whole-vocabulary part (default 2)")
+    parser.add_argument("--set-sentences", type=int, default=2,
+                        help="sentences of the whole-vocabulary part (default 2)")
     parser.add_argument("--modes", nargs="+", default=["replace", "insert", "delete"])
     parser.add_argument("--k", default="1..3", help="edit sizes (default 1..3)")
     parser.add_argument("--layers", default="0..5", help="layers counted from 0 (default 0..5)")
@@ -169,7 +172,8 @@ def main() -> None:
                         help="the curve part for the attention layer, the whole layer, and/or the stack of a layer "
                              "and the next (default layer)")
     parser.add_argument("--curvature-tokens", type=int, default=None,
-                        help="largest n of the curvature bound's Gram route in the curve part (longer: the split bound; default: lipbound's)")
+                        help="largest n of the curvature bound's Gram route in the curve part (longer: the split "
+                             "bound; default: lipbound's)")
     args = parser.parse_args()
 
     from lipbound.cli.parsing import int_list

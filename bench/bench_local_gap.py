@@ -30,7 +30,8 @@ Five parts, on the shortest of the 20 bundled sentences (layers counted from 0):
 * ``hull`` -- the convex relaxation of the same set: Frank-Wolfe ascent of the layer-l movement over
   the convex hull of the word embeddings at the edited position, started at the worst word.
 
-Run: ``python bench/bench_local_gap.py [--parts variation curvature groups between hull] [--layer 0] [--groups 1,16,64]``.
+Run: ``python bench/bench_local_gap.py [--parts variation curvature groups between hull] [--layer 0]
+[--groups 1,16,64]``.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def variation_part(bert, text, layer):
         return sum(curvature.chis(component.bounds(balls, enclosed), balls.radii))
 
     profiles = {"every token at eps": lambda t: [np.full(n, t)],
-                "cover, one token at eps": lambda t: [np.where(np.arange(n) == j, t, t / math.sqrt(2)) for j in range(n)],
+                "cover, one token at eps": lambda t: [np.where(np.arange(n) == j, t, t / math.sqrt(2))
+                                                      for j in range(n)],
                 "eps / sqrt(n) (not an enclosure)": lambda t: [np.full(n, t / math.sqrt(n))]}
     print(f"  curvature bound at X: {total(np.zeros(n)):.4g}")
     grid = sorted({10 ** (k / 4) for k in range(-20, -7)} | set(FRACTIONS))

@@ -44,8 +44,8 @@ def main() -> None:
             assert witness.ratio <= best, "a measure witness beats a certified W1 constant"
             print(f"{layer_index:5d} {h:4d} {witness.ratio:11.4g} {closed:12.4g} "
                   f"{sdp.value if sdp.certified else float('nan'):10.4g} {gaps[-1]:6.3g}", flush=True)
-    print("gap certified W1 constant / measure witness: min {:.3g}  median {:.3g}  max {:.3g} ({} heads)".format(
-        min(gaps), float(np.median(gaps)), max(gaps), len(gaps)))
+    print(f"gap certified W1 constant / measure witness: min {min(gaps):.3g}  median {float(np.median(gaps)):.3g}  "
+          f"max {max(gaps):.3g} ({len(gaps)} heads)")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ Prints the wall time of each, the speed-ups over serial, the CPU seconds spent (
 and its local worker processes) and the cores that makes per wall second, whether every report
 number (witness values, every upper bound, best bound, gap, refutations) is identical to the
 serial run's, and the machine's load average (``os.getloadavg``) before and after each run: on
-a shared machine the speed-ups are capped by the share of the cores the run receives.  Targets: speed-ups >= 1.7 on a 2-core machine, identical numbers.
+a shared machine the speed-ups are capped by the share of the cores the run receives.  Targets: speed-ups
+>= 1.7 on a 2-core machine, identical numbers.
 
 ``--whole`` times ``lipbound verify MODEL --whole`` instead (every attention, feed-forward block,
 LayerNorm and residual, and the end-to-end maps: :func:`lipbound.numeric.whole.verify_whole`) and

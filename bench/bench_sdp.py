@@ -123,7 +123,8 @@ def all_heads(layer, heads, radius: float, n: int, solver: str) -> None:
 
 def layer_bound(layer, radius: float, n: int, solver: str) -> None:
     target = layer.as_layer()
-    bound, seconds = _timed(relax, MultiHead(SelfAttention(DotProduct())), target, TokenBall(radius), n=n, solver=solver)
+    bound, seconds = _timed(relax, MultiHead(SelfAttention(DotProduct())), target, TokenBall(radius), n=n,
+                            solver=solver)
     print(f"multi-head layer 0 (registry, MultiHead): {bound.value:.2f} "
           f"[concatenated {bound.details.get('concatenated', float('nan')):.2f}, "
           f"split through W_O {bound.details.get('split', float('nan')):.2f}], {seconds:.1f} s")

@@ -69,7 +69,8 @@ def run(label: str, package: str, args) -> None:
         sdp, closed = _upper(row, "LipSDP-Neuron"), _upper(row, "closed form")
         print(f"  {row['block']:8s} {row['layer']:5d} {closed:9.3f} {sdp:9.3f} {row['witness']:9.3f} "
               f"{sdp / closed:10.3f} {sdp / row['witness']:8.3f}")
-    print(f"  median SDP/closed {statistics.median(_upper(r, 'LipSDP-Neuron') / _upper(r, 'closed form') for r in ffn):.3f}"
+    median = statistics.median(_upper(r, "LipSDP-Neuron") / _upper(r, "closed form") for r in ffn)
+    print(f"  median SDP/closed {median:.3f}"
           f", worst SDP/witness {max(_upper(r, 'LipSDP-Neuron') / r['witness'] for r in ffn):.3f}")
     norms = [r for r in report.components if r["component"] == "norm"]
     print(f"  LayerNorm global constants: {min(r['best_upper'] for r in norms):.4g} .. "

@@ -103,7 +103,8 @@ def summary(rows: list[WitnessRow]) -> dict:
             "rows": len(rows)}
 
 
-HEADER = f"{'layer':>5} {'head':>4} {'n':>3} {'R':>7} {'ours':>10} {'naive':>9} {'Castin':>8} {'ours/naive':>10} {'ours/Castin':>11} {'s':>5}"
+HEADER = (f"{'layer':>5} {'head':>4} {'n':>3} {'R':>7} {'ours':>10} {'naive':>9} {'Castin':>8} {'ours/naive':>10} "
+          f"{'ours/Castin':>11} {'s':>5}")
 
 
 def format_row(r: WitnessRow) -> str:
@@ -114,7 +115,8 @@ def format_row(r: WitnessRow) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=None, help="seconds per search (default 5; 1.5 with --quick)")
-    parser.add_argument("--n", type=int, nargs="+", default=None, help="sequence lengths (default 8 32; 8 with --quick)")
+    parser.add_argument("--n", type=int, nargs="+", default=None,
+                        help="sequence lengths (default 8 32; 8 with --quick)")
     parser.add_argument("--layers", type=int, nargs="+", default=[0, 5])
     parser.add_argument("--heads", type=int, nargs="+", default=None, help="head indices (default: all)")
     parser.add_argument("--quick", action="store_true", help="short budget, n = 8 only")

@@ -16,6 +16,7 @@ __all__ = [
     "NotCertifiedError",
     "OutputError",
     "ClusterError",
+    "LipboundWarning",
 ]
 
 
@@ -68,3 +69,7 @@ class OutputError(LipboundError):
 
 class ClusterError(LipboundError):
     """Work cannot be handed out: no dask scheduler answers at the address, or dask is missing."""
+
+
+class LipboundWarning(UserWarning):
+    """Base class of lipbound's warnings; the tests turn every one into an error (pyproject.toml)."""

@@ -25,17 +25,18 @@ def check_output(path, option: str, suffixes: tuple[str, ...] = ()) -> Path:
     """
     path = Path(path)
     if path.is_dir():
-        raise OutputError(option, "a file path", f"the folder {path}", f"give a file name, e.g. {option} {path / 'report'}")
+        raise OutputError(option, "a file path", f"the folder {path}",
+                          f"give a file name, e.g. `{option}` {path / 'report'}")
     if suffixes and path.suffix.lower() not in suffixes:
         raise OutputError(option, f"a file ending in {' or '.join(suffixes)}", repr(str(path)),
-                          f"use e.g. {option} {path.with_suffix(suffixes[0])}")
+                          f"use e.g. `{option}` {path.with_suffix(suffixes[0])}")
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise OutputError(option, "a path in an existing folder", f"{path} (no folder {folder})",
-                          f"create it first (mkdir -p {folder}) or choose another {option}")
+                          f"create it first (mkdir -p {folder}) or choose another `{option}`")
     if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise OutputError(option, "a writable location", f"{path} (permission denied)",
-                          f"choose another {option} in a folder you can write")
+                          f"choose another `{option}` in a folder you can write")
     return path
 
 
@@ -48,7 +49,7 @@ def atomic_write(path, option: str = "output", mode: str = "wb"):
         descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=folder)
     except OSError as error:
         raise OutputError(option, "a writable location", f"{path} ({error.strerror})",
-                          f"choose another {option}") from None
+                          f"choose another `{option}`") from None
     try:
         os.chmod(temporary, path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask())
         with os.fdopen(descriptor, mode) as handle:

@@ -171,7 +171,8 @@ def tokenizer_reference(model_dir: str, out_path: str, stamp: dict[str, str]) ->
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", required=True, help="a Hugging Face BERT directory (all-MiniLM-L6-v2)")
-    parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "..", "lipbound", "measures", "data"))
+    parser.add_argument("--out-dir",
+                        default=os.path.join(os.path.dirname(__file__), "..", "lipbound", "measures", "data"))
     args = parser.parse_args(argv)
     stamp = versions()
     os.makedirs(args.out_dir, exist_ok=True)

@@ -26,7 +26,8 @@ def layer(rng, d: int = 6, heads: int = 2, d_k: int = 3, d_ff: int = 10, index: 
                             ffn_norm=norm(rng, d))
 
 
-def model(seed: int = 0, d: int = 6, layers: int = 2, vocab: int = 12, positions: int = 16, scale: float = 1.0) -> Model:
+def model(seed: int = 0, d: int = 6, layers: int = 2, vocab: int = 12, positions: int = 16,
+          scale: float = 1.0) -> Model:
     """A complete model: embeddings of ``vocab`` tokens and ``layers`` post-LN layers, the input LayerNorm of
     each layer being the output LayerNorm of the one before (as in BERT)."""
     rng = np.random.default_rng(seed)

@@ -16,7 +16,7 @@ import sympy as sp
 
 from lipbound.symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
 from lipbound.numeric import attention as att
-from lipbound.numeric.domains import LayerNormOutputs, TokenBall
+from lipbound.numeric.domains import LayerNormOutputs, TokenBall, TokenDomain
 from lipbound.numeric.evaluate import evaluate_bound
 from lipbound.numeric.kernels import AttentionMask, DotProduct, L2Distance, ScaledCosine
 from lipbound.numeric.model import Head, Layer, LayerNorm
@@ -41,7 +41,7 @@ class Case:
     d: int
     heads: list
     layer: Layer | None
-    numeric_domain: NumericDomain | None
+    numeric_domain: TokenDomain | None
     ln: LayerNorm | None
     values: dict
     m: int | None = None

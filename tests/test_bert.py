@@ -184,7 +184,8 @@ def write_tiny_bert(path, prefix="bert.", **config_overrides):
     with open(os.path.join(path, "config.json"), "w") as handle:
         json.dump(config, handle)
     with open(os.path.join(path, "vocab.txt"), "w") as handle:
-        handle.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "c", "##a", "##b", ".", "!"]) + "\n")
+        tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "c", "##a", "##b", ".", "!"]
+        handle.write("\n".join(tokens) + "\n")
     shapes = {"embeddings.word_embeddings.weight": (vocab, d), "embeddings.position_embeddings.weight": (16, d),
               "embeddings.token_type_embeddings.weight": (2, d), "embeddings.LayerNorm.weight": (d,),
               "embeddings.LayerNorm.bias": (d,)}
@@ -238,7 +239,7 @@ def test_shape_disagreement_with_config(tmp_path):
 @pytest.mark.parametrize("override, argument", [
     ({"position_embedding_type": "relative_key"}, "position_embedding_type"),
     ({"hidden_act": "swish"}, "hidden_act"),
-    ({"num_attention_heads": 3}, "--num-heads"),  # 3 heads do not divide the width 8
+    ({"num_attention_heads": 3}, "num_heads"),  # 3 heads do not divide the width 8
 ])
 def test_unsupported_configs(tmp_path, override, argument):
     write_tiny_bert(tmp_path, **override)

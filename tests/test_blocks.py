@@ -148,7 +148,8 @@ def test_ffn_bounds_property_thorough(name, d, m, seed):
 def test_lipsdp_solvers_agree_and_every_answer_is_rechecked():
     rng = np.random.default_rng(7)
     W_1, _, W_2, _ = generated_ffn(rng, 6, 16)
-    values = {solver: lipsdp_neuron(W_1, W_2, "gelu", solver=solver) for solver in ("clarabel", "scs", "descent", "uniform")}
+    values = {solver: lipsdp_neuron(W_1, W_2, "gelu", solver=solver)
+              for solver in ("clarabel", "scs", "descent", "uniform")}
     assert all(v.certified for v in values.values())
     assert values["scs"].value == pytest.approx(values["clarabel"].value, rel=2e-3)
     assert values["descent"].value == pytest.approx(values["clarabel"].value, rel=2e-3)
@@ -276,5 +277,6 @@ def test_real_ffn_full_size_sdp_and_witness():
     weights = _minilm_ffn()
     sdp = lipsdp_neuron(weights["W_1"], weights["W_2"], weights["act"], effort=30)
     witness = ffn_witness(weights["W_1"], weights["b_1"], weights["W_2"], weights["act"], b_2=weights["b_2"])
-    assert sdp.certified and witness.certified <= sdp.value < midpoint_form(weights["W_1"], weights["W_2"], "gelu").value
+    midpoint = midpoint_form(weights["W_1"], weights["W_2"], "gelu").value
+    assert sdp.certified and witness.certified <= sdp.value < midpoint
     assert sdp.value / witness.certified < 1.5

@@ -147,7 +147,7 @@ def test_report_json_and_plot(sweep, tmp_path):
 
 # Errors and command line -------------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, argument", [
-    ({"layer": -1}, "--layer"), ({"layer": 6}, "--layer"), ({"head": -1}, "--head"), ({"head": 12}, "--head"),
+    ({"layer": -1}, "layer"), ({"layer": 6}, "layer"), ({"head": -1}, "head"), ({"head": 12}, "head"),
     ({"n": 0}, "n"), ({"certified": -1.0}, "certified"), ({"certified": float("inf")}, "certified"),
 ])
 def test_block_arguments_are_checked(model, kwargs, argument):
@@ -168,7 +168,7 @@ def test_iteration_arguments_are_checked(contraction, inputs):
     assert info.value.argument == "sentence"
     with pytest.raises(AssumptionError) as info:
         depth_experiment(0.5, model=load_text_model(), layer=6)
-    assert info.value.argument == "--layer"
+    assert info.value.argument == "layer"
 
 
 def test_last_layer_and_head_are_valid(model):

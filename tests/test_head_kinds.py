@@ -173,7 +173,8 @@ def lower_bound(head: Head, norm: str, role: str, domain, n: int, m: int, rng, c
             moved = X + E
             if not np.all(domain.contains(moved)):
                 continue
-            ratio = w1_uniform(reference_forward(head, X, X), reference_forward(head, moved, moved)) / w1_uniform(X, moved)
+            moved_out = w1_uniform(reference_forward(head, X, X), reference_forward(head, moved, moved))
+            ratio = moved_out / w1_uniform(X, moved)
             best = max(best, ratio)
             continue
         if role == "self":

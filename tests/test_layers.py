@@ -87,7 +87,8 @@ def make(kind: str, rng, d: int, d_k: int, d_v: int, H: int, scale: float):
     biases = kind != "dot-nobias"
 
     def head():
-        return Head(scale * rng.standard_normal((d, d_k)) / math.sqrt(d), scale * rng.standard_normal((d, d_k)) / math.sqrt(d),
+        return Head(scale * rng.standard_normal((d, d_k)) / math.sqrt(d),
+                    scale * rng.standard_normal((d, d_k)) / math.sqrt(d),
                     rng.standard_normal((d, d_v)) / math.sqrt(d),
                     rng.standard_normal(d_k) if biases else None, rng.standard_normal(d_k) if biases else None,
                     rng.standard_normal(d_v), mask=AttentionMask(causal=kind == "causal"))

@@ -243,7 +243,8 @@ def _pre_ln_layer(raw, s, x, eps, names, causal):
 
 @pytest.mark.parametrize("name,stem,final,eps,layout", [("vit", "vit.encoder.layer", "vit.layernorm", 1e-12, "ViT"),
                                                         ("gpt2", "h", "ln_f", 1e-5, "GPT-2"),
-                                                        ("gpt2-lm", "transformer.h", "transformer.ln_f", 1e-5, "GPT-2")])
+                                                        ("gpt2-lm", "transformer.h", "transformer.ln_f", 1e-5,
+                                                         "GPT-2")])
 def test_pre_ln_models_match_their_definition(checkpoints, name, stem, final, eps, layout):
     directory, raw, _ = checkpoints[name]
     causal = layout == "GPT-2"

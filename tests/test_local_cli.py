@@ -21,7 +21,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def test_local_curve_and_edit_rows_through_the_command_line(tmp_path, capsys):
     report, curve_png, edits_png = tmp_path / "local.json", tmp_path / "curve.png", tmp_path / "edits.png"
-    status = main(["local", "The cat sat on the mat.", "--kind", "head", "--head", "3", "--eps", "0,1e-4,1e-3,1e-2,2",
+    status = main(["local", "The cat sat on the mat.", "--map", "head", "--head", "3", "--eps", "0,1e-4,1e-3,1e-2,2",
                    "--positions", "2", "--vocabulary", "12", "--search", "all", "--json", str(report),
                    "--plot-curve", str(curve_png), "--plot", str(edits_png)])
     out = capsys.readouterr().out
@@ -61,12 +61,13 @@ def test_local_curve_and_edit_rows_through_the_command_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, fragment", [
     (["--eps", "1e-3,x"], "argument --eps: expected non-negative numbers separated by commas"),
-    (["--kind", "head"], "--head: expected a head index (counted from 0) for --kind head"),
-    (["--kind", "stack", "--layer", "3", "--last", "1"], "--last: expected a layer at least 3"),
+    (["--map", "head"], "--head: expected a head index (counted from 0) for --map head"),
+    (["--map", "stack", "--layer", "3", "--last", "1"], "--last: expected a layer at least 3"),
     (["--ball", "tokens"], "--positions: expected the tokens that move"),
     (["--layer", "6"], "--layer: expected"),
     (["--plot-curve", "/nonexistent/dir/c.png"], "no folder /nonexistent/dir"),
     (["--curvature-tokens", "0"], "argument --curvature-tokens: expected a positive integer, got '0'"),
+    (["--kind", "head"], "argument --kind: expected --map head (this option is now called --map; verify's --kind"),
 ])
 def test_local_errors_are_one_line(args, fragment, capsys):
     try:
@@ -82,7 +83,7 @@ def test_curvature_tokens_choose_the_gram_route_or_the_looser_split_bound(tmp_pa
     curves = {}
     for tokens in ("16", "8"):   # the sentence has 9 tokens
         path = tmp_path / f"{tokens}.json"
-        assert main(["local", "The cat sat on the mat.", "--kind", "head", "--head", "3", "--eps", "0,1e-3",
+        assert main(["local", "The cat sat on the mat.", "--map", "head", "--head", "3", "--eps", "0,1e-3",
                      "--curvature-tokens", tokens, "--json", str(path)]) == 0
         report = json.loads(path.read_text())["curve"]
         assert report["variation_bound"] == ("curvature-gram" if tokens == "16" else "curvature-split")

@@ -117,6 +117,15 @@ def test_the_section_is_for_input_with_prefixed_environments_and_stable_labels(w
     assert "\\documentclass" not in preamble and "\\newtheorem{lbtheorem}{Theorem}" in preamble
 
 
+def test_a_user_defined_score_is_named_in_words_and_by_its_formula(written):
+    """No internal name in the text a reader sees: labels may say custom, titles and sentences do not."""
+    section = (written / SECTION_FILE).read_text()
+    readable = re.sub(r"\\(label|ref)\{[^}]*\}", "", section)
+    assert "custom" not in readable
+    assert r"\subsection{Self-attention (user-defined score)}" in section
+    assert "The score is $s(x, y) = \\frac{\\langle W_Q^\\top x, W_K^\\top y\\rangle^{2}}{d_k}$" in section
+
+
 def test_every_cited_paper_is_in_the_bibliography_with_its_arxiv_identifier(written):
     section = (written / SECTION_FILE).read_text()
     cited = {key for group in re.findall(r"\\cite\{([^}]+)\}", section) for key in group.split(",")}

@@ -23,7 +23,7 @@ from lipbound.cli.parsing import int_list
 from lipbound.errors import AssumptionError
 from lipbound.measures import EmpiricalMeasure, self_attention_layer_measure, w1
 from lipbound.measures.bert import load_text_model
-from lipbound.measures.edits import draw_edits, whole_word_ids
+from lipbound.measures.edits import clean_word_ids, draw_edits, drawable_ids, offensive_words, whole_word_ids
 from lipbound.measures.perturb import block_constant, data_radius, perturb
 from lipbound.numeric import attention
 from lipbound.numeric.certify import head_constant
@@ -236,6 +236,40 @@ def test_whole_word_vocabulary(model):
     assert len(words) > 15000
 
 
+def test_random_edits_never_draw_a_word_of_the_offensive_list(model):
+    tokenizer = model.tokenizer
+    banned = offensive_words()
+    assert len(banned) >= 200 and {"nazi", "twisted"} & banned == {"nazi"}
+    in_vocabulary = banned & {token.lower() for token in tokenizer.vocab}
+    assert len(in_vocabulary) >= 100   # the list names words the model really has
+    clean, drawable = clean_word_ids(tokenizer), drawable_ids(tokenizer)
+    assert not {tokenizer.vocab[i].lower() for i in clean} & banned
+    assert not {tokenizer.vocab[i].lower() for i in drawable} & banned
+    whole = whole_word_ids(tokenizer)
+    assert clean.size == whole.size - sum(tokenizer.vocab[i].lower() in banned for i in whole) > 0
+    ids = model.encode(sentences()[0])
+    for seed in range(200):
+        for mode in ("replace", "insert"):
+            words = draw_edits(model, ids, mode, (1, 2, 3), seed)[3].words
+            assert not {w.lower() for w in words} & banned, (seed, mode, words)
+
+
+def test_the_readme_perturb_example_draws_clean_words(model):
+    """The README's example (seed 0) printed 'nazi' before the word list; it says what it draws now."""
+    edits = draw_edits(model, model.encode("The cat sat on the mat."), "replace", (1, 2), 0)
+    assert edits[1].words == ("twisted",) and edits[2].words == ("twisted", "hobbs")
+
+
+def test_sampled_candidate_sets_skip_the_offensive_words_and_all_keeps_them(model):
+    from lipbound.measures.perturb import _set_ids
+    banned = offensive_words()
+    edits = draw_edits(model, model.encode("The cat sat on the mat."), "replace", (1,), 0)
+    sample, _ = _set_ids(model, 4096, edits, seed=0)
+    assert not {model.tokenizer.vocab[i].lower() for i in sample} & banned
+    everything, _ = _set_ids(model, "all", edits, seed=0)
+    assert model.tokenizer.token_to_id("nazi") in everything
+
+
 # Errors -----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, argument", [
     ({"sentence": ""}, "sentence"),
@@ -244,11 +278,11 @@ def test_whole_word_vocabulary(model):
     ({"k": 7}, "k"),           # only 6 word tokens can be edited
     ({"k": 0}, "k"),
     ({"k": (1, 9)}, "k"),
-    ({"layers": (-1, 0)}, "--layers"),  # layers are counted from 0
-    ({"layers": range(0, 7)}, "--layers"),  # 6 layers: 0..5
-    ({"layers": ()}, "--layers"),
+    ({"layers": (-1, 0)}, "layers"),  # layers are counted from 0
+    ({"layers": range(0, 7)}, "layers"),  # 6 layers: 0..5
+    ({"layers": ()}, "layers"),
     ({"mode": "swap"}, "mode"),
-    ({"model": "/nonexistent/bert-dir"}, "--model"),
+    ({"model": "/nonexistent/bert-dir"}, "model"),
     ({"positions": (0,)}, "positions"),       # [CLS] is never edited
     ({"positions": (7,)}, "positions"),       # nor [SEP]
     ({"positions": (2, 2)}, "positions"),
@@ -291,10 +325,12 @@ def test_cli_prints_the_table_and_writes_json_and_plot(tmp_path, capsys):
                    "--json", str(json_path), "--plot", str(plot_path)])
     output = capsys.readouterr().out.strip().splitlines()
     assert status == 0
-    assert output[-1] == "violations: 0"
+    assert "violations: 0" in output
     header = next(line for line in output if line.lstrip().startswith("layer"))
+    legend = output[output.index(next(line for line in output if line.startswith("columns (W1"))):]
     for column in ("measured", "path", "set", "worst", "global"):
-        assert column in header
+        assert column in header and any(line.split()[0] == column for line in legend[1:]), column
+    assert "in the units of the hidden states" in legend[0]
     payload = json.loads(json_path.read_text())
     assert payload["sentence"] == "The cat slept all afternoon." and payload["n"] == 8
     assert [(r["layer"], r["k"], r["positions"]) for r in payload["rows"]] == [(0, 1, [3])]
@@ -304,8 +340,9 @@ def test_cli_prints_the_table_and_writes_json_and_plot(tmp_path, capsys):
 
 
 def test_cli_delete_and_errors(capsys):
-    assert main(["perturb", "Rain is expected tomorrow morning.", "--delete", "1", "--positions", "5", "--layers", "0"]) == 0
-    assert capsys.readouterr().out.strip().splitlines()[-1] == "violations: 0"
+    assert main(["perturb", "Rain is expected tomorrow morning.", "--delete", "1", "--positions", "5",
+                 "--layers", "0"]) == 0
+    assert "violations: 0" in capsys.readouterr().out.strip().splitlines()
     assert main(["perturb", "Rain is expected tomorrow morning.", "--insert", "8", "--layers", "0"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "lipbound: error: --replace/--insert/--delete: expected 1 <= k <= 6 (the word tokens of the sentence; "

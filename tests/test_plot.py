@@ -8,6 +8,7 @@ prints.  Output paths are checked before any work.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -93,3 +94,93 @@ def test_gaps_measured_on_every_head_of_the_default_model(tmp_path, capsys):
     out = tmp_path / "gaps.png"
     assert main(["plot", "gaps", "--budget", "0.1", "-o", str(out)]) == 0
     _check_png(out, min_ink=0.05)
+
+
+# Every kind of figure, drawn from the data its command writes: no text leaves the canvas ---------------------
+def _scaling_data():
+    from lipbound.printing.paper import ScalingFigure, Series
+    n = (2.0, 4.0, 8.0, 16.0, 32.0)
+    radii = (1.266, 2.532, 5.064, 10.13, 20.25)
+    return ScalingFigure(head="sentence-transformers/all-MiniLM-L6-v2, layer 0, head 0", theorem="self-attention-fro",
+                         domain="ball of radius 20.25 about 0",
+                         n_series=Series("n", n, (1247.0, 1510.0, 1939.0, 2500.0, 3300.0), (350.0, 580.0, 963.0,
+                                                                                             1450.0, 2100.0)),
+                         radius_series=Series("R", radii, (13.7, 38.4, 133.0, 500.0, 1939.0), (3.2, 14.3, 61.0,
+                                                                                                240.0, 963.0)),
+                         fixed_n=8, fixed_radius=20.2546)
+
+
+def _edit_rows(ks=(1, 2), layers=range(6)):
+    return [{"layer": layer, "k": k, "positions": [2, 4][:k], "n": 9, "measured": 0.4 * k + 0.1 * layer,
+             "predicted_path": 0.5 * k + 0.1 * layer, "predicted_set": 3.0 * k + layer, "worst_witness": 0.9 * k,
+             "global": 2e4 * k * (layer + 1)} for layer in layers for k in ks]
+
+
+def _figures_of_every_kind(tmp_path, monkeypatch) -> dict:
+    from lipbound.printing import figures
+    drawn = {}
+    original = figures._save
+
+    def keep(figure, path, option):
+        drawn[Path(path).stem] = figure
+        return original(figure, path, option)
+    monkeypatch.setattr(figures, "_save", keep)
+    report = {"model": "sentence-transformers/all-MiniLM-L6-v2", "n": 8, "complete": False, "rows_finished": 25,
+              "rows_planned": 26,
+              "rows": [{"layer": layer, "head": head, "n": 8, "gap": 1.3 + 0.01 * (head or 20)}
+                       for layer in (0, 5) for head in list(range(12)) + [None]][:25]}
+    figures.draw_scaling(_scaling_data(), tmp_path / "scaling.png")
+    figures.draw_gaps(figures.gap_grid_from_report(report), tmp_path / "gaps.png")
+    figures.draw_perturbation({"mode": "replace", "rows": _edit_rows((1, 2, 3))}, tmp_path / "perturb.png")
+    figures.draw_edit_layers({"mode": "insert", "rows": _edit_rows()}, tmp_path / "edits.png")
+    points = [{"eps": e, "certified": 3.9 + 1e3 * e, "witness": 3.88 + 10 * e, "global": None if e == 0 else 9.7e3}
+              for e in (0.0, 1.8e-4, 1.8e-3, 1.8e-2, 0.18, 1.8, 18.0)]
+    figures.draw_local_curve({"curve": {"points": points, "layernorm_radius": 17.98, "jacobian_norm": 3.88,
+                                        "component": "layer 0 attention", "ball": "fro", "norm": "fro", "n": 9}},
+                             tmp_path / "curve.png")
+    figures.draw_edit_scaling(_edit_rows((1, 2, 3), (0, 2, 5)), tmp_path / "scaling-of-edits.png")
+    return drawn
+
+
+def test_every_figure_keeps_every_text_on_the_canvas(tmp_path, monkeypatch):
+    from lipbound.printing.figures import clipped_texts
+    drawn = _figures_of_every_kind(tmp_path, monkeypatch)
+    assert sorted(drawn) == ["curve", "edits", "gaps", "perturb", "scaling", "scaling-of-edits"]
+    for name, figure in drawn.items():
+        assert clipped_texts(figure) == [], name
+        assert figure.get_figwidth() == COLUMN_WIDTH
+        _check_png(tmp_path / f"{name}.png")
+
+
+def test_the_depth_figure_keeps_every_text_on_the_canvas(tmp_path, monkeypatch):
+    """``depth --plot`` draws its own figure (lipbound.measures.depth): checked the same way."""
+    from matplotlib.figure import Figure
+
+    from lipbound.measures.depth import depth_experiment
+    from lipbound.printing.figures import clipped_texts
+    drawn, save = [], Figure.savefig
+
+    def keep(figure, *args, **kwargs):
+        drawn.append(figure)
+        return save(figure, *args, **kwargs)
+    monkeypatch.setattr(Figure, "savefig", keep)
+    depth_experiment(0.5, steps=20).plot(tmp_path / "depth.png")
+    assert len(drawn) == 1 and clipped_texts(drawn[0]) == []
+    assert float(np.mean(_image(tmp_path / "depth.png")[..., :3].min(axis=-1) < 0.9)) > 0.02
+
+
+def test_the_clipping_check_sees_a_clipped_label(tmp_path, monkeypatch):
+    """The check itself: a colour-bar label longer than the figure is reported."""
+    from lipbound.printing.figures import clipped_texts
+    figure = _figures_of_every_kind(tmp_path, monkeypatch)["gaps"]
+    figure.axes[-1].set_ylabel("a colour-bar label far longer than the figure is tall " * 3)
+    assert clipped_texts(figure)
+
+
+def test_the_gap_figure_keeps_the_whole_layers_and_says_when_a_report_is_partial(tmp_path, monkeypatch):
+    drawn = _figures_of_every_kind(tmp_path, monkeypatch)
+    axes = drawn["gaps"].axes[0]
+    assert [label.get_text() for label in axes.get_xticklabels()][-1] == "all"
+    assert "partial: 25 of 26 rows" in axes.get_title()
+    scaling = drawn["scaling"].axes[0]
+    assert "R = 20.25" in scaling.get_xlabel() and "\n" in scaling.get_title()   # the radius stated, the title wrapped

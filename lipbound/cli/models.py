@@ -13,10 +13,10 @@ import sys
 
 from ..errors import LipboundError
 from .output import Progress, ReportFiles
-from .parsing import (EXIT_REFUTED, choice, epilog, index, output_directory, output_file, positive_float, positive_int, radius_spec,
-                      scheduler_address)
+from .parsing import (DEFAULT_MODEL, EMBEDDED_MODEL_HELP, EXIT_REFUTED, choice, epilog, index, model_path,
+                      output_directory, output_file, positive_float, positive_int, radius_spec, scheduler_address)
 
-__all__ = ["register", "EXIT_INVALID", "EXIT_REFUTED", "EXIT_INTERRUPTED"]
+__all__ = ["register", "load_model", "EXIT_INVALID", "EXIT_REFUTED", "EXIT_INTERRUPTED", "BUDGET_HELP", "ROWS_HELP"]
 
 EXIT_INVALID = 1
 EXIT_INTERRUPTED = 130
@@ -28,6 +28,24 @@ _BLOCKS = ("encoder", "decoder")
 _KINDS = ("self", "causal", "cross", "cross-queries", "cross-context", "cross-joint")
 
 
+#: What --budget means, in every command that searches witnesses.
+BUDGET_HELP = ("nominal seconds of witness search {per} (default %(default)g): a fixed amount of work, about that "
+               "many seconds on an idle core (more on a busy one), so that the same --seed gives the same numbers "
+               "on any machine, with any --jobs")
+#: What a row of verify bounds (its --help and the README say the same).
+ROWS_HELP = ("A head row bounds the head's own map X -> f^h(X), before its block W_O^h of the output projection: it is "
+             "not that head's share of the layer output (||W_O^h|| can make f^h W_O^h larger than the row); the "
+             "whole-layer row (head 'all') bounds the multi-head layer X -> sum_h f^h(X) W_O^h, without the residual.")
+
+
+def load_model(name, num_heads=None, layers=None):
+    """The model a command names: ``default`` (or None) is the embedded one, anything else a checkpoint path."""
+    from ..numeric.model import load_default, load_weights
+    if name in (None, DEFAULT_MODEL):
+        return load_default(layers=layers)
+    return load_weights(name, num_heads=num_heads, layers=layers)
+
+
 def _row_text(row) -> str:
     who = "whole layer" if row.head is None else f"head {row.head}"
     flags = (" REFUTED: " + ", ".join(row.refuted)) if row.refuted else ""
@@ -37,22 +55,23 @@ def _row_text(row) -> str:
 
 def _run_verification(verification, files: ReportFiles, args) -> int:
     """Run the rows (in this process, in --jobs processes or on the --scheduler's cluster):
-    progress on stderr, every report file rewritten after each finished row; on Ctrl-C or a failed
-    job the files keep the finished rows (marked partial)."""
-    progress = Progress(len(verification.jobs))
+    a progress bar on a terminal, every report file rewritten after each finished row; on Ctrl-C or a
+    failed job the files keep the finished rows (marked partial)."""
+    with Progress("rows", len(verification.jobs)) as progress:
+        def on_row(report, row):
+            files.write(report)
+            progress.note(_row_text(row))
+            progress.update(len(report.rows))
 
-    def on_row(report, row):
-        files.write(report)
-        progress.update(len(report.rows), _row_text(row))
-
-    try:
-        report = verification.run(on_row, jobs=args.jobs, scheduler=args.scheduler)
-    except KeyboardInterrupt:
-        files.write(verification.report)
-        kept = files.describe()
-        sys.stderr.write(f"lipbound: interrupted; {len(verification.report.rows)} of {verification.report.planned} rows "
-                         f"kept{' in ' + kept if kept else ''}\n")
-        return EXIT_INTERRUPTED
+        try:
+            report = verification.run(on_row, jobs=args.jobs, scheduler=args.scheduler)
+        except KeyboardInterrupt:
+            progress.close()
+            files.write(verification.report)
+            kept = files.describe()
+            sys.stderr.write(f"lipbound: interrupted; {len(verification.report.rows)} of "
+                             f"{verification.report.planned} rows kept{' in ' + kept if kept else ''}\n")
+            return EXIT_INTERRUPTED
     files.write(report)
     print()
     print(report.table())
@@ -69,7 +88,6 @@ def _files(args) -> ReportFiles:
 def _verify_whole(args) -> int:
     """``verify --whole``: the end-to-end bound with its breakdown; the report files are rewritten
     after every task (JSON "complete": false until the end)."""
-    from ..numeric.model import load_weights
     from ..numeric.whole import verify_whole
     if args.latex is not None:
         raise LipboundError("--latex", "a report format --whole writes (--json, --csv, --markdown)",
@@ -83,24 +101,26 @@ def _verify_whole(args) -> int:
         if value:
             raise LipboundError(option, "no attention-only option with --whole", option,
                                 f"drop {option} (--whole takes each block's best certified bound)")
-    model = load_weights(args.weights, num_heads=args.num_heads)
+    model = load_model(args.weights, num_heads=args.num_heads)
     files = _files(args)
     state = {}
+    with Progress("tasks") as progress:
+        def on_task(report, done, total, text):
+            files.write(report)
+            state["report"] = report
+            progress.note(f"[{done}/{total}] {text}")
+            progress.update(done, total)
 
-    def on_task(report, done, total, text):
-        files.write(report)
-        state["report"] = report
-        state.setdefault("progress", Progress(total)).update(done, text)
-
-    try:
-        report = verify_whole(model, n=args.n, m=args.m, domain=args.radius, effort=args.effort,
-                              restarts=args.restarts, iterations=args.iterations, seed=args.seed, jobs=args.jobs,
-                              scheduler=args.scheduler, on_task=on_task)
-    except KeyboardInterrupt:
-        kept = files.describe()
-        done = len(state["report"].components) if "report" in state else 0
-        sys.stderr.write(f"lipbound: interrupted; {done} components kept{' in ' + kept if kept else ''}\n")
-        return EXIT_INTERRUPTED
+        try:
+            report = verify_whole(model, n=args.n, m=args.m, domain=args.radius, effort=args.effort,
+                                  restarts=args.restarts, iterations=args.iterations, seed=args.seed, jobs=args.jobs,
+                                  scheduler=args.scheduler, on_task=on_task)
+        except KeyboardInterrupt:
+            progress.close()
+            kept = files.describe()
+            done = len(state["report"].components) if "report" in state else 0
+            sys.stderr.write(f"lipbound: interrupted; {done} components kept{' in ' + kept if kept else ''}\n")
+            return EXIT_INTERRUPTED
     files.write(report)
     print()
     print(report.table())
@@ -115,9 +135,8 @@ def _verify_whole(args) -> int:
 def _verify(args) -> int:
     if args.whole:
         return _verify_whole(args)
-    from ..numeric.model import load_weights
     from ..numeric.verification import Verification
-    model = load_weights(args.weights, num_heads=args.num_heads, layers=None if args.layer is None else [args.layer])
+    model = load_model(args.weights, num_heads=args.num_heads, layers=None if args.layer is None else [args.layer])
     verification = Verification(model, blocks=args.block, layers=None if args.layer is None else [args.layer],
                                 heads=None if args.head is None else [args.head], kinds=args.kind, n=args.n, m=args.m,
                                 domain=args.radius, sdp=args.sdp, budget=args.budget, seed=args.seed,
@@ -126,9 +145,9 @@ def _verify(args) -> int:
 
 
 def _convert(args) -> int:
-    from ..numeric.model import PLAIN_FORMAT, load_weights, save_plain
+    from ..numeric.model import PLAIN_FORMAT, save_plain
     from ..numeric.model.files import sha256_of
-    model = load_weights(args.weights, num_heads=args.num_heads)
+    model = load_model(args.weights, num_heads=args.num_heads)
     written = save_plain(model, args.output)
     print(f"wrote {written} ({PLAIN_FORMAT}, sha256 {sha256_of([written])})")
     print(f"from {model.path} (sha256 {model.sha256}): {model.describe()}")
@@ -141,20 +160,25 @@ def _demo(args) -> int:
     from ..numeric.model import load_default
     from ..numeric.verification import Verification
     from ..printing.latex import latex
+    from ..printing.plaintext import plain, plain_legend
     from ..symbolic.assumptions import Assumptions, Ball
     from ..symbolic.registry import variant
     bound = variant("dot-product").derive(Assumptions(domain=Ball()), "dot-product")
     print("lipbound demo: the embedded default model (all-MiniLM-L6-v2, layers 0 and 5)")
     print("\n1. Derived bound (dot-product self-attention with biases, Frobenius norm, tokens in B_R):")
-    print(f"   theorem {bound.theorem}:  Lip <= {bound.generic}")
+    print(f"   theorem {bound.theorem}:  Lip <= {plain(bound.generic)}")
+    print("   with the kernel constants (value spread rho, query and key sensitivities alpha and beta, score spread "
+          "omega) bounded by")
     for symbol, value in bound.constants.items():
-        print(f"     {str(symbol):6s} <= {value}")
+        print(f"     {str(symbol):6s} <= {plain(value)}")
+    for line in plain_legend(bound.generic, *bound.constants.values()):
+        print(f"   {line}")
     print(f"   LaTeX: {latex(bound.expr)}")
     print(f"   ({len(bound.record.steps)} proof steps; `lipbound derive dot-product --proof` prints them)")
     model = load_default()
     print(f"\n2. Sandwich per head, n = {args.n} tokens, ball of the LayerNorm radius, witness budget "
           f"{args.budget:g} nominal s per head, bounds: the derived closed form"
-          + (" and the SDP relaxation" if not args.no_sdp else "") + ":", flush=True)
+          + (" and the SDP relaxation" if not args.no_sdp else "") + ".  " + ROWS_HELP, flush=True)
     verification = Verification(model, n=args.n, domain="layernorm", budget=args.budget, seed=args.seed,
                                 witness_dir=args.witness_dir, heads=None if args.all_heads else range(args.heads),
                                 whole_layers=args.all_heads, sdp=not args.no_sdp)
@@ -170,8 +194,7 @@ def _demo(args) -> int:
 
 def _check(args) -> int:
     from ..numeric.claims import check
-    from ..numeric.model import load_weights
-    weights = load_weights(args.weights, num_heads=args.num_heads) if args.weights else None
+    weights = load_model(args.weights, num_heads=args.num_heads) if args.weights else None
     result = check(args.claim, weights=weights, seed=args.seed, budget=args.budget)
     print(result.describe())
     if args.json:
@@ -181,8 +204,9 @@ def _check(args) -> int:
 
 
 def _recheck(args) -> int:
+    from ..numeric.model import DEFAULT_WEIGHTS
     from ..numeric.recheck import recheck_file
-    result = recheck_file(args.witness, args.weights)
+    result = recheck_file(args.witness, str(DEFAULT_WEIGHTS) if args.weights == DEFAULT_MODEL else args.weights)
     print(result.message)
     print(f"target: {result.target}; weights: {result.weights or 'in memory'} (sha256 {result.sha256 or 'unknown'})")
     print(f"enclosure [{result.lower!r}, {result.upper!r}]; in the domain: {result.in_domain} "
@@ -191,12 +215,14 @@ def _recheck(args) -> int:
 
 
 _WEIGHTS_HELP = ("a checkpoint: a .safetensors file or Hugging Face model directory (BERT, RoBERTa, DistilBERT, "
-                 "ViT, GPT-2), a CTranslate2 Whisper model.bin or its directory, or a plain lipbound .npz")
+                 "ViT, GPT-2), a CTranslate2 Whisper model.bin or its directory, or a plain lipbound .npz; "
+                 + EMBEDDED_MODEL_HELP)
 
 
 def _add_run_options(parser, weights: bool = True) -> None:
     if weights:
-        parser.add_argument("weights", help=_WEIGHTS_HELP)
+        parser.add_argument("weights", metavar="MODEL", nargs="?", default=DEFAULT_MODEL, type=model_path("MODEL"),
+                            help=_WEIGHTS_HELP)
         parser.add_argument("--block", type=choice("--block", _BLOCKS),
                             help="one stack: encoder or decoder (default: every stack the model has)")
         parser.add_argument("--layer", type=index("--layer", "layer"),
@@ -238,10 +264,7 @@ def _add_run_options(parser, weights: bool = True) -> None:
     parser.add_argument("--n", type=positive_int("--n"), default=8,
                         help="number of tokens (default 8); for cross-attention, of context tokens")
     parser.add_argument("--budget", type=positive_float("--budget"), default=10.0,
-                        help="work of each head's witness search, in nominal seconds (default %(default)g; twice that "
-                             "for a whole layer): a fixed number of search steps, about that many seconds on an idle "
-                             "core, more on a busy or slow one, so that the same --seed gives the same numbers on "
-                             "any machine, with any --jobs or --scheduler")
+                        help=BUDGET_HELP.format(per="per head, twice that per whole layer"))
     parser.add_argument("--seed", type=int, default=0, help="seed of the witness search (default 0)")
     parser.add_argument("--jobs", type=positive_int("--jobs"), default=1,
                         help="worker processes on this machine, one thread each (default 1: no extra process; "
@@ -256,7 +279,8 @@ def _add_run_options(parser, weights: bool = True) -> None:
     parser.add_argument("--json", type=output_file("--json", ".json"), help="write the report as JSON")
     parser.add_argument("--csv", type=output_file("--csv", ".csv"), help="write the report as CSV")
     parser.add_argument("--markdown", type=output_file("--markdown", ".md"), help="write the report as Markdown")
-    parser.add_argument("--latex", type=output_file("--latex", ".tex"), help="write the report as LaTeX booktabs tables (the rows, then the "
+    parser.add_argument("--latex", type=output_file("--latex", ".tex"),
+                        help="write the report as LaTeX booktabs tables (the rows, then the "
                                                                                "rankings; over 40 rows, a longtable)")
 
 
@@ -271,8 +295,10 @@ def register(sub) -> None:
                     "context and jointly -- search a witness, evaluate every certified bound on the domain the "
                     "attention's inputs live on (from the LayerNorm that feeds them; see --radius), and report the "
                     "sandwich witness <= Lip <= bound with the gap, then the least smooth heads and layers.  "
-                    "Stacks, layers and heads are counted from 0.",
-        epilog=epilog("lipbound verify model.safetensors",
+                    "Stacks, layers and heads are counted from 0.  The model is a checkpoint path, or 'default' "
+                    "(or nothing) for the embedded all-MiniLM-L6-v2 layers 0 and 5.\n\n" + ROWS_HELP,
+        epilog=epilog("lipbound verify                     # the embedded model (also: lipbound verify default)",
+                      "lipbound verify model.safetensors",
                       "lipbound verify MODEL_DIR --layer 0 --head 3 --n 16 --sdp",
                       "lipbound verify whisper/model.bin --block decoder --kind cross --n 8 --m 4",
                       "lipbound verify model.safetensors --radius 20 --json report.json --latex table.tex",
@@ -291,8 +317,9 @@ def register(sub) -> None:
                     "norm and feed-forward block, with the source's sha256.  The output path is checked before "
                     "the model is read, and the file is written atomically.",
         epilog=epilog("lipbound convert gpt2/ gpt2.npz", "lipbound convert whisper/model.bin whisper.npz",
+                      "lipbound convert default minilm.npz   # the embedded model",
                       notes="Exit status: 0 written, 2 user error."))
-    convert.add_argument("weights", help=_WEIGHTS_HELP)
+    convert.add_argument("weights", metavar="MODEL", type=model_path("MODEL"), help=_WEIGHTS_HELP)
     convert.add_argument("output", metavar="OUT", type=output_file("OUT", ".npz"), help="the .npz file to write")
     convert.add_argument("--num-heads", type=positive_int("--num-heads"),
                          help="heads per layer, when no config.json or metadata says")
@@ -301,8 +328,10 @@ def register(sub) -> None:
     demo = sub.add_parser(
         "demo", help="derive, evaluate and sandwich on the embedded default model",
         description="Derive the dot-product bound, evaluate it on every head of the embedded default model "
-                    "(layers 0 and 5 of all-MiniLM-L6-v2), search a witness for each and print the sandwich.",
-        epilog=epilog("lipbound demo", "lipbound demo --no-sdp --budget 1", "lipbound demo --all-heads --json demo.json",
+                    "(layers 0 and 5 of all-MiniLM-L6-v2), search a witness for each and print the sandwich.  "
+                    + ROWS_HELP,
+        epilog=epilog("lipbound demo", "lipbound demo --no-sdp --budget 1",
+                      "lipbound demo --all-heads --json demo.json",
                       notes=_STATUSES))
     _add_run_options(demo, weights=False)
     demo.add_argument("--heads", type=positive_int("--heads", 12), default=12,
@@ -320,11 +349,12 @@ def register(sub) -> None:
                       "lipbound check castin-code --weights model.safetensors --json check.json",
                       notes="Exit status: 0 not refuted or confirmed, 2 user error, 3 refuted."))
     check.add_argument("claim", help="a claim key (see `lipbound list`)")
-    check.add_argument("--weights", help="also try these weights (a checkpoint file or directory)")
+    check.add_argument("--weights", metavar="MODEL", type=model_path("--weights"),
+                       help="also try these weights: a checkpoint file or directory, or " + EMBEDDED_MODEL_HELP)
     check.add_argument("--num-heads", type=positive_int("--num-heads"), help="heads per layer of --weights")
     check.add_argument("--seed", type=int, default=0, help="seed of the search (default 0)")
     check.add_argument("--budget", type=positive_float("--budget"), default=20.0,
-                       help="wall-clock seconds of the search (default 20)")
+                       help=BUDGET_HELP.format(per="of the claim's search"))
     check.add_argument("--json", type=output_file("--json", ".json"), help="write the result as JSON")
     check.set_defaults(handler=_check)
 
@@ -333,9 +363,11 @@ def register(sub) -> None:
         description="Re-verify a witness file with exact arithmetic on the stored floats and 50-digit interval "
                     "arithmetic, against the weights it was found on (the file and sha256 it records; a "
                     "different file is refused).",
-        epilog=epilog("lipbound recheck witnesses/all-MiniLM-L6-v2-L0-H0-n8.npz",
+        epilog=epilog("lipbound recheck witnesses/sentence-transformers-all-MiniLM-L6-v2-encoder-L0-self-H0-n8.npz",
                       "lipbound recheck witness.npz --weights finetuned.safetensors",
                       notes="Exit status: 0 valid, 1 invalid, 2 user error (e.g. other weights than recorded)."))
     recheck.add_argument("witness", help="a witness .npz written by verify, demo or search_witness")
-    recheck.add_argument("--weights", help="the weights the witness was found on (default: the file it records)")
+    recheck.add_argument("--weights", metavar="MODEL", type=model_path("--weights"),
+                         help="the weights the witness was found on (default: the file it records), or "
+                              + EMBEDDED_MODEL_HELP)
     recheck.set_defaults(handler=_recheck)

@@ -3,14 +3,13 @@
 A run of ``verify`` on a whole model takes minutes.  :class:`ReportFiles` rewrites every
 requested file (JSON, CSV, Markdown, LaTeX) after each row, atomically, with ``"complete":
 false`` and "partial" in the header until the last row; an interrupted run therefore leaves
-the rows it finished.  :class:`Progress` prints one line per row on stderr with the time left.
+the rows it finished.  :class:`Progress` shows a bar with the time left on a terminal.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 from ..io import write_text
@@ -37,13 +36,49 @@ class ReportFiles:
 
 
 class Progress:
-    """``[k/N] what: result (elapsed, about T left)`` on stderr, one line per finished row."""
+    """The one progress display of every long run: a tqdm bar on stderr with the elapsed time and the
+    time left, silent when stderr is not a terminal (logs and pipes get the results only).
 
-    def __init__(self, total: int, stream=None):
-        self.total, self.stream, self.started = total, stream or sys.stderr, time.perf_counter()
+    ``update(done, total, what)`` moves the bar to ``done`` of ``total`` and shows ``what``; ``note(text)``
+    prints a finished row above the bar.  Use it as a context manager (the bar is closed at the end).
+    """
 
-    def update(self, done: int, text: str) -> None:
-        elapsed = time.perf_counter() - self.started
-        left = elapsed / done * (self.total - done) if done else float("nan")
-        self.stream.write(f"[{done}/{self.total}] {text} ({elapsed:.0f} s elapsed, about {left:.0f} s left)\n")
-        self.stream.flush()
+    def __init__(self, what: str = "", total: int | None = None, stream=None):
+        self.stream = stream or sys.stderr
+        self.enabled = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.what, self.bar = what, None
+        if total is not None:
+            self._start(what, total)
+
+    def _start(self, what: str, total: int | None) -> None:
+        from tqdm import tqdm
+        if self.bar is not None:
+            self.bar.close()
+        self.what = what
+        self.bar = tqdm(total=total, desc=what, file=self.stream, disable=not self.enabled, leave=False,
+                        dynamic_ncols=True, bar_format="{desc}: {n_fmt}/{total_fmt} {bar} [{elapsed}<{remaining}]")
+
+    def update(self, done: int, total: int | None = None, what: str | None = None) -> None:
+        """``done`` of ``total`` finished, the last being ``what``; a new total, or a count that goes back,
+        starts a new stage (the local curves: the blocks of the Jacobian, then the radii)."""
+        if self.bar is None or (total is not None and total != self.bar.total) or done < self.bar.n:
+            self._start(self.what, total if total is not None else (self.bar.total if self.bar is not None else None))
+        if what is not None:
+            self.bar.set_description_str(what, refresh=False)
+        self.bar.update(done - self.bar.n)
+
+    def note(self, text: str) -> None:
+        if self.enabled:
+            from tqdm import tqdm
+            tqdm.write(text, file=self.stream)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

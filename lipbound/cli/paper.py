@@ -14,7 +14,10 @@ import json
 from pathlib import Path
 
 from ..errors import LipboundError
-from .parsing import epilog, index, int_list, output_directory, plot_file, positive_float, positive_int
+from .models import BUDGET_HELP, load_model
+from .output import Progress
+from .parsing import EMBEDDED_MODEL_HELP, epilog, index, int_list, model_path, output_directory, plot_file, \
+    positive_float, positive_int
 from .symbolic import add_variant_options, chosen_variant, derive_result, position_options
 
 __all__ = ["register", "scaling_figure", "gap_grid"]
@@ -28,11 +31,6 @@ FIXED_N = 8
 def _style(args):
     from ..printing.style import TexStyle
     return TexStyle(prefix=args.prefix, text_width=args.text_width, font_size=args.font_size)
-
-
-def _model(weights):
-    from ..numeric.model import load_default, load_weights
-    return load_default() if weights in (None, "default") else load_weights(weights)
 
 
 def _certified_witness(head, domain, n: int, budget: float, seed: int) -> float:
@@ -103,15 +101,6 @@ def gap_grid(model, n: int, budget: float, seed: int = 0, progress=None):
     return GapGrid(model.name, tuple(layers), heads, tuple(map(tuple, gaps)), n)
 
 
-def _progress():
-    from .output import Progress
-    state = {}
-
-    def update(done, total, text):
-        state.setdefault("progress", Progress(total)).update(done, text)
-    return update
-
-
 def _paper(args) -> int:
     from ..io import write_text
     from ..printing.figures import draw_scaling
@@ -122,7 +111,7 @@ def _paper(args) -> int:
                             "add custom to the variants, e.g. lipbound paper dot-product custom --score ...")
     model = None
     if args.weights is not None:  # a clear error about the weights before any work
-        model = _model(args.weights)
+        model = load_model(args.weights)
         model.head(args.layer, args.head)
     entries = []
     for name in dict.fromkeys(args.variant):
@@ -131,8 +120,10 @@ def _paper(args) -> int:
         entries.append(paper_entry(name, chosen, result))
     figure = None
     if model is not None:
-        figure = scaling_figure(model, args.layer, args.head, args.budget, args.n_values, args.seed, _progress())
-    args.output.mkdir(parents=True, exist_ok=True)
+        with Progress("figure") as progress:
+            figure = scaling_figure(model, args.layer, args.head, args.budget, args.n_values, args.seed,
+                                    progress.update)
+    args.output.mkdir(exist_ok=True)  # its parent exists (checked by --output)
     files = paper_files(entries, style, figure, args.title)
     for name, text in files.items():
         write_text(args.output / name, text, "--output")
@@ -153,9 +144,10 @@ def _preamble(args) -> int:
 
 def _plot_scaling(args) -> int:
     from ..printing.figures import draw_scaling
-    model = _model(args.weights)
+    model = load_model(args.weights)
     model.head(args.layer, args.head)  # a clear error before any work
-    figure = scaling_figure(model, args.layer, args.head, args.budget, args.n_values, args.seed, _progress())
+    with Progress("figure") as progress:
+        figure = scaling_figure(model, args.layer, args.head, args.budget, args.n_values, args.seed, progress.update)
     draw_scaling(figure, args.output)
     for series in (figure.n_series, figure.radius_series):
         print(f"against {series.variable}: bound slope {series.bound_slope:.3f}, witness slope "
@@ -179,7 +171,8 @@ def _plot_gaps(args) -> int:
     if args.report is not None:
         grid = gap_grid_from_report(_read_json(args.report, "report"), "report")
     else:
-        grid = gap_grid(_model(args.weights), args.n, args.budget, args.seed, _progress())
+        with Progress("heads") as progress:
+            grid = gap_grid(load_model(args.weights), args.n, args.budget, args.seed, progress.update)
     draw_gaps(grid, args.output)
     print(f"wrote {args.output}")
     return 0
@@ -200,16 +193,16 @@ def _add_style_options(parser) -> None:
                              "\\label{lb:thm:...}), so that they never clash with yours")
     parser.add_argument("--text-width", type=positive_float("--text-width"), default=345.0,
                         help="\\textwidth of your document in pt (default 345, a 10pt article; at least 300)")
-    parser.add_argument("--font-size", type=float, choices=[10.0, 11.0, 12.0], default=10.0,
-                        help="body font size of your document in pt (default 10)")
+    parser.add_argument("--font-size", type=float, choices=[10.0, 11.0, 12.0], default=10.0, metavar="PT",
+                        help="body font size of your document in pt, one of: 10 (the default), 11, 12")
 
 
 def _add_head_options(parser, weights_help: str) -> None:
-    parser.add_argument("--weights", metavar="MODEL", help=weights_help)
+    parser.add_argument("--weights", metavar="MODEL", type=model_path("--weights"), help=weights_help)
     parser.add_argument("--layer", type=index("--layer", "layer"), default=0, help="layer, counted from 0 (default 0)")
     parser.add_argument("--head", type=index("--head", "head"), default=0, help="head, counted from 0 (default 0)")
     parser.add_argument("--budget", type=positive_float("--budget"), default=0.5,
-                        help="seconds of each witness search (default 0.5)")
+                        help=BUDGET_HELP.format(per="per point of the figure"))
     parser.add_argument("--seed", type=int, default=0, help="seed of the witness searches (default 0)")
     parser.add_argument("--n-values", type=int_list("--n-values", 1), default=N_VALUES,
                         help="token counts of the figure, e.g. 2,4,8,16,32 (default)")
@@ -237,9 +230,9 @@ def register(sub) -> None:
                       notes="Exit status 0, or 2 for a user error."))
     add_variant_options(paper, many=True)
     paper.add_argument("-o", "--output", required=True, type=output_directory("--output"),
-                       help="the folder to write (created if missing)")
-    _add_head_options(paper, "measure a real head of this checkpoint for a figure ('default': the embedded "
-                             "all-MiniLM-L6-v2 layers)")
+                       help="the folder to write (created if missing; its parent must exist)")
+    _add_head_options(paper, "measure a real head of this checkpoint for a figure: a checkpoint path, or "
+                             + EMBEDDED_MODEL_HELP.replace(" (or no model at all)", "") + " (no --weights: no figure)")
     paper.add_argument("--title", default="Lipschitz bounds", help="the section title")
     _add_style_options(paper)
     paper.set_defaults(handler=_paper)
@@ -270,7 +263,7 @@ def register(sub) -> None:
         epilog=epilog("lipbound plot scaling -o scaling.pdf",
                       "lipbound plot scaling --weights MODEL_DIR --layer 2 --head 5 --n-values 2,8,32 -o s.png"))
     _add_figure_output(scaling)
-    _add_head_options(scaling, "a checkpoint (default: the embedded all-MiniLM-L6-v2 layers)")
+    _add_head_options(scaling, "a checkpoint path, or " + EMBEDDED_MODEL_HELP)
     scaling.set_defaults(handler=_plot_scaling)
 
     gaps = kinds.add_parser(
@@ -280,10 +273,11 @@ def register(sub) -> None:
         epilog=epilog("lipbound plot gaps report.json -o gaps.png", "lipbound plot gaps --budget 0.3 -o gaps.pdf"))
     gaps.add_argument("report", nargs="?", help="a report written by lipbound verify --json (default: measure now)")
     _add_figure_output(gaps)
-    gaps.add_argument("--weights", metavar="MODEL", help="measure this checkpoint (default: the embedded model)")
+    gaps.add_argument("--weights", metavar="MODEL", type=model_path("--weights"),
+                      help="measure this checkpoint (without a report): a checkpoint path, or " + EMBEDDED_MODEL_HELP)
     gaps.add_argument("--n", type=positive_int("--n"), default=8, help="tokens when measuring (default 8)")
     gaps.add_argument("--budget", type=positive_float("--budget"), default=0.3,
-                      help="seconds of each witness search when measuring (default 0.3)")
+                      help=BUDGET_HELP.format(per="per head when measuring"))
     gaps.add_argument("--seed", type=int, default=0, help="seed of the witness searches (default 0)")
     gaps.set_defaults(handler=_plot_gaps)
 

@@ -11,21 +11,43 @@ import argparse
 import math
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 __all__ = ["Parser", "EXIT_USER_ERROR", "EXIT_REFUTED", "positive_int", "index", "positive_float", "int_list",
-           "radius_spec", "window_size", "choice", "output_file", "output_directory", "plot_file", "epilog", "scheduler_address"]
+           "radius_spec", "window_size", "choice", "output_file", "output_directory", "plot_file", "epilog",
+           "scheduler_address", "model_path", "DEFAULT_MODEL", "EMBEDDED_MODEL_HELP", "renamed"]
 
 EXIT_USER_ERROR = 2
 #: A bound or a published claim refuted (``verify``, ``check``, ``compare``).
 EXIT_REFUTED = 3
+
+#: The name of the embedded model wherever a command takes a model (no path means it too).
+DEFAULT_MODEL = "default"
+#: What every --help that takes a model says about it.
+EMBEDDED_MODEL_HELP = ("'default' (or no model at all): the embedded all-MiniLM-L6-v2 layers 0 and 5 "
+                       "(attention and the LayerNorms feeding it)")
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Descriptions wrapped to the terminal paragraph by paragraph; examples (indented lines) as written."""
+
+    def _fill_text(self, text, width, indent):
+        paragraphs = []
+        for paragraph in text.split("\n\n"):
+            if paragraph.startswith("examples:") or "\n  " in paragraph:
+                paragraphs.append("\n".join(indent + line for line in paragraph.splitlines()))
+            else:
+                paragraphs.append(textwrap.fill(" ".join(paragraph.split()), width, initial_indent=indent,
+                                                subsequent_indent=indent, break_on_hyphens=False))
+        return "\n\n".join(paragraphs)
 
 
 class Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line and exit with status 2."""
 
     def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message):  # noqa: D401 - argparse API
@@ -149,10 +171,33 @@ def window_size(option: str):
 
 
 def choice(option: str, choices: tuple[str, ...]):
-    """One of ``choices``, spelled exactly."""
+    """One of ``choices``, spelled exactly (give the option ``metavar=`` and list the choices in its help when
+    they contain commas: argparse's ``{fro,2,1,2,inf}`` cannot be read)."""
     def convert(text: str) -> str:
         if text not in choices:
-            _fail(f"one of {', '.join(choices)}", text, f"write e.g. {option} {choices[-1]}")
+            _fail(f"one of {' | '.join(choices)}", text, f"write e.g. {option} {choices[0]}")
+        return text
+    convert.__name__ = option
+    return convert
+
+
+def renamed(option: str, new: str, why: str):
+    """An option's old name (``help=argparse.SUPPRESS``): refused in one line that gives its new name ``new``."""
+    def refuse(text: str):
+        _fail(f"{new} {text} (this option is now called {new}; {why})", f"{option} {text}", f"write {new} {text}")
+    refuse.__name__ = option
+    return refuse
+
+
+def model_path(option: str, what: str = "checkpoint file or folder", default_is: str = "the embedded model"):
+    """``default`` (:data:`DEFAULT_MODEL`: ``default_is``) or the path of an existing file or folder; what the
+    file holds is checked when it is read."""
+    def convert(text: str) -> str:
+        if text == DEFAULT_MODEL:
+            return text
+        if not Path(text).exists():
+            _fail(f"an existing {what}, or {DEFAULT_MODEL} for {default_is}", text,
+                  f"check the path, or write {DEFAULT_MODEL} for {default_is}")
         return text
     convert.__name__ = option
     return convert
@@ -186,12 +231,13 @@ def scheduler_address(option: str = "--scheduler"):
 
 
 def _writable(path: Path, option: str) -> Path:
-    from ..io import check_output
     from ..errors import OutputError
+    from ..io import check_output
+    from .terms import in_cli_terms
     try:
         return check_output(path, option)
     except OutputError as error:
-        raise argparse.ArgumentTypeError(str(error).split(": ", 1)[1]) from None
+        raise argparse.ArgumentTypeError(in_cli_terms(error).split(": ", 1)[1]) from None
 
 
 def output_file(option: str, *suffixes: str):
@@ -206,16 +252,20 @@ def output_file(option: str, *suffixes: str):
 
 
 def output_directory(option: str):
-    """A folder that exists and is writable, or can be created (its parent is)."""
+    """A folder that exists and is writable, or that can be created in an existing writable folder.
+
+    The one rule of every output: its parent folder must exist (as for every output file,
+    :func:`lipbound.io.check_output`); lipbound creates the folder itself, never its parents."""
     def convert(text: str) -> Path:
         import os
         path = Path(text)
         if path.exists() and not path.is_dir():
             _fail("a folder", f"{text} (a file)", f"choose another {option}")
-        probe = path if path.exists() else path.parent if str(path.parent) else Path(".")
-        while not probe.exists() and probe != probe.parent:
-            probe = probe.parent
-        if not os.access(probe, os.W_OK | os.X_OK):
+        parent = path.parent if str(path.parent) else Path(".")
+        if not path.exists() and not parent.is_dir():
+            _fail("a folder in an existing folder", f"{text} (no folder {parent})",
+                  f"create it first (mkdir -p {parent}) or choose another {option}")
+        if not os.access(path if path.exists() else parent, os.W_OK | os.X_OK):
             _fail("a folder that can be written", f"{text} (permission denied)", f"choose another {option}")
         return path
     convert.__name__ = option

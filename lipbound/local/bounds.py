@@ -95,7 +95,8 @@ def _norm(head: Head, key: str, matrix_of) -> float:
     cache = head.norm_cache
     if ("local", key) not in cache:
         matrix = matrix_of()
-        cache[("local", key)] = product_norm_upper(*matrix) if isinstance(matrix, tuple) else spectral_norm_upper(matrix)
+        cache[("local", key)] = product_norm_upper(*matrix) if isinstance(matrix, tuple) \
+            else spectral_norm_upper(matrix)
     return cache[("local", key)]
 
 
@@ -153,7 +154,8 @@ def attention_bounds(target: Head | Layer, balls: TokenBalls, enclosed: Enclosed
         scores = E.S + IntervalArray(-sigma, sigma)
     p_hi, p_lo = _softmax_range(scores, balls.masses)
     p_hi, p_lo = np.maximum(p_hi, E.P.hi), np.minimum(p_lo, E.P.lo)
-    delta = np.maximum((IntervalArray(p_hi) - IntervalArray(E.P.lo)).hi, (IntervalArray(E.P.hi) - IntervalArray(p_lo)).hi)
+    delta = np.maximum((IntervalArray(p_hi) - IntervalArray(E.P.lo)).hi,
+                       (IntervalArray(E.P.hi) - IntervalArray(p_lo)).hi)
     rho = (values.expand(1) - outputs.expand(2)).norm_upper()                     # ||(v_j - f_i) W_O^h|| at X
     shift = (IntervalArray(value_norms[:, None]) * IntervalArray(r[None, :])).hi if value_shift is None else value_shift
     head_move = head_movement(p_lo, p_hi, delta, rho, shift)
@@ -175,7 +177,8 @@ def attention_bounds(target: Head | Layer, balls: TokenBalls, enclosed: Enclosed
     return LocalBounds(movement, blocks, variation, at_center, output=E.output, facts=facts)
 
 
-def head_movement(p_lo: np.ndarray, p_hi: np.ndarray, delta: np.ndarray, rho: np.ndarray, shift: np.ndarray) -> np.ndarray:
+def head_movement(p_lo: np.ndarray, p_hi: np.ndarray, delta: np.ndarray, rho: np.ndarray,
+                  shift: np.ndarray) -> np.ndarray:
     """``sup_U ||f_i(Y) - f_i(X)||`` per head and query (theorems local-movement and local-reach), from the
     weight ranges ``[p_lo, p_hi]`` (H, n, n), the weights' largest changes ``delta``, ``rho_ij >= ||v_j - f_i||``
     at X and the value shifts ``shift`` (H, n) on U, all in one space (the values' or the output's)."""
@@ -268,7 +271,8 @@ def layernorm_bounds(norm: LayerNorm, balls: TokenBalls, enclosed: EnclosedLayer
               r"\delta": E.delta}
     lipschitz = evaluate_theorem(T.layernorm_lipschitz(), **common, R=R)
     at_center = evaluate_theorem(T.layernorm_lipschitz(), **common, R=np.zeros_like(R))
-    reach = (IntervalArray(norm.radius_about_center) + IntervalArray((E.output - IntervalArray(norm.beta)).norm_upper())).hi
+    reach = (IntervalArray(norm.radius_about_center)
+             + IntervalArray((E.output - IntervalArray(norm.beta)).norm_upper())).hi
     small = R < E.nu.lo                                                      # the chord form needs R < nu
     chord = np.full_like(R, np.inf)
     if np.any(small):

@@ -103,22 +103,23 @@ def chain_for(model: Model, kind: str, layer: int, head: int | None = None, last
     ``block``: the whole layer; ``stack``: whole layers ``layer..last``.
     """
     if kind not in KINDS:
-        raise AssumptionError("--kind", f"one of {', '.join(KINDS)}", repr(kind), "e.g. --kind layer")
+        raise AssumptionError("kind", f"one of {', '.join(KINDS)}", repr(kind), "e.g. `kind` layer")
     if kind == "head":
         if head is None:
-            raise AssumptionError("--head", "a head index (counted from 0) for --kind head", "none", "pass --head 0")
+            raise AssumptionError("head", "a head index (counted from 0) for `kind` head", "none",
+                                  "name one, e.g. `head` 0")
         return [Component("head", model.head(layer, head), f"layer {layer} head {head}")]
     if kind == "layer":
         return [Component("attention", model.layer(layer).as_layer(residual=True), f"layer {layer} attention")]
     last = layer if kind == "block" or last is None else last
     if last < layer:
-        raise AssumptionError("--last", f"a layer at least {layer}", repr(last), f"pass --last {layer} or more")
+        raise AssumptionError("last", f"a layer at least {layer}", repr(last), f"choose `last` {layer} or more")
     chain = []
     for index in range(layer, last + 1):
         item = model.layer(index)
         if item.ffn is None or item.ln_out is None or item.ffn_norm is None or item.placement != "post":
-            raise AssumptionError("--kind", "a post-LN layer with its feed-forward block (a full BERT checkpoint)",
-                                  f"layer {index} without them", "load the full model, or use --kind layer")
+            raise AssumptionError("kind", "a post-LN layer with its feed-forward block (a full BERT checkpoint)",
+                                  f"layer {index} without them", "load the full model, or use `kind` layer")
         chain += [Component("attention", item.as_layer(residual=True), f"layer {index} attention"),
                   Component("layernorm", item.ln_out, f"layer {index} attention LayerNorm"),
                   Component("feedforward", item.ffn, f"layer {index} feed-forward"),

@@ -18,7 +18,8 @@ and for unit e, f (Frobenius) the three groups are at most (theorem ``local-atte
     chi_II  = || [omega_1 Omega_1; ...; omega_n Omega_n] ||,   omega_i >= ||Omega_i||,
     chi_III = 2 c min( max_i min( (sum_j (sum_h ||Qt_h|| p_ij ||u_ij||)^2)^(1/2),
                                   ||[Qt_1 ... Qt_H]|| (sum_{h,j} p_ij^2 ||u_ij||^2)^(1/2) ),
-                       ||W_O|| max_i ||sum_h beta_hi^2 Qt_h Qt_h^T||^(1/2) ),   beta_hi^2 = sum_j p_ij^2 ||v_j - f_i||^2,
+                       ||W_O|| max_i ||sum_h beta_hi^2 Qt_h Qt_h^T||^(1/2) ),
+       beta_hi^2 = sum_j p_ij^2 ||v_j - f_i||^2,
 
 the last for a layer, with ``v_j - f_i`` in the values' space before ``W_O`` (the heads' terms are
 ``w_h W_O^h``, so they add up as ``[w_1 ... w_H] W_O``, and ``||w_h|| <= c beta_hi ||e_i Qt_h|| ||f||``);
@@ -161,7 +162,8 @@ class AttentionCurvature:
         radii = IntervalArray(r)
         w_plus = IntervalArray(self.query_norms) + QK * radii[None, :]                 # ||W_K q_i|| on U, (H, n)
         # kappa_i moves by sum_l delta_il ||W_Q (k_l - kappa_i)|| + ||Qt|| sum_l p_il r_l
-        moved_kappa = (delta * IntervalArray(self.key_norms)).sum(axis=-1) + QK * (p_hi * radii[None, None, :]).sum(axis=-1)
+        moved_kappa = (delta * IntervalArray(self.key_norms)).sum(axis=-1) \
+            + QK * (p_hi * radii[None, None, :]).sum(axis=-1)
         key_change = QK.expand(-1) * radii[None, None, :] + moved_kappa.expand(-1)     # (H, n(i), n(j))
         coef, moved_p = IntervalArray(self.coefficient), delta.expand(2)                # (H, n, n, n), delta_im
         w = w_plus[:, :, None, None]
@@ -272,8 +274,8 @@ class _SplitRows:
             self.own.append(RowGram(rows[:, :, i].reshape(H * n, d).to_enclosure()))      # its own blocks o_hij
         self.queries = RowGram(query_part.reshape(H * n, d).to_enclosure())                # rows a_hi, (h, i)
         others = [np.arange(n) != i for i in range(n)]
-        self.others = [[RowGram(coefficient[h, i][:, others[i]].to_enclosure()) for i in range(n)]
-                       for h in range(H)]                                                  # (delta_mj - p_im)_{j, m != i}
+        # (delta_mj - p_im)_{j, m != i}
+        self.others = [[RowGram(coefficient[h, i][:, others[i]].to_enclosure()) for i in range(n)] for h in range(H)]
 
     def norm_upper(self, scales, rows=None) -> float:
         s = np.zeros(int(np.prod(self.shape)))

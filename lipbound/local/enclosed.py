@@ -116,10 +116,12 @@ class EnclosedAttention:
                 ws.append(self.Q[h].matmul(W_K.T))                         # (n, d)
                 os.append(U[h].matmul(rows))                               # (n, n, d_out)
                 C_h = (self.P[h].expand(-1).expand(-1) * (self.K[h].expand(0).expand(-1) * U[h].expand(2))).sum(axis=1)
-                cs.append(C_h.matmul(rows))                                # (n, d_k, d_out): sum_l p_il k_l^T u_il W_O^h
+                cs.append(C_h.matmul(rows))                    # (n, d_k, d_out): sum_l p_il k_l^T u_il W_O^h
             W_Q_all = np.concatenate([e.head_weights(h)[0] for h in range(e.H)], axis=1)      # (d, H d_k)
-            C_all = IntervalArray(np.concatenate([c.lo for c in cs], axis=1), np.concatenate([c.hi for c in cs], axis=1))
-            self._products = (head_products(e), IntervalArray.stack(ws), IntervalArray.stack(os), C_all.lmatmul(W_Q_all))
+            C_all = IntervalArray(np.concatenate([c.lo for c in cs], axis=1),
+                                  np.concatenate([c.hi for c in cs], axis=1))
+            self._products = (head_products(e), IntervalArray.stack(ws), IntervalArray.stack(os),
+                              C_all.lmatmul(W_Q_all))
         return self._products
 
     def jacobian_column(self, j: int, outputs=None) -> IntervalArray:

@@ -81,7 +81,8 @@ def _check_plan(plan, n: int, n_new: int) -> np.ndarray:
         raise AssumptionError("plan", f"non-negative integer masses of shape ({n}, {n_new})", f"shape {plan.shape}",
                               "pass the coupling scaled by n n' (rows sum to n', columns to n)")
     if np.any(plan.sum(axis=1) != n_new) or np.any(plan.sum(axis=0) != n):
-        raise AssumptionError("plan", f"rows summing to {n_new} and columns to {n} (a coupling of the uniform measures)",
+        raise AssumptionError("plan",
+                              f"rows summing to {n_new} and columns to {n} (a coupling of the uniform measures)",
                               "other marginals", "scale the coupling by n n' and round it to integers exactly")
     return plan
 
@@ -112,7 +113,8 @@ def _velocity(seg: _Segment, t: np.ndarray, tau: np.ndarray, masses: np.ndarray,
     slope = seg.A1.expand(0) + seg.A2.expand(0) * (T * 2.0)
     values = seg.V0.expand(0) + seg.dV.expand(0) * IntervalArray(t)[:, None, None, None]
     width = IntervalArray(-tau, tau)[:, None, None, None]
-    piece_scores = scores + slope * width + seg.A2.expand(0) * IntervalArray(np.zeros_like(tau), tau * tau)[:, None, None, None]
+    piece_scores = scores + slope * width \
+        + seg.A2.expand(0) * IntervalArray(np.zeros_like(tau), tau * tau)[:, None, None, None]
     piece_slope = slope + seg.A2.expand(0) * (width * 2.0)
     piece_values = values + seg.dV.expand(0) * width
     at_mid = softmax(scores, masses)
@@ -159,7 +161,8 @@ def path_certificate(layer: Layer, X: np.ndarray, X_new: np.ndarray, plan=None, 
     n, n_new = X.shape[0], X_new.shape[0]
     if plan is None:
         if n != n_new:
-            raise AssumptionError("plan", "a coupling of the two inputs (they differ in length)", f"{n} and {n_new} tokens",
+            raise AssumptionError("plan", "a coupling of the two inputs (they differ in length)",
+                                  f"{n} and {n_new} tokens",
                                   "pass the optimal W1 plan scaled by n n'")
         plan = identity_plan(n)
     plan = _check_plan(plan, n, n_new)

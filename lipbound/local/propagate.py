@@ -66,7 +66,8 @@ class EditTemplate:
                                   f"{source.size} sources, {position.size} positions, {len(words)} word sets",
                                   "build it with the edit helpers of lipbound.measures.edits")
         if np.any(source < 0) or np.any(source >= original.size):
-            raise AssumptionError("template.source", f"indices in 0..{original.size - 1}", repr(source), "fix the alignment")
+            raise AssumptionError("template.source", f"indices in 0..{original.size - 1}", repr(source),
+                                  "fix the alignment")
         object.__setattr__(self, "original", original)
         object.__setattr__(self, "source", source)
         object.__setattr__(self, "position", position)
@@ -281,7 +282,8 @@ def through_layer_steps(item, centers, radii):
             bounds = feedforward_bounds(target, TokenBalls(centers, radii), enclosed, want_variation=False)
         else:
             bounds = layernorm_bounds(target, TokenBalls(centers, radii), enclosed)
-        centers, radii = enclosed.output.mid, (IntervalArray(bounds.movement) + IntervalArray(_rounding(enclosed.output))).hi
+        centers = enclosed.output.mid
+        radii = (IntervalArray(bounds.movement) + IntervalArray(_rounding(enclosed.output))).hi
         yield target, enclosed, bounds, centers, radii
 
 
@@ -289,9 +291,8 @@ def through_layer(item, centers, radii):
     """From the attention block outputs of a layer to the next layer's inputs: the LayerNorm, the residual
     feed-forward block and the output LayerNorm, each with its movement bound; the centres move to the
     midpoints of their enclosures, the radii grow by the rounding."""
-    for *_, centers, radii in through_layer_steps(item, centers, radii):
-        pass
-    return centers, radii
+    *_, last = through_layer_steps(item, centers, radii)
+    return last[-2], last[-1]
 
 
 def _original_next(item, reference: EnclosedAttention) -> np.ndarray:

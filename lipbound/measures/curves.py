@@ -16,9 +16,10 @@ import numpy as np
 from ..errors import AssumptionError
 from ..local.curvature import CURVATURE_TOKENS
 from ..local.curve import LipschitzCurve, lipschitz_curve
+from ..printing.plaintext import legend_lines
 from .bert import load_text_model
 
-__all__ = ["DEFAULT_EPS", "local_curve", "curve_table"]
+__all__ = ["DEFAULT_EPS", "local_curve", "curve_table", "CURVE_LEGEND"]
 
 #: Default radii, as fractions of the LayerNorm radius.
 DEFAULT_EPS = (0.0, 1e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 2.0)
@@ -33,19 +34,20 @@ def local_curve(sentence: str, *, layer: int = 0, kind: str = "layer", head: int
     the sentence's tokens.
     """
     if not isinstance(sentence, str) or not sentence.strip():
-        raise AssumptionError("sentence", "a non-empty sentence", repr(sentence), 'pass some text, e.g. "The cat slept."')
+        raise AssumptionError("sentence", "a non-empty sentence", repr(sentence),
+                              'pass some text, e.g. "The cat slept."')
     bert = load_text_model(model)
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < bert.num_layers:
-        raise AssumptionError("--layer", f"a layer in 0..{bert.num_layers - 1} (counted from 0)", repr(layer),
-                              "pass e.g. --layer 0")
+        raise AssumptionError("layer", f"a layer in 0..{bert.num_layers - 1} (counted from 0)", repr(layer),
+                              "choose e.g. `layer` 0")
     if isinstance(curvature_tokens, bool) or not isinstance(curvature_tokens, (int, np.integer)) \
             or curvature_tokens < 1:
-        raise AssumptionError("--curvature-tokens", "a positive number of tokens", repr(curvature_tokens),
-                              "pass e.g. --curvature-tokens 16")
+        raise AssumptionError("curvature_tokens", "a positive number of tokens", repr(curvature_tokens),
+                              "choose e.g. `curvature_tokens` 16")
     fractions = tuple(float(e) for e in eps)
     if not fractions or any(not (math.isfinite(e) and e >= 0) for e in fractions):
-        raise AssumptionError("--eps", "non-negative fractions of the LayerNorm radius", repr(eps),
-                              "e.g. --eps 0,1e-4,1e-3,1e-2")
+        raise AssumptionError("eps", "non-negative fractions of the LayerNorm radius", repr(eps),
+                              "give e.g. `eps` 0, 1e-4, 1e-3, 1e-2")
     ids = bert.encode(sentence)
     X = bert.hidden_states(ids)[layer]
     radius = bert.layernorm_feeding(layer).radius_about_center
@@ -76,6 +78,27 @@ def curve_table(curve: LipschitzCurve) -> str:
              f"{'eps/R':>9s} {'eps':>10s} {'certified':>11s} {'witness':>10s} {'ratio':>8s} {'variation':>10s} "
              f"{'var. found':>10s} {'global':>10s}  verdict"]
     for p in curve.points:
+        global_text = f"{p.global_constant:10.4g}" if math.isfinite(p.global_constant) else f"{'-':>10s}"
         lines.append(f"{p.eps / curve.radius:9.2g} {p.eps:10.4g} {p.certified:11.5g} {p.witness:10.5g} {p.ratio:8.3f} "
-                     f"{p.variation:10.4g} {p.variation_witness:10.4g} {p.global_constant:10.4g}  {p.verdict}")
-    return "\n".join(lines)
+                     f"{p.variation:10.4g} {p.variation_witness:10.4g} {global_text}  {p.verdict}")
+    return "\n".join(lines + [""] + legend_lines(
+        f"columns (L(eps): the Lipschitz constant of the component on U(X, eps), the inputs within eps of the "
+        f"sentence's hidden states X in the {curve.ball} {'ball' if curve.ball != 'tokens' else 'ball of the tokens'}; "
+        f"distances in the units of the hidden states, constants output units per input unit, {curve.norm} norm):",
+        CURVE_LEGEND))
+
+
+#: The columns of :func:`curve_table`, for its legend.
+CURVE_LEGEND = [
+    ("eps/R", "the radius eps as a fraction of the LayerNorm radius R"),
+    ("eps", "the radius of U(X, eps)"),
+    ("certified", "a certified upper bound on L(eps): the smallest of ||DF(X)|| + variation, the product of the "
+                  "components' bounds on U and global"),
+    ("witness", "the Jacobian norm ||DF(Y)|| at a point Y of U(X, eps) found by ascent (a lower bound on L(eps))"),
+    ("ratio", "certified / witness (1: tight)"),
+    ("variation", "a certified bound on sup over U of ||DF(Y) - DF(X)||"),
+    ("var. found", "the largest ||DF(Y) - DF(X)|| found in U (at most variation)"),
+    ("global", "the certified global constant on a ball holding U ('-' at eps = 0, where U is X alone)"),
+    ("verdict", "holds: witness <= certified and var. found <= variation, decided in interval arithmetic; "
+                "violated would refute a bound (exit status 3); not certified: rounding could decide"),
+]

@@ -45,6 +45,7 @@ from typing import final
 
 import numpy as np
 
+from ..printing.plaintext import legend_lines
 from ..rigorous.intervals import Verdict
 from ..symbolic.assumptions import Assumptions, Unbounded
 from ..errors import AssumptionError
@@ -123,8 +124,8 @@ def _certify(head: Head, n: int) -> float:
 
 def _check_layer(bert, layer) -> None:
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < bert.num_layers:
-        raise AssumptionError("--layer", f"a layer between 0 and {bert.num_layers - 1} (counted from 0)", repr(layer),
-                              "pass e.g. --layer 0")
+        raise AssumptionError("layer", f"a layer between 0 and {bert.num_layers - 1} (counted from 0)", repr(layer),
+                              "choose e.g. `layer` 0")
 
 
 def tied_l2_block(model=None, *, layer: int = 0, head: int = 0, n: int = 8, certified: float = 0.5) -> TiedL2Block:
@@ -144,8 +145,8 @@ def tied_l2_block(model=None, *, layer: int = 0, head: int = 0, n: int = 8, cert
     _check_layer(bert, layer)
     heads = bert.heads(layer)
     if isinstance(head, bool) or not isinstance(head, (int, np.integer)) or not 0 <= head < len(heads):
-        raise AssumptionError("--head", f"a head between 0 and {len(heads) - 1} (counted from 0)", repr(head),
-                              "pass e.g. --head 0")
+        raise AssumptionError("head", f"a head between 0 and {len(heads) - 1} (counted from 0)", repr(head),
+                              "choose e.g. `head` 0")
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise AssumptionError("n", "a positive int (tokens)", repr(n), "pass the sentence length")
     finite = isinstance(certified, (int, float)) and not isinstance(certified, bool) and math.isfinite(certified)
@@ -363,6 +364,12 @@ class DepthReport:
             forward, forward_rate = cell(self.forward, 15)
             error = f"{self.inverse.errors[k + 1]:13.4e}" if k + 1 < len(self.inverse.errors) else " " * 13
             lines.append(f"{k:4d} {inverse} {inverse_rate} {error} {forward} {forward_rate}")
+        lines += legend_lines("columns (Frobenius norms of the hidden states, in their own units):", [
+            ("k", "the step"),
+            ("inverse ||dX||", "||X_(k+1) - X_k|| of the inversion X_(k+1) = Y - Att(X_k) of Y = X + Att(X)"),
+            ("rate", "the ratio of two successive ||dX||: at most the certified constant"),
+            ("||X_k - X*||", "the distance of the inversion's X_k to the inverse X* it converges to"),
+            ("forward ||dX||", "||X_(k+1) - X_k|| of the iteration X_(k+1) = Att(X_k)")])
         for trace in (self.inverse, self.forward):
             lines.append(f"{trace.kind}: {trace.status} after {trace.steps} steps; rates max {trace.max_rate:.4g}, "
                          f"geometric mean {trace.mean_rate:.4g} (certified {trace.certified:.4g})")
@@ -425,4 +432,9 @@ def sweep_table(reports) -> str:
     for r in reports:
         lines.append(f"{r.certified:11.4g} {r.witness:8.4g} {r.inverse.status:>10s} {r.inverse.mean_rate:7.3f} "
                      f"{r.forward.status:>10s} {r.forward.mean_rate:7.3f} {r.rate_violations:10d}")
-    return "\n".join(lines)
+    return "\n".join(lines + legend_lines("columns:", [
+        ("certified L", "the certified Lipschitz constant the block was scaled to"),
+        ("witness", "the Jacobian norm at the data (a lower bound on L)"),
+        ("inverse", "how the inversion of X + Att(X) ended; rate: its geometric mean rate"),
+        ("forward", "how the iteration X -> Att(X) ended; rate: its geometric mean rate"),
+        ("violations", "rates above the certified constant (each refutes it; exit status 3)")]))

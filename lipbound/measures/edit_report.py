@@ -16,9 +16,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import final
 
+from ..printing.plaintext import legend_lines
 from ..rigorous.intervals import Verdict, certify_le, interval
 
-__all__ = ["FLOAT_ALLOWANCE", "EditRow", "EditReport", "CHECKS"]
+__all__ = ["FLOAT_ALLOWANCE", "EditRow", "EditReport", "CHECKS", "TABLE_LEGEND"]
 
 #: Relative widening of float values before they are compared.  The float64 forward pass and the W1
 #: assignment round at about 1e-13 relative on these sizes; 1e-6 is far above that.
@@ -29,6 +30,22 @@ CHECKS = (("measured <= predicted_path", "measured", "predicted_path"),
           ("predicted_path <= predicted_set", "predicted_path", "predicted_set"),
           ("measured <= predicted_set", "measured", "predicted_set"),
           ("worst_witness <= predicted_set", "worst_witness", "predicted_set"))
+
+
+#: The columns of :meth:`EditReport.table`, for its legend.
+TABLE_LEGEND = [
+    ("layer", "the layer whose attention block outputs are compared, counted from 0"),
+    ("k", "edited tokens"),
+    ("measured", "W1 of this edit, computed exactly"),
+    ("max token", "the largest movement ||z_i - z'_i|| of a token the edit keeps (or replaces)"),
+    ("path", "certified W1 along this edit (predicted_path: the segment between the layer's two inputs)"),
+    ("set", "certified W1 for every edit of the set (predicted_set: any candidate token in the edited slots)"),
+    ("worst", "the largest W1 found over the set (worst_witness: a real edit, so at most set)"),
+    ("global", "the global W1 constant of the block times the W1 of the layer's inputs (the prediction before "
+               "local certificates)"),
+    ("path/meas", "path / measured (1: the path certificate is exact)"),
+    ("set/worst", "set / worst (1: the set certificate is attained)"),
+]
 
 
 @final
@@ -151,7 +168,9 @@ class EditReport:
             if count["violated"] or count["not certified"]:
                 lines.append(f"{name}: {count['violated']} violated, {count['not certified']} not certified")
         lines.append(f"violations: {self.violations}")
-        return "\n".join(lines)
+        return "\n".join(lines + [""] + legend_lines(
+            "columns (W1: the Wasserstein-1 distance between the uniform measures of the sentence's and the edit's "
+            "attention block outputs X + MHA(X), in the units of the hidden states):", TABLE_LEGEND))
 
 
 def _ratio(a: float, b: float) -> float:

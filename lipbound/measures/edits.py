@@ -2,7 +2,9 @@
 sets of edits they belong to.
 
 Edits never touch ``[CLS]`` and ``[SEP]``; new words are whole vocabulary words of letters
-(no special token, no ``##`` continuation); the edit of k tokens extends the one of k - 1.
+(no special token, no ``##`` continuation) and never one of the offensive or pointed words of
+``data/offensive_words.txt`` (:func:`clean_word_ids`: a drawn edit is printed, and must read as an
+illustration); the edit of k tokens extends the one of k - 1.
 Positions are drawn, or chosen (``positions``).  :func:`edit_set` describes every edit of the same
 kind at the same positions -- any of the candidate tokens in every edited slot -- as an
 :class:`~lipbound.local.propagate.EditTemplate` for the set certificates.
@@ -10,7 +12,9 @@ kind at the same positions -- any of the candidate tokens in every edited slot -
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import final
 
 import numpy as np
@@ -19,9 +23,19 @@ from ..errors import AssumptionError
 from ..local.propagate import EditTemplate
 from .bert import BertModel
 
-__all__ = ["MODES", "Edit", "draw_edits", "whole_word_ids", "edit_set", "check_positions", "edited_ids"]
+__all__ = ["MODES", "Edit", "draw_edits", "whole_word_ids", "clean_word_ids", "drawable_ids", "offensive_words",
+           "edit_set", "check_positions", "edited_ids"]
 
 MODES = ("replace", "insert", "delete")
+#: The words random draws skip (module docstring).
+OFFENSIVE_WORDS_FILE = Path(__file__).resolve().parent / "data" / "offensive_words.txt"
+
+
+@functools.lru_cache(maxsize=1)
+def offensive_words() -> frozenset[str]:
+    """The lowercase words of :data:`OFFENSIVE_WORDS_FILE`, which random edits never draw."""
+    lines = OFFENSIVE_WORDS_FILE.read_text(encoding="utf-8").splitlines()
+    return frozenset(line.strip().lower() for line in lines if line.strip() and not line.lstrip().startswith("#"))
 
 
 def whole_word_ids(tokenizer) -> np.ndarray:
@@ -29,6 +43,19 @@ def whole_word_ids(tokenizer) -> np.ndarray:
     special token (``[CLS]``, ``[unused0]``), no ``##`` continuation, no digit or punctuation."""
     return np.array([i for i, token in enumerate(tokenizer.vocab) if token.isascii() and token.isalpha()],
                     dtype=np.int64)
+
+
+def clean_word_ids(tokenizer) -> np.ndarray:
+    """The words random edits draw from: :func:`whole_word_ids` without :func:`offensive_words`."""
+    banned = offensive_words()
+    return np.array([i for i in whole_word_ids(tokenizer) if tokenizer.vocab[i].lower() not in banned], dtype=np.int64)
+
+
+def drawable_ids(tokenizer) -> np.ndarray:
+    """Every vocabulary id a random sample may take: all but the :func:`offensive_words` (samples of
+    candidate tokens for set certificates and worst-edit searches)."""
+    banned = offensive_words()
+    return np.array([i for i, token in enumerate(tokenizer.vocab) if token.lower() not in banned], dtype=np.int64)
 
 
 @final
@@ -70,7 +97,7 @@ def check_positions(positions, mode: str, n: int) -> tuple[int, ...]:
     if not values or bad or len(set(values)) != len(values):
         raise AssumptionError("positions", f"distinct token positions in {low}..{high} (counted from 0; [CLS] is 0"
                               f"{' and [SEP] is ' + str(n - 1) if mode != 'insert' else ''})",
-                              repr(list(values)), f"pick positions of this sentence's words, e.g. --positions {low}")
+                              repr(list(values)), f"pick `positions` of this sentence's words, e.g. {low}")
     return values
 
 
@@ -79,7 +106,7 @@ def draw_edits(model: BertModel, ids, mode: str, ks, seed: int, positions=None) 
 
     Nested: the edit of k tokens extends the one of k - 1 (same positions and words).  Word
     positions exclude ``[CLS]`` (index 0) and ``[SEP]`` (index n - 1); new words come from
-    :func:`whole_word_ids`, and a replacement always differs from the token it replaces.
+    :func:`clean_word_ids`, and a replacement always differs from the token it replaces.
 
     Parameters
     ----------
@@ -98,13 +125,13 @@ def draw_edits(model: BertModel, ids, mode: str, ks, seed: int, positions=None) 
     tokenizer = model.tokenizer
     rng = np.random.default_rng(seed)
     n, largest = len(ids), max(ks)
-    candidates = whole_word_ids(tokenizer)
+    candidates = clean_word_ids(tokenizer)
     order = rng.permutation(np.arange(1, n - 1))  # word positions; [CLS] (0) and [SEP] (n-1) never
     if positions is not None:
         order = np.array(check_positions(positions, mode, n))
         if largest > order.size:
             raise AssumptionError("positions", f"at least {largest} positions (one per edited token)",
-                                  f"{order.size}", "give as many --positions as the largest k")
+                                  f"{order.size}", "give as many `positions` as the largest k")
     if mode == "insert":
         slots = order[:largest] if positions is not None else rng.integers(1, n, size=largest)
         new = rng.choice(candidates, size=largest)

@@ -44,7 +44,7 @@ from ..rigorous.linalg import vector_norm_upper
 from ..rigorous.value import CertifiedValue
 from .bert import BertModel, load_text_model
 from .edit_report import FLOAT_ALLOWANCE, EditReport, EditRow
-from .edits import MODES, draw_edits, edit_set, edited_ids
+from .edits import MODES, draw_edits, drawable_ids, edit_set, edited_ids
 from .empirical import EmpiricalMeasure
 from .vocabulary import worst_edits
 from .wasserstein import w1, w1_with_plan
@@ -110,8 +110,8 @@ def _check_layers(layers, count: int) -> tuple[int, ...]:
         values = (layers,)
     if not values or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in values) \
             or any(not 0 <= v < count for v in values):
-        raise AssumptionError("--layers", f"layer numbers between 0 and {count - 1} (counted from 0)", repr(layers),
-                              f"pass e.g. --layers 0..{count - 1}")
+        raise AssumptionError("layers", f"layer numbers between 0 and {count - 1} (counted from 0)", repr(layers),
+                              f"choose `layers` between 0 and {count - 1}")
     return tuple(sorted({int(v) for v in values}))
 
 
@@ -153,29 +153,39 @@ def _set_ids(bert: BertModel, vocabulary, edits: dict, seed: int) -> tuple[np.nd
     if isinstance(vocabulary, (int, np.integer)) and not isinstance(vocabulary, bool):
         if not 1 <= vocabulary <= size:
             raise AssumptionError("vocabulary", f"a number of tokens in 1..{size}, or 'all'", repr(vocabulary),
-                                  "e.g. --vocabulary 2048 or --vocabulary all")
-        sample = np.random.default_rng(seed + 7919).choice(size, size=int(vocabulary), replace=False)
+                                  "e.g. `vocabulary` 2048 or 'all'")
+        pool = drawable_ids(bert.tokenizer)
+        if vocabulary > pool.size:
+            raise AssumptionError("vocabulary", f"a number of tokens in 1..{pool.size} (the vocabulary less the words "
+                                  "random draws skip), or 'all'", repr(vocabulary), "e.g. `vocabulary` 2048 or "
+                                  "'all'")
+        sample = np.random.default_rng(seed + 7919).choice(pool, size=int(vocabulary), replace=False)
         ids = np.unique(np.concatenate([sample, np.asarray(drawn, dtype=np.int64)]))
         return ids, f"any of {ids.size} tokens (a sample of {vocabulary} drawn with seed {seed}, and the drawn words)"
     ids = np.unique(np.asarray(list(vocabulary), dtype=np.int64))
     if ids.size == 0 or ids.min() < 0 or ids.max() >= size:
-        raise AssumptionError("vocabulary", f"token ids in 0..{size - 1}", repr(list(vocabulary))[:60], "pass valid ids")
+        raise AssumptionError("vocabulary", f"token ids in 0..{size - 1}", repr(list(vocabulary))[:60],
+                              "pass valid ids")
     ids = np.unique(np.concatenate([ids, np.asarray(drawn, dtype=np.int64)]))  # the edit is always in its set
     return ids, f"any of {ids.size} tokens (the given ones and the drawn words)"
 
 
-def _search_ids(candidates: np.ndarray, search, seed: int, must: list) -> tuple[np.ndarray, bool]:
+def _search_ids(candidates: np.ndarray, search, seed: int, must: list, drawable: np.ndarray) -> tuple[np.ndarray, bool]:
     if search is None:
         search = DEFAULT_SEARCH
     if isinstance(search, str):
         if search != "all":
-            raise AssumptionError("search", "a positive number of candidates or 'all'", repr(search), "e.g. --search 4096")
+            raise AssumptionError("search", "a positive number of candidates or 'all'", repr(search),
+                                  "e.g. `search` 4096")
         return candidates, True
     if isinstance(search, bool) or not isinstance(search, (int, np.integer)) or search < 1:
-        raise AssumptionError("search", "a positive number of candidates or 'all'", repr(search), "e.g. --search 4096")
+        raise AssumptionError("search", "a positive number of candidates or 'all'", repr(search), "e.g. `search` 4096")
     if search >= candidates.size:
         return candidates, True
-    chosen = np.random.default_rng(seed + 104729).choice(candidates, size=int(search), replace=False)
+    pool = np.intersect1d(candidates, drawable)   # a random sample never takes an offensive word
+    if search >= pool.size:
+        return np.unique(np.concatenate([pool, np.asarray(must, dtype=np.int64)])), False
+    chosen = np.random.default_rng(seed + 104729).choice(pool, size=int(search), replace=False)
     return np.unique(np.concatenate([chosen, np.asarray(must, dtype=np.int64)])), False
 
 
@@ -207,7 +217,8 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
     set_certificate : bool
         False skips the set certificate (``predicted_set`` is NaN), for sweeps of the path certificate.
     progress : callable, optional
-        Called with a line of text as each stage finishes.
+        ``progress(done, total, what)`` as each stage finishes (a set certificate, a search, a layer's path
+        certificate: ``total`` of them).
 
     Returns
     -------
@@ -218,15 +229,16 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
         raise AssumptionError("sentence", "a non-empty sentence", repr(sentence),
                               'pass some text, e.g. "The cat slept all afternoon."')
     if mode not in MODES:
-        raise AssumptionError("mode", f"one of {MODES}", repr(mode), "use --replace K, --insert K or --delete K")
+        raise AssumptionError("mode", f"one of {MODES}", repr(mode), "choose replace, insert or delete")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise AssumptionError("seed", "an int", repr(seed), "pass e.g. seed=0")
     if isinstance(path_tolerance, bool) or not (isinstance(path_tolerance, (int, float)) and 0 < path_tolerance <= 1):
-        raise AssumptionError("path_tolerance", "a fraction in (0, 1]", repr(path_tolerance), "e.g. --tolerance 0.2")
+        raise AssumptionError("path_tolerance", "a fraction in (0, 1]", repr(path_tolerance),
+                              "e.g. `path_tolerance` 0.2")
     if not (search is None or search == "all" or (isinstance(search, (int, np.integer)) and not isinstance(search, bool)
                                                   and search >= 0)):
         raise AssumptionError("search", "a number of candidates (0: the drawn edit only) or 'all'", repr(search),
-                              "e.g. --search 4096 or --search all")
+                              "e.g. `search` 4096 or 'all'")
     bert = load_text_model(model)
     if bert.tokenizer is None:
         raise AssumptionError("model", "a checkpoint with its tokenizer (tokenizer.json or vocab.txt)", "no tokenizer",
@@ -248,6 +260,14 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
         states = bert.hidden_states(list(new_ids))
         return [bert.attention_block(layer, states[layer]).pre_norm for layer in range(max(chosen_layers) + 1)]
 
+    stages = len(edits) * (int(set_certificate) + int(search != 0 and mode != "delete") + len(chosen_layers))
+    finished = []
+
+    def say(what: str) -> None:
+        finished.append(what)
+        if progress is not None:
+            progress(len(finished), stages, what)
+
     rows, search_info = [], {}
     for k_value, edit in edits.items():
         states = bert.hidden_states(list(edit.ids))
@@ -256,12 +276,12 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
         pairs = _matched(template)
         sets = None
         if set_certificate:
-            say(f"k = {k_value}: set certificate through layers 0..{max(chosen_layers)}")
             sets = propagate(bert.model, template, layers=chosen_layers)
+            say(f"k = {k_value}: set certificate through layers 0..{max(chosen_layers)}")
         if search == 0:
             search_info[k_value] = {"description": "the drawn edit only", "evaluated": 1, "exhaustive": False}
-        worst = {} if search == 0 else _worst(bert, ids, edit, mode, template, candidates, search, seed, chosen_layers, blocks, outputs_of,
-                       search_info, k_value, say)
+        worst = {} if search == 0 else _worst(bert, ids, edit, mode, template, candidates, search, seed, chosen_layers,
+                                              blocks, outputs_of, search_info, k_value, say)
         for layer in chosen_layers:
             X, X_new = original[layer], states[layer]
             Y, Y_new = blocks[layer], bert.attention_block(layer, X_new).pre_norm
@@ -269,10 +289,11 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
             moved = max(float(np.linalg.norm(Y[a] - Y_new[i])) for a, i in pairs) if len(pairs) else math.nan
             coupling = w1_with_plan(EmpiricalMeasure.uniform(X), EmpiricalMeasure.uniform(X_new))
             plan = integer_plan(coupling.plan, n, n_new)
-            say(f"k = {k_value}, layer {layer}: path certificate")
             path = path_certificate(bert.model.layer(layer).as_layer(residual=True), X, X_new, plan,
                                     tolerance=path_tolerance)
-            predicted_set = math.nan if sets is None else coupling_bound(sets[layer], _set_plan(sets[layer], n, n_new, mode))
+            say(f"k = {k_value}, layer {layer}: path certificate")
+            predicted_set = math.nan if sets is None else \
+                coupling_bound(sets[layer], _set_plan(sets[layer], n, n_new, mode))
             # the edit is in its set, so the set certificate bounds it too: the path certificate is the smaller
             rows.append(EditRow(layer, k_value, tuple(edit.positions), n, measured, moved,
                                 path.bound if math.isnan(predicted_set) else min(path.bound, predicted_set),
@@ -298,7 +319,8 @@ def _set_plan(layer_set, n: int, n_new: int, mode: str) -> np.ndarray:
     the optimal plan of the bounding costs ``||z_a - c_i|| + r_i`` (any coupling gives a valid bound)."""
     if mode == "replace":
         return np.eye(n, dtype=np.int64) * n
-    cost = np.linalg.norm(layer_set.original[:, None, :] - layer_set.centers[None, :, :], axis=-1) + layer_set.radii[None, :]
+    distances = np.linalg.norm(layer_set.original[:, None, :] - layer_set.centers[None, :, :], axis=-1)
+    cost = distances + layer_set.radii[None, :]
     return integer_plan(None, n, n_new, cost)
 
 
@@ -309,7 +331,9 @@ def _worst(bert, ids, edit, mode, template, candidates, search, seed, layers, bl
         return {}
     slots = [i for i, words in enumerate(template.words) if words.size > 1]
     drawn = [edit.ids[i] for i in slots]
-    options, exhaustive = zip(*[_search_ids(candidates, search, seed + j, [drawn[j]]) for j in range(len(slots))])
+    drawable = drawable_ids(bert.tokenizer)
+    options, exhaustive = zip(*[_search_ids(candidates, search, seed + j, [drawn[j]], drawable)
+                                for j in range(len(slots))])
     n_new = template.n_new
     screen_pairs, screen_weights = _screening_coupling(len(ids), n_new, template)
 
@@ -318,14 +342,15 @@ def _worst(bert, ids, edit, mode, template, candidates, search, seed, layers, bl
         out[slots] = choice
         return out
 
-    say(f"k = {k}: searching the worst edit over {sum(len(o) for o in options)} candidates")
-    found = worst_edits(bert.model, ids, make, slots, list(options), layers, [blocks[l] for l in range(max(layers) + 1)],
+    found = worst_edits(bert.model, ids, make, slots, list(options), layers,
+                        [blocks[l] for l in range(max(layers) + 1)],
                         screen_pairs, screen_weights, start=drawn, reference=outputs_of,
                         exhaustive=all(exhaustive) and len(slots) == 1)
     info[k] = {"description": ("every candidate" if found.exhaustive else
                                f"{'screened' if len(slots) == 1 else 'coordinate ascent over'} "
                                f"{found.evaluated} candidates") + f" in {found.seconds:.1f} s",
                "evaluated": found.evaluated, "exhaustive": found.exhaustive, "seconds": found.seconds}
+    say(f"k = {k}: the worst edit over {sum(len(o) for o in options)} candidates")
     return found.values
 
 

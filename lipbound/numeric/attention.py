@@ -38,7 +38,8 @@ from ..errors import WeightsError
 from .kernels import SOFTMAX, HeadMasks, reduce_to
 from .model.components import Head, Layer
 
-__all__ = ["GRAM_TOKENS", "AttentionMap", "Linearization", "heads_of", "self_forward", "self_jvp", "self_vjp", "cross_forward",
+__all__ = ["GRAM_TOKENS", "AttentionMap", "Linearization", "heads_of", "self_forward", "self_jvp", "self_vjp",
+           "cross_forward",
            "cross_jvp", "cross_vjp", "layer_forward", "layer_jvp", "layer_vjp", "jacobian_norm", "dense_jacobian",
            "head_scores", "unit_rows"]
 

@@ -38,7 +38,7 @@ NORMS = {"fro": "Frobenius", "2,1": "(2,1)", "2,inf": "(2,inf)", "inf": "l_inf o
 
 def _check_norm(norm: str) -> str:
     if norm not in NORMS:
-        raise AssumptionError("--norm", f"one of {', '.join(NORMS)}", repr(norm), "e.g. --norm fro")
+        raise AssumptionError("norm", f"one of {', '.join(NORMS)}", repr(norm), "e.g. `norm` fro")
     return norm
 
 
@@ -56,7 +56,7 @@ def _check_role(role: str, m: int | None) -> None:
     if role not in ROLES:
         raise AssumptionError("role", f"one of {ROLES}", repr(role), "choose the argument of the constant")
     if role != "self" and m is None:
-        raise AssumptionError("m", "the number of queries of cross-attention", "None", "pass m=... (--m M)")
+        raise AssumptionError("m", "the number of queries of cross-attention", "None", "give `m`")
 
 
 def head_constant(head: Head, norm: str, domain: TokenDomain, n: int, *, m: int | None = None,

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, final
 
 import mpmath
 import numpy as np
@@ -82,12 +83,13 @@ def _check_kim(item: PublishedClaim, seed: int, budget: float, weights) -> Check
 
     With tokens far apart relative to the scores, each token attends to itself and
     f(X) ~ X A W_V, so Lip >= ||A W_V|| grows like ||W||^2 while the transcribed l_2
-    statement grows like ||W||: large scales refute it if the transcription is right.
+    statement grows like ||W||: large scales refute it if the transcription is right.  A fixed set of
+    54 small instances (well under a second): ``budget`` is not needed, and the seed alone fixes the
+    answer (a wall-clock deadline made it depend on the machine).
     """
     rng = np.random.default_rng(seed)
     norm = item.norm
     best = None
-    deadline = time.perf_counter() + budget
     scales = [0.5, 1.0, 2.0, 4.0, 8.0, 16.0]
     for scale in scales:
         for _ in range(3):
@@ -106,8 +108,6 @@ def _check_kim(item: PublishedClaim, seed: int, budget: float, weights) -> Check
                 local = float(np.max(np.sum(np.abs(J), axis=1))) if norm == "inf" else float(np.linalg.norm(J, 2))
                 if best is None or local / claimed > best[0]:
                     best = (local / claimed, head, X, claimed, local, scale, n, d)
-            if time.perf_counter() > deadline:
-                break
     ratio, head, X, claimed, local, scale, n, d = best
     low = _certified_local_norm(head, X, norm)
     return CheckResult(item.key, _verdict(low, claimed), item.provenance, claimed, low,
@@ -251,8 +251,10 @@ def _check_gelu(item: PublishedClaim, seed: int, budget: float, weights) -> Chec
     is beaten by ``x -> W_2 GELU(W_1 x)`` with W_1 = W_2 = 1 at x = sqrt 2."""
     value = _gelu_derivative_at_sqrt2()
     return CheckResult(item.key, _verdict(float(value.a), 1.12), item.provenance, 1.12, float(value.a),
-                       {"x": "sqrt(2)", "GELU'(x) enclosure": f"[{mpmath.nstr(value.a, 12)}, {mpmath.nstr(value.b, 12)}]",
-                        "product bound": "W_2 GELU(W_1 x), W_1 = W_2 = 1: derivative at sqrt(2) beats 1.12 ||W_1|| ||W_2||"})
+                       {"x": "sqrt(2)",
+                        "GELU'(x) enclosure": f"[{mpmath.nstr(value.a, 12)}, {mpmath.nstr(value.b, 12)}]",
+                        "product bound": "W_2 GELU(W_1 x), W_1 = W_2 = 1: derivative at sqrt(2) beats "
+                                         "1.12 ||W_1|| ||W_2||"})
 
 
 def _check_power_iteration(item: PublishedClaim, seed: int, budget: float, weights) -> CheckResult:
@@ -367,7 +369,11 @@ CHECKERS.update(RECENT_CHECKERS)
 
 
 def check(key: str, weights=None, seed: int = 0, budget: float = 20.0) -> CheckResult:
-    """Try to refute claim ``key`` on random weights, and on ``weights`` (a Model) if given."""
+    """Try to refute claim ``key`` on random weights, and on ``weights`` (a Model) if given.
+
+    ``budget``: nominal seconds of witness search, counted in work as in every witness search
+    (:mod:`lipbound.numeric.witness.clock`), so that the seed fixes the answer on any machine; claims
+    decided by a fixed construction do not use it."""
     item = claim(key)
     return CHECKERS[key](item, seed, budget, weights)
 

@@ -70,7 +70,7 @@ def head_facts(head: Head, role: str = "self") -> HeadFacts:
         raise AssumptionError("role", f"one of {ROLES}", repr(role), "choose the argument of the constant")
     if head.causal and role != "self":
         raise AssumptionError("role", "'self' for a causal head (masks apply to self-attention)", repr(role),
-                              "use --kind causal for masked heads; cross-attention heads are not masked")
+                              "use `kind` causal for masked heads; cross-attention heads are not masked")
     kernel = head.kernel.facts(head.d_k)
     if kernel.score not in _KERNEL_SCORES:
         raise _refuse(head, kernel.describe, f"the kernel '{head.kernel.name}' has no dispatched theorem yet")
@@ -187,6 +187,7 @@ def check_covers(bound: Bound, head: Head, role: str = "self") -> None:
                               "a bound without facts", "derive it with a variant (lipbound.symbolic.registry.variant)")
     head_kind = head_facts(head, facts.role if role == "self" and facts.role != "self" else role)
     if not facts.covers(head_kind):
-        raise AssumptionError("head", f"a head the theorem {bound.theorem or bound.variant} covers ({facts.describe()})",
+        raise AssumptionError("head",
+                              f"a head the theorem {bound.theorem or bound.variant} covers ({facts.describe()})",
                               f"{head.name or 'a head'}: {head_kind.describe()}",
                               "derive the bound of the head's own variant (lipbound.numeric.dispatch.derive_for)")

@@ -156,7 +156,8 @@ class TokenDomain:
     def check_width(self, d: int, what: str = "the head") -> None:
         center = self.center
         if center is not None and center.shape != (d,):
-            raise AssumptionError("domain", f"a domain in R^{d} (the width of {what})", f"a centre of shape {center.shape}",
+            raise AssumptionError("domain", f"a domain in R^{d} (the width of {what})",
+                                  f"a centre of shape {center.shape}",
                                   "take the domain from the LayerNorm that feeds this layer")
 
     def contains(self, X: np.ndarray) -> np.ndarray:
@@ -186,8 +187,8 @@ class TokenBall(TokenDomain):
     def __post_init__(self):
         radius = float(self.radius)
         if not (math.isfinite(radius) and radius > 0):
-            raise AssumptionError("--radius", "a positive finite number", repr(self.radius),
-                                  "give the radius of a ball holding every token, e.g. --radius 20")
+            raise AssumptionError("radius", "a positive finite number", repr(self.radius),
+                                  "give the radius of a ball holding every token, e.g. `radius` 20")
         object.__setattr__(self, "radius", radius)
         if self.center is not None:
             center = np.asarray(self.center, dtype=np.float64)
@@ -298,7 +299,8 @@ class LayerNormOutputs(TokenDomain):
         z = self._coordinates(X)
         norms = np.linalg.norm(z, axis=-1, keepdims=True)
         limit = math.sqrt(self.norm.d) * (1 - 1e-9)
-        return self.norm.beta + self.norm.gamma * z * np.where(norms > limit, limit / np.where(norms > 0, norms, 1.0), 1.0)
+        shrink = np.where(norms > limit, limit / np.where(norms > 0, norms, 1.0), 1.0)
+        return self.norm.beta + self.norm.gamma * z * shrink
 
     def representable_directions(self, E: np.ndarray) -> tuple[np.ndarray, dict]:
         """Directions ``gamma * w`` with ``w`` on a dyadic grid and ``sum w = 0`` exactly (tangent to the
@@ -449,7 +451,7 @@ class AllTokens(TokenDomain):
 
     def enclosing_ball(self):
         raise AssumptionError("domain", "a bounded domain (a ball or LayerNorm outputs)", "all of R^{n x d}",
-                              "witness searches and relaxations need a ball; pass --radius R")
+                              "witness searches and relaxations need a ball; give its `radius`")
 
     def symbol_values(self, centred: bool) -> dict:
         return {}
@@ -500,7 +502,7 @@ class DomainSpec:
     radius: float | None = None
 
     @classmethod
-    def parse(cls, text, option: str = "--radius") -> "DomainSpec":
+    def parse(cls, text, option: str = "domain") -> "DomainSpec":
         """``"layernorm"``, ``"layernorm-image"`` or a positive number."""
         if isinstance(text, DomainSpec):
             return text
@@ -512,7 +514,7 @@ class DomainSpec:
             radius = math.nan
         if not (math.isfinite(radius) and radius > 0):
             raise AssumptionError(option, f"a positive number or one of {', '.join(DOMAIN_SPECS)}", repr(text),
-                                  f"e.g. {option} 20.25 or {option} layernorm")
+                                  f"e.g. `{option}` 20.25 or `{option}` layernorm")
         return cls("radius", radius)
 
     def resolve(self, layer_norm, where: str = "this layer") -> TokenDomain:
@@ -520,8 +522,8 @@ class DomainSpec:
         if self.kind == "radius":
             return TokenBall(self.radius)
         if layer_norm is None:
-            raise AssumptionError("--radius", f"a number, since no LayerNorm feeds {where}", repr(self.kind),
-                                  "pass --radius R")
+            raise AssumptionError("domain", f"a number, since no LayerNorm or RMSNorm feeds {where}", repr(self.kind),
+                                  "give a radius R as the `domain`")
         if isinstance(layer_norm, RMSNorm):
             return RMSNormOutputs(layer_norm)       # its image is a full-dimensional ellipsoid about 0
         if self.kind == "layernorm":

@@ -31,5 +31,6 @@ def require_memory(needed: int, option: str, what: str, largest_fitting: int, fr
     limit = int(available_bytes() * fraction)
     if needed > limit:
         raise AssumptionError(option, f"a size whose {what} fits in memory (at most {largest_fitting} here)",
-                              f"a run needing about {needed / 2 ** 30:.3g} GiB, with {limit / 2 ** 30:.3g} GiB available",
-                              f"lower {option} to {largest_fitting} or less")
+                              f"a run needing about {needed / 2 ** 30:.3g} GiB, with {limit / 2 ** 30:.3g} GiB "
+                              "available",
+                              f"lower `{option}` to {largest_fitting} or less")

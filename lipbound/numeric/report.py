@@ -26,19 +26,32 @@ from dataclasses import dataclass, field
 from typing import final
 
 from ..printing.document import comparison_table
+from ..printing.plaintext import legend_lines
 from ..printing.prose import escape_text
 from ..rigorous.intervals import Verdict, certify_le, interval
 from ..rigorous.value import CertifiedValue
 
-__all__ = ["KINDS", "HeadReport", "ModelReport", "refutations", "RANK_TOP"]
+__all__ = ["KINDS", "HeadReport", "ModelReport", "refutations", "RANK_TOP", "CSV_COLUMNS", "BOUND_MEANINGS"]
 
 #: The kinds of attention map a row is about (see :mod:`lipbound.numeric.verification`).
 KINDS = ("self", "causal", "cross-queries", "cross-context", "cross-joint")
+#: The header of :meth:`ModelReport.csv`, its first line.
+CSV_COLUMNS = ("model", "sha256", "norm", "block", "layer", "head", "kind", "n", "m", "domain", "witness",
+               "witness_file", "bound", "value", "certified", "provenance", "best_upper", "gap", "refuted")
 #: Rows shown in each ranking.
 RANK_TOP = 10
 #: Longer LaTeX tables are ``longtable`` s (they break across pages; ``\usepackage{longtable}``).
 LONG_TABLE = 40
 _ATTENTION = {"self": "self-attention", "causal": "causal self-attention", "cross": "cross-attention"}
+#: The certified bounds a row lists (:func:`lipbound.numeric.certify.head_bounds`), for the legends.
+BOUND_MEANINGS = {
+    "derived": "the theorem the head's facts select (lipbound derive), evaluated on the weights in interval "
+               "arithmetic; for a whole layer, the heads' theorems composed with the blocks of W_O",
+    "matrix-aware": "the same theorem with products of norms replaced by joint constants of the matrices on the "
+                    "true domain (for a layer: summed over the heads)",
+    "joint": "the heads of a layer taken jointly with W_O (whole layers only)",
+    "sdp": "the SDP relaxation (--sdp), counted only after its certificate is re-checked",
+}
 
 
 @final
@@ -189,7 +202,24 @@ class ModelReport:
                          + [values.get(name, "-") for name in names]
                          + [f"{row.best_upper:.4g}", f"{row.gap:.3g}",
                             ", ".join("REFUTED " + r for r in row.refuted) or "-"])
-        return "\n".join(self.header_lines()) + "\n" + _columns(lines) + "\n" + self._ranking_text()
+        return ("\n".join(self.header_lines()) + "\n" + _columns(lines) + "\n" + self._ranking_text() + "\n\n"
+                + "\n".join(self.legend()))
+
+    def legend(self) -> list[str]:
+        """What the columns of :meth:`table` mean, one line each (the bound columns present only)."""
+        entries = [("head", "h: the map X -> f^h(X) of head h alone, BEFORE its block W_O^h of the output projection "
+                            "(not that head's share of the layer output: f^h W_O^h can exceed the row); all: the "
+                            "whole multi-head layer X -> sum_h f^h(X) W_O^h, without the residual"),
+                   ("witness", "a certified lower bound on L: the Jacobian norm at an input of the domain the search "
+                               "found (saved; lipbound recheck FILE re-checks it)")]
+        entries += [(name, BOUND_MEANINGS.get(name, "a published claim under the same assumptions (listed and "
+                                                    "checked, never counted as best)")) for name in self._bound_names()]
+        entries += [("best upper", "the smallest certified, proven bound: L lies in [witness, best upper]"),
+                    ("gap", "best upper / witness (1: tight)"),
+                    ("refuted", "the bounds the witness beats (exit status 3); n.c.: not certified (rounding could "
+                                "decide); -: does not apply")]
+        return legend_lines("columns (L: the Lipschitz constant in the Frobenius norm, ||f(X) - f(X')||_F <= "
+                            "L ||X - X'||_F, output units per input unit):", entries)
 
     def _ranking_text(self) -> str:
         heads, layers = self.ranking()
@@ -204,17 +234,18 @@ class ModelReport:
         return "\n".join(parts)
 
     def csv(self) -> str:
+        """One line per row and bound, the header first (:data:`CSV_COLUMNS`); what the run was about beyond
+        the model, its sha256 and the norm (the architecture, every domain, whether it is complete) is in
+        :meth:`to_json`."""
         buffer = io.StringIO()
         writer = csv.writer(buffer)
-        writer.writerow(["# " + line for line in self.header_lines()])
-        writer.writerow(["block", "layer", "head", "kind", "n", "m", "domain", "witness", "witness_file", "bound",
-                         "value", "certified", "provenance", "best_upper", "gap", "refuted"])
+        writer.writerow(CSV_COLUMNS)
         for row in self.rows:
             for bound in row.upper_bounds:
-                writer.writerow([row.block, row.layer, "" if row.head is None else row.head, row.kind, row.n,
-                                 "" if row.m is None else row.m, row.domain, row.witness_value, row.witness_file,
-                                 bound.name, bound.value, bound.certified, bound.provenance, row.best_upper, row.gap,
-                                 ";".join(row.refuted)])
+                writer.writerow([self.path or self.model, self.sha256, self.norm, row.block, row.layer,
+                                 "" if row.head is None else row.head, row.kind, row.n, "" if row.m is None else row.m,
+                                 row.domain, row.witness_value, row.witness_file, bound.name, bound.value,
+                                 bound.certified, bound.provenance, row.best_upper, row.gap, ";".join(row.refuted)])
         return buffer.getvalue()
 
     def markdown(self) -> str:
@@ -229,7 +260,8 @@ class ModelReport:
         heads, layers = self.ranking()
         for title, rows in (("heads", heads), ("whole layers", layers)):
             if rows:
-                lines += ["", f"## Least smooth {title}", "", "largest witness first; Lip lies in [witness, best upper]",
+                lines += ["", f"## Least smooth {title}", "",
+                          "largest witness first; Lip lies in [witness, best upper]",
                           "", "| rank | block | layer | head | kind | witness | best upper |",
                           "|---:|---|---:|---:|---|---:|---:|"]
                 lines += [f"| {i + 1} | {r.block} | {r.layer} | {r.who} | {r.kind} | {r.witness_value:.4g} | "

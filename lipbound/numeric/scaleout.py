@@ -68,7 +68,7 @@ def check_jobs(jobs) -> int:
     """``jobs`` as a positive int, or :class:`~lipbound.errors.AssumptionError`."""
     if isinstance(jobs, bool) or not isinstance(jobs, numbers.Integral) or jobs < 1:
         raise AssumptionError("jobs", "a whole number of worker processes >= 1", repr(jobs),
-                              f"pass jobs=2 (--jobs 2), at most the {os.cpu_count() or 1} cores here")
+                              f"ask for e.g. `jobs` 2, at most the {os.cpu_count() or 1} cores here")
     return int(jobs)
 
 
@@ -115,7 +115,7 @@ def run_all(function: Callable, tasks: Sequence, *, jobs: int = 1, scheduler: st
                                   f"{position}", "wrap the arguments of each call in a tuple: (x,)")
     if scheduler is not None and jobs != 1:
         raise AssumptionError("jobs", "no count of local processes together with a scheduler (its workers run the "
-                              "tasks)", f"jobs = {jobs} and scheduler {scheduler!r}", "drop --jobs or --scheduler")
+                              "tasks)", f"jobs = {jobs} and scheduler {scheduler!r}", "drop `jobs` or `scheduler`")
     if scheduler is None and jobs == 1:
         return _serial(function, tasks, progress)
     return _distributed(function, tasks, jobs, scheduler, progress)
@@ -174,7 +174,7 @@ def _distributed(function, tasks, jobs, scheduler, progress) -> list:
         from dask.distributed import Client, as_completed
     except ImportError:
         raise ClusterError("scheduler" if scheduler else "jobs", "dask.distributed installed", "not installed",
-                           "pip install 'lipbound[scale]', or run with --jobs 1") from None
+                           "pip install 'lipbound[scale]', or run with `jobs` 1") from None
     cluster = None
     if scheduler is not None:
         client = _connect(scheduler)

@@ -85,7 +85,7 @@ def _expand(kinds) -> tuple[str, ...] | None:
     chosen = []
     for kind in kinds:
         if kind not in KIND_CHOICES:
-            raise AssumptionError("kind", f"one of {', '.join(KIND_CHOICES)}", repr(kind), "e.g. --kind cross")
+            raise AssumptionError("kind", f"one of {', '.join(KIND_CHOICES)}", repr(kind), "e.g. `kind` cross")
         chosen += list(CROSS_KINDS) if kind == "cross" else [kind]
     return tuple(dict.fromkeys(chosen))
 
@@ -137,8 +137,8 @@ def plan_jobs(model: Model, *, blocks=None, layers=None, heads=None, kinds=None,
     if not jobs:
         where = " and ".join(chosen_blocks)
         raise AssumptionError("kind", f"a kind the selected layers have ({_offered(model, chosen_blocks)})",
-                              ", ".join(wanted or ()) or "nothing", f"pick one of those with --kind, or another "
-                              f"--block than the {where}" if len(model.blocks) > 1 else "pick one of those with --kind")
+                              ", ".join(wanted or ()) or "nothing", f"pick one of those as `kind`, or another "
+                              f"`block` than the {where}" if len(model.blocks) > 1 else "pick one of those as `kind`")
     return jobs
 
 
@@ -193,7 +193,7 @@ class Verification:
         if m is not None and not has_cross:
             raise AssumptionError("m", "no query count: only cross-attention has m queries besides n context tokens",
                                   f"m = {m} for {', '.join(sorted({job.kind for job in self.jobs}))} attention",
-                                  "omit --m (self-attention has n tokens), or add --kind cross")
+                                  "omit `m` (self-attention has n tokens), or ask for `kind` cross")
         self.n, self.m = n, (n if m is None else m) if has_cross else None
         self.sdp, self.budget, self.seed = sdp, budget, seed
         self.spec = DomainSpec.parse(domain)
@@ -226,9 +226,9 @@ class Verification:
             else:
                 context = self.model.context_norm
                 if context is None and self.spec.kind != "radius":
-                    raise AssumptionError("--radius", "a number, since no LayerNorm is known to feed the "
+                    raise AssumptionError("domain", "a number, since no LayerNorm is known to feed the "
                                           "cross-attention's context (the encoder output)", repr(self.spec.kind),
-                                          "pass --radius R")
+                                          "give a radius R as the `domain`")
                 self._domains[key] = (self.spec.resolve(context, f"the context of {where}"),
                                       self.spec.resolve(layer.cross_norm, f"the queries of {where}"))
         return self._domains[key]

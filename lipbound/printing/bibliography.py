@@ -21,7 +21,8 @@ REFERENCES: Final[dict[str, tuple[str, dict[str, str]]]] = {
     "lb-vaswani2017": ("inproceedings", {
         "author": "Vaswani, Ashish and Shazeer, Noam and Parmar, Niki and Uszkoreit, Jakob and Jones, Llion "
                   "and Gomez, Aidan N. and Kaiser, {\\L}ukasz and Polosukhin, Illia",
-        "title": "Attention Is All You Need", "booktitle": "Advances in Neural Information Processing Systems (NeurIPS)",
+        "title": "Attention Is All You Need",
+        "booktitle": "Advances in Neural Information Processing Systems (NeurIPS)",
         "year": "2017", "eprint": "1706.03762", "archivePrefix": "arXiv", "url": "https://arxiv.org/abs/1706.03762"}),
     "lb-vuckovic2020": ("misc", {
         "author": "Vuckovic, James and Baratin, Aristide and Tachet des Combes, Remi",

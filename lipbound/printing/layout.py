@@ -309,8 +309,9 @@ def _split_factors(sign: str, factors: list, width: float, first: float, printer
 
 def _breakable(factor, printer) -> bool:
     """A factor of a product that can break across lines."""
+    grouped = type(factor) in _GROUP_FUNCTIONS or _is_extremum_root(factor)
     return isinstance(factor, (sp.Add,) + _BREAKABLE_FUNCTIONS) or _is_group_power(factor) or (
-        type(factor) in _GROUP_FUNCTIONS or _is_extremum_root(factor)) and visual_width(printer._print(factor)) > _MIN_FIRST
+        grouped and visual_width(printer._print(factor)) > _MIN_FIRST)
 
 
 def _split_chosen(sign: str, factors: list, chosen: int, width: float, first: float, printer) -> list[str]:

@@ -32,6 +32,7 @@ from ..symbolic.claim_table import ComparisonRow, comparison_rows
 from ..symbolic.claims import CLAIMS
 from ..symbolic.record import Described
 from ..symbolic.registry import variant as registry_variant
+from ..symbolic.scores import CustomScore
 from .bibliography import bibtex, cite, claim_citations, variant_citations
 from .derivation import lemma_appendix
 from .document import DOMAIN_TITLES, statement_latex
@@ -45,7 +46,8 @@ from .theorem import result_key, result_latex, sloppy
 __all__ = ["PaperEntry", "Series", "ScalingFigure", "paper_entry", "paper_section", "paper_files",
            "related_claims", "fitted_slope", "SECTION_FILE", "PREAMBLE_FILE", "BIB_FILE", "MAIN_FILE", "FIGURE_STEM"]
 
-SECTION_FILE, PREAMBLE_FILE, BIB_FILE, MAIN_FILE = "lipbound-section.tex", "lipbound-preamble.tex", "lipbound.bib", "main.tex"
+SECTION_FILE, PREAMBLE_FILE = "lipbound-section.tex", "lipbound-preamble.tex"
+BIB_FILE, MAIN_FILE = "lipbound.bib", "main.tex"
 FIGURE_STEM = "lipbound-figure"
 _B = Described("B")
 
@@ -119,7 +121,8 @@ def related_claims(chosen) -> list[str]:
         other = registry_variant(item.variant).head_facts
         if (other.score, other.role, other.causal, other.weights) == (facts.score, facts.role, facts.causal,
                                                                       facts.weights) \
-                and other.values_through_A == facts.values_through_A and chosen.norms == registry_variant(item.variant).norms:
+                and other.values_through_A == facts.values_through_A \
+                and chosen.norms == registry_variant(item.variant).norms:
             keys.append(key)
     return keys
 
@@ -195,14 +198,16 @@ def _claims_latex(entry: PaperEntry, style: TexStyle) -> tuple[str, set[str]]:
         statements.append("\\texttt{%s} (%s%s):\n%s" % (
             escape_text(item.key), escape_text(item.tag), cite(keys),
             statement_latex(row.published, width=style.display_width)))
-    columns = "".join(r">{\raggedright\arraybackslash}p{%s\linewidth}" % share for share in ("0.22", "0.13", "0.27", "0.24"))
+    columns = "".join(r">{\raggedright\arraybackslash}p{%s\linewidth}" % share
+                      for share in ("0.22", "0.13", "0.27", "0.24"))
     table = ("\\begin{table}[ht]\n\\centering\\footnotesize\n"
              "\\begin{tabular}{@{}" + columns + "@{}}\n"
              "\\toprule\nClaim & Tag & Setting & Relation to the derived bound \\\\\n\\midrule\n"
              + "\n".join(rows) + "\n\\bottomrule\n\\end{tabular}\n"
              "\\caption{Published bounds about this kind of attention, each with its provenance: \\texttt{abstract} "
              "(read in the abstract), \\texttt{code} (read in the authors' code), \\texttt{3p} (restated by a third "
-             "party), \\texttt{unverified} (recalled, not checked against the paper), \\texttt{known-wrong} (a constant "
+             "party), \\texttt{unverified} (recalled, not checked against the paper), "
+             "\\texttt{known-wrong} (a constant "
              "in public code that is false). The relation compares each claim with lipbound's bound for the claim's "
              "own setting, proved or refuted symbolically; an \\texttt{unverified} claim is compared as "
              "transcribed.}\n\\label{%s}\n\\end{table}\n" % style.label("tab", "claims-" + _key(entry)))
@@ -264,9 +269,9 @@ def paper_section(entries: list[PaperEntry], style: TexStyle = PAPER, figure: Sc
         parts.append("\\subsection{%s}\\label{%s}\n" % (
             escape_text(entry.variant.title[:1].upper() + entry.variant.title[1:]),
             style.label("sec", _key(entry)))
-            + ("The variant \\texttt{%s}%s.\n" % (escape_text(entry.key), cite(keys)))
+            + _opening(entry, keys)
             + pieces.body + "\n" + _regimes_latex(entry, style) + "\n" + claims_text)
-    names = ", ".join(r"\texttt{%s}" % escape_text(entry.key) for entry in entries)
+    names = ", ".join(_name(entry) for entry in entries)
     head = ("\\section{%s}\\label{%s}\n" % (text_to_latex(title), style.label("sec", "lipbound"))
             + "The bounds below were derived and proved by lipbound for %s; every step of every proof is "
               "recorded, and the lemmas the proofs cite are stated in Section~\\ref{%s}.\n"
@@ -274,9 +279,29 @@ def paper_section(entries: list[PaperEntry], style: TexStyle = PAPER, figure: Sc
             + "\\paragraph{Symbols.}\n" + legend_latex(list(dict.fromkeys(legend))))
     body = head + "\n".join(parts)
     if figure is not None:
-        body += "\n\\subsection{On a real head}\\label{%s}\n" % style.label("sec", "real-head") + _figure_latex(figure, style)
+        body += ("\n\\subsection{On a real head}\\label{%s}\n" % style.label("sec", "real-head")
+                 + _figure_latex(figure, style))
     body += "\n\\subsection{Lemmas}\\label{%s}\n" % style.label("sec", "lemmas") + lemma_appendix(sorted(lemmas), style)
     return sloppy(body), cited
+
+
+def _user_defined(entry: PaperEntry) -> bool:
+    return isinstance(getattr(entry.variant, "score", None), CustomScore)
+
+
+def _name(entry: PaperEntry) -> str:
+    """How the section's first sentence names a variant: its key, or a user-defined score as such."""
+    if _user_defined(entry):
+        return "self-attention with a user-defined score"
+    return r"\texttt{%s}" % escape_text(entry.key)
+
+
+def _opening(entry: PaperEntry, keys) -> str:
+    """The subsection's first sentence: the variant's key and its papers, or a user-defined score's formula."""
+    if _user_defined(entry):
+        return ("The score is $s(x, y) = %s$, a function of the query $W_Q^\\top x$ and the key $W_K^\\top y$%s.\n"
+                % (latex(entry.variant.score.expression()), cite(keys)))
+    return "The variant \\texttt{%s}%s.\n" % (escape_text(entry.key), cite(keys))
 
 
 def paper_files(entries: list[PaperEntry], style: TexStyle = PAPER, figure: ScalingFigure | None = None,

@@ -194,7 +194,8 @@ def _constants_file(instances: list[Instance], slugs: dict) -> str:
         for claim in values:
             rows += claim_rows(claim, spreads, printer, DISPLAY_WIDTH, left_width=12.0)
         rows[0] = rows[0].replace(r"&\le", "&=", 1)  # L_V is the operator norm itself
-        out.append("\\subsection{Score of \\texttt{%s}, %s}\n" % (escape_text(slug), escape_text(_SHORT_DOMAIN[domain])))
+        out.append("\\subsection{Score of \\texttt{%s}, %s}\n"
+                   % (escape_text(slug), escape_text(_SHORT_DOMAIN[domain])))
         out.append("The %s of \\texttt{%s}, with %s.\n" % (
             escape_text(score_variant.score.title), escape_text(slug), escape_text(DOMAIN_TITLES[domain])))
         out.append("\\begin{proposition}\\label{prop:constants-%s-%s}\n" % (slug, domain))
@@ -379,7 +380,8 @@ def render(instances: list[Instance], failures: list[tuple[str, str, str, str]] 
                                escape_text(DOMAIN_TITLES[domain]), escape_text(message))
                            for name, norm, domain, message in failures) + "\\end{itemize}\n")
     files["main.tex"] = (
-        HEADER + preamble() + "\\title{Lipschitz bounds for attention: generated proofs}\n\\author{lipbound}\n\\date{}\n"
+        HEADER + preamble() + "\\title{Lipschitz bounds for attention: generated proofs}\n"
+        "\\author{lipbound}\n\\date{}\n"
         "\\begin{document}\n\\maketitle\n\\tableofcontents\n\n" + _NOTATION + "\n" + inputs + "\n"
         + not_derived + "\\appendix\n\\section{Lemmas}\\label{sec:lemmas}\n\\sloppy\n" + lemma_appendix(cited)
         + "\\end{document}\n")

@@ -36,7 +36,8 @@ def domain_sentence(domain: Domain, tokens: str = "x_i", count: str = "n") -> st
     if isinstance(domain, Ball):
         radius = latex(domain.radius)
         if domain.center is None:
-            return rf"every token lies in a ball about the origin: $\|{tokens}\|_2 \le {radius}$ for $i = 1, \dots, {count}$"
+            return (rf"every token lies in a ball about the origin: $\|{tokens}\|_2 \le {radius}$ "
+                    rf"for $i = 1, \dots, {count}$")
         return (rf"every token lies in a ball about ${_centre(domain)}$: "
                 rf"$\|{tokens} - {_centre(domain)}\|_2 \le {radius}$ for $i = 1, \dots, {count}$")
     if isinstance(domain, LayerNormImage):

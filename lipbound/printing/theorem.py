@@ -146,7 +146,8 @@ def _single_theorem(variant, result, style, labels, title, norm) -> ResultLatex:
                      "so $\\operatorname{Lip}(f) = \\infty$ in every norm on $X$.\n") % (
             labels["assumption"], statement_latex(result.family, relation="=", lhs=Described("X_t"), width=width),
             text_to_latex(result.instance),
-            statement_latex(result.growth, relation="=", lhs=Described(r"\partial f / \partial x \,(X_t)"), width=width))
+            statement_latex(result.growth, relation="=", lhs=Described(r"\partial f / \partial x \,(X_t)"),
+                            width=width))
         proof = derivation_to_latex(result.record, hypotheses=False, style=style)
         score, tied = _score_terms(variant)
         legend = legend_entries(*score, tied=tied)

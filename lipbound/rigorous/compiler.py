@@ -78,7 +78,8 @@ def compile_interval(expr, symbols: Sequence[sp.Symbol]) -> IntervalFunction:
 
 def _refuse(node) -> NotCertifiedError:
     return NotCertifiedError(
-        "expr", "an expression lipbound can enclose (numbers, +, *, powers, exp, log, Abs, sin, cos, tanh, Min, Max, erf, "
+        "expr", "an expression lipbound can enclose (numbers, +, *, powers, exp, log, Abs, sin, cos, tanh, Min, Max, "
+        "erf, "
         "LambertW, digamma, kappa, causal_kappa, lambert_level, Piecewise of comparisons)",
         f"the node {type(node).__name__}: {node}",
         "rewrite the expression with supported functions, or evaluate it without certification (mpmath)")

@@ -33,7 +33,8 @@ from mpmath import libmp
 from .functions import erf
 from .intervals import IV, _raw, interval, lower, precision, upper
 
-__all__ = ["UNIT_ROUNDOFF", "down", "up", "up_nonnegative", "all_finite", "gamma_bound", "exp_bounds", "normal_cdf_bounds", "normal_pdf_bounds",
+__all__ = ["UNIT_ROUNDOFF", "down", "up", "up_nonnegative", "all_finite", "gamma_bound", "exp_bounds",
+           "normal_cdf_bounds", "normal_pdf_bounds",
            "inv_sqrt_2pi", "gelu_slope_extrema"]
 
 UNIT_ROUNDOFF = 2.0 ** -53
@@ -122,7 +123,8 @@ def _exp_constants():
             coefficients.append(float(1.0 / factorial))  # rounded to nearest; its error enters the bound
     # |fl(p(r)) - e^r| <= gamma_{2N+2} e^{|r|} (Horner with coefficients within u of 1/m!)
     #                     + |r|^{N+1} / (N+1)! e^{|r|}; with |r| <= 0.36 and N = 16 this is below 6e-15.
-    bound = (gamma_bound(2 * _TAYLOR_DEGREE + 2) + 2 * _U) * math.exp(0.37) * 1.001 + 0.37 ** 17 / math.factorial(17) * 2
+    bound = (gamma_bound(2 * _TAYLOR_DEGREE + 2) + 2 * _U) * math.exp(0.37) * 1.001 \
+        + 0.37 ** 17 / math.factorial(17) * 2
     return ln2, np.array(coefficients), bound
 
 

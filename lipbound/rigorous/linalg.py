@@ -147,7 +147,7 @@ class Enclosure:
         lo, hi = lower(x), upper(x)
         mid = 0.5 * lo + 0.5 * hi
         rad = max(upper(interval(hi) - interval(mid)), upper(interval(mid) - interval(lo)))
-        return cls(np.float64(mid), np.float64(rad))
+        return cls(np.asarray(mid), np.asarray(rad))  # 0-d arrays (__post_init__ makes them float64)
 
     @property
     def shape(self) -> tuple:

@@ -122,8 +122,8 @@ def interval_maps(name: str) -> tuple:
     spec = activation(name)
     if spec.slopes is not None:
         value_map = compile_interval(sp.Max(t, 0), [t])
-        slope_map = compile_interval(sp.Piecewise((0, t < 0), (1, True)), [t])
-        return value_map, lambda z: hull(0, 1) if _straddles(z) else slope_map(z)
+        step_map = compile_interval(sp.Piecewise((0, t < 0), (1, True)), [t])
+        return value_map, lambda z: hull(0, 1) if _straddles(z) else step_map(z)
     slope, curvature = compile_interval(spec.slope(), [t]), compile_interval(spec.curvature(), [t])
 
     def slope_map(z):  # mean-value form about the midpoint: one special-function call per box

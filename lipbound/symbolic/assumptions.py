@@ -218,7 +218,7 @@ def norm_from_key(key: str | Norm) -> Norm:
         return NORMS[key]
     except KeyError:
         raise AssumptionError("norm", f"one of {sorted(NORMS)}", repr(key),
-                              "pick a supported norm, e.g. --norm fro") from None
+                              "pick a supported `norm`, e.g. fro") from None
 
 
 # Facts --------------------------------------------------------------------

@@ -119,7 +119,8 @@ def feed_forward() -> T.Theorem:
     statement = W_2 * S.ell_phi * W_1
     proof = Derivation("Feed-forward block")
     proof.hypothesis("f(x) = W_2^T phi(W_1^T x + b_1) + b_2 per token, phi applied entrywise")
-    proof.hypothesis("every secant slope of phi lies in [alpha_phi, beta_phi], and ell_phi = max(|alpha_phi|, |beta_phi|)")
+    proof.hypothesis("every secant slope of phi lies in [alpha_phi, beta_phi], and "
+                     "ell_phi = max(|alpha_phi|, |beta_phi|)")
     proof.add(le(Described(r"\|f(x) - f(y)\|"), W_2 * Described(r"\|\varphi(z) - \varphi(z')\|")),
               "z = W_1^T x + b_1, z' = W_1^T y + b_1", "submultiplicative")
     proof.add(le(Described(r"\|\varphi(z) - \varphi(z')\|"), S.ell_phi * Described(r"\|z - z'\|")), "entrywise",
@@ -138,8 +139,8 @@ class BlockVariant(Variant):
     :func:`~lipbound.symbolic.theorems.tokenwise`; it has no score and no head facts.  Abstract.
     """
 
-    score = None
-    head_facts = None
+    score = None  # type: ignore[assignment]  # a block has no score ...
+    head_facts = None  # type: ignore[assignment]  # ... and no head facts
     norms = ("fro", "2,1", "2,inf", "inf")
 
     def per_token(self, assumptions: Assumptions) -> T.Theorem:
@@ -165,7 +166,7 @@ class BlockVariant(Variant):
                                   "build one with lipbound.Assumptions(domain=..., norm=...)")
         if assumptions.norm.key not in self.norms:
             raise AssumptionError("norm", "a norm on X (fro, 2,1, 2,inf, inf) for a token-wise block",
-                                  repr(assumptions.norm.key), "use --norm fro (blocks are not measure maps)")
+                                  repr(assumptions.norm.key), "use `norm` fro (blocks are not measure maps)")
         assumptions = assumptions.with_(self_attends=None)  # no attention inside a token-wise block
         theorem = self.theorem(assumptions)
         return Bound(variant=key or self.title, norm=assumptions.norm.key, domain=self.domain_key(assumptions),

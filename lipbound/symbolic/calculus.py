@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, final
+from typing import Callable, cast, final
 
 import sympy as sp
 
@@ -385,10 +385,11 @@ def upper_norm_mat(terms: list[MatTerm], region: Region) -> sp.Expr:
     variables = tuple(region.balls)
     for term in terms:
         if term.right is None:
-            if any(v in term.left.free_symbols for v in variables):
+            matrix = cast(sp.MatrixExpr, term.left)  # coef * matrix (MatTerm's docstring)
+            if any(v in matrix.free_symbols for v in variables):
                 raise AssumptionError("score", "a mixed second derivative with constant matrices",
-                                      str(term.left), "simplify the score")
-            constant[term.coef] = (constant[term.coef] + term.left).doit() if term.coef in constant else term.left
+                                      str(matrix), "simplify the score")
+            constant[term.coef] = (constant[term.coef] + matrix).doit() if term.coef in constant else matrix
             continue
         coefficient = term.coef * term.right.coef
         pointwise = coefficient * _vector_norm(term.left, coefficient, region) * \

@@ -20,7 +20,7 @@ import sympy as sp
 from ..errors import AssumptionError
 from ..rigorous.compiler import compile_interval
 from ..rigorous.intervals import Verdict, certify_le, lower, upper
-from .assumptions import Assumptions, Ball, LayerNormImage, Unbounded
+from .assumptions import Assumptions, Ball, LayerNormImage, Unbounded, norm_from_key
 from . import symbols as S
 from .claim_theorems import (bias_free_forms, bound_regions, explicit_step_slope, proximal_map, reduced_score,
                              sigmoid_scalar_instance, softmax_inf_to_one)
@@ -59,7 +59,7 @@ class ComparisonRow:
 
 def _derived_for(item: PublishedClaim):
     tied = True if item.variant.startswith(("l2-tied", "multi-head-l2")) else None
-    assumptions = Assumptions(domain=_DOMAINS[item.domain](), norm=item.norm, tied=tied)
+    assumptions = Assumptions(domain=_DOMAINS[item.domain](), norm=norm_from_key(item.norm), tied=tied)
     return variant(item.variant).derive(assumptions, item.variant)
 
 
@@ -96,7 +96,8 @@ def comparison_rows(keys=None) -> list[ComparisonRow]:
                 relation, steps = "claim <= derived (proved)", backward.steps
             elif forward.verdict == "refuted" and backward.verdict == "refuted":
                 relation = "neither is smaller everywhere (both orders refuted)"
-                steps = (f"derived > claim at {forward.counterexample}", f"claim > derived at {backward.counterexample}")
+                steps = (f"derived > claim at {forward.counterexample}",
+                         f"claim > derived at {backward.counterexample}")
             else:
                 relation, steps = f"derived <= claim: {forward.verdict}", forward.steps
         rows.append(ComparisonRow(item, derived.expr, item.statement, relation, tuple(steps)))

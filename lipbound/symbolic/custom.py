@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import Final, final
+from typing import Any, Final, NoReturn, final
 
 import sympy as sp
 
@@ -52,7 +52,7 @@ SCORE_SYNTAX: Final = ("a SymPy expression in q, k with Inner(q, k), Norm(q), So
 FACT_SYNTAX: Final = "a lower bound 'Norm(q) >= m_Q' or 'Norm(k) >= 0.5' (a norm of q, k or a combination)"
 
 
-def _fail(argument: str, expected: str, text: str, fix: str):
+def _fail(argument: str, expected: str, text: str, fix: str) -> NoReturn:
     raise AssumptionError(argument, expected, repr(text), fix)
 
 
@@ -61,7 +61,7 @@ def _fail(argument: str, expected: str, text: str, fix: str):
 class _Value:
     """A parsed node: a scalar SymPy expression, or a vector (an affine combination of q and k)."""
 
-    expr: object
+    expr: Any  # a SymPy expression (scalar) or matrix expression (vector)
     vector: bool = False
 
 
@@ -71,7 +71,7 @@ class _Builder:
     def __init__(self, text: str, argument: str, names: dict):
         self.text, self.argument, self.names = text, argument, names
 
-    def fail(self, what: str, fix: str):
+    def fail(self, what: str, fix: str) -> NoReturn:
         _fail(self.argument, SCORE_SYNTAX if self.argument == "score" else FACT_SYNTAX,
               f"{self.text} ({what})", fix)
 
@@ -117,7 +117,8 @@ class _Builder:
         if identifier in self.names:
             return _Value(self.names[identifier])
         known = sorted(set(_VECTORS) | set(_SCALARS) | set(self.names))
-        self.fail(f"unknown name {identifier!r}", f"use one of {', '.join(known)} (a lower bound m_Q is named by a fact)")
+        self.fail(f"unknown name {identifier!r}",
+                  f"use one of {', '.join(known)} (a lower bound m_Q is named by a fact)")
 
     def binary(self, node: ast.BinOp) -> _Value:
         left, right = self.build(node.left), self.build(node.right)
@@ -139,7 +140,8 @@ class _Builder:
                 self.fail(f"{ast.unparse(node)} raises a vector to a power", "use Norm(q)**2 or Inner(q, q)")
             exponent = right.expr
             if not (exponent.is_Rational and abs(exponent.p) <= _MAX_EXPONENT and exponent.q <= _MAX_EXPONENT):
-                self.fail(f"exponent {ast.unparse(node.right)}", f"a rational exponent p/q with |p|, q <= {_MAX_EXPONENT}")
+                self.fail(f"exponent {ast.unparse(node.right)}",
+                          f"a rational exponent p/q with |p|, q <= {_MAX_EXPONENT}")
             return _Value(left.expr ** exponent)
         self.fail(f"operator {type(node.op).__name__} is not allowed", "use + - * / **")
 
@@ -167,7 +169,8 @@ class _Builder:
 
 def _tree(text: str, argument: str, syntax: str):
     if not isinstance(text, str) or not text.strip():
-        _fail(argument, syntax, str(text), f"write e.g. {'Inner(q, k)/sqrt(d_k)' if argument == 'score' else 'Norm(q) >= m_Q'}")
+        _fail(argument, syntax, str(text),
+              f"write e.g. {'Inner(q, k)/sqrt(d_k)' if argument == 'score' else 'Norm(q) >= m_Q'}")
     if len(text) > _MAX_LENGTH:
         _fail(argument, f"at most {_MAX_LENGTH} characters", f"{text[:40]}... ({len(text)} characters)",
               "shorten the expression")
@@ -223,7 +226,7 @@ def custom_variant(score: str, facts=()) -> tuple[SelfAttention, tuple[NormAtLea
     ...                                 ["Norm(q) >= m_Q", "Norm(k) >= m_K"])
     """
     parsed = tuple(parse_fact(fact) for fact in facts)
-    return SelfAttention(CustomScore(parse_score(score, parsed), name="custom")), parsed
+    return SelfAttention(CustomScore(parse_score(score, parsed), name="user-defined score")), parsed
 
 
 def in_score_terms(text: str) -> str:

@@ -31,7 +31,8 @@ LEMMAS: Final[dict[str, tuple[str, str]]] = {
         r"For a distribution $p$ on points $w_j$ with $\|w_j - c\| \le \rho$, "
         r"$\operatorname{tr}\operatorname{Cov}_p(w) \le \rho^2$ and, for every $k$, "
         r"$\operatorname{tr}\operatorname{Cov}_p(w) \le \mathbb{E}_p\|w - w_k\|^2 \le 4\rho^2 (1 - p_k)$; "
-        r"hence $\sum_i p_{ij} \operatorname{tr}\operatorname{Cov}_{p_i}(w) \le \rho^2 \min(\kappa_{n}(\omega), 3n/4)$, "
+        r"hence $\sum_i p_{ij} \operatorname{tr}\operatorname{Cov}_{p_i}(w) "
+        r"\le \rho^2 \min(\kappa_{n}(\omega), 3n/4)$, "
         r"since $p \min(1, 4(1-p)) \le \min(p, 3/4)$."),
     "mean-abs-cov": (
         "Covariance bound in mean absolute deviation",

@@ -26,7 +26,8 @@ from .record import Derivation, Described, le
 from .theorems import Theorem
 
 __all__ = ["LOCAL_THEOREMS", "score_deviation", "softmax_upper", "softmax_lower", "attention_movement",
-           "attention_reach", "attention_block", "attention_variation", "attention_curvature", "layernorm_lipschitz", "layernorm_movement",
+           "attention_reach", "attention_block", "attention_variation", "attention_curvature", "layernorm_lipschitz",
+           "layernorm_movement",
            "layernorm_variation", "feedforward_variation", "feedforward_curvature", "feedforward_front_variation",
            "attention_tail", "block_tail_variation", "jacobian_on_neighbourhood", "chain_variation",
            "path_certificate", "coupling_bound", "q"]
@@ -108,7 +109,8 @@ def attention_reach() -> Theorem:
     """``||f_i(Y) - f_i(X)|| <= E_i[rho + Delta v]``: the output stays in the hull of the values."""
     statement = q(r"E_i[\rho + \Delta v]")
     proof = Derivation("Reach of a head's output on token balls")
-    proof.hypothesis("the softmax ranges of row i hold on U; ||v_j(Y) - v_j(X)|| <= Delta v_j; rho_ij = ||v_j(X) - f_i(X)||")
+    proof.hypothesis("the softmax ranges of row i hold on U; ||v_j(Y) - v_j(X)|| <= Delta v_j; "
+                     "rho_ij = ||v_j(X) - f_i(X)||")
     proof.add(Described(r"f_i(Y) - f_i(X) = \textstyle\sum_j p'_{ij} (v'_j - \bar f_i)"), "the weights sum to one")
     proof.add(le(Described(r"\|f_i(Y) - f_i(X)\|"), statement),
               "||v'_j - f_i|| <= rho_ij + Delta v_j, and p'_i in Pi_i", "box-simplex")
@@ -126,7 +128,8 @@ def _block_symbols():
 def attention_block() -> Theorem:
     """``sup_U ||J_ij|| <= p+ L_V + c p+ U+ w+ + [i=j] c ||W_Q|| C+``."""
     s = _block_symbols()
-    statement = s["p_plus"] * L_V + c * s["p_plus"] * s["u_plus"] * s["w_plus"] + s["diagonal"] * c * s["W_Q"] * s["C_plus"]
+    statement = (s["p_plus"] * L_V + c * s["p_plus"] * s["u_plus"] * s["w_plus"]
+                 + s["diagonal"] * c * s["W_Q"] * s["C_plus"])
     proof = Derivation("Jacobian blocks of a head on token balls")
     proof.hypothesis("the softmax ranges hold on U; u_ij = v_j - f_i, w_i = W_K q_i^T, "
                      "C_i = sum_l p_il u_il (k_l - kappa_i)^T for the fixed key kappa_i = sum_l p_il k_l at X")
@@ -147,7 +150,8 @@ def attention_variation() -> Theorem:
     """``sup_U ||J_ij(Y) - J_ij(X)||``, each factor's change bounded in turn."""
     s = _block_symbols()
     statement = (s["delta"] * L_V + c * (s["delta"] * s["u_plus"] * s["w_plus"]
-                 + s["p_bar"] * (s["du"] * s["w_plus"] + s["u_bar"] * s["dw"])) + s["diagonal"] * c * s["W_Q"] * s["dC"])
+                 + s["p_bar"] * (s["du"] * s["w_plus"] + s["u_bar"] * s["dw"]))
+                 + s["diagonal"] * c * s["W_Q"] * s["dC"])
     proof = Derivation("Variation of a head's Jacobian blocks on token balls")
     proof.absorb(attention_block().proof)
     proof.add(Described(r"p' u' w'^\top - \bar p \bar u \bar w^\top = (p' - \bar p) u' w'^\top + "
@@ -156,7 +160,8 @@ def attention_variation() -> Theorem:
     proof.add(le(Described(r"\|w'_i - \bar w_i\|"), s["dw"]), "Delta w_i = ||W_K W_Q^T|| r_i", "norm-calculus")
     proof.add(le(Described(r"\|C'_i - \bar C_i\|"), s["dC"]),
               "the same telescoping under the sum over l: Delta C_i = sum_l delta_il U^+_il K^+_l + "
-              "p_il (Delta U_il K^+_l + ||u_il|| ||W_K|| r_l), K^+_l = ||k_l - kappa_i|| + ||W_K|| r_l", "norm-calculus")
+              "p_il (Delta U_il K^+_l + ||u_il|| ||W_K|| r_l), K^+_l = ||k_l - kappa_i|| + ||W_K|| r_l",
+              "norm-calculus")
     proof.add(le(Described(r"\sup_U \|J_{ij}(Y) - J_{ij}(X)\|"), statement), "triangle inequality", "norm-calculus")
     return Theorem("local-attention-variation", "Variation of attention's Jacobian on token balls", statement, proof)
 
@@ -188,7 +193,8 @@ def attention_curvature() -> Theorem:
               "norm-calculus")
     proof.add(le(Described(r"\|(\textstyle\sum_{h,j} p_{ij} \zeta_{ij}(e) \zeta_{ij}(f) u_{ij})_i\|_F"), chi_II),
               "Cauchy-Schwarz in (h, j) with weights p_ij ||u_ij||: each token's term is at most "
-              "||Omega_i e|| ||Omega_i f|| (also with p_ij ||u_ij|| raised to its upper end on U); then ||Omega_i f|| <= omega_i",
+              "||Omega_i e|| ||Omega_i f|| (also with p_ij ||u_ij|| raised to its upper end on U); "
+              "then ||Omega_i f|| <= omega_i",
               "norm-calculus")
     proof.add(le(Described(r"\|(c \textstyle\sum_{h,j} p_{ij} d^2 s_{ij}[e, f]\,u_{ij})_i\|_F"), chi_III),
               "|e_i Qt f_j^T| <= ||Qt|| ||e_i|| ||f_j|| and sum_i x_i y_i (W z)_i <= max_i ||W_i|| for unit "
@@ -245,7 +251,8 @@ def layernorm_movement() -> Theorem:
     proof.add(le(Described(r"\|\hat u' - \hat u\|"), chord),
               "u' lies in B(u, R), which subtends a cone of half-angle arcsin(R / nu): "
               "chord 2 sin(theta / 2) = sqrt(2 - 2 sqrt(1 - R^2 / nu^2))", "cap-chord")
-    proof.add(le(Described(r"|\lambda(\|u'\|) - \lambda(\nu)|"), _lam(s["nu"], s["delta"]) - _lam(s["nu"] - s["R"], s["delta"])),
+    proof.add(le(Described(r"|\lambda(\|u'\|) - \lambda(\nu)|"),
+                 _lam(s["nu"], s["delta"]) - _lam(s["nu"] - s["R"], s["delta"])),
               "lambda is increasing and concave on t > 0 and ||u'|| in [nu - R, nu + R]")
     proof.add(le(Described(r"\|\mathrm{LN}(z') - \mathrm{LN}(z)\|"), statement),
               "||gamma * w|| <= ||gamma||_inf ||w|| and the triangle inequality", "norm-calculus")
@@ -284,7 +291,8 @@ def feedforward_variation() -> Theorem:
     statement = a * b
     proof = Derivation("Variation of the feed-forward Jacobian on a ball")
     proof.hypothesis("x -> x + act(x W_1 + b_1) W_2 + b_2, D(x + FFN(x)) = I + W_2^T diag(act'(h)) W_1^T; on the ball "
-                     "|act'(h'_k) - act'(h_k)| <= s_k (the range of GELU' over the interval of h_k, about its value at the centre)")
+                     "|act'(h'_k) - act'(h_k)| <= s_k (the range of GELU' over the interval of h_k, about its value "
+                     "at the centre)")
     proof.add(le(Described(r"\|W_2^\top E W_1^\top\|"), statement),
               "|E| <= diag(s): E = diag(s)^{1/2} E' diag(s)^{1/2} with ||E'|| <= 1, and submultiplicativity",
               "submultiplicative")

@@ -117,7 +117,7 @@ def _prove(a, b, steps: list, depth: int = 0) -> tuple[bool, bool]:
                 trial: list = []
                 proved, strict = _prove(replaced, b, trial, depth + 1)
                 if proved:
-                    steps.append(f"a is non-decreasing in {node} and {node} <= {upper}")
+                    steps.append(f"the left-hand side is non-decreasing in {node} and {node} <= {upper}")
                     steps.extend(trial)
                     return True, strict
     if a.is_nonnegative is not False and b.is_nonnegative is not False and (a.has(sp.sqrt) or b.has(sp.Pow)):
@@ -158,11 +158,11 @@ def amgm_certificate(difference: sp.Expr) -> tuple[str, bool] | None:
     numerator, denominator = sp.fraction(expr)
     if not (denominator.is_positive or _positive(denominator)):
         return None
-    roots = {}
+    roots: dict[sp.Expr, sp.Symbol] = {}
     for power in numerator.atoms(sp.Pow):
         base, exponent = power.as_base_exp()
         if base.is_Symbol and base.is_positive and exponent.is_Rational and exponent.q == 2:
-            roots.setdefault(base, sp.Dummy(f"sqrt_{base}", positive=True))
+            roots.setdefault(base, sp.Symbol(f"sqrt({base})", positive=True))  # a new variable, named as read
     numerator = sp.expand(numerator.xreplace({base ** sp.Rational(1, 2): r for base, r in roots.items()})
                           .xreplace({base: r ** 2 for base, r in roots.items()}))
     variables = sorted(numerator.free_symbols, key=str)
@@ -188,7 +188,7 @@ def amgm_certificate(difference: sp.Expr) -> tuple[str, bool] | None:
     constraints = []
     for qi, (_, cq) in enumerate(negative):
         constraints.append(sp.Eq(sum(amounts[k] for k, p in enumerate(pairs) if p[0] == qi), cq))
-    usage = {}
+    usage: dict[int, sp.Expr] = {}
     for k, (_, i, j) in enumerate(pairs):
         usage[i] = usage.get(i, 0) + amounts[k] / 2
         usage[j] = usage.get(j, 0) + amounts[k] / 2

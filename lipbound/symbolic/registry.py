@@ -84,7 +84,8 @@ VARIANTS: Final[dict[str, tuple[Callable[[], Variant], str]]] = {
 
 #: Token-wise blocks around attention (lipbound.symbolic.blocks): name -> (factory, description)
 BLOCKS: Final[dict[str, tuple[Callable[[], Variant], str]]] = {
-    "layernorm": (lambda: NormalizationMap("layernorm"), "LayerNorm gamma * (x - mean(x)) / sqrt(var(x) + epsilon) + beta"),
+    "layernorm": (lambda: NormalizationMap("layernorm"),
+                  "LayerNorm gamma * (x - mean(x)) / sqrt(var(x) + epsilon) + beta"),
     "rmsnorm": (lambda: NormalizationMap("rmsnorm"), "RMSNorm gamma * x / sqrt(||x||^2 / d + epsilon)"),
     "feed-forward": (lambda: FeedForwardMap(), "feed-forward block W_2^T phi(W_1^T x + b_1) + b_2"),
     "pre-norm-residual": (lambda: NormResidual("pre"), "x + F(N(x)) from the constants L_F and L_N"),

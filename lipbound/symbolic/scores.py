@@ -85,7 +85,6 @@ class Score:
     title: str = ""
     #: The score kind of :class:`~lipbound.symbolic.facts.HeadFacts` ("dot", "l2", "cosine", "custom").
     kind: str = "custom"
-    biased: bool = True
     tied: bool = False
     #: Whether small instances of the score can be evaluated exactly, so that the unbounded domain
     #: is searched for a witness family (:mod:`lipbound.symbolic.unbounded`).
@@ -107,6 +106,11 @@ class Score:
 
     def expression(self) -> sp.Expr:
         raise NotImplementedError
+
+    @property
+    def biased(self) -> bool:
+        """Whether the query and key projections carry biases ``b_Q``, ``b_K``."""
+        return True
 
     @property
     def values_through_A(self) -> bool:

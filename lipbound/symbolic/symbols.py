@@ -153,7 +153,7 @@ NAMED_MATRICES: dict[str, tuple[str, sp.Expr]] = {}
 NAMED_DEFINITIONS: dict[str, sp.MatrixExpr] = {}
 
 
-def name_matrix(name: str, expression: sp.MatrixExpr, scalar: sp.Expr = sp.Integer(1)) -> None:
+def name_matrix(name: str, expression: sp.MatrixExpr, scalar: sp.Expr = sp.S.One) -> None:
     """Register ``name := scalar * expression`` so that ``scalar ||expression||`` prints as ``||name||``."""
     NAMED_MATRICES[matrix_key(expression)] = (name, sp.sympify(scalar))
     NAMED_DEFINITIONS[matrix_key(expression)] = sp.sympify(scalar) * expression

@@ -81,7 +81,8 @@ def self_attention(norm: Norm, causal: bool = False, n=S.n, window=None, bias: s
         K, Q = mask.column_sums(n, omega, proof)
     if isinstance(norm, Mixed21):
         proof.add(le(_MEAN, L_V * Described(r"\textstyle\sum_j p_{ij}\|e_j\|")), "triangle inequality")
-        proof.add(le(_COV, rho * (alpha * Described(r"\|e_i\|") + 2 * beta * Described(r"\textstyle\sum_j p_{ij}\|e_j\|"))),
+        proof.add(le(_COV, rho * (alpha * Described(r"\|e_i\|")
+                                  + 2 * beta * Described(r"\textstyle\sum_j p_{ij}\|e_j\|"))),
                   "covariance in mean absolute deviation; alpha bounds std of the query term, "
                   "|grad_y s . e_j| <= beta ||e_j||", "mean-abs-cov")
         proof.add(le(Described(r"\max_j \textstyle\sum_i p_{ij}"), K), "column sums", cap)

@@ -286,7 +286,8 @@ def derive_unbounded(variant, assumptions: Assumptions, key: str) -> Result:
     if isinstance(score, DotProduct) and facts.role == "self" and not facts.causal and not facts.window \
             and facts.position_bias == "none":
         gamma = S.MatrixNormSymbol("gamma_{A,V}")
-        general = S.t ** 2 * (assumptions.n - 1) / assumptions.n ** 2 * gamma - S.MatrixNormSymbol("W_V") / assumptions.n
+        general = S.t ** 2 * (assumptions.n - 1) / assumptions.n ** 2 * gamma \
+            - S.MatrixNormSymbol("W_V") / assumptions.n
         record.add(le(general, Described(r"\|Df(X_t)\|")),
                    "general weights without query bias: x_1 = 0, x_2 = ... = x_n = t u with u maximising "
                    "gamma_{A,V} = max_u ||A u|| ||W_V^T u||; then p_1j = 1/n and the covariance term is "

@@ -81,7 +81,8 @@ class Variant:
                 raise AssumptionError("norm", "'w1' (measure variants are Lipschitz in Wasserstein-1)",
                                       repr(assumptions.norm.key), "state Assumptions(norm='w1')")
             raise AssumptionError("norm", "a norm on X (fro, 2,1, 2,inf, inf) for a token-level variant",
-                                  repr(assumptions.norm.key), "use a measure variant (measure-w1, ...) for Wasserstein-1")
+                                  repr(assumptions.norm.key),
+                                  "use a measure variant (measure-w1, ...) for Wasserstein-1")
         constants = self.kernel_constants(assumptions)
         theorem = self.theorem(assumptions)
         expr = theorem.statement.xreplace(constants.as_substitution())

@@ -183,8 +183,8 @@ def load_whisper(path, layers=None, num_heads: int | None = None, config: dict |
     for block in ("encoder", "decoder"):
         count = int(np.asarray(variables.get(f"{block}/num_heads", num_heads or 0)).item())
         if count < 1 or d % count:
-            raise WeightsError("--num-heads", f"a divisor of the width {d} (from {block}/num_heads)", str(count),
-                               "pass --num-heads N")
+            raise WeightsError("num_heads", f"a divisor of the width {d} (from {block}/num_heads)", str(count),
+                               "give the head count as `num_heads`")
         act = _ACTIVATIONS.get(int(np.asarray(variables.get(f"{block}/activation", 3)).item()), "gelu")
         stacks[block] = ({i: _layer(variables, file, block, i, d, count, act) for i in present[block] if i in wanted},
                          len(present[block]), count)

@@ -110,7 +110,8 @@ class _Safetensors(TensorSource):
             except Exception as error:  # the library raises its own SafetensorError
                 raise WeightsError(str(file), "a safetensors file (8-byte header length, JSON header, raw data)",
                                    f"an unreadable file ({type(error).__name__}: {error})",
-                                   "check that it is not truncated; re-export with safetensors.numpy.save_file") from None
+                                   "check that it is not truncated; re-export with safetensors.numpy.save_file"
+                                   ) from None
 
     def keys(self) -> set[str]:
         return set(self._where)
@@ -217,7 +218,7 @@ def open_checkpoint(path) -> tuple[TensorSource | Path, dict]:
     path = Path(path)
     if not path.exists():
         raise WeightsError(str(path), "an existing file or directory", "no such path",
-                           "check the path, or use the embedded default model (no path)")
+                           "check the path")
     if path.is_dir():
         config = read_config(path / "config.json")
         files = sorted(path.glob("*.safetensors"))

@@ -87,7 +87,7 @@ def select_layers(present: list[int], layers) -> list[int]:
 
 def num_heads_of(num_heads, config: dict, metadata: dict, path, keys: tuple = ("num_attention_heads",)) -> int:
     """The head count: the argument, else the config.json key (``keys``) or the metadata."""
-    candidates = [(num_heads, "--num-heads")] + [(config.get(key), f"{key} in config.json") for key in keys]
+    candidates = [(num_heads, "`num_heads`")] + [(config.get(key), f"{key} in config.json") for key in keys]
     candidates.append((metadata.get("num_attention_heads"), "safetensors metadata"))
     for value, origin in candidates:
         if value is None:
@@ -97,12 +97,12 @@ def num_heads_of(num_heads, config: dict, metadata: dict, path, keys: tuple = ("
         except (TypeError, ValueError):
             count = -1
         if count < 1 or isinstance(value, bool):
-            raise WeightsError("--num-heads", f"a positive integer (from {origin})", repr(value),
-                               "pass --num-heads 12 (for example)")
+            raise WeightsError("num_heads", f"a positive integer (from {origin})", repr(value),
+                               "give e.g. `num_heads` 12")
         return count
-    raise WeightsError("--num-heads", f"a head count: --num-heads, {keys[0]} in a config.json next to the "
+    raise WeightsError("num_heads", f"a head count: `num_heads`, {keys[0]} in a config.json next to the "
                        "file, or num_attention_heads in the safetensors metadata", f"none for {path}",
-                       "pass --num-heads N")
+                       "give the head count as `num_heads`")
 
 
 def _check_config(layout: Layout, config: dict, path) -> None:
@@ -172,7 +172,8 @@ class _Reader:
         d_ff = _widths(self.tensors, self.layout, first)[1]
         for key in ("intermediate_size", "hidden_dim", "n_inner"):
             if config.get(key) is not None and int(config[key]) != d_ff:
-                raise WeightsError(f"{self.tensors.path}:{first}.weight", f"{config[key]} outputs ({key} in config.json)",
+                raise WeightsError(f"{self.tensors.path}:{first}.weight",
+                                   f"{config[key]} outputs ({key} in config.json)",
                                    f"{d_ff} outputs", "use the config.json of this checkpoint")
         W_1, b_1 = self.projection(first, self.d, d_ff)
         W_2, b_2 = self.projection(f"{stem}.{self.layout.ffn_out}", d_ff, self.d)
@@ -223,7 +224,7 @@ def load_huggingface(tensors: TensorSource, config: dict, num_heads=None, layers
         raise WeightsError(str(tensors.path), f"{key} {stated} (config.json)", f"projections reading {d} features",
                            "use the config.json of this checkpoint")
     if width % heads_count:
-        raise WeightsError("--num-heads", f"a divisor of the attention width {width}", str(heads_count),
+        raise WeightsError("num_heads", f"a divisor of the attention width {width}", str(heads_count),
                            f"use the model's head count ({width} = heads x head size)")
     size = width // heads_count
     reader = _Reader(tensors, layout, prefix, d, float(eps_value))

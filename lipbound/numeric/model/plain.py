@@ -224,8 +224,8 @@ def load_plain(tensors: TensorSource, num_heads=None, layers=None) -> Model:
         raise WeightsError(f"{tensors.path}:format", f"one of {_FORMATS}", repr(fmt) if fmt else "no format key", _FIX)
     heads_count = _scalar(tensors, "num_heads", int)
     if num_heads is not None and int(num_heads) != heads_count:
-        raise WeightsError("--num-heads", f"{heads_count} (stored in the file)", repr(num_heads),
-                           "omit --num-heads for plain files")
+        raise WeightsError("num_heads", f"{heads_count} (stored in the file)", repr(num_heads),
+                           "omit `num_heads` for plain files")
     d = _scalar(tensors, "hidden", int)
     blocks = tuple(_scalar(tensors, "blocks", str, default="encoder").split(","))
     if blocks not in (("encoder",), ("decoder",), BLOCKS) or (fmt == _FORMATS[0] and blocks != ("encoder",)):
@@ -331,7 +331,8 @@ def save_plain(model: Model, path) -> Path:
     with :func:`~lipbound.numeric.model.load_weights`.
     """
     if not isinstance(model, Model):
-        raise WeightsError("model", "a lipbound.numeric.model.Model", type(model).__name__, "load one with load_weights")
+        raise WeightsError("model", "a lipbound.numeric.model.Model", type(model).__name__,
+                           "load one with load_weights")
     path = Path(path)
     if path.suffix != ".npz":
         path = path.with_name(path.name + ".npz")
@@ -357,7 +358,7 @@ def save_plain(model: Model, path) -> Path:
         _put_norm(arrays, f"{block}.final_norm", model.final_norm_of(block))
         arrays[f"{block}.num_layers"] = np.array(model.stack_size(block))
     _put_model_parts(arrays, model)
-    with atomic_write(path, "--output") as handle:
+    with atomic_write(path, "path") as handle:
         np.savez(handle, **arrays)
     return path
 

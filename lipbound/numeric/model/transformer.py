@@ -103,7 +103,8 @@ class TransformerLayer:
                                "build it with Layer(heads, W_O, b_O)")
         d = self.attention.d
         if self.attention.W_O.shape[1] != d:
-            raise WeightsError("W_O", f"shape ({self.attention.W_O.shape[0]}, {d})", f"shape {self.attention.W_O.shape}",
+            raise WeightsError("W_O", f"shape ({self.attention.W_O.shape[0]}, {d})",
+                               f"shape {self.attention.W_O.shape}",
                                "the output projection maps back to the model width")
         if self.placement not in PLACEMENTS:
             raise WeightsError("placement", f"one of {PLACEMENTS}", repr(self.placement), "state where the norms sit")

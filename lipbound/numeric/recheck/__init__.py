@@ -328,19 +328,19 @@ def _weights_for(witness: Witness, weights):
         path = weights if weights is not None else witness.weights
         if not path:
             if witness.model and witness.model != "sentence-transformers/all-MiniLM-L6-v2":
-                raise WeightsError("--weights", f"the checkpoint of {witness.model!r} (the witness records no file)",
-                                   "nothing", "pass --weights FILE with the weights the witness was found on")
+                raise WeightsError("weights", f"the checkpoint of {witness.model!r} (the witness records no file)",
+                                   "nothing", "give as `weights` the file the witness was found on")
             path = DEFAULT_WEIGHTS
         if not Path(path).exists():
-            raise WeightsError("--weights", "the checkpoint the witness was found on",
+            raise WeightsError("weights", "the checkpoint the witness was found on",
                                f"{path} (recorded in the witness, no longer there)",
-                               "pass --weights FILE with those weights")
+                               "give those weights as `weights`")
         model = load_weights(path, layers=None if witness.layer is None else [witness.layer])
     if witness.sha256 and model.sha256 and witness.sha256 != model.sha256:
-        raise WeightsError("--weights", f"weights with sha256 {witness.sha256[:16]}... (recorded in the witness, "
+        raise WeightsError("weights", f"weights with sha256 {witness.sha256[:16]}... (recorded in the witness, "
                            f"read from {witness.weights or 'an unnamed file'})",
                            f"{model.path or 'weights'} with sha256 {model.sha256[:16]}...",
-                           "pass --weights with the exact file the witness was found on")
+                           "give as `weights` the exact file the witness was found on")
     return model
 
 

@@ -632,7 +632,8 @@ def matrix_aware_closed_form(head: Head, radius, center=None, *, n: int, causal:
     bounds = _reuse(bounds, head, radius, center, value, query_radius, query_center) or HeadBounds(
         head, radius, center, query_radius=query_radius, query_center=query_center, value=value, solver=solver)
     pieces = [bounds.value_norm2, bounds.gamma, bounds.beta, bounds.score_gain]
-    name = "Lip(cross-attention, matrix-aware closed form)" if cross else "Lip(self-attention), matrix-aware closed form"
+    name = "Lip(cross-attention, matrix-aware closed form)" if cross else \
+        "Lip(self-attention), matrix-aware closed form"
     certificate: dict = {"n": n, "m": m, "causal": causal, "argument": argument or "self"}
     if _first_failure(*pieces) is not None:
         return _result(name, bounds, pieces, None, certificate, started, False)
@@ -649,7 +650,8 @@ def matrix_aware_closed_form(head: Head, radius, center=None, *, n: int, causal:
         certificate["row_by_row"] = None if rows is None else upper(rows)
     else:
         value_iv = {"queries": queries, "context": context, "joint": IV.sqrt(queries ** 2 + context ** 2)}[argument]
-    certificate.update(kappa=upper(kappa), kappa_cov=upper(terms["kappa_cov"]), b_hat=upper(queries), context=upper(context))
+    certificate.update(kappa=upper(kappa), kappa_cov=upper(terms["kappa_cov"]), b_hat=upper(queries),
+                       context=upper(context))
     return _result(name, bounds, pieces, value_iv, certificate, started, False)
 
 

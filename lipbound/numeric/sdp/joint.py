@@ -678,5 +678,5 @@ def layernorm_joint_gain(head: Head, gain: np.ndarray, solver: str = "auto") -> 
     value = upper(IV.mpf(head.d) * IV.mpf(inner.value))
     low = lower(IV.mpf(head.d) * IV.mpf(inner.lower))
     return sdp_value("d * gamma (LayerNorm image)", value, True, {"gamma": inner}, inner.details["solver"],
-                          inner.details["seconds"], inner.details["status"], inner.provenance + "; times tr Cov(z) <= d",
-                          lower=low)
+                     inner.details["seconds"], inner.details["status"], inner.provenance + "; times tr Cov(z) <= d",
+                     lower=low)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ...printing.plaintext import legend_lines
 from ...rigorous.intervals import interval, upper, upper_product
 
 __all__ = ["WholeReport", "LOOSE_GAP"]
@@ -152,8 +153,8 @@ class WholeReport:
                 rows.append(_row(block, index, "attention", "cross-attention in its context", context["upper"],
                                  context["witness"]))
                 R_Q = _plus_one_times(_best(queries["upper"])["value"], norm["cross_norm"])
-                rows.append(_row(block, index, "residual", "X + cross-attention(LN(X), C)", [_entry("1 + L_Q L_N", R_Q)],
-                                 queries["residual_witness"]))
+                rows.append(_row(block, index, "residual", "X + cross-attention(LN(X), C)",
+                                 [_entry("1 + L_Q L_N", R_Q)], queries["residual_witness"]))
                 factors.append(_shares(R_Q, attention=_best(queries["upper"])["value"], norm=norm["cross_norm"]))
                 best_factors.insert(1, R_Q)
                 naive_factors.insert(1, _plus_one_times(queries["upper"][0]["value"], norm["cross_norm"]))
@@ -195,8 +196,9 @@ class WholeReport:
                 K_naive = upper_product(naive_f[2], upper(interval(upper_product(naive_f[1], naive_f[0], K_naive))
                                                      + interval(c["T_C"])))
             self.model_bounds.append(self._bound(
-                block, "context", upper_product(K, L_final), certified, "the encoder output (the context; decoder input "
-                "fixed)", output, upper_product(K_naive, L_final), context["witness"] if context else None, factors, eps))
+                block, "context", upper_product(K, L_final), certified,
+                "the encoder output (the context; decoder input fixed)", output, upper_product(K_naive, L_final),
+                context["witness"] if context else None, factors, eps))
 
     def _bound(self, block, argument, value, certified, source, output, naive, witness, factors, eps) -> dict:
         gap = value / witness if witness else math.inf
@@ -252,7 +254,24 @@ class WholeReport:
             out.append("  share of log10(bound): " + ", ".join(f"{k} {v:.0%}" for k, v in b["log_shares"].items())
                        + f"; dominant: {b['dominant']}")
             out.append("  " + b["statement"])
-        return "\n".join(out)
+        return "\n".join(out + [""] + self.legend())
+
+    def legend(self) -> list[str]:
+        """What the columns of :meth:`table` mean, one line each."""
+        return legend_lines(
+            "columns (Lipschitz constants in the Frobenius norm of the n tokens, output units per input unit):",
+            [("layer", "counted from 0; final: the stack's final LayerNorm"),
+             ("component", "attention (the multi-head map without its residual), norm (a LayerNorm), ffn (a "
+                           "feed-forward block), residual (a residual step), layer (the whole layer, composed)"),
+             ("part", "which one: the LayerNorm by its place, the residual step as a formula, which kind of "
+                      "component dominates a layer's bound"),
+             ("bound", "the best certified upper bound on the component's constant"),
+             ("method", "the method that gave it: derived, matrix-aware, joint (attention; see lipbound verify "
+                        "--help), closed form ||W_2|| ell_phi ||W_1||, midpoint form or LipSDP-Neuron (feed-forward), "
+                        "1 + L (a residual step), compositional (a layer: the product of its steps)"),
+             ("witness", "a lower bound on the constant: the largest Jacobian norm found by counted power iterations "
+                         "(the same --seed gives the same value); '-': none"),
+             ("gap", "bound / witness (1: tight)")])
 
 
 def _num(value) -> str:

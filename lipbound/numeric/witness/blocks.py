@@ -268,7 +268,7 @@ def ffn_witness(W_1, b_1, W_2, act: str, *, b_2=None, seed: int = 0, starts: int
     best_x, best_sigma = X[np.argmax(sigma)].copy(), float(np.max(sigma))
     step_size = learning_rate * (float(np.median(np.linalg.norm(X, axis=1))) or 1.0) * \
         np.resize([1 / 3, 1.0, 3.0], len(X))[:, None]
-    for iteration in range(steps):
+    for iteration in range(steps):  # noqa: B007 - the steps taken are read after the loop
         if time.perf_counter() - started > budget:
             break
         Z = X @ W_1 + b_1

@@ -92,7 +92,8 @@ class SearchProblem:
         if self.cross:
             cq, Tq, Sq = query_domain.frame(d)
             self.engine = AttentionMap(target, c, reduce=True, tangent=T, query_center=cq, query_tangent=Tq)
-            self.queries = Group(0, self.m, cq, self.engine.query_basis, Tq, Sq, role in ("cross-queries", "cross-joint"))
+            self.queries = Group(0, self.m, cq, self.engine.query_basis, Tq, Sq,
+                                 role in ("cross-queries", "cross-joint"))
             self.context = Group(self.m, self.n, c, self.engine.basis, T, S, role in ("cross-context", "cross-joint"))
             self.groups = (self.queries, self.context)
         else:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import final
@@ -287,7 +289,7 @@ class Witness:
         path = Path(path)
         if path.suffix != ".npz":
             path = path.with_name(path.name + ".npz")
-        with atomic_write(path, "--witness-dir") as handle:
+        with atomic_write(path, "witness_dir") as handle:
             np.savez(handle, **self.to_arrays())
         return path
 
@@ -310,10 +312,13 @@ class Witness:
                                "check the path (Witness.save appends .npz)")
         try:
             with np.load(path, allow_pickle=False) as data:
+                if not hasattr(data, "files"):  # a plain .npy array, not an archive
+                    raise ValueError("a single array, not an .npz archive")
                 arrays = {key: data[key] for key in data.files}
-        except (ValueError, OSError) as error:
-            raise WeightsError(str(path), "a witness .npz written by Witness.save without pickled objects",
-                               f"an unreadable file ({error})", "re-create the witness with Witness.save") from None
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+            raise WeightsError(str(path), "a witness .npz written by lipbound (verify, demo or Witness.save)",
+                               f"a damaged, truncated or foreign file ({type(error).__name__}: {error})",
+                               "re-create the witness, e.g. with lipbound verify") from None
         return cls.from_arrays(arrays, str(path))
 
     @classmethod
@@ -327,9 +332,20 @@ class Witness:
         except (json.JSONDecodeError, TypeError, IndexError) as error:
             raise WeightsError(path, "JSON metadata", f"unparsable metadata ({error})",
                                "re-create the witness with Witness.save") from None
-        if meta.get("format") not in (WITNESS_FORMAT, "lipbound-witness/2", "lipbound-witness/1"):
-            raise WeightsError(path, f"format {WITNESS_FORMAT!r}", repr(meta.get("format")),
+        if not isinstance(meta, dict) or meta.get("format") not in (WITNESS_FORMAT, "lipbound-witness/2",
+                                                                     "lipbound-witness/1"):
+            raise WeightsError(path, f"format {WITNESS_FORMAT!r}", repr(meta.get("format") if isinstance(meta, dict)
+                                                                         else meta)[:60],
                                "re-create the witness with this version of lipbound")
+        try:
+            return cls._from_metadata(arrays, meta, path)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise WeightsError(path, "a complete lipbound witness file", f"damaged metadata or arrays "
+                               f"({type(error).__name__}: {error})", "re-create the witness, e.g. with lipbound verify"
+                               ) from None
+
+    @classmethod
+    def _from_metadata(cls, arrays: dict, meta: dict, path: str) -> "Witness":
         kind = meta["kind"]
         second = "E" if kind == "jacobian" else "Y"
         if second not in arrays:

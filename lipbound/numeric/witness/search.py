@@ -38,11 +38,12 @@ def _check_search_args(target, domain, n, budget_seconds, norm, m=None):
     """``(R, c, heads)``: the domain's enclosing ball and the heads; every argument checked."""
     heads = heads_of(target)[0]
     if isinstance(n, bool) or not (isinstance(n, (int, np.integer)) and n >= 1):
-        raise AssumptionError("--n", "an integer number of tokens >= 1", repr(n), "pass --n 8, say")
+        raise AssumptionError("n", "an integer number of tokens >= 1", repr(n), "ask for `n` 8, say")
     if m is not None and (isinstance(m, bool) or not (isinstance(m, (int, np.integer)) and m >= 1)):
-        raise AssumptionError("--m", "an integer number of queries >= 1", repr(m), "pass --m 8, say")
+        raise AssumptionError("m", "an integer number of queries >= 1", repr(m), "ask for `m` 8, say")
     if not (isinstance(budget_seconds, (int, float)) and budget_seconds > 0):
-        raise AssumptionError("--budget", "a positive number of seconds", repr(budget_seconds), "pass --budget 10")
+        raise AssumptionError("budget_seconds", "a positive number of nominal seconds", repr(budget_seconds),
+                              "give e.g. `budget_seconds` 10")
     if norm not in NORMS:
         raise AssumptionError("norm", f"one of {NORMS}", repr(norm), "use 'fro' or '2,1'")
     d = heads[0].d
@@ -61,7 +62,7 @@ def _check_memory(heads: int, n: int, d: int) -> None:
     per_token_squared = _BATCH * _SQUARES * heads * 8
     needed = per_token_squared * n * n + _BATCH * 16 * n * d * 8
     largest = int((available_bytes() * 0.8 / per_token_squared) ** 0.5)
-    require_memory(needed, "--n", "witness search", largest)
+    require_memory(needed, "n", "witness search", largest)
 
 
 def _evaluate_pool(problem: SearchProblem, pool, rng, power_steps: int, chunk: int, deadline: float):
@@ -192,7 +193,7 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     X, coordinates = domain.representable(X[0])
     if cross:
         Y, query_coordinates = query_domain.representable(Y[0])
-        coordinates.update({"Q": value for value in query_coordinates.values()})
+        coordinates.update(_named("Q", query_coordinates))
     coordinates = {("X" if key == "z" else key): value for key, value in coordinates.items()}
     Z = problem.to_work(X[None], None if Y is None else Y[None])
     _, E, _ = problem.evaluate(Z, cands.E[best][None], 20)
@@ -209,21 +210,21 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
         about["domain"] = f"queries: {query_domain.describe()}; context: {domain.describe()}"
         E_X, w = domain.representable_directions(E_X[0]) if role != "cross-queries" else (np.zeros_like(X), {})
         EQ, wq = query_domain.representable_directions(E_Y[0]) if role != "cross-context" else (None, {})
-        coordinates.update({"E": v for v in w.values()})
-        coordinates.update({"EQ": v for v in wq.values()})
+        coordinates.update(_named("E", w))
+        coordinates.update(_named("EQ", wq))
         value = cross_value(target, Y, X, EQ, E_X)
         details["seconds"] = round(time.perf_counter() - started, 3)
         return Witness(kind="jacobian", X=X, E=E_X, Q=Y, EQ=EQ, value=value, norm="fro", seed=seed, role=role,
                        method="structured+polish", details=details, coordinates=coordinates, **fields, **about)
     E, w = domain.representable_directions(E_X[0])
-    coordinates.update({"E": v for v in w.values()})
+    coordinates.update(_named("E", w))
     value = jacobian_value(target, X, E)
     if norm == "fro":
         details["seconds"] = round(time.perf_counter() - started, 3)
         return Witness(kind="jacobian", X=X, E=E, value=value, norm="fro", seed=seed, method="structured+polish",
                        details=details, coordinates=coordinates, **fields, **about)
     Y, ratio, token, y_coordinates = _secant_21(target, X, E, domain)
-    coordinates.update({"Y": v for v in y_coordinates.values()})
+    coordinates.update(_named("Y", y_coordinates))
     details.update({"moved_token": token, "jacobian_value": value, "seconds": round(time.perf_counter() - started, 3)})
     return Witness(kind="secant", X=X, Y=Y, value=ratio, norm="2,1", seed=seed, method="structured+polish+secant",
                    details=details, coordinates=coordinates, **fields, **about)
@@ -271,6 +272,13 @@ def _secant_21(target, X: np.ndarray, E: np.ndarray, domain: TokenDomain):
 
 
 @one_blas_thread
+def _named(key: str, found: dict) -> dict:
+    """The coordinate array a domain's chart gives (at most one) under ``key``; empty when it gives none."""
+    if len(found) > 1:
+        raise ValueError(f"one coordinate array expected, got {sorted(found)}")
+    return {key: next(iter(found.values()))} if found else {}
+
+
 def naive_ascent(target: Head | Layer, *, domain: TokenDomain, n: int, budget_seconds: float, seed: int = 0,
                  norm: str = "fro", batch: int = 32, origin=None, layer: int | None = None,
                  head: int | None = None) -> Witness:

@@ -1,0 +1,143 @@
+"""The README as a new user reads it after the two Quickstart commands: every command of its ``bash`` blocks
+runs as written, and every ``python`` block runs.
+
+Each ``bash`` block runs in one fresh folder, its commands in order (a later one reads what an earlier one
+wrote: ``plot gaps report.json`` the report of ``verify --json report.json``); its variable assignments
+(``WHISPER=$(...)``) are the preamble of each command.  A command passes when it exits with 0 -- or with the
+status its comment announces ("exit status 3") -- and prints no traceback.  The fast profile appends a small
+witness budget, few radii, a small vocabulary (argparse takes the last value of an option), so the block
+runs in a minute or two; ``verify --whole`` on the full model is slow-marked.  The Quickstart's ``pip`` and
+``bash scripts/test.sh`` are the install and this very suite: they are not run here (``.ci/run`` runs the
+latter), the ``lipbound`` command after ``&&`` is.
+
+Every command that takes more than 30 seconds says how long in its comment; the quick ones are the
+commands listed in :data:`QUICK`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+#: Options appended to a command of the README, by subcommand, for the fast profile.
+FAST = {
+    "demo": ["--heads", "1", "--no-sdp", "--budget", "0.05"],
+    "paper": ["--budget", "0.05", "--n-values", "2,4"],
+    "plot scaling": ["--budget", "0.05", "--n-values", "2,4"],
+    "plot gaps": ["--budget", "0.05"],
+    "check": ["--budget", "0.5"],
+    "local": ["--eps", "0,1e-3"],
+    "perturb": ["--vocabulary", "64", "--search", "16", "--layers", "0,1"],
+    "depth": ["--steps", "20"],
+}
+#: Commands quick enough (well under 30 s) to state no duration.
+QUICK = ("list", "derive", "preamble", "compare", "convert", "recheck", "check", "depth", "plot perturb", "plot edits",
+         "plot curve", "plot gaps report.json")
+#: Commands too slow for the default profile even with the fast options.
+SLOW = ("--whole",)
+_DURATION = re.compile(r"\b\d+(\.\d+)?\s*(s|min)\b")
+
+
+def _blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.DOTALL)
+
+
+def _code_and_comment(line: str) -> tuple[str, str]:
+    """A shell line split at its first ``#`` outside quotes that starts a comment."""
+    quote = None
+    for index, char in enumerate(line):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (index == 0 or line[index - 1].isspace()):
+            return line[:index].rstrip(), line[index + 1:].strip()
+    return line.rstrip(), ""
+
+
+def _subcommand(words: list[str]) -> str:
+    command = words[1] if len(words) > 1 else ""
+    if command == "plot" and len(words) > 2:
+        return f"plot {words[2]}"
+    return command
+
+
+def _commands() -> list[tuple[int, str, str, list[str]]]:
+    """``(block, command, comment, preamble)`` for every lipbound command of the bash blocks."""
+    found = []
+    for number, block in enumerate(_blocks("bash")):
+        preamble: list[str] = []
+        for raw in block.splitlines():
+            code, comment = _code_and_comment(raw)
+            if not code:
+                continue
+            if re.match(r"^[A-Z_]+=", code):
+                preamble.append(code)
+                continue
+            for part in (piece.strip() for piece in code.split("&&")):
+                if part.startswith("lipbound"):
+                    found.append((number, part, comment, list(preamble)))
+                else:
+                    assert part.startswith(("pip ",
+                                            "bash scripts/test.sh")), f"a README command lipbound cannot run: {part}"
+    return found
+
+
+COMMANDS = _commands()
+
+
+def test_the_readme_has_commands_and_every_slow_one_states_its_duration():
+    assert len(COMMANDS) >= 25
+    for _, command, comment, _ in COMMANDS:
+        words = shlex.split(command)
+        quick = any(" ".join(words[1:]).startswith(prefix) for prefix in QUICK)
+        assert quick or _DURATION.search(comment), f"no expected duration in the README for: {command}"
+
+
+def _fast(command: str) -> str:
+    words = shlex.split(command)
+    extra = list(FAST.get(_subcommand(words), []))
+    if words[1] == "verify" and "--whole" not in words:
+        extra += ["--budget", "0.05"] + ([] if "--layer" in words or "--head" in words else ["--layer", "0", "--head",
+                                                                                             "0"])
+    if words[1] == "verify" and "--whole" in words:
+        extra += ["--n", "2", "--restarts", "1", "--iterations", "2", "--effort", "2"]
+    if words[1] == "paper" and "--weights" not in words:
+        extra = []
+    return command + "".join(" " + shlex.quote(word) for word in extra)
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("number", sorted({number for number, *_ in COMMANDS}))
+def test_every_command_of_a_bash_block_runs_as_written(number, tmp_path, request):
+    """One bash block, its commands in order in one folder, with the fast options."""
+    slow = request.config.getoption("--runslow") or os.environ.get("LIPBOUND_SLOW") == "1"
+    ran = 0
+    for block, command, comment, preamble in COMMANDS:
+        if block != number:
+            continue
+        if any(marker in command for marker in SLOW) and not slow:
+            continue
+        expected = int(re.search(r"exit status (\d)", comment).group(1)) if "exit status" in comment else 0
+        script = "set -e\n" + "\n".join(preamble) + "\n" + _fast(command)
+        result = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=1200,
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        assert "Traceback" not in result.stderr, (command, result.stderr[-3000:])
+        assert result.returncode == expected, (command, result.returncode, result.stderr[-2000:])
+        ran += 1
+    assert ran
+
+
+@pytest.mark.parametrize("number", range(len(_blocks("python"))))
+def test_every_python_block_runs(number, tmp_path):
+    code = _blocks("python")[number]
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
