@@ -329,7 +329,7 @@ def test_choices_are_readable_in_help():
     plot = next(a for a in subparsers.choices["plot"]._actions if a.__class__.__name__ == "_SubParsersAction")
     for name, sub in [*subparsers.choices.items(), *plot.choices.items()]:
         for group in re.findall(r"\{([^{}]*,[^{}]*)\}", sub.format_help()):   # argparse's {a,b,c}: words only
-            assert all(re.fullmatch(r"[a-z][a-z-]*", choice) for choice in group.split(",")), (name, group)
+            assert all(re.fullmatch(r"[a-z][a-z0-9-]*", choice) for choice in group.split(",")), (name, group)
 
 
 def test_recheck_help_names_a_file_verify_writes(tmp_path):

@@ -685,11 +685,11 @@ def test_list_names_every_new_variant(capsys):
     (["derive", "swiglu"], "NOT LIPSCHITZ"),
     (["derive", "swiglu", "--domain", "rmsnorm"], "gamma_max*sqrt(d)*(ell_phi*Gamma_up + Gamma_gate)"),
     (["derive", "qk-norm", "--domain", "unbounded"], "NOT LIPSCHITZ"),
-    (["derive", "rope-nobias", "--domain", "rmsnorm"], "kappa(n, 2*gamma_max**2*d*a)"),
-    (["derive", "rope-causal", "--window", "4096", "--softcap"], "causal_kappa(Min(4096, n)"),
+    (["derive", "rope-nobias", "--domain", "rmsnorm"], "kappa_n(2*gamma_max**2*d*a)"),
+    (["derive", "rope-causal", "--window", "4096", "--softcap"], "kappa^c_{min(4096, n)}"),
     (["derive", "dot-product", "--causal", "--bias", "alibi"], "log(exp("),
-    (["derive", "qk-norm-rope", "--window", "w", "--norm", "2,1"], "Min(n, 2*w - 1)"),
-    (["derive", "gqa", "--H", "8"], "2*sqrt(2)*W_O"),
+    (["derive", "qk-norm-rope", "--window", "w", "--norm", "2,1"], "kappa_{min(n, 2*w - 1)}"),
+    (["derive", "gqa", "--H", "8"], "2*sqrt(2)*||W_O||_2"),
 ])
 def test_derive_the_new_variants_and_options(arguments, expected, capsys):
     from lipbound.cli import main

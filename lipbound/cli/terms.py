@@ -26,7 +26,8 @@ OPTIONS = {
     "ball": "--ball", "curvature_tokens": "--curvature-tokens", "score": "--score", "fact": "--fact",
     "prefix": "--prefix", "text_width": "--text-width", "font_size": "--font-size", "weights": "MODEL",
     "model": "MODEL", "effort": "--effort", "restarts": "--restarts", "iterations": "--iterations",
-    "scale": "--scale", "steps": "--steps",
+    "scale": "--scale", "steps": "--steps", "bias": "--bias", "softcap": "--softcap", "window": "--window",
+    "causal": "--causal",
 }
 #: command (``plot`` with its kind) -> the options that differ from :data:`OPTIONS` there
 COMMAND_OPTIONS = {

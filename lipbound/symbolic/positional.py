@@ -51,7 +51,11 @@ class SoftCapped(Score):
         self.inner = inner
         self.name = f"{inner.name}-softcap"
         self.title = f"soft-capped {inner.title}"
-        self.kind, self.biased, self.rotary, self.qk_norm = inner.kind, inner.biased, inner.rotary, inner.qk_norm
+        self.kind, self.rotary, self.qk_norm = inner.kind, inner.rotary, inner.qk_norm
+
+    @property
+    def biased(self) -> bool:
+        return self.inner.biased
 
     def expression(self) -> sp.Expr:
         return S.c_cap * sp.tanh(self.inner.expression() / S.c_cap)
@@ -156,8 +160,8 @@ def positioned(chosen: Variant, causal: bool = False, window=None, bias: str | N
     score = SoftCapped(chosen.score) if softcap and not chosen.score.softcap else chosen.score
     if score.softcap and mask.bias != "none":
         raise AssumptionError("bias", "no position bias with soft-capped logits (no model caps biased scores; "
-                              "lipbound has no theorem for the combination)", f"--bias {bias or mask.bias}",
-                              "drop --softcap or --bias")
+                              "lipbound has no theorem for the combination)", f"bias {bias or mask.bias} with soft-capped logits",
+                              "drop `softcap` or `bias`")
     if mask.window is None and mask.bias == "none":
         return SelfAttention(score, causal=mask.causal)
     return PositionalAttention(score, mask)

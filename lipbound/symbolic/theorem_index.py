@@ -36,6 +36,24 @@ THEOREM_FAMILIES: dict[str, str] = {
     "feed-forward": "a feed-forward block W_2^T phi(W_1^T x + b_1) + b_2, token by token",
     "pre-ln-feed-forward": "x + FFN(LN(x)), the pre-LN feed-forward step (GPT-2, Whisper)",
     "post-ln-feed-forward": "LN(x + FFN(x)), the post-LN feed-forward step (BERT)",
+    "self-attention-window": "one softmax head under a sliding window |i - j| < w, on a bounded domain",
+    "self-attention-causal-window": "one causal softmax head under a sliding window 0 <= i - j < w",
+    "self-attention-causal-alibi": "one causal softmax head with ALiBi biases -m |i - j| added to its scores",
+    "self-attention-relative-bias": "one softmax head with relative position biases (T5) of spread Delta_b per row",
+    "grouped-multi-head-self-attention": "grouped-query (and multi-query) attention: heads of a key/value group share "
+                                         "W_K and W_V, one block of W_O per query head",
+    "gated-feed-forward-silu": "a gated feed-forward block W_down^T (SiLU(W_gate^T x) * W_up^T x) on a bounded "
+                               "domain (SwiGLU)",
+    "gated-feed-forward-gelu": "a gated feed-forward block with the exact GELU gate on a bounded domain (GeGLU)",
+    "gated-feed-forward-gelu-new": "a gated feed-forward block with the tanh-approximated GELU gate on a bounded "
+                                   "domain (GeGLU, Gemma)",
+    "not-lipschitz-swiglu": "SwiGLU on all of R^d is not Lipschitz (a witness family along the gate and up rows)",
+    "not-lipschitz-geglu": "GeGLU on all of R^d is not Lipschitz (a witness family along the gate and up rows)",
+    "not-lipschitz-geglu-tanh": "GeGLU with the tanh gate on all of R^d is not Lipschitz (a witness family)",
+    "pre-rmsnorm-swiglu": "x + SwiGLU(RMSNorm(x)), the pre-norm gated feed-forward step (Llama, Qwen, Mistral)",
+    "sandwich-pre-rmsnorm-geglu-tanh": "x + RMSNorm(GeGLU(RMSNorm(x))), the sandwich-norm feed-forward step (Gemma 2/3)",
+    "layerscale-residual": "x + diag(lambda) F(x), a residual step with a LayerScale gain",
+    "sandwich-residual": "x + N_out(F(N_in(x))), a residual step with a norm before and after its branch",
     "pre-norm-residual": "x + F(N(x)) from the constants of F and N",
     "post-norm-residual": "N(x + F(x)) from the constants of F and N",
 }

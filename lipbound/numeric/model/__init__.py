@@ -78,8 +78,8 @@ def load_weights(path, num_heads: int | None = None, layers=None) -> Model:
     if layout is not None and layout.positions == "rotary":
         model = load_decoder(source, config, layers, layout)
         if num_heads is not None and num_heads != model.num_heads:
-            raise WeightsError("--num-heads", f"{model.num_heads} (the model's own configuration) or nothing",
-                               str(num_heads), "drop --num-heads")
+            raise WeightsError("num_heads", f"{model.num_heads} (the model's own configuration) or nothing",
+                               str(num_heads), "drop `num_heads`")
         return model
     if layout is not None:
         return load_huggingface(source, config, num_heads, layers, layout)
