@@ -197,6 +197,17 @@ class Enclosure:
         mid = self.mid + sign * other.mid
         return Enclosure(mid, (self.rad + other.rad + _U * np.abs(mid)) * _safe(2) + _ETA)
 
+    def hadamard(self, other) -> "Enclosure":
+        """The entrywise product (shapes equal, or broadcast): ``|XY - fl(X_m Y_m)| <= |X_m| Y_r + X_r (|Y_m|
+        + Y_r) + u |fl(X_m Y_m)| + eta``."""
+        other = _as_enclosure(other)
+        mid = self.mid * other.mid
+        rad = np.abs(self.mid) * other.rad + self.rad * (np.abs(other.mid) + other.rad)
+        rad += _U * np.abs(mid)
+        rad *= _safe(3)
+        rad += _ETA
+        return Enclosure._trusted(np.asarray(mid, dtype=np.float64), np.asarray(rad, dtype=np.float64))
+
     def __add__(self, other) -> "Enclosure":
         return self._combine(other, 1.0)
 
@@ -310,14 +321,16 @@ def vector_norm_lower(v) -> float:
 
 
 # Eigenvalues -----------------------------------------------------------------------------------
-def lambda_min_lower(S, attempts: int = 8) -> float:
+def lambda_min_lower(S, attempts: int = 8, estimate: float | None = None) -> float:
     """A certified lower bound on ``lambda_min`` of the symmetric matrix enclosed by ``S``.
 
     Pick ``s`` a little below the computed ``lambda_min`` of the (mirrored) midpoint, factor
     ``B = fl(mid - s I) = L L^T + Delta`` by Cholesky, bound ``||Delta||_2 <= ||Delta||_F``
     rigorously (``|fl(L L^T) - L L^T| <= gamma_m |L||L|^T + m eta``) and add the radius (Weyl):
     ``lambda_min(S) >= s - ||Delta||_F - ||rad||_F``.  Returns ``-inf`` if no factorisation
-    succeeds (nothing is claimed).
+    succeeds (nothing is claimed).  ``estimate`` replaces the computed ``lambda_min`` of the
+    midpoint (a large matrix's eigendecomposition costs several Cholesky factorisations; any
+    estimate is sound, a poor one only gives a poorer bound or ``-inf``).
     """
     if not isinstance(S, Enclosure):
         S = _as_array("S", S)
@@ -335,7 +348,8 @@ def lambda_min_lower(S, attempts: int = 8) -> float:
     scale = float(np.linalg.norm(M))
     if scale == 0.0:
         return math.nextafter(-radius, -math.inf)
-    estimate = float(np.linalg.eigvalsh(M)[0])
+    if estimate is None:
+        estimate = float(np.linalg.eigvalsh(M)[0])
     for attempt in range(attempts):
         shift = estimate - 16.0 * (m + 2) * _U * scale * (8.0 ** attempt)
         B = M.copy()
