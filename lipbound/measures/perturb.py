@@ -229,7 +229,8 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
                               "e.g. --search 4096 or --search all")
     bert = load_text_model(model)
     if bert.tokenizer is None:
-        raise AssumptionError("model", "a checkpoint with vocab.txt", "no tokenizer", "add vocab.txt to the model directory")
+        raise AssumptionError("model", "a checkpoint with its tokenizer (tokenizer.json or vocab.txt)", "no tokenizer",
+                              "copy the model's tokenizer.json into its directory")
     say = progress or (lambda text: None)
     ids = bert.encode(sentence)
     n = len(ids)
@@ -278,7 +279,7 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
                                 predicted_set, max(worst.get(layer, measured), measured),
                                 _global(bert, layer, X, X_new, coupling.value)))
     rows.sort(key=lambda r: (r.k, r.layer))
-    return EditReport(sentence, mode, int(seed), n, tuple(bert.tokenizer.decode_tokens(ids)), edits, tuple(rows),
+    return EditReport(sentence, mode, int(seed), n, tuple(bert.tokenizer.tokens(ids)), edits, tuple(rows),
                       {"description": set_text or "the deletion itself (a set of one edit)",
                        "size": None if candidates is None else int(candidates.size)}, search_info,
                       model=_model_label(model))

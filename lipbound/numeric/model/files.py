@@ -1,8 +1,9 @@
 """Reading checkpoint files without ever unpickling: safetensors, plain ``.npz``, config.json.
 
 A file's format is decided by its first bytes, not its name: ``PK\\x03\\x04`` is a zip (an
-``.npz`` archive), a little-endian 8-byte length followed by a JSON object is safetensors, the
-bytes of a pickle (``\\x80`` and a protocol number, or a zip holding ``data.pkl``) are refused
+``.npz`` archive), ``GGUF`` a llama.cpp file (read by :mod:`.gguf`), a little-endian 8-byte
+length followed by a JSON object is safetensors (bfloat16 tensors are widened to float32
+exactly), the bytes of a pickle (``\\x80`` and a protocol number, or a zip holding ``data.pkl``) are refused
 with a message saying so, and anything else is reported as unrecognised.  Every file read is
 hashed (sha256), so reports and witnesses can name exactly the weights they used.
 """
@@ -20,7 +21,7 @@ import numpy as np
 
 from ...errors import WeightsError
 
-__all__ = ["TensorSource", "open_checkpoint", "read_config", "sha256_of", "PICKLE_SUFFIXES"]
+__all__ = ["TensorSource", "open_checkpoint", "read_config", "sha256_of", "sniff_format", "PICKLE_SUFFIXES"]
 
 PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".h5", ".msgpack"}
 _CONVERT = ("convert it once, in a trusted environment: python -c \"import torch; "
@@ -55,6 +56,10 @@ class TensorSource:
 
     def get(self, key: str) -> np.ndarray:
         raise NotImplementedError
+
+    def shape(self, key: str) -> tuple:
+        """The shape of tensor ``key`` (a format that stores it reads no data)."""
+        return tuple(self.get(key).shape)
 
     @property
     def sha256(self) -> str:
@@ -110,16 +115,36 @@ class _Safetensors(TensorSource):
     def keys(self) -> set[str]:
         return set(self._where)
 
+    def shape(self, key: str) -> tuple:
+        from safetensors import safe_open
+
+        with safe_open(str(self._where[key]), framework="numpy") as handle:
+            return tuple(handle.get_slice(key).get_shape())
+
     def get(self, key: str) -> np.ndarray:
         from safetensors import safe_open
 
         try:
             with safe_open(str(self._where[key]), framework="numpy") as handle:
+                if handle.get_slice(key).get_dtype() == "BF16":
+                    return _bfloat16(self._where[key], key)
                 return handle.get_tensor(key)
+        except WeightsError:
+            raise
         except Exception as error:
-            raise WeightsError(f"{self._where[key]}:{key}", "a tensor numpy can read (float16/32/64)",
-                               f"{type(error).__name__}: {error}",
-                               "convert the checkpoint to float32 (bfloat16 has no numpy type)") from None
+            raise WeightsError(f"{self._where[key]}:{key}", "a float tensor (bfloat16, float16, float32, float64)",
+                               f"{type(error).__name__}: {error}", "convert the checkpoint to float32") from None
+
+
+def _bfloat16(file: Path, key: str) -> np.ndarray:
+    """A bfloat16 tensor of a safetensors file as float32, exactly (bfloat16 is the top half of a
+    float32; numpy has no bfloat16 type, so the bytes are read from the header's offsets)."""
+    with open(file, "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        entry = json.loads(handle.read(length))[key]
+    begin, end = entry["data_offsets"]
+    halves = np.fromfile(file, dtype="<u2", count=(end - begin) // 2, offset=8 + length + begin)
+    return (halves.astype(np.uint32) << 16).view(np.float32).reshape(entry["shape"])
 
 
 class _Npz(TensorSource):
@@ -156,8 +181,9 @@ class _Npz(TensorSource):
                                "lipbound never unpickles; store numbers and strings only (save_plain)") from None
 
 
-def _sniff(path: Path) -> str:
-    """``"zip"``, ``"safetensors"``, ``"pickle"``, ``"ctranslate2"`` or ``"unknown"`` from the first bytes."""
+def sniff_format(path: Path) -> str:
+    """``"zip"``, ``"safetensors"``, ``"gguf"``, ``"pickle"``, ``"ctranslate2"`` or ``"unknown"`` from
+    the first bytes."""
     try:
         with open(path, "rb") as handle:
             head = handle.read(16)
@@ -167,6 +193,8 @@ def _sniff(path: Path) -> str:
                            "check the path and its permissions") from None
     if head[:4] == b"PK\x03\x04":
         return "zip"
+    if head[:4] == b"GGUF":
+        return "gguf"
     if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
         return "pickle"
     if len(head) >= 9:
@@ -181,7 +209,8 @@ def _sniff(path: Path) -> str:
 def open_checkpoint(path) -> tuple[TensorSource | Path, dict]:
     """The tensor source of a file or model directory and its config.json contents ({} if none).
 
-    A CTranslate2 ``model.bin`` is returned as its path (read by its own loader).
+    A CTranslate2 ``model.bin`` and a GGUF file are returned as their paths (each read by its own
+    loader; :func:`sniff_format` tells them apart).
     """
     if not isinstance(path, (str, Path)):
         raise WeightsError("path", "a file or directory path", type(path).__name__, "pass the checkpoint's path")
@@ -194,7 +223,7 @@ def open_checkpoint(path) -> tuple[TensorSource | Path, dict]:
         files = sorted(path.glob("*.safetensors"))
         if files:
             return _Safetensors(files, path), config
-        if (path / "model.bin").is_file() and _sniff(path / "model.bin") == "ctranslate2":
+        if (path / "model.bin").is_file() and sniff_format(path / "model.bin") == "ctranslate2":
             return path / "model.bin", config
         pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
         if pickles:
@@ -202,18 +231,20 @@ def open_checkpoint(path) -> tuple[TensorSource | Path, dict]:
                                f"only pickle-based weights ({', '.join(pickles)})", _CONVERT)
         raise WeightsError(str(path), "a model directory with *.safetensors weights (or a CTranslate2 model.bin)",
                            "no weight file", "point to the directory holding model.safetensors")
-    kind = _sniff(path)
+    kind = sniff_format(path)
     if kind == "zip":
         return _Npz(path), {}
     if kind == "safetensors":
         return _Safetensors([path], path), read_config(path.with_name("config.json"))
     if kind == "ctranslate2":
         return path, read_config(path.with_name("config.json"))
+    if kind == "gguf":
+        return path, {}
     if kind == "pickle" or path.suffix in PICKLE_SUFFIXES:
         raise WeightsError(str(path), "a .safetensors file, a model directory or a plain .npz",
                            "a pickle-based checkpoint; lipbound never unpickles", _CONVERT)
-    raise WeightsError(str(path), "a .safetensors file, a plain .npz archive, a CTranslate2 model.bin or a model "
-                       "directory", "a file in none of these formats (its first bytes match no known header)",
+    raise WeightsError(str(path), "a .safetensors file, a GGUF file, a plain .npz archive, a CTranslate2 model.bin "
+                       "or a model directory", "a file in none of these formats (its first bytes match no known header)",
                        "check that the file is a checkpoint and not truncated or corrupted")
 
 

@@ -37,10 +37,28 @@ _OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert")
 _FAMILY_NAMES = {"roberta": "RoBERTa", "xlm-roberta": "XLM-RoBERTa", "camembert": "CamemBERT", "bert": "BERT"}
 
 
-def layout_of(tensors: TensorSource) -> Layout | None:
-    """The first layout whose marker tensor the checkpoint holds, or None."""
+def layout_of(tensors: TensorSource, config: dict | None = None) -> Layout | None:
+    """The first layout whose marker tensor the checkpoint holds, or None; layouts sharing a
+    marker (the rotary decoders) are told apart by config.json's ``model_type``.
+
+    Raises
+    ------
+    WeightsError
+        The tensors are those of a rotary decoder whose ``model_type`` no layout reads.
+    """
     keys = tensors.keys()
-    return next((layout for layout in LAYOUTS if any(map(layout.match, keys))), None)
+    matching = [layout for layout in LAYOUTS if any(map(layout.match, keys))]
+    if not matching or not matching[0].model_types:
+        return matching[0] if matching else None
+    model_type = str((config or {}).get("model_type", ""))
+    chosen = next((layout for layout in matching if model_type in layout.model_types), None)
+    if chosen is None:
+        known = ", ".join(f"{t} ({layout.name})" for layout in matching for t in layout.model_types)
+        where = "GGUF general.architecture" if tensors.kind == "gguf" else "config.json model_type"
+        raise WeightsError(f"{tensors.path}: {where}", f"one of {known}", repr(model_type) if model_type else "none",
+                           "lipbound reads these decoder families; put the checkpoint's config.json beside it, or "
+                           "convert the model to one of them")
+    return chosen
 
 
 def _layernorm(tensors: TensorSource, stem: str, d: int, eps: float) -> LayerNorm | None:
@@ -181,7 +199,7 @@ class _Reader:
 def load_huggingface(tensors: TensorSource, config: dict, num_heads=None, layers=None,
                      layout: Layout | None = None) -> Model:
     """Read a checkpoint of one of the layouts of :mod:`.layouts` (see the module docstring)."""
-    layout = layout or layout_of(tensors)
+    layout = layout or layout_of(tensors, config)
     if layout is None:
         raise WeightsError(str(tensors.path), "a Hugging Face layout", "none recognised", "see docs/formats.md")
     found = [(m.group(1), int(m.group(2))) for m in map(layout.match, tensors.keys()) if m]

@@ -356,7 +356,8 @@ def hidden_states(model: Model, ids, dtype=np.float64) -> list[np.ndarray]:
 
 
 def logits(model: Model, ids, dtype=np.float64) -> np.ndarray:
-    """The next-token logits (n, vocab) of a decoder: ``final_norm(X_L) lm_head^T``."""
+    """The next-token logits (n, vocab) of a decoder: ``final_norm(X_L) lm_head^T``, soft-capped
+    ``c tanh(z / c)`` when the model says so (Gemma 2: ``metadata["final_logit_softcapping"]``)."""
     if model.lm_head is None:
         raise WeightsError(model.path or model.name, "a decoder with its language-model head (lm_head)",
                            "no lm_head", "load the whole checkpoint, or tie the head to the embeddings")
@@ -364,4 +365,6 @@ def logits(model: Model, ids, dtype=np.float64) -> np.ndarray:
     final = model.final_norm_of(model.blocks[0])
     if final is not None:
         X = _Norm(final, X.dtype).linearize(X).F
-    return X @ np.asarray(model.lm_head).astype(X.dtype, copy=False).T
+    out = X @ np.asarray(model.lm_head).astype(X.dtype, copy=False).T
+    cap = model.metadata.get("final_logit_softcapping")
+    return out if cap is None else cap * np.tanh(out / cap)
