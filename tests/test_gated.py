@@ -143,12 +143,14 @@ def test_certificate_refuses_a_rho_below_the_truth():
     assert value.certified
     lift = lifted_unit(ffn.W_gate, ffn.W_up, ffn.W_down, ffn.act, ellipsoid)
     lam = np.concatenate([np.full(5, value.details["lam_s"]), np.full(5, value.details["lam_mu"])])
-    assert certify_lift(lift, lam, value.details["rho"]) >= 0
+    r2 = np.concatenate([np.full(5, float(lift.radii2[0].mid)), np.full(5, float(lift.radii2[1].mid))])
+    roots = np.sqrt(lam * (1 + value.details["slack"]) * r2)
+    assert certify_lift(lift, roots, value.details["rho"]) >= 0
     witness = gated_witness(ffn, ellipsoid, starts=4, steps=20)
     assert witness.certified <= value.value
     too_small = 0.8 * witness.certified ** 2 / float(lift.lifted_radius2.b)
     for scale in (0.5, 1.0, 2.0):
-        assert certify_lift(lift, lam * scale, too_small) < 0
+        assert certify_lift(lift, roots * scale, too_small) < 0
 
 
 def test_the_lift_sees_the_matrices():

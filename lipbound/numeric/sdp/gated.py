@@ -59,7 +59,7 @@ on ``L^T N L`` (``H = L L^T`` a float Cholesky factor) and minimised over one mu
 best per-neuron multipliers on SmolLM2's blocks) by Nelder-Mead, counted in evaluations.  ``tau`` is
 fixed where the two parts of the lifted map balance (``tau^2 = r ||Psi|| / ||Phi_0||``, Cauchy-Schwarz).
 The value reported is the certificate's: ``Z`` built from the weights in enclosure arithmetic and
-``lambda_min(Z) >= 0`` proved (:func:`lipbound.rigorous.linalg.lambda_min_lower`); whatever fails is
+``lambda_min(Z) >= 0`` proved (:func:`lipbound.rigorous.linalg.psd_floor`); whatever fails is
 "not certified".
 """
 
@@ -73,8 +73,8 @@ from typing import final
 import numpy as np
 
 from ...errors import AssumptionError, SolverError
-from ...rigorous.intervals import IV, interval, upper
-from ...rigorous.linalg import Enclosure, lambda_min_lower, vector_norm_upper
+from ...rigorous.intervals import IV, interval, lower, upper
+from ...rigorous.linalg import UNIT_ROUNDOFF, Enclosure, dot_error_factor, psd_floor, vector_norm_upper
 from ...rigorous.value import CertifiedValue
 from ..blas import one_blas_thread
 from ..blocks.activations import check_activation, slope_range
@@ -240,6 +240,7 @@ class _Objective:
                 jitter = max(1e-14 * float(np.trace(H)) / H.shape[0], 10 * jitter)
         else:
             raise SolverError("gated lift", "a Cholesky factor of H", "none", "the lifted Gram matrix is degenerate")
+        self.L32 = self.L.astype(np.float32)   # the search's matrix-vector products: float32 halves the reads
         self.m = lift.m
         self.c = lift.coordinate(lift.centers)
         self.r2 = lift.coordinate(lift.radii2)
@@ -247,6 +248,7 @@ class _Objective:
         self.omega, self.top = np.maximum(omega, 0.0), float(max(omega.max(), 1e-300))
         WQ = lift.W_down @ Q
         self.CQ = np.vstack([self.c[0] * WQ, self.c[-1] * WQ])          # D_c B Q
+        self.CQ32 = self.CQ.astype(np.float32)
         self.start = np.ones(self.L.shape[0]) / math.sqrt(self.L.shape[0])
         self.evaluations = 0
 
@@ -265,15 +267,19 @@ class _Objective:
         inverse = 1.0 / (1.0 - total * self.omega)
         weights = lam * self.r2
 
-        def apply(v):
-            y = self.L @ v
-            return self.L.T @ (weights * y + self.CQ @ (inverse * (self.CQ.T @ y)))
-
         size = self.L.shape[0]
         if size <= _DENSE:
-            return float(np.linalg.eigvalsh(np.column_stack([apply(e) for e in np.eye(size)]))[-1])
+            L, CQ = self.L, self.CQ
+            dense = L.T @ ((weights[:, None] * L) + CQ @ (inverse[:, None] * (CQ.T @ L)))
+            return float(np.linalg.eigvalsh(0.5 * (dense + dense.T))[-1])
+        weights32, inverse32 = weights.astype(np.float32), inverse.astype(np.float32)
+
+        def apply(v):
+            y = self.L32 @ v.astype(np.float32)
+            return (self.L32.T @ (weights32 * y + self.CQ32 @ (inverse32 * (self.CQ32.T @ y)))).astype(np.float64)
+
         operator = LinearOperator((size, size), matvec=apply, dtype=np.float64)
-        value, vector = eigsh(operator, k=1, which="LA", v0=self.start, tol=1e-7)
+        value, vector = eigsh(operator, k=1, which="LA", v0=self.start, tol=1e-6, ncv=8)
         self.start = vector[:, 0]           # the next evaluation starts here: a deterministic sequence
         return float(value[0])
 
@@ -297,50 +303,62 @@ def _vector(lift: GatedLift, pair) -> Enclosure:
                      np.concatenate([np.full(m, float(p.rad)) for p in parts])[:, None])
 
 
-def _psd_floor(Z: Enclosure) -> float:
-    """A certified lower bound on ``lambda_min(Z)`` with a cheap estimate of it (Cholesky of the midpoint
-    and inverse iteration) in place of an eigendecomposition; ``-inf`` if the midpoint is not PSD."""
-    from scipy.linalg import cho_solve
-    Zs = Z.sym()
-    try:
-        factor = np.linalg.cholesky(Zs.mid)
-    except np.linalg.LinAlgError:
-        return -math.inf
-    v = np.ones(Zs.shape[0]) / math.sqrt(Zs.shape[0])
-    for _ in range(12):
-        v = cho_solve((factor, True), v, check_finite=False)
-        v /= np.linalg.norm(v)
-    quotient = float(v @ (Zs.mid @ v))
-    for fraction in (0.5, 0.05):
-        floor = lambda_min_lower(Zs, attempts=2, estimate=fraction * quotient)
-        if floor >= 0.0:
-            return floor
-    return floor
+def certify_lift(lift: GatedLift, roots: np.ndarray, rho: float) -> float:
+    """``lambda_min(Z)`` (module docstring) certified from below for ``rho`` and the multipliers
+    ``lam_k = t_k^2 / r_k^2`` given by their ``roots`` t (2m,) (positive floats: ``Lam_{r^2} = T^2`` exactly).
 
-
-def certify_lift(lift: GatedLift, lam: np.ndarray, rho: float) -> float:
-    """``lambda_min(Z)`` (module docstring) certified from below for multipliers ``lam`` (2m,) and ``rho``."""
-    lam = np.asarray(lam, dtype=np.float64)
-    if lam.shape != (2 * lift.m,) or not np.all(np.isfinite(lam)) or np.any(lam <= 0) or not rho > 0:
+    ``Z`` is built at the midpoint ``H_m`` of H's enclosure.  Its first block is ``fl(fl(rho H_m) - fl(Y Y^T))``,
+    ``Y = fl(H_m T)``, with the two outer roundings enclosed entrywise (``u |.|`` each) and the inner ones
+    bounded in the Frobenius norm: ``|Y - H_m T| <= u |Y|`` and ``|fl(Y Y^T) - Y Y^T| <= gamma_k |Y||Y|^T``
+    give ``||H_m T^2 H_m - fl(Y Y^T)||_F <= (gamma_k + 2u + u^2) ||Y||_F^2`` (plus ``eta`` terms); the other
+    blocks are enclosures.  What H's radius ``E`` moves is bounded in the spectral norm: ``rho ||E|| +
+    2 ||T^2|| ||H_m|| ||E|| + ||T^2|| ||E||^2`` in the first block and ``||E|| ||D_c B||`` off the diagonal.
+    Both are subtracted (Weyl) from the floor of one Cholesky factorisation
+    (:func:`lipbound.rigorous.linalg.psd_floor`)."""
+    t = np.asarray(roots, dtype=np.float64)
+    if t.shape != (2 * lift.m,) or not np.all(np.isfinite(t)) or np.any(t <= 0) or not rho > 0:
         return -math.inf
-    H = lift.gram
-    weights = Enclosure.exact(lam).hadamard(_vector(lift, lift.radii2))           # lam_k r_k^2, a column
-    top = H.scale(float(rho)) - H.hadamard(weights.T) @ H                           # rho H - H Lam_{r^2} H
+    H_m = lift.gram.mid
+    k, p = H_m.shape[0], lift.W_down.shape[1]
+    Y = H_m * t[None, :]
+    product = Y @ Y.T                                                                # symmetric (one syrk)
+    if not np.array_equal(product, product.T):
+        product = np.triu(product) + np.triu(product, 1).T
+    mid, rad = np.empty((k + p, k + p)), np.empty((k + p, k + p))
+    top, spread = mid[:k, :k], rad[:k, :k]
+    np.multiply(H_m, float(rho), out=top)
+    np.abs(top, out=spread)
+    top -= product
+    spread += np.abs(top)
+    spread *= UNIT_ROUNDOFF * (1 + 2 * UNIT_ROUNDOFF)
+    spread += 2 * 2.0 ** -1074
+    square_Y = interval(vector_norm_upper(Y)) ** 2
+    eta = interval(2.0 ** -1074)
+    e_Y = interval(UNIT_ROUNDOFF) * IV.sqrt(square_Y) + interval(k) * eta
+    rounding = (interval(dot_error_factor(k)) * square_Y + interval(k) ** 2 * interval(k) * eta
+                + 2 * e_Y * IV.sqrt(square_Y) + e_Y * e_Y)
+    DcB = Enclosure.exact(np.vstack([lift.W_down, lift.W_down])).hadamard(_vector(lift, lift.centers))
+    side = -(Enclosure.exact(H_m) @ DcB)
+    square_t = t * t
+    inverse = Enclosure(1.0 / square_t, np.abs(1.0 / square_t) * 2.0 ** -51)[:, None].hadamard(
+        _vector(lift, lift.radii2))[:, 0]                                            # 1/lam = r^2 / t^2
+    inverse = inverse[:lift.m] + inverse[lift.m:]                                   # B^T Lam^{-1} B = W_d^T (.) W_d
     W_d = Enclosure.exact(lift.W_down)
-    side = -(H @ Enclosure.exact(np.vstack([lift.W_down, lift.W_down])).hadamard(_vector(lift, lift.centers)))
-    inverse = Enclosure(1.0 / lam, np.abs(1.0 / lam) * 2.0 ** -52)                 # 1/lam: one rounding each
-    inverse = Enclosure(inverse.mid[:lift.m] + inverse.mid[lift.m:], inverse.rad[:lift.m] + inverse.rad[lift.m:]
-                        + 2.0 ** -52 * np.abs(inverse.mid[:lift.m] + inverse.mid[lift.m:]))
-    G = Enclosure.exact(np.eye(lift.W_down.shape[1])) - W_d.T @ W_d.hadamard(
-        Enclosure(inverse.mid.reshape(-1, 1), inverse.rad.reshape(-1, 1)))
-    Z = Enclosure(np.block([[top.mid, side.mid], [side.mid.T, G.mid]]),
-                  np.block([[top.rad, side.rad], [side.rad.T, G.rad]]))
-    return _psd_floor(Z)
+    G = (Enclosure.exact(np.eye(p)) - W_d.T @ W_d.hadamard(Enclosure(inverse.mid[:, None],
+                                                                      inverse.rad[:, None]))).sym()
+    mid[:k, k:], rad[:k, k:] = side.mid, side.rad
+    mid[k:, :k], rad[k:, :k] = side.mid.T, side.rad.T
+    mid[k:, k:], rad[k:, k:] = G.mid, G.rad
+    E = interval(vector_norm_upper(lift.gram.rad))
+    heaviest = interval(float(np.max(square_t))) * interval(1 + 2 * UNIT_ROUNDOFF)
+    moved = (interval(float(rho)) * E + 2 * heaviest * interval(vector_norm_upper(H_m)) * E + heaviest * E * E
+             + E * interval(vector_norm_upper(np.abs(DcB.mid) + DcB.rad)))
+    return psd_floor(Enclosure(mid, rad), extra=upper(moved + rounding))
 
 
 @one_blas_thread
 def gated_sdp(W_gate, W_up, W_down, act: str, ellipsoid: Ellipsoid, *, b_gate=None, b_up=None, norm: str = "fro",
-              fold: bool = False, effort: int = 20, slacks=(1e-3, 1e-2, 1e-1), require: bool = False) -> CertifiedValue:
+              fold: bool = False, effort: int = 16, slacks=(1e-2, 1e-1), require: bool = False) -> CertifiedValue:
     """A certified Lipschitz constant of the gated unit on ``ellipsoid`` (module docstring).
 
     Parameters
@@ -386,7 +404,7 @@ def gated_sdp(W_gate, W_up, W_down, act: str, ellipsoid: Ellipsoid, *, b_gate=No
                 attempts.append(f"slack {slack:g}: G not positive definite")
                 continue
             trial = trial * (1 + slack)
-            floor = certify_lift(lift, lam, trial)
+            floor = certify_lift(lift, np.sqrt(lam * objective.r2), trial)
             if floor >= 0.0:
                 value = upper(IV.sqrt(interval(trial) * lift.lifted_radius2))
                 certificate.update(slack=slack, rho=trial, min_eig_lower=floor, solver_seconds=time.perf_counter()
