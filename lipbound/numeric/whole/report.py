@@ -113,7 +113,8 @@ class WholeReport:
                 layers.append(layer)
             final = done.get(("norm", block, -1, "final"))
             if final is not None:
-                report.components.append(_row(block, None, "norm", "final LayerNorm", final["upper"], final["witness"]))
+                report.components.append(_row(block, None, "norm", f"final norm ({_kind(final)})", final["upper"],
+                                                  final["witness"]))
             if len(layers) == len(model.stack(block)) and (final is not None or model.final_norm_of(block) is None):
                 report._stack_bounds(block, layers, final, done)
         return report
@@ -168,7 +169,7 @@ class WholeReport:
             factors = [_shares(R_A, attention=L_A, norm=norm_A), _shares(R_F, ffn=L_F, norm=norm_F)]
             certified = certified and all(r["certified"] for r in rows[-2:])
             best_factors = [R_A, R_F]
-            naive_factors = [att["residual_textbook"][0]["value"], ffn["residual_textbook"][0]["value"]]
+            naive_factors = [_best(att["residual_textbook"])["value"], _best(ffn["residual_textbook"])["value"]]
             cross = None
             if layer.cross is not None:
                 queries, context = done[keys[3]], done[keys[4]]

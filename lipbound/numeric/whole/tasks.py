@@ -125,7 +125,24 @@ def _castin_starts(layer, n: int, heads: int = 3) -> np.ndarray:
     return np.stack(starts)
 
 
-def _self_ascent(target, norm, X: np.ndarray, iterations: int, seed: int) -> float:
+#: ``||x||^2 / d`` in units of eps for the inputs of a pre-norm step that the norm stretches while its
+#: output nears the edge of its image (``||N(x)|| = sqrt(kappa / (1 + kappa)) max-ish``, ``||DN|| = gamma /
+#: sqrt((1 + kappa) eps)`` across x): the branch's worst points at the norm's steepest scales.
+_NORM_SCALES = (0.25, 1.0, 4.0, 16.0, 64.0)
+
+
+def _through_norm(norm, Y: np.ndarray) -> np.ndarray:
+    """Inputs x (b * scales, n, d) with ``N(x)`` along ``Y`` (outputs of ``norm``, (b, n, d)), each token at
+    ``||x||^2 / d = kappa eps`` for kappa in :data:`_NORM_SCALES`."""
+    gamma = np.where(norm.gamma != 0, norm.gamma, 1.0)
+    U = (Y - norm.center) / gamma
+    if norm.centred:
+        U = U - U.mean(axis=-1, keepdims=True)
+    U = U / np.maximum(np.linalg.norm(U, axis=-1, keepdims=True), 1e-300)
+    return np.concatenate([U * math.sqrt(kappa * norm.eps * norm.d) for kappa in _NORM_SCALES])
+
+
+def _self_ascent(target, norm, X: np.ndarray, iterations: int, seed: int) -> tuple[float, np.ndarray]:
     """Ascent of the local Jacobian norm of self-attention over the image of ``norm``: at each of
     ``iterations`` steps, a few power iterations give the top singular pair ``(E, G)`` (tangent to
     the image), ``||J E||`` is recorded (a lower bound: X lies in the image), and X moves along the
@@ -136,17 +153,18 @@ def _self_ascent(target, norm, X: np.ndarray, iterations: int, seed: int) -> flo
     rng = np.random.default_rng(seed)
     E = unit_rows(domain.tangent_directions(rng.standard_normal(X.shape)))
     step = 0.6 * norm.gamma_max * math.sqrt(norm.d)
-    best = 0.0
+    best, where = 0.0, X[:1]
     for _ in range(iterations):
         lin = engine.linearize(X)
         for _ in range(4):
             E = unit_rows(domain.tangent_directions(lin.vjp(lin.jvp(E))))
         JE = lin.jvp(E)
         sigma = np.sqrt(np.sum(JE * JE, axis=(1, 2)))
-        best = max(best, float(np.max(sigma)))
+        if float(np.max(sigma)) > best:
+            best, where = float(np.max(sigma)), X[int(np.argmax(sigma))][None]
         grad = domain.tangent_directions(lin.curvature(E, JE / sigma[:, None, None]))
         X = domain.retract(X + step * unit_rows(grad))
-    return best
+    return best, where
 
 
 def _attention(model, block, index, kind, n, m, domain_spec, restarts, iterations, seed) -> dict:
@@ -162,11 +180,14 @@ def _attention(model, block, index, kind, n, m, domain_spec, restarts, iteration
         X = _image_points(layer.ln_in, rng, (restarts, n))
         inner = [Step("attention", layer.as_layer(residual=False), None, False, "")]
         starts = np.concatenate([X, _castin_starts(layer, n)])
-        witness = max(_chain_witness(inner, X, None, "stream", image.tangent_directions, iterations, seed),
-                      _self_ascent(inner[0].part, layer.ln_in, starts, iterations, seed))
+        ascent, worst = _self_ascent(inner[0].part, layer.ln_in, starts, iterations, seed)
+        witness = max(_chain_witness(inner, X, None, "stream", image.tangent_directions, iterations, seed), ascent)
         residual = layer_steps(layer, block)[:1]
         Xr, tangent = _stream_points(model, block, index, rng, (restarts, n))
         residual_witness = _chain_witness(residual, Xr, None, "stream", tangent, iterations, seed)
+        if layer.placement != "post":   # the attention's worst input, reached through the norm's steepest scales
+            residual_witness = max(residual_witness, _chain_witness(residual, _through_norm(layer.ln_in, worst), None,
+                                                                    "stream", None, iterations, seed))
         result = {"upper": _values_with_reasons(bounds), "witness": witness, "residual_witness": residual_witness}
         if layer.placement != "post":
             result.update(_branch_rules(layer.ln_in, bounds, layer.attn_scale,
@@ -236,9 +257,11 @@ def _gated(model, block, index, effort, restarts, iterations, seed) -> dict:
     result["residual_upper"] = _values_with_reasons([v for k, v in residual.items() if k != "best"])
     result["residual_textbook"] = _branch_rules(norm, [values["closed form"]], layer.ffn_scale,
                                                 sandwich)["residual_textbook"]
-    result["witness"] = float(gated_witness(ffn, norm, seed=seed, starts=max(restarts, 2), steps=iterations).certified)
+    witness = gated_witness(ffn, norm, seed=seed, starts=max(restarts, 2), steps=iterations)
+    result["witness"] = float(witness.certified)
     step = [s for s in layer_steps(layer, block) if s.kind == "ffn"]
     X = _free_points(model.hidden, np.random.default_rng(seed), (restarts, 1))
+    X = np.concatenate([X, _through_norm(norm, witness.x[None, None])])
     result["residual_witness"] = _chain_witness(step, X, None, "stream", None, iterations, seed)
     return result
 
