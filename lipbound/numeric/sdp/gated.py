@@ -351,9 +351,22 @@ def certify_lift(lift: GatedLift, roots: np.ndarray, rho: float) -> float:
     mid[k:, k:], rad[k:, k:] = G.mid, G.rad
     E = interval(vector_norm_upper(lift.gram.rad))
     heaviest = interval(float(np.max(square_t))) * interval(1 + 2 * UNIT_ROUNDOFF)
-    moved = (interval(float(rho)) * E + 2 * heaviest * interval(vector_norm_upper(H_m)) * E + heaviest * E * E
-             + E * interval(vector_norm_upper(np.abs(DcB.mid) + DcB.rad)))
-    return psd_floor(Enclosure(mid, rad), extra=upper(moved + rounding))
+    moved = interval(float(rho)) * E + 2 * heaviest * interval(vector_norm_upper(H_m)) * E + heaviest * E * E
+    coupled = E * interval(vector_norm_upper(np.abs(DcB.mid) + DcB.rad))
+    # Z >= 0 iff S Z S >= 0 for S = diag(2^-e_i) ~ diag(Z)^(-1/2): exact scaling, and the cheap floor's loss
+    # (gamma_n tr) falls from rho tr(H) to n; the perturbations known in norm scale by the block maxima
+    exponents = np.clip(np.round(0.5 * np.log2(np.maximum(np.abs(np.diag(mid)), 2.0 ** -600))), -300, 300)
+    scale = np.ldexp(1.0, -exponents.astype(int))
+    mid *= scale[:, None]
+    mid *= scale[None, :]
+    rad *= scale[:, None]
+    rad *= scale[None, :]
+    rad += 2.0 ** -1074                       # an entry scaled into the subnormals rounds by at most this
+    if not (np.all(np.isfinite(mid)) and np.all(np.isfinite(rad))):
+        return -math.inf
+    top_scale, G_scale = interval(float(np.max(scale[:k]))), interval(float(np.max(scale[k:])))
+    extra = top_scale * top_scale * (moved + rounding) + top_scale * G_scale * coupled
+    return psd_floor(Enclosure(mid, rad), extra=upper(extra))
 
 
 @one_blas_thread
