@@ -100,7 +100,7 @@ def residual_constant(placement: str, norm_constant, inner_constant, norm: str =
                           + (", sandwich" if after is not None else ""))
 
 
-def pre_norm_gated_constants(norm, ffn, *, effort: int = 20, inner: CertifiedValue | None = None, scale=None,
+def pre_norm_gated_constants(norm, ffn, *, effort: int = 16, inner: CertifiedValue | None = None, scale=None,
                              after=None, sdp: bool = True) -> dict:
     """``{"composed", "folded", "best"}`` for the pre-norm block ``x + a * N'(f(N(x)))`` with a gated f
     (per token): the rule on ``Lip(N)`` and f's best constant on N's image (``inner`` when already

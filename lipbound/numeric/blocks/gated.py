@@ -1,7 +1,8 @@
 r"""Gated feed-forward blocks (SwiGLU, GeGLU) as maps: Jacobian, domain, certified constants.
 
 Tokens are rows: ``f(x) = (phi(x W_g + b_g) * (x W_u + b_u)) W_d + b_d`` with the arrays of the model
-description's :class:`~lipbound.numeric.model.GatedFeedForward` (``W_g, W_u`` (d, m), ``W_d`` (m, d)).
+description's :class:`~lipbound.numeric.model.GatedFeedForward` (``W_g, W_u`` (d, m), ``W_d`` (m, d)),
+which is also its forward map.
 With ``g = x W_g + b_g`` and ``u = x W_u + b_u`` the Jacobian is
 
     Df(x) = W_d^T (diag(phi'(g) * u) W_g^T + diag(phi(g)) W_u^T)                     (d_out x d),
@@ -35,7 +36,7 @@ from ..sdp.gated import Ellipsoid, gated_sdp
 from .activations import activation_maps, slope_range
 from .certify import best, derive_block, evaluate_block
 
-__all__ = ["check_gated", "forward", "jacobian", "ellipsoid_of", "closed_form", "gated_constants", "BLOCK_OF"]
+__all__ = ["check_gated", "jacobian", "ellipsoid_of", "closed_form", "gated_constants", "BLOCK_OF"]
 
 #: activation -> the symbolic block whose theorem covers it (``swiglu``, ``geglu``, ``geglu-tanh``)
 BLOCK_OF = {activation: name for name, (activation, _) in GATED.items()}
@@ -46,11 +47,6 @@ def check_gated(ffn) -> GatedFeedForward:
         raise WeightsError("ffn", "a lipbound.numeric.model.GatedFeedForward", type(ffn).__name__,
                            "pass layer.ffn of a gated layer (Llama, Qwen, Mistral, Gemma)")
     return ffn
-
-
-def forward(ffn: GatedFeedForward, X) -> np.ndarray:
-    """``f(X)`` for tokens X (..., d)."""
-    return check_gated(ffn)(np.asarray(X, dtype=np.float64))
 
 
 def jacobian(ffn: GatedFeedForward, x) -> np.ndarray:
@@ -93,7 +89,7 @@ def _column_scaled(W: np.ndarray, scale: np.ndarray) -> Enclosure:
     return Enclosure(mid, np.abs(mid) * 2.0 ** -52 + 2.0 ** -1074)
 
 
-def _gamma(W_down: np.ndarray, inner: np.ndarray, outer: np.ndarray):
+def _factored_gain(W_down: np.ndarray, inner: np.ndarray, outer: np.ndarray):
     """``||W_down^T D^(1/2)|| ||D^(1/2) inner^T||``, ``D = diag ||outer[:, i]||``, certified from above with
     ``s_i >= ||outer[:, i]||^(1/2)`` in floats (any such s keeps the proof)."""
     norms = np.array([vector_norm_upper(column) for column in outer.T])
@@ -116,12 +112,12 @@ def closed_form(ffn: GatedFeedForward, domain, norm: str = "fro") -> CertifiedVa
     W_gate, W_up, r = _augmented(ffn, ellipsoid.outer_radius)
     bound = derive_block(name, norm, domain=Ball())
     values = {"R": r, "ell_phi": interval(slope_range(ffn.act).ell), "d": ffn.d,
-              "Gamma_up": _gamma(ffn.W_down, W_gate, W_up), "Gamma_gate": _gamma(ffn.W_down, W_up, W_gate)}
+              "Gamma_up": _factored_gain(ffn.W_down, W_gate, W_up), "Gamma_gate": _factored_gain(ffn.W_down, W_up, W_gate)}
     return evaluate_block(bound, values, name="closed form")
 
 
 def gated_constants(ffn: GatedFeedForward, domain, *, norm: str = "fro", sdp: bool = True,
-                    effort: int = 20) -> dict:
+                    effort: int = 16) -> dict:
     """``{"closed form", "lifted SDP", "best"}`` of the gated block on ``domain`` (certified values in
     ``norm``; the SDP only when ``sdp``)."""
     ffn = check_gated(ffn)
