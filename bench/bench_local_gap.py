@@ -159,7 +159,7 @@ def _vocabulary_states(bert, ids, position, last):
     """Float32 layer inputs and attention block outputs of every word at ``position`` (screening pass)."""
     from lipbound.measures.vocabulary import ScreeningModel
     screen = ScreeningModel(bert.model)
-    words = screen.word.shape[0]
+    words = screen.vocab_size
     inputs, outputs = [[] for _ in range(last + 1)], [[] for _ in range(last + 1)]
     for begin in range(0, words, 512):
         batch = np.tile(ids, (min(512, words - begin), 1))

@@ -299,3 +299,13 @@ def test_sentence_longer_than_the_position_table(model):
     assert str(info.value).startswith("sentence: expected at most 512 tokens")
     assert "602 tokens" in str(info.value) and "ids" not in info.value.argument
     assert len(model.hidden_states(model.encode("word " * 510))) == 7  # 512 tokens: the largest that fits
+
+
+def test_the_one_engine_reproduces_the_hidden_states_before_the_redesign(model):
+    """tests/data/minilm_hidden_states_before.npz holds the float64 hidden states of the full MiniLM for one
+    sentence as lipbound computed them before its float engines became one (commit 483c3f4, the
+    post-LN layer written out in numeric/forward.py); the chain engine gives the same numbers."""
+    with np.load(os.path.join(os.path.dirname(__file__), "data", "minilm_hidden_states_before.npz")) as data:
+        ids, before = data["ids"], data["hidden_states"]
+    np.testing.assert_allclose(np.stack(model.hidden_states(ids)), before, rtol=0, atol=1e-10)
+    assert np.all(model.model.embeddings.word[ids[1]] != 0) and before.shape == (7, len(ids), 384)

@@ -84,7 +84,7 @@ def test_the_families_facts_in_the_description(checkpoints):
     gemma2 = load_weights(checkpoints["gemma2"][0])
     assert gemma2.layer(0).placement == "sandwich" and gemma2.metadata["norm_gain"] == "1 + w"
     assert [gemma2.layer(i).heads[0].mask.window for i in range(LAYERS)] == [2, None, 2]
-    assert gemma2.layer(0).heads[0].mask.softcap == 2.0 and gemma2.metadata["final_logit_softcapping"] == 3.0
+    assert gemma2.layer(0).heads[0].mask.softcap == 2.0 and gemma2.logit_softcap == 3.0
     assert math.isclose(gemma2.layer(0).heads[0].kernel.scale, 6 ** -0.5)
     assert gemma2.embeddings.scale == math.sqrt(D)
     raw = checkpoints["gemma2"][2]

@@ -91,7 +91,8 @@ def model_reference(ids, weights, cfg):
     x = weights["embed"][ids] * (math.sqrt(D) if cfg.get("gemma") else 1.0)
     for w in weights["layers"]:
         x = layer_reference(x, w, cfg)
-    return rms(x, weights["final"], cfg["eps"], cfg.get("gemma", False)) @ weights["embed"].T
+    z = rms(x, weights["final"], cfg["eps"], cfg.get("gemma", False)) @ weights["embed"].T
+    return cfg["final_softcap"] * np.tanh(z / cfg["final_softcap"]) if cfg.get("final_softcap") else z
 
 
 # lipbound's model from the same arrays ----------------------------------------------------------------
@@ -99,7 +100,7 @@ CONFIGS = {
     "llama": {"heads": H, "kv": KV, "base": 10000.0, "eps": 1e-5},
     "qwen3": {"heads": H, "kv": KV, "base": 1e6, "eps": 1e-6, "qk_norm": True},
     "gemma": {"heads": H, "kv": 1, "base": 10000.0, "eps": 1e-6, "gemma": True, "softcap": 2.0, "window": 3,
-              "scaling": 0.3},
+              "scaling": 0.3, "final_softcap": 4.0},
 }
 
 
@@ -142,7 +143,8 @@ def lipbound_model(weights, cfg) -> Model:
     embeddings = TokenEmbeddings(weights["embed"], math.sqrt(D) if gemma else 1.0)
     final = RMSNorm(1 + weights["final"] if gemma else weights["final"], cfg["eps"])
     return Model("tiny", layers, cfg["heads"], D, final_norm=final, decoder_only=True, embeddings=embeddings,
-                 lm_head=embeddings.word, max_positions=16, metadata={"tied_embeddings": True}, layout="plain")
+                 lm_head=embeddings.word, max_positions=16, metadata={"tied_embeddings": True}, layout="plain",
+                 logit_softcap=cfg.get("final_softcap"))
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -242,6 +244,7 @@ def test_the_plain_format_keeps_every_fact(tmp_path):
             assert isinstance(other.ffn, GatedFeedForward) and other.ffn.act == layer.ffn.act
         assert isinstance(loaded.embeddings, TokenEmbeddings) and loaded.metadata["tied_embeddings"]
         assert loaded.max_positions == 16 and loaded.lm_head is loaded.embeddings.word
+        assert loaded.logit_softcap == model.logit_softcap
         ids = np.array([1, 2, 3, 4])
         np.testing.assert_array_equal(logits(loaded, ids), logits(model, ids))
         travelled = attention_from_arrays(attention_arrays(model.layers[0].attention))   # a job's plain arrays

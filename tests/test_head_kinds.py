@@ -1,7 +1,8 @@
 """Every head kind a loader or format can build gets its own theorem, and the certified number
 holds against an independent Jacobian.
 
-A head's kind is its score (dot product, L2 distance, scaled cosine), whether its score has
+A head's kind is its attention kernel (dot product, L2 distance, scaled cosine with theorems;
+every other registered kernel is enumerated too, and must be refused), whether its score has
 biases, whether W_Q = W_K, whether its values go through A (Kim et al. 2021), its causal mask,
 and the argument the constant is taken in (self-attention; cross-attention in the queries, the
 context, or jointly).  The plain .npz format can store all of them (the BERT loader builds
@@ -28,7 +29,12 @@ from lipbound.errors import AssumptionError
 from lipbound.numeric.certify import head_constant
 from lipbound.numeric.dispatch import ROLES, head_facts
 from lipbound.numeric.domains import LayerNormOutputs, TokenBall
-from lipbound.numeric.kernels import AttentionMask, DotProduct, L2Distance, ScaledCosine
+from lipbound.numeric.attention import dense_jacobian, self_jvp
+from lipbound.numeric.kernels import (KERNELS, AttentionMask, CustomKernel, DotProduct, FeatureMap, L2Distance, QKNorm,
+                                      Rotary, ScaledCosine, Sigmoid)
+from lipbound.numeric.recheck import recheck
+from lipbound.numeric.witness import search_witness
+from test_kernels import head_reference
 from lipbound.numeric.model import Head, Layer, LayerNorm, Model, TransformerLayer, load_weights, save_plain
 
 NORMS = ("fro", "2,1", "2,inf", "inf")
@@ -242,3 +248,53 @@ def test_the_dot_product_theorem_no_longer_certifies_an_l2_head():
     np.testing.assert_allclose(np.linalg.norm(J, 2), 7.0, rtol=1e-6)
     certified = head_constant(head, "fro", TokenBall(2.0), 2)
     assert certified.value >= 7.0 and "l2" in certified.provenance
+
+
+# Every registered kernel --------------------------------------------------------------------------------
+def kernel_kinds():
+    """One head kind per registered attention kernel (lipbound.numeric.kernels.KERNELS): the three with
+    theorems are enumerated above; the others must be refused by dispatch, never bound by another
+    kernel's theorem, while the engine, the re-check and the witness search handle them."""
+    rng = np.random.default_rng(5)
+    return {"dot": DotProduct(), "l2": L2Distance(), "cosine": ScaledCosine(tau=1.5, eps=0.7),
+            "rope": Rotary(base=30.0), "qk-norm": QKNorm(1 + 0.2 * rng.standard_normal(2), 1 + 0.2 * rng.standard_normal(2),
+                                                         1e-3, rotary=Rotary(base=30.0)),
+            "sigmoid": Sigmoid(), "linear": FeatureMap(), "custom": CustomKernel("Inner(q, k)**2 / d_k")}
+
+
+def test_every_registered_kernel_is_in_the_soundness_suite():
+    """A kernel added to KERNELS without a head kind here fails this test: add it to kernel_kinds (and,
+    when its theorem is dispatched, to head_kinds with an independent lower bound)."""
+    assert {type(kernel) for kernel in kernel_kinds().values()} == set(KERNELS.values())
+    assert set(kernel_kinds()) == set(KERNELS)
+    covered = {kind[0] for kind in head_kinds()}
+    assert covered == {name for name, kernel in kernel_kinds().items() if _has_theorem(kernel)}
+
+
+def _has_theorem(kernel) -> bool:
+    try:
+        head_facts(Head(np.eye(2), np.eye(2), np.eye(2), kernel=kernel))
+    except AssumptionError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", [name for name, kernel in kernel_kinds().items() if not _has_theorem(kernel)])
+def test_kernels_without_a_theorem_are_refused_and_handled_exactly(name):
+    """No certified number for them (refused, never another kernel's bound); their Jacobian is exact
+    against finite differences of the independent reference; a witness re-checks in high precision."""
+    kernel = kernel_kinds()[name]
+    rng = np.random.default_rng(list(KERNELS).index(name))
+    head = Head(rng.standard_normal((3, 2)), rng.standard_normal((3, 2)), rng.standard_normal((3, 2)),
+                0.5 * rng.standard_normal(2), 0.5 * rng.standard_normal(2), rng.standard_normal(2), kernel=kernel,
+                mask=AttentionMask(causal=True))
+    domain = TokenBall(1.5)
+    for norm in NORMS:
+        with pytest.raises(AssumptionError, match="no theorem applies"):
+            head_constant(head, norm, domain, 3)
+    X = points(domain, 1, 3, 3, rng)[0]
+    J = finite_difference_jacobian(lambda Z: head_reference(head, Z, Z), X)
+    np.testing.assert_allclose(dense_jacobian(lambda Y, E: self_jvp(head, Y, E), X), J, rtol=1e-6, atol=1e-8)
+    witness = search_witness(head, domain=domain, n=3, budget_seconds=0.1, seed=0)
+    result = recheck(witness, head)
+    assert result.valid and result.lower > 0, result.message

@@ -21,12 +21,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lipbound.errors import AssumptionError, WeightsError
-from lipbound.numeric.attention import AttentionMap
+from lipbound.numeric.attention import AttentionMap, self_jvp
 from lipbound.numeric.dispatch import check_layer, head_facts
 from lipbound.numeric.kernels import (KERNELS, ALiBi, AttentionMask, CustomKernel, DotProduct, FeatureMap,
                                       L2Distance, QKNorm, Rotary, ScaledCosine, Sigmoid, T5Bias, kernel_from_arrays,
                                       t5_buckets)
 from lipbound.numeric.model import Head, Layer
+from lipbound.numeric.recheck import SCORE_CHECKS, directional_norm, recheck
+from lipbound.numeric.sdp.registry import SDP_ENCODINGS
+from lipbound.numeric.domains import TokenBall
+from lipbound.numeric.witness import Witness, search_witness
+from lipbound.numeric.witness.kernel_starts import KERNEL_STARTS, kernel_starts
+from lipbound.numeric.witness.problem import SearchProblem
 
 D, DK, DV = 6, 4, 3
 
@@ -377,3 +383,56 @@ def test_kernels_round_trip_as_plain_arrays_and_validate():
         AttentionMask(window=0)
     with pytest.raises(WeightsError, match="kim_values"):
         Head(np.eye(2), np.eye(2), np.eye(2), kernel=Rotary(), kim_values=True)
+
+
+# The independent high-precision re-check ------------------------------------------------------------------
+def test_the_recheck_encloses_every_kernel_and_mask():
+    """recheck.py writes every kernel's score and every mask again in exact and interval arithmetic;
+    its enclosure of ``||Df(X)[E]|| / ||E||`` holds the float engine's value (self- and cross-attention)."""
+    rng = np.random.default_rng(9)
+    masks = mask_examples(rng)
+    for index, kernel in enumerate(kernel_examples(rng, 2)):
+        head = random_head(rng, kernel, masks[index % len(masks)], d=3, d_k=2, d_v=2)
+        X, E = rng.standard_normal((4, 3)), rng.standard_normal((4, 3))
+        _, dF = self_jvp(head, X, E)
+        value = float(np.linalg.norm(dF) / np.linalg.norm(E))
+        witness = Witness(kind="jacobian", X=X, E=E, value=value, radius=10.0, center=None, score=kernel.name)
+        result = recheck(witness, head, dps=30)
+        assert result.valid and result.lower <= value * (1 + 1e-12) and value <= result.upper * (1 + 1e-12), \
+            (kernel.describe(), result.message)
+        assert result.upper - result.lower <= 1e-15 * max(value, 1.0)
+        if not head.causal:
+            low, high = directional_norm(head, X, E, dps=30)
+            assert low <= value * (1 + 1e-12) and value <= high * (1 + 1e-12)
+
+
+def test_every_kernel_has_its_recheck():
+    assert set(SCORE_CHECKS) == set(KERNELS.values())
+
+
+# Witness starts per kernel ---------------------------------------------------------------------------
+def test_every_kernel_has_an_entry_for_its_witness_starts():
+    assert set(KERNEL_STARTS) == set(KERNELS.values())
+
+
+def test_rope_and_qk_norm_starts_reach_the_domain_and_recheck():
+    """The structured starts of RoPE (the offset of largest ||A_Delta||) and of QK-norm (near the null sets)
+    are valid inputs of the domain, and the witnesses found from them re-check."""
+    rng = np.random.default_rng(10)
+    for kernel in (Rotary(base=100.0), QKNorm(np.ones(DK), np.ones(DK), 1e-6, rotary=Rotary(base=100.0))):
+        head = random_head(rng, kernel, AttentionMask(causal=True), d=8)
+        domain = TokenBall(2.0)
+        problem = SearchProblem(head, "self", domain, None, 5, None)
+        starts = kernel_starts(problem, rng, problem.clock() + 0.2)
+        assert starts and all(np.all(np.linalg.norm(problem.lift(Z)[0], axis=-1) <= 2.0 * (1 + 1e-9)) for Z, _ in starts)
+        random_sigma = problem.sigma(problem.random(rng, 8))[0].max()
+        start_sigma = max(problem.sigma(Z)[0].max() for Z, _ in starts)
+        if isinstance(kernel, QKNorm):
+            assert start_sigma > 10 * random_sigma, (start_sigma, random_sigma)   # the null sets matter
+        witness = search_witness(head, domain=domain, n=5, budget_seconds=0.1, seed=1)
+        assert recheck(witness, head).valid
+
+
+def test_every_sdp_encoding_a_kernel_names_exists():
+    assert {kernel.sdp_encoding for kernel in KERNELS.values()} - {None} <= set(SDP_ENCODINGS)
+    assert DotProduct.sdp_encoding in SDP_ENCODINGS

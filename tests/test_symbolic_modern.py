@@ -27,12 +27,12 @@ from lipbound.symbolic.assumptions import Assumptions, Ball, RMSNormImage, Unbou
 from lipbound.symbolic.blocks import GatedFeedForwardMap, NormResidual, NormalizationMap
 from lipbound.symbolic.claims import PENDING_CLAIMS
 from lipbound.symbolic.masks import Mask, largest_cap_column
-from lipbound.symbolic.positional import PositionalAttention, SoftCapped, positioned
+from lipbound.symbolic.positional import SoftCapped, positioned
 from lipbound.symbolic.qknorm import QKNormScore
 from lipbound.symbolic.registry import variant
 from lipbound.symbolic.rotary import RotaryScore, unrotated_counterexample
 from lipbound.symbolic.scores import DotProduct
-from lipbound.symbolic.variants import CrossAttention, MultiHead, SelfAttention
+from lipbound.symbolic.variants import CrossAttention, SelfAttention
 
 #: Symbols a bound decreases in: their values are rounded down, every other one up.
 DECREASING = {"epsilon", "eps", "m_A"}
@@ -97,7 +97,8 @@ def jacobian(f, X):
 
 def weights_of(rng, d, d_k, d_v=None, scale=1.0, biases=True):
     d_v = d if d_v is None else d_v
-    return {"W_Q": scale * rng.standard_normal((d, d_k)) / np.sqrt(d), "W_K": scale * rng.standard_normal((d, d_k)) / np.sqrt(d),
+    return {"W_Q": scale * rng.standard_normal((d, d_k)) / np.sqrt(d),
+            "W_K": scale * rng.standard_normal((d, d_k)) / np.sqrt(d),
             "W_V": rng.standard_normal((d, d_v)) / np.sqrt(d),
             "b_Q": rng.standard_normal(d_k) * biases, "b_K": rng.standard_normal(d_k) * biases,
             "b_V": rng.standard_normal(d_v)}
@@ -402,7 +403,8 @@ def test_windows_and_biases_bound_the_forward_pass(n, d, w, causal, bias, radius
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
     slope = float(rng.uniform(0.1, 2.0))
     table = {"none": None, "t5": rng.normal(size=2 * n)[(j - i) + n], "alibi": -slope * np.abs(i - j)}[bias]
-    chosen = positioned(variant("dot-product"), causal=causal, window=sp.Integer(w), bias=None if bias == "none" else bias)
+    chosen = positioned(variant("dot-product"), causal=causal, window=sp.Integer(w),
+                        bias=None if bias == "none" else bias)
     bound = chosen.derive(Assumptions(domain=Ball(), norm=norm), "masked")
     mask = ((i - j < w) & (j <= i)) if causal else (np.abs(i - j) < w)
     spread = 0.0 if table is None else max(np.ptp(table[r][mask[r]]) for r in range(n))
@@ -468,7 +470,8 @@ def test_grouped_heads_keep_sqrt_H_not_sqrt_G():
 
 
 @settings(max_examples=20)
-@given(sizes=st.lists(st.integers(1, 3), min_size=1, max_size=3), d=st.integers(1, 4), norm=st.sampled_from(["fro", "2,1", "2,inf"]),
+@given(sizes=st.lists(st.integers(1, 3), min_size=1, max_size=3), d=st.integers(1, 4),
+       norm=st.sampled_from(["fro", "2,1", "2,inf"]),
        seed=st.integers(0, 2 ** 16))
 def test_grouped_composition_on_linear_heads(sizes, d, norm, seed):
     """Heads that are linear maps x -> V_g^T x (shared within a group) with constants L_h = ||V_g||: the layer
@@ -529,8 +532,10 @@ def gated(name, w):
 
 def gated_values(w) -> dict:
     a, b = np.linalg.norm(w["W_up"], axis=0), np.linalg.norm(w["W_gate"], axis=0)
-    return {"Gamma_up": np.linalg.norm(w["W_down"].T * np.sqrt(a), 2) * np.linalg.norm(np.sqrt(a)[:, None] * w["W_gate"].T, 2),
-            "Gamma_gate": np.linalg.norm(w["W_down"].T * np.sqrt(b), 2) * np.linalg.norm(np.sqrt(b)[:, None] * w["W_up"].T, 2),
+    def scaled(left, weights, right):  # ||left^T D^(1/2)|| ||D^(1/2) right^T||, D = diag(weights)
+        return np.linalg.norm(left.T * np.sqrt(weights), 2) * np.linalg.norm(np.sqrt(weights)[:, None] * right.T, 2)
+
+    return {"Gamma_up": scaled(w["W_down"], a, w["W_gate"]), "Gamma_gate": scaled(w["W_down"], b, w["W_up"]),
             "mu_up": a.max(), "mu_gate": b.max()}
 
 
@@ -736,7 +741,8 @@ def test_a_limit_through_nested_minima_leaves_no_placeholder():
     bound = variant("alibi").derive(Assumptions(domain=Ball()), "alibi").expr
     limit = regime(bound, S.R, sp.Integer(0)).leading
     assert not [s for s in limit.free_symbols if isinstance(s, sp.Dummy)]
-    value = float(S.expand_special(limit).xreplace({S.n: 5, S.m_A: sp.Rational(1, 2), S.MatrixNormSymbol("W_V"): 1}).doit())
+    numbers = {S.n: 5, S.m_A: sp.Rational(1, 2), S.MatrixNormSymbol("W_V"): 1}
+    value = float(S.expand_special(limit).xreplace(numbers).doit())
     expected = math.sqrt(min(sum(1 / (1 + (i - 1) * math.exp(-0.5 * 4)) for i in range(1, 6)), 1 + math.log(2) / 0.5))
     assert value == pytest.approx(expected, rel=1e-12)
 

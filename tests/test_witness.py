@@ -30,7 +30,7 @@ from lipbound.numeric.domains import LayerNormOutputs, TokenBall
 from lipbound.numeric.recheck import ROUNDING_TOLERANCE, Recheck, recheck, recheck_file
 from lipbound.numeric.kernels import KERNELS, AttentionMask, DotProduct, L2Distance
 from lipbound.numeric.model import DEFAULT_WEIGHTS, Head, Layer, load_default, load_weights
-from lipbound.numeric.witness import (Witness, castin_adversarial, in_ball, jacobian_norms, kernel_for,
+from lipbound.numeric.witness import (Witness, castin_adversarial, in_ball, jacobian_norms, engine_for,
                                       local_jacobian_norm, naive_ascent, project_to_ball, search_witness,
                                       structured_starts)
 from lipbound.numeric.witness.starts import castin_input
@@ -86,7 +86,7 @@ def test_kernel_agrees_with_attention_module(causal, reduce):
     rng = np.random.default_rng(3)
     for target in _targets(rng, causal):
         center = rng.standard_normal(7)
-        kernel = kernel_for(target, center, reduce=reduce)
+        kernel = engine_for(target, center, reduce=reduce)
         forward, jvp, vjp = _reference(target)
         X = rng.standard_normal((3, 5, 7))
         Ew = rng.standard_normal((3, 5, kernel.d_in))
@@ -104,7 +104,7 @@ def test_second_order_term_matches_finite_differences(causal):
     """``curvature(E, G) = grad_X <G, Df(X)[E]>`` against a central difference of JVPs."""
     rng = np.random.default_rng(4)
     for target in _targets(rng, causal):
-        kernel = kernel_for(target, None)
+        kernel = engine_for(target, None)
         Xw = rng.standard_normal((2, 5, kernel.d_in))
         E, D = rng.standard_normal(Xw.shape), rng.standard_normal(Xw.shape)
         G = rng.standard_normal(kernel.linearize(Xw).F.shape)
@@ -120,7 +120,7 @@ def test_output_space_power_iteration_matches_dense_norm():
     spectral norm of the dense Jacobian (never above it)."""
     rng = np.random.default_rng(5)
     head = random_head(rng, d=6, d_k=2, d_v=3)
-    kernel = kernel_for(head, None, reduce=False)
+    kernel = engine_for(head, None, reduce=False)
     X = rng.standard_normal((4, 3, 6))
     lin = kernel.linearize(X)
     G = rng.standard_normal((4, 3, 3))
@@ -381,7 +381,7 @@ def test_structured_search_beats_300_on_layer0_head0(l0h0_witness, l0h0):
 
 def test_structured_starts_predict_the_jacobian_norm(l0h0):
     head, radius = l0h0
-    kernel = kernel_for(head, None)
+    kernel = engine_for(head, None)
     W_Q, W_K, W_V, b_Q, _, _ = kernel.head_weights(0)
     X, phi = structured_starts(W_Q, W_K, W_V, b_Q, radius * (1 - 1e-6), 8, count=16, steps=150)
     assert np.all(np.diff(phi) <= 0)

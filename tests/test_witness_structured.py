@@ -49,7 +49,7 @@ def test_structured_starts_on_a_layernorm_image(layer0):
     score lies ``margin`` below the keys', and every token lies on the image."""
     head, domain = layer0.heads[0], LayerNormOutputs(layer0.ln_in)
     problem = SearchProblem(head, "self", domain, None, 8, None)
-    W_Q, W_K, W_V, b_Q, _, _ = problem.kernel.head_weights(0)
+    W_Q, W_K, W_V, b_Q, _, _ = problem.engine.head_weights(0)
     Z, phi = structured_starts(W_Q, W_K, W_V, b_Q, 1 - 1e-6, 8, count=8, steps=150, shape=problem.context.root)
     assert np.all(np.diff(phi) <= 0)
     sigma, _ = problem.sigma(Z[:3], steps=60)
@@ -69,7 +69,7 @@ def test_structured_witness_reaches_the_construction_on_an_ellipsoid(layer0):
     the same budget, it finds at least what the construction predicts, and the witness re-checks."""
     head, domain = layer0.heads[0], LayerNormOutputs(layer0.ln_in)
     problem = SearchProblem(head, "self", domain, None, 8, None)
-    W_Q, W_K, W_V, b_Q, _, _ = problem.kernel.head_weights(0)
+    W_Q, W_K, W_V, b_Q, _, _ = problem.engine.head_weights(0)
     _, phi = structured_starts(W_Q, W_K, W_V, b_Q, 1 - 1e-6, 8, count=8, steps=150, shape=problem.context.root)
     witness = search_witness(head, domain=domain, n=8, budget_seconds=1.0)
     assert witness.value >= 0.97 * phi[0]
@@ -106,10 +106,9 @@ def test_tie_form_prediction_is_the_jacobian_on_a_ball():
 
 
 def _weights(problem):
-    kernel = problem.kernel
-    W_Q, W_K = kernel.Wq[:, :kernel.d_k], kernel.W[:, kernel.d_k:2 * kernel.d_k]
-    V = kernel.W[:, 2 * kernel.d_k:]
-    return W_Q @ W_K.T / math.sqrt(kernel.d_k), W_K @ kernel.bias_q[:kernel.d_k] / math.sqrt(kernel.d_k), V
+    engine = problem.engine
+    W_Q, W_K, V, b_Q, _, _ = engine.head_weights(0, queries=True)
+    return W_Q @ W_K.T / math.sqrt(engine.d_k), W_K @ b_Q / math.sqrt(engine.d_k), V
 
 
 def _tied_pair(form, rng):

@@ -7,22 +7,21 @@ A :class:`Component` is one map of a post-LN BERT layer (Devlin et al. 2019)::
 -- ``"head"`` (one head), ``"attention"`` (the layer's heads and W_O with the residual),
 ``"layernorm"``, ``"feedforward"`` (``y + FFN(y)``) -- evaluated three ways: rigorously at a point
 (:mod:`lipbound.local.enclosed`), on token balls (:mod:`lipbound.local.bounds`), and in float64
-with JVPs and VJPs for witnesses (the attention through :class:`~lipbound.numeric.attention.AttentionMap`).
+with JVPs and VJPs for witnesses (a step of the one float engine, :mod:`lipbound.numeric.whole.chain`).
 :func:`chain_for` builds the chain a user names: ``head``, ``layer`` (attention with residual),
 ``block`` (the whole layer) or ``stack`` (several whole layers).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import final
 
 import numpy as np
-from scipy.special import ndtr
-
 from ..errors import AssumptionError
-from ..numeric.attention import AttentionMap
-from ..numeric.model import FeedForward, LayerNorm, Model
+from ..numeric.model import Layer, Model
+from ..numeric.whole.chain import Step
 from ..rigorous.arrays import IntervalArray
 from .balls import TokenBalls
 from .bounds import LocalBounds, attention_bounds, feedforward_bounds, layernorm_bounds
@@ -72,53 +71,29 @@ class Component:
             hi[i * d:(i + 1) * d, i * d:(i + 1) * d] = block.hi
         return IntervalArray(lo, hi)
 
-    # float64, batched (b, n, d) -------------------------------------------------------------------
-    def _engine(self) -> AttentionMap:
-        engine = getattr(self, "_cached_engine", None)
-        if engine is None:
-            engine = AttentionMap(self.target)
-            object.__setattr__(self, "_cached_engine", engine)
-        return engine
+    # float64, batched (b, n, d): the one float engine ------------------------------------------------
+    @functools.cached_property
+    def step(self) -> Step:
+        """This map as a step of :mod:`lipbound.numeric.whole.chain` (a residual attention layer and
+        ``y + FFN(y)`` as residual steps)."""
+        if self.kind == "head":
+            return Step("attention", self.target, None, False, self.name)
+        if self.kind == "attention":
+            layer = self.target
+            inner = Layer(layer.heads, layer.W_O, layer.b_O, groups=layer.groups)
+            return Step("attention", inner, None, bool(layer.residual), self.name)
+        if self.kind == "layernorm":
+            return Step("norm", self.target, None, False, self.name)
+        return Step("ffn", self.target, None, True, self.name)
 
     def forward(self, X: np.ndarray) -> np.ndarray:
-        if self.kind in ("head", "attention"):
-            return self._engine().linearize(X).F
-        if self.kind == "layernorm":
-            return self.target(X)
-        return X + self.target(X)
+        return self.step.linearize(X, None).F
 
     def jvp(self, X: np.ndarray, E: np.ndarray) -> np.ndarray:
-        if self.kind in ("head", "attention"):
-            return self._engine().linearize(X).jvp(E)
-        if self.kind == "layernorm":
-            g, scale = _layernorm_parts(self.target, X)
-            centred = E - E.mean(axis=-1, keepdims=True)
-            return (centred - g * np.sum(g * centred, axis=-1, keepdims=True)) * (self.target.gamma * scale)
-        slopes = _gelu_slope(X @ self.target.W_1 + self.target.b_1)
-        return E + ((E @ self.target.W_1) * slopes) @ self.target.W_2
+        return self.step.linearize(X, None).jvp(E)
 
     def vjp(self, X: np.ndarray, G: np.ndarray) -> np.ndarray:
-        if self.kind in ("head", "attention"):
-            return self._engine().linearize(X).vjp(G)
-        if self.kind == "layernorm":
-            g, scale = _layernorm_parts(self.target, X)
-            W = G * (self.target.gamma * scale)
-            centred = W - W.mean(axis=-1, keepdims=True)
-            return centred - g * np.sum(g * W, axis=-1, keepdims=True)
-        slopes = _gelu_slope(X @ self.target.W_1 + self.target.b_1)
-        return G + ((G @ self.target.W_2.T) * slopes) @ self.target.W_1.T
-
-
-def _layernorm_parts(norm: LayerNorm, X: np.ndarray):
-    """``g = u / n(u)`` and ``sqrt(d) / n(u)`` per token (float)."""
-    u = X - X.mean(axis=-1, keepdims=True)
-    size = np.sqrt(np.sum(u * u, axis=-1, keepdims=True) + norm.d * norm.eps)
-    return u / size, np.sqrt(norm.d) / size
-
-
-def _gelu_slope(h: np.ndarray) -> np.ndarray:
-    """``GELU'(h) = Phi(h) + h phi(h)`` in float (witnesses only; certificates use the enclosed slopes)."""
-    return ndtr(h) + h * np.exp(-0.5 * h * h) / np.sqrt(2 * np.pi)
+        return self.step.linearize(X, None).vjp(G)[0]
 
 
 def chain_for(model: Model, kind: str, layer: int, head: int | None = None, last: int | None = None) -> list[Component]:

@@ -85,10 +85,7 @@ class EnclosedAttention:
         self.masses = np.ones(self.n) if masses is None else np.asarray(masses, dtype=np.float64)
         H, dk, dv = engine.H, engine.d_k, engine.d_v
         projected = X.matmul(engine.W) + IntervalArray(engine.bias)
-        split = lambda a, b, width: projected[:, a:b].reshape(self.n, H, width).swapaxes(0, 1)  # noqa: E731
-        self.Q = split(0, H * dk, dk)
-        self.K = split(H * dk, 2 * H * dk, dk)
-        self.V = split(2 * H * dk, 2 * H * dk + H * dv, dv)
+        self.Q, self.K, self.V = (engine.per_head(projected, part) for part in ("queries", "keys", "values"))
         self.c = inverse_sqrt(dk)
         self.S = self.Q.einsum("hik,hjk->hij", self.K) * self.c
         self.P = softmax(self.S, self.masses)

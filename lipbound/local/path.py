@@ -90,18 +90,13 @@ class _Segment:
     """Projections along the segment, affine in t, for every head: ``Q(t) = Q_0 + t dQ`` etc."""
 
     def __init__(self, engine: AttentionMap, start: IntervalArray, shift: IntervalArray):
-        H, dk, dv = engine.H, engine.d_k, engine.d_v
+        dk = engine.d_k
         self.engine = engine
-        N = start.shape[0]
         base = start.matmul(engine.W) + IntervalArray(engine.bias)
         step = shift.matmul(engine.W)
-
-        def split(Z, a, b, width):
-            return Z[:, a:b].reshape(N, H, width).swapaxes(0, 1)
-
-        self.Q0, self.dQ = split(base, 0, H * dk, dk), split(step, 0, H * dk, dk)
-        self.K0, self.dK = split(base, H * dk, 2 * H * dk, dk), split(step, H * dk, 2 * H * dk, dk)
-        self.V0, self.dV = split(base, 2 * H * dk, None, dv), split(step, 2 * H * dk, None, dv)
+        self.Q0, self.dQ = engine.per_head(base, "queries"), engine.per_head(step, "queries")
+        self.K0, self.dK = engine.per_head(base, "keys"), engine.per_head(step, "keys")
+        self.V0, self.dV = engine.per_head(base, "values"), engine.per_head(step, "values")
         c = inverse_sqrt(dk)
         product = lambda A, B: A.einsum("hik,hjk->hij", B) * c  # noqa: E731
         self.A0 = product(self.Q0, self.K0)

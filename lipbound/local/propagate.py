@@ -115,16 +115,15 @@ def _first_layer_facts(model: Model, template: EditTemplate, centers: np.ndarray
     the candidate embeddings (exact linear maps of a finite set), in interval arithmetic."""
     layer = model.layer(0).as_layer(residual=True)
     engine = enclosed.engine
-    H, dk, dv = engine.H, engine.d_k, engine.d_v
+    H, dk = engine.H, engine.d_k
     c = inverse_sqrt(dk)
     n_new = template.n_new
     Q, K, V = [], [], []   # per token: (H, k_i, .) projections of its candidates
     for Y in candidates:
         projected = Y.matmul(engine.W) + IntervalArray(engine.bias)
-        k = Y.shape[0]
-        Q.append(projected[:, :H * dk].reshape(k, H, dk).swapaxes(0, 1))
-        K.append(projected[:, H * dk:2 * H * dk].reshape(k, H, dk).swapaxes(0, 1))
-        V.append(projected[:, 2 * H * dk:].reshape(k, H, dv).swapaxes(0, 1))
+        Q.append(engine.per_head(projected, "queries"))
+        K.append(engine.per_head(projected, "keys"))
+        V.append(engine.per_head(projected, "values"))
     lo, hi = np.empty((H, n_new, n_new)), np.empty((H, n_new, n_new))
     for i in range(n_new):
         for j in range(n_new):
@@ -166,8 +165,7 @@ def _first_block_enumerated(layer, template: EditTemplate, candidates: list, slo
                           np.stack([candidates[i].hi[0] if i != slot else np.zeros(engine.d) for i in range(n)]))
     c = inverse_sqrt(dk)
     projected = fixed.matmul(engine.W) + IntervalArray(engine.bias)
-    split = lambda Z, a, b, w: Z[..., a:b].reshape(Z.shape[:-1] + (H, w)).swapaxes(-2, -3)  # noqa: E731
-    Q, K, V = split(projected, 0, H * dk, dk), split(projected, H * dk, 2 * H * dk, dk), split(projected, 2 * H * dk, None, dv)
+    Q, K, V = (engine.per_head(projected, part) for part in ("queries", "keys", "values"))
     S = Q.einsum("hik,hjk->hij", K) * c                                                  # (H, n, n)
     S_rest = S[:, :, others]
     shift = np.max(S_rest.hi, axis=-1)                                                   # (H, n)
@@ -184,8 +182,7 @@ def _first_block_enumerated(layer, template: EditTemplate, candidates: list, slo
         part = Y[begin:begin + chunk]
         b = part.shape[0]
         own = part.matmul(engine.W) + IntervalArray(engine.bias)
-        per_head = lambda a, z, w: own[:, a:z].reshape(b, H, w)  # noqa: E731  (b, H, width)
-        q, k, v = per_head(0, H * dk, dk), per_head(H * dk, 2 * H * dk, dk), per_head(2 * H * dk, None, dv)
+        q, k, v = (engine.per_head(own, part).swapaxes(0, 1) for part in ("queries", "keys", "values"))  # (b, H, .)
         u = v.swapaxes(0, 1).bmm(blocks).swapaxes(0, 1)                                 # (b, H, d): v_p W_O^h
         # rows i != p: the weight of the candidate key
         s_ip = k.einsum("bhk,hik->bhi", Q) * c                                           # (b, H, n)

@@ -6,11 +6,11 @@ Wasserstein-1.  One position: every candidate is evaluated (the exact worst case
 below).  Several positions: coordinate ascent -- each position in turn takes its best candidate with
 the others fixed -- over a shortlist per position.
 
-Screening runs the whole model in float32 on batches of candidates (:class:`ScreeningModel`, a
-float32 copy of the weights; BLAS in single precision is about twice as fast; GELU in its tanh form,
-within 4.8e-4 of the erf form and a third of its cost) and scores each candidate by the cost of a
+Screening runs the whole model in float32 on batches of candidates (:class:`ScreeningModel`: the one
+float engine with float32 weights; BLAS in single precision is about twice as fast; GELU in its tanh
+form, within 4.8e-4 of the erf form and a third of its cost) and scores each candidate by the cost of a
 fixed coupling (an upper bound on W1).  The best candidates of every layer
-are then evaluated again by the float64 forward pass of :mod:`lipbound.numeric.forward` and their exact
+are then evaluated again by the float64 forward pass of :mod:`lipbound.numeric.whole.chain` and their exact
 W1 is computed (:func:`lipbound.measures.wasserstein.w1`): only these values are reported, so every
 reported movement is a real edit's real movement (a witness).
 """
@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import final
 
 import numpy as np
 
 from ..errors import AssumptionError
-from ..numeric.model import Model
+from ..numeric.model import Embeddings, Model
+from ..numeric.whole.chain import Step, chain_forward, layer_steps
 from .empirical import EmpiricalMeasure
 from .wasserstein import w1
 
@@ -33,87 +34,54 @@ __all__ = ["ScreeningModel", "EditSearch", "worst_edits", "coupling_cost"]
 
 
 class ScreeningModel:
-    """A float32 copy of a BERT's weights with a batched forward pass that returns the attention block
-    outputs of every layer (for screening candidates only; reported values come from float64)."""
+    """A model's forward pass in float32 on batches of sentences, returning every layer's input and
+    attention block output (the output of its attention step, ``X + MHA(X)`` for a BERT), for
+    screening candidates only: reported values come from float64.
 
-    def __init__(self, model: Model):
-        if model.embeddings is None or not model.complete:
-            raise AssumptionError("model", "a full checkpoint", "an attention-only model", "load the whole model")
-        f = np.float32
+    It runs the one float engine (:mod:`lipbound.numeric.whole.chain`) with ``dtype=float32``, the
+    weights cast once; an erf GELU runs in its tanh form (Hendrycks and Gimpel 2016,
+    ``|difference| < 4.8e-4``, a third of the cost): it only ranks candidates.
+    """
+
+    def __init__(self, model: Model, dtype=np.float32):
+        if model.embeddings is None or not model.complete or not isinstance(model.embeddings, Embeddings):
+            raise AssumptionError("model", "a full BERT-style checkpoint (embeddings with positions)",
+                                  "an attention-only model or another embedding", "load the whole model")
+        self.dtype = np.dtype(dtype)
         e = model.embeddings
-        self.word, self.position, self.type = e.word.astype(f), e.position.astype(f), e.token_type[0].astype(f)
-        self.offset = e.position_offset
-        self.embedding_norm = (e.norm.gamma.astype(f), e.norm.beta.astype(f), f(e.norm.eps))
-        self.layers = []
-        for index in range(model.num_layers):
-            item = model.layer(index)
-            heads = item.heads
-            W = np.concatenate([h.W_Q for h in heads] + [h.W_K for h in heads] + [h.V for h in heads], axis=1).astype(f)
-            b = np.concatenate([h.b_Q for h in heads] + [h.b_K for h in heads] + [h.b_V for h in heads]).astype(f)
-            self.layers.append(dict(
-                W=W, b=b, H=len(heads), dk=heads[0].d_k, dv=heads[0].d_v, W_O=item.W_O.astype(f),
-                b_O=item.attention.b_O.astype(f), ln_out=(item.ln_out.gamma.astype(f), item.ln_out.beta.astype(f),
-                                                          f(item.ln_out.eps)),
-                W_1=item.ffn.W_1.astype(f), b_1=item.ffn.b_1.astype(f), W_2=item.ffn.W_2.astype(f),
-                b_2=item.ffn.b_2.astype(f), ffn_norm=(item.ffn_norm.gamma.astype(f), item.ffn_norm.beta.astype(f),
-                                                      f(item.ffn_norm.eps))))
-
-    @staticmethod
-    def _dense(X, W, b):
-        """``X W + b`` over the last axis as one matrix product (numpy loops over leading axes otherwise)."""
-        return (X.reshape(-1, X.shape[-1]) @ W + b).reshape(X.shape[:-1] + (W.shape[1],))
-
-    @staticmethod
-    def _norm(X, parameters):
-        gamma, beta, eps = parameters
-        centred = X - X.mean(axis=-1, keepdims=True)
-        return gamma * centred / np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + eps) + beta
-
-    @staticmethod
-    def _gelu(h):
-        """``h Phi(h)`` in the tanh form ``h (1 + tanh(sqrt(2/pi) (h + 0.044715 h^3))) / 2`` (Hendrycks &
-        Gimpel 2016), ``|difference| < 4.8e-4``: it only ranks candidates.  The model description's
-        ``gelu_new`` is the same formula, but its numpy float64 constants turn float32 batches into
-        float64 and it makes five temporaries: about three times the cost on this hot path."""
-        inner = h * h
-        inner *= np.float32(0.044715)
-        inner += np.float32(1.0)
-        inner *= h
-        inner *= np.float32(math.sqrt(2 / math.pi))
-        np.tanh(inner, out=inner)
-        inner += np.float32(1.0)
-        inner *= np.float32(0.5)
-        return inner * h
+        self.vocab_size = e.vocab_size
+        self.word, self.position = e.word.astype(self.dtype), e.position.astype(self.dtype)
+        self.type = self.dtype.type(0) if e.token_type is None else e.token_type[0].astype(self.dtype)
+        self.offset, self.embedding_norm = e.position_offset, e.norm
+        block = model.blocks[0]
+        self.layers = [[_screening(step) for step in layer_steps(model.layer(index), block)]
+                       for index in range(model.num_layers)]
 
     def block_outputs(self, ids: np.ndarray, last: int) -> list[np.ndarray]:
-        """``X_l + MHA_l(X_l)`` for layers ``0..last`` of a batch of sentences ``ids`` (B, n)."""
+        """The attention block outputs of layers ``0..last`` for a batch of sentences ``ids`` (B, n)."""
         return self.forward(ids, last)[1]
 
     def forward(self, ids: np.ndarray, last: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """The inputs ``X_l`` and the attention block outputs ``X_l + MHA_l(X_l)`` of layers ``0..last``."""
-        B, n = ids.shape
-        X = self._norm(self.word[ids] + self.position[self.offset:self.offset + n] + self.type, self.embedding_norm)
+        """The inputs ``X_l`` and the attention block outputs of layers ``0..last``."""
+        n = ids.shape[1]
+        X = self.embedding_norm(self.word[ids] + self.position[self.offset:self.offset + n] + self.type)
         inputs, outputs = [], []
         for index in range(last + 1):
-            p = self.layers[index]
-            H, dk, dv = p["H"], p["dk"], p["dv"]
-            Z = self._dense(X, p["W"], p["b"])
-            Q = Z[..., :H * dk].reshape(B, n, H, dk).transpose(0, 2, 1, 3)
-            K = Z[..., H * dk:2 * H * dk].reshape(B, n, H, dk).transpose(0, 2, 1, 3)
-            V = Z[..., 2 * H * dk:].reshape(B, n, H, dv).transpose(0, 2, 1, 3)
-            S = Q @ K.transpose(0, 1, 3, 2) * np.float32(1 / math.sqrt(dk))
-            S = np.exp(S - S.max(axis=-1, keepdims=True))
-            S /= S.sum(axis=-1, keepdims=True)
-            F = (S @ V).transpose(0, 2, 1, 3).reshape(B, n, H * dv)
-            block = X + self._dense(F, p["W_O"], p["b_O"])
+            steps = self.layers[index]
             inputs.append(X)
-            outputs.append(block)
+            X = steps[0].linearize(X, None).F
+            outputs.append(X)
             if index == last:
                 break
-            Y = self._norm(block, p["ln_out"])
-            h = self._dense(Y, p["W_1"], p["b_1"])
-            X = self._norm(Y + self._dense(self._gelu(h), p["W_2"], p["b_2"]), p["ffn_norm"])
+            X, _ = chain_forward(steps[1:], X)
         return inputs, outputs
+
+
+def _screening(step: Step) -> Step:
+    """The step with an erf GELU in its tanh form (screening only)."""
+    if step.kind == "ffn" and step.part.act == "gelu":
+        return replace(step, part=replace(step.part, act="gelu_new"))
+    return step
 
 
 def coupling_cost(original: np.ndarray, edited: np.ndarray, pairs: np.ndarray, weights: np.ndarray) -> np.ndarray:

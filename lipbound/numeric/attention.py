@@ -227,15 +227,21 @@ class AttentionMap:
             out += b
         return out.reshape(Zw.shape[0], Zw.shape[1], self.width)
 
+    def per_head(self, Z, part: str):
+        """The fused projection ``Z`` (..., L, width) -- a float array or an interval array -- split
+        per head: ``"queries"`` (..., H, L, d_k), ``"keys"`` (..., G, L, d_k) or ``"values"``
+        (..., G, L, d_v), G the key/value groups (H without grouped-query attention)."""
+        index = ("queries", "keys", "values").index(part)
+        count, width = ((self.H, self.d_k), (self.G, self.d_k), (self.G, self.d_v))[index]
+        block = Z[..., self.columns[index]]
+        return block.reshape(block.shape[:-1] + (count, width)).swapaxes(-2, -3)
+
     def split(self, Z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The fused projection (b, L, width) -> queries (b, G, r, L, d_k), keys (b, G, 1, L, d_k) and
-        values (b, G, 1, L, d_v)."""
+        values (b, G, 1, L, d_v): a group's keys and values broadcast over its r heads."""
         b, L = Z.shape[0], Z.shape[1]
-        q, k, v = self.columns
-        Q = Z[..., q].reshape(b, L, self.G, self.r, self.d_k).transpose(0, 2, 3, 1, 4)
-        K = Z[..., k].reshape(b, L, self.G, 1, self.d_k).transpose(0, 2, 3, 1, 4)
-        V = Z[..., v].reshape(b, L, self.G, 1, self.d_v).transpose(0, 2, 3, 1, 4)
-        return Q, K, V
+        Q = self.per_head(Z, "queries").reshape(b, self.G, self.r, L, self.d_k)
+        return Q, self.per_head(Z, "keys")[:, :, None], self.per_head(Z, "values")[:, :, None]
 
     def merge(self, gQ: np.ndarray | None, gK: np.ndarray, gV: np.ndarray) -> np.ndarray:
         """Cotangents of :meth:`split`'s parts -> the fused projection space (b, L, width); ``gQ`` None
@@ -314,14 +320,16 @@ class Linearization:
     def _heads_out(self, F5: np.ndarray) -> np.ndarray:
         """(b, G, r, m, d_v) -> the map's output (b, m, d_out), without bias."""
         b, m = F5.shape[0], F5.shape[3]
-        merged = F5.transpose(0, 3, 1, 2, 4).reshape(b, m, self.k.H * self.k.d_v)
-        return merged if self.k.W_O is None else merged @ self.k.W_O
+        merged = F5.transpose(0, 3, 1, 2, 4).reshape(b * m, self.k.H * self.k.d_v)
+        if self.k.W_O is not None:
+            merged = merged @ self.k.W_O                       # one matrix product, not b small ones
+        return merged.reshape(b, m, -1)
 
     def _heads_in(self, G: np.ndarray) -> np.ndarray:
         """Cotangent of the output (b, m, d_out) -> per head (b, G, r, m, d_v)."""
-        if self.k.W_O is not None:
-            G = G @ self.k.W_O.T
         b, m = G.shape[0], G.shape[1]
+        if self.k.W_O is not None:
+            G = G.reshape(b * m, -1) @ self.k.W_O.T
         return G.reshape(b, m, self.k.G, self.k.r, self.k.d_v).transpose(0, 2, 3, 1, 4)
 
     def _from_proj(self, Z: np.ndarray) -> np.ndarray:

@@ -12,10 +12,10 @@ weights in place of the softmax (Ramapuram et al. 2024; lipbound's theorem is
     ds_ij = ((e_i W_Q) . k_j + q_i . (e_j W_K)) / sqrt(d_k),   sigma' = sigma (1 - sigma).
 
 With ``C_ij = sigma'_ij (g_i . v_j)`` the adjoint is
-``E* = sigma^T G W_V^T + (C K) W_Q^T / sqrt(d_k) + (C^T Q) W_K^T / sqrt(d_k)``.  The attention
-module (:mod:`lipbound.numeric.attention`) evaluates softmax weights only; this module is the
-sigmoid counterpart used to compare the two maps on the same weights
-(:mod:`lipbound.numeric.claim_checks`).
+``E* = sigma^T G W_V^T + (C K) W_Q^T / sqrt(d_k) + (C^T Q) W_K^T / sqrt(d_k)``.  The float map, its
+JVP and VJP are the one attention engine (:mod:`lipbound.numeric.attention`) with the head's
+kernel replaced by :class:`~lipbound.numeric.kernels.Sigmoid`; this module compares the two maps
+on the same weights (:mod:`lipbound.numeric.claim_checks`).
 
 :func:`certified_ratio` recomputes ``||Df(X)[E]||_F / ||E||_F`` in interval arithmetic
 (:class:`~lipbound.rigorous.arrays.IntervalArray`, outward rounding, ``exp`` from correctly
@@ -26,7 +26,7 @@ in the span of the head's projections (a token's component outside that span cha
 
 from __future__ import annotations
 
-import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -35,7 +35,9 @@ from ..rigorous.arrays import IntervalArray
 from ..rigorous.functions import log
 from ..rigorous.intervals import IV, interval, lower, upper
 from ..rigorous.linalg import vector_norm_lower, vector_norm_upper
+from .attention import AttentionMap
 from .dispatch import dot_product_scope
+from .kernels import AttentionMask, Sigmoid
 from .model import Head
 
 __all__ = ["check_sigmoid_head", "sigmoid_forward", "sigmoid_jvp", "sigmoid_vjp", "sigmoid_jacobian_norm",
@@ -51,54 +53,39 @@ def check_sigmoid_head(head: Head) -> Head:
     return head
 
 
-def _sigmoid(S: np.ndarray) -> np.ndarray:
-    out = np.empty_like(S)
-    positive = S >= 0
-    out[positive] = 1.0 / (1.0 + np.exp(-S[positive]))
-    grow = np.exp(S[~positive])
-    out[~positive] = grow / (1.0 + grow)
-    return out
-
-
-def _parts(head: Head, X: np.ndarray):
-    n = X.shape[0]
-    Q, K, V = X @ head.W_Q + head.b_Q, X @ head.W_K + head.b_K, X @ head.W_V + head.b_V
-    scale = 1.0 / math.sqrt(head.d_k)
-    weights = _sigmoid(Q @ K.T * scale - math.log(n))
-    return Q, K, V, weights, weights * (1.0 - weights), scale
+def _engine(head: Head) -> AttentionMap:
+    """The head's weights with sigmoid weights (the :class:`~lipbound.numeric.kernels.Sigmoid` kernel,
+    ``b = -log n``) on the one attention engine."""
+    return AttentionMap(replace(check_sigmoid_head(head), kernel=Sigmoid(), mask=AttentionMask()))
 
 
 def sigmoid_forward(head: Head, X: np.ndarray) -> np.ndarray:
     """``f(X)``, shape (n, d_v)."""
-    _, _, V, weights, _, _ = _parts(check_sigmoid_head(head), np.asarray(X, dtype=float))
-    return weights @ V
+    return _engine(head).forward(np.asarray(X, dtype=float)[None])[0]
 
 
 def sigmoid_jvp(head: Head, X: np.ndarray, E: np.ndarray) -> np.ndarray:
     """``Df(X)[E]``, shape (n, d_v)."""
-    Q, K, V, weights, slopes, scale = _parts(head, X)
-    dS = ((E @ head.W_Q) @ K.T + Q @ (E @ head.W_K).T) * scale
-    return weights @ (E @ head.W_V) + (slopes * dS) @ V
+    return _engine(head).linearize(np.asarray(X, dtype=float)[None]).jvp(np.asarray(E, dtype=float)[None])[0]
 
 
 def sigmoid_vjp(head: Head, X: np.ndarray, G: np.ndarray) -> np.ndarray:
     """``Df(X)^T[G]``, shape (n, d)."""
-    Q, K, V, weights, slopes, scale = _parts(head, X)
-    C = slopes * (G @ V.T)
-    return (weights.T @ G) @ head.W_V.T + ((C @ K) @ head.W_Q.T + (C.T @ Q) @ head.W_K.T) * scale
+    return _engine(head).linearize(np.asarray(X, dtype=float)[None]).vjp(np.asarray(G, dtype=float)[None])[0]
 
 
 def sigmoid_jacobian_norm(head: Head, X: np.ndarray, iterations: int = 30, seed: int = 0):
     """``(||Df(X)||_2, E)`` by power iteration on ``Df^T Df`` (float; E of unit Frobenius norm)."""
-    E = np.random.default_rng(seed).standard_normal(X.shape)
+    lin = _engine(head).linearize(np.asarray(X, dtype=float)[None])
+    E = np.random.default_rng(seed).standard_normal(np.shape(X))
     E /= np.linalg.norm(E)
     for _ in range(iterations):
-        E = sigmoid_vjp(head, X, sigmoid_jvp(head, X, E))
+        E = lin.vjp(lin.jvp(E[None]))[0]
         size = np.linalg.norm(E)
         if size == 0:
             return 0.0, E
         E /= size
-    return float(np.linalg.norm(sigmoid_jvp(head, X, E))), E
+    return float(np.linalg.norm(lin.jvp(E[None]))), E
 
 
 def _interval_sigmoid(S: IntervalArray) -> IntervalArray:

@@ -238,12 +238,14 @@ class GatedFeedForwardMap(BlockVariant):
         return T.tokenwise(gated_feed_forward(self.activation, S.r), assumptions.norm, assumptions.d)
 
     def derive(self, assumptions: Assumptions, key: str = ""):
-        if isinstance(assumptions, Assumptions) and not assumptions.domain.bounded and assumptions.norm.key in self.norms:
+        unbounded = isinstance(assumptions, Assumptions) and not assumptions.domain.bounded
+        if unbounded and assumptions.norm.key in self.norms:
             return gated_witness(self.name, key or self.title, assumptions.with_(self_attends=None))
         bound = super().derive(assumptions, key)
         record = Derivation(bound.record.title).absorb(bound.record)
         radius = outer_radius(assumptions.domain, record)
-        record.add(le(S.r, radius), "the largest token norm on the domain (R + ||c|| on a ball about c)", "norm-calculus")
+        record.add(le(S.r, radius), "the largest token norm on the domain (R + ||c|| on a ball about c)",
+                   "norm-calculus")
         expr = bound.expr.xreplace({S.r: radius})
         record.add(le(_LIP, expr), "substitute r")
         return replace(bound, expr=expr, record=record, assumptions=tuple(dict.fromkeys(bound.assumptions + tuple(

@@ -100,7 +100,8 @@ class HeadFacts:
         for mask, value in (("window", self.window), ("position_bias", self.position_bias)):
             if value not in (False, "none") and self.role != "self":
                 raise AssumptionError(mask, "no window or position bias for cross-attention (they apply to "
-                                      "self-attention)", repr(value), "cross-attention heads attend to the whole context")
+                                      "self-attention)", repr(value),
+                                      "cross-attention heads attend to the whole context")
 
     def covers(self, head: "HeadFacts") -> bool:
         """Whether a theorem derived under these facts holds for a head with the facts ``head``."""

@@ -75,9 +75,9 @@ def gated_feed_forward(activation: str, radius: sp.Expr) -> T.Theorem:
     proof.hypothesis(f"phi is {spec.title}; ell_phi = sup |phi'| (certified: at most {certified_slope(activation)}), "
                      "and |phi(t)| <= |t|")
     proof.hypothesis(f"every token satisfies ||x|| <= {radius}")
-    proof.add(eq(Described(r"Df(x)"), Described(r"W_{\mathrm{down}}^\top \operatorname{diag}(\varphi'(g) \odot u)\, "
-                                                r"W_{\mathrm{gate}}^\top + W_{\mathrm{down}}^\top \operatorname{diag}(\varphi(g))\, "
-                                                r"W_{\mathrm{up}}^\top")),
+    proof.add(eq(Described(r"Df(x)"), Described(
+        r"W_{\mathrm{down}}^\top \operatorname{diag}(\varphi'(g) \odot u)\, W_{\mathrm{gate}}^\top + "
+        r"W_{\mathrm{down}}^\top \operatorname{diag}(\varphi(g))\, W_{\mathrm{up}}^\top")),
               "product rule, with g = W_gate^T x and u = W_up^T x", "gated-jacobian")
     proof.add(le(Described(r"|\varphi'(g_i)\, u_i|"), S.ell_phi * radius * Described(r"\|W_{\mathrm{up}} e_i\|_2")),
               "|phi'| <= ell_phi and |u_i| = |(W_up e_i) . x| <= ||W_up e_i|| ||x||", "gated-jacobian")

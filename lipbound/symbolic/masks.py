@@ -147,6 +147,7 @@ def largest_cap_column(n: int, w: int | None, omega: float, causal: bool = False
         return high - low + 1
 
     def seen_by(j: int) -> range:
-        return range(j, min(n, j + width - 1) + 1) if causal else range(max(1, j - width + 1), min(n, j + width - 1) + 1)
+        last = min(n, j + width - 1)
+        return range(j, last + 1) if causal else range(max(1, j - width + 1), last + 1)
 
     return max(sum(1.0 / (1.0 + (keys(i) - 1) * math.exp(-omega)) for i in seen_by(j)) for j in range(1, n + 1))

@@ -73,10 +73,12 @@ class SoftCapped(Score):
                    "tanh is 1-Lipschitz and |c_cap tanh| < c_cap", "soft-cap")
         omega = sp.Min(inner.omega, 2 * S.c_cap)
         record.add(le(S.omega, omega), "the spread of a row, capped", "soft-cap")
-        record.add(le(S.beta, inner.beta), "the key gradient of the capped score is tanh'(s / c_cap) grad_y s, with 0 < tanh' <= 1", "soft-cap")
+        record.add(le(S.beta, inner.beta), "the key gradient of the capped score is tanh'(s / c_cap) grad_y s, "
+                   "with 0 < tanh' <= 1", "soft-cap")
         alpha = self.inner.factor_alpha(assumptions, record)
-        record.add(le(S.alpha, alpha), "the query gradient of the capped score is tanh'(s / c_cap) grad_x s: a factor in (0, 1] that "
-                   "differs from key to key, so only a route that survives such factors applies", "soft-cap")
+        record.add(le(S.alpha, alpha), "the query gradient of the capped score is tanh'(s / c_cap) grad_x s: a "
+                   "factor in (0, 1] that differs from key to key, so only a route that survives such factors applies",
+                   "soft-cap")
         return KernelConstants(L_V=inner.L_V, rho=inner.rho, alpha=alpha, beta=inner.beta, omega=omega, record=record)
 
     def factor_alpha(self, assumptions, record: Derivation) -> sp.Expr:
@@ -147,7 +149,8 @@ def positioned(chosen: Variant, causal: bool = False, window=None, bias: str | N
                                   "caps are derived for those)", chosen.score.title, "pick a dot-product-type variant")
     mask = chosen.mask if isinstance(chosen, PositionalAttention) else Mask(chosen.causal)
     if bias is not None and bias not in BIAS_OPTIONS:
-        raise AssumptionError("bias", f"one of {sorted(BIAS_OPTIONS)}", repr(bias), "pick t5 (any relative bias) or alibi")
+        raise AssumptionError("bias", f"one of {sorted(BIAS_OPTIONS)}", repr(bias),
+                              "pick t5 (any relative bias) or alibi")
     mask = Mask(mask.causal or causal, window if window is not None else mask.window,
                 BIAS_OPTIONS[bias] if bias else mask.bias)
     score = SoftCapped(chosen.score) if softcap and not chosen.score.softcap else chosen.score

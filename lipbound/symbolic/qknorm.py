@@ -64,8 +64,8 @@ class QKNormScore(Score):
             SoftNorm(query, S.d_k * S.epsilon) * SoftNorm(key, S.d_k * S.epsilon))
 
     def hypotheses(self) -> list[str]:
-        out = ["QK-norm: n_Q(q) = gamma_q * q / sqrt(||q||^2 / d_k + epsilon) on each head's query, n_K likewise on its "
-               "key, D_q = diag(gamma_q), D_k = diag(gamma_k); score s = tau n_Q(q)^T n_K(k)"
+        out = ["QK-norm: n_Q(q) = gamma_q * q / sqrt(||q||^2 / d_k + epsilon) on each head's query, n_K likewise on "
+               "its key, D_q = diag(gamma_q), D_k = diag(gamma_k); score s = tau n_Q(q)^T n_K(k)"
                + (" with R_Delta between them (rotary positions after the norm)" if self.rotary else "")]
         if self.rotary:
             out.append("rotary positions: R_Delta orthogonal, Delta = p_j - p_i")
@@ -82,10 +82,12 @@ class QKNormScore(Score):
         radius, gains, root = key_ball.radius, self.gains, sp.sqrt(S.d_k / S.epsilon)
         record.add(eq(Described("s(x, y)"), Described(r"\tau\, n_Q(q)^\top " + (r"R_\Delta " if self.rotary else "")
                                                       + r"n_K(k)")),
-                   "definition of the score: q = W_Q^T x + b_Q, n_Q(q) = D_q q / s, s = (||q||^2 / d_k + epsilon)^(1/2), "
+                   "definition of the score: q = W_Q^T x + b_Q, n_Q(q) = D_q q / s, "
+                   "s = (||q||^2 / d_k + epsilon)^(1/2), "
                    "and likewise n_K(k)", "qk-norm")
         record.add(le(Described(r"\|D n_Q(q)\|_2"), S.gamma_q / sp.sqrt(S.epsilon)),
-                   "D n_Q(q) is D_q times a symmetric factor with eigenvalues in [0, 1], over s >= sqrt(epsilon)", "qk-norm")
+                   "D n_Q(q) is D_q times a symmetric factor with eigenvalues in [0, 1], over s >= sqrt(epsilon)",
+                   "qk-norm")
         record.add(le(Described(r"|s(x, y)|"), S.tau * S.d_k * gains),
                    "n_Q(q) = gamma_q * u with ||u|| < sqrt(d_k), likewise n_K(k) = gamma_k * v; "
                    + ("R_Delta is orthogonal, so |n_Q^T R_Delta n_K| <= ||n_Q|| ||n_K||" if self.rotary else

@@ -37,7 +37,7 @@ from ..rigorous.intervals import IV, lower
 from . import symbols as S
 from .calculus import Inner, Region, upper_norm_vec
 from .record import Defines, Derivation, Described, eq, le
-from .scores import KernelConstants, Score
+from .scores import KernelConstants, Score, affine_projection
 
 __all__ = ["RotaryScore", "CRUDE", "UNROTATED_FAMILY", "unrotated_counterexample", "query_centre", "key_centre"]
 
@@ -51,7 +51,8 @@ CRUDE: Final = {
 #: every unrotated score is 0 and the unrotated bound is ||W_V||), rotation angle theta = pi / 2 per position.
 UNROTATED_FAMILY: Final = ("d = 1, d_k = 2, W_Q = (1, 0), W_K = (0, 1), W_V = 1, no biases, theta = pi/2 per position, "
                            "n = 2 tokens in [-R, R]: W_Q W_K^T = 0, so the unrotated bound is ||W_V|| = 1, but "
-                           "A_Delta = -sin(Delta pi / 2) / sqrt(2) and s_ij = -x_i x_j sin((j - i) pi / 2) / sqrt(2) move "
+                           "A_Delta = -sin(Delta pi / 2) / sqrt(2) and s_ij = -x_i x_j sin((j - i) pi / 2) / sqrt(2) "
+                           "move "
                            "the weights: ||Df|| > 1.2 at R = 1 and grows about like R")
 
 
@@ -89,8 +90,8 @@ class RotaryScore(Score):
         return self.biases
 
     def expression(self) -> sp.Expr:
-        query = (S.W_Q.T * S.x + S.b_Q).doit() if self.biases else (S.W_Q.T * S.x).doit()
-        key = (S.W_K.T * S.y + S.b_K).doit() if self.biases else (S.W_K.T * S.y).doit()
+        query = affine_projection(S.W_Q.T * S.x, S.b_Q, self.biases)
+        key = affine_projection(S.W_K.T * S.y, S.b_K, self.biases)
         return Inner(query, (S.R_Delta * key).doit()) / _ROOT
 
     def hypotheses(self) -> list[str]:
@@ -115,7 +116,8 @@ class RotaryScore(Score):
         s_c = S.s_c if q_c is not None and k_c is not None else sp.Integer(0)
         a = S.a_rot
         record.add(eq(Described("s(x_i, x_j)"), self.expression()),
-                   "R(theta p_i)^T R(theta p_j) = R_Delta: the score depends on the positions through Delta = p_j - p_i",
+                   "R(theta p_i)^T R(theta p_j) = R_Delta: the score depends on the positions through "
+                   "Delta = p_j - p_i",
                    "rotary-offset")
         record.add(Defines(_A_DELTA, S.W_Q * S.R_Delta * S.W_K.T / _ROOT),
                    "the matrix of the bilinear part of the score at offset Delta")
@@ -138,9 +140,11 @@ class RotaryScore(Score):
         alpha = a * R + g_K
         record.add(le(Described(r"|\nabla_x s(x_i, x_j) \cdot e|"), alpha * Described(r"\|e\|_2")),
                    "every key has its own offset: the query gradients of two keys use different matrices A_Delta and "
-                   "different centre terms, so the mean value theorem along the keys does not apply; bound each gradient "
+                   "different centre terms, so the mean value theorem along the keys does not apply; bound each "
+                   "gradient "
                    "instead, with g_K = max_Delta ||W_Q R_Delta k_c|| / sqrt(d_k)", "rotary-query-term")
-        record.add(le(S.alpha, alpha), "a standard deviation is at most the largest absolute value", "rotary-query-term")
+        record.add(le(S.alpha, alpha), "a standard deviation is at most the largest absolute value",
+                   "rotary-query-term")
         omega = 2 * (a * R_Q * R + g_Q * R + g_K * R_Q + s_c)
         record.add(le(S.omega, omega),
                    "expand s_ij about the centres into four terms, each at most a R_Q R, g_Q R, g_K R_Q and "

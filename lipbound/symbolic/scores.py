@@ -30,7 +30,7 @@ from .calculus import (Inner, Norm, Region, SoftNorm, coarsen, drop_free_terms, 
 from .record import Defines, Derivation, Described, VectorSum, eq, le
 
 __all__ = ["KernelConstants", "Score", "DotProduct", "L2Distance", "ScaledCosine", "CustomScore",
-           "smaller"]
+           "smaller", "affine_projection"]
 
 tau, epsilon = S.tau, S.epsilon
 
@@ -219,7 +219,8 @@ def _tidy(expr: sp.Expr) -> sp.Expr:
     return sp.factor_terms(sp.expand(expr))
 
 
-def _biased(projection: sp.MatrixExpr, bias: sp.MatrixSymbol, biases: bool) -> sp.MatrixExpr:
+def affine_projection(projection: sp.MatrixExpr, bias: sp.MatrixSymbol, biases: bool) -> sp.MatrixExpr:
+    """``projection + bias`` (or the projection alone without biases), simplified."""
     return (projection + bias).doit() if biases else projection.doit()
 
 
@@ -242,7 +243,8 @@ class DotProduct(Score):
         return self.biases
 
     def expression(self) -> sp.Expr:
-        query, key = _biased(S.W_Q.T * S.x, S.b_Q, self.biases), _biased(S.W_K.T * S.y, S.b_K, self.biases)
+        query = affine_projection(S.W_Q.T * S.x, S.b_Q, self.biases)
+        key = affine_projection(S.W_K.T * S.y, S.b_K, self.biases)
         return Inner(query, key) / sp.sqrt(S.d_k)
 
 
@@ -282,8 +284,8 @@ class L2Distance(Score):
         return S.W if self.tied else S.W_K
 
     def expression(self) -> sp.Expr:
-        query = _biased(self.query_weight.T * S.x, S.b_Q, self.biases)
-        key = _biased(self.key_weight.T * S.y, S.b_K, self.biases)
+        query = affine_projection(self.query_weight.T * S.x, S.b_Q, self.biases)
+        key = affine_projection(self.key_weight.T * S.y, S.b_K, self.biases)
         return -Norm((query - key).doit()) ** 2 / sp.sqrt(S.d_k)
 
     def value_matrix(self) -> sp.MatrixExpr:
@@ -327,8 +329,8 @@ class ScaledCosine(Score):
         return self.biases
 
     def expression(self) -> sp.Expr:
-        query = _biased(S.W_Q.T * S.x, S.b_Q, self.biases)
-        key = _biased(S.W_K.T * S.y, S.b_K, self.biases)
+        query = affine_projection(S.W_Q.T * S.x, S.b_Q, self.biases)
+        key = affine_projection(S.W_K.T * S.y, S.b_K, self.biases)
         return tau * Inner(query, key) / (SoftNorm(query, epsilon) * SoftNorm(key, epsilon))
 
     def hypotheses(self) -> list[str]:

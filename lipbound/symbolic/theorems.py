@@ -24,8 +24,8 @@ from .masks import Mask
 from .record import Derivation, Described, le
 
 __all__ = ["Theorem", "self_attention", "cross_attention", "multi_head", "compose_heads", "compose_groups",
-           "head_constants", "block_norms", "group_block_norms", "residual", "vector_infinity", "w1_uniform", "w1_mean_field", "w1_cross",
-           "component", "compose", "tokenwise", "norm_residual", "scaled"]
+           "head_constants", "block_norms", "group_block_norms", "residual", "vector_infinity", "w1_uniform",
+           "w1_mean_field", "w1_cross", "component", "compose", "tokenwise", "norm_residual", "scaled"]
 
 L_V, rho, alpha, beta, omega = S.L_V, S.rho, S.alpha, S.beta, S.omega
 
@@ -105,7 +105,8 @@ def self_attention(norm: Norm, causal: bool = False, n=S.n, window=None, bias: s
                   "tr Cov <= E||v - c||^2 <= rho^2, and tr Cov <= E||v - v(x_j)||^2 <= 4 rho^2 (1 - p_ij)",
                   "covariance-cap")
         proof.add(le(Described(r"\textstyle\sum_i u_i^2"), K * Described(r"\|E\|_F^2")),
-                  "exchange the sums; every column of P sums to at most " + ("kappa" if plain else "the bound above"), cap)
+                  "exchange the sums; every column of P sums to at most " + ("kappa" if plain else "the bound above"),
+                  cap)
         proof.add(le(Described(r"\textstyle\sum_i \tau_i^2 u_i^2"), rho ** 2 * K_cov * Described(r"\|E\|_F^2")),
                   "p min(1, 4(1 - p)) <= min(p, 3/4) for every weight p_ij", "covariance-cap")
         statement = L_V * sp.sqrt(K) + rho * (alpha + beta * sp.sqrt(K_cov))
@@ -113,7 +114,8 @@ def self_attention(norm: Norm, causal: bool = False, n=S.n, window=None, bias: s
                   "Minkowski over i", "minkowski")
     proof.add(le(_LIP, statement), "mean value theorem on the convex domain", "mean-value")
     return Theorem(f"self-attention{tag}-{_suffix(norm)}",
-                   "Self-attention" + (" (causal)" if causal and plain else "") + ("" if plain else f" ({mask.title()})"),
+                   "Self-attention" + (" (causal)" if causal and plain else "")
+                   + ("" if plain else f" ({mask.title()})"),
                    statement, proof)
 
 
@@ -172,19 +174,22 @@ def multi_head(head: Theorem, norm: Norm, heads=S.H, grouped: bool = False) -> T
     proof.absorb(head.proof)
     proof.hypothesis("H heads; per-head constants are maxima over heads")
     if grouped:
-        proof.hypothesis("grouped-query attention: the H query heads fall into G key/value groups; the heads of group g "
-                         "share W_K^g, W_V^g (and b_K^g, b_V^g), so head h has A_h = W_Q^h W_K^{g(h)T} / sqrt(d_k) and "
+        proof.hypothesis("grouped-query attention: the H query heads fall into G key/value groups; the heads of group "
+                         "g share W_K^g, W_V^g (and b_K^g, b_V^g), so head h has "
+                         "A_h = W_Q^h W_K^{g(h)T} / sqrt(d_k) and "
                          "values W_V^{g(h)}; the constants are maxima over the heads and the groups")
-        proof.add(Described(r"F(X) = \textstyle\sum_{h=1}^{H} f^h(X) W_O^h,\ f^h \text{ reading } W_K^{g(h)}, W_V^{g(h)}"),
+        proof.add(Described(r"F(X) = \textstyle\sum_{h=1}^{H} f^h(X) W_O^h,\ "
+                            r"f^h \text{ reading } W_K^{g(h)}, W_V^{g(h)}"),
                   "each query head has its own output block W_O^h; the heads of a group read the same keys and "
                   "values, each with its own attention weights", "grouped-heads")
     proof.add(le(_LIP, statement), "per token, ||[u_1..u_H] W_O|| <= ||W_O|| (sum_h ||u_h||^2)^(1/2)"
               + (" <= ||W_O|| sum_h ||u_h||" if isinstance(norm, Mixed21) else "")
               + ("; H blocks, not G: with the heads of one group alike F = f (sum_h W_O^h), and "
-                 "||sum_h W_O^h|| reaches sqrt(H) ||W_O||" if grouped else ""), "grouped-heads" if grouped else "multi-head")
+                 "||sum_h W_O^h|| reaches sqrt(H) ||W_O||" if grouped else ""),
+              "grouped-heads" if grouped else "multi-head")
     prefix = "grouped-" if grouped else ""
-    return Theorem(f"{prefix}multi-head-{head.id}", ("Grouped-query " if grouped else "Multi-head ") + head.title.lower(),
-                   statement, proof)
+    title = ("Grouped-query " if grouped else "Multi-head ") + head.title.lower()
+    return Theorem(f"{prefix}multi-head-{head.id}", title, statement, proof)
 
 
 def head_constants(heads: int) -> list[sp.Symbol]:
@@ -240,12 +245,12 @@ def compose_groups(group_sizes: tuple[int, ...], norm_key: str) -> Theorem:
     Sound whatever the groups share; the smallest of the three holds.
     """
     heads = sum(group_sizes)
-    L, B, C = head_constants(heads), block_norms(heads), group_block_norms(len(group_sizes))
+    L, C = head_constants(heads), group_block_norms(len(group_sizes))
     base = compose_heads(heads, norm_key)
     starts = [sum(group_sizes[:g]) for g in range(len(group_sizes))]
     members = [L[start:start + size] for start, size in zip(starts, group_sizes)]
     if norm_key in ("fro", "2,inf"):
-        grouped = sp.Add(*[c * sp.sqrt(sp.Add(*[l ** 2 for l in group])) for c, group in zip(C, members)])
+        grouped = sp.Add(*[c * sp.sqrt(sp.Add(*[head ** 2 for head in group])) for c, group in zip(C, members)])
     else:
         grouped = sp.Add(*[c * sp.Add(*group) for c, group in zip(C, members)])
     proof = Derivation(f"A layer of {heads} heads in {len(group_sizes)} key/value groups")

@@ -18,7 +18,8 @@ under the name the plain format stores; it owns
 * :attr:`AttentionKernel.sdp_encoding` -- the SDP relaxation that models it, or None.
 
 Its witness starts and its high-precision re-check are registries keyed by the kernel class
-(:mod:`lipbound.numeric.witness.starts`, :mod:`lipbound.numeric.recheck`), tested for completeness.
+(:data:`lipbound.numeric.witness.kernel_starts.KERNEL_STARTS`, :data:`lipbound.numeric.recheck.SCORE_CHECKS`),
+tested for completeness.
 """
 
 from __future__ import annotations

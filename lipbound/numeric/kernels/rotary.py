@@ -119,5 +119,11 @@ class Rotary(AttentionKernel):
     def rotation(self, U: np.ndarray, positions: np.ndarray) -> Rotation:
         return Rotation(self, U, positions)
 
+    def relative_rotation(self, d_k: int, offset: int) -> np.ndarray:
+        """``R(offset)`` (d_k, d_k): a query and a key ``offset = p_j - p_i`` positions apart score
+        ``c q R(offset) k^T`` (rows), so the head acts at that offset as a dot-product head with
+        ``A = c W_Q R W_K^T``."""
+        return Rotation(self, np.eye(d_k), np.full(d_k, offset)).F.T
+
     def linearize(self, Q, K, pos_q, pos_k, d):
         return BilinearScores(scale_of(self.scale, Q.shape[-1]), Rotation(self, Q, pos_q), Rotation(self, K, pos_k))

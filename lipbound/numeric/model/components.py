@@ -247,10 +247,27 @@ def _silu(x: np.ndarray) -> np.ndarray:
         return x / (1 + np.exp(-x))
 
 
-#: name -> pointwise function (Hugging Face ``hidden_act`` names; Hendrycks and Gimpel 2016 for GELU).
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """``x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) / 2`` in x's dtype, with one temporary (the
+    float32 screening of whole vocabularies runs it on every candidate)."""
+    x = np.asarray(x)
+    inner = x * x
+    inner *= 0.044715
+    inner += 1.0
+    inner *= x
+    inner *= math.sqrt(2.0 / math.pi)
+    np.tanh(inner, out=inner)
+    inner += 1.0
+    inner *= 0.5
+    inner *= x
+    return inner
+
+
+#: name -> pointwise function (Hugging Face ``hidden_act`` names; Hendrycks and Gimpel 2016 for GELU),
+#: computed in the input's float dtype.
 ACTIVATIONS = {
-    "gelu": lambda x: 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0))),
-    "gelu_new": lambda x: 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3))),
+    "gelu": lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))),
+    "gelu_new": _gelu_tanh,
     "relu": lambda x: np.maximum(x, 0.0),
     "silu": lambda x: _silu(np.asarray(x)),
 }

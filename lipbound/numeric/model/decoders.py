@@ -401,7 +401,8 @@ def load_decoder(tensors: TensorSource, config: dict, layers=None, layout: Layou
 
     The model records ``metadata``: ``quantisation`` (GGUF: the bound is for the dequantised
     weights), ``tensor_types``, ``norm_gain`` (``"1 + w"`` for Gemma), ``tied_embeddings``,
-    ``rope_rows`` (how llama.cpp's Q and K rows were read), ``final_logit_softcapping``.
+    ``rope_rows`` (how llama.cpp's Q and K rows were read); Gemma 2's final logit soft-cap is
+    ``Model.logit_softcap``.
     """
     found = [(m.group(1), int(m.group(2))) for m in map(layout.match, tensors.keys()) if m]
     prefixes = sorted({prefix for prefix, _ in found})
@@ -424,8 +425,6 @@ def load_decoder(tensors: TensorSource, config: dict, layers=None, layout: Layou
     if layout.rope_rows == "llama.cpp":
         metadata["rope_rows"] = "llama.cpp rows un-permuted to rotate-half" if arch.unpermute else \
             "llama.cpp rows kept, RoPE on interleaved pairs"
-    if arch.final_softcap is not None:
-        metadata["final_logit_softcapping"] = arch.final_softcap
     if config.get("_name_or_path"):
         metadata["config_name_or_path"] = str(config["_name_or_path"])
     return Model(name=metadata.get("name") or tensors.path.name, layers=loaded, num_heads=arch.num_heads,
@@ -434,4 +433,5 @@ def load_decoder(tensors: TensorSource, config: dict, layers=None, layout: Layou
                  path=str(tensors.path), sha256=tensors.sha256,
                  embeddings=TokenEmbeddings(word, arch.embedding_scale), num_layers=arch.num_layers,
                  metadata=metadata, final_norm=reader.norm(f"{prefix}{layout.final_norm}"), decoder_only=True,
-                 layout=layout.name, lm_head=reader.output(word), max_positions=arch.max_positions)
+                 layout=layout.name, lm_head=reader.output(word), max_positions=arch.max_positions,
+                 logit_softcap=arch.final_softcap)

@@ -33,6 +33,7 @@ One array per key, read with ``allow_pickle=False`` (``{B}`` is a stack, ``encod
                                   .position_offset) or "token" (.word, .scale)
     lm_head (vocab, d)            optional; lm_head_tied 0-d bool: the head is embeddings.word
     max_positions                 0-d int, optional: the context length
+    logit_softcap                 0-d float, optional: c of the logits' soft-cap c tanh(z / c)
 
 Version 2 files (the score as ``{H}.score`` "dot", "l2" or "cosine" with ``.tau``, ``.eps``, and
 ``{H}.causal``) and version 1 files (no ``{B}`` prefix, one encoder stack, no cross-attention)
@@ -45,7 +46,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +66,8 @@ _FORMATS = ("lipbound-plain-v1", "lipbound-plain-v2", PLAIN_FORMAT)
 _FIX = "write the file with lipbound.numeric.model.save_plain (or follow the plain format in docs/formats.md)"
 _HEAD_ARRAYS = ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V")
 _GATED = ("W_gate", "W_up", "W_down", "b_gate", "b_up", "b_down")
+#: the scores a version 2 file could state (registry names; the cosine's tau and eps stored beside)
+_VERSION_2_SCORES = ("dot", "l2", "cosine")
 
 
 def _scalar(tensors: TensorSource, key: str, kind: type, default=None):
@@ -125,11 +128,11 @@ def _kernel_and_mask(tensors: TensorSource, key: str):
     """The kernel and mask of the head ``key``; version 2 files state ``score``, ``tau``, ``eps``, ``causal``."""
     if any(f"{key}.{legacy}" in tensors.keys() for legacy in ("score", "tau", "eps", "causal")):
         score = _scalar(tensors, f"{key}.score", str, default="dot")
-        if score not in ("dot", "l2", "cosine"):
-            raise WeightsError(f"{tensors.path}:{key}.score", "'dot', 'l2' or 'cosine'", repr(score), _FIX)
-        parameters = {"tau": _scalar(tensors, f"{key}.tau", float, default=1.0),
-                      "eps": _scalar(tensors, f"{key}.eps", float, default=1.0)} if score == "cosine" else {}
-        kernel = KERNELS[score](**parameters)
+        if score not in _VERSION_2_SCORES:
+            raise WeightsError(f"{tensors.path}:{key}.score", f"one of {_VERSION_2_SCORES}", repr(score), _FIX)
+        stored = {name: _scalar(tensors, f"{key}.{name}", float) for name in ("tau", "eps") if f"{key}.{name}" in tensors.keys()}
+        kernel = KERNELS[score].from_arrays({name: value for name, value in stored.items()
+                                             if name in {f.name for f in fields(KERNELS[score])}})
         mask = AttentionMask(causal=_scalar(tensors, f"{key}.causal", bool, default=False) is True)
         return kernel, mask
     kernel = KERNELS["dot"]()
@@ -256,7 +259,8 @@ def load_plain(tensors: TensorSource, num_heads=None, layers=None) -> Model:
                  decoder_final_norm=final.get("decoder") if second is not None else None,
                  decoder_only=blocks == ("decoder",), layout=_scalar(tensors, "layout", str, default="plain"),
                  embeddings=embeddings, lm_head=lm_head,
-                 max_positions=_scalar(tensors, "max_positions", int, default=0) or None)
+                 max_positions=_scalar(tensors, "max_positions", int, default=0) or None,
+                 logit_softcap=_scalar(tensors, "logit_softcap", float, default=0.0) or None)
 
 
 def _put_norm(arrays: dict, stem: str, norm) -> None:
@@ -314,6 +318,8 @@ def _put_model_parts(arrays: dict, model: Model) -> None:
             arrays["lm_head"] = model.lm_head
     if model.max_positions is not None:
         arrays["max_positions"] = np.array(model.max_positions)
+    if model.logit_softcap is not None:
+        arrays["logit_softcap"] = np.array(model.logit_softcap)
 
 
 def save_plain(model: Model, path) -> Path:

@@ -38,7 +38,7 @@ from typing import final
 import numpy as np
 
 from ...errors import WeightsError
-from ..checks import finite_array
+from ..checks import finite_array, positive_float
 from .components import FeedForward, GatedFeedForward, Head, Layer, LayerNorm, Normalization
 
 __all__ = ["TransformerLayer", "Embeddings", "TokenEmbeddings", "Model", "BLOCKS", "PLACEMENTS"]
@@ -310,6 +310,9 @@ class Model:
         array as ``embeddings.word`` when tied (``metadata["tied_embeddings"] = True``).
     max_positions : int or None
         The context length (None: unknown, or the position table's length).
+    logit_softcap : float or None
+        ``c`` of the soft-cap ``c tanh(z / c)`` of a decoder's logits (Gemma 2's
+        ``final_logit_softcapping``; None: none).
     """
 
     name: str
@@ -331,6 +334,7 @@ class Model:
     layout: str = ""
     lm_head: np.ndarray | None = None
     max_positions: int | None = None
+    logit_softcap: float | None = None
 
     def __post_init__(self):
         if not self.layers and not self.decoder:
@@ -353,6 +357,9 @@ class Model:
             if head.ndim != 2 or head.shape[1] != self.hidden:
                 raise WeightsError("lm_head", f"a (vocab, {self.hidden}) matrix", f"shape {head.shape}",
                                    "pass lm_head.weight (or the embedding table when tied)")
+        if self.logit_softcap is not None:
+            object.__setattr__(self, "logit_softcap", positive_float("logit_softcap", self.logit_softcap,
+                                                                     "use the checkpoint's final_logit_softcapping"))
         if self.max_positions is None and self.embeddings is not None:
             object.__setattr__(self, "max_positions", self.embeddings.max_positions)
         object.__setattr__(self, "layers", dict(sorted(self.layers.items())))

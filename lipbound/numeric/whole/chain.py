@@ -53,8 +53,8 @@ class _Norm:
     """A norm's parameters in one dtype (cast once)."""
 
     def __init__(self, norm: Normalization, dtype):
-        self.gamma = norm.gamma.astype(dtype)
-        self.beta = None if not norm.centred else norm.center.astype(dtype)
+        self.gamma = norm.gamma.astype(dtype, copy=False)
+        self.beta = None if not norm.centred else norm.center.astype(dtype, copy=False)
         self.eps, self.d, self.centred = norm.eps, norm.d, norm.centred
 
     def linearize(self, X) -> NormalizedPoint:
@@ -69,7 +69,7 @@ class _FeedForward:
         self.maps = activation_maps(ffn.act)
         self.gated = isinstance(ffn, GatedFeedForward)
         names = ("W_gate", "b_gate", "W_down", "b_down", "W_up", "b_up") if self.gated else ("W_1", "b_1", "W_2", "b_2")
-        self.W_1, self.b_1, self.W_2, self.b_2, *up = (getattr(ffn, name).astype(dtype) for name in names)
+        self.W_1, self.b_1, self.W_2, self.b_2, *up = (getattr(ffn, name).astype(dtype, copy=False) for name in names)
         self.W_up, self.b_up = up if self.gated else (None, None)
 
     def linearize(self, X):
@@ -85,15 +85,33 @@ def _dense(X, W, b=None):
 
 
 class _FeedForwardPoint:
+    """The block at X; its output and the activation's slope are computed when first read (a JVP
+    alone does not pay for the output, a forward pass alone not for the slope)."""
+
     def __init__(self, ffn: _FeedForward, X):
-        self.ffn = ffn
-        z = _dense(X, ffn.W_1, ffn.b_1)
-        self.slope = ffn.maps.slope(z).astype(X.dtype, copy=False)
-        hidden = ffn.maps.forward(z).astype(X.dtype, copy=False)
-        if ffn.gated:
-            self.up, self.gate = _dense(X, ffn.W_up, ffn.b_up), hidden
-            hidden = hidden * self.up
-        self.F = _dense(hidden, ffn.W_2, ffn.b_2)
+        self.ffn, self.dtype = ffn, X.dtype
+        self.z = _dense(X, ffn.W_1, ffn.b_1)
+        self.up = _dense(X, ffn.W_up, ffn.b_up) if ffn.gated else None
+        self._gate = self._slope = self._F = None
+
+    @property
+    def gate(self):
+        if self._gate is None:
+            self._gate = self.ffn.maps.forward(self.z).astype(self.dtype, copy=False)
+        return self._gate
+
+    @property
+    def F(self):
+        if self._F is None:
+            hidden = self.gate * self.up if self.ffn.gated else self.gate
+            self._F = _dense(hidden, self.ffn.W_2, self.ffn.b_2)
+        return self._F
+
+    @property
+    def slope(self):
+        if self._slope is None:
+            self._slope = self.ffn.maps.slope(self.z).astype(self.dtype, copy=False)
+        return self._slope
 
     def jvp(self, E):
         f = self.ffn
@@ -160,7 +178,7 @@ class Step:
             inner = _Norm(self.part, dtype)
         norm = None if self.norm is None else _Norm(self.norm, dtype)
         out_norm = None if self.out_norm is None else _Norm(self.out_norm, dtype)
-        return inner, norm, out_norm, None if self.scale is None else self.scale.astype(dtype)
+        return inner, norm, out_norm, None if self.scale is None else self.scale.astype(dtype, copy=False)
 
     def linearize(self, X: np.ndarray, C: np.ndarray | None, positions=None) -> "_StepLinear":
         return _StepLinear(self, X, C, positions)
@@ -168,7 +186,7 @@ class Step:
 
 class _StepLinear:
     def __init__(self, step: Step, X, C, positions):
-        self.step = step
+        self.step, self.X = step, X
         inner, norm, out_norm, self.scale = step.prepared(X.dtype)
         self.norm = norm.linearize(X) if norm is not None else None
         inner_in = self.norm.F if self.norm is not None else X
@@ -179,10 +197,17 @@ class _StepLinear:
         else:
             self.inner = inner.linearize(inner_in)
         self.out_norm = out_norm.linearize(self.inner.F) if out_norm is not None else None
-        branch = self.out_norm.F if self.out_norm is not None else self.inner.F
-        if self.scale is not None:
-            branch = branch * self.scale
-        self.F = branch + X if step.residual else branch
+        self._F = None
+
+    @property
+    def F(self):
+        """The step's output (computed when first read)."""
+        if self._F is None:
+            branch = self.out_norm.F if self.out_norm is not None else self.inner.F
+            if self.scale is not None:
+                branch = branch * self.scale
+            self._F = branch + self.X if self.step.residual else branch
+        return self._F
 
     def jvp(self, E, EC=None):
         inner_E = self.norm.jvp(E) if self.norm is not None else E
@@ -357,7 +382,7 @@ def hidden_states(model: Model, ids, dtype=np.float64) -> list[np.ndarray]:
 
 def logits(model: Model, ids, dtype=np.float64) -> np.ndarray:
     """The next-token logits (n, vocab) of a decoder: ``final_norm(X_L) lm_head^T``, soft-capped
-    ``c tanh(z / c)`` when the model says so (Gemma 2: ``metadata["final_logit_softcapping"]``)."""
+    ``c tanh(z / c)`` when the model has ``logit_softcap`` c (Gemma 2)."""
     if model.lm_head is None:
         raise WeightsError(model.path or model.name, "a decoder with its language-model head (lm_head)",
                            "no lm_head", "load the whole checkpoint, or tie the head to the embeddings")
@@ -366,5 +391,5 @@ def logits(model: Model, ids, dtype=np.float64) -> np.ndarray:
     if final is not None:
         X = _Norm(final, X.dtype).linearize(X).F
     out = X @ np.asarray(model.lm_head).astype(X.dtype, copy=False).T
-    cap = model.metadata.get("final_logit_softcapping")
+    cap = model.logit_softcap
     return out if cap is None else cap * np.tanh(out / cap)

@@ -60,7 +60,7 @@ Every deadline of the search is read on a :class:`~.clock.WorkClock`, which coun
 done rather than the time spent, so a budget buys the same steps on any machine and the seed
 alone fixes the witness.
 
-Modules: :mod:`.record` (the witness file), :mod:`.kernel` (the batched kernel), :mod:`.problem`
+Modules: :mod:`.record` (the witness file), :mod:`.engine` (batched Jacobian norms on the attention engine), :mod:`.problem`
 (the map, its argument and the charts of its domains), :mod:`.structured` (two keys tied for many
 queries, on balls and ellipsoids, self- and cross-attention), :mod:`.starts` (several heads tied
 at once, cross-attention inputs, Castin et al.'s input),
@@ -68,11 +68,11 @@ at once, cross-attention inputs, Castin et al.'s input),
 clock), :mod:`.search` (the public searches).
 """
 
-from .kernel import jacobian_norms, kernel_for
+from .engine import jacobian_norms, engine_for
 from .record import WITNESS_FORMAT, Witness, in_ball, project_to_ball
 from .search import castin_adversarial, naive_ascent, search_witness
 from .structured import structured_starts
 from .values import local_jacobian_norm
 
-__all__ = ["Witness", "WITNESS_FORMAT", "kernel_for", "jacobian_norms", "search_witness", "naive_ascent",
+__all__ = ["Witness", "WITNESS_FORMAT", "engine_for", "jacobian_norms", "search_witness", "naive_ascent",
            "castin_adversarial", "structured_starts", "local_jacobian_norm", "in_ball", "project_to_ball"]

@@ -91,14 +91,14 @@ class SearchProblem:
         c, T, S = domain.frame(d)
         if self.cross:
             cq, Tq, Sq = query_domain.frame(d)
-            self.kernel = AttentionMap(target, c, reduce=True, tangent=T, query_center=cq, query_tangent=Tq)
-            self.queries = Group(0, self.m, cq, self.kernel.query_basis, Tq, Sq, role in ("cross-queries", "cross-joint"))
-            self.context = Group(self.m, self.n, c, self.kernel.basis, T, S, role in ("cross-context", "cross-joint"))
+            self.engine = AttentionMap(target, c, reduce=True, tangent=T, query_center=cq, query_tangent=Tq)
+            self.queries = Group(0, self.m, cq, self.engine.query_basis, Tq, Sq, role in ("cross-queries", "cross-joint"))
+            self.context = Group(self.m, self.n, c, self.engine.basis, T, S, role in ("cross-context", "cross-joint"))
             self.groups = (self.queries, self.context)
         else:
-            self.kernel = AttentionMap(target, c, reduce=True, tangent=T)
+            self.engine = AttentionMap(target, c, reduce=True, tangent=T)
             self.queries = None
-            self.context = Group(0, self.n, c, self.kernel.basis, T, S, True)
+            self.context = Group(0, self.n, c, self.engine.basis, T, S, True)
             self.groups = (self.context,)
         self.width = max(g.width for g in self.groups)
         self.rows = sum(g.count for g in self.groups)
@@ -108,7 +108,7 @@ class SearchProblem:
         self.shape_mask = np.zeros((self.rows, self.width))
         for g in self.groups:
             self.shape_mask[g.rows, :g.width] = 1.0
-        k = self.kernel
+        k = self.engine
         self.work_per_input = k.H * self.rows * (self.rows * (k.d_k + k.d_v) + self.width * (2 * k.d_k + k.d_v))
         self.clock.charge(4 * d * self.width ** 2)                 # the reduced bases and charts
 
@@ -141,9 +141,9 @@ class SearchProblem:
         """Working coordinates of full tokens (b, n, d) (and queries (b, m, d) for cross roles)."""
         tokens = np.asarray(tokens, dtype=float)
         Z = np.zeros((tokens.shape[0], self.rows, self.width))
-        Z[:, self.context.rows, :self.context.width] = self.kernel.to_work(tokens)
+        Z[:, self.context.rows, :self.context.width] = self.engine.to_work(tokens)
         if self.cross:
-            Z[:, self.queries.rows, :self.queries.width] = self.kernel.to_work(queries, queries=True)
+            Z[:, self.queries.rows, :self.queries.width] = self.engine.to_work(queries, queries=True)
         return Z
 
     def split(self, Z: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -158,7 +158,7 @@ class SearchProblem:
 
     def lift_directions(self, E: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """Tangent directions (b, n, d) and (b, m, d) of the same norm as the working directions E."""
-        k = self.kernel
+        k = self.engine
         X = k.direction_from_work(E[:, self.context.rows, :self.context.width])
         if not self.cross:
             return X, None
@@ -182,7 +182,7 @@ class SearchProblem:
 
     def linearize(self, Z: np.ndarray):
         X, Y = self.split(Z)
-        return self.kernel.linearize(X, Y)
+        return self.engine.linearize(X, Y)
 
     def evaluate(self, Z: np.ndarray, E: np.ndarray, steps: int):
         """``(sigma, E, grad)``: power iteration warm-started at E (masked to the moving rows) and
@@ -216,4 +216,4 @@ class SearchProblem:
     # one head of a layer ---------------------------------------------------------------------------
     def for_head(self, h: int) -> "SearchProblem":
         """Self-attention of head h alone on the same domain (its own reduced chart)."""
-        return SearchProblem(self.kernel.heads[h], "self", self.domain, None, self.n, None, self.clock)
+        return SearchProblem(self.engine.heads[h], "self", self.domain, None, self.n, None, self.clock)

@@ -10,16 +10,15 @@ import numpy as np
 from ...errors import AssumptionError, WeightsError
 from ..blas import one_blas_thread
 from ..memory import available_bytes, require_memory
-from ..dispatch import dot_product_scope
 from ..domains import TokenBall, TokenDomain
 from ..model import Head, Layer
 from .ascent import continuation, join, polish, start_candidates, take
 from ..attention import heads_of, unit_rows
-from .kernel import kernel_for
+from .engine import engine_for
+from .kernel_starts import kernel_starts
 from .problem import ROLES, SearchProblem
 from .record import NORMS, Witness, project_to_ball
-from .starts import TieSurrogate, castin_input, cross_starts
-from .structured import structured_starts
+from .starts import castin_input
 from .values import cross_value, jacobian_value, local_jacobian_norm, pull_inside, reference_maps, secant_value
 
 __all__ = ["search_witness", "naive_ascent", "castin_adversarial"]
@@ -77,50 +76,6 @@ def _evaluate_pool(problem: SearchProblem, pool, rng, power_steps: int, chunk: i
         parts.append(start_candidates(problem, problem.retract(Xw[part], 1 - 1e-9), families[part], rng,
                                       power_steps=power_steps))
     return join(*parts)
-
-
-def _self_pool(problem: SearchProblem, rng, deadline, work: float = 1.0) -> list[tuple[np.ndarray, str]]:
-    """Structured starts of self-attention: for every dot-product head, the best alpha/beta inputs
-    (found in that head's own reduced chart, for the value map the target applies: ``W_V^h W_O^h`` in a
-    layer), several heads tied at once, Castin et al.'s input."""
-    target, n = problem.target, problem.n
-    heads = heads_of(target)[0]
-    pool = []
-    keep = max(1, int((max(2, 24 // len(heads)) if len(heads) > 1 else 16) / work))
-    surrogate = None
-    through_W_O = getattr(target, "W_O", None) is not None      # a Layer: head h acts through W_O^h
-    # heads in decreasing order of a crude size, ||A_h|| ||W_V^h|| ||W_O^h||: the budget may end early
-    sizes = [np.linalg.norm(h.A, 2) * np.linalg.norm(h.W_V, 2)
-             * (np.linalg.norm(target.output_block(i), 2) if through_W_O else 1.0) for i, h in enumerate(heads)]
-    for index in np.argsort(sizes)[::-1]:
-        head = heads[index]
-        if problem.clock() >= deadline and len(pool) > 0:
-            break
-        own = problem if len(heads) == 1 else problem.for_head(int(index))
-        if n >= 3:
-            # positions in the head's chart, moves in working coordinates
-            W_Q, W_K, W_V, b_Q, _, _ = own.kernel.head_weights(0)
-            if through_W_O:
-                W_V = W_V @ target.output_block(int(index))
-            light = len(heads) > 1
-            share = (deadline - problem.clock()) / (1 if not light else max(1, len(heads) // 3))
-            starts, _ = structured_starts(W_Q, W_K, W_V, b_Q, 1 - 1e-6, n, count=16 if light else 32,
-                                          steps=120 if light else 200, seed=int(rng.integers(2 ** 31)),
-                                          deadline=problem.clock() + max(share, 0.0), clock=problem.clock,
-                                          shape=own.context.root)
-            tokens = own.lift(starts[:keep])[0]
-            pool.append((problem.retract(problem.to_work(tokens)), "structured"))
-            if problem.kernel.H > 1:
-                surrogate = surrogate or TieSurrogate(problem, n)
-                pool.append((problem.retract(surrogate.combine(pool[-1][0][0])[None]), "tied-heads"))
-        try:
-            R, c = problem.context.radius, problem.context.center
-            castin = castin_input(head.W_Q, head.W_K, R, n, literal=False)
-            signs = np.stack([castin, -castin]) if len(heads) == 1 else castin[None]   # eig fixes no sign
-            pool.append((problem.retract(problem.to_work(signs + c)), "castin"))
-        except AssumptionError:
-            pass
-    return pool
 
 
 def _describe(target, domain: TokenDomain, origin, layer, head, block="encoder") -> dict:
@@ -209,14 +164,13 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     began = clock()
     deadline = began + budget_seconds * (0.9 if norm == "fro" else 0.75)
     rng = np.random.default_rng(seed)
-    heads = problem.kernel.heads
+    heads = problem.engine.heads
     # the cost of one input grows like n^2: fewer candidates for long inputs keep the budget
     work = max(1.0, (problem.rows / 64) ** 2)
     polish_count = max(2, int(polish_count / work))
     until = began + 0.25 * (deadline - began)
     pool = []
-    if dot_product_scope(target):  # the structured constructions are for dot-product scores
-        pool += cross_starts(problem, rng, until) if cross else _self_pool(problem, rng, until, work)
+    pool += kernel_starts(problem, rng, until, work)   # the structured starts of the head's kernel
     pool.append((problem.random(rng, max(2, int(8 / work)), 1 - 1e-6), "random"))
     cands = _evaluate_pool(problem, pool, rng, 15 if len(heads) == 1 else 6, max(1, int(32 / work)),
                            began + 0.4 * (deadline - began))
@@ -335,8 +289,8 @@ def naive_ascent(target: Head | Layer, *, domain: TokenDomain, n: int, budget_se
     began = time.perf_counter()
     deadline = began + budget_seconds
     rng = np.random.default_rng(seed)
-    kernel = kernel_for(target, center, reduce=False)
-    d = kernel.d_in
+    engine = engine_for(target, center, reduce=False)
+    d = engine.d_in
     best = (-1.0, None, None)
     rounds = 0
     while rounds == 0 or time.perf_counter() < deadline:
@@ -348,7 +302,7 @@ def naive_ascent(target: Head | Layer, *, domain: TokenDomain, n: int, budget_se
         for step in range(1, 301):
             if time.perf_counter() >= deadline and best[1] is not None:
                 break
-            ratio, gX, gY = _secant_grad(kernel, X, Y, norm)
+            ratio, gX, gY = _secant_grad(engine, X, Y, norm)
             top = int(np.argmax(ratio))
             if ratio[top] > best[0]:
                 best = (float(ratio[top]), X[top].copy(), Y[top].copy())
@@ -356,8 +310,8 @@ def naive_ascent(target: Head | Layer, *, domain: TokenDomain, n: int, budget_se
             X, state[0], state[1] = _adam(X, gX, state[0], state[1], step, lr)
             Y, state[2], state[3] = _adam(Y, gY, state[2], state[3], step, lr)
             X, Y = project_to_ball(X, radius, 0.0), project_to_ball(Y, radius, 0.0)
-    X = pull_inside(kernel.from_work(best[1]), center, radius)
-    Y = pull_inside(kernel.from_work(best[2]), center, radius)
+    X = pull_inside(engine.from_work(best[1]), center, radius)
+    Y = pull_inside(engine.from_work(best[2]), center, radius)
     value = secant_value(target, X, Y, norm)
     details = {"rounds": rounds, "batch": batch, "search_ratio": best[0],
                "seconds": round(time.perf_counter() - began, 3)}
@@ -373,9 +327,9 @@ def _adam(x, g, m, v, step, lr):
     return x + lr * update, m, v
 
 
-def _secant_grad(kernel, X, Y, norm):
+def _secant_grad(engine, X, Y, norm):
     """Ratio ``r = N(f(X) - f(Y)) / N(X - Y)`` and its gradients in X and Y (batched)."""
-    lx, ly = kernel.linearize(X), kernel.linearize(Y)
+    lx, ly = engine.linearize(X), engine.linearize(Y)
     diff_out, diff_in = lx.F - ly.F, X - Y
     if norm == "fro":
         top = np.sqrt(np.sum(diff_out ** 2, axis=(1, 2)))

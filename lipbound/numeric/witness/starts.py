@@ -1,6 +1,6 @@
-"""Structured starting points built on :mod:`.structured`: several heads of a layer tied at one
-input, cross-attention's inputs in the charts of its two domains, and Castin et al.'s adversarial
-input."""
+"""Structured starting points of dot-product heads built on :mod:`.structured`: each head's
+alpha/beta inputs, several heads of a layer tied at one input, cross-attention's inputs in the charts
+of its two domains, and Castin et al.'s adversarial input."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import final
 import numpy as np
 
 from ...errors import AssumptionError
-from ..attention import unit_rows
+from ..attention import heads_of, unit_rows
 from ..kernels import softmax
 from .clock import CALL_WORK
-from .structured import TieForm, ascend
+from .structured import TieForm, ascend, structured_starts
 
-__all__ = ["TieSurrogate", "castin_input", "cross_starts"]
+__all__ = ["TieSurrogate", "castin_input", "cross_starts", "self_starts"]
 
 
 @final
@@ -37,14 +37,14 @@ class TieSurrogate:
 
     def __init__(self, problem, n: int, margin: float = 10.0):
         self.problem, self.m = problem, n - 2
-        kernel, S = problem.kernel, problem.context.root
+        engine, S = problem.engine, problem.context.root
         self.S = S
         self.forms = []
-        for h in range(kernel.H):
-            W_Q, W_K, V, b_Q, _, _ = kernel.head_weights(h)
-            if kernel.W_O is not None:
+        for h in range(engine.H):
+            W_Q, W_K, V, b_Q, _, _ = engine.head_weights(h)
+            if engine.W_O is not None:
                 V = V @ problem.target.output_block(h)
-            self.forms.append(TieForm(S, W_Q @ W_K.T / math.sqrt(kernel.d_k), W_K @ b_Q / math.sqrt(kernel.d_k), V,
+            self.forms.append(TieForm(S, W_Q @ W_K.T / math.sqrt(engine.d_k), W_K @ b_Q / math.sqrt(engine.d_k), V,
                                       self.m, "self", margin))
 
     def value(self, first: np.ndarray, second: np.ndarray, b: np.ndarray) -> float:
@@ -114,16 +114,13 @@ def cross_starts(problem, rng, deadline: float | None = None, count: int = 8, he
 
     Heads are taken in decreasing order of ``||S_Q A_h|| ||S V_h||`` (at most ``heads``), each
     ascended for a share of the clock's time left before ``deadline``; returns ``[(Z, family)]``."""
-    kernel, q, x = problem.kernel, problem.queries, problem.context
-    H, dk, dv = kernel.H, kernel.d_k, kernel.d_v
+    engine, q, x = problem.engine, problem.queries, problem.context
+    H, dk = engine.H, engine.d_k
     forms, sizes = [], []
     for h in range(H):
-        W_Q = kernel.Wq[:, h * dk:(h + 1) * dk]
-        W_K = kernel.W[:, H * dk + h * dk:H * dk + (h + 1) * dk]
-        V = kernel.W[:, 2 * H * dk + h * dv:2 * H * dk + (h + 1) * dv]
-        if kernel.W_O is not None:
+        W_Q, W_K, V, b_Q, _, _ = engine.head_weights(h, queries=True)
+        if engine.W_O is not None:
             V = V @ problem.target.output_block(h)
-        b_Q = kernel.bias_q[h * dk:(h + 1) * dk]
         form = TieForm(x.root, W_Q @ W_K.T / math.sqrt(dk), W_K @ b_Q / math.sqrt(dk), V, problem.m, problem.role,
                        query_shape=q.root)
         forms.append(form)
@@ -187,3 +184,45 @@ def castin_input(W_Q: np.ndarray, W_K: np.ndarray, radius: float, n: int, litera
     return X
 
 
+def self_starts(problem, rng, deadline, work: float = 1.0) -> list[tuple[np.ndarray, str]]:
+    """Structured starts of self-attention: for every dot-product head, the best alpha/beta inputs
+    (found in that head's own reduced chart, for the value map the target applies: ``W_V^h W_O^h`` in a
+    layer), several heads tied at once, Castin et al.'s input."""
+    target, n = problem.target, problem.n
+    heads = heads_of(target)[0]
+    pool = []
+    keep = max(1, int((max(2, 24 // len(heads)) if len(heads) > 1 else 16) / work))
+    surrogate = None
+    through_W_O = getattr(target, "W_O", None) is not None      # a Layer: head h acts through W_O^h
+    # heads in decreasing order of a crude size, ||A_h|| ||W_V^h|| ||W_O^h||: the budget may end early
+    sizes = [np.linalg.norm(h.A, 2) * np.linalg.norm(h.W_V, 2)
+             * (np.linalg.norm(target.output_block(i), 2) if through_W_O else 1.0) for i, h in enumerate(heads)]
+    for index in np.argsort(sizes)[::-1]:
+        head = heads[index]
+        if problem.clock() >= deadline and len(pool) > 0:
+            break
+        own = problem if len(heads) == 1 else problem.for_head(int(index))
+        if n >= 3:
+            # positions in the head's chart, moves in working coordinates
+            W_Q, W_K, W_V, b_Q, _, _ = own.engine.head_weights(0)
+            if through_W_O:
+                W_V = W_V @ target.output_block(int(index))
+            light = len(heads) > 1
+            share = (deadline - problem.clock()) / (1 if not light else max(1, len(heads) // 3))
+            starts, _ = structured_starts(W_Q, W_K, W_V, b_Q, 1 - 1e-6, n, count=16 if light else 32,
+                                          steps=120 if light else 200, seed=int(rng.integers(2 ** 31)),
+                                          deadline=problem.clock() + max(share, 0.0), clock=problem.clock,
+                                          shape=own.context.root)
+            tokens = own.lift(starts[:keep])[0]
+            pool.append((problem.retract(problem.to_work(tokens)), "structured"))
+            if problem.engine.H > 1:
+                surrogate = surrogate or TieSurrogate(problem, n)
+                pool.append((problem.retract(surrogate.combine(pool[-1][0][0])[None]), "tied-heads"))
+        try:
+            R, c = problem.context.radius, problem.context.center
+            castin = castin_input(head.W_Q, head.W_K, R, n, literal=False)
+            signs = np.stack([castin, -castin]) if len(heads) == 1 else castin[None]   # eig fixes no sign
+            pool.append((problem.retract(problem.to_work(signs + c)), "castin"))
+        except AssumptionError:
+            pass
+    return pool

@@ -22,7 +22,7 @@ def reference_maps(target: Head | Layer):
 def local_jacobian_norm(target: Head | Layer, X: np.ndarray, iterations: int = 200,
                         start: np.ndarray | None = None, seed: int = 0) -> tuple[float, np.ndarray]:
     """``(||Df(X)[E]||_F, E)`` with ``||E||_F = 1`` after power iteration, computed with
-    :func:`lipbound.numeric.attention.jacobian_norm` (float64, independent of the search kernel)."""
+    :func:`lipbound.numeric.attention.jacobian_norm` (float64, independent of the search engine)."""
     _, jvp, vjp = reference_maps(target)
     X = np.asarray(X, dtype=float)[None]
     sigma, E = jacobian_norm(jvp, vjp, X, iterations=iterations, seed=seed,

@@ -1,0 +1,113 @@
+"""Structured starting points of the witness search, per attention kernel.
+
+:data:`KERNEL_STARTS` maps every registered kernel class (:data:`lipbound.numeric.kernels.KERNELS`;
+a test checks the keys) to the starts the search adds to its random ones, or to None (random and
+continuation starts only):
+
+* :class:`~lipbound.numeric.kernels.DotProduct` -- two keys tied for many queries (:mod:`.structured`),
+  several heads tied at once, Castin et al.'s input (:func:`.starts.self_starts`), and for
+  cross-attention the ties in the charts of both domains (:func:`.starts.cross_starts`);
+* :class:`~lipbound.numeric.kernels.Rotary` -- at a fixed offset ``Delta = p_j - p_i`` a RoPE head
+  is the dot-product head ``A_Delta = c W_Q R(Delta theta) W_K^T``
+  (:meth:`~lipbound.numeric.kernels.Rotary.relative_rotation`): the two tied keys of the offset
+  whose ``||A_Delta||`` is largest, placed so that the median query sits that many positions from them;
+* :class:`~lipbound.numeric.kernels.QKNorm` -- the scores are 0-homogeneous in q and k up to the
+  regulariser, so their derivatives grow like ``1 / ||k||`` (``1 / ||q||``): one token near the
+  affine null set ``x W_K + b_K = 0`` of the keys at the first position, which every query sees
+  (or near ``x W_Q + b_Q = 0`` at the last, which sees every key), moved off it by about
+  ``sqrt(d_k eps)``, the others on the domain's boundary.
+
+Each start is a batch of inputs in the problem's working coordinates, pulled into the domain.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..kernels import CustomKernel, DotProduct, FeatureMap, L2Distance, QKNorm, Rotary, ScaledCosine, Sigmoid
+from ..kernels.scores import scale_of
+from .starts import cross_starts, self_starts
+from .structured import structured_starts
+
+__all__ = ["KERNEL_STARTS", "kernel_starts"]
+
+
+def _dot_product_starts(problem, rng, deadline, work: float):
+    return cross_starts(problem, rng, deadline) if problem.cross else self_starts(problem, rng, deadline, work)
+
+
+def _head_order(problem) -> list[int]:
+    """Heads in decreasing order of ``||W_Q^h|| ||W_K^h|| ||V^h||`` (the budget may end early)."""
+    engine = problem.engine
+    sizes = [np.prod([np.linalg.norm(M, 2) for M in engine.head_weights(h)[:3]]) for h in range(engine.H)]
+    return [int(h) for h in np.argsort(sizes)[::-1]]
+
+
+def _rotary_starts(problem, rng, deadline, work: float):
+    """Two keys tied at the offset of largest ``||A_Delta||`` (module docstring), self-attention."""
+    n, engine = problem.n, problem.engine
+    if problem.cross or n < 3:
+        return []
+    kernel, pool = engine.kernel, []
+    offsets = [o for o in range(-(n - 1), n) if o != 0 and (o < 0 or not engine.causal)]
+    keep = max(1, int(8 / work))
+    for h in _head_order(problem)[:3]:
+        if pool and problem.clock() >= deadline:
+            break
+        own = problem if engine.H == 1 else problem.for_head(h)
+        W_Q, W_K, V, b_Q, _, _ = own.engine.head_weights(0)
+        if engine.W_O is not None:
+            V = V @ problem.target.output_block(h)
+        left, right = np.linalg.qr(W_Q)[1], np.linalg.qr(W_K)[1]     # ||W_Q R W_K^T|| = ||r_Q R r_K^T||
+        rotations = {o: kernel.relative_rotation(engine.d_k, o) for o in offsets}
+        offset = max(offsets, key=lambda o: np.linalg.norm(left @ rotations[o] @ right.T, 2))
+        fold = scale_of(kernel.scale, engine.d_k) * math.sqrt(engine.d_k)   # the kernel's scale over 1/sqrt(d_k)
+        starts, _ = structured_starts(W_Q, fold * W_K @ rotations[offset].T, V, b_Q, 1 - 1e-6, n, count=16, steps=120,
+                                      seed=int(rng.integers(2 ** 31)), deadline=problem.clock() + max(
+                                          (deadline - problem.clock()) / 2, 0.0), clock=problem.clock,
+                                      shape=own.context.root)
+        tokens = own.lift(starts[:keep])[0]                          # rows: key, key, queries
+        first = int(np.clip(round((n - 1) / 2 + offset), 0, n - 2))  # the median query `offset` from the keys
+        placed = np.empty_like(tokens)
+        others = [p for p in range(n) if p not in (first, first + 1)]
+        placed[:, first], placed[:, first + 1], placed[:, others] = tokens[:, 0], tokens[:, 1], tokens[:, 2:]
+        pool.append((problem.retract(problem.to_work(placed)), "rope-offset"))
+    return pool
+
+
+def _qk_norm_starts(problem, rng, deadline, work: float):
+    """One key near its null set at the first position, seen by every query (or one query near its
+    null set at the last position, which sees every key), the other tokens on the domain's boundary:
+    the tiny k (q) turns its scores as it moves (module docstring); self-attention."""
+    engine = problem.engine
+    if problem.cross or problem.n < 2:
+        return []
+    n, width, pool = problem.n, problem.width, []
+    size = math.sqrt(engine.d_k * engine.kernel.eps)
+    count = max(2, int(8 / work))
+    for h in _head_order(problem)[:3]:
+        W_Q, W_K, V, b_Q, b_K, _ = engine.head_weights(h)
+        spread = np.linalg.svd(V, full_matrices=False)[0][:, 0]             # the values' widest direction
+        for which, (anchor, W, row) in {"keys": (-b_K @ np.linalg.pinv(W_K), W_K, 0),
+                                        "queries": (-b_Q @ np.linalg.pinv(W_Q), W_Q, n - 1)}.items():
+            Z = rng.standard_normal((count, n, width))                      # random directions, on the boundary
+            Z[: count // 2] = np.where(np.arange(n)[:, None] % 2 == 0, 1.0, -1.0) * spread   # or +-spread
+            Z *= 1e6 / np.linalg.norm(Z, axis=-1, keepdims=True)
+            move = rng.standard_normal((count, width))
+            scale = size * np.exp(rng.uniform(math.log(0.3), math.log(30.0), (count, 1)))
+            Z[:, row] = anchor + move * scale / np.maximum(np.linalg.norm(move @ W, axis=-1, keepdims=True), 1e-300)
+            pool.append((problem.retract(Z), f"qk-norm-{which}"))
+    return pool
+
+
+#: kernel class -> ``starts(problem, rng, deadline, work) -> [(inputs, family)]``, or None: random starts only
+KERNEL_STARTS = {DotProduct: _dot_product_starts, Rotary: _rotary_starts, QKNorm: _qk_norm_starts, L2Distance: None,
+                 ScaledCosine: None, Sigmoid: None, FeatureMap: None, CustomKernel: None}
+
+
+def kernel_starts(problem, rng, deadline, work: float = 1.0) -> list:
+    """The structured starts of the problem's kernel (``[]`` when it has none)."""
+    entry = KERNEL_STARTS[type(problem.engine.kernel)]
+    return [] if entry is None else entry(problem, rng, deadline, work)
