@@ -269,10 +269,6 @@ def _gated(model, block, index, effort, restarts, iterations, seed) -> dict:
 def _ffn(model, block, index, effort, restarts, iterations, seed) -> dict:
     layer = model.stack(block)[index]
     if isinstance(layer.ffn, GatedFeedForward):
-        if layer.placement == "post":
-            raise AssumptionError("placement", "a pre-norm or sandwich layer around a gated block (it is Lipschitz "
-                                  "only on bounded sets: the image of the norm before it)", "post",
-                                  "lipbound bounds gated blocks after a norm")
         return _gated(model, block, index, effort, restarts, iterations, seed)
     w = arrays(layer.ffn)
     values = ffn_constants(w["W_1"], w["W_2"], w["act"], effort=effort)
@@ -358,6 +354,10 @@ def plan_tasks(model, *, n: int, m: int | None = None, domain: str = "layernorm"
         for index in sorted(model.stack(block)):
             layer = model.stack(block)[index]
             layer_steps(layer, block)  # a clear error on a partial checkpoint, before any work
+            if isinstance(layer.ffn, GatedFeedForward) and layer.placement == "post":
+                raise AssumptionError(f"{block} layer {index}", "a pre-norm or sandwich layer around a gated block (it is "
+                                      "Lipschitz only on bounded sets: the image of the norm before it)",
+                                      "a post-norm layer", "lipbound bounds gated blocks read through a norm")
             kinds = [layer.self_kind] + (["cross-queries", "cross-context"] if layer.cross is not None else [])
             tasks += [("attention", model.path, block, index, kind) + common for kind in kinds]
             tasks.append(("ffn", model.path, block, index, "") + common)
