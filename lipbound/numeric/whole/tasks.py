@@ -32,7 +32,7 @@ import math
 
 import numpy as np
 
-from ...errors import AssumptionError
+from ...errors import AssumptionError, NotLipschitzError
 from ...rigorous.value import CertifiedValue, not_certified
 from ..attention import AttentionMap, unit_rows
 from ..blocks.certify import best
@@ -47,7 +47,7 @@ from ..witness.blocks import ffn_witness, gated_witness, norm_witness
 from ..witness.starts import castin_input
 from .chain import Step, chain_jacobian_norm, layer_steps, stack_steps
 
-__all__ = ["plan_tasks", "run_task", "describe_task", "layer_norms"]
+__all__ = ["describe_task", "layer_norms", "plan_tasks", "run_task"]
 
 
 def layer_norms(layer) -> tuple[str, ...]:
@@ -211,11 +211,12 @@ def _attention(model, block, index, kind, n, m, domain_spec, restarts, iteration
 
 
 def _attention_bounds(layer, domain, n) -> list[CertifiedValue]:
-    """The certified bounds of a self-attention layer, or one "refused" value with the reason when no
-    theorem covers its heads yet (the whole-model bound is then not certified, and says why)."""
+    """The certified bounds of a self-attention layer as the theorem dispatch gives them, or one "refused"
+    value with the reason when it covers no theorem for its heads on this domain (the whole-model bound is
+    then not certified, and says why)."""
     try:
         return layer_bounds(layer, domain, n)
-    except AssumptionError as refusal:
+    except (AssumptionError, NotLipschitzError) as refusal:
         return [not_certified("refused", "lipbound.numeric.certify.layer_bounds", str(refusal))]
 
 
