@@ -57,8 +57,13 @@ def _upper(row, name):
 def run(label: str, package: str, args) -> None:
     model = load_weights(_model_dir(package))
     started = time.perf_counter()
+
+    def progress(_, done, total, text):   # to stderr as tasks arrive: a run cut short still gives a rate
+        print(f"  [{done}/{total}] {time.perf_counter() - started:7.1f} s  load {os.getloadavg()[0]:.1f}  {text}",
+              file=sys.stderr, flush=True)
+
     report = verify_whole(model, n=args.n, effort=args.effort, restarts=args.restarts, iterations=args.iterations,
-                          seed=0, jobs=args.jobs)
+                          seed=0, jobs=args.jobs, on_task=progress)
     seconds = time.perf_counter() - started
     print(f"== {label}: whole run {seconds:.1f} s ({report.planned} tasks, n = {args.n}, --jobs {args.jobs})")
     for b in report.model_bounds:

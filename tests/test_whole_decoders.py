@@ -26,6 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from decoder_checkpoints import config_of, random_weights, write_huggingface
+from test_whole import fd_jacobian
 from lipbound.errors import AssumptionError
 from lipbound.numeric.kernels import AttentionMask
 from lipbound.numeric.model import GatedFeedForward, Head, Layer, Model, RMSNorm, TransformerLayer, load_weights
@@ -74,16 +75,6 @@ def model_forward(model: Model, X):
     for index in sorted(model.layers):
         X = layer_forward(model.layers[index], X)
     return rms(model.final_norm, X)
-
-
-def fd_jacobian(f, Z, h=1e-7):
-    columns = []
-    for k in range(Z.size):
-        E = np.zeros(Z.size)
-        E[k] = h
-        E = E.reshape(Z.shape)
-        columns.append(((f(Z + E) - f(Z - E)) / (2 * h)).ravel())
-    return np.array(columns).T
 
 
 def generated(placement: str, act_name: str, layerscale: bool, seed: int = 0, layers: int = 2) -> Model:
