@@ -19,7 +19,8 @@ import sympy as sp
 from hypothesis import given, settings, strategies as st
 
 from lipbound.numeric.blocks.constants import norm_image
-from lipbound.numeric.blocks.norms import RMSNorm, norm_constant, norm_jacobian
+from lipbound.numeric.blocks.norms import norm_constant, norm_jacobian
+from lipbound.numeric.normalization import RMSNorm
 from lipbound.numeric.domains import LayerNormOutputs
 from lipbound.numeric.model import LayerNorm, load_weights
 from lipbound.numeric.witness.blocks import norm_witness, recheck_block

@@ -22,7 +22,7 @@ from mpmath import iv, mp
 from lipbound.errors import AssumptionError, NotCertifiedError, WeightsError
 from lipbound.rigorous.compiler import compile_interval
 from lipbound.rigorous.intervals import Verdict, certify_le, interval, lower, upper, upper_product
-from lipbound.rigorous.linalg import (Enclosure, is_psd_certified, product_norm_interval, product_norm_upper,
+from lipbound.rigorous.linalg import (Enclosure, is_psd_certified, product_norm_interval, product_norm_upper, psd_floor,
                                       spectral_norm_lower, spectral_norm_upper, vector_norm_lower,
                                       vector_norm_upper)
 from lipbound.symbolic.assumptions import Assumptions, Ball
@@ -202,6 +202,54 @@ def test_property_psd_certificate_is_sound(seed, n, shift):
         assert smallest >= margin
     if smallest > margin + 1e-6 * max(1.0, float(np.trace(A))):
         assert is_psd_certified(A, margin)  # clear cases are decided
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1), st.integers(1, 9), st.floats(-0.05, 0.5), st.sampled_from([0.0, 1e-3]))
+def test_property_psd_floor_is_below_the_smallest_eigenvalue(seed, n, shift, extra):
+    """One factorisation and the a priori error: never above mpmath's lambda_min minus the stated
+    perturbation; positive for clear cases; -inf when the factorisation breaks down."""
+    rng = np.random.default_rng(seed)
+    G = rng.standard_normal((n, n))
+    A = G @ G.T + shift * np.eye(n)
+    A = (A + A.T) / 2
+    radius = np.abs(A) * 1e-9
+    floor = psd_floor(Enclosure(A, radius), extra=extra)
+    with mp.workdps(DIGITS):
+        for sign in (-1, 1):
+            perturbed = exact_matrix(A) + sign * exact_matrix(radius)   # the enclosure's corners
+            smallest = min(mp.eigsy(perturbed, eigvals_only=True))
+            assert floor <= smallest - extra
+        smallest = min(mp.eigsy(exact_matrix(A), eigvals_only=True))
+    if smallest > 0.1 + 2 * extra:
+        assert floor > 0
+    if smallest < 0:
+        assert floor < 0
+
+
+def test_psd_floor_refuses_indefinite_matrices_and_counts_extra():
+    assert psd_floor(np.array([[1.0, 2.0], [2.0, 1.0]])) == -math.inf
+    assert 0 < psd_floor(np.eye(3)) <= 1.0
+    assert psd_floor(np.eye(3), extra=0.25) <= 0.75
+    assert psd_floor(np.eye(3), shift=2.0) == -math.inf            # asked above lambda_min: breaks down
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1), st.sampled_from([1e-200, 1.0, 1e150]))
+def test_property_hadamard_encloses_the_entrywise_product(seed, scale):
+    rng = np.random.default_rng(seed)
+    A, B = rng.standard_normal((3, 4)) * scale, rng.standard_normal((3, 4))
+    left = Enclosure(A, np.abs(A) * 1e-12)
+    product = left.hadamard(Enclosure.exact(B))
+    column = left.hadamard(Enclosure.exact(B[:, :1]))          # broadcast along the rows
+    with mp.workdps(DIGITS):
+        for i in range(3):
+            for j in range(4):
+                for corner in (-1, 1):
+                    exact = (mp.mpf(A[i, j]) + corner * mp.mpf(left.rad[i, j])) * mp.mpf(B[i, j])
+                    assert abs(exact - mp.mpf(product.mid[i, j])) <= mp.mpf(product.rad[i, j])
+                    exact = (mp.mpf(A[i, j]) + corner * mp.mpf(left.rad[i, j])) * mp.mpf(B[i, 0])
+                    assert abs(exact - mp.mpf(column.mid[i, j])) <= mp.mpf(column.rad[i, j])
 
 
 # Interval evaluation -------------------------------------------------------------------------------

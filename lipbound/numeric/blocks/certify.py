@@ -19,14 +19,15 @@ from ...symbolic.assumptions import Assumptions, Unbounded
 from ...symbolic.bound import Bound
 from ...symbolic.registry import BLOCKS, variant
 
-__all__ = ["derive_block", "evaluate_block", "enclose", "NORMS"]
+__all__ = ["derive_block", "evaluate_block", "enclose", "best", "NORMS"]
 
 NORMS = ("fro", "2,1", "2,inf", "inf")
 
 
-def derive_block(name: str, norm: str = "fro", floor: bool = False) -> Bound:
+def derive_block(name: str, norm: str = "fro", floor: bool = False, domain=None) -> Bound:
     """The theorem of the registry block ``name`` in ``norm`` on all of ``R^d`` (with the block's
-    variance floor stated when ``floor``)."""
+    variance floor stated when ``floor``), or on ``domain`` (a symbolic domain: ``Ball()`` for a
+    gated block, which is Lipschitz on bounded sets only)."""
     if name not in BLOCKS:
         raise AssumptionError("block", f"one of {', '.join(BLOCKS)}", repr(name), "see `lipbound list`")
     if norm not in NORMS:
@@ -39,7 +40,7 @@ def derive_block(name: str, norm: str = "fro", floor: bool = False) -> Bound:
             raise AssumptionError("sigma_min", f"no variance floor for {name} (its norm does not read the input)",
                                   "a floor", "drop sigma_min")
         facts = (fact,)
-    return block.derive(Assumptions(domain=Unbounded(), norm=norm, facts=facts), name)
+    return block.derive(Assumptions(domain=domain or Unbounded(), norm=norm, facts=facts), name)
 
 
 def enclose(expr, values: dict):
@@ -64,3 +65,9 @@ def evaluate_block(bound: Bound, values: dict, name: str = "derived") -> Certifi
     if not math.isfinite(upper(result)):
         return not_certified(name, provenance, "the interval evaluation overflowed", **details)
     return CertifiedValue(name, upper(result), Verdict.HOLDS, provenance, details=details)
+
+
+def best(values: list[CertifiedValue]) -> CertifiedValue | None:
+    """The smallest certified value (None if none is certified)."""
+    certified = [v for v in values if v.certified and v.proven]
+    return min(certified, key=lambda v: v.value) if certified else None

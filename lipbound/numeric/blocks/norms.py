@@ -10,7 +10,13 @@ the Jacobian is
 and the constant is ``||D_gamma Pi|| / sqrt(eps)`` on all of ``R^d``, ``||D_gamma Pi|| /
 sqrt(sigma_min^2 + eps)`` on tokens whose variance (RMSNorm: mean square) is at least
 ``sigma_min^2`` -- both attained (:func:`lipbound.numeric.witness.blocks.norm_witness`).  The
-classes are the model description's (:mod:`lipbound.numeric.normalization`).
+middle factor of ``DN(x)`` has its eigenvalues in ``[0, 1]`` on ``range(Pi)``, so at one token
+``||DN(x)|| <= ||D_gamma Pi|| / s(x)`` (:func:`local_constants`; RMSNorm: ``max|gamma| / rms``, lemma
+``rmsnorm-jacobian``), largest where the token's mean square is smallest -- which is why a model's
+large-norm tokens (SmolLM2's attention sink) meet a norm that barely stretches them.  The image
+``{c + M u : ||u|| <= sqrt(d)}`` (an RMSNorm's: ``M = diag(gamma)``, ``c = 0``, lemma ``rmsnorm-image``) is
+:func:`lipbound.numeric.blocks.gated.ellipsoid_of`.  The classes are the model description's
+(:mod:`lipbound.numeric.normalization`).
 """
 
 from __future__ import annotations
@@ -20,13 +26,14 @@ import math
 import numpy as np
 
 from ...errors import AssumptionError, WeightsError
-from ...rigorous.intervals import interval
+from ...rigorous.intervals import IV, interval, upper
+from ...rigorous.linalg import Enclosure, vector_norm_lower, vector_norm_upper
 from ...rigorous.value import CertifiedValue
-from ..normalization import Normalization, RMSNorm
+from ..normalization import Normalization
 from ..sdp.joint import _layernorm_projector  # diag(gamma) P as an enclosure, written once
 from .certify import derive_block, evaluate_block
 
-__all__ = ["RMSNorm", "norm_kind", "norm_jacobian", "gain_interval", "norm_constant", "check_floor"]
+__all__ = ["norm_kind", "norm_jacobian", "gain_interval", "norm_constant", "check_floor", "local_constants"]
 
 
 def norm_kind(norm) -> str:
@@ -88,3 +95,22 @@ def norm_constant(norm, sigma_min: float | None = None, norm_key: str = "fro") -
     if floor is not None:
         values["sigma_min"] = interval(floor)
     return evaluate_block(bound, values, name="derived")
+
+
+def local_constants(norm, X) -> np.ndarray:
+    """Certified upper bounds of ``||DN(x)||`` at each token x (rows of X (..., d)): ``||D_gamma Pi|| /
+    sqrt(||Pi x||^2 / d + eps)`` rounded up (module docstring), shape ``X.shape[:-1]``."""
+    norm_kind(norm)
+    X = np.asarray(X, dtype=np.float64)
+    if X.shape[-1] != norm.d:
+        raise WeightsError("X", f"tokens of {norm.d} features (last axis)", f"shape {X.shape}", "tokens are rows")
+    rows = Enclosure.exact(X.reshape(-1, norm.d))
+    if norm.centred:
+        rows = rows - (rows @ Enclosure.exact(np.ones((norm.d, 1)))).scale(1 / IV.mpf(norm.d))
+    gain, eps, d = gain_interval(norm), interval(norm.eps), IV.mpf(norm.d)
+    out = []
+    for mid, rad in zip(rows.mid, rows.rad):
+        length = interval(vector_norm_lower(mid)) - interval(vector_norm_upper(rad))
+        length = length if length.a > 0 else interval(0)
+        out.append(upper(gain / IV.sqrt(length ** 2 / d + eps)))
+    return np.array(out).reshape(X.shape[:-1])

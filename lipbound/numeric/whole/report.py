@@ -4,8 +4,11 @@ Composition rules (docs/mathematics.md, section 12), every product and sum round
 interval arithmetic:
 
 * post-LN layer ``LN_out(Y + F(Y))``, ``Y = LN_att(X + A(X))``:  ``L_out (1 + L_F) L_att (1 + L_A)``;
-* pre-LN layer: the product of its residual steps ``1 + L_A L_N`` (and ``1 + L_Q L_N'`` for the
-  cross-attention in its queries), ``1 + L_F L_N''`` or the folded rule, whichever is smaller;
+* pre-norm and sandwich layer: the product of its residual steps ``x + a * N'(F(N(x)))``, each the rule
+  of :func:`lipbound.numeric.blocks.constants.residual_constant` computed by its task
+  (``1 + lambda_max L_N' L_F L_N``; ``1 + L_A L_N`` without LayerScale and sandwich norm), the smallest
+  certified one (for a feed-forward block also the rule with the norm's gain folded in), and
+  ``1 + L_Q L_N'`` for a cross-attention in its queries;
 * a stack: the product of its layers, times its final LayerNorm;
 * a decoder in the encoder output ``C`` (fixed decoder input): ``K_0 = 0``,
   ``K_{l+1} = R_F^l (R_Q^l R_A^l K_l + L_C^l)`` with ``L_C^l`` the cross-attention's constant in
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 
 from ...printing.plaintext import legend_lines
 from ...rigorous.intervals import interval, upper, upper_product
+from .tasks import layer_norms
 
 __all__ = ["WholeReport", "LOOSE_GAP"]
 
@@ -44,7 +48,9 @@ def _best(upper_list) -> dict:
 
 def _shares(total: float, **parts) -> dict:
     """``log10(total)`` split between the named constants in proportion to their own log10 (a
-    residual step ``1 + L_F L_N`` is shared between F and N)."""
+    residual step ``1 + L_F L_N`` is shared between F and N); nothing for a step not certified."""
+    if not all(math.isfinite(v) and v > 0 for v in (total, *parts.values())):
+        return {}
     logs = {key: max(math.log10(value), 0.0) for key, value in parts.items()}
     whole = sum(logs.values())
     spread = max(math.log10(total), 0.0)
@@ -61,6 +67,18 @@ def _row(block, layer, component, part, uppers, witness) -> dict:
 
 def _entry(name, value, certified=True) -> dict:
     return {"name": name, "value": float(value), "certified": bool(certified)}
+
+
+def _kind(result: dict) -> str:
+    return {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}.get(result.get("kind", "layernorm"), "norm")
+
+
+def _branch(layer, inner: str, norm: str, after: str | None, scale) -> str:
+    """``X + a * N'(inner(N(X)))`` in words, for the residual rows."""
+    text = f"{inner}({norm}(X))"
+    if after is not None:
+        text = f"{after}({text})"
+    return "X + " + ("a * " if scale is not None else "") + text
 
 
 @dataclass
@@ -96,7 +114,8 @@ class WholeReport:
                 layers.append(layer)
             final = done.get(("norm", block, -1, "final"))
             if final is not None:
-                report.components.append(_row(block, None, "norm", "final LayerNorm", final["upper"], final["witness"]))
+                report.components.append(_row(block, None, "norm", f"final norm ({_kind(final)})", final["upper"],
+                                                  final["witness"]))
             if len(layers) == len(model.stack(block)) and (final is not None or model.final_norm_of(block) is None):
                 report._stack_bounds(block, layers, final, done)
         return report
@@ -106,11 +125,11 @@ class WholeReport:
         keys = [("attention", block, index, layer.self_kind), ("ffn", block, index, ""), ("layer", block, index, "")]
         if layer.cross is not None:
             keys += [("attention", block, index, "cross-queries"), ("attention", block, index, "cross-context")]
-        norms = ("ln_out", "ffn_norm") if layer.placement == "post" else \
-            ("ln_in",) + (("cross_norm",) if layer.cross is not None else ()) + ("ffn_norm",)
+        norms = layer_norms(layer)
         keys += [("norm", block, index, name) for name in norms]
         if any(key not in done for key in keys):
             return None
+        kinds = {name: _kind(done[("norm", block, index, name)]) for name in norms}
         rows = self.components
         att = done[keys[0]]
         rows.append(_row(block, index, "attention", f"{layer.self_kind} attention", att["upper"], att["witness"]))
@@ -118,7 +137,7 @@ class WholeReport:
         norm = {name: _best(done[("norm", block, index, name)]["upper"])["value"] for name in norms}
         for name in norms:
             result = done[("norm", block, index, name)]
-            rows.append(_row(block, index, "norm", name, result["upper"], result["witness"]))
+            rows.append(_row(block, index, "norm", f"{name} ({kinds[name]})", result["upper"], result["witness"]))
         ffn = done[("ffn", block, index, "")]
         rows.append(_row(block, index, "ffn", "feed-forward", ffn["upper"], ffn["witness"]))
         L_F = _best(ffn["upper"])["value"]
@@ -136,15 +155,22 @@ class WholeReport:
             naive = upper_product(norm["ln_out"], _plus_one_times(T_A), norm["ffn_norm"], _plus_one_times(T_F))
             cross = None
         else:
-            R_A = _plus_one_times(L_A, norm["ln_in"])
-            rows.append(_row(block, index, "residual", "X + attention(LN(X))", [_entry("1 + L_A L_N", R_A)],
-                             att["residual_witness"]))
-            ffn_rules = ffn["residual_upper"]
-            rows.append(_row(block, index, "residual", "X + feed-forward(LN(X))", ffn_rules, ffn["residual_witness"]))
-            R_F = _best(ffn_rules)["value"]
-            factors = [_shares(R_A, attention=L_A, norm=norm["ln_in"]), _shares(R_F, ffn=L_F, norm=norm["ffn_norm"])]
-            best_factors, naive_factors = [R_A, R_F], [_plus_one_times(T_A, norm["ln_in"]),
-                                                     _plus_one_times(T_F, norm["ffn_norm"])]
+            sandwich = layer.placement == "sandwich"
+            rows.append(_row(block, index, "residual", _branch(layer, "attention", kinds["ln_in"],
+                                                               kinds["ln_out"] if sandwich else None, layer.attn_scale),
+                             att["residual_upper"], att["residual_witness"]))
+            R_A = _best(att["residual_upper"])["value"]
+            rows.append(_row(block, index, "residual", _branch(layer, "feed-forward", kinds["ffn_norm"],
+                                                               kinds["ffn_out_norm"] if sandwich else None,
+                                                               layer.ffn_scale),
+                             ffn["residual_upper"], ffn["residual_witness"]))
+            R_F = _best(ffn["residual_upper"])["value"]
+            norm_A = upper_product(norm["ln_in"], norm["ln_out"]) if sandwich else norm["ln_in"]
+            norm_F = upper_product(norm["ffn_norm"], norm["ffn_out_norm"]) if sandwich else norm["ffn_norm"]
+            factors = [_shares(R_A, attention=L_A, norm=norm_A), _shares(R_F, ffn=L_F, norm=norm_F)]
+            certified = certified and all(r["certified"] for r in rows[-2:])
+            best_factors = [R_A, R_F]
+            naive_factors = [_best(att["residual_textbook"])["value"], _best(ffn["residual_textbook"])["value"]]
             cross = None
             if layer.cross is not None:
                 queries, context = done[keys[3]], done[keys[4]]
@@ -163,8 +189,8 @@ class WholeReport:
                          "naive": naive_factors, "T_C": context["upper"][0]["value"]}
             best, naive = upper_product(*best_factors), upper_product(*naive_factors)
         logs = {key: sum(part.get(key, 0.0) for part in factors) for key in ("attention", "ffn", "norm")}
-        dominant = max(logs, key=logs.get)
-        layer_row = _row(block, index, "layer", f"{layer.placement}-LN layer, {dominant} dominates",
+        dominant = max(logs, key=logs.get) if any(logs.values()) else "none (not certified)"
+        layer_row = _row(block, index, "layer", f"{layer.placement}-norm layer, {dominant} dominates",
                          [_entry("compositional", best, certified), _entry("textbook product", naive, certified)],
                          done[("layer", block, index, "")]["witness"])
         layer_row["dominant"] = dominant
@@ -175,6 +201,7 @@ class WholeReport:
     # end to end --------------------------------------------------------------------------------
     def _stack_bounds(self, block, layers, final, done):
         L_final = _best(final["upper"])["value"] if final is not None else 1.0
+        refused = [layer["row"]["layer"] for layer in layers if not layer["certified"]]
         certified = all(layer["certified"] for layer in layers) and (final is None or final["upper"][0]["certified"])
         output = f"the last hidden state of the {block}" + (" (after its final LayerNorm)" if final else "")
         stream = done.get(("model", block, -1, "stream"))
@@ -185,7 +212,7 @@ class WholeReport:
         what = "decoder input" if block == "decoder" else f"input of the first {block} layer"
         where = " (on the image of the LayerNorm before it)" if self.image_input.get(block) else " (all of R^(n x d))"
         self.model_bounds.append(self._bound(block, "stream", value, certified, f"the {what}{where}", output, naive,
-                                             stream["witness"] if stream else None, factors, eps))
+                                             stream["witness"] if stream else None, factors, eps, refused))
         context = done.get(("model", block, -1, "context"))
         if layers[0]["cross"] is not None:
             K = K_naive = 0.0
@@ -198,9 +225,10 @@ class WholeReport:
             self.model_bounds.append(self._bound(
                 block, "context", upper_product(K, L_final), certified,
                 "the encoder output (the context; decoder input fixed)", output, upper_product(K_naive, L_final),
-                context["witness"] if context else None, factors, eps))
+                context["witness"] if context else None, factors, eps, refused))
 
-    def _bound(self, block, argument, value, certified, source, output, naive, witness, factors, eps) -> dict:
+    def _bound(self, block, argument, value, certified, source, output, naive, witness, factors, eps,
+               refused=()) -> dict:
         gap = value / witness if witness else math.inf
         logs = {key: sum(part.get(key, 0.0) for part in factors) for key in ("attention", "ffn", "norm")}
         total = sum(logs.values()) or 1.0
@@ -209,9 +237,17 @@ class WholeReport:
         bound = {"value": value, "certified": certified, "input": source, "output": output, "norm": "fro",
                  "n": self.m if block == "decoder" and argument == "stream" and self.m else self.n,
                  "witness": witness, "gap": gap, "naive_product": naive, "block": block, "argument": argument,
-                 "log_shares": shares, "dominant": dominant, "eps": eps}
+                 "log_shares": shares, "dominant": dominant, "eps": eps, "not_certified_layers": list(refused)}
+        if refused:
+            bound["reasons"] = self._reasons(block)
         bound["statement"] = _statement(bound, factors)
         return bound
+
+    def _reasons(self, block) -> list[str]:
+        """Why components of a stack have no certified bound (one line per distinct reason)."""
+        reasons = {u.get("reason", "") for r in self.components if r["block"] == block and not r["certified"]
+                   for u in r["upper"] if not u["certified"]}
+        return sorted(r for r in reasons if r)
 
     # output ------------------------------------------------------------------------------------
     @property
@@ -248,9 +284,10 @@ class WholeReport:
         for b in self.model_bounds:
             out.append("")
             out.append(f"end to end, {b['block']} in {b['input']} -> {b['output']} (n = {b['n']}, Frobenius):")
+            ratio = b["naive_product"] / b["value"] if math.isfinite(b["value"]) and b["value"] > 0 else math.nan
             out.append(f"  certified bound {b['value']:.4g}{'' if b['certified'] else ' (NOT certified)'}; "
                        f"witness {_num(b['witness'])}; gap {_num(b['gap'])}; naive product {b['naive_product']:.4g} "
-                       f"(x{b['naive_product'] / b['value']:.3g} the compositional bound)")
+                       f"(x{ratio:.3g} the compositional bound)")
             out.append("  share of log10(bound): " + ", ".join(f"{k} {v:.0%}" for k, v in b["log_shares"].items())
                        + f"; dominant: {b['dominant']}")
             out.append("  " + b["statement"])
@@ -292,6 +329,12 @@ def _plain(value):
 def _statement(bound: dict, factors: dict) -> str:
     """The plain statement under an end-to-end bound: loose or not, and why."""
     gap = bound["gap"]
+    if bound.get("not_certified_layers"):
+        layers = bound["not_certified_layers"]
+        return (f"NOT CERTIFIED: {len(layers)} layer(s) ({', '.join(map(str, layers[:6]))}"
+                f"{', ...' if len(layers) > 6 else ''}) have a component without a certified bound: "
+                + "; ".join(bound.get("reasons", [])[:2]) + ".  The witness is a lower bound; no upper bound is "
+                "claimed.")
     if bound["witness"] is None:
         return "no witness yet."
     if gap <= LOOSE_GAP:
@@ -303,8 +346,10 @@ def _statement(bound: dict, factors: dict) -> str:
            "is a worst case over its whole domain, and the product over the layers assumes the worst case of every "
            "block at once, along aligned directions")
     if norm_share > 0.2:
-        why += (f"; the LayerNorm constants ||diag(gamma) P|| / sqrt(eps) ({norm_share:.0%}) are attained only at "
-                "tokens of (nearly) zero variance (eps = " + ", ".join(f"{e:g}" for e in bound["eps"]) + "), and "
-                "nothing certifies a variance floor for what a LayerNorm reads inside the model")
+        why += (f"; the norm constants ||diag(gamma) P|| / sqrt(eps) ({norm_share:.0%}: 1/sqrt(eps) = "
+                + ", ".join(f"{e ** -0.5:.3g}" for e in bound["eps"]) + " per norm, eps = "
+                + ", ".join(f"{e:g}" for e in bound["eps"]) + ") are attained only at tokens of (nearly) zero "
+                "variance or mean square, which the residual stream of a trained model never is, and nothing "
+                "certifies a floor for what a norm reads inside the model")
     return (f"ASTRONOMICALLY LOOSE: the certified bound is {orders:.1f} orders of magnitude above the witness; "
             f"{why}.  The truth lies between the witness and the bound.")

@@ -18,7 +18,14 @@ floats in interval and enclosure arithmetic (every rounding bounded; the activat
   ``W_1 (phi''(z) * (v W_1) * (u W_2^T))`` (envelope theorem).
 * :func:`residual_witness` -- ``x + F(N(x))`` (pre-LN) or ``N(x + F(x))`` (post-LN) at the inputs
   where N stretches most: a constant token (pre-LN) or the token whose ``x + F(x)`` is constant
-  (post-LN, found by Newton's method), with the direction from a power iteration.
+  (post-LN, found by Newton's method), with the direction from a power iteration;
+* :func:`gated_witness` -- a gated block (SwiGLU, GeGLU) on an ellipsoid ``{c + M w : ||w|| <= r}``
+  (:mod:`lipbound.numeric.sdp.gated`): from random points of its boundary, first the exact maximiser
+  over w of the lifted map with the slopes held (``w ~ M^T Phi^*(D B u) e``, the step that makes the
+  relaxation's bound; ``u, e`` the top singular pair), then projected ascent of ``sigma_max(Df(x))``
+  along its gradient (envelope theorem, with ``phi''``).  The witness stores its coordinates
+  ``(w, nu)``, ``x = c + M w`` and ``v = M nu``; the re-check rebuilds both in enclosure arithmetic and
+  proves ``||w|| < r``.
 """
 
 from __future__ import annotations
@@ -36,10 +43,12 @@ from ...rigorous.linalg import UNIT_ROUNDOFF, Enclosure, vector_norm_upper
 from ...symbolic.activations import interval_maps
 from ..blocks.activations import activation_maps, check_activation, slope_range
 from ..blocks.ffn import check_weights, forward, jacobian
+from ..blocks.gated import check_gated, ellipsoid_of
 from ..blocks.norms import check_floor, norm_jacobian, norm_kind
+from ..sdp.gated import Ellipsoid
 
-__all__ = ["BlockWitness", "norm_witness", "ffn_witness", "residual_witness", "recheck_block",
-           "ffn_jacobian_norms"]
+__all__ = ["BlockWitness", "norm_witness", "ffn_witness", "residual_witness", "gated_witness", "recheck_block",
+           "recheck_gated", "ffn_jacobian_norms"]
 
 _ETA = 2.0 ** -1074
 
@@ -53,7 +62,7 @@ class BlockWitness:
     ----------
     block : str
         ``"layernorm"``, ``"rmsnorm"``, ``"feed-forward"``, ``"pre-norm-feed-forward"`` (``x + F(N(x))``),
-        ``"post-norm-feed-forward"`` (``N(x + F(x))``).
+        ``"post-norm-feed-forward"`` (``N(x + F(x))``), ``"gated-feed-forward"`` (on an ellipsoid).
     x, direction : ndarray, shape (d,)
     value : float
         Computed in float64.
@@ -138,12 +147,18 @@ def _ffn_step(W_1, b_1, W_2, b_2, act: str, x: Enclosure, v: Enclosure):
 
 
 # The re-check -----------------------------------------------------------------------------------
-def recheck_block(witness: BlockWitness, *, norm=None, ffn: dict | None = None) -> float:
+def recheck_block(witness: BlockWitness, *, norm=None, ffn=None, ellipsoid=None) -> float:
     """The certified lower end of ``||Df(x) v|| / ||v||`` for the witness's block.
 
     ``norm`` is the LayerNorm or RMSNorm, ``ffn`` the arrays ``{"W_1", "b_1", "W_2", "b_2",
-    "act"}`` (both for residual blocks).  A witness of a normalisation with a floor must hold a
-    token whose variance is certified above ``sigma_min^2`` (else NaN: nothing is claimed)."""
+    "act"}`` (both for residual blocks), or a GatedFeedForward with its ``ellipsoid``
+    (:func:`recheck_gated`).  A witness of a normalisation with a floor must hold a token whose
+    variance is certified above ``sigma_min^2`` (else NaN: nothing is claimed)."""
+    if witness.block == "gated-feed-forward":
+        if ffn is None or ellipsoid is None:
+            raise AssumptionError("ffn, ellipsoid", "the gated block and the ellipsoid of the witness", "None",
+                                  "pass ffn=layer.ffn, ellipsoid=ellipsoid_of(domain, d)")
+        return recheck_gated(witness, ffn, ellipsoid)
     x, v = _column(witness.x), _column(witness.direction)
     length = interval(vector_norm_upper(witness.direction))
     if witness.block in ("layernorm", "rmsnorm"):
@@ -340,3 +355,120 @@ def residual_witness(placement: str, norm, ffn: dict, *, seed: int = 0, candidat
     witness = BlockWitness(f"{placement}-norm-feed-forward", x, v, value,
                            method="the input where the norm's input has the least variance; random tokens")
     return _certified(witness, norm=norm, ffn=ffn)
+
+
+# Gated blocks on an ellipsoid ------------------------------------------------------------------------
+class _GatedPoint:
+    """A gated block at a batch of tokens X (b, d): slopes, values and the top singular pairs of Df."""
+
+    def __init__(self, ffn, maps, X, V, power_steps):
+        self.ffn, self.maps = ffn, maps
+        self.G = X @ ffn.W_gate + ffn.b_gate
+        self.U = X @ ffn.W_up + ffn.b_up
+        self.S, self.P = maps.slope(self.G), maps.forward(self.G)
+        for _ in range(power_steps):
+            left = self.jvp(V)
+            left /= np.maximum(np.linalg.norm(left, axis=1, keepdims=True), 1e-300)
+            V = self.vjp(left)
+            V /= np.maximum(np.linalg.norm(V, axis=1, keepdims=True), 1e-300)
+        image = self.jvp(V)
+        self.sigma = np.linalg.norm(image, axis=1)
+        self.V, self.left = V, image / np.maximum(self.sigma, 1e-300)[:, None]
+
+    def jvp(self, V):
+        f = self.ffn
+        return ((V @ f.W_gate) * self.S * self.U + (V @ f.W_up) * self.P) @ f.W_down
+
+    def vjp(self, L):
+        f = self.ffn
+        h = L @ f.W_down.T
+        return (h * self.S * self.U) @ f.W_gate.T + (h * self.P) @ f.W_up.T
+
+    def lifted_step(self) -> np.ndarray:
+        """``Phi^*(D B u) e`` in x (rows): the maximiser's direction with the slopes and ``phi(g)/g`` held."""
+        f = self.ffn
+        h = self.left @ f.W_down.T
+        ratio = np.where(np.abs(self.G) > 1e-12, self.P / np.where(self.G == 0, 1.0, self.G), 0.5)
+        return (h * self.S * (self.V @ f.W_gate)) @ f.W_up.T + (h * ratio * (self.V @ f.W_up)) @ f.W_gate.T
+
+    def gradient(self) -> np.ndarray:
+        """``grad_x <u, Df(x) v>`` (rows): the gradient of sigma_max (envelope theorem)."""
+        f = self.ffn
+        h = self.left @ f.W_down.T
+        Vg, Vu = self.V @ f.W_gate, self.V @ f.W_up
+        return (h * (self.maps.curvature(self.G) * self.U * Vg + self.S * Vu)) @ f.W_gate.T + (h * self.S * Vg) @ f.W_up.T
+
+
+def gated_witness(ffn, domain, *, seed: int = 0, starts: int = 6, steps: int = 40,
+                  learning_rate: float = 0.02) -> BlockWitness:
+    """A token of ``domain`` (an ellipsoid, a bounded TokenDomain or the norm whose image the block reads)
+    where the gated block ``ffn`` stretches most (module docstring), re-checked.  ``steps`` alternate:
+    the first half lifted steps, the second half Adam steps of size ``learning_rate r`` (counted)."""
+    ffn = check_gated(ffn)
+    ellipsoid = domain if isinstance(domain, Ellipsoid) else ellipsoid_of(domain, ffn.d)
+    maps = activation_maps(ffn.act)
+    rng = np.random.default_rng(seed)
+    d, M = ffn.d, ellipsoid.axes.mid
+    inner = lower(interval(ellipsoid.radius)) * (1 - 1e-9)
+
+    def onto_ball(W):
+        norms = np.linalg.norm(W, axis=1, keepdims=True)
+        return W * np.where(norms > inner, inner / np.maximum(norms, 1e-300), 1.0)
+
+    def at_radius(W):
+        return W * (inner / np.maximum(np.linalg.norm(W, axis=1, keepdims=True), 1e-300))
+
+    W = at_radius(rng.standard_normal((starts, d)))
+    V = rng.standard_normal((starts, d))
+    best = (-1.0, None)
+    first = second = np.zeros_like(W)
+    for step in range(steps):
+        point = _GatedPoint(ffn, maps, ellipsoid.points(W), V, 6 if step else 30)
+        V = point.V
+        top = int(np.argmax(point.sigma))
+        if point.sigma[top] > best[0]:
+            best = (float(point.sigma[top]), W[top].copy())
+        if step < steps // 2:
+            W = at_radius(point.lifted_step() @ M)
+            continue
+        gradient = point.gradient() @ M
+        k = step - steps // 2 + 1
+        first = 0.9 * first + 0.1 * gradient
+        second = 0.999 * second + 0.001 * gradient ** 2
+        W = onto_ball(W + learning_rate * inner * (first / (1 - 0.9 ** k)) / (np.sqrt(second / (1 - 0.999 ** k))
+                                                                            + 1e-300))
+    w = best[1]
+    point = _GatedPoint(ffn, maps, ellipsoid.points(w[None]), rng.standard_normal((1, d)), 200)
+    nu = np.linalg.lstsq(M, point.V[0], rcond=None)[0]
+    witness = BlockWitness("gated-feed-forward", ellipsoid.points(w), M @ nu, float(point.sigma[0]),
+                           method="lifted steps from random boundary points, then projected ascent of sigma_max(Df(x))",
+                           details={"w": w, "nu": nu, "starts": starts, "steps": steps})
+    return _certified_gated(witness, ffn, ellipsoid)
+
+
+def _certified_gated(witness: BlockWitness, ffn, ellipsoid) -> BlockWitness:
+    started = time.perf_counter()
+    certified = recheck_gated(witness, ffn, ellipsoid)
+    return BlockWitness(witness.block, witness.x, witness.direction, witness.value, certified, None, witness.method,
+                        {**witness.details, "recheck_seconds": time.perf_counter() - started})
+
+
+def recheck_gated(witness: BlockWitness, ffn, ellipsoid) -> float:
+    """The certified lower end of ``||Df(x) v|| / ||v||`` at ``x = c + M w``, ``v = M nu`` (the witness's
+    coordinates), NaN unless ``||w|| < r`` is proved (then x is a point of the ellipsoid)."""
+    w, nu = np.asarray(witness.details["w"], dtype=float), np.asarray(witness.details["nu"], dtype=float)
+    if not upper(interval(vector_norm_upper(w))) < lower(interval(ellipsoid.radius)):
+        return math.nan
+    M = ellipsoid.axes
+    x = M @ _column(w)
+    if ellipsoid.center is not None:
+        x = x + _column(ellipsoid.center)
+    v = M @ _column(nu)
+    value_map, slope_map = interval_maps(check_activation(ffn.act))
+    g = _intervals(Enclosure.exact(ffn.W_gate.T) @ x + _column(ffn.b_gate))
+    u = _intervals(Enclosure.exact(ffn.W_up.T) @ x + _column(ffn.b_up))
+    through_gate = _entrywise(Enclosure.exact(ffn.W_gate.T) @ v, [slope_map(gk) * uk for gk, uk in zip(g, u)])
+    through_up = _entrywise(Enclosure.exact(ffn.W_up.T) @ v, [value_map(gk) for gk in g])
+    image = Enclosure.exact(ffn.W_down.T) @ (through_gate + through_up)
+    length = interval(v.norm_upper())
+    return lower(interval(image.norm_lower()) / length)
