@@ -63,6 +63,9 @@ _VARIATION_BOUNDS = {"blockwise": "blockwise bound",
                      "curvature-split": "the smaller of the blockwise bound and the second derivative's (split bound)",
                      "attention-tail": "the smaller of the blockwise bound and the split at the attention's output "
                                        "(the attention's own variation, then the per-token maps')",
+                     "attention-front": "the smaller of the blockwise bound and the split at the attention's input "
+                                        "(the norm's variation, then the attention's own: blockwise or through its "
+                                        "second derivative)",
                      "stack-blocks": "the smaller of the blockwise bound and the blocks' own curves, composed"}
 
 
