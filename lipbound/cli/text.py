@@ -123,7 +123,8 @@ def _add_edit_options(parser, default_k: str) -> None:
                         help="path certificate: refine until its error is at most this fraction (default 0.2)")
     parser.add_argument("--json", type=output_file("--json", ".json"), help="write the report as JSON")
     parser.add_argument("--plot", type=plot_file(), help="save measured, worst, certified and global W1 per layer")
-    parser.add_argument("--model", metavar="DIR", help="a BERT checkpoint directory (default: all-MiniLM-L6-v2)")
+    parser.add_argument("--model", metavar="PATH", help="a model directory (BERT or Llama-family) or a GGUF file "
+                        "(default: all-MiniLM-L6-v2)")
 
 
 def _depth(args) -> int:
