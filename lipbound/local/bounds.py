@@ -289,16 +289,22 @@ class NormFold:
 
     def overrides(self, attention: EnclosedAttention, r: np.ndarray, nu: np.ndarray, rho: np.ndarray) -> dict:
         """``scores`` and ``value_shift`` for :func:`attention_bounds` on the image of the balls of radii r: every
-        token's norm output within rho_j of its centre, its Jacobian within nu_j of ``J_j``."""
+        token's norm output within rho_j of its centre, its Jacobian within nu_j of ``J_j``.  Each is the smaller of
+        the route through the Jacobians and the plain one on the balls of radii rho (theorem local-score-deviation,
+        ``||A_h|| rho_j``): both hold there, and the plain one wins once the balls reach the norm's singular point."""
         pairs = attention.norms
-        sigma = evaluate_theorem(T.score_deviation_normalised(), **{
-            "c": attention.c, r"\|J_i a_{ij}\|": self.keys, r"\|J_j w_{ij}\|": self.queries,
-            T.SCORE_NAMES["a"]: pairs.a, T.SCORE_NAMES["b"]: pairs.b, T.SCORE_NAMES["g"]: pairs.g,
+        names = {"c": attention.c, T.SCORE_NAMES["a"]: pairs.a, T.SCORE_NAMES["b"]: pairs.b,
+                 T.SCORE_NAMES["g"]: pairs.g}
+        sigma = evaluate_theorem(T.score_deviation_normalised(), **names, **{
+            r"\|J_i a_{ij}\|": self.keys, r"\|J_j w_{ij}\|": self.queries,
             r"\nu_i": nu[None, :, None], r"\nu_j": nu[None, None, :], "r_i": r[None, :, None], "r_j": r[None, None, :],
             r"\rho_i": rho[None, :, None], r"\rho_j": rho[None, None, :]})
+        plain = evaluate_theorem(T.score_deviation(), **names, **{"r_i": rho[None, :, None], "r_j": rho[None, None, :]})
+        sigma = np.minimum(sigma, plain)
         scores = hidden_fill(attention.S + IntervalArray(-sigma, sigma), attention.visible)
         shift = ((IntervalArray(self.values) + IntervalArray(self.value_norms[:, None]) * IntervalArray(nu[None, :]))
                  * IntervalArray(r[None, :])).hi
+        shift = np.minimum(shift, (IntervalArray(self.value_norms[:, None]) * IntervalArray(rho[None, :])).hi)
         return {"scores": scores, "value_shift": shift}
 
 
