@@ -299,7 +299,7 @@ class NormFold:
             r"\|J_i a_{ij}\|": self.keys, r"\|J_j w_{ij}\|": self.queries,
             r"\nu_i": nu[None, :, None], r"\nu_j": nu[None, None, :], "r_i": r[None, :, None], "r_j": r[None, None, :],
             r"\rho_i": rho[None, :, None], r"\rho_j": rho[None, None, :]})
-        plain = evaluate_theorem(T.score_deviation(), **names, **{"r_i": rho[None, :, None], "r_j": rho[None, None, :]})
+        plain = evaluate_theorem(T.score_deviation(), **names, r_i=rho[None, :, None], r_j=rho[None, None, :])
         sigma = np.minimum(sigma, plain)
         scores = hidden_fill(attention.S + IntervalArray(-sigma, sigma), attention.visible)
         shift = ((IntervalArray(self.values) + IntervalArray(self.value_norms[:, None]) * IntervalArray(nu[None, :]))

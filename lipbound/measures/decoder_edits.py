@@ -34,7 +34,7 @@ from .edit_report import EditRow
 from .empirical import EmpiricalMeasure
 from .wasserstein import w1
 
-__all__ = ["is_decoder", "check_decoder_mode", "decoder_rows"]
+__all__ = ["check_decoder_mode", "decoder_rows", "is_decoder"]
 
 
 def is_decoder(model) -> bool:
