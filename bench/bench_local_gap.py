@@ -261,7 +261,7 @@ def hull_part(bert, text, position, layers, steps):
     _, outputs = _vocabulary_states(bert, ids, position, max(layers))
     for layer in layers:
         began = time.perf_counter()
-        chain = [Component("layernorm", embeddings.norm, "embedding LayerNorm")]
+        chain = [Component("norm", embeddings.norm, "embedding LayerNorm")]
         chain += (chain_for(model, "stack", 0, last=layer - 1) if layer else []) + chain_for(model, "layer", layer)
         reference = chain_forward(chain, summed[None])[-1][0]
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import local_models
 from lipbound.local.balls import Neighbourhood, TokenBalls
-from lipbound.local.bounds import attention_bounds, feedforward_bounds, layernorm_bounds, simplex_box_max
+from lipbound.local.bounds import attention_bounds, feedforward_bounds, norm_bounds, simplex_box_max
 from lipbound.local.curve import lipschitz_curve
 from lipbound.local.enclosed import EnclosedAttention
 from lipbound.local.path import identity_plan, path_certificate
@@ -110,7 +110,7 @@ def test_layernorm_and_feedforward_bounds_hold_on_token_balls(seed, radius):
     item = local_models.layer(rng)
     Z = 2 * rng.standard_normal((3, 6))
     balls = TokenBalls(Z, radius * rng.random(3))
-    _check_component(item.ln_out, layernorm_bounds(item.ln_out, balls), balls, rng, count=15)
+    _check_component(item.ln_out, norm_bounds(item.ln_out, balls), balls, rng, count=15)
     balls = TokenBalls(item.ln_out(Z), radius * rng.random(3))
     _check_component(lambda Y: Y + item.ffn(Y), feedforward_bounds(item.ffn, balls), balls, rng, count=15)
 

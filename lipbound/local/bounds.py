@@ -25,16 +25,17 @@ from dataclasses import dataclass
 from typing import final
 
 import numpy as np
-from ..numeric.model import FeedForward, Head, Layer, LayerNorm
+from ..numeric.model import FeedForward, Head, Layer
+from ..numeric.normalization import Normalization
 from ..rigorous.arrays import IntervalArray, gelu_curvature, gelu_slope, gelu_third
 from ..rigorous.elementwise import gelu_slope_extrema
 from ..rigorous.compiler import compile_array
 from ..rigorous.linalg import product_norm_upper, spectral_norm_upper, spectral_norm_upper_large
 from ..symbolic import local as T
 from .balls import TokenBalls
-from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedLayerNorm
+from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedNorm, head_products, hidden_fill
 
-__all__ = ["LocalBounds", "attention_bounds", "layernorm_bounds", "feedforward_bounds", "remainder_weights",
+__all__ = ["LocalBounds", "NormFold", "attention_bounds", "norm_bounds", "feedforward_bounds", "remainder_weights",
            "simplex_box_max", "attention_norms", "value_space", "evaluate_theorem", "head_movement"]
 
 
@@ -101,16 +102,15 @@ def _norm(head: Head, key: str, matrix_of) -> float:
 
 
 def attention_norms(engine) -> dict:
-    """Certified ``||W_Q||, ||W_K||, ||V|| (= L_V), ||W_Q W_K^T||`` per head, arrays (H,)."""
-    out = {key: [] for key in ("W_Q", "W_K", "L_V", "QK")}
+    """Certified ``||W_Q||, ||W_K||, ||V|| (= L_V)`` per head, arrays (H,) (the per-pair ``||W_Q R_ij W_K^T||`` are
+    :attr:`EnclosedAttention.norms`)."""
+    out = {key: [] for key in ("W_Q", "W_K", "L_V")}
     for h, head in enumerate(engine.heads):
         W_Q, W_K, V = engine.head_weights(h)[:3]
         out["W_Q"].append(_norm(head, "W_Q", lambda: W_Q))
         out["W_K"].append(_norm(head, "W_K", lambda: W_K))
         out["L_V"].append(_norm(head, "V", lambda: V))
-        out["QK"].append(_norm(head, "QK", lambda: (W_Q, W_K.T)))
     return {key: np.array(value) for key, value in out.items()}
-
 
 
 def value_space(E: EnclosedAttention, target) -> tuple[IntervalArray, IntervalArray, np.ndarray]:
@@ -142,17 +142,16 @@ def attention_bounds(target: Head | Layer, balls: TokenBalls, enclosed: Enclosed
     E = enclosed or EnclosedAttention(target, balls.center, balls.masses)
     engine = E.engine
     norms = attention_norms(engine)
-    H, n = engine.H, balls.n
+    n = balls.n
     r = balls.radii
     values, outputs, value_norms = value_space(E, target)
-    b = np.stack([E.Q[h].matmul(engine.head_weights(h)[1].T).norm_upper() for h in range(H)])  # ||W_K q_i^T||
+    pairs = E.norms                                   # a_ij, b_ij, g_ij (lipbound.local.scores)
     if scores is None:
-        a = np.stack([E.K[h].matmul(engine.head_weights(h)[0].T).norm_upper() for h in range(H)])  # ||W_Q k_j^T||
         sigma = evaluate_theorem(T.score_deviation(), **{
-            "c": E.c, r"\|W_Q \bar k_j^\top\|": a[:, None, :], r"\|W_K \bar q_i^\top\|": b[:, :, None],
-            r"\|W_Q W_K^\top\|": norms["QK"][:, None, None], "r_i": r[None, :, None], "r_j": r[None, None, :]})
-        scores = E.S + IntervalArray(-sigma, sigma)
-    p_hi, p_lo = _softmax_range(scores, balls.masses)
+            "c": E.c, T.SCORE_NAMES["a"]: pairs.a, T.SCORE_NAMES["b"]: pairs.b, T.SCORE_NAMES["g"]: pairs.g,
+            "r_i": r[None, :, None], "r_j": r[None, None, :]})
+        scores = hidden_fill(E.S + IntervalArray(-sigma, sigma), E.visible)
+    p_hi, p_lo = _softmax_range(scores, E.masses)
     p_hi, p_lo = np.maximum(p_hi, E.P.hi), np.minimum(p_lo, E.P.lo)
     delta = np.maximum((IntervalArray(p_hi) - IntervalArray(E.P.lo)).hi,
                        (IntervalArray(E.P.hi) - IntervalArray(p_lo)).hi)
@@ -163,7 +162,7 @@ def attention_bounds(target: Head | Layer, balls: TokenBalls, enclosed: Enclosed
              "value_shift": shift}
     per_head = [head_move]
     if want_blocks:
-        per_head += list(_attention_blocks(E, norms, value_norms, r, shift, p_lo, p_hi, delta, rho, head_move, b))
+        per_head += list(_attention_blocks(E, norms, value_norms, r, shift, p_lo, p_hi, delta, rho, head_move))
     movement, *matrices = (IntervalArray(m).sum(axis=0).hi for m in per_head)   # heads add up (multi-head rule)
     if engine.residual:
         movement = (IntervalArray(movement) + IntervalArray(r)).hi
@@ -228,18 +227,18 @@ def _softmax_range(scores: IntervalArray, masses: np.ndarray) -> tuple[np.ndarra
     return ends["upper"], ends["lower"]
 
 
-def _attention_blocks(E: EnclosedAttention, norms: dict, value_norms, r, shift, p_lo, p_hi, delta, rho, head_move,
-                      w_norm):
+def _attention_blocks(E: EnclosedAttention, norms: dict, value_norms, r, shift, p_lo, p_hi, delta, rho, head_move):
     """Per head ``(M, V, N)`` of shape (H, n, n): block bounds on U, their variation, and at X
     (theorems local-attention-block and local-attention-variation, in the heads' output space)."""
     H = E.engine.H
+    w_norm, g = E.norms.b, E.norms.g                                      # ||w_ij|| at X, ||W_Q R_ij W_K^T||
     L_V = value_norms[:, None, None]
     rj = r[None, None, :]
     mu = head_move[:, :, None]
     dU = (IntervalArray(shift[:, None, :]) + IntervalArray(mu)).hi
     U_plus = (IntervalArray(rho) + IntervalArray(dU)).hi                                  # (H, n, n)
-    w_plus = (IntervalArray(w_norm) + IntervalArray(norms["QK"][:, None] * r[None, :])).hi  # (H, n)
-    dw = (IntervalArray(norms["QK"][:, None]) * IntervalArray(r[None, :])).hi
+    dw = (IntervalArray(g) * IntervalArray(r[None, :, None])).hi                          # w_ij moves with q_i
+    w_plus = (IntervalArray(w_norm) + IntervalArray(dw)).hi                              # (H, n, n or 1)
     # K^+_il = ||k_l - kappa_i|| + ||W_K|| r_l with the fixed key kappa_i = sum_l p_il k_l (floats at X)
     kappa = np.einsum("hil,hlk->hik", E.P.mid, E.K.mid)
     key_spread = (E.K.expand(1) - IntervalArray(kappa).expand(2)).norm_upper()           # (H, n, n)
@@ -253,35 +252,86 @@ def _attention_blocks(E: EnclosedAttention, norms: dict, value_norms, r, shift, 
     diagonal = np.broadcast_to(np.eye(E.n), (H, E.n, E.n))
     common = {"c": E.c, "L_V": L_V, r"[i = j]": diagonal, "W_Q": norms["W_Q"][:, None, None]}
     M = evaluate_theorem(T.attention_block(), **common, **{
-        r"p^{+}_{ij}": p_hi, r"U^{+}_{ij}": U_plus, r"w^{+}_i": w_plus[:, :, None], r"C^{+}_i": C_plus[:, :, None]})
+        r"p^{+}_{ij}": p_hi, r"U^{+}_{ij}": U_plus, r"w^{+}_{ij}": w_plus, r"C^{+}_i": C_plus[:, :, None]})
     V = evaluate_theorem(T.attention_variation(), **common, **{
-        r"\delta_{ij}": delta, r"U^{+}_{ij}": U_plus, r"w^{+}_i": w_plus[:, :, None], r"\bar p_{ij}": E.P.hi,
-        r"\Delta U_{ij}": dU, r"\|\bar u_{ij}\|": rho, r"\Delta w_i": dw[:, :, None], r"\Delta C_i": dC[:, :, None]})
+        r"\delta_{ij}": delta, r"U^{+}_{ij}": U_plus, r"w^{+}_{ij}": w_plus, r"\bar p_{ij}": E.P.hi,
+        r"\Delta U_{ij}": dU, r"\|\bar u_{ij}\|": rho, r"\Delta w_{ij}": dw, r"\Delta C_i": dC[:, :, None]})
     N = evaluate_theorem(T.attention_block(), **common, **{
-        r"p^{+}_{ij}": E.P.hi, r"U^{+}_{ij}": rho, r"w^{+}_i": w_norm[:, :, None], r"C^{+}_i": C_at[:, :, None]})
+        r"p^{+}_{ij}": E.P.hi, r"U^{+}_{ij}": rho, r"w^{+}_{ij}": w_norm, r"C^{+}_i": C_at[:, :, None]})
     return M, V, N
 
 
-# LayerNorm ------------------------------------------------------------------------------------------
-def layernorm_bounds(norm: LayerNorm, balls: TokenBalls, enclosed: EnclosedLayerNorm | None = None) -> LocalBounds:
-    """Bounds of a LayerNorm (per token: the block matrices are diagonal)."""
-    E = enclosed or EnclosedLayerNorm(norm, balls.center)
+# Attention behind a norm (pre-norm) ------------------------------------------------------------------
+class NormFold:
+    """What a norm's Jacobians ``J_j`` at the centre do to the scores and values of the attention that reads it
+    (theorem local-score-deviation-normalised): ``||J_i a_ij||``, ``||J_j w_ij||`` (H, n, n) and ``||J_j A_h||``
+    (H, n), certified once.
+
+    Parameters
+    ----------
+    norm : EnclosedNorm
+        The norm at X.
+    attention : EnclosedAttention
+        The attention at the norm's output.
+    target : Head or Layer
+    """
+
+    def __init__(self, norm: EnclosedNorm, attention: EnclosedAttention, target):
+        n = attention.n
+        self.J = IntervalArray.stack([norm.jacobian_block(m) for m in range(n)])       # (n, d, d)
+        pairs = attention.norms
+        H = attention.engine.H
+        keys = pairs.key_vectors + IntervalArray(np.zeros((H, n, n, 1)))               # (H, n(i), n(j), d)
+        queries = pairs.w + IntervalArray(np.zeros((H, n, n, 1)))
+        self.keys = keys.einsum("hijd,ikd->hijk", self.J).norm_upper()                 # ||a_ij J_i^T||
+        self.queries = queries.einsum("hijd,jkd->hijk", self.J).norm_upper()           # ||w_ij J_j^T||
+        values = head_products(attention.engine)                                         # A_h, (H, d, d_out)
+        self.values = np.array([[spectral_norm_upper_large(self.J[j].bmm(values[h]).to_enclosure()) for j in range(n)]
+                                for h in range(H)])                                      # ||J_j A_h||
+        _, _, self.value_norms = value_space(attention, target)                         # ||A_h||
+
+    def overrides(self, attention: EnclosedAttention, r: np.ndarray, nu: np.ndarray, rho: np.ndarray) -> dict:
+        """``scores`` and ``value_shift`` for :func:`attention_bounds` on the image of the balls of radii r: every
+        token's norm output within rho_j of its centre, its Jacobian within nu_j of ``J_j``.  Each is the smaller of
+        the route through the Jacobians and the plain one on the balls of radii rho (theorem local-score-deviation,
+        ``||A_h|| rho_j``): both hold there, and the plain one wins once the balls reach the norm's singular point."""
+        pairs = attention.norms
+        names = {"c": attention.c, T.SCORE_NAMES["a"]: pairs.a, T.SCORE_NAMES["b"]: pairs.b,
+                 T.SCORE_NAMES["g"]: pairs.g}
+        sigma = evaluate_theorem(T.score_deviation_normalised(), **names, **{
+            r"\|J_i a_{ij}\|": self.keys, r"\|J_j w_{ij}\|": self.queries,
+            r"\nu_i": nu[None, :, None], r"\nu_j": nu[None, None, :], "r_i": r[None, :, None], "r_j": r[None, None, :],
+            r"\rho_i": rho[None, :, None], r"\rho_j": rho[None, None, :]})
+        plain = evaluate_theorem(T.score_deviation(), **names, r_i=rho[None, :, None], r_j=rho[None, None, :])
+        sigma = np.minimum(sigma, plain)
+        scores = hidden_fill(attention.S + IntervalArray(-sigma, sigma), attention.visible)
+        shift = ((IntervalArray(self.values) + IntervalArray(self.value_norms[:, None]) * IntervalArray(nu[None, :]))
+                 * IntervalArray(r[None, :])).hi
+        shift = np.minimum(shift, (IntervalArray(self.value_norms[:, None]) * IntervalArray(rho[None, :])).hi)
+        return {"scores": scores, "value_shift": shift}
+
+
+# LayerNorm and RMSNorm ------------------------------------------------------------------------------
+def norm_bounds(norm: Normalization, balls: TokenBalls, enclosed: EnclosedNorm | None = None) -> LocalBounds:
+    """Bounds of a LayerNorm or an RMSNorm (per token: the block matrices are diagonal)."""
+    E = enclosed or EnclosedNorm(norm, balls.center)
+    kind = norm.kind
     R = balls.radii
     common = {r"\|\gamma\|_\infty": np.float64(norm.gamma_max), "d": np.float64(norm.d), r"\nu": E.nu,
               r"\delta": E.delta}
-    lipschitz = evaluate_theorem(T.layernorm_lipschitz(), **common, R=R)
-    at_center = evaluate_theorem(T.layernorm_lipschitz(), **common, R=np.zeros_like(R))
+    lipschitz = evaluate_theorem(T.norm_lipschitz(kind), **common, R=R)
+    at_center = evaluate_theorem(T.norm_lipschitz(kind), **common, R=np.zeros_like(R))
     reach = (IntervalArray(norm.radius_about_center)
-             + IntervalArray((E.output - IntervalArray(norm.beta)).norm_upper())).hi
+             + IntervalArray((E.output - IntervalArray(norm.center)).norm_upper())).hi
     small = R < E.nu.lo                                                      # the chord form needs R < nu
     chord = np.full_like(R, np.inf)
     if np.any(small):
         restricted = {k: (v[small] if isinstance(v, IntervalArray) and v.shape else v) for k, v in common.items()}
-        chord[small] = evaluate_theorem(T.layernorm_movement(), **restricted, R=R[small])
+        chord[small] = evaluate_theorem(T.norm_movement(kind), **restricted, R=R[small])
     movement = np.minimum(np.minimum(chord, (IntervalArray(lipschitz) * IntervalArray(R)).hi), reach)
     scale = IntervalArray(norm.gamma_max) * IntervalArray(float(norm.d)).sqrt()
     G = np.minimum((IntervalArray(movement) / scale).hi, 2.0)
-    variation = evaluate_theorem(T.layernorm_variation(), **common, R=R, G=G)
+    variation = evaluate_theorem(T.norm_variation(kind), **common, R=R, G=G)
     return LocalBounds(movement, np.diag(lipschitz), np.diag(variation), np.diag(at_center), E.output,
                        {"nu": E.nu, "lipschitz": lipschitz})
 

@@ -2,18 +2,22 @@
 
 Each class takes its input as an :class:`~lipbound.rigorous.arrays.IntervalArray` (a float array
 taken exactly, or an enclosure of an exact point) and holds interval enclosures of everything the
-local theorems read: projections, scores, attention weights, head outputs, LayerNorm scales, FFN
+local theorems read: projections, scores, attention weights, head outputs, norm scales, FFN
 pre-activations and slopes, and the output.  Jacobian blocks are in row convention:
 ``d out_i = sum_j e_j B_ij`` for token perturbations ``e_j`` (rows), so ``B_ij`` is (d_in, d_out)
 and ``||B_ij||_2 = ||d out_i / d x_j||_2``.
 
-* :class:`EnclosedAttention` -- a head, or a multi-head layer with its residual:
-  ``B_ij = [i = j] I + sum_h (p_ij V + c p_ij w_i u_ij + [i = j] c W_Q C_i) W_O^h`` with
-  ``u_ij = v_j - f_i``, ``w_i = W_K q_i^T``, ``C_i = sum_l p_il k_l^T u_il`` (the derivative of
-  softmax attention, lemma ``softmax-derivative``);
-* :class:`EnclosedLayerNorm` -- ``B_ii = (P - g g^T) diag(gamma) sqrt(d) / n(u)`` (lemma
-  ``layernorm-jacobian``);
-* :class:`EnclosedFeedForward` -- ``x + GELU(x W_1 + b_1) W_2 + b_2``, ``B_ii = I + W_1 diag(GELU'(h_i)) W_2``.
+* :class:`EnclosedAttention` -- a head, or a multi-head layer with its residual, of a dot-product or
+  rotary score under a causal, windowed or no mask, grouped-query layers included
+  (:mod:`lipbound.local.scores`):
+  ``B_ij = [i = j] I + sum_h (p_ij V + c p_ij w_ij u_ij + [i = j] c W_Q M_i C_i) W_O^h`` with
+  ``u_ij = v_j - f_i``, ``w_ij = W_K M_j q~_i^T``, ``C_i = sum_l p_il k~_l^T u_il`` (the derivative of
+  softmax attention, lemma ``softmax-derivative``; ``M_p`` the rotation at position p, the identity for
+  a dot product, ``q~``, ``k~`` the rotated queries and keys; a hidden key has ``p_ij = 0``);
+* :class:`EnclosedNorm` -- a LayerNorm or an RMSNorm, ``B_ii = (P - g g^T) diag(gamma) sqrt(d) / n(u)``
+  (lemma ``layernorm-jacobian``; P the centring projection, or the identity for an RMSNorm);
+* :class:`EnclosedFeedForward` -- ``x + GELU(x W_1 + b_1) W_2 + b_2``, ``B_ii = I + W_1 diag(GELU'(h_i)) W_2``
+  (the gated block of a decoder: :mod:`lipbound.local.gated`).
 """
 
 from __future__ import annotations
@@ -22,14 +26,15 @@ import numpy as np
 
 from ..errors import WeightsError
 from ..numeric.attention import AttentionMap
-from ..numeric.dispatch import dot_product_scope
-from ..numeric.model import FeedForward, Head, Layer, LayerNorm
+from ..numeric.model import FeedForward, Head, Layer
+from ..numeric.normalization import Normalization
 from ..rigorous.arrays import IntervalArray, as_interval_array, gelu, gelu_curvature, gelu_slope
 from ..rigorous.intervals import IV
 from ..rigorous.linalg import Enclosure, lambda_max_upper, spectral_norm_upper_large
+from .scores import ScoreNorms, head_projections, score_scale, visibility
 
-__all__ = ["EnclosedAttention", "EnclosedLayerNorm", "EnclosedFeedForward", "inverse_sqrt", "head_products", "softmax",
-           "trilinear_norm", "feedforward_grams"]
+__all__ = ["EnclosedAttention", "EnclosedNorm", "EnclosedFeedForward", "inverse_sqrt", "head_products", "softmax",
+           "trilinear_norm", "feedforward_grams", "key_masses", "hidden_fill"]
 
 
 def inverse_sqrt(k: int) -> IntervalArray:
@@ -49,45 +54,66 @@ def head_products(engine: AttentionMap) -> IntervalArray:
     return IntervalArray.stack(blocks)
 
 
+def key_masses(masses: np.ndarray, visible: np.ndarray | None) -> np.ndarray:
+    """The mass of key j in the softmax of query i: ``m_j``, 0 where the mask hides the key ((n,), or
+    (H, n, n) with a mask)."""
+    return masses if visible is None else masses[None, None, :] * visible
+
+
+def hidden_fill(S: IntervalArray, visible: np.ndarray | None) -> IntervalArray:
+    """Scores with every hidden entry set to the smallest visible lower end of its row: a hidden key has
+    mass 0, so its score never counts, but the row's shift by its largest score (which keeps the
+    exponentials in range) must come from the keys it sees."""
+    if visible is None:
+        return S
+    floor = np.min(np.where(visible, S.lo, np.inf), axis=-1, keepdims=True)
+    return IntervalArray(np.where(visible, S.lo, floor), np.where(visible, S.hi, floor))
+
+
 class EnclosedAttention:
     """A head or an attention layer at one input, in interval arithmetic.
 
     Parameters
     ----------
     target : Head or Layer
-        Dot-product, non-causal (the local theorems are stated for these; others are refused).
+        Dot-product or rotary, causal, windowed or unmasked (:func:`lipbound.local.scores.check_scope`).
     X : IntervalArray or ndarray, shape (n, d)
     masses : ndarray, shape (n,), optional
-        Key masses (``p_ij`` proportional to ``m_j e^{s_ij}``).
+        Key masses (``p_ij`` proportional to ``m_j e^{s_ij}`` over the keys query i sees).
+    positions : ndarray of int, shape (n,), optional
+        The tokens' positions (default 0..n-1).
 
     Attributes
     ----------
     Q, K : IntervalArray (H, n, d_k)
+        Rotated queries and keys (a group's keys repeated for each of its heads).
     V, F : IntervalArray (H, n, d_v)
         Values (bias included) and head outputs ``f_i = sum_j p_ij v_j``.
     S, P : IntervalArray (H, n, n)
-        Scores ``c q_i . k_j`` and attention weights.
+        Scores ``c q~_i . k~_j`` (hidden ones filled by :func:`hidden_fill`) and attention weights (0 where hidden).
+    masses : ndarray
+        :func:`key_masses`.
+    norms : ScoreNorms
+        ``a_ij``, ``b_ij``, ``g_ij`` and ``w_ij`` (:class:`~lipbound.local.scores.ScoreNorms`).
     output : IntervalArray (n, d_out)
         ``[f^1..f^H] W_O + b_O`` (+ X for a residual layer); the head output for a head.
     """
 
-    def __init__(self, target: Head | Layer, X, masses=None):
+    def __init__(self, target: Head | Layer, X, masses=None, positions=None):
         engine = AttentionMap(target)
-        if not dot_product_scope(target) or engine.causal:
-            raise WeightsError("target", "a non-causal dot-product head or layer (the local theorems' scope)",
-                               f"{engine.kernel.describe()}{', causal' if engine.causal else ''}",
-                               "local certificates cover BERT-style attention; use lipbound verify for others")
         self.engine = engine
         X = as_interval_array(X)
         if X.ndim != 2 or X.shape[1] != engine.d:
             raise WeightsError("X", f"tokens of shape (n, {engine.d})", f"shape {X.shape}", "tokens are rows")
         self.X, self.n = X, X.shape[0]
-        self.masses = np.ones(self.n) if masses is None else np.asarray(masses, dtype=np.float64)
-        H, dk, dv = engine.H, engine.d_k, engine.d_v
-        projected = X.matmul(engine.W) + IntervalArray(engine.bias)
-        self.Q, self.K, self.V = (engine.per_head(projected, part) for part in ("queries", "keys", "values"))
-        self.c = inverse_sqrt(dk)
-        self.S = self.Q.einsum("hik,hjk->hij", self.K) * self.c
+        self.positions = np.arange(self.n) if positions is None else np.asarray(positions, dtype=np.int64)
+        H, dv = engine.H, engine.d_v
+        self.Q, self.K, self.V, self.rotations = head_projections(engine, X, self.positions)
+        self.visible = visibility(engine, self.positions, self.positions)
+        self.masses = key_masses(np.ones(self.n) if masses is None else np.asarray(masses, dtype=np.float64),
+                                 self.visible)
+        self.c = score_scale(engine)
+        self.S = hidden_fill(self.Q.einsum("hik,hjk->hij", self.K) * self.c, self.visible)
         self.P = softmax(self.S, self.masses)
         self.F = self.P.einsum("hij,hjv->hiv", self.V)
         merged = self.F.swapaxes(0, 1).reshape(self.n, H * dv)
@@ -98,30 +124,36 @@ class EnclosedAttention:
             if engine.residual:
                 self.output = self.output + X
         self._products = None
+        self._norms = None
 
     @property
     def d_out(self) -> int:
         return self.engine.d_out
 
+    @property
+    def norms(self) -> ScoreNorms:
+        if self._norms is None:
+            self._norms = ScoreNorms(self.engine, self.Q, self.K, self.rotations, self.positions)
+        return self._norms
+
     def _parts(self):
-        """``V^h W_O^h`` (H, d, d_out), ``w_i = q_i W_K^T`` (H, n, d), ``u_ij W_O^h`` (H, n, n, d_out) and the
-        diagonal term ``sum_h W_Q^h C^h_i W_O^h`` (n, d, d_out)."""
+        """``V^h W_O^h`` (H, d, d_out), ``w_ij`` (H, n, n or 1, d), ``u_ij W_O^h`` (H, n, n, d_out) and the
+        diagonal term ``sum_h W_Q^h M_i C^h_i W_O^h`` (n, d, d_out)."""
         if self._products is None:
             e = self.engine
             U = self.V.expand(1) - self.F.expand(2)                      # u_ij = v_j - f_i, (H, n, n, d_v)
-            ws, os, cs = [], [], []
+            os, cs = [], []
             for h in range(e.H):
-                W_K = e.head_weights(h)[1]
                 rows = np.eye(e.d_v) if e.W_O is None else e.target.output_block(h)
-                ws.append(self.Q[h].matmul(W_K.T))                         # (n, d)
                 os.append(U[h].matmul(rows))                               # (n, n, d_out)
                 C_h = (self.P[h].expand(-1).expand(-1) * (self.K[h].expand(0).expand(-1) * U[h].expand(2))).sum(axis=1)
-                cs.append(C_h.matmul(rows))                    # (n, d_k, d_out): sum_l p_il k_l^T u_il W_O^h
+                if self.rotations is not None:                             # M_i C_i: back to the unrotated queries
+                    C_h = self.rotations.einsum("ikl,ild->ikd", C_h)
+                cs.append(C_h.matmul(rows))                                # (n, d_k, d_out)
             W_Q_all = np.concatenate([e.head_weights(h)[0] for h in range(e.H)], axis=1)      # (d, H d_k)
             C_all = IntervalArray(np.concatenate([c.lo for c in cs], axis=1),
                                   np.concatenate([c.hi for c in cs], axis=1))
-            self._products = (head_products(e), IntervalArray.stack(ws), IntervalArray.stack(os),
-                              C_all.lmatmul(W_Q_all))
+            self._products = (head_products(e), self.norms.w, IntervalArray.stack(os), C_all.lmatmul(W_Q_all))
         return self._products
 
     def jacobian_column(self, j: int, outputs=None) -> IntervalArray:
@@ -131,7 +163,8 @@ class EnclosedAttention:
         rows = np.arange(self.n) if outputs is None else np.asarray(outputs, dtype=np.int64)
         Pj = self.P[:, rows, j]                                              # (H, m)
         first = Pj.einsum("hi,hab->iab", values)
-        second = (Pj * self.c).expand(-1).__mul__(w[:, rows]).einsum("hia,hib->iab", o[:, rows, j, :])
+        w_j = w[:, rows, 0] if w.shape[2] == 1 else w[:, rows, j]           # (H, m, d)
+        second = (Pj * self.c).expand(-1).__mul__(w_j).einsum("hia,hib->iab", o[:, rows, j, :])
         column = first + second
         own = np.flatnonzero(rows == j)
         if own.size == 0:
@@ -157,15 +190,16 @@ class EnclosedAttention:
 
 def softmax(S: IntervalArray, masses: np.ndarray) -> IntervalArray:
     """Rows of ``m_j e^{s_ij} / sum_l m_l e^{s_il}`` over the last axis, enclosed (shift by the row
-    maximum first; the shift cancels exactly)."""
+    maximum first; the shift cancels exactly); ``masses`` broadcast against S (0 for a hidden key)."""
     shift = np.max(S.hi, axis=-1, keepdims=True)
     weights = (S - IntervalArray(shift)).exp() * IntervalArray(masses)
     P = weights / weights.sum(axis=-1, keepdims=True)
     return IntervalArray(np.maximum(P.lo, 0.0), np.minimum(P.hi, 1.0))
 
 
-class EnclosedLayerNorm:
-    """``LN(z) = gamma * sqrt(d) u / n(u) + beta``, ``u = P z``, ``n(u) = sqrt(||u||^2 + d eps)``, per token.
+class EnclosedNorm:
+    """``N(z) = gamma * sqrt(d) u / n(u) + center``, ``u = P z``, ``n(u) = sqrt(||u||^2 + d eps)``, per token:
+    a LayerNorm (P the centring projection, centre beta) or an RMSNorm (P = I, centre 0).
 
     Attributes
     ----------
@@ -178,26 +212,26 @@ class EnclosedLayerNorm:
     output : IntervalArray (n, d)
     """
 
-    def __init__(self, norm: LayerNorm, Z):
+    def __init__(self, norm: Normalization, Z):
         Z = as_interval_array(Z)
         self.norm, self.Z = norm, Z
         d = norm.d
-        mean = Z.sum(axis=-1, keepdims=True) * IntervalArray.constant(IV.mpf(1) / d)
-        u = Z - mean
+        u = Z - Z.sum(axis=-1, keepdims=True) * IntervalArray.constant(IV.mpf(1) / d) if norm.centred else Z
         squares = u.square().sum(axis=-1)
         self.nu = squares.sqrt()
         self.delta = IntervalArray.constant(IV.mpf(d) * IV.mpf(norm.eps))
         self.scale = (squares + self.delta).sqrt()
         self.g = u / self.scale.expand(-1)
         self.root_d = IntervalArray.constant(IV.sqrt(d))
-        self.output = self.g * (IntervalArray(norm.gamma) * self.root_d) + IntervalArray(norm.beta)
+        self.output = self.g * (IntervalArray(norm.gamma) * self.root_d) + IntervalArray(norm.center)
 
     def jacobian_block(self, i: int) -> IntervalArray:
         """``B_ii`` (d, d)."""
         d = self.norm.d
         g = self.g[i]
-        centring = IntervalArray(np.eye(d)) - IntervalArray.constant(IV.mpf(1) / d)
-        inner = centring - g.expand(-1) * g.expand(0)
+        projection = IntervalArray(np.eye(d)) - IntervalArray.constant(IV.mpf(1) / d) if self.norm.centred \
+            else IntervalArray(np.eye(d))
+        inner = projection - g.expand(-1) * g.expand(0)
         return inner * (IntervalArray(self.norm.gamma) * self.root_d / self.scale[i]).expand(0)
 
 

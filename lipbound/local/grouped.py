@@ -36,7 +36,7 @@ GROUP_WIDTH = 6144
 def covers(chain) -> bool:
     """Whether the chain is one head or attention layer followed only by per-token maps."""
     return bool(chain) and chain[0].kind in ("head", "attention") and \
-        all(component.kind in ("layernorm", "feedforward") for component in chain[1:])
+        all(component.kind in ("norm", "feedforward") for component in chain[1:])
 
 
 def token_tail(enclosed, i: int):

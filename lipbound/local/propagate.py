@@ -26,9 +26,9 @@ from ..errors import AssumptionError
 from ..numeric.model import Embeddings, Model
 from ..rigorous.arrays import IntervalArray
 from .balls import TokenBalls
-from .bounds import attention_bounds, feedforward_bounds, layernorm_bounds
+from .bounds import attention_bounds, feedforward_bounds, norm_bounds
 from ..numeric.attention import AttentionMap
-from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedLayerNorm, inverse_sqrt, softmax
+from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedNorm, inverse_sqrt, softmax
 
 __all__ = ["EditTemplate", "LayerSet", "propagate", "through_layer", "through_layer_steps", "embedding_enclosure",
            "coupling_bound"]
@@ -108,7 +108,7 @@ def embedding_enclosure(embeddings: Embeddings, words: np.ndarray, position: int
     offset = embeddings.position_offset
     summed = IntervalArray(embeddings.word[np.asarray(words)].astype(np.float64)) \
         + IntervalArray(embeddings.position[offset + int(position)]) + IntervalArray(embeddings.token_type[0])
-    return EnclosedLayerNorm(embeddings.norm, summed).output
+    return EnclosedNorm(embeddings.norm, summed).output
 
 
 def _first_layer_facts(model: Model, template: EditTemplate, centers: np.ndarray, candidates: list, enclosed):
@@ -260,7 +260,7 @@ def embedding_enclosure_tokens(embeddings: Embeddings, ids: np.ndarray, position
     offset = embeddings.position_offset
     summed = IntervalArray(embeddings.word[ids].astype(np.float64)) \
         + IntervalArray(embeddings.position[offset + positions]) + IntervalArray(embeddings.token_type[0])
-    return EnclosedLayerNorm(embeddings.norm, summed).output
+    return EnclosedNorm(embeddings.norm, summed).output
 
 
 def _rounding(enclosure: IntervalArray) -> np.ndarray:
@@ -270,7 +270,7 @@ def _rounding(enclosure: IntervalArray) -> np.ndarray:
 
 def _per_token_stage(item):
     """The components between two attention blocks, in order, with their enclosures."""
-    return ((item.ln_out, EnclosedLayerNorm), (item.ffn, EnclosedFeedForward), (item.ffn_norm, EnclosedLayerNorm))
+    return ((item.ln_out, EnclosedNorm), (item.ffn, EnclosedFeedForward), (item.ffn_norm, EnclosedNorm))
 
 
 def through_layer_steps(item, centers, radii):
@@ -281,7 +281,7 @@ def through_layer_steps(item, centers, radii):
         if enclose is EnclosedFeedForward:
             bounds = feedforward_bounds(target, TokenBalls(centers, radii), enclosed, want_variation=False)
         else:
-            bounds = layernorm_bounds(target, TokenBalls(centers, radii), enclosed)
+            bounds = norm_bounds(target, TokenBalls(centers, radii), enclosed)
         centers = enclosed.output.mid
         radii = (IntervalArray(bounds.movement) + IntervalArray(_rounding(enclosed.output))).hi
         yield target, enclosed, bounds, centers, radii

@@ -27,12 +27,12 @@ from ..rigorous.arrays import IntervalArray
 from ..rigorous.linalg import spectral_norm_upper_large
 from ..symbolic import local as T
 from .balls import TokenBalls
-from .bounds import evaluate_theorem, layernorm_bounds, remainder_weights
+from .bounds import evaluate_theorem, norm_bounds, remainder_weights
 from .chains import telescoped_variation
 from .enclosed import feedforward_grams, trilinear_norm
 from .grouped import token_tail
 
-__all__ = ["BlockTail"]
+__all__ = ["BlockTail", "TokenTail"]
 
 
 class BlockTail:
@@ -136,7 +136,7 @@ class BlockTail:
         # the float centre x_3 lies within rho_3 of the exact image of x (the roundings of two steps)
         rho_3 = IntervalArray(rounding[3]) + IntervalArray(np.diag(M[2])) * IntervalArray(rounding[2])
         tighter = np.minimum(radii[3], (rate * IntervalArray(radii[1]) + rho_3).hi)
-        bounds = layernorm_bounds(self.ln_2.norm, TokenBalls(self.ln_2.Z.mid, tighter), self.ln_2)
+        bounds = norm_bounds(self.ln_2.norm, TokenBalls(self.ln_2.Z.mid, tighter), self.ln_2)
         return bounds.blocks, bounds.variation
 
     def variation(self, attention, M: list, V: list, N: list, radii: list, rounding: np.ndarray) -> float:
@@ -146,3 +146,23 @@ class BlockTail:
         return (IntervalArray(self.tau) * IntervalArray(attention.variation)
                 + IntervalArray(omega) * IntervalArray(attention.certified)).hi.item()
 
+
+
+class TokenTail:
+    """The per-token maps after a block's attention step, telescoped (a pre-norm or sandwich block: the
+    feed-forward residual step ``z + f N_ffo(FFN(N_ffn z))``).
+
+    ``tau = max_i ||T_i(A(X))||`` is certified from the maps' blocks at the centre; ``omega`` is the largest
+    diagonal entry of the telescoped variation of the per-token maps on the balls that hold ``A(U)``
+    (theorem local-chain), so that ``sup_U ||DF(Y) - DF(X)|| <= tau var_U(A) + omega Lip_U(A)`` (theorem
+    local-attention-tail)."""
+
+    def __init__(self, enclosed):
+        n = enclosed[0].output.shape[0]
+        self.tau = max(spectral_norm_upper_large(token_tail(enclosed, i).to_enclosure()) for i in range(n))
+
+    def variation(self, attention, M: list, V: list, N: list, radii: list, rounding) -> float:
+        n = V[1].shape[0]
+        omega = float(np.max(np.diag(telescoped_variation(M[1:], V[1:], N[1:], np.arange(n)))))
+        return (IntervalArray(self.tau) * IntervalArray(attention.variation)
+                + IntervalArray(omega) * IntervalArray(attention.certified)).hi.item()

@@ -1,9 +1,12 @@
-"""A BERT encoder on real text: the model of :mod:`lipbound.numeric.model` with its tokenizer.
+"""A text model: any complete model of :mod:`lipbound.numeric.model` with its tokenizer.
 
-Devlin et al. (2019).  The weights are read by the one checkpoint loader
-(:func:`lipbound.numeric.model.load_weights`), the forward pass is
-:mod:`lipbound.numeric.forward`, and the model's ``tokenizer.json`` (else ``vocab.txt``) gives the
-WordPiece tokenizer (:func:`lipbound.numeric.model.load_tokenizer`).  Layers are counted from 0: ``hidden_states(ids)[l]`` is
+A BERT encoder (Devlin et al. 2019; a Hugging Face directory) or a decoder (a GGUF file such as
+SmolLM2-135M-Instruct, or a Hugging Face Llama-family directory).  The weights are read by the one
+checkpoint loader (:func:`lipbound.numeric.model.load_weights`), the forward pass is
+:mod:`lipbound.numeric.forward`, and the tokenizer comes from the same place
+(:func:`lipbound.numeric.model.load_tokenizer`: ``tokenizer.json`` or ``vocab.txt`` of a directory, the
+vocabulary in a GGUF file's metadata).  A BERT's ids are ``[CLS] ... [SEP]``; a decoder's are the
+tokenizer's own (SmolLM2 adds no bos), at positions 0..n-1.  Layers are counted from 0: ``hidden_states(ids)[l]`` is
 the input of layer l (``[0]`` the embedding LayerNorm's output) and ``[L]`` the last output.
 No attention mask: one unpadded sentence at a time.
 """
@@ -77,15 +80,16 @@ class BertModel:
 
     @classmethod
     def from_directory(cls, path=None) -> "BertModel":
-        """Read a Hugging Face BERT directory (``config.json``, ``model.safetensors``, and
-        ``tokenizer.json`` or ``vocab.txt``); ``path=None`` uses :func:`default_model_dir`."""
+        """Read a Hugging Face directory (``config.json``, ``model.safetensors``, and ``tokenizer.json`` or
+        ``vocab.txt``) or a GGUF file (weights and vocabulary); ``path=None`` uses :func:`default_model_dir`."""
         path = default_model_dir() if path is None else os.fspath(path)
-        if not os.path.isdir(path):
-            raise WeightsError("model", "a directory with config.json, vocab.txt and model.safetensors",
-                               repr(path), "pass the folder of a downloaded Hugging Face BERT model")
+        if not os.path.exists(path):
+            raise WeightsError("model", "a model directory (config.json, model.safetensors) or a GGUF file",
+                               repr(path), "pass the folder of a downloaded Hugging Face model or a .gguf file")
         model = load_weights(path)
         tokenizer = None
-        if any(os.path.isfile(os.path.join(path, name)) for name in ("tokenizer.json", "vocab.txt")):
+        if os.path.isfile(path) or any(os.path.isfile(os.path.join(path, name))
+                                       for name in ("tokenizer.json", "vocab.txt")):
             tokenizer = load_tokenizer(path)
             if tokenizer.vocab_size != model.embeddings.vocab_size:
                 raise WeightsError(tokenizer.source, f"{model.embeddings.vocab_size} entries (the embedding table)",
@@ -105,7 +109,7 @@ class BertModel:
         return self.model.embeddings.max_positions
 
     def encode(self, text: str) -> list[int]:
-        """``[CLS] ... [SEP]`` token ids of ``text``."""
+        """The token ids of ``text`` (``[CLS] ... [SEP]`` for a BERT)."""
         if self.tokenizer is None:
             raise WeightsError("tokenizer", "a tokenizer.json or vocab.txt next to the weights", "none loaded",
                                "load the model from a folder with its tokenizer")
@@ -137,17 +141,17 @@ def _load_directory(path: str | None) -> BertModel:
 
 
 def load_text_model(model=None) -> BertModel:
-    """A :class:`BertModel`: ``model`` itself, the checkpoint in directory ``model``, or (None) the
+    """A :class:`BertModel`: ``model`` itself, the checkpoint in directory or GGUF file ``model``, or (None) the
     installed all-MiniLM-L6-v2.  Loaded checkpoints are kept for the rest of the run."""
     if isinstance(model, BertModel):
         return model
     if model is not None:
         path = os.fspath(model)
-        if not os.path.isdir(path):
-            raise AssumptionError("model", "a directory with config.json, vocab.txt and model.safetensors "
-                                  "of a BERT checkpoint", f"{path!r} (no such directory)",
-                                  "pass the folder of a downloaded Hugging Face BERT, or omit `model` for the "
-                                  "installed all-MiniLM-L6-v2")
+        if not os.path.exists(path):
+            raise AssumptionError("model", "a model directory (config.json, model.safetensors and its tokenizer) "
+                                  "or a GGUF file", f"{path!r} (no such file or directory)",
+                                  "pass the folder of a downloaded Hugging Face model or a .gguf file, or omit "
+                                  "`model` for the installed all-MiniLM-L6-v2")
         return _load_directory(os.path.abspath(path))
     try:
         return _load_directory(None)

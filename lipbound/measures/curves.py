@@ -3,8 +3,8 @@
 :func:`local_curve` tokenizes a sentence, runs it through the model, and asks
 :func:`lipbound.local.curve.lipschitz_curve` for the certified constant and the witness of a head, an
 attention layer, a block or a stack of blocks on ``U(X, eps)`` around the hidden states ``X`` that
-enter the chosen layer, for radii given as fractions of the LayerNorm radius ``R = max|gamma| sqrt(d)``
-of the LayerNorm feeding that layer.
+enter the chosen layer, for radii given as fractions of the norm radius ``R = max|gamma| sqrt(d)``
+of the LayerNorm or RMSNorm feeding that layer.
 """
 
 from __future__ import annotations
@@ -65,13 +65,16 @@ _VARIATION_BOUNDS = {"blockwise": "blockwise bound",
                      "curvature-split": "the smaller of the blockwise bound and the second derivative's (split bound)",
                      "attention-tail": "the smaller of the blockwise bound and the split at the attention's output "
                                        "(the attention's own variation, then the per-token maps')",
+                     "attention-front": "the smaller of the blockwise bound and the split at the attention's input "
+                                        "(the norm's variation, then the attention's own: blockwise or through its "
+                                        "second derivative)",
                      "stack-blocks": "the smaller of the blockwise bound and the blocks' own curves, composed"}
 
 
 def curve_table(curve: LipschitzCurve) -> str:
     lines = [f"{curve.description}: L(eps) in the {curve.norm} norm on the {curve.ball} ball"
              + (f" (tokens {list(curve.positions)})" if curve.ball == "tokens" else "")
-             + f", n = {curve.n}, LayerNorm radius R = {curve.radius:.4g}",
+             + f", n = {curve.n}, norm radius R = {curve.radius:.4g}",
              f"||DF(X)||: certified {curve.jacobian_norm:.6g} ({_JACOBIAN_BOUNDS[curve.jacobian_bound]}), "
              f"witness {curve.jacobian_witness:.6g}; "
              f"variation: {_VARIATION_BOUNDS[curve.variation_bound]}",

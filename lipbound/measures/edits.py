@@ -88,20 +88,22 @@ class Edit:
                 "tokens": list(self.tokens)}
 
 
-def check_positions(positions, mode: str, n: int) -> tuple[int, ...]:
+def check_positions(positions, mode: str, n: int, framed: bool = True) -> tuple[int, ...]:
     """Chosen positions (token indices counted from 0, ``[CLS]`` is 0): replace and delete edit word
-    tokens ``1..n-2``; insert puts a word before token ``1..n-1``.  Distinct, in the given order."""
+    tokens ``1..n-2``; insert puts a word before token ``1..n-1``.  Distinct, in the given order.
+    ``framed=False`` (a decoder's ids, no ``[CLS]``/``[SEP]``): any token ``0..n-1``."""
     values = tuple(int(p) for p in positions)
-    low, high = (1, n - 1) if mode == "insert" else (1, n - 2)
+    low, high = (0, n - 1) if not framed else (1, n - 1) if mode == "insert" else (1, n - 2)
     bad = [p for p in values if not low <= p <= high]
     if not values or bad or len(set(values)) != len(values):
-        raise AssumptionError("positions", f"distinct token positions in {low}..{high} (counted from 0; [CLS] is 0"
-                              f"{' and [SEP] is ' + str(n - 1) if mode != 'insert' else ''})",
+        raise AssumptionError("positions", f"distinct token positions in {low}..{high} (counted from 0"
+                              + (f"; [CLS] is 0{' and [SEP] is ' + str(n - 1) if mode != 'insert' else ''})"
+                                 if framed else ")"),
                               repr(list(values)), f"pick `positions` of this sentence's words, e.g. {low}")
     return values
 
 
-def draw_edits(model: BertModel, ids, mode: str, ks, seed: int, positions=None) -> dict[int, Edit]:
+def draw_edits(model: BertModel, ids, mode: str, ks, seed: int, positions=None, framed: bool = True) -> dict[int, Edit]:
     """The edits of :func:`perturb`, one per k, drawn by ``numpy.random.default_rng(seed)``.
 
     Nested: the edit of k tokens extends the one of k - 1 (same positions and words).  Word
@@ -120,15 +122,17 @@ def draw_edits(model: BertModel, ids, mode: str, ks, seed: int, positions=None) 
     seed : int
     positions : sequence of int, optional
         Chosen positions (see :func:`check_positions`); the k-token edit uses the first k.
+    framed : bool
+        The ids hold ``[CLS]`` and ``[SEP]`` (a BERT); False: every token is a word (a decoder).
     """
     ids = [int(i) for i in ids]
     tokenizer = model.tokenizer
     rng = np.random.default_rng(seed)
     n, largest = len(ids), max(ks)
     candidates = clean_word_ids(tokenizer)
-    order = rng.permutation(np.arange(1, n - 1))  # word positions; [CLS] (0) and [SEP] (n-1) never
+    order = rng.permutation(np.arange(1, n - 1) if framed else np.arange(n))  # [CLS] (0) and [SEP] (n-1) never
     if positions is not None:
-        order = np.array(check_positions(positions, mode, n))
+        order = np.array(check_positions(positions, mode, n, framed))
         if largest > order.size:
             raise AssumptionError("positions", f"at least {largest} positions (one per edited token)",
                                   f"{order.size}", "give as many `positions` as the largest k")

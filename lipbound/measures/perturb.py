@@ -43,6 +43,7 @@ from ..rigorous.intervals import interval, upper
 from ..rigorous.linalg import vector_norm_upper
 from ..rigorous.value import CertifiedValue
 from .bert import BertModel, load_text_model
+from .decoder_edits import check_decoder_mode, decoder_rows, is_decoder
 from .edit_report import FLOAT_ALLOWANCE, EditReport, EditRow
 from .edits import MODES, draw_edits, drawable_ids, edit_set, edited_ids
 from .empirical import EmpiricalMeasure
@@ -246,13 +247,23 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
     say = progress or (lambda text: None)
     ids = bert.encode(sentence)
     n = len(ids)
-    if n < 3:
+    decoder = is_decoder(bert)
+    if decoder:
+        check_decoder_mode(mode)
+    if n < (1 if decoder else 3):
         raise AssumptionError("sentence", "at least one word token", f"{sentence!r} (no tokens)",
                               "pass a sentence with words in it")
-    ks = _check_ks(len(positions) if positions is not None and k is None else k, n - 2)
+    ks = _check_ks(len(positions) if positions is not None and k is None else k, n if decoder else n - 2)
     chosen_layers = _check_layers(layers, bert.num_layers)
-    edits = draw_edits(bert, ids, mode, ks, int(seed), positions)
+    edits = draw_edits(bert, ids, mode, ks, int(seed), positions, framed=not decoder)
     candidates, set_text = _set_ids(bert, vocabulary, edits, int(seed)) if mode != "delete" else (None, "")
+    if decoder:
+        rows, search_info = decoder_rows(bert, ids, edits, candidates, DEFAULT_SEARCH if search is None else search,
+                                         int(seed), chosen_layers, say)
+        rows.sort(key=lambda r: (r.k, r.layer))
+        return EditReport(sentence, mode, int(seed), n, tuple(bert.tokenizer.tokens(ids)), edits, tuple(rows),
+                          {"description": set_text, "size": int(candidates.size)}, search_info,
+                          model=_model_label(model))
     original = bert.hidden_states(ids)
     blocks = {layer: bert.attention_block(layer, original[layer]).pre_norm for layer in range(max(chosen_layers) + 1)}
 

@@ -25,11 +25,11 @@ from . import symbols as S
 from .record import Derivation, Described, le
 from .theorems import Theorem
 
-__all__ = ["LOCAL_THEOREMS", "score_deviation", "softmax_upper", "softmax_lower", "attention_movement",
-           "attention_reach", "attention_block", "attention_variation", "attention_curvature", "layernorm_lipschitz",
-           "layernorm_movement",
-           "layernorm_variation", "feedforward_variation", "feedforward_curvature", "feedforward_front_variation",
-           "attention_tail", "block_tail_variation", "jacobian_on_neighbourhood", "chain_variation",
+__all__ = ["LOCAL_THEOREMS", "score_deviation", "score_deviation_normalised", "softmax_upper", "softmax_lower",
+           "attention_movement", "attention_reach", "attention_block", "attention_variation", "attention_curvature",
+           "norm_lipschitz", "norm_movement", "norm_variation", "feedforward_variation", "gated_variation",
+           "residual_step", "SCORE_NAMES", "feedforward_curvature", "feedforward_front_variation",
+           "attention_tail", "attention_front", "block_tail_variation", "jacobian_on_neighbourhood", "chain_variation",
            "path_certificate", "coupling_bound", "q"]
 
 
@@ -45,17 +45,49 @@ L_V = S.L_V
 gamma_max = q(r"\|\gamma\|_\infty")
 
 
+#: the per-pair quantities of the score-deviation theorem, by role (their LaTeX names)
+SCORE_NAMES = {"a": r"\|W_Q R_{ij} \bar k_j^\top\|", "b": r"\|W_K R_{ij}^\top \bar q_i^\top\|",
+               "g": r"\|W_Q R_{ij} W_K^\top\|"}
+
+
 @functools.lru_cache(maxsize=None)
 def score_deviation() -> Theorem:
-    """``|s_ij(Y) - s_ij(X)| <= c (a_ij r_i + b_ij r_j + g r_i r_j)`` on U."""
-    a, b, g = q(r"\|W_Q \bar k_j^\top\|"), q(r"\|W_K \bar q_i^\top\|"), q(r"\|W_Q W_K^\top\|")
+    """``|s_ij(Y) - s_ij(X)| <= c (a_ij r_i + b_ij r_j + g_ij r_i r_j)`` on U, for a dot-product score (``R_ij = I``)
+    or a rotary one (``R_ij = R(p_i - p_j)``, the rotation between the two positions)."""
+    a, b, g = (q(SCORE_NAMES[key]) for key in ("a", "b", "g"))
     statement = c * (a * r_i + b * r_j + g * r_i * r_j)
     proof = Derivation("Score deviation on a product of token balls")
-    proof.hypothesis("Y in U: ||y_j - x_j|| <= r_j for every token j")
-    proof.add(Described(r"s_{ij}(Y) - s_{ij}(X) = c\,(e_i W_Q \bar k_j^\top + \bar q_i W_K^\top e_j^\top "
-                        r"+ e_i W_Q W_K^\top e_j^\top),\ e_j = y_j - x_j"), "expand the bilinear score")
+    proof.hypothesis("Y in U: ||y_j - x_j|| <= r_j for every token j; s_ij = c (q_i M_i) . (k_j M_j) with M_p the "
+                     "rotation of RoPE at position p (orthogonal; the identity for a dot-product score), so that "
+                     "R_ij = M_i M_j^T = R(p_i - p_j) depends on the offset alone")
+    proof.add(Described(r"s_{ij} = c\,q_i R_{ij} k_j^\top,\ R_{ij} = M_i M_j^\top"),
+              "rotations by angles p theta_t in the same planes commute and compose by adding angles")
+    proof.add(Described(r"s_{ij}(Y) - s_{ij}(X) = c\,(e_i W_Q R_{ij} \bar k_j^\top + \bar q_i R_{ij} W_K^\top e_j^\top "
+                        r"+ e_i W_Q R_{ij} W_K^\top e_j^\top),\ e_j = y_j - x_j"), "expand the bilinear score")
     proof.add(le(Described(r"|s_{ij}(Y) - s_{ij}(X)|"), statement), "Cauchy-Schwarz on each term", "norm-calculus")
-    return Theorem("local-score-deviation", "Score deviation on token balls", statement, proof)
+    return Theorem("local-score-deviation", "Score deviation on token balls (dot-product and rotary scores)",
+                   statement, proof)
+
+
+@functools.lru_cache(maxsize=None)
+def score_deviation_normalised() -> Theorem:
+    """Scores read through a per-token norm (pre-norm): ``|s_ij(N(Y)) - s_ij(N(X))| <= c ((||J_i a_ij|| + nu_i a_ij) r_i
+    + (||J_j w_ij|| + nu_j b_ij) r_j + g_ij rho_i rho_j)``, and the values move by ``(||J_j A_h|| + nu_j ||A_h||) r_j``."""
+    fa, fb, nu_i, nu_j, rho_i, rho_j = (q(name) for name in (
+        r"\|J_i a_{ij}\|", r"\|J_j w_{ij}\|", r"\nu_i", r"\nu_j", r"\rho_i", r"\rho_j"))
+    a, b, g = (q(SCORE_NAMES[key]) for key in ("a", "b", "g"))
+    statement = c * ((fa + nu_i * a) * r_i + (fb + nu_j * b) * r_j + g * rho_i * rho_j)
+    proof = Derivation("Score deviation behind a norm")
+    proof.hypothesis("the attention reads z = N(x) token by token; ||y_j - x_j|| <= r_j; J_j = DN(x_j) (row convention), "
+                     "nu_j >= sup ||DN(y) - J_j|| on the ball of token j, rho_j >= ||N(y_j) - N(x_j)||; a_ij = W_Q R_ij "
+                     "k_j^T and w_ij = W_K R_ij^T q_i^T at z = N(X) (local-score-deviation), A_h = V^h W_O^h")
+    proof.add(Described(r"N(y_j) - N(x_j) = (y_j - x_j)\,\bar J_j,\ \|\bar J_j - J_j\| \le \nu_j"),
+              "mean value theorem: Jbar_j the mean of DN on the segment", "mean-value")
+    proof.add(le(Described(r"|s_{ij}(N(Y)) - s_{ij}(N(X))|"), statement),
+              "local-score-deviation with e_j = (y_j - x_j) Jbar_j: |e_i a_ij| <= r_i (||J_i a_ij|| + nu_i a_ij), the "
+              "second-order term by ||e_i|| <= rho_i; likewise the values: ||e_j A_h|| <= r_j (||J_j A_h|| + nu_j ||A_h||)",
+              "norm-calculus")
+    return Theorem("local-score-deviation-normalised", "Score deviation behind a norm", statement, proof)
 
 
 def _softmax(upper: bool) -> Theorem:
@@ -63,7 +95,8 @@ def _softmax(upper: bool) -> Theorem:
     statement = m * sp.exp(s) / (m * sp.exp(s) + Z)
     side = "upper" if upper else "lower"
     proof = Derivation(f"Softmax range, {side} end")
-    proof.hypothesis("every score of row i lies in [s^-_il, s^+_il]")
+    proof.hypothesis("every score of row i lies in [s^-_il, s^+_il]; m_l >= 0 (a key the mask hides from query i -- "
+                     "causal: p_l > p_i; a window: |p_i - p_l| >= w -- has m_l = 0, and query i sees itself)")
     proof.add(Described(r"p_{ij} = \bigl(1 + \textstyle\sum_{l \ne j} \tfrac{m_l}{m_j} e^{s_{il} - s_{ij}}\bigr)^{-1}"),
               "divide by the j-th term")
     proof.add(le(Described(r"p_{ij}") if upper else statement, statement if upper else Described(r"p_{ij}")),
@@ -120,7 +153,7 @@ def attention_reach() -> Theorem:
 def _block_symbols():
     return dict(p_plus=q(r"p^{+}_{ij}"), p_bar=q(r"\bar p_{ij}"), delta=q(r"\delta_{ij}"),
                 u_plus=q(r"U^{+}_{ij}"), u_bar=q(r"\|\bar u_{ij}\|"), du=q(r"\Delta U_{ij}"),
-                w_plus=q(r"w^{+}_i"), dw=q(r"\Delta w_i"), C_plus=q(r"C^{+}_i"), dC=q(r"\Delta C_i"),
+                w_plus=q(r"w^{+}_{ij}"), dw=q(r"\Delta w_{ij}"), C_plus=q(r"C^{+}_i"), dC=q(r"\Delta C_i"),
                 diagonal=q(r"[i = j]"), W_Q=S.matrix_norm(S.W_Q))
 
 
@@ -131,14 +164,17 @@ def attention_block() -> Theorem:
     statement = (s["p_plus"] * L_V + c * s["p_plus"] * s["u_plus"] * s["w_plus"]
                  + s["diagonal"] * c * s["W_Q"] * s["C_plus"])
     proof = Derivation("Jacobian blocks of a head on token balls")
-    proof.hypothesis("the softmax ranges hold on U; u_ij = v_j - f_i, w_i = W_K q_i^T, "
-                     "C_i = sum_l p_il u_il (k_l - kappa_i)^T for the fixed key kappa_i = sum_l p_il k_l at X")
-    proof.add(Described(r"J_{ij} = p_{ij} V^\top + c\,p_{ij}\,u_{ij} w_i^\top + [i = j]\,c\,C_i W_Q^\top"),
+    proof.hypothesis("the softmax ranges hold on U (p_ij = 0 for a key the mask hides); scores c (q_i M_i) . (k_j M_j) "
+                     "(local-score-deviation); u_ij = v_j - f_i, w_ij = W_K M_j M_i^T q_i^T, "
+                     "C_i = sum_l p_il u_il (k_l M_l - kappa_i)^T for the fixed key kappa_i = sum_l p_il k_l M_l at X; "
+                     "the heads of a key/value group read the same keys and values, each with its own queries")
+    proof.add(Described(r"J_{ij} = p_{ij} V^\top + c\,p_{ij}\,u_{ij} w_{ij}^\top + [i = j]\,c\,C_i M_i^\top W_Q^\top"),
               "differentiate f_i = sum_l p_il v_l in x_j; sum_l p_il u_il = 0 lets kappa_i be any key",
               "softmax-derivative")
     proof.add(le(Described(r"\|u_{ij}\|"), s["u_plus"]),
               "U^+_ij = ||v_j - f_i||(X) + Delta v_j + mu_i, mu_i the movement bound of f_i", "norm-calculus")
-    proof.add(le(Described(r"\|w_i\|"), s["w_plus"]), "w^+_i = ||W_K q_i^T||(X) + ||W_K W_Q^T|| r_i", "norm-calculus")
+    proof.add(le(Described(r"\|w_{ij}\|"), s["w_plus"]), "w^+_ij = ||w_ij||(X) + ||W_K R_ij^T W_Q^T|| r_i; ||M_i|| = 1",
+              "norm-calculus")
     proof.add(le(Described(r"\|C_i\|"), s["C_plus"]),
               "C^+_i = E_i[U^+_il (||k_l - kappa_i||(X) + ||W_K|| r_l)]", "box-simplex")
     proof.add(le(Described(r"\sup_U \|J_{ij}\|"), statement), "triangle inequality", "norm-calculus")
@@ -157,7 +193,7 @@ def attention_variation() -> Theorem:
     proof.add(Described(r"p' u' w'^\top - \bar p \bar u \bar w^\top = (p' - \bar p) u' w'^\top + "
                         r"\bar p (u' - \bar u) w'^\top + \bar p \bar u (w' - \bar w)^\top"), "telescope the product")
     proof.add(le(Described(r"\|u'_{ij} - \bar u_{ij}\|"), s["du"]), "Delta U_ij = Delta v_j + mu_i", "norm-calculus")
-    proof.add(le(Described(r"\|w'_i - \bar w_i\|"), s["dw"]), "Delta w_i = ||W_K W_Q^T|| r_i", "norm-calculus")
+    proof.add(le(Described(r"\|w'_{ij} - \bar w_{ij}\|"), s["dw"]), "Delta w_ij = ||W_K R_ij^T W_Q^T|| r_i", "norm-calculus")
     proof.add(le(Described(r"\|C'_i - \bar C_i\|"), s["dC"]),
               "the same telescoping under the sum over l: Delta C_i = sum_l delta_il U^+_il K^+_l + "
               "p_il (Delta U_il K^+_l + ||u_il|| ||W_K|| r_l), K^+_l = ||k_l - kappa_i|| + ||W_K|| r_l",
@@ -213,22 +249,32 @@ def _layernorm_symbols():
     return dict(nu=q(r"\nu"), R=q("R"), delta=q(r"\delta"), d=S.d)
 
 
+#: the two normalisations, by kind: what P is, how the map is written, its theorems' ids and titles
+_NORMS = {"layernorm": ("the centring projection", r"\mathrm{LN}",
+                        "LN(z) = gamma * sqrt(d) P z / sqrt(||P z||^2 + delta) + beta, P the centring projection",
+                        "layernorm", "LayerNorm"),
+          "rmsnorm": ("the identity", r"\mathrm{N}",
+                      "N(z) = gamma * z / sqrt(||z||^2 / d + eps) = gamma * sqrt(d) P z / sqrt(||P z||^2 + delta) with "
+                      "P = I (an RMSNorm: no centring, Zhang and Sennrich 2019)", "rmsnorm", "RMSNorm")}
+
+
 @functools.lru_cache(maxsize=None)
-def layernorm_lipschitz() -> Theorem:
-    """``sup ||J_LN|| <= ||gamma||_inf sqrt(d) / sqrt(max(nu - R, 0)^2 + delta)`` on the ball ``B(z, R)``."""
+def norm_lipschitz(kind: str = "layernorm") -> Theorem:
+    """``sup ||J_N|| <= ||gamma||_inf sqrt(d) / sqrt(max(nu - R, 0)^2 + delta)`` on the ball ``B(z, R)``, for a
+    LayerNorm or an RMSNorm (``kind``)."""
+    projection, symbol, definition, key, title = _NORMS[kind]
     s = _layernorm_symbols()
     low = sp.Max(s["nu"] - s["R"], 0)
     statement = gamma_max * sp.sqrt(s["d"]) / sp.sqrt(low ** 2 + s["delta"])
-    proof = Derivation("LayerNorm on a ball")
-    proof.hypothesis("LN(z) = gamma * sqrt(d) P z / sqrt(||P z||^2 + delta) + beta, P the centring projection, "
-                     "delta = d eps; nu = ||P z|| at the centre, ||z' - z|| <= R")
-    proof.add(le(Described(r"\|D\,\mathrm{LN}(z')\|"),
+    proof = Derivation(f"{title} on a ball")
+    proof.hypothesis(f"{definition}; delta = d eps; nu = ||P z|| at the centre, ||z' - z|| <= R")
+    proof.add(le(Described(rf"\|D\,{symbol}(z')\|"),
                  gamma_max * sp.sqrt(s["d"]) / Described(r"\sqrt{\|P z'\|^2 + \delta}")),
-              "D LN = diag(gamma) sqrt(d) (P - g g^T) / n(u), g = u / n(u), n(u) = sqrt(||u||^2 + delta), "
-              "and 0 <= P - g g^T <= I", "layernorm-jacobian")
-    proof.add(le(Described(r"\|P z'\|"), s["nu"] + s["R"]), "P is an orthogonal projection")
-    proof.add(le(Described(r"\sup \|D\,\mathrm{LN}\|"), statement), "||P z'|| >= nu - R", "norm-calculus")
-    return Theorem("local-layernorm-lipschitz", "LayerNorm on a ball (Lipschitz)", statement, proof)
+              f"D N = diag(gamma) sqrt(d) (P - g g^T) / n(u), g = u / n(u), n(u) = sqrt(||u||^2 + delta), u = P z, P "
+              f"{projection}, and 0 <= P - g g^T <= I", "layernorm-jacobian")
+    proof.add(le(Described(r"\|P z'\|"), s["nu"] + s["R"]), f"P is an orthogonal projection ({projection})")
+    proof.add(le(Described(rf"\sup \|D\,{symbol}\|"), statement), "||P z'|| >= nu - R", "norm-calculus")
+    return Theorem(f"local-{key}-lipschitz", f"{title} on a ball (Lipschitz)", statement, proof)
 
 
 def _lam(t, delta):
@@ -236,47 +282,49 @@ def _lam(t, delta):
 
 
 @functools.lru_cache(maxsize=None)
-def layernorm_movement() -> Theorem:
-    """``||LN(z') - LN(z)|| <= ||gamma||_inf sqrt(d) G`` for ``||z' - z|| <= R < nu``, with G the
-    normalised movement: the chord of the cone the ball subtends, plus the change of the scale."""
+def norm_movement(kind: str = "layernorm") -> Theorem:
+    """``||N(z') - N(z)|| <= ||gamma||_inf sqrt(d) G`` for ``||z' - z|| <= R < nu``, with G the normalised
+    movement: the chord of the cone the ball subtends, plus the change of the scale."""
+    projection, symbol, definition, key, title = _NORMS[kind]
     s = _layernorm_symbols()
     ratio = s["R"] / s["nu"]
     chord = ratio * sp.sqrt(2 / (1 + sp.sqrt(1 - ratio ** 2)))
     G = chord + _lam(s["nu"], s["delta"]) - _lam(s["nu"] - s["R"], s["delta"])
     statement = gamma_max * sp.sqrt(s["d"]) * G
-    proof = Derivation("LayerNorm movement on a ball")
-    proof.hypothesis("||z' - z|| <= R < nu = ||P z||")
+    proof = Derivation(f"{title} movement on a ball")
+    proof.hypothesis(f"{definition}; ||z' - z|| <= R < nu = ||P z||")
     proof.add(Described(r"g(u) = \hat u \, \lambda(\|u\|),\ \lambda(t) = t / \sqrt{t^2 + \delta}"),
-              "normalised output of the LayerNorm, u = P z")
+              f"normalised output, u = P z (P {projection})")
     proof.add(le(Described(r"\|\hat u' - \hat u\|"), chord),
               "u' lies in B(u, R), which subtends a cone of half-angle arcsin(R / nu): "
               "chord 2 sin(theta / 2) = sqrt(2 - 2 sqrt(1 - R^2 / nu^2))", "cap-chord")
     proof.add(le(Described(r"|\lambda(\|u'\|) - \lambda(\nu)|"),
                  _lam(s["nu"], s["delta"]) - _lam(s["nu"] - s["R"], s["delta"])),
               "lambda is increasing and concave on t > 0 and ||u'|| in [nu - R, nu + R]")
-    proof.add(le(Described(r"\|\mathrm{LN}(z') - \mathrm{LN}(z)\|"), statement),
+    proof.add(le(Described(rf"\|{symbol}(z') - {symbol}(z)\|"), statement),
               "||gamma * w|| <= ||gamma||_inf ||w|| and the triangle inequality", "norm-calculus")
-    return Theorem("local-layernorm-movement", "LayerNorm movement on a ball", statement, proof)
+    return Theorem(f"local-{key}-movement", f"{title} movement on a ball", statement, proof)
 
 
 @functools.lru_cache(maxsize=None)
-def layernorm_variation() -> Theorem:
-    """``sup ||J_LN(z') - J_LN(z)|| <= ||gamma|| sqrt(d) (|1/n' - 1/n| + 2 G / n)``."""
+def norm_variation(kind: str = "layernorm") -> Theorem:
+    """``sup ||J_N(z') - J_N(z)|| <= ||gamma|| sqrt(d) (|1/n' - 1/n| + 2 G / n)``."""
+    projection, symbol, definition, key, title = _NORMS[kind]
     s = _layernorm_symbols()
     G = q("G")
     n_c = sp.sqrt(s["nu"] ** 2 + s["delta"])
     n_low = sp.sqrt(sp.Max(s["nu"] - s["R"], 0) ** 2 + s["delta"])
     n_high = sp.sqrt((s["nu"] + s["R"]) ** 2 + s["delta"])
     statement = gamma_max * sp.sqrt(s["d"]) * (sp.Max(1 / n_low - 1 / n_c, 1 / n_c - 1 / n_high) + 2 * G / n_c)
-    proof = Derivation("Variation of the LayerNorm Jacobian on a ball")
-    proof.hypothesis("||z' - z|| <= R; G bounds ||g(u') - g(u)|| (LayerNorm movement, or R / n(nu - R))")
+    proof = Derivation(f"Variation of the {title} Jacobian on a ball")
+    proof.hypothesis(f"{definition}; ||z' - z|| <= R; G bounds ||g(u') - g(u)|| (the movement theorem, or R / n(nu - R))")
     proof.add(Described(r"B(u') - B(u) = \sqrt d\,(\tfrac1{n'} - \tfrac1n)(P - g' g'^\top) - "
-                        r"\tfrac{\sqrt d}{n} (g' g'^\top - g g^\top)"), "write D LN = diag(gamma) B(u)")
+                        r"\tfrac{\sqrt d}{n} (g' g'^\top - g g^\top)"), f"write D N = diag(gamma) B(u), P {projection}")
     proof.add(le(Described(r"\|g' g'^\top - g g^\top\|"), 2 * G), "||a a^T - b b^T|| <= ||a - b|| (||a|| + ||b||), "
               "||g|| < 1", "norm-calculus")
-    proof.add(le(Described(r"\sup \|D\,\mathrm{LN}(z') - D\,\mathrm{LN}(z)\|"), statement),
+    proof.add(le(Described(rf"\sup \|D\,{symbol}(z') - D\,{symbol}(z)\|"), statement),
               "n(u') lies between n(nu - R) and n(nu + R)", "layernorm-jacobian")
-    return Theorem("local-layernorm-variation", "Variation of the LayerNorm Jacobian", statement, proof)
+    return Theorem(f"local-{key}-variation", f"Variation of the {title} Jacobian", statement, proof)
 
 
 def _split(spread: str):
@@ -300,6 +348,50 @@ def feedforward_variation() -> Theorem:
                  (q(r"\|D(x + \mathrm{FFN})(x)\|") + statement) * q("R")),
               "mean value theorem on the ball; the secant slope of GELU lies in the range of GELU'", "secant-slope")
     return Theorem("local-feedforward-variation", "Variation of the feed-forward Jacobian", statement, proof)
+
+
+@functools.lru_cache(maxsize=None)
+def gated_variation() -> Theorem:
+    """``sup ||J(y') - J(y)|| <= ||W_2^T diag(t)^(1/2)|| ||diag(t)^(1/2) W_1^T||`` for the gated block
+    ``(act(y W_gate + b_gate) * (y W_up + b_up)) W_down + b_down`` on a ball, t the deviations of its slopes."""
+    a, b = _split("t")
+    statement = a * b
+    proof = Derivation("Variation of the gated feed-forward Jacobian on a ball")
+    proof.hypothesis("y -> (act(a) * b) W_down + b_down with a = y W_gate + b_gate, b = y W_up + b_up (SwiGLU: act = SiLU); "
+                     "W_1 = [W_gate W_up], W_2 = [W_down; W_down]; on B(y, R) every a_k stays within ||w_k^gate|| R "
+                     "and every b_k within ||w_k^up|| R of its value at y; t_k >= |s_k(y') - s_k(y)| for the slopes "
+                     "s = (act'(a) * b, act(a)), from their ranges over those intervals")
+    proof.add(Described(r"J(y) = W_{\mathrm{gate}} \operatorname{diag}(\operatorname{act}'(a) \odot b) W_{\mathrm{down}} "
+                        r"+ W_{\mathrm{up}} \operatorname{diag}(\operatorname{act}(a)) W_{\mathrm{down}} "
+                        r"= W_1 \operatorname{diag}(s) W_2"),
+              "differentiate the product act(a) * b (row convention)", "norm-calculus")
+    proof.add(le(Described(r"\|W_1 \operatorname{diag}(s' - s) W_2\|"), statement),
+              "|s' - s| <= t: diag(s' - s) = diag(t)^{1/2} E diag(t)^{1/2} with ||E|| <= 1, and submultiplicativity",
+              "submultiplicative")
+    proof.add(le(Described(r"\|\mathrm{FFN}(y') - \mathrm{FFN}(y)\|"), (q(r"\|J(y)\|") + statement) * q("R")),
+              "mean value theorem on the ball", "mean-value")
+    return Theorem("local-gated-variation", "Variation of the gated feed-forward Jacobian", statement, proof)
+
+
+@functools.lru_cache(maxsize=None)
+def residual_step() -> Theorem:
+    """For a residual step ``F(X) = X + G(X)`` whose branch ``G = B o N`` reads a per-token norm N (pre-norm
+    placement), blockwise on U: ``sup ||DF_ij|| <= [i = j] + M^B_ij M^N_j`` and
+    ``sup ||DF_ij(Y) - DF_ij(X)|| <= V^B_ij N^N_j + M^B_ij V^N_j``; the statement is the variation."""
+    MB, VB, MN, VN, NN = (q(name) for name in ("M^B_{ij}", "V^B_{ij}", "M^N_j", "V^N_j", "N^N_j"))
+    statement = VB * NN + MB * VN
+    proof = Derivation("A residual step around a normalised branch (pre-norm placement)")
+    proof.hypothesis("F(X) = X + B(N(X)), N acting token by token with Jacobian blocks J^N_j; on U: M^N_j >= ||J^N_j||, "
+                     "V^N_j >= ||J^N_j(y_j) - J^N_j(x_j)||, N^N_j >= ||J^N_j(x_j)||; on token balls holding N(U): "
+                     "M^B_ij >= ||D_j B_i||, V^B_ij >= ||D_j B_i(N(Y)) - D_j B_i(N(X))|| (B an attention layer, a "
+                     "feed-forward block, or either followed by a norm or a LayerScale gain)")
+    proof.add(Described(r"D_j F_i(Y) = [i = j]\,I + J^N_j(y_j)\, D_j B_i(N(Y))"),
+              "chain rule; the residual's identity does not vary", "telescoping")
+    proof.add(Described(r"D_j F_i(Y) - D_j F_i(X) = J^N_j(x_j) (D_j B_i(N(Y)) - D_j B_i(N(X))) "
+                        r"+ (J^N_j(y_j) - J^N_j(x_j)) D_j B_i(N(Y))"), "add and subtract", "telescoping")
+    proof.add(le(Described(r"\sup_U \|D_j F_i(Y) - D_j F_i(X)\|"), statement), "submultiplicativity",
+              "submultiplicative")
+    return Theorem("local-residual-step", "A residual step around a normalised branch", statement, proof)
 
 
 @functools.lru_cache(maxsize=None)
@@ -349,6 +441,38 @@ def attention_tail() -> Theorem:
     proof.add(le(Described(r"\sup_U \|DF(Y) - DF(X)\|"), statement),
               "a block-diagonal matrix has the norm of its largest block; submultiplicativity", "submultiplicative")
     return Theorem("local-attention-tail", "Variation of an attention layer and the maps after it", statement, proof)
+
+
+@functools.lru_cache(maxsize=None)
+def attention_front() -> Theorem:
+    """``sup_U ||DF(Y) - DF(X)|| <= nu_P Lip(A) M_Q + W M_Q + n_P ||DA(Z)|| omega_Q`` for ``F = Q o A o P``, P and Q
+    per token (a pre-norm branch: P the norm, A the attention, Q a sandwich's output norm and gain, or
+    nothing), W bounding ``sup ||P(X) (DA(P(Y)) - DA(P(X)))||``: ``n_P var(A)``, or the second derivative with
+    P's Jacobians folded into both arguments."""
+    nu, n_p, lip, W, m_q, omega, at = (q(name) for name in (
+        r"\nu_P", r"n_P", r"\operatorname{Lip}_{P(U)}(A)", r"W_P", r"M_Q", r"\omega_Q", r"\|DA(\bar Z)\|"))
+    statement = nu * lip * m_q + W * m_q + n_p * at * omega
+    proof = Derivation("Variation of a normalised attention branch, split at the attention's input")
+    proof.hypothesis("F = Q o A o P on a convex U with ||Y - X||_F <= theta; P and Q act token by token with "
+                     "Jacobian blocks P_j and Q_i; Z = P(X); nu_P >= max_j sup ||P_j(y_j) - P_j(x_j)||, n_P >= "
+                     "max_j ||P_j(x_j)||; P(U) lies in the product of token balls of radii rho_j, on which var(A) >= "
+                     "sup ||DA(Z') - DA(Z)|| and Lip(A) >= sup ||DA(Z')||; M_Q >= max_i sup ||Q_i||, omega_Q >= "
+                     "max_i sup ||Q_i(A(Z')) - Q_i(A(Z))|| there; chi(S) and chi^P(S) bound sup_S ||D^2 A[u, v]|| and "
+                     "sup_S ||D^2 A[u P, v P]|| over unit u, v (local-attention-curvature, the second with P's "
+                     "Jacobians at X folded into both arguments); W_P = n_P var(A), or "
+                     "theta sum_k (s_k - s_{k-1}) (chi^P + nu_P n_P chi)(P(s_k rho))")
+    proof.add(Described(r"DF(Y) - DF(X) = (P' - P)\,A'\,Q' + P\,(A' - A)\,Q' + P\,A\,(Q' - Q)"),
+              "chain rule in row convention (first map's Jacobian first), primes at Y; telescope", "telescoping")
+    proof.add(Described(r"v P (A' - A) = \textstyle\int_0^1 D^2A(Z_s)[(Y - X) \bar P, v P]\,ds,\ "
+                        r"Z_s = Z + s (P(Y) - Z)"),
+              "P(Y) - P(X) = (Y - X) Pbar with Pbar the mean of P's Jacobians on the segment (mean value theorem); "
+              "Z_s lies in the product of token balls of radii s rho_j", "mean-value")
+    proof.add(le(Described(r"\|P (A' - A)\|"), W),
+              "Pbar = P + (Pbar - P) with ||Pbar - P|| <= nu_P; the upper Riemann sum over s_k as in "
+              "local-attention-curvature; or submultiplicativity", "submultiplicative")
+    proof.add(le(Described(r"\sup_U \|DF(Y) - DF(X)\|"), statement),
+              "a block-diagonal matrix has the norm of its largest block; submultiplicativity", "submultiplicative")
+    return Theorem("local-attention-front", "Variation of a normalised attention branch", statement, proof)
 
 
 def _first_layernorm_mean(proof: Derivation, displacement: str) -> None:
@@ -477,12 +601,13 @@ def coupling_bound() -> Theorem:
 
 
 #: every local theorem, by id (tested for completeness and for its lemmas)
-LOCAL_THEOREMS = {t.id: t for t in (score_deviation(), softmax_upper(), softmax_lower(), attention_movement(),
+LOCAL_THEOREMS = {t.id: t for t in (score_deviation(), score_deviation_normalised(), softmax_upper(), softmax_lower(), attention_movement(),
                                     attention_reach(),
                                     attention_block(), attention_variation(), attention_curvature(),
-                                    layernorm_lipschitz(),
-                                    layernorm_movement(), layernorm_variation(), feedforward_variation(),
-                                    feedforward_curvature(), feedforward_front_variation(), attention_tail(),
+                                    *(theorem(kind) for kind in _NORMS
+                                      for theorem in (norm_lipschitz, norm_movement, norm_variation)),
+                                    feedforward_variation(), gated_variation(), residual_step(),
+                                    feedforward_curvature(), feedforward_front_variation(), attention_tail(), attention_front(),
                                     block_tail_variation(),
                                     jacobian_on_neighbourhood(), chain_variation(2), path_certificate(),
                                     coupling_bound())}
