@@ -137,5 +137,5 @@ def test_smollm2_replacements_are_certified_per_layer():
         np.testing.assert_allclose(row.measured, measured, rtol=1e-9)
         assert 0 < row.measured <= row.predicted_path and row.measured <= row.worst_witness
         assert np.isnan(row.predicted_set) and row.global_ == np.inf
-    with pytest.raises(AssumptionError, match="--replace for a decoder"):
+    with pytest.raises(AssumptionError, match="replace for a decoder"):
         perturb("The capital of France is", mode="insert", k=1, layers=(0,), model=path)

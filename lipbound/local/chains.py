@@ -329,7 +329,7 @@ def chain_for(model: Model, kind: str, layer: int, head: int | None = None, last
 def _steps(model: Model, item) -> list[Step]:
     """The float engine's steps of a pre-norm or sandwich layer (refused without its feed-forward block)."""
     if item.cross is not None:
-        raise AssumptionError("--layer", "a layer without cross-attention (the local theorems' scope)",
+        raise AssumptionError("layer", "a layer without cross-attention (the local theorems' scope)",
                               f"layer {item.index} of an encoder-decoder", "use lipbound verify for this layer")
     return layer_steps(item, model.blocks[0])
 

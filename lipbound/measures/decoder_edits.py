@@ -44,9 +44,8 @@ def is_decoder(model) -> bool:
 
 def check_decoder_mode(mode: str) -> None:
     if mode != "replace":
-        raise AssumptionError("--replace/--insert/--delete", "--replace for a decoder (an insertion or a deletion "
-                              "moves every later token to another position)", f"--{mode}",
-                              "use --replace K with a decoder")
+        raise AssumptionError("mode", "replace for a decoder (an insertion or a deletion moves every later token to "
+                              "another position)", repr(mode), "edit a decoder's text by replacing tokens")
 
 
 def _sublayers(model, layers):
