@@ -108,6 +108,13 @@ def reference_norm(target, X: np.ndarray, step: float = 1e-6) -> float:
 SHAPES = ("llama", "qwen3", "gemma2", "gemma3", "masked")
 
 
+def soundness_kernels() -> set[str]:
+    """The names of the kernels the soundness test below draws (tests/test_head_kinds.py's completeness
+    test counts them as covered)."""
+    rng = np.random.default_rng(0)
+    return {head.kernel.name for shape in SHAPES for head in _layer(shape, rng, 4, 4, 2, 1, 1.0).heads}
+
+
 def _layer(shape: str, rng, d: int, d_k: int, heads: int, groups: int, scale: float) -> Layer:
     """A tiny attention layer of the named family: Llama (RoPE, GQA, causal), Qwen3 (QK-norm then RoPE),
     Gemma 2 (soft-capped logits, a sliding window), Gemma 3 (QK-norm, window), or a dot product with an
