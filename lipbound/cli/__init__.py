@@ -4,6 +4,7 @@
 * :mod:`.paper` -- ``paper``, ``preamble``, ``plot`` for authors (the numeric layer only to measure real heads);
 * :mod:`.models` -- ``demo``, ``verify``, ``convert``, ``check``, ``recheck`` on real weights;
 * :mod:`.text` -- ``perturb``, ``local``, ``depth`` on real text;
+* :mod:`.advise` -- ``advise``: diagnosis and interventions with both prices;
 * :mod:`.parsing` -- the parser and the ``type=`` converters; :mod:`.output` -- report files, progress.
 
 A user error (bad option, unreadable file, missing assumption) prints one line naming the
@@ -18,7 +19,7 @@ import os
 import sys
 
 from ..errors import LipboundError
-from . import models, paper, symbolic, text
+from . import advise, models, paper, symbolic, text
 from .parsing import EXIT_USER_ERROR, Parser
 
 __all__ = ["main", "build_parser"]
@@ -30,7 +31,7 @@ def build_parser() -> Parser:
     parser = Parser(prog="lipbound", description="Lipschitz bounds for attention: derive, prove, check, export.\n"
                     "Layers and heads are counted from 0.  `lipbound COMMAND --help` shows examples.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
-    for module in (symbolic, paper, models, text):
+    for module in (symbolic, paper, models, text, advise):
         module.register(sub)
     return parser
 
@@ -42,7 +43,7 @@ _OPTIONS = {"head": "--head", "layer": "--layer", "block": "--block", "kind": "-
             "score": "--score", "fact": "--fact", "prefix": "--prefix", "text_width": "--text-width",
             "font_size": "--font-size", "positions": "--positions", "vocabulary": "--vocabulary",
             "search": "--search", "eps": "--eps", "path_tolerance": "--tolerance", "jobs": "--jobs",
-            "scheduler": "--scheduler"}
+            "scheduler": "--scheduler", "text": "--text", "out": "--output", "local_sentences": "--local-sentences"}
 
 
 def _in_cli_terms(error: LipboundError) -> str:
