@@ -20,17 +20,25 @@ __all__ = ["register"]
 
 
 def _bar():
-    """One tqdm bar per stage on stderr (with the time left), silent when stderr is not a terminal."""
+    """One tqdm bar per stage on stderr (with the time left); when stderr is not a terminal, one
+    line per finished step with the time left (:class:`~.output.Progress`)."""
     from tqdm import tqdm
-    bars = {}
+
+    from .output import Progress
+    bars, lines = {}, {}
 
     def progress(stage, done, total, text):
+        if not sys.stderr.isatty():
+            line = lines.get(stage)
+            if line is None or line.total != total or done == 1:
+                line = lines[stage] = Progress(total)
+            line.update(done, f"{stage}: {text}")
+            return
         bar = bars.get(stage)
         if bar is None or bar.total != total:
             if bar is not None:
                 bar.close()
-            bar = bars[stage] = tqdm(total=total, desc=stage, file=sys.stderr, leave=False,
-                                     disable=not sys.stderr.isatty())
+            bar = bars[stage] = tqdm(total=total, desc=stage, file=sys.stderr, leave=False)
         bar.set_postfix_str(text[:40], refresh=False)
         bar.update(done - bar.n)
         if done >= total:
