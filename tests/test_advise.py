@@ -13,20 +13,31 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import local_models
 import numpy as np
 import pytest
 
 from lipbound.advise.checkpoint import write_and_reload, write_checkpoint
 from lipbound.advise.diagnosis import certify_whole, component_shares, movement_shares
-from lipbound.advise.function import bundled_sentences, functional_cost, sentence_embeddings
-from lipbound.advise.interventions import (NormEpsilon, QKNormGain, RecentreEmbeddings, RemoveHead, SpectralCap,
-                                           Temperature, TiedL2)
+from lipbound.advise.function import (
+    bundled_sentences,
+    functional_cost,
+    sentence_embeddings,
+)
+from lipbound.advise.interventions import (
+    NormEpsilon,
+    QKNormGain,
+    RecentreEmbeddings,
+    RemoveHead,
+    SpectralCap,
+    Temperature,
+    TiedL2,
+)
 from lipbound.advise.mismatch import token_mismatch
 from lipbound.errors import AssumptionError
 from lipbound.numeric.kernels import QKNorm
 from lipbound.numeric.model import load_weights, save_plain
 from lipbound.numeric.whole.chain import hidden_states
-import local_models
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,7 +55,7 @@ def cut_minilm(folder: Path, layers: int) -> Path:
     source = _minilm_dir()
     folder.mkdir(parents=True, exist_ok=True)
     with safe_open(str(source / "model.safetensors"), "np") as handle:
-        tensors = {k: handle.get_tensor(k) for k in handle.keys()
+        tensors = {k: handle.get_tensor(k) for k in handle.keys()  # noqa: SIM118 (a safetensors handle)
                    if not (k.startswith("encoder.layer.") and int(k.split(".")[2]) >= layers)}
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((source / "config.json").read_text())
@@ -139,7 +150,7 @@ def test_recentred_embeddings_move_only_the_chosen_rows():
 # ---- reuse of the whole-model tasks ------------------------------------------------------------
 def test_reused_tasks_give_the_numbers_of_a_full_rerun(tmp_path):
     model = load_weights(str(save_plain(local_models.model(seed=8, d=6), tmp_path / "original.npz")))
-    options = dict(n=3, restarts=2, iterations=5, effort=3)
+    options = {"n": 3, "restarts": 2, "iterations": 5, "effort": 3}
     original = certify_whole(model, **options)
     for number, intervention in enumerate((Temperature(1, 0, 0.5), NormEpsilon(eps=0.1))):
         edited = load_weights(str(save_plain(intervention.apply(model), tmp_path / f"edited{number}.npz")))
@@ -182,7 +193,7 @@ def test_verify_rereads_an_edited_checkpoint_to_the_same_head_numbers(tmp_path):
     report = tmp_path / "verify.json"
     result = subprocess.run([sys.executable, "-m", "lipbound.cli", "verify", str(tmp_path / "temperature"), "--n", "4",
                              "--layer", "0", "--head", "2", "--budget", "0.1", "--json", str(report),
-                             "--witness-dir", str(tmp_path / "w")], capture_output=True, text=True,
+                             "--witness-dir", str(tmp_path / "w")], capture_output=True, text=True, check=False,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr
     rows = [r for r in json.loads(report.read_text())["rows"] if r.get("head") == 2]
@@ -245,7 +256,7 @@ def test_bad_input_is_one_line_with_exit_2(argv, fragment, tmp_path):
     if "--positions" in argv or "--text" in argv or "--local-sentences" in argv:
         _minilm_dir()
     argv = [a.replace("OUT", str(tmp_path / "out")).replace("MISSING", str(tmp_path / "missing")) for a in argv]
-    result = subprocess.run([sys.executable, "-m", "lipbound.cli"] + argv, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "lipbound.cli"] + argv, capture_output=True, text=True, check=False,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
