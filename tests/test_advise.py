@@ -269,3 +269,52 @@ def test_the_edited_model_is_a_new_description():
     edited = Temperature(0, 0, 0.5).apply(model)
     assert edited is not model and edited.path == "" and model.layers[0].heads[0].W_Q is not None
     assert replace(model).layers[0] is model.layers[0]
+
+
+# ---- the report ----------------------------------------------------------------------------------
+def test_report_ranks_certified_edits_only_and_writes_every_output(tmp_path):
+    from lipbound.advise.function import FunctionalCost
+    from lipbound.advise.mismatch import Mismatch
+    from lipbound.advise.report import Advice, InterventionResult
+    from lipbound.printing.advice_figures import draw_mismatch, draw_pareto, pareto_front
+    model = load_weights(str(save_plain(local_models.model(seed=11), tmp_path / "original.npz")))
+    options = {"n": 3, "restarts": 2, "iterations": 5, "effort": 3}
+    original = certify_whole(model, **options)
+    raised = NormEpsilon(eps=0.1)
+    edited = load_weights(str(save_plain(raised.apply(model), tmp_path / "edited.npz")))
+    after = certify_whole(edited, reuse=original, **options)
+    good = InterventionResult(raised, str(tmp_path / "edited.npz"), cost=FunctionalCost(0.999, 0.9995, 0.99, 0.01, 5),
+                              whole_before=original, whole_after=after)
+    refused = InterventionResult(TiedL2(0), None, cost=FunctionalCost(0.5, 0.7, 0.4, 0.3, 5), whole_before=original,
+                                 error="not certified: no theorem")
+    ids = [1, 2, 3, 4]
+    movement = movement_shares(model, [(np.array(ids), np.array([1, 5, 3, 4]))])
+    ratios = np.array([[1.0, 1.2, 1.5], [1.0, 1.1, 3.0], [1.0, 0.9, 0.8]])
+    mismatch = Mismatch("a b", 1, "b", np.array([5, 6, 7]), ["x", "y", "z"], ratios, np.array([1.0, 2.0, 3.0]),
+                        np.array([0.1, 0.2, 0.3]))
+    heads = [{"layer": 0, "head": 0, "bound": 2.0, "witness": 1.0, "method": "derived", "certified": True}]
+    advice = Advice(model, "folder", 5, 3, original, component_shares(original.report), heads, [], movement,
+                    [mismatch], [refused, good], 0.99, 1e-3)
+    assert advice.ranked == [good]
+    expected = math.log10(original.bound["value"] / after.bound["value"])
+    assert good.reduction <= expected and good.reduction == pytest.approx(expected, rel=1e-9) and expected > 0
+    data = json.loads(json.dumps(advice.to_json()))
+    assert [row["name"] for row in data["interventions"]] == [raised.name, "l2-tied"]
+    first, second = data["interventions"]
+    for key in ("name", "target", "bound_before", "bound_after", "witness_before", "witness_after", "function_metric",
+                "function_value", "checkpoint"):
+        assert key in first
+    assert first["bound_after"]["model"] == after.bound["value"] and first["score"] > 0
+    assert second["certified"] is False and second["score"] is None and second["error"]
+    assert data["mismatch"][0]["token"] == "y" and data["components"]
+    table = advice.table()
+    assert "NOT CERTIFIED" in table and "Legend" in table
+    assert pareto_front([(1.0, 5.0), (2.0, 6.0), (3.0, 1.0)]) == [0, 2]
+    assert draw_pareto(advice.pareto(), original.bound["value"], tmp_path / "pareto.png").stat().st_size > 0
+    assert draw_mismatch([mismatch.rows(3)], tmp_path / "mismatch.png").stat().st_size > 0
+    if shutil.which("pdflatex"):
+        (tmp_path / "doc.tex").write_text("\\documentclass{article}\\usepackage{booktabs}\\begin{document}\n"
+                                          + advice.latex() + "\\end{document}\n")
+        run = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "doc.tex"], cwd=tmp_path,
+                             capture_output=True, text=True, check=False, timeout=120)
+        assert run.returncode == 0, run.stdout[-2000:]

@@ -88,35 +88,24 @@ class InterventionResult:
             return None
         return reduction / max(self.cost.cost, COST_FLOOR)
 
-    def _layer_bound(self, whole) -> float | None:
+    def _side(self, whole, head, local, which: str) -> dict:
+        """``{"model", "layer", "head", "local"}``: the certified bounds (``which = "certified"``) or the
+        witnesses (``"witness"``) of one side of the edit."""
+        bound = None if whole is None else whole.bound
         row = None if whole is None else whole.layer_row(self.layer)
-        return None if row is None else row["best_upper"]
-
-    def _layer_witness(self, whole) -> float | None:
-        row = None if whole is None else whole.layer_row(self.layer)
-        return None if row is None else row["witness"]
+        model_key, row_key, head_key = ("value", "best_upper", "bound") if which == "certified" else ("witness",) * 3
+        return {"model": None if not bound else bound[model_key], "layer": None if row is None else row[row_key],
+                "head": None if head is None else head[head_key], "local": None if local is None else local.get(which)}
 
     def to_json(self) -> dict:
         iv = self.intervention
         before, after = self.whole_before, self.whole_after
         out = {"name": iv.name, "kind": iv.kind, "target": iv.target, "certified": self.certified,
                "error": self.error, "checkpoint": self.checkpoint,
-               "bound_before": {"model": None if before is None else before.bound["value"],
-                                "layer": self._layer_bound(before),
-                                "head": None if self.head_before is None else self.head_before["bound"],
-                                "local": None if self.local_before is None else self.local_before.get("certified")},
-               "bound_after": {"model": None if after is None or not after.bound else after.bound["value"],
-                               "layer": self._layer_bound(after),
-                               "head": None if self.head_after is None else self.head_after["bound"],
-                               "local": None if self.local_after is None else self.local_after.get("certified")},
-               "witness_before": {"model": None if before is None else before.bound["witness"],
-                                  "layer": self._layer_witness(before),
-                                  "head": None if self.head_before is None else self.head_before["witness"],
-                                  "local": None if self.local_before is None else self.local_before.get("witness")},
-               "witness_after": {"model": None if after is None or not after.bound else after.bound["witness"],
-                                 "layer": self._layer_witness(after),
-                                 "head": None if self.head_after is None else self.head_after["witness"],
-                                 "local": None if self.local_after is None else self.local_after.get("witness")},
+               "bound_before": self._side(before, self.head_before, self.local_before, "certified"),
+               "bound_after": self._side(after, self.head_after, self.local_after, "certified"),
+               "witness_before": self._side(before, self.head_before, self.local_before, "witness"),
+               "witness_after": self._side(after, self.head_after, self.local_after, "witness"),
                "layer": self.layer, "reduction_orders": self.reduction, "score": self.score,
                "function_metric": "min sentence cosine to the original",
                "function_value": None if self.cost is None else self.cost.min_cosine,
