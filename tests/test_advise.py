@@ -276,7 +276,11 @@ def test_report_ranks_certified_edits_only_and_writes_every_output(tmp_path):
     from lipbound.advise.function import FunctionalCost
     from lipbound.advise.mismatch import Mismatch
     from lipbound.advise.report import Advice, InterventionResult
-    from lipbound.printing.advice_figures import draw_mismatch, draw_pareto, pareto_front
+    from lipbound.printing.advice_figures import (
+        draw_mismatch,
+        draw_pareto,
+        pareto_front,
+    )
     model = load_weights(str(save_plain(local_models.model(seed=11), tmp_path / "original.npz")))
     options = {"n": 3, "restarts": 2, "iterations": 5, "effort": 3}
     original = certify_whole(model, **options)
