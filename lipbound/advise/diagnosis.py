@@ -181,28 +181,34 @@ def component_shares(report: WholeReport, block: str = "encoder") -> list[dict]:
     return out
 
 
-def head_rows(model: Model, *, n: int = 8, budget: float = 0.5, seed: int = 0, heads=None,
+def head_rows(model: Model, *, n: int = 8, budget: float = 0.5, seed: int = 0, heads=None, jobs: int = 1,
               progress=None) -> list[dict]:
     """Certified constants and witness of every head (or of ``heads``, pairs ``(layer, head)``) by
-    ``verify``'s job on the image of the LayerNorm feeding its layer."""
+    ``verify``'s job on the image of the LayerNorm feeding its layer, run as ``verify`` runs them
+    (:func:`lipbound.numeric.scaleout.run_all`, ``jobs`` local processes)."""
     spec = DomainSpec.parse("layernorm")
     chosen = heads if heads is not None else [(i, h) for i in sorted(model.layers) for h in range(model.num_heads)]
+    origin = (model.name, model.path, model.sha256)
+    tasks = [(attention_arrays(model.layers[i].heads[h]), spec.resolve(model.layers[i].ln_in, f"layer {i}").plain(),
+              None, n, None, "self", "self", False, budget, seed, origin, "encoder", i, h) for i, h in chosen]
+
+    def arrived(done, total, index, result):
+        if progress is not None:
+            progress(done, total, f"head {chosen[index][1]} of layer {chosen[index][0]}")
+
+    try:
+        results = run_all(verify_job, tasks, jobs=jobs, progress=arrived)
+    except TaskFailed as failure:
+        raise failure.error from None
     rows = []
-    for done, (index, h) in enumerate(chosen, 1):
-        layer = model.layers[index]
-        domain = spec.resolve(layer.ln_in, f"layer {index}")
-        result = verify_job(attention_arrays(layer.heads[h]), domain.plain(), None, n, None, "self", "self", False,
-                            budget, seed, (model.name, model.path, model.sha256), "encoder", index, h)
+    for (index, h), result in zip(chosen, results):
         bounds = [CertifiedValue.from_json(b) for b in result["bounds"]]
         best = min((b for b in bounds if b.certified and math.isfinite(float(b.value))),
                    key=lambda b: float(b.value), default=None)
-        witness = float(Witness.from_arrays(result["witness"]).value)
         rows.append({"layer": index, "head": h, "bound": None if best is None else float(best.value),
                      "method": None if best is None else best.name, "certified": best is not None,
-                     "witness": witness, "refusal": None if best is not None else
+                     "witness": float(Witness.from_arrays(result["witness"]).value), "refusal": None if best else
                      "; ".join(f"{b.name}: {b.provenance}" for b in bounds)})
-        if progress is not None:
-            progress(done, len(chosen), f"head {h} of layer {index}")
     return rows
 
 

@@ -180,6 +180,27 @@ def _largest_eps(sweep, floor: float) -> NormEpsilon | None:
     return NormEpsilon(eps=max(kept)) if kept else None
 
 
+def _plan(model, inputs: Inputs, original, heads, mismatch) -> list:
+    """The interventions on the least regular head (largest certified constant; none when no head is
+    certified), the least regular attention layer and the most irregular tokens."""
+    plan = []
+    certified = [r for r in heads if r["certified"]]
+    if certified:
+        top = max(certified, key=lambda r: r["bound"])
+        L, H = top["layer"], top["head"]
+        s_max = float(qk_spectrum(model.layers[L].heads[H])[2][0])
+        plan += [Temperature(L, H, 0.5), SpectralCap(L, H, s_max / 4),
+                 RemoveHead(L, H, _mean_value(model, L, H, inputs.ids))]
+    layer_rows = [r for r in original.report.components if r["component"] == "attention" and r["layer"] is not None
+                  and math.isfinite(r["best_upper"])]
+    if layer_rows:
+        top_layer = max(layer_rows, key=lambda r: r["best_upper"])["layer"]
+        tau, cos_eps = _fit_tau(model, top_layer, inputs.ids)
+        plan += [QKNormGain(top_layer, tau=tau, eps=cos_eps), TiedL2(top_layer)]
+    irregular = sorted({row["id"] for m in mismatch for row in m.rows(10)})
+    return plan + [RecentreEmbeddings(tuple(irregular), 0.5)]
+
+
 def advise(inputs: Inputs, *, n: int = 8, local_sentences: int = 1, eps_fraction: float = 1e-3,
            head_budget: float = 0.5, candidates: int = 512, edits: int = 20, restarts: int = 4, iterations: int = 30,
            effort: int = 30, cosine_floor: float = 0.99, jobs: int = 1, seed: int = 0, say=None,
@@ -204,7 +225,7 @@ def advise(inputs: Inputs, *, n: int = 8, local_sentences: int = 1, eps_fraction
     original = certify_whole(model, n=n, restarts=restarts, iterations=iterations, effort=effort, seed=seed, jobs=jobs,
                              progress=stage("whole model"))
     say("every head: certified constants and witnesses")
-    heads = head_rows(model, n=n, budget=head_budget, seed=seed, progress=stage("heads"))
+    heads = head_rows(model, n=n, budget=head_budget, seed=seed, jobs=jobs, progress=stage("heads"))
     local = []
     if local_sentences:
         say(f"local constants at {eps_fraction:g} R on {len(short)} sentence(s)")
@@ -214,16 +235,7 @@ def advise(inputs: Inputs, *, n: int = 8, local_sentences: int = 1, eps_fraction
     mismatch = [token_mismatch(model, inputs.tokenizer, inputs.sentences[0], p, candidates=candidates, seed=seed)
                 for p in inputs.positions]
 
-    certified_heads = [r for r in heads if r["certified"]]
-    top = max(certified_heads, key=lambda r: r["bound"])
-    layer_rows = [r for r in original.report.components if r["component"] == "attention" and r["layer"] is not None]
-    top_layer = max(layer_rows, key=lambda r: r["best_upper"])["layer"]
-    L, H = top["layer"], top["head"]
-    s_max = float(qk_spectrum(model.layers[L].heads[H])[2][0])
-    tau, cos_eps = _fit_tau(model, top_layer, inputs.ids)
-    irregular = sorted({row["id"] for m in mismatch for row in m.rows(10)})
-    plan = [Temperature(L, H, 0.5), SpectralCap(L, H, s_max / 4), RemoveHead(L, H, _mean_value(model, L, H, inputs.ids)),
-            QKNormGain(top_layer, tau=tau, eps=cos_eps), TiedL2(top_layer), RecentreEmbeddings(tuple(irregular), 0.5)]
+    plan = _plan(model, inputs, original, heads, mismatch)
     sweep = _eps_sweep(model, inputs.folder, out, inputs.ids, E0, say)
     eps_edits = {e.eps: e for e in (_largest_eps(sweep, max(cosine_floor, 0.999)), _largest_eps(sweep, cosine_floor))
                  if e is not None}
