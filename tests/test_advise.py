@@ -322,3 +322,31 @@ def test_report_ranks_certified_edits_only_and_writes_every_output(tmp_path):
         run = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "doc.tex"], cwd=tmp_path,
                              capture_output=True, text=True, check=False, timeout=120)
         assert run.returncode == 0, run.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_advise_end_to_end_and_verify_whole_reproduces_every_bound_after(tmp_path):
+    """The command on the first layer of all-MiniLM-L6-v2; then `lipbound verify CHECKPOINT --whole`
+    on each written checkpoint prints the bound and witness advise reported after the edit."""
+    folder = cut_minilm(tmp_path / "cut", 1)
+    text = tmp_path / "text.txt"
+    text.write_text("The cat slept.\nRain is expected.\nA dog barked twice.\n")
+    out = tmp_path / "advice"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-m", "lipbound.cli", "advise", str(folder), "--text", str(text), "-o",
+                          str(out), "--n", "2", "--candidates", "16", "--edits", "2", "--budget", "0.05",
+                          "--effort", "3"], capture_output=True, text=True, check=False, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    data = json.loads((out / "advice.json").read_text())
+    assert (out / "pareto.png").is_file() and (out / "mismatch.png").is_file() and (out / "advice.tex").is_file()
+    certified = [row for row in data["interventions"] if row["certified"]]
+    assert certified and any(row["kind"] == "norm-eps" for row in certified)
+    for row in certified:
+        report = tmp_path / f"{Path(row['checkpoint']).name}.json"
+        check = subprocess.run([sys.executable, "-m", "lipbound.cli", "verify", row["checkpoint"], "--whole", "--n", "2",
+                                "--effort", "3", "--json", str(report)], capture_output=True, text=True, check=False,
+                               env=env)
+        assert check.returncode == 0, check.stderr[-2000:]
+        whole = json.loads(report.read_text())["model_bound"]
+        assert whole["value"] == row["bound_after"]["model"], row["name"]
+        assert whole["witness"] == row["witness_after"]["model"], row["name"]

@@ -149,6 +149,8 @@ def certify_whole(model: Model, *, n: int = 8, restarts: int = 4, iterations: in
         else:
             todo.append(position)
     started = time.perf_counter()
+    if progress is not None:
+        progress(0, len(todo), "started")
 
     def arrived(done, total, index, result):
         results[todo[index]] = result
@@ -196,6 +198,8 @@ def head_rows(model: Model, *, n: int = 8, budget: float = 0.5, seed: int = 0, h
         if progress is not None:
             progress(done, total, f"head {chosen[index][1]} of layer {chosen[index][0]}")
 
+    arrived(0, len(tasks), 0, None)
+
     try:
         results = run_all(verify_job, tasks, jobs=jobs, progress=arrived)
     except TaskFailed as failure:
@@ -219,6 +223,8 @@ def local_constants(model: Model, ids_list, *, eps_fraction: float = 1e-3, layer
     chosen = sorted(model.layers) if layers is None else list(layers)
     states = [hidden_states(model, ids) for ids in ids_list]
     rows, total, done = [], len(chosen) * len(states), 0
+    if progress is not None:
+        progress(0, total, "started")
     for index in chosen:
         radius = model.layers[index].ln_in.radius_about_center
         certified, witness, verdicts = [], [], []

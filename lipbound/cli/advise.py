@@ -29,10 +29,10 @@ def _bar():
 
     def progress(stage, done, total, text):
         if not sys.stderr.isatty():
-            line = lines.get(stage)
-            if line is None or line.total != total or done == 1:
-                line = lines[stage] = Progress(total)
-            line.update(done, f"{stage}: {text}")
+            if done == 0 or stage not in lines:  # the stage starts: its clock starts
+                lines[stage] = Progress(total)
+            if done:
+                lines[stage].update(done, f"{stage}: {text}")
             return
         bar = bars.get(stage)
         if bar is None or bar.total != total:
