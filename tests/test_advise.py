@@ -350,3 +350,19 @@ def test_advise_end_to_end_and_verify_whole_reproduces_every_bound_after(tmp_pat
         whole = json.loads(report.read_text())["model_bound"]
         assert whole["value"] == row["bound_after"]["model"], row["name"]
         assert whole["witness"] == row["witness_after"]["model"], row["name"]
+
+
+def test_fingerprints_do_not_depend_on_the_checkpoint_format(tmp_path):
+    from lipbound.advise.diagnosis import task_fingerprint
+    from lipbound.numeric.whole import plan_tasks
+    folder = cut_minilm(tmp_path / "cut", 1)
+    model = load_weights(str(folder))
+    plain = load_weights(str(save_plain(model, tmp_path / "plain.npz")))
+    tasks = plan_tasks(model, n=2)
+    for task in tasks:
+        same = task_fingerprint(model, task) == task_fingerprint(plain, task)
+        assert same or task[0] == "model", task[:5]
+    edited = Temperature(0, 1, 0.5).apply(model)
+    changed = {t[0] for t in tasks if task_fingerprint(edited, t) != task_fingerprint(model, t)}
+    assert changed == {"attention", "layer"}  # and the end-to-end witness, whose fingerprint is None: always rerun
+    assert all(task_fingerprint(model, t) is None for t in tasks if t[0] == "model")

@@ -83,6 +83,12 @@ def _ffn_arrays(ffn):
             if getattr(ffn, name, None) is not None}
 
 
+def _without_names(arrays: dict) -> dict:
+    """A layer's arrays without the heads' names (labels for reports: a checkpoint read by another
+    loader names its heads otherwise, with the same numbers)."""
+    return {key: value for key, value in arrays.items() if key != "names"}
+
+
 def task_fingerprint(model: Model, task: tuple) -> str | None:
     """A digest of every array ``task`` reads (None: always rerun, the end-to-end witness)."""
     kind, _, block, index, detail = task[:5]
@@ -93,7 +99,7 @@ def task_fingerprint(model: Model, task: tuple) -> str | None:
         return _digest(_norm_arrays(model.final_norm_of(block)), np.array(options))
     layer = model.stack(block)[index]
     norms = [_norm_arrays(getattr(layer, slot)) for slot in NORM_SLOTS]
-    attention = attention_arrays(layer.attention)
+    attention = _without_names(attention_arrays(layer.attention))
     if kind == "norm":
         return _digest(_norm_arrays(getattr(layer, detail)), np.array(options))
     if kind == "ffn":
@@ -102,7 +108,7 @@ def task_fingerprint(model: Model, task: tuple) -> str | None:
         shapes = norms if layer.placement != "post" else [_norm_arrays(getattr(layer, slot), eps=False)
                                                           for slot in NORM_SLOTS]
         return _digest(_ffn_arrays(layer.ffn), *shapes, np.array(layer.placement), np.array(options))
-    cross = attention_arrays(layer.cross) if layer.cross is not None else None
+    cross = _without_names(attention_arrays(layer.cross)) if layer.cross is not None else None
     context = _norm_arrays(model.context_norm) if layer.cross is not None else None
     scales = [layer.attn_scale, layer.ffn_scale]
     if kind == "attention":
