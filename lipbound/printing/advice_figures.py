@@ -47,9 +47,10 @@ def draw_pareto(rows: list[dict], bound_before: float, path, option: str = "--pl
     cost = np.array([max(r["cost"], _COST_FLOOR) for r in rows])
     after = np.array([np.log10(bound_before) - r["reduction"] for r in rows])
     axes.scatter(cost, after, color=_WITNESS, s=12, zorder=3)
-    for c, a, r in zip(cost, after, rows):
-        axes.annotate(r["name"], (c, a), textcoords="offset points", xytext=(3, 2), fontsize=6)
     front = pareto_front(list(zip(cost, after)))
+    for number, (c, a, r) in enumerate(zip(cost, after, rows)):  # full names where the bound falls an order or more
+        label = r["name"] if r["reduction"] >= 1 else r["name"].split()[0]
+        axes.annotate(label, (c, a), textcoords="offset points", xytext=(3, 3 if number % 2 else -8), fontsize=6)
     axes.plot(cost[front], after[front], "-", color=_BOUND, linewidth=0.8, label="Pareto front")
     axes.axhline(np.log10(bound_before), color="0.5", linestyle=":", linewidth=0.8, label="original")
     axes.set_xscale("log")
