@@ -366,3 +366,5 @@ def test_fingerprints_do_not_depend_on_the_checkpoint_format(tmp_path):
     changed = {t[0] for t in tasks if task_fingerprint(edited, t) != task_fingerprint(model, t)}
     assert changed == {"attention", "layer"}  # and the end-to-end witness, whose fingerprint is None: always rerun
     assert all(task_fingerprint(model, t) is None for t in tasks if t[0] == "model")
+    raised = NormEpsilon(eps=1e-3).apply(model)  # post-LN: only the norms and the whole layers read eps
+    assert {t[0] for t in tasks if task_fingerprint(raised, t) != task_fingerprint(model, t)} == {"norm", "layer"}

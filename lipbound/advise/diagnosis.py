@@ -102,17 +102,18 @@ def task_fingerprint(model: Model, task: tuple) -> str | None:
     attention = _without_names(attention_arrays(layer.attention))
     if kind == "norm":
         return _digest(_norm_arrays(getattr(layer, detail)), np.array(options))
+    # A post-LN attention or feed-forward task reads its LayerNorms only through their images, the
+    # points and tangents of beta + gamma z (||z|| <= sqrt(d)), which do not involve eps, and its residual
+    # step holds no norm; a pre-LN one reads the norm's eps (the folded step).
+    shapes = norms if layer.placement != "post" else [_norm_arrays(getattr(layer, slot), eps=False)
+                                                      for slot in NORM_SLOTS]
     if kind == "ffn":
-        # a post-LN feed-forward task reads its LayerNorm only through the image's points and tangents,
-        # beta + gamma z, which do not involve eps; a pre-LN one reads the norm's eps (the folded step)
-        shapes = norms if layer.placement != "post" else [_norm_arrays(getattr(layer, slot), eps=False)
-                                                          for slot in NORM_SLOTS]
         return _digest(_ffn_arrays(layer.ffn), *shapes, np.array(layer.placement), np.array(options))
     cross = _without_names(attention_arrays(layer.cross)) if layer.cross is not None else None
     context = _norm_arrays(model.context_norm) if layer.cross is not None else None
     scales = [layer.attn_scale, layer.ffn_scale]
     if kind == "attention":
-        return _digest(attention, cross, context, *norms, *scales, np.array(layer.placement), np.array(options))
+        return _digest(attention, cross, context, *shapes, *scales, np.array(layer.placement), np.array(options))
     return _digest(attention, cross, context, _ffn_arrays(layer.ffn), *norms, *scales, np.array(layer.placement),
                    np.array(options))
 
