@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import AssumptionError, OutputError, WeightsError
+from ..errors import AssumptionError, LipboundError, OutputError
 from ..measures.bert import default_model_dir
 from ..measures.edits import edited_ids, whole_word_ids
 from ..numeric.model import load_tokenizer, load_weights
@@ -244,8 +244,8 @@ def advise(inputs: Inputs, *, n: int = 8, local_sentences: int = 1, eps_fraction
     results = []
     for number, intervention in enumerate(plan, 1):
         say(f"intervention {number}/{len(plan)}: {intervention.name} on {intervention.target}")
-        results.append(_evaluate(intervention, out / f"{number:02d}-{intervention.kind}", inputs, original, heads, local, short, mismatch, E0, n=n,
-                                 eps_fraction=eps_fraction, head_budget=head_budget, restarts=restarts,
+        results.append(_evaluate(intervention, out / f"{number:02d}-{intervention.kind}", inputs, original, heads,
+                                 local, short, mismatch, E0, n=n, eps_fraction=eps_fraction, head_budget=head_budget, restarts=restarts,
                                  iterations=iterations, effort=effort, jobs=jobs, seed=seed, candidates=candidates,
                                  stage=stage))
     return Advice(model=model, folder=str(inputs.folder), sentences=len(inputs.sentences), n=n,
@@ -259,7 +259,7 @@ def _evaluate(intervention, folder, inputs, original, heads, local, short, misma
     model = inputs.model
     try:
         edited = write_and_reload(intervention.apply(model), inputs.folder, folder)
-    except (AssumptionError, WeightsError) as error:
+    except LipboundError as error:  # an edit the model cannot take, reported and never ranked
         return InterventionResult(intervention, None, error=str(error))
     checkpoint = edited.path
     cost = functional_cost(E0, sentence_embeddings(edited, inputs.ids))
@@ -268,7 +268,7 @@ def _evaluate(intervention, folder, inputs, original, heads, local, short, misma
         whole = certify_whole(edited, n=n, restarts=restarts, iterations=iterations, effort=effort, seed=seed,
                               jobs=jobs, reuse=original, progress=stage(intervention.name))
         error = None if whole.bound and whole.bound["certified"] else "the edited model's bound is not certified"
-    except (AssumptionError, WeightsError) as refused:
+    except LipboundError as refused:  # a theorem refuses the edited model: not certified, never ranked
         error = f"not certified: {refused}"
     head_before = head_after = None
     if hasattr(intervention, "head"):
@@ -281,7 +281,7 @@ def _evaluate(intervention, folder, inputs, original, heads, local, short, misma
     if local_before is not None and error is None:
         try:
             local_after = local_constants(edited, short, eps_fraction=eps_fraction, layers=[layer])[0]
-        except (AssumptionError, WeightsError) as refused:
+        except LipboundError as refused:
             local_after = {"layer": layer, "error": str(refused)}
     mismatch_after = None
     if intervention.kind == "embeddings":
