@@ -9,7 +9,7 @@ Every ``import`` and ``from ... import`` of every module is read with :mod:`ast`
 level and inside functions alike (a function-local import may not hide a cycle).  Layers, from
 the bottom (a layer may import the layers before it)::
 
-    errors, io  <  rigorous  <  symbolic  <  printing  <  numeric  <  local  <  measures  <  cli
+    errors, io  <  rigorous  <  symbolic  <  printing  <  numeric  <  local  <  measures  <  advise  <  cli
 
 with two more rules: the symbolic and printing layers import no numeric code, cvxpy or scipy.
 Only the CLI may import lazily inside functions (to keep ``lipbound derive`` fast).  Exit status 0
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "lipbound"
-LAYERS = ["errors", "io", "rigorous", "symbolic", "printing", "numeric", "local", "measures", "cli"]
+LAYERS = ["errors", "io", "rigorous", "symbolic", "printing", "numeric", "local", "measures", "advise", "cli"]
 RANK = {name: rank for rank, name in enumerate(LAYERS)}
 RANK["io"] = RANK["errors"]  # the two base modules do not import each other's layers
 FORBIDDEN = {"symbolic": ("cvxpy", "scipy"), "printing": ("cvxpy", "scipy"), "rigorous": ("cvxpy", "scipy")}

@@ -12,7 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(glob.glob(str(ROOT / "notebooks" / "*.ipynb")))
-TUTORIALS = {"measure_view.ipynb", "new_kernel_to_paper.ipynb", "verify_checkpoint.ipynb", "token_edits.ipynb"}
+TUTORIALS = {"measure_view.ipynb", "new_kernel_to_paper.ipynb", "verify_checkpoint.ipynb", "token_edits.ipynb",
+             "regular_minilm.ipynb"}
 #: a tutorial must run in under three minutes
 TIME_LIMIT_S = 180
 

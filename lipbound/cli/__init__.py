@@ -4,6 +4,7 @@
 * :mod:`.paper` -- ``paper``, ``preamble``, ``plot`` for authors (the numeric layer only to measure real heads);
 * :mod:`.models` -- ``demo``, ``verify``, ``convert``, ``check``, ``recheck`` on real weights;
 * :mod:`.text` -- ``perturb``, ``local``, ``depth`` on real text;
+* :mod:`.advise` -- ``advise``: diagnosis and interventions with both prices;
 * :mod:`.parsing` -- the parser and the ``type=`` converters; :mod:`.output` -- report files, progress.
 
 A user error (bad option, unreadable file, missing assumption) prints one line naming the
@@ -19,7 +20,7 @@ import sys
 
 from .. import __version__
 from ..errors import LipboundError
-from . import models, paper, symbolic, text
+from . import advise, models, paper, symbolic, text
 from .parsing import EXIT_USER_ERROR, Parser
 from .terms import in_cli_terms
 
@@ -33,7 +34,7 @@ def build_parser() -> Parser:
                     "Layers and heads are counted from 0.  `lipbound COMMAND --help` shows examples.")
     parser.add_argument("--version", action="version", version=f"lipbound {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
-    for module in (symbolic, paper, models, text):
+    for module in (symbolic, paper, models, text, advise):
         module.register(sub)
     return parser
 

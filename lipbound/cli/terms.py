@@ -44,6 +44,7 @@ COMMAND_OPTIONS = {
     "plot perturb": {"path": "--output"},
     "plot edits": {"path": "--output"},
     "plot curve": {"path": "--output"},
+    "advise": {"text": "--text", "out": "--output", "local_sentences": "--local-sentences", "model": "MODEL"},
 }
 _NAMED = re.compile(r"`(-{0,2}[A-Za-z_][A-Za-z0-9_.-]*)`")
 

@@ -1,0 +1,100 @@
+"""``lipbound advise`` on the full all-MiniLM-L6-v2 with its defaults: time and the figures of the issue.
+
+Runs :func:`lipbound.advise.run.advise` as ``lipbound advise -o DIR`` does (the bundled sentences,
+n = 8, every head, local constants at 1e-3 R on the shortest sentence, 512 candidate words at the
+middle token of the first sentence) and prints:
+
+1. the wall time of the run, with the load average before and after (the machine
+   is shared: pessimistic);
+2. the diagnosis: the certified whole-model bound and witness, the share of log10(bound) per
+   component kind, the least regular heads;
+3. every intervention with both prices: certified bound after, orders of magnitude gained, witness
+   after, min sentence cosine, Spearman of pair similarities, tasks rerun;
+4. the targets: an intervention lowering the certified product over layers by >= 10x (1 order) with
+   min cosine >= 0.99; every intervention's bound certified or reported as not; under 600 s.
+
+With ``--from FILE`` it prints the same figures from an ``advice.json`` written before (no run).
+
+Usage::
+
+    python bench/bench_advise.py [--out DIR] [--jobs 2] [--from advice.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from lipbound.advise.run import advise, check_inputs
+
+TARGET_SECONDS = 600
+TARGET_ORDERS = 1.0
+TARGET_COSINE = 0.99
+
+
+def _print(data: dict, seconds: float | None) -> int:
+    bound = data["model_bound"]
+    print(f"{data['model']}: n = {data['n']}, {data['sentences']} sentences; advise ran {data['seconds']:.0f} s"
+          + (f" (wall {seconds:.0f} s)" if seconds is not None else ""))
+    print(f"certified whole-model bound {float(bound['value']):.4g}, witness {bound['witness']:.4g}; share of "
+          "log10(bound): " + ", ".join(f"{k} {v:.0%}" for k, v in data["dominant"]["kind_shares"].items()))
+    heads = sorted((c for c in data["components"] if c["component"] == "head" and c.get("certified")),
+                   key=lambda c: -c["bound"])[:3]
+    print("least regular heads: " + "; ".join(f"layer {h['layer']} {h['part']} {h['bound']:.4g} (witness "
+                                              f"{h['witness']:.4g})" for h in heads))
+    print()
+    print(f"{'intervention':26s} {'target':24s} {'bound after':>12s} {'orders':>7s} {'witness after':>13s} "
+          f"{'min cos':>9s} {'rho':>6s} {'rerun':>5s}")
+    met = []
+    for row in data["interventions"]:
+        after = row["bound_after"]["model"]
+        orders = row["reduction_orders"]
+        cos = row["function_value"]
+        rho = (row.get("function") or {}).get("spearman")
+        print(f"{row['name'][:26]:26s} {row['target'][:24]:24s} "
+              f"{(f'{float(after):.4g}' if row['certified'] else 'NOT CERTIFIED'):>12s} "
+              f"{'-' if orders is None else f'{orders:.1f}':>7s} "
+              f"{'-' if row['witness_after']['model'] is None else format(row['witness_after']['model'], '.4g'):>13s} "
+              f"{'-' if cos is None else f'{cos:.5f}':>9s} {'-' if rho is None else f'{rho:.3f}':>6s} "
+              f"{row['tasks_rerun'] if row['tasks_rerun'] is not None else '-':>5}")
+        if row["certified"] and orders is not None and orders >= TARGET_ORDERS and cos is not None \
+                and cos >= TARGET_COSINE:
+            met.append(row)
+    print()
+    best = max(met, key=lambda r: r["reduction_orders"], default=None)
+    print(f"target: >= {TARGET_ORDERS:g} order(s) with min cosine >= {TARGET_COSINE}: "
+          + ("MET by " + f"{best['name']} ({best['reduction_orders']:.1f} orders, cosine {best['function_value']:.5f})"
+             if best else "NOT MET"))
+    print(f"target: under {TARGET_SECONDS} s: {'MET' if data['seconds'] < TARGET_SECONDS else 'NOT MET'} "
+          f"({data['seconds']:.0f} s)")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="folder for the checkpoints (default: a temporary folder)")
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--from", dest="source", help="print the figures of an advice.json instead of running")
+    args = parser.parse_args(argv)
+    if args.source:
+        return _print(json.loads(Path(args.source).read_text()), None)
+    load = os.getloadavg()
+    with tempfile.TemporaryDirectory() as scratch:
+        inputs = check_inputs(None, out=args.out or Path(scratch) / "advice")
+        started = time.perf_counter()
+        advice = advise(inputs, jobs=args.jobs, say=lambda text: print(f"  {text}", flush=True))
+        seconds = time.perf_counter() - started
+        print(f"load average before {load[0]:.1f}, after {os.getloadavg()[0]:.1f} (2 cores)")
+        return _print(advice.to_json(), seconds)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

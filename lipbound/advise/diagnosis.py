@@ -1,0 +1,301 @@
+"""Diagnosis: where a model's irregularity comes from, by the existing certified routes.
+
+* **The whole-model certificate** (:func:`certify_whole`): the tasks of ``lipbound verify --whole``
+  (:mod:`lipbound.numeric.whole.tasks`), composed by its report.  An edited model reruns only the
+  tasks whose inputs changed (:func:`task_fingerprint`: the arrays each task reads); the others'
+  results are the original's, which the same arrays give.  The end-to-end witness is always rerun.
+* **Shares of log10 of the bound** (:func:`component_shares`): a post-LN stack's bound is the product
+  of its rows ``LN_out``, ``1 + L_A``, ``LN_ffn``, ``1 + L_F`` per layer (a pre-LN stack's: its
+  residual rows) and the final norm; each row's share is ``log10(row) / sum log10(rows)``.
+* **Heads** (:func:`head_rows`): each head's certified constants and witness by ``verify``'s job
+  (:func:`lipbound.numeric.verification.verify_job`) on the image of the LayerNorm feeding it.
+* **Local constants** (:func:`local_constants`): ``L(eps)`` of each whole layer at the hidden states of
+  real sentences (:func:`lipbound.local.curve.lipschitz_curve`), median over the sentences.
+* **Measured movement** (:func:`movement_shares`): real token edits (one word replaced) pushed through
+  the one float engine step by step; each step's amplification ``a = ||Y' - Y|| / ||X' - X||``
+  (Frobenius, its output over its input) and its share ``log10(a) / sum of the positive log10(a)``
+  of all steps (a contracting step has a negative share), medians over edits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..local.curve import lipschitz_curve
+from ..numeric.domains import DomainSpec
+from ..numeric.model import Model, attention_arrays
+from ..numeric.scaleout import TaskFailed, run_all
+from ..numeric.verification import verify_job
+from ..numeric.whole import WholeReport, plan_tasks, run_task
+from ..numeric.whole.chain import hidden_states, layer_steps
+from ..numeric.witness import Witness
+from ..rigorous.value import CertifiedValue
+
+__all__ = [
+    "NORM_SLOTS",
+    "Movement",
+    "WholeCertificate",
+    "certify_whole",
+    "component_shares",
+    "head_rows",
+    "local_constants",
+    "movement_shares",
+    "step_states",
+    "task_fingerprint",
+]
+
+NORM_SLOTS = ("ln_in", "ln_out", "ffn_norm", "ffn_out_norm", "cross_norm")
+
+
+def _digest(*parts) -> str:
+    h = hashlib.sha1()
+    for part in parts:
+        if part is None:
+            h.update(b"none")
+        elif isinstance(part, dict):
+            for key in sorted(part):
+                h.update(key.encode())
+                h.update(np.ascontiguousarray(part[key]).tobytes())
+        else:
+            h.update(np.ascontiguousarray(part).tobytes())
+    return h.hexdigest()
+
+
+def _norm_arrays(norm, eps: bool = True):
+    if norm is None:
+        return None
+    arrays = {"kind": np.array(norm.kind), "gamma": norm.gamma, "center": np.asarray(norm.center)}
+    if eps:
+        arrays["eps"] = np.array(float(norm.eps))
+    return arrays
+
+
+def _ffn_arrays(ffn):
+    if ffn is None:
+        return None
+    return {name: np.asarray(getattr(ffn, name)) for name in ("W_1", "b_1", "W_2", "b_2", "W_gate", "W_up", "W_down",
+                                                               "b_gate", "b_up", "b_down", "act")
+            if getattr(ffn, name, None) is not None}
+
+
+def _without_names(arrays: dict) -> dict:
+    """A layer's arrays without the heads' names (labels for reports: a checkpoint read by another
+    loader names its heads otherwise, with the same numbers)."""
+    return {key: value for key, value in arrays.items() if key != "names"}
+
+
+def task_fingerprint(model: Model, task: tuple) -> str | None:
+    """A digest of every array ``task`` reads (None: always rerun, the end-to-end witness)."""
+    kind, _, block, index, detail = task[:5]
+    options = repr(task[5:])
+    if kind == "model":
+        return None
+    if index < 0:
+        return _digest(_norm_arrays(model.final_norm_of(block)), np.array(options))
+    layer = model.stack(block)[index]
+    norms = [_norm_arrays(getattr(layer, slot)) for slot in NORM_SLOTS]
+    attention = _without_names(attention_arrays(layer.attention))
+    if kind == "norm":
+        return _digest(_norm_arrays(getattr(layer, detail)), np.array(options))
+    # A post-LN attention or feed-forward task reads its LayerNorms only through their images, the
+    # points and tangents of beta + gamma z (||z|| <= sqrt(d)), which do not involve eps, and its residual
+    # step holds no norm; a pre-LN one reads the norm's eps (the folded step).
+    shapes = norms if layer.placement != "post" else [_norm_arrays(getattr(layer, slot), eps=False)
+                                                      for slot in NORM_SLOTS]
+    if kind == "ffn":
+        return _digest(_ffn_arrays(layer.ffn), *shapes, np.array(layer.placement), np.array(options))
+    cross = _without_names(attention_arrays(layer.cross)) if layer.cross is not None else None
+    context = _norm_arrays(model.context_norm) if layer.cross is not None else None
+    scales = [layer.attn_scale, layer.ffn_scale]
+    if kind == "attention":
+        return _digest(attention, cross, context, *shapes, *scales, np.array(layer.placement), np.array(options))
+    return _digest(attention, cross, context, _ffn_arrays(layer.ffn), *norms, *scales, np.array(layer.placement),
+                   np.array(options))
+
+
+@dataclass
+class WholeCertificate:
+    """The whole-model report with the raw result of every task, keyed ``(kind, block, layer, detail)``."""
+
+    report: WholeReport
+    results: dict
+    fingerprints: dict
+    rerun: int
+    seconds: float
+
+    @property
+    def bound(self) -> dict:
+        return self.report.model_bound
+
+    def layer_row(self, index: int, block: str = "encoder") -> dict | None:
+        return next((r for r in self.report.components if r["component"] == "layer" and r["layer"] == index
+                     and r["block"] == block), None)
+
+
+def certify_whole(model: Model, *, n: int = 8, restarts: int = 4, iterations: int = 30, effort: int = 30,
+                  seed: int = 0, jobs: int = 1, reuse: WholeCertificate | None = None,
+                  progress=None) -> WholeCertificate:
+    """The whole-model certificate of ``model`` (loaded from a path), rerunning only the tasks whose
+    fingerprint differs from ``reuse``'s (module docstring).  ``progress(done, total, text)``.  The
+    defaults are ``verify --whole``'s, so that ``lipbound verify CHECKPOINT --whole`` prints the same
+    numbers."""
+    tasks = plan_tasks(model, n=n, domain="layernorm", effort=effort, restarts=restarts, iterations=iterations,
+                       seed=seed)
+    keys = [(t[0], t[2], t[3], t[4]) for t in tasks]
+    prints = {key: task_fingerprint(model, task) for key, task in zip(keys, tasks)}
+    results: list = [None] * len(tasks)
+    todo = []
+    for position, key in enumerate(keys):
+        if reuse is not None and prints[key] is not None and reuse.fingerprints.get(key) == prints[key]:
+            results[position] = reuse.results[key]
+        else:
+            todo.append(position)
+    started = time.perf_counter()
+    if progress is not None:
+        progress(0, len(todo), "started")
+
+    def arrived(done, total, index, result):
+        results[todo[index]] = result
+        if progress is not None:
+            kind, _, block, layer, detail = tasks[todo[index]][:5]
+            progress(done, total, f"{kind} {detail} {block} layer {layer}".replace("  ", " "))
+
+    try:
+        run_all(run_task, [tasks[i] for i in todo], jobs=jobs, progress=arrived)
+    except TaskFailed as failure:
+        raise failure.error from None
+    seconds = time.perf_counter() - started
+    report = WholeReport.build(model, tasks, results, n, None, seconds)
+    return WholeCertificate(report, dict(zip(keys, results)), prints, len(todo), seconds)
+
+
+def component_shares(report: WholeReport, block: str = "encoder") -> list[dict]:
+    """The rows whose product is the end-to-end bound, each with its share of log10 of the bound."""
+    post = report.image_input.get(block, False)
+    factors = [r for r in report.components if r["block"] == block and
+               (r["component"] == "residual" or (r["component"] == "norm" and (post or r["layer"] is None)))]
+    logs = [math.log10(r["best_upper"]) if r["best_upper"] > 0 and math.isfinite(r["best_upper"]) else 0.0
+            for r in factors]
+    total = sum(logs) or 1.0
+    out = []
+    for row, value in zip(factors, logs):
+        what = "norm" if row["component"] == "norm" else ("attention" if "attention" in row["part"] else "ffn")
+        out.append({"layer": row["layer"], "component": what, "part": row["part"], "bound": row["best_upper"],
+                    "witness": row["witness"], "log10": value, "share": value / total})
+    return out
+
+
+def head_rows(model: Model, *, n: int = 8, budget: float = 0.5, seed: int = 0, heads=None, jobs: int = 1,
+              progress=None) -> list[dict]:
+    """Certified constants and witness of every head (or of ``heads``, pairs ``(layer, head)``) by
+    ``verify``'s job on the image of the LayerNorm feeding its layer, run as ``verify`` runs them
+    (:func:`lipbound.numeric.scaleout.run_all`, ``jobs`` local processes)."""
+    spec = DomainSpec.parse("layernorm")
+    chosen = heads if heads is not None else [(i, h) for i in sorted(model.layers) for h in range(model.num_heads)]
+    origin = (model.name, model.path, model.sha256)
+    tasks = [(attention_arrays(model.layers[i].heads[h]), spec.resolve(model.layers[i].ln_in, f"layer {i}").plain(),
+              None, n, None, "self", "self", False, budget, seed, origin, "encoder", i, h) for i, h in chosen]
+
+    def arrived(done, total, index, result):
+        if progress is not None:
+            progress(done, total, f"head {chosen[index][1]} of layer {chosen[index][0]}")
+
+    arrived(0, len(tasks), 0, None)
+
+    try:
+        results = run_all(verify_job, tasks, jobs=jobs, progress=arrived)
+    except TaskFailed as failure:
+        raise failure.error from None
+    rows = []
+    for (index, h), result in zip(chosen, results):
+        bounds = [CertifiedValue.from_json(b) for b in result["bounds"]]
+        best = min((b for b in bounds if b.certified and math.isfinite(float(b.value))),
+                   key=lambda b: float(b.value), default=None)
+        rows.append({"layer": index, "head": h, "bound": None if best is None else float(best.value),
+                     "method": None if best is None else best.name, "certified": best is not None,
+                     "witness": float(Witness.from_arrays(result["witness"]).value), "refusal": None if best else
+                     "; ".join(f"{b.name}: {b.provenance}" for b in bounds)})
+    return rows
+
+
+def local_constants(model: Model, ids_list, *, eps_fraction: float = 1e-3, layers=None, progress=None) -> list[dict]:
+    """``L(eps)`` of each whole layer at the hidden states of each sentence, ``eps`` a fraction of the
+    radius of the LayerNorm feeding it; per layer the median over sentences of the certified value
+    and of the witness."""
+    chosen = sorted(model.layers) if layers is None else list(layers)
+    states = [hidden_states(model, ids) for ids in ids_list]
+    rows, total, done = [], len(chosen) * len(states), 0
+    if progress is not None:
+        progress(0, total, "started")
+    for index in chosen:
+        radius = model.layers[index].ln_in.radius_about_center
+        certified, witness, verdicts = [], [], []
+        for X in states:
+            curve = lipschitz_curve(model, X[index], kind="layer", layer=index, eps=[eps_fraction * radius])
+            point = curve.points[0]
+            certified.append(point.certified)
+            witness.append(point.witness)
+            verdicts.append(point.verdict)
+            done += 1
+            if progress is not None:
+                progress(done, total, f"L(eps) of layer {index}")
+        rows.append({"layer": index, "eps_fraction": eps_fraction, "certified": float(np.median(certified)),
+                     "witness": float(np.median(witness)), "sentences": len(states),
+                     "all_certified": all(math.isfinite(c) for c in certified), "verdicts": verdicts})
+    return rows
+
+
+def _step_name(step) -> str:
+    return {"attention": "attention", "cross": "attention", "ffn": "ffn", "norm": "norm"}[step.kind]
+
+
+@dataclass
+class Movement:
+    """Per step of the model (layer, component), the median amplification of real edits."""
+
+    steps: list = field(default_factory=list)
+    total: float = 1.0
+    edits: int = 0
+
+    def to_json(self) -> dict:
+        return {"steps": self.steps, "total_amplification": self.total, "edits": self.edits}
+
+
+def step_states(model: Model, X: np.ndarray):
+    """Run a batch of embedded sentences ``X`` (b, n, d) through every step of the model (the one
+    float engine); yields ``(layer, component, state after the step)``."""
+    block = model.blocks[0]
+    for index in sorted(model.layers):
+        for step in layer_steps(model.layers[index], block):
+            X = step.linearize(X, None).F
+            yield index, _step_name(step), X
+
+
+def movement_shares(model: Model, pairs) -> Movement:
+    """Push pairs ``(ids, edited ids)`` of equal length through the model's steps and measure
+    ``||X' - X||_F`` after each step (module docstring)."""
+    rows, totals, names = [], [], []
+    for ids, edited in pairs:
+        X = np.stack([model.embeddings(ids), model.embeddings(edited)]).astype(float)
+        norms = [np.linalg.norm(X[1] - X[0])]
+        names = []
+        for index, name, Y in step_states(model, X):
+            norms.append(np.linalg.norm(Y[1] - Y[0]))
+            names.append((index, name))
+        norms = np.maximum(np.array(norms), 1e-300)
+        rows.append(norms[1:] / norms[:-1])
+        totals.append(norms[-1] / norms[0])
+    ratios, totals = np.array(rows), np.array(totals)
+    logs = np.log10(ratios)
+    expansion = np.sum(np.maximum(logs, 0.0), axis=1)
+    shares = logs / np.where(expansion > 0, expansion, 1.0)[:, None]
+    out = Movement(total=float(np.median(totals)), edits=len(pairs))
+    for s, (index, name) in enumerate(names):
+        out.steps.append({"layer": index, "component": name, "amplification": float(np.median(ratios[:, s])),
+                          "share": float(np.median(shares[:, s]))})
+    return out

@@ -1,0 +1,304 @@
+"""Interventions on a copy of a model's weights: each is a small frozen description that builds a new
+:class:`~lipbound.numeric.model.Model` (the loaded description is never changed).
+
+=====================  ================================================================================
+intervention           the edited weights (layer ``l``, head ``h``; tokens are rows)
+=====================  ================================================================================
+``temperature``        ``W_Q, b_Q`` times ``t``: every score of the head divided by the temperature ``1/t``
+``spectral-cap``       the singular values of ``W_Q W_K^T`` clipped at ``cap``, by a map ``T`` of the key
+                       space: ``W_K T``, ``b_K T`` (``W_Q`` and the query bias untouched)
+``qk-norm``            every head's score of layer ``l`` becomes ``tau q.k / (N(q) N(k))``,
+                       ``N(u) = sqrt(||u||^2 + eps)``: QK-norm with a scalar gain ``g``,
+                       ``rms(u) = g u / sqrt(||u||^2/d_k + eps/d_k)``, is exactly this score with ``tau = g^2 sqrt(d_k)`` (the cosine kernel, whose
+                       theorem lipbound has); ``tau`` is fitted to keep the logits' scale
+``l2-tied``            every head of layer ``l`` scores ``-||q - k||^2 / sqrt(d_k)`` with ``W_K = W_Q``,
+                       ``b_K = b_Q`` (L2 attention with tied weights, Kim et al. 2021)
+``norm-eps``           every LayerNorm's ``eps`` raised to at least ``eps`` (the constant
+                       ``||diag(gamma) P|| / sqrt(eps)`` of a LayerNorm falls as ``eps`` grows)
+``remove-head``        the head's values replaced by their mean over the text (``W_V = 0``, ``b_V`` the
+                       mean value): its output no longer depends on the input (mean ablation)
+``embeddings``         the word embeddings of chosen tokens moved towards the mean embedding,
+                       ``e_v <- mu + s (e_v - mu)``
+=====================  ================================================================================
+
+The two new scores change every head of a layer: the one attention engine evaluates a layer's heads
+together, with one kernel.  No retraining: the function of the edited weights is measured as they are.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+import numpy as np
+
+from ..errors import AssumptionError
+from ..numeric.kernels import L2Distance, ScaledCosine
+from ..numeric.model import Head, LayerNorm, Model
+
+__all__ = [
+    "Intervention",
+    "NormEpsilon",
+    "QKNormGain",
+    "RecentreEmbeddings",
+    "RemoveHead",
+    "SpectralCap",
+    "Temperature",
+    "TiedL2",
+    "qk_spectrum",
+    "with_head",
+]
+
+
+def _check_head(model: Model, layer: int, head: int) -> None:
+    if layer not in model.layers:
+        raise AssumptionError("layer", f"a layer of the model in 0..{model.num_layers - 1}", repr(layer), "pass e.g. 0")
+    if not 0 <= head < model.num_heads:
+        raise AssumptionError("head", f"a head in 0..{model.num_heads - 1}", repr(head), "pass e.g. 0")
+
+
+def with_head(model: Model, layer: int, head: int, new: Head) -> Model:
+    """A copy of ``model`` whose head ``head`` of layer ``layer`` is ``new``."""
+    old = model.layers[layer]
+    heads = tuple(new if i == head else h for i, h in enumerate(old.attention.heads))
+    layers = dict(model.layers)
+    layers[layer] = replace(old, attention=replace(old.attention, heads=heads))
+    return replace(model, layers=layers, path="", sha256="", metadata=dict(model.metadata))
+
+
+def qk_spectrum(head: Head) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(R, U, s)`` with ``W_Q = P R`` (QR) and ``R W_K^T = U diag(s) V^T``: the singular values ``s``
+    of ``W_Q W_K^T = (P U) diag(s) V^T``."""
+    _, R = np.linalg.qr(head.W_Q)
+    U, s, _ = np.linalg.svd(R @ head.W_K.T, full_matrices=False)
+    return R, U, s
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """Base: ``name`` (its kind), ``target`` (where), :meth:`apply` (the edited copy)."""
+
+    kind: ClassVar[str] = ""
+
+    @property
+    def target(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind} {self.parameter}".strip()
+
+    @property
+    def parameter(self) -> str:
+        return ""
+
+    @property
+    def layers(self) -> tuple[int, ...] | None:
+        """The layers whose weights change (None: every layer, or the embeddings)."""
+        return (self.layer,) if hasattr(self, "layer") else None
+
+    def apply(self, model: Model) -> Model:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class _HeadIntervention(Intervention):
+    layer: int
+    head: int
+
+    @property
+    def target(self) -> str:
+        return f"layer {self.layer} head {self.head}"
+
+    def apply(self, model: Model) -> Model:
+        _check_head(model, self.layer, self.head)
+        return with_head(model, self.layer, self.head, self.edit(model.layers[self.layer].heads[self.head]))
+
+    def edit(self, head: Head) -> Head:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Temperature(_HeadIntervention):
+    """``W_Q, b_Q`` times ``factor`` (0 < factor)."""
+
+    factor: float = 0.5
+    kind: ClassVar[str] = "temperature"
+
+    @property
+    def parameter(self) -> str:
+        return f"x{self.factor:g}"
+
+    def edit(self, head: Head) -> Head:
+        if not (math.isfinite(self.factor) and self.factor > 0):
+            raise AssumptionError("factor", "a positive finite factor of W_Q", repr(self.factor), "pass e.g. 0.5")
+        return replace(head, W_Q=head.W_Q * self.factor, b_Q=head.b_Q * self.factor)
+
+
+@dataclass(frozen=True)
+class SpectralCap(_HeadIntervention):
+    """The singular values of ``W_Q W_K^T`` clipped at ``cap``, through the keys: ``W_K T``, ``b_K T`` with
+    ``T = R^T U diag(min(s, cap) / s) U^T R^{-T}`` (:func:`qk_spectrum`), so that
+    ``W_Q (W_K T)^T = P U diag(min(s, cap)) V^T``."""
+
+    cap: float = 1.0
+    kind: ClassVar[str] = "spectral-cap"
+
+    @property
+    def parameter(self) -> str:
+        return f"{self.cap:.4g}"
+
+    def edit(self, head: Head) -> Head:
+        if not (math.isfinite(self.cap) and self.cap > 0):
+            raise AssumptionError("cap", "a positive spectral norm for W_Q W_K^T", repr(self.cap), "pass e.g. 10")
+        R, U, s = qk_spectrum(head)
+        if np.linalg.cond(R) > 1e8:
+            raise AssumptionError("head", "a head whose W_Q has full column rank", f"cond(R) = {np.linalg.cond(R):.3g}",
+                                  "cap another head")
+        shrink = np.minimum(s, self.cap) / np.where(s > 0, s, 1.0)
+        T = R.T @ (U * shrink) @ U.T @ np.linalg.inv(R).T
+        return replace(head, W_K=head.W_K @ T, b_K=head.b_K @ T)
+
+
+@dataclass(frozen=True)
+class _LayerKernel(Intervention):
+    """A new score for every head of layer ``layer`` (the one attention engine evaluates the heads of a
+    layer together, so they share one kernel)."""
+
+    layer: int
+
+    @property
+    def target(self) -> str:
+        return f"layer {self.layer} (every head)"
+
+    def apply(self, model: Model) -> Model:
+        _check_head(model, self.layer, 0)
+        for head in range(model.num_heads):
+            model = with_head(model, self.layer, head, self.edit(model.layers[self.layer].heads[head]))
+        return model
+
+    def edit(self, head: Head) -> Head:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class QKNormGain(_LayerKernel):
+    """The cosine score ``tau q.k / (N(q) N(k))`` in place of the dot product (QK-norm with a scalar gain)."""
+
+    tau: float = 1.0
+    eps: float = 1.0
+    kind: ClassVar[str] = "qk-norm"
+
+    @property
+    def parameter(self) -> str:
+        return f"tau {self.tau:.4g}"
+
+    def edit(self, head: Head) -> Head:
+        return replace(head, kernel=ScaledCosine(tau=float(self.tau), eps=float(self.eps)))
+
+
+@dataclass(frozen=True)
+class TiedL2(_LayerKernel):
+    """L2 attention with ``W_K = W_Q`` and ``b_K = b_Q``."""
+
+    kind: ClassVar[str] = "l2-tied"
+
+    def edit(self, head: Head) -> Head:
+        return replace(head, W_K=head.W_Q.copy(), b_K=head.b_Q.copy(), kernel=L2Distance())
+
+
+@dataclass(frozen=True)
+class RemoveHead(_HeadIntervention):
+    """The head's values replaced by ``mean_value`` (d_v,): the head's output is constant."""
+
+    mean_value: tuple = ()
+    kind: ClassVar[str] = "remove-head"
+
+    def edit(self, head: Head) -> Head:
+        mean = np.asarray(self.mean_value, dtype=float) if len(self.mean_value) else np.zeros(head.d_v)
+        if mean.shape != (head.d_v,):
+            raise AssumptionError("mean_value", f"{head.d_v} numbers", str(mean.shape), "pass the mean value vector")
+        return replace(head, W_V=np.zeros_like(head.W_V), b_V=mean)
+
+
+def _norms(model: Model):
+    """Every distinct norm object of the model (shared slots counted once)."""
+    seen = {}
+    for layer in model.layers.values():
+        for slot in ("ln_in", "ln_out", "ffn_norm", "ffn_out_norm", "cross_norm"):
+            norm = getattr(layer, slot)
+            if norm is not None:
+                seen[id(norm)] = norm
+    for norm in (getattr(model.embeddings, "norm", None), model.final_norm):
+        if norm is not None:
+            seen[id(norm)] = norm
+    return seen
+
+
+@dataclass(frozen=True)
+class NormEpsilon(Intervention):
+    """Every LayerNorm's ``eps`` raised to ``max(eps, self.eps)`` (shared norms stay shared)."""
+
+    eps: float = 1e-3
+    kind: ClassVar[str] = "norm-eps"
+
+    @property
+    def target(self) -> str:
+        return "every LayerNorm"
+
+    @property
+    def parameter(self) -> str:
+        return f"{self.eps:g}"
+
+    def apply(self, model: Model) -> Model:
+        if not (math.isfinite(self.eps) and self.eps > 0):
+            raise AssumptionError("eps", "a positive finite LayerNorm epsilon", repr(self.eps), "pass e.g. 1e-3")
+        new = {key: replace(norm, eps=max(float(norm.eps), float(self.eps))) if isinstance(norm, LayerNorm) else norm
+               for key, norm in _norms(model).items()}
+
+        def swap(norm):
+            return None if norm is None else new[id(norm)]
+
+        layers = {index: replace(layer, **{slot: swap(getattr(layer, slot)) for slot in
+                                           ("ln_in", "ln_out", "ffn_norm", "ffn_out_norm", "cross_norm")})
+                  for index, layer in model.layers.items()}
+        embeddings = model.embeddings
+        if getattr(embeddings, "norm", None) is not None:
+            embeddings = replace(embeddings, norm=swap(embeddings.norm))
+        return replace(model, layers=layers, embeddings=embeddings, final_norm=swap(model.final_norm), path="",
+                       sha256="", metadata=dict(model.metadata))
+
+
+@dataclass(frozen=True)
+class RecentreEmbeddings(Intervention):
+    """``e_v <- mu + scale (e_v - mu)`` for the word embeddings of ``tokens`` (``mu`` the mean row)."""
+
+    tokens: tuple = ()
+    scale: float = 0.5
+    kind: ClassVar[str] = "embeddings"
+
+    @property
+    def target(self) -> str:
+        return f"{len(self.tokens)} irregular tokens"
+
+    @property
+    def parameter(self) -> str:
+        return f"x{self.scale:g} about the mean"
+
+    @property
+    def layers(self):
+        return ()
+
+    def apply(self, model: Model) -> Model:
+        embeddings = model.embeddings
+        if embeddings is None:
+            raise AssumptionError("model", "a model with word embeddings", "none", "load the whole checkpoint")
+        word = np.array(embeddings.word, dtype=float)
+        tokens = np.asarray(self.tokens, dtype=int)
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= word.shape[0]):
+            raise AssumptionError("tokens", f"token ids in 0..{word.shape[0] - 1}", repr(self.tokens), "pass ids")
+        mean = word.mean(axis=0)
+        word[tokens] = mean + self.scale * (word[tokens] - mean)
+        return replace(model, embeddings=replace(embeddings, word=word.astype(embeddings.word.dtype)), path="",
+                       sha256="", metadata=dict(model.metadata))

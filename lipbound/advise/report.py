@@ -1,0 +1,272 @@
+"""The advice: diagnosis, mismatch and interventions with both prices, ranked; text, JSON, LaTeX.
+
+An intervention's **certified reduction** is ``log10(B_before / B_after)`` of the certified
+whole-model bound (orders of magnitude); its **functional cost** is ``1 - min cosine`` of the sentence
+embeddings to the original model's over the text.  The ranking sorts by reduction per unit of cost
+(``reduction / max(cost, 1e-6)``).  An intervention whose bound after is not certified is listed
+with the reason and never ranked.  No retraining is claimed: the cost is that of the edited weights
+as they are.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..printing.document import comparison_table
+from ..rigorous.functions import log
+from ..rigorous.intervals import interval, lower
+
+__all__ = ["COST_FLOOR", "LEGEND", "Advice", "InterventionResult"]
+
+#: the smallest cost the ranking divides by (an edit that changes nothing measurable)
+COST_FLOOR = 1e-6
+
+LEGEND = """Legend: bound = certified upper bound on the Frobenius Lipschitz constant of the whole encoder (input of
+layer 0 on the image of the embedding LayerNorm -> last hidden state, n tokens), output units per input unit;
+witness = a point where the map attains at least that much (a lower bound); orders = log10(bound before / bound
+after), the certified reduction (a lower bound on it, rounded down); head, layer = the certified constant of the
+edited head (verify's row) and of its whole attention layer; min cos = smallest cosine of a sentence embedding
+(mean of the last hidden states) to the original model's over the text; rho = Spearman correlation of the
+pairs' similarities, original vs edited; orders/cost = orders / max(1 - min cos, 1e-6), the ranking key.
+NOT CERTIFIED rows are never ranked.  No retraining: the cost is that of the edited weights as they are."""
+
+
+def _num(value, spec: str = ".4g") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "inf"
+    return format(value, spec)
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return "inf" if value > 0 else ("-inf" if value < 0 else "nan")
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        return _plain(value.item())
+    return value
+
+
+@dataclass
+class InterventionResult:
+    """One intervention: its checkpoint, certified bounds before and after, witnesses, cost."""
+
+    intervention: object
+    checkpoint: str | None
+    cost: object = None
+    whole_before: object = None
+    whole_after: object = None
+    layer: int = 0
+    head_before: dict | None = None
+    head_after: dict | None = None
+    local_before: dict | None = None
+    local_after: dict | None = None
+    mismatch_after: list | None = None
+    error: str | None = None
+
+    @property
+    def certified(self) -> bool:
+        return self.error is None and self.whole_after is not None and bool(self.whole_after.bound["certified"])
+
+    @property
+    def reduction(self) -> float | None:
+        """``log10(B_before / B_after)``, rounded down in interval arithmetic (None: not certified)."""
+        if not self.certified:
+            return None
+        ratio = interval(self.whole_before.bound["value"]) / interval(self.whole_after.bound["value"])
+        return float(lower(log(ratio) / log(interval(10.0))))
+
+    @property
+    def score(self) -> float | None:
+        reduction = self.reduction
+        if reduction is None or self.cost is None:
+            return None
+        return reduction / max(self.cost.cost, COST_FLOOR)
+
+    def _side(self, whole, head, local, which: str) -> dict:
+        """``{"model", "layer", "head", "local"}``: the certified bounds (``which = "certified"``) or the
+        witnesses (``"witness"``) of one side of the edit."""
+        bound = None if whole is None else whole.bound
+        row = None if whole is None else whole.layer_row(self.layer)
+        model_key, row_key, head_key = ("value", "best_upper", "bound") if which == "certified" else ("witness",) * 3
+        return {"model": None if not bound else bound[model_key], "layer": None if row is None else row[row_key],
+                "head": None if head is None else head[head_key], "local": None if local is None else local.get(which)}
+
+    def to_json(self) -> dict:
+        iv = self.intervention
+        before, after = self.whole_before, self.whole_after
+        out = {"name": iv.name, "kind": iv.kind, "target": iv.target, "certified": self.certified,
+               "error": self.error, "checkpoint": self.checkpoint,
+               "bound_before": self._side(before, self.head_before, self.local_before, "certified"),
+               "bound_after": self._side(after, self.head_after, self.local_after, "certified"),
+               "witness_before": self._side(before, self.head_before, self.local_before, "witness"),
+               "witness_after": self._side(after, self.head_after, self.local_after, "witness"),
+               "layer": self.layer, "reduction_orders": self.reduction, "score": self.score,
+               "function_metric": "min sentence cosine to the original",
+               "function_value": None if self.cost is None else self.cost.min_cosine,
+               "function": None if self.cost is None else self.cost.to_json(),
+               "tasks_rerun": None if after is None else after.rerun,
+               "local_eps_fraction": None if self.local_before is None else self.local_before["eps_fraction"]}
+        if self.mismatch_after is not None:
+            out["mismatch_after"] = self.mismatch_after
+        return _plain(out)
+
+
+@dataclass
+class Advice:
+    """Everything :func:`lipbound.advise.run.advise` found."""
+
+    model: object
+    folder: str
+    sentences: int
+    n: int
+    whole: object
+    shares: list
+    heads: list
+    local: list
+    movement: object
+    mismatch: list
+    interventions: list
+    cosine_floor: float
+    eps_fraction: float
+    seconds: float = 0.0
+    ranked: list = field(default_factory=list)
+
+    def __post_init__(self):
+        certified = [r for r in self.interventions if r.score is not None]
+        self.ranked = sorted(certified, key=lambda r: r.score, reverse=True)
+
+    # components ------------------------------------------------------------------------------
+    def components(self) -> list[dict]:
+        """Per layer and component kind: certified constant, witness, share of log10 of the bound,
+        local constant of the layer, share of the measured movement."""
+        rows = []
+        movement = {}
+        for step in self.movement.steps:
+            key = (step["layer"], step["component"])
+            movement.setdefault(key, []).append(step)
+        for share in self.shares:
+            key = (share["layer"], share["component"])
+            steps = movement.get(key, [])
+            local = next((r for r in self.local if r["layer"] == share["layer"]), None)
+            rows.append({"layer": share["layer"], "component": share["component"], "part": share["part"],
+                         "bound": share["bound"], "witness": share["witness"], "log10_share": share["share"],
+                         "local_layer_certified": None if local is None else local["certified"],
+                         "local_layer_witness": None if local is None else local["witness"],
+                         "movement_amplification": [s["amplification"] for s in steps],
+                         "movement_share": sum(s["share"] for s in steps) if steps else None})
+        for head in self.heads:
+            rows.append({"layer": head["layer"], "component": "head", "part": f"head {head['head']}",
+                         "bound": head["bound"], "witness": head["witness"], "log10_share": None,
+                         "method": head["method"], "certified": head["certified"]})
+        return rows
+
+    def dominant(self) -> dict:
+        """The component with the largest share of log10 of the bound, per layer and overall."""
+        per_layer = {}
+        for share in self.shares:
+            key = "final" if share["layer"] is None else str(share["layer"])
+            if key not in per_layer or share["share"] > per_layer[key]["share"]:
+                per_layer[key] = share
+        kinds = {}
+        for share in self.shares:
+            kinds[share["component"]] = kinds.get(share["component"], 0.0) + share["share"]
+        overall = max(kinds, key=kinds.get)
+        return {"per_layer": {k: f"{v['part']} ({v['share']:.0%})" for k, v in per_layer.items()},
+                "overall": overall, "kind_shares": kinds}
+
+    # outputs ---------------------------------------------------------------------------------
+    def table(self) -> str:
+        bound = self.whole.bound
+        dominant = self.dominant()
+        lines = [f"{self.model.name}: certified whole-model bound {bound['value']:.4g}, witness {bound['witness']:.4g} "
+                 f"(n = {self.n}); share of log10(bound): " +
+                 ", ".join(f"{k} {v:.0%}" for k, v in dominant["kind_shares"].items()) +
+                 f"; dominant: {dominant['overall']}",
+                 "per layer, the largest factor: " + "; ".join(f"{k}: {v}" for k, v in dominant["per_layer"].items())]
+        top = sorted((h for h in self.heads if h["certified"]), key=lambda h: -h["bound"])[:3]
+        lines.append("least regular heads: " + "; ".join(f"layer {h['layer']} head {h['head']} {h['bound']:.4g} "
+                                                          f"(witness {h['witness']:.4g})" for h in top))
+        if self.local:
+            lines.append(f"local constants at {self.eps_fraction:g} R (median over {self.local[0]['sentences']} "
+                         "sentence(s)): " + ", ".join(f"layer {r['layer']} {r['certified']:.4g}" for r in self.local))
+        worst = max(self.movement.steps, key=lambda s: s["share"])
+        lines.append(f"measured movement of {self.movement.edits} one-word edits: total amplification "
+                     f"{self.movement.total:.3g}; largest share: layer {worst['layer']} {worst['component']} "
+                     f"({worst['share']:.0%})")
+        for m in self.mismatch:
+            s = m.summary()
+            rows = m.rows(5)
+            lines.append(f"mismatch at position {s['position']} ('{s['original']}'): median ratio {s['median_ratio']:.3g}, "
+                         f"max {s['max_ratio']:.3g}; most irregular: " +
+                         ", ".join(f"{r['token']} {r['ratio']:.3g}" for r in rows) +
+                         "; Spearman with embedding norm {:.2f}, with W_Q W_K^T alignment {:.2f}".format(
+                             s["correlations"]["embedding_norm"], s["correlations"]["alignment_with_qk"]))
+        lines.append("")
+        lines.append(f"{'rank':>4s} {'intervention':24s} {'target':24s} {'bound after':>11s} {'orders':>7s} "
+                     f"{'head before':>11s} {'head after':>11s} {'witness after':>13s} {'min cos':>8s} {'rho':>6s} "
+                     f"{'orders/cost':>11s}")
+        ranked = self.ranked + [r for r in self.interventions if r.score is None]
+        for number, r in enumerate(ranked, 1):
+            data = r.to_json()
+            rank = str(number) if r.score is not None else "-"
+            after = _num(data["bound_after"]["model"]) if r.certified else "NOT CERTIFIED"
+            cos = _num(data["function_value"], ".5f")
+            rho = "-" if r.cost is None else f"{r.cost.spearman:.3f}"
+            lines.append(f"{rank:>4s} {r.intervention.name[:24]:24s} {r.intervention.target[:24]:24s} {after:>11s} "
+                         f"{_num(r.reduction, '.1f'):>7s} {_num(data['bound_before']['head']):>11s} "
+                         f"{_num(data['bound_after']['head']):>11s} {_num(data['witness_after']['model']):>13s} "
+                         f"{cos:>8s} {rho:>6s} {_num(r.score, '.3g'):>11s}")
+            if r.error:
+                lines.append(f"     {r.error}")
+        lines.append("")
+        lines.append(LEGEND)
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return _plain({"model": self.model.name, "path": self.folder, "sha256": self.model.sha256, "n": self.n,
+                       "sentences": self.sentences, "seconds": round(self.seconds, 1),
+                       "model_bound": self.whole.bound, "dominant": self.dominant(),
+                       "components": self.components(), "local": self.local, "movement": self.movement.to_json(),
+                       "mismatch": [row for m in self.mismatch for row in m.rows()],
+                       "mismatch_summary": [m.summary() for m in self.mismatch],
+                       "interventions": [r.to_json() for r in self.ranked] +
+                                        [r.to_json() for r in self.interventions if r.score is None],
+                       "cosine_floor": self.cosine_floor, "local_eps_fraction": self.eps_fraction})
+
+    def latex(self) -> str:
+        """A booktabs table of the interventions (ranked, then those not certified), in a ``table``."""
+        rows = []
+        for r in self.ranked + [r for r in self.interventions if r.score is None]:
+            data = r.to_json()
+            rows.append({"name": r.intervention.name, "target": r.intervention.target,
+                         "after": float(data["bound_after"]["model"]) if r.certified else "not certified",
+                         "orders": None if r.reduction is None else f"{r.reduction:.1f}",
+                         "cosine": None if r.cost is None else f"{r.cost.min_cosine:.5f}",
+                         "rho": None if r.cost is None else f"{r.cost.spearman:.3f}"})
+        columns = [("name", "Intervention"), ("target", "Target"), ("after", "Bound after"),
+                   ("orders", "Orders"), ("cosine", "Min. cosine"), ("rho", "Spearman")]
+        before = f"{self.whole.bound['value']:.3g}"
+        mantissa, _, exponent = before.partition("e")
+        before = f"${mantissa} \\times 10^{{{int(exponent)}}}$" if exponent else f"${mantissa}$"
+        caption = (f"Interventions on {_tex(self.model.name)}: the certified whole-model Lipschitz bound after "
+                   f"the edit (before: {before}), its reduction in orders of magnitude, and the functional cost "
+                   "on the text (smallest cosine of a sentence embedding to the original model's; Spearman "
+                   "correlation of pair similarities). No retraining.")
+        return ("\\begin{table}\n\\centering\n" + comparison_table(rows, columns, booktabs=True)
+                + f"\\caption{{{caption}}}\n\\label{{tab:advise}}\n\\end{{table}}\n")
+
+    def pareto(self) -> list[dict]:
+        """Plain data of the Pareto plot: per certified intervention, cost and bound ratio."""
+        return [{"name": r.intervention.name, "target": r.intervention.target, "cost": r.cost.cost,
+                 "reduction": r.reduction} for r in self.interventions if r.score is not None]
+
+
+def _tex(text: str) -> str:
+    return str(text).replace("\\", r"\textbackslash{}").replace("_", r"\_").replace("&", r"\&").replace("%", r"\%") \
+        .replace("#", r"\#")

@@ -1,0 +1,120 @@
+"""``lipbound advise``: diagnose a sentence encoder and propose interventions, each with its certified
+bound before and after and its functional cost on real text (:mod:`lipbound.advise`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from .parsing import (
+    epilog,
+    int_list,
+    output_directory,
+    output_file,
+    plot_file,
+    positive_float,
+    positive_int,
+)
+
+__all__ = ["register"]
+
+
+def _bar():
+    """One tqdm bar per stage on stderr (with the time left); when stderr is not a terminal, one
+    line per finished step with the time left (:class:`~.output.Progress`)."""
+    from tqdm import tqdm
+
+    from .output import Progress
+    bars, lines = {}, {}
+
+    def progress(stage, done, total, text):
+        if not sys.stderr.isatty():
+            if done == 0 or stage not in lines:  # the stage starts: its clock starts
+                lines[stage] = Progress(total)
+            if done:
+                lines[stage].update(done, f"{stage}: {text}")
+            return
+        bar = bars.get(stage)
+        if bar is None or bar.total != total:
+            if bar is not None:
+                bar.close()
+            bar = bars[stage] = tqdm(total=total, desc=stage, file=sys.stderr, leave=False)
+        bar.set_postfix_str(text[:40], refresh=False)
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+            del bars[stage]
+    return progress
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"lipbound advise: {text}\n")
+    sys.stderr.flush()
+
+
+def _advise(args) -> int:
+    from ..advise.run import advise, check_inputs
+    from ..io import write_text
+    inputs = check_inputs(args.model, text=args.text, positions=args.positions or (), out=args.output)
+    advice = advise(inputs, n=args.n, local_sentences=args.local_sentences, eps_fraction=args.eps,
+                    head_budget=args.budget, candidates=args.candidates, edits=args.edits, effort=args.effort,
+                    cosine_floor=args.cosine_floor, jobs=args.jobs, seed=args.seed, say=_say, progress=_bar())
+    print(advice.table())
+    out = inputs.out
+    write_text(out / "advice.json", json.dumps(advice.to_json(), indent=2), "--output")
+    write_text(out / "advice.tex", advice.latex(), "--output")
+    if args.json:
+        write_text(args.json, json.dumps(advice.to_json(), indent=2), "--json")
+    if args.latex:
+        write_text(args.latex, advice.latex(), "--latex")
+    from ..printing.advice_figures import draw_mismatch, draw_pareto
+    draw_pareto(advice.pareto(), advice.whole.bound["value"], args.plot or out / "pareto.png", "--plot")
+    draw_mismatch([m.rows(len(m.candidates)) for m in advice.mismatch], out / "mismatch.png", "--output")
+    _say(f"wrote {out}/advice.json, advice.tex, pareto.png, mismatch.png and {len(advice.interventions)} edited "
+         f"checkpoints ({advice.seconds:.0f} s)")
+    return 0
+
+
+def register(sub) -> None:
+    advise = sub.add_parser(
+        "advise", help="diagnose a sentence encoder; interventions with certified bound before/after and their cost",
+        description="Find the heads, layers, norms and tokens that make an encoder irregular, and propose edits of "
+                    "a copy of its weights: each edited checkpoint is written, read back, certified end to end by "
+                    "the routes of verify --whole (only the parts that changed are recomputed) and measured on "
+                    "real text (cosine of the sentence embeddings to the original's, similarity ranking of "
+                    "pairs).  No retraining.  Layers, heads and positions are counted from 0.",
+        epilog=epilog("lipbound advise -o advice/", "lipbound advise MODEL_DIR --text sentences.txt --positions 2,3 "
+                      "-o advice/ --json advice.json --latex table.tex", "lipbound advise -o advice/ --jobs 2",
+                      notes="Writes OUTPUT/advice.json, advice.tex, pareto.png, mismatch.png and one edited "
+                            "checkpoint per intervention (a Hugging Face folder, or a plain .npz when the edit "
+                            "changes a score); `lipbound verify CHECKPOINT --whole` re-checks each.  "
+                            "Exit status: 0, 2 user error."))
+    advise.add_argument("model", nargs="?", default=None, metavar="MODEL_DIR",
+                        help="a BERT-style encoder folder with its tokenizer (default: the installed all-MiniLM-L6-v2)")
+    advise.add_argument("-o", "--output", type=output_directory("--output"), required=True,
+                        help="folder for the edited checkpoints, advice.json, advice.tex and the figures")
+    advise.add_argument("--text", metavar="FILE", help="sentences, one a line (default: lipbound's 20 bundled ones)")
+    advise.add_argument("--positions", type=int_list("--positions", low=1),
+                        help="token positions of the first sentence for the mismatch of substitutions ([CLS] is 0; "
+                             "default: its middle token)")
+    advise.add_argument("--json", type=output_file("--json", ".json"), help="also write the JSON here")
+    advise.add_argument("--latex", type=output_file("--latex", ".tex"), help="also write the booktabs table here")
+    advise.add_argument("--plot", type=plot_file("--plot"), help="the Pareto plot (default OUTPUT/pareto.png)")
+    advise.add_argument("--n", type=positive_int("--n"), default=8, help="tokens of the certified maps (default 8)")
+    advise.add_argument("--local-sentences", type=int, default=1,
+                        help="shortest sentences for the local constants L(eps) of each layer (0: none; default 1)")
+    advise.add_argument("--eps", type=positive_float("--eps"), default=1e-3,
+                        help="radius of the local constants, a fraction of the LayerNorm radius (default 1e-3)")
+    advise.add_argument("--budget", type=positive_float("--budget"), default=0.5,
+                        help="nominal seconds of witness search per head (default 0.5)")
+    advise.add_argument("--candidates", type=positive_int("--candidates"), default=512,
+                        help="vocabulary words tried at each position for the mismatch (default 512)")
+    advise.add_argument("--edits", type=positive_int("--edits"), default=20,
+                        help="one-word edits (one per sentence) for the measured movement (default 20)")
+    advise.add_argument("--effort", type=positive_int("--effort"), default=30,
+                        help="L-BFGS steps per smoothing level of LipSDP-Neuron (default 30, as verify --whole)")
+    advise.add_argument("--cosine-floor", type=positive_float("--cosine-floor"), default=0.99,
+                        help="the smallest sentence cosine an automatically fitted edit may cost (default 0.99)")
+    advise.add_argument("--jobs", type=positive_int("--jobs"), default=1, help="local worker processes (default 1)")
+    advise.add_argument("--seed", type=int, default=0, help="seed of the witnesses and the drawn edits (default 0)")
+    advise.set_defaults(handler=_advise)
