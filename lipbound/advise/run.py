@@ -115,7 +115,7 @@ def check_inputs(model=None, *, text=None, positions=(), out=None) -> Inputs:
     bad = [p for p in chosen if not 1 <= p <= first - 2]
     if bad:
         raise AssumptionError("positions", f"token positions of the first sentence in 1..{first - 2} (counted from 0; "
-                              "[CLS] is 0)", repr(bad), "pick words of the first sentence, e.g. --positions 2")
+                              "[CLS] is 0)", repr(bad), "pick words of the first sentence, e.g. `positions` 2")
     return Inputs(folder, loaded, tokenizer, sentences, ids, chosen, out)
 
 

