@@ -49,13 +49,13 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 from lipbound.numeric.blocks.constants import pre_norm_ffn_constants, pre_norm_gated_constants, residual_constant  # noqa: E402,E501
-from lipbound.numeric.blocks.gated import gated_constants  # noqa: E402
 from lipbound.numeric.blocks.ffn import arrays, closed_form, midpoint_form  # noqa: E402
+from lipbound.numeric.blocks.gated import gated_constants  # noqa: E402
 from lipbound.numeric.blocks.norms import norm_constant  # noqa: E402
 from lipbound.numeric.model import GatedFeedForward, load_tokenizer, load_weights  # noqa: E402
+from lipbound.numeric.sdp.ffn import lipsdp_neuron  # noqa: E402
 from lipbound.numeric.whole.activations import stream_norms  # noqa: E402
 from lipbound.numeric.whole.chain import chain_jacobian_norm, layer_steps  # noqa: E402
-from lipbound.numeric.sdp.ffn import lipsdp_neuron  # noqa: E402
 from lipbound.numeric.witness.blocks import ffn_witness, gated_witness, norm_witness, residual_witness  # noqa: E402
 from lipbound.symbolic.activations import ACTIVATIONS, slope_range  # noqa: E402
 

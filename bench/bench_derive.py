@@ -36,10 +36,10 @@ print(bound, time.perf_counter() - start)
 
 
 def run(norms=("fro",), domains=("ball",), proofs: bool = False) -> list[tuple[str, str, str, float]]:
-    from lipbound.symbolic.assumptions import Assumptions, Ball, LayerNormImage, RMSNormImage, Unbounded
     from lipbound.errors import LipboundError
-    from lipbound.printing.latex import latex
     from lipbound.printing.derivation import derivation_to_latex
+    from lipbound.printing.latex import latex
+    from lipbound.symbolic.assumptions import Assumptions, Ball, LayerNormImage, RMSNormImage, Unbounded
     from lipbound.symbolic.registry import VARIANTS, variant
     make = {"ball": Ball, "layernorm": LayerNormImage, "rmsnorm": RMSNormImage, "unbounded": Unbounded}
     rows = []
@@ -74,8 +74,8 @@ def main() -> None:
     parser.add_argument("--all", action="store_true", help="also every norm and domain")
     parser.add_argument("--each", action="store_true", help="every variant and block alone, in a fresh process")
     args = parser.parse_args()
-    import lipbound.printing.latex  # noqa: F401  (import time is not part of the figure)
     import lipbound.printing.derivation  # noqa: F401
+    import lipbound.printing.latex  # noqa: F401  (import time is not part of the figure)
     import lipbound.symbolic.registry  # noqa: F401  (import time is not part of the figure)
     cold = run()
     warm = run()

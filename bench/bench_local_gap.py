@@ -175,6 +175,7 @@ def _vocabulary_states(bert, ids, position, last):
 
 def groups_part(bert, text, position, counts):
     from scipy.cluster.vq import kmeans2
+
     from lipbound.local.balls import TokenBalls
     from lipbound.local.bounds import attention_bounds
     from lipbound.local.enclosed import EnclosedAttention

@@ -25,8 +25,8 @@ def main() -> None:
     from lipbound.measures.witness import measure_witness
     from lipbound.numeric.certify import head_constant
     from lipbound.numeric.domains import TokenBall
-    from lipbound.numeric.sdp import relax
     from lipbound.numeric.model import load_default
+    from lipbound.numeric.sdp import relax
     from lipbound.symbolic.registry import variant
     model = load_default()
     print(f"{'layer':>5} {'head':>4} {'W1 witness':>11} {'closed form':>12} {'SDP':>10} {'gap':>6}")

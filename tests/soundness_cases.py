@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
-from lipbound.symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
 from lipbound.numeric import attention as att
 from lipbound.numeric.domains import LayerNormOutputs, TokenBall, TokenDomain
 from lipbound.numeric.evaluate import evaluate_bound
 from lipbound.numeric.kernels import AttentionMask, DotProduct, L2Distance, ScaledCosine
 from lipbound.numeric.model import Head, Layer, LayerNorm
+from lipbound.symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
 from lipbound.symbolic.registry import variant
 
 TOKEN_VARIANTS = ("dot-product", "dot-product-nobias", "causal", "l2-tied", "l2-untied", "l2-tied-plain-values",

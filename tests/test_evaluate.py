@@ -21,18 +21,17 @@ import pytest
 import sympy as sp
 from mpmath import mp
 
-from lipbound.rigorous.intervals import Verdict
-from lipbound.symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
 from lipbound.errors import AssumptionError, NotCertifiedError
 from lipbound.numeric import attention
 from lipbound.numeric.dispatch import head_facts
 from lipbound.numeric.domains import DomainSpec, LayerNormOutputs, TokenBall
 from lipbound.numeric.evaluate import evaluate_bound, symbol_intervals
-from lipbound.symbolic.monotone import is_nondecreasing
-from lipbound.rigorous.intervals import certify_le, upper
 from lipbound.numeric.kernels import KERNELS, AttentionMask
 from lipbound.numeric.model import Head, Layer, LayerNorm, TransformerLayer, load_default
+from lipbound.rigorous.intervals import Verdict, certify_le, upper
 from lipbound.symbolic import symbols as S
+from lipbound.symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
+from lipbound.symbolic.monotone import is_nondecreasing
 from lipbound.symbolic.registry import VARIANTS, variant
 
 DIGITS = 40

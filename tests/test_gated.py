@@ -13,7 +13,8 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.special import erf
 
 from lipbound.errors import AssumptionError, WeightsError

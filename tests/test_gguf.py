@@ -8,14 +8,12 @@ against ``gguf.quants.dequantize`` on the same bytes (the definition lipbound ad
 
 from __future__ import annotations
 
-
+import gguf
 import numpy as np
 import pytest
-
-import gguf
+from decoder_checkpoints import SMOLLM, write_gguf
 from gguf.quants import _type_traits, quantize
 
-from decoder_checkpoints import SMOLLM, write_gguf
 from lipbound.errors import WeightsError
 from lipbound.numeric.model.gguf import GGUFSource, dequantisable_types, dequantise, gguf_config
 

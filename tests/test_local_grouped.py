@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from test_local_bounds import central_jacobian
 from test_local_curvature import _forward, _target
+
 from lipbound.local import curve as curve_module
 from lipbound.local.chains import Component, chain_for
 from lipbound.local.curve import _Centre, _float_jacobian, _matrix_norm, lipschitz_curve

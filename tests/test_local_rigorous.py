@@ -18,8 +18,8 @@ from lipbound.rigorous.compiler import compile_array, compile_interval
 from lipbound.rigorous.elementwise import down, exp_bounds, normal_cdf_bounds, normal_pdf_bounds, up
 from lipbound.rigorous.intervals import lower, upper
 from lipbound.rigorous.linalg import Enclosure, spectral_norm_upper_large
-from lipbound.symbolic.local import LOCAL_THEOREMS
 from lipbound.symbolic.lemmas import LEMMAS
+from lipbound.symbolic.local import LOCAL_THEOREMS
 
 HIGH = mpmath.mp.clone() if hasattr(mpmath.mp, "clone") else mpmath.mp
 
@@ -86,7 +86,7 @@ def test_interval_array_arithmetic_encloses_exact_results(seed):
     a = IntervalArray(a_mid - 1e-3, a_mid + 1e-3)
     b = IntervalArray(b_mid - 1e-3 * rng.random((3, 4)), b_mid + 1e-3)
     with mpmath.workprec(200):
-        for pick in range(5):
+        for _pick in range(5):
             x = a.lo + (a.hi - a.lo) * rng.random((3, 4))
             y = b.lo + (b.hi - b.lo) * rng.random((3, 4))
             checks = ((a + b, lambda s, t: s + t), (a - b, lambda s, t: s - t), (a * b, lambda s, t: s * t),

@@ -3,13 +3,13 @@ constant of a curve on a domain that holds its neighbourhood: each checked again
 
 from __future__ import annotations
 
+import local_models
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.special import ndtr
 
-import local_models
 from lipbound.local.balls import TokenBalls
 from lipbound.local.bounds import feedforward_bounds
 from lipbound.local.chains import chain_for, chain_forward

@@ -12,10 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lipbound.errors import AssumptionError, WeightsError
-from lipbound.measures import (EmpiricalMeasure, attention_map, cross_attention_measure, layer_map,
-                               self_attention_layer_measure, self_attention_measure, w1)
+from lipbound.measures import (
+    EmpiricalMeasure,
+    attention_map,
+    cross_attention_measure,
+    layer_map,
+    self_attention_layer_measure,
+    self_attention_measure,
+    w1,
+)
 from lipbound.numeric import attention
-from lipbound.numeric.kernels import AttentionMask, L2Distance, ScaledCosine, DotProduct
+from lipbound.numeric.kernels import AttentionMask, DotProduct, L2Distance, ScaledCosine
 from lipbound.numeric.model import Head, Layer
 
 SCORES = ("dot", "l2", "cosine")
@@ -206,8 +213,8 @@ def test_plain_arrays_are_not_measures():
 
 def test_measure_witness_is_exact_and_below_the_certified_w1_constant():
     """Witness search on measures for a real head: exact W1 on both sides, below the constant."""
-    from lipbound.measures.witness import measure_witness
     from lipbound.measures.wasserstein import w1 as exact_w1
+    from lipbound.measures.witness import measure_witness
     from lipbound.numeric.certify import head_constant
     from lipbound.numeric.domains import TokenBall
     from lipbound.numeric.model import load_default

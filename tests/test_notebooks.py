@@ -35,8 +35,8 @@ def test_notebook_is_stored_with_its_outputs(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[os.path.basename(p) for p in NOTEBOOKS])
 def test_notebook_runs(path, monkeypatch):
-    import nbformat
     import nbclient
+    import nbformat
     # the kernel imports lipbound from this checkout, whatever is installed
     monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     notebook = nbformat.read(path, as_version=4)

@@ -18,10 +18,18 @@ import numpy as np
 import pytest
 
 from lipbound.cli import main
-from lipbound.printing.bibliography import REFERENCES
-from lipbound.printing.paper import BIB_FILE, MAIN_FILE, PREAMBLE_FILE, SECTION_FILE, ScalingFigure, Series, paper_files
 from lipbound.cli.symbolic import chosen_variant, derive_result
-from lipbound.printing.paper import PaperEntry
+from lipbound.printing.bibliography import REFERENCES
+from lipbound.printing.paper import (
+    BIB_FILE,
+    MAIN_FILE,
+    PREAMBLE_FILE,
+    SECTION_FILE,
+    PaperEntry,
+    ScalingFigure,
+    Series,
+    paper_files,
+)
 
 #: one test process writes the section once (the module's fixture) and runs every check on it
 pytestmark = pytest.mark.xdist_group("paper")

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from lipbound.symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
-from lipbound.printing.document import bound_section, comparison_table, standalone
-from lipbound.printing.prose import text_to_latex
 from lipbound.printing import proof_files as proofs
+from lipbound.printing.document import bound_section, comparison_table, standalone
 from lipbound.printing.proof_files import HEADER, generate
+from lipbound.printing.prose import text_to_latex
 from lipbound.symbolic import symbols as S
+from lipbound.symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
 from lipbound.symbolic.registry import variant
 
 PROOFS = Path(__file__).resolve().parent.parent / "proofs"

@@ -22,11 +22,19 @@ from mpmath import iv, mp
 from lipbound.errors import AssumptionError, NotCertifiedError, WeightsError
 from lipbound.rigorous.compiler import compile_interval
 from lipbound.rigorous.intervals import Verdict, certify_le, interval, lower, upper, upper_product
-from lipbound.rigorous.linalg import (Enclosure, is_psd_certified, product_norm_interval, product_norm_upper, psd_floor,
-                                      spectral_norm_lower, spectral_norm_upper, vector_norm_lower,
-                                      vector_norm_upper)
-from lipbound.symbolic.assumptions import Assumptions, Ball
+from lipbound.rigorous.linalg import (
+    Enclosure,
+    is_psd_certified,
+    product_norm_interval,
+    product_norm_upper,
+    psd_floor,
+    spectral_norm_lower,
+    spectral_norm_upper,
+    vector_norm_lower,
+    vector_norm_upper,
+)
 from lipbound.symbolic import symbols as S
+from lipbound.symbolic.assumptions import Assumptions, Ball
 from lipbound.symbolic.registry import variant
 
 DIGITS = 50

@@ -233,6 +233,7 @@ def test_the_serial_path_does_not_import_dask():
 def test_whole_model_tasks_on_the_cluster_give_the_serial_report(cluster, tmp_path):
     """``verify --whole`` runs its tasks through the same runner: identical numbers on the cluster."""
     from test_whole import _saved, encoder_decoder
+
     from lipbound.numeric.whole import verify_whole
 
     model = _saved(encoder_decoder(layers=1), tmp_path)

@@ -32,20 +32,37 @@ from hypothesis import strategies as st
 from scipy.optimize import minimize
 
 from lipbound.errors import AssumptionError, NotCertifiedError, SolverError, WeightsError
+from lipbound.numeric import kernels
 from lipbound.numeric.attention import cross_jvp, dense_jacobian, layer_jvp, self_forward, self_jvp
 from lipbound.numeric.dispatch import derive_for
 from lipbound.numeric.domains import AllTokens, LayerNormOutputs, TokenBall
 from lipbound.numeric.evaluate import evaluate_bound
-from lipbound.numeric import kernels
 from lipbound.numeric.model import Head, Layer, LayerNorm, TransformerLayer, load_default
-from lipbound.numeric.sdp import joint
-from lipbound.numeric.sdp import (SDP_RELAXATIONS, HeadBounds, cross_attention_bound, gamma_AV, key_gradient_sup,
-                                  layernorm_joint_gain, layernorm_value_spread, matrix_aware_closed_form,
-                                  measure_attention_bound, relax, sdp_value, self_attention_bound)
+from lipbound.numeric.sdp import (
+    SDP_RELAXATIONS,
+    HeadBounds,
+    cross_attention_bound,
+    gamma_AV,
+    joint,
+    key_gradient_sup,
+    layernorm_joint_gain,
+    layernorm_value_spread,
+    matrix_aware_closed_form,
+    measure_attention_bound,
+    relax,
+    sdp_value,
+    self_attention_bound,
+)
 from lipbound.numeric.witness import search_witness
 from lipbound.rigorous.intervals import IV, Verdict
-from lipbound.rigorous.linalg import (Enclosure, is_psd_certified, lambda_max_upper, lambda_min_lower,
-                                      spectral_norm_lower, spectral_norm_upper)
+from lipbound.rigorous.linalg import (
+    Enclosure,
+    is_psd_certified,
+    lambda_max_upper,
+    lambda_min_lower,
+    spectral_norm_lower,
+    spectral_norm_upper,
+)
 from lipbound.rigorous.value import CertifiedValue
 from lipbound.symbolic import variants as variants_module
 from lipbound.symbolic.scores import DotProduct, L2Distance, ScaledCosine

@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_layers import check_case
 
 from lipbound.numeric.domains import LayerNormOutputs
 from lipbound.numeric.model import Layer, load_default
 from lipbound.numeric.sdp import layer_joint_bound, matrix_aware_closed_form
-
-from test_layers import check_case
 
 
 def _cap(p):

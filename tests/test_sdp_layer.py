@@ -10,13 +10,12 @@ import math
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_layers import check_case, tangent_basis
+from test_sdp_rows import row_form
 
 from lipbound.numeric.domains import LayerNormOutputs
 from lipbound.numeric.model import Layer, load_default
 from lipbound.numeric.sdp import layer_joint_bound
-
-from test_layers import check_case, tangent_basis
-from test_sdp_rows import row_form
 
 
 @settings(max_examples=200, deadline=None)

@@ -10,13 +10,12 @@ import math
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_layers import check_case, make, make_domain, tangent_basis
 
 from lipbound.numeric.domains import LayerNormOutputs, TokenBall
 from lipbound.numeric.model import load_default
 from lipbound.numeric.sdp import HeadBounds
 from lipbound.numeric.sdp.head import self_attention_bound
-
-from test_layers import check_case, make, make_domain, tangent_basis
 
 
 def row_form(n, b, L, rho_beta, cap):

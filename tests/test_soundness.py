@@ -17,17 +17,24 @@ import pytest
 import sympy as sp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from soundness_cases import (
+    MEASURE_VARIANTS,
+    NORMS,
+    TOKEN_VARIANTS,
+    certified_upper,
+    climb,
+    local_lower_bound,
+    make_case,
+    sample_points,
+)
 
-from lipbound.symbolic.assumptions import Assumptions, Ball, Unbounded
 from lipbound.numeric import attention as att
+from lipbound.numeric.domains import TokenBall
+from lipbound.numeric.evaluate import evaluate_bound
 from lipbound.numeric.kernels import KERNELS
 from lipbound.numeric.model import Head
-from lipbound.numeric.domains import LayerNormOutputs, TokenBall
-from lipbound.numeric.evaluate import evaluate_bound
+from lipbound.symbolic.assumptions import Assumptions, Ball, Unbounded
 from lipbound.symbolic.registry import variant
-
-from soundness_cases import (MEASURE_VARIANTS, NORMS, TOKEN_VARIANTS, certified_upper, climb,
-                             local_lower_bound, make_case, sample_points)
 
 SLOW = os.environ.get("LIPBOUND_SLOW") == "1"
 FAST = settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -122,7 +129,8 @@ def _sympy_attention(X, W_Q, W_K, W_V):
 def test_exact_sympy_jacobian_never_beats_the_bound(seed):
     """n = 2 tokens in d = 2: the exact Jacobian by SymPy differentiation at rational points."""
     rng = np.random.default_rng(seed)
-    rational = lambda a: sp.Matrix(a.shape[0], a.shape[1], [sp.Rational(int(v * 8), 8) for v in a.ravel()])
+    def rational(a):
+        return sp.Matrix(a.shape[0], a.shape[1], [sp.Rational(int(v * 8), 8) for v in a.ravel()])
     W_Q, W_K, W_V = (rational(rng.standard_normal((2, 2))) for _ in range(3))
     symbols = sp.symbols("x0:4", real=True)
     X = sp.Matrix(2, 2, symbols)
@@ -165,7 +173,7 @@ def test_measure_bounds_beat_every_sampled_pair(name):
     from lipbound.measures.empirical import EmpiricalMeasure, cross_attention_measure, self_attention_measure
     from lipbound.measures.wasserstein import w1
     rng = np.random.default_rng(11)
-    for trial in range(3 if not SLOW else 30):
+    for _trial in range(3 if not SLOW else 30):
         n, d, radius = int(rng.integers(2, 5)), int(rng.integers(1, 3)), float(rng.uniform(0.3, 2.0))
         case = make_case("dot-product", "w1", "ball", rng, n, d, 2, 2, radius)
         head = case.heads[0]

@@ -10,16 +10,16 @@ import sympy as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lipbound.rigorous.intervals import Verdict
-from lipbound.printing.export import result_json
-from lipbound.symbolic.assumptions import (Assumptions, Ball, LayerNormImage, NormAtLeast, Unbounded, norm_from_key)
 from lipbound.errors import AssumptionError
+from lipbound.printing.export import result_json
+from lipbound.rigorous.intervals import Verdict
 from lipbound.symbolic import symbols as S
+from lipbound.symbolic.assumptions import Assumptions, Ball, LayerNormImage, NormAtLeast, Unbounded, norm_from_key
 from lipbound.symbolic.asymptotics import dot_product_regimes, leading_term
 from lipbound.symbolic.calculus import Inner, Norm
 from lipbound.symbolic.claims import CLAIMS, TAGS
-from lipbound.symbolic.prover import compare
 from lipbound.symbolic.lemmas import LEMMAS
+from lipbound.symbolic.prover import compare
 from lipbound.symbolic.registry import VARIANTS, variant
 from lipbound.symbolic.scores import CustomScore, L2Distance
 from lipbound.symbolic.variants import SelfAttention
@@ -178,7 +178,7 @@ def test_bound_api_subs_evaluate_lambdify():
 
 
 def test_claims_carry_provenance():
-    for key, item in CLAIMS.items():
+    for _key, item in CLAIMS.items():
         assert item.tag in TAGS
         assert item.provenance.startswith(f"[{item.tag}]")
         assert item.source

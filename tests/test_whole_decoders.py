@@ -22,15 +22,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from decoder_checkpoints import config_of, random_weights, write_huggingface
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from decoder_checkpoints import config_of, random_weights, write_huggingface
 from test_whole import fd_jacobian
+
 from lipbound.errors import AssumptionError
 from lipbound.numeric.kernels import AttentionMask
-from lipbound.numeric.model import GatedFeedForward, Head, Layer, Model, RMSNorm, TransformerLayer, load_weights
-from lipbound.numeric.model import save_plain
+from lipbound.numeric.model import (
+    GatedFeedForward,
+    Head,
+    Layer,
+    Model,
+    RMSNorm,
+    TransformerLayer,
+    load_weights,
+    save_plain,
+)
 from lipbound.numeric.whole import verify_whole
 from lipbound.numeric.whole.activations import stream_norms
 

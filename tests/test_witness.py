@@ -21,19 +21,35 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lipbound.symbolic.assumptions import Assumptions
 from lipbound.errors import AssumptionError, WeightsError
-from lipbound.numeric.attention import (dense_jacobian, layer_forward, layer_jvp, layer_vjp, self_forward, self_jvp,
-                                        self_vjp)
+from lipbound.numeric.attention import (
+    dense_jacobian,
+    layer_forward,
+    layer_jvp,
+    layer_vjp,
+    self_forward,
+    self_jvp,
+    self_vjp,
+)
 from lipbound.numeric.blas import single_threaded_blas
 from lipbound.numeric.domains import LayerNormOutputs, TokenBall
-from lipbound.numeric.recheck import ROUNDING_TOLERANCE, Recheck, recheck, recheck_file
 from lipbound.numeric.kernels import KERNELS, AttentionMask, DotProduct, L2Distance
 from lipbound.numeric.model import DEFAULT_WEIGHTS, Head, Layer, load_default, load_weights
-from lipbound.numeric.witness import (Witness, castin_adversarial, in_ball, jacobian_norms, engine_for,
-                                      local_jacobian_norm, naive_ascent, project_to_ball, search_witness,
-                                      structured_starts)
+from lipbound.numeric.recheck import ROUNDING_TOLERANCE, Recheck, recheck, recheck_file
+from lipbound.numeric.witness import (
+    Witness,
+    castin_adversarial,
+    engine_for,
+    in_ball,
+    jacobian_norms,
+    local_jacobian_norm,
+    naive_ascent,
+    project_to_ball,
+    search_witness,
+    structured_starts,
+)
 from lipbound.numeric.witness.starts import castin_input
+from lipbound.symbolic.assumptions import Assumptions
 from lipbound.symbolic.registry import variant
 
 

@@ -13,19 +13,18 @@ import math
 
 import numpy as np
 import pytest
+from test_loaders import WHISPER
 
 from lipbound.errors import AssumptionError
 from lipbound.numeric.attention import head_scores
 from lipbound.numeric.domains import LayerNormOutputs, TokenBall
 from lipbound.numeric.model import Layer, load_default, load_weights
-from lipbound.numeric.sdp import matrix_aware_closed_form
 from lipbound.numeric.recheck import recheck
+from lipbound.numeric.sdp import matrix_aware_closed_form
 from lipbound.numeric.witness import search_witness, structured_starts
 from lipbound.numeric.witness.problem import SearchProblem
 from lipbound.numeric.witness.starts import TieSurrogate, cross_starts
 from lipbound.numeric.witness.structured import TieForm, predicted_norm
-
-from test_loaders import WHISPER
 
 
 @pytest.fixture(scope="module")

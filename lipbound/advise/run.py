@@ -149,7 +149,8 @@ def _fit_tau(model, layer: int, ids_list) -> tuple[float, float]:
             nq, nk = np.linalg.norm(Q, axis=1), np.linalg.norm(K, axis=1)
             cosines.append((S / np.outer(nq, nk)).ravel())
             smallest = min(smallest, float(np.min(nq ** 2)), float(np.min(nk ** 2)))
-    rms = lambda v: float(np.sqrt(np.mean(np.concatenate(v) ** 2)))
+    def rms(v):
+        return float(np.sqrt(np.mean(np.concatenate(v) ** 2)))
     return rms(dots) / rms(cosines), max(smallest / 100.0, 1e-6)
 
 

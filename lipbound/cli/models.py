@@ -13,8 +13,21 @@ import sys
 
 from ..errors import LipboundError
 from .output import Progress, ReportFiles
-from .parsing import (DEFAULT_MODEL, EMBEDDED_MODEL_HELP, EXIT_REFUTED, choice, epilog, index, model_path,
-                      output_directory, output_file, positive_float, positive_int, radius_spec, scheduler_address)
+from .parsing import (
+    DEFAULT_MODEL,
+    EMBEDDED_MODEL_HELP,
+    EXIT_REFUTED,
+    choice,
+    epilog,
+    index,
+    model_path,
+    output_directory,
+    output_file,
+    positive_float,
+    positive_int,
+    radius_spec,
+    scheduler_address,
+)
 
 __all__ = ["register", "load_model", "EXIT_INVALID", "EXIT_REFUTED", "EXIT_INTERRUPTED", "BUDGET_HELP", "ROWS_HELP"]
 

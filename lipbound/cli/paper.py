@@ -16,8 +16,17 @@ from pathlib import Path
 from ..errors import LipboundError
 from .models import BUDGET_HELP, load_model
 from .output import Progress
-from .parsing import EMBEDDED_MODEL_HELP, epilog, index, int_list, model_path, output_directory, plot_file, \
-    positive_float, positive_int
+from .parsing import (
+    EMBEDDED_MODEL_HELP,
+    epilog,
+    index,
+    int_list,
+    model_path,
+    output_directory,
+    plot_file,
+    positive_float,
+    positive_int,
+)
 from .symbolic import add_variant_options, chosen_variant, derive_result, position_options
 
 __all__ = ["register", "scaling_figure", "gap_grid"]

@@ -11,8 +11,19 @@ import argparse
 import json
 
 from .output import Progress
-from .parsing import DEFAULT_MODEL, choice, epilog, float_list, index, int_list, model_path, output_file, plot_file, \
-    positive_int, renamed
+from .parsing import (
+    DEFAULT_MODEL,
+    choice,
+    epilog,
+    float_list,
+    index,
+    int_list,
+    model_path,
+    output_file,
+    plot_file,
+    positive_int,
+    renamed,
+)
 
 __all__ = ["register"]
 

@@ -25,11 +25,12 @@ from dataclasses import dataclass
 from typing import final
 
 import numpy as np
+
 from ..numeric.model import FeedForward, Head, Layer
 from ..numeric.normalization import Normalization
 from ..rigorous.arrays import IntervalArray, gelu_curvature, gelu_slope, gelu_third
-from ..rigorous.elementwise import gelu_slope_extrema
 from ..rigorous.compiler import compile_array
+from ..rigorous.elementwise import gelu_slope_extrema
 from ..rigorous.linalg import product_norm_upper, spectral_norm_upper, spectral_norm_upper_large
 from ..symbolic import local as T
 from .balls import TokenBalls
@@ -52,7 +53,7 @@ class LocalBounds:
     facts: dict
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled(theorem_id: str):
     theorem = T.LOCAL_THEOREMS[theorem_id]
     symbols = sorted(theorem.statement.free_symbols, key=str)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import final
 
 import numpy as np
+
 from ..errors import AssumptionError
 from ..numeric.model import GatedFeedForward, Head, Layer, Model
 from ..numeric.whole.chain import Step, layer_steps
@@ -174,7 +175,7 @@ class Sublayer:
         return self.step.residual
 
     @classmethod
-    def of(cls, step: Step) -> "Sublayer":
+    def of(cls, step: Step) -> Sublayer:
         if step.kind == "attention":
             inner = Component("head" if isinstance(step.part, Head) else "attention", step.part, f"{step.name} (branch)")
         elif step.kind == "ffn" and isinstance(step.part, GatedFeedForward):
@@ -188,7 +189,7 @@ class Sublayer:
             + ([Component("scale", step.scale, f"{step.name} LayerScale")] if step.scale is not None else [])
         return cls(step, tuple(branch))
 
-    def bounds(self, balls: TokenBalls, enclosed: "EnclosedSublayer", want_blocks: bool = True) -> LocalBounds:
+    def bounds(self, balls: TokenBalls, enclosed: EnclosedSublayer, want_blocks: bool = True) -> LocalBounds:
         """The branch's bounds composed (theorem local-residual-step / local-chain), plus the identity.  An
         attention read through a norm takes its score ranges and value shifts through the norm's Jacobians
         (theorem local-score-deviation-normalised)."""
@@ -217,7 +218,7 @@ class Sublayer:
         return LocalBounds(movement, blocks, variation, at_center, enclosed.output,
                            {"branch": (M, V, N), "radii": before})
 
-    def branch_jacobian(self, enclosed: "EnclosedSublayer"):
+    def branch_jacobian(self, enclosed: EnclosedSublayer):
         """The branch's dense Jacobian at the enclosed point, an Enclosure (n d, n d)."""
         product = None
         for component, stage in zip(self.branch, enclosed.stages):

@@ -53,9 +53,9 @@ deviation arrays have ``H n^4`` entries (:data:`SPLIT_ENTRIES` caps them).
 
 from __future__ import annotations
 
-import numpy as np
-
 import math
+
+import numpy as np
 
 from ..errors import NotCertifiedError
 from ..rigorous.arrays import IntervalArray, as_interval_array

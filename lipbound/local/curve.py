@@ -41,8 +41,8 @@ from typing import final
 import numpy as np
 
 from ..errors import AssumptionError
-from ..numeric.certify import head_constant, layer_constant
 from ..numeric.blocks.norms import norm_constant
+from ..numeric.certify import head_constant, layer_constant
 from ..numeric.domains import LayerNormOutputs, TokenBall
 from ..numeric.model import Model
 from ..rigorous.arrays import IntervalArray
@@ -52,8 +52,16 @@ from ..symbolic import local as T
 from . import grouped
 from .balls import LIPSCHITZ_NORMS, Neighbourhood, TokenBalls
 from .bounds import evaluate_theorem, feedforward_global
-from .chains import (Component, chain_for, chain_forward, chain_jvp, chain_vjp, product_upper, right_product,
-                     telescoped_variation)
+from .chains import (
+    Component,
+    chain_for,
+    chain_forward,
+    chain_jvp,
+    chain_vjp,
+    product_upper,
+    right_product,
+    telescoped_variation,
+)
 from .curvature import CURVATURE_TOKENS, AttentionCurvature, CurvatureIntegral, decade_grid
 from .front import FrontSplit
 from .tail import BlockTail, TokenTail

@@ -24,7 +24,6 @@ error dominates are halved until the error is a small fraction of the main term.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import final
 

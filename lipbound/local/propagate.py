@@ -23,11 +23,11 @@ from typing import final
 import numpy as np
 
 from ..errors import AssumptionError
+from ..numeric.attention import AttentionMap
 from ..numeric.model import Embeddings, Model
 from ..rigorous.arrays import IntervalArray
 from .balls import TokenBalls
 from .bounds import attention_bounds, feedforward_bounds, norm_bounds
-from ..numeric.attention import AttentionMap
 from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedNorm, inverse_sqrt, softmax
 
 __all__ = ["EditTemplate", "LayerSet", "propagate", "through_layer", "through_layer_steps", "embedding_enclosure",

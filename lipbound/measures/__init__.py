@@ -8,8 +8,14 @@
 """
 
 from .bert import AttentionBlockOutput, BertModel, default_model_dir
-from .empirical import (EmpiricalMeasure, attention_map, cross_attention_measure, layer_map,
-                        self_attention_layer_measure, self_attention_measure)
+from .empirical import (
+                        EmpiricalMeasure,
+                        attention_map,
+                        cross_attention_measure,
+                        layer_map,
+                        self_attention_layer_measure,
+                        self_attention_measure,
+)
 from .wasserstein import OptimalCoupling, ground_cost, w1, w1_line, w1_with_plan
 
 __all__ = [

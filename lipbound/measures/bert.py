@@ -79,7 +79,7 @@ class BertModel:
         self.constants: dict = {}  # certified constants computed for this model, by (layer, atoms, radius)
 
     @classmethod
-    def from_directory(cls, path=None) -> "BertModel":
+    def from_directory(cls, path=None) -> BertModel:
         """Read a Hugging Face directory (``config.json``, ``model.safetensors``, and ``tokenizer.json`` or
         ``vocab.txt``) or a GGUF file (weights and vocabulary); ``path=None`` uses :func:`default_model_dir`."""
         path = default_model_dir() if path is None else os.fspath(path)

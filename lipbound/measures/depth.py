@@ -45,16 +45,15 @@ from typing import final
 
 import numpy as np
 
-from ..printing.plaintext import legend_lines
-from ..rigorous.intervals import Verdict
-from ..symbolic.assumptions import Assumptions, Unbounded
 from ..errors import AssumptionError
 from ..numeric import attention
-from ..numeric.kernels import L2Distance
-from ..numeric.model import Head
 from ..numeric.domains import AllTokens
 from ..numeric.evaluate import evaluate_bound
-from ..rigorous.intervals import certify_le, interval
+from ..numeric.kernels import L2Distance
+from ..numeric.model import Head
+from ..printing.plaintext import legend_lines
+from ..rigorous.intervals import Verdict, certify_le, interval
+from ..symbolic.assumptions import Assumptions, Unbounded
 from ..symbolic.registry import variant
 from .bert import load_text_model
 

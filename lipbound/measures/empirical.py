@@ -27,6 +27,7 @@ from typing import final
 import numpy as np
 
 from ..errors import AssumptionError, WeightsError
+
 # The scores are those of token-level attention, so that both forms evaluate the very same
 # score (one definition, two readings).
 from ..numeric.attention import head_scores
@@ -126,7 +127,7 @@ class EmpiricalMeasure:
         support = self.points[self.weights > 0]
         return float(np.max(np.linalg.norm(support - c, axis=1)))
 
-    def merged(self, decimals: int | None = None) -> "EmpiricalMeasure":
+    def merged(self, decimals: int | None = None) -> EmpiricalMeasure:
         """The same measure with repeated points merged (their masses added).
 
         ``decimals`` rounds coordinates before comparing (exact comparison by default).
@@ -141,7 +142,7 @@ class EmpiricalMeasure:
         keep = masses > 0
         return EmpiricalMeasure(points[keep], masses[keep] / np.sum(masses[keep]))
 
-    def push_forward(self, points: np.ndarray) -> "EmpiricalMeasure":
+    def push_forward(self, points: np.ndarray) -> EmpiricalMeasure:
         """``T_# mu`` given the images ``T(x_i)`` as rows (shape (k, d')); masses are kept."""
         points = np.asarray(points, dtype=float)
         if points.ndim != 2 or points.shape[0] != self.size:
@@ -150,7 +151,7 @@ class EmpiricalMeasure:
         return EmpiricalMeasure(points, self.weights)
 
     @classmethod
-    def uniform(cls, points: np.ndarray) -> "EmpiricalMeasure":
+    def uniform(cls, points: np.ndarray) -> EmpiricalMeasure:
         """``(1/k) sum_i delta_{x_i}``: the measure of a sequence of k tokens (rows of ``points``)."""
         return cls(points)
 

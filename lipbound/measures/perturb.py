@@ -31,8 +31,8 @@ import math
 import os
 
 import numpy as np
-from scipy.optimize import linprog
 from scipy import sparse
+from scipy.optimize import linprog
 
 from ..errors import AssumptionError
 from ..local.path import path_certificate
@@ -45,7 +45,7 @@ from ..rigorous.value import CertifiedValue
 from .bert import BertModel, load_text_model
 from .decoder_edits import check_decoder_mode, decoder_rows, is_decoder
 from .edit_report import FLOAT_ALLOWANCE, EditReport, EditRow
-from .edits import MODES, draw_edits, drawable_ids, edit_set, edited_ids
+from .edits import MODES, draw_edits, drawable_ids, edit_set
 from .empirical import EmpiricalMeasure
 from .vocabulary import worst_edits
 from .wasserstein import w1, w1_with_plan

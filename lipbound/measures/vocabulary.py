@@ -133,7 +133,7 @@ def worst_edits(model: Model, original_ids, make_ids, slots: list, candidates: l
     choice = list(start) if start is not None else [int(c[0]) for c in candidates]
     scored: dict = {}   # choice tuple -> per-layer screening cost
     evaluated = 0
-    for sweep in range(1 if len(slots) == 1 else max(1, sweeps)):
+    for _sweep in range(1 if len(slots) == 1 else max(1, sweeps)):
         for position, options in enumerate(candidates):
             trial = []
             for word in options:

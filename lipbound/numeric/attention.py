@@ -254,7 +254,7 @@ class AttentionMap:
                                gV.transpose(0, 3, 1, 2, 4).reshape(b, L, -1)], axis=-1)
 
     def linearize(self, Xw: np.ndarray, Yw: np.ndarray | None = None, positions=None,
-                  query_positions=None) -> "Linearization":
+                  query_positions=None) -> Linearization:
         """The map and its derivatives at a batch of inputs in working coordinates: keys and values
         ``Xw`` (b, n, d_in); queries ``Yw`` (b, m, d_in) for cross-attention (None: self-attention);
         the positions of keys and queries (default 0..n-1 and 0..m-1; self-attention: the same)."""

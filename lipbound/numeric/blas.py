@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["single_threaded_blas", "one_blas_thread", "blas_thread_counts"]
 

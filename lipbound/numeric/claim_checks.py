@@ -30,14 +30,19 @@ import sympy as sp
 from ..rigorous.compiler import compile_interval
 from ..rigorous.functions import maximum
 from ..rigorous.intervals import IV, Verdict, certify_le, interval, lower, upper
+from ..symbolic import symbols as S
 from ..symbolic.assumptions import Assumptions, Ball
 from ..symbolic.claim_table import SCALAR_INSTANCE
-from ..symbolic.claim_theorems import (explicit_step_slope, prox_slope, proximal_map, sigmoid_scalar_instance,
-                                       softmax_inf_to_one)
+from ..symbolic.claim_theorems import (
+    explicit_step_slope,
+    prox_slope,
+    proximal_map,
+    sigmoid_scalar_instance,
+    softmax_inf_to_one,
+)
 from ..symbolic.claims import PublishedClaim, p_max, tau, theta
 from ..symbolic.product_bounds import compose_constants, constrained_layer, uniform_budget
 from ..symbolic.registry import variant
-from ..symbolic import symbols as S
 from .certify import head_bounds
 from .claim_result import CheckResult
 from .domains import TokenBall

@@ -12,9 +12,7 @@ say something else.
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass, field
-from typing import Callable, final
+from collections.abc import Callable
 
 import mpmath
 import numpy as np
@@ -30,12 +28,13 @@ from ..symbolic.claims import PublishedClaim, claim
 from ..symbolic.registry import variant
 from ..symbolic.rotary import UNROTATED_FAMILY, unrotated_counterexample
 from .attention import dense_jacobian, self_jvp
+from .claim_checks import RECENT_CHECKERS
+from .claim_result import CheckResult
+from .claim_result import claim_verdict as _verdict
 from .domains import TokenBall
 from .kernels import L2Distance, Rotary, softmax
 from .model import Head, load_default
 from .recheck import directional_norm
-from .claim_checks import RECENT_CHECKERS
-from .claim_result import CheckResult, claim_verdict as _verdict
 from .witness import search_witness
 
 __all__ = ["CheckResult", "check", "CHECKERS"]
@@ -51,7 +50,7 @@ def _claim_value(statement: sp.Expr, values: dict) -> float:
     return upper(compile_interval(statement, symbols)(*[values[str(s)] for s in symbols]))
 
 
-def _inf_norm_upper(M: np.ndarray) -> "IV.mpf":
+def _inf_norm_upper(M: np.ndarray) -> IV.mpf:
     """``||M||_inf`` (largest absolute row sum) enclosed exactly by interval sums."""
     best = interval(0)
     for row in np.abs(np.asarray(M, dtype=float)):
@@ -218,15 +217,18 @@ def _check_lipschitznorm(item: PublishedClaim, seed: int, budget: float, weights
         Q = rng.standard_normal((n, d)) * rng.choice([0.1, 1, 10])
         K = Q.copy() if trial % 5 == 0 else rng.standard_normal((n, d)) * rng.choice([0.1, 1, 10])
         V = rng.standard_normal((n, d)) * rng.choice([1e-3, 1, 10])
-        col = lambda M: np.max(np.linalg.norm(M, axis=1))
+        def col(M):
+            return np.max(np.linalg.norm(M, axis=1))
         scale = max(np.linalg.norm(Q) * col(K), np.linalg.norm(Q) * col(V), col(K) * col(V)) + 1e-12
         ratio = float(np.max(np.abs(Q @ K.T)) / scale)
         if ratio > best:
             best, best_case = ratio, (Q, K, V)
     Q, K, V = best_case
-    exact = lambda M: [[interval(float(x)) for x in row] for row in M]
+    def exact(M):
+        return [[interval(float(x)) for x in row] for row in M]
     q, k, v = exact(Q), exact(K), exact(V)
-    norm = lambda rows: [IV.sqrt(sum((x * x for x in row), IV.mpf(0))) for row in rows]
+    def norm(rows):
+        return [IV.sqrt(sum((x * x for x in row), IV.mpf(0))) for row in rows]
     frob_Q = IV.sqrt(sum((x * x for row in q for x in row), IV.mpf(0)))
     col_K, col_V = maximum(*norm(k)), maximum(*norm(v))
     scale = maximum(frob_Q * col_K, frob_Q * col_V, col_K * col_V) + interval("1e-12")
@@ -241,7 +243,7 @@ def _check_lipschitznorm(item: PublishedClaim, seed: int, budget: float, weights
     return CheckResult(item.key, "not refuted", item.provenance, upper(claimed), lower(certified), details)
 
 
-def _gelu_derivative_at_sqrt2() -> "IV.mpf":
+def _gelu_derivative_at_sqrt2() -> IV.mpf:
     """``GELU'(x) = Phi(x) + x phi(x)`` at ``x = sqrt 2``: ``(1 + erf(1))/2 + sqrt(2) e^{-1} / sqrt(2 pi)``."""
     return (1 + erf(1)) / 2 + IV.sqrt(2) * IV.exp(-1) / IV.sqrt(2 * IV.pi)
 

@@ -27,10 +27,10 @@ from __future__ import annotations
 import functools
 
 from ..errors import AssumptionError
+from ..symbolic import symbols as S
 from ..symbolic.assumptions import Assumptions, Domain
 from ..symbolic.bound import Bound
 from ..symbolic.facts import ROLES, HeadFacts
-from ..symbolic import symbols as S
 from ..symbolic.masks import Mask
 from ..symbolic.positional import PositionalAttention, SoftCapped
 from ..symbolic.qknorm import QKNormScore

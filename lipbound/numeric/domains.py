@@ -502,7 +502,7 @@ class DomainSpec:
     radius: float | None = None
 
     @classmethod
-    def parse(cls, text, option: str = "domain") -> "DomainSpec":
+    def parse(cls, text, option: str = "domain") -> DomainSpec:
         """``"layernorm"``, ``"layernorm-image"`` or a positive number."""
         if isinstance(text, DomainSpec):
             return text

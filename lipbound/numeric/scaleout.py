@@ -28,7 +28,7 @@ from __future__ import annotations
 import numbers
 import os
 import uuid
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from ..errors import AssumptionError, ClusterError
 from .blas import single_threaded_blas

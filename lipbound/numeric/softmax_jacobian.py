@@ -21,8 +21,8 @@ fix the first sign: ``2^(n-1)`` vertices, practical up to n = 20 or so.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import Sequence
 
 from ..errors import AssumptionError
 from ..rigorous.functions import maximum, minimum

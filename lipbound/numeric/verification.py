@@ -30,10 +30,11 @@ keeps what finished when interrupted or when a job fails.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable, final
+from typing import final
 
 import numpy as np
 

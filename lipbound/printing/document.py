@@ -19,14 +19,14 @@ from numbers import Number
 
 import sympy as sp
 
-from ..symbolic.assumptions import NORMS
 from ..errors import AssumptionError
+from ..symbolic.assumptions import NORMS
 from ..symbolic.bound import Bound, NotLipschitz
 from ..symbolic.record import Described
-from .latex import LipboundLatexPrinter
-from .prose import escape_text, text_to_latex
-from .layout import DISPLAY_WIDTH, SpreadNames, split_expression, visual_width
 from .derivation import derivation_to_latex, lemma_appendix
+from .latex import LipboundLatexPrinter
+from .layout import DISPLAY_WIDTH, SpreadNames, split_expression, visual_width
+from .prose import escape_text, text_to_latex
 from .setting import assumption_list
 from .style import PROOFS, TexStyle, document_preamble
 

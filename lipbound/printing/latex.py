@@ -74,7 +74,7 @@ def _script(mark: str, body: str) -> str:
     return f"{mark}{body}" if len(body) == 1 and body.isalnum() else f"{mark}{{{body}}}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def symbol_latex(name: str) -> str:
     r"""LaTeX of a symbol name: ``d_k -> d_k``, ``gamma_max -> \gamma_{\max}``, ``epsilon ->
     \varepsilon``, ``gamma_{A,V} -> \gamma_{A,V}``, ``W_Q -> W_Q``.
@@ -110,7 +110,7 @@ def _matrix_namespace() -> dict:
     return {value.name: value for value in vars(S).values() if isinstance(value, sp.MatrixSymbol)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _parse_matrix(name: str):
     """The matrix expression named by a norm symbol (``"W_K*W_Q.T"``), or None if it does not parse.
 
@@ -124,7 +124,7 @@ def _parse_matrix(name: str):
     return parsed
 
 
-def matrix_expression_latex(name: str, printer: "LipboundLatexPrinter | None" = None) -> str:
+def matrix_expression_latex(name: str, printer: LipboundLatexPrinter | None = None) -> str:
     r"""LaTeX of the matrix or vector expression a norm symbol is named by:
     ``"W_K*W_Q.T" -> W_K W_Q^\top``; a name that does not parse prints as a symbol name."""
     if printer is None or printer._settings == _default_settings():
@@ -137,13 +137,13 @@ def _default_settings() -> dict:
     return LipboundLatexPrinter()._settings
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _matrix_expression_latex_default(name: str) -> str:
     """Memoised: the same norm symbols are printed thousands of times in the proofs."""
     return _matrix_expression_latex(name, LipboundLatexPrinter())
 
 
-def _matrix_expression_latex(name: str, printer: "LipboundLatexPrinter") -> str:
+def _matrix_expression_latex(name: str, printer: LipboundLatexPrinter) -> str:
     parsed = _parse_matrix(name)
     if isinstance(parsed, sp.MatrixExpr):
         return printer._print(parsed)

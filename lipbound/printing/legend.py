@@ -143,8 +143,7 @@ def _matrices_of(name: str) -> list[str]:
 
 def _atoms(expr):
     """Symbols, matrix symbols and function nodes of an expression (matrix arguments included)."""
-    for node in sp.preorder_traversal(expr):
-        yield node
+    yield from sp.preorder_traversal(expr)
 
 
 def legend_entries(*exprs, tied: bool = False) -> list[tuple[str, str]]:

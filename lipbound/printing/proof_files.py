@@ -23,21 +23,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import final
 
-from ..symbolic.assumptions import NORMS, Assumptions, Ball, LayerNormImage, RMSNormImage, Unbounded
 from ..errors import AssumptionError
-from ..symbolic import symbols as S
+from ..rigorous.intervals import lower, upper
+from ..symbolic.assumptions import NORMS, Assumptions, Ball, LayerNormImage, RMSNormImage, Unbounded
 from ..symbolic.bound import Bound, NotLipschitz, Result
 from ..symbolic.claim_table import REPORTED, SCALAR_INSTANCE, comparison_rows, scalar_instance_numbers
 from ..symbolic.claim_theorems import proximal_map, sigmoid_scalar_instance, softmax_inf_to_one
 from ..symbolic.claims import CLAIMS
-from ..rigorous.intervals import lower, upper
 from ..symbolic.record import Described, le
 from ..symbolic.registry import BLOCKS, VARIANTS, variant
+from .derivation import claim_rows, derivation_to_latex, hypotheses_latex, lemma_appendix
 from .document import DOMAIN_TITLES, preamble, statement_latex
 from .latex import LipboundLatexPrinter
-from .prose import escape_text, text_to_latex
 from .layout import DISPLAY_WIDTH, SpreadNames
-from .derivation import claim_rows, derivation_to_latex, hypotheses_latex, lemma_appendix
+from .prose import escape_text, text_to_latex
 
 __all__ = ["DOMAINS", "HEADER", "Instance", "derive_all", "render", "generate"]
 

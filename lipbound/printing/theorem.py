@@ -25,7 +25,7 @@ import sympy as sp
 from ..symbolic import symbols as S
 from ..symbolic.bound import Bound, NotLipschitz
 from ..symbolic.record import Described, le
-from .derivation import claim_rows, cited_lemmas, derivation_to_latex, hypotheses_latex, lemma_appendix
+from .derivation import cited_lemmas, claim_rows, derivation_to_latex, hypotheses_latex, lemma_appendix
 from .document import statement_latex
 from .latex import LipboundLatexPrinter
 from .layout import SpreadNames

@@ -27,8 +27,18 @@ from typing import final
 import numpy as np
 
 from ..errors import NotCertifiedError
-from .elementwise import (UNIT_ROUNDOFF, down, exp_bounds, gamma_bound, gelu_slope_extrema, normal_cdf_bounds,
-                          normal_pdf_bounds, up, up_nonnegative, all_finite)
+from .elementwise import (
+    UNIT_ROUNDOFF,
+    all_finite,
+    down,
+    exp_bounds,
+    gamma_bound,
+    gelu_slope_extrema,
+    normal_cdf_bounds,
+    normal_pdf_bounds,
+    up,
+    up_nonnegative,
+)
 from .intervals import interval, lower, upper
 from .linalg import Enclosure
 
@@ -77,7 +87,7 @@ class IntervalArray:
         self._operand = None
 
     @classmethod
-    def _ordered(cls, lo: np.ndarray, hi: np.ndarray, check: bool = True) -> "IntervalArray":
+    def _ordered(cls, lo: np.ndarray, hi: np.ndarray, check: bool = True) -> IntervalArray:
         """Ends that are ordered by construction (outward rounding of ordered operands is monotone):
         only finiteness is checked (an overflow), and not at all for views of a checked array."""
         if check:
@@ -87,7 +97,7 @@ class IntervalArray:
         out._operand = None
         return out
 
-    def _view(self, transform) -> "IntervalArray":
+    def _view(self, transform) -> IntervalArray:
         """The same transform (a view: index, reshape, swap) of both ends, a point array staying one."""
         lo = transform(self.lo)
         return IntervalArray._ordered(lo, lo if self.is_point else transform(self.hi), check=False)
@@ -99,12 +109,12 @@ class IntervalArray:
 
     # construction --------------------------------------------------------------------------------
     @classmethod
-    def point(cls, value) -> "IntervalArray":
+    def point(cls, value) -> IntervalArray:
         """A float array taken as exact."""
         return cls(value)
 
     @classmethod
-    def around(cls, center, radius) -> "IntervalArray":
+    def around(cls, center, radius) -> IntervalArray:
         """``center +- radius`` (rounded outward)."""
         center, radius = np.asarray(center, dtype=np.float64), np.asarray(radius, dtype=np.float64)
         if np.any(radius < 0):
@@ -112,17 +122,17 @@ class IntervalArray:
         return cls._ordered(down(center - radius), up(center + radius))
 
     @classmethod
-    def from_enclosure(cls, enclosure: Enclosure) -> "IntervalArray":
+    def from_enclosure(cls, enclosure: Enclosure) -> IntervalArray:
         return cls.around(enclosure.mid, enclosure.rad)
 
     @classmethod
-    def stack(cls, parts) -> "IntervalArray":
+    def stack(cls, parts) -> IntervalArray:
         """The enclosures ``parts`` (one shape) stacked along a new first axis."""
         parts = list(parts)
         return cls(np.stack([p.lo for p in parts]), np.stack([p.hi for p in parts]))
 
     @classmethod
-    def constant(cls, value) -> "IntervalArray":
+    def constant(cls, value) -> IntervalArray:
         """A 0-d enclosure of an exact number or an mpmath interval (``1 / sqrt(d_k)``)."""
         x = interval(value)
         return cls(lower(x), upper(x))
@@ -201,23 +211,23 @@ class IntervalArray:
             return np.abs(self.lo)
         return np.where((self.lo <= 0) & (self.hi >= 0), 0.0, np.minimum(np.abs(self.lo), np.abs(self.hi)))
 
-    def __getitem__(self, index) -> "IntervalArray":
+    def __getitem__(self, index) -> IntervalArray:
         return self._view(lambda a: a[index])
 
     def __len__(self) -> int:
         return len(self.lo)
 
-    def reshape(self, *shape) -> "IntervalArray":
+    def reshape(self, *shape) -> IntervalArray:
         return self._view(lambda a: a.reshape(*shape))
 
-    def lmatmul(self, W) -> "IntervalArray":
+    def lmatmul(self, W) -> IntervalArray:
         """``W x`` over the second-to-last axis for a float matrix W (taken exactly)."""
         return self.swapaxes(-1, -2).matmul(np.asarray(W, dtype=np.float64).T).swapaxes(-1, -2)
 
-    def swapaxes(self, a: int, b: int) -> "IntervalArray":
+    def swapaxes(self, a: int, b: int) -> IntervalArray:
         return self._view(lambda x: np.swapaxes(x, a, b))
 
-    def expand(self, axis: int) -> "IntervalArray":
+    def expand(self, axis: int) -> IntervalArray:
         return self._view(lambda x: np.expand_dims(x, axis))
 
     def contains(self, value) -> bool:
@@ -228,7 +238,7 @@ class IntervalArray:
         return f"IntervalArray(shape={self.shape}, max width={float(np.max(self.hi - self.lo, initial=0.0)):.3g})"
 
     # arithmetic ----------------------------------------------------------------------------------
-    def __add__(self, other) -> "IntervalArray":
+    def __add__(self, other) -> IntervalArray:
         other = as_interval_array(other)
         if self.is_point and other.is_point:
             total = self.lo + other.lo
@@ -237,23 +247,23 @@ class IntervalArray:
 
     __radd__ = __add__
 
-    def __sub__(self, other) -> "IntervalArray":
+    def __sub__(self, other) -> IntervalArray:
         other = as_interval_array(other)
         if self.is_point and other.is_point:
             difference = self.lo - other.lo
             return IntervalArray._ordered(down(difference), up(difference))
         return IntervalArray._ordered(down(self.lo - other.hi), up(self.hi - other.lo))
 
-    def __rsub__(self, other) -> "IntervalArray":
+    def __rsub__(self, other) -> IntervalArray:
         return as_interval_array(other) - self
 
-    def __neg__(self) -> "IntervalArray":
+    def __neg__(self) -> IntervalArray:
         if self.is_point:
             negated = -self.lo
             return IntervalArray._ordered(negated, negated, check=False)
         return IntervalArray._ordered(-self.hi, -self.lo, check=False)
 
-    def __mul__(self, other) -> "IntervalArray":
+    def __mul__(self, other) -> IntervalArray:
         """The hull of the products of the ends, rounded outward: four products in general (one minimum
         and one maximum when one factor is non-negative: ``x y`` is then smallest at ``x_lo`` and largest
         at ``x_hi``), two when one factor is a point, one for two points."""
@@ -278,7 +288,7 @@ class IntervalArray:
 
     __rmul__ = __mul__
 
-    def reciprocal(self) -> "IntervalArray":
+    def reciprocal(self) -> IntervalArray:
         if np.any((self.lo <= 0) & (self.hi >= 0)):
             raise NotCertifiedError("divisor", "intervals that exclude 0", "an interval containing 0",
                                     "bound the denominator away from zero first")
@@ -287,20 +297,20 @@ class IntervalArray:
             return IntervalArray._ordered(down(inverse), up(inverse))
         return IntervalArray._ordered(down(1.0 / self.hi), up(1.0 / self.lo))
 
-    def __truediv__(self, other) -> "IntervalArray":
+    def __truediv__(self, other) -> IntervalArray:
         return self * as_interval_array(other).reciprocal()
 
-    def __rtruediv__(self, other) -> "IntervalArray":
+    def __rtruediv__(self, other) -> IntervalArray:
         return as_interval_array(other) * self.reciprocal()
 
-    def square(self) -> "IntervalArray":
+    def square(self) -> IntervalArray:
         if self.is_point:
             squared = self.lo * self.lo
             return IntervalArray._ordered(np.maximum(down(squared), 0.0), up_nonnegative(squared, out=squared))
         low, high = self.mignitude, self.magnitude
         return IntervalArray._ordered(np.maximum(down(low * low), 0.0), up_nonnegative(high * high))
 
-    def sqrt(self) -> "IntervalArray":
+    def sqrt(self) -> IntervalArray:
         if np.any(self.hi < 0):
             raise NotCertifiedError("sqrt argument", "non-negative numbers", "a negative interval",
                                     "the expression takes the square root of a negative quantity")
@@ -310,36 +320,36 @@ class IntervalArray:
         return IntervalArray._ordered(np.maximum(down(np.sqrt(np.maximum(self.lo, 0.0))), 0.0),
                                       up_nonnegative(np.sqrt(self.hi)))
 
-    def exp(self) -> "IntervalArray":
+    def exp(self) -> IntervalArray:
         if self.is_point:
             return IntervalArray._ordered(*exp_bounds(self.lo))
         return IntervalArray._ordered(exp_bounds(self.lo)[0], exp_bounds(self.hi)[1])
 
-    def abs(self) -> "IntervalArray":
+    def abs(self) -> IntervalArray:
         if self.is_point:
             return self._view(np.abs)
         return IntervalArray._ordered(self.mignitude, self.magnitude, check=False)
 
-    def maximum(self, other) -> "IntervalArray":
+    def maximum(self, other) -> IntervalArray:
         other = as_interval_array(other)
         return IntervalArray._ordered(np.maximum(self.lo, other.lo), np.maximum(self.hi, other.hi), check=False)
 
-    def minimum(self, other) -> "IntervalArray":
+    def minimum(self, other) -> IntervalArray:
         other = as_interval_array(other)
         return IntervalArray._ordered(np.minimum(self.lo, other.lo), np.minimum(self.hi, other.hi), check=False)
 
-    def clip_below(self, floor: float) -> "IntervalArray":
+    def clip_below(self, floor: float) -> IntervalArray:
         """Intersect with ``[floor, inf)``: for a quantity known to be at least ``floor``."""
         if self.is_point:
             return self._view(lambda a: np.maximum(a, floor))
         return IntervalArray._ordered(np.maximum(self.lo, floor), np.maximum(self.hi, floor), check=False)
 
-    def hull(self, other) -> "IntervalArray":
+    def hull(self, other) -> IntervalArray:
         other = as_interval_array(other)
         return IntervalArray._ordered(np.minimum(self.lo, other.lo), np.maximum(self.hi, other.hi), check=False)
 
     # reductions ----------------------------------------------------------------------------------
-    def sum(self, axis=-1, keepdims: bool = False) -> "IntervalArray":
+    def sum(self, axis=-1, keepdims: bool = False) -> IntervalArray:
         """Sum along ``axis`` with the rounding of any summation order bounded."""
         count = self.lo.shape[axis] if self.lo.ndim else 1
         gamma = gamma_bound(max(count, 2))
@@ -360,7 +370,7 @@ class IntervalArray:
         """Lower bounds on ``min ||x||_2`` along ``axis`` over the box."""
         return _norm_lower(self.mignitude, axis)
 
-    def matmul(self, W) -> "IntervalArray":
+    def matmul(self, W) -> IntervalArray:
         """``x W`` over the last axis for a float matrix W (taken exactly), any leading shape
         (the error model of :func:`_product`)."""
         W = np.asarray(W, dtype=np.float64)
@@ -370,12 +380,12 @@ class IntervalArray:
         shape = self.shape[:-1] + (W.shape[1],)
         return IntervalArray.around(center.reshape(shape), spread.reshape(shape))
 
-    def bmm(self, other) -> "IntervalArray":
+    def bmm(self, other) -> IntervalArray:
         """``self @ other`` over the last two axes (batched, broadcast), by BLAS (:func:`_product`)."""
         center, spread = _product(np.matmul, self, as_interval_array(other), self.shape[-1])
         return IntervalArray.around(center, spread)
 
-    def einsum(self, spec: str, other: "IntervalArray") -> "IntervalArray":
+    def einsum(self, spec: str, other: IntervalArray) -> IntervalArray:
         """``np.einsum(spec, self, other)`` of two interval arrays whose contraction is a sum of
         products (:func:`_product`)."""
         other = as_interval_array(other)

@@ -20,7 +20,8 @@ result the hull of that branch and the rest -- an enclosure whatever the branch.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence, final
+from collections.abc import Callable, Sequence
+from typing import final
 
 import sympy as sp
 from mpmath import libmp

@@ -26,10 +26,9 @@ import functools
 import math
 
 import numpy as np
-
-from ..errors import NotCertifiedError
 from mpmath import libmp
 
+from ..errors import NotCertifiedError
 from .functions import erf
 from .intervals import IV, _raw, interval, lower, precision, upper
 

@@ -48,7 +48,7 @@ class Verdict(enum.Enum):
         raise TypeError("Verdict is three-valued: compare with Verdict.HOLDS explicitly")
 
     @classmethod
-    def of(cls, value: bool | None) -> "Verdict":
+    def of(cls, value: bool | None) -> Verdict:
         """``None`` -> UNKNOWN, ``True`` -> HOLDS, ``False`` -> FAILS."""
         return cls.UNKNOWN if value is None else (cls.HOLDS if value else cls.FAILS)
 
@@ -79,7 +79,7 @@ def interval(value):
     if hasattr(value, "_mpf_"):
         raw = value._mpf_
         return IV.make_mpf((raw, raw))
-    if hasattr(value, "p") and hasattr(value, "q") and isinstance(getattr(value, "q"), int):
+    if hasattr(value, "p") and hasattr(value, "q") and isinstance(value.q, int):
         return IV.mpf(int(value.p)) / IV.mpf(int(value.q))
     if isinstance(value, (tuple, list)) and len(value) == 2:
         lo_raw, hi_raw = _raw(interval(value[0]))[0], _raw(interval(value[1]))[1]

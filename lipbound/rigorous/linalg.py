@@ -126,7 +126,7 @@ class Enclosure:
         object.__setattr__(self, "rad", rad)
 
     @classmethod
-    def _trusted(cls, mid: np.ndarray, rad: np.ndarray) -> "Enclosure":
+    def _trusted(cls, mid: np.ndarray, rad: np.ndarray) -> Enclosure:
         """An enclosure from float64 arrays of one shape, ``rad >= 0`` by construction: no copy, only the
         check that nothing overflowed."""
         if not (all_finite(mid) and all_finite(rad)):
@@ -138,7 +138,7 @@ class Enclosure:
         return out
 
     @classmethod
-    def exact(cls, value) -> "Enclosure":
+    def exact(cls, value) -> Enclosure:
         """A float matrix taken as exact; a vector becomes a column, a scalar stays 0-d."""
         array = _as_array("value", value, (0, 1, 2))
         if array.ndim == 1:
@@ -146,7 +146,7 @@ class Enclosure:
         return cls(array, np.zeros_like(array))
 
     @classmethod
-    def scalar(cls, value) -> "Enclosure":
+    def scalar(cls, value) -> Enclosure:
         """A 0-d enclosure of an interval or exact number (e.g. ``1 / sqrt(d_k)``)."""
         x = interval(value)
         lo, hi = lower(x), upper(x)
@@ -159,17 +159,17 @@ class Enclosure:
         return self.mid.shape
 
     @property
-    def T(self) -> "Enclosure":
+    def T(self) -> Enclosure:
         return Enclosure(self.mid.T, self.rad.T)
 
     @property
     def is_exact(self) -> bool:
         return not np.any(self.rad)
 
-    def __getitem__(self, index) -> "Enclosure":
+    def __getitem__(self, index) -> Enclosure:
         return Enclosure(self.mid[index], self.rad[index])
 
-    def __matmul__(self, other) -> "Enclosure":
+    def __matmul__(self, other) -> Enclosure:
         other = _as_enclosure(other)
         if self.mid.ndim != 2 or other.mid.ndim != 2 or self.shape[1] != other.shape[0]:
             raise WeightsError("other", f"a matrix with {self.shape[-1]} rows", f"shape {other.shape}",
@@ -197,12 +197,12 @@ class Enclosure:
             rad += (k + 4) * _ETA * (2.0 + largest)
         return Enclosure._trusted(mid, rad)
 
-    def _combine(self, other, sign: float) -> "Enclosure":
+    def _combine(self, other, sign: float) -> Enclosure:
         other = _as_enclosure(other)
         mid = self.mid + sign * other.mid
         return Enclosure(mid, (self.rad + other.rad + _U * np.abs(mid)) * _safe(2) + _ETA)
 
-    def hadamard(self, other) -> "Enclosure":
+    def hadamard(self, other) -> Enclosure:
         """The entrywise product (shapes equal, or broadcast): ``|XY - fl(X_m Y_m)| <= |X_m| Y_r + X_r (|Y_m|
         + Y_r) + u |fl(X_m Y_m)| + eta``."""
         other = _as_enclosure(other)
@@ -213,16 +213,16 @@ class Enclosure:
         rad += _ETA
         return Enclosure._trusted(np.asarray(mid, dtype=np.float64), np.asarray(rad, dtype=np.float64))
 
-    def __add__(self, other) -> "Enclosure":
+    def __add__(self, other) -> Enclosure:
         return self._combine(other, 1.0)
 
-    def __sub__(self, other) -> "Enclosure":
+    def __sub__(self, other) -> Enclosure:
         return self._combine(other, -1.0)
 
-    def __neg__(self) -> "Enclosure":
+    def __neg__(self) -> Enclosure:
         return Enclosure(-self.mid, self.rad)
 
-    def scale(self, factor) -> "Enclosure":
+    def scale(self, factor) -> Enclosure:
         """``factor * self`` for a float (exact), an interval, or a 0-d :class:`Enclosure`."""
         if isinstance(factor, Enclosure):
             s, r = float(factor.mid), float(factor.rad)
@@ -235,14 +235,14 @@ class Enclosure:
         rad = (abs(s) * self.rad + r * (np.abs(self.mid) + self.rad) + _U * np.abs(mid)) * _safe(3) + _ETA
         return Enclosure(mid, rad)
 
-    def sym(self) -> "Enclosure":
+    def sym(self) -> Enclosure:
         """An exactly symmetric enclosure of a matrix known to be symmetric: the upper triangle
         mirrored (each computed entry encloses its exact value, and the exact matrix is symmetric)."""
         if np.array_equal(self.mid, self.mid.T) and np.array_equal(self.rad, self.rad.T):
             return self
         return Enclosure(np.triu(self.mid) + np.triu(self.mid, 1).T, np.triu(self.rad) + np.triu(self.rad, 1).T)
 
-    def quad(self, v) -> "Enclosure":
+    def quad(self, v) -> Enclosure:
         """``v^T S v`` for a float vector v (taken exactly), as a 0-d enclosure."""
         column = Enclosure.exact(np.asarray(v, dtype=np.float64).reshape(-1, 1))
         product = column.T @ (self @ column)

@@ -23,8 +23,9 @@ from __future__ import annotations
 import functools
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, final
+from typing import final
 
 from mpmath import libmp
 

@@ -87,7 +87,7 @@ class CertifiedValue:
                               "try another solver or method, or check the weights")
         return self.value
 
-    def renamed(self, name: str, **changes) -> "CertifiedValue":
+    def renamed(self, name: str, **changes) -> CertifiedValue:
         return replace(self, name=name, **changes)
 
     def to_json(self) -> dict:
@@ -97,7 +97,7 @@ class CertifiedValue:
                 "reason": self.reason, "details": jsonable(self.details)}
 
     @classmethod
-    def from_json(cls, data: dict) -> "CertifiedValue":
+    def from_json(cls, data: dict) -> CertifiedValue:
         """The value of :meth:`to_json` (the same number, verdict and provenance; details as plain
         data), e.g. after it travelled from a worker process."""
         value, lower = data["value"], data["lower"]

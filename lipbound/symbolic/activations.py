@@ -115,7 +115,7 @@ def activation(name: str) -> Activation:
                            "use a feed-forward block with a supported activation") from None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def interval_maps(name: str) -> tuple:
     """``(phi, phi')`` as functions of one interval, each enclosing the exact image (compiled
     once); ReLU's are exact: ``max(t, 0)``, and slope 0, 1 or ``[0, 1]`` where the sign is unknown."""
@@ -139,7 +139,7 @@ def _straddles(z) -> bool:
     return z.a <= 0 <= z.b
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def slope_range(name: str, limit: float = 12.0) -> SlopeRange:
     """Certified ``[inf phi', sup phi']`` over the real line (computed once per name).
 

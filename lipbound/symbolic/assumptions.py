@@ -32,7 +32,7 @@ class Domain:
     key: str = ""
     bounded: bool = True
 
-    def enclosing_ball(self, record: Derivation | None = None) -> "Ball":
+    def enclosing_ball(self, record: Derivation | None = None) -> Ball:
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -64,7 +64,7 @@ class Ball(Domain):
                 "give R > 0, e.g. Ball(radius=sympy.Symbol('R', positive=True))")
         object.__setattr__(self, "radius", radius)
 
-    def enclosing_ball(self, record: Derivation | None = None) -> "Ball":
+    def enclosing_ball(self, record: Derivation | None = None) -> Ball:
         return self
 
     def describe(self) -> str:
@@ -316,7 +316,7 @@ class Assumptions:
                 return fact.bound
         return None
 
-    def with_(self, **changes) -> "Assumptions":
+    def with_(self, **changes) -> Assumptions:
         return replace(self, **changes)
 
     def describe(self) -> list[str]:

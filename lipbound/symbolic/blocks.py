@@ -62,7 +62,7 @@ def variance_floor(kind: str, floor=S.sigma_min, d=S.d) -> NormAtLeast:
     return NormAtLeast(_centred(kind), sp.sqrt(d) * floor)
 
 
-@functools.lru_cache(maxsize=None)  # theorems are pure: build each once
+@functools.cache  # theorems are pure: build each once
 def normalization(kind: str, floor=None, largest_gain=S.gamma_max) -> T.Theorem:
     """LayerNorm or RMSNorm per token, on all of ``R^d`` (``floor=None``) or on tokens of variance
     at least ``floor^2``: ``Lip = ||D_gamma Pi|| / sqrt(floor^2 + eps)`` (``gamma_max`` for RMSNorm, or
@@ -112,7 +112,7 @@ def normalization(kind: str, floor=None, largest_gain=S.gamma_max) -> T.Theorem:
     return T.Theorem(f"{kind}-{'global' if floor is None else 'variance-floor'}", title, statement, proof)
 
 
-@functools.lru_cache(maxsize=None)  # theorems are pure: build each once
+@functools.cache  # theorems are pure: build each once
 def feed_forward() -> T.Theorem:
     """``f(x) = W_2^T phi(W_1^T x + b_1) + b_2`` per token: ``Lip <= ||W_2|| ell_phi ||W_1||``."""
     W_1, W_2 = S.MatrixNormSymbol("W_1"), S.MatrixNormSymbol("W_2")

@@ -8,18 +8,19 @@ interval (rigorous) code with :meth:`Bound.lambdify`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable, final
+from typing import final
 
 import sympy as sp
 
 from ..errors import AssumptionError
 from ..rigorous.compiler import compile_interval
+from . import symbols as S
 from .asymptotics import leading_term
 from .facts import HeadFacts
 from .prover import compare
 from .record import Derivation
-from . import symbols as S
 from .symbols import expand_special
 
 __all__ = ["Result", "Bound", "NotLipschitz", "numeric_namespace"]
@@ -86,12 +87,12 @@ class Bound(Result):
     def free_symbols(self) -> set:
         return self.expr.free_symbols
 
-    def subs(self, values: dict) -> "Bound":
+    def subs(self, values: dict) -> Bound:
         """Substitute numbers or expressions for symbols (keys: symbols or their names)."""
         mapping = _mapping(self.expr, values)
         return replace(self, expr=self.expr.xreplace(mapping))
 
-    def simplify(self) -> "Bound":
+    def simplify(self) -> Bound:
         return replace(self, expr=sp.simplify(self.expr))
 
     def closed_form(self) -> sp.Expr:
@@ -129,7 +130,7 @@ class Bound(Result):
         function.__globals__["range"] = _integer_range  # sums over tokens: n may arrive as 8.0
         return symbols, function
 
-    def compare(self, other: "Bound", **kwargs):
+    def compare(self, other: Bound, **kwargs):
         """Decide ``self <= other`` for all admissible values (see :func:`lipbound.symbolic.prover.compare`)."""
         return compare(self.expr, other.expr, **kwargs)
 

@@ -22,8 +22,9 @@ exactly; :func:`coarsen` trades them for products when a user wants that.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, cast, final
+from typing import cast, final
 
 import sympy as sp
 
@@ -191,8 +192,8 @@ class MatTerm:
     ``right`` is given, else ``coef * matrix``."""
 
     coef: sp.Expr
-    left: "VecTerm | sp.MatrixExpr"
-    right: "VecTerm | None" = None
+    left: VecTerm | sp.MatrixExpr
+    right: VecTerm | None = None
 
 
 def _coefficient(vector: sp.MatrixExpr, variable, variables: tuple) -> sp.MatrixExpr | None:

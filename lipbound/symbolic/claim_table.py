@@ -20,10 +20,17 @@ import sympy as sp
 from ..errors import AssumptionError
 from ..rigorous.compiler import compile_interval
 from ..rigorous.intervals import Verdict, certify_le, lower, upper
-from .assumptions import Assumptions, Ball, LayerNormImage, Unbounded, norm_from_key
 from . import symbols as S
-from .claim_theorems import (bias_free_forms, bound_regions, explicit_step_slope, proximal_map, reduced_score,
-                             sigmoid_scalar_instance, softmax_inf_to_one)
+from .assumptions import Assumptions, Ball, LayerNormImage, Unbounded, norm_from_key
+from .claim_theorems import (
+    bias_free_forms,
+    bound_regions,
+    explicit_step_slope,
+    proximal_map,
+    reduced_score,
+    sigmoid_scalar_instance,
+    softmax_inf_to_one,
+)
 from .claims import CLAIMS, PublishedClaim, tau
 from .product_bounds import compose_constants, parse_constant, uniform_budget
 from .prover import compare

@@ -25,14 +25,14 @@ import functools
 
 import sympy as sp
 
+from ..rigorous.compiler import compile_interval
+from ..rigorous.intervals import Verdict, certify_le, interval
 from . import symbols as S
 from . import theorems as T
 from .assumptions import Assumptions, Ball
 from .claims import p_max, tau, theta
 from .record import Derivation, Described, eq, le
 from .registry import variant
-from ..rigorous.compiler import compile_interval
-from ..rigorous.intervals import Verdict, certify_le, interval
 
 __all__ = ["softmax_inf_to_one", "sigmoid_scalar_instance", "bias_free_forms", "bound_regions", "proximal_map",
            "score_ratio", "reduced_score", "explicit_step_slope", "prox_slope"]
@@ -45,7 +45,7 @@ _J = r"J"
 _NORM = r"\|J\|_{\infty \to 1}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def softmax_inf_to_one() -> T.Theorem:
     r"""``||D_u softmax(u / tau)||_{inf -> 1} = theta(p) / tau``, ``theta(p) = 1 - min_s (p^T s)^2``,
     with the consequences ``1 - p_max^2 <= theta <= 1`` and ``||J||_{q -> q} <= theta`` for every
@@ -82,7 +82,7 @@ def _sigma(t: sp.Expr) -> sp.Expr:
     return 1 / (1 + sp.exp(-t))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sigmoid_scalar_instance() -> T.Theorem:
     r"""A lower bound on the Lipschitz constant of sigmoid attention on ``[-R, R]^n``: scalar tokens,
     ``W_Q = W_K = W_V = 1``, no biases, ``b = -log n``, at ``X = R 1``: ``n (sigma + 2 sigma' R^2)``."""
@@ -107,7 +107,7 @@ def sigmoid_scalar_instance() -> T.Theorem:
     return T.Theorem("sigmoid-scalar-instance", "Sigmoid attention on scalar tokens", statement, proof)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def bias_free_forms() -> tuple[sp.Expr, sp.Expr]:
     r"""``(sigmoid, softmax)``: lipbound's Frobenius bounds on sigmoid attention (variant ``sigmoid``
     with every bias 0) and on softmax attention (``dot-product-nobias``) on the ball of radius R,
@@ -183,7 +183,7 @@ def prox_slope(q, temperature, n=2) -> sp.Expr:
     return 1 / (1 + q ** 2 / (n * temperature))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def proximal_map() -> T.Theorem:
     r"""``prox_phi`` of a convex potential is 1-Lipschitz in the Frobenius norm, whatever n and the
     parameters; the K-step relaxed gradient solver keeps the constant 1 when ``eta <= 2 / (2 + L_phi)``."""

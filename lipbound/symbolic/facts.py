@@ -103,7 +103,7 @@ class HeadFacts:
                                       "self-attention)", repr(value),
                                       "cross-attention heads attend to the whole context")
 
-    def covers(self, head: "HeadFacts") -> bool:
+    def covers(self, head: HeadFacts) -> bool:
         """Whether a theorem derived under these facts holds for a head with the facts ``head``."""
         return (self.score == head.score and self.role == head.role and self.causal == head.causal
                 and self.weights == head.weights and self.values_through_A == head.values_through_A

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 from decimal import ROUND_CEILING, Decimal
+
 import sympy as sp
 
 from ..rigorous.intervals import lower, upper
@@ -50,7 +51,7 @@ SHORT = {"swiglu": "SwiGLU", "geglu": "GeGLU", "geglu-tanh": "GeGLU"}
 _LIP = Described(r"\operatorname{Lip}(f)")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def certified_slope(activation: str) -> sp.Float:
     """``ell_phi = max(-inf phi', sup phi')`` of an activation, rounded up to 14 decimals from its certified
     enclosure (:func:`lipbound.symbolic.activations.slope_range`)."""
@@ -65,7 +66,7 @@ def outer_radius(domain, record: Derivation | None = None) -> sp.Expr:
     return ball.radius if ball.center is None else ball.radius + S.vector_norm(ball.center)
 
 
-@functools.lru_cache(maxsize=None)  # theorems are pure: build each once
+@functools.cache  # theorems are pure: build each once
 def gated_feed_forward(activation: str, radius: sp.Expr) -> T.Theorem:
     """``W_down^T (phi(W_gate^T x) * W_up^T x)`` on tokens of norm at most ``radius``: module docstring."""
     spec = activations.activation(activation)
@@ -98,7 +99,7 @@ def gated_feed_forward(activation: str, radius: sp.Expr) -> T.Theorem:
                      statement, proof)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _growth(activation: str) -> tuple[sp.Expr, sp.Expr, sp.Expr]:
     """``f(t) = phi(t) t``, ``f'(t)`` and ``lim f'(t) / t`` in the unit instance (exact, SymPy; once per activation)."""
     along = (activations.activation(activation).expression * activations.t).xreplace({activations.t: S.t})

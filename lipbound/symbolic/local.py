@@ -33,7 +33,7 @@ __all__ = ["LOCAL_THEOREMS", "score_deviation", "score_deviation_normalised", "s
            "path_certificate", "coupling_bound", "q"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def q(name: str) -> Described:
     """A data-dependent quantity of the local theorems, by its LaTeX name."""
     return Described(name)
@@ -50,7 +50,7 @@ SCORE_NAMES = {"a": r"\|W_Q R_{ij} \bar k_j^\top\|", "b": r"\|W_K R_{ij}^\top \b
                "g": r"\|W_Q R_{ij} W_K^\top\|"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def score_deviation() -> Theorem:
     """``|s_ij(Y) - s_ij(X)| <= c (a_ij r_i + b_ij r_j + g_ij r_i r_j)`` on U, for a dot-product score (``R_ij = I``)
     or a rotary one (``R_ij = R(p_i - p_j)``, the rotation between the two positions)."""
@@ -69,7 +69,7 @@ def score_deviation() -> Theorem:
                    statement, proof)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def score_deviation_normalised() -> Theorem:
     """Scores read through a per-token norm (pre-norm): ``|s_ij(N(Y)) - s_ij(N(X))| <= c ((||J_i a_ij|| + nu_i a_ij) r_i
     + (||J_j w_ij|| + nu_j b_ij) r_j + g_ij rho_i rho_j)``, and the values move by ``(||J_j A_h|| + nu_j ||A_h||) r_j``."""
@@ -105,19 +105,19 @@ def _softmax(upper: bool) -> Theorem:
     return Theorem(f"local-softmax-{side}", f"Softmax range ({side})", statement, proof)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def softmax_upper() -> Theorem:
     """``p_ij <= m_j e^{s+_ij} / (m_j e^{s+_ij} + Z-_ij)``."""
     return _softmax(True)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def softmax_lower() -> Theorem:
     """``p_ij >= m_j e^{s-_ij} / (m_j e^{s-_ij} + Z+_ij)``."""
     return _softmax(False)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def attention_movement() -> Theorem:
     """``||f_i(Y) - f_i(X)|| <= D_i + E_i[Delta v]`` with ``D_i = sum_j delta_ij ||v_j - f_i||`` (at X)."""
     D, E = q("D_i"), q(r"E_i[\Delta v]")
@@ -137,7 +137,7 @@ def attention_movement() -> Theorem:
     return Theorem("local-attention-movement", "Movement of attention on token balls", statement, proof)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def attention_reach() -> Theorem:
     """``||f_i(Y) - f_i(X)|| <= E_i[rho + Delta v]``: the output stays in the hull of the values."""
     statement = q(r"E_i[\rho + \Delta v]")
@@ -157,7 +157,7 @@ def _block_symbols():
                 diagonal=q(r"[i = j]"), W_Q=S.matrix_norm(S.W_Q))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def attention_block() -> Theorem:
     """``sup_U ||J_ij|| <= p+ L_V + c p+ U+ w+ + [i=j] c ||W_Q|| C+``."""
     s = _block_symbols()
@@ -181,7 +181,7 @@ def attention_block() -> Theorem:
     return Theorem("local-attention-block", "Jacobian blocks of attention on token balls", statement, proof)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def attention_variation() -> Theorem:
     """``sup_U ||J_ij(Y) - J_ij(X)||``, each factor's change bounded in turn."""
     s = _block_symbols()
@@ -202,7 +202,7 @@ def attention_variation() -> Theorem:
     return Theorem("local-attention-variation", "Variation of attention's Jacobian on token balls", statement, proof)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def attention_curvature() -> Theorem:
     """``sup_U ||DF(Y) - DF(X)|| <= theta_U sum_k (eps_k - eps_{k-1}) (chi_I + chi_II + chi_III)(U(X, eps_k))`` for
     a head or an attention layer; the statement is one term of the sum."""
@@ -258,7 +258,7 @@ _NORMS = {"layernorm": ("the centring projection", r"\mathrm{LN}",
                       "P = I (an RMSNorm: no centring, Zhang and Sennrich 2019)", "rmsnorm", "RMSNorm")}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def norm_lipschitz(kind: str = "layernorm") -> Theorem:
     """``sup ||J_N|| <= ||gamma||_inf sqrt(d) / sqrt(max(nu - R, 0)^2 + delta)`` on the ball ``B(z, R)``, for a
     LayerNorm or an RMSNorm (``kind``)."""
@@ -281,7 +281,7 @@ def _lam(t, delta):
     return t / sp.sqrt(t ** 2 + delta)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def norm_movement(kind: str = "layernorm") -> Theorem:
     """``||N(z') - N(z)|| <= ||gamma||_inf sqrt(d) G`` for ``||z' - z|| <= R < nu``, with G the normalised
     movement: the chord of the cone the ball subtends, plus the change of the scale."""
@@ -306,7 +306,7 @@ def norm_movement(kind: str = "layernorm") -> Theorem:
     return Theorem(f"local-{key}-movement", f"{title} movement on a ball", statement, proof)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def norm_variation(kind: str = "layernorm") -> Theorem:
     """``sup ||J_N(z') - J_N(z)|| <= ||gamma|| sqrt(d) (|1/n' - 1/n| + 2 G / n)``."""
     projection, symbol, definition, key, title = _NORMS[kind]
@@ -332,7 +332,7 @@ def _split(spread: str):
             q(rf"\|\operatorname{{diag}}({spread})^{{1/2}} W_1^\top\|"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def feedforward_variation() -> Theorem:
     """``sup ||W_2^T (D' - D) W_1^T|| <= ||W_2^T diag(t)^(1/2)|| ||diag(t)^(1/2) W_1^T||``, t the slope deviations."""
     a, b = _split("s")
@@ -350,7 +350,7 @@ def feedforward_variation() -> Theorem:
     return Theorem("local-feedforward-variation", "Variation of the feed-forward Jacobian", statement, proof)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gated_variation() -> Theorem:
     """``sup ||J(y') - J(y)|| <= ||W_2^T diag(t)^(1/2)|| ||diag(t)^(1/2) W_1^T||`` for the gated block
     ``(act(y W_gate + b_gate) * (y W_up + b_up)) W_down + b_down`` on a ball, t the deviations of its slopes."""
@@ -373,7 +373,7 @@ def gated_variation() -> Theorem:
     return Theorem("local-gated-variation", "Variation of the gated feed-forward Jacobian", statement, proof)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def residual_step() -> Theorem:
     """For a residual step ``F(X) = X + G(X)`` whose branch ``G = B o N`` reads a per-token norm N (pre-norm
     placement), blockwise on U: ``sup ||DF_ij|| <= [i = j] + M^B_ij M^N_j`` and
@@ -394,7 +394,7 @@ def residual_step() -> Theorem:
     return Theorem("local-residual-step", "A residual step around a normalised branch", statement, proof)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def feedforward_curvature() -> Theorem:
     """``sup ||D(x') - D(x)|| <= R Lambda^(1/2) + ||W_2^T diag(t)^(1/2)|| ||diag(t)^(1/2) W_1^T||`` on ``B(x, R)``:
     the second derivative at the centre, and per neuron the change of GELU'' over its interval."""
@@ -426,7 +426,7 @@ def feedforward_curvature() -> Theorem:
                    statement, proof)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def attention_tail() -> Theorem:
     """``sup_U ||DF(Y) - DF(X)|| <= tau var_U(A) + omega Lip_U(A)`` for ``F = T o A``, T per token."""
     tau, var, omega, lip = q(r"\tau"), q(r"\operatorname{var}_U(A)"), q(r"\omega"), q(r"\operatorname{Lip}_U(A)")
@@ -443,7 +443,7 @@ def attention_tail() -> Theorem:
     return Theorem("local-attention-tail", "Variation of an attention layer and the maps after it", statement, proof)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def attention_front() -> Theorem:
     """``sup_U ||DF(Y) - DF(X)|| <= nu_P Lip(A) M_Q + W M_Q + n_P ||DA(Z)|| omega_Q`` for ``F = Q o A o P``, P and Q
     per token (a pre-norm branch: P the norm, A the attention, Q a sandwich's output norm and gain, or
@@ -482,7 +482,7 @@ def _first_layernorm_mean(proof: Derivation, displacement: str) -> None:
               "mean value theorem for LN_1 (the mean Jacobian on the segment)", "mean-value")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def feedforward_front_variation() -> Theorem:
     """``sup ||J_1(x) (J_F(y_2) - J_F(x_2))||`` with the first LayerNorm's Jacobian at the centre folded into the
     feed-forward block's second derivative."""
@@ -507,7 +507,7 @@ def feedforward_front_variation() -> Theorem:
                    statement, proof)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def block_tail_variation() -> Theorem:
     """``sup ||T(y) - T(x)||`` for ``T = J_1 J_F J_2`` (LayerNorm, feed-forward block, LayerNorm) on a ball,
     with both LayerNorms' Jacobians at the centre folded into the feed-forward block's second derivative."""
@@ -542,7 +542,7 @@ def block_tail_variation() -> Theorem:
     return Theorem("local-block-tail", "Variation of a block's per-token maps", statement, proof)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def jacobian_on_neighbourhood() -> Theorem:
     """``Lip_U(f) <= ||Df(X)|| + sup_U ||Df(Y) - Df(X)||`` on a convex U."""
     N, V = q(r"\|Df(X)\|"), q(r"\sup_U \|Df(Y) - Df(X)\|")
@@ -554,7 +554,7 @@ def jacobian_on_neighbourhood() -> Theorem:
     return Theorem("local-lipschitz", "Local Lipschitz constant", statement, proof)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def chain_variation(steps: int) -> Theorem:
     """For ``F = g_m o ... o g_1`` on U with ``U_{k+1}`` holding ``g_k(U_k)``:
     ``sup ||DF(Y) - DF(X)|| <= sum_k (prod_{l>k} M_l) V_k (prod_{l<k} N_l)``."""
@@ -572,7 +572,7 @@ def chain_variation(steps: int) -> Theorem:
     return Theorem(f"local-chain-{steps}", "Variation along a chain", statement, proof)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def path_certificate() -> Theorem:
     """``||F_i(X') - F_i(X)|| <= ||sum_k w_k F'_i(t_k)|| + sum_k w_k e_ik``."""
     main, rest = q(r"\|\textstyle\sum_k w_k F'_i(t_k)\|"), q(r"\textstyle\sum_k w_k e_{ik}")
@@ -587,7 +587,7 @@ def path_certificate() -> Theorem:
     return Theorem("local-path", "Path certificate", statement, proof)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def coupling_bound() -> Theorem:
     """``W1(mu, mu') <= sum_{a,i} pi_ai (||z_a - c_i|| + r_i)`` for atoms ``z'_i`` in ``B(c_i, r_i)``."""
     statement = q(r"\textstyle\sum_{a,i} \pi_{ai} (\|z_a - c_i\| + r_i)")

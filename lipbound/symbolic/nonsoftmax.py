@@ -45,9 +45,8 @@ import sympy as sp
 from ..errors import AssumptionError
 from . import symbols as S
 from . import theorems as T
-from .assumptions import Assumptions, Mixed21, Mixed2Inf, Norm, VecInf
-from .calculus import (Inner, Region, constant_sign, gradient, name_norms, upper_abs, upper_norm_terms,
-                       upper_norm_vec)
+from .assumptions import Assumptions, Mixed2Inf, Mixed21, Norm, VecInf
+from .calculus import Inner, Region, constant_sign, gradient, name_norms, upper_abs, upper_norm_terms, upper_norm_vec
 from .custom import KEY, QUERY
 from .facts import HeadFacts
 from .record import Derivation, Described, eq, le
@@ -190,7 +189,7 @@ def _sigmoid(t: sp.Expr) -> sp.Expr:
     return 1 / (1 + sp.exp(-t))
 
 
-@functools.lru_cache(maxsize=None)  # theorems are pure: build each once
+@functools.cache  # theorems are pure: build each once
 def sigmoid_attention(norm: Norm, n=S.n) -> T.Theorem:
     """Sigmoid self-attention ``sum_j sigma(s_ij - log n) v(x_j)`` in a per-token norm (Frobenius,
     (2,1), (2,inf)); :func:`lipbound.symbolic.theorems.vector_infinity` gives l_inf on vec(X)."""

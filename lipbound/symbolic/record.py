@@ -119,16 +119,16 @@ class Derivation:
     hypotheses: list[str] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
 
-    def add(self, claim, justification: str, lemma: str | None = None) -> "Derivation":
+    def add(self, claim, justification: str, lemma: str | None = None) -> Derivation:
         self.steps.append(Step(claim, justification, lemma))
         return self
 
-    def hypothesis(self, text: str) -> "Derivation":
+    def hypothesis(self, text: str) -> Derivation:
         if text not in self.hypotheses:
             self.hypotheses.append(text)
         return self
 
-    def absorb(self, other: "Derivation") -> "Derivation":
+    def absorb(self, other: Derivation) -> Derivation:
         """Append another derivation's steps and hypotheses (a lemma used inside this one)."""
         for text in other.hypotheses:
             self.hypothesis(text)

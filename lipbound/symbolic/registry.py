@@ -3,17 +3,18 @@ prints, and is covered by the soundness tests)."""
 
 from __future__ import annotations
 
-from typing import Callable, Final
+from collections.abc import Callable
+from typing import Final
 
 from ..errors import AssumptionError
 from . import symbols as S
 from .blocks import FeedForwardMap, GatedFeedForwardMap, NormalizationMap, NormResidual
 from .masks import Mask
-from .scores import DotProduct, L2Distance, ScaledCosine
 from .nonsoftmax import FeatureMapKernel, SigmoidAttention
 from .positional import PositionalAttention, SoftCapped
 from .qknorm import QKNormScore
 from .rotary import RotaryScore
+from .scores import DotProduct, L2Distance, ScaledCosine
 from .variants import CrossAttention, MeasureAttention, MultiHead, Residual, SelfAttention, Variant
 
 __all__ = ["VARIANTS", "BLOCKS", "variant", "variant_names"]

@@ -25,8 +25,22 @@ import sympy as sp
 
 from ..errors import AssumptionError
 from . import symbols as S
-from .calculus import (Inner, Norm, Region, SoftNorm, coarsen, drop_free_terms, gradient, mixed_hessian,
-                       name_norms, named_definitions, score_range, upper_norm_mat, upper_norm_terms, upper_norm_vec)
+from .calculus import (
+    Inner,
+    Norm,
+    Region,
+    SoftNorm,
+    coarsen,
+    drop_free_terms,
+    gradient,
+    mixed_hessian,
+    name_norms,
+    named_definitions,
+    score_range,
+    upper_norm_mat,
+    upper_norm_terms,
+    upper_norm_vec,
+)
 from .record import Defines, Derivation, Described, VectorSum, eq, le
 
 __all__ = ["KernelConstants", "Score", "DotProduct", "L2Distance", "ScaledCosine", "CustomScore",

@@ -18,8 +18,8 @@ from typing import final
 
 import sympy as sp
 
-from .assumptions import Frobenius, Mixed21, Mixed2Inf, Norm
 from . import symbols as S
+from .assumptions import Frobenius, Mixed2Inf, Mixed21, Norm
 from .masks import Mask
 from .record import Derivation, Described, le
 
@@ -56,7 +56,7 @@ def _column_sum(size, causal: bool) -> sp.Expr:
     return S.causal_kappa(size, omega) if causal else S.kappa(size, omega)
 
 
-@functools.lru_cache(maxsize=None)  # theorems are pure: build each once
+@functools.cache  # theorems are pure: build each once
 def self_attention(norm: Norm, causal: bool = False, n=S.n, window=None, bias: str = "none") -> Theorem:
     """Single-head self-attention on a convex domain, from the kernel constants.
 
@@ -120,7 +120,7 @@ def self_attention(norm: Norm, causal: bool = False, n=S.n, window=None, bias: s
                    statement, proof)
 
 
-@functools.lru_cache(maxsize=None)  # theorems are pure: build each once
+@functools.cache  # theorems are pure: build each once
 def cross_attention(norm: Norm, argument: str, n=S.n, m=S.m) -> Theorem:
     """Cross-attention: m queries Y attend to a context X of n tokens; Lipschitz in
     ``argument`` = ``"queries"``, ``"context"`` or ``"joint"``."""
@@ -203,7 +203,7 @@ def block_norms(heads: int) -> list[S.MatrixNormSymbol]:
     return [S.MatrixNormSymbol(f"W_O^{h}") for h in range(1, heads + 1)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compose_heads(heads: int, norm_key: str) -> Theorem:
     """A layer ``F = sum_h f^h W_O^h`` of H heads with constants ``L_h`` (the composition rule).
 
@@ -235,7 +235,7 @@ def group_block_norms(groups: int) -> list[S.MatrixNormSymbol]:
     return [S.MatrixNormSymbol(f"W_O^g{g}") for g in range(1, groups + 1)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compose_groups(group_sizes: tuple[int, ...], norm_key: str) -> Theorem:
     """A layer ``F = sum_h f^h W_O^h`` whose heads come in key/value groups (sizes ``group_sizes``, the heads
     numbered group by group), with head constants ``L_h`` (the composition rule of grouped-query attention).
@@ -355,7 +355,7 @@ def norm_residual(placement: str, inner: Theorem, norm: Theorem, image: str = ""
     raise ValueError(f"no residual placement {placement!r}: 'pre' or 'post'")
 
 
-@functools.lru_cache(maxsize=None)  # theorems are pure: build each once
+@functools.cache  # theorems are pure: build each once
 def w1_uniform(n=S.n) -> Theorem:
     """Self-attention on uniform empirical measures of n atoms, in Wasserstein-1.
 
@@ -374,7 +374,7 @@ def w1_uniform(n=S.n) -> Theorem:
     return Theorem("measure-w1-uniform", "Self-attention on uniform measures (W1)", inner.statement, proof)
 
 
-@functools.lru_cache(maxsize=None)  # theorems are pure: build each once
+@functools.cache  # theorems are pure: build each once
 def w1_mean_field() -> Theorem:
     """Self-attention on probability measures of any size and weights (mean-field), in W1.
 
@@ -401,7 +401,7 @@ def w1_mean_field() -> Theorem:
     return Theorem("measure-w1-mean-field", "Self-attention on measures, mean-field (W1)", statement, proof)
 
 
-@functools.lru_cache(maxsize=None)  # theorems are pure: build each once
+@functools.cache  # theorems are pure: build each once
 def w1_cross(argument: str) -> Theorem:
     """Cross-attention ``(Gamma_mu)_# nu`` in W1: in the queries nu, in the context mu, or jointly."""
     query_part = rho * alpha

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import sympy as sp
 
-from .assumptions import Assumptions, Mixed21, Mixed2Inf, VecInf
 from ..errors import AssumptionError
 from . import symbols as S
 from . import theorems as T
+from .assumptions import Assumptions, Mixed2Inf, Mixed21, VecInf
 from .bound import Bound, NotLipschitz, Result
 from .calculus import Inner, Norm, SoftNorm
 from .record import Derivation, Described, eq, le

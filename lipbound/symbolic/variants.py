@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import final
 
-from .assumptions import Assumptions, VecInf, Mixed2Inf
 from ..errors import AssumptionError
 from . import theorems as T
+from .assumptions import Assumptions, Mixed2Inf, VecInf
 from .bound import Bound, Result
 from .facts import HeadFacts
 from .record import Derivation, Described, le

@@ -10,8 +10,9 @@ ranges come from :func:`lipbound.symbolic.activations.slope_range` (interval ari
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, final
+from typing import final
 
 import numpy as np
 import sympy as sp
@@ -51,7 +52,7 @@ def _numpy(expr: sp.Expr, limits: tuple[float, float]) -> Callable:
     return evaluate
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def activation_maps(name: str) -> ActivationMaps:
     """The numpy maps of the activation ``name`` (a :data:`NAMES` entry)."""
     spec = A.activation(name)

@@ -32,14 +32,14 @@ import numpy as np
 from ...errors import AssumptionError
 from ...rigorous.intervals import IV, interval, upper
 from ...rigorous.value import CertifiedValue
-from ..domains import LayerNormOutputs, TokenBall, TokenDomain
-from ..sdp.ffn import lipsdp_neuron
 from ...symbolic.assumptions import Assumptions, Unbounded
 from ...symbolic.blocks import NormResidual
+from ..domains import LayerNormOutputs, TokenBall, TokenDomain
+from ..sdp.ffn import lipsdp_neuron
 from ..sdp.gated import gated_sdp
 from .certify import best, derive_block, evaluate_block
-from .gated import check_gated, ellipsoid_of, gated_constants
 from .ffn import closed_form, midpoint_form
+from .gated import check_gated, ellipsoid_of, gated_constants
 from .norms import check_floor, norm_constant, norm_kind
 
 __all__ = ["ffn_constants", "best", "residual_constant", "pre_norm_ffn_constants", "pre_norm_gated_constants",

@@ -37,7 +37,7 @@ __all__ = ["AttentionKernel", "KernelFacts", "ScoreMap", "KERNELS", "register", 
            "kernel_from_arrays"]
 
 #: registry name -> kernel class; the plain format stores the name.
-KERNELS: dict[str, type["AttentionKernel"]] = {}
+KERNELS: dict[str, type[AttentionKernel]] = {}
 
 
 def register(cls):
@@ -169,7 +169,7 @@ class AttentionKernel:
         return out
 
     @classmethod
-    def from_arrays(cls, arrays: dict) -> "AttentionKernel":
+    def from_arrays(cls, arrays: dict) -> AttentionKernel:
         """The kernel of :meth:`to_arrays` without its ``kernel`` key (plain arrays back to parameters)."""
         values = {}
         for f in fields(cls):

@@ -207,7 +207,7 @@ class AttentionMask(_Value):
         return out
 
     @classmethod
-    def from_arrays(cls, arrays: dict) -> "AttentionMask":
+    def from_arrays(cls, arrays: dict) -> AttentionMask:
         def item(key, default=None):
             return np.asarray(arrays[key]).item() if key in arrays else default
         bias = None

@@ -39,7 +39,7 @@ class Rotation:
 
     __slots__ = ("cos", "sin", "first", "second", "F")
 
-    def __init__(self, rotary: "Rotary", U: np.ndarray, positions: np.ndarray):
+    def __init__(self, rotary: Rotary, U: np.ndarray, positions: np.ndarray):
         D = rotary.rotated(U.shape[-1])
         half = D // 2
         frequencies = float(rotary.base) ** (-np.arange(half, dtype=np.float64) * 2.0 / D)

@@ -140,7 +140,7 @@ class Head:
         """The score has a non-zero query or key bias."""
         return bool(np.any(self.b_Q) or np.any(self.b_K))
 
-    def with_kim_values(self) -> "Head":
+    def with_kim_values(self) -> Head:
         """The same head with values through A, as in Kim et al. (2021)."""
         return replace(self, kim_values=True)
 

@@ -14,8 +14,8 @@ import hashlib
 import json
 import struct
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 

@@ -89,7 +89,7 @@ class Tokenizer:
 
     # Constructors --------------------------------------------------------------------------------
     @classmethod
-    def from_file(cls, path, specials: dict | None = None) -> "Tokenizer":
+    def from_file(cls, path, specials: dict | None = None) -> Tokenizer:
         """Read a ``tokenizer.json``; ``specials`` adds or overrides special ids by role."""
         tokenizers = _tokenizers()
         path = os.fspath(path)
@@ -105,7 +105,7 @@ class Tokenizer:
 
     @classmethod
     def from_vocab(cls, path, lowercase: bool = True, strip_accents: bool | None = None,
-                   tokenize_chinese_chars: bool = True) -> "Tokenizer":
+                   tokenize_chinese_chars: bool = True) -> Tokenizer:
         """BERT WordPiece from ``vocab.txt`` (UTF-8, one token per line, id = line number)."""
         tokenizers = _tokenizers()
         from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors
@@ -140,7 +140,7 @@ class Tokenizer:
         return cls(backend, present, path, "wordpiece")
 
     @classmethod
-    def from_gguf(cls, fields: dict, source) -> "Tokenizer":
+    def from_gguf(cls, fields: dict, source) -> Tokenizer:
         """Byte-level BPE from a GGUF file's metadata (``fields``: key -> value)."""
         tokenizers = _tokenizers()
         from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors

@@ -29,7 +29,7 @@ class Dyadic:
         self.m, self.e = m, int(e)
 
     @classmethod
-    def of(cls, array) -> "Dyadic":
+    def of(cls, array) -> Dyadic:
         """The exact value of a float64 array."""
         array = np.asarray(array, dtype=np.float64)
         mantissa, exponent = np.frexp(array)
@@ -44,29 +44,29 @@ class Dyadic:
     def shape(self):
         return self.m.shape
 
-    def _aligned(self, other: "Dyadic"):
+    def _aligned(self, other: Dyadic):
         e = min(self.e, other.e)
         return self.m << (self.e - e), other.m << (other.e - e), e
 
-    def __add__(self, other: "Dyadic") -> "Dyadic":
+    def __add__(self, other: Dyadic) -> Dyadic:
         a, b, e = self._aligned(other)
         return Dyadic(a + b, e)
 
-    def __sub__(self, other: "Dyadic") -> "Dyadic":
+    def __sub__(self, other: Dyadic) -> Dyadic:
         a, b, e = self._aligned(other)
         return Dyadic(a - b, e)
 
-    def __matmul__(self, other: "Dyadic") -> "Dyadic":
+    def __matmul__(self, other: Dyadic) -> Dyadic:
         return Dyadic(self.m @ other.m, self.e + other.e)
 
-    def __mul__(self, other: "Dyadic") -> "Dyadic":
+    def __mul__(self, other: Dyadic) -> Dyadic:
         return Dyadic(self.m * other.m, self.e + other.e)
 
     @property
-    def T(self) -> "Dyadic":
+    def T(self) -> Dyadic:
         return Dyadic(self.m.T, self.e)
 
-    def row_sums_of_squares(self) -> "Dyadic":
+    def row_sums_of_squares(self) -> Dyadic:
         return Dyadic(np.sum(self.m * self.m, axis=-1), 2 * self.e)
 
     def intervals(self) -> np.ndarray:
@@ -123,11 +123,11 @@ class Ball:
         self.center, self.radius = center, np.asarray(radius, dtype=np.float64)
 
     @classmethod
-    def exact(cls, value: Dyadic) -> "Ball":
+    def exact(cls, value: Dyadic) -> Ball:
         return cls(value, np.zeros(value.shape))
 
     @classmethod
-    def of_intervals(cls, values: np.ndarray) -> "Ball":
+    def of_intervals(cls, values: np.ndarray) -> Ball:
         """An interval matrix ``[lo, hi]`` as ``lo +- (hi - lo)`` (centre exact, radius rounded up)."""
         mans = np.empty(values.shape, dtype=object)
         exps = np.zeros(values.shape, dtype=np.int64)
@@ -146,13 +146,13 @@ class Ball:
         shifts = np.where(nonzero, exps - base, 0).astype(object)
         return cls(Dyadic(mans << shifts, base), radius)
 
-    def __add__(self, other: "Ball") -> "Ball":
+    def __add__(self, other: Ball) -> Ball:
         return Ball(self.center + other.center, inflate(self.radius + other.radius, 1))
 
-    def __sub__(self, other: "Ball") -> "Ball":
+    def __sub__(self, other: Ball) -> Ball:
         return Ball(self.center - other.center, inflate(self.radius + other.radius, 1))
 
-    def matmul_exact(self, matrix: Dyadic) -> "Ball":
+    def matmul_exact(self, matrix: Dyadic) -> Ball:
         """``(c +- r) B = c B +- r |B|``."""
         radius = inflate(self.radius @ matrix.abs_upper(), matrix.shape[0])
         return Ball(self.center @ matrix, radius)
@@ -167,7 +167,7 @@ class Ball:
     def max_abs(self):
         """Interval enclosing ``max_ij |value_ij|`` (the l_inf norm of vec)."""
         lo, hi = IV.mpf(0), IV.mpf(0)
-        for (index, man), radius in zip(np.ndenumerate(self.center.m), self.radius.ravel()):
+        for (_index, man), radius in zip(np.ndenumerate(self.center.m), self.radius.ravel()):
             raw = libmp.from_man_exp(abs(int(man)), self.center.e)
             entry = IV.make_mpf((raw, raw))
             lo = max(lo, entry - float(radius), key=lambda v: v.a)

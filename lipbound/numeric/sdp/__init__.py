@@ -14,10 +14,14 @@ re-check in :mod:`lipbound.rigorous.linalg`, never from a solver's objective.  c
 imported only when a conic solver runs.
 """
 
-from .head import HeadBounds, cross_attention_bound, matrix_aware_closed_form, measure_attention_bound, \
-    self_attention_bound
-from .joint import (JointRange, gamma_AV, joint_gain, layernorm_joint_gain,
-                    layernorm_value_spread, sdp_value)
+from .head import (
+                    HeadBounds,
+                    cross_attention_bound,
+                    matrix_aware_closed_form,
+                    measure_attention_bound,
+                    self_attention_bound,
+)
+from .joint import JointRange, gamma_AV, joint_gain, layernorm_joint_gain, layernorm_value_spread, sdp_value
 from .layer import layer_head_bounds, layer_joint_bound
 from .region import Region, key_gradient_sup, trust_region_sup
 from .registry import SDP_RELAXATIONS, relax

@@ -73,7 +73,7 @@ from typing import final
 import numpy as np
 
 from ...errors import AssumptionError, SolverError
-from ...rigorous.intervals import IV, interval, lower, upper
+from ...rigorous.intervals import IV, interval, upper
 from ...rigorous.linalg import UNIT_ROUNDOFF, Enclosure, dot_error_factor, psd_floor, vector_norm_upper
 from ...rigorous.value import CertifiedValue
 from ..blas import one_blas_thread

@@ -113,13 +113,13 @@ from typing import final
 import numpy as np
 
 from ...errors import AssumptionError, WeightsError
-from ..attention import Head
-from ...rigorous.intervals import IV, lower, upper
 from ...rigorous.arrays import IntervalArray
+from ...rigorous.intervals import IV, lower, upper
 from ...rigorous.linalg import Enclosure, lambda_max_upper, vector_norm_upper
 from ...rigorous.value import CertifiedValue
+from ..attention import Head
 from ..blas import one_blas_thread
-from .joint import JointRange, SOLVERS, _check_head, key_form, sdp_value, value_gram
+from .joint import SOLVERS, JointRange, _check_head, key_form, sdp_value, value_gram
 from .region import Region, key_gradient, trust_region_sup
 
 __all__ = ["HeadBounds", "self_attention_bound", "cross_attention_bound", "measure_attention_bound",

@@ -72,12 +72,12 @@ from typing import final
 import numpy as np
 
 from ...errors import AssumptionError, SolverError, WeightsError
-from ..dispatch import dot_product_scope
-from ..model import Head
 from ...rigorous.intervals import IV, Verdict, lower, upper
-from ...rigorous.linalg import UNIT_ROUNDOFF, Enclosure, lambda_max_upper, lambda_min_lower, spectral_norm_upper
+from ...rigorous.linalg import UNIT_ROUNDOFF, Enclosure, lambda_max_upper, spectral_norm_upper
 from ...rigorous.value import CertifiedValue
 from ..blas import one_blas_thread
+from ..dispatch import dot_product_scope
+from ..model import Head
 
 __all__ = ["JointRange", "SdpCandidate", "sdp_value", "joint_gain", "gamma_AV", "key_form", "value_gram",
            "layernorm_value_spread", "layernorm_joint_gain", "SOLVERS"]

@@ -31,8 +31,8 @@ from ...errors import AssumptionError
 from ...rigorous.intervals import IV, interval, lower, upper
 from ...rigorous.linalg import UNIT_ROUNDOFF, Enclosure, lambda_min_lower, spectral_norm_upper, vector_norm_upper
 from ...rigorous.value import CertifiedValue
-from ..domains import TokenDomain
 from ..blas import one_blas_thread
+from ..domains import TokenDomain
 from ..model import Head
 from .joint import _check_head, sdp_value
 
@@ -55,7 +55,7 @@ class Region:
         self.description = description or f"ball of radius {upper(self.r):.6g}"
 
     @classmethod
-    def of(cls, where, center=None, d: int | None = None) -> "Region":
+    def of(cls, where, center=None, d: int | None = None) -> Region:
         """A region from a :class:`TokenDomain`, a Region, or a ball's radius (and centre, default 0)."""
         if isinstance(where, Region):
             return where
@@ -110,7 +110,7 @@ class Region:
         """``Pi F`` for F (d, k)."""
         return F if self.projector is None else self.projector @ F
 
-    def same_as(self, other: "Region") -> bool:
+    def same_as(self, other: Region) -> bool:
         if self is other:
             return True
         if self.domain is not None and other.domain is not None:

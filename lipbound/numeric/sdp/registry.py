@@ -19,20 +19,21 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable, Final
+from typing import Final
 
 from ...errors import AssumptionError, WeightsError
+from ...rigorous.intervals import IV, upper
+from ...rigorous.linalg import Enclosure, spectral_norm_upper
+from ...rigorous.value import CertifiedValue
 from ...symbolic.scores import DotProduct
 from ...symbolic.variants import CrossAttention, MeasureAttention, MultiHead, Residual, SelfAttention, Variant
 from ..domains import TokenDomain
 from ..model import Head, Layer
-from ...rigorous.intervals import IV, upper
-from ...rigorous.linalg import Enclosure, spectral_norm_upper
-from ...rigorous.value import CertifiedValue
 from .head import cross_attention_bound, measure_attention_bound, self_attention_bound
-from .layer import layer_head_bounds, layer_joint_bound
 from .joint import SDP_ENCODINGS, check_encoding, sdp_value
+from .layer import layer_head_bounds, layer_joint_bound
 
 __all__ = ["SDP_RELAXATIONS", "SDP_ENCODINGS", "relax", "self_attention_entry", "cross_attention_entry", "measure_entry",
            "multi_head_entry", "residual_entry"]

@@ -121,7 +121,7 @@ def reduced_sup(left: Enclosure, right: Enclosure, shift: Enclosure | None, radi
     gram = (right @ right.T).sym()
     k = gram.shape[0]
     slack = 1e-12 * max(float(np.max(np.abs(gram.mid))), 1e-300) + float(np.max(gram.rad))
-    for attempt in range(6):
+    for _attempt in range(6):
         try:
             C = np.linalg.cholesky(gram.mid + slack * np.eye(k))
         except np.linalg.LinAlgError:

@@ -30,8 +30,9 @@ The attention engine is :class:`lipbound.numeric.attention.AttentionMap`, the no
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, final
+from typing import final
 
 import numpy as np
 
@@ -180,7 +181,7 @@ class Step:
         out_norm = None if self.out_norm is None else _Norm(self.out_norm, dtype)
         return inner, norm, out_norm, None if self.scale is None else self.scale.astype(dtype, copy=False)
 
-    def linearize(self, X: np.ndarray, C: np.ndarray | None, positions=None) -> "_StepLinear":
+    def linearize(self, X: np.ndarray, C: np.ndarray | None, positions=None) -> _StepLinear:
         return _StepLinear(self, X, C, positions)
 
 

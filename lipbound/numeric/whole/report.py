@@ -99,7 +99,7 @@ class WholeReport:
     image_input: dict = field(default_factory=dict)  # stack -> its input is a LayerNorm image (post-LN)
 
     @classmethod
-    def build(cls, model, tasks, results, n, m, seconds=0.0) -> "WholeReport":
+    def build(cls, model, tasks, results, n, m, seconds=0.0) -> WholeReport:
         report = cls(model.name, model.path, getattr(model, "sha256", ""), n, m, model.blocks, len(tasks), seconds,
                      complete=len(results) == len(tasks) and all(r is not None for r in results))
         done = {(t[0], t[2], t[3], t[4]): r for t, r in zip(tasks, results) if r is not None}

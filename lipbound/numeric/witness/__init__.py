@@ -68,7 +68,7 @@ at once, cross-attention inputs, Castin et al.'s input),
 clock), :mod:`.search` (the public searches).
 """
 
-from .engine import jacobian_norms, engine_for
+from .engine import engine_for, jacobian_norms
 from .record import WITNESS_FORMAT, Witness, in_ball, project_to_ball
 from .search import castin_adversarial, naive_ascent, search_witness
 from .structured import structured_starts

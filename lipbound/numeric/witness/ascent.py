@@ -10,8 +10,6 @@ from typing import final
 
 import numpy as np
 
-from ..attention import unit_rows
-
 __all__ = ["Candidates", "start_candidates", "take", "join", "polish", "continuation"]
 
 

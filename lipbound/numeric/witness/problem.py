@@ -215,6 +215,6 @@ class SearchProblem:
         return sigma, E
 
     # one head of a layer ---------------------------------------------------------------------------
-    def for_head(self, h: int) -> "SearchProblem":
+    def for_head(self, h: int) -> SearchProblem:
         """Self-attention of head h alone on the same domain (its own reduced chart)."""
         return SearchProblem(self.engine.heads[h], "self", self.domain, None, self.n, None, self.clock)

@@ -126,7 +126,7 @@ class Witness:
     head: int | None = None
     score: str = "dot"
     residual: bool = False
-    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
     details: dict = field(default_factory=dict)
     role: str = "self"
     Q: np.ndarray | None = None
@@ -304,7 +304,7 @@ class Witness:
         return arrays
 
     @classmethod
-    def load(cls, path: str | Path) -> "Witness":
+    def load(cls, path: str | Path) -> Witness:
         """Read a file written by :meth:`save` (``np.load(..., allow_pickle=False)``)."""
         path = Path(path)
         if not path.is_file():
@@ -322,7 +322,7 @@ class Witness:
         return cls.from_arrays(arrays, str(path))
 
     @classmethod
-    def from_arrays(cls, arrays: dict, path: str = "witness") -> "Witness":
+    def from_arrays(cls, arrays: dict, path: str = "witness") -> Witness:
         """The witness of :meth:`to_arrays` (``path`` names it in messages)."""
         if "metadata" not in arrays or "X" not in arrays or "center" not in arrays:
             raise WeightsError(path, "arrays X, center and metadata", f"arrays {sorted(arrays)}",
@@ -345,7 +345,7 @@ class Witness:
                                ) from None
 
     @classmethod
-    def _from_metadata(cls, arrays: dict, meta: dict, path: str) -> "Witness":
+    def _from_metadata(cls, arrays: dict, meta: dict, path: str) -> Witness:
         kind = meta["kind"]
         second = "E" if kind == "jacobian" else "Y"
         if second not in arrays:

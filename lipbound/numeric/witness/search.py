@@ -8,12 +8,12 @@ import time
 import numpy as np
 
 from ...errors import AssumptionError, WeightsError
+from ..attention import heads_of, unit_rows
 from ..blas import one_blas_thread
-from ..memory import available_bytes, require_memory
 from ..domains import TokenBall, TokenDomain
+from ..memory import available_bytes, require_memory
 from ..model import Head, Layer
 from .ascent import continuation, join, polish, start_candidates, take
-from ..attention import heads_of, unit_rows
 from .engine import engine_for
 from .kernel_starts import kernel_starts
 from .problem import ROLES, SearchProblem

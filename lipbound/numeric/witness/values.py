@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..attention import (AttentionMap, jacobian_norm, layer_forward, layer_jvp, layer_vjp, self_forward, self_jvp,
-                         self_vjp)
+from ..attention import (
+    AttentionMap,
+    jacobian_norm,
+    layer_forward,
+    layer_jvp,
+    layer_vjp,
+    self_forward,
+    self_jvp,
+    self_vjp,
+)
 from ..model import Head, Layer
 from .record import INWARD_MARGIN, project_to_ball
 
