@@ -221,7 +221,8 @@ def gated_part(label: str, model, layers, effort: int, witness_steps: int) -> li
 def activations_part(label: str, model, path: str) -> None:
     tokenizer = load_tokenizer(path)
     ids = tokenizer.encode(PROMPT)
-    print(f"7. massive activations of {label} on {PROMPT!r} ({len(ids)} tokens, token 0 = {tokenizer.tokens(ids)[0]!r}):"
+    print(f"7. massive activations of {label} on {PROMPT!r} ({len(ids)} tokens, "
+          f"token 0 = {tokenizer.tokens(ids)[0]!r}):"
           " residual norm where each norm reads the stream, and its certified local constant max|gamma| / rms(x)")
     print(f"{'layer':>5s} {'norm':>14s} {'|x_0|':>9s} {'|x_i| med':>9s} {'|x_i| max':>9s} {'local_0':>9s} "
           f"{'local_i':>19s} {'global':>8s} {'global/local_i':>14s}")

@@ -67,7 +67,8 @@ def main() -> None:
         curve = lipschitz_curve(text.model, X, kind=args.kind, layer=layer, head=0 if args.kind == "head" else None,
                                 eps=[e * R for e in fractions], ascent_steps=4)
         seconds = (time.perf_counter() - began) / len(fractions)
-        print(f"layer {layer} kind {args.kind}: ||DF(X)|| = {curve.jacobian_norm:.5g}, variation bound {curve.variation_bound}, "
+        print(f"layer {layer} kind {args.kind}: ||DF(X)|| = {curve.jacobian_norm:.5g}, "
+              f"variation bound {curve.variation_bound}, "
               f"{seconds:.1f} s per radius")
         print(f"  {'eps/R':>8s} {'certified':>11s} {'witness':>10s} {'ratio':>8s} {'variation':>10s} verdict")
         for e, p in zip(fractions, curve.points, strict=True):

@@ -78,7 +78,8 @@ def run(label: str, package: str, args) -> None:
                   f"{row['gap']:10.3g} {row['dominant']}")
     ffn = [r for r in report.components if r["component"] == "ffn"]
     name = "lifted SDP" if any(u["name"] == "lifted SDP" for r in ffn for u in r["upper"]) else "LipSDP-Neuron"
-    print(f"  {'stack':8s} {'layer':>5s} {'closed':>9s} {name:>10s} {'witness':>9s} {'SDP/closed':>10s} {'SDP/wit':>8s}")
+    print(f"  {'stack':8s} {'layer':>5s} {'closed':>9s} {name:>10s} {'witness':>9s} {'SDP/closed':>10s} "
+          f"{'SDP/wit':>8s}")
     for row in ffn:
         sdp, closed = _upper(row, name), _upper(row, "closed form")
         print(f"  {row['block']:8s} {row['layer']:5d} {closed:9.1f} {sdp:10.1f} {row['witness']:9.3f} "

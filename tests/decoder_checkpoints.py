@@ -69,8 +69,10 @@ def random_weights(config: dict, seed: int = 0) -> dict:
         raw["lm_head.weight"] = matrix(vocab, d)
     for layer in range(config["num_hidden_layers"]):
         p = f"model.layers.{layer}."
-        raw.update({p + "self_attn.q_proj.weight": matrix(H * hd, d), p + "self_attn.k_proj.weight": matrix(H_kv * hd, d),
-                    p + "self_attn.v_proj.weight": matrix(H_kv * hd, d), p + "self_attn.o_proj.weight": matrix(d, H * hd),
+        raw.update({p + "self_attn.q_proj.weight": matrix(H * hd, d),
+                    p + "self_attn.k_proj.weight": matrix(H_kv * hd, d),
+                    p + "self_attn.v_proj.weight": matrix(H_kv * hd, d),
+                    p + "self_attn.o_proj.weight": matrix(d, H * hd),
                     p + "mlp.gate_proj.weight": matrix(ff, d), p + "mlp.up_proj.weight": matrix(ff, d),
                     p + "mlp.down_proj.weight": matrix(d, ff), p + "input_layernorm.weight": gain(d),
                     p + "post_attention_layernorm.weight": gain(d)})

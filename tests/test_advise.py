@@ -343,9 +343,9 @@ def test_advise_end_to_end_and_verify_whole_reproduces_every_bound_after(tmp_pat
     assert certified and any(row["kind"] == "norm-eps" for row in certified)
     for row in certified:
         report = tmp_path / f"{Path(row['checkpoint']).name}.json"
-        check = subprocess.run([sys.executable, "-m", "lipbound.cli", "verify", row["checkpoint"], "--whole", "--n", "2",
-                                "--effort", "3", "--json", str(report)], capture_output=True, text=True, check=False,
-                               env=env)
+        check = subprocess.run([sys.executable, "-m", "lipbound.cli", "verify", row["checkpoint"], "--whole",
+                                "--n", "2", "--effort", "3", "--json", str(report)], capture_output=True, text=True,
+                               check=False, env=env)
         assert check.returncode == 0, check.stderr[-2000:]
         whole = json.loads(report.read_text())["model_bound"]
         assert whole["value"] == row["bound_after"]["model"], row["name"]

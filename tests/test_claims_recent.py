@@ -96,7 +96,8 @@ def test_theta_over_tau_is_the_derivative_in_the_logits(logits, temperature):
     J = (np.diag(p) - np.outer(p, p)) / temperature
     best = max(itertools.product((1.0, -1.0), repeat=len(u)), key=lambda x: np.abs(J @ np.array(x)).sum())
     h = 1e-6
-    difference = (softmax((u + h * np.array(best)) / temperature) - softmax((u - h * np.array(best)) / temperature)) / (2 * h)
+    difference = (softmax((u + h * np.array(best)) / temperature)
+                  - softmax((u - h * np.array(best)) / temperature)) / (2 * h)
     np.testing.assert_allclose(np.abs(difference).sum(), float(value.mid), rtol=1e-5, atol=1e-9)
     rng = np.random.default_rng(0)
     for x in rng.uniform(-1, 1, (200, len(u))):

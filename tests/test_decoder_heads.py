@@ -127,13 +127,15 @@ def _layer(shape: str, rng, d: int, d_k: int, heads: int, groups: int, scale: fl
         kernel = QKNorm(rng.uniform(0.3, 1.5, d_k), rng.uniform(0.3, 1.5, d_k), eps=1e-3, rotary=rotary)
         mask = AttentionMask(causal=True)
     elif shape == "gemma2":
-        kernel, mask = rotary, AttentionMask(causal=True, window=int(rng.integers(1, 4)), softcap=float(rng.uniform(1, 8)))
+        kernel, mask = rotary, AttentionMask(causal=True, window=int(rng.integers(1, 4)),
+                                             softcap=float(rng.uniform(1, 8)))
     elif shape == "gemma3":
         kernel = QKNorm(rng.uniform(0.3, 1.5, d_k), rng.uniform(0.3, 1.5, d_k), eps=1e-3, rotary=rotary)
         mask = AttentionMask(causal=True, window=int(rng.integers(2, 4)))
     else:
         kernel = DotProduct()
-        bias = ALiBi(float(rng.uniform(0.1, 1.0))) if rng.random() < 0.5 else T5Bias(rng.standard_normal(8), 8, 16, True)
+        bias = ALiBi(float(rng.uniform(0.1, 1.0))) if rng.random() < 0.5 \
+            else T5Bias(rng.standard_normal(8), 8, 16, True)
         mask = AttentionMask(causal=bool(rng.random() < 0.5), bias=bias)
     biased = shape in ("masked", "qwen3") and rng.random() < 0.5
     per_group = heads // groups
@@ -171,7 +173,8 @@ def _points(rng, domain, n: int, d: int, count: int) -> list[np.ndarray]:
             u = X / np.linalg.norm(X, axis=1, keepdims=True) * math.sqrt(domain.norm.d) * (1 - 1e-9)
             X = domain.norm.gamma * u * (rng.uniform(0.3, 1.0) if k % 2 else 1.0)
         else:
-            X = (center if center is not None else 0) + radius * (1 - 1e-9) * X / np.linalg.norm(X, axis=1, keepdims=True)
+            X = (center if center is not None else 0) \
+                + radius * (1 - 1e-9) * X / np.linalg.norm(X, axis=1, keepdims=True)
         out.append(X)
     return out
 
@@ -192,7 +195,8 @@ def test_certified_bounds_of_decoder_heads_and_layers_hold_against_an_independen
             assert {b.name for b in certified} >= ({"matrix-aware"} if isinstance(target, Head)
                                                    else {"matrix-aware", "joint"})
         witness = search_witness(target, domain=domain, n=n, budget_seconds=0.6, seed=case["seed"] % 1000)
-        found = max([reference_norm(target, witness.X)] + [reference_norm(target, X) for X in _points(rng, domain, n, case["d"], 3)])
+        found = max([reference_norm(target, witness.X)]
+                    + [reference_norm(target, X) for X in _points(rng, domain, n, case["d"], 3)])
         np.testing.assert_allclose(reference_norm(target, witness.X), witness.value, rtol=2e-4, atol=1e-8)
         for bound in certified:
             assert found <= bound.value * (1 + 1e-5) + 1e-9, (bound.name, found, bound.value, case)

@@ -153,7 +153,8 @@ def test_gguf_rows_are_unpermuted_and_match_llama_cpp(tmp_path):
     _compare(model, config, raw, IDS, pairing="interleaved")
     # un-permuted, the GGUF model is the Hugging Face one (float32-rounded) head for head
     hf = load_weights(write_huggingface(tmp_path / "hf", config_of("llama"),
-                                        {k: v.astype(np.float32) for k, v in random_weights(config_of("llama"), 3).items()}))
+                                        {k: v.astype(np.float32)
+                                         for k, v in random_weights(config_of("llama"), 3).items()}))
     np.testing.assert_array_equal(model.layer(1).heads[2].W_Q, hf.layer(1).heads[2].W_Q)
     np.testing.assert_array_equal(model.layer(1).heads[2].W_K, hf.layer(1).heads[2].W_K)
 
@@ -270,7 +271,8 @@ def test_biases_the_config_does_not_declare_are_refused(tmp_path):
     raw = random_weights({**config, "attention_bias": True}, 0)
     with pytest.raises(WeightsError) as caught:
         load_weights(write_huggingface(tmp_path / "biased", config, raw))
-    assert caught.value.argument.endswith("self_attn.q_proj.bias") and "attention_bias is false" in caught.value.expected
+    assert caught.value.argument.endswith("self_attn.q_proj.bias") \
+        and "attention_bias is false" in caught.value.expected
     model = load_weights(write_huggingface(tmp_path / "declared", {**config, "attention_bias": True}, raw))
     assert np.any(model.layer(0).attention.b_O) and np.any(model.layer(0).heads[3].b_K)
     _compare(model, {**config, "attention_bias": True}, raw, IDS)

@@ -118,8 +118,10 @@ CONFIGS = {
 
 def random_weights(rng, cfg, layers=2):
     def layer():
-        w = {"q": rng.standard_normal((D, cfg["heads"] * DK)) * 0.6, "k": rng.standard_normal((D, cfg["kv"] * DK)) * 0.6,
-             "v": rng.standard_normal((D, cfg["kv"] * DK)) * 0.6, "o": rng.standard_normal((cfg["heads"] * DK, D)) * 0.3,
+        w = {"q": rng.standard_normal((D, cfg["heads"] * DK)) * 0.6,
+             "k": rng.standard_normal((D, cfg["kv"] * DK)) * 0.6,
+             "v": rng.standard_normal((D, cfg["kv"] * DK)) * 0.6,
+             "o": rng.standard_normal((cfg["heads"] * DK, D)) * 0.3,
              "gate": rng.standard_normal((D, FF)) * 0.4, "up": rng.standard_normal((D, FF)) * 0.4,
              "down": rng.standard_normal((FF, D)) * 0.3}
         for name in ("in_norm", "ffn_norm", "post_attn_norm", "post_ffn_norm"):
@@ -138,13 +140,15 @@ def lipbound_layer(index, w, cfg) -> TransformerLayer:
     mask = AttentionMask(causal=True, window=cfg.get("window"), softcap=cfg.get("softcap"))
     r = cfg["heads"] // cfg["kv"]
     heads = tuple(Head(w["q"][:, h * DK:(h + 1) * DK], w["k"][:, (h // r) * DK:(h // r + 1) * DK],
-                       w["v"][:, (h // r) * DK:(h // r + 1) * DK], kernel=kernel, mask=mask, name=f"layer{index}.head{h}")
+                       w["v"][:, (h // r) * DK:(h // r + 1) * DK], kernel=kernel, mask=mask,
+                       name=f"layer{index}.head{h}")
                   for h in range(cfg["heads"]))
     attention = Layer(heads, w["o"], groups=tuple(h // r for h in range(cfg["heads"])))
     ffn = GatedFeedForward(w["gate"], w["up"], w["down"], "gelu_pytorch_tanh" if gemma else "silu")
     if gemma:
         return TransformerLayer(index, attention, ln_in=norm(w["in_norm"]), ln_out=norm(w["post_attn_norm"]), ffn=ffn,
-                                ffn_norm=norm(w["ffn_norm"]), ffn_out_norm=norm(w["post_ffn_norm"]), placement="sandwich")
+                                ffn_norm=norm(w["ffn_norm"]), ffn_out_norm=norm(w["post_ffn_norm"]),
+                                placement="sandwich")
     return TransformerLayer(index, attention, ln_in=norm(w["in_norm"]), ffn=ffn, ffn_norm=norm(w["ffn_norm"]),
                             placement="pre")
 
@@ -200,7 +204,8 @@ def _layer_scaled(rng, placement):
     rms_norm = RMSNorm(rng.uniform(0.5, 1.5, D), 1e-6)
     ffn = (FeedForward(rng.standard_normal((D, FF)), rng.standard_normal(FF), rng.standard_normal((FF, D)),
                        rng.standard_normal(D), "gelu") if placement == "post"
-           else GatedFeedForward(rng.standard_normal((D, FF)), rng.standard_normal((D, FF)), rng.standard_normal((FF, D))))
+           else GatedFeedForward(rng.standard_normal((D, FF)), rng.standard_normal((D, FF)),
+                                 rng.standard_normal((FF, D))))
     scales = {"attn_scale": rng.uniform(0.1, 1, D), "ffn_scale": rng.uniform(0.1, 1, D)}
     if placement == "post":
         return TransformerLayer(0, attention, ln_out=ln, ffn=ffn, ffn_norm=rms_norm, placement="post", **scales)

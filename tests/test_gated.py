@@ -54,7 +54,8 @@ def sample(ellipsoid, rng, count: int) -> np.ndarray:
     """Points of the ellipsoid: a quarter inside, the rest within 1e-6 of its boundary."""
     W = rng.standard_normal((count, ellipsoid.d))
     W /= np.linalg.norm(W, axis=1, keepdims=True)
-    W *= float(ellipsoid.radius.a) * (1 - 1e-6) * np.where(np.arange(count) < count // 4, rng.uniform(0, 1, count), 1.0)[:, None]
+    W *= float(ellipsoid.radius.a) * (1 - 1e-6) * np.where(np.arange(count) < count // 4, rng.uniform(0, 1, count),
+                                                           1.0)[:, None]
     return ellipsoid.points(W)
 
 

@@ -268,8 +268,9 @@ def kernel_kinds():
     kernel's theorem, while the engine, the re-check and the witness search handle them."""
     rng = np.random.default_rng(5)
     return {"dot": DotProduct(), "l2": L2Distance(), "cosine": ScaledCosine(tau=1.5, eps=0.7),
-            "rope": Rotary(base=30.0), "qk-norm": QKNorm(1 + 0.2 * rng.standard_normal(2), 1 + 0.2 * rng.standard_normal(2),
-                                                         1e-3, rotary=Rotary(base=30.0)),
+            "rope": Rotary(base=30.0),
+            "qk-norm": QKNorm(1 + 0.2 * rng.standard_normal(2), 1 + 0.2 * rng.standard_normal(2),
+                              1e-3, rotary=Rotary(base=30.0)),
             "sigmoid": Sigmoid(), "linear": FeatureMap(), "custom": CustomKernel("Inner(q, k)**2 / d_k")}
 
 

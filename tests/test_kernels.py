@@ -143,7 +143,8 @@ def t5_bucket_reference(relative, bidirectional, num_buckets, max_distance):
     max_exact = num_buckets // 2
     if relative < max_exact:
         return bucket + relative
-    large = np.float32(np.log(np.float32(relative) / np.float32(max_exact))) / np.float32(math.log(max_distance / max_exact))
+    large = np.float32(np.log(np.float32(relative) / np.float32(max_exact))) \
+        / np.float32(math.log(max_distance / max_exact))
     large = max_exact + int(np.float32(large * np.float32(num_buckets - max_exact)))
     return bucket + min(large, num_buckets - 1)
 
@@ -175,7 +176,8 @@ def head_reference(head: Head, Y, X, query_positions=None, positions=None):
         q = y @ head.W_Q + head.b_Q
         scores = {}
         for b, (x, j) in enumerate(zip(X, pk)):
-            s = masked_reference(head.mask, score_reference(head.kernel, q, x @ head.W_K + head.b_K, i, j, head.d), i, j)
+            s = masked_reference(head.mask, score_reference(head.kernel, q, x @ head.W_K + head.b_K, i, j, head.d),
+                                 i, j)
             if s is not None:
                 scores[b] = s
         if isinstance(head.kernel, Sigmoid):
@@ -251,7 +253,8 @@ def test_t5_buckets_match_hand_computed_values():
     np.testing.assert_array_equal(t5_buckets(relative, False, 32, 128), [0, 0, 1, 0, 7, 0, 17, 0, 31, 0])
     for r in range(-300, 300):
         for bidirectional in (True, False):
-            assert t5_buckets(np.array([r]), bidirectional, 32, 128)[0] == t5_bucket_reference(r, bidirectional, 32, 128)
+            assert t5_buckets(np.array([r]), bidirectional, 32, 128)[0] \
+                == t5_bucket_reference(r, bidirectional, 32, 128)
 
 
 def _group_layer(rng, kernel, mask, H, H_kv, d_k=DK, d_v=DV):
@@ -261,8 +264,8 @@ def _group_layer(rng, kernel, mask, H, H_kv, d_k=DK, d_v=DV):
     heads = []
     for h in range(H):
         W_K, b_K, W_V, b_V = shared[h // (H // H_kv)]
-        heads.append(Head(0.8 * rng.standard_normal((D, d_k)), 0.8 * W_K, W_V, 0.3 * rng.standard_normal(d_k), 0.3 * b_K,
-                          b_V, kernel=kernel, mask=mask, name=f"head{h}"))
+        heads.append(Head(0.8 * rng.standard_normal((D, d_k)), 0.8 * W_K, W_V, 0.3 * rng.standard_normal(d_k),
+                          0.3 * b_K, b_V, kernel=kernel, mask=mask, name=f"head{h}"))
     groups = tuple(h // (H // H_kv) for h in range(H))
     return Layer(tuple(heads), rng.standard_normal((H * d_v, D)), rng.standard_normal(D), groups=groups)
 
@@ -441,7 +444,8 @@ def test_rope_and_qk_norm_starts_reach_the_domain_and_recheck():
         domain = TokenBall(2.0)
         problem = SearchProblem(head, "self", domain, None, 5, None)
         starts = kernel_starts(problem, rng, problem.clock() + 0.2)
-        assert starts and all(np.all(np.linalg.norm(problem.lift(Z)[0], axis=-1) <= 2.0 * (1 + 1e-9)) for Z, _ in starts)
+        assert starts and all(np.all(np.linalg.norm(problem.lift(Z)[0], axis=-1) <= 2.0 * (1 + 1e-9))
+                              for Z, _ in starts)
         random_sigma = problem.sigma(problem.random(rng, 8))[0].max()
         start_sigma = max(problem.sigma(Z)[0].max() for Z, _ in starts)
         if isinstance(kernel, QKNorm):

@@ -656,7 +656,8 @@ def test_every_variant_through_the_registry(small_layer):
     ball = TokenBall(radius)
     single = relax(SelfAttention(DotProduct()), head, ball, n=n, solver="eig")
     masked = relax(SelfAttention(DotProduct(), causal=True),
-                   Head(head.W_Q, head.W_K, head.W_V, head.b_Q, head.b_K, head.b_V, mask=kernels.AttentionMask(causal=True)), ball, n=n,
+                   Head(head.W_Q, head.W_K, head.W_V, head.b_Q, head.b_K, head.b_V,
+                        mask=kernels.AttentionMask(causal=True)), ball, n=n,
                    solver="eig")
     crossed = relax(CrossAttention(DotProduct(), "joint"), head, ball, n=n, m=2, solver="eig")
     multi = relax(MultiHead(SelfAttention(DotProduct())), small_layer, ball, n=n, solver="eig")

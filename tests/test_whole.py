@@ -90,7 +90,8 @@ def fd_jacobian(f, Z, h=1e-6):
 # generated models -------------------------------------------------------------------------------
 def _head(rng, causal=False):
     return Head(rng.standard_normal((D, DK)), rng.standard_normal((D, DK)), rng.standard_normal((D, DK)),
-                rng.standard_normal(DK), rng.standard_normal(DK), rng.standard_normal(DK), mask=AttentionMask(causal=causal))
+                rng.standard_normal(DK), rng.standard_normal(DK), rng.standard_normal(DK),
+                mask=AttentionMask(causal=causal))
 
 
 def _attention(rng, causal=False):

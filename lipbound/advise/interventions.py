@@ -9,8 +9,9 @@ intervention           the edited weights (layer ``l``, head ``h``; tokens are r
                        space: ``W_K T``, ``b_K T`` (``W_Q`` and the query bias untouched)
 ``qk-norm``            every head's score of layer ``l`` becomes ``tau q.k / (N(q) N(k))``,
                        ``N(u) = sqrt(||u||^2 + eps)``: QK-norm with a scalar gain ``g``,
-                       ``rms(u) = g u / sqrt(||u||^2/d_k + eps/d_k)``, is exactly this score with ``tau = g^2 sqrt(d_k)`` (the cosine kernel, whose
-                       theorem lipbound has); ``tau`` is fitted to keep the logits' scale
+                       ``rms(u) = g u / sqrt(||u||^2/d_k + eps/d_k)``, is exactly this score with
+                       ``tau = g^2 sqrt(d_k)`` (the cosine kernel, whose theorem lipbound has); ``tau``
+                       is fitted to keep the logits' scale
 ``l2-tied``            every head of layer ``l`` scores ``-||q - k||^2 / sqrt(d_k)`` with ``W_K = W_Q``,
                        ``b_K = b_Q`` (L2 attention with tied weights, Kim et al. 2021)
 ``norm-eps``           every LayerNorm's ``eps`` raised to at least ``eps`` (the constant

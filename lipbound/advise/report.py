@@ -202,7 +202,8 @@ class Advice:
         for m in self.mismatch:
             s = m.summary()
             rows = m.rows(5)
-            lines.append(f"mismatch at position {s['position']} ('{s['original']}'): median ratio {s['median_ratio']:.3g}, "
+            lines.append(f"mismatch at position {s['position']} ('{s['original']}'): "
+                         f"median ratio {s['median_ratio']:.3g}, "
                          f"max {s['max_ratio']:.3g}; most irregular: " +
                          ", ".join(f"{r['token']} {r['ratio']:.3g}" for r in rows) +
                          "; Spearman with embedding norm {:.2f}, with W_Q W_K^T alignment {:.2f}".format(

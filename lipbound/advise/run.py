@@ -246,17 +246,17 @@ def advise(inputs: Inputs, *, n: int = 8, local_sentences: int = 1, eps_fraction
     for number, intervention in enumerate(plan, 1):
         say(f"intervention {number}/{len(plan)}: {intervention.name} on {intervention.target}")
         results.append(_evaluate(intervention, out / f"{number:02d}-{intervention.kind}", inputs, original, heads,
-                                 local, short, mismatch, E0, n=n, eps_fraction=eps_fraction, head_budget=head_budget, restarts=restarts,
-                                 iterations=iterations, effort=effort, jobs=jobs, seed=seed, candidates=candidates,
-                                 stage=stage))
+                                 local, short, mismatch, E0, n=n, eps_fraction=eps_fraction, head_budget=head_budget,
+                                 restarts=restarts, iterations=iterations, effort=effort, jobs=jobs, seed=seed,
+                                 candidates=candidates, stage=stage))
     return Advice(model=model, folder=str(inputs.folder), sentences=len(inputs.sentences), n=n,
                   whole=original, shares=component_shares(original.report), heads=heads, local=local,
                   movement=movement, mismatch=mismatch, interventions=results, cosine_floor=cosine_floor,
                   eps_fraction=eps_fraction, seconds=time.perf_counter() - started)
 
 
-def _evaluate(intervention, folder, inputs, original, heads, local, short, mismatch, E0, *, n, eps_fraction, head_budget,
-              restarts, iterations, effort, jobs, seed, candidates, stage) -> InterventionResult:
+def _evaluate(intervention, folder, inputs, original, heads, local, short, mismatch, E0, *, n, eps_fraction,
+              head_budget, restarts, iterations, effort, jobs, seed, candidates, stage) -> InterventionResult:
     model = inputs.model
     try:
         edited = write_and_reload(intervention.apply(model), inputs.folder, folder)

@@ -57,7 +57,8 @@ def _say(text: str) -> None:
 def _advise(args) -> int:
     from ..advise.run import advise, check_inputs
     from ..io import write_text
-    inputs = check_inputs(None if args.model == DEFAULT_MODEL else args.model, text=args.text, positions=args.positions or (), out=args.output)
+    inputs = check_inputs(None if args.model == DEFAULT_MODEL else args.model, text=args.text,
+                          positions=args.positions or (), out=args.output)
     advice = advise(inputs, n=args.n, local_sentences=args.local_sentences, eps_fraction=args.eps,
                     head_budget=args.budget, candidates=args.candidates, edits=args.edits, effort=args.effort,
                     cosine_floor=args.cosine_floor, jobs=args.jobs, seed=args.seed, say=_say, progress=_bar())

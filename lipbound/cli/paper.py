@@ -124,7 +124,8 @@ def _paper(args) -> int:
         model.head(args.layer, args.head)
     entries = []
     for name in dict.fromkeys(args.variant):
-        chosen, facts = chosen_variant(name, args.score if name == "custom" else None, args.fact, position_options(args))
+        chosen, facts = chosen_variant(name, args.score if name == "custom" else None, args.fact,
+                                       position_options(args))
         result = derive_result(name, chosen, facts, args.norm, args.domain, {})
         entries.append(paper_entry(name, chosen, result))
     figure = None

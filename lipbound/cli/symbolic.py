@@ -346,7 +346,8 @@ def register(sub) -> None:
     compare.add_argument("claim", nargs="?",
                          help="one claim (default: the whole table; see `lipbound list`), or product-bound")
     compare.add_argument("--latex", action="store_true", help="print the table as LaTeX")
-    compare.add_argument("--blocks", type=float_list("--blocks", "1.5,1.5,2", zero=True, text=True), metavar="C1,C2,...",
+    compare.add_argument("--blocks", type=float_list("--blocks", "1.5,1.5,2", zero=True, text=True),
+                         metavar="C1,C2,...",
                          help="per-block Lipschitz constants, applied one after another (with product-bound or a "
                               "product claim)")
     compare.add_argument("--residual", action="store_true",

@@ -177,14 +177,16 @@ class Sublayer:
     @classmethod
     def of(cls, step: Step) -> Sublayer:
         if step.kind == "attention":
-            inner = Component("head" if isinstance(step.part, Head) else "attention", step.part, f"{step.name} (branch)")
+            inner = Component("head" if isinstance(step.part, Head) else "attention", step.part,
+                              f"{step.name} (branch)")
         elif step.kind == "ffn" and isinstance(step.part, GatedFeedForward):
             inner = Component("gated", step.part, f"{step.name} (branch)")
         else:
             raise AssumptionError("kind", "a pre-norm or sandwich layer of self-attention and a gated feed-forward "
                                   "block (the local theorems' scope)", f"{step.name}: a {step.kind} step of "
                                   f"{type(step.part).__name__}", "use lipbound verify for this layer")
-        branch = ([Component("norm", step.norm, f"{step.name} input norm")] if step.norm is not None else []) + [inner] \
+        branch = ([Component("norm", step.norm, f"{step.name} input norm")] if step.norm is not None else []) \
+            + [inner] \
             + ([Component("norm", step.out_norm, f"{step.name} output norm")] if step.out_norm is not None else []) \
             + ([Component("scale", step.scale, f"{step.name} LayerScale")] if step.scale is not None else [])
         return cls(step, tuple(branch))

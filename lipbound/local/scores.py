@@ -146,7 +146,8 @@ class ScoreNorms:
             self.w = IntervalArray.stack([Q[h].matmul(W_K.T) for h, (_, W_K) in enumerate(weights)]).expand(2)
             self.key_vectors = IntervalArray.stack([K[h].matmul(W_Q.T) for h, (W_Q, _) in enumerate(weights)]).expand(1)
             self.a, self.b = self.key_vectors.norm_upper(), self.w.norm_upper()
-            self.g = np.array([self._offset_norm(engine.heads[h], W_Q, W_K, None) for h, (W_Q, W_K) in enumerate(weights)])
+            self.g = np.array([self._offset_norm(engine.heads[h], W_Q, W_K, None)
+                               for h, (W_Q, W_K) in enumerate(weights)])
             self.g = self.g[:, None, None]
             return
         # un-rotate by the other token's position: q~_i M_j^T and k~_j M_i^T, (H, n_i, n_j, d_k)

@@ -285,8 +285,8 @@ class Linearization:
         self.b, self.n = Xw.shape[0], Xw.shape[1]
         self.m = Yw.shape[1] if self.cross else self.n
         self.pos_k = _positions("positions", positions, self.n)
-        self.pos_q = _positions("query_positions", query_positions, self.m) if self.cross or query_positions is not None \
-            else self.pos_k
+        self.pos_q = _positions("query_positions", query_positions, self.m) \
+            if self.cross or query_positions is not None else self.pos_k
         proj = engine.project(Xw)
         Q, K, V = engine.split(proj)
         if self.cross:

@@ -219,7 +219,8 @@ def _positional_layer(attention: Layer, domain: TokenDomain, n: int) -> list[Cer
     if failed is None:
         total = upper(sum((interval(v.value) for v in split), interval(0)))
         summed = CertifiedValue("matrix-aware", total, Verdict.HOLDS,
-                                "sum over heads of the bound of f^h W_O^h (triangle inequality; lipbound.numeric.sdp.rotary)",
+                                "sum over heads of the bound of f^h W_O^h "
+                                "(triangle inequality; lipbound.numeric.sdp.rotary)",
                                 details={"per_head": [v.value for v in split]})
     else:
         summed = not_certified("matrix-aware", "sum over heads of f^h W_O^h", f"a head: {failed.reason}")

@@ -106,7 +106,8 @@ def check_softmax_inf_to_one(item: PublishedClaim, seed: int, budget: float, wei
             claimed = _claimed_exact(item.statement, {s: values[s] for s in item.statement.free_symbols})
             true_value = norm / temperature
             if claimed is None:
-                claimed = _claimed_interval(item.statement, {s: _enclosed(values[s]) for s in item.statement.free_symbols})
+                claimed = _claimed_interval(item.statement,
+                                            {s: _enclosed(values[s]) for s in item.statement.free_symbols})
                 if certify_le(claimed, _enclosed(true_value)) is not Verdict.FAILS and \
                         certify_le(_enclosed(true_value), claimed) is not Verdict.FAILS:
                     continue
@@ -138,7 +139,8 @@ def check_softmax_inf_to_one(item: PublishedClaim, seed: int, budget: float, wei
                "p = (3/5, 2/5)": f"theta = {balanced_mass([Fraction(3, 5), Fraction(2, 5)])} < 1",
                "theta = 1 exactly at the equal splits": f"{splits} of {len(cases)} vectors (subset-sum test agrees)"}
     return CheckResult(item.key, "confirmed" if proved else "not refuted", item.provenance, None, None, witness,
-                       notes=("proved by lipbound (`lipbound compare emadi-softmax-inf1`, proofs/claims.tex): J = diag(p) - p p^T is "
+                       notes=("proved by lipbound (`lipbound compare emadi-softmax-inf1`, proofs/claims.tex): "
+                              "J = diag(p) - p p^T is "
                               "positive semidefinite, so max_{s,t} t^T J s = max_s s^T J s = 1 - min_s (p^T s)^2. "
                               "Deciding theta = 1 is the partition problem (NP-complete). l_inf -> l_1 is not an "
                               "induced l_p norm: theta up to 1 and softmax-half's 1/2 do not contradict."

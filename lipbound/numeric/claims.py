@@ -297,7 +297,8 @@ def _unrotated_values(head: Head, radius: float, n: int) -> dict:
     """The symbols of the unrotated claim on a rotary head: its W_Q W_K^T as if no rotation applied."""
     return {"A": interval(spectral_norm_upper(head.W_Q @ head.W_K.T)) / IV.sqrt(IV.mpf(head.d_k)),
             "W_V": interval(spectral_norm_upper(head.W_V)), "W_Q": interval(spectral_norm_upper(head.W_Q)),
-            "W_K": interval(spectral_norm_upper(head.W_K)), "b_Q": interval(float(np.linalg.norm(head.b_Q)) * (1 + 1e-15)),
+            "W_K": interval(spectral_norm_upper(head.W_K)),
+            "b_Q": interval(float(np.linalg.norm(head.b_Q)) * (1 + 1e-15)),
             "W_K*b_Q": interval(float(np.linalg.norm(head.W_K @ head.b_Q)) * (1 + 1e-12)), "R": interval(radius),
             "n": interval(n), "d_k": interval(head.d_k)}
 

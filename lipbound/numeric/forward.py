@@ -26,7 +26,8 @@ def attention_block(layer: TransformerLayer, X: np.ndarray) -> tuple[np.ndarray,
     if layer.placement != "post" or layer.ln_out is None:
         raise WeightsError(f"layer {layer.index}", "a post-norm layer with its attention norm (BERT)",
                            f"a {layer.placement}-norm layer", "run the whole layer with transformer_layer")
-    first = chain.Step("attention", layer.as_layer(), None, True, f"layer {layer.index} attention", scale=layer.attn_scale)
+    first = chain.Step("attention", layer.as_layer(), None, True, f"layer {layer.index} attention",
+                       scale=layer.attn_scale)
     summed, _ = chain.chain_forward([first], np.asarray(X, dtype=np.float64)[None])
     return summed[0], layer.ln_out(summed[0])
 

@@ -116,8 +116,8 @@ REFERENCES: Final[dict[str, tuple[str, dict[str, str]]]] = {
         "booktitle": "Proceedings of EMNLP", "year": "2023", "eprint": "2305.13245", "archivePrefix": "arXiv",
         "url": "https://arxiv.org/abs/2305.13245"}),
     "lb-shazeer2020": ("misc", {
-        "author": "Shazeer, Noam", "title": "{GLU} Variants Improve Transformer", "year": "2020", "eprint": "2002.05202",
-        "archivePrefix": "arXiv", "url": "https://arxiv.org/abs/2002.05202"}),
+        "author": "Shazeer, Noam", "title": "{GLU} Variants Improve Transformer", "year": "2020",
+        "eprint": "2002.05202", "archivePrefix": "arXiv", "url": "https://arxiv.org/abs/2002.05202"}),
     "lb-zhang2019": ("inproceedings", {
         "author": "Zhang, Biao and Sennrich, Rico", "title": "Root Mean Square Layer Normalization",
         "booktitle": "Advances in Neural Information Processing Systems (NeurIPS)", "year": "2019",
@@ -128,8 +128,8 @@ REFERENCES: Final[dict[str, tuple[str, dict[str, str]]]] = {
         "title": "Going Deeper with Image Transformers", "booktitle": "Proceedings of ICCV", "year": "2021",
         "eprint": "2103.17239", "archivePrefix": "arXiv", "url": "https://arxiv.org/abs/2103.17239"}),
     "lb-gemma2024": ("misc", {
-        "author": "{Gemma Team}", "title": "Gemma 2: Improving Open Language Models at a Practical Size", "year": "2024",
-        "eprint": "2408.00118", "archivePrefix": "arXiv", "url": "https://arxiv.org/abs/2408.00118"}),
+        "author": "{Gemma Team}", "title": "Gemma 2: Improving Open Language Models at a Practical Size",
+        "year": "2024", "eprint": "2408.00118", "archivePrefix": "arXiv", "url": "https://arxiv.org/abs/2408.00118"}),
 }
 
 _SCORE_CITATIONS = {"dot": ("lb-vaswani2017",), "l2": ("lb-kim2021",), "feature-map": ("lb-katharopoulos2020",)}

@@ -32,7 +32,8 @@ MEANINGS: dict[str, str] = {
     "R": r"radius of the ball holding every token",
     "gamma_max": r"largest gain of the LayerNorm or RMSNorm whose outputs the tokens are, $\|\gamma\|_\infty$",
     "tau": r"scale (temperature) of the score",
-    "epsilon": r"regulariser of the normalised score (of the RMSNorm on queries and keys under QK-norm), $\varepsilon > 0$",
+    "epsilon": (r"regulariser of the normalised score (of the RMSNorm on queries and keys under QK-norm), "
+                r"$\varepsilon > 0$"),
     "x": r"a query token, a column vector of $\mathbb{R}^d$",
     "y": r"a key token, a column vector of $\mathbb{R}^d$",
     "W_Q": r"query projection ($d \times d_k$): the query is $W_Q^\top x$",
@@ -73,16 +74,19 @@ MEANINGS: dict[str, str] = {
                r"$\varphi$, whose secant slopes lie in the certified range $[\alpha_\varphi, \beta_\varphi]$",
     "L_F": r"a Lipschitz constant of the inner map $F$ of a residual block, on the image of its normalisation",
     "L_N": r"a Lipschitz constant of the normalisation $N$ of a residual block",
-    "L_N'": r"a Lipschitz constant of the normalisation $N'$ after the branch (sandwich norms), on all of $\mathbb{R}^d$",
-    "w": r"width of a sliding window: token $i$ attends to the tokens $j$ with $|i - j| < w$ ($0 \le i - j < w$ when causal)",
+    "L_N'": (r"a Lipschitz constant of the normalisation $N'$ after the branch (sandwich norms), "
+             r"on all of $\mathbb{R}^d$"),
+    "w": (r"width of a sliding window: token $i$ attends to the tokens $j$ with $|i - j| < w$ "
+          r"($0 \le i - j < w$ when causal)"),
     "G": r"number of key/value groups of grouped-query attention (the $H$ query heads share $G$ key and value maps)",
-    "a": (r"$a = \max_\Delta \|A_\Delta\|_2$, $A_\Delta = W_Q R_\Delta W_K^\top / \sqrt{d_k}$, over the offsets $\Delta = p_j - p_i$ "
-          r"that occur: $2n - 1$ of them in self-attention, the $n$ causal ones under a causal mask, those inside the "
-          r"window under a sliding window"),
-    "g_Q": (r"$\max_\Delta \|W_K R_\Delta^\top (W_Q^\top c_Q + b_Q)\|_2 / \sqrt{d_k}$ over the offsets that occur, $c_Q$ "
-            r"the centre of the queries' domain ($0$ for a ball about the origin): the key gradient at that centre"),
-    "g_K": (r"$\max_\Delta \|W_Q R_\Delta (W_K^\top c + b_K)\|_2 / \sqrt{d_k}$ over the offsets that occur, $c$ the centre "
-            r"of the keys' domain: the query gradient at that centre"),
+    "a": (r"$a = \max_\Delta \|A_\Delta\|_2$, $A_\Delta = W_Q R_\Delta W_K^\top / \sqrt{d_k}$, "
+          r"over the offsets $\Delta = p_j - p_i$ that occur: $2n - 1$ of them in self-attention, "
+          r"the $n$ causal ones under a causal mask, those inside the window under a sliding window"),
+    "g_Q": (r"$\max_\Delta \|W_K R_\Delta^\top (W_Q^\top c_Q + b_Q)\|_2 / \sqrt{d_k}$ over the offsets that occur, "
+            r"$c_Q$ the centre of the queries' domain ($0$ for a ball about the origin): "
+            r"the key gradient at that centre"),
+    "g_K": (r"$\max_\Delta \|W_Q R_\Delta (W_K^\top c + b_K)\|_2 / \sqrt{d_k}$ over the offsets that occur, "
+            r"$c$ the centre of the keys' domain: the query gradient at that centre"),
     "s_c": (r"$\max_\Delta |(W_Q^\top c_Q + b_Q)^\top R_\Delta (W_K^\top c + b_K)| / \sqrt{d_k}$ over the offsets that "
             r"occur: the score of the two centres"),
     "R_Delta": (r"the rotation between a query and a key $\Delta$ positions apart, $R(\theta p_i)^\top R(\theta p_j)$: "

@@ -164,7 +164,8 @@ def _regimes_latex(entry: PaperEntry, style: TexStyle) -> str:
     if not entry.regimes:
         return ""
     items = "".join("  \\item " + _regime_latex(regime, style) for regime in entry.regimes)
-    role = ("Corollary", "cor") if entry.result.constants else ("Theorem", "thm")  # a bound in weight norms: one theorem
+    # a bound in weight norms: one theorem
+    role = ("Corollary", "cor") if entry.result.constants else ("Theorem", "thm")
     return ("\\paragraph{Asymptotic regimes.}\nLet $B$ denote the bound of %s~\\ref{%s}.\n\\begin{itemize}\n%s"
             "\\end{itemize}\n" % (role[0], style.label(role[1], _key(entry)), items))
 

@@ -267,7 +267,8 @@ def _block_theorem_file(theorem_id: str, group: list[Instance]) -> str:
     lines = dict.fromkeys("  \\item \\texttt{%s} (%s), %s%s\n" % (
         escape_text(instance.variant), text_to_latex(BLOCKS[instance.variant][1]),
         escape_text(DOMAIN_TITLES[instance.domain]),
-        "" if instance.result.expr == first.generic else ": $%s$" % LipboundLatexPrinter().doprint(instance.result.expr))
+        "" if instance.result.expr == first.generic
+        else ": $%s$" % LipboundLatexPrinter().doprint(instance.result.expr))
         for instance in group)
     out.append("\\subsection{Instances}\nIt applies to\n\\begin{itemize}\n" + "".join(lines) + "\\end{itemize}\n")
     return "\n".join(out)
@@ -280,7 +281,8 @@ def _not_lipschitz_file(theorem_id: str, group: list[Instance]) -> str:
             names.append(instance.variant)
     first = variant(names[0])
     title = ("Attention with the %s is not Lipschitz on an unbounded domain" % escape_text(first.score.title)
-             if first.score is not None else "The %s is not Lipschitz on an unbounded domain" % escape_text(first.title))
+             if first.score is not None
+             else "The %s is not Lipschitz on an unbounded domain" % escape_text(first.title))
     out = _theorem_header(theorem_id, title)
     out.append("\\begin{theorem}\\label{thm:%s}\nOn $\\mathbb{R}^{n \\times d}$ none of the following maps is "
                "Lipschitz, in any norm on $X$:\n\\begin{itemize}\n%s\\end{itemize}\n\\end{theorem}\n" % (
@@ -423,10 +425,12 @@ def _reported_claims() -> str:
     n, radius = SCALAR_INSTANCE
     witness, bound, refuted = scalar_instance_numbers()
     statements = {
-        "emadi-softmax-inf1": (softmax_inf_to_one(), "=", Described(r"\|D_u \operatorname{softmax}(u / \tau)\|_{\infty \to 1}"),
+        "emadi-softmax-inf1": (softmax_inf_to_one(), "=",
+                               Described(r"\|D_u \operatorname{softmax}(u / \tau)\|_{\infty \to 1}"),
                                "The claim, in the reading above, is this theorem."),
         "sigmoid-regularity": (sigmoid_scalar_instance(), r"\ge", Described(r"\operatorname{Lip}(f_\sigma)"),
-                               "At n = %d, R = %s: Lip of the sigmoid map >= %.6g %s %.6g >= Lip of the softmax map with "
+                               "At n = %d, R = %s: Lip of the sigmoid map >= %.6g %s %.6g >= "
+                               "Lip of the softmax map with "
                                "the same weights (the self-attention theorem on the ball, ||A|| = ||W_V|| = 1)%s." % (
                                    n, radius, lower(witness), ">" if refuted else "versus", upper(bound),
                                    ": the pointwise reading is refuted on this instance" if refuted else "")),

@@ -311,6 +311,10 @@ class NormResidual(BlockVariant):
         if self.inner is None:
             return prefix + ("residual" if prefix else f"{self.placement}-norm-residual")
         floor = self.domain_key(assumptions) == "variance-floor"
+        if self.norm is None:
+            raise AssumptionError("norm", "a NormalizationMap with a concrete inner block", "None",
+                                  "pass norm=NormalizationMap('layernorm') or NormalizationMap('rmsnorm'), or "
+                                  "inner=None for the rule in L_F and L_N")
         norm = "ln" if self.norm.kind == "layernorm" else "rmsnorm"
         inner = "feed-forward" if isinstance(self.inner, FeedForwardMap) else \
             self.inner.name if isinstance(self.inner, GatedFeedForwardMap) else self.inner.kind

@@ -25,11 +25,13 @@ import functools
 
 import sympy as sp
 
+from ..errors import AssumptionError
 from ..rigorous.compiler import compile_interval
 from ..rigorous.intervals import Verdict, certify_le, interval
 from . import symbols as S
 from . import theorems as T
 from .assumptions import Assumptions, Ball
+from .bound import Bound
 from .claims import p_max, tau, theta
 from .record import Derivation, Described, eq, le
 from .registry import variant
@@ -107,6 +109,15 @@ def sigmoid_scalar_instance() -> T.Theorem:
     return T.Theorem("sigmoid-scalar-instance", "Sigmoid attention on scalar tokens", statement, proof)
 
 
+def _derived_expr(name: str, assumptions: Assumptions) -> sp.Expr:
+    """The bound of the built-in variant ``name`` derived under ``assumptions``, which must give a bound."""
+    result = variant(name).derive(assumptions, name)
+    if not isinstance(result, Bound):
+        raise AssumptionError(name, "a Bound", f"{type(result).__name__}: the map is not Lipschitz on its domain",
+                              "this is a bug: bias_free_forms derives on the ball, where the theorems hold")
+    return result.expr
+
+
 @functools.cache
 def bias_free_forms() -> tuple[sp.Expr, sp.Expr]:
     r"""``(sigmoid, softmax)``: lipbound's Frobenius bounds on sigmoid attention (variant ``sigmoid``
@@ -118,8 +129,8 @@ def bias_free_forms() -> tuple[sp.Expr, sp.Expr]:
 
     Both come from the derived bounds by substitution, so they change with the theorems."""
     on_ball = Assumptions(domain=Ball())
-    sigmoid = variant("sigmoid").derive(on_ball, "sigmoid").expr
-    softmax = variant("dot-product-nobias").derive(on_ball, "dot-product-nobias").expr
+    sigmoid = _derived_expr("sigmoid", on_ball)
+    softmax = _derived_expr("dot-product-nobias", on_ball)
     x, c = reduced_score, score_ratio
     A, V, W_Q, W_K = (S.MatrixNormSymbol(name) for name in ("A", "W_V", "W_Q", "W_K"))
     zero = {symbol: 0 for symbol in sigmoid.free_symbols if "b_" in symbol.name}

@@ -238,25 +238,29 @@ LEMMAS: Final[dict[str, tuple[str, str]]] = {
     "rotary-offset": (
         "Rotary positions",
         r"With $R(\varphi)$ block-diagonal with $2 \times 2$ rotations by the angles $\theta_l \varphi$, "
-        r"$R(\theta p_i)^\top R(\theta p_j) = R(\theta (p_j - p_i)) =: R_\Delta$, orthogonal, with $R_0 = I$: the rotated "
-        r"query and key give $s_{ij} = q_i^\top R_\Delta k_j / \sqrt{d_k}$, a function of the offset $\Delta = p_j - p_i$."),
+        r"$R(\theta p_i)^\top R(\theta p_j) = R(\theta (p_j - p_i)) =: R_\Delta$, orthogonal, with $R_0 = I$: the "
+        r"rotated query and key give $s_{ij} = q_i^\top R_\Delta k_j / \sqrt{d_k}$, a function of the offset "
+        r"$\Delta = p_j - p_i$."),
     "rotary-query-term": (
         "Query terms under rotary positions",
-        r"If $|z_j| \le M$ for every $j$, then $\operatorname{std}_{j \sim p}(z_j) \le (\mathbb{E}_p z_j^2)^{1/2} \le M$.  "
-        r"Under rotary positions $\nabla_x s(x_i, x_j) = A_{\Delta_{ij}} (x_j - c) + W_Q R_{\Delta_{ij}} k_c / \sqrt{d_k}$ "
+        r"If $|z_j| \le M$ for every $j$, then "
+        r"$\operatorname{std}_{j \sim p}(z_j) \le (\mathbb{E}_p z_j^2)^{1/2} \le M$.  "
+        r"Under rotary positions "
+        r"$\nabla_x s(x_i, x_j) = A_{\Delta_{ij}} (x_j - c) + W_Q R_{\Delta_{ij}} k_c / \sqrt{d_k}$ "
         r"differs from key to key by its matrix, so the mean value theorem along the keys does not bound the spread; "
-        r"the bound on every term does, and with $\|A_\Delta\|_2 \le a$ it gives $|\nabla_x s \cdot e| \le (a R + g_K)\|e\|$."),
+        r"the bound on every term does, and with $\|A_\Delta\|_2 \le a$ it gives "
+        r"$|\nabla_x s \cdot e| \le (a R + g_K)\|e\|$."),
     "qk-norm": (
         "Facts of QK-norm",
         r"For $n(q) = \gamma \odot q / s$ with $s^2 = \|q\|^2 / d_k + \varepsilon$: $n(q) = \gamma \odot u$ with "
         r"$\|u\|^2 = \|q\|^2 / s^2 < d_k$; $Dn(q) = \operatorname{diag}(\gamma)(I - q q^\top / (d_k s^2)) / s$ with "
-        r"$0 \preceq I - q q^\top / (d_k s^2) \preceq I$, so $\|Dn(q)\|_2 \le \|\gamma\|_\infty / \sqrt{\varepsilon}$; and "
-        r"$|\sum_l \gamma_{q,l} \gamma_{k,l} u_l v_l| \le \max_l |\gamma_{q,l} \gamma_{k,l}| \, \|u\| \|v\|$."),
+        r"$0 \preceq I - q q^\top / (d_k s^2) \preceq I$, so $\|Dn(q)\|_2 \le \|\gamma\|_\infty / \sqrt{\varepsilon}$; "
+        r"and $|\sum_l \gamma_{q,l} \gamma_{k,l} u_l v_l| \le \max_l |\gamma_{q,l} \gamma_{k,l}| \, \|u\| \|v\|$."),
     "soft-cap": (
         "Logit soft-capping",
         r"$\sigma(s) = c \tanh(s / c)$ has $0 < \sigma'(s) = 1 - \tanh^2(s / c) \le 1$ and $|\sigma(s)| < c$, so "
-        r"$|\sigma(s) - \sigma(s')| \le \min(|s - s'|, 2c)$ and every gradient of $\sigma(s)$ is that of $s$ times a factor "
-        r"in $(0, 1]$, a factor that differs from key to key."),
+        r"$|\sigma(s) - \sigma(s')| \le \min(|s - s'|, 2c)$ and every gradient of $\sigma(s)$ is that of $s$ times a "
+        r"factor in $(0, 1]$, a factor that differs from key to key."),
     "position-bias": (
         "Position biases",
         r"Adding $b_{ij}$, constant in $X$, to the scores leaves their derivatives unchanged; if the biases of row $i$ "
@@ -279,37 +283,42 @@ LEMMAS: Final[dict[str, tuple[str, str]]] = {
         "Column sums under ALiBi",
         r"With biases $b_{ij} = -m_A |i - j|$ and a key $t \ge 1$ positions from its query, the $t$ keys between "
         r"them (the query included) are in the query's window and have biases larger by $m_A, 2 m_A, \dots, t m_A$, so "
-        r"$p_{ij} \le 1 / (1 + e^{-\omega} \sum_{u=1}^{t} e^{m_A u}) \le 1 / (1 + e^{m_A t - \omega})$; this decreases in "
-        r"$t$, and $\sum_{t \ge 1} 1 / (1 + e^{m_A t - \omega}) \le \int_0^\infty dt / (1 + e^{m_A t - \omega}) = "
-        r"\log(1 + e^{\omega}) / m_A$.  A column sums to at most $1 + \log(1 + e^\omega) / m_A$ under a causal mask and "
-        r"$1 + 2 \log(1 + e^\omega) / m_A$ without."),
+        r"$p_{ij} \le 1 / (1 + e^{-\omega} \sum_{u=1}^{t} e^{m_A u}) \le 1 / (1 + e^{m_A t - \omega})$; this decreases "
+        r"in $t$, and $\sum_{t \ge 1} 1 / (1 + e^{m_A t - \omega}) \le \int_0^\infty dt / (1 + e^{m_A t - \omega}) = "
+        r"\log(1 + e^{\omega}) / m_A$.  A column sums to at most $1 + \log(1 + e^\omega) / m_A$ under a causal mask "
+        r"and $1 + 2 \log(1 + e^\omega) / m_A$ without."),
     "rmsnorm-image": (
         "RMSNorm image",
-        r"$N(x) = \gamma \odot u$ with $u = x / (\|x\|^2 / d + \varepsilon)^{1/2}$, $\|u\|^2 < d$: the image lies in the "
+        r"$N(x) = \gamma \odot u$ with $u = x / (\|x\|^2 / d + \varepsilon)^{1/2}$, $\|u\|^2 < d$: "
+        r"the image lies in the "
         r"convex set $\{\gamma \odot u : \|u\|_2 < \sqrt{d}\} \subset \{x : \|x\|_2 < \|\gamma\|_\infty \sqrt{d}\}$, "
         r"about the origin (no centring, no bias)."),
     "rmsnorm-jacobian": (
         "Jacobian of RMSNorm",
-        r"With $s(x) = (\|x\|^2 / d + \varepsilon)^{1/2}$: $DN(x) = \operatorname{diag}(\gamma)(I - x x^\top / (d\, s^2)) / s$ "
-        r"and $0 \preceq I - x x^\top / (d\, s^2) \preceq I$, so $\|DN(x)\|_2 \le \|\gamma\|_\infty / s(x)$, largest at "
-        r"$x = 0$, where it is $\|\gamma\|_\infty / \sqrt{\varepsilon}$."),
+        r"With $s(x) = (\|x\|^2 / d + \varepsilon)^{1/2}$: "
+        r"$DN(x) = \operatorname{diag}(\gamma)(I - x x^\top / (d\, s^2)) / s$ "
+        r"and $0 \preceq I - x x^\top / (d\, s^2) \preceq I$, so $\|DN(x)\|_2 \le \|\gamma\|_\infty / s(x)$, largest "
+        r"at $x = 0$, where it is $\|\gamma\|_\infty / \sqrt{\varepsilon}$."),
     "grouped-heads": (
         "Grouped-query heads",
         r"A head's bound holds whatever it shares with others.  A layer of $H$ query heads has $H$ output blocks: "
         r"$\|[u_1, \dots, u_H] W_O\| \le \|W_O\|_2 (\sum_h \|u_h\|^2)^{1/2}$, and per group "
         r"$\|\sum_{h \in g} u_h W_O^h\| \le \|W_O^g\|_2 (\sum_{h \in g} \|u_h\|^2)^{1/2}$.  Sharing keys and values "
-        r"does not reduce $\sqrt{H}$ to $\sqrt{G}$: heads of one group that attend alike give $F = f \sum_h W_O^h$, and "
-        r"$\|\sum_h W_O^h\|_2$ reaches $\sqrt{H} \|W_O\|_2$ (equal blocks)."),
+        r"does not reduce $\sqrt{H}$ to $\sqrt{G}$: heads of one group that attend alike give $F = f \sum_h W_O^h$, "
+        r"and $\|\sum_h W_O^h\|_2$ reaches $\sqrt{H} \|W_O\|_2$ (equal blocks)."),
     "gated-jacobian": (
         "Jacobian of a gated block",
-        r"For $f(x) = W_{\mathrm{down}}^\top (\varphi(g) \odot u)$, $g = W_{\mathrm{gate}}^\top x$, $u = W_{\mathrm{up}}^\top x$: "
+        r"For $f(x) = W_{\mathrm{down}}^\top (\varphi(g) \odot u)$, $g = W_{\mathrm{gate}}^\top x$, "
+        r"$u = W_{\mathrm{up}}^\top x$: "
         r"$Df(x) = W_{\mathrm{down}}^\top (\operatorname{diag}(\varphi'(g) \odot u) W_{\mathrm{gate}}^\top + "
-        r"\operatorname{diag}(\varphi(g)) W_{\mathrm{up}}^\top)$.  For SiLU and GELU, $\varphi(t) = t\, m(t)$ with $m$ in "
+        r"\operatorname{diag}(\varphi(g)) W_{\mathrm{up}}^\top)$.  For SiLU and GELU, $\varphi(t) = t\, m(t)$ "
+        r"with $m$ in "
         r"$(0, 1)$, so $|\varphi(t)| \le |t|$.  A diagonal $T$ with $|T_{ii}| \le \tau a_i$, $a_i > 0$, is "
         r"$D_a^{1/2} (T D_a^{-1}) D_a^{1/2}$ with $\|T D_a^{-1}\|_2 \le \tau$, so "
         r"$\|M^\top T N^\top\|_2 \le \tau \|M^\top D_a^{1/2}\|_2 \|D_a^{1/2} N^\top\|_2$."),
     "layerscale": (
         "LayerScale",
         r"$\|\operatorname{diag}(\lambda) u\| \le \|\lambda\|_\infty \|u\|$ for every vector $u$: "
-        r"$\operatorname{Lip}(\operatorname{diag}(\lambda) g) \le \|\lambda\|_\infty \operatorname{Lip}(g)$ in every norm on $X$."),
+        r"$\operatorname{Lip}(\operatorname{diag}(\lambda) g) \le \|\lambda\|_\infty \operatorname{Lip}(g)$ in every "
+        r"norm on $X$."),
 }

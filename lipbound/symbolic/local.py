@@ -71,21 +71,25 @@ def score_deviation() -> Theorem:
 
 @functools.cache
 def score_deviation_normalised() -> Theorem:
-    """Scores read through a per-token norm (pre-norm): ``|s_ij(N(Y)) - s_ij(N(X))| <= c ((||J_i a_ij|| + nu_i a_ij) r_i
-    + (||J_j w_ij|| + nu_j b_ij) r_j + g_ij rho_i rho_j)``, and the values move by ``(||J_j A_h|| + nu_j ||A_h||) r_j``."""
+    """Scores read through a per-token norm (pre-norm): ``|s_ij(N(Y)) - s_ij(N(X))| <=
+    c ((||J_i a_ij|| + nu_i a_ij) r_i + (||J_j w_ij|| + nu_j b_ij) r_j + g_ij rho_i rho_j)``, and the values move by
+    ``(||J_j A_h|| + nu_j ||A_h||) r_j``."""
     fa, fb, nu_i, nu_j, rho_i, rho_j = (q(name) for name in (
         r"\|J_i a_{ij}\|", r"\|J_j w_{ij}\|", r"\nu_i", r"\nu_j", r"\rho_i", r"\rho_j"))
     a, b, g = (q(SCORE_NAMES[key]) for key in ("a", "b", "g"))
     statement = c * ((fa + nu_i * a) * r_i + (fb + nu_j * b) * r_j + g * rho_i * rho_j)
     proof = Derivation("Score deviation behind a norm")
-    proof.hypothesis("the attention reads z = N(x) token by token; ||y_j - x_j|| <= r_j; J_j = DN(x_j) (row convention), "
-                     "nu_j >= sup ||DN(y) - J_j|| on the ball of token j, rho_j >= ||N(y_j) - N(x_j)||; a_ij = W_Q R_ij "
+    proof.hypothesis("the attention reads z = N(x) token by token; ||y_j - x_j|| <= r_j; "
+                     "J_j = DN(x_j) (row convention), "
+                     "nu_j >= sup ||DN(y) - J_j|| on the ball of token j, rho_j >= ||N(y_j) - N(x_j)||; "
+                     "a_ij = W_Q R_ij "
                      "k_j^T and w_ij = W_K R_ij^T q_i^T at z = N(X) (local-score-deviation), A_h = V^h W_O^h")
     proof.add(Described(r"N(y_j) - N(x_j) = (y_j - x_j)\,\bar J_j,\ \|\bar J_j - J_j\| \le \nu_j"),
               "mean value theorem: Jbar_j the mean of DN on the segment", "mean-value")
     proof.add(le(Described(r"|s_{ij}(N(Y)) - s_{ij}(N(X))|"), statement),
               "local-score-deviation with e_j = (y_j - x_j) Jbar_j: |e_i a_ij| <= r_i (||J_i a_ij|| + nu_i a_ij), the "
-              "second-order term by ||e_i|| <= rho_i; likewise the values: ||e_j A_h|| <= r_j (||J_j A_h|| + nu_j ||A_h||)",
+              "second-order term by ||e_i|| <= rho_i; likewise the values: "
+              "||e_j A_h|| <= r_j (||J_j A_h|| + nu_j ||A_h||)",
               "norm-calculus")
     return Theorem("local-score-deviation-normalised", "Score deviation behind a norm", statement, proof)
 
@@ -193,7 +197,8 @@ def attention_variation() -> Theorem:
     proof.add(Described(r"p' u' w'^\top - \bar p \bar u \bar w^\top = (p' - \bar p) u' w'^\top + "
                         r"\bar p (u' - \bar u) w'^\top + \bar p \bar u (w' - \bar w)^\top"), "telescope the product")
     proof.add(le(Described(r"\|u'_{ij} - \bar u_{ij}\|"), s["du"]), "Delta U_ij = Delta v_j + mu_i", "norm-calculus")
-    proof.add(le(Described(r"\|w'_{ij} - \bar w_{ij}\|"), s["dw"]), "Delta w_ij = ||W_K R_ij^T W_Q^T|| r_i", "norm-calculus")
+    proof.add(le(Described(r"\|w'_{ij} - \bar w_{ij}\|"), s["dw"]), "Delta w_ij = ||W_K R_ij^T W_Q^T|| r_i",
+              "norm-calculus")
     proof.add(le(Described(r"\|C'_i - \bar C_i\|"), s["dC"]),
               "the same telescoping under the sum over l: Delta C_i = sum_l delta_il U^+_il K^+_l + "
               "p_il (Delta U_il K^+_l + ||u_il|| ||W_K|| r_l), K^+_l = ||k_l - kappa_i|| + ||W_K|| r_l",
@@ -317,7 +322,8 @@ def norm_variation(kind: str = "layernorm") -> Theorem:
     n_high = sp.sqrt((s["nu"] + s["R"]) ** 2 + s["delta"])
     statement = gamma_max * sp.sqrt(s["d"]) * (sp.Max(1 / n_low - 1 / n_c, 1 / n_c - 1 / n_high) + 2 * G / n_c)
     proof = Derivation(f"Variation of the {title} Jacobian on a ball")
-    proof.hypothesis(f"{definition}; ||z' - z|| <= R; G bounds ||g(u') - g(u)|| (the movement theorem, or R / n(nu - R))")
+    proof.hypothesis(f"{definition}; ||z' - z|| <= R; "
+                     "G bounds ||g(u') - g(u)|| (the movement theorem, or R / n(nu - R))")
     proof.add(Described(r"B(u') - B(u) = \sqrt d\,(\tfrac1{n'} - \tfrac1n)(P - g' g'^\top) - "
                         r"\tfrac{\sqrt d}{n} (g' g'^\top - g g^\top)"), f"write D N = diag(gamma) B(u), P {projection}")
     proof.add(le(Described(r"\|g' g'^\top - g g^\top\|"), 2 * G), "||a a^T - b b^T|| <= ||a - b|| (||a|| + ||b||), "
@@ -357,11 +363,13 @@ def gated_variation() -> Theorem:
     a, b = _split("t")
     statement = a * b
     proof = Derivation("Variation of the gated feed-forward Jacobian on a ball")
-    proof.hypothesis("y -> (act(a) * b) W_down + b_down with a = y W_gate + b_gate, b = y W_up + b_up (SwiGLU: act = SiLU); "
+    proof.hypothesis("y -> (act(a) * b) W_down + b_down with a = y W_gate + b_gate, b = y W_up + b_up "
+                     "(SwiGLU: act = SiLU); "
                      "W_1 = [W_gate W_up], W_2 = [W_down; W_down]; on B(y, R) every a_k stays within ||w_k^gate|| R "
                      "and every b_k within ||w_k^up|| R of its value at y; t_k >= |s_k(y') - s_k(y)| for the slopes "
                      "s = (act'(a) * b, act(a)), from their ranges over those intervals")
-    proof.add(Described(r"J(y) = W_{\mathrm{gate}} \operatorname{diag}(\operatorname{act}'(a) \odot b) W_{\mathrm{down}} "
+    proof.add(Described(r"J(y) = W_{\mathrm{gate}} \operatorname{diag}(\operatorname{act}'(a) \odot b) "
+                        r"W_{\mathrm{down}} "
                         r"+ W_{\mathrm{up}} \operatorname{diag}(\operatorname{act}(a)) W_{\mathrm{down}} "
                         r"= W_1 \operatorname{diag}(s) W_2"),
               "differentiate the product act(a) * b (row convention)", "norm-calculus")
@@ -381,7 +389,8 @@ def residual_step() -> Theorem:
     MB, VB, MN, VN, NN = (q(name) for name in ("M^B_{ij}", "V^B_{ij}", "M^N_j", "V^N_j", "N^N_j"))
     statement = VB * NN + MB * VN
     proof = Derivation("A residual step around a normalised branch (pre-norm placement)")
-    proof.hypothesis("F(X) = X + B(N(X)), N acting token by token with Jacobian blocks J^N_j; on U: M^N_j >= ||J^N_j||, "
+    proof.hypothesis("F(X) = X + B(N(X)), N acting token by token with Jacobian blocks J^N_j; "
+                     "on U: M^N_j >= ||J^N_j||, "
                      "V^N_j >= ||J^N_j(y_j) - J^N_j(x_j)||, N^N_j >= ||J^N_j(x_j)||; on token balls holding N(U): "
                      "M^B_ij >= ||D_j B_i||, V^B_ij >= ||D_j B_i(N(Y)) - D_j B_i(N(X))|| (B an attention layer, a "
                      "feed-forward block, or either followed by a norm or a LayerScale gain)")
@@ -601,13 +610,15 @@ def coupling_bound() -> Theorem:
 
 
 #: every local theorem, by id (tested for completeness and for its lemmas)
-LOCAL_THEOREMS = {t.id: t for t in (score_deviation(), score_deviation_normalised(), softmax_upper(), softmax_lower(), attention_movement(),
+LOCAL_THEOREMS = {t.id: t for t in (score_deviation(), score_deviation_normalised(), softmax_upper(), softmax_lower(),
+                                    attention_movement(),
                                     attention_reach(),
                                     attention_block(), attention_variation(), attention_curvature(),
                                     *(theorem(kind) for kind in _NORMS
                                       for theorem in (norm_lipschitz, norm_movement, norm_variation)),
                                     feedforward_variation(), gated_variation(), residual_step(),
-                                    feedforward_curvature(), feedforward_front_variation(), attention_tail(), attention_front(),
+                                    feedforward_curvature(), feedforward_front_variation(), attention_tail(),
+                                    attention_front(),
                                     block_tail_variation(),
                                     jacobian_on_neighbourhood(), chain_variation(2), path_certificate(),
                                     coupling_bound())}

@@ -160,7 +160,8 @@ def positioned(chosen: Variant, causal: bool = False, window=None, bias: str | N
     score = SoftCapped(chosen.score) if softcap and not chosen.score.softcap else chosen.score
     if score.softcap and mask.bias != "none":
         raise AssumptionError("bias", "no position bias with soft-capped logits (no model caps biased scores; "
-                              "lipbound has no theorem for the combination)", f"bias {bias or mask.bias} with soft-capped logits",
+                              "lipbound has no theorem for the combination)",
+                              f"bias {bias or mask.bias} with soft-capped logits",
                               "drop `softcap` or `bias`")
     if mask.window is None and mask.bias == "none":
         return SelfAttention(score, causal=mask.causal)

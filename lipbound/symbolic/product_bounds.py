@@ -37,6 +37,7 @@ from ..rigorous.intervals import IV, Verdict, certify_le, interval, lower, upper
 from . import symbols as S
 from . import theorems as T
 from .assumptions import Assumptions, Ball, Frobenius, Unbounded
+from .bound import Bound
 from .registry import variant
 
 __all__ = ["Composition", "ConstrainedLayer", "compose_constants", "uniform_budget", "constrained_layer",
@@ -96,7 +97,8 @@ def _branch(inner: T.Theorem) -> T.Theorem:
 
 @functools.lru_cache(maxsize=64)
 def _composed(count: int, residual: bool) -> tuple[T.Theorem, tuple[sp.Symbol, ...]]:
-    chain, symbols = None, []
+    chain: T.Theorem | None = None
+    symbols = []
     for index in range(1, count + 1):
         block = T.component(f"c_{index}", f"block {index}")
         symbols.append(block.statement)
@@ -105,6 +107,8 @@ def _composed(count: int, residual: bool) -> tuple[T.Theorem, tuple[sp.Symbol, .
         chain = block if chain is None else T.compose(block, chain, title=f"blocks 1 to {index}")
     if residual:
         symbols.append(S.KernelConstant("w"))
+    if chain is None:
+        raise AssumptionError("constants", "at least one per-block constant", "none", "list the blocks' constants")
     return chain, tuple(symbols)
 
 
@@ -156,13 +160,22 @@ class ConstrainedLayer:
     theorem: T.Theorem
 
 
+def _derived(name: str, assumptions: Assumptions) -> Bound:
+    """The built-in variant ``name`` derived under ``assumptions``, which must give a bound."""
+    result = variant(name).derive(assumptions, name)
+    if not isinstance(result, Bound):
+        raise AssumptionError(name, "a Bound", f"{type(result).__name__}: the map is not Lipschitz on its domain",
+                              "this is a bug: constrained_layer derives on domains where the theorems hold")
+    return result
+
+
 def constrained_layer(*, heads: int, n: int, score_norm, radius=1, value_norm=1, output_norm=1, slope=1,
                       weight=1) -> ConstrainedLayer:
     """lipbound's constant of one layer ``x -> (x + w MHA(x)) -> (. + w FFN(.))`` under the constraints
     of the module docstring, in the Frobenius norm, each block from its own theorem."""
-    head = variant("dot-product-nobias").derive(Assumptions(domain=Ball(), norm="fro"), "dot-product-nobias")
+    head = _derived("dot-product-nobias", Assumptions(domain=Ball(), norm=Frobenius()))
     attention = T.multi_head(T.Theorem(head.theorem, "Self-attention", head.expr, head.record), Frobenius())
-    ffn = variant("feed-forward").derive(Assumptions(domain=Unbounded()), "feed-forward")
+    ffn = _derived("feed-forward", Assumptions(domain=Unbounded()))
     ffn_theorem = T.Theorem(ffn.theorem, "Feed-forward block", ffn.expr, ffn.record)
     layer = T.compose(_branch(ffn_theorem), _branch(attention), title="A layer with residual branches")
     values = {"A": score_norm, "W_V": value_norm, "W_O": output_norm, "R": radius, "n": n, "H": heads,
@@ -172,7 +185,8 @@ def constrained_layer(*, heads: int, n: int, score_norm, radius=1, value_norm=1,
         symbols = sorted(expr.free_symbols, key=str)
         missing = [str(s) for s in symbols if str(s) not in values]
         if missing:
-            raise AssumptionError("constraints", "a value for every symbol of the layer's theorem", f"none for {missing}",
+            raise AssumptionError("constraints", "a value for every symbol of the layer's theorem",
+                                  f"none for {missing}",
                                   "this is a bug: the theorems gained a symbol constrained_layer does not set")
         return compile_interval(expr, symbols)(*[parse_constant(str(s), values[str(s)]) for s in symbols])
 

@@ -170,8 +170,11 @@ class RotaryScore(Score):
         return alpha
 
 
-def unrotated_counterexample(radius=1, point=(sp.Rational(19, 20), sp.Rational(-3, 10)),
-                             direction=(sp.Integer(1), sp.Integer(2))) -> dict:
+_POINT: Final = (sp.Rational(19, 20), sp.Rational(-3, 10))  # unrotated_counterexample's defaults (immutable)
+_DIRECTION: Final = (sp.Integer(1), sp.Integer(2))
+
+
+def unrotated_counterexample(radius=1, point=_POINT, direction=_DIRECTION) -> dict:
     """The instance of :data:`UNROTATED_FAMILY` at ``point`` (two tokens in ``[-radius, radius]``): the exact
     Jacobian (SymPy) and a certified lower bound on its spectral norm, ``||J v|| / ||v||`` for ``direction``,
     enclosed in interval arithmetic with outward rounding, against the unrotated claim's value ``||W_V|| = 1``

@@ -257,8 +257,10 @@ gamma_post: Final = RadiusSymbol("gamma_post")
 W_gate: Final = weight("W_gate", d, d_ff)
 W_up: Final = weight("W_up", d, d_ff)
 W_down: Final = weight("W_down", d_ff, d)
-Gamma_up: Final = WeightQuantity("Gamma_up")      # ||W_down^T D_u^(1/2)|| ||D_u^(1/2) W_gate^T||, D_u = diag ||W_up[:, i]||
-Gamma_gate: Final = WeightQuantity("Gamma_gate")  # ||W_down^T D_g^(1/2)|| ||D_g^(1/2) W_up^T||, D_g = diag ||W_gate[:, i]||
+Gamma_up: Final = WeightQuantity("Gamma_up")      # ||W_down^T D_u^(1/2)|| ||D_u^(1/2) W_gate^T||,
+                                                  # D_u = diag ||W_up[:, i]||
+Gamma_gate: Final = WeightQuantity("Gamma_gate")  # ||W_down^T D_g^(1/2)|| ||D_g^(1/2) W_up^T||,
+                                                  # D_g = diag ||W_gate[:, i]||
 mu_up: Final = WeightQuantity("mu_up")            # max_i ||W_up[:, i]||
 mu_gate: Final = WeightQuantity("mu_gate")        # max_i ||W_gate[:, i]||
 r: Final = RadiusSymbol("r")                      # a bound on ||x|| over the domain (a gated block's theorem)

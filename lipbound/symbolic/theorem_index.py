@@ -51,7 +51,8 @@ THEOREM_FAMILIES: dict[str, str] = {
     "not-lipschitz-geglu": "GeGLU on all of R^d is not Lipschitz (a witness family along the gate and up rows)",
     "not-lipschitz-geglu-tanh": "GeGLU with the tanh gate on all of R^d is not Lipschitz (a witness family)",
     "pre-rmsnorm-swiglu": "x + SwiGLU(RMSNorm(x)), the pre-norm gated feed-forward step (Llama, Qwen, Mistral)",
-    "sandwich-pre-rmsnorm-geglu-tanh": "x + RMSNorm(GeGLU(RMSNorm(x))), the sandwich-norm feed-forward step (Gemma 2/3)",
+    "sandwich-pre-rmsnorm-geglu-tanh": "x + RMSNorm(GeGLU(RMSNorm(x))), the sandwich-norm feed-forward step "
+                                       "(Gemma 2/3)",
     "layerscale-residual": "x + diag(lambda) F(x), a residual step with a LayerScale gain",
     "sandwich-residual": "x + N_out(F(N_in(x))), a residual step with a norm before and after its branch",
     "pre-norm-residual": "x + F(N(x)) from the constants of F and N",

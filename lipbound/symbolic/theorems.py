@@ -80,6 +80,8 @@ def self_attention(norm: Norm, causal: bool = False, n=S.n, window=None, bias: s
     if not plain and not isinstance(norm, Mixed2Inf):  # the (2,inf) bound reads no column sum
         K, Q = mask.column_sums(n, omega, proof)
     if isinstance(norm, Mixed21):
+        if K is None:  # set above: the plain column sum, or the mask's column sums
+            raise AssertionError("self_attention: no column-sum bound K in the (2,1) norm: a bug in lipbound")
         proof.add(le(_MEAN, L_V * Described(r"\textstyle\sum_j p_{ij}\|e_j\|")), "triangle inequality")
         proof.add(le(_COV, rho * (alpha * Described(r"\|e_i\|")
                                   + 2 * beta * Described(r"\textstyle\sum_j p_{ij}\|e_j\|"))),

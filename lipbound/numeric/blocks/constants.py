@@ -113,8 +113,8 @@ def pre_norm_gated_constants(norm, ffn, *, effort: int = 16, inner: CertifiedVal
     values = {"composed": composed}
     if sdp:
         radial = upper(1 / IV.sqrt(interval(norm.eps)))
-        folded_inner = gated_sdp(ffn.W_gate, ffn.W_up, ffn.W_down, ffn.act, ellipsoid_of(norm, ffn.d), b_gate=ffn.b_gate,
-                                 b_up=ffn.b_up, fold=True, effort=effort)
+        folded_inner = gated_sdp(ffn.W_gate, ffn.W_up, ffn.W_down, ffn.act, ellipsoid_of(norm, ffn.d),
+                                 b_gate=ffn.b_gate, b_up=ffn.b_up, fold=True, effort=effort)
         if folded_inner.certified:
             values["folded"] = residual_constant("pre", radial, folded_inner, scale=scale, after=after).renamed(
                 "pre-norm residual, gain folded", details={"Lip(g)": radial, "Lip(f~)": folded_inner.value})

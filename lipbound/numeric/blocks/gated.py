@@ -112,7 +112,8 @@ def closed_form(ffn: GatedFeedForward, domain, norm: str = "fro") -> CertifiedVa
     W_gate, W_up, r = _augmented(ffn, ellipsoid.outer_radius)
     bound = derive_block(name, norm, domain=Ball())
     values = {"R": r, "ell_phi": interval(slope_range(ffn.act).ell), "d": ffn.d,
-              "Gamma_up": _factored_gain(ffn.W_down, W_gate, W_up), "Gamma_gate": _factored_gain(ffn.W_down, W_up, W_gate)}
+              "Gamma_up": _factored_gain(ffn.W_down, W_gate, W_up),
+              "Gamma_gate": _factored_gain(ffn.W_down, W_up, W_gate)}
     return evaluate_block(bound, values, name="closed form")
 
 

@@ -98,9 +98,11 @@ class _GramScores(ScoreMap):
     def jvp(self, dQ, dK):
         dS = np.zeros_like(self.S)
         if dQ is not None:
-            dS += 2 * self.ga * np.sum(self.Q * dQ, axis=-1)[..., :, None] + self.gb * (dQ @ np.swapaxes(self.K, -1, -2))
+            dS += (2 * self.ga * np.sum(self.Q * dQ, axis=-1)[..., :, None]
+                   + self.gb * (dQ @ np.swapaxes(self.K, -1, -2)))
         if dK is not None:
-            dS += 2 * self.gc * np.sum(self.K * dK, axis=-1)[..., None, :] + self.gb * (self.Q @ np.swapaxes(dK, -1, -2))
+            dS += (2 * self.gc * np.sum(self.K * dK, axis=-1)[..., None, :]
+                   + self.gb * (self.Q @ np.swapaxes(dK, -1, -2)))
         return dS
 
     def vjp(self, gS):

@@ -203,7 +203,8 @@ class AttentionMask(_Value):
         if self.softcap is not None:
             out["softcap"] = np.asarray(self.softcap)
         if self.bias is not None:
-            out.update({f"bias.{key}" if key != "bias" else "bias": value for key, value in self.bias.to_arrays().items()})
+            out.update({f"bias.{key}" if key != "bias" else "bias": value
+                        for key, value in self.bias.to_arrays().items()})
         return out
 
     @classmethod

@@ -199,7 +199,8 @@ class Layer:
                                "pass groups=tuple(h // (H // H_kv) for h in range(H))")
         for h, g in enumerate(groups):
             first = heads[groups.index(g)]
-            if any(not np.array_equal(getattr(heads[h], key), getattr(first, key)) for key in ("W_K", "b_K", "W_V", "b_V")) \
+            if any(not np.array_equal(getattr(heads[h], key), getattr(first, key))
+                   for key in ("W_K", "b_K", "W_V", "b_V")) \
                     or heads[h].kim_values:
                 raise WeightsError("groups", f"heads of group {g} with equal W_K, b_K, W_V, b_V (shared keys and "
                                    "values, plain values)", f"head {h} differs from head {groups.index(g)}",

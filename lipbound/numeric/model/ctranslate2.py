@@ -125,7 +125,8 @@ def _linear(variables, path, stem: str, n_in: int, n_out: int) -> tuple[np.ndarr
 
 def _heads(W_Q, b_Q, W_K, b_K, W_V, b_V, count: int, causal: bool, where: str) -> tuple[Head, ...]:
     size = W_Q.shape[1] // count
-    return tuple(Head(W_Q[:, cols], W_K[:, cols], W_V[:, cols], b_Q[cols], b_K[cols], b_V[cols], mask=AttentionMask(causal=causal),
+    return tuple(Head(W_Q[:, cols], W_K[:, cols], W_V[:, cols], b_Q[cols], b_K[cols], b_V[cols],
+                      mask=AttentionMask(causal=causal),
                       name=f"{where}.head{h}")
                  for h in range(count) for cols in [slice(h * size, (h + 1) * size)])
 

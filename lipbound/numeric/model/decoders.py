@@ -282,13 +282,15 @@ def decoder_architecture(layout: Layout, config: dict, tensors: TensorSource, pr
                                  tensors.shape(up)[0] if up in tensors.keys() else None)
     for part in (layout.ffn_gate, layout.ffn_in):
         _expect_shape(tensors, f"{stem}.{part}.weight", (intermediate, hidden), f"intermediate_size {intermediate}")
-    _expect_shape(tensors, f"{stem}.{layout.ffn_out}.weight", (hidden, intermediate), f"intermediate_size {intermediate}")
+    _expect_shape(tensors, f"{stem}.{layout.ffn_out}.weight", (hidden, intermediate),
+                  f"intermediate_size {intermediate}")
     if layout.qkv_bias == "always":
         qkv_bias, output_bias = True, False
     else:
         qkv_bias = output_bias = bool(config.get("attention_bias", False))
     mlp_bias = bool(config.get("mlp_bias", False))
-    for part, expected, key in ((layout.query, qkv_bias, "attention_bias"), (layout.output, output_bias, "attention_bias"),
+    for part, expected, key in ((layout.query, qkv_bias, "attention_bias"),
+                                (layout.output, output_bias, "attention_bias"),
                                 (layout.ffn_gate, mlp_bias, "mlp_bias")):
         if f"{stem}.{part}.bias" in tensors.keys() and not expected:
             raise WeightsError(f"{tensors.path}:{stem}.{part}.bias", f"no bias ({key} is false for {layout.name})",

@@ -245,7 +245,8 @@ def open_checkpoint(path) -> tuple[TensorSource | Path, dict]:
         raise WeightsError(str(path), "a .safetensors file, a model directory or a plain .npz",
                            "a pickle-based checkpoint; lipbound never unpickles", _CONVERT)
     raise WeightsError(str(path), "a .safetensors file, a GGUF file, a plain .npz archive, a CTranslate2 model.bin "
-                       "or a model directory", "a file in none of these formats (its first bytes match no known header)",
+                       "or a model directory",
+                       "a file in none of these formats (its first bytes match no known header)",
                        "check that the file is a checkpoint and not truncated or corrupted")
 
 

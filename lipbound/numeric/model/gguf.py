@@ -114,7 +114,8 @@ class GGUFSource(TensorSource):
                           if t.tensor_type.name not in supported})
         if refused:
             kinds = sorted({kind for kind, _ in refused})
-            raise WeightsError(str(self.path), f"tensors of types the gguf package dequantises ({', '.join(supported)})",
+            raise WeightsError(str(self.path),
+                               f"tensors of types the gguf package dequantises ({', '.join(supported)})",
                                f"{len(refused)} tensors of type {', '.join(kinds)} (e.g. {refused[0][1]})",
                                "re-quantise the model with llama.cpp to one of these types (Q8_0, Q4_K, ...)")
         counts = Counter(t.tensor_type.name for t in self._tensors.values())
@@ -189,7 +190,8 @@ def gguf_config(source: GGUFSource) -> dict:
                                "re-convert the model with a current llama.cpp")
     experts = int(fields.get(f"{arch}.expert_count", 0) or 0)
     if experts > 0 or any(".ffn_gate_inp." in key for key in source.keys()):
-        raise WeightsError(f"{path}: {arch}.expert_count", "a dense model (no mixture of experts)", f"{experts} experts",
+        raise WeightsError(f"{path}: {arch}.expert_count", "a dense model (no mixture of experts)",
+                           f"{experts} experts",
                            "lipbound describes dense decoders; a mixture of experts is not supported")
     scaling = str(fields.get(f"{arch}.rope.scaling.type", "none") or "none")
     if scaling != "none" or "rope_freqs.weight" in source.keys():

@@ -269,7 +269,8 @@ LAYOUTS = (BERT, DISTILBERT, VIT, GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GE
 def supported_layouts() -> str:
     """One phrase listing every layout lipbound reads, with the tensor name that marks each."""
     def example(layout: Layout) -> str:
-        return layout.marker.strip("^$").replace("(.*?)", "").replace("()", "").replace(r"(\d+)", "N").replace("\\.", ".")
+        return (layout.marker.strip("^$").replace("(.*?)", "").replace("()", "").replace(r"(\d+)", "N")
+                .replace("\\.", "."))
     return ", ".join(f"{layout.label or layout.name} ({example(layout)}"
                      + (f", model_type {'/'.join(layout.model_types)}" if layout.model_types else "") + ")"
                      for layout in LAYOUTS) + ", CTranslate2 Whisper (model.bin), the plain lipbound .npz"

@@ -130,7 +130,8 @@ def _kernel_and_mask(tensors: TensorSource, key: str):
         score = _scalar(tensors, f"{key}.score", str, default="dot")
         if score not in _VERSION_2_SCORES:
             raise WeightsError(f"{tensors.path}:{key}.score", f"one of {_VERSION_2_SCORES}", repr(score), _FIX)
-        stored = {name: _scalar(tensors, f"{key}.{name}", float) for name in ("tau", "eps") if f"{key}.{name}" in tensors.keys()}
+        stored = {name: _scalar(tensors, f"{key}.{name}", float) for name in ("tau", "eps")
+                  if f"{key}.{name}" in tensors.keys()}
         kernel = KERNELS[score].from_arrays({name: value for name, value in stored.items()
                                              if name in {f.name for f in fields(KERNELS[score])}})
         mask = AttentionMask(causal=_scalar(tensors, f"{key}.causal", bool, default=False) is True)

@@ -47,7 +47,8 @@ from .exact import Ball, Dyadic, concat, exact_sqrt
 from .maps import MapCheck
 from .scores import SCORE_CHECKS
 
-__all__ = ["directional_norm", "Recheck", "recheck", "recheck_file", "RECHECK_DPS", "ROUNDING_TOLERANCE", "SCORE_CHECKS"]
+__all__ = ["directional_norm", "Recheck", "recheck", "recheck_file", "RECHECK_DPS", "ROUNDING_TOLERANCE",
+           "SCORE_CHECKS"]
 
 #: Decimal digits of the interval arithmetic.
 RECHECK_DPS = 50
@@ -224,7 +225,8 @@ def _check_target(witness: Witness, target) -> None:
                               "a causal head", "cross-attention heads are not masked")
     if any(h.kernel.name != witness.score for h in heads):
         raise AssumptionError("head_or_layer", f"kernel {witness.score!r} as in the witness",
-                              f"kernels {sorted({h.kernel.name for h in heads})}", "pass the map the witness was found for")
+                              f"kernels {sorted({h.kernel.name for h in heads})}",
+                              "pass the map the witness was found for")
 
 
 def recheck(witness: Witness, head_or_layer: Head | Layer, dps: int = RECHECK_DPS) -> Recheck:

@@ -32,7 +32,8 @@ class HeadCheck:
         self.n = X.shape[0]
         self.cross = queries is not None
         self.m = queries.shape[0] if self.cross else self.n
-        W_Q, W_K, W_V, b_Q, b_K, b_V = weights["W_Q"], weights["W_K"], weights["W_V"], weights["b_Q"], weights["b_K"], weights["b_V"]
+        W_Q, W_K, W_V, b_Q, b_K, b_V = (weights["W_Q"], weights["W_K"], weights["W_V"], weights["b_Q"], weights["b_K"],
+                                        weights["b_V"])
         self.weights = weights
         self.Q = (queries if self.cross else X) @ W_Q + _row(b_Q, self.m)
         self.K = X @ W_K + _row(b_K, self.n)

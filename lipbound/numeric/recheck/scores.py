@@ -202,7 +202,8 @@ def _gram_functions(kernel) -> tuple:
     a, b, c = sp.symbols("a b c", real=True)                 # the Gram scalars of gram_form
     form = gram_form(parse_score(kernel.score)).xreplace({TAU: sp.Float(kernel.tau), EPSILON: sp.Float(kernel.epsilon)})
     symbols = (a, b, c, S.d_k, S.d)
-    return tuple(compile_interval(expr, symbols) for expr in (form, sp.diff(form, a), sp.diff(form, b), sp.diff(form, c)))
+    return tuple(compile_interval(expr, symbols)
+                 for expr in (form, sp.diff(form, a), sp.diff(form, b), sp.diff(form, c)))
 
 
 @final
@@ -218,8 +219,8 @@ class _CustomCheck:
         sizes = (IV.mpf(head.d_k), IV.mpf(head.head.d))
         shape = (head.m, head.n)
         grid = [(qq[i], qk[i, j], kk[j]) for i in range(shape[0]) for j in range(shape[1])]
-        self.S, self.ga, self.gb, self.gc = (np.array([f(*point, *sizes) for point in grid], dtype=object).reshape(shape)
-                                             for f in (g, ga, gb, gc))
+        self.S, self.ga, self.gb, self.gc = (
+            np.array([f(*point, *sizes) for point in grid], dtype=object).reshape(shape) for f in (g, ga, gb, gc))
 
     def jvp(self, dQ: Dyadic, dK: Dyadic) -> np.ndarray:
         Q, K = self.head.Q, self.head.K
@@ -237,7 +238,8 @@ SCORE_CHECKS = {DotProduct: _DotCheck, Sigmoid: _DotCheck, L2Distance: _L2Check,
 def score_check(kernel, head):
     entry = SCORE_CHECKS.get(type(kernel))
     if entry is None:
-        raise AssumptionError("head_or_layer", f"a head whose kernel the re-check encloses ({', '.join(sorted(k.name for k in SCORE_CHECKS))})",
+        raise AssumptionError("head_or_layer", "a head whose kernel the re-check encloses "
+                              f"({', '.join(sorted(k.name for k in SCORE_CHECKS))})",
                               kernel.describe(), "re-check it with a kernel that has an interval score, or trust the "
                               "float value only as an estimate")
     return entry(kernel, head)

@@ -35,8 +35,8 @@ from .head import cross_attention_bound, measure_attention_bound, self_attention
 from .joint import SDP_ENCODINGS, check_encoding, sdp_value
 from .layer import layer_head_bounds, layer_joint_bound
 
-__all__ = ["SDP_RELAXATIONS", "SDP_ENCODINGS", "relax", "self_attention_entry", "cross_attention_entry", "measure_entry",
-           "multi_head_entry", "residual_entry"]
+__all__ = ["SDP_RELAXATIONS", "SDP_ENCODINGS", "relax", "self_attention_entry", "cross_attention_entry",
+           "measure_entry", "multi_head_entry", "residual_entry"]
 
 
 def _head(target) -> Head:

@@ -66,7 +66,6 @@ see (:func:`reduced_sup`).
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from functools import cached_property
@@ -172,6 +171,7 @@ class PositionalHeadBounds:
         self.region = region = Region.of(domain, None, head.d)
         self.rows = HeadRows(head, self.n)
         self.r = region.r
+        self._grams: dict[str, Enclosure] = {}  # _gram's cache, one per instance (dropped with it)
         started = time.perf_counter()
         W_V = Enclosure.exact(head.W_V)
         shaped_values = region.times_shape(W_V.T)                                  # V^T M, (d_v, d)
@@ -215,9 +215,14 @@ class PositionalHeadBounds:
             return None
         return Enclosure.exact(W.T) @ Enclosure.exact(center.reshape(-1, 1)) + Enclosure.exact(bias.reshape(-1, 1))
 
-    @functools.cache
     def _gram(self, which: str) -> Enclosure:
-        """The d_k x d_k Gram matrices of the fixed factors."""
+        """The d_k x d_k Gram matrices of the fixed factors (each computed once per instance)."""
+        gram = self._grams.get(which)
+        if gram is None:
+            gram = self._grams[which] = self._gram_of(which)
+        return gram
+
+    def _gram_of(self, which: str) -> Enclosure:
         factor = {"query_left": self._query_left, "key_left": self._key_left,
                   "keys_shaped": self._keys_shaped.T}.get(which)
         if factor is not None:
@@ -270,7 +275,8 @@ class PositionalHeadBounds:
         gram = (basis.T @ basis).sym()
         d_v, d_k = head.d_v, head.d_k
         outputs = Enclosure.exact(np.eye(d_v)) if output is None else \
-            (Enclosure.exact(np.asarray(output, dtype=float)) @ Enclosure.exact(np.asarray(output, dtype=float).T)).sym()
+            (Enclosure.exact(np.asarray(output, dtype=float))
+             @ Enclosure.exact(np.asarray(output, dtype=float).T)).sym()
         queries = self._gram("query_left").scale(_scale_interval(head) ** 2)     # sigma^2 W_Q^T Pi W_Q
         inner = {delta: (R.T @ queries @ R).sym() for delta, R in self.rotations.items()}
 
@@ -422,9 +428,10 @@ def _smaller_by_rows(total, b, n: int, cap, W, certificate: dict, key: str):
 def _spectral_key_weights(layer, region, heads: list[PositionalHeadBounds], output_factors: list[np.ndarray],
                           start: np.ndarray, iterations: int = 20):
     """Weights for the spectral condition of the key term (step 2 of :func:`positional_layer_bound`), in floats:
-    minimise ``lambda_max(sum_h lambda_h N_h) C(lambda)^2`` with ``C = r max_Delta lambda_max(B D_Delta(lambda) B^T)^(1/2)``
-    by gradient steps on ``log lambda``, from ``start``.  Returns ``(lambda scaled to C = 1 in floats, B's Gram
-    enclosure, the per-offset per-head inner forms)``; only the certificate built from them counts."""
+    minimise ``lambda_max(sum_h lambda_h N_h) C(lambda)^2`` with
+    ``C = r max_Delta lambda_max(B D_Delta(lambda) B^T)^(1/2)`` by gradient steps on ``log lambda``, from ``start``.
+    Returns ``(lambda scaled to C = 1 in floats, B's Gram enclosure, the per-offset per-head inner forms)``; only the
+    certificate built from them counts."""
     groups = [layer.group_heads(g) for g in range(layer.num_groups)]
     keys = [region.project(Enclosure.exact(layer.heads[members[0]].W_K)) for members in groups]
     basis = Enclosure(np.concatenate([k.mid for k in keys], axis=1), np.concatenate([k.rad for k in keys], axis=1))
@@ -514,9 +521,10 @@ def positional_layer_bound(layer, domain, n: int, *, heads: list[PositionalHeadB
     Head h has the value map ``M_h = V_{g(h)} W_O^h`` (``g(h)`` its key/value group) and ``N_h = M_h^T M M^T M_h``.
     Per query i, ``DF_i[E] = sum_h (S^h_i + mean^h_i + cov^h_i)`` (module docstring, each head with its own weights).
 
-    1. *Query term.*  ``y^T S^h_i = Cov_{p^h_i}(y . M_h^T x_j, zeta^h_j) <= Var_h^(1/2) a_h ||e_i||`` with ``Var_h <= r^2 y^T
-       N_h y``; for weights ``lambda_h > 0`` with ``sum_h a_h^2 / lambda_h <= 1``, Cauchy-Schwarz over heads gives
-       ``||sum_h S^h_i|| <= r Lambda^(1/2) ||e_i||``, ``Lambda = lambda_max(sum_h lambda_h N_h)`` (also ``<= sum_h b_h``).
+    1. *Query term.*  ``y^T S^h_i = Cov_{p^h_i}(y . M_h^T x_j, zeta^h_j) <= Var_h^(1/2) a_h ||e_i||`` with
+       ``Var_h <= r^2 y^T N_h y``; for weights ``lambda_h > 0`` with ``sum_h a_h^2 / lambda_h <= 1``,
+       Cauchy-Schwarz over heads gives ``||sum_h S^h_i|| <= r Lambda^(1/2) ||e_i||``,
+       ``Lambda = lambda_max(sum_h lambda_h N_h)`` (also ``<= sum_h b_h``).
     2. *Key term* (step 2 of :mod:`.layer`, covariance form): ``||sum_h cov^h_i||^2 <= r^2 Lambda' 2 sum_j q_ij
        ||e_j||^2``, ``q_ij = max_h p^h_ij (1 - p^h_ij)``, for weights with ``sum_h beta_h^2 / lambda_h <= 1`` (the key
        gradients of all heads at one key share its offset, and each is at most ``beta_h``); or with the column sums

@@ -356,7 +356,8 @@ def plan_tasks(model, *, n: int, m: int | None = None, domain: str = "layernorm"
             layer = model.stack(block)[index]
             layer_steps(layer, block)  # a clear error on a partial checkpoint, before any work
             if isinstance(layer.ffn, GatedFeedForward) and layer.placement == "post":
-                raise AssumptionError(f"{block} layer {index}", "a pre-norm or sandwich layer around a gated block (it is "
+                raise AssumptionError(f"{block} layer {index}",
+                                      "a pre-norm or sandwich layer around a gated block (it is "
                                       "Lipschitz only on bounded sets: the image of the norm before it)",
                                       "a post-norm layer", "lipbound bounds gated blocks read through a norm")
             kinds = [layer.self_kind] + (["cross-queries", "cross-context"] if layer.cross is not None else [])

@@ -60,8 +60,8 @@ Every deadline of the search is read on a :class:`~.clock.WorkClock`, which coun
 done rather than the time spent, so a budget buys the same steps on any machine and the seed
 alone fixes the witness.
 
-Modules: :mod:`.record` (the witness file), :mod:`.engine` (batched Jacobian norms on the attention engine), :mod:`.problem`
-(the map, its argument and the charts of its domains), :mod:`.structured` (two keys tied for many
+Modules: :mod:`.record` (the witness file), :mod:`.engine` (batched Jacobian norms on the attention engine),
+:mod:`.problem` (the map, its argument and the charts of its domains), :mod:`.structured` (two keys tied for many
 queries, on balls and ellipsoids, self- and cross-attention), :mod:`.starts` (several heads tied
 at once, cross-attention inputs, Castin et al.'s input),
 :mod:`.ascent` (the polish), :mod:`.values` (final values from scratch), :mod:`.clock` (the work

@@ -396,7 +396,8 @@ class _GatedPoint:
         f = self.ffn
         h = self.left @ f.W_down.T
         Vg, Vu = self.V @ f.W_gate, self.V @ f.W_up
-        return (h * (self.maps.curvature(self.G) * self.U * Vg + self.S * Vu)) @ f.W_gate.T + (h * self.S * Vg) @ f.W_up.T
+        return ((h * (self.maps.curvature(self.G) * self.U * Vg + self.S * Vu)) @ f.W_gate.T
+                + (h * self.S * Vg) @ f.W_up.T)
 
 
 def gated_witness(ffn, domain, *, seed: int = 0, starts: int = 6, steps: int = 40,

@@ -192,7 +192,8 @@ class Witness:
             coordinates[key] = array
         object.__setattr__(self, "coordinates", coordinates)
         if self.image not in IMAGES:
-            raise AssumptionError("image", f"one of {IMAGES}", repr(self.image), "name the norm whose image gamma describes")
+            raise AssumptionError("image", f"one of {IMAGES}", repr(self.image),
+                                  "name the norm whose image gamma describes")
         json.dumps(self.details)  # fails early on non-serialisable extras
 
     def _check_cross(self, X: np.ndarray) -> None:
