@@ -9,8 +9,10 @@ continuation starts only):
   cross-attention the ties in the charts of both domains (:func:`.starts.cross_starts`);
 * :class:`~lipbound.numeric.kernels.Rotary` -- at a fixed offset ``Delta = p_j - p_i`` a RoPE head
   is the dot-product head ``A_Delta = c W_Q R(Delta theta) W_K^T``
-  (:meth:`~lipbound.numeric.kernels.Rotary.relative_rotation`): the two tied keys of the offset
-  whose ``||A_Delta||`` is largest, placed so that the median query sits that many positions from them;
+  (:meth:`~lipbound.numeric.kernels.Rotary.relative_rotation`): the dot-product starts of every head
+  with the proxies ``W_Q R_Delta`` of the offset whose ``||A_Delta||`` is largest and of the middle
+  offset (no one matrix is exact, since each query sees its keys at its own offsets: the polish then
+  climbs on the rotary map itself);
 * :class:`~lipbound.numeric.kernels.QKNorm` -- the scores are 0-homogeneous in q and k up to the
   regulariser, so their derivatives grow like ``1 / ||k||`` (``1 / ||q||``): one token near the
   affine null set ``x W_K + b_K = 0`` of the keys at the first position, which every query sees
@@ -27,9 +29,8 @@ import math
 import numpy as np
 
 from ..kernels import CustomKernel, DotProduct, FeatureMap, L2Distance, QKNorm, Rotary, ScaledCosine, Sigmoid
-from ..kernels.scores import scale_of
+from ..offsets import HeadRows
 from .starts import cross_starts, self_starts
-from .structured import structured_starts
 
 __all__ = ["KERNEL_STARTS", "kernel_starts"]
 
@@ -45,36 +46,23 @@ def _head_order(problem) -> list[int]:
     return [int(h) for h in np.argsort(sizes)[::-1]]
 
 
+def proxy_rotations(head, n: int) -> list[np.ndarray]:
+    """The rotations ``R_Delta`` (d_k, d_k) whose dot-product proxies ``W_Q R_Delta`` stand for a rotary head
+    in the structured starts: the offset with the largest ``||W_Q R_Delta W_K^T||`` and the middle one of the
+    offsets the mask lets occur (module docstring)."""
+    kernel = head.kernel
+    offsets = HeadRows(head, n).offsets
+    rotations = {o: kernel.relative_rotation(head.d_k, o) for o in offsets}
+    left, right = np.linalg.qr(head.W_Q)[1], np.linalg.qr(head.W_K)[1]     # ||W_Q R W_K^T|| = ||r_Q R r_K^T||
+    largest = max(offsets, key=lambda o: np.linalg.norm(left @ rotations[o] @ right.T, 2))
+    return [rotations[o] for o in dict.fromkeys([largest, offsets[len(offsets) // 2]])]
+
+
 def _rotary_starts(problem, rng, deadline, work: float):
-    """Two keys tied at the offset of largest ``||A_Delta||`` (module docstring), self-attention."""
-    n, engine = problem.n, problem.engine
-    if problem.cross or n < 3:
+    """The dot-product starts of every head with its proxies ``W_Q R_Delta`` (module docstring); self-attention."""
+    if problem.cross:
         return []
-    kernel, pool = engine.kernel, []
-    offsets = [o for o in range(-(n - 1), n) if o != 0 and (o < 0 or not engine.causal)]
-    keep = max(1, int(8 / work))
-    for h in _head_order(problem)[:3]:
-        if pool and problem.clock() >= deadline:
-            break
-        own = problem if engine.H == 1 else problem.for_head(h)
-        W_Q, W_K, V, b_Q, _, _ = own.engine.head_weights(0)
-        if engine.W_O is not None:
-            V = V @ problem.target.output_block(h)
-        left, right = np.linalg.qr(W_Q)[1], np.linalg.qr(W_K)[1]     # ||W_Q R W_K^T|| = ||r_Q R r_K^T||
-        rotations = {o: kernel.relative_rotation(engine.d_k, o) for o in offsets}
-        offset = max(offsets, key=lambda o: np.linalg.norm(left @ rotations[o] @ right.T, 2))
-        fold = scale_of(kernel.scale, engine.d_k) * math.sqrt(engine.d_k)   # the kernel's scale over 1/sqrt(d_k)
-        starts, _ = structured_starts(W_Q, fold * W_K @ rotations[offset].T, V, b_Q, 1 - 1e-6, n, count=16, steps=120,
-                                      seed=int(rng.integers(2 ** 31)), deadline=problem.clock() + max(
-                                          (deadline - problem.clock()) / 2, 0.0), clock=problem.clock,
-                                      shape=own.context.root)
-        tokens = own.lift(starts[:keep])[0]                          # rows: key, key, queries
-        first = int(np.clip(round((n - 1) / 2 + offset), 0, n - 2))  # the median query `offset` from the keys
-        placed = np.empty_like(tokens)
-        others = [p for p in range(n) if p not in (first, first + 1)]
-        placed[:, first], placed[:, first + 1], placed[:, others] = tokens[:, 0], tokens[:, 1], tokens[:, 2:]
-        pool.append((problem.retract(problem.to_work(placed)), "rope-offset"))
-    return pool
+    return self_starts(problem, rng, deadline, work, rotations=lambda head: proxy_rotations(head, problem.n))
 
 
 def _qk_norm_starts(problem, rng, deadline, work: float):

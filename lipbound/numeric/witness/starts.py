@@ -184,10 +184,11 @@ def castin_input(W_Q: np.ndarray, W_K: np.ndarray, radius: float, n: int, litera
     return X
 
 
-def self_starts(problem, rng, deadline, work: float = 1.0) -> list[tuple[np.ndarray, str]]:
+def self_starts(problem, rng, deadline, work: float = 1.0, rotations=None) -> list[tuple[np.ndarray, str]]:
     """Structured starts of self-attention: for every dot-product head, the best alpha/beta inputs
     (found in that head's own reduced chart, for the value map the target applies: ``W_V^h W_O^h`` in a
-    layer), several heads tied at once, Castin et al.'s input."""
+    layer), several heads tied at once, Castin et al.'s input.  ``rotations(head)``: the matrices ``R`` (d_k, d_k)
+    whose dot-product proxies ``W_Q R`` stand for a positional head (default ``[I]``)."""
     target, n = problem.target, problem.n
     heads = heads_of(target)[0]
     pool = []
@@ -202,25 +203,28 @@ def self_starts(problem, rng, deadline, work: float = 1.0) -> list[tuple[np.ndar
         if problem.clock() >= deadline and len(pool) > 0:
             break
         own = problem if len(heads) == 1 else problem.for_head(int(index))
+        proxies = [np.eye(head.d_k)] if rotations is None else rotations(head)
         if n >= 3:
             # positions in the head's chart, moves in working coordinates
             W_Q, W_K, W_V, b_Q, _, _ = own.engine.head_weights(0)
             if through_W_O:
                 W_V = W_V @ target.output_block(int(index))
             light = len(heads) > 1
-            share = (deadline - problem.clock()) / (1 if not light else max(1, len(heads) // 3))
-            starts, _ = structured_starts(W_Q, W_K, W_V, b_Q, 1 - 1e-6, n, count=16 if light else 32,
-                                          steps=120 if light else 200, seed=int(rng.integers(2 ** 31)),
-                                          deadline=problem.clock() + max(share, 0.0), clock=problem.clock,
-                                          shape=own.context.root)
-            tokens = own.lift(starts[:keep])[0]
-            pool.append((problem.retract(problem.to_work(tokens)), "structured"))
-            if problem.engine.H > 1:
-                surrogate = surrogate or TieSurrogate(problem, n)
-                pool.append((problem.retract(surrogate.combine(pool[-1][0][0])[None]), "tied-heads"))
+            share = (deadline - problem.clock()) / (1 if not light else max(1, len(heads) // 3)) / len(proxies)
+            for rotation in proxies:
+                starts, _ = structured_starts(W_Q @ rotation, W_K, W_V, rotation.T @ b_Q, 1 - 1e-6, n,
+                                              count=16 if light else 32, steps=120 if light else 200,
+                                              seed=int(rng.integers(2 ** 31)),
+                                              deadline=problem.clock() + max(share, 0.0), clock=problem.clock,
+                                              shape=own.context.root)
+                tokens = own.lift(starts[:keep])[0]
+                pool.append((problem.retract(problem.to_work(tokens)), "structured"))
+                if problem.engine.H > 1:
+                    surrogate = surrogate or TieSurrogate(problem, n)
+                    pool.append((problem.retract(surrogate.combine(pool[-1][0][0])[None]), "tied-heads"))
         try:
             R, c = problem.context.radius, problem.context.center
-            castin = castin_input(head.W_Q, head.W_K, R, n, literal=False)
+            castin = castin_input(head.W_Q @ proxies[0], head.W_K, R, n, literal=False)
             signs = np.stack([castin, -castin]) if len(heads) == 1 else castin[None]   # eig fixes no sign
             pool.append((problem.retract(problem.to_work(signs + c)), "castin"))
         except AssumptionError:
