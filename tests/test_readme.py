@@ -41,7 +41,7 @@ FAST = {
 QUICK = ("list", "derive", "preamble", "compare", "convert", "recheck", "check", "depth", "plot perturb", "plot edits",
          "plot curve", "plot gaps report.json")
 #: Commands too slow for the default profile even with the fast options.
-SLOW = ("--whole",)
+SLOW = ("--whole", "lipbound advise")   # advise certifies the whole model once per edit (tests/test_advise.py)
 _DURATION = re.compile(r"\b\d+(\.\d+)?\s*(s|min)\b")
 
 
