@@ -22,30 +22,15 @@ __all__ = ["register"]
 
 
 def _bar():
-    """One tqdm bar per stage on stderr (with the time left); when stderr is not a terminal, one
-    line per finished step with the time left (:class:`~.output.Progress`)."""
-    from tqdm import tqdm
-
+    """One :class:`~.output.Progress` bar per stage of advise (silent when stderr is not a terminal)."""
     from .output import Progress
-    bars, lines = {}, {}
+    bars: dict = {}
 
     def progress(stage, done, total, text):
-        if not sys.stderr.isatty():
-            if done == 0 or stage not in lines:  # the stage starts: its clock starts
-                lines[stage] = Progress(total)
-            if done:
-                lines[stage].update(done, f"{stage}: {text}")
-            return
-        bar = bars.get(stage)
-        if bar is None or bar.total != total:
-            if bar is not None:
-                bar.close()
-            bar = bars[stage] = tqdm(total=total, desc=stage, file=sys.stderr, leave=False)
-        bar.set_postfix_str(text[:40], refresh=False)
-        bar.update(done - bar.n)
+        bar = bars.setdefault(stage, Progress(stage))
+        bar.update(done, total, f"{stage}: {text[:40]}")
         if done >= total:
-            bar.close()
-            del bars[stage]
+            bars.pop(stage).close()
     return progress
 
 
