@@ -16,6 +16,7 @@ from lipbound.errors import NotCertifiedError
 from lipbound.rigorous import arrays as A
 from lipbound.rigorous.arrays import IntervalArray
 from lipbound.rigorous.elementwise import all_finite, up_nonnegative
+from lipbound.rigorous.functions import log10_upper_product
 from lipbound.rigorous.linalg import Enclosure, RowGram, _fro_upper, _power_of_two_scale, spectral_norm_upper_large
 
 #: Exponent ranges of the entries: ordinary, tiny (products underflow), large.
@@ -236,3 +237,13 @@ def test_an_operand_used_many_times_is_prepared_once():
     weights.einsum("ih,hv->iv", values)
     assert values._as_operand() is first
     assert A._BLOCK >= 1024
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(min_value=1e-3, max_value=1e300, allow_nan=False), min_size=1, max_size=40))
+def test_the_decimal_exponent_of_a_product_is_above_the_exact_one_even_past_the_float_range(factors):
+    exponent = log10_upper_product(*factors)
+    with mpmath.workprec(400):
+        exact = mpmath.log10(mpmath.fprod(mpmath.mpf(f) for f in factors))
+    assert mpmath.mpf(exponent) >= exact and exponent - exact < 1e-9
+    assert log10_upper_product(*factors, float("inf")) == float("inf")

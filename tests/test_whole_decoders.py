@@ -125,6 +125,8 @@ def test_every_decoder_bound_holds_against_the_jacobian(placement, act_name, lay
     assert all({u["name"] for u in r["upper"]} == {"closed form", "lifted SDP"} for r in ffn_rows)
     bound = report.model_bound
     assert bound["certified"] and bound["witness"] <= bound["value"] <= bound["naive_product"] * (1 + 1e-12)
+    # the decimal exponent that stands in for the bound of a model too deep for a float agrees with it
+    assert math.log10(bound["value"]) <= bound["log10_value"] <= math.log10(bound["value"]) + 1e-12
     rng = np.random.default_rng(seed + 1)
     layer = model.layers[0]
     layer_bound = next(r["best_upper"] for r in report.components if r["component"] == "layer" and r["layer"] == 0)

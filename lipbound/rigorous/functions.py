@@ -4,6 +4,7 @@ Each function takes intervals of :data:`~lipbound.rigorous.intervals.IV` (or exa
 and returns an interval that encloses the exact image:
 
 * ``sqrt``, ``log`` (clipping a lower end that rounding pushed below 0), ``minimum``,
+  ``log10_upper_product`` (the decimal exponent of a product too large for a float),
   ``maximum``, ``tanh`` (through ``exp``, increasing);
 * ``lambertw`` -- the principal branch ``W_0``, endpoints certified through ``w e^w``;
 * ``digamma`` -- the asymptotic series with its remainder bound (DLMF 5.11(ii));
@@ -17,15 +18,16 @@ and returns an interval that encloses the exact image:
 from __future__ import annotations
 
 import functools
+import math
 
 import mpmath
 from mpmath import libmp
 
 from ..errors import NotCertifiedError
-from .intervals import IV, _raw, hull, interval, point, precision
+from .intervals import IV, _raw, hull, interval, point, precision, upper
 
-__all__ = ["sqrt", "log", "tanh", "minimum", "maximum", "lambertw", "digamma", "polygamma", "erf",
-           "kappa", "causal_kappa", "lambert_level", "exact_positive_integer"]
+__all__ = ["sqrt", "log", "log10_upper_product", "tanh", "minimum", "maximum", "lambertw", "digamma", "polygamma",
+           "erf", "kappa", "causal_kappa", "lambert_level", "exact_positive_integer"]
 
 
 def sqrt(x):
@@ -45,6 +47,20 @@ def log(x):
         raise NotCertifiedError("log argument", "a positive number", f"the interval {interval(x)}",
                                 "the expression takes the logarithm of a non-positive quantity")
     return IV.log(IV.make_mpf((libmp.fzero if libmp.mpf_lt(lo, libmp.fzero) else lo, hi)))
+
+
+def log10_upper_product(*values) -> float:
+    """``log10`` of the product of positive factors, rounded up: finite where the product itself overflows a float.
+
+    The product is formed in interval arithmetic (mpmath's exponents do not overflow), so a whole model's
+    bound of 1e400 is reported as its exponent 400.0... instead of ``inf``.
+    """
+    if not all(math.isfinite(value) for value in values):
+        return math.inf
+    total = interval(1.0)
+    for value in values:
+        total = total * interval(value)
+    return upper(log(total) / IV.log(10))
 
 
 def tanh(x):

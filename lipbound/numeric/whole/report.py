@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, field
 
 from ...printing.plaintext import legend_lines
+from ...rigorous.functions import log10_upper_product
 from ...rigorous.intervals import interval, upper, upper_product
 from .tasks import layer_norms
 
@@ -205,8 +206,8 @@ class WholeReport:
         certified = all(layer["certified"] for layer in layers) and (final is None or final["upper"][0]["certified"])
         output = f"the last hidden state of the {block}" + (" (after its final LayerNorm)" if final else "")
         stream = done.get(("model", block, -1, "stream"))
-        value = upper_product(*(layer["best"] for layer in layers), L_final)
-        naive = upper_product(*(layer["naive"] for layer in layers), L_final)
+        value = [*(layer["best"] for layer in layers), L_final]
+        naive = [*(layer["naive"] for layer in layers), L_final]
         factors = [_shares(L_final, norm=L_final)] + [part for layer in layers for part in layer["factors"]]
         eps = sorted({r["eps"] for key, r in done.items() if key[0] == "norm" and key[1] == block})
         what = "decoder input" if block == "decoder" else f"input of the first {block} layer"
@@ -223,20 +224,27 @@ class WholeReport:
                 K_naive = upper_product(naive_f[2], upper(interval(upper_product(naive_f[1], naive_f[0], K_naive))
                                                      + interval(c["T_C"])))
             self.model_bounds.append(self._bound(
-                block, "context", upper_product(K, L_final), certified,
-                "the encoder output (the context; decoder input fixed)", output, upper_product(K_naive, L_final),
+                block, "context", [K, L_final], certified,
+                "the encoder output (the context; decoder input fixed)", output, [K_naive, L_final],
                 context["witness"] if context else None, factors, eps, refused))
 
-    def _bound(self, block, argument, value, certified, source, output, naive, witness, factors, eps,
-               refused=()) -> dict:
+    def _bound(self, block, argument, value_factors, certified, source, output, naive_factors, witness, factors,
+               eps, refused=()) -> dict:
+        """The end-to-end entry of the product of ``value_factors`` (and of the textbook ``naive_factors``);
+        ``log10_value`` stays finite when a deep model's product overflows a float (``value`` is then inf)."""
+        value, naive = upper_product(*value_factors), upper_product(*naive_factors)
+        log10_value = log10_upper_product(*value_factors)
         gap = value / witness if witness else math.inf
+        log10_gap = log10_value - math.log10(witness) if witness else math.inf
         logs = {key: sum(part.get(key, 0.0) for part in factors) for key in ("attention", "ffn", "norm")}
         total = sum(logs.values()) or 1.0
         shares = {key: round(part / total, 4) for key, part in logs.items()}
         dominant = max(shares, key=shares.get)
         bound = {"value": value, "certified": certified, "input": source, "output": output, "norm": "fro",
                  "n": self.m if block == "decoder" and argument == "stream" and self.m else self.n,
-                 "witness": witness, "gap": gap, "naive_product": naive, "block": block, "argument": argument,
+                 "log10_value": log10_value, "witness": witness, "gap": gap, "log10_gap": log10_gap,
+                 "naive_product": naive, "log10_naive_product": log10_upper_product(*naive_factors),
+                 "block": block, "argument": argument,
                  "log_shares": shares, "dominant": dominant, "eps": eps, "not_certified_layers": list(refused)}
         if refused:
             bound["reasons"] = self._reasons(block)
@@ -284,10 +292,12 @@ class WholeReport:
         for b in self.model_bounds:
             out.append("")
             out.append(f"end to end, {b['block']} in {b['input']} -> {b['output']} (n = {b['n']}, Frobenius):")
-            ratio = b["naive_product"] / b["value"] if math.isfinite(b["value"]) and b["value"] > 0 else math.nan
-            out.append(f"  certified bound {b['value']:.4g}{'' if b['certified'] else ' (NOT certified)'}; "
-                       f"witness {_num(b['witness'])}; gap {_num(b['gap'])}; naive product {b['naive_product']:.4g} "
-                       f"(x{ratio:.3g} the compositional bound)")
+            ratio = b["log10_naive_product"] - b["log10_value"]
+            out.append(f"  certified bound {_big(b['value'], b['log10_value'])}"
+                       f"{'' if b['certified'] else ' (NOT certified)'}; witness {_num(b['witness'])}; "
+                       f"gap {_big(b['gap'], b['log10_gap'])}; naive product "
+                       f"{_big(b['naive_product'], b['log10_naive_product'])} "
+                       f"(x{_big(10.0 ** ratio if ratio < 300 else None, ratio)} the compositional bound)")
             out.append("  share of log10(bound): " + ", ".join(f"{k} {v:.0%}" for k, v in b["log_shares"].items())
                        + f"; dominant: {b['dominant']}")
             out.append("  " + b["statement"])
@@ -315,6 +325,15 @@ def _num(value) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
+def _big(value: float | None, exponent: float) -> str:
+    """``value``, or where it overflowed a float, ``1e+412.3`` from its decimal exponent (rounded up)."""
+    if value is not None and math.isfinite(value):
+        return _num(value)
+    if not math.isfinite(exponent):
+        return "inf" if exponent > 0 else "nan"
+    return f"1e+{math.ceil(exponent * 10) / 10:.1f}"
+
+
 def _plain(value):
     """JSON-safe copy: infinities as strings."""
     if isinstance(value, dict):
@@ -339,7 +358,7 @@ def _statement(bound: dict, factors: dict) -> str:
         return "no witness yet."
     if gap <= LOOSE_GAP:
         return f"the bound is within a factor {gap:.3g} of a point where the map attains it."
-    orders = math.log10(gap)
+    orders = bound["log10_gap"]
     norm_share = bound["log_shares"].get("norm", 0.0)
     dominant = bound["dominant"]
     why = (f"the {dominant} constants weigh most ({bound['log_shares'][dominant]:.0%} of log10 of the bound); each "
