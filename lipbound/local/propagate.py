@@ -17,7 +17,8 @@ into a bound on the Wasserstein-1 distance to the original sentence's outputs (t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import final
 
 import numpy as np
@@ -28,10 +29,11 @@ from ..numeric.model import Embeddings, Model
 from ..rigorous.arrays import IntervalArray
 from .balls import TokenBalls
 from .bounds import attention_bounds, feedforward_bounds, norm_bounds
+from .candidates import candidate_passes
 from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedNorm, inverse_sqrt, softmax
 
 __all__ = ["EditTemplate", "LayerSet", "propagate", "through_layer", "through_layer_steps", "embedding_enclosure",
-           "coupling_bound"]
+           "coupling_bound", "set_bound"]
 
 
 @final
@@ -208,13 +210,20 @@ def _first_block_enumerated(layer, template: EditTemplate, candidates: list, slo
     return largest
 
 
-def propagate(model: Model, template: EditTemplate, layers=None, progress=None) -> list[LayerSet]:
+def propagate(model: Model, template: EditTemplate, layers=None, progress=None, per_candidate: bool = False,
+              candidate_progress=None) -> list[LayerSet]:
     """Push the set of edited sentences through the layers; one :class:`LayerSet` per layer (the
     attention block outputs of that layer), for layers ``0..max(layers)``.
 
     The centres follow the original sentence's embeddings (its tokens ``source``), the radii bound how
     far any edited sentence's token can be from them, layer by layer; no edited sentence is evaluated.
     The original sentence itself is carried along with radii of rounding only.
+
+    ``per_candidate``: for a replacement at one position, also run every candidate through the layers
+    (:func:`lipbound.local.candidates.candidate_passes`); each layer the passes reach gets the facts
+    ``per_candidate`` (the largest certified W1 over the candidates, a bound for the whole set) and
+    ``candidate_widths``, the last one ``candidates_stopped`` (why they ended); :func:`set_bound` takes
+    the smaller route.  ``candidate_progress(done, total)`` follows the candidates.
     """
     embeddings = model.embeddings
     if embeddings is None or not model.complete:
@@ -252,7 +261,24 @@ def propagate(model: Model, template: EditTemplate, layers=None, progress=None) 
             break
         centers, radii = through_layer(item, z_centers, z_radii)
         original = centers if same else _original_next(item, reference)
+    multiple = [i for i, words in enumerate(template.words) if words.size > 1]
+    if per_candidate and same and len(multiple) == 1:
+        slot = multiple[0]
+        passes = candidate_passes(model, own, slot, candidates[slot], template.words[slot],
+                                  [s.original for s in out], last, progress=candidate_progress)
+        out = [replace(s, facts={**s.facts, "per_candidate": passes.largest(s.layer),
+                                 "candidate_widths": passes.widths[s.layer]}) if s.layer in passes.bounds else s
+               for s in out]
+        out[-1].facts["candidates_stopped"] = passes.stopped
     return out
+
+
+def set_bound(layer_set: LayerSet, plan: np.ndarray) -> tuple[float, str]:
+    """The set's certified W1 at a layer and the route that gave it: the smaller of :func:`coupling_bound`
+    (``"balls"``) and the per-candidate passes (``"candidates"``, when :func:`propagate` ran them to it)."""
+    balls = coupling_bound(layer_set, plan)
+    passes = layer_set.facts.get("per_candidate", math.inf)
+    return (passes, "candidates") if passes < balls else (balls, "balls")
 
 
 def embedding_enclosure_tokens(embeddings: Embeddings, ids: np.ndarray, positions: np.ndarray) -> IntervalArray:
