@@ -220,10 +220,10 @@ def propagate(model: Model, template: EditTemplate, layers=None, progress=None, 
     The original sentence itself is carried along with radii of rounding only.
 
     ``per_candidate``: for a replacement at one position, also run every candidate through the layers
-    (:func:`lipbound.local.candidates.candidate_passes`); each layer the passes reach gets the facts
-    ``per_candidate`` (the largest certified W1 over the candidates, a bound for the whole set) and
-    ``candidate_widths``, the last one ``candidates_stopped`` (why they ended); :func:`set_bound` takes
-    the smaller route.  ``candidate_progress(done, total)`` follows the candidates.
+    (:func:`lipbound.local.candidates.candidate_passes`): every layer gets the fact ``candidates`` (the
+    :class:`~lipbound.local.candidates.CandidatePasses`), each layer the passes reach ``per_candidate`` (the
+    largest certified W1 over the candidates, a bound for the whole set); :func:`set_bound` takes the
+    smaller route.  ``candidate_progress(done, total)`` follows the candidates.
     """
     embeddings = model.embeddings
     if embeddings is None or not model.complete:
@@ -266,10 +266,9 @@ def propagate(model: Model, template: EditTemplate, layers=None, progress=None, 
         slot = multiple[0]
         passes = candidate_passes(model, own, slot, candidates[slot], template.words[slot],
                                   [s.original for s in out], last, progress=candidate_progress)
-        out = [replace(s, facts={**s.facts, "per_candidate": passes.largest(s.layer),
-                                 "candidate_widths": passes.widths[s.layer]}) if s.layer in passes.bounds else s
+        out = [replace(s, facts={**s.facts, "candidates": passes, **({"per_candidate": passes.largest(s.layer)}
+                                                                     if s.layer in passes.bounds else {})})
                for s in out]
-        out[-1].facts["candidates_stopped"] = passes.stopped
     return out
 
 
