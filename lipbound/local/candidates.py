@@ -93,6 +93,15 @@ def feedforward_stage(item, Z: IntervalArray) -> IntervalArray:
     return EnclosedNorm(item.ffn_norm, Y + hidden.matmul(ffn.W_2) + IntervalArray(ffn.b_2)).output
 
 
+def _check_layer(item) -> None:
+    """The passes evaluate BERT's post-norm layer: no LayerScale, the exact GELU."""
+    if item.placement != "post" or item.ln_out is None or item.attn_scale is not None or item.ffn_scale is not None \
+            or item.ffn is None or item.ffn.act != "gelu":
+        raise AssumptionError(f"layer {item.index}", "a post-norm BERT layer (attention norm, exact-GELU feed-forward "
+                              "block, no LayerScale)", f"a {item.placement}-norm layer of another form",
+                              "per-candidate passes cover BERT-style encoders; use the set route")
+
+
 def candidate_passes(model: Model, own: IntervalArray, slot: int, candidates: IntervalArray, words: np.ndarray,
                      references: list, last: int, *, chunk: int = 256, widest: float = 1e-2,
                      progress=None) -> CandidatePasses:
@@ -121,6 +130,8 @@ def candidate_passes(model: Model, own: IntervalArray, slot: int, candidates: In
     if not model.complete or model.embeddings is None:
         raise AssumptionError("model", "a full checkpoint (embeddings, every layer)", "an attention-only model",
                               "load the whole model directory")
+    for index in range(last + 1):
+        _check_layer(model.layer(index))
     n, K = own.shape[0], candidates.shape[0]
     bounds = {layer: np.empty(K) for layer in range(last + 1)}
     widths = {layer: 0.0 for layer in range(last + 1)}
