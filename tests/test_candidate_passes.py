@@ -12,8 +12,13 @@ from hypothesis import strategies as st
 
 from lipbound.errors import AssumptionError
 from lipbound.local.candidates import candidate_passes, narrow_gelu
-from lipbound.local.propagate import coupling_bound, embedding_enclosure, embedding_enclosure_tokens, propagate, \
-    set_bound
+from lipbound.local.propagate import (
+    coupling_bound,
+    embedding_enclosure,
+    embedding_enclosure_tokens,
+    propagate,
+    set_bound,
+)
 from lipbound.measures.edits import edit_set
 from lipbound.measures.empirical import EmpiricalMeasure
 from lipbound.measures.wasserstein import w1
