@@ -41,7 +41,7 @@ def test_every_candidate_is_bounded_and_the_bound_is_its_identity_cost(seed):
     assert passes.widths[0] <= passes.widths[1] <= passes.widths[2] <= 1e-3 * np.max(passes.bounds[2])
     states = hidden_states(generated, IDS)
     original = [attention_block(generated.layer(l), states[l])[0] for l in range(3)]
-    for index, word in enumerate(passes.words):
+    for index, (word,) in enumerate(passes.words):
         edited = list(IDS)
         edited[SLOT] = int(word)
         new = hidden_states(generated, edited)
@@ -67,8 +67,29 @@ def test_set_bound_takes_the_smaller_route_and_names_it():
         assert bound == min(ball, both[l].facts["per_candidate"])
         assert route == ("candidates" if both[l].facts["per_candidate"] < ball else "balls")
         assert set_bound(balls[l], plan) == (ball, "balls")
-    two_slots = propagate(generated, edit_set(IDS, "replace", [2, 4], np.arange(10)), per_candidate=True)
-    assert all("candidates" not in s.facts for s in two_slots)      # k = 2: the passes do not apply
+    inserted = propagate(generated, edit_set(IDS, "insert", [2], np.arange(10)), per_candidate=True)
+    assert all("candidates" not in s.facts for s in inserted)       # replacements only
+
+
+def test_two_slots_enumerate_every_pair():
+    """k = 2 over a vocabulary of 8: the 64 edited sentences, each bounded, the largest covering every pair's W1."""
+    generated = local_models.model(seed=13, layers=2, vocab=8)
+    vocabulary = np.arange(8)
+    sets = propagate(generated, edit_set(IDS, "replace", [2, 4], vocabulary), per_candidate=True)
+    passes = sets[0].facts["candidates"]
+    assert passes.words.shape == (64, 2)
+    states = hidden_states(generated, IDS)
+    original = [attention_block(generated.layer(l), states[l])[0] for l in range(2)]
+    for index, (first, second) in enumerate(passes.words):
+        edited = list(IDS)
+        edited[2], edited[4] = int(first), int(second)
+        new = hidden_states(generated, edited)
+        for l in range(2):
+            z = attention_block(generated.layer(l), new[l])[0]
+            assert np.mean(np.linalg.norm(z - sets[l].original, axis=1)) <= passes.bounds[l][index] * (1 + 1e-9)
+            exact = w1(EmpiricalMeasure.uniform(original[l]), EmpiricalMeasure.uniform(z))
+            assert exact <= set_bound(sets[l], np.eye(len(IDS)) * len(IDS))[0] * (1 + 1e-9)
+    assert {tuple(w) for w in passes.words} == {(a, b) for a in vocabulary for b in vocabulary}
 
 
 def test_passes_stop_where_rounding_dominates_and_leave_the_rest_to_the_balls():
@@ -77,7 +98,7 @@ def test_passes_stop_where_rounding_dominates_and_leave_the_rest_to_the_balls():
     own = embedding_enclosure_tokens(embeddings, np.array(IDS), np.arange(len(IDS)))
     words = np.arange(10)
     sets = propagate(generated, edit_set(IDS, "replace", [SLOT], words))
-    passes = candidate_passes(generated, own, SLOT, embedding_enclosure(embeddings, words, SLOT), words,
+    passes = candidate_passes(generated, own, [SLOT], [embedding_enclosure(embeddings, words, SLOT)], [words],
                               [s.original for s in sets], 2, widest=1e-30)
     assert sorted(passes.bounds) == [0] and "rounding radius" in passes.stopped
     assert np.isnan(passes.largest(1)) and passes.largest(0) == np.max(passes.bounds[0])
@@ -90,8 +111,8 @@ def test_a_layer_the_passes_do_not_cover_is_refused():
     embeddings = generated.embeddings
     own = embedding_enclosure_tokens(embeddings, np.array(IDS), np.arange(len(IDS)))
     with pytest.raises(AssumptionError, match="layer 1"):
-        candidate_passes(generated, own, SLOT, embedding_enclosure(embeddings, np.arange(3), SLOT), np.arange(3),
-                         [np.zeros((len(IDS), 6))] * 2, 1)
+        candidate_passes(generated, own, [SLOT], [embedding_enclosure(embeddings, np.arange(3), SLOT)],
+                         [np.arange(3)], [np.zeros((len(IDS), 6))] * 2, 1)
 
 
 @settings(max_examples=40, deadline=None)
@@ -122,3 +143,17 @@ def test_perturb_names_the_route_and_the_passes_meet_the_worst_edit_on_minilm():
         np.testing.assert_allclose(new.worst_witness, old.worst_witness, rtol=1e-12)
         assert new.worst_witness <= new.predicted_set <= min(old.predicted_set, 1.01 * new.worst_witness)
     assert balls.rows[1].predicted_set > 20 * balls.rows[1].worst_witness
+
+
+def test_more_sentences_than_the_passes_take_are_refused_and_left_to_the_balls():
+    from lipbound.local.candidates import MOST_SENTENCES
+    generated = local_models.model(seed=7, layers=1, vocab=400)
+    embeddings = generated.embeddings
+    own = embedding_enclosure_tokens(embeddings, np.array(IDS), np.arange(len(IDS)))
+    words = np.arange(400)
+    assert words.size ** 2 > MOST_SENTENCES
+    with pytest.raises(AssumptionError, match="candidates: expected at most"):
+        candidate_passes(generated, own, [2, 4], [embedding_enclosure(embeddings, words, p) for p in (2, 4)],
+                         [words, words], [np.zeros((len(IDS), 6))], 0)
+    sets = propagate(generated, edit_set(IDS, "replace", [2, 4], words), per_candidate=True)
+    assert "candidates" not in sets[0].facts

@@ -1,6 +1,7 @@
-"""Certified per-candidate passes: every edited sentence of a one-slot set pushed through the layers.
+"""Certified per-candidate passes: every edited sentence of a replacement set pushed through the layers.
 
-For a replacement at one position p by any of the candidate words ``w_1..w_K``, each edited sentence
+For a replacement at positions p_1..p_k by any of the candidate words of each slot (every combination:
+a k = 1 set over the whole vocabulary, or a k = 2 set over a sample), each edited sentence
 is evaluated in interval arithmetic (:class:`~lipbound.rigorous.arrays.IntervalArray`, outward
 rounded), vectorised over a chunk of candidates: embeddings, the attention block ``X + MHA(X)``, the
 LayerNorm, the residual feed-forward block and the output LayerNorm, layer after layer.  At layer l the
@@ -31,7 +32,11 @@ from ..rigorous.arrays import IntervalArray
 from ..rigorous.elementwise import gelu_slope_extrema, normal_cdf_bounds
 from .enclosed import EnclosedNorm, inverse_sqrt, softmax
 
-__all__ = ["CandidatePasses", "candidate_passes", "attention_block", "feedforward_stage", "narrow_gelu"]
+__all__ = ["CandidatePasses", "candidate_passes", "attention_block", "feedforward_stage", "narrow_gelu",
+           "MOST_SENTENCES"]
+
+#: The most edited sentences one set's passes evaluate (about 12 CPU-ms each for two layers at n = 9).
+MOST_SENTENCES = 1 << 17
 
 
 @final
@@ -41,11 +46,11 @@ class CandidatePasses:
 
     Attributes
     ----------
-    words : ndarray of int, shape (K,)
-        The candidate word ids.
+    words : ndarray of int, shape (K, k)
+        The word ids of every edited sentence, one column per slot.
     bounds : dict
         ``bounds[l]`` (K,): certified upper bound on the W1 movement of the attention block of layer l
-        under each candidate, for every layer the passes reached.
+        under each edited sentence, for every layer the passes reached.
     widths : dict
         ``widths[l]``: the largest rounding radius ``max_i max ||[z_i] - mid||`` over the candidates at layer l.
     stopped : str
@@ -102,10 +107,10 @@ def _check_layer(item) -> None:
                               "per-candidate passes cover BERT-style encoders; use the set route")
 
 
-def candidate_passes(model: Model, own: IntervalArray, slot: int, candidates: IntervalArray, words: np.ndarray,
-                     references: list, last: int, *, chunk: int = 256, widest: float = 1e-2,
-                     progress=None) -> CandidatePasses:
-    """Certified per-candidate passes of a replacement at ``slot`` (module docstring).
+def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, words: list, references: list,
+                     last: int, *, chunk: int = 256, widest: float = 1e-2, progress=None) -> CandidatePasses:
+    """Certified per-candidate passes of a replacement at ``slots`` by every combination of their candidates
+    (module docstring): ``prod_s K_s`` edited sentences, at most :data:`MOST_SENTENCES`.
 
     Parameters
     ----------
@@ -113,36 +118,44 @@ def candidate_passes(model: Model, own: IntervalArray, slot: int, candidates: In
         A full BERT checkpoint.
     own : IntervalArray (n, d)
         The original sentence's embeddings, enclosed.
-    slot : int
-        The replaced position.
-    candidates : IntervalArray (K, d)
-        The candidate words' embeddings at ``slot``, enclosed.
-    words : ndarray (K,)
+    slots : sequence of int
+        The replaced positions.
+    candidates : list of IntervalArray (K_s, d)
+        Per slot, the candidate words' embeddings there, enclosed.
+    words : list of ndarray (K_s,)
         Their ids (reported).
     references : list of ndarray (n, d)
         The original outputs ``z^0`` per layer the bounds are measured from.
     last : int
         The last layer wanted.
     widest : float
-        The passes stop at a layer whose rounding radius (a token's, in the l2 norm) exceeds this
-        fraction of the smallest bound of that layer: the set route is the better one there.
+        The passes stop after a layer whose rounding radius (a token's, in the l2 norm) exceeds this
+        fraction of the largest bound of a chunk at that layer: the enclosures grow about 1e3-fold per
+        layer, so the next layer would not be certified within the set route's reach.
     """
     if not model.complete or model.embeddings is None:
         raise AssumptionError("model", "a full checkpoint (embeddings, every layer)", "an attention-only model",
                               "load the whole model directory")
     for index in range(last + 1):
         _check_layer(model.layer(index))
-    n, K = own.shape[0], candidates.shape[0]
-    bounds = {layer: np.empty(K) for layer in range(last + 1)}
+    slots = [int(s) for s in slots]
+    shape = tuple(c.shape[0] for c in candidates)
+    total = int(np.prod(shape, dtype=np.int64))
+    if total > MOST_SENTENCES:
+        raise AssumptionError("candidates", f"at most {MOST_SENTENCES} edited sentences (the product of the slots' "
+                              "candidate counts)", f"{' x '.join(map(str, shape))} = {total}",
+                              "sample fewer candidates, or leave this set to the set route")
+    n = own.shape[0]
+    bounds = {layer: np.empty(total) for layer in range(last + 1)}
     widths = {layer: 0.0 for layer in range(last + 1)}
-    reached = last
-    stopped = ""
-    for begin in range(0, K, chunk):
-        part = candidates[begin:begin + chunk]
-        b = part.shape[0]
+    reached, stopped = last, ""
+    for begin in range(0, total, chunk):
+        choice = np.unravel_index(np.arange(begin, min(begin + chunk, total)), shape)
+        b = choice[0].size
         lo = np.broadcast_to(own.lo, (b, n, own.shape[1])).copy()
         hi = np.broadcast_to(own.hi, (b, n, own.shape[1])).copy()
-        lo[:, slot], hi[:, slot] = part.lo, part.hi
+        for slot, options, picked in zip(slots, candidates, choice):
+            lo[:, slot], hi[:, slot] = options.lo[picked], options.hi[picked]
         X = IntervalArray(lo, hi)
         for layer in range(reached + 1):
             item = model.layer(layer)
@@ -165,6 +178,8 @@ def candidate_passes(model: Model, own: IntervalArray, slot: int, candidates: In
                 reached, stopped = layer, f"layer {layer + 1}: {error}"
                 break
         if progress is not None:
-            progress(min(begin + chunk, K), K)
-    return CandidatePasses(np.asarray(words), {layer: bounds[layer] for layer in range(reached + 1)},
+            progress(min(begin + chunk, total), total)
+    every = np.unravel_index(np.arange(total), shape)
+    chosen = np.stack([np.asarray(w)[picked] for w, picked in zip(words, every)], axis=1)
+    return CandidatePasses(chosen, {layer: bounds[layer] for layer in range(reached + 1)},
                            {layer: widths[layer] for layer in range(reached + 1)}, stopped)

@@ -29,7 +29,7 @@ from ..numeric.model import Embeddings, Model
 from ..rigorous.arrays import IntervalArray
 from .balls import TokenBalls
 from .bounds import attention_bounds, feedforward_bounds, norm_bounds
-from .candidates import candidate_passes
+from .candidates import MOST_SENTENCES, candidate_passes
 from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedNorm, inverse_sqrt, softmax
 
 __all__ = ["EditTemplate", "LayerSet", "propagate", "through_layer", "through_layer_steps", "embedding_enclosure",
@@ -219,7 +219,8 @@ def propagate(model: Model, template: EditTemplate, layers=None, progress=None, 
     far any edited sentence's token can be from them, layer by layer; no edited sentence is evaluated.
     The original sentence itself is carried along with radii of rounding only.
 
-    ``per_candidate``: for a replacement at one position, also run every candidate through the layers
+    ``per_candidate``: for a replacement, also run every edited sentence of the set through the layers
+    when there are at most :data:`~lipbound.local.candidates.MOST_SENTENCES` of them
     (:func:`lipbound.local.candidates.candidate_passes`): every layer gets the fact ``candidates`` (the
     :class:`~lipbound.local.candidates.CandidatePasses`), each layer the passes reach ``per_candidate`` (the
     largest certified W1 over the candidates, a bound for the whole set); :func:`set_bound` takes the
@@ -261,10 +262,10 @@ def propagate(model: Model, template: EditTemplate, layers=None, progress=None, 
             break
         centers, radii = through_layer(item, z_centers, z_radii)
         original = centers if same else _original_next(item, reference)
-    multiple = [i for i, words in enumerate(template.words) if words.size > 1]
-    if per_candidate and same and len(multiple) == 1:
-        slot = multiple[0]
-        passes = candidate_passes(model, own, slot, candidates[slot], template.words[slot],
+    slots = [i for i, words in enumerate(template.words) if words.size > 1]
+    count = np.prod([template.words[i].size for i in slots], dtype=np.int64)
+    if per_candidate and same and slots and count <= MOST_SENTENCES:
+        passes = candidate_passes(model, own, slots, [candidates[i] for i in slots], [template.words[i] for i in slots],
                                   [s.original for s in out], last, progress=candidate_progress)
         out = [replace(s, facts={**s.facts, "candidates": passes, **({"per_candidate": passes.largest(s.layer)}
                                                                      if s.layer in passes.bounds else {})})
