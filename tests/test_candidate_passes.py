@@ -139,6 +139,7 @@ def test_perturb_names_the_route_and_the_passes_meet_the_worst_edit_on_minilm():
     assert both.violations == 0
     assert both.edit_set["routes"] == {"k=1, layer 0": "candidates", "k=1, layer 1": "candidates"}
     assert set(balls.edit_set["routes"].values()) == {"balls"}
+    assert 1 <= both.search[1]["passes_evaluated"] <= 8 and "passes_evaluated" not in balls.search[1]
     for old, new in zip(balls.rows, both.rows):
         np.testing.assert_allclose(new.worst_witness, old.worst_witness, rtol=1e-12)
         assert new.worst_witness <= new.predicted_set <= min(old.predicted_set, 1.01 * new.worst_witness)

@@ -298,6 +298,9 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
             search_info[k_value] = {"description": "the drawn edit only", "evaluated": 1, "exhaustive": False}
         worst = {} if search == 0 else _worst(bert, ids, edit, mode, template, candidates, search, seed, chosen_layers,
                                               blocks, outputs_of, search_info, k_value, say)
+        if sets is not None and search != 0 and "candidates" in sets[0].facts:
+            _passes_witnesses(sets[0].facts["candidates"], template, chosen_layers, blocks, outputs_of, worst,
+                              search_info[k_value])
         for layer in chosen_layers:
             X, X_new = original[layer], states[layer]
             Y, Y_new = blocks[layer], bert.attention_block(layer, X_new).pre_norm
@@ -370,6 +373,24 @@ def _worst(bert, ids, edit, mode, template, candidates, search, seed, layers, bl
                "evaluated": found.evaluated, "exhaustive": found.exhaustive, "seconds": found.seconds}
     say(f"k = {k}: the worst edit over {sum(len(o) for o in options)} candidates")
     return found.values
+
+
+def _passes_witnesses(passes, template, layers, blocks, outputs_of, worst: dict, info: dict, top: int = 4) -> None:
+    """Per layer the passes reached, the ``top`` edits of largest certified bound, evaluated (float64 forward
+    pass, exact W1) as witnesses: ``worst`` keeps the larger value, ``info["passes_evaluated"]`` counts them."""
+    slots = [i for i, words in enumerate(template.words) if words.size > 1]
+    base = np.array([int(words[0]) for words in template.words])
+    computed: dict = {}
+    for layer in (layer for layer in layers if layer in passes.bounds):
+        for row in np.argsort(-passes.bounds[layer])[:top]:
+            ids = base.copy()
+            ids[slots] = passes.words[row]
+            key = tuple(int(i) for i in ids)
+            if key not in computed:
+                computed[key] = outputs_of(list(key))
+            value = w1(EmpiricalMeasure.uniform(blocks[layer]), EmpiricalMeasure.uniform(computed[key][layer]))
+            worst[layer] = max(worst.get(layer, -math.inf), value)
+    info["passes_evaluated"] = len(computed)
 
 
 def _screening_coupling(n: int, n_new: int, template) -> tuple[np.ndarray, np.ndarray]:
