@@ -42,7 +42,7 @@ MOST_SENTENCES = 1 << 17
 @final
 @dataclass(frozen=True)
 class CandidatePasses:
-    """Per-candidate certified W1 bounds of a one-slot edit set.
+    """Per-sentence certified W1 bounds of a replacement set (every combination of the slots' candidates).
 
     Attributes
     ----------
