@@ -13,11 +13,14 @@ At the first layer the candidate words are known exactly, so the score ranges an
 the attention are maxima over the candidates (a finite set, linear maps: the convex relaxation loses
 nothing there) instead of the ball's worst case.  :func:`coupling_bound` turns the balls of a layer
 into a bound on the Wasserstein-1 distance to the original sentence's outputs (theorem local-coupling).
+On request (``per_candidate``) a replacement set is also run edit by edit in interval arithmetic
+(:mod:`lipbound.local.candidates`), and :func:`set_bound` keeps the smaller of the two certificates.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import final
 
 import numpy as np
@@ -28,10 +31,11 @@ from ..numeric.model import Embeddings, Model
 from ..rigorous.arrays import IntervalArray
 from .balls import TokenBalls
 from .bounds import attention_bounds, feedforward_bounds, norm_bounds
+from .candidates import MOST_SENTENCES, candidate_passes
 from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedNorm, inverse_sqrt, softmax
 
 __all__ = ["EditTemplate", "LayerSet", "propagate", "through_layer", "through_layer_steps", "embedding_enclosure",
-           "coupling_bound"]
+           "coupling_bound", "set_bound"]
 
 
 @final
@@ -208,13 +212,21 @@ def _first_block_enumerated(layer, template: EditTemplate, candidates: list, slo
     return largest
 
 
-def propagate(model: Model, template: EditTemplate, layers=None, progress=None) -> list[LayerSet]:
+def propagate(model: Model, template: EditTemplate, layers=None, progress=None, per_candidate: bool = False,
+              candidate_progress=None) -> list[LayerSet]:
     """Push the set of edited sentences through the layers; one :class:`LayerSet` per layer (the
     attention block outputs of that layer), for layers ``0..max(layers)``.
 
     The centres follow the original sentence's embeddings (its tokens ``source``), the radii bound how
     far any edited sentence's token can be from them, layer by layer; no edited sentence is evaluated.
     The original sentence itself is carried along with radii of rounding only.
+
+    ``per_candidate``: for a replacement, also run every edited sentence of the set through the layers
+    when there are at most :data:`~lipbound.local.candidates.MOST_SENTENCES` of them
+    (:func:`lipbound.local.candidates.candidate_passes`): every layer gets the fact ``candidates`` (the
+    :class:`~lipbound.local.candidates.CandidatePasses`), each layer the passes reach ``per_candidate`` (the
+    largest certified W1 over the candidates, a bound for the whole set); :func:`set_bound` takes the
+    smaller route.  ``candidate_progress(done, total)`` follows the candidates.
     """
     embeddings = model.embeddings
     if embeddings is None or not model.complete:
@@ -252,7 +264,23 @@ def propagate(model: Model, template: EditTemplate, layers=None, progress=None) 
             break
         centers, radii = through_layer(item, z_centers, z_radii)
         original = centers if same else _original_next(item, reference)
+    slots = [i for i, words in enumerate(template.words) if words.size > 1]
+    count = np.prod([template.words[i].size for i in slots], dtype=np.int64)
+    if per_candidate and same and slots and count <= MOST_SENTENCES:
+        passes = candidate_passes(model, own, slots, [candidates[i] for i in slots], [template.words[i] for i in slots],
+                                  [s.original for s in out], last, progress=candidate_progress)
+        out = [replace(s, facts={**s.facts, "candidates": passes, **({"per_candidate": passes.largest(s.layer)}
+                                                                     if s.layer in passes.bounds else {})})
+               for s in out]
     return out
+
+
+def set_bound(layer_set: LayerSet, plan: np.ndarray) -> tuple[float, str]:
+    """The set's certified W1 at a layer and the route that gave it: the smaller of :func:`coupling_bound`
+    (``"balls"``) and the per-candidate passes (``"candidates"``, when :func:`propagate` ran them to it)."""
+    balls = coupling_bound(layer_set, plan)
+    passes = layer_set.facts.get("per_candidate", math.inf)
+    return (passes, "candidates") if passes < balls else (balls, "balls")
 
 
 def embedding_enclosure_tokens(embeddings: Embeddings, ids: np.ndarray, positions: np.ndarray) -> IntervalArray:

@@ -1,0 +1,160 @@
+"""Certified per-candidate passes of one-slot edit sets (lipbound.local.candidates), checked against every
+edit of the set run through the float forward pass, and their place beside the token-ball route."""
+
+from __future__ import annotations
+
+import local_models
+import mpmath
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lipbound.errors import AssumptionError
+from lipbound.local.candidates import candidate_passes, narrow_gelu
+from lipbound.local.propagate import (
+    coupling_bound,
+    embedding_enclosure,
+    embedding_enclosure_tokens,
+    propagate,
+    set_bound,
+)
+from lipbound.measures.edits import edit_set
+from lipbound.measures.empirical import EmpiricalMeasure
+from lipbound.measures.wasserstein import w1
+from lipbound.numeric.forward import attention_block, hidden_states
+from lipbound.rigorous.arrays import IntervalArray
+
+IDS = [0, 3, 4, 5, 6, 7, 1]
+SLOT = 2
+
+
+@pytest.mark.parametrize("seed", [3, 11])
+def test_every_candidate_is_bounded_and_the_bound_is_its_identity_cost(seed):
+    """Each candidate's certified bound covers its identity-plan cost and its exact W1 (forward pass of
+    lipbound.numeric.forward), and is that cost up to rounding: nothing is relaxed."""
+    generated = local_models.model(seed=seed, layers=3, vocab=12)
+    vocabulary = np.arange(12)
+    sets = propagate(generated, edit_set(IDS, "replace", [SLOT], vocabulary), per_candidate=True)
+    passes = sets[0].facts["candidates"]
+    assert passes.stopped == "" and sorted(passes.bounds) == [0, 1, 2]
+    assert passes.widths[0] <= passes.widths[1] <= passes.widths[2] <= 1e-3 * np.max(passes.bounds[2])
+    states = hidden_states(generated, IDS)
+    original = [attention_block(generated.layer(l), states[l])[0] for l in range(3)]
+    for index, (word,) in enumerate(passes.words):
+        edited = list(IDS)
+        edited[SLOT] = int(word)
+        new = hidden_states(generated, edited)
+        for l in range(3):
+            z = attention_block(generated.layer(l), new[l])[0]
+            cost = float(np.mean(np.linalg.norm(z - sets[l].original, axis=1)))
+            bound = passes.bounds[l][index]
+            assert cost <= bound * (1 + 1e-9)
+            assert bound - cost <= 2 * passes.widths[l] + 1e-12 * bound   # the enclosures' rounding, no more
+            exact = w1(EmpiricalMeasure.uniform(original[l]), EmpiricalMeasure.uniform(z))
+            assert exact <= set_bound(sets[l], np.eye(len(IDS)) * len(IDS))[0] * (1 + 1e-9)
+
+
+def test_set_bound_takes_the_smaller_route_and_names_it():
+    generated = local_models.model(seed=5, layers=2, vocab=10)
+    template = edit_set(IDS, "replace", [SLOT], np.arange(10))
+    plan = np.eye(len(IDS)) * len(IDS)
+    balls = propagate(generated, template)
+    both = propagate(generated, template, per_candidate=True)
+    for l in range(2):
+        ball = coupling_bound(balls[l], plan)
+        bound, route = set_bound(both[l], plan)
+        assert bound == min(ball, both[l].facts["per_candidate"])
+        assert route == ("candidates" if both[l].facts["per_candidate"] < ball else "balls")
+        assert set_bound(balls[l], plan) == (ball, "balls")
+    inserted = propagate(generated, edit_set(IDS, "insert", [2], np.arange(10)), per_candidate=True)
+    assert all("candidates" not in s.facts for s in inserted)       # replacements only
+
+
+def test_two_slots_enumerate_every_pair():
+    """k = 2 over a vocabulary of 8: the 64 edited sentences, each bounded, the largest covering every pair's W1."""
+    generated = local_models.model(seed=13, layers=2, vocab=8)
+    vocabulary = np.arange(8)
+    sets = propagate(generated, edit_set(IDS, "replace", [2, 4], vocabulary), per_candidate=True)
+    passes = sets[0].facts["candidates"]
+    assert passes.words.shape == (64, 2)
+    states = hidden_states(generated, IDS)
+    original = [attention_block(generated.layer(l), states[l])[0] for l in range(2)]
+    for index, (first, second) in enumerate(passes.words):
+        edited = list(IDS)
+        edited[2], edited[4] = int(first), int(second)
+        new = hidden_states(generated, edited)
+        for l in range(2):
+            z = attention_block(generated.layer(l), new[l])[0]
+            assert np.mean(np.linalg.norm(z - sets[l].original, axis=1)) <= passes.bounds[l][index] * (1 + 1e-9)
+            exact = w1(EmpiricalMeasure.uniform(original[l]), EmpiricalMeasure.uniform(z))
+            assert exact <= set_bound(sets[l], np.eye(len(IDS)) * len(IDS))[0] * (1 + 1e-9)
+    assert {tuple(w) for w in passes.words} == {(a, b) for a in vocabulary for b in vocabulary}
+
+
+def test_passes_stop_where_rounding_dominates_and_leave_the_rest_to_the_balls():
+    generated = local_models.model(seed=7, layers=3, vocab=10)
+    embeddings = generated.embeddings
+    own = embedding_enclosure_tokens(embeddings, np.array(IDS), np.arange(len(IDS)))
+    words = np.arange(10)
+    sets = propagate(generated, edit_set(IDS, "replace", [SLOT], words))
+    passes = candidate_passes(generated, own, [SLOT], [embedding_enclosure(embeddings, words, SLOT)], [words],
+                              [s.original for s in sets], 2, widest=1e-30)
+    assert sorted(passes.bounds) == [0] and "rounding radius" in passes.stopped
+    assert np.isnan(passes.largest(1)) and passes.largest(0) == np.max(passes.bounds[0])
+
+
+def test_a_layer_the_passes_do_not_cover_is_refused():
+    generated = local_models.model(seed=7, layers=2, vocab=10)
+    generated.layers[1] = generated.layer(1).__class__(**{**generated.layer(1).__dict__,
+                                                          "attn_scale": np.ones(6)})
+    embeddings = generated.embeddings
+    own = embedding_enclosure_tokens(embeddings, np.array(IDS), np.arange(len(IDS)))
+    with pytest.raises(AssumptionError, match="layer 1"):
+        candidate_passes(generated, own, [SLOT], [embedding_enclosure(embeddings, np.arange(3), SLOT)],
+                         [np.arange(3)], [np.zeros((len(IDS), 6))] * 2, 1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.floats(-9, 9), st.floats(0, 1e-3), st.floats(0, 1))
+def test_narrow_gelu_encloses_the_exact_gelu(center, radius, where):
+    box = IntervalArray(np.array([center - radius]), np.array([center + radius]))
+    enclosed = narrow_gelu(box)
+    x = mpmath.mpf(center - radius) + mpmath.mpf(where) * 2 * mpmath.mpf(radius)
+    with mpmath.workdps(40):
+        exact = x * mpmath.ncdf(x)
+    assert enclosed.lo[0] <= exact <= enclosed.hi[0]
+    assert enclosed.hi[0] - enclosed.lo[0] <= 2.5 * radius + 1e-12
+
+
+def test_perturb_names_the_route_and_the_passes_meet_the_worst_edit_on_minilm():
+    """all-MiniLM-L6-v2, a set of 25 tokens at one position, layers 0 and 1: the passes certify within 1% of
+    the worst edit (found by the exhaustive search) where the balls alone are 1.1 and ~100 times above it."""
+    from lipbound.measures.bert import load_text_model
+    from lipbound.measures.perturb import perturb
+    bert = load_text_model()
+    common = {"k": 1, "positions": (2,), "layers": (0, 1), "seed": 0, "model": bert, "vocabulary": 24, "search": "all"}
+    balls = perturb("The cat slept all afternoon.", **common)
+    both = perturb("The cat slept all afternoon.", per_candidate=True, **common)
+    assert both.violations == 0
+    assert both.edit_set["routes"] == {"k=1, layer 0": "candidates", "k=1, layer 1": "candidates"}
+    assert set(balls.edit_set["routes"].values()) == {"balls"}
+    assert 1 <= both.search[1]["passes_evaluated"] <= 8 and "passes_evaluated" not in balls.search[1]
+    for old, new in zip(balls.rows, both.rows):
+        np.testing.assert_allclose(new.worst_witness, old.worst_witness, rtol=1e-12)
+        assert new.worst_witness <= new.predicted_set <= min(old.predicted_set, 1.01 * new.worst_witness)
+    assert balls.rows[1].predicted_set > 20 * balls.rows[1].worst_witness
+
+
+def test_more_sentences_than_the_passes_take_are_refused_and_left_to_the_balls():
+    from lipbound.local.candidates import MOST_SENTENCES
+    generated = local_models.model(seed=7, layers=1, vocab=400)
+    embeddings = generated.embeddings
+    own = embedding_enclosure_tokens(embeddings, np.array(IDS), np.arange(len(IDS)))
+    words = np.arange(400)
+    assert words.size ** 2 > MOST_SENTENCES
+    with pytest.raises(AssumptionError, match="candidates: expected at most"):
+        candidate_passes(generated, own, [2, 4], [embedding_enclosure(embeddings, words, p) for p in (2, 4)],
+                         [words, words], [np.zeros((len(IDS), 6))], 0)
+    sets = propagate(generated, edit_set(IDS, "replace", [2, 4], words), per_candidate=True)
+    assert "candidates" not in sets[0].facts
