@@ -22,8 +22,8 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def test_local_curve_and_edit_rows_through_the_command_line(tmp_path, capsys):
     report, curve_png, edits_png = tmp_path / "local.json", tmp_path / "curve.png", tmp_path / "edits.png"
     status = main(["local", "The cat sat on the mat.", "--map", "head", "--head", "3", "--eps", "0,1e-4,1e-3,1e-2,2",
-                   "--positions", "2", "--vocabulary", "12", "--search", "all", "--json", str(report),
-                   "--plot-curve", str(curve_png), "--plot", str(edits_png)])
+                   "--positions", "2", "--vocabulary", "12", "--search", "all", "--per-candidate",
+                   "--json", str(report), "--plot-curve", str(curve_png), "--plot", str(edits_png)])
     out = capsys.readouterr().out
     assert status == 0, out
     assert out.splitlines()[0] == "[CLS] the cat sat on the mat . [SEP]"
@@ -51,6 +51,9 @@ def test_local_curve_and_edit_rows_through_the_command_line(tmp_path, capsys):
     row = rows[0]
     assert row["measured"] <= row["predicted_path"] <= row["predicted_set"] < row["global"]
     assert row["worst_witness"] <= row["predicted_set"]
+    # --per-candidate: the set certified edit by edit, within 1% of its worst edit (every one searched)
+    assert payload["edits"]["set"]["routes"] == {"k=1, layer 0": "candidates"}
+    assert row["predicted_set"] <= 1.01 * row["worst_witness"]
     assert curve_png.read_bytes()[:8] == PNG and edits_png.read_bytes()[:8] == PNG
     assert not list(tmp_path.glob(".*partial"))
     # the same figures from the saved report

@@ -57,7 +57,7 @@ def _edits(args, layers):
     with Progress("edits") as progress:
         return perturb(args.sentence, k=spec, mode=mode, layers=layers, seed=args.seed, model=_text_model(args.model),
                        positions=args.positions, vocabulary=args.vocabulary, search=args.search,
-                       path_tolerance=args.tolerance,
+                       path_tolerance=args.tolerance, per_candidate=args.per_candidate,
                        progress=lambda done, total, what: progress.update(done, total, f"edits: {what}"))
 
 
@@ -139,6 +139,10 @@ def _add_edit_options(parser, default_k: str) -> None:
                         help="the set certified: any of 'all' tokens of the vocabulary (default) or of N sampled ones")
     parser.add_argument("--search", type=_count_or_all("--search"), default=None,
                         help="candidates per edited slot searched for the worst edit: N or 'all' (default 4096)")
+    parser.add_argument("--per-candidate", action="store_true",
+                        help="replacements: also certify the set edit by edit, every edited sentence through the "
+                             "layers in interval arithmetic (tight where it reaches; about 10 ms per candidate and "
+                             "two layers)")
     parser.add_argument("--tolerance", type=float, default=0.2,
                         help="path certificate: refine until its error is at most this fraction (default 0.2)")
     parser.add_argument("--json", type=output_file("--json", ".json"), help="write the report as JSON")
