@@ -1,6 +1,6 @@
 """Local certificates of decoders (causal rotary attention with grouped keys, RMSNorm, SwiGLU, pre-norm
 layers): the certified ``L(eps)`` against Jacobians of the reference forward pass written in
-tests/test_decoders.py from the published architecture (not the package's engine), taken by central
+tests/decoder_reference.py from the published architecture (not the package's engine), taken by central
 differences at points of the Frobenius ball ``U(X, eps)``; and on the real SmolLM2-135M-Instruct (GGUF),
 layers 0 and 15 at small radii, against difference quotients of the float engine.
 
@@ -15,6 +15,7 @@ import os
 
 import numpy as np
 import pytest
+from decoder_reference import rms_norm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_decoders import (
@@ -25,7 +26,6 @@ from test_decoders import (
     layer_reference,
     lipbound_model,
     random_weights,
-    rms,
 )
 from test_local_bounds import central_jacobian
 
@@ -39,10 +39,10 @@ def _reference(kind: str, w: dict, cfg: dict, head: int):
     if kind == "block":
         return lambda Y: layer_reference(Y, w, cfg)
     if kind == "layer":
-        return lambda Y: Y + attention_reference(rms(Y, w["in_norm"], cfg["eps"]), w, cfg)
+        return lambda Y: Y + attention_reference(rms_norm(Y, w["in_norm"], cfg["eps"]), w, cfg)
     pick = np.zeros((cfg["heads"] * DK, DK))          # the head's output before W_O
     pick[head * DK:(head + 1) * DK] = np.eye(DK)
-    return lambda Y: attention_reference(rms(Y, w["in_norm"], cfg["eps"]), {**w, "o": pick}, cfg)
+    return lambda Y: attention_reference(rms_norm(Y, w["in_norm"], cfg["eps"]), {**w, "o": pick}, cfg)
 
 
 def _spectral(J: np.ndarray) -> float:
