@@ -35,7 +35,7 @@ FAST = {
     "plot gaps": ["--budget", "0.05"],
     "check": ["--budget", "0.5"],
     "local": ["--eps", "0,1e-3"],
-    "perturb": ["--vocabulary", "64", "--search", "16", "--layers", "0,1"],
+    "perturb": ["--vocabulary", "16", "--search", "4", "--layers", "0,1"],
     "depth": ["--steps", "20"],
 }
 #: Commands quick enough (well under 30 s) to state no duration.
