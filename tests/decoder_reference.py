@@ -7,7 +7,7 @@ Conventions of the originals: ``nn.Linear`` ``y = x W^T + b`` with W (out, in); 
 rotate-half (``x cos + rotate_half(x) sin`` with the frequencies repeated over the two halves) or,
 for llama.cpp's stored rows, on adjacent pairs (2t, 2t + 1); grouped-query attention by repeating
 each key/value head over ``H / H_kv`` query heads; causal mask, sliding window
-``i - j < window``; soft-caps ``c tanh(s / c)``.
+``i - j < window`` (``|i - j| < window`` on a bidirectional head); soft-caps ``c tanh(s / c)``.
 
 This is the one reference forward of the tests: the checkpoint loaders' tests call :func:`forward` on
 Hugging Face and GGUF tensors, tests/test_decoders.py and tests/test_local_decoders.py call
