@@ -7,7 +7,13 @@ Conventions of the originals: ``nn.Linear`` ``y = x W^T + b`` with W (out, in); 
 rotate-half (``x cos + rotate_half(x) sin`` with the frequencies repeated over the two halves) or,
 for llama.cpp's stored rows, on adjacent pairs (2t, 2t + 1); grouped-query attention by repeating
 each key/value head over ``H / H_kv`` query heads; causal mask, sliding window
-``i - j < window``; soft-caps ``c tanh(s / c)``.
+``i - j < window`` (``|i - j| < window`` on a bidirectional head); soft-caps ``c tanh(s / c)``.
+
+This is the one reference forward of the tests: the checkpoint loaders' tests call :func:`forward` on
+Hugging Face and GGUF tensors, tests/test_decoders.py and tests/test_local_decoders.py call
+:func:`layer` and :func:`attention_block` on tiny random layers, and tests/test_decoder_heads.py builds
+one head from :func:`rms_norm`, :func:`rope` and :func:`attention` (with the position biases and
+bidirectional masks of encoder heads).
 """
 
 from __future__ import annotations
@@ -34,14 +40,16 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
-def rope(x, base, pairing="half", dims=None):
-    """RoPE on x (n, heads, hd) at positions 0..n-1."""
-    n, _, hd = x.shape
+def rope(x, base, pairing="half", dims=None, positions=None):
+    """RoPE on x (n, ..., hd) at ``positions`` (0..n-1 unless given): rotate-half, or adjacent pairs
+    (2t, 2t + 1) for any other ``pairing``; only the first ``dims`` features rotate."""
+    n, hd = x.shape[0], x.shape[-1]
     dims = hd if dims is None else dims
+    positions = np.arange(n, dtype=np.float64) if positions is None else np.asarray(positions, dtype=np.float64)
     inv = 1.0 / base ** (np.arange(0, dims, 2, dtype=np.float64) / dims)
-    angles = np.arange(n, dtype=np.float64)[:, None] * inv[None, :]  # (n, dims/2)
-    cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
-    out = x.copy()
+    angles = (positions[:, None] * inv[None, :]).reshape((n,) + (1,) * (x.ndim - 2) + (-1,))
+    cos, sin = np.cos(angles), np.sin(angles)
+    out = np.array(x, dtype=np.float64)
     if pairing == "half":
         first, second = x[..., :dims // 2], x[..., dims // 2:dims]
         out[..., :dims // 2] = first * cos - second * sin
@@ -53,18 +61,21 @@ def rope(x, base, pairing="half", dims=None):
     return out
 
 
-def attention(q, k, v, scale, window=None, softcap=None):
-    """q (n, H, hd), k and v (n, H_kv, hd) -> (n, H hd)."""
+def attention(q, k, v, scale, window=None, softcap=None, causal=True, bias=None):
+    """q (n, H, hd), k and v (n, H_kv, hd) -> (n, H hd): scores ``scale q k^T``, soft-cap, an additive
+    position bias (n, n), the mask (causal and/or ``|i - j| < window``), softmax, values."""
     n, H, hd = q.shape
     repeat = H // k.shape[1]
     k, v = np.repeat(k, repeat, axis=1), np.repeat(v, repeat, axis=1)
     scores = np.einsum("ihd,jhd->hij", q, k) * scale
     if softcap is not None:
         scores = softcap * np.tanh(scores / softcap)
+    if bias is not None:
+        scores = scores + bias
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
-    visible = j <= i
+    visible = j <= i if causal else np.ones((n, n), dtype=bool)
     if window is not None:
-        visible &= (i - j) < window
+        visible &= np.abs(i - j) < window
     scores = np.where(visible[None], scores, -np.inf)
     p = np.exp(scores - scores.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
@@ -88,57 +99,76 @@ def _layer_kind(config, i):
     return "full_attention"
 
 
-def forward(config: dict, raw: dict, ids, pairing="half", prefix="model."):
-    """``(states, logits)``: the stream before every layer and after the last (raw, before the
-    final norm), and the logits (n, vocab); ``raw`` maps Hugging Face tensor names to arrays."""
+def _get(raw, name):
+    return np.asarray(raw[name], dtype=np.float64)
+
+
+def _proj(raw, name, h):
+    """``nn.Linear``: ``h W^T + b``."""
+    out = h @ _get(raw, f"{name}.weight").T
+    return out + _get(raw, f"{name}.bias") if f"{name}.bias" in raw else out
+
+
+def attention_block(config: dict, raw: dict, index: int, h, pairing="half", prefix="model."):
+    """The attention of layer ``index`` on its normalised input h (n, d), after ``o_proj`` (n, d)."""
     kind = config["model_type"]
     gemma = kind in GEMMA
-    get = lambda name: np.asarray(raw[name], dtype=np.float64)  # noqa: E731
+    p = f"{prefix}layers.{index}.self_attn."
     d, H = config["hidden_size"], config["num_attention_heads"]
     H_kv = config.get("num_key_value_heads") or H
     hd = config.get("head_dim") or d // H
     eps = config.get("rms_norm_eps", 1e-6)
-    x = get(f"{prefix}embed_tokens.weight")[np.asarray(ids)]
-    if gemma:
-        x = x * math.sqrt(d)
+    sliding = _layer_kind(config, index) == "sliding_attention"
+    base = config.get("rope_local_base_freq", 10000.0) if kind == "gemma3_text" and sliding \
+        else config.get("rope_theta", 10000.0)
     scale = config["query_pre_attn_scalar"] ** -0.5 if gemma else hd ** -0.5
+    n = h.shape[0]
+    q = _proj(raw, p + "q_proj", h).reshape(n, H, hd)
+    k = _proj(raw, p + "k_proj", h).reshape(n, H_kv, hd)
+    v = _proj(raw, p + "v_proj", h).reshape(n, H_kv, hd)
+    if kind in QK_NORM:
+        q = rms_norm(q, _get(raw, p + "q_norm.weight"), eps, gemma)
+        k = rms_norm(k, _get(raw, p + "k_norm.weight"), eps, gemma)
+    dims = config.get("rotary_dims")
+    q, k = rope(q, base, pairing, dims), rope(k, base, pairing, dims)
+    out = attention(q, k, v, scale, config.get("sliding_window") if sliding else None,
+                    config.get("attn_logit_softcapping") if gemma else None)
+    return _proj(raw, p + "o_proj", out)
+
+
+def layer(config: dict, raw: dict, index: int, x, pairing="half", prefix="model."):
+    """Decoder layer ``index`` on the stream x (n, d): pre-norm (Llama, Mistral, Qwen) or with Gemma's
+    sandwich norms; SwiGLU, or GeGLU (tanh) for Gemma."""
+    gemma = config["model_type"] in GEMMA
+    eps = config.get("rms_norm_eps", 1e-6)
+    p = f"{prefix}layers.{index}."
+    norm = lambda name, u: rms_norm(u, _get(raw, p + name + ".weight"), eps, gemma)  # noqa: E731
+    act = gelu_tanh if gemma else silu
+    out = attention_block(config, raw, index, norm("input_layernorm", x), pairing, prefix)
+    mlp = lambda u: _proj(raw, p + "mlp.down_proj", act(_proj(raw, p + "mlp.gate_proj", u))  # noqa: E731
+                          * _proj(raw, p + "mlp.up_proj", u))
+    if gemma:
+        x = x + norm("post_attention_layernorm", out)
+        return x + norm("post_feedforward_layernorm", mlp(norm("pre_feedforward_layernorm", x)))
+    x = x + out
+    return x + mlp(norm("post_attention_layernorm", x))
+
+
+def forward(config: dict, raw: dict, ids, pairing="half", prefix="model."):
+    """``(states, logits)``: the stream before every layer and after the last (raw, before the
+    final norm), and the logits (n, vocab); ``raw`` maps Hugging Face tensor names to arrays."""
+    gemma = config["model_type"] in GEMMA
+    eps = config.get("rms_norm_eps", 1e-6)
+    x = _get(raw, f"{prefix}embed_tokens.weight")[np.asarray(ids)]
+    if gemma:
+        x = x * math.sqrt(config["hidden_size"])
     states = [x]
-    for layer in range(config["num_hidden_layers"]):
-        p = f"{prefix}layers.{layer}."
-        sliding = _layer_kind(config, layer) == "sliding_attention"
-        base = config.get("rope_local_base_freq", 10000.0) if kind == "gemma3_text" and sliding \
-            else config.get("rope_theta", 10000.0)
-
-        def proj(name, h):
-            out = h @ get(f"{p}{name}.weight").T
-            return out + get(f"{p}{name}.bias") if f"{p}{name}.bias" in raw else out
-
-        h = rms_norm(x, get(p + "input_layernorm.weight"), eps, gemma)
-        n = h.shape[0]
-        q = proj("self_attn.q_proj", h).reshape(n, H, hd)
-        k = proj("self_attn.k_proj", h).reshape(n, H_kv, hd)
-        v = proj("self_attn.v_proj", h).reshape(n, H_kv, hd)
-        if kind in QK_NORM:
-            q = rms_norm(q, get(p + "self_attn.q_norm.weight"), eps, gemma)
-            k = rms_norm(k, get(p + "self_attn.k_norm.weight"), eps, gemma)
-        dims = config.get("rotary_dims")
-        q, k = rope(q, base, pairing, dims), rope(k, base, pairing, dims)
-        out = proj("self_attn.o_proj", attention(q, k, v, scale, config.get("sliding_window") if sliding else None,
-                                                 config.get("attn_logit_softcapping") if gemma else None))
-        act = gelu_tanh if gemma else silu
-        if gemma:
-            x = x + rms_norm(out, get(p + "post_attention_layernorm.weight"), eps, True)
-            h = rms_norm(x, get(p + "pre_feedforward_layernorm.weight"), eps, True)
-            mlp = proj("mlp.down_proj", act(proj("mlp.gate_proj", h)) * proj("mlp.up_proj", h))
-            x = x + rms_norm(mlp, get(p + "post_feedforward_layernorm.weight"), eps, True)
-        else:
-            x = x + out
-            h = rms_norm(x, get(p + "post_attention_layernorm.weight"), eps)
-            x = x + proj("mlp.down_proj", act(proj("mlp.gate_proj", h)) * proj("mlp.up_proj", h))
+    for index in range(config["num_hidden_layers"]):
+        x = layer(config, raw, index, x, pairing, prefix)
         states.append(x)
-    final = rms_norm(x, get(f"{prefix}norm.weight"), eps, gemma)
-    head = get("lm_head.weight") if "lm_head.weight" in raw and not config.get("tie_word_embeddings") \
-        else get(f"{prefix}embed_tokens.weight")
+    final = rms_norm(x, _get(raw, f"{prefix}norm.weight"), eps, gemma)
+    head = _get(raw, "lm_head.weight") if "lm_head.weight" in raw and not config.get("tie_word_embeddings") \
+        else _get(raw, f"{prefix}embed_tokens.weight")
     logits = final @ head.T
     if gemma and config.get("final_logit_softcapping") is not None:
         c = config["final_logit_softcapping"]

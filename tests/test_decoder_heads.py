@@ -3,9 +3,10 @@ causal masks, sliding windows, position biases and soft-capped logits, on a ball
 
 Soundness: every certified bound ``verify`` reports (the theorem the head's facts select, the
 matrix-aware and joint forms of :mod:`lipbound.numeric.sdp.rotary`) against the spectral norm of a
-Jacobian computed here, by central differences of a forward pass written here from the published
-equations (Llama / Qwen3 / Gemma attention), at lipbound's own witness and at random points of the
-domain.  Weights, shapes, masks, ratios of query to key/value heads and domains come from hypothesis.
+Jacobian computed here, by central differences of the independent forward pass of
+tests/decoder_reference.py (Llama / Qwen3 / Gemma attention, written from the published equations), at
+lipbound's own witness and at random points of the domain.  Weights, shapes, masks, ratios of query to
+key/value heads and domains come from hypothesis.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 
+import decoder_reference as reference
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -37,53 +39,25 @@ EXAMPLES = int(os.environ.get("LIPBOUND_EXAMPLES", "300" if SLOW else "6"))
 CASES = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-# The reference: attention written from the published equations ----------------------------------
-def _rotate(u: np.ndarray, position: float, base: float, dims: int, pairing: str) -> np.ndarray:
-    """RoPE of one vector: rotate-half (Hugging Face) or adjacent pairs (GPT-J, llama.cpp rows)."""
-    out = np.array(u, dtype=float)
-    half = dims // 2
-    for t in range(half):
-        angle = position * base ** (-2.0 * t / dims)
-        a, b = (t, t + half) if pairing == "half" else (2 * t, 2 * t + 1)
-        out[a] = u[a] * math.cos(angle) - u[b] * math.sin(angle)
-        out[b] = u[b] * math.cos(angle) + u[a] * math.sin(angle)
-    return out
-
-
-def _rms(u: np.ndarray, gain: np.ndarray, eps: float) -> np.ndarray:
-    return gain * u / math.sqrt(float(np.mean(u * u)) + eps)
-
-
+# The reference: one head through tests/decoder_reference.py -----------------------------------------
 def reference_head(head: Head, X: np.ndarray) -> np.ndarray:
-    """One head at positions 0..n-1: scores, soft-cap, bias, mask, softmax, values."""
+    """One head at positions 0..n-1: QK-norm, RoPE, scores, soft-cap, bias, mask, softmax, values."""
     n = X.shape[0]
     kernel, mask = head.kernel, head.mask
-    Q, K, V = X @ head.W_Q + head.b_Q, X @ head.W_K + head.b_K, X @ head.W_V + head.b_V
+    Q, K, V = ((X @ W + b)[:, None, :] for W, b in ((head.W_Q, head.b_Q), (head.W_K, head.b_K), (head.W_V, head.b_V)))
     rotary = kernel if isinstance(kernel, Rotary) else getattr(kernel, "rotary", None)
     if isinstance(kernel, QKNorm):
-        Q = np.array([_rms(q, kernel.gamma_q, kernel.eps) for q in Q])
-        K = np.array([_rms(k, kernel.gamma_k, kernel.eps) for k in K])
+        Q, K = reference.rms_norm(Q, kernel.gamma_q, kernel.eps), reference.rms_norm(K, kernel.gamma_k, kernel.eps)
     if rotary is not None:
-        dims = head.d_k if rotary.dims is None else rotary.dims
-        Q = np.array([_rotate(q, i, rotary.base, dims, rotary.pairing) for i, q in enumerate(Q)])
-        K = np.array([_rotate(k, j, rotary.base, dims, rotary.pairing) for j, k in enumerate(K)])
-    S = Q @ K.T / math.sqrt(head.d_k)
-    if mask.softcap is not None:
-        S = mask.softcap * np.tanh(S / mask.softcap)
+        Q, K = (reference.rope(U, rotary.base, rotary.pairing, rotary.dims) for U in (Q, K))
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
     if isinstance(mask.bias, ALiBi):
-        S = S - mask.bias.slope * np.abs(i - j)
+        bias = -mask.bias.slope * np.abs(i - j)
     elif mask.bias is not None:
-        S = S + mask.bias.matrix(np.arange(n), np.arange(n))     # a constant table: only the weights see it
-    visible = np.ones((n, n), dtype=bool)
-    if mask.causal:
-        visible &= j <= i
-    if mask.window is not None:
-        visible &= np.abs(i - j) < mask.window
-    S = np.where(visible, S, -np.inf)
-    P = np.exp(S - S.max(axis=1, keepdims=True))
-    P /= P.sum(axis=1, keepdims=True)
-    return P @ V
+        bias = mask.bias.matrix(np.arange(n), np.arange(n))     # a constant table: only the weights see it
+    else:
+        bias = None
+    return reference.attention(Q, K, V, 1 / math.sqrt(head.d_k), mask.window, mask.softcap, mask.causal, bias)
 
 
 def reference_map(target):
@@ -195,9 +169,9 @@ def test_certified_bounds_of_decoder_heads_and_layers_hold_against_an_independen
             assert {b.name for b in certified} >= ({"matrix-aware"} if isinstance(target, Head)
                                                    else {"matrix-aware", "joint"})
         witness = search_witness(target, domain=domain, n=n, budget_seconds=0.6, seed=case["seed"] % 1000)
-        found = max([reference_norm(target, witness.X)]
-                    + [reference_norm(target, X) for X in _points(rng, domain, n, case["d"], 3)])
-        np.testing.assert_allclose(reference_norm(target, witness.X), witness.value, rtol=2e-4, atol=1e-8)
+        at_witness = reference_norm(target, witness.X)
+        found = max([at_witness] + [reference_norm(target, X) for X in _points(rng, domain, n, case["d"], 3)])
+        np.testing.assert_allclose(at_witness, witness.value, rtol=2e-4, atol=1e-8)
         for bound in certified:
             assert found <= bound.value * (1 + 1e-5) + 1e-9, (bound.name, found, bound.value, case)
 
@@ -222,16 +196,17 @@ def test_rotation_enclosures_hold_the_kernels_float_rotation_and_compose():
     for pairing in ("half", "interleaved"):
         kernel = Rotary(base=500.0, pairing=pairing, dims=4)
         u = np.arange(1.0, 7.0)
+        rotate = lambda x, position: reference.rope(x[None], 500.0, pairing, 4, [position])[0]  # noqa: E731
         for delta in (-5, -1, 0, 3):
             R = rotation_enclosure(kernel, 6, delta)
             float_rotation = kernel.rotation(np.eye(6), np.full(6, float(delta))).F.T
             assert np.all(np.abs(R.mid - float_rotation) <= R.rad + 1e-15)
-            np.testing.assert_allclose(R.mid @ u, _rotate(u, delta, 500.0, 4, pairing), rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(R.mid @ u, rotate(u, delta), rtol=1e-12, atol=1e-12)
             assert np.all(R.rad < 1e-15)
         # q^T R(p_j - p_i) k = (R(p_i) q) . (R(p_j) k)
         q, k = np.arange(6.0), np.linspace(-1, 2, 6)
         np.testing.assert_allclose(q @ rotation_enclosure(kernel, 6, 2).mid @ k,
-                                   _rotate(q, 3, 500.0, 4, pairing) @ _rotate(k, 5, 500.0, 4, pairing), rtol=1e-12)
+                                   rotate(q, 3) @ rotate(k, 5), rtol=1e-12)
 
 
 def test_offsets_and_rows_follow_the_mask():

@@ -1,18 +1,20 @@
-"""Llama-, Qwen3- and Gemma-shaped decoders through the one float engine, against a forward pass
-written here from the published architectures (Touvron et al. 2023; Qwen3; Gemma 2).
+"""Llama-, Qwen3- and Gemma-shaped decoders through the one float engine, against the independent
+forward pass of tests/decoder_reference.py (written from the published architectures: Touvron et al.
+2023; Qwen3; Gemma 2).
 
-The reference works on whole weight matrices the way the Hugging Face modelling code does
-(projections of all heads at once, ``rotate_half``, ``repeat_kv``, a causal -- and for Gemma
-sliding-window -- mask, soft-capped logits, SwiGLU / GeGLU, RMSNorm with gain ``w`` or ``1 + w``,
-the sandwich norms); lipbound's model is built from the same arrays with its own classes.  The
-chain's JVP and VJP are checked against finite differences and each other for every placement,
-and the plain format round-trips every fact.
+The arrays of a tiny decoder are handed to the reference under Hugging Face names, whole weight
+matrices the way the modelling code uses them (projections of all heads at once, ``rotate_half``,
+``repeat_kv``, a causal -- and for Gemma sliding-window -- mask, soft-capped logits, SwiGLU / GeGLU,
+RMSNorm with gain ``w`` or ``1 + w``, the sandwich norms); lipbound's model is built from the same
+arrays with its own classes.  The chain's JVP and VJP are checked against finite differences and
+each other for every placement, and the plain format round-trips every fact.
 """
 
 from __future__ import annotations
 
 import math
 
+import decoder_reference as reference
 import numpy as np
 import pytest
 
@@ -38,73 +40,48 @@ from lipbound.numeric.whole.chain import chain_forward, hidden_states, layer_ste
 D, H, KV, DK, FF, VOCAB = 8, 4, 2, 4, 12, 11
 
 
-# The reference -----------------------------------------------------------------------------------
-def rms(x, weight, eps, plus_one=False):
-    gain = 1 + weight if plus_one else weight
-    return gain * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+# The reference (tests/decoder_reference.py) on these arrays, under Hugging Face names --------------
+def reference_config(cfg, layers=1) -> dict:
+    """The config.json of a tiny decoder of the family ``cfg`` describes (Gemma: every layer sliding)."""
+    config = {"model_type": "gemma2" if cfg.get("gemma") else "qwen3" if cfg.get("qk_norm") else "llama",
+              "hidden_size": D, "num_attention_heads": cfg["heads"], "num_key_value_heads": cfg["kv"],
+              "head_dim": DK, "num_hidden_layers": layers, "rms_norm_eps": cfg["eps"], "rope_theta": cfg["base"],
+              "tie_word_embeddings": True}
+    if cfg.get("gemma"):
+        config.update(query_pre_attn_scalar=cfg["scaling"] ** -2, attn_logit_softcapping=cfg["softcap"],
+                      sliding_window=cfg["window"], layer_types=["sliding_attention"] * layers,
+                      final_logit_softcapping=cfg["final_softcap"])
+    return config
 
 
-def rope(x, base):
-    """``x * cos + rotate_half(x) * sin`` for x (heads, n, d_k) at positions 0..n-1."""
-    n, d_k = x.shape[1], x.shape[2]
-    inv_freq = 1.0 / (base ** (np.arange(0, d_k, 2) / d_k))
-    angles = np.arange(n)[:, None] * inv_freq[None, :]
-    cos, sin = np.cos(np.concatenate([angles, angles], -1)), np.sin(np.concatenate([angles, angles], -1))
-    rotated = np.concatenate([-x[..., d_k // 2:], x[..., :d_k // 2]], axis=-1)
-    return x * cos + rotated * sin
-
-
-def silu(x):
-    return x / (1 + np.exp(-x))
-
-
-def gelu_tanh(x):
-    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+def reference_tensors(index, w, cfg) -> dict:
+    """Layer ``index`` of the arrays as ``nn.Linear`` weights (out, in) and norm gains."""
+    p = f"model.layers.{index}."
+    raw = {p + f"self_attn.{name}_proj.weight": w[name].T for name in ("q", "k", "v", "o")}
+    raw.update({p + f"mlp.{name}_proj.weight": w[name].T for name in ("gate", "up", "down")})
+    norms = {"in_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
+             "ffn_norm": "pre_feedforward_layernorm", "post_ffn_norm": "post_feedforward_layernorm"} \
+        if cfg.get("gemma") else {"in_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+    raw.update({p + f"{name}.weight": w[ours] for ours, name in norms.items()})
+    if cfg.get("qk_norm"):
+        raw[p + "self_attn.q_norm.weight"], raw[p + "self_attn.k_norm.weight"] = w["q_norm"], w["k_norm"]
+    return raw
 
 
 def attention_reference(h, w, cfg):
-    n = h.shape[0]
-    q = (h @ w["q"]).reshape(n, cfg["heads"], DK).transpose(1, 0, 2)
-    k = (h @ w["k"]).reshape(n, cfg["kv"], DK).transpose(1, 0, 2)
-    v = (h @ w["v"]).reshape(n, cfg["kv"], DK).transpose(1, 0, 2)
-    if cfg.get("qk_norm"):
-        q, k = rms(q, w["q_norm"], cfg["eps"]), rms(k, w["k_norm"], cfg["eps"])
-    q, k = rope(q, cfg["base"]), rope(k, cfg["base"])
-    repeat = cfg["heads"] // cfg["kv"]
-    k, v = np.repeat(k, repeat, axis=0), np.repeat(v, repeat, axis=0)          # repeat_kv
-    scores = q @ k.transpose(0, 2, 1) * cfg.get("scaling", DK ** -0.5)
-    if cfg.get("softcap"):
-        scores = np.tanh(scores / cfg["softcap"]) * cfg["softcap"]
-    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
-    visible = j <= i
-    if cfg.get("window"):
-        visible &= i - j < cfg["window"]
-    scores = np.where(visible, scores, -np.inf)
-    p = np.exp(scores - scores.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    return (p @ v).transpose(1, 0, 2).reshape(n, -1) @ w["o"]
+    """The attention of one layer of the arrays, after its output projection ``w["o"]``."""
+    return reference.attention_block(reference_config(cfg), reference_tensors(0, w, cfg), 0, h)
 
 
 def layer_reference(x, w, cfg):
-    eps, gemma = cfg["eps"], cfg.get("gemma", False)
-    attn = attention_reference(rms(x, w["in_norm"], eps, gemma), w, cfg)
-    if gemma:
-        attn = rms(attn, w["post_attn_norm"], eps, True)
-    x = x + attn
-    h = rms(x, w["ffn_norm"], eps, gemma)
-    act = gelu_tanh if gemma else silu
-    mlp = (act(h @ w["gate"]) * (h @ w["up"])) @ w["down"]
-    if gemma:
-        mlp = rms(mlp, w["post_ffn_norm"], eps, True)
-    return x + mlp
+    return reference.layer(reference_config(cfg), reference_tensors(0, w, cfg), 0, x)
 
 
 def model_reference(ids, weights, cfg):
-    x = weights["embed"][ids] * (math.sqrt(D) if cfg.get("gemma") else 1.0)
-    for w in weights["layers"]:
-        x = layer_reference(x, w, cfg)
-    z = rms(x, weights["final"], cfg["eps"], cfg.get("gemma", False)) @ weights["embed"].T
-    return cfg["final_softcap"] * np.tanh(z / cfg["final_softcap"]) if cfg.get("final_softcap") else z
+    raw = {"model.embed_tokens.weight": weights["embed"], "model.norm.weight": weights["final"]}
+    for index, w in enumerate(weights["layers"]):
+        raw.update(reference_tensors(index, w, cfg))
+    return reference.forward(reference_config(cfg, len(weights["layers"])), raw, ids)[1]
 
 
 # lipbound's model from the same arrays ----------------------------------------------------------------

@@ -1,9 +1,10 @@
 """The README as a new user reads it after the two Quickstart commands: every command of its ``bash`` blocks
 runs as written, and every ``python`` block runs.
 
-Each ``bash`` block runs in one fresh folder, its commands in order (a later one reads what an earlier one
-wrote: ``plot gaps report.json`` the report of ``verify --json report.json``); its variable assignments
-(``WHISPER=$(...)``) are the preamble of each command.  A command passes when it exits with 0 -- or with the
+Each command of a ``bash`` block runs in a fresh folder, as its own test, except that a command reading what an
+earlier one wrote (``plot gaps report.json`` the report of ``verify --json report.json``) runs after it in the
+same folder (:data:`READS`); the block's variable assignments (``WHISPER=$(...)``) are the preamble of each
+command.  A command passes when it exits with 0 -- or with the
 status its comment announces ("exit status 3") -- and prints no traceback.  The fast profile appends a small
 witness budget, few radii, a small vocabulary (argparse takes the last value of an option), so the block
 runs in a minute or two; ``verify --whole`` on the full model is slow-marked.  The Quickstart's ``pip`` and
@@ -34,7 +35,7 @@ FAST = {
     "plot gaps": ["--budget", "0.05"],
     "check": ["--budget", "0.5"],
     "local": ["--eps", "0,1e-3"],
-    "perturb": ["--vocabulary", "64", "--search", "16", "--layers", "0,1"],
+    "perturb": ["--vocabulary", "16", "--search", "4", "--layers", "0,1"],
     "depth": ["--steps", "20"],
 }
 #: Commands quick enough (well under 30 s) to state no duration.
@@ -42,6 +43,11 @@ QUICK = ("list", "derive", "preamble", "compare", "convert", "recheck", "check",
          "plot curve", "plot gaps report.json")
 #: Commands too slow for the default profile even with the fast options.
 SLOW = ("--whole", "lipbound advise")   # advise certifies the whole model once per edit (tests/test_advise.py)
+#: ``(reader, writer)``: a command starting with ``lipbound <reader>`` reads what the last earlier command
+#: starting with ``lipbound <writer>`` wrote (plot gaps its report.json, recheck its witness), so it runs after
+#: it in the same folder; every other command starts a chain of its own, and the chains run in parallel.
+READS = (("plot gaps", "verify --n 8"), ("recheck", "verify --n 8"), ("plot perturb", "perturb"),
+         ("plot edits", "perturb"), ("plot curve", "local"))
 _DURATION = re.compile(r"\b\d+(\.\d+)?\s*(s|min)\b")
 
 
@@ -93,6 +99,25 @@ def _commands() -> list[tuple[int, str, str, list[str]]]:
 COMMANDS = _commands()
 
 
+def _chains() -> list[list[tuple[int, str, str, list[str]]]]:
+    """The commands grouped into chains: a reader of :data:`READS` joins its writer's chain."""
+    chains: list[list[tuple[int, str, str, list[str]]]] = []
+    for entry in COMMANDS:
+        block, command = entry[0], entry[1]
+        writer = next((w for r, w in READS if command.startswith(f"lipbound {r}")), None)
+        if writer is None:
+            chains.append([entry])
+            continue
+        found = [chain for chain in chains if chain[0][0] == block
+                 and any(other.startswith(f"lipbound {writer}") for _, other, _, _ in chain)]
+        assert found, f"README: {command!r} reads what a 'lipbound {writer}' command writes, but none precedes it"
+        found[-1].append(entry)
+    return chains
+
+
+CHAINS = _chains()
+
+
 def test_the_readme_has_commands_and_every_slow_one_states_its_duration():
     assert len(COMMANDS) >= 25
     for _, command, comment, _ in COMMANDS:
@@ -115,24 +140,27 @@ def _fast(command: str) -> str:
 
 
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("number", sorted({number for number, *_ in COMMANDS}))
-def test_every_command_of_a_bash_block_runs_as_written(number, tmp_path, request):
-    """One bash block, its commands in order in one folder, with the fast options."""
+@pytest.mark.parametrize("chain", CHAINS, ids=[f"{chain[0][0]}-{index}-{_subcommand(shlex.split(chain[0][1]))}"
+                                              .replace(" ", "-") for index, chain in enumerate(CHAINS)])
+def test_every_command_of_a_bash_block_runs_as_written(chain, tmp_path, request):
+    """One chain of a bash block, its commands in order in one folder, with the fast options."""
     slow = request.config.getoption("--runslow") or os.environ.get("LIPBOUND_SLOW") == "1"
-    ran = 0
-    for block, command, comment, preamble in COMMANDS:
-        if block != number:
-            continue
+    for _, command, comment, preamble in chain:
         if any(marker in command for marker in SLOW) and not slow:
-            continue
+            pytest.skip(f"slow: {command}")
         expected = int(re.search(r"exit status (\d)", comment).group(1)) if "exit status" in comment else 0
         script = "set -e\n" + "\n".join(preamble) + "\n" + _fast(command)
         result = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=1200,
                                 env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
         assert "Traceback" not in result.stderr, (command, result.stderr[-3000:])
         assert result.returncode == expected, (command, result.returncode, result.stderr[-2000:])
-        ran += 1
-    assert ran
+
+
+def test_the_chains_hold_every_command_once_in_the_readme_order():
+    assert sorted(entry for chain in CHAINS for entry in chain) == sorted(COMMANDS)
+    for chain in CHAINS:
+        assert [COMMANDS.index(entry) for entry in chain] == sorted(COMMANDS.index(entry) for entry in chain)
+    assert max(len(chain) for chain in CHAINS) >= 3     # verify, plot gaps, recheck share a folder
 
 
 @pytest.mark.parametrize("number", range(len(_blocks("python"))))
