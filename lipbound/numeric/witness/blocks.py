@@ -38,6 +38,7 @@ from typing import final
 import numpy as np
 
 from ...errors import AssumptionError
+from ...rigorous.arrays import IntervalArray, gelu, gelu_slope
 from ...rigorous.intervals import IV, interval, lower, upper
 from ...rigorous.linalg import UNIT_ROUNDOFF, Enclosure, vector_norm_upper
 from ...symbolic.activations import interval_maps
@@ -137,11 +138,18 @@ def _norm_step(norm, x: Enclosure, v: Enclosure):
 
 
 def _ffn_step(W_1, b_1, W_2, b_2, act: str, x: Enclosure, v: Enclosure):
-    """``(F(x), DF(x) v)`` enclosed (columns)."""
-    value_map, slope_map = interval_maps(check_activation(act))
-    z = _intervals(Enclosure.exact(W_1.T) @ x + _column(b_1))
+    """``(F(x), DF(x) v)`` enclosed (columns); the erf GELU through the vectorised enclosures of
+    :mod:`lipbound.rigorous.arrays`, any other activation one compiled interval map per unit."""
+    name = check_activation(act)
+    z_column = Enclosure.exact(W_1.T) @ x + _column(b_1)
     hidden = Enclosure.exact(W_1.T) @ v
     W_2T = Enclosure.exact(W_2.T)
+    if name == "gelu":
+        z = IntervalArray.from_enclosure(z_column)
+        values, slopes = gelu(z).to_enclosure(), (IntervalArray.from_enclosure(hidden) * gelu_slope(z)).to_enclosure()
+        return W_2T @ values + _column(b_2), W_2T @ slopes
+    value_map, slope_map = interval_maps(name)
+    z = _intervals(z_column)
     output = W_2T @ _enclosure([value_map(zk) for zk in z]) + _column(b_2)
     return output, W_2T @ _entrywise(hidden, [slope_map(zk) for zk in z])
 
