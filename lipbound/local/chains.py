@@ -41,8 +41,8 @@ from .bounds import LocalBounds, NormFold, attention_bounds, feedforward_bounds,
 from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedNorm
 from .gated import EnclosedGatedFeedForward, gated_bounds
 
-__all__ = ["Component", "Sublayer", "KINDS", "PER_TOKEN", "ChainStates", "chain_for", "chain_forward", "chain_jvp", "chain_vjp",
-           "product_upper", "telescoped_variation", "right_product"]
+__all__ = ["Component", "Sublayer", "KINDS", "PER_TOKEN", "ChainStates", "chain_for", "chain_forward", "chain_jvp",
+           "chain_vjp", "product_upper", "telescoped_variation", "right_product"]
 
 #: what a user can ask a local constant of
 KINDS = {"head": "one attention head (after the norm it reads, in a pre-norm layer)",
