@@ -214,10 +214,11 @@ class _Centre:
         return out
 
 
-def _global_constant(model: Model, chain: list[Component], layer: int, norm: str, X: np.ndarray, eps: float) -> float:
-    """The certified global constant of the chain on a set that holds every point of ``U(X, eps)``: for a
-    head or an attention layer its constant there, for whole layers and stacks the product of their
-    components' constants; inf for eps = 0 (U is X alone) and where a factor is not certified.
+class _GlobalConstant:
+    """The certified global constant of the chain on a set that holds every point of ``U(X, eps)``, per eps: for
+    a head or an attention layer its constant there, for whole layers and stacks the product of their
+    components' constants; inf for eps = 0 (U is X alone) and where a factor is not certified.  Only the first
+    attention's factor depends on eps; the others are certified once, when first asked for.
 
     The LayerNorm image does not hold U: its points leave the image's hyperplane ``sum_k (y_k - beta_k) /
     gamma_k = 0`` at once.  Every token of U moves by at most eps in each of its norms, so every token lies
@@ -227,28 +228,41 @@ def _global_constant(model: Model, chain: list[Component], layer: int, norm: str
     and the LayerNorms and feed-forward blocks, token by token, theirs on all of R^d.  A pre-norm or sandwich
     layer (a decoder) gets inf here: its global constants are those of ``verify --whole``, whose rotary
     heads and RMSNorm images are not composed into these neighbourhoods."""
-    if eps == 0 or model.layer(layer).placement != "post":
-        return math.inf
-    feeding = model.layer(layer).ln_in
-    center = np.zeros(X.shape[1]) if feeding is None else feeding.center
-    farthest = float(np.max((IntervalArray(X) - IntervalArray(center)).norm_upper()))
-    n = X.shape[0]
-    factors = []
-    for k, component in enumerate(chain):
+
+    def __init__(self, model: Model, chain: list[Component], layer: int, norm: str, X: np.ndarray):
+        self.model, self.chain, self.norm, self.n = model, chain, norm, X.shape[0]
+        self.post = model.layer(layer).placement == "post"
+        feeding = model.layer(layer).ln_in
+        self.center = np.zeros(X.shape[1]) if feeding is None else feeding.center
+        self.farthest = float(np.max((IntervalArray(X) - IntervalArray(self.center)).norm_upper())) if self.post \
+            else math.nan
+        self._fixed = None
+
+    def _factor(self, k: int, domain) -> float:
+        """Component k's certified constant (on ``domain`` if it is a head or an attention), inf if not certified."""
+        component, norm = self.chain[k], self.norm
         if component.kind == "feedforward":   # per token, so the same in the three norms
-            factors.append(feedforward_global(component.target))
-            continue
+            return feedforward_global(component.target)
         if component.kind == "norm":
             found = norm_constant(component.target, norm_key=norm)
+        elif component.kind == "head":
+            found = head_constant(component.target, norm, domain, self.n)
         else:
-            domain = TokenBall((IntervalArray(farthest) + IntervalArray(eps)).hi.item(), center) if k == 0 \
-                else LayerNormOutputs(chain[k - 1].target)
-            found = head_constant(component.target, norm, domain, n) if component.kind == "head" \
-                else layer_constant(component.target, norm, domain, n, residual=True)
-        if not found.certified:
+            found = layer_constant(component.target, norm, domain, self.n, residual=True)
+        return found.value if found.certified else math.inf
+
+    def __call__(self, eps: float) -> float:
+        if eps == 0 or not self.post:
             return math.inf
-        factors.append(found.value)
-    return upper_product(*factors)
+        if self._fixed is None:   # every factor but the first attention's: none depends on eps
+            self._fixed = [self._factor(k, None if self.chain[k].kind in ("feedforward", "norm")
+                                        else LayerNormOutputs(self.chain[k - 1].target))
+                           for k in range(1, len(self.chain))]
+        first = self._factor(0, TokenBall((IntervalArray(self.farthest) + IntervalArray(eps)).hi.item(), self.center))
+        factors = [first] + self._fixed
+        if not all(math.isfinite(f) for f in factors):
+            return math.inf
+        return upper_product(*factors)
 
 
 def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: int = 0, head: int | None = None,
@@ -331,6 +345,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
     # a stack: its blocks' own curves, composed (theorem local-chain on the blocks)
     stack = _StackOfBlocks(model, chain, centre, X, layer, ball, positions, [h.eps for h in neighbourhoods],
                            curvature_tokens, progress, first, blocks) if blocks > 1 and norm == "fro" else None
+    global_constant = _GlobalConstant(model, chain, layer, norm, X)
     # smallest eps first: U(X, eps) grows with eps, so what was found in a smaller one is a witness in it too
     order = sorted(range(len(neighbourhoods)), key=lambda i: neighbourhoods[i].eps)
     points, witness, change = [None] * len(neighbourhoods), 0.0, 0.0
@@ -367,7 +382,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         crude = _matrix_norm(product_upper(*reversed(M))[:, columns], norm)
         if stack is not None:
             crude = min(crude, stack.product[index])
-        global_value = _global_constant(model, chain, layer, norm, X, hood.eps)
+        global_value = global_constant(hood.eps)
         certified = min(local, crude, global_value)
         witness = max(witness, _ascent(chain, X, hood, moving, norm, witness_at_x, direction, ascent_steps, seed))
         change = max(change, _ascent(chain, X, hood, moving, norm, 0.0, direction, ascent_steps, seed, change=True))
