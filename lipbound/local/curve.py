@@ -320,10 +320,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
     keep = (1, len(chain) // blocks) if len(chain) > 1 else ()
     centre = _Centre(chain, X, dense, keep) if centre is None else centre
     witness_at_x, direction = _witness_value(chain, X, moving, norm, seed)
-    # the per-token block norms at the centre (their bounds on the rounding balls: at_center does not depend
-    # on the radii)
-    N_blocks = [component.bounds(TokenBalls(point, rounding), enclosed).at_center for component, point, rounding,
-                enclosed in zip(chain, centre.points, centre.rounding, centre.enclosed)]
+    N_blocks = [_at_center(*parts) for parts in zip(chain, centre.points, centre.rounding, centre.enclosed)]
     N_dense, jacobian_bound = _jacobian_norm(centre, chain, N_blocks, moving, norm, witness_at_x, n, d, progress)
     radius = model.layer(layer).ln_in.radius_about_center if model.layer(layer).ln_in is not None else math.nan
     curvature = _CurvatureRoute.of(chain, centre, X, neighbourhoods, curvature_tokens) if norm == "fro" else None
@@ -466,6 +463,15 @@ class _StackOfBlocks:
             self.variation.append(float(evaluate_theorem(theorem, **{key: np.float64(v) for key, v in values.items()}))
                                   if finite else math.inf)
             self.product.append(upper_product(*(L[l][k] for l in range(blocks))))
+
+
+def _at_center(component: Component, point: np.ndarray, rounding: np.ndarray, enclosed) -> np.ndarray:
+    """The matrix of per-token block norms ``||B_ij(X)||`` of a component at the centre (``at_center`` of its
+    bounds, which does not depend on the balls' radii; a feed-forward block's straight from its enclosure, whose
+    bounds on balls would also bound the variation)."""
+    if component.kind == "feedforward":
+        return np.diag(enclosed.jacobian_norms())
+    return component.bounds(TokenBalls(point, rounding), enclosed).at_center
 
 
 def _rounding_reach(components, centre: _Centre, start: int) -> float:
