@@ -230,7 +230,7 @@ class _GlobalConstant:
     heads and RMSNorm images are not composed into these neighbourhoods."""
 
     def __init__(self, model: Model, chain: list[Component], layer: int, norm: str, X: np.ndarray):
-        self.model, self.chain, self.norm, self.n = model, chain, norm, X.shape[0]
+        self.chain, self.norm, self.n = chain, norm, X.shape[0]
         self.post = model.layer(layer).placement == "post"
         feeding = model.layer(layer).ln_in
         self.center = np.zeros(X.shape[1]) if feeding is None else feeding.center
