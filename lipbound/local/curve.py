@@ -42,6 +42,7 @@ from typing import final
 import numpy as np
 
 from ..errors import AssumptionError
+from ..numeric.blas import one_blas_thread
 from ..numeric.blocks.norms import norm_constant
 from ..numeric.certify import head_constant, layer_constant
 from ..numeric.domains import LayerNormOutputs, TokenBall
@@ -265,6 +266,7 @@ class _GlobalConstant:
         return upper_product(*factors)
 
 
+@one_blas_thread   # many products of a few hundred rows: a second BLAS thread costs far more than it saves
 def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: int = 0, head: int | None = None,
                     last: int | None = None, norm: str = "fro", ball: str = "fro", positions=(), eps=(),
                     ascent_steps: int = 4, seed: int = 0, curvature_tokens: int = CURVATURE_TOKENS,
