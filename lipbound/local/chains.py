@@ -128,7 +128,6 @@ class Component:
         return self.step.linearize(X, None).F
 
 
-
 class EnclosedScale:
     """A LayerScale gain ``z -> a * z`` at tokens Z."""
 
@@ -354,13 +353,15 @@ def chain_forward(chain: list[Component], X: np.ndarray) -> ChainStates:
     return ChainStates(states, linear)
 
 
-def chain_jvp(chain: list[Component], states: ChainStates, E: np.ndarray) -> np.ndarray:
+def chain_jvp(states: ChainStates, E: np.ndarray) -> np.ndarray:
+    """The chain's JVP at ``states`` (of :func:`chain_forward`) along E (batched)."""
     for linear in states.linear:
         E = linear.jvp(E)
     return E
 
 
-def chain_vjp(chain: list[Component], states: ChainStates, G: np.ndarray) -> np.ndarray:
+def chain_vjp(states: ChainStates, G: np.ndarray) -> np.ndarray:
+    """The chain's VJP at ``states`` (of :func:`chain_forward`) of G (batched)."""
     for linear in reversed(states.linear):
         G = linear.vjp(G)[0]
     return G

@@ -575,7 +575,7 @@ def _float_jacobian(chain, Y: np.ndarray, moving: np.ndarray, chunk: int = 512) 
         basis = np.zeros((index.size, n, d))
         basis[np.arange(index.size), columns[index // d], index % d] = 1.0
         states = chain_forward(chain, np.broadcast_to(Y, basis.shape).copy())
-        part = chain_jvp(chain, states, basis)                 # (chunk, n, d_out)
+        part = chain_jvp(states, basis)                 # (chunk, n, d_out)
         if out is None:
             out = np.empty((n, part.shape[-1], columns.size, d))
         out[:, :, index // d, index % d] = part.transpose(1, 2, 0)
@@ -618,12 +618,12 @@ def _top_singular(chain, Y: np.ndarray, moving: np.ndarray, start: np.ndarray | 
     states = chain_forward(chain, Y[None])
 
     def image(E):
-        out = chain_jvp(chain, states, E[None])[0]
-        return out if reference is None else out - chain_jvp(chain, reference, E[None])[0]
+        out = chain_jvp(states, E[None])[0]
+        return out if reference is None else out - chain_jvp(reference, E[None])[0]
 
     def back(G):
-        out = chain_vjp(chain, states, G[None])[0]
-        return out if reference is None else out - chain_vjp(chain, reference, G[None])[0]
+        out = chain_vjp(states, G[None])[0]
+        return out if reference is None else out - chain_vjp(reference, G[None])[0]
 
     E = rng.standard_normal(Y.shape) if start is None else start.copy()
     E *= moving[:, None]
@@ -717,8 +717,8 @@ def _ascent(chain, X, hood, moving, norm, at_x, direction, steps, seed, change: 
             h = 1e-4 * hood.eps + 1e-7
             states_plus = chain_forward(chain, (Y + h * E)[None])
             states_minus = chain_forward(chain, (Y - h * E)[None])
-            gradient = (chain_vjp(chain, states_plus, G[None])[0]
-                        - chain_vjp(chain, states_minus, G[None])[0]) / (2 * h)
+            gradient = (chain_vjp(states_plus, G[None])[0]
+                        - chain_vjp(states_minus, G[None])[0]) / (2 * h)
             gradient *= moving[:, None]
             size = np.linalg.norm(gradient)
             if not np.isfinite(size) or size == 0:

@@ -324,7 +324,7 @@ def trilinear_norm(g: IntervalArray, A: IntervalArray, B: IntervalArray, e_gram:
     entrywise product), or of its counterpart ``B^T diag(g) (G_E o A^T A) diag(g) B``; the smaller top
     eigenvalue's square root, certified, counts (theorem local-feedforward-curvature).  ``a_gram``, ``b_gram``:
     ``A^T A`` and ``B B^T`` when already formed; ``hadamards``: ``(e_gram * b_gram, e_gram * a_gram)`` when already
-    formed (an m x m product of intervals costs about as much as the rest)."""
+    formed (m x m products of intervals, the same for many calls)."""
     if hadamards is None:
         a_gram = A.swapaxes(0, 1).bmm(A) if a_gram is None else a_gram
         b_gram = B.bmm(B.swapaxes(0, 1)) if b_gram is None else b_gram
