@@ -14,10 +14,13 @@ On all-MiniLM-L6-v2 and the 20 sentences of lipbound/measures/data/sentences.txt
   ``--curvature-tokens`` and its split bound beyond, and on any ``--curve-text`` (longer inputs: the
   Jacobian at X by groups of tokens beyond 42 tokens); each line names how ``||DF(X)||`` and the
   variation were bounded;
+* ``time``  -- the CPU seconds of issue 29's time figures (``--time-kinds``): the attention layer's curve at four
+  radii (n = 9, target <= 30 s), the whole layer's per radius (n = 9, <= 60 s), the six-layer stack's curve (n = 20,
+  < 5 minutes), each split into the set-up every radius shares and each radius's own work;
 * ``fits``  -- from the ``path`` rows: least-squares exponents of ``W1 ~ C k^a n^b`` for the measured and
   the certified movements per layer (a = -b is a law in k / n), and of ``W1 ~ C (k / n)^c``.
 
-Run: ``python bench/bench_local.py [--parts path set curve fits] [--sentences 20] [--figure F.png]``
+Run: ``python bench/bench_local.py [--parts path set curve fits time] [--sentences 20] [--figure F.png]``
 (the whole run takes hours on two cores; ``--sentences N`` takes the N shortest).
 """
 
@@ -101,10 +104,10 @@ def curve_part(model, texts, layers, fractions, curvature_tokens, kinds=("layer"
         top = min(layer + 1, model.num_layers - 1) if kind == "stack" else None
         if kind == "stack" and top == layer:
             continue
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         curve, _ = local_curve(text, layer=layer, kind=kind, last=top, eps=fractions + (2.0,), model=model,
                                curvature_tokens=curvature_tokens)
-        seconds = time.perf_counter() - began
+        seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
         small = [p for p in curve.points if p.eps <= 0.01 * curve.radius * (1 + 1e-12)]
         last = curve.points[-1]
         within = 0.0  # the largest eps / R up to which every ratio is <= 1.5
@@ -120,7 +123,38 @@ def curve_part(model, texts, layers, fractions, curvature_tokens, kinds=("layer"
               + (f"; at 2R certified {last.certified:.4g} vs global {last.global_constant:.4g} "
                  f"({'meets' if math.isclose(last.certified, last.global_constant, rel_tol=1e-9) else 'below'})"
                  if math.isfinite(last.global_constant) else "; no global constant") + "; "
-              f"verdicts {sorted({p.verdict for p in curve.points})}; {seconds:.0f} s")
+              f"verdicts {sorted({p.verdict for p in curve.points})}; {seconds:.0f} s, {cpu:.0f} CPU s "
+              f"(set-up {curve.setup_cpu_seconds:.0f}, per radius "
+              + " ".join(f"{p.cpu_seconds:.0f}" for p in curve.points) + ")")
+
+
+#: The time figures of issue 29: (kind, last layer, sentence, eps / R, target in CPU seconds, what the target
+#: bounds).  "The cat sat on the mat." has 9 tokens, the stack's sentence 20.
+TIME_FIGURES = (
+    ("layer", None, "The cat sat on the mat.", (1e-5, 1e-4, 1e-3, 1e-2), 30.0, "the curve"),
+    ("block", None, "The cat sat on the mat.", (1e-5, 1e-4), 60.0, "each radius"),
+    ("stack", 5, "Interest rates rose by 0.25% last quarter, the third increase in a row.", (1e-5, 1e-4), 300.0,
+     "the curve"),
+)
+
+
+def time_part(model, kinds):
+    """CPU seconds (``time.process_time``, one process) of the curves of issue 29's time figures: the set-up every
+    radius shares and each radius's own work, as the curve reports them, against the targets."""
+    from lipbound.measures.curves import local_curve
+    for kind, last, text, fractions, target, scope in TIME_FIGURES:
+        if kind not in kinds:
+            continue
+        began = time.process_time()
+        curve, _ = local_curve(text, layer=0, kind=kind, last=last, eps=fractions, model=model)
+        cpu = time.process_time() - began
+        per_radius = [p.cpu_seconds for p in curve.points]
+        figure = cpu if scope == "the curve" else max(curve.setup_cpu_seconds / len(per_radius) + p for p in per_radius)
+        print(f"time, {kind}{f' 0..{last}' if last else ''}, n = {curve.n}, eps/R {list(fractions)}: {cpu:.1f} CPU s "
+              f"(set-up {curve.setup_cpu_seconds:.1f}, per radius " + ", ".join(f"{p:.1f}" for p in per_radius)
+              + f"); {scope}: {figure:.1f} CPU s against <= {target:.0f} "
+              f"({'met' if figure <= target else 'NOT met'}); ratios "
+              + ", ".join(f"{p.ratio:.3g}" for p in curve.points))
 
 
 def fit(rows, key):
@@ -154,7 +188,7 @@ def fits_part(rows, layers, figure):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="+", default=["path", "set", "curve", "fits"],
-                        choices=["path", "set", "curve", "fits"])
+                        choices=["path", "set", "curve", "fits", "time"])
     parser.add_argument("--sentences", type=int, default=20, help="the N shortest of the 20 sentences (default 20)")
     parser.add_argument("--set-sentences", type=int, default=2,
                         help="sentences of the whole-vocabulary part (default 2)")
@@ -171,6 +205,9 @@ def main() -> None:
     parser.add_argument("--curve-kinds", nargs="+", default=["layer"], choices=["layer", "block", "stack"],
                         help="the curve part for the attention layer, the whole layer, and/or the stack of a layer "
                              "and the next (default layer)")
+    parser.add_argument("--time-kinds", nargs="+", default=["layer", "block", "stack"],
+                        choices=["layer", "block", "stack"],
+                        help="the time part for these figures (default all three; the stack takes the longest)")
     parser.add_argument("--curvature-tokens", type=int, default=None,
                         help="largest n of the curvature bound's Gram route in the curve part (longer: the split "
                              "bound; default: lipbound's)")
@@ -188,6 +225,8 @@ def main() -> None:
         fits_part(rows, layers, args.figure)
     if "set" in args.parts:
         set_part(model, sentences(args.set_sentences), layers)
+    if "time" in args.parts:
+        time_part(model, args.time_kinds)
     if "curve" in args.parts:
         from lipbound.local.curvature import CURVATURE_TOKENS
         chosen = by_length(model, int_list("--curve-lengths", 1)(args.curve_lengths)) if args.curve_lengths \

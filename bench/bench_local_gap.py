@@ -282,7 +282,7 @@ def hull_part(bert, text, position, layers, steps):
             states = chain_forward(chain, T)
             difference = states[-1][0] - reference
             sizes = np.linalg.norm(difference, axis=-1, keepdims=True)
-            gradient = chain_vjp(chain, states, (difference / np.maximum(sizes, 1e-300) / ids.size)[None])[0][position]
+            gradient = chain_vjp(states, (difference / np.maximum(sizes, 1e-300) / ids.size)[None])[0][position]
             vertex = word[int(np.argmax(word @ gradient))]
             steps_along = np.concatenate([np.geomspace(1e-3, 0.05, 8), np.linspace(0.1, 1.0, 10)])
             candidates = x[None] + steps_along[:, None] * (vertex - x)[None]

@@ -293,3 +293,41 @@ def test_whole_layer_and_stack_curves_end_at_their_global_constants():
         for _ in range(10):
             E = rng.standard_normal(X.shape)
             assert _top_singular(chain, X + E / np.linalg.norm(E), moving, None, 0)[0] <= large.global_constant
+
+
+def test_nested_curves_share_the_centre_and_change_no_value(monkeypatch):
+    """A stack hands its enclosures at the centre (and their caches) to its blocks, a block its attention's to the
+    attention curve: every value of the curve is the same as with a centre enclosed afresh for each nested curve,
+    and the CPU seconds add up (the set-up plus the points' own work, nested curves' radii in their points)."""
+    from lipbound.local import curve as module
+    generated = local_models.model(seed=3, layers=2)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    eps = [0.0, 1e-4, 1e-2]
+    calls = []
+    original = module._Centre.part
+
+    def counted(self, chain, start, stop, dense):
+        calls.append((start, stop))
+        return original(self, chain, start, stop, dense)
+
+    monkeypatch.setattr(module._Centre, "part", counted)
+    shared = lipschitz_curve(generated, X, kind="stack", layer=0, last=1, eps=eps, ascent_steps=1)
+    assert (0, 4) in calls and (4, 8) in calls and (0, 1) in calls  # the blocks', the attentions'
+
+    def fresh(self, chain, start, stop, dense):
+        return module._Centre(chain[start:stop], self.points[start], dense)
+
+    monkeypatch.setattr(module._Centre, "part", fresh)
+    alone = lipschitz_curve(generated, X, kind="stack", layer=0, last=1, eps=eps, ascent_steps=1)
+
+    def values(curve):
+        out = curve.to_json()
+        del out["setup_cpu_seconds"]
+        for point in out["points"]:
+            del point["cpu_seconds"]
+        return out
+
+    assert values(shared) == values(alone)
+    assert shared.setup_cpu_seconds >= -1e-3 and all(p.cpu_seconds >= 0 for p in shared.points)
+    assert all(p.cpu_seconds > 0 for p in shared.points if p.eps > 0)
+    assert set(shared.to_json()["points"][0]) >= {"cpu_seconds"} and "setup_cpu_seconds" in shared.to_json()

@@ -41,8 +41,8 @@ from .bounds import LocalBounds, NormFold, attention_bounds, feedforward_bounds,
 from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedNorm
 from .gated import EnclosedGatedFeedForward, gated_bounds
 
-__all__ = ["Component", "Sublayer", "KINDS", "PER_TOKEN", "chain_for", "chain_forward", "chain_jvp", "chain_vjp",
-           "product_upper", "telescoped_variation", "right_product"]
+__all__ = ["Component", "Sublayer", "KINDS", "PER_TOKEN", "ChainStates", "chain_for", "chain_forward", "chain_jvp",
+           "chain_vjp", "product_upper", "telescoped_variation", "right_product"]
 
 #: what a user can ask a local constant of
 KINDS = {"head": "one attention head (after the norm it reads, in a pre-norm layer)",
@@ -126,12 +126,6 @@ class Component:
 
     def forward(self, X: np.ndarray) -> np.ndarray:
         return self.step.linearize(X, None).F
-
-    def jvp(self, X: np.ndarray, E: np.ndarray) -> np.ndarray:
-        return self.step.linearize(X, None).jvp(E)
-
-    def vjp(self, X: np.ndarray, G: np.ndarray) -> np.ndarray:
-        return self.step.linearize(X, None).vjp(G)[0]
 
 
 class EnclosedScale:
@@ -341,23 +335,35 @@ def _sublayer_component(step: Step) -> Component:
     return Component("sublayer", Sublayer.of(step), step.name)
 
 
-def chain_forward(chain: list[Component], X: np.ndarray) -> list[np.ndarray]:
-    """``[X_1 = X, X_2, ..., X_{m+1}]`` (float, batched)."""
-    states = [X]
+class ChainStates(list):
+    """``[X_1 = X, X_2, ..., X_{m+1}]`` with each component's linearization at its input (``linear``), which
+    every JVP and VJP at these states reuses: power iteration calls them dozens of times at one point."""
+
+    def __init__(self, states, linear):
+        super().__init__(states)
+        self.linear = linear
+
+
+def chain_forward(chain: list[Component], X: np.ndarray) -> ChainStates:
+    """``[X_1 = X, X_2, ..., X_{m+1}]`` (float, batched), with the linearizations (:class:`ChainStates`)."""
+    states, linear = [X], []
     for component in chain:
-        states.append(component.forward(states[-1]))
-    return states
+        linear.append(component.step.linearize(states[-1], None))
+        states.append(linear[-1].F)
+    return ChainStates(states, linear)
 
 
-def chain_jvp(chain: list[Component], states: list[np.ndarray], E: np.ndarray) -> np.ndarray:
-    for component, X in zip(chain, states):
-        E = component.jvp(X, E)
+def chain_jvp(states: ChainStates, E: np.ndarray) -> np.ndarray:
+    """The chain's JVP at ``states`` (of :func:`chain_forward`) along E (batched)."""
+    for linear in states.linear:
+        E = linear.jvp(E)
     return E
 
 
-def chain_vjp(chain: list[Component], states: list[np.ndarray], G: np.ndarray) -> np.ndarray:
-    for component, X in zip(reversed(chain), reversed(states[:len(chain)])):
-        G = component.vjp(X, G)
+def chain_vjp(states: ChainStates, G: np.ndarray) -> np.ndarray:
+    """The chain's VJP at ``states`` (of :func:`chain_forward`) of G (batched)."""
+    for linear in reversed(states.linear):
+        G = linear.vjp(G)[0]
     return G
 
 

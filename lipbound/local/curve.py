@@ -35,12 +35,14 @@ triangle inequality ``||DF(Y)|| <= ||DF(X)|| + ||DF(Y) - DF(X)||`` itself.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import final
 
 import numpy as np
 
 from ..errors import AssumptionError
+from ..numeric.blas import one_blas_thread
 from ..numeric.blocks.norms import norm_constant
 from ..numeric.certify import head_constant, layer_constant
 from ..numeric.domains import LayerNormOutputs, TokenBall
@@ -94,6 +96,9 @@ class CurvePoint:
     variation_witness: float
     global_constant: float
     verdict: str
+    #: CPU seconds (``time.process_time``) of this radius's own work: its bounds, variation routes and
+    #: witnesses, and the same radius of the curves nested in it (a block's attention, a stack's blocks)
+    cpu_seconds: float = 0.0
 
     @property
     def ratio(self) -> float:
@@ -103,7 +108,7 @@ class CurvePoint:
         out = {"eps": self.eps, "certified": self.certified, "witness": self.witness, "ratio": self.ratio,
                "local": self.local, "variation": self.variation, "variation_witness": self.variation_witness,
                "global": self.global_constant,
-               "verdict": self.verdict}
+               "verdict": self.verdict, "cpu_seconds": self.cpu_seconds}
         return {key: None if isinstance(value, float) and not math.isfinite(value) else value
                 for key, value in out.items()}  # JSON has no infinity: null where no bound applies
 
@@ -129,13 +134,16 @@ class LipschitzCurve:
     #: how ``jacobian_norm`` is bounded: from the "dense" Jacobian, from the blocks between groups of tokens
     #: ("grouped", inputs too long for the dense one), or from products of per-token block norms ("blockwise")
     jacobian_bound: str = "dense"
+    #: CPU seconds of the work every radius shares (the centre's enclosures, ``||DF(X)||``, the curvature
+    #: bound's matrices at X, the set-up of nested curves): the curve's total is this plus the points'
+    setup_cpu_seconds: float = 0.0
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "component": self.description, "norm": self.norm, "ball": self.ball,
                 "positions": list(self.positions), "n": self.n, "layernorm_radius": self.radius,
                 "jacobian_norm": self.jacobian_norm, "jacobian_witness": self.jacobian_witness,
                 "jacobian_bound": self.jacobian_bound, "variation_bound": self.variation_bound,
-                "points": [p.to_json() for p in self.points]}
+                "setup_cpu_seconds": self.setup_cpu_seconds, "points": [p.to_json() for p in self.points]}
 
 
 def _check_norm(norm: str) -> str:
@@ -168,9 +176,13 @@ def _block_norms(J: Enclosure, n_in: int, n_out: int, d_in: int, d_out: int) -> 
 
 
 class _Centre:
-    """The chain at the centre: exact float points X_k, their rounding radii, enclosures, Jacobians."""
+    """The chain at the centre: exact float points X_k, their rounding radii, enclosures, Jacobians.
 
-    def __init__(self, chain: list[Component], X: np.ndarray, dense: bool):
+    ``prefix_jacobian`` holds the products of the first ``k`` components' dense Jacobians for the ``k`` in
+    ``keep`` (the same products ``jacobian`` is built through), so that the curves nested in this one (a
+    block's attention, a stack's first block) read them with the enclosures: :meth:`part`."""
+
+    def __init__(self, chain: list[Component], X: np.ndarray, dense: bool, keep=()):
         self.points, self.rounding, self.enclosed = [np.asarray(X, dtype=np.float64)], [np.zeros(X.shape[0])], []
         for component in chain:
             enclosed = component.enclose(self.points[-1])
@@ -178,18 +190,36 @@ class _Centre:
             mid = enclosed.output.mid
             self.points.append(mid)
             self.rounding.append((enclosed.output - IntervalArray(mid)).norm_upper())
-        self.jacobian = None
+        self.jacobian, self.prefix_jacobian = None, {}
         if dense:
-            product = None
-            for component, enclosed in zip(chain, self.enclosed):
-                product = right_product(product, component, enclosed)
-            self.jacobian = product
+            self.jacobian = self._product(chain, keep)
+
+    def _product(self, chain, keep=()):
+        product = None
+        for k, (component, enclosed) in enumerate(zip(chain, self.enclosed)):
+            product = right_product(product, component, enclosed)
+            if k + 1 in keep:
+                self.prefix_jacobian[k + 1] = product
+        return product
+
+    def part(self, chain: list[Component], start: int, stop: int, dense: bool) -> _Centre:
+        """The centre of ``chain[start:stop]`` at ``X~_start`` taken exactly: the same enclosures (and the
+        caches they hold), the rounding radius 0 at its start, its dense Jacobian if ``dense``."""
+        out = object.__new__(_Centre)
+        out.points, out.enclosed = self.points[start:stop + 1], self.enclosed[start:stop]
+        out.rounding = [np.zeros(self.points[start].shape[0])] + self.rounding[start + 1:stop + 1]
+        out.jacobian, out.prefix_jacobian = None, {}
+        if dense:
+            out.jacobian = self.prefix_jacobian[stop] if start == 0 and stop in self.prefix_jacobian \
+                else out._product(chain[start:stop], keep=(1,))
+        return out
 
 
-def _global_constant(model: Model, chain: list[Component], layer: int, norm: str, X: np.ndarray, eps: float) -> float:
-    """The certified global constant of the chain on a set that holds every point of ``U(X, eps)``: for a
-    head or an attention layer its constant there, for whole layers and stacks the product of their
-    components' constants; inf for eps = 0 (U is X alone) and where a factor is not certified.
+class _GlobalConstant:
+    """The certified global constant of the chain on a set that holds every point of ``U(X, eps)``, per eps: for
+    a head or an attention layer its constant there, for whole layers and stacks the product of their
+    components' constants; inf for eps = 0 (U is X alone) and where a factor is not certified.  Only the first
+    attention's factor depends on eps; the others are certified once, when first asked for.
 
     The LayerNorm image does not hold U: its points leave the image's hyperplane ``sum_k (y_k - beta_k) /
     gamma_k = 0`` at once.  Every token of U moves by at most eps in each of its norms, so every token lies
@@ -199,30 +229,44 @@ def _global_constant(model: Model, chain: list[Component], layer: int, norm: str
     and the LayerNorms and feed-forward blocks, token by token, theirs on all of R^d.  A pre-norm or sandwich
     layer (a decoder) gets inf here: its global constants are those of ``verify --whole``, whose rotary
     heads and RMSNorm images are not composed into these neighbourhoods."""
-    if eps == 0 or model.layer(layer).placement != "post":
-        return math.inf
-    feeding = model.layer(layer).ln_in
-    center = np.zeros(X.shape[1]) if feeding is None else feeding.center
-    farthest = float(np.max((IntervalArray(X) - IntervalArray(center)).norm_upper()))
-    n = X.shape[0]
-    factors = []
-    for k, component in enumerate(chain):
+
+    def __init__(self, model: Model, chain: list[Component], layer: int, norm: str, X: np.ndarray):
+        self.chain, self.norm, self.n = chain, norm, X.shape[0]
+        self.post = model.layer(layer).placement == "post"
+        feeding = model.layer(layer).ln_in
+        self.center = np.zeros(X.shape[1]) if feeding is None else feeding.center
+        self.farthest = float(np.max((IntervalArray(X) - IntervalArray(self.center)).norm_upper())) if self.post \
+            else math.nan
+        self._fixed = None
+
+    def _factor(self, k: int, domain) -> float:
+        """Component k's certified constant (on ``domain`` if it is a head or an attention), inf if not certified."""
+        component, norm = self.chain[k], self.norm
         if component.kind == "feedforward":   # per token, so the same in the three norms
-            factors.append(feedforward_global(component.target))
-            continue
+            return feedforward_global(component.target)
         if component.kind == "norm":
             found = norm_constant(component.target, norm_key=norm)
+        elif component.kind == "head":
+            found = head_constant(component.target, norm, domain, self.n)
         else:
-            domain = TokenBall((IntervalArray(farthest) + IntervalArray(eps)).hi.item(), center) if k == 0 \
-                else LayerNormOutputs(chain[k - 1].target)
-            found = head_constant(component.target, norm, domain, n) if component.kind == "head" \
-                else layer_constant(component.target, norm, domain, n, residual=True)
-        if not found.certified:
+            found = layer_constant(component.target, norm, domain, self.n, residual=True)
+        return found.value if found.certified else math.inf
+
+    def __call__(self, eps: float) -> float:
+        if eps == 0 or not self.post:
             return math.inf
-        factors.append(found.value)
-    return upper_product(*factors)
+        if self._fixed is None:   # every factor but the first attention's: none depends on eps
+            self._fixed = [self._factor(k, None if self.chain[k].kind in ("feedforward", "norm")
+                                        else LayerNormOutputs(self.chain[k - 1].target))
+                           for k in range(1, len(self.chain))]
+        first = self._factor(0, TokenBall((IntervalArray(self.farthest) + IntervalArray(eps)).hi.item(), self.center))
+        factors = [first] + self._fixed
+        if not all(math.isfinite(f) for f in factors):
+            return math.inf
+        return upper_product(*factors)
 
 
+@one_blas_thread   # many products of a few hundred rows: a second BLAS thread costs far more than it saves
 def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: int = 0, head: int | None = None,
                     last: int | None = None, norm: str = "fro", ball: str = "fro", positions=(), eps=(),
                     ascent_steps: int = 4, seed: int = 0, curvature_tokens: int = CURVATURE_TOKENS,
@@ -259,27 +303,27 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
 
 
 def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent_steps, seed, curvature_tokens,
-           progress, attention=None) -> LipschitzCurve:
+           progress, attention=None, chain=None, centre=None) -> LipschitzCurve:
     """:func:`lipschitz_curve`; ``attention`` is the first layer's attention curve on the same neighbourhoods
-    when the caller has it (a stack hands its own to its first block)."""
+    when the caller has it (a stack hands its own to its first block); ``chain`` and ``centre`` the chain and
+    its :class:`_Centre` at X when the caller has them (a block hands its attention's to its attention curve)."""
+    began = time.process_time()
     norm = _check_norm(norm)
     X = np.asarray(X, dtype=np.float64)
-    chain = chain_for(model, kind, layer, head, last)
+    chain = chain_for(model, kind, layer, head, last) if chain is None else chain
     n, d = X.shape
     neighbourhoods = [Neighbourhood(ball, e, tuple(positions)) for e in eps]
     if not neighbourhoods:
         raise AssumptionError("eps", "at least one radius", "none", "e.g. `eps` 1e-3, 1e-2, 1e-1")
     moving = neighbourhoods[0].moving(n)
     dense = n * d <= (DENSE_LIMIT if len(chain) == 1 else CHAIN_DENSE_LIMIT)
-    centre = _Centre(chain, X, dense)
+    # a block or a stack hands its first component's centre to its attention curve, a stack its blocks'
+    blocks = 1 if kind != "stack" else (layer if last is None else last) - layer + 1
+    keep = (1, len(chain) // blocks) if len(chain) > 1 else ()
+    centre = _Centre(chain, X, dense, keep) if centre is None else centre
     witness_at_x, direction = _witness_value(chain, X, moving, norm, seed)
-    N_dense, jacobian_bound = _jacobian_norm(centre, chain, moving, norm, witness_at_x, n, d, progress)
-    per_component = [None] * len(chain)
-    N_blocks = []
-    for k, component in enumerate(chain):
-        zero = TokenBalls(centre.points[k], centre.rounding[k])
-        per_component[k] = component.bounds(zero, centre.enclosed[k])
-        N_blocks.append(per_component[k].at_center)
+    N_blocks = [_at_center(*parts) for parts in zip(chain, centre.points, centre.rounding, centre.enclosed)]
+    N_dense, jacobian_bound = _jacobian_norm(centre, chain, N_blocks, moving, norm, witness_at_x, n, d, progress)
     radius = model.layer(layer).ln_in.radius_about_center if model.layer(layer).ln_in is not None else math.nan
     curvature = _CurvatureRoute.of(chain, centre, X, neighbourhoods, curvature_tokens) if norm == "fro" else None
     # a pre-norm sub-layer or head: the variation also splits at the attention's input (local-attention-front)
@@ -291,20 +335,21 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
     if first is None and kind in ("block", "stack") and any(hood.eps > 0 for hood in neighbourhoods):
         inner = None if progress is None else \
             lambda done, total, what: progress(done, total, f"{what} (attention alone)")
-        first = lipschitz_curve(model, X, kind="layer", layer=layer, norm="fro", ball=ball, positions=positions,
-                                eps=eps, ascent_steps=0, seed=seed, curvature_tokens=curvature_tokens, progress=inner)
+        first = _curve(model, X, "layer", layer, None, None, "fro", ball, positions, eps, 0, seed, curvature_tokens,
+                       inner, chain=chain[:1], centre=centre.part(chain, 0, 1, n * d <= DENSE_LIMIT))
     # a block: its variation also splits at the attention's output (theorem local-attention-tail)
     tail = None
     if first is not None and norm == "fro" and kind == "block":
         tail = BlockTail(centre.enclosed) if model.layer(layer).placement == "post" else TokenTail(centre.enclosed)
     # a stack: its blocks' own curves, composed (theorem local-chain on the blocks)
-    blocks = 1 if kind != "stack" else (layer if last is None else last) - layer + 1
     stack = _StackOfBlocks(model, chain, centre, X, layer, ball, positions, [h.eps for h in neighbourhoods],
                            curvature_tokens, progress, first, blocks) if blocks > 1 and norm == "fro" else None
+    global_constant = _GlobalConstant(model, chain, layer, norm, X)
     # smallest eps first: U(X, eps) grows with eps, so what was found in a smaller one is a witness in it too
     order = sorted(range(len(neighbourhoods)), key=lambda i: neighbourhoods[i].eps)
     points, witness, change = [None] * len(neighbourhoods), 0.0, 0.0
     for done, index in enumerate(order):
+        started = time.process_time()
         hood = neighbourhoods[index]
         balls = hood.balls(X)
         M, V, ball_radii = [], [], []
@@ -336,7 +381,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         crude = _matrix_norm(product_upper(*reversed(M))[:, columns], norm)
         if stack is not None:
             crude = min(crude, stack.product[index])
-        global_value = _global_constant(model, chain, layer, norm, X, hood.eps)
+        global_value = global_constant(hood.eps)
         certified = min(local, crude, global_value)
         witness = max(witness, _ascent(chain, X, hood, moving, norm, witness_at_x, direction, ascent_steps, seed))
         change = max(change, _ascent(chain, X, hood, moving, norm, 0.0, direction, ascent_steps, seed, change=True))
@@ -344,15 +389,20 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
                     for found, bound in ((witness, certified), (change, variation))}
         verdict = "violated" if Verdict.FAILS in verdicts else \
             "holds" if verdicts == {Verdict.HOLDS} else "not certified"
-        points[index] = CurvePoint(hood.eps, certified, witness, local, variation, change, global_value, verdict)
+        # this radius of the nested curves ran in the set-up above: it is counted here, not there
+        nested = stack.cpu_seconds[index] if stack is not None else \
+            first.points[index].cpu_seconds if first is not None else 0.0
+        points[index] = CurvePoint(hood.eps, certified, witness, local, variation, change, global_value, verdict,
+                                   time.process_time() - started + nested)
         if progress is not None:
             progress(done + 1, len(neighbourhoods), "radii")
     description = chain[0].name if len(chain) == 1 else f"{chain[0].name} .. {chain[-1].name}"
     bound = "attention-tail" if tail is not None else "stack-blocks" if stack is not None else \
         "attention-front" if front is not None else "blockwise" if curvature is None else \
         "curvature-split" if curvature.curvature.split else "curvature-gram"
+    setup = time.process_time() - began - sum(p.cpu_seconds for p in points)
     return LipschitzCurve(kind, description, norm, ball, tuple(positions), n, radius, N_dense, witness_at_x,
-                          tuple(points), bound, jacobian_bound)
+                          tuple(points), bound, jacobian_bound, setup)
 
 
 class _StackOfBlocks:
@@ -382,21 +432,30 @@ class _StackOfBlocks:
                 lambda done, total, what: progress(done, total, f"{what} (block {first + l} of the stack)")
 
         size = len(chain) // blocks                  # components per block: 4 post-norm, 2 pre-norm or sandwich
+        def part(l):
+            start, stop = size * l, size * (l + 1)
+            return {"chain": chain[start:stop],
+                    "centre": centre.part(chain, start, stop, X.shape[0] * X.shape[1] <= CHAIN_DENSE_LIMIT)}
+
         curve = _curve(model, X, "block", first, None, None, "fro", ball, positions, list(eps), 0, 0, tokens,
-                       report(0), attention)   # the stack's own attention curve: the same neighbourhoods
+                       report(0), attention, **part(0))   # the stack's own attention curve: the same neighbourhoods
+        cpu = [p.cpu_seconds for p in curve.points]
         L, V, N = [[p.certified for p in curve.points]], [[p.variation for p in curve.points]], [curve.jacobian_norm]
         rho = [(IntervalArray(p.certified) * _frobenius_factor(Neighbourhood(ball, e, tuple(positions)), X.shape[0])
                 * IntervalArray(e)).hi.item() for p, e in zip(curve.points, eps)]
         for l in range(1, blocks):
             drift = _rounding_reach(chain[size * (l - 1):size * l], centre, size * (l - 1))
             rho = [(IntervalArray(r) + IntervalArray(drift)).hi.item() for r in rho]
-            curve = lipschitz_curve(model, centre.points[size * l], kind="block", layer=first + l, eps=rho,
-                                    ascent_steps=0, curvature_tokens=tokens, progress=report(l))
+            curve = _curve(model, centre.points[size * l], "block", first + l, None, None, "fro", "fro", (), rho, 0,
+                           0, tokens, report(l), **part(l))
+            cpu = [a + p.cpu_seconds for a, p in zip(cpu, curve.points)]
             L.append([p.certified for p in curve.points])
             V.append([p.variation for p in curve.points])
             N.append(curve.jacobian_norm)
             rho = [(IntervalArray(a) * IntervalArray(r)).hi.item() for a, r in zip(L[-1], rho)]
         theorem = T.chain_variation(blocks)
+        #: per eps, the CPU seconds of the blocks' own radii (the attention curve's in the first block's)
+        self.cpu_seconds = cpu
         self.variation, self.product = [], []
         for k in range(len(eps)):
             values = {**{f"M_{{{l + 1}}}": L[l][k] for l in range(blocks)},
@@ -406,6 +465,15 @@ class _StackOfBlocks:
             self.variation.append(float(evaluate_theorem(theorem, **{key: np.float64(v) for key, v in values.items()}))
                                   if finite else math.inf)
             self.product.append(upper_product(*(L[l][k] for l in range(blocks))))
+
+
+def _at_center(component: Component, point: np.ndarray, rounding: np.ndarray, enclosed) -> np.ndarray:
+    """The matrix of per-token block norms ``||B_ij(X)||`` of a component at the centre (``at_center`` of its
+    bounds, which does not depend on the balls' radii; a feed-forward block's straight from its enclosure, whose
+    bounds on balls would also bound the variation)."""
+    if component.kind == "feedforward":
+        return np.diag(enclosed.jacobian_norms())
+    return component.bounds(TokenBalls(point, rounding), enclosed).at_center
 
 
 def _rounding_reach(components, centre: _Centre, start: int) -> float:
@@ -468,13 +536,13 @@ class _CurvatureRoute:
 
 
 # the Jacobian at X ------------------------------------------------------------------------------
-def _jacobian_norm(centre: _Centre, chain, moving, norm: str, estimate: float, n: int, d: int,
+def _jacobian_norm(centre: _Centre, chain, N_blocks: list, moving, norm: str, estimate: float, n: int, d: int,
                    progress=None) -> tuple:
     """Certified ``||DF(X)||`` restricted to the moving tokens' inputs, and how it was bounded: "dense",
-    "grouped" (:mod:`lipbound.local.grouped`) or "blockwise" (products of per-token block norms)."""
+    "grouped" (:mod:`lipbound.local.grouped`) or "blockwise" (products of the per-token block norms
+    ``N_blocks`` at the centre)."""
     if centre.jacobian is None:
-        blocks = product_upper(*reversed([c.bounds(TokenBalls(p, r), e).at_center for c, p, r, e in
-                                     zip(chain, centre.points, centre.rounding, centre.enclosed)]))
+        blocks = product_upper(*reversed(N_blocks))
         bound, route = _matrix_norm(blocks[:, moving], norm), "blockwise"
         if grouped.covers(chain):
             size = max(1, grouped.GROUP_WIDTH // d) if norm == "fro" else 1
@@ -507,7 +575,7 @@ def _float_jacobian(chain, Y: np.ndarray, moving: np.ndarray, chunk: int = 512) 
         basis = np.zeros((index.size, n, d))
         basis[np.arange(index.size), columns[index // d], index % d] = 1.0
         states = chain_forward(chain, np.broadcast_to(Y, basis.shape).copy())
-        part = chain_jvp(chain, states, basis)                 # (chunk, n, d_out)
+        part = chain_jvp(states, basis)                 # (chunk, n, d_out)
         if out is None:
             out = np.empty((n, part.shape[-1], columns.size, d))
         out[:, :, index // d, index % d] = part.transpose(1, 2, 0)
@@ -550,12 +618,12 @@ def _top_singular(chain, Y: np.ndarray, moving: np.ndarray, start: np.ndarray | 
     states = chain_forward(chain, Y[None])
 
     def image(E):
-        out = chain_jvp(chain, states, E[None])[0]
-        return out if reference is None else out - chain_jvp(chain, reference, E[None])[0]
+        out = chain_jvp(states, E[None])[0]
+        return out if reference is None else out - chain_jvp(reference, E[None])[0]
 
     def back(G):
-        out = chain_vjp(chain, states, G[None])[0]
-        return out if reference is None else out - chain_vjp(chain, reference, G[None])[0]
+        out = chain_vjp(states, G[None])[0]
+        return out if reference is None else out - chain_vjp(reference, G[None])[0]
 
     E = rng.standard_normal(Y.shape) if start is None else start.copy()
     E *= moving[:, None]
@@ -649,8 +717,8 @@ def _ascent(chain, X, hood, moving, norm, at_x, direction, steps, seed, change: 
             h = 1e-4 * hood.eps + 1e-7
             states_plus = chain_forward(chain, (Y + h * E)[None])
             states_minus = chain_forward(chain, (Y - h * E)[None])
-            gradient = (chain_vjp(chain, states_plus, G[None])[0]
-                        - chain_vjp(chain, states_minus, G[None])[0]) / (2 * h)
+            gradient = (chain_vjp(states_plus, G[None])[0]
+                        - chain_vjp(states_minus, G[None])[0]) / (2 * h)
             gradient *= moving[:, None]
             size = np.linalg.norm(gradient)
             if not np.isfinite(size) or size == 0:

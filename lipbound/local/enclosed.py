@@ -279,9 +279,10 @@ class EnclosedFeedForward:
         tokens = range(n) if tokens is None else tokens
         if any(i not in cache for i in tokens):
             first, second = feedforward_grams(self.ffn)
+            hadamards = (first * second, first * first)     # the same for every token
             W_1, W_2, g = IntervalArray(self.ffn.W_1), IntervalArray(self.ffn.W_2), self.curvature
             for i in (i for i in tokens if i not in cache):
-                cache[i] = trilinear_norm(g[i], W_1, W_2, first, first, second)
+                cache[i] = trilinear_norm(g[i], W_1, W_2, first, hadamards=hadamards)
         for i in tokens:
             out[i] = cache[i]
         return out
@@ -313,7 +314,8 @@ def feedforward_grams(ffn: FeedForward) -> tuple:
 
 
 def trilinear_norm(g: IntervalArray, A: IntervalArray, B: IntervalArray, e_gram: IntervalArray,
-                   a_gram: IntervalArray | None = None, b_gram: IntervalArray | None = None) -> float:
+                   a_gram: IntervalArray | None = None, b_gram: IntervalArray | None = None,
+                   hadamards: tuple | None = None) -> float:
     """Certified bound on ``max |sum_k g_k (a.A_k) (e.E_k) (B_k.b)|`` over unit vectors a, e, b.
 
     ``A_k`` are the columns of A (d, m), ``B_k`` the rows of B (m, d'), ``E_k`` vectors with Gram matrix
@@ -321,11 +323,14 @@ def trilinear_norm(g: IntervalArray, A: IntervalArray, B: IntervalArray, e_gram:
     by the norm of a ``d x (d d')`` matrix M with ``M M^T = A diag(g) (G_E o B B^T) diag(g) A^T`` (``o`` the
     entrywise product), or of its counterpart ``B^T diag(g) (G_E o A^T A) diag(g) B``; the smaller top
     eigenvalue's square root, certified, counts (theorem local-feedforward-curvature).  ``a_gram``, ``b_gram``:
-    ``A^T A`` and ``B B^T`` when already formed."""
-    a_gram = A.swapaxes(0, 1).bmm(A) if a_gram is None else a_gram
-    b_gram = B.bmm(B.swapaxes(0, 1)) if b_gram is None else b_gram
+    ``A^T A`` and ``B B^T`` when already formed; ``hadamards``: ``(e_gram * b_gram, e_gram * a_gram)`` when already
+    formed (m x m products of intervals, the same for many calls)."""
+    if hadamards is None:
+        a_gram = A.swapaxes(0, 1).bmm(A) if a_gram is None else a_gram
+        b_gram = B.bmm(B.swapaxes(0, 1)) if b_gram is None else b_gram
+        hadamards = (e_gram * b_gram, e_gram * a_gram)
     tops = []
-    for outer, gram in ((A, e_gram * b_gram), (B.swapaxes(0, 1), e_gram * a_gram)):
+    for outer, gram in zip((A, B.swapaxes(0, 1)), hadamards):
         scaled = outer * g.expand(0)                                                      # (d, m)
         tops.append(lambda_max_upper(scaled.bmm(gram).bmm(scaled.swapaxes(0, 1)).to_enclosure()))
     return IntervalArray(max(min(tops), 0.0)).sqrt().hi.item()

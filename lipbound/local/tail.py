@@ -64,11 +64,12 @@ class BlockTail:
             plain, plain_b = feedforward_grams(ffn)                                   # W_1^T W_1, W_2 W_2^T
             W_2 = IntervalArray(ffn.W_2)
             g = self.ffn.curvature[i]
+            squared = a_gram * a_gram                                                  # in "full" and "Lambda_10"
             self._folded[i] = {
                 "A": A, "B": B,
-                "full": trilinear_norm(g, A, B, a_gram, a_gram, b_gram),
+                "full": trilinear_norm(g, A, B, a_gram, hadamards=(a_gram * b_gram, squared)),
                 "mixed": trilinear_norm(g, A, B, plain, a_gram, b_gram),
-                "Lambda_10": trilinear_norm(g, A, W_2, a_gram, a_gram, plain_b),     # b-side r_k: J_1 Delta J_F
+                "Lambda_10": trilinear_norm(g, A, W_2, a_gram, hadamards=(a_gram * plain_b, squared)),  # J_1 Delta J_F
                 "front": spectral_norm_upper_large(J_1.einsum("ab,bc->ac", self.ffn.jacobian_block(i)).to_enclosure())}
         return self._folded[i]
 

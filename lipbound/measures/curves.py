@@ -79,11 +79,13 @@ def curve_table(curve: LipschitzCurve) -> str:
              f"witness {curve.jacobian_witness:.6g}; "
              f"variation: {_VARIATION_BOUNDS[curve.variation_bound]}",
              f"{'eps/R':>9s} {'eps':>10s} {'certified':>11s} {'witness':>10s} {'ratio':>8s} {'variation':>10s} "
-             f"{'var. found':>10s} {'global':>10s}  verdict"]
+             f"{'var. found':>10s} {'global':>10s} {'CPU s':>7s}  verdict"]
     for p in curve.points:
         global_text = f"{p.global_constant:10.4g}" if math.isfinite(p.global_constant) else f"{'-':>10s}"
         lines.append(f"{p.eps / curve.radius:9.2g} {p.eps:10.4g} {p.certified:11.5g} {p.witness:10.5g} {p.ratio:8.3f} "
-                     f"{p.variation:10.4g} {p.variation_witness:10.4g} {global_text}  {p.verdict}")
+                     f"{p.variation:10.4g} {p.variation_witness:10.4g} {global_text} {p.cpu_seconds:7.1f}  {p.verdict}")
+    lines.append(f"set-up shared by the radii: {curve.setup_cpu_seconds:.1f} CPU s "
+                 f"(total {curve.setup_cpu_seconds + sum(p.cpu_seconds for p in curve.points):.1f} CPU s)")
     return "\n".join(lines + [""] + legend_lines(
         f"columns (L(eps): the Lipschitz constant of the component on U(X, eps), the inputs within eps of the "
         f"sentence's hidden states X in the {curve.ball} {'ball' if curve.ball != 'tokens' else 'ball of the tokens'}; "
@@ -102,6 +104,8 @@ CURVE_LEGEND = [
     ("variation", "a certified bound on sup over U of ||DF(Y) - DF(X)||"),
     ("var. found", "the largest ||DF(Y) - DF(X)|| found in U (at most variation)"),
     ("global", "the certified global constant on a ball holding U ('-' at eps = 0, where U is X alone)"),
+    ("CPU s", "CPU seconds of this radius's own work (its bounds and witnesses); the set-up line gives the work "
+              "every radius shares (the centre's enclosures, ||DF(X)||, nested curves' set-up)"),
     ("verdict", "holds: witness <= certified and var. found <= variation, decided in interval arithmetic; "
                 "violated would refute a bound (exit status 3); not certified: rounding could decide"),
 ]
