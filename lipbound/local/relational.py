@@ -1,0 +1,119 @@
+"""Relational routes of ``local``: an attention layer pushed through the Frobenius ball as one affine form.
+
+The per-token description of :mod:`lipbound.local.balls` lets every token move by eps at once, where
+a Frobenius ball lets the tokens share eps (``sum_j ||y_j - x_j||^2 <= eps^2``), and it bounds scores,
+weights and values one by one.  Here ``U(X, eps)`` is the affine form ``X + eps E``, ``||E||_F <= 1``
+(:class:`~lipbound.rigorous.zonotope.AffineForm`), and the attention layer is evaluated on it: queries,
+keys and values (linear), the scores ``c q_i . k_j`` (bilinear, the product of the deviations bounded by
+the operator norms of their generators), the softmax (mean-value form, with lipbound's own softmax ranges
+(:func:`~lipbound.local.bounds._softmax_range`) and the simplex intersected), the weighted values, ``W_O``
+and the residual.  What the routes take from it (:class:`RelationalAttention`):
+
+* ``scores`` (H, n, n): an enclosure of every score on U, intersected with the score-deviation theorem's;
+  handed to :func:`~lipbound.local.bounds.attention_bounds` it gives Jacobian blocks, their variation and
+  the movement on U from weights that move together;
+* ``radii`` (n,): ``sup_U ||F_i(Y) - F_i(X~)||`` per output token, the operator norm of the token's
+  generators: the token balls handed to the components after the attention in a block or a stack.
+
+Covered: dot-product softmax heads without masks or rotations in a layer with an output projection and
+residual (the encoder layers of BERT-type models), Frobenius and (2,1) balls (the (2,1) ball lies in the
+Frobenius ball of the same radius).  Anything else gets no relational route (``None``), never another
+layer's bound.
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+import numpy as np
+
+from ..numeric.attention import AttentionMap
+from ..numeric.kernels import SOFTMAX, DotProduct
+from ..numeric.model import Layer
+from ..rigorous.arrays import IntervalArray
+from ..rigorous.zonotope import AffineForm
+from ..symbolic import local as T
+from .balls import Neighbourhood
+from .bounds import LocalBounds, _softmax_range, attention_bounds, evaluate_theorem
+from .enclosed import EnclosedAttention
+from .scores import score_scale, visibility
+
+__all__ = ["RelationalAttention", "covers"]
+
+
+def covers(target, hood: Neighbourhood) -> bool:
+    """True when the relational route applies: an attention layer with output projection and residual,
+    unmasked dot-product softmax heads without rotations, on a Frobenius or (2,1) ball of radius > 0."""
+    if hood.ball not in ("fro", "2,1") or hood.eps <= 0 or not isinstance(target, Layer):
+        return False
+    engine = AttentionMap(target)
+    return (engine.residual and engine.W_O is not None and isinstance(engine.kernel, DotProduct)
+            and engine.weights is SOFTMAX and engine.basis is None and engine.G == engine.H
+            and not any(m.bias is not None or m.softcap is not None for m in engine.masks.masks)
+            and visibility(engine, np.arange(2), np.arange(2)) is None)
+
+
+@final
+class RelationalAttention:
+    """An attention layer with residual on ``U(X, eps)``, as affine forms (module docstring).
+
+    Parameters
+    ----------
+    target : Layer
+        Covered by :func:`covers`.
+    X : ndarray (n, d)
+        The centre.
+    eps : float
+        The Frobenius radius.
+    enclosed : EnclosedAttention, optional
+        The layer at X (for the score-deviation theorem's facts).
+
+    Attributes
+    ----------
+    scores : IntervalArray (H, n, n)
+    weights : IntervalArray (H, n, n)
+        Enclosures of the attention weights on U.
+    output : AffineForm (n, d)
+    radii : ndarray (n,)
+        ``sup_U ||F_i(Y) - c_i||`` about the form's centre ``c`` (:attr:`drift` bounds ``||c_i - F_i(X)||``).
+    """
+
+    def __init__(self, target: Layer, X: np.ndarray, eps: float, enclosed: EnclosedAttention | None = None):
+        X = np.asarray(X, dtype=np.float64)
+        engine = AttentionMap(target)
+        E = enclosed or EnclosedAttention(target, X)
+        U = AffineForm.ball(X, eps)
+        projected = U.linear(engine.W, engine.bias)
+        Q, K, V = (engine.per_head(projected, part) for part in ("queries", "keys", "values"))
+        S = Q.dot(K).scale(score_scale(engine))
+        # the score-deviation theorem on the per-token balls holds on U too: intersect
+        r = np.full(X.shape[0], float(eps))
+        pairs = E.norms
+        sigma = evaluate_theorem(T.score_deviation(), **{
+            "c": E.c, T.SCORE_NAMES["a"]: pairs.a, T.SCORE_NAMES["b"]: pairs.b, T.SCORE_NAMES["g"]: pairs.g,
+            "r_i": r[None, :, None], "r_j": r[None, None, :]})
+        theorem = E.S + IntervalArray(-sigma, sigma)
+        hull = S.hull()
+        self.scores = IntervalArray(np.maximum(hull.lo, theorem.lo), np.minimum(hull.hi, theorem.hi))
+        masses = np.ones(X.shape[0])
+        p_hi, p_lo = _softmax_range(hull, masses)        # on the form's whole score box (the mean value form's need)
+        P, box = S.softmax(IntervalArray(p_lo, np.maximum(p_lo, p_hi)))
+        q_hi, q_lo = _softmax_range(self.scores, masses)  # on the scores of U only: the weights' values
+        self.weights = IntervalArray(np.maximum(box.lo, q_lo), np.maximum(np.maximum(box.lo, q_lo),
+                                                                          np.minimum(box.hi, q_hi)))
+        P = P.within(self.weights)
+        F = P.mix(V, self.weights)
+        merged = F.swapaxes(-2, -3).reshape(X.shape[0], engine.H * engine.d_v)
+        self.output = merged.linear(engine.W_O, engine.b_O) + U
+        self.radii = self.output.token_radii()
+        self.drift = (IntervalArray(self.output.center) - E.output).norm_upper()
+        self.enclosed = E
+
+    def bounds(self, target: Layer, hood: Neighbourhood) -> LocalBounds:
+        """:func:`~lipbound.local.bounds.attention_bounds` on the token balls of ``hood`` with the relational
+        score enclosure; its movement also capped by the relational radii (about X)."""
+        balls = hood.balls(self.enclosed.X.mid)
+        found = attention_bounds(target, balls, self.enclosed, scores=self.scores)
+        reach = (IntervalArray(self.radii) + IntervalArray(self.drift)).hi
+        return LocalBounds(np.minimum(found.movement, reach), found.blocks, found.variation, found.at_center,
+                           found.output, found.facts)
