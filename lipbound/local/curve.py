@@ -64,6 +64,7 @@ from .chains import (
 )
 from .curvature import CURVATURE_TOKENS, AttentionCurvature, CurvatureIntegral, decade_grid
 from .front import FrontSplit
+from .relational import RelationalRoute
 from .tail import BlockTail, TokenTail
 
 __all__ = ["CurvePoint", "LipschitzCurve", "lipschitz_curve", "DENSE_LIMIT", "CHAIN_DENSE_LIMIT", "FLOAT_ALLOWANCE"]
@@ -129,12 +130,15 @@ class LipschitzCurve:
     #: how ``jacobian_norm`` is bounded: from the "dense" Jacobian, from the blocks between groups of tokens
     #: ("grouped", inputs too long for the dense one), or from products of per-token block norms ("blockwise")
     jacobian_bound: str = "dense"
+    #: whether the first attention layer's facts on U also came from its relational enclosure (relational.py)
+    relational: bool = False
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "component": self.description, "norm": self.norm, "ball": self.ball,
                 "positions": list(self.positions), "n": self.n, "layernorm_radius": self.radius,
                 "jacobian_norm": self.jacobian_norm, "jacobian_witness": self.jacobian_witness,
                 "jacobian_bound": self.jacobian_bound, "variation_bound": self.variation_bound,
+                "relational": self.relational,
                 "points": [p.to_json() for p in self.points]}
 
 
@@ -282,6 +286,8 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         N_blocks.append(per_component[k].at_center)
     radius = model.layer(layer).ln_in.radius_about_center if model.layer(layer).ln_in is not None else math.nan
     curvature = _CurvatureRoute.of(chain, centre, X, neighbourhoods, curvature_tokens) if norm == "fro" else None
+    # an attention layer first on a Frobenius ball: the layer pushed through U as one affine form (relational.py)
+    relational = RelationalRoute.of(chain, X, centre.enclosed[0], neighbourhoods) if norm == "fro" else None
     # a pre-norm sub-layer or head: the variation also splits at the attention's input (local-attention-front)
     front = FrontSplit.of(chain, centre.enclosed, curvature_tokens) if norm == "fro" else None
     # a block or stack starts with an attention layer: on U its outputs lie in a Frobenius ball of radius
@@ -310,6 +316,8 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         M, V, ball_radii = [], [], []
         for k, component in enumerate(chain):
             bounds = component.bounds(balls, centre.enclosed[k])
+            if k == 0 and relational is not None:
+                bounds = relational.tighten(hood, bounds)
             M.append(bounds.blocks)
             V.append(bounds.variation)
             ball_radii.append(balls.radii)
@@ -327,6 +335,8 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
             variation = min(variation, tail.variation(first.points[index], M, V, N_blocks, ball_radii, centre.rounding))
         if curvature is not None:
             variation = min(variation, curvature.variation(hood, variation))
+            if relational is not None:
+                variation = min(variation, relational.variation(curvature, hood, variation))
         if front is not None and hood.eps > 0:
             theta = (_frobenius_factor(hood, n) * IntervalArray(hood.eps)).hi.item()
             variation = min(variation, front.variation(*bounds.facts["branch"], bounds.facts["radii"], theta))
@@ -352,7 +362,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         "attention-front" if front is not None else "blockwise" if curvature is None else \
         "curvature-split" if curvature.curvature.split else "curvature-gram"
     return LipschitzCurve(kind, description, norm, ball, tuple(positions), n, radius, N_dense, witness_at_x,
-                          tuple(points), bound, jacobian_bound)
+                          tuple(points), bound, jacobian_bound, relational is not None)
 
 
 class _StackOfBlocks:

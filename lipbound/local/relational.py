@@ -23,10 +23,13 @@ layer's bound.
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import final
 
 import numpy as np
 
+from ..errors import NotCertifiedError
 from ..numeric.attention import AttentionMap
 from ..numeric.kernels import SOFTMAX, DotProduct
 from ..numeric.model import Layer
@@ -38,7 +41,7 @@ from .bounds import LocalBounds, _softmax_range, attention_bounds, evaluate_theo
 from .enclosed import EnclosedAttention
 from .scores import score_scale, visibility
 
-__all__ = ["RelationalAttention", "covers"]
+__all__ = ["RelationalAttention", "RelationalRoute", "covers"]
 
 
 def covers(target, hood: Neighbourhood) -> bool:
@@ -82,8 +85,7 @@ class RelationalAttention:
         X = np.asarray(X, dtype=np.float64)
         engine = AttentionMap(target)
         E = enclosed or EnclosedAttention(target, X)
-        U = AffineForm.ball(X, eps)
-        projected = U.linear(engine.W, engine.bias)
+        U, projected = AffineForm.ball_image(X, eps, engine.W, engine.bias)
         Q, K, V = (engine.per_head(projected, part) for part in ("queries", "keys", "values"))
         S = Q.dot(K).scale(score_scale(engine))
         # the score-deviation theorem on the per-token balls holds on U too: intersect
@@ -105,15 +107,90 @@ class RelationalAttention:
         F = P.mix(V, self.weights)
         merged = F.swapaxes(-2, -3).reshape(X.shape[0], engine.H * engine.d_v)
         self.output = merged.linear(engine.W_O, engine.b_O) + U
-        self.radii = self.output.token_radii()
-        self.drift = (IntervalArray(self.output.center) - E.output).norm_upper()
         self.enclosed = E
 
-    def bounds(self, target: Layer, hood: Neighbourhood) -> LocalBounds:
+    @functools.cached_property
+    def radii(self) -> np.ndarray:
+        return self.output.token_radii()
+
+    @functools.cached_property
+    def drift(self) -> np.ndarray:
+        """``||c_i - F_i(X)||`` bounded: the form's centre against the layer's enclosure at X."""
+        return (IntervalArray(self.output.center) - self.enclosed.output).norm_upper()
+
+    def bounds(self, target: Layer, hood: Neighbourhood, movement: bool = True) -> LocalBounds:
         """:func:`~lipbound.local.bounds.attention_bounds` on the token balls of ``hood`` with the relational
-        score enclosure; its movement also capped by the relational radii (about X)."""
+        score enclosure; with ``movement`` its movement also capped by the relational radii (about X)."""
         balls = hood.balls(self.enclosed.X.mid)
         found = attention_bounds(target, balls, self.enclosed, scores=self.scores)
+        if not movement:
+            return found
         reach = (IntervalArray(self.radii) + IntervalArray(self.drift)).hi
         return LocalBounds(np.minimum(found.movement, reach), found.blocks, found.variation, found.at_center,
                            found.output, found.facts)
+
+
+@final
+class RelationalRoute:
+    """The relational facts of the first component of a chain (an attention layer covered by :func:`covers`)
+    on each ``U(X, t)`` asked for, computed once per radius, and what ``local`` takes from them:
+
+    * :meth:`tighten`: the component's bounds on the token balls of U with the relational scores (blocks,
+      variation, movement; the movement also capped by the relational token radii), entrywise the smaller
+      of these and the per-token theorems' (each holds on U);
+    * :meth:`variation`: the curvature integral of theorem local-attention-curvature (``||DF(Y) - DF(X)||`` on
+      U through the second derivative, :class:`~lipbound.local.curvature.CurvatureIntegral`) with the
+      relational score ranges on every radius of its grid.
+    """
+
+    def __init__(self, component, X: np.ndarray, enclosed: EnclosedAttention):
+        self.component, self.X, self.enclosed = component, np.asarray(X, dtype=np.float64), enclosed
+        self._at: dict = {}
+
+    @classmethod
+    def of(cls, chain, X, enclosed, neighbourhoods) -> RelationalRoute | None:
+        first = chain[0]
+        if first.kind != "attention" or not any(covers(first.target, hood) for hood in neighbourhoods):
+            return None
+        return cls(first, X, enclosed)
+
+    def at(self, eps: float) -> RelationalAttention:
+        if eps not in self._at:
+            self._at[eps] = RelationalAttention(self.component.target, self.X, eps, self.enclosed)
+        return self._at[eps]
+
+    def tighten(self, hood: Neighbourhood, bounds: LocalBounds, movement: bool = True) -> LocalBounds:
+        """``bounds`` (the component's on the token balls of ``hood``) made entrywise no larger by the relational
+        facts; unchanged where the route does not cover ``hood``."""
+        if not covers(self.component.target, hood):
+            return bounds
+        try:
+            found = self.at(hood.eps).bounds(self.component.target, hood, movement)
+        except NotCertifiedError:   # an enclosure overflowed: the per-token bounds stand alone
+            return bounds
+        return LocalBounds(np.minimum(bounds.movement, found.movement), np.minimum(bounds.blocks, found.blocks),
+                           np.minimum(bounds.variation, found.variation), bounds.at_center, bounds.output,
+                           found.facts)
+
+    def variation(self, curvature, hood: Neighbourhood, other: float) -> float:
+        """The curvature route's integral for ``U(X, hood.eps)`` (``curvature``: the curve's
+        :class:`~lipbound.local.curve._CurvatureRoute`) with the relational scores on each radius of its grid;
+        inf where the route does not cover ``hood`` or the partial sum passes ``other``."""
+        if not covers(self.component.target, hood):
+            return math.inf
+        total, previous = IntervalArray(0.0), 0.0
+        for t in curvature.grid(hood.eps):
+            width = (IntervalArray(t) - IntervalArray(previous)).hi.item()
+            previous = t
+            radii = Neighbourhood(hood.ball, t, hood.positions).balls(self.X).radii
+            try:
+                scores = self.at(t).scores
+            except NotCertifiedError:
+                return math.inf
+            chis = curvature.integral.chis(radii, overrides={"scores": scores}, key="relational")
+            if not all(math.isfinite(chi) for chi in chis):
+                return math.inf
+            total = total + IntervalArray(curvature.curvature.piece(chis, width))
+            if (total * curvature.frobenius).hi.item() > other:
+                return math.inf
+        return (total * curvature.frobenius).hi.item()

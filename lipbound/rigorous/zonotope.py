@@ -115,6 +115,24 @@ class AffineForm:
         return cls(X.copy(), l2, np.zeros((0,) + X.shape), np.zeros(X.shape), Symbols())
 
     @classmethod
+    def ball_image(cls, X, eps: float, W, b=None) -> tuple[AffineForm, AffineForm]:
+        """The Frobenius ball about X (n, d) and its image ``Y W + b``, built directly: the image's generator
+        of symbol (i, a) is ``eps W[a]`` on row i (the product of the identity by W is not formed)."""
+        U = cls.ball(X, eps)
+        W = np.asarray(W, dtype=np.float64)
+        n, d = U.shape
+        center = IntervalArray(U.center).matmul(W)
+        if b is not None:
+            center = center + IntervalArray(np.asarray(b, dtype=np.float64))
+        rows, rows_rad = _settle(IntervalArray(float(eps)) * IntervalArray(W))        # (d, width)
+        l2 = np.zeros((n * d, n, W.shape[1]))
+        for i in range(n):
+            l2[i * d:(i + 1) * d, i] = rows
+        mid, rad = _settle(center)
+        err = _add(rad, np.broadcast_to(_l2_sum(rows_rad), mid.shape))
+        return U, cls(mid, l2, np.zeros((0, n, W.shape[1])), err, U.symbols)
+
+    @classmethod
     def _from_parts(cls, center: IntervalArray, l2_parts, box: IntervalArray, extra, symbols: Symbols) -> AffineForm:
         """A form from enclosures of its center, Euclidean generators (chunks along the symbols), box
         generators and a bound ``extra`` on the independent error: the radii move into ``err``."""
@@ -336,8 +354,12 @@ class AffineForm:
         S = self.hull()
         shift = np.max(S.hi, axis=-1, keepdims=True)
         weights = (S - IntervalArray(shift)).exp()
-        box = weights / weights.sum(axis=-1, keepdims=True)
-        lo, hi = np.maximum(box.lo, 0.0), np.minimum(box.hi, 1.0)
+        total = weights.sum(axis=-1, keepdims=True)
+        if np.all(total.lo > 0):
+            box = weights / total
+            lo, hi = np.maximum(box.lo, 0.0), np.minimum(box.hi, 1.0)
+        else:   # every exponential of a row may underflow: only the simplex is known
+            lo, hi = np.zeros(self.shape), np.ones(self.shape)
         if ranges is not None:
             lo, hi = np.maximum(lo, ranges.lo), np.minimum(hi, ranges.hi)
         at = IntervalArray(self.center - np.max(self.center, axis=-1, keepdims=True)).exp()
