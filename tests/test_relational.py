@@ -156,3 +156,24 @@ def test_relational_route_scope():
     assert not covers(target, Neighbourhood("fro", 0.0))
     assert not covers(target.heads[0], Neighbourhood("fro", 0.1))
     assert covers(target, Neighbourhood("2,1", 0.1))
+
+
+@pytest.mark.parametrize(("seed", "kind"), [(0, "layer"), (1, "layer"), (2, "block")])
+def test_curve_with_the_relational_route_is_sound_and_no_looser(seed, kind):
+    from unittest import mock
+
+    from lipbound.local import curve as curve_module
+    from lipbound.local.curve import lipschitz_curve
+    generated = local_models.model(seed=seed, scale=1.5)
+    rng = np.random.default_rng(seed)
+    X = generated.layer(0).ln_in(rng.standard_normal((4, 6)))
+    eps = [0.01, 0.1, 0.5]
+    curve = lipschitz_curve(generated, X, kind=kind, eps=eps, ascent_steps=3)
+    with mock.patch.object(curve_module.RelationalRoute, "of", return_value=None):
+        alone = lipschitz_curve(generated, X, kind=kind, eps=eps, ascent_steps=3)
+    assert curve.relational and not alone.relational
+    for with_route, without in zip(curve.points, alone.points):
+        assert with_route.verdict == "holds"
+        assert with_route.witness <= with_route.certified
+        assert with_route.certified <= without.certified * (1 + 1e-12)
+        assert with_route.variation <= without.variation * (1 + 1e-12)

@@ -110,8 +110,8 @@ class AffineForm:
         width = int(np.prod(X.shape[1:], dtype=np.int64))
         l2 = np.zeros((rows.size * width,) + X.shape)
         index = np.arange(rows.size * width)
-        l2.reshape(l2.shape[0], X.shape[0], width)[index, np.repeat(rows, width), np.tile(np.arange(width), rows.size)] \
-            = float(eps)
+        flat = l2.reshape(l2.shape[0], X.shape[0], width)
+        flat[index, np.repeat(rows, width), np.tile(np.arange(width), rows.size)] = float(eps)
         return cls(X.copy(), l2, np.zeros((0,) + X.shape), np.zeros(X.shape), Symbols())
 
     @classmethod
@@ -287,7 +287,7 @@ class AffineForm:
         if live.size == 0:
             return self
         first = self.symbols.fresh(live.size)
-        box = np.zeros((first + live.size,) + self.shape)
+        box = np.zeros((first + live.size, *self.shape))
         box[:self.box.shape[0]] = self.box
         flat = box.reshape(box.shape[0], -1)
         flat[first + np.arange(live.size), live] = size.reshape(-1)[live]
@@ -322,7 +322,9 @@ class AffineForm:
         support_x = (np.abs(self.l2).sum(axis=-1) > 0).astype(np.float64)        # (m, H, n)
         support_y = (np.abs(other.l2).sum(axis=-1) > 0).astype(np.float64)
         shared = np.einsum("shi,shj->hij", support_x, support_y) > 0
-        no_box = (np.abs(self.box).sum(axis=(0, -1)) == 0)[:, :, None] & (np.abs(other.box).sum(axis=(0, -1)) == 0)[:, None, :]
+        plain_x = np.abs(self.box).sum(axis=(0, -1)) == 0
+        plain_y = np.abs(other.box).sum(axis=(0, -1)) == 0
+        no_box = plain_x[:, :, None] & plain_y[:, None, :]
         half = np.where(~shared & no_box, 0.5, 1.0)
         symbolic = _up(IntervalArray(nx[:, :, None]) * IntervalArray(ny[:, None, :]) * IntervalArray(half))
         errors = _add(_up(IntervalArray(self.err).einsum(spec, IntervalArray(ry))),
