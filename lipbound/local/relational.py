@@ -29,7 +29,7 @@ from typing import final
 
 import numpy as np
 
-from ..errors import NotCertifiedError
+from ..errors import AssumptionError, NotCertifiedError
 from ..numeric.attention import AttentionMap
 from ..numeric.kernels import SOFTMAX, DotProduct
 from ..numeric.model import Layer
@@ -70,6 +70,8 @@ class RelationalAttention:
         The Frobenius radius.
     enclosed : EnclosedAttention, optional
         The layer at X (for the score-deviation theorem's facts).
+    scores_only : bool
+        Keep only the score enclosure (the forms, (n d)^2-sized, are dropped: no weights, output or radii).
 
     Attributes
     ----------
@@ -81,7 +83,8 @@ class RelationalAttention:
         ``sup_U ||F_i(Y) - c_i||`` about the form's centre ``c`` (:attr:`drift` bounds ``||c_i - F_i(X)||``).
     """
 
-    def __init__(self, target: Layer, X: np.ndarray, eps: float, enclosed: EnclosedAttention | None = None):
+    def __init__(self, target: Layer, X: np.ndarray, eps: float, enclosed: EnclosedAttention | None = None,
+                 scores_only: bool = False):
         X = np.asarray(X, dtype=np.float64)
         engine = AttentionMap(target)
         E = enclosed or EnclosedAttention(target, X)
@@ -97,17 +100,33 @@ class RelationalAttention:
         theorem = E.S + IntervalArray(-sigma, sigma)
         hull = S.hull()
         self.scores = IntervalArray(np.maximum(hull.lo, theorem.lo), np.minimum(hull.hi, theorem.hi))
-        masses = np.ones(X.shape[0])
-        p_hi, p_lo = _softmax_range(hull, masses)        # on the form's whole score box (the mean value form's need)
+        self.enclosed, self._engine = E, engine
+        self._forms = None if scores_only else (U, S, V)   # (the forms hold (n d)^2-sized generators each)
+
+    @functools.cached_property
+    def weights(self) -> IntervalArray:
+        return self._rest[0]
+
+    @functools.cached_property
+    def output(self) -> AffineForm:
+        return self._rest[1]
+
+    @functools.cached_property
+    def _rest(self) -> tuple:
+        """The weights' enclosure and the output form (only a caller that needs them pays for them)."""
+        if self._forms is None:
+            raise AssumptionError("scores_only", "False for the weights and the output", "True",
+                                  "build RelationalAttention without scores_only")
+        (U, S, V), engine = self._forms, self._engine
+        masses = np.ones(U.shape[0])
+        p_hi, p_lo = _softmax_range(S.hull(), masses)     # on the form's whole score box (the mean value form's need)
         P, box = S.softmax(IntervalArray(p_lo, np.maximum(p_lo, p_hi)))
         q_hi, q_lo = _softmax_range(self.scores, masses)  # on the scores of U only: the weights' values
-        self.weights = IntervalArray(np.maximum(box.lo, q_lo), np.maximum(np.maximum(box.lo, q_lo),
-                                                                          np.minimum(box.hi, q_hi)))
-        P = P.within(self.weights)
-        F = P.mix(V, self.weights)
-        merged = F.swapaxes(-2, -3).reshape(X.shape[0], engine.H * engine.d_v)
-        self.output = merged.linear(engine.W_O, engine.b_O) + U
-        self.enclosed = E
+        low = np.maximum(box.lo, q_lo)
+        weights = IntervalArray(low, np.maximum(low, np.minimum(box.hi, q_hi)))
+        F = P.within(weights).mix(V, weights)
+        merged = F.swapaxes(-2, -3).reshape(U.shape[0], engine.H * engine.d_v)
+        return weights, merged.linear(engine.W_O, engine.b_O) + U
 
     @functools.cached_property
     def radii(self) -> np.ndarray:
@@ -143,8 +162,9 @@ class RelationalRoute:
       relational score ranges on every radius of its grid.
     """
 
-    def __init__(self, component, X: np.ndarray, enclosed: EnclosedAttention):
+    def __init__(self, component, X: np.ndarray, enclosed: EnclosedAttention, movement: bool = True):
         self.component, self.X, self.enclosed = component, np.asarray(X, dtype=np.float64), enclosed
+        self.movement = movement      # whether a later component reads the movement (the token radii cost most)
         self._at: dict = {}
 
     @classmethod
@@ -152,20 +172,25 @@ class RelationalRoute:
         first = chain[0]
         if first.kind != "attention" or not any(covers(first.target, hood) for hood in neighbourhoods):
             return None
-        return cls(first, X, enclosed)
+        return cls(first, X, enclosed, movement=len(chain) > 1)
 
-    def at(self, eps: float) -> RelationalAttention:
+    def scores(self, eps: float) -> IntervalArray:
+        """The relational score enclosure on ``U(X, eps)`` (computed once per radius)."""
         if eps not in self._at:
-            self._at[eps] = RelationalAttention(self.component.target, self.X, eps, self.enclosed)
+            self._at[eps] = RelationalAttention(self.component.target, self.X, eps, self.enclosed,
+                                                scores_only=True).scores
         return self._at[eps]
 
-    def tighten(self, hood: Neighbourhood, bounds: LocalBounds, movement: bool = True) -> LocalBounds:
+    def tighten(self, hood: Neighbourhood, bounds: LocalBounds) -> LocalBounds:
         """``bounds`` (the component's on the token balls of ``hood``) made entrywise no larger by the relational
         facts; unchanged where the route does not cover ``hood``."""
         if not covers(self.component.target, hood):
             return bounds
         try:
-            found = self.at(hood.eps).bounds(self.component.target, hood, movement)
+            relational = RelationalAttention(self.component.target, self.X, hood.eps, self.enclosed,
+                                             scores_only=not self.movement)
+            self._at[hood.eps] = relational.scores
+            found = relational.bounds(self.component.target, hood, self.movement)
         except NotCertifiedError:   # an enclosure overflowed: the per-token bounds stand alone
             return bounds
         return LocalBounds(np.minimum(bounds.movement, found.movement), np.minimum(bounds.blocks, found.blocks),
@@ -184,7 +209,7 @@ class RelationalRoute:
             previous = t
             radii = Neighbourhood(hood.ball, t, hood.positions).balls(self.X).radii
             try:
-                scores = self.at(t).scores
+                scores = self.scores(t)
             except NotCertifiedError:
                 return math.inf
             chis = curvature.integral.chis(radii, overrides={"scores": scores}, key="relational")
