@@ -184,8 +184,10 @@ class AffineForm:
 
     # ranges ----------------------------------------------------------------------------------------
     def deviation(self) -> np.ndarray:
-        """Entrywise upper bound on ``|x - c|`` over the set."""
-        return _add(_l2_sum(np.abs(self.l2)), _box_sum(np.abs(self.box)), self.err)
+        """Entrywise upper bound on ``|x - c|`` over the set (computed once: a form does not change)."""
+        if "_deviation" not in self.__dict__:
+            self.__dict__["_deviation"] = _add(_l2_sum(np.abs(self.l2)), _box_sum(np.abs(self.box)), self.err)
+        return self.__dict__["_deviation"]
 
     def hull(self) -> IntervalArray:
         """The smallest box this bound gives: ``c +- deviation``."""
