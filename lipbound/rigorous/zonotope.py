@@ -335,12 +335,13 @@ class AffineForm:
 
     def mix(self, values: AffineForm, ranges: IntervalArray | None = None) -> AffineForm:
         """``sum_j p_ij v_jk``: weights (H, n, l) and values (H, l, k) -> (H, n, k); the deviations' product
-        bounded entrywise, the weights' deviation capped by ``ranges`` (an enclosure of p over the set)."""
+        bounded entrywise, the weights' deviation capped by ``ranges`` (an enclosure of p over the set: the
+        product needs the symbolic parts only at the points of the set, where they are ``p - c - u``)."""
         spec = "hij,hjk->hik"
         rp = self.deviation()
-        if ranges is not None:
-            rp = np.minimum(rp, np.maximum(_up(ranges - IntervalArray(self.center)),
-                                           _up(IntervalArray(self.center) - ranges)))
+        if ranges is not None:   # the symbolic part at a point of the set is p - c - u: |.| <= |p - c| + err
+            capped = np.maximum(_up(ranges - IntervalArray(self.center)), _up(IntervalArray(self.center) - ranges))
+            rp = np.minimum(rp, _add(capped, self.err))
         quadratic = _up(IntervalArray(rp).einsum(spec, IntervalArray(values.deviation())))
         return self._bilinear(values, spec, quadratic)
 
