@@ -20,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lipbound.local.balls import Neighbourhood
-from lipbound.local.relational import RelationalAttention, covers
+from lipbound.local.enclosed import EnclosedAttention
+from lipbound.local.relational import RelationalAttention, covers, frobenius_scores
 from lipbound.numeric.model import Head, Layer
 from lipbound.rigorous.arrays import IntervalArray
 from lipbound.rigorous.zonotope import AffineForm
@@ -143,9 +144,10 @@ def test_relational_attention_encloses_the_layer_on_the_ball(seed, n, eps, scale
     relational = RelationalAttention(target, X, eps)
     _, _, at_x = _layer_forward(target, X)
     reach = relational.radii + relational.drift
+    closed = frobenius_scores(EnclosedAttention(target, X), eps)
     for Y in _ball_points(rng, X, eps, 40):
         S, P, out = _layer_forward(target, Y)
-        assert relational.scores.contains(S) and relational.weights.contains(P)
+        assert relational.scores.contains(S) and relational.weights.contains(P) and closed.contains(S)
         assert relational.output.hull().contains(out)
         assert np.all(np.linalg.norm(out - at_x, axis=1) <= reach)
 

@@ -41,7 +41,7 @@ from .bounds import LocalBounds, _softmax_range, attention_bounds, evaluate_theo
 from .enclosed import EnclosedAttention
 from .scores import score_scale, visibility
 
-__all__ = ["RelationalAttention", "RelationalRoute", "covers"]
+__all__ = ["RelationalAttention", "RelationalRoute", "covers", "frobenius_scores"]
 
 
 def covers(target, hood: Neighbourhood) -> bool:
@@ -54,6 +54,36 @@ def covers(target, hood: Neighbourhood) -> bool:
             and engine.weights is SOFTMAX and engine.basis is None and engine.G == engine.H
             and not any(m.bias is not None or m.softcap is not None for m in engine.masks.masks)
             and visibility(engine, np.arange(2), np.arange(2)) is None)
+
+
+def frobenius_scores(E: EnclosedAttention, eps: float) -> IntervalArray:
+    """Every score of an attention layer covered by :func:`covers` on the Frobenius ball ``||Y - X||_F <= eps``,
+    enclosed, (H, n, n).
+
+    The scores are quadratic in Y: with ``e = Y - X``, ``s_ij(Y) - s_ij(X) = c (e_i . W_Q k_j + e_j . W_K q_i
+    + e_i W_Q W_K^T e_j^T)`` (bars dropped: queries and keys at X).  For i != j the two tokens share eps
+    (``||e_i||^2 + ||e_j||^2 <= eps^2``), so by Cauchy-Schwarz the linear part is at most
+    ``eps (a_ij^2 + b_ij^2)^(1/2)`` and the quadratic part at most ``g ||e_i|| ||e_j|| <= g eps^2 / 2``; for
+    i = j they are at most ``eps ||W_Q k_i + W_K q_i||`` and ``g eps^2`` (``a_ij = ||W_Q k_j||``,
+    ``b_ij = ||W_K q_i||``, ``g = ||W_Q W_K^T||``: :class:`~lipbound.local.scores.ScoreNorms`).  It is the affine form's product :meth:`AffineForm.dot` on the
+    ball, written in closed form with the exact norm of the quadratic part, and costs no generators."""
+    pairs, n = E.norms, E.n
+    a, b = IntervalArray(pairs.a), IntervalArray(pairs.b)
+    across = (a * a + b * b).sqrt().hi                                            # (H, n, n)
+    own = (pairs.key_vectors[:, 0] + pairs.w[:, :, 0]).norm_upper()              # (H, n)
+    eye = np.eye(n, dtype=bool)[None]
+    linear = np.where(eye, own[:, :, None], across)
+    g = np.broadcast_to(pairs.g, linear.shape)
+    quadratic = np.where(eye, g, (IntervalArray(g) * IntervalArray(0.5)).hi)
+    t = IntervalArray(float(eps))
+    deviation = (E.c * (t * IntervalArray(linear) + t * t * IntervalArray(quadratic))).hi
+    return E.S + IntervalArray(-deviation, deviation)
+
+
+def _meet(*boxes: IntervalArray) -> IntervalArray:
+    """The intersection of enclosures of one quantity."""
+    lo = np.max([box.lo for box in boxes], axis=0)
+    return IntervalArray(lo, np.maximum(lo, np.min([box.hi for box in boxes], axis=0)))
 
 
 @final
@@ -98,8 +128,7 @@ class RelationalAttention:
             "c": E.c, T.SCORE_NAMES["a"]: pairs.a, T.SCORE_NAMES["b"]: pairs.b, T.SCORE_NAMES["g"]: pairs.g,
             "r_i": r[None, :, None], "r_j": r[None, None, :]})
         theorem = E.S + IntervalArray(-sigma, sigma)
-        hull = S.hull()
-        self.scores = IntervalArray(np.maximum(hull.lo, theorem.lo), np.minimum(hull.hi, theorem.hi))
+        self.scores = _meet(S.hull(), theorem, frobenius_scores(E, eps))
         self.enclosed, self._engine = E, engine
         self._forms = None if scores_only else (U, S, V)   # (the forms hold (n d)^2-sized generators each)
 
@@ -137,13 +166,11 @@ class RelationalAttention:
         """``||c_i - F_i(X)||`` bounded: the form's centre against the layer's enclosure at X."""
         return (IntervalArray(self.output.center) - self.enclosed.output).norm_upper()
 
-    def bounds(self, target: Layer, hood: Neighbourhood, movement: bool = True) -> LocalBounds:
+    def bounds(self, target: Layer, hood: Neighbourhood) -> LocalBounds:
         """:func:`~lipbound.local.bounds.attention_bounds` on the token balls of ``hood`` with the relational
-        score enclosure; with ``movement`` its movement also capped by the relational radii (about X)."""
+        score enclosure, its movement also capped by the relational radii (about X)."""
         balls = hood.balls(self.enclosed.X.mid)
         found = attention_bounds(target, balls, self.enclosed, scores=self.scores)
-        if not movement:
-            return found
         reach = (IntervalArray(self.radii) + IntervalArray(self.drift)).hi
         return LocalBounds(np.minimum(found.movement, reach), found.blocks, found.variation, found.at_center,
                            found.output, found.facts)
@@ -175,10 +202,10 @@ class RelationalRoute:
         return cls(first, X, enclosed, movement=len(chain) > 1)
 
     def scores(self, eps: float) -> IntervalArray:
-        """The relational score enclosure on ``U(X, eps)`` (computed once per radius)."""
+        """The relational score enclosure on ``U(X, eps)``: :func:`frobenius_scores` (the form's own hull, no
+        tighter for the scores, is taken where the form is built anyway: :meth:`tighten`)."""
         if eps not in self._at:
-            self._at[eps] = RelationalAttention(self.component.target, self.X, eps, self.enclosed,
-                                                scores_only=True).scores
+            self._at[eps] = frobenius_scores(self.enclosed, eps)
         return self._at[eps]
 
     def tighten(self, hood: Neighbourhood, bounds: LocalBounds) -> LocalBounds:
@@ -187,10 +214,13 @@ class RelationalRoute:
         if not covers(self.component.target, hood):
             return bounds
         try:
-            relational = RelationalAttention(self.component.target, self.X, hood.eps, self.enclosed,
-                                             scores_only=not self.movement)
-            self._at[hood.eps] = relational.scores
-            found = relational.bounds(self.component.target, hood, self.movement)
+            if self.movement:
+                relational = RelationalAttention(self.component.target, self.X, hood.eps, self.enclosed)
+                self._at[hood.eps] = relational.scores
+                found = relational.bounds(self.component.target, hood)
+            else:   # a single attention layer: only the scores are read
+                found = attention_bounds(self.component.target, hood.balls(self.X), self.enclosed,
+                                         scores=self.scores(hood.eps))
         except NotCertifiedError:   # an enclosure overflowed: the per-token bounds stand alone
             return bounds
         return LocalBounds(np.minimum(bounds.movement, found.movement), np.minimum(bounds.blocks, found.blocks),
