@@ -65,8 +65,9 @@ def frobenius_scores(E: EnclosedAttention, eps: float) -> IntervalArray:
     (``||e_i||^2 + ||e_j||^2 <= eps^2``), so by Cauchy-Schwarz the linear part is at most
     ``eps (a_ij^2 + b_ij^2)^(1/2)`` and the quadratic part at most ``g ||e_i|| ||e_j|| <= g eps^2 / 2``; for
     i = j they are at most ``eps ||W_Q k_i + W_K q_i||`` and ``g eps^2`` (``a_ij = ||W_Q k_j||``,
-    ``b_ij = ||W_K q_i||``, ``g = ||W_Q W_K^T||``: :class:`~lipbound.local.scores.ScoreNorms`).  It is the affine form's product :meth:`AffineForm.dot` on the
-    ball, written in closed form with the exact norm of the quadratic part, and costs no generators."""
+    ``b_ij = ||W_K q_i||``, ``g = ||W_Q W_K^T||``: :class:`~lipbound.local.scores.ScoreNorms`).  It is the
+    affine form's product :meth:`AffineForm.dot` on the ball, written in closed form with the exact norm of
+    the quadratic part, and costs no generators."""
     pairs, n = E.norms, E.n
     a, b = IntervalArray(pairs.a), IntervalArray(pairs.b)
     across = (a * a + b * b).sqrt().hi                                            # (H, n, n)
