@@ -42,7 +42,8 @@ def run(text, kind, layer, fractions, model, relational: bool):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sentences", type=int, default=1)
+    parser.add_argument("--sentences", type=int, default=1, help="how many of the shortest sentences")
+    parser.add_argument("--skip", type=int, default=0, help="leave out this many of the shortest first")
     parser.add_argument("--kinds", default="layer")
     parser.add_argument("--layer", type=int, default=0)
     parser.add_argument("--fractions", default="1e-3,1e-2,1e-1")
@@ -51,7 +52,7 @@ def main() -> None:
     from lipbound.measures.bert import load_text_model
     model = load_text_model()
     fractions = tuple(float(f) for f in args.fractions.split(","))
-    for text in sentences(args.sentences):
+    for text in sentences(args.skip + args.sentences)[args.skip:]:
         for kind in args.kinds.split(","):
             runs = {}
             for relational in ((True,) if args.after_only else (False, True)):
