@@ -9,7 +9,8 @@ the operator norms of their generators), the softmax (mean-value form, with lipb
 (:func:`~lipbound.local.bounds._softmax_range`) and the simplex intersected), the weighted values, ``W_O``
 and the residual.  What the routes take from it (:class:`RelationalAttention`):
 
-* ``scores`` (H, n, n): an enclosure of every score on U, intersected with the score-deviation theorem's;
+* ``scores`` (H, n, n): an enclosure of every score on U, the form's hull intersected with its closed form
+  on the ball (:func:`frobenius_scores`, used alone where no form is built);
   handed to :func:`~lipbound.local.bounds.attention_bounds` it gives Jacobian blocks, their variation and
   the movement on U from weights that move together;
 * ``radii`` (n,): ``sup_U ||F_i(Y) - F_i(X~)||`` per output token, the operator norm of the token's
@@ -35,9 +36,8 @@ from ..numeric.kernels import SOFTMAX, DotProduct
 from ..numeric.model import Layer
 from ..rigorous.arrays import IntervalArray
 from ..rigorous.zonotope import AffineForm
-from ..symbolic import local as T
 from .balls import Neighbourhood
-from .bounds import LocalBounds, _softmax_range, attention_bounds, evaluate_theorem
+from .bounds import LocalBounds, _softmax_range, attention_bounds
 from .enclosed import EnclosedAttention
 from .scores import score_scale, visibility
 
@@ -100,7 +100,7 @@ class RelationalAttention:
     eps : float
         The Frobenius radius.
     enclosed : EnclosedAttention, optional
-        The layer at X (for the score-deviation theorem's facts).
+        The layer at X (for the norms of :func:`frobenius_scores`).
     scores_only : bool
         Keep only the score enclosure (the forms, (n d)^2-sized, are dropped: no weights, output or radii).
 
@@ -122,14 +122,8 @@ class RelationalAttention:
         U, projected = AffineForm.ball_image(X, eps, engine.W, engine.bias)
         Q, K, V = (engine.per_head(projected, part) for part in ("queries", "keys", "values"))
         S = Q.dot(K).scale(score_scale(engine))
-        # the score-deviation theorem on the per-token balls holds on U too: intersect
-        r = np.full(X.shape[0], float(eps))
-        pairs = E.norms
-        sigma = evaluate_theorem(T.score_deviation(), **{
-            "c": E.c, T.SCORE_NAMES["a"]: pairs.a, T.SCORE_NAMES["b"]: pairs.b, T.SCORE_NAMES["g"]: pairs.g,
-            "r_i": r[None, :, None], "r_j": r[None, None, :]})
-        theorem = E.S + IntervalArray(-sigma, sigma)
-        self.scores = _meet(S.hull(), theorem, frobenius_scores(E, eps))
+        # (the closed form is never wider than the score-deviation theorem on the token balls of U)
+        self.scores = _meet(S.hull(), frobenius_scores(E, eps))
         self.enclosed, self._engine = E, engine
         self._forms = None if scores_only else (U, S, V)   # (the forms hold (n d)^2-sized generators each)
 
