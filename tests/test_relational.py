@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lipbound.local.balls import Neighbourhood
+from lipbound.local.bounds import attention_bounds
 from lipbound.local.enclosed import EnclosedAttention
 from lipbound.local.relational import RelationalAttention, covers, frobenius_scores
 from lipbound.numeric.model import Head, Layer
@@ -145,6 +146,9 @@ def test_relational_attention_encloses_the_layer_on_the_ball(seed, n, eps, scale
     _, _, at_x = _layer_forward(target, X)
     reach = relational.radii + relational.drift
     closed = frobenius_scores(EnclosedAttention(target, X), eps)
+    theorem = attention_bounds(target, Neighbourhood("fro", eps).balls(X)).facts["scores"]
+    slack = 1e-9 * (1 + np.abs(theorem.mid))     # both rounded outward: never wider than the token balls'
+    assert np.all(closed.lo >= theorem.lo - slack) and np.all(closed.hi <= theorem.hi + slack)
     for Y in _ball_points(rng, X, eps, 40):
         S, P, out = _layer_forward(target, Y)
         assert relational.scores.contains(S) and relational.weights.contains(P) and closed.contains(S)
