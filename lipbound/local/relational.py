@@ -81,6 +81,17 @@ def frobenius_scores(E: EnclosedAttention, eps: float) -> IntervalArray:
     return E.S + IntervalArray(-deviation, deviation)
 
 
+#: Radii per decade of the relational curvature integral's upper Riemann sum: the bound grows steeply with the
+#: radius, so the sum pays the width of each step at its right end (MiniLM layer 0, shortest sentence, 1e-2 R:
+#: 109.5 with 6 per decade, 89.2 with 12, 79.5 with 24; about 0.1 CPU s per radius at n = 8).
+RELATIONAL_STEPS = 24
+
+
+def relational_grid(eps: float) -> list[float]:
+    """``eps 10^(-k / RELATIONAL_STEPS)`` for k = RELATIONAL_STEPS - 1, ..., 0 (the last is eps itself)."""
+    return sorted({eps * 10.0 ** (-k / RELATIONAL_STEPS) for k in range(RELATIONAL_STEPS)} | {eps})
+
+
 def _meet(*boxes: IntervalArray) -> IntervalArray:
     """The intersection of enclosures of one quantity."""
     lo = np.max([box.lo for box in boxes], axis=0)
@@ -224,12 +235,12 @@ class RelationalRoute:
 
     def variation(self, curvature, hood: Neighbourhood, other: float) -> float:
         """The curvature route's integral for ``U(X, hood.eps)`` (``curvature``: the curve's
-        :class:`~lipbound.local.curve._CurvatureRoute`) with the relational scores on each radius of its grid;
-        inf where the route does not cover ``hood`` or the partial sum passes ``other``."""
+        :class:`~lipbound.local.curve._CurvatureRoute`) with the relational scores on each radius of
+        :func:`relational_grid`; inf where the route does not cover ``hood`` or the partial sum passes ``other``."""
         if not covers(self.component.target, hood):
             return math.inf
         total, previous = IntervalArray(0.0), 0.0
-        for t in curvature.grid(hood.eps):
+        for t in relational_grid(hood.eps):
             width = (IntervalArray(t) - IntervalArray(previous)).hi.item()
             previous = t
             radii = Neighbourhood(hood.ball, t, hood.positions).balls(self.X).radii
