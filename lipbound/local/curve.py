@@ -66,6 +66,7 @@ from .chains import (
 )
 from .curvature import CURVATURE_TOKENS, AttentionCurvature, CurvatureIntegral, decade_grid
 from .front import FrontSplit
+from .relational import RelationalRoute
 from .tail import BlockTail, TokenTail
 
 __all__ = ["CurvePoint", "LipschitzCurve", "lipschitz_curve", "DENSE_LIMIT", "CHAIN_DENSE_LIMIT", "FLOAT_ALLOWANCE"]
@@ -137,13 +138,16 @@ class LipschitzCurve:
     #: CPU seconds of the work every radius shares (the centre's enclosures, ``||DF(X)||``, the curvature
     #: bound's matrices at X, the set-up of nested curves): the curve's total is this plus the points'
     setup_cpu_seconds: float = 0.0
+    #: whether the first attention layer's facts on U also came from its relational enclosure (relational.py)
+    relational: bool = False
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "component": self.description, "norm": self.norm, "ball": self.ball,
                 "positions": list(self.positions), "n": self.n, "layernorm_radius": self.radius,
                 "jacobian_norm": self.jacobian_norm, "jacobian_witness": self.jacobian_witness,
                 "jacobian_bound": self.jacobian_bound, "variation_bound": self.variation_bound,
-                "setup_cpu_seconds": self.setup_cpu_seconds, "points": [p.to_json() for p in self.points]}
+                "setup_cpu_seconds": self.setup_cpu_seconds, "relational": self.relational,
+                "points": [p.to_json() for p in self.points]}
 
 
 def _check_norm(norm: str) -> str:
@@ -326,6 +330,8 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
     N_dense, jacobian_bound = _jacobian_norm(centre, chain, N_blocks, moving, norm, witness_at_x, n, d, progress)
     radius = model.layer(layer).ln_in.radius_about_center if model.layer(layer).ln_in is not None else math.nan
     curvature = _CurvatureRoute.of(chain, centre, X, neighbourhoods, curvature_tokens) if norm == "fro" else None
+    # an attention layer first on a Frobenius ball: the layer pushed through U as one affine form (relational.py)
+    relational = RelationalRoute.of(chain, X, centre.enclosed[0], neighbourhoods) if norm == "fro" else None
     # a pre-norm sub-layer or head: the variation also splits at the attention's input (local-attention-front)
     front = FrontSplit.of(chain, centre.enclosed, curvature_tokens) if norm == "fro" else None
     # a block or stack starts with an attention layer: on U its outputs lie in a Frobenius ball of radius
@@ -355,6 +361,8 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         M, V, ball_radii = [], [], []
         for k, component in enumerate(chain):
             bounds = component.bounds(balls, centre.enclosed[k])
+            if k == 0 and relational is not None:
+                bounds = relational.tighten(hood, bounds)
             M.append(bounds.blocks)
             V.append(bounds.variation)
             ball_radii.append(balls.radii)
@@ -367,21 +375,25 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
                 radii = (IntervalArray(movement) + IntervalArray(centre.rounding[k + 1])).hi
                 balls = TokenBalls(centre.points[k + 1], radii)
         columns = np.flatnonzero(moving)
+        crude = _matrix_norm(product_upper(*reversed(M))[:, columns], norm)
+        if stack is not None:
+            crude = min(crude, stack.product[index])
+        global_value = global_constant(hood.eps)
+        # a variation above this cannot lower the certified value: the integrals stop there
+        useful = min(crude, global_value) - N_dense
         variation = _matrix_norm(telescoped_variation(M, V, N_blocks, columns), norm)
         if tail is not None and hood.eps > 0:
             variation = min(variation, tail.variation(first.points[index], M, V, N_blocks, ball_radii, centre.rounding))
         if curvature is not None:
             variation = min(variation, curvature.variation(hood, variation))
+            if relational is not None:
+                variation = min(variation, relational.variation(curvature, hood, min(variation, useful)))
         if front is not None and hood.eps > 0:
             theta = (_frobenius_factor(hood, n) * IntervalArray(hood.eps)).hi.item()
             variation = min(variation, front.variation(*bounds.facts["branch"], bounds.facts["radii"], theta))
         if stack is not None:
             variation = min(variation, stack.variation[index])
         local = (IntervalArray(N_dense) + IntervalArray(variation)).hi.item()
-        crude = _matrix_norm(product_upper(*reversed(M))[:, columns], norm)
-        if stack is not None:
-            crude = min(crude, stack.product[index])
-        global_value = global_constant(hood.eps)
         certified = min(local, crude, global_value)
         witness = max(witness, _ascent(chain, X, hood, moving, norm, witness_at_x, direction, ascent_steps, seed))
         change = max(change, _ascent(chain, X, hood, moving, norm, 0.0, direction, ascent_steps, seed, change=True))
@@ -402,7 +414,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         "curvature-split" if curvature.curvature.split else "curvature-gram"
     setup = time.process_time() - began - sum(p.cpu_seconds for p in points)
     return LipschitzCurve(kind, description, norm, ball, tuple(positions), n, radius, N_dense, witness_at_x,
-                          tuple(points), bound, jacobian_bound, setup)
+                          tuple(points), bound, jacobian_bound, setup, relational is not None)
 
 
 class _StackOfBlocks:

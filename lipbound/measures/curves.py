@@ -77,7 +77,8 @@ def curve_table(curve: LipschitzCurve) -> str:
              + f", n = {curve.n}, norm radius R = {curve.radius:.4g}",
              f"||DF(X)||: certified {curve.jacobian_norm:.6g} ({_JACOBIAN_BOUNDS[curve.jacobian_bound]}), "
              f"witness {curve.jacobian_witness:.6g}; "
-             f"variation: {_VARIATION_BOUNDS[curve.variation_bound]}",
+             f"variation: {_VARIATION_BOUNDS[curve.variation_bound]}"
+             + (", with the attention's relational enclosure on U" if curve.relational else ""),
              f"{'eps/R':>9s} {'eps':>10s} {'certified':>11s} {'witness':>10s} {'ratio':>8s} {'variation':>10s} "
              f"{'var. found':>10s} {'global':>10s} {'CPU s':>7s}  verdict"]
     for p in curve.points:

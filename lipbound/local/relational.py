@@ -1,0 +1,257 @@
+"""Relational routes of ``local``: an attention layer pushed through the Frobenius ball as one affine form.
+
+The per-token description of :mod:`lipbound.local.balls` lets every token move by eps at once, where
+a Frobenius ball lets the tokens share eps (``sum_j ||y_j - x_j||^2 <= eps^2``), and it bounds scores,
+weights and values one by one.  Here ``U(X, eps)`` is the affine form ``X + eps E``, ``||E||_F <= 1``
+(:class:`~lipbound.rigorous.zonotope.AffineForm`), and the attention layer is evaluated on it: queries,
+keys and values (linear), the scores ``c q_i . k_j`` (bilinear, the product of the deviations bounded by
+the operator norms of their generators), the softmax (mean-value form, with lipbound's own softmax ranges
+(:func:`~lipbound.local.bounds._softmax_range`) and the simplex intersected), the weighted values, ``W_O``
+and the residual.  What the routes take from it (:class:`RelationalAttention`):
+
+* ``scores`` (H, n, n): an enclosure of every score on U, the form's hull intersected with its closed form
+  on the ball (:func:`frobenius_scores`, used alone where no form is built);
+  handed to :func:`~lipbound.local.bounds.attention_bounds` it gives Jacobian blocks, their variation and
+  the movement on U from weights that move together;
+* ``radii`` (n,): ``sup_U ||F_i(Y) - F_i(X~)||`` per output token, the operator norm of the token's
+  generators: the token balls handed to the components after the attention in a block or a stack.
+
+Covered: dot-product softmax heads without masks or rotations in a layer with an output projection and
+residual (the encoder layers of BERT-type models), Frobenius and (2,1) balls (the (2,1) ball lies in the
+Frobenius ball of the same radius).  Anything else gets no relational route (``None``), never another
+layer's bound.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import final
+
+import numpy as np
+
+from ..errors import AssumptionError, NotCertifiedError
+from ..numeric.attention import AttentionMap
+from ..numeric.kernels import SOFTMAX, DotProduct
+from ..numeric.model import Layer
+from ..rigorous.arrays import IntervalArray
+from ..rigorous.zonotope import AffineForm
+from .balls import Neighbourhood
+from .bounds import LocalBounds, _softmax_range, attention_bounds
+from .enclosed import EnclosedAttention
+from .scores import score_scale, visibility
+
+__all__ = ["RelationalAttention", "RelationalRoute", "covers", "frobenius_scores"]
+
+
+def covers(target, hood: Neighbourhood) -> bool:
+    """True when the relational route applies: an attention layer with output projection and residual,
+    unmasked dot-product softmax heads without rotations, on a Frobenius or (2,1) ball of radius > 0."""
+    if hood.ball not in ("fro", "2,1") or hood.eps <= 0 or not isinstance(target, Layer):
+        return False
+    engine = AttentionMap(target)
+    return (engine.residual and engine.W_O is not None and isinstance(engine.kernel, DotProduct)
+            and engine.weights is SOFTMAX and engine.basis is None and engine.G == engine.H
+            and not any(m.bias is not None or m.softcap is not None for m in engine.masks.masks)
+            and visibility(engine, np.arange(2), np.arange(2)) is None)
+
+
+def frobenius_scores(E: EnclosedAttention, eps: float) -> IntervalArray:
+    """Every score of an attention layer covered by :func:`covers` on the Frobenius ball ``||Y - X||_F <= eps``,
+    enclosed, (H, n, n).
+
+    The scores are quadratic in Y: with ``e = Y - X``, ``s_ij(Y) - s_ij(X) = c (e_i . W_Q k_j + e_j . W_K q_i
+    + e_i W_Q W_K^T e_j^T)`` (bars dropped: queries and keys at X).  For i != j the two tokens share eps
+    (``||e_i||^2 + ||e_j||^2 <= eps^2``), so by Cauchy-Schwarz the linear part is at most
+    ``eps (a_ij^2 + b_ij^2)^(1/2)`` and the quadratic part at most ``g ||e_i|| ||e_j|| <= g eps^2 / 2``; for
+    i = j they are at most ``eps ||W_Q k_i + W_K q_i||`` and ``g eps^2`` (``a_ij = ||W_Q k_j||``,
+    ``b_ij = ||W_K q_i||``, ``g = ||W_Q W_K^T||``: :class:`~lipbound.local.scores.ScoreNorms`).  It is the
+    affine form's product :meth:`AffineForm.dot` on the ball, written in closed form with the exact norm of
+    the quadratic part, and costs no generators."""
+    pairs, n = E.norms, E.n
+    a, b = IntervalArray(pairs.a), IntervalArray(pairs.b)
+    across = (a * a + b * b).sqrt().hi                                            # (H, n, n)
+    own = (pairs.key_vectors[:, 0] + pairs.w[:, :, 0]).norm_upper()              # (H, n)
+    eye = np.eye(n, dtype=bool)[None]
+    linear = np.where(eye, own[:, :, None], across)
+    g = np.broadcast_to(pairs.g, linear.shape)
+    quadratic = np.where(eye, g, (IntervalArray(g) * IntervalArray(0.5)).hi)
+    t = IntervalArray(float(eps))
+    deviation = (E.c * (t * IntervalArray(linear) + t * t * IntervalArray(quadratic))).hi
+    return E.S + IntervalArray(-deviation, deviation)
+
+
+#: Radii per decade of the relational curvature integral's upper Riemann sum: the bound grows steeply with the
+#: radius, so the sum pays the width of each step at its right end (MiniLM layer 0, shortest sentence, 1e-2 R:
+#: 109.5 with 6 per decade, 89.2 with 12, 79.5 with 24; about 0.1 CPU s per radius at n = 8).
+RELATIONAL_STEPS = 24
+
+
+def relational_grid(eps: float) -> list[float]:
+    """``eps 10^(-k / RELATIONAL_STEPS)`` for k = RELATIONAL_STEPS - 1, ..., 0 (the last is eps itself)."""
+    return sorted({eps * 10.0 ** (-k / RELATIONAL_STEPS) for k in range(RELATIONAL_STEPS)} | {eps})
+
+
+def _meet(*boxes: IntervalArray) -> IntervalArray:
+    """The intersection of enclosures of one quantity."""
+    lo = np.max([box.lo for box in boxes], axis=0)
+    return IntervalArray(lo, np.maximum(lo, np.min([box.hi for box in boxes], axis=0)))
+
+
+@final
+class RelationalAttention:
+    """An attention layer with residual on ``U(X, eps)``, as affine forms (module docstring).
+
+    Parameters
+    ----------
+    target : Layer
+        Covered by :func:`covers`.
+    X : ndarray (n, d)
+        The centre.
+    eps : float
+        The Frobenius radius.
+    enclosed : EnclosedAttention, optional
+        The layer at X (for the norms of :func:`frobenius_scores`).
+    scores_only : bool
+        Keep only the score enclosure (the forms, (n d)^2-sized, are dropped: no weights, output or radii).
+
+    Attributes
+    ----------
+    scores : IntervalArray (H, n, n)
+    weights : IntervalArray (H, n, n)
+        Enclosures of the attention weights on U.
+    output : AffineForm (n, d)
+    radii : ndarray (n,)
+        ``sup_U ||F_i(Y) - c_i||`` about the form's centre ``c`` (:attr:`drift` bounds ``||c_i - F_i(X)||``).
+    """
+
+    def __init__(self, target: Layer, X: np.ndarray, eps: float, enclosed: EnclosedAttention | None = None,
+                 scores_only: bool = False):
+        X = np.asarray(X, dtype=np.float64)
+        engine = AttentionMap(target)
+        E = enclosed or EnclosedAttention(target, X)
+        U, projected = AffineForm.ball_image(X, eps, engine.W, engine.bias)
+        Q, K, V = (engine.per_head(projected, part) for part in ("queries", "keys", "values"))
+        S = Q.dot(K).scale(score_scale(engine))
+        # (the closed form is never wider than the score-deviation theorem on the token balls of U)
+        self.scores = _meet(S.hull(), frobenius_scores(E, eps))
+        self.enclosed, self._engine = E, engine
+        self._forms = None if scores_only else (U, S, V)   # (the forms hold (n d)^2-sized generators each)
+
+    @functools.cached_property
+    def weights(self) -> IntervalArray:
+        return self._rest[0]
+
+    @functools.cached_property
+    def output(self) -> AffineForm:
+        return self._rest[1]
+
+    @functools.cached_property
+    def _rest(self) -> tuple:
+        """The weights' enclosure and the output form (only a caller that needs them pays for them)."""
+        if self._forms is None:
+            raise AssumptionError("scores_only", "False for the weights and the output", "True",
+                                  "build RelationalAttention without scores_only")
+        (U, S, V), engine = self._forms, self._engine
+        masses = np.ones(U.shape[0])
+        p_hi, p_lo = _softmax_range(S.hull(), masses)     # on the form's whole score box (the mean value form's need)
+        P, box = S.softmax(IntervalArray(p_lo, np.maximum(p_lo, p_hi)))
+        q_hi, q_lo = _softmax_range(self.scores, masses)  # on the scores of U only: the weights' values
+        low = np.maximum(box.lo, q_lo)
+        weights = IntervalArray(low, np.maximum(low, np.minimum(box.hi, q_hi)))
+        F = P.within(weights).mix(V, weights)
+        merged = F.swapaxes(-2, -3).reshape(U.shape[0], engine.H * engine.d_v)
+        return weights, merged.linear(engine.W_O, engine.b_O) + U
+
+    @functools.cached_property
+    def radii(self) -> np.ndarray:
+        return self.output.token_radii()
+
+    @functools.cached_property
+    def drift(self) -> np.ndarray:
+        """``||c_i - F_i(X)||`` bounded: the form's centre against the layer's enclosure at X."""
+        return (IntervalArray(self.output.center) - self.enclosed.output).norm_upper()
+
+    def bounds(self, target: Layer, hood: Neighbourhood) -> LocalBounds:
+        """:func:`~lipbound.local.bounds.attention_bounds` on the token balls of ``hood`` with the relational
+        score enclosure, its movement also capped by the relational radii (about X)."""
+        balls = hood.balls(self.enclosed.X.mid)
+        found = attention_bounds(target, balls, self.enclosed, scores=self.scores)
+        reach = (IntervalArray(self.radii) + IntervalArray(self.drift)).hi
+        return LocalBounds(np.minimum(found.movement, reach), found.blocks, found.variation, found.at_center,
+                           found.output, found.facts)
+
+
+@final
+class RelationalRoute:
+    """The relational facts of the first component of a chain (an attention layer covered by :func:`covers`)
+    on each ``U(X, t)`` asked for, computed once per radius, and what ``local`` takes from them:
+
+    * :meth:`tighten`: the component's bounds on the token balls of U with the relational scores (blocks,
+      variation, movement; the movement also capped by the relational token radii), entrywise the smaller
+      of these and the per-token theorems' (each holds on U);
+    * :meth:`variation`: the curvature integral of theorem local-attention-curvature (``||DF(Y) - DF(X)||`` on
+      U through the second derivative, :class:`~lipbound.local.curvature.CurvatureIntegral`) with the
+      relational score ranges on every radius of its grid.
+    """
+
+    def __init__(self, component, X: np.ndarray, enclosed: EnclosedAttention, movement: bool = True):
+        self.component, self.X, self.enclosed = component, np.asarray(X, dtype=np.float64), enclosed
+        self.movement = movement      # whether a later component reads the movement (the token radii cost most)
+        self._at: dict = {}
+
+    @classmethod
+    def of(cls, chain, X, enclosed, neighbourhoods) -> RelationalRoute | None:
+        first = chain[0]
+        if first.kind != "attention" or not any(covers(first.target, hood) for hood in neighbourhoods):
+            return None
+        return cls(first, X, enclosed, movement=len(chain) > 1)
+
+    def scores(self, eps: float) -> IntervalArray:
+        """The relational score enclosure on ``U(X, eps)``: :func:`frobenius_scores` (the form's own hull, no
+        tighter for the scores, is taken where the form is built anyway: :meth:`tighten`)."""
+        if eps not in self._at:
+            self._at[eps] = frobenius_scores(self.enclosed, eps)
+        return self._at[eps]
+
+    def tighten(self, hood: Neighbourhood, bounds: LocalBounds) -> LocalBounds:
+        """``bounds`` (the component's on the token balls of ``hood``) made entrywise no larger by the relational
+        facts; unchanged where the route does not cover ``hood``."""
+        if not covers(self.component.target, hood):
+            return bounds
+        try:
+            if self.movement:
+                relational = RelationalAttention(self.component.target, self.X, hood.eps, self.enclosed)
+                self._at[hood.eps] = relational.scores
+                found = relational.bounds(self.component.target, hood)
+            else:   # a single attention layer: only the scores are read
+                found = attention_bounds(self.component.target, hood.balls(self.X), self.enclosed,
+                                         scores=self.scores(hood.eps))
+        except NotCertifiedError:   # an enclosure overflowed: the per-token bounds stand alone
+            return bounds
+        return LocalBounds(np.minimum(bounds.movement, found.movement), np.minimum(bounds.blocks, found.blocks),
+                           np.minimum(bounds.variation, found.variation), bounds.at_center, bounds.output,
+                           found.facts)
+
+    def variation(self, curvature, hood: Neighbourhood, other: float) -> float:
+        """The curvature route's integral for ``U(X, hood.eps)`` (``curvature``: the curve's
+        :class:`~lipbound.local.curve._CurvatureRoute`) with the relational scores on each radius of
+        :func:`relational_grid`; inf where the route does not cover ``hood`` or the partial sum passes ``other``."""
+        if not covers(self.component.target, hood):
+            return math.inf
+        total, previous = IntervalArray(0.0), 0.0
+        for t in relational_grid(hood.eps):
+            width = (IntervalArray(t) - IntervalArray(previous)).hi.item()
+            previous = t
+            radii = Neighbourhood(hood.ball, t, hood.positions).balls(self.X).radii
+            try:
+                scores = self.scores(t)
+            except NotCertifiedError:
+                return math.inf
+            chis = curvature.integral.chis(radii, overrides={"scores": scores}, key="relational")
+            if not all(math.isfinite(chi) for chi in chis):
+                return math.inf
+            total = total + IntervalArray(curvature.curvature.piece(chis, width))
+            if (total * curvature.frobenius).hi.item() > other:
+                return math.inf
+        return (total * curvature.frobenius).hi.item()

@@ -1,0 +1,425 @@
+"""Affine forms with Euclidean and box noise: relational enclosures of sets pushed through attention.
+
+An :class:`AffineForm` of shape S stands for the set
+
+    { c + sum_s e_s G_s + sum_b t_b B_b + u :  ||e||_2 <= 1,  |t_b| <= 1,  |u| <= err entrywise }
+
+with float arrays ``c`` (S), ``G`` (m, *S) (the Euclidean symbols: a Frobenius ball ``||Y - X||_F <= eps``
+is ``c = X``, ``G = eps I``, as in DeepT, Bonaert et al., PLDI 2021), ``B`` (k, *S) (box symbols, one per
+linearisation error that later operations share) and ``err`` (S, non-negative; independent errors:
+rounding, dropped symbols).  Every entry of every array built from the same input keeps its relation
+to the others through the shared symbols: the scores, weights and values of an attention layer move
+together, which the per-token balls of :mod:`lipbound.local.balls` forget.
+
+Rounding: each float operation on ``c``, ``G``, ``B`` is evaluated by :class:`~lipbound.rigorous.arrays.IntervalArray`
+(outward rounding, midpoint-radius products); the midpoint is kept and the radius moves into ``err``:
+for the Euclidean symbols ``|sum_s e_s r_s| <= (sum_s r_s^2)^(1/2)`` (Cauchy-Schwarz), for the box symbols
+``sum_b r_b``.  :class:`~lipbound.errors.NotCertifiedError` is raised by the interval layer on overflow.
+
+Operations: :meth:`AffineForm.linear` (``x W + b`` over the last axis), ``+``, ``-``, :meth:`scale`,
+:meth:`dot` (``q . k`` over the last axis, batched: the scores), :meth:`mix` (``p v``: the weighted values),
+:meth:`softmax` (mean-value form: the softmax Jacobian at the centre on the generators, the change of the
+Jacobian over the enclosed score box times the scores' deviation as a new box symbol per entry),
+:meth:`hull`, :meth:`token_radii` (``sup ||x_i - c_i||`` per row, through the operator norm of each row's
+generators), :meth:`reduce` (the smallest Euclidean symbols merged into ``err``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import final
+
+import numpy as np
+
+from ..errors import AssumptionError
+from .arrays import IntervalArray
+from .linalg import spectral_norm_upper
+
+__all__ = ["AffineForm", "Symbols"]
+
+#: Euclidean symbols processed at a time by the products (bounds the temporaries' memory).
+_CHUNK = 512
+
+
+@final
+class Symbols:
+    """The box symbols of one computation: a counter shared by every form derived from the same input, so
+    that symbol b means the same noise in each of them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def fresh(self, count: int) -> int:
+        """Allocate ``count`` new symbols; returns the first index."""
+        first = self.count
+        self.count += int(count)
+        return first
+
+
+def _up(x) -> np.ndarray:
+    """Upper end of an interval array (a bound that may be used as a radius)."""
+    return np.maximum(x.hi, 0.0)
+
+
+def _settle(parts: IntervalArray) -> tuple[np.ndarray, np.ndarray]:
+    """``(mid, rad)`` of an interval array with the enclosure property (:meth:`IntervalArray.to_enclosure`)."""
+    enclosure = parts.to_enclosure()
+    return enclosure.mid, enclosure.rad
+
+
+def _l2_sum(rad: np.ndarray) -> np.ndarray:
+    """Upper bound on ``(sum_s rad_s^2)^(1/2)`` over the first axis."""
+    if rad.shape[0] == 0:
+        return np.zeros(rad.shape[1:])
+    return IntervalArray(rad).norm_upper(axis=0)
+
+
+def _box_sum(rad: np.ndarray) -> np.ndarray:
+    if rad.shape[0] == 0:
+        return np.zeros(rad.shape[1:])
+    return _up(IntervalArray(rad).sum(axis=0))
+
+
+def _add(*terms) -> np.ndarray:
+    """Upper bound on the sum of non-negative arrays."""
+    total = IntervalArray(np.zeros(np.broadcast_shapes(*(np.shape(t) for t in terms))))
+    for term in terms:
+        total = total + IntervalArray(np.asarray(term, dtype=np.float64))
+    return _up(total)
+
+
+@final
+@dataclass(frozen=True, eq=False)
+class AffineForm:
+    """``{c + e G + t B + u}`` (module docstring); arrays of float64, ``err >= 0``."""
+
+    center: np.ndarray
+    l2: np.ndarray
+    box: np.ndarray
+    err: np.ndarray
+    symbols: Symbols
+
+    # construction ----------------------------------------------------------------------------------
+    @classmethod
+    def ball(cls, X, eps: float, moving=None) -> AffineForm:
+        """The Frobenius ball ``{Y : ||Y - X||_F <= eps}`` (rows ``moving`` only, if given), shape of X."""
+        X = np.asarray(X, dtype=np.float64)
+        if not (np.isfinite(eps) and eps >= 0):
+            raise AssumptionError("eps", "a finite radius >= 0", repr(eps), "e.g. `eps` 1e-3")
+        rows = np.arange(X.shape[0]) if moving is None else np.flatnonzero(np.asarray(moving, dtype=bool))
+        width = int(np.prod(X.shape[1:], dtype=np.int64))
+        l2 = np.zeros((rows.size * width,) + X.shape)
+        index = np.arange(rows.size * width)
+        flat = l2.reshape(l2.shape[0], X.shape[0], width)
+        flat[index, np.repeat(rows, width), np.tile(np.arange(width), rows.size)] = float(eps)
+        return cls(X.copy(), l2, np.zeros((0,) + X.shape), np.zeros(X.shape), Symbols())
+
+    @classmethod
+    def ball_image(cls, X, eps: float, W, b=None) -> tuple[AffineForm, AffineForm]:
+        """The Frobenius ball about X (n, d) and its image ``Y W + b``, built directly: the image's generator
+        of symbol (i, a) is ``eps W[a]`` on row i (the product of the identity by W is not formed)."""
+        U = cls.ball(X, eps)
+        W = np.asarray(W, dtype=np.float64)
+        n, d = U.shape
+        center = IntervalArray(U.center).matmul(W)
+        if b is not None:
+            center = center + IntervalArray(np.asarray(b, dtype=np.float64))
+        rows, rows_rad = _settle(IntervalArray(float(eps)) * IntervalArray(W))        # (d, width)
+        l2 = np.zeros((n * d, n, W.shape[1]))
+        for i in range(n):
+            l2[i * d:(i + 1) * d, i] = rows
+        mid, rad = _settle(center)
+        err = _add(rad, np.broadcast_to(_l2_sum(rows_rad), mid.shape))
+        return U, cls(mid, l2, np.zeros((0, n, W.shape[1])), err, U.symbols)
+
+    @classmethod
+    def _from_parts(cls, center: IntervalArray, l2_parts, box: IntervalArray, extra, symbols: Symbols) -> AffineForm:
+        """A form from enclosures of its center, Euclidean generators (chunks along the symbols), box
+        generators and a bound ``extra`` on the independent error: the radii move into ``err``."""
+        mid, rad = _settle(center)
+        l2_mids, l2_rads = [], []
+        for part in l2_parts:
+            m, r = _settle(part)
+            l2_mids.append(m)
+            l2_rads.append(_l2_sum(r))
+        l2 = np.concatenate(l2_mids) if l2_mids else np.zeros((0,) + mid.shape)
+        box_mid, box_rad = _settle(box)
+        err = _add(extra, rad, _box_sum(box_rad), *l2_rads)
+        return cls(mid, l2, box_mid, err, symbols)
+
+    # shape -----------------------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple:
+        return self.center.shape
+
+    def _view(self, transform) -> AffineForm:
+        """The same view (index on trailing axes, reshape, swap of negative axes) of every part."""
+        return AffineForm(transform(self.center), transform(self.l2), transform(self.box), transform(self.err),
+                          self.symbols)
+
+    def __getitem__(self, index) -> AffineForm:
+        index = index if isinstance(index, tuple) else (index,)
+        if Ellipsis not in index:
+            index = index + (Ellipsis,)
+        out_center = self.center[index]
+        return AffineForm(out_center, self.l2[(slice(None),) + index], self.box[(slice(None),) + index],
+                          self.err[index], self.symbols)
+
+    def reshape(self, *shape) -> AffineForm:
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], tuple) else shape
+        return AffineForm(self.center.reshape(shape), self.l2.reshape((self.l2.shape[0],) + tuple(shape)),
+                          self.box.reshape((self.box.shape[0],) + tuple(shape)), self.err.reshape(shape), self.symbols)
+
+    def swapaxes(self, a: int, b: int) -> AffineForm:
+        if a >= 0 or b >= 0:
+            raise AssumptionError("axes", "negative axes (counted from the end)", f"{a}, {b}", "e.g. -2, -3")
+        return self._view(lambda x: np.swapaxes(x, a, b))
+
+    def _box_rows(self, count: int) -> np.ndarray:
+        """The box generators padded with zero rows up to ``count`` symbols."""
+        if self.box.shape[0] == count:
+            return self.box
+        pad = np.zeros((count - self.box.shape[0],) + self.shape)
+        return np.concatenate([self.box, pad])
+
+    # ranges ----------------------------------------------------------------------------------------
+    def deviation(self) -> np.ndarray:
+        """Entrywise upper bound on ``|x - c|`` over the set (computed once: a form does not change)."""
+        if "_deviation" not in self.__dict__:
+            self.__dict__["_deviation"] = _add(_l2_sum(np.abs(self.l2)), _box_sum(np.abs(self.box)), self.err)
+        return self.__dict__["_deviation"]
+
+    def hull(self) -> IntervalArray:
+        """The smallest box this bound gives: ``c +- deviation``."""
+        return IntervalArray.around(self.center, self.deviation())
+
+    def token_radii(self) -> np.ndarray:
+        """``sup ||x_i - c_i||_2`` for each row i of a 2-d form (n, d): the operator norm of the row's
+        Euclidean generators (one certified Gram norm per row), the norms of its box generators and of its
+        independent errors."""
+        if self.center.ndim != 2:
+            raise AssumptionError("form", "a 2-d form (tokens, features)", f"shape {self.shape}", "reshape it")
+        radii = []
+        for i in range(self.shape[0]):
+            G = self.l2[:, i, :]
+            operator = spectral_norm_upper(G)
+            boxed = 0.0
+            if self.box.shape[0]:   # sup over the box of ||t B_i||: by symbols, or by coordinates
+                by_symbol = _box_sum(IntervalArray(self.box[:, i, :]).norm_upper(axis=-1)[:, None])[0]
+                by_coordinate = IntervalArray(_box_sum(np.abs(self.box[:, i, :]))).norm_upper()
+                boxed = min(by_symbol, by_coordinate)
+            radii.append(_add(operator, boxed, IntervalArray(self.err[i]).norm_upper()).item())
+        return np.array(radii)
+
+    # linear operations ----------------------------------------------------------------------------------
+    def linear(self, W, b=None) -> AffineForm:
+        """``x W + b`` over the last axis (W, b floats taken exactly)."""
+        W = np.asarray(W, dtype=np.float64)
+        center = IntervalArray(self.center).matmul(W)
+        if b is not None:
+            center = center + IntervalArray(np.asarray(b, dtype=np.float64))
+        chunks = [IntervalArray(self.l2[s:s + _CHUNK]).matmul(W) for s in range(0, self.l2.shape[0], _CHUNK)]
+        box = IntervalArray(self.box).matmul(W)
+        extra = _up(IntervalArray(self.err).matmul(np.abs(W)))
+        return AffineForm._from_parts(center, chunks, box, extra, self.symbols)
+
+    def _combine(self, other: AffineForm, sign: float) -> AffineForm:
+        if other.symbols is not self.symbols or other.l2.shape[0] != self.l2.shape[0]:
+            raise AssumptionError("other", "a form over the same symbols", "a form of another input",
+                                  "derive both forms from one AffineForm.ball")
+        count = max(self.box.shape[0], other.box.shape[0])
+        shape = np.broadcast_shapes(self.shape, other.shape)
+
+        def both(a, b):
+            return IntervalArray(a) + IntervalArray(sign * b)
+        chunks = [both(self.l2[s:s + _CHUNK], other.l2[s:s + _CHUNK]) for s in range(0, self.l2.shape[0], _CHUNK)]
+        box = both(self._box_rows(count), other._box_rows(count))
+        extra = np.broadcast_to(_add(self.err, other.err), shape)
+        return AffineForm._from_parts(both(self.center, other.center), chunks, box, extra, self.symbols)
+
+    def __add__(self, other: AffineForm) -> AffineForm:
+        return self._combine(other, 1.0)
+
+    def __sub__(self, other: AffineForm) -> AffineForm:
+        return self._combine(other, -1.0)
+
+    def scale(self, factor: IntervalArray) -> AffineForm:
+        """``factor x`` for an enclosed scalar (or array broadcasting against the form): the factor's
+        midpoint on every part, its radius times the deviation and the center's size into ``err``."""
+        factor = factor if isinstance(factor, IntervalArray) else IntervalArray(np.asarray(factor, dtype=np.float64))
+        mid, rad = _settle(factor)
+        f = IntervalArray(mid)
+        spread = _up(IntervalArray(rad) * IntervalArray(_add(np.abs(self.center), self.deviation())))
+        chunks = [IntervalArray(self.l2[s:s + _CHUNK]) * f for s in range(0, self.l2.shape[0], _CHUNK)]
+        extra = _add(spread, _up(IntervalArray(self.err) * IntervalArray(np.abs(mid))))
+        return AffineForm._from_parts(IntervalArray(self.center) * f, chunks, IntervalArray(self.box) * f, extra,
+                                      self.symbols)
+
+    # bilinear operations ----------------------------------------------------------------------------
+    def _bilinear(self, other: AffineForm, spec: str, quadratic: np.ndarray) -> AffineForm:
+        """``einsum(spec, x, y)`` for two forms over one computation: the linear parts exactly (as
+        generators), the product of the two deviations bounded by ``quadratic`` (a new box symbol per
+        entry: later operations share it)."""
+        if other.symbols is not self.symbols:
+            raise AssumptionError("other", "a form over the same symbols", "a form of another input",
+                                  "derive both forms from one AffineForm.ball")
+        inputs, output = spec.split("->")
+        left, right = inputs.split(",")
+        with_symbol = f"s{left},{right}->s{output}", f"{left},s{right}->s{output}"
+        cx, cy = IntervalArray(self.center), IntervalArray(other.center)
+        center = cx.einsum(spec, cy)
+
+        def generators(a: np.ndarray, b: np.ndarray):
+            return IntervalArray(a).einsum(with_symbol[0], cy) + cx.einsum(with_symbol[1], IntervalArray(b))
+
+        chunks = [generators(self.l2[s:s + _CHUNK], other.l2[s:s + _CHUNK]) for s in range(0, self.l2.shape[0], _CHUNK)]
+        count = max(self.box.shape[0], other.box.shape[0])
+        box = generators(self._box_rows(count), other._box_rows(count))
+        # the independent errors times the other factor's whole size (centre and deviation)
+        ax, ay = _add(np.abs(self.center), self.deviation()), _add(np.abs(other.center), other.deviation())
+        extra = _add(_up(IntervalArray(self.err).einsum(spec, IntervalArray(ay))),
+                     _up(IntervalArray(ax).einsum(spec, IntervalArray(other.err))))
+        form = AffineForm._from_parts(center, chunks, box, extra, self.symbols)
+        return form._with_box(quadratic)
+
+    def _with_box(self, size: np.ndarray) -> AffineForm:
+        """The form plus one new box symbol per entry of radius ``size`` (>= 0)."""
+        size = np.broadcast_to(np.asarray(size, dtype=np.float64), self.shape)
+        live = np.flatnonzero(size.reshape(-1) > 0)
+        if live.size == 0:
+            return self
+        first = self.symbols.fresh(live.size)
+        box = np.zeros((first + live.size, *self.shape))
+        box[:self.box.shape[0]] = self.box
+        flat = box.reshape(box.shape[0], -1)
+        flat[first + np.arange(live.size), live] = size.reshape(-1)[live]
+        return AffineForm(self.center, self.l2, box, self.err, self.symbols)
+
+    def _generator_norms(self) -> np.ndarray:
+        """``sup ||L_r||_2`` over the last axis for every leading index r, L the symbolic part (Euclidean:
+        the operator norm of the row's generators, from its Gram matrix; box: the sum of the rows' norms)."""
+        lead = self.shape[:-1]
+        k = self.shape[-1]
+        G = self.l2.reshape(self.l2.shape[0], -1, k)
+        out = np.empty(G.shape[1])
+        for r in range(G.shape[1]):
+            block = G[:, r, :]
+            out[r] = spectral_norm_upper(block)
+        if self.box.shape[0] == 0:
+            return out.reshape(lead)
+        box = IntervalArray(np.abs(self.box).reshape(self.box.shape[0], -1, k)).norm_upper(axis=-1)
+        return _add(out, _box_sum(box)).reshape(lead)
+
+    def dot(self, other: AffineForm) -> AffineForm:
+        """``x_hi . y_hj`` over the last axis of two 3-d forms (H, n, k), (H, l, k) -> (H, n, l).
+
+        The product of the deviations is bounded by the smaller of the box bound ``sum_k |dx_k| |dy_k|`` and
+        ``||L_x|| ||L_y||`` (operator norms of the rows' generators, halved when the two rows' Euclidean
+        symbols are disjoint and neither has box symbols: ``sup_{a^2 + b^2 <= 1} a b = 1/2``), each plus the
+        independent errors' share."""
+        spec = "hik,hjk->hij"
+        rx, ry = self.deviation(), other.deviation()
+        boxed = _up(IntervalArray(rx).einsum(spec, IntervalArray(ry)))
+        nx, ny = self._generator_norms(), other._generator_norms()
+        support_x = (np.abs(self.l2).sum(axis=-1) > 0).astype(np.float64)        # (m, H, n)
+        support_y = (np.abs(other.l2).sum(axis=-1) > 0).astype(np.float64)
+        shared = np.einsum("shi,shj->hij", support_x, support_y) > 0
+        plain_x = np.abs(self.box).sum(axis=(0, -1)) == 0
+        plain_y = np.abs(other.box).sum(axis=(0, -1)) == 0
+        no_box = plain_x[:, :, None] & plain_y[:, None, :]
+        half = np.where(~shared & no_box, 0.5, 1.0)
+        symbolic = _up(IntervalArray(nx[:, :, None]) * IntervalArray(ny[:, None, :]) * IntervalArray(half))
+        errors = _add(_up(IntervalArray(self.err).einsum(spec, IntervalArray(ry))),
+                      _up(IntervalArray(rx).einsum(spec, IntervalArray(other.err))))
+        return self._bilinear(other, spec, np.minimum(boxed, _add(symbolic, errors)))
+
+    def mix(self, values: AffineForm, ranges: IntervalArray | None = None) -> AffineForm:
+        """``sum_j p_ij v_jk``: weights (H, n, l) and values (H, l, k) -> (H, n, k); the deviations' product
+        bounded entrywise, the weights' deviation capped by ``ranges`` (an enclosure of p over the set: the
+        product needs the symbolic parts only at the points of the set, where they are ``p - c - u``)."""
+        spec = "hij,hjk->hik"
+        rp = self.deviation()
+        if ranges is not None:   # the symbolic part at a point of the set is p - c - u: |.| <= |p - c| + err
+            capped = np.maximum(_up(ranges - IntervalArray(self.center)), _up(IntervalArray(self.center) - ranges))
+            rp = np.minimum(rp, _add(capped, self.err))
+        quadratic = _up(IntervalArray(rp).einsum(spec, IntervalArray(values.deviation())))
+        return self._bilinear(values, spec, quadratic)
+
+    # softmax ----------------------------------------------------------------------------------------
+    def softmax(self, ranges: IntervalArray | None = None) -> tuple[AffineForm, IntervalArray]:
+        """Rows of the softmax over the last axis of a 3-d form (H, n, l) (unit masses), with an enclosure
+        of its values; ``ranges`` must hold for every score vector of :meth:`hull` (not only those of the set).
+
+        Mean value form: with ``s-bar`` the centre, ``p(s) - p(s-bar) = J(xi) (s - s-bar)`` for a point xi of
+        the scores' box, and ``J(xi) = diag(p) - p p^T`` with p in the weights' box; so ``p(s) = p(s-bar) +
+        Sigma (s - s-bar) + (J(xi) - Sigma)(s - s-bar)`` with ``Sigma`` the float Jacobian at the centre: the
+        second term acts on the generators, the third is at most ``|J - Sigma| |s - s-bar|`` entrywise (a new box
+        symbol per entry).  The weights' box is the softmax of the score box, intersected with ``ranges``
+        (the caller's own softmax ranges) and with [0, 1]; it is returned as the second value."""
+        S = self.hull()
+        shift = np.max(S.hi, axis=-1, keepdims=True)
+        weights = (S - IntervalArray(shift)).exp()
+        total = weights.sum(axis=-1, keepdims=True)
+        if np.all(total.lo > 0):
+            box = weights / total
+            lo, hi = np.maximum(box.lo, 0.0), np.minimum(box.hi, 1.0)
+        else:   # every exponential of a row may underflow: only the simplex is known
+            lo, hi = np.zeros(self.shape), np.ones(self.shape)
+        if ranges is not None:
+            lo, hi = np.maximum(lo, ranges.lo), np.minimum(hi, ranges.hi)
+        at = IntervalArray(self.center - np.max(self.center, axis=-1, keepdims=True)).exp()
+        p_bar = at / at.sum(axis=-1, keepdims=True)
+        p_mid, _ = _settle(p_bar)
+        sigma = p_mid[..., :, None] * (np.eye(self.shape[-1]) - p_mid[..., None, :])            # float, symmetric-ish
+        # |J(xi) - Sigma| over the weights' box: diag(p) - p p^T with p anywhere in [lo, hi]
+        P = IntervalArray(lo, hi)
+        jac = IntervalArray(np.eye(self.shape[-1])) * P.expand(-1) - P.expand(-1) * P.expand(-2)
+        deviation = self.deviation()
+        gap = np.maximum(_up(jac - IntervalArray(sigma)), _up(IntervalArray(sigma) - jac))
+        remainder = _up(IntervalArray(gap).einsum("hilm,him->hil", IntervalArray(deviation)))
+        # or Taylor's second-order form: d^2 p_l[D, D] = p_l ((D_l - mu)^2 - var_p(D)) with mu = E_p D, so
+        # |r_l| <= (1/2) p_l^+ (|D_l| + max_m |D_m|)^2, plus Sigma's rounding against the exact Jacobian at the centre
+        at_centre = IntervalArray(np.eye(self.shape[-1])) * p_bar.expand(-1) - p_bar.expand(-1) * p_bar.expand(-2)
+        rounding = np.maximum(_up(at_centre - IntervalArray(sigma)), _up(IntervalArray(sigma) - at_centre))
+        reach = IntervalArray(deviation) + IntervalArray(np.max(deviation, axis=-1, keepdims=True))
+        taylor = _up(IntervalArray(hi) * reach.square() * IntervalArray(0.5)
+                     + IntervalArray(rounding).einsum("hilm,him->hil", IntervalArray(deviation)))
+        remainder = np.minimum(remainder, taylor)
+        spec = "shim,hilm->shil"
+        chunks = [IntervalArray(self.l2[s:s + _CHUNK]).einsum(spec, IntervalArray(sigma))
+                  for s in range(0, self.l2.shape[0], _CHUNK)]
+        box_part = IntervalArray(self.box).einsum(spec, IntervalArray(sigma))
+        extra = _up(IntervalArray(np.abs(sigma)).einsum("hilm,him->hil", IntervalArray(self.err)))
+        form = AffineForm._from_parts(p_bar, chunks, box_part, extra, self.symbols)._with_box(remainder)
+        return form.within(IntervalArray(np.minimum(lo, hi), hi)), IntervalArray(np.minimum(lo, hi), hi)
+
+    def within(self, ranges: IntervalArray) -> AffineForm:
+        """The form with every entry whose deviation exceeds the half-width of ``ranges`` (an enclosure of
+        that entry over the set) replaced by the range itself: its midpoint and a new box symbol of its
+        radius (either description holds entry by entry)."""
+        mid, rad = _settle(ranges)
+        wide = self.deviation() > rad
+        if not np.any(wide):
+            return self
+        keep = ~wide
+        narrowed = AffineForm(np.where(keep, self.center, mid), self.l2 * keep, self.box * keep,
+                              self.err * keep, self.symbols)
+        return narrowed._with_box(np.where(wide, rad, 0.0))
+
+    # symbols ----------------------------------------------------------------------------------------
+    @staticmethod
+    def reduce(forms: list, keep: int) -> list:
+        """The forms of one computation with at most ``keep`` Euclidean symbols, the same ones in each (the
+        largest by their generators' Frobenius norm summed over the forms); the others move into ``err``
+        entrywise (``|sum_s e_s G_s| <= (sum_s G_s^2)^(1/2)`` over the dropped ones)."""
+        count = forms[0].l2.shape[0]
+        if count <= keep:
+            return list(forms)
+        if any(f.l2.shape[0] != count or f.symbols is not forms[0].symbols for f in forms):
+            raise AssumptionError("forms", "forms over the same symbols", "forms of different inputs",
+                                  "derive them from one AffineForm.ball")
+        sizes = sum(np.sum(f.l2.reshape(count, -1) ** 2, axis=1) for f in forms)
+        order = np.argsort(sizes)[::-1]
+        kept, dropped = np.sort(order[:keep]), order[keep:]
+        return [AffineForm(f.center, f.l2[kept], f.box, _add(f.err, _l2_sum(np.abs(f.l2[dropped]))), f.symbols)
+                for f in forms]
