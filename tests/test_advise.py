@@ -231,8 +231,20 @@ def test_mismatch_and_movement_on_real_text(tmp_path):
     expected = np.linalg.norm(b[-1] - a[-1]) / np.linalg.norm(b[0] - a[0])
     assert rows[0]["ratio"] == pytest.approx(expected, rel=1e-9)
     movement = movement_shares(model, [(np.array(ids), np.array(edited))])
+    # W1 of uniform token measures of equal size, written here: the optimal assignment of rows
+    from scipy.optimize import linear_sum_assignment
+
+    def w1(P, Q):
+        cost = np.linalg.norm(P[:, None] - Q[None], axis=2)
+        rows, cols = linear_sum_assignment(cost)
+        return cost[rows, cols].mean()
+
+    per_layer = [w1(x, y) for x, y in zip(a, b)]
+    np.testing.assert_allclose(movement.w1_per_layer, per_layer, rtol=1e-9)
     product = np.prod([s["amplification"] for s in movement.steps])
-    assert product == pytest.approx(expected, rel=1e-9) and movement.total == pytest.approx(expected, rel=1e-9)
+    w1_expected = per_layer[-1] / per_layer[0]
+    assert product == pytest.approx(w1_expected, rel=1e-9) and movement.total == pytest.approx(w1_expected, rel=1e-9)
+    assert per_layer[-1] < np.linalg.norm(b[-1] - a[-1])  # W1 is not the Frobenius distance
 
 
 def test_bundled_sentences_and_embeddings():

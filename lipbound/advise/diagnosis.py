@@ -12,9 +12,12 @@
 * **Local constants** (:func:`local_constants`): ``L(eps)`` of each whole layer at the hidden states of
   real sentences (:func:`lipbound.local.curve.lipschitz_curve`), median over the sentences.
 * **Measured movement** (:func:`movement_shares`): real token edits (one word replaced) pushed through
-  the one float engine step by step; each step's amplification ``a = ||Y' - Y|| / ||X' - X||``
-  (Frobenius, its output over its input) and its share ``log10(a) / sum of the positive log10(a)``
-  of all steps (a contracting step has a negative share), medians over edits.
+  the one float engine step by step; after each step the exact Wasserstein-1 distance between the
+  token measures of the sentence and of the edit, ``W1(mu_Y, mu_Y')`` with ``mu_Y = (1/n) sum_i
+  delta_{y_i}`` (:func:`lipbound.measures.wasserstein.w1`, the assignment problem), per layer; each
+  step's amplification ``a = W1(mu_Y, mu_Y') / W1(mu_X, mu_X')`` (its output over its input) and its
+  share ``log10(a) / sum of the positive log10(a)`` of all steps (a contracting step has a negative
+  share), medians over edits.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..local.curve import lipschitz_curve
+from ..measures.empirical import EmpiricalMeasure
+from ..measures.wasserstein import w1
 from ..numeric.domains import DomainSpec
 from ..numeric.model import Model, attention_arrays
 from ..numeric.scaleout import TaskFailed, run_all
@@ -256,14 +261,17 @@ def _step_name(step) -> str:
 
 @dataclass
 class Movement:
-    """Per step of the model (layer, component), the median amplification of real edits."""
+    """Per step of the model (layer, component), the median W1 amplification of real edits; the median
+    W1 of the edits at the input of layer 0 and after each layer (``w1_per_layer``, layers + 1)."""
 
     steps: list = field(default_factory=list)
     total: float = 1.0
     edits: int = 0
+    w1_per_layer: list = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"steps": self.steps, "total_amplification": self.total, "edits": self.edits}
+        return {"steps": self.steps, "total_amplification": self.total, "edits": self.edits,
+                "distance": "W1 of the token measures", "w1_per_layer": self.w1_per_layer}
 
 
 def step_states(model: Model, X: np.ndarray):
@@ -276,25 +284,33 @@ def step_states(model: Model, X: np.ndarray):
             yield index, _step_name(step), X
 
 
+def _w1(X: np.ndarray, Y: np.ndarray) -> float:
+    """Exact W1 between the uniform token measures of ``X`` and ``Y`` (n, d)."""
+    return w1(EmpiricalMeasure.uniform(X), EmpiricalMeasure.uniform(Y))
+
+
 def movement_shares(model: Model, pairs) -> Movement:
-    """Push pairs ``(ids, edited ids)`` of equal length through the model's steps and measure
-    ``||X' - X||_F`` after each step (module docstring)."""
-    rows, totals, names = [], [], []
+    """Push pairs ``(ids, edited ids)`` of equal length through the model's steps and measure the W1
+    distance of their token measures after each step (module docstring)."""
+    rows, totals, names, layers = [], [], [], []
     for ids, edited in pairs:
         X = np.stack([model.embeddings(ids), model.embeddings(edited)]).astype(float)
-        norms = [np.linalg.norm(X[1] - X[0])]
+        distances = [_w1(X[0], X[1])]
         names = []
         for index, name, Y in step_states(model, X):
-            norms.append(np.linalg.norm(Y[1] - Y[0]))
+            distances.append(_w1(Y[0], Y[1]))
             names.append((index, name))
-        norms = np.maximum(np.array(norms), 1e-300)
-        rows.append(norms[1:] / norms[:-1])
-        totals.append(norms[-1] / norms[0])
-    ratios, totals = np.array(rows), np.array(totals)
+        distances = np.maximum(np.array(distances), 1e-300)
+        rows.append(distances[1:] / distances[:-1])
+        totals.append(distances[-1] / distances[0])
+        ends = [s + 1 for s, (index, _) in enumerate(names) if s + 1 == len(names) or names[s + 1][0] != index]
+        layers.append([distances[0]] + [distances[e] for e in ends])
+    ratios, totals, layers = np.array(rows), np.array(totals), np.array(layers)
     logs = np.log10(ratios)
     expansion = np.sum(np.maximum(logs, 0.0), axis=1)
     shares = logs / np.where(expansion > 0, expansion, 1.0)[:, None]
-    out = Movement(total=float(np.median(totals)), edits=len(pairs))
+    out = Movement(total=float(np.median(totals)), edits=len(pairs),
+                   w1_per_layer=[float(v) for v in np.median(layers, axis=0)])
     for s, (index, name) in enumerate(names):
         out.steps.append({"layer": index, "component": name, "amplification": float(np.median(ratios[:, s])),
                           "share": float(np.median(shares[:, s]))})

@@ -135,6 +135,7 @@ class Advice:
     cosine_floor: float
     eps_fraction: float
     seconds: float = 0.0
+    stages: dict = field(default_factory=dict)
     ranked: list = field(default_factory=list)
 
     def __post_init__(self):
@@ -232,6 +233,7 @@ class Advice:
     def to_json(self) -> dict:
         return _plain({"model": self.model.name, "path": self.folder, "sha256": self.model.sha256, "n": self.n,
                        "sentences": self.sentences, "seconds": round(self.seconds, 1),
+                       "stages": {k: {t: round(v, 2) for t, v in row.items()} for k, row in self.stages.items()},
                        "model_bound": self.whole.bound, "dominant": self.dominant(),
                        "components": self.components(), "local": self.local, "movement": self.movement.to_json(),
                        "mismatch": [row for m in self.mismatch for row in m.rows()],

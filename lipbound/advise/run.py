@@ -56,7 +56,7 @@ from .interventions import (
 from .mismatch import token_mismatch
 from .report import Advice, InterventionResult
 
-__all__ = ["EPS_GRID", "Inputs", "advise", "check_inputs"]
+__all__ = ["EPS_GRID", "Inputs", "StageClock", "advise", "check_inputs"]
 
 #: LayerNorm epsilons tried; the largest whose edit keeps every sentence's cosine >= the floor is certified
 EPS_GRID = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
@@ -117,6 +117,29 @@ def check_inputs(model=None, *, text=None, positions=(), out=None) -> Inputs:
         raise AssumptionError("positions", f"token positions of the first sentence in 1..{first - 2} (counted from 0; "
                               "[CLS] is 0)", repr(bad), "pick words of the first sentence, e.g. `positions` 2")
     return Inputs(folder, loaded, tokenizer, sentences, ids, chosen, out)
+
+
+class StageClock:
+    """Wall and CPU seconds of this process per stage of :func:`advise` (``with clock("heads"): ...``);
+    the CPU of worker processes (``jobs > 1``) is not included."""
+
+    def __init__(self):
+        self.stages: dict[str, dict] = {}
+        self._name = None
+
+    def __call__(self, name: str):
+        self._name = name
+        return self
+
+    def __enter__(self):
+        self._started = (time.perf_counter(), time.process_time())
+        return self
+
+    def __exit__(self, *exc):
+        row = self.stages.setdefault(self._name, {"wall": 0.0, "cpu": 0.0})
+        row["wall"] += time.perf_counter() - self._started[0]
+        row["cpu"] += time.process_time() - self._started[1]
+        return False
 
 
 def _shortest(ids, count: int) -> list:
@@ -217,27 +240,35 @@ def advise(inputs: Inputs, *, n: int = 8, local_sentences: int = 1, eps_fraction
     stage = (lambda name: (lambda done, total, text: progress(name, done, total, text))) if progress else \
         (lambda name: None)
     started = time.perf_counter()
+    clock = StageClock()
     model, out = inputs.model, Path(inputs.out)
     out.mkdir(parents=True, exist_ok=True)
-    E0 = sentence_embeddings(model, inputs.ids)
+    with clock("sentence embeddings"):
+        E0 = sentence_embeddings(model, inputs.ids)
     short = _shortest(inputs.ids, local_sentences)
 
     say("whole-model certificate of the original")
-    original = certify_whole(model, n=n, restarts=restarts, iterations=iterations, effort=effort, seed=seed, jobs=jobs,
-                             progress=stage("whole model"))
+    with clock("whole model"):
+        original = certify_whole(model, n=n, restarts=restarts, iterations=iterations, effort=effort, seed=seed,
+                                 jobs=jobs, progress=stage("whole model"))
     say("every head: certified constants and witnesses")
-    heads = head_rows(model, n=n, budget=head_budget, seed=seed, jobs=jobs, progress=stage("heads"))
+    with clock("heads"):
+        heads = head_rows(model, n=n, budget=head_budget, seed=seed, jobs=jobs, progress=stage("heads"))
     local = []
     if local_sentences:
         say(f"local constants at {eps_fraction:g} R on {len(short)} sentence(s)")
-        local = local_constants(model, short, eps_fraction=eps_fraction, progress=stage("local"))
-    movement = movement_shares(model, _edit_pairs(inputs, edits, seed))
+        with clock("local"):
+            local = local_constants(model, short, eps_fraction=eps_fraction, progress=stage("local"))
+    with clock("movement"):
+        movement = movement_shares(model, _edit_pairs(inputs, edits, seed))
     say("regularity mismatch of tokens")
-    mismatch = [token_mismatch(model, inputs.tokenizer, inputs.sentences[0], p, candidates=candidates, seed=seed)
-                for p in inputs.positions]
+    with clock("mismatch"):
+        mismatch = [token_mismatch(model, inputs.tokenizer, inputs.sentences[0], p, candidates=candidates, seed=seed)
+                    for p in inputs.positions]
 
-    plan = _plan(model, inputs, original, heads, mismatch)
-    sweep = _eps_sweep(model, inputs.folder, out, inputs.ids, E0, say)
+    with clock("eps sweep"):
+        plan = _plan(model, inputs, original, heads, mismatch)
+        sweep = _eps_sweep(model, inputs.folder, out, inputs.ids, E0, say)
     eps_edits = {e.eps: e for e in (_largest_eps(sweep, max(cosine_floor, 0.999)), _largest_eps(sweep, cosine_floor))
                  if e is not None}
     plan = list(eps_edits.values()) + plan
@@ -245,14 +276,15 @@ def advise(inputs: Inputs, *, n: int = 8, local_sentences: int = 1, eps_fraction
     results = []
     for number, intervention in enumerate(plan, 1):
         say(f"intervention {number}/{len(plan)}: {intervention.name} on {intervention.target}")
-        results.append(_evaluate(intervention, out / f"{number:02d}-{intervention.kind}", inputs, original, heads,
-                                 local, short, mismatch, E0, n=n, eps_fraction=eps_fraction, head_budget=head_budget,
-                                 restarts=restarts, iterations=iterations, effort=effort, jobs=jobs, seed=seed,
-                                 candidates=candidates, stage=stage))
+        with clock(f"intervention {intervention.kind}"):
+            results.append(_evaluate(intervention, out / f"{number:02d}-{intervention.kind}", inputs, original,
+                                     heads, local, short, mismatch, E0, n=n, eps_fraction=eps_fraction,
+                                     head_budget=head_budget, restarts=restarts, iterations=iterations, effort=effort,
+                                     jobs=jobs, seed=seed, candidates=candidates, stage=stage))
     return Advice(model=model, folder=str(inputs.folder), sentences=len(inputs.sentences), n=n,
                   whole=original, shares=component_shares(original.report), heads=heads, local=local,
                   movement=movement, mismatch=mismatch, interventions=results, cosine_floor=cosine_floor,
-                  eps_fraction=eps_fraction, seconds=time.perf_counter() - started)
+                  eps_fraction=eps_fraction, seconds=time.perf_counter() - started, stages=clock.stages)
 
 
 def _evaluate(intervention, folder, inputs, original, heads, local, short, mismatch, E0, *, n, eps_fraction,
