@@ -33,7 +33,7 @@ from lipbound.advise.interventions import (
     Temperature,
     TiedL2,
 )
-from lipbound.advise.mismatch import token_mismatch
+from lipbound.advise.mismatch import token_counts, token_mismatch
 from lipbound.errors import AssumptionError
 from lipbound.numeric.kernels import QKNorm
 from lipbound.numeric.model import load_weights, save_plain
@@ -220,9 +220,18 @@ def test_mismatch_and_movement_on_real_text(tmp_path):
     folder = cut_minilm(tmp_path / "cut", 2)
     from lipbound.numeric.model import load_tokenizer
     model, tokenizer = load_weights(str(folder)), load_tokenizer(str(folder))
+    corpus = bundled_sentences()
+    counts = token_counts(tokenizer, corpus)
+    m = token_mismatch(model, tokenizer, "The cat slept all afternoon.", 2, candidates=40, counts=counts)
+    rows = m.rows(40)
+    assert len(rows) == 40 and rows[0]["ratio"] >= rows[-1]["ratio"]
+    # frequencies counted here, by another route: the tokens of each sentence, one by one
+    for row in rows:
+        assert row["frequency"] == sum(list(tokenizer.encode(s)).count(row["id"]) for s in corpus)
+    assert sum(r["frequency"] > 0 for r in rows) >= 3 and m.correlations["frequency"] is not None
     m = token_mismatch(model, tokenizer, "The cat slept all afternoon.", 2, candidates=16)
     rows = m.rows(16)
-    assert len(rows) == 16 and rows[0]["ratio"] >= rows[-1]["ratio"]
+    assert m.correlations["frequency"] is None and rows[0]["frequency"] is None
     # an independent computation of one ratio through hidden_states
     ids = tokenizer.encode("The cat slept all afternoon.")
     edited = list(ids)

@@ -207,8 +207,10 @@ class Advice:
                          f"median ratio {s['median_ratio']:.3g}, "
                          f"max {s['max_ratio']:.3g}; most irregular: " +
                          ", ".join(f"{r['token']} {r['ratio']:.3g}" for r in rows) +
-                         "; Spearman with embedding norm {:.2f}, with W_Q W_K^T alignment {:.2f}".format(
-                             s["correlations"]["embedding_norm"], s["correlations"]["alignment_with_qk"]))
+                         "; Spearman with embedding norm {:.2f}, with W_Q W_K^T alignment {:.2f}, with frequency "
+                         "in the text {}".format(s["correlations"]["embedding_norm"],
+                                                 s["correlations"]["alignment_with_qk"],
+                                                 _num(s["correlations"]["frequency"], ".2f")))
         lines.append("")
         lines.append(f"{'rank':>4s} {'intervention':24s} {'target':24s} {'bound after':>11s} {'orders':>7s} "
                      f"{'head before':>11s} {'head after':>11s} {'witness after':>13s} {'min cos':>8s} {'rho':>6s} "

@@ -53,7 +53,7 @@ from .interventions import (
     TiedL2,
     qk_spectrum,
 )
-from .mismatch import token_mismatch
+from .mismatch import token_counts, token_mismatch
 from .report import Advice, InterventionResult
 
 __all__ = ["EPS_GRID", "Inputs", "StageClock", "advise", "check_inputs"]
@@ -144,6 +144,12 @@ class StageClock:
 
 def _shortest(ids, count: int) -> list:
     return [ids[i] for i in np.argsort([len(x) for x in ids], kind="stable")[:count]]
+
+
+def _corpus(inputs: Inputs) -> list[str]:
+    """The sentences whose token counts are the mismatch's frequencies: the text and the bundled ones."""
+    bundled = bundled_sentences()
+    return inputs.sentences + ([] if inputs.sentences == bundled else bundled)
 
 
 def _edit_pairs(inputs: Inputs, count: int, seed: int) -> list:
@@ -263,8 +269,9 @@ def advise(inputs: Inputs, *, n: int = 8, local_sentences: int = 1, eps_fraction
         movement = movement_shares(model, _edit_pairs(inputs, edits, seed))
     say("regularity mismatch of tokens")
     with clock("mismatch"):
-        mismatch = [token_mismatch(model, inputs.tokenizer, inputs.sentences[0], p, candidates=candidates, seed=seed)
-                    for p in inputs.positions]
+        counts = token_counts(inputs.tokenizer, _corpus(inputs))
+        mismatch = [token_mismatch(model, inputs.tokenizer, inputs.sentences[0], p, candidates=candidates, seed=seed,
+                                   counts=counts) for p in inputs.positions]
 
     with clock("eps sweep"):
         plan = _plan(model, inputs, original, heads, mismatch)
@@ -318,8 +325,9 @@ def _evaluate(intervention, folder, inputs, original, heads, local, short, misma
             local_after = {"layer": layer, "error": str(refused)}
     mismatch_after = None
     if intervention.kind == "embeddings":
+        counts = token_counts(inputs.tokenizer, _corpus(inputs))
         mismatch_after = [token_mismatch(edited, inputs.tokenizer, m.sentence, m.position, candidates=candidates,
-                                         seed=seed).summary() for m in mismatch]
+                                         seed=seed, counts=counts).summary() for m in mismatch]
     return InterventionResult(intervention, checkpoint, cost=cost, whole_before=original, whole_after=whole,
                               layer=layer, head_before=head_before, head_after=head_after, local_before=local_before,
                               local_after=local_after, mismatch_after=mismatch_after, error=error)
