@@ -3,14 +3,17 @@
 :func:`check_inputs` reads and checks everything before any work (model folder with its tokenizer,
 feed-forward blocks and LayerNorms; text; positions; output folder); :func:`advise` then
 
-1. certifies the original end to end (:func:`.diagnosis.certify_whole`) and every head
-   (:func:`.diagnosis.head_rows`), takes local constants on the shortest sentences and the measured
-   movement of real one-word edits;
+1. certifies the original end to end (the tasks of :class:`.diagnosis.WholePlan`) and every head
+   (:func:`.diagnosis.head_tasks`) and takes the local constants of every layer on the shortest
+   sentences (:func:`.diagnosis.local_point`): one batch of independent tasks on ``jobs`` processes
+   (:mod:`.batch`); then the measured movement of real one-word edits;
 2. measures the regularity mismatch of substitutions at the chosen positions (:mod:`.mismatch`);
 3. builds the interventions (:mod:`.interventions`) on the least regular head and layer, the
    LayerNorm epsilon and the most irregular tokens, fits their parameters on the text, writes each
-   edited checkpoint (:mod:`.checkpoint`), reads it back, certifies it by the same routes (only the
-   tasks whose arrays changed run again) and measures its functional cost (:mod:`.function`).
+   edited checkpoint (:mod:`.checkpoint`), reads it back and measures its functional cost
+   (:mod:`.function`); then certifies every edited model by the same routes in a second batch, in
+   which only the tasks whose arrays changed run again (the head's job and the layer's local
+   constants of a head edit too), with an ETA from the diagnosis' task times.
 """
 
 from __future__ import annotations
