@@ -206,9 +206,10 @@ class Advice:
                              f"{product['value']:.4g}; share of its log10: " +
                              ", ".join(f"layer {r['layer']} {r['share']:.0%}" for r in product["shares"]))
         worst = max(self.movement.steps, key=lambda s: s["share"])
-        lines.append(f"measured movement of {self.movement.edits} one-word edits: total amplification "
-                     f"{self.movement.total:.3g}; largest share: layer {worst['layer']} {worst['component']} "
-                     f"({worst['share']:.0%})")
+        lines.append(f"measured movement of {self.movement.edits} one-word edits (W1 of the token measures): total "
+                     f"amplification {self.movement.total:.3g}; largest share: layer {worst['layer']} "
+                     f"{worst['component']} ({worst['share']:.0%}); median W1 at the input and after each layer: "
+                     + ", ".join(f"{v:.3g}" for v in self.movement.w1_per_layer))
         for m in self.mismatch:
             s = m.summary()
             rows = m.rows(5)
