@@ -334,6 +334,7 @@ def advise(inputs: Inputs, *, n: int = 8, local_sentences: int = 1, eps_fraction
             clock.add(f"intervention {p.intervention.kind}", d["cpu"])
     if jobs == 1:   # the tasks ran in this process: their CPU is counted once, by kind
         clock.add("interventions (this process)", -sum(d["cpu"] for d in done))
+    with clock("interventions (this process)"):
         results = [p.result(inputs, mismatch, candidates, seed, time.perf_counter() - started) for p in pending]
     return Advice(model=model, folder=str(inputs.folder), sentences=len(inputs.sentences), n=n,
                   whole=original, shares=component_shares(original.report), heads=heads, local=local,
