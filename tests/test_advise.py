@@ -347,9 +347,11 @@ def test_report_ranks_certified_edits_only_and_writes_every_output(tmp_path):
 
 
 @pytest.mark.slow
-def test_advise_end_to_end_and_verify_whole_reproduces_every_bound_after(tmp_path):
-    """The command on the first layer of all-MiniLM-L6-v2; then `lipbound verify CHECKPOINT --whole`
-    on each written checkpoint prints the bound and witness advise reported after the edit."""
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_advise_end_to_end_and_verify_whole_reproduces_every_bound_after(tmp_path, jobs):
+    """The command on the first layer of all-MiniLM-L6-v2, its tasks in this process or on two workers;
+    then `lipbound verify CHECKPOINT --whole` on each written checkpoint prints the bound and witness
+    advise reported after the edit, and `lipbound local` the local constant."""
     folder = cut_minilm(tmp_path / "cut", 1)
     text = tmp_path / "text.txt"
     text.write_text("The cat slept.\nRain is expected.\nA dog barked twice.\n")
@@ -357,12 +359,13 @@ def test_advise_end_to_end_and_verify_whole_reproduces_every_bound_after(tmp_pat
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = subprocess.run([sys.executable, "-m", "lipbound.cli", "advise", str(folder), "--text", str(text), "-o",
                           str(out), "--n", "2", "--candidates", "16", "--edits", "2", "--budget", "0.05",
-                          "--effort", "3", "--jobs", "1"], capture_output=True, text=True, check=False, env=env)
+                          "--effort", "3", "--jobs", str(jobs)], capture_output=True, text=True, check=False, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     data = json.loads((out / "advice.json").read_text())
     assert (out / "pareto.png").is_file() and (out / "mismatch.png").is_file() and (out / "advice.tex").is_file()
     certified = [row for row in data["interventions"] if row["certified"]]
     assert certified and any(row["kind"] == "norm-eps" for row in certified)
+    assert {"whole model", "heads", "local"} <= set(data["stages"]) and data["stages"]["whole model"]["cpu"] > 0
     for row in certified:
         report = tmp_path / f"{Path(row['checkpoint']).name}.json"
         check = subprocess.run([sys.executable, "-m", "lipbound.cli", "verify", row["checkpoint"], "--whole",
