@@ -440,3 +440,16 @@ def test_decoder_next_token_agreement_and_perplexity_on_smollm2():
     assert cost.agreement == pytest.approx(sum(agree) / len(agree), rel=1e-12) and cost.positions == len(agree)
     assert cost.agreement < 1.0 and cost.perplexity_after != cost.perplexity_before
     assert cost.to_json()["perplexity_ratio"] == pytest.approx(cost.perplexity_after / cost.perplexity_before)
+
+
+def test_local_product_is_the_rounded_up_product_of_the_layers_local_constants():
+    from lipbound.advise.diagnosis import local_product
+    rows = [{"layer": i, "eps_fraction": 1e-3, "certified": float(np.median(v)), "per_sentence": v,
+             "all_certified": True} for i, v in enumerate(([4.7, 5.1], [11.9, 12.3], [0.9, 0.8]))]
+    product = local_product(rows)
+    exact = [4.7 * 11.9 * 0.9, 5.1 * 12.3 * 0.8]
+    assert all(p >= e and p == pytest.approx(e, rel=1e-12) for p, e in zip(product["per_sentence"], exact))
+    assert product["value"] == pytest.approx(np.median(exact), rel=1e-12)
+    assert math.isclose(sum(r["share"] for r in product["shares"]), 1.0, rel_tol=1e-12)
+    assert product["shares"][2]["share"] < 0  # a contracting layer lowers the product
+    assert local_product([{**rows[0], "all_certified": False}]) is None and local_product([]) is None
