@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import AssumptionError
 from ..local.curve import lipschitz_curve
 from ..measures.empirical import EmpiricalMeasure
 from ..measures.wasserstein import w1
@@ -306,6 +307,9 @@ def local_constants(model: Model, ids_list, *, eps_fraction: float = 1e-3, layer
     """``L(eps)`` of each whole layer at the hidden states of each sentence, ``eps`` a fraction of the
     radius of the LayerNorm feeding it; per layer the median over sentences of the certified value
     and of the witness (the model is read from ``model.path`` in each task)."""
+    if not model.path:
+        raise AssumptionError("model", "a model read from a checkpoint (each task reads it from its path)",
+                              "a model without a path", "write it first (advise.checkpoint.write_and_reload)")
     chosen = sorted(model.layers) if layers is None else list(layers)
     tasks = [(model.path, tuple(int(t) for t in ids), index, eps_fraction) for index in chosen for ids in ids_list]
 
