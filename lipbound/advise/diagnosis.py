@@ -279,13 +279,14 @@ def head_rows(model: Model, *, n: int = 8, budget: float = 0.5, seed: int = 0, h
 
 
 def local_point(path: str, ids, layer: int, eps_fraction: float) -> dict:
-    """``L(eps)`` of the whole layer ``layer`` of the model at ``path`` at the hidden states of the
-    sentence ``ids``, ``eps`` = ``eps_fraction`` times the radius of the LayerNorm feeding it (plain data:
+    """``L(eps)`` of the whole layer ``layer`` (``kind="block"``: attention, feed-forward block, their
+    residuals and LayerNorms; ``lipbound local --map block``) of the model at ``path`` at the hidden
+    states of the sentence ``ids``, ``eps`` = ``eps_fraction`` times the radius of the LayerNorm feeding it (plain data:
     a task of :func:`lipbound.numeric.scaleout.run_all`)."""
     model = load_weights(path)
     X = hidden_states(model, list(ids))[layer]
     radius = model.layers[layer].ln_in.radius_about_center
-    point = lipschitz_curve(model, X, kind="layer", layer=layer, eps=[eps_fraction * radius]).points[0]
+    point = lipschitz_curve(model, X, kind="block", layer=layer, eps=[eps_fraction * radius]).points[0]
     return {"certified": float(point.certified), "witness": float(point.witness), "verdict": point.verdict}
 
 
