@@ -5,7 +5,8 @@ n = 8, every head, local constants at 1e-3 R on the shortest sentence, 512 candi
 middle token of the first sentence) and prints:
 
 1. the wall time of the run, with the load average before and after (the machine
-   is shared: pessimistic);
+   is shared: pessimistic), and the wall and CPU seconds of every stage (``advice.json``'s ``stages``:
+   CPU where each task ran, workers included);
 2. the diagnosis: the certified whole-model bound and witness, the share of log10(bound) per
    component kind, the least regular heads;
 3. every intervention with both prices: certified bound after, orders of magnitude gained, witness
@@ -75,6 +76,13 @@ def _print(data: dict, seconds: float | None) -> int:
              if best else "NOT MET"))
     print(f"target: under {TARGET_SECONDS} s: {'MET' if data['seconds'] < TARGET_SECONDS else 'NOT MET'} "
           f"({data['seconds']:.0f} s)")
+    stages = data.get("stages") or {}
+    if stages:
+        print()
+        print(f"{'stage':34s} {'wall s':>8s} {'CPU s':>8s}   (CPU of the tasks where they ran, workers included)")
+        for name, row in stages.items():
+            print(f"{name:34s} {row['wall']:8.1f} {row['cpu']:8.1f}")
+        print(f"{'total':34s} {data['seconds']:8.1f} {sum(r['cpu'] for r in stages.values()):8.1f}")
     return 0
 
 

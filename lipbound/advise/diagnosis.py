@@ -1,20 +1,25 @@
 """Diagnosis: where a model's irregularity comes from, by the existing certified routes.
 
-* **The whole-model certificate** (:func:`certify_whole`): the tasks of ``lipbound verify --whole``
-  (:mod:`lipbound.numeric.whole.tasks`), composed by its report.  An edited model reruns only the
-  tasks whose inputs changed (:func:`task_fingerprint`: the arrays each task reads); the others'
-  results are the original's, which the same arrays give.  The end-to-end witness is always rerun.
+* **The whole-model certificate** (:func:`certify_whole`, :class:`WholePlan`): the tasks of
+  ``lipbound verify --whole`` (:mod:`lipbound.numeric.whole.tasks`), composed by its report.  An edited
+  model reruns only the tasks whose inputs changed (:func:`task_fingerprint`: the arrays each task
+  reads, the end-to-end witness those of the whole stack); the others' results are the original's,
+  which the same arrays give.
 * **Shares of log10 of the bound** (:func:`component_shares`): a post-LN stack's bound is the product
   of its rows ``LN_out``, ``1 + L_A``, ``LN_ffn``, ``1 + L_F`` per layer (a pre-LN stack's: its
   residual rows) and the final norm; each row's share is ``log10(row) / sum log10(rows)``.
 * **Heads** (:func:`head_rows`): each head's certified constants and witness by ``verify``'s job
   (:func:`lipbound.numeric.verification.verify_job`) on the image of the LayerNorm feeding it.
 * **Local constants** (:func:`local_constants`): ``L(eps)`` of each whole layer at the hidden states of
-  real sentences (:func:`lipbound.local.curve.lipschitz_curve`), median over the sentences.
+  real sentences (:func:`lipbound.local.curve.lipschitz_curve`), median over the sentences; their
+  product over layers and each layer's share of its log10 (:func:`local_product`).
 * **Measured movement** (:func:`movement_shares`): real token edits (one word replaced) pushed through
-  the one float engine step by step; each step's amplification ``a = ||Y' - Y|| / ||X' - X||``
-  (Frobenius, its output over its input) and its share ``log10(a) / sum of the positive log10(a)``
-  of all steps (a contracting step has a negative share), medians over edits.
+  the one float engine step by step; after each step the exact Wasserstein-1 distance between the
+  token measures of the sentence and of the edit, ``W1(mu_Y, mu_Y')`` with ``mu_Y = (1/n) sum_i
+  delta_{y_i}`` (:func:`lipbound.measures.wasserstein.w1`, the assignment problem), per layer; each
+  step's amplification ``a = W1(mu_Y, mu_Y') / W1(mu_X, mu_X')`` (its output over its input) and its
+  share ``log10(a) / sum of the positive log10(a)`` of all steps (a contracting step has a negative
+  share), medians over edits.
 """
 
 from __future__ import annotations
@@ -26,24 +31,34 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import AssumptionError
 from ..local.curve import lipschitz_curve
+from ..measures.empirical import EmpiricalMeasure
+from ..measures.wasserstein import w1
 from ..numeric.domains import DomainSpec
-from ..numeric.model import Model, attention_arrays
+from ..numeric.model import Model, attention_arrays, load_weights
 from ..numeric.scaleout import TaskFailed, run_all
 from ..numeric.verification import verify_job
 from ..numeric.whole import WholeReport, plan_tasks, run_task
 from ..numeric.whole.chain import hidden_states, layer_steps
 from ..numeric.witness import Witness
+from ..rigorous.intervals import upper_product
 from ..rigorous.value import CertifiedValue
 
 __all__ = [
     "NORM_SLOTS",
     "Movement",
     "WholeCertificate",
+    "WholePlan",
     "certify_whole",
     "component_shares",
+    "head_row",
     "head_rows",
+    "head_tasks",
     "local_constants",
+    "local_point",
+    "local_product",
+    "local_rows",
     "movement_shares",
     "step_states",
     "task_fingerprint",
@@ -89,12 +104,24 @@ def _without_names(arrays: dict) -> dict:
     return {key: value for key, value in arrays.items() if key != "names"}
 
 
-def task_fingerprint(model: Model, task: tuple) -> str | None:
-    """A digest of every array ``task`` reads (None: always rerun, the end-to-end witness)."""
+def _layer_digest(model: Model, layer) -> np.ndarray:
+    """Every array of a layer (norms with their eps, attention, cross-attention, feed-forward, scales)."""
+    cross = _without_names(attention_arrays(layer.cross)) if layer.cross is not None else None
+    digest = _digest(_without_names(attention_arrays(layer.attention)), cross, _ffn_arrays(layer.ffn),
+                     *[_norm_arrays(getattr(layer, slot)) for slot in NORM_SLOTS], layer.attn_scale,
+                     layer.ffn_scale, np.array(layer.placement))
+    return np.frombuffer(digest.encode(), dtype=np.uint8)
+
+
+def task_fingerprint(model: Model, task: tuple) -> str:
+    """A digest of every array ``task`` reads (the word embeddings are read by none: every task starts
+    at the image of the first LayerNorm)."""
     kind, _, block, index, detail = task[:5]
     options = repr(task[5:])
-    if kind == "model":
-        return None
+    if kind == "model":   # the end-to-end witness reads every layer of the stack and the final norm
+        return _digest(*(_layer_digest(model, layer) for layer in model.stack(block).values()),
+                       _norm_arrays(model.final_norm_of(block)), _norm_arrays(model.context_norm),
+                       np.array(detail), np.array(options))
     if index < 0:
         return _digest(_norm_arrays(model.final_norm_of(block)), np.array(options))
     layer = model.stack(block)[index]
@@ -137,6 +164,41 @@ class WholeCertificate:
                      and r["block"] == block), None)
 
 
+class WholePlan:
+    """The tasks of ``verify --whole`` for ``model`` with the results ``reuse`` already holds filled in
+    (same fingerprint); :attr:`todo` the tasks left to run, :meth:`certificate` the composed report."""
+
+    def __init__(self, model: Model, *, n: int = 8, restarts: int = 4, iterations: int = 30, effort: int = 30,
+                 seed: int = 0, reuse: WholeCertificate | None = None):
+        self.model, self.n = model, n
+        self.tasks = plan_tasks(model, n=n, domain="layernorm", effort=effort, restarts=restarts,
+                                iterations=iterations, seed=seed)
+        self.keys = [(t[0], t[2], t[3], t[4]) for t in self.tasks]
+        self.prints = {key: task_fingerprint(model, task) for key, task in zip(self.keys, self.tasks)}
+        self.results: list = [None] * len(self.tasks)
+        self.positions = []
+        for position, key in enumerate(self.keys):
+            if reuse is not None and reuse.fingerprints.get(key) == self.prints[key]:
+                self.results[position] = reuse.results[key]
+            else:
+                self.positions.append(position)
+
+    @property
+    def todo(self) -> list[tuple]:
+        return [self.tasks[i] for i in self.positions]
+
+    def describe(self, index: int) -> str:
+        kind, _, block, layer, detail = self.tasks[self.positions[index]][:5]
+        return f"{kind} {detail} {block} layer {layer}".replace("  ", " ")
+
+    def certificate(self, results, seconds: float) -> WholeCertificate:
+        """The certificate once ``results`` (those of :attr:`todo`, in order) are in."""
+        for position, result in zip(self.positions, results):
+            self.results[position] = result
+        report = WholeReport.build(self.model, self.tasks, self.results, self.n, None, seconds)
+        return WholeCertificate(report, dict(zip(self.keys, self.results)), self.prints, len(self.positions), seconds)
+
+
 def certify_whole(model: Model, *, n: int = 8, restarts: int = 4, iterations: int = 30, effort: int = 30,
                   seed: int = 0, jobs: int = 1, reuse: WholeCertificate | None = None,
                   progress=None) -> WholeCertificate:
@@ -144,34 +206,20 @@ def certify_whole(model: Model, *, n: int = 8, restarts: int = 4, iterations: in
     fingerprint differs from ``reuse``'s (module docstring).  ``progress(done, total, text)``.  The
     defaults are ``verify --whole``'s, so that ``lipbound verify CHECKPOINT --whole`` prints the same
     numbers."""
-    tasks = plan_tasks(model, n=n, domain="layernorm", effort=effort, restarts=restarts, iterations=iterations,
-                       seed=seed)
-    keys = [(t[0], t[2], t[3], t[4]) for t in tasks]
-    prints = {key: task_fingerprint(model, task) for key, task in zip(keys, tasks)}
-    results: list = [None] * len(tasks)
-    todo = []
-    for position, key in enumerate(keys):
-        if reuse is not None and prints[key] is not None and reuse.fingerprints.get(key) == prints[key]:
-            results[position] = reuse.results[key]
-        else:
-            todo.append(position)
+    plan = WholePlan(model, n=n, restarts=restarts, iterations=iterations, effort=effort, seed=seed, reuse=reuse)
     started = time.perf_counter()
     if progress is not None:
-        progress(0, len(todo), "started")
+        progress(0, len(plan.positions), "started")
 
     def arrived(done, total, index, result):
-        results[todo[index]] = result
         if progress is not None:
-            kind, _, block, layer, detail = tasks[todo[index]][:5]
-            progress(done, total, f"{kind} {detail} {block} layer {layer}".replace("  ", " "))
+            progress(done, total, plan.describe(index))
 
     try:
-        run_all(run_task, [tasks[i] for i in todo], jobs=jobs, progress=arrived)
+        results = run_all(run_task, plan.todo, jobs=jobs, progress=arrived)
     except TaskFailed as failure:
         raise failure.error from None
-    seconds = time.perf_counter() - started
-    report = WholeReport.build(model, tasks, results, n, None, seconds)
-    return WholeCertificate(report, dict(zip(keys, results)), prints, len(todo), seconds)
+    return plan.certificate(results, time.perf_counter() - started)
 
 
 def component_shares(report: WholeReport, block: str = "encoder") -> list[dict]:
@@ -190,64 +238,110 @@ def component_shares(report: WholeReport, block: str = "encoder") -> list[dict]:
     return out
 
 
+def head_tasks(model: Model, heads, *, n: int = 8, budget: float = 0.5, seed: int = 0) -> list[tuple]:
+    """``verify``'s jobs (:func:`lipbound.numeric.verification.verify_job`) for the pairs ``(layer, head)``
+    on the image of the LayerNorm feeding each layer."""
+    spec = DomainSpec.parse("layernorm")
+    origin = (model.name, model.path, model.sha256)
+    return [(attention_arrays(model.layers[i].heads[h]), spec.resolve(model.layers[i].ln_in, f"layer {i}").plain(),
+             None, n, None, "self", "self", False, budget, seed, origin, "encoder", i, h) for i, h in heads]
+
+
+def head_row(layer: int, head: int, result: dict) -> dict:
+    """The row of one head from its job's result: the best certified bound and the witness."""
+    bounds = [CertifiedValue.from_json(b) for b in result["bounds"]]
+    best = min((b for b in bounds if b.certified and math.isfinite(float(b.value))),
+               key=lambda b: float(b.value), default=None)
+    return {"layer": layer, "head": head, "bound": None if best is None else float(best.value),
+            "method": None if best is None else best.name, "certified": best is not None,
+            "witness": float(Witness.from_arrays(result["witness"]).value), "refusal": None if best else
+            "; ".join(f"{b.name}: {b.provenance}" for b in bounds)}
+
+
 def head_rows(model: Model, *, n: int = 8, budget: float = 0.5, seed: int = 0, heads=None, jobs: int = 1,
               progress=None) -> list[dict]:
     """Certified constants and witness of every head (or of ``heads``, pairs ``(layer, head)``) by
     ``verify``'s job on the image of the LayerNorm feeding its layer, run as ``verify`` runs them
     (:func:`lipbound.numeric.scaleout.run_all`, ``jobs`` local processes)."""
-    spec = DomainSpec.parse("layernorm")
     chosen = heads if heads is not None else [(i, h) for i in sorted(model.layers) for h in range(model.num_heads)]
-    origin = (model.name, model.path, model.sha256)
-    tasks = [(attention_arrays(model.layers[i].heads[h]), spec.resolve(model.layers[i].ln_in, f"layer {i}").plain(),
-              None, n, None, "self", "self", False, budget, seed, origin, "encoder", i, h) for i, h in chosen]
 
     def arrived(done, total, index, result):
         if progress is not None:
             progress(done, total, f"head {chosen[index][1]} of layer {chosen[index][0]}")
 
-    arrived(0, len(tasks), 0, None)
-
+    arrived(0, len(chosen), 0, None)
     try:
-        results = run_all(verify_job, tasks, jobs=jobs, progress=arrived)
+        results = run_all(verify_job, head_tasks(model, chosen, n=n, budget=budget, seed=seed), jobs=jobs,
+                          progress=arrived)
     except TaskFailed as failure:
         raise failure.error from None
+    return [head_row(i, h, result) for (i, h), result in zip(chosen, results)]
+
+
+def local_point(path: str, ids, layer: int, eps_fraction: float) -> dict:
+    """``L(eps)`` of the whole layer ``layer`` (``kind="block"``: attention, feed-forward block, their
+    residuals and LayerNorms; ``lipbound local --map block``) of the model at ``path`` at the hidden
+    states of the sentence ``ids``, ``eps`` = ``eps_fraction`` times the radius of the LayerNorm feeding it (plain data:
+    a task of :func:`lipbound.numeric.scaleout.run_all`)."""
+    model = load_weights(path)
+    X = hidden_states(model, list(ids))[layer]
+    radius = model.layers[layer].ln_in.radius_about_center
+    point = lipschitz_curve(model, X, kind="block", layer=layer, eps=[eps_fraction * radius]).points[0]
+    return {"certified": float(point.certified), "witness": float(point.witness), "verdict": point.verdict}
+
+
+def local_rows(layers, sentences: int, points, eps_fraction: float) -> list[dict]:
+    """Per layer the median over sentences of :func:`local_point`'s results (``points`` layer-major)."""
     rows = []
-    for (index, h), result in zip(chosen, results):
-        bounds = [CertifiedValue.from_json(b) for b in result["bounds"]]
-        best = min((b for b in bounds if b.certified and math.isfinite(float(b.value))),
-                   key=lambda b: float(b.value), default=None)
-        rows.append({"layer": index, "head": h, "bound": None if best is None else float(best.value),
-                     "method": None if best is None else best.name, "certified": best is not None,
-                     "witness": float(Witness.from_arrays(result["witness"]).value), "refusal": None if best else
-                     "; ".join(f"{b.name}: {b.provenance}" for b in bounds)})
+    for k, index in enumerate(layers):
+        mine = points[k * sentences:(k + 1) * sentences]
+        certified = [p["certified"] for p in mine]
+        rows.append({"layer": index, "eps_fraction": eps_fraction, "certified": float(np.median(certified)),
+                     "witness": float(np.median([p["witness"] for p in mine])), "sentences": sentences,
+                     "per_sentence": certified, "all_certified": all(math.isfinite(c) for c in certified),
+                     "verdicts": [p["verdict"] for p in mine]})
     return rows
 
 
-def local_constants(model: Model, ids_list, *, eps_fraction: float = 1e-3, layers=None, progress=None) -> list[dict]:
+def local_constants(model: Model, ids_list, *, eps_fraction: float = 1e-3, layers=None, jobs: int = 1,
+                    progress=None) -> list[dict]:
     """``L(eps)`` of each whole layer at the hidden states of each sentence, ``eps`` a fraction of the
     radius of the LayerNorm feeding it; per layer the median over sentences of the certified value
-    and of the witness."""
+    and of the witness (the model is read from ``model.path`` in each task)."""
+    if not model.path:
+        raise AssumptionError("model", "a model read from a checkpoint (each task reads it from its path)",
+                              "a model without a path", "write it first (advise.checkpoint.write_and_reload)")
     chosen = sorted(model.layers) if layers is None else list(layers)
-    states = [hidden_states(model, ids) for ids in ids_list]
-    rows, total, done = [], len(chosen) * len(states), 0
-    if progress is not None:
-        progress(0, total, "started")
-    for index in chosen:
-        radius = model.layers[index].ln_in.radius_about_center
-        certified, witness, verdicts = [], [], []
-        for X in states:
-            curve = lipschitz_curve(model, X[index], kind="layer", layer=index, eps=[eps_fraction * radius])
-            point = curve.points[0]
-            certified.append(point.certified)
-            witness.append(point.witness)
-            verdicts.append(point.verdict)
-            done += 1
-            if progress is not None:
-                progress(done, total, f"L(eps) of layer {index}")
-        rows.append({"layer": index, "eps_fraction": eps_fraction, "certified": float(np.median(certified)),
-                     "witness": float(np.median(witness)), "sentences": len(states),
-                     "all_certified": all(math.isfinite(c) for c in certified), "verdicts": verdicts})
-    return rows
+    tasks = [(model.path, tuple(int(t) for t in ids), index, eps_fraction) for index in chosen for ids in ids_list]
+
+    def arrived(done, total, index, result):
+        if progress is not None:
+            progress(done, total, f"L(eps) of layer {tasks[index][2]}")
+
+    arrived(0, len(tasks), 0, None)
+    try:
+        points = run_all(local_point, tasks, jobs=jobs, progress=arrived)
+    except TaskFailed as failure:
+        raise failure.error from None
+    return local_rows(chosen, len(ids_list), points, eps_fraction)
+
+
+def local_product(rows: list[dict]) -> dict | None:
+    """The local whole-model certificate advise reports: per sentence the product over layers of the
+    certified ``L_l(eps R_l)`` (:func:`local_rows`' ``per_sentence``), rounded up, and its median over
+    sentences; each layer's share of its log10.  A product of per-layer local constants, each at its
+    own radius about the sentence's hidden states -- not a composed certificate of the stack at one
+    radius (``lipschitz_curve(kind="stack")`` is that; advise does not run it), so the output names
+    its source."""
+    if not rows or not all(r["all_certified"] for r in rows):
+        return None
+    products = [upper_product(*values) for values in zip(*(r["per_sentence"] for r in rows))]
+    logs = [math.log10(r["certified"]) for r in rows]
+    total = sum(logs) or 1.0
+    return {"source": "product over layers of the certified local constants L_l(eps R_l) of each layer",
+            "eps_fraction": rows[0]["eps_fraction"], "value": float(np.median(products)), "per_sentence": products,
+            "shares": [{"layer": r["layer"], "certified": r["certified"], "log10": value, "share": value / total}
+                       for r, value in zip(rows, logs)]}
 
 
 def _step_name(step) -> str:
@@ -256,14 +350,17 @@ def _step_name(step) -> str:
 
 @dataclass
 class Movement:
-    """Per step of the model (layer, component), the median amplification of real edits."""
+    """Per step of the model (layer, component), the median W1 amplification of real edits; the median
+    W1 of the edits at the input of layer 0 and after each layer (``w1_per_layer``, layers + 1)."""
 
     steps: list = field(default_factory=list)
     total: float = 1.0
     edits: int = 0
+    w1_per_layer: list = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"steps": self.steps, "total_amplification": self.total, "edits": self.edits}
+        return {"steps": self.steps, "total_amplification": self.total, "edits": self.edits,
+                "distance": "W1 of the token measures", "w1_per_layer": self.w1_per_layer}
 
 
 def step_states(model: Model, X: np.ndarray):
@@ -276,25 +373,33 @@ def step_states(model: Model, X: np.ndarray):
             yield index, _step_name(step), X
 
 
+def _w1(X: np.ndarray, Y: np.ndarray) -> float:
+    """Exact W1 between the uniform token measures of ``X`` and ``Y`` (n, d)."""
+    return w1(EmpiricalMeasure.uniform(X), EmpiricalMeasure.uniform(Y))
+
+
 def movement_shares(model: Model, pairs) -> Movement:
-    """Push pairs ``(ids, edited ids)`` of equal length through the model's steps and measure
-    ``||X' - X||_F`` after each step (module docstring)."""
-    rows, totals, names = [], [], []
+    """Push pairs ``(ids, edited ids)`` of equal length through the model's steps and measure the W1
+    distance of their token measures after each step (module docstring)."""
+    rows, totals, names, layers = [], [], [], []
     for ids, edited in pairs:
         X = np.stack([model.embeddings(ids), model.embeddings(edited)]).astype(float)
-        norms = [np.linalg.norm(X[1] - X[0])]
+        distances = [_w1(X[0], X[1])]
         names = []
         for index, name, Y in step_states(model, X):
-            norms.append(np.linalg.norm(Y[1] - Y[0]))
+            distances.append(_w1(Y[0], Y[1]))
             names.append((index, name))
-        norms = np.maximum(np.array(norms), 1e-300)
-        rows.append(norms[1:] / norms[:-1])
-        totals.append(norms[-1] / norms[0])
-    ratios, totals = np.array(rows), np.array(totals)
+        distances = np.maximum(np.array(distances), 1e-300)
+        rows.append(distances[1:] / distances[:-1])
+        totals.append(distances[-1] / distances[0])
+        ends = [s + 1 for s, (index, _) in enumerate(names) if s + 1 == len(names) or names[s + 1][0] != index]
+        layers.append([distances[0]] + [distances[e] for e in ends])
+    ratios, totals, layers = np.array(rows), np.array(totals), np.array(layers)
     logs = np.log10(ratios)
     expansion = np.sum(np.maximum(logs, 0.0), axis=1)
     shares = logs / np.where(expansion > 0, expansion, 1.0)[:, None]
-    out = Movement(total=float(np.median(totals)), edits=len(pairs))
+    out = Movement(total=float(np.median(totals)), edits=len(pairs),
+                   w1_per_layer=[float(v) for v in np.median(layers, axis=0)])
     for s, (index, name) in enumerate(names):
         out.steps.append({"layer": index, "component": name, "amplification": float(np.median(ratios[:, s])),
                           "share": float(np.median(shares[:, s]))})

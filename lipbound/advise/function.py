@@ -9,6 +9,14 @@ For a sentence encoder the sentence embedding is the mean of the last hidden sta
 * ``ranking``: the similarity ranking of sentence pairs -- Spearman's correlation between the
   pairs' cosine similarities under both models, and the fraction of discordant pairs of pairs
   (two pairs whose order the edit swaps).
+
+For a decoder (:func:`decoder_cost`), from the next-token logits ``final_norm(X_L) lm_head^T``
+(:func:`lipbound.numeric.whole.chain.logits`) at every position of every sentence:
+
+* ``next-token agreement``: the fraction of positions whose most likely next token under the edited
+  weights is the original's;
+* ``perplexity``: ``exp`` of the mean over positions ``t < n - 1`` of ``-log softmax(z_t)[ids[t + 1]]``
+  (the text's own next tokens), before and after, and their ratio.
 """
 
 from __future__ import annotations
@@ -20,9 +28,10 @@ import numpy as np
 
 from ..errors import AssumptionError
 from ..numeric.model import Model
-from ..numeric.whole.chain import hidden_states
+from ..numeric.whole.chain import hidden_states, logits
 
-__all__ = ["FunctionalCost", "bundled_sentences", "functional_cost", "read_sentences", "sentence_embeddings"]
+__all__ = ["DecoderCost", "FunctionalCost", "bundled_sentences", "decoder_cost", "functional_cost",
+           "next_token_logits", "perplexity", "read_sentences", "sentence_embeddings"]
 
 
 def bundled_sentences() -> list[str]:
@@ -93,3 +102,53 @@ def functional_cost(original: np.ndarray, edited: np.ndarray) -> FunctionalCost:
     iu = np.triu_indices(len(a), 1)
     discordant = float(np.mean((da * db)[iu] < 0)) if len(a) > 1 else 0.0
     return FunctionalCost(float(cos.min()), float(cos.mean()), spearman, discordant, len(original))
+
+
+def next_token_logits(model: Model, ids_list) -> list[np.ndarray]:
+    """The next-token logits (n, vocab) of a decoder at every position of each sentence."""
+    return [logits(model, list(ids)) for ids in ids_list]
+
+
+def _log_softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def perplexity(logits_list, ids_list) -> float:
+    """``exp`` of the mean negative log-likelihood of each sentence's tokens ``ids[1:]`` given their
+    prefixes, over every predicted position of every sentence."""
+    nll = [-_log_softmax(z[:-1])[np.arange(len(ids) - 1), np.asarray(ids[1:])] for z, ids in zip(logits_list, ids_list)]
+    return float(np.exp(np.concatenate(nll).mean()))
+
+
+@dataclass(frozen=True)
+class DecoderCost:
+    """What an edit of a decoder costs on the text (module docstring)."""
+
+    agreement: float
+    perplexity_before: float
+    perplexity_after: float
+    positions: int
+    sentences: int
+
+    @property
+    def cost(self) -> float:
+        """``1 - next-token agreement``."""
+        return max(1.0 - self.agreement, 0.0)
+
+    @property
+    def perplexity_ratio(self) -> float:
+        return self.perplexity_after / self.perplexity_before
+
+    def to_json(self) -> dict:
+        return {"next_token_agreement": self.agreement, "perplexity_before": self.perplexity_before,
+                "perplexity_after": self.perplexity_after, "perplexity_ratio": self.perplexity_ratio,
+                "positions": self.positions, "sentences": self.sentences}
+
+
+def decoder_cost(original, edited, ids_list) -> DecoderCost:
+    """Compare the edited decoder's next-token logits ``edited`` with ``original`` (lists of (n, vocab),
+    :func:`next_token_logits`) on the sentences ``ids_list``."""
+    same = np.concatenate([np.argmax(a, axis=-1) == np.argmax(b, axis=-1) for a, b in zip(original, edited)])
+    return DecoderCost(float(same.mean()), perplexity(original, ids_list), perplexity(edited, ids_list), len(same),
+                       len(ids_list))

@@ -14,8 +14,8 @@ intervention           the edited weights (layer ``l``, head ``h``; tokens are r
                        is fitted to keep the logits' scale
 ``l2-tied``            every head of layer ``l`` scores ``-||q - k||^2 / sqrt(d_k)`` with ``W_K = W_Q``,
                        ``b_K = b_Q`` (L2 attention with tied weights, Kim et al. 2021)
-``norm-eps``           every LayerNorm's ``eps`` raised to at least ``eps`` (the constant
-                       ``||diag(gamma) P|| / sqrt(eps)`` of a LayerNorm falls as ``eps`` grows)
+``norm-eps``           every LayerNorm's or RMSNorm's ``eps`` raised to at least ``eps`` (the constant
+                       ``||diag(gamma) P|| / sqrt(eps)`` of a norm falls as ``eps`` grows)
 ``remove-head``        the head's values replaced by their mean over the text (``W_V = 0``, ``b_V`` the
                        mean value): its output no longer depends on the input (mean ablation)
 ``embeddings``         the word embeddings of chosen tokens moved towards the mean embedding,
@@ -36,7 +36,8 @@ import numpy as np
 
 from ..errors import AssumptionError
 from ..numeric.kernels import L2Distance, ScaledCosine
-from ..numeric.model import Head, LayerNorm, Model
+from ..numeric.model import Head, Model
+from ..numeric.normalization import Normalization
 
 __all__ = [
     "Intervention",
@@ -239,14 +240,14 @@ def _norms(model: Model):
 
 @dataclass(frozen=True)
 class NormEpsilon(Intervention):
-    """Every LayerNorm's ``eps`` raised to ``max(eps, self.eps)`` (shared norms stay shared)."""
+    """Every LayerNorm's and RMSNorm's ``eps`` raised to ``max(eps, self.eps)`` (shared norms stay shared)."""
 
     eps: float = 1e-3
     kind: ClassVar[str] = "norm-eps"
 
     @property
     def target(self) -> str:
-        return "every LayerNorm"
+        return "every norm"
 
     @property
     def parameter(self) -> str:
@@ -254,9 +255,9 @@ class NormEpsilon(Intervention):
 
     def apply(self, model: Model) -> Model:
         if not (math.isfinite(self.eps) and self.eps > 0):
-            raise AssumptionError("eps", "a positive finite LayerNorm epsilon", repr(self.eps), "pass e.g. 1e-3")
-        new = {key: replace(norm, eps=max(float(norm.eps), float(self.eps))) if isinstance(norm, LayerNorm) else norm
-               for key, norm in _norms(model).items()}
+            raise AssumptionError("eps", "a positive finite norm epsilon", repr(self.eps), "pass e.g. 1e-3")
+        new = {key: replace(norm, eps=max(float(norm.eps), float(self.eps))) if isinstance(norm, Normalization)
+               else norm for key, norm in _norms(model).items()}
 
         def swap(norm):
             return None if norm is None else new[id(norm)]

@@ -11,8 +11,12 @@ The most irregular tokens are those of the largest ratio at the last layer.  Wha
 common is read from three features of each candidate, with Spearman's correlation to the ratio over
 all candidates: the norm of its word embedding, the alignment of its input displacement with the top
 singular directions of the first layer's heads' ``W_Q W_K^T`` (largest ``|u . delta| / ||delta||`` over
-heads and the left and right top singular vectors), and its frequency rank, which lipbound does not
-know (the tokenizer ships no counts): it is reported as None.
+heads and the left and right top singular vectors), and its frequency: the number of times the token
+occurs in a corpus the caller passes (``advise`` passes the tokenized text together with lipbound's
+bundled sentences; a WordPiece vocabulary is not ordered by frequency and ships no counts, so the
+text is the one sound source).  So that the frequency varies over the candidates, every whole word
+of the corpus is a candidate, and the rest of the ``candidates`` are drawn from the vocabulary; the
+frequency correlation is None when fewer than three candidates occur in the corpus.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from ..measures.edits import whole_word_ids
 from ..numeric.model import Model, Tokenizer
 from .diagnosis import step_states
 
-__all__ = ["Mismatch", "token_mismatch", "top_directions"]
+__all__ = ["Mismatch", "token_counts", "token_mismatch", "top_directions"]
 
 
 def top_directions(model: Model, layer: int = 0) -> np.ndarray:
@@ -58,10 +62,14 @@ class Mismatch:
     top: int = 10
     correlations: dict = field(default_factory=dict)
 
+    frequency: np.ndarray | None = None    # occurrences of each candidate in the corpus (None: no corpus)
+
     def __post_init__(self):
         last = self.ratios[:, -1]
+        seen = self.frequency is not None and np.count_nonzero(self.frequency) >= 3
         self.correlations = {"embedding_norm": _spearman(last, self.norms),
-                             "alignment_with_qk": _spearman(last, self.alignment), "frequency": None}
+                             "alignment_with_qk": _spearman(last, self.alignment),
+                             "frequency": _spearman(last, self.frequency) if seen else None}
 
     @property
     def order(self) -> np.ndarray:
@@ -73,7 +81,8 @@ class Mismatch:
         return [{"sentence": self.sentence, "position": self.position, "original": self.original,
                  "token": self.words[i], "id": int(self.candidates[i]), "ratio_per_layer": self.ratios[i].tolist(),
                  "ratio": float(self.ratios[i, -1]), "embedding_norm": float(self.norms[i]),
-                 "alignment": float(self.alignment[i]), "frequency": None} for i in chosen]
+                 "alignment": float(self.alignment[i]),
+                 "frequency": None if self.frequency is None else int(self.frequency[i])} for i in chosen]
 
     def summary(self) -> dict:
         last = self.ratios[:, -1]
@@ -82,10 +91,17 @@ class Mismatch:
                 "median_ratio_per_layer": np.median(self.ratios, axis=0).tolist(), "correlations": self.correlations}
 
 
+def token_counts(tokenizer: Tokenizer, sentences) -> dict[int, int]:
+    """Occurrences of each token id in the tokenized ``sentences`` (special tokens included)."""
+    ids, counts = np.unique(np.concatenate([np.asarray(tokenizer.encode(s)) for s in sentences]), return_counts=True)
+    return {int(i): int(c) for i, c in zip(ids, counts)}
+
+
 def token_mismatch(model: Model, tokenizer: Tokenizer, sentence: str, position: int, *, candidates: int = 512,
-                   seed: int = 0, batch: int = 64, top: int = 10) -> Mismatch:
+                   seed: int = 0, batch: int = 64, top: int = 10, counts: dict | None = None) -> Mismatch:
     """The mismatch of substitutions at ``position`` (a token index, ``[CLS]`` is 0) of ``sentence``,
-    over ``candidates`` whole words drawn from the vocabulary (0: every whole word)."""
+    over ``candidates`` whole words (0: every whole word): those of ``counts`` (occurrences of token ids
+    in a corpus, :func:`token_counts`) and the rest drawn from the vocabulary."""
     ids = np.array(tokenizer.encode(sentence))
     if not 1 <= position <= len(ids) - 2:
         raise AssumptionError("positions", f"a token position in 1..{len(ids) - 2} (counted from 0; [CLS] is 0)",
@@ -93,7 +109,10 @@ def token_mismatch(model: Model, tokenizer: Tokenizer, sentence: str, position: 
     pool = whole_word_ids(tokenizer)
     pool = pool[pool != ids[position]]
     if candidates and candidates < len(pool):
-        pool = np.sort(np.random.default_rng(seed).choice(pool, candidates, replace=False))
+        seen = np.intersect1d(pool, np.fromiter(counts or (), dtype=pool.dtype))[:candidates]
+        rest = np.setdiff1d(pool, seen)
+        pool = np.sort(np.concatenate([seen, np.random.default_rng(seed).choice(rest, candidates - len(seen),
+                                                                                replace=False)]))
     X_orig = model.embeddings(ids)
     ratios, deltas = [], []
     for start in range(0, len(pool), batch):
@@ -115,5 +134,6 @@ def token_mismatch(model: Model, tokenizer: Tokenizer, sentence: str, position: 
     alignment = np.max(np.abs(deltas @ top_directions(model).T), axis=1)
     norms = np.linalg.norm(model.embeddings.word[pool], axis=1)
     words = tokenizer.tokens([int(v) for v in pool])
+    frequency = None if counts is None else np.array([counts.get(int(v), 0) for v in pool])
     return Mismatch(sentence, position, tokenizer.tokens([int(ids[position])])[0], pool, words, ratios, norms,
-                    alignment, top)
+                    alignment, top, frequency=frequency)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from ..printing.document import comparison_table
 from ..rigorous.functions import log
 from ..rigorous.intervals import interval, lower
+from .diagnosis import local_product
 
 __all__ = ["COST_FLOOR", "LEGEND", "Advice", "InterventionResult"]
 
@@ -135,6 +136,7 @@ class Advice:
     cosine_floor: float
     eps_fraction: float
     seconds: float = 0.0
+    stages: dict = field(default_factory=dict)
     ranked: list = field(default_factory=list)
 
     def __post_init__(self):
@@ -150,6 +152,8 @@ class Advice:
         for step in self.movement.steps:
             key = (step["layer"], step["component"])
             movement.setdefault(key, []).append(step)
+        product = local_product(self.local)
+        local_shares = {} if product is None else {r["layer"]: r["share"] for r in product["shares"]}
         for share in self.shares:
             key = (share["layer"], share["component"])
             steps = movement.get(key, [])
@@ -158,6 +162,7 @@ class Advice:
                          "bound": share["bound"], "witness": share["witness"], "log10_share": share["share"],
                          "local_layer_certified": None if local is None else local["certified"],
                          "local_layer_witness": None if local is None else local["witness"],
+                         "local_layer_share": local_shares.get(share["layer"]),
                          "movement_amplification": [s["amplification"] for s in steps],
                          "movement_share": sum(s["share"] for s in steps) if steps else None})
         for head in self.heads:
@@ -195,10 +200,16 @@ class Advice:
         if self.local:
             lines.append(f"local constants at {self.eps_fraction:g} R (median over {self.local[0]['sentences']} "
                          "sentence(s)): " + ", ".join(f"layer {r['layer']} {r['certified']:.4g}" for r in self.local))
+            product = local_product(self.local)
+            if product is not None:
+                lines.append(f"local whole-model certificate (the certified product over layers): "
+                             f"{product['value']:.4g}; share of its log10: " +
+                             ", ".join(f"layer {r['layer']} {r['share']:.0%}" for r in product["shares"]))
         worst = max(self.movement.steps, key=lambda s: s["share"])
-        lines.append(f"measured movement of {self.movement.edits} one-word edits: total amplification "
-                     f"{self.movement.total:.3g}; largest share: layer {worst['layer']} {worst['component']} "
-                     f"({worst['share']:.0%})")
+        lines.append(f"measured movement of {self.movement.edits} one-word edits (W1 of the token measures): total "
+                     f"amplification {self.movement.total:.3g}; largest share: layer {worst['layer']} "
+                     f"{worst['component']} ({worst['share']:.0%}); median W1 at the input and after each layer: "
+                     + ", ".join(f"{v:.3g}" for v in self.movement.w1_per_layer))
         for m in self.mismatch:
             s = m.summary()
             rows = m.rows(5)
@@ -206,8 +217,10 @@ class Advice:
                          f"median ratio {s['median_ratio']:.3g}, "
                          f"max {s['max_ratio']:.3g}; most irregular: " +
                          ", ".join(f"{r['token']} {r['ratio']:.3g}" for r in rows) +
-                         "; Spearman with embedding norm {:.2f}, with W_Q W_K^T alignment {:.2f}".format(
-                             s["correlations"]["embedding_norm"], s["correlations"]["alignment_with_qk"]))
+                         "; Spearman with embedding norm {:.2f}, with W_Q W_K^T alignment {:.2f}, with frequency "
+                         "in the text {}".format(s["correlations"]["embedding_norm"],
+                                                 s["correlations"]["alignment_with_qk"],
+                                                 _num(s["correlations"]["frequency"], ".2f")))
         lines.append("")
         lines.append(f"{'rank':>4s} {'intervention':24s} {'target':24s} {'bound after':>11s} {'orders':>7s} "
                      f"{'head before':>11s} {'head after':>11s} {'witness after':>13s} {'min cos':>8s} {'rho':>6s} "
@@ -232,8 +245,10 @@ class Advice:
     def to_json(self) -> dict:
         return _plain({"model": self.model.name, "path": self.folder, "sha256": self.model.sha256, "n": self.n,
                        "sentences": self.sentences, "seconds": round(self.seconds, 1),
+                       "stages": {k: {t: round(v, 2) for t, v in row.items()} for k, row in self.stages.items()},
                        "model_bound": self.whole.bound, "dominant": self.dominant(),
-                       "components": self.components(), "local": self.local, "movement": self.movement.to_json(),
+                       "components": self.components(), "local": self.local,
+                       "local_whole": local_product(self.local), "movement": self.movement.to_json(),
                        "mismatch": [row for m in self.mismatch for row in m.rows()],
                        "mismatch_summary": [m.summary() for m in self.mismatch],
                        "interventions": [r.to_json() for r in self.ranked] +

@@ -3,14 +3,17 @@
 :func:`check_inputs` reads and checks everything before any work (model folder with its tokenizer,
 feed-forward blocks and LayerNorms; text; positions; output folder); :func:`advise` then
 
-1. certifies the original end to end (:func:`.diagnosis.certify_whole`) and every head
-   (:func:`.diagnosis.head_rows`), takes local constants on the shortest sentences and the measured
-   movement of real one-word edits;
+1. certifies the original end to end (the tasks of :class:`.diagnosis.WholePlan`) and every head
+   (:func:`.diagnosis.head_tasks`) and takes the local constants of every layer on the shortest
+   sentences (:func:`.diagnosis.local_point`): one batch of independent tasks on ``jobs`` processes
+   (:mod:`.batch`); then the measured movement of real one-word edits;
 2. measures the regularity mismatch of substitutions at the chosen positions (:mod:`.mismatch`);
 3. builds the interventions (:mod:`.interventions`) on the least regular head and layer, the
    LayerNorm epsilon and the most irregular tokens, fits their parameters on the text, writes each
-   edited checkpoint (:mod:`.checkpoint`), reads it back, certifies it by the same routes (only the
-   tasks whose arrays changed run again) and measures its functional cost (:mod:`.function`).
+   edited checkpoint (:mod:`.checkpoint`), reads it back and measures its functional cost
+   (:mod:`.function`); then certifies every edited model by the same routes in a second batch, in
+   which only the tasks whose arrays changed run again (the head's job and the layer's local
+   constants of a head edit too), with an ETA from the diagnosis' task times.
 """
 
 from __future__ import annotations
@@ -29,12 +32,14 @@ from ..measures.edits import edited_ids, whole_word_ids
 from ..numeric.model import load_tokenizer, load_weights
 from ..numeric.model.components import FeedForward
 from ..numeric.whole.chain import hidden_states
+from .batch import run_batch
 from .checkpoint import write_and_reload
 from .diagnosis import (
-    certify_whole,
+    WholePlan,
     component_shares,
-    head_rows,
-    local_constants,
+    head_row,
+    head_tasks,
+    local_rows,
     movement_shares,
 )
 from .function import (
@@ -53,10 +58,10 @@ from .interventions import (
     TiedL2,
     qk_spectrum,
 )
-from .mismatch import token_mismatch
+from .mismatch import token_counts, token_mismatch
 from .report import Advice, InterventionResult
 
-__all__ = ["EPS_GRID", "Inputs", "advise", "check_inputs"]
+__all__ = ["EPS_GRID", "Inputs", "StageClock", "advise", "check_inputs"]
 
 #: LayerNorm epsilons tried; the largest whose edit keeps every sentence's cosine >= the floor is certified
 EPS_GRID = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
@@ -119,8 +124,43 @@ def check_inputs(model=None, *, text=None, positions=(), out=None) -> Inputs:
     return Inputs(folder, loaded, tokenizer, sentences, ids, chosen, out)
 
 
+class StageClock:
+    """Wall and CPU seconds per stage of :func:`advise`: ``with clock(stage): ...`` counts this process,
+    :meth:`add` the tasks of a batch (each measured where it ran, in a worker when ``jobs > 1``).  A
+    stage run in a batch is split: "diagnosis (this process)" holds the wall time and the CPU of the
+    main process besides the tasks, "whole model", "heads" and "local" the CPU of their tasks."""
+
+    def __init__(self):
+        self.stages: dict[str, dict] = {}
+        self._name = None
+
+    def __call__(self, name: str):
+        self._name = name
+        return self
+
+    def __enter__(self):
+        self._started = (time.perf_counter(), time.process_time())
+        return self
+
+    def add(self, name: str, cpu: float) -> None:
+        """CPU seconds spent elsewhere (a task run in a worker, or in this process by a batch)."""
+        self.stages.setdefault(name, {"wall": 0.0, "cpu": 0.0})["cpu"] += cpu
+
+    def __exit__(self, *exc):
+        row = self.stages.setdefault(self._name, {"wall": 0.0, "cpu": 0.0})
+        row["wall"] += time.perf_counter() - self._started[0]
+        row["cpu"] += time.process_time() - self._started[1]
+        return False
+
+
 def _shortest(ids, count: int) -> list:
     return [ids[i] for i in np.argsort([len(x) for x in ids], kind="stable")[:count]]
+
+
+def _corpus(inputs: Inputs) -> list[str]:
+    """The sentences whose token counts are the mismatch's frequencies: the text and the bundled ones."""
+    bundled = bundled_sentences()
+    return inputs.sentences + ([] if inputs.sentences == bundled else bundled)
 
 
 def _edit_pairs(inputs: Inputs, count: int, seed: int) -> list:
@@ -202,13 +242,27 @@ def _plan(model, inputs: Inputs, original, heads, mismatch) -> list:
     return plan + [RecentreEmbeddings(tuple(irregular), 0.5)]
 
 
+def _estimate(seconds: dict, tasks) -> float:
+    """CPU seconds ``tasks`` should take, from the mean of each kind in ``seconds`` (kind -> list)."""
+    means = {kind: sum(v) / len(v) for kind, v in seconds.items() if v}
+    fallback = sum(means.values()) / len(means) if means else 0.0
+    return sum(means.get(_task_kind(task), fallback) for task in tasks)
+
+
+def _task_kind(task) -> str:
+    kind, arguments = task
+    return f"whole {arguments[0]}" if kind == "whole" else kind
+
+
 def advise(inputs: Inputs, *, n: int = 8, local_sentences: int = 1, eps_fraction: float = 1e-3,
            head_budget: float = 0.5, candidates: int = 512, edits: int = 20, restarts: int = 4, iterations: int = 30,
            effort: int = 30, cosine_floor: float = 0.99, jobs: int = 1, seed: int = 0, say=None,
            progress=None) -> Advice:
     """Run the diagnosis and the interventions (module docstring).
 
-    ``say(text)`` receives one line per stage; ``progress(stage, done, total, text)`` the steps.
+    ``say(text)`` receives one line per stage; ``progress(stage, done, total, text)`` the tasks.  The
+    independent tasks of a stage (the original's whole-model tasks, every head, every local constant;
+    then every edited model's tasks) run in one batch on ``jobs`` processes (:mod:`.batch`).
     """
     say = say or (lambda text: None)
     if isinstance(local_sentences, bool) or not isinstance(local_sentences, int) or local_sentences < 0:
@@ -217,77 +271,158 @@ def advise(inputs: Inputs, *, n: int = 8, local_sentences: int = 1, eps_fraction
     stage = (lambda name: (lambda done, total, text: progress(name, done, total, text))) if progress else \
         (lambda name: None)
     started = time.perf_counter()
+    clock = StageClock()
     model, out = inputs.model, Path(inputs.out)
     out.mkdir(parents=True, exist_ok=True)
-    E0 = sentence_embeddings(model, inputs.ids)
+    options = {"n": n, "restarts": restarts, "iterations": iterations, "effort": effort, "seed": seed}
+    with clock("sentence embeddings"):
+        E0 = sentence_embeddings(model, inputs.ids)
     short = _shortest(inputs.ids, local_sentences)
 
-    say("whole-model certificate of the original")
-    original = certify_whole(model, n=n, restarts=restarts, iterations=iterations, effort=effort, seed=seed, jobs=jobs,
-                             progress=stage("whole model"))
-    say("every head: certified constants and witnesses")
-    heads = head_rows(model, n=n, budget=head_budget, seed=seed, jobs=jobs, progress=stage("heads"))
-    local = []
-    if local_sentences:
-        say(f"local constants at {eps_fraction:g} R on {len(short)} sentence(s)")
-        local = local_constants(model, short, eps_fraction=eps_fraction, progress=stage("local"))
-    movement = movement_shares(model, _edit_pairs(inputs, edits, seed))
+    say(f"diagnosis: whole-model tasks, every head, local constants at {eps_fraction:g} R on {len(short)} "
+        f"sentence(s) ({jobs} process{'es' if jobs > 1 else ''})")
+    with clock("diagnosis (this process)"):
+        plan = WholePlan(model, **options)
+        pairs = [(i, h) for i in sorted(model.layers) for h in range(model.num_heads)]
+        layers = sorted(model.layers) if short else []
+        tasks = ([("whole", t) for t in plan.todo] + [("head", t) for t in head_tasks(model, pairs, n=n,
+                                                                                     budget=head_budget, seed=seed)]
+                 + [("local", _local_task(model, i, ids, eps_fraction)) for i in layers for ids in short])
+        done = run_batch(tasks, jobs=jobs, progress=stage("diagnosis"),
+                         describe=lambda k: _describe(tasks[k]))
+        failed = next((d["error"] for d in done if d["error"]), None)
+        if failed:
+            raise AssumptionError("model", "a model the routes of verify --whole certify", failed,
+                                  "check the model with `lipbound verify MODEL --whole`")
+        seconds: dict = {}
+        for task, d in zip(tasks, done):
+            seconds.setdefault(_task_kind(task), []).append(d["cpu"])
+            clock.add({"whole": "whole model", "head": "heads", "local": "local"}[task[0]], d["cpu"])
+        results = [d["result"] for d in done]
+        original = plan.certificate(results[:len(plan.todo)], time.perf_counter() - started)
+        heads = [head_row(i, h, r) for (i, h), r in zip(pairs, results[len(plan.todo):len(plan.todo) + len(pairs)])]
+        local = local_rows(layers, len(short), results[len(plan.todo) + len(pairs):], eps_fraction)
+    if jobs == 1:   # the tasks ran in this process: their CPU is counted once, by kind
+        clock.add("diagnosis (this process)", -sum(d["cpu"] for d in done))
+    with clock("movement"):
+        movement = movement_shares(model, _edit_pairs(inputs, edits, seed))
     say("regularity mismatch of tokens")
-    mismatch = [token_mismatch(model, inputs.tokenizer, inputs.sentences[0], p, candidates=candidates, seed=seed)
-                for p in inputs.positions]
+    with clock("mismatch"):
+        counts = token_counts(inputs.tokenizer, _corpus(inputs))
+        mismatch = [token_mismatch(model, inputs.tokenizer, inputs.sentences[0], p, candidates=candidates, seed=seed,
+                                   counts=counts) for p in inputs.positions]
 
-    plan = _plan(model, inputs, original, heads, mismatch)
-    sweep = _eps_sweep(model, inputs.folder, out, inputs.ids, E0, say)
+    with clock("eps sweep"):
+        planned = _plan(model, inputs, original, heads, mismatch)
+        sweep = _eps_sweep(model, inputs.folder, out, inputs.ids, E0, say)
     eps_edits = {e.eps: e for e in (_largest_eps(sweep, max(cosine_floor, 0.999)), _largest_eps(sweep, cosine_floor))
                  if e is not None}
-    plan = list(eps_edits.values()) + plan
+    planned = list(eps_edits.values()) + planned
 
-    results = []
-    for number, intervention in enumerate(plan, 1):
-        say(f"intervention {number}/{len(plan)}: {intervention.name} on {intervention.target}")
-        results.append(_evaluate(intervention, out / f"{number:02d}-{intervention.kind}", inputs, original, heads,
-                                 local, short, mismatch, E0, n=n, eps_fraction=eps_fraction, head_budget=head_budget,
-                                 restarts=restarts, iterations=iterations, effort=effort, jobs=jobs, seed=seed,
-                                 candidates=candidates, stage=stage))
+    with clock("interventions (this process)"):
+        pending = [_Pending(iv, out / f"{number:02d}-{iv.kind}", inputs, E0, heads, local, short, eps_fraction,
+                            head_budget, original, options) for number, iv in enumerate(planned, 1)]
+        owners = [p for p in pending for _ in p.tasks]
+        batch = [task for p in pending for task in p.tasks]
+        estimate = _estimate(seconds, batch)
+        say(f"{len(planned)} interventions: {len(batch)} tasks (the rest reused), about {estimate:.0f} CPU s "
+            f"(from the diagnosis' tasks of each kind), ETA {estimate / jobs / 60:.1f} min on {jobs} process(es)")
+        done = run_batch(batch, jobs=jobs, progress=stage("interventions"),
+                         describe=lambda k: f"{owners[k].intervention.name}: {_describe(batch[k])}")
+        for p, d in zip(owners, done):
+            p.arrived.append(d)
+            clock.add(f"intervention {p.intervention.kind}", d["cpu"])
+    if jobs == 1:   # the tasks ran in this process: their CPU is counted once, by kind
+        clock.add("interventions (this process)", -sum(d["cpu"] for d in done))
+    with clock("interventions (this process)"):
+        results = [p.result(inputs, mismatch, candidates, seed, time.perf_counter() - started) for p in pending]
     return Advice(model=model, folder=str(inputs.folder), sentences=len(inputs.sentences), n=n,
                   whole=original, shares=component_shares(original.report), heads=heads, local=local,
                   movement=movement, mismatch=mismatch, interventions=results, cosine_floor=cosine_floor,
-                  eps_fraction=eps_fraction, seconds=time.perf_counter() - started)
+                  eps_fraction=eps_fraction, seconds=time.perf_counter() - started, stages=clock.stages)
 
 
-def _evaluate(intervention, folder, inputs, original, heads, local, short, mismatch, E0, *, n, eps_fraction,
-              head_budget, restarts, iterations, effort, jobs, seed, candidates, stage) -> InterventionResult:
-    model = inputs.model
-    try:
-        edited = write_and_reload(intervention.apply(model), inputs.folder, folder)
-    except LipboundError as error:  # an edit the model cannot take, reported and never ranked
-        return InterventionResult(intervention, None, error=str(error))
-    checkpoint = edited.path
-    cost = functional_cost(E0, sentence_embeddings(edited, inputs.ids))
-    whole = None
-    try:
-        whole = certify_whole(edited, n=n, restarts=restarts, iterations=iterations, effort=effort, seed=seed,
-                              jobs=jobs, reuse=original, progress=stage(intervention.name))
-        error = None if whole.bound and whole.bound["certified"] else "the edited model's bound is not certified"
-    except LipboundError as refused:  # a theorem refuses the edited model: not certified, never ranked
-        error = f"not certified: {refused}"
-    head_before = head_after = None
-    if hasattr(intervention, "head"):
-        head_before = next(r for r in heads if (r["layer"], r["head"]) == (intervention.layer, intervention.head))
-        head_after = head_rows(edited, n=n, budget=head_budget, seed=seed,
-                               heads=[(intervention.layer, intervention.head)])[0]
-    layer = intervention.layers[0] if intervention.layers else 0
-    local_before = next((r for r in local if r["layer"] == layer), None)
-    local_after = None
-    if local_before is not None and error is None:
+def _local_task(model, layer: int, ids, eps_fraction: float) -> tuple:
+    return (model.path, tuple(int(t) for t in ids), layer, eps_fraction)
+
+
+def _describe(task) -> str:
+    kind, arguments = task
+    if kind == "whole":
+        return f"{arguments[0]} {arguments[4]} layer {arguments[3]}".replace("  ", " ")
+    if kind == "head":
+        return f"head {arguments[-1]} of layer {arguments[-2]}"
+    return f"L(eps) of layer {arguments[2]}"
+
+
+class _Pending:
+    """One intervention between its edit and its certificate: the edited checkpoint written and read
+    back, its functional cost, and the tasks left to run (:attr:`tasks`; their outcomes go to
+    :attr:`arrived`, in order, and :meth:`result` assembles the row)."""
+
+    def __init__(self, intervention, folder, inputs, E0, heads, local, short, eps_fraction, head_budget, original,
+                 options):
+        self.intervention, self.original, self.tasks, self.arrived = intervention, original, [], []
+        self.edited = self.cost = self.plan = self.error = None
+        self.head_before = self.local_before = None
+        self.layer = intervention.layers[0] if intervention.layers else 0
         try:
-            local_after = local_constants(edited, short, eps_fraction=eps_fraction, layers=[layer])[0]
-        except LipboundError as refused:
-            local_after = {"layer": layer, "error": str(refused)}
-    mismatch_after = None
-    if intervention.kind == "embeddings":
-        mismatch_after = [token_mismatch(edited, inputs.tokenizer, m.sentence, m.position, candidates=candidates,
-                                         seed=seed).summary() for m in mismatch]
-    return InterventionResult(intervention, checkpoint, cost=cost, whole_before=original, whole_after=whole,
-                              layer=layer, head_before=head_before, head_after=head_after, local_before=local_before,
-                              local_after=local_after, mismatch_after=mismatch_after, error=error)
+            self.edited = write_and_reload(intervention.apply(inputs.model), inputs.folder, folder)
+        except LipboundError as error:  # an edit the model cannot take, reported and never ranked
+            self.error = str(error)
+            return
+        self.cost = functional_cost(E0, sentence_embeddings(self.edited, inputs.ids))
+        try:
+            self.plan = WholePlan(self.edited, reuse=original, **options)
+            self.tasks += [("whole", t) for t in self.plan.todo]
+        except LipboundError as refused:  # a theorem refuses the edited model: not certified, never ranked
+            self.error = f"not certified: {refused}"
+        if hasattr(intervention, "head"):
+            pair = (intervention.layer, intervention.head)
+            self.head_before = next(r for r in heads if (r["layer"], r["head"]) == pair)
+            self.tasks += [("head", t) for t in head_tasks(self.edited, [pair], n=options["n"], budget=head_budget,
+                                                           seed=options["seed"])]
+        self.local_before = next((r for r in local if r["layer"] == self.layer), None)
+        if self.local_before is not None:
+            self.tasks += [("local", _local_task(self.edited, self.layer, ids, eps_fraction)) for ids in short]
+        self.sentences = len(short)
+        self.eps_fraction = eps_fraction
+
+    def result(self, inputs, mismatch, candidates, seed, seconds) -> InterventionResult:
+        if self.edited is None:
+            return InterventionResult(self.intervention, None, error=self.error)
+        outcomes = dict.fromkeys(("whole", "head", "local"))
+        for (kind, _), d in zip(self.tasks, self.arrived):
+            outcomes[kind] = (outcomes[kind] or []) + [d]
+        whole = error = None
+        if self.plan is not None:
+            refused = next((d["error"] for d in outcomes["whole"] or () if d["error"]), None)
+            if refused:
+                error = f"not certified: {refused}"
+            else:
+                whole = self.plan.certificate([d["result"] for d in outcomes["whole"] or ()], seconds)
+                error = None if whole.bound and whole.bound["certified"] else \
+                    "the edited model's bound is not certified"
+        error = self.error or error
+        head_after = None
+        if outcomes["head"]:
+            d = outcomes["head"][0]
+            head_after = head_row(self.intervention.layer, self.intervention.head, d["result"]) if not d["error"] \
+                else {"layer": self.intervention.layer, "head": self.intervention.head, "bound": None,
+                      "certified": False, "witness": None, "refusal": d["error"]}
+        local_after = None
+        if outcomes["local"] and error is None:
+            refused = next((d["error"] for d in outcomes["local"] if d["error"]), None)
+            local_after = {"layer": self.layer, "error": refused} if refused else \
+                local_rows([self.layer], self.sentences, [d["result"] for d in outcomes["local"]],
+                           self.eps_fraction)[0]
+        mismatch_after = None
+        if self.intervention.kind == "embeddings":
+            counts = token_counts(inputs.tokenizer, _corpus(inputs))
+            mismatch_after = [token_mismatch(self.edited, inputs.tokenizer, m.sentence, m.position,
+                                             candidates=candidates, seed=seed, counts=counts).summary()
+                              for m in mismatch]
+        return InterventionResult(self.intervention, self.edited.path, cost=self.cost, whole_before=self.original,
+                                  whole_after=whole, layer=self.layer, head_before=self.head_before,
+                                  head_after=head_after, local_before=self.local_before, local_after=local_after,
+                                  mismatch_after=mismatch_after, error=error)

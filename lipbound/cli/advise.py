@@ -4,6 +4,7 @@ bound before and after and its functional cost on real text (:mod:`lipbound.advi
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from .parsing import (
@@ -72,7 +73,7 @@ def register(sub) -> None:
                     "real text (cosine of the sentence embeddings to the original's, similarity ranking of "
                     "pairs).  No retraining.  Layers, heads and positions are counted from 0.",
         epilog=epilog("lipbound advise -o advice/", "lipbound advise MODEL_DIR --text sentences.txt --positions 2,3 "
-                      "-o advice/ --json advice.json --latex table.tex", "lipbound advise -o advice/ --jobs 2",
+                      "-o advice/ --json advice.json --latex table.tex", "lipbound advise -o advice/ --jobs 1",
                       notes="Writes OUTPUT/advice.json, advice.tex, pareto.png, mismatch.png and one edited "
                             "checkpoint per intervention (a Hugging Face folder, or a plain .npz when the edit "
                             "changes a score); `lipbound verify CHECKPOINT --whole` re-checks each.  "
@@ -105,6 +106,8 @@ def register(sub) -> None:
                         help="L-BFGS steps per smoothing level of LipSDP-Neuron (default 30, as verify --whole)")
     advise.add_argument("--cosine-floor", type=positive_float("--cosine-floor"), default=0.99,
                         help="the smallest sentence cosine an automatically fitted edit may cost (default 0.99)")
-    advise.add_argument("--jobs", type=positive_int("--jobs"), default=1, help="local worker processes (default 1)")
+    advise.add_argument("--jobs", type=positive_int("--jobs"), default=os.cpu_count() or 1,
+                        help="local worker processes for the certified tasks (default: every core here, "
+                             f"{os.cpu_count() or 1})")
     advise.add_argument("--seed", type=int, default=0, help="seed of the witnesses and the drawn edits (default 0)")
     advise.set_defaults(handler=_advise)
