@@ -42,7 +42,7 @@ FAST = {
 QUICK = ("list", "derive", "preamble", "compare", "convert", "recheck", "check", "depth", "plot perturb", "plot edits",
          "plot curve", "plot gaps report.json")
 #: Commands too slow for the default profile even with the fast options.
-SLOW = ("--whole", "lipbound advise")   # advise certifies the whole model once per edit (tests/test_advise.py)
+SLOW = ("--whole", "lipbound advise")   # advise re-verifies every edited component (tests/test_advise.py)
 #: ``(reader, writer)``: a command starting with ``lipbound <reader>`` reads what the last earlier command
 #: starting with ``lipbound <writer>`` wrote (plot gaps its report.json, recheck its witness), so it runs after
 #: it in the same folder; every other command starts a chain of its own, and the chains run in parallel.
