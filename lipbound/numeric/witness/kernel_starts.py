@@ -58,11 +58,65 @@ def proxy_rotations(head, n: int) -> list[np.ndarray]:
     return [rotations[o] for o in dict.fromkeys([largest, offsets[len(offsets) // 2]])]
 
 
+def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0, 2.0)) -> np.ndarray:
+    """Chart inputs (b, n, width) of self-attention where the first two tokens are keys tied, at every offset at
+    once and for every head in ``heads``, for the queries 2..n-1 of a rotary head or layer (module docstring):
+    every query at the chart point b (``count`` top directions of ``sum_h w_h sum_Delta ||b S A^h_Delta||^2`` over the
+    keys' offsets, ``w_h = ||S V_h||^2``, both signs), the keys at ``mid +- a'`` with ``mid`` the least-norm point
+    whose scores ``(b S A^h_Delta S) . mid`` all equal head h's largest own score of the queries plus a margin, and
+    ``a'`` the widest direction of the summed value map ``a S sum_h V_h`` (``V_h W_O^h`` in a layer) made orthogonal
+    to every key gradient, so that the two keys tie exactly for every query and head."""
+    engine, n, S = problem.engine, problem.n, problem.context.root
+    kernel, d_k = engine.kernel, engine.d_k
+    sigma = 1.0 / math.sqrt(d_k) if kernel.scale is None else float(kernel.scale)
+    rotations = [kernel.relative_rotation(d_k, delta) for delta in range(-(n - 1), 1)]
+    through_W_O = getattr(problem.target, "W_O", None) is not None
+    factors, spread_map, chosen = [], 0.0, []
+    for h in heads:
+        W_Q, W_K, V, b_Q, _, _ = engine.head_weights(h)
+        V = V @ problem.target.output_block(h) if through_W_O else V
+        P, K = S @ W_Q, S @ W_K                                    # the chart's query and key factors
+        keys = sum(R @ (K.T @ K) @ R.T for R in rotations[:n - 1])   # offsets -(n-1) .. -1: the keys' offsets
+        weight = np.linalg.norm(S @ V, 2) ** 2
+        factors.append(np.sqrt(weight) * P @ np.linalg.cholesky(keys + 1e-12 * np.trace(keys) * np.eye(d_k)))
+        spread_map = spread_map + S @ V
+        chosen.append((P, K, b_Q))
+    queries = np.linalg.svd(np.concatenate(factors, axis=1), full_matrices=False)[0]
+    value_direction = np.linalg.svd(spread_map, full_matrices=False)[0][:, 0]
+    out = []
+    for k in range(min(count, queries.shape[1])):
+        for b in (queries[:, k], -queries[:, k]):
+            tied, own = [], []
+            for P, K, b_Q in chosen:
+                query = sigma * (b @ P + b_Q)                      # g_Delta = query R_Delta K^T
+                gradients = np.array([query @ R @ K.T for R in rotations])
+                tied.append(gradients[:n - 1])
+                own += [max(gradients[n - 1 + delta] @ b for delta in range(-(n - 3), 1))] * (n - 1)
+            tied, own = np.concatenate(tied), np.array(own)
+            frame = np.linalg.svd(tied.T, full_matrices=False)[0]
+            spread = value_direction - frame @ (frame.T @ value_direction)
+            spread /= max(np.linalg.norm(spread), 1e-300)
+            for margin in margins:
+                mid = np.linalg.lstsq(tied, own + margin, rcond=None)[0]
+                mid *= min(1.0, 0.95 / max(np.linalg.norm(mid), 1e-300))
+                half = math.sqrt(max(1.0 - mid @ mid, 0.0)) * spread
+                U = np.zeros((n, problem.width))
+                U[0], U[1], U[2:] = mid + half, mid - half, b
+                out.append(U)
+    return problem.from_unit(np.array(out) * (1 - 1e-6))
+
+
 def _rotary_starts(problem, rng, deadline, work: float):
-    """The dot-product starts of every head with its proxies ``W_Q R_Delta`` (module docstring); self-attention."""
+    """The dot-product starts of every head with its proxies ``W_Q R_Delta``, and two keys tied at every offset
+    (:func:`rotary_tied_keys`) for the largest heads (module docstring); self-attention."""
     if problem.cross:
         return []
-    return self_starts(problem, rng, deadline, work, rotations=lambda head: proxy_rotations(head, problem.n))
+    pool = []
+    if problem.n >= 3:
+        order = _head_order(problem)
+        for heads in [[h] for h in order[:3]] + ([order] if len(order) > 1 else []):
+            pool.append((problem.retract(rotary_tied_keys(problem, heads)), "rotary-tied"))
+    return pool + self_starts(problem, rng, deadline, work, rotations=lambda head: proxy_rotations(head, problem.n))
 
 
 def _qk_norm_starts(problem, rng, deadline, work: float):
