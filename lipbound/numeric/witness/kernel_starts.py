@@ -58,51 +58,68 @@ def proxy_rotations(head, n: int) -> list[np.ndarray]:
     return [rotations[o] for o in dict.fromkeys([largest, offsets[len(offsets) // 2]])]
 
 
-def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0, 2.0)) -> np.ndarray:
+def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0, 2.0),
+                     trade_offs=(0.0, 0.25, 1.0, 4.0, 16.0)) -> np.ndarray:
     """Chart inputs (b, n, width) of self-attention where the first two tokens are keys tied, at every offset at
-    once and for every head in ``heads``, for the queries 2..n-1 of a rotary head or layer (module docstring):
-    every query at the chart point b (``count`` top directions of ``sum_h w_h sum_Delta ||b S A^h_Delta||^2`` over the
-    keys' offsets, ``w_h = ||S V_h||^2``, both signs), the keys at ``mid +- a'`` with ``mid`` the least-norm point
-    whose scores ``(b S A^h_Delta S) . mid`` all equal head h's largest own score of the queries plus a margin, and
-    ``a'`` the widest direction of the summed value map ``a S sum_h V_h`` (``V_h W_O^h`` in a layer) made orthogonal
-    to every key gradient, so that the two keys tie exactly for every query and head."""
+    once and for every head in ``heads``, for the queries 2..n-1 of a rotary head or layer (module docstring).
+
+    Every query sits at the chart point b, the keys at ``mid +- a'``: ``mid`` the least-norm point whose scores
+    ``(b S A^h_Delta S) . mid`` all equal head h's largest score of a query on a query plus a margin, ``a'`` the
+    widest direction of the summed value map ``a S sum_h V_h`` (``V_h W_O^h`` in a layer) made orthogonal to every
+    key gradient, so that the two keys tie exactly for every query and head (when the ``(n - 1) |heads|`` key
+    gradients are independent: they lie in the span of the heads' key projections).  The keys' part of the Jacobian is
+    about ``||F^T b|| (1 - ||mid||^2)^(1/2)``, ``F F^T = sum_h ||S V_h||^2 sum_Delta S A^h_Delta S S A^hT_Delta S`` over
+    the keys' offsets; b is the best ``count`` of the top eigenvectors of ``F F^T - t H`` (``H`` the symmetric part
+    of the queries' own score forms, t over ``trade_offs`` scaled to the two matrices): a query that scores
+    itself high needs a long ``mid``."""
     engine, n, S = problem.engine, problem.n, problem.context.root
     kernel, d_k = engine.kernel, engine.d_k
     sigma = 1.0 / math.sqrt(d_k) if kernel.scale is None else float(kernel.scale)
     rotations = [kernel.relative_rotation(d_k, delta) for delta in range(-(n - 1), 1)]
     through_W_O = getattr(problem.target, "W_O", None) is not None
-    factors, spread_map, chosen = [], 0.0, []
+    factors, spread_map, own_form, chosen = [], 0.0, 0.0, []
     for h in heads:
         W_Q, W_K, V, b_Q, _, _ = engine.head_weights(h)
         V = V @ problem.target.output_block(h) if through_W_O else V
         P, K = S @ W_Q, S @ W_K                                    # the chart's query and key factors
         keys = sum(R @ (K.T @ K) @ R.T for R in rotations[:n - 1])   # offsets -(n-1) .. -1: the keys' offsets
         weight = np.linalg.norm(S @ V, 2) ** 2
-        factors.append(np.sqrt(weight) * P @ np.linalg.cholesky(keys + 1e-12 * np.trace(keys) * np.eye(d_k)))
+        factors.append(np.sqrt(weight) * sigma * P @ np.linalg.cholesky(keys + 1e-12 * np.trace(keys) * np.eye(d_k)))
+        self_scores = sigma * P @ K.T                              # offset 0: a query on itself
+        own_form = own_form + weight * (self_scores + self_scores.T) / 2
         spread_map = spread_map + S @ V
         chosen.append((P, K, b_Q))
-    queries = np.linalg.svd(np.concatenate(factors, axis=1), full_matrices=False)[0]
+    F = np.concatenate(factors, axis=1)
+    gram = F @ F.T
+    scale = np.linalg.norm(gram, 2) / max(np.linalg.norm(own_form, 2), 1e-300)
+    candidates = np.concatenate([np.linalg.eigh(gram - t * scale * own_form)[1][:, -count:] for t in trade_offs],
+                                axis=1).T
     value_direction = np.linalg.svd(spread_map, full_matrices=False)[0][:, 0]
+
+    def tie(b: np.ndarray, margin: float) -> tuple[np.ndarray, np.ndarray]:
+        tied, own = [], []
+        for P, K, b_Q in chosen:
+            query = sigma * (b @ P + b_Q)                          # g_Delta = query R_Delta K^T
+            gradients = np.array([query @ R @ K.T for R in rotations])
+            tied.append(gradients[:n - 1])
+            own += [max(gradients[n - 1 + delta] @ b for delta in range(-(n - 3), 1))] * (n - 1)
+        tied = np.concatenate(tied)
+        mid = np.linalg.lstsq(tied, np.array(own) + margin, rcond=None)[0]
+        return mid * min(1.0, 0.95 / max(np.linalg.norm(mid), 1e-300)), tied
+
+    predicted = [np.linalg.norm(F.T @ b) * math.sqrt(max(1 - np.linalg.norm(tie(b, margins[0])[0]) ** 2, 0.0))
+                 for b in candidates]
     out = []
-    for k in range(min(count, queries.shape[1])):
-        for b in (queries[:, k], -queries[:, k]):
-            tied, own = [], []
-            for P, K, b_Q in chosen:
-                query = sigma * (b @ P + b_Q)                      # g_Delta = query R_Delta K^T
-                gradients = np.array([query @ R @ K.T for R in rotations])
-                tied.append(gradients[:n - 1])
-                own += [max(gradients[n - 1 + delta] @ b for delta in range(-(n - 3), 1))] * (n - 1)
-            tied, own = np.concatenate(tied), np.array(own)
+    for k in np.argsort(predicted)[::-1][:count]:
+        b = candidates[k]
+        for margin in margins:
+            mid, tied = tie(b, margin)
             frame = np.linalg.svd(tied.T, full_matrices=False)[0]
             spread = value_direction - frame @ (frame.T @ value_direction)
-            spread /= max(np.linalg.norm(spread), 1e-300)
-            for margin in margins:
-                mid = np.linalg.lstsq(tied, own + margin, rcond=None)[0]
-                mid *= min(1.0, 0.95 / max(np.linalg.norm(mid), 1e-300))
-                half = math.sqrt(max(1.0 - mid @ mid, 0.0)) * spread
-                U = np.zeros((n, problem.width))
-                U[0], U[1], U[2:] = mid + half, mid - half, b
-                out.append(U)
+            half = math.sqrt(max(1.0 - mid @ mid, 0.0)) * spread / max(np.linalg.norm(spread), 1e-300)
+            U = np.zeros((n, problem.width))
+            U[0], U[1], U[2:] = mid + half, mid - half, b
+            out.append(U)
     return problem.from_unit(np.array(out) * (1 - 1e-6))
 
 
