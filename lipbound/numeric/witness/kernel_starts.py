@@ -58,8 +58,8 @@ def proxy_rotations(head, n: int) -> list[np.ndarray]:
     return [rotations[o] for o in dict.fromkeys([largest, offsets[len(offsets) // 2]])]
 
 
-def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0, 2.0),
-                     trade_offs=(0.0, 0.25, 1.0, 4.0, 16.0)) -> np.ndarray:
+def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
+                     trade_offs=(0.0, 0.25, 1.0, 4.0, 16.0), penalties=(4.0, 16.0, 64.0)) -> np.ndarray:
     """Chart inputs (b, n, width) of self-attention where the first two tokens are keys tied, at every offset at
     once and for every head in ``heads``, for the queries 2..n-1 of a rotary head or layer (module docstring).
 
@@ -95,6 +95,18 @@ def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0, 2
     candidates = np.concatenate([np.linalg.eigh(gram - t * scale * own_form)[1][:, -count:] for t in trade_offs],
                                 axis=1).T
     value_direction = np.linalg.svd(spread_map, full_matrices=False)[0][:, 0]
+    value_form = spread_map @ spread_map.T
+
+    def spreads(tied: np.ndarray, frame: np.ndarray) -> list[np.ndarray]:
+        """The values' widest direction orthogonal to the key gradients (exact ties), and nearly tied ones:
+        the top eigenvector of ``S V V^T S - mu sum g g^T`` with ``(g . a')`` a few units for the chart's keys."""
+        exact = value_direction - frame @ (frame.T @ value_direction)
+        out = [exact / max(np.linalg.norm(exact), 1e-300)]
+        gradients = tied.T @ tied
+        unit = np.linalg.norm(value_form, 2) / max(np.linalg.norm(gradients, 2), 1e-300)
+        for mu in penalties:
+            out.append(np.linalg.eigh(value_form - mu * unit * gradients)[1][:, -1])
+        return out
 
     def tie(b: np.ndarray, margin: float) -> tuple[np.ndarray, np.ndarray]:
         tied, own = [], []
@@ -115,11 +127,11 @@ def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0, 2
         for margin in margins:
             mid, tied = tie(b, margin)
             frame = np.linalg.svd(tied.T, full_matrices=False)[0]
-            spread = value_direction - frame @ (frame.T @ value_direction)
-            half = math.sqrt(max(1.0 - mid @ mid, 0.0)) * spread / max(np.linalg.norm(spread), 1e-300)
-            U = np.zeros((n, problem.width))
-            U[0], U[1], U[2:] = mid + half, mid - half, b
-            out.append(U)
+            for spread in spreads(tied, frame):
+                half = math.sqrt(max(1.0 - mid @ mid, 0.0)) * spread
+                U = np.zeros((n, problem.width))
+                U[0], U[1], U[2:] = mid + half, mid - half, b
+                out.append(U)
     return problem.from_unit(np.array(out) * (1 - 1e-6))
 
 
