@@ -77,7 +77,7 @@ def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
     sigma = 1.0 / math.sqrt(d_k) if kernel.scale is None else float(kernel.scale)
     rotations = [kernel.relative_rotation(d_k, delta) for delta in range(-(n - 1), 1)]
     through_W_O = getattr(problem.target, "W_O", None) is not None
-    factors, spread_map, own_form, chosen = [], 0.0, 0.0, []
+    factors, spread_map, chosen = [], 0.0, []
     for h in heads:
         W_Q, W_K, V, b_Q, _, _ = engine.head_weights(h)
         V = V @ problem.target.output_block(h) if through_W_O else V
@@ -85,32 +85,38 @@ def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
         keys = sum(R @ (K.T @ K) @ R.T for R in rotations[:n - 1])   # offsets -(n-1) .. -1: the keys' offsets
         weight = np.linalg.norm(S @ V, 2) ** 2
         factors.append(np.sqrt(weight) * sigma * P @ np.linalg.cholesky(keys + 1e-12 * np.trace(keys) * np.eye(d_k)))
-        self_scores = sigma * P @ K.T                              # offset 0: a query on itself
-        own_form = own_form + weight * (self_scores + self_scores.T) / 2
         spread_map = spread_map + S @ V
-        chosen.append((P, K, b_Q))
-    F = np.concatenate(factors, axis=1)
+        chosen.append((P, K, b_Q, weight))
+    # every form below lives on the span of the heads' query and key factors: eigenvectors there
+    span = np.linalg.qr(np.concatenate([M for P, K, _, _ in chosen for M in (P, K)], axis=1))[0]
+    F = span.T @ np.concatenate(factors, axis=1)
     gram = F @ F.T
+    own_form = sum(weight * sigma * (span.T @ P) @ (K.T @ span) for P, K, _, weight in chosen)
+    own_form = (own_form + own_form.T) / 2                         # offset 0: a query on itself
     scale = np.linalg.norm(gram, 2) / max(np.linalg.norm(own_form, 2), 1e-300)
-    candidates = np.concatenate([np.linalg.eigh(gram - t * scale * own_form)[1][:, -count:] for t in trade_offs],
-                                axis=1).T
-    value_direction = np.linalg.svd(spread_map, full_matrices=False)[0][:, 0]
-    value_form = spread_map @ spread_map.T
+    candidates = (span @ np.concatenate([np.linalg.eigh(gram - t * scale * own_form)[1][:, -count:]
+                                         for t in trade_offs], axis=1)).T
+    left, widths = np.linalg.svd(spread_map, full_matrices=False)[:2]
+    left, widths = left[:, :d_k], widths[:d_k]                     # the values' widest directions
+    value_direction = left[:, 0]
 
     def spreads(tied: np.ndarray, frame: np.ndarray) -> list[np.ndarray]:
         """The values' widest direction orthogonal to the key gradients (exact ties), and nearly tied ones:
-        the top eigenvector of ``S V V^T S - mu sum g g^T`` with ``(g . a')`` a few units for the chart's keys."""
+        the top eigenvector of ``S V V^T S - mu sum g g^T`` with ``(g . a')`` a few units for the chart's keys
+        (on the span of the values' widest directions and the gradients)."""
         exact = value_direction - frame @ (frame.T @ value_direction)
         out = [exact / max(np.linalg.norm(exact), 1e-300)]
-        gradients = tied.T @ tied
+        basis = np.linalg.qr(np.concatenate([left, tied.T], axis=1))[0]
+        values = (basis.T @ left) * widths
+        value_form, gradients = values @ values.T, (tied @ basis).T @ (tied @ basis)
         unit = np.linalg.norm(value_form, 2) / max(np.linalg.norm(gradients, 2), 1e-300)
         for mu in penalties:
-            out.append(np.linalg.eigh(value_form - mu * unit * gradients)[1][:, -1])
+            out.append(basis @ np.linalg.eigh(value_form - mu * unit * gradients)[1][:, -1])
         return out
 
     def tie(b: np.ndarray, margin: float) -> tuple[np.ndarray, np.ndarray]:
         tied, own = [], []
-        for P, K, b_Q in chosen:
+        for P, K, b_Q, _ in chosen:
             query = sigma * (b @ P + b_Q)                          # g_Delta = query R_Delta K^T
             gradients = np.array([query @ R @ K.T for R in rotations])
             tied.append(gradients[:n - 1])
@@ -119,8 +125,8 @@ def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
         mid = np.linalg.lstsq(tied, np.array(own) + margin, rcond=None)[0]
         return mid * min(1.0, 0.95 / max(np.linalg.norm(mid), 1e-300)), tied
 
-    predicted = [np.linalg.norm(F.T @ b) * math.sqrt(max(1 - np.linalg.norm(tie(b, margins[0])[0]) ** 2, 0.0))
-                 for b in candidates]
+    predicted = [np.linalg.norm(F.T @ (span.T @ b)) * math.sqrt(max(1 - np.linalg.norm(tie(b, margins[0])[0]) ** 2,
+                                                                    0.0)) for b in candidates]
     out = []
     for k in np.argsort(predicted)[::-1][:count]:
         b = candidates[k]
