@@ -138,7 +138,7 @@ def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
                 U = np.zeros((n, problem.width))
                 U[0], U[1], U[2:] = mid + half, mid - half, b
                 out.append(U)
-    return problem.from_unit(np.array(out) * (1 - 1e-6))
+    return problem.retract(problem.from_unit(np.array(out)), 1 - 1e-6)
 
 
 def _rotary_starts(problem, rng, deadline, work: float):
@@ -150,7 +150,7 @@ def _rotary_starts(problem, rng, deadline, work: float):
     if problem.n >= 3:
         order = _head_order(problem)
         for heads in [[h] for h in order[:3]] + ([order] if len(order) > 1 else []):
-            pool.append((problem.retract(rotary_tied_keys(problem, heads)), "rotary-tied"))
+            pool.append((rotary_tied_keys(problem, heads), "rotary-tied"))
     return pool + self_starts(problem, rng, deadline, work, rotations=lambda head: proxy_rotations(head, problem.n))
 
 
