@@ -12,7 +12,9 @@ continuation starts only):
   (:meth:`~lipbound.numeric.kernels.Rotary.relative_rotation`): the dot-product starts of every head
   with the proxies ``W_Q R_Delta`` of the offset whose ``||A_Delta||`` is largest and of the middle
   offset (no one matrix is exact, since each query sees its keys at its own offsets: the polish then
-  climbs on the rotary map itself);
+  climbs on the rotary map itself), and two keys tied for every query at all of its offsets at once
+  (:func:`rotary_tied_keys`: the ties are linear in the keys), for the largest heads one by one and for
+  all heads together;
 * :class:`~lipbound.numeric.kernels.QKNorm` -- the scores are 0-homogeneous in q and k up to the
   regulariser, so their derivatives grow like ``1 / ||k||`` (``1 / ||q||``): one token near the
   affine null set ``x W_K + b_K = 0`` of the keys at the first position, which every query sees
@@ -29,6 +31,7 @@ import math
 import numpy as np
 
 from ..kernels import CustomKernel, DotProduct, FeatureMap, L2Distance, QKNorm, Rotary, ScaledCosine, Sigmoid
+from ..kernels.scores import scale_of
 from ..offsets import HeadRows
 from .starts import cross_starts, self_starts
 
@@ -74,7 +77,7 @@ def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
     itself high needs a long ``mid``."""
     engine, n, S = problem.engine, problem.n, problem.context.root
     kernel, d_k = engine.kernel, engine.d_k
-    sigma = 1.0 / math.sqrt(d_k) if kernel.scale is None else float(kernel.scale)
+    sigma = scale_of(kernel.scale, d_k)
     rotations = [kernel.relative_rotation(d_k, delta) for delta in range(-(n - 1), 1)]
     through_W_O = getattr(problem.target, "W_O", None) is not None
     factors, spread_map, chosen = [], 0.0, []
