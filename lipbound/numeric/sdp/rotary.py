@@ -45,6 +45,16 @@ carry over.  What does (each step holds at every X of ``D^n``):
    ``|z_j| <= beta ||e_j||`` with ``beta = max_Delta sup_{x in D} ||Pi (A_Delta^T x + u_Delta)||``, and ``Var delta <=
    rho^2 cap(p_ij)`` for every j (step 3 of :mod:`.head`).  So ``||cov_i||^2 <= rho^2 beta^2 sum_j nu(p_ij)
    ||e_j||^2``, ``nu(p) = 2 p (1 - p) cap(p) <= 1/2``.
+
+   2b. *Key term by columns* (no centre, no query bias: ``g_ij = A_Delta^T M w_i``).  Keep ``z_j`` in the row bound,
+   ``||cov_i||^2 <= rho^2 sum_j nu_i (e_j . g_ij)^2`` (``nu_i`` the largest ``nu(p)`` over row i's weight range), and
+   bound ``(e_j . g_ij)^2 = (w_i . M^T A_Delta Pi e_j)^2 <= r^2 e_j^T Pi A_Delta^T M M^T A_Delta Pi e_j``.  Summed over
+   the rows, ``sum_i ||cov_i||^2 <= rho^2 r^2 sum_j e_j^T K_j e_j``, ``K_j = sum_{i: j in V_i} nu_i Pi A_{j-i}^T M M^T
+   A_{j-i} Pi``: a key is read by every row at that row's own offset, and the rotations spread the rows' worst
+   directions apart.  So the key term is at most ``rho r max_j lambda_max(K_j)^(1/2)``, never above step 2's
+   ``rho beta kappa_cov^(1/2)`` (``lambda_max`` of a sum is at most the sum of the ``lambda_max``).  ``lambda_max(K_j) =
+   ||X Y||^2`` with ``X = Pi W_K`` and ``Y Y^T = sigma^2 sum_i nu_i R_Delta^T W_Q^T M M^T W_Q R_Delta``, certified from
+   the two ``d_k x d_k`` Gram matrices.
 3. *Mean term.*  ``||mean_i|| <= L u_i``, ``u_i^2 = sum_j p_ij ||e_j||^2``, ``L = ||Pi V||`` (Jensen).
 4. *Weight ranges.*  With x_i fixed, ``s_ij = (M^T g_ij) . w_j + sigma q_i^T R_Delta k_c`` (``k_c = W_K^T c +
    b_K``), so the scores of a row spread by at most ``2 r max_Delta sup_x ||M^T (A_Delta^T x + u_Delta)|| +
@@ -54,7 +64,9 @@ carry over.  What does (each step holds at every X of ``D^n``):
 5. *Sums.*  ``||Df_i[E]|| <= b_i eps_i + L u_i + rho beta (sum_j nu_ij eps_j^2)^(1/2)`` (``eps_i = ||e_i||``,
    ``b_i = 0`` for a row with one key).  Summed over rows by Minkowski, with column sums ``kappa = max_j
    sum_{i: j in V_i} pbar_i`` and ``kappa_cov = max_j sum_{i : j in V_i} max nu_i``:
-   ``Lip(f) <= b + L kappa^(1/2) + rho beta kappa_cov^(1/2)``; row by row (step 9 of :mod:`.head`, whose
+   ``Lip(f) <= b + L kappa^(1/2) + k``, ``k`` the smaller of ``rho beta kappa_cov^(1/2)`` and step 2b's
+   ``rho r max_j lambda_max(K_j)^(1/2)`` (Minkowski needs only the norm of the vector of the rows' key parts,
+   which each bounds); row by row (step 9 of :mod:`.head`, whose
    argument uses only the bound of each row): ``Lip(f)^2 <= b^2 + (alpha + (alpha^2 + beta'^2)^(1/2)) / 2``.
 
 On a dot product without a window, bias or soft-cap the joint constants of :mod:`.head` are sharper and are
@@ -363,6 +375,46 @@ class PositionalHeadBounds:
         cap = (lambda p: 1 if upper(p) <= 0.5 else 4 * p * (1 - p)) if with_cap else (lambda p: 1)
         return max_on_weights(*self.weight_range(i), lambda p: 2 * p * (1 - p) * cap(p), IV.mpf(1) / 2)
 
+    @cached_property
+    def column_key(self) -> CertifiedValue | None:
+        """``r max_j lambda_max(K_j)^(1/2)``, ``K_j = sum_{i: j in V_i} nu_i Pi A_{j-i}^T M M^T A_{j-i} Pi`` (step 2b of
+        the module docstring), certified from ``d_k x d_k`` Gram matrices; None with a centre or a query bias."""
+        head = self.head
+        if self._centred(head.W_Q, head.b_Q) is not None:
+            return None
+        started = time.perf_counter()
+        rows, queries = self.rows, self._gram("queries_shaped")
+        nus = [float(upper(self.row_nu(i))) for i in range(rows.n)]
+        largest = 0.0
+        for j in range(rows.n):
+            seen = [i for i in range(rows.n) if rows.visible[i, j] and nus[i] > 0]
+            if not seen:
+                continue
+            forms = [(self.rotations[j - i].T @ queries @ self.rotations[j - i]).scale(nus[i]) for i in seen]
+            total = forms[0]
+            for form in forms[1:]:
+                total = total + form
+            largest = max(largest, gram_norm_upper(self._gram("key_left"), total.sym()))
+        if not math.isfinite(largest):
+            return None
+        value = upper(interval(self.r) * interval(largest))
+        return sdp_value("column key gain", value, True, {}, "norm", time.perf_counter() - started, "certified",
+                         "r max_j lambda_max(sum_i nu_i Pi A_{j-i}^T M M^T A_{j-i} Pi)^(1/2), i the rows seeing key j")
+
+    @property
+    def key_term(self):
+        """The key term of the Minkowski sum: the smaller of ``rho beta kappa_cov^(1/2)`` (step 2) and ``rho`` times
+        the column key gain (step 2b), an interval."""
+        rows = self.rows
+        plain = self.spread * IV.mpf(self.key_gain.value) * IV.sqrt(rows.column_sum([self.row_nu(i)
+                                                                                      for i in range(rows.n)]))
+        column = self.column_key
+        if column is not None and column.certified:
+            coupled = self.spread * IV.mpf(column.value)
+            if upper(coupled) < upper(plain):
+                return coupled
+        return plain
+
     @property
     def certified(self) -> bool:
         return all(v.certified for v in (self.query_gain, self.key_gain, self.score_gain))
@@ -388,7 +440,8 @@ class PositionalHeadBounds:
         kappa = rows.column_sum([IV.mpf(upper(self.weight_range(i)[1])) for i in range(rows.n)])
         nus = [self.row_nu(i) for i in range(rows.n)]
         return {"b": b, "L": self.value_norm, "rho_beta": self.spread * IV.mpf(self.key_gain.value),
-                "kappa": kappa, "kappa_cov": rows.column_sum(nus), "nu_max": max(nus, key=upper), "several": several}
+                "kappa": kappa, "kappa_cov": rows.column_sum(nus), "nu_max": max(nus, key=upper), "several": several,
+                "key": self.key_term}
 
 
 def positional_bound(head: Head, domain, n: int, *, output=None, bounds: PositionalHeadBounds | None = None,
@@ -404,10 +457,10 @@ def positional_bound(head: Head, domain, n: int, *, output=None, bounds: Positio
                          _PROVENANCE, reason=f"{failed.name}: {failed.reason}")
     terms = bounds.terms()
     b, L, rho_beta = terms["b"], terms["L"], terms["rho_beta"]
-    minkowski = b + L * IV.sqrt(terms["kappa"]) + rho_beta * IV.sqrt(terms["kappa_cov"])
+    minkowski = b + L * IV.sqrt(terms["kappa"]) + terms["key"]
     total = minkowski
     certificate.update(b=upper(b), L=upper(L), rho_beta=upper(rho_beta), kappa=upper(terms["kappa"]),
-                       kappa_cov=upper(terms["kappa_cov"]), minkowski=upper(minkowski),
+                       kappa_cov=upper(terms["kappa_cov"]), key=upper(terms["key"]), minkowski=upper(minkowski),
                        query_gain=bounds.query_gain.value, key_gain=bounds.key_gain.value,
                        score_gain=bounds.score_gain.value, omega=upper(max(bounds.omegas, key=upper)))
     cap = terms["nu_max"]

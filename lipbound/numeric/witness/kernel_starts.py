@@ -12,7 +12,9 @@ continuation starts only):
   (:meth:`~lipbound.numeric.kernels.Rotary.relative_rotation`): the dot-product starts of every head
   with the proxies ``W_Q R_Delta`` of the offset whose ``||A_Delta||`` is largest and of the middle
   offset (no one matrix is exact, since each query sees its keys at its own offsets: the polish then
-  climbs on the rotary map itself);
+  climbs on the rotary map itself), and two keys tied for every query at all of its offsets at once
+  (:func:`rotary_tied_keys`: the ties are linear in the keys), for the largest heads one by one and for
+  all heads together;
 * :class:`~lipbound.numeric.kernels.QKNorm` -- the scores are 0-homogeneous in q and k up to the
   regulariser, so their derivatives grow like ``1 / ||k||`` (``1 / ||q||``): one token near the
   affine null set ``x W_K + b_K = 0`` of the keys at the first position, which every query sees
@@ -29,6 +31,7 @@ import math
 import numpy as np
 
 from ..kernels import CustomKernel, DotProduct, FeatureMap, L2Distance, QKNorm, Rotary, ScaledCosine, Sigmoid
+from ..kernels.scores import scale_of
 from ..offsets import HeadRows
 from .starts import cross_starts, self_starts
 
@@ -58,11 +61,100 @@ def proxy_rotations(head, n: int) -> list[np.ndarray]:
     return [rotations[o] for o in dict.fromkeys([largest, offsets[len(offsets) // 2]])]
 
 
+def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
+                     trade_offs=(0.0, 0.25, 1.0, 4.0, 16.0), penalties=(4.0, 16.0, 64.0)) -> np.ndarray:
+    """Chart inputs (b, n, width) of self-attention where the first two tokens are keys tied, at every offset at
+    once and for every head in ``heads``, for the queries 2..n-1 of a rotary head or layer (module docstring).
+
+    Every query sits at the chart point b, the keys at ``mid +- a'``: ``mid`` the least-norm point whose scores
+    ``(b S A^h_Delta S) . mid`` all equal head h's largest score of a query on a query plus a margin, ``a'`` the
+    widest direction of the summed value map ``a S sum_h V_h`` (``V_h W_O^h`` in a layer) made orthogonal to every
+    key gradient, so that the two keys tie exactly for every query and head (when the ``(n - 1) |heads|`` key
+    gradients are independent: they lie in the span of the heads' key projections).  The keys' part of the Jacobian is
+    about ``||F^T b|| (1 - ||mid||^2)^(1/2)``, ``F F^T = sum_h ||S V_h||^2 sum_Delta S A^h_Delta S S A^hT_Delta S`` over
+    the keys' offsets; b is the best ``count`` of the top eigenvectors of ``F F^T - t H`` (``H`` the symmetric part
+    of the queries' own score forms, t over ``trade_offs`` scaled to the two matrices): a query that scores
+    itself high needs a long ``mid``."""
+    engine, n, S = problem.engine, problem.n, problem.context.root
+    kernel, d_k = engine.kernel, engine.d_k
+    sigma = scale_of(kernel.scale, d_k)
+    rotations = [kernel.relative_rotation(d_k, delta) for delta in range(-(n - 1), 1)]
+    through_W_O = getattr(problem.target, "W_O", None) is not None
+    factors, spread_map, chosen = [], 0.0, []
+    for h in heads:
+        W_Q, W_K, V, b_Q, _, _ = engine.head_weights(h)
+        V = V @ problem.target.output_block(h) if through_W_O else V
+        P, K = S @ W_Q, S @ W_K                                    # the chart's query and key factors
+        keys = sum(R @ (K.T @ K) @ R.T for R in rotations[:n - 1])   # offsets -(n-1) .. -1: the keys' offsets
+        weight = np.linalg.norm(S @ V, 2) ** 2
+        factors.append(np.sqrt(weight) * sigma * P @ np.linalg.cholesky(keys + 1e-12 * np.trace(keys) * np.eye(d_k)))
+        spread_map = spread_map + S @ V
+        chosen.append((P, K, b_Q, weight))
+    # every form below lives on the span of the heads' query and key factors: eigenvectors there
+    span = np.linalg.qr(np.concatenate([M for P, K, _, _ in chosen for M in (P, K)], axis=1))[0]
+    F = span.T @ np.concatenate(factors, axis=1)
+    gram = F @ F.T
+    own_form = sum(weight * sigma * (span.T @ P) @ (K.T @ span) for P, K, _, weight in chosen)
+    own_form = (own_form + own_form.T) / 2                         # offset 0: a query on itself
+    scale = np.linalg.norm(gram, 2) / max(np.linalg.norm(own_form, 2), 1e-300)
+    candidates = (span @ np.concatenate([np.linalg.eigh(gram - t * scale * own_form)[1][:, -count:]
+                                         for t in trade_offs], axis=1)).T
+    left, widths = np.linalg.svd(spread_map, full_matrices=False)[:2]
+    left, widths = left[:, :d_k], widths[:d_k]                     # the values' widest directions
+    value_direction = left[:, 0]
+
+    def spreads(tied: np.ndarray, frame: np.ndarray) -> list[np.ndarray]:
+        """The values' widest direction orthogonal to the key gradients (exact ties), and nearly tied ones:
+        the top eigenvector of ``S V V^T S - mu sum g g^T`` with ``(g . a')`` a few units for the chart's keys
+        (on the span of the values' widest directions and the gradients)."""
+        exact = value_direction - frame @ (frame.T @ value_direction)
+        out = [exact / max(np.linalg.norm(exact), 1e-300)]
+        basis = np.linalg.qr(np.concatenate([left, tied.T], axis=1))[0]
+        values = (basis.T @ left) * widths
+        value_form, gradients = values @ values.T, (tied @ basis).T @ (tied @ basis)
+        unit = np.linalg.norm(value_form, 2) / max(np.linalg.norm(gradients, 2), 1e-300)
+        for mu in penalties:
+            out.append(basis @ np.linalg.eigh(value_form - mu * unit * gradients)[1][:, -1])
+        return out
+
+    def tie(b: np.ndarray, margin: float) -> tuple[np.ndarray, np.ndarray]:
+        tied, own = [], []
+        for P, K, b_Q, _ in chosen:
+            query = sigma * (b @ P + b_Q)                          # g_Delta = query R_Delta K^T
+            gradients = np.array([query @ R @ K.T for R in rotations])
+            tied.append(gradients[:n - 1])
+            own += [max(gradients[n - 1 + delta] @ b for delta in range(-(n - 3), 1))] * (n - 1)
+        tied = np.concatenate(tied)
+        mid = np.linalg.lstsq(tied, np.array(own) + margin, rcond=None)[0]
+        return mid * min(1.0, 0.95 / max(np.linalg.norm(mid), 1e-300)), tied
+
+    predicted = [np.linalg.norm(F.T @ (span.T @ b)) * math.sqrt(max(1 - np.linalg.norm(tie(b, margins[0])[0]) ** 2,
+                                                                    0.0)) for b in candidates]
+    out = []
+    for k in np.argsort(predicted)[::-1][:count]:
+        b = candidates[k]
+        for margin in margins:
+            mid, tied = tie(b, margin)
+            frame = np.linalg.svd(tied.T, full_matrices=False)[0]
+            for spread in spreads(tied, frame):
+                half = math.sqrt(max(1.0 - mid @ mid, 0.0)) * spread
+                U = np.zeros((n, problem.width))
+                U[0], U[1], U[2:] = mid + half, mid - half, b
+                out.append(U)
+    return problem.retract(problem.from_unit(np.array(out)), 1 - 1e-6)
+
+
 def _rotary_starts(problem, rng, deadline, work: float):
-    """The dot-product starts of every head with its proxies ``W_Q R_Delta`` (module docstring); self-attention."""
+    """The dot-product starts of every head with its proxies ``W_Q R_Delta``, and two keys tied at every offset
+    (:func:`rotary_tied_keys`) for the largest heads (module docstring); self-attention."""
     if problem.cross:
         return []
-    return self_starts(problem, rng, deadline, work, rotations=lambda head: proxy_rotations(head, problem.n))
+    pool = []
+    if problem.n >= 3:
+        order = _head_order(problem)
+        for heads in [[h] for h in order[:3]] + ([order] if len(order) > 1 else []):
+            pool.append((rotary_tied_keys(problem, heads), "rotary-tied"))
+    return pool + self_starts(problem, rng, deadline, work, rotations=lambda head: proxy_rotations(head, problem.n))
 
 
 def _qk_norm_starts(problem, rng, deadline, work: float):
