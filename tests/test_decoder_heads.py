@@ -259,6 +259,11 @@ def test_the_coupled_query_term_is_the_joint_gain_without_rotation():
     assert bounds.query_coupled.value <= sampled * 1.02
 
 
+def _rotate(u: np.ndarray, position: int, base: float, dims: int, pairing: str) -> np.ndarray:
+    """RoPE of one vector at one position, by the reference forward."""
+    return reference.rope(np.asarray(u, dtype=float)[None], base, pairing, dims, [position])[0]
+
+
 def _key_part(head: Head, X: np.ndarray) -> np.ndarray:
     """The key term of the Jacobian as a matrix (n d_v, n d): token j moves only as a key of the scores,
     ``ds_ij = sigma (R_{p_i} q_i) . (R_{p_j} W_K^T e_j)`` (the rotations written here),
