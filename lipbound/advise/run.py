@@ -292,7 +292,7 @@ def advise(inputs: Inputs, *, n: int = 8, local_sentences: int = 1, eps_fraction
                          describe=lambda k: _describe(tasks[k]))
         failed = next((d["error"] for d in done if d["error"]), None)
         if failed:
-            raise AssumptionError("model", "a model the routes of verify --whole certify", failed,
+            raise AssumptionError("model", "a model every whole-model route certifies", failed,
                                   "check the model with `lipbound verify MODEL --whole`")
         seconds: dict = {}
         for task, d in zip(tasks, done):

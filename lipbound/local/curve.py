@@ -66,7 +66,7 @@ from .chains import (
 )
 from .curvature import CURVATURE_TOKENS, AttentionCurvature, CurvatureIntegral, decade_grid
 from .front import FrontSplit
-from .relational import RelationalRoute
+from .relational import RELATIONAL_WORTH, RelationalRoute
 from .tail import BlockTail, TokenTail
 
 __all__ = ["CurvePoint", "LipschitzCurve", "lipschitz_curve", "DENSE_LIMIT", "CHAIN_DENSE_LIMIT", "FLOAT_ALLOWANCE"]
@@ -386,7 +386,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
             variation = min(variation, tail.variation(first.points[index], M, V, N_blocks, ball_radii, centre.rounding))
         if curvature is not None:
             variation = min(variation, curvature.variation(hood, variation))
-            if relational is not None:
+            if relational is not None and variation > RELATIONAL_WORTH * N_dense:
                 variation = min(variation, relational.variation(curvature, hood, min(variation, useful)))
         if front is not None and hood.eps > 0:
             theta = (_frobenius_factor(hood, n) * IntervalArray(hood.eps)).hi.item()

@@ -85,6 +85,9 @@ def frobenius_scores(E: EnclosedAttention, eps: float) -> IntervalArray:
 #: radius, so the sum pays the width of each step at its right end (MiniLM layer 0, shortest sentence, 1e-2 R:
 #: 109.5 with 6 per decade, 89.2 with 12, 79.5 with 24; about 0.1 CPU s per radius at n = 8).
 RELATIONAL_STEPS = 24
+#: the route runs where the variation found so far exceeds this fraction of ``||DF(X)||``: below it the certified
+#: value is within that fraction of its floor, and the route's grid costs about four curvature bounds per radius
+RELATIONAL_WORTH = 0.25
 
 
 def relational_grid(eps: float) -> list[float]:
