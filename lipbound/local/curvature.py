@@ -412,11 +412,12 @@ class CurvatureIntegral:
         return self._chis[key]
 
     def integral(self, steps, factor, other: float = math.inf) -> float:
-        """``factor sum_k width_k chi(P(radii_k))`` over ``steps`` ``(width_k, radii_k)`` (radii growing); inf as soon
-        as the partial sum exceeds ``other`` (the rest only adds) or a chi is not finite."""
+        """``factor sum_k width_k chi(P(radii_k))`` over ``steps`` ``(width_k, radii_k)`` (radii growing), or
+        ``(width_k, radii_k, overrides_k, key_k)`` where more is known on the step's balls (:meth:`chis`); inf as
+        soon as the partial sum exceeds ``other`` (the rest only adds) or a chi is not finite."""
         total, factor = IntervalArray(0.0), as_interval_array(factor)
-        for width, radii in steps:
-            chis = self.chis(radii)
+        for width, radii, *known in steps:
+            chis = self.chis(radii, *known)
             if not all(math.isfinite(chi) for chi in chis):
                 return math.inf
             total = total + IntervalArray(self.curvature.piece(chis, width))

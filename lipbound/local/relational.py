@@ -160,8 +160,7 @@ class RelationalAttention:
         p_hi, p_lo = _softmax_range(S.hull(), masses)     # on the form's whole score box (the mean value form's need)
         P, box = S.softmax(IntervalArray(p_lo, np.maximum(p_lo, p_hi)))
         q_hi, q_lo = _softmax_range(self.scores, masses)  # on the scores of U only: the weights' values
-        low = np.maximum(box.lo, q_lo)
-        weights = IntervalArray(low, np.maximum(low, np.minimum(box.hi, q_hi)))
+        weights = _meet(box, IntervalArray(q_lo, np.maximum(q_lo, q_hi)))
         F = P.within(weights).mix(V, weights)
         merged = F.swapaxes(-2, -3).reshape(U.shape[0], engine.H * engine.d_v)
         return weights, merged.linear(engine.W_O, engine.b_O) + U
@@ -242,19 +241,7 @@ class RelationalRoute:
         :func:`relational_grid`; inf where the route does not cover ``hood`` or the partial sum passes ``other``."""
         if not covers(self.component.target, hood):
             return math.inf
-        total, previous = IntervalArray(0.0), 0.0
-        for t in relational_grid(hood.eps):
-            width = (IntervalArray(t) - IntervalArray(previous)).hi.item()
-            previous = t
-            radii = Neighbourhood(hood.ball, t, hood.positions).balls(self.X).radii
-            try:
-                scores = self.scores(t)
-            except NotCertifiedError:
-                return math.inf
-            chis = curvature.integral.chis(radii, overrides={"scores": scores}, key="relational")
-            if not all(math.isfinite(chi) for chi in chis):
-                return math.inf
-            total = total + IntervalArray(curvature.curvature.piece(chis, width))
-            if (total * curvature.frobenius).hi.item() > other:
-                return math.inf
-        return (total * curvature.frobenius).hi.item()
+        try:
+            return curvature.variation(hood, other, grid=relational_grid, scores=self.scores)
+        except NotCertifiedError:
+            return math.inf
