@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lipbound.errors import AssumptionError
-from lipbound.local.candidates import candidate_passes, narrow_gelu
+from lipbound.local.candidates import candidate_passes
 from lipbound.local.propagate import (
     coupling_bound,
     embedding_enclosure,
@@ -23,7 +23,7 @@ from lipbound.measures.edits import edit_set
 from lipbound.measures.empirical import EmpiricalMeasure
 from lipbound.measures.wasserstein import w1
 from lipbound.numeric.forward import attention_block, hidden_states
-from lipbound.rigorous.arrays import IntervalArray
+from lipbound.rigorous.arrays import IntervalArray, gelu
 
 IDS = [0, 3, 4, 5, 6, 7, 1]
 SLOT = 2
@@ -117,9 +117,9 @@ def test_a_layer_the_passes_do_not_cover_is_refused():
 
 @settings(max_examples=40, deadline=None)
 @given(st.floats(-9, 9), st.floats(0, 1e-3), st.floats(0, 1))
-def test_narrow_gelu_encloses_the_exact_gelu(center, radius, where):
+def test_gelu_with_its_global_slope_range_encloses_the_exact_gelu(center, radius, where):
     box = IntervalArray(np.array([center - radius]), np.array([center + radius]))
-    enclosed = narrow_gelu(box)
+    enclosed = gelu(box, global_slopes=True)
     x = mpmath.mpf(center - radius) + mpmath.mpf(where) * 2 * mpmath.mpf(radius)
     with mpmath.workdps(40):
         exact = x * mpmath.ncdf(x)

@@ -28,12 +28,10 @@ import numpy as np
 from ..errors import AssumptionError, NotCertifiedError
 from ..numeric.attention import AttentionMap
 from ..numeric.model import Model
-from ..rigorous.arrays import IntervalArray
-from ..rigorous.elementwise import gelu_slope_extrema, normal_cdf_bounds
+from ..rigorous.arrays import IntervalArray, gelu
 from .enclosed import EnclosedNorm, inverse_sqrt, softmax
 
-__all__ = ["CandidatePasses", "candidate_passes", "attention_block", "feedforward_stage", "narrow_gelu",
-           "MOST_SENTENCES"]
+__all__ = ["CandidatePasses", "candidate_passes", "attention_block", "feedforward_stage", "MOST_SENTENCES"]
 
 #: The most edited sentences one set's passes evaluate (about 10 CPU-ms each for two layers at n = 8-9).
 MOST_SENTENCES = 1 << 17
@@ -67,16 +65,6 @@ class CandidatePasses:
         return float(np.max(self.bounds[layer])) if layer in self.bounds else float("nan")
 
 
-def narrow_gelu(x: IntervalArray) -> IntervalArray:
-    """``GELU`` over narrow intervals in mean-value form with the global slope range:
-    ``GELU([x]) in m Phi(m) + [min GELU', max GELU'] ([x] - m)`` (Hendrycks and Gimpel 2016), one rigorous
-    normal CDF per entry (the slope range's width costs only the interval's own width)."""
-    mid = x.mid
-    at_mid = IntervalArray(mid) * IntervalArray(*normal_cdf_bounds(mid))
-    (bottom, _), (_, top), _ = gelu_slope_extrema()
-    return at_mid + IntervalArray(np.array(bottom), np.array(top)) * (x - IntervalArray(mid))
-
-
 def attention_block(layer, X: IntervalArray) -> IntervalArray:
     """``X + MHA(X)`` of a batch of sentences (B, n, d), enclosed (an unmasked dot-product layer)."""
     engine = AttentionMap(layer)
@@ -91,10 +79,10 @@ def attention_block(layer, X: IntervalArray) -> IntervalArray:
 
 def feedforward_stage(item, Z: IntervalArray) -> IntervalArray:
     """From attention block outputs (.., d) to the next layer's inputs: LayerNorm, ``y + GELU(y W_1 + b_1) W_2
-    + b_2``, LayerNorm, enclosed (:func:`narrow_gelu` for the activation)."""
+    + b_2``, LayerNorm, enclosed (GELU with its global slope range: :func:`~lipbound.rigorous.arrays.gelu`)."""
     Y = EnclosedNorm(item.ln_out, Z).output
     ffn = item.ffn
-    hidden = narrow_gelu(Y.matmul(ffn.W_1) + IntervalArray(ffn.b_1))
+    hidden = gelu(Y.matmul(ffn.W_1) + IntervalArray(ffn.b_1), global_slopes=True)
     return EnclosedNorm(item.ffn_norm, Y + hidden.matmul(ffn.W_2) + IntervalArray(ffn.b_2)).output
 
 
