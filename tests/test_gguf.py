@@ -11,7 +11,7 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
-from decoder_checkpoints import SMOLLM, write_gguf
+from decoder_checkpoints import SMOLLM, SMOLLM_GROUP, write_gguf
 from gguf.quants import _type_traits, quantize
 
 from lipbound.errors import WeightsError
@@ -26,6 +26,7 @@ def smollm():
     return GGUFSource(SMOLLM)
 
 
+@SMOLLM_GROUP
 def test_smollm_metadata_as_config(smollm):
     config = gguf_config(smollm)
     assert config == {"model_type": "llama", "num_hidden_layers": 30, "max_position_embeddings": 8192,
@@ -36,6 +37,7 @@ def test_smollm_metadata_as_config(smollm):
     assert smollm.metadata["tensor_types"] == "F32: 61, Q4_1: 210, Q8_0: 1"
 
 
+@SMOLLM_GROUP
 def test_smollm_tensors_dequantised_in_torch_orientation(smollm):
     assert smollm.shape("token_embd.weight") == (49152, 576)
     assert smollm.shape("blk.0.attn_k.weight") == (192, 576)  # (out, in): 3 KV heads of 64

