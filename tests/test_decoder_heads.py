@@ -170,7 +170,7 @@ def test_certified_bounds_of_decoder_heads_and_layers_hold_against_an_independen
         if positional_scope(target):
             assert {b.name for b in certified} >= ({"matrix-aware"} if isinstance(target, Head)
                                                    else {"matrix-aware", "joint"})
-        witness = search_witness(target, domain=domain, n=n, budget_seconds=0.6, seed=case["seed"] % 1000)
+        witness = search_witness(target, domain=domain, n=n, budget_seconds=0.3, seed=case["seed"] % 1000)
         at_witness = reference_norm(target, witness.X)
         found = max([at_witness] + [reference_norm(target, X) for X in _points(rng, domain, n, case["d"], 3)])
         np.testing.assert_allclose(at_witness, witness.value, rtol=2e-4, atol=1e-8)

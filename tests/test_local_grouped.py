@@ -83,7 +83,7 @@ def test_curve_beyond_the_dense_limit_takes_the_groups(monkeypatch):
     the dense value, far below the products of per-token block norms, and the curve still holds."""
     from lipbound.measures.bert import load_text_model
     bert = load_text_model()
-    X = bert.hidden_states(bert.encode("The cat slept all afternoon."))[0]
+    X = bert.hidden_states(bert.encode("Cats slept."))[0]
     dense = lipschitz_curve(bert.model, X, kind="layer", eps=(0.0,))
     monkeypatch.setattr(curve_module, "DENSE_LIMIT", 0)
     monkeypatch.setattr(curve_module.grouped, "GROUP_WIDTH", 4 * X.shape[1])
