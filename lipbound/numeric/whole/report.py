@@ -370,5 +370,7 @@ def _statement(bound: dict, factors: dict) -> str:
                 + ", ".join(f"{e:g}" for e in bound["eps"]) + ") are attained only at tokens of (nearly) zero "
                 "variance or mean square, which the residual stream of a trained model never is, and nothing "
                 "certifies a floor for what a norm reads inside the model")
-    return (f"ASTRONOMICALLY LOOSE: the certified bound is {orders:.1f} orders of magnitude above the witness; "
+    # rounded down, as the printed gap (1e+...) is rounded up: the two never contradict each other
+    return (f"ASTRONOMICALLY LOOSE: the certified bound is more than {math.floor(orders * 10) / 10:.1f} orders of "
+            "magnitude above the witness; "
             f"{why}.  The truth lies between the witness and the bound.")
