@@ -372,3 +372,58 @@ def test_heads_no_theorem_covers_are_refused():
     with pytest.raises(AssumptionError, match="1/sqrt"):
         head_bounds(odd_scale, TokenBall(1.0), 3)
     assert not positional_scope(odd_scale)
+
+
+def test_the_row_split_bounds_every_split_of_a_unit_tangent_and_is_below_the_minkowski_sum():
+    """Step 6 of :mod:`lipbound.numeric.sdp.rotary` as an inequality on numbers: for row bounds ``b_i eps_i`` (0 for
+    row 0, one key) and ``(sum_j W_ij eps_j^2)^(1/2)`` over the keys a causal row sees, ``sum_i (b_i eps_i + (sum_j
+    W_ij eps_j^2)^(1/2))^2`` over unit vectors (random, and on one or two tokens) stays below the square of the split
+    bound at the splits :func:`split_rows` finds, which is below the Minkowski sum ``b + max_j (sum_i W_ij)^(1/2)``."""
+    from lipbound.numeric.sdp.rotary import coupled_rows, row_factors, split_rows
+    from lipbound.rigorous.intervals import IV, interval
+
+    rng = np.random.default_rng(5)
+    n = 6
+    visible = np.tril(np.ones((n, n), dtype=bool))
+    for _ in range(5):
+        b = float(rng.uniform(0.5, 2.0))
+        W = np.where(visible, rng.uniform(0.0, 1.0, (n, n)), 0.0)
+        W[0] = 0.0                                                          # row 0: one key, no key part
+        has_query = np.arange(n) >= 1
+        t = split_rows(np.where(has_query, b * b, 0.0), W)
+        factors = row_factors(t)
+        columns = [sum((interval(float(W[i, j])) * interval(float(factors[i])) for i in range(n)), IV.mpf(0))
+                   for j in range(n)]
+        value = upper(coupled_rows(interval(b), has_query, t, columns))
+        minkowski = b + math.sqrt(np.max(W.sum(axis=0)))
+        assert value < minkowski
+        units = list(rng.standard_normal((4000, n))) + list(np.eye(n)) + \
+            [np.eye(n)[i] + s * np.eye(n)[j] for i in range(n) for j in range(n) for s in (0.5, 1.0, 2.0)]
+        largest = 0.0
+        for eps in units:
+            eps = eps / np.linalg.norm(eps)
+            rows = np.where(has_query, b * eps, 0.0) + np.sqrt(W @ eps ** 2)
+            largest = max(largest, float(np.sum(rows ** 2)))
+        assert largest <= value ** 2 * (1 + 1e-12), (largest, value ** 2)
+        assert largest > 0.8 * value ** 2                                   # and it is not loose on these
+
+
+def test_the_row_split_holds_against_an_independent_jacobian_of_causal_rotary_heads_and_layers():
+    """A causal rotary head and a grouped-query layer on a ball and on an RMSNorm image: the row split (step 6) is the
+    reported bound, below the Minkowski sum, and above the spectral norm of the Jacobian of the reference forward
+    pass at points of the domain and at lipbound's witness for the layer."""
+    rng = np.random.default_rng(29)
+    d, d_k, n = 5, 4, 5
+    for domain in (TokenBall(1.2), RMSNormOutputs(RMSNorm(rng.uniform(0.2, 1.0, d), 1e-5))):
+        layer = _layer("llama", rng, d, d_k, 4, 2, 1.0)
+        for target in (layer.heads[0],) if isinstance(domain, TokenBall) else (layer.heads[0], layer):
+            bound = positional_bound(target, domain, n) if isinstance(target, Head) else \
+                positional_layer_bound(target, domain, n)
+            certificate = bound.details
+            assert bound.value == pytest.approx(certificate["coupled_rows"], rel=0, abs=0)
+            assert certificate["coupled_rows"] < certificate["minkowski"]
+            points = _points(rng, domain, n, d, 6)
+            if not isinstance(target, Head):
+                points.append(search_witness(target, domain=domain, n=n, budget_seconds=0.3, seed=1).X)
+            found = max(reference_norm(target, X) for X in points)
+            assert found <= bound.value, (found, bound.value)
