@@ -62,7 +62,7 @@ def proxy_rotations(head, n: int) -> list[np.ndarray]:
 
 
 def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
-                     trade_offs=(0.0, 0.25, 1.0, 4.0, 16.0), penalties=(4.0, 16.0, 64.0)) -> np.ndarray:
+                     trade_offs=(0.0, 0.25, 1.0, 4.0, 16.0), penalties=(4.0, 16.0)) -> np.ndarray:
     """Chart inputs (b, n, width) of self-attention where the first two tokens are keys tied, at every offset at
     once and for every head in ``heads``, for the queries 2..n-1 of a rotary head or layer (module docstring).
 
@@ -109,6 +109,9 @@ def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
         (on the span of the values' widest directions and the gradients)."""
         exact = value_direction - frame @ (frame.T @ value_direction)
         out = [exact / max(np.linalg.norm(exact), 1e-300)]
+        # the widest value direction among those orthogonal to every key gradient (not the projection of the
+        # widest one): the top left singular vector of the value map with the gradients' span taken out
+        out.append(np.linalg.svd(spread_map - frame @ (frame.T @ spread_map), full_matrices=False)[0][:, 0])
         basis = np.linalg.qr(np.concatenate([left, tied.T], axis=1))[0]
         values = (basis.T @ left) * widths
         value_form, gradients = values @ values.T, (tied @ basis).T @ (tied @ basis)
