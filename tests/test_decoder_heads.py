@@ -427,3 +427,26 @@ def test_the_row_split_holds_against_an_independent_jacobian_of_causal_rotary_he
                 points.append(search_witness(target, domain=domain, n=n, budget_seconds=0.3, seed=1).X)
             found = max(reference_norm(target, X) for X in points)
             assert found <= bound.value, (found, bound.value)
+
+
+def test_rotary_self_tied_starts_tie_token_one_between_key_zero_and_itself():
+    """The self-tied witness start (:func:`~lipbound.numeric.witness.kernel_starts.rotary_self_tied`): inside the
+    domain, and query 1 scores key 0 and itself equally (scores computed here with the reference rotations), for a
+    head and for a head of a layer (values through ``W_O``)."""
+    from lipbound.numeric.witness.kernel_starts import rotary_self_tied
+
+    rng = np.random.default_rng(31)
+    d, d_k, n = 6, 4, 4
+    layer = _layer("llama", rng, d, d_k, 2, 1, 1.0)
+    domain = RMSNormOutputs(RMSNorm(rng.uniform(0.2, 1.0, d), 1e-5))
+    for target in (layer.heads[0], layer):
+        problem = SearchProblem(target, "self", domain, None, n, None)
+        X = problem.lift(rotary_self_tied(problem, 0))[0]
+        assert np.all(domain.contains(X))
+        head = layer.heads[0]
+        kernel = head.kernel
+        dims = kernel.rotated(d_k)
+        for tokens in X:
+            q = _rotate(tokens[1] @ head.W_Q, 1, kernel.base, dims, kernel.pairing)
+            k = [_rotate(tokens[j] @ head.W_K, j, kernel.base, dims, kernel.pairing) for j in (0, 1)]
+            np.testing.assert_allclose(q @ k[0], q @ k[1], rtol=1e-6, atol=1e-9 * abs(q @ k[0]) + 1e-12)
