@@ -105,7 +105,7 @@ from ..kernels import DotProduct, Rotary
 from ..model import Head
 from ..offsets import HeadRows, rotation_enclosure
 from .head import largest_over_shares, max_on_weights, top_count
-from .joint import sdp_value
+from .joint import _golden_min, sdp_value
 from .layer import _factor, _joint_term, _stacked_form, _top
 from .region import Region, trust_region_sup
 
@@ -326,15 +326,7 @@ class PositionalHeadBounds:
 
         scale = 0.5 * math.log(max(float(np.trace(inner[self.rows.offsets[0]].mid)), 1e-300)
                                / max(float(np.trace(outputs.mid)), 1e-300))
-        low, high = scale - 6.0, scale + 6.0
-        ratio = (math.sqrt(5) - 1) / 2
-        for _ in range(16):
-            first, second = high - ratio * (high - low), low + ratio * (high - low)
-            if largest(first) <= largest(second):
-                high = second
-            else:
-                low = first
-        best = math.exp((low + high) / 2)
+        best = math.exp(_golden_min(largest, scale - 6.0, scale + 6.0, iterations=16))
         tops = [gram_norm_upper(gram, middle(best, delta).sym()) for delta in inner]
         if not all(math.isfinite(t) for t in tops):
             return None
@@ -544,29 +536,21 @@ def split_rows(query: np.ndarray, proxy: np.ndarray, sweeps: int = 4) -> np.ndar
 
     key = max(float(np.max(factor.sum(axis=0))), 1e-300)
     t = np.full(n, math.sqrt(key / max(float(np.max(query)), 1e-300)))
-    ratio = (math.sqrt(5) - 1) / 2
     for _ in range(sweeps):
         for i in range(n):
             if query[i] == 0 and not np.any(factor[i]):
                 continue
-            low, high = math.log(t[i]) - 6.0, math.log(t[i]) + 6.0
             trial = t.copy()
 
-            def at(log_t):
+            def at(log_t, i=i, trial=trial):
                 trial[i] = math.exp(log_t)
                 return value(trial)
 
-            for _ in range(30):
-                first, second = high - ratio * (high - low), low + ratio * (high - low)
-                if at(first) <= at(second):
-                    high = second
-                else:
-                    low = first
-            best = math.exp((low + high) / 2)
-            before = t[i]
-            t[i] = best
-            if value(t) > value(np.where(np.arange(n) == i, before, t)):
-                t[i] = before
+            before = value(t)
+            best = math.exp(_golden_min(at, math.log(t[i]) - 6.0, math.log(t[i]) + 6.0, iterations=30))
+            trial[i] = best
+            if value(trial) <= before:
+                t = trial
     return t
 
 
