@@ -106,11 +106,10 @@ from ..model import Head
 from ..offsets import HeadRows, rotation_enclosure
 from .head import largest_over_shares, max_on_weights, top_count
 from .joint import _golden_min, sdp_value
-from .layer import _factor, _joint_term, _stacked_form, _top
+from .layer import _factor, _joint_term, _stacked_form, _top, coupled_rows, row_factors, split_layer, split_rows
 from .region import Region, trust_region_sup
 
-__all__ = ["PositionalHeadBounds", "coupled_rows", "positional_bound", "positional_layer_bound", "positional_scope",
-           "reduced_sup", "row_factors", "split_rows"]
+__all__ = ["PositionalHeadBounds", "positional_bound", "positional_layer_bound", "positional_scope", "reduced_sup"]
 
 _PROVENANCE = ("rotary and masked heads: per-row query, mean and key terms with every position-dependent "
                "constant a maximum over the offsets that occur (lipbound.numeric.sdp.rotary, module docstring)")
@@ -524,50 +523,6 @@ def positional_bound(head: Head, domain, n: int, *, output=None, bounds: Positio
                      _PROVENANCE)
 
 
-def split_rows(query: np.ndarray, proxy: np.ndarray, sweeps: int = 4) -> np.ndarray:
-    """Per-row splits ``t_i > 0`` that (nearly) minimise ``max_j [(1 + t_j) query_j + sum_i (1 + 1/t_i) proxy_ij]``
-    (step 6 of the module docstring), by golden sections on each ``log t_i`` in turn from the uniform optimum.
-    Floats: any ``t > 0`` gives a bound, these only make it small."""
-    n = len(query)
-    factor = np.asarray(proxy, dtype=float)
-
-    def value(t):
-        return float(np.max((1 + t) * query + (1 + 1 / t) @ factor))
-
-    key = max(float(np.max(factor.sum(axis=0))), 1e-300)
-    t = np.full(n, math.sqrt(key / max(float(np.max(query)), 1e-300)))
-    for _ in range(sweeps):
-        for i in range(n):
-            if query[i] == 0 and not np.any(factor[i]):
-                continue
-            trial = t.copy()
-
-            def at(log_t, i=i, trial=trial):
-                trial[i] = math.exp(log_t)
-                return value(trial)
-
-            before = value(t)
-            best = math.exp(_golden_min(at, math.log(t[i]) - 6.0, math.log(t[i]) + 6.0, iterations=30))
-            trial[i] = best
-            if value(trial) <= before:
-                t = trial
-    return t
-
-
-def coupled_rows(b, has_query: np.ndarray, t: np.ndarray, key_columns) -> object:
-    """``(max_j [(1 + t_j) b_j^2 + c_j])^(1/2)`` in interval arithmetic (step 6 of the module docstring): ``b_j = b``
-    for a row with a query term, else 0; ``key_columns`` the certified ``c_j`` for the row factors
-    :func:`row_factors` of ``t``."""
-    largest = max(((1 + interval(float(t[j]))) * b ** 2 * (1 if has_query[j] else 0) + key_columns[j]
-                   for j in range(len(t))), key=upper)
-    return IV.sqrt(largest)
-
-
-def row_factors(t: np.ndarray) -> np.ndarray:
-    """``1 + 1 / t_i`` rounded up (the key part's weight of each row)."""
-    return np.array([upper(1 + 1 / interval(float(x))) for x in t])
-
-
 def _smaller_by_rows(total, b, n: int, cap, W, certificate: dict, key: str):
     """The smaller of ``total`` and the row-by-row form (step 5: query term ``b``, at most ``top_count(n, cap)``
     rows with a covariance part, each row at most ``W``); records the row-by-row value under ``key``."""
@@ -772,19 +727,12 @@ def positional_layer_bound(layer, domain, n: int, *, heads: list[PositionalHeadB
     if several and upper(cap) > 0:
         total_iv = _smaller_by_rows(total_iv, b, n, cap, row_mean + key_row, certificate, "row_form")
     if several:
-        # step 5 of this docstring: the rows' query and key parts split, each row's key part with the smaller of its
-        # two coefficients (largest weight, or 2 max p (1 - p))
+        # step 5 of this docstring: each row's key part with the smaller of its two coefficients (largest weight, or
+        # 2 max p (1 - p))
         has_query = rows.key_counts >= 2
         coefficients = [min(IV.mpf(max(upper(hb.weight_range(i)[1]) for hb in heads)), largest[i], key=upper)
-                        if has_query[i] else IV.mpf(0) for i in range(rows.n)]
-        key2 = (r * joint_key) ** 2
-        proxy = np.array([[float(upper(key2 * coefficients[i])) if rows.visible[i, j] else 0.0 for j in range(rows.n)]
-                          for i in range(rows.n)])
-        t = split_rows(np.where(has_query, float(upper(b ** 2)), 0.0), proxy)
-        factors = row_factors(t)
-        columns = [key2 * sum((coefficients[i] * interval(float(factors[i])) for i in range(rows.n)
-                               if rows.visible[i, j]), IV.mpf(0)) for j in range(rows.n)]
-        coupled = coupled_rows(b, has_query, t, columns) + mean
+                        for i in range(rows.n)]
+        coupled = split_layer(b, (r * joint_key) ** 2, coefficients, rows.visible, has_query) + mean
         certificate["coupled_rows"] = upper(coupled)
         total_iv = coupled if upper(coupled) < upper(total_iv) else total_iv
     return sdp_value(name, upper(total_iv), True, certificate, "eig", time.perf_counter() - started, "certified",
