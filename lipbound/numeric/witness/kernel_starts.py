@@ -163,13 +163,15 @@ def rotary_self_tied(problem, h: int, trade_offs=(0.25, 1.0, 4.0), count: int = 
     kernel, d_k = engine.kernel, engine.d_k
     sigma = scale_of(kernel.scale, d_k)
     W_Q, W_K, V, _, _, _ = engine.head_weights(h)
+    # every form below lives on the span of the head's chart factors (a few d_k of a layer's width)
+    span = np.linalg.qr(np.concatenate([S @ W_Q, S @ W_K, S @ V], axis=1))[0]
     if getattr(problem.target, "W_O", None) is not None:
         V = V @ problem.target.output_block(h)
     A = {o: sigma * W_Q @ kernel.relative_rotation(d_k, o) @ W_K.T for o in (-1, 0)}
-    B = (A[-1] + A[0] + A[0].T) @ S.T
-    Q = S @ (A[-1] + A[0]) @ S.T
+    B = (A[-1] + A[0] + A[0].T) @ (S.T @ span)
+    Q = (span.T @ S) @ (A[-1] + A[0]) @ (S.T @ span)
     Q = 0.5 * (Q + Q.T)
-    spread = (S @ V) @ (S @ V).T
+    spread = (span.T @ S @ V) @ (span.T @ S @ V).T
     gradient = B.T @ B
     spread, gradient = (M / max(np.linalg.norm(M, 2), 1e-300) for M in (spread, gradient))
     values, vectors = np.linalg.eigh(Q)
@@ -193,6 +195,7 @@ def rotary_self_tied(problem, h: int, trade_offs=(0.25, 1.0, 4.0), count: int = 
                     break
             if a != 0:
                 continue                                                    # no tie on this direction
+            u = span @ u
             for rest in (u, -u):
                 U = np.empty((n, problem.width))
                 U[0], U[1], U[2:] = -u, u, rest
