@@ -460,7 +460,7 @@ class PositionalHeadBounds:
         has_query = rows.key_counts >= 2
         nus = np.array([float(upper(self.row_nu(i))) for i in range(rows.n)])
         rho2 = self.spread ** 2
-        gains = self.offset_gains() if self.column_norms() is not None else None
+        gains = self.offset_gains() if self.column_key is not None else None
         r2, proxy = float(upper(self.r ** 2)), np.zeros((rows.n, rows.n))
         beta2 = IV.mpf(self.key_gain.value) ** 2
         for i in range(rows.n):

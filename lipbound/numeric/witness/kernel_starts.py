@@ -182,9 +182,11 @@ def rotary_self_tied(problem, h: int, trade_offs=(0.25, 1.0, 4.0), count: int = 
             # eigenvectors of the other sign of the score form, most extreme first: the first that keeps its sign
             # once made orthogonal to u gives the tie
             for w in (vectors.T if a > 0 else vectors.T[::-1]):
-                w = w - (w @ u) * u
-                if a == 0 or np.linalg.norm(w) <= 1e-12:
+                if a == 0:
                     break
+                w = w - (w @ u) * u
+                if np.linalg.norm(w) <= 1e-12:
+                    continue
                 w = w / np.linalg.norm(w)
                 b, c = u @ Q @ w, w @ Q @ w
                 if a * c < 0:
