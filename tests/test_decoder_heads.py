@@ -372,3 +372,81 @@ def test_heads_no_theorem_covers_are_refused():
     with pytest.raises(AssumptionError, match="1/sqrt"):
         head_bounds(odd_scale, TokenBall(1.0), 3)
     assert not positional_scope(odd_scale)
+
+
+def test_the_row_split_bounds_every_split_of_a_unit_tangent_and_is_below_the_minkowski_sum():
+    """Step 6 of :mod:`lipbound.numeric.sdp.rotary` (and of :mod:`.layer`) as an inequality on numbers: for row bounds ``b_i eps_i`` (0 for
+    row 0, one key) and ``(sum_j W_ij eps_j^2)^(1/2)`` over the keys a causal row sees, ``sum_i (b_i eps_i + (sum_j
+    W_ij eps_j^2)^(1/2))^2`` over unit vectors (random, and on one or two tokens) stays below the square of the split
+    bound at the splits :func:`split_rows` finds, which is below the Minkowski sum ``b + max_j (sum_i W_ij)^(1/2)``."""
+    from lipbound.numeric.sdp.layer import coupled_rows, row_factors, split_rows
+    from lipbound.rigorous.intervals import IV, interval
+
+    rng = np.random.default_rng(5)
+    n = 6
+    visible = np.tril(np.ones((n, n), dtype=bool))
+    for _ in range(5):
+        b = float(rng.uniform(0.5, 2.0))
+        W = np.where(visible, rng.uniform(0.0, 1.0, (n, n)), 0.0)
+        W[0] = 0.0                                                          # row 0: one key, no key part
+        has_query = np.arange(n) >= 1
+        t = split_rows(np.where(has_query, b * b, 0.0), W)
+        factors = row_factors(t)
+        columns = [sum((interval(float(W[i, j])) * interval(float(factors[i])) for i in range(n)), IV.mpf(0))
+                   for j in range(n)]
+        value = upper(coupled_rows(interval(b), has_query, t, columns))
+        minkowski = b + math.sqrt(np.max(W.sum(axis=0)))
+        assert value < minkowski
+        units = list(rng.standard_normal((4000, n))) + list(np.eye(n)) + \
+            [np.eye(n)[i] + s * np.eye(n)[j] for i in range(n) for j in range(n) for s in (0.5, 1.0, 2.0)]
+        largest = 0.0
+        for eps in units:
+            eps = eps / np.linalg.norm(eps)
+            rows = np.where(has_query, b * eps, 0.0) + np.sqrt(W @ eps ** 2)
+            largest = max(largest, float(np.sum(rows ** 2)))
+        assert largest <= value ** 2 * (1 + 1e-12), (largest, value ** 2)
+        assert largest > 0.8 * value ** 2                                   # and it is not loose on these
+
+
+def test_the_row_split_holds_against_an_independent_jacobian_of_causal_rotary_heads_and_layers():
+    """A causal rotary head and a grouped-query layer on a ball and on an RMSNorm image: the row split (step 6) is the
+    reported bound, below the Minkowski sum, and above the spectral norm of the Jacobian of the reference forward
+    pass at points of the domain and at lipbound's witness for the layer."""
+    rng = np.random.default_rng(29)
+    d, d_k, n = 5, 4, 5
+    for domain in (TokenBall(1.2), RMSNormOutputs(RMSNorm(rng.uniform(0.2, 1.0, d), 1e-5))):
+        layer = _layer("llama", rng, d, d_k, 4, 2, 1.0)
+        for target in (layer.heads[0],) if isinstance(domain, TokenBall) else (layer.heads[0], layer):
+            bound = positional_bound(target, domain, n) if isinstance(target, Head) else \
+                positional_layer_bound(target, domain, n)
+            certificate = bound.details
+            assert bound.value == pytest.approx(certificate["coupled_rows"], rel=0, abs=0)
+            assert certificate["coupled_rows"] < certificate["minkowski"]
+            points = _points(rng, domain, n, d, 6)
+            if not isinstance(target, Head):
+                points.append(search_witness(target, domain=domain, n=n, budget_seconds=0.3, seed=1).X)
+            found = max(reference_norm(target, X) for X in points)
+            assert found <= bound.value, (found, bound.value)
+
+
+def test_rotary_self_tied_starts_tie_token_one_between_key_zero_and_itself():
+    """The self-tied witness start (:func:`~lipbound.numeric.witness.kernel_starts.rotary_self_tied`): inside the
+    domain, and query 1 scores key 0 and itself equally (scores computed here with the reference rotations), for a
+    head and for a head of a layer (values through ``W_O``)."""
+    from lipbound.numeric.witness.kernel_starts import rotary_self_tied
+
+    rng = np.random.default_rng(31)
+    d, d_k, n = 6, 4, 4
+    layer = _layer("llama", rng, d, d_k, 2, 1, 1.0)
+    domain = RMSNormOutputs(RMSNorm(rng.uniform(0.2, 1.0, d), 1e-5))
+    for target in (layer.heads[0], layer):
+        problem = SearchProblem(target, "self", domain, None, n, None)
+        X = problem.lift(rotary_self_tied(problem, 0))[0]
+        assert np.all(domain.contains(X))
+        head = layer.heads[0]
+        kernel = head.kernel
+        dims = kernel.rotated(d_k)
+        for tokens in X:
+            q = _rotate(tokens[1] @ head.W_Q, 1, kernel.base, dims, kernel.pairing)
+            k = [_rotate(tokens[j] @ head.W_K, j, kernel.base, dims, kernel.pairing) for j in (0, 1)]
+            np.testing.assert_allclose(q @ k[0], q @ k[1], rtol=1e-6, atol=1e-9 * abs(q @ k[0]) + 1e-12)

@@ -117,3 +117,16 @@ def test_no_point_beats_the_joint_bound(seed, n, scale):
         lower, _, bounds = check_case(kind, "layer", domains, seed, n, 3, 2, scale, budget=0.15)
         joint = next(b for b in bounds if b.name == "joint")
         assert lower <= joint.value * (1 + 1e-6), (kind, lower, joint.value)
+
+
+def test_the_row_split_of_causal_layers_is_below_the_minkowski_sum_and_no_point_beats_it():
+    """Step 6 of :mod:`lipbound.numeric.sdp.layer` on generated causal layers (a ball and a LayerNorm image): the split
+    is certified below ``b + mean + k``, and the search's re-checked witness and finite-difference Jacobians at
+    boundary points stay below the joint bound (:func:`test_layers.check_case`)."""
+    for seed, domains in ((3, ("ball",)), (11, ("ln",))):
+        lower, _, bounds = check_case("causal", "layer", domains, seed, 5, 3, 2, 2.0, budget=0.15)
+        joint = next(b for b in bounds if b.name == "joint")
+        details = joint.details
+        assert details["coupled_rows"] < details["query"] + details["key"] + details["mean"]
+        assert joint.value <= details["coupled_rows"]
+        assert lower <= joint.value * (1 + 1e-6)

@@ -52,6 +52,15 @@ Keys lie in ``D = {c + M w : ||w|| <= r}``, queries in ``D_Q`` (the same for sel
    K^(1/2)``, ``beta' = 2 b W (n - K)^(1/2)``, ``W = sum_h L_h + r (Lambda c)^(1/2)``, ``K = ceil(2 (1 - 1/n) / c)``;
    the smaller of this and step 4 is reported.
 
+6. *Query and key parts split row by row* (self-attention; the same step for one rotary head is step 6 of
+   :mod:`.rotary`).  Row i's query part depends on ``e_i`` alone (0 for a row with one key), its key part squared is
+   at most ``r^2 Lambda c_i sum_{j in V_i} ||e_j||^2``, ``c_i`` the smaller of the row's largest weight ``max_h
+   pbar^h_i`` and ``max_h 2 max p (1 - p)`` (step 2's two forms, each a bound of the row).  With ``(x + y)^2 <= (1 +
+   t_i) x^2 + (1 + 1/t_i) y^2`` per row and the sums exchanged, ``||Q + key||_F^2 <= max_j [(1 + t_j) b_j^2 + r^2
+   Lambda sum_{i: j in V_i} (1 + 1/t_i) c_i] ||E||^2`` for any ``t_i > 0`` (``b_j = b`` for a row with two keys or
+   more), and the mean term adds by Minkowski.  Equal rows and columns (no mask) give back ``b + k``; under a causal
+   mask key 0 is read by every row and row 0 has no query part, and the smaller value is reported.
+
 The weights only steer: any weights whose condition holds in interval arithmetic give a certified bound,
 with ``lambda_max`` bounded rigorously; they are found by gradient descent on ``log lambda``
 (:func:`stacked_weights`).  When the heads' outputs ``N_h`` are orthogonal and their key gradients too,
@@ -73,10 +82,11 @@ from ...rigorous.value import CertifiedValue
 from ..blas import one_blas_thread
 from ..model import Layer
 from .head import HeadBounds, largest_over_shares, top_count
-from .joint import sdp_value
+from .joint import _golden_min, sdp_value
 from .region import Region, key_gradient
 
-__all__ = ["layer_joint_bound", "layer_head_bounds", "stacked_weights"]
+__all__ = ["coupled_rows", "layer_joint_bound", "layer_head_bounds", "row_factors", "split_layer", "split_rows",
+           "stacked_weights"]
 
 _PROVENANCE = ("whole layer, heads seen jointly with W_O: per-token weighted Cauchy-Schwarz over heads "
                "(lipbound.numeric.sdp.layer, module docstring)")
@@ -207,6 +217,65 @@ def _key_term(outputs, output_middles, grams, shifts, radius, name):
     value, info = _joint_term(outputs, output_middles, inputs, offsets, widened_radius, name, weights=weights)
     info["offset_scale"] = sigma
     return value, info
+
+
+def split_rows(query: np.ndarray, proxy: np.ndarray, sweeps: int = 4) -> np.ndarray:
+    """Per-row splits ``t_i > 0`` that (nearly) minimise ``max_j [(1 + t_j) query_j + sum_i (1 + 1/t_i) proxy_ij]``
+    (step 6), by golden sections on each ``log t_i`` in turn from the uniform optimum.
+    Floats: any ``t > 0`` gives a bound, these only make it small."""
+    n = len(query)
+    factor = np.asarray(proxy, dtype=float)
+
+    def value(t):
+        return float(np.max((1 + t) * query + (1 + 1 / t) @ factor))
+
+    key = max(float(np.max(factor.sum(axis=0))), 1e-300)
+    t = np.full(n, math.sqrt(key / max(float(np.max(query)), 1e-300)))
+    for _ in range(sweeps):
+        for i in range(n):
+            if query[i] == 0 and not np.any(factor[i]):
+                continue
+            trial = t.copy()
+
+            def at(log_t, i=i, trial=trial):
+                trial[i] = math.exp(log_t)
+                return value(trial)
+
+            before = value(t)
+            best = math.exp(_golden_min(at, math.log(t[i]) - 6.0, math.log(t[i]) + 6.0, iterations=30))
+            trial[i] = best
+            if value(trial) <= before:
+                t = trial
+    return t
+
+
+def coupled_rows(b, has_query: np.ndarray, t: np.ndarray, key_columns) -> object:
+    """``(max_j [(1 + t_j) b_j^2 + c_j])^(1/2)`` in interval arithmetic (step 6): ``b_j = b`` for a row with a query
+    term, else 0; ``key_columns`` the certified ``c_j`` for the row factors
+    :func:`row_factors` of ``t``."""
+    largest = max(((1 + interval(float(t[j]))) * b ** 2 * (1 if has_query[j] else 0) + key_columns[j]
+                   for j in range(len(t))), key=upper)
+    return IV.sqrt(largest)
+
+
+def row_factors(t: np.ndarray) -> np.ndarray:
+    """``1 + 1 / t_i`` rounded up (the key part's weight of each row)."""
+    return np.array([upper(1 + 1 / interval(float(x))) for x in t])
+
+
+def split_layer(b, key2, coefficients: list, visible: np.ndarray, has_query: np.ndarray):
+    """``Lip(S + key)`` of a layer with its rows' query and key parts split (step 6): row i's query part at most ``b
+    ||e_i||`` (when ``has_query[i]``), its key part squared at most ``key2 c_i sum_{j in V_i} ||e_j||^2`` (``c_i``
+    from ``coefficients``, intervals; ``V_i`` the row of ``visible``); an interval."""
+    n = len(coefficients)
+    has_query = np.asarray(has_query, dtype=bool)
+    scale = [key2 * (coefficients[i] if has_query[i] else IV.mpf(0)) for i in range(n)]
+    proxy = np.array([[float(upper(scale[i])) if visible[i, j] else 0.0 for j in range(n)] for i in range(n)])
+    t = split_rows(np.where(has_query, float(upper(b ** 2)), 0.0), proxy)
+    factors = row_factors(t)
+    columns = [sum((scale[i] * interval(float(factors[i])) for i in range(n) if visible[i, j]), IV.mpf(0))
+               for j in range(n)]
+    return coupled_rows(b, has_query, t, columns)
 
 
 def layer_head_bounds(layer: Layer, domain, query_domain=None, solver: str = "eig") -> list[HeadBounds]:
@@ -343,6 +412,15 @@ def layer_joint_bound(layer: Layer, domain, *, n: int, role: str = "self", m: in
             certificate["row_form"] = upper(by_rows)
             if upper(by_rows) < upper(total_iv):
                 total_iv = by_rows
+        if several and causal:
+            # step 6: the rows' query and key parts split (no gain without a mask: every row and column alike)
+            coefficients = [min(IV.mpf(max(upper(hb.weight_range(count)[1]) for hb in heads)), largest[count],
+                                key=upper) for count in key_counts]
+            visible = np.tril(np.ones((n, n), dtype=bool))
+            coupled = split_layer(b, (r * best) ** 2, coefficients, visible, np.array(key_counts) >= 2) + mean
+            certificate["coupled_rows"] = upper(coupled)
+            if upper(coupled) < upper(total_iv):
+                total_iv = coupled
     elif role == "cross-queries":
         total_iv = b
     elif role == "cross-context":

@@ -68,6 +68,18 @@ carry over.  What does (each step holds at every X of ``D^n``):
    ``rho r max_j lambda_max(K_j)^(1/2)`` (Minkowski needs only the norm of the vector of the rows' key parts,
    which each bounds); row by row (step 9 of :mod:`.head`, whose
    argument uses only the bound of each row): ``Lip(f)^2 <= b^2 + (alpha + (alpha^2 + beta'^2)^(1/2)) / 2``.
+6. *Query and key parts split row by row.*  Row i's query part depends on ``e_i`` alone and is 0 for a row with one
+   key; its key part on the keys it sees.  With ``||S_i|| <= b_i eps_i`` (``b_i = b``, or 0 for one key) and
+   ``||cov_i||^2 <= sum_j e_j^T K_ij e_j`` (``K_ij = rho^2 r^2 nu_i Pi A_{j-i}^T M M^T A_{j-i} Pi`` by step 2b, or
+   ``rho^2 beta^2 nu_i I`` by step 2), ``(x + y)^2 <= (1 + t_i) x^2 + (1 + 1/t_i) y^2`` for any ``t_i > 0`` gives
+
+       ||S + cov||_F^2 <= sum_j [(1 + t_j) b_j^2 eps_j^2 + e_j^T (sum_{i: j in V_i} (1 + 1/t_i) K_ij) e_j]
+                       <= max_j [(1 + t_j) b_j^2 + lambda_max(sum_{i: j in V_i} (1 + 1/t_i) K_ij)] ||E||^2,
+
+   and ``Lip(f) <= (that max)^(1/2) + L kappa^(1/2)`` by Minkowski with the mean term.  With equal ``t_i`` and equal
+   columns this is step 5's ``b + k``; it is smaller where rows and columns differ: under a causal mask key 0 is
+   read by every row but row 0 has no query part, and the last key is read by one row only.  The ``t_i`` are
+   found in floats (:func:`split_rows`); the bound is evaluated at them in interval arithmetic.
 
 On a dot product without a window, bias or soft-cap the joint constants of :mod:`.head` are sharper and are
 used there; this module serves the heads they do not cover.  Every constant is computed in outward-rounded
@@ -93,8 +105,8 @@ from ..kernels import DotProduct, Rotary
 from ..model import Head
 from ..offsets import HeadRows, rotation_enclosure
 from .head import largest_over_shares, max_on_weights, top_count
-from .joint import sdp_value
-from .layer import _factor, _joint_term, _stacked_form, _top
+from .joint import _golden_min, sdp_value
+from .layer import _factor, _joint_term, _stacked_form, _top, coupled_rows, row_factors, split_layer, split_rows
 from .region import Region, trust_region_sup
 
 __all__ = ["PositionalHeadBounds", "positional_bound", "positional_layer_bound", "positional_scope", "reduced_sup"]
@@ -313,15 +325,7 @@ class PositionalHeadBounds:
 
         scale = 0.5 * math.log(max(float(np.trace(inner[self.rows.offsets[0]].mid)), 1e-300)
                                / max(float(np.trace(outputs.mid)), 1e-300))
-        low, high = scale - 6.0, scale + 6.0
-        ratio = (math.sqrt(5) - 1) / 2
-        for _ in range(16):
-            first, second = high - ratio * (high - low), low + ratio * (high - low)
-            if largest(first) <= largest(second):
-                high = second
-            else:
-                low = first
-        best = math.exp((low + high) / 2)
+        best = math.exp(_golden_min(largest, scale - 6.0, scale + 6.0, iterations=16))
         tops = [gram_norm_upper(gram, middle(best, delta).sym()) for delta in inner]
         if not all(math.isfinite(t) for t in tops):
             return None
@@ -375,29 +379,47 @@ class PositionalHeadBounds:
         cap = (lambda p: 1 if upper(p) <= 0.5 else 4 * p * (1 - p)) if with_cap else (lambda p: 1)
         return max_on_weights(*self.weight_range(i), lambda p: 2 * p * (1 - p) * cap(p), IV.mpf(1) / 2)
 
+    def column_norms(self, factors=None) -> list[float] | None:
+        """Per key j a certified upper bound on ``lambda_max(sum_{i: j in V_i} f_i nu_i Pi A_{j-i}^T M M^T A_{j-i}
+        Pi)^(1/2)`` (step 2b of the module docstring with row factors ``f_i``, default 1), from ``d_k x d_k`` Gram
+        matrices (0 for a key no row with two keys sees); None with a centre or a query bias, or when a norm was not
+        certified."""
+        head = self.head
+        if self._centred(head.W_Q, head.b_Q) is not None:
+            return None
+        rows, queries = self.rows, self._gram("queries_shaped")
+        factors = np.ones(rows.n) if factors is None else np.asarray(factors, dtype=float)
+        nus = [float(upper(self.row_nu(i) * interval(float(factors[i])))) for i in range(rows.n)]
+        norms = []
+        for j in range(rows.n):
+            seen = [i for i in range(rows.n) if rows.visible[i, j] and nus[i] > 0]
+            if not seen:
+                norms.append(0.0)
+                continue
+            total = None
+            for i in seen:
+                form = (self.rotations[j - i].T @ queries @ self.rotations[j - i]).scale(nus[i])
+                total = form if total is None else total + form
+            norms.append(gram_norm_upper(self._gram("key_left"), total.sym()))
+        return norms if all(math.isfinite(v) for v in norms) else None
+
+    def offset_gains(self) -> dict[int, float]:
+        """``lambda_max(Pi A_Delta^T M M^T A_Delta Pi)^(1/2)`` per offset, in floats (a search aid of step 6)."""
+        gram_x, gram_y = self._gram("key_left").mid, self._gram("queries_shaped").mid
+        values, vectors = np.linalg.eigh(0.5 * (gram_x + gram_x.T))
+        root = vectors * np.sqrt(np.maximum(values, 0.0))
+        return {delta: math.sqrt(max(float(np.linalg.eigvalsh(root.T @ R.mid.T @ gram_y @ R.mid @ root)[-1]), 0.0))
+                for delta, R in self.rotations.items()}
+
     @cached_property
     def column_key(self) -> CertifiedValue | None:
         """``r max_j lambda_max(K_j)^(1/2)``, ``K_j = sum_{i: j in V_i} nu_i Pi A_{j-i}^T M M^T A_{j-i} Pi`` (step 2b of
         the module docstring), certified from ``d_k x d_k`` Gram matrices; None with a centre or a query bias."""
-        head = self.head
-        if self._centred(head.W_Q, head.b_Q) is not None:
-            return None
         started = time.perf_counter()
-        rows, queries = self.rows, self._gram("queries_shaped")
-        nus = [float(upper(self.row_nu(i))) for i in range(rows.n)]
-        largest = 0.0
-        for j in range(rows.n):
-            seen = [i for i in range(rows.n) if rows.visible[i, j] and nus[i] > 0]
-            if not seen:
-                continue
-            forms = [(self.rotations[j - i].T @ queries @ self.rotations[j - i]).scale(nus[i]) for i in seen]
-            total = forms[0]
-            for form in forms[1:]:
-                total = total + form
-            largest = max(largest, gram_norm_upper(self._gram("key_left"), total.sym()))
-        if not math.isfinite(largest):
+        norms = self.column_norms()
+        if norms is None:
             return None
-        value = upper(interval(self.r) * interval(largest))
+        value = upper(interval(self.r) * interval(max(norms)))
         return sdp_value("column key gain", value, True, {}, "norm", time.perf_counter() - started, "certified",
                          "r max_j lambda_max(sum_i nu_i Pi A_{j-i}^T M M^T A_{j-i} Pi)^(1/2), i the rows seeing key j")
 
@@ -430,6 +452,33 @@ class PositionalHeadBounds:
         if self.query_coupled is not None and self.query_coupled.certified and self.query_coupled.value < upper(b):
             b = IV.mpf(self.query_coupled.value)
         return b
+
+    def coupled_rows(self, b):
+        """``||S + cov||`` bounded with the rows' query and key parts split (step 6 of the module docstring): the key
+        part per row from step 2b (or step 2 with a centre or a query bias), an interval."""
+        rows = self.rows
+        has_query = rows.key_counts >= 2
+        nus = np.array([float(upper(self.row_nu(i))) for i in range(rows.n)])
+        rho2 = self.spread ** 2
+        gains = self.offset_gains() if self.column_key is not None else None
+        r2, proxy = float(upper(self.r ** 2)), np.zeros((rows.n, rows.n))
+        beta2 = IV.mpf(self.key_gain.value) ** 2
+        for i in range(rows.n):
+            for j in range(rows.n):
+                if rows.visible[i, j]:
+                    gain2 = r2 * gains[j - i] ** 2 if gains is not None else float(upper(beta2))
+                    proxy[i, j] = float(upper(rho2)) * nus[i] * gain2
+        query = np.where(has_query, float(upper(b ** 2)), 0.0)
+        t = split_rows(query, proxy)
+        factors = row_factors(t)
+        norms = self.column_norms(factors) if gains is not None else None
+        if norms is not None:
+            columns = [rho2 * (self.r * interval(v)) ** 2 for v in norms]
+        else:
+            columns = [rho2 * beta2 * sum((IV.mpf(upper(self.row_nu(i) * interval(float(factors[i]))))
+                                          for i in range(rows.n) if rows.visible[i, j]), IV.mpf(0))
+                       for j in range(rows.n)]
+        return coupled_rows(b, has_query, t, columns)
 
     def terms(self) -> dict:
         """``b, L, rho beta, kappa, kappa_cov`` and the row constants as intervals."""
@@ -466,6 +515,10 @@ def positional_bound(head: Head, domain, n: int, *, output=None, bounds: Positio
     cap = terms["nu_max"]
     if n >= 2 and upper(cap) > 0:
         total = _smaller_by_rows(total, b, n, cap, L + rho_beta * IV.sqrt(cap), certificate, "row_by_row")
+    if terms["several"]:
+        coupled = bounds.coupled_rows(b) + L * IV.sqrt(terms["kappa"])
+        certificate["coupled_rows"] = upper(coupled)
+        total = coupled if upper(coupled) < upper(total) else total
     return sdp_value(name, upper(total), True, certificate, "eig", time.perf_counter() - started, "certified",
                      _PROVENANCE)
 
@@ -589,6 +642,11 @@ def positional_layer_bound(layer, domain, n: int, *, heads: list[PositionalHeadB
     4. *Sum* by Minkowski over tokens, and row by row as step 5 of :mod:`.layer` with ``W`` the mean part of a row
        (``min(sum_h L_h, sum_g ||W_O^g|| ||Pi V_g|| |g|^(1/2))``) plus the key part.  With one key per row the map is
        linear: ``||(sum_h M_h)^T Pi||``.
+    5. *Query and key parts split row by row* (step 6 of the module docstring): row i's key part is at most
+       ``r Lambda'^(1/2) (c_i sum_{j in V_i} ||e_j||^2)^(1/2)`` with ``c_i`` the smaller of its largest weight
+       ``max_h pbar^h_i`` and ``max_h 2 max p (1 - p)`` (step 2's two forms, each a bound of the row), its query
+       part at most ``b ||e_i||``; so ``Lip(F) <= max_j [(1 + t_j) b_j^2 + r^2 Lambda' sum_{i: j in V_i} (1 + 1/t_i)
+       c_i]^(1/2) + mean``.
     """
     started = time.perf_counter()
     if layer.residual:
@@ -668,5 +726,14 @@ def positional_layer_bound(layer, domain, n: int, *, heads: list[PositionalHeadB
     cap = max((hb.row_nu(i, with_cap=False) for hb in heads for i in range(rows.n)), key=upper)
     if several and upper(cap) > 0:
         total_iv = _smaller_by_rows(total_iv, b, n, cap, row_mean + key_row, certificate, "row_form")
+    if several:
+        # step 5 of this docstring: each row's key part with the smaller of its two coefficients (largest weight, or
+        # 2 max p (1 - p))
+        has_query = rows.key_counts >= 2
+        coefficients = [min(IV.mpf(max(upper(hb.weight_range(i)[1]) for hb in heads)), largest[i], key=upper)
+                        for i in range(rows.n)]
+        coupled = split_layer(b, (r * joint_key) ** 2, coefficients, rows.visible, has_query) + mean
+        certificate["coupled_rows"] = upper(coupled)
+        total_iv = coupled if upper(coupled) < upper(total_iv) else total_iv
     return sdp_value(name, upper(total_iv), True, certificate, "eig", time.perf_counter() - started, "certified",
                      _LAYER_PROVENANCE)

@@ -14,7 +14,8 @@ continuation starts only):
   offset (no one matrix is exact, since each query sees its keys at its own offsets: the polish then
   climbs on the rotary map itself), and two keys tied for every query at all of its offsets at once
   (:func:`rotary_tied_keys`: the ties are linear in the keys), for the largest heads one by one and for
-  all heads together;
+  all heads together, and token 1 tied between key 0 and itself, so that one move shifts its query and one of
+  its keys at once (:func:`rotary_self_tied`, the two largest heads);
 * :class:`~lipbound.numeric.kernels.QKNorm` -- the scores are 0-homogeneous in q and k up to the
   regulariser, so their derivatives grow like ``1 / ||k||`` (``1 / ||q||``): one token near the
   affine null set ``x W_K + b_K = 0`` of the keys at the first position, which every query sees
@@ -62,7 +63,7 @@ def proxy_rotations(head, n: int) -> list[np.ndarray]:
 
 
 def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
-                     trade_offs=(0.0, 0.25, 1.0, 4.0, 16.0), penalties=(4.0, 16.0, 64.0)) -> np.ndarray:
+                     trade_offs=(0.0, 0.25, 1.0, 4.0, 16.0), penalties=(4.0, 16.0)) -> np.ndarray:
     """Chart inputs (b, n, width) of self-attention where the first two tokens are keys tied, at every offset at
     once and for every head in ``heads``, for the queries 2..n-1 of a rotary head or layer (module docstring).
 
@@ -109,6 +110,9 @@ def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
         (on the span of the values' widest directions and the gradients)."""
         exact = value_direction - frame @ (frame.T @ value_direction)
         out = [exact / max(np.linalg.norm(exact), 1e-300)]
+        # the widest value direction among those orthogonal to every key gradient (not the projection of the
+        # widest one): the top left singular vector of the value map with the gradients' span taken out
+        out.append(np.linalg.svd(spread_map - frame @ (frame.T @ spread_map), full_matrices=False)[0][:, 0])
         basis = np.linalg.qr(np.concatenate([left, tied.T], axis=1))[0]
         values = (basis.T @ left) * widths
         value_form, gradients = values @ values.T, (tied @ basis).T @ (tied @ basis)
@@ -144,6 +148,65 @@ def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
     return problem.retract(problem.from_unit(np.array(out)), 1 - 1e-6)
 
 
+def rotary_self_tied(problem, h: int, trade_offs=(0.25, 1.0, 4.0), count: int = 2) -> np.ndarray:
+    """Chart inputs (b, n, width) of self-attention where token 1 is a query tied between key 0 and itself, for head
+    h of a rotary head or layer (module docstring): moving token 1 moves its query and one of its two keys at once.
+
+    With key 0 at ``-u`` and token 1 at ``u`` (chart points, ``||u|| = 1``) the row's output moves along
+    ``(v_0 - v_1) / 4`` by ``e . g``, ``g = -(A_{-1} + A_0 + A_0^T) S^T u`` (``A_Delta = sigma W_Q R_Delta W_K^T`` in
+    working coordinates, where the moves are measured), so the row stretches by about ``||u S V|| ||B u|| / 2``,
+    ``B = (A_{-1} + A_0 + A_0^T) S^T``.  u is a top eigenvector of ``S V V^T S^T / ||.|| + t B^T B / ||.||``, turned in
+    the plane of an eigenvector of ``Q = sym(C_{-1} + C_0)`` (``C_Delta = S A_Delta S^T``, the scores in the chart) of
+    the other sign until ``u^T Q u = 0``, the tie (a direction where no such turn exists is dropped).  The other
+    tokens sit on token 1 or on key 0."""
+    engine, n, S = problem.engine, problem.n, problem.context.root
+    kernel, d_k = engine.kernel, engine.d_k
+    sigma = scale_of(kernel.scale, d_k)
+    W_Q, W_K, V, _, _, _ = engine.head_weights(h)
+    # every form below lives on the span of the head's chart factors (a few d_k of a layer's width)
+    span = np.linalg.qr(np.concatenate([S @ W_Q, S @ W_K, S @ V], axis=1))[0]
+    if getattr(problem.target, "W_O", None) is not None:
+        V = V @ problem.target.output_block(h)
+    A = {o: sigma * W_Q @ kernel.relative_rotation(d_k, o) @ W_K.T for o in (-1, 0)}
+    B = (A[-1] + A[0] + A[0].T) @ (S.T @ span)
+    Q = (span.T @ S) @ (A[-1] + A[0]) @ (S.T @ span)
+    Q = 0.5 * (Q + Q.T)
+    spread = (span.T @ S @ V) @ (span.T @ S @ V).T
+    gradient = B.T @ B
+    spread, gradient = (M / max(np.linalg.norm(M, 2), 1e-300) for M in (spread, gradient))
+    values, vectors = np.linalg.eigh(Q)
+    out = []
+    for t in trade_offs:
+        for u in np.linalg.eigh(spread + t * gradient)[1][:, -count:].T:
+            a = u @ Q @ u
+            # eigenvectors of the other sign of the score form, most extreme first: the first that keeps its sign
+            # once made orthogonal to u gives the tie
+            for w in (vectors.T if a > 0 else vectors.T[::-1]):
+                if a == 0:
+                    break
+                w = w - (w @ u) * u
+                if np.linalg.norm(w) <= 1e-12:
+                    continue
+                w = w / np.linalg.norm(w)
+                b, c = u @ Q @ w, w @ Q @ w
+                if a * c < 0:
+                    roots = (-b + np.array([1.0, -1.0]) * math.sqrt(b * b - a * c)) / c     # tan of the turn
+                    turn = math.atan(roots[np.argmin(np.abs(roots))])
+                    u = math.cos(turn) * u + math.sin(turn) * w
+                    a = 0.0
+                    break
+            if a != 0:
+                continue                                                    # no tie on this direction
+            u = span @ u
+            for rest in (u, -u):
+                U = np.empty((n, problem.width))
+                U[0], U[1], U[2:] = -u, u, rest
+                out.append(U)
+    if not out:
+        return np.zeros((0, n, problem.width))
+    return problem.retract(problem.from_unit(np.array(out)), 1 - 1e-6)
+
+
 def _rotary_starts(problem, rng, deadline, work: float):
     """The dot-product starts of every head with its proxies ``W_Q R_Delta``, and two keys tied at every offset
     (:func:`rotary_tied_keys`) for the largest heads (module docstring); self-attention."""
@@ -154,6 +217,8 @@ def _rotary_starts(problem, rng, deadline, work: float):
         order = _head_order(problem)
         for heads in [[h] for h in order[:3]] + ([order] if len(order) > 1 else []):
             pool.append((rotary_tied_keys(problem, heads), "rotary-tied"))
+    if problem.n >= 2:
+        pool += [(rotary_self_tied(problem, h), "rotary-self-tied") for h in _head_order(problem)[:2]]
     return pool + self_starts(problem, rng, deadline, work, rotations=lambda head: proxy_rotations(head, problem.n))
 
 
