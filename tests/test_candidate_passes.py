@@ -100,7 +100,7 @@ def test_passes_stop_where_rounding_dominates_and_leave_the_rest_to_the_balls():
     sets = propagate(generated, edit_set(IDS, "replace", [SLOT], words))
     passes = candidate_passes(generated, own, [SLOT], [embedding_enclosure(embeddings, words, SLOT)], [words],
                               [s.original for s in sets], 2, widest=1e-30)
-    assert sorted(passes.bounds) == [0] and "rounding radius" in passes.stopped
+    assert sorted(passes.bounds) == [0] and "radius" in passes.stopped
     assert np.isnan(passes.largest(1)) and passes.largest(0) == np.max(passes.bounds[0])
 
 

@@ -42,8 +42,8 @@ from .elementwise import (
 from .intervals import interval, lower, upper
 from .linalg import Enclosure
 
-__all__ = ["IntervalArray", "as_interval_array", "gelu", "gelu_slope", "gelu_curvature", "gelu_third", "normal_cdf",
-           "normal_pdf"]
+__all__ = ["IntervalArray", "as_interval_array", "softmax", "gelu", "gelu_slope", "gelu_curvature", "gelu_third",
+           "normal_cdf", "normal_pdf"]
 
 _ETA = 2.0 ** -1074
 #: Entries per block of the blockwise loops (large arrays): temporaries stay in the cache and the heap.
@@ -441,6 +441,15 @@ def as_interval_array(value) -> IntervalArray:
     if isinstance(value, Enclosure):
         return IntervalArray.from_enclosure(value)
     return IntervalArray(value)
+
+
+def softmax(S: IntervalArray, masses: np.ndarray) -> IntervalArray:
+    """Rows of ``m_j e^{s_ij} / sum_l m_l e^{s_il}`` over the last axis, enclosed (shift by the row
+    maximum first; the shift cancels exactly); ``masses`` broadcast against S (0 for a hidden key)."""
+    shift = np.max(S.hi, axis=-1, keepdims=True)
+    weights = (S - IntervalArray(shift)).exp() * IntervalArray(masses)
+    P = weights / weights.sum(axis=-1, keepdims=True)
+    return IntervalArray(np.maximum(P.lo, 0.0), np.minimum(P.hi, 1.0))
 
 
 def _norm_upper(magnitude: np.ndarray, axis) -> np.ndarray:
