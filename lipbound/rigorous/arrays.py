@@ -467,16 +467,17 @@ _SPLITS: dict = {}
 
 
 def _split_weights(W: np.ndarray, bits: int):
-    """The split of a weight matrix by columns (:func:`_split`), its column quanta and an upper bound on
-    ``sum_i |W_ij|``, computed once per matrix object."""
+    """A weight matrix in float64, ``|W|``, its split by columns (:func:`_split`), its column quanta and an
+    upper bound on ``sum_i |W_ij|``, computed once per matrix object."""
     entry = _SPLITS.get(id(W))
     if entry is None or entry[0] is not W or entry[1] != bits:
         if len(_SPLITS) >= 32:
             _SPLITS.clear()
         exact = np.asarray(W, dtype=np.float64)
         high, low, quantum = _split(exact, bits, axis=0)
-        entry = _SPLITS[id(W)] = (W, bits, exact, high, low, quantum,
-                                  np.sum(np.abs(exact), axis=0) * (1 + gamma_bound(exact.shape[0] + 2)))
+        magnitude = np.abs(exact)
+        entry = _SPLITS[id(W)] = (W, bits, exact, magnitude, high, low, quantum,
+                                  np.sum(magnitude, axis=0) * (1 + gamma_bound(exact.shape[0] + 2)))
     return entry[2:]
 
 
@@ -494,7 +495,7 @@ def _split_product(a: IntervalArray, W) -> tuple[np.ndarray, np.ndarray]:
     k = W.shape[0]
     bits = 53 - int(np.ceil(np.log2(max(k, 2))))
     x_bits = bits // 2
-    W, W_hi, W_lo, r, column_sums = _split_weights(W, bits - x_bits)
+    W, magnitude, W_hi, W_lo, r, column_sums = _split_weights(W, bits - x_bits)
     x_hi, x_lo, q = _split(mid, x_bits, axis=1)
     rest = x_hi @ W_lo
     rest += x_lo @ W
@@ -505,7 +506,7 @@ def _split_product(a: IntervalArray, W) -> tuple[np.ndarray, np.ndarray]:
     spread = (row_sums * (r * 0.5) + (q * 0.5) * column_sums) * gamma
     spread += (np.abs(rest) + np.abs(center)) * (2 * UNIT_ROUNDOFF)
     if rad is not None:
-        spread += rad @ np.abs(W)
+        spread += rad @ magnitude
     spread *= 1 + gamma_bound(k + 8)
     spread += (k + 4) * _ETA * 4.0
     return center, up_nonnegative(spread, out=spread)
