@@ -609,9 +609,7 @@ def gelu(x: IntervalArray, global_slopes: bool = False) -> IntervalArray:
     at_mid = IntervalArray(mid) * IntervalArray(*normal_cdf_bounds(mid))
     if not np.any(x.hi > x.lo):
         return at_mid
-    if global_slopes:
-        (bottom, _), (_, top), _ = gelu_slope_extrema()
-        slopes = IntervalArray(np.array(bottom), np.array(top))
-    else:
-        slopes = gelu_slope(x)
-    return at_mid + slopes * (x - IntervalArray(mid))
+    if global_slopes:   # GELU' in [bottom, top] with |bottom| < top: the term is within +- top * rad
+        top = gelu_slope_extrema()[1][1]
+        return IntervalArray.around(at_mid.mid, up_nonnegative(up_nonnegative(x.rad * top) + at_mid.rad))
+    return at_mid + gelu_slope(x) * (x - IntervalArray(mid))
