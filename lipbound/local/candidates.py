@@ -261,7 +261,11 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
                 reached, stopped = layer, f"layer {layer + 1}: radius {width:.3g} at layer {layer}, {ahead:.3g} ahead"
             if layer == reached:
                 break
-            X = norm_radii(item.ffn_norm, feedforward_radii(item.ffn, norm_radii(item.ln_out, Z)))
+            try:
+                X = norm_radii(item.ffn_norm, feedforward_radii(item.ffn, norm_radii(item.ln_out, Z)))
+            except NotCertifiedError as error:
+                reached, stopped = layer, f"layer {layer + 1}: {error}"
+                break
         if progress is not None:
             progress(min(begin + chunk, total), total)
     every = np.unravel_index(np.arange(total), shape)

@@ -221,7 +221,7 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
         For replacements, also push every edited sentence of the set (every combination of the slots'
         candidates, at most :data:`lipbound.local.candidates.MOST_SENTENCES`) through the layers as a float
         point with certified radii (:mod:`lipbound.local.candidates`); ``predicted_set`` is the smaller route,
-        named per layer in the report's ``set["routes"]`` (about 35 CPU-ms per sentence for three layers at n = 9).
+        named per layer in the report's ``set["routes"]`` (about 30 CPU-ms per sentence for three layers at n = 9).
     progress : callable, optional
         ``progress(done, total, what)`` as each stage finishes (a set certificate, a search, a layer's path
         certificate: ``total`` of them).
