@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import AssumptionError
 from ..numeric.attention import AttentionMap
+from ..numeric.blas import one_blas_thread
 from ..numeric.model import Embeddings, Model
 from ..rigorous.arrays import IntervalArray
 from .balls import TokenBalls
@@ -213,6 +214,7 @@ def _first_block_enumerated(layer, template: EditTemplate, candidates: list, slo
     return largest
 
 
+@one_blas_thread
 def propagate(model: Model, template: EditTemplate, layers=None, progress=None, per_candidate: bool = False,
               candidate_progress=None) -> list[LayerSet]:
     """Push the set of edited sentences through the layers; one :class:`LayerSet` per layer (the
