@@ -15,7 +15,8 @@ any of the candidate tokens (the whole vocabulary by default):
   comparison in interval arithmetic with the float side widened by a relative 1e-6; a comparison the
   widening cannot decide counts as "not certified", never as a pass.
 
-Run: ``python bench/bench_edit_sets.py [--sentences 2] [--vocabulary all|N] [--positions 3] [--no-search]``.
+Run: ``python bench/bench_edit_sets.py [--sentences 2 | --texts "The cat sat on the mat."] [--vocabulary all|N]
+[--positions 3] [--no-search]``.
 """
 
 from __future__ import annotations
@@ -157,6 +158,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sentences", type=int, default=2, help="the N shortest of the 20 sentences")
     parser.add_argument("--skip", type=int, default=0, help="start at the S-th of them")
+    parser.add_argument("--texts", nargs="+", default=None, help="these sentences instead of the bundled ones")
     parser.add_argument("--vocabulary", default="all", help="'all' or a number of sampled tokens")
     parser.add_argument("--positions", type=int, nargs="*", default=None, help="the edited position (default drawn)")
     parser.add_argument("--chunk", type=int, default=512)
@@ -170,7 +172,7 @@ def main() -> None:
     bert = load_text_model()
     vocabulary = "all" if args.vocabulary == "all" else int(args.vocabulary)
     os.system("uptime")
-    for text in sentences(args.sentences)[args.skip:]:
+    for text in args.texts or sentences(args.sentences)[args.skip:]:
         run(bert, text, vocabulary, args.positions, args.chunk, not args.no_search, args.parts)
 
 

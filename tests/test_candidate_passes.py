@@ -100,7 +100,7 @@ def test_passes_stop_where_rounding_dominates_and_leave_the_rest_to_the_balls():
     sets = propagate(generated, edit_set(IDS, "replace", [SLOT], words))
     passes = candidate_passes(generated, own, [SLOT], [embedding_enclosure(embeddings, words, SLOT)], [words],
                               [s.original for s in sets], 2, widest=1e-30)
-    assert sorted(passes.bounds) == [0] and "rounding radius" in passes.stopped
+    assert sorted(passes.bounds) == [0] and "radius" in passes.stopped
     assert np.isnan(passes.largest(1)) and passes.largest(0) == np.max(passes.bounds[0])
 
 
@@ -158,3 +158,39 @@ def test_more_sentences_than_the_passes_take_are_refused_and_left_to_the_balls()
                          [words, words], [np.zeros((len(IDS), 6))], 0)
     sets = propagate(generated, edit_set(IDS, "replace", [2, 4], words), per_candidate=True)
     assert "candidates" not in sets[0].facts
+
+
+def _in_balls(rng, X, radii, count):
+    """``count`` points of the token balls (each token on a random direction at a random fraction of its radius,
+    half of them on the sphere)."""
+    directions = rng.standard_normal((count,) + X.shape)
+    directions /= np.linalg.norm(directions, axis=-1, keepdims=True)
+    scale = np.where(np.arange(count)[:, None] % 2, 1.0, rng.random((count, X.shape[0])))
+    return X[None] + directions * (radii * scale)[..., None]
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.integers(0, 10 ** 6), st.sampled_from([1e-6, 1e-3, 3e-2]))
+def test_each_stage_moves_every_point_of_its_balls_within_the_new_radii(seed, size):
+    """Points of the balls about float states through the float forward pass of lipbound.numeric (the attention
+    block, the LayerNorms, the feed-forward block): each lands within the stage's new radius of its new point."""
+    from lipbound.local.candidates import PointStates, attention_radii, feedforward_radii, norm_radii
+    from lipbound.numeric.attention import AttentionMap
+    rng = np.random.default_rng(seed)
+    generated = local_models.model(seed=seed % 97, layers=1, vocab=10)
+    item = generated.layer(0)
+    X = hidden_states(generated, IDS)[0] + 0.3 * rng.standard_normal((len(IDS), 6))
+    radii = size * rng.random(len(IDS)) * np.linalg.norm(X, axis=-1)
+    balls = PointStates(X[None], radii[None])
+    stages = [(lambda S: attention_radii(AttentionMap(item.as_layer(residual=True)), S),
+               lambda Y: attention_block(item, Y)[0]),
+              (lambda S: norm_radii(item.ln_out, S), item.ln_out),
+              (lambda S: feedforward_radii(item.ffn, S), lambda Y: Y + item.ffn(Y)),
+              (lambda S: norm_radii(item.ffn_norm, S), item.ffn_norm)]
+    for enclose, forward in stages:
+        image = enclose(balls)
+        assert np.all(image.radii >= 0) and image.points.shape == balls.points.shape
+        for Y in _in_balls(rng, balls.points[0], balls.radii[0], 12):
+            moved = np.linalg.norm(forward(Y) - image.points[0], axis=-1)
+            assert np.all(moved <= image.radii[0] * (1 + 1e-9) + 1e-12)
+        balls = image

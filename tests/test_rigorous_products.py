@@ -247,3 +247,31 @@ def test_the_decimal_exponent_of_a_product_is_above_the_exact_one_even_past_the_
         exact = mpmath.log10(mpmath.fprod(mpmath.mpf(f) for f in factors))
     assert mpmath.mpf(exponent) >= exact and exponent - exact < 1e-9
     assert log10_upper_product(*factors, float("inf")) == float("inf")
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 2 ** 31), st.sampled_from([1, 7, 384, 1536]), st.sampled_from(["point", "interval"]),
+       st.sampled_from([0, -200, 200]))
+def test_exactly_summed_products_enclose_the_exact_product_within_a_few_ulps(seed, k, kind, scale):
+    """``matmul(W, exact_sums=True)`` against the exact product (fractions) at the interval's ends: an
+    enclosure; for a point and long sums a hundredth of the plain product's width (``k u |x| |W|``) or less;
+    float32 weights (the checkpoints' own) as well as float64, columns of entries spread over e^+-4."""
+    from fractions import Fraction
+    rng = np.random.default_rng(seed)
+    x = _operand(rng, (3, k), kind, scale)
+    W = (rng.standard_normal((k, 4)) * 0.05 * np.exp(rng.uniform(-4, 4, (k, 1)))).astype(
+        np.float32 if seed % 2 else np.float64)
+    product = x.matmul(W, exact_sums=True)
+    exact_W = [[Fraction(float(w)) for w in column] for column in np.asarray(W, dtype=np.float64).T]
+    for i, j in itertools.product(range(3), range(4)):
+        for row in (x.lo[i], x.hi[i]) if kind == "interval" else (x.lo[i],):
+            value = sum(Fraction(float(a)) * b for a, b in zip(row, exact_W[j]))
+            assert Fraction(float(product.lo[i, j])) <= value <= Fraction(float(product.hi[i, j]))
+    if kind == "point" and k >= 384:
+        plain = x.matmul(W)
+        assert np.all(product.hi - product.lo <= 1e-2 * (plain.hi - plain.lo))
+
+
+def test_exactly_summed_products_refuse_rows_too_small_to_split():
+    with pytest.raises(NotCertifiedError, match="product"):
+        IntervalArray(np.full((2, 3), 1e-200)).matmul(np.ones((3, 2)), exact_sums=True)

@@ -1,21 +1,30 @@
 """Certified per-candidate passes: every edited sentence of a replacement set pushed through the layers.
 
 For a replacement at positions p_1..p_k by any of the candidate words of each slot (every combination:
-a k = 1 set over the whole vocabulary, or a k = 2 set over a sample), each edited sentence
-is evaluated in interval arithmetic (:class:`~lipbound.rigorous.arrays.IntervalArray`, outward
-rounded), vectorised over a chunk of candidates: embeddings, the attention block ``X + MHA(X)``, the
-LayerNorm, the residual feed-forward block and the output LayerNorm, layer after layer.  At layer l the
-identity matching of the original tokens with the edited ones is a transport plan, so
+a k = 1 set over the whole vocabulary, or a k = 2 set over a sample), each edited sentence is a point,
+so only the rounding of its evaluation needs enclosing.  Each is carried, vectorised over a chunk of
+candidates, as a float point ``X~`` (n, d) and per token a radius ``rho_i`` with the exact hidden state
+within ``rho_i`` of ``x~_i`` (Euclidean): stage by stage (the attention block ``X + MHA(X)``, the
+LayerNorm, the residual feed-forward block, the output LayerNorm) the stage is evaluated at the point in
+interval arithmetic (:class:`~lipbound.rigorous.arrays.IntervalArray`, outward rounded), its midpoint is
+the next point, and the next radius is the enclosure's own radius plus a certified Lipschitz bound of
+the stage on the balls ``B(x~_i, rho_i)`` times the radii (:func:`attention_radii`, :func:`norm_radii`,
+:func:`feedforward_radii`; docs/mathematics.md, "Point passes").  The matrix products sum exactly
+(``exact_sums`` of :meth:`~lipbound.rigorous.arrays.IntervalArray.matmul`), so an evaluation at a point adds
+radii of about 1e-15 of the values instead of ``k u |x| |W|``.  Re-centred radii grow by the stages' norms
+(on all-MiniLM-L6-v2 about 50 for the attention block, 2.5 and 1 for the LayerNorms, 100 for the
+feed-forward block: about 1e4 per layer) instead of by the entrywise products ``|W|`` of interval
+arithmetic (about 1e6 per layer, with softmax denominators reaching 0 at the third layer).
 
-``W1(mu_l, mu_l(w)) <= (1/n) sum_i max_{z in [z_i(w)]} ||z_i - z_i^0||``
+At layer l the identity matching of the original tokens with the edited ones is a transport plan, so
 
-for the original outputs ``z^0`` (the reference points of :class:`~lipbound.local.propagate.LayerSet`)
-and the enclosures ``[z_i(w)]``; the largest over the candidates bounds the whole set (theorem
-local-coupling with radii of rounding only).  Unlike the set route of :mod:`lipbound.local.propagate`,
-nothing is relaxed: the only loss is the growth of the enclosures of rounding, which interval arithmetic
-multiplies by about ``|W|`` at every linear map (about 1e3 per layer on all-MiniLM-L6-v2).  A layer
-whose enclosure cannot be formed (a softmax denominator or a LayerNorm scale no longer bounded away from
-zero) or is wider than ``widest`` ends the passes: that layer and the later ones are left to the set route.
+``W1(mu_l, mu_l(w)) <= (1/n) sum_i (||z~_i(w) - z_i^0|| + rho_i(w))``
+
+for the original outputs ``z^0`` (the reference points of :class:`~lipbound.local.propagate.LayerSet`);
+the largest over the candidates bounds the whole set (theorem local-coupling).  Nothing is relaxed: the
+only loss is the radii.  The passes stop after a layer whose radii, grown once more by their growth over
+that layer, would exceed ``widest`` times the largest bound of a chunk there: the later layers are left to
+the set route.
 """
 
 from __future__ import annotations
@@ -27,13 +36,18 @@ import numpy as np
 
 from ..errors import AssumptionError, NotCertifiedError
 from ..numeric.attention import AttentionMap
+from ..numeric.blas import one_blas_thread
 from ..numeric.model import Model
-from ..rigorous.arrays import IntervalArray, gelu
-from .enclosed import EnclosedNorm, inverse_sqrt, softmax
+from ..rigorous.arrays import IntervalArray, gelu, softmax
+from ..rigorous.linalg import spectral_norm_upper
+from .bounds import attention_norms, feedforward_global
+from .enclosed import EnclosedNorm, inverse_sqrt
+from .scores import ScoreNorms
 
-__all__ = ["CandidatePasses", "candidate_passes", "attention_block", "feedforward_stage", "MOST_SENTENCES"]
+__all__ = ["CandidatePasses", "candidate_passes", "PointStates", "attention_radii", "norm_radii", "feedforward_radii",
+           "MOST_SENTENCES"]
 
-#: The most edited sentences one set's passes evaluate (about 10 CPU-ms each for two layers at n = 8-9).
+#: The most edited sentences one set's passes evaluate.
 MOST_SENTENCES = 1 << 17
 
 
@@ -50,7 +64,8 @@ class CandidatePasses:
         ``bounds[l]`` (K,): certified upper bound on the W1 movement of the attention block of layer l
         under each edited sentence, for every layer the passes reached.
     widths : dict
-        ``widths[l]``: the largest rounding radius ``max_i max ||[z_i] - mid||`` over the candidates at layer l.
+        ``widths[l]``: the largest radius ``max rho_i`` of the attention block outputs over the candidates at
+        layer l (how far an exact state can be from the float point the bound measures).
     stopped : str
         Why the passes ended before the last layer asked for ("" when they reached it).
     """
@@ -65,25 +80,104 @@ class CandidatePasses:
         return float(np.max(self.bounds[layer])) if layer in self.bounds else float("nan")
 
 
-def attention_block(layer, X: IntervalArray) -> IntervalArray:
-    """``X + MHA(X)`` of a batch of sentences (B, n, d), enclosed (an unmasked dot-product layer)."""
-    engine = AttentionMap(layer)
-    B, n = X.shape[0], X.shape[1]
-    projected = X.matmul(engine.W) + IntervalArray(engine.bias)
+@final
+@dataclass(frozen=True)
+class PointStates:
+    """A batch of hidden states known to lie in token balls: the exact state of token i of sentence b is
+    within ``radii[b, i]`` of the float point ``points[b, i]`` (Euclidean norm)."""
+
+    points: np.ndarray
+    radii: np.ndarray
+
+    @classmethod
+    def from_enclosure(cls, X: IntervalArray, radii: np.ndarray | float = 0.0) -> PointStates:
+        """The midpoint of an enclosure, its radius (per token, bounded in the l2 norm) plus ``radii``."""
+        rounding = (X - IntervalArray(X.mid)).norm_upper()
+        return cls(X.mid, (IntervalArray(rounding) + IntervalArray(np.asarray(radii, dtype=np.float64))).hi)
+
+
+def _head_stack(engine: AttentionMap, part: int) -> np.ndarray:
+    """``W_Q`` (part 0) or ``W_K`` (part 1) of every head, (H, d, d_k)."""
+    return np.stack([engine.head_weights(h)[part] for h in range(engine.H)])
+
+
+def _gram_norms(vectors: IntervalArray, weights: np.ndarray) -> np.ndarray:
+    """Upper bounds on ``||W^h y||`` for vectors y (B, H, n, d_k) and per-head W^h (H, d, d_k), through the
+    enclosed Gram matrices ``W^hT W^h`` (d_k x d_k: no d-dimensional product per vector)."""
+    exact = IntervalArray(weights)
+    gram = exact.swapaxes(1, 2).bmm(exact)                                                      # (H, d_k, d_k)
+    return (vectors.bmm(gram) * vectors).sum(axis=-1).clip_below(0.0).sqrt().hi
+
+
+def attention_radii(engine: AttentionMap, X: PointStates, output_norm: float | None = None) -> PointStates:
+    """``Z = X + MHA(X)`` of a batch (B, n, d) given in balls: the enclosure at the points, and per token
+
+    ``rho'_i = rho_i + ||W_O|| (sum_h delta_hi^2)^(1/2) + (the enclosure's radius)``,
+    ``delta_hi = ||V^h|| sum_j p+_ij rho_j + sum_j p+_ij sigma_ij (||v~_j - f~_i|| + sum_l |dp|_il ||v~_l - f~_i||)``
+
+    (lemma point-attention, docs/mathematics.md): at the points ``|s_ij(Y) - s_ij(X~)| <= sigma_ij =
+    c (a_j rho_i + b_i rho_j + g rho_i rho_j)`` (theorem local-score: ``a_j = ||W_Q^h k~_j||``,
+    ``b_i = ||W_K^h q~_i||``, ``g = ||W_Q^h W_K^hT||``); along ``p(t) = softmax(s~ + t ds)``,
+    ``|p_ij(t) - p~_ij| <= |dp|_ij = p~_ij (u_ij m_i + sum_l p~_il u_il)`` with ``u = sigma e^sigma``,
+    ``m_i = 1 + sum_l p~_il u_il`` (Jensen's inequality below, ``e^x - 1 <= x e^x`` above) and
+    ``p+ = p~ + |dp|``; the value shift ``sum_j p_ij(1) (v_j - v~_j)`` and the integral of
+    ``sum_j p_ij(t) ds_ij (v~_j - sum_l p_il(t) v~_l)`` give the two terms.  An unmasked dot-product layer
+    with ``W_O`` (BERT's), as an :class:`~lipbound.numeric.attention.AttentionMap` of the layer with its residual
+    (kept across calls: its matrices are split once for the exactly summed products of
+    :meth:`~lipbound.rigorous.arrays.IntervalArray.matmul`); ``output_norm``: a certified ``||W_O||`` if known."""
+    B, n = X.points.shape[:2]
+    points = IntervalArray(X.points)
+    projected = points.matmul(engine.W, exact_sums=True) + IntervalArray(engine.bias)
     Q, K, V = (engine.per_head(projected, part) for part in ("queries", "keys", "values"))   # (B, H, n, .)
-    S = Q.einsum("bhik,bhjk->bhij", K) * inverse_sqrt(engine.d_k)
-    F = softmax(S, np.ones(n)).einsum("bhij,bhjv->bhiv", V)
+    c = inverse_sqrt(engine.d_k)
+    P = softmax(Q.einsum("bhik,bhjk->bhij", K) * c, np.ones(n))
+    F = P.einsum("bhij,bhjv->bhiv", V)
     merged = F.swapaxes(1, 2).reshape(B, n, engine.H * engine.d_v)
-    return merged.matmul(engine.W_O) + IntervalArray(engine.b_O) + X
+    Z = merged.matmul(engine.W_O, exact_sums=True) + IntervalArray(engine.b_O) + points
+    norms = attention_norms(engine)
+    g = np.array([ScoreNorms._offset_norm(engine.heads[h], *engine.head_weights(h)[:2], None) for h in range(engine.H)])
+    a, b = (_gram_norms(vectors, _head_stack(engine, part)) for vectors, part in ((K, 0), (Q, 1)))    # (B, H, n)
+    rho = IntervalArray(X.radii)[:, None]                                                        # (B, 1, n)
+    sigma = (IntervalArray(a)[:, :, None, :] * rho[..., :, None] + IntervalArray(b)[..., None] * rho[..., None, :]
+             + IntervalArray(g)[None, :, None, None] * rho[..., :, None] * rho[..., None, :]) * c   # (B, H, i, j)
+    u = sigma * sigma.exp()
+    p_hi = IntervalArray(P.hi)
+    spread = (p_hi * u).sum(axis=-1, keepdims=True)                                              # (B, H, n, 1)
+    moved = p_hi * (u * (IntervalArray(1.0) + spread) + spread)                                  # |p(Y) - p~|
+    p_most = p_hi + moved
+    squares = V.square().sum(axis=-1).expand(2) + F.square().sum(axis=-1).expand(3) \
+        - F.einsum("bhiv,bhjv->bhij", V) * 2.0
+    gaps = IntervalArray(squares.clip_below(0.0).sqrt().hi)                                      # ||v~_j - f~_i||
+    drift = (moved * gaps).sum(axis=-1, keepdims=True)                                           # (B, H, n, 1)
+    delta = IntervalArray(norms["L_V"])[None, :, None] * (p_most * rho[..., None, :]).sum(axis=-1) \
+        + (p_most * sigma * (gaps + drift)).sum(axis=-1)                                         # (B, H, n)
+    heads = delta.square().sum(axis=1).sqrt()                                                    # (B, n)
+    radii = IntervalArray(X.radii) + IntervalArray(output_norm or spectral_norm_upper(engine.W_O)) * heads
+    return PointStates.from_enclosure(Z, radii.hi)
 
 
-def feedforward_stage(item, Z: IntervalArray) -> IntervalArray:
-    """From attention block outputs (.., d) to the next layer's inputs: LayerNorm, ``y + GELU(y W_1 + b_1) W_2
-    + b_2``, LayerNorm, enclosed (GELU with its global slope range: :func:`~lipbound.rigorous.arrays.gelu`)."""
-    Y = EnclosedNorm(item.ln_out, Z).output
-    ffn = item.ffn
-    hidden = gelu(Y.matmul(ffn.W_1) + IntervalArray(ffn.b_1), global_slopes=True)
-    return EnclosedNorm(item.ffn_norm, Y + hidden.matmul(ffn.W_2) + IntervalArray(ffn.b_2)).output
+def norm_radii(norm, X: PointStates) -> PointStates:
+    """A LayerNorm (or RMSNorm) of states in balls: ``z -> gamma sqrt(d) u / n(u) + beta`` with ``u = P z``,
+    ``n(u) = (||u||^2 + d eps)^(1/2)``, whose Jacobian has norm at most ``max|gamma| sqrt(d) / n(u)``; on the
+    ball ``||u|| >= ||P z~|| - rho``, so ``rho' = max|gamma| sqrt(d) rho / ((||P z~|| - rho)_+^2 + d eps)^(1/2)``
+    plus the enclosure's radius at the point."""
+    E = EnclosedNorm(norm, X.points)
+    rho = IntervalArray(X.radii)
+    low = IntervalArray(np.maximum((IntervalArray(E.nu.lo) - rho).lo, 0.0))
+    scale = (low.square() + E.delta).sqrt()
+    slope = IntervalArray(np.array(norm.gamma_max)) * E.root_d / scale
+    return PointStates.from_enclosure(E.output, (slope * rho).hi)
+
+
+def feedforward_radii(ffn, X: PointStates) -> PointStates:
+    """``y + GELU(y W_1 + b_1) W_2 + b_2`` of states in balls: the enclosure at the points and
+    ``rho' = (1 + max GELU' ||W_1|| ||W_2||) rho`` (:func:`~lipbound.local.bounds.feedforward_global`) plus its
+    radius.  GELU at the points: mean-value form with the global slope range about the midpoints of their
+    (rounding-only) pre-activations."""
+    points = IntervalArray(X.points)
+    hidden = gelu(points.matmul(ffn.W_1, exact_sums=True) + IntervalArray(ffn.b_1), global_slopes=True)
+    output = points + hidden.matmul(ffn.W_2, exact_sums=True) + IntervalArray(ffn.b_2)
+    return PointStates.from_enclosure(output, (IntervalArray(feedforward_global(ffn)) * IntervalArray(X.radii)).hi)
 
 
 def _check_layer(item) -> None:
@@ -95,8 +189,9 @@ def _check_layer(item) -> None:
                               "per-candidate passes cover BERT-style encoders; use the set route")
 
 
+@one_blas_thread
 def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, words: list, references: list,
-                     last: int, *, chunk: int = 256, widest: float = 1e-2, progress=None) -> CandidatePasses:
+                     last: int, *, chunk: int = 256, widest: float = 0.5, progress=None) -> CandidatePasses:
     """Certified per-candidate passes of a replacement at ``slots`` by every combination of their candidates
     (module docstring): ``prod_s K_s`` edited sentences, at most :data:`MOST_SENTENCES`.
 
@@ -117,9 +212,9 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
     last : int
         The last layer wanted.
     widest : float
-        The passes stop after a layer whose rounding radius (a token's, in the l2 norm) exceeds this
-        fraction of the largest bound of a chunk at that layer: the enclosures grow about 1e3-fold per
-        layer, so the next layer would not be certified within the set route's reach.
+        The passes stop after a layer whose largest radius, times its growth since the previous layer, exceeds
+        this fraction of the largest bound of a chunk there: the next layer's radii would be about that large
+        (they grow about 1e4-fold per layer on all-MiniLM-L6-v2), beyond the set route's reach or useless.
     """
     if not model.complete or model.embeddings is None:
         raise AssumptionError("model", "a full checkpoint (embeddings, every layer)", "an attention-only model",
@@ -137,6 +232,8 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
     bounds = {layer: np.empty(total) for layer in range(last + 1)}
     widths = {layer: 0.0 for layer in range(last + 1)}
     reached, stopped = last, ""
+    engines = [AttentionMap(model.layer(index).as_layer(residual=True)) for index in range(last + 1)]
+    output_norms = [spectral_norm_upper(engine.W_O) for engine in engines]
     for begin in range(0, total, chunk):
         choice = np.unravel_index(np.arange(begin, min(begin + chunk, total)), shape)
         b = choice[0].size
@@ -144,24 +241,28 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
         hi = np.broadcast_to(own.hi, (b, n, own.shape[1])).copy()
         for slot, options, picked in zip(slots, candidates, choice):
             lo[:, slot], hi[:, slot] = options.lo[picked], options.hi[picked]
-        X = IntervalArray(lo, hi)
+        X = PointStates.from_enclosure(IntervalArray(lo, hi))
+        previous = 0.0
         for layer in range(reached + 1):
             item = model.layer(layer)
             try:
-                Z = attention_block(item.as_layer(residual=True), X)
+                Z = attention_radii(engines[layer], X, output_norms[layer])
             except NotCertifiedError as error:
                 reached, stopped = layer - 1, f"layer {layer}: {error}"
                 break
-            distance = (Z - IntervalArray(references[layer])).norm_upper()             # (b, n)
-            bounds[layer][begin:begin + b] = (IntervalArray(distance).sum(axis=-1) / float(n)).hi
-            width = float(np.max((Z - IntervalArray(Z.mid)).norm_upper()))
+            distance = (IntervalArray(Z.points) - IntervalArray(references[layer])).norm_upper()     # (b, n)
+            bounds[layer][begin:begin + b] = ((IntervalArray(distance) + IntervalArray(Z.radii)).sum(axis=-1)
+                                              / float(n)).hi
+            width = float(np.max(Z.radii))
             widths[layer] = max(widths[layer], width)
-            if width > widest * float(np.max(bounds[layer][begin:begin + b])) and layer < reached:
-                reached, stopped = layer, f"layer {layer + 1}: rounding radius {width:.3g} at layer {layer}"
+            ahead = width * max(1.0, width / previous) if layer else width
+            previous = width
+            if ahead > widest * float(np.max(bounds[layer][begin:begin + b])) and layer < reached:
+                reached, stopped = layer, f"layer {layer + 1}: radius {width:.3g} at layer {layer}, {ahead:.3g} ahead"
             if layer == reached:
                 break
             try:
-                X = feedforward_stage(item, Z)
+                X = norm_radii(item.ffn_norm, feedforward_radii(item.ffn, norm_radii(item.ln_out, Z)))
             except NotCertifiedError as error:
                 reached, stopped = layer, f"layer {layer + 1}: {error}"
                 break

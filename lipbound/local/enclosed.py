@@ -28,7 +28,7 @@ from ..errors import WeightsError
 from ..numeric.attention import AttentionMap
 from ..numeric.model import FeedForward, Head, Layer
 from ..numeric.normalization import Normalization
-from ..rigorous.arrays import IntervalArray, as_interval_array, gelu, gelu_curvature, gelu_slope
+from ..rigorous.arrays import IntervalArray, as_interval_array, gelu, gelu_curvature, gelu_slope, softmax
 from ..rigorous.intervals import IV
 from ..rigorous.linalg import Enclosure, lambda_max_upper, spectral_norm_upper_large
 from .scores import ScoreNorms, head_projections, score_scale, visibility
@@ -186,15 +186,6 @@ class EnclosedAttention:
             lo[j * d:(j + 1) * d] = column.lo.transpose(1, 0, 2).reshape(d, -1)
             hi[j * d:(j + 1) * d] = column.hi.transpose(1, 0, 2).reshape(d, -1)
         return IntervalArray(lo, hi)
-
-
-def softmax(S: IntervalArray, masses: np.ndarray) -> IntervalArray:
-    """Rows of ``m_j e^{s_ij} / sum_l m_l e^{s_il}`` over the last axis, enclosed (shift by the row
-    maximum first; the shift cancels exactly); ``masses`` broadcast against S (0 for a hidden key)."""
-    shift = np.max(S.hi, axis=-1, keepdims=True)
-    weights = (S - IntervalArray(shift)).exp() * IntervalArray(masses)
-    P = weights / weights.sum(axis=-1, keepdims=True)
-    return IntervalArray(np.maximum(P.lo, 0.0), np.minimum(P.hi, 1.0))
 
 
 class EnclosedNorm:

@@ -13,8 +13,9 @@ At the first layer the candidate words are known exactly, so the score ranges an
 the attention are maxima over the candidates (a finite set, linear maps: the convex relaxation loses
 nothing there) instead of the ball's worst case.  :func:`coupling_bound` turns the balls of a layer
 into a bound on the Wasserstein-1 distance to the original sentence's outputs (theorem local-coupling).
-On request (``per_candidate``) a replacement set is also run edit by edit in interval arithmetic
-(:mod:`lipbound.local.candidates`), and :func:`set_bound` keeps the smaller of the two certificates.
+On request (``per_candidate``) a replacement set is also run edit by edit, each edited sentence a float
+point with certified radii (:mod:`lipbound.local.candidates`), and :func:`set_bound` keeps the smaller of
+the two certificates.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 
 from ..errors import AssumptionError
 from ..numeric.attention import AttentionMap
+from ..numeric.blas import one_blas_thread
 from ..numeric.model import Embeddings, Model
 from ..rigorous.arrays import IntervalArray
 from .balls import TokenBalls
@@ -212,6 +214,7 @@ def _first_block_enumerated(layer, template: EditTemplate, candidates: list, slo
     return largest
 
 
+@one_blas_thread
 def propagate(model: Model, template: EditTemplate, layers=None, progress=None, per_candidate: bool = False,
               candidate_progress=None) -> list[LayerSet]:
     """Push the set of edited sentences through the layers; one :class:`LayerSet` per layer (the

@@ -37,6 +37,7 @@ from scipy.optimize import linprog
 from ..errors import AssumptionError
 from ..local.path import path_certificate
 from ..local.propagate import propagate, set_bound
+from ..numeric.blas import one_blas_thread
 from ..numeric.certify import layer_constant
 from ..numeric.domains import LayerNormOutputs, TokenBall
 from ..rigorous.intervals import interval, upper
@@ -190,6 +191,7 @@ def _search_ids(candidates: np.ndarray, search, seed: int, must: list, drawable:
     return np.unique(np.concatenate([chosen, np.asarray(must, dtype=np.int64)])), False
 
 
+@one_blas_thread   # many products of a few hundred rows: a second BLAS thread costs more than it saves
 def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed: int = 0, model=None,
             positions=None, vocabulary=None, search=None, path_tolerance: float = 0.2, set_certificate: bool = True,
             per_candidate: bool = False, progress=None) -> EditReport:
@@ -219,9 +221,9 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
         False skips the set certificate (``predicted_set`` is NaN), for sweeps of the path certificate.
     per_candidate : bool
         For replacements, also push every edited sentence of the set (every combination of the slots'
-        candidates, at most :data:`lipbound.local.candidates.MOST_SENTENCES`) through the layers in interval
-        arithmetic (:mod:`lipbound.local.candidates`); ``predicted_set`` is the smaller route, named per layer
-        in the report's ``set["routes"]`` (about 10 CPU-ms per sentence for two layers at n = 8-9).
+        candidates, at most :data:`lipbound.local.candidates.MOST_SENTENCES`) through the layers as a float
+        point with certified radii (:mod:`lipbound.local.candidates`); ``predicted_set`` is the smaller route,
+        named per layer in the report's ``set["routes"]`` (about 30 CPU-ms per sentence for three layers at n = 9).
     progress : callable, optional
         ``progress(done, total, what)`` as each stage finishes (a set certificate, a search, a layer's path
         certificate: ``total`` of them).

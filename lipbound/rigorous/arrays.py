@@ -42,8 +42,8 @@ from .elementwise import (
 from .intervals import interval, lower, upper
 from .linalg import Enclosure
 
-__all__ = ["IntervalArray", "as_interval_array", "gelu", "gelu_slope", "gelu_curvature", "gelu_third", "normal_cdf",
-           "normal_pdf"]
+__all__ = ["IntervalArray", "as_interval_array", "softmax", "gelu", "gelu_slope", "gelu_curvature", "gelu_third",
+           "normal_cdf", "normal_pdf"]
 
 _ETA = 2.0 ** -1074
 #: Entries per block of the blockwise loops (large arrays): temporaries stay in the cache and the heap.
@@ -370,13 +370,18 @@ class IntervalArray:
         """Lower bounds on ``min ||x||_2`` along ``axis`` over the box."""
         return _norm_lower(self.mignitude, axis)
 
-    def matmul(self, W) -> IntervalArray:
+    def matmul(self, W, exact_sums: bool = False) -> IntervalArray:
         """``x W`` over the last axis for a float matrix W (taken exactly), any leading shape
-        (the error model of :func:`_product`)."""
-        W = np.asarray(W, dtype=np.float64)
+        (the error model of :func:`_product`; with ``exact_sums`` that of :func:`_split_product`, whose
+        rounding is about ``u |x W|`` instead of ``k u |x| |W|``, at one more BLAS product)."""
         k = self.shape[-1]
         flat = self.reshape(-1, k)
-        center, spread = _product(np.matmul, flat, IntervalArray._ordered(W, W, check=False), k)
+        if exact_sums:   # the matrix object itself: its split is kept
+            center, spread = _split_product(flat, W)
+            W = np.asarray(W)
+        else:
+            W = np.asarray(W, dtype=np.float64)
+            center, spread = _product(np.matmul, flat, IntervalArray._ordered(W, W, check=False), k)
         shape = self.shape[:-1] + (W.shape[1],)
         return IntervalArray.around(center.reshape(shape), spread.reshape(shape))
 
@@ -435,12 +440,93 @@ def _product(contract, a: IntervalArray, b: IntervalArray, count: int) -> tuple[
     return center, up_nonnegative(spread, out=spread)
 
 
+#: Smallest quantum of a split: the product of two stays a normal number, so products of split parts are exact.
+_SMALLEST_QUANTUM = 2.0 ** -500
+
+
+def _split(values: np.ndarray, bits: int, axis: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``values = high + low`` exactly, with ``high`` an integer multiple of ``quantum`` (a power of two per
+    slice along ``axis``, kept with keepdims) and ``|high| <= 2^bits quantum``, ``|low| <= quantum / 2``.
+
+    ``quantum = 2^(e - bits)`` with ``max|values| < 2^e`` over the slice; ``values / quantum`` is exact
+    (a power of two, no underflow at or above :data:`_SMALLEST_QUANTUM`), ``rint`` of it is an integer of at
+    most ``2^bits``, and ``low = values - high`` is a multiple of the ulp of ``values`` below
+    ``quantum / 2 < 2^(e - bits)``, so exactly representable (Ozaki, Ogita, Oishi and Rump, "Error-free
+    transformations of matrix multiplication", Numer. Algorithms 59, 2012)."""
+    exponent = np.frexp(np.max(np.abs(values), axis=axis, keepdims=True))[1]
+    quantum = np.ldexp(1.0, exponent - bits)
+    if np.any(quantum < _SMALLEST_QUANTUM):
+        raise NotCertifiedError("product", f"entries above {_SMALLEST_QUANTUM * 2.0 ** 60:.3g} in every row",
+                                "tiny entries", "scale the operands, or multiply without exact_sums")
+    high = np.rint(values / quantum) * quantum
+    return high, values - high, quantum
+
+
+#: id(W) -> (W, its split): a weight matrix is split once (the entry keeps W alive, so its id stays its own).
+_SPLITS: dict = {}
+
+
+def _split_weights(W: np.ndarray, bits: int):
+    """A weight matrix in float64, ``|W|``, its split by columns (:func:`_split`), its column quanta and an
+    upper bound on ``sum_i |W_ij|``, computed once per matrix object."""
+    entry = _SPLITS.get(id(W))
+    if entry is None or entry[0] is not W or entry[1] != bits:
+        if len(_SPLITS) >= 32:
+            _SPLITS.clear()
+        exact = np.asarray(W, dtype=np.float64)
+        high, low, quantum = _split(exact, bits, axis=0)
+        magnitude = np.abs(exact)
+        entry = _SPLITS[id(W)] = (W, bits, exact, magnitude, high, low, quantum,
+                                  np.sum(magnitude, axis=0) * (1 + gamma_bound(exact.shape[0] + 2)))
+    return entry[2:]
+
+
+def _split_product(a: IntervalArray, W) -> tuple[np.ndarray, np.ndarray]:
+    """Midpoint and radius of ``a W`` (a: (M, k) interval, W: (k, N) exact) with sums that do not round.
+
+    With ``a_m = x_hi + x_lo`` split by rows and ``W = W_hi + W_lo`` by columns (:func:`_split`,
+    ``b_x + b_W = 53 - ceil(log2 k)`` bits), every product of ``x_hi W_hi`` is an integer multiple of
+    ``q_i r_j`` below ``2^(b_x + b_W) q_i r_j`` and every partial sum below ``2^53 q_i r_j``: BLAS computes it
+    exactly, in any order, with or without fused multiply-adds.  The rest ``x_hi W_lo + x_lo W`` is about
+    ``2^-b`` of the product, and its rounding is at most ``gamma_k (sum |x_hi| r_j / 2 + q_i / 2 sum_l |W_lj|)``
+    (Higham, eq. 3.13, with ``|W_lo| <= r / 2``, ``|x_lo| <= q / 2``); two more roundings form the midpoint,
+    and the radius of ``a`` adds ``r_a |W|`` as in :func:`_product`."""
+    mid, rad = a._mid_rad()
+    k = W.shape[0]
+    bits = 53 - int(np.ceil(np.log2(max(k, 2))))
+    x_bits = bits // 2
+    W, magnitude, W_hi, W_lo, r, column_sums = _split_weights(W, bits - x_bits)
+    x_hi, x_lo, q = _split(mid, x_bits, axis=1)
+    rest = x_hi @ W_lo
+    rest += x_lo @ W
+    center = x_hi @ W_hi
+    center += rest
+    gamma = gamma_bound(k + 4)
+    row_sums = np.sum(np.abs(x_hi), axis=1, keepdims=True)
+    spread = (row_sums * (r * 0.5) + (q * 0.5) * column_sums) * gamma
+    spread += (np.abs(rest) + np.abs(center)) * (2 * UNIT_ROUNDOFF)
+    if rad is not None:
+        spread += rad @ magnitude
+    spread *= 1 + gamma_bound(k + 8)
+    spread += (k + 4) * _ETA * 4.0
+    return center, up_nonnegative(spread, out=spread)
+
+
 def as_interval_array(value) -> IntervalArray:
     if isinstance(value, IntervalArray):
         return value
     if isinstance(value, Enclosure):
         return IntervalArray.from_enclosure(value)
     return IntervalArray(value)
+
+
+def softmax(S: IntervalArray, masses: np.ndarray) -> IntervalArray:
+    """Rows of ``m_j e^{s_ij} / sum_l m_l e^{s_il}`` over the last axis, enclosed (shift by the row
+    maximum first; the shift cancels exactly); ``masses`` broadcast against S (0 for a hidden key)."""
+    shift = np.max(S.hi, axis=-1, keepdims=True)
+    weights = (S - IntervalArray(shift)).exp() * IntervalArray(masses)
+    P = weights / weights.sum(axis=-1, keepdims=True)
+    return IntervalArray(np.maximum(P.lo, 0.0), np.minimum(P.hi, 1.0))
 
 
 def _norm_upper(magnitude: np.ndarray, axis) -> np.ndarray:
@@ -523,9 +609,7 @@ def gelu(x: IntervalArray, global_slopes: bool = False) -> IntervalArray:
     at_mid = IntervalArray(mid) * IntervalArray(*normal_cdf_bounds(mid))
     if not np.any(x.hi > x.lo):
         return at_mid
-    if global_slopes:
-        (bottom, _), (_, top), _ = gelu_slope_extrema()
-        slopes = IntervalArray(np.array(bottom), np.array(top))
-    else:
-        slopes = gelu_slope(x)
-    return at_mid + slopes * (x - IntervalArray(mid))
+    if global_slopes:   # GELU' in [bottom, top] with |bottom| < top: the term is within +- top * rad
+        top = gelu_slope_extrema()[1][1]
+        return IntervalArray.around(at_mid.mid, up_nonnegative(up_nonnegative(x.rad * top) + at_mid.rad))
+    return at_mid + gelu_slope(x) * (x - IntervalArray(mid))
