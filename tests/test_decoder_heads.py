@@ -375,10 +375,11 @@ def test_heads_no_theorem_covers_are_refused():
 
 
 def test_the_row_split_bounds_every_split_of_a_unit_tangent_and_is_below_the_minkowski_sum():
-    """Step 6 of :mod:`lipbound.numeric.sdp.rotary` (and of :mod:`.layer`) as an inequality on numbers: for row bounds ``b_i eps_i`` (0 for
-    row 0, one key) and ``(sum_j W_ij eps_j^2)^(1/2)`` over the keys a causal row sees, ``sum_i (b_i eps_i + (sum_j
-    W_ij eps_j^2)^(1/2))^2`` over unit vectors (random, and on one or two tokens) stays below the square of the split
-    bound at the splits :func:`split_rows` finds, which is below the Minkowski sum ``b + max_j (sum_i W_ij)^(1/2)``."""
+    """Step 6 of :mod:`lipbound.numeric.sdp.rotary` (and of :mod:`.layer`) as an inequality on numbers: for row
+    bounds ``b_i eps_i`` (0 for row 0, one key) and ``(sum_j W_ij eps_j^2)^(1/2)`` over the keys a causal row
+    sees, ``sum_i (b_i eps_i + (sum_j W_ij eps_j^2)^(1/2))^2`` over unit vectors (random, and on one or two
+    tokens) stays below the square of the split bound at the splits :func:`split_rows` finds, which is below the
+    Minkowski sum ``b + max_j (sum_i W_ij)^(1/2)``."""
     from lipbound.numeric.sdp.layer import coupled_rows, row_factors, split_rows
     from lipbound.rigorous.intervals import IV, interval
 
