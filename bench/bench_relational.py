@@ -63,15 +63,11 @@ def main() -> None:
                   + ", ".join(f"{'after' if r else 'before'} {s:.0f}" for r, (_, s) in runs.items()))
             for index, point in enumerate(after.points):
                 before = runs[False][0].points[index] if False in runs else None
-                dominant = min((("||DF(X)|| + variation", point.local), ("global", point.global_constant)),
-                               key=lambda item: item[1])[0]
-                if point.certified < min(point.local, point.global_constant):
-                    dominant = "product of block bounds"
                 print(f"  eps {point.eps / after.radius:7.0e} R: certified {point.certified:10.4g} witness "
                       f"{point.witness:8.4g} ratio {point.ratio:8.3g}"
                       + (f" (before {before.certified:10.4g}, ratio {before.ratio:8.3g})" if before else "")
                       + f"; variation {point.variation:9.4g} (found {point.variation_witness:.3g}); "
-                        f"smallest route: {dominant}; {point.verdict}")
+                        f"route: {point.route}; CPU s {point.cpu_seconds:.1f}; {point.verdict}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,177 @@
+"""The Jacobian of an attention layer enclosed over a whole neighbourhood: ``L(eps)`` without a curvature integral.
+
+By the mean-value theorem on the convex ``U = U(X, eps)``, ``L(eps) <= sup_{Y in U} ||DF(Y)||_2``, and
+``sup_U ||DF(Y)|| <= ||DF(X)|| + sup_U ||DF(Y) - DF(X)||``.  For an attention layer
+``F_i = y_i + sum_h o^h_i W_O^h + b_O`` (``o_i = sum_j p_ij v_j``, scores ``s_ij = c q_i . k_j``) the derivative of
+one head along ``E`` (n, d) is, row i
+(lemma ``softmax-derivative``; ``J_i = diag(p_i) - p_i p_i^T``, ``N_i = J_i V W_O^h``, ``b_i = W_K q_i^T``):
+
+    do_i[E] W_O^h = (P E W_V W_O^h)_i  +  c e_i W_Q K^T N_i  +  c b_i^T E^T N_i       (value, query and key paths).
+
+``J_i 1 = 0`` and ``1^T J_i = 0`` centre V and K: ``N_i = J_i (V - 1 z^T) W_O^h`` and ``K^T N_i = (K - 1 y^T)^T N_i``
+for any z, y (``f_i``, ``kappa_i = sum_j p_ij k_j`` at X).  Between a point Y of U (primes) and X, with ``Y - X`` of
+spectral norm at most ``eps`` (so ``||(K' - K) W_Q^T|| <= eps ||W_Q W_K^T||``,
+``||(V' - V) W_O^h|| <= eps ||W_V W_O^h||``),
+``Delta_i >= ||p'_i - p_i||_2`` and ``mu_i >= max_j |p'_ij - p_ij|`` on U (theorem ``local-attention-jacobian``):
+
+    ||J'_i - J_i|| <= min(1/2, mu_i + Delta_i (2 ||p_i|| + Delta_i))     (PSD matrices of norm <= 1/2, Gershgorin),
+    ||N'_i - N_i|| <= ||J'_i - J_i|| (||(V - 1 f_i^T) W_O^h|| + eps ||W_V W_O^h||) + ||J_i|| eps ||W_V W_O^h||,
+
+and over unit ``E`` (Frobenius) each head's three changes are at most
+
+    t_1 = ||P' - P||_F ||W_V W_O^h||,
+    t_2 = c max_i (eps ||W_Q W_K^T|| ||N'_i|| + ||(K - 1 kappa_i^T) W_Q^T|| ||N'_i - N_i||),
+    t_3 = c (eps ||W_Q W_K^T|| max_i ||N'_i||
+             + min(||B|| max_i ||N'_i - N_i||, (sum_i ||b_i||^2 ||N'_i - N_i||^2)^(1/2)))
+
+(``sum_i ||x_i^T E^T N_i||^2 <= sum_i ||E x_i||^2 ||N_i||^2``, at most ``max_i ||N_i||^2 ||E X^T||_F^2`` or
+``||E||_2^2 sum_i ||x_i||^2 ||N_i||^2``), so ``sup_U ||DF(Y) - DF(X)|| <= sum_h (t_1 + t_2 + t_3)``
+(:meth:`JacobianSpread.spread`).
+The same factors bound ``||DF(Y)||`` itself, with no reference to X (:meth:`JacobianSpread.supremum`): the smaller
+where the weights may be anything (large eps).  Nothing of size ``(n d)^2`` is formed: the norms at X are of ``n x d``
+matrices per (head, query), computed once.
+
+The weights' changes ``Delta_i`` and ``mu_i`` are where the set enters (:func:`weight_changes`): from an enclosure
+of every weight on U, and from the weights as an affine form over the ball's symbols
+(:attr:`~lipbound.local.relational.RelationalAttention.weights_form`: a row's change is the operator norm of its
+generators, every weight of a row moving under one direction of the ball).
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+import numpy as np
+
+from ..numeric.model import Layer
+from ..rigorous.arrays import IntervalArray
+from ..rigorous.linalg import spectral_norm_upper_large
+from .bounds import value_space
+from .enclosed import EnclosedAttention
+
+__all__ = ["JacobianSpread", "weight_changes"]
+
+
+def _norms(matrices: IntervalArray) -> np.ndarray:
+    """Certified spectral norms of a stack of interval matrices (..., rows, columns), shape (...)."""
+    lead = matrices.shape[:-2]
+    flat = matrices.reshape((-1,) + matrices.shape[-2:])
+    return np.array([spectral_norm_upper_large(flat[k].to_enclosure()) for k in range(flat.shape[0])]).reshape(lead)
+
+
+def _up(x: IntervalArray) -> np.ndarray:
+    return np.maximum(x.hi, 0.0)
+
+
+def weight_changes(weights: IntervalArray, at_x: IntervalArray, form=None) -> tuple[np.ndarray, np.ndarray]:
+    """``(Delta, mu)`` (H, n): ``sup_U ||p_i(Y) - p_i(X)||_2`` and ``sup_U max_j |p_ij(Y) - p_ij(X)|`` bounded.
+
+    Parameters
+    ----------
+    weights : IntervalArray (H, n, n)
+        An enclosure of every weight on U (entry by entry).
+    at_x : IntervalArray (H, n, n)
+        The weights at X.
+    form : AffineForm (H, n, n), optional
+        The attention weights on U over the ball's symbols (:attr:`RelationalAttention.weights_form`).
+
+    Each row: the entrywise bound ``||(max(|hi - p(X)|, |p(X) - lo|))_j||``, the form's (``||c_i - p_i(X)|| +`` the
+    operator norm of the row's generators and box symbols ``+ ||err_i||``) if given, the smaller, and at most
+    ``2^(1/2)`` (two probability vectors)."""
+    entrywise = np.maximum(_up(weights - at_x), _up(at_x - weights))           # |p_ij(Y) - p_ij(X)| <= this
+    delta = np.minimum(IntervalArray(entrywise).norm_upper(), IntervalArray(2.0).sqrt().hi.item())
+    if form is not None:
+        offset = (IntervalArray(form.center) - at_x).norm_upper()
+        symbolic = IntervalArray(form._generator_norms()) + IntervalArray(IntervalArray(form.err).norm_upper())
+        delta = np.minimum(delta, _up(IntervalArray(offset) + symbolic))
+    return delta, np.minimum(np.max(entrywise, axis=-1), delta)
+
+
+@final
+class JacobianSpread:
+    """``sup_U ||DF(Y) - DF(X)||_2`` of an attention layer from its weights' changes on U (module docstring).
+
+    Parameters
+    ----------
+    target : Layer
+        An attention layer covered by :func:`lipbound.local.relational.covers` (dot-product softmax heads, no masks or
+        rotations, output projection and residual).
+    E : EnclosedAttention
+        The layer at X.
+
+    The norms at X (per head and query: ``||N_i||``, ``||J_i||``, ``||(V - 1 f_i^T) W_O^h||``, ``||(K - 1 kappa_i^T)
+    W_Q^T||``, ``||b_i||``; per head: ``||B||``, ``||W_V W_O^h||``, ``||W_Q W_K^T||``) are computed here once;
+    :meth:`spread` and :meth:`supremum` take a radius and the weights' changes on its U.
+    """
+
+    def __init__(self, target: Layer, E: EnclosedAttention):
+        engine = E.engine
+        H = engine.H
+        self.c = E.c
+        values, outputs, self.A = value_space(E, target)                                   # v_j W_O^h, ||W_V^h W_O^h||
+        self.g = np.asarray(E.norms.g, dtype=np.float64).reshape(H)                        # ||W_Q W_K^T||
+        centred_values = values.expand(1) - outputs.expand(2)                              # (v_j - f_i) W_O^h
+        self.N = _norms(E.P.expand(-1) * centred_values)                                   # ||J_i V W_O^h||, (H, n)
+        self.V_centred = _norms(centred_values)                                            # ||(V - 1 f_i^T) W_O^h||
+        kappa = E.P.einsum("hij,hjk->hik", E.K)
+        spread = E.K.expand(1) - kappa.expand(2)                                           # k_j - kappa_i
+        self.K_centred = _norms(IntervalArray.stack([spread[h].matmul(engine.head_weights(h)[0].T)
+                                                     for h in range(H)]))                  # ||(K - 1 kappa_i^T) W_Q^T||
+        p = E.P
+        gershgorin = np.max(_up(IntervalArray(2.0) * p * (IntervalArray(1.0) - p)), axis=-1)
+        self.J = np.minimum(gershgorin, 0.5)                                               # ||J_i|| (PSD)
+        self.p_norms = p.norm_upper()                                                      # ||p_i||_2
+        keys_side = E.norms.w                                                              # b_i = W_K q_i, (H, n, 1, d)
+        self.b = np.asarray(E.norms.b, dtype=np.float64).reshape(H, -1)
+        self.B = _norms(keys_side.reshape((H, E.n, keys_side.shape[-1])))                 # ||[b_i]_i||, (H,)
+
+    def terms(self, eps: float, delta: np.ndarray, mu: np.ndarray) -> dict:
+        """The per-head bounds ``t_1``, ``t_2``, ``t_3`` (H,) for ``U(X, eps)`` with weights' changes ``delta``, ``mu``
+        (:func:`weight_changes`), and the changes of ``J_i``, ``N_i W_O^h``, and ``N'_i W_O^h`` (H, n), upper bounds."""
+        t = IntervalArray(float(eps))
+        Delta, Mu = IntervalArray(delta), IntervalArray(mu)
+        moved_J = np.minimum(_up(Mu + Delta * (IntervalArray(2.0) * IntervalArray(self.p_norms) + Delta)), 0.5)
+        shift_V = (t * IntervalArray(self.A))[:, None]                                     # eps ||W_V W_O^h||, (H, 1)
+        values = IntervalArray(self.V_centred) + shift_V
+        moved_N = _up(IntervalArray(moved_J) * values + IntervalArray(self.J) * shift_V)
+        at_y_N = np.minimum(_up(IntervalArray(self.N) + IntervalArray(moved_N)), _up(IntervalArray(0.5) * values))
+        g = IntervalArray(self.g)[:, None]
+        moved_M = _up(t * g * IntervalArray(at_y_N) + IntervalArray(self.K_centred) * IntervalArray(moved_N))
+        t1 = _up(IntervalArray(Delta.norm_upper()) * IntervalArray(self.A))              # ||P' - P||_F ||W_V W_O^h||
+        t2 = _up(self.c * IntervalArray(np.max(moved_M, axis=-1)))
+        by_max = IntervalArray(self.B) * IntervalArray(np.max(moved_N, axis=-1))
+        by_rows = IntervalArray((IntervalArray(self.b) * IntervalArray(moved_N)).norm_upper())
+        key_change = IntervalArray(np.minimum(_up(by_max), _up(by_rows)))
+        t3 = _up(self.c * (t * IntervalArray(self.g) * IntervalArray(np.max(at_y_N, axis=-1)) + key_change))
+        return {"value": t1, "query": t2, "key": t3, "J": moved_J, "N": moved_N, "at_y_N": at_y_N}
+
+    def spread(self, eps: float, delta: np.ndarray, mu: np.ndarray) -> float:
+        """``sup_{U(X, eps)} ||DF(Y) - DF(X)||_2`` bounded (module docstring)."""
+        parts = self.terms(eps, delta, mu)
+        heads = IntervalArray(parts["value"]) + IntervalArray(parts["query"]) + IntervalArray(parts["key"])
+        return float(_up(heads.sum(axis=0)))
+
+    def supremum(self, eps: float, weights: IntervalArray, delta: np.ndarray, mu: np.ndarray) -> float:
+        """``sup_{U(X, eps)} ||DF(Y)||_2`` bounded directly, without ``DF(X)`` (``weights``: every weight on U):
+        ``1 + sum_h u_h`` with, per head (``N'_i`` in the output space, ``N'_i W_O^h``),
+
+            u = ||P'|| ||W_V W_O^h|| + c max_i (||(K - 1 kappa_i^T) W_Q^T|| + eps ||W_Q W_K^T||) ||N'_i||
+                + c (||B|| + eps ||W_Q W_K^T||) max_i ||N'_i||,
+
+        ``||P'||_2 <= (max_j sum_i p'_ij)^(1/2)`` (rows sum to 1), ``||N'_i|| <= ||J'_i|| (||(V - 1 f_i^T) W_O^h|| +
+        eps ||W_V W_O^h||)`` with Gershgorin's ``||J'_i|| <= max_j 2 p'_ij (1 - p'_ij)`` over the weights' box (and
+        ``||N_i|| + ||N'_i - N_i||``)."""
+        t = IntervalArray(float(eps))
+        parts = self.terms(eps, delta, mu)
+        hi, lo = np.minimum(weights.hi, 1.0), np.maximum(weights.lo, 0.0)
+        J = np.minimum(np.max(_up(IntervalArray(2.0) * IntervalArray(hi) * (IntervalArray(1.0) - IntervalArray(lo))),
+                              axis=-1), 0.5)
+        values = IntervalArray(self.V_centred) + (t * IntervalArray(self.A))[:, None]
+        N = np.minimum(_up(IntervalArray(J) * values), parts["at_y_N"])
+        g = t * IntervalArray(self.g)
+        keys = IntervalArray(self.K_centred) + g[:, None]
+        P = IntervalArray(_up(IntervalArray(hi).sum(axis=-2))).sqrt()                   # ||P'||_2 per column sum
+        u1 = IntervalArray(np.max(_up(P), axis=-1)) * IntervalArray(self.A)
+        u2 = self.c * IntervalArray(np.max(_up(keys * IntervalArray(N)), axis=-1))
+        u3 = self.c * (IntervalArray(self.B) + g) * IntervalArray(np.max(N, axis=-1))
+        return float(_up(IntervalArray(1.0) + (u1 + u2 + u3).sum(axis=0)))
