@@ -151,16 +151,9 @@ class JacobianSpread:
         heads = IntervalArray(parts["value"]) + IntervalArray(parts["query"]) + IntervalArray(parts["key"])
         return float(_up(heads.sum(axis=0)))
 
-    def supremum(self, eps: float, weights: IntervalArray, delta: np.ndarray, mu: np.ndarray) -> float:
-        """``sup_{U(X, eps)} ||DF(Y)||_2`` bounded directly, without ``DF(X)`` (``weights``: every weight on U):
-        ``1 + sum_h u_h`` with, per head (``N'_i`` in the output space, ``N'_i W_O^h``),
-
-            u = ||P'|| ||W_V W_O^h|| + c max_i (||(K - 1 kappa_i^T) W_Q^T|| + eps ||W_Q W_K^T||) ||N'_i||
-                + c (||B|| + eps ||W_Q W_K^T||) max_i ||N'_i||,
-
-        ``||P'||_2 <= (max_j sum_i p'_ij)^(1/2)`` (rows sum to 1), ``||N'_i|| <= ||J'_i|| (||(V - 1 f_i^T) W_O^h|| +
-        eps ||W_V W_O^h||)`` with Gershgorin's ``||J'_i|| <= max_j 2 p'_ij (1 - p'_ij)`` over the weights' box (and
-        ``||N_i|| + ||N'_i - N_i||``)."""
+    def levels(self, eps: float, weights: IntervalArray, delta: np.ndarray, mu: np.ndarray) -> dict:
+        """Per head (H,), bounds on the three paths' operator norms at every point of ``U(X, eps)`` (``weights``: every
+        weight on U; :meth:`supremum`)."""
         t = IntervalArray(float(eps))
         parts = self.terms(eps, delta, mu)
         hi, lo = np.minimum(weights.hi, 1.0), np.maximum(weights.lo, 0.0)
@@ -171,7 +164,20 @@ class JacobianSpread:
         g = t * IntervalArray(self.g)
         keys = IntervalArray(self.K_centred) + g[:, None]
         P = IntervalArray(_up(IntervalArray(hi).sum(axis=-2))).sqrt()                   # ||P'||_2 per column sum
-        u1 = IntervalArray(np.max(_up(P), axis=-1)) * IntervalArray(self.A)
-        u2 = self.c * IntervalArray(np.max(_up(keys * IntervalArray(N)), axis=-1))
-        u3 = self.c * (IntervalArray(self.B) + g) * IntervalArray(np.max(N, axis=-1))
-        return float(_up(IntervalArray(1.0) + (u1 + u2 + u3).sum(axis=0)))
+        return {"value": _up(IntervalArray(np.max(_up(P), axis=-1)) * IntervalArray(self.A)),
+                "query": _up(self.c * IntervalArray(np.max(_up(keys * IntervalArray(N)), axis=-1))),
+                "key": _up(self.c * (IntervalArray(self.B) + g) * IntervalArray(np.max(N, axis=-1)))}
+
+    def supremum(self, eps: float, weights: IntervalArray, delta: np.ndarray, mu: np.ndarray) -> float:
+        """``sup_{U(X, eps)} ||DF(Y)||_2`` bounded directly, without ``DF(X)`` (``weights``: every weight on U):
+        ``1 + sum_h u_h`` with, per head (``N'_i`` in the output space, ``N'_i W_O^h``),
+
+            u = ||P'|| ||W_V W_O^h|| + c max_i (||(K - 1 kappa_i^T) W_Q^T|| + eps ||W_Q W_K^T||) ||N'_i||
+                + c (||B|| + eps ||W_Q W_K^T||) max_i ||N'_i||,
+
+        ``||P'||_2 <= (max_j sum_i p'_ij)^(1/2)`` (rows sum to 1), ``||N'_i|| <= ||J'_i|| (||(V - 1 f_i^T) W_O^h|| +
+        eps ||W_V W_O^h||)`` with Gershgorin's ``||J'_i|| <= max_j 2 p'_ij (1 - p'_ij)`` over the weights' box (and
+        ``||N_i|| + ||N'_i - N_i||``)."""
+        parts = self.levels(eps, weights, delta, mu)
+        heads = IntervalArray(parts["value"]) + IntervalArray(parts["query"]) + IntervalArray(parts["key"])
+        return float(_up(IntervalArray(1.0) + heads.sum(axis=0)))
