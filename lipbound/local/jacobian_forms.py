@@ -63,8 +63,15 @@ def _up(x: IntervalArray) -> np.ndarray:
     return np.maximum(x.hi, 0.0)
 
 
-def weight_changes(weights: IntervalArray, at_x: IntervalArray, form=None) -> tuple[np.ndarray, np.ndarray]:
-    """``(Delta, mu)`` (H, n): ``sup_U ||p_i(Y) - p_i(X)||_2`` and ``sup_U max_j |p_ij(Y) - p_ij(X)|`` bounded.
+def _gershgorin(weights: IntervalArray) -> np.ndarray:
+    """``||diag(p_i) - p_i p_i^T||_2`` for every row p_i in the box ``weights`` (H, n, n) -> (H, n): the matrix is PSD,
+    and Gershgorin's row j gives ``p_j - p_j^2 + p_j (1 - p_j) = 2 p_j (1 - p_j) <= 1/2``."""
+    hi, lo = IntervalArray(np.minimum(weights.hi, 1.0)), IntervalArray(np.clip(weights.lo, 0.0, 1.0))
+    return np.minimum(np.max(_up(IntervalArray(2.0) * hi * (IntervalArray(1.0) - lo)), axis=-1), 0.5)
+
+
+def weight_changes(weights: IntervalArray, at_x: IntervalArray, form=None) -> np.ndarray:
+    """``Delta`` (H, n): ``sup_U ||p_i(Y) - p_i(X)||_2`` bounded.
 
     Parameters
     ----------
@@ -84,7 +91,7 @@ def weight_changes(weights: IntervalArray, at_x: IntervalArray, form=None) -> tu
         offset = (IntervalArray(form.center) - at_x).norm_upper()
         symbolic = IntervalArray(form._generator_norms()) + IntervalArray(IntervalArray(form.err).norm_upper())
         delta = np.minimum(delta, _up(IntervalArray(offset) + symbolic))
-    return delta, np.minimum(np.max(entrywise, axis=-1), delta)
+    return delta
 
 
 @final
@@ -107,36 +114,57 @@ class JacobianSpread:
     def __init__(self, target: Layer, E: EnclosedAttention):
         engine = E.engine
         H = engine.H
-        self.c = E.c
+        self.c, self.P = E.c, E.P
         values, outputs, self.A = value_space(E, target)                                   # v_j W_O^h, ||W_V^h W_O^h||
         self.g = np.asarray(E.norms.g, dtype=np.float64).reshape(H)                        # ||W_Q W_K^T||
         centred_values = values.expand(1) - outputs.expand(2)                              # (v_j - f_i) W_O^h
+        self.value_rows = centred_values.norm_upper()                                      # ||(v_j - f_i) W_O^h||
         self.N = _norms(E.P.expand(-1) * centred_values)                                   # ||J_i V W_O^h||, (H, n)
         self.V_centred = _norms(centred_values)                                            # ||(V - 1 f_i^T) W_O^h||
         kappa = E.P.einsum("hij,hjk->hik", E.K)
         spread = E.K.expand(1) - kappa.expand(2)                                           # k_j - kappa_i
-        self.K_centred = _norms(IntervalArray.stack([spread[h].matmul(engine.head_weights(h)[0].T)
-                                                     for h in range(H)]))                  # ||(K - 1 kappa_i^T) W_Q^T||
-        p = E.P
-        gershgorin = np.max(_up(IntervalArray(2.0) * p * (IntervalArray(1.0) - p)), axis=-1)
-        self.J = np.minimum(gershgorin, 0.5)                                               # ||J_i|| (PSD)
-        self.p_norms = p.norm_upper()                                                      # ||p_i||_2
+        keys = IntervalArray.stack([spread[h].matmul(engine.head_weights(h)[0].T) for h in range(H)])
+        self.key_rows = keys.norm_upper()                                                  # ||(k_j - kappa_i) W_Q^T||
+        self.K_centred = _norms(keys)                                                      # ||(K - 1 kappa_i^T) W_Q^T||
+        self.J = _gershgorin(E.P)                                                          # ||J_i|| (PSD)
+        self.p_norms = E.P.norm_upper()                                                    # ||p_i||_2
         keys_side = E.norms.w                                                              # b_i = W_K q_i, (H, n, 1, d)
         self.b = np.asarray(E.norms.b, dtype=np.float64).reshape(H, -1)
         self.B = _norms(keys_side.reshape((H, E.n, keys_side.shape[-1])))                 # ||[b_i]_i||, (H,)
 
-    def terms(self, eps: float, delta: np.ndarray, mu: np.ndarray) -> dict:
-        """The per-head bounds ``t_1``, ``t_2``, ``t_3`` (H,) for ``U(X, eps)`` with weights' changes ``delta``, ``mu``
-        (:func:`weight_changes`), and the changes of ``J_i``, ``N_i W_O^h``, and ``N'_i W_O^h`` (H, n), upper bounds."""
+    def terms(self, eps: float, weights: IntervalArray, delta: np.ndarray) -> dict:
+        """For ``U(X, eps)`` with ``weights`` (every weight on U) and row changes ``delta`` (:func:`weight_changes`):
+        the per-head bounds ``t_1``, ``t_2``, ``t_3`` (H,) on the paths' changes, and (H, n) bounds on the changes of
+        ``J_i`` and ``N_i`` and on ``||N'_i||`` on U (keys "J", "N", "at_y_N")."""
         t = IntervalArray(float(eps))
-        Delta, Mu = IntervalArray(delta), IntervalArray(mu)
+        hi = IntervalArray(np.minimum(weights.hi, 1.0))
+        entries = IntervalArray(np.maximum(_up(weights - self.P), _up(self.P - weights)))  # |p'_ij - p_ij|
+        Delta = IntervalArray(delta)
+        Mu = IntervalArray(np.minimum(np.max(entries.hi, axis=-1), delta))
         moved_J = np.minimum(_up(Mu + Delta * (IntervalArray(2.0) * IntervalArray(self.p_norms) + Delta)), 0.5)
+        J_at_y = IntervalArray(_gershgorin(weights))
         shift_V = (t * IntervalArray(self.A))[:, None]                                     # eps ||W_V W_O^h||, (H, 1)
         values = IntervalArray(self.V_centred) + shift_V
-        moved_N = _up(IntervalArray(moved_J) * values + IntervalArray(self.J) * shift_V)
-        at_y_N = np.minimum(_up(IntervalArray(self.N) + IntervalArray(moved_N)), _up(IntervalArray(0.5) * values))
+        rows = IntervalArray(self.value_rows)
+        # (J' - J) V~ = diag(Delta p) V~ - p' (Delta p^T V~), V~ centred at f_i; J' (V~' - V~) at most
+        # ||J'|| eps ||W_V W_O||; ||Delta p^T V~|| <= mixed
+        mixed = IntervalArray(np.minimum(_up((entries * rows).sum(axis=-1)),
+                                         _up(Delta * IntervalArray(self.V_centred))))
+        p_at_y = IntervalArray(np.minimum(_up(IntervalArray(self.p_norms) + Delta), 1.0))
+        by_entries = IntervalArray((entries * rows).norm_upper()) + p_at_y * mixed + J_at_y * shift_V
+        by_norms = IntervalArray(moved_J) * values + IntervalArray(self.J) * shift_V
+        moved_N = np.minimum(_up(by_entries), _up(by_norms))
+        concentrated = IntervalArray(np.max(hi.hi, axis=-1)).sqrt() * (IntervalArray((hi * rows * rows).sum(axis=-1).hi)
+                                                                        .sqrt() + shift_V)
+        at_y_N = np.minimum(np.minimum(_up(IntervalArray(self.N) + IntervalArray(moved_N)), _up(J_at_y * values)),
+                            _up(concentrated))
         g = IntervalArray(self.g)[:, None]
-        moved_M = _up(t * g * IntervalArray(at_y_N) + IntervalArray(self.K_centred) * IntervalArray(moved_N))
+        # W_Q K~^T Delta N_i: its norm by the spectral norm of K~ W_Q^T, or row by row (row j of Delta N_i is at most
+        # |Delta p_ij| ||v~_j|| + p'_ij (the mixed term + 2 eps ||W_V W_O||))
+        row_changes = entries * rows + hi * (mixed + IntervalArray(2.0) * shift_V).expand(-1)
+        keyed = np.minimum(_up(IntervalArray(self.K_centred) * IntervalArray(moved_N)),
+                           _up((IntervalArray(self.key_rows) * row_changes).sum(axis=-1)))
+        moved_M = _up(t * g * IntervalArray(at_y_N) + IntervalArray(keyed))
         t1 = _up(IntervalArray(Delta.norm_upper()) * IntervalArray(self.A))              # ||P' - P||_F ||W_V W_O^h||
         t2 = _up(self.c * IntervalArray(np.max(moved_M, axis=-1)))
         by_max = IntervalArray(self.B) * IntervalArray(np.max(moved_N, axis=-1))
@@ -145,39 +173,37 @@ class JacobianSpread:
         t3 = _up(self.c * (t * IntervalArray(self.g) * IntervalArray(np.max(at_y_N, axis=-1)) + key_change))
         return {"value": t1, "query": t2, "key": t3, "J": moved_J, "N": moved_N, "at_y_N": at_y_N}
 
-    def spread(self, eps: float, delta: np.ndarray, mu: np.ndarray) -> float:
+    def spread(self, eps: float, weights: IntervalArray, delta: np.ndarray) -> float:
         """``sup_{U(X, eps)} ||DF(Y) - DF(X)||_2`` bounded (module docstring)."""
-        parts = self.terms(eps, delta, mu)
+        parts = self.terms(eps, weights, delta)
         heads = IntervalArray(parts["value"]) + IntervalArray(parts["query"]) + IntervalArray(parts["key"])
         return float(_up(heads.sum(axis=0)))
 
-    def levels(self, eps: float, weights: IntervalArray, delta: np.ndarray, mu: np.ndarray) -> dict:
-        """Per head (H,), bounds on the three paths' operator norms at every point of ``U(X, eps)`` (``weights``: every
-        weight on U; :meth:`supremum`)."""
+    def levels(self, eps: float, weights: IntervalArray, delta: np.ndarray) -> dict:
+        """Per head (H,), bounds on the three paths' operator norms at every point of ``U(X, eps)``
+        (:meth:`supremum`)."""
         t = IntervalArray(float(eps))
-        parts = self.terms(eps, delta, mu)
-        hi, lo = np.minimum(weights.hi, 1.0), np.maximum(weights.lo, 0.0)
-        J = np.minimum(np.max(_up(IntervalArray(2.0) * IntervalArray(hi) * (IntervalArray(1.0) - IntervalArray(lo))),
-                              axis=-1), 0.5)
-        values = IntervalArray(self.V_centred) + (t * IntervalArray(self.A))[:, None]
-        N = np.minimum(_up(IntervalArray(J) * values), parts["at_y_N"])
+        N = self.terms(eps, weights, delta)["at_y_N"]
+        hi = IntervalArray(np.minimum(weights.hi, 1.0))
         g = t * IntervalArray(self.g)
-        keys = IntervalArray(self.K_centred) + g[:, None]
-        P = IntervalArray(_up(IntervalArray(hi).sum(axis=-2))).sqrt()                   # ||P'||_2 per column sum
+        # row j of N'_i is p'_ij (v'_j - o'_i) W_O^h: at most p'_ij (||v~_j|| + max_l ||v~_l|| + 2 eps ||W_V W_O^h||)
+        reach = IntervalArray(np.max(self.value_rows, axis=-1))[:, :, None] + (IntervalArray(2.0) * t
+                                                                              * IntervalArray(self.A))[:, None, None]
+        rows = hi * (IntervalArray(self.value_rows) + reach)
+        by_rows = ((IntervalArray(self.key_rows) + g[:, None, None]) * rows).sum(axis=-1)
+        by_norms = (IntervalArray(self.K_centred) + g[:, None]) * IntervalArray(N)
+        P = IntervalArray(_up(hi.sum(axis=-2))).sqrt()                                  # ||P'||_2 per column sum
         return {"value": _up(IntervalArray(np.max(_up(P), axis=-1)) * IntervalArray(self.A)),
-                "query": _up(self.c * IntervalArray(np.max(_up(keys * IntervalArray(N)), axis=-1))),
+                "query": _up(self.c * IntervalArray(np.max(np.minimum(_up(by_rows), _up(by_norms)), axis=-1))),
                 "key": _up(self.c * (IntervalArray(self.B) + g) * IntervalArray(np.max(N, axis=-1)))}
 
-    def supremum(self, eps: float, weights: IntervalArray, delta: np.ndarray, mu: np.ndarray) -> float:
-        """``sup_{U(X, eps)} ||DF(Y)||_2`` bounded directly, without ``DF(X)`` (``weights``: every weight on U):
-        ``1 + sum_h u_h`` with, per head (``N'_i`` in the output space, ``N'_i W_O^h``),
+    def supremum(self, eps: float, weights: IntervalArray, delta: np.ndarray) -> float:
+        """``sup_{U(X, eps)} ||DF(Y)||_2`` bounded directly, without ``DF(X)``: ``1 + sum_h u_h`` with, per head,
 
-            u = ||P'|| ||W_V W_O^h|| + c max_i (||(K - 1 kappa_i^T) W_Q^T|| + eps ||W_Q W_K^T||) ||N'_i||
-                + c (||B|| + eps ||W_Q W_K^T||) max_i ||N'_i||,
+            u = ||P'|| ||W_V W_O^h|| + c max_i ||W_Q K'^T N'_i|| + c (||B|| + eps ||W_Q W_K^T||) max_i ||N'_i||,
 
-        ``||P'||_2 <= (max_j sum_i p'_ij)^(1/2)`` (rows sum to 1), ``||N'_i|| <= ||J'_i|| (||(V - 1 f_i^T) W_O^h|| +
-        eps ||W_V W_O^h||)`` with Gershgorin's ``||J'_i|| <= max_j 2 p'_ij (1 - p'_ij)`` over the weights' box (and
-        ``||N_i|| + ||N'_i - N_i||``)."""
-        parts = self.levels(eps, weights, delta, mu)
+        ``||P'||_2 <= (max_j sum_i p'_ij)^(1/2)`` (rows sum to 1), ``||W_Q K'^T N'_i||`` by the norms of ``K'`` centred
+        at ``kappa_i`` and of ``N'_i``, or row by row, ``||N'_i||`` as in :meth:`terms`."""
+        parts = self.levels(eps, weights, delta)
         heads = IntervalArray(parts["value"]) + IntervalArray(parts["query"]) + IntervalArray(parts["key"])
         return float(_up(IntervalArray(1.0) + heads.sum(axis=0)))

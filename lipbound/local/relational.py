@@ -275,8 +275,7 @@ class RelationalRoute:
             if self._spread is None:
                 self._spread = JacobianSpread(self.component.target, self.enclosed)
             weights = self.weights(hood.eps)
-            delta, mu = weight_changes(weights, self.enclosed.P)
-            return (self._spread.spread(hood.eps, delta, mu),
-                    self._spread.supremum(hood.eps, weights, delta, mu))
+            delta = weight_changes(weights, self.enclosed.P)
+            return self._spread.spread(hood.eps, weights, delta), self._spread.supremum(hood.eps, weights, delta)
         except NotCertifiedError:
             return math.inf, math.inf
