@@ -46,7 +46,7 @@ import numpy as np
 from ..numeric.model import Layer
 from ..rigorous.arrays import IntervalArray
 from ..rigorous.linalg import spectral_norm_upper_large
-from .bounds import value_space
+from .bounds import attention_norms, value_space
 from .enclosed import EnclosedAttention
 
 __all__ = ["JacobianSpread", "weight_changes"]
@@ -95,6 +95,20 @@ def weight_changes(weights: IntervalArray, at_x: IntervalArray, form=None) -> np
 
 
 @final
+class _Values:
+    """Norms at X of one head's values in one space (output: ``v_j W_O^h``; or before ``W_O``), per head and query:
+    ``||v~_ij||``, ``||N_i||`` and ``||V~_i||`` with ``v~_ij = v_j - f_i`` (H, n, n) and (H, n); ``A`` (H,) the norm of
+    the value map (``||W_V W_O^h||`` or ``||W_V||``)."""
+
+    def __init__(self, P: IntervalArray, values: IntervalArray, outputs: IntervalArray, A):
+        centred = values.expand(1) - outputs.expand(2)                                     # v_j - f_i, (H, n, n, .)
+        self.A = np.asarray(A, dtype=np.float64)
+        self.value_rows = centred.norm_upper()
+        self.N = _norms(P.expand(-1) * centred)                                            # ||J_i V~_i|| = ||N_i||
+        self.V_centred = _norms(centred)
+
+
+@final
 class JacobianSpread:
     """``sup_U ||DF(Y) - DF(X)||_2`` of an attention layer from its weights' changes on U (module docstring).
 
@@ -115,12 +129,11 @@ class JacobianSpread:
         engine = E.engine
         H = engine.H
         self.c, self.P = E.c, E.P
-        values, outputs, self.A = value_space(E, target)                                   # v_j W_O^h, ||W_V^h W_O^h||
+        # the heads' values where they act (v_j W_O^h: the heads add up) and before W_O (joined by ||W_O||)
+        self.spaces = {"output": _Values(E.P, *value_space(E, target)),
+                       "values": _Values(E.P, E.V, E.F, attention_norms(engine)["L_V"])}
+        self.W_O = spectral_norm_upper_large(engine.W_O)
         self.g = np.asarray(E.norms.g, dtype=np.float64).reshape(H)                        # ||W_Q W_K^T||
-        centred_values = values.expand(1) - outputs.expand(2)                              # (v_j - f_i) W_O^h
-        self.value_rows = centred_values.norm_upper()                                      # ||(v_j - f_i) W_O^h||
-        self.N = _norms(E.P.expand(-1) * centred_values)                                   # ||J_i V W_O^h||, (H, n)
-        self.V_centred = _norms(centred_values)                                            # ||(V - 1 f_i^T) W_O^h||
         kappa = E.P.einsum("hij,hjk->hik", E.K)
         spread = E.K.expand(1) - kappa.expand(2)                                           # k_j - kappa_i
         keys = IntervalArray.stack([spread[h].matmul(engine.head_weights(h)[0].T) for h in range(H)])
@@ -132,31 +145,33 @@ class JacobianSpread:
         self.b = np.asarray(E.norms.b, dtype=np.float64).reshape(H, -1)
         self.B = _norms(keys_side.reshape((H, E.n, keys_side.shape[-1])))                 # ||[b_i]_i||, (H,)
 
-    def terms(self, eps: float, weights: IntervalArray, delta: np.ndarray) -> dict:
+    def terms(self, eps: float, weights: IntervalArray, delta: np.ndarray, space: str = "output") -> dict:
         """For ``U(X, eps)`` with ``weights`` (every weight on U) and row changes ``delta`` (:func:`weight_changes`):
         the per-head bounds ``t_1``, ``t_2``, ``t_3`` (H,) on the paths' changes, and (H, n) bounds on the changes of
-        ``J_i`` and ``N_i`` and on ``||N'_i||`` on U (keys "J", "N", "at_y_N")."""
+        ``J_i`` and ``N_i`` and on ``||N'_i||`` on U (keys "J", "N", "at_y_N"); with the values in ``space``: "output"
+        (``v_j W_O^h``) or "values" (before ``W_O``)."""
         t = IntervalArray(float(eps))
+        S = self.spaces[space]
         hi = IntervalArray(np.minimum(weights.hi, 1.0))
         entries = IntervalArray(np.maximum(_up(weights - self.P), _up(self.P - weights)))  # |p'_ij - p_ij|
         Delta = IntervalArray(delta)
         Mu = IntervalArray(np.minimum(np.max(entries.hi, axis=-1), delta))
         moved_J = np.minimum(_up(Mu + Delta * (IntervalArray(2.0) * IntervalArray(self.p_norms) + Delta)), 0.5)
         J_at_y = IntervalArray(_gershgorin(weights))
-        shift_V = (t * IntervalArray(self.A))[:, None]                                     # eps ||W_V W_O^h||, (H, 1)
-        values = IntervalArray(self.V_centred) + shift_V
-        rows = IntervalArray(self.value_rows)
+        shift_V = (t * IntervalArray(S.A))[:, None]                                     # eps ||W_V W_O^h||, (H, 1)
+        values = IntervalArray(S.V_centred) + shift_V
+        rows = IntervalArray(S.value_rows)
         # (J' - J) V~ = diag(Delta p) V~ - p' (Delta p^T V~), V~ centred at f_i; J' (V~' - V~) at most
         # ||J'|| eps ||W_V W_O||; ||Delta p^T V~|| <= mixed
         mixed = IntervalArray(np.minimum(_up((entries * rows).sum(axis=-1)),
-                                         _up(Delta * IntervalArray(self.V_centred))))
+                                         _up(Delta * IntervalArray(S.V_centred))))
         p_at_y = IntervalArray(np.minimum(_up(IntervalArray(self.p_norms) + Delta), 1.0))
         by_entries = IntervalArray((entries * rows).norm_upper()) + p_at_y * mixed + J_at_y * shift_V
         by_norms = IntervalArray(moved_J) * values + IntervalArray(self.J) * shift_V
         moved_N = np.minimum(_up(by_entries), _up(by_norms))
         concentrated = IntervalArray(np.max(hi.hi, axis=-1)).sqrt() * (IntervalArray((hi * rows * rows).sum(axis=-1).hi)
                                                                         .sqrt() + shift_V)
-        at_y_N = np.minimum(np.minimum(_up(IntervalArray(self.N) + IntervalArray(moved_N)), _up(J_at_y * values)),
+        at_y_N = np.minimum(np.minimum(_up(IntervalArray(S.N) + IntervalArray(moved_N)), _up(J_at_y * values)),
                             _up(concentrated))
         g = IntervalArray(self.g)[:, None]
         # W_Q K~^T Delta N_i: its norm by the spectral norm of K~ W_Q^T, or row by row (row j of Delta N_i is at most
@@ -165,7 +180,7 @@ class JacobianSpread:
         keyed = np.minimum(_up(IntervalArray(self.K_centred) * IntervalArray(moved_N)),
                            _up((IntervalArray(self.key_rows) * row_changes).sum(axis=-1)))
         moved_M = _up(t * g * IntervalArray(at_y_N) + IntervalArray(keyed))
-        t1 = _up(IntervalArray(Delta.norm_upper()) * IntervalArray(self.A))              # ||P' - P||_F ||W_V W_O^h||
+        t1 = _up(IntervalArray(Delta.norm_upper()) * IntervalArray(S.A))              # ||P' - P||_F ||W_V W_O^h||
         t2 = _up(self.c * IntervalArray(np.max(moved_M, axis=-1)))
         by_max = IntervalArray(self.B) * IntervalArray(np.max(moved_N, axis=-1))
         by_rows = IntervalArray((IntervalArray(self.b) * IntervalArray(moved_N)).norm_upper())
@@ -173,27 +188,36 @@ class JacobianSpread:
         t3 = _up(self.c * (t * IntervalArray(self.g) * IntervalArray(np.max(at_y_N, axis=-1)) + key_change))
         return {"value": t1, "query": t2, "key": t3, "J": moved_J, "N": moved_N, "at_y_N": at_y_N}
 
+    def _joined(self, paths) -> float:
+        """``min(sum_h t_h, ||W_O|| (sum_h s_h^2)^(1/2))`` for per-head bounds ``t`` in the output space and ``s``
+        before ``W_O`` (``paths(space)``: the three paths' bounds per head): ``sum_h Z_h W_O^h = [Z_1 ... Z_H] W_O``."""
+        def heads(space):
+            parts = paths(space)
+            return IntervalArray(parts["value"]) + IntervalArray(parts["query"]) + IntervalArray(parts["key"])
+        by_heads = _up(heads("output").sum(axis=0))
+        joint = _up(IntervalArray(self.W_O) * IntervalArray(heads("values").norm_upper(axis=0)))
+        return float(min(by_heads, joint))
+
     def spread(self, eps: float, weights: IntervalArray, delta: np.ndarray) -> float:
         """``sup_{U(X, eps)} ||DF(Y) - DF(X)||_2`` bounded (module docstring)."""
-        parts = self.terms(eps, weights, delta)
-        heads = IntervalArray(parts["value"]) + IntervalArray(parts["query"]) + IntervalArray(parts["key"])
-        return float(_up(heads.sum(axis=0)))
+        return self._joined(lambda space: self.terms(eps, weights, delta, space))
 
-    def levels(self, eps: float, weights: IntervalArray, delta: np.ndarray) -> dict:
+    def levels(self, eps: float, weights: IntervalArray, delta: np.ndarray, space: str = "output") -> dict:
         """Per head (H,), bounds on the three paths' operator norms at every point of ``U(X, eps)``
-        (:meth:`supremum`)."""
+        (:meth:`supremum`), with the values in ``space`` (:meth:`terms`)."""
         t = IntervalArray(float(eps))
-        N = self.terms(eps, weights, delta)["at_y_N"]
+        S = self.spaces[space]
+        N = self.terms(eps, weights, delta, space)["at_y_N"]
         hi = IntervalArray(np.minimum(weights.hi, 1.0))
         g = t * IntervalArray(self.g)
         # row j of N'_i is p'_ij (v'_j - o'_i) W_O^h: at most p'_ij (||v~_j|| + max_l ||v~_l|| + 2 eps ||W_V W_O^h||)
-        reach = IntervalArray(np.max(self.value_rows, axis=-1))[:, :, None] + (IntervalArray(2.0) * t
-                                                                              * IntervalArray(self.A))[:, None, None]
-        rows = hi * (IntervalArray(self.value_rows) + reach)
+        reach = IntervalArray(np.max(S.value_rows, axis=-1))[:, :, None] + (IntervalArray(2.0) * t
+                                                                              * IntervalArray(S.A))[:, None, None]
+        rows = hi * (IntervalArray(S.value_rows) + reach)
         by_rows = ((IntervalArray(self.key_rows) + g[:, None, None]) * rows).sum(axis=-1)
         by_norms = (IntervalArray(self.K_centred) + g[:, None]) * IntervalArray(N)
         P = IntervalArray(_up(hi.sum(axis=-2))).sqrt()                                  # ||P'||_2 per column sum
-        return {"value": _up(IntervalArray(np.max(_up(P), axis=-1)) * IntervalArray(self.A)),
+        return {"value": _up(IntervalArray(np.max(_up(P), axis=-1)) * IntervalArray(S.A)),
                 "query": _up(self.c * IntervalArray(np.max(np.minimum(_up(by_rows), _up(by_norms)), axis=-1))),
                 "key": _up(self.c * (IntervalArray(self.B) + g) * IntervalArray(np.max(N, axis=-1)))}
 
@@ -204,6 +228,5 @@ class JacobianSpread:
 
         ``||P'||_2 <= (max_j sum_i p'_ij)^(1/2)`` (rows sum to 1), ``||W_Q K'^T N'_i||`` by the norms of ``K'`` centred
         at ``kappa_i`` and of ``N'_i``, or row by row, ``||N'_i||`` as in :meth:`terms`."""
-        parts = self.levels(eps, weights, delta)
-        heads = IntervalArray(parts["value"]) + IntervalArray(parts["query"]) + IntervalArray(parts["key"])
-        return float(_up(IntervalArray(1.0) + heads.sum(axis=0)))
+        joined = self._joined(lambda space: self.levels(eps, weights, delta, space))
+        return float(_up(IntervalArray(1.0) + IntervalArray(joined)))
