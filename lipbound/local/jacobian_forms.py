@@ -63,6 +63,11 @@ def _up(x: IntervalArray) -> np.ndarray:
     return np.maximum(x.hi, 0.0)
 
 
+def _diameters(rows: IntervalArray) -> np.ndarray:
+    """``max_{j, l} ||r_j - r_l||`` for the rows of each head's matrix (H, n, k) -> (H,)."""
+    return np.max((rows.expand(1) - rows.expand(2)).norm_upper(), axis=(1, 2))
+
+
 def _gershgorin(weights: IntervalArray) -> np.ndarray:
     """``||diag(p_i) - p_i p_i^T||_2`` for every row p_i in the box ``weights`` (H, n, n) -> (H, n): the matrix is PSD,
     and Gershgorin's row j gives ``p_j - p_j^2 + p_j (1 - p_j) = 2 p_j (1 - p_j) <= 1/2``."""
@@ -98,11 +103,12 @@ def weight_changes(weights: IntervalArray, at_x: IntervalArray, form=None) -> np
 class _Values:
     """Norms at X of one head's values in one space (output: ``v_j W_O^h``; or before ``W_O``), per head and query:
     ``||v~_ij||``, ``||N_i||`` and ``||V~_i||`` with ``v~_ij = v_j - f_i`` (H, n, n) and (H, n); ``A`` (H,) the norm of
-    the value map (``||W_V W_O^h||`` or ``||W_V||``)."""
+    the value map (``||W_V W_O^h||`` or ``||W_V||``) and the values' diameter (H,)."""
 
     def __init__(self, P: IntervalArray, values: IntervalArray, outputs: IntervalArray, A):
         centred = values.expand(1) - outputs.expand(2)                                     # v_j - f_i, (H, n, n, .)
         self.A = np.asarray(A, dtype=np.float64)
+        self.diameter = _diameters(values)                                                 # max_jl ||v_j - v_l||, (H,)
         self.value_rows = centred.norm_upper()
         self.N = _norms(P.expand(-1) * centred)                                            # ||J_i V~_i|| = ||N_i||
         self.V_centred = _norms(centred)
@@ -139,6 +145,9 @@ class JacobianSpread:
         keys = IntervalArray.stack([spread[h].matmul(engine.head_weights(h)[0].T) for h in range(H)])
         self.key_rows = keys.norm_upper()                                                  # ||(k_j - kappa_i) W_Q^T||
         self.K_centred = _norms(keys)                                                      # ||(K - 1 kappa_i^T) W_Q^T||
+        # max_jl ||(k_j - k_l) W_Q^T||
+        self.key_diameter = _diameters(IntervalArray.stack([E.K[h].matmul(engine.head_weights(h)[0].T)
+                                                            for h in range(H)]))
         self.J = _gershgorin(E.P)                                                          # ||J_i|| (PSD)
         self.p_norms = E.P.norm_upper()                                                    # ||p_i||_2
         keys_side = E.norms.w                                                              # b_i = W_K q_i, (H, n, 1, d)
@@ -171,8 +180,11 @@ class JacobianSpread:
         moved_N = np.minimum(_up(by_entries), _up(by_norms))
         concentrated = IntervalArray(np.max(hi.hi, axis=-1)).sqrt() * (IntervalArray((hi * rows * rows).sum(axis=-1).hi)
                                                                         .sqrt() + shift_V)
+        # x^T N'_i = Cov_p'(x, v~') for unit x: at most (1/2)^(1/2) D_v / 2 (Popoviciu; x's range is at most 2^(1/2))
+        diameter = IntervalArray(S.diameter) + IntervalArray(2.0).sqrt() * t * IntervalArray(S.A)
+        covariance = (diameter * IntervalArray(0.125).sqrt())[:, None]
         at_y_N = np.minimum(np.minimum(_up(IntervalArray(S.N) + IntervalArray(moved_N)), _up(J_at_y * values)),
-                            _up(concentrated))
+                            np.minimum(_up(concentrated), _up(covariance)))
         g = IntervalArray(self.g)[:, None]
         # W_Q K~^T Delta N_i: its norm by the spectral norm of K~ W_Q^T, or row by row (row j of Delta N_i is at most
         # |Delta p_ij| ||v~_j|| + p'_ij (the mixed term + 2 eps ||W_V W_O||))
@@ -217,16 +229,29 @@ class JacobianSpread:
         by_rows = ((IntervalArray(self.key_rows) + g[:, None, None]) * rows).sum(axis=-1)
         by_norms = (IntervalArray(self.K_centred) + g[:, None]) * IntervalArray(N)
         P = IntervalArray(_up(hi.sum(axis=-2))).sqrt()                                  # ||P'||_2 per column sum
+        # W_Q K'^T N'_i = Cov_p'(a', v~') and x^T N'_i = Cov_p'(x, v~'): Popoviciu and Cauchy-Schwarz (diameters)
+        root_two = IntervalArray(2.0).sqrt()
+        keys_reach = IntervalArray(self.key_diameter) + root_two * g
+        values_reach = IntervalArray(S.diameter) + root_two * t * IntervalArray(S.A)
+        covariance = IntervalArray(0.25) * keys_reach * values_reach
+        query = np.minimum(np.max(np.minimum(_up(by_rows), _up(by_norms)), axis=-1), _up(covariance))
+        b_at_y = IntervalArray(self.b) + g[:, None]
+        spread_b = IntervalArray(np.max(_up((hi * (b_at_y * b_at_y).expand(-1)).sum(axis=-2)), axis=-1)).sqrt()
+        key = np.minimum(_up((IntervalArray(self.B) + g) * IntervalArray(np.max(N, axis=-1))),
+                         _up(IntervalArray(0.5) * values_reach * spread_b))
         return {"value": _up(IntervalArray(np.max(_up(P), axis=-1)) * IntervalArray(S.A)),
-                "query": _up(self.c * IntervalArray(np.max(np.minimum(_up(by_rows), _up(by_norms)), axis=-1))),
-                "key": _up(self.c * (IntervalArray(self.B) + g) * IntervalArray(np.max(N, axis=-1)))}
+                "query": _up(self.c * IntervalArray(query)), "key": _up(self.c * IntervalArray(key))}
 
     def supremum(self, eps: float, weights: IntervalArray, delta: np.ndarray) -> float:
         """``sup_{U(X, eps)} ||DF(Y)||_2`` bounded directly, without ``DF(X)``: ``1 + sum_h u_h`` with, per head,
 
-            u = ||P'|| ||W_V W_O^h|| + c max_i ||W_Q K'^T N'_i|| + c (||B|| + eps ||W_Q W_K^T||) max_i ||N'_i||,
+            u = ||P'|| ||W_V W_O^h|| + c max_i ||W_Q K'^T N'_i|| + c sup ||(b'_i^T E^T N'_i)_i||,
 
-        ``||P'||_2 <= (max_j sum_i p'_ij)^(1/2)`` (rows sum to 1), ``||W_Q K'^T N'_i||`` by the norms of ``K'`` centred
-        at ``kappa_i`` and of ``N'_i``, or row by row, ``||N'_i||`` as in :meth:`terms`."""
+        ``||P'||_2 <= (max_j sum_i p'_ij)^(1/2)`` (rows sum to 1); ``W_Q K'^T N'_i`` is the covariance of the keys
+        ``a'_j = k'_j W_Q^T`` and the values under ``p'_i``, at most ``D_a D_v / 4`` (Popoviciu: a variable of range D
+        has variance at most ``D^2 / 4``; diameters of the rows at Y), or by the norms of ``K'`` centred at
+        ``kappa_i`` and of ``N'_i`` (:meth:`terms`), or row by row; the key path is at most ``(||B|| + eps g) max_i
+        ||N'_i||`` or, as ``sum_i ||Cov_p'_i(E b'_i, v~')||^2 <= (D_v / 2)^2 sum_j ||e_j||^2 sum_i p'_ij ||b'_i||^2``,
+        ``(D_v / 2) (max_j sum_i p'_ij ||b'_i||^2)^(1/2)``."""
         joined = self._joined(lambda space: self.levels(eps, weights, delta, space))
         return float(_up(IntervalArray(1.0) + IntervalArray(joined)))
