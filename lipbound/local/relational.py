@@ -96,6 +96,13 @@ def relational_grid(eps: float) -> list[float]:
     return sorted({eps * 10.0 ** (-k / RELATIONAL_STEPS) for k in range(RELATIONAL_STEPS)} | {eps})
 
 
+def weights_on(scores: IntervalArray) -> IntervalArray:
+    """Every attention weight (unit masses) where every score lies in ``scores`` (H, n, n): lipbound's softmax
+    ranges (:func:`~lipbound.local.bounds._softmax_range`)."""
+    hi, lo = _softmax_range(scores, np.ones(scores.shape[-1]))
+    return IntervalArray(lo, np.maximum(lo, hi))
+
+
 def _meet(*boxes: IntervalArray) -> IntervalArray:
     """The intersection of enclosures of one quantity."""
     lo = np.max([box.lo for box in boxes], axis=0)
@@ -161,8 +168,7 @@ class RelationalAttention:
         masses = np.ones(S.shape[-1])
         p_hi, p_lo = _softmax_range(S.hull(), masses)     # on the form's whole score box (the mean value form's need)
         P, box = S.softmax(IntervalArray(p_lo, np.maximum(p_lo, p_hi)))
-        q_hi, q_lo = _softmax_range(self.scores, masses)  # on the scores of U only: the weights' values
-        weights = _meet(box, IntervalArray(q_lo, np.maximum(q_lo, q_hi)))
+        weights = _meet(box, weights_on(self.scores))       # on the scores of U only: the weights' values
         return weights, P.within(weights)
 
     @functools.cached_property
@@ -258,12 +264,6 @@ class RelationalRoute:
         except NotCertifiedError:
             return math.inf
 
-    def weights(self, eps: float) -> IntervalArray:
-        """Every attention weight on ``U(X, eps)``: lipbound's softmax ranges on :meth:`scores`."""
-        scores = self.scores(eps)
-        hi, lo = _softmax_range(scores, np.ones(scores.shape[-1]))
-        return IntervalArray(lo, np.maximum(lo, hi))
-
     def jacobian(self, hood: Neighbourhood) -> tuple[float, float]:
         """``(spread, supremum)``: bounds on ``sup_U ||DF(Y) - DF(X)||_2`` and ``sup_U ||DF(Y)||_2`` for ``U = U(X,
         hood.eps)`` (:class:`~lipbound.local.jacobian_forms.JacobianSpread`, the weights' changes entry by entry: on
@@ -274,7 +274,7 @@ class RelationalRoute:
         try:
             if self._spread is None:
                 self._spread = JacobianSpread(self.component.target, self.enclosed)
-            weights = self.weights(hood.eps)
+            weights = weights_on(self.scores(hood.eps))
             delta = weight_changes(weights, self.enclosed.P)
             return self._spread.spread(hood.eps, weights, delta), self._spread.supremum(hood.eps, weights, delta)
         except NotCertifiedError:
