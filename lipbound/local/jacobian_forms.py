@@ -177,20 +177,27 @@ class JacobianSpread:
         p_at_y = IntervalArray(np.minimum(_up(IntervalArray(self.p_norms) + Delta), 1.0))
         by_entries = IntervalArray((entries * rows).norm_upper()) + p_at_y * mixed + J_at_y * shift_V
         by_norms = IntervalArray(moved_J) * values + IntervalArray(self.J) * shift_V
-        moved_N = np.minimum(_up(by_entries), _up(by_norms))
         concentrated = IntervalArray(np.max(hi.hi, axis=-1)).sqrt() * (IntervalArray((hi * rows * rows).sum(axis=-1).hi)
                                                                         .sqrt() + shift_V)
         # x^T N'_i = Cov_p'(x, v~') for unit x: at most (1/2)^(1/2) D_v / 2 (Popoviciu; x's range is at most 2^(1/2))
         diameter = IntervalArray(S.diameter) + IntervalArray(2.0).sqrt() * t * IntervalArray(S.A)
         covariance = (diameter * IntervalArray(0.125).sqrt())[:, None]
-        at_y_N = np.minimum(np.minimum(_up(IntervalArray(S.N) + IntervalArray(moved_N)), _up(J_at_y * values)),
-                            np.minimum(_up(concentrated), _up(covariance)))
+        level = np.minimum(_up(J_at_y * values), np.minimum(_up(concentrated), _up(covariance)))   # ||N'_i||
+        moved_N = np.minimum(np.minimum(_up(by_entries), _up(by_norms)), _up(IntervalArray(level) + IntervalArray(S.N)))
+        at_y_N = np.minimum(level, _up(IntervalArray(S.N) + IntervalArray(moved_N)))
         g = IntervalArray(self.g)[:, None]
         # W_Q K~^T Delta N_i: its norm by the spectral norm of K~ W_Q^T, or row by row (row j of Delta N_i is at most
         # |Delta p_ij| ||v~_j|| + p'_ij (the mixed term + 2 eps ||W_V W_O||))
         row_changes = entries * rows + hi * (mixed + IntervalArray(2.0) * shift_V).expand(-1)
-        keyed = np.minimum(_up(IntervalArray(self.K_centred) * IntervalArray(moved_N)),
-                           _up((IntervalArray(self.key_rows) * row_changes).sum(axis=-1)))
+        # or as covariances: Cov_p'(a, v~' - v~) + Cov_p'(a, v~) - Cov_p(a, v~), the last
+        # sum_j dp_j a~_j v~_j^T - (sum_j dp_j a~_j)(sum_j dp_j v~_j)^T
+        keys = IntervalArray(self.key_rows)
+        moved_keys = IntervalArray(np.minimum(_up((entries * keys).sum(axis=-1)),
+                                              _up(Delta * IntervalArray(self.K_centred))))
+        covariances = (entries * keys * rows).sum(axis=-1) + moved_keys * mixed \
+            + (IntervalArray(self.key_diameter) * t * IntervalArray(S.A) * IntervalArray(0.125).sqrt())[:, None]
+        keyed = np.minimum(np.minimum(_up(IntervalArray(self.K_centred) * IntervalArray(moved_N)),
+                                      _up((keys * row_changes).sum(axis=-1))), _up(covariances))
         moved_M = _up(t * g * IntervalArray(at_y_N) + IntervalArray(keyed))
         t1 = _up(IntervalArray(Delta.norm_upper()) * IntervalArray(S.A))              # ||P' - P||_F ||W_V W_O^h||
         t2 = _up(self.c * IntervalArray(np.max(moved_M, axis=-1)))
