@@ -94,7 +94,7 @@ def weight_changes(weights: IntervalArray, at_x: IntervalArray, form=None) -> np
     delta = np.minimum(IntervalArray(entrywise).norm_upper(), IntervalArray(2.0).sqrt().hi.item())
     if form is not None:
         offset = (IntervalArray(form.center) - at_x).norm_upper()
-        symbolic = IntervalArray(form._generator_norms()) + IntervalArray(IntervalArray(form.err).norm_upper())
+        symbolic = IntervalArray(form.row_norms()) + IntervalArray(IntervalArray(form.err).norm_upper())
         delta = np.minimum(delta, _up(IntervalArray(offset) + symbolic))
     return delta
 
