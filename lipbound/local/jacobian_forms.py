@@ -25,11 +25,13 @@ and over unit ``E`` (Frobenius) each head's three changes are at most
              + min(||B|| max_i ||N'_i - N_i||, (sum_i ||b_i||^2 ||N'_i - N_i||^2)^(1/2)))
 
 (``sum_i ||x_i^T E^T N_i||^2 <= sum_i ||E x_i||^2 ||N_i||^2``, at most ``max_i ||N_i||^2 ||E X^T||_F^2`` or
-``||E||_2^2 sum_i ||x_i||^2 ||N_i||^2``), so ``sup_U ||DF(Y) - DF(X)|| <= sum_h (t_1 + t_2 + t_3)``
-(:meth:`JacobianSpread.spread`).
-The same factors bound ``||DF(Y)||`` itself, with no reference to X (:meth:`JacobianSpread.supremum`): the smaller
-where the weights may be anything (large eps).  Nothing of size ``(n d)^2`` is formed: the norms at X are of ``n x d``
-matrices per (head, query), computed once.
+``||E||_2^2 sum_i ||x_i||^2 ||N_i||^2``), so ``sup_U ||DF(Y) - DF(X)|| <= sum_h (t_1 + t_2 + t_3)``, or the heads
+joined before ``W_O`` through ``||W_O||`` (:meth:`JacobianSpread.spread`).  Each factor also has an entry-by-entry
+or row-by-row form, and a covariance form that holds for any weights: ``u^T W_Q K^T N_i w`` is the covariance of
+``u . a_j`` and ``w . v~_j`` under ``p_i``, at most a quarter of the product of the rows' diameters (Popoviciu)
+(:meth:`JacobianSpread.terms`).  The same factors bound ``||DF(Y)||`` itself, with no reference to X
+(:meth:`JacobianSpread.supremum`): the smaller where the weights may be anything (large eps).  Nothing of size
+``(n d)^2`` is formed: the norms at X are of ``n x d`` matrices per (head, query), computed once.
 
 The weights' changes ``Delta_i`` and ``mu_i`` are where the set enters (:func:`weight_changes`): from an enclosure
 of every weight on U, and from the weights as an affine form over the ball's symbols
@@ -116,7 +118,8 @@ class _Values:
 
 @final
 class JacobianSpread:
-    """``sup_U ||DF(Y) - DF(X)||_2`` of an attention layer from its weights' changes on U (module docstring).
+    """``sup_U ||DF(Y) - DF(X)||_2`` and ``sup_U ||DF(Y)||_2`` of an attention layer from its weights on U (module
+    docstring).
 
     Parameters
     ----------
