@@ -18,7 +18,10 @@ which U leaves).  For a single head or attention layer in the Frobenius norm, th
 variation term is also bounded through the second derivative, integrated over the radii up to eps
 (:mod:`lipbound.local.curvature`, theorem ``local-attention-curvature``), and the smaller bound
 counts.  For a block (Frobenius) the variation also splits at the attention's output
-(:mod:`lipbound.local.tail`), and a stack composes its blocks' own curves (:class:`_StackOfBlocks`).  As
+(:mod:`lipbound.local.tail`), and a stack composes its blocks' own curves (:class:`_StackOfBlocks`).  A single
+attention layer on a Frobenius or (2,1) ball also has its Jacobian bounded over the whole of U
+(:mod:`lipbound.local.jacobian_forms`): one more variation bound, and ``sup_U ||DF(Y)||`` itself as a fourth
+candidate beside the three above; each point names the route of its certified value (``CurvePoint.route``).  As
 eps -> 0 the value tends to ``||DF(X)||``; for large eps it meets the global constant.
 
 The witness is a point Y of ``U(X, eps)`` itself (not of its enclosure) and the Jacobian norm there:
