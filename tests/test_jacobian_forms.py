@@ -76,7 +76,7 @@ def _moved_weights(target, X, eps, rng, steps=15, h=1e-6):
     return Y
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(st.integers(0, 2**31 - 1), st.integers(2, 6), st.floats(1e-3, 2.0), st.floats(0.3, 2.0))
 def test_spread_and_supremum_hold_at_sampled_points(seed, n, eps, scale):
     target, rng = _layer(seed, scale=scale)
