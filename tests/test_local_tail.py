@@ -287,7 +287,10 @@ def test_whole_layer_and_stack_curves_end_at_their_global_constants():
     for kind, last in (("block", None), ("stack", 1)):
         small, large = lipschitz_curve(generated, X, kind=kind, layer=0, last=last, eps=[1e-3, 1.0],
                                        ascent_steps=1).points
-        assert np.isfinite(large.global_constant) and large.certified == large.global_constant < large.local
+        assert np.isfinite(large.global_constant) and large.certified == min(large.local, large.global_constant)
+        if kind == "stack":   # (a block's attention-tail bound, with its attention's L(eps) from the Jacobian
+            # enclosed over U, stays below the global constant here: 8.0e7 against 3.9e8)
+            assert large.certified == large.global_constant < large.local
         assert small.certified == small.local < small.global_constant
         chain = chain_for(generated, kind, 0, last=last)
         for _ in range(10):

@@ -18,7 +18,10 @@ which U leaves).  For a single head or attention layer in the Frobenius norm, th
 variation term is also bounded through the second derivative, integrated over the radii up to eps
 (:mod:`lipbound.local.curvature`, theorem ``local-attention-curvature``), and the smaller bound
 counts.  For a block (Frobenius) the variation also splits at the attention's output
-(:mod:`lipbound.local.tail`), and a stack composes its blocks' own curves (:class:`_StackOfBlocks`).  As
+(:mod:`lipbound.local.tail`), and a stack composes its blocks' own curves (:class:`_StackOfBlocks`).  A single
+attention layer on a Frobenius or (2,1) ball also has its Jacobian bounded over the whole of U
+(:mod:`lipbound.local.jacobian_forms`): one more variation bound, and ``sup_U ||DF(Y)||`` itself as a fourth
+candidate beside the three above; each point names the route of its certified value (``CurvePoint.route``).  As
 eps -> 0 the value tends to ``||DF(X)||``; for large eps it meets the global constant.
 
 The witness is a point Y of ``U(X, eps)`` itself (not of its enclosure) and the Jacobian norm there:
@@ -100,6 +103,9 @@ class CurvePoint:
     #: CPU seconds (``time.process_time``) of this radius's own work: its bounds, variation routes and
     #: witnesses, and the same radius of the curves nested in it (a block's attention, a stack's blocks)
     cpu_seconds: float = 0.0
+    #: which bound gave ``certified``: "||DF(X)|| + variation (<the variation's route>)", "product of block
+    #: bounds", "global" or "jacobian-supremum" (theorem local-attention-jacobian)
+    route: str = ""
 
     @property
     def ratio(self) -> float:
@@ -109,7 +115,7 @@ class CurvePoint:
         out = {"eps": self.eps, "certified": self.certified, "witness": self.witness, "ratio": self.ratio,
                "local": self.local, "variation": self.variation, "variation_witness": self.variation_witness,
                "global": self.global_constant,
-               "verdict": self.verdict, "cpu_seconds": self.cpu_seconds}
+               "verdict": self.verdict, "cpu_seconds": self.cpu_seconds, "route": self.route}
         return {key: None if isinstance(value, float) and not math.isfinite(value) else value
                 for key, value in out.items()}  # JSON has no infinity: null where no bound applies
 
@@ -148,6 +154,19 @@ class LipschitzCurve:
                 "jacobian_bound": self.jacobian_bound, "variation_bound": self.variation_bound,
                 "setup_cpu_seconds": self.setup_cpu_seconds, "relational": self.relational,
                 "points": [p.to_json() for p in self.points]}
+
+
+@final
+class _Smallest:
+    """The smallest of certified values offered one by one, and the name of the route that gave it (the first on
+    ties)."""
+
+    def __init__(self, name: str, value: float):
+        self.name, self.value = name, value
+
+    def offer(self, name: str, value: float) -> None:
+        if value < self.value:
+            self.name, self.value = name, value
 
 
 def _check_norm(norm: str) -> str:
@@ -381,20 +400,30 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         global_value = global_constant(hood.eps)
         # a variation above this cannot lower the certified value: the integrals stop there
         useful = min(crude, global_value) - N_dense
-        variation = _matrix_norm(telescoped_variation(M, V, N_blocks, columns), norm)
+        named = _Smallest("blockwise", _matrix_norm(telescoped_variation(M, V, N_blocks, columns), norm))
+        enclosure = math.inf
+        if relational is not None and len(chain) == 1 and hood.eps > 0:   # the Jacobian enclosed over U
+            spread, enclosure = relational.jacobian(hood)
+            named.offer("jacobian-enclosure", spread)
         if tail is not None and hood.eps > 0:
-            variation = min(variation, tail.variation(first.points[index], M, V, N_blocks, ball_radii, centre.rounding))
+            named.offer("attention-tail", tail.variation(first.points[index], M, V, N_blocks, ball_radii,
+                                                         centre.rounding))
         if curvature is not None:
-            variation = min(variation, curvature.variation(hood, variation))
-            if relational is not None and variation > RELATIONAL_WORTH * N_dense:
-                variation = min(variation, relational.variation(curvature, hood, min(variation, useful)))
+            named.offer("curvature", curvature.variation(hood, named.value))
+            if relational is not None and named.value > RELATIONAL_WORTH * N_dense:
+                named.offer("relational-curvature", relational.variation(curvature, hood, min(named.value, useful)))
         if front is not None and hood.eps > 0:
             theta = (_frobenius_factor(hood, n) * IntervalArray(hood.eps)).hi.item()
-            variation = min(variation, front.variation(*bounds.facts["branch"], bounds.facts["radii"], theta))
+            named.offer("attention-front", front.variation(*bounds.facts["branch"], bounds.facts["radii"], theta))
         if stack is not None:
-            variation = min(variation, stack.variation[index])
+            named.offer("stack-blocks", stack.variation[index])
+        variation = named.value
         local = (IntervalArray(N_dense) + IntervalArray(variation)).hi.item()
-        certified = min(local, crude, global_value)
+        routes = _Smallest(f"||DF(X)|| + variation ({named.name})", local)
+        routes.offer("product of block bounds", crude)
+        routes.offer("global", global_value)
+        routes.offer("jacobian-supremum", enclosure)
+        certified = routes.value
         witness = max(witness, _ascent(chain, X, hood, moving, norm, witness_at_x, direction, ascent_steps, seed))
         change = max(change, _ascent(chain, X, hood, moving, norm, 0.0, direction, ascent_steps, seed, change=True))
         verdicts = {certify_le(interval(found) * interval((1 - FLOAT_ALLOWANCE, 1 + FLOAT_ALLOWANCE)), interval(bound))
@@ -405,7 +434,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         nested = stack.cpu_seconds[index] if stack is not None else \
             first.points[index].cpu_seconds if first is not None else 0.0
         points[index] = CurvePoint(hood.eps, certified, witness, local, variation, change, global_value, verdict,
-                                   time.process_time() - started + nested)
+                                   time.process_time() - started + nested, routes.name)
         if progress is not None:
             progress(done + 1, len(neighbourhoods), "radii")
     description = chain[0].name if len(chain) == 1 else f"{chain[0].name} .. {chain[-1].name}"

@@ -21,7 +21,8 @@ Operations: :meth:`AffineForm.linear` (``x W + b`` over the last axis), ``+``, `
 :meth:`softmax` (mean-value form: the softmax Jacobian at the centre on the generators, the change of the
 Jacobian over the enclosed score box times the scores' deviation as a new box symbol per entry),
 :meth:`hull`, :meth:`token_radii` (``sup ||x_i - c_i||`` per row, through the operator norm of each row's
-generators), :meth:`reduce` (the smallest Euclidean symbols merged into ``err``).
+generators), :meth:`row_norms` (the same for the symbolic part over the last axis, any leading shape),
+:meth:`reduce` (the smallest Euclidean symbols merged into ``err``).
 """
 
 from __future__ import annotations
@@ -295,7 +296,7 @@ class AffineForm:
         flat[first + np.arange(live.size), live] = size.reshape(-1)[live]
         return AffineForm(self.center, self.l2, box, self.err, self.symbols)
 
-    def _generator_norms(self) -> np.ndarray:
+    def row_norms(self) -> np.ndarray:
         """``sup ||L_r||_2`` over the last axis for every leading index r, L the symbolic part (Euclidean:
         the operator norm of the row's generators, from its Gram matrix; box: the sum of the rows' norms)."""
         lead = self.shape[:-1]
@@ -320,7 +321,7 @@ class AffineForm:
         spec = "hik,hjk->hij"
         rx, ry = self.deviation(), other.deviation()
         boxed = _up(IntervalArray(rx).einsum(spec, IntervalArray(ry)))
-        nx, ny = self._generator_norms(), other._generator_norms()
+        nx, ny = self.row_norms(), other.row_norms()
         support_x = (np.abs(self.l2).sum(axis=-1) > 0).astype(np.float64)        # (m, H, n)
         support_y = (np.abs(other.l2).sum(axis=-1) > 0).astype(np.float64)
         shared = np.einsum("shi,shj->hij", support_x, support_y) > 0
