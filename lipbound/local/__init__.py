@@ -21,7 +21,12 @@ theorems of :mod:`lipbound.symbolic.local`:
 * :mod:`.curve` -- the local Lipschitz constant ``L(eps)`` of a head, a layer, a block or a stack,
   certified and witnessed;
 * :mod:`.path` -- the movement of one edit, certified along the segment between the inputs;
-* :mod:`.propagate` -- a set of inputs (every edit in a set) pushed through the layers.
+* :mod:`.propagate` -- a set of inputs (every edit in a set) pushed through the layers;
+* :mod:`.candidates` -- edit sets edit by edit: each edited sentence a float point with certified
+  radii, re-centred after every stage;
+* :mod:`.relational` -- the attention layer pushed through a Frobenius ball as affine forms;
+* :mod:`.jacobian_forms` -- the attention layer's Jacobian bounded over the whole neighbourhood, path by
+  path (value, query, key), as a variation and as a supremum.
 
 Layer: above :mod:`lipbound.numeric` (it uses the model description, the attention engine and the
 certified global constants), below :mod:`lipbound.measures`.
