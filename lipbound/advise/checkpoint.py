@@ -4,14 +4,16 @@ A BERT-style encoder whose heads are all plain dot-product heads and whose Layer
 ``eps`` is written in its own Hugging Face layout: a folder with ``model.safetensors`` (every tensor
 of the original file, the edited ones replaced, in the original's dtype), ``config.json`` (with the
 new ``layer_norm_eps``) and the original's tokenizer files -- ``lipbound verify FOLDER`` reads it as
-it reads the original.  A Llama-family decoder (a Hugging Face folder or llama.cpp's GGUF ``llama``:
+it reads the original. A Llama-family decoder (a Hugging Face folder or llama.cpp's GGUF ``llama``:
 pre-norm RMSNorm layers with one ``eps``, SwiGLU, causal rotary heads on rotate-half pairs of the
-whole head, grouped keys and values, no biases) is written as a Hugging Face Llama folder
-(:func:`write_llama`): ``model.safetensors`` under Llama's tensor names, each array in float32 when
-float32 holds it exactly (a dequantised GGUF's weights do) and in float64 otherwise, so that the
-model read back has the very arrays written; ``config.json`` (``model_type`` llama) and the
-tokenizer as ``tokenizer.json`` (a GGUF's own, built from its metadata).  A head with another score (the cosine score of QK-norm, L2 attention) has
-no place in that layout; such a model is written in lipbound's plain ``.npz`` format
+whole head, grouped keys and values, no biases but the output projection's -- a mean-ablated head
+leaves one, written with Llama's ``attention_bias`` and zero query, key and value biases) is written
+as a Hugging Face Llama folder (:func:`write_llama`): ``model.safetensors`` under Llama's tensor
+names, each array in float32 when float32 holds it exactly (a dequantised GGUF's weights do) and in
+float64 otherwise, so that the model read back has the very arrays written; ``config.json``
+(``model_type`` llama) and the tokenizer as ``tokenizer.json`` (a GGUF's own, built from its
+metadata). A head with another score (the cosine score of QK-norm, L2 attention) has no place in
+these layouts; such a model is written in lipbound's plain ``.npz`` format
 (:func:`lipbound.numeric.model.save_plain`), which ``lipbound verify`` reads too.
 
 Every number advise reports about an edited model is computed on the model read back from the
@@ -88,14 +90,15 @@ def llama_writable(model: Model) -> bool:
             and model.lm_head is not None and len(_rotary_bases(model)) == 1):
         return False
     norms = [model.final_norm] + [n for layer in layers.values() for n in (layer.ln_in, layer.ffn_norm)]
-    if not all(isinstance(n, RMSNorm) and not np.any(n.center) for n in norms) or len({float(n.eps) for n in norms}) != 1:
+    if not all(isinstance(n, RMSNorm) and not np.any(n.center) for n in norms) \
+            or len({float(n.eps) for n in norms}) != 1:
         return False
     for layer in layers.values():
-        ffn, attention = layer.ffn, layer.attention
+        ffn = layer.ffn
         if (layer.placement != "pre" or layer.ln_out is not None or layer.ffn_out_norm is not None
                 or layer.cross is not None or layer.attn_scale is not None or layer.ffn_scale is not None
                 or not isinstance(ffn, GatedFeedForward) or ffn.act != "silu"
-                or any(np.any(b) for b in (ffn.b_gate, ffn.b_up, ffn.b_down, attention.b_O))):
+                or any(np.any(b) for b in (ffn.b_gate, ffn.b_up, ffn.b_down))):
             return False
         for h in layer.heads:
             if not (type(h.kernel) is Rotary and h.kernel.pairing == "half" and h.kernel.dims in (None, h.d_k)
@@ -121,6 +124,7 @@ def write_llama(model: Model, original: str | Path, path: str | Path) -> Path:
     first = model.layers[0]
     H, H_kv, d_k = model.num_heads, first.attention.num_groups, first.heads[0].d_k
     tensors = {"model.embed_tokens.weight": model.embeddings.word, "model.norm.weight": model.final_norm.gamma}
+    biased = any(np.any(layer.attention.b_O) for layer in model.layers.values())
     tied = model.lm_head is model.embeddings.word or np.array_equal(model.lm_head, model.embeddings.word)
     if not tied:
         tensors["lm_head.weight"] = model.lm_head
@@ -135,6 +139,11 @@ def write_llama(model: Model, original: str | Path, path: str | Path) -> Path:
             stem + "mlp.gate_proj.weight": layer.ffn.W_gate.T, stem + "mlp.up_proj.weight": layer.ffn.W_up.T,
             stem + "mlp.down_proj.weight": layer.ffn.W_down.T, stem + "input_layernorm.weight": layer.ln_in.gamma,
             stem + "post_attention_layernorm.weight": layer.ffn_norm.gamma})
+        if biased:
+            tensors.update({stem + "self_attn.q_proj.bias": np.zeros(H * d_k),
+                            stem + "self_attn.k_proj.bias": np.zeros(H_kv * d_k),
+                            stem + "self_attn.v_proj.bias": np.zeros(H_kv * heads[0].d_v),
+                            stem + "self_attn.o_proj.bias": attention.b_O})
     tokenizer = load_tokenizer(original)
     config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": model.hidden,
               "num_attention_heads": H, "num_key_value_heads": H_kv, "head_dim": d_k,
@@ -142,7 +151,7 @@ def write_llama(model: Model, original: str | Path, path: str | Path) -> Path:
               "vocab_size": model.embeddings.word.shape[0], "rms_norm_eps": float(model.final_norm.eps),
               "max_position_embeddings": int(model.max_positions), "hidden_act": "silu",
               "rope_theta": float(_rotary_bases(model).pop()), "tie_word_embeddings": bool(tied),
-              "attention_bias": False, "mlp_bias": False, "torch_dtype": "float32",
+              "attention_bias": bool(biased), "mlp_bias": False, "torch_dtype": "float32",
               **{f"{role}_token_id": tokenizer.special_id(role) for role in ("bos", "eos", "pad")
                  if tokenizer.special_id(role) is not None}}
     path.mkdir(parents=True, exist_ok=True)
