@@ -40,7 +40,7 @@ from ..errors import AssumptionError, LipboundError, OutputError, WeightsError
 from ..measures.bert import default_model_dir
 from ..measures.edits import edited_ids
 from ..numeric.model import load_tokenizer, load_weights
-from ..numeric.model.components import FeedForward
+from ..numeric.model.components import FeedForward, GatedFeedForward
 from ..numeric.whole.chain import hidden_states
 from .batch import run_batch
 from .checkpoint import llama_writable, write_and_reload
@@ -138,10 +138,10 @@ def check_inputs(model=None, *, text=None, positions=(), out=None) -> Inputs:
     elif loaded.embeddings is None or not hasattr(loaded.embeddings, "norm"):
         raise AssumptionError("model", "an encoder with its word and position embeddings", "no embeddings",
                               "pass the whole checkpoint folder")
-    missing = [i for i, layer in loaded.layers.items() if not isinstance(layer.ffn, FeedForward)
+    missing = [i for i, layer in loaded.layers.items() if not isinstance(layer.ffn, (FeedForward, GatedFeedForward))
                or layer.ln_in is None or layer.ffn_norm is None]
     if missing:
-        raise AssumptionError("model", "every layer with its feed-forward block and LayerNorms",
+        raise AssumptionError("model", "every layer with its feed-forward block and norms",
                               f"layers {missing} without them", "pass the whole checkpoint folder")
     if not gguf and not any((folder / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
         raise AssumptionError("model", "a tokenizer.json or vocab.txt beside the weights", "no tokenizer",
