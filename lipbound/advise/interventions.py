@@ -150,22 +150,38 @@ class Temperature(_HeadIntervention):
 
 
 @dataclass(frozen=True)
-class SpectralCap(_HeadIntervention):
-    """The singular values of ``W_Q W_K^T`` clipped at ``cap``, through the keys: ``W_K T``, ``b_K T`` with
-    ``T = R^T U diag(min(s, cap) / s) U^T R^{-T}`` (:func:`qk_spectrum`), so that
-    ``W_Q (W_K T)^T = P U diag(min(s, cap)) V^T``."""
+class _Cap(_HeadIntervention):
+    """A cap on a head's score matrices; :meth:`checked` refuses a cap that is not a positive number
+    and a head of the other kind (rotary or not)."""
 
     cap: float = 1.0
-    kind: ClassVar[str] = "spectral-cap"
+    rotary: ClassVar[bool] = False
 
     @property
     def parameter(self) -> str:
         return f"{self.cap:.4g}"
 
-    def edit(self, head: Head) -> Head:
+    def checked(self, head: Head) -> Head:
         if not (math.isfinite(self.cap) and self.cap > 0):
-            raise AssumptionError("cap", "a positive spectral norm for W_Q W_K^T", repr(self.cap), "pass e.g. 10")
-        R, U, s = qk_spectrum(head)
+            raise AssumptionError("cap", "a positive spectral norm of the score matrices", repr(self.cap),
+                                  "pass e.g. 10")
+        if head.kernel.positional != self.rotary:
+            other = "rotary-cap" if head.kernel.positional else "spectral-cap"
+            raise AssumptionError("head", f"a head {'with' if self.rotary else 'without'} a rotary score",
+                                  head.kernel.describe(), f"use {other}")
+        return head
+
+
+@dataclass(frozen=True)
+class SpectralCap(_Cap):
+    """The singular values of ``W_Q W_K^T`` clipped at ``cap``, through the keys: ``W_K T``, ``b_K T`` with
+    ``T = R^T U diag(min(s, cap) / s) U^T R^{-T}`` (:func:`qk_spectrum`), so that
+    ``W_Q (W_K T)^T = P U diag(min(s, cap)) V^T``."""
+
+    kind: ClassVar[str] = "spectral-cap"
+
+    def edit(self, head: Head) -> Head:
+        R, U, s = qk_spectrum(self.checked(head))
         if np.linalg.cond(R) > 1e8:
             raise AssumptionError("head", "a head whose W_Q has full column rank", f"cond(R) = {np.linalg.cond(R):.3g}",
                                   "cap another head")
@@ -175,26 +191,16 @@ class SpectralCap(_HeadIntervention):
 
 
 @dataclass(frozen=True)
-class RotaryCap(_HeadIntervention):
-    """``W_Q = U diag(s) V^T`` becomes ``U diag(min(s, cap / ||W_K||)) V^T`` (``b_Q`` projected alike:
-    a rotary head of a decoder has none), so that every offset matrix of the rotary score has
-    spectral norm at most ``cap`` (in the units of ``W_Q W_K^T``, without the score's scale)."""
+class RotaryCap(_Cap):
+    """``W_Q = U diag(s) V^T`` becomes ``U diag(min(s, cap / ||W_K||)) V^T`` (a head without query or
+    key bias), so that every offset matrix ``W_Q R(Delta theta) W_K^T`` of the rotary score has spectral
+    norm at most ``cap`` (in the units of ``W_Q W_K^T``, without the score's scale)."""
 
-    cap: float = 1.0
     kind: ClassVar[str] = "rotary-cap"
-
-    @property
-    def parameter(self) -> str:
-        return f"{self.cap:.4g}"
+    rotary: ClassVar[bool] = True
 
     def edit(self, head: Head) -> Head:
-        if not (math.isfinite(self.cap) and self.cap > 0):
-            raise AssumptionError("cap", "a positive bound on every offset matrix W_Q R W_K^T", repr(self.cap),
-                                  "pass e.g. 10")
-        if not head.kernel.positional:
-            raise AssumptionError("head", "a head with a rotary score (spectral-cap edits the others)",
-                                  head.kernel.describe(), "use SpectralCap")
-        if head.biased:
+        if self.checked(head).biased:
             raise AssumptionError("head", "a rotary head without query or key bias", "biases",
                                   "cap a head without biases")
         U, s, Vt = np.linalg.svd(head.W_Q, full_matrices=False)
