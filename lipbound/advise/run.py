@@ -250,17 +250,17 @@ def _mean_value(model, layer: int, head: int, ids_list) -> tuple:
     return tuple(float(v) for v in np.concatenate(values).mean(axis=0))
 
 
-def _eps_sweep(inputs: Inputs, out, reference, say) -> list[tuple[float, float]]:
+def _eps_sweep(inputs: Inputs, out, reference, floor: float, say) -> list[tuple[float, float]]:
     """``(eps, function value)`` for each epsilon of :data:`EPS_GRID` (a decoder:
     :data:`DECODER_EPS_GRID`), measured on the written and re-read checkpoint, up to the first below
-    0.9 (``value``: min sentence cosine, or next-token agreement)."""
+    ``min(floor, 0.9)`` (``value``: min sentence cosine, or next-token agreement)."""
     sweep, trial = [], out / "trial-norm-eps"
     for eps in DECODER_EPS_GRID if inputs.kind == "decoder" else EPS_GRID:
         edited = write_and_reload(NormEpsilon(eps=eps).apply(inputs.model), inputs.folder, trial)
         cost = function_cost(reference, edited, inputs.ids)
         say(f"norm-eps {eps:g}: {cost.metric} {cost.value:.5f}")
         sweep.append((eps, cost.value))
-        if cost.value < 0.9:
+        if cost.value < min(floor, 0.9):
             break
     shutil.rmtree(trial, ignore_errors=True)
     return sweep
@@ -384,7 +384,7 @@ def advise(inputs: Inputs, *, n: int = 8, local_sentences: int | None = None, ep
 
     with clock("eps sweep"):
         planned = _plan(model, inputs, original, heads, mismatch)
-        sweep = _eps_sweep(inputs, out, reference, say)
+        sweep = _eps_sweep(inputs, out, reference, floor, say)
     strict = max(floor, 0.999 if kind == "encoder" else 0.99)
     eps_edits = {e.eps: e for e in (_largest_eps(sweep, strict), _largest_eps(sweep, floor)) if e is not None}
     planned = list(eps_edits.values()) + planned
