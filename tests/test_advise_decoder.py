@@ -208,3 +208,28 @@ def test_advise_on_the_cut_decoder_is_reverified_on_its_written_checkpoints(cut,
     norm = max((r for r in data["interventions"] if r["kind"] == "norm-eps"), key=lambda r: r["reduction_orders"])
     assert norm["reduction_orders"] > 0 and math.isfinite(norm["reduction_orders"])
     assert "agree" in (out / "advice.tex").read_text() or "agreement" in (out / "advice.tex").read_text()
+
+
+def test_overflowing_bounds_are_compared_and_printed_from_their_log10():
+    """SmolLM2's 30 layers overflow a float (``value`` inf): the reduction, the table and the LaTeX use
+    ``log10_value``; the printed mantissa is rounded up."""
+    from types import SimpleNamespace
+
+    import sympy
+
+    from lipbound.advise.interventions import NormEpsilon
+    from lipbound.advise.report import InterventionResult, _bound_cell, _tex_bound
+
+    def whole(log10):
+        bound = {"value": math.inf, "log10_value": log10, "certified": True, "witness": 3.0}
+        return SimpleNamespace(bound=bound, log10=log10, layer_row=lambda index: None, rerun=0)
+
+    before, after = whole(412.31), whole(380.004)
+    result = InterventionResult(NormEpsilon(eps=1e-3), "x", whole_before=before, whole_after=after)
+    assert result.certified and result.reduction <= 412.31 - 380.004
+    assert result.reduction == pytest.approx(412.31 - 380.004, rel=1e-12)
+    assert result.to_json()["bound_after"] == {"model": "inf", "model_log10": 380.004, "layer": None, "head": None,
+                                              "local": None}
+    cell = _bound_cell(after)
+    assert isinstance(cell, sympy.Expr) and math.log10(float(cell.args[0])) + 380 >= 380.004
+    assert _tex_bound(before) == r"$2.05 \times 10^{412}$"   # 10^0.31 = 2.0417..., rounded up

@@ -287,7 +287,7 @@ class Advice:
         rows = []
         for r in self.ranked + [r for r in self.interventions if r.score is None]:
             rows.append({"name": r.intervention.name, "target": r.intervention.target,
-                         "after": _tex_bound(r.whole_after) if r.certified else "not certified",
+                         "after": _bound_cell(r.whole_after) if r.certified else "not certified",
                          "orders": None if r.reduction is None else f"{r.reduction:.1f}",
                          "cosine": None if r.cost is None else f"{r.cost.value:.5f}",
                          "rho": None if r.cost is None else f"{r.cost.secondary:.3f}"})
@@ -314,13 +314,26 @@ def _log10(whole):
     return interval(whole.log10)
 
 
+def _scientific(whole) -> tuple[float, int]:
+    """``(m, e)`` with the certified whole-model bound ``<= m 10^e``, ``m`` of three digits rounded up
+    (from the bound's log10, which stays finite when the bound overflows a float)."""
+    exponent = math.floor(whole.log10)
+    mantissa = math.ceil(10 ** (whole.log10 - exponent + 2)) / 100
+    return (1.0, exponent + 1) if mantissa >= 10 else (mantissa, exponent)
+
+
+def _bound_cell(whole):
+    """The bound for :func:`comparison_table`: a float, or where it overflows ``m 10^e`` (SymPy, math mode)."""
+    if math.isfinite(whole.bound["value"]):
+        return float(whole.bound["value"])
+    import sympy
+    mantissa, exponent = _scientific(whole)
+    return sympy.Mul(sympy.Float(mantissa, 3), sympy.Pow(10, exponent, evaluate=False), evaluate=False)
+
+
 def _tex_bound(whole) -> str:
-    """The certified whole-model bound as ``$m \\times 10^{e}$`` (from its log10 when it overflows)."""
-    log10 = whole.log10
-    exponent = math.floor(log10)
-    mantissa = math.ceil(10 ** (log10 - exponent + 2)) / 100    # rounded up, as the bound is
-    if mantissa >= 10:
-        mantissa, exponent = 1.0, exponent + 1
+    """The certified whole-model bound as ``$m \\times 10^{e}$`` (see :func:`_scientific`)."""
+    mantissa, exponent = _scientific(whole)
     return f"${mantissa:.3g} \\times 10^{{{exponent}}}$" if exponent else f"${mantissa:.3g}$"
 
 
