@@ -130,6 +130,7 @@ def main(argv=None) -> int:
     for option, default in (("--n", 8), ("--effort", 30), ("--edits", 20), ("--candidates", 512)):
         parser.add_argument(option, type=int, default=default, help=f"advise's {option[2:]} (default {default})")
     parser.add_argument("--budget", type=float, default=0.5, help="advise's head_budget (default 0.5)")
+    parser.add_argument("--floor", type=float, help="the cosine floor (encoder) or agreement floor (decoder)")
     args = parser.parse_args(argv)
     if args.source:
         return _print(json.loads(Path(args.source).read_text()), None)
@@ -138,8 +139,9 @@ def main(argv=None) -> int:
         model = {"minilm": None, "smollm2": _smollm2()}.get(args.model, args.model)
         inputs = check_inputs(model, out=args.out or Path(scratch) / "advice")
         started = time.perf_counter()
+        floor = {"agreement_floor" if inputs.kind == "decoder" else "cosine_floor": args.floor}
         advice = advise(inputs, jobs=args.jobs, n=args.n, effort=args.effort, head_budget=args.budget, edits=args.edits,
-                        candidates=args.candidates, say=lambda text: print(f"  {text}", flush=True),
+                        candidates=args.candidates, **floor, say=lambda text: print(f"  {text}", flush=True),
                         progress=lambda stage, done, total, text: print(f"  {stage}: {done}/{total} {text}", flush=True)
                         if done == total or done % 25 == 0 else None)
         seconds = time.perf_counter() - started
