@@ -277,23 +277,23 @@ class RemoveHead(_HeadIntervention):
         old = model.layers[self.layer]
         if old.attention.groups is None:
             return super().apply(model)
-        head = old.heads[self.head]
         rows = slice(sum(h.d_v for h in old.heads[:self.head]), sum(h.d_v for h in old.heads[:self.head + 1]))
-        mean = np.asarray(self.mean_value, dtype=float) if len(self.mean_value) else np.zeros(head.d_v)
-        if mean.shape != (head.d_v,):
-            raise AssumptionError("mean_value", f"{head.d_v} numbers", str(mean.shape), "pass the mean value vector")
         W_O = np.array(old.attention.W_O, dtype=float)
-        b_O = old.attention.b_O + mean @ W_O[rows]
+        b_O = old.attention.b_O + self.mean(old.heads[self.head]) @ W_O[rows]
         W_O[rows] = 0.0
         layers = dict(model.layers)
         layers[self.layer] = replace(old, attention=replace(old.attention, W_O=W_O, b_O=b_O))
         return replace(model, layers=layers, path="", sha256="", metadata=dict(model.metadata))
 
-    def edit(self, head: Head) -> Head:
+    def mean(self, head: Head) -> np.ndarray:
+        """``mean_value`` as an array (zeros when empty: zero ablation), checked against the head."""
         mean = np.asarray(self.mean_value, dtype=float) if len(self.mean_value) else np.zeros(head.d_v)
         if mean.shape != (head.d_v,):
             raise AssumptionError("mean_value", f"{head.d_v} numbers", str(mean.shape), "pass the mean value vector")
-        return replace(head, W_V=np.zeros_like(head.W_V), b_V=mean)
+        return mean
+
+    def edit(self, head: Head) -> Head:
+        return replace(head, W_V=np.zeros_like(head.W_V), b_V=self.mean(head))
 
 
 def _norms(model: Model):
