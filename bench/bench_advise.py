@@ -146,7 +146,10 @@ def main(argv=None) -> int:
                         if done == total or done % 25 == 0 else None)
         seconds = time.perf_counter() - started
         print(f"load average before {load[0]:.1f}, after {os.getloadavg()[0]:.1f} (2 cores)")
-        return _print(advice.to_json(), seconds)
+        data = advice.to_json()
+        if args.out:   # for --from
+            (Path(args.out) / "advice.json").write_text(json.dumps(data, indent=2))
+        return _print(data, seconds)
 
 
 if __name__ == "__main__":
