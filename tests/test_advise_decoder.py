@@ -177,6 +177,7 @@ def test_check_inputs_takes_the_decoder_and_refuses_what_does_not_apply(cut, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_advise_on_the_cut_decoder_is_reverified_on_its_written_checkpoints(cut, tmp_path):
     """The whole run on two blocks of SmolLM2 (small options), then ``verify --whole``'s tasks on each
     written checkpoint: the same certified bound, to the last digit."""
