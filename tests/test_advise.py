@@ -337,7 +337,7 @@ def test_report_ranks_certified_edits_only_and_writes_every_output(tmp_path):
     table = advice.table()
     assert "NOT CERTIFIED" in table and "Legend" in table
     assert pareto_front([(1.0, 5.0), (2.0, 6.0), (3.0, 1.0)]) == [0, 2]
-    assert draw_pareto(advice.pareto(), original.bound["value"], tmp_path / "pareto.png").stat().st_size > 0
+    assert draw_pareto(advice.pareto(), original.log10, tmp_path / "pareto.png").stat().st_size > 0
     assert draw_mismatch([mismatch.rows(3)], tmp_path / "mismatch.png").stat().st_size > 0
     if shutil.which("pdflatex"):
         (tmp_path / "doc.tex").write_text("\\documentclass{article}\\usepackage{booktabs}\\begin{document}\n"

@@ -159,7 +159,15 @@ class WholeCertificate:
     def bound(self) -> dict:
         return self.report.model_bound
 
-    def layer_row(self, index: int, block: str = "encoder") -> dict | None:
+    @property
+    def log10(self) -> float:
+        """``log10`` of the certified whole-model bound (the report's ``log10_value``: finite when the
+        bound itself overflows a float, as a deep decoder's does)."""
+        return float(self.bound["log10_value"])
+
+    def layer_row(self, index: int, block: str | None = None) -> dict | None:
+        """The row of layer ``index`` of ``block`` (default: the stack the bound is for)."""
+        block = block or self.bound.get("block", "encoder")
         return next((r for r in self.report.components if r["component"] == "layer" and r["layer"] == index
                      and r["block"] == block), None)
 
@@ -222,8 +230,10 @@ def certify_whole(model: Model, *, n: int = 8, restarts: int = 4, iterations: in
     return plan.certificate(results, time.perf_counter() - started)
 
 
-def component_shares(report: WholeReport, block: str = "encoder") -> list[dict]:
-    """The rows whose product is the end-to-end bound, each with its share of log10 of the bound."""
+def component_shares(report: WholeReport, block: str | None = None) -> list[dict]:
+    """The rows whose product is the end-to-end bound, each with its share of log10 of the bound
+    (``block`` default: the stack the bound is for)."""
+    block = block or report.model_bound.get("block", "encoder")
     post = report.image_input.get(block, False)
     factors = [r for r in report.components if r["block"] == block and
                (r["component"] == "residual" or (r["component"] == "norm" and (post or r["layer"] is None)))]
@@ -240,11 +250,13 @@ def component_shares(report: WholeReport, block: str = "encoder") -> list[dict]:
 
 def head_tasks(model: Model, heads, *, n: int = 8, budget: float = 0.5, seed: int = 0) -> list[tuple]:
     """``verify``'s jobs (:func:`lipbound.numeric.verification.verify_job`) for the pairs ``(layer, head)``
-    on the image of the LayerNorm feeding each layer."""
+    on the image of the norm feeding each layer (a post-LN encoder's LayerNorm, a pre-norm decoder's
+    ``ln_in``: the head reads it in both)."""
     spec = DomainSpec.parse("layernorm")
     origin = (model.name, model.path, model.sha256)
+    block = model.blocks[0]
     return [(attention_arrays(model.layers[i].heads[h]), spec.resolve(model.layers[i].ln_in, f"layer {i}").plain(),
-             None, n, None, "self", "self", False, budget, seed, origin, "encoder", i, h) for i, h in heads]
+             None, n, None, "self", "self", False, budget, seed, origin, block, i, h) for i, h in heads]
 
 
 def head_row(layer: int, head: int, result: dict) -> dict:

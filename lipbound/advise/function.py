@@ -30,8 +30,9 @@ from ..errors import AssumptionError
 from ..numeric.model import Model
 from ..numeric.whole.chain import hidden_states, logits
 
-__all__ = ["DecoderCost", "FunctionalCost", "bundled_sentences", "decoder_cost", "functional_cost",
-           "next_token_logits", "perplexity", "read_sentences", "sentence_embeddings"]
+__all__ = ["DecoderCost", "FunctionalCost", "bundled_sentences", "decoder_cost", "function_cost",
+           "function_reference", "functional_cost", "next_token_logits", "perplexity", "read_sentences",
+           "sentence_embeddings"]
 
 
 def bundled_sentences() -> list[str]:
@@ -82,6 +83,19 @@ class FunctionalCost:
     discordant: float
     sentences: int
 
+    metric = "min sentence cosine to the original"
+    #: the second figure of the ranked table: its label and :attr:`secondary`
+    secondary_label = "rho"
+
+    @property
+    def value(self) -> float:
+        """The figure of :attr:`metric` (what a floor is set on)."""
+        return self.min_cosine
+
+    @property
+    def secondary(self) -> float:
+        return self.spearman
+
     @property
     def cost(self) -> float:
         """``1 - min cosine``: the unit the ranking divides by."""
@@ -131,6 +145,18 @@ class DecoderCost:
     positions: int
     sentences: int
 
+    metric = "next-token agreement with the original"
+    secondary_label = "ppl x"
+
+    @property
+    def value(self) -> float:
+        return self.agreement
+
+    @property
+    def secondary(self) -> float:
+        """The perplexity ratio after / before."""
+        return self.perplexity_ratio
+
     @property
     def cost(self) -> float:
         """``1 - next-token agreement``."""
@@ -152,3 +178,17 @@ def decoder_cost(original, edited, ids_list) -> DecoderCost:
     same = np.concatenate([np.argmax(a, axis=-1) == np.argmax(b, axis=-1) for a, b in zip(original, edited)])
     return DecoderCost(float(same.mean()), perplexity(original, ids_list), perplexity(edited, ids_list), len(same),
                        len(ids_list))
+
+
+def function_reference(model: Model, ids_list):
+    """What an edit is compared with: the sentence embeddings of an encoder (S, d), the next-token
+    logits of a decoder (a list of (n, vocab))."""
+    return next_token_logits(model, ids_list) if model.decoder_only else sentence_embeddings(model, ids_list)
+
+
+def function_cost(reference, edited: Model, ids_list) -> FunctionalCost | DecoderCost:
+    """The functional cost of ``edited`` against ``reference`` (:func:`function_reference` of the
+    original): :func:`functional_cost` for an encoder, :func:`decoder_cost` for a decoder."""
+    if edited.decoder_only:
+        return decoder_cost(reference, next_token_logits(edited, ids_list), ids_list)
+    return functional_cost(reference, sentence_embeddings(edited, ids_list))

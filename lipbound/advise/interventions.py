@@ -7,6 +7,10 @@ intervention           the edited weights (layer ``l``, head ``h``; tokens are r
 ``temperature``        ``W_Q, b_Q`` times ``t``: every score of the head divided by the temperature ``1/t``
 ``spectral-cap``       the singular values of ``W_Q W_K^T`` clipped at ``cap``, by a map ``T`` of the key
                        space: ``W_K T``, ``b_K T`` (``W_Q`` and the query bias untouched)
+``rotary-cap``         a rotary head: the singular values of ``W_Q`` clipped at ``cap / ||W_K||``, so that
+                       every offset matrix ``A_Delta = W_Q R(Delta theta) W_K^T`` (``R`` orthogonal) has
+                       ``||A_Delta|| <= ||W_Q'|| ||W_K|| <= cap``; the keys untouched (they are shared by
+                       the query heads of a group)
 ``qk-norm``            every head's score of layer ``l`` becomes ``tau q.k / (N(q) N(k))``,
                        ``N(u) = sqrt(||u||^2 + eps)``: QK-norm with a scalar gain ``g``,
                        ``rms(u) = g u / sqrt(||u||^2/d_k + eps/d_k)``, is exactly this score with
@@ -17,13 +21,18 @@ intervention           the edited weights (layer ``l``, head ``h``; tokens are r
 ``norm-eps``           every LayerNorm's or RMSNorm's ``eps`` raised to at least ``eps`` (the constant
                        ``||diag(gamma) P|| / sqrt(eps)`` of a norm falls as ``eps`` grows)
 ``remove-head``        the head's values replaced by their mean over the text (``W_V = 0``, ``b_V`` the
-                       mean value): its output no longer depends on the input (mean ablation)
+                       mean value): its output no longer depends on the input (mean ablation); in a layer
+                       with grouped keys and values (whose heads share ``W_V``) the head's block ``W_O^h``
+                       of the output projection is zeroed instead and ``m W_O^h`` added to ``b_O``
+                       (``m`` the mean value; none given: zero ablation)
 ``embeddings``         the word embeddings of chosen tokens moved towards the mean embedding,
                        ``e_v <- mu + s (e_v - mu)``
 =====================  ================================================================================
 
 The two new scores change every head of a layer: the one attention engine evaluates a layer's heads
-together, with one kernel.  No retraining: the function of the edited weights is measured as they are.
+together, with one kernel; they are refused on a layer with rotary (positional) scores, whose
+positions they would drop.  Temperature is exact on a rotary head too (every offset matrix
+``A_Delta`` is linear in ``W_Q``).  No retraining: the function of the edited weights is measured as they are.
 """
 
 from __future__ import annotations
@@ -45,10 +54,12 @@ __all__ = [
     "QKNormGain",
     "RecentreEmbeddings",
     "RemoveHead",
+    "RotaryCap",
     "SpectralCap",
     "Temperature",
     "TiedL2",
     "qk_spectrum",
+    "rotary_bound",
     "with_head",
 ]
 
@@ -139,28 +150,68 @@ class Temperature(_HeadIntervention):
 
 
 @dataclass(frozen=True)
-class SpectralCap(_HeadIntervention):
-    """The singular values of ``W_Q W_K^T`` clipped at ``cap``, through the keys: ``W_K T``, ``b_K T`` with
-    ``T = R^T U diag(min(s, cap) / s) U^T R^{-T}`` (:func:`qk_spectrum`), so that
-    ``W_Q (W_K T)^T = P U diag(min(s, cap)) V^T``."""
+class _Cap(_HeadIntervention):
+    """A cap on a head's score matrices; :meth:`checked` refuses a cap that is not a positive number
+    and a head of the other kind (rotary or not)."""
 
     cap: float = 1.0
-    kind: ClassVar[str] = "spectral-cap"
+    rotary: ClassVar[bool] = False
 
     @property
     def parameter(self) -> str:
         return f"{self.cap:.4g}"
 
-    def edit(self, head: Head) -> Head:
+    def checked(self, head: Head) -> Head:
         if not (math.isfinite(self.cap) and self.cap > 0):
-            raise AssumptionError("cap", "a positive spectral norm for W_Q W_K^T", repr(self.cap), "pass e.g. 10")
-        R, U, s = qk_spectrum(head)
+            raise AssumptionError("cap", "a positive spectral norm of the score matrices", repr(self.cap),
+                                  "pass e.g. 10")
+        if head.kernel.positional != self.rotary:
+            other = "rotary-cap" if head.kernel.positional else "spectral-cap"
+            raise AssumptionError("head", f"a head {'with' if self.rotary else 'without'} a rotary score",
+                                  head.kernel.describe(), f"use {other}")
+        return head
+
+
+@dataclass(frozen=True)
+class SpectralCap(_Cap):
+    """The singular values of ``W_Q W_K^T`` clipped at ``cap``, through the keys: ``W_K T``, ``b_K T`` with
+    ``T = R^T U diag(min(s, cap) / s) U^T R^{-T}`` (:func:`qk_spectrum`), so that
+    ``W_Q (W_K T)^T = P U diag(min(s, cap)) V^T``."""
+
+    kind: ClassVar[str] = "spectral-cap"
+
+    def edit(self, head: Head) -> Head:
+        R, U, s = qk_spectrum(self.checked(head))
         if np.linalg.cond(R) > 1e8:
             raise AssumptionError("head", "a head whose W_Q has full column rank", f"cond(R) = {np.linalg.cond(R):.3g}",
                                   "cap another head")
         shrink = np.minimum(s, self.cap) / np.where(s > 0, s, 1.0)
         T = R.T @ (U * shrink) @ U.T @ np.linalg.inv(R).T
         return replace(head, W_K=head.W_K @ T, b_K=head.b_K @ T)
+
+
+@dataclass(frozen=True)
+class RotaryCap(_Cap):
+    """``W_Q = U diag(s) V^T`` becomes ``U diag(min(s, cap / ||W_K||)) V^T`` (a head without query or
+    key bias), so that every offset matrix ``W_Q R(Delta theta) W_K^T`` of the rotary score has spectral
+    norm at most ``cap`` (in the units of ``W_Q W_K^T``, without the score's scale)."""
+
+    kind: ClassVar[str] = "rotary-cap"
+    rotary: ClassVar[bool] = True
+
+    def edit(self, head: Head) -> Head:
+        if self.checked(head).biased:
+            raise AssumptionError("head", "a rotary head without query or key bias", "biases",
+                                  "cap a head without biases")
+        U, s, Vt = np.linalg.svd(head.W_Q, full_matrices=False)
+        clip = self.cap / float(np.linalg.norm(head.W_K, 2))
+        return replace(head, W_Q=(U * np.minimum(s, clip)) @ Vt)
+
+
+def rotary_bound(head: Head) -> float:
+    """``||W_Q|| ||W_K||`` (float): the bound on every offset matrix ``W_Q R(Delta theta) W_K^T`` that
+    :class:`RotaryCap` caps."""
+    return float(np.linalg.norm(head.W_Q, 2) * np.linalg.norm(head.W_K, 2))
 
 
 @dataclass(frozen=True)
@@ -176,6 +227,10 @@ class _LayerKernel(Intervention):
 
     def apply(self, model: Model) -> Model:
         _check_head(model, self.layer, 0)
+        positional = [h.kernel.describe() for h in model.layers[self.layer].heads if h.kernel.positional]
+        if positional:
+            raise AssumptionError("layer", "a layer whose scores have no positions (the new score would drop them)",
+                                  f"layer {self.layer} with {positional[0]}", "edit a layer of an encoder")
         for head in range(model.num_heads):
             model = with_head(model, self.layer, head, self.edit(model.layers[self.layer].heads[head]))
         return model
@@ -217,11 +272,28 @@ class RemoveHead(_HeadIntervention):
     mean_value: tuple = ()
     kind: ClassVar[str] = "remove-head"
 
-    def edit(self, head: Head) -> Head:
+    def apply(self, model: Model) -> Model:
+        _check_head(model, self.layer, self.head)
+        old = model.layers[self.layer]
+        if old.attention.groups is None:
+            return super().apply(model)
+        rows = slice(sum(h.d_v for h in old.heads[:self.head]), sum(h.d_v for h in old.heads[:self.head + 1]))
+        W_O = np.array(old.attention.W_O, dtype=float)
+        b_O = old.attention.b_O + self.mean(old.heads[self.head]) @ W_O[rows]
+        W_O[rows] = 0.0
+        layers = dict(model.layers)
+        layers[self.layer] = replace(old, attention=replace(old.attention, W_O=W_O, b_O=b_O))
+        return replace(model, layers=layers, path="", sha256="", metadata=dict(model.metadata))
+
+    def mean(self, head: Head) -> np.ndarray:
+        """``mean_value`` as an array (zeros when empty: zero ablation), checked against the head."""
         mean = np.asarray(self.mean_value, dtype=float) if len(self.mean_value) else np.zeros(head.d_v)
         if mean.shape != (head.d_v,):
             raise AssumptionError("mean_value", f"{head.d_v} numbers", str(mean.shape), "pass the mean value vector")
-        return replace(head, W_V=np.zeros_like(head.W_V), b_V=mean)
+        return mean
+
+    def edit(self, head: Head) -> Head:
+        return replace(head, W_V=np.zeros_like(head.W_V), b_V=self.mean(head))
 
 
 def _norms(model: Model):

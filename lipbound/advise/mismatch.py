@@ -14,9 +14,16 @@ singular directions of the first layer's heads' ``W_Q W_K^T`` (largest ``|u . de
 heads and the left and right top singular vectors), and its frequency: the number of times the token
 occurs in a corpus the caller passes (``advise`` passes the tokenized text together with lipbound's
 bundled sentences; a WordPiece vocabulary is not ordered by frequency and ships no counts, so the
-text is the one sound source).  So that the frequency varies over the candidates, every whole word
-of the corpus is a candidate, and the rest of the ``candidates`` are drawn from the vocabulary; the
-frequency correlation is None when fewer than three candidates occur in the corpus.
+text is the one sound source; a byte-level BPE vocabulary's merge ranks order its tokens only
+roughly by frequency, so the counts in the text are used there too).  So that the frequency varies
+over the candidates, every whole word of the corpus is a candidate, and the rest of the
+``candidates`` are drawn from the vocabulary; the frequency correlation is None when fewer than
+three candidates occur in the corpus.
+
+A whole word (:func:`word_ids`) is a WordPiece entry of ASCII letters (no ``##`` continuation), or
+in GPT-2-style byte-level BPE an entry ``Ġ`` + ASCII letters: the leading-space marker starts a word
+(an entry without it continues one, or starts the text).  For a decoder's rotary heads, the
+alignment is read from ``W_Q W_K^T``, the score matrix at offset 0 (``W_Q R(0) W_K^T``).
 """
 
 from __future__ import annotations
@@ -30,7 +37,28 @@ from ..measures.edits import whole_word_ids
 from ..numeric.model import Model, Tokenizer
 from .diagnosis import step_states
 
-__all__ = ["Mismatch", "token_counts", "token_mismatch", "top_directions"]
+__all__ = ["BPE_SPACE", "Mismatch", "token_counts", "token_mismatch", "top_directions", "word_ids", "word_positions"]
+
+#: byte-level BPE's mark of a leading space (the byte 0x20 mapped to a printable character)
+BPE_SPACE = "\u0120"
+
+
+def word_ids(tokenizer: Tokenizer) -> np.ndarray:
+    """Ids of the whole words of the vocabulary (module docstring)."""
+    if tokenizer.kind != "bpe":
+        return whole_word_ids(tokenizer)
+    return np.array([i for i, token in enumerate(tokenizer.vocab) if token.startswith(BPE_SPACE)
+                     and token[1:].isascii() and token[1:].isalpha()], dtype=np.int64)
+
+
+def word_positions(tokenizer: Tokenizer, ids) -> tuple[int, int]:
+    """The first and last position of ``ids`` that is not a special token the tokenizer added
+    (BERT's ``[CLS]`` and ``[SEP]``, a decoder's ``bos``)."""
+    ids = list(ids)
+    specials = set(tokenizer.specials.values())
+    low = 1 if ids and ids[0] in specials else 0
+    high = len(ids) - 2 if len(ids) > 1 and ids[-1] in specials else len(ids) - 1
+    return low, high
 
 
 def top_directions(model: Model, layer: int = 0) -> np.ndarray:
@@ -103,10 +131,11 @@ def token_mismatch(model: Model, tokenizer: Tokenizer, sentence: str, position: 
     over ``candidates`` whole words (0: every whole word): those of ``counts`` (occurrences of token ids
     in a corpus, :func:`token_counts`) and the rest drawn from the vocabulary."""
     ids = np.array(tokenizer.encode(sentence))
-    if not 1 <= position <= len(ids) - 2:
-        raise AssumptionError("positions", f"a token position in 1..{len(ids) - 2} (counted from 0; [CLS] is 0)",
-                              repr(position), "pick a word of the sentence, e.g. 1")
-    pool = whole_word_ids(tokenizer)
+    low, high = word_positions(tokenizer, ids)
+    if not low <= position <= high:
+        raise AssumptionError("positions", f"a token position in {low}..{high} (counted from 0; special tokens "
+                              "excluded)", repr(position), f"pick a word of the sentence, e.g. {high}")
+    pool = word_ids(tokenizer)
     pool = pool[pool != ids[position]]
     if candidates and candidates < len(pool):
         seen = np.intersect1d(pool, np.fromiter(counts or (), dtype=pool.dtype))[:candidates]

@@ -1,11 +1,14 @@
 """The advice: diagnosis, mismatch and interventions with both prices, ranked; text, JSON, LaTeX.
 
 An intervention's **certified reduction** is ``log10(B_before / B_after)`` of the certified
-whole-model bound (orders of magnitude); its **functional cost** is ``1 - min cosine`` of the sentence
-embeddings to the original model's over the text.  The ranking sorts by reduction per unit of cost
-(``reduction / max(cost, 1e-6)``).  An intervention whose bound after is not certified is listed
-with the reason and never ranked.  No retraining is claimed: the cost is that of the edited weights
-as they are.
+whole-model bound (orders of magnitude) in interval arithmetic, rounded down; where a bound
+overflows a float (a deep decoder's), its ``log10`` is the report's ``log10_value`` (the rounded-up
+log10 of the product of its factors: the bound is ``10^log10_value``); its
+**functional cost** is ``1 - min cosine`` of the sentence embeddings to the original model's over
+the text for an encoder, ``1 - next-token agreement`` for a decoder (with the perplexity before and
+after beside it). The ranking sorts by reduction per unit of cost (``reduction / max(cost, 1e-6)``).
+An intervention whose bound after is not certified is listed with the reason and never ranked. No
+retraining is claimed: the cost is that of the edited weights as they are.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..numeric.whole.report import _big
 from ..printing.document import comparison_table
 from ..rigorous.functions import log
 from ..rigorous.intervals import interval, lower
@@ -23,13 +27,16 @@ __all__ = ["COST_FLOOR", "LEGEND", "Advice", "InterventionResult"]
 #: the smallest cost the ranking divides by (an edit that changes nothing measurable)
 COST_FLOOR = 1e-6
 
-LEGEND = """Legend: bound = certified upper bound on the Frobenius Lipschitz constant of the whole encoder (input of
-layer 0 on the image of the embedding LayerNorm -> last hidden state, n tokens), output units per input unit;
+LEGEND = """Legend: bound = certified upper bound on the Frobenius Lipschitz constant of the whole stack (an encoder:
+input of layer 0 on the image of the embedding LayerNorm -> last hidden state; a decoder: its input, all of R^(n x d) ->
+the last hidden state after the final norm; n tokens), output units per input unit (1e+N.N: 10^N.N);
 witness = a point where the map attains at least that much (a lower bound); orders = log10(bound before / bound
 after), the certified reduction (a lower bound on it, rounded down); head, layer = the certified constant of the
 edited head (verify's row) and of its whole attention layer; min cos = smallest cosine of a sentence embedding
 (mean of the last hidden states) to the original model's over the text; rho = Spearman correlation of the
-pairs' similarities, original vs edited; orders/cost = orders / max(1 - min cos, 1e-6), the ranking key.
+pairs' similarities, original vs edited; for a decoder, agree = fraction of positions whose most likely next token
+is the original's, ppl x = perplexity of the text after / before; orders/cost = orders / max(1 - min cos (a decoder:
+1 - agree), 1e-6), the ranking key.
 NOT CERTIFIED rows are never ranked.  No retraining: the cost is that of the edited weights as they are."""
 
 
@@ -79,8 +86,7 @@ class InterventionResult:
         """``log10(B_before / B_after)``, rounded down in interval arithmetic (None: not certified)."""
         if not self.certified:
             return None
-        ratio = interval(self.whole_before.bound["value"]) / interval(self.whole_after.bound["value"])
-        return float(lower(log(ratio) / log(interval(10.0))))
+        return float(lower(_log10(self.whole_before) - _log10(self.whole_after)))
 
     @property
     def score(self) -> float | None:
@@ -90,13 +96,16 @@ class InterventionResult:
         return reduction / max(self.cost.cost, COST_FLOOR)
 
     def _side(self, whole, head, local, which: str) -> dict:
-        """``{"model", "layer", "head", "local"}``: the certified bounds (``which = "certified"``) or the
-        witnesses (``"witness"``) of one side of the edit."""
+        """``{"model", "layer", "head", "local"}``: the certified bounds (``which = "certified"``, with
+        ``model_log10``) or the witnesses (``"witness"``) of one side of the edit."""
         bound = None if whole is None else whole.bound
         row = None if whole is None else whole.layer_row(self.layer)
         model_key, row_key, head_key = ("value", "best_upper", "bound") if which == "certified" else ("witness",) * 3
-        return {"model": None if not bound else bound[model_key], "layer": None if row is None else row[row_key],
-                "head": None if head is None else head[head_key], "local": None if local is None else local.get(which)}
+        out = {"model": None if not bound else bound[model_key], "layer": None if row is None else row[row_key],
+               "head": None if head is None else head[head_key], "local": None if local is None else local.get(which)}
+        if which == "certified":
+            out["model_log10"] = None if not bound else bound["log10_value"]
+        return out
 
     def to_json(self) -> dict:
         iv = self.intervention
@@ -108,8 +117,8 @@ class InterventionResult:
                "witness_before": self._side(before, self.head_before, self.local_before, "witness"),
                "witness_after": self._side(after, self.head_after, self.local_after, "witness"),
                "layer": self.layer, "reduction_orders": self.reduction, "score": self.score,
-               "function_metric": "min sentence cosine to the original",
-               "function_value": None if self.cost is None else self.cost.min_cosine,
+               "function_metric": None if self.cost is None else self.cost.metric,
+               "function_value": None if self.cost is None else self.cost.value,
                "function": None if self.cost is None else self.cost.to_json(),
                "tasks_rerun": None if after is None else after.rerun,
                "local_eps_fraction": None if self.local_before is None else self.local_before["eps_fraction"]}
@@ -133,7 +142,7 @@ class Advice:
     movement: object
     mismatch: list
     interventions: list
-    cosine_floor: float
+    function_floor: float
     eps_fraction: float
     seconds: float = 0.0
     stages: dict = field(default_factory=dict)
@@ -186,10 +195,26 @@ class Advice:
                 "overall": overall, "kind_shares": kinds}
 
     # outputs ---------------------------------------------------------------------------------
+    @property
+    def labels(self) -> dict:
+        """Names of the function columns: ``value`` and ``secondary`` of the cost, short (table) and long
+        (LaTeX, plot)."""
+        if self.model.decoder_only:
+            return {"value": "agree", "secondary": "ppl x", "value_tex": "Next-token agreement",
+                    "secondary_tex": "Perplexity ratio", "cost": r"$1 - $ next-token agreement",
+                    "caption": "fraction of the text's positions whose most likely next token is the original "
+                               "model's; perplexity of the text after over before"}
+        return {"value": "min cos", "secondary": "rho", "value_tex": "Min. cosine", "secondary_tex": "Spearman",
+                "cost": r"functional cost $1 - \min\,\cos$",
+                "caption": "smallest cosine of a sentence embedding to the original model's; Spearman "
+                           "correlation of pair similarities"}
+
     def table(self) -> str:
         bound = self.whole.bound
         dominant = self.dominant()
-        lines = [f"{self.model.name}: certified whole-model bound {bound['value']:.4g}, witness {bound['witness']:.4g} "
+        labels = self.labels
+        lines = [f"{self.model.name}: certified whole-model bound {_big(bound['value'], bound['log10_value'])}, "
+                 f"witness {bound['witness']:.4g} "
                  f"(n = {self.n}); share of log10(bound): " +
                  ", ".join(f"{k} {v:.0%}" for k, v in dominant["kind_shares"].items()) +
                  f"; dominant: {dominant['overall']}",
@@ -223,15 +248,16 @@ class Advice:
                                                  _num(s["correlations"]["frequency"], ".2f")))
         lines.append("")
         lines.append(f"{'rank':>4s} {'intervention':24s} {'target':24s} {'bound after':>11s} {'orders':>7s} "
-                     f"{'head before':>11s} {'head after':>11s} {'witness after':>13s} {'min cos':>8s} {'rho':>6s} "
+                     f"{'head before':>11s} {'head after':>11s} {'witness after':>13s} {labels['value']:>8s} "
+                     f"{labels['secondary']:>6s} "
                      f"{'orders/cost':>11s}")
         ranked = self.ranked + [r for r in self.interventions if r.score is None]
         for number, r in enumerate(ranked, 1):
             data = r.to_json()
             rank = str(number) if r.score is not None else "-"
-            after = _num(data["bound_after"]["model"]) if r.certified else "NOT CERTIFIED"
+            after = _big(r.whole_after.bound["value"], r.whole_after.log10) if r.certified else "NOT CERTIFIED"
             cos = _num(data["function_value"], ".5f")
-            rho = "-" if r.cost is None else f"{r.cost.spearman:.3f}"
+            rho = "-" if r.cost is None else f"{r.cost.secondary:.3f}"
             lines.append(f"{rank:>4s} {r.intervention.name[:24]:24s} {r.intervention.target[:24]:24s} {after:>11s} "
                          f"{_num(r.reduction, '.1f'):>7s} {_num(data['bound_before']['head']):>11s} "
                          f"{_num(data['bound_after']['head']):>11s} {_num(data['witness_after']['model']):>13s} "
@@ -253,34 +279,62 @@ class Advice:
                        "mismatch_summary": [m.summary() for m in self.mismatch],
                        "interventions": [r.to_json() for r in self.ranked] +
                                         [r.to_json() for r in self.interventions if r.score is None],
-                       "cosine_floor": self.cosine_floor, "local_eps_fraction": self.eps_fraction})
+                       "function_metric": self.labels["caption"], "function_floor": self.function_floor,
+                       "local_eps_fraction": self.eps_fraction})
 
     def latex(self) -> str:
         """A booktabs table of the interventions (ranked, then those not certified), in a ``table``."""
         rows = []
         for r in self.ranked + [r for r in self.interventions if r.score is None]:
-            data = r.to_json()
             rows.append({"name": r.intervention.name, "target": r.intervention.target,
-                         "after": float(data["bound_after"]["model"]) if r.certified else "not certified",
+                         "after": _bound_cell(r.whole_after) if r.certified else "not certified",
                          "orders": None if r.reduction is None else f"{r.reduction:.1f}",
-                         "cosine": None if r.cost is None else f"{r.cost.min_cosine:.5f}",
-                         "rho": None if r.cost is None else f"{r.cost.spearman:.3f}"})
+                         "cosine": None if r.cost is None else f"{r.cost.value:.5f}",
+                         "rho": None if r.cost is None else f"{r.cost.secondary:.3f}"})
+        labels = self.labels
         columns = [("name", "Intervention"), ("target", "Target"), ("after", "Bound after"),
-                   ("orders", "Orders"), ("cosine", "Min. cosine"), ("rho", "Spearman")]
-        before = f"{self.whole.bound['value']:.3g}"
-        mantissa, _, exponent = before.partition("e")
-        before = f"${mantissa} \\times 10^{{{int(exponent)}}}$" if exponent else f"${mantissa}$"
+                   ("orders", "Orders"), ("cosine", labels["value_tex"]), ("rho", labels["secondary_tex"])]
         caption = (f"Interventions on {_tex(self.model.name)}: the certified whole-model Lipschitz bound after "
-                   f"the edit (before: {before}), its reduction in orders of magnitude, and the functional cost "
-                   "on the text (smallest cosine of a sentence embedding to the original model's; Spearman "
-                   "correlation of pair similarities). No retraining.")
+                   f"the edit (before: {_tex_bound(self.whole)}), its reduction in orders of magnitude, and the "
+                   f"functional cost on the text ({labels['caption']}). No retraining.")
         return ("\\begin{table}\n\\centering\n" + comparison_table(rows, columns, booktabs=True)
                 + f"\\caption{{{caption}}}\n\\label{{tab:advise}}\n\\end{{table}}\n")
 
     def pareto(self) -> list[dict]:
-        """Plain data of the Pareto plot: per certified intervention, cost and bound ratio."""
+        """Plain data of the Pareto plot: per certified intervention, cost and certified reduction."""
         return [{"name": r.intervention.name, "target": r.intervention.target, "cost": r.cost.cost,
                  "reduction": r.reduction} for r in self.interventions if r.score is not None]
+
+
+def _log10(whole):
+    """An interval holding ``log10`` of the certified whole-model bound (module docstring)."""
+    value = whole.bound["value"]
+    if math.isfinite(value):
+        return log(interval(value)) / log(interval(10.0))
+    return interval(whole.log10)
+
+
+def _scientific(whole) -> tuple[float, int]:
+    """``(m, e)`` with the certified whole-model bound ``<= m 10^e``, ``m`` of three digits rounded up
+    (from the bound's log10, which stays finite when the bound overflows a float)."""
+    exponent = math.floor(whole.log10)
+    mantissa = math.ceil(10 ** (whole.log10 - exponent + 2)) / 100
+    return (1.0, exponent + 1) if mantissa >= 10 else (mantissa, exponent)
+
+
+def _bound_cell(whole):
+    """The bound for :func:`comparison_table`: a float, or where it overflows ``m 10^e`` (SymPy, math mode)."""
+    if math.isfinite(whole.bound["value"]):
+        return float(whole.bound["value"])
+    import sympy
+    mantissa, exponent = _scientific(whole)
+    return sympy.Mul(sympy.Float(mantissa, 3), sympy.Pow(10, exponent, evaluate=False), evaluate=False)
+
+
+def _tex_bound(whole) -> str:
+    """The certified whole-model bound as ``$m \\times 10^{e}$`` (see :func:`_scientific`)."""
+    mantissa, exponent = _scientific(whole)
+    return f"${mantissa:.3g} \\times 10^{{{exponent}}}$" if exponent else f"${mantissa:.3g}$"
 
 
 def _tex(text: str) -> str:

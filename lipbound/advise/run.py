@@ -1,19 +1,29 @@
-"""``advise``: diagnose a sentence encoder, propose interventions, certify and measure each.
+"""``advise``: diagnose a sentence encoder or a decoder, propose interventions, certify and measure each.
 
-:func:`check_inputs` reads and checks everything before any work (model folder with its tokenizer,
-feed-forward blocks and LayerNorms; text; positions; output folder); :func:`advise` then
+:func:`check_inputs` reads and checks everything before any work (model folder or GGUF file with its
+tokenizer, feed-forward blocks and norms; text; positions; output folder); :func:`advise` then
 
 1. certifies the original end to end (the tasks of :class:`.diagnosis.WholePlan`) and every head
    (:func:`.diagnosis.head_tasks`) and takes the local constants of every layer on the shortest
    sentences (:func:`.diagnosis.local_point`): one batch of independent tasks on ``jobs`` processes
-   (:mod:`.batch`); then the measured movement of real one-word edits;
+   (:mod:`.batch`); then the measured movement of real one-word edits (a decoder's local constants
+   are off by default: one whole-layer L(eps) of SmolLM2 ran over ten CPU minutes);
 2. measures the regularity mismatch of substitutions at the chosen positions (:mod:`.mismatch`);
 3. builds the interventions (:mod:`.interventions`) on the least regular head and layer, the
-   LayerNorm epsilon and the most irregular tokens, fits their parameters on the text, writes each
+   norm epsilon and the most irregular tokens, fits their parameters on the text, writes each
    edited checkpoint (:mod:`.checkpoint`), reads it back and measures its functional cost
-   (:mod:`.function`); then certifies every edited model by the same routes in a second batch, in
+   (:mod:`.function`: sentence cosine for an encoder, next-token agreement and perplexity for a
+   decoder); then certifies every edited model by the same routes in a second batch, in
    which only the tasks whose arrays changed run again (the head's job and the layer's local
    constants of a head edit too), with an ETA from the diagnosis' task times.
+
+A decoder (pre-norm RMSNorm layers, SwiGLU, causal rotary heads with grouped keys and values: the
+Llama family, SmolLM2's GGUF included) gets the edits that keep its architecture: temperature of
+the least regular query head (exact: every offset matrix ``W_Q R(Delta theta) W_K^T`` scales with
+``W_Q``), the rotary cap of that head (its ``W_Q`` alone, the group's keys untouched), its removal
+(its block of ``W_O``; the group's keys and values serve the other heads), the RMSNorm epsilon and
+the embeddings of the irregular tokens.  QK-norm and tied L2 scores would drop the rotary
+positions and are not proposed for a decoder.
 """
 
 from __future__ import annotations
@@ -26,14 +36,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import AssumptionError, LipboundError, OutputError
+from ..errors import AssumptionError, LipboundError, OutputError, WeightsError
 from ..measures.bert import default_model_dir
-from ..measures.edits import edited_ids, whole_word_ids
+from ..measures.edits import edited_ids
 from ..numeric.model import load_tokenizer, load_weights
-from ..numeric.model.components import FeedForward
+from ..numeric.model.components import FeedForward, GatedFeedForward
 from ..numeric.whole.chain import hidden_states
 from .batch import run_batch
-from .checkpoint import write_and_reload
+from .checkpoint import llama_writable, write_and_reload
 from .diagnosis import (
     WholePlan,
     component_shares,
@@ -44,35 +54,59 @@ from .diagnosis import (
 )
 from .function import (
     bundled_sentences,
-    functional_cost,
+    function_cost,
+    function_reference,
     read_sentences,
-    sentence_embeddings,
 )
 from .interventions import (
     NormEpsilon,
     QKNormGain,
     RecentreEmbeddings,
     RemoveHead,
+    RotaryCap,
     SpectralCap,
     Temperature,
     TiedL2,
     qk_spectrum,
+    rotary_bound,
 )
-from .mismatch import token_counts, token_mismatch
+from .mismatch import token_counts, token_mismatch, word_ids, word_positions
 from .report import Advice, InterventionResult
 
-__all__ = ["EPS_GRID", "Inputs", "StageClock", "advise", "check_inputs"]
+__all__ = ["DECODER_EPS_GRID", "EPS_GRID", "FLOORS", "Inputs", "StageClock", "advise", "check_inputs"]
 
 #: LayerNorm epsilons tried; the largest whose edit keeps every sentence's cosine >= the floor is certified
 EPS_GRID = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
+#: a decoder's RMSNorm epsilons tried (its residual stream's mean square is large: larger ones are cheap)
+DECODER_EPS_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+#: the default floor of the function metric: min sentence cosine (encoder), next-token agreement (decoder)
+FLOORS = {"encoder": 0.99, "decoder": 0.9}
 
 
 class Inputs:
-    """The checked inputs of :func:`advise`."""
+    """The checked inputs of :func:`advise`; ``folder`` the checkpoint (a folder or a GGUF file),
+    ``kind`` ``"encoder"`` or ``"decoder"``."""
 
     def __init__(self, folder, model, tokenizer, sentences, ids, positions, out):
         self.folder, self.model, self.tokenizer = folder, model, tokenizer
         self.sentences, self.ids, self.positions, self.out = sentences, ids, positions, out
+
+    @property
+    def kind(self) -> str:
+        return "decoder" if self.model.decoder_only else "encoder"
+
+
+def _check_decoder(loaded, path: Path) -> None:
+    """A decoder advise can edit and write back (:func:`.checkpoint.llama_writable`), whole."""
+    missing = [i for i in range(loaded.num_layers) if i not in loaded.layers]
+    if missing or loaded.embeddings is None or loaded.lm_head is None:
+        raise AssumptionError("model", "a whole decoder (embeddings, every layer, output projection)",
+                              f"{path} without {'layers ' + str(missing[:3]) if missing else 'embeddings'}",
+                              "pass the whole checkpoint")
+    if not llama_writable(loaded):
+        raise AssumptionError("model", "a Llama-family decoder (pre-norm RMSNorm with one eps, SwiGLU, causal "
+                              "rotary heads, no biases) that advise can write back", f"a {loaded.layout} model",
+                              "pass a Llama, Mistral without sliding window, or SmolLM checkpoint")
 
 
 def check_inputs(model=None, *, text=None, positions=(), out=None) -> Inputs:
@@ -89,38 +123,48 @@ def check_inputs(model=None, *, text=None, positions=(), out=None) -> Inputs:
         if not os.access(parent, os.W_OK | os.X_OK):
             raise OutputError("out", "a writable folder", f"{out} (permission denied)", "choose another folder")
     folder = Path(default_model_dir() if model is None else model)
-    if not folder.is_dir() or not (folder / "config.json").is_file():
-        raise AssumptionError("model", "a Hugging Face encoder folder (config.json, model.safetensors, tokenizer)",
-                              repr(str(folder)), "pass the folder of a BERT-style sentence encoder, or omit it for "
-                              "the installed all-MiniLM-L6-v2")
+    gguf = folder.is_file() and folder.suffix.lower() == ".gguf"
+    if not gguf and (not folder.is_dir() or not (folder / "config.json").is_file()):
+        raise AssumptionError("model", "a Hugging Face folder (config.json, model.safetensors, tokenizer) of a "
+                              "sentence encoder or a Llama-family decoder, or a GGUF file", repr(str(folder)),
+                              "pass the folder of a BERT-style sentence encoder or a decoder, or omit it for the "
+                              "installed all-MiniLM-L6-v2")
     loaded = load_weights(str(folder))
-    if loaded.decoder or loaded.decoder_only or not loaded.layers:
-        raise AssumptionError("model", "a BERT-style encoder (advise measures sentence embeddings)",
-                              f"{loaded.layout or 'a'} model with a decoder", "pass an encoder folder")
-    if loaded.embeddings is None or not hasattr(loaded.embeddings, "norm"):
+    if loaded.decoder or not loaded.layers:
+        raise AssumptionError("model", "a BERT-style encoder or a decoder-only model",
+                              f"{loaded.layout or 'a'} encoder-decoder model", "pass an encoder or a decoder")
+    if loaded.decoder_only:
+        _check_decoder(loaded, folder)
+    elif loaded.embeddings is None or not hasattr(loaded.embeddings, "norm"):
         raise AssumptionError("model", "an encoder with its word and position embeddings", "no embeddings",
                               "pass the whole checkpoint folder")
-    missing = [i for i, layer in loaded.layers.items() if not isinstance(layer.ffn, FeedForward)
+    missing = [i for i, layer in loaded.layers.items() if not isinstance(layer.ffn, (FeedForward, GatedFeedForward))
                or layer.ln_in is None or layer.ffn_norm is None]
     if missing:
-        raise AssumptionError("model", "every layer with its feed-forward block and LayerNorms",
+        raise AssumptionError("model", "every layer with its feed-forward block and norms",
                               f"layers {missing} without them", "pass the whole checkpoint folder")
-    if not any((folder / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
+    if not gguf and not any((folder / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
         raise AssumptionError("model", "a tokenizer.json or vocab.txt beside the weights", "no tokenizer",
                               "copy the model's tokenizer files into the folder")
-    tokenizer = load_tokenizer(str(folder))
+    try:
+        tokenizer = load_tokenizer(str(folder))
+    except WeightsError as error:
+        raise AssumptionError("model", "a model with its tokenizer", f"none usable ({error.got})",
+                              "use a GGUF file converted with its tokenizer, or add tokenizer.json") from None
     sentences = bundled_sentences() if text is None else read_sentences(text)
     ids = [tokenizer.encode(s) for s in sentences]
-    too_long = [len(i) for i in ids if len(i) > loaded.embeddings.max_positions]
+    too_long = [len(i) for i in ids if len(i) > loaded.max_positions]
     if too_long:
-        raise AssumptionError("text", f"sentences of at most {loaded.embeddings.max_positions} tokens",
+        raise AssumptionError("text", f"sentences of at most {loaded.max_positions} tokens",
                               f"one of {max(too_long)}", "split the long lines")
-    first = len(ids[0])
-    chosen = tuple(int(p) for p in positions) if positions else (first // 2,)
-    bad = [p for p in chosen if not 1 <= p <= first - 2]
+    if min(len(i) for i in ids) < 2:
+        raise AssumptionError("text", "sentences of at least two tokens", "a shorter one", "remove the short lines")
+    low, high = word_positions(tokenizer, ids[0])
+    chosen = tuple(int(p) for p in positions) if positions else (len(ids[0]) // 2,)
+    bad = [p for p in chosen if not low <= p <= high]
     if bad:
-        raise AssumptionError("positions", f"token positions of the first sentence in 1..{first - 2} (counted from 0; "
-                              "[CLS] is 0)", repr(bad), "pick words of the first sentence, e.g. `positions` 2")
+        raise AssumptionError("positions", f"token positions of the first sentence in {low}..{high} (counted from 0; "
+                              "special tokens excluded)", repr(bad), f"pick words of the first sentence, e.g. {high}")
     return Inputs(folder, loaded, tokenizer, sentences, ids, chosen, out)
 
 
@@ -166,10 +210,11 @@ def _corpus(inputs: Inputs) -> list[str]:
 def _edit_pairs(inputs: Inputs, count: int, seed: int) -> list:
     """One-word replacements, a random word at a random position of each sentence (at most ``count``)."""
     rng = np.random.default_rng(seed)
-    words = whole_word_ids(inputs.tokenizer)
+    words = word_ids(inputs.tokenizer)
     pairs = []
     for ids in inputs.ids[:count]:
-        position = int(rng.integers(1, len(ids) - 1))
+        low, high = word_positions(inputs.tokenizer, ids)
+        position = int(rng.integers(low, high + 1))
         pairs.append((np.array(ids), np.array(edited_ids(ids, "replace", (position,), (int(rng.choice(words)),)))))
     return pairs
 
@@ -195,43 +240,53 @@ def _fit_tau(model, layer: int, ids_list) -> tuple[float, float]:
 
 
 def _mean_value(model, layer: int, head: int, ids_list) -> tuple:
-    values = [hidden_states(model, ids)[layer] @ model.layers[layer].heads[head].W_V
-              + model.layers[layer].heads[head].b_V for ids in ids_list]
+    """The head's value ``y W_V + b_V`` averaged over the tokens of the text, ``y`` what the head reads:
+    the layer's input (post-norm), its image under ``ln_in`` (pre-norm)."""
+    chosen, norm = model.layers[layer], model.layers[layer].ln_in
+    read = [hidden_states(model, ids)[layer] for ids in ids_list]
+    if chosen.placement != "post":
+        read = [norm(X) for X in read]
+    values = [Y @ chosen.heads[head].W_V + chosen.heads[head].b_V for Y in read]
     return tuple(float(v) for v in np.concatenate(values).mean(axis=0))
 
 
-def _eps_sweep(model, folder, out, ids, E0, say) -> list[tuple[float, float]]:
-    """``(eps, min sentence cosine)`` for each epsilon of :data:`EPS_GRID` (measured on the written and
-    re-read checkpoint), up to the first below 0.9."""
+def _eps_sweep(inputs: Inputs, out, reference, floor: float, say) -> list[tuple[float, float]]:
+    """``(eps, function value)`` for each epsilon of :data:`EPS_GRID` (a decoder:
+    :data:`DECODER_EPS_GRID`), measured on the written and re-read checkpoint, up to the first below
+    ``min(floor, 0.9)`` (``value``: min sentence cosine, or next-token agreement)."""
     sweep, trial = [], out / "trial-norm-eps"
-    for eps in EPS_GRID:
-        edited = write_and_reload(NormEpsilon(eps=eps).apply(model), folder, trial)
-        cosine = functional_cost(E0, sentence_embeddings(edited, ids)).min_cosine
-        say(f"norm-eps {eps:g}: min sentence cosine {cosine:.5f}")
-        sweep.append((eps, cosine))
-        if cosine < 0.9:
+    for eps in DECODER_EPS_GRID if inputs.kind == "decoder" else EPS_GRID:
+        edited = write_and_reload(NormEpsilon(eps=eps).apply(inputs.model), inputs.folder, trial)
+        cost = function_cost(reference, edited, inputs.ids)
+        say(f"norm-eps {eps:g}: {cost.metric} {cost.value:.5f}")
+        sweep.append((eps, cost.value))
+        if cost.value < min(floor, 0.9):
             break
     shutil.rmtree(trial, ignore_errors=True)
     return sweep
 
 
 def _largest_eps(sweep, floor: float) -> NormEpsilon | None:
-    """The largest epsilon of the sweep whose edit keeps every sentence's cosine >= ``floor``."""
+    """The largest epsilon of the sweep whose edit keeps the function value >= ``floor``."""
     kept = [eps for eps, cosine in sweep if cosine >= floor]
     return NormEpsilon(eps=max(kept)) if kept else None
 
 
 def _plan(model, inputs: Inputs, original, heads, mismatch) -> list:
     """The interventions on the least regular head (largest certified constant; none when no head is
-    certified), the least regular attention layer and the most irregular tokens."""
+    certified), the least regular attention layer (an encoder's) and the most irregular tokens."""
     plan = []
     certified = [r for r in heads if r["certified"]]
     if certified:
         top = max(certified, key=lambda r: r["bound"])
         L, H = top["layer"], top["head"]
-        s_max = float(qk_spectrum(model.layers[L].heads[H])[2][0])
-        plan += [Temperature(L, H, 0.5), SpectralCap(L, H, s_max / 4),
-                 RemoveHead(L, H, _mean_value(model, L, H, inputs.ids))]
+        head = model.layers[L].heads[H]
+        cap = RotaryCap(L, H, rotary_bound(head) / 4) if head.kernel.positional else \
+            SpectralCap(L, H, float(qk_spectrum(head)[2][0]) / 4)
+        plan += [Temperature(L, H, 0.5), cap, RemoveHead(L, H, _mean_value(model, L, H, inputs.ids))]
+    if inputs.kind == "decoder":   # QK-norm and tied L2 would drop the rotary positions
+        irregular = sorted({row["id"] for m in mismatch for row in m.rows(10)})
+        return plan + [RecentreEmbeddings(tuple(irregular), 0.5)]
     layer_rows = [r for r in original.report.components if r["component"] == "attention" and r["layer"] is not None
                   and math.isfinite(r["best_upper"])]
     if layer_rows:
@@ -254,17 +309,32 @@ def _task_kind(task) -> str:
     return f"whole {arguments[0]}" if kind == "whole" else kind
 
 
-def advise(inputs: Inputs, *, n: int = 8, local_sentences: int = 1, eps_fraction: float = 1e-3,
+def advise(inputs: Inputs, *, n: int = 8, local_sentences: int | None = None, eps_fraction: float = 1e-3,
            head_budget: float = 0.5, candidates: int = 512, edits: int = 20, restarts: int = 4, iterations: int = 30,
-           effort: int = 30, cosine_floor: float = 0.99, jobs: int = 1, seed: int = 0, say=None,
-           progress=None) -> Advice:
+           effort: int = 30, cosine_floor: float | None = None, agreement_floor: float | None = None, jobs: int = 1,
+           seed: int = 0, say=None, progress=None) -> Advice:
     """Run the diagnosis and the interventions (module docstring).
+
+    ``local_sentences`` (default 1 for an encoder, 0 for a decoder); ``cosine_floor`` (an encoder's,
+    default 0.99) or ``agreement_floor`` (a decoder's, default 0.9): the smallest function value an
+    automatically fitted edit (the norm epsilon) may cost.
 
     ``say(text)`` receives one line per stage; ``progress(stage, done, total, text)`` the tasks.  The
     independent tasks of a stage (the original's whole-model tasks, every head, every local constant;
     then every edited model's tasks) run in one batch on ``jobs`` processes (:mod:`.batch`).
     """
     say = say or (lambda text: None)
+    kind = inputs.kind
+    wrong, right = ("agreement_floor", "cosine_floor") if kind == "encoder" else ("cosine_floor", "agreement_floor")
+    if (cosine_floor if wrong == "cosine_floor" else agreement_floor) is not None:
+        raise AssumptionError(wrong, f"nothing for {'an' if kind == 'encoder' else 'a'} {kind}",
+                              f"{wrong} for {inputs.model.name}", f"set {right} instead")
+    floor = cosine_floor if kind == "encoder" else agreement_floor
+    floor = FLOORS[kind] if floor is None else floor
+    if not (isinstance(floor, (int, float)) and 0 < floor <= 1):
+        raise AssumptionError(right, "a number in (0, 1]", repr(floor), "pass e.g. 0.99")
+    if local_sentences is None:
+        local_sentences = 0 if kind == "decoder" else 1
     if isinstance(local_sentences, bool) or not isinstance(local_sentences, int) or local_sentences < 0:
         raise AssumptionError("local_sentences", "a number of sentences >= 0", repr(local_sentences),
                               "pass e.g. 1, or 0 for no local constants")
@@ -275,8 +345,8 @@ def advise(inputs: Inputs, *, n: int = 8, local_sentences: int = 1, eps_fraction
     model, out = inputs.model, Path(inputs.out)
     out.mkdir(parents=True, exist_ok=True)
     options = {"n": n, "restarts": restarts, "iterations": iterations, "effort": effort, "seed": seed}
-    with clock("sentence embeddings"):
-        E0 = sentence_embeddings(model, inputs.ids)
+    with clock("sentence embeddings" if kind == "encoder" else "next-token logits"):
+        reference = function_reference(model, inputs.ids)
     short = _shortest(inputs.ids, local_sentences)
 
     say(f"diagnosis: whole-model tasks, every head, local constants at {eps_fraction:g} R on {len(short)} "
@@ -314,13 +384,13 @@ def advise(inputs: Inputs, *, n: int = 8, local_sentences: int = 1, eps_fraction
 
     with clock("eps sweep"):
         planned = _plan(model, inputs, original, heads, mismatch)
-        sweep = _eps_sweep(model, inputs.folder, out, inputs.ids, E0, say)
-    eps_edits = {e.eps: e for e in (_largest_eps(sweep, max(cosine_floor, 0.999)), _largest_eps(sweep, cosine_floor))
-                 if e is not None}
+        sweep = _eps_sweep(inputs, out, reference, floor, say)
+    strict = max(floor, 0.999 if kind == "encoder" else 0.99)
+    eps_edits = {e.eps: e for e in (_largest_eps(sweep, strict), _largest_eps(sweep, floor)) if e is not None}
     planned = list(eps_edits.values()) + planned
 
     with clock("interventions (this process)"):
-        pending = [_Pending(iv, out / f"{number:02d}-{iv.kind}", inputs, E0, heads, local, short, eps_fraction,
+        pending = [_Pending(iv, out / f"{number:02d}-{iv.kind}", inputs, reference, heads, local, short, eps_fraction,
                             head_budget, original, options) for number, iv in enumerate(planned, 1)]
         owners = [p for p in pending for _ in p.tasks]
         batch = [task for p in pending for task in p.tasks]
@@ -338,7 +408,7 @@ def advise(inputs: Inputs, *, n: int = 8, local_sentences: int = 1, eps_fraction
         results = [p.result(inputs, mismatch, candidates, seed, time.perf_counter() - started) for p in pending]
     return Advice(model=model, folder=str(inputs.folder), sentences=len(inputs.sentences), n=n,
                   whole=original, shares=component_shares(original.report), heads=heads, local=local,
-                  movement=movement, mismatch=mismatch, interventions=results, cosine_floor=cosine_floor,
+                  movement=movement, mismatch=mismatch, interventions=results, function_floor=floor,
                   eps_fraction=eps_fraction, seconds=time.perf_counter() - started, stages=clock.stages)
 
 
@@ -360,8 +430,8 @@ class _Pending:
     back, its functional cost, and the tasks left to run (:attr:`tasks`; their outcomes go to
     :attr:`arrived`, in order, and :meth:`result` assembles the row)."""
 
-    def __init__(self, intervention, folder, inputs, E0, heads, local, short, eps_fraction, head_budget, original,
-                 options):
+    def __init__(self, intervention, folder, inputs, reference, heads, local, short, eps_fraction, head_budget,
+                 original, options):
         self.intervention, self.original, self.tasks, self.arrived = intervention, original, [], []
         self.edited = self.cost = self.plan = self.error = None
         self.head_before = self.local_before = None
@@ -371,7 +441,7 @@ class _Pending:
         except LipboundError as error:  # an edit the model cannot take, reported and never ranked
             self.error = str(error)
             return
-        self.cost = functional_cost(E0, sentence_embeddings(self.edited, inputs.ids))
+        self.cost = function_cost(reference, self.edited, inputs.ids)
         try:
             self.plan = WholePlan(self.edited, reuse=original, **options)
             self.tasks += [("whole", t) for t in self.plan.todo]

@@ -1,8 +1,9 @@
 """Figures of ``lipbound advise``, from plain data, in the style of :mod:`.figures` (one column wide).
 
-* :func:`draw_pareto` -- each certified intervention's functional cost (``1 - min cosine``) against the
-  certified whole-model bound after it, log-log, with the Pareto front (no other intervention is both
-  cheaper and more regular) joined;
+* :func:`draw_pareto` -- each certified intervention's functional cost (``1 - min cosine`` for an
+  encoder, ``1 - next-token agreement`` for a decoder) against log10 of the certified whole-model
+  bound after it, with the Pareto front (no other intervention is both cheaper and more regular)
+  joined;
 * :func:`draw_mismatch` -- per substitution at a position, the mismatch ratio at the last layer against
   the norm of the candidate's word embedding, coloured by its alignment with the top singular
   directions of the first layer's ``W_Q W_K^T``.
@@ -35,8 +36,11 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
 
 
 @_styled
-def draw_pareto(rows: list[dict], bound_before: float, path, option: str = "--plot") -> Path:
-    """``rows``: dicts with ``name``, ``cost`` (1 - min cosine) and ``reduction`` (orders of magnitude)."""
+def draw_pareto(rows: list[dict], log10_before: float, path, option: str = "--plot",
+                cost_label: str = r"functional cost $1 - \min\,\cos$") -> Path:
+    """``rows``: dicts with ``name``, ``cost`` (1 - the function metric) and ``reduction`` (orders of
+    magnitude); ``log10_before`` the log10 of the certified bound before (finite where the bound
+    overflows a float)."""
     figure = _figure(2.6)
     axes = figure.subplots()
     if not rows:
@@ -45,16 +49,16 @@ def draw_pareto(rows: list[dict], bound_before: float, path, option: str = "--pl
     if any(not {"name", "cost", "reduction"} <= set(r) for r in rows):
         raise AssumptionError("rows", "dicts with name, cost and reduction", repr(rows[0])[:60], "pass advice.pareto()")
     cost = np.array([max(r["cost"], _COST_FLOOR) for r in rows])
-    after = np.array([np.log10(bound_before) - r["reduction"] for r in rows])
+    after = np.array([log10_before - r["reduction"] for r in rows])
     axes.scatter(cost, after, color=_WITNESS, s=12, zorder=3)
     front = pareto_front(list(zip(cost, after)))
     for number, (c, a, r) in enumerate(zip(cost, after, rows)):  # full names where the bound falls an order or more
         label = r["name"] if r["reduction"] >= 1 else r["name"].split()[0]
         axes.annotate(label, (c, a), textcoords="offset points", xytext=(3, 3 if number % 2 else -8), fontsize=6)
     axes.plot(cost[front], after[front], "-", color=_BOUND, linewidth=0.8, label="Pareto front")
-    axes.axhline(np.log10(bound_before), color="0.5", linestyle=":", linewidth=0.8, label="original")
+    axes.axhline(log10_before, color="0.5", linestyle=":", linewidth=0.8, label="original")
     axes.set_xscale("log")
-    axes.set_xlabel(r"functional cost $1 - \min\,\cos$")
+    axes.set_xlabel(cost_label)
     axes.set_ylabel(r"$\log_{10}$ certified bound")
     axes.grid(True, linewidth=0.3, alpha=0.5)
     axes.legend(loc="best", frameon=False)

@@ -212,6 +212,10 @@ class Tokenizer:
         """The text of ``ids`` (special tokens kept unless ``skip_special_tokens``)."""
         return self._backend.decode(self._checked(ids), skip_special_tokens=skip_special_tokens)
 
+    def to_json(self) -> str:
+        """The complete specification as a ``tokenizer.json`` (what :meth:`from_file` reads back)."""
+        return self._backend.to_str()
+
     def tokens(self, ids) -> list[str]:
         """The vocabulary entries of ``ids`` (for display)."""
         return [self.vocab[i] for i in self._checked(ids)]
