@@ -50,14 +50,20 @@ def pytest_configure_node(node):
     node.workerinput["lipbound_loadgroup"] = node.config.getvalue("dist") == "loadgroup"
 
 
-#: The longest tests start first, so that the two test processes finish together.
+#: The longest tests start first, so that the two test processes finish together: the groups (each a unit of
+#: a minute or more in one process), then the longest single tests.
 _FIRST = ("tests/test_readme.py::test_every_command", "tests/test_notebooks.py::test_notebook_runs",
           "tests/test_paper.py")
 
 
+def _start_order(item) -> int:
+    if item.get_closest_marker("xdist_group"):
+        return -1
+    return next((i for i, prefix in enumerate(_FIRST) if item.nodeid.startswith(prefix)), len(_FIRST))
+
+
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: next((i for i, prefix in enumerate(_FIRST) if item.nodeid.startswith(prefix)),
-                                     len(_FIRST)))
+    items.sort(key=_start_order)
     if os.environ.get("LIPBOUND_SKIP_TEX") == "1":  # no TeX Live here (installing it needs root): README
         skip_tex = pytest.mark.skip(reason="LIPBOUND_SKIP_TEX=1: compiles LaTeX")
         for item in items:

