@@ -280,9 +280,25 @@ def _whole_serially_and_with_two_jobs(model_path, tmp_path, *options: str) -> tu
     return reports[0], reports[1]
 
 
+def test_verify_whole_through_the_command_line_is_the_same_serially_and_with_two_jobs(tmp_path):
+    """The fast variant of the next two: a generated encoder-decoder (every kind of whole-model task), the serial
+    run in a shell that sets no thread count, the other in two workers."""
+    from test_whole import encoder_decoder
+
+    from lipbound.numeric.model.plain import save_plain
+    path = save_plain(encoder_decoder(layers=1), tmp_path / "encoder-decoder.npz")
+    serial, jobs = _whole_serially_and_with_two_jobs(path, tmp_path, "--n", "2", "--m", "2", "--effort", "2",
+                                                     "--restarts", "1", "--iterations", "3")
+    assert serial["complete"] and jobs["complete"]
+    assert {row["component"] for row in serial["components"]} >= {"attention", "ffn", "norm", "residual", "layer"}
+    assert serial["components"] == jobs["components"]
+    assert serial["model_bound"]["value"] == jobs["model_bound"]["value"]
+
+
+@pytest.mark.slow
 def test_verify_whole_on_the_first_minilm_layer_is_the_same_serially_and_with_two_jobs(tmp_path):
-    """The fast variant of the next test: all-MiniLM-L6-v2's embeddings and layer 0 (its real weights, its
-    LipSDP-Neuron feed-forward, which factors matrices with scipy's BLAS) with few witness steps."""
+    """all-MiniLM-L6-v2's embeddings and layer 0 (its real weights, its LipSDP-Neuron feed-forward, which factors
+    matrices with scipy's BLAS) with few witness steps."""
     import dataclasses
 
     from lipbound.measures.bert import default_model_dir
