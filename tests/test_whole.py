@@ -272,3 +272,14 @@ def test_whole_minilm_end_to_end_from_the_command_line(tmp_path):
     bound = data["model_bound"]
     assert bound["certified"] and bound["witness"] <= bound["value"] <= bound["naive_product"]
     assert len([c for c in data["components"] if c["component"] == "layer"]) == 6
+
+
+def test_a_checkpoint_loaded_with_some_of_its_layers_is_refused(tmp_path):
+    """Every task reloads the file: a model holding layers 0 of 2 would be bound on one layer and witnessed on two."""
+    from lipbound.errors import AssumptionError
+    from lipbound.numeric.whole import verify_whole
+    path = tmp_path / "two.npz"
+    save_plain(encoder_decoder(layers=2), path)
+    cut = load_weights(path, layers=[0])
+    with pytest.raises(AssumptionError, match=r"every layer of the checkpoint \(0\.\.1\).*layers \[0\] of 2"):
+        verify_whole(cut, n=2, m=2, effort=2, restarts=1, iterations=2)

@@ -49,6 +49,11 @@ def verify_whole(model: Model, *, n: int = 8, m: int | None = None, domain: str 
     if not isinstance(model, Model) or not model.path:
         raise AssumptionError("model", "a Model loaded from a path (load_weights(path))",
                               type(model).__name__, "load the checkpoint with load_weights(path)")
+    if sorted(model.layers) != list(range(model.num_layers)):
+        # every task reloads the file at model.path: a subset of its layers would be bound, the whole file witnessed
+        raise AssumptionError("model", f"every layer of the checkpoint (0..{model.num_layers - 1})",
+                              f"layers {sorted(model.layers)} of {model.num_layers}",
+                              "load it without layers=, or write the cut model to its own file and verify that")
     tasks = plan_tasks(model, n=n, m=m, domain=domain, effort=effort, restarts=restarts, iterations=iterations,
                        seed=seed)
     started = time.perf_counter()
