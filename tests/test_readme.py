@@ -34,7 +34,7 @@ FAST = {
     "plot scaling": ["--budget", "0.05", "--n-values", "2,4"],
     "plot gaps": ["--budget", "0.05"],
     "check": ["--budget", "0.5"],
-    "local": ["--eps", "0,1e-3"],
+    "local": ["--eps", "0,1e-3", "--map", "head", "--head", "0"],
     "perturb": ["--vocabulary", "16", "--search", "4", "--layers", "0,1"],
     "depth": ["--steps", "20"],
 }
