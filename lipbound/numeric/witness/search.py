@@ -13,7 +13,7 @@ from ..blas import one_blas_thread
 from ..domains import TokenBall, TokenDomain
 from ..memory import available_bytes, require_memory
 from ..model import Head, Layer
-from .ascent import continuation, join, polish, start_candidates, take
+from .ascent import continuation, join, polish_best, start_candidates, take
 from .engine import engine_for
 from .kernel_starts import kernel_starts
 from .problem import ROLES, SearchProblem
@@ -185,7 +185,7 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     # continuation from random inputs gets a sixth of the remaining time
     now = clock()
     cands = join(cands, continuation(problem, rng, max(1, int(4 / work)), now + (deadline - now) / 6))
-    cands = polish(problem, cands, deadline)
+    cands = polish_best(problem, cands, deadline)
     polished = clock()
     best = int(np.argmax(np.where(np.isfinite(cands.sigma), cands.sigma, -np.inf)))
     # the final point, exactly in the domain, and a few more power steps there
