@@ -167,7 +167,7 @@ def polish(problem, cands: Candidates, deadline: float, scale: float = 1.0, max_
     return best
 
 
-def polish_best(problem, cands: Candidates, deadline: float, share: float = 0.3, keep: int = 2) -> Candidates:
+def polish_best(problem, cands: Candidates, deadline: float, share: float = 0.3, keep: int = 1) -> Candidates:
     """:func:`polish` every candidate for ``share`` of the time left, then only the ``keep`` best for the rest.
 
     A polish step costs in proportion to the batch, so the few best candidates, which usually hold the witness,
