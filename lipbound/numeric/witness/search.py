@@ -173,6 +173,7 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     pool = []
     pool += kernel_starts(problem, rng, until, work)   # the structured starts of the head's kernel
     pool.append((problem.random(rng, max(2, int(8 / work)), 1 - 1e-6), "random"))
+    # a few power steps rank the starts (the polish refines E); more would leave fewer starts ranked at all
     cands = _evaluate_pool(problem, pool, rng, 8 if len(heads) == 1 else 6, max(1, int(32 / work)),
                            began + 0.4 * (deadline - began))
     families = list(dict.fromkeys(cands.family))
