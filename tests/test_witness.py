@@ -460,6 +460,29 @@ def test_layer_witness_on_a_small_random_layer():
         assert witness.value <= np.linalg.norm(dense, 2) * (1 + 1e-12)
 
 
+def test_polish_best_keeps_every_candidate_and_never_loses():
+    """The focused polish returns every candidate, none below its start, the best at least what a plain polish of
+    the whole batch reaches by the first deadline, and every value the Jacobian norm at its point."""
+    from lipbound.numeric.witness.ascent import polish, polish_best, start_candidates
+    from lipbound.numeric.witness.problem import SearchProblem
+    rng = np.random.default_rng(5)
+    head = random_head(rng, d=8, d_k=3, d_v=3)
+    problem = SearchProblem(head, "self", TokenBall(2.0), None, 4, None)
+    starts = start_candidates(problem, problem.random(rng, 6), ["random"] * 6, rng)
+    began = problem.clock()
+    focused = polish_best(problem, starts, began + 0.02)
+    assert sorted(focused.family) == sorted(starts.family) and len(focused.sigma) == 6
+    assert np.sort(focused.sigma)[-1] >= np.sort(starts.sigma)[-1]
+    assert np.all(np.sort(focused.sigma) >= np.sort(starts.sigma) * (1 - 1e-12))
+    clock = problem.clock()
+    plain = polish(problem, starts, clock + 0.3 * 0.02)
+    assert np.max(focused.sigma) >= np.max(plain.sigma) * (1 - 1e-9)
+    lifted = problem.lift(focused.X)[0]
+    for X, value in zip(lifted, focused.sigma):
+        dense = dense_jacobian(lambda Y, T: self_jvp(head, Y, T), X)
+        assert value <= np.linalg.norm(dense, 2) * (1 + 1e-9)
+
+
 def test_search_on_layernorm_outputs(model):
     """A LayerNormOutputs domain is searched on the image itself, ``gamma * z + beta`` with ``z``
     orthogonal to 1 and ``||z|| <= sqrt(d)`` (an ellipsoid in a hyperplane): the witness stores the

@@ -46,7 +46,8 @@ charts of its two domains, for the role's terms (beta-type for the context, alph
 queries, both jointly), the other context tokens parked where the queries' scores are lowest.
 The best candidates (with Castin et al.'s input, random inputs and a radius
 continuation from R/4) are polished by a batched L-BFGS ascent of the local Jacobian norm
-``sigma_max(Df(X))`` in smooth coordinates of the domain: power iteration (JVP/VJP) for the top
+``sigma_max(Df(X))`` in smooth coordinates of the domain (all of them for 30% of the polish's work, then the best
+alone: :func:`.ascent.polish_best`): power iteration (JVP/VJP) for the top
 right singular vector E, and ``grad_X ||Df(X) E||`` by a second-order (reverse-over-forward)
 formula.  A head sees a token only through ``x W_Q``, ``x W_K``, ``x W_V``, so a single head
 is searched in the orthonormal basis of that span (at most ``3 d_k`` coordinates per token)

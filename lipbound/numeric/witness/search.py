@@ -13,7 +13,7 @@ from ..blas import one_blas_thread
 from ..domains import TokenBall, TokenDomain
 from ..memory import available_bytes, require_memory
 from ..model import Head, Layer
-from .ascent import continuation, join, polish, start_candidates, take
+from .ascent import continuation, join, polish_best, start_candidates, take
 from .engine import engine_for
 from .kernel_starts import kernel_starts
 from .problem import ROLES, SearchProblem
@@ -173,7 +173,8 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     pool = []
     pool += kernel_starts(problem, rng, until, work)   # the structured starts of the head's kernel
     pool.append((problem.random(rng, max(2, int(8 / work)), 1 - 1e-6), "random"))
-    cands = _evaluate_pool(problem, pool, rng, 15 if len(heads) == 1 else 6, max(1, int(32 / work)),
+    # a few power steps rank the starts (the polish refines E); more would leave fewer starts ranked at all
+    cands = _evaluate_pool(problem, pool, rng, 8 if len(heads) == 1 else 6, max(1, int(32 / work)),
                            began + 0.4 * (deadline - began))
     families = list(dict.fromkeys(cands.family))
     pooled = clock()
@@ -185,7 +186,7 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     # continuation from random inputs gets a sixth of the remaining time
     now = clock()
     cands = join(cands, continuation(problem, rng, max(1, int(4 / work)), now + (deadline - now) / 6))
-    cands = polish(problem, cands, deadline)
+    cands = polish_best(problem, cands, deadline)
     polished = clock()
     best = int(np.argmax(np.where(np.isfinite(cands.sigma), cands.sigma, -np.inf)))
     # the final point, exactly in the domain, and a few more power steps there
