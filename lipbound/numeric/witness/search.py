@@ -115,7 +115,7 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
         Number of tokens (of context tokens for cross-attention).
     budget_seconds : float
         Budget of the search in nominal seconds of work (:mod:`.clock`): a fixed number of steps
-        and restarts for the shapes, about that many seconds on an idle core.  The search stops
+        and restarts for the shapes, about a quarter of that in CPU seconds on an idle core.  The search stops
         at the same step on any machine, so the seed alone fixes the witness.
     seed : int
     norm : {"fro", "2,1"}
