@@ -298,15 +298,19 @@ def _plan(model, inputs: Inputs, original, heads, mismatch) -> list:
 
 
 def _estimate(seconds: dict, tasks) -> float:
-    """CPU seconds ``tasks`` should take, from the mean of each kind in ``seconds`` (kind -> list)."""
+    """CPU seconds ``tasks`` should take, from the mean of each kind in ``seconds`` (kind -> list); a task
+    that reuses its core costs about what the witness of a whole layer does."""
     means = {kind: sum(v) / len(v) for kind, v in seconds.items() if v}
     fallback = sum(means.values()) / len(means) if means else 0.0
+    means.setdefault("whole rest", means.get("whole layer", fallback))
     return sum(means.get(_task_kind(task), fallback) for task in tasks)
 
 
 def _task_kind(task) -> str:
     kind, arguments = task
-    return f"whole {arguments[0]}" if kind == "whole" else kind
+    if kind != "whole":
+        return kind
+    return "whole rest" if len(arguments) > 12 else f"whole {arguments[0]}"   # 12: a task with its core appended
 
 
 def advise(inputs: Inputs, *, n: int = 8, local_sentences: int | None = None, eps_fraction: float = 1e-3,
