@@ -109,6 +109,30 @@ def test_temperature_scales_every_offset_matrix_and_rotary_cap_bounds_them(cut):
     np.testing.assert_allclose(s_new, np.minimum(s_old, clip), rtol=1e-9)
 
 
+def test_every_head_edits_scale_or_cap_each_layers_offset_matrices(cut):
+    """layer-temperature scales every offset matrix of every head of its layers; layer-rotary-cap caps the
+    heads above each layer's median of ||W_Q^h|| ||W_K^h|| to it and leaves the others as they are (the
+    slow test below re-verifies their written checkpoints)."""
+    from lipbound.advise.interventions import LayerRotaryCap, LayerTemperature, rotary_bound
+    _, model, _ = cut
+    cooler = LayerTemperature((1,), 0.7).apply(model)
+    assert cooler.layers[0] is model.layers[0]
+    for head, new in zip(model.layers[1].heads, cooler.layers[1].heads):
+        np.testing.assert_allclose(_offset_matrix(new, 3), 0.7 * _offset_matrix(head, 3), rtol=1e-12, atol=1e-12)
+    assert LayerTemperature(factor=0.5).target == "every head of every layer"
+    capped = LayerRotaryCap(quantile=0.5).apply(model)
+    for index in (0, 1):
+        bounds = [rotary_bound(h) for h in model.layers[index].heads]
+        median = float(np.median(bounds))
+        for head, new, bound in zip(model.layers[index].heads, capped.layers[index].heads, bounds):
+            if bound <= median:
+                assert new is head
+            else:
+                assert rotary_bound(new) == pytest.approx(median, rel=1e-9)
+                assert np.linalg.norm(_offset_matrix(new, 5), 2) <= median * (1 + 1e-9)
+                np.testing.assert_array_equal(new.W_K, head.W_K)
+
+
 def test_remove_head_of_a_group_zeroes_its_output_block_and_writes_back(cut, tmp_path):
     from decoder_checkpoints import SMOLLM
 
@@ -195,7 +219,8 @@ def test_advise_on_the_cut_decoder_is_reverified_on_its_written_checkpoints(cut,
     data = json.loads((out / "advice.json").read_text())
     assert data["model_bound"]["block"] == "decoder" and data["function_floor"] == 0.9
     kinds = {row["kind"] for row in data["interventions"]}
-    assert {"temperature", "rotary-cap", "remove-head", "norm-eps", "embeddings"} <= kinds
+    assert {"temperature", "rotary-cap", "remove-head", "norm-eps", "embeddings", "layer-temperature",
+            "layer-rotary-cap"} <= kinds
     assert not kinds & {"qk-norm", "l2-tied", "spectral-cap"}
     for row in data["interventions"]:
         assert row["function_metric"] == "next-token agreement with the original"
