@@ -20,37 +20,38 @@ from lipbound.numeric.blocks.norms import norm_constant
 from lipbound.numeric.certify import layer_bounds
 from lipbound.numeric.domains import DomainSpec
 from lipbound.numeric.model import load_weights, save_plain
-from lipbound.numeric.whole.tasks import plan_tasks, run_task
 
 OPTIONS = {"n": 3, "restarts": 2, "iterations": 4, "effort": 3}
 
 
 @pytest.fixture(scope="module")
-def decoder(tmp_path_factory):
-    """A generated one-layer Llama decoder and its copy with every RMSNorm's eps raised to 1e-2."""
+def certificates(tmp_path_factory):
+    """A generated one-layer Llama decoder; its whole-model certificate; that of its copy with every
+    RMSNorm's eps raised to 1e-2, reusing the cores of the first, and computed in full."""
     root = tmp_path_factory.mktemp("split")
     config = {**config_of("llama"), "num_hidden_layers": 1}
     model = load_weights(str(write_huggingface(root / "llama", config, random_weights(config, seed=3))))
     raised = load_weights(str(save_plain(NormEpsilon(eps=1e-2).apply(model), root / "raised.npz")))
-    return model, raised
+    original = certify_whole(model, **OPTIONS)
+    return model, original, certify_whole(raised, reuse=original, **OPTIONS), certify_whole(raised, **OPTIONS)
 
 
-def _task(model, kind: str, layer: int = 0) -> tuple:
-    return next(t for t in plan_tasks(model, **OPTIONS) if t[0] == kind and t[3] == layer)
+def _result(certificate, kind: str) -> dict:
+    return next(r for key, r in certificate.results.items() if key[0] == kind and key[2] == 0)
 
 
-def test_split_tasks_give_the_unsplit_routes_numbers(decoder):
+def test_split_tasks_give_the_unsplit_routes_numbers(certificates):
     """The residual rows of a pre-norm layer are the rule on the norm's constant and the branch's bound on
     the norm's image, and the folded rule on eps^(-1/2) and the folded lifted SDP, exactly as the routes
     compute them in one call."""
-    model, _ = decoder
+    model, original, _, _ = certificates
     layer = model.layers[0]
-    attention = run_task(*_task(model, "attention"))
+    attention = _result(original, "attention")
     bounds = layer_bounds(layer, DomainSpec.parse("layernorm").resolve(layer.ln_in), OPTIONS["n"])
     assert [u["value"] for u in attention["upper"]] == [float(b.value) for b in bounds]
     rule = residual_constant("pre", norm_constant(layer.ln_in), best(bounds))
     assert attention["residual_upper"][0]["value"] == float(rule.value)
-    ffn = run_task(*_task(model, "ffn"))
+    ffn = _result(original, "ffn")
     evaluations = max(8, OPTIONS["effort"] // 2)
     inner = gated_constants(layer.ffn, layer.ffn_norm, effort=evaluations)
     whole = pre_norm_gated_constants(layer.ffn_norm, layer.ffn, effort=evaluations, inner=inner["best"])
@@ -70,21 +71,18 @@ def _numbers(core: dict) -> str:
     return json.dumps([plain, [(v["name"], v["value"], v["certified"]) for v in values]], sort_keys=True)
 
 
-def test_the_core_does_not_move_with_eps(decoder):
-    model, raised = decoder
+def test_the_core_does_not_move_with_eps(certificates):
+    _, original, _, full = certificates
     for kind in ("attention", "ffn"):
-        before, after = run_task(*_task(model, kind)), run_task(*_task(raised, kind))
+        before, after = _result(original, kind), _result(full, kind)
         assert _numbers(before["core"]) == _numbers(after["core"]), kind
         # ... while the rule that reads eps does: a larger eps, a smaller constant of the norm
         assert max(u["value"] for u in after["residual_upper"]) < max(u["value"] for u in before["residual_upper"])
 
 
-def test_norm_eps_edit_reuses_every_core_with_the_numbers_of_a_full_rerun(decoder):
-    model, raised = decoder
-    original = certify_whole(model, **OPTIONS)
-    reused = certify_whole(raised, reuse=original, **OPTIONS)
-    full = certify_whole(raised, **OPTIONS)
-    assert reused.cores_reused == 2 * len(model.layers) and full.cores_reused == 0
+def test_norm_eps_edit_reuses_every_core_with_the_numbers_of_a_full_rerun(certificates):
+    _, original, reused, full = certificates
+    assert reused.cores_reused == 2 and full.cores_reused == 0 and reused.rerun == full.rerun
     assert json.dumps(reused.report.components, sort_keys=True, default=str) == \
         json.dumps(full.report.components, sort_keys=True, default=str)
     assert reused.bound["log10_value"] == full.bound["log10_value"] < original.bound["log10_value"]
