@@ -231,6 +231,18 @@ def test_advise_on_the_cut_decoder_is_reverified_on_its_written_checkpoints(cut,
         assert after.bound["log10_value"] == row["bound_after"]["model_log10"], row["name"]
         orders = row["reduction_orders"]
         assert orders <= data["model_bound"]["log10_value"] - after.bound["log10_value"] + 1e-12
+    # the command line reproduces an edit of every head of every layer (its bound and end-to-end witness)
+    every = next(r for r in data["interventions"] if r["kind"] == "layer-temperature" and r["certified"]
+                 and r["target"] == "every head of every layer")
+    report = tmp_path / "every.json"
+    check = subprocess.run([sys.executable, "-m", "lipbound.cli", "verify", every["checkpoint"], "--whole", "--n", "2",
+                            "--effort", "3", "--json", str(report), "--jobs", "1"], capture_output=True, text=True,
+                           check=False, env=env)
+    assert check.returncode == 0, check.stderr[-2000:]
+    verified = json.loads(report.read_text())["model_bound"]
+    assert verified["log10_value"] == every["bound_after"]["model_log10"]
+    assert verified["witness"] == every["witness_after"]["model"]
+    assert every["reduction_orders"] > 0 and every["function_value"] >= data["function_floor"]
     temperature = next(r for r in data["interventions"] if r["kind"] == "temperature")
     assert temperature["bound_after"]["head"] <= temperature["bound_before"]["head"]
     norm = max((r for r in data["interventions"] if r["kind"] == "norm-eps"), key=lambda r: r["reduction_orders"])
