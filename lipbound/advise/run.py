@@ -341,7 +341,7 @@ def advise(inputs: Inputs, *, n: int | None = None, local_sentences: int | None 
 
     ``local_sentences`` (default 1 for an encoder, 0 for a decoder); ``cosine_floor`` (an encoder's,
     default 0.99) or ``agreement_floor`` (a decoder's, default 0.9): the smallest function value an
-    automatically fitted edit (the norm epsilon) may cost.
+    automatically fitted edit (the norm epsilon; a decoder's temperature of every head) may cost.
 
     ``say(text)`` receives one line per stage; ``progress(stage, done, total, text)`` the tasks.  The
     independent tasks of a stage (the original's whole-model tasks, every head, every local constant;
