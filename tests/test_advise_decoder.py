@@ -250,6 +250,37 @@ def test_advise_on_the_cut_decoder_is_reverified_on_its_written_checkpoints(cut,
     assert "agree" in (out / "advice.tex").read_text() or "agreement" in (out / "advice.tex").read_text()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_every_layer_temperature_after_numbers_are_what_verify_whole_prints(cut, tmp_path):
+    """advise's route for an edit of every head of every layer (the original's certificate, the edited
+    checkpoint written and read back, only the changed tasks rerun) against ``lipbound verify
+    --whole`` on the written folder: the same bound and end-to-end witness, and a bound lower by about
+    log10(1/t) per layer."""
+    from decoder_checkpoints import SMOLLM
+
+    from lipbound.advise.checkpoint import write_and_reload
+    from lipbound.advise.diagnosis import certify_whole
+    from lipbound.advise.interventions import LayerTemperature
+    folder, model, _ = cut
+    options = {"n": 2, "effort": 3, "restarts": 4, "iterations": 30}
+    original = certify_whole(model, **options)
+    edited = write_and_reload(LayerTemperature(factor=0.5).apply(model), SMOLLM, tmp_path / "cooler")
+    after = certify_whole(edited, reuse=original, **options)
+    assert after.rerun < len(after.results) and after.cores_reused == 0
+    report = tmp_path / "cooler.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    check = subprocess.run([sys.executable, "-m", "lipbound.cli", "verify", edited.path, "--whole", "--n", "2",
+                            "--effort", "3", "--json", str(report), "--jobs", "1"], capture_output=True, text=True,
+                           check=False, env=env)
+    assert check.returncode == 0, check.stderr[-2000:]
+    verified = json.loads(report.read_text())["model_bound"]
+    assert verified["log10_value"] == after.bound["log10_value"] and verified["witness"] == after.bound["witness"]
+    orders = original.bound["log10_value"] - after.bound["log10_value"]
+    assert 0.2 < orders <= 2 * math.log10(2) + 1e-9   # each layer's factor 1 + L_A L_N at most halved
+    assert after.bound["witness"] <= 10 ** after.bound["log10_value"]
+
+
 def test_overflowing_bounds_are_compared_and_printed_from_their_log10():
     """SmolLM2's 30 layers overflow a float (``value`` inf): the reduction, the table and the LaTeX use
     ``log10_value``; the printed mantissa is rounded up."""
