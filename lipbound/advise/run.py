@@ -465,7 +465,7 @@ class _Pending:
     def __init__(self, intervention, folder, inputs, reference, heads, local, short, eps_fraction, head_budget,
                  original, options):
         self.intervention, self.original, self.tasks, self.arrived = intervention, original, [], []
-        self.edited = self.cost = self.plan = self.error = None
+        self.edited = self.path = self.cost = self.plan = self.error = None
         self.head_before = self.local_before = None
         self.layer = intervention.layers[0] if intervention.layers else 0
         try:
@@ -487,12 +487,18 @@ class _Pending:
         self.local_before = next((r for r in local if r["layer"] == self.layer), None)
         if self.local_before is not None:
             self.tasks += [("local", _local_task(self.edited, self.layer, ids, eps_fraction)) for ids in short]
+        # the weights are let go until the result is assembled: nine edited copies of SmolLM2 in float64
+        # (1.1 GB each) besides the original took the run past 14 GB
+        self.path, self.edited = self.edited.path, None
+        if self.plan is not None:
+            self.plan.model = None
         self.sentences = len(short)
         self.eps_fraction = eps_fraction
 
     def result(self, inputs, mismatch, candidates, seed, seconds) -> InterventionResult:
-        if self.edited is None:
+        if self.path is None:
             return InterventionResult(self.intervention, None, error=self.error)
+        edited = load_weights(self.path)
         outcomes = dict.fromkeys(("whole", "head", "local"))
         for (kind, _), d in zip(self.tasks, self.arrived):
             outcomes[kind] = (outcomes[kind] or []) + [d]
@@ -502,7 +508,9 @@ class _Pending:
             if refused:
                 error = f"not certified: {refused}"
             else:
+                self.plan.model = edited
                 whole = self.plan.certificate([d["result"] for d in outcomes["whole"] or ()], seconds)
+                self.plan.model = None
                 error = None if whole.bound and whole.bound["certified"] else \
                     "the edited model's bound is not certified"
         error = self.error or error
@@ -521,10 +529,10 @@ class _Pending:
         mismatch_after = None
         if self.intervention.kind == "embeddings":
             counts = token_counts(inputs.tokenizer, _corpus(inputs))
-            mismatch_after = [token_mismatch(self.edited, inputs.tokenizer, m.sentence, m.position,
+            mismatch_after = [token_mismatch(edited, inputs.tokenizer, m.sentence, m.position,
                                              candidates=candidates, seed=seed, counts=counts).summary()
                               for m in mismatch]
-        return InterventionResult(self.intervention, self.edited.path, cost=self.cost, whole_before=self.original,
+        return InterventionResult(self.intervention, self.path, cost=self.cost, whole_before=self.original,
                                   whole_after=whole, layer=self.layer, head_before=self.head_before,
                                   head_after=head_after, local_before=self.local_before, local_after=local_after,
                                   mismatch_after=mismatch_after, error=error)
