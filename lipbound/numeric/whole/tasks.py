@@ -76,7 +76,7 @@ def layer_norms(layer) -> tuple[str, ...]:
     return ("ln_in",) + (("cross_norm",) if layer.cross is not None else ()) + ("ffn_norm",)
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=2)   # a batch lists each checkpoint's tasks together; a decoder's copy is 1 GB
 def _model(path: str):
     return load_weights(path)
 
