@@ -191,7 +191,8 @@ class WholePlan:
                                 iterations=iterations, seed=seed)
         self.keys = [(t[0], t[2], t[3], t[4]) for t in self.tasks]
         self.prints = {key: task_fingerprint(model, task) for key, task in zip(self.keys, self.tasks)}
-        self.core_prints = {key: task_fingerprint(model, task, eps=False) for key, task in zip(self.keys, self.tasks)}
+        self.core_prints = {key: task_fingerprint(model, task, eps=False) for key, task in zip(self.keys, self.tasks)
+                            if task[0] in ("attention", "ffn")}   # the kinds with a core
         self.results: list = [None] * len(self.tasks)
         self.positions, self.cores = [], {}
         for position, key in enumerate(self.keys):
@@ -200,7 +201,8 @@ class WholePlan:
                 continue
             self.positions.append(position)
             before = reuse.results.get(key) if reuse is not None else None
-            if before and "core" in before and reuse.core_prints.get(key) == self.core_prints[key]:
+            core = self.core_prints.get(key)
+            if before and "core" in before and core is not None and reuse.core_prints.get(key) == core:
                 self.cores[position] = before["core"]
 
     @property
