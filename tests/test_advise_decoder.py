@@ -109,6 +109,30 @@ def test_temperature_scales_every_offset_matrix_and_rotary_cap_bounds_them(cut):
     np.testing.assert_allclose(s_new, np.minimum(s_old, clip), rtol=1e-9)
 
 
+def test_every_head_edits_scale_or_cap_each_layers_offset_matrices(cut):
+    """layer-temperature scales every offset matrix of every head of its layers; layer-rotary-cap caps the
+    heads above each layer's median of ||W_Q^h|| ||W_K^h|| to it and leaves the others as they are (the
+    slow test below re-verifies their written checkpoints)."""
+    from lipbound.advise.interventions import LayerRotaryCap, LayerTemperature, rotary_bound
+    _, model, _ = cut
+    cooler = LayerTemperature((1,), 0.7).apply(model)
+    assert cooler.layers[0] is model.layers[0]
+    for head, new in zip(model.layers[1].heads, cooler.layers[1].heads):
+        np.testing.assert_allclose(_offset_matrix(new, 3), 0.7 * _offset_matrix(head, 3), rtol=1e-12, atol=1e-12)
+    assert LayerTemperature(factor=0.5).target == "every head of every layer"
+    capped = LayerRotaryCap(quantile=0.5).apply(model)
+    for index in (0, 1):
+        bounds = [rotary_bound(h) for h in model.layers[index].heads]
+        median = float(np.median(bounds))
+        for head, new, bound in zip(model.layers[index].heads, capped.layers[index].heads, bounds):
+            if bound <= median:
+                assert new is head
+            else:
+                assert rotary_bound(new) == pytest.approx(median, rel=1e-9)
+                assert np.linalg.norm(_offset_matrix(new, 5), 2) <= median * (1 + 1e-9)
+                np.testing.assert_array_equal(new.W_K, head.W_K)
+
+
 def test_remove_head_of_a_group_zeroes_its_output_block_and_writes_back(cut, tmp_path):
     from decoder_checkpoints import SMOLLM
 
@@ -195,7 +219,8 @@ def test_advise_on_the_cut_decoder_is_reverified_on_its_written_checkpoints(cut,
     data = json.loads((out / "advice.json").read_text())
     assert data["model_bound"]["block"] == "decoder" and data["function_floor"] == 0.9
     kinds = {row["kind"] for row in data["interventions"]}
-    assert {"temperature", "rotary-cap", "remove-head", "norm-eps", "embeddings"} <= kinds
+    assert {"temperature", "rotary-cap", "remove-head", "norm-eps", "embeddings", "layer-temperature",
+            "layer-rotary-cap"} <= kinds
     assert not kinds & {"qk-norm", "l2-tied", "spectral-cap"}
     for row in data["interventions"]:
         assert row["function_metric"] == "next-token agreement with the original"
@@ -206,11 +231,54 @@ def test_advise_on_the_cut_decoder_is_reverified_on_its_written_checkpoints(cut,
         assert after.bound["log10_value"] == row["bound_after"]["model_log10"], row["name"]
         orders = row["reduction_orders"]
         assert orders <= data["model_bound"]["log10_value"] - after.bound["log10_value"] + 1e-12
+    # the command line reproduces an edit of every head of every layer (its bound and end-to-end witness)
+    every = next(r for r in data["interventions"] if r["kind"] == "layer-temperature" and r["certified"]
+                 and r["target"] == "every head of every layer")
+    report = tmp_path / "every.json"
+    check = subprocess.run([sys.executable, "-m", "lipbound.cli", "verify", every["checkpoint"], "--whole", "--n", "2",
+                            "--effort", "3", "--json", str(report), "--jobs", "1"], capture_output=True, text=True,
+                           check=False, env=env)
+    assert check.returncode == 0, check.stderr[-2000:]
+    verified = json.loads(report.read_text())["model_bound"]
+    assert verified["log10_value"] == every["bound_after"]["model_log10"]
+    assert verified["witness"] == every["witness_after"]["model"]
+    assert every["reduction_orders"] > 0 and every["function_value"] >= data["function_floor"]
     temperature = next(r for r in data["interventions"] if r["kind"] == "temperature")
     assert temperature["bound_after"]["head"] <= temperature["bound_before"]["head"]
     norm = max((r for r in data["interventions"] if r["kind"] == "norm-eps"), key=lambda r: r["reduction_orders"])
     assert norm["reduction_orders"] > 0 and math.isfinite(norm["reduction_orders"])
     assert "agree" in (out / "advice.tex").read_text() or "agreement" in (out / "advice.tex").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_every_layer_temperature_after_numbers_are_what_verify_whole_prints(cut, tmp_path):
+    """advise's route for an edit of every head of every layer (the original's certificate, the edited
+    checkpoint written and read back, only the changed tasks rerun) against ``lipbound verify
+    --whole`` on the written folder: the same bound and end-to-end witness, and a bound lower by about
+    log10(1/t) per layer."""
+    from decoder_checkpoints import SMOLLM
+
+    from lipbound.advise.checkpoint import write_and_reload
+    from lipbound.advise.diagnosis import certify_whole
+    from lipbound.advise.interventions import LayerTemperature
+    folder, model, _ = cut
+    options = {"n": 2, "effort": 3, "restarts": 4, "iterations": 30}
+    original = certify_whole(model, **options)
+    edited = write_and_reload(LayerTemperature(factor=0.5).apply(model), SMOLLM, tmp_path / "cooler")
+    after = certify_whole(edited, reuse=original, **options)
+    assert after.rerun < len(after.results) and after.cores_reused == 0
+    report = tmp_path / "cooler.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    check = subprocess.run([sys.executable, "-m", "lipbound.cli", "verify", edited.path, "--whole", "--n", "2",
+                            "--effort", "3", "--json", str(report), "--jobs", "1"], capture_output=True, text=True,
+                           check=False, env=env)
+    assert check.returncode == 0, check.stderr[-2000:]
+    verified = json.loads(report.read_text())["model_bound"]
+    assert verified["log10_value"] == after.bound["log10_value"] and verified["witness"] == after.bound["witness"]
+    orders = original.bound["log10_value"] - after.bound["log10_value"]
+    assert 0.2 < orders <= 2 * math.log10(2) + 1e-9   # each layer's factor 1 + L_A L_N at most halved
+    assert after.bound["witness"] <= 10 ** after.bound["log10_value"]
 
 
 def test_overflowing_bounds_are_compared_and_printed_from_their_log10():

@@ -4,7 +4,10 @@
   ``lipbound verify --whole`` (:mod:`lipbound.numeric.whole.tasks`), composed by its report.  An edited
   model reruns only the tasks whose inputs changed (:func:`task_fingerprint`: the arrays each task
   reads, the end-to-end witness those of the whole stack); the others' results are the original's,
-  which the same arrays give.
+  which the same arrays give.  A pre-norm attention or gated feed-forward task whose norms changed only
+  their ``eps`` reruns only its rest, with the original's core (``task_fingerprint(..., eps=False)``;
+  the core reads the norm's image, not ``eps``): a norm-eps edit of SmolLM2 costs seconds, not the
+  whole model's time again.
 * **Shares of log10 of the bound** (:func:`component_shares`): a post-LN stack's bound is the product
   of its rows ``LN_out``, ``1 + L_A``, ``LN_ffn``, ``1 + L_F`` per layer (a pre-LN stack's: its
   residual rows) and the final norm; each row's share is ``log10(row) / sum log10(rows)``.
@@ -113,11 +116,12 @@ def _layer_digest(model: Model, layer) -> np.ndarray:
     return np.frombuffer(digest.encode(), dtype=np.uint8)
 
 
-def task_fingerprint(model: Model, task: tuple) -> str:
+def task_fingerprint(model: Model, task: tuple, eps: bool = True) -> str:
     """A digest of every array ``task`` reads (the word embeddings are read by none: every task starts
-    at the image of the first LayerNorm)."""
+    at the image of the first LayerNorm).  ``eps=False``: of what the task's core reads
+    (:mod:`lipbound.numeric.whole.tasks`: the norms through their images, never their ``eps``)."""
     kind, _, block, index, detail = task[:5]
-    options = repr(task[5:])
+    options = repr(task[5:12])
     if kind == "model":   # the end-to-end witness reads every layer of the stack and the final norm
         return _digest(*(_layer_digest(model, layer) for layer in model.stack(block).values()),
                        _norm_arrays(model.final_norm_of(block)), _norm_arrays(model.context_norm),
@@ -132,8 +136,8 @@ def task_fingerprint(model: Model, task: tuple) -> str:
     # A post-LN attention or feed-forward task reads its LayerNorms only through their images, the
     # points and tangents of beta + gamma z (||z|| <= sqrt(d)), which do not involve eps, and its residual
     # step holds no norm; a pre-LN one reads the norm's eps (the folded step).
-    shapes = norms if layer.placement != "post" else [_norm_arrays(getattr(layer, slot), eps=False)
-                                                      for slot in NORM_SLOTS]
+    shapes = norms if layer.placement != "post" and eps else [_norm_arrays(getattr(layer, slot), eps=False)
+                                                              for slot in NORM_SLOTS]
     if kind == "ffn":
         return _digest(_ffn_arrays(layer.ffn), *shapes, np.array(layer.placement), np.array(options))
     cross = _without_names(attention_arrays(layer.cross)) if layer.cross is not None else None
@@ -154,6 +158,8 @@ class WholeCertificate:
     fingerprints: dict
     rerun: int
     seconds: float
+    core_prints: dict = field(default_factory=dict)
+    cores_reused: int = 0
 
     @property
     def bound(self) -> dict:
@@ -174,7 +180,9 @@ class WholeCertificate:
 
 class WholePlan:
     """The tasks of ``verify --whole`` for ``model`` with the results ``reuse`` already holds filled in
-    (same fingerprint); :attr:`todo` the tasks left to run, :meth:`certificate` the composed report."""
+    (same fingerprint); :attr:`todo` the tasks left to run, :meth:`certificate` the composed report.
+    A task whose core (:mod:`lipbound.numeric.whole.tasks`) read the same arrays as ``reuse``'s (a
+    pre-norm model whose norms changed only their ``eps``) runs with that core: only its cheap rest."""
 
     def __init__(self, model: Model, *, n: int = 8, restarts: int = 4, iterations: int = 30, effort: int = 30,
                  seed: int = 0, reuse: WholeCertificate | None = None):
@@ -183,17 +191,24 @@ class WholePlan:
                                 iterations=iterations, seed=seed)
         self.keys = [(t[0], t[2], t[3], t[4]) for t in self.tasks]
         self.prints = {key: task_fingerprint(model, task) for key, task in zip(self.keys, self.tasks)}
+        self.core_prints = {key: task_fingerprint(model, task, eps=False) for key, task in zip(self.keys, self.tasks)
+                            if task[0] in ("attention", "ffn")}   # the kinds with a core
         self.results: list = [None] * len(self.tasks)
-        self.positions = []
+        self.positions, self.cores = [], {}
         for position, key in enumerate(self.keys):
             if reuse is not None and reuse.fingerprints.get(key) == self.prints[key]:
                 self.results[position] = reuse.results[key]
-            else:
-                self.positions.append(position)
+                continue
+            self.positions.append(position)
+            before = reuse.results.get(key) if reuse is not None else None
+            core = self.core_prints.get(key)
+            if before and "core" in before and core is not None and reuse.core_prints.get(key) == core:
+                self.cores[position] = before["core"]
 
     @property
     def todo(self) -> list[tuple]:
-        return [self.tasks[i] for i in self.positions]
+        """The tasks left to run, each with the core it reuses appended (plain data)."""
+        return [self.tasks[i] + ((self.cores[i],) if i in self.cores else ()) for i in self.positions]
 
     def describe(self, index: int) -> str:
         kind, _, block, layer, detail = self.tasks[self.positions[index]][:5]
@@ -204,7 +219,8 @@ class WholePlan:
         for position, result in zip(self.positions, results):
             self.results[position] = result
         report = WholeReport.build(self.model, self.tasks, self.results, self.n, None, seconds)
-        return WholeCertificate(report, dict(zip(self.keys, self.results)), self.prints, len(self.positions), seconds)
+        return WholeCertificate(report, dict(zip(self.keys, self.results)), self.prints, len(self.positions), seconds,
+                                self.core_prints, len(self.cores))
 
 
 def certify_whole(model: Model, *, n: int = 8, restarts: int = 4, iterations: int = 30, effort: int = 30,

@@ -27,7 +27,16 @@ intervention           the edited weights (layer ``l``, head ``h``; tokens are r
                        (``m`` the mean value; none given: zero ablation)
 ``embeddings``         the word embeddings of chosen tokens moved towards the mean embedding,
                        ``e_v <- mu + s (e_v - mu)``
+``layer-temperature``  ``temperature`` on every head of the chosen layers (none chosen: of every layer)
+``layer-rotary-cap``   ``rotary-cap`` on every head of the chosen layers (none: every layer) at the
+                       ``q``-quantile of that layer's bounds ``||W_Q^h|| ||W_K^h||`` on its offset
+                       matrices: the heads above it are capped to it, the others untouched
 =====================  ================================================================================
+
+A whole-model bound is a product over layers of residual rules ``1 + L_A L_N`` whose ``L_A`` sums
+(or couples) the bounds of all the heads of the layer: an edit of one head moves it little, an edit of
+every head of a layer (or of every layer) moves each factor.  The certified rotary bounds scale with
+the offset matrices, so ``layer-temperature`` ``t`` divides each layer's score terms by ``1/t``.
 
 The two new scores change every head of a layer: the one attention engine evaluates a layer's heads
 together, with one kernel; they are refused on a layer with rotary (positional) scores, whose
@@ -50,6 +59,8 @@ from ..numeric.normalization import Normalization
 
 __all__ = [
     "Intervention",
+    "LayerRotaryCap",
+    "LayerTemperature",
     "NormEpsilon",
     "QKNormGain",
     "RecentreEmbeddings",
@@ -206,6 +217,72 @@ class RotaryCap(_Cap):
         U, s, Vt = np.linalg.svd(head.W_Q, full_matrices=False)
         clip = self.cap / float(np.linalg.norm(head.W_K, 2))
         return replace(head, W_Q=(U * np.minimum(s, clip)) @ Vt)
+
+
+@dataclass(frozen=True)
+class _EveryHead(Intervention):
+    """An edit of every head of the layers ``where`` (empty: every layer of the model)."""
+
+    where: tuple = ()
+
+    @property
+    def target(self) -> str:
+        if not self.where:
+            return "every head of every layer"
+        return f"every head of layer{'s' if len(self.where) > 1 else ''} {', '.join(map(str, self.where))}"
+
+    @property
+    def layers(self) -> tuple[int, ...] | None:
+        return tuple(self.where) or None
+
+    def apply(self, model: Model) -> Model:
+        for layer in self.where or sorted(model.layers):
+            _check_head(model, layer, 0)
+            heads = model.layers[layer].heads
+            for index, (head, new) in enumerate(zip(heads, self.edits(heads))):
+                if new is not head:
+                    model = with_head(model, layer, index, new)
+        return model
+
+    def edits(self, heads: tuple) -> list[Head]:
+        """The edited heads of one layer (a head left as it is: the same object)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class LayerTemperature(_EveryHead):
+    """:class:`Temperature` ``factor`` on every head of the layers ``where`` (empty: every layer)."""
+
+    factor: float = 0.5
+    kind: ClassVar[str] = "layer-temperature"
+
+    @property
+    def parameter(self) -> str:
+        return f"x{self.factor:g}"
+
+    def edits(self, heads: tuple) -> list[Head]:
+        return [Temperature(0, index, self.factor).edit(head) for index, head in enumerate(heads)]
+
+
+@dataclass(frozen=True)
+class LayerRotaryCap(_EveryHead):
+    """:class:`RotaryCap` on every rotary head of the layers ``where`` (empty: every layer) at the
+    ``quantile`` of that layer's :func:`rotary_bound` over its heads: the heads above it are capped to it."""
+
+    quantile: float = 0.5
+    kind: ClassVar[str] = "layer-rotary-cap"
+
+    @property
+    def parameter(self) -> str:
+        return f"q{self.quantile:g}"
+
+    def edits(self, heads: tuple) -> list[Head]:
+        if not 0 <= self.quantile <= 1:
+            raise AssumptionError("quantile", "a quantile in [0, 1]", repr(self.quantile), "pass e.g. 0.5")
+        bounds = [rotary_bound(head) for head in heads]
+        cap = float(np.quantile(bounds, self.quantile))
+        return [RotaryCap(0, index, cap).edit(head) if bound > cap else head
+                for index, (head, bound) in enumerate(zip(heads, bounds))]
 
 
 def rotary_bound(head: Head) -> float:

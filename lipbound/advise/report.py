@@ -121,6 +121,7 @@ class InterventionResult:
                "function_value": None if self.cost is None else self.cost.value,
                "function": None if self.cost is None else self.cost.to_json(),
                "tasks_rerun": None if after is None else after.rerun,
+               "tasks_core_reused": None if after is None else after.cores_reused,
                "local_eps_fraction": None if self.local_before is None else self.local_before["eps_fraction"]}
         if self.mismatch_after is not None:
             out["mismatch_after"] = self.mismatch_after

@@ -10,7 +10,9 @@ tokenizer, feed-forward blocks and norms; text; positions; output folder); :func
    are off by default: one whole-layer L(eps) of SmolLM2 ran over ten CPU minutes);
 2. measures the regularity mismatch of substitutions at the chosen positions (:mod:`.mismatch`);
 3. builds the interventions (:mod:`.interventions`) on the least regular head and layer, the
-   norm epsilon and the most irregular tokens, fits their parameters on the text, writes each
+   norm epsilon and the most irregular tokens, fits their parameters on the text (the norm epsilon
+   and a decoder's temperature of every head: the strongest of a grid whose function value, measured
+   on the edited copy in memory, keeps the floor), writes each
    edited checkpoint (:mod:`.checkpoint`), reads it back and measures its functional cost
    (:mod:`.function`: sentence cosine for an encoder, next-token agreement and perplexity for a
    decoder); then certifies every edited model by the same routes in a second batch, in
@@ -21,16 +23,21 @@ A decoder (pre-norm RMSNorm layers, SwiGLU, causal rotary heads with grouped key
 Llama family, SmolLM2's GGUF included) gets the edits that keep its architecture: temperature of
 the least regular query head (exact: every offset matrix ``W_Q R(Delta theta) W_K^T`` scales with
 ``W_Q``), the rotary cap of that head (its ``W_Q`` alone, the group's keys untouched), its removal
-(its block of ``W_O``; the group's keys and values serve the other heads), the RMSNorm epsilon and
-the embeddings of the irregular tokens.  QK-norm and tied L2 scores would drop the rotary
-positions and are not proposed for a decoder.
+(its block of ``W_O``; the group's keys and values serve the other heads), the same temperature on
+every head of the least regular layer, a fitted temperature on every head of every layer, the rotary
+cap of every layer's heads at that layer's median, the RMSNorm epsilon and the embeddings of the
+irregular tokens.  QK-norm and tied L2 scores would drop the rotary positions and are not proposed
+for a decoder.  A one-head edit moves the whole-model bound little: each layer's factor
+``1 + L_A L_N`` is dominated by all its heads together.
+
+A norm-eps edit of a pre-norm model reruns only the cheap part of each attention and feed-forward
+task (:class:`.diagnosis.WholePlan`: the core on the norm's image does not read ``eps``).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -59,6 +66,8 @@ from .function import (
     read_sentences,
 )
 from .interventions import (
+    LayerRotaryCap,
+    LayerTemperature,
     NormEpsilon,
     QKNormGain,
     RecentreEmbeddings,
@@ -73,14 +82,22 @@ from .interventions import (
 from .mismatch import token_counts, token_mismatch, word_ids, word_positions
 from .report import Advice, InterventionResult
 
-__all__ = ["DECODER_EPS_GRID", "EPS_GRID", "FLOORS", "Inputs", "StageClock", "advise", "check_inputs"]
+__all__ = ["DECODER_EPS_GRID", "DEFAULTS", "EPS_GRID", "FLOORS", "TEMPERATURE_GRID", "Inputs", "StageClock", "advise",
+           "check_inputs"]
 
 #: LayerNorm epsilons tried; the largest whose edit keeps every sentence's cosine >= the floor is certified
 EPS_GRID = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
 #: a decoder's RMSNorm epsilons tried (its residual stream's mean square is large: larger ones are cheap)
 DECODER_EPS_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+#: the factors of ``W_Q`` tried on every head of every layer of a decoder (the strongest kept is certified)
+TEMPERATURE_GRID = (0.95, 0.9, 0.8, 0.7, 0.6, 0.5)
 #: the default floor of the function metric: min sentence cosine (encoder), next-token agreement (decoder)
 FLOORS = {"encoder": 0.99, "decoder": 0.9}
+#: advise's defaults per kind (a decoder's: SmolLM2's 30 layers in under 15 minutes on two cores; its
+#: gated feed-forward blocks cost the same at any n and effort, its 270 heads and the mismatch's
+#: forward passes scale with them)
+DEFAULTS = {"encoder": {"n": 8, "head_budget": 0.5, "candidates": 512, "edits": 20},
+            "decoder": {"n": 2, "head_budget": 0.05, "candidates": 64, "edits": 5}}
 
 
 class Inputs:
@@ -250,31 +267,31 @@ def _mean_value(model, layer: int, head: int, ids_list) -> tuple:
     return tuple(float(v) for v in np.concatenate(values).mean(axis=0))
 
 
-def _eps_sweep(inputs: Inputs, out, reference, floor: float, say) -> list[tuple[float, float]]:
-    """``(eps, function value)`` for each epsilon of :data:`EPS_GRID` (a decoder:
-    :data:`DECODER_EPS_GRID`), measured on the written and re-read checkpoint, up to the first below
-    ``min(floor, 0.9)`` (``value``: min sentence cosine, or next-token agreement)."""
-    sweep, trial = [], out / "trial-norm-eps"
-    for eps in DECODER_EPS_GRID if inputs.kind == "decoder" else EPS_GRID:
-        edited = write_and_reload(NormEpsilon(eps=eps).apply(inputs.model), inputs.folder, trial)
-        cost = function_cost(reference, edited, inputs.ids)
-        say(f"norm-eps {eps:g}: {cost.metric} {cost.value:.5f}")
-        sweep.append((eps, cost.value))
+def _sweep(inputs: Inputs, reference, candidates, floor: float, say) -> list[tuple]:
+    """``(intervention, function value)`` for each of ``candidates`` (from the mildest to the strongest),
+    measured on the edited copy in memory (the chosen one is written, read back and measured again as
+    every intervention is), up to the first below ``min(floor, 0.9)`` (``value``: min sentence cosine,
+    or next-token agreement)."""
+    sweep = []
+    for candidate in candidates:
+        cost = function_cost(reference, candidate.apply(inputs.model), inputs.ids)
+        say(f"{candidate.name}: {cost.metric} {cost.value:.5f}")
+        sweep.append((candidate, cost.value))
         if cost.value < min(floor, 0.9):
             break
-    shutil.rmtree(trial, ignore_errors=True)
     return sweep
 
 
-def _largest_eps(sweep, floor: float) -> NormEpsilon | None:
-    """The largest epsilon of the sweep whose edit keeps the function value >= ``floor``."""
-    kept = [eps for eps, cosine in sweep if cosine >= floor]
-    return NormEpsilon(eps=max(kept)) if kept else None
+def _strongest(sweep, floor: float):
+    """The strongest edit of the sweep whose function value is >= ``floor`` (None: none)."""
+    return next((candidate for candidate, value in reversed(sweep) if value >= floor), None)
 
 
 def _plan(model, inputs: Inputs, original, heads, mismatch) -> list:
     """The interventions on the least regular head (largest certified constant; none when no head is
-    certified), the least regular attention layer (an encoder's) and the most irregular tokens."""
+    certified), the least regular attention layer (an encoder's: new scores; a decoder's: every head
+    cooler), every layer (a decoder's rotary heads capped at each layer's median) and the most
+    irregular tokens."""
     plan = []
     certified = [r for r in heads if r["certified"]]
     if certified:
@@ -284,40 +301,47 @@ def _plan(model, inputs: Inputs, original, heads, mismatch) -> list:
         cap = RotaryCap(L, H, rotary_bound(head) / 4) if head.kernel.positional else \
             SpectralCap(L, H, float(qk_spectrum(head)[2][0]) / 4)
         plan += [Temperature(L, H, 0.5), cap, RemoveHead(L, H, _mean_value(model, L, H, inputs.ids))]
-    if inputs.kind == "decoder":   # QK-norm and tied L2 would drop the rotary positions
-        irregular = sorted({row["id"] for m in mismatch for row in m.rows(10)})
-        return plan + [RecentreEmbeddings(tuple(irregular), 0.5)]
     layer_rows = [r for r in original.report.components if r["component"] == "attention" and r["layer"] is not None
                   and math.isfinite(r["best_upper"])]
-    if layer_rows:
-        top_layer = max(layer_rows, key=lambda r: r["best_upper"])["layer"]
+    top_layer = max(layer_rows, key=lambda r: r["best_upper"])["layer"] if layer_rows else None
+    irregular = sorted({row["id"] for m in mismatch for row in m.rows(10)})
+    if inputs.kind == "decoder":   # QK-norm and tied L2 would drop the rotary positions
+        if top_layer is not None:
+            plan.append(LayerTemperature((top_layer,), 0.5))
+        return plan + [LayerRotaryCap(quantile=0.5), RecentreEmbeddings(tuple(irregular), 0.5)]
+    if top_layer is not None:
         tau, cos_eps = _fit_tau(model, top_layer, inputs.ids)
         plan += [QKNormGain(top_layer, tau=tau, eps=cos_eps), TiedL2(top_layer)]
-    irregular = sorted({row["id"] for m in mismatch for row in m.rows(10)})
     return plan + [RecentreEmbeddings(tuple(irregular), 0.5)]
 
 
 def _estimate(seconds: dict, tasks) -> float:
-    """CPU seconds ``tasks`` should take, from the mean of each kind in ``seconds`` (kind -> list)."""
+    """CPU seconds ``tasks`` should take, from the mean of each kind in ``seconds`` (kind -> list); a task
+    that reuses its core costs about what the witness of a whole layer does."""
     means = {kind: sum(v) / len(v) for kind, v in seconds.items() if v}
     fallback = sum(means.values()) / len(means) if means else 0.0
+    means.setdefault("whole rest", means.get("whole layer", fallback))
     return sum(means.get(_task_kind(task), fallback) for task in tasks)
 
 
 def _task_kind(task) -> str:
     kind, arguments = task
-    return f"whole {arguments[0]}" if kind == "whole" else kind
+    if kind != "whole":
+        return kind
+    return "whole rest" if len(arguments) > 12 else f"whole {arguments[0]}"   # 12: a task with its core appended
 
 
-def advise(inputs: Inputs, *, n: int = 8, local_sentences: int | None = None, eps_fraction: float = 1e-3,
-           head_budget: float = 0.5, candidates: int = 512, edits: int = 20, restarts: int = 4, iterations: int = 30,
-           effort: int = 30, cosine_floor: float | None = None, agreement_floor: float | None = None, jobs: int = 1,
-           seed: int = 0, say=None, progress=None) -> Advice:
+def advise(inputs: Inputs, *, n: int | None = None, local_sentences: int | None = None, eps_fraction: float = 1e-3,
+           head_budget: float | None = None, candidates: int | None = None, edits: int | None = None,
+           restarts: int = 4, iterations: int = 30, effort: int = 30, cosine_floor: float | None = None,
+           agreement_floor: float | None = None, jobs: int = 1, seed: int = 0, say=None, progress=None) -> Advice:
     """Run the diagnosis and the interventions (module docstring).
+
+    ``n``, ``head_budget``, ``candidates``, ``edits``: None takes :data:`DEFAULTS` of the model's kind.
 
     ``local_sentences`` (default 1 for an encoder, 0 for a decoder); ``cosine_floor`` (an encoder's,
     default 0.99) or ``agreement_floor`` (a decoder's, default 0.9): the smallest function value an
-    automatically fitted edit (the norm epsilon) may cost.
+    automatically fitted edit (the norm epsilon; a decoder's temperature of every head) may cost.
 
     ``say(text)`` receives one line per stage; ``progress(stage, done, total, text)`` the tasks.  The
     independent tasks of a stage (the original's whole-model tasks, every head, every local constant;
@@ -329,6 +353,9 @@ def advise(inputs: Inputs, *, n: int = 8, local_sentences: int | None = None, ep
     if (cosine_floor if wrong == "cosine_floor" else agreement_floor) is not None:
         raise AssumptionError(wrong, f"nothing for {'an' if kind == 'encoder' else 'a'} {kind}",
                               f"{wrong} for {inputs.model.name}", f"set {right} instead")
+    given = {"n": n, "head_budget": head_budget, "candidates": candidates, "edits": edits}
+    n, head_budget, candidates, edits = (DEFAULTS[kind][key] if value is None else value
+                                         for key, value in given.items())
     floor = cosine_floor if kind == "encoder" else agreement_floor
     floor = FLOORS[kind] if floor is None else floor
     if not (isinstance(floor, (int, float)) and 0 < floor <= 1):
@@ -382,12 +409,17 @@ def advise(inputs: Inputs, *, n: int = 8, local_sentences: int | None = None, ep
         mismatch = [token_mismatch(model, inputs.tokenizer, inputs.sentences[0], p, candidates=candidates, seed=seed,
                                    counts=counts) for p in inputs.positions]
 
-    with clock("eps sweep"):
+    with clock("sweeps"):
         planned = _plan(model, inputs, original, heads, mismatch)
-        sweep = _eps_sweep(inputs, out, reference, floor, say)
-    strict = max(floor, 0.999 if kind == "encoder" else 0.99)
-    eps_edits = {e.eps: e for e in (_largest_eps(sweep, strict), _largest_eps(sweep, floor)) if e is not None}
-    planned = list(eps_edits.values()) + planned
+        grid = DECODER_EPS_GRID if kind == "decoder" else EPS_GRID
+        sweep = _sweep(inputs, reference, [NormEpsilon(eps=eps) for eps in grid], floor, say)
+        strict = max(floor, 0.999 if kind == "encoder" else 0.99)
+        fitted = list(dict.fromkeys(e for e in (_strongest(sweep, strict), _strongest(sweep, floor)) if e))
+        if kind == "decoder":   # every head of every layer cooler, as far as the floor allows
+            cooler = _strongest(_sweep(inputs, reference, [LayerTemperature(factor=t) for t in TEMPERATURE_GRID],
+                                       floor, say), floor)
+            fitted += [cooler] if cooler is not None else []
+    planned = fitted + planned
 
     with clock("interventions (this process)"):
         pending = [_Pending(iv, out / f"{number:02d}-{iv.kind}", inputs, reference, heads, local, short, eps_fraction,
@@ -433,7 +465,7 @@ class _Pending:
     def __init__(self, intervention, folder, inputs, reference, heads, local, short, eps_fraction, head_budget,
                  original, options):
         self.intervention, self.original, self.tasks, self.arrived = intervention, original, [], []
-        self.edited = self.cost = self.plan = self.error = None
+        self.edited = self.path = self.cost = self.plan = self.error = None
         self.head_before = self.local_before = None
         self.layer = intervention.layers[0] if intervention.layers else 0
         try:
@@ -455,12 +487,18 @@ class _Pending:
         self.local_before = next((r for r in local if r["layer"] == self.layer), None)
         if self.local_before is not None:
             self.tasks += [("local", _local_task(self.edited, self.layer, ids, eps_fraction)) for ids in short]
+        # the weights are let go until the result is assembled: nine edited copies of SmolLM2 in float64
+        # (1.1 GB each) besides the original took the run past 14 GB
+        self.path, self.edited = self.edited.path, None
+        if self.plan is not None:
+            self.plan.model = None
         self.sentences = len(short)
         self.eps_fraction = eps_fraction
 
     def result(self, inputs, mismatch, candidates, seed, seconds) -> InterventionResult:
-        if self.edited is None:
+        if self.path is None:
             return InterventionResult(self.intervention, None, error=self.error)
+        edited = load_weights(self.path)
         outcomes = dict.fromkeys(("whole", "head", "local"))
         for (kind, _), d in zip(self.tasks, self.arrived):
             outcomes[kind] = (outcomes[kind] or []) + [d]
@@ -470,7 +508,9 @@ class _Pending:
             if refused:
                 error = f"not certified: {refused}"
             else:
+                self.plan.model = edited
                 whole = self.plan.certificate([d["result"] for d in outcomes["whole"] or ()], seconds)
+                self.plan.model = None
                 error = None if whole.bound and whole.bound["certified"] else \
                     "the edited model's bound is not certified"
         error = self.error or error
@@ -489,10 +529,10 @@ class _Pending:
         mismatch_after = None
         if self.intervention.kind == "embeddings":
             counts = token_counts(inputs.tokenizer, _corpus(inputs))
-            mismatch_after = [token_mismatch(self.edited, inputs.tokenizer, m.sentence, m.position,
+            mismatch_after = [token_mismatch(edited, inputs.tokenizer, m.sentence, m.position,
                                              candidates=candidates, seed=seed, counts=counts).summary()
                               for m in mismatch]
-        return InterventionResult(self.intervention, self.edited.path, cost=self.cost, whole_before=self.original,
+        return InterventionResult(self.intervention, self.path, cost=self.cost, whole_before=self.original,
                                   whole_after=whole, layer=self.layer, head_before=self.head_before,
                                   head_after=head_after, local_before=self.local_before, local_after=local_after,
                                   mismatch_after=mismatch_after, error=error)

@@ -84,7 +84,7 @@ def register(sub) -> None:
                     "and perplexity).  No retraining.  Layers, heads and positions are counted from 0.",
         epilog=epilog("lipbound advise -o advice/", "lipbound advise MODEL_DIR --text sentences.txt --positions 2,3 "
                       "-o advice/ --json advice.json --latex table.tex", "lipbound advise -o advice/ --jobs 1",
-                      "lipbound advise SmolLM2-135M-Instruct.Q4_1.gguf -o advice-smollm2/ --jobs 2",
+                      "lipbound advise SmolLM2-135M-Instruct.Q4_1.gguf -o advice-smollm2/",
                       notes="Writes OUTPUT/advice.json, advice.tex, pareto.png, mismatch.png and one edited "
                             "checkpoint per intervention (a Hugging Face folder -- BERT, or Llama for a "
                             "decoder -- or a plain .npz when the edit changes a score); `lipbound verify "
@@ -105,18 +105,22 @@ def register(sub) -> None:
     advise.add_argument("--json", type=output_file("--json", ".json"), help="also write the JSON here")
     advise.add_argument("--latex", type=output_file("--latex", ".tex"), help="also write the booktabs table here")
     advise.add_argument("--plot", type=plot_file("--plot"), help="the Pareto plot (default OUTPUT/pareto.png)")
-    advise.add_argument("--n", type=positive_int("--n"), default=8, help="tokens of the certified maps (default 8)")
+    advise.add_argument("--n", type=positive_int("--n"), default=None,
+                        help="tokens of the certified maps (default 8 for an encoder, 2 for a decoder)")
     advise.add_argument("--local-sentences", type=int, default=None,
                         help="shortest sentences for the local constants L(eps) of each layer (0: none; default 1 "
                              "for an encoder, 0 for a decoder: one layer of SmolLM2 takes over ten CPU minutes)")
     advise.add_argument("--eps", type=positive_float("--eps"), default=1e-3,
                         help="radius of the local constants, a fraction of the LayerNorm radius (default 1e-3)")
-    advise.add_argument("--budget", type=positive_float("--budget"), default=0.5,
-                        help="nominal seconds of witness search per head (default 0.5)")
-    advise.add_argument("--candidates", type=positive_int("--candidates"), default=512,
-                        help="vocabulary words tried at each position for the mismatch (default 512)")
-    advise.add_argument("--edits", type=positive_int("--edits"), default=20,
-                        help="one-word edits (one per sentence) for the measured movement (default 20)")
+    advise.add_argument("--budget", type=positive_float("--budget"), default=None,
+                        help="nominal seconds of witness search per head (default 0.5 for an encoder, 0.05 for a "
+                             "decoder)")
+    advise.add_argument("--candidates", type=positive_int("--candidates"), default=None,
+                        help="vocabulary words tried at each position for the mismatch (default 512 for an "
+                             "encoder, 64 for a decoder)")
+    advise.add_argument("--edits", type=positive_int("--edits"), default=None,
+                        help="one-word edits (one per sentence) for the measured movement (default 20 for an "
+                             "encoder, 5 for a decoder)")
     advise.add_argument("--effort", type=positive_int("--effort"), default=30,
                         help="L-BFGS steps per smoothing level of LipSDP-Neuron (default 30, as verify --whole)")
     advise.add_argument("--cosine-floor", type=positive_float("--cosine-floor"), default=None,

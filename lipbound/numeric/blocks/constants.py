@@ -43,7 +43,7 @@ from .gated import check_gated, ellipsoid_of, gated_constants
 from .norms import check_floor, norm_constant, norm_kind
 
 __all__ = ["ffn_constants", "best", "residual_constant", "pre_norm_ffn_constants", "pre_norm_gated_constants",
-           "fold_gain", "norm_image", "layerscale_gain"]
+           "folded_gated_sdp", "fold_gain", "norm_image", "layerscale_gain"]
 
 
 def ffn_constants(W_1, W_2, act: str, *, norm: str = "fro", solver: str = "auto", sdp: bool = True,
@@ -100,12 +100,21 @@ def residual_constant(placement: str, norm_constant, inner_constant, norm: str =
                           + (", sandwich" if after is not None else ""))
 
 
+def folded_gated_sdp(norm, ffn, *, effort: int = 16) -> CertifiedValue:
+    """``Lip(f~)``, ``f~(w) = f(c + M w)`` on the ball ``||w|| <= sqrt(d)`` (module docstring): the lifted
+    SDP with ``fold=True``.  It reads the norm's image (gain, centre, width), never its ``eps``."""
+    ffn = check_gated(ffn)
+    return gated_sdp(ffn.W_gate, ffn.W_up, ffn.W_down, ffn.act, ellipsoid_of(norm, ffn.d), b_gate=ffn.b_gate,
+                     b_up=ffn.b_up, fold=True, effort=effort)
+
+
 def pre_norm_gated_constants(norm, ffn, *, effort: int = 16, inner: CertifiedValue | None = None, scale=None,
-                             after=None, sdp: bool = True) -> dict:
+                             after=None, sdp: bool = True, folded: CertifiedValue | None = None) -> dict:
     """``{"composed", "folded", "best"}`` for the pre-norm block ``x + a * N'(f(N(x)))`` with a gated f
     (per token): the rule on ``Lip(N)`` and f's best constant on N's image (``inner`` when already
     computed), and on ``Lip(g) = eps^{-1/2}`` and the lifted SDP of ``f~`` (module docstring; only when
-    ``sdp``).  ``scale``: LayerScale gain; ``after``: the sandwich norm's certified constant."""
+    ``sdp``; ``folded``: :func:`folded_gated_sdp` when already computed).  ``scale``: LayerScale gain;
+    ``after``: the sandwich norm's certified constant."""
     ffn = check_gated(ffn)
     if inner is None:
         inner = gated_constants(ffn, norm, effort=effort, sdp=sdp)["best"]
@@ -113,8 +122,7 @@ def pre_norm_gated_constants(norm, ffn, *, effort: int = 16, inner: CertifiedVal
     values = {"composed": composed}
     if sdp:
         radial = upper(1 / IV.sqrt(interval(norm.eps)))
-        folded_inner = gated_sdp(ffn.W_gate, ffn.W_up, ffn.W_down, ffn.act, ellipsoid_of(norm, ffn.d),
-                                 b_gate=ffn.b_gate, b_up=ffn.b_up, fold=True, effort=effort)
+        folded_inner = folded if folded is not None else folded_gated_sdp(norm, ffn, effort=effort)
         if folded_inner.certified:
             values["folded"] = residual_constant("pre", radial, folded_inner, scale=scale, after=after).renamed(
                 "pre-norm residual, gain folded", details={"Lip(g)": radial, "Lip(f~)": folded_inner.value})

@@ -23,6 +23,16 @@ Task kinds (``block``, ``layer`` say where; ``-1`` is the stack's final norm):
 * ``norm`` -- a LayerNorm or RMSNorm: its global constant and the certified witness that attains it;
 * ``layer`` -- the witness of a whole layer (every step of :mod:`.chain`);
 * ``model`` -- the end-to-end witness of a stack in its input (``stream``) or context.
+
+A self-attention task and a gated feed-forward task are split in two: the *core* reads the norm
+before the branch only through its image ``{c + M u : ||u|| <= sqrt(d)}`` (gain, centre, width), which
+does not depend on the norm's ``eps``: the certified bounds of the branch on that image (and the
+lifted SDP with the gain folded in), its witness and the worst input found.  The rest reads ``eps``
+and is cheap: the residual rule ``1 + L_F L_N`` (``L_N`` the norm's constant, ``eps^{-1/2}`` in the
+folded rule) on the core's certified numbers, and the witness of the residual step.  The result
+carries its ``core``; a task given the core of a model that differs only in its norms' ``eps``
+skips it and returns exactly the numbers the whole task would (the core is a function of arrays
+that did not change).
 """
 
 from __future__ import annotations
@@ -36,7 +46,13 @@ from ...errors import AssumptionError, NotLipschitzError
 from ...rigorous.value import CertifiedValue, not_certified
 from ..attention import AttentionMap, unit_rows
 from ..blocks.certify import best
-from ..blocks.constants import ffn_constants, pre_norm_ffn_constants, pre_norm_gated_constants, residual_constant
+from ..blocks.constants import (
+    ffn_constants,
+    folded_gated_sdp,
+    pre_norm_ffn_constants,
+    pre_norm_gated_constants,
+    residual_constant,
+)
 from ..blocks.ffn import arrays
 from ..blocks.gated import gated_constants
 from ..blocks.norms import norm_constant
@@ -60,7 +76,7 @@ def layer_norms(layer) -> tuple[str, ...]:
     return ("ln_in",) + (("cross_norm",) if layer.cross is not None else ()) + ("ffn_norm",)
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=2)   # a batch lists each checkpoint's tasks together; a decoder's copy is 1 GB
 def _model(path: str):
     return load_weights(path)
 
@@ -167,32 +183,53 @@ def _self_ascent(target, norm, X: np.ndarray, iterations: int, seed: int) -> tup
     return best, where
 
 
-def _attention(model, block, index, kind, n, m, domain_spec, restarts, iterations, seed) -> dict:
+def _attention_core(model, block, index, n, domain_spec, restarts, iterations, seed) -> dict:
+    """The part of a self-attention task that reads the norm before it only through its image (gain,
+    centre, width; never its ``eps``): the certified bounds on that image, the witness and the worst
+    input the ascent found (plain data: a later task with another ``eps`` starts from it)."""
+    layer = model.stack(block)[index]
+    domain = DomainSpec.parse(domain_spec).resolve(layer.ln_in, f"{block} layer {index}")
+    bounds = _attention_bounds(layer, domain, n)
+    image = _image_domain(layer.ln_in)
+    X = _image_points(layer.ln_in, np.random.default_rng(seed), (restarts, n))
+    inner = [Step("attention", layer.as_layer(residual=False), None, False, "")]
+    starts = np.concatenate([X, _castin_starts(layer, n)])
+    ascent, worst = _self_ascent(inner[0].part, layer.ln_in, starts, iterations, seed)
+    witness = max(_chain_witness(inner, X, None, "stream", image.tangent_directions, iterations, seed), ascent)
+    return {"bounds": [b.to_json() for b in bounds], "witness": witness, "worst": worst.tolist()}
+
+
+def _attention_residual(model, block, index, n, restarts, iterations, seed, core) -> dict:
+    """The rest of a self-attention task, which reads the norm's ``eps``: the residual step's witness
+    and, before a pre-norm or sandwich branch, the residual rule on the core's bounds."""
+    layer = model.stack(block)[index]
+    bounds = [CertifiedValue.from_json(b) for b in core["bounds"]]
+    rng = np.random.default_rng(seed)
+    _image_points(layer.ln_in, rng, (restarts, n))   # the core's draws: the residual's points come after them
+    residual = layer_steps(layer, block)[:1]
+    Xr, tangent = _stream_points(model, block, index, rng, (restarts, n))
+    residual_witness = _chain_witness(residual, Xr, None, "stream", tangent, iterations, seed)
+    if layer.placement != "post":   # the attention's worst input, reached through the norm's steepest scales
+        worst = np.asarray(core["worst"], dtype=float)
+        residual_witness = max(residual_witness, _chain_witness(residual, _through_norm(layer.ln_in, worst), None,
+                                                                "stream", None, iterations, seed))
+    result = {"upper": _values_with_reasons(bounds), "witness": core["witness"], "residual_witness": residual_witness,
+              "core": core}
+    if layer.placement != "post":
+        result.update(_branch_rules(layer.ln_in, bounds, layer.attn_scale,
+                                    layer.ln_out if layer.placement == "sandwich" else None))
+    return result
+
+
+def _attention(model, block, index, kind, n, m, domain_spec, restarts, iterations, seed, core=None) -> dict:
+    if not kind.startswith("cross"):
+        n = m if block == "decoder" else n  # a decoder's stream has the m query tokens
+        if core is None:
+            core = _attention_core(model, block, index, n, domain_spec, restarts, iterations, seed)
+        return _attention_residual(model, block, index, n, restarts, iterations, seed, core)
     layer = model.stack(block)[index]
     rng = np.random.default_rng(seed)
     spec = DomainSpec.parse(domain_spec)
-    cross = kind.startswith("cross")
-    if not cross:
-        n = m if block == "decoder" else n  # a decoder's stream has the m query tokens
-        domain = spec.resolve(layer.ln_in, f"{block} layer {index}")
-        bounds = _attention_bounds(layer, domain, n)
-        image = _image_domain(layer.ln_in)
-        X = _image_points(layer.ln_in, rng, (restarts, n))
-        inner = [Step("attention", layer.as_layer(residual=False), None, False, "")]
-        starts = np.concatenate([X, _castin_starts(layer, n)])
-        ascent, worst = _self_ascent(inner[0].part, layer.ln_in, starts, iterations, seed)
-        witness = max(_chain_witness(inner, X, None, "stream", image.tangent_directions, iterations, seed), ascent)
-        residual = layer_steps(layer, block)[:1]
-        Xr, tangent = _stream_points(model, block, index, rng, (restarts, n))
-        residual_witness = _chain_witness(residual, Xr, None, "stream", tangent, iterations, seed)
-        if layer.placement != "post":   # the attention's worst input, reached through the norm's steepest scales
-            residual_witness = max(residual_witness, _chain_witness(residual, _through_norm(layer.ln_in, worst), None,
-                                                                    "stream", None, iterations, seed))
-        result = {"upper": _values_with_reasons(bounds), "witness": witness, "residual_witness": residual_witness}
-        if layer.placement != "post":
-            result.update(_branch_rules(layer.ln_in, bounds, layer.attn_scale,
-                                        layer.ln_out if layer.placement == "sandwich" else None))
-        return result
     context = spec.resolve(model.context_norm, f"the context of {block} layer {index}")
     queries = spec.resolve(layer.cross_norm, f"the queries of {block} layer {index}")
     bounds = layer_bounds(layer.cross, context, n, role=kind, m=m, query_domain=queries)
@@ -243,34 +280,52 @@ def _branch_rules(norm, inner: list[CertifiedValue], scale, after_norm) -> dict:
             "residual_textbook": _values_with_reasons([rule(inner[0], "textbook")])}
 
 
-def _gated(model, block, index, effort, restarts, iterations, seed) -> dict:
-    """A gated feed-forward block on the image of its norm (module docstring); ``effort // 2`` (at
-    least 8) evaluations of the lifted SDP's objective."""
+def _gated_core(model, block, index, effort, restarts, iterations, seed) -> dict:
+    """The part of a gated block's task that reads its norm only through the image (never ``eps``): its
+    constants on the image, the lifted SDP of the block with the gain folded in, and its certified
+    witness (plain data: a later task with another ``eps`` reuses them).  ``effort // 2`` (at least 8)
+    evaluations of the lifted SDP's objective."""
     layer = model.stack(block)[index]
     ffn, norm = layer.ffn, layer.ffn_norm
     evaluations = max(8, effort // 2)
     values = gated_constants(ffn, norm, effort=evaluations)
+    folded = folded_gated_sdp(norm, ffn, effort=evaluations)
+    witness = gated_witness(ffn, norm, seed=seed, starts=max(restarts, 2), steps=iterations)
+    return {"values": {key: value.to_json() for key, value in values.items()}, "folded": folded.to_json(),
+            "witness": float(witness.certified), "witness_x": witness.x.tolist()}
+
+
+def _gated(model, block, index, effort, restarts, iterations, seed, core=None) -> dict:
+    """A gated feed-forward block on the image of its norm (module docstring): the core
+    (:func:`_gated_core`, or the one given) and the parts that read the norm's ``eps``: the residual
+    rules and the residual step's witness."""
+    layer = model.stack(block)[index]
+    ffn, norm = layer.ffn, layer.ffn_norm
+    if core is None:
+        core = _gated_core(model, block, index, effort, restarts, iterations, seed)
+    values = {key: CertifiedValue.from_json(value) for key, value in core["values"].items()}
     result = {"upper": _values_with_reasons([v for k, v in values.items() if k != "best"])}
     sandwich = layer.ffn_out_norm if layer.placement == "sandwich" else None
     after = None if sandwich is None else norm_constant(sandwich)
-    residual = pre_norm_gated_constants(norm, ffn, effort=evaluations, inner=values["best"], scale=layer.ffn_scale,
-                                        after=after)
+    residual = pre_norm_gated_constants(norm, ffn, effort=max(8, effort // 2), inner=values["best"],
+                                        scale=layer.ffn_scale, after=after,
+                                        folded=CertifiedValue.from_json(core["folded"]))
     result["residual_upper"] = _values_with_reasons([v for k, v in residual.items() if k != "best"])
     result["residual_textbook"] = _branch_rules(norm, [values["closed form"]], layer.ffn_scale,
                                                 sandwich)["residual_textbook"]
-    witness = gated_witness(ffn, norm, seed=seed, starts=max(restarts, 2), steps=iterations)
-    result["witness"] = float(witness.certified)
+    result["witness"] = core["witness"]
     step = [s for s in layer_steps(layer, block) if s.kind == "ffn"]
     X = _free_points(model.hidden, np.random.default_rng(seed), (restarts, 1))
-    X = np.concatenate([X, _through_norm(norm, witness.x[None, None])])
+    X = np.concatenate([X, _through_norm(norm, np.asarray(core["witness_x"], dtype=float)[None, None])])
     result["residual_witness"] = _chain_witness(step, X, None, "stream", None, iterations, seed)
+    result["core"] = core
     return result
 
 
-def _ffn(model, block, index, effort, restarts, iterations, seed) -> dict:
+def _ffn(model, block, index, effort, restarts, iterations, seed, core=None) -> dict:
     layer = model.stack(block)[index]
     if isinstance(layer.ffn, GatedFeedForward):
-        return _gated(model, block, index, effort, restarts, iterations, seed)
+        return _gated(model, block, index, effort, restarts, iterations, seed, core)
     w = arrays(layer.ffn)
     values = ffn_constants(w["W_1"], w["W_2"], w["act"], effort=effort)
     upper = _values(v for k, v in values.items() if k != "best")
@@ -327,14 +382,17 @@ def _whole(model, block, argument, n, m, restarts, iterations, seed) -> dict:
 
 
 def run_task(kind: str, path: str, block: str, layer: int, detail: str, n: int, m: int, domain: str, effort: int,
-             restarts: int, iterations: int, seed: int) -> dict:
-    """Run one task (module docstring) and return plain data; ``m`` is 0 when not used."""
+             restarts: int, iterations: int, seed: int, core: dict | None = None) -> dict:
+    """Run one task (module docstring) and return plain data; ``m`` is 0 when not used.  A self-attention
+    or gated feed-forward task returns its ``core`` too (module docstring): passed back as ``core`` to
+    the same task of a model that differs only in its norms' ``eps``, it is reused instead of recomputed,
+    with the same numbers."""
     model = _model(path)
     m = m or n
     if kind == "attention":
-        return _attention(model, block, layer, detail, n, m, domain, restarts, iterations, seed)
+        return _attention(model, block, layer, detail, n, m, domain, restarts, iterations, seed, core)
     if kind == "ffn":
-        return _ffn(model, block, layer, effort, restarts, iterations, seed)
+        return _ffn(model, block, layer, effort, restarts, iterations, seed, core)
     if kind == "norm":
         return _norm(model, block, layer, detail)
     if kind == "layer":
