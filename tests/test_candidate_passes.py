@@ -174,7 +174,7 @@ def _in_balls(rng, X, radii, count):
 def test_each_stage_moves_every_point_of_its_balls_within_the_new_radii(seed, size):
     """Points of the balls about float states through the float forward pass of lipbound.numeric (the attention
     block, the LayerNorms, the feed-forward block): each lands within the stage's new radius of its new point."""
-    from lipbound.local.candidates import PointStates, attention_radii, feedforward_radii, norm_radii
+    from lipbound.local.candidates import PointStates, attention_radii, chain_radii, feedforward_radii, norm_radii
     from lipbound.numeric.attention import AttentionMap
     rng = np.random.default_rng(seed)
     generated = local_models.model(seed=seed % 97, layers=1, vocab=10)
@@ -187,6 +187,7 @@ def test_each_stage_moves_every_point_of_its_balls_within_the_new_radii(seed, si
               (lambda S: norm_radii(item.ln_out, S), item.ln_out),
               (lambda S: feedforward_radii(item.ffn, S), lambda Y: Y + item.ffn(Y)),
               (lambda S: norm_radii(item.ffn_norm, S), item.ffn_norm)]
+    stages.insert(1, (lambda S: chain_radii(item, S), lambda Y: _chain(item, Y)))
     for enclose, forward in stages:
         image = enclose(balls)
         assert np.all(image.radii >= 0) and image.points.shape == balls.points.shape
@@ -194,3 +195,35 @@ def test_each_stage_moves_every_point_of_its_balls_within_the_new_radii(seed, si
             moved = np.linalg.norm(forward(Y) - image.points[0], axis=-1)
             assert np.all(moved <= image.radii[0] * (1 + 1e-9) + 1e-12)
         balls = image
+
+
+def _chain(item, Y):
+    """The float LayerNorm, residual feed-forward block and output LayerNorm of lipbound.numeric."""
+    normed = item.ln_out(Y)
+    return item.ffn_norm(normed + item.ffn(normed))
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.integers(0, 10 ** 6), st.sampled_from([1e-4, 1e-2]))
+def test_the_chain_radius_is_local_and_fails_when_scaled_down(seed, size):
+    """The LayerNorm-feed-forward-LayerNorm radius (lemma point-chain) against the chain's own Jacobian, written here
+    by central differences: a point of each ball along the Jacobian's top singular direction lands inside the radius,
+    and outside a quarter of it (the radius follows the local slope, not the global one)."""
+    from lipbound.local.candidates import PointStates, chain_radii
+    rng = np.random.default_rng(seed)
+    generated = local_models.model(seed=seed % 97, layers=1, vocab=10)
+    item = generated.layer(0)
+    X = hidden_states(generated, IDS)[0] + 0.3 * rng.standard_normal((len(IDS), 6))
+    radii = size * np.linalg.norm(X, axis=-1)
+    image = chain_radii(item, PointStates(X[None], radii[None]))
+    step = 1e-6
+    ratios = []
+    for i, x in enumerate(X):
+        basis = np.eye(x.size) * step
+        jacobian = (_chain(item, x + basis) - _chain(item, x - basis)) / (2 * step)        # rows: input directions
+        _, slope, right = np.linalg.svd(jacobian.T)
+        for sign in (1.0, -1.0):
+            moved = np.linalg.norm(_chain(item, x + sign * radii[i] * right[0]) - image.points[0, i])
+            assert moved <= image.radii[0, i] * (1 + 1e-9) + 1e-12
+            ratios.append(moved / image.radii[0, i])
+    assert max(ratios) > 0.25, max(ratios)

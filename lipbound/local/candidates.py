@@ -38,14 +38,15 @@ from ..errors import AssumptionError, NotCertifiedError
 from ..numeric.attention import AttentionMap
 from ..numeric.blas import one_blas_thread
 from ..numeric.model import Model
-from ..rigorous.arrays import IntervalArray, gelu, softmax
+from ..rigorous.arrays import IntervalArray, gelu, gelu_with_slopes, softmax
+from ..rigorous.elementwise import inv_sqrt_2pi
 from ..rigorous.linalg import spectral_norm_upper
-from .bounds import attention_norms, feedforward_global
+from .bounds import _column_norms, attention_norms, feedforward_global
 from .enclosed import EnclosedNorm, inverse_sqrt
 from .scores import ScoreNorms
 
 __all__ = ["CandidatePasses", "candidate_passes", "PointStates", "attention_radii", "norm_radii", "feedforward_radii",
-           "MOST_SENTENCES"]
+           "chain_radii", "MOST_SENTENCES"]
 
 #: The most edited sentences one set's passes evaluate.
 MOST_SENTENCES = 1 << 17
@@ -180,6 +181,73 @@ def feedforward_radii(ffn, X: PointStates) -> PointStates:
     return PointStates.from_enclosure(output, (IntervalArray(feedforward_global(ffn)) * IntervalArray(X.radii)).hi)
 
 
+#: id(ffn) -> (ffn, gamma, the slope Gram matrix, the l-infinity norm of its magnitude, column norms of diag(gamma) W_1).
+_SLOPE_GRAMS: dict = {}
+
+
+def _slope_gram(ffn, gamma: np.ndarray) -> tuple[IntervalArray, float, np.ndarray]:
+    """``G = (W_1^T diag(gamma)^2 W_1) o (W_2 W_2^T)`` (d_ff, d_ff), enclosed, with ``||diag(gamma) W_1 diag(s) W_2||_F^2
+    = s^T G s``; an upper bound on ``|| |G| ||_inf`` (>= ``|| |G| ||_2``, ``|G|`` symmetric) and the column norms
+    ``||diag(gamma) w_1k||``; once per block."""
+    key = id(ffn)
+    if key not in _SLOPE_GRAMS or _SLOPE_GRAMS[key][0] is not ffn or _SLOPE_GRAMS[key][1] is not gamma:
+        scaled = IntervalArray(ffn.W_1) * IntervalArray(np.asarray(gamma, dtype=np.float64))[:, None]     # (d, d_ff)
+        left = scaled.swapaxes(0, 1).bmm(scaled)
+        right = IntervalArray(ffn.W_2).bmm(IntervalArray(np.ascontiguousarray(ffn.W_2.T)))
+        G = left * right
+        widest = float(np.max(IntervalArray(G.magnitude).sum(axis=-1).hi))
+        _SLOPE_GRAMS[key] = (ffn, gamma, G, widest, scaled.norm_upper(axis=0))
+    return _SLOPE_GRAMS[key][2:]
+
+
+def _curvature_top() -> float:
+    """``max |GELU''| = 2 phi(0) = sqrt(2 / pi)`` (``GELU'' = phi (2 - x^2)``: at most ``2 phi(0)`` on ``x^2 <= 2``,
+    and ``phi(x) (x^2 - 2) <= 2 phi(2) < 0.11`` beyond), rounded up."""
+    return float(np.nextafter(2.0 * inv_sqrt_2pi()[1], np.inf))
+
+
+def chain_radii(item, X: PointStates) -> PointStates:
+    """The LayerNorm, the residual feed-forward block and the output LayerNorm of a layer, ``z -> N_2(f(N_1(z)))``,
+    of attention block outputs in balls, through the block's local behaviour at the points (lemma point-chain,
+    docs/mathematics.md).  With ``N_1(z) = gamma o nhat(z) + beta``, ``nhat(z) = sqrt(d) u / n(u)``:
+
+    ``rho_f = s_n rho (max|gamma| + sup_s (s^T G s)^(1/2)) + r_1 L_f + (the enclosure's radius)``
+
+    ``s_n = sqrt(d) / ((||P z~|| - rho)_+^2 + d eps)^(1/2)`` the Lipschitz bound of ``nhat`` on the ball, ``r_1`` the
+    rounding of the LayerNorm at the point, ``L_f`` the block's global constant, ``G`` of :func:`_slope_gram` and
+    ``s`` over the box of GELU' on the segment (its value at the pre-activations' midpoints
+    :func:`~lipbound.rigorous.arrays.gelu_with_slopes`, plus ``max|GELU''|`` times how far a pre-activation can be:
+    ``rad + s_n rho ||diag(gamma) w_1k|| + r_1 ||w_1k||``): ``s^T G s <= c^T G c + 2 r^T |G c| + ||r||^2 |||G|||``
+    for ``s`` in ``c +- r``.  Per token the smaller of this and the product of the stages' bounds
+    (:func:`norm_radii`, :func:`feedforward_radii`), then :func:`norm_radii` of the output LayerNorm."""
+    norm, ffn = item.ln_out, item.ffn
+    E = EnclosedNorm(norm, X.points)
+    rho = IntervalArray(X.radii)
+    low = IntervalArray(np.maximum((IntervalArray(E.nu.lo) - rho).lo, 0.0))
+    moved = E.root_d / (low.square() + E.delta).sqrt() * rho                                    # ||nhat(z) - nhat(z~)||
+    Y = PointStates.from_enclosure(E.output)
+    points = IntervalArray(Y.points)
+    pre = points.matmul(ffn.W_1, exact_sums=True) + IntervalArray(ffn.b_1)
+    hidden, slopes = gelu_with_slopes(pre)
+    output = points + hidden.matmul(ffn.W_2, exact_sums=True) + IntervalArray(ffn.b_2)
+    G, widest, scaled_columns = _slope_gram(ffn, norm.gamma)
+    rounding = IntervalArray(Y.radii)
+    reach = IntervalArray(pre.rad) + moved.expand(-1) * IntervalArray(scaled_columns) \
+        + rounding.expand(-1) * IntervalArray(_column_norms(ffn))
+    center = slopes.mid
+    spread = IntervalArray((IntervalArray(slopes.rad) + IntervalArray(_curvature_top()) * reach).hi)
+    product = IntervalArray(center).bmm(G)                                                      # G c, (B, n, d_ff)
+    quadratic = (IntervalArray(center) * product).sum(axis=-1) \
+        + (IntervalArray(product.magnitude) * spread).sum(axis=-1) * 2.0 \
+        + spread.square().sum(axis=-1) * IntervalArray(widest)
+    factor = IntervalArray(float(np.max(np.abs(norm.gamma)))) + quadratic.clip_below(0.0).sqrt()
+    global_ffn = IntervalArray(feedforward_global(ffn))
+    local = moved * factor + rounding * global_ffn
+    stages = (moved * IntervalArray(float(np.max(np.abs(norm.gamma)))) + rounding) * global_ffn
+    radii = np.minimum(local.hi, stages.hi)
+    return norm_radii(item.ffn_norm, PointStates.from_enclosure(output, radii))
+
+
 def _check_layer(item) -> None:
     """The passes evaluate BERT's post-norm layer: no LayerScale, the exact GELU."""
     if item.placement != "post" or item.ln_out is None or item.attn_scale is not None or item.ffn_scale is not None \
@@ -262,7 +330,7 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
             if layer == reached:
                 break
             try:
-                X = norm_radii(item.ffn_norm, feedforward_radii(item.ffn, norm_radii(item.ln_out, Z)))
+                X = chain_radii(item, Z)
             except NotCertifiedError as error:
                 reached, stopped = layer, f"layer {layer + 1}: {error}"
                 break

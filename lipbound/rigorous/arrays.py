@@ -43,7 +43,7 @@ from .intervals import interval, lower, upper
 from .linalg import Enclosure
 
 __all__ = ["IntervalArray", "as_interval_array", "softmax", "gelu", "gelu_slope", "gelu_curvature", "gelu_third",
-           "normal_cdf", "normal_pdf"]
+           "gelu_with_slopes", "normal_cdf", "normal_pdf"]
 
 _ETA = 2.0 ** -1074
 #: Entries per block of the blockwise loops (large arrays): temporaries stay in the cache and the heap.
@@ -606,10 +606,23 @@ def gelu(x: IntervalArray, global_slopes: bool = False) -> IntervalArray:
     normal CDF per entry in place of three, at a width that only the intervals' own widths multiply."""
     x = as_interval_array(x)
     mid = x.mid
-    at_mid = IntervalArray(mid) * IntervalArray(*normal_cdf_bounds(mid))
+    return _gelu_about(x, IntervalArray(mid) * IntervalArray(*normal_cdf_bounds(mid)), global_slopes)
+
+
+def _gelu_about(x: IntervalArray, at_mid: IntervalArray, global_slopes: bool) -> IntervalArray:
+    """:func:`gelu` from its enclosure ``at_mid`` at the midpoints."""
     if not np.any(x.hi > x.lo):
         return at_mid
     if global_slopes:   # GELU' in [bottom, top] with |bottom| < top: the term is within +- top * rad
         top = gelu_slope_extrema()[1][1]
         return IntervalArray.around(at_mid.mid, up_nonnegative(up_nonnegative(x.rad * top) + at_mid.rad))
-    return at_mid + gelu_slope(x) * (x - IntervalArray(mid))
+    return at_mid + gelu_slope(x) * (x - IntervalArray(x.mid))
+
+
+def gelu_with_slopes(x: IntervalArray) -> tuple[IntervalArray, IntervalArray]:
+    """:func:`gelu` with ``global_slopes`` and ``GELU'(m) = Phi(m) + m phi(m)`` at the midpoints m of ``x``, from one
+    normal CDF per entry (a point pass's activations and the slopes its local Lipschitz bound starts from)."""
+    x = as_interval_array(x)
+    mid = IntervalArray(x.mid)
+    cdf = IntervalArray(*normal_cdf_bounds(x.mid))
+    return _gelu_about(x, mid * cdf, True), cdf + mid * IntervalArray(*normal_pdf_bounds(x.mid))
