@@ -187,8 +187,8 @@ _SLOPE_GRAMS: dict = {}
 
 def _slope_gram(ffn, gamma: np.ndarray) -> tuple[IntervalArray, float, np.ndarray]:
     """``G = (W_1^T diag(gamma)^2 W_1) o (W_2 W_2^T)`` (d_ff, d_ff), enclosed, with
-    ``||diag(gamma) W_1 diag(s) W_2||_F^2 = s^T G s``; an upper bound on ``|| |G| ||_inf`` (>= ``|| |G| ||_2``, ``|G|`` symmetric) and the column norms
-    ``||diag(gamma) w_1k||``; once per block."""
+    ``||diag(gamma) W_1 diag(s) W_2||_F^2 = s^T G s``; an upper bound on ``|| |G| ||_inf`` (>= ``|| |G| ||_2``,
+    ``|G|`` symmetric) and the column norms ``||diag(gamma) w_1k||``; once per block."""
     key = id(ffn)
     if key not in _SLOPE_GRAMS or _SLOPE_GRAMS[key][0] is not ffn or _SLOPE_GRAMS[key][1] is not gamma:
         scaled = IntervalArray(ffn.W_1) * IntervalArray(np.asarray(gamma, dtype=np.float64))[:, None]     # (d, d_ff)
