@@ -162,7 +162,7 @@ def norm_radii(norm, X: PointStates) -> PointStates:
     ``n(u) = (||u||^2 + d eps)^(1/2)``, whose Jacobian has norm at most ``max|gamma| sqrt(d) / n(u)``; on the
     ball ``||u|| >= ||P z~|| - rho``, so ``rho' = max|gamma| sqrt(d) rho / ((||P z~|| - rho)_+^2 + d eps)^(1/2)``
     plus the enclosure's radius at the point."""
-    E = EnclosedNorm(norm, X.points)
+    E = EnclosedNorm(norm, X.points, exact_sums=True)
     rho = IntervalArray(X.radii)
     low = IntervalArray(np.maximum((IntervalArray(E.nu.lo) - rho).lo, 0.0))
     scale = (low.square() + E.delta).sqrt()
@@ -221,7 +221,7 @@ def chain_radii(item, X: PointStates) -> PointStates:
     for ``s`` in ``c +- r``.  Per token the smaller of this and the product of the stages' bounds
     (:func:`norm_radii`, :func:`feedforward_radii`), then :func:`norm_radii` of the output LayerNorm."""
     norm, ffn = item.ln_out, item.ffn
-    E = EnclosedNorm(norm, X.points)
+    E = EnclosedNorm(norm, X.points, exact_sums=True)
     rho = IntervalArray(X.radii)
     low = IntervalArray(np.maximum((IntervalArray(E.nu.lo) - rho).lo, 0.0))
     moved = E.root_d / (low.square() + E.delta).sqrt() * rho                                    # ||nhat(z) - nhat(z~)||

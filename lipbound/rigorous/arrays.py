@@ -349,8 +349,17 @@ class IntervalArray:
         return IntervalArray._ordered(np.minimum(self.lo, other.lo), np.maximum(self.hi, other.hi), check=False)
 
     # reductions ----------------------------------------------------------------------------------
-    def sum(self, axis=-1, keepdims: bool = False) -> IntervalArray:
-        """Sum along ``axis`` with the rounding of any summation order bounded."""
+    def sum(self, axis=-1, keepdims: bool = False, exact_sums: bool = False) -> IntervalArray:
+        """Sum along ``axis`` with the rounding of any summation order bounded; with ``exact_sums`` the ends are
+        summed by :func:`_exact_sum` (rounding about ``u |sum|`` instead of ``k u sum |x|``)."""
+        if exact_sums and self.lo.ndim:
+            axis = axis % self.lo.ndim
+            ends = [_exact_sum(values, axis) for values in ((self.lo,) if self.is_point else (self.lo, self.hi))]
+            (total_lo, spread_lo), (total_hi, spread_hi) = ends[0], ends[-1]
+            lo, hi = down(down(total_lo) - spread_lo), up(up(total_hi) + spread_hi)
+            if keepdims:
+                lo, hi = np.expand_dims(lo, axis), np.expand_dims(hi, axis)
+            return IntervalArray._ordered(lo, hi)
         count = self.lo.shape[axis] if self.lo.ndim else 1
         gamma = gamma_bound(max(count, 2))
         factor = gamma * (1 + gamma) * (1 + 4 * UNIT_ROUNDOFF)
@@ -460,6 +469,22 @@ def _split(values: np.ndarray, bits: int, axis: int) -> tuple[np.ndarray, np.nda
                                 "tiny entries", "scale the operands, or multiply without exact_sums")
     high = np.rint(values / quantum) * quantum
     return high, values - high, quantum
+
+
+def _exact_sum(values: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(t, e)`` with the exact sum of ``values`` along ``axis`` in ``fl(H + L) +- (rounding of that addition) +- e``:
+    ``values = high + low`` by :func:`_split` with ``2^bits`` quanta, ``bits = 53 - ceil(log2 k)``, so every
+    partial sum of the highs is an integer multiple of the quantum below ``2^53`` quanta, exact in any order;
+    the lows (each at most half a quantum, about ``2^-bits`` of the largest entry) are summed in floats, their
+    rounding at most ``gamma_k sum |low|`` (Higham, eq. 3.13; Ozaki, Ogita, Oishi and Rump 2012).  The caller
+    rounds ``t`` outward: one rounding of ``H + L``."""
+    count = values.shape[axis]
+    bits = 53 - int(np.ceil(np.log2(max(count, 2))))
+    high, low, _ = _split(values, bits, axis)
+    total = np.sum(high, axis=axis) + np.sum(low, axis=axis)
+    gamma = gamma_bound(max(count, 2))
+    spread = up_nonnegative(np.sum(np.abs(low), axis=axis) * (gamma * (1 + gamma) * (1 + 4 * UNIT_ROUNDOFF)))
+    return total, spread
 
 
 #: id(W) -> (W, its split): a weight matrix is split once (the entry keeps W alive, so its id stays its own).
