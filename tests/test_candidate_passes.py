@@ -227,3 +227,35 @@ def test_the_chain_radius_is_local_and_fails_when_scaled_down(seed, size):
             assert moved <= image.radii[0, i] * (1 + 1e-9) + 1e-12
             ratios.append(moved / image.radii[0, i])
     assert max(ratios) > 0.25, max(ratios)
+
+
+@settings(max_examples=5, deadline=None)
+@given(st.integers(0, 10 ** 6), st.sampled_from([1e-4, 1e-2]))
+def test_the_attention_radius_meets_the_jacobians_top_direction(seed, size):
+    """The attention block's radius (lemma point-attention, query part through the key-value covariance) against
+    the block's Jacobian written here by central differences: per output token, the inputs moved along the top
+    right singular vector of its Jacobian rows, scaled into the balls, land inside the radius; on small balls
+    (1e-4 of the states) outside a third of it."""
+    from lipbound.local.candidates import PointStates, attention_radii
+    from lipbound.numeric.attention import AttentionMap
+    rng = np.random.default_rng(seed)
+    generated = local_models.model(seed=seed % 97, layers=1, vocab=10)
+    item = generated.layer(0)
+    X = hidden_states(generated, IDS)[0] + 0.3 * rng.standard_normal((len(IDS), 6))
+    n, d = X.shape
+    radius = size * float(np.mean(np.linalg.norm(X, axis=-1)))
+    image = attention_radii(AttentionMap(item.as_layer(residual=True)), PointStates(X[None], np.full((1, n), radius)))
+    block = lambda Y: attention_block(item, Y)[0]  # noqa: E731
+    step = 1e-6
+    jacobian = np.stack([((block(X + E) - block(X - E)) / (2 * step)).ravel()
+                         for E in np.eye(n * d).reshape(n * d, n, d) * step])                  # rows: input entries
+    ratios = []
+    for i in range(n):
+        top = np.linalg.svd(jacobian[:, i * d:(i + 1) * d].T)[2][0].reshape(n, d)
+        move = top / np.max(np.linalg.norm(top, axis=-1)) * radius
+        for sign in (1.0, -1.0):
+            moved = np.linalg.norm(block(X + sign * move)[i] - image.points[0, i])
+            assert moved <= image.radii[0, i] * (1 + 1e-9) + 1e-12
+            ratios.append(moved / image.radii[0, i])
+    if size < 1e-3:
+        assert max(ratios) > 1 / 3, max(ratios)

@@ -110,6 +110,26 @@ def _gram_norms(vectors: IntervalArray, weights: np.ndarray) -> np.ndarray:
     return (vectors.bmm(gram) * vectors).sum(axis=-1).clip_below(0.0).sqrt().hi
 
 
+def _query_covariance(engine: AttentionMap, P: IntervalArray, K: IntervalArray, V: IntervalArray, F: IntervalArray,
+                      moved: IntervalArray, gaps: IntervalArray, drift: IntervalArray, c, query_norms) -> np.ndarray:
+    """Upper bounds (B, H, n) on ``||W_Q^h Cbar^h_i||`` for the query part of the score path of lemma point-attention:
+    ``Cbar_i = c int_0^1 sum_j p_ij(t) k~_j (v~_j - phi_i(t))^T dt`` (d_k x d_v), so that the part is
+    ``(y_i - x~_i) W_Q^h Cbar_i``.  At the point ``C~_i = c sum_j p~_ij k~_j (v~_j - f~_i)^T`` (keys and values move
+    together: no triangle inequality over j) and ``||W_Q^h C~_i||_F^2 = tr(C~^T W_Q^hT W_Q^h C~)``; as
+    ``sum_j p_ij(t) (v~_j - phi_i(t)) = 0`` the keys may be centred on any fixed ``kappa_i`` (the mean key at the
+    point), so ``||Cbar_i - C~_i||_F <= c sum_j ||k~_j - kappa_i|| (dp_ij (||v~_j - f~_i|| + drift_i) + p~_ij drift_i)``
+    and ``||W_Q^h Cbar_i|| <= ||W_Q^h C~_i||_F + ||W_Q^h|| ||Cbar_i - C~_i||_F``."""
+    weighted = P.expand(-1) * (V.expand(2) - F.expand(3))                                       # (B, H, i, j, d_v)
+    C = K.einsum("bhjk,bhijv->bhikv", weighted) * c                                              # (B, H, i, d_k, d_v)
+    exact = IntervalArray(_head_stack(engine, 0))
+    gram = exact.swapaxes(1, 2).bmm(exact)                                                       # W_Q^hT W_Q^h
+    at_point = (C * C.einsum("bhilv,hkl->bhikv", gram)).sum(axis=-1).sum(axis=-1).clip_below(0.0).sqrt()
+    kappa = IntervalArray(P.einsum("bhij,bhjk->bhik", K).mid)
+    spread = (K.expand(2) - kappa.expand(3)).norm_upper()                                        # (B, H, i, j)
+    change = (IntervalArray(spread) * (moved * (gaps + drift) + IntervalArray(P.hi) * drift)).sum(axis=-1) * c
+    return (at_point + IntervalArray(query_norms)[None, :, None] * change).hi
+
+
 def attention_radii(engine: AttentionMap, X: PointStates, output_norm: float | None = None) -> PointStates:
     """``Z = X + MHA(X)`` of a batch (B, n, d) given in balls: the enclosure at the points, and per token
 
@@ -150,8 +170,13 @@ def attention_radii(engine: AttentionMap, X: PointStates, output_norm: float | N
         - F.einsum("bhiv,bhjv->bhij", V) * 2.0
     gaps = IntervalArray(squares.clip_below(0.0).sqrt().hi)                                      # ||v~_j - f~_i||
     drift = (moved * gaps).sum(axis=-1, keepdims=True)                                           # (B, H, n, 1)
+    keyed = (IntervalArray(b)[..., None] * rho[..., None, :]
+             + IntervalArray(g)[None, :, None, None] * rho[..., :, None] * rho[..., None, :]) * c  # sigma - c a_j rho_i
+    queried = (p_most * IntervalArray(a)[:, :, None, :] * (gaps + drift)).sum(axis=-1) * c      # (B, H, n)
+    covariance = _query_covariance(engine, P, K, V, F, moved, gaps, drift, c, norms["W_Q"])
+    query = IntervalArray(np.minimum(queried.hi, covariance))
     delta = IntervalArray(norms["L_V"])[None, :, None] * (p_most * rho[..., None, :]).sum(axis=-1) \
-        + (p_most * sigma * (gaps + drift)).sum(axis=-1)                                         # (B, H, n)
+        + query * rho[:, 0][:, None] + (p_most * keyed * (gaps + drift)).sum(axis=-1)             # (B, H, n)
     heads = delta.square().sum(axis=1).sqrt()                                                    # (B, n)
     radii = IntervalArray(X.radii) + IntervalArray(output_norm or spectral_norm_upper(engine.W_O)) * heads
     return PointStates.from_enclosure(Z, radii.hi)
