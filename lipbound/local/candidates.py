@@ -115,15 +115,19 @@ def _query_covariance(engine: AttentionMap, P: IntervalArray, K: IntervalArray, 
     """Upper bounds (B, H, n) on ``||W_Q^h Cbar^h_i||`` for the query part of the score path of lemma point-attention:
     ``Cbar_i = c int_0^1 sum_j p_ij(t) k~_j (v~_j - phi_i(t))^T dt`` (d_k x d_v), so that the part is
     ``(y_i - x~_i) W_Q^h Cbar_i``.  At the point ``C~_i = c sum_j p~_ij k~_j (v~_j - f~_i)^T`` (keys and values move
-    together: no triangle inequality over j) and ``||W_Q^h C~_i||_F^2 = tr(C~^T W_Q^hT W_Q^h C~)``; as
+    together: no triangle inequality over j) and ``||W_Q^h C~_i||_F^2 = c^2 sum_jl p~_ij p~_il (k~_j W_Q^hT W_Q^h k~_l)
+    (v~_j - f~_i).(v~_l - f~_i)`` (Gram matrices of the keys and values, (n, n) per head: no d_k x d_v matrix per
+    row); as
     ``sum_j p_ij(t) (v~_j - phi_i(t)) = 0`` the keys may be centred on any fixed ``kappa_i`` (the mean key at the
     point), so ``||Cbar_i - C~_i||_F <= c sum_j ||k~_j - kappa_i|| (dp_ij (||v~_j - f~_i|| + drift_i) + p~_ij drift_i)``
     and ``||W_Q^h Cbar_i|| <= ||W_Q^h C~_i||_F + ||W_Q^h|| ||Cbar_i - C~_i||_F``."""
-    weighted = P.expand(-1) * (V.expand(2) - F.expand(3))                                       # (B, H, i, j, d_v)
-    C = K.einsum("bhjk,bhijv->bhikv", weighted) * c                                              # (B, H, i, d_k, d_v)
     exact = IntervalArray(_head_stack(engine, 0))
-    gram = exact.swapaxes(1, 2).bmm(exact)                                                       # W_Q^hT W_Q^h
-    at_point = (C * C.einsum("bhilv,hkl->bhikv", gram)).sum(axis=-1).sum(axis=-1).clip_below(0.0).sqrt()
+    keys = K.bmm(exact.swapaxes(1, 2).bmm(exact)).bmm(K.swapaxes(2, 3))                          # k_j W_Q^hT W_Q^h k_l
+    cross = V.bmm(F.swapaxes(2, 3)).swapaxes(2, 3)                                              # (B, H, i, j): f_i . v_j
+    values = V.bmm(V.swapaxes(2, 3)).expand(2) - cross.expand(4) - cross.expand(3) \
+        + F.square().sum(axis=-1).expand(-1).expand(-1)                                         # (v_j - f_i).(v_l - f_i)
+    weights = P.expand(-1) * P.expand(3)                                                         # p_ij p_il
+    at_point = (weights * keys.expand(2) * values).sum(axis=-1).sum(axis=-1).clip_below(0.0).sqrt() * c
     kappa = IntervalArray(P.einsum("bhij,bhjk->bhik", K).mid)
     spread = (K.expand(2) - kappa.expand(3)).norm_upper()                                        # (B, H, i, j)
     change = (IntervalArray(spread) * (moved * (gaps + drift) + IntervalArray(P.hi) * drift)).sum(axis=-1) * c
@@ -284,7 +288,7 @@ def _check_layer(item) -> None:
 
 @one_blas_thread
 def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, words: list, references: list,
-                     last: int, *, chunk: int = 256, widest: float = 0.5, progress=None) -> CandidatePasses:
+                     last: int, *, chunk: int = 256, widest: float = 20.0, progress=None) -> CandidatePasses:
     """Certified per-candidate passes of a replacement at ``slots`` by every combination of their candidates
     (module docstring): ``prod_s K_s`` edited sentences, at most :data:`MOST_SENTENCES`.
 
@@ -306,8 +310,9 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
         The last layer wanted.
     widest : float
         The passes stop after a layer whose largest radius, times its growth since the previous layer, exceeds
-        this fraction of the largest bound of a chunk there: the next layer's radii would be about that large
-        (they grow about 1e4-fold per layer on all-MiniLM-L6-v2), beyond the set route's reach or useless.
+        this multiple of the largest bound of a chunk there: the next layer's radii would be about that large
+        (they grow about 1e3-fold per layer on all-MiniLM-L6-v2), beyond the set route's reach (the token balls
+        are about 100 times the worst edit from layer 1 on) or its softmax bounds would overflow.
     """
     if not model.complete or model.embeddings is None:
         raise AssumptionError("model", "a full checkpoint (embeddings, every layer)", "an attention-only model",
