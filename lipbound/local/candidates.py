@@ -123,9 +123,9 @@ def _query_covariance(engine: AttentionMap, P: IntervalArray, K: IntervalArray, 
     and ``||W_Q^h Cbar_i|| <= ||W_Q^h C~_i||_F + ||W_Q^h|| ||Cbar_i - C~_i||_F``."""
     exact = IntervalArray(_head_stack(engine, 0))
     keys = K.bmm(exact.swapaxes(1, 2).bmm(exact)).bmm(K.swapaxes(2, 3))                          # k_j W_Q^hT W_Q^h k_l
-    cross = V.bmm(F.swapaxes(2, 3)).swapaxes(2, 3)                                              # (B, H, i, j): f_i . v_j
+    cross = V.bmm(F.swapaxes(2, 3)).swapaxes(2, 3)                                      # (B, H, i, j): f_i . v_j
     values = V.bmm(V.swapaxes(2, 3)).expand(2) - cross.expand(4) - cross.expand(3) \
-        + F.square().sum(axis=-1).expand(-1).expand(-1)                                         # (v_j - f_i).(v_l - f_i)
+        + F.square().sum(axis=-1).expand(-1).expand(-1)                                 # (v_j - f_i).(v_l - f_i)
     weights = P.expand(-1) * P.expand(3)                                                         # p_ij p_il
     at_point = (weights * keys.expand(2) * values).sum(axis=-1).sum(axis=-1).clip_below(0.0).sqrt() * c
     kappa = IntervalArray(P.einsum("bhij,bhjk->bhik", K).mid)
