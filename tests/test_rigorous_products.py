@@ -249,7 +249,7 @@ def test_the_decimal_exponent_of_a_product_is_above_the_exact_one_even_past_the_
     assert log10_upper_product(*factors, float("inf")) == float("inf")
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(st.integers(0, 2 ** 31), st.sampled_from([1, 7, 384, 1536]), st.sampled_from(["point", "interval"]),
        st.sampled_from([0, -200, 200]))
 def test_exactly_summed_products_enclose_the_exact_product_within_a_few_ulps(seed, k, kind, scale):
@@ -277,7 +277,7 @@ def test_exactly_summed_products_refuse_rows_too_small_to_split():
         IntervalArray(np.full((2, 3), 1e-200)).matmul(np.ones((3, 2)), exact_sums=True)
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(st.integers(0, 2 ** 31), st.sampled_from([2, 9, 384, 1536]), st.sampled_from(["point", "interval"]),
        st.sampled_from([0, -200, 200]))
 def test_exact_sums_enclose_the_exact_sum_within_a_few_ulps(seed, k, kind, scale):
