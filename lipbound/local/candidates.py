@@ -119,9 +119,8 @@ def _query_covariance(engine: AttentionMap, P: IntervalArray, K: IntervalArray, 
     ``(y_i - x~_i) W_Q^h Cbar_i``.  At the point ``C~_i = c sum_j p~_ij k~_j (v~_j - f~_i)^T`` (keys and values move
     together: no triangle inequality over j) and ``||W_Q^h C~_i||_F^2 = c^2 sum_jl p~_ij p~_il (k~_j W_Q^hT W_Q^h k~_l)
     (v~_j - f~_i).(v~_l - f~_i)`` (Gram matrices of the keys and values, (n, n) per head: no d_k x d_v matrix per
-    row); as
-    ``sum_j p_ij(t) (v~_j - phi_i(t)) = 0`` the keys may be centred on any fixed ``kappa_i`` (the mean key at the
-    point), so ``||Cbar_i - C~_i||_F <= c sum_j ||k~_j - kappa_i|| (dp_ij (||v~_j - f~_i|| + drift_i) + p~_ij drift_i)``
+    row); as ``sum_j p_ij(t) (v~_j - phi_i(t)) = 0`` the keys may be centred on any fixed ``kappa_i`` (the mean key
+    at the point), so ``||Cbar_i - C~_i||_F <= c sum_j ||k~_j - kappa_i|| (dp_ij (||v~_j - f~_i|| + drift_i) + p~_ij drift_i)``
     and ``||W_Q^h Cbar_i|| <= ||W_Q^h C~_i||_F + ||W_Q^h|| ||Cbar_i - C~_i||_F``."""
     exact = IntervalArray(_head_stack(engine, 0))
     keys = K.bmm(exact.swapaxes(1, 2).bmm(exact)).bmm(K.swapaxes(2, 3))                          # k_j W_Q^hT W_Q^h k_l
@@ -194,11 +193,14 @@ def norm_radii(norm, X: PointStates) -> PointStates:
     ball ``||u|| >= ||P z~|| - rho``, so ``rho' = max|gamma| sqrt(d) rho / ((||P z~|| - rho)_+^2 + d eps)^(1/2)``
     plus the enclosure's radius at the point."""
     E = EnclosedNorm(norm, X.points, exact_sums=True)
+    return PointStates.from_enclosure(E.output, (IntervalArray(np.array(norm.gamma_max)) * _normalised(E, X)).hi)
+
+
+def _normalised(E: EnclosedNorm, X: PointStates) -> IntervalArray:
+    """How far ``sqrt(d) u / n(u)`` moves on the balls: ``sqrt(d) rho / ((||P z~|| - rho)_+^2 + d eps)^(1/2)``."""
     rho = IntervalArray(X.radii)
     low = IntervalArray(np.maximum((IntervalArray(E.nu.lo) - rho).lo, 0.0))
-    scale = (low.square() + E.delta).sqrt()
-    slope = IntervalArray(np.array(norm.gamma_max)) * E.root_d / scale
-    return PointStates.from_enclosure(E.output, (slope * rho).hi)
+    return E.root_d / (low.square() + E.delta).sqrt() * rho
 
 
 def feedforward_radii(ffn, X: PointStates) -> PointStates:
@@ -253,9 +255,7 @@ def chain_radii(item, X: PointStates) -> PointStates:
     (:func:`norm_radii`, :func:`feedforward_radii`), then :func:`norm_radii` of the output LayerNorm."""
     norm, ffn = item.ln_out, item.ffn
     E = EnclosedNorm(norm, X.points, exact_sums=True)
-    rho = IntervalArray(X.radii)
-    low = IntervalArray(np.maximum((IntervalArray(E.nu.lo) - rho).lo, 0.0))
-    moved = E.root_d / (low.square() + E.delta).sqrt() * rho                                    # ||nhat(z) - nhat(z~)||
+    moved = _normalised(E, X)                                                                   # ||nhat(z) - nhat(z~)||
     Y = PointStates.from_enclosure(E.output)
     points = IntervalArray(Y.points)
     pre = points.matmul(ffn.W_1, exact_sums=True) + IntervalArray(ffn.b_1)
