@@ -121,7 +121,8 @@ def _query_covariance(engine: AttentionMap, P: IntervalArray, K: IntervalArray, 
     (v~_j - f~_i).(v~_l - f~_i)`` (Gram matrices of the keys and values, (n, n) per head: no d_k x d_v matrix per
     row); as ``sum_j p_ij(t) (v~_j - phi_i(t)) = 0`` the keys may be centred on any fixed ``kappa_i`` (the mean key
     at the point), so
-    ``||Cbar_i - C~_i||_F <= c sum_j ||k~_j - kappa_i|| (dp_ij (||v~_j - f~_i|| + drift_i) + p~_ij drift_i)`` and ``||W_Q^h Cbar_i|| <= ||W_Q^h C~_i||_F + ||W_Q^h|| ||Cbar_i - C~_i||_F``."""
+    ``||Cbar_i - C~_i||_F <= c sum_j ||k~_j - kappa_i|| (dp_ij (||v~_j - f~_i|| + drift_i) + p~_ij drift_i)`` and
+    ``||W_Q^h Cbar_i|| <= ||W_Q^h C~_i||_F + ||W_Q^h|| ||Cbar_i - C~_i||_F``."""
     exact = IntervalArray(_head_stack(engine, 0))
     keys = K.bmm(exact.swapaxes(1, 2).bmm(exact)).bmm(K.swapaxes(2, 3))                          # k_j W_Q^hT W_Q^h k_l
     cross = V.bmm(F.swapaxes(2, 3)).swapaxes(2, 3)                                      # (B, H, i, j): f_i . v_j
