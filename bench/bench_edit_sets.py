@@ -1,4 +1,5 @@
-"""Edit-set certificates, k = 1: "any vocabulary token at this position", route by route, layer by layer.
+"""Edit-set certificates, k = 1 ("any vocabulary token at this position") and k = 2 (any pair of them at two
+positions), route by route, layer by layer.
 
 On all-MiniLM-L6-v2 and the shortest of the 20 bundled sentences, for a replacement at one position by
 any of the candidate tokens (the whole vocabulary by default):
@@ -16,7 +17,8 @@ any of the candidate tokens (the whole vocabulary by default):
   widening cannot decide counts as "not certified", never as a pass.
 
 Run: ``python bench/bench_edit_sets.py [--sentences 2 | --texts "The cat sat on the mat."] [--vocabulary all|N]
-[--positions 3] [--no-search]``.
+[--positions 3 | --positions 3 5] [--no-search]`` (with two positions every pair of the N + 2 candidates is
+enumerated: ``--vocabulary 63`` gives 65 x 65 pairs).
 """
 
 from __future__ import annotations
@@ -88,12 +90,15 @@ def run(bert, text: str, vocabulary, positions, chunk: int, search: bool, parts)
     from lipbound.measures.perturb import _set_ids, perturb
     ids = bert.encode(text)
     last = bert.num_layers - 1
-    edits = draw_edits(bert, ids, "replace", [1], 0, positions)
-    slot = edits[1].positions[0]
+    k = len(positions) if positions else 1
+    edits = draw_edits(bert, ids, "replace", [k], 0, positions)
+    slots = list(edits[k].positions)
     candidates, _ = _set_ids(bert, vocabulary, edits, 0)
-    template = edit_set(ids, "replace", [slot], candidates)
+    template = edit_set(ids, "replace", slots, candidates)
     identity = np.eye(len(ids), dtype=np.int64) * len(ids)
-    print(f"{text!r}: n = {len(ids)}, position {slot}, {candidates.size} candidates", flush=True)
+    total = candidates.size ** k
+    print(f"{text!r}: n = {len(ids)}, positions {slots}, {candidates.size} candidates per slot, {total} edits",
+          flush=True)
     routes, passes = None, None
     if "set" in parts:
         began = time.process_time()
@@ -116,12 +121,13 @@ def run(bert, text: str, vocabulary, positions, chunk: int, search: bool, parts)
     began = time.process_time()
     reference = block_outputs(bert.model, np.array([ids]), last)
     verdicts = {"holds": 0, "violated": 0, "not certified": 0}
-    values = np.zeros((candidates.size, last + 1))
+    values = np.zeros((total, last + 1))
     excess = -np.inf
-    for begin in range(0, candidates.size, chunk):
-        words = candidates[begin:begin + chunk]
-        batch = np.repeat(np.array([ids]), words.size, axis=0)
-        batch[:, slot] = words
+    for begin in range(0, total, chunk):
+        choice = np.unravel_index(np.arange(begin, min(begin + chunk, total)), (candidates.size,) * k)
+        batch = np.repeat(np.array([ids]), choice[0].size, axis=0)
+        for slot, picked in zip(slots, choice):
+            batch[:, slot] = candidates[picked]
         outputs = block_outputs(bert.model, batch, last)
         for layer in range(last + 1):
             for index, Z in enumerate(outputs[layer]):
@@ -132,9 +138,11 @@ def run(bert, text: str, vocabulary, positions, chunk: int, search: bool, parts)
                     own = float(passes.bounds[layer][begin + index])
                     excess = max(excess, (value - own) / own)
     worst = values.max(axis=0)
-    print(f"  every edit at position {slot} ({candidates.size} x {last + 1} layers, independent float64 pass, "
+    worst_words = [np.stack(np.unravel_index(np.argmax(values[:, layer]), (candidates.size,) * k))
+                   for layer in range(last + 1)]
+    print(f"  every edit at positions {slots} ({total} x {last + 1} layers, independent float64 pass, "
           f"{time.process_time() - began:.0f} CPU s): exhaustive worst W1 per layer "
-          + ", ".join(f"{w:.6g} ({candidates[np.argmax(values[:, layer])]})" for layer, w in enumerate(worst)),
+          + ", ".join(f"{w:.6g} ({'/'.join(str(candidates[i]) for i in at)})" for w, at in zip(worst, worst_words)),
           flush=True)
     if routes is None:
         return
@@ -145,7 +153,7 @@ def run(bert, text: str, vocabulary, positions, chunk: int, search: bool, parts)
     witness = worst
     if search:
         began = time.process_time()
-        report = perturb(text, k=1, positions=[slot], seed=0, model=bert, vocabulary=vocabulary, search="all")
+        report = perturb(text, k=k, positions=slots, seed=0, model=bert, vocabulary=vocabulary, search="all")
         witness = np.array([row.worst_witness for row in report.rows])
         print(f"  perturb without passes (balls, exhaustive search, path certificates): "
               f"{time.process_time() - began:.0f} CPU s; its worst_witness / the exhaustive worst: "
@@ -160,7 +168,8 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=0, help="start at the S-th of them")
     parser.add_argument("--texts", nargs="+", default=None, help="these sentences instead of the bundled ones")
     parser.add_argument("--vocabulary", default="all", help="'all' or a number of sampled tokens")
-    parser.add_argument("--positions", type=int, nargs="*", default=None, help="the edited position (default drawn)")
+    parser.add_argument("--positions", type=int, nargs="*", default=None,
+                        help="the edited position (default drawn); two positions: the k = 2 set, every pair enumerated")
     parser.add_argument("--chunk", type=int, default=512)
     parser.add_argument("--parts", nargs="+", default=["set", "check"], choices=["set", "check"],
                         help="set: the certificate by route per layer; check: every edit through an independent "

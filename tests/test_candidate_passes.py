@@ -23,7 +23,7 @@ from lipbound.measures.edits import edit_set
 from lipbound.measures.empirical import EmpiricalMeasure
 from lipbound.measures.wasserstein import w1
 from lipbound.numeric.forward import attention_block, hidden_states
-from lipbound.rigorous.arrays import IntervalArray, gelu
+from lipbound.rigorous.arrays import IntervalArray, gelu, gelu_with_slopes
 
 IDS = [0, 3, 4, 5, 6, 7, 1]
 SLOT = 2
@@ -125,6 +125,12 @@ def test_gelu_with_its_global_slope_range_encloses_the_exact_gelu(center, radius
         exact = x * mpmath.ncdf(x)
     assert enclosed.lo[0] <= exact <= enclosed.hi[0]
     assert enclosed.hi[0] - enclosed.lo[0] <= 2.5 * radius + 1e-12
+    same, slope = gelu_with_slopes(box)
+    np.testing.assert_array_equal(same.lo, enclosed.lo)
+    m = mpmath.mpf(float(box.mid[0]))
+    with mpmath.workdps(40):
+        exact_slope = mpmath.ncdf(m) + m * mpmath.npdf(m)
+    assert slope.lo[0] <= exact_slope <= slope.hi[0] and slope.hi[0] - slope.lo[0] < 1e-14
 
 
 def test_perturb_names_the_route_and_the_passes_meet_the_worst_edit_on_minilm():
@@ -174,7 +180,7 @@ def _in_balls(rng, X, radii, count):
 def test_each_stage_moves_every_point_of_its_balls_within_the_new_radii(seed, size):
     """Points of the balls about float states through the float forward pass of lipbound.numeric (the attention
     block, the LayerNorms, the feed-forward block): each lands within the stage's new radius of its new point."""
-    from lipbound.local.candidates import PointStates, attention_radii, feedforward_radii, norm_radii
+    from lipbound.local.candidates import PointStates, attention_radii, chain_radii, feedforward_radii, norm_radii
     from lipbound.numeric.attention import AttentionMap
     rng = np.random.default_rng(seed)
     generated = local_models.model(seed=seed % 97, layers=1, vocab=10)
@@ -187,6 +193,7 @@ def test_each_stage_moves_every_point_of_its_balls_within_the_new_radii(seed, si
               (lambda S: norm_radii(item.ln_out, S), item.ln_out),
               (lambda S: feedforward_radii(item.ffn, S), lambda Y: Y + item.ffn(Y)),
               (lambda S: norm_radii(item.ffn_norm, S), item.ffn_norm)]
+    stages.insert(1, (lambda S: chain_radii(item, S), lambda Y: _chain(item, Y)))
     for enclose, forward in stages:
         image = enclose(balls)
         assert np.all(image.radii >= 0) and image.points.shape == balls.points.shape
@@ -194,3 +201,67 @@ def test_each_stage_moves_every_point_of_its_balls_within_the_new_radii(seed, si
             moved = np.linalg.norm(forward(Y) - image.points[0], axis=-1)
             assert np.all(moved <= image.radii[0] * (1 + 1e-9) + 1e-12)
         balls = image
+
+
+def _chain(item, Y):
+    """The float LayerNorm, residual feed-forward block and output LayerNorm of lipbound.numeric."""
+    normed = item.ln_out(Y)
+    return item.ffn_norm(normed + item.ffn(normed))
+
+
+@settings(max_examples=4, deadline=None)
+@given(st.integers(0, 10 ** 6), st.sampled_from([1e-4, 1e-2]))
+def test_the_chain_radius_is_local_and_fails_when_scaled_down(seed, size):
+    """The LayerNorm-feed-forward-LayerNorm radius (lemma point-chain) against the chain's own Jacobian, written here
+    by central differences: a point of each ball along the Jacobian's top singular direction lands inside the radius,
+    and outside a quarter of it (the radius follows the local slope, not the global one)."""
+    from lipbound.local.candidates import PointStates, chain_radii
+    rng = np.random.default_rng(seed)
+    generated = local_models.model(seed=seed % 97, layers=1, vocab=10)
+    item = generated.layer(0)
+    X = hidden_states(generated, IDS)[0] + 0.3 * rng.standard_normal((len(IDS), 6))
+    radii = size * np.linalg.norm(X, axis=-1)
+    image = chain_radii(item, PointStates(X[None], radii[None]))
+    step = 1e-6
+    ratios = []
+    for i, x in enumerate(X):
+        basis = np.eye(x.size) * step
+        jacobian = (_chain(item, x + basis) - _chain(item, x - basis)) / (2 * step)        # rows: input directions
+        _, slope, right = np.linalg.svd(jacobian.T)
+        for sign in (1.0, -1.0):
+            moved = np.linalg.norm(_chain(item, x + sign * radii[i] * right[0]) - image.points[0, i])
+            assert moved <= image.radii[0, i] * (1 + 1e-9) + 1e-12
+            ratios.append(moved / image.radii[0, i])
+    assert max(ratios) > 0.25, max(ratios)
+
+
+@settings(max_examples=5, deadline=None)
+@given(st.integers(0, 10 ** 6), st.sampled_from([1e-4, 1e-2]))
+def test_the_attention_radius_meets_the_jacobians_top_direction(seed, size):
+    """The attention block's radius (lemma point-attention, query part through the key-value covariance) against
+    the block's Jacobian written here by central differences: per output token, the inputs moved along the top
+    right singular vector of its Jacobian rows, scaled into the balls, land inside the radius; on small balls
+    (1e-4 of the states) outside a third of it."""
+    from lipbound.local.candidates import PointStates, attention_radii
+    from lipbound.numeric.attention import AttentionMap
+    rng = np.random.default_rng(seed)
+    generated = local_models.model(seed=seed % 97, layers=1, vocab=10)
+    item = generated.layer(0)
+    X = hidden_states(generated, IDS)[0] + 0.3 * rng.standard_normal((len(IDS), 6))
+    n, d = X.shape
+    radius = size * float(np.mean(np.linalg.norm(X, axis=-1)))
+    image = attention_radii(AttentionMap(item.as_layer(residual=True)), PointStates(X[None], np.full((1, n), radius)))
+    block = lambda Y: attention_block(item, Y)[0]  # noqa: E731
+    step = 1e-6
+    jacobian = np.stack([((block(X + E) - block(X - E)) / (2 * step)).ravel()
+                         for E in np.eye(n * d).reshape(n * d, n, d) * step])                  # rows: input entries
+    ratios = []
+    for i in range(n):
+        top = np.linalg.svd(jacobian[:, i * d:(i + 1) * d].T)[2][0].reshape(n, d)
+        move = top / np.max(np.linalg.norm(top, axis=-1)) * radius
+        for sign in (1.0, -1.0):
+            moved = np.linalg.norm(block(X + sign * move)[i] - image.points[0, i])
+            assert moved <= image.radii[0, i] * (1 + 1e-9) + 1e-12
+            ratios.append(moved / image.radii[0, i])
+    if size < 1e-3:
+        assert max(ratios) > 1 / 3, max(ratios)

@@ -249,7 +249,7 @@ def test_the_decimal_exponent_of_a_product_is_above_the_exact_one_even_past_the_
     assert log10_upper_product(*factors, float("inf")) == float("inf")
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(st.integers(0, 2 ** 31), st.sampled_from([1, 7, 384, 1536]), st.sampled_from(["point", "interval"]),
        st.sampled_from([0, -200, 200]))
 def test_exactly_summed_products_enclose_the_exact_product_within_a_few_ulps(seed, k, kind, scale):
@@ -275,3 +275,30 @@ def test_exactly_summed_products_enclose_the_exact_product_within_a_few_ulps(see
 def test_exactly_summed_products_refuse_rows_too_small_to_split():
     with pytest.raises(NotCertifiedError, match="product"):
         IntervalArray(np.full((2, 3), 1e-200)).matmul(np.ones((3, 2)), exact_sums=True)
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.integers(0, 2 ** 31), st.sampled_from([2, 9, 384, 1536]), st.sampled_from(["point", "interval"]),
+       st.sampled_from([0, -200, 200]))
+def test_exact_sums_enclose_the_exact_sum_within_a_few_ulps(seed, k, kind, scale):
+    """``sum(exact_sums=True)`` against the exact sum (fractions) of each end, on rows that cancel to a small
+    fraction of their entries: an enclosure, a few ulps of the sum wide for a point where the plain sum's
+    width is ``k u sum |x|``, the axis and keepdims as the plain sum's."""
+    from fractions import Fraction
+    rng = np.random.default_rng(seed)
+    x = _operand(rng, (3, k), kind, scale)
+    lo, hi = x.lo.copy(), x.hi.copy()
+    lo[:, -1] -= np.sum(lo[:, :-1], axis=-1) * (1 - 1e-6)      # near cancellation
+    hi[:, -1] = np.maximum(hi[:, -1] - np.sum(hi[:, :-1], axis=-1) * (1 - 1e-6), lo[:, -1])
+    x = IntervalArray(lo, hi) if kind == "interval" else IntervalArray(lo)
+    total = x.sum(axis=-1, exact_sums=True)
+    for i in range(3):
+        for end in (x.lo[i], x.hi[i]):
+            exact = sum(Fraction(float(a)) for a in end)
+            assert Fraction(float(total.lo[i])) <= exact <= Fraction(float(total.hi[i]))
+    if kind == "point":
+        spacing = np.spacing(np.abs(total.mid)) + np.spacing(np.max(np.abs(x.lo), axis=-1)) * 2.0 ** -20
+        assert np.all(total.hi - total.lo <= 8 * spacing)
+        assert np.all(total.hi - total.lo <= x.sum(axis=-1).hi - x.sum(axis=-1).lo)
+    kept = x.sum(axis=0, keepdims=True, exact_sums=True)
+    assert kept.shape == (1, k) and np.all(kept.lo <= x.sum(axis=0, keepdims=True).hi)

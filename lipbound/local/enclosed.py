@@ -190,7 +190,9 @@ class EnclosedAttention:
 
 class EnclosedNorm:
     """``N(z) = gamma * sqrt(d) u / n(u) + center``, ``u = P z``, ``n(u) = sqrt(||u||^2 + d eps)``, per token:
-    a LayerNorm (P the centring projection, centre beta) or an RMSNorm (P = I, centre 0).
+    a LayerNorm (P the centring projection, centre beta) or an RMSNorm (P = I, centre 0).  ``exact_sums``: the mean
+    and the sum of squares summed exactly (:meth:`~lipbound.rigorous.arrays.IntervalArray.sum`), for the narrow
+    enclosures of a point pass.
 
     Attributes
     ----------
@@ -203,12 +205,13 @@ class EnclosedNorm:
     output : IntervalArray (n, d)
     """
 
-    def __init__(self, norm: Normalization, Z):
+    def __init__(self, norm: Normalization, Z, exact_sums: bool = False):
         Z = as_interval_array(Z)
         self.norm, self.Z = norm, Z
         d = norm.d
-        u = Z - Z.sum(axis=-1, keepdims=True) * IntervalArray.constant(IV.mpf(1) / d) if norm.centred else Z
-        squares = u.square().sum(axis=-1)
+        u = Z - Z.sum(axis=-1, keepdims=True, exact_sums=exact_sums) * IntervalArray.constant(IV.mpf(1) / d) \
+            if norm.centred else Z
+        squares = u.square().sum(axis=-1, exact_sums=exact_sums)
         self.nu = squares.sqrt()
         self.delta = IntervalArray.constant(IV.mpf(d) * IV.mpf(norm.eps))
         self.scale = (squares + self.delta).sqrt()

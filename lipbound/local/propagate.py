@@ -114,7 +114,7 @@ def embedding_enclosure(embeddings: Embeddings, words: np.ndarray, position: int
     offset = embeddings.position_offset
     summed = IntervalArray(embeddings.word[np.asarray(words)].astype(np.float64)) \
         + IntervalArray(embeddings.position[offset + int(position)]) + IntervalArray(embeddings.token_type[0])
-    return EnclosedNorm(embeddings.norm, summed).output
+    return EnclosedNorm(embeddings.norm, summed, exact_sums=True).output
 
 
 def _first_layer_facts(model: Model, template: EditTemplate, centers: np.ndarray, candidates: list, enclosed):
@@ -291,7 +291,7 @@ def embedding_enclosure_tokens(embeddings: Embeddings, ids: np.ndarray, position
     offset = embeddings.position_offset
     summed = IntervalArray(embeddings.word[ids].astype(np.float64)) \
         + IntervalArray(embeddings.position[offset + positions]) + IntervalArray(embeddings.token_type[0])
-    return EnclosedNorm(embeddings.norm, summed).output
+    return EnclosedNorm(embeddings.norm, summed, exact_sums=True).output
 
 
 def _rounding(enclosure: IntervalArray) -> np.ndarray:

@@ -43,7 +43,7 @@ from .intervals import interval, lower, upper
 from .linalg import Enclosure
 
 __all__ = ["IntervalArray", "as_interval_array", "softmax", "gelu", "gelu_slope", "gelu_curvature", "gelu_third",
-           "normal_cdf", "normal_pdf"]
+           "gelu_with_slopes", "normal_cdf", "normal_pdf"]
 
 _ETA = 2.0 ** -1074
 #: Entries per block of the blockwise loops (large arrays): temporaries stay in the cache and the heap.
@@ -349,8 +349,17 @@ class IntervalArray:
         return IntervalArray._ordered(np.minimum(self.lo, other.lo), np.maximum(self.hi, other.hi), check=False)
 
     # reductions ----------------------------------------------------------------------------------
-    def sum(self, axis=-1, keepdims: bool = False) -> IntervalArray:
-        """Sum along ``axis`` with the rounding of any summation order bounded."""
+    def sum(self, axis=-1, keepdims: bool = False, exact_sums: bool = False) -> IntervalArray:
+        """Sum along ``axis`` with the rounding of any summation order bounded; with ``exact_sums`` the ends are
+        summed by :func:`_exact_sum` (rounding about ``u |sum|`` instead of ``k u sum |x|``)."""
+        if exact_sums and self.lo.ndim:
+            axis = axis % self.lo.ndim
+            ends = [_exact_sum(values, axis) for values in ((self.lo,) if self.is_point else (self.lo, self.hi))]
+            (total_lo, spread_lo), (total_hi, spread_hi) = ends[0], ends[-1]
+            lo, hi = down(down(total_lo) - spread_lo), up(up(total_hi) + spread_hi)
+            if keepdims:
+                lo, hi = np.expand_dims(lo, axis), np.expand_dims(hi, axis)
+            return IntervalArray._ordered(lo, hi)
         count = self.lo.shape[axis] if self.lo.ndim else 1
         gamma = gamma_bound(max(count, 2))
         factor = gamma * (1 + gamma) * (1 + 4 * UNIT_ROUNDOFF)
@@ -460,6 +469,22 @@ def _split(values: np.ndarray, bits: int, axis: int) -> tuple[np.ndarray, np.nda
                                 "tiny entries", "scale the operands, or multiply without exact_sums")
     high = np.rint(values / quantum) * quantum
     return high, values - high, quantum
+
+
+def _exact_sum(values: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(t, e)`` with the exact sum of ``values`` along ``axis`` in ``fl(H + L) +- (rounding of that addition) +- e``:
+    ``values = high + low`` by :func:`_split` with ``2^bits`` quanta, ``bits = 53 - ceil(log2 k)``, so every
+    partial sum of the highs is an integer multiple of the quantum below ``2^53`` quanta, exact in any order;
+    the lows (each at most half a quantum, about ``2^-bits`` of the largest entry) are summed in floats, their
+    rounding at most ``gamma_k sum |low|`` (Higham, eq. 3.13; Ozaki, Ogita, Oishi and Rump 2012).  The caller
+    rounds ``t`` outward: one rounding of ``H + L``."""
+    count = values.shape[axis]
+    bits = 53 - int(np.ceil(np.log2(max(count, 2))))
+    high, low, _ = _split(values, bits, axis)
+    total = np.sum(high, axis=axis) + np.sum(low, axis=axis)
+    gamma = gamma_bound(max(count, 2))
+    spread = up_nonnegative(np.sum(np.abs(low), axis=axis) * (gamma * (1 + gamma) * (1 + 4 * UNIT_ROUNDOFF)))
+    return total, spread
 
 
 #: id(W) -> (W, its split): a weight matrix is split once (the entry keeps W alive, so its id stays its own).
@@ -606,10 +631,23 @@ def gelu(x: IntervalArray, global_slopes: bool = False) -> IntervalArray:
     normal CDF per entry in place of three, at a width that only the intervals' own widths multiply."""
     x = as_interval_array(x)
     mid = x.mid
-    at_mid = IntervalArray(mid) * IntervalArray(*normal_cdf_bounds(mid))
+    return _gelu_about(x, IntervalArray(mid) * IntervalArray(*normal_cdf_bounds(mid)), global_slopes)
+
+
+def _gelu_about(x: IntervalArray, at_mid: IntervalArray, global_slopes: bool) -> IntervalArray:
+    """:func:`gelu` from its enclosure ``at_mid`` at the midpoints."""
     if not np.any(x.hi > x.lo):
         return at_mid
     if global_slopes:   # GELU' in [bottom, top] with |bottom| < top: the term is within +- top * rad
         top = gelu_slope_extrema()[1][1]
         return IntervalArray.around(at_mid.mid, up_nonnegative(up_nonnegative(x.rad * top) + at_mid.rad))
-    return at_mid + gelu_slope(x) * (x - IntervalArray(mid))
+    return at_mid + gelu_slope(x) * (x - IntervalArray(x.mid))
+
+
+def gelu_with_slopes(x: IntervalArray) -> tuple[IntervalArray, IntervalArray]:
+    """:func:`gelu` with ``global_slopes`` and ``GELU'(m) = Phi(m) + m phi(m)`` at the midpoints m of ``x``, from one
+    normal CDF per entry (a point pass's activations and the slopes its local Lipschitz bound starts from)."""
+    x = as_interval_array(x)
+    mid = IntervalArray(x.mid)
+    cdf = IntervalArray(*normal_cdf_bounds(x.mid))
+    return _gelu_about(x, mid * cdf, True), cdf + mid * IntervalArray(*normal_pdf_bounds(x.mid))
