@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..rigorous.arrays import IntervalArray
-from ..rigorous.linalg import spectral_norm_upper_large
+from ..rigorous.arrays import IntervalArray, gelu_third
+from ..rigorous.linalg import lambda_max_upper, spectral_norm_upper_large
 from ..symbolic import local as T
 from .balls import TokenBalls
 from .bounds import evaluate_theorem, norm_bounds, remainder_weights
@@ -66,7 +66,7 @@ class BlockTail:
             g = self.ffn.curvature[i]
             squared = a_gram * a_gram                                                  # in "full" and "Lambda_10"
             self._folded[i] = {
-                "A": A, "B": B,
+                "A": A, "B": B, "a_gram": a_gram, "b_gram": b_gram,
                 "full": trilinear_norm(g, A, B, a_gram, hadamards=(a_gram * b_gram, squared)),
                 "mixed": trilinear_norm(g, A, B, plain, a_gram, b_gram),
                 "Lambda_10": trilinear_norm(g, A, W_2, a_gram, hadamards=(a_gram * plain_b, squared)),  # J_1 Delta J_F
@@ -95,7 +95,40 @@ class BlockTail:
                       r"\|\operatorname{diag}(t)^{1/2} W_2 J_2\|": splits[i][1]}
             values = {key: np.float64(value) for key, value in values.items()}
             folded[i] = float(evaluate_theorem(T.block_tail_variation(), **values))
+        # the slopes' remainder through the quadratic split (lemma slope-remainder-quadratic), token by token from
+        # the largest bound down, until no token left can pass the largest refined one (each costs two m x m bounds)
+        best = 0.0
+        for i in np.argsort(-np.minimum(telescoped, folded)):
+            if min(telescoped[i], folded[i]) <= best:
+                break
+            a, b = splits[i][0], splits[i][1]
+            quadratic = self.quadratic_remainder(i, radii[2][i])
+            if quadratic < (IntervalArray(a) * IntervalArray(b)).lo.item():
+                # the theorem's value with its split term a b replaced by the smaller bound (an upper bound of the rest
+                # is the value less a lower bound of a b)
+                folded[i] = (IntervalArray(folded[i]) - IntervalArray(a) * IntervalArray(b)
+                             + IntervalArray(quadratic)).hi.item()
+            best = max(best, min(telescoped[i], folded[i]))
         return telescoped, folded
+
+    def quadratic_remainder(self, i: int, radius: float) -> float:
+        """``sup ||(J_1 W_1) diag(rho) (W_2 J_2)||`` at token i over the feed-forward ball of ``radius`` (lemma
+        slope-remainder-quadratic): ``rho_k = GELU'(h_k + e.w_k) - GELU'(h_k) - g_k (e.w_k)`` is at most
+        ``S_k (e.w_k)^2 / 2`` (``S_k`` at least GELU's third derivative on the interval of ``h_k``), and
+        Cauchy-Schwarz over the neurons gives ``(R^2 / 2) (lambda_A lambda_B)^(1/2)`` with ``lambda_A =
+        lambda_max(diag(S)^(1/2) (W_1^T W_1 o A^T A) diag(S)^(1/2))``, ``A = J_1 W_1`` (``lambda_B`` with ``B B^T``,
+        ``B = W_2 J_2``): the neurons' worst cases are not taken at once, as ``||w_k|| R`` per neuron does."""
+        facts = self._token(i)
+        first, _ = feedforward_grams(self.ffn.ffn)                                     # W_1^T W_1
+        R = IntervalArray(float(radius))
+        columns = IntervalArray(IntervalArray(self.ffn.ffn.W_1).norm_upper(axis=0))
+        reach = (columns * R).hi
+        root = IntervalArray(gelu_third(self.ffn.h[i] + IntervalArray(-reach, reach)).magnitude).sqrt()
+
+        def top(gram: IntervalArray) -> IntervalArray:
+            scaled = first * gram * root.expand(0) * root.expand(-1)
+            return IntervalArray(max(lambda_max_upper(scaled.to_enclosure()), 0.0))
+        return (IntervalArray(0.5) * R * R * (top(facts["a_gram"]) * top(facts["b_gram"])).sqrt()).hi.item()
 
     def _remainder_split(self, i: int, weights: np.ndarray) -> tuple:
         """``(||diag(t)^(1/2) (J_1 W_1)^T||, ||diag(t)^(1/2) W_2 J_2||, ||diag(t)^(1/2) W_2||)`` of token i."""
