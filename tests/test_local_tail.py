@@ -341,7 +341,7 @@ def _central_jacobian(f, x, h=1e-6):
     return np.stack([(f(x + h * e) - f(x - h * e)) / (2 * h) for e in np.eye(x.size)])
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(seed=st.integers(0, 10_000), radius=st.sampled_from([1e-2, 0.3, 1.5]), weight=st.sampled_from([1.0, 4.0]))
 def test_quadratic_slope_remainder_holds(seed, radius, weight):
     """Lemma slope-remainder-quadratic: ``sup ||(J_1 W_1) diag(rho) (W_2 J_2)||`` (and with ``W_2`` alone) over the
