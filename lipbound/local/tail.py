@@ -34,6 +34,10 @@ from .grouped import token_tail
 
 __all__ = ["BlockTail", "TokenTail"]
 
+#: a token's slopes' remainder is refined (lemma slope-remainder-quadratic) when its split terms are at least this
+#: share of the token's bound
+REFINE_SHARE = 0.01
+
 
 class BlockTail:
     """The per-token maps of one block at its centre (module docstring).
@@ -85,6 +89,7 @@ class BlockTail:
         n = V[1].shape[0]
         splits = self.remainder_splits(radii)
         quadratic: dict = {}
+        settled: set = set()
         telescoped = None
         while True:
             change, _ = self.feedforward_change(V, N, radii, rounding, splits, quadratic)
@@ -95,11 +100,15 @@ class BlockTail:
                                                   radii[1][i], rounding[2][i], splits[i], quadratic.get(i))
                                for i in range(n)])
             bound = np.minimum(telescoped, folded)
-            refined = max((bound[i] for i in quadratic), default=0.0)
-            pending = [i for i in np.argsort(-bound) if i not in quadratic]
+            refined = max((bound[i] for i in settled), default=0.0)
+            pending = [i for i in np.argsort(-bound) if i not in settled]
             if not pending or bound[pending[0]] <= refined:
                 return telescoped, folded
-            quadratic[pending[0]] = self.quadratic_remainder(pending[0], radii[2][pending[0]])
+            i = pending[0]
+            settled.add(i)
+            # a remainder below a hundredth of the token's bound cannot lower it by more: not worth the eigenvalues
+            if splits[i][0] * (splits[i][1] + splits[i][2]) >= REFINE_SHARE * bound[i]:
+                quadratic[i] = self.quadratic_remainder(i, radii[2][i])
 
     def _folded_bound(self, i: int, V_1, M_F, M_2, V_2, change, r, rho, split: tuple, quadratic) -> float:
         """Theorem local-block-tail at token i; with ``quadratic`` (:meth:`quadratic_remainder`) its split term
