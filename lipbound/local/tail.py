@@ -107,7 +107,8 @@ class BlockTail:
             i = pending[0]
             settled.add(i)
             # a remainder below a hundredth of the token's bound cannot lower it by more: not worth the eigenvalues
-            if splits[i][0] * (splits[i][1] + splits[i][2]) >= REFINE_SHARE * bound[i]:
+            finite = np.isfinite(bound[i]) and np.isfinite(radii[2][i]) and np.all(np.isfinite(splits[i]))
+            if finite and splits[i][0] * (splits[i][1] + splits[i][2]) >= REFINE_SHARE * bound[i]:
                 quadratic[i] = self.quadratic_remainder(i, radii[2][i])
 
     def _folded_bound(self, i: int, V_1, M_F, M_2, V_2, change, r, rho, split: tuple, quadratic) -> float:
