@@ -44,7 +44,7 @@ from typing import final
 
 import numpy as np
 
-from ..errors import AssumptionError
+from ..errors import AssumptionError, NotCertifiedError
 from ..numeric.blas import one_blas_thread
 from ..numeric.blocks.norms import norm_constant
 from ..numeric.certify import head_constant, layer_constant
@@ -406,8 +406,11 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
             spread, enclosure = relational.jacobian(hood)
             named.offer("jacobian-enclosure", spread)
         if tail is not None and hood.eps > 0:
-            named.offer("attention-tail", tail.variation(first.points[index], M, V, N_blocks, ball_radii,
-                                                         centre.rounding))
+            try:
+                named.offer("attention-tail", tail.variation(first.points[index], M, V, N_blocks, ball_radii,
+                                                             centre.rounding))
+            except NotCertifiedError:   # an enclosure overflowed (balls past the LayerNorms' centres): no bound
+                pass
         if curvature is not None:
             named.offer("curvature", curvature.variation(hood, named.value))
             if relational is not None and named.value > RELATIONAL_WORTH * N_dense:

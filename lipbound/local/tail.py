@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..rigorous.arrays import IntervalArray
-from ..rigorous.linalg import spectral_norm_upper_large
+from ..rigorous.arrays import IntervalArray, gelu_third
+from ..rigorous.linalg import lambda_max_upper, spectral_norm_upper_large
 from ..symbolic import local as T
 from .balls import TokenBalls
 from .bounds import evaluate_theorem, norm_bounds, remainder_weights
@@ -33,6 +33,10 @@ from .enclosed import feedforward_grams, trilinear_norm
 from .grouped import token_tail
 
 __all__ = ["BlockTail", "TokenTail"]
+
+#: a token's slopes' remainder is refined (lemma slope-remainder-quadratic) when its split terms are at least this
+#: share of the token's bound
+REFINE_SHARE = 0.01
 
 
 class BlockTail:
@@ -77,25 +81,78 @@ class BlockTail:
         """Per token, the two bounds on ``sup ||T_i(z) - T_i(A(X)_i)||`` on one neighbourhood: telescoped and
         folded.  ``M``, ``V``, ``N`` are the chain's per-token block-norm matrices (the attention first, then
         the three maps; diagonal for these), ``radii`` the token balls' radii before each map, ``rounding``
-        the rounding radii of the chain's float centres (one array per map's input)."""
+        the rounding radii of the chain's float centres (one array per map's input).
+
+        The slopes' remainder is then taken through the quadratic split (lemma slope-remainder-quadratic, two or
+        three certified ``m x m`` eigenvalue bounds per token) token by token from the largest bound down, until no
+        token left can pass the largest refined one."""
         n = V[1].shape[0]
-        M, V = list(M), list(V)
-        r = radii[1]
-        change, splits = self.feedforward_change(V, N, radii, rounding)      # K of the theorems, per token
-        M[3], V[3] = self._output_norm_on_tighter_balls(M, V, radii, rounding, change)
-        telescoped = np.diag(telescoped_variation(M[1:], V[1:], N[1:], np.arange(n)))   # diagonal: per token
-        folded = np.empty(n)
-        for i in range(n):
-            facts = self._token(i)
-            values = {"V_1": V[1][i, i], "V_2": V[3][i, i], "M_F": M[2][i, i], "M_2": M[3][i, i],
-                      r"\sup \|J_1 \Delta J_F\|": change[i], r"\|J_1 J_F\|": facts["front"], "r": r[i],
-                      r"\rho": rounding[2][i],
-                      r"\Lambda_{11}^{1/2}": facts["full"], r"\Lambda_{1}^{1/2}": facts["mixed"],
-                      r"\|\operatorname{diag}(t)^{1/2} (J_1 W_1)^\top\|": splits[i][0],
-                      r"\|\operatorname{diag}(t)^{1/2} W_2 J_2\|": splits[i][1]}
-            values = {key: np.float64(value) for key, value in values.items()}
-            folded[i] = float(evaluate_theorem(T.block_tail_variation(), **values))
-        return telescoped, folded
+        splits = self.remainder_splits(radii)
+        quadratic: dict = {}
+        settled: set = set()
+        telescoped = None
+        while True:
+            change, _ = self.feedforward_change(V, N, radii, rounding, splits, quadratic)
+            M_2, V_2 = self._output_norm_on_tighter_balls(M, V, radii, rounding, change)
+            if telescoped is None:
+                telescoped = np.diag(telescoped_variation(M[1:3] + [M_2], V[1:3] + [V_2], N[1:], np.arange(n)))
+            folded = np.array([self._folded_bound(i, V[1][i, i], M[2][i, i], M_2[i, i], V_2[i, i], change[i],
+                                                  radii[1][i], rounding[2][i], splits[i], quadratic.get(i))
+                               for i in range(n)])
+            bound = np.minimum(telescoped, folded)
+            refined = max((bound[i] for i in settled), default=0.0)
+            pending = [i for i in np.argsort(-bound) if i not in settled]
+            if not pending or bound[pending[0]] <= refined:
+                return telescoped, folded
+            i = pending[0]
+            settled.add(i)
+            # a remainder below a hundredth of the token's bound cannot lower it by more: not worth the eigenvalues
+            finite = np.isfinite(bound[i]) and np.isfinite(radii[2][i]) and np.all(np.isfinite(splits[i]))
+            if finite and splits[i][0] * (splits[i][1] + splits[i][2]) >= REFINE_SHARE * bound[i]:
+                quadratic[i] = self.quadratic_remainder(i, radii[2][i])
+
+    def _folded_bound(self, i: int, V_1, M_F, M_2, V_2, change, r, rho, split: tuple, quadratic) -> float:
+        """Theorem local-block-tail at token i; with ``quadratic`` (:meth:`quadratic_remainder`) its split term
+        ``a b`` replaced by the smaller of the two (an upper bound of the rest is the value less a lower bound of
+        ``a b``)."""
+        facts = self._token(i)
+        values = {"V_1": V_1, "V_2": V_2, "M_F": M_F, "M_2": M_2, r"\sup \|J_1 \Delta J_F\|": change,
+                  r"\|J_1 J_F\|": facts["front"], "r": r, r"\rho": rho,
+                  r"\Lambda_{11}^{1/2}": facts["full"], r"\Lambda_{1}^{1/2}": facts["mixed"],
+                  r"\|\operatorname{diag}(t)^{1/2} (J_1 W_1)^\top\|": split[0],
+                  r"\|\operatorname{diag}(t)^{1/2} W_2 J_2\|": split[1]}
+        value = float(evaluate_theorem(T.block_tail_variation(),
+                                       **{key: np.float64(v) for key, v in values.items()}))
+        return value if quadratic is None else _replace_split(value, split[0], split[1], quadratic[0])
+
+    def quadratic_remainder(self, i: int, radius: float) -> tuple[float, float]:
+        """Bounds on ``sup ||(J_1 W_1) diag(rho) (W_2 J_2)||`` and ``sup ||(J_1 W_1) diag(rho) W_2||`` at token i over
+        the feed-forward ball of ``radius`` (lemma slope-remainder-quadratic): ``rho_k = GELU'(h_k + e.w_k) -
+        GELU'(h_k) - g_k (e.w_k)`` is at most ``S_k (e.w_k)^2 / 2`` (``S_k`` at least GELU's third derivative on the
+        interval of ``h_k``), and Cauchy-Schwarz over the neurons gives ``(R^2 / 2) (lambda_A lambda_B)^(1/2)`` with
+        ``lambda_A = lambda_max(diag(S)^(1/2) (W_1^T W_1 o A^T A) diag(S)^(1/2))``, ``A = J_1 W_1`` (``lambda_B`` with
+        ``B B^T``, ``B = W_2 J_2`` or ``W_2``): the neurons' worst cases are not taken at once, as ``||w_k|| R`` per
+        neuron does."""
+        facts = self._token(i)
+        first, second = feedforward_grams(self.ffn.ffn)                                # W_1^T W_1, W_2 W_2^T
+        # (A^T A and B B^T formed again: 0.1 s each, where keeping them costs 75 MB per token)
+        a_gram, b_gram = facts["A"].swapaxes(0, 1).bmm(facts["A"]), facts["B"].bmm(facts["B"].swapaxes(0, 1))
+        R = IntervalArray(float(radius))
+        columns = IntervalArray(IntervalArray(self.ffn.ffn.W_1).norm_upper(axis=0))
+        reach = (columns * R).hi
+        root = IntervalArray(gelu_third(self.ffn.h[i] + IntervalArray(-reach, reach)).magnitude).sqrt()
+
+        def top(gram: IntervalArray) -> IntervalArray:
+            scaled = first * gram * root.expand(0) * root.expand(-1)
+            return IntervalArray(max(lambda_max_upper(scaled.to_enclosure()), 0.0))
+        a_side, half = top(a_gram), IntervalArray(0.5) * R * R
+        return tuple((half * (a_side * top(gram)).sqrt()).hi.item() for gram in (b_gram, second))
+
+    def remainder_splits(self, radii: list) -> list:
+        """Per token, the remainder's split norms (:meth:`_remainder_split`) on the feed-forward balls ``radii[2]``."""
+        n = radii[2].shape[0]
+        weights = remainder_weights(self.ffn.ffn, self.ffn, radii[2], range(n))
+        return [self._remainder_split(i, weights[i]) for i in range(n)]
 
     def _remainder_split(self, i: int, weights: np.ndarray) -> tuple:
         """``(||diag(t)^(1/2) (J_1 W_1)^T||, ||diag(t)^(1/2) W_2 J_2||, ||diag(t)^(1/2) W_2||)`` of token i."""
@@ -105,13 +162,14 @@ class BlockTail:
             facts["A"].swapaxes(0, 1) * root.expand(-1), facts["B"] * root.expand(-1),
             IntervalArray(self.ffn.ffn.W_2) * root.expand(-1)))
 
-    def feedforward_change(self, V: list, N: list, radii: list, rounding: list) -> tuple:
+    def feedforward_change(self, V: list, N: list, radii: list, rounding: list, splits: list | None = None,
+                           quadratic: dict | None = None) -> tuple:
         """Per token, ``K >= sup ||J_1(x) (J_F(y_2) - J_F(x_2))||`` on the balls of ``omega_tokens``: the smaller of
-        ``N_1 V_F`` and the folded form (theorem local-feedforward-front); and the remainder's split norms
-        (:meth:`_remainder_split`) per token."""
+        ``N_1 V_F`` and the folded form (theorem local-feedforward-front, its split term replaced by the second bound
+        of :meth:`quadratic_remainder` for the tokens of ``quadratic`` where that is smaller); and the remainder's
+        split norms per token (:meth:`remainder_splits`, computed here unless given)."""
         n, r = V[1].shape[0], radii[1]
-        weights = remainder_weights(self.ffn.ffn, self.ffn, radii[2], range(n))
-        splits = [self._remainder_split(i, weights[i]) for i in range(n)]
+        splits = self.remainder_splits(radii) if splits is None else splits
         out = (IntervalArray(np.diag(N[1])) * IntervalArray(np.diag(V[2]))).hi
         for i in range(n):
             facts = self._token(i)
@@ -121,8 +179,11 @@ class BlockTail:
                       r"\Lambda_{10}^{1/2}": facts["Lambda_10"], r"\Lambda_{00}^{1/2}": plain,
                       r"\|\operatorname{diag}(t)^{1/2} (J_1 W_1)^\top\|": splits[i][0],
                       r"\|\operatorname{diag}(t)^{1/2} W_2\|": splits[i][2]}
-            values = {key: np.float64(value) for key, value in values.items()}
-            out[i] = min(out[i], float(evaluate_theorem(T.feedforward_front_variation(), **values)))
+            value = float(evaluate_theorem(T.feedforward_front_variation(),
+                                           **{key: np.float64(v) for key, v in values.items()}))
+            if quadratic and i in quadratic:
+                value = _replace_split(value, splits[i][0], splits[i][2], quadratic[i][1])
+            out[i] = min(out[i], value)
         return out, splits
 
     def _output_norm_on_tighter_balls(self, M, V, radii, rounding, change) -> tuple:
@@ -147,6 +208,15 @@ class BlockTail:
         return (IntervalArray(self.tau) * IntervalArray(attention.variation)
                 + IntervalArray(omega) * IntervalArray(attention.certified)).hi.item()
 
+
+
+def _replace_split(value: float, a: float, b: float, smaller: float) -> float:
+    """An upper bound of a sum ``value`` with its term ``a b`` replaced by ``min(a b, smaller)``: the value less a
+    lower bound of ``a b``, plus ``smaller``, rounded up."""
+    product = IntervalArray(a) * IntervalArray(b)
+    if smaller >= product.lo.item():
+        return value
+    return (IntervalArray(value) - product + IntervalArray(smaller)).hi.item()
 
 
 class TokenTail:
