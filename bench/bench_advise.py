@@ -84,7 +84,7 @@ def _print(data: dict, seconds: float | None) -> int:
                                               f"{h['witness']:.4g})" for h in heads))
     print()
     value, second = ("agree", "ppl x") if decoder else ("min cos", "rho")
-    print(f"{'intervention':26s} {'target':24s} {'bound after':>12s} {'orders':>7s} {'witness after':>13s} "
+    print(f"{'intervention':26s} {'target':28s} {'bound after':>12s} {'orders':>7s} {'witness after':>13s} "
           f"{value:>9s} {second:>6s} {'rerun':>5s}")
     met = []
     for row in data["interventions"]:
@@ -92,7 +92,7 @@ def _print(data: dict, seconds: float | None) -> int:
         orders = row["reduction_orders"]
         cos = row["function_value"]
         rho = (row.get("function") or {}).get("perplexity_ratio" if decoder else "spearman")
-        print(f"{row['name'][:26]:26s} {row['target'][:24]:24s} "
+        print(f"{row['name'][:26]:26s} {row['target'][:28]:28s} "
               f"{(_bound(after, row['bound_after']['model_log10']) if row['certified'] else 'NOT CERTIFIED'):>12s} "
               f"{'-' if orders is None else f'{orders:.1f}':>7s} "
               f"{'-' if row['witness_after']['model'] is None else format(row['witness_after']['model'], '.4g'):>13s} "

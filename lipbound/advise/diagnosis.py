@@ -65,6 +65,7 @@ __all__ = [
     "movement_shares",
     "step_states",
     "task_fingerprint",
+    "describe_whole_task",
 ]
 
 NORM_SLOTS = ("ln_in", "ln_out", "ffn_norm", "ffn_out_norm", "cross_norm")
@@ -149,6 +150,14 @@ def task_fingerprint(model: Model, task: tuple, eps: bool = True) -> str:
                    np.array(options))
 
 
+def describe_whole_task(task: tuple) -> str:
+    """What a whole-model task computes, for progress lines: ``"attention causal decoder layer 3"``."""
+    kind, _, block, layer, detail = task[:5]
+    what = "witness of the whole" if kind == "layer" else kind
+    parts = [str(part) for part in (what, detail, block, "layer", layer) if part != ""]
+    return " ".join(part for k, part in enumerate(parts) if k == 0 or part != parts[k - 1])
+
+
 @dataclass
 class WholeCertificate:
     """The whole-model report with the raw result of every task, keyed ``(kind, block, layer, detail)``."""
@@ -211,8 +220,7 @@ class WholePlan:
         return [self.tasks[i] + ((self.cores[i],) if i in self.cores else ()) for i in self.positions]
 
     def describe(self, index: int) -> str:
-        kind, _, block, layer, detail = self.tasks[self.positions[index]][:5]
-        return f"{kind} {detail} {block} layer {layer}".replace("  ", " ")
+        return describe_whole_task(self.tasks[self.positions[index]])
 
     def certificate(self, results, seconds: float) -> WholeCertificate:
         """The certificate once ``results`` (those of :attr:`todo`, in order) are in."""

@@ -54,6 +54,7 @@ from .checkpoint import llama_writable, write_and_reload
 from .diagnosis import (
     WholePlan,
     component_shares,
+    describe_whole_task,
     head_row,
     head_tasks,
     local_rows,
@@ -451,7 +452,7 @@ def _local_task(model, layer: int, ids, eps_fraction: float) -> tuple:
 def _describe(task) -> str:
     kind, arguments = task
     if kind == "whole":
-        return f"{arguments[0]} {arguments[4]} layer {arguments[3]}".replace("  ", " ")
+        return describe_whole_task(arguments)
     if kind == "head":
         return f"head {arguments[-1]} of layer {arguments[-2]}"
     return f"L(eps) of layer {arguments[2]}"
