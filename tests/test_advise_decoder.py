@@ -293,7 +293,7 @@ def test_overflowing_bounds_are_compared_and_printed_from_their_log10():
 
     def whole(log10):
         bound = {"value": math.inf, "log10_value": log10, "certified": True, "witness": 3.0}
-        return SimpleNamespace(bound=bound, log10=log10, layer_row=lambda index: None, rerun=0)
+        return SimpleNamespace(bound=bound, log10=log10, layer_row=lambda index: None, rerun=0, cores_reused=0)
 
     before, after = whole(412.31), whole(380.004)
     result = InterventionResult(NormEpsilon(eps=1e-3), "x", whole_before=before, whole_after=after)
