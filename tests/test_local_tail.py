@@ -168,6 +168,20 @@ def test_stack_curve_composes_its_blocks(monkeypatch):
     assert curve.points[0].variation < blockwise.points[0].variation
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # the enclosures overflow: by design here
+def test_a_stack_of_three_blocks_past_the_float_range_falls_back_to_its_global_constant():
+    """Three blocks (the chain theorem for three steps) and a radius whose balls leave the float range: the
+    blockwise enclosures overflow, so that radius is certified by the global constant alone, and the small
+    radius of the same call keeps its composed bound; both hold against the witnesses found."""
+    generated = local_models.model(seed=3, layers=3)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    curve = lipschitz_curve(generated, X, kind="stack", layer=0, last=2, eps=[1e-3, 1e40], ascent_steps=1)
+    small, huge = curve.points
+    assert small.route.endswith("(stack-blocks)") and small.certified < small.global_constant
+    assert huge.route == "global" and huge.certified == huge.global_constant < np.inf
+    assert all(p.verdict == "holds" and p.witness <= p.certified for p in curve.points)
+
+
 @settings(max_examples=20, deadline=None)
 @given(centre=st.floats(-6, 6), width=st.floats(0, 3))
 def test_gelu_derivative_enclosures_hold_the_derivatives(centre, width):

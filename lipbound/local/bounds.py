@@ -20,7 +20,6 @@ of :func:`lipbound.symbolic.theorems.compose_heads`); the residual adds the iden
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import final
 
@@ -53,16 +52,20 @@ class LocalBounds:
     facts: dict
 
 
-@functools.cache
-def _compiled(theorem_id: str):
-    theorem = T.LOCAL_THEOREMS[theorem_id]
-    symbols = sorted(theorem.statement.free_symbols, key=str)
-    return compile_array(theorem.statement, symbols), [str(s) for s in symbols]
+#: compiled statements by theorem id (an id names one statement; families such as local-chain-m have one per m)
+_COMPILED: dict[str, tuple] = {}
+
+
+def _compiled(theorem) -> tuple:
+    if theorem.id not in _COMPILED:
+        symbols = sorted(theorem.statement.free_symbols, key=str)
+        _COMPILED[theorem.id] = compile_array(theorem.statement, symbols), [str(s) for s in symbols]
+    return _COMPILED[theorem.id]
 
 
 def _enclose(theorem, **values) -> IntervalArray:
     """A local theorem's statement on arrays, its symbols given by their (LaTeX) names."""
-    function, names = _compiled(theorem.id)
+    function, names = _compiled(theorem)
     return function(*[values[name] for name in names])
 
 

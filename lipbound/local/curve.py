@@ -378,34 +378,38 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         hood = neighbourhoods[index]
         balls = hood.balls(X)
         M, V, ball_radii = [], [], []
-        for k, component in enumerate(chain):
-            bounds = component.bounds(balls, centre.enclosed[k])
-            if k == 0 and relational is not None:
-                bounds = relational.tighten(hood, bounds)
-            M.append(bounds.blocks)
-            V.append(bounds.variation)
-            ball_radii.append(balls.radii)
-            if k + 1 < len(chain):
-                movement = bounds.movement
-                if k == 0 and first is not None:
-                    reach = IntervalArray(first.points[index].certified) * _frobenius_factor(hood, n) \
-                        * IntervalArray(hood.eps)
-                    movement = np.minimum(movement, reach.hi)
-                radii = (IntervalArray(movement) + IntervalArray(centre.rounding[k + 1])).hi
-                balls = TokenBalls(centre.points[k + 1], radii)
+        try:
+            for k, component in enumerate(chain):
+                bounds = component.bounds(balls, centre.enclosed[k])
+                if k == 0 and relational is not None:
+                    bounds = relational.tighten(hood, bounds)
+                M.append(bounds.blocks)
+                V.append(bounds.variation)
+                ball_radii.append(balls.radii)
+                if k + 1 < len(chain):
+                    movement = bounds.movement
+                    if k == 0 and first is not None:
+                        reach = IntervalArray(first.points[index].certified) * _frobenius_factor(hood, n) \
+                            * IntervalArray(hood.eps)
+                        movement = np.minimum(movement, reach.hi)
+                    radii = (IntervalArray(movement) + IntervalArray(centre.rounding[k + 1])).hi
+                    balls = TokenBalls(centre.points[k + 1], radii)
+        except NotCertifiedError:   # the balls grew past the float range: the blockwise routes give no bound
+            M = None
         columns = np.flatnonzero(moving)
-        crude = _matrix_norm(product_upper(*reversed(M))[:, columns], norm)
+        crude = math.inf if M is None else _matrix_norm(product_upper(*reversed(M))[:, columns], norm)
         if stack is not None:
             crude = min(crude, stack.product[index])
         global_value = global_constant(hood.eps)
         # a variation above this cannot lower the certified value: the integrals stop there
         useful = min(crude, global_value) - N_dense
-        named = _Smallest("blockwise", _matrix_norm(telescoped_variation(M, V, N_blocks, columns), norm))
+        named = _Smallest("blockwise", math.inf if M is None else
+                          _matrix_norm(telescoped_variation(M, V, N_blocks, columns), norm))
         enclosure = math.inf
         if relational is not None and len(chain) == 1 and hood.eps > 0:   # the Jacobian enclosed over U
             spread, enclosure = relational.jacobian(hood)
             named.offer("jacobian-enclosure", spread)
-        if tail is not None and hood.eps > 0:
+        if tail is not None and M is not None and hood.eps > 0:
             try:
                 named.offer("attention-tail", tail.variation(first.points[index], M, V, N_blocks, ball_radii,
                                                              centre.rounding))
@@ -415,13 +419,13 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
             named.offer("curvature", curvature.variation(hood, named.value))
             if relational is not None and named.value > RELATIONAL_WORTH * N_dense:
                 named.offer("relational-curvature", relational.variation(curvature, hood, min(named.value, useful)))
-        if front is not None and hood.eps > 0:
+        if front is not None and M is not None and hood.eps > 0:
             theta = (_frobenius_factor(hood, n) * IntervalArray(hood.eps)).hi.item()
             named.offer("attention-front", front.variation(*bounds.facts["branch"], bounds.facts["radii"], theta))
         if stack is not None:
             named.offer("stack-blocks", stack.variation[index])
         variation = named.value
-        local = (IntervalArray(N_dense) + IntervalArray(variation)).hi.item()
+        local = _grown(1.0, variation, N_dense)
         routes = _Smallest(f"||DF(X)|| + variation ({named.name})", local)
         routes.offer("product of block bounds", crude)
         routes.offer("global", global_value)
@@ -485,18 +489,24 @@ class _StackOfBlocks:
                        report(0), attention, **part(0))   # the stack's own attention curve: the same neighbourhoods
         cpu = [p.cpu_seconds for p in curve.points]
         L, V, N = [[p.certified for p in curve.points]], [[p.variation for p in curve.points]], [curve.jacobian_norm]
-        rho = [(IntervalArray(p.certified) * _frobenius_factor(Neighbourhood(ball, e, tuple(positions)), X.shape[0])
-                * IntervalArray(e)).hi.item() for p, e in zip(curve.points, eps)]
+        theta = [_frobenius_factor(Neighbourhood(ball, e, tuple(positions)), X.shape[0]).hi.item() for e in eps]
+        rho = [_grown(_grown(p.certified, t), e) for p, t, e in zip(curve.points, theta, eps)]
         for l in range(1, blocks):
             drift = _rounding_reach(chain[size * (l - 1):size * l], centre, size * (l - 1))
-            rho = [(IntervalArray(r) + IntervalArray(drift)).hi.item() for r in rho]
-            curve = _curve(model, centre.points[size * l], "block", first + l, None, None, "fro", "fro", (), rho, 0,
-                           0, tokens, report(l), **part(l))
-            cpu = [a + p.cpu_seconds for a, p in zip(cpu, curve.points)]
-            L.append([p.certified for p in curve.points])
-            V.append([p.variation for p in curve.points])
-            N.append(curve.jacobian_norm)
-            rho = [(IntervalArray(a) * IntervalArray(r)).hi.item() for a, r in zip(L[-1], rho)]
+            rho = [_grown(1.0, r, drift) for r in rho]
+            # a radius past the float range gives this block (and the blocks after it) no bound at that eps
+            finite = [k for k, r in enumerate(rho) if math.isfinite(r)]
+            L.append([math.inf] * len(eps))
+            V.append([math.inf] * len(eps))
+            N.append(math.inf)
+            if finite:
+                curve = _curve(model, centre.points[size * l], "block", first + l, None, None, "fro", "fro", (),
+                               [rho[k] for k in finite], 0, 0, tokens, report(l), **part(l))
+                for k, p in zip(finite, curve.points):
+                    cpu[k] += p.cpu_seconds
+                    L[-1][k], V[-1][k] = p.certified, p.variation
+                N[-1] = curve.jacobian_norm
+            rho = [_grown(a, r) for a, r in zip(L[-1], rho)]
         theorem = T.chain_variation(blocks)
         #: per eps, the CPU seconds of the blocks' own radii (the attention curve's in the first block's)
         self.cpu_seconds = cpu
@@ -509,6 +519,16 @@ class _StackOfBlocks:
             self.variation.append(float(evaluate_theorem(theorem, **{key: np.float64(v) for key, v in values.items()}))
                                   if finite else math.inf)
             self.product.append(upper_product(*(L[l][k] for l in range(blocks))))
+
+
+def _grown(factor: float, radius: float, add: float = 0.0) -> float:
+    """``factor radius + add`` rounded up; inf when a term is not finite or the result leaves the float range."""
+    if not all(math.isfinite(value) for value in (factor, radius, add)):
+        return math.inf
+    try:
+        return (IntervalArray(factor) * IntervalArray(radius) + IntervalArray(add)).hi.item()
+    except NotCertifiedError:
+        return math.inf
 
 
 def _at_center(component: Component, point: np.ndarray, rounding: np.ndarray, enclosed) -> np.ndarray:

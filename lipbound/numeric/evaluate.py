@@ -20,6 +20,7 @@ theorem states; this is sound because the bound is checked to be increasing in e
 from __future__ import annotations
 
 import functools
+import math
 
 import mpmath
 import numpy as np
@@ -439,7 +440,10 @@ def _float_value(expr: sp.Expr, point: dict) -> float:
     symbols = tuple(sorted(point, key=str))
     function = _float_function(expr, symbols)
     with np.errstate(all="ignore"):
-        return float(function(*[point[s] for s in symbols]))
+        try:
+            return float(function(*[point[s] for s in symbols]))
+        except OverflowError:   # math-module functions raise past the float range (a huge domain's radius)
+            return math.inf
 
 
 def evaluate_bound(bound, head_or_layer, domain: TokenDomain, n: int, *, m: int | None = None,
