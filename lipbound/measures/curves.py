@@ -83,8 +83,8 @@ def curve_table(curve: LipschitzCurve) -> str:
              f"{'var. found':>10s} {'global':>10s} {'CPU s':>7s}  verdict"]
     for p in curve.points:
         global_text = f"{p.global_constant:10.4g}" if math.isfinite(p.global_constant) else f"{'-':>10s}"
-        lines.append(f"{p.eps / curve.radius:9.2g} {p.eps:10.4g} {p.certified:11.5g} {p.witness:10.5g} {p.ratio:8.3f} "
-                     f"{p.variation:10.4g} {p.variation_witness:10.4g} {global_text} {p.cpu_seconds:7.1f}  {p.verdict}")
+        lines.append(f"{p.eps / curve.radius:9.2g} {p.eps:10.4g} {p.certified:11.5g} {p.witness:10.5g} "
+                     f"{_ratio_text(p.ratio)} {p.variation:10.4g} {p.variation_witness:10.4g} {global_text} {p.cpu_seconds:7.1f}  {p.verdict}")
     lines.append(f"set-up shared by the radii: {curve.setup_cpu_seconds:.1f} CPU s "
                  f"(total {curve.setup_cpu_seconds + sum(p.cpu_seconds for p in curve.points):.1f} CPU s)")
     return "\n".join(lines + [""] + legend_lines(
@@ -92,6 +92,11 @@ def curve_table(curve: LipschitzCurve) -> str:
         f"sentence's hidden states X in the {curve.ball} {'ball' if curve.ball != 'tokens' else 'ball of the tokens'}; "
         f"distances in the units of the hidden states, constants output units per input unit, {curve.norm} norm):",
         CURVE_LEGEND))
+
+
+def _ratio_text(ratio: float) -> str:
+    """Eight characters: three decimals, or a mantissa and exponent for a ratio too wide for them."""
+    return f"{ratio:8.3f}" if ratio < 1e4 else f"{ratio:8.2e}"
 
 
 #: The columns of :func:`curve_table`, for its legend.
