@@ -84,7 +84,8 @@ def curve_table(curve: LipschitzCurve) -> str:
     for p in curve.points:
         global_text = f"{p.global_constant:10.4g}" if math.isfinite(p.global_constant) else f"{'-':>10s}"
         lines.append(f"{p.eps / curve.radius:9.2g} {p.eps:10.4g} {p.certified:11.5g} {p.witness:10.5g} "
-                     f"{_ratio_text(p.ratio)} {p.variation:10.4g} {p.variation_witness:10.4g} {global_text} {p.cpu_seconds:7.1f}  {p.verdict}")
+                     f"{_ratio_text(p.ratio)} {p.variation:10.4g} {p.variation_witness:10.4g} {global_text} "
+                     f"{p.cpu_seconds:7.1f}  {p.verdict}")
     lines.append(f"set-up shared by the radii: {curve.setup_cpu_seconds:.1f} CPU s "
                  f"(total {curve.setup_cpu_seconds + sum(p.cpu_seconds for p in curve.points):.1f} CPU s)")
     return "\n".join(lines + [""] + legend_lines(
