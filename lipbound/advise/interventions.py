@@ -36,7 +36,7 @@ intervention           the edited weights (layer ``l``, head ``h``; tokens are r
 A whole-model bound is a product over layers of residual rules ``1 + L_A L_N`` whose ``L_A`` sums
 (or couples) the bounds of all the heads of the layer: an edit of one head moves it little, an edit of
 every head of a layer (or of every layer) moves each factor.  The certified rotary bounds scale with
-the offset matrices, so ``layer-temperature`` ``t`` divides each layer's score terms by ``1/t``.
+the offset matrices, so ``layer-temperature`` ``t`` multiplies each layer's score terms by ``t``.
 
 The two new scores change every head of a layer: the one attention engine evaluates a layer's heads
 together, with one kernel; they are refused on a layer with rotary (positional) scores, whose
