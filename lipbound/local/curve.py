@@ -51,7 +51,7 @@ from ..numeric.certify import head_constant, layer_constant
 from ..numeric.domains import LayerNormOutputs, TokenBall
 from ..numeric.model import Model
 from ..rigorous.arrays import IntervalArray
-from ..rigorous.intervals import Verdict, certify_le, interval, upper_product
+from ..rigorous.intervals import Verdict, certify_le, interval, upper, upper_product
 from ..rigorous.linalg import Enclosure, spectral_norm_upper, spectral_norm_upper_large
 from ..symbolic import local as T
 from . import grouped
@@ -389,9 +389,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
                 if k + 1 < len(chain):
                     movement = bounds.movement
                     if k == 0 and first is not None:
-                        reach = IntervalArray(first.points[index].certified) * _frobenius_factor(hood, n) \
-                            * IntervalArray(hood.eps)
-                        movement = np.minimum(movement, reach.hi)
+                        movement = np.minimum(movement, _reach(first.points[index].certified, hood, n))
                     radii = (IntervalArray(movement) + IntervalArray(centre.rounding[k + 1])).hi
                     balls = TokenBalls(centre.points[k + 1], radii)
         except NotCertifiedError:   # the balls grew past the float range: the blockwise routes give no bound
@@ -425,7 +423,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         if stack is not None:
             named.offer("stack-blocks", stack.variation[index])
         variation = named.value
-        local = _grown(1.0, variation, N_dense)
+        local = upper(interval(N_dense) + interval(variation))
         routes = _Smallest(f"||DF(X)|| + variation ({named.name})", local)
         routes.offer("product of block bounds", crude)
         routes.offer("global", global_value)
@@ -489,11 +487,11 @@ class _StackOfBlocks:
                        report(0), attention, **part(0))   # the stack's own attention curve: the same neighbourhoods
         cpu = [p.cpu_seconds for p in curve.points]
         L, V, N = [[p.certified for p in curve.points]], [[p.variation for p in curve.points]], [curve.jacobian_norm]
-        theta = [_frobenius_factor(Neighbourhood(ball, e, tuple(positions)), X.shape[0]).hi.item() for e in eps]
-        rho = [_grown(_grown(p.certified, t), e) for p, t, e in zip(curve.points, theta, eps)]
+        rho = [_reach(p.certified, Neighbourhood(ball, e, tuple(positions)), X.shape[0])
+               for p, e in zip(curve.points, eps)]
         for l in range(1, blocks):
             drift = _rounding_reach(chain[size * (l - 1):size * l], centre, size * (l - 1))
-            rho = [_grown(1.0, r, drift) for r in rho]
+            rho = [upper(interval(r) + interval(drift)) for r in rho]
             # a radius past the float range gives this block (and the blocks after it) no bound at that eps
             finite = [k for k, r in enumerate(rho) if math.isfinite(r)]
             L.append([math.inf] * len(eps))
@@ -506,7 +504,7 @@ class _StackOfBlocks:
                     cpu[k] += p.cpu_seconds
                     L[-1][k], V[-1][k] = p.certified, p.variation
                 N[-1] = curve.jacobian_norm
-            rho = [_grown(a, r) for a, r in zip(L[-1], rho)]
+            rho = [upper_product(a, r) for a, r in zip(L[-1], rho)]
         theorem = T.chain_variation(blocks)
         #: per eps, the CPU seconds of the blocks' own radii (the attention curve's in the first block's)
         self.cpu_seconds = cpu
@@ -519,16 +517,6 @@ class _StackOfBlocks:
             self.variation.append(float(evaluate_theorem(theorem, **{key: np.float64(v) for key, v in values.items()}))
                                   if finite else math.inf)
             self.product.append(upper_product(*(L[l][k] for l in range(blocks))))
-
-
-def _grown(factor: float, radius: float, add: float = 0.0) -> float:
-    """``factor radius + add`` rounded up; inf when a term is not finite or the result leaves the float range."""
-    if not all(math.isfinite(value) for value in (factor, radius, add)):
-        return math.inf
-    try:
-        return (IntervalArray(factor) * IntervalArray(radius) + IntervalArray(add)).hi.item()
-    except NotCertifiedError:
-        return math.inf
 
 
 def _at_center(component: Component, point: np.ndarray, rounding: np.ndarray, enclosed) -> np.ndarray:
@@ -549,6 +537,12 @@ def _rounding_reach(components, centre: _Centre, start: int) -> float:
         bounds = component.bounds(TokenBalls(centre.points[k], radii), centre.enclosed[k], want_blocks=False)
         radii = (IntervalArray(bounds.movement) + IntervalArray(centre.rounding[k + 1])).hi
     return float(IntervalArray(radii).norm_upper(axis=0))
+
+
+def _reach(constant: float, hood: Neighbourhood, n: int) -> float:
+    """``Lip_U theta_U eps``, rounded up: how far a map with constant ``Lip_U`` on U moves the image of X
+    (inf when the constant is)."""
+    return upper_product(constant, _frobenius_factor(hood, n).hi.item(), hood.eps)
 
 
 def _frobenius_factor(hood: Neighbourhood, n: int) -> IntervalArray:
