@@ -55,6 +55,7 @@ __all__ = [
     "WholePlan",
     "certify_whole",
     "component_shares",
+    "describe_whole_task",
     "head_row",
     "head_rows",
     "head_tasks",
@@ -65,7 +66,6 @@ __all__ = [
     "movement_shares",
     "step_states",
     "task_fingerprint",
-    "describe_whole_task",
 ]
 
 NORM_SLOTS = ("ln_in", "ln_out", "ffn_norm", "ffn_out_norm", "cross_norm")
@@ -122,7 +122,7 @@ def task_fingerprint(model: Model, task: tuple, eps: bool = True) -> str:
     at the image of the first LayerNorm).  ``eps=False``: of what the task's core reads
     (:mod:`lipbound.numeric.whole.tasks`: the norms through their images, never their ``eps``)."""
     kind, _, block, index, detail = task[:5]
-    options = repr(task[5:12])
+    options = repr(task[5:])
     if kind == "model":   # the end-to-end witness reads every layer of the stack and the final norm
         return _digest(*(_layer_digest(model, layer) for layer in model.stack(block).values()),
                        _norm_arrays(model.final_norm_of(block)), _norm_arrays(model.context_norm),

@@ -329,7 +329,8 @@ def _task_kind(task) -> str:
     kind, arguments = task
     if kind != "whole":
         return kind
-    return "whole rest" if len(arguments) > 12 else f"whole {arguments[0]}"   # 12: a task with its core appended
+    # a task with its core appended (run_task's one dict argument) runs only its rest
+    return "whole rest" if isinstance(arguments[-1], dict) else f"whole {arguments[0]}"
 
 
 def advise(inputs: Inputs, *, n: int | None = None, local_sentences: int | None = None, eps_fraction: float = 1e-3,
