@@ -22,7 +22,7 @@ from lipbound.numeric.kernels import AttentionMask
 from lipbound.numeric.model import Head, Layer, LayerNorm, Model, TransformerLayer, load_weights, save_plain
 from lipbound.numeric.model.components import FeedForward
 from lipbound.numeric.scaleout import run_all
-from lipbound.numeric.whole import plan_tasks, run_task, verify_whole
+from lipbound.numeric.whole import describe_task, plan_tasks, run_task, verify_whole
 from lipbound.numeric.whole.chain import chain_jacobian_norm, layer_steps, stack_steps
 
 D, DK, H, DFF = 6, 2, 2, 10
@@ -215,6 +215,11 @@ def test_tasks_are_plain_data_and_give_identical_numbers_twice(tmp_path):
     chosen = [t for t in tasks if t[0] in ("layer", "model", "norm")]
     assert run_all(run_task, chosen) == run_all(run_task, chosen)
     assert json.dumps(run_task(*chosen[0]))  # plain data
+    # every task has its own progress line, in words (never "layer layer", never a negative layer)
+    lines = [describe_task(task) for task in tasks]
+    assert len(set(lines)) == len(lines)
+    assert not [line for line in lines if "layer layer" in line or "-1" in line]
+    assert "witness of the whole encoder layer 0" in lines
 
 
 def test_cli_whole_writes_the_documented_fields(tmp_path):

@@ -42,7 +42,7 @@ from ..numeric.domains import DomainSpec
 from ..numeric.model import Model, attention_arrays, load_weights
 from ..numeric.scaleout import TaskFailed, run_all
 from ..numeric.verification import verify_job
-from ..numeric.whole import WholeReport, plan_tasks, run_task
+from ..numeric.whole import WholeReport, describe_task, plan_tasks, run_task
 from ..numeric.whole.chain import hidden_states, layer_steps
 from ..numeric.witness import Witness
 from ..rigorous.intervals import upper_product
@@ -55,7 +55,6 @@ __all__ = [
     "WholePlan",
     "certify_whole",
     "component_shares",
-    "describe_whole_task",
     "head_row",
     "head_rows",
     "head_tasks",
@@ -150,14 +149,6 @@ def task_fingerprint(model: Model, task: tuple, eps: bool = True) -> str:
                    np.array(options))
 
 
-def describe_whole_task(task: tuple) -> str:
-    """What a whole-model task computes, for progress lines: ``"attention causal decoder layer 3"``."""
-    kind, _, block, layer, detail = task[:5]
-    what = "witness of the whole" if kind == "layer" else kind
-    parts = [str(part) for part in (what, detail, block, "layer", layer) if part != ""]
-    return " ".join(part for k, part in enumerate(parts) if k == 0 or part != parts[k - 1])
-
-
 @dataclass
 class WholeCertificate:
     """The whole-model report with the raw result of every task, keyed ``(kind, block, layer, detail)``."""
@@ -220,7 +211,7 @@ class WholePlan:
         return [self.tasks[i] + ((self.cores[i],) if i in self.cores else ()) for i in self.positions]
 
     def describe(self, index: int) -> str:
-        return describe_whole_task(self.tasks[self.positions[index]])
+        return describe_task(self.tasks[self.positions[index]])
 
     def certificate(self, results, seconds: float) -> WholeCertificate:
         """The certificate once ``results`` (those of :attr:`todo`, in order) are in."""

@@ -48,13 +48,13 @@ from ..measures.bert import default_model_dir
 from ..measures.edits import edited_ids
 from ..numeric.model import load_tokenizer, load_weights
 from ..numeric.model.components import FeedForward, GatedFeedForward
+from ..numeric.whole import describe_task
 from ..numeric.whole.chain import hidden_states
 from .batch import run_batch
 from .checkpoint import llama_writable, write_and_reload
 from .diagnosis import (
     WholePlan,
     component_shares,
-    describe_whole_task,
     head_row,
     head_tasks,
     local_rows,
@@ -453,7 +453,7 @@ def _local_task(model, layer: int, ids, eps_fraction: float) -> tuple:
 def _describe(task) -> str:
     kind, arguments = task
     if kind == "whole":
-        return describe_whole_task(arguments)
+        return describe_task(arguments)
     if kind == "head":
         return f"head {arguments[-1]} of layer {arguments[-2]}"
     return f"L(eps) of layer {arguments[2]}"

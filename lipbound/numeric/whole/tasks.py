@@ -432,9 +432,14 @@ def plan_tasks(model, *, n: int, m: int | None = None, domain: str = "layernorm"
 
 
 def describe_task(task: tuple) -> str:
-    """``"ffn of encoder layer 3"``, ``"end-to-end witness of the decoder in its context"``."""
+    """What a task computes, for progress lines: ``"ffn of encoder layer 3"``, ``"witness of the whole decoder
+    layer 2"``, ``"end-to-end witness of the decoder in its context"``."""
     kind, _, block, layer, detail = task[:5]
     if kind == "model":
         return f"end-to-end witness of the {block} in its {'input' if detail == 'stream' else 'context'}"
     where = f"the {block}'s final norm" if layer < 0 else f"{block} layer {layer}"
+    if kind == "layer":
+        return f"witness of the whole {where}"
+    if layer < 0:
+        return where
     return f"{kind}{' ' + detail if detail else ''} of {where}"
