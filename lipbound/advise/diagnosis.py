@@ -42,7 +42,7 @@ from ..numeric.domains import DomainSpec
 from ..numeric.model import Model, attention_arrays, load_weights
 from ..numeric.scaleout import TaskFailed, run_all
 from ..numeric.verification import verify_job
-from ..numeric.whole import WholeReport, describe_task, plan_tasks, run_task
+from ..numeric.whole import WholeReport, WholeTask, describe_task, plan_tasks, run_task
 from ..numeric.whole.chain import hidden_states, layer_steps
 from ..numeric.witness import Witness
 from ..rigorous.intervals import upper_product
@@ -116,11 +116,11 @@ def _layer_digest(model: Model, layer) -> np.ndarray:
     return np.frombuffer(digest.encode(), dtype=np.uint8)
 
 
-def task_fingerprint(model: Model, task: tuple, eps: bool = True) -> str:
+def task_fingerprint(model: Model, task: WholeTask, eps: bool = True) -> str:
     """A digest of every array ``task`` reads (the word embeddings are read by none: every task starts
     at the image of the first LayerNorm).  ``eps=False``: of what the task's core reads
     (:mod:`lipbound.numeric.whole.tasks`: the norms through their images, never their ``eps``)."""
-    kind, _, block, index, detail = task[:5]
+    kind, block, index, detail = task.kind, task.block, task.layer, task.detail
     options = repr(task[5:])
     if kind == "model":   # the end-to-end witness reads every layer of the stack and the final norm
         return _digest(*(_layer_digest(model, layer) for layer in model.stack(block).values()),
@@ -189,10 +189,10 @@ class WholePlan:
         self.model, self.n = model, n
         self.tasks = plan_tasks(model, n=n, domain="layernorm", effort=effort, restarts=restarts,
                                 iterations=iterations, seed=seed)
-        self.keys = [(t[0], t[2], t[3], t[4]) for t in self.tasks]
+        self.keys = [(t.kind, t.block, t.layer, t.detail) for t in self.tasks]
         self.prints = {key: task_fingerprint(model, task) for key, task in zip(self.keys, self.tasks)}
         self.core_prints = {key: task_fingerprint(model, task, eps=False) for key, task in zip(self.keys, self.tasks)
-                            if task[0] in ("attention", "ffn")}   # the kinds with a core
+                            if task.kind in ("attention", "ffn")}   # the kinds with a core
         self.results: list = [None] * len(self.tasks)
         self.positions, self.cores = [], {}
         for position, key in enumerate(self.keys):

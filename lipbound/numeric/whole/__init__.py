@@ -18,9 +18,9 @@ from ...errors import AssumptionError
 from ..model import Model
 from ..scaleout import TaskFailed, run_all
 from .report import LOOSE_GAP, WholeReport
-from .tasks import describe_task, plan_tasks, run_task
+from .tasks import WholeTask, describe_task, plan_tasks, run_task
 
-__all__ = ["verify_whole", "WholeReport", "describe_task", "plan_tasks", "run_task", "LOOSE_GAP"]
+__all__ = ["verify_whole", "WholeReport", "WholeTask", "describe_task", "plan_tasks", "run_task", "LOOSE_GAP"]
 
 
 def verify_whole(model: Model, *, n: int = 8, m: int | None = None, domain: str = "layernorm", effort: int = 30,

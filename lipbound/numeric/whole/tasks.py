@@ -1,6 +1,7 @@
 """The whole-model verification as independent tasks of plain data.
 
-A task is a tuple of strings and numbers; :func:`run_task` (module level) runs one and returns a
+A task is a :class:`WholeTask`, a named tuple of strings and numbers; :func:`run_task` (module level)
+runs one (``run_task(*task)``) and returns a
 dict of plain data (numbers, strings, lists), loading the model from its path in the process
 that runs it (cached per process).  So a list of tasks can run in a plain loop, in local
 processes or on a cluster with the same numbers: every witness search is counted in power
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -63,7 +65,26 @@ from ..witness.blocks import ffn_witness, gated_witness, norm_witness
 from ..witness.starts import castin_input
 from .chain import Step, chain_jacobian_norm, layer_steps, stack_steps
 
-__all__ = ["describe_task", "layer_norms", "plan_tasks", "run_task"]
+__all__ = ["WholeTask", "describe_task", "layer_norms", "plan_tasks", "run_task"]
+
+
+class WholeTask(NamedTuple):
+    """One task of the whole-model verification, in :func:`run_task`'s argument order (plain data: it
+    travels to local processes and cluster workers as it is; a task that reuses its core is the tuple
+    with the core appended, ``run_task``'s last argument)."""
+
+    kind: str      # attention, ffn, norm, layer or model
+    path: str      # the checkpoint, loaded in the process that runs the task
+    block: str     # encoder or decoder
+    layer: int     # -1: the stack's final norm, or the whole stack
+    detail: str    # the attention kind, the norm's slot, or stream / context
+    n: int
+    m: int         # 0 when not used
+    domain: str
+    effort: int
+    restarts: int
+    iterations: int
+    seed: int
 
 
 def layer_norms(layer) -> tuple[str, ...]:
@@ -403,12 +424,15 @@ def run_task(kind: str, path: str, block: str, layer: int, detail: str, n: int, 
 
 
 def plan_tasks(model, *, n: int, m: int | None = None, domain: str = "layernorm", effort: int = 30,
-               restarts: int = 4, iterations: int = 30, seed: int = 0) -> list[tuple]:
+               restarts: int = 4, iterations: int = 30, seed: int = 0) -> list[WholeTask]:
     """Every task of the whole-model verification of ``model`` (loaded from ``model.path``)."""
     spec = DomainSpec.parse(domain)
     domain_text = spec.kind if spec.kind != "radius" else repr(spec.radius)  # plain data for the task
     common = (n, m or 0, domain_text, effort, restarts, iterations, seed)
-    tasks = []
+    tasks: list[WholeTask] = []
+
+    def add(kind: str, block: str, layer: int, detail: str) -> None:
+        tasks.append(WholeTask(kind, model.path, block, layer, detail, *common))
     for block in model.blocks:
         for index in sorted(model.stack(block)):
             layer = model.stack(block)[index]
@@ -418,23 +442,24 @@ def plan_tasks(model, *, n: int, m: int | None = None, domain: str = "layernorm"
                                       "a pre-norm or sandwich layer around a gated block (it is "
                                       "Lipschitz only on bounded sets: the image of the norm before it)",
                                       "a post-norm layer", "lipbound bounds gated blocks read through a norm")
-            kinds = [layer.self_kind] + (["cross-queries", "cross-context"] if layer.cross is not None else [])
-            tasks += [("attention", model.path, block, index, kind) + common for kind in kinds]
-            tasks.append(("ffn", model.path, block, index, "") + common)
-            tasks += [("norm", model.path, block, index, name) + common for name in layer_norms(layer)]
-            tasks.append(("layer", model.path, block, index, "") + common)
+            for kind in [layer.self_kind] + (["cross-queries", "cross-context"] if layer.cross is not None else []):
+                add("attention", block, index, kind)
+            add("ffn", block, index, "")
+            for name in layer_norms(layer):
+                add("norm", block, index, name)
+            add("layer", block, index, "")
         if model.final_norm_of(block) is not None:
-            tasks.append(("norm", model.path, block, -1, "final") + common)
-        tasks.append(("model", model.path, block, -1, "stream") + common)
+            add("norm", block, -1, "final")
+        add("model", block, -1, "stream")
         if block == "decoder" and model.context_norm is not None:
-            tasks.append(("model", model.path, block, -1, "context") + common)
+            add("model", block, -1, "context")
     return tasks
 
 
 def describe_task(task: tuple) -> str:
     """What a task computes, for progress lines: ``"ffn of encoder layer 3"``, ``"witness of the whole decoder
     layer 2"``, ``"end-to-end witness of the decoder in its context"``."""
-    kind, _, block, layer, detail = task[:5]
+    kind, _, block, layer, detail = task[:5]   # a WholeTask, or one with its core appended
     if kind == "model":
         return f"end-to-end witness of the {block} in its {'input' if detail == 'stream' else 'context'}"
     where = f"the {block}'s final norm" if layer < 0 else f"{block} layer {layer}"
