@@ -430,6 +430,28 @@ def test_the_row_split_holds_against_an_independent_jacobian_of_causal_rotary_he
             assert found <= bound.value, (found, bound.value)
 
 
+def test_rows_apart_hold_against_an_independent_jacobian_where_query_and_key_spans_differ():
+    """Step 7 of :mod:`lipbound.numeric.sdp.rotary`: with ``W_Q`` and ``W_K`` of rank 2 in width 8 a row's query part
+    and its keys' parts read different directions of the moves, so the split bound is below the one with both parts
+    on every direction (step 6), is the reported bound, and holds against the spectral norm of the Jacobian of the
+    reference forward pass at points of the domain and at lipbound's witness."""
+    rng = np.random.default_rng(37)
+    d, d_k, n = 8, 2, 4
+    for domain in (TokenBall(1.5), RMSNormOutputs(RMSNorm(rng.uniform(0.3, 1.0, d), 1e-5))):
+        head = _layer("llama", rng, d, d_k, 1, 1, 2.5).heads[0]
+        bounds = PositionalHeadBounds(head, domain, n)
+        b = bounds.query_term
+        apart, aligned = bounds.coupled_rows(b), bounds.coupled_rows(b, apart=False)
+        assert upper(apart) < 0.95 * upper(aligned), (upper(apart), upper(aligned))
+        bound = positional_bound(head, domain, n, bounds=bounds)
+        assert bound.details["coupled_rows"] == pytest.approx(upper(apart + bounds.value_norm * math.sqrt(
+            upper(bounds.terms()["kappa"]))), rel=1e-12)
+        points = _points(rng, domain, n, d, 6)
+        points.append(search_witness(head, domain=domain, n=n, budget_seconds=0.1, seed=1).X)
+        found = max(reference_norm(head, X) for X in points)
+        assert 0 < found <= bound.value, (found, bound.value)
+
+
 def test_rotary_self_tied_starts_tie_token_one_between_key_zero_and_itself():
     """The self-tied witness start (:func:`~lipbound.numeric.witness.kernel_starts.rotary_self_tied`): inside the
     domain, and query 1 scores key 0 and itself equally (scores computed here with the reference rotations), for a
