@@ -80,6 +80,19 @@ carry over.  What does (each step holds at every X of ``D^n``):
    columns this is step 5's ``b + k``; it is smaller where rows and columns differ: under a causal mask key 0 is
    read by every row but row 0 has no query part, and the last key is read by one row only.  The ``t_i`` are
    found in floats (:func:`split_rows`); the bound is evaluated at them in interval arithmetic.
+7. *The two parts read different directions of the moves.*  ``S_i`` depends on ``e_i`` only through ``W_Q^T e_i``
+   (``e_i . (A_Delta x_j + h_Delta) = (W_Q^T e_i) . sigma R_Delta (W_K^T x_j + b_K)``), so ``S_i(e_i) = S_i(P_Q e_i)``
+   with ``P_Q`` the orthogonal projector onto ``range(Pi W_Q)`` (tangent), and ``||S_i|| <= b_i ||P_Q e_i||``; and
+   ``||P_Q e||^2 = e^T Z (Z^T Z)^-1 Z^T e <= e^T Z C Z^T e`` for ``Z = Pi W_Q`` and any ``C >= (Z^T Z)^-1``, which holds
+   when ``[[C, I], [I, Z^T Z]] >= 0`` (Schur complement; checked in interval arithmetic).  The forms ``K_ij`` of step
+   6 (by columns) are ``X (.) X^T`` with ``X = Pi W_K``.  Step 6's sum becomes
+
+       ||S + cov||_F^2 <= max_j lambda_max((1 + t_j) b_j^2 Z C Z^T + sum_{i: j in V_i} (1 + 1/t_i) K_ij) ||E||^2,
+
+   never above step 6 (``Z C Z^T`` is within a hair of a projector, at most ``I``), and down to ``b^2 + k^2`` in place
+   of ``(b + k)^2`` when the query and key projections see orthogonal directions: a token moved along the query
+   directions does not move as a key.  The eigenvalue is certified as ``||F D^(1/2)||^2`` with ``F = [Z, X]`` (two
+   ``d_k``-wide blocks) from the Gram matrix ``F^T F``; the ``t_i`` are step 6's times one factor found in floats.
 
 On a dot product without a window, bias or soft-cap the joint constants of :mod:`.head` are sharper and are
 used there; this module serves the heads they do not cover.  Every constant is computed in outward-rounded
