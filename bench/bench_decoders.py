@@ -96,7 +96,9 @@ def main() -> None:
         rows.append({"layer": row.layer, "head": row.head, "witness": row.witness_value,
                      "best": row.best_upper, "best_name": None if best is None else best.name,
                      "gap": row.gap, "refuted": list(row.refuted),
-                     "bounds": {b.name: b.value for b in proven}})
+                     "bounds": {b.name: b.value for b in proven},
+                     "terms": None if best is None else {key: best.details.get(key) for key in ("query", "key", "mean")
+                                                         if isinstance(best.details.get(key), float)}})
     print(f"{title} ({path.name}): n = {args.n}, budget {args.budget}, jobs {args.jobs}; "
           f"loaded in {loaded:.1f} s")
     print(f"{'block':>5s} {'heads':>5s} {'head gap median':>15s} {'max':>6s} {'best head bound':>16s} "
@@ -115,6 +117,9 @@ def main() -> None:
             layer_gaps.append(whole["gap"])
         print(f"{block:5d} {len(heads):5d} {np.median(gaps):15.3f} {np.max(gaps):6.3f} {','.join(names):>16s} "
               f"{layer} {refuted:7d}")
+    for whole in (r for r in rows if r["head"] is None and r["terms"]):
+        terms = ", ".join(f"{key} {value:.4g}" for key, value in whole["terms"].items())
+        print(f"block {whole['layer']}: the layer's best bound ({whole['best_name']}) has the terms {terms}")
     print(f"all: {len(head_gaps)} heads, gap median {np.median(head_gaps):.3f}, max {np.max(head_gaps):.3f}; "
           f"{len(layer_gaps)} layers, gap median {np.median(layer_gaps):.3f}, max {np.max(layer_gaps):.3f}")
     print(f"wall time {seconds:.1f} s for {len(rows)} rows, {cpu:.1f} CPU s (this process and its finished workers); "
