@@ -89,7 +89,8 @@ carry over.  What does (each step holds at every X of ``D^n``):
 
        ||S + cov||_F^2 <= max_j lambda_max((1 + t_j) b_j^2 Z C Z^T + sum_{i: j in V_i} (1 + 1/t_i) K_ij) ||E||^2,
 
-   never above step 6 (``Z C Z^T`` is within a hair of a projector, at most ``I``), and down to ``b^2 + k^2`` in place
+   at most a hair above step 6 (``Z C Z^T <= (1 + 1e-9) I`` when C is the enlarged float inverse; the smaller of the two
+   is used), and down to ``b^2 + k^2`` in place
    of ``(b + k)^2`` when the query and key projections see orthogonal directions: a token moved along the query
    directions does not move as a key.  The eigenvalue is certified as ``||F D^(1/2)||^2`` with ``F = [Z, X]`` (two
    ``d_k``-wide blocks) from the Gram matrix ``F^T F``; the ``t_i`` are step 6's times one factor found in floats.
