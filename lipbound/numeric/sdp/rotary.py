@@ -80,6 +80,20 @@ carry over.  What does (each step holds at every X of ``D^n``):
    columns this is step 5's ``b + k``; it is smaller where rows and columns differ: under a causal mask key 0 is
    read by every row but row 0 has no query part, and the last key is read by one row only.  The ``t_i`` are
    found in floats (:func:`split_rows`); the bound is evaluated at them in interval arithmetic.
+7. *The two parts read different directions of the moves.*  ``S_i`` depends on ``e_i`` only through ``W_Q^T e_i``
+   (``e_i . (A_Delta x_j + h_Delta) = (W_Q^T e_i) . sigma R_Delta (W_K^T x_j + b_K)``), so ``S_i(e_i) = S_i(P_Q e_i)``
+   with ``P_Q`` the orthogonal projector onto ``range(Pi W_Q)`` (tangent), and ``||S_i|| <= b_i ||P_Q e_i||``; and
+   ``||P_Q e||^2 = e^T Z (Z^T Z)^-1 Z^T e <= e^T Z C Z^T e`` for ``Z = Pi W_Q`` and any ``C >= (Z^T Z)^-1``, which holds
+   when ``[[C, I], [I, Z^T Z]] >= 0`` (Schur complement; checked in interval arithmetic).  The forms ``K_ij`` of step
+   6 (by columns) are ``X (.) X^T`` with ``X = Pi W_K``.  Step 6's sum becomes
+
+       ||S + cov||_F^2 <= max_j lambda_max((1 + t_j) b_j^2 Z C Z^T + sum_{i: j in V_i} (1 + 1/t_i) K_ij) ||E||^2,
+
+   at most a hair above step 6 (``Z C Z^T <= (1 + 1e-9) I`` when C is the enlarged float inverse; the smaller of the two
+   is used), and down to ``b^2 + k^2`` in place
+   of ``(b + k)^2`` when the query and key projections see orthogonal directions: a token moved along the query
+   directions does not move as a key.  The eigenvalue is certified as ``||F D^(1/2)||^2`` with ``F = [Z, X]`` (two
+   ``d_k``-wide blocks) from the Gram matrix ``F^T F``; the ``t_i`` are step 6's times one factor found in floats.
 
 On a dot product without a window, bias or soft-cap the joint constants of :mod:`.head` are sharper and are
 used there; this module serves the heads they do not cover.  Every constant is computed in outward-rounded
@@ -453,9 +467,10 @@ class PositionalHeadBounds:
             b = IV.mpf(self.query_coupled.value)
         return b
 
-    def coupled_rows(self, b):
+    def coupled_rows(self, b, apart: bool = True):
         """``||S + cov||`` bounded with the rows' query and key parts split (step 6 of the module docstring): the key
-        part per row from step 2b (or step 2 with a centre or a query bias), an interval."""
+        part per row from step 2b (or step 2 with a centre or a query bias); with ``apart`` also step 7 (the query
+        part on the span of ``Pi W_Q``, the key part on that of ``Pi W_K``), the smaller; an interval."""
         rows = self.rows
         has_query = rows.key_counts >= 2
         nus = np.array([float(upper(self.row_nu(i))) for i in range(rows.n)])
@@ -478,7 +493,90 @@ class PositionalHeadBounds:
             columns = [rho2 * beta2 * sum((IV.mpf(upper(self.row_nu(i) * interval(float(factors[i]))))
                                           for i in range(rows.n) if rows.visible[i, j]), IV.mpf(0))
                        for j in range(rows.n)]
-        return coupled_rows(b, has_query, t, columns)
+        aligned = coupled_rows(b, has_query, t, columns)
+        apart = self._rows_apart(b, has_query, t) if gains is not None and apart else None
+        return apart if apart is not None and upper(apart) < upper(aligned) else aligned
+
+    def _rows_apart(self, b, has_query: np.ndarray, t_start: np.ndarray):
+        """Step 7 of the module docstring: ``(max_j lambda_max((1 + t_j) b_j^2 Z C Z^T + rho^2 r^2 X Y_j Y_j^T
+        X^T))^(1/2)`` with ``Z = Pi W_Q``, ``X = Pi W_K``, ``C >= (Z^T Z)^-1`` (certified), ``Y_j Y_j^T = sum_{i sees j}
+        (1 + 1/t_i) nu_i sigma^2 R^T W_Q^T M M^T W_Q R``; the ``t_i`` a multiple of ``t_start`` found in floats.
+        An interval, or None when ``Z^T Z`` is singular or a bound was not certified."""
+        rows, n = self.rows, self.rows.n
+        gram_q = self._gram("query_left")
+        k = gram_q.shape[0]
+        try:
+            inverse = np.linalg.inv(gram_q.mid)
+        except np.linalg.LinAlgError:
+            return None
+        inverse = 0.5 * (inverse + inverse.T)
+        C = None
+        for inflate in (1e-9, 1e-6, 1e-3):
+            trial = Enclosure.exact(inverse * (1 + inflate))
+            schur = Enclosure(np.block([[trial.mid, np.eye(k)], [np.eye(k), gram_q.mid]]),
+                              np.block([[trial.rad, np.zeros((k, k))], [np.zeros((k, k)), gram_q.rad]]))
+            if lambda_min_lower(schur.sym()) >= 0.0:      # [[C, I], [I, G]] >= 0 with G > 0: C >= G^-1
+                C = trial
+                break
+        if C is None:
+            return None
+        both = Enclosure(np.concatenate([self._query_left.mid, self._key_left.mid], axis=1),
+                         np.concatenate([self._query_left.rad, self._key_left.rad], axis=1))      # F = [Z, X]
+        gram = (both.T @ both).sym()
+        queries = self._gram("queries_shaped")
+        nus = [float(upper(self.row_nu(i))) for i in range(n)]
+        forms = {(i, j): (self.rotations[j - i].T @ queries @ self.rotations[j - i]).sym()
+                 for i in range(n) for j in range(n) if rows.visible[i, j] and nus[i] > 0}
+        scale2 = float(upper(self.spread ** 2 * self.r ** 2))
+        b2 = float(upper(b ** 2))
+        root = np.linalg.cholesky(gram.mid + 1e-12 * np.trace(gram.mid) * np.eye(2 * k))
+
+        def middles(t: np.ndarray) -> list[Enclosure]:
+            factors = row_factors(t)
+            out = []
+            for j in range(n):
+                mid, rad = np.zeros((2 * k, 2 * k)), np.zeros((2 * k, 2 * k))
+                if has_query[j]:
+                    top = C.scale(interval(float(upper((1 + interval(float(t[j]))) * b ** 2))))
+                    mid[:k, :k], rad[:k, :k] = top.mid, top.rad
+                for i in range(n):
+                    form = forms.get((i, j))
+                    if form is not None:
+                        part = form.scale(interval(float(upper(interval(nus[i]) * interval(float(factors[i]))
+                                                               * interval(scale2)))))
+                        mid[k:, k:] += part.mid
+                        rad[k:, k:] += part.rad
+                out.append(Enclosure(mid, rad))
+            return out
+
+        # floats, to choose t: the query block and each row's key forms seen through the Cholesky factor of F^T F
+        query_float = root[:k].T @ C.mid @ root[:k]
+        key_float = {ij: root[k:].T @ form.mid @ root[k:] for ij, form in forms.items()}
+
+        def largest(log_s: float) -> float:
+            t = t_start * math.exp(log_s)
+            worst = 0.0
+            for j in range(n):
+                total = (1 + t[j]) * b2 * query_float if has_query[j] else 0.0
+                for i in range(n):
+                    if (i, j) in key_float:
+                        total = total + nus[i] * (1 + 1 / t[i]) * scale2 * key_float[(i, j)]
+                if not isinstance(total, float):
+                    worst = max(worst, float(np.linalg.eigvalsh(total)[-1]))
+            return worst
+
+        t = t_start * math.exp(_golden_min(largest, -6.0, 6.0, iterations=16))
+        tops = []
+        for middle in middles(t):
+            if not np.any(middle.mid):
+                tops.append(0.0)
+                continue
+            ridge = 1e-12 * float(np.max(np.abs(middle.mid)))
+            lifted = Enclosure(middle.mid + ridge * np.eye(2 * k), middle.rad).sym()   # only larger
+            tops.append(gram_norm_upper(gram, lifted))
+        if not all(math.isfinite(v) for v in tops):
+            return None
+        return IV.mpf(max(tops))
 
     def terms(self) -> dict:
         """``b, L, rho beta, kappa, kappa_cov`` and the row constants as intervals."""
