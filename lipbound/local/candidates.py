@@ -48,7 +48,7 @@ from .enclosed import EnclosedNorm, inverse_sqrt
 from .scores import ScoreNorms
 
 __all__ = ["CandidatePasses", "candidate_passes", "PointStates", "attention_radii", "norm_radii", "feedforward_radii",
-           "chain_radii", "MOST_SENTENCES"]
+           "chain_radii", "SlopeReference", "MOST_SENTENCES"]
 
 #: The most edited sentences one set's passes evaluate.
 MOST_SENTENCES = 1 << 17
@@ -99,6 +99,15 @@ class PointStates:
         return cls(X.mid, (IntervalArray(rounding) + IntervalArray(np.asarray(radii, dtype=np.float64))).hi)
 
 
+def _ball_product(A: IntervalArray, W: np.ndarray, W_norm: float) -> tuple[IntervalArray, np.ndarray]:
+    """``a W`` for every row ``a`` of the box A (..., k): the exactly summed product at A's midpoint, enclosed,
+    and per row the ball radius ``||W||_2 ||a - mid||_2 <= W_norm ||rad||_2`` of the rest.  Interval arithmetic's
+    ``rad |W|`` grows a rounding-sized radius by the entrywise ``|W|``, about ``sqrt(k)`` times ``||W||_2`` for
+    a dense matrix: the rounding of the previous operations is carried as a ball instead."""
+    rest = IntervalArray(W_norm) * IntervalArray(IntervalArray(A.rad).norm_upper())
+    return IntervalArray(A.mid).matmul(W, exact_sums=True), rest.hi
+
+
 def _head_stack(engine: AttentionMap, part: int) -> np.ndarray:
     """``W_Q`` (part 0) or ``W_K`` (part 1) of every head, (H, d, d_k)."""
     return np.stack([engine.head_weights(h)[part] for h in range(engine.H)])
@@ -136,6 +145,27 @@ def _query_covariance(engine: AttentionMap, P: IntervalArray, K: IntervalArray, 
     return (at_point + IntervalArray(query_norms)[None, :, None] * change).hi
 
 
+def _key_path_norms(engine: AttentionMap, Q: IntervalArray, V: IntervalArray, F: IntervalArray, P: IntervalArray,
+                    c) -> np.ndarray:
+    """Upper bounds (B, n, n) on ``||N_ij||_F`` for the key path in the output space (lemma point-attention),
+    ``N_ij = c sum_h p~^h_ij (W_K^h q~^h_i) (v~^h_j - f~^h_i) W_O^h`` (d x d, rank at most H), the map from a move
+    ``e_j`` of token j to its first-order key-path change of output i, heads and ``W_O`` together:
+    ``||N_ij||_F^2 = c^2 sum_hg p_h p_g (u_h . u_g) (y_h . y_g)`` with ``u_h = W_K^h q~^h_i`` and ``y_h = (v~^h_j -
+    f~^h_i) W_O^h``: Gram matrices over the heads (H x H per pair), no d x d matrix."""
+    H, d_v = engine.H, engine.d_v
+    U = Q.bmm(IntervalArray(_head_stack(engine, 1)).swapaxes(1, 2))                          # (B, H, n, d)
+    blocks = IntervalArray(np.stack([engine.W_O[h * d_v:(h + 1) * d_v] for h in range(H)]))  # (H, d_v, d)
+    VO, FO = V.bmm(blocks), F.bmm(blocks)                                                     # (B, H, n, d)
+    keys = U.einsum("bhid,bgid->bihg", U)                                                     # (B, i, H, H)
+    values = VO.einsum("bhjd,bgjd->bjhg", VO)                                                 # (B, j, H, H)
+    means = FO.einsum("bhid,bgid->bihg", FO)                                                  # (B, i, H, H)
+    cross = VO.einsum("bhjd,bgid->bijhg", FO)                                                 # v_j^h . f_i^g
+    outputs = values.expand(1) - cross - cross.swapaxes(3, 4) + means.expand(2)              # (B, i, j, H, H)
+    weights = P.swapaxes(1, 2).swapaxes(2, 3)                                                 # (B, i, j, H)
+    squares = (weights.expand(-1) * weights.expand(-2) * keys.expand(2) * outputs).sum(axis=-1).sum(axis=-1)
+    return (squares.clip_below(0.0).sqrt() * c).hi
+
+
 def attention_radii(engine: AttentionMap, X: PointStates, output_norm: float | None = None) -> PointStates:
     """``Z = X + MHA(X)`` of a batch (B, n, d) given in balls: the enclosure at the points, and per token
 
@@ -160,7 +190,9 @@ def attention_radii(engine: AttentionMap, X: PointStates, output_norm: float | N
     P = softmax(Q.einsum("bhik,bhjk->bhij", K) * c, np.ones(n))
     F = P.einsum("bhij,bhjv->bhiv", V)
     merged = F.swapaxes(1, 2).reshape(B, n, engine.H * engine.d_v)
-    Z = merged.matmul(engine.W_O, exact_sums=True) + IntervalArray(engine.b_O) + points
+    output_norm = output_norm or spectral_norm_upper(engine.W_O)
+    mixed, mixed_rounding = _ball_product(merged, engine.W_O, output_norm)
+    Z = mixed + IntervalArray(engine.b_O) + points
     norms = attention_norms(engine)
     g = np.array([ScoreNorms._offset_norm(engine.heads[h], *engine.head_weights(h)[:2], None) for h in range(engine.H)])
     a, b = (_gram_norms(vectors, _head_stack(engine, part)) for vectors, part in ((K, 0), (Q, 1)))    # (B, H, n)
@@ -184,7 +216,17 @@ def attention_radii(engine: AttentionMap, X: PointStates, output_norm: float | N
     delta = IntervalArray(norms["L_V"])[None, :, None] * (p_most * rho[..., None, :]).sum(axis=-1) \
         + query * rho[:, 0][:, None] + (p_most * keyed * (gaps + drift)).sum(axis=-1)             # (B, H, n)
     heads = delta.square().sum(axis=1).sqrt()                                                    # (B, n)
-    radii = IntervalArray(X.radii) + IntervalArray(output_norm or spectral_norm_upper(engine.W_O)) * heads
+    # the key path's first-order term in the output space, the rest of sigma's key part per head as above
+    first = (IntervalArray(_key_path_norms(engine, Q, V, F, P, c)) * rho).sum(axis=-1)              # (B, n)
+    rest = (IntervalArray(b)[..., None] * rho[..., None, :] * (moved * (gaps + drift) + IntervalArray(P.hi) * drift)
+            ).sum(axis=-1) * c \
+        + (p_most * IntervalArray(g)[None, :, None, None] * rho[..., :, None] * rho[..., None, :] * (gaps + drift)
+           ).sum(axis=-1) * c
+    split = IntervalArray(norms["L_V"])[None, :, None] * (p_most * rho[..., None, :]).sum(axis=-1) \
+        + query * rho[:, 0][:, None] + rest
+    output_space = IntervalArray(output_norm) * split.square().sum(axis=1).sqrt() + first
+    mixing = np.minimum((IntervalArray(output_norm) * heads).hi, output_space.hi)
+    radii = IntervalArray(X.radii) + IntervalArray(mixed_rounding) + IntervalArray(mixing)
     return PointStates.from_enclosure(Z, radii.hi)
 
 
@@ -219,10 +261,10 @@ def feedforward_radii(ffn, X: PointStates) -> PointStates:
 _SLOPE_GRAMS: dict = {}
 
 
-def _slope_gram(ffn, gamma: np.ndarray) -> tuple[IntervalArray, float, np.ndarray]:
+def _slope_gram(ffn, gamma: np.ndarray) -> tuple[IntervalArray, float, np.ndarray, float]:
     """``G = (W_1^T diag(gamma)^2 W_1) o (W_2 W_2^T)`` (d_ff, d_ff), enclosed, with
     ``||diag(gamma) W_1 diag(s) W_2||_F^2 = s^T G s``; an upper bound on ``|| |G| ||_inf`` (>= ``|| |G| ||_2``,
-    ``|G|`` symmetric) and the column norms ``||diag(gamma) w_1k||``; once per block."""
+    ``|G|`` symmetric), the column norms ``||diag(gamma) w_1k||`` and a certified ``||W_2||``; once per block."""
     key = id(ffn)
     if key not in _SLOPE_GRAMS or _SLOPE_GRAMS[key][0] is not ffn or _SLOPE_GRAMS[key][1] is not gamma:
         scaled = IntervalArray(ffn.W_1) * IntervalArray(np.asarray(gamma, dtype=np.float64))[:, None]     # (d, d_ff)
@@ -230,7 +272,7 @@ def _slope_gram(ffn, gamma: np.ndarray) -> tuple[IntervalArray, float, np.ndarra
         right = IntervalArray(ffn.W_2).bmm(IntervalArray(np.ascontiguousarray(ffn.W_2.T)))
         G = left * right
         widest = float(np.max(IntervalArray(G.magnitude).sum(axis=-1).hi))
-        _SLOPE_GRAMS[key] = (ffn, gamma, G, widest, scaled.norm_upper(axis=0))
+        _SLOPE_GRAMS[key] = (ffn, gamma, G, widest, scaled.norm_upper(axis=0), spectral_norm_upper(ffn.W_2))
     return _SLOPE_GRAMS[key][2:]
 
 
@@ -240,43 +282,84 @@ def _curvature_top() -> float:
     return float(np.nextafter(2.0 * inv_sqrt_2pi()[1], np.inf))
 
 
-def chain_radii(item, X: PointStates) -> PointStates:
+@final
+@dataclass(frozen=True)
+class SlopeReference:
+    """Reference slopes ``s0`` (n, d_ff) of a layer's feed-forward block, one vector per token position, with
+    certified ``sigma0_i >= ||diag(gamma) W_1 diag(s0_i) W_2||_2`` (n,).  Any ``s0`` is sound (lemma point-chain:
+    ``||diag(gamma) W_1 diag(s) W_2|| <= sigma0 + (the Frobenius norm of the difference)``); the median over a batch
+    of candidates keeps the difference small, since an edit moves most neurons of a token little."""
+
+    slopes: np.ndarray
+    spectral: np.ndarray
+
+    @classmethod
+    def of(cls, item, points: np.ndarray) -> SlopeReference:
+        """The median slopes of the batch (B, n, d) of attention block outputs at each position, with their norms."""
+        E = EnclosedNorm(item.ln_out, points, exact_sums=True)
+        pre = IntervalArray(E.output.mid).matmul(item.ffn.W_1, exact_sums=True) + IntervalArray(item.ffn.b_1)
+        slopes = np.median(gelu_with_slopes(pre)[1].mid, axis=0)                                  # (n, d_ff)
+        scaled = IntervalArray(item.ffn.W_1) * IntervalArray(np.asarray(item.ln_out.gamma, dtype=np.float64))[:, None]
+        spectral = np.array([spectral_norm_upper((scaled * IntervalArray(row)[None, :]).bmm(IntervalArray(item.ffn.W_2))
+                                                 .to_enclosure()) for row in slopes])
+        return cls(slopes, spectral)
+
+
+def _frobenius_over_box(G: IntervalArray, widest: float, center: np.ndarray, spread: IntervalArray) -> IntervalArray:
+    """``sup (s^T G s)^(1/2)`` over ``s`` in ``center +- spread`` (B, n, d_ff), for the slope Gram matrix G:
+    ``s^T G s <= c^T G c + 2 r^T |G c| + ||r||^2 |||G|||``."""
+    product = IntervalArray(center).bmm(G)                                                      # G c, (B, n, d_ff)
+    quadratic = (IntervalArray(center) * product).sum(axis=-1) \
+        + (IntervalArray(product.magnitude) * spread).sum(axis=-1) * 2.0 \
+        + spread.square().sum(axis=-1) * IntervalArray(widest)
+    return quadratic.clip_below(0.0).sqrt()
+
+
+def chain_radii(item, X: PointStates, reference: SlopeReference | None = None) -> PointStates:
     """The LayerNorm, the residual feed-forward block and the output LayerNorm of a layer, ``z -> N_2(f(N_1(z)))``,
     of attention block outputs in balls, through the block's local behaviour at the points (lemma point-chain,
     docs/mathematics.md).  With ``N_1(z) = gamma o nhat(z) + beta``, ``nhat(z) = sqrt(d) u / n(u)``:
 
-    ``rho_f = s_n rho (max|gamma| + sup_s (s^T G s)^(1/2)) + r_1 L_f + (the enclosure's radius)``
+    ``rho_f = (s_n rho + r_1 / min|gamma|) (max|gamma| + sup_s ||diag(gamma) W_1 diag(s) W_2||) + (the enclosure's
+    radius)``
 
     ``s_n = sqrt(d) / ((||P z~|| - rho)_+^2 + d eps)^(1/2)`` the Lipschitz bound of ``nhat`` on the ball, ``r_1`` the
-    rounding of the LayerNorm at the point, ``L_f`` the block's global constant, ``G`` of :func:`_slope_gram` and
-    ``s`` over the box of GELU' on the segment (its value at the pre-activations' midpoints
+    rounding of the LayerNorm at the point (a move ``delta = gamma o (delta / gamma)`` of its output), ``s`` over the
+    box of GELU' on the segment (its value at the pre-activations' midpoints
     :func:`~lipbound.rigorous.arrays.gelu_with_slopes`, plus ``max|GELU''|`` times how far a pre-activation can be:
-    ``rad + s_n rho ||diag(gamma) w_1k|| + r_1 ||w_1k||``): ``s^T G s <= c^T G c + 2 r^T |G c| + ||r||^2 |||G|||``
-    for ``s`` in ``c +- r``.  Per token the smaller of this and the product of the stages' bounds
-    (:func:`norm_radii`, :func:`feedforward_radii`), then :func:`norm_radii` of the output LayerNorm."""
+    ``rad + s_n rho ||diag(gamma) w_1k|| + r_1 ||w_1k||``), and the norm bounded by ``sigma0 + sup_s ((s - s0)^T G
+    (s - s0))^(1/2)`` for the reference slopes ``s0`` of the token's position (:class:`SlopeReference`, by default the
+    batch's own median) and ``G`` of :func:`_slope_gram` (a Frobenius norm of the difference only).  Per token the
+    smaller of this and the product of the stages' bounds (:func:`norm_radii`, :func:`feedforward_radii`), then
+    :func:`norm_radii` of the output LayerNorm; the rounding of the product by ``W_2`` is carried as a ball
+    (:func:`_ball_product`)."""
     norm, ffn = item.ln_out, item.ffn
+    if reference is None:
+        reference = SlopeReference.of(item, X.points)
     E = EnclosedNorm(norm, X.points, exact_sums=True)
     moved = _normalised(E, X)                                                                   # ||nhat(z) - nhat(z~)||
     Y = PointStates.from_enclosure(E.output)
     points = IntervalArray(Y.points)
     pre = points.matmul(ffn.W_1, exact_sums=True) + IntervalArray(ffn.b_1)
     hidden, slopes = gelu_with_slopes(pre)
-    output = points + hidden.matmul(ffn.W_2, exact_sums=True) + IntervalArray(ffn.b_2)
-    G, widest, scaled_columns = _slope_gram(ffn, norm.gamma)
+    G, widest, scaled_columns, down_norm = _slope_gram(ffn, norm.gamma)
+    lowered, lowered_rounding = _ball_product(hidden, ffn.W_2, down_norm)
+    output = points + lowered + IntervalArray(ffn.b_2)
     rounding = IntervalArray(Y.radii)
     reach = IntervalArray(pre.rad) + moved.expand(-1) * IntervalArray(scaled_columns) \
         + rounding.expand(-1) * IntervalArray(_column_norms(ffn))
-    center = slopes.mid
     spread = IntervalArray((IntervalArray(slopes.rad) + IntervalArray(_curvature_top()) * reach).hi)
-    product = IntervalArray(center).bmm(G)                                                      # G c, (B, n, d_ff)
-    quadratic = (IntervalArray(center) * product).sum(axis=-1) \
-        + (IntervalArray(product.magnitude) * spread).sum(axis=-1) * 2.0 \
-        + spread.square().sum(axis=-1) * IntervalArray(widest)
-    factor = IntervalArray(float(np.max(np.abs(norm.gamma)))) + quadratic.clip_below(0.0).sqrt()
+    gammas = np.abs(np.asarray(norm.gamma, dtype=np.float64))
+    offset = IntervalArray(slopes.mid) - IntervalArray(reference.slopes)                          # c - s0, enclosed
+    around = IntervalArray(reference.spectral) + _frobenius_over_box(G, widest, offset.mid, spread + offset.rad)
+    top = IntervalArray(float(np.max(gammas)))
+    factor = top + around
     global_ffn = IntervalArray(feedforward_global(ffn))
-    local = moved * factor + rounding * global_ffn
-    stages = (moved * IntervalArray(float(np.max(np.abs(norm.gamma)))) + rounding) * global_ffn
-    radii = np.minimum(local.hi, stages.hi)
+    local = (moved * factor + rounding * global_ffn).hi
+    if np.min(gammas) > 0:
+        local = np.minimum(local, ((moved + rounding / IntervalArray(float(np.min(gammas)))) * factor).hi)
+    stages = (moved * top + rounding) * global_ffn
+    radii = (IntervalArray(np.minimum(local, stages.hi)) + IntervalArray(lowered_rounding)).hi
     return norm_radii(item.ffn_norm, PointStates.from_enclosure(output, radii))
 
 
