@@ -153,13 +153,21 @@ def _key_path_norms(engine: AttentionMap, Q: IntervalArray, V: IntervalArray, F:
     ``||N_ij||_F^2 = c^2 sum_hg p_h p_g (u_h . u_g) (y_h . y_g)`` with ``u_h = W_K^h q~^h_i`` and ``y_h = (v~^h_j -
     f~^h_i) W_O^h``: Gram matrices over the heads (H x H per pair), no d x d matrix."""
     H, d_v = engine.H, engine.d_v
+    B, n = Q.shape[0], Q.shape[2]
     U = Q.bmm(IntervalArray(_head_stack(engine, 1)).swapaxes(1, 2))                          # (B, H, n, d)
     blocks = IntervalArray(np.stack([engine.W_O[h * d_v:(h + 1) * d_v] for h in range(H)]))  # (H, d_v, d)
-    VO, FO = V.bmm(blocks), F.bmm(blocks)                                                     # (B, H, n, d)
-    keys = U.einsum("bhid,bgid->bihg", U)                                                     # (B, i, H, H)
-    values = VO.einsum("bhjd,bgjd->bjhg", VO)                                                 # (B, j, H, H)
-    means = FO.einsum("bhid,bgid->bihg", FO)                                                  # (B, i, H, H)
-    cross = VO.einsum("bhjd,bgid->bijhg", FO)                                                 # v_j^h . f_i^g
+    VO, FO = (A.bmm(blocks).swapaxes(1, 2).reshape(B, n * H, -1) for A in (V, F))          # (B, n H, d)
+    U = U.swapaxes(1, 2).reshape(B, n * H, -1)
+
+    def gram(left: IntervalArray, right: IntervalArray) -> IntervalArray:               # (B, n, n, H, H) by BLAS
+        return left.bmm(right.swapaxes(1, 2)).reshape(B, n, H, n, H).swapaxes(2, 3)
+
+    def same_token(pairs: IntervalArray) -> IntervalArray:                              # (B, n, H, H): i = j
+        return IntervalArray(*(np.ascontiguousarray(np.diagonal(end, axis1=1, axis2=2).transpose(0, 3, 1, 2))
+                               for end in (pairs.lo, pairs.hi)))
+
+    keys, values, means = same_token(gram(U, U)), same_token(gram(VO, VO)), same_token(gram(FO, FO))
+    cross = gram(FO, VO)                                                                      # f_i^h . v_j^g
     outputs = values.expand(1) - cross - cross.swapaxes(3, 4) + means.expand(2)              # (B, i, j, H, H)
     weights = P.swapaxes(1, 2).swapaxes(2, 3)                                                 # (B, i, j, H)
     squares = (weights.expand(-1) * weights.expand(-2) * keys.expand(2) * outputs).sum(axis=-1).sum(axis=-1)
@@ -351,9 +359,11 @@ def chain_radii(item, X: PointStates, reference: SlopeReference | None = None) -
     spread = IntervalArray((IntervalArray(slopes.rad) + IntervalArray(_curvature_top()) * reach).hi)
     gammas = np.abs(np.asarray(norm.gamma, dtype=np.float64))
     offset = IntervalArray(slopes.mid) - IntervalArray(reference.slopes)                          # c - s0, enclosed
-    around = IntervalArray(reference.spectral) + _frobenius_over_box(G, widest, offset.mid, spread + offset.rad)
+    around = np.minimum((IntervalArray(reference.spectral) + _frobenius_over_box(G, widest, offset.mid,
+                                                                                spread + offset.rad)).hi,
+                        _frobenius_over_box(G, widest, slopes.mid, spread).hi)
     top = IntervalArray(float(np.max(gammas)))
-    factor = top + around
+    factor = top + IntervalArray(around)
     global_ffn = IntervalArray(feedforward_global(ffn))
     local = (moved * factor + rounding * global_ffn).hi
     if np.min(gammas) > 0:
@@ -418,6 +428,7 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
     reached, stopped = last, ""
     engines = [AttentionMap(model.layer(index).as_layer(residual=True)) for index in range(last + 1)]
     output_norms = [spectral_norm_upper(engine.W_O) for engine in engines]
+    references_of: dict = {}
     for begin in range(0, total, chunk):
         choice = np.unravel_index(np.arange(begin, min(begin + chunk, total)), shape)
         b = choice[0].size
@@ -446,7 +457,9 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
             if layer == reached:
                 break
             try:
-                X = chain_radii(item, Z)
+                if layer not in references_of:     # the first chunk's median slopes serve every later chunk
+                    references_of[layer] = SlopeReference.of(item, Z.points)
+                X = chain_radii(item, Z, references_of[layer])
             except NotCertifiedError as error:
                 reached, stopped = layer, f"layer {layer + 1}: {error}"
                 break
