@@ -41,7 +41,8 @@ from ..numeric.attention import AttentionMap
 from ..numeric.blas import one_blas_thread
 from ..numeric.model import Model
 from ..rigorous.arrays import IntervalArray, gelu, gelu_with_slopes, softmax
-from ..rigorous.elementwise import inv_sqrt_2pi
+from ..rigorous.batched import spectral_norms_upper
+from ..rigorous.elementwise import gamma_bound, inv_sqrt_2pi
 from ..rigorous.linalg import spectral_norm_upper
 from .bounds import _column_norms, attention_norms, feedforward_global
 from .enclosed import EnclosedNorm, inverse_sqrt
@@ -294,9 +295,10 @@ def _curvature_top() -> float:
 @dataclass(frozen=True)
 class SlopeReference:
     """Reference slopes ``s0`` (n, d_ff) of a layer's feed-forward block, one vector per token position, with
-    certified ``sigma0_i >= ||diag(gamma) W_1 diag(s0_i) W_2||_2`` (n,).  Any ``s0`` is sound (lemma point-chain:
-    ``||diag(gamma) W_1 diag(s) W_2|| <= sigma0 + (the Frobenius norm of the difference)``); the median over a batch
-    of candidates keeps the difference small, since an edit moves most neurons of a token little."""
+    certified ``sigma0_i >= ||diag(gamma) (I + W_1 diag(s0_i) W_2)||_2`` (n,).  Any ``s0`` is sound (lemma
+    point-chain: ``||diag(gamma) (I + W_1 diag(s) W_2)|| <= sigma0 + (the Frobenius norm of diag(gamma) W_1 diag(s -
+    s0) W_2)``); the median over a batch of candidates keeps the difference small, since an edit moves most neurons
+    of a token little."""
 
     slopes: np.ndarray
     spectral: np.ndarray
@@ -307,10 +309,17 @@ class SlopeReference:
         E = EnclosedNorm(item.ln_out, points, exact_sums=True)
         pre = IntervalArray(E.output.mid).matmul(item.ffn.W_1, exact_sums=True) + IntervalArray(item.ffn.b_1)
         slopes = np.median(gelu_with_slopes(pre)[1].mid, axis=0)                                  # (n, d_ff)
-        scaled = IntervalArray(item.ffn.W_1) * IntervalArray(np.asarray(item.ln_out.gamma, dtype=np.float64))[:, None]
-        spectral = np.array([spectral_norm_upper((scaled * IntervalArray(row)[None, :]).bmm(IntervalArray(item.ffn.W_2))
-                                                 .to_enclosure()) for row in slopes])
-        return cls(slopes, spectral)
+        gamma = IntervalArray(np.asarray(item.ln_out.gamma, dtype=np.float64))
+        scaled = IntervalArray(item.ffn.W_1) * gamma[:, None]
+        diagonal = np.arange(gamma.shape[0])
+        spectral = []
+        for row in slopes:   # diag(gamma) (I + W_1 diag(s0) W_2), the identity inside the norm
+            M = (scaled * IntervalArray(row)[None, :]).bmm(IntervalArray(item.ffn.W_2))
+            lo, hi = M.lo.copy(), M.hi.copy()
+            lo[diagonal, diagonal], hi[diagonal, diagonal] = (M[diagonal, diagonal] + gamma).lo, \
+                (M[diagonal, diagonal] + gamma).hi
+            spectral.append(spectral_norm_upper(IntervalArray(lo, hi).to_enclosure()))
+        return cls(slopes, np.array(spectral))
 
 
 def _frobenius_over_box(G: IntervalArray, widest: float, center: np.ndarray, spread: IntervalArray) -> IntervalArray:
@@ -323,26 +332,56 @@ def _frobenius_over_box(G: IntervalArray, widest: float, center: np.ndarray, spr
     return quadratic.clip_below(0.0).sqrt()
 
 
-def chain_radii(item, X: PointStates, reference: SlopeReference | None = None) -> PointStates:
+#: id(ffn) -> (ffn, gamma, an upper bound on || |diag(gamma) W_1| |W_2| ||_F): the float products' error scale.
+_ABSOLUTE: dict = {}
+
+
+def _chain_spectral(ffn, gamma: np.ndarray, slopes: np.ndarray, group: int = 32) -> np.ndarray:
+    """Certified ``||diag(gamma) (I + W_1 diag(c) W_2)||_2`` for every slope vector c (..., d_ff) (taken exactly): the
+    matrix formed in floats, its norm certified by :func:`~lipbound.rigorous.batched.spectral_norms_upper`, plus the
+    Frobenius norm of the forming's error, at most ``gamma_{d_ff + 4} max|gamma| (sqrt(d) + 2 max|c| || |W_1| |W_2|
+    ||_F)`` (Higham, eq. 3.13, for the product and the three roundings around it; Weyl).  One d x d_ff x d product
+    per vector: the exact route of lemma point-chain, for passes that must go deep."""
+    key = id(ffn)
+    if key not in _ABSOLUTE or _ABSOLUTE[key][0] is not ffn or _ABSOLUTE[key][1] is not gamma:
+        absolute = IntervalArray(np.abs(ffn.W_1)).bmm(IntervalArray(np.abs(ffn.W_2)))
+        _ABSOLUTE[key] = (ffn, gamma, float(IntervalArray(absolute.hi).square().sum(axis=-1).sum(axis=-1).sqrt().hi))
+    d, d_ff = ffn.W_1.shape
+    flat = slopes.reshape(-1, d_ff)
+    gammas = np.asarray(gamma, dtype=np.float64)
+    largest = (IntervalArray(float(np.max(np.abs(flat), initial=0.0))) * IntervalArray(_ABSOLUTE[key][2]) * 2.0
+               + IntervalArray(np.sqrt(float(d))).hull(IntervalArray(np.nextafter(np.sqrt(float(d)), np.inf))))
+    error = (IntervalArray(gamma_bound(d_ff + 4)) * IntervalArray(float(np.max(np.abs(gammas)))) * largest).hi.item()
+    out = np.empty(flat.shape[0])
+    for begin in range(0, flat.shape[0], group):
+        part = flat[begin:begin + group]
+        M = np.matmul(ffn.W_1[None] * part[:, None, :], ffn.W_2)                             # (g, d, d)
+        M[:, np.arange(d), np.arange(d)] += 1.0
+        M *= gammas[None, :, None]
+        out[begin:begin + group] = (IntervalArray(spectral_norms_upper(M)) + IntervalArray(error)).hi
+    return out.reshape(slopes.shape[:-1])
+
+
+def chain_radii(item, X: PointStates, reference: SlopeReference | None = None, exact: bool = False) -> PointStates:
     """The LayerNorm, the residual feed-forward block and the output LayerNorm of a layer, ``z -> N_2(f(N_1(z)))``,
     of attention block outputs in balls, through the block's local behaviour at the points (lemma point-chain,
     docs/mathematics.md).  With ``N_1(z) = gamma o nhat(z) + beta``, ``nhat(z) = sqrt(d) u / n(u)``:
 
-    ``rho_f = (s_n rho + r_1 / min|gamma|) (max|gamma| + sup_s ||diag(gamma) W_1 diag(s) W_2||) + (the enclosure's
-    radius)``
+    ``rho_f = (s_n rho + r_1 / min|gamma|) sup_s ||diag(gamma) (I + W_1 diag(s) W_2)|| + (the enclosure's radius)``
 
     ``s_n = sqrt(d) / ((||P z~|| - rho)_+^2 + d eps)^(1/2)`` the Lipschitz bound of ``nhat`` on the ball, ``r_1`` the
     rounding of the LayerNorm at the point (a move ``delta = gamma o (delta / gamma)`` of its output), ``s`` over the
     box of GELU' on the segment (its value at the pre-activations' midpoints
     :func:`~lipbound.rigorous.arrays.gelu_with_slopes`, plus ``max|GELU''|`` times how far a pre-activation can be:
-    ``rad + s_n rho ||diag(gamma) w_1k|| + r_1 ||w_1k||``), and the norm bounded by ``sigma0 + sup_s ((s - s0)^T G
-    (s - s0))^(1/2)`` for the reference slopes ``s0`` of the token's position (:class:`SlopeReference`, by default the
-    batch's own median) and ``G`` of :func:`_slope_gram` (a Frobenius norm of the difference only).  Per token the
+    ``rad + s_n rho ||diag(gamma) w_1k|| + r_1 ||w_1k||``), and the norm bounded by the smaller of ``sigma0 + sup_s
+    ((s - s0)^T G (s - s0))^(1/2)`` for the reference slopes ``s0`` of the token's position (:class:`SlopeReference`,
+    by default the batch's own median; a Frobenius norm of the difference only) and ``max|gamma| + sup_s (s^T G
+    s)^(1/2)``, with ``G`` of :func:`_slope_gram`.  Per token the
     smaller of this and the product of the stages' bounds (:func:`norm_radii`, :func:`feedforward_radii`), then
     :func:`norm_radii` of the output LayerNorm; the rounding of the product by ``W_2`` is carried as a ball
     (:func:`_ball_product`)."""
     norm, ffn = item.ln_out, item.ffn
-    if reference is None:
+    if reference is None and not exact:
         reference = SlopeReference.of(item, X.points)
     E = EnclosedNorm(norm, X.points, exact_sums=True)
     moved = _normalised(E, X)                                                                   # ||nhat(z) - nhat(z~)||
@@ -358,12 +397,16 @@ def chain_radii(item, X: PointStates, reference: SlopeReference | None = None) -
         + rounding.expand(-1) * IntervalArray(_column_norms(ffn))
     spread = IntervalArray((IntervalArray(slopes.rad) + IntervalArray(_curvature_top()) * reach).hi)
     gammas = np.abs(np.asarray(norm.gamma, dtype=np.float64))
-    offset = IntervalArray(slopes.mid) - IntervalArray(reference.slopes)                          # c - s0, enclosed
-    around = np.minimum((IntervalArray(reference.spectral) + _frobenius_over_box(G, widest, offset.mid,
-                                                                                spread + offset.rad)).hi,
-                        _frobenius_over_box(G, widest, slopes.mid, spread).hi)
     top = IntervalArray(float(np.max(gammas)))
-    factor = top + IntervalArray(around)
+    factor = top + _frobenius_over_box(G, widest, slopes.mid, spread)
+    if reference is not None:
+        offset = IntervalArray(slopes.mid) - IntervalArray(reference.slopes)                      # c - s0, enclosed
+        around = IntervalArray(reference.spectral) + _frobenius_over_box(G, widest, offset.mid, spread + offset.rad)
+        factor = IntervalArray(np.minimum(factor.hi, around.hi))
+    if exact:   # the norm at the slopes' centre in full, the box about it in Frobenius norm (t^T G t <= |||G||| |t|^2)
+        at_center = IntervalArray(_chain_spectral(ffn, norm.gamma, slopes.mid)) \
+            + (spread.square().sum(axis=-1) * IntervalArray(widest)).sqrt()
+        factor = IntervalArray(np.minimum(factor.hi, at_center.hi))
     global_ffn = IntervalArray(feedforward_global(ffn))
     local = (moved * factor + rounding * global_ffn).hi
     if np.min(gammas) > 0:
@@ -384,7 +427,8 @@ def _check_layer(item) -> None:
 
 @one_blas_thread
 def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, words: list, references: list,
-                     last: int, *, chunk: int = 256, widest: float = 20.0, progress=None) -> CandidatePasses:
+                     last: int, *, chunk: int = 256, widest: float = 20.0, exact_chain: bool = False,
+                     progress=None) -> CandidatePasses:
     """Certified per-candidate passes of a replacement at ``slots`` by every combination of their candidates
     (module docstring): ``prod_s K_s`` edited sentences, at most :data:`MOST_SENTENCES`.
 
@@ -409,6 +453,11 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
         this multiple of the largest bound of a chunk there: the next layer's radii would be about that large
         (they grow about 1e3-fold per layer on all-MiniLM-L6-v2), beyond the set route's reach (the token balls
         are about 100 times the worst edit from layer 1 on) or its softmax bounds would overflow.
+    exact_chain : bool
+        Bound each chain by the certified norm of its Jacobian part at the point (:func:`chain_radii` with
+        ``exact``: one d x d_ff x d product per token and layer, about 0.5-1 CPU-s per sentence through six layers
+        of all-MiniLM-L6-v2) instead of the reference slopes' route: the radii grow about 100-fold per layer instead
+        of about 350-fold, enough to carry the passes through layer 5 there.
     """
     if not model.complete or model.embeddings is None:
         raise AssumptionError("model", "a full checkpoint (embeddings, every layer)", "an attention-only model",
@@ -457,9 +506,9 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
             if layer == reached:
                 break
             try:
-                if layer not in references_of:     # the first chunk's median slopes serve every later chunk
+                if layer not in references_of and not exact_chain:   # the first chunk's median serves every chunk
                     references_of[layer] = SlopeReference.of(item, Z.points)
-                X = chain_radii(item, Z, references_of[layer])
+                X = chain_radii(item, Z, references_of.get(layer), exact=exact_chain)
             except NotCertifiedError as error:
                 reached, stopped = layer, f"layer {layer + 1}: {error}"
                 break
