@@ -309,17 +309,7 @@ class SlopeReference:
         E = EnclosedNorm(item.ln_out, points, exact_sums=True)
         pre = IntervalArray(E.output.mid).matmul(item.ffn.W_1, exact_sums=True) + IntervalArray(item.ffn.b_1)
         slopes = np.median(gelu_with_slopes(pre)[1].mid, axis=0)                                  # (n, d_ff)
-        gamma = IntervalArray(np.asarray(item.ln_out.gamma, dtype=np.float64))
-        scaled = IntervalArray(item.ffn.W_1) * gamma[:, None]
-        diagonal = np.arange(gamma.shape[0])
-        spectral = []
-        for row in slopes:   # diag(gamma) (I + W_1 diag(s0) W_2), the identity inside the norm
-            M = (scaled * IntervalArray(row)[None, :]).bmm(IntervalArray(item.ffn.W_2))
-            lo, hi = M.lo.copy(), M.hi.copy()
-            lo[diagonal, diagonal], hi[diagonal, diagonal] = (M[diagonal, diagonal] + gamma).lo, \
-                (M[diagonal, diagonal] + gamma).hi
-            spectral.append(spectral_norm_upper(IntervalArray(lo, hi).to_enclosure()))
-        return cls(slopes, np.array(spectral))
+        return cls(slopes, _chain_spectral(item.ffn, item.ln_out.gamma, slopes))
 
 
 def _frobenius_over_box(G: IntervalArray, widest: float, center: np.ndarray, spread: IntervalArray) -> IntervalArray:
@@ -336,7 +326,7 @@ def _frobenius_over_box(G: IntervalArray, widest: float, center: np.ndarray, spr
 _ABSOLUTE: dict = {}
 
 
-def _chain_spectral(ffn, gamma: np.ndarray, slopes: np.ndarray, group: int = 32) -> np.ndarray:
+def _chain_spectral(ffn, gamma: np.ndarray, slopes: np.ndarray, group: int = 8) -> np.ndarray:
     """Certified ``||diag(gamma) (I + W_1 diag(c) W_2)||_2`` for every slope vector c (..., d_ff) (taken exactly): the
     matrix formed in floats, its norm certified by :func:`~lipbound.rigorous.batched.spectral_norms_upper`, plus the
     Frobenius norm of the forming's error, at most ``gamma_{d_ff + 4} max|gamma| (sqrt(d) + 2 max|c| || |W_1| |W_2|

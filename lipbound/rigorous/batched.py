@@ -71,12 +71,27 @@ def _levels_certified(C: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, np
 
 def spectral_norms_upper(F: np.ndarray, steps: int = 12, margin: float = 2e-3) -> np.ndarray:
     """Certified upper bounds (T,) on ``||F_t||_2`` for a stack of float matrices F (T, m, k) (module docstring);
-    the level sits ``margin`` (relative) above the power estimate, raised fourfold while a factorisation fails."""
+    the level sits ``margin`` (relative) above the power estimate, raised fourfold while a factorisation fails.
+    Each matrix is scaled by a power of two to a largest entry in [1/2, 1) first (no overflow or underflow in its
+    Gram matrix); an entry the scaling pushes below the normal range moves by at most ``eta``, so
+    ``sqrt(m k) eta`` is added before scaling back."""
     F = np.asarray(F, dtype=np.float64)
     T, m, k = F.shape
     if m < k:
         F = F.swapaxes(1, 2)
         m, k = k, m
+    exponents = np.frexp(np.max(np.abs(F), axis=(1, 2), initial=0.0))[1]
+    scaled = _unit_norms_upper(np.ldexp(F, -exponents[:, None, None]), steps, margin)
+    scaled = up_nonnegative((scaled + np.sqrt(float(m * k)) * 2.0 * _ETA) * (1 + 4 * UNIT_ROUNDOFF))
+    out = np.ldexp(scaled, exponents)
+    inexact = np.ldexp(out, -exponents) < scaled     # rounded down below the normal range
+    out[inexact] = np.nextafter(out[inexact], np.inf)
+    return out
+
+
+def _unit_norms_upper(F: np.ndarray, steps: int, margin: float) -> np.ndarray:
+    """:func:`spectral_norms_upper` for a stack (T, m, k), m >= k, whose entries are at most 1 in size."""
+    T, m, k = F.shape
     squares = _squares_upper(F)
     C = np.matmul(F.swapaxes(1, 2), F)
     C = np.triu(C) + np.triu(C, 1).swapaxes(1, 2)
