@@ -190,7 +190,10 @@ def attention_radii(engine: AttentionMap, X: PointStates, output_norm: float | N
     ``sum_j p_ij(t) ds_ij (v~_j - sum_l p_il(t) v~_l)`` give the two terms.  An unmasked dot-product layer
     with ``W_O`` (BERT's), as an :class:`~lipbound.numeric.attention.AttentionMap` of the layer with its residual
     (kept across calls: its matrices are split once for the exactly summed products of
-    :meth:`~lipbound.rigorous.arrays.IntervalArray.matmul`); ``output_norm``: a certified ``||W_O||`` if known."""
+    :meth:`~lipbound.rigorous.arrays.IntervalArray.matmul`); ``output_norm``: a certified ``||W_O||`` if known.
+    Per token the smaller of this and the same with the key path's first-order term in the output space
+    (:func:`_key_path_norms`: ``sum_j rho_j ||N_ij||_F``, the rest of the key term per head); the product by ``W_O``
+    carries the rounding before it as a ball (:func:`_ball_product`)."""
     B, n = X.points.shape[:2]
     points = IntervalArray(X.points)
     projected = points.matmul(engine.W, exact_sums=True) + IntervalArray(engine.bias)
@@ -266,14 +269,15 @@ def feedforward_radii(ffn, X: PointStates) -> PointStates:
     return PointStates.from_enclosure(output, (IntervalArray(feedforward_global(ffn)) * IntervalArray(X.radii)).hi)
 
 
-#: id(ffn) -> (ffn, gamma, the slope Gram matrix, the inf-norm of its magnitude, column norms of diag(gamma) W_1).
+#: id(ffn) -> (ffn, gamma, and the facts of :func:`_slope_gram`).
 _SLOPE_GRAMS: dict = {}
 
 
-def _slope_gram(ffn, gamma: np.ndarray) -> tuple[IntervalArray, float, np.ndarray, float]:
+def _slope_gram(ffn, gamma: np.ndarray) -> tuple[IntervalArray, float, np.ndarray, float, float]:
     """``G = (W_1^T diag(gamma)^2 W_1) o (W_2 W_2^T)`` (d_ff, d_ff), enclosed, with
     ``||diag(gamma) W_1 diag(s) W_2||_F^2 = s^T G s``; an upper bound on ``|| |G| ||_inf`` (>= ``|| |G| ||_2``,
-    ``|G|`` symmetric), the column norms ``||diag(gamma) w_1k||`` and a certified ``||W_2||``; once per block."""
+    ``|G|`` symmetric), the column norms ``||diag(gamma) w_1k||``, a certified ``||W_2||`` and an upper bound on
+    ``|| |W_1| |W_2| ||_F`` (the error scale of products formed in floats); once per block."""
     key = id(ffn)
     if key not in _SLOPE_GRAMS or _SLOPE_GRAMS[key][0] is not ffn or _SLOPE_GRAMS[key][1] is not gamma:
         scaled = IntervalArray(ffn.W_1) * IntervalArray(np.asarray(gamma, dtype=np.float64))[:, None]     # (d, d_ff)
@@ -281,7 +285,9 @@ def _slope_gram(ffn, gamma: np.ndarray) -> tuple[IntervalArray, float, np.ndarra
         right = IntervalArray(ffn.W_2).bmm(IntervalArray(np.ascontiguousarray(ffn.W_2.T)))
         G = left * right
         widest = float(np.max(IntervalArray(G.magnitude).sum(axis=-1).hi))
-        _SLOPE_GRAMS[key] = (ffn, gamma, G, widest, scaled.norm_upper(axis=0), spectral_norm_upper(ffn.W_2))
+        absolute = IntervalArray(np.abs(ffn.W_1)).bmm(IntervalArray(np.abs(ffn.W_2)))
+        _SLOPE_GRAMS[key] = (ffn, gamma, G, widest, scaled.norm_upper(axis=0), spectral_norm_upper(ffn.W_2),
+                             float(IntervalArray(absolute.hi).square().sum(axis=-1).sum(axis=-1).sqrt().hi))
     return _SLOPE_GRAMS[key][2:]
 
 
@@ -322,24 +328,17 @@ def _frobenius_over_box(G: IntervalArray, widest: float, center: np.ndarray, spr
     return quadratic.clip_below(0.0).sqrt()
 
 
-#: id(ffn) -> (ffn, gamma, an upper bound on || |diag(gamma) W_1| |W_2| ||_F): the float products' error scale.
-_ABSOLUTE: dict = {}
-
-
 def _chain_spectral(ffn, gamma: np.ndarray, slopes: np.ndarray, group: int = 8) -> np.ndarray:
     """Certified ``||diag(gamma) (I + W_1 diag(c) W_2)||_2`` for every slope vector c (..., d_ff) (taken exactly): the
     matrix formed in floats, its norm certified by :func:`~lipbound.rigorous.batched.spectral_norms_upper`, plus the
     Frobenius norm of the forming's error, at most ``gamma_{d_ff + 4} max|gamma| (sqrt(d) + 2 max|c| || |W_1| |W_2|
     ||_F)`` (Higham, eq. 3.13, for the product and the three roundings around it; Weyl).  One d x d_ff x d product
     per vector: the exact route of lemma point-chain, for passes that must go deep."""
-    key = id(ffn)
-    if key not in _ABSOLUTE or _ABSOLUTE[key][0] is not ffn or _ABSOLUTE[key][1] is not gamma:
-        absolute = IntervalArray(np.abs(ffn.W_1)).bmm(IntervalArray(np.abs(ffn.W_2)))
-        _ABSOLUTE[key] = (ffn, gamma, float(IntervalArray(absolute.hi).square().sum(axis=-1).sum(axis=-1).sqrt().hi))
+    absolute = _slope_gram(ffn, gamma)[4]
     d, d_ff = ffn.W_1.shape
     flat = slopes.reshape(-1, d_ff)
     gammas = np.asarray(gamma, dtype=np.float64)
-    largest = (IntervalArray(float(np.max(np.abs(flat), initial=0.0))) * IntervalArray(_ABSOLUTE[key][2]) * 2.0
+    largest = (IntervalArray(float(np.max(np.abs(flat), initial=0.0))) * IntervalArray(absolute) * 2.0
                + IntervalArray(np.sqrt(float(d))).hull(IntervalArray(np.nextafter(np.sqrt(float(d)), np.inf))))
     error = (IntervalArray(gamma_bound(d_ff + 4)) * IntervalArray(float(np.max(np.abs(gammas)))) * largest).hi.item()
     out = np.empty(flat.shape[0])
@@ -379,7 +378,7 @@ def chain_radii(item, X: PointStates, reference: SlopeReference | None = None, e
     points = IntervalArray(Y.points)
     pre = points.matmul(ffn.W_1, exact_sums=True) + IntervalArray(ffn.b_1)
     hidden, slopes = gelu_with_slopes(pre)
-    G, widest, scaled_columns, down_norm = _slope_gram(ffn, norm.gamma)
+    G, widest, scaled_columns, down_norm, _ = _slope_gram(ffn, norm.gamma)
     lowered, lowered_rounding = _ball_product(hidden, ffn.W_2, down_norm)
     output = points + lowered + IntervalArray(ffn.b_2)
     rounding = IntervalArray(Y.radii)
