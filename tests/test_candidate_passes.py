@@ -71,13 +71,16 @@ def test_set_bound_takes_the_smaller_route_and_names_it():
     assert all("candidates" not in s.facts for s in inserted)       # replacements only
 
 
-def test_two_slots_enumerate_every_pair():
-    """k = 2 over a vocabulary of 8: the 64 edited sentences, each bounded, the largest covering every pair's W1."""
+@pytest.mark.parametrize("exact_chain", [False, True])
+def test_two_slots_enumerate_every_pair(exact_chain):
+    """k = 2 over a vocabulary of 8: the 64 edited sentences, each bounded, the largest covering every pair's W1
+    (the chains by reference slopes, and by their certified norms at the points)."""
     generated = local_models.model(seed=13, layers=2, vocab=8)
     vocabulary = np.arange(8)
-    sets = propagate(generated, edit_set(IDS, "replace", [2, 4], vocabulary), per_candidate=True)
+    sets = propagate(generated, edit_set(IDS, "replace", [2, 4], vocabulary), per_candidate=True,
+                     exact_chain=exact_chain)
     passes = sets[0].facts["candidates"]
-    assert passes.words.shape == (64, 2)
+    assert passes.words.shape == (64, 2) and passes.stopped == ""
     states = hidden_states(generated, IDS)
     original = [attention_block(generated.layer(l), states[l])[0] for l in range(2)]
     for index, (first, second) in enumerate(passes.words):

@@ -223,7 +223,7 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
         For replacements, also push every edited sentence of the set (every combination of the slots'
         candidates, at most :data:`lipbound.local.candidates.MOST_SENTENCES`) through the layers as a float
         point with certified radii (:mod:`lipbound.local.candidates`); ``predicted_set`` is the smaller route,
-        named per layer in the report's ``set["routes"]`` (about 0.2 CPU-s per sentence for three layers at n = 9).
+        named per layer in the report's ``set["routes"]`` (about 0.3 CPU-s per sentence for three layers at n = 9).
     exact_chain : bool
         With ``per_candidate``: bound each feed-forward chain of the passes by its certified norm at the point
         (:func:`lipbound.local.candidates.candidate_passes`), about three times the CPU time, which carries the
