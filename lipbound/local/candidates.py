@@ -14,9 +14,10 @@ the point: the attention block's query path through the key-value covariance of 
 feed-forward block and output LayerNorm as one chain through the slopes GELU' at the point (a Frobenius norm
 from a slope Gram matrix).  The matrix products and the LayerNorms' sums are exact (``exact_sums`` of
 :meth:`~lipbound.rigorous.arrays.IntervalArray.matmul` and ``sum``), so an evaluation at a point adds radii of
-about 1e-15 of the values instead of ``k u |x| |W|``.  On all-MiniLM-L6-v2 the radii grow about 1e3-fold per
-layer (attention block 40-90, chain 3-21 per token), where the global-type factors of the stages gave 1e4
-and interval arithmetic's entrywise ``|W|`` 1e6.
+about 1e-15 of the values instead of ``k u |x| |W|``; the products by ``W_O`` and ``W_2`` carry the rounding
+before them as a ball (``||W||_2 ||rad||``).  On all-MiniLM-L6-v2 the radii grow about 350-fold per layer
+(attention block 21-34, chain 6-18 per token by reference slopes), about 100-fold with ``exact_chain`` (chain
+4-5), where the global-type factors of the stages gave 1e4 and interval arithmetic's entrywise ``|W|`` 1e6.
 
 At layer l the identity matching of the original tokens with the edited ones is a transport plan, so
 
@@ -440,7 +441,7 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
     widest : float
         The passes stop after a layer whose largest radius, times its growth since the previous layer, exceeds
         this multiple of the largest bound of a chunk there: the next layer's radii would be about that large
-        (they grow about 1e3-fold per layer on all-MiniLM-L6-v2), beyond the set route's reach (the token balls
+        (they grow 100- to 350-fold per layer on all-MiniLM-L6-v2), beyond the set route's reach (the token balls
         are about 100 times the worst edit from layer 1 on) or its softmax bounds would overflow.
     exact_chain : bool
         Bound each chain by the certified norm of its Jacobian part at the point (:func:`chain_radii` with
