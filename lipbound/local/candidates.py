@@ -164,11 +164,11 @@ def _key_path_norms(engine: AttentionMap, Q: IntervalArray, V: IntervalArray, F:
     def gram(left: IntervalArray, right: IntervalArray) -> IntervalArray:               # (B, n, n, H, H) by BLAS
         return left.bmm(right.swapaxes(1, 2)).reshape(B, n, H, n, H).swapaxes(2, 3)
 
-    def same_token(pairs: IntervalArray) -> IntervalArray:                              # (B, n, H, H): i = j
-        return IntervalArray(*(np.ascontiguousarray(np.diagonal(end, axis1=1, axis2=2).transpose(0, 3, 1, 2))
-                               for end in (pairs.lo, pairs.hi)))
+    def same_token(A: IntervalArray) -> IntervalArray:                                  # (B, n, H, H): i = j
+        per_token = A.reshape(B * n, H, -1)
+        return per_token.bmm(per_token.swapaxes(1, 2)).reshape(B, n, H, H)
 
-    keys, values, means = same_token(gram(U, U)), same_token(gram(VO, VO)), same_token(gram(FO, FO))
+    keys, values, means = same_token(U), same_token(VO), same_token(FO)
     cross = gram(FO, VO)                                                                      # f_i^h . v_j^g
     outputs = values.expand(1) - cross - cross.swapaxes(3, 4) + means.expand(2)              # (B, i, j, H, H)
     weights = P.swapaxes(1, 2).swapaxes(2, 3)                                                 # (B, i, j, H)
