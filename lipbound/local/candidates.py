@@ -147,29 +147,41 @@ def _query_covariance(engine: AttentionMap, P: IntervalArray, K: IntervalArray, 
     return (at_point + IntervalArray(query_norms)[None, :, None] * change).hi
 
 
+#: id(engine) -> (engine, W_O's head blocks W_O^h W_O^gT, W_K's W_K^hT W_K^g), enclosed, (H, ., H, .).
+_HEAD_GRAMS: dict = {}
+
+
+def _head_block_grams(engine: AttentionMap) -> tuple[IntervalArray, IntervalArray]:
+    """``Omega_hg = W_O^h W_O^gT`` (d_v x d_v) and ``Psi_hg = W_K^hT W_K^g`` (d_k x d_k) for every pair of heads,
+    enclosed, once per layer: the inner products of the key path's vectors in d dimensions from head-sized ones."""
+    entry = _HEAD_GRAMS.get(id(engine))
+    if entry is None or entry[0] is not engine:
+        if len(_HEAD_GRAMS) >= 16:
+            _HEAD_GRAMS.clear()
+        H, d_v, d_k = engine.H, engine.d_v, engine.d_k
+        keys = np.concatenate([engine.head_weights(h)[1] for h in range(H)], axis=1)      # (d, H d_k)
+        outputs = IntervalArray(engine.W_O).bmm(IntervalArray(np.ascontiguousarray(engine.W_O.T)))
+        products = IntervalArray(np.ascontiguousarray(keys.T)).bmm(IntervalArray(keys))
+        entry = _HEAD_GRAMS[id(engine)] = (engine, outputs.reshape(H, d_v, H, d_v), products.reshape(H, d_k, H, d_k))
+    return entry[1], entry[2]
+
+
 def _key_path_norms(engine: AttentionMap, Q: IntervalArray, V: IntervalArray, F: IntervalArray, P: IntervalArray,
                     c) -> np.ndarray:
     """Upper bounds (B, n, n) on ``||N_ij||_F`` for the key path in the output space (lemma point-attention),
     ``N_ij = c sum_h p~^h_ij (W_K^h q~^h_i) (v~^h_j - f~^h_i) W_O^h`` (d x d, rank at most H), the map from a move
     ``e_j`` of token j to its first-order key-path change of output i, heads and ``W_O`` together:
     ``||N_ij||_F^2 = c^2 sum_hg p_h p_g (u_h . u_g) (y_h . y_g)`` with ``u_h = W_K^h q~^h_i`` and ``y_h = (v~^h_j -
-    f~^h_i) W_O^h``: Gram matrices over the heads (H x H per pair), no d x d matrix."""
-    H, d_v = engine.H, engine.d_v
-    B, n = Q.shape[0], Q.shape[2]
-    U = Q.bmm(IntervalArray(_head_stack(engine, 1)).swapaxes(1, 2))                          # (B, H, n, d)
-    blocks = IntervalArray(np.stack([engine.W_O[h * d_v:(h + 1) * d_v] for h in range(H)]))  # (H, d_v, d)
-    VO, FO = (A.bmm(blocks).swapaxes(1, 2).reshape(B, n * H, -1) for A in (V, F))          # (B, n H, d)
-    U = U.swapaxes(1, 2).reshape(B, n * H, -1)
-
-    def gram(left: IntervalArray, right: IntervalArray) -> IntervalArray:               # (B, n, n, H, H) by BLAS
-        return left.bmm(right.swapaxes(1, 2)).reshape(B, n, H, n, H).swapaxes(2, 3)
-
-    def same_token(A: IntervalArray) -> IntervalArray:                                  # (B, n, H, H): i = j
-        per_token = A.reshape(B * n, H, -1)
-        return per_token.bmm(per_token.swapaxes(1, 2)).reshape(B, n, H, H)
-
-    keys, values, means = same_token(U), same_token(VO), same_token(FO)
-    cross = gram(FO, VO)                                                                      # f_i^h . v_j^g
+    f~^h_i) W_O^h``: Gram matrices over the heads (H x H per pair), no d x d matrix; ``u_h . u_g = q~^h Psi_hg q~^gT``
+    and ``y_h . y_g`` likewise through ``Omega`` (:func:`_head_block_grams`), head-sized products only."""
+    Omega, Psi = _head_block_grams(engine)                          # (H, d_v, H, d_v), (H, d_k, H, d_k), enclosed
+    Vt, Ft, Qt = (A.swapaxes(1, 2) for A in (V, F, Q))                                      # (B, n, H, .)
+    VO = Vt.einsum("bjhv,hvgw->bjhgw", Omega)                                           # v_j^h Omega_hg
+    FO = Ft.einsum("bihv,hvgw->bihgw", Omega)
+    keys = Qt.einsum("bihk,hkgl->bihgl", Psi).einsum("bihgl,bigl->bihg", Qt)          # (B, n, H, H)
+    values = VO.einsum("bjhgw,bjgw->bjhg", Vt)
+    means = FO.einsum("bihgw,bigw->bihg", Ft)
+    cross = FO.einsum("bihgw,bjgw->bijhg", Vt)                                          # f_i^h Omega_hg v_j^g
     outputs = values.expand(1) - cross - cross.swapaxes(3, 4) + means.expand(2)              # (B, i, j, H, H)
     weights = P.swapaxes(1, 2).swapaxes(2, 3)                                                 # (B, i, j, H)
     squares = (weights.expand(-1) * weights.expand(-2) * keys.expand(2) * outputs).sum(axis=-1).sum(axis=-1)
