@@ -364,7 +364,8 @@ def _chain_spectral(ffn, gamma: np.ndarray, slopes: np.ndarray, group: int = 8) 
     return out.reshape(slopes.shape[:-1])
 
 
-def chain_radii(item, X: PointStates, reference: SlopeReference | None = None, exact: bool = False) -> PointStates:
+def chain_radii(item, X: PointStates, reference: SlopeReference | None = None, exact: bool = False,
+                plain=None) -> PointStates:
     """The LayerNorm, the residual feed-forward block and the output LayerNorm of a layer, ``z -> N_2(f(N_1(z)))``,
     of attention block outputs in balls, through the block's local behaviour at the points (lemma point-chain,
     docs/mathematics.md).  With ``N_1(z) = gamma o nhat(z) + beta``, ``nhat(z) = sqrt(d) u / n(u)``:
@@ -378,7 +379,7 @@ def chain_radii(item, X: PointStates, reference: SlopeReference | None = None, e
     ``rad + s_n rho ||diag(gamma) w_1k|| + r_1 ||w_1k||``), and the norm bounded by the smaller of ``sigma0 + sup_s
     ((s - s0)^T G (s - s0))^(1/2)`` for the reference slopes ``s0`` of the token's position (:class:`SlopeReference`,
     by default the batch's own median; a Frobenius norm of the difference only) and ``max|gamma| + sup_s (s^T G
-    s)^(1/2)``, with ``G`` of :func:`_slope_gram`.  Per token the
+    s)^(1/2)`` (for the tokens ``plain`` only, all by default), with ``G`` of :func:`_slope_gram`.  Per token the
     smaller of this and the product of the stages' bounds (:func:`norm_radii`, :func:`feedforward_radii`), then
     :func:`norm_radii` of the output LayerNorm; the rounding of the product by ``W_2`` is carried as a ball
     (:func:`_ball_product`)."""
@@ -400,11 +401,14 @@ def chain_radii(item, X: PointStates, reference: SlopeReference | None = None, e
     spread = IntervalArray((IntervalArray(slopes.rad) + IntervalArray(_curvature_top()) * reach).hi)
     gammas = np.abs(np.asarray(norm.gamma, dtype=np.float64))
     top = IntervalArray(float(np.max(gammas)))
-    factor = top + _frobenius_over_box(G, widest, slopes.mid, spread)
+    tokens = np.arange(X.points.shape[1]) if plain is None or reference is None else np.asarray(plain, dtype=int)
+    factor = np.full(X.radii.shape, np.inf)
+    factor[:, tokens] = (top + _frobenius_over_box(G, widest, slopes.mid[:, tokens], spread[:, tokens])).hi
     if reference is not None:
         offset = IntervalArray(slopes.mid) - IntervalArray(reference.slopes)                      # c - s0, enclosed
         around = IntervalArray(reference.spectral) + _frobenius_over_box(G, widest, offset.mid, spread + offset.rad)
-        factor = IntervalArray(np.minimum(factor.hi, around.hi))
+        factor = np.minimum(factor, around.hi)
+    factor = IntervalArray(factor)
     if exact:   # the norm at the slopes' centre in full, the box about it in Frobenius norm (t^T G t <= |||G||| |t|^2)
         at_center = IntervalArray(_chain_spectral(ffn, norm.gamma, slopes.mid)) \
             + (spread.square().sum(axis=-1) * IntervalArray(widest)).sqrt()
@@ -510,7 +514,7 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
             try:
                 if layer not in references_of and not exact_chain:   # the first chunk's median serves every chunk
                     references_of[layer] = SlopeReference.of(item, Z.points)
-                X = chain_radii(item, Z, references_of.get(layer), exact=exact_chain)
+                X = chain_radii(item, Z, references_of.get(layer), exact=exact_chain, plain=slots)
             except NotCertifiedError as error:
                 reached, stopped = layer, f"layer {layer + 1}: {error}"
                 break
