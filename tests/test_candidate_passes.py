@@ -183,7 +183,7 @@ def _in_balls(rng, X, radii, count):
 def test_each_stage_moves_every_point_of_its_balls_within_the_new_radii(seed, size):
     """Points of the balls about float states through the float forward pass of lipbound.numeric (the attention
     block, the LayerNorms, the feed-forward block): each lands within the stage's new radius of its new point."""
-    from lipbound.local.candidates import (
+    from lipbound.local.point_stages import (
         PointStates,
         SlopeReference,
         attention_radii,
@@ -229,7 +229,7 @@ def test_the_chain_radius_is_local_and_fails_when_scaled_down(seed, size):
     """The LayerNorm-feed-forward-LayerNorm radius (lemma point-chain) against the chain's own Jacobian, written here
     by central differences: a point of each ball along the Jacobian's top singular direction lands inside the radius,
     and outside a quarter of it (the radius follows the local slope, not the global one)."""
-    from lipbound.local.candidates import PointStates, chain_radii
+    from lipbound.local.point_stages import PointStates, chain_radii
     rng = np.random.default_rng(seed)
     generated = local_models.model(seed=seed % 97, layers=1, vocab=10)
     item = generated.layer(0)
@@ -257,7 +257,7 @@ def test_the_attention_radius_meets_the_jacobians_top_direction(seed, size):
     the block's Jacobian written here by central differences: per output token, the inputs moved along the top
     right singular vector of its Jacobian rows, scaled into the balls, land inside the radius; on small balls
     (1e-4 of the states) outside a third of it."""
-    from lipbound.local.candidates import PointStates, attention_radii
+    from lipbound.local.point_stages import PointStates, attention_radii
     from lipbound.numeric.attention import AttentionMap
     rng = np.random.default_rng(seed)
     generated = local_models.model(seed=seed % 97, layers=1, vocab=10)
