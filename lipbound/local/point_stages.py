@@ -356,17 +356,17 @@ def chain_radii(item, X: PointStates, reference: SlopeReference | None = None, e
     gammas = np.abs(np.asarray(norm.gamma, dtype=np.float64))
     top = IntervalArray(float(np.max(gammas)))
     tokens = np.arange(X.points.shape[1]) if plain is None or reference is None else np.asarray(plain, dtype=int)
-    factor = np.full(X.radii.shape, np.inf)
-    factor[:, tokens] = (top + _frobenius_over_box(G, widest, slopes.mid[:, tokens], spread[:, tokens])).hi
+    bound = np.full(X.radii.shape, np.inf)                   # sup ||diag(gamma) (I + W_1 diag(s) W_2)||, per token
+    bound[:, tokens] = (top + _frobenius_over_box(G, widest, slopes.mid[:, tokens], spread[:, tokens])).hi
     if reference is not None:
         offset = IntervalArray(slopes.mid) - IntervalArray(reference.slopes)                      # c - s0, enclosed
         around = IntervalArray(reference.spectral) + _frobenius_over_box(G, widest, offset.mid, spread + offset.rad)
-        factor = np.minimum(factor, around.hi)
-    factor = IntervalArray(factor)
+        bound = np.minimum(bound, around.hi)
     if exact:   # the norm at the slopes' centre in full, the box about it in Frobenius norm (t^T G t <= |||G||| |t|^2)
         at_center = IntervalArray(_chain_spectral(ffn, norm.gamma, slopes.mid)) \
             + (spread.square().sum(axis=-1) * IntervalArray(widest)).sqrt()
-        factor = IntervalArray(np.minimum(factor.hi, at_center.hi))
+        bound = np.minimum(bound, at_center.hi)
+    factor = IntervalArray(bound)
     global_ffn = IntervalArray(feedforward_global(ffn))
     local = (moved * factor + rounding * global_ffn).hi
     if np.min(gammas) > 0:
