@@ -71,13 +71,16 @@ def test_set_bound_takes_the_smaller_route_and_names_it():
     assert all("candidates" not in s.facts for s in inserted)       # replacements only
 
 
-def test_two_slots_enumerate_every_pair():
-    """k = 2 over a vocabulary of 8: the 64 edited sentences, each bounded, the largest covering every pair's W1."""
+@pytest.mark.parametrize("exact_chain", [False, True])
+def test_two_slots_enumerate_every_pair(exact_chain):
+    """k = 2 over a vocabulary of 8: the 64 edited sentences, each bounded, the largest covering every pair's W1
+    (the chains by reference slopes, and by their certified norms at the points)."""
     generated = local_models.model(seed=13, layers=2, vocab=8)
     vocabulary = np.arange(8)
-    sets = propagate(generated, edit_set(IDS, "replace", [2, 4], vocabulary), per_candidate=True)
+    sets = propagate(generated, edit_set(IDS, "replace", [2, 4], vocabulary), per_candidate=True,
+                     exact_chain=exact_chain)
     passes = sets[0].facts["candidates"]
-    assert passes.words.shape == (64, 2)
+    assert passes.words.shape == (64, 2) and passes.stopped == ""
     states = hidden_states(generated, IDS)
     original = [attention_block(generated.layer(l), states[l])[0] for l in range(2)]
     for index, (first, second) in enumerate(passes.words):
@@ -134,12 +137,12 @@ def test_gelu_with_its_global_slope_range_encloses_the_exact_gelu(center, radius
 
 
 def test_perturb_names_the_route_and_the_passes_meet_the_worst_edit_on_minilm():
-    """all-MiniLM-L6-v2, a set of 25 tokens at one position, layers 0 and 1: the passes certify within 1% of
+    """all-MiniLM-L6-v2, a set of 17 tokens at one position, layers 0 and 1: the passes certify within 1% of
     the worst edit (found by the exhaustive search) where the balls alone are 1.1 and ~100 times above it."""
     from lipbound.measures.bert import load_text_model
     from lipbound.measures.perturb import perturb
     bert = load_text_model()
-    common = {"k": 1, "positions": (2,), "layers": (0, 1), "seed": 0, "model": bert, "vocabulary": 24, "search": "all"}
+    common = {"k": 1, "positions": (2,), "layers": (0, 1), "seed": 0, "model": bert, "vocabulary": 16, "search": "all"}
     balls = perturb("The cat slept all afternoon.", **common)
     both = perturb("The cat slept all afternoon.", per_candidate=True, **common)
     assert both.violations == 0
@@ -180,7 +183,14 @@ def _in_balls(rng, X, radii, count):
 def test_each_stage_moves_every_point_of_its_balls_within_the_new_radii(seed, size):
     """Points of the balls about float states through the float forward pass of lipbound.numeric (the attention
     block, the LayerNorms, the feed-forward block): each lands within the stage's new radius of its new point."""
-    from lipbound.local.candidates import PointStates, attention_radii, chain_radii, feedforward_radii, norm_radii
+    from lipbound.local.point_stages import (
+        PointStates,
+        SlopeReference,
+        attention_radii,
+        chain_radii,
+        feedforward_radii,
+        norm_radii,
+    )
     from lipbound.numeric.attention import AttentionMap
     rng = np.random.default_rng(seed)
     generated = local_models.model(seed=seed % 97, layers=1, vocab=10)
@@ -194,6 +204,10 @@ def test_each_stage_moves_every_point_of_its_balls_within_the_new_radii(seed, si
               (lambda S: feedforward_radii(item.ffn, S), lambda Y: Y + item.ffn(Y)),
               (lambda S: norm_radii(item.ffn_norm, S), item.ffn_norm)]
     stages.insert(1, (lambda S: chain_radii(item, S), lambda Y: _chain(item, Y)))
+    # the reference slopes of another batch (any reference is sound) and the exact route, each a stage of its own
+    elsewhere = SlopeReference.of(item, X[None] + rng.standard_normal((3,) + X.shape))
+    stages.insert(1, (lambda S: chain_radii(item, S, elsewhere), lambda Y: _chain(item, Y)))
+    stages.insert(1, (lambda S: chain_radii(item, S, exact=True), lambda Y: _chain(item, Y)))
     for enclose, forward in stages:
         image = enclose(balls)
         assert np.all(image.radii >= 0) and image.points.shape == balls.points.shape
@@ -215,24 +229,25 @@ def test_the_chain_radius_is_local_and_fails_when_scaled_down(seed, size):
     """The LayerNorm-feed-forward-LayerNorm radius (lemma point-chain) against the chain's own Jacobian, written here
     by central differences: a point of each ball along the Jacobian's top singular direction lands inside the radius,
     and outside a quarter of it (the radius follows the local slope, not the global one)."""
-    from lipbound.local.candidates import PointStates, chain_radii
+    from lipbound.local.point_stages import PointStates, chain_radii
     rng = np.random.default_rng(seed)
     generated = local_models.model(seed=seed % 97, layers=1, vocab=10)
     item = generated.layer(0)
     X = hidden_states(generated, IDS)[0] + 0.3 * rng.standard_normal((len(IDS), 6))
     radii = size * np.linalg.norm(X, axis=-1)
-    image = chain_radii(item, PointStates(X[None], radii[None]))
     step = 1e-6
-    ratios = []
-    for i, x in enumerate(X):
-        basis = np.eye(x.size) * step
-        jacobian = (_chain(item, x + basis) - _chain(item, x - basis)) / (2 * step)        # rows: input directions
-        _, slope, right = np.linalg.svd(jacobian.T)
-        for sign in (1.0, -1.0):
-            moved = np.linalg.norm(_chain(item, x + sign * radii[i] * right[0]) - image.points[0, i])
-            assert moved <= image.radii[0, i] * (1 + 1e-9) + 1e-12
-            ratios.append(moved / image.radii[0, i])
-    assert max(ratios) > 0.25, max(ratios)
+    for exact in (False, True):   # the reference route (the batch's own slopes) and the exact route
+        image = chain_radii(item, PointStates(X[None], radii[None]), exact=exact)
+        ratios = []
+        for i, x in enumerate(X):
+            basis = np.eye(x.size) * step
+            jacobian = (_chain(item, x + basis) - _chain(item, x - basis)) / (2 * step)    # rows: input directions
+            _, slope, right = np.linalg.svd(jacobian.T)
+            for sign in (1.0, -1.0):
+                moved = np.linalg.norm(_chain(item, x + sign * radii[i] * right[0]) - image.points[0, i])
+                assert moved <= image.radii[0, i] * (1 + 1e-9) + 1e-12
+                ratios.append(moved / image.radii[0, i])
+        assert max(ratios) > 0.25, (exact, max(ratios))
 
 
 @settings(max_examples=5, deadline=None)
@@ -242,7 +257,7 @@ def test_the_attention_radius_meets_the_jacobians_top_direction(seed, size):
     the block's Jacobian written here by central differences: per output token, the inputs moved along the top
     right singular vector of its Jacobian rows, scaled into the balls, land inside the radius; on small balls
     (1e-4 of the states) outside a third of it."""
-    from lipbound.local.candidates import PointStates, attention_radii
+    from lipbound.local.point_stages import PointStates, attention_radii
     from lipbound.numeric.attention import AttentionMap
     rng = np.random.default_rng(seed)
     generated = local_models.model(seed=seed % 97, layers=1, vocab=10)

@@ -2,21 +2,10 @@
 
 For a replacement at positions p_1..p_k by any of the candidate words of each slot (every combination:
 a k = 1 set over the whole vocabulary, or a k = 2 set over a sample), each edited sentence is a point,
-so only the rounding of its evaluation needs enclosing.  Each is carried, vectorised over a chunk of
-candidates, as a float point ``X~`` (n, d) and per token a radius ``rho_i`` with the exact hidden state
-within ``rho_i`` of ``x~_i`` (Euclidean): stage by stage (the attention block ``X + MHA(X)``, the
-LayerNorm, the residual feed-forward block, the output LayerNorm) the stage is evaluated at the point in
-interval arithmetic (:class:`~lipbound.rigorous.arrays.IntervalArray`, outward rounded), its midpoint is
-the next point, and the next radius is the enclosure's own radius plus a certified Lipschitz bound of
-the stage on the balls ``B(x~_i, rho_i)`` times the radii (:func:`attention_radii`, :func:`chain_radii`,
-:func:`norm_radii`; docs/mathematics.md, "Point passes").  The bounds follow the stages' local behaviour at
-the point: the attention block's query path through the key-value covariance of each row, the LayerNorm,
-feed-forward block and output LayerNorm as one chain through the slopes GELU' at the point (a Frobenius norm
-from a slope Gram matrix).  The matrix products and the LayerNorms' sums are exact (``exact_sums`` of
-:meth:`~lipbound.rigorous.arrays.IntervalArray.matmul` and ``sum``), so an evaluation at a point adds radii of
-about 1e-15 of the values instead of ``k u |x| |W|``.  On all-MiniLM-L6-v2 the radii grow about 1e3-fold per
-layer (attention block 40-90, chain 3-21 per token), where the global-type factors of the stages gave 1e4
-and interval arithmetic's entrywise ``|W|`` 1e6.
+so only the rounding of its evaluation needs enclosing: each is carried, vectorised over a chunk of
+candidates, as a float point with a certified radius per token, stage by stage
+(:mod:`lipbound.local.point_stages`: the attention block, then the LayerNorm, feed-forward block and output
+LayerNorm as one chain; docs/mathematics.md, "Point passes").
 
 At layer l the identity matching of the original tokens with the edited ones is a transport plan, so
 
@@ -40,15 +29,11 @@ from ..errors import AssumptionError, NotCertifiedError
 from ..numeric.attention import AttentionMap
 from ..numeric.blas import one_blas_thread
 from ..numeric.model import Model
-from ..rigorous.arrays import IntervalArray, gelu, gelu_with_slopes, softmax
-from ..rigorous.elementwise import inv_sqrt_2pi
+from ..rigorous.arrays import IntervalArray
 from ..rigorous.linalg import spectral_norm_upper
-from .bounds import _column_norms, attention_norms, feedforward_global
-from .enclosed import EnclosedNorm, inverse_sqrt
-from .scores import ScoreNorms
+from .point_stages import PointStates, SlopeReference, attention_radii, chain_radii
 
-__all__ = ["CandidatePasses", "candidate_passes", "PointStates", "attention_radii", "norm_radii", "feedforward_radii",
-           "chain_radii", "MOST_SENTENCES"]
+__all__ = ["CandidatePasses", "candidate_passes", "MOST_SENTENCES"]
 
 #: The most edited sentences one set's passes evaluate.
 MOST_SENTENCES = 1 << 17
@@ -83,203 +68,6 @@ class CandidatePasses:
         return float(np.max(self.bounds[layer])) if layer in self.bounds else float("nan")
 
 
-@final
-@dataclass(frozen=True)
-class PointStates:
-    """A batch of hidden states known to lie in token balls: the exact state of token i of sentence b is
-    within ``radii[b, i]`` of the float point ``points[b, i]`` (Euclidean norm)."""
-
-    points: np.ndarray
-    radii: np.ndarray
-
-    @classmethod
-    def from_enclosure(cls, X: IntervalArray, radii: np.ndarray | float = 0.0) -> PointStates:
-        """The midpoint of an enclosure, its radius (per token, bounded in the l2 norm) plus ``radii``."""
-        rounding = (X - IntervalArray(X.mid)).norm_upper()
-        return cls(X.mid, (IntervalArray(rounding) + IntervalArray(np.asarray(radii, dtype=np.float64))).hi)
-
-
-def _head_stack(engine: AttentionMap, part: int) -> np.ndarray:
-    """``W_Q`` (part 0) or ``W_K`` (part 1) of every head, (H, d, d_k)."""
-    return np.stack([engine.head_weights(h)[part] for h in range(engine.H)])
-
-
-def _gram_norms(vectors: IntervalArray, weights: np.ndarray) -> np.ndarray:
-    """Upper bounds on ``||W^h y||`` for vectors y (B, H, n, d_k) and per-head W^h (H, d, d_k), through the
-    enclosed Gram matrices ``W^hT W^h`` (d_k x d_k: no d-dimensional product per vector)."""
-    exact = IntervalArray(weights)
-    gram = exact.swapaxes(1, 2).bmm(exact)                                                      # (H, d_k, d_k)
-    return (vectors.bmm(gram) * vectors).sum(axis=-1).clip_below(0.0).sqrt().hi
-
-
-def _query_covariance(engine: AttentionMap, P: IntervalArray, K: IntervalArray, V: IntervalArray, F: IntervalArray,
-                      moved: IntervalArray, gaps: IntervalArray, drift: IntervalArray, c, query_norms) -> np.ndarray:
-    """Upper bounds (B, H, n) on ``||W_Q^h Cbar^h_i||`` for the query part of the score path of lemma point-attention:
-    ``Cbar_i = c int_0^1 sum_j p_ij(t) k~_j (v~_j - phi_i(t))^T dt`` (d_k x d_v), so that the part is
-    ``(y_i - x~_i) W_Q^h Cbar_i``.  At the point ``C~_i = c sum_j p~_ij k~_j (v~_j - f~_i)^T`` (keys and values move
-    together: no triangle inequality over j) and ``||W_Q^h C~_i||_F^2 = c^2 sum_jl p~_ij p~_il (k~_j W_Q^hT W_Q^h k~_l)
-    (v~_j - f~_i).(v~_l - f~_i)`` (Gram matrices of the keys and values, (n, n) per head: no d_k x d_v matrix per
-    row); as ``sum_j p_ij(t) (v~_j - phi_i(t)) = 0`` the keys may be centred on any fixed ``kappa_i`` (the mean key
-    at the point), so
-    ``||Cbar_i - C~_i||_F <= c sum_j ||k~_j - kappa_i|| (dp_ij (||v~_j - f~_i|| + drift_i) + p~_ij drift_i)`` and
-    ``||W_Q^h Cbar_i|| <= ||W_Q^h C~_i||_F + ||W_Q^h|| ||Cbar_i - C~_i||_F``."""
-    exact = IntervalArray(_head_stack(engine, 0))
-    keys = K.bmm(exact.swapaxes(1, 2).bmm(exact)).bmm(K.swapaxes(2, 3))                          # k_j W_Q^hT W_Q^h k_l
-    cross = V.bmm(F.swapaxes(2, 3)).swapaxes(2, 3)                                      # (B, H, i, j): f_i . v_j
-    values = V.bmm(V.swapaxes(2, 3)).expand(2) - cross.expand(4) - cross.expand(3) \
-        + F.square().sum(axis=-1).expand(-1).expand(-1)                                 # (v_j - f_i).(v_l - f_i)
-    weights = P.expand(-1) * P.expand(3)                                                         # p_ij p_il
-    at_point = (weights * keys.expand(2) * values).sum(axis=-1).sum(axis=-1).clip_below(0.0).sqrt() * c
-    kappa = IntervalArray(P.einsum("bhij,bhjk->bhik", K).mid)
-    spread = (K.expand(2) - kappa.expand(3)).norm_upper()                                        # (B, H, i, j)
-    change = (IntervalArray(spread) * (moved * (gaps + drift) + IntervalArray(P.hi) * drift)).sum(axis=-1) * c
-    return (at_point + IntervalArray(query_norms)[None, :, None] * change).hi
-
-
-def attention_radii(engine: AttentionMap, X: PointStates, output_norm: float | None = None) -> PointStates:
-    """``Z = X + MHA(X)`` of a batch (B, n, d) given in balls: the enclosure at the points, and per token
-
-    ``rho'_i = rho_i + ||W_O|| (sum_h delta_hi^2)^(1/2) + (the enclosure's radius)``,
-    ``delta_hi = ||V^h|| sum_j p+_ij rho_j + sum_j p+_ij sigma_ij (||v~_j - f~_i|| + sum_l |dp|_il ||v~_l - f~_i||)``
-
-    (lemma point-attention, docs/mathematics.md): at the points ``|s_ij(Y) - s_ij(X~)| <= sigma_ij =
-    c (a_j rho_i + b_i rho_j + g rho_i rho_j)`` (theorem local-score: ``a_j = ||W_Q^h k~_j||``,
-    ``b_i = ||W_K^h q~_i||``, ``g = ||W_Q^h W_K^hT||``); along ``p(t) = softmax(s~ + t ds)``,
-    ``|p_ij(t) - p~_ij| <= |dp|_ij = p~_ij (u_ij m_i + sum_l p~_il u_il)`` with ``u = sigma e^sigma``,
-    ``m_i = 1 + sum_l p~_il u_il`` (Jensen's inequality below, ``e^x - 1 <= x e^x`` above) and
-    ``p+ = p~ + |dp|``; the value shift ``sum_j p_ij(1) (v_j - v~_j)`` and the integral of
-    ``sum_j p_ij(t) ds_ij (v~_j - sum_l p_il(t) v~_l)`` give the two terms.  An unmasked dot-product layer
-    with ``W_O`` (BERT's), as an :class:`~lipbound.numeric.attention.AttentionMap` of the layer with its residual
-    (kept across calls: its matrices are split once for the exactly summed products of
-    :meth:`~lipbound.rigorous.arrays.IntervalArray.matmul`); ``output_norm``: a certified ``||W_O||`` if known."""
-    B, n = X.points.shape[:2]
-    points = IntervalArray(X.points)
-    projected = points.matmul(engine.W, exact_sums=True) + IntervalArray(engine.bias)
-    Q, K, V = (engine.per_head(projected, part) for part in ("queries", "keys", "values"))   # (B, H, n, .)
-    c = inverse_sqrt(engine.d_k)
-    P = softmax(Q.einsum("bhik,bhjk->bhij", K) * c, np.ones(n))
-    F = P.einsum("bhij,bhjv->bhiv", V)
-    merged = F.swapaxes(1, 2).reshape(B, n, engine.H * engine.d_v)
-    Z = merged.matmul(engine.W_O, exact_sums=True) + IntervalArray(engine.b_O) + points
-    norms = attention_norms(engine)
-    g = np.array([ScoreNorms._offset_norm(engine.heads[h], *engine.head_weights(h)[:2], None) for h in range(engine.H)])
-    a, b = (_gram_norms(vectors, _head_stack(engine, part)) for vectors, part in ((K, 0), (Q, 1)))    # (B, H, n)
-    rho = IntervalArray(X.radii)[:, None]                                                        # (B, 1, n)
-    sigma = (IntervalArray(a)[:, :, None, :] * rho[..., :, None] + IntervalArray(b)[..., None] * rho[..., None, :]
-             + IntervalArray(g)[None, :, None, None] * rho[..., :, None] * rho[..., None, :]) * c   # (B, H, i, j)
-    u = sigma * sigma.exp()
-    p_hi = IntervalArray(P.hi)
-    spread = (p_hi * u).sum(axis=-1, keepdims=True)                                              # (B, H, n, 1)
-    moved = p_hi * (u * (IntervalArray(1.0) + spread) + spread)                                  # |p(Y) - p~|
-    p_most = p_hi + moved
-    squares = V.square().sum(axis=-1).expand(2) + F.square().sum(axis=-1).expand(3) \
-        - F.einsum("bhiv,bhjv->bhij", V) * 2.0
-    gaps = IntervalArray(squares.clip_below(0.0).sqrt().hi)                                      # ||v~_j - f~_i||
-    drift = (moved * gaps).sum(axis=-1, keepdims=True)                                           # (B, H, n, 1)
-    keyed = (IntervalArray(b)[..., None] * rho[..., None, :]
-             + IntervalArray(g)[None, :, None, None] * rho[..., :, None] * rho[..., None, :]) * c  # sigma - c a_j rho_i
-    queried = (p_most * IntervalArray(a)[:, :, None, :] * (gaps + drift)).sum(axis=-1) * c      # (B, H, n)
-    covariance = _query_covariance(engine, P, K, V, F, moved, gaps, drift, c, norms["W_Q"])
-    query = IntervalArray(np.minimum(queried.hi, covariance))
-    delta = IntervalArray(norms["L_V"])[None, :, None] * (p_most * rho[..., None, :]).sum(axis=-1) \
-        + query * rho[:, 0][:, None] + (p_most * keyed * (gaps + drift)).sum(axis=-1)             # (B, H, n)
-    heads = delta.square().sum(axis=1).sqrt()                                                    # (B, n)
-    radii = IntervalArray(X.radii) + IntervalArray(output_norm or spectral_norm_upper(engine.W_O)) * heads
-    return PointStates.from_enclosure(Z, radii.hi)
-
-
-def norm_radii(norm, X: PointStates) -> PointStates:
-    """A LayerNorm (or RMSNorm) of states in balls: ``z -> gamma sqrt(d) u / n(u) + beta`` with ``u = P z``,
-    ``n(u) = (||u||^2 + d eps)^(1/2)``, whose Jacobian has norm at most ``max|gamma| sqrt(d) / n(u)``; on the
-    ball ``||u|| >= ||P z~|| - rho``, so ``rho' = max|gamma| sqrt(d) rho / ((||P z~|| - rho)_+^2 + d eps)^(1/2)``
-    plus the enclosure's radius at the point."""
-    E = EnclosedNorm(norm, X.points, exact_sums=True)
-    return PointStates.from_enclosure(E.output, (IntervalArray(np.array(norm.gamma_max)) * _normalised(E, X)).hi)
-
-
-def _normalised(E: EnclosedNorm, X: PointStates) -> IntervalArray:
-    """How far ``sqrt(d) u / n(u)`` moves on the balls: ``sqrt(d) rho / ((||P z~|| - rho)_+^2 + d eps)^(1/2)``."""
-    rho = IntervalArray(X.radii)
-    low = IntervalArray(np.maximum((IntervalArray(E.nu.lo) - rho).lo, 0.0))
-    return E.root_d / (low.square() + E.delta).sqrt() * rho
-
-
-def feedforward_radii(ffn, X: PointStates) -> PointStates:
-    """``y + GELU(y W_1 + b_1) W_2 + b_2`` of states in balls: the enclosure at the points and
-    ``rho' = (1 + max GELU' ||W_1|| ||W_2||) rho`` (:func:`~lipbound.local.bounds.feedforward_global`) plus its
-    radius.  GELU at the points: mean-value form with the global slope range about the midpoints of their
-    (rounding-only) pre-activations."""
-    points = IntervalArray(X.points)
-    hidden = gelu(points.matmul(ffn.W_1, exact_sums=True) + IntervalArray(ffn.b_1), global_slopes=True)
-    output = points + hidden.matmul(ffn.W_2, exact_sums=True) + IntervalArray(ffn.b_2)
-    return PointStates.from_enclosure(output, (IntervalArray(feedforward_global(ffn)) * IntervalArray(X.radii)).hi)
-
-
-#: id(ffn) -> (ffn, gamma, the slope Gram matrix, the inf-norm of its magnitude, column norms of diag(gamma) W_1).
-_SLOPE_GRAMS: dict = {}
-
-
-def _slope_gram(ffn, gamma: np.ndarray) -> tuple[IntervalArray, float, np.ndarray]:
-    """``G = (W_1^T diag(gamma)^2 W_1) o (W_2 W_2^T)`` (d_ff, d_ff), enclosed, with
-    ``||diag(gamma) W_1 diag(s) W_2||_F^2 = s^T G s``; an upper bound on ``|| |G| ||_inf`` (>= ``|| |G| ||_2``,
-    ``|G|`` symmetric) and the column norms ``||diag(gamma) w_1k||``; once per block."""
-    key = id(ffn)
-    if key not in _SLOPE_GRAMS or _SLOPE_GRAMS[key][0] is not ffn or _SLOPE_GRAMS[key][1] is not gamma:
-        scaled = IntervalArray(ffn.W_1) * IntervalArray(np.asarray(gamma, dtype=np.float64))[:, None]     # (d, d_ff)
-        left = scaled.swapaxes(0, 1).bmm(scaled)
-        right = IntervalArray(ffn.W_2).bmm(IntervalArray(np.ascontiguousarray(ffn.W_2.T)))
-        G = left * right
-        widest = float(np.max(IntervalArray(G.magnitude).sum(axis=-1).hi))
-        _SLOPE_GRAMS[key] = (ffn, gamma, G, widest, scaled.norm_upper(axis=0))
-    return _SLOPE_GRAMS[key][2:]
-
-
-def _curvature_top() -> float:
-    """``max |GELU''| = 2 phi(0) = sqrt(2 / pi)`` (``GELU'' = phi (2 - x^2)``: at most ``2 phi(0)`` on ``x^2 <= 2``,
-    and ``phi(x) (x^2 - 2) <= 2 phi(2) < 0.11`` beyond), rounded up."""
-    return float(np.nextafter(2.0 * inv_sqrt_2pi()[1], np.inf))
-
-
-def chain_radii(item, X: PointStates) -> PointStates:
-    """The LayerNorm, the residual feed-forward block and the output LayerNorm of a layer, ``z -> N_2(f(N_1(z)))``,
-    of attention block outputs in balls, through the block's local behaviour at the points (lemma point-chain,
-    docs/mathematics.md).  With ``N_1(z) = gamma o nhat(z) + beta``, ``nhat(z) = sqrt(d) u / n(u)``:
-
-    ``rho_f = s_n rho (max|gamma| + sup_s (s^T G s)^(1/2)) + r_1 L_f + (the enclosure's radius)``
-
-    ``s_n = sqrt(d) / ((||P z~|| - rho)_+^2 + d eps)^(1/2)`` the Lipschitz bound of ``nhat`` on the ball, ``r_1`` the
-    rounding of the LayerNorm at the point, ``L_f`` the block's global constant, ``G`` of :func:`_slope_gram` and
-    ``s`` over the box of GELU' on the segment (its value at the pre-activations' midpoints
-    :func:`~lipbound.rigorous.arrays.gelu_with_slopes`, plus ``max|GELU''|`` times how far a pre-activation can be:
-    ``rad + s_n rho ||diag(gamma) w_1k|| + r_1 ||w_1k||``): ``s^T G s <= c^T G c + 2 r^T |G c| + ||r||^2 |||G|||``
-    for ``s`` in ``c +- r``.  Per token the smaller of this and the product of the stages' bounds
-    (:func:`norm_radii`, :func:`feedforward_radii`), then :func:`norm_radii` of the output LayerNorm."""
-    norm, ffn = item.ln_out, item.ffn
-    E = EnclosedNorm(norm, X.points, exact_sums=True)
-    moved = _normalised(E, X)                                                                   # ||nhat(z) - nhat(z~)||
-    Y = PointStates.from_enclosure(E.output)
-    points = IntervalArray(Y.points)
-    pre = points.matmul(ffn.W_1, exact_sums=True) + IntervalArray(ffn.b_1)
-    hidden, slopes = gelu_with_slopes(pre)
-    output = points + hidden.matmul(ffn.W_2, exact_sums=True) + IntervalArray(ffn.b_2)
-    G, widest, scaled_columns = _slope_gram(ffn, norm.gamma)
-    rounding = IntervalArray(Y.radii)
-    reach = IntervalArray(pre.rad) + moved.expand(-1) * IntervalArray(scaled_columns) \
-        + rounding.expand(-1) * IntervalArray(_column_norms(ffn))
-    center = slopes.mid
-    spread = IntervalArray((IntervalArray(slopes.rad) + IntervalArray(_curvature_top()) * reach).hi)
-    product = IntervalArray(center).bmm(G)                                                      # G c, (B, n, d_ff)
-    quadratic = (IntervalArray(center) * product).sum(axis=-1) \
-        + (IntervalArray(product.magnitude) * spread).sum(axis=-1) * 2.0 \
-        + spread.square().sum(axis=-1) * IntervalArray(widest)
-    factor = IntervalArray(float(np.max(np.abs(norm.gamma)))) + quadratic.clip_below(0.0).sqrt()
-    global_ffn = IntervalArray(feedforward_global(ffn))
-    local = moved * factor + rounding * global_ffn
-    stages = (moved * IntervalArray(float(np.max(np.abs(norm.gamma)))) + rounding) * global_ffn
-    radii = np.minimum(local.hi, stages.hi)
-    return norm_radii(item.ffn_norm, PointStates.from_enclosure(output, radii))
-
-
 def _check_layer(item) -> None:
     """The passes evaluate BERT's post-norm layer: no LayerScale, the exact GELU."""
     if item.placement != "post" or item.ln_out is None or item.attn_scale is not None or item.ffn_scale is not None \
@@ -291,7 +79,8 @@ def _check_layer(item) -> None:
 
 @one_blas_thread
 def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, words: list, references: list,
-                     last: int, *, chunk: int = 256, widest: float = 20.0, progress=None) -> CandidatePasses:
+                     last: int, *, chunk: int = 256, widest: float = 20.0, exact_chain: bool = False,
+                     progress=None) -> CandidatePasses:
     """Certified per-candidate passes of a replacement at ``slots`` by every combination of their candidates
     (module docstring): ``prod_s K_s`` edited sentences, at most :data:`MOST_SENTENCES`.
 
@@ -314,8 +103,13 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
     widest : float
         The passes stop after a layer whose largest radius, times its growth since the previous layer, exceeds
         this multiple of the largest bound of a chunk there: the next layer's radii would be about that large
-        (they grow about 1e3-fold per layer on all-MiniLM-L6-v2), beyond the set route's reach (the token balls
+        (they grow 100- to 350-fold per layer on all-MiniLM-L6-v2), beyond the set route's reach (the token balls
         are about 100 times the worst edit from layer 1 on) or its softmax bounds would overflow.
+    exact_chain : bool
+        Bound each chain by the certified norm of its Jacobian part at the point (:func:`chain_radii` with
+        ``exact``: one d x d_ff x d product per token and layer, about 0.5-1 CPU-s per sentence through six layers
+        of all-MiniLM-L6-v2) instead of the reference slopes' route: the radii grow about 100-fold per layer instead
+        of about 350-fold, enough to carry the passes through layer 5 there.
     """
     if not model.complete or model.embeddings is None:
         raise AssumptionError("model", "a full checkpoint (embeddings, every layer)", "an attention-only model",
@@ -335,6 +129,7 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
     reached, stopped = last, ""
     engines = [AttentionMap(model.layer(index).as_layer(residual=True)) for index in range(last + 1)]
     output_norms = [spectral_norm_upper(engine.W_O) for engine in engines]
+    references_of: dict = {}
     for begin in range(0, total, chunk):
         choice = np.unravel_index(np.arange(begin, min(begin + chunk, total)), shape)
         b = choice[0].size
@@ -363,7 +158,9 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
             if layer == reached:
                 break
             try:
-                X = chain_radii(item, Z)
+                if layer not in references_of and not exact_chain:   # the first chunk's median serves every chunk
+                    references_of[layer] = SlopeReference.of(item, Z.points)
+                X = chain_radii(item, Z, references_of.get(layer), exact=exact_chain, plain=slots)
             except NotCertifiedError as error:
                 reached, stopped = layer, f"layer {layer + 1}: {error}"
                 break
