@@ -191,10 +191,14 @@ def _search_ids(candidates: np.ndarray, search, seed: int, must: list, drawable:
     return np.unique(np.concatenate([chosen, np.asarray(must, dtype=np.int64)])), False
 
 
+#: the first layer at which the passes need the exact chain bound (``exact_chain=None``)
+EXACT_CHAIN_FROM = 4
+
+
 @one_blas_thread   # many products of a few hundred rows: a second BLAS thread costs more than it saves
 def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed: int = 0, model=None,
             positions=None, vocabulary=None, search=None, path_tolerance: float = 0.2, set_certificate: bool = True,
-            per_candidate: bool = False, exact_chain: bool = False, progress=None) -> EditReport:
+            per_candidate: bool = False, exact_chain: bool | None = None, progress=None) -> EditReport:
     """Edit k word tokens of ``sentence``; per layer, measured W1 movement against its certificates.
 
     Parameters
@@ -224,10 +228,12 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
         candidates, at most :data:`lipbound.local.candidates.MOST_SENTENCES`) through the layers as a float
         point with certified radii (:mod:`lipbound.local.candidates`); ``predicted_set`` is the smaller route,
         named per layer in the report's ``set["routes"]`` (about 0.3 CPU-s per sentence for three layers at n = 9).
-    exact_chain : bool
+    exact_chain : bool, optional
         With ``per_candidate``: bound each feed-forward chain of the passes by its certified norm at the point
-        (:func:`lipbound.local.candidates.candidate_passes`), about three times the CPU time, which carries the
-        passes through all six layers of all-MiniLM-L6-v2.
+        (:func:`lipbound.local.candidates.candidate_passes`), about four times the CPU time, which carries the
+        passes through all six layers of all-MiniLM-L6-v2.  Default (None): when a layer past the fourth
+        (index 4 on) is asked -- the cheaper chain bound lets the radii grow about 350-fold per layer, so its
+        passes stop being tight there.
     progress : callable, optional
         ``progress(done, total, what)`` as each stage finishes (a set certificate, a search, a layer's path
         certificate: ``total`` of them).
@@ -298,8 +304,9 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
         pairs = _matched(template)
         sets = None
         if set_certificate:
+            exact = max(chosen_layers) >= EXACT_CHAIN_FROM if exact_chain is None else exact_chain
             sets = propagate(bert.model, template, layers=chosen_layers, per_candidate=per_candidate,
-                             exact_chain=exact_chain)
+                             exact_chain=exact)
             say(f"k = {k_value}: set certificate through layers 0..{max(chosen_layers)}")
         if search == 0:
             search_info[k_value] = {"description": "the drawn edit only", "evaluated": 1, "exhaustive": False}
