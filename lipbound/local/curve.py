@@ -59,6 +59,7 @@ from .balls import LIPSCHITZ_NORMS, Neighbourhood, TokenBalls
 from .bounds import evaluate_theorem, feedforward_global
 from .chains import (
     Component,
+    NormwiseProduct,
     chain_for,
     chain_forward,
     chain_jvp,
@@ -139,7 +140,8 @@ class LipschitzCurve:
     #: matrix ("curvature-gram") or by the split bound ("curvature-split"); the smaller bound counts
     variation_bound: str = "blockwise"
     #: how ``jacobian_norm`` is bounded: from the "dense" Jacobian, from the blocks between groups of tokens
-    #: ("grouped", inputs too long for the dense one), or from products of per-token block norms ("blockwise")
+    #: ("grouped", inputs too long for the dense one), from products of per-token block norms ("blockwise"), or
+    #: (a stack) from its blocks' dense Jacobians multiplied with a normwise radius ("block-products")
     jacobian_bound: str = "dense"
     #: CPU seconds of the work every radius shares (the centre's enclosures, ``||DF(X)||``, the curvature
     #: bound's matrices at X, the set-up of nested curves): the curve's total is this plus the points'
@@ -203,9 +205,11 @@ class _Centre:
 
     ``prefix_jacobian`` holds the products of the first ``k`` components' dense Jacobians for the ``k`` in
     ``keep`` (the same products ``jacobian`` is built through), so that the curves nested in this one (a
-    block's attention, a stack's first block) read them with the enclosures: :meth:`part`."""
+    block's attention, a stack's first block) read them with the enclosures: :meth:`part`.  With ``whole``
+    False only those prefixes are formed and ``jacobian`` stays None (a stack multiplies its blocks' Jacobians
+    itself, :class:`~lipbound.local.chains.NormwiseProduct`)."""
 
-    def __init__(self, chain: list[Component], X: np.ndarray, dense: bool, keep=()):
+    def __init__(self, chain: list[Component], X: np.ndarray, dense: bool, keep=(), whole: bool = True):
         self.points, self.rounding, self.enclosed = [np.asarray(X, dtype=np.float64)], [np.zeros(X.shape[0])], []
         for component in chain:
             enclosed = component.enclose(self.points[-1])
@@ -215,7 +219,8 @@ class _Centre:
             self.rounding.append((enclosed.output - IntervalArray(mid)).norm_upper())
         self.jacobian, self.prefix_jacobian = None, {}
         if dense:
-            self.jacobian = self._product(chain, keep)
+            product = self._product(chain if whole else chain[:max(keep, default=0)], keep)
+            self.jacobian = product if whole else None
 
     def _product(self, chain, keep=()):
         product = None
@@ -343,10 +348,10 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
     # a block or a stack hands its first component's centre to its attention curve, a stack its blocks'
     blocks = 1 if kind != "stack" else (layer if last is None else last) - layer + 1
     keep = (1, len(chain) // blocks) if len(chain) > 1 else ()
-    centre = _Centre(chain, X, dense, keep) if centre is None else centre
+    composed = blocks > 1 and norm == "fro"   # a stack composes its blocks' curves and their Jacobians at X
+    centre = _Centre(chain, X, dense, keep, whole=not composed) if centre is None else centre
     witness_at_x, direction = _witness_value(chain, X, moving, norm, seed)
     N_blocks = [_at_center(*parts) for parts in zip(chain, centre.points, centre.rounding, centre.enclosed)]
-    N_dense, jacobian_bound = _jacobian_norm(centre, chain, N_blocks, moving, norm, witness_at_x, n, d, progress)
     radius = model.layer(layer).ln_in.radius_about_center if model.layer(layer).ln_in is not None else math.nan
     curvature = _CurvatureRoute.of(chain, centre, X, neighbourhoods, curvature_tokens) if norm == "fro" else None
     # an attention layer first on a Frobenius ball: the layer pushed through U as one affine form (relational.py)
@@ -368,7 +373,11 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         tail = BlockTail(centre.enclosed) if model.layer(layer).placement == "post" else TokenTail(centre.enclosed)
     # a stack: its blocks' own curves, composed (theorem local-chain on the blocks)
     stack = _StackOfBlocks(model, chain, centre, X, layer, ball, positions, [h.eps for h in neighbourhoods],
-                           curvature_tokens, progress, first, blocks) if blocks > 1 and norm == "fro" else None
+                           curvature_tokens, progress, first, blocks, moving, witness_at_x) if composed else None
+    if stack is not None and math.isfinite(stack.jacobian_norm):
+        N_dense, jacobian_bound = stack.jacobian_norm, "block-products"
+    else:
+        N_dense, jacobian_bound = _jacobian_norm(centre, chain, N_blocks, moving, norm, witness_at_x, n, d, progress)
     global_constant = _GlobalConstant(model, chain, layer, norm, X)
     # smallest eps first: U(X, eps) grows with eps, so what was found in a smaller one is a witness in it too
     order = sorted(range(len(neighbourhoods)), key=lambda i: neighbourhoods[i].eps)
@@ -472,19 +481,31 @@ class _StackOfBlocks:
     """
 
     def __init__(self, model, chain, centre: _Centre, X, first: int, ball: str, positions, eps: list, tokens: int,
-                 progress, attention: LipschitzCurve, blocks: int):
+                 progress, attention: LipschitzCurve, blocks: int, moving: np.ndarray, estimate: float):
         def report(l):
             return None if progress is None else \
                 lambda done, total, what: progress(done, total, f"{what} (block {first + l} of the stack)")
 
         size = len(chain) // blocks                  # components per block: 4 post-norm, 2 pre-norm or sandwich
+        dense = X.shape[0] * X.shape[1] <= CHAIN_DENSE_LIMIT
         def part(l):
             start, stop = size * l, size * (l + 1)
-            return {"chain": chain[start:stop],
-                    "centre": centre.part(chain, start, stop, X.shape[0] * X.shape[1] <= CHAIN_DENSE_LIMIT)}
+            return {"chain": chain[start:stop], "centre": centre.part(chain, start, stop, dense)}
 
+        # the stack's Jacobian at X: its blocks' dense Jacobians along the float chain, multiplied normwise
+        product = NormwiseProduct() if dense else None
+        rows = np.concatenate([np.arange(j * X.shape[1], (j + 1) * X.shape[1]) for j in np.flatnonzero(moving)])
+
+        def multiply(l, piece, norm_bound):
+            if product is not None:
+                J = piece["centre"].jacobian
+                product.multiply(J if l or np.all(moving) else Enclosure(J.mid[rows], J.rad[rows]),
+                                 norm_bound if math.isfinite(norm_bound) else spectral_norm_upper_large(J))
+
+        piece = part(0)
         curve = _curve(model, X, "block", first, None, None, "fro", ball, positions, list(eps), 0, 0, tokens,
-                       report(0), attention, **part(0))   # the stack's own attention curve: the same neighbourhoods
+                       report(0), attention, **piece)   # the stack's own attention curve: the same neighbourhoods
+        multiply(0, piece, curve.jacobian_norm)
         cpu = [p.cpu_seconds for p in curve.points]
         L, V, N = [[p.certified for p in curve.points]], [[p.variation for p in curve.points]], [curve.jacobian_norm]
         rho = [_reach(p.certified, Neighbourhood(ball, e, tuple(positions)), X.shape[0])
@@ -497,14 +518,18 @@ class _StackOfBlocks:
             L.append([math.inf] * len(eps))
             V.append([math.inf] * len(eps))
             N.append(math.inf)
+            piece = part(l)
             if finite:
                 curve = _curve(model, centre.points[size * l], "block", first + l, None, None, "fro", "fro", (),
-                               [rho[k] for k in finite], 0, 0, tokens, report(l), **part(l))
+                               [rho[k] for k in finite], 0, 0, tokens, report(l), **piece)
                 for k, p in zip(finite, curve.points):
                     cpu[k] += p.cpu_seconds
                     L[-1][k], V[-1][k] = p.certified, p.variation
                 N[-1] = curve.jacobian_norm
+            multiply(l, piece, N[-1])
             rho = [upper_product(a, r) for a, r in zip(L[-1], rho)]
+        #: certified ``||J~_L ... J~_1||`` (block 1 restricted to the moving tokens), inf without dense Jacobians
+        self.jacobian_norm = product.norm_upper(estimate * (1 + 1e-8)) if product is not None else math.inf
         theorem = T.chain_variation(blocks)
         #: per eps, the CPU seconds of the blocks' own radii (the attention curve's in the first block's)
         self.cpu_seconds = cpu

@@ -59,7 +59,8 @@ def local_curve(sentence: str, *, layer: int = 0, kind: str = "layer", head: int
 
 _JACOBIAN_BOUNDS = {"dense": "dense Jacobian",
                     "grouped": "blocks between groups of tokens",
-                    "blockwise": "products of per-token block norms"}
+                    "blockwise": "products of per-token block norms",
+                    "block-products": "the blocks' dense Jacobians multiplied with a normwise radius"}
 _VARIATION_BOUNDS = {"blockwise": "blockwise bound",
                      "curvature-gram": "the smaller of the blockwise bound and the second derivative's (Gram matrix)",
                      "curvature-split": "the smaller of the blockwise bound and the second derivative's (split bound)",
