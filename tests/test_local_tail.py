@@ -154,9 +154,14 @@ def test_stack_curve_composes_its_blocks(monkeypatch):
     exact Jacobians at adversarial points of U and lies below the blockwise bound."""
     generated = local_models.model(seed=3, layers=2)
     X = hidden_states(generated, [1, 5, 7, 2])[0]
-    eps = [0.0, 1e-5, 1e-3, 0.1]
+    eps = [0.0, 1e-5, 0.1]
     curve = lipschitz_curve(generated, X, kind="stack", layer=0, last=1, eps=eps, ascent_steps=3)
-    assert curve.variation_bound == "stack-blocks"
+    assert curve.variation_bound == "stack-blocks" and curve.jacobian_bound == "block-products"
+    first, second = curve.to_json()["blocks"]
+    assert (first["layer"], second["layer"]) == (0, 1) and first["radius"] == eps
+    for point, L_1, L_2 in zip(curve.points[1:], first["certified"][1:], second["certified"][1:]):
+        assert point.certified <= L_1 * L_2 * (1 + 1e-12)   # the product of the blocks' constants is one route
+    assert all(r > e for r, e in zip(second["radius"][1:], eps[1:]))   # U_2 holds the images: at least L_1 eps
     _check_at_adversarial_points(chain_for(generated, "stack", 0, last=1), X, curve, seed=2)
     assert curve.points[0].certified == pytest.approx(curve.jacobian_norm, rel=1e-6)
     assert curve.points[1].certified <= 1.05 * curve.jacobian_norm

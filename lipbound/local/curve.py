@@ -148,14 +148,24 @@ class LipschitzCurve:
     setup_cpu_seconds: float = 0.0
     #: whether the first attention layer's facts on U also came from its relational enclosure (relational.py)
     relational: bool = False
+    #: a stack's per-block breakdown, one dict per block: "layer", its certified "jacobian_norm" at its float
+    #: centre, and per point (in the order of ``points``) its "certified" constant and "variation" on U_l and the
+    #: "radius" of U_l (the user's eps for the first block, a Frobenius radius about its centre after it)
+    blocks: tuple = ()
 
     def to_json(self) -> dict:
+        def finite(value):
+            return value if math.isfinite(value) else None   # JSON has no infinity
+
+        blocks = [{key: [finite(v) for v in value] if isinstance(value, list) else
+                   finite(value) if isinstance(value, float) else value for key, value in block.items()}
+                  for block in self.blocks]
         return {"kind": self.kind, "component": self.description, "norm": self.norm, "ball": self.ball,
                 "positions": list(self.positions), "n": self.n, "layernorm_radius": self.radius,
                 "jacobian_norm": self.jacobian_norm, "jacobian_witness": self.jacobian_witness,
                 "jacobian_bound": self.jacobian_bound, "variation_bound": self.variation_bound,
                 "setup_cpu_seconds": self.setup_cpu_seconds, "relational": self.relational,
-                "points": [p.to_json() for p in self.points]}
+                "points": [p.to_json() for p in self.points], "blocks": blocks}
 
 
 @final
@@ -457,7 +467,8 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         "curvature-split" if curvature.curvature.split else "curvature-gram"
     setup = time.process_time() - began - sum(p.cpu_seconds for p in points)
     return LipschitzCurve(kind, description, norm, ball, tuple(positions), n, radius, N_dense, witness_at_x,
-                          tuple(points), bound, jacobian_bound, setup, relational is not None)
+                          tuple(points), bound, jacobian_bound, setup, relational is not None,
+                          () if stack is None else tuple(stack.blocks))
 
 
 class _StackOfBlocks:
@@ -510,9 +521,11 @@ class _StackOfBlocks:
         L, V, N = [[p.certified for p in curve.points]], [[p.variation for p in curve.points]], [curve.jacobian_norm]
         rho = [_reach(p.certified, Neighbourhood(ball, e, tuple(positions)), X.shape[0])
                for p, e in zip(curve.points, eps)]
+        radii = [list(eps)]
         for l in range(1, blocks):
             drift = _rounding_reach(chain[size * (l - 1):size * l], centre, size * (l - 1))
             rho = [upper(interval(r) + interval(drift)) for r in rho]
+            radii.append(rho)
             # a radius past the float range gives this block (and the blocks after it) no bound at that eps
             finite = [k for k, r in enumerate(rho) if math.isfinite(r)]
             L.append([math.inf] * len(eps))
@@ -533,6 +546,10 @@ class _StackOfBlocks:
         theorem = T.chain_variation(blocks)
         #: per eps, the CPU seconds of the blocks' own radii (the attention curve's in the first block's)
         self.cpu_seconds = cpu
+        #: per block: its certified constants and variations per eps, its ``||DF(X~_l)||`` and the radii of its U_l
+        self.blocks = [{"layer": first + l, "jacobian_norm": float(N[l]), "certified": [float(v) for v in L[l]],
+                        "variation": [float(v) for v in V[l]], "radius": [float(v) for v in radii[l]]}
+                       for l in range(blocks)]
         self.variation, self.product = [], []
         for k in range(len(eps)):
             values = {**{f"M_{{{l + 1}}}": L[l][k] for l in range(blocks)},
