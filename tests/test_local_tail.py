@@ -161,6 +161,9 @@ def test_stack_curve_composes_its_blocks(monkeypatch):
     assert (first["layer"], second["layer"]) == (0, 1) and first["radius"] == eps
     for point, L_1, L_2 in zip(curve.points[1:], first["certified"][1:], second["certified"][1:]):
         assert point.certified <= L_1 * L_2 * (1 + 1e-12)   # the product of the blocks' constants is one route
+    from lipbound.measures.curves import curve_table
+    assert [line.split(":")[0] for line in curve_table(curve).splitlines() if line.startswith("  layer")] \
+        == ["  layer 0", "  layer 1"]
     assert all(r > e for r, e in zip(second["radius"][1:], eps[1:]))   # U_2 holds the images: at least L_1 eps
     _check_at_adversarial_points(chain_for(generated, "stack", 0, last=1), X, curve, seed=2)
     assert curve.points[0].certified == pytest.approx(curve.jacobian_norm, rel=1e-6)
