@@ -508,23 +508,34 @@ class _StackOfBlocks:
         rows = np.concatenate([np.arange(j * X.shape[1], (j + 1) * X.shape[1]) for j in np.flatnonzero(moving)])
 
         def multiply(l, piece, norm_bound):
-            if product is not None:
-                J = piece["centre"].jacobian
-                product.multiply(J if l or np.all(moving) else Enclosure(J.mid[rows], J.rad[rows]),
-                                 norm_bound if math.isfinite(norm_bound) else spectral_norm_upper_large(J))
+            """Block l's Jacobian onto the product; the certified norm of the product so far (inf without one)."""
+            if product is None:
+                return math.inf
+            J = piece["centre"].jacobian
+            product.multiply(J if l or np.all(moving) else Enclosure(J.mid[rows], J.rad[rows]),
+                             norm_bound if math.isfinite(norm_bound) else spectral_norm_upper_large(J))
+            return product.norm_upper(estimate * (1 + 1e-8) if l == blocks - 1 else None)
 
+        hoods = [Neighbourhood(ball, e, tuple(positions)) for e in eps]
         piece = part(0)
         curve = _curve(model, X, "block", first, None, None, "fro", ball, positions, list(eps), 0, 0, tokens,
                        report(0), attention, **piece)   # the stack's own attention curve: the same neighbourhoods
-        multiply(0, piece, curve.jacobian_norm)
+        #: prefix[l]: certified ``||J~_l ... J~_1||`` (prefix[0] = 1: no block yet)
+        prefix = [1.0, multiply(0, piece, curve.jacobian_norm)]
         cpu = [p.cpu_seconds for p in curve.points]
         L, V, N = [[p.certified for p in curve.points]], [[p.variation for p in curve.points]], [curve.jacobian_norm]
-        rho = [_reach(p.certified, Neighbourhood(ball, e, tuple(positions)), X.shape[0])
-               for p, e in zip(curve.points, eps)]
+        rho = [_reach(p.certified, hood, X.shape[0]) for p, hood in zip(curve.points, hoods)]
+        drifted = [0.0] * len(eps)   # how far the exact image of X can lie from the float centre X~_l
         radii = [list(eps)]
         for l in range(1, blocks):
             drift = _rounding_reach(chain[size * (l - 1):size * l], centre, size * (l - 1))
-            rho = [upper(interval(r) + interval(drift)) for r in rho]
+            drifted = [upper(interval(upper_product(a, e)) + interval(drift)) for a, e in zip(L[-1], drifted)]
+            # U_l: the image of U under the first l blocks, through their own constants' product or through the
+            # prefix stack's certified constant (lemma prefix-chain), about the exact image of X
+            rho = [min(upper(interval(r) + interval(drift)),
+                       upper(interval(_reach(_prefix_constant(L, V, prefix, l, k), hoods[k], X.shape[0]))
+                             + interval(drifted[k])))
+                   for k, r in enumerate(rho)]
             radii.append(rho)
             # a radius past the float range gives this block (and the blocks after it) no bound at that eps
             finite = [k for k, r in enumerate(rho) if math.isfinite(r)]
@@ -539,10 +550,10 @@ class _StackOfBlocks:
                     cpu[k] += p.cpu_seconds
                     L[-1][k], V[-1][k] = p.certified, p.variation
                 N[-1] = curve.jacobian_norm
-            multiply(l, piece, N[-1])
+            prefix.append(multiply(l, piece, N[-1]))
             rho = [upper_product(a, r) for a, r in zip(L[-1], rho)]
         #: certified ``||J~_L ... J~_1||`` (block 1 restricted to the moving tokens), inf without dense Jacobians
-        self.jacobian_norm = product.norm_upper(estimate * (1 + 1e-8)) if product is not None else math.inf
+        self.jacobian_norm = prefix[-1]
         theorem = T.chain_variation(blocks)
         #: per eps, the CPU seconds of the blocks' own radii (the attention curve's in the first block's)
         self.cpu_seconds = cpu
@@ -556,9 +567,33 @@ class _StackOfBlocks:
                       **{f"V_{{{l + 1}}}": V[l][k] for l in range(blocks)},
                       **{f"N_{{{l + 1}}}": N[l] for l in range(blocks)}}
             finite = all(math.isfinite(v) for v in values.values())
-            self.variation.append(float(evaluate_theorem(theorem, **{key: np.float64(v) for key, v in values.items()}))
-                                  if finite else math.inf)
+            norms = float(evaluate_theorem(theorem, **{key: np.float64(v) for key, v in values.items()})) \
+                if finite else math.inf
+            self.variation.append(min(norms, _composed_variation(L, V, prefix, blocks, k)))
             self.product.append(upper_product(*(L[l][k] for l in range(blocks))))
+
+
+def _composed_variation(L: list, V: list, prefix: list, count: int, k: int) -> float:
+    """``sum_(j < count) (L_(count-1) ... L_(j+1)) V_j ||J~_(j-1) ... J~_0||`` at eps number k (lemma prefix-chain,
+    blocks counted from 0): the telescoped variation of the first ``count`` blocks with the products of their
+    Jacobians at the centres in place of the products of those Jacobians' norms; inf where a factor is."""
+    values = [L[m][k] for m in range(count)] + [V[j][k] for j in range(count)] + list(prefix[:count])
+    if not all(math.isfinite(v) for v in values):
+        return math.inf
+    total = interval(0.0)
+    for j in range(count):
+        term = interval(V[j][k]) * interval(prefix[j])
+        for m in range(j + 1, count):
+            term = term * interval(L[m][k])
+        total = total + term
+    return upper(total)
+
+
+def _prefix_constant(L: list, V: list, prefix: list, count: int, k: int) -> float:
+    """A certified Lipschitz constant on U of the first ``count`` blocks: ``||J~_(count-1) ... J~_0|| +`` their
+    composed variation (:func:`_composed_variation`)."""
+    return upper(interval(prefix[count]) + interval(_composed_variation(L, V, prefix, count, k))) \
+        if math.isfinite(prefix[count]) else math.inf
 
 
 def _at_center(component: Component, point: np.ndarray, rounding: np.ndarray, enclosed) -> np.ndarray:
