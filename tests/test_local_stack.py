@@ -1,5 +1,6 @@
 """A stack's Jacobian at its centre, multiplied block by block with a normwise radius, against a Jacobian written
-here from the layers' formulas (central differences of a forward pass that does not call the package's)."""
+from the layers' formulas (:func:`local_models.stack_jacobian`: central differences of a forward pass that does not
+call the package's)."""
 
 from __future__ import annotations
 
@@ -7,44 +8,11 @@ import local_models
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy.special import erf
 
 from lipbound.local.chains import NormwiseProduct, chain_for
 from lipbound.local.curve import _Centre
 from lipbound.numeric.forward import hidden_states
 from lipbound.rigorous.linalg import Enclosure, spectral_norm_upper_large
-
-
-def _layernorm(norm, x):
-    centred = x - x.mean(axis=-1, keepdims=True)
-    return norm.gamma * centred / np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + norm.eps) + norm.beta
-
-
-def _softmax(s):
-    e = np.exp(s - s.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def _layer(item, X):
-    """BERT's post-norm layer ``LN_2(Y + FFN(Y))``, ``Y = LN_1(X + MHA(X))``, from its formulas."""
-    attention, heads = item.attention, []
-    for head in attention.heads:
-        q, k, v = X @ head.W_Q + head.b_Q, X @ head.W_K + head.b_K, X @ head.W_V + head.b_V
-        heads.append(_softmax(q @ k.T / np.sqrt(head.W_Q.shape[1])) @ v)
-    Y = _layernorm(item.ln_out, X + np.concatenate(heads, axis=-1) @ attention.W_O + attention.b_O)
-    h = Y @ item.ffn.W_1 + item.ffn.b_1
-    return _layernorm(item.ffn_norm, Y + (0.5 * h * (1 + erf(h / np.sqrt(2)))) @ item.ffn.W_2 + item.ffn.b_2)
-
-
-def _stack_jacobian(model, X, blocks, h=1e-6):
-    """Row convention ``(n d, n d)`` Jacobian of layers 0..blocks-1 at X by central differences."""
-    def forward(Z):
-        for index in range(blocks):
-            Z = _layer(model.layer(index), Z)
-        return Z.ravel()
-    x = X.ravel()
-    return np.stack([(forward((x + h * e).reshape(X.shape)) - forward((x - h * e).reshape(X.shape))) / (2 * h)
-                     for e in np.eye(x.size)])
 
 
 @settings(max_examples=6, deadline=None)
@@ -88,7 +56,7 @@ def test_stack_jacobian_from_block_products_is_tight_and_holds(seed, blocks, sca
     for l in range(blocks):
         J = centre.part(chain, 4 * l, 4 * (l + 1), True).jacobian
         product.multiply(J, spectral_norm_upper_large(J))
-    truth = np.linalg.norm(_stack_jacobian(model, X, blocks), 2)
+    truth = np.linalg.norm(local_models.stack_jacobian(model, X, blocks), 2)
     bound = product.norm_upper()
     assert truth <= bound * (1 + 1e-7)   # (central differences: about 1e-9 relative)
     assert bound <= truth * (1 + 1e-6)

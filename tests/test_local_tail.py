@@ -188,6 +188,15 @@ def test_a_stack_of_three_blocks_past_the_float_range_falls_back_to_its_global_c
     assert small.route.endswith("(stack-blocks)") and small.certified < small.global_constant
     assert huge.route == "global" and huge.certified == huge.global_constant < np.inf
     assert all(p.verdict == "holds" and p.witness <= p.certified for p in curve.points)
+    # the composed bounds (the prefix products' norms, lemma prefix-chain) against the Jacobian written in
+    # local_models, at X and at random points of U's sphere
+    at_x = local_models.stack_jacobian(generated, X, 3)
+    assert np.linalg.norm(at_x, 2) <= curve.jacobian_norm * (1 + 1e-7)
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        E = rng.standard_normal(X.shape)
+        J = local_models.stack_jacobian(generated, X + small.eps * E / np.linalg.norm(E), 3)
+        assert np.linalg.norm(J, 2) <= small.certified and np.linalg.norm(J - at_x, 2) <= small.variation
 
 
 @settings(max_examples=20, deadline=None)
