@@ -488,7 +488,14 @@ class _StackOfBlocks:
     exact image of ``X~_l`` lies from ``X~_(l+1)`` (the float chain's rounding through block l, pushed through
     its components' movement bounds): ``U_l`` holds every image of U, the exact image of X included.
 
-    Attributes ``variation`` and ``product``: the two bounds, one per eps.
+    The products of the Jacobians at the centres are also kept themselves (lemmas normwise-product and
+    prefix-chain, docs/mathematics.md): ``pi_l >= ||J~_l ... J~_1||`` certified from a float product with one
+    normwise radius, so that ``||DF(X)|| <= pi_L``, the variation is also at most ``sum_l (L_L ... L_(l+1)) V_l
+    pi_(l-1)`` (the smaller counts) and ``rho_(l+1)`` is also at most ``lambda_l theta_U eps + D_(l+1)``, with
+    ``lambda_l`` that bound's constant for the first l blocks and ``D_(l+1)`` how far the exact image of X lies
+    from ``X~_(l+1)``.
+
+    Attributes ``variation``, ``product``, ``jacobian_norm`` and ``blocks`` (the per-block breakdown).
     """
 
     def __init__(self, model, chain, centre: _Centre, X, first: int, ball: str, positions, eps: list, tokens: int,
