@@ -13,7 +13,8 @@ On all-MiniLM-L6-v2 and the 20 sentences of lipbound/measures/data/sentences.txt
   counts ``--curve-lengths`` (e.g. 8,14,16,20,24,37) with the curvature bound's Gram route up to
   ``--curvature-tokens`` and its split bound beyond, and on any ``--curve-text`` (longer inputs: the
   Jacobian at X by groups of tokens beyond 42 tokens); each line names how ``||DF(X)||`` and the
-  variation were bounded;
+  variation were bounded; ``--curve-kinds block stack`` for whole layers and stacks (``--stack-depth`` layers,
+  each stack followed by its per-block breakdown), ``--fractions`` for the radii;
 * ``time``  -- the CPU seconds of issue 29's time figures (``--time-kinds``): the attention layer's curve at four
   radii (n = 9, target <= 30 s), the whole layer's per radius (n = 9, <= 60 s), the six-layer stack's curve (n = 20,
   < 5 minutes), each split into the set-up every radius shares and each radius's own work;
@@ -97,11 +98,12 @@ def by_length(model, counts) -> list[str]:
     return [every[lengths.index(count)] for count in counts]
 
 
-def curve_part(model, texts, layers, fractions, curvature_tokens, kinds=("layer",)):
-    """L(eps) of each kind: the attention layer, the whole layer (block), or the stack of the layer and the next."""
+def curve_part(model, texts, layers, fractions, curvature_tokens, kinds=("layer",), depth=2):
+    """L(eps) of each kind: the attention layer, the whole layer (block), or the stack of ``depth`` layers from the
+    layer on (a stack's line is followed by its per-block breakdown)."""
     from lipbound.measures.curves import local_curve
     for text, kind, layer in ((t, k, l) for t in texts for k in kinds for l in layers):
-        top = min(layer + 1, model.num_layers - 1) if kind == "stack" else None
+        top = min(layer + depth - 1, model.num_layers - 1) if kind == "stack" else None
         if kind == "stack" and top == layer:
             continue
         began, cpu = time.perf_counter(), time.process_time()
@@ -126,6 +128,10 @@ def curve_part(model, texts, layers, fractions, curvature_tokens, kinds=("layer"
               f"verdicts {sorted({p.verdict for p in curve.points})}; {seconds:.0f} s, {cpu:.0f} CPU s "
               f"(set-up {curve.setup_cpu_seconds:.0f}, per radius "
               + " ".join(f"{p.cpu_seconds:.0f}" for p in curve.points) + ")")
+        for block in curve.blocks:
+            print(f"  layer {block['layer']}: ||DF(X_l)|| {block['jacobian_norm']:.4g}; L_l / V_l on radius: "
+                  + "  ".join(f"{c:.3g} / {v:.3g} on {r:.3g}"
+                              for c, v, r in zip(block["certified"], block["variation"], block["radius"])))
 
 
 #: The time figures of issue 29: (kind, last layer, sentence, eps / R, target in CPU seconds, what the target
@@ -208,6 +214,12 @@ def main() -> None:
     parser.add_argument("--time-kinds", nargs="+", default=["layer", "block", "stack"],
                         choices=["layer", "block", "stack"],
                         help="the time part for these figures (default all three; the stack takes the longest)")
+    parser.add_argument("--stack-depth", type=int, default=2,
+                        help="layers of the stack in the curve part, from each layer on (default 2; 6 for MiniLM's "
+                             "whole encoder from layer 0)")
+    parser.add_argument("--fractions", default="1e-5,1e-4,1e-3,2e-3,3e-3,1e-2",
+                        help="the curve part's radii as fractions of the LayerNorm radius (default "
+                             "1e-5,1e-4,1e-3,2e-3,3e-3,1e-2; 2 R is added)")
     parser.add_argument("--curvature-tokens", type=int, default=None,
                         help="largest n of the curvature bound's Gram route in the curve part (longer: the split "
                              "bound; default: lipbound's)")
@@ -232,8 +244,9 @@ def main() -> None:
         chosen = by_length(model, int_list("--curve-lengths", 1)(args.curve_lengths)) if args.curve_lengths \
             else [] if args.curve_text else texts[:2]
         chosen += args.curve_text
-        curve_part(model, chosen, sorted({min(layers), max(layers)}), (1e-5, 1e-4, 1e-3, 2e-3, 3e-3, 1e-2),
-                   args.curvature_tokens or CURVATURE_TOKENS, args.curve_kinds)
+        fractions = tuple(float(f) for f in args.fractions.split(","))
+        curve_part(model, chosen, sorted({min(layers), max(layers)}), fractions,
+                   args.curvature_tokens or CURVATURE_TOKENS, args.curve_kinds, args.stack_depth)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from scipy.special import erf
 
 from lipbound.numeric.model import FeedForward, Head, Layer, LayerNorm
 from lipbound.numeric.model.transformer import Embeddings, Model, TransformerLayer
@@ -38,3 +39,35 @@ def model(seed: int = 0, d: int = 6, layers: int = 2, vocab: int = 12, positions
         made[index] = layer(rng, d=d, index=index, scale=scale, ln_in=feeding)
         feeding = made[index].ffn_norm
     return Model("generated", made, num_heads=2, hidden=d, embeddings=embeddings, num_layers=layers)
+
+
+def _layernorm(norm, x):
+    centred = x - x.mean(axis=-1, keepdims=True)
+    return norm.gamma * centred / np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + norm.eps) + norm.beta
+
+
+def _softmax(s):
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _layer(item, X):
+    """BERT's post-norm layer ``LN_2(Y + FFN(Y))``, ``Y = LN_1(X + MHA(X))``, from its formulas."""
+    attention, heads = item.attention, []
+    for head in attention.heads:
+        q, k, v = X @ head.W_Q + head.b_Q, X @ head.W_K + head.b_K, X @ head.W_V + head.b_V
+        heads.append(_softmax(q @ k.T / np.sqrt(head.W_Q.shape[1])) @ v)
+    Y = _layernorm(item.ln_out, X + np.concatenate(heads, axis=-1) @ attention.W_O + attention.b_O)
+    h = Y @ item.ffn.W_1 + item.ffn.b_1
+    return _layernorm(item.ffn_norm, Y + (0.5 * h * (1 + erf(h / np.sqrt(2)))) @ item.ffn.W_2 + item.ffn.b_2)
+
+
+def stack_jacobian(model, X, blocks, h=1e-6):
+    """Row convention ``(n d, n d)`` Jacobian of layers 0..blocks-1 at X by central differences."""
+    def forward(Z):
+        for index in range(blocks):
+            Z = _layer(model.layer(index), Z)
+        return Z.ravel()
+    x = X.ravel()
+    return np.stack([(forward((x + h * e).reshape(X.shape)) - forward((x - h * e).reshape(X.shape))) / (2 * h)
+                     for e in np.eye(x.size)])

@@ -154,9 +154,17 @@ def test_stack_curve_composes_its_blocks(monkeypatch):
     exact Jacobians at adversarial points of U and lies below the blockwise bound."""
     generated = local_models.model(seed=3, layers=2)
     X = hidden_states(generated, [1, 5, 7, 2])[0]
-    eps = [0.0, 1e-5, 1e-3, 0.1]
+    eps = [0.0, 1e-5, 0.1]
     curve = lipschitz_curve(generated, X, kind="stack", layer=0, last=1, eps=eps, ascent_steps=3)
-    assert curve.variation_bound == "stack-blocks"
+    assert curve.variation_bound == "stack-blocks" and curve.jacobian_bound == "block-products"
+    first, second = curve.to_json()["blocks"]
+    assert (first["layer"], second["layer"]) == (0, 1) and first["radius"] == eps
+    for point, L_1, L_2 in zip(curve.points[1:], first["certified"][1:], second["certified"][1:]):
+        assert point.certified <= L_1 * L_2 * (1 + 1e-12)   # the product of the blocks' constants is one route
+    from lipbound.measures.curves import curve_table
+    assert [line.split(":")[0] for line in curve_table(curve).splitlines() if line.startswith("  layer")] \
+        == ["  layer 0", "  layer 1"]
+    assert all(r > e for r, e in zip(second["radius"][1:], eps[1:]))   # U_2 holds the images: at least L_1 eps
     _check_at_adversarial_points(chain_for(generated, "stack", 0, last=1), X, curve, seed=2)
     assert curve.points[0].certified == pytest.approx(curve.jacobian_norm, rel=1e-6)
     assert curve.points[1].certified <= 1.05 * curve.jacobian_norm
@@ -180,6 +188,15 @@ def test_a_stack_of_three_blocks_past_the_float_range_falls_back_to_its_global_c
     assert small.route.endswith("(stack-blocks)") and small.certified < small.global_constant
     assert huge.route == "global" and huge.certified == huge.global_constant < np.inf
     assert all(p.verdict == "holds" and p.witness <= p.certified for p in curve.points)
+    # the composed bounds (the prefix products' norms, lemma prefix-chain) against the Jacobian written in
+    # local_models, at X and at random points of U's sphere
+    at_x = local_models.stack_jacobian(generated, X, 3)
+    assert np.linalg.norm(at_x, 2) <= curve.jacobian_norm * (1 + 1e-7)
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        E = rng.standard_normal(X.shape)
+        J = local_models.stack_jacobian(generated, X + small.eps * E / np.linalg.norm(E), 3)
+        assert np.linalg.norm(J, 2) <= small.certified and np.linalg.norm(J - at_x, 2) <= small.variation
 
 
 @settings(max_examples=20, deadline=None)

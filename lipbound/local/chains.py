@@ -35,14 +35,15 @@ from ..errors import AssumptionError
 from ..numeric.model import GatedFeedForward, Head, Layer, Model
 from ..numeric.whole.chain import Step, layer_steps
 from ..rigorous.arrays import IntervalArray, as_interval_array
-from ..rigorous.linalg import Enclosure
+from ..rigorous.intervals import interval, upper
+from ..rigorous.linalg import Enclosure, spectral_norm_upper_large
 from .balls import TokenBalls
 from .bounds import LocalBounds, NormFold, attention_bounds, feedforward_bounds, norm_bounds
 from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedNorm
 from .gated import EnclosedGatedFeedForward, gated_bounds
 
 __all__ = ["Component", "Sublayer", "KINDS", "PER_TOKEN", "ChainStates", "chain_for", "chain_forward", "chain_jvp",
-           "chain_vjp", "product_upper", "telescoped_variation", "right_product"]
+           "chain_vjp", "product_upper", "telescoped_variation", "right_product", "NormwiseProduct"]
 
 #: what a user can ask a local constant of
 KINDS = {"head": "one attention head (after the norm it reads, in a pre-norm layer)",
@@ -279,6 +280,46 @@ def right_product(product, component: Component, enclosed):
         part = product[:, i * width:(i + 1) * width] @ block
         mid[:, i * d:(i + 1) * d], rad[:, i * d:(i + 1) * d] = part.mid, part.rad
     return Enclosure(mid, rad)
+
+
+@final
+class NormwiseProduct:
+    """The product ``A_1 A_2 ... A_m`` of enclosed matrices (row convention: each factor on the right) kept as a
+    float matrix ``P`` and one radius ``r`` with ``||A_1 ... A_k - P_k||_2 <= r_k`` (lemma normwise-product,
+    docs/mathematics.md): with ``|A_k - M_k| <= R_k`` entrywise and ``fl(P_(k-1) M_k) +- S_k`` the midpoint-radius
+    product of the point ``P_(k-1)`` and the enclosure of ``A_k``,
+
+        r_1 = ||R_1||_F,   r_k = r_(k-1) a_k + ||S_k||_F,   ||A_1 ... A_m||_2 <= ||P_m||_2 + r_m,
+
+    ``a_k >= ||A_k||_2`` certified.  An entrywise radius carried through the product instead grows with the
+    absolute values ``|M_k|`` of every factor (1.8e7 against a norm of 8.55 through the 24 maps of six MiniLM
+    layers); here only the factors' norms multiply the radius.
+    """
+
+    def __init__(self):
+        self.mid: np.ndarray | None = None
+        self.radius = 0.0
+
+    def multiply(self, factor: Enclosure, factor_norm: float) -> None:
+        """``P <- P A`` for ``A`` enclosed by ``factor``, ``factor_norm`` a certified upper bound on ``||A||_2``."""
+        if self.mid is None:
+            self.mid, self.radius = factor.mid, _frobenius_upper(factor.rad)
+            return
+        step = Enclosure.exact(self.mid) @ factor                  # encloses P_(k-1) A_k entrywise
+        self.radius = upper(interval(self.radius) * interval(factor_norm) + interval(_frobenius_upper(step.rad)))
+        self.mid = step.mid
+
+    def norm_upper(self, estimate: float | None = None) -> float:
+        """A certified upper bound on ``||A_1 ... A_m||_2``: ``||P_m||_2`` (one Gram product and one Cholesky
+        factorisation, ``estimate`` its float value if known) plus ``r_m``."""
+        if self.mid is None:
+            raise AssumptionError("factors", "at least one factor", "none", "multiply by a factor first")
+        return upper(interval(spectral_norm_upper_large(self.mid, estimate)) + interval(self.radius))
+
+
+def _frobenius_upper(radius: np.ndarray) -> float:
+    """``||R||_F`` of a non-negative radius, rounded up."""
+    return float(IntervalArray(np.ascontiguousarray(radius).reshape(-1)).norm_upper(axis=0)) if radius.size else 0.0
 
 
 def chain_for(model: Model, kind: str, layer: int, head: int | None = None, last: int | None = None) -> list[Component]:

@@ -59,6 +59,7 @@ from .balls import LIPSCHITZ_NORMS, Neighbourhood, TokenBalls
 from .bounds import evaluate_theorem, feedforward_global
 from .chains import (
     Component,
+    NormwiseProduct,
     chain_for,
     chain_forward,
     chain_jvp,
@@ -139,21 +140,32 @@ class LipschitzCurve:
     #: matrix ("curvature-gram") or by the split bound ("curvature-split"); the smaller bound counts
     variation_bound: str = "blockwise"
     #: how ``jacobian_norm`` is bounded: from the "dense" Jacobian, from the blocks between groups of tokens
-    #: ("grouped", inputs too long for the dense one), or from products of per-token block norms ("blockwise")
+    #: ("grouped", inputs too long for the dense one), from products of per-token block norms ("blockwise"), or
+    #: (a stack) from its blocks' dense Jacobians multiplied with a normwise radius ("block-products")
     jacobian_bound: str = "dense"
     #: CPU seconds of the work every radius shares (the centre's enclosures, ``||DF(X)||``, the curvature
     #: bound's matrices at X, the set-up of nested curves): the curve's total is this plus the points'
     setup_cpu_seconds: float = 0.0
     #: whether the first attention layer's facts on U also came from its relational enclosure (relational.py)
     relational: bool = False
+    #: a stack's per-block breakdown, one dict per block: "layer", its certified "jacobian_norm" at its float
+    #: centre, and per point (in the order of ``points``) its "certified" constant and "variation" on U_l and the
+    #: "radius" of U_l (the user's eps for the first block, a Frobenius radius about its centre after it)
+    blocks: tuple = ()
 
     def to_json(self) -> dict:
+        def finite(value):
+            return value if math.isfinite(value) else None   # JSON has no infinity
+
+        blocks = [{key: [finite(v) for v in value] if isinstance(value, list) else
+                   finite(value) if isinstance(value, float) else value for key, value in block.items()}
+                  for block in self.blocks]
         return {"kind": self.kind, "component": self.description, "norm": self.norm, "ball": self.ball,
                 "positions": list(self.positions), "n": self.n, "layernorm_radius": self.radius,
                 "jacobian_norm": self.jacobian_norm, "jacobian_witness": self.jacobian_witness,
                 "jacobian_bound": self.jacobian_bound, "variation_bound": self.variation_bound,
                 "setup_cpu_seconds": self.setup_cpu_seconds, "relational": self.relational,
-                "points": [p.to_json() for p in self.points]}
+                "points": [p.to_json() for p in self.points], "blocks": blocks}
 
 
 @final
@@ -203,9 +215,11 @@ class _Centre:
 
     ``prefix_jacobian`` holds the products of the first ``k`` components' dense Jacobians for the ``k`` in
     ``keep`` (the same products ``jacobian`` is built through), so that the curves nested in this one (a
-    block's attention, a stack's first block) read them with the enclosures: :meth:`part`."""
+    block's attention, a stack's first block) read them with the enclosures: :meth:`part`.  With ``whole``
+    False only those prefixes are formed and ``jacobian`` stays None (a stack multiplies its blocks' Jacobians
+    itself, :class:`~lipbound.local.chains.NormwiseProduct`)."""
 
-    def __init__(self, chain: list[Component], X: np.ndarray, dense: bool, keep=()):
+    def __init__(self, chain: list[Component], X: np.ndarray, dense: bool, keep=(), whole: bool = True):
         self.points, self.rounding, self.enclosed = [np.asarray(X, dtype=np.float64)], [np.zeros(X.shape[0])], []
         for component in chain:
             enclosed = component.enclose(self.points[-1])
@@ -215,7 +229,8 @@ class _Centre:
             self.rounding.append((enclosed.output - IntervalArray(mid)).norm_upper())
         self.jacobian, self.prefix_jacobian = None, {}
         if dense:
-            self.jacobian = self._product(chain, keep)
+            product = self._product(chain if whole else chain[:max(keep, default=0)], keep)
+            self.jacobian = product if whole else None
 
     def _product(self, chain, keep=()):
         product = None
@@ -343,10 +358,10 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
     # a block or a stack hands its first component's centre to its attention curve, a stack its blocks'
     blocks = 1 if kind != "stack" else (layer if last is None else last) - layer + 1
     keep = (1, len(chain) // blocks) if len(chain) > 1 else ()
-    centre = _Centre(chain, X, dense, keep) if centre is None else centre
+    composed = blocks > 1 and norm == "fro"   # a stack composes its blocks' curves and their Jacobians at X
+    centre = _Centre(chain, X, dense, keep, whole=not composed) if centre is None else centre
     witness_at_x, direction = _witness_value(chain, X, moving, norm, seed)
     N_blocks = [_at_center(*parts) for parts in zip(chain, centre.points, centre.rounding, centre.enclosed)]
-    N_dense, jacobian_bound = _jacobian_norm(centre, chain, N_blocks, moving, norm, witness_at_x, n, d, progress)
     radius = model.layer(layer).ln_in.radius_about_center if model.layer(layer).ln_in is not None else math.nan
     curvature = _CurvatureRoute.of(chain, centre, X, neighbourhoods, curvature_tokens) if norm == "fro" else None
     # an attention layer first on a Frobenius ball: the layer pushed through U as one affine form (relational.py)
@@ -368,7 +383,11 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         tail = BlockTail(centre.enclosed) if model.layer(layer).placement == "post" else TokenTail(centre.enclosed)
     # a stack: its blocks' own curves, composed (theorem local-chain on the blocks)
     stack = _StackOfBlocks(model, chain, centre, X, layer, ball, positions, [h.eps for h in neighbourhoods],
-                           curvature_tokens, progress, first, blocks) if blocks > 1 and norm == "fro" else None
+                           curvature_tokens, progress, first, blocks, moving, witness_at_x) if composed else None
+    if stack is not None and math.isfinite(stack.jacobian_norm):
+        N_dense, jacobian_bound = stack.jacobian_norm, "block-products"
+    else:
+        N_dense, jacobian_bound = _jacobian_norm(centre, chain, N_blocks, moving, norm, witness_at_x, n, d, progress)
     global_constant = _GlobalConstant(model, chain, layer, norm, X)
     # smallest eps first: U(X, eps) grows with eps, so what was found in a smaller one is a witness in it too
     order = sorted(range(len(neighbourhoods)), key=lambda i: neighbourhoods[i].eps)
@@ -448,7 +467,8 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         "curvature-split" if curvature.curvature.split else "curvature-gram"
     setup = time.process_time() - began - sum(p.cpu_seconds for p in points)
     return LipschitzCurve(kind, description, norm, ball, tuple(positions), n, radius, N_dense, witness_at_x,
-                          tuple(points), bound, jacobian_bound, setup, relational is not None)
+                          tuple(points), bound, jacobian_bound, setup, relational is not None,
+                          () if stack is None else tuple(stack.blocks))
 
 
 class _StackOfBlocks:
@@ -468,55 +488,119 @@ class _StackOfBlocks:
     exact image of ``X~_l`` lies from ``X~_(l+1)`` (the float chain's rounding through block l, pushed through
     its components' movement bounds): ``U_l`` holds every image of U, the exact image of X included.
 
-    Attributes ``variation`` and ``product``: the two bounds, one per eps.
+    The products of the Jacobians at the centres are also kept themselves (lemmas normwise-product and
+    prefix-chain, docs/mathematics.md): ``pi_l >= ||J~_l ... J~_1||`` certified from a float product with one
+    normwise radius, so that ``||DF(X)|| <= pi_L``, the variation is also at most ``sum_l (L_L ... L_(l+1)) V_l
+    pi_(l-1)`` (the smaller counts) and ``rho_(l+1)`` is also at most ``lambda_l theta_U eps + D_(l+1)``, with
+    ``lambda_l`` that bound's constant for the first l blocks and ``D_(l+1)`` how far the exact image of X lies
+    from ``X~_(l+1)``.
+
+    Attributes ``variation``, ``product``, ``jacobian_norm`` and ``blocks`` (the per-block breakdown).
     """
 
     def __init__(self, model, chain, centre: _Centre, X, first: int, ball: str, positions, eps: list, tokens: int,
-                 progress, attention: LipschitzCurve, blocks: int):
+                 progress, attention: LipschitzCurve, blocks: int, moving: np.ndarray, estimate: float):
         def report(l):
             return None if progress is None else \
                 lambda done, total, what: progress(done, total, f"{what} (block {first + l} of the stack)")
 
         size = len(chain) // blocks                  # components per block: 4 post-norm, 2 pre-norm or sandwich
+        dense = X.shape[0] * X.shape[1] <= CHAIN_DENSE_LIMIT
         def part(l):
             start, stop = size * l, size * (l + 1)
-            return {"chain": chain[start:stop],
-                    "centre": centre.part(chain, start, stop, X.shape[0] * X.shape[1] <= CHAIN_DENSE_LIMIT)}
+            return {"chain": chain[start:stop], "centre": centre.part(chain, start, stop, dense)}
 
+        # the stack's Jacobian at X: its blocks' dense Jacobians along the float chain, multiplied normwise
+        product = NormwiseProduct() if dense else None
+        rows = np.concatenate([np.arange(j * X.shape[1], (j + 1) * X.shape[1]) for j in np.flatnonzero(moving)])
+
+        def multiply(l, piece, norm_bound):
+            """Block l's Jacobian onto the product; the certified norm of the product so far (inf without one)."""
+            if product is None:
+                return math.inf
+            J = piece["centre"].jacobian
+            product.multiply(J if l or np.all(moving) else Enclosure(J.mid[rows], J.rad[rows]),
+                             norm_bound if math.isfinite(norm_bound) else spectral_norm_upper_large(J))
+            return product.norm_upper(estimate * (1 + 1e-8) if l == blocks - 1 else None)
+
+        hoods = [Neighbourhood(ball, e, tuple(positions)) for e in eps]
+        piece = part(0)
         curve = _curve(model, X, "block", first, None, None, "fro", ball, positions, list(eps), 0, 0, tokens,
-                       report(0), attention, **part(0))   # the stack's own attention curve: the same neighbourhoods
+                       report(0), attention, **piece)   # the stack's own attention curve: the same neighbourhoods
+        #: prefix[l]: certified ``||J~_l ... J~_1||`` (prefix[0] = 1: no block yet)
+        prefix = [1.0, multiply(0, piece, curve.jacobian_norm)]
         cpu = [p.cpu_seconds for p in curve.points]
         L, V, N = [[p.certified for p in curve.points]], [[p.variation for p in curve.points]], [curve.jacobian_norm]
-        rho = [_reach(p.certified, Neighbourhood(ball, e, tuple(positions)), X.shape[0])
-               for p, e in zip(curve.points, eps)]
+        rho = [_reach(p.certified, hood, X.shape[0]) for p, hood in zip(curve.points, hoods)]
+        drifted = [0.0] * len(eps)   # how far the exact image of X can lie from the float centre X~_l
+        radii = [list(eps)]
         for l in range(1, blocks):
             drift = _rounding_reach(chain[size * (l - 1):size * l], centre, size * (l - 1))
-            rho = [upper(interval(r) + interval(drift)) for r in rho]
+            drifted = [upper(interval(upper_product(a, e)) + interval(drift)) for a, e in zip(L[-1], drifted)]
+            # U_l: the image of U under the first l blocks, through their own constants' product or through the
+            # prefix stack's certified constant (lemma prefix-chain), about the exact image of X
+            rho = [min(upper(interval(r) + interval(drift)),
+                       upper(interval(_reach(_prefix_constant(L, V, prefix, l, k), hoods[k], X.shape[0]))
+                             + interval(drifted[k])))
+                   for k, r in enumerate(rho)]
+            radii.append(rho)
             # a radius past the float range gives this block (and the blocks after it) no bound at that eps
             finite = [k for k, r in enumerate(rho) if math.isfinite(r)]
             L.append([math.inf] * len(eps))
             V.append([math.inf] * len(eps))
             N.append(math.inf)
+            piece = part(l)
             if finite:
                 curve = _curve(model, centre.points[size * l], "block", first + l, None, None, "fro", "fro", (),
-                               [rho[k] for k in finite], 0, 0, tokens, report(l), **part(l))
+                               [rho[k] for k in finite], 0, 0, tokens, report(l), **piece)
                 for k, p in zip(finite, curve.points):
                     cpu[k] += p.cpu_seconds
                     L[-1][k], V[-1][k] = p.certified, p.variation
                 N[-1] = curve.jacobian_norm
+            prefix.append(multiply(l, piece, N[-1]))
             rho = [upper_product(a, r) for a, r in zip(L[-1], rho)]
+        #: certified ``||J~_L ... J~_1||`` (block 1 restricted to the moving tokens), inf without dense Jacobians
+        self.jacobian_norm = prefix[-1]
         theorem = T.chain_variation(blocks)
         #: per eps, the CPU seconds of the blocks' own radii (the attention curve's in the first block's)
         self.cpu_seconds = cpu
+        #: per block: its certified constants and variations per eps, its ``||DF(X~_l)||`` and the radii of its U_l
+        self.blocks = [{"layer": first + l, "jacobian_norm": float(N[l]), "certified": [float(v) for v in L[l]],
+                        "variation": [float(v) for v in V[l]], "radius": [float(v) for v in radii[l]]}
+                       for l in range(blocks)]
         self.variation, self.product = [], []
         for k in range(len(eps)):
             values = {**{f"M_{{{l + 1}}}": L[l][k] for l in range(blocks)},
                       **{f"V_{{{l + 1}}}": V[l][k] for l in range(blocks)},
                       **{f"N_{{{l + 1}}}": N[l] for l in range(blocks)}}
             finite = all(math.isfinite(v) for v in values.values())
-            self.variation.append(float(evaluate_theorem(theorem, **{key: np.float64(v) for key, v in values.items()}))
-                                  if finite else math.inf)
+            norms = float(evaluate_theorem(theorem, **{key: np.float64(v) for key, v in values.items()})) \
+                if finite else math.inf
+            self.variation.append(min(norms, _composed_variation(L, V, prefix, blocks, k)))
             self.product.append(upper_product(*(L[l][k] for l in range(blocks))))
+
+
+def _composed_variation(L: list, V: list, prefix: list, count: int, k: int) -> float:
+    """``sum_(j < count) (L_(count-1) ... L_(j+1)) V_j ||J~_(j-1) ... J~_0||`` at eps number k (lemma prefix-chain,
+    blocks counted from 0): the telescoped variation of the first ``count`` blocks with the products of their
+    Jacobians at the centres in place of the products of those Jacobians' norms; inf where a factor is."""
+    values = [L[m][k] for m in range(count)] + [V[j][k] for j in range(count)] + list(prefix[:count])
+    if not all(math.isfinite(v) for v in values):
+        return math.inf
+    total = interval(0.0)
+    for j in range(count):
+        term = interval(V[j][k]) * interval(prefix[j])
+        for m in range(j + 1, count):
+            term = term * interval(L[m][k])
+        total = total + term
+    return upper(total)
+
+
+def _prefix_constant(L: list, V: list, prefix: list, count: int, k: int) -> float:
+    """A certified Lipschitz constant on U of the first ``count`` blocks: ``||J~_(count-1) ... J~_0|| +`` their
+    composed variation (:func:`_composed_variation`)."""
+    return upper(interval(prefix[count]) + interval(_composed_variation(L, V, prefix, count, k))) \
+        if math.isfinite(prefix[count]) else math.inf
 
 
 def _at_center(component: Component, point: np.ndarray, rounding: np.ndarray, enclosed) -> np.ndarray:

@@ -59,7 +59,8 @@ def local_curve(sentence: str, *, layer: int = 0, kind: str = "layer", head: int
 
 _JACOBIAN_BOUNDS = {"dense": "dense Jacobian",
                     "grouped": "blocks between groups of tokens",
-                    "blockwise": "products of per-token block norms"}
+                    "blockwise": "products of per-token block norms",
+                    "block-products": "the blocks' dense Jacobians multiplied with a normwise radius"}
 _VARIATION_BOUNDS = {"blockwise": "blockwise bound",
                      "curvature-gram": "the smaller of the blockwise bound and the second derivative's (Gram matrix)",
                      "curvature-split": "the smaller of the blockwise bound and the second derivative's (split bound)",
@@ -86,6 +87,10 @@ def curve_table(curve: LipschitzCurve) -> str:
         lines.append(f"{p.eps / curve.radius:9.2g} {p.eps:10.4g} {p.certified:11.5g} {p.witness:10.5g} "
                      f"{_ratio_text(p.ratio)} {p.variation:10.4g} {p.variation_witness:10.4g} {global_text} "
                      f"{p.cpu_seconds:7.1f}  {p.verdict}")
+    for block in curve.blocks:   # a stack, block by block: L_l and V_l on U_l, and U_l's radius
+        lines.append(f"  layer {block['layer']}: ||DF(X_l)|| {block['jacobian_norm']:.5g}; per eps: "
+                     + ", ".join(f"L {c:.4g} V {v:.4g} on radius {r:.3g}"
+                                 for c, v, r in zip(block["certified"], block["variation"], block["radius"])))
     lines.append(f"set-up shared by the radii: {curve.setup_cpu_seconds:.1f} CPU s "
                  f"(total {curve.setup_cpu_seconds + sum(p.cpu_seconds for p in curve.points):.1f} CPU s)")
     return "\n".join(lines + [""] + legend_lines(
