@@ -36,6 +36,7 @@ from ..numeric.kernels import SOFTMAX, DotProduct
 from ..numeric.model import Layer
 from ..rigorous.arrays import IntervalArray
 from ..rigorous.zonotope import AffineForm
+from .ball_weights import BallWeights
 from .balls import Neighbourhood
 from .bounds import LocalBounds, _softmax_range, attention_bounds
 from .enclosed import EnclosedAttention
@@ -125,6 +126,8 @@ class RelationalAttention:
         The layer at X (for the norms of :func:`frobenius_scores`).
     scores_only : bool
         Keep only the score enclosure (the forms, (n d)^2-sized, are dropped: no weights, output or radii).
+    known_weights : IntervalArray (H, n, n), optional
+        Weight ranges known to hold on U (:class:`~lipbound.local.ball_weights.BallWeights`), met with the form's.
 
     Attributes
     ----------
@@ -137,7 +140,7 @@ class RelationalAttention:
     """
 
     def __init__(self, target: Layer, X: np.ndarray, eps: float, enclosed: EnclosedAttention | None = None,
-                 scores_only: bool = False):
+                 scores_only: bool = False, known_weights: IntervalArray | None = None):
         X = np.asarray(X, dtype=np.float64)
         engine = AttentionMap(target)
         E = enclosed or EnclosedAttention(target, X)
@@ -146,7 +149,7 @@ class RelationalAttention:
         S = Q.dot(K).scale(score_scale(engine))
         # (the closed form is never wider than the score-deviation theorem on the token balls of U)
         self.scores = _meet(S.hull(), frobenius_scores(E, eps))
-        self.enclosed, self._engine = E, engine
+        self.enclosed, self._engine, self._known = E, engine, known_weights
         self._forms = None if scores_only else (U, S, V)   # (the forms hold (n d)^2-sized generators each)
 
     @functools.cached_property
@@ -169,6 +172,8 @@ class RelationalAttention:
         p_hi, p_lo = _softmax_range(S.hull(), masses)     # on the form's whole score box (the mean value form's need)
         P, box = S.softmax(IntervalArray(p_lo, np.maximum(p_lo, p_hi)))
         weights = _meet(box, weights_on(self.scores))       # on the scores of U only: the weights' values
+        if self._known is not None:
+            weights = _meet(weights, self._known)
         return weights, P.within(weights)
 
     @functools.cached_property
@@ -192,7 +197,7 @@ class RelationalAttention:
         """:func:`~lipbound.local.bounds.attention_bounds` on the token balls of ``hood`` with the relational
         score enclosure, its movement also capped by the relational radii (about X)."""
         balls = hood.balls(self.enclosed.X.mid)
-        found = attention_bounds(target, balls, self.enclosed, scores=self.scores)
+        found = attention_bounds(target, balls, self.enclosed, scores=self.scores, weights=self._known)
         reach = (IntervalArray(self.radii) + IntervalArray(self.drift)).hi
         return LocalBounds(np.minimum(found.movement, reach), found.blocks, found.variation, found.at_center,
                            found.output, found.facts)
@@ -218,7 +223,9 @@ class RelationalRoute:
         self.component, self.X, self.enclosed = component, np.asarray(X, dtype=np.float64), enclosed
         self.movement = movement      # whether a later component reads the movement (the token radii cost most)
         self._at: dict = {}
+        self._weights: dict = {}
         self._spread: JacobianSpread | None = None
+        self._ball = BallWeights.of(enclosed)
 
     @classmethod
     def of(cls, chain, X, enclosed, neighbourhoods) -> RelationalRoute | None:
@@ -234,6 +241,19 @@ class RelationalRoute:
             self._at[eps] = frobenius_scores(self.enclosed, eps)
         return self._at[eps]
 
+    def weights(self, eps: float) -> IntervalArray:
+        """Every attention weight on ``U(X, eps)``: lipbound's softmax ranges on :meth:`scores`, met with the
+        rows' joint bound on the Frobenius ball (:class:`~lipbound.local.ball_weights.BallWeights`)."""
+        if eps not in self._weights:
+            box = weights_on(self.scores(eps))
+            self._weights[eps] = box if self._ball is None else _meet(box, self._ball.weights(eps))
+        return self._weights[eps]
+
+    def known(self, eps: float) -> dict:
+        """The score and weight ranges on ``U(X, eps)``, as keyword arguments of
+        :func:`~lipbound.local.bounds.attention_bounds`."""
+        return {"scores": self.scores(eps), "weights": self.weights(eps)}
+
     def tighten(self, hood: Neighbourhood, bounds: LocalBounds) -> LocalBounds:
         """``bounds`` (the component's on the token balls of ``hood``) made entrywise no larger by the relational
         facts; unchanged where the route does not cover ``hood``."""
@@ -241,12 +261,13 @@ class RelationalRoute:
             return bounds
         try:
             if self.movement:
-                relational = RelationalAttention(self.component.target, self.X, hood.eps, self.enclosed)
+                relational = RelationalAttention(self.component.target, self.X, hood.eps, self.enclosed,
+                                                 known_weights=self.weights(hood.eps))
                 self._at[hood.eps] = relational.scores
                 found = relational.bounds(self.component.target, hood)
-            else:   # a single attention layer: only the scores are read
+            else:   # a single attention layer: only the scores and weights are read
                 found = attention_bounds(self.component.target, hood.balls(self.X), self.enclosed,
-                                         scores=self.scores(hood.eps))
+                                         **self.known(hood.eps))
         except NotCertifiedError:   # an enclosure overflowed: the per-token bounds stand alone
             return bounds
         return LocalBounds(np.minimum(bounds.movement, found.movement), np.minimum(bounds.blocks, found.blocks),
@@ -260,7 +281,7 @@ class RelationalRoute:
         if not covers(self.component.target, hood):
             return math.inf
         try:
-            return curvature.variation(hood, other, grid=relational_grid, scores=self.scores)
+            return curvature.variation(hood, other, grid=relational_grid, known=self.known)
         except NotCertifiedError:
             return math.inf
 
@@ -274,7 +295,7 @@ class RelationalRoute:
         try:
             if self._spread is None:
                 self._spread = JacobianSpread(self.component.target, self.enclosed)
-            weights = weights_on(self.scores(hood.eps))
+            weights = self.weights(hood.eps)
             delta = weight_changes(weights, self.enclosed.P)
             return self._spread.spread(hood.eps, weights, delta), self._spread.supremum(hood.eps, weights, delta)
         except NotCertifiedError:
