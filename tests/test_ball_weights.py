@@ -1,8 +1,8 @@
 """Attention weights on a Frobenius ball with each row's scores moving together (lipbound/local/ball_weights.py),
 against a forward pass written in the tests (test_relational._layer_forward):
 
-* every weight at sampled points of the ball (boundary included) and at points found by ascent on the weight
-  whose bound is least tight lies in the enclosure (hypothesis: token counts, radii, weight scales);
+* every weight at sampled points of the ball (boundary included) and at points found by ascent (descent) on the
+  weight whose upper (lower) end is least tight lies in the enclosure (hypothesis: token counts, radii, weight scales);
 * the bound is tighter than lipbound's softmax ranges on the scores' box somewhere on a generated layer, and it
   is refused where it does not apply.
 """
@@ -19,10 +19,10 @@ from lipbound.local.enclosed import EnclosedAttention
 from lipbound.local.relational import frobenius_scores, weights_on
 
 
-def _ascend(target, X, eps, h, i, j, rng, steps=12, step=1e-6):
-    """A point of the ball about X where ``p_ij`` of head h is large: projected gradient ascent (central
-    differences) on ``log p_ij`` from a random boundary point."""
-    value = lambda Y: np.log(_layer_forward(target, Y)[1][h, i, j])  # noqa: E731
+def _ascend(target, X, eps, h, i, j, rng, sign=1.0, steps=12, step=1e-6):
+    """A point of the ball about X where ``p_ij`` of head h is large (``sign`` 1) or small (-1): projected gradient
+    ascent (central differences) on ``sign log p_ij`` from a random boundary point."""
+    value = lambda Y: sign * np.log(_layer_forward(target, Y)[1][h, i, j])  # noqa: E731
     Y = _ball_points(rng, X, eps, 1)[0]
     for _ in range(steps):
         gradient = np.zeros(X.size)
@@ -46,8 +46,10 @@ def test_weights_on_the_ball_enclose_sampled_and_ascended_points(seed, n, eps, s
     ranges = BallWeights.of(E).weights(eps)
     P_x = _layer_forward(target, X)[1]
     assert np.all(ranges.lo <= P_x) and np.all(P_x <= ranges.hi) and np.all(ranges.hi <= 1.0)
-    h, i, j = np.unravel_index(np.argmin(ranges.hi - P_x + (ranges.hi >= 1.0)), P_x.shape)
-    points = _ball_points(rng, X, eps, 30) + [_ascend(target, X, eps, h, i, j, rng)]
+    high = np.unravel_index(np.argmin(ranges.hi - P_x + (ranges.hi >= 1.0)), P_x.shape)
+    low = np.unravel_index(np.argmin(P_x - ranges.lo + (ranges.lo <= 0.0)), P_x.shape)
+    points = _ball_points(rng, X, eps, 30) + [_ascend(target, X, eps, *high, rng),
+                                              _ascend(target, X, eps, *low, rng, sign=-1.0)]
     for Y in points:
         P = _layer_forward(target, Y)[1]
         assert np.all(ranges.lo <= P + 1e-12) and np.all(P <= ranges.hi + 1e-12)

@@ -144,5 +144,29 @@ class BallWeights:
             upper = np.where(np.isfinite(floor) & (floor > 1.0),
                              (IntervalArray(1.0) / IntervalArray(np.where(floor > 1.0, floor, 2.0))).hi, 1.0)
         rest = IntervalArray(upper).sum(axis=-1, keepdims=True) - IntervalArray(upper)  # sum_{l != j} p^+_il
-        lower = np.maximum((IntervalArray(1.0) - rest).lo, 0.0)
+        lower = np.maximum(np.maximum((IntervalArray(1.0) - rest).lo, 0.0), self._lower(t, kappa))
         return IntervalArray(np.minimum(lower, upper), upper)
+
+    def _lower(self, t: IntervalArray, kappa: IntervalArray) -> np.ndarray:
+        """``p_ij >= 1 / max psi+`` with ``psi+(e) = 1 + sum_{l != j} W_l exp(gamma_l . e)``, ``W_l = exp(d_l +
+        kappa_l)``: on the ball ``|gamma_l . e| <= r_l = eps ||gamma_l||`` and exp lies below its chord there,
+        ``exp(x) <= cosh(r) + x sinh(r) / r``, so ``max psi+ <= 1 + sum_l W_l cosh(r_l) + eps ||sum_l W_l
+        (sinh(r_l) / r_l) gamma_l||`` (the last norm is ``(v^T M v)^(1/2)``): the rows' linear parts add up as
+        vectors, not as their norms."""
+        W = (self.d + kappa).exp() * IntervalArray(self.others.astype(np.float64))      # (H, n, n, n)
+        diagonal = IntervalArray(np.einsum("hijll->hijl", self.M.lo), np.einsum("hijll->hijl", self.M.hi))
+        r = t * IntervalArray(np.maximum(diagonal.lo, 0.0), np.maximum(diagonal.hi, 0.0)).sqrt()   # r_l
+        grow, shrink = r.exp(), (-r).exp()
+        cosh = (grow + shrink) * IntervalArray(0.5)
+        # sinh(r) / r = sum_k r^(2k) / (2k + 1)!, increasing in r: its value at r's upper end, enclosed
+        top = IntervalArray(np.maximum(r.hi, 1e-300))
+        series = IntervalArray(1.0) + top * top * IntervalArray(1 / 6) * (IntervalArray(1.0) + top)   # r < 1e-3
+        quotient = (top.exp() - (-top).exp()) * IntervalArray(0.5) / top
+        ratio = np.where(top.hi < 1e-3, series.hi, quotient.hi)                           # >= sinh(r) / r
+        v = W * IntervalArray(ratio)
+        quadratic = self.M.einsum("hijlm,hijm->hijl", v).einsum("hijl,hijl->hij", v)
+        slope = IntervalArray(np.maximum(quadratic.lo, 0.0), np.maximum(quadratic.hi, 0.0)).sqrt()
+        ceiling = (IntervalArray(1.0) + (W * cosh).sum(axis=-1) + t * slope).hi
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            found = (IntervalArray(1.0) / IntervalArray(np.where(np.isfinite(ceiling), ceiling, 1.0))).lo
+        return np.where(np.isfinite(ceiling), np.maximum(found, 0.0), 0.0)
