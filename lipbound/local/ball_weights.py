@@ -53,6 +53,17 @@ SEARCH_STEPS = 40
 LINE_STEPS = 16
 
 
+#: largest exponent taken: the squares of the terms (in ``y^T M y``) stay within the float range
+EXPONENT_LIMIT = 300.0
+
+
+def _tame(exponent: IntervalArray, cut: np.ndarray | None = None) -> tuple[IntervalArray, np.ndarray]:
+    """``exponent`` (..., l) with the rows (...) where an entry passes :data:`EXPONENT_LIMIT`, or already ``cut``, set
+    to 0, and those rows (their bound is then the trivial one)."""
+    over = np.any(exponent.hi > EXPONENT_LIMIT, axis=-1) | (False if cut is None else cut)
+    return IntervalArray(np.where(over[..., None], 0.0, exponent.lo), np.where(over[..., None], 0.0, exponent.hi)), over
+
+
 @final
 class BallWeights:
     """Attention weights of a layer on Frobenius balls about X, each row's scores moving together (module docstring).
@@ -132,16 +143,20 @@ class BallWeights:
         """Every attention weight on ``||Y - X||_F <= eps``, enclosed (H, n, n) (module docstring)."""
         t = IntervalArray(float(eps))
         kappa = IntervalArray(self.g.reshape(-1, 1, 1, 1)) * self.E.c * t * t * IntervalArray(self.factor[None])
-        w = (self.d - kappa).exp() * IntervalArray(self.others.astype(np.float64))       # w_l, 0 at l = j
+        exponent, cut = _tame(self.d - kappa)
+        w = exponent.exp() * IntervalArray(self.others.astype(np.float64))               # w_l, 0 at l = j
         a = IntervalArray(self._tangent_points(np.where(self.others, w.mid, 0.0), float(eps)))
         z = self.M.einsum("hijlm,hijm->hijl", a)                                          # gamma_l . e* = (M a)_l
-        y = w * IntervalArray(np.minimum(z.lo, 700.0), np.minimum(z.hi, 700.0)).exp()
+        exponent, cut_y = _tame(exponent + z, cut)
+        y = exponent.exp() * IntervalArray(self.others.astype(np.float64))               # w_l exp((M a)_l)
+        z = IntervalArray(np.where(cut_y[..., None], 0.0, z.lo), np.where(cut_y[..., None], 0.0, z.hi))
         linear = (y * z).sum(axis=-1)
         quadratic = self.M.einsum("hijlm,hijm->hijl", y).einsum("hijl,hijl->hij", y)     # y^T M y
         slope = IntervalArray(np.maximum(quadratic.lo, 0.0), np.maximum(quadratic.hi, 0.0)).sqrt()
         floor = (IntervalArray(1.0) + y.sum(axis=-1) - linear - t * slope).lo             # <= min psi on the ball
+        valid = np.isfinite(floor) & (floor > 1.0) & ~cut_y
         with np.errstate(divide="ignore", invalid="ignore"):
-            upper = np.where(np.isfinite(floor) & (floor > 1.0),
+            upper = np.where(valid,
                              (IntervalArray(1.0) / IntervalArray(np.where(floor > 1.0, floor, 2.0))).hi, 1.0)
         rest = IntervalArray(upper).sum(axis=-1, keepdims=True) - IntervalArray(upper)  # sum_{l != j} p^+_il
         lower = np.maximum(np.maximum((IntervalArray(1.0) - rest).lo, 0.0), self._lower(t, kappa))
@@ -153,9 +168,11 @@ class BallWeights:
         ``exp(x) <= cosh(r) + x sinh(r) / r``, so ``max psi+ <= 1 + sum_l W_l cosh(r_l) + eps ||sum_l W_l
         (sinh(r_l) / r_l) gamma_l||`` (the last norm is ``(v^T M v)^(1/2)``): the rows' linear parts add up as
         vectors, not as their norms."""
-        W = (self.d + kappa).exp() * IntervalArray(self.others.astype(np.float64))      # (H, n, n, n)
         diagonal = IntervalArray(np.einsum("hijll->hijl", self.M.lo), np.einsum("hijll->hijl", self.M.hi))
         r = t * IntervalArray(np.maximum(diagonal.lo, 0.0), np.maximum(diagonal.hi, 0.0)).sqrt()   # r_l
+        exponent, cut = _tame(self.d + kappa + r)         # W_l cosh(r_l) and W_l sinh(r_l) / r_l stay below e^that
+        r = IntervalArray(np.where(cut[..., None], 0.0, r.lo), np.where(cut[..., None], 0.0, r.hi))
+        W = (exponent - r).exp() * IntervalArray(self.others.astype(np.float64))        # (H, n, n, n)
         grow, shrink = r.exp(), (-r).exp()
         cosh = (grow + shrink) * IntervalArray(0.5)
         # sinh(r) / r = sum_k r^(2k) / (2k + 1)!, increasing in r: its value at r's upper end, enclosed
@@ -169,4 +186,4 @@ class BallWeights:
         ceiling = (IntervalArray(1.0) + (W * cosh).sum(axis=-1) + t * slope).hi
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             found = (IntervalArray(1.0) / IntervalArray(np.where(np.isfinite(ceiling), ceiling, 1.0))).lo
-        return np.where(np.isfinite(ceiling), np.maximum(found, 0.0), 0.0)
+        return np.where(np.isfinite(ceiling) & ~cut, np.maximum(found, 0.0), 0.0)
