@@ -251,8 +251,9 @@ class RelationalRoute:
 
     def known(self, eps: float) -> dict:
         """The score and weight ranges on ``U(X, eps)``, as keyword arguments of
-        :func:`~lipbound.local.bounds.attention_bounds`."""
-        return {"scores": self.scores(eps), "weights": self.weights(eps)}
+        :func:`~lipbound.local.bounds.attention_bounds` (which meets the weights with the scores' softmax ranges
+        itself)."""
+        return {"scores": self.scores(eps), "weights": None if self._ball is None else self._ball.weights(eps)}
 
     def tighten(self, hood: Neighbourhood, bounds: LocalBounds) -> LocalBounds:
         """``bounds`` (the component's on the token balls of ``hood``) made entrywise no larger by the relational
