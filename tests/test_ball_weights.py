@@ -12,29 +12,16 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_relational import _ball_points, _layer, _layer_forward
+from test_relational import _ascend_on_ball, _ball_points, _layer, _layer_forward
 
 from lipbound.local.ball_weights import BallWeights
 from lipbound.local.enclosed import EnclosedAttention
 from lipbound.local.relational import frobenius_scores, weights_on
 
 
-def _ascend(target, X, eps, h, i, j, rng, sign=1.0, steps=8, step=1e-6):
-    """A point of the ball about X where ``p_ij`` of head h is large (``sign`` 1) or small (-1): projected gradient
-    ascent (central differences) on ``sign log p_ij`` from a random boundary point."""
-    value = lambda Y: sign * np.log(_layer_forward(target, Y)[1][h, i, j])  # noqa: E731
-    Y = _ball_points(rng, X, eps, 1)[0]
-    for _ in range(steps):
-        gradient = np.zeros(X.size)
-        for k in range(X.size):
-            move = np.zeros(X.size)
-            move[k] = step
-            gradient[k] = (value(Y + move.reshape(X.shape)) - value(Y - move.reshape(X.shape))) / (2 * step)
-        if not np.any(gradient):
-            break
-        Y = Y + 0.5 * eps * gradient.reshape(X.shape) / np.linalg.norm(gradient)
-        Y = X + (Y - X) * min(1.0, eps * (1 - 1e-12) / np.linalg.norm(Y - X))
-    return Y
+def _ascend(target, X, eps, h, i, j, rng, sign=1.0):
+    """A point of the ball about X where ``p_ij`` of head h is large (``sign`` 1) or small (-1)."""
+    return _ascend_on_ball(X, eps, lambda Y: sign * np.log(_layer_forward(target, Y)[1][h, i, j]), rng, 8, rate=0.5)
 
 
 @settings(max_examples=6, deadline=None)
