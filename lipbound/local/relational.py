@@ -16,6 +16,10 @@ and the residual.  What the routes take from it (:class:`RelationalAttention`):
 * ``radii`` (n,): ``sup_U ||F_i(Y) - F_i(X~)||`` per output token, the operator norm of the token's
   generators: the token balls handed to the components after the attention in a block or a stack.
 
+The route (:class:`RelationalRoute`) also meets the weights' ranges with those of each softmax row on the ball,
+its scores moving together (:class:`~lipbound.local.ball_weights.BallWeights`, lemma softmax-ball), wherever it
+reads weights: the bounds on U, every radius of the curvature integral, the Jacobian enclosed over U.
+
 Covered: dot-product softmax heads without masks or rotations in a layer with an output projection and
 residual (the encoder layers of BERT-type models), Frobenius and (2,1) balls (the (2,1) ball lies in the
 Frobenius ball of the same radius).  Anything else gets no relational route (``None``), never another
@@ -208,12 +212,12 @@ class RelationalRoute:
     """The relational facts of the first component of a chain (an attention layer covered by :func:`covers`)
     on each ``U(X, t)`` asked for, computed once per radius, and what ``local`` takes from them:
 
-    * :meth:`tighten`: the component's bounds on the token balls of U with the relational scores (blocks,
+    * :meth:`tighten`: the component's bounds on the token balls of U with the relational scores and weights (blocks,
       variation, movement; the movement also capped by the relational token radii), entrywise the smaller
       of these and the per-token theorems' (each holds on U);
     * :meth:`variation`: the curvature integral of theorem local-attention-curvature (``||DF(Y) - DF(X)||`` on
       U through the second derivative, :class:`~lipbound.local.curvature.CurvatureIntegral`) with the
-      relational score ranges on every radius of its grid;
+      relational score and weight ranges on every radius of its grid;
     * :meth:`jacobian`: the Jacobian enclosed over U (theorem local-attention-jacobian,
       :class:`~lipbound.local.jacobian_forms.JacobianSpread`) from the weights' ranges on U: a bound on
       ``sup_U ||DF(Y) - DF(X)||`` and one on ``sup_U ||DF(Y)||`` itself (a single attention layer only).
