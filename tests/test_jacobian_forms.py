@@ -57,7 +57,7 @@ def _paths(target, Y):
     return out
 
 
-def _moved_weights(target, X, eps, rng, steps=15):
+def _moved_weights(target, X, eps, rng, steps=8):
     """A point of the Frobenius ball about X where the attention weights move far: ascent on
     ``||P(Y) - P(X)||_F^2``."""
     P_x = _layer_forward(target, X)[1]
