@@ -212,8 +212,8 @@ class RelationalRoute:
     """The relational facts of the first component of a chain (an attention layer covered by :func:`covers`)
     on each ``U(X, t)`` asked for, computed once per radius, and what ``local`` takes from them:
 
-    * :meth:`tighten`: the component's bounds on the token balls of U with the relational scores and weights (blocks,
-      variation, movement; the movement also capped by the relational token radii), entrywise the smaller
+    * :meth:`tighten`: the component's bounds on the token balls of U with the relational scores and weights
+      (blocks, variation, movement; the movement also capped by the relational token radii), entrywise the smaller
       of these and the per-token theorems' (each holds on U);
     * :meth:`variation`: the curvature integral of theorem local-attention-curvature (``||DF(Y) - DF(X)||`` on
       U through the second derivative, :class:`~lipbound.local.curvature.CurvatureIntegral`) with the
@@ -228,6 +228,7 @@ class RelationalRoute:
         self.movement = movement      # whether a later component reads the movement (the token radii cost most)
         self._at: dict = {}
         self._weights: dict = {}
+        self._ball_at: dict = {}
         self._spread: JacobianSpread | None = None
         self._ball = BallWeights.of(enclosed)
 
@@ -249,15 +250,23 @@ class RelationalRoute:
         """Every attention weight on ``U(X, eps)``: lipbound's softmax ranges on :meth:`scores`, met with the
         rows' joint bound on the Frobenius ball (:class:`~lipbound.local.ball_weights.BallWeights`)."""
         if eps not in self._weights:
-            box = weights_on(self.scores(eps))
-            self._weights[eps] = box if self._ball is None else _meet(box, self._ball.weights(eps))
+            box, ball = weights_on(self.scores(eps)), self._ball_weights(eps)
+            self._weights[eps] = box if ball is None else _meet(box, ball)
         return self._weights[eps]
+
+    def _ball_weights(self, eps: float) -> IntervalArray | None:
+        """:meth:`BallWeights.weights` on ``U(X, eps)`` (computed once per radius), or None where it does not apply."""
+        if self._ball is None:
+            return None
+        if eps not in self._ball_at:
+            self._ball_at[eps] = self._ball.weights(eps)
+        return self._ball_at[eps]
 
     def known(self, eps: float) -> dict:
         """The score and weight ranges on ``U(X, eps)``, as keyword arguments of
         :func:`~lipbound.local.bounds.attention_bounds` (which meets the weights with the scores' softmax ranges
         itself)."""
-        return {"scores": self.scores(eps), "weights": None if self._ball is None else self._ball.weights(eps)}
+        return {"scores": self.scores(eps), "weights": self._ball_weights(eps)}
 
     def tighten(self, hood: Neighbourhood, bounds: LocalBounds) -> LocalBounds:
         """``bounds`` (the component's on the token balls of ``hood``) made entrywise no larger by the relational
