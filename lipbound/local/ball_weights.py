@@ -25,11 +25,14 @@ and, psi lying above each of its tangent planes, for ANY point ``e* = Gamma^T a`
                                  = 1 + sum_l y_l - y^T M a - eps (y^T M y)^(1/2),
 
 so ``p_ij <= 1 / that`` wherever it exceeds 1.  The point only decides how tight the bound is: it is found in
-floats (Frank-Wolfe with line searches on the ball, in the at most n coordinates ``M`` spans), and the right-hand
+floats (Frank and Wolfe's conditional gradient, Naval Res. Logist. Q. 3, 1956, with line searches on the ball, in
+the at most n coordinates ``M`` spans), and the right-hand
 side is then evaluated in interval arithmetic from the enclosed ``M``, ``d`` and ``kappa``.  ``M`` costs nothing
 of size ``n d`` per entry: ``G_il . G_im = c^2 (a_l . a_m + [m = i] a_l . b + [l = i] b . a_m + [l = m] b . b)``
 with ``a_l = W_Q k_l^T`` and ``b = W_K q_i^T`` (:class:`~lipbound.local.scores.ScoreNorms`).  The weights'
-lower ends follow from the rows summing to 1: ``p_ij >= 1 - sum_{l != j} p^+_il``.
+lower ends follow from the rows summing to 1, ``p_ij >= 1 - sum_{l != j} p^+_il``, and from the largest denominator
+(exp below its chord on each difference's range, :meth:`BallWeights._lower`).  Rows whose exponents pass
+:data:`EXPONENT_LIMIT` keep the trivial ends [0, 1].
 
 Covered: dot-product heads without rotations or masks and unit masses (a sentence), as
 :func:`lipbound.local.relational.covers`; anything else gets no bound here (``None``).
