@@ -8,6 +8,10 @@ seconds of each curve and radius (time.process_time: the machine is shared, wall
 
     python bench/bench_relational.py --sentences 3 --kinds layer --fractions 1e-3,1e-2,1e-1 --without-jacobian
     python bench/bench_relational.py --sentences 2 --kinds block,stack --fractions 1e-4,1e-3,1e-2
+    python bench/bench_relational.py --sentences 20 --fractions 1e-4,1e-3,1e-2,1e-1 --after-only --table
+
+``--table`` ends with the ratios' median and worst over the sentences per radius, and the CPU seconds per radius
+(median, largest); ``--text`` runs one sentence of your own instead of the bundled ones.
 """
 
 from __future__ import annotations
@@ -52,13 +56,17 @@ def main() -> None:
     parser.add_argument("--layer", type=int, default=0)
     parser.add_argument("--fractions", default="1e-3,1e-2,1e-1")
     parser.add_argument("--after-only", action="store_true", help="skip the runs without the relational routes")
+    parser.add_argument("--table", action="store_true", help="end with the median and worst ratio per radius")
+    parser.add_argument("--text", help="this sentence instead of the bundled ones")
     parser.add_argument("--without-jacobian", action="store_true",
                         help="also run with the relational route but without the Jacobian enclosed over U")
     args = parser.parse_args()
     from lipbound.measures.bert import load_text_model
     model = load_text_model()
     fractions = tuple(float(f) for f in args.fractions.split(","))
-    for text in sentences(args.skip + args.sentences)[args.skip:]:
+    texts = [args.text] if args.text else sentences(args.skip + args.sentences)[args.skip:]
+    table: dict = {}
+    for text in texts:
         for kind in args.kinds.split(","):
             modes = ("after",) if args.after_only else \
                 ("before", "relational", "after") if args.without_jacobian else ("before", "after")
@@ -68,6 +76,7 @@ def main() -> None:
                   f"variation {after.variation_bound}, relational {after.relational}; CPU s: "
                   + ", ".join(f"{mode} {s:.0f}" for mode, (_, s) in runs.items()))
             for index, point in enumerate(after.points):
+                table.setdefault((kind, fractions[index]), []).append((point.ratio, point.cpu_seconds))
                 before = runs["before"][0].points[index] if "before" in runs else None
                 middle = runs["relational"][0].points[index] if "relational" in runs else None
                 print(f"  eps {point.eps / after.radius:7.0e} R: certified {point.certified:10.4g} witness "
@@ -77,6 +86,14 @@ def main() -> None:
                          if middle else "")
                       + f"; variation {point.variation:9.4g} (found {point.variation_witness:.3g}); "
                         f"route: {point.route}; CPU s {point.cpu_seconds:.1f}; {point.verdict}")
+
+    if args.table:
+        import numpy as np
+        for (kind, fraction), rows in table.items():
+            ratios, seconds = np.array(rows).T
+            print(f"{kind} eps {fraction:7.0e} R over {len(rows)} sentences: ratio median {np.median(ratios):.3g} "
+                  f"worst {np.max(ratios):.3g} (best {np.min(ratios):.3g}); CPU s per radius median "
+                  f"{np.median(seconds):.1f}, largest {np.max(seconds):.1f}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import local_models
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_relational import _ball_points, _layer, _layer_forward
+from test_relational import _ascend_on_ball, _ball_points, _layer, _layer_forward
 
 from lipbound.local.balls import Neighbourhood
 from lipbound.local.chains import Component
@@ -57,23 +57,11 @@ def _paths(target, Y):
     return out
 
 
-def _moved_weights(target, X, eps, rng, steps=15, h=1e-6):
-    """A point of the Frobenius ball about X where the attention weights move far: projected gradient ascent
-    (central differences) on ``||P(Y) - P(X)||_F^2`` from a random boundary point."""
+def _moved_weights(target, X, eps, rng, steps=8):
+    """A point of the Frobenius ball about X where the attention weights move far: ascent on
+    ``||P(Y) - P(X)||_F^2``."""
     P_x = _layer_forward(target, X)[1]
-    size = lambda Y: np.sum((_layer_forward(target, Y)[1] - P_x) ** 2)  # noqa: E731
-    Y = _ball_points(rng, X, eps, 1)[0]
-    for _ in range(steps):
-        gradient = np.zeros(X.size)
-        for k in range(X.size):
-            step = np.zeros(X.size)
-            step[k] = h
-            gradient[k] = (size(Y + step.reshape(X.shape)) - size(Y - step.reshape(X.shape))) / (2 * h)
-        if not np.any(gradient):
-            break
-        Y = Y + eps * gradient.reshape(X.shape) / np.linalg.norm(gradient)
-        Y = X + (Y - X) * min(1.0, eps * (1 - 1e-12) / np.linalg.norm(Y - X))
-    return Y
+    return _ascend_on_ball(X, eps, lambda Y: np.sum((_layer_forward(target, Y)[1] - P_x) ** 2), rng, steps)
 
 
 @settings(max_examples=12, deadline=None)

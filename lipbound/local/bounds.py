@@ -136,12 +136,14 @@ def value_space(E: EnclosedAttention, target) -> tuple[IntervalArray, IntervalAr
 
 def attention_bounds(target: Head | Layer, balls: TokenBalls, enclosed: EnclosedAttention | None = None,
                      want_blocks: bool = True, scores: IntervalArray | None = None,
-                     value_shift: np.ndarray | None = None) -> LocalBounds:
+                     value_shift: np.ndarray | None = None, weights: IntervalArray | None = None) -> LocalBounds:
     """Bounds of a head, or of an attention layer (with its residual when ``target.residual``).
 
     ``scores`` (H, n, n) and ``value_shift`` (H, n) replace the ball-derived score ranges and
     ``Delta v_j = ||V^h W_O^h|| r_j`` when the caller knows sharper ones (e.g. maxima over a finite
-    set of inputs); both must hold on the whole of U.
+    set of inputs); ``weights`` (H, n, n) narrows the weight ranges the scores give (e.g. the rows of a
+    Frobenius ball moving together: :class:`~lipbound.local.ball_weights.BallWeights`); all must hold on
+    the whole of U.
     """
     E = enclosed or EnclosedAttention(target, balls.center, balls.masses)
     engine = E.engine
@@ -156,6 +158,8 @@ def attention_bounds(target: Head | Layer, balls: TokenBalls, enclosed: Enclosed
             "r_i": r[None, :, None], "r_j": r[None, None, :]})
         scores = hidden_fill(E.S + IntervalArray(-sigma, sigma), E.visible)
     p_hi, p_lo = _softmax_range(scores, E.masses)
+    if weights is not None:
+        p_hi, p_lo = np.minimum(p_hi, weights.hi), np.maximum(p_lo, weights.lo)
     p_hi, p_lo = np.maximum(p_hi, E.P.hi), np.minimum(p_lo, E.P.lo)
     delta = np.maximum((IntervalArray(p_hi) - IntervalArray(E.P.lo)).hi,
                        (IntervalArray(E.P.hi) - IntervalArray(p_lo)).hi)

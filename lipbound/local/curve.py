@@ -664,18 +664,19 @@ class _CurvatureRoute:
         route = AttentionCurvature.route(centre.enclosed[0], tokens)
         return None if route is None else cls(chain, centre, X, neighbourhoods[0], split=route == "split")
 
-    def variation(self, hood: Neighbourhood, other: float, grid=None, scores=None) -> float:
+    def variation(self, hood: Neighbourhood, other: float, grid=None, known=None) -> float:
         """The integrated bound for ``U(X, hood.eps)``; inf as soon as its partial sum exceeds ``other`` (the
         blockwise bound, which then is the smaller: the rest only adds).  ``grid`` (eps -> radii, default
-        :meth:`grid`) gives the radii of the sum, ``scores`` (t -> an enclosure of every score on ``U(X, t)``)
-        score ranges known to hold on each step's neighbourhood."""
+        :meth:`grid`) gives the radii of the sum, ``known`` (t -> keyword arguments of
+        :func:`~lipbound.local.bounds.attention_bounds`: score and weight ranges) facts known to hold on each
+        step's neighbourhood ``U(X, t)``."""
         if hood.eps == 0:
             return 0.0
         steps, previous = [], 0.0
         for t in (grid or self.grid)(hood.eps):
             step = ((IntervalArray(t) - IntervalArray(previous)).hi.item(),
                     Neighbourhood(self.hood.ball, t, self.hood.positions).balls(self.X).radii)
-            steps.append(step if scores is None else step + ({"scores": scores(t)}, ("scores", t)))
+            steps.append(step if known is None else step + (known(t), ("known", t)))
             previous = t
         return self.integral.integral(steps, self.frobenius, other)
 

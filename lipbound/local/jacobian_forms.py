@@ -34,7 +34,8 @@ or row-by-row form, and a covariance form that holds for any weights: ``u^T W_Q 
 ``(n d)^2`` is formed: the norms at X are of ``n x d`` matrices per (head, query), computed once.
 
 The weights' changes ``Delta_i`` and ``mu_i`` are where the set enters (:func:`weight_changes`): from an enclosure
-of every weight on U, and from the weights as an affine form over the ball's symbols
+of every weight on U (the route's: softmax ranges on the scores met with each row's bound on the Frobenius ball,
+:class:`~lipbound.local.ball_weights.BallWeights`), and from the weights as an affine form over the ball's symbols
 (:attr:`~lipbound.local.relational.RelationalAttention.weights_form`: a row's change is the operator norm of its
 generators, every weight of a row moving under one direction of the ball).
 """

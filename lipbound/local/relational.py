@@ -16,6 +16,10 @@ and the residual.  What the routes take from it (:class:`RelationalAttention`):
 * ``radii`` (n,): ``sup_U ||F_i(Y) - F_i(X~)||`` per output token, the operator norm of the token's
   generators: the token balls handed to the components after the attention in a block or a stack.
 
+The route (:class:`RelationalRoute`) also meets the weights' ranges with those of each softmax row on the ball,
+its scores moving together (:class:`~lipbound.local.ball_weights.BallWeights`, lemma softmax-ball), wherever it
+reads weights: the bounds on U, every radius of the curvature integral, the Jacobian enclosed over U.
+
 Covered: dot-product softmax heads without masks or rotations in a layer with an output projection and
 residual (the encoder layers of BERT-type models), Frobenius and (2,1) balls (the (2,1) ball lies in the
 Frobenius ball of the same radius).  Anything else gets no relational route (``None``), never another
@@ -36,6 +40,7 @@ from ..numeric.kernels import SOFTMAX, DotProduct
 from ..numeric.model import Layer
 from ..rigorous.arrays import IntervalArray
 from ..rigorous.zonotope import AffineForm
+from .ball_weights import BallWeights
 from .balls import Neighbourhood
 from .bounds import LocalBounds, _softmax_range, attention_bounds
 from .enclosed import EnclosedAttention
@@ -125,6 +130,8 @@ class RelationalAttention:
         The layer at X (for the norms of :func:`frobenius_scores`).
     scores_only : bool
         Keep only the score enclosure (the forms, (n d)^2-sized, are dropped: no weights, output or radii).
+    known_weights : IntervalArray (H, n, n), optional
+        Weight ranges known to hold on U (:class:`~lipbound.local.ball_weights.BallWeights`), met with the form's.
 
     Attributes
     ----------
@@ -137,7 +144,7 @@ class RelationalAttention:
     """
 
     def __init__(self, target: Layer, X: np.ndarray, eps: float, enclosed: EnclosedAttention | None = None,
-                 scores_only: bool = False):
+                 scores_only: bool = False, known_weights: IntervalArray | None = None):
         X = np.asarray(X, dtype=np.float64)
         engine = AttentionMap(target)
         E = enclosed or EnclosedAttention(target, X)
@@ -146,7 +153,7 @@ class RelationalAttention:
         S = Q.dot(K).scale(score_scale(engine))
         # (the closed form is never wider than the score-deviation theorem on the token balls of U)
         self.scores = _meet(S.hull(), frobenius_scores(E, eps))
-        self.enclosed, self._engine = E, engine
+        self.enclosed, self._engine, self._known = E, engine, known_weights
         self._forms = None if scores_only else (U, S, V)   # (the forms hold (n d)^2-sized generators each)
 
     @functools.cached_property
@@ -169,6 +176,8 @@ class RelationalAttention:
         p_hi, p_lo = _softmax_range(S.hull(), masses)     # on the form's whole score box (the mean value form's need)
         P, box = S.softmax(IntervalArray(p_lo, np.maximum(p_lo, p_hi)))
         weights = _meet(box, weights_on(self.scores))       # on the scores of U only: the weights' values
+        if self._known is not None:
+            weights = _meet(weights, self._known)
         return weights, P.within(weights)
 
     @functools.cached_property
@@ -192,7 +201,7 @@ class RelationalAttention:
         """:func:`~lipbound.local.bounds.attention_bounds` on the token balls of ``hood`` with the relational
         score enclosure, its movement also capped by the relational radii (about X)."""
         balls = hood.balls(self.enclosed.X.mid)
-        found = attention_bounds(target, balls, self.enclosed, scores=self.scores)
+        found = attention_bounds(target, balls, self.enclosed, scores=self.scores, weights=self._known)
         reach = (IntervalArray(self.radii) + IntervalArray(self.drift)).hi
         return LocalBounds(np.minimum(found.movement, reach), found.blocks, found.variation, found.at_center,
                            found.output, found.facts)
@@ -203,12 +212,12 @@ class RelationalRoute:
     """The relational facts of the first component of a chain (an attention layer covered by :func:`covers`)
     on each ``U(X, t)`` asked for, computed once per radius, and what ``local`` takes from them:
 
-    * :meth:`tighten`: the component's bounds on the token balls of U with the relational scores (blocks,
-      variation, movement; the movement also capped by the relational token radii), entrywise the smaller
+    * :meth:`tighten`: the component's bounds on the token balls of U with the relational scores and weights
+      (blocks, variation, movement; the movement also capped by the relational token radii), entrywise the smaller
       of these and the per-token theorems' (each holds on U);
     * :meth:`variation`: the curvature integral of theorem local-attention-curvature (``||DF(Y) - DF(X)||`` on
       U through the second derivative, :class:`~lipbound.local.curvature.CurvatureIntegral`) with the
-      relational score ranges on every radius of its grid;
+      relational score and weight ranges on every radius of its grid;
     * :meth:`jacobian`: the Jacobian enclosed over U (theorem local-attention-jacobian,
       :class:`~lipbound.local.jacobian_forms.JacobianSpread`) from the weights' ranges on U: a bound on
       ``sup_U ||DF(Y) - DF(X)||`` and one on ``sup_U ||DF(Y)||`` itself (a single attention layer only).
@@ -218,7 +227,10 @@ class RelationalRoute:
         self.component, self.X, self.enclosed = component, np.asarray(X, dtype=np.float64), enclosed
         self.movement = movement      # whether a later component reads the movement (the token radii cost most)
         self._at: dict = {}
+        self._weights: dict = {}
+        self._ball_at: dict = {}
         self._spread: JacobianSpread | None = None
+        self._ball = BallWeights.of(enclosed)
 
     @classmethod
     def of(cls, chain, X, enclosed, neighbourhoods) -> RelationalRoute | None:
@@ -234,6 +246,28 @@ class RelationalRoute:
             self._at[eps] = frobenius_scores(self.enclosed, eps)
         return self._at[eps]
 
+    def weights(self, eps: float) -> IntervalArray:
+        """Every attention weight on ``U(X, eps)``: lipbound's softmax ranges on :meth:`scores`, met with the
+        rows' joint bound on the Frobenius ball (:class:`~lipbound.local.ball_weights.BallWeights`)."""
+        if eps not in self._weights:
+            box, ball = weights_on(self.scores(eps)), self._ball_weights(eps)
+            self._weights[eps] = box if ball is None else _meet(box, ball)
+        return self._weights[eps]
+
+    def _ball_weights(self, eps: float) -> IntervalArray | None:
+        """:meth:`BallWeights.weights` on ``U(X, eps)`` (computed once per radius), or None where it does not apply."""
+        if self._ball is None:
+            return None
+        if eps not in self._ball_at:
+            self._ball_at[eps] = self._ball.weights(eps)
+        return self._ball_at[eps]
+
+    def known(self, eps: float) -> dict:
+        """The score and weight ranges on ``U(X, eps)``, as keyword arguments of
+        :func:`~lipbound.local.bounds.attention_bounds` (which meets the weights with the scores' softmax ranges
+        itself)."""
+        return {"scores": self.scores(eps), "weights": self._ball_weights(eps)}
+
     def tighten(self, hood: Neighbourhood, bounds: LocalBounds) -> LocalBounds:
         """``bounds`` (the component's on the token balls of ``hood``) made entrywise no larger by the relational
         facts; unchanged where the route does not cover ``hood``."""
@@ -241,12 +275,13 @@ class RelationalRoute:
             return bounds
         try:
             if self.movement:
-                relational = RelationalAttention(self.component.target, self.X, hood.eps, self.enclosed)
+                relational = RelationalAttention(self.component.target, self.X, hood.eps, self.enclosed,
+                                                 known_weights=self.weights(hood.eps))
                 self._at[hood.eps] = relational.scores
                 found = relational.bounds(self.component.target, hood)
-            else:   # a single attention layer: only the scores are read
+            else:   # a single attention layer: only the scores and weights are read
                 found = attention_bounds(self.component.target, hood.balls(self.X), self.enclosed,
-                                         scores=self.scores(hood.eps))
+                                         **self.known(hood.eps))
         except NotCertifiedError:   # an enclosure overflowed: the per-token bounds stand alone
             return bounds
         return LocalBounds(np.minimum(bounds.movement, found.movement), np.minimum(bounds.blocks, found.blocks),
@@ -260,7 +295,7 @@ class RelationalRoute:
         if not covers(self.component.target, hood):
             return math.inf
         try:
-            return curvature.variation(hood, other, grid=relational_grid, scores=self.scores)
+            return curvature.variation(hood, other, grid=relational_grid, known=self.known)
         except NotCertifiedError:
             return math.inf
 
@@ -274,7 +309,7 @@ class RelationalRoute:
         try:
             if self._spread is None:
                 self._spread = JacobianSpread(self.component.target, self.enclosed)
-            weights = weights_on(self.scores(hood.eps))
+            weights = self.weights(hood.eps)
             delta = weight_changes(weights, self.enclosed.P)
             return self._spread.spread(hood.eps, weights, delta), self._spread.supremum(hood.eps, weights, delta)
         except NotCertifiedError:
