@@ -290,6 +290,7 @@ def test_feedforward_change_behind_the_layernorm_holds(seed, eps):
             assert np.linalg.norm(moved, 2) <= change[i] * (1 + 1e-6) + 1e-7
 
 
+@pytest.mark.slow   # 13 CPU-s; the generated blocks above check both bounds, this one the factor on MiniLM
 def test_folding_the_layernorms_tightens_the_tail_on_real_weights():
     """On the first block of all-MiniLM-L6-v2 at 1e-6 of the LayerNorm radius (token balls without the attention's
     cap), folding the LayerNorms' Jacobians into the feed-forward block's second derivative at least halves every
