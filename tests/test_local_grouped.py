@@ -59,6 +59,7 @@ def test_group_bound_dominates_the_exact_norm_and_is_exact_for_one_group(seed, k
     assert _matrix_norm(group_block_norms(chain, centre.enclosed, some, size), "fro") >= exact_sub * (1 - 1e-6)
 
 
+@pytest.mark.slow   # 6-8 s; generated layers above and the real-weights curve below cover the groups by default
 def test_whole_layer_by_groups_on_real_weights():
     """The block chain (attention, LayerNorm, feed-forward, LayerNorm) of layer 0 on a real sentence, against
     the norm of its float Jacobian from JVPs (the product of the components' certified dense Jacobians took
