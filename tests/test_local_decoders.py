@@ -109,16 +109,17 @@ def test_smollm2_sublayer_constants_hold_around_a_real_prompt(smollm2, layer, pr
 
 @SMOLLM_GROUP
 def test_smollm2_replacements_are_certified_per_layer(smollm2):
-    """perturb on a decoder: one replacement at token 3, rows for layers 0 and 1 whose measured W1 between the
-    sub-layer outputs (recomputed here) lies below the certified token-ball movement; insertions are refused."""
+    """perturb on a decoder: one replacement at token 3, the row of layer 1 (its input already moved by layer 0),
+    whose measured W1 between the sub-layer outputs (recomputed here) lies below the certified token-ball
+    movement; insertions are refused."""
     from lipbound.errors import AssumptionError
     from lipbound.local.chains import chain_for
     from lipbound.measures.empirical import EmpiricalMeasure
     from lipbound.measures.perturb import perturb
     from lipbound.measures.wasserstein import w1
     text = smollm2
-    report = perturb("The capital of France is", positions=[3], layers=(0, 1), model=text, vocabulary=16, search=4)
-    assert report.violations == 0 and [row.layer for row in report.rows] == [0, 1]
+    report = perturb("The capital of France is", positions=[3], layers=(1,), model=text, vocabulary=16, search=4)
+    assert report.violations == 0 and [row.layer for row in report.rows] == [1]
     edit = report.edits[1]
     before, after = text.hidden_states(text.encode("The capital of France is")), text.hidden_states(list(edit.ids))
     for row in report.rows:
