@@ -95,6 +95,28 @@ def test_two_slots_enumerate_every_pair(exact_chain):
     assert {tuple(w) for w in passes.words} == {(a, b) for a in vocabulary for b in vocabulary}
 
 
+@pytest.mark.parametrize("layers, asked, used", [((0, 3), None, False), ((0, 4), None, True), ((0, 4), False, False)])
+def test_per_candidate_passes_take_the_exact_chain_where_the_cheap_one_stops_being_tight(monkeypatch, layers, asked,
+                                                                                        used):
+    """``exact_chain=None``: the exact chain bound from layer 4 on (the cheaper one's radii grow ~350x per layer);
+    the passes' first chain says which bound they took."""
+    import lipbound.local.candidates as module
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def recording(*args, exact, **kwargs):
+        seen.append(exact)
+        raise Stop
+    monkeypatch.setattr(module, "chain_radii", recording)
+    generated = local_models.model(seed=5, layers=5, vocab=8)
+    with pytest.raises(Stop):
+        propagate(generated, edit_set(IDS, "replace", [SLOT], np.arange(8)), layers=layers, per_candidate=True,
+                  exact_chain=asked)
+    assert seen == [used]
+
+
 def test_passes_stop_where_rounding_dominates_and_leave_the_rest_to_the_balls():
     generated = local_models.model(seed=7, layers=3, vocab=10)
     embeddings = generated.embeddings

@@ -399,22 +399,3 @@ def test_full_sweep_twenty_sentences(model):
     assert sum(r.violations for r in reports) == 0
     assert all(row.predicted_path <= 2 * row.measured for row in rows)
 
-
-@pytest.mark.parametrize("layers, asked, used", [((0, 3), None, False), ((0, 5), None, True), ((0, 5), False, False)])
-def test_per_candidate_passes_take_the_exact_chain_where_the_cheap_one_stops_being_tight(model, monkeypatch, layers,
-                                                                                        asked, used):
-    """``exact_chain=None``: the exact chain bound from layer 4 on (the cheaper one's radii grow ~350x per layer)."""
-    import lipbound.measures.perturb as module
-    seen = []
-
-    class Stop(Exception):
-        pass
-
-    def recording(*args, exact_chain, **kwargs):
-        seen.append(exact_chain)
-        raise Stop
-    monkeypatch.setattr(module, "propagate", recording)
-    with pytest.raises(Stop):
-        perturb(sentences()[0], k=(1,), positions=(2,), layers=layers, model=model, per_candidate=True,
-                exact_chain=asked, **SMALL)
-    assert seen == [used]

@@ -33,10 +33,13 @@ from ..rigorous.arrays import IntervalArray
 from ..rigorous.linalg import spectral_norm_upper
 from .point_stages import PointStates, SlopeReference, attention_radii, chain_radii
 
-__all__ = ["CandidatePasses", "candidate_passes", "MOST_SENTENCES"]
+__all__ = ["CandidatePasses", "candidate_passes", "MOST_SENTENCES", "EXACT_CHAIN_FROM"]
 
 #: The most edited sentences one set's passes evaluate.
 MOST_SENTENCES = 1 << 17
+#: The first layer whose passes need the exact chain bound, the default when ``last`` reaches it: with the
+#: reference slopes the radii grow about 350-fold per layer and stop being tight there on all-MiniLM-L6-v2.
+EXACT_CHAIN_FROM = 4
 
 
 @final
@@ -79,7 +82,7 @@ def _check_layer(item) -> None:
 
 @one_blas_thread
 def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, words: list, references: list,
-                     last: int, *, chunk: int = 256, widest: float = 20.0, exact_chain: bool = False,
+                     last: int, *, chunk: int = 256, widest: float = 20.0, exact_chain: bool | None = None,
                      progress=None) -> CandidatePasses:
     """Certified per-candidate passes of a replacement at ``slots`` by every combination of their candidates
     (module docstring): ``prod_s K_s`` edited sentences, at most :data:`MOST_SENTENCES`.
@@ -105,17 +108,20 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
         this multiple of the largest bound of a chunk there: the next layer's radii would be about that large
         (they grow 100- to 350-fold per layer on all-MiniLM-L6-v2), beyond the set route's reach (the token balls
         are about 100 times the worst edit from layer 1 on) or its softmax bounds would overflow.
-    exact_chain : bool
+    exact_chain : bool, optional
         Bound each chain by the certified norm of its Jacobian part at the point (:func:`chain_radii` with
         ``exact``: one d x d_ff x d product per token and layer, about 0.5-1 CPU-s per sentence through six layers
         of all-MiniLM-L6-v2) instead of the reference slopes' route: the radii grow about 100-fold per layer instead
-        of about 350-fold, enough to carry the passes through layer 5 there.
+        of about 350-fold, enough to carry the passes through layer 5 there.  Default (None): exact when ``last``
+        is at least :data:`EXACT_CHAIN_FROM`.
     """
     if not model.complete or model.embeddings is None:
         raise AssumptionError("model", "a full checkpoint (embeddings, every layer)", "an attention-only model",
                               "load the whole model directory")
     for index in range(last + 1):
         _check_layer(model.layer(index))
+    if exact_chain is None:
+        exact_chain = last >= EXACT_CHAIN_FROM
     slots = [int(s) for s in slots]
     shape = tuple(c.shape[0] for c in candidates)
     total = int(np.prod(shape, dtype=np.int64))

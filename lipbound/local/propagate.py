@@ -216,7 +216,7 @@ def _first_block_enumerated(layer, template: EditTemplate, candidates: list, slo
 
 @one_blas_thread
 def propagate(model: Model, template: EditTemplate, layers=None, progress=None, per_candidate: bool = False,
-              candidate_progress=None, exact_chain: bool = False) -> list[LayerSet]:
+              candidate_progress=None, exact_chain: bool | None = None) -> list[LayerSet]:
     """Push the set of edited sentences through the layers; one :class:`LayerSet` per layer (the
     attention block outputs of that layer), for layers ``0..max(layers)``.
 
@@ -229,9 +229,9 @@ def propagate(model: Model, template: EditTemplate, layers=None, progress=None, 
     (:func:`lipbound.local.candidates.candidate_passes`): every layer gets the fact ``candidates`` (the
     :class:`~lipbound.local.candidates.CandidatePasses`), each layer the passes reach ``per_candidate`` (the
     largest certified W1 over the candidates, a bound for the whole set); :func:`set_bound` takes the
-    smaller route.  ``candidate_progress(done, total)`` follows the candidates; ``exact_chain``: the passes bound
-    each feed-forward chain by its certified norm at the point (``exact_chain`` of
-    :func:`~lipbound.local.candidates.candidate_passes`: deeper, about ten times the cost).
+    smaller route.  ``candidate_progress(done, total)`` follows the candidates; ``exact_chain``: whether the
+    passes bound each feed-forward chain by its certified norm at the point (``exact_chain`` of
+    :func:`~lipbound.local.candidates.candidate_passes`, which chooses by depth when it is None).
     """
     embeddings = model.embeddings
     if embeddings is None or not model.complete:

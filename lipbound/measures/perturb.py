@@ -191,10 +191,6 @@ def _search_ids(candidates: np.ndarray, search, seed: int, must: list, drawable:
     return np.unique(np.concatenate([chosen, np.asarray(must, dtype=np.int64)])), False
 
 
-#: the first layer at which the passes need the exact chain bound (``exact_chain=None``)
-EXACT_CHAIN_FROM = 4
-
-
 @one_blas_thread   # many products of a few hundred rows: a second BLAS thread costs more than it saves
 def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed: int = 0, model=None,
             positions=None, vocabulary=None, search=None, path_tolerance: float = 0.2, set_certificate: bool = True,
@@ -231,9 +227,8 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
     exact_chain : bool, optional
         With ``per_candidate``: bound each feed-forward chain of the passes by its certified norm at the point
         (:func:`lipbound.local.candidates.candidate_passes`), about four times the CPU time, which carries the
-        passes through all six layers of all-MiniLM-L6-v2.  Default (None): when a layer past the fourth
-        (index 4 on) is asked -- the cheaper chain bound lets the radii grow about 350-fold per layer, so its
-        passes stop being tight there.
+        passes through all six layers of all-MiniLM-L6-v2.  Default (None): the passes' own choice, exact when
+        a layer from :data:`~lipbound.local.candidates.EXACT_CHAIN_FROM` (4) on is asked.
     progress : callable, optional
         ``progress(done, total, what)`` as each stage finishes (a set certificate, a search, a layer's path
         certificate: ``total`` of them).
@@ -304,9 +299,8 @@ def perturb(sentence: str, *, k=1, mode: str = "replace", layers=range(6), seed:
         pairs = _matched(template)
         sets = None
         if set_certificate:
-            exact = max(chosen_layers) >= EXACT_CHAIN_FROM if exact_chain is None else exact_chain
             sets = propagate(bert.model, template, layers=chosen_layers, per_candidate=per_candidate,
-                             exact_chain=exact)
+                             exact_chain=exact_chain)
             say(f"k = {k_value}: set certificate through layers 0..{max(chosen_layers)}")
         if search == 0:
             search_info[k_value] = {"description": "the drawn edit only", "evaluated": 1, "exhaustive": False}
