@@ -36,7 +36,7 @@ from ..numeric.model import GatedFeedForward, Head, Layer, Model
 from ..numeric.whole.chain import Step, layer_steps
 from ..rigorous.arrays import IntervalArray, as_interval_array
 from ..rigorous.intervals import interval, upper
-from ..rigorous.linalg import Enclosure, spectral_norm_upper_large
+from ..rigorous.linalg import Enclosure, spectral_norm_upper_large, vector_norm_upper
 from .balls import TokenBalls
 from .bounds import LocalBounds, NormFold, attention_bounds, feedforward_bounds, norm_bounds
 from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedNorm
@@ -303,10 +303,10 @@ class NormwiseProduct:
     def multiply(self, factor: Enclosure, factor_norm: float) -> None:
         """``P <- P A`` for ``A`` enclosed by ``factor``, ``factor_norm`` a certified upper bound on ``||A||_2``."""
         if self.mid is None:
-            self.mid, self.radius = factor.mid, _frobenius_upper(factor.rad)
+            self.mid, self.radius = factor.mid, vector_norm_upper(factor.rad)
             return
         step = Enclosure.exact(self.mid) @ factor                  # encloses P_(k-1) A_k entrywise
-        self.radius = upper(interval(self.radius) * interval(factor_norm) + interval(_frobenius_upper(step.rad)))
+        self.radius = upper(interval(self.radius) * interval(factor_norm) + interval(vector_norm_upper(step.rad)))
         self.mid = step.mid
 
     def norm_upper(self, estimate: float | None = None) -> float:
@@ -315,11 +315,6 @@ class NormwiseProduct:
         if self.mid is None:
             raise AssumptionError("factors", "at least one factor", "none", "multiply by a factor first")
         return upper(interval(spectral_norm_upper_large(self.mid, estimate)) + interval(self.radius))
-
-
-def _frobenius_upper(radius: np.ndarray) -> float:
-    """``||R||_F`` of a non-negative radius, rounded up."""
-    return float(IntervalArray(np.ascontiguousarray(radius).reshape(-1)).norm_upper(axis=0)) if radius.size else 0.0
 
 
 def chain_for(model: Model, kind: str, layer: int, head: int | None = None, last: int | None = None) -> list[Component]:
