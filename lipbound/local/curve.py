@@ -88,6 +88,13 @@ CHAIN_DENSE_LIMIT = 6144
 FLOAT_ALLOWANCE = 1e-9
 
 
+def _json_safe(value):
+    """JSON has no infinity: null where no bound applies (a list entry by entry)."""
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
 @final
 @dataclass(frozen=True)
 class CurvePoint:
@@ -117,8 +124,7 @@ class CurvePoint:
                "local": self.local, "variation": self.variation, "variation_witness": self.variation_witness,
                "global": self.global_constant,
                "verdict": self.verdict, "cpu_seconds": self.cpu_seconds, "route": self.route}
-        return {key: None if isinstance(value, float) and not math.isfinite(value) else value
-                for key, value in out.items()}  # JSON has no infinity: null where no bound applies
+        return {key: _json_safe(value) for key, value in out.items()}
 
 
 @final
@@ -154,12 +160,7 @@ class LipschitzCurve:
     blocks: tuple = ()
 
     def to_json(self) -> dict:
-        def finite(value):
-            return value if math.isfinite(value) else None   # JSON has no infinity
-
-        blocks = [{key: [finite(v) for v in value] if isinstance(value, list) else
-                   finite(value) if isinstance(value, float) else value for key, value in block.items()}
-                  for block in self.blocks]
+        blocks = [{key: _json_safe(value) for key, value in block.items()} for block in self.blocks]
         return {"kind": self.kind, "component": self.description, "norm": self.norm, "ball": self.ball,
                 "positions": list(self.positions), "n": self.n, "layernorm_radius": self.radius,
                 "jacobian_norm": self.jacobian_norm, "jacobian_witness": self.jacobian_witness,
