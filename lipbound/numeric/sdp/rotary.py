@@ -113,7 +113,7 @@ import numpy as np
 
 from ...errors import AssumptionError
 from ...rigorous.intervals import IV, interval, lower, upper
-from ...rigorous.linalg import Enclosure, gram_norm_upper, lambda_max_upper, lambda_min_lower, product_norm_interval
+from ...rigorous.linalg import Enclosure, gram_norm_upper, is_psd_certified, lambda_max_upper, product_norm_interval
 from ...rigorous.value import CertifiedValue
 from ..kernels import DotProduct, Rotary
 from ..model import Head
@@ -163,7 +163,7 @@ def reduced_sup(left: Enclosure, right: Enclosure, shift: Enclosure | None, radi
             C = np.linalg.cholesky(gram.mid + slack * np.eye(k))
         except np.linalg.LinAlgError:
             C = None
-        if C is not None and lambda_min_lower((Enclosure.exact(C) @ Enclosure.exact(C.T)) - gram) >= 0.0:
+        if C is not None and is_psd_certified((Enclosure.exact(C) @ Enclosure.exact(C.T)) - gram):
             return trust_region_sup(left @ Enclosure.exact(C), shift, radius, name, provenance)
         slack *= 100
     return trust_region_sup((left, right), shift, radius, name, provenance)
@@ -515,7 +515,7 @@ class PositionalHeadBounds:
             trial = Enclosure.exact(inverse * (1 + inflate))
             schur = Enclosure(np.block([[trial.mid, np.eye(k)], [np.eye(k), gram_q.mid]]),
                               np.block([[trial.rad, np.zeros((k, k))], [np.zeros((k, k)), gram_q.rad]]))
-            if lambda_min_lower(schur.sym()) >= 0.0:      # [[C, I], [I, G]] >= 0 with G > 0: C >= G^-1
+            if is_psd_certified(schur.sym()):      # [[C, I], [I, G]] >= 0 with G > 0: C >= G^-1
                 C = trial
                 break
         if C is None:
