@@ -19,7 +19,7 @@ from lipbound.rigorous.elementwise import down, exp_bounds, normal_cdf_bounds, n
 from lipbound.rigorous.intervals import lower, upper
 from lipbound.rigorous.linalg import Enclosure, spectral_norm_upper_large
 from lipbound.symbolic.lemmas import LEMMAS
-from lipbound.symbolic.local import LOCAL_THEOREMS
+from lipbound.symbolic.local import LOCAL_THEOREMS, chain_prefix, normwise_product
 
 HIGH = mpmath.mp.clone() if hasattr(mpmath.mp, "clone") else mpmath.mp
 
@@ -136,6 +136,36 @@ def test_spectral_norm_of_a_large_matrix_is_bounded_tightly():
     assert truth <= bound <= truth * (1 + 1e-3)
     enclosure = Enclosure(M, np.full(M.shape, 1e-9))
     assert spectral_norm_upper_large(enclosure) >= truth
+
+
+def _theorem_value(theorem, values: dict) -> float:
+    symbols = sorted(theorem.statement.free_symbols, key=str)
+    return compile_array(theorem.statement, symbols)(*[np.array(values[str(s)]) for s in symbols]).hi
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31), st.floats(1e-3, 1.0))
+def test_prefix_chain_and_normwise_product_hold_on_random_chains(seed, size):
+    """The two stack theorems on three random 6 x 6 blocks: the variation of a product of moved Jacobians about
+    the centre's product, and a product of entrywise enclosures carried with one normwise radius."""
+    rng = np.random.default_rng(seed)
+    J = [rng.standard_normal((6, 6)) for _ in range(3)]
+    A = [j + size * rng.standard_normal((6, 6)) for j in J]
+    prefix = {f"L_{{{k + 1}}}": np.linalg.norm(A[k], 2) * (1 + 1e-12) for k in range(3)}
+    prefix |= {f"V_{{{k + 1}}}": np.linalg.norm(A[k] - J[k], 2) * (1 + 1e-12) for k in range(3)}
+    prefix |= {r"\pi_{1}": np.linalg.norm(J[0], 2) * (1 + 1e-12),
+               r"\pi_{2}": np.linalg.norm(J[1] @ J[0], 2) * (1 + 1e-12)}
+    moved = np.linalg.norm(A[2] @ A[1] @ A[0] - J[2] @ J[1] @ J[0], 2)
+    assert moved <= _theorem_value(chain_prefix(3), prefix)
+    # normwise: J_l within R_l of M_l entrywise; S_l covers |P_(l-1)| R_l and the rounding of P_(l-1) M_l
+    R = [size * rng.random((6, 6)) for _ in range(3)]
+    M = [a - R[k] * rng.uniform(-1, 1, (6, 6)) for k, a in enumerate(A)]
+    P, r = M[0], np.linalg.norm(R[0])
+    for k in (1, 2):
+        S = np.abs(P) @ R[k] + 1e-9 * (np.abs(P) @ np.abs(M[k]) + 1)
+        P, r = P @ M[k], r * np.linalg.norm(A[k], 2) * (1 + 1e-12) + np.linalg.norm(S)
+    bound = _theorem_value(normwise_product(3), {r"\|P_{3}\|_2": np.linalg.norm(P, 2) * (1 + 1e-12), "r_{3}": r})
+    assert np.linalg.norm(A[0] @ A[1] @ A[2], 2) <= bound
 
 
 def test_every_local_theorem_cites_known_lemmas_and_has_a_statement():

@@ -23,6 +23,7 @@ from lipbound.printing.proof_files import HEADER, generate
 from lipbound.printing.prose import text_to_latex
 from lipbound.symbolic import symbols as S
 from lipbound.symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unbounded
+from lipbound.symbolic.local import LOCAL_THEOREMS
 from lipbound.symbolic.registry import variant
 
 PROOFS = Path(__file__).resolve().parent.parent / "proofs"
@@ -59,7 +60,8 @@ def test_generation_keeps_foreign_files_and_removes_stale_generated_ones(tmp_pat
     (tmp_path / "old-theorem.tex").write_text(HEADER + "\\section{gone}\n")
     written = generate(tmp_path)
     assert [path.name for path in written] == [
-        "claims.tex", "kernel-constants.tex", "main.tex", "not-lipschitz-dot-product.tex", "self-attention-fro.tex"]
+        "claims.tex", "kernel-constants.tex", "local.tex", "main.tex", "not-lipschitz-dot-product.tex",
+        "self-attention-fro.tex"]
     assert (tmp_path / "notes.tex").exists()
     assert not (tmp_path / "old-theorem.tex").exists()
     assert all(path.read_text().startswith(HEADER) for path in written)
@@ -79,10 +81,11 @@ def test_committed_proofs_are_consistent():
     references = set(re.findall(r"\\ref\{([^}]+)\}", text))
     assert references <= labels, f"undefined: {sorted(references - labels)}"
     assert len(re.findall(r"\\label\{", text)) == len(labels), "a label is defined twice"
-    theorem_files = sorted(set(files) - {"main.tex", "kernel-constants.tex", "claims.tex"})
+    theorem_files = sorted(set(files) - {"main.tex", "kernel-constants.tex", "claims.tex", "local.tex"})
     for name in theorem_files:
         assert f"\\label{{thm:{name[:-4]}}}" in files[name]
     assert {"self-attention-fro.tex", "not-lipschitz-dot-product.tex", "l2-global-fro.tex"} <= set(theorem_files)
+    assert all(f"\\label{{thm:{theorem_id}}}" in files["local.tex"] for theorem_id in LOCAL_THEOREMS)
 
 
 def _compile(directory: Path, name: str) -> str:

@@ -30,6 +30,7 @@ __all__ = ["LOCAL_THEOREMS", "score_deviation", "score_deviation_normalised", "s
            "norm_lipschitz", "norm_movement", "norm_variation", "feedforward_variation", "gated_variation",
            "residual_step", "SCORE_NAMES", "feedforward_curvature", "feedforward_front_variation",
            "attention_tail", "attention_front", "block_tail_variation", "jacobian_on_neighbourhood", "chain_variation",
+           "normwise_product", "chain_prefix",
            "path_certificate", "coupling_bound", "q"]
 
 
@@ -574,11 +575,51 @@ def chain_variation(steps: int) -> Theorem:
     proof = Derivation(f"Variation of the Jacobian of a chain of {steps} maps")
     proof.hypothesis("g_k maps U_k into U_{k+1}; M_l = sup_{U_l} ||Dg_l||, V_k = sup_{U_k} ||Dg_k(Y) - Dg_k(X_k)||, "
                      "N_l = ||Dg_l(X_l)||; blockwise, with the matrices of per-token block norms multiplied")
-    proof.add(Described(r"DF(Y) - DF(X) = \textstyle\sum_k Dg_m(Y_m) \cdots Dg_{k+1}(Y_{k+1}) "
-                        r"(Dg_k(Y_k) - Dg_k(X_k)) Dg_{k-1}(X_{k-1}) \cdots Dg_1(X_1)"),
+    proof.add(Described(r"DF(Y) - DF(X) = \textstyle\sum_k A_m \cdots A_{k+1} (A_k - B_k) B_{k-1} \cdots B_1,\ "
+                        r"A_l = Dg_l(Y_l),\ B_l = Dg_l(X_l)"),
               "telescope the chain rule", "telescoping")
     proof.add(le(Described(r"\sup_U \|DF(Y) - DF(X)\|"), statement), "submultiplicativity", "submultiplicative")
     return Theorem(f"local-chain-{steps}", "Variation along a chain", statement, proof)
+
+
+@functools.cache
+def normwise_product(steps: int) -> Theorem:
+    """``||J_1 ... J_m||_2 <= ||P_m||_2 + r_m`` for a float product ``P_m`` carried with one normwise radius
+    ``r_l = r_{l-1} a_l + ||S_l||_F`` (docs/mathematics.md, lemma normwise-product)."""
+    P_m, r_m = q(rf"\|P_{{{steps}}}\|_2"), q(rf"r_{{{steps}}}")
+    statement = P_m + r_m
+    proof = Derivation(f"Product of {steps} enclosed matrices with one normwise radius")
+    proof.hypothesis("|J_l - M_l| <= R_l entrywise; a_l >= ||J_l||_2; P_1 = M_1, r_1 = ||R_1||_F; "
+                     "P_l = fl(P_{l-1} M_l) and S_l >= 0 with |P_{l-1} J_l - P_l| <= S_l entrywise for every such "
+                     "J_l (a midpoint-radius product: its rounding and |P_{l-1}| R_l); r_l = r_{l-1} a_l + ||S_l||_F")
+    proof.add(Described(r"J_1 \cdots J_l - P_l = (J_1 \cdots J_{l-1} - P_{l-1}) J_l + (P_{l-1} J_l - P_l)"),
+              "add and subtract P_{l-1} J_l", None)
+    proof.add(le(Described(r"\|J_1 \cdots J_l - P_l\|_2"), Described(r"r_{l-1} a_l + \|S_l\|_F = r_l")),
+              "by induction, submultiplicativity, and ||B||_2 <= ||B||_F <= ||S_l||_F for |B| <= S_l",
+              "submultiplicative")
+    proof.add(le(Described(rf"\|J_1 \cdots J_{{{steps}}}\|_2"), statement), "triangle inequality (Weyl)",
+              "norm-calculus")
+    return Theorem("local-normwise-product", "Product of enclosed Jacobians, normwise", statement, proof)
+
+
+@functools.cache
+def chain_prefix(steps: int) -> Theorem:
+    """For ``F = B_m o ... o B_1`` on U: ``sup_U ||DF(Y) - J_m ... J_1|| <= sum_l (L_m ... L_{l+1}) V_l pi_{l-1}``
+    with ``pi_l >= ||J_l ... J_1||_2`` the certified norm of the product at the centre (lemma prefix-chain)."""
+    L = [q(rf"L_{{{k}}}") for k in range(1, steps + 1)]
+    V = [q(rf"V_{{{k}}}") for k in range(1, steps + 1)]
+    pi = [sp.Integer(1)] + [q(rf"\pi_{{{k}}}") for k in range(1, steps)]
+    statement = sp.Add(*[sp.Mul(*L[k + 1:]) * V[k] * pi[k] for k in range(steps)])
+    proof = Derivation(f"Variation along a chain of {steps} blocks through the prefix products")
+    proof.hypothesis("B_l maps U_l into U_{l+1}, U_1 = U; J_l = DB_l(X_l) at the centres; L_l >= sup_{U_l} ||DB_l||, "
+                     "V_l >= sup_{U_l} ||DB_l(Y_l) - J_l||; pi_0 = 1, pi_l >= ||J_l ... J_1||_2 (lemma "
+                     "normwise-product)")
+    proof.add(Described(r"DF(Y) - J_m \cdots J_1 = \textstyle\sum_l A_m \cdots A_{l+1} (A_l - J_l) "
+                        r"J_{l-1} \cdots J_1,\ A_l = DB_l(Y_l)"),
+              "telescope the chain rule, keeping the centre's product whole", "telescoping")
+    proof.add(le(Described(r"\sup_U \|DF(Y) - J_m \cdots J_1\|"), statement),
+              "submultiplicativity, ||A_l|| <= L_l and ||A_l - J_l|| <= V_l on U_l", "submultiplicative")
+    return Theorem("local-prefix-chain", "Variation along a chain, through the prefix products", statement, proof)
 
 
 @functools.cache
@@ -620,5 +661,6 @@ LOCAL_THEOREMS = {t.id: t for t in (score_deviation(), score_deviation_normalise
                                     feedforward_curvature(), feedforward_front_variation(), attention_tail(),
                                     attention_front(),
                                     block_tail_variation(),
-                                    jacobian_on_neighbourhood(), chain_variation(2), path_certificate(),
+                                    jacobian_on_neighbourhood(), chain_variation(2), normwise_product(3),
+                                    chain_prefix(3), path_certificate(),
                                     coupling_bound())}
