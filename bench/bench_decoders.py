@@ -82,7 +82,8 @@ def _cpu_seconds() -> float:
 
 def bound_terms(best) -> dict | None:
     """The query, key and mean terms of a certified bound, by the names its certificate uses: a layer's ``query``,
-    ``key``, ``mean``; a head's ``b``, ``key`` and ``L kappa^(1/2)``."""
+    ``key``, ``mean``; a rotary or masked head's ``b``, ``key`` and ``L kappa^(1/2)``; a dot-product head's ``b_hat``
+    and ``context`` (its key and mean terms together)."""
     if best is None:
         return None
     details = best.details
@@ -90,6 +91,8 @@ def bound_terms(best) -> dict | None:
         terms = {"query": details["b"], "key": details.get("key")}
         if isinstance(details.get("L"), float) and isinstance(details.get("kappa"), float):
             terms["mean"] = details["L"] * details["kappa"] ** 0.5
+    elif isinstance(details.get("b_hat"), float):
+        terms = {"query": details["b_hat"], "key and mean": details.get("context")}
     else:
         terms = {key: details.get(key) for key in ("query", "key", "mean")}
     return {key: value for key, value in terms.items() if isinstance(value, float)}
