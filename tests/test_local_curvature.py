@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 from test_local_bounds import central_jacobian
 
 from lipbound.local.balls import Neighbourhood
+from lipbound.local.centre import ChainCentre
 from lipbound.local.chains import Component
 from lipbound.local.curvature import CURVATURE_TOKENS, SPLIT_ENTRIES, AttentionCurvature, _SplitRows
-from lipbound.local.curve import _Centre, _CurvatureRoute, lipschitz_curve
+from lipbound.local.curve import _CurvatureRoute, lipschitz_curve
 from lipbound.local.enclosed import EnclosedAttention
 from lipbound.numeric.model import Head, Layer
 
@@ -126,7 +127,7 @@ def _route(target, X, ball="fro", eps=1.0, positions=(), split=False):
     kind = "head" if isinstance(target, Head) else "attention"
     chain = [Component(kind, target, "generated")]
     hoods = [Neighbourhood(ball, eps, positions)]
-    route = _CurvatureRoute.of(chain, _Centre(chain, X, dense=False), X, hoods, 0 if split else CURVATURE_TOKENS)
+    route = _CurvatureRoute.of(chain, ChainCentre(chain, X, dense=False), X, hoods, 0 if split else CURVATURE_TOKENS)
     assert isinstance(route.curvature.zeta_rows, _SplitRows) == split
     return route
 
@@ -260,7 +261,7 @@ def test_each_input_gets_the_gram_route_the_split_bound_or_neither_by_its_size()
     assert AttentionCurvature.route(huge, tokens=1000) is None
     chain = [Component("attention", target, "generated")]
     X = rng.standard_normal((CURVATURE_TOKENS + 1, 4))
-    centre = _Centre(chain, X, dense=False)
+    centre = ChainCentre(chain, X, dense=False)
     routes = [_CurvatureRoute.of(chain, centre, X, [Neighbourhood("fro", 0.1)], tokens)
               for tokens in (CURVATURE_TOKENS, CURVATURE_TOKENS + 1)]
     assert isinstance(routes[0].curvature.zeta_rows, _SplitRows)

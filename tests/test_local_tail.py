@@ -169,7 +169,7 @@ def test_stack_curve_composes_its_blocks(monkeypatch):
     assert curve.points[0].certified == pytest.approx(curve.jacobian_norm, rel=1e-6)
     assert curve.points[1].certified <= 1.05 * curve.jacobian_norm
     from lipbound.local import curve as module
-    monkeypatch.setattr(module, "_StackOfBlocks", lambda *args, **kwargs: None)
+    monkeypatch.setattr(module, "StackOfBlocks", lambda *args, **kwargs: None)
     blockwise = lipschitz_curve(generated, X, kind="stack", layer=0, last=1, eps=eps, ascent_steps=0)
     assert blockwise.variation_bound == "blockwise"
     assert all(a.variation <= b.variation for a, b in zip(curve.points, blockwise.points))
@@ -221,10 +221,10 @@ def _tail_setting(model, X, eps):
     """The block's chain at X, its tail, and the per-component balls, bounds and radii on the Frobenius ball of
     radius eps (as the curve forms them, without the attention's cap)."""
     from lipbound.local.balls import Neighbourhood
-    from lipbound.local.curve import _Centre
+    from lipbound.local.centre import ChainCentre
     from lipbound.local.tail import BlockTail
     chain = chain_for(model, "block", 0)
-    centre = _Centre(chain, X, False)
+    centre = ChainCentre(chain, X, False)
     balls = Neighbourhood("fro", eps).balls(X)
     M, V, N, radii = [], [], [], []
     for k, component in enumerate(chain):
@@ -339,20 +339,20 @@ def test_nested_curves_share_the_centre_and_change_no_value(monkeypatch):
     X = hidden_states(generated, [1, 5, 7, 2])[0]
     eps = [0.0, 1e-4, 1e-2]
     calls = []
-    original = module._Centre.part
+    original = module.ChainCentre.part
 
     def counted(self, chain, start, stop, dense):
         calls.append((start, stop))
         return original(self, chain, start, stop, dense)
 
-    monkeypatch.setattr(module._Centre, "part", counted)
+    monkeypatch.setattr(module.ChainCentre, "part", counted)
     shared = lipschitz_curve(generated, X, kind="stack", layer=0, last=1, eps=eps, ascent_steps=1)
     assert (0, 4) in calls and (4, 8) in calls and (0, 1) in calls  # the blocks', the attentions'
 
     def fresh(self, chain, start, stop, dense):
-        return module._Centre(chain[start:stop], self.points[start], dense)
+        return module.ChainCentre(chain[start:stop], self.points[start], dense)
 
-    monkeypatch.setattr(module._Centre, "part", fresh)
+    monkeypatch.setattr(module.ChainCentre, "part", fresh)
     alone = lipschitz_curve(generated, X, kind="stack", layer=0, last=1, eps=eps, ascent_steps=1)
 
     def values(curve):
