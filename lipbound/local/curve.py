@@ -69,7 +69,7 @@ from .chains import (
 )
 from .curvature import CURVATURE_TOKENS, AttentionCurvature, CurvatureIntegral, decade_grid
 from .front import FrontSplit
-from .relational import RELATIONAL_WORTH, RelationalRoute
+from .relational import RELATIONAL_WORTH, RelationalRoute, covers, relational_grid
 from .stack import StackOfBlocks
 from .tail import BlockTail, TokenTail
 
@@ -114,6 +114,10 @@ class CurvePoint:
     #: which bound gave ``certified``: "||DF(X)|| + variation (<the variation's route>)", "product of block
     #: bounds", "global" or "jacobian-supremum" (theorem local-attention-jacobian)
     route: str = ""
+    #: a certified bound on ``sup_U ||F(Y) - F(X)||_F``: ``certified theta_U eps``, or for a single attention layer
+    #: also ``||DF(X)|| theta_U eps`` plus Taylor's remainder through the curvature bound (lemma
+    #: attention-reach-remainder); a block or stack starting with that layer takes its token balls inside it
+    reach: float = math.inf
 
     @property
     def ratio(self) -> float:
@@ -123,7 +127,7 @@ class CurvePoint:
         out = {"eps": self.eps, "certified": self.certified, "witness": self.witness, "ratio": self.ratio,
                "local": self.local, "variation": self.variation, "variation_witness": self.variation_witness,
                "global": self.global_constant,
-               "verdict": self.verdict, "cpu_seconds": self.cpu_seconds, "route": self.route}
+               "verdict": self.verdict, "cpu_seconds": self.cpu_seconds, "route": self.route, "reach": self.reach}
         return {key: _json_safe(value) for key, value in out.items()}
 
 
@@ -371,7 +375,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
                 if k + 1 < len(chain):
                     movement = bounds.movement
                     if k == 0 and first is not None:
-                        movement = np.minimum(movement, reach(first.points[index].certified, hood, n))
+                        movement = np.minimum(movement, first.points[index].reach)
                     radii = (IntervalArray(movement) + IntervalArray(centre.rounding[k + 1])).hi
                     balls = TokenBalls(centre.points[k + 1], radii)
         except NotCertifiedError:   # the balls grew past the float range: the blockwise routes give no bound
@@ -411,6 +415,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         routes.offer("global", global_value)
         routes.offer("jacobian-supremum", enclosure)
         certified = routes.value
+        moved = min(reach(certified, hood, n), _taylor_reach(curvature, relational, hood, N_dense, n))
         witness = max(witness, _ascent(chain, X, hood, moving, norm, witness_at_x, direction, ascent_steps, seed))
         change = max(change, _ascent(chain, X, hood, moving, norm, 0.0, direction, ascent_steps, seed, change=True))
         verdicts = {certify_le(interval(found) * interval((1 - FLOAT_ALLOWANCE, 1 + FLOAT_ALLOWANCE)), interval(bound))
@@ -421,7 +426,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         nested = stack.cpu_seconds[index] if stack is not None else \
             first.points[index].cpu_seconds if first is not None else 0.0
         points[index] = CurvePoint(hood.eps, certified, witness, local, variation, change, global_value, verdict,
-                                   time.process_time() - started + nested, routes.name)
+                                   time.process_time() - started + nested, routes.name, moved)
         if progress is not None:
             progress(done + 1, len(neighbourhoods), "radii")
     description = chain[0].name if len(chain) == 1 else f"{chain[0].name} .. {chain[-1].name}"
@@ -480,13 +485,46 @@ class _CurvatureRoute:
         step's neighbourhood ``U(X, t)``."""
         if hood.eps == 0:
             return 0.0
+        return self.integral.integral(self._steps(hood, grid, known, remainder=False), self.frobenius, other)
+
+    def remainder(self, hood: Neighbourhood, grid=None, known=None) -> float:
+        """``theta_U^2 sum_k (t_k - t_(k-1)) (eps - t_(k-1)) chi(U(X, t_k))`` (lemma attention-reach-remainder):
+        a bound on ``sup_U ||F(Y) - F(X) - DF(X) (Y - X)||_F``, from the same curvature bounds as
+        :meth:`variation` on the same grid (cached: no new bound is formed when the variation ran first)."""
+        if hood.eps == 0:
+            return 0.0
+        theta = self.frobenius * self.frobenius
+        return self.integral.integral(self._steps(hood, grid, known, remainder=True), theta)
+
+    def _steps(self, hood: Neighbourhood, grid, known, remainder: bool) -> list:
+        """The integral's steps ``(width, radii[, known, key])`` up to ``hood.eps``; with ``remainder`` each width
+        ``t_k - t_(k-1)`` multiplied by ``eps - t_(k-1)`` (the weight of ``(eps - t)`` in Taylor's remainder)."""
         steps, previous = [], 0.0
         for t in (grid or self.grid)(hood.eps):
-            step = ((IntervalArray(t) - IntervalArray(previous)).hi.item(),
-                    Neighbourhood(self.hood.ball, t, self.hood.positions).balls(self.X).radii)
+            width = IntervalArray(t) - IntervalArray(previous)
+            if remainder:
+                width = width * (IntervalArray(hood.eps) - IntervalArray(previous))
+            step = (width.hi.item(), Neighbourhood(self.hood.ball, t, self.hood.positions).balls(self.X).radii)
             steps.append(step if known is None else step + (known(t), ("known", t)))
             previous = t
-        return self.integral.integral(steps, self.frobenius, other)
+        return steps
+
+
+def _taylor_reach(curvature: _CurvatureRoute | None, relational: RelationalRoute | None, hood: Neighbourhood,
+                  jacobian_norm: float, n: int) -> float:
+    """``||DF(X)|| theta_U eps`` plus the smaller of the curvature route's Taylor remainders (on its own grid, and on
+    the relational grid with the relational score and weight ranges where that route covers U); inf without a
+    curvature route (lemma attention-reach-remainder)."""
+    if curvature is None or hood.eps == 0:
+        return 0.0 if hood.eps == 0 else math.inf
+    rest = curvature.remainder(hood)
+    if relational is not None and covers(relational.component.target, hood):
+        try:
+            rest = min(rest, curvature.remainder(hood, grid=relational_grid, known=relational.known))
+        except NotCertifiedError:
+            pass
+    linear = upper_product(jacobian_norm, frobenius_factor(hood, n).hi.item(), hood.eps)
+    return upper(interval(linear) + interval(rest))
 
 
 # the Jacobian at X ------------------------------------------------------------------------------
