@@ -93,9 +93,12 @@ def test_second_derivative_form_is_tighter_on_real_weights():
 
 def _check_at_adversarial_points(chain, X, curve, seed):
     """Every point of the curve holds, and at the two points of U along the top singular direction of the
-    Jacobian's change (found near X) the Jacobian norm and its change stay below the certified values."""
+    Jacobian's change (found near X) the Jacobian norm and its change stay below the certified values; at those
+    and at the two points along the top singular direction of DF(X) the chain moves X by at most the point's
+    ``reach``."""
     moving = np.ones(X.shape[0], dtype=bool)
     reference = chain_forward(chain, X[None])
+    _, top, _ = _top_singular(chain, X, moving, None, 0)
     rng = np.random.default_rng(seed)
     for point in curve.points:
         assert point.verdict == "holds" and point.witness <= point.certified
@@ -105,6 +108,10 @@ def _check_at_adversarial_points(chain, X, curve, seed):
         for Y in (X + point.eps * E / np.linalg.norm(E), X - point.eps * E / np.linalg.norm(E)):
             assert _top_singular(chain, Y, moving, None, 0)[0] <= point.certified * (1 + 1e-9)
             assert _top_singular(chain, Y, moving, None, 0, reference=reference)[0] <= point.variation * (1 + 1e-9)
+        for Y in (X + point.eps * E / np.linalg.norm(E), X + point.eps * top, X - point.eps * top):
+            moved = np.linalg.norm(chain_forward(chain, Y[None])[-1] - reference[-1])
+            assert moved <= point.reach * (1 + 1e-9) + 1e-12
+        assert point.reach <= point.certified * point.eps * (1 + 1e-12)
 
 
 def test_block_curve_splits_at_the_attention_output():
@@ -260,13 +267,16 @@ def test_block_tail_bounds_hold_per_token(seed, eps):
     for i in range(X.shape[0]):
         x = centre.points[1][i]
         at_centre = jacobian(x)
-        worst = 0.0
+        worst, rate = 0.0, 0.0
         for _ in range(12):
             e = rng.standard_normal(x.size)
             z = x + radius[i] * e / np.linalg.norm(e) * (1.0 if rng.random() < 0.7 else rng.random())
             worst = max(worst, np.linalg.norm(jacobian(z) - at_centre, 2))
+            rate = max(rate, np.linalg.norm(per_token(z) - per_token(x)) / np.linalg.norm(z - x))
         assert worst <= folded[i] * (1 + 1e-6) + 1e-7
         assert worst <= telescoped[i] * (1 + 1e-6) + 1e-7
+        # lemma block-reach: the map moves a point of the ball by at most tau_i + omega_i times its distance to x
+        assert rate <= (tail.taus[i] + min(folded[i], telescoped[i])) * (1 + 1e-9)
 
 
 @settings(max_examples=6, deadline=None)

@@ -393,10 +393,12 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         if relational is not None and len(chain) == 1 and hood.eps > 0:   # the Jacobian enclosed over U
             spread, enclosure = relational.jacobian(hood)
             named.offer("jacobian-enclosure", spread)
+        tail_reach = math.inf
         if tail is not None and M is not None and hood.eps > 0:
             try:
-                named.offer("attention-tail", tail.variation(first.points[index], M, V, N_blocks, ball_radii,
-                                                             centre.rounding))
+                omegas = tail.omegas(M, V, N_blocks, ball_radii, centre.rounding)
+                named.offer("attention-tail", tail.variation(first.points[index], omegas))
+                tail_reach = tail.reach(first.points[index].reach, omegas)
             except NotCertifiedError:   # an enclosure overflowed (balls past the LayerNorms' centres): no bound
                 pass
         if curvature is not None:
@@ -415,7 +417,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         routes.offer("global", global_value)
         routes.offer("jacobian-supremum", enclosure)
         certified = routes.value
-        moved = min(reach(certified, hood, n), _taylor_reach(curvature, relational, hood, N_dense, n))
+        moved = min(reach(certified, hood, n), _taylor_reach(curvature, relational, hood, N_dense, n), tail_reach)
         witness = max(witness, _ascent(chain, X, hood, moving, norm, witness_at_x, direction, ascent_steps, seed))
         change = max(change, _ascent(chain, X, hood, moving, norm, 0.0, direction, ascent_steps, seed, change=True))
         verdicts = {certify_le(interval(found) * interval((1 - FLOAT_ALLOWANCE, 1 + FLOAT_ALLOWANCE)), interval(bound))

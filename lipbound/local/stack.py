@@ -37,8 +37,9 @@ class StackOfBlocks:
     with ``L_l``, ``V_l`` block l's certified constant and variation (about ``J~_l``) on ``U_l`` and ``N_l =
     ||J~_l||`` (block 1 restricted to the moving tokens); ``J~_L ... J~_1`` is the stack's own dense Jacobian
     at the centre.  ``U_1 = U``; ``U_l`` for l > 1 is the Frobenius ball about ``X~_l`` of radius ``rho_l``,
-    ``rho_2 = L_1 theta_U eps + e_2``, ``rho_(l+1) = L_l rho_l + e_(l+1)``, where ``e_(l+1)`` bounds how far the
-    exact image of ``X~_l`` lies from ``X~_(l+1)`` (the float chain's rounding through block l, pushed through
+    ``rho_2 = R_1 + e_2``, ``rho_(l+1) = R_l + e_(l+1)``, where ``R_l <= L_l rho_l`` (``L_1 theta_U eps``) is block
+    l's certified reach on ``U_l`` (its curve point's ``reach``, lemma block-reach) and ``e_(l+1)`` bounds how far
+    the exact image of ``X~_l`` lies from ``X~_(l+1)`` (the float chain's rounding through block l, pushed through
     its components' movement bounds): ``U_l`` holds every image of U, the exact image of X included.
 
     The products of the Jacobians at the centres are also kept themselves (lemmas normwise-product and
@@ -86,7 +87,7 @@ class StackOfBlocks:
         prefix = [1.0, multiply(0, piece, curve.jacobian_norm)]
         cpu = [p.cpu_seconds for p in curve.points]
         L, V, N = [[p.certified for p in curve.points]], [[p.variation for p in curve.points]], [curve.jacobian_norm]
-        rho = [reach(p.certified, hood, X.shape[0]) for p, hood in zip(curve.points, hoods)]
+        rho = [p.reach for p in curve.points]    # sup_U ||B_1(Y) - B_1(X)||_F (lemma block-reach)
         drifted = [0.0] * len(eps)   # how far the exact image of X can lie from the float centre X~_l
         radii = [list(eps)]
         for l in range(1, blocks):
@@ -105,15 +106,16 @@ class StackOfBlocks:
             V.append([math.inf] * len(eps))
             N.append(math.inf)
             piece = part(l)
+            moved = [math.inf] * len(eps)   # sup_(U_l) ||B_l(Y) - B_l(X~_l)||_F per eps (lemma block-reach)
             if finite:
                 curve = block_curve(centre.points[size * l], first + l, "fro", (), [rho[k] for k in finite],
                                     report(l), None, **piece)
                 for k, p in zip(finite, curve.points):
                     cpu[k] += p.cpu_seconds
-                    L[-1][k], V[-1][k] = p.certified, p.variation
+                    L[-1][k], V[-1][k], moved[k] = p.certified, p.variation, p.reach
                 N[-1] = curve.jacobian_norm
             prefix.append(multiply(l, piece, N[-1]))
-            rho = [upper_product(a, r) for a, r in zip(L[-1], rho)]
+            rho = [min(upper_product(a, r), m) for a, r, m in zip(L[-1], rho, moved)]
         #: certified ``||J~_L ... J~_1||`` (block 1 restricted to the moving tokens), inf without dense Jacobians
         self.jacobian_norm = prefix[-1]
         theorem = T.chain_variation(blocks)
