@@ -114,9 +114,10 @@ class CurvePoint:
     #: which bound gave ``certified``: "||DF(X)|| + variation (<the variation's route>)", "product of block
     #: bounds", "global" or "jacobian-supremum" (theorem local-attention-jacobian)
     route: str = ""
-    #: a certified bound on ``sup_U ||F(Y) - F(X)||_F``: ``certified theta_U eps``, or for a single attention layer
+    #: a certified bound on ``sup_U ||F(Y) - F(X)||_F``: ``certified theta_U eps``; for a block's attention curve
     #: also ``||DF(X)|| theta_U eps`` plus Taylor's remainder through the curvature bound (lemma
-    #: attention-reach-remainder); a block or stack starting with that layer takes its token balls inside it
+    #: attention-reach-remainder), whose token balls the block takes after it; for a block also its tail's
+    #: (lemma block-reach)
     reach: float = math.inf
 
     @property
@@ -303,10 +304,12 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
 
 
 def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent_steps, seed, curvature_tokens,
-           progress, attention=None, chain=None, centre=None) -> LipschitzCurve:
+           progress, attention=None, chain=None, centre=None, want_reach=False) -> LipschitzCurve:
     """:func:`lipschitz_curve`; ``attention`` is the first layer's attention curve on the same neighbourhoods
     when the caller has it (a stack hands its own to its first block); ``chain`` and ``centre`` the chain and
-    its :class:`ChainCentre` at X when the caller has them (a block hands its attention's to its attention curve)."""
+    its :class:`ChainCentre` at X when the caller has them (a block hands its attention's to its attention curve);
+    ``want_reach``: the points' ``reach`` also through Taylor's remainder (a block's attention curve: the
+    remainder costs the curvature bounds an early-stopped variation integral did not form)."""
     began = time.process_time()
     norm = _check_norm(norm)
     X = np.asarray(X, dtype=np.float64)
@@ -338,7 +341,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         inner = None if progress is None else \
             lambda done, total, what: progress(done, total, f"{what} (attention alone)")
         first = _curve(model, X, "layer", layer, None, None, "fro", ball, positions, eps, 0, seed, curvature_tokens,
-                       inner, chain=chain[:1], centre=centre.part(chain, 0, 1, n * d <= DENSE_LIMIT))
+                       inner, chain=chain[:1], centre=centre.part(chain, 0, 1, n * d <= DENSE_LIMIT), want_reach=True)
     # a block: its variation also splits at the attention's output (theorem local-attention-tail)
     tail = None
     if first is not None and norm == "fro" and kind == "block":
@@ -401,10 +404,12 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
                 tail_reach = tail.reach(first.points[index].reach, omegas)
             except NotCertifiedError:   # an enclosure overflowed (balls past the LayerNorms' centres): no bound
                 pass
+        joined = None   # the relational route whose curvature bounds this radius formed (for the reach)
         if curvature is not None:
             named.offer("curvature", curvature.variation(hood, named.value))
             if relational is not None and named.value > RELATIONAL_WORTH * N_dense:
                 named.offer("relational-curvature", relational.variation(curvature, hood, min(named.value, useful)))
+                joined = relational
         if front is not None and M is not None and hood.eps > 0:
             theta = (frobenius_factor(hood, n) * IntervalArray(hood.eps)).hi.item()
             named.offer("attention-front", front.variation(*bounds.facts["branch"], bounds.facts["radii"], theta))
@@ -417,7 +422,8 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         routes.offer("global", global_value)
         routes.offer("jacobian-supremum", enclosure)
         certified = routes.value
-        moved = min(reach(certified, hood, n), _taylor_reach(curvature, relational, hood, N_dense, n), tail_reach)
+        moved = min(reach(certified, hood, n), tail_reach,
+                    _taylor_reach(curvature, joined, hood, N_dense, n) if want_reach else math.inf)
         witness = max(witness, _ascent(chain, X, hood, moving, norm, witness_at_x, direction, ascent_steps, seed))
         change = max(change, _ascent(chain, X, hood, moving, norm, 0.0, direction, ascent_steps, seed, change=True))
         verdicts = {certify_le(interval(found) * interval((1 - FLOAT_ALLOWANCE, 1 + FLOAT_ALLOWANCE)), interval(bound))
@@ -515,8 +521,8 @@ class _CurvatureRoute:
 def _taylor_reach(curvature: _CurvatureRoute | None, relational: RelationalRoute | None, hood: Neighbourhood,
                   jacobian_norm: float, n: int) -> float:
     """``||DF(X)|| theta_U eps`` plus the smaller of the curvature route's Taylor remainders (on its own grid, and on
-    the relational grid with the relational score and weight ranges where that route covers U); inf without a
-    curvature route (lemma attention-reach-remainder)."""
+    the relational grid with the relational score and weight ranges where that route is given and covers U); inf
+    without a curvature route (lemma attention-reach-remainder)."""
     if curvature is None or hood.eps == 0:
         return 0.0 if hood.eps == 0 else math.inf
     rest = curvature.remainder(hood)
