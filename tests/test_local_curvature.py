@@ -230,7 +230,7 @@ def _largest_change(target, X, hood, rng, restarts=4, steps=12):
     return best
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=7, deadline=None)   # (the Taylor remainder's test below samples the same bounds on U)
 @given(seed=st.integers(0, 10_000), kind=st.sampled_from(["head", "layer"]),
        ball=st.sampled_from(["fro", "2,1", "2,inf", "tokens"]),
        eps=st.sampled_from([1e-3, 0.05, 0.3, 1.0]), scale=st.sampled_from([0.7, 2.0]), split=st.booleans())
@@ -261,6 +261,8 @@ def test_the_taylor_remainder_and_the_reach_hold_on_the_neighbourhood(seed, kind
     remainder = route.remainder(hood)
     theta = np.sqrt(len(hood.positions)) if ball == "tokens" else 1.0
     assert remainder <= theta * eps * route.variation(hood, np.inf) * (1 + 1e-12)
+    with np.errstate(over="ignore", invalid="ignore"):   # past the float range: no bound, no error
+        assert route.remainder(Neighbourhood(ball, 1e300, hood.positions)) == np.inf
     grid = route.grid(eps)
     weighted = sum((t - s) * (eps - s) * sum(route.integral.chis(Neighbourhood(ball, t, hood.positions).balls(X).radii))
                    for s, t in zip([0.0] + grid[:-1], grid))

@@ -498,11 +498,15 @@ class _CurvatureRoute:
     def remainder(self, hood: Neighbourhood, grid=None, known=None) -> float:
         """``theta_U^2 sum_k (t_k - t_(k-1)) (eps - t_(k-1)) chi(U(X, t_k))`` (lemma attention-reach-remainder):
         a bound on ``sup_U ||F(Y) - F(X) - DF(X) (Y - X)||_F``, from the same curvature bounds as
-        :meth:`variation` on the same grid (cached: no new bound is formed when the variation ran first)."""
+        :meth:`variation` on the same grid (cached: no new bound is formed when the variation ran first); inf where
+        they leave the float range."""
         if hood.eps == 0:
             return 0.0
-        theta = self.frobenius * self.frobenius
-        return self.integral.integral(self._steps(hood, grid, known, remainder=True), theta)
+        try:
+            return self.integral.integral(self._steps(hood, grid, known, remainder=True),
+                                          self.frobenius * self.frobenius)
+        except NotCertifiedError:   # the weights or the bounds left the float range (a ball far past the model's)
+            return math.inf
 
     def _steps(self, hood: Neighbourhood, grid, known, remainder: bool) -> list:
         """The integral's steps ``(width, radii[, known, key])`` up to ``hood.eps``; with ``remainder`` each width
@@ -529,7 +533,7 @@ def _taylor_reach(curvature: _CurvatureRoute | None, relational: RelationalRoute
     if relational is not None and covers(relational.component.target, hood):
         try:
             rest = min(rest, curvature.remainder(hood, grid=relational_grid, known=relational.known))
-        except NotCertifiedError:
+        except NotCertifiedError:   # (the relational ranges themselves overflowed)
             pass
     linear = upper_product(jacobian_norm, frobenius_factor(hood, n).hi.item(), hood.eps)
     return upper(interval(linear) + interval(rest))
