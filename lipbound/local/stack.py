@@ -5,7 +5,7 @@ images of U, and the stack's Jacobian at the centre multiplied block by block.""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, final
+from typing import final
 
 import numpy as np
 
@@ -16,9 +16,6 @@ from .balls import Neighbourhood
 from .bounds import evaluate_theorem
 from .centre import ChainCentre, reach, rounding_reach
 from .chains import NormwiseProduct
-
-if TYPE_CHECKING:
-    from .curve import LipschitzCurve
 
 __all__ = ["StackOfBlocks", "composed_variation", "prefix_constant"]
 
@@ -50,13 +47,14 @@ class StackOfBlocks:
     from ``X~_(l+1)``.
 
     ``block_curve(X_l, layer, ball, positions, eps, progress, attention, chain=..., centre=...)`` is one block's own
-    curve (:func:`lipbound.local.curve.lipschitz_curve` with its chain and centre handed over); ``dense`` whether the
-    blocks' dense Jacobians are formed.  Attributes ``variation``, ``product``, ``jacobian_norm`` and ``blocks`` (the
+    curve (:func:`lipbound.local.curve.lipschitz_curve` with its chain and centre handed over), ``attention`` the
+    first block's attention curve on U (a ``LipschitzCurve``); ``dense`` whether the blocks' dense Jacobians are
+    formed.  Attributes ``variation``, ``product``, ``jacobian_norm`` and ``blocks`` (the
     per-block breakdown).
     """
 
     def __init__(self, block_curve, chain, centre: ChainCentre, X, first: int, ball: str, positions, eps: list,
-                 progress, attention: LipschitzCurve, blocks: int, moving: np.ndarray, estimate: float, dense: bool):
+                 progress, attention, blocks: int, moving: np.ndarray, estimate: float, dense: bool):
         def report(l):
             return None if progress is None else \
                 lambda done, total, what: progress(done, total, f"{what} (block {first + l} of the stack)")
