@@ -20,8 +20,9 @@ from test_local_bounds import central_jacobian
 from test_local_curvature import _forward, _target
 
 from lipbound.local import curve as curve_module
+from lipbound.local.centre import ChainCentre
 from lipbound.local.chains import Component, chain_for
-from lipbound.local.curve import _Centre, _float_jacobian, _matrix_norm, lipschitz_curve
+from lipbound.local.curve import _float_jacobian, _matrix_norm, lipschitz_curve
 from lipbound.local.grouped import covers, group_block_norms
 from lipbound.rigorous.linalg import spectral_norm_upper_large
 
@@ -35,7 +36,7 @@ def test_group_bound_dominates_the_exact_norm_and_is_exact_for_one_group(seed, k
     target = _target(rng, kind, d, heads=2, d_k=3, scale=scale)
     X = rng.standard_normal((n, d))
     chain = [Component("head" if kind == "head" else "attention", target, kind)]
-    centre = _Centre(chain, X, dense=True)
+    centre = ChainCentre(chain, X, dense=True)
     J = central_jacobian(lambda Y: _forward(target, Y), X)                            # (n, d_out, n, d)
     exact = np.linalg.norm(J.reshape(J.shape[0] * J.shape[1], -1), 2)
     moving = np.ones(n, dtype=bool)
@@ -69,7 +70,7 @@ def test_whole_layer_by_groups_on_real_weights():
     X = bert.hidden_states(bert.encode("Cats slept."))[0][:4]   # four tokens: two groups of two
     chain = chain_for(bert.model, "block", 0)
     assert covers(chain) and not covers(chain_for(bert.model, "stack", 0, last=1))
-    centre = _Centre(chain, X, dense=False)
+    centre = ChainCentre(chain, X, dense=False)
     moving = np.ones(X.shape[0], dtype=bool)
     J = _float_jacobian(chain, X, moving)
     dense = float(np.linalg.norm(J.reshape(J.shape[0] * J.shape[1], -1), 2))

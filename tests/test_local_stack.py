@@ -9,8 +9,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lipbound.local.centre import ChainCentre
 from lipbound.local.chains import NormwiseProduct, chain_for
-from lipbound.local.curve import _Centre
 from lipbound.numeric.forward import hidden_states
 from lipbound.rigorous.linalg import Enclosure, spectral_norm_upper_large
 
@@ -50,7 +50,7 @@ def test_stack_jacobian_from_block_products_is_tight_and_holds(seed, blocks, sca
     model = local_models.model(seed=seed % 64, layers=blocks, scale=scale)
     X = hidden_states(model, list(np.random.default_rng(seed).integers(0, 12, 4)))[0]
     chain = chain_for(model, "stack", 0, last=blocks - 1)
-    centre = _Centre(chain, X, True, keep=(4,), whole=False)
+    centre = ChainCentre(chain, X, True, keep=(4,), whole=False)
     assert centre.jacobian is None
     product = NormwiseProduct()
     for l in range(blocks):

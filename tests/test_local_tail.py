@@ -93,9 +93,12 @@ def test_second_derivative_form_is_tighter_on_real_weights():
 
 def _check_at_adversarial_points(chain, X, curve, seed):
     """Every point of the curve holds, and at the two points of U along the top singular direction of the
-    Jacobian's change (found near X) the Jacobian norm and its change stay below the certified values."""
+    Jacobian's change (found near X) the Jacobian norm and its change stay below the certified values; at those
+    and at the two points along the top singular direction of DF(X) the chain moves X by at most the point's
+    ``reach``."""
     moving = np.ones(X.shape[0], dtype=bool)
     reference = chain_forward(chain, X[None])
+    _, top, _ = _top_singular(chain, X, moving, None, 0)
     rng = np.random.default_rng(seed)
     for point in curve.points:
         assert point.verdict == "holds" and point.witness <= point.certified
@@ -105,6 +108,10 @@ def _check_at_adversarial_points(chain, X, curve, seed):
         for Y in (X + point.eps * E / np.linalg.norm(E), X - point.eps * E / np.linalg.norm(E)):
             assert _top_singular(chain, Y, moving, None, 0)[0] <= point.certified * (1 + 1e-9)
             assert _top_singular(chain, Y, moving, None, 0, reference=reference)[0] <= point.variation * (1 + 1e-9)
+        for Y in (X + point.eps * E / np.linalg.norm(E), X + point.eps * top, X - point.eps * top):
+            moved = np.linalg.norm(chain_forward(chain, Y[None])[-1] - reference[-1])
+            assert moved <= point.reach * (1 + 1e-9) + 1e-12
+        assert point.reach <= point.certified * point.eps * (1 + 1e-12)
 
 
 def test_block_curve_splits_at_the_attention_output():
@@ -169,7 +176,7 @@ def test_stack_curve_composes_its_blocks(monkeypatch):
     assert curve.points[0].certified == pytest.approx(curve.jacobian_norm, rel=1e-6)
     assert curve.points[1].certified <= 1.05 * curve.jacobian_norm
     from lipbound.local import curve as module
-    monkeypatch.setattr(module, "_StackOfBlocks", lambda *args, **kwargs: None)
+    monkeypatch.setattr(module, "StackOfBlocks", lambda *args, **kwargs: None)
     blockwise = lipschitz_curve(generated, X, kind="stack", layer=0, last=1, eps=eps, ascent_steps=0)
     assert blockwise.variation_bound == "blockwise"
     assert all(a.variation <= b.variation for a, b in zip(curve.points, blockwise.points))
@@ -221,10 +228,10 @@ def _tail_setting(model, X, eps):
     """The block's chain at X, its tail, and the per-component balls, bounds and radii on the Frobenius ball of
     radius eps (as the curve forms them, without the attention's cap)."""
     from lipbound.local.balls import Neighbourhood
-    from lipbound.local.curve import _Centre
+    from lipbound.local.centre import ChainCentre
     from lipbound.local.tail import BlockTail
     chain = chain_for(model, "block", 0)
-    centre = _Centre(chain, X, False)
+    centre = ChainCentre(chain, X, False)
     balls = Neighbourhood("fro", eps).balls(X)
     M, V, N, radii = [], [], [], []
     for k, component in enumerate(chain):
@@ -260,13 +267,16 @@ def test_block_tail_bounds_hold_per_token(seed, eps):
     for i in range(X.shape[0]):
         x = centre.points[1][i]
         at_centre = jacobian(x)
-        worst = 0.0
+        worst, rate = 0.0, 0.0
         for _ in range(12):
             e = rng.standard_normal(x.size)
             z = x + radius[i] * e / np.linalg.norm(e) * (1.0 if rng.random() < 0.7 else rng.random())
             worst = max(worst, np.linalg.norm(jacobian(z) - at_centre, 2))
+            rate = max(rate, np.linalg.norm(per_token(z) - per_token(x)) / np.linalg.norm(z - x))
         assert worst <= folded[i] * (1 + 1e-6) + 1e-7
         assert worst <= telescoped[i] * (1 + 1e-6) + 1e-7
+        # lemma block-reach: the map moves a point of the ball by at most tau_i + omega_i times its distance to x
+        assert rate <= (tail.taus[i] + min(folded[i], telescoped[i])) * (1 + 1e-9)
 
 
 @settings(max_examples=6, deadline=None)
@@ -339,20 +349,20 @@ def test_nested_curves_share_the_centre_and_change_no_value(monkeypatch):
     X = hidden_states(generated, [1, 5, 7, 2])[0]
     eps = [0.0, 1e-4, 1e-2]
     calls = []
-    original = module._Centre.part
+    original = module.ChainCentre.part
 
     def counted(self, chain, start, stop, dense):
         calls.append((start, stop))
         return original(self, chain, start, stop, dense)
 
-    monkeypatch.setattr(module._Centre, "part", counted)
+    monkeypatch.setattr(module.ChainCentre, "part", counted)
     shared = lipschitz_curve(generated, X, kind="stack", layer=0, last=1, eps=eps, ascent_steps=1)
     assert (0, 4) in calls and (4, 8) in calls and (0, 1) in calls  # the blocks', the attentions'
 
     def fresh(self, chain, start, stop, dense):
-        return module._Centre(chain[start:stop], self.points[start], dense)
+        return module.ChainCentre(chain[start:stop], self.points[start], dense)
 
-    monkeypatch.setattr(module._Centre, "part", fresh)
+    monkeypatch.setattr(module.ChainCentre, "part", fresh)
     alone = lipschitz_curve(generated, X, kind="stack", layer=0, last=1, eps=eps, ascent_steps=1)
 
     def values(curve):

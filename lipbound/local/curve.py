@@ -18,11 +18,12 @@ which U leaves).  For a single head or attention layer in the Frobenius norm, th
 variation term is also bounded through the second derivative, integrated over the radii up to eps
 (:mod:`lipbound.local.curvature`, theorem ``local-attention-curvature``), and the smaller bound
 counts.  For a block (Frobenius) the variation also splits at the attention's output
-(:mod:`lipbound.local.tail`), and a stack composes its blocks' own curves (:class:`_StackOfBlocks`).  A single
-attention layer on a Frobenius or (2,1) ball also has its Jacobian bounded over the whole of U
-(:mod:`lipbound.local.jacobian_forms`): one more variation bound, and ``sup_U ||DF(Y)||`` itself as a fourth
-candidate beside the three above; each point names the route of its certified value (``CurvePoint.route``).  As
-eps -> 0 the value tends to ``||DF(X)||``; for large eps it meets the global constant.
+(:mod:`lipbound.local.tail`), and a stack composes its blocks' own curves
+(:class:`~lipbound.local.stack.StackOfBlocks`).  A single attention layer on a Frobenius or (2,1) ball also has
+its Jacobian bounded over the whole of U (:mod:`lipbound.local.jacobian_forms`): one more variation bound, and
+``sup_U ||DF(Y)||`` itself as a fourth candidate beside the three above; each point names the route of its
+certified value (``CurvePoint.route``).  As eps -> 0 the value tends to ``||DF(X)||``; for large eps it meets the
+global constant.
 
 The witness is a point Y of ``U(X, eps)`` itself (not of its enclosure) and the Jacobian norm there:
 power iteration (JVP/VJP) for the Frobenius norm, the column or row maximisation of a dense float
@@ -53,24 +54,23 @@ from ..numeric.model import Model
 from ..rigorous.arrays import IntervalArray
 from ..rigorous.intervals import Verdict, certify_le, interval, upper, upper_product
 from ..rigorous.linalg import Enclosure, spectral_norm_upper, spectral_norm_upper_large
-from ..symbolic import local as T
 from . import grouped
 from .balls import LIPSCHITZ_NORMS, Neighbourhood, TokenBalls
-from .bounds import evaluate_theorem, feedforward_global
+from .bounds import feedforward_global
+from .centre import ChainCentre, frobenius_factor, reach
 from .chains import (
     Component,
-    NormwiseProduct,
     chain_for,
     chain_forward,
     chain_jvp,
     chain_vjp,
     product_upper,
-    right_product,
     telescoped_variation,
 )
 from .curvature import CURVATURE_TOKENS, AttentionCurvature, CurvatureIntegral, decade_grid
 from .front import FrontSplit
-from .relational import RELATIONAL_WORTH, RelationalRoute
+from .relational import RELATIONAL_WORTH, RelationalRoute, covers, relational_grid
+from .stack import StackOfBlocks
 from .tail import BlockTail, TokenTail
 
 __all__ = ["CurvePoint", "LipschitzCurve", "lipschitz_curve", "DENSE_LIMIT", "CHAIN_DENSE_LIMIT", "FLOAT_ALLOWANCE"]
@@ -114,6 +114,11 @@ class CurvePoint:
     #: which bound gave ``certified``: "||DF(X)|| + variation (<the variation's route>)", "product of block
     #: bounds", "global" or "jacobian-supremum" (theorem local-attention-jacobian)
     route: str = ""
+    #: a certified bound on ``sup_U ||F(Y) - F(X)||_F``: ``certified theta_U eps``; for a block's attention curve
+    #: also ``||DF(X)|| theta_U eps`` plus Taylor's remainder through the curvature bound (lemma
+    #: attention-reach-remainder), whose token balls the block takes after it; for a block also its tail's
+    #: (lemma block-reach)
+    reach: float = math.inf
 
     @property
     def ratio(self) -> float:
@@ -123,7 +128,7 @@ class CurvePoint:
         out = {"eps": self.eps, "certified": self.certified, "witness": self.witness, "ratio": self.ratio,
                "local": self.local, "variation": self.variation, "variation_witness": self.variation_witness,
                "global": self.global_constant,
-               "verdict": self.verdict, "cpu_seconds": self.cpu_seconds, "route": self.route}
+               "verdict": self.verdict, "cpu_seconds": self.cpu_seconds, "route": self.route, "reach": self.reach}
         return {key: _json_safe(value) for key, value in out.items()}
 
 
@@ -209,49 +214,6 @@ def _block_norms(J: Enclosure, n_in: int, n_out: int, d_in: int, d_out: int) -> 
                               enclosure.rad[j * d_in:(j + 1) * d_in, i * d_out:(i + 1) * d_out])
             out[i, j] = block.norm_upper()
     return out
-
-
-class _Centre:
-    """The chain at the centre: exact float points X_k, their rounding radii, enclosures, Jacobians.
-
-    ``prefix_jacobian`` holds the products of the first ``k`` components' dense Jacobians for the ``k`` in
-    ``keep`` (the same products ``jacobian`` is built through), so that the curves nested in this one (a
-    block's attention, a stack's first block) read them with the enclosures: :meth:`part`.  With ``whole``
-    False only those prefixes are formed and ``jacobian`` stays None (a stack multiplies its blocks' Jacobians
-    itself, :class:`~lipbound.local.chains.NormwiseProduct`)."""
-
-    def __init__(self, chain: list[Component], X: np.ndarray, dense: bool, keep=(), whole: bool = True):
-        self.points, self.rounding, self.enclosed = [np.asarray(X, dtype=np.float64)], [np.zeros(X.shape[0])], []
-        for component in chain:
-            enclosed = component.enclose(self.points[-1])
-            self.enclosed.append(enclosed)
-            mid = enclosed.output.mid
-            self.points.append(mid)
-            self.rounding.append((enclosed.output - IntervalArray(mid)).norm_upper())
-        self.jacobian, self.prefix_jacobian = None, {}
-        if dense:
-            product = self._product(chain if whole else chain[:max(keep, default=0)], keep)
-            self.jacobian = product if whole else None
-
-    def _product(self, chain, keep=()):
-        product = None
-        for k, (component, enclosed) in enumerate(zip(chain, self.enclosed)):
-            product = right_product(product, component, enclosed)
-            if k + 1 in keep:
-                self.prefix_jacobian[k + 1] = product
-        return product
-
-    def part(self, chain: list[Component], start: int, stop: int, dense: bool) -> _Centre:
-        """The centre of ``chain[start:stop]`` at ``X~_start`` taken exactly: the same enclosures (and the
-        caches they hold), the rounding radius 0 at its start, its dense Jacobian if ``dense``."""
-        out = object.__new__(_Centre)
-        out.points, out.enclosed = self.points[start:stop + 1], self.enclosed[start:stop]
-        out.rounding = [np.zeros(self.points[start].shape[0])] + self.rounding[start + 1:stop + 1]
-        out.jacobian, out.prefix_jacobian = None, {}
-        if dense:
-            out.jacobian = self.prefix_jacobian[stop] if start == 0 and stop in self.prefix_jacobian \
-                else out._product(chain[start:stop], keep=(1,))
-        return out
 
 
 class _GlobalConstant:
@@ -342,10 +304,12 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
 
 
 def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent_steps, seed, curvature_tokens,
-           progress, attention=None, chain=None, centre=None) -> LipschitzCurve:
+           progress, attention=None, chain=None, centre=None, want_reach=False) -> LipschitzCurve:
     """:func:`lipschitz_curve`; ``attention`` is the first layer's attention curve on the same neighbourhoods
     when the caller has it (a stack hands its own to its first block); ``chain`` and ``centre`` the chain and
-    its :class:`_Centre` at X when the caller has them (a block hands its attention's to its attention curve)."""
+    its :class:`ChainCentre` at X when the caller has them (a block hands its attention's to its attention curve);
+    ``want_reach``: the points' ``reach`` also through Taylor's remainder (a block's attention curve: the
+    remainder costs the curvature bounds an early-stopped variation integral did not form)."""
     began = time.process_time()
     norm = _check_norm(norm)
     X = np.asarray(X, dtype=np.float64)
@@ -360,7 +324,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
     blocks = 1 if kind != "stack" else (layer if last is None else last) - layer + 1
     keep = (1, len(chain) // blocks) if len(chain) > 1 else ()
     composed = blocks > 1 and norm == "fro"   # a stack composes its blocks' curves and their Jacobians at X
-    centre = _Centre(chain, X, dense, keep, whole=not composed) if centre is None else centre
+    centre = ChainCentre(chain, X, dense, keep, whole=not composed) if centre is None else centre
     witness_at_x, direction = _witness_value(chain, X, moving, norm, seed)
     N_blocks = [_at_center(*parts) for parts in zip(chain, centre.points, centre.rounding, centre.enclosed)]
     radius = model.layer(layer).ln_in.radius_about_center if model.layer(layer).ln_in is not None else math.nan
@@ -377,14 +341,19 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         inner = None if progress is None else \
             lambda done, total, what: progress(done, total, f"{what} (attention alone)")
         first = _curve(model, X, "layer", layer, None, None, "fro", ball, positions, eps, 0, seed, curvature_tokens,
-                       inner, chain=chain[:1], centre=centre.part(chain, 0, 1, n * d <= DENSE_LIMIT))
+                       inner, chain=chain[:1], centre=centre.part(chain, 0, 1, n * d <= DENSE_LIMIT), want_reach=True)
     # a block: its variation also splits at the attention's output (theorem local-attention-tail)
     tail = None
     if first is not None and norm == "fro" and kind == "block":
         tail = BlockTail(centre.enclosed) if model.layer(layer).placement == "post" else TokenTail(centre.enclosed)
     # a stack: its blocks' own curves, composed (theorem local-chain on the blocks)
-    stack = _StackOfBlocks(model, chain, centre, X, layer, ball, positions, [h.eps for h in neighbourhoods],
-                           curvature_tokens, progress, first, blocks, moving, witness_at_x) if composed else None
+    def block_curve(X_l, layer_l, ball_l, positions_l, eps_l, report, attention_l, **piece):
+        return _curve(model, X_l, "block", layer_l, None, None, "fro", ball_l, positions_l, eps_l, 0, 0,
+                      curvature_tokens, report, attention_l, **piece)
+
+    stack = StackOfBlocks(block_curve, chain, centre, X, layer, ball, positions, [h.eps for h in neighbourhoods],
+                          progress, first, blocks, moving, witness_at_x, n * d <= CHAIN_DENSE_LIMIT) \
+        if composed else None
     if stack is not None and math.isfinite(stack.jacobian_norm):
         N_dense, jacobian_bound = stack.jacobian_norm, "block-products"
     else:
@@ -409,7 +378,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
                 if k + 1 < len(chain):
                     movement = bounds.movement
                     if k == 0 and first is not None:
-                        movement = np.minimum(movement, _reach(first.points[index].certified, hood, n))
+                        movement = np.minimum(movement, first.points[index].reach)
                     radii = (IntervalArray(movement) + IntervalArray(centre.rounding[k + 1])).hi
                     balls = TokenBalls(centre.points[k + 1], radii)
         except NotCertifiedError:   # the balls grew past the float range: the blockwise routes give no bound
@@ -427,18 +396,22 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         if relational is not None and len(chain) == 1 and hood.eps > 0:   # the Jacobian enclosed over U
             spread, enclosure = relational.jacobian(hood)
             named.offer("jacobian-enclosure", spread)
+        tail_reach = math.inf
         if tail is not None and M is not None and hood.eps > 0:
             try:
-                named.offer("attention-tail", tail.variation(first.points[index], M, V, N_blocks, ball_radii,
-                                                             centre.rounding))
+                omegas = tail.omegas(M, V, N_blocks, ball_radii, centre.rounding)
+                named.offer("attention-tail", tail.variation(first.points[index], omegas))
+                tail_reach = tail.reach(first.points[index].reach, omegas)
             except NotCertifiedError:   # an enclosure overflowed (balls past the LayerNorms' centres): no bound
                 pass
+        joined = None   # the relational route whose curvature bounds this radius formed (for the reach)
         if curvature is not None:
             named.offer("curvature", curvature.variation(hood, named.value))
             if relational is not None and named.value > RELATIONAL_WORTH * N_dense:
                 named.offer("relational-curvature", relational.variation(curvature, hood, min(named.value, useful)))
+                joined = relational
         if front is not None and M is not None and hood.eps > 0:
-            theta = (_frobenius_factor(hood, n) * IntervalArray(hood.eps)).hi.item()
+            theta = (frobenius_factor(hood, n) * IntervalArray(hood.eps)).hi.item()
             named.offer("attention-front", front.variation(*bounds.facts["branch"], bounds.facts["radii"], theta))
         if stack is not None:
             named.offer("stack-blocks", stack.variation[index])
@@ -449,6 +422,8 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         routes.offer("global", global_value)
         routes.offer("jacobian-supremum", enclosure)
         certified = routes.value
+        moved = min(reach(certified, hood, n), tail_reach,
+                    _taylor_reach(curvature, joined, hood, N_dense, n) if want_reach else math.inf)
         witness = max(witness, _ascent(chain, X, hood, moving, norm, witness_at_x, direction, ascent_steps, seed))
         change = max(change, _ascent(chain, X, hood, moving, norm, 0.0, direction, ascent_steps, seed, change=True))
         verdicts = {certify_le(interval(found) * interval((1 - FLOAT_ALLOWANCE, 1 + FLOAT_ALLOWANCE)), interval(bound))
@@ -459,7 +434,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         nested = stack.cpu_seconds[index] if stack is not None else \
             first.points[index].cpu_seconds if first is not None else 0.0
         points[index] = CurvePoint(hood.eps, certified, witness, local, variation, change, global_value, verdict,
-                                   time.process_time() - started + nested, routes.name)
+                                   time.process_time() - started + nested, routes.name, moved)
         if progress is not None:
             progress(done + 1, len(neighbourhoods), "radii")
     description = chain[0].name if len(chain) == 1 else f"{chain[0].name} .. {chain[-1].name}"
@@ -472,138 +447,6 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
                           () if stack is None else tuple(stack.blocks))
 
 
-class _StackOfBlocks:
-    """A stack ``F = B_L o ... o B_1`` of whole layers through its blocks' own curves (Frobenius norm).
-
-    With ``X~_l`` the float centres of the chain at the blocks' inputs (``X~_1 = X``) and ``J~_l`` the product of
-    block l's component Jacobians along the float chain from ``X~_l`` (the dense Jacobian that block's own
-    curve certifies), telescoping over the blocks (theorem local-chain, one block per step) gives, for any
-    points ``Y_l`` in sets ``U_l`` that hold the images of U,
-
-        sup_U ||DF(Y) - J~_L ... J~_1|| <= sum_l (L_L ... L_(l+1)) V_l (N_(l-1) ... N_1),   Lip_U(F) <= L_L ... L_1,
-
-    with ``L_l``, ``V_l`` block l's certified constant and variation (about ``J~_l``) on ``U_l`` and ``N_l =
-    ||J~_l||`` (block 1 restricted to the moving tokens); ``J~_L ... J~_1`` is the stack's own dense Jacobian
-    at the centre.  ``U_1 = U``; ``U_l`` for l > 1 is the Frobenius ball about ``X~_l`` of radius ``rho_l``,
-    ``rho_2 = L_1 theta_U eps + e_2``, ``rho_(l+1) = L_l rho_l + e_(l+1)``, where ``e_(l+1)`` bounds how far the
-    exact image of ``X~_l`` lies from ``X~_(l+1)`` (the float chain's rounding through block l, pushed through
-    its components' movement bounds): ``U_l`` holds every image of U, the exact image of X included.
-
-    The products of the Jacobians at the centres are also kept themselves (lemmas normwise-product and
-    prefix-chain, docs/mathematics.md): ``pi_l >= ||J~_l ... J~_1||`` certified from a float product with one
-    normwise radius, so that ``||DF(X)|| <= pi_L``, the variation is also at most ``sum_l (L_L ... L_(l+1)) V_l
-    pi_(l-1)`` (the smaller counts) and ``rho_(l+1)`` is also at most ``lambda_l theta_U eps + D_(l+1)``, with
-    ``lambda_l`` that bound's constant for the first l blocks and ``D_(l+1)`` how far the exact image of X lies
-    from ``X~_(l+1)``.
-
-    Attributes ``variation``, ``product``, ``jacobian_norm`` and ``blocks`` (the per-block breakdown).
-    """
-
-    def __init__(self, model, chain, centre: _Centre, X, first: int, ball: str, positions, eps: list, tokens: int,
-                 progress, attention: LipschitzCurve, blocks: int, moving: np.ndarray, estimate: float):
-        def report(l):
-            return None if progress is None else \
-                lambda done, total, what: progress(done, total, f"{what} (block {first + l} of the stack)")
-
-        size = len(chain) // blocks                  # components per block: 4 post-norm, 2 pre-norm or sandwich
-        dense = X.shape[0] * X.shape[1] <= CHAIN_DENSE_LIMIT
-        def part(l):
-            start, stop = size * l, size * (l + 1)
-            return {"chain": chain[start:stop], "centre": centre.part(chain, start, stop, dense)}
-
-        # the stack's Jacobian at X: its blocks' dense Jacobians along the float chain, multiplied normwise
-        product = NormwiseProduct() if dense else None
-        rows = np.concatenate([np.arange(j * X.shape[1], (j + 1) * X.shape[1]) for j in np.flatnonzero(moving)])
-
-        def multiply(l, piece, norm_bound):
-            """Block l's Jacobian onto the product; the certified norm of the product so far (inf without one)."""
-            if product is None:
-                return math.inf
-            J = piece["centre"].jacobian
-            product.multiply(J if l or np.all(moving) else Enclosure(J.mid[rows], J.rad[rows]),
-                             norm_bound if math.isfinite(norm_bound) else spectral_norm_upper_large(J))
-            return product.norm_upper(estimate * (1 + 1e-8) if l == blocks - 1 else None)
-
-        hoods = [Neighbourhood(ball, e, tuple(positions)) for e in eps]
-        piece = part(0)
-        curve = _curve(model, X, "block", first, None, None, "fro", ball, positions, list(eps), 0, 0, tokens,
-                       report(0), attention, **piece)   # the stack's own attention curve: the same neighbourhoods
-        #: prefix[l]: certified ``||J~_l ... J~_1||`` (prefix[0] = 1: no block yet)
-        prefix = [1.0, multiply(0, piece, curve.jacobian_norm)]
-        cpu = [p.cpu_seconds for p in curve.points]
-        L, V, N = [[p.certified for p in curve.points]], [[p.variation for p in curve.points]], [curve.jacobian_norm]
-        rho = [_reach(p.certified, hood, X.shape[0]) for p, hood in zip(curve.points, hoods)]
-        drifted = [0.0] * len(eps)   # how far the exact image of X can lie from the float centre X~_l
-        radii = [list(eps)]
-        for l in range(1, blocks):
-            drift = _rounding_reach(chain[size * (l - 1):size * l], centre, size * (l - 1))
-            drifted = [upper(interval(upper_product(a, e)) + interval(drift)) for a, e in zip(L[-1], drifted)]
-            # U_l: the image of U under the first l blocks, through their own constants' product or through the
-            # prefix stack's certified constant (lemma prefix-chain), about the exact image of X
-            rho = [min(upper(interval(r) + interval(drift)),
-                       upper(interval(_reach(_prefix_constant(L, V, prefix, l, k), hoods[k], X.shape[0]))
-                             + interval(drifted[k])))
-                   for k, r in enumerate(rho)]
-            radii.append(rho)
-            # a radius past the float range gives this block (and the blocks after it) no bound at that eps
-            finite = [k for k, r in enumerate(rho) if math.isfinite(r)]
-            L.append([math.inf] * len(eps))
-            V.append([math.inf] * len(eps))
-            N.append(math.inf)
-            piece = part(l)
-            if finite:
-                curve = _curve(model, centre.points[size * l], "block", first + l, None, None, "fro", "fro", (),
-                               [rho[k] for k in finite], 0, 0, tokens, report(l), **piece)
-                for k, p in zip(finite, curve.points):
-                    cpu[k] += p.cpu_seconds
-                    L[-1][k], V[-1][k] = p.certified, p.variation
-                N[-1] = curve.jacobian_norm
-            prefix.append(multiply(l, piece, N[-1]))
-            rho = [upper_product(a, r) for a, r in zip(L[-1], rho)]
-        #: certified ``||J~_L ... J~_1||`` (block 1 restricted to the moving tokens), inf without dense Jacobians
-        self.jacobian_norm = prefix[-1]
-        theorem = T.chain_variation(blocks)
-        #: per eps, the CPU seconds of the blocks' own radii (the attention curve's in the first block's)
-        self.cpu_seconds = cpu
-        #: per block: its certified constants and variations per eps, its ``||DF(X~_l)||`` and the radii of its U_l
-        self.blocks = [{"layer": first + l, "jacobian_norm": float(N[l]), "certified": [float(v) for v in L[l]],
-                        "variation": [float(v) for v in V[l]], "radius": [float(v) for v in radii[l]]}
-                       for l in range(blocks)]
-        self.variation, self.product = [], []
-        for k in range(len(eps)):
-            values = {**{f"M_{{{l + 1}}}": L[l][k] for l in range(blocks)},
-                      **{f"V_{{{l + 1}}}": V[l][k] for l in range(blocks)},
-                      **{f"N_{{{l + 1}}}": N[l] for l in range(blocks)}}
-            finite = all(math.isfinite(v) for v in values.values())
-            norms = float(evaluate_theorem(theorem, **{key: np.float64(v) for key, v in values.items()})) \
-                if finite else math.inf
-            self.variation.append(min(norms, _composed_variation(L, V, prefix, blocks, k)))
-            self.product.append(upper_product(*(L[l][k] for l in range(blocks))))
-
-
-def _composed_variation(L: list, V: list, prefix: list, count: int, k: int) -> float:
-    """``sum_(j < count) (L_(count-1) ... L_(j+1)) V_j ||J~_(j-1) ... J~_0||`` at eps number k (lemma prefix-chain,
-    blocks counted from 0): the telescoped variation of the first ``count`` blocks with the products of their
-    Jacobians at the centres in place of the products of those Jacobians' norms; inf where a factor is."""
-    values = [L[m][k] for m in range(count)] + [V[j][k] for j in range(count)] + list(prefix[:count])
-    if not all(math.isfinite(v) for v in values):
-        return math.inf
-    total = interval(0.0)
-    for j in range(count):
-        term = interval(V[j][k]) * interval(prefix[j])
-        for m in range(j + 1, count):
-            term = term * interval(L[m][k])
-        total = total + term
-    return upper(total)
-
-
-def _prefix_constant(L: list, V: list, prefix: list, count: int, k: int) -> float:
-    """A certified Lipschitz constant on U of the first ``count`` blocks: ``||J~_(count-1) ... J~_0|| +`` their
-    composed variation (:func:`_composed_variation`)."""
-    return upper(interval(prefix[count]) + interval(_composed_variation(L, V, prefix, count, k))) \
-        if math.isfinite(prefix[count]) else math.inf
-
-
 def _at_center(component: Component, point: np.ndarray, rounding: np.ndarray, enclosed) -> np.ndarray:
     """The matrix of per-token block norms ``||B_ij(X)||`` of a component at the centre (``at_center`` of its
     bounds, which does not depend on the balls' radii; a feed-forward block's straight from its enclosure, whose
@@ -611,29 +454,6 @@ def _at_center(component: Component, point: np.ndarray, rounding: np.ndarray, en
     if component.kind == "feedforward":
         return np.diag(enclosed.jacobian_norms())
     return component.bounds(TokenBalls(point, rounding), enclosed).at_center
-
-
-def _rounding_reach(components, centre: _Centre, start: int) -> float:
-    """A bound on ``||g(X~_start) - X~_end||_F`` for the components g from ``start`` on: the float chain's
-    rounding, each step's ball pushed through the next component's movement bound."""
-    radii = np.zeros(centre.points[start].shape[0])
-    for offset, component in enumerate(components):
-        k = start + offset
-        bounds = component.bounds(TokenBalls(centre.points[k], radii), centre.enclosed[k], want_blocks=False)
-        radii = (IntervalArray(bounds.movement) + IntervalArray(centre.rounding[k + 1])).hi
-    return float(IntervalArray(radii).norm_upper(axis=0))
-
-
-def _reach(constant: float, hood: Neighbourhood, n: int) -> float:
-    """``Lip_U theta_U eps``, rounded up: how far a map with constant ``Lip_U`` on U moves the image of X
-    (inf when the constant is)."""
-    return upper_product(constant, _frobenius_factor(hood, n).hi.item(), hood.eps)
-
-
-def _frobenius_factor(hood: Neighbourhood, n: int) -> IntervalArray:
-    """``theta_U`` with ``||Y - X||_F <= theta_U eps`` on U: 1 for the Frobenius and (2,1) balls, the square
-    root of the number of moving tokens otherwise."""
-    return IntervalArray(1.0) if hood.ball in ("fro", "2,1") else IntervalArray(float(hood.moving(n).sum())).sqrt()
 
 
 class _CurvatureRoute:
@@ -647,11 +467,11 @@ class _CurvatureRoute:
     for (a grid taken from all of them gave 4.5055, 4.5052 or 4.5026 at 1e-3 R on the same sentence,
     depending on the list)."""
 
-    def __init__(self, chain, centre: _Centre, X: np.ndarray, hood: Neighbourhood, split: bool = False):
+    def __init__(self, chain, centre: ChainCentre, X: np.ndarray, hood: Neighbourhood, split: bool = False):
         self.X, self.hood = X, hood
         self.integral = CurvatureIntegral(chain[0], centre.enclosed[0], split=split)
         self.curvature = self.integral.curvature
-        self.frobenius = _frobenius_factor(hood, X.shape[0])
+        self.frobenius = frobenius_factor(hood, X.shape[0])
 
     @staticmethod
     def grid(eps: float) -> list[float]:
@@ -659,7 +479,7 @@ class _CurvatureRoute:
         return decade_grid([eps])
 
     @classmethod
-    def of(cls, chain, centre: _Centre, X, neighbourhoods, tokens: int = CURVATURE_TOKENS):
+    def of(cls, chain, centre: ChainCentre, X, neighbourhoods, tokens: int = CURVATURE_TOKENS):
         if len(chain) != 1 or chain[0].kind not in ("head", "attention") or not any(h.eps > 0 for h in neighbourhoods):
             return None
         route = AttentionCurvature.route(centre.enclosed[0], tokens)
@@ -673,17 +493,54 @@ class _CurvatureRoute:
         step's neighbourhood ``U(X, t)``."""
         if hood.eps == 0:
             return 0.0
+        return self.integral.integral(self._steps(hood, grid, known, remainder=False), self.frobenius, other)
+
+    def remainder(self, hood: Neighbourhood, grid=None, known=None) -> float:
+        """``theta_U^2 sum_k (t_k - t_(k-1)) (eps - t_(k-1)) chi(U(X, t_k))`` (lemma attention-reach-remainder):
+        a bound on ``sup_U ||F(Y) - F(X) - DF(X) (Y - X)||_F``, from the same curvature bounds as
+        :meth:`variation` on the same grid (cached: no new bound is formed when the variation ran first); inf where
+        they leave the float range."""
+        if hood.eps == 0:
+            return 0.0
+        try:
+            return self.integral.integral(self._steps(hood, grid, known, remainder=True),
+                                          self.frobenius * self.frobenius)
+        except NotCertifiedError:   # the weights or the bounds left the float range (a ball far past the model's)
+            return math.inf
+
+    def _steps(self, hood: Neighbourhood, grid, known, remainder: bool) -> list:
+        """The integral's steps ``(width, radii[, known, key])`` up to ``hood.eps``; with ``remainder`` each width
+        ``t_k - t_(k-1)`` multiplied by ``eps - t_(k-1)`` (the weight of ``(eps - t)`` in Taylor's remainder)."""
         steps, previous = [], 0.0
         for t in (grid or self.grid)(hood.eps):
-            step = ((IntervalArray(t) - IntervalArray(previous)).hi.item(),
-                    Neighbourhood(self.hood.ball, t, self.hood.positions).balls(self.X).radii)
+            width = IntervalArray(t) - IntervalArray(previous)
+            if remainder:
+                width = width * (IntervalArray(hood.eps) - IntervalArray(previous))
+            step = (width.hi.item(), Neighbourhood(self.hood.ball, t, self.hood.positions).balls(self.X).radii)
             steps.append(step if known is None else step + (known(t), ("known", t)))
             previous = t
-        return self.integral.integral(steps, self.frobenius, other)
+        return steps
+
+
+def _taylor_reach(curvature: _CurvatureRoute | None, relational: RelationalRoute | None, hood: Neighbourhood,
+                  jacobian_norm: float, n: int) -> float:
+    """``||DF(X)|| theta_U eps`` plus the smaller of the curvature route's Taylor remainders (on its own grid, and on
+    the relational grid with the relational score and weight ranges where that route is given and covers U); inf
+    without a curvature route (lemma attention-reach-remainder)."""
+    if curvature is None or hood.eps == 0:
+        return 0.0 if hood.eps == 0 else math.inf
+    rest = curvature.remainder(hood)
+    if relational is not None and covers(relational.component.target, hood):
+        try:
+            rest = min(rest, curvature.remainder(hood, grid=relational_grid, known=relational.known))
+        except NotCertifiedError:   # (the relational ranges themselves overflowed)
+            pass
+    linear = upper_product(jacobian_norm, frobenius_factor(hood, n).hi.item(), hood.eps)
+    return upper(interval(linear) + interval(rest))
 
 
 # the Jacobian at X ------------------------------------------------------------------------------
-def _jacobian_norm(centre: _Centre, chain, N_blocks: list, moving, norm: str, estimate: float, n: int, d: int,
+def _jacobian_norm(centre: ChainCentre, chain, N_blocks: list, moving, norm: str, estimate: float, n: int, d: int,
                    progress=None) -> tuple:
     """Certified ``||DF(X)||`` restricted to the moving tokens' inputs, and how it was bounded: "dense",
     "grouped" (:mod:`lipbound.local.grouped`) or "blockwise" (products of the per-token block norms

@@ -51,8 +51,8 @@ class BlockTail:
 
     def __init__(self, enclosed):
         self.ln_1, self.ffn, self.ln_2 = enclosed[1], enclosed[2], enclosed[3]
-        n = self.ffn.h.shape[0]
-        self.tau = max(spectral_norm_upper_large(token_tail(enclosed, i).to_enclosure()) for i in range(n))
+        self.taus = _tail_norms(enclosed)
+        self.tau = float(np.max(self.taus))
         self._folded = {}
 
     def _token(self, i: int) -> dict:
@@ -201,12 +201,19 @@ class BlockTail:
         bounds = norm_bounds(self.ln_2.norm, TokenBalls(self.ln_2.Z.mid, tighter), self.ln_2)
         return bounds.blocks, bounds.variation
 
-    def variation(self, attention, M: list, V: list, N: list, radii: list, rounding: np.ndarray) -> float:
+    def omegas(self, M: list, V: list, N: list, radii: list, rounding: np.ndarray) -> np.ndarray:
+        """Per token, the smaller of the two bounds of :meth:`omega_tokens`."""
+        return np.minimum(*self.omega_tokens(M, V, N, radii, rounding))
+
+    def variation(self, attention, omegas: np.ndarray) -> float:
         """``tau var_U(A) + omega Lip_U(A)`` (theorem local-attention-tail), ``attention`` a point of the
-        attention's own curve on the same U."""
-        omega = float(np.max(np.minimum(*self.omega_tokens(M, V, N, radii, rounding))))
-        return (IntervalArray(self.tau) * IntervalArray(attention.variation)
-                + IntervalArray(omega) * IntervalArray(attention.certified)).hi.item()
+        attention's own curve on the same U, ``omegas`` from :meth:`omegas`."""
+        return _tail_variation(self.tau, omegas, attention)
+
+    def reach(self, attention_reach: float, omegas: np.ndarray) -> float:
+        """``max_i (tau_i + omega_i) R_A`` (lemma block-reach): a bound on ``sup_U ||F(Y) - F(X)||_F`` from the
+        attention's ``R_A >= sup_U ||A(Y) - A(X)||_F``."""
+        return _tail_reach(self.taus, omegas, attention_reach)
 
 
 
@@ -229,11 +236,35 @@ class TokenTail:
     local-attention-tail)."""
 
     def __init__(self, enclosed):
-        n = enclosed[0].output.shape[0]
-        self.tau = max(spectral_norm_upper_large(token_tail(enclosed, i).to_enclosure()) for i in range(n))
+        self.taus = _tail_norms(enclosed)
+        self.tau = float(np.max(self.taus))
 
-    def variation(self, attention, M: list, V: list, N: list, radii: list, rounding) -> float:
-        n = V[1].shape[0]
-        omega = float(np.max(np.diag(telescoped_variation(M[1:], V[1:], N[1:], np.arange(n)))))
-        return (IntervalArray(self.tau) * IntervalArray(attention.variation)
-                + IntervalArray(omega) * IntervalArray(attention.certified)).hi.item()
+    def omegas(self, M: list, V: list, N: list, radii: list, rounding) -> np.ndarray:
+        """Per token, the diagonal of the maps' telescoped variation."""
+        return np.diag(telescoped_variation(M[1:], V[1:], N[1:], np.arange(V[1].shape[0])))
+
+    def variation(self, attention, omegas: np.ndarray) -> float:
+        return _tail_variation(self.tau, omegas, attention)
+
+    def reach(self, attention_reach: float, omegas: np.ndarray) -> float:
+        return _tail_reach(self.taus, omegas, attention_reach)
+
+
+def _tail_norms(enclosed) -> np.ndarray:
+    """``||T_i(A(X))||_2`` per token, certified from the maps' blocks at the centre."""
+    n = enclosed[-1].output.shape[0]
+    return np.array([spectral_norm_upper_large(token_tail(enclosed, i).to_enclosure()) for i in range(n)])
+
+
+def _tail_variation(tau: float, omegas: np.ndarray, attention) -> float:
+    """``tau var_U(A) + omega Lip_U(A)``, ``omega`` the largest of ``omegas`` (theorem local-attention-tail)."""
+    return (IntervalArray(tau) * IntervalArray(attention.variation)
+            + IntervalArray(float(np.max(omegas))) * IntervalArray(attention.certified)).hi.item()
+
+
+def _tail_reach(taus: np.ndarray, omegas: np.ndarray, attention_reach: float) -> float:
+    """``max_i (tau_i + omega_i) R_A``, rounded up (lemma block-reach): on the convex ball of token i that holds
+    ``A(U)_i`` the per-token map moves by at most ``sup ||T_i|| <= tau_i + omega_i`` times the attention's own
+    movement, and ``sum_i ||A(Y)_i - A(X)_i||^2 <= R_A^2``."""
+    rates = (IntervalArray(taus) + IntervalArray(omegas)).hi
+    return (IntervalArray(float(np.max(rates))) * IntervalArray(attention_reach)).hi.item()
