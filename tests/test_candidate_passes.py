@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from lipbound.errors import AssumptionError
 from lipbound.local.candidates import candidate_passes
+from lipbound.local.point_stages import chain_radii
 from lipbound.local.propagate import (
     coupling_bound,
     embedding_enclosure,
@@ -95,11 +96,12 @@ def test_two_slots_enumerate_every_pair(exact_chain):
     assert {tuple(w) for w in passes.words} == {(a, b) for a in vocabulary for b in vocabulary}
 
 
-@pytest.mark.parametrize("layers, asked, used", [((0, 3), None, False), ((0, 4), None, True), ((0, 4), False, False)])
+@pytest.mark.parametrize("layers, asked, used", [((0, 3), None, [False] * 3), ((0, 4), None, [False, False, True]),
+                                                 ((0, 4), False, [False] * 3)])
 def test_per_candidate_passes_take_the_exact_chain_where_the_cheap_one_stops_being_tight(monkeypatch, layers, asked,
                                                                                         used):
-    """``exact_chain=None``: the exact chain bound from layer 4 on (the cheaper one's radii grow ~350x per layer);
-    the passes' first chain says which bound they took."""
+    """``exact_chain=None``: the exact chain bound when layer 4 is asked (the cheaper one's radii grow ~350x per
+    layer), the screening passes' chains exact from layer 2 on; the passes' first three chains say which they took."""
     import lipbound.local.candidates as module
     seen = []
 
@@ -108,13 +110,42 @@ def test_per_candidate_passes_take_the_exact_chain_where_the_cheap_one_stops_bei
 
     def recording(*args, exact, **kwargs):
         seen.append(exact)
-        raise Stop
+        if len(seen) == 3:
+            raise Stop
+        return chain_radii(*args, exact=exact, **kwargs)
     monkeypatch.setattr(module, "chain_radii", recording)
     generated = local_models.model(seed=5, layers=5, vocab=8)
     with pytest.raises(Stop):
         propagate(generated, edit_set(IDS, "replace", [SLOT], np.arange(8)), layers=layers, per_candidate=True,
                   exact_chain=asked)
-    assert seen == [used]
+    assert seen == used
+
+
+def test_screened_passes_refine_only_what_could_be_the_maximum():
+    """``screen``: every sentence bounded with the chains exact from layer 2, the ones whose bound could be the
+    set's maximum passed again with every chain exact.  Each bound still covers its sentence's identity-plan cost
+    (independent forward pass), no set value is above the all-exact passes', and every sentence left unrefined is
+    below the largest refined bound at every layer."""
+    generated = local_models.model(seed=9, layers=4, vocab=12)
+    embeddings = generated.embeddings
+    own = embedding_enclosure_tokens(embeddings, np.array(IDS), np.arange(len(IDS)))
+    words = np.arange(12)
+    sets = propagate(generated, edit_set(IDS, "replace", [SLOT], words))
+    arguments = (generated, own, [SLOT], [embedding_enclosure(embeddings, words, SLOT)], [words],
+                 [s.original for s in sets], 3)
+    screened = candidate_passes(*arguments, exact_chain=True, chunk=4)
+    exact = candidate_passes(*arguments, exact_chain=True, screen=False)
+    assert 0 < screened.refined < 12 and exact.refined == 0 and sorted(screened.bounds) == [0, 1, 2, 3]
+    for layer in range(4):
+        assert screened.largest(layer) <= exact.largest(layer)
+    for index, (word,) in enumerate(screened.words):
+        edited = list(IDS)
+        edited[SLOT] = int(word)
+        new = hidden_states(generated, edited)
+        for layer in range(4):
+            cost = float(np.mean(np.linalg.norm(attention_block(generated.layer(layer), new[layer])[0]
+                                                - sets[layer].original, axis=1)))
+            assert cost <= screened.bounds[layer][index] * (1 + 1e-9)
 
 
 def test_passes_stop_where_rounding_dominates_and_leave_the_rest_to_the_balls():
