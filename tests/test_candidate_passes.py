@@ -136,6 +136,8 @@ def test_screened_passes_refine_only_what_could_be_the_maximum():
     screened = candidate_passes(*arguments, exact_chain=True, chunk=4)
     exact = candidate_passes(*arguments, exact_chain=True, screen=False)
     assert 0 < screened.refined < 12 and exact.refined == 0 and sorted(screened.bounds) == [0, 1, 2, 3]
+    assert sorted(screened.seconds) == ["attention", "bounds", "chain", "exact chain", "refine"]
+    assert sorted(exact.seconds) == ["attention", "bounds", "exact chain"]
     for layer in range(4):
         assert screened.largest(layer) <= exact.largest(layer)
     for index, (word,) in enumerate(screened.words):

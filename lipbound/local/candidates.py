@@ -20,7 +20,8 @@ the set route.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import final
 
 import numpy as np
@@ -65,6 +66,10 @@ class CandidatePasses:
     refined : int
         How many sentences were passed a second time with every chain exact (``screen`` of
         :func:`candidate_passes`).
+    seconds : dict
+        CPU seconds by stage: ``attention`` (:func:`attention_radii`), ``chain`` and ``exact chain``
+        (:func:`chain_radii` by the reference slopes and exactly), ``bounds`` (the distances to the references),
+        each summed over both passes, and ``refine`` (the whole second pass).
     """
 
     words: np.ndarray
@@ -72,6 +77,7 @@ class CandidatePasses:
     widths: dict
     stopped: str
     refined: int = 0
+    seconds: dict = field(default_factory=dict)
 
     def largest(self, layer: int) -> float:
         """The set's certified bound at ``layer`` (NaN when the passes did not reach it)."""
@@ -88,10 +94,14 @@ def _check_layer(item) -> None:
 
 
 def _evaluate(model: Model, own: IntervalArray, slots: list, candidates: list, shape: tuple, picked: np.ndarray,
-              references: list, last: int, chunk: int, widest: float, exact_from: int | None, progress=None):
+              references: list, last: int, chunk: int, widest: float, exact_from: int | None, seconds: dict,
+              progress=None):
     """The passes of the edited sentences ``picked`` (flat indices into ``shape``), the chains of the layers from
     ``exact_from`` on bounded exactly (none when it is None): their bounds and widths per layer, the last layer
-    reached and why the passes stopped before ``last``."""
+    reached and why the passes stopped before ``last``; the CPU seconds of each stage are added to ``seconds``."""
+    def timed(stage: str, began: float) -> None:
+        seconds[stage] = seconds.get(stage, 0.0) + time.process_time() - began
+
     n = own.shape[0]
     bounds = {layer: np.empty(picked.size) for layer in range(last + 1)}
     widths = {layer: 0.0 for layer in range(last + 1)}
@@ -110,14 +120,19 @@ def _evaluate(model: Model, own: IntervalArray, slots: list, candidates: list, s
         previous = 0.0
         for layer in range(reached + 1):
             item = model.layer(layer)
+            began = time.process_time()
             try:
                 Z = attention_radii(engines[layer], X, output_norms[layer])
             except NotCertifiedError as error:
                 reached, stopped = layer - 1, f"layer {layer}: {error}"
                 break
+            finally:
+                timed("attention", began)
+            began = time.process_time()
             distance = (IntervalArray(Z.points) - IntervalArray(references[layer])).norm_upper()     # (b, n)
             bounds[layer][begin:begin + b] = ((IntervalArray(distance) + IntervalArray(Z.radii)).sum(axis=-1)
                                               / float(n)).hi
+            timed("bounds", began)
             width = float(np.max(Z.radii))
             widths[layer] = max(widths[layer], width)
             ahead = width * max(1.0, width / previous) if layer else width
@@ -127,6 +142,7 @@ def _evaluate(model: Model, own: IntervalArray, slots: list, candidates: list, s
             if layer == reached:
                 break
             exact = exact_from is not None and layer >= exact_from
+            began = time.process_time()
             try:
                 if layer not in references_of and not exact:   # the first chunk's median serves every chunk
                     references_of[layer] = SlopeReference.of(item, Z.points)
@@ -134,6 +150,8 @@ def _evaluate(model: Model, own: IntervalArray, slots: list, candidates: list, s
             except NotCertifiedError as error:
                 reached, stopped = layer, f"layer {layer + 1}: {error}"
                 break
+            finally:
+                timed("exact chain" if exact else "chain", began)
         if progress is not None:
             progress(begin + b, picked.size)
     return bounds, widths, reached, stopped
@@ -194,8 +212,10 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
                               "sample fewer candidates, or leave this set to the set route")
     screening = exact_chain and screen and SCREEN_EXACT_FROM < last
     first_exact = (SCREEN_EXACT_FROM if screening else 0) if exact_chain else None
+    seconds: dict = {}
     bounds, widths, reached, stopped = _evaluate(model, own, slots, candidates, shape, np.arange(total), references,
-                                                 last, chunk, widest, first_exact, progress)
+                                                 last, chunk, widest, first_exact, seconds, progress)
+    began = time.process_time()
     refined = np.zeros(total, dtype=bool)
     while screening:
         layers = range(reached + 1)
@@ -206,12 +226,14 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
         order = np.argsort(-bounds[reached][open_], kind="stable")
         picked = open_[order[:chunk]]
         again, again_widths, again_reached, _ = _evaluate(model, own, slots, candidates, shape, picked, references,
-                                                          reached, chunk, np.inf, 0)
+                                                          reached, chunk, np.inf, 0, seconds)
         for layer in range(again_reached + 1):
             bounds[layer][picked] = np.minimum(bounds[layer][picked], again[layer])
             widths[layer] = max(widths[layer], again_widths[layer])
         refined[picked] = True
+    if screening:
+        seconds["refine"] = time.process_time() - began
     every = np.unravel_index(np.arange(total), shape)
     chosen = np.stack([np.asarray(w)[picked] for w, picked in zip(words, every)], axis=1)
     return CandidatePasses(chosen, {layer: bounds[layer] for layer in range(reached + 1)},
-                           {layer: widths[layer] for layer in range(reached + 1)}, stopped, int(refined.sum()))
+                           {layer: widths[layer] for layer in range(reached + 1)}, stopped, int(refined.sum()), seconds)
