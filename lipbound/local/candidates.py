@@ -226,7 +226,11 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
         open_ = np.flatnonzero(~refined & np.any([bounds[layer] > largest[layer] for layer in layers], axis=0))
         if open_.size == 0:
             break
-        order = np.argsort(-bounds[reached][open_], kind="stable")
+        if min(largest) > 0:   # those furthest above the refined maximum of some layer first
+            order = np.argsort(-np.max([bounds[layer][open_] / largest[layer] for layer in layers], axis=0),
+                               kind="stable")
+        else:
+            order = np.argsort(-bounds[reached][open_], kind="stable")
         picked = open_[order[:batch]]
         batch = min(2 * batch, chunk)        # few at first: the largest bounds usually settle the maximum
         again, again_widths, again_reached, _ = _evaluate(model, own, slots, candidates, shape, picked, references,
