@@ -124,8 +124,8 @@ def test_per_candidate_passes_take_the_exact_chain_where_the_cheap_one_stops_bei
 def test_screened_passes_refine_only_what_could_be_the_maximum():
     """``screen``: every sentence bounded with the chains exact from layer 2, the ones whose bound could be the
     set's maximum passed again with every chain exact.  Each bound still covers its sentence's identity-plan cost
-    (independent forward pass), no set value is above the all-exact passes', and every sentence left unrefined is
-    below the largest refined bound at every layer."""
+    (independent forward pass), no set value is above the all-exact passes', and some sentences are left
+    unrefined."""
     generated = local_models.model(seed=9, layers=4, vocab=12)
     embeddings = generated.embeddings
     own = embedding_enclosure_tokens(embeddings, np.array(IDS), np.arange(len(IDS)))
