@@ -96,12 +96,12 @@ def test_two_slots_enumerate_every_pair(exact_chain):
     assert {tuple(w) for w in passes.words} == {(a, b) for a in vocabulary for b in vocabulary}
 
 
-@pytest.mark.parametrize("layers, asked, used", [((0, 3), None, [False] * 3), ((0, 4), None, [False, False, True]),
+@pytest.mark.parametrize("layers, asked, used", [((0, 3), None, [False] * 3), ((0, 4), None, [False, True, True]),
                                                  ((0, 4), False, [False] * 3)])
 def test_per_candidate_passes_take_the_exact_chain_where_the_cheap_one_stops_being_tight(monkeypatch, layers, asked,
                                                                                         used):
     """``exact_chain=None``: the exact chain bound when layer 4 is asked (the cheaper one's radii grow ~350x per
-    layer), the screening passes' chains exact from layer 2 on; the passes' first three chains say which they took."""
+    layer), the screening passes' chains exact from layer 1 on; the passes' first three chains say which they took."""
     import lipbound.local.candidates as module
     seen = []
 
@@ -122,7 +122,7 @@ def test_per_candidate_passes_take_the_exact_chain_where_the_cheap_one_stops_bei
 
 
 def test_screened_passes_refine_only_what_could_be_the_maximum():
-    """``screen``: every sentence bounded with the chains exact from layer 2, the ones whose bound could be the
+    """``screen``: every sentence bounded with the chains exact from layer 1, the ones whose bound could be the
     set's maximum passed again with every chain exact.  Each bound still covers its sentence's identity-plan cost
     (independent forward pass), no set value is above the all-exact passes', and some sentences are left
     unrefined."""

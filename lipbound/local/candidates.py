@@ -42,10 +42,11 @@ MOST_SENTENCES = 1 << 17
 #: reference slopes the radii grow about 350-fold per layer and stop being tight there on all-MiniLM-L6-v2.
 EXACT_CHAIN_FROM = 4
 #: The first layer whose chain the screening passes bound exactly: the radii before it are small enough that the
-#: reference slopes cost little (on all-MiniLM-L6-v2, layer 5 about 6% above the all-exact bound at 65% of its time).
-SCREEN_EXACT_FROM = 2
-#: How many sentences the first refining pass takes (each further pass twice as many, up to ``chunk``).
-REFINE_FIRST = 4
+#: reference slopes cost little.  On all-MiniLM-L6-v2 layer 5's softmax bound needs the radii entering it below about
+#: 1e-2, so the chains must be exact from layer 1 or 2 on for every sentence; from 1, half as many are refined.
+SCREEN_EXACT_FROM = 1
+#: How many sentences each refining pass takes.
+REFINE_BATCH = 4
 
 
 @final
@@ -219,7 +220,7 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
                                                  last, chunk, widest, first_exact, seconds, progress)
     began = time.process_time()
     refined = np.zeros(total, dtype=bool)
-    batch = min(REFINE_FIRST, chunk)
+    batch = min(REFINE_BATCH, chunk)
     while screening:
         layers = range(reached + 1)
         largest = [float(np.max(bounds[layer][refined], initial=-np.inf)) for layer in layers]
@@ -231,8 +232,7 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
                                kind="stable")
         else:
             order = np.argsort(-bounds[reached][open_], kind="stable")
-        picked = open_[order[:batch]]
-        batch = min(2 * batch, chunk)        # few at first: the largest bounds usually settle the maximum
+        picked = open_[order[:batch]]        # a few at a time: the largest bounds usually settle the maximum
         again, again_widths, again_reached, _ = _evaluate(model, own, slots, candidates, shape, picked, references,
                                                           reached, chunk, np.inf, 0, seconds)
         for layer in range(again_reached + 1):
