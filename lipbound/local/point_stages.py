@@ -29,7 +29,7 @@ import numpy as np
 
 from ..numeric.attention import AttentionMap
 from ..rigorous.arrays import IntervalArray, gelu, gelu_with_slopes, softmax
-from ..rigorous.batched import SINGLE_ETA, single_gamma_bound, spectral_norms_upper
+from ..rigorous.batched import spectral_norms_upper
 from ..rigorous.elementwise import gamma_bound, inv_sqrt_2pi
 from ..rigorous.linalg import spectral_norm_upper
 from .bounds import _column_norms, attention_norms, feedforward_global
@@ -295,53 +295,23 @@ def _frobenius_over_box(G: IntervalArray, widest: float, center: np.ndarray, spr
     return quadratic.clip_below(0.0).sqrt()
 
 
-#: id(ffn) -> (ffn, W_1 and W_2 rounded to float32).
-_SINGLE_WEIGHTS: dict = {}
-
-
-def _single_weights(ffn) -> tuple[np.ndarray, np.ndarray]:
-    entry = _SINGLE_WEIGHTS.get(id(ffn))
-    if entry is None or entry[0] is not ffn:
-        if len(_SINGLE_WEIGHTS) >= 16:
-            _SINGLE_WEIGHTS.clear()
-        entry = _SINGLE_WEIGHTS[id(ffn)] = (ffn, ffn.W_1.astype(np.float32), ffn.W_2.astype(np.float32))
-    return entry[1], entry[2]
-
-
 def _chain_spectral(ffn, gamma: np.ndarray, slopes: np.ndarray, group: int = 8) -> np.ndarray:
     """Certified ``||diag(gamma) (I + W_1 diag(c) W_2)||_2`` for every slope vector c (..., d_ff) (taken exactly): the
     matrix formed in floats, its norm certified by :func:`~lipbound.rigorous.batched.spectral_norms_upper`, plus the
-    Frobenius norm of the forming's error.  The product ``W_1 diag(c) W_2`` is formed in float32 (about five times
-    faster than float64 here) from ``W_1``, ``c`` and ``W_2`` rounded to float32, the identity added and the rows
-    scaled in float64: per entry ``d_ff + 6`` roundings of unit at most ``u_32 = 2^-24`` (three roundings of the
-    operands, the products, the sums, the two float64 steps), so the error is at most ``gamma^32_{d_ff + 6}
-    max|gamma| (sqrt(d) + 2 max|c| || |W_1| |W_2| ||_F)`` in Frobenius norm (Higham, eq. 3.13, and Lemma 3.3 for
-    the products of ``1 + delta``; Weyl), plus for underflow ``eta_32`` per operation (at most ``2 d_ff + 6`` per
-    entry) times the largest factor it is multiplied by afterwards, ``(1 + max|c|)(1 + max|W_1|)(1 + max|W_2|)``.
-    A group whose float32 product is not finite is formed in float64 (error factor ``gamma_{d_ff + 4}``).  One d x
-    d_ff x d product per vector: the exact route of lemma point-chain, for passes that must go deep."""
+    Frobenius norm of the forming's error, at most ``gamma_{d_ff + 4} max|gamma| (sqrt(d) + 2 max|c| || |W_1| |W_2|
+    ||_F)`` (Higham, eq. 3.13, for the product and the three roundings around it; Weyl).  One d x d_ff x d product
+    per vector: the exact route of lemma point-chain, for passes that must go deep."""
     absolute = _slope_gram(ffn, gamma)[4]
     d, d_ff = ffn.W_1.shape
     flat = slopes.reshape(-1, d_ff)
     gammas = np.asarray(gamma, dtype=np.float64)
-    top = IntervalArray(float(np.max(np.abs(gammas))))
     largest = (IntervalArray(float(np.max(np.abs(flat), initial=0.0))) * IntervalArray(absolute) * 2.0
                + IntervalArray(np.sqrt(float(d))).hull(IntervalArray(np.nextafter(np.sqrt(float(d)), np.inf))))
-    magnitudes = [float(np.max(np.abs(flat), initial=0.0)), float(np.max(np.abs(ffn.W_1))),
-                  float(np.max(np.abs(ffn.W_2)))]
-    underflow = IntervalArray(float(d)) * IntervalArray(float(2 * d_ff + 6)) * IntervalArray(SINGLE_ETA) \
-        * (IntervalArray(1.0) + IntervalArray(magnitudes[0])) * (IntervalArray(1.0) + IntervalArray(magnitudes[1])) \
-        * (IntervalArray(1.0) + IntervalArray(magnitudes[2]))
-    single_error = ((IntervalArray(single_gamma_bound(d_ff + 6)) * largest + underflow) * top).hi.item()
-    double_error = (IntervalArray(gamma_bound(d_ff + 4)) * top * largest).hi.item()
-    W_1, W_2 = _single_weights(ffn)
+    error = (IntervalArray(gamma_bound(d_ff + 4)) * IntervalArray(float(np.max(np.abs(gammas)))) * largest).hi.item()
     out = np.empty(flat.shape[0])
     for begin in range(0, flat.shape[0], group):
         part = flat[begin:begin + group]
-        M = np.matmul(W_1[None] * part.astype(np.float32)[:, None, :], W_2).astype(np.float64)       # (g, d, d)
-        error = single_error
-        if not np.all(np.isfinite(M)):
-            M, error = np.matmul(ffn.W_1[None] * part[:, None, :], ffn.W_2), double_error
+        M = np.matmul(ffn.W_1[None] * part[:, None, :], ffn.W_2)                             # (g, d, d)
         M[:, np.arange(d), np.arange(d)] += 1.0
         M *= gammas[None, :, None]
         out[begin:begin + group] = (IntervalArray(spectral_norms_upper(M)) + IntervalArray(error)).hi

@@ -23,21 +23,9 @@ import numpy as np
 
 from .elementwise import UNIT_ROUNDOFF, gamma_bound, up_nonnegative
 
-__all__ = ["spectral_norms_upper", "single_gamma_bound", "SINGLE_ETA"]
+__all__ = ["spectral_norms_upper"]
 
 _ETA = 2.0 ** -1074
-_SINGLE_U = 2.0 ** -24
-#: The smallest positive float32 (subnormal): an underflowing float32 operation errs by at most half of it.
-SINGLE_ETA = 2.0 ** -149
-
-
-def single_gamma_bound(k: int) -> float:
-    """``gamma_k = k u / (1 - k u)`` of IEEE single precision (``u = 2^-24``), rounded up (Higham, Lemma 3.1): the
-    relative error of k roundings of float32 products and sums in any order, fused or not (eq. 3.13); ``k u``
-    is exact in float64 and the factor ``1 + 4 u_64`` covers the two float64 roundings of the quotient."""
-    if k * _SINGLE_U >= 0.25:
-        raise ValueError(f"k = {k}: single-precision error bounds need k u < 1/4")
-    return k * _SINGLE_U / (1.0 - k * _SINGLE_U) * (1.0 + 4 * UNIT_ROUNDOFF)
 
 
 def _squares_upper(F: np.ndarray) -> np.ndarray:
