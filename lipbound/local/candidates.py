@@ -96,12 +96,13 @@ def _check_layer(item) -> None:
                               "per-candidate passes cover BERT-style encoders; use the set route")
 
 
-def _evaluate(model: Model, own: IntervalArray, slots: list, candidates: list, shape: tuple, picked: np.ndarray,
-              references: list, last: int, chunk: int, widest: float, exact_from: int | None, seconds: dict,
-              progress=None):
+def _evaluate(model: Model, engines: list, own: IntervalArray, slots: list, candidates: list, shape: tuple,
+              picked: np.ndarray, references: list, last: int, chunk: int, widest: float, exact_from: int | None,
+              seconds: dict, progress=None):
     """The passes of the edited sentences ``picked`` (flat indices into ``shape``), the chains of the layers from
     ``exact_from`` on bounded exactly (none when it is None): their bounds and widths per layer, the last layer
-    reached and why the passes stopped before ``last``; the CPU seconds of each stage are added to ``seconds``."""
+    reached and why the passes stopped before ``last``; the CPU seconds of each stage are added to ``seconds``.
+    ``engines``: per layer its attention block and a certified ``||W_O||``."""
     def timed(stage: str, began: float) -> None:
         seconds[stage] = seconds.get(stage, 0.0) + time.process_time() - began
 
@@ -109,8 +110,6 @@ def _evaluate(model: Model, own: IntervalArray, slots: list, candidates: list, s
     bounds = {layer: np.empty(picked.size) for layer in range(last + 1)}
     widths = {layer: 0.0 for layer in range(last + 1)}
     reached, stopped = last, ""
-    engines = [AttentionMap(model.layer(index).as_layer(residual=True)) for index in range(last + 1)]
-    output_norms = [spectral_norm_upper(engine.W_O) for engine in engines]
     references_of: dict = {}
     for begin in range(0, picked.size, chunk):
         choice = np.unravel_index(picked[begin:begin + chunk], shape)
@@ -125,7 +124,8 @@ def _evaluate(model: Model, own: IntervalArray, slots: list, candidates: list, s
             item = model.layer(layer)
             began = time.process_time()
             try:
-                Z = attention_radii(engines[layer], X, output_norms[layer])
+                engine, output_norm = engines[layer]
+                Z = attention_radii(engine, X, output_norm)
             except NotCertifiedError as error:
                 reached, stopped = layer - 1, f"layer {layer}: {error}"
                 break
@@ -216,8 +216,10 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
     screening = exact_chain and screen and SCREEN_EXACT_FROM < last
     first_exact = (SCREEN_EXACT_FROM if screening else 0) if exact_chain else None
     seconds: dict = {}
-    bounds, widths, reached, stopped = _evaluate(model, own, slots, candidates, shape, np.arange(total), references,
-                                                 last, chunk, widest, first_exact, seconds, progress)
+    maps = [AttentionMap(model.layer(index).as_layer(residual=True)) for index in range(last + 1)]
+    engines = [(engine, spectral_norm_upper(engine.W_O)) for engine in maps]
+    bounds, widths, reached, stopped = _evaluate(model, engines, own, slots, candidates, shape, np.arange(total),
+                                                 references, last, chunk, widest, first_exact, seconds, progress)
     began = time.process_time()
     refined = np.zeros(total, dtype=bool)
     batch = min(REFINE_BATCH, chunk)
@@ -233,8 +235,8 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
         else:
             order = np.argsort(-bounds[reached][open_], kind="stable")
         picked = open_[order[:batch]]        # a few at a time: the largest bounds usually settle the maximum
-        again, again_widths, again_reached, _ = _evaluate(model, own, slots, candidates, shape, picked, references,
-                                                          reached, chunk, np.inf, 0, seconds)
+        again, again_widths, again_reached, _ = _evaluate(model, engines, own, slots, candidates, shape, picked,
+                                                          references, reached, chunk, np.inf, 0, seconds)
         for layer in range(again_reached + 1):
             bounds[layer][picked] = np.minimum(bounds[layer][picked], again[layer])
             widths[layer] = max(widths[layer], again_widths[layer])
