@@ -17,8 +17,8 @@ any of the candidate tokens (the whole vocabulary by default):
   widening cannot decide counts as "not certified", never as a pass.
 
 Run: ``python bench/bench_edit_sets.py [--sentences 2 | --texts "The cat sat on the mat."] [--vocabulary all|N]
-[--positions 3 | --positions 3 5] [--no-search] [--exact-chain]`` (with two positions every pair of the N + 2
-candidates is enumerated: ``--vocabulary 63`` gives 65 x 65 pairs).
+[--positions 3 | --positions 3 5] [--no-search] [--exact-chain [--no-screen]] [--add-words ID ...]`` (with two
+positions every pair of the N + 2 candidates is enumerated: ``--vocabulary 63`` gives 65 x 65 pairs).
 """
 
 from __future__ import annotations
@@ -84,7 +84,8 @@ def below(value: float, bound: float) -> str:
     return "violated" if float(widened.lo) > bound else "not certified"
 
 
-def run(bert, text: str, vocabulary, positions, chunk: int, search: bool, parts, exact_chain: bool = False) -> None:
+def run(bert, text: str, vocabulary, positions, chunk: int, search: bool, parts, exact_chain: bool = False,
+        screen: bool = True, add_words=()) -> None:
     from lipbound.local.propagate import coupling_bound, propagate, set_bound
     from lipbound.measures.edits import draw_edits, edit_set
     from lipbound.measures.perturb import _set_ids, perturb
@@ -94,6 +95,9 @@ def run(bert, text: str, vocabulary, positions, chunk: int, search: bool, parts,
     edits = draw_edits(bert, ids, "replace", [k], 0, positions)
     slots = list(edits[k].positions)
     candidates, _ = _set_ids(bert, vocabulary, edits, 0)
+    if add_words:
+        candidates = np.union1d(candidates, np.asarray(add_words, dtype=np.int64))
+        vocabulary = candidates
     template = edit_set(ids, "replace", slots, candidates)
     identity = np.eye(len(ids), dtype=np.int64) * len(ids)
     total = candidates.size ** k
@@ -105,11 +109,12 @@ def run(bert, text: str, vocabulary, positions, chunk: int, search: bool, parts,
         balls = propagate(bert.model, template)
         balls_seconds = time.process_time() - began
         began = time.process_time()
-        sets = propagate(bert.model, template, per_candidate=True, exact_chain=exact_chain)
+        sets = propagate(bert.model, template, per_candidate=True, exact_chain=exact_chain, screen=screen)
         set_seconds = time.process_time() - began
         passes = sets[0].facts["candidates"]
         print(f"  CPU s: set certificate (balls and passes) {set_seconds:.0f}, balls alone {balls_seconds:.1f}; "
-              f"passes stopped: {passes.stopped or 'no'}", flush=True)
+              f"passes stopped: {passes.stopped or 'no'}; refined {passes.refined} of {total}; passes' CPU s by "
+              "stage: " + ", ".join(f"{stage} {value:.1f}" for stage, value in passes.seconds.items()), flush=True)
         routes = [set_bound(sets[layer], identity) for layer in range(last + 1)]
         for layer, (bound, route) in enumerate(routes):
             width, ball = passes.widths.get(layer), coupling_bound(balls[layer], identity)
@@ -179,13 +184,19 @@ def main() -> None:
     parser.add_argument("--exact-chain", action="store_true",
                         help="the passes bound each feed-forward chain by its certified norm at the point (deeper, "
                              "about ten times the CPU time)")
+    parser.add_argument("--no-screen", action="store_true",
+                        help="with --exact-chain, every sentence through the all-exact passes (no screening pass)")
+    parser.add_argument("--add-words", type=int, nargs="*", default=(),
+                        help="token ids added to the sampled set (e.g. the worst edits of a whole-vocabulary "
+                             "`--parts check` run)")
     args = parser.parse_args()
     from lipbound.measures.bert import load_text_model
     bert = load_text_model()
     vocabulary = "all" if args.vocabulary == "all" else int(args.vocabulary)
     os.system("uptime")
     for text in args.texts or sentences(args.sentences)[args.skip:]:
-        run(bert, text, vocabulary, args.positions, args.chunk, not args.no_search, args.parts, args.exact_chain)
+        run(bert, text, vocabulary, args.positions, args.chunk, not args.no_search, args.parts, args.exact_chain,
+            not args.no_screen, args.add_words)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from lipbound.errors import AssumptionError
 from lipbound.local.candidates import candidate_passes
+from lipbound.local.point_stages import chain_radii
 from lipbound.local.propagate import (
     coupling_bound,
     embedding_enclosure,
@@ -95,11 +96,12 @@ def test_two_slots_enumerate_every_pair(exact_chain):
     assert {tuple(w) for w in passes.words} == {(a, b) for a in vocabulary for b in vocabulary}
 
 
-@pytest.mark.parametrize("layers, asked, used", [((0, 3), None, False), ((0, 4), None, True), ((0, 4), False, False)])
+@pytest.mark.parametrize("layers, asked, used", [((0, 3), None, [False] * 2), ((0, 4), None, [False, True]),
+                                                 ((0, 4), False, [False] * 2)])
 def test_per_candidate_passes_take_the_exact_chain_where_the_cheap_one_stops_being_tight(monkeypatch, layers, asked,
                                                                                         used):
-    """``exact_chain=None``: the exact chain bound from layer 4 on (the cheaper one's radii grow ~350x per layer);
-    the passes' first chain says which bound they took."""
+    """``exact_chain=None``: the exact chain bound when layer 4 is asked (the cheaper one's radii grow ~350x per
+    layer), the screening passes' chains exact from layer 1 on; the passes' first two chains say which they took."""
     import lipbound.local.candidates as module
     seen = []
 
@@ -108,13 +110,44 @@ def test_per_candidate_passes_take_the_exact_chain_where_the_cheap_one_stops_bei
 
     def recording(*args, exact, **kwargs):
         seen.append(exact)
-        raise Stop
+        if len(seen) == 2:
+            raise Stop
+        return chain_radii(*args, exact=exact, **kwargs)
     monkeypatch.setattr(module, "chain_radii", recording)
     generated = local_models.model(seed=5, layers=5, vocab=8)
     with pytest.raises(Stop):
         propagate(generated, edit_set(IDS, "replace", [SLOT], np.arange(8)), layers=layers, per_candidate=True,
                   exact_chain=asked)
-    assert seen == [used]
+    assert seen == used
+
+
+def test_screened_passes_refine_only_what_could_be_the_maximum():
+    """``screen``: every sentence bounded with the chains exact from layer 1, the ones whose bound could be the
+    set's maximum passed again with every chain exact.  Each bound still covers its sentence's identity-plan cost
+    (independent forward pass), no set value is above the all-exact passes', and some sentences are left
+    unrefined."""
+    generated = local_models.model(seed=9, layers=4, vocab=8)
+    embeddings = generated.embeddings
+    own = embedding_enclosure_tokens(embeddings, np.array(IDS), np.arange(len(IDS)))
+    words = np.arange(8)
+    sets = propagate(generated, edit_set(IDS, "replace", [SLOT], words))
+    arguments = (generated, own, [SLOT], [embedding_enclosure(embeddings, words, SLOT)], [words],
+                 [s.original for s in sets], 3)
+    screened = candidate_passes(*arguments, exact_chain=True, chunk=4)
+    exact = candidate_passes(*arguments, exact_chain=True, screen=False)
+    assert 0 < screened.refined < 8 and exact.refined == 0 and sorted(screened.bounds) == [0, 1, 2, 3]
+    assert sorted(screened.seconds) == ["attention", "bounds", "chain", "exact chain", "refine"]
+    assert sorted(exact.seconds) == ["attention", "bounds", "exact chain"]
+    for layer in range(4):
+        assert screened.largest(layer) <= exact.largest(layer)
+    for index, (word,) in enumerate(screened.words):
+        edited = list(IDS)
+        edited[SLOT] = int(word)
+        new = hidden_states(generated, edited)
+        for layer in range(4):
+            cost = float(np.mean(np.linalg.norm(attention_block(generated.layer(layer), new[layer])[0]
+                                                - sets[layer].original, axis=1)))
+            assert cost <= screened.bounds[layer][index] * (1 + 1e-9)
 
 
 def test_passes_stop_where_rounding_dominates_and_leave_the_rest_to_the_balls():
@@ -159,12 +192,12 @@ def test_gelu_with_its_global_slope_range_encloses_the_exact_gelu(center, radius
 
 
 def test_perturb_names_the_route_and_the_passes_meet_the_worst_edit_on_minilm():
-    """all-MiniLM-L6-v2, a set of 17 tokens at one position, layers 0 and 1: the passes certify within 1% of
+    """all-MiniLM-L6-v2, a set of 9 tokens at one position, layers 0 and 1: the passes certify within 1% of
     the worst edit (found by the exhaustive search) where the balls alone are 1.1 and ~100 times above it."""
     from lipbound.measures.bert import load_text_model
     from lipbound.measures.perturb import perturb
     bert = load_text_model()
-    common = {"k": 1, "positions": (2,), "layers": (0, 1), "seed": 0, "model": bert, "vocabulary": 16, "search": "all"}
+    common = {"k": 1, "positions": (2,), "layers": (0, 1), "seed": 0, "model": bert, "vocabulary": 8, "search": "all"}
     balls = perturb("The cat slept all afternoon.", **common)
     both = perturb("The cat slept all afternoon.", per_candidate=True, **common)
     assert both.violations == 0
@@ -302,3 +335,4 @@ def test_the_attention_radius_meets_the_jacobians_top_direction(seed, size):
             ratios.append(moved / image.radii[0, i])
     if size < 1e-3:
         assert max(ratios) > 1 / 3, max(ratios)
+

@@ -20,7 +20,8 @@ the set route.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import final
 
 import numpy as np
@@ -33,13 +34,19 @@ from ..rigorous.arrays import IntervalArray
 from ..rigorous.linalg import spectral_norm_upper
 from .point_stages import PointStates, SlopeReference, attention_radii, chain_radii
 
-__all__ = ["CandidatePasses", "candidate_passes", "MOST_SENTENCES", "EXACT_CHAIN_FROM"]
+__all__ = ["CandidatePasses", "candidate_passes", "MOST_SENTENCES", "EXACT_CHAIN_FROM", "SCREEN_EXACT_FROM"]
 
 #: The most edited sentences one set's passes evaluate.
 MOST_SENTENCES = 1 << 17
 #: The first layer whose passes need the exact chain bound, the default when ``last`` reaches it: with the
 #: reference slopes the radii grow about 350-fold per layer and stop being tight there on all-MiniLM-L6-v2.
 EXACT_CHAIN_FROM = 4
+#: The first layer whose chain the screening passes bound exactly: the radii before it are small enough that the
+#: reference slopes cost little.  On all-MiniLM-L6-v2 layer 5's softmax bound needs the radii entering it below about
+#: 1e-2, so the chains must be exact from layer 1 or 2 on for every sentence; from 1, half as many are refined.
+SCREEN_EXACT_FROM = 1
+#: How many sentences each refining pass takes.
+REFINE_BATCH = 4
 
 
 @final
@@ -59,12 +66,21 @@ class CandidatePasses:
         layer l (how far an exact state can be from the float point the bound measures).
     stopped : str
         Why the passes ended before the last layer asked for ("" when they reached it).
+    refined : int
+        How many sentences were passed a second time with every chain exact (``screen`` of
+        :func:`candidate_passes`).
+    seconds : dict
+        CPU seconds by stage: ``attention`` (:func:`attention_radii`), ``chain`` and ``exact chain``
+        (:func:`chain_radii` by the reference slopes and exactly), ``bounds`` (the distances to the references),
+        each summed over both passes, and ``refine`` (the whole second pass).
     """
 
     words: np.ndarray
     bounds: dict
     widths: dict
     stopped: str
+    refined: int = 0
+    seconds: dict = field(default_factory=dict)
 
     def largest(self, layer: int) -> float:
         """The set's certified bound at ``layer`` (NaN when the passes did not reach it)."""
@@ -80,10 +96,74 @@ def _check_layer(item) -> None:
                               "per-candidate passes cover BERT-style encoders; use the set route")
 
 
+def _evaluate(model: Model, engines: list, own: IntervalArray, slots: list, candidates: list, shape: tuple,
+              picked: np.ndarray, references: list, last: int, chunk: int, widest: float, exact_from: int | None,
+              seconds: dict, progress=None):
+    """The passes of the edited sentences ``picked`` (flat indices into ``shape``), the chains of the layers from
+    ``exact_from`` on bounded exactly (none when it is None): their bounds and widths per layer, the last layer
+    reached and why the passes stopped before ``last``; the CPU seconds of each stage are added to ``seconds``.
+    ``engines``: per layer its attention block and a certified ``||W_O||``."""
+    def timed(stage: str, began: float) -> None:
+        seconds[stage] = seconds.get(stage, 0.0) + time.process_time() - began
+
+    n = own.shape[0]
+    bounds = {layer: np.empty(picked.size) for layer in range(last + 1)}
+    widths = {layer: 0.0 for layer in range(last + 1)}
+    reached, stopped = last, ""
+    references_of: dict = {}
+    for begin in range(0, picked.size, chunk):
+        choice = np.unravel_index(picked[begin:begin + chunk], shape)
+        b = choice[0].size
+        lo = np.broadcast_to(own.lo, (b, n, own.shape[1])).copy()
+        hi = np.broadcast_to(own.hi, (b, n, own.shape[1])).copy()
+        for slot, options, chosen in zip(slots, candidates, choice):
+            lo[:, slot], hi[:, slot] = options.lo[chosen], options.hi[chosen]
+        X = PointStates.from_enclosure(IntervalArray(lo, hi))
+        previous = 0.0
+        for layer in range(reached + 1):
+            item = model.layer(layer)
+            began = time.process_time()
+            try:
+                engine, output_norm = engines[layer]
+                Z = attention_radii(engine, X, output_norm)
+            except NotCertifiedError as error:
+                reached, stopped = layer - 1, f"layer {layer}: {error}"
+                break
+            finally:
+                timed("attention", began)
+            began = time.process_time()
+            distance = (IntervalArray(Z.points) - IntervalArray(references[layer])).norm_upper()     # (b, n)
+            bounds[layer][begin:begin + b] = ((IntervalArray(distance) + IntervalArray(Z.radii)).sum(axis=-1)
+                                              / float(n)).hi
+            timed("bounds", began)
+            width = float(np.max(Z.radii))
+            widths[layer] = max(widths[layer], width)
+            ahead = width * max(1.0, width / previous) if layer else width
+            previous = width
+            if ahead > widest * float(np.max(bounds[layer][begin:begin + b])) and layer < reached:
+                reached, stopped = layer, f"layer {layer + 1}: radius {width:.3g} at layer {layer}, {ahead:.3g} ahead"
+            if layer == reached:
+                break
+            exact = exact_from is not None and layer >= exact_from
+            began = time.process_time()
+            try:
+                if layer not in references_of and not exact:   # the first chunk's median serves every chunk
+                    references_of[layer] = SlopeReference.of(item, Z.points)
+                X = chain_radii(item, Z, references_of.get(layer), exact=exact, plain=slots)
+            except NotCertifiedError as error:
+                reached, stopped = layer, f"layer {layer + 1}: {error}"
+                break
+            finally:
+                timed("exact chain" if exact else "chain", began)
+        if progress is not None:
+            progress(begin + b, picked.size)
+    return bounds, widths, reached, stopped
+
+
 @one_blas_thread
 def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, words: list, references: list,
                      last: int, *, chunk: int = 256, widest: float = 20.0, exact_chain: bool | None = None,
-                     progress=None) -> CandidatePasses:
+                     screen: bool = True, progress=None) -> CandidatePasses:
     """Certified per-candidate passes of a replacement at ``slots`` by every combination of their candidates
     (module docstring): ``prod_s K_s`` edited sentences, at most :data:`MOST_SENTENCES`.
 
@@ -110,10 +190,14 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
         are about 100 times the worst edit from layer 1 on) or its softmax bounds would overflow.
     exact_chain : bool, optional
         Bound each chain by the certified norm of its Jacobian part at the point (:func:`chain_radii` with
-        ``exact``: one d x d_ff x d product per token and layer, about 0.5-1 CPU-s per sentence through six layers
-        of all-MiniLM-L6-v2) instead of the reference slopes' route: the radii grow about 100-fold per layer instead
-        of about 350-fold, enough to carry the passes through layer 5 there.  Default (None): exact when ``last``
-        is at least :data:`EXACT_CHAIN_FROM`.
+        ``exact``: one d x d_ff x d product per token and layer) instead of the reference slopes' route: the radii
+        grow about 100-fold per layer instead of about 350-fold, enough to carry the passes through layer 5 of
+        all-MiniLM-L6-v2.  Default (None): exact when ``last`` is at least :data:`EXACT_CHAIN_FROM`.
+    screen : bool
+        With ``exact_chain``, bound every sentence first with the chains exact from layer :data:`SCREEN_EXACT_FROM`
+        on only, then pass again with every chain exact only the sentences whose first bound at some layer is
+        above the largest bound of those passed again (the set's value is a maximum: a sentence below it needs no
+        tighter bound); each sentence keeps the smaller of its bounds.  ``refined`` counts the second passes.
     """
     if not model.complete or model.embeddings is None:
         raise AssumptionError("model", "a full checkpoint (embeddings, every layer)", "an attention-only model",
@@ -129,50 +213,37 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
         raise AssumptionError("candidates", f"at most {MOST_SENTENCES} edited sentences (the product of the slots' "
                               "candidate counts)", f"{' x '.join(map(str, shape))} = {total}",
                               "sample fewer candidates, or leave this set to the set route")
-    n = own.shape[0]
-    bounds = {layer: np.empty(total) for layer in range(last + 1)}
-    widths = {layer: 0.0 for layer in range(last + 1)}
-    reached, stopped = last, ""
-    engines = [AttentionMap(model.layer(index).as_layer(residual=True)) for index in range(last + 1)]
-    output_norms = [spectral_norm_upper(engine.W_O) for engine in engines]
-    references_of: dict = {}
-    for begin in range(0, total, chunk):
-        choice = np.unravel_index(np.arange(begin, min(begin + chunk, total)), shape)
-        b = choice[0].size
-        lo = np.broadcast_to(own.lo, (b, n, own.shape[1])).copy()
-        hi = np.broadcast_to(own.hi, (b, n, own.shape[1])).copy()
-        for slot, options, picked in zip(slots, candidates, choice):
-            lo[:, slot], hi[:, slot] = options.lo[picked], options.hi[picked]
-        X = PointStates.from_enclosure(IntervalArray(lo, hi))
-        previous = 0.0
-        for layer in range(reached + 1):
-            item = model.layer(layer)
-            try:
-                Z = attention_radii(engines[layer], X, output_norms[layer])
-            except NotCertifiedError as error:
-                reached, stopped = layer - 1, f"layer {layer}: {error}"
-                break
-            distance = (IntervalArray(Z.points) - IntervalArray(references[layer])).norm_upper()     # (b, n)
-            bounds[layer][begin:begin + b] = ((IntervalArray(distance) + IntervalArray(Z.radii)).sum(axis=-1)
-                                              / float(n)).hi
-            width = float(np.max(Z.radii))
-            widths[layer] = max(widths[layer], width)
-            ahead = width * max(1.0, width / previous) if layer else width
-            previous = width
-            if ahead > widest * float(np.max(bounds[layer][begin:begin + b])) and layer < reached:
-                reached, stopped = layer, f"layer {layer + 1}: radius {width:.3g} at layer {layer}, {ahead:.3g} ahead"
-            if layer == reached:
-                break
-            try:
-                if layer not in references_of and not exact_chain:   # the first chunk's median serves every chunk
-                    references_of[layer] = SlopeReference.of(item, Z.points)
-                X = chain_radii(item, Z, references_of.get(layer), exact=exact_chain, plain=slots)
-            except NotCertifiedError as error:
-                reached, stopped = layer, f"layer {layer + 1}: {error}"
-                break
-        if progress is not None:
-            progress(min(begin + chunk, total), total)
+    screening = exact_chain and screen and SCREEN_EXACT_FROM < last
+    first_exact = (SCREEN_EXACT_FROM if screening else 0) if exact_chain else None
+    seconds: dict = {}
+    maps = [AttentionMap(model.layer(index).as_layer(residual=True)) for index in range(last + 1)]
+    engines = [(engine, spectral_norm_upper(engine.W_O)) for engine in maps]
+    bounds, widths, reached, stopped = _evaluate(model, engines, own, slots, candidates, shape, np.arange(total),
+                                                 references, last, chunk, widest, first_exact, seconds, progress)
+    began = time.process_time()
+    refined = np.zeros(total, dtype=bool)
+    batch = min(REFINE_BATCH, chunk)
+    while screening:
+        layers = range(reached + 1)
+        largest = [float(np.max(bounds[layer][refined], initial=-np.inf)) for layer in layers]
+        open_ = np.flatnonzero(~refined & np.any([bounds[layer] > largest[layer] for layer in layers], axis=0))
+        if open_.size == 0:
+            break
+        if min(largest) > 0:   # those furthest above the refined maximum of some layer first
+            order = np.argsort(-np.max([bounds[layer][open_] / largest[layer] for layer in layers], axis=0),
+                               kind="stable")
+        else:
+            order = np.argsort(-bounds[reached][open_], kind="stable")
+        picked = open_[order[:batch]]        # a few at a time: the largest bounds usually settle the maximum
+        again, again_widths, again_reached, _ = _evaluate(model, engines, own, slots, candidates, shape, picked,
+                                                          references, reached, chunk, np.inf, 0, seconds)
+        for layer in range(again_reached + 1):
+            bounds[layer][picked] = np.minimum(bounds[layer][picked], again[layer])
+            widths[layer] = max(widths[layer], again_widths[layer])
+        refined[picked] = True
+    if screening:
+        seconds["refine"] = time.process_time() - began
     every = np.unravel_index(np.arange(total), shape)
     chosen = np.stack([np.asarray(w)[picked] for w, picked in zip(words, every)], axis=1)
     return CandidatePasses(chosen, {layer: bounds[layer] for layer in range(reached + 1)},
-                           {layer: widths[layer] for layer in range(reached + 1)}, stopped)
+                           {layer: widths[layer] for layer in range(reached + 1)}, stopped, int(refined.sum()), seconds)
