@@ -22,7 +22,8 @@ from test_local_bounds import central_jacobian
 
 from lipbound.local.balls import Neighbourhood
 from lipbound.local.chains import Component
-from lipbound.local.curvature import CURVATURE_TOKENS, SPLIT_ENTRIES, AttentionCurvature, _SplitRows
+from lipbound.local.bounds import attention_bounds
+from lipbound.local.curvature import CURVATURE_TOKENS, SPLIT_ENTRIES, AttentionCurvature, _Changes, _SplitRows
 from lipbound.local.curve import _Centre, _CurvatureRoute, lipschitz_curve
 from lipbound.local.enclosed import EnclosedAttention
 from lipbound.numeric.model import Head, Layer
@@ -198,6 +199,55 @@ def test_the_split_bound_covers_the_norms_of_zetas_scaled_rows(seed, kind, n, sc
     assert bound <= 4 * exact * np.sqrt(n) + 1e-9        # a bound, not a vacuous one
     if rows == "query":                                  # one query's rows: their own Gram matrix, no split
         assert bound <= exact * (1 + 1e-4) + 1e-9
+
+
+def _frobenius_points(rng, X, eps, count):
+    """Points of ``||Y - X||_F <= eps``: all of eps on one token, shared by two, and random directions (boundary)."""
+    n = X.shape[0]
+    points = []
+    for k in range(count):
+        E = rng.standard_normal(X.shape)
+        if k < n:
+            E *= (np.arange(n) == k)[:, None]
+        elif k < 2 * n:
+            E *= (np.arange(n) < 2)[:, None] * rng.uniform(0.2, 1.0, (n, 1))
+        points.append(X + E * (eps * (1 - 1e-9) / np.linalg.norm(E)))
+    return points
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), kind=st.sampled_from(["head", "layer"]), n=st.integers(2, 4),
+       scale=st.sampled_from([0.5, 1.5]), eps=st.sampled_from([0.05, 0.3, 1.0]))
+def test_the_changes_of_zetas_blocks_on_a_frobenius_ball_are_bounded_jointly(seed, kind, n, scale, eps):
+    """The blockwise and the joint (tokens sharing the radius) bounds on ``||s (zeta(Y) - zeta(X))||_F``, overall, per
+    head and per query, against zeta formed here at points of the Frobenius ball; and the joint bound is used."""
+    rng = np.random.default_rng(seed)
+    target = _target(rng, kind, d=4, heads=2, d_k=2, scale=scale)
+    X = rng.standard_normal((n, 4))
+    E = EnclosedAttention(target, X)
+    curvature = AttentionCurvature(E, target)
+    balls = Neighbourhood("fro", eps).balls(X)
+    facts = attention_bounds(target, balls, E).facts
+    _, changes = curvature._functional_deviation(facts, balls.radii, eps)
+    H = len(_parts(target))
+    at_x = _zeta(target, X).reshape(H, n, n, n, 4)
+    scales = rng.uniform(0, 2, (H, n, n, 1))
+    bounds = {None: changes.norms(scales), 0: changes.norms(scales, 0), 1: changes.norms(scales, 1)}
+    plain = _Changes(changes.per_token).norms(scales)
+    for Y in _frobenius_points(rng, X, eps, 3 * n):
+        moved = np.linalg.norm(_zeta(target, Y).reshape(H, n, n, n, 4) - at_x, axis=-1)     # (H, n, n, n)
+        assert np.all(moved <= changes.per_token * (1 + 1e-9) + 1e-12)
+        weighted = scales * moved
+        assert np.linalg.norm(weighted) <= bounds[None] * (1 + 1e-9) + 1e-12
+        for axis in (0, 1):
+            found = np.linalg.norm(np.moveaxis(weighted, axis, 0).reshape(weighted.shape[axis], -1), axis=1)
+            assert np.all(found <= bounds[axis] * (1 + 1e-9) + 1e-12)
+    assert bounds[None] <= plain
+    # the part linear in the tokens' movements: sharing the radius is the smaller (each token taking all of it
+    # counts the movement n^(1/2) times over when every token's term is alike)
+    linear = changes.linear @ balls.radii
+    shared = _Changes(linear, np.zeros_like(linear), changes.linear, eps).norms(scales)
+    assert shared < _Changes(linear).norms(scales)
 
 
 def _largest_change(target, X, hood, rng, restarts=4, steps=12):

@@ -54,11 +54,13 @@ deviation arrays have ``H n^4`` entries (:data:`SPLIT_ENTRIES` caps them).
 from __future__ import annotations
 
 import math
+from typing import final
 
 import numpy as np
 
 from ..errors import NotCertifiedError
 from ..rigorous.arrays import IntervalArray, as_interval_array
+from ..rigorous.batched import spectral_norms_upper
 from ..rigorous.intervals import upper
 from ..rigorous.linalg import Enclosure, RowGram, product_norm_interval, spectral_norm_upper_large
 from ..symbolic import local as T
@@ -77,6 +79,9 @@ CURVATURE_TOKENS = 20
 #: Largest ``H n^4`` for which the split bound is formed: n <= 64 with 12 heads (at n = 61 on MiniLM: about
 #: 2 minutes to set up, 10 s per radius, 4 GB).
 SPLIT_ENTRIES = 12 * 64 ** 4
+#: Largest ``H n^5`` for which the movement's linear part is formed, the tokens sharing a Frobenius radius
+#: (:class:`_Changes`; 12 heads: n <= 20, 25 MB)
+JOINT_ENTRIES = 12 * 20 ** 5
 
 
 class AttentionCurvature:
@@ -141,6 +146,7 @@ class AttentionCurvature:
         key_part = IntervalArray.stack([spread[h].matmul(engine.head_weights(h)[0].T) for h in range(H)])
         query_part = E.norms.w            # a_him = W_K M_m q~_i^T, (H, n(i), n(m) or 1, d)
         self.plain_key_norms = key_part.norm_upper()                                    # (H, n, n)
+        self.key_spreads = _stack_norms(key_part)                                       # ||(K~ - 1 kappa_i^T) W_Q^T||
         if fold is not None:              # block m of a row acts on e_m F_m: z_m F_m^T
             key_part = key_part.einsum("hijd,ikd->hijk", fold)
             query_part = (query_part + IntervalArray(np.zeros((H, n, n, d)))).einsum("himd,mkd->himk", fold)
@@ -186,17 +192,22 @@ class AttentionCurvature:
         # the split bound factors zeta's rows through one W_K q_i per query: a dot-product score's
         return "split" if H * n ** 4 <= SPLIT_ENTRIES and E.rotations is None else None
 
-    def _functional_deviation(self, facts: dict, r: np.ndarray):
-        """``(sup_U ||zeta_ijm||, sup_U ||zeta_ijm(Y) - zeta_ijm(X)||)`` per block m of each row, (H, n, n, n)."""
+    def _functional_deviation(self, facts: dict, r: np.ndarray, frobenius: float | None = None):
+        """``(sup_U ||zeta_ijm||, changes)`` per block m of each row, (H, n, n, n): the first an array, the second a
+        :class:`_Changes` bounding ``||zeta_ijm(Y) - zeta_ijm(X)||`` block by block and, with ``frobenius`` (a bound on
+        ``||Y - X||_F`` on U), their scaled Frobenius norms jointly over the tokens (module docstring)."""
         g = IntervalArray(np.broadcast_to(self.E.norms.g, self.coefficient.shape[:3]))  # ||W_Q R_ij W_K^T||, (H, n, n)
         folds = IntervalArray(self.fold_norms)                                          # ||F_m|| (1 unfolded)
         delta, p_hi, c = IntervalArray(facts["delta"]), IntervalArray(facts["p_hi"]), IntervalArray(self.c)
         radii = IntervalArray(r)
         moved_a = g * radii[None, :, None] * folds[None, None, :]                       # a_him moves by g_im r_i
         w_plus = IntervalArray(self.query_norms) + moved_a                              # ||a_him|| on U, (H, n, n)
-        # kappa_i moves by sum_l delta_il ||W_Q M_i (k~_l - kappa_i)|| + sum_l p_il g_il r_l
-        moved_kappa = (delta * IntervalArray(self.plain_key_norms)).sum(axis=-1) \
-            + (p_hi * g * radii[None, None, :]).sum(axis=-1)
+        # kappa_i moves by ||sum_l (p'_il - p_il) W_Q M_i (k~_l - kappa_i)|| + sum_l p'_il g_il r_l, the first at most
+        # sum_l delta_il ||W_Q M_i (k~_l - kappa_i)|| and ||delta_i|| ||(K~ - 1 kappa_i^T) M_i^T W_Q^T|| (Cauchy-Schwarz)
+        by_entries = (delta * IntervalArray(self.plain_key_norms)).sum(axis=-1)
+        by_rows = IntervalArray(delta.norm_upper()) * IntervalArray(self.key_spreads)
+        weights_kappa = IntervalArray(np.minimum(by_entries.hi, by_rows.hi))
+        moved_kappa = weights_kappa + (p_hi * g * radii[None, None, :]).sum(axis=-1)
         key_change = (g * radii[None, None, :] + moved_kappa.expand(-1)) * folds[None, :, None]   # (H, n(i), n(j))
         coef, moved_p = IntervalArray(self.coefficient), delta.expand(2)                # (H, n, n, n), delta_im
         w = w_plus.expand(2)                                                            # (H, n(i), 1, n(m))
@@ -207,33 +218,58 @@ class AttentionCurvature:
             change_hi[:, i, :, i] = (IntervalArray(change_hi[:, i, :, i]) + c * key_change[:, i]).hi
             size_hi[:, i, :, i] = (IntervalArray(size_hi[:, i, :, i])
                                    + c * (IntervalArray(self.key_norms[:, i]) + key_change[:, i])).hi
-        return size_hi, change_hi
+        if frobenius is None or self.fold is not None or self.H * self.n ** 5 > JOINT_ENTRIES:
+            return size_hi, _Changes(change_hi)
+        # the same bounds with ||y_t - x_t|| for r_t: a part free of the movement plus one linear in it
+        fixed = c * moved_p * IntervalArray(self.query_norms).expand(2)
+        fixed_hi = fixed.hi.copy()
+        for i in range(self.n):
+            fixed_hi[:, i, :, i] = (IntervalArray(fixed_hi[:, i, :, i]) + c * weights_kappa[:, i].expand(-1)).hi
+        return size_hi, _Changes(change_hi, fixed_hi, self._linear_part(facts, g, c), frobenius)
+
+    def _linear_part(self, facts: dict, g: IntervalArray, c: IntervalArray) -> np.ndarray:
+        """``D`` (H, n(i), n(j), n(m), n(t)) >= 0 with ``||zeta_ijm(Y) - zeta_ijm(X)||`` at most the movement-free part
+        plus ``sum_t D_ijmt ||y_t - x_t||`` (unfolded): ``c (delta_im + |delta_mj - p_im|) g_im`` on token i, and on
+        block m = i ``c g_ij`` on token j and ``c p^+_il g_il`` on each token l (the keys' weighted centre)."""
+        H, n = self.H, self.n
+        delta, p_hi = IntervalArray(facts["delta"]), IntervalArray(facts["p_hi"])
+        on_query = (c * (delta.expand(2) + IntervalArray(self.coefficient)) * g.expand(2)).hi  # (H, n(i), n(j), n(m))
+        D = np.zeros((H, n, n, n, n))
+        index = np.arange(n)
+        D[:, index, :, :, index] = on_query.transpose(1, 0, 2, 3)                           # t = i
+        centre = (c * p_hi * g).hi                                                           # (H, n(i), n(l))
+        own = (c * g).hi                                                                     # (H, n(i), n(j))
+        for i in range(n):
+            block = IntervalArray(D[:, i, :, i, :]) + IntervalArray(centre[:, i][:, None, :]) \
+                + IntervalArray(np.einsum("hj,jt->hjt", own[:, i], np.eye(n)))
+            D[:, i, :, i, :] = block.hi
+        return D
 
     @staticmethod
-    def _scaled_deviation(at_x: IntervalArray, on_u: IntervalArray, size: np.ndarray, change: np.ndarray) -> np.ndarray:
-        """``sup_U ||s(Y) z(Y) - s(X) z(X)|| <= |s(Y) - s(X)| ||z(Y)|| + |s(X)| ||z(Y) - z(X)||`` per block,
-        for row scales s enclosed at X and on U, shape (H, n, n)."""
+    def _scale_moves(at_x: IntervalArray, on_u: IntervalArray, size: np.ndarray) -> np.ndarray:
+        """``|s(Y) - s(X)| ||z(Y)||`` per block, for row scales s enclosed at X and on U (H, n, n): the first part of
+        ``sup_U ||s(Y) z(Y) - s(X) z(X)|| <= |s(Y) - s(X)| ||z(Y)|| + |s(X)| ||z(Y) - z(X)||``, (H, n, n, n)."""
         moved = np.maximum(np.maximum((on_u - IntervalArray(at_x.lo)).hi, (IntervalArray(at_x.hi) - on_u).hi), 0.0)
-        return (IntervalArray(moved[..., None]) * IntervalArray(size)
-                + IntervalArray(at_x.magnitude[..., None]) * IntervalArray(change)).hi
+        return (IntervalArray(moved[..., None]) * IntervalArray(size)).hi
 
-    def chis(self, bounds: LocalBounds, r: np.ndarray) -> tuple[float, float, float]:
+    def chis(self, bounds: LocalBounds, r: np.ndarray, frobenius: float | None = None) -> tuple[float, float, float]:
         """``(chi_I, chi_II, chi_III)`` on the token balls with radii ``r``; ``bounds`` are those of
-        :func:`~lipbound.local.bounds.attention_bounds` on the same balls (their ``facts``)."""
+        :func:`~lipbound.local.bounds.attention_bounds` on the same balls (their ``facts``); ``frobenius`` bounds
+        ``||Y - X||_F`` there where known (the tokens then share it: :class:`_Changes`)."""
         E, facts = self.E, bounds.facts
         H, n = self.H, self.n
         p_on_u = IntervalArray(facts["p_lo"], facts["p_hi"])
-        size, change = self._functional_deviation(facts, r)
+        size, change = self._functional_deviation(facts, r, frobenius)
         moved_u = IntervalArray(facts["value_shift"][:, None, :]) + IntervalArray(facts["head_movement"][:, :, None])
         rho_on_u = IntervalArray(np.maximum((self.rho - moved_u).lo, 0.0), (self.rho + moved_u).hi)
         p_plus = IntervalArray(facts["p_hi"])
         # chi_I: Theta_h per head and all heads stacked, the rows scaled at X plus the scale's change, or
         # scaled by the scale's upper end on U, where only zeta changes
-        G_change = self._scaled_deviation(E.P, p_on_u, size, change)                  # (H, n, n, n)
-        per_head = IntervalArray(self.G_norms) + IntervalArray(IntervalArray(G_change.reshape(H, -1)).norm_upper())
-        stacked = IntervalArray(self.G_norm) + IntervalArray(IntervalArray(G_change.ravel()).norm_upper())
+        scale_moves, at_x = self._scale_moves(E.P, p_on_u, size), E.P.magnitude[..., None]
+        per_head = IntervalArray(self.G_norms) + IntervalArray(change.norms(at_x, 0, scale_moves))
+        stacked = IntervalArray(self.G_norm) + IntervalArray(change.norms(at_x, None, scale_moves))
         stacked_upper = IntervalArray(self.zeta_rows.norm_upper(p_plus.hi.ravel())) \
-            + IntervalArray((p_plus.expand(-1) * IntervalArray(change)).reshape(-1).norm_upper())
+            + IntervalArray(change.norms(p_plus.hi[..., None]))
         first = min((IntervalArray(self.value_norms) * per_head).sum(axis=0).hi.item(),
                     (IntervalArray(self.values_joint) * stacked).hi.item(),
                     (IntervalArray(self.values_joint) * stacked_upper).hi.item())
@@ -241,12 +277,12 @@ class AttentionCurvature:
         # chi_II: Omega_i, rows (h, j) of query i scaled by the upper end of (p_ij ||u_ij||)^(1/2) on U
         # (scaling at X and adding the scale's change never did better on the MiniLM layers)
         weight = (p_plus * IntervalArray(rho_on_u.hi)).sqrt()
-        row_change = (weight.expand(-1) * IntervalArray(change)).swapaxes(0, 1).reshape(n, -1).norm_upper()
+        row_change = change.norms(weight.hi[..., None], 1)
         omega = [self.zeta_rows.norm_upper(weight.hi[:, i].ravel(), self._query_rows(i)) for i in range(n)]
         m = (IntervalArray(omega) + IntervalArray(row_change)).hi                              # omega_i
         scaled = (IntervalArray(m)[None, :, None] * weight).hi                                 # (H, n, n)
-        chi_II = (IntervalArray(self.zeta_rows.norm_upper(scaled.ravel()))
-                  + IntervalArray((IntervalArray(m) * IntervalArray(row_change)).norm_upper())).hi.item()
+        moved = min(change.norms(scaled[..., None]), (IntervalArray(m) * IntervalArray(row_change)).norm_upper().item())
+        chi_II = (IntervalArray(self.zeta_rows.norm_upper(scaled.ravel())) + IntervalArray(moved)).hi.item()
         # chi_III: W_ij = sum_h ||Qt_h|| p_ij ||u_ij||, or the heads joined through ||[Qt_1 ... Qt_H]||
         reach = p_plus * IntervalArray(rho_on_u.hi)                                             # (H, n, n)
         W = (IntervalArray(self.pair_norms) * reach).sum(axis=0)
@@ -349,6 +385,56 @@ class _SplitRows:
         return (IntervalArray(own) + self.c * IntervalArray(other)).hi.item()
 
 
+@final
+class _Changes:
+    """Bounds on the Frobenius norms of ``s * (zeta(Y) - zeta(X))`` over U, blockwise (H, n(i), n(j), n(m)), for row and
+    block scales s >= 0 fixed on U: the blocks' bounds ``per_token`` at the tokens' radii, and, where the ball is known
+    to be a Frobenius ball of radius ``frobenius`` (``sum_t ||y_t - x_t||^2 <= frobenius^2``), the blocks' bounds
+    ``fixed + D x`` with ``x_t = ||y_t - x_t||``: by Minkowski's inequality the norm is at most
+    ``||s fixed|| + frobenius ||diag(s) D||_2`` (``D >= 0`` taken at its upper ends: the norm of a non-negative matrix
+    grows with its entries), the tokens sharing the radius instead of each taking all of it."""
+
+    def __init__(self, per_token: np.ndarray, fixed: np.ndarray | None = None, linear: np.ndarray | None = None,
+                 frobenius: float | None = None):
+        self.per_token, self.fixed, self.linear, self.frobenius = per_token, fixed, linear, frobenius
+
+    def norms(self, scales, axis: int | None = None, extra: np.ndarray | None = None):
+        """``sup_U ||extra + s (zeta(Y) - zeta(X))||_F`` bounded, over all blocks (``axis`` None: a float) or for each
+        index of ``axis`` (0: per head, 1: per query; an array), for scales ``s`` (>= 0, broadcast to the blocks) and
+        ``extra`` >= 0 (H, n, n, n) bounds added block by block."""
+        shape = self.per_token.shape
+        s = IntervalArray(np.broadcast_to(np.asarray(scales, dtype=np.float64), shape))
+        tail = IntervalArray(np.zeros(shape) if extra is None else extra)
+        plain = _grouped(((tail + s * IntervalArray(self.per_token)).hi), axis)
+        if self.fixed is None:
+            return plain
+        moved = s * IntervalArray(self.fixed)
+        rows = (s.expand(-1) * IntervalArray(self.linear)).hi                          # diag(s) D, (H, n, n, n, n)
+        rows = rows.reshape(-1, rows.shape[-1])[None] if axis is None else \
+            np.moveaxis(rows, axis, 0).reshape(shape[axis], -1, rows.shape[-1])
+        linear = spectral_norms_upper(rows)
+        joint = IntervalArray(_grouped(tail.hi, axis)) + IntervalArray(_grouped(moved.hi, axis)) \
+            + IntervalArray(float(self.frobenius)) * IntervalArray(linear if axis is not None else linear[0])
+        return np.minimum(plain, joint.hi)
+
+
+def _grouped(blocks: np.ndarray, axis: int | None):
+    """Upper bounds on the Frobenius norms of the non-negative ``blocks`` (H, n, n, n), all (a float) or per index of
+    ``axis``."""
+    if axis is None:
+        return IntervalArray(blocks.ravel()).norm_upper().item()
+    return IntervalArray(np.moveaxis(blocks, axis, 0).reshape(blocks.shape[axis], -1)).norm_upper()
+
+
+def _stack_norms(matrices: IntervalArray) -> np.ndarray:
+    """Certified spectral norms of a stack of interval matrices (..., rows, columns): the midpoints' (batched) plus the
+    radii's Frobenius norms, shape (...)."""
+    lead, mid = matrices.shape[:-2], matrices.mid
+    radius = IntervalArray((matrices - IntervalArray(mid)).magnitude.reshape(lead + (-1,))).norm_upper()
+    middle = spectral_norms_upper(mid.reshape((-1,) + matrices.shape[-2:])).reshape(lead)
+    return (IntervalArray(middle) + IntervalArray(radius)).hi
+
+
 def _norm(matrix: IntervalArray) -> float:
     """Certified spectral norm of an interval matrix (midpoint's norm plus the radius's Frobenius norm)."""
     return spectral_norm_upper_large(matrix.to_enclosure())
@@ -400,13 +486,16 @@ class CurvatureIntegral:
     def chis(self, radii: np.ndarray, overrides: dict | None = None, key=None) -> tuple:
         """``(chi_I, chi_II, chi_III)`` on the product of token balls with these radii (inf where the
         enclosures overflow); ``overrides``: score ranges and value shifts known to hold there
-        (:func:`~lipbound.local.bounds.attention_bounds`), identified by ``key``."""
+        (:func:`~lipbound.local.bounds.attention_bounds`), and under ``"frobenius"`` a bound on ``||Y - Z||_F`` there
+        (:meth:`AttentionCurvature.chis`), identified by ``key``."""
         key = (np.asarray(radii, dtype=np.float64).tobytes(), key)
         if key not in self._chis:
             balls = TokenBalls(self.center, radii)
             try:
-                bounds = attention_bounds(self.component.target, balls, self.enclosed, **(overrides or {}))
-                self._chis[key] = self.curvature.chis(bounds, balls.radii)
+                known = dict(overrides or {})
+                frobenius = known.pop("frobenius", None)
+                bounds = attention_bounds(self.component.target, balls, self.enclosed, **known)
+                self._chis[key] = self.curvature.chis(bounds, balls.radii, frobenius)
             except NotCertifiedError:
                 self._chis[key] = (math.inf,) * 3
         return self._chis[key]

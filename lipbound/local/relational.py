@@ -295,7 +295,9 @@ class RelationalRoute:
         if not covers(self.component.target, hood):
             return math.inf
         try:
-            return curvature.variation(hood, other, grid=relational_grid, known=self.known)
+            # every U(X, t) lies in the Frobenius ball of radius t: the curvature's tokens share it
+            return curvature.variation(hood, other, grid=relational_grid,
+                                       known=lambda t: {**self.known(t), "frobenius": t})
         except NotCertifiedError:
             return math.inf
 
