@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from test_local_bounds import central_jacobian
 
 from lipbound.local.balls import Neighbourhood
-from lipbound.local.chains import Component
 from lipbound.local.bounds import attention_bounds
+from lipbound.local.chains import Component
 from lipbound.local.curvature import CURVATURE_TOKENS, SPLIT_ENTRIES, AttentionCurvature, _Changes, _SplitRows
 from lipbound.local.curve import _Centre, _CurvatureRoute, lipschitz_curve
 from lipbound.local.enclosed import EnclosedAttention

@@ -202,8 +202,8 @@ class AttentionCurvature:
         radii = IntervalArray(r)
         moved_a = g * radii[None, :, None] * folds[None, None, :]                       # a_him moves by g_im r_i
         w_plus = IntervalArray(self.query_norms) + moved_a                              # ||a_him|| on U, (H, n, n)
-        # kappa_i moves by ||sum_l (p'_il - p_il) W_Q M_i (k~_l - kappa_i)|| + sum_l p'_il g_il r_l, the first at most
-        # sum_l delta_il ||W_Q M_i (k~_l - kappa_i)|| and ||delta_i|| ||(K~ - 1 kappa_i^T) M_i^T W_Q^T|| (Cauchy-Schwarz)
+        # kappa_i moves by ||sum_l (p'_il - p_il) W_Q M_i (k~_l - kappa_i)|| + sum_l p'_il g_il r_l, the first at
+        # most sum_l delta_il ||W_Q M_i (k~_l - kappa_i)|| and ||delta_i|| ||(K~ - 1 kappa_i^T) M_i^T W_Q^T||
         by_entries = (delta * IntervalArray(self.plain_key_norms)).sum(axis=-1)
         by_rows = IntervalArray(delta.norm_upper()) * IntervalArray(self.key_spreads)
         weights_kappa = IntervalArray(np.minimum(by_entries.hi, by_rows.hi))
@@ -257,7 +257,7 @@ class AttentionCurvature:
         :func:`~lipbound.local.bounds.attention_bounds` on the same balls (their ``facts``); ``frobenius`` bounds
         ``||Y - X||_F`` there where known (the tokens then share it: :class:`_Changes`)."""
         E, facts = self.E, bounds.facts
-        H, n = self.H, self.n
+        n = self.n
         p_on_u = IntervalArray(facts["p_lo"], facts["p_hi"])
         size, change = self._functional_deviation(facts, r, frobenius)
         moved_u = IntervalArray(facts["value_shift"][:, None, :]) + IntervalArray(facts["head_movement"][:, :, None])
