@@ -38,6 +38,14 @@ matrices have ``H n^3 d`` entries (:data:`CURVATURE_ENTRIES` caps them) and all 
 Gram matrix of their ``H n^2`` rows (:class:`~lipbound.rigorous.linalg.RowGram`), whose factorisations cost
 about ``(H n^2)^3`` per radius: the bound is formed up to a number of tokens (:data:`CURVATURE_TOKENS` by default).
 
+The deviations are bounded block by block: block m of row (h, i, j) changes by at most ``f + sum_t D_t x_t`` with
+``x_t = ||y_t - x_t||`` (weights' changes ``delta`` and the queries' key directions ``||a_him||`` in f; the keys' and
+queries' movements in ``D >= 0``; the keys' weighted centre moved by the weights at most the smaller of
+``sum_l delta_il ||W_Q M_i (k~_l - kappa_i)||`` and ``||delta_i|| ||(K~ - 1 kappa_i^T) M_i^T W_Q^T||``).  On token balls
+every ``x_t`` is the token's radius; where the set is known to lie in a Frobenius ball of radius t, the tokens share
+it (lemma ``curvature-joint``): ``||s (zeta(Y) - zeta(X))||_F <= ||s f|| + t ||diag(s) D||_2`` for scales s >= 0 fixed
+on U (Minkowski, then ``||x|| <= t``), and the smaller of the two bounds is taken (:class:`_Changes`).
+
 Longer inputs get the split bound instead, which forms ``zeta`` one query at a time.  With ``a_hi = W_K q_i``, row
 (h, i, j) of ``zeta`` is its own block ``o_hij = c ((delta_ij - p_ii) a_hi + W_Q (k_j - kappa_i))`` on
 ``e_i`` plus ``c (delta_mj - p_im) a_hi`` on the other tokens' ``e_m``; for row scales s (Minkowski, then
