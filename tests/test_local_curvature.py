@@ -290,7 +290,12 @@ def test_the_integrated_bound_holds_on_the_neighbourhood(seed, kind, ball, eps, 
     hood = Neighbourhood(ball, eps, (1,) if ball == "tokens" else ())
     route = _route(target, X, ball, eps, hood.positions, split)
     bound = route.variation(hood, np.inf)
-    assert _largest_change(target, X, hood, rng) <= bound * (1 + 1e-6) + 1e-7
+    found = _largest_change(target, X, hood, rng)
+    assert found <= bound * (1 + 1e-6) + 1e-7
+    if ball in ("fro", "2,1") and not split:     # U(X, t) within the Frobenius ball of radius t: the tokens share it
+        shared = route.variation(hood, np.inf, known=lambda t: {"frobenius": t})
+        assert found <= shared * (1 + 1e-6) + 1e-7
+        assert shared <= bound
 
 
 def test_each_input_gets_the_gram_route_the_split_bound_or_neither_by_its_size():
