@@ -87,9 +87,9 @@ CURVATURE_TOKENS = 20
 #: Largest ``H n^4`` for which the split bound is formed: n <= 64 with 12 heads (at n = 61 on MiniLM: about
 #: 2 minutes to set up, 10 s per radius, 4 GB).
 SPLIT_ENTRIES = 12 * 64 ** 4
-#: Largest ``H n^5`` for which the movement's linear part is formed, the tokens sharing a Frobenius radius
-#: (:class:`_Changes`; 12 heads: n <= 20, 25 MB)
-JOINT_ENTRIES = 12 * 20 ** 5
+#: Largest ``H n^3`` for which the change's parts are formed (:class:`_Changes`; a few arrays of that size, as the
+#: deviations themselves)
+JOINT_ENTRIES = 12 * 64 ** 3
 
 
 class AttentionCurvature:
@@ -155,6 +155,7 @@ class AttentionCurvature:
         query_part = E.norms.w            # a_him = W_K M_m q~_i^T, (H, n(i), n(m) or 1, d)
         self.plain_key_norms = key_part.norm_upper()                                    # (H, n, n)
         self.key_spreads = _stack_norms(key_part)                                       # ||(K~ - 1 kappa_i^T) W_Q^T||
+        self.heads_joint = None if self.rotary or fold is not None else _HeadsJoint(E, spread, E.c)
         if fold is not None:              # block m of a row acts on e_m F_m: z_m F_m^T
             key_part = key_part.einsum("hijd,ikd->hijk", fold)
             query_part = (query_part + IntervalArray(np.zeros((H, n, n, d)))).einsum("himd,mkd->himk", fold)
@@ -226,32 +227,34 @@ class AttentionCurvature:
             change_hi[:, i, :, i] = (IntervalArray(change_hi[:, i, :, i]) + c * key_change[:, i]).hi
             size_hi[:, i, :, i] = (IntervalArray(size_hi[:, i, :, i])
                                    + c * (IntervalArray(self.key_norms[:, i]) + key_change[:, i])).hi
-        if frobenius is None or self.fold is not None or self.H * self.n ** 5 > JOINT_ENTRIES:
+        if self.fold is not None or self.H * self.n ** 3 > JOINT_ENTRIES:
             return size_hi, _Changes(change_hi)
         # the same bounds with ||y_t - x_t|| for r_t: a part free of the movement plus one linear in it
         fixed = c * moved_p * IntervalArray(self.query_norms).expand(2)
         fixed_hi = fixed.hi.copy()
         for i in range(self.n):
             fixed_hi[:, i, :, i] = (IntervalArray(fixed_hi[:, i, :, i]) + c * weights_kappa[:, i].expand(-1)).hi
-        return size_hi, _Changes(change_hi, fixed_hi, self._linear_part(facts, g, c), frobenius)
+        spectral = None if self.heads_joint is None else self.heads_joint.at(delta, weights_kappa)
+        return size_hi, _Changes(change_hi, fixed_hi, self._linear_part(facts, g, c), r, frobenius, spectral)
 
-    def _linear_part(self, facts: dict, g: IntervalArray, c: IntervalArray) -> np.ndarray:
-        """``D`` (H, n(i), n(j), n(m), n(t)) >= 0 with ``||zeta_ijm(Y) - zeta_ijm(X)||`` at most the movement-free part
-        plus ``sum_t D_ijmt ||y_t - x_t||`` (unfolded): ``c (delta_im + |delta_mj - p_im|) g_im`` on token i, and on
-        block m = i ``c g_ij`` on token j and ``c p^+_il g_il`` on each token l (the keys' weighted centre)."""
-        H, n = self.H, self.n
+    def _linear_part(self, facts: dict, g: IntervalArray, c: IntervalArray) -> tuple[np.ndarray, np.ndarray]:
+        """``D >= 0`` with ``||zeta_ijm(Y) - zeta_ijm(X)||`` at most the movement-free part plus ``sum_t D_ijmt ||y_t -
+        x_t||`` (unfolded): ``c (delta_im + |delta_mj - p_im|) g_im`` on token i, and on block m = i also ``c g_ij`` on
+        token j and ``c p^+_il g_il`` on each token l (the keys' weighted centre).  As two arrays: ``single`` (H, n(i),
+        n(j), n(m)), the blocks m != i (their one entry, on token i; 0 at m = i), and ``own`` (H, n(i), n(j), n(t)),
+        the rows of the blocks m = i."""
+        n = self.n
         delta, p_hi = IntervalArray(facts["delta"]), IntervalArray(facts["p_hi"])
         on_query = (c * (delta.expand(2) + IntervalArray(self.coefficient)) * g.expand(2)).hi  # (H, n(i), n(j), n(m))
-        D = np.zeros((H, n, n, n, n))
         index = np.arange(n)
-        D[:, index, :, :, index] = on_query.transpose(1, 0, 2, 3)                           # t = i
-        centre = (c * p_hi * g).hi                                                           # (H, n(i), n(l))
-        own = (c * g).hi                                                                     # (H, n(i), n(j))
-        for i in range(n):
-            block = IntervalArray(D[:, i, :, i, :]) + IntervalArray(centre[:, i][:, None, :]) \
-                + IntervalArray(np.einsum("hj,jt->hjt", own[:, i], np.eye(n)))
-            D[:, i, :, i, :] = block.hi
-        return D
+        single = on_query.copy()
+        single[:, index, :, index] = 0.0
+        centre = c * p_hi * g                                                                # (H, n(i), n(l))
+        keys = (c * g).expand(-1) * IntervalArray(np.eye(n)[None, None])                     # c g_ij on token j
+        on_own = np.zeros(on_query.shape)
+        on_own[:, index, :, index] = on_query[:, index, :, index]                            # (t = i)
+        own = (IntervalArray(on_own) + centre.expand(2) + keys).hi
+        return single, own
 
     @staticmethod
     def _scale_moves(at_x: IntervalArray, on_u: IntervalArray, size: np.ndarray) -> np.ndarray:
@@ -273,11 +276,11 @@ class AttentionCurvature:
         p_plus = IntervalArray(facts["p_hi"])
         # chi_I: Theta_h per head and all heads stacked, the rows scaled at X plus the scale's change, or
         # scaled by the scale's upper end on U, where only zeta changes
-        scale_moves, at_x = self._scale_moves(E.P, p_on_u, size), E.P.magnitude[..., None]
+        scale_moves, at_x = self._scale_moves(E.P, p_on_u, size), E.P.magnitude
         per_head = IntervalArray(self.G_norms) + IntervalArray(change.norms(at_x, 0, scale_moves))
         stacked = IntervalArray(self.G_norm) + IntervalArray(change.norms(at_x, None, scale_moves))
         stacked_upper = IntervalArray(self.zeta_rows.norm_upper(p_plus.hi.ravel())) \
-            + IntervalArray(change.norms(p_plus.hi[..., None]))
+            + IntervalArray(change.norms(p_plus.hi))
         first = min((IntervalArray(self.value_norms) * per_head).sum(axis=0).hi.item(),
                     (IntervalArray(self.values_joint) * stacked).hi.item(),
                     (IntervalArray(self.values_joint) * stacked_upper).hi.item())
@@ -285,11 +288,11 @@ class AttentionCurvature:
         # chi_II: Omega_i, rows (h, j) of query i scaled by the upper end of (p_ij ||u_ij||)^(1/2) on U
         # (scaling at X and adding the scale's change never did better on the MiniLM layers)
         weight = (p_plus * IntervalArray(rho_on_u.hi)).sqrt()
-        row_change = change.norms(weight.hi[..., None], 1)
+        row_change = change.norms(weight.hi, 1)
         omega = [self.zeta_rows.norm_upper(weight.hi[:, i].ravel(), self._query_rows(i)) for i in range(n)]
         m = (IntervalArray(omega) + IntervalArray(row_change)).hi                              # omega_i
         scaled = (IntervalArray(m)[None, :, None] * weight).hi                                 # (H, n, n)
-        moved = min(change.norms(scaled[..., None]), (IntervalArray(m) * IntervalArray(row_change)).norm_upper().item())
+        moved = min(change.norms(scaled), (IntervalArray(m) * IntervalArray(row_change)).norm_upper().item())
         chi_II = (IntervalArray(self.zeta_rows.norm_upper(scaled.ravel())) + IntervalArray(moved)).hi.item()
         # chi_III: W_ij = sum_h ||Qt_h|| p_ij ||u_ij||, or the heads joined through ||[Qt_1 ... Qt_H]||
         reach = p_plus * IntervalArray(rho_on_u.hi)                                             # (H, n, n)
@@ -397,35 +400,127 @@ class _SplitRows:
 
 @final
 class _Changes:
-    """Bounds on the Frobenius norms of ``s * (zeta(Y) - zeta(X))`` over U, blockwise (H, n(i), n(j), n(m)), for row and
-    block scales s >= 0 fixed on U: the blocks' bounds ``per_token`` at the tokens' radii, and, where the ball is known
-    to be a Frobenius ball of radius ``frobenius`` (``sum_t ||y_t - x_t||^2 <= frobenius^2``), the blocks' bounds
-    ``fixed + D x`` with ``x_t = ||y_t - x_t||``: by Minkowski's inequality the norm is at most
-    ``||s fixed|| + frobenius ||diag(s) D||_2`` (``D >= 0`` taken at its upper ends: the norm of a non-negative matrix
-    grows with its entries), the tokens sharing the radius instead of each taking all of it."""
+    """Bounds on the norms of ``s (zeta(Y) - zeta(X))`` over U, for row scales s >= 0 (H, n(i), n(j)) fixed on U: the
+    blocks' bounds ``per_token`` (H, n(i), n(j), n(m)) at the tokens' radii, and the same bounds split into a part
+    ``fixed`` free of the movement and one linear in ``x_t = ||y_t - x_t||`` (``linear``: :meth:`AttentionCurvature.
+    _linear_part`).  By Minkowski's inequality the norm is at most that of the fixed part plus the linear part's
+    Frobenius norm, the latter at most ``||s D r||_F`` and, where the ball is known to be a Frobenius ball of radius
+    ``frobenius`` (``||x|| <= frobenius``), ``frobenius ||diag(s) D||_2`` (``D >= 0`` at its upper ends: the norm of a
+    non-negative matrix grows with its entries): the tokens share the radius instead of each taking all of it.  The
+    fixed part's norm is its blocks' Frobenius norm or, for dot-product heads, ``spectral`` (:class:`_HeadsJoint`)."""
 
-    def __init__(self, per_token: np.ndarray, fixed: np.ndarray | None = None, linear: np.ndarray | None = None,
-                 frobenius: float | None = None):
-        self.per_token, self.fixed, self.linear, self.frobenius = per_token, fixed, linear, frobenius
+    def __init__(self, per_token: np.ndarray, fixed: np.ndarray | None = None, linear: tuple | None = None,
+                 radii: np.ndarray | None = None, frobenius: float | None = None, spectral=None):
+        self.per_token, self.fixed, self.linear, self.radii = per_token, fixed, linear, radii
+        self.frobenius, self.spectral = frobenius, spectral
 
     def norms(self, scales, axis: int | None = None, extra: np.ndarray | None = None):
-        """``sup_U ||extra + s (zeta(Y) - zeta(X))||_F`` bounded, over all blocks (``axis`` None: a float) or for each
-        index of ``axis`` (0: per head, 1: per query; an array), for scales ``s`` (>= 0, broadcast to the blocks) and
-        ``extra`` >= 0 (H, n, n, n) bounds added block by block."""
+        """``sup_U ||extra + s (zeta(Y) - zeta(X))||_2`` bounded, over all rows (``axis`` None: a float) or for each
+        index of ``axis`` (0: per head, 1: per query; an array), for row scales ``s`` (>= 0, (H, n, n)) and ``extra``
+        >= 0 (H, n, n, n) bounds added block by block (their Frobenius norm)."""
         shape = self.per_token.shape
-        s = IntervalArray(np.broadcast_to(np.asarray(scales, dtype=np.float64), shape))
+        s = IntervalArray(np.broadcast_to(np.asarray(scales, dtype=np.float64), shape[:3])).expand(-1)
         tail = IntervalArray(np.zeros(shape) if extra is None else extra)
         plain = _grouped(((tail + s * IntervalArray(self.per_token)).hi), axis)
         if self.fixed is None:
             return plain
-        moved = s * IntervalArray(self.fixed)
-        rows = (s.expand(-1) * IntervalArray(self.linear)).hi                          # diag(s) D, (H, n, n, n, n)
-        rows = rows.reshape(-1, rows.shape[-1])[None] if axis is None else \
-            np.moveaxis(rows, axis, 0).reshape(shape[axis], -1, rows.shape[-1])
-        linear = spectral_norms_upper(rows)
-        joint = IntervalArray(_grouped(tail.hi, axis)) + IntervalArray(_grouped(moved.hi, axis)) \
-            + IntervalArray(float(self.frobenius)) * IntervalArray(linear if axis is not None else linear[0])
-        return np.minimum(plain, joint.hi)
+        single, own = self.linear
+        radii = IntervalArray(self.radii)
+        moved = s * IntervalArray(single) * radii[None, :, None, None]
+        index = np.arange(shape[1])
+        lo, hi = moved.lo.copy(), moved.hi.copy()                                  # blocks m = i: their own rows
+        on_own = (s[..., 0] * (IntervalArray(own) * radii).sum(axis=-1))          # (H, n(i), n(j))
+        lo[:, index, :, index], hi[:, index, :, index] = on_own.lo.transpose(1, 0, 2), on_own.hi.transpose(1, 0, 2)
+        linear = _grouped(hi, axis)
+        if self.frobenius is not None:
+            linear = np.minimum(linear, (IntervalArray(float(self.frobenius))
+                                         * IntervalArray(self._linear_norms(s, axis))).hi)
+        fixed = _grouped((s * IntervalArray(self.fixed)).hi, axis)
+        if self.spectral is not None:
+            fixed = np.minimum(fixed, self.spectral.norms(s.hi[..., 0], axis))
+        joint = IntervalArray(_grouped(tail.hi, axis)) + IntervalArray(fixed) + IntervalArray(linear)
+        joint_hi = joint.hi if axis is not None else joint.hi.item()
+        return np.minimum(plain, joint_hi)
+
+    def _linear_norms(self, s: IntervalArray, axis: int | None) -> np.ndarray:
+        """``||diag(s) D||_2`` over the rows of each group: a block m != i has one entry, on token i, so those of a
+        group add up on the diagonal (their squares summed), beside the rows of the blocks m = i."""
+        single, own = self.linear
+        H, n = single.shape[:2]
+        scattered = (s * IntervalArray(single)).hi                                 # (H, n(i), n(j), n(m))
+        rows = (s * IntervalArray(own)).hi                                         # (H, n(i), n(j), n(t))
+        eye = np.eye(n)
+        if axis is None:
+            diagonal = IntervalArray(scattered.transpose(1, 0, 2, 3).reshape(n, -1)).norm_upper()     # (n(i),)
+            stacks = np.concatenate([eye * diagonal[:, None], rows.reshape(-1, n)])[None]
+        elif axis == 0:
+            diagonal = IntervalArray(scattered.reshape(H, n, -1)).norm_upper()                          # (H, n(i))
+            stacks = np.concatenate([eye[None] * diagonal[:, :, None], rows.reshape(H, n * n, n)], axis=1)
+        else:
+            diagonal = IntervalArray(scattered.transpose(1, 0, 2, 3).reshape(n, -1)).norm_upper()     # (n(i),)
+            stacks = np.concatenate([(eye * diagonal[:, None])[:, None, :],
+                                     rows.transpose(1, 0, 2, 3).reshape(n, H * n, n)], axis=1)
+        norms = spectral_norms_upper(stacks)
+        return norms if axis is not None else norms[0]
+
+
+@final
+class _HeadsJoint:
+    """The spectral norm of the weights' part of ``zeta``'s change, all heads of a group of rows at once (lemma
+    ``curvature-joint``), for dot-product heads (no rotations): with ``dp = p(Y) - p(X)``, row (h, i, j) changes by
+    ``-c dp_him a_hi`` on every block m (``a_hi = W_K q_i^T``) and by ``-c W_Q^h u_hi`` on block i,
+    ``u_hi = sum_l dp_hil (k_l - kappa_hi)``.  For row scales s, ``sigma_hi = ||s_hi.||``, ``Delta_hi >= ||dp_hi||``:
+
+    * the first part has Gram matrix ``(sigma sigma^T) o G_a o C`` (``G_a`` of the rows ``a_hi``, ``C`` of the rows
+      ``dp_hi``), at most ``c ||diag(sigma Delta) A||`` (Schur: ``lambda_max(A o B) <= max_k B_kk lambda_max(A)`` for
+      PSD A, B, here ``B = diag(Delta)^-1 C diag(Delta)^-1``);
+    * the second lies on block i only (block-diagonal over the queries), and for a query its rows are
+      ``c blockdiag(sigma_hi u_hi^T) [W_Q^1 ... W_Q^H]^T``: at most ``c max_i min(||W_Q|| max_h sigma_hi ||u_hi||,
+      (sum_h sigma_hi^2 ||W_Q^h u_hi||^2)^(1/2))``, ``||u_hi|| <= min(sum_l delta_hil ||k_l - kappa_hi||, Delta_hi
+      ||K - 1 kappa_hi^T||)``.
+
+    The heads' key directions ``a_hi`` lie in nearly orthogonal subspaces, so this is below the blocks' Frobenius norm.
+    """
+
+    def __init__(self, E: EnclosedAttention, spread: IntervalArray, c: IntervalArray):
+        engine = E.engine
+        H, n = engine.H, E.n
+        self.H, self.n, self.c = H, n, c
+        self.directions = RowGram(E.norms.w[:, :, 0].reshape(H * n, -1).to_enclosure())     # rows a_hi, (h, i)
+        self.query_stack = _norm(IntervalArray(np.concatenate([engine.head_weights(h)[0] for h in range(H)], axis=1)))
+        self.key_rows = spread.norm_upper()                                                  # ||k_l - kappa_hi||
+        self.key_stack = _stack_norms(spread)                                                # ||K - 1 kappa_hi^T||
+
+    def at(self, delta: IntervalArray, kappa: IntervalArray) -> _HeadsJoint:
+        """Bound to a neighbourhood: the weights' changes ``delta`` (H, n, n) and ``||W_Q^h u_hi||`` bounds ``kappa``
+        (H, n) there."""
+        bound = _HeadsJoint.__new__(_HeadsJoint)
+        bound.__dict__.update(self.__dict__)
+        bound.Delta = delta.norm_upper()                                                     # (H, n)
+        by_entries = (delta * IntervalArray(self.key_rows)).sum(axis=-1).hi
+        bound.u = np.minimum(by_entries, (IntervalArray(bound.Delta) * IntervalArray(self.key_stack)).hi)
+        bound.kappa = kappa.hi
+        return bound
+
+    def norms(self, s: np.ndarray, axis: int | None):
+        """The fixed part's norm for row scales s (H, n, n), all rows or per index of ``axis`` (:class:`_Changes`)."""
+        H, n = self.H, self.n
+        sigma = IntervalArray(s).norm_upper()                                                # (H, n)
+        scaled = (IntervalArray(sigma) * IntervalArray(self.Delta)).hi.ravel()                # rows (h, i)
+        groups = [np.arange(H * n)] if axis is None else \
+            [h * n + np.arange(n) for h in range(H)] if axis == 0 else [np.arange(H) * n + i for i in range(n)]
+        first = np.array([self.directions.norm_upper(scaled[rows], rows) for rows in groups])
+        by_stack = IntervalArray(self.query_stack) * IntervalArray(sigma) * IntervalArray(self.u)         # (H, n)
+        by_heads = IntervalArray(sigma) * IntervalArray(self.kappa)
+        per_query = [np.minimum(np.max(by_stack.hi[:, i]), by_heads[:, i].norm_upper().item()) for i in range(n)]
+        if axis is None:
+            second = np.array([max(per_query)])
+        elif axis == 0:
+            second = np.max(np.minimum(by_stack.hi, by_heads.hi), axis=1)
+        else:
+            second = np.array(per_query)
+        total = (self.c * (IntervalArray(first) + IntervalArray(second))).hi
+        return total if axis is not None else total[0]
 
 
 def _grouped(blocks: np.ndarray, axis: int | None):
