@@ -426,12 +426,10 @@ class _Changes:
             return plain
         single, own = self.linear
         radii = IntervalArray(self.radii)
-        moved = s * IntervalArray(single) * radii[None, :, None, None]
-        index = np.arange(shape[1])
-        lo, hi = moved.lo.copy(), moved.hi.copy()                                  # blocks m = i: their own rows
-        on_own = (s[..., 0] * (IntervalArray(own) * radii).sum(axis=-1))          # (H, n(i), n(j))
-        lo[:, index, :, index], hi[:, index, :, index] = on_own.lo.transpose(1, 0, 2), on_own.hi.transpose(1, 0, 2)
-        linear = _grouped(hi, axis)
+        moved = (s * IntervalArray(single) * radii[None, :, None, None]).hi
+        index = np.arange(shape[1])                                                 # blocks m = i: their own rows
+        moved[:, index, :, index] = (s[..., 0] * (IntervalArray(own) * radii).sum(axis=-1)).hi.transpose(1, 0, 2)
+        linear = _grouped(moved, axis)
         if self.frobenius is not None:
             linear = np.minimum(linear, (IntervalArray(float(self.frobenius))
                                          * IntervalArray(self._linear_norms(s, axis))).hi)

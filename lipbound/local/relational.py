@@ -93,7 +93,7 @@ def frobenius_scores(E: EnclosedAttention, eps: float) -> IntervalArray:
 #: time in proportion to the radii).
 RELATIONAL_STEPS = 16
 #: the route runs where the variation found so far exceeds this fraction of ``||DF(X)||``: below it the certified
-#: value is within that fraction of its floor, and the route's grid costs about four curvature bounds per radius
+#: value is within that fraction of its floor, and the route's grid costs about twice the curve's curvature bounds
 RELATIONAL_WORTH = 0.25
 
 
