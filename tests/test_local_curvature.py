@@ -23,9 +23,10 @@ from test_local_bounds import central_jacobian
 from lipbound.local.balls import Neighbourhood
 from lipbound.local.bounds import attention_bounds
 from lipbound.local.chains import Component
-from lipbound.local.curvature import CURVATURE_TOKENS, SPLIT_ENTRIES, AttentionCurvature, _Changes, _SplitRows
+from lipbound.local.curvature import CURVATURE_TOKENS, SPLIT_ENTRIES, AttentionCurvature, _SplitRows
 from lipbound.local.curve import _Centre, _CurvatureRoute, lipschitz_curve
 from lipbound.local.enclosed import EnclosedAttention
+from lipbound.local.zeta_changes import Changes
 from lipbound.numeric.model import Head, Layer
 
 
@@ -245,8 +246,8 @@ def test_the_changes_of_zetas_rows_on_a_frobenius_ball_are_bounded_jointly(seed,
                 assert np.linalg.norm(rows, 2) <= bounds[axis][k] * (1 + 1e-9) + 1e-12
     # the part linear in the tokens' movements: sharing the radius is the smaller
     unbounded = np.full(changes.per_token.shape, 1e100)                               # (the blocks: not used)
-    shared = _Changes(unbounded, np.zeros_like(unbounded), changes.linear, balls.radii, eps).norms(scales)
-    alone = _Changes(unbounded, np.zeros_like(unbounded), changes.linear, balls.radii).norms(scales)
+    shared = Changes(unbounded, np.zeros_like(unbounded), changes.linear, balls.radii, eps).norms(scales)
+    alone = Changes(unbounded, np.zeros_like(unbounded), changes.linear, balls.radii).norms(scales)
     assert shared < alone
 
 

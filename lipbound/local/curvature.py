@@ -44,7 +44,8 @@ queries' movements in ``D >= 0``; the keys' weighted centre moved by the weights
 ``sum_l delta_il ||W_Q M_i (k~_l - kappa_i)||`` and ``||delta_i|| ||(K~ - 1 kappa_i^T) M_i^T W_Q^T||``).  On token balls
 every ``x_t`` is the token's radius; where the set is known to lie in a Frobenius ball of radius t, the tokens share
 it (lemma ``curvature-joint``): ``||s (zeta(Y) - zeta(X))||_F <= ||s f|| + t ||diag(s) D||_2`` for scales s >= 0 fixed
-on U (Minkowski, then ``||x|| <= t``), and the smaller of the two bounds is taken (:class:`_Changes`).
+on U (Minkowski, then ``||x|| <= t``), and the smaller of the two bounds is taken
+(:class:`~lipbound.local.zeta_changes.Changes`).
 
 Longer inputs get the split bound instead, which forms ``zeta`` one query at a time.  With ``a_hi = W_K q_i``, row
 (h, i, j) of ``zeta`` is its own block ``o_hij = c ((delta_ij - p_ii) a_hi + W_Q (k_j - kappa_i))`` on
@@ -62,19 +63,18 @@ deviation arrays have ``H n^4`` entries (:data:`SPLIT_ENTRIES` caps them).
 from __future__ import annotations
 
 import math
-from typing import final
 
 import numpy as np
 
 from ..errors import NotCertifiedError
 from ..rigorous.arrays import IntervalArray, as_interval_array
-from ..rigorous.batched import spectral_norms_upper
 from ..rigorous.intervals import upper
 from ..rigorous.linalg import Enclosure, RowGram, product_norm_interval, spectral_norm_upper_large
 from ..symbolic import local as T
 from .balls import TokenBalls
 from .bounds import LocalBounds, attention_bounds, attention_norms, evaluate_theorem, head_movement, value_space
 from .enclosed import EnclosedAttention, head_products
+from .zeta_changes import Changes, HeadsJoint, stack_norms
 
 __all__ = ["AttentionCurvature", "CurvatureIntegral", "CURVATURE_ENTRIES", "CURVATURE_TOKENS", "SPLIT_ENTRIES",
            "GRID_PER_DECADE", "decade_grid"]
@@ -87,8 +87,8 @@ CURVATURE_TOKENS = 20
 #: Largest ``H n^4`` for which the split bound is formed: n <= 64 with 12 heads (at n = 61 on MiniLM: about
 #: 2 minutes to set up, 10 s per radius, 4 GB).
 SPLIT_ENTRIES = 12 * 64 ** 4
-#: Largest ``H n^3`` for which the change's parts are formed (:class:`_Changes`; a few arrays of that size, as the
-#: deviations themselves)
+#: Largest ``H n^3`` for which the change's parts are formed (:class:`~lipbound.local.zeta_changes.Changes`;
+#: a few arrays of that size, as the deviations themselves)
 JOINT_ENTRIES = 12 * 64 ** 3
 
 
@@ -154,8 +154,8 @@ class AttentionCurvature:
         key_part = IntervalArray.stack([spread[h].matmul(engine.head_weights(h)[0].T) for h in range(H)])
         query_part = E.norms.w            # a_him = W_K M_m q~_i^T, (H, n(i), n(m) or 1, d)
         self.plain_key_norms = key_part.norm_upper()                                    # (H, n, n)
-        self.key_spreads = _stack_norms(key_part)                                       # ||(K~ - 1 kappa_i^T) W_Q^T||
-        self.heads_joint = None if self.rotary or fold is not None else _HeadsJoint(E, spread, E.c)
+        self.key_spreads = stack_norms(key_part)                                       # ||(K~ - 1 kappa_i^T) W_Q^T||
+        self.heads_joint = None if self.rotary or fold is not None else HeadsJoint(E, spread, E.c)
         if fold is not None:              # block m of a row acts on e_m F_m: z_m F_m^T
             key_part = key_part.einsum("hijd,ikd->hijk", fold)
             query_part = (query_part + IntervalArray(np.zeros((H, n, n, d)))).einsum("himd,mkd->himk", fold)
@@ -203,8 +203,9 @@ class AttentionCurvature:
 
     def _functional_deviation(self, facts: dict, r: np.ndarray, frobenius: float | None = None):
         """``(sup_U ||zeta_ijm||, changes)`` per block m of each row, (H, n, n, n): the first an array, the second a
-        :class:`_Changes` bounding ``||zeta_ijm(Y) - zeta_ijm(X)||`` block by block and, with ``frobenius`` (a bound on
-        ``||Y - X||_F`` on U), their scaled Frobenius norms jointly over the tokens (module docstring)."""
+        :class:`~lipbound.local.zeta_changes.Changes` bounding ``||zeta_ijm(Y) - zeta_ijm(X)||`` block by block and,
+        with ``frobenius`` (a bound on ``||Y - X||_F`` on U), their norms with the tokens sharing it (module
+        docstring)."""
         g = IntervalArray(np.broadcast_to(self.E.norms.g, self.coefficient.shape[:3]))  # ||W_Q R_ij W_K^T||, (H, n, n)
         folds = IntervalArray(self.fold_norms)                                          # ||F_m|| (1 unfolded)
         delta, p_hi, c = IntervalArray(facts["delta"]), IntervalArray(facts["p_hi"]), IntervalArray(self.c)
@@ -228,14 +229,14 @@ class AttentionCurvature:
             size_hi[:, i, :, i] = (IntervalArray(size_hi[:, i, :, i])
                                    + c * (IntervalArray(self.key_norms[:, i]) + key_change[:, i])).hi
         if self.fold is not None or self.H * self.n ** 3 > JOINT_ENTRIES:
-            return size_hi, _Changes(change_hi)
+            return size_hi, Changes(change_hi)
         # the same bounds with ||y_t - x_t|| for r_t: a part free of the movement plus one linear in it
         fixed = c * moved_p * IntervalArray(self.query_norms).expand(2)
         fixed_hi = fixed.hi.copy()
         for i in range(self.n):
             fixed_hi[:, i, :, i] = (IntervalArray(fixed_hi[:, i, :, i]) + c * weights_kappa[:, i].expand(-1)).hi
         spectral = None if self.heads_joint is None else self.heads_joint.at(delta, weights_kappa)
-        return size_hi, _Changes(change_hi, fixed_hi, self._linear_part(facts, g, c), r, frobenius, spectral)
+        return size_hi, Changes(change_hi, fixed_hi, self._linear_part(facts, g, c), r, frobenius, spectral)
 
     def _linear_part(self, facts: dict, g: IntervalArray, c: IntervalArray) -> tuple[np.ndarray, np.ndarray]:
         """``D >= 0`` with ``||zeta_ijm(Y) - zeta_ijm(X)||`` at most the movement-free part plus ``sum_t D_ijmt ||y_t -
@@ -266,7 +267,7 @@ class AttentionCurvature:
     def chis(self, bounds: LocalBounds, r: np.ndarray, frobenius: float | None = None) -> tuple[float, float, float]:
         """``(chi_I, chi_II, chi_III)`` on the token balls with radii ``r``; ``bounds`` are those of
         :func:`~lipbound.local.bounds.attention_bounds` on the same balls (their ``facts``); ``frobenius`` bounds
-        ``||Y - X||_F`` there where known (the tokens then share it: :class:`_Changes`)."""
+        ``||Y - X||_F`` there where known (the tokens then share it: :class:`~lipbound.local.zeta_changes.Changes`)."""
         E, facts = self.E, bounds.facts
         n = self.n
         p_on_u = IntervalArray(facts["p_lo"], facts["p_hi"])
@@ -396,146 +397,6 @@ class _SplitRows:
         active = np.flatnonzero(nu)
         other = self.queries.norm_upper(nu[active], active) if active.size else 0.0
         return (IntervalArray(own) + self.c * IntervalArray(other)).hi.item()
-
-
-@final
-class _Changes:
-    """Bounds on the norms of ``s (zeta(Y) - zeta(X))`` over U, for row scales s >= 0 (H, n(i), n(j)) fixed on U: the
-    blocks' bounds ``per_token`` (H, n(i), n(j), n(m)) at the tokens' radii, and the same bounds split into a part
-    ``fixed`` free of the movement and one linear in ``x_t = ||y_t - x_t||`` (``linear``: :meth:`AttentionCurvature.
-    _linear_part`).  By Minkowski's inequality the norm is at most that of the fixed part plus the linear part's
-    Frobenius norm, the latter at most ``||s D r||_F`` and, where the ball is known to be a Frobenius ball of radius
-    ``frobenius`` (``||x|| <= frobenius``), ``frobenius ||diag(s) D||_2`` (``D >= 0`` at its upper ends: the norm of a
-    non-negative matrix grows with its entries): the tokens share the radius instead of each taking all of it.  The
-    fixed part's norm is its blocks' Frobenius norm or, for dot-product heads, ``spectral`` (:class:`_HeadsJoint`)."""
-
-    def __init__(self, per_token: np.ndarray, fixed: np.ndarray | None = None, linear: tuple | None = None,
-                 radii: np.ndarray | None = None, frobenius: float | None = None, spectral=None):
-        self.per_token, self.fixed, self.linear, self.radii = per_token, fixed, linear, radii
-        self.frobenius, self.spectral = frobenius, spectral
-
-    def norms(self, scales, axis: int | None = None, extra: np.ndarray | None = None):
-        """``sup_U ||extra + s (zeta(Y) - zeta(X))||_2`` bounded, over all rows (``axis`` None: a float) or for each
-        index of ``axis`` (0: per head, 1: per query; an array), for row scales ``s`` (>= 0, (H, n, n)) and ``extra``
-        >= 0 (H, n, n, n) bounds added block by block (their Frobenius norm)."""
-        shape = self.per_token.shape
-        s = IntervalArray(np.broadcast_to(np.asarray(scales, dtype=np.float64), shape[:3])).expand(-1)
-        tail = IntervalArray(np.zeros(shape) if extra is None else extra)
-        plain = _grouped(((tail + s * IntervalArray(self.per_token)).hi), axis)
-        if self.fixed is None:
-            return plain
-        single, own = self.linear
-        radii = IntervalArray(self.radii)
-        moved = (s * IntervalArray(single) * radii[None, :, None, None]).hi
-        index = np.arange(shape[1])                                                 # blocks m = i: their own rows
-        moved[:, index, :, index] = (s[..., 0] * (IntervalArray(own) * radii).sum(axis=-1)).hi.transpose(1, 0, 2)
-        linear = _grouped(moved, axis)
-        if self.frobenius is not None:
-            linear = np.minimum(linear, (IntervalArray(float(self.frobenius))
-                                         * IntervalArray(self._linear_norms(s, axis))).hi)
-        fixed = _grouped((s * IntervalArray(self.fixed)).hi, axis)
-        if self.spectral is not None and axis != 1:   # (a query's own rows: 0.98-1.13 times the blocks' norm on MiniLM)
-            fixed = np.minimum(fixed, self.spectral.norms(s.hi[..., 0], axis))
-        joint = IntervalArray(_grouped(tail.hi, axis)) + IntervalArray(fixed) + IntervalArray(linear)
-        joint_hi = joint.hi if axis is not None else joint.hi.item()
-        return np.minimum(plain, joint_hi)
-
-    def _linear_norms(self, s: IntervalArray, axis: int | None) -> np.ndarray:
-        """``||diag(s) D||_2`` over the rows of each group: a block m != i has one entry, on token i, so those of a
-        group add up on the diagonal (their squares summed), beside the rows of the blocks m = i."""
-        single, own = self.linear
-        H, n = single.shape[:2]
-        scattered = (s * IntervalArray(single)).hi                                 # (H, n(i), n(j), n(m))
-        rows = (s * IntervalArray(own)).hi                                         # (H, n(i), n(j), n(t))
-        eye = np.eye(n)
-        if axis is None:
-            diagonal = IntervalArray(scattered.transpose(1, 0, 2, 3).reshape(n, -1)).norm_upper()     # (n(i),)
-            stacks = np.concatenate([eye * diagonal[:, None], rows.reshape(-1, n)])[None]
-        elif axis == 0:
-            diagonal = IntervalArray(scattered.reshape(H, n, -1)).norm_upper()                          # (H, n(i))
-            stacks = np.concatenate([eye[None] * diagonal[:, :, None], rows.reshape(H, n * n, n)], axis=1)
-        else:
-            diagonal = IntervalArray(scattered.transpose(1, 0, 2, 3).reshape(n, -1)).norm_upper()     # (n(i),)
-            stacks = np.concatenate([(eye * diagonal[:, None])[:, None, :],
-                                     rows.transpose(1, 0, 2, 3).reshape(n, H * n, n)], axis=1)
-        norms = spectral_norms_upper(stacks)
-        return norms if axis is not None else norms[0]
-
-
-@final
-class _HeadsJoint:
-    """The spectral norm of the weights' part of ``zeta``'s change, all heads of a group of rows at once (lemma
-    ``curvature-joint``), for dot-product heads (no rotations): with ``dp = p(Y) - p(X)``, row (h, i, j) changes by
-    ``-c dp_him a_hi`` on every block m (``a_hi = W_K q_i^T``) and by ``-c W_Q^h u_hi`` on block i,
-    ``u_hi = sum_l dp_hil (k_l - kappa_hi)``.  For row scales s, ``sigma_hi = ||s_hi.||``, ``Delta_hi >= ||dp_hi||``:
-
-    * the first part has Gram matrix ``(sigma sigma^T) o G_a o C`` (``G_a`` of the rows ``a_hi``, ``C`` of the rows
-      ``dp_hi``), at most ``c ||diag(sigma Delta) A||`` (Schur: ``lambda_max(A o B) <= max_k B_kk lambda_max(A)`` for
-      PSD A, B, here ``B = diag(Delta)^-1 C diag(Delta)^-1``);
-    * the second lies on block i only (block-diagonal over the queries), and for a query its rows are
-      ``c blockdiag(sigma_hi u_hi^T) [W_Q^1 ... W_Q^H]^T``: at most ``c max_i min(||W_Q|| max_h sigma_hi ||u_hi||,
-      (sum_h sigma_hi^2 ||W_Q^h u_hi||^2)^(1/2))``, ``||u_hi|| <= min(sum_l delta_hil ||k_l - kappa_hi||, Delta_hi
-      ||K - 1 kappa_hi^T||)``.
-
-    The heads' key directions ``a_hi`` lie in nearly orthogonal subspaces, so this is below the blocks' Frobenius norm.
-    """
-
-    def __init__(self, E: EnclosedAttention, spread: IntervalArray, c: IntervalArray):
-        engine = E.engine
-        H, n = engine.H, E.n
-        self.H, self.n, self.c = H, n, c
-        self.directions = RowGram(E.norms.w[:, :, 0].reshape(H * n, -1).to_enclosure())     # rows a_hi, (h, i)
-        self.query_stack = _norm(IntervalArray(np.concatenate([engine.head_weights(h)[0] for h in range(H)], axis=1)))
-        self.key_rows = spread.norm_upper()                                                  # ||k_l - kappa_hi||
-        self.key_stack = _stack_norms(spread)                                                # ||K - 1 kappa_hi^T||
-
-    def at(self, delta: IntervalArray, kappa: IntervalArray) -> _HeadsJoint:
-        """Bound to a neighbourhood: the weights' changes ``delta`` (H, n, n) and ``||W_Q^h u_hi||`` bounds ``kappa``
-        (H, n) there."""
-        bound = _HeadsJoint.__new__(_HeadsJoint)
-        bound.__dict__.update(self.__dict__)
-        bound.Delta = delta.norm_upper()                                                     # (H, n)
-        by_entries = (delta * IntervalArray(self.key_rows)).sum(axis=-1).hi
-        bound.u = np.minimum(by_entries, (IntervalArray(bound.Delta) * IntervalArray(self.key_stack)).hi)
-        bound.kappa = kappa.hi
-        return bound
-
-    def norms(self, s: np.ndarray, axis: int | None):
-        """The fixed part's norm for row scales s (H, n, n), all rows or per index of ``axis`` (:class:`_Changes`)."""
-        H, n = self.H, self.n
-        sigma = IntervalArray(s).norm_upper()                                                # (H, n)
-        scaled = (IntervalArray(sigma) * IntervalArray(self.Delta)).hi.ravel()                # rows (h, i)
-        groups = [np.arange(H * n)] if axis is None else \
-            [h * n + np.arange(n) for h in range(H)] if axis == 0 else [np.arange(H) * n + i for i in range(n)]
-        first = np.array([self.directions.norm_upper(scaled[rows], rows) for rows in groups])
-        by_stack = IntervalArray(self.query_stack) * IntervalArray(sigma) * IntervalArray(self.u)         # (H, n)
-        by_heads = IntervalArray(sigma) * IntervalArray(self.kappa)
-        per_query = [np.minimum(np.max(by_stack.hi[:, i]), by_heads[:, i].norm_upper().item()) for i in range(n)]
-        if axis is None:
-            second = np.array([max(per_query)])
-        elif axis == 0:
-            second = np.max(np.minimum(by_stack.hi, by_heads.hi), axis=1)
-        else:
-            second = np.array(per_query)
-        total = (self.c * (IntervalArray(first) + IntervalArray(second))).hi
-        return total if axis is not None else total[0]
-
-
-def _grouped(blocks: np.ndarray, axis: int | None):
-    """Upper bounds on the Frobenius norms of the non-negative ``blocks`` (H, n, n, n), all (a float) or per index of
-    ``axis``."""
-    if axis is None:
-        return IntervalArray(blocks.ravel()).norm_upper().item()
-    return IntervalArray(np.moveaxis(blocks, axis, 0).reshape(blocks.shape[axis], -1)).norm_upper()
-
-
-def _stack_norms(matrices: IntervalArray) -> np.ndarray:
-    """Certified spectral norms of a stack of interval matrices (..., rows, columns): the midpoints' (batched) plus the
-    radii's Frobenius norms, shape (...)."""
-    lead, mid = matrices.shape[:-2], matrices.mid
-    radius = IntervalArray((matrices - IntervalArray(mid)).magnitude.reshape(lead + (-1,))).norm_upper()
-    middle = spectral_norms_upper(mid.reshape((-1,) + matrices.shape[-2:])).reshape(lead)
-    return (IntervalArray(middle) + IntervalArray(radius)).hi
 
 
 def _norm(matrix: IntervalArray) -> float:
