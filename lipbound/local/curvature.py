@@ -38,6 +38,15 @@ matrices have ``H n^3 d`` entries (:data:`CURVATURE_ENTRIES` caps them) and all 
 Gram matrix of their ``H n^2`` rows (:class:`~lipbound.rigorous.linalg.RowGram`), whose factorisations cost
 about ``(H n^2)^3`` per radius: the bound is formed up to a number of tokens (:data:`CURVATURE_TOKENS` by default).
 
+The deviations are bounded block by block: block m of row (h, i, j) changes by at most ``f + sum_t D_t x_t`` with
+``x_t = ||y_t - x_t||`` (weights' changes ``delta`` and the queries' key directions ``||a_him||`` in f; the keys' and
+queries' movements in ``D >= 0``; the keys' weighted centre moved by the weights at most the smaller of
+``sum_l delta_il ||W_Q M_i (k~_l - kappa_i)||`` and ``||delta_i|| ||(K~ - 1 kappa_i^T) M_i^T W_Q^T||``).  On token balls
+every ``x_t`` is the token's radius; where the set is known to lie in a Frobenius ball of radius t, the tokens share
+it (lemma ``curvature-joint``): ``||s (zeta(Y) - zeta(X))||_F <= ||s f|| + t ||diag(s) D||_2`` for scales s >= 0 fixed
+on U (Minkowski, then ``||x|| <= t``), and the smaller of the two bounds is taken
+(:class:`~lipbound.local.zeta_changes.Changes`).
+
 Longer inputs get the split bound instead, which forms ``zeta`` one query at a time.  With ``a_hi = W_K q_i``, row
 (h, i, j) of ``zeta`` is its own block ``o_hij = c ((delta_ij - p_ii) a_hi + W_Q (k_j - kappa_i))`` on
 ``e_i`` plus ``c (delta_mj - p_im) a_hi`` on the other tokens' ``e_m``; for row scales s (Minkowski, then
@@ -65,6 +74,7 @@ from ..symbolic import local as T
 from .balls import TokenBalls
 from .bounds import LocalBounds, attention_bounds, attention_norms, evaluate_theorem, head_movement, value_space
 from .enclosed import EnclosedAttention, head_products
+from .zeta_changes import Changes, HeadsJoint, stack_norms
 
 __all__ = ["AttentionCurvature", "CurvatureIntegral", "CURVATURE_ENTRIES", "CURVATURE_TOKENS", "SPLIT_ENTRIES",
            "GRID_PER_DECADE", "decade_grid"]
@@ -77,6 +87,9 @@ CURVATURE_TOKENS = 20
 #: Largest ``H n^4`` for which the split bound is formed: n <= 64 with 12 heads (at n = 61 on MiniLM: about
 #: 2 minutes to set up, 10 s per radius, 4 GB).
 SPLIT_ENTRIES = 12 * 64 ** 4
+#: Largest ``H n^3`` for which the change's parts are formed (:class:`~lipbound.local.zeta_changes.Changes`;
+#: a few arrays of that size, as the deviations themselves)
+JOINT_ENTRIES = 12 * 64 ** 3
 
 
 class AttentionCurvature:
@@ -141,6 +154,8 @@ class AttentionCurvature:
         key_part = IntervalArray.stack([spread[h].matmul(engine.head_weights(h)[0].T) for h in range(H)])
         query_part = E.norms.w            # a_him = W_K M_m q~_i^T, (H, n(i), n(m) or 1, d)
         self.plain_key_norms = key_part.norm_upper()                                    # (H, n, n)
+        self.key_spreads = stack_norms(key_part)                                       # ||(K~ - 1 kappa_i^T) W_Q^T||
+        self.heads_joint = None if self.rotary or fold is not None else HeadsJoint(E, spread, E.c)
         if fold is not None:              # block m of a row acts on e_m F_m: z_m F_m^T
             key_part = key_part.einsum("hijd,ikd->hijk", fold)
             query_part = (query_part + IntervalArray(np.zeros((H, n, n, d)))).einsum("himd,mkd->himk", fold)
@@ -186,17 +201,23 @@ class AttentionCurvature:
         # the split bound factors zeta's rows through one W_K q_i per query: a dot-product score's
         return "split" if H * n ** 4 <= SPLIT_ENTRIES and E.rotations is None else None
 
-    def _functional_deviation(self, facts: dict, r: np.ndarray):
-        """``(sup_U ||zeta_ijm||, sup_U ||zeta_ijm(Y) - zeta_ijm(X)||)`` per block m of each row, (H, n, n, n)."""
+    def _functional_deviation(self, facts: dict, r: np.ndarray, frobenius: float | None = None):
+        """``(sup_U ||zeta_ijm||, changes)`` per block m of each row, (H, n, n, n): the first an array, the second a
+        :class:`~lipbound.local.zeta_changes.Changes` bounding ``||zeta_ijm(Y) - zeta_ijm(X)||`` block by block and,
+        with ``frobenius`` (a bound on ``||Y - X||_F`` on U), their norms with the tokens sharing it (module
+        docstring)."""
         g = IntervalArray(np.broadcast_to(self.E.norms.g, self.coefficient.shape[:3]))  # ||W_Q R_ij W_K^T||, (H, n, n)
         folds = IntervalArray(self.fold_norms)                                          # ||F_m|| (1 unfolded)
         delta, p_hi, c = IntervalArray(facts["delta"]), IntervalArray(facts["p_hi"]), IntervalArray(self.c)
         radii = IntervalArray(r)
         moved_a = g * radii[None, :, None] * folds[None, None, :]                       # a_him moves by g_im r_i
         w_plus = IntervalArray(self.query_norms) + moved_a                              # ||a_him|| on U, (H, n, n)
-        # kappa_i moves by sum_l delta_il ||W_Q M_i (k~_l - kappa_i)|| + sum_l p_il g_il r_l
-        moved_kappa = (delta * IntervalArray(self.plain_key_norms)).sum(axis=-1) \
-            + (p_hi * g * radii[None, None, :]).sum(axis=-1)
+        # kappa_i moves by ||sum_l (p'_il - p_il) W_Q M_i (k~_l - kappa_i)|| + sum_l p'_il g_il r_l, the first at
+        # most sum_l delta_il ||W_Q M_i (k~_l - kappa_i)|| and ||delta_i|| ||(K~ - 1 kappa_i^T) M_i^T W_Q^T||
+        by_entries = (delta * IntervalArray(self.plain_key_norms)).sum(axis=-1)
+        by_rows = IntervalArray(delta.norm_upper()) * IntervalArray(self.key_spreads)
+        weights_kappa = IntervalArray(np.minimum(by_entries.hi, by_rows.hi))
+        moved_kappa = weights_kappa + (p_hi * g * radii[None, None, :]).sum(axis=-1)
         key_change = (g * radii[None, None, :] + moved_kappa.expand(-1)) * folds[None, :, None]   # (H, n(i), n(j))
         coef, moved_p = IntervalArray(self.coefficient), delta.expand(2)                # (H, n, n, n), delta_im
         w = w_plus.expand(2)                                                            # (H, n(i), 1, n(m))
@@ -207,33 +228,60 @@ class AttentionCurvature:
             change_hi[:, i, :, i] = (IntervalArray(change_hi[:, i, :, i]) + c * key_change[:, i]).hi
             size_hi[:, i, :, i] = (IntervalArray(size_hi[:, i, :, i])
                                    + c * (IntervalArray(self.key_norms[:, i]) + key_change[:, i])).hi
-        return size_hi, change_hi
+        if self.fold is not None or self.H * self.n ** 3 > JOINT_ENTRIES:
+            return size_hi, Changes(change_hi)
+        # the same bounds with ||y_t - x_t|| for r_t: a part free of the movement plus one linear in it
+        fixed = c * moved_p * IntervalArray(self.query_norms).expand(2)
+        fixed_hi = fixed.hi.copy()
+        for i in range(self.n):
+            fixed_hi[:, i, :, i] = (IntervalArray(fixed_hi[:, i, :, i]) + c * weights_kappa[:, i].expand(-1)).hi
+        spectral = None if self.heads_joint is None else self.heads_joint.at(delta, weights_kappa)
+        return size_hi, Changes(change_hi, fixed_hi, self._linear_part(facts, g, c), r, frobenius, spectral)
+
+    def _linear_part(self, facts: dict, g: IntervalArray, c: IntervalArray) -> tuple[np.ndarray, np.ndarray]:
+        """``D >= 0`` with ``||zeta_ijm(Y) - zeta_ijm(X)||`` at most the movement-free part plus ``sum_t D_ijmt ||y_t -
+        x_t||`` (unfolded): ``c (delta_im + |delta_mj - p_im|) g_im`` on token i, and on block m = i also ``c g_ij`` on
+        token j and ``c p^+_il g_il`` on each token l (the keys' weighted centre).  As two arrays: ``single`` (H, n(i),
+        n(j), n(m)), the blocks m != i (their one entry, on token i; 0 at m = i), and ``own`` (H, n(i), n(j), n(t)),
+        the rows of the blocks m = i."""
+        n = self.n
+        delta, p_hi = IntervalArray(facts["delta"]), IntervalArray(facts["p_hi"])
+        on_query = (c * (delta.expand(2) + IntervalArray(self.coefficient)) * g.expand(2)).hi  # (H, n(i), n(j), n(m))
+        index = np.arange(n)
+        single = on_query.copy()
+        single[:, index, :, index] = 0.0
+        centre = c * p_hi * g                                                                # (H, n(i), n(l))
+        keys = (c * g).expand(-1) * IntervalArray(np.eye(n)[None, None])                     # c g_ij on token j
+        on_own = np.zeros(on_query.shape)
+        on_own[:, index, :, index] = on_query[:, index, :, index]                            # (t = i)
+        own = (IntervalArray(on_own) + centre.expand(2) + keys).hi
+        return single, own
 
     @staticmethod
-    def _scaled_deviation(at_x: IntervalArray, on_u: IntervalArray, size: np.ndarray, change: np.ndarray) -> np.ndarray:
-        """``sup_U ||s(Y) z(Y) - s(X) z(X)|| <= |s(Y) - s(X)| ||z(Y)|| + |s(X)| ||z(Y) - z(X)||`` per block,
-        for row scales s enclosed at X and on U, shape (H, n, n)."""
+    def _scale_moves(at_x: IntervalArray, on_u: IntervalArray, size: np.ndarray) -> np.ndarray:
+        """``|s(Y) - s(X)| ||z(Y)||`` per block, for row scales s enclosed at X and on U (H, n, n): the first part of
+        ``sup_U ||s(Y) z(Y) - s(X) z(X)|| <= |s(Y) - s(X)| ||z(Y)|| + |s(X)| ||z(Y) - z(X)||``, (H, n, n, n)."""
         moved = np.maximum(np.maximum((on_u - IntervalArray(at_x.lo)).hi, (IntervalArray(at_x.hi) - on_u).hi), 0.0)
-        return (IntervalArray(moved[..., None]) * IntervalArray(size)
-                + IntervalArray(at_x.magnitude[..., None]) * IntervalArray(change)).hi
+        return (IntervalArray(moved[..., None]) * IntervalArray(size)).hi
 
-    def chis(self, bounds: LocalBounds, r: np.ndarray) -> tuple[float, float, float]:
+    def chis(self, bounds: LocalBounds, r: np.ndarray, frobenius: float | None = None) -> tuple[float, float, float]:
         """``(chi_I, chi_II, chi_III)`` on the token balls with radii ``r``; ``bounds`` are those of
-        :func:`~lipbound.local.bounds.attention_bounds` on the same balls (their ``facts``)."""
+        :func:`~lipbound.local.bounds.attention_bounds` on the same balls (their ``facts``); ``frobenius`` bounds
+        ``||Y - X||_F`` there where known (the tokens then share it: :class:`~lipbound.local.zeta_changes.Changes`)."""
         E, facts = self.E, bounds.facts
-        H, n = self.H, self.n
+        n = self.n
         p_on_u = IntervalArray(facts["p_lo"], facts["p_hi"])
-        size, change = self._functional_deviation(facts, r)
+        size, change = self._functional_deviation(facts, r, frobenius)
         moved_u = IntervalArray(facts["value_shift"][:, None, :]) + IntervalArray(facts["head_movement"][:, :, None])
         rho_on_u = IntervalArray(np.maximum((self.rho - moved_u).lo, 0.0), (self.rho + moved_u).hi)
         p_plus = IntervalArray(facts["p_hi"])
         # chi_I: Theta_h per head and all heads stacked, the rows scaled at X plus the scale's change, or
         # scaled by the scale's upper end on U, where only zeta changes
-        G_change = self._scaled_deviation(E.P, p_on_u, size, change)                  # (H, n, n, n)
-        per_head = IntervalArray(self.G_norms) + IntervalArray(IntervalArray(G_change.reshape(H, -1)).norm_upper())
-        stacked = IntervalArray(self.G_norm) + IntervalArray(IntervalArray(G_change.ravel()).norm_upper())
+        scale_moves, at_x = self._scale_moves(E.P, p_on_u, size), E.P.magnitude
+        per_head = IntervalArray(self.G_norms) + IntervalArray(change.norms(at_x, 0, scale_moves))
+        stacked = IntervalArray(self.G_norm) + IntervalArray(change.norms(at_x, None, scale_moves))
         stacked_upper = IntervalArray(self.zeta_rows.norm_upper(p_plus.hi.ravel())) \
-            + IntervalArray((p_plus.expand(-1) * IntervalArray(change)).reshape(-1).norm_upper())
+            + IntervalArray(change.norms(p_plus.hi))
         first = min((IntervalArray(self.value_norms) * per_head).sum(axis=0).hi.item(),
                     (IntervalArray(self.values_joint) * stacked).hi.item(),
                     (IntervalArray(self.values_joint) * stacked_upper).hi.item())
@@ -241,12 +289,12 @@ class AttentionCurvature:
         # chi_II: Omega_i, rows (h, j) of query i scaled by the upper end of (p_ij ||u_ij||)^(1/2) on U
         # (scaling at X and adding the scale's change never did better on the MiniLM layers)
         weight = (p_plus * IntervalArray(rho_on_u.hi)).sqrt()
-        row_change = (weight.expand(-1) * IntervalArray(change)).swapaxes(0, 1).reshape(n, -1).norm_upper()
+        row_change = change.norms(weight.hi, 1)
         omega = [self.zeta_rows.norm_upper(weight.hi[:, i].ravel(), self._query_rows(i)) for i in range(n)]
         m = (IntervalArray(omega) + IntervalArray(row_change)).hi                              # omega_i
         scaled = (IntervalArray(m)[None, :, None] * weight).hi                                 # (H, n, n)
-        chi_II = (IntervalArray(self.zeta_rows.norm_upper(scaled.ravel()))
-                  + IntervalArray((IntervalArray(m) * IntervalArray(row_change)).norm_upper())).hi.item()
+        moved = min(change.norms(scaled), (IntervalArray(m) * IntervalArray(row_change)).norm_upper().item())
+        chi_II = (IntervalArray(self.zeta_rows.norm_upper(scaled.ravel())) + IntervalArray(moved)).hi.item()
         # chi_III: W_ij = sum_h ||Qt_h|| p_ij ||u_ij||, or the heads joined through ||[Qt_1 ... Qt_H]||
         reach = p_plus * IntervalArray(rho_on_u.hi)                                             # (H, n, n)
         W = (IntervalArray(self.pair_norms) * reach).sum(axis=0)
@@ -258,15 +306,17 @@ class AttentionCurvature:
 
     def _values_joined(self, facts: dict, r: np.ndarray) -> float:
         """``||W_O|| max_i ||sum_h beta_hi^2 Qt_h Qt_h^T||^(1/2)`` with ``beta_hi^2 >= sum_j p_ij^2 ||v_j - f_i||^2``
-        on U in the values' space (a layer's heads add up through W_O); inf for a single head."""
+        on U in the values' space (a layer's heads add up through W_O); inf for a single head.  The norm grows with
+        each ``beta_hi^2`` (a sum of PSD matrices), so one norm at ``max_i beta_hi^2`` bounds every query's (MiniLM
+        layer 0: 3-6% above the largest of the n norms, at a n-th of their cost)."""
         if self.output_norm is None:
             return np.inf
         shift = (IntervalArray(self.norms["L_V"][:, None]) * IntervalArray(r[None, :])).hi         # ||V^h|| r_j
         moved = head_movement(facts["p_lo"], facts["p_hi"], facts["delta"], self.value_rho, shift)
         gap = IntervalArray(self.value_rho) + IntervalArray(shift[:, None, :]) + IntervalArray(moved[:, :, None])
         beta = (IntervalArray(facts["p_hi"]) * gap).norm_upper()                                     # (H, n)
-        weights = IntervalArray(beta) * IntervalArray(beta)
-        top = max(_norm(weights[:, i].einsum("h,hab->ab", self.score_grams)) for i in range(self.n))
+        weights = IntervalArray(np.max((IntervalArray(beta) * IntervalArray(beta)).hi, axis=1))
+        top = _norm(weights.einsum("h,hab->ab", self.score_grams))
         return (IntervalArray(self.output_norm) * IntervalArray(top).sqrt()).hi.item()
 
     @staticmethod
@@ -400,13 +450,16 @@ class CurvatureIntegral:
     def chis(self, radii: np.ndarray, overrides: dict | None = None, key=None) -> tuple:
         """``(chi_I, chi_II, chi_III)`` on the product of token balls with these radii (inf where the
         enclosures overflow); ``overrides``: score ranges and value shifts known to hold there
-        (:func:`~lipbound.local.bounds.attention_bounds`), identified by ``key``."""
+        (:func:`~lipbound.local.bounds.attention_bounds`), and under ``"frobenius"`` a bound on ``||Y - Z||_F`` there
+        (:meth:`AttentionCurvature.chis`), identified by ``key``."""
         key = (np.asarray(radii, dtype=np.float64).tobytes(), key)
         if key not in self._chis:
             balls = TokenBalls(self.center, radii)
             try:
-                bounds = attention_bounds(self.component.target, balls, self.enclosed, **(overrides or {}))
-                self._chis[key] = self.curvature.chis(bounds, balls.radii)
+                known = dict(overrides or {})
+                frobenius = known.pop("frobenius", None)
+                bounds = attention_bounds(self.component.target, balls, self.enclosed, **known)
+                self._chis[key] = self.curvature.chis(bounds, balls.radii, frobenius)
             except NotCertifiedError:
                 self._chis[key] = (math.inf,) * 3
         return self._chis[key]
