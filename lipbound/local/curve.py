@@ -512,12 +512,14 @@ class _CurvatureRoute:
         """The integral's steps ``(width, radii[, known, key])`` up to ``hood.eps``; with ``remainder`` each width
         ``t_k - t_(k-1)`` multiplied by ``eps - t_(k-1)`` (the weight of ``(eps - t)`` in Taylor's remainder)."""
         steps, previous = [], 0.0
+        shared = self.hood.ball in ("fro", "2,1")   # U(X, t) lies in the Frobenius ball of radius t: tokens share it
         for t in (grid or self.grid)(hood.eps):
             width = IntervalArray(t) - IntervalArray(previous)
             if remainder:
                 width = width * (IntervalArray(hood.eps) - IntervalArray(previous))
             step = (width.hi.item(), Neighbourhood(self.hood.ball, t, self.hood.positions).balls(self.X).radii)
-            steps.append(step if known is None else step + (known(t), ("known", t)))
+            facts = ({} if known is None else known(t)) | ({"frobenius": t} if shared else {})
+            steps.append(step + (facts, ("known" if known else "frobenius", t)) if facts else step)
             previous = t
         return steps
 
