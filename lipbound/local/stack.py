@@ -136,19 +136,15 @@ class StackOfBlocks:
 
 
 def composed_variation(L: list, V: list, prefix: list, count: int, k: int) -> float:
-    """``sum_(j < count) (L_(count-1) ... L_(j+1)) V_j ||J~_(j-1) ... J~_0||`` at eps number k (lemma prefix-chain,
-    blocks counted from 0): the telescoped variation of the first ``count`` blocks with the products of their
-    Jacobians at the centres in place of the products of those Jacobians' norms; inf where a factor is."""
-    values = [L[m][k] for m in range(count)] + [V[j][k] for j in range(count)] + list(prefix[:count])
-    if not all(math.isfinite(v) for v in values):
+    """``sum_(j < count) (L_(count-1) ... L_(j+1)) V_j ||J~_(j-1) ... J~_0||`` at eps number k (theorem
+    local-prefix-chain, blocks counted from 0): the telescoped variation of the first ``count`` blocks with the
+    products of their Jacobians at the centres in place of the products of those Jacobians' norms; inf where a
+    factor is."""
+    values = {**{f"L_{{{m + 1}}}": L[m][k] for m in range(count)}, **{f"V_{{{j + 1}}}": V[j][k] for j in range(count)},
+              **{rf"\pi_{{{j}}}": prefix[j] for j in range(1, count)}}
+    if not all(math.isfinite(v) for v in values.values()):
         return math.inf
-    total = interval(0.0)
-    for j in range(count):
-        term = interval(V[j][k]) * interval(prefix[j])
-        for m in range(j + 1, count):
-            term = term * interval(L[m][k])
-        total = total + term
-    return upper(total)
+    return float(evaluate_theorem(T.chain_prefix(count), **{key: np.float64(v) for key, v in values.items()}))
 
 
 def prefix_constant(L: list, V: list, prefix: list, count: int, k: int) -> float:

@@ -599,7 +599,7 @@ def normwise_product(steps: int) -> Theorem:
               "submultiplicative")
     proof.add(le(Described(rf"\|J_1 \cdots J_{{{steps}}}\|_2"), statement), "triangle inequality (Weyl)",
               "norm-calculus")
-    return Theorem("local-normwise-product", "Product of enclosed Jacobians, normwise", statement, proof)
+    return Theorem(f"local-normwise-product-{steps}", "Product of enclosed Jacobians, normwise", statement, proof)
 
 
 @functools.cache
@@ -619,7 +619,8 @@ def chain_prefix(steps: int) -> Theorem:
               "telescope the chain rule, keeping the centre's product whole", "telescoping")
     proof.add(le(Described(r"\sup_U \|DF(Y) - J_m \cdots J_1\|"), statement),
               "submultiplicativity, ||A_l|| <= L_l and ||A_l - J_l|| <= V_l on U_l", "submultiplicative")
-    return Theorem("local-prefix-chain", "Variation along a chain, through the prefix products", statement, proof)
+    return Theorem(f"local-prefix-chain-{steps}", "Variation along a chain, through the prefix products", statement,
+                   proof)
 
 
 @functools.cache
