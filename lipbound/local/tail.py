@@ -258,8 +258,10 @@ def _tail_norms(enclosed) -> np.ndarray:
 
 def _tail_variation(tau: float, omegas: np.ndarray, attention) -> float:
     """``tau var_U(A) + omega Lip_U(A)``, ``omega`` the largest of ``omegas`` (theorem local-attention-tail)."""
-    return (IntervalArray(tau) * IntervalArray(attention.variation)
-            + IntervalArray(float(np.max(omegas))) * IntervalArray(attention.certified)).hi.item()
+    return float(evaluate_theorem(T.attention_tail(), **{r"\tau": np.float64(tau),
+                                                          r"\operatorname{var}_U(A)": np.float64(attention.variation),
+                                                          r"\omega": np.float64(np.max(omegas)),
+                                                          r"\operatorname{Lip}_U(A)": np.float64(attention.certified)}))
 
 
 def _tail_reach(taus: np.ndarray, omegas: np.ndarray, attention_reach: float) -> float:
