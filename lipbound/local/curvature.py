@@ -68,13 +68,14 @@ import numpy as np
 
 from ..errors import NotCertifiedError
 from ..rigorous.arrays import IntervalArray, as_interval_array
+from ..rigorous.batched import interval_spectral_norms_upper
 from ..rigorous.intervals import upper
 from ..rigorous.linalg import Enclosure, RowGram, product_norm_interval, spectral_norm_upper_large
 from ..symbolic import local as T
 from .balls import TokenBalls
 from .bounds import LocalBounds, attention_bounds, attention_norms, evaluate_theorem, head_movement, value_space
 from .enclosed import EnclosedAttention, head_products
-from .zeta_changes import Changes, HeadsJoint, stack_norms
+from .zeta_changes import Changes, HeadsJoint
 
 __all__ = ["AttentionCurvature", "CurvatureIntegral", "CURVATURE_ENTRIES", "CURVATURE_TOKENS", "SPLIT_ENTRIES",
            "GRID_PER_DECADE", "decade_grid"]
@@ -154,7 +155,7 @@ class AttentionCurvature:
         key_part = IntervalArray.stack([spread[h].matmul(engine.head_weights(h)[0].T) for h in range(H)])
         query_part = E.norms.w            # a_him = W_K M_m q~_i^T, (H, n(i), n(m) or 1, d)
         self.plain_key_norms = key_part.norm_upper()                                    # (H, n, n)
-        self.key_spreads = stack_norms(key_part)                                       # ||(K~ - 1 kappa_i^T) W_Q^T||
+        self.key_spreads = interval_spectral_norms_upper(key_part)     # ||(K~ - 1 kappa_i^T) W_Q^T||
         self.heads_joint = None if self.rotary or fold is not None else HeadsJoint(E, spread, E.c)
         if fold is not None:              # block m of a row acts on e_m F_m: z_m F_m^T
             key_part = key_part.einsum("hijd,ikd->hijk", fold)

@@ -18,11 +18,11 @@ from typing import final
 import numpy as np
 
 from ..rigorous.arrays import IntervalArray
-from ..rigorous.batched import spectral_norms_upper
+from ..rigorous.batched import interval_spectral_norms_upper, spectral_norms_upper
 from ..rigorous.linalg import Enclosure, RowGram, spectral_norm_upper_large
 from .enclosed import EnclosedAttention
 
-__all__ = ["Changes", "HeadsJoint", "stack_norms"]
+__all__ = ["Changes", "HeadsJoint"]
 
 
 @final
@@ -116,7 +116,7 @@ class HeadsJoint:
         queries = np.concatenate([engine.head_weights(h)[0] for h in range(H)], axis=1)           # [W_Q^1 ... W_Q^H]
         self.query_stack = spectral_norm_upper_large(Enclosure.exact(queries))
         self.key_rows = spread.norm_upper()                                                  # ||k_l - kappa_hi||
-        self.key_stack = stack_norms(spread)                                                # ||K - 1 kappa_hi^T||
+        self.key_stack = interval_spectral_norms_upper(spread)                               # ||K - 1 kappa_hi^T||
 
     def at(self, delta: IntervalArray, kappa: IntervalArray) -> HeadsJoint:
         """Bound to a neighbourhood: the weights' changes ``delta`` (H, n, n) and ``||W_Q^h u_hi||`` bounds ``kappa``
@@ -157,11 +157,3 @@ def _grouped(blocks: np.ndarray, axis: int | None):
         return IntervalArray(blocks.ravel()).norm_upper().item()
     return IntervalArray(np.moveaxis(blocks, axis, 0).reshape(blocks.shape[axis], -1)).norm_upper()
 
-
-def stack_norms(matrices: IntervalArray) -> np.ndarray:
-    """Certified spectral norms of a stack of interval matrices (..., rows, columns): the midpoints' (batched) plus the
-    radii's Frobenius norms, shape (...)."""
-    lead, mid = matrices.shape[:-2], matrices.mid
-    radius = IntervalArray((matrices - IntervalArray(mid)).magnitude.reshape(lead + (-1,))).norm_upper()
-    middle = spectral_norms_upper(mid.reshape((-1,) + matrices.shape[-2:])).reshape(lead)
-    return (IntervalArray(middle) + IntervalArray(radius)).hi

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .arrays import IntervalArray
 from .elementwise import UNIT_ROUNDOFF, gamma_bound, up_nonnegative
 
-__all__ = ["spectral_norms_upper"]
+__all__ = ["spectral_norms_upper", "interval_spectral_norms_upper"]
 
 _ETA = 2.0 ** -1074
 
@@ -111,3 +112,13 @@ def _unit_norms_upper(F: np.ndarray, steps: int, margin: float) -> np.ndarray:
     norms = np.nextafter(np.sqrt(squared), np.inf)
     frobenius = np.nextafter(np.sqrt(squares), np.inf)
     return np.minimum(norms, frobenius)
+
+
+def interval_spectral_norms_upper(matrices: IntervalArray) -> np.ndarray:
+    """Certified upper bounds on the spectral norms of a stack of interval matrices (an ``IntervalArray`` of shape
+    (..., rows, columns)): the midpoints' (:func:`spectral_norms_upper`) plus the radii's Frobenius norms (Weyl),
+    shape (...)."""
+    lead, mid = matrices.shape[:-2], matrices.mid
+    radius = IntervalArray((matrices - IntervalArray(mid)).magnitude.reshape(lead + (-1,))).norm_upper()
+    middle = spectral_norms_upper(mid.reshape((-1,) + matrices.shape[-2:])).reshape(lead)
+    return (IntervalArray(middle) + IntervalArray(radius)).hi
