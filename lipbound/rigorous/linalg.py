@@ -531,9 +531,17 @@ def spectral_norm_upper_large(M, estimate: float | None = None, margin: float = 
 
 def _top_estimate(S: np.ndarray) -> float:
     """Float estimate of ``lambda_max`` of a symmetric matrix (no guarantee: it only places the level of
-    :func:`_top_by_cholesky`): all eigenvalues up to 1500 rows, else 30 steps of subspace iteration on
-    8 vectors and the largest Ritz value."""
+    :func:`_top_by_cholesky`): all eigenvalues up to 300 rows; above, Lanczos (scipy's ``eigsh`` from a fixed
+    start, a few dozen products instead of a full eigendecomposition), or without scipy all eigenvalues up to
+    1500 rows, else 30 steps of subspace iteration on 8 vectors and the largest Ritz value."""
     k = S.shape[0]
+    if k <= 300:
+        return float(np.linalg.eigvalsh(S)[-1])
+    try:
+        from scipy.sparse.linalg import eigsh
+        return float(eigsh(S, k=1, which="LA", v0=np.ones(k), tol=1e-10, return_eigenvectors=False)[0])
+    except Exception:   # scipy missing, or no convergence: the dense routes below
+        pass
     if k <= 1500:
         return float(np.linalg.eigvalsh(S)[-1])
     basis = np.random.default_rng(0).standard_normal((k, 8))
