@@ -85,7 +85,7 @@ def below(value: float, bound: float) -> str:
 
 
 def run(bert, text: str, vocabulary, positions, chunk: int, search: bool, parts, exact_chain: bool = False,
-        screen: bool = True, add_words=()) -> None:
+        screen: bool = True, add_words=(), save: str | None = None) -> None:
     from lipbound.local.propagate import coupling_bound, propagate, set_bound
     from lipbound.measures.edits import draw_edits, edit_set
     from lipbound.measures.perturb import _set_ids, perturb
@@ -142,6 +142,8 @@ def run(bert, text: str, vocabulary, positions, chunk: int, search: bool, parts,
                 if passes is not None and layer in passes.bounds:
                     own = float(passes.bounds[layer][begin + index])
                     excess = max(excess, (value - own) / own)
+    if save:
+        np.savez(save, words=candidates, values=values)
     worst = values.max(axis=0)
     worst_words = [np.stack(np.unravel_index(np.argmax(values[:, layer]), (candidates.size,) * k))
                    for layer in range(last + 1)]
@@ -189,6 +191,8 @@ def main() -> None:
     parser.add_argument("--add-words", type=int, nargs="*", default=(),
                         help="token ids added to the sampled set (e.g. the worst edits of a whole-vocabulary "
                              "`--parts check` run)")
+    parser.add_argument("--save", default=None,
+                        help="with check: write every edit's exact W1 per layer (and the candidate ids) to this .npz")
     args = parser.parse_args()
     from lipbound.measures.bert import load_text_model
     bert = load_text_model()
@@ -196,7 +200,7 @@ def main() -> None:
     os.system("uptime")
     for text in args.texts or sentences(args.sentences)[args.skip:]:
         run(bert, text, vocabulary, args.positions, args.chunk, not args.no_search, args.parts, args.exact_chain,
-            not args.no_screen, args.add_words)
+            not args.no_screen, args.add_words, args.save)
 
 
 if __name__ == "__main__":

@@ -234,7 +234,7 @@ def _in_balls(rng, X, radii, count):
 
 
 @settings(max_examples=8, deadline=None)
-@given(st.integers(0, 10 ** 6), st.sampled_from([1e-6, 1e-3, 3e-2]))
+@given(st.integers(0, 10 ** 6), st.sampled_from([1e-6, 1e-3, 3e-2, 0.5]))
 def test_each_stage_moves_every_point_of_its_balls_within_the_new_radii(seed, size):
     """Points of the balls about float states through the float forward pass of lipbound.numeric (the attention
     block, the LayerNorms, the feed-forward block): each lands within the stage's new radius of its new point."""
@@ -336,3 +336,33 @@ def test_the_attention_radius_meets_the_jacobians_top_direction(seed, size):
     if size < 1e-3:
         assert max(ratios) > 1 / 3, max(ratios)
 
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.integers(0, 10 ** 6), st.sampled_from([1e-3, 0.3, 3.0, 30.0, 800.0]))
+def test_weight_moves_cover_every_score_deviation_and_the_linear_bound_is_reached(seed, scale):
+    """How far the softmax weights move (lemma point-attention, its linear caps): for score deviations ``|ds_ij| <=
+    sigma_ij`` drawn at random and at the box's corners, and any ``t`` in [0, 1], every ``|p_ij(t) - p~_ij|`` and each
+    row's l1 change lie within the bounds; at equal weights and a two-key row the entry bound is met to first order
+    (the linear cap is not loose by more than the exponential's curvature)."""
+    from lipbound.local.point_stages import _weight_moves
+    from lipbound.rigorous.arrays import softmax
+    rng = np.random.default_rng(seed)
+    scores = rng.standard_normal((1, 2, 5, 5)) * 3.0
+    P = softmax(IntervalArray(scores), np.ones(5))
+    sigma = IntervalArray(scale * rng.random((1, 2, 5, 5)))
+    moved, total = _weight_moves(P, sigma)
+    for _ in range(30):
+        corner = rng.random() < 0.5
+        unit = np.sign(rng.standard_normal(scores.shape)) if corner else rng.uniform(-1, 1, scores.shape)
+        shifted = scores + rng.random() * unit * sigma.hi
+        weights = np.exp(shifted - shifted.max(axis=-1, keepdims=True))
+        change = weights / weights.sum(axis=-1, keepdims=True) - P.mid
+        assert np.all(np.abs(change) <= moved.hi * (1 + 1e-12) + 1e-15)
+        assert np.all(np.abs(change).sum(axis=-1, keepdims=True) <= total.hi * (1 + 1e-12) + 1e-15)
+    # two keys at equal weights, deviations +sigma and -sigma: the change is tanh(sigma) / 2 ~ sigma / 2
+    tiny = 1e-3
+    P2 = softmax(IntervalArray(np.zeros((1, 1, 1, 2))), np.ones(2))
+    moved2, _ = _weight_moves(P2, IntervalArray(np.full((1, 1, 1, 2), tiny)))
+    reached = np.tanh(tiny) / 2
+    assert reached <= moved2.hi[0, 0, 0, 0] and 0.9 * moved2.hi[0, 0, 0, 0] < reached

@@ -178,22 +178,25 @@ def attention_radii(engine: AttentionMap, X: PointStates, output_norm: float | N
     rho = IntervalArray(X.radii)[:, None]                                                        # (B, 1, n)
     sigma = (IntervalArray(a)[:, :, None, :] * rho[..., :, None] + IntervalArray(b)[..., None] * rho[..., None, :]
              + IntervalArray(g)[None, :, None, None] * rho[..., :, None] * rho[..., None, :]) * c   # (B, H, i, j)
-    u = sigma * sigma.exp()
-    p_hi = IntervalArray(P.hi)
-    spread = (p_hi * u).sum(axis=-1, keepdims=True)                                              # (B, H, n, 1)
-    moved = p_hi * (u * (IntervalArray(1.0) + spread) + spread)                                  # |p(Y) - p~|
-    p_most = p_hi + moved
+    moved, total = _weight_moves(P, sigma)                                         # |p(Y) - p~|, ||p(Y) - p~||_1
+    p_most = IntervalArray(P.hi) + moved
     squares = V.square().sum(axis=-1).expand(2) + F.square().sum(axis=-1).expand(3) \
         - F.einsum("bhiv,bhjv->bhij", V) * 2.0
     gaps = IntervalArray(squares.clip_below(0.0).sqrt().hi)                                      # ||v~_j - f~_i||
-    drift = (moved * gaps).sum(axis=-1, keepdims=True)                                           # (B, H, n, 1)
+    drift = IntervalArray(np.minimum((moved * gaps).sum(axis=-1, keepdims=True).hi,             # (B, H, n, 1)
+                                     (total * IntervalArray(np.max(gaps.hi, axis=-1, keepdims=True))).hi))
     keyed = (IntervalArray(b)[..., None] * rho[..., None, :]
              + IntervalArray(g)[None, :, None, None] * rho[..., :, None] * rho[..., None, :]) * c  # sigma - c a_j rho_i
     queried = (p_most * IntervalArray(a)[:, :, None, :] * (gaps + drift)).sum(axis=-1) * c      # (B, H, n)
     covariance = _query_covariance(engine, P, K, V, F, moved, gaps, drift, c, norms["W_Q"])
     query = IntervalArray(np.minimum(queried.hi, covariance))
-    delta = IntervalArray(norms["L_V"])[None, :, None] * (p_most * rho[..., None, :]).sum(axis=-1) \
-        + query * rho[:, 0][:, None] + (p_most * keyed * (gaps + drift)).sum(axis=-1)             # (B, H, n)
+    # the values' part: sum_j p_ij(1) ||v_j - v~_j|| with the weights summing to one, at most ||V|| max_j rho_j
+    value = IntervalArray(norms["L_V"])[None, :, None] * IntervalArray(np.minimum(
+        (p_most * rho[..., None, :]).sum(axis=-1).hi, np.max(X.radii, axis=-1)[:, None, None]))
+    # the scores' part of a row at most max_j sigma_ij max_j ||v~_j - phi_i(t)|| (the weights sum to one)
+    row = (total * IntervalArray(np.max((gaps + drift).hi, axis=-1, keepdims=True)))[..., 0]
+    scored = query * rho[:, 0][:, None] + (p_most * keyed * (gaps + drift)).sum(axis=-1)
+    delta = value + IntervalArray(np.minimum(scored.hi, row.hi))                                 # (B, H, n)
     heads = delta.square().sum(axis=1).sqrt()                                                    # (B, n)
     # the key path's first-order term in the output space, the rest of sigma's key part per head as above
     first = (IntervalArray(_key_path_norms(engine, Q, V, F, P, c)) * rho).sum(axis=-1)              # (B, n)
@@ -201,12 +204,36 @@ def attention_radii(engine: AttentionMap, X: PointStates, output_norm: float | N
             ).sum(axis=-1) * c \
         + (p_most * IntervalArray(g)[None, :, None, None] * rho[..., :, None] * rho[..., None, :] * (gaps + drift)
            ).sum(axis=-1) * c
-    split = IntervalArray(norms["L_V"])[None, :, None] * (p_most * rho[..., None, :]).sum(axis=-1) \
-        + query * rho[:, 0][:, None] + rest
+    split = value + query * rho[:, 0][:, None] + rest
     output_space = IntervalArray(output_norm) * split.square().sum(axis=1).sqrt() + first
     mixing = np.minimum((IntervalArray(output_norm) * heads).hi, output_space.hi)
     radii = IntervalArray(X.radii) + IntervalArray(mixed_rounding) + IntervalArray(mixing)
     return PointStates.from_enclosure(Z, radii.hi)
+
+
+#: A row with a score deviation above this takes only the linear bounds of :func:`_weight_moves`: the exponential
+#: bound is then far above them (``sigma e^sigma`` > 1e18) and its sums could overflow.
+_LARGEST_EXPONENT = 40.0
+
+
+def _weight_moves(P: IntervalArray, sigma: IntervalArray) -> tuple[IntervalArray, IntervalArray]:
+    """How far the attention weights can move on the balls: per entry ``|p_ij(t) - p~_ij|`` (B, H, n, n) and per row
+    ``||p_i(t) - p~_i||_1`` (B, H, n, 1), for every ``t`` in [0, 1] along ``softmax(s~ + t ds)`` with ``|ds_ij| <=
+    sigma_ij`` (lemma point-attention, docs/mathematics.md).  Per entry the smaller of the exponential bound
+    ``p~_ij (u_ij m_i + sum_l p~_il u_il)``, ``u = sigma e^sigma``, ``m_i <= 1 + sum_l p~_il u_il``, tight for small
+    sigma, and the linear one ``max_l sigma_il / 2``; per row ``max_l sigma_il``: the weights' derivative
+    ``p o (ds - p.ds)`` has l1 norm ``sum_l p_l |ds_l - p.ds|``, a mean absolute deviation of ``ds``, at most half
+    its range ``2 max_l sigma_il``, and a change of weights sums to zero, so each entry is at most half its l1
+    norm.  Rows with a deviation above :data:`_LARGEST_EXPONENT` take the linear bounds alone."""
+    top = IntervalArray(np.max(sigma.hi, axis=-1, keepdims=True))                                # (B, H, n, 1)
+    linear = (top * 0.5).hi
+    tame = np.all(sigma.hi <= _LARGEST_EXPONENT, axis=-1, keepdims=True)
+    bounded = IntervalArray(np.where(tame, sigma.lo, 0.0), np.where(tame, sigma.hi, 0.0))
+    u = bounded * bounded.exp()
+    p_hi = IntervalArray(P.hi)
+    spread = (p_hi * u).sum(axis=-1, keepdims=True)
+    exponential = np.where(tame, (p_hi * (u * (IntervalArray(1.0) + spread) + spread)).hi, np.inf)
+    return IntervalArray(np.minimum(np.minimum(exponential, linear), 1.0)), IntervalArray(top.hi)
 
 
 def norm_radii(norm, X: PointStates) -> PointStates:
@@ -338,7 +365,7 @@ def chain_radii(item, X: PointStates, reference: SlopeReference | None = None, e
     :func:`norm_radii` of the output LayerNorm; the rounding of the product by ``W_2`` is carried as a ball
     (:func:`_ball_product`)."""
     norm, ffn = item.ln_out, item.ffn
-    if reference is None and not exact:
+    if reference is None and exact is not True:
         reference = SlopeReference.of(item, X.points)
     E = EnclosedNorm(norm, X.points, exact_sums=True)
     moved = _normalised(E, X)                                                                   # ||nhat(z) - nhat(z~)||
@@ -362,10 +389,11 @@ def chain_radii(item, X: PointStates, reference: SlopeReference | None = None, e
         offset = IntervalArray(slopes.mid) - IntervalArray(reference.slopes)                      # c - s0, enclosed
         around = IntervalArray(reference.spectral) + _frobenius_over_box(G, widest, offset.mid, spread + offset.rad)
         bound = np.minimum(bound, around.hi)
-    if exact:   # the norm at the slopes' centre in full, the box about it in Frobenius norm (t^T G t <= |||G||| |t|^2)
-        at_center = IntervalArray(_chain_spectral(ffn, norm.gamma, slopes.mid)) \
-            + (spread.square().sum(axis=-1) * IntervalArray(widest)).sqrt()
-        bound = np.minimum(bound, at_center.hi)
+    if exact is not False:   # the norm at the slopes' centre in full, the box about it in Frobenius norm
+        chosen = slice(None) if exact is True else np.asarray(exact, dtype=int)
+        at_center = IntervalArray(_chain_spectral(ffn, norm.gamma, slopes.mid[:, chosen])) \
+            + (spread[:, chosen].square().sum(axis=-1) * IntervalArray(widest)).sqrt()
+        bound[:, chosen] = np.minimum(bound[:, chosen], at_center.hi)
     factor = IntervalArray(bound)
     global_ffn = IntervalArray(feedforward_global(ffn))
     local = (moved * factor + rounding * global_ffn).hi
