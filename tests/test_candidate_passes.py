@@ -96,12 +96,13 @@ def test_two_slots_enumerate_every_pair(exact_chain):
     assert {tuple(w) for w in passes.words} == {(a, b) for a in vocabulary for b in vocabulary}
 
 
-@pytest.mark.parametrize("layers, asked, used", [((0, 3), None, [False] * 2), ((0, 4), None, [False, True]),
+@pytest.mark.parametrize("layers, asked, used", [((0, 3), None, [False] * 2), ((0, 4), None, [[SLOT], [SLOT]]),
                                                  ((0, 4), False, [False] * 2)])
 def test_per_candidate_passes_take_the_exact_chain_where_the_cheap_one_stops_being_tight(monkeypatch, layers, asked,
                                                                                         used):
     """``exact_chain=None``: the exact chain bound when layer 4 is asked (the cheaper one's radii grow ~350x per
-    layer), the screening passes' chains exact from layer 1 on; the passes' first two chains say which they took."""
+    layer), the screening passes' chains exact from layer 3 on and at the edited token before; the passes' first two
+    chains say which they took."""
     import lipbound.local.candidates as module
     seen = []
 
@@ -122,29 +123,29 @@ def test_per_candidate_passes_take_the_exact_chain_where_the_cheap_one_stops_bei
 
 
 def test_screened_passes_refine_only_what_could_be_the_maximum():
-    """``screen``: every sentence bounded with the chains exact from layer 1, the ones whose bound could be the
-    set's maximum passed again with every chain exact.  Each bound still covers its sentence's identity-plan cost
+    """``screen``: every sentence bounded with the chains exact from layer 3 (the edited token's before it), the ones
+    whose bound could be the set's maximum passed again with every chain exact.  Each bound still covers its sentence's identity-plan cost
     (independent forward pass), no set value is above the all-exact passes', and some sentences are left
     unrefined."""
-    generated = local_models.model(seed=9, layers=4, vocab=8)
+    generated = local_models.model(seed=9, layers=5, vocab=8)
     embeddings = generated.embeddings
     own = embedding_enclosure_tokens(embeddings, np.array(IDS), np.arange(len(IDS)))
     words = np.arange(8)
     sets = propagate(generated, edit_set(IDS, "replace", [SLOT], words))
     arguments = (generated, own, [SLOT], [embedding_enclosure(embeddings, words, SLOT)], [words],
-                 [s.original for s in sets], 3)
+                 [s.original for s in sets], 4)
     screened = candidate_passes(*arguments, exact_chain=True, chunk=4)
     exact = candidate_passes(*arguments, exact_chain=True, screen=False)
-    assert 0 < screened.refined < 8 and exact.refined == 0 and sorted(screened.bounds) == [0, 1, 2, 3]
-    assert sorted(screened.seconds) == ["attention", "bounds", "chain", "exact chain", "refine"]
+    assert 0 < screened.refined < 8 and exact.refined == 0 and sorted(screened.bounds) == [0, 1, 2, 3, 4]
+    assert sorted(screened.seconds) == ["attention", "bounds", "edited exact chain", "exact chain", "refine"]
     assert sorted(exact.seconds) == ["attention", "bounds", "exact chain"]
-    for layer in range(4):
+    for layer in range(5):
         assert screened.largest(layer) <= exact.largest(layer)
     for index, (word,) in enumerate(screened.words):
         edited = list(IDS)
         edited[SLOT] = int(word)
         new = hidden_states(generated, edited)
-        for layer in range(4):
+        for layer in range(5):
             cost = float(np.mean(np.linalg.norm(attention_block(generated.layer(layer), new[layer])[0]
                                                 - sets[layer].original, axis=1)))
             assert cost <= screened.bounds[layer][index] * (1 + 1e-9)

@@ -22,6 +22,7 @@ before them as a ball (``||W||_2 ||rad||``).  On all-MiniLM-L6-v2 the radii grow
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import final
 
@@ -345,7 +346,7 @@ def _chain_spectral(ffn, gamma: np.ndarray, slopes: np.ndarray, group: int = 8) 
     return out.reshape(slopes.shape[:-1])
 
 
-def chain_radii(item, X: PointStates, reference: SlopeReference | None = None, exact: bool = False,
+def chain_radii(item, X: PointStates, reference: SlopeReference | None = None, exact: bool | Sequence[int] = False,
                 plain=None) -> PointStates:
     """The LayerNorm, the residual feed-forward block and the output LayerNorm of a layer, ``z -> N_2(f(N_1(z)))``,
     of attention block outputs in balls, through the block's local behaviour at the points (lemma point-chain,
@@ -363,7 +364,8 @@ def chain_radii(item, X: PointStates, reference: SlopeReference | None = None, e
     s)^(1/2)`` (for the tokens ``plain`` only, all by default), with ``G`` of :func:`_slope_gram`.  Per token the
     smaller of this and the product of the stages' bounds (:func:`norm_radii`, :func:`feedforward_radii`), then
     :func:`norm_radii` of the output LayerNorm; the rounding of the product by ``W_2`` is carried as a ball
-    (:func:`_ball_product`)."""
+    (:func:`_ball_product`).  ``exact``: the norm at the slopes' centre certified in full as well
+    (:func:`_chain_spectral`) for every token (True) or for the tokens it lists."""
     norm, ffn = item.ln_out, item.ffn
     if reference is None and exact is not True:
         reference = SlopeReference.of(item, X.points)
