@@ -323,6 +323,12 @@ def _frobenius_over_box(G: IntervalArray, widest: float, center: np.ndarray, spr
     return quadratic.clip_below(0.0).sqrt()
 
 
+#: Power steps placing the Cholesky level of a chain's norm: with 12, 6% of MiniLM's chain matrices failed the first
+#: level (the retries, one matrix at a time, doubled the certification's time, and the raised level was up to 2.2%
+#: above the norm); with 30 none failed and every bound was within 0.1%.
+CHAIN_POWER_STEPS = 30
+
+
 def _chain_spectral(ffn, gamma: np.ndarray, slopes: np.ndarray, group: int = 8) -> np.ndarray:
     """Certified ``||diag(gamma) (I + W_1 diag(c) W_2)||_2`` for every slope vector c (..., d_ff) (taken exactly): the
     matrix formed in floats, its norm certified by :func:`~lipbound.rigorous.batched.spectral_norms_upper`, plus the
@@ -342,7 +348,8 @@ def _chain_spectral(ffn, gamma: np.ndarray, slopes: np.ndarray, group: int = 8) 
         M = np.matmul(ffn.W_1[None] * part[:, None, :], ffn.W_2)                             # (g, d, d)
         M[:, np.arange(d), np.arange(d)] += 1.0
         M *= gammas[None, :, None]
-        out[begin:begin + group] = (IntervalArray(spectral_norms_upper(M)) + IntervalArray(error)).hi
+        norms = spectral_norms_upper(M, steps=CHAIN_POWER_STEPS)
+        out[begin:begin + group] = (IntervalArray(norms) + IntervalArray(error)).hi
     return out.reshape(slopes.shape[:-1])
 
 
