@@ -85,7 +85,7 @@ def below(value: float, bound: float) -> str:
 
 
 def run(bert, text: str, vocabulary, positions, chunk: int, search: bool, parts, exact_chain: bool = False,
-        screen: bool = True, add_words=(), save: str | None = None) -> None:
+        screen: bool = True, add_words=(), save: str | None = None, refine_within: float = 0.0) -> None:
     from lipbound.local.propagate import coupling_bound, propagate, set_bound
     from lipbound.measures.edits import draw_edits, edit_set
     from lipbound.measures.perturb import _set_ids, perturb
@@ -109,7 +109,8 @@ def run(bert, text: str, vocabulary, positions, chunk: int, search: bool, parts,
         balls = propagate(bert.model, template)
         balls_seconds = time.process_time() - began
         began = time.process_time()
-        sets = propagate(bert.model, template, per_candidate=True, exact_chain=exact_chain, screen=screen)
+        sets = propagate(bert.model, template, per_candidate=True, exact_chain=exact_chain, screen=screen,
+                         refine_within=refine_within)
         set_seconds = time.process_time() - began
         passes = sets[0].facts["candidates"]
         print(f"  CPU s: set certificate (balls and passes) {set_seconds:.0f}, balls alone {balls_seconds:.1f}; "
@@ -191,6 +192,9 @@ def main() -> None:
     parser.add_argument("--add-words", type=int, nargs="*", default=(),
                         help="token ids added to the sampled set (e.g. the worst edits of a whole-vocabulary "
                              "`--parts check` run)")
+    parser.add_argument("--refine-within", type=float, default=0.0,
+                        help="with screening, leave unrefined the sentences within this fraction above the refined "
+                             "maximum (the set's value at most 1 + it times the fully refined one)")
     parser.add_argument("--save", default=None,
                         help="with check: write every edit's exact W1 per layer (and the candidate ids) to this .npz")
     args = parser.parse_args()
@@ -200,7 +204,7 @@ def main() -> None:
     os.system("uptime")
     for text in args.texts or sentences(args.sentences)[args.skip:]:
         run(bert, text, vocabulary, args.positions, args.chunk, not args.no_search, args.parts, args.exact_chain,
-            not args.no_screen, args.add_words, args.save)
+            not args.no_screen, args.add_words, args.save, args.refine_within)
 
 
 if __name__ == "__main__":

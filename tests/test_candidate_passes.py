@@ -74,14 +74,14 @@ def test_set_bound_takes_the_smaller_route_and_names_it():
 
 @pytest.mark.parametrize("exact_chain", [False, True])
 def test_two_slots_enumerate_every_pair(exact_chain):
-    """k = 2 over a vocabulary of 8: the 64 edited sentences, each bounded, the largest covering every pair's W1
+    """k = 2 over a vocabulary of 6: the 36 edited sentences, each bounded, the largest covering every pair's W1
     (the chains by reference slopes, and by their certified norms at the points)."""
     generated = local_models.model(seed=13, layers=2, vocab=8)
-    vocabulary = np.arange(8)
+    vocabulary = np.arange(6)
     sets = propagate(generated, edit_set(IDS, "replace", [2, 4], vocabulary), per_candidate=True,
                      exact_chain=exact_chain)
     passes = sets[0].facts["candidates"]
-    assert passes.words.shape == (64, 2) and passes.stopped == ""
+    assert passes.words.shape == (36, 2) and passes.stopped == ""
     states = hidden_states(generated, IDS)
     original = [attention_block(generated.layer(l), states[l])[0] for l in range(2)]
     for index, (first, second) in enumerate(passes.words):
@@ -124,9 +124,10 @@ def test_per_candidate_passes_take_the_exact_chain_where_the_cheap_one_stops_bei
 
 def test_screened_passes_refine_only_what_could_be_the_maximum():
     """``screen``: every sentence bounded with the chains exact from layer 3 (the edited token's before it), the ones
-    whose bound could be the set's maximum passed again with every chain exact.  Each bound still covers its sentence's identity-plan cost
-    (independent forward pass), no set value is above the all-exact passes', and some sentences are left
-    unrefined."""
+    whose bound could be the set's maximum passed again with every chain exact (with ``refine_within`` only those
+    half above it, and the set's value within 1.5 times the all-exact one).  Each bound still covers its sentence's
+    identity-plan cost (independent forward pass), no set value is above the all-exact passes', and some sentences
+    are left unrefined."""
     generated = local_models.model(seed=9, layers=5, vocab=8)
     embeddings = generated.embeddings
     own = embedding_enclosure_tokens(embeddings, np.array(IDS), np.arange(len(IDS)))
@@ -139,8 +140,11 @@ def test_screened_passes_refine_only_what_could_be_the_maximum():
     assert 0 < screened.refined < 8 and exact.refined == 0 and sorted(screened.bounds) == [0, 1, 2, 3, 4]
     assert sorted(screened.seconds) == ["attention", "bounds", "edited exact chain", "exact chain", "refine"]
     assert sorted(exact.seconds) == ["attention", "bounds", "exact chain"]
+    loose = candidate_passes(*arguments, exact_chain=True, chunk=4, refine_within=0.5)
+    assert loose.refined <= screened.refined
     for layer in range(5):
         assert screened.largest(layer) <= exact.largest(layer)
+        assert loose.largest(layer) <= 1.5 * exact.largest(layer)
     for index, (word,) in enumerate(screened.words):
         edited = list(IDS)
         edited[SLOT] = int(word)

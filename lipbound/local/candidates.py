@@ -168,7 +168,7 @@ def _evaluate(model: Model, engines: list, own: IntervalArray, slots: list, cand
 @one_blas_thread
 def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, words: list, references: list,
                      last: int, *, chunk: int = 256, widest: float = 20.0, exact_chain: bool | None = None,
-                     screen: bool = True, progress=None) -> CandidatePasses:
+                     screen: bool = True, refine_within: float = 0.0, progress=None) -> CandidatePasses:
     """Certified per-candidate passes of a replacement at ``slots`` by every combination of their candidates
     (module docstring): ``prod_s K_s`` edited sentences, at most :data:`MOST_SENTENCES`.
 
@@ -204,6 +204,10 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
         whose first bound at some layer is above the largest bound of those passed again (the set's value is a
         maximum: a sentence below it needs no tighter bound); each sentence keeps the smaller of its bounds.
         ``refined`` counts the second passes.
+    refine_within : float
+        With ``screen``, leave unrefined the sentences whose first bound is within this fraction above the largest
+        refined bound at every layer: the set's value is then at most ``1 + refine_within`` times the value with every
+        such sentence refined (a refined bound is at most its sentence's all-exact bound), for fewer second passes.
     """
     if not model.complete or model.embeddings is None:
         raise AssumptionError("model", "a full checkpoint (embeddings, every layer)", "an attention-only model",
@@ -232,7 +236,8 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
     while screening:
         layers = range(reached + 1)
         largest = [float(np.max(bounds[layer][refined], initial=-np.inf)) for layer in layers]
-        open_ = np.flatnonzero(~refined & np.any([bounds[layer] > largest[layer] for layer in layers], axis=0))
+        open_ = np.flatnonzero(~refined & np.any([bounds[layer] > largest[layer] * (1.0 + refine_within)
+                                                  for layer in layers], axis=0))
         if open_.size == 0:
             break
         if min(largest) > 0:   # those furthest above the refined maximum of some layer first
