@@ -122,34 +122,36 @@ def test_per_candidate_passes_take_the_exact_chain_where_the_cheap_one_stops_bei
     assert seen == used
 
 
-def test_screened_passes_refine_only_what_could_be_the_maximum():
-    """``screen``: every sentence bounded with the chains exact from layer 3 (the edited token's before it), the ones
-    whose bound could be the set's maximum passed again with every chain exact (with ``refine_within`` only those
-    half above it, and the set's value within 1.5 times the all-exact one).  Each bound still covers its sentence's
-    identity-plan cost (independent forward pass), no set value is above the all-exact passes', and some sentences
-    are left unrefined."""
-    generated = local_models.model(seed=9, layers=5, vocab=8)
+def test_screened_passes_refine_only_what_could_be_the_maximum(monkeypatch):
+    """``screen``: every sentence bounded with the chains exact from layer 2 here (3 on MiniLM; the edited token's
+    before it), the ones whose bound could be the set's maximum passed again with every chain exact (with
+    ``refine_within`` only those half above it, and the set's value within 1.5 times the all-exact one).  Each bound
+    still covers its sentence's identity-plan cost (independent forward pass), no set value is above the all-exact
+    passes', and some sentences are left unrefined."""
+    import lipbound.local.candidates as module
+    monkeypatch.setattr(module, "SCREEN_EXACT_FROM", 2)
+    generated = local_models.model(seed=9, layers=4, vocab=8)
     embeddings = generated.embeddings
     own = embedding_enclosure_tokens(embeddings, np.array(IDS), np.arange(len(IDS)))
     words = np.arange(8)
     sets = propagate(generated, edit_set(IDS, "replace", [SLOT], words))
     arguments = (generated, own, [SLOT], [embedding_enclosure(embeddings, words, SLOT)], [words],
-                 [s.original for s in sets], 4)
+                 [s.original for s in sets], 3)
     screened = candidate_passes(*arguments, exact_chain=True, chunk=4)
     exact = candidate_passes(*arguments, exact_chain=True, screen=False)
-    assert 0 < screened.refined < 8 and exact.refined == 0 and sorted(screened.bounds) == [0, 1, 2, 3, 4]
+    assert 0 < screened.refined < 8 and exact.refined == 0 and sorted(screened.bounds) == [0, 1, 2, 3]
     assert sorted(screened.seconds) == ["attention", "bounds", "edited exact chain", "exact chain", "refine"]
     assert sorted(exact.seconds) == ["attention", "bounds", "exact chain"]
     loose = candidate_passes(*arguments, exact_chain=True, chunk=4, refine_within=0.5)
     assert loose.refined <= screened.refined
-    for layer in range(5):
+    for layer in range(4):
         assert screened.largest(layer) <= exact.largest(layer)
         assert loose.largest(layer) <= 1.5 * exact.largest(layer)
     for index, (word,) in enumerate(screened.words):
         edited = list(IDS)
         edited[SLOT] = int(word)
         new = hidden_states(generated, edited)
-        for layer in range(5):
+        for layer in range(4):
             cost = float(np.mean(np.linalg.norm(attention_block(generated.layer(layer), new[layer])[0]
                                                 - sets[layer].original, axis=1)))
             assert cost <= screened.bounds[layer][index] * (1 + 1e-9)
