@@ -17,7 +17,8 @@ any of the candidate tokens (the whole vocabulary by default):
   widening cannot decide counts as "not certified", never as a pass.
 
 Run: ``python bench/bench_edit_sets.py [--sentences 2 | --texts "The cat sat on the mat."] [--vocabulary all|N]
-[--positions 3 | --positions 3 5] [--no-search] [--exact-chain [--no-screen]] [--add-words ID ...]`` (with two
+[--positions 3 | --positions 3 5] [--no-search] [--exact-chain [--no-screen | --refine-within 0.05]]
+[--add-words ID ...] [--save every_edit.npz]`` (with two
 positions every pair of the N + 2 candidates is enumerated: ``--vocabulary 63`` gives 65 x 65 pairs).
 """
 

@@ -161,7 +161,8 @@ def attention_radii(engine: AttentionMap, X: PointStates, output_norm: float | N
     :meth:`~lipbound.rigorous.arrays.IntervalArray.matmul`); ``output_norm``: a certified ``||W_O||`` if known.
     Per token the smaller of this and the same with the key path's first-order term in the output space
     (:func:`_key_path_norms`: ``sum_j rho_j ||N_ij||_F``, the rest of the key term per head); the product by ``W_O``
-    carries the rounding before it as a ball (:func:`_ball_product`)."""
+    carries the rounding before it as a ball (:func:`_ball_product`).  For large score deviations the weights'
+    moves, the values' part and each row's score part also take bounds linear in ``sigma`` (:func:`_weight_moves`)."""
     B, n = X.points.shape[:2]
     points = IntervalArray(X.points)
     projected = points.matmul(engine.W, exact_sums=True) + IntervalArray(engine.bias)
