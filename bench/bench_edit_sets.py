@@ -17,7 +17,8 @@ any of the candidate tokens (the whole vocabulary by default):
   widening cannot decide counts as "not certified", never as a pass.
 
 Run: ``python bench/bench_edit_sets.py [--sentences 2 | --texts "The cat sat on the mat."] [--vocabulary all|N]
-[--positions 3 | --positions 3 5] [--no-search] [--exact-chain [--no-screen]] [--add-words ID ...]`` (with two
+[--positions 3 | --positions 3 5] [--no-search] [--exact-chain [--no-screen | --refine-within 0.05]]
+[--add-words ID ...] [--save every_edit.npz]`` (with two
 positions every pair of the N + 2 candidates is enumerated: ``--vocabulary 63`` gives 65 x 65 pairs).
 """
 
@@ -85,7 +86,7 @@ def below(value: float, bound: float) -> str:
 
 
 def run(bert, text: str, vocabulary, positions, chunk: int, search: bool, parts, exact_chain: bool = False,
-        screen: bool = True, add_words=()) -> None:
+        screen: bool = True, add_words=(), save: str | None = None, refine_within: float = 0.0) -> None:
     from lipbound.local.propagate import coupling_bound, propagate, set_bound
     from lipbound.measures.edits import draw_edits, edit_set
     from lipbound.measures.perturb import _set_ids, perturb
@@ -109,7 +110,8 @@ def run(bert, text: str, vocabulary, positions, chunk: int, search: bool, parts,
         balls = propagate(bert.model, template)
         balls_seconds = time.process_time() - began
         began = time.process_time()
-        sets = propagate(bert.model, template, per_candidate=True, exact_chain=exact_chain, screen=screen)
+        sets = propagate(bert.model, template, per_candidate=True, exact_chain=exact_chain, screen=screen,
+                         refine_within=refine_within)
         set_seconds = time.process_time() - began
         passes = sets[0].facts["candidates"]
         print(f"  CPU s: set certificate (balls and passes) {set_seconds:.0f}, balls alone {balls_seconds:.1f}; "
@@ -142,6 +144,8 @@ def run(bert, text: str, vocabulary, positions, chunk: int, search: bool, parts,
                 if passes is not None and layer in passes.bounds:
                     own = float(passes.bounds[layer][begin + index])
                     excess = max(excess, (value - own) / own)
+    if save:
+        np.savez(save, words=candidates, values=values)
     worst = values.max(axis=0)
     worst_words = [np.stack(np.unravel_index(np.argmax(values[:, layer]), (candidates.size,) * k))
                    for layer in range(last + 1)]
@@ -189,6 +193,11 @@ def main() -> None:
     parser.add_argument("--add-words", type=int, nargs="*", default=(),
                         help="token ids added to the sampled set (e.g. the worst edits of a whole-vocabulary "
                              "`--parts check` run)")
+    parser.add_argument("--refine-within", type=float, default=0.0,
+                        help="with screening, leave unrefined the sentences within this fraction above the refined "
+                             "maximum (the set's value at most 1 + it times the fully refined one)")
+    parser.add_argument("--save", default=None,
+                        help="with check: write every edit's exact W1 per layer (and the candidate ids) to this .npz")
     args = parser.parse_args()
     from lipbound.measures.bert import load_text_model
     bert = load_text_model()
@@ -196,7 +205,7 @@ def main() -> None:
     os.system("uptime")
     for text in args.texts or sentences(args.sentences)[args.skip:]:
         run(bert, text, vocabulary, args.positions, args.chunk, not args.no_search, args.parts, args.exact_chain,
-            not args.no_screen, args.add_words)
+            not args.no_screen, args.add_words, args.save, args.refine_within)
 
 
 if __name__ == "__main__":

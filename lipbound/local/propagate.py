@@ -216,7 +216,8 @@ def _first_block_enumerated(layer, template: EditTemplate, candidates: list, slo
 
 @one_blas_thread
 def propagate(model: Model, template: EditTemplate, layers=None, progress=None, per_candidate: bool = False,
-              candidate_progress=None, exact_chain: bool | None = None, screen: bool = True) -> list[LayerSet]:
+              candidate_progress=None, exact_chain: bool | None = None, screen: bool = True,
+              refine_within: float = 0.0) -> list[LayerSet]:
     """Push the set of edited sentences through the layers; one :class:`LayerSet` per layer (the
     attention block outputs of that layer), for layers ``0..max(layers)``.
 
@@ -232,7 +233,8 @@ def propagate(model: Model, template: EditTemplate, layers=None, progress=None, 
     smaller route.  ``candidate_progress(done, total)`` follows the candidates; ``exact_chain``: whether the
     passes bound each feed-forward chain by its certified norm at the point (``exact_chain`` of
     :func:`~lipbound.local.candidates.candidate_passes`, which chooses by depth when it is None); ``screen``: whether
-    the exact passes screen first and refine only what could be the set's maximum (``screen`` there).
+    the exact passes screen first and refine only what could be the set's maximum (``screen`` there), and
+    ``refine_within`` how far above the refined maximum a sentence may stay unrefined.
     """
     embeddings = model.embeddings
     if embeddings is None or not model.complete:
@@ -275,6 +277,7 @@ def propagate(model: Model, template: EditTemplate, layers=None, progress=None, 
     if per_candidate and same and slots and count <= MOST_SENTENCES:
         passes = candidate_passes(model, own, slots, [candidates[i] for i in slots], [template.words[i] for i in slots],
                                   [s.original for s in out], last, exact_chain=exact_chain, screen=screen,
+                                  refine_within=refine_within,
                                   progress=candidate_progress)
         out = [replace(s, facts={**s.facts, "candidates": passes, **({"per_candidate": passes.largest(s.layer)}
                                                                      if s.layer in passes.bounds else {})})

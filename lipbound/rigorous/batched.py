@@ -40,7 +40,7 @@ def _power_estimate(C: np.ndarray, steps: int) -> np.ndarray:
     """Float estimates of ``lambda_max`` of the symmetric PSD stack C (T, k, k) (no guarantee: they place the level)."""
     v = np.ones(C.shape[:2]) + 0.01 * np.arange(C.shape[1])
     for _ in range(steps):
-        v = np.einsum("tij,tj->ti", C, v)
+        v = np.matmul(C, v[..., None])[..., 0]
         v /= np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-300)
     return np.einsum("ti,tij,tj->t", v, C, v)
 
