@@ -121,6 +121,7 @@ from ..offsets import HeadRows, rotation_enclosure
 from .head import largest_over_shares, max_on_weights, top_count
 from .joint import _golden_min, sdp_value
 from .layer import _factor, _joint_term, _stacked_form, _top, coupled_rows, row_factors, split_layer, split_rows
+from .own_key import OwnKeyTerms
 from .region import Region, trust_region_sup
 
 __all__ = ["PositionalHeadBounds", "positional_bound", "positional_layer_bound", "positional_scope", "reduced_sup"]
@@ -213,22 +214,26 @@ class PositionalHeadBounds:
         started = time.perf_counter()
         W_V = Enclosure.exact(head.W_V)
         shaped_values = region.times_shape(W_V.T)                                  # V^T M, (d_v, d)
+        # value_outputs: the value map's output form in value coordinates, W_O^h W_O^hT (I without a block)
         if output is None:
             self.value_norm = region.project(W_V).norm_interval()
             self.spread = self.r * shaped_values.norm_interval()
+            self.value_outputs = Enclosure.exact(np.eye(head.d_v))
         else:
             block = Enclosure.exact(np.asarray(output, dtype=float))
             self.value_norm = product_norm_interval(region.project(W_V), block)
             self.spread = self.r * product_norm_interval(block.T, shaped_values)
+            self.value_outputs = (block @ block.T).sym()
         self.rotations = {delta: rotation_enclosure(head.kernel, head.d_k, delta) for delta in self.rows.offsets}
-        scale = Enclosure.scalar(_scale_interval(head))
+        self.scale = _scale_interval(head)                                         # sigma, an interval
+        scale = Enclosure.scalar(self.scale)
         W_Q, W_K = Enclosure.exact(head.W_Q), Enclosure.exact(head.W_K)
         self._queries_shaped = region.times_shape(W_Q.T).scale(scale)             # sigma W_Q^T M, (d_k, d)
         self._keys_shaped = region.times_shape(W_K.T)                             # W_K^T M, (d_k, d)
         self._keys_scaled = self._keys_shaped.scale(scale)
         self._query_left, self._key_left = region.project(W_Q), region.project(W_K)
         self.query_gain = self._largest("query gain", self._query_gradient)
-        self.query_coupled = self._coupled_query_term(output)
+        self.query_coupled = self._coupled_query_term()
         self.key_gain = self._largest("beta", self._key_gradient, side="project")
         self.score_gain = self.key_gain if region.is_ball else self._largest("score gain", self._key_gradient,
                                                                              side="shape")
@@ -298,7 +303,7 @@ class PositionalHeadBounds:
         return self._sup(left, left_gram, R, self._queries_shaped, "queries_shaped", shift, name,
                          "sup over the region of the key gradient")
 
-    def _coupled_query_term(self, output) -> CertifiedValue | None:
+    def _coupled_query_term(self) -> CertifiedValue | None:
         """The query term coupled through the keys' second moments (step 1b of the module docstring):
         ``b <= (r^2 / 2) max_Delta lambda_max(a M^T V V^T M + M^T A_Delta^T Pi A_Delta M / a)`` at one ``a > 0`` for
         every offset; None when the query gradient has a constant part (a centre or a key bias)."""
@@ -312,9 +317,7 @@ class PositionalHeadBounds:
                           np.concatenate([shaped.rad, self._keys_shaped.T.rad], axis=1))   # [M^T V, M^T W_K]
         gram = (basis.T @ basis).sym()
         d_v, d_k = head.d_v, head.d_k
-        outputs = Enclosure.exact(np.eye(d_v)) if output is None else \
-            (Enclosure.exact(np.asarray(output, dtype=float))
-             @ Enclosure.exact(np.asarray(output, dtype=float).T)).sym()
+        outputs = self.value_outputs
         queries = self._gram("query_left").scale(_scale_interval(head) ** 2)     # sigma^2 W_Q^T Pi W_Q
         inner = {delta: (R.T @ queries @ R).sym() for delta, R in self.rotations.items()}
 
@@ -393,11 +396,11 @@ class PositionalHeadBounds:
         cap = (lambda p: 1 if upper(p) <= 0.5 else 4 * p * (1 - p)) if with_cap else (lambda p: 1)
         return max_on_weights(*self.weight_range(i), lambda p: 2 * p * (1 - p) * cap(p), IV.mpf(1) / 2)
 
-    def column_norms(self, factors=None) -> list[float] | None:
+    def column_norms(self, factors=None, own: bool = True) -> list[float] | None:
         """Per key j a certified upper bound on ``lambda_max(sum_{i: j in V_i} f_i nu_i Pi A_{j-i}^T M M^T A_{j-i}
         Pi)^(1/2)`` (step 2b of the module docstring with row factors ``f_i``, default 1), from ``d_k x d_k`` Gram
-        matrices (0 for a key no row with two keys sees); None with a centre or a query bias, or when a norm was not
-        certified."""
+        matrices (0 for a key no row with two keys sees); without the row ``i = j`` when not ``own`` (step 8); None
+        with a centre or a query bias, or when a norm was not certified."""
         head = self.head
         if self._centred(head.W_Q, head.b_Q) is not None:
             return None
@@ -406,7 +409,7 @@ class PositionalHeadBounds:
         nus = [float(upper(self.row_nu(i) * interval(float(factors[i])))) for i in range(rows.n)]
         norms = []
         for j in range(rows.n):
-            seen = [i for i in range(rows.n) if rows.visible[i, j] and nus[i] > 0]
+            seen = [i for i in range(rows.n) if rows.visible[i, j] and nus[i] > 0 and (own or i != j)]
             if not seen:
                 norms.append(0.0)
                 continue
@@ -617,6 +620,12 @@ def positional_bound(head: Head, domain, n: int, *, output=None, bounds: Positio
         coupled = bounds.coupled_rows(b) + L * IV.sqrt(terms["kappa"])
         certificate["coupled_rows"] = upper(coupled)
         total = coupled if upper(coupled) < upper(total) else total
+        own = OwnKeyTerms(bounds)                                  # step 8: the row's own key in its query part
+        merged = own.head_rows()
+        if merged is not None:
+            merged = merged + L * IV.sqrt(terms["kappa"])
+            certificate.update(own_key_rows=upper(merged), own_key_query=upper(own.query_term))
+            total = merged if upper(merged) < upper(total) else total
     return sdp_value(name, upper(total), True, certificate, "eig", time.perf_counter() - started, "certified",
                      _PROVENANCE)
 
