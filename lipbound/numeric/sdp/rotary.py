@@ -721,6 +721,21 @@ def _spectral_key_term(layer, region, heads, blocks, value_forms, start) -> tupl
     return IV.sqrt(IV.mpf(top)), {"weights": [float(w) for w in lam]}
 
 
+def _own_key_layer(heads: list[PositionalHeadBounds], blocks, value_forms, r, key2, coefficients, has_query):
+    """Step 6 of :func:`positional_layer_bound` with every row's own key merged into its query part (step 8 of the
+    module docstring, :mod:`.own_key`): the layer's query term from the heads' gains ``a'_h`` (their sum of ``b'_h``,
+    or the weighted Cauchy-Schwarz over heads), the rows' key parts without the diagonal; an interval, or None when
+    the merge does not apply."""
+    own = [OwnKeyTerms(hb) for hb in heads]
+    if not all(o.applies for o in own):
+        return None
+    summed = sum((o.query_term for o in own), IV.mpf(0))
+    joint, _ = _joint_term(blocks, value_forms, [], [o.gain for o in own], interval(0), "query term")
+    b = summed if joint is None or upper(summed) <= upper(r * joint) else r * joint
+    rows = heads[0].rows
+    return split_layer(b, key2, coefficients, rows.visible & ~np.eye(rows.n, dtype=bool), has_query)
+
+
 _LAYER_PROVENANCE = ("whole layer of rotary or masked heads, seen jointly with W_O: weighted Cauchy-Schwarz over "
                      "heads for the query and key terms, the mean term per key/value group "
                      "(lipbound.numeric.sdp.rotary, positional_layer_bound)")
@@ -842,5 +857,10 @@ def positional_layer_bound(layer, domain, n: int, *, heads: list[PositionalHeadB
         coupled = split_layer(b, (r * joint_key) ** 2, coefficients, rows.visible, has_query) + mean
         certificate["coupled_rows"] = upper(coupled)
         total_iv = coupled if upper(coupled) < upper(total_iv) else total_iv
+        merged = _own_key_layer(heads, blocks, value_forms, r, (r * joint_key) ** 2, coefficients, has_query)
+        if merged is not None:
+            merged = merged + mean
+            certificate["own_key_rows"] = upper(merged)
+            total_iv = merged if upper(merged) < upper(total_iv) else total_iv
     return sdp_value(name, upper(total_iv), True, certificate, "eig", time.perf_counter() - started, "certified",
                      _LAYER_PROVENANCE)
