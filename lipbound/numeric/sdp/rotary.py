@@ -95,6 +95,11 @@ carry over.  What does (each step holds at every X of ``D^n``):
    directions does not move as a key.  The eigenvalue is certified as ``||F D^(1/2)||^2`` with ``F = [Z, X]`` (two
    ``d_k``-wide blocks) from the Gram matrix ``F^T F``; the ``t_i`` are step 6's times one factor found in floats.
 
+8. *A row's own key inside its query part* (:mod:`.own_key`).  Key i of row i is read at offset 0 and ``ds_ii = e_i .
+   (A_0 + A_0^T) x_i``: with ``Ahat_0 = A_0 + A_0^T`` in place of ``A_0`` in steps 1 and 1b (gain ``a'``, query term
+   ``b'``) and the key forms of step 6 without their diagonal ``j = i``, step 6 holds with ``b'``; the smaller of this and
+   steps 6-7 is used.  For a layer the same with the heads' ``a'_h`` (:func:`positional_layer_bound`).
+
 On a dot product without a window, bias or soft-cap the joint constants of :mod:`.head` are sharper and are
 used there; this module serves the heads they do not cover.  Every constant is computed in outward-rounded
 arithmetic: the rotations are enclosed from ``cos`` and ``sin`` of the exact angles ``Delta base^(-2t/D)``,
