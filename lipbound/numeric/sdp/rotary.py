@@ -774,6 +774,8 @@ def positional_layer_bound(layer, domain, n: int, *, heads: list[PositionalHeadB
        ``max_h pbar^h_i`` and ``max_h 2 max p (1 - p)`` (step 2's two forms, each a bound of the row), its query
        part at most ``b ||e_i||``; so ``Lip(F) <= max_j [(1 + t_j) b_j^2 + r^2 Lambda' sum_{i: j in V_i} (1 + 1/t_i)
        c_i]^(1/2) + mean``.
+    6. *Own keys* (step 8 of the module docstring): step 5 with the query term from the heads' own-key gains ``a'_h``
+       and the key parts without the diagonal, when smaller.
     """
     started = time.perf_counter()
     if layer.residual:
