@@ -132,7 +132,8 @@ class OwnKeyTerms:
         forms = [(keys_at, form) for form in inner.values()] + [(pair_at, merged)]
 
         def middle(a: float, where: slice, form: Enclosure) -> Enclosure:
-            return _placed(size, [(values_at, outputs.scale(a)), (where, form.scale(1.0 / a))])
+            # a and 1/a enclosed together: AM-GM needs their product to be exactly 1
+            return _placed(size, [(values_at, outputs.scale(interval(a))), (where, form.scale(1 / interval(a)))])
 
         root = np.linalg.cholesky(gram.mid + 1e-12 * np.trace(gram.mid) * np.eye(size))
         values_part = root[values_at].T @ outputs.mid @ root[values_at]
