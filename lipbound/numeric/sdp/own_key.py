@@ -79,6 +79,9 @@ class OwnKeyTerms:
     bounds : PositionalHeadBounds
         The head's constants (:class:`lipbound.numeric.sdp.rotary.PositionalHeadBounds`); with its value map
         ``V W_O^h`` when built for a layer.
+    coupled : bool
+        Also the coupled form ``b'_1b`` (eigenvalues in ``d_v + 2 d_k`` dimensions, about 0.15 CPU-s per head on
+        SmolLM2); without it ``b' = rho a'`` until :meth:`refine`.
 
     Attributes
     ----------
@@ -90,7 +93,7 @@ class OwnKeyTerms:
         ``b' = min(rho a', b'_1b)``.
     """
 
-    def __init__(self, bounds):
+    def __init__(self, bounds, coupled: bool = True):
         self.bounds = bounds
         head, rows = bounds.head, bounds.rows
         self.applies = bool(bounds._centred(head.W_K, head.b_K) is None and bounds._centred(head.W_Q, head.b_Q) is None
@@ -108,13 +111,24 @@ class OwnKeyTerms:
         others = [IV.mpf(v) for key, v in per_offset.items() if int(key) != 0]
         self.gain = max([own, *others], key=upper)
         self.query_term = bounds.spread * self.gain
-        coupled = self._coupled()
-        if coupled is not None and upper(coupled) < upper(self.query_term):
-            self.query_term = coupled
+        if coupled:
+            self.refine()
         self.seconds = time.perf_counter() - started
 
-    def _coupled(self):
-        """``b'_1b`` (module docstring), an interval, or None when not certified."""
+    def refine(self) -> None:
+        """Take ``b'_1b`` into ``query_term`` where it is smaller (certified)."""
+        better = self._coupled()
+        if better is not None and upper(better) < upper(self.query_term):
+            self.query_term = better
+
+    def estimate(self) -> float | None:
+        """``b'_1b`` in floats at the ``a`` of step 1b (a guess that only decides whether :meth:`refine` is worth its
+        cost; None without that a)."""
+        return self._coupled(estimate=True)
+
+    def _coupled(self, estimate: bool = False):
+        """``b'_1b`` (module docstring), an interval, or None when not certified; with ``estimate`` a float at step
+        1b's a, never a bound."""
         bounds, head, region = self.bounds, self.bounds.head, self.bounds.region
         d_v, d_k = head.d_v, head.d_k
         values = region.times_shape(Enclosure.exact(head.W_V.T)).T                     # M^T V, (d, d_v)
@@ -143,16 +157,25 @@ class OwnKeyTerms:
             a = math.exp(log_a)
             return max(float(np.linalg.eigvalsh(a * values_part + part / a)[-1]) for part in parts)
 
-        centre = 0.5 * math.log(max(float(np.trace(merged.mid)), 1e-300) / max(float(np.trace(outputs.mid)), 1e-300))
-        a = math.exp(_golden_min(largest, centre - 6.0, centre + 6.0, iterations=16))
+        # near the a of steps 1b (only the offset-0 form changes), else about the balance of the traces
+        known = bounds.query_coupled.details.get("a") if bounds.query_coupled is not None else None
+        if estimate:
+            return None if not known else float(upper(bounds.r ** 2)) / 2 * largest(math.log(known))
+        if known:
+            a = math.exp(_golden_min(largest, math.log(known) - 2.0, math.log(known) + 2.0, iterations=10))
+        else:
+            centre = 0.5 * math.log(max(float(np.trace(merged.mid)), 1e-300) / max(float(np.trace(outputs.mid)),
+                                                                                       1e-300))
+            a = math.exp(_golden_min(largest, centre - 6.0, centre + 6.0, iterations=16))
         tops = [gram_norm_upper(gram, middle(a, where, form)) for where, form in forms]
         if not all(math.isfinite(t) for t in tops):
             return None
         return IV.mpf(upper(bounds.r ** 2 / 2 * IV.mpf(max(tops)) ** 2))
 
-    def head_rows(self):
-        """``||S + cov||`` of the head by step 6 with the merged query parts and the key forms without their
-        diagonal (module docstring), an interval; None when the key forms by columns do not apply."""
+    def head_rows(self, b=None):
+        """``||S + cov||`` of the head by step 6 with the merged query parts (``b``, default ``query_term``) and the key
+        forms without their diagonal (module docstring), an interval; None when the key forms by columns do not
+        apply."""
         bounds = self.bounds
         if not self.applies or bounds.column_key is None:
             return None
@@ -166,7 +189,7 @@ class OwnKeyTerms:
             for j in range(n):
                 if rows.visible[i, j] and i != j:
                     proxy[i, j] = float(upper(rho2)) * nus[i] * r2 * gains[j - i] ** 2
-        b = self.query_term
+        b = self.query_term if b is None else b
         t = split_rows(np.where(has_query, float(upper(b ** 2)), 0.0), proxy)
         norms = bounds.column_norms(row_factors(t), own=False)
         if norms is None:

@@ -97,8 +97,8 @@ carry over.  What does (each step holds at every X of ``D^n``):
 
 8. *A row's own key inside its query part* (:mod:`.own_key`).  Key i of row i is read at offset 0 and ``ds_ii = e_i .
    (A_0 + A_0^T) x_i``: with ``Ahat_0 = A_0 + A_0^T`` in place of ``A_0`` in steps 1 and 1b (gain ``a'``, query term
-   ``b'``) and the key forms of step 6 without their diagonal ``j = i``, step 6 holds with ``b'``; the smaller of this and
-   steps 6-7 is used.  For a layer the same with the heads' ``a'_h`` (:func:`positional_layer_bound`).
+   ``b'``) and the key forms of step 6 without their diagonal ``j = i``, step 6 holds with ``b'``; the smaller of this
+   and steps 6-7 is used.  For a layer the same with the heads' ``a'_h`` (:func:`positional_layer_bound`).
 
 On a dot product without a window, bias or soft-cap the joint constants of :mod:`.head` are sharper and are
 used there; this module serves the heads they do not cover.  Every constant is computed in outward-rounded
@@ -625,14 +625,29 @@ def positional_bound(head: Head, domain, n: int, *, output=None, bounds: Positio
         coupled = bounds.coupled_rows(b) + L * IV.sqrt(terms["kappa"])
         certificate["coupled_rows"] = upper(coupled)
         total = coupled if upper(coupled) < upper(total) else total
-        own = OwnKeyTerms(bounds)                                  # step 8: the row's own key in its query part
-        merged = own.head_rows()
+        merged = _own_key_head(bounds, L * IV.sqrt(terms["kappa"]), total)
         if merged is not None:
-            merged = merged + L * IV.sqrt(terms["kappa"])
-            certificate.update(own_key_rows=upper(merged), own_key_query=upper(own.query_term))
+            certificate.update(own_key_rows=upper(merged))
             total = merged if upper(merged) < upper(total) else total
     return sdp_value(name, upper(total), True, certificate, "eig", time.perf_counter() - started, "certified",
                      _PROVENANCE)
+
+
+def _own_key_head(bounds: PositionalHeadBounds, mean, total):
+    """Step 8 of the module docstring for one head: the merged row split plus the mean term ``mean``, an interval, or
+    None when the merge does not apply or its float guess (``b'_1b`` at step 1b's a, which the search for a can lower
+    by a few per cent) leaves it 5% above ``total`` (then the certificate of ``b'_1b``, the costly part, is not
+    formed)."""
+    own = OwnKeyTerms(bounds, coupled=False)
+    if not own.applies:
+        return None
+    guess = own.estimate()
+    trial = own.head_rows(IV.mpf(guess) if guess is not None and guess < upper(own.query_term) else None)
+    if trial is None or upper(trial + mean) >= 1.05 * upper(total):
+        return None
+    own.refine()
+    merged = own.head_rows()
+    return None if merged is None else merged + mean
 
 
 def _smaller_by_rows(total, b, n: int, cap, W, certificate: dict, key: str):
@@ -728,10 +743,10 @@ def _spectral_key_term(layer, region, heads, blocks, value_forms, start) -> tupl
 
 def _own_key_layer(heads: list[PositionalHeadBounds], blocks, value_forms, r, key2, coefficients, has_query):
     """Step 6 of :func:`positional_layer_bound` with every row's own key merged into its query part (step 8 of the
-    module docstring, :mod:`.own_key`): the layer's query term from the heads' gains ``a'_h`` (their sum of ``b'_h``,
-    or the weighted Cauchy-Schwarz over heads), the rows' key parts without the diagonal; an interval, or None when
-    the merge does not apply."""
-    own = [OwnKeyTerms(hb) for hb in heads]
+    module docstring, :mod:`.own_key`): the layer's query term from the heads' gains ``a'_h`` (their sum of ``rho_h
+    a'_h``, or the weighted Cauchy-Schwarz over heads), the rows' key parts without the diagonal; an interval, or None
+    when the merge does not apply."""
+    own = [OwnKeyTerms(hb, coupled=False) for hb in heads]
     if not all(o.applies for o in own):
         return None
     summed = sum((o.query_term for o in own), IV.mpf(0))
@@ -825,7 +840,7 @@ def positional_layer_bound(layer, domain, n: int, *, heads: list[PositionalHeadB
         # 1. query term
         summed = sum((hb.query_term for hb in heads), IV.mpf(0))
         joint, _ = _joint_term(blocks, value_forms, [], [IV.mpf(hb.query_gain.value) for hb in heads],
-                                  interval(0), "query term")
+                               interval(0), "query term")
         b = summed if joint is None or upper(summed) <= upper(r * joint) else r * joint
         certificate.update(query_summed=upper(summed), query_joint=None if joint is None else upper(r * joint))
         # 2. key term
