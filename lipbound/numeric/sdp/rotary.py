@@ -95,6 +95,11 @@ carry over.  What does (each step holds at every X of ``D^n``):
    directions does not move as a key.  The eigenvalue is certified as ``||F D^(1/2)||^2`` with ``F = [Z, X]`` (two
    ``d_k``-wide blocks) from the Gram matrix ``F^T F``; the ``t_i`` are step 6's times one factor found in floats.
 
+8. *A row's own key inside its query part* (:mod:`.own_key`).  Key i of row i is read at offset 0 and ``ds_ii = e_i .
+   (A_0 + A_0^T) x_i``: with ``Ahat_0 = A_0 + A_0^T`` in place of ``A_0`` in steps 1 and 1b (gain ``a'``, query term
+   ``b'``) and the key forms of step 6 without their diagonal ``j = i``, step 6 holds with ``b'``; the smaller of this
+   and steps 6-7 is used.  For a layer the same with the heads' ``a'_h`` (:func:`positional_layer_bound`).
+
 On a dot product without a window, bias or soft-cap the joint constants of :mod:`.head` are sharper and are
 used there; this module serves the heads they do not cover.  Every constant is computed in outward-rounded
 arithmetic: the rotations are enclosed from ``cos`` and ``sin`` of the exact angles ``Delta base^(-2t/D)``,
@@ -121,6 +126,7 @@ from ..offsets import HeadRows, rotation_enclosure
 from .head import largest_over_shares, max_on_weights, top_count
 from .joint import _golden_min, sdp_value
 from .layer import _factor, _joint_term, _stacked_form, _top, coupled_rows, row_factors, split_layer, split_rows
+from .own_key import OwnKeyTerms
 from .region import Region, trust_region_sup
 
 __all__ = ["PositionalHeadBounds", "positional_bound", "positional_layer_bound", "positional_scope", "reduced_sup"]
@@ -213,22 +219,26 @@ class PositionalHeadBounds:
         started = time.perf_counter()
         W_V = Enclosure.exact(head.W_V)
         shaped_values = region.times_shape(W_V.T)                                  # V^T M, (d_v, d)
+        # value_outputs: the value map's output form in value coordinates, W_O^h W_O^hT (I without a block)
         if output is None:
             self.value_norm = region.project(W_V).norm_interval()
             self.spread = self.r * shaped_values.norm_interval()
+            self.value_outputs = Enclosure.exact(np.eye(head.d_v))
         else:
             block = Enclosure.exact(np.asarray(output, dtype=float))
             self.value_norm = product_norm_interval(region.project(W_V), block)
             self.spread = self.r * product_norm_interval(block.T, shaped_values)
+            self.value_outputs = (block @ block.T).sym()
         self.rotations = {delta: rotation_enclosure(head.kernel, head.d_k, delta) for delta in self.rows.offsets}
-        scale = Enclosure.scalar(_scale_interval(head))
+        self.scale = _scale_interval(head)                                         # sigma, an interval
+        scale = Enclosure.scalar(self.scale)
         W_Q, W_K = Enclosure.exact(head.W_Q), Enclosure.exact(head.W_K)
         self._queries_shaped = region.times_shape(W_Q.T).scale(scale)             # sigma W_Q^T M, (d_k, d)
         self._keys_shaped = region.times_shape(W_K.T)                             # W_K^T M, (d_k, d)
         self._keys_scaled = self._keys_shaped.scale(scale)
         self._query_left, self._key_left = region.project(W_Q), region.project(W_K)
         self.query_gain = self._largest("query gain", self._query_gradient)
-        self.query_coupled = self._coupled_query_term(output)
+        self.query_coupled = self._coupled_query_term()
         self.key_gain = self._largest("beta", self._key_gradient, side="project")
         self.score_gain = self.key_gain if region.is_ball else self._largest("score gain", self._key_gradient,
                                                                              side="shape")
@@ -298,7 +308,7 @@ class PositionalHeadBounds:
         return self._sup(left, left_gram, R, self._queries_shaped, "queries_shaped", shift, name,
                          "sup over the region of the key gradient")
 
-    def _coupled_query_term(self, output) -> CertifiedValue | None:
+    def _coupled_query_term(self) -> CertifiedValue | None:
         """The query term coupled through the keys' second moments (step 1b of the module docstring):
         ``b <= (r^2 / 2) max_Delta lambda_max(a M^T V V^T M + M^T A_Delta^T Pi A_Delta M / a)`` at one ``a > 0`` for
         every offset; None when the query gradient has a constant part (a centre or a key bias)."""
@@ -312,9 +322,7 @@ class PositionalHeadBounds:
                           np.concatenate([shaped.rad, self._keys_shaped.T.rad], axis=1))   # [M^T V, M^T W_K]
         gram = (basis.T @ basis).sym()
         d_v, d_k = head.d_v, head.d_k
-        outputs = Enclosure.exact(np.eye(d_v)) if output is None else \
-            (Enclosure.exact(np.asarray(output, dtype=float))
-             @ Enclosure.exact(np.asarray(output, dtype=float).T)).sym()
+        outputs = self.value_outputs
         queries = self._gram("query_left").scale(_scale_interval(head) ** 2)     # sigma^2 W_Q^T Pi W_Q
         inner = {delta: (R.T @ queries @ R).sym() for delta, R in self.rotations.items()}
 
@@ -393,11 +401,11 @@ class PositionalHeadBounds:
         cap = (lambda p: 1 if upper(p) <= 0.5 else 4 * p * (1 - p)) if with_cap else (lambda p: 1)
         return max_on_weights(*self.weight_range(i), lambda p: 2 * p * (1 - p) * cap(p), IV.mpf(1) / 2)
 
-    def column_norms(self, factors=None) -> list[float] | None:
+    def column_norms(self, factors=None, own: bool = True) -> list[float] | None:
         """Per key j a certified upper bound on ``lambda_max(sum_{i: j in V_i} f_i nu_i Pi A_{j-i}^T M M^T A_{j-i}
         Pi)^(1/2)`` (step 2b of the module docstring with row factors ``f_i``, default 1), from ``d_k x d_k`` Gram
-        matrices (0 for a key no row with two keys sees); None with a centre or a query bias, or when a norm was not
-        certified."""
+        matrices (0 for a key no row with two keys sees); without the row ``i = j`` when not ``own`` (step 8); None
+        with a centre or a query bias, or when a norm was not certified."""
         head = self.head
         if self._centred(head.W_Q, head.b_Q) is not None:
             return None
@@ -406,7 +414,7 @@ class PositionalHeadBounds:
         nus = [float(upper(self.row_nu(i) * interval(float(factors[i])))) for i in range(rows.n)]
         norms = []
         for j in range(rows.n):
-            seen = [i for i in range(rows.n) if rows.visible[i, j] and nus[i] > 0]
+            seen = [i for i in range(rows.n) if rows.visible[i, j] and nus[i] > 0 and (own or i != j)]
             if not seen:
                 norms.append(0.0)
                 continue
@@ -617,8 +625,29 @@ def positional_bound(head: Head, domain, n: int, *, output=None, bounds: Positio
         coupled = bounds.coupled_rows(b) + L * IV.sqrt(terms["kappa"])
         certificate["coupled_rows"] = upper(coupled)
         total = coupled if upper(coupled) < upper(total) else total
+        merged = _own_key_head(bounds, L * IV.sqrt(terms["kappa"]), total)
+        if merged is not None:
+            certificate.update(own_key_rows=upper(merged))
+            total = merged if upper(merged) < upper(total) else total
     return sdp_value(name, upper(total), True, certificate, "eig", time.perf_counter() - started, "certified",
                      _PROVENANCE)
+
+
+def _own_key_head(bounds: PositionalHeadBounds, mean, total):
+    """Step 8 of the module docstring for one head: the merged row split plus the mean term ``mean``, an interval, or
+    None when the merge does not apply or its float guess (``b'_1b`` at step 1b's a, which the search for a can lower
+    by a few per cent) leaves it 5% above ``total`` (then the certificate of ``b'_1b``, the costly part, is not
+    formed)."""
+    own = OwnKeyTerms(bounds, coupled=False)
+    if not own.applies:
+        return None
+    guess = own.estimate()
+    trial = own.head_rows(IV.mpf(guess) if guess is not None and guess < upper(own.query_term) else None)
+    if trial is None or upper(trial + mean) >= 1.05 * upper(total):
+        return None
+    own.refine()
+    merged = own.head_rows()
+    return None if merged is None else merged + mean
 
 
 def _smaller_by_rows(total, b, n: int, cap, W, certificate: dict, key: str):
@@ -712,6 +741,21 @@ def _spectral_key_term(layer, region, heads, blocks, value_forms, start) -> tupl
     return IV.sqrt(IV.mpf(top)), {"weights": [float(w) for w in lam]}
 
 
+def _own_key_layer(heads: list[PositionalHeadBounds], blocks, value_forms, r, key2, coefficients, has_query):
+    """Step 6 of :func:`positional_layer_bound` with every row's own key merged into its query part (step 8 of the
+    module docstring, :mod:`.own_key`): the layer's query term from the heads' gains ``a'_h`` (their sum of ``rho_h
+    a'_h``, or the weighted Cauchy-Schwarz over heads), the rows' key parts without the diagonal; an interval, or None
+    when the merge does not apply."""
+    own = [OwnKeyTerms(hb, coupled=False) for hb in heads]
+    if not all(o.applies for o in own):
+        return None
+    summed = sum((o.query_term for o in own), IV.mpf(0))
+    joint, _ = _joint_term(blocks, value_forms, [], [o.gain for o in own], interval(0), "query term")
+    b = summed if joint is None or upper(summed) <= upper(r * joint) else r * joint
+    rows = heads[0].rows
+    return split_layer(b, key2, coefficients, rows.visible & ~np.eye(rows.n, dtype=bool), has_query)
+
+
 _LAYER_PROVENANCE = ("whole layer of rotary or masked heads, seen jointly with W_O: weighted Cauchy-Schwarz over "
                      "heads for the query and key terms, the mean term per key/value group "
                      "(lipbound.numeric.sdp.rotary, positional_layer_bound)")
@@ -745,6 +789,8 @@ def positional_layer_bound(layer, domain, n: int, *, heads: list[PositionalHeadB
        ``max_h pbar^h_i`` and ``max_h 2 max p (1 - p)`` (step 2's two forms, each a bound of the row), its query
        part at most ``b ||e_i||``; so ``Lip(F) <= max_j [(1 + t_j) b_j^2 + r^2 Lambda' sum_{i: j in V_i} (1 + 1/t_i)
        c_i]^(1/2) + mean``.
+    6. *Own keys* (step 8 of the module docstring): step 5 with the query term from the heads' own-key gains ``a'_h``
+       and the key parts without the diagonal, when smaller.
     """
     started = time.perf_counter()
     if layer.residual:
@@ -794,7 +840,7 @@ def positional_layer_bound(layer, domain, n: int, *, heads: list[PositionalHeadB
         # 1. query term
         summed = sum((hb.query_term for hb in heads), IV.mpf(0))
         joint, _ = _joint_term(blocks, value_forms, [], [IV.mpf(hb.query_gain.value) for hb in heads],
-                                  interval(0), "query term")
+                               interval(0), "query term")
         b = summed if joint is None or upper(summed) <= upper(r * joint) else r * joint
         certificate.update(query_summed=upper(summed), query_joint=None if joint is None else upper(r * joint))
         # 2. key term
@@ -833,5 +879,10 @@ def positional_layer_bound(layer, domain, n: int, *, heads: list[PositionalHeadB
         coupled = split_layer(b, (r * joint_key) ** 2, coefficients, rows.visible, has_query) + mean
         certificate["coupled_rows"] = upper(coupled)
         total_iv = coupled if upper(coupled) < upper(total_iv) else total_iv
+        merged = _own_key_layer(heads, blocks, value_forms, r, (r * joint_key) ** 2, coefficients, has_query)
+        if merged is not None:
+            merged = merged + mean
+            certificate["own_key_rows"] = upper(merged)
+            total_iv = merged if upper(merged) < upper(total_iv) else total_iv
     return sdp_value(name, upper(total_iv), True, certificate, "eig", time.perf_counter() - started, "certified",
                      _LAYER_PROVENANCE)
