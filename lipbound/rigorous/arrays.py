@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import NotCertifiedError
 from .elementwise import (
+    SMALLEST_SUBNORMAL,
     UNIT_ROUNDOFF,
     all_finite,
     down,
@@ -45,7 +46,7 @@ from .linalg import Enclosure
 __all__ = ["IntervalArray", "as_interval_array", "softmax", "gelu", "gelu_slope", "gelu_curvature", "gelu_third",
            "gelu_with_slopes", "normal_cdf", "normal_pdf"]
 
-_ETA = 2.0 ** -1074
+_ETA = SMALLEST_SUBNORMAL
 #: Entries per block of the blockwise loops (large arrays): temporaries stay in the cache and the heap.
 _BLOCK = 1 << 15
 

@@ -22,11 +22,11 @@ from __future__ import annotations
 import numpy as np
 
 from .arrays import IntervalArray
-from .elementwise import UNIT_ROUNDOFF, gamma_bound, up_nonnegative
+from .elementwise import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, gamma_bound, up_nonnegative
 
 __all__ = ["spectral_norms_upper", "interval_spectral_norms_upper"]
 
-_ETA = 2.0 ** -1074
+_ETA = SMALLEST_SUBNORMAL
 
 
 def _squares_upper(F: np.ndarray) -> np.ndarray:

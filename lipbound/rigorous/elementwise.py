@@ -32,18 +32,20 @@ from ..errors import NotCertifiedError
 from .functions import erf
 from .intervals import IV, _raw, interval, lower, precision, upper
 
-__all__ = ["UNIT_ROUNDOFF", "down", "up", "up_nonnegative", "all_finite", "gamma_bound", "exp_bounds",
-           "normal_cdf_bounds", "normal_pdf_bounds",
+__all__ = ["UNIT_ROUNDOFF", "SMALLEST_SUBNORMAL", "down", "up", "up_nonnegative", "all_finite", "gamma_bound",
+           "exp_bounds", "normal_cdf_bounds", "normal_pdf_bounds",
            "inv_sqrt_2pi", "gelu_slope_extrema"]
 
 UNIT_ROUNDOFF = 2.0 ** -53
+#: The smallest positive double: the most a rounding into the subnormals moves a result.
+SMALLEST_SUBNORMAL = 2.0 ** -1074
 _U = UNIT_ROUNDOFF
 _TAYLOR_DEGREE = 16
 _EXP_OVERFLOW = 709.0  # exp(709.78) overflows a double
 
 
 _ULP_FACTOR = 2.0 ** -52
-_TINY = 2.0 ** -1074
+_TINY = SMALLEST_SUBNORMAL
 
 
 def down(x):

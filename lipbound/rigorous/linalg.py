@@ -28,7 +28,7 @@ from mpmath import libmp
 
 from ..errors import AssumptionError, NotCertifiedError, WeightsError
 from . import functions as F
-from .elementwise import all_finite
+from .elementwise import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, all_finite
 from .intervals import IV, _raw, interval, lower, point, upper
 
 __all__ = ["UNIT_ROUNDOFF", "Enclosure", "vector_norm_upper", "vector_norm_lower", "spectral_norm_bounds",
@@ -36,9 +36,8 @@ __all__ = ["UNIT_ROUNDOFF", "Enclosure", "vector_norm_upper", "vector_norm_lower
            "top_eigenvalue_bounds", "is_psd_certified", "psd_floor", "dot_error_factor", "product_norm_interval",
            "product_norm_upper", "spectral_norm_upper_large", "RowGram", "gram_norm_interval", "gram_norm_upper"]
 
-UNIT_ROUNDOFF = 2.0 ** -53
 _U = UNIT_ROUNDOFF
-_ETA = 2.0 ** -1074
+_ETA = SMALLEST_SUBNORMAL
 
 
 def _gamma(k: int) -> float:

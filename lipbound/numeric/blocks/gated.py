@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import WeightsError
+from ...rigorous.elementwise import SMALLEST_SUBNORMAL
 from ...rigorous.intervals import IV, interval
 from ...rigorous.linalg import Enclosure, vector_norm_upper
 from ...rigorous.value import CertifiedValue, not_certified
@@ -86,7 +87,7 @@ def _augmented(ffn: GatedFeedForward, radius) -> tuple[np.ndarray, np.ndarray, o
 def _column_scaled(W: np.ndarray, scale: np.ndarray) -> Enclosure:
     """``W diag(scale)`` enclosed (one rounding per entry)."""
     mid = W * scale
-    return Enclosure(mid, np.abs(mid) * 2.0 ** -52 + 2.0 ** -1074)
+    return Enclosure(mid, np.abs(mid) * 2.0 ** -52 + SMALLEST_SUBNORMAL)
 
 
 def _factored_gain(W_down: np.ndarray, inner: np.ndarray, outer: np.ndarray):

@@ -10,8 +10,8 @@ import numpy as np
 from mpmath import libmp
 
 from ...errors import AssumptionError
+from ...rigorous.elementwise import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
 from ...rigorous.intervals import IV, upper
-from ...rigorous.linalg import UNIT_ROUNDOFF
 
 __all__ = ["Dyadic", "Ball", "exact_sqrt", "concat", "inflate", "widen"]
 
@@ -109,7 +109,7 @@ def inflate(array: np.ndarray, length: int) -> np.ndarray:
     computed value times ``1 + 2 (length + 2) u`` (doubled for safety), plus underflow slack,
     one ulp up (Higham 2002, eq. 3.13 with gamma_k <= 2 k u)."""
     factor = 1.0 + 4.0 * (length + 2) * UNIT_ROUNDOFF
-    return np.nextafter(np.asarray(array, dtype=np.float64) * factor + (length + 2) * 2.0 ** -1074, np.inf)
+    return np.nextafter(np.asarray(array, dtype=np.float64) * factor + (length + 2) * SMALLEST_SUBNORMAL, np.inf)
 
 
 @final

@@ -33,8 +33,9 @@ import time
 import numpy as np
 
 from ...errors import AssumptionError, SolverError
+from ...rigorous.elementwise import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
 from ...rigorous.intervals import IV, interval, upper
-from ...rigorous.linalg import UNIT_ROUNDOFF, Enclosure, lambda_min_lower
+from ...rigorous.linalg import Enclosure, lambda_min_lower
 from ...rigorous.slopes import SlopeRange
 from ...rigorous.value import CertifiedValue
 from ..blas import one_blas_thread
@@ -70,7 +71,7 @@ def _slopes(act: str | None, slopes) -> tuple[float, float]:
 def _scaled_columns(W: np.ndarray, lam: np.ndarray) -> Enclosure:
     """``W diag(lam)``: each entry one rounded product, ``|fl(w l) - w l| <= u |fl(w l)| / (1 - u)``."""
     mid = W * lam
-    return Enclosure(mid, np.abs(mid) * (UNIT_ROUNDOFF * (1 + 4 * UNIT_ROUNDOFF)) + 2.0 ** -1074)
+    return Enclosure(mid, np.abs(mid) * (UNIT_ROUNDOFF * (1 + 4 * UNIT_ROUNDOFF)) + SMALLEST_SUBNORMAL)
 
 
 def lmi_enclosure(W_1: np.ndarray, W_2: np.ndarray, lam: np.ndarray, rho: float, alpha: float,

@@ -73,8 +73,9 @@ from typing import final
 import numpy as np
 
 from ...errors import AssumptionError, SolverError
+from ...rigorous.elementwise import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
 from ...rigorous.intervals import IV, interval, upper
-from ...rigorous.linalg import UNIT_ROUNDOFF, Enclosure, dot_error_factor, psd_floor, vector_norm_upper
+from ...rigorous.linalg import Enclosure, dot_error_factor, psd_floor, vector_norm_upper
 from ...rigorous.value import CertifiedValue
 from ..blas import one_blas_thread
 from ..blocks.activations import check_activation, slope_range
@@ -331,9 +332,9 @@ def certify_lift(lift: GatedLift, roots: np.ndarray, rho: float) -> float:
     top -= product
     spread += np.abs(top)
     spread *= UNIT_ROUNDOFF * (1 + 2 * UNIT_ROUNDOFF)
-    spread += 2 * 2.0 ** -1074
+    spread += 2 * SMALLEST_SUBNORMAL
     square_Y = interval(vector_norm_upper(Y)) ** 2
-    eta = interval(2.0 ** -1074)
+    eta = interval(SMALLEST_SUBNORMAL)
     e_Y = interval(UNIT_ROUNDOFF) * IV.sqrt(square_Y) + interval(k) * eta
     rounding = (interval(dot_error_factor(k)) * square_Y + interval(k) ** 2 * interval(k) * eta
                 + 2 * e_Y * IV.sqrt(square_Y) + e_Y * e_Y)
@@ -361,7 +362,7 @@ def certify_lift(lift: GatedLift, roots: np.ndarray, rho: float) -> float:
     mid *= scale[None, :]
     rad *= scale[:, None]
     rad *= scale[None, :]
-    rad += 2.0 ** -1074                       # an entry scaled into the subnormals rounds by at most this
+    rad += SMALLEST_SUBNORMAL   # an entry scaled into the subnormals rounds by at most this
     if not (np.all(np.isfinite(mid)) and np.all(np.isfinite(rad))):
         return -math.inf
     top_scale, G_scale = interval(float(np.max(scale[:k]))), interval(float(np.max(scale[k:])))

@@ -28,8 +28,9 @@ from typing import final
 import numpy as np
 
 from ...errors import AssumptionError
+from ...rigorous.elementwise import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
 from ...rigorous.intervals import IV, interval, lower, upper
-from ...rigorous.linalg import UNIT_ROUNDOFF, Enclosure, lambda_min_lower, spectral_norm_upper, vector_norm_upper
+from ...rigorous.linalg import Enclosure, lambda_min_lower, spectral_norm_upper, vector_norm_upper
 from ...rigorous.value import CertifiedValue
 from ..blas import one_blas_thread
 from ..domains import TokenDomain
@@ -122,7 +123,7 @@ class Region:
 def column_scaled(F: Enclosure, scales: np.ndarray) -> Enclosure:
     """``F diag(scales)`` for exact float scales: each entry one product, ``|fl(x s) - x s| <= u |fl(x s)| + eta``."""
     mid = F.mid * scales
-    rad = (np.abs(F.rad * scales) + UNIT_ROUNDOFF * np.abs(mid)) * (1 + 4 * UNIT_ROUNDOFF) + 2.0 ** -1074
+    rad = (np.abs(F.rad * scales) + UNIT_ROUNDOFF * np.abs(mid)) * (1 + 4 * UNIT_ROUNDOFF) + SMALLEST_SUBNORMAL
     return Enclosure(mid, rad)
 
 

@@ -39,8 +39,9 @@ import numpy as np
 
 from ...errors import AssumptionError
 from ...rigorous.arrays import IntervalArray, gelu, gelu_slope
+from ...rigorous.elementwise import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
 from ...rigorous.intervals import IV, interval, lower, upper
-from ...rigorous.linalg import UNIT_ROUNDOFF, Enclosure, vector_norm_upper
+from ...rigorous.linalg import Enclosure, vector_norm_upper
 from ...symbolic.activations import interval_maps
 from ..blocks.activations import activation_maps, check_activation, slope_range
 from ..blocks.ffn import check_weights, forward, jacobian
@@ -51,7 +52,6 @@ from ..sdp.gated import Ellipsoid
 __all__ = ["BlockWitness", "norm_witness", "ffn_witness", "residual_witness", "gated_witness", "recheck_block",
            "recheck_gated", "ffn_jacobian_norms"]
 
-_ETA = 2.0 ** -1074
 
 
 @final
@@ -104,7 +104,7 @@ def _enclosure(values: list) -> Enclosure:
     lo = np.array([lower(v) for v in values])
     hi = np.array([upper(v) for v in values])
     mid = 0.5 * lo + 0.5 * hi
-    rad = np.maximum(hi - mid, mid - lo) * (1 + 4 * UNIT_ROUNDOFF) + _ETA
+    rad = np.maximum(hi - mid, mid - lo) * (1 + 4 * UNIT_ROUNDOFF) + SMALLEST_SUBNORMAL
     return Enclosure(mid.reshape(-1, 1), rad.reshape(-1, 1))
 
 
