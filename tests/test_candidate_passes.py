@@ -373,3 +373,16 @@ def test_weight_moves_cover_every_score_deviation_and_the_linear_bound_is_reache
     moved2, _ = _weight_moves(P2, IntervalArray(np.full((1, 1, 1, 2), tiny)))
     reached = np.tanh(tiny) / 2
     assert reached <= moved2.hi[0, 0, 0, 0] and 0.9 * moved2.hi[0, 0, 0, 0] < reached
+
+
+def test_slope_grams_are_kept_for_the_most_recent_blocks_only(monkeypatch):
+    from lipbound.local import point_stages
+    monkeypatch.setattr(point_stages, "_SLOPE_GRAMS", {})
+    monkeypatch.setattr(point_stages, "_SLOPE_GRAMS_KEPT", 2)
+    rng = np.random.default_rng(0)
+    blocks = [local_models.layer(rng, d_ff=4) for _ in range(3)]
+    first = [point_stages._slope_gram(b.ffn, b.ffn_norm.gamma) for b in blocks]
+    assert len(point_stages._SLOPE_GRAMS) == 2 and id(blocks[0].ffn) not in point_stages._SLOPE_GRAMS
+    again = point_stages._slope_gram(blocks[0].ffn, blocks[0].ffn_norm.gamma)   # formed anew, the same facts
+    assert np.array_equal(again[0].hi, first[0][0].hi) and again[1] == first[0][1]
+    assert len(point_stages._SLOPE_GRAMS) == 2 and id(blocks[1].ffn) not in point_stages._SLOPE_GRAMS

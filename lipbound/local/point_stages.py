@@ -265,8 +265,10 @@ def feedforward_radii(ffn, X: PointStates) -> PointStates:
     return PointStates.from_enclosure(output, (IntervalArray(feedforward_global(ffn)) * IntervalArray(X.radii)).hi)
 
 
-#: id(ffn) -> (ffn, gamma, and the facts of :func:`_slope_gram`).
+#: id(ffn) -> (ffn, gamma, and the facts of :func:`_slope_gram`), the most recent :data:`_SLOPE_GRAMS_KEPT`
+#: (each holds a d_ff x d_ff enclosure, about 38 MB for all-MiniLM-L6-v2, and keeps its block alive).
 _SLOPE_GRAMS: dict = {}
+_SLOPE_GRAMS_KEPT = 12
 
 
 def _slope_gram(ffn, gamma: np.ndarray) -> tuple[IntervalArray, float, np.ndarray, float, float]:
@@ -282,6 +284,9 @@ def _slope_gram(ffn, gamma: np.ndarray) -> tuple[IntervalArray, float, np.ndarra
         G = left * right
         widest = float(np.max(IntervalArray(G.magnitude).sum(axis=-1).hi))
         absolute = IntervalArray(np.abs(ffn.W_1)).bmm(IntervalArray(np.abs(ffn.W_2)))
+        _SLOPE_GRAMS.pop(key, None)
+        while len(_SLOPE_GRAMS) >= _SLOPE_GRAMS_KEPT:   # the oldest goes first (dicts keep insertion order)
+            del _SLOPE_GRAMS[next(iter(_SLOPE_GRAMS))]
         _SLOPE_GRAMS[key] = (ffn, gamma, G, widest, scaled.norm_upper(axis=0), spectral_norm_upper(ffn.W_2),
                              float(IntervalArray(absolute.hi).square().sum(axis=-1).sum(axis=-1).sqrt().hi))
     return _SLOPE_GRAMS[key][2:]
