@@ -379,6 +379,8 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
                     movement = bounds.movement
                     if k == 0 and first is not None:
                         movement = np.minimum(movement, first.points[index].reach)
+                    if component.kind == "feedforward":   # the GELU values' changes jointly (secant slopes)
+                        movement = np.minimum(movement, centre.enclosed[k].movement(balls.radii))
                     radii = (IntervalArray(movement) + IntervalArray(centre.rounding[k + 1])).hi
                     balls = TokenBalls(centre.points[k + 1], radii)
         except NotCertifiedError:   # the balls grew past the float range: the blockwise routes give no bound
