@@ -474,3 +474,33 @@ def test_feedforward_movement_holds_and_is_tight_on_small_balls(seed, radius, we
         if radius <= 1e-2:
             assert bound[i] <= 1.05 * found
     assert np.all(enclosed.movement(np.array([0.0, np.inf, radius]))[:2] == [0.0, np.inf])
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_weighted_tail_variation_holds_for_blocks_that_move_unevenly(seed):
+    """Lemma tail-weighted: ``||DA(Y) T(Y) - DA(X) T(X)||`` (row convention, ``T`` block diagonal) for any
+    ``DA(Y)`` within ``var`` of ``DA(X)``, blocks ``T_i(X)`` of norm at most ``tau`` and changes of norm
+    ``omega_i``, stays below the weighted bound, which is below ``tau var + max omega Lip`` when one token's maps
+    move far more than the others'."""
+    from lipbound.local.tail import weighted_tail_variation
+    from lipbound.rigorous.linalg import Enclosure
+    rng = np.random.default_rng(seed)
+    n, d, var, tau = 4, 3, 0.3, 1.5
+    omegas = np.array([2.0, 0.1, 0.2, 0.05]) * rng.random(4)
+    at_x = rng.standard_normal((n * d, n * d))
+    bound = weighted_tail_variation(tau, omegas, var, Enclosure.exact(at_x))
+
+    def blocks(norms):
+        out = np.zeros((n * d, n * d))
+        for i, size in enumerate(norms):
+            B = rng.standard_normal((d, d))
+            out[i * d:(i + 1) * d, i * d:(i + 1) * d] = size * B / np.linalg.norm(B, 2)
+        return out
+    for _ in range(20):
+        change = rng.standard_normal((n * d, n * d))
+        at_y = at_x + var * rng.random() * change / np.linalg.norm(change, 2)
+        T_x = blocks(np.full(n, tau))
+        found = np.linalg.norm(at_y @ (T_x + blocks(omegas)) - at_x @ T_x, 2)
+        assert found <= bound * (1 + 1e-12)
+    assert bound < tau * var + omegas.max() * (np.linalg.norm(at_x, 2) + var)

@@ -346,6 +346,10 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
     tail = None
     if first is not None and norm == "fro" and kind == "block":
         tail = BlockTail(centre.enclosed) if model.layer(layer).placement == "post" else TokenTail(centre.enclosed)
+    # the attention's Jacobian at X (moving tokens' rows), for the tail's weighted form (lemma tail-weighted)
+    attention_jacobian = None
+    if tail is not None and 1 in centre.prefix_jacobian:
+        attention_jacobian = centre.prefix_jacobian[1][np.repeat(moving, d)]
     # a stack: its blocks' own curves, composed (theorem local-chain on the blocks)
     def block_curve(X_l, layer_l, ball_l, positions_l, eps_l, report, attention_l, **piece):
         return _curve(model, X_l, "block", layer_l, None, None, "fro", ball_l, positions_l, eps_l, 0, 0,
@@ -402,7 +406,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         if tail is not None and M is not None and hood.eps > 0:
             try:
                 omegas = tail.omegas(M, V, N_blocks, ball_radii, centre.rounding)
-                named.offer("attention-tail", tail.variation(first.points[index], omegas))
+                named.offer("attention-tail", tail.variation(first.points[index], omegas, attention_jacobian))
                 tail_reach = tail.reach(first.points[index].reach, omegas)
             except NotCertifiedError:   # an enclosure overflowed (balls past the LayerNorms' centres): no bound
                 pass

@@ -21,10 +21,12 @@ the centre plus its variation) instead of the product of their suprema.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..rigorous.arrays import IntervalArray, gelu_third
-from ..rigorous.linalg import lambda_max_upper, spectral_norm_upper_large
+from ..rigorous.linalg import Enclosure, lambda_max_upper, spectral_norm_upper_large
 from ..symbolic import local as T
 from .balls import TokenBalls
 from .bounds import evaluate_theorem, norm_bounds, remainder_weights
@@ -32,7 +34,7 @@ from .chains import telescoped_variation
 from .enclosed import feedforward_grams, trilinear_norm
 from .grouped import token_tail
 
-__all__ = ["BlockTail", "TokenTail"]
+__all__ = ["BlockTail", "TokenTail", "weighted_tail_variation"]
 
 #: a token's slopes' remainder is refined (lemma slope-remainder-quadratic) when its split terms are at least this
 #: share of the token's bound
@@ -205,10 +207,11 @@ class BlockTail:
         """Per token, the smaller of the two bounds of :meth:`omega_tokens`."""
         return np.minimum(*self.omega_tokens(M, V, N, radii, rounding))
 
-    def variation(self, attention, omegas: np.ndarray) -> float:
+    def variation(self, attention, omegas: np.ndarray, jacobian=None) -> float:
         """``tau var_U(A) + omega Lip_U(A)`` (theorem local-attention-tail), ``attention`` a point of the
-        attention's own curve on the same U, ``omegas`` from :meth:`omegas`."""
-        return _tail_variation(self.tau, omegas, attention)
+        attention's own curve on the same U, ``omegas`` from :meth:`omegas`; with ``jacobian`` (the attention's
+        Jacobian at X, rows of the moving tokens) also the weighted form of :func:`weighted_tail_variation`."""
+        return _tail_variation(self.tau, omegas, attention, jacobian)
 
     def reach(self, attention_reach: float, omegas: np.ndarray) -> float:
         """``max_i (tau_i + omega_i) R_A`` (lemma block-reach): a bound on ``sup_U ||F(Y) - F(X)||_F`` from the
@@ -243,8 +246,8 @@ class TokenTail:
         """Per token, the diagonal of the maps' telescoped variation."""
         return np.diag(telescoped_variation(M[1:], V[1:], N[1:], np.arange(V[1].shape[0])))
 
-    def variation(self, attention, omegas: np.ndarray) -> float:
-        return _tail_variation(self.tau, omegas, attention)
+    def variation(self, attention, omegas: np.ndarray, jacobian=None) -> float:
+        return _tail_variation(self.tau, omegas, attention, jacobian)
 
     def reach(self, attention_reach: float, omegas: np.ndarray) -> float:
         return _tail_reach(self.taus, omegas, attention_reach)
@@ -256,12 +259,29 @@ def _tail_norms(enclosed) -> np.ndarray:
     return np.array([spectral_norm_upper_large(token_tail(enclosed, i).to_enclosure()) for i in range(n)])
 
 
-def _tail_variation(tau: float, omegas: np.ndarray, attention) -> float:
-    """``tau var_U(A) + omega Lip_U(A)``, ``omega`` the largest of ``omegas`` (theorem local-attention-tail)."""
-    return float(evaluate_theorem(T.attention_tail(), **{r"\tau": np.float64(tau),
-                                                          r"\operatorname{var}_U(A)": np.float64(attention.variation),
-                                                          r"\omega": np.float64(np.max(omegas)),
-                                                          r"\operatorname{Lip}_U(A)": np.float64(attention.certified)}))
+def _tail_variation(tau: float, omegas: np.ndarray, attention, jacobian=None) -> float:
+    """``tau var_U(A) + omega Lip_U(A)``, ``omega`` the largest of ``omegas`` (theorem local-attention-tail); with
+    ``jacobian`` the smaller of that and :func:`weighted_tail_variation`."""
+    values = {r"\tau": tau, r"\operatorname{var}_U(A)": attention.variation, r"\omega": np.max(omegas),
+              r"\operatorname{Lip}_U(A)": attention.certified}
+    value = float(evaluate_theorem(T.attention_tail(), **{key: np.float64(v) for key, v in values.items()}))
+    if jacobian is None or not np.all(np.isfinite(omegas)) or not math.isfinite(attention.variation):
+        return value
+    return min(value, weighted_tail_variation(tau, omegas, attention.variation, jacobian))
+
+
+def weighted_tail_variation(tau: float, omegas: np.ndarray, variation: float, jacobian: Enclosure) -> float:
+    """``tau var_U(A) + ||DA(X) diag(omega)|| + max_i omega_i var_U(A)``, rounded up (lemma tail-weighted): the
+    second term of theorem local-attention-tail, ``DA(Y) diag(T_i(A(Y)) - T_i(A(X)))`` (row convention), has its
+    output token i's columns scaled by a change of norm at most ``omega_i``, so its norm is at most that of
+    ``DA(Y) diag(omega)``, and ``DA(Y)`` is within ``var_U(A)`` of ``DA(X)``: the tokens whose per-token maps move
+    little no longer pay the largest change times the attention's whole constant.  ``jacobian`` (rows: the moving
+    tokens' inputs, columns: the n output tokens' ``d`` coordinates) is the attention's Jacobian at X, enclosed."""
+    n = omegas.shape[0]
+    scales = IntervalArray(np.repeat(omegas, jacobian.shape[1] // n))
+    scaled = spectral_norm_upper_large((IntervalArray.from_enclosure(jacobian) * scales.expand(0)).to_enclosure())
+    top, var = IntervalArray(float(np.max(omegas))), IntervalArray(float(variation))
+    return (IntervalArray(tau) * var + IntervalArray(scaled) + top * var).hi.item()
 
 
 def _tail_reach(taus: np.ndarray, omegas: np.ndarray, attention_reach: float) -> float:
