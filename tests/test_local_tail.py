@@ -522,3 +522,31 @@ def test_top_eigenvalue_from_one_factorisation_holds(seed, size, spread):
     for _ in range(3):
         noise = rng.uniform(-spread, spread, (size, size))
         assert np.linalg.eigvalsh(mid + (noise + noise.T) / 2)[-1] <= bound
+
+
+@settings(max_examples=2, deadline=None)
+@given(seed=st.integers(0, 10_000), eps=st.sampled_from([1e-2, 0.3]))
+def test_folded_slope_remainder_holds_behind_the_layernorm(seed, eps):
+    """Lemma slope-remainder-folded: with the feed-forward input ``e = LN_1(z) - x_2`` for z on the first LayerNorm's
+    ball (radius r, its variation V_1 and the centre's rounding giving delta), ``||(J_1 W_1) diag(rho) (W_2 J_2)||``
+    and ``||(J_1 W_1) diag(rho) W_2||`` (``rho`` written here from GELU's derivatives, ``J_1``, ``J_2`` by central
+    differences) at random points and on the sphere never exceed :meth:`BlockTail.quadratic_remainder` with
+    ``near``."""
+    generated = local_models.model(seed=seed % 50, layers=1)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    _, centre, tail, (M, V, N, radii, rounding) = _tail_setting(generated, X, eps)
+    item, rng, ffn = generated.layer(0), np.random.default_rng(seed), generated.layer(0).ffn
+    for i in range(X.shape[0]):
+        x_1, x_2, x_3 = centre.points[1][i], centre.points[2][i], centre.points[3][i]
+        r = radii[1][i]
+        folded, front = tail.quadratic_remainder(i, radii[2][i], (r, V[1][i, i] * r * (1 + 1e-12) + rounding[2][i]))
+        J_1 = _central_jacobian(lambda z: item.ln_out(z[None])[0], x_1)
+        J_2 = _central_jacobian(lambda z: item.ffn_norm(z[None])[0], x_3)
+        A, B, h = J_1 @ ffn.W_1, ffn.W_2 @ J_2, x_2 @ ffn.W_1 + ffn.b_1
+        for _ in range(6):
+            z = rng.standard_normal(x_1.size)
+            z = x_1 + r * z / np.linalg.norm(z) * (1.0 if rng.random() < 0.7 else rng.random())
+            moved = (item.ln_out(z[None])[0] - x_2) @ ffn.W_1
+            rho = _slope(h + moved) - _slope(h) - _curvature(h) * moved
+            assert np.linalg.norm((A * rho) @ B, 2) <= folded * (1 + 1e-6) + 1e-9
+            assert np.linalg.norm((A * rho) @ ffn.W_2, 2) <= front * (1 + 1e-6) + 1e-9
