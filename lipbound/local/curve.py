@@ -65,6 +65,7 @@ from .chains import (
     chain_jvp,
     chain_vjp,
     product_upper,
+    right_product,
     telescoped_variation,
 )
 from .curvature import CURVATURE_TOKENS, AttentionCurvature, CurvatureIntegral, decade_grid
@@ -348,8 +349,10 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         tail = BlockTail(centre.enclosed) if model.layer(layer).placement == "post" else TokenTail(centre.enclosed)
     # the attention's Jacobian at X (moving tokens' rows), for the tail's weighted form (lemma tail-weighted)
     attention_jacobian = None
-    if tail is not None and 1 in centre.prefix_jacobian:
-        attention_jacobian = centre.prefix_jacobian[1][np.repeat(moving, d)]
+    if tail is not None and dense:
+        at_x = centre.prefix_jacobian[1] if 1 in centre.prefix_jacobian else right_product(None, chain[0],
+                                                                                            centre.enclosed[0])
+        attention_jacobian = at_x[np.repeat(moving, d)]
     # a stack: its blocks' own curves, composed (theorem local-chain on the blocks)
     def block_curve(X_l, layer_l, ball_l, positions_l, eps_l, report, attention_l, **piece):
         return _curve(model, X_l, "block", layer_l, None, None, "fro", ball_l, positions_l, eps_l, 0, 0,
