@@ -85,9 +85,9 @@ class BlockTail:
         the three maps; diagonal for these), ``radii`` the token balls' radii before each map, ``rounding``
         the rounding radii of the chain's float centres (one array per map's input).
 
-        The slopes' remainder is then taken through the quadratic split (lemma slope-remainder-quadratic, two or
-        three certified ``m x m`` eigenvalue bounds per token) token by token from the largest bound down, until no
-        token left can pass the largest refined one."""
+        The slopes' remainder is then taken through the quadratic split folded behind the first LayerNorm (lemma
+        slope-remainder-folded, three certified ``m x m`` eigenvalue bounds per token) at every token where it can
+        lower the bound by a hundredth or more."""
         n = V[1].shape[0]
         splits = self.remainder_splits(radii)
         quadratic: dict = {}
@@ -102,9 +102,9 @@ class BlockTail:
                                                   radii[1][i], rounding[2][i], splits[i], quadratic.get(i))
                                for i in range(n)])
             bound = np.minimum(telescoped, folded)
-            refined = max((bound[i] for i in settled), default=0.0)
+            # every token's omega counts in the weighted tail (lemma tail-weighted), not only the largest
             pending = [i for i in np.argsort(-bound) if i not in settled]
-            if not pending or bound[pending[0]] <= refined:
+            if not pending:
                 return telescoped, folded
             i = pending[0]
             settled.add(i)
