@@ -91,9 +91,8 @@ class BlockTail:
         n = V[1].shape[0]
         splits = self.remainder_splits(radii)
         quadratic: dict = {}
-        settled: set = set()
         telescoped = None
-        while True:
+        for _ in range(2):   # the bounds, then again with the remainders refined where that is worth it
             change, _ = self.feedforward_change(V, N, radii, rounding, splits, quadratic)
             M_2, V_2 = self._output_norm_on_tighter_balls(M, V, radii, rounding, change)
             if telescoped is None:
@@ -101,19 +100,20 @@ class BlockTail:
             folded = np.array([self._folded_bound(i, V[1][i, i], M[2][i, i], M_2[i, i], V_2[i, i], change[i],
                                                   radii[1][i], rounding[2][i], splits[i], quadratic.get(i))
                                for i in range(n)])
+            if quadratic:
+                break
             bound = np.minimum(telescoped, folded)
-            # every token's omega counts in the weighted tail (lemma tail-weighted), not only the largest
-            pending = [i for i in np.argsort(-bound) if i not in settled]
-            if not pending:
-                return telescoped, folded
-            i = pending[0]
-            settled.add(i)
-            # a remainder below a hundredth of the token's bound cannot lower it by more: not worth the eigenvalues
-            finite = np.isfinite(bound[i]) and np.isfinite(radii[2][i]) and np.all(np.isfinite(splits[i]))
-            if finite and splits[i][0] * (splits[i][1] + splits[i][2]) >= REFINE_SHARE * bound[i]:
-                near = (radii[1][i], (IntervalArray(V[1][i, i]) * IntervalArray(radii[1][i])
-                                      + IntervalArray(rounding[2][i])).hi.item())
-                quadratic[i] = self.quadratic_remainder(i, radii[2][i], near)
+            # every token's omega counts in the weighted tail (lemma tail-weighted), not only the largest; a
+            # remainder below a hundredth of the token's bound cannot lower it by more: not worth the eigenvalues
+            for i in range(n):
+                finite = np.isfinite(bound[i]) and np.isfinite(radii[2][i]) and np.all(np.isfinite(splits[i]))
+                if finite and splits[i][0] * (splits[i][1] + splits[i][2]) >= REFINE_SHARE * bound[i]:
+                    near = (radii[1][i], (IntervalArray(V[1][i, i]) * IntervalArray(radii[1][i])
+                                          + IntervalArray(rounding[2][i])).hi.item())
+                    quadratic[i] = self.quadratic_remainder(i, radii[2][i], near)
+            if not quadratic:
+                break
+        return telescoped, folded
 
     def _folded_bound(self, i: int, V_1, M_F, M_2, V_2, change, r, rho, split: tuple, quadratic) -> float:
         """Theorem local-block-tail at token i; with ``quadratic`` (:meth:`quadratic_remainder`) its split term
