@@ -49,7 +49,9 @@ class ChainCentre:
         out = object.__new__(ChainCentre)
         out.points, out.enclosed = self.points[start:stop + 1], self.enclosed[start:stop]
         out.rounding = [np.zeros(self.points[start].shape[0])] + self.rounding[start + 1:stop + 1]
-        out.jacobian, out.prefix_jacobian = None, {}
+        out.jacobian = None
+        # a part from the start keeps the prefixes it contains (a stack's first block: its attention's Jacobian)
+        out.prefix_jacobian = {k: v for k, v in self.prefix_jacobian.items() if k <= stop} if start == 0 else {}
         if dense:
             out.jacobian = self.prefix_jacobian[stop] if start == 0 and stop in self.prefix_jacobian \
                 else out._product(chain[start:stop], keep=(1,))

@@ -65,6 +65,7 @@ from .chains import (
     chain_jvp,
     chain_vjp,
     product_upper,
+    right_product,
     telescoped_variation,
 )
 from .curvature import CURVATURE_TOKENS, AttentionCurvature, CurvatureIntegral, decade_grid
@@ -346,6 +347,12 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
     tail = None
     if first is not None and norm == "fro" and kind == "block":
         tail = BlockTail(centre.enclosed) if model.layer(layer).placement == "post" else TokenTail(centre.enclosed)
+    # the attention's Jacobian at X (moving tokens' rows), for the tail's weighted form (lemma tail-weighted)
+    attention_jacobian = None
+    if tail is not None and dense:
+        at_x = centre.prefix_jacobian[1] if 1 in centre.prefix_jacobian else right_product(None, chain[0],
+                                                                                            centre.enclosed[0])
+        attention_jacobian = at_x[np.repeat(moving, d)]
     # a stack: its blocks' own curves, composed (theorem local-chain on the blocks)
     def block_curve(X_l, layer_l, ball_l, positions_l, eps_l, report, attention_l, **piece):
         return _curve(model, X_l, "block", layer_l, None, None, "fro", ball_l, positions_l, eps_l, 0, 0,
@@ -379,6 +386,8 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
                     movement = bounds.movement
                     if k == 0 and first is not None:
                         movement = np.minimum(movement, first.points[index].reach)
+                    if component.kind == "feedforward":   # the GELU values' changes jointly (secant slopes)
+                        movement = np.minimum(movement, centre.enclosed[k].movement(balls.radii))
                     radii = (IntervalArray(movement) + IntervalArray(centre.rounding[k + 1])).hi
                     balls = TokenBalls(centre.points[k + 1], radii)
         except NotCertifiedError:   # the balls grew past the float range: the blockwise routes give no bound
@@ -400,7 +409,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         if tail is not None and M is not None and hood.eps > 0:
             try:
                 omegas = tail.omegas(M, V, N_blocks, ball_radii, centre.rounding)
-                named.offer("attention-tail", tail.variation(first.points[index], omegas))
+                named.offer("attention-tail", tail.variation(first.points[index], omegas, attention_jacobian))
                 tail_reach = tail.reach(first.points[index].reach, omegas)
             except NotCertifiedError:   # an enclosure overflowed (balls past the LayerNorms' centres): no bound
                 pass

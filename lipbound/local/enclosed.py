@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import WeightsError
+from ..errors import NotCertifiedError, WeightsError
 from ..numeric.attention import AttentionMap
 from ..numeric.model import FeedForward, Head, Layer
 from ..numeric.normalization import Normalization
@@ -32,6 +32,10 @@ from ..rigorous.arrays import IntervalArray, as_interval_array, gelu, gelu_curva
 from ..rigorous.intervals import IV
 from ..rigorous.linalg import Enclosure, lambda_max_upper, spectral_norm_upper_large
 from .scores import ScoreNorms, head_projections, score_scale, visibility
+
+#: pieces per side of the interval of a neuron's pre-activation on which its secant slopes are enclosed
+#: (:meth:`EnclosedFeedForward.secant_slopes`): the slopes' range over piece j counts with weight 1 / (j + 1)
+SECANT_PIECES = 16
 
 __all__ = ["EnclosedAttention", "EnclosedNorm", "EnclosedFeedForward", "inverse_sqrt", "head_products", "softmax",
            "trilinear_norm", "feedforward_grams", "key_masses", "hidden_fill"]
@@ -288,10 +292,75 @@ class EnclosedFeedForward:
             self._second = gelu_curvature(self.h)
         return self._second
 
-    def jacobian_block(self, i: int) -> IntervalArray:
-        """``B_ii = I + W_1 diag(GELU'(h_i)) W_2`` (d, d)."""
-        scaled = IntervalArray(self.ffn.W_1) * self.slope[i].expand(0)
+    def jacobian_block(self, i: int, slopes: IntervalArray | None = None) -> IntervalArray:
+        """``B_ii = I + W_1 diag(GELU'(h_i)) W_2`` (d, d); with ``slopes`` (d_ff,), ``I + W_1 diag(slopes) W_2``."""
+        scaled = IntervalArray(self.ffn.W_1) * (self.slope[i] if slopes is None else slopes).expand(0)
         return scaled.einsum("ak,kb->ab", IntervalArray(self.ffn.W_2)) + IntervalArray(np.eye(self.ffn.W_1.shape[0]))
+
+    def secant_slopes(self, radii: np.ndarray, pieces: int = SECANT_PIECES) -> IntervalArray:
+        """Per token i and neuron k, an enclosure of the secant slopes ``(GELU(h_ik + t) - GELU(h_ik)) / t`` over
+        ``0 < |t| <= a_ik = ||w_k|| r_i`` (lemma secant-slope-range): with ``0 = t_0 < ... < t_K = a`` the ends of K
+        pieces, a secant to a point t of piece j is the convex combination of the secant ``sigma_j`` to ``t_j`` and a
+        mean of GELU' over ``[t_j, t]``, the latter weighted ``(t - t_j) / t <= lambda_j = 1 - t_j / t_(j+1)``; so
+        the secants over piece j lie in the hull of ``sigma_j`` and ``sigma_j + lambda_j (GELU'(piece) - sigma_j)``
+        (``sigma_0 = GELU'(h)``, ``lambda_0 = 1``).  Equal pieces give ``lambda_j = 1 / (j + 1)``: far from the
+        centre the slopes' range counts little.  Shape (n, d_ff); a token of radius 0 keeps ``GELU'(h_i)``."""
+        radii = np.asarray(radii, dtype=np.float64)
+        a = (IntervalArray(IntervalArray(self.ffn.W_1).norm_upper(axis=0)).expand(0)
+             * IntervalArray(radii).expand(-1)).hi                                          # (n, d_ff)
+        if not np.all(np.isfinite(a)):
+            raise NotCertifiedError("radii", "finite feed-forward balls", "a pre-activation interval beyond the "
+                                    "float range", "take smaller radii")
+        moving = radii > 0
+        h, slope, a = self.h[moving], self.slope[moving], a[moving]
+        lo, hi = self.slope.lo.copy(), self.slope.hi.copy()
+        if not np.any(moving):
+            return IntervalArray(lo, hi)
+        fractions = np.arange(1, pieces + 1) / pieces
+        ends = np.concatenate([fractions, -fractions])[:, None, None] * a                 # (2K, n', d_ff)
+        ends[pieces - 1], ends[-1] = a, -a                                                # t_K = a exactly
+        starts = np.concatenate([np.zeros((1,) + a.shape), ends[:pieces - 1], np.zeros((1,) + a.shape),
+                                 ends[pieces:-1]])
+        # every piece's slopes and every end's secant in one pass (2K of each)
+        piece = gelu_slope((h.expand(0) + IntervalArray(starts)).hull(h.expand(0) + IntervalArray(ends)))
+        reached = (gelu(h.expand(0) + IntervalArray(ends)) - gelu(h).expand(0)) / IntervalArray(ends)
+        found_lo, found_hi = slope.lo.copy(), slope.hi.copy()
+        for side in (0, pieces):
+            secant = slope                                     # the secant's limit at t = 0: GELU'(h)
+            for j in range(pieces):
+                weight = (IntervalArray(1.0) - IntervalArray(starts[side + j]) / IntervalArray(ends[side + j])).hi \
+                    if j else np.ones(a.shape)
+                hull = secant + (piece[side + j] - secant) * IntervalArray(np.zeros(a.shape), weight)
+                found_lo, found_hi = np.minimum(found_lo, hull.lo), np.maximum(found_hi, hull.hi)
+                secant = reached[side + j]
+        lo[moving], hi[moving] = found_lo, found_hi
+        return IntervalArray(lo, hi)
+
+    def movement(self, radii: np.ndarray) -> np.ndarray:
+        """Per token, a certified bound on ``sup ||FF(y) - FF(y_i)||`` over ``||y - y_i|| <= r_i`` (lemma
+        feedforward-movement): with ``sigma`` the secant slopes of :meth:`secant_slopes`, ``m`` their enclosures'
+        midpoints and ``s`` their half widths, ``FF(y) - FF(y_i) = e (I + W_1 diag(sigma) W_2)`` for ``e = y - y_i``,
+        so the movement is at most ``r_i (||I + W_1 diag(m) W_2|| + ||diag(s)^(1/2) W_1^T|| ||W_2^T diag(s)^(1/2)||)``
+        (Cauchy-Schwarz over the neurons, as the slopes' variation is bounded): the GELU values' changes taken
+        jointly, where the Jacobian's supremum pays every neuron's slope at its worst at once.  0 for radius 0, inf
+        for an infinite radius."""
+        radii = np.asarray(radii, dtype=np.float64)
+        finite = np.isfinite(radii)
+        secants = self.secant_slopes(np.where(finite, radii, 0.0))
+        out = np.where(finite, 0.0, np.inf)
+        for i in np.flatnonzero(finite & (radii > 0)):
+            centre = IntervalArray(secants[i].mid)
+            half = np.maximum((secants[i] - centre).hi, (centre - secants[i]).hi)
+            root = IntervalArray(half).sqrt()
+            left, right = IntervalArray(self.ffn.W_1) * root.expand(0), IntervalArray(self.ffn.W_2) * root.expand(-1)
+            rate = _norm(self.jacobian_block(i, centre)) + _norm(left) * _norm(right)
+            out[i] = (rate * IntervalArray(radii[i])).hi.item()
+        return out
+
+
+def _norm(M: IntervalArray) -> IntervalArray:
+    """``||M||_2`` of an enclosed matrix, certified from above (a point interval)."""
+    return IntervalArray(spectral_norm_upper_large(M.to_enclosure()))
 
 
 _GRAMS: dict = {}
