@@ -17,7 +17,14 @@ from lipbound.rigorous import arrays as A
 from lipbound.rigorous.arrays import IntervalArray
 from lipbound.rigorous.elementwise import all_finite, up_nonnegative
 from lipbound.rigorous.functions import log10_upper_product
-from lipbound.rigorous.linalg import Enclosure, RowGram, _fro_upper, _power_of_two_scale, spectral_norm_upper_large
+from lipbound.rigorous.linalg import (
+    Enclosure,
+    RowGram,
+    _fro_upper,
+    _power_of_two_scale,
+    lambda_max_upper_large,
+    spectral_norm_upper_large,
+)
 
 #: Exponent ranges of the entries: ordinary, tiny (products underflow), large.
 SCALES = st.sampled_from([0, -500, -1000, 300])
@@ -306,3 +313,19 @@ def test_exact_sums_enclose_the_exact_sum_within_a_few_ulps(seed, k, kind, scale
         assert np.all(total.hi - total.lo <= x.sum(axis=-1).hi - x.sum(axis=-1).lo)
     kept = x.sum(axis=0, keepdims=True, exact_sums=True)
     assert kept.shape == (1, k) and np.all(kept.lo <= x.sum(axis=0, keepdims=True).hi)
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), size=st.sampled_from([5, 60, 320]), spread=st.sampled_from([0.0, 1e-6]))
+def test_top_eigenvalue_from_one_factorisation_holds(seed, size, spread):
+    """The one-factorisation bound on ``lambda_max`` is above the top eigenvalue of every sampled member of the
+    enclosure and within 1e-5 of the midpoint's (the level sits 1e-6 above the estimate)."""
+    rng = np.random.default_rng(seed)
+    G = rng.standard_normal((size, size // 2 + 1))
+    mid = G @ G.T
+    bound = lambda_max_upper_large(Enclosure(mid, np.full_like(mid, spread)))
+    top = np.linalg.eigvalsh(mid)[-1]
+    assert top <= bound <= top * (1 + 1e-5) + size * spread
+    for _ in range(3):
+        noise = rng.uniform(-spread, spread, (size, size))
+        assert np.linalg.eigvalsh(mid + (noise + noise.T) / 2)[-1] <= bound

@@ -26,7 +26,7 @@ import math
 import numpy as np
 
 from ..rigorous.arrays import IntervalArray, gelu_third
-from ..rigorous.linalg import Enclosure, lambda_max_upper, psd_floor, spectral_norm_upper_large
+from ..rigorous.linalg import Enclosure, lambda_max_upper_large, spectral_norm_upper_large
 from ..symbolic import local as T
 from .balls import TokenBalls
 from .bounds import evaluate_theorem, norm_bounds, remainder_weights
@@ -34,7 +34,7 @@ from .chains import telescoped_variation
 from .enclosed import feedforward_grams, trilinear_norm
 from .grouped import token_tail
 
-__all__ = ["BlockTail", "TokenTail", "weighted_tail_variation", "top_eigenvalue_upper"]
+__all__ = ["BlockTail", "TokenTail", "weighted_tail_variation"]
 
 #: a token's slopes' remainder is refined (lemma slope-remainder-quadratic) when its split terms are at least this
 #: share of the token's bound
@@ -155,7 +155,7 @@ class BlockTail:
         def side(gram: IntervalArray, rows: IntervalArray) -> IntervalArray:    # rows: the vectors b_k (or a_k)
             scaled = a_gram * gram * root.expand(0) * root.expand(-1)
             spread = IntervalArray(spectral_norm_upper_large((rows * weights.expand(-1)).to_enclosure()))
-            return r * IntervalArray(max(top_eigenvalue_upper(scaled), 0.0)).sqrt() + delta * spread
+            return r * IntervalArray(max(lambda_max_upper_large(scaled.to_enclosure()), 0.0)).sqrt() + delta * spread
         near_a, half = side(a_gram, facts["A"].swapaxes(0, 1)), IntervalArray(0.5)
         folded, front = ((half * near_a * side(gram, rows)).hi.item()
                          for gram, rows in ((b_gram, facts["B"]), (second, IntervalArray(self.ffn.ffn.W_2))))
@@ -229,27 +229,6 @@ class BlockTail:
         attention's ``R_A >= sup_U ||A(Y) - A(X)||_F``."""
         return _tail_reach(self.taus, omegas, attention_reach)
 
-
-
-def top_eigenvalue_upper(S: IntervalArray, margins=(1e-6, 1e-4, 1e-2)) -> float:
-    """A certified upper bound on ``lambda_max`` of the symmetric matrix enclosed by S, from one Cholesky
-    factorisation: at a level t a little above a float estimate of ``lambda_max`` (subspace iteration, no
-    eigendecomposition), ``lambda_min(t I - S) >= -loss`` (:func:`~lipbound.rigorous.linalg.psd_floor`, with its a
-    priori backward error) gives ``lambda_max(S) <= t + loss``; the level rises through ``margins`` while the
-    factorisation breaks down, then :func:`~lipbound.rigorous.linalg.lambda_max_upper` decides.  For the
-    ``d_ff x d_ff`` matrices of the slopes' remainder: about a third of the eigendecomposition route's work."""
-    mid = S.mid
-    basis = np.random.default_rng(0).standard_normal((mid.shape[0], 8))
-    for _ in range(30):
-        basis = np.linalg.qr(mid @ basis)[0]
-    estimate = float(np.linalg.eigvalsh(basis.T @ (mid @ basis))[-1])
-    scale = max(abs(estimate), float(np.max(np.abs(mid))), 1e-300)
-    for margin in margins:
-        level = IntervalArray(estimate + margin * scale)
-        floor = psd_floor((level * IntervalArray(np.eye(mid.shape[0])) - S).to_enclosure(), shift=0.0)
-        if math.isfinite(floor):
-            return (level - IntervalArray(floor)).hi.item()
-    return lambda_max_upper(S.to_enclosure())
 
 
 def _replace_split(value: float, a: float, b: float, smaller: float) -> float:

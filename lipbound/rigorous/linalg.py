@@ -34,7 +34,8 @@ from .intervals import IV, _raw, interval, lower, point, upper
 __all__ = ["UNIT_ROUNDOFF", "Enclosure", "vector_norm_upper", "vector_norm_lower", "spectral_norm_bounds",
            "spectral_norm_upper", "spectral_norm_lower", "lambda_min_lower", "lambda_max_upper",
            "top_eigenvalue_bounds", "is_psd_certified", "psd_floor", "dot_error_factor", "product_norm_interval",
-           "product_norm_upper", "spectral_norm_upper_large", "RowGram", "gram_norm_interval", "gram_norm_upper"]
+           "product_norm_upper", "spectral_norm_upper_large", "lambda_max_upper_large", "RowGram", "gram_norm_interval",
+           "gram_norm_upper"]
 
 _U = UNIT_ROUNDOFF
 _ETA = SMALLEST_SUBNORMAL
@@ -414,6 +415,25 @@ def psd_floor(S, shift: float | None = None, extra: float = 0.0) -> float:
 def lambda_max_upper(S) -> float:
     """A certified upper bound on ``lambda_max`` of the symmetric matrix enclosed by ``S``."""
     return -lambda_min_lower(-S if isinstance(S, Enclosure) else -_as_array("S", S))
+
+
+def lambda_max_upper_large(S, margins=(1e-6, 1e-4, 1e-2)) -> float:
+    """A certified upper bound on ``lambda_max`` of the symmetric matrix enclosed by S, from one Cholesky
+    factorisation: at a level t a little above a float estimate of ``lambda_max`` (:func:`_top_estimate`: no
+    eigendecomposition above 300 rows), ``lambda_min(t I - S) >= -loss`` (:func:`psd_floor`, with its a priori
+    backward error) gives ``lambda_max(S) <= t + loss``; the level rises through ``margins`` (relative to the
+    larger of the estimate and the largest entry) while the factorisation breaks down, then
+    :func:`lambda_max_upper` decides.  For large matrices: about a third of :func:`lambda_max_upper`'s work."""
+    S = _as_enclosure(S)
+    estimate = _top_estimate(S.mid)
+    scale = max(abs(estimate), float(np.max(np.abs(S.mid), initial=0.0)), 1e-300)
+    identity = np.eye(S.mid.shape[0])
+    for margin in margins:
+        level = estimate + margin * scale
+        floor = psd_floor(Enclosure.exact(level * identity) - S, shift=0.0)
+        if math.isfinite(floor):
+            return upper(interval(level) - interval(floor))
+    return lambda_max_upper(S)
 
 
 def top_eigenvalue_bounds(S):
