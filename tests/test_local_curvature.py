@@ -147,7 +147,7 @@ def test_the_curvature_bounds_the_second_derivative_at_x(seed, kind, n, scale, s
     assert found <= chi * (1 + 1e-6)
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=6, deadline=None)   # (beta's spectral form checked exactly below)
 @given(seed=st.integers(0, 10_000), n=st.integers(2, 4), scale=st.sampled_from([0.5, 1.5, 3.0]),
        heads=st.sampled_from([2, 3]))
 def test_the_values_joined_bound_covers_the_third_group(seed, n, scale, heads):
@@ -161,6 +161,41 @@ def test_the_values_joined_bound_covers_the_third_group(seed, n, scale, heads):
     joined = 2 * route.curvature.c * route.curvature._values_joined(bounds.facts, r)
     found = _largest_second(target, X, rng, groups=("III",))
     assert found <= joined * (1 + 1e-6)
+
+
+def _value_spreads(target, Y):
+    """``||diag(p_i) (V_h - 1 f_i^T)||_2`` per head and query at Y, values' space (before W_O), (H, n)."""
+    out = []
+    for h in target.heads:
+        c = 1 / np.sqrt(h.W_Q.shape[1])
+        S = c * (Y @ h.W_Q + h.b_Q) @ (Y @ h.W_K + h.b_K).T
+        P = np.exp(S - S.max(axis=1, keepdims=True))
+        P /= P.sum(axis=1, keepdims=True)
+        v = Y @ h.W_V + h.b_V
+        spread = P[:, :, None] * (v[None] - (P @ v)[:, None])
+        out.append([np.linalg.norm(spread[i], 2) for i in range(len(Y))])
+    return np.array(out)
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 4), scale=st.sampled_from([0.5, 1.5, 3.0]),
+       eps=st.sampled_from([0.0, 1e-3, 0.05, 0.3]))
+def test_the_value_spreads_hold_at_points_of_the_balls(seed, n, scale, eps):
+    """``beta_hi`` of chi_III's values-joined form (lemma curvature-values-spectral): the spectral norm at X itself
+    (to rounding) on a zero radius, and above the spectral norm at every sampled point of the token balls."""
+    rng = np.random.default_rng(seed)
+    target = _target(rng, "layer", d=4, heads=2, d_k=2, scale=scale)
+    X = rng.standard_normal((n, 4))
+    route = _route(target, X)
+    balls = Neighbourhood("fro", eps).balls(X)
+    facts = route.integral.component.bounds(balls, route.integral.enclosed).facts
+    beta = route.curvature.value_spreads(facts, balls.radii)
+    if eps == 0:
+        np.testing.assert_allclose(beta, _value_spreads(target, X), rtol=1e-9, atol=1e-12)
+    for _ in range(20):
+        step = rng.standard_normal(X.shape)
+        Y = X + step * (balls.radii * rng.uniform(0, 1, n) / np.linalg.norm(step, axis=1))[:, None]
+        assert np.all(_value_spreads(target, Y) <= beta * (1 + 1e-9) + 1e-12)
 
 
 def _zeta(target, X):

@@ -19,10 +19,11 @@ and for unit e, f (Frobenius) the three groups are at most (theorem ``local-atte
     chi_III = 2 c min( max_i min( (sum_j (sum_h ||Qt_h|| p_ij ||u_ij||)^2)^(1/2),
                                   ||[Qt_1 ... Qt_H]|| (sum_{h,j} p_ij^2 ||u_ij||^2)^(1/2) ),
                        ||W_O|| max_i ||sum_h beta_hi^2 Qt_h Qt_h^T||^(1/2) ),
-       beta_hi^2 = sum_j p_ij^2 ||v_j - f_i||^2,
+       beta_hi = ||diag(p_i) (V_h - 1 f_i^T)||_2 <= (sum_j p_ij^2 ||v_j - f_i||^2)^(1/2),
 
 the last for a layer, with ``v_j - f_i`` in the values' space before ``W_O`` (the heads' terms are
-``w_h W_O^h``, so they add up as ``[w_1 ... w_H] W_O``, and ``||w_h|| <= c beta_hi ||e_i Qt_h|| ||f||``);
+``w_h = c e_i Qt_h F^T diag(p_i) (V_h - 1 f_i^T)`` times ``W_O^h``, so they add up as ``[w_1 ... w_H] W_O``, and
+``||w_h|| <= c ||e_i Qt_h|| ||F||_2 beta_hi`` with ``||F||_2 <= ||F||_F``);
 with ``Theta_h`` the matrix of ``f -> (p_ij zeta_ij(f))_ij`` ((n^2) x (n d)) and ``Omega_i`` that of
 ``e -> ((p_ij ||u_ij||)^(1/2) zeta_ij(e))_(h, j)`` ((H n) x (n d)).  On a product of token balls they are
 evaluated in ball arithmetic: each matrix is its enclosure at X plus a deviation whose Frobenius norm
@@ -146,6 +147,8 @@ class AttentionCurvature:
             if self.output_norm is not None:
                 self.score_grams = scores.bmm(scores.swapaxes(1, 2))                      # (H, d, d)
                 self.value_rho = (E.V.expand(1) - E.F.expand(2)).norm_upper()            # ||v_j - f_i||, (H, n, n)
+                # ||diag(p_i) (V - 1 f_i^T)||_2 at X, (H, n): beta's spectral form (lemma curvature-values-spectral)
+                self.value_spectral = interval_spectral_norms_upper(E.P.expand(-1) * (E.V.expand(1) - E.F.expand(2)))
         u = values.expand(1) - outputs.expand(2)                                       # u_ij at X, (H, n, n, d_out)
         self.rho = IntervalArray(u.norm_lower(), u.norm_upper())                        # ||u_ij|| at X
         kappa = E.P.einsum("hil,hlk->hik", E.K)                                         # sum_l p_il k~_l
@@ -306,19 +309,31 @@ class AttentionCurvature:
         return chi_I, chi_II, chi_III
 
     def _values_joined(self, facts: dict, r: np.ndarray) -> float:
-        """``||W_O|| max_i ||sum_h beta_hi^2 Qt_h Qt_h^T||^(1/2)`` with ``beta_hi^2 >= sum_j p_ij^2 ||v_j - f_i||^2``
-        on U in the values' space (a layer's heads add up through W_O); inf for a single head.  The norm grows with
+        """``||W_O|| max_i ||sum_h beta_hi^2 Qt_h Qt_h^T||^(1/2)`` with ``beta_hi >= ||diag(p_i) (V - 1 f_i^T)||_2``
+        on U in the values' space (a layer's heads add up through W_O): the smaller of the rows' Frobenius norm
+        ``(sum_j p_ij^2 ||v_j - f_i||^2)^(1/2)`` and the spectral norm at X plus the rows' changes (lemma
+        ``curvature-values-spectral``); inf for a single head.  The norm grows with
         each ``beta_hi^2`` (a sum of PSD matrices), so one norm at ``max_i beta_hi^2`` bounds every query's (MiniLM
         layer 0: 3-6% above the largest of the n norms, at a n-th of their cost)."""
         if self.output_norm is None:
             return np.inf
-        shift = (IntervalArray(self.norms["L_V"][:, None]) * IntervalArray(r[None, :])).hi         # ||V^h|| r_j
-        moved = head_movement(facts["p_lo"], facts["p_hi"], facts["delta"], self.value_rho, shift)
-        gap = IntervalArray(self.value_rho) + IntervalArray(shift[:, None, :]) + IntervalArray(moved[:, :, None])
-        beta = (IntervalArray(facts["p_hi"]) * gap).norm_upper()                                     # (H, n)
+        beta = self.value_spreads(facts, r)
         weights = IntervalArray(np.max((IntervalArray(beta) * IntervalArray(beta)).hi, axis=1))
         top = _norm(weights.einsum("h,hab->ab", self.score_grams))
         return (IntervalArray(self.output_norm) * IntervalArray(top).sqrt()).hi.item()
+
+    def value_spreads(self, facts: dict, r: np.ndarray) -> np.ndarray:
+        """``beta_hi >= ||diag(p_i(Y)) (V_h(Y) - 1 f_i(Y)^T)||_2`` for every Y on the token balls with radii ``r``
+        (facts of :func:`~lipbound.local.bounds.attention_bounds` there), (H, n), values' space; a layer with W_O."""
+        shift = (IntervalArray(self.norms["L_V"][:, None]) * IntervalArray(r[None, :])).hi         # ||V^h|| r_j
+        moved = head_movement(facts["p_lo"], facts["p_hi"], facts["delta"], self.value_rho, shift)
+        drift = IntervalArray(shift[:, None, :]) + IntervalArray(moved[:, :, None])   # ||u'_ij - u_ij|| on U
+        gap = IntervalArray(self.value_rho) + drift
+        # beta_hi >= ||D'_i U'_i||_2 on U: the rows' Frobenius norm, or the spectral norm at X plus the rows' changes
+        # ||p'_ij u'_ij - p_ij u_ij|| <= delta_ij ||u'_ij|| + p_ij ||u'_ij - u_ij|| (Weyl, then Frobenius)
+        change = IntervalArray(facts["delta"]) * gap + IntervalArray(self.E.P.hi) * drift
+        return np.minimum((IntervalArray(facts["p_hi"]) * gap).norm_upper(),
+                          (IntervalArray(self.value_spectral) + IntervalArray(change.norm_upper())).hi)
 
     @staticmethod
     def piece(chis: tuple, width: float) -> float:
