@@ -134,7 +134,7 @@ def _route(target, X, ball="fro", eps=1.0, positions=(), split=False):
     return route
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(seed=st.integers(0, 10_000), kind=st.sampled_from(["head", "layer"]), n=st.integers(2, 4),
        scale=st.sampled_from([0.5, 1.5, 3.0]), split=st.booleans())
 def test_the_curvature_bounds_the_second_derivative_at_x(seed, kind, n, scale, split):
@@ -142,9 +142,11 @@ def test_the_curvature_bounds_the_second_derivative_at_x(seed, kind, n, scale, s
     target = _target(rng, kind, d=4, heads=2, d_k=2, scale=scale)
     X = rng.standard_normal((n, 4))
     route = _route(target, X, split=split)
-    chi = sum(route.integral.chis(Neighbourhood("fro", 1e-12).balls(X).radii))
+    chis = route.integral.chis(Neighbourhood("fro", 1e-12).balls(X).radii)
     found = _largest_second(target, X, rng)
-    assert found <= chi * (1 + 1e-6)
+    assert found <= sum(chis) * (1 + 1e-6)
+    # chi_I alone (the values stacked either way, lemma curvature-values-stacked) covers the first group
+    assert _largest_second(target, X, rng, restarts=2, steps=10, groups=("I",)) <= chis[0] * (1 + 1e-6)
 
 
 @settings(max_examples=6, deadline=None)   # (beta's spectral form checked exactly below)

@@ -14,7 +14,8 @@ the centred change of the scores, and ``u_ij = v_j A_h - f_i``.  Differentiating
 
 and for unit e, f (Frobenius) the three groups are at most (theorem ``local-attention-curvature``)
 
-    chi_I   = 2 min( sum_h ||A_h|| ||Theta_h||,  ||[A_1 ... A_H]|| ||[Theta_1; ...; Theta_H]|| ),
+    chi_I   = 2 min( sum_h ||A_h|| ||Theta_h||,  a ||[Theta_1; ...; Theta_H]|| ),
+       a = min( ||[A_1 ... A_H]||, ||[A_1; ...; A_H]|| ),
     chi_II  = || [omega_1 Omega_1; ...; omega_n Omega_n] ||,   omega_i >= ||Omega_i||,
     chi_III = 2 c min( max_i min( (sum_j (sum_h ||Qt_h|| p_ij ||u_ij||)^2)^(1/2),
                                   ||[Qt_1 ... Qt_H]|| (sum_{h,j} p_ij^2 ||u_ij||^2)^(1/2) ),
@@ -24,7 +25,10 @@ and for unit e, f (Frobenius) the three groups are at most (theorem ``local-atte
 the last for a layer, with ``v_j - f_i`` in the values' space before ``W_O`` (the heads' terms are
 ``w_h = c e_i Qt_h F^T diag(p_i) (V_h - 1 f_i^T)`` times ``W_O^h``, so they add up as ``[w_1 ... w_H] W_O``, and
 ``||w_h|| <= c ||e_i Qt_h|| ||F||_2 beta_hi`` with ``||F||_2 <= ||F||_F``);
-with ``Theta_h`` the matrix of ``f -> (p_ij zeta_ij(f))_ij`` ((n^2) x (n d)) and ``Omega_i`` that of
+(the first group's half at query i is ``sum_h (b_hi^T E) A_h`` with ``b_hij = p_ij zeta_ij(f)``: a row ``[b_1i^T E ...
+b_Hi^T E]`` of norm at most ``||E||_2 (sum_h ||b_hi||^2)^(1/2)`` times the stacked ``[A_1; ...; A_H]``, or the heads'
+``E A_h`` side by side through ``[A_1 ... A_H]``: lemma ``curvature-values-stacked``), with ``Theta_h`` the matrix of
+``f -> (p_ij zeta_ij(f))_ij`` ((n^2) x (n d)) and ``Omega_i`` that of
 ``e -> ((p_ij ||u_ij||)^(1/2) zeta_ij(e))_(h, j)`` ((H n) x (n d)).  On a product of token balls they are
 evaluated in ball arithmetic: each matrix is its enclosure at X plus a deviation whose Frobenius norm
 is bounded block by block from the weight ranges, key and query movements and value shifts of
@@ -126,16 +130,18 @@ class AttentionCurvature:
         self.rotary = E.rotations is not None
         values, outputs, self.value_norms = value_space(E, target)
         products = head_products(engine)                                                # A_h, (H, d, d_out)
+        d_out = products.shape[2]
         if fold is None:
             self.fold_norms = np.ones(n)
             self.pair_norms = np.broadcast_to(E.norms.g, (H, n, n))                    # ||W_Q R_ij W_K^T||
-            self.values_joint = _norm(products.swapaxes(0, 1).reshape(d, -1))           # ||[A_1 ... A_H]||
+            # ||[A_1 ... A_H]|| or ||[A_1; ...; A_H]|| (lemma curvature-values-stacked), the smaller
+            self.values_joint = min(_norm(products.swapaxes(0, 1).reshape(d, -1)), _norm(products.reshape(-1, d_out)))
         else:
             self.fold_norms = np.array([_norm(fold[m]) for m in range(n)])              # ||F_m||
             self.pair_norms = _folded_pair_norms(E, fold)                               # ||F_i Qt_ij F_j^T||
             joined = [fold[j].bmm(products.swapaxes(0, 1).reshape(d, -1)) for j in range(n)]
             self.values_joint = max(_norm(block) for block in joined)                   # max_j ||F_j [A_1 ... A_H]||
-            self.value_norms = np.array([max(_norm(block[:, h * products.shape[2]:(h + 1) * products.shape[2]])
+            self.value_norms = np.array([max(_norm(block[:, h * d_out:(h + 1) * d_out])
                                              for block in joined) for h in range(H)])   # max_j ||F_j A_h||
         self.output_norm = None
         if not self.rotary and fold is None:  # the heads joined through one Qt_h each (one per offset if rotary)
