@@ -25,7 +25,7 @@ and for unit e, f (Frobenius) the three groups are at most (theorem ``local-atte
 the last for a layer, with ``v_j - f_i`` in the values' space before ``W_O`` (the heads' terms are
 ``w_h = c e_i Qt_h F^T diag(p_i) (V_h - 1 f_i^T)`` times ``W_O^h``, so they add up as ``[w_1 ... w_H] W_O``, and
 ``||w_h|| <= c ||e_i Qt_h|| ||F||_2 beta_hi`` with ``||F||_2 <= ||F||_F``), and a third form for heads and layers,
-``2 c max_i (sum_h gamma_hi)^(1/2) ||sum_h gamma_hi Qt_h Qt_h^T||^(1/2)`` with ``gamma_hi = ||diag(p_i) U_hi||_2`` in the
+``2 c max_i (sum_h gamma_hi)^(1/2) ||sum_h gamma_hi Qt_h Qt_h^T||^(1/2)``, ``gamma_hi = ||diag(p_i) U_hi||_2`` in the
 output space (the heads by the triangle inequality, then Cauchy-Schwarz with weights gamma: lemma
 ``curvature-values-spectral``);
 (the first group's half at query i is ``sum_h (b_hi^T E) A_h`` with ``b_hij = p_ij zeta_ij(f)``: a row ``[b_1i^T E ...
