@@ -14,9 +14,8 @@ the centred change of the scores, and ``u_ij = v_j A_h - f_i``.  Differentiating
 
 and for unit e, f (Frobenius) the three groups are at most (theorem ``local-attention-curvature``)
 
-    chi_I   = 2 min( sum_h ||A_h|| ||Theta_h||,  a ||[Theta_1; ...; Theta_H]||,
-                     ||[w_1^(1/2) A_1; ...; w_H^(1/2) A_H]|| ||[w_1^(-1/2) Theta_1; ...; w_H^(-1/2) Theta_H]|| ),
-       a = min( ||[A_1 ... A_H]||, ||[A_1; ...; A_H]|| ),   w_h = ||Theta_h(X)|| / ||A_h||,
+    chi_I   = 2 min( sum_h ||A_h|| ||Theta_h||,  a ||[Theta_1; ...; Theta_H]|| ),
+       a = min( ||[A_1 ... A_H]||, ||[A_1; ...; A_H]|| ),
     chi_II  = || [omega_1 Omega_1; ...; omega_n Omega_n] ||,   omega_i >= ||Omega_i||,
     chi_III = 2 c min( max_i min( (sum_j (sum_h ||Qt_h|| p_ij ||u_ij||)^2)^(1/2),
                                   ||[Qt_1 ... Qt_H]|| (sum_{h,j} p_ij^2 ||u_ij||^2)^(1/2) ),
@@ -186,14 +185,6 @@ class AttentionCurvature:
         p_at_x = E.P.magnitude                                                          # (H, n, n)
         self.G_norms = np.array([self.zeta_rows.norm_upper(p_at_x[h].ravel(), self._head_rows(h)) for h in range(H)])
         self.G_norm = self.zeta_rows.norm_upper(p_at_x.ravel())
-        # chi_I with the heads weighted (lemma curvature-values-stacked): any w_h > 0 gives
-        # ||diag(w^(-1/2)) Theta|| ||[w_1^(1/2) A_1; ...; w_H^(1/2) A_H]||; w_h = ||Theta_h|| / ||A_h|| at X
-        self.values_weighted = None
-        if fold is None:
-            roots = np.sqrt(np.maximum(self.G_norms, 1e-12) / np.maximum(self.value_norms, 1e-12))     # floats, > 0
-            self.inverse_roots = (IntervalArray(1.0) / IntervalArray(roots)).hi                      # (H,)
-            self.values_weighted = _norm((products * IntervalArray(roots)[:, None, None]).reshape(-1, d_out))
-            self.G_weighted = self.zeta_rows.norm_upper((p_at_x * self.inverse_roots[:, None, None]).ravel())
 
     @staticmethod
     def _gram(E: EnclosedAttention, coefficient, query_part, key_part) -> RowGram:
@@ -306,7 +297,6 @@ class AttentionCurvature:
         stacked_upper = IntervalArray(self.zeta_rows.norm_upper(p_plus.hi.ravel())) \
             + IntervalArray(change.norms(p_plus.hi))
         first = min((IntervalArray(self.value_norms) * per_head).sum(axis=0).hi.item(),
-                    self._heads_weighted_first(change, at_x, scale_moves),
                     (IntervalArray(self.values_joint) * stacked).hi.item(),
                     (IntervalArray(self.values_joint) * stacked_upper).hi.item())
         chi_I = (IntervalArray(2.0) * IntervalArray(first)).hi.item()
@@ -328,17 +318,6 @@ class AttentionCurvature:
                     self._heads_weighted(self.output_spreads(facts)))
         chi_III = (IntervalArray(2.0) * IntervalArray(self.c) * IntervalArray(third)).hi.item()
         return chi_I, chi_II, chi_III
-
-    def _heads_weighted_first(self, change: Changes, at_x: np.ndarray, scale_moves: np.ndarray) -> float:
-        """``||[w_h^(1/2) A_h]_h|| ||diag(w^(-1/2)) Theta||`` on U (lemma curvature-values-stacked), ``Theta``'s rows
-        scaled at X plus the scales' change ``scale_moves``; inf with folded maps."""
-        if self.values_weighted is None:
-            return np.inf
-        inverse = self.inverse_roots[:, None, None]
-        norm = IntervalArray(self.G_weighted) + IntervalArray(change.norms(
-            (IntervalArray(at_x) * IntervalArray(inverse)).hi, None,
-            (IntervalArray(scale_moves) * IntervalArray(inverse[..., None])).hi))
-        return (IntervalArray(self.values_weighted) * norm).hi.item()
 
     def _values_joined(self, facts: dict, r: np.ndarray) -> float:
         """``||W_O|| max_i ||sum_h beta_hi^2 Qt_h Qt_h^T||^(1/2)`` with ``beta_hi >= ||diag(p_i) (V - 1 f_i^T)||_2``
