@@ -11,7 +11,12 @@ seconds of each curve and radius (time.process_time: the machine is shared, wall
     python bench/bench_relational.py --sentences 20 --fractions 1e-4,1e-3,1e-2,1e-1 --after-only --table
 
 ``--table`` ends with the ratios' median and worst over the sentences per radius, and the CPU seconds per radius
-(median, largest); ``--text`` runs one sentence of your own instead of the bundled ones.
+(median, largest); ``--text`` runs one sentence of your own instead of the bundled ones.  ``--second-derivative``
+prints instead, per sentence, the curvature bound's groups at X (chi_I, chi_II, chi_III) beside a float lower
+estimate of each group's ``sup ||D^2A(X)[e, f]||`` over unit e, f (alternating top singular vectors of the dense
+``(n d) x (n d)`` matrix of ``e -> D^2A(X)[e, f]``; about a minute per group at n = 9, never a bound):
+
+    python bench/bench_relational.py --text "The cat sat on the mat." --second-derivative
 """
 
 from __future__ import annotations
@@ -48,6 +53,80 @@ def run(text, kind, layer, fractions, model, mode: str):
     return found, time.process_time() - began
 
 
+def second_derivative(layer, X, f, groups):
+    """The matrix of ``e -> D^2A(X)[e, f]`` (n d_out, n d) of an attention layer, summed over the chosen groups of its
+    closed form (lipbound/local/curvature.py: I the weights' change on the values, II the covariance of two score
+    changes, III the scores' second derivative), written here in floats."""
+    import numpy as np
+    n, d = X.shape
+    eye, total = np.eye(n), 0.0
+    for k, head in enumerate(layer.heads):
+        W_Q, W_K, A = head.W_Q, head.W_K, head.V @ layer.output_block(k)
+        c = 1 / np.sqrt(W_Q.shape[1])
+        q, key, v = X @ W_Q + head.b_Q, X @ W_K + head.b_K, X @ A + head.b_V @ layer.output_block(k)
+        S = c * q @ key.T
+        P = np.exp(S - S.max(axis=1, keepdims=True))
+        P /= P.sum(axis=1, keepdims=True)
+        u = v[None] - (P @ v)[:, None]                                        # u_ij, (i, j, o)
+        a, b = key @ W_Q.T, q @ W_K.T                                          # W_Q k_j, W_K q_i, (n, d)
+        # zeta_ij's derivative in e_(m, a): c [i = m] (W_Q (k_j - kappa_i))_a + c ([j = m] - p_im) (W_K q_i)_a
+        Z = c * (eye[:, None, :, None] * (a[None, :, None, :] - (P @ a)[:, None, None, :])
+                 + (eye[None, :, :, None] - P[:, None, :, None]) * b[:, None, None, :]).reshape(n, n, n * d)
+        zf = Z @ f.ravel()                                                    # zeta_ij(f)
+        out = np.zeros((n, A.shape[1], n, d))
+        if "I" in groups:
+            out += (P * zf)[:, None, :, None] * A.T[None, :, None, :]
+            out += np.matmul((P[..., None] * (f @ A)[None]).transpose(0, 2, 1), Z).reshape(out.shape)
+        if "II" in groups:
+            out += np.matmul(((P * zf)[..., None] * u).transpose(0, 2, 1), Z).reshape(out.shape)
+        if "III" in groups:
+            Qt = W_Q @ W_K.T
+            own = np.einsum("ij,ja,ijo->ioa", P, f @ Qt.T, u)
+            out[np.arange(n), :, np.arange(n), :] += c * own
+            out += c * np.einsum("im,ia,imo->ioma", P, f @ Qt, u)
+        total = total + out
+    return total.reshape(-1, n * d)
+
+
+def largest_second_derivative(layer, X, groups, starts=2, steps=6, seed=0) -> float:
+    """A float lower estimate of ``sup ||D^2A(X)[e, f]||_F`` over unit e, f (the form is symmetric: the top right
+    singular vector for the current f is the next f)."""
+    import numpy as np
+    from scipy.sparse.linalg import svds
+    rng, best = np.random.default_rng(seed), 0.0
+    for _ in range(starts):
+        f, last = rng.standard_normal(X.shape), 0.0
+        f /= np.linalg.norm(f)
+        for _ in range(steps):
+            _, value, right = svds(second_derivative(layer, X, f, groups), k=1)
+            f = right[0].reshape(X.shape)
+            if abs(value[0] - last) < 1e-6 * value[0]:
+                break
+            last = value[0]
+        best = max(best, float(value[0]))
+    return best
+
+
+def centre_groups(text: str, layer_index: int, model) -> None:
+    """The curvature bound's groups at X against the ascent's estimates of the true groups (``--second-derivative``)."""
+    import numpy as np
+
+    from lipbound.local.balls import Neighbourhood
+    from lipbound.local.centre import ChainCentre
+    from lipbound.local.chains import chain_for
+    from lipbound.local.curve import _CurvatureRoute
+    from lipbound.measures.bert import load_text_model
+    bert = load_text_model(model)
+    X = bert.hidden_states(bert.encode(text))[layer_index]
+    chain = chain_for(bert.model, "layer", layer_index)
+    route = _CurvatureRoute.of(chain, ChainCentre(chain, X, dense=False), X, [Neighbourhood("fro", 1.0)])
+    chis = route.integral.chis(np.zeros(X.shape[0]), {"frobenius": 0.0})
+    found = [largest_second_derivative(chain[0].target, X, (group,)) for group in ("I", "II", "III")]
+    print(f"{text!r} layer {layer_index}, n = {X.shape[0]}: curvature bound at X (chi_I, chi_II, chi_III) = "
+          + ", ".join(f"{chi:.4g}" for chi in chis) + f" (sum {sum(chis):.4g}); largest found by ascent "
+          + ", ".join(f"{value:.4g}" for value in found) + " (float lower estimates)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sentences", type=int, default=1, help="how many of the shortest sentences")
@@ -60,11 +139,17 @@ def main() -> None:
     parser.add_argument("--text", help="this sentence instead of the bundled ones")
     parser.add_argument("--without-jacobian", action="store_true",
                         help="also run with the relational route but without the Jacobian enclosed over U")
+    parser.add_argument("--second-derivative", action="store_true",
+                        help="the curvature bound's groups at X against ascent on the true second derivative")
     args = parser.parse_args()
     from lipbound.measures.bert import load_text_model
     model = load_text_model()
     fractions = tuple(float(f) for f in args.fractions.split(","))
     texts = [args.text] if args.text else sentences(args.skip + args.sentences)[args.skip:]
+    if args.second_derivative:
+        for text in texts:
+            centre_groups(text, args.layer, model)
+        return
     table: dict = {}
     for text in texts:
         for kind in args.kinds.split(","):

@@ -14,16 +14,24 @@ the centred change of the scores, and ``u_ij = v_j A_h - f_i``.  Differentiating
 
 and for unit e, f (Frobenius) the three groups are at most (theorem ``local-attention-curvature``)
 
-    chi_I   = 2 min( sum_h ||A_h|| ||Theta_h||,  ||[A_1 ... A_H]|| ||[Theta_1; ...; Theta_H]|| ),
+    chi_I   = 2 min( sum_h ||A_h|| ||Theta_h||,  a ||[Theta_1; ...; Theta_H]|| ),
+       a = min( ||[A_1 ... A_H]||, ||[A_1; ...; A_H]|| ),
     chi_II  = || [omega_1 Omega_1; ...; omega_n Omega_n] ||,   omega_i >= ||Omega_i||,
     chi_III = 2 c min( max_i min( (sum_j (sum_h ||Qt_h|| p_ij ||u_ij||)^2)^(1/2),
                                   ||[Qt_1 ... Qt_H]|| (sum_{h,j} p_ij^2 ||u_ij||^2)^(1/2) ),
                        ||W_O|| max_i ||sum_h beta_hi^2 Qt_h Qt_h^T||^(1/2) ),
-       beta_hi^2 = sum_j p_ij^2 ||v_j - f_i||^2,
+       beta_hi = ||diag(p_i) (V_h - 1 f_i^T)||_2 <= (sum_j p_ij^2 ||v_j - f_i||^2)^(1/2),
 
 the last for a layer, with ``v_j - f_i`` in the values' space before ``W_O`` (the heads' terms are
-``w_h W_O^h``, so they add up as ``[w_1 ... w_H] W_O``, and ``||w_h|| <= c beta_hi ||e_i Qt_h|| ||f||``);
-with ``Theta_h`` the matrix of ``f -> (p_ij zeta_ij(f))_ij`` ((n^2) x (n d)) and ``Omega_i`` that of
+``w_h = c e_i Qt_h F^T diag(p_i) (V_h - 1 f_i^T)`` times ``W_O^h``, so they add up as ``[w_1 ... w_H] W_O``, and
+``||w_h|| <= c ||e_i Qt_h|| ||F||_2 beta_hi`` with ``||F||_2 <= ||F||_F``), and a third form for heads and layers,
+``2 c max_i (sum_h gamma_hi)^(1/2) ||sum_h gamma_hi Qt_h Qt_h^T||^(1/2)``, ``gamma_hi = ||diag(p_i) U_hi||_2`` in the
+output space (the heads by the triangle inequality, then Cauchy-Schwarz with weights gamma: lemma
+``curvature-values-spectral``);
+(the first group's half at query i is ``sum_h (b_hi^T E) A_h`` with ``b_hij = p_ij zeta_ij(f)``: a row ``[b_1i^T E ...
+b_Hi^T E]`` of norm at most ``||E||_2 (sum_h ||b_hi||^2)^(1/2)`` times the stacked ``[A_1; ...; A_H]``, or the heads'
+``E A_h`` side by side through ``[A_1 ... A_H]``: lemma ``curvature-values-stacked``), with ``Theta_h`` the matrix of
+``f -> (p_ij zeta_ij(f))_ij`` ((n^2) x (n d)) and ``Omega_i`` that of
 ``e -> ((p_ij ||u_ij||)^(1/2) zeta_ij(e))_(h, j)`` ((H n) x (n d)).  On a product of token balls they are
 evaluated in ball arithmetic: each matrix is its enclosure at X plus a deviation whose Frobenius norm
 is bounded block by block from the weight ranges, key and query movements and value shifts of
@@ -125,16 +133,18 @@ class AttentionCurvature:
         self.rotary = E.rotations is not None
         values, outputs, self.value_norms = value_space(E, target)
         products = head_products(engine)                                                # A_h, (H, d, d_out)
+        d_out = products.shape[2]
         if fold is None:
             self.fold_norms = np.ones(n)
             self.pair_norms = np.broadcast_to(E.norms.g, (H, n, n))                    # ||W_Q R_ij W_K^T||
-            self.values_joint = _norm(products.swapaxes(0, 1).reshape(d, -1))           # ||[A_1 ... A_H]||
+            # ||[A_1 ... A_H]|| or ||[A_1; ...; A_H]|| (lemma curvature-values-stacked), the smaller
+            self.values_joint = min(_norm(products.swapaxes(0, 1).reshape(d, -1)), _norm(products.reshape(-1, d_out)))
         else:
             self.fold_norms = np.array([_norm(fold[m]) for m in range(n)])              # ||F_m||
             self.pair_norms = _folded_pair_norms(E, fold)                               # ||F_i Qt_ij F_j^T||
             joined = [fold[j].bmm(products.swapaxes(0, 1).reshape(d, -1)) for j in range(n)]
             self.values_joint = max(_norm(block) for block in joined)                   # max_j ||F_j [A_1 ... A_H]||
-            self.value_norms = np.array([max(_norm(block[:, h * products.shape[2]:(h + 1) * products.shape[2]])
+            self.value_norms = np.array([max(_norm(block[:, h * d_out:(h + 1) * d_out])
                                              for block in joined) for h in range(H)])   # max_j ||F_j A_h||
         self.output_norm = None
         if not self.rotary and fold is None:  # the heads joined through one Qt_h each (one per offset if rotary)
@@ -143,11 +153,14 @@ class AttentionCurvature:
             self.scores_joint = _norm(scores.swapaxes(0, 1).reshape(d, -1))             # ||[Qt_1 ... Qt_H]||
             # chi_III through the values before W_O (a layer): ||W_O||, Qt_h Qt_h^T and ||v_j - f_i|| at X
             self.output_norm = None if engine.W_O is None else _norm(IntervalArray(engine.W_O))
+            self.score_grams = scores.bmm(scores.swapaxes(1, 2))                          # Qt_h Qt_h^T, (H, d, d)
             if self.output_norm is not None:
-                self.score_grams = scores.bmm(scores.swapaxes(1, 2))                      # (H, d, d)
                 self.value_rho = (E.V.expand(1) - E.F.expand(2)).norm_upper()            # ||v_j - f_i||, (H, n, n)
+                # ||diag(p_i) (V - 1 f_i^T)||_2 at X, (H, n): beta's spectral form (lemma curvature-values-spectral)
+                self.value_spectral = interval_spectral_norms_upper(E.P.expand(-1) * (E.V.expand(1) - E.F.expand(2)))
         u = values.expand(1) - outputs.expand(2)                                       # u_ij at X, (H, n, n, d_out)
         self.rho = IntervalArray(u.norm_lower(), u.norm_upper())                        # ||u_ij|| at X
+        self.output_spectral = interval_spectral_norms_upper(E.P.expand(-1) * u)        # ||diag(p_i) U_i||_2, (H, n)
         kappa = E.P.einsum("hil,hlk->hik", E.K)                                         # sum_l p_il k~_l
         spread = E.K.expand(1) - kappa.expand(2)                                        # k~_j - kappa_i, (H, n, n, d_k)
         if self.rotary:                                                                 # back to query i's position
@@ -301,24 +314,49 @@ class AttentionCurvature:
         W = (IntervalArray(self.pair_norms) * reach).sum(axis=0)
         joined = np.inf if self.rotary or self.fold is not None else (IntervalArray(self.scores_joint) * IntervalArray(
             reach.swapaxes(0, 1).reshape(n, -1).norm_upper())).hi
-        third = min(float(np.max(np.minimum(W.norm_upper(), joined))), self._values_joined(facts, r))
+        third = min(float(np.max(np.minimum(W.norm_upper(), joined))), self._values_joined(facts, r),
+                    self._heads_weighted(self.output_spreads(facts)))
         chi_III = (IntervalArray(2.0) * IntervalArray(self.c) * IntervalArray(third)).hi.item()
         return chi_I, chi_II, chi_III
 
     def _values_joined(self, facts: dict, r: np.ndarray) -> float:
-        """``||W_O|| max_i ||sum_h beta_hi^2 Qt_h Qt_h^T||^(1/2)`` with ``beta_hi^2 >= sum_j p_ij^2 ||v_j - f_i||^2``
-        on U in the values' space (a layer's heads add up through W_O); inf for a single head.  The norm grows with
+        """``||W_O|| max_i ||sum_h beta_hi^2 Qt_h Qt_h^T||^(1/2)`` with ``beta_hi >= ||diag(p_i) (V - 1 f_i^T)||_2``
+        on U in the values' space (a layer's heads add up through W_O): the smaller of the rows' Frobenius norm
+        ``(sum_j p_ij^2 ||v_j - f_i||^2)^(1/2)`` and the spectral norm at X plus the rows' changes (lemma
+        ``curvature-values-spectral``); inf for a single head.  The norm grows with
         each ``beta_hi^2`` (a sum of PSD matrices), so one norm at ``max_i beta_hi^2`` bounds every query's (MiniLM
         layer 0: 3-6% above the largest of the n norms, at a n-th of their cost)."""
         if self.output_norm is None:
             return np.inf
-        shift = (IntervalArray(self.norms["L_V"][:, None]) * IntervalArray(r[None, :])).hi         # ||V^h|| r_j
-        moved = head_movement(facts["p_lo"], facts["p_hi"], facts["delta"], self.value_rho, shift)
-        gap = IntervalArray(self.value_rho) + IntervalArray(shift[:, None, :]) + IntervalArray(moved[:, :, None])
-        beta = (IntervalArray(facts["p_hi"]) * gap).norm_upper()                                     # (H, n)
+        beta = self.value_spreads(facts, r)
         weights = IntervalArray(np.max((IntervalArray(beta) * IntervalArray(beta)).hi, axis=1))
         top = _norm(weights.einsum("h,hab->ab", self.score_grams))
         return (IntervalArray(self.output_norm) * IntervalArray(top).sqrt()).hi.item()
+
+    def _heads_weighted(self, gamma: np.ndarray) -> float:
+        """``max_i (sum_h gamma_hi)^(1/2) ||sum_h gamma_hi Qt_h Qt_h^T||^(1/2)``, ``gamma_hi >= ||diag(p_i) U_i||_2``
+        on U in the output space (lemma ``curvature-values-spectral``: the heads by the triangle inequality, then
+        Cauchy-Schwarz with weights gamma), evaluated once at ``max_i gamma_hi`` (the norm grows with each weight);
+        inf with rotations or folded maps (one ``Qt`` per pair)."""
+        if self.rotary or self.fold is not None:
+            return np.inf
+        top = _norm(IntervalArray(np.max(gamma, axis=1)).einsum("h,hab->ab", self.score_grams))
+        total = np.max(IntervalArray(gamma).sum(axis=0).hi)
+        return (IntervalArray(total).sqrt() * IntervalArray(top).sqrt()).hi.item()
+
+    def output_spreads(self, facts: dict) -> np.ndarray:
+        """``gamma_hi >= ||diag(p_i(Y)) U_i(Y)||_2`` for every Y where ``facts`` hold (those of
+        :func:`~lipbound.local.bounds.attention_bounds`), ``U_i`` the rows ``u_ij`` in the output space, (H, n)."""
+        drift = IntervalArray(facts["value_shift"][:, None, :]) + IntervalArray(facts["head_movement"][:, :, None])
+        return _spreads(self.output_spectral, (self.rho + drift).hi, drift, facts, self.E.P.hi)
+
+    def value_spreads(self, facts: dict, r: np.ndarray) -> np.ndarray:
+        """``beta_hi >= ||diag(p_i(Y)) (V_h(Y) - 1 f_i(Y)^T)||_2`` for every Y on the token balls with radii ``r``
+        (facts of :func:`~lipbound.local.bounds.attention_bounds` there), (H, n), values' space; a layer with W_O."""
+        shift = (IntervalArray(self.norms["L_V"][:, None]) * IntervalArray(r[None, :])).hi         # ||V^h|| r_j
+        moved = head_movement(facts["p_lo"], facts["p_hi"], facts["delta"], self.value_rho, shift)
+        drift = IntervalArray(shift[:, None, :]) + IntervalArray(moved[:, :, None])   # ||u'_ij - u_ij|| on U
+        return _spreads(self.value_spectral, (IntervalArray(self.value_rho) + drift).hi, drift, facts, self.E.P.hi)
 
     @staticmethod
     def piece(chis: tuple, width: float) -> float:
@@ -328,6 +366,17 @@ class AttentionCurvature:
         return evaluate_theorem(T.attention_curvature(), **{
             r"\chi_{I}": chi_I, r"\chi_{II}": chi_II, r"\chi_{III}": chi_III,
             r"\Delta\epsilon_k": width}).item()
+
+
+def _spreads(at_x: np.ndarray, rho: np.ndarray, drift: IntervalArray, facts: dict, p_at_x: np.ndarray) -> np.ndarray:
+    """``sup_U ||diag(p_i) U_i||_2`` per head and query (H, n), ``U_i`` the rows ``u_ij = v_j - f_i``: the rows'
+    Frobenius norm ``||(p+_ij ||u_ij||)_j||`` or the spectral norm at X (``at_x``) plus the rows' changes,
+    ``||p'_ij u'_ij - p_ij u_ij|| <= delta_ij ||u'_ij|| + p_ij ||u'_ij - u_ij||`` (Weyl, then Frobenius); ``rho`` bounds
+    ``||u'_ij||`` and ``drift`` ``||u'_ij - u_ij||`` on U (H, n, n), ``facts`` those of
+    :func:`~lipbound.local.bounds.attention_bounds` there (lemma curvature-values-spectral)."""
+    change = IntervalArray(facts["delta"]) * IntervalArray(rho) + IntervalArray(p_at_x) * drift
+    return np.minimum((IntervalArray(facts["p_hi"]) * IntervalArray(rho)).norm_upper(),
+                      (IntervalArray(at_x) + IntervalArray(change.norm_upper())).hi)
 
 
 def _folded_pair_norms(E: EnclosedAttention, fold: IntervalArray) -> np.ndarray:
