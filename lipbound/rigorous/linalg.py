@@ -548,25 +548,32 @@ def spectral_norm_upper_large(M, estimate: float | None = None, margin: float = 
     return spectral_norm_upper(M)
 
 
-def _top_estimate(S: np.ndarray) -> float:
+def _top_estimate(S: np.ndarray, steps: int = 60) -> float:
     """Float estimate of ``lambda_max`` of a symmetric matrix (no guarantee: it only places the level of
-    :func:`_top_by_cholesky`): all eigenvalues up to 300 rows; above, Lanczos (scipy's ``eigsh`` from a fixed
-    start, a few dozen products instead of a full eigendecomposition), or without scipy all eigenvalues up to
-    1500 rows, else 30 steps of subspace iteration on 8 vectors and the largest Ritz value."""
+    :func:`_top_by_cholesky`, which is certified whatever the estimate): all eigenvalues up to 300 rows; above,
+    the largest Ritz value of ``steps`` Lanczos steps with full reorthogonalisation from a fixed random start
+    (a few dozen products instead of a full eigendecomposition)."""
     k = S.shape[0]
     if k <= 300:
         return float(np.linalg.eigvalsh(S)[-1])
-    try:
-        from scipy.sparse.linalg import eigsh
-        return float(eigsh(S, k=1, which="LA", v0=np.ones(k), tol=1e-10, return_eigenvectors=False)[0])
-    except Exception:   # scipy missing, or no convergence: the dense routes below
-        pass
-    if k <= 1500:
-        return float(np.linalg.eigvalsh(S)[-1])
-    basis = np.random.default_rng(0).standard_normal((k, 8))
-    for _ in range(30):
-        basis = np.linalg.qr(S @ basis)[0]
-    return float(np.linalg.eigvalsh(basis.T @ (S @ basis))[-1])
+    m = min(k, steps)
+    basis = np.zeros((k, m))
+    q = np.random.default_rng(0).standard_normal(k)
+    q /= np.linalg.norm(q)
+    alpha, beta = np.zeros(m), np.zeros(m)
+    for j in range(m):
+        basis[:, j] = q
+        w = S @ q
+        alpha[j] = q @ w
+        w -= basis[:, :j + 1] @ (basis[:, :j + 1].T @ w)   # full reorthogonalisation (twice is enough)
+        w -= basis[:, :j + 1] @ (basis[:, :j + 1].T @ w)
+        beta[j] = np.linalg.norm(w)
+        if beta[j] <= 1e-12 * max(abs(alpha[j]), 1e-300):   # an invariant subspace: its Ritz values are exact
+            m = j + 1
+            break
+        q = w / beta[j]
+    tridiagonal = np.diag(alpha[:m]) + np.diag(beta[:m - 1], 1) + np.diag(beta[:m - 1], -1)
+    return float(np.linalg.eigvalsh(tridiagonal)[-1])
 
 
 def _top_by_cholesky(S: np.ndarray, top: float, margin: float):
