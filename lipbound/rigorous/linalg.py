@@ -558,8 +558,8 @@ def _top_estimate(S: np.ndarray, steps: int = 60) -> float:
         return float(np.linalg.eigvalsh(S)[-1])
     m = min(k, steps)
     basis = np.zeros((k, m))
-    q = np.random.default_rng(0).standard_normal(k)
-    q /= np.linalg.norm(q)
+    start = np.random.default_rng(0).standard_normal((k,))
+    q: np.ndarray = start / float(np.linalg.norm(start))
     alpha, beta = np.zeros(m), np.zeros(m)
     for j in range(m):
         basis[:, j] = q
