@@ -45,7 +45,6 @@ _EXP_OVERFLOW = 709.0  # exp(709.78) overflows a double
 
 
 _ULP_FACTOR = 2.0 ** -52
-_TINY = SMALLEST_SUBNORMAL
 
 
 def down(x):
@@ -55,10 +54,10 @@ def down(x):
     nearest is monotone, so the result is at most ``nextafter(x, -inf)``."""
     x = np.asarray(x, dtype=np.float64)
     if x.ndim == 0:
-        return x - (np.abs(x) * _ULP_FACTOR + _TINY)
+        return x - (np.abs(x) * _ULP_FACTOR + SMALLEST_SUBNORMAL)
     step = np.abs(x)          # one temporary, updated in place: the same roundings as the formula
     step *= _ULP_FACTOR
-    step += _TINY
+    step += SMALLEST_SUBNORMAL
     return np.subtract(x, step, out=step)
 
 
@@ -66,10 +65,10 @@ def up(x):
     """A float at or above the next float above every entry (see :func:`down`)."""
     x = np.asarray(x, dtype=np.float64)
     if x.ndim == 0:
-        return x + (np.abs(x) * _ULP_FACTOR + _TINY)
+        return x + (np.abs(x) * _ULP_FACTOR + SMALLEST_SUBNORMAL)
     step = np.abs(x)
     step *= _ULP_FACTOR
-    step += _TINY
+    step += SMALLEST_SUBNORMAL
     return np.add(x, step, out=step)
 
 
@@ -87,7 +86,7 @@ def up_nonnegative(x, out=None):
     owns a temporary)."""
     x = np.asarray(x, dtype=np.float64)
     result = np.multiply(x, _STEP_UP, out=out if isinstance(out, np.ndarray) else None)
-    result += _TINY
+    result += SMALLEST_SUBNORMAL
     return result
 
 

@@ -31,7 +31,7 @@ from . import functions as F
 from .elementwise import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, all_finite
 from .intervals import IV, _raw, interval, lower, point, upper
 
-__all__ = ["UNIT_ROUNDOFF", "Enclosure", "vector_norm_upper", "vector_norm_lower", "spectral_norm_bounds",
+__all__ = ["Enclosure", "vector_norm_upper", "vector_norm_lower", "spectral_norm_bounds",
            "spectral_norm_upper", "spectral_norm_lower", "lambda_min_lower", "lambda_max_upper",
            "top_eigenvalue_bounds", "is_psd_certified", "psd_floor", "dot_error_factor", "product_norm_interval",
            "product_norm_upper", "spectral_norm_upper_large", "lambda_max_upper_large", "RowGram", "gram_norm_interval",

@@ -72,8 +72,9 @@ from typing import final
 import numpy as np
 
 from ...errors import AssumptionError, SolverError, WeightsError
+from ...rigorous.elementwise import UNIT_ROUNDOFF
 from ...rigorous.intervals import IV, Verdict, lower, upper
-from ...rigorous.linalg import UNIT_ROUNDOFF, Enclosure, lambda_max_upper, spectral_norm_upper
+from ...rigorous.linalg import Enclosure, lambda_max_upper, spectral_norm_upper
 from ...rigorous.value import CertifiedValue
 from ..blas import one_blas_thread
 from ..dispatch import dot_product_scope
