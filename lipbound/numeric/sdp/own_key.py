@@ -55,10 +55,6 @@ from .layer import coupled_rows, row_factors, split_rows
 __all__ = ["OwnKeyTerms"]
 
 
-def _side_by_side(*parts: Enclosure) -> Enclosure:
-    return Enclosure(np.concatenate([p.mid for p in parts], axis=1), np.concatenate([p.rad for p in parts], axis=1))
-
-
 def _placed(size: int, blocks: list[tuple[slice, Enclosure]]) -> Enclosure:
     """A ``size x size`` enclosure holding each block at its slice (zero elsewhere), lifted by a tiny ridge
     (only larger)."""
@@ -103,9 +99,8 @@ class OwnKeyTerms:
         if not self.applies:
             return
         started = time.perf_counter()
-        both = _side_by_side(bounds._query_left, bounds._key_left)                    # [Pi W_Q, Pi W_K]
-        stacked = Enclosure(np.concatenate([bounds._keys_scaled.mid, bounds._queries_shaped.mid], axis=0),
-                            np.concatenate([bounds._keys_scaled.rad, bounds._queries_shaped.rad], axis=0))
+        both = Enclosure.concatenate([bounds._query_left, bounds._key_left])          # [Pi W_Q, Pi W_K]
+        stacked = Enclosure.concatenate([bounds._keys_scaled, bounds._queries_shaped], axis=0)
         own = bounds.r * product_norm_interval(both, stacked)                            # sup ||Pi Ahat_0 M w||
         per_offset = bounds.query_gain.details.get("per_offset", {}) if bounds.query_gain.details else {}
         others = [IV.mpf(v) for key, v in per_offset.items() if int(key) != 0]
@@ -133,13 +128,13 @@ class OwnKeyTerms:
         d_v, d_k = head.d_v, head.d_k
         values = region.times_shape(Enclosure.exact(head.W_V.T)).T                     # M^T V, (d, d_v)
         # coordinates (W_K^T M w, sigma W_Q^T M w): Pi Ahat_0 M w = [sigma Pi W_Q, Pi W_K] (those coordinates)
-        basis = _side_by_side(values, bounds._keys_shaped.T, bounds._queries_shaped.T)
+        basis = Enclosure.concatenate([values, bounds._keys_shaped.T, bounds._queries_shaped.T])
         gram = (basis.T @ basis).sym()
         outputs = bounds.value_outputs
         sigma = Enclosure.scalar(bounds.scale)
         queries = bounds._gram("query_left").scale(bounds.scale ** 2)                  # sigma^2 W_Q^T Pi W_Q
         inner = {delta: (R.T @ queries @ R).sym() for delta, R in bounds.rotations.items() if delta != 0}
-        pair = _side_by_side(bounds._query_left.scale(sigma), bounds._key_left)
+        pair = Enclosure.concatenate([bounds._query_left.scale(sigma), bounds._key_left])
         merged = (pair.T @ pair).sym()
         size = d_v + 2 * d_k
         values_at, keys_at, pair_at = slice(0, d_v), slice(d_v, d_v + d_k), slice(d_v, d_v + 2 * d_k)

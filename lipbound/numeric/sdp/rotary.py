@@ -293,7 +293,7 @@ class PositionalHeadBounds:
         """``sup_w ||Pi (A_Delta (c + M w) + h_Delta)||``: ``Pi W_Q`` times ``R_Delta`` times ``sigma W_K^T M``."""
         head, R = self.head, self.rotations[delta]
         key_centre = self._centred(head.W_K, head.b_K)
-        scale = Enclosure.scalar(_scale_interval(head))
+        scale = Enclosure.scalar(self.scale)
         shift = None if key_centre is None else self._query_left @ (R @ key_centre).scale(scale)
         return self._sup(self._query_left, "query_left", R, self._keys_scaled, "keys_scaled", shift, name,
                          "sup over the region of the query gradient")
@@ -303,7 +303,7 @@ class PositionalHeadBounds:
         head, R = self.head, self.rotations[delta].T
         left, left_gram = (self._key_left, "key_left") if side == "project" else (self._keys_shaped.T, "keys_shaped")
         query_centre = self._centred(head.W_Q, head.b_Q)
-        scale = Enclosure.scalar(_scale_interval(head))
+        scale = Enclosure.scalar(self.scale)
         shift = None if query_centre is None else left @ (R @ query_centre).scale(scale)
         return self._sup(left, left_gram, R, self._queries_shaped, "queries_shaped", shift, name,
                          "sup over the region of the key gradient")
@@ -318,12 +318,11 @@ class PositionalHeadBounds:
         started = time.perf_counter()
         W_V = Enclosure.exact(head.W_V)
         shaped = region.times_shape(W_V.T).T                                       # M^T V, (d, d_v)
-        basis = Enclosure(np.concatenate([shaped.mid, self._keys_shaped.T.mid], axis=1),
-                          np.concatenate([shaped.rad, self._keys_shaped.T.rad], axis=1))   # [M^T V, M^T W_K]
+        basis = Enclosure.concatenate([shaped, self._keys_shaped.T])                # [M^T V, M^T W_K]
         gram = (basis.T @ basis).sym()
         d_v, d_k = head.d_v, head.d_k
         outputs = self.value_outputs
-        queries = self._gram("query_left").scale(_scale_interval(head) ** 2)     # sigma^2 W_Q^T Pi W_Q
+        queries = self._gram("query_left").scale(self.scale ** 2)                # sigma^2 W_Q^T Pi W_Q
         inner = {delta: (R.T @ queries @ R).sym() for delta, R in self.rotations.items()}
 
         def middle(a: float, delta: int) -> Enclosure:
@@ -363,7 +362,7 @@ class PositionalHeadBounds:
             return IV.mpf(0)
         k_c = Enclosure.exact(head.W_K.T) @ Enclosure.exact(region.center.reshape(-1, 1)) + Enclosure.exact(
             head.b_K.reshape(-1, 1))
-        scale = Enclosure.scalar(_scale_interval(head))
+        scale = Enclosure.scalar(self.scale)
         W_Q = Enclosure.exact(head.W_Q)
         q_c = Enclosure.exact(head.W_Q.T) @ Enclosure.exact(region.center.reshape(-1, 1)) + Enclosure.exact(
             head.b_Q.reshape(-1, 1))
@@ -528,8 +527,7 @@ class PositionalHeadBounds:
                 break
         if C is None:
             return None
-        both = Enclosure(np.concatenate([self._query_left.mid, self._key_left.mid], axis=1),
-                         np.concatenate([self._query_left.rad, self._key_left.rad], axis=1))      # F = [Z, X]
+        both = Enclosure.concatenate([self._query_left, self._key_left])             # F = [Z, X]
         gram = (both.T @ both).sym()
         queries = self._gram("queries_shaped")
         nus = [float(upper(self.row_nu(i))) for i in range(n)]
@@ -667,7 +665,7 @@ def _spectral_key_weights(layer, region, heads: list[PositionalHeadBounds], outp
     certificate built from them counts."""
     groups = [layer.group_heads(g) for g in range(layer.num_groups)]
     keys = [region.project(Enclosure.exact(layer.heads[members[0]].W_K)) for members in groups]
-    basis = Enclosure(np.concatenate([k.mid for k in keys], axis=1), np.concatenate([k.rad for k in keys], axis=1))
+    basis = Enclosure.concatenate(keys)
     gram = (basis.T @ basis).sym()
     root = np.linalg.cholesky(gram.mid + 1e-12 * np.trace(gram.mid) * np.eye(gram.shape[0]))
     d_k = layer.heads[0].d_k
