@@ -296,9 +296,8 @@ class RelationalRoute:
         if not covers(self.component.target, hood):
             return math.inf
         try:
-            # every U(X, t) lies in the Frobenius ball of radius t: the curvature's tokens share it
-            return curvature.variation(hood, other, grid=relational_grid,
-                                       known=lambda t: {**self.known(t), "frobenius": t})
+            # (the curvature route's steps add that U(X, t) lies in the Frobenius ball of radius t)
+            return curvature.variation(hood, other, grid=relational_grid, known=self.known)
         except NotCertifiedError:
             return math.inf
 
