@@ -22,7 +22,7 @@ MODEL = str(DEFAULT_WEIGHTS)
 
 
 def run(*args: str, timeout: float = 900, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lipbound.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "lipbound", *args], capture_output=True, text=True,
                           timeout=timeout, **kwargs)
 
 

@@ -67,6 +67,11 @@ LEMMAS: Final[dict[str, tuple[str, str]]] = {
     "submultiplicative": (
         "Submultiplicativity",
         r"$\|MN\|_2 \le \|M\|_2 \|N\|_2$."),
+    "block-diagonal": (
+        "Block-diagonal matrices",
+        r"$\|\operatorname{diag}(B_1, \dots, B_n)\|_2 = \max_i \|B_i\|_2$; in particular, if $\|B_i\|_2 \le \omega_i$ "
+        r"then $\operatorname{diag}(B_i) = \operatorname{diag}(B_i / \omega_i)\,\operatorname{diag}(\omega_i I)$ "
+        r"(a zero block where $\omega_i = 0$) with the first factor of norm at most 1."),
     "norm-calculus": (
         "Norm calculus",
         r"Triangle inequality, Cauchy--Schwarz $|\langle u, w\rangle| \le \|u\| \|w\|$, "

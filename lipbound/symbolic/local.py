@@ -29,7 +29,8 @@ __all__ = ["LOCAL_THEOREMS", "score_deviation", "score_deviation_normalised", "s
            "attention_movement", "attention_reach", "attention_block", "attention_variation", "attention_curvature",
            "norm_lipschitz", "norm_movement", "norm_variation", "feedforward_variation", "gated_variation",
            "residual_step", "SCORE_NAMES", "feedforward_curvature", "feedforward_front_variation",
-           "attention_tail", "attention_front", "block_tail_variation", "jacobian_on_neighbourhood", "chain_variation",
+           "attention_tail", "attention_tail_weighted",
+           "attention_front", "block_tail_variation", "jacobian_on_neighbourhood", "chain_variation",
            "normwise_product", "chain_prefix",
            "path_certificate", "coupling_bound", "q"]
 
@@ -454,6 +455,35 @@ def attention_tail() -> Theorem:
 
 
 @functools.cache
+def attention_tail_weighted() -> Theorem:
+    """``sup_U ||DF(Y) - DF(X)|| <= tau var_U(A) + ||Omega DA(X)|| + omega var_U(A)`` for ``F = T o A``, T per token,
+    ``Omega = diag(omega_i I)``: theorem local-attention-tail with each output token's change of ``T_i`` meeting only
+    its own rows of DA."""
+    tau, var, omega = q(r"\tau"), q(r"\operatorname{var}_U(A)"), q(r"\omega")
+    weighted = q(r"\|\Omega\,DA(X)\|")
+    statement = tau * var + weighted + omega * var
+    proof = Derivation("Variation of an attention layer followed by per-token maps, token by token")
+    proof.hypothesis("F = T o A on a convex U; T acts token by token with Jacobian blocks T_i; "
+                     "tau >= max_i ||T_i(A(X))||; omega_i >= sup ||T_i(z) - T_i(a_i)|| over a ball holding the i-th "
+                     "tokens of A(U), a_i the i-th token of A(X), omega >= max_i omega_i and Omega = diag(omega_i I); "
+                     "var_U(A) >= sup_U ||DA(Y) - DA(X)||")
+    proof.add(Described(r"DF(Y) - DF(X) = \operatorname{diag}(T_i(A(X)))\,(DA(Y) - DA(X)) + \Delta(Y)\,DA(Y)"),
+              "chain rule, add and subtract diag(T_i(A(X))) DA(Y); Delta(Y) = diag(T_i(A(Y)) - T_i(A(X)))",
+              "telescoping")
+    proof.add(Described(r"\Delta(Y) = \Theta(Y)\,\Omega,\quad \|\Theta(Y)\| \le 1"),
+              "block i of Delta(Y) has norm at most omega_i: divide it by omega_i (a zero block where omega_i = 0)",
+              "block-diagonal")
+    proof.add(le(Described(r"\|\Delta(Y)\,DA(Y)\|"),
+                 Described(r"\|\Omega\,DA(X)\| + \omega\,\operatorname{var}_U(A)")),
+              "submultiplicativity, then DA(Y) = DA(X) + (DA(Y) - DA(X)) and ||Omega|| = max_i omega_i",
+              "submultiplicative")
+    proof.add(le(Described(r"\sup_U \|DF(Y) - DF(X)\|"), statement),
+              "the first term as in theorem local-attention-tail; triangle inequality", "norm-calculus")
+    return Theorem("local-attention-tail-weighted",
+                   "Variation of an attention layer and the maps after it, token by token", statement, proof)
+
+
+@functools.cache
 def attention_front() -> Theorem:
     """``sup_U ||DF(Y) - DF(X)|| <= nu_P Lip(A) M_Q + W M_Q + n_P ||DA(Z)|| omega_Q`` for ``F = Q o A o P``, P and Q
     per token (a pre-norm branch: P the norm, A the attention, Q a sandwich's output norm and gain, or
@@ -660,6 +690,7 @@ LOCAL_THEOREMS = {t.id: t for t in (score_deviation(), score_deviation_normalise
                                       for theorem in (norm_lipschitz, norm_movement, norm_variation)),
                                     feedforward_variation(), gated_variation(), residual_step(),
                                     feedforward_curvature(), feedforward_front_variation(), attention_tail(),
+                                    attention_tail_weighted(),
                                     attention_front(),
                                     block_tail_variation(),
                                     jacobian_on_neighbourhood(), chain_variation(2), normwise_product(3),
