@@ -14,9 +14,12 @@ of a CPU second (:mod:`lipbound.numeric.witness.clock`): ``--budget 4`` gives ea
 Targets (n = 8): head gap median <= 1.5 and max <= 2.5 on blocks 0, 15 and 29; whole-layer gap median
 <= 3; 30 x 9 heads and 30 layers in under 10 minutes with ``--jobs 2``; 0 refuted.
 
-``--per-head`` prints every head's witness, bound and gap with the bound's query, key and mean terms (for a
-head: ``b``, the key term and ``L kappa^(1/2)`` of :func:`lipbound.numeric.sdp.rotary.positional_bound`), the
-breakdown that says which term a head's gap lies in.  ``--n 2`` shows the smallest case: one row with two keys,
+``--per-head`` prints every head's (and layer's) witness, bound and gap with the bound's query, key and mean terms
+(for a head: ``b``, the key term and ``L kappa^(1/2)`` of :func:`lipbound.numeric.sdp.rotary.positional_bound`) beside
+the witness's own query, key and value parts (the norms of ``Df(X)[E]`` with the tokens moved only as queries, only as
+keys, only as values: :func:`lipbound.numeric.witness.values.jacobian_parts`) and the rows its key part lies in: the
+breakdown that says which term a gap lies in, and whether the witness or the bound leaves it.
+``--n 2`` shows the smallest case: one row with two keys,
 where the heads' witnesses are already those of n = 8 (docs/mathematics.md, section 14).
 
 ``--two-token`` adds, per head and per layer of the chosen blocks, a float estimate from above of the constant at
@@ -97,6 +100,26 @@ def bound_terms(best) -> dict | None:
     else:
         terms = {key: details.get(key) for key in ("query", "key", "mean")}
     return {key: value for key, value in terms.items() if isinstance(value, float)}
+
+
+def witness_parts(model, report) -> dict:
+    """Per row ``(layer, head)`` (head None for the whole layer) the norms of its witness's query, key and value parts
+    (:func:`lipbound.numeric.witness.values.jacobian_parts`) and the rows whose key part is at least a tenth of the
+    largest: which of the bound's terms the witness reaches, and with how many rows."""
+    from lipbound.numeric.witness import Witness
+    from lipbound.numeric.witness.values import jacobian_parts
+
+    out = {}
+    for row in report.rows:
+        attention = model.layer(row.layer, row.block).attention
+        target = attention if row.head is None else attention.heads[row.head]
+        witness = Witness.load(row.witness_file)
+        parts = jacobian_parts(target, witness.X, witness.E)
+        rows = np.linalg.norm(parts["key"], axis=1)
+        out[(row.layer, row.head)] = {"norms": {role: float(np.linalg.norm(part)) for role, part in parts.items()},
+                                      "key_rows": [int(i) for i in np.flatnonzero(rows >= 0.1 * rows.max())]
+                                      if rows.max() > 0 else []}
+    return out
 
 
 def _pair_grams(heads, outputs, scales: np.ndarray) -> list | None:
@@ -202,12 +225,14 @@ def main() -> None:
         began, cpu_began = time.perf_counter(), _cpu_seconds()
         report = verification.run(jobs=args.jobs)
         seconds, cpu = time.perf_counter() - began, _cpu_seconds() - cpu_began
+        parts = witness_parts(model, report) if args.per_head else {}
     load_after = os.getloadavg()
     rows = []
     for row in report.rows:
         proven = [b for b in row.upper_bounds if b.certified and b.proven]
         best = min(proven, key=lambda b: b.value) if proven else None
         rows.append({"layer": row.layer, "head": row.head, "witness": row.witness_value,
+                     "witness_parts": parts.get((row.layer, row.head)),
                      "best": row.best_upper, "best_name": None if best is None else best.name,
                      "gap": row.gap, "refuted": list(row.refuted),
                      "bounds": {b.name: b.value for b in proven},
@@ -231,10 +256,14 @@ def main() -> None:
         print(f"{block:5d} {len(heads):5d} {np.median(gaps):15.3f} {np.max(gaps):6.3f} {','.join(names):>16s} "
               f"{layer} {refuted:7d}")
     if args.per_head:
-        for row in (r for r in rows if r["head"] is not None):
+        for row in rows:
             terms = ", ".join(f"{key} {value:.4g}" for key, value in (row["terms"] or {}).items())
-            print(f"block {row['layer']} head {row['head']}: witness {row['witness']:.4g}, bound {row['best']:.4g} "
-                  f"({row['best_name']}), gap {row['gap']:.3f}; {terms}")
+            found = parts[(row["layer"], row["head"])]
+            at = ", ".join(f"{role} {value:.4g}" for role, value in found["norms"].items())
+            name = "layer" if row["head"] is None else f"head {row['head']}"
+            print(f"block {row['layer']} {name}: witness {row['witness']:.4g}, bound {row['best']:.4g} "
+                  f"({row['best_name']}), gap {row['gap']:.3f}; bound terms {terms}; witness parts {at}, key part in "
+                  f"rows {found['key_rows']}")
     if args.two_token:
         for block in sorted({r["layer"] for r in rows}):
             layer = model.layer(block, report.rows[0].block)

@@ -32,6 +32,7 @@ from lipbound.numeric.sdp.rotary import PositionalHeadBounds, positional_bound, 
 from lipbound.numeric.witness import search_witness
 from lipbound.numeric.witness.kernel_starts import rotary_tied_keys
 from lipbound.numeric.witness.problem import SearchProblem
+from lipbound.numeric.witness.values import jacobian_parts
 from lipbound.rigorous.intervals import lower, upper
 from lipbound.symbolic.assumptions import Assumptions, RMSNormImage
 
@@ -313,6 +314,35 @@ def test_the_key_term_by_columns_holds_against_the_key_part_of_a_jacobian():
             for scale in (1.0, 0.3):
                 largest = max(largest, np.linalg.norm(_key_part(head, scale * X), 2))
         assert 0 < largest <= key, (largest, key)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.integers(2, 6), st.integers(2, 5), st.integers(0, 2 ** 31))
+def test_jacobian_parts_add_up_to_the_jacobian_and_the_key_part_is_the_one_written_here(n, d, seed):
+    """:func:`~lipbound.numeric.witness.values.jacobian_parts` of a causal rotary head: the three parts add up to the
+    central differences of the reference forward pass, the key part is the key term written here (``_key_part``),
+    and row 0 (one key) has no query and no key part, only its value ``V^T e_0``; of a grouped-query layer, the parts
+    add up to the reference layer's central differences."""
+    rng = np.random.default_rng(seed)
+    d_k = 4
+    head = Head(2.0 * rng.standard_normal((d, d_k)), 2.0 * rng.standard_normal((d, d_k)),
+                rng.standard_normal((d, d_k)), kernel=Rotary(base=float(rng.choice([2.0, 100.0]))),
+                mask=AttentionMask(causal=True))
+    X, E = rng.standard_normal((n, d)), rng.standard_normal((n, d))
+    parts = jacobian_parts(head, X, E)
+    E = E / np.linalg.norm(E)
+    step = 1e-6
+    total = (reference_head(head, X + step * E) - reference_head(head, X - step * E)) / (2 * step)
+    np.testing.assert_allclose(sum(parts.values()), total, rtol=1e-5, atol=1e-6 * np.abs(total).max())
+    key = (_key_part(head, X) @ E.reshape(-1)).reshape(n, head.d_v)
+    np.testing.assert_allclose(parts["key"], key, rtol=1e-9, atol=1e-12 * max(np.abs(key).max(), 1.0))
+    assert not np.any(parts["query"][0]) and not np.any(parts["key"][0])
+    np.testing.assert_allclose(parts["value"][0], E[0] @ head.W_V, rtol=1e-12, atol=1e-15)
+    layer = _layer("llama", rng, d, d_k, 4, 2, 1.0)              # two key/value groups of two query heads
+    parts = jacobian_parts(layer, X, E)
+    f = reference_map(layer)
+    total = (f(X + step * E) - f(X - step * E)) / (2 * step)
+    np.testing.assert_allclose(sum(parts.values()), total, rtol=1e-5, atol=1e-6 * np.abs(total).max())
 
 
 def test_rotary_tied_key_starts_tie_the_two_keys_for_every_query_offset_and_head():

@@ -367,6 +367,19 @@ class Linearization:
         out = self._jvp_heads(dQ, dK, dV)
         return out + self.k.direction_from_work(E) if self.k.residual else out
 
+    def jvp_parts(self, E: np.ndarray) -> dict[str, np.ndarray]:
+        """``Df[E]`` of self-attention split by the role in which a token moves: ``"query"`` (its query in its own
+        row's scores), ``"key"`` (its key in the scores of the rows that see it) and ``"value"`` (its value: the mean
+        part ``sum_j p_ij V^T e_j``), each (b, n, d_out) without the residual; their sum is :meth:`jvp` less the
+        residual's ``E``.  The parts the certified bounds bound apart (the query, key and mean terms)."""
+        if self.cross:
+            raise ValueError("jvp_parts splits self-attention; cross-attention moves queries and context apart already")
+        moved = self.k.split(self.k.project(E, bias=False))
+        parts = {}
+        for index, role in enumerate(("query", "key", "value")):
+            parts[role] = self._jvp_heads(*(M if k == index else np.zeros_like(M) for k, M in enumerate(moved)))
+        return parts
+
     def _score_cotangent(self, Gh: np.ndarray) -> np.ndarray:
         """``gS`` of the raw scores (b, G, r, m, n) for head cotangents Gh (b, G, r, m, d_v)."""
         gP = (Gh @ _swap(self.V5)).reshape(self.P.shape)

@@ -17,7 +17,8 @@ from ..attention import (
 from ..model import Head, Layer
 from .record import INWARD_MARGIN, project_to_ball
 
-__all__ = ["local_jacobian_norm", "jacobian_value", "cross_value", "secant_value", "pull_inside", "reference_maps"]
+__all__ = ["local_jacobian_norm", "jacobian_value", "jacobian_parts", "cross_value", "secant_value", "pull_inside",
+           "reference_maps"]
 
 
 def reference_maps(target: Head | Layer):
@@ -45,6 +46,16 @@ def jacobian_value(target: Head | Layer, X: np.ndarray, E: np.ndarray) -> float:
     """``||Df(X)[E]||_F / ||E||_F`` by :mod:`lipbound.numeric.attention` (float64)."""
     _, jvp, _ = reference_maps(target)
     return float(np.linalg.norm(jvp(X[None], E[None])[1]) / np.linalg.norm(E))
+
+
+def jacobian_parts(target: Head | Layer, X: np.ndarray, E: np.ndarray) -> dict[str, np.ndarray]:
+    """``Df(X)[E] / ||E||_F`` of self-attention split by how the tokens move, each (n, d_out): ``"query"`` (row i's
+    scores through its query, ``S_i``), ``"key"`` (the scores of every row through the keys it sees, ``cov_i``),
+    ``"value"`` (the mean part ``sum_j p_ij V^T e_j``); the residual's ``E`` is in none of them.  At a witness they
+    say which of a bound's query, key and mean terms the witness reaches (float64, the plain engine)."""
+    X, E = np.asarray(X, dtype=float), np.asarray(E, dtype=float)
+    parts = AttentionMap(target).linearize(X[None]).jvp_parts(E[None])
+    return {role: part[0] / np.linalg.norm(E) for role, part in parts.items()}
 
 
 def cross_value(target: Head | Layer, Q: np.ndarray, X: np.ndarray, EQ: np.ndarray | None, EX: np.ndarray) -> float:
