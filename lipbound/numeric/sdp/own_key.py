@@ -92,15 +92,15 @@ class OwnKeyTerms:
     def __init__(self, bounds, coupled: bool = True):
         self.bounds = bounds
         head, rows = bounds.head, bounds.rows
-        self.applies = bool(bounds._centred(head.W_K, head.b_K) is None and bounds._centred(head.W_Q, head.b_Q) is None
+        self.applies = bool(bounds.centred(head.W_K, head.b_K) is None and bounds.centred(head.W_Q, head.b_Q) is None
                             and np.all(np.diag(rows.visible)))
         self.gain = self.query_term = None
         self.seconds = 0.0
         if not self.applies:
             return
         started = time.perf_counter()
-        both = Enclosure.concatenate([bounds._query_left, bounds._key_left])          # [Pi W_Q, Pi W_K]
-        stacked = Enclosure.concatenate([bounds._keys_scaled, bounds._queries_shaped], axis=0)
+        both = Enclosure.concatenate([bounds.query_left, bounds.key_left])          # [Pi W_Q, Pi W_K]
+        stacked = Enclosure.concatenate([bounds.keys_scaled, bounds.queries_shaped], axis=0)
         own = bounds.r * product_norm_interval(both, stacked)                            # sup ||Pi Ahat_0 M w||
         per_offset = bounds.query_gain.details.get("per_offset", {}) if bounds.query_gain.details else {}
         others = [IV.mpf(v) for key, v in per_offset.items() if int(key) != 0]
@@ -128,13 +128,13 @@ class OwnKeyTerms:
         d_v, d_k = head.d_v, head.d_k
         values = region.times_shape(Enclosure.exact(head.W_V.T)).T                     # M^T V, (d, d_v)
         # coordinates (W_K^T M w, sigma W_Q^T M w): Pi Ahat_0 M w = [sigma Pi W_Q, Pi W_K] (those coordinates)
-        basis = Enclosure.concatenate([values, bounds._keys_shaped.T, bounds._queries_shaped.T])
+        basis = Enclosure.concatenate([values, bounds.keys_shaped.T, bounds.queries_shaped.T])
         gram = (basis.T @ basis).sym()
         outputs = bounds.value_outputs
         sigma = Enclosure.scalar(bounds.scale)
-        queries = bounds._gram("query_left").scale(bounds.scale ** 2)                  # sigma^2 W_Q^T Pi W_Q
+        queries = bounds.gram("query_left").scale(bounds.scale ** 2)                  # sigma^2 W_Q^T Pi W_Q
         inner = {delta: (R.T @ queries @ R).sym() for delta, R in bounds.rotations.items() if delta != 0}
-        pair = Enclosure.concatenate([bounds._query_left.scale(sigma), bounds._key_left])
+        pair = Enclosure.concatenate([bounds.query_left.scale(sigma), bounds.key_left])
         merged = (pair.T @ pair).sym()
         size = d_v + 2 * d_k
         values_at, keys_at, pair_at = slice(0, d_v), slice(d_v, d_v + d_k), slice(d_v, d_v + 2 * d_k)

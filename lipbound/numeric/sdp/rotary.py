@@ -199,6 +199,10 @@ class PositionalHeadBounds:
         ``rho = r ||V^T M||``.
     query_gain, key_gain, score_gain : CertifiedValue
         ``a``, ``beta`` and the score gain ``max_Delta sup ||M^T (A_Delta^T x + u_Delta)||`` (module docstring).
+    query_left, key_left : Enclosure (d, d_k)
+        ``Pi W_Q`` and ``Pi W_K``, the projections onto the region's span.
+    queries_shaped, keys_shaped, keys_scaled : Enclosure (d_k, d)
+        ``sigma W_Q^T M``, ``W_K^T M`` and ``sigma W_K^T M`` (``M`` the region's shape, ``sigma`` the score scale).
 
     Notes
     -----
@@ -233,10 +237,10 @@ class PositionalHeadBounds:
         self.scale = _scale_interval(head)                                         # sigma, an interval
         scale = Enclosure.scalar(self.scale)
         W_Q, W_K = Enclosure.exact(head.W_Q), Enclosure.exact(head.W_K)
-        self._queries_shaped = region.times_shape(W_Q.T).scale(scale)             # sigma W_Q^T M, (d_k, d)
-        self._keys_shaped = region.times_shape(W_K.T)                             # W_K^T M, (d_k, d)
-        self._keys_scaled = self._keys_shaped.scale(scale)
-        self._query_left, self._key_left = region.project(W_Q), region.project(W_K)
+        self.queries_shaped = region.times_shape(W_Q.T).scale(scale)              # sigma W_Q^T M, (d_k, d)
+        self.keys_shaped = region.times_shape(W_K.T)                              # W_K^T M, (d_k, d)
+        self.keys_scaled = self.keys_shaped.scale(scale)
+        self.query_left, self.key_left = region.project(W_Q), region.project(W_K)
         self.query_gain = self._largest("query gain", self._query_gradient)
         self.query_coupled = self._coupled_query_term()
         self.key_gain = self._largest("beta", self._key_gradient, side="project")
@@ -256,14 +260,14 @@ class PositionalHeadBounds:
                               lower=best.lower, details={"per_offset": {str(d): v.value for d, v in
                                                                         zip(self.rows.offsets, values)}})
 
-    def _centred(self, W: np.ndarray, bias: np.ndarray) -> Enclosure | None:
+    def centred(self, W: np.ndarray, bias: np.ndarray) -> Enclosure | None:
         """``W^T c + b`` of the region's centre (None when it is exactly 0)."""
         center = self.region.center
         if not np.any(center) and not np.any(bias):
             return None
         return Enclosure.exact(W.T) @ Enclosure.exact(center.reshape(-1, 1)) + Enclosure.exact(bias.reshape(-1, 1))
 
-    def _gram(self, which: str) -> Enclosure:
+    def gram(self, which: str) -> Enclosure:
         """The d_k x d_k Gram matrices of the fixed factors (each computed once per instance)."""
         gram = self._grams.get(which)
         if gram is None:
@@ -271,11 +275,11 @@ class PositionalHeadBounds:
         return gram
 
     def _gram_of(self, which: str) -> Enclosure:
-        factor = {"query_left": self._query_left, "key_left": self._key_left,
-                  "keys_shaped": self._keys_shaped.T}.get(which)
+        factor = {"query_left": self.query_left, "key_left": self.key_left,
+                  "keys_shaped": self.keys_shaped.T}.get(which)
         if factor is not None:
             return (factor.T @ factor).sym()                                       # X^T X
-        factor = {"queries_shaped": self._queries_shaped, "keys_scaled": self._keys_scaled}[which]
+        factor = {"queries_shaped": self.queries_shaped, "keys_scaled": self.keys_scaled}[which]
         return (factor @ factor.T).sym()                                           # Y Y^T
 
     def _sup(self, left: Enclosure, left_gram: str, R: Enclosure, right: Enclosure, right_gram: str,
@@ -283,7 +287,7 @@ class PositionalHeadBounds:
         """``sup_{||w|| <= r} ||left R right w + shift||`` (the Gram route without a shift)."""
         if shift is None:
             started = time.perf_counter()
-            norm = gram_norm_upper(self._gram(left_gram), (R @ self._gram(right_gram) @ R.T).sym())
+            norm = gram_norm_upper(self.gram(left_gram), (R @ self.gram(right_gram) @ R.T).sym())
             if math.isfinite(norm):
                 value = upper(interval(self.r) * interval(norm))
                 return sdp_value(name, value, True, {}, "norm", time.perf_counter() - started, "certified", provenance)
@@ -292,20 +296,20 @@ class PositionalHeadBounds:
     def _query_gradient(self, delta: int, name: str) -> CertifiedValue:
         """``sup_w ||Pi (A_Delta (c + M w) + h_Delta)||``: ``Pi W_Q`` times ``R_Delta`` times ``sigma W_K^T M``."""
         head, R = self.head, self.rotations[delta]
-        key_centre = self._centred(head.W_K, head.b_K)
+        key_centre = self.centred(head.W_K, head.b_K)
         scale = Enclosure.scalar(self.scale)
-        shift = None if key_centre is None else self._query_left @ (R @ key_centre).scale(scale)
-        return self._sup(self._query_left, "query_left", R, self._keys_scaled, "keys_scaled", shift, name,
+        shift = None if key_centre is None else self.query_left @ (R @ key_centre).scale(scale)
+        return self._sup(self.query_left, "query_left", R, self.keys_scaled, "keys_scaled", shift, name,
                          "sup over the region of the query gradient")
 
     def _key_gradient(self, delta: int, name: str, side: str) -> CertifiedValue:
         """``sup_x ||K (A_Delta^T x + u_Delta)||``, K the projector (``side="project"``) or ``M^T`` ("shape")."""
         head, R = self.head, self.rotations[delta].T
-        left, left_gram = (self._key_left, "key_left") if side == "project" else (self._keys_shaped.T, "keys_shaped")
-        query_centre = self._centred(head.W_Q, head.b_Q)
+        left, left_gram = (self.key_left, "key_left") if side == "project" else (self.keys_shaped.T, "keys_shaped")
+        query_centre = self.centred(head.W_Q, head.b_Q)
         scale = Enclosure.scalar(self.scale)
         shift = None if query_centre is None else left @ (R @ query_centre).scale(scale)
-        return self._sup(left, left_gram, R, self._queries_shaped, "queries_shaped", shift, name,
+        return self._sup(left, left_gram, R, self.queries_shaped, "queries_shaped", shift, name,
                          "sup over the region of the key gradient")
 
     def _coupled_query_term(self) -> CertifiedValue | None:
@@ -313,16 +317,16 @@ class PositionalHeadBounds:
         ``b <= (r^2 / 2) max_Delta lambda_max(a M^T V V^T M + M^T A_Delta^T Pi A_Delta M / a)`` at one ``a > 0`` for
         every offset; None when the query gradient has a constant part (a centre or a key bias)."""
         head, region = self.head, self.region
-        if self._centred(head.W_K, head.b_K) is not None:
+        if self.centred(head.W_K, head.b_K) is not None:
             return None
         started = time.perf_counter()
         W_V = Enclosure.exact(head.W_V)
         shaped = region.times_shape(W_V.T).T                                       # M^T V, (d, d_v)
-        basis = Enclosure.concatenate([shaped, self._keys_shaped.T])                # [M^T V, M^T W_K]
+        basis = Enclosure.concatenate([shaped, self.keys_shaped.T])                # [M^T V, M^T W_K]
         gram = (basis.T @ basis).sym()
         d_v, d_k = head.d_v, head.d_k
         outputs = self.value_outputs
-        queries = self._gram("query_left").scale(self.scale ** 2)                # sigma^2 W_Q^T Pi W_Q
+        queries = self.gram("query_left").scale(self.scale ** 2)                # sigma^2 W_Q^T Pi W_Q
         inner = {delta: (R.T @ queries @ R).sym() for delta, R in self.rotations.items()}
 
         def middle(a: float, delta: int) -> Enclosure:
@@ -406,9 +410,9 @@ class PositionalHeadBounds:
         matrices (0 for a key no row with two keys sees); without the row ``i = j`` when not ``own`` (step 8); None
         with a centre or a query bias, or when a norm was not certified."""
         head = self.head
-        if self._centred(head.W_Q, head.b_Q) is not None:
+        if self.centred(head.W_Q, head.b_Q) is not None:
             return None
-        rows, queries = self.rows, self._gram("queries_shaped")
+        rows, queries = self.rows, self.gram("queries_shaped")
         factors = np.ones(rows.n) if factors is None else np.asarray(factors, dtype=float)
         nus = [float(upper(self.row_nu(i) * interval(float(factors[i])))) for i in range(rows.n)]
         norms = []
@@ -421,12 +425,12 @@ class PositionalHeadBounds:
             for i in seen:
                 form = (self.rotations[j - i].T @ queries @ self.rotations[j - i]).scale(nus[i])
                 total = form if total is None else total + form
-            norms.append(gram_norm_upper(self._gram("key_left"), total.sym()))
+            norms.append(gram_norm_upper(self.gram("key_left"), total.sym()))
         return norms if all(math.isfinite(v) for v in norms) else None
 
     def offset_gains(self) -> dict[int, float]:
         """``lambda_max(Pi A_Delta^T M M^T A_Delta Pi)^(1/2)`` per offset, in floats (a search aid of step 6)."""
-        gram_x, gram_y = self._gram("key_left").mid, self._gram("queries_shaped").mid
+        gram_x, gram_y = self.gram("key_left").mid, self.gram("queries_shaped").mid
         values, vectors = np.linalg.eigh(0.5 * (gram_x + gram_x.T))
         root = vectors * np.sqrt(np.maximum(values, 0.0))
         return {delta: math.sqrt(max(float(np.linalg.eigvalsh(root.T @ R.mid.T @ gram_y @ R.mid @ root)[-1]), 0.0))
@@ -510,7 +514,7 @@ class PositionalHeadBounds:
         (1 + 1/t_i) nu_i sigma^2 R^T W_Q^T M M^T W_Q R``; the ``t_i`` a multiple of ``t_start`` found in floats.
         An interval, or None when ``Z^T Z`` is singular or a bound was not certified."""
         rows, n = self.rows, self.rows.n
-        gram_q = self._gram("query_left")
+        gram_q = self.gram("query_left")
         k = gram_q.shape[0]
         try:
             inverse = np.linalg.inv(gram_q.mid)
@@ -527,9 +531,9 @@ class PositionalHeadBounds:
                 break
         if C is None:
             return None
-        both = Enclosure.concatenate([self._query_left, self._key_left])             # F = [Z, X]
+        both = Enclosure.concatenate([self.query_left, self.key_left])              # F = [Z, X]
         gram = (both.T @ both).sym()
-        queries = self._gram("queries_shaped")
+        queries = self.gram("queries_shaped")
         nus = [float(upper(self.row_nu(i))) for i in range(n)]
         forms = {(i, j): (self.rotations[j - i].T @ queries @ self.rotations[j - i]).sym()
                  for i in range(n) for j in range(n) if rows.visible[i, j] and nus[i] > 0}
@@ -670,7 +674,7 @@ def _spectral_key_weights(layer, region, heads: list[PositionalHeadBounds], outp
     root = np.linalg.cholesky(gram.mid + 1e-12 * np.trace(gram.mid) * np.eye(gram.shape[0]))
     d_k = layer.heads[0].d_k
     offsets = heads[0].rows.offsets
-    inner = {delta: [(hb.rotations[delta].T @ hb._gram("queries_shaped") @ hb.rotations[delta]).sym() for hb in heads]
+    inner = {delta: [(hb.rotations[delta].T @ hb.gram("queries_shaped") @ hb.rotations[delta]).sym() for hb in heads]
              for delta in offsets}
     owner = [layer.group_of(h) for h in range(len(heads))]
     r = float(upper(region.r))
