@@ -46,6 +46,9 @@ EXACT_CHAIN_FROM = 4
 #: about 1e-2: with 3 the screening bound at layer 5 is 1.04-1.30 times the all-exact one (median 1.11, 33 tokens of
 #: "The cat sat on the mat." at position 3) for 40% of the exact chains' products.
 SCREEN_EXACT_FROM = 3
+#: The most floats the states kept between screening tiers may take (8 bytes each): 1 GB, the whole vocabulary of
+#: all-MiniLM-L6-v2 at one position of a 9-token sentence takes 0.85 GB.
+MOST_KEPT_FLOATS = 1 << 27
 #: How many sentences each refining pass takes.
 REFINE_BATCH = 4
 #: The cheapest screening tier bounds exactly only the edited tokens' chains, and only before this layer (on
@@ -129,14 +132,35 @@ def _screen_tiers(last: int) -> list:
     return [cheap, SCREEN_EXACT_FROM, 0]
 
 
+@final
+@dataclass
+class _KeptStates:
+    """The certified states (points and radii, :class:`PointStates`) of every sentence entering ``layer``, as a pass
+    left them (``held``: which sentences have them).  Any certified ball of a sentence's state is a sound start, so a
+    dearer tier that chains the layers before ``layer`` as the cheaper one did starts there instead of at layer 0."""
+
+    layer: int
+    points: np.ndarray
+    radii: np.ndarray
+    held: np.ndarray
+
+    @classmethod
+    def room(cls, layer: int, total: int, n: int, d: int) -> _KeptStates | None:
+        """Empty room for ``total`` sentences, or None when it would pass :data:`MOST_KEPT_FLOATS`."""
+        if layer <= 0 or total * n * (d + 1) > MOST_KEPT_FLOATS:
+            return None
+        return cls(layer, np.empty((total, n, d)), np.empty((total, n)), np.zeros(total, dtype=bool))
+
+
 def _evaluate(model: Model, engines: list, own: IntervalArray, slots: list, candidates: list, shape: tuple,
               picked: np.ndarray, references: list, last: int, chunk: int, widest: float, exact_from,
-              seconds: dict, progress=None):
-    """The passes of the edited sentences ``picked`` (flat indices into ``shape``), the chains of the layers from
-    ``exact_from`` on bounded exactly, those before it exactly at the edited tokens only (none exactly when it is
-    None): their bounds and widths per layer, the last layer
+              seconds: dict, progress=None, keep: _KeptStates | None = None, resume: _KeptStates | None = None):
+    """The passes of the edited sentences ``picked`` (flat indices into ``shape``), the chains bounded exactly where
+    the plan ``exact_from`` says (:func:`_exact_tokens`): their bounds and widths per layer, the last layer
     reached and why the passes stopped before ``last``; the CPU seconds of each stage are added to ``seconds``.
-    ``engines``: per layer its attention block and a certified ``||W_O||``."""
+    ``engines``: per layer its attention block and a certified ``||W_O||``.  ``keep``: record the states entering its
+    layer; ``resume``: start there from the states it holds (the bounds of the layers before it are then infinite:
+    the caller keeps its earlier ones)."""
     def timed(stage: str, began: float) -> None:
         seconds[stage] = seconds.get(stage, 0.0) + time.process_time() - began
 
@@ -146,16 +170,26 @@ def _evaluate(model: Model, engines: list, own: IntervalArray, slots: list, cand
     reached, stopped = last, ""
     references_of: dict = {}
     for begin in range(0, picked.size, chunk):
-        choice = np.unravel_index(picked[begin:begin + chunk], shape)
+        part = picked[begin:begin + chunk]
+        choice = np.unravel_index(part, shape)
         b = choice[0].size
-        lo = np.broadcast_to(own.lo, (b, n, own.shape[1])).copy()
-        hi = np.broadcast_to(own.hi, (b, n, own.shape[1])).copy()
-        for slot, options, chosen in zip(slots, candidates, choice):
-            lo[:, slot], hi[:, slot] = options.lo[chosen], options.hi[chosen]
-        X = PointStates.from_enclosure(IntervalArray(lo, hi))
+        start = 0
+        if resume is not None and resume.layer <= reached and np.all(resume.held[part]):
+            start = resume.layer
+            X = PointStates(resume.points[part], resume.radii[part])
+            for layer in range(start):
+                bounds[layer][begin:begin + b] = np.inf
+        else:
+            lo = np.broadcast_to(own.lo, (b, n, own.shape[1])).copy()
+            hi = np.broadcast_to(own.hi, (b, n, own.shape[1])).copy()
+            for slot, options, chosen in zip(slots, candidates, choice):
+                lo[:, slot], hi[:, slot] = options.lo[chosen], options.hi[chosen]
+            X = PointStates.from_enclosure(IntervalArray(lo, hi))
         previous = 0.0
-        for layer in range(reached + 1):
+        for layer in range(start, reached + 1):
             item = model.layer(layer)
+            if keep is not None and layer == keep.layer:
+                keep.points[part], keep.radii[part], keep.held[part] = X.points, X.radii, True
             began = time.process_time()
             try:
                 engine, output_norm = engines[layer]
@@ -172,7 +206,7 @@ def _evaluate(model: Model, engines: list, own: IntervalArray, slots: list, cand
             timed("bounds", began)
             width = float(np.max(Z.radii))
             widths[layer] = max(widths[layer], width)
-            ahead = width * max(1.0, width / previous) if layer else width
+            ahead = width * max(1.0, width / previous) if layer > start else width
             previous = width
             if ahead > widest * float(np.max(bounds[layer][begin:begin + b])) and layer < reached:
                 reached, stopped = layer, f"layer {layer + 1}: radius {width:.3g} at layer {layer}, {ahead:.3g} ahead"
@@ -266,18 +300,23 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
     engines = [(engine, spectral_norm_upper(engine.W_O)) for engine in maps]
     everything = np.arange(total)
     starts = tiers[:-1] if screening else tiers
+    # the cheap tier and the next chain the layers before both's exact ones alike: the next starts after them
+    kept = _KeptStates.room(min(CHEAP_EDITED_UNTIL, SCREEN_EXACT_FROM), total, *own.shape) \
+        if screening and cheap_tier else None
     for first, plan in enumerate(starts):   # the cheapest tier that reaches every layer (or the dearest screening one)
         bounds, widths, reached, stopped = _evaluate(model, engines, own, slots, candidates, shape, everything,
-                                                     references, last, chunk, widest, plan, seconds, progress)
+                                                     references, last, chunk, widest, plan, seconds, progress,
+                                                     keep=kept if first == 0 else None)
         if reached == last or first == len(starts) - 1:
             break
     began = time.process_time()
     tier = np.full(total, first)                         # each sentence's last screening tier (len(tiers) - 1: exact)
     final = len(tiers) - 1
 
-    def improve(picked: np.ndarray, plan) -> None:
+    def improve(picked: np.ndarray, plan, resume: _KeptStates | None = None) -> None:
         again, again_widths, again_reached, _ = _evaluate(model, engines, own, slots, candidates, shape, picked,
-                                                          references, reached, chunk, np.inf, plan, seconds)
+                                                          references, reached, chunk, np.inf, plan, seconds,
+                                                          resume=resume)
         for layer in range(again_reached + 1):
             bounds[layer][picked] = np.minimum(bounds[layer][picked], again[layer])
             widths[layer] = max(widths[layer], again_widths[layer])
@@ -292,7 +331,7 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
         if open_.size == 0:
             break
         if not refined.any():      # the sentences largest at some layer first: they settle the maximum
-            picked = np.unique(np.concatenate([np.argsort(-bounds[layer], kind="stable")[:SEED_PER_LAYER]
+            picked = np.unique(np.concatenate([np.argsort(-bounds[layer], kind="stable")[:max(1, SEED_PER_LAYER)]
                                                for layer in layers]))
             improve(picked, 0)
             tier[picked] = final
@@ -301,7 +340,7 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
         if below.size:             # the open sentences of the cheaper tiers one tier up, together
             for level in np.unique(tier[below]):
                 group = below[tier[below] == level]
-                improve(group, tiers[level + 1])
+                improve(group, tiers[level + 1], kept if level == 0 else None)
                 tier[group] = level + 1
             continue
         order = np.argsort(-np.max([bounds[layer][open_] / max(largest[layer], np.finfo(float).tiny)
