@@ -16,6 +16,10 @@ the largest over the candidates bounds the whole set (theorem local-coupling).  
 only loss is the radii.  The passes stop after a layer whose radii, grown once more by their growth over
 that layer, would exceed ``widest`` times the largest bound of a chunk there: the later layers are left to
 the set route.
+
+With the exact chains the passes screen in tiers (:func:`candidate_passes`, ``screen``): every sentence by the
+cheapest plan of exact chains first, the dearer plans only for the sentences whose bound could still be the set's
+maximum; every bound of every tier is certified, and each sentence keeps the smallest of its own.
 """
 
 from __future__ import annotations
