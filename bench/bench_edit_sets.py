@@ -115,7 +115,8 @@ def run(bert, text: str, vocabulary, positions, chunk: int, search: bool, parts,
         set_seconds = time.process_time() - began
         passes = sets[0].facts["candidates"]
         print(f"  CPU s: set certificate (balls and passes) {set_seconds:.0f}, balls alone {balls_seconds:.1f}; "
-              f"passes stopped: {passes.stopped or 'no'}; refined {passes.refined} of {total}; passes' CPU s by "
+              f"passes stopped: {passes.stopped or 'no'}; refined {passes.refined} of {total} (settled by tier "
+              f"{'/'.join(map(str, passes.settled)) or '-'}); passes' CPU s by "
               "stage: " + ", ".join(f"{stage} {value:.1f}" for stage, value in passes.seconds.items()), flush=True)
         routes = [set_bound(sets[layer], identity) for layer in range(last + 1)]
         for layer, (bound, route) in enumerate(routes):
