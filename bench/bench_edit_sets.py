@@ -18,7 +18,7 @@ any of the candidate tokens (the whole vocabulary by default):
 
 Run: ``python bench/bench_edit_sets.py [--sentences 2 | --texts "The cat sat on the mat."] [--vocabulary all|N]
 [--positions 3 | --positions 3 5] [--no-search] [--exact-chain [--no-screen | --refine-within 0.05]]
-[--add-words ID ...] [--save every_edit.npz]`` (with two
+[--add-words ID ...] [--save every_edit.npz] [--tiers]`` (with two
 positions every pair of the N + 2 candidates is enumerated: ``--vocabulary 63`` gives 65 x 65 pairs).
 """
 
@@ -115,7 +115,8 @@ def run(bert, text: str, vocabulary, positions, chunk: int, search: bool, parts,
         set_seconds = time.process_time() - began
         passes = sets[0].facts["candidates"]
         print(f"  CPU s: set certificate (balls and passes) {set_seconds:.0f}, balls alone {balls_seconds:.1f}; "
-              f"passes stopped: {passes.stopped or 'no'}; refined {passes.refined} of {total}; passes' CPU s by "
+              f"passes stopped: {passes.stopped or 'no'}; refined {passes.refined} of {total} (settled by tier "
+              f"{'/'.join(map(str, passes.settled)) or '-'}); passes' CPU s by "
               "stage: " + ", ".join(f"{stage} {value:.1f}" for stage, value in passes.seconds.items()), flush=True)
         routes = [set_bound(sets[layer], identity) for layer in range(last + 1)]
         for layer, (bound, route) in enumerate(routes):
@@ -171,6 +172,40 @@ def run(bert, text: str, vocabulary, positions, chunk: int, search: bool, parts,
           + ", ".join(f"{bound / w:.4g} ({route})" for (bound, route), w in zip(routes, witness)), flush=True)
 
 
+def tiers(bert, text: str, vocabulary, positions, add_words=(), refine_within: float = 0.0) -> None:
+    """The screened per-candidate passes of one set with and without the cheap first tier, side by side in one run:
+    CPU seconds (in all and per sentence), how many sentences each tier left, the set's value per layer."""
+    from lipbound.local.candidates import CHEAP_EDITED_UNTIL, SCREEN_EXACT_FROM, candidate_passes
+    from lipbound.local.propagate import embedding_enclosure, embedding_enclosure_tokens, propagate
+    from lipbound.measures.edits import draw_edits, edit_set
+    from lipbound.measures.perturb import _set_ids
+    ids = np.array(bert.encode(text))
+    last = bert.num_layers - 1
+    edits = draw_edits(bert, list(ids), "replace", [len(positions)], 0, positions)
+    slots = list(edits[len(positions)].positions)
+    words, _ = _set_ids(bert, vocabulary, edits, 0)
+    words = np.union1d(words, np.asarray(add_words, dtype=np.int64))
+    embeddings = bert.model.embeddings
+    references = [s.original for s in propagate(bert.model, edit_set(ids, "replace", slots, ids[slots][:, None]))]
+    own = embedding_enclosure_tokens(embeddings, ids, np.arange(ids.size))
+    candidates = [embedding_enclosure(embeddings, words, slot) for slot in slots]
+    total = words.size ** len(slots)
+    print(f"{text!r}: positions {slots}, {words.size} candidates per slot, {total} sentences, refine_within "
+          f"{refine_within}", flush=True)
+    print(f"  {'first tier':>26s} {'CPU s':>7s} {'per sentence':>13s} {'settled by tier':>16s}  set's value, layers 0-"
+          f"{last}")
+    for cheap in (False, True):
+        began = time.process_time()
+        passes = candidate_passes(bert.model, own, slots, candidates, [words] * len(slots), references, last,
+                                  exact_chain=True, refine_within=refine_within, cheap_tier=cheap)
+        seconds = time.process_time() - began
+        label = f"edited before layer {CHEAP_EDITED_UNTIL}" if cheap else f"every chain from layer {SCREEN_EXACT_FROM}"
+        print(f"  {label:>26s} {seconds:7.1f} {seconds / total:13.3f} {'/'.join(map(str, passes.settled)):>16s}  "
+              + ", ".join(f"{passes.largest(layer):.6g}" for layer in range(last + 1)), flush=True)
+        print("    CPU s by stage: " + ", ".join(f"{stage} {value:.1f}" for stage, value in passes.seconds.items()),
+              flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sentences", type=int, default=2, help="the N shortest of the 20 sentences")
@@ -196,6 +231,9 @@ def main() -> None:
     parser.add_argument("--refine-within", type=float, default=0.0,
                         help="with screening, leave unrefined the sentences within this fraction above the refined "
                              "maximum (the set's value at most 1 + it times the fully refined one)")
+    parser.add_argument("--tiers", action="store_true",
+                        help="only the screened passes with and without the cheap first tier, side by side (CPU "
+                             "seconds per sentence, sentences settled by each tier, the set's value per layer)")
     parser.add_argument("--save", default=None,
                         help="with check: write every edit's exact W1 per layer (and the candidate ids) to this .npz")
     args = parser.parse_args()
@@ -204,6 +242,9 @@ def main() -> None:
     vocabulary = "all" if args.vocabulary == "all" else int(args.vocabulary)
     os.system("uptime")
     for text in args.texts or sentences(args.sentences)[args.skip:]:
+        if args.tiers:
+            tiers(bert, text, vocabulary, args.positions or [3], args.add_words, args.refine_within)
+            continue
         run(bert, text, vocabulary, args.positions, args.chunk, not args.no_search, args.parts, args.exact_chain,
             not args.no_screen, args.add_words, args.save, args.refine_within)
 

@@ -157,6 +157,60 @@ def test_screened_passes_refine_only_what_could_be_the_maximum(monkeypatch):
             assert cost <= screened.bounds[layer][index] * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("refine_within, keep", [(-0.99, True), pytest.param(0.0, True, marks=pytest.mark.slow),
+                                                  pytest.param(0.5, True, marks=pytest.mark.slow),
+                                                  pytest.param(-0.99, False, marks=pytest.mark.slow)])
+def test_the_cheap_tier_settles_sentences_below_the_maximum_and_keeps_the_set_value(monkeypatch, refine_within, keep):
+    """The cheapest screening tier (the edited token's chain exact at layer 0 only here; before layer 4 on MiniLM) then
+    the second (every chain exact from layer 2) then the all-exact passes: every sentence left by some tier, each
+    bound covering its sentence's identity-plan cost (independent forward pass), the set's value within ``1 +
+    refine_within`` of the all-exact passes' at every layer and no sentence left above that, as without the cheap
+    tier; the cheap tier's own passes bound every chain but the edited token's at layer 0 by reference slopes.  With
+    ``refine_within`` -0.99 every sentence goes through every tier (the cheap one is as tight as the others on these
+    small models): the second tier starts at layer 1 from the states the cheap one kept there (both chain layer 0
+    alike), or at layer 0 when there is no room to keep them."""
+    import lipbound.local.candidates as module
+    resumed = []
+    evaluate = module._evaluate
+
+    def recording(*args, resume=None, **kwargs):
+        resumed.append(None if resume is None else resume.layer)
+        return evaluate(*args, resume=resume, **kwargs)
+    monkeypatch.setattr(module, "_evaluate", recording)
+    if not keep:
+        monkeypatch.setattr(module, "MOST_KEPT_FLOATS", 0)
+    monkeypatch.setattr(module, "SCREEN_EXACT_FROM", 2)
+    monkeypatch.setattr(module, "CHEAP_EDITED_UNTIL", 1)
+    monkeypatch.setattr(module, "SEED_PER_LAYER", 1)
+    assert module._screen_tiers(3) == [("edited", "none", "none"), 2, 0]
+    generated = local_models.model(seed=9, layers=4, vocab=10)
+    embeddings = generated.embeddings
+    own = embedding_enclosure_tokens(embeddings, np.array(IDS), np.arange(len(IDS)))
+    words = np.arange(10)
+    sets = propagate(generated, edit_set(IDS, "replace", [SLOT], words))
+    arguments = (generated, own, [SLOT], [embedding_enclosure(embeddings, words, SLOT)], [words],
+                 [s.original for s in sets], 3)
+    tiered = candidate_passes(*arguments, exact_chain=True, chunk=4, refine_within=refine_within)
+    before = candidate_passes(*arguments, exact_chain=True, chunk=4, refine_within=refine_within, cheap_tier=False)
+    assert set(resumed) <= {None, 1} and (1 in resumed) == (keep and refine_within < 0)
+    exact = candidate_passes(*arguments, exact_chain=True, screen=False)
+    assert len(tiered.settled) == 3 and sum(tiered.settled) == 10 and tiered.settled[2] == tiered.refined >= 1
+    assert refine_within >= 0 or (tiered.settled[1] == 0 and tiered.refined >= 9)   # the original word may stay
+    assert len(before.settled) == 2 and sum(before.settled) == 10 and exact.settled == ()
+    assert "chain" in tiered.seconds and "chain" not in before.seconds
+    for layer in range(4):
+        for passes in (tiered, before):
+            assert passes.largest(layer) <= (1 + max(refine_within, 0.0)) * exact.largest(layer) * (1 + 1e-12)
+    for index, (word,) in enumerate(tiered.words):
+        edited = list(IDS)
+        edited[SLOT] = int(word)
+        new = hidden_states(generated, edited)
+        for layer in range(4):
+            cost = float(np.mean(np.linalg.norm(attention_block(generated.layer(layer), new[layer])[0]
+                                                - sets[layer].original, axis=1)))
+            assert cost <= tiered.bounds[layer][index] * (1 + 1e-9)
+
+
 def test_passes_stop_where_rounding_dominates_and_leave_the_rest_to_the_balls():
     generated = local_models.model(seed=7, layers=3, vocab=10)
     embeddings = generated.embeddings
