@@ -285,6 +285,16 @@ def test_more_sentences_than_the_passes_take_are_refused_and_left_to_the_balls()
     assert "candidates" not in sets[0].facts
 
 
+@pytest.mark.parametrize("tolerance", [-1.0, -2.0, float("nan"), float("inf")])
+def test_a_refining_tolerance_at_or_below_minus_one_is_refused(tolerance):
+    generated = local_models.model(seed=7, layers=1, vocab=40)
+    own = embedding_enclosure_tokens(generated.embeddings, np.array(IDS), np.arange(len(IDS)))
+    words = np.arange(3)
+    with pytest.raises(AssumptionError, match="refine_within: expected a number above -1"):
+        candidate_passes(generated, own, [SLOT], [embedding_enclosure(generated.embeddings, words, SLOT)], [words],
+                         [np.zeros((len(IDS), 6))], 0, refine_within=tolerance)
+
+
 def _in_balls(rng, X, radii, count):
     """``count`` points of the token balls (each token on a random direction at a random fraction of its radius,
     half of them on the sphere)."""

@@ -24,6 +24,7 @@ maximum; every bound of every tier is certified, and each sentence keeps the sma
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import final
@@ -288,6 +289,9 @@ def candidate_passes(model: Model, own: IntervalArray, slots, candidates: list, 
                               "load the whole model directory")
     for index in range(last + 1):
         _check_layer(model.layer(index))
+    if not (math.isfinite(refine_within) and refine_within > -1.0):  # at -1 the open test compares with 0 * max
+        raise AssumptionError("refine_within", "a number above -1 (0: refine every sentence that can lower a layer's "
+                              "value)", repr(refine_within), "pass refine_within=0.0, or a tolerance such as 0.05")
     if exact_chain is None:
         exact_chain = last >= EXACT_CHAIN_FROM
     slots = [int(s) for s in slots]
