@@ -83,7 +83,7 @@ from ..symbolic import local as T
 from .balls import TokenBalls
 from .bounds import LocalBounds, attention_bounds, attention_norms, evaluate_theorem, head_movement, value_space
 from .enclosed import EnclosedAttention, head_products
-from .zeta_changes import Changes, HeadsJoint
+from .zeta_changes import Changes, HeadsJoint, centred_parts
 
 __all__ = ["AttentionCurvature", "CurvatureIntegral", "CURVATURE_ENTRIES", "CURVATURE_TOKENS", "SPLIT_ENTRIES",
            "GRID_PER_DECADE", "decade_grid"]
@@ -216,10 +216,11 @@ class AttentionCurvature:
         return "split" if H * n ** 4 <= SPLIT_ENTRIES and E.rotations is None else None
 
     def _functional_deviation(self, facts: dict, r: np.ndarray, frobenius: float | None = None):
-        """``(sup_U ||zeta_ijm||, changes)`` per block m of each row, (H, n, n, n): the first an array, the second a
-        :class:`~lipbound.local.zeta_changes.Changes` bounding ``||zeta_ijm(Y) - zeta_ijm(X)||`` block by block and,
-        with ``frobenius`` (a bound on ``||Y - X||_F`` on U), their norms with the tokens sharing it (module
-        docstring)."""
+        """``(sup_U ||zeta_ijm||, changes, centred)`` per block m of each row, (H, n, n, n): the first an array, the
+        second a :class:`~lipbound.local.zeta_changes.Changes` bounding ``||zeta_ijm(Y) - zeta_ijm(X)||`` block by block
+        and, with ``frobenius`` (a bound on ``||Y - X||_F`` on U), their norms with the tokens sharing it (module
+        docstring); the third the same change split at X's weights
+        (:func:`~lipbound.local.zeta_changes.centred_parts`), None with folded maps or past :data:`JOINT_ENTRIES`."""
         g = IntervalArray(np.broadcast_to(self.E.norms.g, self.coefficient.shape[:3]))  # ||W_Q R_ij W_K^T||, (H, n, n)
         folds = IntervalArray(self.fold_norms)                                          # ||F_m|| (1 unfolded)
         delta, p_hi, c = IntervalArray(facts["delta"]), IntervalArray(facts["p_hi"]), IntervalArray(self.c)
@@ -243,14 +244,15 @@ class AttentionCurvature:
             size_hi[:, i, :, i] = (IntervalArray(size_hi[:, i, :, i])
                                    + c * (IntervalArray(self.key_norms[:, i]) + key_change[:, i])).hi
         if self.fold is not None or self.H * self.n ** 3 > JOINT_ENTRIES:
-            return size_hi, Changes(change_hi)
+            return size_hi, Changes(change_hi), None
         # the same bounds with ||y_t - x_t|| for r_t: a part free of the movement plus one linear in it
         fixed = c * moved_p * IntervalArray(self.query_norms).expand(2)
         fixed_hi = fixed.hi.copy()
         for i in range(self.n):
             fixed_hi[:, i, :, i] = (IntervalArray(fixed_hi[:, i, :, i]) + c * weights_kappa[:, i].expand(-1)).hi
         spectral = None if self.heads_joint is None else self.heads_joint.at(delta, weights_kappa)
-        return size_hi, Changes(change_hi, fixed_hi, self._linear_part(facts, g, c), r, frobenius, spectral)
+        centred = centred_parts(self.coefficient, delta, self.E.P.hi, g, c, fixed_hi, r, frobenius, spectral)
+        return size_hi, Changes(change_hi, fixed_hi, self._linear_part(facts, g, c), r, frobenius, spectral), centred
 
     def _linear_part(self, facts: dict, g: IntervalArray, c: IntervalArray) -> tuple[np.ndarray, np.ndarray]:
         """``D >= 0`` with ``||zeta_ijm(Y) - zeta_ijm(X)||`` at most the movement-free part plus ``sum_t D_ijmt ||y_t -
@@ -285,7 +287,7 @@ class AttentionCurvature:
         E, facts = self.E, bounds.facts
         n = self.n
         p_on_u = IntervalArray(facts["p_lo"], facts["p_hi"])
-        size, change = self._functional_deviation(facts, r, frobenius)
+        size, change, centred = self._functional_deviation(facts, r, frobenius)
         moved_u = IntervalArray(facts["value_shift"][:, None, :]) + IntervalArray(facts["head_movement"][:, :, None])
         rho_on_u = IntervalArray(np.maximum((self.rho - moved_u).lo, 0.0), (self.rho + moved_u).hi)
         p_plus = IntervalArray(facts["p_hi"])
@@ -309,6 +311,8 @@ class AttentionCurvature:
         scaled = (IntervalArray(m)[None, :, None] * weight).hi                                 # (H, n, n)
         moved = min(change.norms(scaled), (IntervalArray(m) * IntervalArray(row_change)).norm_upper().item())
         chi_II = (IntervalArray(self.zeta_rows.norm_upper(scaled.ravel())) + IntervalArray(moved)).hi.item()
+        if centred is not None:
+            chi_II = min(chi_II, self._covariance_centred(weight.hi, omega, *centred))
         # chi_III: W_ij = sum_h ||Qt_h|| p_ij ||u_ij||, or the heads joined through ||[Qt_1 ... Qt_H]||
         reach = p_plus * IntervalArray(rho_on_u.hi)                                             # (H, n, n)
         W = (IntervalArray(self.pair_norms) * reach).sum(axis=0)
@@ -318,6 +322,22 @@ class AttentionCurvature:
                     self._heads_weighted(self.output_spreads(facts)))
         chi_III = (IntervalArray(2.0) * IntervalArray(self.c) * IntervalArray(third)).hi.item()
         return chi_I, chi_II, chi_III
+
+    def _covariance_centred(self, weight: np.ndarray, omega: list, centred: Changes, weights: Changes) -> float:
+        """``chi_II`` with the score changes centred at X's weights (lemma ``curvature-covariance-centred``):
+        ``||[(omega_i + mu_i) Omega_i]|| + ||[omega_i M_i]||``, ``Omega_i`` the rows ``w_hij z_hij`` and ``M_i`` the
+        rows ``w_hij m_hi`` of query i (``w`` = ``weight``, the upper ends of ``(p_ij ||u_ij||)^(1/2)`` on U),
+        ``omega_i >= ||Omega_i||`` and ``mu_i >= ||M_i||`` on U; ``omega`` holds ``||Omega_i(X)||``, ``centred`` and
+        ``weights`` are :func:`~lipbound.local.zeta_changes.centred_parts`."""
+        moved, own = IntervalArray(centred.norms(weight, 1)), IntervalArray(weights.norms(weight, 1))
+        spread = IntervalArray(omega) + moved                                                   # omega_i
+        outer = spread + own                                                                    # omega_i + mu_i
+        scaled = (outer[None, :, None] * IntervalArray(weight)).hi
+        first = IntervalArray(self.zeta_rows.norm_upper(scaled.ravel())) + IntervalArray(
+            min(centred.norms(scaled), (outer * moved).norm_upper().item()))
+        second = min(weights.norms((spread[None, :, None] * IntervalArray(weight)).hi),
+                     (spread * own).norm_upper().item())
+        return (first + IntervalArray(second)).hi.item()
 
     def _values_joined(self, facts: dict, r: np.ndarray) -> float:
         """``||W_O|| max_i ||sum_h beta_hi^2 Qt_h Qt_h^T||^(1/2)`` with ``beta_hi >= ||diag(p_i) (V - 1 f_i^T)||_2``
