@@ -358,8 +358,15 @@ def test_the_score_changes_centred_at_x_and_the_weights_part_are_bounded_on_the_
     bounds = [{axis: np.minimum(part.norms(scales, axis), 1e100) for axis in (None, 0, 1)}
               for part in (centred, weights)]
     alone = [{axis: part.norms(scales, axis) for axis in (None, 0, 1)} for part in joint]
+    through = AttentionCurvature._weights_through_rows(facts, scales)           # m read through z's rows
     for Y in _frobenius_points(rng, X, eps, 3 * n) + _steepest_points(target, X, eps):
         z, m = _centred_rows(target, X, Y)
+        rows_m, rows_z = scales[..., None] * m.reshape(H, n, 1, -1), through[..., None] * z.reshape(H, n, n, -1)
+        for i in range(n):
+            M_i, Z_i = rows_m[:, i].reshape(H * n, -1), rows_z[:, i].reshape(H * n, -1)
+            top = np.linalg.svd(M_i)[2][0]
+            for f in [top] + list(rng.standard_normal((4, n * 4))):
+                assert np.linalg.norm(M_i @ f) <= np.linalg.norm(Z_i @ f) * (1 + 1e-9) + 1e-12
         z_moved = z.reshape(H, n, n, n, 4) - at_x
         m_rows = np.broadcast_to(m.reshape(H, n, 1, n, 4), (H, n, n, n, 4))     # the same for every key j
         assert np.allclose(_zeta(target, Y).reshape(H, n, n, n, 4), at_x + z_moved - m_rows, atol=1e-9)
@@ -372,6 +379,23 @@ def test_the_score_changes_centred_at_x_and_the_weights_part_are_bounded_on_the_
                     for k in range(weighted.shape[axis]):
                         rows = np.take(weighted, k, axis=axis).reshape(-1, n * 4)
                         assert np.linalg.norm(rows, 2) <= bound[axis][k] * (1 + 1e-9) + 1e-12
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_weights_part_read_through_the_rows_is_attained_when_the_changes_follow_the_rows(seed):
+    """``||M_i f|| <= ||diag(t_i) z_i(f)||`` (lemma curvature-covariance-centred), with equality for one head when
+    the weights' changes are ``dp_l`` proportional to ``p+_l z_l(f)`` and at their bounds (Cauchy-Schwarz's case)."""
+    rng = np.random.default_rng(seed)
+    n = 5
+    z = rng.standard_normal(n)                                           # z_l(f) of one head and query
+    p_plus = rng.uniform(0.05, 1.0, n)
+    dp = 0.1 * p_plus * z
+    weight = rng.uniform(0.1, 2.0, (1, 1, n))                            # w_j of the query's rows
+    facts = {"delta": np.abs(dp)[None, None], "p_hi": p_plus[None, None]}
+    through = AttentionCurvature._weights_through_rows(facts, weight)[0, 0]
+    m = np.linalg.norm(weight[0, 0] * np.sum(dp * z))                     # ||M_i f||: rows w_j m(f)
+    assert m <= np.linalg.norm(through * z) * (1 + 1e-9)
+    assert m >= np.linalg.norm(through * z) * (1 - 1e-9)
 
 
 @settings(max_examples=5, deadline=None)

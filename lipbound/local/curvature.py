@@ -312,7 +312,7 @@ class AttentionCurvature:
         moved = min(change.norms(scaled), (IntervalArray(m) * IntervalArray(row_change)).norm_upper().item())
         chi_II = (IntervalArray(self.zeta_rows.norm_upper(scaled.ravel())) + IntervalArray(moved)).hi.item()
         if centred is not None:
-            chi_II = min(chi_II, self._covariance_centred(weight.hi, omega, *centred))
+            chi_II = min(chi_II, self._covariance_centred(facts, weight.hi, omega, *centred))
         # chi_III: W_ij = sum_h ||Qt_h|| p_ij ||u_ij||, or the heads joined through ||[Qt_1 ... Qt_H]||
         reach = p_plus * IntervalArray(rho_on_u.hi)                                             # (H, n, n)
         W = (IntervalArray(self.pair_norms) * reach).sum(axis=0)
@@ -323,21 +323,57 @@ class AttentionCurvature:
         chi_III = (IntervalArray(2.0) * IntervalArray(self.c) * IntervalArray(third)).hi.item()
         return chi_I, chi_II, chi_III
 
-    def _covariance_centred(self, weight: np.ndarray, omega: list, centred: Changes, weights: Changes) -> float:
+    def _covariance_centred(self, facts: dict, weight: np.ndarray, omega: list, centred: Changes,
+                            weights: Changes) -> float:
         """``chi_II`` with the score changes centred at X's weights (lemma ``curvature-covariance-centred``):
         ``||[(omega_i + mu_i) Omega_i]|| + ||[omega_i M_i]||``, ``Omega_i`` the rows ``w_hij z_hij`` and ``M_i`` the
         rows ``w_hij m_hi`` of query i (``w`` = ``weight``, the upper ends of ``(p_ij ||u_ij||)^(1/2)`` on U),
         ``omega_i >= ||Omega_i||`` and ``mu_i >= ||M_i||`` on U; ``omega`` holds ``||Omega_i(X)||``, ``centred`` and
-        ``weights`` are :func:`~lipbound.local.zeta_changes.centred_parts`."""
-        moved, own = IntervalArray(centred.norms(weight, 1)), IntervalArray(weights.norms(weight, 1))
+        ``weights`` are :func:`~lipbound.local.zeta_changes.centred_parts`, ``facts`` those of
+        :func:`~lipbound.local.bounds.attention_bounds` on U.  ``M_i`` is bounded by its blocks and through z's rows
+        (:meth:`_weights_through_rows`); the smaller bound counts."""
+        n = self.n
+        through = self._weights_through_rows(facts, weight)                                    # (H, n, n)
+        moved = IntervalArray(centred.norms(weight, 1))
+        own = weights.norms(weight, 1)
         spread = IntervalArray(omega) + moved                                                   # omega_i
-        outer = spread + own                                                                    # omega_i + mu_i
-        scaled = (outer[None, :, None] * IntervalArray(weight)).hi
-        first = IntervalArray(self.zeta_rows.norm_upper(scaled.ravel())) + IntervalArray(
-            min(centred.norms(scaled), (outer * moved).norm_upper().item()))
-        second = min(weights.norms((spread[None, :, None] * IntervalArray(weight)).hi),
-                     (spread * own).norm_upper().item())
-        return (first + IntervalArray(second)).hi.item()
+        second = [weights.norms((spread[None, :, None] * IntervalArray(weight)).hi)]
+        if through is not None:
+            through_moved = IntervalArray(centred.norms(through, 1))
+            by_rows = IntervalArray([self.zeta_rows.norm_upper(through[:, i].ravel(), self._query_rows(i))
+                                     for i in range(n)]) + through_moved
+            own = np.minimum(own, by_rows.hi)
+            second.append(self._scaled_rows(spread[None, :, None] * IntervalArray(through), centred,
+                                            spread * through_moved))
+        mu = IntervalArray(own)                                                                 # mu_i
+        outer = spread + mu                                                                     # omega_i + mu_i
+        first = self._scaled_rows(outer[None, :, None] * IntervalArray(weight), centred, outer * moved)
+        second.append((spread * mu).norm_upper().item())
+        return (IntervalArray(first) + IntervalArray(min(second))).hi.item()
+
+    def _scaled_rows(self, scales: IntervalArray, centred: Changes, per_query: IntervalArray) -> float:
+        """``sup_U ||diag(s) z(Y)||`` for row scales s (H, n, n): the rows at X plus their change, the latter over all
+        rows or as the queries' changes ``per_query`` (n,) stacked."""
+        s = scales.hi
+        change = min(centred.norms(s), per_query.norm_upper().item())
+        return (IntervalArray(self.zeta_rows.norm_upper(s.ravel())) + IntervalArray(change)).hi.item()
+
+    @staticmethod
+    def _weights_through_rows(facts: dict, weight: np.ndarray) -> np.ndarray | None:
+        """Row scales ``t_hil``, ``||M_i f|| <= ||diag(t_hi.) z_hi.(f)||`` on U (lemma curvature-covariance-centred):
+        ``|m_hi(f)| = |sum_l dp_hil z_hil(f)| <= (sum_l delta_hil^2 / p+_hil)^(1/2) (sum_l p+_hil z_hil(f)^2)^(1/2)``
+        (Cauchy-Schwarz with weights p+, the upper ends of the weights on U; dp_hil = 0 where p+_hil = 0), and
+        ``||M_i f||^2 = sum_h (sum_j w_hij^2) m_hi(f)^2``, so ``t_hil = (sum_j w_hij^2)^(1/2) (sum_l delta_hil^2 /
+        p+_hil)^(1/2) (p+_hil)^(1/2)``; ``weight`` (H, n, n) bounds ``w``.  None where a weight's change has no upper
+        end above 0 (rounding only: ``delta <= p+``)."""
+        delta, p_plus = facts["delta"], facts["p_hi"]
+        positive = p_plus > 0
+        ratio = (IntervalArray(delta).square() / IntervalArray(np.where(positive, p_plus, 1.0))).hi
+        ratio = np.where(positive, ratio, np.where(delta > 0, np.inf, 0.0))
+        kappa = IntervalArray(ratio).sum(axis=-1).sqrt()                                        # (H, n)
+        rows = IntervalArray(weight).square().sum(axis=-1).sqrt()                               # (sum_j w_hij^2)^(1/2)
+        scales = ((rows * kappa)[..., None] * IntervalArray(p_plus).sqrt()).hi
+        return scales if np.all(np.isfinite(scales)) else None
 
     def _values_joined(self, facts: dict, r: np.ndarray) -> float:
         """``||W_O|| max_i ||sum_h beta_hi^2 Qt_h Qt_h^T||^(1/2)`` with ``beta_hi >= ||diag(p_i) (V - 1 f_i^T)||_2``
