@@ -298,6 +298,8 @@ class AttentionCurvature:
         stacked = IntervalArray(self.G_norm) + IntervalArray(change.norms(at_x, None, scale_moves))
         stacked_upper = IntervalArray(self.zeta_rows.norm_upper(p_plus.hi.ravel())) \
             + IntervalArray(change.norms(p_plus.hi))
+        if centred is not None:   # rows p_ij (z_ij - m_hi): X's weights' centring (lemma curvature-covariance-centred)
+            stacked_upper = IntervalArray(min(stacked_upper.hi.item(), self._centred_rows(facts, p_plus.hi, *centred)))
         first = min((IntervalArray(self.value_norms) * per_head).sum(axis=0).hi.item(),
                     (IntervalArray(self.values_joint) * stacked).hi.item(),
                     (IntervalArray(self.values_joint) * stacked_upper).hi.item())
@@ -350,6 +352,18 @@ class AttentionCurvature:
         first = self._scaled_rows(outer[None, :, None] * IntervalArray(weight), centred, outer * moved)
         second.append((spread * mu).norm_upper().item())
         return (IntervalArray(first) + IntervalArray(min(second))).hi.item()
+
+    def _centred_rows(self, facts: dict, scales: np.ndarray, centred: Changes, weights: Changes) -> float:
+        """``sup_U ||diag(s) zeta(Y)||`` for row scales s (H, n, n) fixed on U through ``zeta = z - m`` (lemma
+        ``curvature-covariance-centred``): ``||diag(s) z(Y)||`` plus the rows ``s_hij m_hi``, the latter the smaller of
+        their blocks' bound and the rows of z scaled by :meth:`_weights_through_rows`."""
+        rows = self._scaled_rows(IntervalArray(scales), centred, IntervalArray(centred.norms(scales, 1)))
+        moved = weights.norms(scales)
+        through = self._weights_through_rows(facts, scales)
+        if through is not None:
+            moved = min(moved, self._scaled_rows(IntervalArray(through), centred,
+                                                 IntervalArray(centred.norms(through, 1))))
+        return (IntervalArray(rows) + IntervalArray(moved)).hi.item()
 
     def _scaled_rows(self, scales: IntervalArray, centred: Changes, per_query: IntervalArray) -> float:
         """``sup_U ||diag(s) z(Y)||`` for row scales s (H, n, n): the rows at X plus their change, the latter over all
