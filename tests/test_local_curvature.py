@@ -23,6 +23,7 @@ from test_local_bounds import central_jacobian
 from lipbound.local.balls import Neighbourhood
 from lipbound.local.bounds import attention_bounds
 from lipbound.local.centre import ChainCentre
+from lipbound.local.centred import CentredRows
 from lipbound.local.chains import Component
 from lipbound.local.curvature import CURVATURE_TOKENS, SPLIT_ENTRIES, AttentionCurvature, _SplitRows
 from lipbound.local.curve import _CurvatureRoute, lipschitz_curve
@@ -358,7 +359,7 @@ def test_the_score_changes_centred_at_x_and_the_weights_part_are_bounded_on_the_
     bounds = [{axis: np.minimum(part.norms(scales, axis), 1e100) for axis in (None, 0, 1)}
               for part in (centred, weights)]
     alone = [{axis: part.norms(scales, axis) for axis in (None, 0, 1)} for part in joint]
-    through = AttentionCurvature._weights_through_rows(facts, scales)           # m read through z's rows
+    through = CentredRows.through(facts, scales)           # m read through z's rows
     for Y in _frobenius_points(rng, X, eps, 3 * n) + _steepest_points(target, X, eps):
         z, m = _centred_rows(target, X, Y)
         rows_m, rows_z = scales[..., None] * m.reshape(H, n, 1, -1), through[..., None] * z.reshape(H, n, n, -1)
@@ -392,7 +393,7 @@ def test_the_weights_part_read_through_the_rows_is_attained_when_the_changes_fol
     dp = 0.1 * p_plus * z
     weight = rng.uniform(0.1, 2.0, (1, 1, n))                            # w_j of the query's rows
     facts = {"delta": np.abs(dp)[None, None], "p_hi": p_plus[None, None]}
-    through = AttentionCurvature._weights_through_rows(facts, weight)[0, 0]
+    through = CentredRows.through(facts, weight)[0, 0]
     m = np.linalg.norm(weight[0, 0] * np.sum(dp * z))                     # ||M_i f||: rows w_j m(f)
     assert m <= np.linalg.norm(through * z) * (1 + 1e-9)
     assert m >= np.linalg.norm(through * z) * (1 - 1e-9)

@@ -82,6 +82,7 @@ from ..rigorous.linalg import Enclosure, RowGram, product_norm_interval, spectra
 from ..symbolic import local as T
 from .balls import TokenBalls
 from .bounds import LocalBounds, attention_bounds, attention_norms, evaluate_theorem, head_movement, value_space
+from .centred import CentredRows
 from .enclosed import EnclosedAttention, head_products
 from .zeta_changes import Changes, HeadsJoint, centred_parts
 
@@ -185,6 +186,7 @@ class AttentionCurvature:
         p_at_x = E.P.magnitude                                                          # (H, n, n)
         self.G_norms = np.array([self.zeta_rows.norm_upper(p_at_x[h].ravel(), self._head_rows(h)) for h in range(H)])
         self.G_norm = self.zeta_rows.norm_upper(p_at_x.ravel())
+        self.centred_rows = CentredRows(self.zeta_rows, [self._query_rows(i) for i in range(n)])
 
     @staticmethod
     def _gram(E: EnclosedAttention, coefficient, query_part, key_part) -> RowGram:
@@ -299,7 +301,8 @@ class AttentionCurvature:
         stacked_upper = IntervalArray(self.zeta_rows.norm_upper(p_plus.hi.ravel())) \
             + IntervalArray(change.norms(p_plus.hi))
         if centred is not None:   # rows p_ij (z_ij - m_hi): X's weights' centring (lemma curvature-covariance-centred)
-            stacked_upper = IntervalArray(min(stacked_upper.hi.item(), self._centred_rows(facts, p_plus.hi, *centred)))
+            by_centre = self.centred_rows.rows(facts, p_plus.hi, *centred)
+            stacked_upper = IntervalArray(min(stacked_upper.hi.item(), by_centre))
         first = min((IntervalArray(self.value_norms) * per_head).sum(axis=0).hi.item(),
                     (IntervalArray(self.values_joint) * stacked).hi.item(),
                     (IntervalArray(self.values_joint) * stacked_upper).hi.item())
@@ -314,7 +317,7 @@ class AttentionCurvature:
         moved = min(change.norms(scaled), (IntervalArray(m) * IntervalArray(row_change)).norm_upper().item())
         chi_II = (IntervalArray(self.zeta_rows.norm_upper(scaled.ravel())) + IntervalArray(moved)).hi.item()
         if centred is not None:
-            chi_II = min(chi_II, self._covariance_centred(facts, weight.hi, omega, *centred))
+            chi_II = min(chi_II, self.centred_rows.covariance(facts, weight.hi, omega, *centred))
         # chi_III: W_ij = sum_h ||Qt_h|| p_ij ||u_ij||, or the heads joined through ||[Qt_1 ... Qt_H]||
         reach = p_plus * IntervalArray(rho_on_u.hi)                                             # (H, n, n)
         W = (IntervalArray(self.pair_norms) * reach).sum(axis=0)
@@ -324,70 +327,6 @@ class AttentionCurvature:
                     self._heads_weighted(self.output_spreads(facts)))
         chi_III = (IntervalArray(2.0) * IntervalArray(self.c) * IntervalArray(third)).hi.item()
         return chi_I, chi_II, chi_III
-
-    def _covariance_centred(self, facts: dict, weight: np.ndarray, omega: list, centred: Changes,
-                            weights: Changes) -> float:
-        """``chi_II`` with the score changes centred at X's weights (lemma ``curvature-covariance-centred``):
-        ``||[(omega_i + mu_i) Omega_i]|| + ||[omega_i M_i]||``, ``Omega_i`` the rows ``w_hij z_hij`` and ``M_i`` the
-        rows ``w_hij m_hi`` of query i (``w`` = ``weight``, the upper ends of ``(p_ij ||u_ij||)^(1/2)`` on U),
-        ``omega_i >= ||Omega_i||`` and ``mu_i >= ||M_i||`` on U; ``omega`` holds ``||Omega_i(X)||``, ``centred`` and
-        ``weights`` are :func:`~lipbound.local.zeta_changes.centred_parts`, ``facts`` those of
-        :func:`~lipbound.local.bounds.attention_bounds` on U.  ``M_i`` is bounded by its blocks and through z's rows
-        (:meth:`_weights_through_rows`); the smaller bound counts."""
-        n = self.n
-        through = self._weights_through_rows(facts, weight)                                    # (H, n, n)
-        moved = IntervalArray(centred.norms(weight, 1))
-        own = weights.norms(weight, 1)
-        spread = IntervalArray(omega) + moved                                                   # omega_i
-        second = [weights.norms((spread[None, :, None] * IntervalArray(weight)).hi)]
-        if through is not None:
-            through_moved = IntervalArray(centred.norms(through, 1))
-            by_rows = IntervalArray([self.zeta_rows.norm_upper(through[:, i].ravel(), self._query_rows(i))
-                                     for i in range(n)]) + through_moved
-            own = np.minimum(own, by_rows.hi)
-            second.append(self._scaled_rows(spread[None, :, None] * IntervalArray(through), centred,
-                                            spread * through_moved))
-        mu = IntervalArray(own)                                                                 # mu_i
-        outer = spread + mu                                                                     # omega_i + mu_i
-        first = self._scaled_rows(outer[None, :, None] * IntervalArray(weight), centred, outer * moved)
-        second.append((spread * mu).norm_upper().item())
-        return (IntervalArray(first) + IntervalArray(min(second))).hi.item()
-
-    def _centred_rows(self, facts: dict, scales: np.ndarray, centred: Changes, weights: Changes) -> float:
-        """``sup_U ||diag(s) zeta(Y)||`` for row scales s (H, n, n) fixed on U through ``zeta = z - m`` (lemma
-        ``curvature-covariance-centred``): ``||diag(s) z(Y)||`` plus the rows ``s_hij m_hi``, the latter the smaller of
-        their blocks' bound and the rows of z scaled by :meth:`_weights_through_rows`."""
-        rows = self._scaled_rows(IntervalArray(scales), centred, IntervalArray(centred.norms(scales, 1)))
-        moved = weights.norms(scales)
-        through = self._weights_through_rows(facts, scales)
-        if through is not None:
-            moved = min(moved, self._scaled_rows(IntervalArray(through), centred,
-                                                 IntervalArray(centred.norms(through, 1))))
-        return (IntervalArray(rows) + IntervalArray(moved)).hi.item()
-
-    def _scaled_rows(self, scales: IntervalArray, centred: Changes, per_query: IntervalArray) -> float:
-        """``sup_U ||diag(s) z(Y)||`` for row scales s (H, n, n): the rows at X plus their change, the latter over all
-        rows or as the queries' changes ``per_query`` (n,) stacked."""
-        s = scales.hi
-        change = min(centred.norms(s), per_query.norm_upper().item())
-        return (IntervalArray(self.zeta_rows.norm_upper(s.ravel())) + IntervalArray(change)).hi.item()
-
-    @staticmethod
-    def _weights_through_rows(facts: dict, weight: np.ndarray) -> np.ndarray | None:
-        """Row scales ``t_hil``, ``||M_i f|| <= ||diag(t_hi.) z_hi.(f)||`` on U (lemma curvature-covariance-centred):
-        ``|m_hi(f)| = |sum_l dp_hil z_hil(f)| <= (sum_l delta_hil^2 / p+_hil)^(1/2) (sum_l p+_hil z_hil(f)^2)^(1/2)``
-        (Cauchy-Schwarz with weights p+, the upper ends of the weights on U; dp_hil = 0 where p+_hil = 0), and
-        ``||M_i f||^2 = sum_h (sum_j w_hij^2) m_hi(f)^2``, so ``t_hil = (sum_j w_hij^2)^(1/2) (sum_l delta_hil^2 /
-        p+_hil)^(1/2) (p+_hil)^(1/2)``; ``weight`` (H, n, n) bounds ``w``.  None where a weight's change has no upper
-        end above 0 (rounding only: ``delta <= p+``)."""
-        delta, p_plus = facts["delta"], facts["p_hi"]
-        positive = p_plus > 0
-        ratio = (IntervalArray(delta).square() / IntervalArray(np.where(positive, p_plus, 1.0))).hi
-        ratio = np.where(positive, ratio, np.where(delta > 0, np.inf, 0.0))
-        kappa = IntervalArray(ratio).sum(axis=-1).sqrt()                                        # (H, n)
-        rows = IntervalArray(weight).square().sum(axis=-1).sqrt()                               # (sum_j w_hij^2)^(1/2)
-        scales = ((rows * kappa)[..., None] * IntervalArray(p_plus).sqrt()).hi
-        return scales if np.all(np.isfinite(scales)) else None
 
     def _values_joined(self, facts: dict, r: np.ndarray) -> float:
         """``||W_O|| max_i ||sum_h beta_hi^2 Qt_h Qt_h^T||^(1/2)`` with ``beta_hi >= ||diag(p_i) (V - 1 f_i^T)||_2``
