@@ -53,7 +53,12 @@ queries' movements in ``D >= 0``; the keys' weighted centre moved by the weights
 every ``x_t`` is the token's radius; where the set is known to lie in a Frobenius ball of radius t, the tokens share
 it (lemma ``curvature-joint``): ``||s (zeta(Y) - zeta(X))||_F <= ||s f|| + t ||diag(s) D||_2`` for scales s >= 0 fixed
 on U (Minkowski, then ``||x|| <= t``), and the smaller of the two bounds is taken
-(:class:`~lipbound.local.zeta_changes.Changes`).
+(:class:`~lipbound.local.zeta_changes.Changes`).  Where those parts are formed, ``chi_II`` and the rows of ``chi_I``
+read at the weights' upper ends on U take ``zeta(Y) = z(Y) - m(Y)`` apart, ``z`` the score changes centred at X's
+weights (its change is the movements' alone) and ``m`` the weights' part, the same for every key of a query (lemma
+``curvature-covariance-centred``, :class:`~lipbound.local.centred.CentredRows`): ``chi_II <= ||[(omega_i + mu_i)
+Omega_i]|| + ||[omega_i M_i]||`` with ``Omega_i`` z's rows and ``M_i`` m's rows of query i scaled by ``(p_ij
+||u_ij||)^(1/2)``, where reading ``zeta``'s rows as one matrix also pays ``||M_i e|| ||M_i f||``.
 
 Longer inputs get the split bound instead, which forms ``zeta`` one query at a time.  With ``a_hi = W_K q_i``, row
 (h, i, j) of ``zeta`` is its own block ``o_hij = c ((delta_ij - p_ii) a_hi + W_Q (k_j - kappa_i))`` on
@@ -298,11 +303,12 @@ class AttentionCurvature:
         scale_moves, at_x = self._scale_moves(E.P, p_on_u, size), E.P.magnitude
         per_head = IntervalArray(self.G_norms) + IntervalArray(change.norms(at_x, 0, scale_moves))
         stacked = IntervalArray(self.G_norm) + IntervalArray(change.norms(at_x, None, scale_moves))
-        stacked_upper = IntervalArray(self.zeta_rows.norm_upper(p_plus.hi.ravel())) \
-            + IntervalArray(change.norms(p_plus.hi))
-        if centred is not None:   # rows p_ij (z_ij - m_hi): X's weights' centring (lemma curvature-covariance-centred)
-            by_centre = self.centred_rows.rows(facts, p_plus.hi, *centred)
-            stacked_upper = IntervalArray(min(stacked_upper.hi.item(), by_centre))
+        if centred is None:
+            stacked_upper = IntervalArray(self.zeta_rows.norm_upper(p_plus.hi.ravel())) \
+                + IntervalArray(change.norms(p_plus.hi))
+        else:   # rows p_ij (z_ij - m_hi), centred at X's weights (lemma curvature-covariance-centred; on MiniLM's
+            # first layer below the rows read as one at every radius of the curve, so that form is not formed)
+            stacked_upper = IntervalArray(self.centred_rows.rows(facts, p_plus.hi, *centred))
         first = min((IntervalArray(self.value_norms) * per_head).sum(axis=0).hi.item(),
                     (IntervalArray(self.values_joint) * stacked).hi.item(),
                     (IntervalArray(self.values_joint) * stacked_upper).hi.item())
@@ -310,14 +316,15 @@ class AttentionCurvature:
         # chi_II: Omega_i, rows (h, j) of query i scaled by the upper end of (p_ij ||u_ij||)^(1/2) on U
         # (scaling at X and adding the scale's change never did better on the MiniLM layers)
         weight = (p_plus * IntervalArray(rho_on_u.hi)).sqrt()
-        row_change = change.norms(weight.hi, 1)
         omega = [self.zeta_rows.norm_upper(weight.hi[:, i].ravel(), self._query_rows(i)) for i in range(n)]
-        m = (IntervalArray(omega) + IntervalArray(row_change)).hi                              # omega_i
-        scaled = (IntervalArray(m)[None, :, None] * weight).hi                                 # (H, n, n)
-        moved = min(change.norms(scaled), (IntervalArray(m) * IntervalArray(row_change)).norm_upper().item())
-        chi_II = (IntervalArray(self.zeta_rows.norm_upper(scaled.ravel())) + IntervalArray(moved)).hi.item()
-        if centred is not None:
-            chi_II = min(chi_II, self.centred_rows.covariance(facts, weight.hi, omega, *centred))
+        if centred is None:
+            row_change = change.norms(weight.hi, 1)
+            m = (IntervalArray(omega) + IntervalArray(row_change)).hi                          # omega_i
+            scaled = (IntervalArray(m)[None, :, None] * weight).hi                             # (H, n, n)
+            moved = min(change.norms(scaled), (IntervalArray(m) * IntervalArray(row_change)).norm_upper().item())
+            chi_II = (IntervalArray(self.zeta_rows.norm_upper(scaled.ravel())) + IntervalArray(moved)).hi.item()
+        else:   # centred at X's weights (lemma curvature-covariance-centred; the smaller at every radius measured)
+            chi_II = self.centred_rows.covariance(facts, weight.hi, omega, *centred)
         # chi_III: W_ij = sum_h ||Qt_h|| p_ij ||u_ij||, or the heads joined through ||[Qt_1 ... Qt_H]||
         reach = p_plus * IntervalArray(rho_on_u.hi)                                             # (H, n, n)
         W = (IntervalArray(self.pair_norms) * reach).sum(axis=0)
