@@ -258,7 +258,7 @@ class AttentionCurvature:
         for i in range(self.n):
             fixed_hi[:, i, :, i] = (IntervalArray(fixed_hi[:, i, :, i]) + c * weights_kappa[:, i].expand(-1)).hi
         spectral = None if self.heads_joint is None else self.heads_joint.at(delta, weights_kappa)
-        centred = centred_parts(self.coefficient, delta, self.E.P.hi, g, c, fixed_hi, r, frobenius, spectral)
+        centred = centred_parts(self.coefficient, delta, g, c, fixed_hi, r, frobenius, spectral)
         return size_hi, Changes(change_hi, fixed_hi, self._linear_part(facts, g, c), r, frobenius, spectral), centred
 
     def _linear_part(self, facts: dict, g: IntervalArray, c: IntervalArray) -> tuple[np.ndarray, np.ndarray]:

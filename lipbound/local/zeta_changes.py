@@ -150,36 +150,33 @@ class HeadsJoint:
         return total if axis is not None else total[0]
 
 
-def centred_parts(coefficient: np.ndarray, delta: IntervalArray, p_at_x: np.ndarray, g: IntervalArray,
-                  c: IntervalArray, fixed: np.ndarray, radii: np.ndarray, frobenius: float | None,
-                  spectral: HeadsJoint | None) -> tuple[Changes, Changes]:
+def centred_parts(coefficient: np.ndarray, delta: IntervalArray, g: IntervalArray, c: IntervalArray, fixed: np.ndarray,
+                  radii: np.ndarray, frobenius: float | None, spectral: HeadsJoint | None) -> tuple[Changes, Changes]:
     """``zeta(Y) - zeta(X) = (z(Y) - z(X)) - m(Y)`` split at X's weights (lemma ``curvature-covariance-centred``):
     ``z_ij = ds_ij - sum_l p_il(X) ds_il`` (the score changes centred with X's weights, at Y's keys and queries) and
     ``m_hi = sum_l (p_il(Y) - p_il(X)) ds_il``, the same for every key j of a query.  Block m of row (h, i, j) of
-    the first changes by at most ``c |delta_mj - p_im| g_im x_i`` plus, on block i, ``c g_ij x_j + c sum_l p_il(X)
-    g_il x_l`` (the movements alone); the second's block m is ``c dp_im a_him(Y)`` plus, on block i, ``-c W_Q sum_l
-    dp_il (k_l(Y) - kappa_i)``, at most ``fixed`` (the weights' part of :class:`Changes`) plus ``c delta_im g_im x_i``
-    and ``c delta_il g_il x_l`` on block i.  Returns ``(centred, weights)``, two :class:`Changes` (the second's value
+    the first changes by at most ``c |delta_mj - p_im| g_im x_i`` plus, on block i, ``c sum_l |delta_lj - p_il(X)|
+    g_il x_l`` (the movements alone: the keys' part is one vector, ``c W_Q M_i (dk_j - sum_l p_il(X) dk_l)``); the
+    second's block m is ``c dp_im a_him(Y)`` plus, on block i, ``-c W_Q sum_l dp_il (k_l(Y) - kappa_i)``, at most
+    ``fixed`` (the weights' part of :class:`Changes`) plus ``c delta_im g_im x_i`` and ``c delta_il g_il x_l`` on
+    block i.  Returns ``(centred, weights)``, two :class:`Changes` (the second's value
     at X is 0, so it bounds ``m`` itself); ``coefficient`` is ``|delta_mj - p_im|`` at X (H, n(i), n(j), n(m)),
-    ``delta`` the weights' changes, ``p_at_x`` their upper ends at X and ``g`` ``||W_Q W_K^T||`` (H, n(i), n(j))."""
+    ``delta`` the weights' changes and ``g`` ``||W_Q M_i M_j^T W_K^T||`` (H, n(i), n(j))."""
     n = coefficient.shape[1]
     index = np.arange(n)
     fixed = np.broadcast_to(fixed, coefficient.shape)                        # (H, n, 1 or n, n): the same for each j
     g_query = g.expand(2)                                                     # g_im, (H, n(i), 1, n(m))
-    tokens = IntervalArray(np.eye(n)[None, None])                             # [t = l], (1, 1, n(l), n(t))
 
-    def split(on_query: IntervalArray, centre: IntervalArray, keys: bool) -> tuple[np.ndarray, np.ndarray]:
+    def split(on_query: IntervalArray, keys: IntervalArray) -> tuple[np.ndarray, np.ndarray]:
         single = on_query.hi.copy()
         single[:, index, :, index] = 0.0
         own_query = np.zeros(single.shape)
         own_query[:, index, :, index] = on_query.hi[:, index, :, index]       # block i's entry on token i
-        own = IntervalArray(own_query) + centre.expand(2)                     # sum_l ... on token l
-        if keys:
-            own = own + (c * g).expand(-1) * tokens                            # c g_ij on token j
-        return single, own.hi
+        return single, (IntervalArray(own_query) + keys).hi                    # and the keys' part on token l
 
-    centred = split(c * IntervalArray(coefficient) * g_query, c * IntervalArray(p_at_x) * g, keys=True)
-    moved = split(c * delta.expand(2) * g_query, c * delta * g, keys=False)
+    # z's keys move by W_Q (dk_j - sum_l p_il(X) dk_l): one vector, c |delta_lj - p_il(X)| g_il on token l
+    centred = split(c * IntervalArray(coefficient) * g_query, c * IntervalArray(coefficient) * g_query)
+    moved = split(c * delta.expand(2) * g_query, (c * delta * g).expand(2))
     zero = np.zeros(coefficient.shape)
     return (Changes(_per_token(zero, *centred, radii), zero, centred, radii, frobenius),
             Changes(_per_token(fixed, *moved, radii), fixed, moved, radii, frobenius, spectral))
