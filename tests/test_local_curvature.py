@@ -397,6 +397,9 @@ def test_the_weights_part_read_through_the_rows_is_attained_when_the_changes_fol
     m = np.linalg.norm(weight[0, 0] * np.sum(dp * z))                     # ||M_i f||: rows w_j m(f)
     assert m <= np.linalg.norm(through * z) * (1 + 1e-9)
     assert m >= np.linalg.norm(through * z) * (1 - 1e-9)
+    # hidden keys (p+ = 0) and weights far below the float range's square root: finite, no division by them
+    tiny = {"delta": np.array([[[0.0, 1e-320, 0.1]]]), "p_hi": np.array([[[0.0, 1e-310, 0.5]]])}
+    assert np.all(np.isfinite(CentredRows.through(tiny, np.ones((1, 1, 3)))))
 
 
 @settings(max_examples=3, deadline=None)

@@ -30,6 +30,9 @@ from .zeta_changes import Changes
 
 __all__ = ["CentredRows"]
 
+#: Weights' upper ends below this are not divided by (:meth:`CentredRows.through`): ``delta^2 / p+`` stays finite.
+_SMALLEST_DIVISOR = 1e-150
+
 
 class CentredRows:
     """The forms of lemma ``curvature-covariance-centred`` (module docstring) over ``zeta_rows`` (the Gram matrix of
@@ -88,12 +91,14 @@ class CentredRows:
         ``|m_hi(f)| = |sum_l dp_hil z_hil(f)| <= (sum_l delta_hil^2 / p+_hil)^(1/2) (sum_l p+_hil z_hil(f)^2)^(1/2)``
         (Cauchy-Schwarz with weights p+, the upper ends of the weights on U; dp_hil = 0 where p+_hil = 0), and
         ``||M_i f||^2 = sum_h (sum_j w_hij^2) m_hi(f)^2``, so ``t_hil = (sum_j w_hij^2)^(1/2) (sum_l delta_hil^2 /
-        p+_hil)^(1/2) (p+_hil)^(1/2)``; ``weight`` (H, n, n) bounds ``w``.  None where a weight's change has no upper
-        end above 0 (rounding only: ``delta <= p+``)."""
+        p+_hil)^(1/2) (p+_hil)^(1/2)``; ``weight`` (H, n, n) bounds ``w``.  None where a weight's change exceeds its
+        upper end (rounding only: ``delta <= p+``)."""
         delta, p_plus = facts["delta"], facts["p_hi"]
-        positive = p_plus > 0
-        ratio = (IntervalArray(delta).square() / IntervalArray(np.where(positive, p_plus, 1.0))).hi
-        ratio = np.where(positive, ratio, np.where(delta > 0, np.inf, 0.0))
+        # delta^2 / p+ <= delta where delta <= p+ (a weight's change is at most its upper end): used where p+ is
+        # too small to divide by (hidden keys, p+ = 0, and weights far below the float range's square root)
+        divisible = p_plus >= _SMALLEST_DIVISOR
+        ratio = (IntervalArray(delta).square() / IntervalArray(np.where(divisible, p_plus, 1.0))).hi
+        ratio = np.where(divisible, ratio, np.where(delta <= p_plus, delta, np.inf))
         kappa = IntervalArray(ratio).sum(axis=-1).sqrt()                                        # (H, n)
         rows = IntervalArray(weight).square().sum(axis=-1).sqrt()                               # (sum_j w_hij^2)^(1/2)
         scales = ((rows * kappa)[..., None] * IntervalArray(p_plus).sqrt()).hi
