@@ -23,6 +23,7 @@ from test_local_bounds import central_jacobian
 from lipbound.local.balls import Neighbourhood
 from lipbound.local.bounds import attention_bounds
 from lipbound.local.centre import ChainCentre
+from lipbound.local.centred import CentredRows
 from lipbound.local.chains import Component
 from lipbound.local.curvature import CURVATURE_TOKENS, SPLIT_ENTRIES, AttentionCurvature, _SplitRows
 from lipbound.local.curve import _CurvatureRoute, lipschitz_curve
@@ -273,7 +274,7 @@ def test_the_changes_of_zetas_rows_on_a_frobenius_ball_are_bounded_jointly(seed,
     curvature = AttentionCurvature(E, target)
     balls = Neighbourhood("fro", eps).balls(X)
     facts = attention_bounds(target, balls, E).facts
-    _, changes = curvature._functional_deviation(facts, balls.radii, eps)
+    _, changes, _ = curvature._functional_deviation(facts, balls.radii, eps)
     H = len(_parts(target))
     at_x = _zeta(target, X).reshape(H, n, n, n, 4)
     scales = rng.uniform(0, 2, (H, n, n))
@@ -292,6 +293,131 @@ def test_the_changes_of_zetas_rows_on_a_frobenius_ball_are_bounded_jointly(seed,
     shared = Changes(unbounded, np.zeros_like(unbounded), changes.linear, balls.radii, eps).norms(scales)
     alone = Changes(unbounded, np.zeros_like(unbounded), changes.linear, balls.radii).norms(scales)
     assert shared < alone
+
+
+def _centred_rows(target, X, Y):
+    """At Y, per head: the rows ``(h, i, j)`` of ``e -> z_ij(e) = ds_ij(e) - sum_l p_il(X) ds_il(e)`` (the score
+    changes at Y centred with X's weights), (H n n, n d), and the rows ``(h, i)`` of ``e -> m_i(e) = sum_l (p_il(Y) -
+    p_il(X)) ds_il(e)``, (H n, n d)."""
+    n, d = X.shape
+    centred, weights = [], []
+    for W_Q, W_K, _A, b_Q, b_K, _b_A in _parts(target):
+        c = 1 / np.sqrt(W_Q.shape[1])
+        P_X, P_Y = (_softmax(c * (Z @ W_Q + b_Q) @ (Z @ W_K + b_K).T) for Z in (X, Y))
+        q, k = Y @ W_Q + b_Q, Y @ W_K + b_K
+        z_columns, m_columns = [], []
+        for e in np.eye(n * d).reshape(n * d, n, d):
+            ds = c * ((e @ W_Q) @ k.T + q @ (e @ W_K).T)
+            z_columns.append((ds - np.sum(P_X * ds, axis=1, keepdims=True)).ravel())
+            m_columns.append(np.sum((P_Y - P_X) * ds, axis=1))
+        centred.append(np.array(z_columns).T)
+        weights.append(np.array(m_columns).T)
+    return np.concatenate(centred), np.concatenate(weights)
+
+
+def _steepest_points(target, X, eps):
+    """All of eps on one token, along the top singular directions of a head's ``W_Q W_K^T`` (either side, either
+    sign): the keys' and queries' movements at their largest."""
+    points = []
+    for W_Q, W_K, *_ in _parts(target):
+        left, _, right = np.linalg.svd(W_Q @ W_K.T)
+        for direction in (left[:, 0], right[0]):
+            for token in range(X.shape[0]):
+                for sign in (1, -1):
+                    Y = X.copy()
+                    Y[token] += sign * eps * (1 - 1e-9) * direction
+                    points.append(Y)
+    return points
+
+
+def _softmax(S):
+    P = np.exp(S - S.max(axis=1, keepdims=True))
+    return P / P.sum(axis=1, keepdims=True)
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), kind=st.sampled_from(["head", "layer"]), n=st.integers(2, 4),
+       scale=st.sampled_from([0.5, 1.5]), eps=st.sampled_from([0.05, 0.3, 1.0]))
+def test_the_score_changes_centred_at_x_and_the_weights_part_are_bounded_on_the_ball(seed, kind, n, scale, eps):
+    """Lemma curvature-covariance-centred: ``zeta(Y) - zeta(X) = (z(Y) - z(X)) - m(Y)``, and the bounds of
+    ``centred_parts`` on each part (blocks, all rows, per head and per query, row scales s) against z and m formed
+    here at points of the Frobenius ball."""
+    rng = np.random.default_rng(seed)
+    target = _target(rng, kind, d=4, heads=2, d_k=2, scale=scale)
+    X = rng.standard_normal((n, 4))
+    E = EnclosedAttention(target, X)
+    curvature = AttentionCurvature(E, target)
+    balls = Neighbourhood("fro", eps).balls(X)
+    facts = attention_bounds(target, balls, E).facts
+    _, _, (centred, weights) = curvature._functional_deviation(facts, balls.radii, eps)
+    H = len(_parts(target))
+    at_x = _zeta(target, X).reshape(H, n, n, n, 4)
+    scales = rng.uniform(0, 2, (H, n, n))
+    # each part's norms, and those of its movement-free and linear parts alone (the blocks' bounds left out)
+    joint = [Changes(np.full(part.per_token.shape, 1e100), part.fixed, part.linear, balls.radii, eps, part.spectral)
+             for part in (centred, weights)]
+    bounds = [{axis: np.minimum(part.norms(scales, axis), 1e100) for axis in (None, 0, 1)}
+              for part in (centred, weights)]
+    alone = [{axis: part.norms(scales, axis) for axis in (None, 0, 1)} for part in joint]
+    through = CentredRows.through(facts, scales)           # m read through z's rows
+    for Y in _frobenius_points(rng, X, eps, 3 * n) + _steepest_points(target, X, eps):
+        z, m = _centred_rows(target, X, Y)
+        rows_m, rows_z = scales[..., None] * m.reshape(H, n, 1, -1), through[..., None] * z.reshape(H, n, n, -1)
+        for i in range(n):
+            M_i, Z_i = rows_m[:, i].reshape(H * n, -1), rows_z[:, i].reshape(H * n, -1)
+            top = np.linalg.svd(M_i)[2][0]
+            for f in [top] + list(rng.standard_normal((4, n * 4))):
+                assert np.linalg.norm(M_i @ f) <= np.linalg.norm(Z_i @ f) * (1 + 1e-9) + 1e-12
+        z_moved = z.reshape(H, n, n, n, 4) - at_x
+        m_rows = np.broadcast_to(m.reshape(H, n, 1, n, 4), (H, n, n, n, 4))     # the same for every key j
+        assert np.allclose(_zeta(target, Y).reshape(H, n, n, n, 4), at_x + z_moved - m_rows, atol=1e-9)
+        for moved, part, both in ((z_moved, centred, (bounds[0], alone[0])), (m_rows, weights, (bounds[1], alone[1]))):
+            assert np.all(np.linalg.norm(moved, axis=-1) <= part.per_token * (1 + 1e-9) + 1e-12)
+            weighted = scales[..., None, None] * moved
+            for bound in both:
+                assert np.linalg.norm(weighted.reshape(H * n * n, -1), 2) <= bound[None] * (1 + 1e-9) + 1e-12
+                for axis in (0, 1):
+                    for k in range(weighted.shape[axis]):
+                        rows = np.take(weighted, k, axis=axis).reshape(-1, n * 4)
+                        assert np.linalg.norm(rows, 2) <= bound[axis][k] * (1 + 1e-9) + 1e-12
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_weights_part_read_through_the_rows_is_attained_when_the_changes_follow_the_rows(seed):
+    """``||M_i f|| <= ||diag(t_i) z_i(f)||`` (lemma curvature-covariance-centred), with equality for one head when
+    the weights' changes are ``dp_l`` proportional to ``p+_l z_l(f)`` and at their bounds (Cauchy-Schwarz's case)."""
+    rng = np.random.default_rng(seed)
+    n = 5
+    z = rng.standard_normal(n)                                           # z_l(f) of one head and query
+    p_plus = rng.uniform(0.05, 1.0, n)
+    dp = 0.1 * p_plus * z
+    weight = rng.uniform(0.1, 2.0, (1, 1, n))                            # w_j of the query's rows
+    facts = {"delta": np.abs(dp)[None, None], "p_hi": p_plus[None, None]}
+    through = CentredRows.through(facts, weight)[0, 0]
+    m = np.linalg.norm(weight[0, 0] * np.sum(dp * z))                     # ||M_i f||: rows w_j m(f)
+    assert m <= np.linalg.norm(through * z) * (1 + 1e-9)
+    assert m >= np.linalg.norm(through * z) * (1 - 1e-9)
+    # hidden keys (p+ = 0) and weights far below the float range's square root: finite, no division by them
+    tiny = {"delta": np.array([[[0.0, 1e-320, 0.1]]]), "p_hi": np.array([[[0.0, 1e-310, 0.5]]])}
+    assert np.all(np.isfinite(CentredRows.through(tiny, np.ones((1, 1, 3)))))
+
+
+@settings(max_examples=3, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 4), scale=st.sampled_from([0.5, 1.5]),
+       eps=st.sampled_from([0.05, 0.3, 1.0]))
+def test_the_first_and_second_groups_on_the_ball_stay_below_their_bounds(seed, n, scale, eps):
+    """``chi_I`` and ``chi_II`` on ``U(X, eps)`` (each the smallest of its forms, among them those centred at X's
+    weights) against the largest first group ``||sum_j p_ij (zeta_ij(f) e_j + zeta_ij(e) f_j) A_h||`` and second group
+    ``||sum_j p_ij zeta_ij(e) zeta_ij(f) u_ij||`` that ascent finds at points of the ball."""
+    rng = np.random.default_rng(seed)
+    target = _target(rng, "layer", d=4, heads=2, d_k=2, scale=scale)
+    X = rng.standard_normal((n, 4))
+    curvature = AttentionCurvature(EnclosedAttention(target, X), target)
+    balls = Neighbourhood("fro", eps).balls(X)
+    chi_I, chi_II, _ = curvature.chis(attention_bounds(target, balls, EnclosedAttention(target, X)), balls.radii, eps)
+    for Y in _frobenius_points(rng, X, eps, n + 1):
+        assert _largest_second(target, Y, rng, restarts=2, steps=10, groups=("I",)) <= chi_I * (1 + 1e-6)
+        assert _largest_second(target, Y, rng, restarts=2, steps=10, groups=("II",)) <= chi_II * (1 + 1e-6)
 
 
 def _largest_change(target, X, hood, rng, restarts=4, steps=12):

@@ -53,7 +53,12 @@ queries' movements in ``D >= 0``; the keys' weighted centre moved by the weights
 every ``x_t`` is the token's radius; where the set is known to lie in a Frobenius ball of radius t, the tokens share
 it (lemma ``curvature-joint``): ``||s (zeta(Y) - zeta(X))||_F <= ||s f|| + t ||diag(s) D||_2`` for scales s >= 0 fixed
 on U (Minkowski, then ``||x|| <= t``), and the smaller of the two bounds is taken
-(:class:`~lipbound.local.zeta_changes.Changes`).
+(:class:`~lipbound.local.zeta_changes.Changes`).  Where those parts are formed, ``chi_II`` and the rows of ``chi_I``
+read at the weights' upper ends on U take ``zeta(Y) = z(Y) - m(Y)`` apart, ``z`` the score changes centred at X's
+weights (its change is the movements' alone) and ``m`` the weights' part, the same for every key of a query (lemma
+``curvature-covariance-centred``, :class:`~lipbound.local.centred.CentredRows`): ``chi_II <= ||[(omega_i + mu_i)
+Omega_i]|| + ||[omega_i M_i]||`` with ``Omega_i`` z's rows and ``M_i`` m's rows of query i scaled by ``(p_ij
+||u_ij||)^(1/2)``, where reading ``zeta``'s rows as one matrix also pays ``||M_i e|| ||M_i f||``.
 
 Longer inputs get the split bound instead, which forms ``zeta`` one query at a time.  With ``a_hi = W_K q_i``, row
 (h, i, j) of ``zeta`` is its own block ``o_hij = c ((delta_ij - p_ii) a_hi + W_Q (k_j - kappa_i))`` on
@@ -82,8 +87,9 @@ from ..rigorous.linalg import Enclosure, RowGram, product_norm_interval, spectra
 from ..symbolic import local as T
 from .balls import TokenBalls
 from .bounds import LocalBounds, attention_bounds, attention_norms, evaluate_theorem, head_movement, value_space
+from .centred import CentredRows
 from .enclosed import EnclosedAttention, head_products
-from .zeta_changes import Changes, HeadsJoint
+from .zeta_changes import Changes, HeadsJoint, centred_parts
 
 __all__ = ["AttentionCurvature", "CurvatureIntegral", "CURVATURE_ENTRIES", "CURVATURE_TOKENS", "SPLIT_ENTRIES",
            "GRID_PER_DECADE", "decade_grid"]
@@ -185,6 +191,7 @@ class AttentionCurvature:
         p_at_x = E.P.magnitude                                                          # (H, n, n)
         self.G_norms = np.array([self.zeta_rows.norm_upper(p_at_x[h].ravel(), self._head_rows(h)) for h in range(H)])
         self.G_norm = self.zeta_rows.norm_upper(p_at_x.ravel())
+        self.centred_rows = CentredRows(self.zeta_rows, [self._query_rows(i) for i in range(n)])
 
     @staticmethod
     def _gram(E: EnclosedAttention, coefficient, query_part, key_part) -> RowGram:
@@ -216,10 +223,11 @@ class AttentionCurvature:
         return "split" if H * n ** 4 <= SPLIT_ENTRIES and E.rotations is None else None
 
     def _functional_deviation(self, facts: dict, r: np.ndarray, frobenius: float | None = None):
-        """``(sup_U ||zeta_ijm||, changes)`` per block m of each row, (H, n, n, n): the first an array, the second a
-        :class:`~lipbound.local.zeta_changes.Changes` bounding ``||zeta_ijm(Y) - zeta_ijm(X)||`` block by block and,
-        with ``frobenius`` (a bound on ``||Y - X||_F`` on U), their norms with the tokens sharing it (module
-        docstring)."""
+        """``(sup_U ||zeta_ijm||, changes, centred)`` per block m of each row, (H, n, n, n): the first an array, the
+        second a :class:`~lipbound.local.zeta_changes.Changes` bounding ``||zeta_ijm(Y) - zeta_ijm(X)||`` block by block
+        and, with ``frobenius`` (a bound on ``||Y - X||_F`` on U), their norms with the tokens sharing it (module
+        docstring); the third the same change split at X's weights
+        (:func:`~lipbound.local.zeta_changes.centred_parts`), None with folded maps or past :data:`JOINT_ENTRIES`."""
         g = IntervalArray(np.broadcast_to(self.E.norms.g, self.coefficient.shape[:3]))  # ||W_Q R_ij W_K^T||, (H, n, n)
         folds = IntervalArray(self.fold_norms)                                          # ||F_m|| (1 unfolded)
         delta, p_hi, c = IntervalArray(facts["delta"]), IntervalArray(facts["p_hi"]), IntervalArray(self.c)
@@ -243,14 +251,15 @@ class AttentionCurvature:
             size_hi[:, i, :, i] = (IntervalArray(size_hi[:, i, :, i])
                                    + c * (IntervalArray(self.key_norms[:, i]) + key_change[:, i])).hi
         if self.fold is not None or self.H * self.n ** 3 > JOINT_ENTRIES:
-            return size_hi, Changes(change_hi)
+            return size_hi, Changes(change_hi), None
         # the same bounds with ||y_t - x_t|| for r_t: a part free of the movement plus one linear in it
         fixed = c * moved_p * IntervalArray(self.query_norms).expand(2)
         fixed_hi = fixed.hi.copy()
         for i in range(self.n):
             fixed_hi[:, i, :, i] = (IntervalArray(fixed_hi[:, i, :, i]) + c * weights_kappa[:, i].expand(-1)).hi
         spectral = None if self.heads_joint is None else self.heads_joint.at(delta, weights_kappa)
-        return size_hi, Changes(change_hi, fixed_hi, self._linear_part(facts, g, c), r, frobenius, spectral)
+        centred = centred_parts(self.coefficient, delta, g, c, fixed_hi, r, frobenius, spectral)
+        return size_hi, Changes(change_hi, fixed_hi, self._linear_part(facts, g, c), r, frobenius, spectral), centred
 
     def _linear_part(self, facts: dict, g: IntervalArray, c: IntervalArray) -> tuple[np.ndarray, np.ndarray]:
         """``D >= 0`` with ``||zeta_ijm(Y) - zeta_ijm(X)||`` at most the movement-free part plus ``sum_t D_ijmt ||y_t -
@@ -285,7 +294,7 @@ class AttentionCurvature:
         E, facts = self.E, bounds.facts
         n = self.n
         p_on_u = IntervalArray(facts["p_lo"], facts["p_hi"])
-        size, change = self._functional_deviation(facts, r, frobenius)
+        size, change, centred = self._functional_deviation(facts, r, frobenius)
         moved_u = IntervalArray(facts["value_shift"][:, None, :]) + IntervalArray(facts["head_movement"][:, :, None])
         rho_on_u = IntervalArray(np.maximum((self.rho - moved_u).lo, 0.0), (self.rho + moved_u).hi)
         p_plus = IntervalArray(facts["p_hi"])
@@ -294,8 +303,12 @@ class AttentionCurvature:
         scale_moves, at_x = self._scale_moves(E.P, p_on_u, size), E.P.magnitude
         per_head = IntervalArray(self.G_norms) + IntervalArray(change.norms(at_x, 0, scale_moves))
         stacked = IntervalArray(self.G_norm) + IntervalArray(change.norms(at_x, None, scale_moves))
-        stacked_upper = IntervalArray(self.zeta_rows.norm_upper(p_plus.hi.ravel())) \
-            + IntervalArray(change.norms(p_plus.hi))
+        if centred is None:
+            stacked_upper = IntervalArray(self.zeta_rows.norm_upper(p_plus.hi.ravel())) \
+                + IntervalArray(change.norms(p_plus.hi))
+        else:   # rows p_ij (z_ij - m_hi), centred at X's weights (lemma curvature-covariance-centred; on MiniLM's
+            # first layer below the rows read as one at every radius of the curve, so that form is not formed)
+            stacked_upper = IntervalArray(self.centred_rows.rows(facts, p_plus.hi, *centred))
         first = min((IntervalArray(self.value_norms) * per_head).sum(axis=0).hi.item(),
                     (IntervalArray(self.values_joint) * stacked).hi.item(),
                     (IntervalArray(self.values_joint) * stacked_upper).hi.item())
@@ -303,12 +316,15 @@ class AttentionCurvature:
         # chi_II: Omega_i, rows (h, j) of query i scaled by the upper end of (p_ij ||u_ij||)^(1/2) on U
         # (scaling at X and adding the scale's change never did better on the MiniLM layers)
         weight = (p_plus * IntervalArray(rho_on_u.hi)).sqrt()
-        row_change = change.norms(weight.hi, 1)
         omega = [self.zeta_rows.norm_upper(weight.hi[:, i].ravel(), self._query_rows(i)) for i in range(n)]
-        m = (IntervalArray(omega) + IntervalArray(row_change)).hi                              # omega_i
-        scaled = (IntervalArray(m)[None, :, None] * weight).hi                                 # (H, n, n)
-        moved = min(change.norms(scaled), (IntervalArray(m) * IntervalArray(row_change)).norm_upper().item())
-        chi_II = (IntervalArray(self.zeta_rows.norm_upper(scaled.ravel())) + IntervalArray(moved)).hi.item()
+        if centred is None:
+            row_change = change.norms(weight.hi, 1)
+            m = (IntervalArray(omega) + IntervalArray(row_change)).hi                          # omega_i
+            scaled = (IntervalArray(m)[None, :, None] * weight).hi                             # (H, n, n)
+            moved = min(change.norms(scaled), (IntervalArray(m) * IntervalArray(row_change)).norm_upper().item())
+            chi_II = (IntervalArray(self.zeta_rows.norm_upper(scaled.ravel())) + IntervalArray(moved)).hi.item()
+        else:   # centred at X's weights (lemma curvature-covariance-centred; the smaller at every radius measured)
+            chi_II = self.centred_rows.covariance(facts, weight.hi, omega, *centred)
         # chi_III: W_ij = sum_h ||Qt_h|| p_ij ||u_ij||, or the heads joined through ||[Qt_1 ... Qt_H]||
         reach = p_plus * IntervalArray(rho_on_u.hi)                                             # (H, n, n)
         W = (IntervalArray(self.pair_norms) * reach).sum(axis=0)

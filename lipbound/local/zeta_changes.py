@@ -22,7 +22,7 @@ from ..rigorous.batched import interval_spectral_norms_upper, spectral_norms_upp
 from ..rigorous.linalg import Enclosure, RowGram, spectral_norm_upper_large
 from .enclosed import EnclosedAttention
 
-__all__ = ["Changes", "HeadsJoint"]
+__all__ = ["Changes", "HeadsJoint", "centred_parts"]
 
 
 @final
@@ -148,6 +148,50 @@ class HeadsJoint:
             second = np.array(per_query)
         total = (self.c * (IntervalArray(first) + IntervalArray(second))).hi
         return total if axis is not None else total[0]
+
+
+def centred_parts(coefficient: np.ndarray, delta: IntervalArray, g: IntervalArray, c: IntervalArray, fixed: np.ndarray,
+                  radii: np.ndarray, frobenius: float | None, spectral: HeadsJoint | None) -> tuple[Changes, Changes]:
+    """``zeta(Y) - zeta(X) = (z(Y) - z(X)) - m(Y)`` split at X's weights (lemma ``curvature-covariance-centred``):
+    ``z_ij = ds_ij - sum_l p_il(X) ds_il`` (the score changes centred with X's weights, at Y's keys and queries) and
+    ``m_hi = sum_l (p_il(Y) - p_il(X)) ds_il``, the same for every key j of a query.  Block m of row (h, i, j) of
+    the first changes by at most ``c |delta_mj - p_im| g_im x_i`` plus, on block i, ``c sum_l |delta_lj - p_il(X)|
+    g_il x_l`` (the movements alone: the keys' part is one vector, ``c W_Q M_i (dk_j - sum_l p_il(X) dk_l)``); the
+    second's block m is ``c dp_im a_him(Y)`` plus, on block i, ``-c W_Q sum_l dp_il (k_l(Y) - kappa_i)``, at most
+    ``fixed`` (the weights' part of :class:`Changes`) plus ``c delta_im g_im x_i`` and ``c delta_il g_il x_l`` on
+    block i.  Returns ``(centred, weights)``, two :class:`Changes` (the second's value
+    at X is 0, so it bounds ``m`` itself); ``coefficient`` is ``|delta_mj - p_im|`` at X (H, n(i), n(j), n(m)),
+    ``delta`` the weights' changes and ``g`` ``||W_Q M_i M_j^T W_K^T||`` (H, n(i), n(j))."""
+    n = coefficient.shape[1]
+    index = np.arange(n)
+    fixed = np.broadcast_to(fixed, coefficient.shape)                        # (H, n, 1 or n, n): the same for each j
+    g_query = g.expand(2)                                                     # g_im, (H, n(i), 1, n(m))
+
+    def split(on_query: IntervalArray, keys: IntervalArray) -> tuple[np.ndarray, np.ndarray]:
+        single = on_query.hi.copy()
+        single[:, index, :, index] = 0.0
+        own_query = np.zeros(single.shape)
+        own_query[:, index, :, index] = on_query.hi[:, index, :, index]       # block i's entry on token i
+        return single, (IntervalArray(own_query) + keys).hi                    # and the keys' part on token l
+
+    # z's keys move by W_Q (dk_j - sum_l p_il(X) dk_l): one vector, c |delta_lj - p_il(X)| g_il on token l
+    centred = split(c * IntervalArray(coefficient) * g_query, c * IntervalArray(coefficient) * g_query)
+    moved = split(c * delta.expand(2) * g_query, (c * delta * g).expand(2))
+    zero = np.zeros(coefficient.shape)
+    return (Changes(_per_token(zero, *centred, radii), zero, centred, radii, frobenius),
+            Changes(_per_token(fixed, *moved, radii), fixed, moved, radii, frobenius, spectral))
+
+
+def _per_token(fixed: np.ndarray, single: np.ndarray, own: np.ndarray, radii: np.ndarray) -> np.ndarray:
+    """``fixed + D r`` block by block (the tokens' radii r for every ``x_t``): ``single`` on token i, ``own`` on
+    block i's tokens, (H, n(i), n(j), n(m))."""
+    r = IntervalArray(radii)
+    total = (IntervalArray(fixed) + IntervalArray(single) * r[None, :, None, None]).hi
+    index = np.arange(fixed.shape[1])
+    own_blocks = (IntervalArray(fixed[:, index, :, index].transpose(1, 0, 2))
+                  + (IntervalArray(own) * r).sum(axis=-1)).hi                 # (H, n(i), n(j))
+    total[:, index, :, index] = own_blocks.transpose(1, 0, 2)
+    return total
 
 
 def _grouped(blocks: np.ndarray, axis: int | None):
