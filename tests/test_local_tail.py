@@ -555,3 +555,42 @@ def test_joint_slope_remainder_is_tighter_on_real_weights():
     for i in range(2):
         a, b = _split_norms(ffn, weights[i])
         assert joint_remainder(enclosed, i, radii[i]) < a * b
+
+
+@settings(max_examples=2, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_each_token_moves_within_its_own_reach_after_the_attention(seed):
+    """Lemma attention-token-reach: on the Frobenius ball U(X, eps), ``||A(Y)_i - A(X)_i||`` at random points of U,
+    on its sphere and along the top singular directions of DA(X) never exceeds ``c_i eps + rest`` (``c_i`` the
+    certified column blocks' norms of DA(X), ``rest`` the attention curve's Taylor remainder), and at the small
+    radius, where the linear part dominates, the per-token reaches are below the whole output's reach for some token."""
+    from lipbound.local.curve import _curve
+    from lipbound.local.enclosed import EnclosedAttention
+    from lipbound.local.tail import column_block_norms, token_reach
+    generated = local_models.model(seed=seed % 50, layers=1)
+    X = hidden_states(generated, [1, 5, 7, 2, 9])[0]
+    n, d = X.shape
+    chain = chain_for(generated, "block", 0)[:1]
+    curve = _curve(generated, X, "layer", 0, None, None, "fro", "fro", (), [1e-3, 0.3], 0, 0, 20, None,
+                   chain=chain, want_reach=True)
+    attention = chain[0]
+    J = attention.jacobian(EnclosedAttention(attention.target, X))
+    columns = column_block_norms(J.to_enclosure(), n)
+    centre = chain_forward(chain, X[None])[-1][0]
+    rng = np.random.default_rng(seed)
+    dense = np.zeros((n * d, n * d))
+    for j in range(n * d):   # DA(X) by central differences: its top singular directions
+        e = np.zeros(n * d)
+        e[j] = 1e-6
+        dense[j] = (chain_forward(chain, (X + e.reshape(n, d))[None])[-1][0]
+                    - chain_forward(chain, (X - e.reshape(n, d))[None])[-1][0]).ravel() / 2e-6
+    top = np.linalg.svd(dense)[0][:, 0].reshape(n, d)
+    for point in curve.points:
+        bound = token_reach(columns, point.remainder, 1.0, point.eps)
+        assert np.all(np.isfinite(bound))
+        assert point.eps > 1e-3 or np.min(bound) < point.reach
+        directions = [top, -top] + [rng.standard_normal((n, d)) for _ in range(8)]
+        for E in directions:
+            scale = point.eps / np.linalg.norm(E) * (1.0 if rng.random() < 0.7 else rng.random())
+            moved = np.linalg.norm(chain_forward(chain, (X + scale * E)[None])[-1][0] - centre, axis=-1)
+            assert np.all(moved <= bound * (1 + 1e-9) + 1e-12)

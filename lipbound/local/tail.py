@@ -34,7 +34,7 @@ from .chains import telescoped_variation
 from .enclosed import feedforward_grams, trilinear_norm
 from .grouped import token_tail
 
-__all__ = ["BlockTail", "TokenTail", "weighted_tail_variation"]
+__all__ = ["BlockTail", "TokenTail", "weighted_tail_variation", "column_block_norms", "token_reach"]
 
 #: a token's slopes' remainder is refined (lemma slope-remainder-quadratic) when its split terms are at least this
 #: share of the token's bound
@@ -291,3 +291,21 @@ def _tail_reach(taus: np.ndarray, omegas: np.ndarray, attention_reach: float) ->
     movement, and ``sum_i ||A(Y)_i - A(X)_i||^2 <= R_A^2``."""
     rates = (IntervalArray(taus) + IntervalArray(omegas)).hi
     return (IntervalArray(float(np.max(rates))) * IntervalArray(attention_reach)).hi.item()
+
+
+def column_block_norms(jacobian: Enclosure, n: int) -> np.ndarray:
+    """``c_i >= ||DA(X)_(:, i)||_2`` per output token i (n,): the certified norms of the column blocks of the
+    attention's Jacobian at X (row convention, rows the moving tokens' inputs, ``d`` columns per output token)."""
+    d = jacobian.shape[1] // n
+    return np.array([spectral_norm_upper_large(jacobian[:, i * d:(i + 1) * d]) for i in range(n)])
+
+
+def token_reach(columns: np.ndarray, remainder: float, theta: float, eps: float) -> np.ndarray:
+    """``c_i theta_U eps + rest`` per token, rounded up (lemma attention-token-reach): on U, ``A(Y)_i - A(X)_i =
+    ((Y - X) DA(X))_i + r_i`` with ``||((Y - X) DA(X))_i|| <= c_i ||Y - X||_F <= c_i theta_U eps`` (``c_i`` from
+    :func:`column_block_norms`) and ``||r_i|| <= ||r||_F <= rest``, Taylor's remainder of the whole output (lemma
+    attention-reach-remainder); every entry inf where ``rest`` is."""
+    if not math.isfinite(remainder):
+        return np.full(columns.shape, np.inf)
+    linear = IntervalArray(columns) * IntervalArray(float(theta)) * IntervalArray(float(eps))
+    return (linear + IntervalArray(float(remainder))).hi
