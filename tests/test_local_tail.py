@@ -494,3 +494,103 @@ def test_folded_slope_remainder_holds_behind_the_layernorm(seed, eps):
             rho = _slope(h + moved) - _slope(h) - _curvature(h) * moved
             assert np.linalg.norm((A * rho) @ B, 2) <= folded * (1 + 1e-6) + 1e-9
             assert np.linalg.norm((A * rho) @ ffn.W_2, 2) <= front * (1 + 1e-6) + 1e-9
+
+
+def _third(h):
+    return h * np.exp(-0.5 * h * h) / np.sqrt(2 * np.pi) * (h * h - 4)
+
+
+def test_gelu_third_ceiling_holds_and_is_tight():
+    """The certified ``sup |GELU'''|`` is above GELU''' on a fine grid (written here from its formula) and within half a
+    percent of its largest value, at the root of ``x^4 - 7 x^2 + 4`` (where GELU'''' vanishes)."""
+    from lipbound.local.bounds import gelu_third_ceiling
+    grid = np.linspace(-30, 30, 600_001)
+    ceiling = gelu_third_ceiling()
+    assert np.max(np.abs(_third(grid))) <= ceiling
+    top = abs(_third(np.sqrt((7 - np.sqrt(33)) / 2)))
+    assert ceiling <= top * 1.005
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), width=st.sampled_from([10, 40]), scale=st.sampled_from([0.5, 1.0, 3.0]),
+       radius=st.sampled_from([0.05, 0.5, 2.0]))
+def test_joint_slope_remainder_holds_on_the_ball(seed, width, scale, radius):
+    """Lemma slope-remainder-quadratic with ``A = W_1``, ``B = W_2``: ``||W_1 diag(rho) W_2||`` (``rho`` the slopes'
+    change less its first-order term, written here from GELU's derivatives) at random points of the ball and on its
+    sphere never exceeds :func:`joint_remainder`; the variation of the feed-forward Jacobian, which now takes the
+    smaller of the split and the joint remainder, still holds along the sampled directions."""
+    from lipbound.local.bounds import joint_remainder
+    rng = np.random.default_rng(seed)
+    ffn = local_models.layer(rng, d_ff=width).ffn
+    ffn = type(ffn)(scale * ffn.W_1, ffn.b_1, ffn.W_2, ffn.b_2)
+    Y = 2 * rng.standard_normal((3, 6))
+    enclosed = EnclosedFeedForward(ffn, Y)
+    variation = np.diag(feedforward_bounds(ffn, TokenBalls(Y, np.full(3, radius)), enclosed).variation)
+    for i in range(3):
+        bound = joint_remainder(enclosed, i, radius)
+        h = Y[i] @ ffn.W_1 + ffn.b_1
+        J = _ffn_jacobian(ffn, Y[i])
+        for _ in range(40):
+            e = rng.standard_normal(6)
+            e *= radius / np.linalg.norm(e) * (1.0 if rng.random() < 0.7 else rng.random())
+            moved = e @ ffn.W_1
+            rho = _slope(h + moved) - _slope(h) - _curvature(h) * moved
+            assert np.linalg.norm((ffn.W_1 * rho) @ ffn.W_2, 2) <= bound * (1 + 1e-9) + 1e-12
+            assert np.linalg.norm(_ffn_jacobian(ffn, Y[i] + e) - J, 2) <= variation[i] * (1 + 1e-9) + 1e-12
+
+
+@pytest.mark.slow   # 6 CPU-s: two 1536 x 1536 eigenvalue bounds per token
+def test_joint_slope_remainder_is_tighter_on_real_weights():
+    """On the first feed-forward block of all-MiniLM-L6-v2, on balls of the radii a block meets at 1e-3 of the
+    LayerNorm radius (0.2-0.3), the joint remainder is below the per-neuron split (which pays ``||w_k|| R`` for every
+    neuron at once)."""
+    from lipbound.local.bounds import _split_norms, joint_remainder, remainder_weights
+    bert = load_text_model()
+    X = bert.hidden_states(bert.encode("The cat slept all afternoon."))[0][:2]
+    chain = chain_for(bert.model, "block", 0)
+    Y = chain_forward(chain, X[None])[2][0]
+    ffn = chain[2].target
+    enclosed, radii = EnclosedFeedForward(ffn, Y), np.array([0.2, 0.3])
+    weights = remainder_weights(ffn, enclosed, radii, range(2))
+    for i in range(2):
+        a, b = _split_norms(ffn, weights[i])
+        assert joint_remainder(enclosed, i, radii[i]) < a * b
+
+
+@settings(max_examples=2, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_each_token_moves_within_its_own_reach_after_the_attention(seed):
+    """Lemma attention-token-reach: on the Frobenius ball U(X, eps), ``||A(Y)_i - A(X)_i||`` at random points of U,
+    on its sphere and along the top singular directions of DA(X) never exceeds ``c_i eps + rest`` (``c_i`` the
+    certified column blocks' norms of DA(X), ``rest`` the attention curve's Taylor remainder), and at the small
+    radius, where the linear part dominates, the per-token reaches are below the whole output's reach for some token."""
+    from lipbound.local.curve import _curve
+    from lipbound.local.enclosed import EnclosedAttention
+    from lipbound.local.tail import column_block_norms, token_reach
+    generated = local_models.model(seed=seed % 50, layers=1)
+    X = hidden_states(generated, [1, 5, 7, 2, 9])[0]
+    n, d = X.shape
+    chain = chain_for(generated, "block", 0)[:1]
+    curve = _curve(generated, X, "layer", 0, None, None, "fro", "fro", (), [1e-3, 0.3], 0, 0, 20, None,
+                   chain=chain, want_reach=True)
+    attention = chain[0]
+    J = attention.jacobian(EnclosedAttention(attention.target, X))
+    columns = column_block_norms(J.to_enclosure(), n)
+    centre = chain_forward(chain, X[None])[-1][0]
+    rng = np.random.default_rng(seed)
+    dense = np.zeros((n * d, n * d))
+    for j in range(n * d):   # DA(X) by central differences: its top singular directions
+        e = np.zeros(n * d)
+        e[j] = 1e-6
+        dense[j] = (chain_forward(chain, (X + e.reshape(n, d))[None])[-1][0]
+                    - chain_forward(chain, (X - e.reshape(n, d))[None])[-1][0]).ravel() / 2e-6
+    top = np.linalg.svd(dense)[0][:, 0].reshape(n, d)
+    for point in curve.points:
+        bound = token_reach(columns, point.remainder, 1.0, point.eps)
+        assert np.all(np.isfinite(bound))
+        assert point.eps > 1e-3 or np.min(bound) < point.reach
+        directions = [top, -top] + [rng.standard_normal((n, d)) for _ in range(8)]
+        for E in directions:
+            scale = point.eps / np.linalg.norm(E) * (1.0 if rng.random() < 0.7 else rng.random())
+            moved = np.linalg.norm(chain_forward(chain, (X + scale * E)[None])[-1][0] - centre, axis=-1)
+            assert np.all(moved <= bound * (1 + 1e-9) + 1e-12)

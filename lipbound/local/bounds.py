@@ -29,14 +29,26 @@ from ..numeric.model import FeedForward, Head, Layer
 from ..numeric.normalization import Normalization
 from ..rigorous.arrays import IntervalArray, gelu_curvature, gelu_slope, gelu_third
 from ..rigorous.compiler import compile_array
-from ..rigorous.elementwise import gelu_slope_extrema
-from ..rigorous.linalg import product_norm_upper, spectral_norm_upper, spectral_norm_upper_large
+from ..rigorous.elementwise import gelu_slope_extrema, normal_pdf_bounds
+from ..rigorous.linalg import lambda_max_upper_large, product_norm_upper, spectral_norm_upper, spectral_norm_upper_large
 from ..symbolic import local as T
 from .balls import TokenBalls
-from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedNorm, head_products, hidden_fill
+from .enclosed import (
+    EnclosedAttention,
+    EnclosedFeedForward,
+    EnclosedNorm,
+    feedforward_hadamards,
+    head_products,
+    hidden_fill,
+)
 
 __all__ = ["LocalBounds", "NormFold", "attention_bounds", "norm_bounds", "feedforward_bounds", "remainder_weights",
-           "simplex_box_max", "attention_norms", "value_space", "evaluate_theorem", "head_movement"]
+           "simplex_box_max", "attention_norms", "value_space", "evaluate_theorem", "head_movement", "replace_split",
+           "third_derivative_roots", "joint_remainder", "gelu_third_ceiling"]
+
+#: the slopes' remainder is also bounded jointly over the neurons (:func:`joint_remainder`, two certified
+#: ``d_ff x d_ff`` top eigenvalues per token) when its per-neuron split is at least this share of the token's bound
+JOINT_SHARE = 0.05
 
 
 @final
@@ -382,8 +394,9 @@ def remainder_weights(ffn: FeedForward, E: EnclosedFeedForward, R: np.ndarray, t
 def _second_derivative_variation(ffn: FeedForward, E: EnclosedFeedForward, R: np.ndarray,
                                  local: np.ndarray) -> np.ndarray:
     """The variation of the block's Jacobian on the token balls through its second derivative at the centre
-    (theorem local-feedforward-curvature; inf for tokens not in ``local``): ``R Lambda^(1/2)`` plus the
-    split bound of :func:`remainder_weights`."""
+    (theorem local-feedforward-curvature; inf for tokens not in ``local``): ``R Lambda^(1/2)`` plus the slopes'
+    remainder, the smaller of the split bound of :func:`remainder_weights` and the joint one of
+    :func:`joint_remainder` (the latter formed only where the split is at least :data:`JOINT_SHARE` of the bound)."""
     tokens = np.flatnonzero(local)
     root = E.curvature_norms(tokens)
     weights = remainder_weights(ffn, E, R, tokens)
@@ -393,7 +406,65 @@ def _second_derivative_variation(ffn: FeedForward, E: EnclosedFeedForward, R: np
     names = (r"\|W_2^\top \operatorname{diag}(t)^{1/2}\|", r"\|\operatorname{diag}(t)^{1/2} W_1^\top\|")
     bound = evaluate_theorem(T.feedforward_curvature(), R=R, **{r"\Lambda^{1/2}": root, names[0]: rest[0],
                                                                 names[1]: rest[1]})
+    for i in tokens:
+        split = (IntervalArray(rest[0, i]) * IntervalArray(rest[1, i])).hi.item()
+        if np.isfinite(bound[i]) and split >= JOINT_SHARE * bound[i]:
+            bound[i] = replace_split(bound[i], rest[0, i], rest[1, i], joint_remainder(E, int(i), R[i]))
     return np.where(local, bound, np.inf)
+
+
+def replace_split(value: float, a: float, b: float, smaller: float) -> float:
+    """An upper bound of a sum ``value`` with its term ``a b`` replaced by ``min(a b, smaller)``: the value less a
+    lower bound of ``a b``, plus ``smaller``, rounded up."""
+    product = IntervalArray(a) * IntervalArray(b)
+    if not smaller < product.lo.item():
+        return value
+    return (IntervalArray(value) - product + IntervalArray(smaller)).hi.item()
+
+
+#: GELU''' is enclosed on pieces of this width over [-_THIRD_SPAN, _THIRD_SPAN] (:func:`gelu_third_ceiling`)
+_THIRD_PIECE, _THIRD_SPAN = 1.0 / 512, 12.0
+_THIRD_CEILING: list = []
+
+
+def gelu_third_ceiling() -> float:
+    """A certified upper bound on ``sup |GELU'''|`` over the real line (the supremum is 0.7788..., at ``x^2 = (7 -
+    sqrt 33) / 2``): GELU''' ``= x phi(x) (x^2 - 4)`` enclosed on pieces of width 1/512 covering [-12, 12] (0.7807),
+    and beyond them ``|x|^3 phi(x)``, which decreases for ``|x| > sqrt 3``, at ``|x| = 12`` (about 1e-28).  It caps
+    the enclosure of GELU''' over a wide interval, which multiplies the factors' ranges."""
+    if not _THIRD_CEILING:
+        starts = np.arange(-_THIRD_SPAN, _THIRD_SPAN, _THIRD_PIECE)            # exact: multiples of 2^-9
+        inside = float(np.max(gelu_third(IntervalArray(starts, starts + _THIRD_PIECE)).magnitude))
+        edge = IntervalArray(_THIRD_SPAN)
+        tail = (edge * edge * edge * IntervalArray(float(normal_pdf_bounds(_THIRD_SPAN)[1]))).hi.item()
+        _THIRD_CEILING.append(max(inside, tail))
+    return _THIRD_CEILING[0]
+
+
+def third_derivative_roots(E: EnclosedFeedForward, i: int, radius: float) -> IntervalArray:
+    """``S_k^(1/2)`` (d_ff,): ``S_k >= |GELU'''|`` on the interval ``h_ik +- ||w_k|| radius`` of neuron k's
+    pre-activation over token i's ball (capped by :func:`gelu_third_ceiling`)."""
+    reach = (IntervalArray(_column_norms(E.ffn)) * IntervalArray(float(radius))).hi
+    third = np.minimum(gelu_third(E.h[i] + IntervalArray(-reach, reach)).magnitude, gelu_third_ceiling())
+    return IntervalArray(third).sqrt()
+
+
+def joint_remainder(E: EnclosedFeedForward, i: int, radius: float) -> float:
+    """A bound on ``sup ||W_1 diag(rho) W_2||`` over token i's ball of ``radius`` (lemma slope-remainder-quadratic
+    with ``A = W_1``, ``B = W_2``): ``rho_k = GELU'(h_k + e.w_k) - GELU'(h_k) - GELU''(h_k) (e.w_k)``, ``|rho_k| <= S_k
+    (e.w_k)^2 / 2`` (:func:`third_derivative_roots`), and Cauchy-Schwarz over the neurons pays the pre-activations'
+    moves jointly through the one direction e: ``(radius^2 / 2) (lambda_A lambda_B)^(1/2)``, ``lambda_A =
+    lambda_max(diag(S)^(1/2) (G_1 o G_1) diag(S)^(1/2))``, ``lambda_B`` the same with ``G_1 o G_2``
+    (:func:`~lipbound.local.enclosed.feedforward_hadamards`), where the split of :func:`remainder_weights` pays
+    ``||w_k|| radius`` for every neuron at once.  Two certified top eigenvalues of ``d_ff x d_ff`` matrices; inf for
+    an infinite radius."""
+    if not np.isfinite(radius):
+        return np.inf
+    root = third_derivative_roots(E, i, radius)
+    tops = [max(lambda_max_upper_large((gram * root.expand(0) * root.expand(-1)).to_enclosure()), 0.0)
+            for gram in feedforward_hadamards(E.ffn)]                          # G_1 o G_2, G_1 o G_1
+    half_square = IntervalArray(float(radius)) * IntervalArray(float(radius)) * IntervalArray(0.5)
+    return (half_square * (IntervalArray(tops[0]) * IntervalArray(tops[1])).sqrt()).hi.item()
 
 
 _GLOBAL: dict = {}

@@ -72,7 +72,7 @@ from .curvature import CURVATURE_TOKENS, AttentionCurvature, CurvatureIntegral, 
 from .front import FrontSplit
 from .relational import RELATIONAL_WORTH, RelationalRoute, covers, relational_grid
 from .stack import StackOfBlocks
-from .tail import BlockTail, TokenTail
+from .tail import BlockTail, TokenTail, column_block_norms, token_reach
 
 __all__ = ["CurvePoint", "LipschitzCurve", "lipschitz_curve", "DENSE_LIMIT", "CHAIN_DENSE_LIMIT", "FLOAT_ALLOWANCE"]
 
@@ -120,6 +120,10 @@ class CurvePoint:
     #: attention-reach-remainder), whose token balls the block takes after it; for a block also its tail's
     #: (lemma block-reach)
     reach: float = math.inf
+    #: for a block's attention curve, Taylor's remainder alone, ``sup_U ||F(Y) - F(X) - DF(X)(Y - X)||_F`` (lemma
+    #: attention-reach-remainder; inf where not formed): with the Jacobian's column blocks it bounds each token's
+    #: own movement (lemma attention-token-reach)
+    remainder: float = math.inf
 
     @property
     def ratio(self) -> float:
@@ -353,6 +357,8 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         at_x = centre.prefix_jacobian[1] if 1 in centre.prefix_jacobian else right_product(None, chain[0],
                                                                                             centre.enclosed[0])
         attention_jacobian = at_x[np.repeat(moving, d)]
+    # its column blocks' norms bound each token's linear movement (lemma attention-token-reach)
+    token_columns = None if attention_jacobian is None else column_block_norms(attention_jacobian, n)
     # a stack: its blocks' own curves, composed (theorem local-chain on the blocks)
     def block_curve(X_l, layer_l, ball_l, positions_l, eps_l, report, attention_l, **piece):
         return _curve(model, X_l, "block", layer_l, None, None, "fro", ball_l, positions_l, eps_l, 0, 0,
@@ -386,6 +392,9 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
                     movement = bounds.movement
                     if k == 0 and first is not None:
                         movement = np.minimum(movement, first.points[index].reach)
+                        if token_columns is not None:   # each token's own reach (lemma attention-token-reach)
+                            movement = np.minimum(movement, token_reach(token_columns, first.points[index].remainder,
+                                                                        frobenius_factor(hood, n).hi.item(), hood.eps))
                     if component.kind == "feedforward":   # the GELU values' changes jointly (secant slopes)
                         movement = np.minimum(movement, centre.enclosed[k].movement(balls.radii))
                     radii = (IntervalArray(movement) + IntervalArray(centre.rounding[k + 1])).hi
@@ -431,8 +440,8 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         routes.offer("global", global_value)
         routes.offer("jacobian-supremum", enclosure)
         certified = routes.value
-        moved = min(reach(certified, hood, n), tail_reach,
-                    _taylor_reach(curvature, joined, hood, N_dense, n) if want_reach else math.inf)
+        rest = _taylor_remainder(curvature, joined, hood) if want_reach else math.inf
+        moved = min(reach(certified, hood, n), tail_reach, _taylor_reach(rest, hood, N_dense, n))
         witness = max(witness, _ascent(chain, X, hood, moving, norm, witness_at_x, direction, ascent_steps, seed))
         change = max(change, _ascent(chain, X, hood, moving, norm, 0.0, direction, ascent_steps, seed, change=True))
         verdicts = {certify_le(interval(found) * interval((1 - FLOAT_ALLOWANCE, 1 + FLOAT_ALLOWANCE)), interval(bound))
@@ -443,7 +452,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         nested = stack.cpu_seconds[index] if stack is not None else \
             first.points[index].cpu_seconds if first is not None else 0.0
         points[index] = CurvePoint(hood.eps, certified, witness, local, variation, change, global_value, verdict,
-                                   time.process_time() - started + nested, routes.name, moved)
+                                   time.process_time() - started + nested, routes.name, moved, rest)
         if progress is not None:
             progress(done + 1, len(neighbourhoods), "radii")
     description = chain[0].name if len(chain) == 1 else f"{chain[0].name} .. {chain[-1].name}"
@@ -533,11 +542,11 @@ class _CurvatureRoute:
         return steps
 
 
-def _taylor_reach(curvature: _CurvatureRoute | None, relational: RelationalRoute | None, hood: Neighbourhood,
-                  jacobian_norm: float, n: int) -> float:
-    """``||DF(X)|| theta_U eps`` plus the smaller of the curvature route's Taylor remainders (on its own grid, and on
-    the relational grid with the relational score and weight ranges where that route is given and covers U); inf
-    without a curvature route (lemma attention-reach-remainder)."""
+def _taylor_remainder(curvature: _CurvatureRoute | None, relational: RelationalRoute | None,
+                      hood: Neighbourhood) -> float:
+    """The smaller of the curvature route's Taylor remainders (on its own grid, and on the relational grid with the
+    relational score and weight ranges where that route is given and covers U); inf without a curvature route, 0 at
+    eps = 0 (lemma attention-reach-remainder)."""
     if curvature is None or hood.eps == 0:
         return 0.0 if hood.eps == 0 else math.inf
     rest = curvature.remainder(hood)
@@ -546,6 +555,13 @@ def _taylor_reach(curvature: _CurvatureRoute | None, relational: RelationalRoute
             rest = min(rest, curvature.remainder(hood, grid=relational_grid, known=relational.known))
         except NotCertifiedError:   # (the relational ranges themselves overflowed)
             pass
+    return rest
+
+
+def _taylor_reach(rest: float, hood: Neighbourhood, jacobian_norm: float, n: int) -> float:
+    """``||DF(X)|| theta_U eps`` plus Taylor's remainder ``rest`` (lemma attention-reach-remainder)."""
+    if not math.isfinite(rest):
+        return math.inf
     linear = upper_product(jacobian_norm, frobenius_factor(hood, n).hi.item(), hood.eps)
     return upper(interval(linear) + interval(rest))
 

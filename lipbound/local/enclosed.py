@@ -38,7 +38,7 @@ from .scores import ScoreNorms, head_projections, score_scale, visibility
 SECANT_PIECES = 16
 
 __all__ = ["EnclosedAttention", "EnclosedNorm", "EnclosedFeedForward", "inverse_sqrt", "head_products", "softmax",
-           "trilinear_norm", "feedforward_grams", "key_masses", "hidden_fill"]
+           "trilinear_norm", "feedforward_grams", "feedforward_hadamards", "key_masses", "hidden_fill"]
 
 
 def inverse_sqrt(k: int) -> IntervalArray:
@@ -276,8 +276,8 @@ class EnclosedFeedForward:
         out = np.zeros(n)
         tokens = range(n) if tokens is None else tokens
         if any(i not in cache for i in tokens):
-            first, second = feedforward_grams(self.ffn)
-            hadamards = (first * second, first * first)     # the same for every token
+            first = feedforward_grams(self.ffn)[0]
+            hadamards = feedforward_hadamards(self.ffn)     # the same for every token
             W_1, W_2, g = IntervalArray(self.ffn.W_1), IntervalArray(self.ffn.W_2), self.curvature
             for i in (i for i in tokens if i not in cache):
                 cache[i] = trilinear_norm(g[i], W_1, W_2, first, hadamards=hadamards)
@@ -374,6 +374,19 @@ def feedforward_grams(ffn: FeedForward) -> tuple:
         second = IntervalArray.from_enclosure(Enclosure.exact(ffn.W_2) @ Enclosure.exact(ffn.W_2.T))
         _GRAMS[key] = (ffn, first, second)
     return _GRAMS[key][1:]
+
+
+_HADAMARDS: dict = {}
+
+
+def feedforward_hadamards(ffn: FeedForward) -> tuple:
+    """``(G_1 o G_2, G_1 o G_1)`` enclosed, ``G_1 = W_1^T W_1``, ``G_2 = W_2 W_2^T`` (:func:`feedforward_grams`), ``o``
+    entrywise: the Gram matrices of the vectors ``w_k (x) r_k`` and ``w_k (x) w_k`` (d_ff, d_ff), once per block."""
+    key = id(ffn)
+    if key not in _HADAMARDS or _HADAMARDS[key][0] is not ffn:
+        first, second = feedforward_grams(ffn)
+        _HADAMARDS[key] = (ffn, first * second, first * first)
+    return _HADAMARDS[key][1:]
 
 
 def trilinear_norm(g: IntervalArray, A: IntervalArray, B: IntervalArray, e_gram: IntervalArray,

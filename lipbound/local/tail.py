@@ -25,16 +25,16 @@ import math
 
 import numpy as np
 
-from ..rigorous.arrays import IntervalArray, gelu_third
+from ..rigorous.arrays import IntervalArray
 from ..rigorous.linalg import Enclosure, lambda_max_upper_large, spectral_norm_upper_large
 from ..symbolic import local as T
 from .balls import TokenBalls
-from .bounds import evaluate_theorem, norm_bounds, remainder_weights
+from .bounds import evaluate_theorem, norm_bounds, remainder_weights, replace_split, third_derivative_roots
 from .chains import telescoped_variation
 from .enclosed import feedforward_grams, trilinear_norm
 from .grouped import token_tail
 
-__all__ = ["BlockTail", "TokenTail", "weighted_tail_variation"]
+__all__ = ["BlockTail", "TokenTail", "weighted_tail_variation", "column_block_norms", "token_reach"]
 
 #: a token's slopes' remainder is refined (lemma slope-remainder-quadratic) when its split terms are at least this
 #: share of the token's bound
@@ -127,7 +127,7 @@ class BlockTail:
                   r"\|\operatorname{diag}(t)^{1/2} W_2 J_2\|": split[1]}
         value = float(evaluate_theorem(T.block_tail_variation(),
                                        **{key: np.float64(v) for key, v in values.items()}))
-        return value if quadratic is None else _replace_split(value, split[0], split[1], quadratic[0])
+        return value if quadratic is None else replace_split(value, split[0], split[1], quadratic[0])
 
     def quadratic_remainder(self, i: int, radius: float, near: tuple) -> tuple[float, float]:
         """Bounds on ``sup ||(J_1 W_1) diag(rho) (W_2 J_2)||`` and ``sup ||(J_1 W_1) diag(rho) W_2||`` at token i over
@@ -148,8 +148,7 @@ class BlockTail:
         # (A^T A and B B^T formed again: 0.1 s each, where keeping them costs 75 MB per token)
         a_gram, b_gram = facts["A"].swapaxes(0, 1).bmm(facts["A"]), facts["B"].bmm(facts["B"].swapaxes(0, 1))
         columns = IntervalArray(IntervalArray(self.ffn.ffn.W_1).norm_upper(axis=0))
-        reach = (columns * IntervalArray(float(radius))).hi
-        root = IntervalArray(gelu_third(self.ffn.h[i] + IntervalArray(-reach, reach)).magnitude).sqrt()
+        root = third_derivative_roots(self.ffn, i, radius)
         r, delta, weights = IntervalArray(float(near[0])), IntervalArray(float(near[1])), root * columns
 
         def side(gram: IntervalArray, rows: IntervalArray) -> IntervalArray:    # rows: the vectors b_k (or a_k)
@@ -195,7 +194,7 @@ class BlockTail:
             value = float(evaluate_theorem(T.feedforward_front_variation(),
                                            **{key: np.float64(v) for key, v in values.items()}))
             if quadratic and i in quadratic:
-                value = _replace_split(value, splits[i][0], splits[i][2], quadratic[i][1])
+                value = replace_split(value, splits[i][0], splits[i][2], quadratic[i][1])
             out[i] = min(out[i], value)
         return out, splits
 
@@ -229,15 +228,6 @@ class BlockTail:
         attention's ``R_A >= sup_U ||A(Y) - A(X)||_F``."""
         return _tail_reach(self.taus, omegas, attention_reach)
 
-
-
-def _replace_split(value: float, a: float, b: float, smaller: float) -> float:
-    """An upper bound of a sum ``value`` with its term ``a b`` replaced by ``min(a b, smaller)``: the value less a
-    lower bound of ``a b``, plus ``smaller``, rounded up."""
-    product = IntervalArray(a) * IntervalArray(b)
-    if smaller >= product.lo.item():
-        return value
-    return (IntervalArray(value) - product + IntervalArray(smaller)).hi.item()
 
 
 class TokenTail:
@@ -301,3 +291,21 @@ def _tail_reach(taus: np.ndarray, omegas: np.ndarray, attention_reach: float) ->
     movement, and ``sum_i ||A(Y)_i - A(X)_i||^2 <= R_A^2``."""
     rates = (IntervalArray(taus) + IntervalArray(omegas)).hi
     return (IntervalArray(float(np.max(rates))) * IntervalArray(attention_reach)).hi.item()
+
+
+def column_block_norms(jacobian: Enclosure, n: int) -> np.ndarray:
+    """``c_i >= ||DA(X)_(:, i)||_2`` per output token i (n,): the certified norms of the column blocks of the
+    attention's Jacobian at X (row convention, rows the moving tokens' inputs, ``d`` columns per output token)."""
+    d = jacobian.shape[1] // n
+    return np.array([spectral_norm_upper_large(jacobian[:, i * d:(i + 1) * d]) for i in range(n)])
+
+
+def token_reach(columns: np.ndarray, remainder: float, theta: float, eps: float) -> np.ndarray:
+    """``c_i theta_U eps + rest`` per token, rounded up (lemma attention-token-reach): on U, ``A(Y)_i - A(X)_i =
+    ((Y - X) DA(X))_i + r_i`` with ``||((Y - X) DA(X))_i|| <= c_i ||Y - X||_F <= c_i theta_U eps`` (``c_i`` from
+    :func:`column_block_norms`) and ``||r_i|| <= ||r||_F <= rest``, Taylor's remainder of the whole output (lemma
+    attention-reach-remainder); every entry inf where ``rest`` is."""
+    if not math.isfinite(remainder):
+        return np.full(columns.shape, np.inf)
+    linear = IntervalArray(columns) * IntervalArray(float(theta)) * IntervalArray(float(eps))
+    return (linear + IntervalArray(float(remainder))).hi
