@@ -351,7 +351,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
     tail = None
     if first is not None and norm == "fro" and kind == "block":
         tail = BlockTail(centre.enclosed) if model.layer(layer).placement == "post" else TokenTail(centre.enclosed)
-    # the attention's Jacobian at X (moving tokens' rows), for the tail's weighted form (lemma tail-weighted)
+    # the attention's Jacobian at X (moving tokens' rows), for theorem local-attention-tail-weighted
     attention_jacobian = None
     if tail is not None and dense:
         at_x = centre.prefix_jacobian[1] if 1 in centre.prefix_jacobian else right_product(None, chain[0],

@@ -103,7 +103,7 @@ class BlockTail:
             if quadratic:
                 break
             bound = np.minimum(telescoped, folded)
-            # every token's omega counts in the weighted tail (lemma tail-weighted), not only the largest; a
+            # every token's omega counts in theorem local-attention-tail-weighted, not only the largest; a
             # remainder below a hundredth of the token's bound cannot lower it by more: not worth the eigenvalues
             for i in range(n):
                 finite = np.isfinite(bound[i]) and np.isfinite(radii[2][i]) and np.all(np.isfinite(splits[i]))
@@ -272,17 +272,18 @@ def _tail_variation(tau: float, omegas: np.ndarray, attention, jacobian=None) ->
 
 
 def weighted_tail_variation(tau: float, omegas: np.ndarray, variation: float, jacobian: Enclosure) -> float:
-    """``tau var_U(A) + ||DA(X) diag(omega)|| + max_i omega_i var_U(A)``, rounded up (lemma tail-weighted): the
-    second term of theorem local-attention-tail, ``DA(Y) diag(T_i(A(Y)) - T_i(A(X)))`` (row convention), has its
-    output token i's columns scaled by a change of norm at most ``omega_i``, so its norm is at most that of
-    ``DA(Y) diag(omega)``, and ``DA(Y)`` is within ``var_U(A)`` of ``DA(X)``: the tokens whose per-token maps move
-    little no longer pay the largest change times the attention's whole constant.  ``jacobian`` (rows: the moving
-    tokens' inputs, columns: the n output tokens' ``d`` coordinates) is the attention's Jacobian at X, enclosed."""
+    """``tau var_U(A) + ||Omega DA(X)|| + max_i omega_i var_U(A)``, ``Omega = diag(omega_i I)``, rounded up (theorem
+    local-attention-tail-weighted): the second term of theorem local-attention-tail has output token i's part
+    scaled by a change of norm at most ``omega_i``, and ``DA(Y)`` is within ``var_U(A)`` of ``DA(X)``, so the tokens
+    whose per-token maps move little no longer pay the largest change times the attention's whole constant.
+    ``jacobian`` (row convention -- rows: the moving tokens' inputs, columns: the n output tokens' ``d``
+    coordinates, so Omega scales its columns) is the attention's Jacobian at X, enclosed."""
     n = omegas.shape[0]
     scales = IntervalArray(np.repeat(omegas, jacobian.shape[1] // n))
     scaled = spectral_norm_upper_large((IntervalArray.from_enclosure(jacobian) * scales.expand(0)).to_enclosure())
-    top, var = IntervalArray(float(np.max(omegas))), IntervalArray(float(variation))
-    return (IntervalArray(tau) * var + IntervalArray(scaled) + top * var).hi.item()
+    values = {r"\tau": tau, r"\operatorname{var}_U(A)": variation, r"\omega": np.max(omegas),
+              r"\|\Omega\,DA(X)\|": scaled}
+    return float(evaluate_theorem(T.attention_tail_weighted(), **{key: np.float64(v) for key, v in values.items()}))
 
 
 def _tail_reach(taus: np.ndarray, omegas: np.ndarray, attention_reach: float) -> float:
