@@ -147,14 +147,7 @@ def test_screened_passes_refine_only_what_could_be_the_maximum(monkeypatch):
     for layer in range(4):
         assert screened.largest(layer) <= exact.largest(layer)
         assert loose.largest(layer) <= 1.5 * exact.largest(layer)
-    for index, (word,) in enumerate(screened.words):
-        edited = list(IDS)
-        edited[SLOT] = int(word)
-        new = hidden_states(generated, edited)
-        for layer in range(4):
-            cost = float(np.mean(np.linalg.norm(attention_block(generated.layer(layer), new[layer])[0]
-                                                - sets[layer].original, axis=1)))
-            assert cost <= screened.bounds[layer][index] * (1 + 1e-9)
+    _assert_bounds_cover_the_costs(screened, generated, sets)
 
 
 @pytest.mark.parametrize("refine_within, keep", [(-0.99, True), pytest.param(0.0, True, marks=pytest.mark.slow),
@@ -201,14 +194,7 @@ def test_the_cheap_tier_settles_sentences_below_the_maximum_and_keeps_the_set_va
     for layer in range(4):
         for passes in (tiered, before):
             assert passes.largest(layer) <= (1 + max(refine_within, 0.0)) * exact.largest(layer) * (1 + 1e-12)
-    for index, (word,) in enumerate(tiered.words):
-        edited = list(IDS)
-        edited[SLOT] = int(word)
-        new = hidden_states(generated, edited)
-        for layer in range(4):
-            cost = float(np.mean(np.linalg.norm(attention_block(generated.layer(layer), new[layer])[0]
-                                                - sets[layer].original, axis=1)))
-            assert cost <= tiered.bounds[layer][index] * (1 + 1e-9)
+    _assert_bounds_cover_the_costs(tiered, generated, sets)
 
 
 def test_passes_stop_where_rounding_dominates_and_leave_the_rest_to_the_balls():
@@ -450,3 +436,15 @@ def test_slope_grams_are_kept_for_the_most_recent_blocks_only(monkeypatch):
     again = point_stages._slope_gram(blocks[0].ffn, blocks[0].ffn_norm.gamma)   # formed anew, the same facts
     assert np.array_equal(again[0].hi, first[0][0].hi) and again[1] == first[0][1]
     assert len(point_stages._SLOPE_GRAMS) == 2 and id(blocks[1].ffn) not in point_stages._SLOPE_GRAMS
+
+
+def _assert_bounds_cover_the_costs(passes, generated, sets, layers: int = 4) -> None:
+    """Every edited sentence's certified bound at least its cost, run here through an independent forward pass."""
+    for index, (word,) in enumerate(passes.words):
+        edited = list(IDS)
+        edited[SLOT] = int(word)
+        new = hidden_states(generated, edited)
+        for layer in range(layers):
+            cost = float(np.mean(np.linalg.norm(attention_block(generated.layer(layer), new[layer])[0]
+                                                - sets[layer].original, axis=1)))
+            assert cost <= passes.bounds[layer][index] * (1 + 1e-9)

@@ -267,14 +267,8 @@ def test_the_changes_of_zetas_rows_on_a_frobenius_ball_are_bounded_jointly(seed,
     """The bounds on ``||diag(s) (zeta(Y) - zeta(X))||_2`` (blockwise, the tokens sharing the radius, the heads'
     weight parts joined), overall, per head and per query, against zeta formed here at points of the Frobenius
     ball; the blocks' own bounds; and the shared radius below each token's own."""
-    rng = np.random.default_rng(seed)
-    target = _target(rng, kind, d=4, heads=2, d_k=2, scale=scale)
-    X = rng.standard_normal((n, 4))
-    E = EnclosedAttention(target, X)
-    curvature = AttentionCurvature(E, target)
-    balls = Neighbourhood("fro", eps).balls(X)
-    facts = attention_bounds(target, balls, E).facts
-    _, changes, _ = curvature._functional_deviation(facts, balls.radii, eps)
+    rng, target, X, curvature, balls, facts, deviation = _frobenius_case(seed, kind, n, scale, eps)
+    _, changes, _ = deviation
     H = len(_parts(target))
     at_x = _zeta(target, X).reshape(H, n, n, n, 4)
     scales = rng.uniform(0, 2, (H, n, n))
@@ -342,14 +336,8 @@ def test_the_score_changes_centred_at_x_and_the_weights_part_are_bounded_on_the_
     """Lemma curvature-covariance-centred: ``zeta(Y) - zeta(X) = (z(Y) - z(X)) - m(Y)``, and the bounds of
     ``centred_parts`` on each part (blocks, all rows, per head and per query, row scales s) against z and m formed
     here at points of the Frobenius ball."""
-    rng = np.random.default_rng(seed)
-    target = _target(rng, kind, d=4, heads=2, d_k=2, scale=scale)
-    X = rng.standard_normal((n, 4))
-    E = EnclosedAttention(target, X)
-    curvature = AttentionCurvature(E, target)
-    balls = Neighbourhood("fro", eps).balls(X)
-    facts = attention_bounds(target, balls, E).facts
-    _, _, (centred, weights) = curvature._functional_deviation(facts, balls.radii, eps)
+    rng, target, X, curvature, balls, facts, deviation = _frobenius_case(seed, kind, n, scale, eps)
+    _, _, (centred, weights) = deviation
     H = len(_parts(target))
     at_x = _zeta(target, X).reshape(H, n, n, n, 4)
     scales = rng.uniform(0, 2, (H, n, n))
@@ -581,3 +569,16 @@ def test_the_value_at_an_eps_does_not_depend_on_the_other_radii_asked():
     assert listed.points[3].variation == alone.points[0].variation
     grid = _CurvatureRoute.grid(1e-3)
     assert grid[-1] == 1e-3 and all(1e-4 < t < 1e-3 for t in grid[:-1]) and len(grid) == 6
+
+
+def _frobenius_case(seed, kind, n, scale, eps):
+    """A small random attention target at n random tokens, its curvature bound on the Frobenius ball of radius eps
+    and facts, and the ball's functional deviation ``(linear, changes, centred)``."""
+    rng = np.random.default_rng(seed)
+    target = _target(rng, kind, d=4, heads=2, d_k=2, scale=scale)
+    X = rng.standard_normal((n, 4))
+    E = EnclosedAttention(target, X)
+    curvature = AttentionCurvature(E, target)
+    balls = Neighbourhood("fro", eps).balls(X)
+    facts = attention_bounds(target, balls, E).facts
+    return rng, target, X, curvature, balls, facts, curvature._functional_deviation(facts, balls.radii, eps)
