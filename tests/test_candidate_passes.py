@@ -425,17 +425,23 @@ def test_weight_moves_cover_every_score_deviation_and_the_linear_bound_is_reache
     assert reached <= moved2.hi[0, 0, 0, 0] and 0.9 * moved2.hi[0, 0, 0, 0] < reached
 
 
-def test_slope_grams_are_kept_for_the_most_recent_blocks_only(monkeypatch):
-    from lipbound.local import point_stages
+def test_per_block_facts_are_kept_for_the_most_recent_blocks_only(monkeypatch):
+    from lipbound.local import enclosed, point_stages
     monkeypatch.setattr(point_stages, "_SLOPE_GRAMS", {})
-    monkeypatch.setattr(point_stages, "_SLOPE_GRAMS_KEPT", 2)
+    monkeypatch.setattr(enclosed, "_HADAMARDS", {})
+    monkeypatch.setattr(enclosed, "BLOCKS_KEPT", 2)
     rng = np.random.default_rng(0)
     blocks = [local_models.layer(rng, d_ff=4) for _ in range(3)]
     first = [point_stages._slope_gram(b.ffn, b.ffn_norm.gamma) for b in blocks]
-    assert len(point_stages._SLOPE_GRAMS) == 2 and id(blocks[0].ffn) not in point_stages._SLOPE_GRAMS
+    hadamards = [enclosed.feedforward_hadamards(b.ffn) for b in blocks]
+    for cache in (point_stages._SLOPE_GRAMS, enclosed._HADAMARDS):
+        assert len(cache) == 2 and all(key[0] != id(blocks[0].ffn) for key in cache)
     again = point_stages._slope_gram(blocks[0].ffn, blocks[0].ffn_norm.gamma)   # formed anew, the same facts
     assert np.array_equal(again[0].hi, first[0][0].hi) and again[1] == first[0][1]
-    assert len(point_stages._SLOPE_GRAMS) == 2 and id(blocks[1].ffn) not in point_stages._SLOPE_GRAMS
+    assert len(point_stages._SLOPE_GRAMS) == 2 and all(key[0] != id(blocks[1].ffn) for key in point_stages._SLOPE_GRAMS)
+    assert enclosed.feedforward_hadamards(blocks[2].ffn) is hadamards[2]           # kept: not formed again
+    other_gamma = blocks[2].ffn_norm.gamma.copy()                                  # another gain: formed anew
+    assert point_stages._slope_gram(blocks[2].ffn, other_gamma) is not first[2]
 
 
 def _assert_bounds_cover_the_costs(passes, generated, sets, layers: int = 4) -> None:

@@ -38,7 +38,8 @@ from .scores import ScoreNorms, head_projections, score_scale, visibility
 SECANT_PIECES = 16
 
 __all__ = ["EnclosedAttention", "EnclosedNorm", "EnclosedFeedForward", "inverse_sqrt", "head_products", "softmax",
-           "trilinear_norm", "feedforward_grams", "feedforward_hadamards", "key_masses", "hidden_fill"]
+           "trilinear_norm", "feedforward_grams", "feedforward_hadamards", "kept_per_block", "key_masses",
+           "hidden_fill"]
 
 
 def inverse_sqrt(k: int) -> IntervalArray:
@@ -363,17 +364,32 @@ def _norm(M: IntervalArray) -> IntervalArray:
     return IntervalArray(spectral_norm_upper_large(M.to_enclosure()))
 
 
+#: a per-block cache keeps the most recent blocks only (each entry holds d_ff x d_ff enclosures, tens of MB for
+#: all-MiniLM-L6-v2, and keeps its block alive)
+BLOCKS_KEPT = 12
+
+
+def kept_per_block(cache: dict, owners: tuple, compute):
+    """``compute()`` once per tuple of ``owners`` (the block and whatever else the value depends on, compared by
+    identity), remembered in ``cache`` for the most recent :data:`BLOCKS_KEPT` tuples."""
+    key = tuple(id(owner) for owner in owners)
+    entry = cache.get(key)
+    if entry is None or any(kept is not owner for kept, owner in zip(entry[0], owners)):
+        cache.pop(key, None)
+        while len(cache) >= BLOCKS_KEPT:   # the oldest goes first (dicts keep insertion order)
+            del cache[next(iter(cache))]
+        entry = cache[key] = (owners, compute())
+    return entry[1]
+
+
 _GRAMS: dict = {}
 
 
 def feedforward_grams(ffn: FeedForward) -> tuple:
     """``(W_1^T W_1, W_2 W_2^T)`` enclosed, once per block."""
-    key = id(ffn)
-    if key not in _GRAMS or _GRAMS[key][0] is not ffn:
-        first = IntervalArray.from_enclosure(Enclosure.exact(ffn.W_1.T) @ Enclosure.exact(ffn.W_1))
-        second = IntervalArray.from_enclosure(Enclosure.exact(ffn.W_2) @ Enclosure.exact(ffn.W_2.T))
-        _GRAMS[key] = (ffn, first, second)
-    return _GRAMS[key][1:]
+    return kept_per_block(_GRAMS, (ffn,), lambda: (
+        IntervalArray.from_enclosure(Enclosure.exact(ffn.W_1.T) @ Enclosure.exact(ffn.W_1)),
+        IntervalArray.from_enclosure(Enclosure.exact(ffn.W_2) @ Enclosure.exact(ffn.W_2.T))))
 
 
 _HADAMARDS: dict = {}
@@ -382,11 +398,10 @@ _HADAMARDS: dict = {}
 def feedforward_hadamards(ffn: FeedForward) -> tuple:
     """``(G_1 o G_2, G_1 o G_1)`` enclosed, ``G_1 = W_1^T W_1``, ``G_2 = W_2 W_2^T`` (:func:`feedforward_grams`), ``o``
     entrywise: the Gram matrices of the vectors ``w_k (x) r_k`` and ``w_k (x) w_k`` (d_ff, d_ff), once per block."""
-    key = id(ffn)
-    if key not in _HADAMARDS or _HADAMARDS[key][0] is not ffn:
+    def compute():
         first, second = feedforward_grams(ffn)
-        _HADAMARDS[key] = (ffn, first * second, first * first)
-    return _HADAMARDS[key][1:]
+        return first * second, first * first
+    return kept_per_block(_HADAMARDS, (ffn,), compute)
 
 
 def trilinear_norm(g: IntervalArray, A: IntervalArray, B: IntervalArray, e_gram: IntervalArray,

@@ -34,7 +34,7 @@ from ..rigorous.batched import spectral_norms_upper
 from ..rigorous.elementwise import gamma_bound, inv_sqrt_2pi
 from ..rigorous.linalg import spectral_norm_upper
 from .bounds import _column_norms, attention_norms, feedforward_global
-from .enclosed import EnclosedNorm, inverse_sqrt
+from .enclosed import EnclosedNorm, inverse_sqrt, kept_per_block
 from .scores import ScoreNorms
 
 __all__ = ["PointStates", "attention_radii", "norm_radii", "feedforward_radii", "chain_radii", "SlopeReference"]
@@ -265,10 +265,8 @@ def feedforward_radii(ffn, X: PointStates) -> PointStates:
     return PointStates.from_enclosure(output, (IntervalArray(feedforward_global(ffn)) * IntervalArray(X.radii)).hi)
 
 
-#: id(ffn) -> (ffn, gamma, and the facts of :func:`_slope_gram`), the most recent :data:`_SLOPE_GRAMS_KEPT`
-#: (each holds a d_ff x d_ff enclosure, about 38 MB for all-MiniLM-L6-v2, and keeps its block alive).
+#: (ffn, gamma) -> the facts of :func:`_slope_gram` (:func:`~.enclosed.kept_per_block`)
 _SLOPE_GRAMS: dict = {}
-_SLOPE_GRAMS_KEPT = 12
 
 
 def _slope_gram(ffn, gamma: np.ndarray) -> tuple[IntervalArray, float, np.ndarray, float, float]:
@@ -276,20 +274,16 @@ def _slope_gram(ffn, gamma: np.ndarray) -> tuple[IntervalArray, float, np.ndarra
     ``||diag(gamma) W_1 diag(s) W_2||_F^2 = s^T G s``; an upper bound on ``|| |G| ||_inf`` (>= ``|| |G| ||_2``,
     ``|G|`` symmetric), the column norms ``||diag(gamma) w_1k||``, a certified ``||W_2||`` and an upper bound on
     ``|| |W_1| |W_2| ||_F`` (the error scale of products formed in floats); once per block."""
-    key = id(ffn)
-    if key not in _SLOPE_GRAMS or _SLOPE_GRAMS[key][0] is not ffn or _SLOPE_GRAMS[key][1] is not gamma:
+    def compute():
         scaled = IntervalArray(ffn.W_1) * IntervalArray(np.asarray(gamma, dtype=np.float64))[:, None]     # (d, d_ff)
         left = scaled.swapaxes(0, 1).bmm(scaled)
         right = IntervalArray(ffn.W_2).bmm(IntervalArray(np.ascontiguousarray(ffn.W_2.T)))
         G = left * right
         widest = float(np.max(IntervalArray(G.magnitude).sum(axis=-1).hi))
         absolute = IntervalArray(np.abs(ffn.W_1)).bmm(IntervalArray(np.abs(ffn.W_2)))
-        _SLOPE_GRAMS.pop(key, None)
-        while len(_SLOPE_GRAMS) >= _SLOPE_GRAMS_KEPT:   # the oldest goes first (dicts keep insertion order)
-            del _SLOPE_GRAMS[next(iter(_SLOPE_GRAMS))]
-        _SLOPE_GRAMS[key] = (ffn, gamma, G, widest, scaled.norm_upper(axis=0), spectral_norm_upper(ffn.W_2),
-                             float(IntervalArray(absolute.hi).square().sum(axis=-1).sum(axis=-1).sqrt().hi))
-    return _SLOPE_GRAMS[key][2:]
+        return (G, widest, scaled.norm_upper(axis=0), spectral_norm_upper(ffn.W_2),
+                float(IntervalArray(absolute.hi).square().sum(axis=-1).sum(axis=-1).sqrt().hi))
+    return kept_per_block(_SLOPE_GRAMS, (ffn, gamma), compute)
 
 
 def _curvature_top() -> float:
