@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from typing import final
 
@@ -178,10 +179,12 @@ def _cvxpy_solve(problem, solver: str):
     import cvxpy as cp
     started = time.perf_counter()
     try:
-        if solver == "clarabel":
-            problem.solve(solver=cp.CLARABEL)
-        else:
-            problem.solve(solver=cp.SCS, eps_abs=1e-7, eps_rel=1e-7, max_iters=50000)
+        with warnings.catch_warnings():   # an inaccurate solution says so in its status, which the callers read
+            warnings.filterwarnings("ignore", message="Solution may be inaccurate", category=UserWarning)
+            if solver == "clarabel":
+                problem.solve(solver=cp.CLARABEL)
+            else:
+                problem.solve(solver=cp.SCS, eps_abs=1e-7, eps_rel=1e-7, max_iters=50000)
         status = str(problem.status)
     except cp.error.SolverError as exc:
         status = f"solver_error: {exc}"
