@@ -130,13 +130,7 @@ def test_screened_passes_refine_only_what_could_be_the_maximum(monkeypatch):
     passes', and some sentences are left unrefined."""
     import lipbound.local.candidates as module
     monkeypatch.setattr(module, "SCREEN_EXACT_FROM", 2)
-    generated = local_models.model(seed=9, layers=4, vocab=8)
-    embeddings = generated.embeddings
-    own = embedding_enclosure_tokens(embeddings, np.array(IDS), np.arange(len(IDS)))
-    words = np.arange(8)
-    sets = propagate(generated, edit_set(IDS, "replace", [SLOT], words))
-    arguments = (generated, own, [SLOT], [embedding_enclosure(embeddings, words, SLOT)], [words],
-                 [s.original for s in sets], 3)
+    generated, sets, arguments = _four_layer_set(8)
     screened = candidate_passes(*arguments, exact_chain=True, chunk=4)
     exact = candidate_passes(*arguments, exact_chain=True, screen=False)
     assert 0 < screened.refined < 8 and exact.refined == 0 and sorted(screened.bounds) == [0, 1, 2, 3]
@@ -176,13 +170,7 @@ def test_the_cheap_tier_settles_sentences_below_the_maximum_and_keeps_the_set_va
     monkeypatch.setattr(module, "CHEAP_EDITED_UNTIL", 1)
     monkeypatch.setattr(module, "SEED_PER_LAYER", 1)
     assert module._screen_tiers(3) == [("edited", "none", "none"), 2, 0]
-    generated = local_models.model(seed=9, layers=4, vocab=10)
-    embeddings = generated.embeddings
-    own = embedding_enclosure_tokens(embeddings, np.array(IDS), np.arange(len(IDS)))
-    words = np.arange(10)
-    sets = propagate(generated, edit_set(IDS, "replace", [SLOT], words))
-    arguments = (generated, own, [SLOT], [embedding_enclosure(embeddings, words, SLOT)], [words],
-                 [s.original for s in sets], 3)
+    generated, sets, arguments = _four_layer_set(10)
     tiered = candidate_passes(*arguments, exact_chain=True, chunk=4, refine_within=refine_within)
     before = candidate_passes(*arguments, exact_chain=True, chunk=4, refine_within=refine_within, cheap_tier=False)
     assert set(resumed) <= {None, 1} and (1 in resumed) == (keep and refine_within < 0)
@@ -454,3 +442,15 @@ def _assert_bounds_cover_the_costs(passes, generated, sets, layers: int = 4) -> 
             cost = float(np.mean(np.linalg.norm(attention_block(generated.layer(layer), new[layer])[0]
                                                 - sets[layer].original, axis=1)))
             assert cost <= passes.bounds[layer][index] * (1 + 1e-9)
+
+
+def _four_layer_set(vocab: int):
+    """A generated four-layer model, the sets of every replacement at SLOT by its ``vocab`` words through its layers,
+    and the arguments of :func:`candidate_passes` for them through layer 3."""
+    generated = local_models.model(seed=9, layers=4, vocab=vocab)
+    embeddings = generated.embeddings
+    own = embedding_enclosure_tokens(embeddings, np.array(IDS), np.arange(len(IDS)))
+    words = np.arange(vocab)
+    sets = propagate(generated, edit_set(IDS, "replace", [SLOT], words))
+    return generated, sets, (generated, own, [SLOT], [embedding_enclosure(embeddings, words, SLOT)], [words],
+                             [s.original for s in sets], 3)
