@@ -22,7 +22,9 @@ import functools
 import sympy as sp
 
 from . import symbols as S
+from .local_second_order import SECOND_ORDER_THEOREMS
 from .record import Derivation, Described, le
+from .record import quantity as q
 from .theorems import Theorem
 
 __all__ = ["LOCAL_THEOREMS", "score_deviation", "score_deviation_normalised", "softmax_upper", "softmax_lower",
@@ -33,12 +35,6 @@ __all__ = ["LOCAL_THEOREMS", "score_deviation", "score_deviation_normalised", "s
            "attention_front", "block_tail_variation", "jacobian_on_neighbourhood", "chain_variation",
            "normwise_product", "chain_prefix",
            "path_certificate", "coupling_bound", "q"]
-
-
-@functools.cache
-def q(name: str) -> Described:
-    """A data-dependent quantity of the local theorems, by its LaTeX name."""
-    return Described(name)
 
 
 _LIP = Described(r"\operatorname{Lip}_U(f)")
@@ -695,4 +691,4 @@ LOCAL_THEOREMS = {t.id: t for t in (score_deviation(), score_deviation_normalise
                                     block_tail_variation(),
                                     jacobian_on_neighbourhood(), chain_variation(2), normwise_product(3),
                                     chain_prefix(3), path_certificate(),
-                                    coupling_bound())}
+                                    coupling_bound())} | SECOND_ORDER_THEOREMS

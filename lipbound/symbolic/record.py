@@ -9,12 +9,13 @@ into an ``align*`` block, one line per step, with the justification beside it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import final
 
 import sympy as sp
 
-__all__ = ["Described", "Sides", "Simeq", "Defines", "VectorSum", "Step", "Derivation", "le", "eq"]
+__all__ = ["Described", "Sides", "Simeq", "Defines", "VectorSum", "Step", "Derivation", "le", "eq", "quantity"]
 
 
 @final
@@ -74,6 +75,12 @@ class VectorSum(sp.Basic):
     @property
     def terms(self) -> list[tuple]:
         return [tuple(pair) for pair in self.args]
+
+
+@functools.cache
+def quantity(name: str) -> Described:
+    """A data-dependent quantity of a local theorem (measured on a real input), by its LaTeX name."""
+    return Described(name)
 
 
 def le(lhs, rhs) -> sp.Rel:

@@ -1,0 +1,179 @@
+"""Local theorems of second order: the attention's curvature with its score changes centred at X's weights, the
+feed-forward slopes' remainder taken jointly over the neurons, and how far each token moves through an attention
+layer.
+
+They refine theorems of :mod:`lipbound.symbolic.local` (``local-attention-curvature``, ``local-feedforward-curvature``)
+and the reach of an attention layer over a ball ``U(X, eps)``; the numeric layer (:mod:`lipbound.local`) measures
+their quantities on real weights in interval arithmetic.  Notation as there: a head maps ``f_i = sum_j p_ij v_j``,
+``u_ij = v_j A_h - f_i`` with ``A_h = V^h W_O^h``, ``ds_ij(e)`` the score changes along e, row convention for
+Jacobians.  The proofs in words are in docs/mathematics.md, section 10.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import sympy as sp
+
+from .record import Derivation, Described, le
+from .record import quantity as q
+from .theorems import Theorem
+
+__all__ = ["curvature_centred", "slope_remainder_joint", "feedforward_curvature_joint", "attention_reach_remainder",
+           "attention_token_reach", "SECOND_ORDER_THEOREMS"]
+
+
+@functools.cache
+def curvature_centred() -> Theorem:
+    """``chi_II <= ||[(omega_i + mu_i) Omega_i]_i|| + ||[omega_i M_i]_i||``: the second group of
+    ``local-attention-curvature`` with the score changes centred at X's weights, ``zeta_ij = z_ij - m_i``."""
+    stacked = q(r"\|[(\omega_i + \mu_i)\,\Omega_i]_i\|")
+    moved = q(r"\|[\omega_i M_i]_i\|")
+    statement = stacked + moved
+    proof = Derivation("Second group of the attention's curvature, score changes centred at X's weights")
+    proof.hypothesis("Y in U; at Y, zeta_ij = ds_ij - sum_l p_il(Y) ds_il (the centring of local-attention-curvature), "
+                     "z_ij = ds_ij - sum_l p_il(X) ds_il and m_i = sum_l (p_il(Y) - p_il(X)) ds_il, per head h; "
+                     "w_hij >= (p_ij ||u_ij||)^(1/2) on U; Omega_i the matrix of e -> (w_hij z_hij(e)) over the pairs "
+                     "(h, j) and M_i that of e -> (w_hij m_hi(e)); omega_i >= ||Omega_i|| and mu_i >= ||M_i|| on U")
+    proof.add(Described(r"\zeta_{ij} = z_{ij} - m_i"),
+              "the changes p_il(Y) - p_il(X) sum to 0, so m_i = sum_l (p_il(Y) - p_il(X)) z_il: one number "
+              "for every key j of the query")
+    proof.add(Described(r"\textstyle\sum_j p_{ij} \zeta_{ij}(e) \zeta_{ij}(f) u_{ij} = \sum_j p_{ij} z_{ij}(e) "
+                        r"z_{ij}(f) u_{ij} - m_i(f) V_i(e) - m_i(e) V_i(f),\ V_i(e) = \sum_j p_{ij} z_{ij}(e) u_{ij}"),
+              "expand the product; m_i(e) m_i(f) sum_j p_ij u_ij vanishes since sum_j p_ij u_ij = 0 at Y",
+              "softmax-derivative")
+    proof.add(le(Described(r"\|\textstyle\sum_{h,j} p_{ij} z_{hij}(e) z_{hij}(f) u_{hij}\|"),
+                 Described(r"\|\Omega_i e\|\,\|\Omega_i f\|")),
+              "Cauchy-Schwarz over (h, j) with the weights w_hij^2 >= p_ij ||u_ij||", "norm-calculus")
+    proof.add(le(Described(r"\|\textstyle\sum_h m_{hi}(f) V_{hi}(e)\|"), Described(r"\|M_i f\|\,\|\Omega_i e\|")),
+              "the sum over (h, j) of w_hij |m_hi(f)| w_hij |z_hij(e)|, then Cauchy-Schwarz over (h, j)",
+              "norm-calculus")
+    proof.add(le(Described(r"\|\textstyle\sum_{h,j} p_{ij} \zeta_{hij}(e) \zeta_{hij}(f) u_{hij}\|"),
+                 Described(r"(\omega_i + \mu_i)\,\|\Omega_i e\| + \omega_i\,\|M_i e\|")),
+              "for unit e, f: ||Omega_i f|| <= omega_i, ||M_i f|| <= mu_i (the symmetric term with e and f "
+              "exchanged)", "norm-calculus")
+    proof.add(le(q(r"\chi_{II}"), statement),
+              "the per-query terms stacked: the norm of the vector of sums a_i + b_i is at most the sum of the "
+              "norms of the vectors of a_i and of b_i",
+              "minkowski")
+    return Theorem("local-curvature-centred", "Attention curvature with the score changes centred at X's weights",
+                   statement, proof)
+
+
+def _slope_hypotheses(proof: Derivation) -> None:
+    proof.hypothesis("x -> act(x W_1 + b_1) W_2 with w_k the columns of W_1, h_k = x w_k + b_k, g_k = act''(h_k); "
+                     "e = x' - x with ||e|| <= R; rho_k = act'(h_k + e w_k) - act'(h_k) - g_k (e w_k); S_k >= "
+                     "|act^(3)| on [h_k - ||w_k|| R, h_k + ||w_k|| R] (for GELU at most a certified cap of its "
+                     "third derivative's magnitude)")
+
+
+@functools.cache
+def slope_remainder_joint() -> Theorem:
+    """``||A diag(rho) B|| <= (R^2 / 2) (lambda_A lambda_B)^(1/2)``: the slopes' second-order remainder, jointly over
+    the neurons (lemma ``slope-remainder-quadratic``), for any A with columns ``a_k`` and B with rows ``b_k``."""
+    R, lam_a, lam_b = q("R"), q(r"\lambda_A"), q(r"\lambda_B")
+    statement = R**2 / 2 * sp.sqrt(lam_a * lam_b)
+    proof = Derivation("The remainder of the feed-forward slopes, jointly over the neurons")
+    _slope_hypotheses(proof)
+    proof.hypothesis("A with columns a_k, B with rows b_k; lambda_A = lambda_max(diag(S)^(1/2) (W_1^T W_1 o A^T A) "
+                     "diag(S)^(1/2)) and lambda_B the same with B B^T, o the entrywise product")
+    proof.add(le(Described(r"|\rho_k|"), Described(r"S_k (e \cdot w_k)^2 / 2")),
+              "Taylor's theorem for act' on the segment from h_k to h_k + e w_k, with Lagrange's remainder",
+              "mean-value")
+    proof.add(le(Described(r"|u^\top A \operatorname{diag}(\rho) B v|"), Described(r"\tfrac12\,\sigma_a \sigma_b")),
+              "the triangle inequality over k, then Cauchy-Schwarz over k, with sigma_a and sigma_b below",
+              "norm-calculus")
+    proof.add(Described(r"\sigma_a = (\textstyle\sum_k S_k (e \cdot w_k)^2 (u \cdot a_k)^2)^{1/2},\ "
+                        r"\sigma_b = (\textstyle\sum_k S_k (e \cdot w_k)^2 (b_k \cdot v)^2)^{1/2}"),
+              "the two factors")
+    proof.add(Described(r"\sigma_a^2 = \|M^\top (e \otimes u)\|^2,\ "
+                        r"M^\top M = \operatorname{diag}(S)^{1/2} (W_1^\top W_1 \circ A^\top A) "
+                        r"\operatorname{diag}(S)^{1/2}"),
+              "M the matrix of columns S_k^(1/2) w_k (x) a_k; (w_k (x) a_k) . (w_l (x) a_l) = (w_k . w_l)(a_k . a_l)",
+              "norm-calculus")
+    proof.add(le(Described(r"\|A \operatorname{diag}(\rho) B\|"), statement),
+              "||e (x) u|| = ||e|| ||u|| <= R for unit u, so the first factor is at most R lambda_A^(1/2); the second "
+              "the same with b_k", "submultiplicative")
+    return Theorem("local-slope-remainder-joint", "The remainder of the slopes of a feed-forward block, jointly over "
+                   "its neurons", statement, proof)
+
+
+@functools.cache
+def feedforward_curvature_joint() -> Theorem:
+    """``sup ||D(x') - D(x)|| <= R Lambda^(1/2) + (R^2 / 2) (lambda_1 lambda_2)^(1/2)`` on ``B(x, R)``: theorem
+    ``local-feedforward-curvature`` with the per-neuron split replaced by ``local-slope-remainder-joint`` at
+    ``A = W_1``, ``B = W_2`` (lemma ``feedforward-remainder-joint``)."""
+    R, root, lam_1, lam_2 = q("R"), q(r"\Lambda^{1/2}"), q(r"\lambda_1"), q(r"\lambda_2")
+    statement = R * root + R**2 / 2 * sp.sqrt(lam_1 * lam_2)
+    proof = Derivation("Variation of the feed-forward Jacobian, its remainder jointly over the neurons")
+    _slope_hypotheses(proof)
+    proof.hypothesis("D(x) = W_1 diag(act'(h)) W_2 the Jacobian of x -> x + act(x W_1 + b_1) W_2 + b_2 less the "
+                     "identity; Lambda as in local-feedforward-curvature; G_1 = W_1^T W_1, G_2 = W_2 W_2^T, lambda_1 = "
+                     "lambda_max(diag(S)^(1/2) (G_1 o G_1) diag(S)^(1/2)), lambda_2 the same with G_1 o G_2")
+    proof.add(Described(r"D(x') - D(x) = W_1 \operatorname{diag}(g \odot (e W_1)) W_2 + W_1 \operatorname{diag}(\rho) "
+                        r"W_2"), "act'(h_k + e w_k) - act'(h_k) = g_k (e w_k) + rho_k", "norm-calculus")
+    proof.add(le(Described(r"\|W_1 \operatorname{diag}(g \odot (e W_1)) W_2\|"), R * root),
+              "the second derivative at the centre, as in local-feedforward-curvature", "submultiplicative")
+    proof.add(le(Described(r"\|W_1 \operatorname{diag}(\rho) W_2\|"), R**2 / 2 * sp.sqrt(lam_1 * lam_2)),
+              "local-slope-remainder-joint with A = W_1 (W_1^T W_1 o A^T A = G_1 o G_1) and B = W_2 (G_1 o G_2)",
+              "submultiplicative")
+    proof.add(le(Described(r"\sup \|D(x') - D(x)\|"), statement), "triangle inequality", "norm-calculus")
+    return Theorem("local-feedforward-curvature-joint", "Variation of the feed-forward Jacobian, its remainder jointly "
+                   "over the neurons", statement, proof)
+
+
+def _reach_hypotheses(proof: Derivation) -> None:
+    proof.hypothesis("A an attention layer, U(X, eps) a ball of one of local's kinds (homogeneous: X + s (Y - X) "
+                     "lies in U(X, s eps) for Y in U(X, eps) and 0 <= s <= 1), ||Y - X||_F <= theta_U eps on it; "
+                     "kappa(r) >= "
+                     "sup ||D^2 A|| over U(X, r), non-decreasing in r (local-attention-curvature: chi_I + chi_II + "
+                     "chi_III); 0 = t_0 < t_1 < ... < t_K = eps")
+
+
+@functools.cache
+def attention_reach_remainder() -> Theorem:
+    """``sup_U ||A(Y) - A(X)||_F <= ||DA(X)|| theta_U eps + theta_U^2 sum_k (t_k - t_{k-1}) (eps - t_{k-1})
+    kappa(t_k)``: how far an attention layer moves a ball, through Taylor's remainder (lemma
+    ``attention-reach-remainder``)."""
+    jac, theta, eps = q(r"\|DA(X)\|"), q(r"\theta_U"), q(r"\epsilon")
+    rest = q(r"\textstyle\sum_k (t_k - t_{k-1}) (\epsilon - t_{k-1})\,\kappa(t_k)")
+    statement = jac * theta * eps + theta**2 * rest
+    proof = Derivation("How far an attention layer moves a ball")
+    _reach_hypotheses(proof)
+    proof.add(Described(r"A(Y) - A(X) - DA(X)\,\delta = \textstyle\int_0^1 \int_0^t D^2A(X + s \delta)[\delta, \delta]"
+                        r"\,ds\,dt,\ \delta = Y - X"), "Taylor's theorem with the integral remainder", "mean-value")
+    proof.add(le(Described(r"\|A(Y) - A(X) - DA(X)\,\delta\|_F"),
+                 Described(r"\theta_U^2 \textstyle\int_0^\epsilon (\epsilon - r)\,\kappa(r)\,dr")),
+              "X + s delta lies in U(X, s eps) and ||delta||_F <= theta_U eps; substitute r = s eps",
+              "norm-calculus")
+    proof.add(le(Described(r"\textstyle\int_0^\epsilon (\epsilon - r)\,\kappa(r)\,dr"), rest),
+              "on [t_(k-1), t_k], eps - r <= eps - t_(k-1) and kappa(r) <= kappa(t_k)", "norm-calculus")
+    proof.add(le(Described(r"\sup_U \|A(Y) - A(X)\|_F"), statement),
+              "triangle inequality with ||DA(X) delta||_F <= ||DA(X)|| theta_U eps", "submultiplicative")
+    return Theorem("local-attention-reach-remainder", "How far an attention layer moves a ball", statement, proof)
+
+
+@functools.cache
+def attention_token_reach() -> Theorem:
+    """``||A(Y)_i - A(X)_i|| <= c_i theta_U eps + rest_i`` on U: each output token's own reach (lemma
+    ``attention-token-reach``), ``c_i`` the norm of output token i's column block of DA(X)."""
+    c_i, theta, eps, rest = q("c_i"), q(r"\theta_U"), q(r"\epsilon"), q(r"\operatorname{rest}_i")
+    statement = c_i * theta * eps + rest
+    proof = Derivation("How far each token moves through an attention layer")
+    _reach_hypotheses(proof)
+    proof.hypothesis("c_i >= ||DA(X)_(:, i)||_2, the d columns of output token i (row convention: the rows are the "
+                     "moving tokens' inputs); rest_i >= sup_U ||r(Y)_i|| for the remainder r(Y) = A(Y) - A(X) - "
+                     "(Y - X) DA(X), e.g. the Frobenius bound of local-attention-reach-remainder")
+    proof.add(Described(r"A(Y)_i - A(X)_i = (Y - X)\,DA(X)_{:, i} + r(Y)_i"), "token i's rows of Taylor's expansion",
+              "mean-value")
+    proof.add(le(Described(r"\|(Y - X)\,DA(X)_{:, i}\|"), c_i * theta * eps),
+              "||Y - X||_F <= theta_U eps", "submultiplicative")
+    proof.add(le(Described(r"\|A(Y)_i - A(X)_i\|"), statement), "triangle inequality", "norm-calculus")
+    return Theorem("local-attention-token-reach", "How far each token moves through an attention layer", statement,
+                   proof)
+
+
+#: the theorems of this module, by id (part of :data:`lipbound.symbolic.local.LOCAL_THEOREMS`)
+SECOND_ORDER_THEOREMS = {t.id: t for t in (curvature_centred(), slope_remainder_joint(),
+                                           feedforward_curvature_joint(), attention_reach_remainder(),
+                                           attention_token_reach())}
