@@ -40,11 +40,14 @@ __all__ = ["GroupBalls", "GroupCertificate", "bisect", "group_balls", "group_pas
 
 def bisect(rows: np.ndarray, members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Two halves of ``members`` (indices into ``rows`` (K, d)): ranked by their projection on the principal direction
-    of their centred rows (top eigenvector of the d x d scatter matrix), the lower half and the upper half (a stable
-    sort: the same rows always give the same halves)."""
+    of their centred rows (top eigenvector of the d x d scatter matrix, or top right singular vector of the rows), the
+    lower half and the upper half (a stable sort: the same rows give the same halves)."""
     members = np.asarray(members)
     part = rows[members] - rows[members].mean(axis=0)
-    direction = np.linalg.eigh(part.T @ part)[1][:, -1]
+    if members.size < part.shape[1]:     # fewer rows than dimensions: the top right singular vector is cheaper
+        direction = np.linalg.svd(part, full_matrices=False)[2][0]
+    else:
+        direction = np.linalg.eigh(part.T @ part)[1][:, -1]
     order = np.argsort(part @ direction, kind="stable")
     half = members.size // 2
     return members[np.sort(order[:half])], members[np.sort(order[half:])]
@@ -82,7 +85,6 @@ def group_pass_bounds(model: Model, own: IntervalArray, slot: int, balls: GroupB
     exceeds ``thresholds[l]``, or where its chunk's evaluation overflows (:class:`NotCertifiedError`).
     """
     began = time.process_time()
-    n, d = own.shape
     count = balls.radii.size
     out = np.full((count, last + 1), np.inf)
     rounding = (own - IntervalArray(own.mid)).norm_upper()
@@ -90,31 +92,41 @@ def group_pass_bounds(model: Model, own: IntervalArray, slot: int, balls: GroupB
     output_norms = [spectral_norm_upper(engine.W_O) for engine in engines]
     for begin in range(0, count, chunk):
         alive = np.arange(begin, min(begin + chunk, count))
-        points = np.broadcast_to(own.mid, (alive.size, n, d)).copy()
-        points[:, slot] = balls.centres[alive]
-        radii = np.broadcast_to(rounding, (alive.size, n)).copy()
-        radii[:, slot] = (IntervalArray(radii[:, slot]) + IntervalArray(balls.radii[alive])).hi
-        X = PointStates(points, radii)
-        for layer in range(last + 1):
-            try:
-                Z = attention_radii(engines[layer], X, output_norms[layer])
-            except NotCertifiedError:
-                break
-            distance = (IntervalArray(Z.points) - IntervalArray(references[layer])).norm_upper()       # (b, n)
-            bound = ((IntervalArray(distance) + IntervalArray(Z.radii)).sum(axis=-1) / float(n)).hi
-            out[alive, layer] = bound
-            keep = bound <= thresholds[layer]
-            if layer == last or not keep.any():
-                break
-            alive, Z = alive[keep], PointStates(Z.points[keep], Z.radii[keep])
-            item = model.layer(layer)
-            try:
-                X = chain_radii(item, Z, SlopeReference.of(item, Z.points), exact=[slot], plain=[slot])
-            except NotCertifiedError:
-                break
+        with np.errstate(over="ignore", invalid="ignore"):   # an overflow is a NotCertifiedError: the group stops
+            _pass_chunk(model, (engines, output_norms), own, rounding, slot, balls, alive, references, last,
+                        thresholds, out)
     if seconds is not None:
         seconds["groups"] = seconds.get("groups", 0.0) + time.process_time() - began
     return out
+
+
+def _pass_chunk(model, maps, own, rounding, slot, balls, alive, references, last, thresholds, out) -> None:
+    """The groups ``alive`` of :func:`group_pass_bounds`, passed together; their bounds written into ``out``.
+    ``maps``: per layer the attention blocks and their certified ``||W_O||``."""
+    engines, output_norms = maps
+    n, d = own.shape
+    points = np.broadcast_to(own.mid, (alive.size, n, d)).copy()
+    points[:, slot] = balls.centres[alive]
+    radii = np.broadcast_to(rounding, (alive.size, n)).copy()
+    radii[:, slot] = (IntervalArray(radii[:, slot]) + IntervalArray(balls.radii[alive])).hi
+    X = PointStates(points, radii)
+    for layer in range(last + 1):
+        try:
+            Z = attention_radii(engines[layer], X, output_norms[layer])
+        except NotCertifiedError:
+            break
+        distance = (IntervalArray(Z.points) - IntervalArray(references[layer])).norm_upper()       # (b, n)
+        bound = ((IntervalArray(distance) + IntervalArray(Z.radii)).sum(axis=-1) / float(n)).hi
+        out[alive, layer] = bound
+        keep = bound <= thresholds[layer]
+        if layer == last or not keep.any():
+            break
+        alive, Z = alive[keep], PointStates(Z.points[keep], Z.radii[keep])
+        item = model.layer(layer)
+        try:
+            X = chain_radii(item, Z, SlopeReference.of(item, Z.points), exact=[slot], plain=[slot])
+        except NotCertifiedError:
+            break
 
 
 @final
