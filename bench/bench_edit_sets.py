@@ -223,9 +223,9 @@ def whole_vocabulary(bert, text: str, vocabulary, positions, factor: float = 3.0
           f"W1; {time.process_time() - began:.0f} CPU s): "
           + ", ".join(f"{w:.6g} ({bert.tokenizer.vocab[i]})" for w, i in zip(witness, worst_words)), flush=True)
     began = time.process_time()
-    levels = [[np.arange(words.size)]]
+    levels, rows = [[np.arange(words.size)]], candidates.mid
     while len(levels) <= max(depths) and any(m.size > 1 for m in levels[-1]):
-        levels.append([half for m in levels[-1] for half in (bisect(candidates.mid, m) if m.size > 1 else (m,))])
+        levels.append([half for m in levels[-1] for half in (bisect(rows, m) if m.size > 1 else (m,))])
     print(f"  bisection tree to depth {len(levels) - 1}: {time.process_time() - began:.0f} CPU s", flush=True)
     limits = factor * witness
     print(f"  {'depth':>5s} {'groups':>6s} {'words':>6s} {'radius min/median/max':>24s} {'CPU s':>6s}  "

@@ -68,7 +68,8 @@ class GroupBalls:
 def group_balls(candidates: IntervalArray, members: list) -> GroupBalls:
     """The balls of the groups ``members`` of the enclosed candidate rows (K, d): centre the mean of the rows'
     midpoints, radius the largest outward-rounded norm of ``Y_w - c`` (Y_w the enclosure: it holds the exact row)."""
-    centres = np.stack([candidates.mid[m].mean(axis=0) for m in members])
+    rows = candidates.mid                                           # formed once: it is a (K, d) array each time
+    centres = np.stack([rows[m].mean(axis=0) for m in members])
     radii = np.array([float(np.max((candidates[m] - IntervalArray(c)).norm_upper())) for m, c in zip(members, centres)])
     return GroupBalls(tuple(members), centres, radii)
 
