@@ -7,7 +7,7 @@ import local_models
 import numpy as np
 import pytest
 
-from lipbound.local.candidate_groups import bisect, group_balls, group_certificate, group_pass_bounds
+from lipbound.local.candidate_groups import GroupBalls, bisect, group_balls, group_certificate, group_pass_bounds
 from lipbound.local.candidates import candidate_passes
 from lipbound.local.propagate import embedding_enclosure, embedding_enclosure_tokens, propagate
 from lipbound.measures.edits import edit_set
@@ -94,6 +94,20 @@ def test_a_bound_above_the_threshold_stops_the_group_there():
     assert np.isinf(stopped[0, 2])
     # the other group goes on (its chain's reference slopes are its own batch's now: another sound bound)
     assert stopped[1, 2] == pytest.approx(free[1, 2], rel=1e-6)
+
+
+def test_an_overflowing_group_stops_alone():
+    """A ball so large that its softmax bounds overflow stops where it does; the groups passed beside it go on as
+    if passed alone."""
+    generated = local_models.model(seed=3, layers=3, vocab=16)
+    own, candidates, references = _setting(generated, IDS, SLOT, np.arange(16), 2)
+    single = group_balls(candidates, [np.array([9]), np.array([7])])
+    alone = group_pass_bounds(generated, own, SLOT, single, references, 2, np.full(3, np.inf))
+    mixed = GroupBalls((np.arange(16), *single.members), np.vstack([single.centres[:1], single.centres]),
+                       np.concatenate([[1e60], single.radii]))
+    together = group_pass_bounds(generated, own, SLOT, mixed, references, 2, np.full(3, np.inf))
+    assert not np.all(np.isfinite(together[0]))
+    np.testing.assert_allclose(together[1:], alone, rtol=1e-3)    # the chains' reference slopes: their own batch
 
 
 @pytest.mark.parametrize("factor", [0.0, 1.5, np.inf])

@@ -104,30 +104,58 @@ def group_pass_bounds(model: Model, own: IntervalArray, slot: int, balls: GroupB
 def _pass_chunk(model, maps, own, rounding, slot, balls, alive, references, last, thresholds, out) -> None:
     """The groups ``alive`` of :func:`group_pass_bounds`, passed together; their bounds written into ``out``.
     ``maps``: per layer the attention blocks and their certified ``||W_O||``."""
-    engines, output_norms = maps
     n, d = own.shape
     points = np.broadcast_to(own.mid, (alive.size, n, d)).copy()
     points[:, slot] = balls.centres[alive]
     radii = np.broadcast_to(rounding, (alive.size, n)).copy()
     radii[:, slot] = (IntervalArray(radii[:, slot]) + IntervalArray(balls.radii[alive])).hi
-    X = PointStates(points, radii)
-    for layer in range(last + 1):
+    _carry(model, maps, slot, PointStates(points, radii), alive, 0, references, last, thresholds, out)
+
+
+def _carry(model, maps, slot, X: PointStates, alive, first: int, references, last, thresholds, out) -> None:
+    """Carry the states X of the groups ``alive`` from layer ``first`` on.  An overflow stops only the groups that
+    cause it: the batch is halved and each half carried on from that stage alone, down to one group."""
+    engines, output_norms = maps
+    n = X.points.shape[1]
+    for layer in range(first, last + 1):
         try:
             Z = attention_radii(engines[layer], X, output_norms[layer])
         except NotCertifiedError:
-            break
-        distance = (IntervalArray(Z.points) - IntervalArray(references[layer])).norm_upper()       # (b, n)
+            _halves(model, maps, slot, X, alive, layer, references, last, thresholds, out)
+            return
+        distance = (IntervalArray(Z.points) - IntervalArray(references[layer])).norm_upper()           # (b, n)
         bound = ((IntervalArray(distance) + IntervalArray(Z.radii)).sum(axis=-1) / float(n)).hi
         out[alive, layer] = bound
         keep = bound <= thresholds[layer]
         if layer == last or not keep.any():
-            break
+            return
         alive, Z = alive[keep], PointStates(Z.points[keep], Z.radii[keep])
         item = model.layer(layer)
         try:
             X = chain_radii(item, Z, SlopeReference.of(item, Z.points), exact=[slot], plain=[slot])
-        except NotCertifiedError:
-            break
+        except NotCertifiedError:      # the chain's overflow: the halves pass it again from the attention outputs
+            _halves(model, maps, slot, Z, alive, layer, references, last, thresholds, out, chain_first=True)
+            return
+
+
+def _halves(model, maps, slot, X: PointStates, alive, layer: int, references, last, thresholds, out,
+            chain_first: bool = False) -> None:
+    """After an overflow at ``layer``: each half of the batch again from that stage (one group: it stops there)."""
+    if alive.size == 1:
+        return
+    half = alive.size // 2
+    for part in (slice(0, half), slice(half, None)):
+        states = PointStates(X.points[part], X.radii[part])
+        if chain_first:
+            item = model.layer(layer)
+            try:
+                states = chain_radii(item, states, SlopeReference.of(item, states.points), exact=[slot], plain=[slot])
+            except NotCertifiedError:
+                _halves(model, maps, slot, states, alive[part], layer, references, last, thresholds, out, True)
+                continue
+            _carry(model, maps, slot, states, alive[part], layer + 1, references, last, thresholds, out)
+        else:
+            _carry(model, maps, slot, states, alive[part], layer, references, last, thresholds, out)
 
 
 @final
