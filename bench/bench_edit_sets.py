@@ -178,8 +178,9 @@ def whole_vocabulary(bert, text: str, vocabulary, positions, factor: float = 3.0
     in one run: the worst edit per layer over every candidate (float32 screen of every edit, float64 forward pass and
     exact W1 for the best of the screen); the bisection tree of the candidates' input rows with the certified group
     radii per depth; at each depth in ``depths`` ``per_depth`` groups (spread over the depth) passed through every
-    layer, their bound against the worst edit and how many would settle (bound within ``factor`` times the worst edit
-    at every layer); the per-word passes' CPU seconds on ``sample`` words and the whole set projected from them."""
+    layer (groups of two words or more), their bound against the worst edit and how many would settle (bound within
+    ``factor`` times the worst edit at every layer); the per-word passes' CPU seconds on ``sample`` words and the
+    whole set projected from them."""
     from lipbound.local.candidate_groups import bisect, group_balls, group_pass_bounds
     from lipbound.local.candidates import candidate_passes
     from lipbound.local.propagate import embedding_enclosure, embedding_enclosure_tokens, propagate
@@ -235,8 +236,9 @@ def whole_vocabulary(bert, text: str, vocabulary, positions, factor: float = 3.0
         level = levels[depth]
         balls = group_balls(candidates, level)
         radius_seconds = time.process_time() - began
-        chosen = np.unique(np.linspace(0, len(level) - 1, min(per_depth, len(level))).astype(int))
-        picked = group_balls(candidates, [level[g] for g in chosen])
+        several = [g for g in level if g.size > 1]         # a group of one word is that word's pass
+        chosen = np.unique(np.linspace(0, len(several) - 1, min(per_depth, len(several))).astype(int))
+        picked = group_balls(candidates, [several[g] for g in chosen])
         began = time.process_time()
         bounds = group_pass_bounds(model, own, slot, picked, references, last, np.full(last + 1, np.inf))
         ratios = bounds / witness
