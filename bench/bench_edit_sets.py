@@ -18,7 +18,7 @@ any of the candidate tokens (the whole vocabulary by default):
 
 Run: ``python bench/bench_edit_sets.py [--sentences 2 | --texts "The cat sat on the mat."] [--vocabulary all|N]
 [--positions 3 | --positions 3 5] [--no-search] [--exact-chain [--no-screen | --refine-within 0.05]]
-[--add-words ID ...] [--save every_edit.npz] [--tiers]`` (with two
+[--add-words ID ...] [--save every_edit.npz] [--tiers] [--whole-vocabulary [--factor 3]]`` (with two
 positions every pair of the N + 2 candidates is enumerated: ``--vocabulary 63`` gives 65 x 65 pairs).
 """
 
@@ -172,6 +172,95 @@ def run(bert, text: str, vocabulary, positions, chunk: int, search: bool, parts,
           + ", ".join(f"{bound / w:.4g} ({route})" for (bound, route), w in zip(routes, witness)), flush=True)
 
 
+def whole_vocabulary(bert, text: str, vocabulary, positions, factor: float = 3.0, depths=(0, 3, 6, 9, 12, 14),
+                     per_depth: int = 16, sample: int = 32) -> None:
+    """A k = 1 set over the whole vocabulary (or a sample) by groups of candidates (lipbound.local.candidate_groups),
+    in one run: the worst edit per layer over every candidate (float32 screen of every edit, float64 forward pass and
+    exact W1 for the best of the screen); the bisection tree of the candidates' input rows with the certified group
+    radii per depth; at each depth in ``depths`` ``per_depth`` groups (spread over the depth) passed through every
+    layer (groups of two words or more), their bound against the worst edit and how many would settle (bound within
+    ``factor`` times the worst edit at every layer); the per-word passes' CPU seconds on ``sample`` words and the
+    whole set projected from them."""
+    from lipbound.local.candidate_groups import bisect, group_balls, group_pass_bounds
+    from lipbound.local.candidates import candidate_passes
+    from lipbound.local.propagate import embedding_enclosure, embedding_enclosure_tokens, propagate
+    from lipbound.measures.edits import draw_edits, drawable_ids, edit_set
+    from lipbound.measures.perturb import _screening_coupling, _set_ids
+    from lipbound.measures.vocabulary import worst_edits
+    ids = np.array(bert.encode(text))
+    last = bert.num_layers - 1
+    edits = draw_edits(bert, list(ids), "replace", [1], 0, positions)
+    slot = int(edits[1].positions[0])
+    words, _ = _set_ids(bert, vocabulary, edits, 0)
+    model, embeddings = bert.model, bert.model.embeddings
+    print(f"{text!r}: n = {ids.size}, position {slot}, {words.size} candidates; factor {factor}", flush=True)
+    began = time.process_time()
+    references = [s.original for s in propagate(model, edit_set(ids, "replace", [slot], ids[[slot]]))]
+    own = embedding_enclosure_tokens(embeddings, ids, np.arange(ids.size))
+    candidates = embedding_enclosure(embeddings, words, slot)
+    print(f"  set-up (enclosed input rows of every candidate, references): {time.process_time() - began:.1f} CPU s",
+          flush=True)
+    began = time.process_time()
+    states = bert.hidden_states(list(ids))
+    original = [bert.attention_block(layer, states[layer]).pre_norm for layer in range(last + 1)]
+
+    def outputs_of(new_ids):
+        new = bert.hidden_states(list(new_ids))
+        return [bert.attention_block(layer, new[layer]).pre_norm for layer in range(last + 1)]
+
+    template = edit_set(ids, "replace", [slot], words)
+    pairs, weights = _screening_coupling(ids.size, ids.size, template)
+
+    def make(choice):
+        out = ids.copy()
+        out[slot] = choice[0]
+        return out
+
+    found = worst_edits(model, ids, make, [slot], [words], range(last + 1), original, pairs, weights,
+                        start=[int(ids[slot])], reference=outputs_of, exhaustive=True)
+    witness = np.array([found.values[layer] for layer in range(last + 1)])
+    worst_words = [found.ids[layer][slot] for layer in range(last + 1)]
+    print(f"  worst edit per layer ({found.evaluated} screened in float32, the best 16 per layer in float64 with exact "
+          f"W1; {time.process_time() - began:.0f} CPU s): "
+          + ", ".join(f"{w:.6g} ({bert.tokenizer.vocab[i]})" for w, i in zip(witness, worst_words)), flush=True)
+    began = time.process_time()
+    levels, rows = [[np.arange(words.size)]], candidates.mid
+    while len(levels) <= max(depths) and any(m.size > 1 for m in levels[-1]):
+        levels.append([half for m in levels[-1] for half in (bisect(rows, m) if m.size > 1 else (m,))])
+    print(f"  bisection tree to depth {len(levels) - 1}: {time.process_time() - began:.0f} CPU s", flush=True)
+    limits = factor * witness
+    print(f"  {'depth':>5s} {'groups':>6s} {'words':>6s} {'radius min/median/max':>24s} {'CPU s':>6s}  "
+          f"bound / worst edit at layers 0-{last} (median over the passed groups; min)  settled", flush=True)
+    for depth in (d for d in depths if d < len(levels)):
+        began = time.process_time()
+        level = levels[depth]
+        balls = group_balls(candidates, level)
+        radius_seconds = time.process_time() - began
+        several = [g for g in level if g.size > 1]         # a group of one word is that word's pass
+        chosen = np.unique(np.linspace(0, len(several) - 1, min(per_depth, len(several))).astype(int))
+        picked = group_balls(candidates, [several[g] for g in chosen])
+        began = time.process_time()
+        bounds = group_pass_bounds(model, own, slot, picked, references, last, np.full(last + 1, np.inf))
+        ratios = bounds / witness
+        settled = int(np.sum(np.all(bounds <= limits, axis=1)))
+        print(f"  {depth:5d} {len(level):6d} {np.median([m.size for m in level]):6.0f} "
+              f"{balls.radii.min():7.3g} {np.median(balls.radii):7.3g} {balls.radii.max():7.3g}  "
+              f"{time.process_time() - began + radius_seconds:6.1f}  "
+              + " ".join(f"{a:.3g};{b:.3g}" for a, b in zip(np.median(ratios, axis=0), ratios.min(axis=0)))
+              + f"  {settled}/{chosen.size}", flush=True)
+    rng = np.random.default_rng(0)
+    some = np.union1d(rng.choice(np.intersect1d(words, drawable_ids(bert.tokenizer)), sample, replace=False),
+                      np.intersect1d(words, worst_words))
+    rows = np.searchsorted(words, some)
+    began = time.process_time()
+    passes = candidate_passes(model, own, [slot], [candidates[rows]], [some], references, last)
+    seconds = time.process_time() - began
+    print(f"  per-word passes (tiers, exact chains) of {some.size} words (the worst edits among them): {seconds:.1f} "
+          f"CPU s, {seconds / some.size:.3f} per word; their set value / worst edit: "
+          + ", ".join(f"{passes.largest(layer) / witness[layer]:.5g}" for layer in range(last + 1))
+          + f"; the {words.size} words projected at {words.size * seconds / some.size:.3g} CPU s", flush=True)
+
+
 def tiers(bert, text: str, vocabulary, positions, add_words=(), refine_within: float = 0.0) -> None:
     """The screened per-candidate passes of one set with and without the cheap first tier, side by side in one run:
     CPU seconds (in all and per sentence), how many sentences each tier left, the set's value per layer."""
@@ -234,6 +323,11 @@ def main() -> None:
     parser.add_argument("--tiers", action="store_true",
                         help="only the screened passes with and without the cheap first tier, side by side (CPU "
                              "seconds per sentence, sentences settled by each tier, the set's value per layer)")
+    parser.add_argument("--whole-vocabulary", action="store_true",
+                        help="the k = 1 set by groups of candidates: worst edit over every candidate, group radii per "
+                             "depth of the bisection tree, sampled groups' bounds against it, per-word cost projected")
+    parser.add_argument("--factor", type=float, default=3.0,
+                        help="with --whole-vocabulary: a group settles within this factor of the worst edit")
     parser.add_argument("--save", default=None,
                         help="with check: write every edit's exact W1 per layer (and the candidate ids) to this .npz")
     args = parser.parse_args()
@@ -242,6 +336,9 @@ def main() -> None:
     vocabulary = "all" if args.vocabulary == "all" else int(args.vocabulary)
     os.system("uptime")
     for text in args.texts or sentences(args.sentences)[args.skip:]:
+        if args.whole_vocabulary:
+            whole_vocabulary(bert, text, vocabulary, args.positions or [3], args.factor)
+            continue
         if args.tiers:
             tiers(bert, text, vocabulary, args.positions or [3], args.add_words, args.refine_within)
             continue

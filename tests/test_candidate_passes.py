@@ -64,10 +64,15 @@ def test_set_bound_takes_the_smaller_route_and_names_it():
     both = propagate(generated, template, per_candidate=True)
     for l in range(2):
         ball = coupling_bound(balls[l], plan)
+        enumerated = balls[l].facts.get("enumerated", np.inf)       # the first layer only
+        assert (l == 0) == np.isfinite(enumerated)
         bound, route = set_bound(both[l], plan)
-        assert bound == min(ball, both[l].facts["per_candidate"])
-        assert route == ("candidates" if both[l].facts["per_candidate"] < ball else "balls")
-        assert set_bound(balls[l], plan) == (ball, "balls")
+        routes = {"balls": ball, "candidates": both[l].facts["per_candidate"], "enumerated": enumerated}
+        assert bound == min(routes.values()) and routes[route] == bound
+        assert set_bound(balls[l], plan) == min((ball, "balls"), (enumerated, "enumerated"))
+    # another plan than the identity: the enumerated edits' identity costs do not apply
+    swapped = plan[:, [1, 0, *range(2, len(IDS))]]
+    assert set_bound(balls[0], swapped) == (coupling_bound(balls[0], swapped), "balls")
     inserted = propagate(generated, edit_set(IDS, "insert", [2], np.arange(10)), per_candidate=True)
     assert all("candidates" not in s.facts for s in inserted)       # replacements only
 
@@ -237,12 +242,35 @@ def test_perturb_names_the_route_and_the_passes_meet_the_worst_edit_on_minilm():
     both = perturb("The cat slept all afternoon.", per_candidate=True, **common)
     assert both.violations == 0
     assert both.edit_set["routes"] == {"k=1, layer 0": "candidates", "k=1, layer 1": "candidates"}
-    assert set(balls.edit_set["routes"].values()) == {"balls"}
+    assert balls.edit_set["routes"] == {"k=1, layer 0": "enumerated", "k=1, layer 1": "balls"}
     assert 1 <= both.search[1]["passes_evaluated"] <= 8 and "passes_evaluated" not in balls.search[1]
     for old, new in zip(balls.rows, both.rows):
         np.testing.assert_allclose(new.worst_witness, old.worst_witness, rtol=1e-12)
         assert new.worst_witness <= new.predicted_set <= min(old.predicted_set, 1.01 * new.worst_witness)
     assert balls.rows[1].predicted_set > 20 * balls.rows[1].worst_witness
+    assert balls.rows[0].worst_witness <= balls.rows[0].predicted_set <= 1.01 * balls.rows[0].worst_witness
+
+
+@pytest.mark.parametrize("seed", [2, 9])
+def test_the_enumerated_first_layer_bounds_each_edit_by_its_identity_cost(seed):
+    """The first layer of a one-slot replacement: the largest identity cost over the enumerated words bounds every
+    edit's cost (float forward pass), is within rounding of the largest, and is below the balls' bound (per-token
+    maxima, which may come from different words)."""
+    generated = local_models.model(seed=seed, layers=1, vocab=30)
+    sets = propagate(generated, edit_set(IDS, "replace", [SLOT], np.arange(30)), layers=[0])
+    costs = []
+    for word in range(30):
+        edited = list(IDS)
+        edited[SLOT] = word
+        z = attention_block(generated.layer(0), hidden_states(generated, edited)[0])[0]
+        costs.append(float(np.mean(np.linalg.norm(z - sets[0].original, axis=1))))
+    enumerated = sets[0].facts["enumerated"]
+    assert max(costs) <= enumerated <= max(costs) * (1 + 1e-9) + 1e-12
+    plan = np.eye(len(IDS)) * len(IDS)
+    assert enumerated <= coupling_bound(sets[0], plan)
+    assert set_bound(sets[0], plan) == (enumerated, "enumerated")
+    inserted = propagate(generated, edit_set(IDS, "insert", [SLOT], np.arange(30)), layers=[0])
+    assert "enumerated" not in inserted[0].facts      # the reference is not the centres' output there
 
 
 def test_more_sentences_than_the_passes_take_are_refused_and_left_to_the_balls():

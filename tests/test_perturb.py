@@ -57,8 +57,12 @@ def fast_report(model):
 def test_rows_hold_every_certificate(fast_report, model):
     report = fast_report
     assert report.violations == 0 and report.orderings_broken == 0
-    for check in report.counts().values():
-        assert check["violated"] == 0 and check["not certified"] == 0
+    for name, check in report.counts().items():
+        assert check["violated"] == 0 and (check["not certified"] == 0 or name == "worst_witness <= predicted_set")
+    # the first layer's enumerated bound of a one-slot set is its worst edit's identity cost: when the identity plan
+    # is optimal the witness ties with it, which the float allowance cannot decide
+    ties = [r for r in report.rows if r.verdict("worst_witness", "predicted_set") == "not certified"]
+    assert all(r.k == 1 and r.layer == 0 and r.predicted_set <= r.worst_witness * (1 + 4e-6) for r in ties)
     for row in report.rows:
         assert row.measured <= row.predicted_path <= 2 * row.measured
         assert row.measured <= row.worst_witness <= row.predicted_set

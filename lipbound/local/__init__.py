@@ -24,6 +24,8 @@ theorems of :mod:`lipbound.symbolic.local`:
 * :mod:`.propagate` -- a set of inputs (every edit in a set) pushed through the layers;
 * :mod:`.candidates` -- edit sets edit by edit: each edited sentence a float point with certified
   radii, re-centred after every stage;
+* :mod:`.candidate_groups` -- edit sets group by group: a ball of candidate words carried by the same
+  stages, split where its bound is too wide;
 * :mod:`.relational` -- the attention layer pushed through a Frobenius ball as affine forms;
 * :mod:`.jacobian_forms` -- the attention layer's Jacobian bounded over the whole neighbourhood, path by
   path (value, query, key), as a variation and as a supremum.

@@ -155,10 +155,12 @@ def _first_layer_facts(model: Model, template: EditTemplate, centers: np.ndarray
 
 
 def _first_block_enumerated(layer, template: EditTemplate, candidates: list, slot: int, center_output: np.ndarray,
-                            chunk: int = 512) -> np.ndarray:
+                            chunk: int = 512) -> tuple[np.ndarray, float]:
     """One edited slot p: the first attention block ``X + MHA(X)`` of every candidate word, in interval
     arithmetic, and per token the largest distance to the centre's output -- the set's image is a
-    finite set, enclosed token by token without loss.
+    finite set, enclosed token by token without loss -- and the largest over the words of the sum of a word's own
+    distances, ``max_w sum_i ||z_i(w) - z^c_i||`` (outward rounded): the identity plan's cost of each edit, so that
+    the set's W1 from the centre's outputs is at most this over n (lemma edit-enumerated-first-block).
 
     Only row p and column p of the scores depend on the candidate.  A row i != p attends with fixed
     weights ``e_ij`` (j != p, total ``T_i``) plus ``e_ip(w)``, so its head output is
@@ -184,7 +186,7 @@ def _first_block_enumerated(layer, template: EditTemplate, candidates: list, slo
     G = IntervalArray.stack([F0[h].matmul(rows[h]) for h in range(H)])               # (H, n, d)
     base = fixed + IntervalArray(engine.b_O) + G.sum(axis=0)                             # (n, d)
     Y = candidates[slot]
-    largest = np.zeros(n)
+    largest, per_edit = np.zeros(n), 0.0
     for begin in range(0, Y.shape[0], chunk):
         part = Y[begin:begin + chunk]
         b = part.shape[0]
@@ -211,7 +213,8 @@ def _first_block_enumerated(layer, template: EditTemplate, candidates: list, slo
         z_p = heads.reshape(b, H * dv).matmul(engine.W_O) + IntervalArray(engine.b_O) + part
         distance[:, slot] = (z_p - IntervalArray(center_output[slot])).norm_upper()
         largest = np.maximum(largest, distance.max(axis=0))
-    return largest
+        per_edit = max(per_edit, float(np.max(IntervalArray(distance).sum(axis=-1).hi)))
+    return largest, per_edit
 
 
 @one_blas_thread
@@ -255,8 +258,11 @@ def propagate(model: Model, template: EditTemplate, layers=None, progress=None, 
         enclosed = EnclosedAttention(layer, centers)
         z_centers = enclosed.output.mid
         multiple = [i for i, words in enumerate(template.words) if words.size > 1]
+        facts: dict = {"input_radii": radii}
         if index == 0 and len(multiple) == 1:      # one edited slot: its first-layer image, candidate by candidate
-            movement = _first_block_enumerated(layer, template, candidates, multiple[0], z_centers)
+            movement, per_edit = _first_block_enumerated(layer, template, candidates, multiple[0], z_centers)
+            if same:   # the reference is the centres' output itself: each edit's identity cost is known
+                facts["enumerated"] = float((IntervalArray(per_edit) / float(template.n)).hi)
         else:
             overrides = {}
             if index == 0:
@@ -265,7 +271,7 @@ def propagate(model: Model, template: EditTemplate, layers=None, progress=None, 
             movement = attention_bounds(layer, TokenBalls(centers, radii), enclosed, **overrides).movement
         z_radii = (IntervalArray(movement) + IntervalArray(_rounding(enclosed.output))).hi
         reference = enclosed if same else EnclosedAttention(layer, original)
-        out.append(LayerSet(index, z_centers, z_radii, reference.output.mid, {"input_radii": radii}))
+        out.append(LayerSet(index, z_centers, z_radii, reference.output.mid, facts))
         if progress is not None:
             progress(index + 1, last + 1)
         if index == last:
@@ -286,11 +292,17 @@ def propagate(model: Model, template: EditTemplate, layers=None, progress=None, 
 
 
 def set_bound(layer_set: LayerSet, plan: np.ndarray) -> tuple[float, str]:
-    """The set's certified W1 at a layer and the route that gave it: the smaller of :func:`coupling_bound`
-    (``"balls"``) and the per-candidate passes (``"candidates"``, when :func:`propagate` ran them to it)."""
-    balls = coupling_bound(layer_set, plan)
-    passes = layer_set.facts.get("per_candidate", math.inf)
-    return (passes, "candidates") if passes < balls else (balls, "balls")
+    """The set's certified W1 at a layer and the route that gave it: the smallest of :func:`coupling_bound`
+    (``"balls"``), the per-candidate passes (``"candidates"``, when :func:`propagate` ran them to it) and, at the first
+    layer of a one-slot replacement under the identity plan, the largest identity cost of the enumerated edits
+    (``"enumerated"``, lemma edit-enumerated-first-block)."""
+    routes = [(coupling_bound(layer_set, plan), "balls"),
+              (layer_set.facts.get("per_candidate", math.inf), "candidates")]
+    plan = np.asarray(plan)
+    n = layer_set.original.shape[0]
+    if "enumerated" in layer_set.facts and plan.shape == (n, n) and np.array_equal(plan, np.eye(n) * n):
+        routes.append((layer_set.facts["enumerated"], "enumerated"))
+    return min(routes, key=lambda route: route[0])
 
 
 def embedding_enclosure_tokens(embeddings: Embeddings, ids: np.ndarray, positions: np.ndarray) -> IntervalArray:
