@@ -19,6 +19,10 @@ Targets (n = 8): head gap median <= 1.5 and max <= 2.5 on blocks 0, 15 and 29; w
 the witness's own query, key and value parts (the norms of ``Df(X)[E]`` with the tokens moved only as queries, only as
 keys, only as values: :func:`lipbound.numeric.witness.values.jacobian_parts`) and the rows its key part lies in: the
 breakdown that says which term a gap lies in, and whether the witness or the bound leaves it.
+``--stacked`` adds, at every witness X, the norm of the key part of ``Df(X)`` taken as one operator over all rows beside
+the square root of the sum of its rows' squared norms (the form in which the row-by-row bounds add the rows), and for a
+layer each head's key part through its block of ``W_O`` apart (the sum of their norms) and each key/value group's heads
+together: whether at the witness the rows' (or the heads') worst moves differ, or each reaches its own.
 ``--n 2`` shows the smallest case: one row with two keys,
 where the heads' witnesses are already those of n = 8 (docs/mathematics.md, section 14).
 
@@ -40,7 +44,7 @@ BERT layers of 12 heads, width 384) on ``verify``'s default encoder domain (the 
 the whole-layer gap median <= 3 is a target there too.
 
 Run: ``python bench/bench_decoders.py [--model smollm2 | minilm] [--layers 0,15,29 | all] [--n 8] [--jobs 2]
-[--budget 1] [--seed 0] [--per-head] [--two-token] [--json rows.json]``
+[--budget 1] [--seed 0] [--per-head] [--two-token] [--stacked] [--json rows.json]``
 """
 
 from __future__ import annotations
@@ -119,6 +123,48 @@ def witness_parts(model, report) -> dict:
         out[(row.layer, row.head)] = {"norms": {role: float(np.linalg.norm(part)) for role, part in parts.items()},
                                       "key_rows": [int(i) for i in np.flatnonzero(rows >= 0.1 * rows.max())]
                                       if rows.max() > 0 else []}
+    return out
+
+
+def key_operator(target, X: np.ndarray, output=None) -> np.ndarray:
+    """The key part of ``Df(X)`` (the tokens moved only as keys) as one matrix, (n d_out, n d), in floats: column
+    ``(t, k)`` is the key part of the move of token t along coordinate k (one batched JVP per token), seen through
+    ``output`` (a head's block of ``W_O``) when given."""
+    from lipbound.numeric.attention import AttentionMap
+
+    n, d = X.shape
+    linear = AttentionMap(target).linearize(np.repeat(X[None], d, 0))
+    columns = []
+    for token in range(n):
+        moves = np.zeros((d, n, d))
+        moves[np.arange(d), token, np.arange(d)] = 1.0
+        part = linear.jvp_parts(moves)["key"]                                     # (d, n, d_out)
+        columns.append((part if output is None else part @ output).reshape(d, -1))
+    return np.concatenate(columns).T
+
+
+def stacked_key_parts(model, report) -> dict:
+    """Per row ``(layer, head)``, at its witness X: the norm of the key part of ``Df(X)`` as one operator over all
+    rows (what every key-term bound bounds from above at that X) against the square root of the sum of its rows'
+    squared norms (what the row-by-row bounds add up); for a layer also each head's key part through its block of
+    ``W_O``, their sum of norms, and each key/value group's heads together.  Floats, a diagnostic."""
+    from lipbound.numeric.witness import Witness
+
+    out = {}
+    for row in report.rows:
+        attention = model.layer(row.layer, row.block).attention
+        target = attention if row.head is None else attention.heads[row.head]
+        X = Witness.load(row.witness_file).X
+        J = key_operator(target, X)
+        d_out = J.shape[0] // X.shape[0]
+        rows = [float(np.linalg.norm(J[i * d_out:(i + 1) * d_out], 2)) for i in range(X.shape[0])]
+        found = {"stacked": float(np.linalg.norm(J, 2)), "rows": float(np.sqrt(np.sum(np.square(rows))))}
+        if row.head is None:
+            parts = [key_operator(head, X, attention.output_block(h)) for h, head in enumerate(attention.heads)]
+            found["heads"] = float(sum(np.linalg.norm(P, 2) for P in parts))
+            found["groups"] = [float(np.linalg.norm(sum(parts[h] for h in attention.group_heads(g)), 2))
+                               for g in range(attention.num_groups)]
+        out[(row.layer, row.head)] = found
     return out
 
 
@@ -206,6 +252,9 @@ def main() -> None:
                         help="print every head's witness, bound, gap and the bound's query, key and mean terms")
     parser.add_argument("--two-token", action="store_true",
                         help="print the float estimate from above at n = 2 of every head and layer (a diagnostic)")
+    parser.add_argument("--stacked", action="store_true",
+                        help="print at every witness the key part of the Jacobian as one operator against its rows' "
+                             "norms (and a layer's heads and groups apart): a diagnostic in floats")
     parser.add_argument("--json", help="write the rows as JSON")
     args = parser.parse_args()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -226,6 +275,7 @@ def main() -> None:
         report = verification.run(jobs=args.jobs)
         seconds, cpu = time.perf_counter() - began, _cpu_seconds() - cpu_began
         parts = witness_parts(model, report) if args.per_head else {}
+        stacked = stacked_key_parts(model, report) if args.stacked else {}
     load_after = os.getloadavg()
     rows = []
     for row in report.rows:
@@ -264,6 +314,13 @@ def main() -> None:
             print(f"block {row['layer']} {name}: witness {row['witness']:.4g}, bound {row['best']:.4g} "
                   f"({row['best_name']}), gap {row['gap']:.3f}; bound terms {terms}; witness parts {at}, key part in "
                   f"rows {found['key_rows']}")
+    for (block, head), found in sorted(stacked.items(), key=lambda item: (item[0][0], item[0][1] is None,
+                                                                            item[0][1] or 0)):
+        name = "layer" if head is None else f"head {head}"
+        extra = (f"; heads through W_O apart, sum of norms {found['heads']:.4g}; groups "
+                 + ", ".join(f"{v:.4g}" for v in found["groups"])) if head is None else ""
+        print(f"block {block} {name}: key part at the witness, one operator {found['stacked']:.4g}, its rows' norms "
+              f"(sum of squares)^(1/2) {found['rows']:.4g}{extra}")
     if args.two_token:
         for block in sorted({r["layer"] for r in rows}):
             layer = model.layer(block, report.rows[0].block)
