@@ -22,7 +22,9 @@ breakdown that says which term a gap lies in, and whether the witness or the bou
 ``--stacked`` adds, at every witness X, the norm of the key part of ``Df(X)`` taken as one operator over all rows beside
 the square root of the sum of its rows' squared norms (the form in which the row-by-row bounds add the rows), and for a
 layer each head's key part through its block of ``W_O`` apart (the sum of their norms) and each key/value group's heads
-together: whether at the witness the rows' (or the heads') worst moves differ, or each reaches its own.
+together: whether at the witness the rows' (or the heads') worst moves differ, or each reaches its own; and per head
+the largest key gradient of a query whose own score is at most 0, as a fraction of ``beta``
+(:func:`own_score_reach`): how far a query can reach its key gradient without outscoring the keys it should weigh.
 ``--n 2`` shows the smallest case: one row with two keys,
 where the heads' witnesses are already those of n = 8 (docs/mathematics.md, section 14).
 
@@ -165,6 +167,37 @@ def stacked_key_parts(model, report) -> dict:
             found["groups"] = [float(np.linalg.norm(sum(parts[h] for h in attention.group_heads(g)), 2))
                                for g in range(attention.num_groups)]
         out[(row.layer, row.head)] = found
+    return out
+
+
+def own_score_reach(head, domain, n: int) -> list[float] | None:
+    """Per causal offset ``Delta = -(n - 1) .. -1``, the largest key gradient ``||Pi A_Delta^T M w||`` of a query
+    ``M w`` (``||w|| <= r``) whose own score ``w^T M^T A_0 M w`` is at most 0, as a fraction of the largest over all
+    queries (``beta`` at that offset): ``min_{mu >= 0} lambda_max(G - mu H)``, ``G = M^T A_Delta Pi A_Delta^T M``, ``H``
+    the symmetric part of ``M^T A_0 M`` (exact: the joint range of two quadratic forms on the sphere is convex).  A
+    query with a larger gradient scores itself above zero, and the keys it weighs must outscore it out of their own
+    ball.  Floats, a diagnostic; None outside a rotary or dot-product head on a region about 0."""
+    from scipy.optimize import minimize_scalar
+
+    from lipbound.numeric.sdp.rotary import PositionalHeadBounds, positional_scope
+
+    if not positional_scope(head):
+        return None
+    bounds = PositionalHeadBounds(head, domain, n)
+    if np.any(bounds.region.center):
+        return None
+    queries, keys = bounds.queries_shaped.mid, bounds.keys_shaped.mid            # sigma W_Q^T M, W_K^T M
+    own = queries.T @ bounds.rotations[0].mid @ keys
+    H = 0.5 * (own + own.T)
+    top = max(float(np.linalg.eigvalsh(H)[-1]), 1e-300)
+    out = []
+    for delta in range(-(n - 1), 0):
+        F = bounds.key_left.mid @ bounds.rotations[delta].mid.T @ queries         # Pi A_Delta^T M
+        G = F.T @ F
+        beta2 = max(float(np.linalg.eigvalsh(G)[-1]), 1e-300)
+        found = minimize_scalar(lambda mu: float(np.linalg.eigvalsh(G - mu * H)[-1]), bounds=(0.0, 10 * beta2 / top),
+                                method="bounded")
+        out.append(float(np.sqrt(max(min(found.fun, beta2), 0.0) / beta2)))
     return out
 
 
@@ -314,6 +347,15 @@ def main() -> None:
             print(f"block {row['layer']} {name}: witness {row['witness']:.4g}, bound {row['best']:.4g} "
                   f"({row['best_name']}), gap {row['gap']:.3f}; bound terms {terms}; witness parts {at}, key part in "
                   f"rows {found['key_rows']}")
+    if args.stacked:
+        for block in sorted({r["layer"] for r in rows}):
+            attention = model.layer(block, report.rows[0].block).attention
+            domain = verification.domains_of(next(job for job in verification.jobs if job.layer == block))[0]
+            for h, head in enumerate(attention.heads):
+                reach = own_score_reach(head, domain, args.n)
+                if reach is not None:
+                    print(f"block {block} head {h}: key gradient of queries with own score <= 0 / beta, offsets "
+                          f"-{args.n - 1}..-1: " + ", ".join(f"{v:.3f}" for v in reach))
     for (block, head), found in sorted(stacked.items(), key=lambda item: (item[0][0], item[0][1] is None,
                                                                             item[0][1] or 0)):
         name = "layer" if head is None else f"head {head}"
