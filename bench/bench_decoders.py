@@ -24,7 +24,9 @@ the square root of the sum of its rows' squared norms (the form in which the row
 layer each head's key part through its block of ``W_O`` apart (the sum of their norms) and each key/value group's heads
 together: whether at the witness the rows' (or the heads') worst moves differ, or each reaches its own; and per head
 the largest key gradient of a query whose own score is at most 0, as a fraction of ``beta``
-(:func:`own_score_reach`): how far a query can reach its key gradient without outscoring the keys it should weigh.
+(``own_score_reach``): how far a query can reach its key gradient without outscoring the keys it should weigh; and per
+head the float estimate of a row's query and key parts bounded through one second moment (``row_joint_estimate``).
+These diagnostics live in ``bench/decoder_key_rows.py``.
 ``--n 2`` shows the smallest case: one row with two keys,
 where the heads' witnesses are already those of n = 8 (docs/mathematics.md, section 14).
 
@@ -128,90 +130,6 @@ def witness_parts(model, report) -> dict:
     return out
 
 
-def key_operator(target, X: np.ndarray, output=None) -> np.ndarray:
-    """The key part of ``Df(X)`` (the tokens moved only as keys) as one matrix, (n d_out, n d), in floats: column
-    ``(t, k)`` is the key part of the move of token t along coordinate k (one batched JVP per token), seen through
-    ``output`` (a head's block of ``W_O``) when given."""
-    from lipbound.numeric.attention import AttentionMap
-
-    n, d = X.shape
-    linear = AttentionMap(target).linearize(np.repeat(X[None], d, 0))
-    columns = []
-    for token in range(n):
-        moves = np.zeros((d, n, d))
-        moves[np.arange(d), token, np.arange(d)] = 1.0
-        part = linear.jvp_parts(moves)["key"]                                     # (d, n, d_out)
-        columns.append((part if output is None else part @ output).reshape(d, -1))
-    return np.concatenate(columns).T
-
-
-def _top_singular(J: np.ndarray) -> float:
-    """``||J||_2`` by Lanczos (a dense SVD of the 4608-wide operators of SmolLM2 at n = 8 takes about a CPU minute)."""
-    from scipy.sparse.linalg import svds
-
-    if not np.any(J):
-        return 0.0
-    if min(J.shape) < 3:
-        return float(np.linalg.norm(J, 2))
-    return float(svds(J, k=1, return_singular_vectors=False, random_state=0)[0])
-
-
-def stacked_key_parts(model, report) -> dict:
-    """Per row ``(layer, head)``, at its witness X: the norm of the key part of ``Df(X)`` as one operator over all
-    rows (what every key-term bound bounds from above at that X) against the square root of the sum of its rows'
-    squared norms (what the row-by-row bounds add up); for a layer also each head's key part through its block of
-    ``W_O``, their sum of norms, and each key/value group's heads together.  Floats, a diagnostic."""
-    from lipbound.numeric.witness import Witness
-
-    out = {}
-    for row in report.rows:
-        attention = model.layer(row.layer, row.block).attention
-        target = attention if row.head is None else attention.heads[row.head]
-        X = Witness.load(row.witness_file).X
-        J = key_operator(target, X)
-        d_out = J.shape[0] // X.shape[0]
-        rows = [_top_singular(J[i * d_out:(i + 1) * d_out]) for i in range(X.shape[0])]
-        found = {"stacked": _top_singular(J), "rows": float(np.sqrt(np.sum(np.square(rows))))}
-        if row.head is None:
-            parts = [key_operator(head, X, attention.output_block(h)) for h, head in enumerate(attention.heads)]
-            found["heads"] = float(sum(_top_singular(P) for P in parts))
-            found["groups"] = [_top_singular(sum(parts[h] for h in attention.group_heads(g)))
-                               for g in range(attention.num_groups)]
-        out[(row.layer, row.head)] = found
-    return out
-
-
-def own_score_reach(head, domain, n: int) -> list[float] | None:
-    """Per causal offset ``Delta = -(n - 1) .. -1``, the largest key gradient ``||Pi A_Delta^T M w||`` of a query
-    ``M w`` (``||w|| <= r``) whose own score ``w^T M^T A_0 M w`` is at most 0, as a fraction of the largest over all
-    queries (``beta`` at that offset): ``min_{mu >= 0} lambda_max(G - mu H)``, ``G = M^T A_Delta Pi A_Delta^T M``, ``H``
-    the symmetric part of ``M^T A_0 M`` (exact: the joint range of two quadratic forms on the sphere is convex).  A
-    query with a larger gradient scores itself above zero, and the keys it weighs must outscore it out of their own
-    ball.  Floats, a diagnostic; None outside a rotary or dot-product head on a region about 0."""
-    from scipy.optimize import minimize_scalar
-
-    from lipbound.numeric.sdp.rotary import PositionalHeadBounds, positional_scope
-
-    if not positional_scope(head):
-        return None
-    bounds = PositionalHeadBounds(head, domain, n)
-    if np.any(bounds.region.center):
-        return None
-    queries, keys = bounds.queries_shaped.mid, bounds.keys_shaped.mid            # sigma W_Q^T M, W_K^T M
-    own = queries.T @ bounds.rotations[0].mid @ keys
-    H = 0.5 * (own + own.T)
-    top = max(float(np.linalg.eigvalsh(H)[-1]), 1e-300)
-    out = []
-    for delta in range(-(n - 1), 0):
-        F = bounds.key_left.mid @ bounds.rotations[delta].mid.T @ queries         # Pi A_Delta^T M
-        G = F.T @ F
-        beta2 = max(float(np.linalg.eigvalsh(G)[-1]), 1e-300)
-        found = minimize_scalar(lambda mu: float(np.linalg.eigvalsh(G - mu * H)[-1]), bounds=(0.0, 10 * beta2 / top),
-                                method="bounded")
-        out.append(float(np.sqrt(max(min(found.fun, beta2), 0.0) / beta2)))
-    return out
-
-
 def _pair_grams(heads, outputs, scales: np.ndarray) -> list | None:
     """Per head ``(L_1^T L_1, L_2^T L_2)`` of the two-token estimate (module docstring) on the span of ``S * [W_Q, W_K,
     W_V]`` of all ``heads`` per token (the forms see nothing else), or None for a head the estimate does not cover."""
@@ -302,6 +220,8 @@ def main() -> None:
     parser.add_argument("--json", help="write the rows as JSON")
     args = parser.parse_args()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    from decoder_key_rows import own_score_reach, row_joint_estimate, stacked_key_parts
+
     from lipbound.numeric.model import load_weights
     from lipbound.numeric.verification import Verification
 
@@ -363,6 +283,10 @@ def main() -> None:
             attention = model.layer(block, report.rows[0].block).attention
             domain = verification.domains_of(next(job for job in verification.jobs if job.layer == block))[0]
             for h, head in enumerate(attention.heads):
+                joint = row_joint_estimate(head, domain, args.n)
+                if joint is not None:
+                    print(f"block {block} head {h}: a row's query and key parts through one second moment (floats) "
+                          f"{joint:.4g}")
                 reach = own_score_reach(head, domain, args.n)
                 if reach is not None:
                     print(f"block {block} head {h}: key gradient of queries with own score <= 0 / beta, offsets "
