@@ -19,6 +19,14 @@ Targets (n = 8): head gap median <= 1.5 and max <= 2.5 on blocks 0, 15 and 29; w
 the witness's own query, key and value parts (the norms of ``Df(X)[E]`` with the tokens moved only as queries, only as
 keys, only as values: :func:`lipbound.numeric.witness.values.jacobian_parts`) and the rows its key part lies in: the
 breakdown that says which term a gap lies in, and whether the witness or the bound leaves it.
+``--stacked`` adds, at every witness X, the norm of the key part of ``Df(X)`` taken as one operator over all rows beside
+the square root of the sum of its rows' squared norms (the form in which the row-by-row bounds add the rows), and for a
+layer each head's key part through its block of ``W_O`` apart (the sum of their norms) and each key/value group's heads
+together: whether at the witness the rows' (or the heads') worst moves differ, or each reaches its own; and per head
+the largest key gradient of a query whose own score is at most 0, as a fraction of ``beta``
+(``own_score_reach``): how far a query can reach its key gradient without outscoring the keys it should weigh; and per
+head the float estimate of a row's query and key parts bounded through one second moment (``row_joint_estimate``).
+These diagnostics live in ``bench/decoder_key_rows.py``.
 ``--n 2`` shows the smallest case: one row with two keys,
 where the heads' witnesses are already those of n = 8 (docs/mathematics.md, section 14).
 
@@ -40,7 +48,7 @@ BERT layers of 12 heads, width 384) on ``verify``'s default encoder domain (the 
 the whole-layer gap median <= 3 is a target there too.
 
 Run: ``python bench/bench_decoders.py [--model smollm2 | minilm] [--layers 0,15,29 | all] [--n 8] [--jobs 2]
-[--budget 1] [--seed 0] [--per-head] [--two-token] [--json rows.json]``
+[--budget 1] [--seed 0] [--per-head] [--two-token] [--stacked] [--json rows.json]``
 """
 
 from __future__ import annotations
@@ -206,9 +214,14 @@ def main() -> None:
                         help="print every head's witness, bound, gap and the bound's query, key and mean terms")
     parser.add_argument("--two-token", action="store_true",
                         help="print the float estimate from above at n = 2 of every head and layer (a diagnostic)")
+    parser.add_argument("--stacked", action="store_true",
+                        help="print at every witness the key part of the Jacobian as one operator against its rows' "
+                             "norms (and a layer's heads and groups apart): a diagnostic in floats")
     parser.add_argument("--json", help="write the rows as JSON")
     args = parser.parse_args()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    from decoder_key_rows import own_score_reach, row_joint_estimate, stacked_key_parts
+
     from lipbound.numeric.model import load_weights
     from lipbound.numeric.verification import Verification
 
@@ -226,6 +239,7 @@ def main() -> None:
         report = verification.run(jobs=args.jobs)
         seconds, cpu = time.perf_counter() - began, _cpu_seconds() - cpu_began
         parts = witness_parts(model, report) if args.per_head else {}
+        stacked = stacked_key_parts(model, report) if args.stacked else {}
     load_after = os.getloadavg()
     rows = []
     for row in report.rows:
@@ -264,6 +278,26 @@ def main() -> None:
             print(f"block {row['layer']} {name}: witness {row['witness']:.4g}, bound {row['best']:.4g} "
                   f"({row['best_name']}), gap {row['gap']:.3f}; bound terms {terms}; witness parts {at}, key part in "
                   f"rows {found['key_rows']}")
+    if args.stacked:
+        for block in sorted({r["layer"] for r in rows}):
+            attention = model.layer(block, report.rows[0].block).attention
+            domain = verification.domains_of(next(job for job in verification.jobs if job.layer == block))[0]
+            for h, head in enumerate(attention.heads):
+                joint = row_joint_estimate(head, domain, args.n)
+                if joint is not None:
+                    print(f"block {block} head {h}: a row's query and key parts through one second moment (floats) "
+                          f"{joint:.4g}")
+                reach = own_score_reach(head, domain, args.n)
+                if reach is not None:
+                    print(f"block {block} head {h}: key gradient of queries with own score <= 0 / beta, offsets "
+                          f"-{args.n - 1}..-1: " + ", ".join(f"{v:.3f}" for v in reach))
+    for (block, head), found in sorted(stacked.items(), key=lambda item: (item[0][0], item[0][1] is None,
+                                                                            item[0][1] or 0)):
+        name = "layer" if head is None else f"head {head}"
+        extra = (f"; heads through W_O apart, sum of norms {found['heads']:.4g}; groups "
+                 + ", ".join(f"{v:.4g}" for v in found["groups"])) if head is None else ""
+        print(f"block {block} {name}: key part at the witness, one operator {found['stacked']:.4g}, its rows' norms "
+              f"(sum of squares)^(1/2) {found['rows']:.4g}{extra}")
     if args.two_token:
         for block in sorted({r["layer"] for r in rows}):
             layer = model.layer(block, report.rows[0].block)

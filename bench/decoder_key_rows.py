@@ -1,0 +1,150 @@
+"""Diagnostics of the key term of rotary heads and layers at their witnesses, for ``bench_decoders.py --stacked``
+(docs/mathematics.md, section 14): the key part of the Jacobian at a witness as one operator against its rows (and a
+layer's heads and key/value groups apart), the key gradient a query reaches with a non-positive own score, and a row's
+query and key parts bounded through one second moment.  Floats throughout: diagnostics, never bounds."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def key_operator(target, X: np.ndarray, output=None) -> np.ndarray:
+    """The key part of ``Df(X)`` (the tokens moved only as keys) as one matrix, (n d_out, n d), in floats: column
+    ``(t, k)`` is the key part of the move of token t along coordinate k (one batched JVP per token), seen through
+    ``output`` (a head's block of ``W_O``) when given."""
+    from lipbound.numeric.attention import AttentionMap
+
+    n, d = X.shape
+    linear = AttentionMap(target).linearize(np.repeat(X[None], d, 0))
+    columns = []
+    for token in range(n):
+        moves = np.zeros((d, n, d))
+        moves[np.arange(d), token, np.arange(d)] = 1.0
+        part = linear.jvp_parts(moves)["key"]                                     # (d, n, d_out)
+        columns.append((part if output is None else part @ output).reshape(d, -1))
+    return np.concatenate(columns).T
+
+
+def _top_singular(J: np.ndarray) -> float:
+    """``||J||_2`` by Lanczos (a dense SVD of the 4608-wide operators of SmolLM2 at n = 8 takes about a CPU minute)."""
+    from scipy.sparse.linalg import svds
+
+    if not np.any(J):
+        return 0.0
+    if min(J.shape) < 3:
+        return float(np.linalg.norm(J, 2))
+    return float(svds(J, k=1, return_singular_vectors=False, random_state=0)[0])
+
+
+def stacked_key_parts(model, report) -> dict:
+    """Per row ``(layer, head)``, at its witness X: the norm of the key part of ``Df(X)`` as one operator over all
+    rows (what every key-term bound bounds from above at that X) against the square root of the sum of its rows'
+    squared norms (what the row-by-row bounds add up); for a layer also each head's key part through its block of
+    ``W_O``, their sum of norms, and each key/value group's heads together.  Floats, a diagnostic."""
+    from lipbound.numeric.witness import Witness
+
+    out = {}
+    for row in report.rows:
+        attention = model.layer(row.layer, row.block).attention
+        target = attention if row.head is None else attention.heads[row.head]
+        X = Witness.load(row.witness_file).X
+        J = key_operator(target, X)
+        d_out = J.shape[0] // X.shape[0]
+        rows = [_top_singular(J[i * d_out:(i + 1) * d_out]) for i in range(X.shape[0])]
+        found = {"stacked": _top_singular(J), "rows": float(np.sqrt(np.sum(np.square(rows))))}
+        if row.head is None:
+            parts = [key_operator(head, X, attention.output_block(h)) for h, head in enumerate(attention.heads)]
+            found["heads"] = float(sum(_top_singular(P) for P in parts))
+            found["groups"] = [_top_singular(sum(parts[h] for h in attention.group_heads(g)))
+                               for g in range(attention.num_groups)]
+        out[(row.layer, row.head)] = found
+    return out
+
+
+def own_score_reach(head, domain, n: int) -> list[float] | None:
+    """Per causal offset ``Delta = -(n - 1) .. -1``, the largest key gradient ``||Pi A_Delta^T M w||`` of a query
+    ``M w`` (``||w|| <= r``) whose own score ``w^T M^T A_0 M w`` is at most 0, as a fraction of the largest over all
+    queries (``beta`` at that offset): ``min_{mu >= 0} lambda_max(G - mu H)``, ``G = M^T A_Delta Pi A_Delta^T M``, ``H``
+    the symmetric part of ``M^T A_0 M`` (exact: the joint range of two quadratic forms on the sphere is convex).  A
+    query with a larger gradient scores itself above zero, and the keys it weighs must outscore it out of their own
+    ball.  Floats, a diagnostic; None outside a rotary or dot-product head on a region about 0."""
+    from scipy.optimize import minimize_scalar
+
+    from lipbound.numeric.sdp.rotary import PositionalHeadBounds, positional_scope
+
+    if not positional_scope(head):
+        return None
+    bounds = PositionalHeadBounds(head, domain, n)
+    if np.any(bounds.region.center):
+        return None
+    queries, keys = bounds.queries_shaped.mid, bounds.keys_shaped.mid            # sigma W_Q^T M, W_K^T M
+    own = queries.T @ bounds.rotations[0].mid @ keys
+    H = 0.5 * (own + own.T)
+    top = max(float(np.linalg.eigvalsh(H)[-1]), 1e-300)
+    out = []
+    for delta in range(-(n - 1), 0):
+        F = bounds.key_left.mid @ bounds.rotations[delta].mid.T @ queries         # Pi A_Delta^T M
+        G = F.T @ F
+        beta2 = max(float(np.linalg.eigvalsh(G)[-1]), 1e-300)
+        found = minimize_scalar(lambda mu: float(np.linalg.eigvalsh(G - mu * H)[-1]), bounds=(0.0, 10 * beta2 / top),
+                                method="bounded")
+        out.append(float(np.sqrt(max(min(found.fun, beta2), 0.0) / beta2)))
+    return out
+
+
+def row_joint_estimate(head, domain, n: int) -> float | None:
+    """A row's query and key parts through one second moment (docs/mathematics.md, section 14), in floats: step 6's
+    split with ``(1 + t_j) b_j^2`` replaced by ``c(theta_j)^2 / theta_j`` and ``(1 + 1/t_i) rho^2`` by ``c(theta_i)^2 /
+    (1 - theta_i)``, ``c(theta) = (r^2 / 2) min_a max_Delta [lambda_max(a M^T V V^T M + theta M^T A_Delta^T Pi A_Delta M
+    / a) + (1 - theta) / (r^2 a)]``, the ``theta_i`` from a grid by coordinate descent, plus the mean term.  None where
+    step 1b or the key forms by columns do not apply (a centre or biases).  A diagnostic, never a bound."""
+    from scipy.optimize import minimize_scalar
+
+    from lipbound.numeric.sdp.rotary import PositionalHeadBounds, positional_scope
+    from lipbound.rigorous.intervals import upper
+    from lipbound.rigorous.linalg import Enclosure
+
+    if not positional_scope(head):
+        return None
+    bounds = PositionalHeadBounds(head, domain, n)
+    if np.any(bounds.region.center) or np.any(head.b_Q) or np.any(head.b_K):
+        return None
+    r, rows = float(bounds.r), bounds.rows
+    values = bounds.region.times_shape(Enclosure.exact(head.W_V.T)).mid.T                # M^T V, (d, d_v)
+    scores = {delta: (bounds.query_left.mid @ R.mid @ bounds.keys_scaled.mid) for delta, R in bounds.rotations.items()}
+    basis = np.linalg.qr(np.concatenate([values, bounds.keys_shaped.mid.T], axis=1))[0]     # span [M^T V, M^T W_K]
+    G2 = basis.T @ values @ values.T @ basis
+    G1 = [basis.T @ F.T @ F @ basis for F in scores.values()]
+
+    def c(theta: float) -> float:
+        def top(log_a: float) -> float:
+            a = np.exp(log_a)
+            return max(float(np.linalg.eigvalsh(a * G2 + theta * G / a)[-1]) for G in G1) + (1 - theta) / (r * r * a)
+        return r * r / 2 * minimize_scalar(top, bounds=(-30.0, 30.0), method="bounded").fun
+
+    thetas = 1 / (1 + np.exp(np.linspace(-4.0, 16.0, 41)))
+    cs = np.array([c(theta) for theta in thetas])
+    nus = np.array([float(upper(bounds.row_nu(i, with_cap=False))) for i in range(n)])
+    root = np.linalg.qr(bounds.key_left.mid)[1]                                   # Pi W_K = Q root
+    forms = {(i, j): nus[i] * r * r * (Y := root @ bounds.rotations[j - i].mid.T @ bounds.queries_shaped.mid) @ Y.T
+             for i in range(n) for j in range(n) if rows.visible[i, j] and nus[i] > 0}
+
+    def value(index: list[int]) -> float:
+        worst = 0.0
+        for j in range(n):
+            query = cs[index[j]] ** 2 / thetas[index[j]] if rows.key_counts[j] >= 2 else 0.0
+            keys = sum((cs[index[i]] ** 2 / (1 - thetas[index[i]]) * forms[(i, j)]
+                        for i in range(n) if (i, j) in forms), np.zeros((root.shape[0],) * 2))
+            worst = max(worst, query + float(np.linalg.eigvalsh(keys)[-1]))
+        return float(np.sqrt(worst))
+
+    best, index = min((value([k] * n), [k] * n) for k in range(len(thetas)))
+    for _ in range(2):
+        for i in range(n):
+            for k in range(len(thetas)):
+                trial = index[:i] + [k] + index[i + 1:]
+                found = value(trial)
+                if found < best:
+                    best, index = found, trial
+    mean = float(upper(bounds.value_norm)) * float(np.sqrt(float(upper(bounds.terms()["kappa"]))))
+    return best + mean
