@@ -594,3 +594,47 @@ def test_each_token_moves_within_its_own_reach_after_the_attention(seed):
             scale = point.eps / np.linalg.norm(E) * (1.0 if rng.random() < 0.7 else rng.random())
             moved = np.linalg.norm(chain_forward(chain, (X + scale * E)[None])[-1][0] - centre, axis=-1)
             assert np.all(moved <= bound * (1 + 1e-9) + 1e-12)
+
+
+@settings(max_examples=3, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_each_token_pays_its_own_taylor_remainder(seed):
+    """Lemma curvature-per-query: on the Frobenius ball U(X, eps), ``||(A(Y) - A(X) - DA(X)(Y - X))_i||`` (the linear
+    part by central differences of the chain's own forward) at random points of U, on its sphere and along an ascent on
+    token i's remainder never exceeds the point's ``token_remainders[i]``, and some token's bound is below the whole
+    output's remainder (the bound reads only query i's rows)."""
+    from lipbound.local.curve import _curve
+    generated = local_models.model(seed=seed % 50, layers=1)
+    X = hidden_states(generated, [1, 5, 7, 2, 9])[0]
+    n, d = X.shape
+    chain = chain_for(generated, "block", 0)[:1]
+    curve = _curve(generated, X, "layer", 0, None, None, "fro", "fro", (), [1e-3, 0.3], 0, 0, 20, None,
+                   chain=chain, want_reach=True)
+    centre = chain_forward(chain, X[None])[-1][0]
+    rng = np.random.default_rng(seed)
+
+    def rest(E):   # token by token, (n,)
+        step = 1e-6 * np.linalg.norm(E) ** -1
+        linear = (chain_forward(chain, (X + step * E)[None])[-1][0]
+                  - chain_forward(chain, (X - step * E)[None])[-1][0]) / (2 * step)
+        return np.linalg.norm(chain_forward(chain, (X + E)[None])[-1][0] - centre - linear, axis=-1)
+
+    for point in curve.points:
+        bounds = np.array(point.token_remainders)
+        assert bounds.shape == (n,) and np.all(np.isfinite(bounds))
+        assert np.min(bounds) < point.remainder
+        worst = np.zeros(n)
+        for _ in range(12):
+            E = rng.standard_normal((n, d))
+            E *= point.eps / np.linalg.norm(E) * (1.0 if rng.random() < 0.7 else rng.random())
+            worst = np.maximum(worst, rest(E))
+        for i in range(n):   # coordinate ascent on token i's remainder over the sphere
+            E = rng.standard_normal((n, d))
+            E *= point.eps / np.linalg.norm(E)
+            for _ in range(15):
+                trial = E + 0.3 * point.eps * rng.standard_normal((n, d)) / np.sqrt(n * d)
+                trial *= point.eps / np.linalg.norm(trial)
+                if rest(trial)[i] > rest(E)[i]:
+                    E = trial
+            worst[i] = max(worst[i], rest(E)[i])
+        assert np.all(worst <= bounds * (1 + 1e-6) + 1e-9)

@@ -301,12 +301,12 @@ def column_block_norms(jacobian: Enclosure, n: int) -> np.ndarray:
     return np.array([spectral_norm_upper_large(jacobian[:, i * d:(i + 1) * d]) for i in range(n)])
 
 
-def token_reach(columns: np.ndarray, remainder: float, theta: float, eps: float) -> np.ndarray:
-    """``c_i theta_U eps + rest`` per token, rounded up (lemma attention-token-reach): on U, ``A(Y)_i - A(X)_i =
+def token_reach(columns: np.ndarray, remainder, theta: float, eps: float) -> np.ndarray:
+    """``c_i theta_U eps + rest_i`` per token, rounded up (lemma attention-token-reach): on U, ``A(Y)_i - A(X)_i =
     ((Y - X) DA(X))_i + r_i`` with ``||((Y - X) DA(X))_i|| <= c_i ||Y - X||_F <= c_i theta_U eps`` (``c_i`` from
-    :func:`column_block_norms`) and ``||r_i|| <= ||r||_F <= rest``, Taylor's remainder of the whole output (lemma
-    attention-reach-remainder); every entry inf where ``rest`` is."""
-    if not math.isfinite(remainder):
-        return np.full(columns.shape, np.inf)
+    :func:`column_block_norms`) and ``||r_i|| <= rest_i``: ``remainder`` one float, Taylor's remainder of the whole
+    output (lemma attention-reach-remainder, ``||r_i|| <= ||r||_F``), or one per token (lemma curvature-per-query);
+    inf where the remainder is."""
+    rests = np.broadcast_to(np.asarray(remainder, dtype=np.float64), columns.shape)
     linear = IntervalArray(columns) * IntervalArray(float(theta)) * IntervalArray(float(eps))
-    return (linear + IntervalArray(float(remainder))).hi
+    return np.where(np.isfinite(rests), (linear + IntervalArray(np.where(np.isfinite(rests), rests, 0.0))).hi, np.inf)
