@@ -88,8 +88,8 @@ from ..symbolic import local as T
 from .balls import TokenBalls
 from .bounds import LocalBounds, attention_bounds, attention_norms, evaluate_theorem, head_movement, value_space
 from .centred import CentredRows
-from .query_curvature import query_chis
 from .enclosed import EnclosedAttention, head_products
+from .query_curvature import query_chis
 from .zeta_changes import Changes, HeadsJoint, centred_parts
 
 __all__ = ["AttentionCurvature", "CurvatureIntegral", "CURVATURE_ENTRIES", "CURVATURE_TOKENS", "SPLIT_ENTRIES",

@@ -72,7 +72,7 @@ from .curvature import CURVATURE_TOKENS, AttentionCurvature, CurvatureIntegral, 
 from .front import FrontSplit
 from .relational import RELATIONAL_WORTH, RelationalRoute, covers, relational_grid
 from .stack import StackOfBlocks
-from .tail import BlockTail, TokenTail, column_block_norms, token_reach
+from .tail import BlockTail, TokenTail, column_block_norms, token_reach, weighted_tail_reach
 
 __all__ = ["CurvePoint", "LipschitzCurve", "lipschitz_curve", "DENSE_LIMIT", "CHAIN_DENSE_LIMIT", "FLOAT_ALLOWANCE"]
 
@@ -428,6 +428,11 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
                 omegas = tail.omegas(M, V, N_blocks, ball_radii, centre.rounding)
                 named.offer("attention-tail", tail.variation(first.points[index], omegas, attention_jacobian))
                 tail_reach = tail.reach(first.points[index].reach, omegas)
+                if attention_jacobian is not None:   # the tokens' weights on their own columns (block-reach-weighted)
+                    own = first.points[index]
+                    linear = (frobenius_factor(hood, n) * IntervalArray(hood.eps)).hi.item()
+                    tail_reach = min(tail_reach, weighted_tail_reach(tail.taus, omegas, attention_jacobian, linear,
+                                                                     own.remainder, own.token_remainders))
             except NotCertifiedError:   # an enclosure overflowed (balls past the LayerNorms' centres): no bound
                 pass
         joined = None   # the relational route whose curvature bounds this radius formed (for the reach)

@@ -77,8 +77,8 @@ def _at_x(curvature, scales: np.ndarray) -> np.ndarray:
 
 
 def _centred_parts(curvature, facts: dict, scales: np.ndarray, centred, weights) -> tuple:
-    """``(sup_U ||diag(s_i) z_i(Y)||, sup_U ||diag(s_i) m_i(Y)||)`` per query i (two (n,) interval arrays) with the score
-    changes centred at X's weights (lemma curvature-covariance-centred): z's rows at X plus their change, and m's
+    """``(sup_U ||diag(s_i) z_i(Y)||, sup_U ||diag(s_i) m_i(Y)||)`` per query i (two (n,) interval arrays) with the
+    score changes centred at X's weights (lemma curvature-covariance-centred): z's rows at X plus their change, and m's
     rows the smaller of their blocks' bound and the rows of z scaled by
     :meth:`~lipbound.local.centred.CentredRows.through`."""
     z = IntervalArray(_at_x(curvature, scales)) + IntervalArray(centred.norms(scales, 1))
