@@ -337,7 +337,8 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
     witness_at_x, direction = _witness_value(chain, X, moving, norm, seed)
     N_blocks = [_at_center(*parts) for parts in zip(chain, centre.points, centre.rounding, centre.enclosed)]
     radius = model.layer(layer).ln_in.radius_about_center if model.layer(layer).ln_in is not None else math.nan
-    curvature = _CurvatureRoute.of(chain, centre, X, neighbourhoods, curvature_tokens, per_query=want_reach) \
+    # (a block's attention curve also bounds each output token's remainder: per_query = want_reach)
+    curvature = _CurvatureRoute.of(chain, centre, X, neighbourhoods, curvature_tokens, want_reach) \
         if norm == "fro" else None
     # an attention layer first on a Frobenius ball: the layer pushed through U as one affine form (relational.py)
     relational = RelationalRoute.of(chain, X, centre.enclosed[0], neighbourhoods) if norm == "fro" else None
