@@ -596,7 +596,7 @@ def test_each_token_moves_within_its_own_reach_after_the_attention(seed):
             assert np.all(moved <= bound * (1 + 1e-9) + 1e-12)
 
 
-@settings(max_examples=2, deadline=None)
+@settings(max_examples=1, deadline=None)   # (a generated block's curve: seconds per example)
 @given(seed=st.integers(0, 10_000))
 def test_each_token_pays_its_own_taylor_remainder(seed):
     """Lemma curvature-per-query: on the Frobenius ball U(X, eps), ``||(A(Y) - A(X) - DA(X)(Y - X))_i||`` (the linear
@@ -640,7 +640,7 @@ def test_each_token_pays_its_own_taylor_remainder(seed):
         assert np.all(worst <= bounds * (1 + 1e-6) + 1e-9)
 
 
-@settings(max_examples=2, deadline=None)
+@settings(max_examples=1, deadline=None)   # (a generated block's curve: seconds per example)
 @given(seed=st.integers(0, 10_000))
 def test_the_weighted_block_reach_holds_on_the_ball(seed):
     """Lemma block-reach-weighted: every value of :func:`~lipbound.local.tail.weighted_tail_reach` a block's curve
