@@ -652,17 +652,21 @@ def test_the_weighted_block_reach_holds_on_the_ball(seed):
     X = hidden_states(generated, [1, 5, 7, 2, 9])[0]
     chain = chain_for(generated, "block", 0)
     formed = []
+    original = module._weighted_reach
 
-    def recorded(*args):
-        formed.append((args[3], weighted_tail_reach(*args)))   # (theta eps, the bound)
-        return formed[-1][1]
+    def recorded(tail, omegas, jacobian, columns, attention, hood, other):   # the lemma's value, not screened
+        bound = weighted_tail_reach(tail.taus, omegas, jacobian, hood.eps, attention.remainder,
+                                    attention.token_remainders)
+        screened = original(tail, omegas, jacobian, columns, attention, hood, other)
+        assert screened == bound or (screened == np.inf and bound >= other * (1 - 1e-6))
+        formed.append((hood.eps, bound))
+        return screened
 
-    original = module.weighted_tail_reach
-    module.weighted_tail_reach = recorded
+    module._weighted_reach = recorded
     try:
         lipschitz_curve(generated, X, kind="block", layer=0, eps=[1e-3, 0.2], ascent_steps=0)
     finally:
-        module.weighted_tail_reach = original
+        module._weighted_reach = original
     assert len(formed) == 2 and all(np.isfinite(bound) for _, bound in formed)
     centre = chain_forward(chain, X[None])[-1][0]
     _, top, _ = _top_singular(chain, X, np.ones(X.shape[0], dtype=bool), None, 0)

@@ -423,17 +423,12 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         if relational is not None and len(chain) == 1 and hood.eps > 0:   # the Jacobian enclosed over U
             spread, enclosure = relational.jacobian(hood)
             named.offer("jacobian-enclosure", spread)
-        tail_reach = math.inf
+        tail_reach, omegas = math.inf, None
         if tail is not None and M is not None and hood.eps > 0:
             try:
                 omegas = tail.omegas(M, V, N_blocks, ball_radii, centre.rounding)
                 named.offer("attention-tail", tail.variation(first.points[index], omegas, attention_jacobian))
                 tail_reach = tail.reach(first.points[index].reach, omegas)
-                if attention_jacobian is not None:   # the tokens' weights on their own columns (block-reach-weighted)
-                    own = first.points[index]
-                    linear = (frobenius_factor(hood, n) * IntervalArray(hood.eps)).hi.item()
-                    tail_reach = min(tail_reach, weighted_tail_reach(tail.taus, omegas, attention_jacobian, linear,
-                                                                     own.remainder, own.token_remainders))
             except NotCertifiedError:   # an enclosure overflowed (balls past the LayerNorms' centres): no bound
                 pass
         joined = None   # the relational route whose curvature bounds this radius formed (for the reach)
@@ -456,6 +451,9 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         certified = routes.value
         rest, rests = _taylor_remainder(curvature, joined, hood) if want_reach else (math.inf, ())
         moved = min(reach(certified, hood, n), tail_reach, _taylor_reach(rest, hood, N_dense, n))
+        if omegas is not None and token_columns is not None:   # the tokens' weights on their own columns
+            moved = min(moved, _weighted_reach(tail, omegas, attention_jacobian, token_columns, first.points[index],
+                                               hood, moved))
         witness = max(witness, _ascent(chain, X, hood, moving, norm, witness_at_x, direction, ascent_steps, seed))
         change = max(change, _ascent(chain, X, hood, moving, norm, 0.0, direction, ascent_steps, seed, change=True))
         verdicts = {certify_le(interval(found) * interval((1 - FLOAT_ALLOWANCE, 1 + FLOAT_ALLOWANCE)), interval(bound))
@@ -592,6 +590,19 @@ def _taylor_remainder(curvature: _CurvatureRoute | None, relational: RelationalR
         except NotCertifiedError:   # (the relational ranges themselves overflowed)
             pass
     return rest, rests
+
+
+def _weighted_reach(tail, omegas: np.ndarray, jacobian: Enclosure, columns: np.ndarray, attention: CurvePoint,
+                    hood: Neighbourhood, other: float) -> float:
+    """A block's reach by lemma block-reach-weighted (:func:`~lipbound.local.tail.weighted_tail_reach`), or inf where
+    its linear term alone, estimated from below by ``max_i w_i c_i theta_U eps`` (``||DA(X) D_w||`` is at least each
+    token's weighted column block; the certified ``c_i`` are within rounding of those norms), already reaches
+    ``other``: the spectral norm of the scaled Jacobian is then not formed (a choice of work, not a verdict)."""
+    theta_eps = (frobenius_factor(hood, columns.shape[0]) * IntervalArray(hood.eps)).hi.item()
+    estimate = float(np.max((np.asarray(tail.taus) + omegas) * columns)) * theta_eps
+    if not estimate < other:
+        return math.inf
+    return weighted_tail_reach(tail.taus, omegas, jacobian, theta_eps, attention.remainder, attention.token_remainders)
 
 
 def _taylor_reach(rest: float, hood: Neighbourhood, jacobian_norm: float, n: int) -> float:
