@@ -532,11 +532,15 @@ class CurvatureIntegral:
                 frobenius = known.pop("frobenius", None)
                 bounds = attention_bounds(self.component.target, balls, self.enclosed, **known)
                 self._chis[key] = self.curvature.chis(bounds, balls.radii, frobenius)
-                if self.per_query:   # (on the same facts: the bounds are formed once)
-                    self._queries[key] = query_chis(self.curvature, bounds, balls.radii, frobenius)
             except NotCertifiedError:
-                self._chis[key] = (math.inf,) * 3
+                self._chis[key], bounds = (math.inf,) * 3, None
+            if self.per_query:   # (on the same facts: the bounds are formed once)
                 self._queries[key] = np.full(self.curvature.n, np.inf)
+                if bounds is not None:
+                    try:
+                        self._queries[key] = query_chis(self.curvature, bounds, balls.radii, frobenius)
+                    except NotCertifiedError:   # (the whole output's values stand)
+                        pass
         return self._chis[key]
 
     def query_integral(self, steps, factor) -> np.ndarray:
