@@ -686,3 +686,44 @@ def test_the_weighted_block_reach_holds_on_the_ball(seed):
             E = trial if moved(trial) > moved(E) else E
         worst = max(worst, moved(E))
         assert worst <= bound * (1 + 1e-9) + 1e-12
+
+
+@pytest.mark.parametrize("centred", [True, False])
+def test_each_query_bounds_its_row_of_the_second_derivative(centred, monkeypatch):
+    """Lemma curvature-per-query, both forms of the second group (the score changes centred at X's weights, and
+    read as one where those parts are not formed): output token i's row of ``D^2A(Y)[e, e]`` (second differences of
+    the chain's own forward) at random points Y of the token balls, along a random ascent on unit e for each token,
+    never exceeds ``chi_i`` on those balls (on these models the ascent comes within about 2-4 of it)."""
+    from lipbound.local import curvature as module
+    from lipbound.local.balls import Neighbourhood
+    from lipbound.local.centre import ChainCentre
+    from lipbound.local.curve import _CurvatureRoute
+    if not centred:
+        monkeypatch.setattr(module, "JOINT_ENTRIES", 0)
+    generated = local_models.model(seed=11, layers=1)
+    X = hidden_states(generated, [1, 5, 7, 2, 9])[0]
+    n, d = X.shape
+    chain = chain_for(generated, "block", 0)[:1]
+    radius = 1e-3
+    route = _CurvatureRoute.of(chain, ChainCentre(chain, X, dense=False), X, [Neighbourhood("fro", radius)], 20, True)
+    chi = route.integral.query_integral([(1.0, np.full(n, radius))], 1.0)   # one step of width 1: chi_i itself
+    assert chi.shape == (n,) and np.all(np.isfinite(chi))
+    rng = np.random.default_rng(5)
+
+    def second(Y, e, step=1e-3):   # ||D^2A(Y)[e, e]_i|| per token
+        rows = [chain_forward(chain, Z[None])[-1][0] for Z in (Y + step * e, Y, Y - step * e)]
+        return np.linalg.norm((rows[0] - 2 * rows[1] + rows[2]) / step ** 2, axis=-1)
+
+    for i in range(n):
+        shift = rng.standard_normal((n, d))
+        Y = X + shift / np.linalg.norm(shift, axis=1, keepdims=True) * radius * rng.random((n, 1))
+        e = rng.standard_normal((n, d))
+        e /= np.linalg.norm(e)
+        found = second(Y, e)
+        for _ in range(40):
+            trial = e + 0.2 * rng.standard_normal((n, d)) / np.sqrt(n * d)
+            trial /= np.linalg.norm(trial)
+            values = second(Y, trial)
+            found = np.maximum(found, values)
+            e = trial if values[i] > second(Y, e)[i] else e
+        assert np.all(found <= chi * (1 + 1e-4) + 1e-5)
