@@ -602,7 +602,11 @@ def _weighted_reach(tail, omegas: np.ndarray, jacobian: Enclosure, columns: np.n
     estimate = float(np.max((np.asarray(tail.taus) + omegas) * columns)) * theta_eps
     if not estimate < other:
         return math.inf
-    return weighted_tail_reach(tail.taus, omegas, jacobian, theta_eps, attention.remainder, attention.token_remainders)
+    try:
+        return weighted_tail_reach(tail.taus, omegas, jacobian, theta_eps, attention.remainder,
+                                   attention.token_remainders)
+    except NotCertifiedError:   # (weights or remainders past the float range: no bound from it)
+        return math.inf
 
 
 def _taylor_reach(rest: float, hood: Neighbourhood, jacobian_norm: float, n: int) -> float:
