@@ -594,3 +594,137 @@ def test_each_token_moves_within_its_own_reach_after_the_attention(seed):
             scale = point.eps / np.linalg.norm(E) * (1.0 if rng.random() < 0.7 else rng.random())
             moved = np.linalg.norm(chain_forward(chain, (X + scale * E)[None])[-1][0] - centre, axis=-1)
             assert np.all(moved <= bound * (1 + 1e-9) + 1e-12)
+
+
+@settings(max_examples=1, deadline=None)   # (a generated block's curve: seconds per example)
+@given(seed=st.integers(0, 10_000))
+def test_each_token_pays_its_own_taylor_remainder(seed):
+    """Lemma curvature-per-query: on the Frobenius ball U(X, eps), ``||(A(Y) - A(X) - DA(X)(Y - X))_i||`` (the linear
+    part by central differences of the chain's own forward) at random points of U, on its sphere and along an ascent on
+    token i's remainder never exceeds the point's ``token_remainders[i]``, and some token's bound is below the whole
+    output's remainder (the bound reads only query i's rows)."""
+    from lipbound.local.curve import _curve
+    generated = local_models.model(seed=seed % 50, layers=1)
+    X = hidden_states(generated, [1, 5, 7, 2, 9])[0]
+    n, d = X.shape
+    chain = chain_for(generated, "block", 0)[:1]
+    curve = _curve(generated, X, "layer", 0, None, None, "fro", "fro", (), [1e-3, 0.3], 0, 0, 20, None,
+                   chain=chain, want_reach=True)
+    centre = chain_forward(chain, X[None])[-1][0]
+    rng = np.random.default_rng(seed)
+
+    def rest(E):   # token by token, (n,)
+        step = 1e-6 * np.linalg.norm(E) ** -1
+        linear = (chain_forward(chain, (X + step * E)[None])[-1][0]
+                  - chain_forward(chain, (X - step * E)[None])[-1][0]) / (2 * step)
+        return np.linalg.norm(chain_forward(chain, (X + E)[None])[-1][0] - centre - linear, axis=-1)
+
+    for point in curve.points:
+        bounds = np.array(point.token_remainders)
+        assert bounds.shape == (n,) and np.all(np.isfinite(bounds))
+        assert np.min(bounds) < point.remainder
+        worst = np.zeros(n)
+        for _ in range(12):
+            E = rng.standard_normal((n, d))
+            E *= point.eps / np.linalg.norm(E) * (1.0 if rng.random() < 0.7 else rng.random())
+            worst = np.maximum(worst, rest(E))
+        for i in range(n):   # coordinate ascent on token i's remainder over the sphere
+            E = rng.standard_normal((n, d))
+            E *= point.eps / np.linalg.norm(E)
+            for _ in range(15):
+                trial = E + 0.3 * point.eps * rng.standard_normal((n, d)) / np.sqrt(n * d)
+                trial *= point.eps / np.linalg.norm(trial)
+                if rest(trial)[i] > rest(E)[i]:
+                    E = trial
+            worst[i] = max(worst[i], rest(E)[i])
+        assert np.all(worst <= bounds * (1 + 1e-6) + 1e-9)
+
+
+@settings(max_examples=1, deadline=None)   # (a generated block's curve: seconds per example)
+@given(seed=st.integers(0, 10_000))
+def test_the_weighted_block_reach_holds_on_the_ball(seed):
+    """Lemma block-reach-weighted: every value of :func:`~lipbound.local.tail.weighted_tail_reach` a block's curve
+    forms is at least ``||F(Y) - F(X)||_F`` at random points of U, on its sphere, along the top singular directions of
+    DF(X) and along an ascent on the movement; it is finite at both radii."""
+    from lipbound.local import curve as module
+    from lipbound.local.tail import weighted_tail_reach
+    generated = local_models.model(seed=seed % 50, layers=1)
+    X = hidden_states(generated, [1, 5, 7, 2, 9])[0]
+    chain = chain_for(generated, "block", 0)
+    formed = []
+    original = module._weighted_reach
+
+    def recorded(tail, omegas, jacobian, columns, attention, hood, other):   # the lemma's value, not screened
+        bound = weighted_tail_reach(tail.taus, omegas, jacobian, hood.eps, attention.remainder,
+                                    attention.token_remainders)
+        screened = original(tail, omegas, jacobian, columns, attention, hood, other)
+        assert screened == bound or (screened == np.inf and bound >= other * (1 - 1e-6))
+        formed.append((hood.eps, bound))
+        return screened
+
+    module._weighted_reach = recorded
+    try:
+        lipschitz_curve(generated, X, kind="block", layer=0, eps=[1e-3, 0.2], ascent_steps=0)
+    finally:
+        module._weighted_reach = original
+    assert len(formed) == 2 and all(np.isfinite(bound) for _, bound in formed)
+    centre = chain_forward(chain, X[None])[-1][0]
+    _, top, _ = _top_singular(chain, X, np.ones(X.shape[0], dtype=bool), None, 0)
+    rng = np.random.default_rng(seed)
+
+    def moved(E):
+        return np.linalg.norm(chain_forward(chain, (X + E)[None])[-1][0] - centre)
+
+    for eps, bound in formed:
+        directions = [top, -top] + [rng.standard_normal(X.shape) for _ in range(8)]
+        worst = max(moved(eps * E / np.linalg.norm(E) * (1.0 if k < 4 else rng.random()))
+                    for k, E in enumerate(directions))
+        E = eps * top / np.linalg.norm(top)
+        for _ in range(20):   # a random ascent on the movement over the sphere
+            trial = E + 0.3 * eps * rng.standard_normal(X.shape) / np.sqrt(X.size)
+            trial *= eps / np.linalg.norm(trial)
+            E = trial if moved(trial) > moved(E) else E
+        worst = max(worst, moved(E))
+        assert worst <= bound * (1 + 1e-9) + 1e-12
+
+
+@pytest.mark.parametrize("centred", [True, False])
+def test_each_query_bounds_its_row_of_the_second_derivative(centred, monkeypatch):
+    """Lemma curvature-per-query, both forms of the second group (the score changes centred at X's weights, and
+    read as one where those parts are not formed): output token i's row of ``D^2A(Y)[e, e]`` (second differences of
+    the chain's own forward) at random points Y of the token balls, along a random ascent on unit e for each token,
+    never exceeds ``chi_i`` on those balls (on these models the ascent comes within about 2-4 of it)."""
+    from lipbound.local import curvature as module
+    from lipbound.local.balls import Neighbourhood
+    from lipbound.local.centre import ChainCentre
+    from lipbound.local.curve import _CurvatureRoute
+    if not centred:
+        monkeypatch.setattr(module, "JOINT_ENTRIES", 0)
+    generated = local_models.model(seed=11, layers=1)
+    X = hidden_states(generated, [1, 5, 7, 2, 9])[0]
+    n, d = X.shape
+    chain = chain_for(generated, "block", 0)[:1]
+    radius = 1e-3
+    route = _CurvatureRoute.of(chain, ChainCentre(chain, X, dense=False), X, [Neighbourhood("fro", radius)], 20, True)
+    chi = route.integral.query_integral([(1.0, np.full(n, radius))], 1.0)   # one step of width 1: chi_i itself
+    assert chi.shape == (n,) and np.all(np.isfinite(chi))
+    rng = np.random.default_rng(5)
+
+    def second(Y, e, step=1e-3):   # ||D^2A(Y)[e, e]_i|| per token
+        rows = [chain_forward(chain, Z[None])[-1][0] for Z in (Y + step * e, Y, Y - step * e)]
+        return np.linalg.norm((rows[0] - 2 * rows[1] + rows[2]) / step ** 2, axis=-1)
+
+    for i in range(n):
+        shift = rng.standard_normal((n, d))
+        Y = X + shift / np.linalg.norm(shift, axis=1, keepdims=True) * radius * rng.random((n, 1)) * (i % 2)
+        e = rng.standard_normal((n, d))
+        e /= np.linalg.norm(e)
+        found = current = second(Y, e)
+        for _ in range(150):
+            trial = e + 0.2 * rng.standard_normal((n, d)) / np.sqrt(n * d)
+            trial /= np.linalg.norm(trial)
+            values = second(Y, trial)
+            found = np.maximum(found, values)
+            if values[i] > current[i]:
+                e, current = trial, values
+        assert np.all(found <= chi * (1 + 1e-4) + 1e-5)

@@ -89,6 +89,7 @@ from .balls import TokenBalls
 from .bounds import LocalBounds, attention_bounds, attention_norms, evaluate_theorem, head_movement, value_space
 from .centred import CentredRows
 from .enclosed import EnclosedAttention, head_products
+from .query_curvature import query_chis
 from .zeta_changes import Changes, HeadsJoint, centred_parts
 
 __all__ = ["AttentionCurvature", "CurvatureIntegral", "CURVATURE_ENTRIES", "CURVATURE_TOKENS", "SPLIT_ENTRIES",
@@ -504,14 +505,19 @@ class CurvatureIntegral:
     fold : IntervalArray, optional
         Per-token maps on both arguments (:class:`AttentionCurvature`): the bound is then on
         ``sup ||D^2A[e F, f F]||``, and ``theta`` bounds ``||e||_F`` instead of ``||Y - Z||_F``.
+    per_query : bool
+        Also bound each output token's row of the second derivative on every product met
+        (:func:`~lipbound.local.query_curvature.query_chis`, for :meth:`query_integral`); unfolded only.
     """
 
-    def __init__(self, component, enclosed, split: bool = False, fold: IntervalArray | None = None):
+    def __init__(self, component, enclosed, split: bool = False, fold: IntervalArray | None = None,
+                 per_query: bool = False):
         self.component, self.enclosed = component, enclosed
         self.curvature = AttentionCurvature(enclosed, component.target, split=split, fold=fold)
         self.center = enclosed.X.mid
-        self.split = split
+        self.split, self.per_query = split, per_query and fold is None
         self._chis: dict = {}
+        self._queries: dict = {}
 
     def chis(self, radii: np.ndarray, overrides: dict | None = None, key=None) -> tuple:
         """``(chi_I, chi_II, chi_III)`` on the product of token balls with these radii (inf where the
@@ -527,8 +533,28 @@ class CurvatureIntegral:
                 bounds = attention_bounds(self.component.target, balls, self.enclosed, **known)
                 self._chis[key] = self.curvature.chis(bounds, balls.radii, frobenius)
             except NotCertifiedError:
-                self._chis[key] = (math.inf,) * 3
+                self._chis[key], bounds = (math.inf,) * 3, None
+            if self.per_query:   # (on the same facts: the bounds are formed once)
+                self._queries[key] = np.full(self.curvature.n, np.inf)
+                if bounds is not None:
+                    try:
+                        self._queries[key] = query_chis(self.curvature, bounds, balls.radii, frobenius)
+                    except NotCertifiedError:   # (the whole output's values stand)
+                        pass
         return self._chis[key]
+
+    def query_integral(self, steps, factor) -> np.ndarray:
+        """Per output token i, ``factor sum_k width_k chi_i(P(radii_k))`` over ``steps`` as in :meth:`integral`, with
+        ``chi_i`` query i's own curvature bound (:func:`~lipbound.local.query_curvature.query_chis`, lemma
+        curvature-per-query), (n,); inf where a bound is not finite.  Needs ``per_query``."""
+        if not self.per_query:
+            raise ValueError("query_integral needs a CurvatureIntegral made with per_query")
+        total, factor = IntervalArray(np.zeros(self.curvature.n)), as_interval_array(factor)
+        for width, radii, *known in steps:
+            self.chis(radii, *known)
+            key = (np.asarray(radii, dtype=np.float64).tobytes(), known[1] if len(known) > 1 else None)
+            total = total + IntervalArray(width) * IntervalArray(self._queries[key])
+        return np.where(np.isfinite(total.hi), (total * factor).hi, np.inf)
 
     def integral(self, steps, factor, other: float = math.inf) -> float:
         """``factor sum_k width_k chi(P(radii_k))`` over ``steps`` ``(width_k, radii_k)`` (radii growing), or

@@ -72,7 +72,7 @@ from .curvature import CURVATURE_TOKENS, AttentionCurvature, CurvatureIntegral, 
 from .front import FrontSplit
 from .relational import RELATIONAL_WORTH, RelationalRoute, covers, relational_grid
 from .stack import StackOfBlocks
-from .tail import BlockTail, TokenTail, column_block_norms, token_reach
+from .tail import BlockTail, TokenTail, column_block_norms, token_reach, weighted_tail_reach
 
 __all__ = ["CurvePoint", "LipschitzCurve", "lipschitz_curve", "DENSE_LIMIT", "CHAIN_DENSE_LIMIT", "FLOAT_ALLOWANCE"]
 
@@ -124,6 +124,9 @@ class CurvePoint:
     #: attention-reach-remainder; inf where not formed): with the Jacobian's column blocks it bounds each token's
     #: own movement (lemma attention-token-reach)
     remainder: float = math.inf
+    #: for a block's attention curve, per output token i a bound on ``sup_U ||(F(Y) - F(X) - DF(X)(Y - X))_i||``
+    #: (lemma curvature-per-query: each token's own curvature bounds in the remainder's sum; empty where not formed)
+    token_remainders: tuple = ()
 
     @property
     def ratio(self) -> float:
@@ -133,7 +136,8 @@ class CurvePoint:
         out = {"eps": self.eps, "certified": self.certified, "witness": self.witness, "ratio": self.ratio,
                "local": self.local, "variation": self.variation, "variation_witness": self.variation_witness,
                "global": self.global_constant,
-               "verdict": self.verdict, "cpu_seconds": self.cpu_seconds, "route": self.route, "reach": self.reach}
+               "verdict": self.verdict, "cpu_seconds": self.cpu_seconds, "route": self.route, "reach": self.reach,
+               "remainder": self.remainder, "token_remainders": list(self.token_remainders)}
         return {key: _json_safe(value) for key, value in out.items()}
 
 
@@ -333,7 +337,9 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
     witness_at_x, direction = _witness_value(chain, X, moving, norm, seed)
     N_blocks = [_at_center(*parts) for parts in zip(chain, centre.points, centre.rounding, centre.enclosed)]
     radius = model.layer(layer).ln_in.radius_about_center if model.layer(layer).ln_in is not None else math.nan
-    curvature = _CurvatureRoute.of(chain, centre, X, neighbourhoods, curvature_tokens) if norm == "fro" else None
+    # (a block's attention curve also bounds each output token's remainder: per_query = want_reach)
+    curvature = _CurvatureRoute.of(chain, centre, X, neighbourhoods, curvature_tokens, want_reach) \
+        if norm == "fro" else None
     # an attention layer first on a Frobenius ball: the layer pushed through U as one affine form (relational.py)
     relational = RelationalRoute.of(chain, X, centre.enclosed[0], neighbourhoods) if norm == "fro" else None
     # a pre-norm sub-layer or head: the variation also splits at the attention's input (local-attention-front)
@@ -393,7 +399,10 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
                     if k == 0 and first is not None:
                         movement = np.minimum(movement, first.points[index].reach)
                         if token_columns is not None:   # each token's own reach (lemma attention-token-reach)
-                            movement = np.minimum(movement, token_reach(token_columns, first.points[index].remainder,
+                            own = first.points[index]
+                            rests = np.minimum(own.remainder, own.token_remainders) if own.token_remainders \
+                                else own.remainder
+                            movement = np.minimum(movement, token_reach(token_columns, rests,
                                                                         frobenius_factor(hood, n).hi.item(), hood.eps))
                     if component.kind == "feedforward":   # the GELU values' changes jointly (secant slopes)
                         movement = np.minimum(movement, centre.enclosed[k].movement(balls.radii))
@@ -414,7 +423,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         if relational is not None and len(chain) == 1 and hood.eps > 0:   # the Jacobian enclosed over U
             spread, enclosure = relational.jacobian(hood)
             named.offer("jacobian-enclosure", spread)
-        tail_reach = math.inf
+        tail_reach, omegas = math.inf, None
         if tail is not None and M is not None and hood.eps > 0:
             try:
                 omegas = tail.omegas(M, V, N_blocks, ball_radii, centre.rounding)
@@ -440,8 +449,11 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         routes.offer("global", global_value)
         routes.offer("jacobian-supremum", enclosure)
         certified = routes.value
-        rest = _taylor_remainder(curvature, joined, hood) if want_reach else math.inf
+        rest, rests = _taylor_remainder(curvature, joined, hood) if want_reach else (math.inf, ())
         moved = min(reach(certified, hood, n), tail_reach, _taylor_reach(rest, hood, N_dense, n))
+        if omegas is not None and token_columns is not None:   # the tokens' weights on their own columns
+            moved = min(moved, _weighted_reach(tail, omegas, attention_jacobian, token_columns, first.points[index],
+                                               hood, moved))
         witness = max(witness, _ascent(chain, X, hood, moving, norm, witness_at_x, direction, ascent_steps, seed))
         change = max(change, _ascent(chain, X, hood, moving, norm, 0.0, direction, ascent_steps, seed, change=True))
         verdicts = {certify_le(interval(found) * interval((1 - FLOAT_ALLOWANCE, 1 + FLOAT_ALLOWANCE)), interval(bound))
@@ -452,7 +464,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         nested = stack.cpu_seconds[index] if stack is not None else \
             first.points[index].cpu_seconds if first is not None else 0.0
         points[index] = CurvePoint(hood.eps, certified, witness, local, variation, change, global_value, verdict,
-                                   time.process_time() - started + nested, routes.name, moved, rest)
+                                   time.process_time() - started + nested, routes.name, moved, rest, tuple(rests))
         if progress is not None:
             progress(done + 1, len(neighbourhoods), "radii")
     description = chain[0].name if len(chain) == 1 else f"{chain[0].name} .. {chain[-1].name}"
@@ -485,9 +497,10 @@ class _CurvatureRoute:
     for (a grid taken from all of them gave 4.5055, 4.5052 or 4.5026 at 1e-3 R on the same sentence,
     depending on the list)."""
 
-    def __init__(self, chain, centre: ChainCentre, X: np.ndarray, hood: Neighbourhood, split: bool = False):
+    def __init__(self, chain, centre: ChainCentre, X: np.ndarray, hood: Neighbourhood, split: bool = False,
+                 per_query: bool = False):
         self.X, self.hood = X, hood
-        self.integral = CurvatureIntegral(chain[0], centre.enclosed[0], split=split)
+        self.integral = CurvatureIntegral(chain[0], centre.enclosed[0], split=split, per_query=per_query)
         self.curvature = self.integral.curvature
         self.frobenius = frobenius_factor(hood, X.shape[0])
 
@@ -497,11 +510,12 @@ class _CurvatureRoute:
         return decade_grid([eps])
 
     @classmethod
-    def of(cls, chain, centre: ChainCentre, X, neighbourhoods, tokens: int = CURVATURE_TOKENS):
+    def of(cls, chain, centre: ChainCentre, X, neighbourhoods, tokens: int = CURVATURE_TOKENS, per_query=False):
         if len(chain) != 1 or chain[0].kind not in ("head", "attention") or not any(h.eps > 0 for h in neighbourhoods):
             return None
         route = AttentionCurvature.route(centre.enclosed[0], tokens)
-        return None if route is None else cls(chain, centre, X, neighbourhoods[0], split=route == "split")
+        return None if route is None else cls(chain, centre, X, neighbourhoods[0], split=route == "split",
+                                               per_query=per_query)
 
     def variation(self, hood: Neighbourhood, other: float, grid=None, known=None) -> float:
         """The integrated bound for ``U(X, hood.eps)``; inf as soon as its partial sum exceeds ``other`` (the
@@ -526,6 +540,20 @@ class _CurvatureRoute:
         except NotCertifiedError:   # the weights or the bounds left the float range (a ball far past the model's)
             return math.inf
 
+    def token_remainders(self, hood: Neighbourhood, grid=None, known=None) -> np.ndarray:
+        """Per output token i, ``theta_U^2 sum_k (t_k - t_(k-1)) (eps - t_(k-1)) chi_i(U(X, t_k))`` (lemmas
+        attention-reach-remainder and curvature-per-query): a bound on ``sup_U ||(F(Y) - F(X) - DF(X) (Y - X))_i||``
+        from query i's own curvature bounds on the grid of :meth:`remainder` (n,); inf where they leave the float
+        range.  Needs a route made with ``per_query``."""
+        n = self.X.shape[0]
+        if hood.eps == 0:
+            return np.zeros(n)
+        try:
+            return self.integral.query_integral(self._steps(hood, grid, known, remainder=True),
+                                                self.frobenius * self.frobenius)
+        except NotCertifiedError:
+            return np.full(n, np.inf)
+
     def _steps(self, hood: Neighbourhood, grid, known, remainder: bool) -> list:
         """The integral's steps ``(width, radii[, known, key])`` up to ``hood.eps``; with ``remainder`` each width
         ``t_k - t_(k-1)`` multiplied by ``eps - t_(k-1)`` (the weight of ``(eps - t)`` in Taylor's remainder)."""
@@ -543,19 +571,42 @@ class _CurvatureRoute:
 
 
 def _taylor_remainder(curvature: _CurvatureRoute | None, relational: RelationalRoute | None,
-                      hood: Neighbourhood) -> float:
+                      hood: Neighbourhood) -> tuple:
     """The smaller of the curvature route's Taylor remainders (on its own grid, and on the relational grid with the
     relational score and weight ranges where that route is given and covers U); inf without a curvature route, 0 at
-    eps = 0 (lemma attention-reach-remainder)."""
+    eps = 0 (lemma attention-reach-remainder).  With it, per output token, the same smaller of the tokens' own
+    remainders where the route was made ``per_query`` (lemma curvature-per-query), else an empty tuple."""
     if curvature is None or hood.eps == 0:
-        return 0.0 if hood.eps == 0 else math.inf
+        return (0.0 if hood.eps == 0 else math.inf), ()
+    per_query = curvature.integral.per_query
     rest = curvature.remainder(hood)
+    rests = curvature.token_remainders(hood) if per_query else ()
     if relational is not None and covers(relational.component.target, hood):
         try:
             rest = min(rest, curvature.remainder(hood, grid=relational_grid, known=relational.known))
+            if per_query:
+                rests = np.minimum(rests, curvature.token_remainders(hood, grid=relational_grid,
+                                                                     known=relational.known))
         except NotCertifiedError:   # (the relational ranges themselves overflowed)
             pass
-    return rest
+    return rest, rests
+
+
+def _weighted_reach(tail, omegas: np.ndarray, jacobian: Enclosure, columns: np.ndarray, attention: CurvePoint,
+                    hood: Neighbourhood, other: float) -> float:
+    """A block's reach by lemma block-reach-weighted (:func:`~lipbound.local.tail.weighted_tail_reach`), or inf where
+    its linear term alone, estimated from below by ``max_i w_i c_i theta_U eps`` (``||DA(X) D_w||`` is at least each
+    token's weighted column block; the certified ``c_i`` are within rounding of those norms), already reaches
+    ``other``: the spectral norm of the scaled Jacobian is then not formed (a choice of work, not a verdict)."""
+    theta_eps = (frobenius_factor(hood, columns.shape[0]) * IntervalArray(hood.eps)).hi.item()
+    estimate = float(np.max((np.asarray(tail.taus) + omegas) * columns)) * theta_eps
+    if not estimate < other:
+        return math.inf
+    try:
+        return weighted_tail_reach(tail.taus, omegas, jacobian, theta_eps, attention.remainder,
+                                   attention.token_remainders)
+    except NotCertifiedError:   # (weights or remainders past the float range: no bound from it)
+        return math.inf
 
 
 def _taylor_reach(rest: float, hood: Neighbourhood, jacobian_norm: float, n: int) -> float:

@@ -34,7 +34,8 @@ from .chains import telescoped_variation
 from .enclosed import feedforward_grams, trilinear_norm
 from .grouped import token_tail
 
-__all__ = ["BlockTail", "TokenTail", "weighted_tail_variation", "column_block_norms", "token_reach"]
+__all__ = ["BlockTail", "TokenTail", "weighted_tail_variation", "weighted_tail_reach", "column_block_norms",
+           "token_reach"]
 
 #: a token's slopes' remainder is refined (lemma slope-remainder-quadratic) when its split terms are at least this
 #: share of the token's bound
@@ -278,12 +279,38 @@ def weighted_tail_variation(tau: float, omegas: np.ndarray, variation: float, ja
     whose per-token maps move little no longer pay the largest change times the attention's whole constant.
     ``jacobian`` (row convention -- rows: the moving tokens' inputs, columns: the n output tokens' ``d``
     coordinates, so Omega scales its columns) is the attention's Jacobian at X, enclosed."""
-    n = omegas.shape[0]
-    scales = IntervalArray(np.repeat(omegas, jacobian.shape[1] // n))
-    scaled = spectral_norm_upper_large((IntervalArray.from_enclosure(jacobian) * scales.expand(0)).to_enclosure())
+    scaled = _columns_scaled_norm(jacobian, omegas)
     values = {r"\tau": tau, r"\operatorname{var}_U(A)": variation, r"\omega": np.max(omegas),
               r"\|\Omega\,DA(X)\|": scaled}
     return float(evaluate_theorem(T.attention_tail_weighted(), **{key: np.float64(v) for key, v in values.items()}))
+
+
+def _columns_scaled_norm(jacobian: Enclosure, scales: np.ndarray) -> float:
+    """``||DA(X) diag(s_i I)||_2`` rounded up: the attention's Jacobian at X (row convention) with output token i's
+    ``d`` columns scaled by ``s_i >= 0`` (n,)."""
+    n = scales.shape[0]
+    repeated = IntervalArray(np.repeat(scales, jacobian.shape[1] // n))
+    return spectral_norm_upper_large((IntervalArray.from_enclosure(jacobian) * repeated.expand(0)).to_enclosure())
+
+
+def weighted_tail_reach(taus: np.ndarray, omegas: np.ndarray, jacobian: Enclosure, linear: float, remainder: float,
+                        token_remainders=()) -> float:
+    """``||DA(X) D_w|| theta_U eps + min(max_i w_i rest, ||(w_i rest_i)_i||)``, ``w_i = tau_i + omega_i``, ``D_w =
+    diag(w_i I)``, rounded up (lemma block-reach-weighted): a bound on ``sup_U ||F(Y) - F(X)||_F`` of the block.  Token
+    i's per-token map moves by at most ``w_i ||A(Y)_i - A(X)_i||`` (as in lemma block-reach) and ``A(Y) - A(X) =
+    (Y - X) DA(X) + r`` with ``||r||_F <= rest`` and ``||r_i|| <= rest_i`` (lemmas attention-reach-remainder and
+    curvature-per-query), so the tokens' weights multiply the attention's own columns instead of the largest weight
+    multiplying its whole reach.  ``jacobian`` is the attention's Jacobian at X (rows: the moving tokens' inputs),
+    ``linear`` ``theta_U eps``; inf where ``remainder`` is."""
+    if not math.isfinite(remainder) or not np.all(np.isfinite(omegas)):
+        return math.inf
+    weights = (IntervalArray(taus) + IntervalArray(omegas)).hi
+    rest = (IntervalArray(float(np.max(weights))) * IntervalArray(float(remainder))).hi.item()
+    if len(token_remainders) and np.all(np.isfinite(token_remainders)):
+        rests = np.minimum(np.asarray(token_remainders, dtype=np.float64), remainder)
+        rest = min(rest, (IntervalArray(weights) * IntervalArray(rests)).norm_upper().item())
+    moved = IntervalArray(_columns_scaled_norm(jacobian, weights)) * IntervalArray(float(linear))
+    return (moved + IntervalArray(rest)).hi.item()
 
 
 def _tail_reach(taus: np.ndarray, omegas: np.ndarray, attention_reach: float) -> float:
@@ -301,12 +328,12 @@ def column_block_norms(jacobian: Enclosure, n: int) -> np.ndarray:
     return np.array([spectral_norm_upper_large(jacobian[:, i * d:(i + 1) * d]) for i in range(n)])
 
 
-def token_reach(columns: np.ndarray, remainder: float, theta: float, eps: float) -> np.ndarray:
-    """``c_i theta_U eps + rest`` per token, rounded up (lemma attention-token-reach): on U, ``A(Y)_i - A(X)_i =
+def token_reach(columns: np.ndarray, remainder, theta: float, eps: float) -> np.ndarray:
+    """``c_i theta_U eps + rest_i`` per token, rounded up (lemma attention-token-reach): on U, ``A(Y)_i - A(X)_i =
     ((Y - X) DA(X))_i + r_i`` with ``||((Y - X) DA(X))_i|| <= c_i ||Y - X||_F <= c_i theta_U eps`` (``c_i`` from
-    :func:`column_block_norms`) and ``||r_i|| <= ||r||_F <= rest``, Taylor's remainder of the whole output (lemma
-    attention-reach-remainder); every entry inf where ``rest`` is."""
-    if not math.isfinite(remainder):
-        return np.full(columns.shape, np.inf)
+    :func:`column_block_norms`) and ``||r_i|| <= rest_i``: ``remainder`` one float, Taylor's remainder of the whole
+    output (lemma attention-reach-remainder, ``||r_i|| <= ||r||_F``), or one per token (lemma curvature-per-query);
+    inf where the remainder is."""
+    rests = np.broadcast_to(np.asarray(remainder, dtype=np.float64), columns.shape)
     linear = IntervalArray(columns) * IntervalArray(float(theta)) * IntervalArray(float(eps))
-    return (linear + IntervalArray(float(remainder))).hi
+    return np.where(np.isfinite(rests), (linear + IntervalArray(np.where(np.isfinite(rests), rests, 0.0))).hi, np.inf)

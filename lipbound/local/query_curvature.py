@@ -1,0 +1,89 @@
+"""The curvature bound of an attention layer read output token by output token (lemma ``curvature-per-query``).
+
+Theorem ``local-attention-curvature`` writes ``D^2A[e, f]_i``, output token i's row of the second derivative, as three
+groups that read only query i's weights, score changes and value spreads: the first ``sum_h (b_hi^T E) A_h`` (plus the
+same with e and f exchanged) with ``b_hij = p_ij zeta_ij(f)``, the second ``sum_(h,j) p_ij zeta_ij(e) zeta_ij(f)
+u_ij``, the third ``c sum_(h,j) p_ij (e_i Qt_h f_j^T + f_i Qt_h e_j^T) u_ij``.  For unit e, f (Frobenius) and every
+Y where the facts of the neighbourhood hold,
+
+    ||D^2A(Y)[e, f]_i|| <= chi_I,i + chi_II,i + chi_III,i,
+    chi_I,i   = 2 a sup_U ||Theta^(i)||                    (a = min(||[A_1 ... A_H]||, ||[A_1; ...; A_H]||)),
+    chi_II,i  = sup_U ||Omega_i||^2, or with the changes centred at X's weights omega_i (omega_i + 2 mu_i),
+    chi_III,i = 2 c min(||(sum_h ||Qt_h|| p+_ij ||u_ij||)_j||, the heads joined, the values' spreads),
+
+``Theta^(i)`` the rows ``p_ij zeta_ij`` of query i (rows (h, j)) and ``Omega_i``, ``M_i``, ``omega_i``, ``mu_i`` as in
+lemma ``curvature-covariance-centred``: each is the query's own term of the theorem's groups before they are summed
+over the queries (the whole output's bound is at least the largest of them).  Taylor's remainder of output token i
+then follows as in lemma ``attention-reach-remainder`` with ``chi_i`` for ``chi``
+(:meth:`~lipbound.local.curvature.CurvatureIntegral.query_integral`), so each token's reach after the attention pays
+its own remainder (lemma ``attention-token-reach``) instead of the whole output's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..rigorous.arrays import IntervalArray
+
+__all__ = ["query_chis"]
+
+
+def query_chis(curvature, bounds, r: np.ndarray, frobenius: float | None = None) -> np.ndarray:
+    """``chi_i >= sup ||D^2A(Y)[e, f]_i||`` over unit e, f and the Y where ``bounds.facts`` hold, per output token i
+    (n,), rounded up (module docstring); ``curvature`` an unfolded
+    :class:`~lipbound.local.curvature.AttentionCurvature`, ``bounds`` those of
+    :func:`~lipbound.local.bounds.attention_bounds` on the token balls of radii ``r``, ``frobenius`` a bound on ``||Y -
+    X||_F`` there where known (as :meth:`~lipbound.local.curvature.AttentionCurvature.chis`)."""
+    if curvature.fold is not None:
+        raise ValueError("query_chis reads an unfolded curvature bound")
+    facts, n = bounds.facts, curvature.n
+    size, change, centred = curvature._functional_deviation(facts, r, frobenius)
+    p_plus = IntervalArray(facts["p_hi"])
+    drift = IntervalArray(facts["value_shift"][:, None, :]) + IntervalArray(facts["head_movement"][:, :, None])
+    rho_hi = IntervalArray((curvature.rho + drift).hi)                               # ||u_ij|| on U
+    weight = (p_plus * rho_hi).sqrt().hi                                             # (p_ij ||u_ij||)^(1/2) on U
+    at_x = curvature.E.P.magnitude
+    # chi_I: query i's rows of Theta, scaled at X plus the scales' change, or at their upper ends on U
+    scale_moves = curvature._scale_moves(curvature.E.P, IntervalArray(facts["p_lo"], facts["p_hi"]), size)
+    by_x = IntervalArray(_at_x(curvature, at_x)) + IntervalArray(change.norms(at_x, 1, scale_moves))
+    if centred is None:
+        by_upper = IntervalArray(_at_x(curvature, p_plus.hi)) + IntervalArray(change.norms(p_plus.hi, 1))
+        omega = IntervalArray(_at_x(curvature, weight)) + IntervalArray(change.norms(weight, 1))
+        second = omega * omega
+    else:   # zeta = z - m (lemma curvature-covariance-centred), z's and m's rows of the query apart
+        z, m = _centred_parts(curvature, facts, p_plus.hi, *centred)
+        by_upper = z + m
+        omega, mu = _centred_parts(curvature, facts, weight, *centred)
+        second = omega * (omega + IntervalArray(2.0) * mu)
+    rows = IntervalArray(np.minimum(by_x.hi, by_upper.hi))
+    first = IntervalArray(2.0) * IntervalArray(curvature.values_joint) * rows
+    # chi_III: the theorem's per-query forms before their largest is taken
+    reach = p_plus * rho_hi                                                          # (H, n, n)
+    spread = (IntervalArray(curvature.pair_norms) * reach).sum(axis=0).norm_upper()  # (n,)
+    if not curvature.rotary:
+        joined = (IntervalArray(curvature.scores_joint)
+                  * IntervalArray(reach.swapaxes(0, 1).reshape(n, -1).norm_upper())).hi
+        spread = np.minimum(spread, joined)
+    uniform = min(curvature._values_joined(facts, r), curvature._heads_weighted(curvature.output_spreads(facts)))
+    third = IntervalArray(2.0) * IntervalArray(curvature.c) * IntervalArray(np.minimum(spread, uniform))
+    return (first + second + third).hi
+
+
+def _at_x(curvature, scales: np.ndarray) -> np.ndarray:
+    """``||diag(s_i) zeta_i(X)||`` per query i (n,), query i's rows (h, j) of ``zeta`` at X scaled by ``s`` (H, n, n),
+    from the curvature bound's Gram matrix."""
+    return np.array([curvature.zeta_rows.norm_upper(scales[:, i].ravel(), curvature._query_rows(i))
+                     for i in range(curvature.n)])
+
+
+def _centred_parts(curvature, facts: dict, scales: np.ndarray, centred, weights) -> tuple:
+    """``(sup_U ||diag(s_i) z_i(Y)||, sup_U ||diag(s_i) m_i(Y)||)`` per query i (two (n,) interval arrays) with the
+    score changes centred at X's weights (lemma curvature-covariance-centred): z's rows at X plus their change, and m's
+    rows the smaller of their blocks' bound and the rows of z scaled by
+    :meth:`~lipbound.local.centred.CentredRows.through`."""
+    z = IntervalArray(_at_x(curvature, scales)) + IntervalArray(centred.norms(scales, 1))
+    m = weights.norms(scales, 1)
+    through = curvature.centred_rows.through(facts, scales)
+    if through is not None:
+        m = np.minimum(m, (IntervalArray(_at_x(curvature, through)) + IntervalArray(centred.norms(through, 1))).hi)
+    return z, IntervalArray(m)
