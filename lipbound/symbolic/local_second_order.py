@@ -20,7 +20,7 @@ from .record import quantity as q
 from .theorems import Theorem
 
 __all__ = ["curvature_centred", "slope_remainder_joint", "feedforward_curvature_joint", "attention_reach_remainder",
-           "attention_token_reach", "SECOND_ORDER_THEOREMS"]
+           "attention_token_reach", "attention_token_remainder", "block_reach_weighted", "SECOND_ORDER_THEOREMS"]
 
 
 @functools.cache
@@ -173,7 +173,56 @@ def attention_token_reach() -> Theorem:
                    proof)
 
 
+@functools.cache
+def attention_token_remainder() -> Theorem:
+    """``||(A(Y) - A(X) - DA(X) delta)_i|| <= theta_U^2 sum_k (t_k - t_{k-1}) (eps - t_{k-1}) chi_i(t_k)``: Taylor's
+    remainder of output token i from query i's own curvature groups (lemma ``curvature-per-query``)."""
+    theta = q(r"\theta_U")
+    rest = q(r"\textstyle\sum_k (t_k - t_{k-1}) (\epsilon - t_{k-1})\,\chi_i(t_k)")
+    statement = theta**2 * rest
+    proof = Derivation("Taylor's remainder of an attention layer, output token by output token")
+    _reach_hypotheses(proof)
+    proof.hypothesis("chi_i(r) >= sup ||D^2 A[e, f]_i|| over U(X, r) and unit e, f: query i's own terms of the three "
+                     "groups of local-attention-curvature (its rows p_ij zeta_ij, its Omega_i and M_i of "
+                     "local-curvature-centred, its value spreads), non-decreasing in r")
+    proof.add(Described(r"D^2A[e, f]_i = \textstyle\sum_h \sum_j (\ldots)_{hij}"),
+              "differentiating row i of the attention twice reads only query i's weights, score changes and value "
+              "spreads (the first display of local-attention-curvature's proof)", "softmax-derivative")
+    proof.add(le(Described(r"\|(A(Y) - A(X) - DA(X)\,\delta)_i\|"), statement),
+              "as in local-attention-reach-remainder, token i's rows of the integral remainder with chi_i for kappa",
+              "mean-value")
+    return Theorem("local-attention-token-remainder", "Taylor's remainder of an attention layer, token by token",
+                   statement, proof)
+
+
+@functools.cache
+def block_reach_weighted() -> Theorem:
+    """``||F(Y) - F(X)||_F <= ||DA(X) D_w|| theta_U eps + min(max_i w_i rest, (sum_i w_i^2 rest_i^2)^(1/2))`` for a
+    block ``F = T o A``, ``w_i = tau_i + omega_i`` (lemma ``block-reach-weighted``)."""
+    weighted, theta, eps = q(r"\|DA(X)\,D_w\|"), q(r"\theta_U"), q(r"\epsilon")
+    whole, tokens = q(r"\max_i w_i\,\operatorname{rest}"), q(r"\|(w_i \operatorname{rest}_i)_i\|")
+    statement = weighted * theta * eps + sp.Min(whole, tokens)
+    proof = Derivation("How far a block moves a ball, token by token")
+    _reach_hypotheses(proof)
+    proof.hypothesis("F = T o A with T acting token by token; w_i >= tau_i + omega_i >= sup ||DT_i|| over a convex "
+                     "ball of token i holding A(U) (local-attention-tail); D_w = diag(w_i I); rest >= sup_U ||r(Y)||_F "
+                     "(local-attention-reach-remainder) and rest_i >= sup_U ||r(Y)_i|| "
+                     "(local-attention-token-remainder) for r(Y) = A(Y) - A(X) - (Y - X) DA(X)")
+    proof.add(le(Described(r"\|F(Y)_i - F(X)_i\|"), Described(r"w_i\,\|A(Y)_i - A(X)_i\|")),
+              "mean value theorem for T_i on its convex ball", "mean-value")
+    proof.add(Described(r"(w_i (A(Y)_i - A(X)_i))_i = (Y - X)\,DA(X)\,D_w + (w_i r(Y)_i)_i"),
+              "Taylor's expansion, row convention: D_w scales output token i's columns", "norm-calculus")
+    proof.add(le(Described(r"\|(w_i r(Y)_i)_i\|_F"), sp.Min(whole, tokens)),
+              "sum_i w_i^2 ||r_i||^2 is at most max_i w_i^2 ||r||_F^2 and at most sum_i w_i^2 rest_i^2",
+              "norm-calculus")
+    proof.add(le(Described(r"\|F(Y) - F(X)\|_F"), statement),
+              "Minkowski's inequality over the tokens; ||(Y - X) DA(X) D_w||_F <= ||DA(X) D_w|| theta_U eps",
+              "minkowski")
+    return Theorem("local-block-reach-weighted", "How far a block moves a ball, token by token", statement, proof)
+
+
 #: the theorems of this module, by id (part of :data:`lipbound.symbolic.local.LOCAL_THEOREMS`)
 SECOND_ORDER_THEOREMS = {t.id: t for t in (curvature_centred(), slope_remainder_joint(),
                                            feedforward_curvature_joint(), attention_reach_remainder(),
-                                           attention_token_reach())}
+                                           attention_token_reach(), attention_token_remainder(),
+                                           block_reach_weighted())}
