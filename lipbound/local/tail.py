@@ -335,5 +335,6 @@ def token_reach(columns: np.ndarray, remainder, theta: float, eps: float) -> np.
     output (lemma attention-reach-remainder, ``||r_i|| <= ||r||_F``), or one per token (lemma curvature-per-query);
     inf where the remainder is."""
     rests = np.broadcast_to(np.asarray(remainder, dtype=np.float64), columns.shape)
-    linear = IntervalArray(columns) * IntervalArray(float(theta)) * IntervalArray(float(eps))
-    return np.where(np.isfinite(rests), (linear + IntervalArray(np.where(np.isfinite(rests), rests, 0.0))).hi, np.inf)
+    values = {"c_i": np.asarray(columns, dtype=np.float64), r"\theta_U": np.float64(theta),
+              r"\epsilon": np.float64(eps), r"\operatorname{rest}_i": np.where(np.isfinite(rests), rests, 0.0)}
+    return np.where(np.isfinite(rests), evaluate_theorem(T.attention_token_reach(), **values), np.inf)

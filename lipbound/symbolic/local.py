@@ -22,7 +22,7 @@ import functools
 import sympy as sp
 
 from . import symbols as S
-from .local_second_order import SECOND_ORDER_THEOREMS
+from .local_second_order import SECOND_ORDER_THEOREMS, attention_token_reach, block_reach_weighted
 from .record import Derivation, Described, le
 from .record import quantity as q
 from .theorems import Theorem
@@ -31,7 +31,7 @@ __all__ = ["LOCAL_THEOREMS", "score_deviation", "score_deviation_normalised", "s
            "attention_movement", "attention_reach", "attention_block", "attention_variation", "attention_curvature",
            "norm_lipschitz", "norm_movement", "norm_variation", "feedforward_variation", "gated_variation",
            "residual_step", "SCORE_NAMES", "feedforward_curvature", "feedforward_front_variation",
-           "attention_tail", "attention_tail_weighted",
+           "attention_tail", "attention_tail_weighted", "attention_token_reach", "block_reach_weighted",
            "attention_front", "block_tail_variation", "jacobian_on_neighbourhood", "chain_variation",
            "normwise_product", "chain_prefix",
            "path_certificate", "coupling_bound", "q"]
