@@ -13,6 +13,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import cli_run
 import local_models
 import numpy as np
 import pytest
@@ -280,8 +281,7 @@ def test_bad_input_is_one_line_with_exit_2(argv, fragment, tmp_path):
     if "--positions" in argv or "--text" in argv or "--local-sentences" in argv:
         _minilm_dir()
     argv = [a.replace("OUT", str(tmp_path / "out")).replace("MISSING", str(tmp_path / "missing")) for a in argv]
-    result = subprocess.run([sys.executable, "-m", "lipbound.cli"] + argv, capture_output=True, text=True, check=False,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    result = cli_run.run(*argv)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in result.stderr
