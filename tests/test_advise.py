@@ -195,10 +195,8 @@ def test_verify_rereads_an_edited_checkpoint_to_the_same_head_numbers(tmp_path):
     edited = write_and_reload(Temperature(0, 2, 0.5).apply(model), folder, tmp_path / "temperature")
     ours = head_rows(edited, n=4, budget=0.1, heads=[(0, 2)])[0]
     report = tmp_path / "verify.json"
-    result = subprocess.run([sys.executable, "-m", "lipbound.cli", "verify", str(tmp_path / "temperature"), "--n", "4",
-                             "--layer", "0", "--head", "2", "--budget", "0.1", "--json", str(report),
-                             "--witness-dir", str(tmp_path / "w")], capture_output=True, text=True, check=False,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    result = cli_run.run("verify", str(tmp_path / "temperature"), "--n", "4", "--layer", "0", "--head", "2", "--budget",
+                         "0.1", "--json", str(report), "--witness-dir", str(tmp_path / "w"))
     assert result.returncode == 0, result.stderr
     rows = [r for r in json.loads(report.read_text())["rows"] if r.get("head") == 2]
     bounds = {b["name"]: b["value"] for b in rows[0]["upper_bounds"]}
