@@ -36,11 +36,14 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
         assert fragment in lines[0], (fragment, lines[0])
 
 
-def test_list_names_variants_theorems_and_claims(capsys):
+def test_list_names_variants_claims_and_custom_and_describes_every_theorem(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     for word in ("dot-product", "l2-tied", "measure-w1", "self-attention-fro", "kim-l2-fro", "[unverified]"):
         assert word in out
+    theorems = out[out.index("theorems ("):out.index("published claims")].splitlines()[1:]
+    assert len(theorems) >= 50 and all(len(line.split(None, 1)) == 2 for line in theorems)
+    assert "\n  custom " in out
 
 
 def test_derive_json_has_the_documented_fields(capsys):
@@ -462,14 +465,6 @@ def test_the_tables_explain_their_columns(tmp_path, capsys):
     lines = (tmp_path / "r.csv").read_text().splitlines()
     from lipbound.numeric.report import CSV_COLUMNS
     assert lines[0].split(",") == list(CSV_COLUMNS) and not lines[0].startswith("#")
-
-
-def test_list_describes_every_theorem_and_names_custom(capsys):
-    assert main(["list"]) == 0
-    out = capsys.readouterr().out
-    theorems = out[out.index("theorems ("):out.index("published claims")].splitlines()[1:]
-    assert len(theorems) >= 50 and all(len(line.split(None, 1)) == 2 for line in theorems)
-    assert "\n  custom " in out
 
 
 def test_plain_text_prints_norms_as_norms_and_defines_kappa(capsys):
