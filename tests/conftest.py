@@ -1,6 +1,8 @@
 """Test configuration: the slow profile and the import path of shared test helpers."""
 
+import json
 import os
+import resource
 import sys
 
 # One BLAS thread: on two cores, threaded BLAS in parallel test processes is many times slower.
@@ -33,6 +35,68 @@ def smollm2():
 
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="run tests marked slow")
+    parser.addoption("--cpu-durations", type=int, default=None, metavar="N",
+                     help="list the N tests that took the most CPU seconds (setup, call and teardown, with the "
+                          "subprocesses they waited for): unlike --durations, this does not depend on the load")
+    parser.addoption("--cpu-durations-json", default=None, metavar="PATH",
+                     help="write every test's CPU seconds to PATH (JSON: node id -> seconds)")
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of the child processes it has waited for."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    # each phase's CPU seconds travel as an attribute of its report, which xdist sends to the controller
+    report = (yield).get_result()
+    report.cpu_seconds = _cpu_seconds() - item.stash.get(_PHASE_START, _cpu_seconds())
+
+
+_PHASE_START = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    item.stash[_PHASE_START] = _cpu_seconds()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    item.stash[_PHASE_START] = _cpu_seconds()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    item.stash[_PHASE_START] = _cpu_seconds()
+    yield
+
+
+_CPU_BY_TEST: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    seconds = getattr(report, "cpu_seconds", None)
+    if seconds is not None:
+        _CPU_BY_TEST[report.nodeid] = _CPU_BY_TEST.get(report.nodeid, 0.0) + seconds
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    count, path = config.getoption("--cpu-durations"), config.getoption("--cpu-durations-json")
+    if path:
+        with open(path, "w") as file:
+            json.dump(_CPU_BY_TEST, file, indent=0, sort_keys=True)
+    if count is None or not _CPU_BY_TEST:
+        return
+    ranked = sorted(_CPU_BY_TEST.items(), key=lambda pair: -pair[1])
+    terminalreporter.write_sep("=", f"slowest {count or len(ranked)} tests in CPU seconds "
+                                    f"(total {sum(_CPU_BY_TEST.values()):.1f} CPU-s)")
+    for nodeid, seconds in ranked[:count or None]:
+        terminalreporter.write_line(f"{seconds:8.2f}  {nodeid}")
 
 
 def pytest_configure(config):

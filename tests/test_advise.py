@@ -13,6 +13,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import cli_run
 import local_models
 import numpy as np
 import pytest
@@ -194,10 +195,8 @@ def test_verify_rereads_an_edited_checkpoint_to_the_same_head_numbers(tmp_path):
     edited = write_and_reload(Temperature(0, 2, 0.5).apply(model), folder, tmp_path / "temperature")
     ours = head_rows(edited, n=4, budget=0.1, heads=[(0, 2)])[0]
     report = tmp_path / "verify.json"
-    result = subprocess.run([sys.executable, "-m", "lipbound.cli", "verify", str(tmp_path / "temperature"), "--n", "4",
-                             "--layer", "0", "--head", "2", "--budget", "0.1", "--json", str(report),
-                             "--witness-dir", str(tmp_path / "w")], capture_output=True, text=True, check=False,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    result = cli_run.run("verify", str(tmp_path / "temperature"), "--n", "4", "--layer", "0", "--head", "2", "--budget",
+                         "0.1", "--json", str(report), "--witness-dir", str(tmp_path / "w"))
     assert result.returncode == 0, result.stderr
     rows = [r for r in json.loads(report.read_text())["rows"] if r.get("head") == 2]
     bounds = {b["name"]: b["value"] for b in rows[0]["upper_bounds"]}
@@ -280,8 +279,7 @@ def test_bad_input_is_one_line_with_exit_2(argv, fragment, tmp_path):
     if "--positions" in argv or "--text" in argv or "--local-sentences" in argv:
         _minilm_dir()
     argv = [a.replace("OUT", str(tmp_path / "out")).replace("MISSING", str(tmp_path / "missing")) for a in argv]
-    result = subprocess.run([sys.executable, "-m", "lipbound.cli"] + argv, capture_output=True, text=True, check=False,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    result = cli_run.run(*argv)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in result.stderr

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cli_run
 import numpy as np
 import pytest
 from decoder_checkpoints import SMOLLM_GROUP
@@ -193,9 +194,7 @@ def test_check_inputs_takes_the_decoder_and_refuses_what_does_not_apply(cut, tmp
         os.symlink(folder / name, bare / name)
     with pytest.raises(AssumptionError, match="tokenizer"):
         check_inputs(bare, out=tmp_path / "out")
-    result = subprocess.run([sys.executable, "-m", "lipbound.cli", "advise", str(folder), "-o", str(tmp_path / "o"),
-                             "--cosine-floor", "0.9"], capture_output=True, text=True, check=False,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    result = cli_run.run("advise", str(folder), "-o", str(tmp_path / "o"), "--cosine-floor", "0.9")
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "--cosine-floor" in lines[0], result.stderr
     assert "--agreement-floor" in lines[0] and not (tmp_path / "o").exists()

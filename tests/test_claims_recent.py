@@ -196,6 +196,11 @@ def test_bias_free_forms_are_the_hand_forms_and_their_limits():
         assert (ratio < 1) == (n <= 6)
 
 
+#: the tests that compute the regions of n = 8 run in one test process, where bound_regions keeps them
+SIGMOID_REGIONS = pytest.mark.xdist_group("sigmoid-bound-regions")
+
+
+@SIGMOID_REGIONS
 def test_bound_regions_agree_with_the_hand_forms():
     pieces = bound_regions(8)
     assert [relation for _, _, relation in pieces] == ["sigmoid < softmax", "undecided", "sigmoid > softmax"]
@@ -355,7 +360,7 @@ def test_cli_compare_refuses_options_that_mean_nothing(arguments, fragment, caps
     (["check", "emadi-softmax-inf1", "--budget", "1"], 0),
     (["check", "lipattn-1-lipschitz"], 0),
     (["check", "newhouse-nanogpt"], 0),
-    (["compare", "sigmoid-regularity"], 3),
+    pytest.param(["compare", "sigmoid-regularity"], 3, marks=SIGMOID_REGIONS),
 ])
 def test_cli_check_and_compare_exit_statuses(arguments, status, capsys):
     assert main(arguments) == status

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_run import call, run
 
 from lipbound.cli import build_parser, main
 from lipbound.numeric.model import DEFAULT_WEIGHTS, load_default, save_plain
@@ -21,9 +22,9 @@ from lipbound.numeric.model import DEFAULT_WEIGHTS, load_default, save_plain
 MODEL = str(DEFAULT_WEIGHTS)
 
 
-def run(*args: str, timeout: float = 900, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lipbound", *args], capture_output=True, text=True,
-                          timeout=timeout, **kwargs)
+def run_process(*args: str) -> subprocess.CompletedProcess:
+    """``python -m lipbound ARGS`` in a process of its own (:func:`cli_run.run` calls it in this one)."""
+    return subprocess.run([sys.executable, "-m", "lipbound", *args], capture_output=True, text=True, timeout=900)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -35,11 +36,14 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
         assert fragment in lines[0], (fragment, lines[0])
 
 
-def test_list_names_variants_theorems_and_claims(capsys):
+def test_list_names_variants_claims_and_custom_and_describes_every_theorem(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     for word in ("dot-product", "l2-tied", "measure-w1", "self-attention-fro", "kim-l2-fro", "[unverified]"):
         assert word in out
+    theorems = out[out.index("theorems ("):out.index("published claims")].splitlines()[1:]
+    assert len(theorems) >= 50 and all(len(line.split(None, 1)) == 2 for line in theorems)
+    assert "\n  custom " in out
 
 
 def test_derive_json_has_the_documented_fields(capsys):
@@ -106,10 +110,20 @@ def test_user_errors_are_one_line_with_exit_status_2(args, fragments):
     assert_one_line_error(run(*args), *fragments)
 
 
+@pytest.mark.parametrize("args,fragment", [
+    (["derive", "dot-product", "--norm", "w1"], "--norm: expected one of fro"),         # argparse's exit
+    (["verify", MODEL, "--head", "12", "--layer", "0"], "--head: expected an index in 0..11"),   # the library's
+])
+def test_a_user_error_ends_the_process_with_one_line_and_status_2(args, fragment):
+    assert_one_line_error(run_process(*args), fragment)
+
+
 def test_too_many_tokens_are_refused_before_anything_is_allocated(tmp_path):
     """Regression: --n 1000000 was killed by the kernel after taking 24 GB."""
     started = time.perf_counter()
-    result = run("verify", MODEL, "--layer", "0", "--head", "0", "--n", "1000000", "--witness-dir", str(tmp_path))
+    # in a process of its own: were the refusal lost, the allocation would take this one down
+    result = run_process("verify", MODEL, "--layer", "0", "--head", "0", "--n", "1000000", "--witness-dir",
+                         str(tmp_path))
     assert_one_line_error(result, "--n: expected a size whose witness search fits in memory", "Fix: lower --n")
     assert time.perf_counter() - started < 60
 
@@ -244,13 +258,6 @@ def test_a_one_second_budget_ends_within_seconds(tmp_path):
 # ------------------------------------------------------------------------------------------------
 # derive custom, preamble, paper, plot
 # ------------------------------------------------------------------------------------------------
-def _call(args: list[str]) -> int:
-    try:
-        return main(args)
-    except SystemExit as exit:
-        return exit.code
-
-
 def test_preamble_prints_prefixed_environments_and_no_document_class(capsys):
     assert main(["preamble", "--prefix", "lip"]) == 0
     out = capsys.readouterr().out
@@ -279,7 +286,7 @@ def test_derive_custom_from_the_command_line(capsys):
     (["preamble", "--text-width", "100"], ["--text-width: expected a text width of at least 300pt"]),
 ])
 def test_authoring_errors_are_one_line_with_exit_status_2(args, fragments, capsys):
-    assert _call(args) == 2
+    assert call(args) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and all(fragment in lines[0] for fragment in fragments), lines
 
@@ -316,7 +323,7 @@ def test_a_missing_model_is_one_line_that_names_default():
 
 def test_version():
     from lipbound import __version__
-    result = run("--version")
+    result = run_process("--version")
     assert result.returncode == 0 and result.stdout.strip() == f"lipbound {__version__}"
 
 
@@ -460,14 +467,6 @@ def test_the_tables_explain_their_columns(tmp_path, capsys):
     assert lines[0].split(",") == list(CSV_COLUMNS) and not lines[0].startswith("#")
 
 
-def test_list_describes_every_theorem_and_names_custom(capsys):
-    assert main(["list"]) == 0
-    out = capsys.readouterr().out
-    theorems = out[out.index("theorems ("):out.index("published claims")].splitlines()[1:]
-    assert len(theorems) >= 50 and all(len(line.split(None, 1)) == 2 for line in theorems)
-    assert "\n  custom " in out
-
-
 def test_plain_text_prints_norms_as_norms_and_defines_kappa(capsys):
     assert main(["compare", "castin-theorem"]) == 0
     out = capsys.readouterr().out
@@ -496,7 +495,7 @@ def test_a_missing_text_model_says_how_to_install_it_once(monkeypatch, capsys):
     monkeypatch.setattr(bert, "_DEFAULT_PACKAGE", "no_such_package_for_lipbound")
     bert._load_directory.cache_clear()
     try:
-        assert _call(["local", "The cat sat."]) == 2
+        assert call(["local", "The cat sat."]) == 2
     finally:
         bert._load_directory.cache_clear()
     err = capsys.readouterr().err.strip().splitlines()

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
+import cli_run
 import decoder_reference as reference
 import numpy as np
 import pytest
@@ -322,8 +321,7 @@ def test_the_cli_refuses_bad_checkpoints_in_one_line(tmp_path, kind):
         config = {**config_of("llama"), "num_attention_heads": 8}
         bad = write_huggingface(tmp_path / "llama", config, random_weights(config_of("llama"), 0))
     out = tmp_path / "out.npz"
-    result = subprocess.run([sys.executable, "-m", "lipbound.cli", "convert", str(bad), str(out)],
-                            capture_output=True, text=True)
+    result = cli_run.run("convert", str(bad), str(out))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = [line for line in (result.stderr + result.stdout).splitlines() if line.strip()]
     assert len(lines) == 1 and not out.exists()

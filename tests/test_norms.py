@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
+import cli_run
 import numpy as np
 import pytest
 import sympy as sp
@@ -190,16 +189,12 @@ def test_recheck_refuses_a_token_below_the_floor():
     assert math.isnan(recheck_block(below, norm=norm))
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "lipbound.cli", *args], capture_output=True, text=True, timeout=120)
-
-
 def test_cli_derives_norms_with_proofs_and_json():
-    run = _cli("derive", "layernorm", "--variance-floor", "--proof")
+    run = cli_run.run("derive", "layernorm", "--variance-floor", "--proof")
     assert run.returncode == 0
     assert r"\sigma_{\min}" in run.stdout and r"\begin{align*}" in run.stdout
     assert "normalization-sharpness" in run.stdout
-    data = json.loads(_cli("derive", "rmsnorm", "--json").stdout)
+    data = json.loads(cli_run.run("derive", "rmsnorm", "--json").stdout)
     assert data["theorem"] == "rmsnorm-global" and data["domain"] == "unbounded"
-    refused = _cli("derive", "dot-product", "--variance-floor")
+    refused = cli_run.run("derive", "dot-product", "--variance-floor")
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "--variance-floor" in refused.stderr

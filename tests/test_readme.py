@@ -5,7 +5,9 @@ Each command of a ``bash`` block runs in a fresh folder, as its own test, except
 earlier one wrote (``plot gaps report.json`` the report of ``verify --json report.json``) runs after it in the
 same folder (:data:`READS`); the block's variable assignments (``WHISPER=$(...)``) are the preamble of each
 command.  A command passes when it exits with 0 -- or with the
-status its comment announces ("exit status 3") -- and prints no traceback.  The fast profile appends a small
+status its comment announces ("exit status 3") -- and prints no traceback.  The quick commands without a
+shell variable run through ``lipbound.cli.main`` in the test process with the words bash would pass them; the
+others in bash, through the installed ``lipbound`` command.  The fast profile appends a small
 witness budget, few radii, a small vocabulary (argparse takes the last value of an option), so the block
 runs in a minute or two; ``verify --whole`` on the full model is slow-marked.  The Quickstart's ``pip`` and
 ``bash scripts/test.sh`` are the install and this very suite: they are not run here (``.ci/run`` runs the
@@ -24,6 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cli_run
 import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -139,21 +142,40 @@ def _fast(command: str) -> str:
     return command + "".join(" " + shlex.quote(word) for word in extra)
 
 
+def _quick(command: str) -> bool:
+    return any(" ".join(shlex.split(command)[1:]).startswith(prefix) for prefix in QUICK)
+
+
+def _in_this_process(command: str) -> bool:
+    """A quick command that uses no shell variable runs through ``lipbound.cli.main`` in the test process (the
+    words bash would pass, without a second of start-up); the others run in bash."""
+    return _quick(command) and "$" not in command
+
+
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("chain", CHAINS, ids=[f"{chain[0][0]}-{index}-{_subcommand(shlex.split(chain[0][1]))}"
                                               .replace(" ", "-") for index, chain in enumerate(CHAINS)])
-def test_every_command_of_a_bash_block_runs_as_written(chain, tmp_path, request):
+def test_every_command_of_a_bash_block_runs_as_written(chain, tmp_path, request, monkeypatch):
     """One chain of a bash block, its commands in order in one folder, with the fast options."""
     slow = request.config.getoption("--runslow") or os.environ.get("LIPBOUND_SLOW") == "1"
+    monkeypatch.chdir(tmp_path)
     for _, command, comment, preamble in chain:
         if any(marker in command for marker in SLOW) and not slow:
             pytest.skip(f"slow: {command}")
         expected = int(re.search(r"exit status (\d)", comment).group(1)) if "exit status" in comment else 0
-        script = "set -e\n" + "\n".join(preamble) + "\n" + _fast(command)
-        result = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=1200,
-                                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        if _in_this_process(command):
+            result = cli_run.run(*shlex.split(_fast(command))[1:])
+        else:
+            script = "set -e\n" + "\n".join(preamble) + "\n" + _fast(command)
+            result = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                                    timeout=1200, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
         assert "Traceback" not in result.stderr, (command, result.stderr[-3000:])
         assert result.returncode == expected, (command, result.returncode, result.stderr[-2000:])
+
+
+def test_commands_run_both_in_bash_and_in_the_test_process():
+    in_bash = [command for _, command, _, _ in COMMANDS if not _in_this_process(command)]
+    assert in_bash and len(in_bash) < len(COMMANDS)
 
 
 def test_the_chains_hold_every_command_once_in_the_readme_order():

@@ -280,38 +280,26 @@ def _whole_serially_and_with_two_jobs(model_path, tmp_path, *options: str) -> tu
     return reports[0], reports[1]
 
 
-def test_verify_whole_through_the_command_line_is_the_same_serially_and_with_two_jobs(tmp_path):
+def test_verify_whole_through_the_command_line_is_the_same_serially_and_on_the_cluster(cluster, tmp_path):
     """The fast variant of the next two: a generated encoder-decoder (every kind of whole-model task), the serial
-    run in a shell that sets no thread count, the other in two workers."""
+    run in a shell that sets no thread count, the other through the command line on the module's two workers
+    (``--scheduler``: the runner ``--jobs 2`` starts a cluster of its own for, as in
+    test_jobs_2_through_the_cli_matches_serial and the two slow tests below)."""
     from test_whole import encoder_decoder
 
     from lipbound.numeric.model.plain import save_plain
     path = save_plain(encoder_decoder(layers=1), tmp_path / "encoder-decoder.npz")
-    serial, jobs = _whole_serially_and_with_two_jobs(path, tmp_path, "--n", "2", "--m", "2", "--effort", "2",
-                                                     "--restarts", "1", "--iterations", "3")
-    assert serial["complete"] and jobs["complete"]
+    options = ["--n", "2", "--m", "2", "--effort", "2", "--restarts", "1", "--iterations", "3"]
+    subprocess.run([sys.executable, "-m", "lipbound.cli", "verify", str(path), "--whole", "--json",
+                    str(tmp_path / "serial.json"), *options], check=True, capture_output=True,
+                   env=_without_thread_settings(), timeout=1800)
+    assert main(["verify", str(path), "--whole", "--json", str(tmp_path / "cluster.json"), *options, "--scheduler",
+                 cluster]) == 0
+    serial, spread = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("serial", "cluster"))
+    assert serial["complete"] and spread["complete"]
     assert {row["component"] for row in serial["components"]} >= {"attention", "ffn", "norm", "residual", "layer"}
-    assert serial["components"] == jobs["components"]
-    assert serial["model_bound"]["value"] == jobs["model_bound"]["value"]
-
-
-@pytest.mark.slow
-def test_verify_whole_on_the_first_minilm_layer_is_the_same_serially_and_with_two_jobs(tmp_path):
-    """all-MiniLM-L6-v2's embeddings and layer 0 (its real weights, its LipSDP-Neuron feed-forward, which factors
-    matrices with scipy's BLAS) with few witness steps."""
-    import dataclasses
-
-    from lipbound.measures.bert import default_model_dir
-    from lipbound.numeric.model import load_weights
-    from lipbound.numeric.model.plain import save_plain
-    first = load_weights(default_model_dir(), layers=[0])
-    path = save_plain(dataclasses.replace(first, num_layers=1), tmp_path / "minilm-layer-0.npz")
-    serial, jobs = _whole_serially_and_with_two_jobs(path, tmp_path, "--n", "2", "--effort", "2", "--restarts", "1",
-                                                     "--iterations", "3")
-    assert serial["complete"] and jobs["complete"]
-    assert {row["component"] for row in serial["components"]} >= {"attention", "ffn", "norm", "layer"}
-    assert serial["components"] == jobs["components"]
-    assert serial["model_bound"]["value"] == jobs["model_bound"]["value"]
+    assert serial["components"] == spread["components"]
+    assert serial["model_bound"]["value"] == spread["model_bound"]["value"]
 
 
 @pytest.mark.slow

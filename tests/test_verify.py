@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
+import cli_run
 import numpy as np
 import pytest
 from test_loaders import WHISPER, _write, gpt2
@@ -250,8 +250,7 @@ def test_the_command_line_offers_exactly_the_library_stacks_and_kinds():
 
 
 def test_verify_help_documents_kinds_and_defaults():
-    text = subprocess.run([sys.executable, "-m", "lipbound.cli", "verify", "--help"], capture_output=True, text=True,
-                          check=True).stdout
+    text = cli_run.run("verify", "--help").stdout
     for word in ("--block", "--kind", "cross-queries", "cross-context", "cross-joint", "--m", "default: n",
                  "default 8", "GPT-2", "ViT", "DistilBERT", "RoBERTa", "Whisper"):
         assert word in text, word

@@ -15,6 +15,7 @@ import math
 import subprocess
 import sys
 
+import cli_run
 import numpy as np
 import pytest
 
@@ -226,9 +227,8 @@ def test_cli_whole_writes_the_documented_fields(tmp_path):
     model = encoder_decoder(layers=1)
     save_plain(model, tmp_path / "m.npz")
     out = tmp_path / "whole.json"
-    run = subprocess.run([sys.executable, "-m", "lipbound.cli", "verify", str(tmp_path / "m.npz"), "--whole",
-                          "--n", "3", "--m", "2", "--effort", "3", "--restarts", "2", "--iterations", "5",
-                          "--json", str(out)], capture_output=True, text=True, timeout=300)
+    run = cli_run.run("verify", str(tmp_path / "m.npz"), "--whole", "--n", "3", "--m", "2", "--effort", "3",
+                      "--restarts", "2", "--iterations", "5", "--json", str(out))
     assert run.returncode == 0, run.stderr
     assert "end to end, decoder in the encoder output" in run.stdout and "naive product" in run.stdout
     data = json.loads(out.read_text())
@@ -240,8 +240,7 @@ def test_cli_whole_writes_the_documented_fields(tmp_path):
         assert set(component) >= {"block", "layer", "component", "upper", "best_upper", "witness", "gap"}
         assert all(set(u) == {"name", "value", "certified"} for u in component["upper"])
     assert data["model_bound"]["gap"] > 1e3 and "ASTRONOMICALLY LOOSE" in data["model_bound"]["statement"]
-    bad = subprocess.run([sys.executable, "-m", "lipbound.cli", "verify", str(tmp_path / "m.npz"), "--whole",
-                          "--kind", "cross"], capture_output=True, text=True, timeout=120)
+    bad = cli_run.run("verify", str(tmp_path / "m.npz"), "--whole", "--kind", "cross")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--kind" in bad.stderr
 
 

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+import cli_run
 import numpy as np
 import pytest
 from decoder_checkpoints import config_of, random_weights, write_huggingface
@@ -201,9 +200,8 @@ def test_cli_whole_on_a_decoder_checkpoint(tmp_path):
     config = {**config_of("llama"), "num_hidden_layers": 1}
     path = write_huggingface(tmp_path / "llama", config, random_weights(config, seed=2))
     out = tmp_path / "whole.json"
-    run = subprocess.run([sys.executable, "-m", "lipbound.cli", "verify", str(path), "--whole", "--n", "3",
-                          "--effort", "8", "--restarts", "2", "--iterations", "5", "--json", str(out)],
-                         check=False, capture_output=True, text=True, timeout=600)
+    run = cli_run.run("verify", str(path), "--whole", "--n", "3", "--effort", "8", "--restarts", "2", "--iterations",
+                      "5", "--json", str(out))
     assert run.returncode == 0, run.stderr
     data = json.loads(out.read_text())
     assert data["complete"] and data["model_bound"]["statement"]

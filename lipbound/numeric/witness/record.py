@@ -312,7 +312,8 @@ class Witness:
             raise WeightsError(str(path), "an existing witness file (.npz)", "no such file",
                                "check the path (Witness.save appends .npz)")
         try:
-            with np.load(path, allow_pickle=False) as data:
+            # the file opened here: np.load leaves its own open when a damaged archive fails to parse
+            with path.open("rb") as file, np.load(file, allow_pickle=False) as data:
                 if not hasattr(data, "files"):  # a plain .npy array, not an archive
                     raise ValueError("a single array, not an .npz archive")
                 arrays = {key: data[key] for key in data.files}
