@@ -13,7 +13,7 @@ from scipy.special import ndtr
 from lipbound.local.balls import TokenBalls
 from lipbound.local.bounds import feedforward_bounds
 from lipbound.local.chains import chain_for, chain_forward
-from lipbound.local.curve import _top_singular, lipschitz_curve
+from lipbound.local.curve import _curve, _top_singular, lipschitz_curve
 from lipbound.local.enclosed import EnclosedFeedForward
 from lipbound.measures.bert import load_text_model
 from lipbound.numeric.certify import head_constant
@@ -557,6 +557,17 @@ def test_joint_slope_remainder_is_tighter_on_real_weights():
         assert joint_remainder(enclosed, i, radii[i]) < a * b
 
 
+def _first_attention_curve(seed: int):
+    """A generated model's hidden states X, the chain of its first attention layer and that layer's curve at 1e-3 and
+    0.3 with the reach (remainders) formed."""
+    generated = local_models.model(seed=seed % 50, layers=1)
+    X = hidden_states(generated, [1, 5, 7, 2, 9])[0]
+    chain = chain_for(generated, "block", 0)[:1]
+    curve = _curve(generated, X, "layer", 0, None, None, "fro", "fro", (), [1e-3, 0.3], 0, 0, 20, None,
+                   chain=chain, want_reach=True)
+    return X, chain, curve
+
+
 @settings(max_examples=2, deadline=None)
 @given(seed=st.integers(0, 10_000))
 def test_each_token_moves_within_its_own_reach_after_the_attention(seed):
@@ -564,15 +575,10 @@ def test_each_token_moves_within_its_own_reach_after_the_attention(seed):
     on its sphere and along the top singular directions of DA(X) never exceeds ``c_i eps + rest`` (``c_i`` the
     certified column blocks' norms of DA(X), ``rest`` the attention curve's Taylor remainder), and at the small
     radius, where the linear part dominates, the per-token reaches are below the whole output's reach for some token."""
-    from lipbound.local.curve import _curve
     from lipbound.local.enclosed import EnclosedAttention
     from lipbound.local.tail import column_block_norms, token_reach
-    generated = local_models.model(seed=seed % 50, layers=1)
-    X = hidden_states(generated, [1, 5, 7, 2, 9])[0]
+    X, chain, curve = _first_attention_curve(seed)
     n, d = X.shape
-    chain = chain_for(generated, "block", 0)[:1]
-    curve = _curve(generated, X, "layer", 0, None, None, "fro", "fro", (), [1e-3, 0.3], 0, 0, 20, None,
-                   chain=chain, want_reach=True)
     attention = chain[0]
     J = attention.jacobian(EnclosedAttention(attention.target, X))
     columns = column_block_norms(J.to_enclosure(), n)
@@ -603,13 +609,8 @@ def test_each_token_pays_its_own_taylor_remainder(seed):
     part by central differences of the chain's own forward) at random points of U, on its sphere and along an ascent on
     token i's remainder never exceeds the point's ``token_remainders[i]``, and some token's bound is below the whole
     output's remainder (the bound reads only query i's rows)."""
-    from lipbound.local.curve import _curve
-    generated = local_models.model(seed=seed % 50, layers=1)
-    X = hidden_states(generated, [1, 5, 7, 2, 9])[0]
+    X, chain, curve = _first_attention_curve(seed)
     n, d = X.shape
-    chain = chain_for(generated, "block", 0)[:1]
-    curve = _curve(generated, X, "layer", 0, None, None, "fro", "fro", (), [1e-3, 0.3], 0, 0, 20, None,
-                   chain=chain, want_reach=True)
     centre = chain_forward(chain, X[None])[-1][0]
     rng = np.random.default_rng(seed)
 
