@@ -18,10 +18,12 @@ from lipbound.rigorous.arrays import IntervalArray
 from lipbound.rigorous.elementwise import all_finite, up_nonnegative
 from lipbound.rigorous.functions import log10_upper_product
 from lipbound.rigorous.linalg import (
+    A_PRIORI_ROWS,
     Enclosure,
     RowGram,
     _fro_upper,
     _power_of_two_scale,
+    _top_by_cholesky,
     lambda_max_upper_large,
     spectral_norm_upper_large,
 )
@@ -226,6 +228,31 @@ def test_row_gram_of_many_rows_places_its_level_by_eigenvalues_or_lanczos(rows):
     assert exact * (1 - 1e-12) <= bound <= exact * (1 + 1e-4)
     with pytest.raises(Exception, match="non-negative row scales"):
         RowGram(Z).norm_upper(-scales)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(2, 40), st.sampled_from([-900, 0, 900]))
+def test_the_factorisations_a_priori_residual_bounds_the_top_eigenvalue_as_the_formed_product_does(seed, k, exponent):
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal((k, k + 3)) * 2.0 ** (exponent / 2)
+    S = A @ A.T
+    S = np.triu(S) + np.triu(S, 1).T
+    top = float(np.linalg.eigvalsh(S)[-1])
+    formed = _top_by_cholesky(S.copy(), top, 1e-5)
+    a_priori = _top_by_cholesky(S.copy(), top, 1e-5, a_priori=True)
+    with mpmath.workdps(80):
+        exact = max(mpmath.eigsy(mpmath.matrix(S.tolist()), eigvals_only=True))
+    assert exact <= a_priori.a and exact <= formed.a
+    assert abs(float(a_priori.b) - float(formed.b)) <= 1e-11 * top
+
+
+def test_row_gram_of_more_rows_than_a_priori_rows_covers_the_norm_without_the_product():
+    rows = A_PRIORI_ROWS + 16
+    rng = np.random.default_rng(5)
+    Z = rng.standard_normal((rows, 8)) * rng.uniform(0.2, 2, (rows, 1))
+    scales = rng.uniform(0, 1, rows)
+    exact = np.linalg.norm(scales[:, None] * Z, 2)
+    assert exact * (1 - 1e-12) <= RowGram(Z).norm_upper(scales) <= exact * (1 + 1e-4)
 
 
 def test_row_gram_counts_the_bits_its_scaling_loses():
