@@ -97,8 +97,8 @@ __all__ = ["AttentionCurvature", "CurvatureIntegral", "CURVATURE_ENTRIES", "CURV
 
 #: Largest ``H n^3 d`` for which the curvature matrices are formed (memory: n <= 25 at MiniLM's width).
 CURVATURE_ENTRIES = 80_000_000
-#: Default largest number of tokens for the Gram route (time per radius at MiniLM's width: about
-#: 2.5 s at 16 tokens, 9 s at 20, 25 s at 24, growing as n^6); longer inputs take the split bound.
+#: Default largest number of tokens for the Gram route (CPU time per radius at MiniLM's width, four norms with the
+#: centred forms: about 4 s at 16 tokens and 10 s at 20, growing as n^6); longer inputs take the split bound.
 CURVATURE_TOKENS = 20
 #: Largest ``H n^4`` for which the split bound is formed: n <= 64 with 12 heads (at n = 61 on MiniLM: about
 #: 2 minutes to set up, 10 s per radius, 4 GB).
