@@ -656,7 +656,7 @@ def test_the_weighted_block_reach_holds_on_the_ball(seed):
     original = module._weighted_reach
 
     def recorded(tail, omegas, jacobian, columns, attention, hood, other):   # the lemma's value, not screened
-        bound = weighted_tail_reach(tail.taus, omegas, jacobian, hood.eps, attention.remainder,
+        bound = weighted_tail_reach(tail.taus, omegas, jacobian, 1.0, hood.eps, attention.remainder,
                                     attention.token_remainders)
         screened = original(tail, omegas, jacobian, columns, attention, hood, other)
         assert screened == bound or (screened == np.inf and bound >= other * (1 - 1e-6))

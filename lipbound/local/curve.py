@@ -598,12 +598,12 @@ def _weighted_reach(tail, omegas: np.ndarray, jacobian: Enclosure, columns: np.n
     its linear term alone, estimated from below by ``max_i w_i c_i theta_U eps`` (``||DA(X) D_w||`` is at least each
     token's weighted column block; the certified ``c_i`` are within rounding of those norms), already reaches
     ``other``: the spectral norm of the scaled Jacobian is then not formed (a choice of work, not a verdict)."""
-    theta_eps = (frobenius_factor(hood, columns.shape[0]) * IntervalArray(hood.eps)).hi.item()
-    estimate = float(np.max((np.asarray(tail.taus) + omegas) * columns)) * theta_eps
+    theta = frobenius_factor(hood, columns.shape[0]).hi.item()
+    estimate = float(np.max((np.asarray(tail.taus) + omegas) * columns)) * theta * hood.eps
     if not estimate < other:
         return math.inf
     try:
-        return weighted_tail_reach(tail.taus, omegas, jacobian, theta_eps, attention.remainder,
+        return weighted_tail_reach(tail.taus, omegas, jacobian, theta, hood.eps, attention.remainder,
                                    attention.token_remainders)
     except NotCertifiedError:   # (weights or remainders past the float range: no bound from it)
         return math.inf

@@ -293,24 +293,26 @@ def _columns_scaled_norm(jacobian: Enclosure, scales: np.ndarray) -> float:
     return spectral_norm_upper_large((IntervalArray.from_enclosure(jacobian) * repeated.expand(0)).to_enclosure())
 
 
-def weighted_tail_reach(taus: np.ndarray, omegas: np.ndarray, jacobian: Enclosure, linear: float, remainder: float,
-                        token_remainders=()) -> float:
+def weighted_tail_reach(taus: np.ndarray, omegas: np.ndarray, jacobian: Enclosure, theta: float, eps: float,
+                        remainder: float, token_remainders=()) -> float:
     """``||DA(X) D_w|| theta_U eps + min(max_i w_i rest, ||(w_i rest_i)_i||)``, ``w_i = tau_i + omega_i``, ``D_w =
-    diag(w_i I)``, rounded up (lemma block-reach-weighted): a bound on ``sup_U ||F(Y) - F(X)||_F`` of the block.  Token
-    i's per-token map moves by at most ``w_i ||A(Y)_i - A(X)_i||`` (as in lemma block-reach) and ``A(Y) - A(X) =
+    diag(w_i I)``, rounded up (theorem local-block-reach-weighted): a bound on ``sup_U ||F(Y) - F(X)||_F`` of the block.
+    Token i's per-token map moves by at most ``w_i ||A(Y)_i - A(X)_i||`` (as in lemma block-reach) and ``A(Y) - A(X) =
     (Y - X) DA(X) + r`` with ``||r||_F <= rest`` and ``||r_i|| <= rest_i`` (lemmas attention-reach-remainder and
     curvature-per-query), so the tokens' weights multiply the attention's own columns instead of the largest weight
-    multiplying its whole reach.  ``jacobian`` is the attention's Jacobian at X (rows: the moving tokens' inputs),
-    ``linear`` ``theta_U eps``; inf where ``remainder`` is."""
+    multiplying its whole reach.  ``jacobian`` is the attention's Jacobian at X (rows: the moving tokens' inputs);
+    inf where ``remainder`` is."""
     if not math.isfinite(remainder) or not np.all(np.isfinite(omegas)):
         return math.inf
     weights = (IntervalArray(taus) + IntervalArray(omegas)).hi
-    rest = (IntervalArray(float(np.max(weights))) * IntervalArray(float(remainder))).hi.item()
+    whole = (IntervalArray(float(np.max(weights))) * IntervalArray(float(remainder))).hi.item()
+    tokens = whole   # (no per-token remainders: the minimum is the whole remainder's term)
     if len(token_remainders) and np.all(np.isfinite(token_remainders)):
         rests = np.minimum(np.asarray(token_remainders, dtype=np.float64), remainder)
-        rest = min(rest, (IntervalArray(weights) * IntervalArray(rests)).norm_upper().item())
-    moved = IntervalArray(_columns_scaled_norm(jacobian, weights)) * IntervalArray(float(linear))
-    return (moved + IntervalArray(rest)).hi.item()
+        tokens = (IntervalArray(weights) * IntervalArray(rests)).norm_upper().item()
+    values = {r"\|DA(X)\,D_w\|": _columns_scaled_norm(jacobian, weights), r"\theta_U": theta, r"\epsilon": eps,
+              r"\max_i w_i\,\operatorname{rest}": whole, r"\|(w_i \operatorname{rest}_i)_i\|": tokens}
+    return float(evaluate_theorem(T.block_reach_weighted(), **{key: np.float64(v) for key, v in values.items()}))
 
 
 def _tail_reach(taus: np.ndarray, omegas: np.ndarray, attention_reach: float) -> float:
