@@ -42,7 +42,14 @@ class CentredRows:
     def __init__(self, zeta_rows, query_rows: list):
         self.zeta_rows, self.query_rows = zeta_rows, query_rows
 
-    def covariance(self, facts: dict, weight: np.ndarray, omega: list, centred: Changes, weights: Changes) -> float:
+    def rows_at_x(self, scales: np.ndarray) -> np.ndarray:
+        """``||diag(s_i) zeta_i(X)||`` per query i (n,): query i's rows (h, j) of zeta at X scaled by ``scales`` (H, n,
+        n), rounded up, from the Gram matrix of the rows."""
+        return np.array([self.zeta_rows.norm_upper(scales[:, i].ravel(), rows)
+                         for i, rows in enumerate(self.query_rows)])
+
+    def covariance(self, facts: dict, weight: np.ndarray, omega: np.ndarray, centred: Changes,
+                   weights: Changes) -> float:
         """``chi_II`` with the score changes centred at X's weights (lemma ``curvature-covariance-centred``):
         ``||[(omega_i + mu_i) Omega_i]|| + ||[omega_i M_i]||``, ``Omega_i`` the rows ``w_hij z_hij`` and ``M_i`` the
         rows ``w_hij m_hi`` of query i (``w`` = ``weight``, the upper ends of ``(p_ij ||u_ij||)^(1/2)`` on U),
@@ -57,8 +64,7 @@ class CentredRows:
         second = [weights.norms((spread[None, :, None] * IntervalArray(weight)).hi)]
         if through is not None:
             through_moved = IntervalArray(centred.norms(through, 1))
-            by_rows = IntervalArray([self.zeta_rows.norm_upper(through[:, i].ravel(), self.query_rows[i])
-                                     for i in range(len(self.query_rows))]) + through_moved
+            by_rows = IntervalArray(self.rows_at_x(through)) + through_moved
             own = np.minimum(own, by_rows.hi)
             second.append(self._scaled(spread[None, :, None] * IntervalArray(through), centred, spread * through_moved))
         mu = IntervalArray(own)                                                                 # mu_i

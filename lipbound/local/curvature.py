@@ -317,7 +317,7 @@ class AttentionCurvature:
         # chi_II: Omega_i, rows (h, j) of query i scaled by the upper end of (p_ij ||u_ij||)^(1/2) on U
         # (scaling at X and adding the scale's change never did better on the MiniLM layers)
         weight = (p_plus * IntervalArray(rho_on_u.hi)).sqrt()
-        omega = [self.zeta_rows.norm_upper(weight.hi[:, i].ravel(), self._query_rows(i)) for i in range(n)]
+        omega = self.centred_rows.rows_at_x(weight.hi)
         if centred is None:
             row_change = change.norms(weight.hi, 1)
             m = (IntervalArray(omega) + IntervalArray(row_change)).hi                          # omega_i

@@ -45,10 +45,10 @@ def query_chis(curvature, bounds, r: np.ndarray, frobenius: float | None = None)
     at_x = curvature.E.P.magnitude
     # chi_I: query i's rows of Theta, scaled at X plus the scales' change, or at their upper ends on U
     scale_moves = curvature._scale_moves(curvature.E.P, IntervalArray(facts["p_lo"], facts["p_hi"]), size)
-    by_x = IntervalArray(_at_x(curvature, at_x)) + IntervalArray(change.norms(at_x, 1, scale_moves))
+    by_x = _on_u(curvature, change, at_x, scale_moves)
     if centred is None:
-        by_upper = IntervalArray(_at_x(curvature, p_plus.hi)) + IntervalArray(change.norms(p_plus.hi, 1))
-        omega = IntervalArray(_at_x(curvature, weight)) + IntervalArray(change.norms(weight, 1))
+        by_upper = _on_u(curvature, change, p_plus.hi)
+        omega = _on_u(curvature, change, weight)
         second = omega * omega
     else:   # zeta = z - m (lemma curvature-covariance-centred), z's and m's rows of the query apart
         z, m = _centred_parts(curvature, facts, p_plus.hi, *centred)
@@ -69,11 +69,11 @@ def query_chis(curvature, bounds, r: np.ndarray, frobenius: float | None = None)
     return (first + second + third).hi
 
 
-def _at_x(curvature, scales: np.ndarray) -> np.ndarray:
-    """``||diag(s_i) zeta_i(X)||`` per query i (n,), query i's rows (h, j) of ``zeta`` at X scaled by ``s`` (H, n, n),
-    from the curvature bound's Gram matrix."""
-    return np.array([curvature.zeta_rows.norm_upper(scales[:, i].ravel(), curvature._query_rows(i))
-                     for i in range(curvature.n)])
+def _on_u(curvature, change, scales: np.ndarray, *moves) -> IntervalArray:
+    """``sup_U ||diag(s_i) zeta_i(Y)||`` per query i (n,): query i's scaled rows at X (the curvature bound's Gram
+    matrix) plus their change on U as ``change`` bounds it (:class:`~lipbound.local.zeta_changes.Changes`, with the
+    scales' own ``moves`` where given)."""
+    return IntervalArray(curvature.centred_rows.rows_at_x(scales)) + IntervalArray(change.norms(scales, 1, *moves))
 
 
 def _centred_parts(curvature, facts: dict, scales: np.ndarray, centred, weights) -> tuple:
@@ -81,9 +81,9 @@ def _centred_parts(curvature, facts: dict, scales: np.ndarray, centred, weights)
     score changes centred at X's weights (lemma curvature-covariance-centred): z's rows at X plus their change, and m's
     rows the smaller of their blocks' bound and the rows of z scaled by
     :meth:`~lipbound.local.centred.CentredRows.through`."""
-    z = IntervalArray(_at_x(curvature, scales)) + IntervalArray(centred.norms(scales, 1))
+    z = _on_u(curvature, centred, scales)
     m = weights.norms(scales, 1)
     through = curvature.centred_rows.through(facts, scales)
     if through is not None:
-        m = np.minimum(m, (IntervalArray(_at_x(curvature, through)) + IntervalArray(centred.norms(through, 1))).hi)
+        m = np.minimum(m, _on_u(curvature, centred, through).hi)
     return z, IntervalArray(m)
