@@ -130,12 +130,18 @@ def _carry(model, maps, slot, X: PointStates, alive, first: int, references, las
         if layer == last or not keep.any():
             return
         alive, Z = alive[keep], PointStates(Z.points[keep], Z.radii[keep])
-        item = model.layer(layer)
         try:
-            X = chain_radii(item, Z, SlopeReference.of(item, Z.points), exact=[slot], plain=[slot])
+            X = _through_chain(model, layer, Z, slot)
         except NotCertifiedError:      # the chain's overflow: the halves pass it again from the attention outputs
             _halves(model, maps, slot, Z, alive, layer, references, last, thresholds, out, chain_first=True)
             return
+
+
+def _through_chain(model, layer: int, Z: PointStates, slot: int) -> PointStates:
+    """Layer ``layer``'s per-token chain on the attention outputs Z: the slot's chain by its certified norm at the
+    point, the others' by the batch's reference slopes."""
+    item = model.layer(layer)
+    return chain_radii(item, Z, SlopeReference.of(item, Z.points), exact=[slot], plain=[slot])
 
 
 def _halves(model, maps, slot, X: PointStates, alive, layer: int, references, last, thresholds, out,
@@ -147,9 +153,8 @@ def _halves(model, maps, slot, X: PointStates, alive, layer: int, references, la
     for part in (slice(0, half), slice(half, None)):
         states = PointStates(X.points[part], X.radii[part])
         if chain_first:
-            item = model.layer(layer)
             try:
-                states = chain_radii(item, states, SlopeReference.of(item, states.points), exact=[slot], plain=[slot])
+                states = _through_chain(model, layer, states, slot)
             except NotCertifiedError:
                 _halves(model, maps, slot, states, alive[part], layer, references, last, thresholds, out, True)
                 continue
