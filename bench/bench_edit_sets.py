@@ -172,6 +172,24 @@ def run(bert, text: str, vocabulary, positions, chunk: int, search: bool, parts,
           + ", ".join(f"{bound / w:.4g} ({route})" for (bound, route), w in zip(routes, witness)), flush=True)
 
 
+def _one_slot_set(bert, text: str, vocabulary, positions, add_words=()) -> tuple:
+    """The set-up of a replacement set at ``positions`` by the same candidate words at each: the sentence's ids, the
+    slots, the candidate words (with ``add_words``), the original outputs per layer, the sentence's enclosed
+    embeddings and per slot the candidates' enclosed input rows."""
+    from lipbound.local.propagate import embedding_enclosure, embedding_enclosure_tokens, propagate
+    from lipbound.measures.edits import draw_edits, edit_set
+    from lipbound.measures.perturb import _set_ids
+    ids = np.array(bert.encode(text))
+    edits = draw_edits(bert, list(ids), "replace", [len(positions)], 0, positions)
+    slots = [int(slot) for slot in edits[len(positions)].positions]
+    words, _ = _set_ids(bert, vocabulary, edits, 0)
+    words = np.union1d(words, np.asarray(add_words, dtype=np.int64))
+    embeddings = bert.model.embeddings
+    references = [s.original for s in propagate(bert.model, edit_set(ids, "replace", slots, ids[slots][:, None]))]
+    own = embedding_enclosure_tokens(embeddings, ids, np.arange(ids.size))
+    return ids, slots, words, references, own, [embedding_enclosure(embeddings, words, slot) for slot in slots]
+
+
 def whole_vocabulary(bert, text: str, vocabulary, positions, factor: float = 3.0, depths=(0, 3, 6, 9, 12, 14),
                      per_depth: int = 16, sample: int = 32) -> None:
     """A k = 1 set over the whole vocabulary (or a sample) by groups of candidates (lipbound.local.candidate_groups),
@@ -183,21 +201,14 @@ def whole_vocabulary(bert, text: str, vocabulary, positions, factor: float = 3.0
     whole set projected from them."""
     from lipbound.local.candidate_groups import bisect, group_balls, group_pass_bounds
     from lipbound.local.candidates import candidate_passes
-    from lipbound.local.propagate import embedding_enclosure, embedding_enclosure_tokens, propagate
-    from lipbound.measures.edits import draw_edits, drawable_ids, edit_set
-    from lipbound.measures.perturb import _screening_coupling, _set_ids
+    from lipbound.measures.edits import drawable_ids, edit_set
+    from lipbound.measures.perturb import _screening_coupling
     from lipbound.measures.vocabulary import worst_edits
-    ids = np.array(bert.encode(text))
-    last = bert.num_layers - 1
-    edits = draw_edits(bert, list(ids), "replace", [1], 0, positions)
-    slot = int(edits[1].positions[0])
-    words, _ = _set_ids(bert, vocabulary, edits, 0)
-    model, embeddings = bert.model, bert.model.embeddings
-    print(f"{text!r}: n = {ids.size}, position {slot}, {words.size} candidates; factor {factor}", flush=True)
+    model = bert.model
     began = time.process_time()
-    references = [s.original for s in propagate(model, edit_set(ids, "replace", [slot], ids[[slot]]))]
-    own = embedding_enclosure_tokens(embeddings, ids, np.arange(ids.size))
-    candidates = embedding_enclosure(embeddings, words, slot)
+    ids, (slot,), words, references, own, (candidates,) = _one_slot_set(bert, text, vocabulary, positions[:1])
+    last = bert.num_layers - 1
+    print(f"{text!r}: n = {ids.size}, position {slot}, {words.size} candidates; factor {factor}", flush=True)
     print(f"  set-up (enclosed input rows of every candidate, references): {time.process_time() - began:.1f} CPU s",
           flush=True)
     began = time.process_time()
@@ -265,19 +276,8 @@ def tiers(bert, text: str, vocabulary, positions, add_words=(), refine_within: f
     """The screened per-candidate passes of one set with and without the cheap first tier, side by side in one run:
     CPU seconds (in all and per sentence), how many sentences each tier left, the set's value per layer."""
     from lipbound.local.candidates import CHEAP_EDITED_UNTIL, SCREEN_EXACT_FROM, candidate_passes
-    from lipbound.local.propagate import embedding_enclosure, embedding_enclosure_tokens, propagate
-    from lipbound.measures.edits import draw_edits, edit_set
-    from lipbound.measures.perturb import _set_ids
-    ids = np.array(bert.encode(text))
+    ids, slots, words, references, own, candidates = _one_slot_set(bert, text, vocabulary, positions, add_words)
     last = bert.num_layers - 1
-    edits = draw_edits(bert, list(ids), "replace", [len(positions)], 0, positions)
-    slots = list(edits[len(positions)].positions)
-    words, _ = _set_ids(bert, vocabulary, edits, 0)
-    words = np.union1d(words, np.asarray(add_words, dtype=np.int64))
-    embeddings = bert.model.embeddings
-    references = [s.original for s in propagate(bert.model, edit_set(ids, "replace", slots, ids[slots][:, None]))]
-    own = embedding_enclosure_tokens(embeddings, ids, np.arange(ids.size))
-    candidates = [embedding_enclosure(embeddings, words, slot) for slot in slots]
     total = words.size ** len(slots)
     print(f"{text!r}: positions {slots}, {words.size} candidates per slot, {total} sentences, refine_within "
           f"{refine_within}", flush=True)
