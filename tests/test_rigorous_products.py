@@ -255,6 +255,13 @@ def test_row_gram_of_more_rows_than_a_priori_rows_covers_the_norm_without_the_pr
     assert exact * (1 - 1e-12) <= RowGram(Z).norm_upper(scales) <= exact * (1 + 1e-4)
 
 
+def test_large_matrix_norm_from_a_priori_columns_on_covers_the_norm_without_the_product():
+    rng = np.random.default_rng(6)
+    M = rng.standard_normal((A_PRIORI_ROWS + 40, A_PRIORI_ROWS + 8)) * rng.uniform(0.2, 2, (1, A_PRIORI_ROWS + 8))
+    exact = np.linalg.norm(M, 2)
+    assert exact * (1 - 1e-12) <= spectral_norm_upper_large(M) <= exact * (1 + 1e-4)
+
+
 def test_row_gram_counts_the_bits_its_scaling_loses():
     Z = np.array([[3.0 * 2.0 ** 40, 0.0], [(1 + 2.0 ** -52) * 2.0 ** -1000, 3.0 * 2.0 ** -1030]])  # bits lost
     assert not _power_of_two_scale(Z)[2]
