@@ -15,7 +15,7 @@ from decoder_checkpoints import SMOLLM, SMOLLM_GROUP, write_gguf
 from gguf.quants import _type_traits, quantize
 
 from lipbound.errors import WeightsError
-from lipbound.numeric.model.gguf import GGUFSource, dequantisable_types, dequantise, gguf_config
+from lipbound.numeric.model.gguf import GGUFSource, _reader_class, dequantisable_types, dequantise, gguf_config
 
 Q = gguf.GGMLQuantizationType
 
@@ -114,6 +114,29 @@ def test_every_type_the_package_dequantises(tmp_path):
             assert np.max(np.abs(got - originals[kind.name])) < 2.0
     np.testing.assert_array_equal(source.tensor("t.F16"), plain.astype(np.float16).astype(np.float64))
     np.testing.assert_array_equal(source.tensor("t.F64"), plain)
+
+
+def test_the_plain_slice_reader_reads_what_the_packages_reader_reads(tmp_path):
+    rng = np.random.default_rng(2)
+    words = [f"tok{i}\u0120\u00e9" * (i % 3 + 1) for i in range(300)]
+    metadata = {"tokenizer.ggml.tokens": words, "tokenizer.ggml.scores": [float(i) / 7 for i in range(300)],
+                "tokenizer.ggml.merges": [f"{a} {b}" for a, b in zip(words, words[1:])],
+                "llama.block_count": 2, "llama.rope.freq_base": 1e4, "general.name": "plain", "x.flag": True}
+    quantised = quantize(rng.normal(0, 1, (2, 32)).astype(np.float32), Q.Q8_0)
+    tensors = {"t.F32": rng.normal(0, 1, (3, 32)), "t.Q8_0": (quantised, Q.Q8_0)}
+    path = str(write_gguf(tmp_path / "plain.gguf", metadata, tensors))
+    ours, theirs = _reader_class()(path), gguf.GGUFReader(path)
+    assert type(ours) is not gguf.GGUFReader  # this gguf release slices through the plain view
+    assert list(ours.fields) == list(theirs.fields)
+    for key, field in theirs.fields.items():
+        mine = ours.fields[key]
+        assert (mine.offset, mine.types, mine.data) == (field.offset, field.types, field.data)
+        assert [p.tobytes() for p in mine.parts] == [p.tobytes() for p in field.parts]
+        assert str(mine.contents()) == str(field.contents())
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for mine, tensor in zip(ours.tensors, theirs.tensors):
+        assert mine.tensor_type == tensor.tensor_type and mine.data_offset == tensor.data_offset
+        np.testing.assert_array_equal(mine.data, tensor.data)
 
 
 # Refusals ---------------------------------------------------------------------------------------------

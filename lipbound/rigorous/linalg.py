@@ -529,8 +529,9 @@ def spectral_norm_upper_large(M, estimate: float | None = None, margin: float = 
     the estimate of ``lambda_max(G)`` (:func:`_top_estimate`, or ``estimate^2`` if larger), factor
     ``fl(t I - G) = L L^T + Delta`` by Cholesky; then ``lambda_max(A^T A) <= t + ||Delta||_F +
     ||fl(A^T A) - A^T A||_F``, every term bounded rigorously (``gamma_k ||A||_F^2`` for the products,
-    Higham Thm 3.5; ``||Delta||`` a priori from :data:`A_PRIORI_ROWS` columns on, as :class:`RowGram`).  The enclosure's radius adds ``||rad||_F`` (Weyl).  Falls back to
-    :func:`spectral_norm_upper` when the factorisation fails at every level tried.
+    Higham Thm 3.5; ``||Delta||`` a priori from :data:`A_PRIORI_ROWS` columns on, as :class:`RowGram`).
+    The enclosure's radius adds ``||rad||_F`` (Weyl).  Falls back to :func:`spectral_norm_upper` when the
+    factorisation fails at every level tried.
     """
     M = _as_enclosure(M)
     mid = M.mid if M.mid.shape[0] >= M.mid.shape[1] else M.mid.T
@@ -546,7 +547,8 @@ def spectral_norm_upper_large(M, estimate: float | None = None, margin: float = 
     top = _top_estimate(gram)  # a failed factorisation costs more than the estimate
     if estimate is not None:
         top = max(top, (float(estimate) * 2.0 ** -exponent) ** 2)
-    top_bound = _top_by_cholesky(gram, top, margin, a_priori=k >= A_PRIORI_ROWS)  # the Gram matrix is not needed any more
+    # the Gram matrix is not needed any more: the factorisation overwrites it
+    top_bound = _top_by_cholesky(gram, top, margin, a_priori=k >= A_PRIORI_ROWS)
     if top_bound is not None:
         norm = F.sqrt(top_bound + interval(gram_error)) * IV.mpf(2) ** exponent
         if not exact:
