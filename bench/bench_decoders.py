@@ -24,8 +24,10 @@ the square root of the sum of its rows' squared norms (the form in which the row
 layer each head's key part through its block of ``W_O`` apart (the sum of their norms) and each key/value group's heads
 together: whether at the witness the rows' (or the heads') worst moves differ, or each reaches its own; and per head
 the largest key gradient of a query whose own score is at most 0, as a fraction of ``beta``
-(``own_score_reach``): how far a query can reach its key gradient without outscoring the keys it should weigh; and per
-head the float estimate of a row's query and key parts bounded through one second moment (``row_joint_estimate``).
+(``own_score_reach``): how far a query can reach its key gradient without outscoring the keys it should weigh; per head
+how much of the key gradient a per-row bound through the own score would leave (``own_score_ceiling``: the keys' mean
+must score at least the own key less ``log n``, which shortens their spread); and per head the float estimate of a
+row's query and key parts bounded through one second moment (``row_joint_estimate``).
 These diagnostics live in ``bench/decoder_key_rows.py``.
 ``--n 2`` shows the smallest case: one row with two keys,
 where the heads' witnesses are already those of n = 8 (docs/mathematics.md, section 14).
@@ -220,7 +222,7 @@ def main() -> None:
     parser.add_argument("--json", help="write the rows as JSON")
     args = parser.parse_args()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from decoder_key_rows import own_score_reach, row_joint_estimate, stacked_key_parts
+    from decoder_key_rows import own_score_ceiling, own_score_reach, row_joint_estimate, stacked_key_parts
 
     from lipbound.numeric.model import load_weights
     from lipbound.numeric.verification import Verification
@@ -291,6 +293,11 @@ def main() -> None:
                 if reach is not None:
                     print(f"block {block} head {h}: key gradient of queries with own score <= 0 / beta, offsets "
                           f"-{args.n - 1}..-1: " + ", ".join(f"{v:.3f}" for v in reach))
+                ceiling = own_score_ceiling(head, domain, args.n)
+                if ceiling is not None:
+                    print(f"block {block} head {h}: key gradient left by the own-score bound / beta (one key gradient "
+                          f"| rotations by two lengths; lower estimates), offsets -{args.n - 1}..-1: "
+                          + ", ".join(f"{ideal:.3f}|{turned:.3f}" for ideal, turned in ceiling))
     for (block, head), found in sorted(stacked.items(), key=lambda item: (item[0][0], item[0][1] is None,
                                                                             item[0][1] or 0)):
         name = "layer" if head is None else f"head {head}"

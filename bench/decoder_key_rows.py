@@ -148,3 +148,69 @@ def row_joint_estimate(head, domain, n: int) -> float | None:
                     best, index = found, trial
     mean = float(upper(bounds.value_norm)) * float(np.sqrt(float(upper(bounds.terms()["kappa"]))))
     return best + mean
+
+
+def _first_mean(score: float, largest: float, turn: float, r: float) -> float:
+    """The least ``m`` in ``[0, r]`` with ``largest m + turn (r^2 - m^2)^(1/2) >= score`` (0 when ``m = 0`` already
+    satisfies it): the shortest mean of the keys a row can have when its mean score is at least ``score``, its keys'
+    gradients are at most ``largest`` long and at most ``turn`` from one common vector (own_score_ceiling)."""
+    if score <= turn * r:
+        return 0.0
+    total = largest * largest + turn * turn
+    root = turn * turn * (total * r * r - score * score)
+    return r if root < 0 else min(r, (score * largest - np.sqrt(root)) / total)
+
+
+def own_score_ceiling(head, domain, n: int, mus: int = 41) -> list[tuple[float, float]] | None:
+    """How much of a row's key gradient a bound through the query's own score could remove: per causal offset ``Delta
+    = -(n - 1) .. -1``, ``(sup_w f(w) ||F w||^2)^(1/2) / beta_Delta`` with ``F = Pi A_Delta^T M``, in two forms of f.
+
+    Row i sees its own key (causal mask), so with ``N`` keys ``E_p s_ij >= s_ii - log N`` (``log sum_j exp s_ij =
+    E_p s + H(p) >= s_ii`` and ``H(p) <= log N``), and the keys' value spread is at most ``|t|^2 tr Cov_p(w) <= |t|^2
+    (r^2 - m^2)`` with ``m = ||E_p w||`` (chart coordinates).  With one key gradient g for every key (a dot product)
+    ``E_p s = g . E_p w``, so ``m >= (s_ii - log N)_+ / |g|`` and the row's key part carries the factor ``f = 1 - m^2 /
+    r^2`` on ``rho^2``: the first number (ideal: rotations ignored, a ceiling of what the coupling can give).  With
+    rotations key j is scored through ``g_j = C_{Delta_j}^T w_i``; ``E_p s <= gamma m + delta (r^2 - m^2)^(1/2)`` with
+    ``gamma = max_j |g_j|`` and ``delta = max_j |g_j - gbar|`` (``gbar`` the mean offsets' form at ``w_i``): the second
+    number (what a bound that sees the rotations only through these two lengths could use).  Both are lower estimates
+    of the supremum (``w`` over ``r`` times the top eigenvectors of ``F^T F - mu H``, ``mu`` on a grid, on the span of
+    ``M W_Q`` and ``M W_K`` where everything lives), so ``1 -`` each is at least the share such a bound removes from
+    ``beta``.  Floats, a diagnostic; None outside a causal rotary or dot-product head on a region about 0."""
+    from lipbound.numeric.sdp.rotary import PositionalHeadBounds, positional_scope
+
+    if not positional_scope(head) or not head.mask.causal:
+        return None
+    bounds = PositionalHeadBounds(head, domain, n)
+    if np.any(bounds.region.center) or np.any(head.b_Q) or np.any(head.b_K):
+        return None
+    r = float(bounds.r)
+    queries, keys = bounds.queries_shaped.mid, bounds.keys_shaped.mid            # sigma W_Q^T M, W_K^T M
+    span = np.linalg.qr(np.concatenate([queries.T, keys.T], axis=1))[0]          # (d, 2 d_k)
+    # span^T C_Delta, C_Delta = M^T A_Delta M the chart's scores (w_i^T C_Delta w_j): the key gradient is C_Delta^T w_i
+    forms = {delta: span.T @ queries.T @ R.mid @ keys for delta, R in bounds.rotations.items()}
+    mean_form = sum(forms.values()) / len(forms)
+    own = forms[0] @ span
+    H = 0.5 * (own + own.T)
+    top_own = max(float(np.linalg.eigvalsh(H)[-1]), 1e-300)
+    out = []
+    for delta in range(-(n - 1), 0):
+        F = bounds.key_left.mid @ bounds.rotations[delta].mid.T @ queries @ span   # Pi A_Delta^T M on the span
+        G = F.T @ F
+        beta2 = max(float(np.linalg.eigvalsh(G)[-1]), 1e-300) * r * r
+        ideal = turned = 0.0
+        for mu in np.linspace(0.0, 4 * beta2 / (r * r * top_own), mus):
+            for y in np.linalg.eigh(G - mu * H)[1][:, -3:].T:
+                w = r * y                                                         # span coordinates, ||w|| = r
+                score = float(w @ H @ w) - np.log(n)
+                gradients = {d: C.T @ w for d, C in forms.items()}               # C_Delta^T w (chart)
+                own_gradient = np.linalg.norm(gradients[0])
+                reach = float(np.linalg.norm(F @ w)) ** 2
+                m = max(score, 0.0) / max(own_gradient, 1e-300)
+                ideal = max(ideal, (1 - min(m / r, 1.0) ** 2) * reach)
+                centre = mean_form.T @ w
+                largest = max(float(np.linalg.norm(g)) for g in gradients.values())
+                turn = max(float(np.linalg.norm(g - centre)) for g in gradients.values())
+                m = _first_mean(score, largest, turn, r)
+                turned = max(turned, (1 - (m / r) ** 2) * reach)
+        out.append((float(np.sqrt(ideal / beta2)), float(np.sqrt(turned / beta2))))
+    return out
