@@ -7,7 +7,9 @@ against Jacobians written here (central differences, and each head's value, quer
   term), over generated layers, token counts, radii and weight scales;
 * ``||DF(Y)||_2 <= 1 + join`` at the same points, and the join never above the terms' own products added;
 * on MiniLM's layer 0 at 1e-1 R: the route beats the heads' summed supremum and stays above the Jacobian norm at
-  points of U found by ascent.
+  points of U found by ascent;
+* the witness's pair starts (lipbound/local/pair_starts.py) are points of U that move one token, and on MiniLM one
+  of them splits a query's weights between two keys.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_jacobian_forms import _jacobian, _moved_weights, _paths
-from test_relational import _ball_points, _layer
+from test_relational import _ball_points, _layer, _layer_forward
 
 from lipbound.local.enclosed import EnclosedAttention
 from lipbound.local.joint_heads import JointHeads
@@ -99,3 +101,25 @@ def test_minilm_layer_joined_below_the_heads_sum_and_above_points_of_the_ball(mi
     at_x, direction = _witness_value(chain, X, moving, "fro", 0)
     assert at_x <= joined
     assert _ascent(chain, X, hood, moving, "fro", at_x, direction, 2, 0) <= joined
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(3, 6), st.floats(0.05, 3.0), st.floats(0.3, 3.0))
+def test_pair_starts_are_points_of_the_ball_that_move_one_token(seed, n, eps, scale):
+    from lipbound.local.pair_starts import pair_starts
+    target, rng = _layer(seed, scale=scale, heads=2)
+    X = rng.standard_normal((n, 6))
+    for Y in pair_starts(target, X, eps):
+        assert np.linalg.norm(Y - X) < eps
+        assert np.count_nonzero(np.linalg.norm(Y - X, axis=1)) <= 1
+
+
+def test_minilm_pair_start_splits_a_query_between_two_keys(minilm_layer0):
+    from lipbound.local.pair_starts import pair_starts
+    layer, X, radius = minilm_layer0
+    starts = pair_starts(layer, X, 0.1 * radius)
+    assert starts
+    _, weights, _ = _layer_forward(layer, starts[0])
+    ordered = np.sort(weights, axis=-1)
+    # some head's query puts between a quarter and three quarters of its mass on each of its two largest keys
+    assert np.any((ordered[..., -2] > 0.25) & (ordered[..., -1] < 0.75))

@@ -70,6 +70,7 @@ from .chains import (
 )
 from .curvature import CURVATURE_TOKENS, AttentionCurvature, CurvatureIntegral, decade_grid
 from .front import FrontSplit
+from .pair_starts import pair_starts
 from .relational import RELATIONAL_WORTH, RelationalRoute, covers, relational_grid
 from .stack import StackOfBlocks
 from .tail import BlockTail, TokenTail, column_block_norms, token_reach, weighted_tail_reach
@@ -463,7 +464,11 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         if omegas is not None and token_columns is not None:   # the tokens' weights on their own columns
             moved = min(moved, _weighted_reach(tail, omegas, attention_jacobian, token_columns, first.points[index],
                                                hood, moved))
-        witness = max(witness, _ascent(chain, X, hood, moving, norm, witness_at_x, direction, ascent_steps, seed))
+        # a single attention layer on a large ball: queries split between two keys are the climb's further starts
+        starts = pair_starts(chain[0].target, X, hood.eps) \
+            if relational is not None and len(chain) == 1 and hood.eps > 0 and ascent_steps > 0 else ()
+        witness = max(witness, _ascent(chain, X, hood, moving, norm, witness_at_x, direction, ascent_steps, seed,
+                                       starts=starts))
         change = max(change, _ascent(chain, X, hood, moving, norm, 0.0, direction, ascent_steps, seed, change=True))
         verdicts = {certify_le(interval(found) * interval((1 - FLOAT_ALLOWANCE, 1 + FLOAT_ALLOWANCE)), interval(bound))
                     for found, bound in ((witness, certified), (change, variation))}
@@ -778,14 +783,15 @@ def _screened_start(chain, X, hood, moving, seed):
     return best
 
 
-def _ascent(chain, X, hood, moving, norm, at_x, direction, steps, seed, change: bool = False) -> float:
+def _ascent(chain, X, hood, moving, norm, at_x, direction, steps, seed, change: bool = False, starts=()) -> float:
     """The largest Jacobian norm found in ``U(X, eps)`` (X itself, then projected ascent), or with ``change``
     the largest ``||DF(Y) - DF(X)||``.  The gradient of ``<G, DF(Y) E>`` in Y (the same for the change:
     ``DF(X)`` is constant) is the symmetric difference of VJPs along E; at X the change is 0, so its
     first step follows the Jacobian's own top direction.  For the Jacobian norm a second climb starts from
     the best of a few random points of U (:func:`_screened_start`): from X the climb stays near X's own
     maximum (on the shortest sentence's attention layer at 0.3 R: 7.83 from X, 25.7 from the screened
-    point)."""
+    point).  ``starts``: more points of U to climb from, the best of them by its Jacobian norm (an attention layer's
+    queries split between two keys, :func:`~lipbound.local.pair_starts.pair_starts`)."""
     best = at_x
     if hood.eps == 0 or steps == 0:
         return best
@@ -822,4 +828,10 @@ def _ascent(chain, X, hood, moving, norm, at_x, direction, steps, seed, change: 
     if change:  # (the change's witness only shows where a gap comes from: one climb is enough there)
         return best
     _, Y, E = _screened_start(chain, X, hood, moving, seed)
-    return max(best, value(Y, E), climb(Y, E, False))
+    best = max(best, value(Y, E), climb(Y, E, False))
+    if starts:
+        found = [(_top_singular(chain, Z, moving, None, seed, steps=25), Z) for Z in
+                 (_project(X, Z, hood, moving) for Z in starts)]
+        (sigma, E, _), Y = max(found, key=lambda item: item[0][0])
+        best = max(best, sigma, climb(Y, E, False))
+    return best
