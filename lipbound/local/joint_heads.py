@@ -52,15 +52,32 @@ def _gram(rows: Enclosure) -> Enclosure:
     return (rows.T @ rows).sym()
 
 
+def _sandwich(outer: Enclosure, inner: Enclosure) -> Enclosure:
+    """``L (M^T M) L^T`` for ``L = outer`` (d, k) and ``M = inner`` (m, k): the Gram of ``M L^T`` through the small
+    ``k x k`` middle (products of inner dimension k instead of d)."""
+    return (outer @ _gram(inner) @ outer.T).sym()
+
+
 def _centred(rows: IntervalArray) -> Enclosure:
     """The rows less their float mean (any fixed centre: ranges and variances do not see it)."""
     enclosed = rows - IntervalArray(np.mean(rows.to_enclosure().mid, axis=0))
     return enclosed.to_enclosure()
 
 
-def _estimate(S: Enclosure) -> float:
-    """A float estimate of ``||S||`` for a PSD midpoint (chooses weights only, never decides a bound)."""
-    return float(np.linalg.eigvalsh(S.mid)[-1]) if S.mid.size else 0.0
+def _estimate(S: Enclosure, steps: int = 30) -> float:
+    """A float estimate of ``||S||`` for a PSD midpoint by power iteration from a fixed start (chooses weights only,
+    never decides a bound; a full eigendecomposition per term cost most of the route)."""
+    if not S.mid.size or not np.any(S.mid):
+        return 0.0
+    x = np.abs(S.mid).sum(axis=0) + 1.0
+    value = 0.0
+    for _ in range(steps):
+        y = S.mid @ x
+        value = float(np.linalg.norm(y))
+        if value == 0.0:
+            return 0.0
+        x = y / value
+    return value
 
 
 def _balanced(first: Enclosure, second: Enclosure, eps2: float) -> Enclosure:
@@ -103,15 +120,15 @@ class JointHeads:
         for h in range(engine.H):
             W_Q, W_K, W_V = (Enclosure.exact(M) for M in engine.head_weights(h)[:3])
             W_O = Enclosure.exact(target.output_block(h))
-            G = W_Q @ W_K.T                                               # W_Q W_K^T, (d, d)
-            A = W_V @ W_O                                                 # W_V W_O^h, (d, d)
+            # G = W_Q W_K^T and A = W_V W_O^h (d, d) enter only through their Gram matrices, formed through
+            # the heads' own width
             keys = _centred(E.K[h].matmul(engine.head_weights(h)[0].T))  # a_j = W_Q k_j^T, less a centre
             values = _centred(E.V[h].matmul(target.output_block(h)))     # u_j = v_j W_O^h, less a centre
             self.heads.append({
                 "values_in": _gram(W_V.T), "out": _gram(W_O),
-                "keys": _gram(keys).scale(half), "keys_moved": _gram(G.T).scale(half),
-                "values": _gram(values).scale(half), "values_moved": _gram(A).scale(half),
-                "queries_moved": _gram(G), "b": E.norms.w[h, :, 0, :].to_enclosure()})
+                "keys": _gram(keys).scale(half), "keys_moved": _sandwich(W_Q, W_K).scale(half),      # G G^T / 2
+                "values": _gram(values).scale(half), "values_moved": _sandwich(W_O.T, W_V).scale(half),  # A^T A / 2
+                "queries_moved": _sandwich(W_K, W_Q), "b": E.norms.w[h, :, 0, :].to_enclosure()})     # G^T G
 
     def terms(self, eps: float, weights: IntervalArray) -> list[tuple[str, int, float, Enclosure, Enclosure]]:
         """``(path, head, gamma, S, T)`` for every path of every head on ``U(X, eps)``, ``weights`` every attention

@@ -34,11 +34,16 @@ def _least_move(G: np.ndarray, h: np.ndarray, sweeps: int = 200) -> np.ndarray:
     """``argmin ||e||`` subject to ``G e <= h`` (Hildreth's dual coordinate ascent; floats, approximate)."""
     lam, e = np.zeros(len(h)), np.zeros(G.shape[1])
     sizes = np.einsum("ij,ij->i", G, G)
+    rows = np.flatnonzero(sizes > 0)
     for _ in range(sweeps):
-        for r in np.flatnonzero(sizes > 0):
+        moved = 0.0
+        for r in rows:
             step = max(-lam[r], (G[r] @ e - h[r]) / sizes[r])
             lam[r] += step
             e -= step * G[r]
+            moved = max(moved, abs(step) * sizes[r] ** 0.5)
+        if moved <= 1e-12 * (1.0 + np.linalg.norm(e)):
+            break
     return e
 
 
@@ -49,24 +54,32 @@ def pair_starts(target: Layer, X: np.ndarray, eps: float, count: int = 6) -> lis
     engine = AttentionMap(target)
     c = float(score_scale(engine).hi)
     n = X.shape[0]
-    candidates = []
+    j, m = np.triu_indices(n, 1)
+    heads, candidates = [], []
     for h in range(engine.H):
         W_Q, W_K, W_V, b_Q, b_K, b_V = engine.head_weights(h)
         keys = (X @ W_K + b_K) @ W_Q.T                                       # a_j, (n, d)
         scores = c * (X @ W_Q + b_Q) @ (X @ W_K + b_K).T
         outputs = (X @ W_V + b_V) @ target.output_block(h)                   # u_j
-        for j in range(n):
-            for m in range(j + 1, n):
-                reach = c * np.linalg.norm(keys[j] - keys[m]) * np.linalg.norm(outputs[j] - outputs[m]) / 4
-                candidates += [(reach, h, i, j, m, keys, scores) for i in range(n)]
+        heads.append((keys, scores))
+        apart = np.linalg.norm(keys[j] - keys[m], axis=1)                    # ||a_j - a_m|| per pair
+        reach = c * apart * np.linalg.norm(outputs[j] - outputs[m], axis=1) / 4
+        # the tie alone moves the query by |s_ij - s_im| / (c ||a_j - a_m||): pairs it cannot reach are left out
+        tie = np.abs(scores[:, j] - scores[:, m]) / np.maximum(c * apart, 1e-300)   # (n queries, pairs)
+        for i, k in zip(*np.nonzero(tie < eps)):
+            candidates.append((reach[k], h, i, j[k], m[k]))
     candidates.sort(key=lambda item: -item[0])
     starts = []
-    for _, _, i, j, m, keys, scores in candidates[:PAIR_CANDIDATES]:
-        others = [o for o in range(n) if o not in (j, m)]
-        tie = c * (keys[j] - keys[m])
-        G = np.vstack([tie[None], -tie[None], c * (keys[others] - keys[j])])
-        limits = np.concatenate([[scores[i, m] - scores[i, j], scores[i, j] - scores[i, m]],
-                             scores[i, j] - scores[i, others] - PAIR_MARGIN])
+    for _, h, i, first, second in candidates[:PAIR_CANDIDATES]:
+        keys, scores = heads[h]
+        others = [o for o in range(n) if o not in (first, second)]
+        tie = c * (keys[first] - keys[second])
+        G = np.vstack([tie[None], -tie[None], c * (keys[others] - keys[first])])
+        limits = np.concatenate([[scores[i, second] - scores[i, first], scores[i, first] - scores[i, second]],
+                                 scores[i, first] - scores[i, others] - PAIR_MARGIN])
+        # each constraint alone already needs |limit| / ||row|| where its limit is negative
+        if np.any(-limits >= eps * np.linalg.norm(G, axis=1)):
+            continue
         e = _least_move(G, limits)
         if np.linalg.norm(e) < eps * (1 - 1e-9):
             Y = X.copy()
