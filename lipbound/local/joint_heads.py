@@ -24,9 +24,10 @@ Heads that read and write different directions then add up in squares, not in no
   ``Var(x . a') <= x^T ((1 + r) C_a^T C_a + (1 + 1/r) eps^2 G G^T) x / 2``: ``gamma = c``, ``S`` that, ``T`` the
   same of ``u`` (``C_u^T C_u`` and ``eps^2 A^T A``);
 * key path, row i ``c (E b'_i)^T J'_i V' W_O^h``: the covariance of ``e_j . b'_i`` and ``f_i . u'_j`` under
-  ``p'_i``, with ``Var(e_j . b'_i) <= sum_j p'_ij (e_j . b'_i)^2``, ``b'_i - b_i = (y_i - x_i) G`` and
-  ``p'_ij <= w_i = max_j p^+_ij``: ``gamma = c``, ``S = (1 + r) sum_i w_i b_i^T b_i + (1 + 1/r) eps^2 G^T G``, ``T``
-  the query path's.
+  ``p'_i``; a variance is at most ``sum_j p'_ij z_j^2`` and at most a quarter of the squared range, so at most
+  ``(z_j^2 + z_l^2) / 2 <= sum_j z_j^2 / 2``; with ``b'_i - b_i = (y_i - x_i) G`` and ``p'_ij <= max_j p^+_ij``:
+  ``gamma = c``, ``S = (1 + r) sum_i w_i b_i^T b_i + (1 + 1/r) eps^2 G^T G / 2`` with ``w_i = min(max_j p^+_ij,
+  1/2)``, ``T`` the query path's.
 
 Every matrix is an outward-rounded enclosure (the keys, values and queries at X enclosed, the weights exact
 floats); the two top eigenvalues are certified (:func:`~lipbound.rigorous.linalg.lambda_max_upper_large`).
@@ -107,7 +108,7 @@ class JointHeads:
         The layer at X.
 
     The parts that do not depend on the radius are formed here once (per head, (d, d) enclosures):
-    ``W_V W_V^T``, ``W_O^hT W_O^h``, ``C_a^T C_a / 2``, ``G G^T / 2``, ``C_u^T C_u / 2``, ``A^T A / 2``, ``G^T G``
+    ``W_V W_V^T``, ``W_O^hT W_O^h``, ``C_a^T C_a / 2``, ``G G^T / 2``, ``C_u^T C_u / 2``, ``A^T A / 2``, ``G^T G / 2``
     and the rows ``b_i``; :meth:`terms` adds the radius and the weights on U, :meth:`supremum` joins them.
     """
 
@@ -128,7 +129,8 @@ class JointHeads:
                 "values_in": _gram(W_V.T), "out": _gram(W_O),
                 "keys": _gram(keys).scale(half), "keys_moved": _sandwich(W_Q, W_K).scale(half),      # G G^T / 2
                 "values": _gram(values).scale(half), "values_moved": _sandwich(W_O.T, W_V).scale(half),  # A^T A / 2
-                "queries_moved": _sandwich(W_K, W_Q), "b": E.norms.w[h, :, 0, :].to_enclosure()})     # G^T G
+                "queries_moved": _sandwich(W_K, W_Q).scale(half),                                      # G^T G / 2
+                "b": E.norms.w[h, :, 0, :].to_enclosure()})
 
     def terms(self, eps: float, weights: IntervalArray) -> list[tuple[str, int, float, Enclosure, Enclosure]]:
         """``(path, head, gamma, S, T)`` for every path of every head on ``U(X, eps)``, ``weights`` every attention
@@ -142,7 +144,7 @@ class JointHeads:
             values = _balanced(parts["values"], parts["values_moved"], eps2)
             out.append(("value", h, spread, parts["values_in"], parts["out"]))
             out.append(("query", h, self.c, _balanced(parts["keys"], parts["keys_moved"], eps2), values))
-            share = np.max(hi[h], axis=-1)                               # w_i >= p'_ij for every j
+            share = np.minimum(np.max(hi[h], axis=-1), 0.5)              # w_i >= p'_ij for every j, or the range
             b = parts["b"]
             weighted = b.hadamard(Enclosure.exact(share[:, None]))
             rows = (b.T @ weighted).sym()                                # sum_i w_i b_i^T b_i (PSD part)
