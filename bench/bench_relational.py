@@ -9,6 +9,7 @@ seconds of each curve and radius (time.process_time: the machine is shared, wall
     python bench/bench_relational.py --sentences 3 --kinds layer --fractions 1e-3,1e-2,1e-1 --without-jacobian
     python bench/bench_relational.py --sentences 2 --kinds block,stack --fractions 1e-4,1e-3,1e-2
     python bench/bench_relational.py --sentences 20 --fractions 1e-4,1e-3,1e-2,1e-1 --after-only --table
+    python bench/bench_relational.py --text "The cat sat on the mat." --fractions 1e-4,1e-3,1e-2,1e-1 --without-joint
 
 ``--table`` ends with the ratios' median and worst over the sentences per radius, and the CPU seconds per radius
 (median, largest); ``--text`` runs one sentence of your own instead of the bundled ones.  ``--second-derivative``
@@ -37,7 +38,8 @@ def sentences(count: int) -> list[str]:
 
 
 def run(text, kind, layer, fractions, model, mode: str):
-    """One curve: ``mode`` "before" (no relational route), "relational" (no Jacobian enclosed over U) or "after"."""
+    """One curve: ``mode`` "before" (no relational route), "relational" (no Jacobian enclosed over U), "summed" (the
+    Jacobian over U with the heads summed only, no heads-joint route) or "after"."""
     import contextlib
     import math
 
@@ -47,7 +49,9 @@ def run(text, kind, layer, fractions, model, mode: str):
     began = time.process_time()
     patch = mock.patch.object(curve_module.RelationalRoute, "of", return_value=None) if mode == "before" else \
         mock.patch.object(curve_module.RelationalRoute, "jacobian", return_value=(math.inf, math.inf)) \
-        if mode == "relational" else contextlib.nullcontext()
+        if mode == "relational" else \
+        mock.patch.object(curve_module.RelationalRoute, "joint_supremum", return_value=math.inf) \
+        if mode == "summed" else contextlib.nullcontext()
     with patch:
         found, _ = local_curve(text, layer=layer, kind=kind, last=top, eps=fractions, model=model)
     return found, time.process_time() - began
@@ -139,6 +143,8 @@ def main() -> None:
     parser.add_argument("--text", help="this sentence instead of the bundled ones")
     parser.add_argument("--without-jacobian", action="store_true",
                         help="also run with the relational route but without the Jacobian enclosed over U")
+    parser.add_argument("--without-joint", action="store_true",
+                        help="compare with the run whose Jacobian supremum sums the heads (no jacobian-heads-joint)")
     parser.add_argument("--second-derivative", action="store_true",
                         help="the curvature bound's groups at X against ascent on the true second derivative")
     args = parser.parse_args()
@@ -153,7 +159,7 @@ def main() -> None:
     table: dict = {}
     for text in texts:
         for kind in args.kinds.split(","):
-            modes = ("after",) if args.after_only else \
+            modes = ("summed", "after") if args.without_joint else ("after",) if args.after_only else \
                 ("before", "relational", "after") if args.without_jacobian else ("before", "after")
             runs = {mode: run(text, kind, args.layer, fractions, model, mode) for mode in modes}
             after, seconds = runs["after"]
@@ -164,11 +170,14 @@ def main() -> None:
                 table.setdefault((kind, fractions[index]), []).append((point.ratio, point.cpu_seconds))
                 before = runs["before"][0].points[index] if "before" in runs else None
                 middle = runs["relational"][0].points[index] if "relational" in runs else None
+                summed = runs["summed"][0].points[index] if "summed" in runs else None
                 print(f"  eps {point.eps / after.radius:7.0e} R: certified {point.certified:10.4g} witness "
                       f"{point.witness:8.4g} ratio {point.ratio:8.3g}"
                       + (f" (before {before.certified:10.4g}, ratio {before.ratio:8.3g})" if before else "")
                       + (f" (without the Jacobian route {middle.certified:10.4g}, ratio {middle.ratio:8.3g})"
                          if middle else "")
+                      + (f" (heads summed {summed.certified:10.4g}, ratio {summed.ratio:8.3g}, CPU s "
+                         f"{summed.cpu_seconds:.1f})" if summed else "")
                       + f"; variation {point.variation:9.4g} (found {point.variation_witness:.3g}); "
                         f"route: {point.route}; CPU s {point.cpu_seconds:.1f}; {point.verdict}")
 

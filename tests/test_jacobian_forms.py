@@ -117,11 +117,13 @@ def test_curve_names_the_route_of_its_certified_value():
     curve = lipschitz_curve(generated, X, kind="layer", eps=[0.01, 0.3, 1.0, 3.0], ascent_steps=2)
     for point in curve.points:
         assert point.verdict == "holds" and point.witness <= point.certified
-        named = {"global": point.global_constant, "jacobian-supremum": point.certified}
+        named = {"global": point.global_constant, "jacobian-supremum": point.certified,
+                 "jacobian-heads-joint": point.certified}
         assert point.route.startswith("||DF(X)|| + variation (") or point.route in named
         if point.route.startswith("||DF(X)||"):
             np.testing.assert_allclose(point.certified, point.local)
         elif point.route == "global":
             np.testing.assert_allclose(point.certified, point.global_constant)
         assert point.to_json()["route"] == point.route
-    assert {p.route for p in curve.points} & {"jacobian-supremum", "||DF(X)|| + variation (jacobian-enclosure)"}
+    assert {p.route for p in curve.points} & {"jacobian-supremum", "jacobian-heads-joint",
+                                              "||DF(X)|| + variation (jacobian-enclosure)"}

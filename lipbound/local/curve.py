@@ -70,6 +70,7 @@ from .chains import (
 )
 from .curvature import CURVATURE_TOKENS, AttentionCurvature, CurvatureIntegral, decade_grid
 from .front import FrontSplit
+from .pair_starts import pair_starts
 from .relational import RELATIONAL_WORTH, RelationalRoute, covers, relational_grid
 from .stack import StackOfBlocks
 from .tail import BlockTail, TokenTail, column_block_norms, token_reach, weighted_tail_reach
@@ -87,6 +88,10 @@ CHAIN_DENSE_LIMIT = 6144
 #: witness is a Jacobian norm computed in float64 (sums of at most a few thousand terms, relative
 #: error far below 1e-12); the certified Jacobian norm at X is asked to sit 1e-8 above the estimate.
 FLOAT_ALLOWANCE = 1e-9
+#: the heads-joint supremum (lemma jacobian-heads-joint, about 2 CPU s per radius at n = 9 on MiniLM) is formed
+#: where the heads' summed supremum is within this factor of the best route: on MiniLM's layer 0 the joint form
+#: was 2.8 times below that sum at 1e-1 R and 1.6 times at 1e-2 R, where the curvature route is 8 times below it
+JOINT_REACH = 4.0
 
 
 def _json_safe(value):
@@ -113,7 +118,8 @@ class CurvePoint:
     #: witnesses, and the same radius of the curves nested in it (a block's attention, a stack's blocks)
     cpu_seconds: float = 0.0
     #: which bound gave ``certified``: "||DF(X)|| + variation (<the variation's route>)", "product of block
-    #: bounds", "global" or "jacobian-supremum" (theorem local-attention-jacobian)
+    #: bounds", "global", "jacobian-supremum" (theorem local-attention-jacobian) or "jacobian-heads-joint" (lemma
+    #: jacobian-heads-joint)
     route: str = ""
     #: a certified bound on ``sup_U ||F(Y) - F(X)||_F``: ``certified theta_U eps``; for a block's attention curve
     #: also ``||DF(X)|| theta_U eps`` plus Taylor's remainder through the curvature bound (lemma
@@ -448,13 +454,21 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         routes.offer("product of block bounds", crude)
         routes.offer("global", global_value)
         routes.offer("jacobian-supremum", enclosure)
+        # the heads joined (lemma jacobian-heads-joint): at most a few times below the heads' sum, so tried only
+        # where that sum is within JOINT_REACH of the best route (this decides work, never a value)
+        if math.isfinite(enclosure) and enclosure <= JOINT_REACH * routes.value:
+            routes.offer("jacobian-heads-joint", relational.joint_supremum(hood))
         certified = routes.value
         rest, rests = _taylor_remainder(curvature, joined, hood) if want_reach else (math.inf, ())
         moved = min(reach(certified, hood, n), tail_reach, _taylor_reach(rest, hood, N_dense, n))
         if omegas is not None and token_columns is not None:   # the tokens' weights on their own columns
             moved = min(moved, _weighted_reach(tail, omegas, attention_jacobian, token_columns, first.points[index],
                                                hood, moved))
-        witness = max(witness, _ascent(chain, X, hood, moving, norm, witness_at_x, direction, ascent_steps, seed))
+        # a single attention layer on a large ball: queries split between two keys are the climb's further starts
+        starts = pair_starts(chain[0].target, X, hood.eps) \
+            if relational is not None and len(chain) == 1 and hood.eps > 0 and ascent_steps > 0 else ()
+        witness = max(witness, _ascent(chain, X, hood, moving, norm, witness_at_x, direction, ascent_steps, seed,
+                                       starts=starts))
         change = max(change, _ascent(chain, X, hood, moving, norm, 0.0, direction, ascent_steps, seed, change=True))
         verdicts = {certify_le(interval(found) * interval((1 - FLOAT_ALLOWANCE, 1 + FLOAT_ALLOWANCE)), interval(bound))
                     for found, bound in ((witness, certified), (change, variation))}
@@ -769,14 +783,15 @@ def _screened_start(chain, X, hood, moving, seed):
     return best
 
 
-def _ascent(chain, X, hood, moving, norm, at_x, direction, steps, seed, change: bool = False) -> float:
+def _ascent(chain, X, hood, moving, norm, at_x, direction, steps, seed, change: bool = False, starts=()) -> float:
     """The largest Jacobian norm found in ``U(X, eps)`` (X itself, then projected ascent), or with ``change``
     the largest ``||DF(Y) - DF(X)||``.  The gradient of ``<G, DF(Y) E>`` in Y (the same for the change:
     ``DF(X)`` is constant) is the symmetric difference of VJPs along E; at X the change is 0, so its
     first step follows the Jacobian's own top direction.  For the Jacobian norm a second climb starts from
     the best of a few random points of U (:func:`_screened_start`): from X the climb stays near X's own
     maximum (on the shortest sentence's attention layer at 0.3 R: 7.83 from X, 25.7 from the screened
-    point)."""
+    point).  ``starts``: more points of U to climb from, the best of them by its Jacobian norm (an attention layer's
+    queries split between two keys, :func:`~lipbound.local.pair_starts.pair_starts`)."""
     best = at_x
     if hood.eps == 0 or steps == 0:
         return best
@@ -813,4 +828,10 @@ def _ascent(chain, X, hood, moving, norm, at_x, direction, steps, seed, change: 
     if change:  # (the change's witness only shows where a gap comes from: one climb is enough there)
         return best
     _, Y, E = _screened_start(chain, X, hood, moving, seed)
-    return max(best, value(Y, E), climb(Y, E, False))
+    best = max(best, value(Y, E), climb(Y, E, False))
+    if starts:
+        found = [(_top_singular(chain, Z, moving, None, seed, steps=25), Z) for Z in
+                 (_project(X, Z, hood, moving) for Z in starts)]
+        (sigma, E, _), Y = max(found, key=lambda item: item[0][0])
+        best = max(best, sigma, climb(Y, E, False))
+    return best

@@ -45,6 +45,7 @@ from .balls import Neighbourhood
 from .bounds import LocalBounds, _softmax_range, attention_bounds
 from .enclosed import EnclosedAttention
 from .jacobian_forms import JacobianSpread, weight_changes
+from .joint_heads import JointHeads
 from .scores import score_scale, visibility
 
 __all__ = ["RelationalAttention", "RelationalRoute", "covers", "frobenius_scores"]
@@ -221,7 +222,9 @@ class RelationalRoute:
       relational score and weight ranges on every radius of its grid;
     * :meth:`jacobian`: the Jacobian enclosed over U (theorem local-attention-jacobian,
       :class:`~lipbound.local.jacobian_forms.JacobianSpread`) from the weights' ranges on U: a bound on
-      ``sup_U ||DF(Y) - DF(X)||`` and one on ``sup_U ||DF(Y)||`` itself (a single attention layer only).
+      ``sup_U ||DF(Y) - DF(X)||`` and one on ``sup_U ||DF(Y)||`` itself (a single attention layer only);
+    * :meth:`joint_supremum`: ``sup_U ||DF(Y)||`` with the heads' paths joined through quadratic forms
+      (lemma jacobian-heads-joint, :class:`~lipbound.local.joint_heads.JointHeads`).
     """
 
     def __init__(self, component, X: np.ndarray, enclosed: EnclosedAttention, movement: bool = True):
@@ -231,6 +234,7 @@ class RelationalRoute:
         self._weights: dict = {}
         self._ball_at: dict = {}
         self._spread: JacobianSpread | None = None
+        self._joint: JointHeads | None = None
         self._ball = BallWeights.of(enclosed)
 
     @classmethod
@@ -316,3 +320,16 @@ class RelationalRoute:
             return self._spread.spread(hood.eps, weights, delta), self._spread.supremum(hood.eps, weights, delta)
         except NotCertifiedError:
             return math.inf, math.inf
+
+    def joint_supremum(self, hood: Neighbourhood) -> float:
+        """``sup_U ||DF(Y)||_2`` for ``U = U(X, hood.eps)`` with every head's paths joined in one pair of quadratic
+        forms (:class:`~lipbound.local.joint_heads.JointHeads`), from the weights' ranges on U; inf where the route
+        does not cover ``hood``."""
+        if not covers(self.component.target, hood):
+            return math.inf
+        try:
+            if self._joint is None:
+                self._joint = JointHeads(self.component.target, self.enclosed)
+            return self._joint.supremum(hood.eps, self.weights(hood.eps))
+        except NotCertifiedError:
+            return math.inf

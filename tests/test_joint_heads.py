@@ -1,0 +1,125 @@
+"""The attention layer's Jacobian over a Frobenius ball with its heads joined (lipbound/local/joint_heads.py),
+against Jacobians written here (central differences, and each head's value, query and key paths in closed form):
+
+* every path of every head at sampled points Y of U (boundary included, and points where the weights move far):
+  ``|<F, D(E)>| <= gamma (tr E S E^T)^(1/2) (tr F T F^T)^(1/2)`` at the pair that maximises the ratio (found at
+  up to 0.93 of the bound), the path's top singular pair and random pairs (the lemma's statement, term by
+  term), over generated layers, token counts, radii and weight scales;
+* ``||DF(Y)||_2 <= 1 + join`` at the same points, and the join never above the terms' own products added;
+* on MiniLM's layer 0 at 1e-1 R: the route beats the heads' summed supremum and stays above the Jacobian norm at
+  points of U found by ascent;
+* the witness's pair starts (lipbound/local/pair_starts.py) are points of U that move one token, and on MiniLM one
+  of them splits a query's weights between two keys.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_jacobian_forms import _jacobian, _moved_weights, _paths
+from test_relational import _ball_points, _layer, _layer_forward
+
+from lipbound.local.enclosed import EnclosedAttention
+from lipbound.local.joint_heads import JointHeads
+from lipbound.local.relational import RelationalAttention
+
+
+def _form(S, E) -> float:
+    """``tr(E S E^T)`` for the enclosure's upper end (a PSD form: the midpoint plus its radius' share)."""
+    return float(np.einsum("ia,ab,ib->", E, S.mid, E) + np.abs(E).sum(axis=0) @ S.rad @ np.abs(E).sum(axis=0))
+
+
+def _pairs(M, S, T, n, rng, count=2):
+    """Unit-free pairs (E, F) as vectors: the pair that maximises ``|F M E| / ((tr E S E^T) (tr F T F^T))^(1/2)``
+    (the top singular pair of ``T^(-1/2) M S^(-1/2)``, the forms ridged by 1e-9 of their norms, so a path that acts
+    outside a form's range shows up), the top singular pair of M, and random pairs."""
+    def inverse_root(A):
+        w, V = np.linalg.eigh(np.kron(np.eye(n), A.mid))
+        w = w + 1e-9 * max(w[-1], 1e-300)
+        return V @ np.diag(w ** -0.5) @ V.T
+    left, right = inverse_root(S), inverse_root(T)
+    u, _, vt = np.linalg.svd(right @ M @ left)
+    out = [(left @ vt[0], right @ u[:, 0])]
+    u, _, vt = np.linalg.svd(M)
+    out.append((vt[0], u[:, 0]))
+    for _ in range(count):
+        out.append((rng.standard_normal(M.shape[1]), rng.standard_normal(M.shape[0])))
+    return out
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(2, 5), st.floats(1e-3, 3.0), st.floats(0.3, 2.0), st.integers(1, 3))
+def test_each_path_and_the_joined_heads_hold_at_sampled_points(seed, n, eps, scale, heads):
+    target, rng = _layer(seed, scale=scale, heads=heads)
+    X = rng.standard_normal((n, 6))
+    E = EnclosedAttention(target, X)
+    joint = JointHeads(target, E)
+    weights = RelationalAttention(target, X, eps, E).weights
+    terms = joint.terms(eps, weights)
+    bound = joint.supremum(eps, weights)
+    by_terms = sum(gamma * np.sqrt(np.linalg.eigvalsh(S.mid)[-1] * np.linalg.eigvalsh(T.mid)[-1])
+                   for _, _, gamma, S, T in terms)
+    assert bound <= 1 + by_terms * (1 + 1e-9) + 1e-9
+    index = {(path, h): (gamma, S, T) for path, h, gamma, S, T in terms}
+    for Y in _ball_points(rng, X, eps, 6) + [_moved_weights(target, X, eps, rng)]:
+        for h, (maps, _, _) in enumerate(_paths(target, Y)):
+            for path, M in zip(("value", "query", "key"), maps):
+                gamma, S, T = index[(path, h)]
+                for e, f in _pairs(M, S, T, n, rng):
+                    found = abs(f @ M @ e)
+                    allowed = gamma * np.sqrt(_form(S, e.reshape(n, -1)) * _form(T, f.reshape(n, -1)))
+                    assert found <= allowed * (1 + 1e-6) + 1e-12, (path, h)
+        jacobian = _jacobian(target, Y)
+        assert np.linalg.norm(jacobian, 2) <= bound + 1e-5 * (1 + np.linalg.norm(jacobian, 2))
+
+
+@pytest.fixture(scope="module")
+def minilm_layer0():
+    """Layer 0's attention with its residual, at the hidden states of "The cat sat on the mat.", and R."""
+    from lipbound.measures.bert import load_text_model
+    bert = load_text_model(None)
+    X = bert.hidden_states(bert.encode("The cat sat on the mat."))[0]
+    return bert.model.layer(0).as_layer(residual=True), X, bert.layernorm_feeding(0).radius_about_center
+
+
+def test_minilm_layer_joined_below_the_heads_sum_and_above_points_of_the_ball(minilm_layer0):
+    from lipbound.local.balls import Neighbourhood
+    from lipbound.local.chains import Component
+    from lipbound.local.curve import _ascent, _witness_value
+    from lipbound.local.relational import RelationalRoute
+    layer, X, radius = minilm_layer0
+    eps = 0.1 * radius
+    E = EnclosedAttention(layer, X)
+    route = RelationalRoute(Component("attention", layer, "layer 0"), X, E, movement=False)
+    hood = Neighbourhood("fro", eps)
+    joined = route.joint_supremum(hood)
+    assert joined < route.jacobian(hood)[1]
+    chain = [route.component]
+    moving = np.ones(X.shape[0], dtype=bool)
+    at_x, direction = _witness_value(chain, X, moving, "fro", 0)
+    assert at_x <= joined
+    assert _ascent(chain, X, hood, moving, "fro", at_x, direction, 2, 0) <= joined
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(3, 6), st.floats(0.05, 3.0), st.floats(0.3, 3.0))
+def test_pair_starts_are_points_of_the_ball_that_move_one_token(seed, n, eps, scale):
+    from lipbound.local.pair_starts import pair_starts
+    target, rng = _layer(seed, scale=scale, heads=2)
+    X = rng.standard_normal((n, 6))
+    for Y in pair_starts(target, X, eps):
+        assert np.linalg.norm(Y - X) < eps
+        assert np.count_nonzero(np.linalg.norm(Y - X, axis=1)) <= 1
+
+
+def test_minilm_pair_start_splits_a_query_between_two_keys(minilm_layer0):
+    from lipbound.local.pair_starts import pair_starts
+    layer, X, radius = minilm_layer0
+    starts = pair_starts(layer, X, 0.1 * radius)
+    assert starts
+    _, weights, _ = _layer_forward(layer, starts[0])
+    ordered = np.sort(weights, axis=-1)
+    # some head's query puts between a quarter and three quarters of its mass on each of its two largest keys
+    assert np.any((ordered[..., -2] > 0.25) & (ordered[..., -1] < 0.75))
