@@ -7,7 +7,12 @@ An :class:`AffineForm` of shape S stands for the set
 with float arrays ``c`` (S), ``G`` (m, *S) (the Euclidean symbols: a Frobenius ball ``||Y - X||_F <= eps``
 is ``c = X``, ``G = eps I``, as in DeepT, Bonaert et al., PLDI 2021), ``B`` (k, *S) (box symbols, one per
 linearisation error that later operations share) and ``err`` (S, non-negative; independent errors:
-rounding, dropped symbols).  Every entry of every array built from the same input keeps its relation
+rounding, dropped symbols).  A computation may restrict its first m box symbols to the convex hull of a finite
+point set ``P`` in ``[-1, 1]^m`` (``Symbols(points=P)``: the coordinates of a finite set of inputs, e.g. the
+words a token may be replaced by); every operation holds pointwise in the symbols, so it holds on that subset,
+and :meth:`AffineForm.deviation` then bounds those symbols' part by the largest ``|t . B|`` over the points,
+the exact supremum over their hull, instead of ``sum_b |B_b|``.
+Every entry of every array built from the same input keeps its relation
 to the others through the shared symbols: the scores, weights and values of an attention layer move
 together, which the per-token balls of :mod:`lipbound.local.balls` forget.
 
@@ -22,7 +27,9 @@ Operations: :meth:`AffineForm.linear` (``x W + b`` over the last axis), ``+``, `
 Jacobian over the enclosed score box times the scores' deviation as a new box symbol per entry),
 :meth:`hull`, :meth:`token_radii` (``sup ||x_i - c_i||`` per row, through the operator norm of each row's
 generators), :meth:`row_norms` (the same for the symbolic part over the last axis, any leading shape),
-:meth:`reduce` (the smallest Euclidean symbols merged into ``err``).
+:meth:`reduce` (the smallest Euclidean symbols merged into ``err``); :meth:`elementwise` (a function of each entry
+by its mean-value form, from enclosures of its value at the centre and of its slope over the hull), :meth:`product`
+(an entrywise or contracted product of two forms) and :meth:`shift` (a constant added).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from typing import final
 
 import numpy as np
 
-from ..errors import AssumptionError
+from ..errors import AssumptionError, NotCertifiedError
 from .arrays import IntervalArray
 from .linalg import spectral_norm_upper
 
@@ -45,10 +52,21 @@ _CHUNK = 512
 @final
 class Symbols:
     """The box symbols of one computation: a counter shared by every form derived from the same input, so
-    that symbol b means the same noise in each of them."""
+    that symbol b means the same noise in each of them.
 
-    def __init__(self) -> None:
+    ``points`` (N, m), optional: float32 coordinates in ``[-1, 1]`` of N points; the first m box symbols then
+    range over the points' convex hull only (module docstring), and they are allocated at once."""
+
+    def __init__(self, points: np.ndarray | None = None) -> None:
+        self.points = None
         self.count = 0
+        if points is not None:
+            points = np.asarray(points)
+            if points.dtype != np.float32 or points.ndim != 2 or not np.all(np.abs(points) <= 1):
+                raise AssumptionError("points", "float32 coordinates (N, m) in [-1, 1]", f"{points.dtype} "
+                                      f"{points.shape}", "scale the coordinates into the box first")
+            self.points = points
+            self.count = points.shape[1]
 
     def fresh(self, count: int) -> int:
         """Allocate ``count`` new symbols; returns the first index."""
@@ -79,6 +97,37 @@ def _box_sum(rad: np.ndarray) -> np.ndarray:
     if rad.shape[0] == 0:
         return np.zeros(rad.shape[1:])
     return _up(IntervalArray(rad).sum(axis=0))
+
+
+#: Columns of the points' products formed at a time (bounds their float32 temporaries: N x this).
+_POINT_COLUMNS = 1024
+
+
+def _points_sup(points: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """Upper bound on ``max_p |p . B_e|`` for every entry e, B (m, *S) float64, points (N, m) float32 in [-1, 1]:
+    the largest ``|fl32(p . fl32(B))|`` plus its error, ``|p| |B - fl32(B)| + gamma_m |p| |fl32(B)|`` with
+    ``|p| <= 1`` and ``gamma_m = m u / (1 - m u)``, ``u = 2^-24`` (any order of summation, with or without fused
+    multiply-adds).  Entries whose generators are all zero cost nothing."""
+    m = B.shape[0]
+    flat = B.reshape(m, -1)
+    out = np.zeros(flat.shape[1])
+    live = np.flatnonzero(np.any(flat != 0, axis=0))
+    if live.size == 0:
+        return out.reshape(B.shape[1:])
+    single = flat[:, live].astype(np.float32)
+    if not np.all(np.isfinite(single)):
+        raise NotCertifiedError("a generator overflows float32 in the points' products")
+    wide = single.astype(np.float64)
+    top = np.empty(live.size)
+    for begin in range(0, live.size, _POINT_COLUMNS):
+        part = points @ single[:, begin:begin + _POINT_COLUMNS]
+        top[begin:begin + _POINT_COLUMNS] = np.maximum(part.max(axis=0), -part.min(axis=0)).astype(np.float64)
+    unit = IntervalArray(2.0 ** -24) * IntervalArray(float(m))
+    gamma = unit / (IntervalArray(1.0) - unit)
+    converted = _up((IntervalArray(flat[:, live]) - IntervalArray(wide)).abs().sum(axis=0))
+    summed = _up(IntervalArray(np.abs(wide)).sum(axis=0) * gamma)
+    out[live] = _add(top, converted, summed)
+    return out.reshape(B.shape[1:])
 
 
 def _add(*terms) -> np.ndarray:
@@ -187,7 +236,14 @@ class AffineForm:
     def deviation(self) -> np.ndarray:
         """Entrywise upper bound on ``|x - c|`` over the set (computed once: a form does not change)."""
         if "_deviation" not in self.__dict__:
-            self.__dict__["_deviation"] = _add(_l2_sum(np.abs(self.l2)), _box_sum(np.abs(self.box)), self.err)
+            points = self.symbols.points
+            if points is not None and self.box.shape[0]:   # the first symbols on their points' hull
+                m = min(points.shape[1], self.box.shape[0])
+                first = np.minimum(_points_sup(points[:, :m], self.box[:m]), _box_sum(np.abs(self.box[:m])))
+                boxed = _add(first, _box_sum(np.abs(self.box[m:])))
+            else:
+                boxed = _box_sum(np.abs(self.box))
+            self.__dict__["_deviation"] = _add(_l2_sum(np.abs(self.l2)), boxed, self.err)
         return self.__dict__["_deviation"]
 
     def hull(self) -> IntervalArray:
@@ -256,6 +312,32 @@ class AffineForm:
         return AffineForm._from_parts(IntervalArray(self.center) * f, chunks, IntervalArray(self.box) * f, extra,
                                       self.symbols)
 
+    def shift(self, offset) -> AffineForm:
+        """``x + offset`` for a constant (float or enclosed array broadcasting against the form)."""
+        offset = offset if isinstance(offset, IntervalArray) else IntervalArray(np.asarray(offset, dtype=np.float64))
+        mid, rad = _settle(IntervalArray(self.center) + offset)
+        return AffineForm(mid, self.l2, self.box, _add(self.err, rad), self.symbols)
+
+    def elementwise(self, value: IntervalArray, slope: IntervalArray) -> AffineForm:
+        """``f(x)`` entry by entry, for ``value`` enclosing ``f(c)`` and ``slope`` enclosing ``f'`` over :meth:`hull`.
+
+        Mean value form: ``f(x) - f(c) = f'(xi) (x - c)`` with xi in the hull, so ``f(x) = f(c) + s (x - c) +
+        (f'(xi) - s)(x - c)`` with s the slope's midpoint: the second term acts on the generators (and ``|s|`` on
+        ``err``), the third is at most the slope's radius times the deviation (into ``err``)."""
+        s_mid, s_rad = _settle(slope)
+        s = IntervalArray(s_mid)
+        spread = _up(IntervalArray(s_rad) * IntervalArray(self.deviation()))
+        extra = _add(spread, _up(IntervalArray(self.err) * IntervalArray(np.abs(s_mid))))
+        chunks = [IntervalArray(self.l2[c:c + _CHUNK]) * s for c in range(0, self.l2.shape[0], _CHUNK)]
+        return AffineForm._from_parts(value, chunks, IntervalArray(self.box) * s, extra, self.symbols)
+
+    def product(self, other: AffineForm, spec: str) -> AffineForm:
+        """``einsum(spec, x, y)`` of two forms of one computation (e.g. ``"ik,i->ik"``, ``"ik,ik->i"``): the linear
+        parts as generators, the product of the two deviations, summed as the spec sums, as one new box symbol
+        per entry."""
+        quadratic = _up(IntervalArray(self.deviation()).einsum(spec, IntervalArray(other.deviation())))
+        return self._bilinear(other, spec, quadratic)
+
     # bilinear operations ----------------------------------------------------------------------------
     def _bilinear(self, other: AffineForm, spec: str, quadratic: np.ndarray) -> AffineForm:
         """``einsum(spec, x, y)`` for two forms over one computation: the linear parts exactly (as
@@ -301,7 +383,7 @@ class AffineForm:
         the operator norm of the row's generators, from its Gram matrix; box: the sum of the rows' norms)."""
         lead = self.shape[:-1]
         k = self.shape[-1]
-        G = self.l2.reshape(self.l2.shape[0], -1, k)
+        G = self.l2.reshape(self.l2.shape[0], int(np.prod(lead, dtype=np.int64)), k)   # (no -1: no symbols)
         out = np.empty(G.shape[1])
         for r in range(G.shape[1]):
             block = G[:, r, :]

@@ -1,0 +1,245 @@
+"""Edit sets as one relational set: the candidate words' input rows as an affine form over their own points.
+
+For a replacement at one position p by any of K candidate words, the edited slot's input row ranges over the
+words' rows ``x_w`` (after the embedding LayerNorm).  In the principal basis of the rows (centre ``c``, unit
+directions ``v_k``, half-widths ``h_k = max_w |(x_w - c) . v_k|``) each word has coordinates ``t(w)`` in
+``[-1, 1]^m`` (float32, chosen), and ``x_w = c + sum_k t_k(w) h_k v_k + r_w`` with ``|r_w| <= rho`` entrywise
+(outward rounded over every word).  So the sentence's input rows lie in the affine form
+
+    ``X(t, u) = X^0 + e_p (c - x^0_p + sum_k t_k h_k v_k + u)``,   t in conv{t(w)},  |u| <= rho,
+
+whose first m box symbols range over the convex hull of the words' points
+(:class:`~lipbound.rigorous.zonotope.Symbols` with ``points``): every bound of a linear function of the symbols is
+its largest value over the words, not over the box (on all-MiniLM-L6-v2 the box would be about 15 times wider:
+the rows spread evenly over 383 directions).  The form is pushed through each layer with the one affine arithmetic
+(:class:`~lipbound.rigorous.zonotope.AffineForm`): the attention (queries, keys and values, bilinear scores, softmax
+by its mean-value form within lipbound's softmax ranges, the weighted values, ``W_O``, the residual), the LayerNorm
+(centring, the sum of squares as a product, ``sqrt(d) / sqrt(s + d^3 eps)`` by its mean-value form over the sum's
+certified range: a certified lower bound of the variance), the GELU feed-forward block (each neuron by its
+mean-value form with GELU's slope range over the neuron's range) and the output LayerNorm.  After each stage the
+linearisation symbols are merged into the independent errors (:func:`condensed`); the words' symbols stay.
+
+The set's bound at layer l (lemma edit-hull-form, docs/local.md): with the attention block's outputs ``Z_i(t) =
+C_i + t B_i + (the rest, at most rho_i in norm)`` and the original outputs ``z^0``, the identity plan gives for
+every word ``W1 <= (1/n) sum_i (||C_i - z^0_i + t(w) B_i|| + rho_i)``, evaluated for every word and maximised
+(:func:`hull_bounds`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import final
+
+import numpy as np
+
+from ..errors import AssumptionError, NotCertifiedError
+from ..numeric.attention import AttentionMap
+from ..numeric.blas import one_blas_thread
+from ..numeric.kernels import SOFTMAX, DotProduct
+from ..rigorous.arrays import IntervalArray, gelu, gelu_slope
+from ..rigorous.zonotope import AffineForm, Symbols
+from .relational import weights_on
+from .scores import score_scale, visibility
+
+__all__ = ["HullBounds", "candidate_form", "condensed", "form_attention", "form_norm", "form_feedforward",
+           "form_cost", "hull_bounds"]
+
+#: float32 rounding unit: the points' products' error (see :func:`form_cost`).
+_UNIT = 2.0 ** -24
+
+
+@final
+@dataclass(frozen=True)
+class HullBounds:
+    """The hull form's certified W1 bounds of a one-slot replacement set.
+
+    Attributes
+    ----------
+    bounds : dict
+        ``bounds[l]``: the set's certified W1 at layer l (identity plan), for every layer reached.
+    radii : dict
+        ``radii[l]`` (n,): the non-word part ``rho_i`` of each token's bound (linearisation and rounding errors).
+    spans : dict
+        ``spans[l]`` (n,): per token the largest ``||C_i - z^0_i + t(w) B_i||`` over the words.
+    seconds : dict
+        ``seconds[l]``: CPU seconds of layer l (its attention and, before the next layer, its chain).
+    stopped : str
+        Why the form stopped before the last layer asked for ("" when it reached it).
+    terms : dict
+        ``terms[l]``: the largest independent error entering each stage of layer l (``"attention"``, ``"norm"``,
+        ``"feed-forward"``, ``"output norm"``): which term grows first.
+    """
+
+    bounds: dict
+    radii: dict
+    spans: dict
+    seconds: dict
+    stopped: str = ""
+    terms: dict = field(default_factory=dict)
+
+    def largest(self, layer: int) -> float:
+        return float(self.bounds.get(layer, np.inf))
+
+
+def candidate_form(own: IntervalArray, slot: int, candidates: IntervalArray) -> AffineForm:
+    """The sentence's input rows (n, d) with row ``slot`` over the candidates' rows (K, d), enclosed, as an affine
+    form whose first box symbols range over the words' points (module docstring).
+
+    The principal directions and the words' coordinates are floats chosen freely; only the residual
+    ``x_w - c - sum_k t_k(w) h_k v_k`` is enclosed, over every word and every point of its enclosure."""
+    rows = candidates.mid
+    centre = rows.mean(axis=0)
+    _, values, basis = np.linalg.svd(rows - centre, full_matrices=False)
+    basis = basis[values > values[0] * 1e-9]                                     # (m, d): the rows' own span
+    coordinates = (rows - centre) @ basis.T                                      # (K, m)
+    half = np.max(np.abs(coordinates), axis=0) * (1 + 1e-6)
+    points = np.clip((coordinates / half).astype(np.float32), -1, 1)
+    generators = half[:, None] * basis                                           # (m, d), float
+    residual = candidates - IntervalArray(centre) - IntervalArray(points.astype(np.float64)).matmul(generators)
+    rho = np.max(np.maximum(residual.hi, -residual.lo), axis=0)                  # (d,), over every word
+    n, d = own.shape
+    m = generators.shape[0]
+    center = own.mid.copy()
+    center[slot] = centre
+    err = np.maximum(own.hi - own.mid, own.mid - own.lo)
+    err[slot] = rho
+    box = np.zeros((m, n, d))
+    box[:, slot] = generators
+    return AffineForm(center, np.zeros((0, n, d)), box, err, Symbols(points))
+
+
+def condensed(form: AffineForm) -> AffineForm:
+    """The form with every box symbol after the words' merged into ``err`` (``|sum_b t_b B_b| <= sum_b |B_b|``
+    entrywise), over a fresh counter: the later forms' box symbols stay few."""
+    points = form.symbols.points
+    m = points.shape[1]
+    rest = IntervalArray(np.abs(form.box[m:])).sum(axis=0).hi if form.box.shape[0] > m else 0.0
+    box = np.zeros((m,) + form.shape)
+    box[:min(m, form.box.shape[0])] = form.box[:m]
+    err = (IntervalArray(form.err) + IntervalArray(np.broadcast_to(rest, form.shape).copy())).hi
+    return AffineForm(form.center, form.l2, box, err, Symbols(points))
+
+
+def _check(engine: AttentionMap) -> None:
+    if not (engine.residual and engine.W_O is not None and isinstance(engine.kernel, DotProduct)
+            and engine.weights is SOFTMAX and engine.basis is None and engine.G == engine.H
+            and not any(m.bias is not None or m.softcap is not None for m in engine.masks.masks)
+            and visibility(engine, np.arange(2), np.arange(2)) is None):
+        raise AssumptionError("layer", "unmasked dot-product softmax heads with output projection and residual",
+                              "another attention", "the hull form covers BERT-style encoders")
+
+
+def form_attention(layer, X: AffineForm) -> AffineForm:
+    """``X + MHA(X)`` of an attention layer (with residual) on the form X (n, d): the steps of
+    :class:`~lipbound.local.relational.RelationalAttention` on any input form."""
+    engine = AttentionMap(layer)
+    _check(engine)
+    projected = X.linear(engine.W, engine.bias)
+    Q, K, V = (engine.per_head(projected, part) for part in ("queries", "keys", "values"))
+    S = Q.dot(K).scale(score_scale(engine))
+    P, weights = S.softmax(weights_on(S.hull()))
+    merged = P.within(weights).mix(V, weights).swapaxes(-2, -3).reshape(X.shape[0], engine.H * engine.d_v)
+    return merged.linear(engine.W_O, engine.b_O) + X
+
+
+def form_norm(norm, Z: AffineForm) -> AffineForm:
+    """A LayerNorm ``gamma sqrt(d) u / sqrt(||u||^2 + d eps) + beta`` (u the centred row) on the form Z (n, d):
+    ``d u = Z (d I - 1 1^T)`` (an integer matrix, exact), ``s = ||d u||^2`` as a product, ``sqrt(d) /
+    sqrt(s + d^3 eps)`` by its mean-value form over s's range (whose lower end is the certified variance bound:
+    not certified when it is not positive and eps vanishes)."""
+    d = Z.shape[-1]
+    if not norm.centred:
+        raise AssumptionError("norm", "a LayerNorm (centred)", "an RMSNorm", "the hull form covers encoders")
+    scaled = Z.linear(d * np.eye(d) - np.ones((d, d)))                            # d u
+    squares = scaled.product(scaled, "ik,ik->i")                                  # (n,)
+    floor = IntervalArray(float(d)) * IntervalArray(float(d)) * IntervalArray(float(d)) * IntervalArray(float(norm.eps))
+    s = squares.hull()
+    low = np.maximum(s.lo, 0.0)
+    ranged = IntervalArray(low, np.maximum(low, s.hi)) + floor
+    if not np.all(ranged.lo > 0):
+        raise NotCertifiedError("a LayerNorm's variance may vanish on the set")
+    root_d = IntervalArray(float(d)).sqrt()
+    at = IntervalArray(np.maximum(squares.center, 0.0)) + floor
+    value = root_d / at.sqrt()
+    slope = IntervalArray(-0.5) * root_d / (ranged * ranged.sqrt())
+    inverse = squares.elementwise(value, slope)                                  # (n,)
+    return scaled.product(inverse, "ik,i->ik").linear(np.diag(np.asarray(norm.gamma, dtype=np.float64)), None) \
+        .shift(IntervalArray(np.asarray(norm.center, dtype=np.float64)))
+
+
+def form_feedforward(ffn, Y: AffineForm) -> AffineForm:
+    """``Y + GELU(Y W_1 + b_1) W_2 + b_2`` on the form Y (n, d), each neuron by its mean-value form with GELU's
+    slope range over the neuron's range (:func:`~lipbound.rigorous.arrays.gelu_slope`)."""
+    if ffn.act != "gelu" or getattr(ffn, "W_gate", None) is not None:
+        raise AssumptionError("ffn", "an exact-GELU feed-forward block", f"activation {ffn.act}",
+                              "the hull form covers BERT-style encoders")
+    hidden = Y.linear(ffn.W_1, ffn.b_1)
+    activated = hidden.elementwise(gelu(IntervalArray(hidden.center)), gelu_slope(hidden.hull()))
+    return activated.linear(ffn.W_2, ffn.b_2) + Y
+
+
+def form_cost(Z: AffineForm, reference: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per word ``(1/n) sum_i ||Z_i - z^0_i||`` bounded (the identity plan's cost), with per token the words' part
+    ``max_w ||C_i - z^0_i + t(w) B_i||`` and the rest ``rho_i`` (lemma edit-hull-form).
+
+    ``t(w) B_i`` is formed in float32 (the points are exact float32; ``B`` rounded to float32): its error is at most
+    ``|B - fl32(B)| + gamma_m |fl32(B)|`` entrywise summed over the symbols (``|t| <= 1``), added to the enclosure."""
+    points = Z.symbols.points
+    m = points.shape[1]
+    n, d = Z.shape
+    words = Z.box[:m]
+    rest = IntervalArray(np.abs(Z.box[m:])).sum(axis=0).hi if Z.box.shape[0] > m else np.zeros(Z.shape)
+    if Z.l2.shape[0]:
+        raise AssumptionError("Z", "a form with box symbols only", "Euclidean symbols", "build it by candidate_form")
+    rho = IntervalArray((IntervalArray(Z.err) + IntervalArray(rest)).hi).norm_upper()              # (n,)
+    unit = IntervalArray(_UNIT) * IntervalArray(float(m))
+    gamma = unit / (IntervalArray(1.0) - unit)
+    offset = IntervalArray(Z.center) - IntervalArray(reference)                                     # (n, d)
+    total = np.zeros(points.shape[0])
+    spans = np.zeros(n)
+    for i in range(n):
+        single = words[:, i].astype(np.float32)
+        wide = single.astype(np.float64)
+        error = (IntervalArray(words[:, i]) - IntervalArray(wide)).abs().sum(axis=0) \
+            + IntervalArray(np.abs(wide)).sum(axis=0) * gamma                                       # (d,)
+        moved = IntervalArray.around((points @ single).astype(np.float64), error.hi[None, :]) + offset[i].expand(0)
+        norms = moved.norm_upper()                                                                  # (K,)
+        spans[i] = float(np.max(norms))
+        total = (IntervalArray(total) + IntervalArray(norms)).hi
+    cost = ((IntervalArray(total) + IntervalArray(rho).sum(axis=0)) / float(n)).hi
+    return cost, spans, rho
+
+
+@one_blas_thread
+def hull_bounds(model, own: IntervalArray, slot: int, candidates: IntervalArray, references: list, last: int,
+                progress=None) -> HullBounds:
+    """The hull form of a one-slot replacement set (:func:`candidate_form`) pushed through layers ``0..last`` of a
+    post-norm BERT model; per layer the set's certified W1 under the identity plan (the largest per-word cost of
+    :func:`form_cost`).  An enclosure that overflows or a variance that may vanish ends the layers there."""
+    X = candidate_form(own, slot, candidates)
+    bounds, radii, spans, seconds, terms = {}, {}, {}, {}, {}
+    stopped = ""
+    for index in range(last + 1):
+        began = time.process_time()
+        item = model.layer(index)
+        widest = {"attention": float(np.max(X.err))}
+        try:
+            Z = condensed(form_attention(item.as_layer(residual=True), X))
+            cost, spans[index], radii[index] = form_cost(Z, references[index])
+            bounds[index] = float(np.max(cost))
+            if index < last:
+                widest["norm"] = float(np.max(Z.err))
+                Y = condensed(form_norm(item.ln_out, Z))
+                widest["feed-forward"] = float(np.max(Y.err))
+                F = condensed(form_feedforward(item.ffn, Y))
+                widest["output norm"] = float(np.max(F.err))
+                X = condensed(form_norm(item.ffn_norm, F))
+        except NotCertifiedError as error:
+            stopped = f"layer {index}: {error}"
+            seconds[index], terms[index] = time.process_time() - began, widest
+            break
+        seconds[index], terms[index] = time.process_time() - began, widest
+        if progress is not None:
+            progress(index, bounds.get(index))
+    return HullBounds(bounds, radii, spans, seconds, stopped, terms)
