@@ -45,6 +45,9 @@ from .scores import score_scale, visibility
 __all__ = ["HullBounds", "candidate_form", "condensed", "form_attention", "form_norm", "form_feedforward",
            "form_cost", "hull_bounds"]
 
+#: The largest independent error a stage may leave before the layers end (the bound is then useless, and the next
+#: products would overflow).
+WIDEST = 1e12
 #: float32 rounding unit: the points' products' error (see :func:`form_cost`).
 _UNIT = 2.0 ** -24
 
@@ -67,8 +70,8 @@ class HullBounds:
     stopped : str
         Why the form stopped before the last layer asked for ("" when it reached it).
     terms : dict
-        ``terms[l]``: the largest independent error entering each stage of layer l (``"attention"``, ``"norm"``,
-        ``"feed-forward"``, ``"output norm"``): which term grows first.
+        ``terms[l]``: the largest independent error of the form entering layer l (``"input"``) and after each of its
+        stages (``"attention"``, ``"norm"``, ``"feed-forward"``, ``"output norm"``): which term grows first.
     """
 
     bounds: dict
@@ -158,7 +161,8 @@ def form_norm(norm, Z: AffineForm) -> AffineForm:
     low = np.maximum(s.lo, 0.0)
     ranged = IntervalArray(low, np.maximum(low, s.hi)) + floor
     if not np.all(ranged.lo > 0):
-        raise NotCertifiedError("a LayerNorm's variance may vanish on the set")
+        raise NotCertifiedError("LayerNorm", "a positive variance over the set", "a range reaching 0",
+                                "split the candidates")
     root_d = IntervalArray(float(d)).sqrt()
     at = IntervalArray(np.maximum(squares.center, 0.0)) + floor
     value = root_d / at.sqrt()
@@ -220,21 +224,30 @@ def hull_bounds(model, own: IntervalArray, slot: int, candidates: IntervalArray,
     X = candidate_form(own, slot, candidates)
     bounds, radii, spans, seconds, terms = {}, {}, {}, {}, {}
     stopped = ""
+
+    def stage(name: str, form: AffineForm, widest: dict) -> AffineForm:
+        """The form condensed, its largest independent error recorded; past :data:`WIDEST` the layers end."""
+        form = condensed(form)
+        widest[name] = float(np.max(form.err))
+        if not widest[name] <= WIDEST:
+            raise NotCertifiedError("hull form", f"independent errors below {WIDEST:g}",
+                                    f"{widest[name]:.3g} after the {name}", "split the candidates")
+        return form
+
     for index in range(last + 1):
         began = time.process_time()
         item = model.layer(index)
-        widest = {"attention": float(np.max(X.err))}
+        widest: dict = {"input": float(np.max(X.err))}
         try:
-            Z = condensed(form_attention(item.as_layer(residual=True), X))
-            cost, spans[index], radii[index] = form_cost(Z, references[index])
-            bounds[index] = float(np.max(cost))
-            if index < last:
-                widest["norm"] = float(np.max(Z.err))
-                Y = condensed(form_norm(item.ln_out, Z))
-                widest["feed-forward"] = float(np.max(Y.err))
-                F = condensed(form_feedforward(item.ffn, Y))
-                widest["output norm"] = float(np.max(F.err))
-                X = condensed(form_norm(item.ffn_norm, F))
+            # (an overflow inside an enclosure ends in a non-finite interval, which the interval layer refuses)
+            with np.errstate(over="ignore", invalid="ignore"):
+                Z = stage("attention", form_attention(item.as_layer(residual=True), X), widest)
+                cost, spans[index], radii[index] = form_cost(Z, references[index])
+                bounds[index] = float(np.max(cost)) if np.all(np.isfinite(cost)) else np.inf
+                if index < last:
+                    Y = stage("norm", form_norm(item.ln_out, Z), widest)
+                    F = stage("feed-forward", form_feedforward(item.ffn, Y), widest)
+                    X = stage("output norm", form_norm(item.ffn_norm, F), widest)
         except NotCertifiedError as error:
             stopped = f"layer {index}: {error}"
             seconds[index], terms[index] = time.process_time() - began, widest

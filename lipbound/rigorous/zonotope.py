@@ -7,11 +7,11 @@ An :class:`AffineForm` of shape S stands for the set
 with float arrays ``c`` (S), ``G`` (m, *S) (the Euclidean symbols: a Frobenius ball ``||Y - X||_F <= eps``
 is ``c = X``, ``G = eps I``, as in DeepT, Bonaert et al., PLDI 2021), ``B`` (k, *S) (box symbols, one per
 linearisation error that later operations share) and ``err`` (S, non-negative; independent errors:
-rounding, dropped symbols).  A computation may restrict its first m box symbols to the convex hull of a finite
-point set ``P`` in ``[-1, 1]^m`` (``Symbols(points=P)``: the coordinates of a finite set of inputs, e.g. the
-words a token may be replaced by); every operation holds pointwise in the symbols, so it holds on that subset,
-and :meth:`AffineForm.deviation` then bounds those symbols' part by the largest ``|t . B|`` over the points,
-the exact supremum over their hull, instead of ``sum_b |B_b|``.
+rounding, dropped symbols).  A computation may restrict its first m box symbols to a finite point set ``P`` in
+``[-1, 1]^m`` (``Symbols(points=P)``: the coordinates of a finite set of inputs, e.g. the words a token may be
+replaced by); every operation holds pointwise in the symbols, so it holds at those points, and
+:meth:`AffineForm.deviation` bounds those symbols' part by the largest ``|t . B|`` over the points instead of
+``sum_b |B_b|``, the bilinear products their quadratic part by its largest value over the points.
 Every entry of every array built from the same input keeps its relation
 to the others through the shared symbols: the scores, weights and values of an attention layer move
 together, which the per-token balls of :mod:`lipbound.local.balls` forget.
@@ -55,7 +55,7 @@ class Symbols:
     that symbol b means the same noise in each of them.
 
     ``points`` (N, m), optional: float32 coordinates in ``[-1, 1]`` of N points; the first m box symbols then
-    range over the points' convex hull only (module docstring), and they are allocated at once."""
+    take the points' values only (module docstring), and they are allocated at once."""
 
     def __init__(self, points: np.ndarray | None = None) -> None:
         self.points = None
@@ -101,6 +101,8 @@ def _box_sum(rad: np.ndarray) -> np.ndarray:
 
 #: Columns of the points' products formed at a time (bounds their float32 temporaries: N x this).
 _POINT_COLUMNS = 1024
+#: Points whose bilinear products are formed at a time.
+_POINT_ROWS = 1024
 
 
 def _points_sup(points: np.ndarray, B: np.ndarray) -> np.ndarray:
@@ -116,7 +118,7 @@ def _points_sup(points: np.ndarray, B: np.ndarray) -> np.ndarray:
         return out.reshape(B.shape[1:])
     single = flat[:, live].astype(np.float32)
     if not np.all(np.isfinite(single)):
-        raise NotCertifiedError("a generator overflows float32 in the points' products")
+        raise NotCertifiedError("generators", "float32 numbers", "an overflow", "split the points")
     wide = single.astype(np.float64)
     top = np.empty(live.size)
     for begin in range(0, live.size, _POINT_COLUMNS):
@@ -236,15 +238,56 @@ class AffineForm:
     def deviation(self) -> np.ndarray:
         """Entrywise upper bound on ``|x - c|`` over the set (computed once: a form does not change)."""
         if "_deviation" not in self.__dict__:
-            points = self.symbols.points
-            if points is not None and self.box.shape[0]:   # the first symbols on their points' hull
-                m = min(points.shape[1], self.box.shape[0])
-                first = np.minimum(_points_sup(points[:, :m], self.box[:m]), _box_sum(np.abs(self.box[:m])))
-                boxed = _add(first, _box_sum(np.abs(self.box[m:])))
-            else:
-                boxed = _box_sum(np.abs(self.box))
-            self.__dict__["_deviation"] = _add(_l2_sum(np.abs(self.l2)), boxed, self.err)
+            words, rest = self._parts()
+            self.__dict__["_deviation"] = _add(words, rest)
         return self.__dict__["_deviation"]
+
+    def _parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Entrywise bounds on the points' symbols' part ``|t B|`` (zero without points) and on the rest of
+        ``|x - c|`` (the other symbols and ``err``), computed once."""
+        if "_deviation_parts" not in self.__dict__:
+            points = self.symbols.points
+            m = 0 if points is None else min(points.shape[1], self.box.shape[0])
+            words = np.zeros(self.shape)
+            if m:
+                words = np.minimum(_points_sup(points[:, :m], self.box[:m]), _box_sum(np.abs(self.box[:m])))
+            rest = _add(_l2_sum(np.abs(self.l2)), _box_sum(np.abs(self.box[m:])), self.err)
+            self.__dict__["_deviation_parts"] = words, rest
+        return self.__dict__["_deviation_parts"]
+
+    def _points_quadratic(self, other: AffineForm, spec: str) -> np.ndarray:
+        """Upper bound on ``|einsum(spec, x - c_x, y - c_y)|`` over the points (the points' symbols at each point, the
+        rest anywhere): ``max_p |einsum(spec, p A_x, p A_y)|`` evaluated point by point (float32 products enclosed
+        as in :func:`_points_sup`), plus the cross terms of the words' parts with the rests and the rests' product."""
+        points = self.symbols.points
+        m = points.shape[1]
+        inputs, output = spec.split("->")
+        left, right = inputs.split(",")
+        by_point = f"v{left},v{right}->v{output}"
+
+        def word_rows(form: AffineForm):
+            flat = form._box_rows(max(m, form.box.shape[0]))[:m].reshape(m, -1)
+            single = flat.astype(np.float32)
+            if not np.all(np.isfinite(single)):
+                raise NotCertifiedError("generators", "float32 numbers", "an overflow", "split the points")
+            wide = single.astype(np.float64)
+            unit = IntervalArray(2.0 ** -24) * IntervalArray(float(m))
+            gamma = unit / (IntervalArray(1.0) - unit)
+            error = _add(_up((IntervalArray(flat) - IntervalArray(wide)).abs().sum(axis=0)),
+                         _up(IntervalArray(np.abs(wide)).sum(axis=0) * gamma))
+            return single, error
+        (ax, ex), (ay, ey) = word_rows(self), word_rows(other)
+        largest = None
+        for begin in range(0, points.shape[0], _POINT_ROWS):
+            chunk = points[begin:begin + _POINT_ROWS]
+            a = IntervalArray.around((chunk @ ax).astype(np.float64), ex[None]).reshape((chunk.shape[0],) + self.shape)
+            b = IntervalArray.around((chunk @ ay).astype(np.float64), ey[None]).reshape((chunk.shape[0],) + other.shape)
+            value = a.einsum(by_point, b)
+            top = np.max(np.maximum(value.hi, -value.lo), axis=0)
+            largest = top if largest is None else np.maximum(largest, top)
+        (wx, rx), (wy, ry) = self._parts(), other._parts()
+        cross = [_up(IntervalArray(u).einsum(spec, IntervalArray(w))) for u, w in ((wx, ry), (rx, wy), (rx, ry))]
+        return _add(largest, *cross)
 
     def hull(self) -> IntervalArray:
         """The smallest box this bound gives: ``c +- deviation``."""
@@ -362,6 +405,8 @@ class AffineForm:
         ax, ay = _add(np.abs(self.center), self.deviation()), _add(np.abs(other.center), other.deviation())
         extra = _add(_up(IntervalArray(self.err).einsum(spec, IntervalArray(ay))),
                      _up(IntervalArray(ax).einsum(spec, IntervalArray(other.err))))
+        if self.symbols.points is not None:   # the deviations' product point by point
+            quadratic = np.minimum(quadratic, self._points_quadratic(other, spec))
         form = AffineForm._from_parts(center, chunks, box, extra, self.symbols)
         return form._with_box(quadratic)
 
