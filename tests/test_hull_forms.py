@@ -31,7 +31,7 @@ def _points_form(rng, points: int = 50, m: int = 4, shape=(3, 5)):
     t_last = rng.choice([-1.0, 1.0], points)
     u = err * rng.choice([-1.0, 1.0], (points,) + shape)
     values = form.center + np.einsum("pm,m...->p...", P.astype(np.float64), box[:m]) \
-        + t_last[:, None, None] * box[m] + u
+        + t_last.reshape((-1,) + (1,) * len(shape)) * box[m] + u
     return form, values
 
 
@@ -138,3 +138,16 @@ def test_minilm_hull_bound_covers_sampled_words():
     costs = np.array([_costs(model, ids, 3, w, references, 1) for w in words])
     for layer, bound in found.bounds.items():
         assert np.all(costs[:, layer] <= bound)
+
+
+def test_the_softmax_of_every_point_lies_in_the_points_softmax_form_and_ranges():
+    from lipbound.local.hull_forms import points_softmax
+    rng = np.random.default_rng(3)
+    form, values = _points_form(rng, points=200, m=3, shape=(2, 4, 5))
+    S = form.scale(IntervalArray(3.0))                 # wide scores: the weights swing over most of [0, 1]
+    P, weights = points_softmax(S)
+    scores = 3.0 * values
+    exact = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    exact /= exact.sum(axis=-1, keepdims=True)
+    assert np.all(P.hull().lo <= exact) and np.all(exact <= P.hull().hi)
+    assert np.all(weights.lo <= exact) and np.all(exact <= weights.hi)

@@ -37,19 +37,21 @@ from ..errors import AssumptionError, NotCertifiedError
 from ..numeric.attention import AttentionMap
 from ..numeric.blas import one_blas_thread
 from ..numeric.kernels import SOFTMAX, DotProduct
-from ..rigorous.arrays import IntervalArray, gelu, gelu_slope
+from ..rigorous.arrays import IntervalArray, gelu, gelu_slope, softmax
 from ..rigorous.zonotope import AffineForm, Symbols
 from .relational import weights_on
 from .scores import score_scale, visibility
 
-__all__ = ["HullBounds", "candidate_form", "condensed", "form_attention", "form_norm", "form_feedforward",
-           "form_cost", "hull_bounds"]
+__all__ = ["HullBounds", "candidate_form", "condensed", "points_softmax", "form_attention", "form_norm",
+           "form_feedforward", "form_cost", "hull_bounds"]
 
 #: The largest independent error a stage may leave before the layers end (the bound is then useless, and the next
 #: products would overflow).
 WIDEST = 1e12
 #: float32 rounding unit: the points' products' error (see :func:`form_cost`).
 _UNIT = 2.0 ** -24
+#: Words whose scores and weights are formed at a time.
+_POINT_ROWS = 1024
 
 
 @final
@@ -133,6 +135,64 @@ def _check(engine: AttentionMap) -> None:
                               "another attention", "the hull form covers BERT-style encoders")
 
 
+def _word_rows(form: AffineForm) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The words' generators of a form in float32 (m, entries), the error bound of their products with the points
+    per entry (``|B - fl32(B)| + gamma_m |fl32(B)|`` summed over the symbols, ``|t| <= 1``) and the bound on the
+    rest of ``|x - c|`` (the other symbols and ``err``), entrywise."""
+    m = form.symbols.points.shape[1]
+    flat = form.box[:m].reshape(m, -1)
+    single = flat.astype(np.float32)
+    if not np.all(np.isfinite(single)):
+        raise NotCertifiedError("generators", "float32 numbers", "an overflow", "split the candidates")
+    wide = single.astype(np.float64)
+    unit = IntervalArray(_UNIT) * IntervalArray(float(m))
+    gamma = unit / (IntervalArray(1.0) - unit)
+    error = ((IntervalArray(flat) - IntervalArray(wide)).abs().sum(axis=0)
+             + IntervalArray(np.abs(wide)).sum(axis=0) * gamma).hi
+    rest = IntervalArray(np.abs(form.box[m:])).sum(axis=0).hi if form.box.shape[0] > m else np.zeros(form.shape)
+    rest = (IntervalArray(rest) + IntervalArray(form.err)).hi
+    return single, error, rest
+
+
+def points_softmax(S: AffineForm) -> tuple[AffineForm, IntervalArray]:
+    """Rows of the softmax of the scores S (H, n, n), every word evaluated (lemma edit-hull-softmax).
+
+    At word w the scores lie in the box ``S_w = c + t(w) A +- (e + rest)`` (the words' part in float32 with its
+    error e, the other symbols and errors anywhere).  A linear map ``p ~ a + Sigma (s - c)`` per row is fitted to
+    the words' float weights (least squares; any a and Sigma give a valid form); its remainder
+    ``softmax(S_w) - a - Sigma (S_w - c)`` is enclosed word by word in interval arithmetic and its largest size
+    over the words joins the form as an independent error.  The weights' range over the words, from the same
+    enclosures, is returned as the second value."""
+    points = S.symbols.points
+    H, n, k = S.shape
+    single, error, rest = _word_rows(S)
+    width = (IntervalArray(error.reshape(S.shape)) + IntervalArray(rest)).hi
+    normal = np.zeros((H, n, k + 1, k + 1))
+    moments = np.zeros((H, n, k + 1, k))
+    for begin in range(0, points.shape[0], _POINT_ROWS):
+        deviations = (points[begin:begin + _POINT_ROWS] @ single).astype(np.float64).reshape((-1,) + S.shape)
+        scores = S.center + deviations
+        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        weights /= weights.sum(axis=-1, keepdims=True)
+        design = np.concatenate([np.ones(deviations.shape[:-1] + (1,)), deviations], axis=-1)
+        normal += np.einsum("vhia,vhib->hiab", design, design)
+        moments += np.einsum("vhia,vhil->hial", design, weights)
+    ridge = 1e-12 * np.trace(normal, axis1=-2, axis2=-1)[..., None, None] + 1e-300
+    coefficients = np.linalg.solve(normal + ridge * np.eye(k + 1), moments)                 # (H, n, k + 1, k)
+    at, sigma = coefficients[:, :, 0, :], np.swapaxes(coefficients[:, :, 1:, :], -1, -2)   # (H, n, k), (H, n, k, k)
+    largest, lo, hi = np.zeros(S.shape), np.ones(S.shape), np.zeros(S.shape)
+    for begin in range(0, points.shape[0], _POINT_ROWS):
+        deviations = (points[begin:begin + _POINT_ROWS] @ single).astype(np.float64).reshape((-1,) + S.shape)
+        moved = IntervalArray.around(deviations, np.broadcast_to(width, deviations.shape))   # S_w - c
+        exact = softmax(moved + IntervalArray(S.center), np.ones(k))
+        remainder = exact - moved.einsum("vhik,hilk->vhil", IntervalArray(sigma)) - IntervalArray(at)
+        largest = np.maximum(largest, np.max(np.maximum(remainder.hi, -remainder.lo), axis=0))
+        lo, hi = np.minimum(lo, exact.lo.min(axis=0)), np.maximum(hi, exact.hi.max(axis=0))
+    weights = IntervalArray(lo, np.maximum(lo, hi))
+    P = S.row_map(sigma, IntervalArray(at)).shift(IntervalArray(-largest, largest))
+    return P.within(weights), weights
+
+
 def form_attention(layer, X: AffineForm) -> AffineForm:
     """``X + MHA(X)`` of an attention layer (with residual) on the form X (n, d): the steps of
     :class:`~lipbound.local.relational.RelationalAttention` on any input form."""
@@ -141,8 +201,12 @@ def form_attention(layer, X: AffineForm) -> AffineForm:
     projected = X.linear(engine.W, engine.bias)
     Q, K, V = (engine.per_head(projected, part) for part in ("queries", "keys", "values"))
     S = Q.dot(K).scale(score_scale(engine))
-    P, weights = S.softmax(weights_on(S.hull()))
-    merged = P.within(weights).mix(V, weights).swapaxes(-2, -3).reshape(X.shape[0], engine.H * engine.d_v)
+    if S.symbols.points is not None and S.box.shape[0] >= S.symbols.points.shape[1]:
+        P, weights = points_softmax(S)
+    else:
+        P, weights = S.softmax(weights_on(S.hull()))
+        P = P.within(weights)
+    merged = P.mix(V, weights).swapaxes(-2, -3).reshape(X.shape[0], engine.H * engine.d_v)
     return merged.linear(engine.W_O, engine.b_O) + X
 
 

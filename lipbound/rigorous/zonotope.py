@@ -374,6 +374,19 @@ class AffineForm:
         chunks = [IntervalArray(self.l2[c:c + _CHUNK]) * s for c in range(0, self.l2.shape[0], _CHUNK)]
         return AffineForm._from_parts(value, chunks, IntervalArray(self.box) * s, extra, self.symbols)
 
+    def row_map(self, sigma: np.ndarray, at: IntervalArray) -> AffineForm:
+        """``at + sigma (x - c)`` over the last axis of a 3-d form (H, n, k), row by row: ``sigma`` (H, n, l, k)
+        floats taken exactly, one matrix per row; ``at`` (H, n, l) enclosed (a linearisation about the centre whose
+        remainder the caller bounds)."""
+        if self.center.ndim != 3:
+            raise AssumptionError("form", "a 3-d form (H, n, k)", f"shape {self.shape}", "reshape it")
+        spec = "shik,hilk->shil"
+        chunks = [IntervalArray(self.l2[c:c + _CHUNK]).einsum(spec, IntervalArray(sigma))
+                  for c in range(0, self.l2.shape[0], _CHUNK)]
+        box = IntervalArray(self.box).einsum(spec, IntervalArray(sigma))
+        extra = _up(IntervalArray(self.err).einsum("hik,hilk->hil", IntervalArray(np.abs(sigma))))
+        return AffineForm._from_parts(at, chunks, box, extra, self.symbols)
+
     def product(self, other: AffineForm, spec: str) -> AffineForm:
         """``einsum(spec, x, y)`` of two forms of one computation (e.g. ``"ik,i->ik"``, ``"ik,ik->i"``): the linear
         parts as generators, the product of the two deviations, summed as the spec sums, as one new box symbol
