@@ -253,25 +253,19 @@ def form_cost(Z: AffineForm, reference: np.ndarray) -> tuple[np.ndarray, np.ndar
 
     ``t(w) B_i`` is formed in float32 (the points are exact float32; ``B`` rounded to float32): its error is at most
     ``|B - fl32(B)| + gamma_m |fl32(B)|`` entrywise summed over the symbols (``|t| <= 1``), added to the enclosure."""
-    points = Z.symbols.points
-    m = points.shape[1]
-    n, d = Z.shape
-    words = Z.box[:m]
-    rest = IntervalArray(np.abs(Z.box[m:])).sum(axis=0).hi if Z.box.shape[0] > m else np.zeros(Z.shape)
     if Z.l2.shape[0]:
         raise AssumptionError("Z", "a form with box symbols only", "Euclidean symbols", "build it by candidate_form")
-    rho = IntervalArray((IntervalArray(Z.err) + IntervalArray(rest)).hi).norm_upper()              # (n,)
-    unit = IntervalArray(_UNIT) * IntervalArray(float(m))
-    gamma = unit / (IntervalArray(1.0) - unit)
+    points = Z.symbols.points
+    n, d = Z.shape
+    single, error, rest = _word_rows(Z)
+    single, error = single.reshape(-1, n, d), error.reshape(n, d)
+    rho = IntervalArray(rest).norm_upper()                                                          # (n,)
     offset = IntervalArray(Z.center) - IntervalArray(reference)                                     # (n, d)
     total = np.zeros(points.shape[0])
     spans = np.zeros(n)
     for i in range(n):
-        single = words[:, i].astype(np.float32)
-        wide = single.astype(np.float64)
-        error = (IntervalArray(words[:, i]) - IntervalArray(wide)).abs().sum(axis=0) \
-            + IntervalArray(np.abs(wide)).sum(axis=0) * gamma                                       # (d,)
-        moved = IntervalArray.around((points @ single).astype(np.float64), error.hi[None, :]) + offset[i].expand(0)
+        words = (points @ single[:, i]).astype(np.float64)
+        moved = IntervalArray.around(words, error[i][None, :]) + offset[i].expand(0)
         norms = moved.norm_upper()                                                                  # (K,)
         spans[i] = float(np.max(norms))
         total = (IntervalArray(total) + IntervalArray(norms)).hi
