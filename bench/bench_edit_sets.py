@@ -285,7 +285,7 @@ def _identity_costs(bert, ids: np.ndarray, slot: int, words: np.ndarray, referen
     return out
 
 
-def hull_form(bert, text: str, vocabulary, positions, depths=(0, 3, 6, 9, 12), per_depth: int = 4) -> None:
+def hull_form(bert, text: str, vocabulary, positions, depths=(3, 9, 14), per_depth: int = 2) -> None:
     """The k = 1 set as one affine form over the words' points (lipbound.local.hull_forms), in one run: the whole set
     through the layers (bound per layer, the identity-plan cost's words' part and rest, CPU seconds, peak memory,
     the largest independent error after each stage: which term grows first), the worst edit per layer it reached

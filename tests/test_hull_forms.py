@@ -151,3 +151,17 @@ def test_the_softmax_of_every_point_lies_in_the_points_softmax_form_and_ranges()
     exact /= exact.sum(axis=-1, keepdims=True)
     assert np.all(P.hull().lo <= exact) and np.all(exact <= P.hull().hi)
     assert np.all(weights.lo <= exact) and np.all(exact <= weights.hi)
+
+
+def test_a_function_of_every_point_as_new_point_symbols_holds_each_value():
+    from lipbound.local.hull_forms import as_points
+    rng = np.random.default_rng(4)
+    form, values = _points_form(rng, points=300, m=3, shape=(4,))
+    values = values if values.ndim == 2 else values.reshape(300, 4)
+    image = as_points(form, lambda x: (x * x + IntervalArray(1.0)).sqrt())
+    assert image.symbols.points.shape == (300, 3 + 4)
+    exact = np.sqrt(values * values + 1.0)
+    m = image.symbols.points.shape[1]
+    at_points = image.center + image.symbols.points.astype(np.float64) @ image.box[:m]
+    assert np.all(np.abs(exact - at_points) <= image.err * (1 + 1e-9) + 1e-12)
+    assert np.all(image.hull().lo <= exact) and np.all(exact <= image.hull().hi)

@@ -13,10 +13,10 @@ whose first m box symbols range over the convex hull of the words' points
 its largest value over the words, not over the box (on all-MiniLM-L6-v2 the box would be about 15 times wider:
 the rows spread evenly over 383 directions).  The form is pushed through each layer with the one affine arithmetic
 (:class:`~lipbound.rigorous.zonotope.AffineForm`): the attention (queries, keys and values, bilinear scores, softmax
-by its mean-value form within lipbound's softmax ranges, the weighted values, ``W_O``, the residual), the LayerNorm
-(centring, the sum of squares as a product, ``sqrt(d) / sqrt(s + d^3 eps)`` by its mean-value form over the sum's
-certified range: a certified lower bound of the variance), the GELU feed-forward block (each neuron by its
-mean-value form with GELU's slope range over the neuron's range) and the output LayerNorm.  After each stage the
+word by word (:func:`points_softmax`), the weighted values, ``W_O``, the residual), the LayerNorm (centring, the sum
+of squares as a product, ``sqrt(d) / sqrt(s + d^3 eps)`` at every word as new point symbols, :func:`as_points`), the
+GELU feed-forward block (each neuron by its mean-value form with GELU's slope range over the neuron's range) and the
+output LayerNorm.  After each stage the
 linearisation symbols are merged into the independent errors (:func:`condensed`); the words' symbols stay.
 
 The set's bound at layer l (lemma edit-hull-form, docs/local.md): with the attention block's outputs ``Z_i(t) =
@@ -114,16 +114,63 @@ def candidate_form(own: IntervalArray, slot: int, candidates: IntervalArray) -> 
     return AffineForm(center, np.zeros((0, n, d)), box, err, Symbols(points))
 
 
-def condensed(form: AffineForm) -> AffineForm:
+def condensed(form: AffineForm, symbols: Symbols | None = None) -> AffineForm:
     """The form with every box symbol after the words' merged into ``err`` (``|sum_b t_b B_b| <= sum_b |B_b|``
-    entrywise), over a fresh counter: the later forms' box symbols stay few."""
+    entrywise), over a fresh counter (``symbols``: one whose points extend the form's by new columns, which the
+    form does not read)."""
     points = form.symbols.points
     m = points.shape[1]
+    symbols = symbols or Symbols(points)
     rest = IntervalArray(np.abs(form.box[m:])).sum(axis=0).hi if form.box.shape[0] > m else 0.0
-    box = np.zeros((m,) + form.shape)
+    box = np.zeros((symbols.points.shape[1],) + form.shape)
     box[:min(m, form.box.shape[0])] = form.box[:m]
     err = (IntervalArray(form.err) + IntervalArray(np.broadcast_to(rest, form.shape).copy())).hi
-    return AffineForm(form.center, form.l2, box, err, Symbols(points))
+    return AffineForm(form.center, form.l2, box, err, symbols)
+
+
+def as_points(form: AffineForm, function) -> AffineForm:
+    """``function`` of the form's entries at every word, as new point symbols (lemma edit-hull-points).
+
+    At word w the entries lie in ``x_w = c + t(w) A +- (e + rest)``; ``function(x_w)`` (an interval map over a batch
+    of words, (b, *S) -> (b, *S'), e.g. a row's norm) encloses their images.  Each entry whose value moves over the
+    words gets a new symbol with coordinate ``t'(w) = fl32((y_w - mid) / half)`` (``y_w`` the enclosure's midpoint,
+    ``mid +- half`` their range), generator ``half`` on that entry, and ``err`` the largest ``|f(x_w) - mid - t'(w)
+    half|`` over the words (outward rounded).  The result lives on new symbols whose points are the old ones and the
+    new columns; the forms it meets must be moved there by :func:`condensed` with those symbols."""
+    points = form.symbols.points
+    single, error, rest = _word_rows(form)
+    width = (IntervalArray(error.reshape(form.shape)) + IntervalArray(rest)).hi
+
+    def images(begin: int) -> IntervalArray:
+        chunk = points[begin:begin + _POINT_ROWS]
+        words = (chunk @ single).astype(np.float64).reshape((-1,) + form.shape)
+        return function(IntervalArray.around(words, np.broadcast_to(width, words.shape)) + IntervalArray(form.center))
+
+    shape = images(0).shape[1:]
+    low, high = np.full(shape, np.inf), np.full(shape, -np.inf)
+    for begin in range(0, points.shape[0], _POINT_ROWS):
+        y = images(begin).mid
+        low, high = np.minimum(low, y.min(axis=0)), np.maximum(high, y.max(axis=0))
+    mid, half = (low + high) / 2, (high - low) / 2
+    live = np.flatnonzero(half.reshape(-1) > 0)
+    columns = np.empty((points.shape[0], live.size), dtype=np.float32)
+    err = np.zeros(shape)
+    for begin in range(0, points.shape[0], _POINT_ROWS):
+        y = images(begin)
+        flat = y.mid.reshape(y.shape[0], -1)
+        t = np.clip(((flat[:, live] - mid.reshape(-1)[live]) / half.reshape(-1)[live]).astype(np.float32), -1, 1)
+        columns[begin:begin + y.shape[0]] = t
+        fitted = np.broadcast_to(mid.reshape(-1), flat.shape).copy()
+        fitted_half = np.zeros(flat.shape)
+        fitted_half[:, live] = t.astype(np.float64)
+        offset = IntervalArray(fitted_half) * IntervalArray(half.reshape(-1)) + IntervalArray(fitted)
+        gap = y.reshape(y.shape[0], -1) - offset
+        err = np.maximum(err, np.max(np.maximum(gap.hi, -gap.lo), axis=0).reshape(shape))
+    symbols = Symbols(np.concatenate([points, columns], axis=1))
+    m = points.shape[1]
+    box = np.zeros((m + live.size, int(np.prod(shape))))
+    box[m + np.arange(live.size), live] = half.reshape(-1)[live]
+    return AffineForm(mid, np.zeros((0,) + shape), box.reshape((m + live.size,) + shape), err, symbols)
 
 
 def _check(engine: AttentionMap) -> None:
@@ -212,26 +259,29 @@ def form_attention(layer, X: AffineForm) -> AffineForm:
 
 def form_norm(norm, Z: AffineForm) -> AffineForm:
     """A LayerNorm ``gamma sqrt(d) u / sqrt(||u||^2 + d eps) + beta`` (u the centred row) on the form Z (n, d):
-    ``d u = Z (d I - 1 1^T)`` (an integer matrix, exact), ``s = ||d u||^2`` as a product, ``sqrt(d) /
-    sqrt(s + d^3 eps)`` by its mean-value form over s's range (whose lower end is the certified variance bound:
-    not certified when it is not positive and eps vanishes)."""
+    ``d u = Z (d I - 1 1^T)`` (an integer matrix, exact) times ``r = sqrt(d) / sqrt(||d u||^2 + d^3 eps)``.  With the
+    words' points, r is evaluated at every word from its own row (:func:`as_points`, lemma edit-hull-points);
+    otherwise ``||d u||^2`` is a product and r its mean-value form over the sum's certified range (whose lower end
+    is the certified variance bound: not certified when it is not positive and eps vanishes)."""
     d = Z.shape[-1]
     if not norm.centred:
         raise AssumptionError("norm", "a LayerNorm (centred)", "an RMSNorm", "the hull form covers encoders")
     scaled = Z.linear(d * np.eye(d) - np.ones((d, d)))                            # d u
-    squares = scaled.product(scaled, "ik,ik->i")                                  # (n,)
     floor = IntervalArray(float(d)) * IntervalArray(float(d)) * IntervalArray(float(d)) * IntervalArray(float(norm.eps))
-    s = squares.hull()
-    low = np.maximum(s.lo, 0.0)
-    ranged = IntervalArray(low, np.maximum(low, s.hi)) + floor
-    if not np.all(ranged.lo > 0):
-        raise NotCertifiedError("LayerNorm", "a positive variance over the set", "a range reaching 0",
-                                "split the candidates")
     root_d = IntervalArray(float(d)).sqrt()
-    at = IntervalArray(np.maximum(squares.center, 0.0)) + floor
-    value = root_d / at.sqrt()
-    slope = IntervalArray(-0.5) * root_d / (ranged * ranged.sqrt())
-    inverse = squares.elementwise(value, slope)                                  # (n,)
+    if Z.symbols.points is not None:   # every word's r from its own row, as new point symbols
+        inverse = as_points(scaled, lambda x: root_d / (x.square().sum(axis=-1) + floor).sqrt())
+        scaled = condensed(scaled, inverse.symbols)
+    else:
+        squares = scaled.product(scaled, "ik,ik->i")                              # (n,)
+        s = squares.hull()
+        low = np.maximum(s.lo, 0.0)
+        ranged = IntervalArray(low, np.maximum(low, s.hi)) + floor
+        if not np.all(ranged.lo > 0):
+            raise NotCertifiedError("LayerNorm", "a positive variance over the set", "a range reaching 0",
+                                    "split the candidates")
+        value = root_d / (IntervalArray(np.maximum(squares.center, 0.0)) + floor).sqrt()
+        inverse = squares.elementwise(value, IntervalArray(-0.5) * root_d / (ranged * ranged.sqrt()))   # (n,)
     return scaled.product(inverse, "ik,i->ik").linear(np.diag(np.asarray(norm.gamma, dtype=np.float64)), None) \
         .shift(IntervalArray(np.asarray(norm.center, dtype=np.float64)))
 
