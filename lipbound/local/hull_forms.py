@@ -38,7 +38,7 @@ from ..numeric.attention import AttentionMap
 from ..numeric.blas import one_blas_thread
 from ..numeric.kernels import SOFTMAX, DotProduct
 from ..rigorous.arrays import IntervalArray, gelu, gelu_slope, softmax
-from ..rigorous.zonotope import AffineForm, Symbols
+from ..rigorous.zonotope import AffineForm, Symbols, single_rows
 from .relational import weights_on
 from .scores import score_scale, visibility
 
@@ -48,8 +48,6 @@ __all__ = ["HullBounds", "candidate_form", "condensed", "points_softmax", "form_
 #: The largest independent error a stage may leave before the layers end (the bound is then useless, and the next
 #: products would overflow).
 WIDEST = 1e12
-#: float32 rounding unit: the points' products' error (see :func:`form_cost`).
-_UNIT = 2.0 ** -24
 #: Words whose scores and weights are formed at a time.
 _POINT_ROWS = 1024
 
@@ -184,18 +182,10 @@ def _check(engine: AttentionMap) -> None:
 
 def _word_rows(form: AffineForm) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The words' generators of a form in float32 (m, entries), the error bound of their products with the points
-    per entry (``|B - fl32(B)| + gamma_m |fl32(B)|`` summed over the symbols, ``|t| <= 1``) and the bound on the
+    per entry (:func:`~lipbound.rigorous.zonotope.single_rows`) and the bound on the
     rest of ``|x - c|`` (the other symbols and ``err``), entrywise."""
     m = form.symbols.points.shape[1]
-    flat = form.box[:m].reshape(m, -1)
-    single = flat.astype(np.float32)
-    if not np.all(np.isfinite(single)):
-        raise NotCertifiedError("generators", "float32 numbers", "an overflow", "split the candidates")
-    wide = single.astype(np.float64)
-    unit = IntervalArray(_UNIT) * IntervalArray(float(m))
-    gamma = unit / (IntervalArray(1.0) - unit)
-    error = ((IntervalArray(flat) - IntervalArray(wide)).abs().sum(axis=0)
-             + IntervalArray(np.abs(wide)).sum(axis=0) * gamma).hi
+    single, error = single_rows(form.box[:m].reshape(m, -1))
     rest = IntervalArray(np.abs(form.box[m:])).sum(axis=0).hi if form.box.shape[0] > m else np.zeros(form.shape)
     rest = (IntervalArray(rest) + IntervalArray(form.err)).hi
     return single, error, rest

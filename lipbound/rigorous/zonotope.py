@@ -43,7 +43,7 @@ from ..errors import AssumptionError, NotCertifiedError
 from .arrays import IntervalArray
 from .linalg import spectral_norm_upper
 
-__all__ = ["AffineForm", "Symbols"]
+__all__ = ["AffineForm", "Symbols", "single_rows"]
 
 #: Euclidean symbols processed at a time by the products (bounds the temporaries' memory).
 _CHUNK = 512
@@ -105,30 +105,39 @@ _POINT_COLUMNS = 1024
 _POINT_ROWS = 1024
 
 
+def single_rows(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Generators (m, E) in float32 for products with points of ``[-1, 1]^m`` in float32, and per entry a bound on
+    the products' error, ``|p . b - fl32(p . fl32(b))| <= sum_k |b_k - fl32(b_k)| + gamma_m sum_k |fl32(b_k)|``,
+    ``gamma_m = m u / (1 - m u)``, ``u = 2^-24`` (``|p| <= 1``; any order of summation, with or without fused
+    multiply-adds)."""
+    m = flat.shape[0]
+    single = flat.astype(np.float32)
+    if not np.all(np.isfinite(single)):
+        raise NotCertifiedError("generators", "float32 numbers", "an overflow", "split the points")
+    wide = single.astype(np.float64)
+    unit = IntervalArray(2.0 ** -24) * IntervalArray(float(m))
+    gamma = unit / (IntervalArray(1.0) - unit)
+    error = _add(_up((IntervalArray(flat) - IntervalArray(wide)).abs().sum(axis=0)),
+                 _up(IntervalArray(np.abs(wide)).sum(axis=0) * gamma))
+    return single, error
+
+
 def _points_sup(points: np.ndarray, B: np.ndarray) -> np.ndarray:
     """Upper bound on ``max_p |p . B_e|`` for every entry e, B (m, *S) float64, points (N, m) float32 in [-1, 1]:
-    the largest ``|fl32(p . fl32(B))|`` plus its error, ``|p| |B - fl32(B)| + gamma_m |p| |fl32(B)|`` with
-    ``|p| <= 1`` and ``gamma_m = m u / (1 - m u)``, ``u = 2^-24`` (any order of summation, with or without fused
-    multiply-adds).  Entries whose generators are all zero cost nothing."""
+    the largest ``|fl32(p . fl32(B))|`` plus its error (:func:`single_rows`).  Entries whose generators are all zero
+    cost nothing."""
     m = B.shape[0]
     flat = B.reshape(m, -1)
     out = np.zeros(flat.shape[1])
     live = np.flatnonzero(np.any(flat != 0, axis=0))
     if live.size == 0:
         return out.reshape(B.shape[1:])
-    single = flat[:, live].astype(np.float32)
-    if not np.all(np.isfinite(single)):
-        raise NotCertifiedError("generators", "float32 numbers", "an overflow", "split the points")
-    wide = single.astype(np.float64)
+    single, error = single_rows(flat[:, live])
     top = np.empty(live.size)
     for begin in range(0, live.size, _POINT_COLUMNS):
         part = points @ single[:, begin:begin + _POINT_COLUMNS]
         top[begin:begin + _POINT_COLUMNS] = np.maximum(part.max(axis=0), -part.min(axis=0)).astype(np.float64)
-    unit = IntervalArray(2.0 ** -24) * IntervalArray(float(m))
-    gamma = unit / (IntervalArray(1.0) - unit)
-    converted = _up((IntervalArray(flat[:, live]) - IntervalArray(wide)).abs().sum(axis=0))
-    summed = _up(IntervalArray(np.abs(wide)).sum(axis=0) * gamma)
-    out[live] = _add(top, converted, summed)
+    out[live] = _add(top, error)
     return out.reshape(B.shape[1:])
 
 
@@ -249,7 +258,7 @@ class AffineForm:
             points = self.symbols.points
             m = 0 if points is None else min(points.shape[1], self.box.shape[0])
             words = np.zeros(self.shape)
-            if m:
+            if points is not None and m:
                 words = np.minimum(_points_sup(points[:, :m], self.box[:m]), _box_sum(np.abs(self.box[:m])))
             rest = _add(_l2_sum(np.abs(self.l2)), _box_sum(np.abs(self.box[m:])), self.err)
             self.__dict__["_deviation_parts"] = words, rest
@@ -260,22 +269,14 @@ class AffineForm:
         rest anywhere): ``max_p |einsum(spec, p A_x, p A_y)|`` evaluated point by point (float32 products enclosed
         as in :func:`_points_sup`), plus the cross terms of the words' parts with the rests and the rests' product."""
         points = self.symbols.points
+        assert points is not None
         m = points.shape[1]
         inputs, output = spec.split("->")
         left, right = inputs.split(",")
         by_point = f"v{left},v{right}->v{output}"
 
-        def word_rows(form: AffineForm):
-            flat = form._box_rows(max(m, form.box.shape[0]))[:m].reshape(m, -1)
-            single = flat.astype(np.float32)
-            if not np.all(np.isfinite(single)):
-                raise NotCertifiedError("generators", "float32 numbers", "an overflow", "split the points")
-            wide = single.astype(np.float64)
-            unit = IntervalArray(2.0 ** -24) * IntervalArray(float(m))
-            gamma = unit / (IntervalArray(1.0) - unit)
-            error = _add(_up((IntervalArray(flat) - IntervalArray(wide)).abs().sum(axis=0)),
-                         _up(IntervalArray(np.abs(wide)).sum(axis=0) * gamma))
-            return single, error
+        def word_rows(form: AffineForm) -> tuple[np.ndarray, np.ndarray]:
+            return single_rows(form._box_rows(max(m, form.box.shape[0]))[:m].reshape(m, -1))
         (ax, ex), (ay, ey) = word_rows(self), word_rows(other)
         largest = None
         for begin in range(0, points.shape[0], _POINT_ROWS):
