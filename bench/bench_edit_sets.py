@@ -285,7 +285,7 @@ def _identity_costs(bert, ids: np.ndarray, slot: int, words: np.ndarray, referen
     return out
 
 
-def hull_form(bert, text: str, vocabulary, positions, depths=(3, 9, 14), per_depth: int = 2) -> None:
+def hull_form(bert, text: str, vocabulary, positions, depths=(3, 9, 12), per_depth: int = 2) -> None:
     """The k = 1 set as one affine form over the words' points (lipbound.local.hull_forms), in one run: the whole set
     through the layers (bound per layer, the identity-plan cost's words' part and rest, CPU seconds, peak memory,
     the largest independent error after each stage: which term grows first), the worst edit per layer it reached
@@ -318,9 +318,9 @@ def hull_form(bert, text: str, vocabulary, positions, depths=(3, 9, 14), per_dep
             line += (f"; bound {bound:.6g}, worst edit {worst[layer]:.6g}, ratio {bound / worst[layer]:.4g} (words' "
                      f"part {part:.4g}, rest {rest:.4g})")
         print(line, flush=True)
-    levels = [[np.arange(words.size)]]
+    levels, rows = [[np.arange(words.size)]], candidates.mid
     while len(levels) <= max(depths) and any(m.size > 1 for m in levels[-1]):
-        levels.append([half for m in levels[-1] for half in (bisect(candidates.mid, m) if m.size > 1 else (m,))])
+        levels.append([half for m in levels[-1] for half in (bisect(rows, m) if m.size > 1 else (m,))])
     print(f"  {'depth':>5s} {'groups':>6s} {'words':>6s} {'CPU s':>6s}  per group: layers reached, bound / its own "
           "worst word at layer 0 (and 1)", flush=True)
     for depth in (d for d in depths if 0 < d < len(levels)):
