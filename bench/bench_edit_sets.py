@@ -18,7 +18,7 @@ any of the candidate tokens (the whole vocabulary by default):
 
 Run: ``python bench/bench_edit_sets.py [--sentences 2 | --texts "The cat sat on the mat."] [--vocabulary all|N]
 [--positions 3 | --positions 3 5] [--no-search] [--exact-chain [--no-screen | --refine-within 0.05]]
-[--add-words ID ...] [--save every_edit.npz] [--tiers] [--whole-vocabulary [--factor 3]]`` (with two
+[--add-words ID ...] [--save every_edit.npz] [--tiers] [--whole-vocabulary [--factor 3]] [--hull]`` (with two
 positions every pair of the N + 2 candidates is enumerated: ``--vocabulary 63`` gives 65 x 65 pairs).
 """
 
@@ -272,6 +272,70 @@ def whole_vocabulary(bert, text: str, vocabulary, positions, factor: float = 3.0
           + f"; the {words.size} words projected at {words.size * seconds / some.size:.3g} CPU s", flush=True)
 
 
+def _identity_costs(bert, ids: np.ndarray, slot: int, words: np.ndarray, references: list, last: int,
+                    chunk: int = 512) -> np.ndarray:
+    """Every word's identity-plan cost ``(1/n) sum_i ||z_i(w) - z^0_i||`` per layer (K, last + 1), by the independent
+    float64 pass of this bench (it bounds nothing: the witnesses the bounds are compared with)."""
+    out = np.empty((words.size, last + 1))
+    for begin in range(0, words.size, chunk):
+        batch = np.repeat(ids[None], min(chunk, words.size - begin), axis=0)
+        batch[:, slot] = words[begin:begin + chunk]
+        for layer, Z in enumerate(block_outputs(bert.model, batch, last)):
+            out[begin:begin + batch.shape[0], layer] = np.linalg.norm(Z - references[layer], axis=-1).mean(axis=-1)
+    return out
+
+
+def hull_form(bert, text: str, vocabulary, positions, depths=(3, 9, 12), per_depth: int = 2) -> None:
+    """The k = 1 set as one affine form over the words' points (lipbound.local.hull_forms), in one run: the whole set
+    through the layers (bound per layer, the identity-plan cost's words' part and rest, CPU seconds, peak memory,
+    the largest independent error after each stage: which term grows first), the worst edit per layer it reached
+    (every word through the float64 pass of this bench), and the set split by the bisection tree of
+    lipbound.local.candidate_groups: at each depth ``per_depth`` groups (spread over the depth) as forms of their
+    own, each group's bound against its own worst word."""
+    import resource
+
+    from lipbound.local.candidate_groups import bisect
+    from lipbound.local.hull_forms import hull_bounds
+    ids, (slot,), words, references, own, (candidates,) = _one_slot_set(bert, text, vocabulary, positions[:1])
+    last = bert.num_layers - 1
+    print(f"{text!r}: n = {ids.size}, position {slot}, {words.size} candidates", flush=True)
+    began = time.process_time()
+    found = hull_bounds(bert.model, own, slot, candidates, references, last)
+    seconds = time.process_time() - began
+    reached = max(found.bounds)
+    began = time.process_time()
+    costs = _identity_costs(bert, ids, slot, words, references, reached)
+    worst = costs.max(axis=0)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+    print(f"  whole set as one form: {seconds:.1f} CPU s, peak memory {peak:.2f} GB; stopped: {found.stopped or 'no'}; "
+          f"worst edits by the float64 pass ({time.process_time() - began:.0f} CPU s)", flush=True)
+    for layer in sorted(found.terms):
+        bound = found.bounds.get(layer)
+        line = f"  layer {layer}: CPU s {found.seconds[layer]:.1f}; largest independent error after " + ", ".join(
+            f"{stage} {value:.3g}" for stage, value in found.terms[layer].items())
+        if bound is not None:
+            part, rest = np.sum(found.spans[layer]) / ids.size, np.sum(found.radii[layer]) / ids.size
+            line += (f"; bound {bound:.6g}, worst edit {worst[layer]:.6g}, ratio {bound / worst[layer]:.4g} (words' "
+                     f"part {part:.4g}, rest {rest:.4g})")
+        print(line, flush=True)
+    levels, rows = [[np.arange(words.size)]], candidates.mid
+    while len(levels) <= max(depths) and any(m.size > 1 for m in levels[-1]):
+        levels.append([half for m in levels[-1] for half in (bisect(rows, m) if m.size > 1 else (m,))])
+    print(f"  {'depth':>5s} {'groups':>6s} {'words':>6s} {'CPU s':>6s}  per group: layers reached, bound / its own "
+          "worst word at layer 0 (and 1)", flush=True)
+    for depth in (d for d in depths if 0 < d < len(levels)):
+        level = [g for g in levels[depth] if g.size > 1]
+        chosen = np.unique(np.linspace(0, len(level) - 1, min(per_depth, len(level))).astype(int))
+        began = time.process_time()
+        parts = []
+        for g in (level[c] for c in chosen):
+            group = hull_bounds(bert.model, own, slot, candidates[g], references, min(1, last))
+            ratios = [group.bounds[layer] / costs[g, layer].max() for layer in sorted(group.bounds) if layer <= reached]
+            parts.append(f"{len(group.bounds)}: " + "/".join(f"{r:.3g}" for r in ratios))
+        print(f"  {depth:5d} {len(levels[depth]):6d} {np.median([m.size for m in levels[depth]]):6.0f} "
+              f"{(time.process_time() - began) / chosen.size:6.1f}  " + "; ".join(parts), flush=True)
+
+
 def tiers(bert, text: str, vocabulary, positions, add_words=(), refine_within: float = 0.0) -> None:
     """The screened per-candidate passes of one set with and without the cheap first tier, side by side in one run:
     CPU seconds (in all and per sentence), how many sentences each tier left, the set's value per layer."""
@@ -326,6 +390,9 @@ def main() -> None:
     parser.add_argument("--whole-vocabulary", action="store_true",
                         help="the k = 1 set by groups of candidates: worst edit over every candidate, group radii per "
                              "depth of the bisection tree, sampled groups' bounds against it, per-word cost projected")
+    parser.add_argument("--hull", action="store_true",
+                        help="the k = 1 set as one affine form over the words' points: bound per layer against the "
+                             "worst edit, CPU seconds, peak memory, the term that grows first; groups by depth")
     parser.add_argument("--factor", type=float, default=3.0,
                         help="with --whole-vocabulary: a group settles within this factor of the worst edit")
     parser.add_argument("--save", default=None,
@@ -336,6 +403,9 @@ def main() -> None:
     vocabulary = "all" if args.vocabulary == "all" else int(args.vocabulary)
     os.system("uptime")
     for text in args.texts or sentences(args.sentences)[args.skip:]:
+        if args.hull:
+            hull_form(bert, text, vocabulary, args.positions or [3])
+            continue
         if args.whole_vocabulary:
             whole_vocabulary(bert, text, vocabulary, args.positions or [3], args.factor)
             continue

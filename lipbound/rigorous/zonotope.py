@@ -7,7 +7,12 @@ An :class:`AffineForm` of shape S stands for the set
 with float arrays ``c`` (S), ``G`` (m, *S) (the Euclidean symbols: a Frobenius ball ``||Y - X||_F <= eps``
 is ``c = X``, ``G = eps I``, as in DeepT, Bonaert et al., PLDI 2021), ``B`` (k, *S) (box symbols, one per
 linearisation error that later operations share) and ``err`` (S, non-negative; independent errors:
-rounding, dropped symbols).  Every entry of every array built from the same input keeps its relation
+rounding, dropped symbols).  A computation may restrict its first m box symbols to a finite point set ``P`` in
+``[-1, 1]^m`` (``Symbols(points=P)``: the coordinates of a finite set of inputs, e.g. the words a token may be
+replaced by); every operation holds pointwise in the symbols, so it holds at those points, and
+:meth:`AffineForm.deviation` bounds those symbols' part by the largest ``|t . B|`` over the points instead of
+``sum_b |B_b|``, the bilinear products their quadratic part by its largest value over the points.
+Every entry of every array built from the same input keeps its relation
 to the others through the shared symbols: the scores, weights and values of an attention layer move
 together, which the per-token balls of :mod:`lipbound.local.balls` forget.
 
@@ -22,7 +27,9 @@ Operations: :meth:`AffineForm.linear` (``x W + b`` over the last axis), ``+``, `
 Jacobian over the enclosed score box times the scores' deviation as a new box symbol per entry),
 :meth:`hull`, :meth:`token_radii` (``sup ||x_i - c_i||`` per row, through the operator norm of each row's
 generators), :meth:`row_norms` (the same for the symbolic part over the last axis, any leading shape),
-:meth:`reduce` (the smallest Euclidean symbols merged into ``err``).
+:meth:`reduce` (the smallest Euclidean symbols merged into ``err``); :meth:`elementwise` (a function of each entry
+by its mean-value form, from enclosures of its value at the centre and of its slope over the hull), :meth:`product`
+(an entrywise or contracted product of two forms) and :meth:`shift` (a constant added).
 """
 
 from __future__ import annotations
@@ -32,11 +39,11 @@ from typing import final
 
 import numpy as np
 
-from ..errors import AssumptionError
+from ..errors import AssumptionError, NotCertifiedError
 from .arrays import IntervalArray
 from .linalg import spectral_norm_upper
 
-__all__ = ["AffineForm", "Symbols"]
+__all__ = ["AffineForm", "Symbols", "single_rows"]
 
 #: Euclidean symbols processed at a time by the products (bounds the temporaries' memory).
 _CHUNK = 512
@@ -45,10 +52,21 @@ _CHUNK = 512
 @final
 class Symbols:
     """The box symbols of one computation: a counter shared by every form derived from the same input, so
-    that symbol b means the same noise in each of them."""
+    that symbol b means the same noise in each of them.
 
-    def __init__(self) -> None:
+    ``points`` (N, m), optional: float32 coordinates in ``[-1, 1]`` of N points; the first m box symbols then
+    take the points' values only (module docstring), and they are allocated at once."""
+
+    def __init__(self, points: np.ndarray | None = None) -> None:
+        self.points = None
         self.count = 0
+        if points is not None:
+            points = np.asarray(points)
+            if points.dtype != np.float32 or points.ndim != 2 or not np.all(np.abs(points) <= 1):
+                raise AssumptionError("points", "float32 coordinates (N, m) in [-1, 1]", f"{points.dtype} "
+                                      f"{points.shape}", "scale the coordinates into the box first")
+            self.points = points
+            self.count = points.shape[1]
 
     def fresh(self, count: int) -> int:
         """Allocate ``count`` new symbols; returns the first index."""
@@ -79,6 +97,48 @@ def _box_sum(rad: np.ndarray) -> np.ndarray:
     if rad.shape[0] == 0:
         return np.zeros(rad.shape[1:])
     return _up(IntervalArray(rad).sum(axis=0))
+
+
+#: Columns of the points' products formed at a time (bounds their float32 temporaries: N x this).
+_POINT_COLUMNS = 1024
+#: Points whose bilinear products are formed at a time.
+_POINT_ROWS = 1024
+
+
+def single_rows(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Generators (m, E) in float32 for products with points of ``[-1, 1]^m`` in float32, and per entry a bound on
+    the products' error, ``|p . b - fl32(p . fl32(b))| <= sum_k |b_k - fl32(b_k)| + gamma_m sum_k |fl32(b_k)|``,
+    ``gamma_m = m u / (1 - m u)``, ``u = 2^-24`` (``|p| <= 1``; any order of summation, with or without fused
+    multiply-adds)."""
+    m = flat.shape[0]
+    single = flat.astype(np.float32)
+    if not np.all(np.isfinite(single)):
+        raise NotCertifiedError("generators", "float32 numbers", "an overflow", "split the points")
+    wide = single.astype(np.float64)
+    unit = IntervalArray(2.0 ** -24) * IntervalArray(float(m))
+    gamma = unit / (IntervalArray(1.0) - unit)
+    error = _add(_up((IntervalArray(flat) - IntervalArray(wide)).abs().sum(axis=0)),
+                 _up(IntervalArray(np.abs(wide)).sum(axis=0) * gamma))
+    return single, error
+
+
+def _points_sup(points: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """Upper bound on ``max_p |p . B_e|`` for every entry e, B (m, *S) float64, points (N, m) float32 in [-1, 1]:
+    the largest ``|fl32(p . fl32(B))|`` plus its error (:func:`single_rows`).  Entries whose generators are all zero
+    cost nothing."""
+    m = B.shape[0]
+    flat = B.reshape(m, -1)
+    out = np.zeros(flat.shape[1])
+    live = np.flatnonzero(np.any(flat != 0, axis=0))
+    if live.size == 0:
+        return out.reshape(B.shape[1:])
+    single, error = single_rows(flat[:, live])
+    top = np.empty(live.size)
+    for begin in range(0, live.size, _POINT_COLUMNS):
+        part = points @ single[:, begin:begin + _POINT_COLUMNS]
+        top[begin:begin + _POINT_COLUMNS] = np.maximum(part.max(axis=0), -part.min(axis=0)).astype(np.float64)
+    out[live] = _add(top, error)
+    return out.reshape(B.shape[1:])
 
 
 def _add(*terms) -> np.ndarray:
@@ -187,8 +247,48 @@ class AffineForm:
     def deviation(self) -> np.ndarray:
         """Entrywise upper bound on ``|x - c|`` over the set (computed once: a form does not change)."""
         if "_deviation" not in self.__dict__:
-            self.__dict__["_deviation"] = _add(_l2_sum(np.abs(self.l2)), _box_sum(np.abs(self.box)), self.err)
+            words, rest = self._parts()
+            self.__dict__["_deviation"] = _add(words, rest)
         return self.__dict__["_deviation"]
+
+    def _parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Entrywise bounds on the points' symbols' part ``|t B|`` (zero without points) and on the rest of
+        ``|x - c|`` (the other symbols and ``err``), computed once."""
+        if "_deviation_parts" not in self.__dict__:
+            points = self.symbols.points
+            m = 0 if points is None else min(points.shape[1], self.box.shape[0])
+            words = np.zeros(self.shape)
+            if points is not None and m:
+                words = np.minimum(_points_sup(points[:, :m], self.box[:m]), _box_sum(np.abs(self.box[:m])))
+            rest = _add(_l2_sum(np.abs(self.l2)), _box_sum(np.abs(self.box[m:])), self.err)
+            self.__dict__["_deviation_parts"] = words, rest
+        return self.__dict__["_deviation_parts"]
+
+    def _points_quadratic(self, other: AffineForm, spec: str) -> np.ndarray:
+        """Upper bound on ``|einsum(spec, x - c_x, y - c_y)|`` over the points (the points' symbols at each point, the
+        rest anywhere): ``max_p |einsum(spec, p A_x, p A_y)|`` evaluated point by point (float32 products enclosed
+        as in :func:`_points_sup`), plus the cross terms of the words' parts with the rests and the rests' product."""
+        points = self.symbols.points
+        assert points is not None
+        m = points.shape[1]
+        inputs, output = spec.split("->")
+        left, right = inputs.split(",")
+        by_point = f"v{left},v{right}->v{output}"
+
+        def word_rows(form: AffineForm) -> tuple[np.ndarray, np.ndarray]:
+            return single_rows(form._box_rows(max(m, form.box.shape[0]))[:m].reshape(m, -1))
+        (ax, ex), (ay, ey) = word_rows(self), word_rows(other)
+        largest = None
+        for begin in range(0, points.shape[0], _POINT_ROWS):
+            chunk = points[begin:begin + _POINT_ROWS]
+            a = IntervalArray.around((chunk @ ax).astype(np.float64), ex[None]).reshape((chunk.shape[0],) + self.shape)
+            b = IntervalArray.around((chunk @ ay).astype(np.float64), ey[None]).reshape((chunk.shape[0],) + other.shape)
+            value = a.einsum(by_point, b)
+            top = np.max(np.maximum(value.hi, -value.lo), axis=0)
+            largest = top if largest is None else np.maximum(largest, top)
+        (wx, rx), (wy, ry) = self._parts(), other._parts()
+        cross = [_up(IntervalArray(u).einsum(spec, IntervalArray(w))) for u, w in ((wx, ry), (rx, wy), (rx, ry))]
+        return _add(largest, *cross)
 
     def hull(self) -> IntervalArray:
         """The smallest box this bound gives: ``c +- deviation``."""
@@ -256,6 +356,45 @@ class AffineForm:
         return AffineForm._from_parts(IntervalArray(self.center) * f, chunks, IntervalArray(self.box) * f, extra,
                                       self.symbols)
 
+    def shift(self, offset) -> AffineForm:
+        """``x + offset`` for a constant (float or enclosed array broadcasting against the form)."""
+        offset = offset if isinstance(offset, IntervalArray) else IntervalArray(np.asarray(offset, dtype=np.float64))
+        mid, rad = _settle(IntervalArray(self.center) + offset)
+        return AffineForm(mid, self.l2, self.box, _add(self.err, rad), self.symbols)
+
+    def elementwise(self, value: IntervalArray, slope: IntervalArray) -> AffineForm:
+        """``f(x)`` entry by entry, for ``value`` enclosing ``f(c)`` and ``slope`` enclosing ``f'`` over :meth:`hull`.
+
+        Mean value form: ``f(x) - f(c) = f'(xi) (x - c)`` with xi in the hull, so ``f(x) = f(c) + s (x - c) +
+        (f'(xi) - s)(x - c)`` with s the slope's midpoint: the second term acts on the generators (and ``|s|`` on
+        ``err``), the third is at most the slope's radius times the deviation (into ``err``)."""
+        s_mid, s_rad = _settle(slope)
+        s = IntervalArray(s_mid)
+        spread = _up(IntervalArray(s_rad) * IntervalArray(self.deviation()))
+        extra = _add(spread, _up(IntervalArray(self.err) * IntervalArray(np.abs(s_mid))))
+        chunks = [IntervalArray(self.l2[c:c + _CHUNK]) * s for c in range(0, self.l2.shape[0], _CHUNK)]
+        return AffineForm._from_parts(value, chunks, IntervalArray(self.box) * s, extra, self.symbols)
+
+    def row_map(self, sigma: np.ndarray, at: IntervalArray) -> AffineForm:
+        """``at + sigma (x - c)`` over the last axis of a 3-d form (H, n, k), row by row: ``sigma`` (H, n, l, k)
+        floats taken exactly, one matrix per row; ``at`` (H, n, l) enclosed (a linearisation about the centre whose
+        remainder the caller bounds)."""
+        if self.center.ndim != 3:
+            raise AssumptionError("form", "a 3-d form (H, n, k)", f"shape {self.shape}", "reshape it")
+        spec = "shik,hilk->shil"
+        chunks = [IntervalArray(self.l2[c:c + _CHUNK]).einsum(spec, IntervalArray(sigma))
+                  for c in range(0, self.l2.shape[0], _CHUNK)]
+        box = IntervalArray(self.box).einsum(spec, IntervalArray(sigma))
+        extra = _up(IntervalArray(self.err).einsum("hik,hilk->hil", IntervalArray(np.abs(sigma))))
+        return AffineForm._from_parts(at, chunks, box, extra, self.symbols)
+
+    def product(self, other: AffineForm, spec: str) -> AffineForm:
+        """``einsum(spec, x, y)`` of two forms of one computation (e.g. ``"ik,i->ik"``, ``"ik,ik->i"``): the linear
+        parts as generators, the product of the two deviations, summed as the spec sums, as one new box symbol
+        per entry."""
+        quadratic = _up(IntervalArray(self.deviation()).einsum(spec, IntervalArray(other.deviation())))
+        return self._bilinear(other, spec, quadratic)
+
     # bilinear operations ----------------------------------------------------------------------------
     def _bilinear(self, other: AffineForm, spec: str, quadratic: np.ndarray) -> AffineForm:
         """``einsum(spec, x, y)`` for two forms over one computation: the linear parts exactly (as
@@ -280,6 +419,8 @@ class AffineForm:
         ax, ay = _add(np.abs(self.center), self.deviation()), _add(np.abs(other.center), other.deviation())
         extra = _add(_up(IntervalArray(self.err).einsum(spec, IntervalArray(ay))),
                      _up(IntervalArray(ax).einsum(spec, IntervalArray(other.err))))
+        if self.symbols.points is not None:   # the deviations' product point by point
+            quadratic = np.minimum(quadratic, self._points_quadratic(other, spec))
         form = AffineForm._from_parts(center, chunks, box, extra, self.symbols)
         return form._with_box(quadratic)
 
@@ -301,7 +442,7 @@ class AffineForm:
         the operator norm of the row's generators, from its Gram matrix; box: the sum of the rows' norms)."""
         lead = self.shape[:-1]
         k = self.shape[-1]
-        G = self.l2.reshape(self.l2.shape[0], -1, k)
+        G = self.l2.reshape(self.l2.shape[0], int(np.prod(lead, dtype=np.int64)), k)   # (no -1: no symbols)
         out = np.empty(G.shape[1])
         for r in range(G.shape[1]):
             block = G[:, r, :]
