@@ -59,6 +59,8 @@ class BlockTail:
         self.tau = float(np.max(self.taus))
         self._folded = {}
         self.folded = FoldedFeedForward(self.ffn, lambda i: self._token(i)["A"])
+        for i in range(self.taus.shape[0]):   # radius-free: formed with the curve's set-up, not by its first radius
+            self._token(i)
 
     def _token(self, i: int) -> dict:
         """Radius-free facts of token i: the folded weights ``J_1 W_1`` and ``W_2 J_2``, the second-derivative
