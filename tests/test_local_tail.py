@@ -729,3 +729,33 @@ def test_each_query_bounds_its_row_of_the_second_derivative(centred, monkeypatch
             if values[i] > current[i]:
                 e, current = trial, values
         assert np.all(found <= chi * (1 + 1e-4) + 1e-5)
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), eps=st.sampled_from([1e-3, 3e-2, 0.3, 1.0]))
+def test_feedforward_bounds_on_the_folded_reach_hold(seed, eps):
+    """Lemma feedforward-folded-reach: at points z of token i's ball after the attention (random, on the sphere,
+    and along J_1(x)'s top directions), every pre-activation of y_2 = LN_1(z) moves by at most c_k, and the
+    feed-forward Jacobian's norm, change and change seen through J_1(x) (float, from the formula) stay within the
+    certified M_F, V_F and K."""
+    generated = local_models.model(seed=seed % 50, layers=1)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    chain, centre, tail, (M, V, N, radii, rounding) = _tail_setting(generated, X, eps)
+    item, rng, h = generated.layer(0), np.random.default_rng(seed), 1e-6
+    W_1 = item.ffn.W_1
+    for i in range(X.shape[0]):
+        x, x_2 = centre.points[1][i], centre.points[2][i]
+        delta = V[1][i, i] * radii[1][i] * (1 + 1e-9) + rounding[2][i]
+        reach = tail.folded.reach(i, radii[1][i], delta, radii[2][i])
+        found = tail.folded.bounds(i, radii[1][i], delta, radii[2][i])
+        J_1 = np.stack([(item.ln_out(x + h * e) - item.ln_out(x - h * e)) / (2 * h) for e in np.eye(x.size)])
+        at_centre = _ffn_jacobian(item.ffn, x_2)
+        directions = [rng.standard_normal(x.size) for _ in range(10)] + list(np.linalg.svd(J_1)[0].T[:2])
+        for e in directions:
+            z = x + radii[1][i] * e / np.linalg.norm(e) * (1.0 if rng.random() < 0.7 else rng.random())
+            y_2 = item.ln_out(z)
+            assert np.all(np.abs((y_2 - x_2) @ W_1) <= reach * (1 + 1e-9) + 1e-12)
+            moved = _ffn_jacobian(item.ffn, y_2)
+            assert np.linalg.norm(moved, 2) <= found["lipschitz"] * (1 + 1e-9)
+            assert np.linalg.norm(moved - at_centre, 2) <= found["variation"] * (1 + 1e-9) + 1e-12
+            assert np.linalg.norm(J_1 @ (moved - at_centre), 2) <= found["change"] * (1 + 1e-6) + 1e-9

@@ -32,6 +32,7 @@ from .balls import TokenBalls
 from .bounds import evaluate_theorem, norm_bounds, remainder_weights, replace_split, third_derivative_roots
 from .chains import telescoped_variation
 from .enclosed import feedforward_grams, trilinear_norm
+from .folded_reach import FoldedFeedForward
 from .grouped import token_tail
 
 __all__ = ["BlockTail", "TokenTail", "weighted_tail_variation", "weighted_tail_reach", "column_block_norms",
@@ -57,6 +58,9 @@ class BlockTail:
         self.taus = _tail_norms(enclosed)
         self.tau = float(np.max(self.taus))
         self._folded = {}
+        self.folded = FoldedFeedForward(self.ffn, lambda i: self._token(i)["A"])
+        for i in range(self.taus.shape[0]):   # radius-free: formed with the curve's set-up, not by its first radius
+            self._token(i)
 
     def _token(self, i: int) -> dict:
         """Radius-free facts of token i: the folded weights ``J_1 W_1`` and ``W_2 J_2``, the second-derivative
@@ -90,11 +94,13 @@ class BlockTail:
         slope-remainder-folded, three certified ``m x m`` eigenvalue bounds per token) at every token where it can
         lower the bound by a hundredth or more."""
         n = V[1].shape[0]
+        M, V, folded_change = self._on_folded_reach(M, V, radii, rounding)
         splits = self.remainder_splits(radii)
         quadratic: dict = {}
         telescoped = None
         for _ in range(2):   # the bounds, then again with the remainders refined where that is worth it
             change, _ = self.feedforward_change(V, N, radii, rounding, splits, quadratic)
+            change = np.minimum(change, folded_change)
             M_2, V_2 = self._output_norm_on_tighter_balls(M, V, radii, rounding, change)
             if telescoped is None:
                 telescoped = np.diag(telescoped_variation(M[1:3] + [M_2], V[1:3] + [V_2], N[1:], np.arange(n)))
@@ -115,6 +121,24 @@ class BlockTail:
             if not quadratic:
                 break
         return telescoped, folded
+
+    def _on_folded_reach(self, M: list, V: list, radii: list, rounding: list | np.ndarray) -> tuple:
+        """``M`` and ``V`` with the feed-forward block's entries replaced by the smaller bounds on the image of each
+        token's ball through the first LayerNorm (:class:`~lipbound.local.folded_reach.FoldedFeedForward`), and the
+        change ``K`` seen through that LayerNorm on the same sets (inf where not formed)."""
+        n = V[1].shape[0]
+        M, V = list(M), list(V)
+        M[2], V[2] = np.array(M[2], dtype=np.float64), np.array(V[2], dtype=np.float64)
+        change = np.full(n, np.inf)
+        at_centre = self.ffn.jacobian_norms()
+        for i in range(n):
+            if not V[2][i, i] > at_centre[i]:   # (decides work only) the slopes barely move: the chain's bounds stand
+                continue
+            delta = (IntervalArray(V[1][i, i]) * IntervalArray(radii[1][i]) + IntervalArray(rounding[2][i])).hi.item()
+            found = self.folded.bounds(i, radii[1][i], delta, radii[2][i])
+            M[2][i, i], V[2][i, i] = min(M[2][i, i], found["lipschitz"]), min(V[2][i, i], found["variation"])
+            change[i] = found["change"]
+        return M, V, change
 
     def _folded_bound(self, i: int, V_1, M_F, M_2, V_2, change, r, rho, split: tuple, quadratic) -> float:
         """Theorem local-block-tail at token i; with ``quadratic`` (:meth:`quadratic_remainder`) its split term
@@ -175,7 +199,7 @@ class BlockTail:
             facts["A"].swapaxes(0, 1) * root.expand(-1), facts["B"] * root.expand(-1),
             IntervalArray(self.ffn.ffn.W_2) * root.expand(-1)))
 
-    def feedforward_change(self, V: list, N: list, radii: list, rounding: list, splits: list | None = None,
+    def feedforward_change(self, V: list, N: list, radii: list, rounding: list | np.ndarray, splits: list | None = None,
                            quadratic: dict | None = None) -> tuple:
         """Per token, ``K >= sup ||J_1(x) (J_F(y_2) - J_F(x_2))||`` on the balls of ``omega_tokens``: the smaller of
         ``N_1 V_F`` and the folded form (theorem local-feedforward-front, its split term replaced by the second bound

@@ -19,7 +19,8 @@ from .record import Derivation, Described, le
 from .record import quantity as q
 from .theorems import Theorem
 
-__all__ = ["curvature_centred", "slope_remainder_joint", "feedforward_curvature_joint", "attention_reach_remainder",
+__all__ = ["curvature_centred", "slope_remainder_joint", "feedforward_curvature_joint",
+           "feedforward_folded_reach", "attention_reach_remainder",
            "attention_token_reach", "attention_token_remainder", "block_reach_weighted", "SECOND_ORDER_THEOREMS"]
 
 
@@ -120,6 +121,35 @@ def feedforward_curvature_joint() -> Theorem:
     proof.add(le(Described(r"\sup \|D(x') - D(x)\|"), statement), "triangle inequality", "norm-calculus")
     return Theorem("local-feedforward-curvature-joint", "Variation of the feed-forward Jacobian, its remainder jointly "
                    "over the neurons", statement, proof)
+
+
+@functools.cache
+def feedforward_folded_reach() -> Theorem:
+    """``sup ||J_1(x) (J_F(y_2) - J_F(x_2))|| <= ||J_1(x) W_1 diag(s)^(1/2)|| ||diag(s)^(1/2) W_2||`` on the image of a
+    token's ball through the first LayerNorm, ``s`` the slopes' deviations over the folded reach ``c_k`` (lemma
+    ``feedforward-folded-reach``)."""
+    a, b = q(r"\|J_1(x) W_1 \operatorname{diag}(s)^{1/2}\|"), q(r"\|\operatorname{diag}(s)^{1/2} W_2\|")
+    statement = a * b
+    proof = Derivation("The feed-forward block on the image of a ball through the LayerNorm before it")
+    proof.hypothesis("y in B(x, r), y_2 = LN_1(y), x_2 within rho of LN_1(x) and ||y_2 - x_2|| <= R; V_1 >= the "
+                     "variation of J_1 on B(x, r), delta >= r V_1 + rho; w_k the columns of W_1, h_k = x_2 w_k + b_k; "
+                     "c_k = min(R ||w_k||, r ||J_1(x) w_k|| + delta ||w_k||); s_k >= |act'(h_k + t) - act'(h_k)| for "
+                     "|t| <= c_k; J_F = I + W_1 diag(act'(y_2 W_1 + b_1)) W_2")
+    proof.add(Described(r"y_2 - x_2 = (y - x) J_1(x) + e_1,\ \|e_1\| \le r V_1 + \rho"),
+              "mean value theorem for LN_1 on the segment from x to y (its mean Jacobian within V_1 of J_1(x)), and "
+              "the centre's rounding", "mean-value")
+    proof.add(le(Described(r"|(y_2 - x_2) \cdot w_k|"), Described(r"c_k")),
+              "Cauchy-Schwarz on (y - x) . (J_1(x) w_k) and on e_1 . w_k; and on (y_2 - x_2) . w_k with ||y_2 - x_2|| "
+              "<= R", "norm-calculus")
+    proof.add(Described(r"J_1(x) (J_F(y_2) - J_F(x_2)) = (J_1(x) W_1) \operatorname{diag}(\Delta) W_2,\ "
+                        r"|\Delta_k| \le s_k"),
+              "neuron k's slope moves from act'(h_k) to act'(h_k + (y_2 - x_2) . w_k)", "norm-calculus")
+    proof.add(le(Described(r"\sup \|J_1(x) (J_F(y_2) - J_F(x_2))\|"), statement),
+              "|Delta| <= diag(s): diag(Delta) = diag(s)^(1/2) E diag(s)^(1/2) with ||E|| <= 1, then "
+              "submultiplicativity (as local-feedforward-variation, whose bounds on J_F hold on the same set)",
+              "submultiplicative")
+    return Theorem("local-feedforward-folded-reach", "The feed-forward block behind a LayerNorm on the image of a "
+                   "ball", statement, proof)
 
 
 def _reach_hypotheses(proof: Derivation) -> None:
@@ -223,6 +253,6 @@ def block_reach_weighted() -> Theorem:
 
 #: the theorems of this module, by id (part of :data:`lipbound.symbolic.local.LOCAL_THEOREMS`)
 SECOND_ORDER_THEOREMS = {t.id: t for t in (curvature_centred(), slope_remainder_joint(),
-                                           feedforward_curvature_joint(), attention_reach_remainder(),
-                                           attention_token_reach(), attention_token_remainder(),
-                                           block_reach_weighted())}
+                                           feedforward_curvature_joint(), feedforward_folded_reach(),
+                                           attention_reach_remainder(), attention_token_reach(),
+                                           attention_token_remainder(), block_reach_weighted())}
