@@ -13,7 +13,7 @@ from ..blas import one_blas_thread
 from ..domains import TokenBall, TokenDomain
 from ..memory import available_bytes, require_memory
 from ..model import Head, Layer
-from .ascent import continuation, join, polish_best, start_candidates, take
+from .ascent import GENERIC_FAMILIES, continuation, join, polish_best, start_candidates, take
 from .engine import engine_for
 from .kernel_starts import kernel_starts
 from .problem import ROLES, SearchProblem
@@ -178,9 +178,11 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
                            began + 0.4 * (deadline - began))
     families = list(dict.fromkeys(cands.family))
     pooled = clock()
-    # keep the best of every family, then the best overall
+    # keep the two best of every constructed family (its best start is not always the one that climbs: the
+    # polish gives the family's two a turn of their own), the best of the others, then the best overall
     order = list(np.argsort(-np.where(np.isfinite(cands.sigma), cands.sigma, -np.inf)))
-    chosen = [next(i for i in order if cands.family[i] == family) for family in dict.fromkeys(families)]
+    chosen = [i for family in families
+              for i in [i for i in order if cands.family[i] == family][:1 if family in GENERIC_FAMILIES else 2]]
     chosen += [i for i in order if i not in chosen][:max(polish_count - len(chosen), 0)]
     cands = take(cands, chosen)
     # continuation from random inputs gets a sixth of the remaining time
