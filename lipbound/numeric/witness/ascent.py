@@ -196,7 +196,8 @@ def polish_best(problem, cands: Candidates, deadline: float, share: float = 0.3,
                       key=lambda family: family in GENERIC_FAMILIES)
     turns = [order[:keep]] + [[i for i in rest if cands.family[i] == family][:2] for family in families]
     turns += [[i] for i in rest if not any(i in turn for turn in turns)]
-    done, waiting = [], list(order)
+    done: list[Candidates] = []
+    waiting = list(order)
     for turn in turns:
         if done and problem.clock() >= deadline:
             break

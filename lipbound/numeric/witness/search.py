@@ -145,8 +145,9 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     Candidates: structured alpha/beta inputs of every head (:func:`structured_starts`, dot-product
     self-attention; ties between far keys for cross-attention), several heads tied at one input,
     Castin et al.'s adversarial input, random inputs with a continuation from a shrunk domain; the
-    best are polished together by an L-BFGS ascent of the local Jacobian norm in smooth
-    coordinates of the domain.
+    best (the two best of every constructed family among them) are polished together by an L-BFGS
+    ascent of the local Jacobian norm in smooth coordinates of the domain, then the best alone, and,
+    when it converges early, each other family's two best in turn (:func:`.ascent.polish_best`).
     """
     if role not in ROLES:
         raise AssumptionError("role", f"one of {ROLES}", repr(role), "choose the argument of the constant")
