@@ -460,6 +460,31 @@ def test_layer_witness_on_a_small_random_layer():
         assert witness.value <= np.linalg.norm(dense, 2) * (1 + 1e-12)
 
 
+def test_polish_best_turns_to_each_family_when_the_best_converges(monkeypatch):
+    """Once the best point has converged, the time left goes to each other family's two best points together,
+    constructed families before random ones, and then one by one to the rest; every candidate comes back once."""
+    from lipbound.numeric.witness import ascent
+    from lipbound.numeric.witness.problem import SearchProblem
+    rng = np.random.default_rng(7)
+    head = random_head(rng, d=8, d_k=3, d_v=3)
+    problem = SearchProblem(head, "self", TokenBall(2.0), None, 4, None)
+    families = ["random", "structured", "random", "structured", "structured", "rotary-tied", "rotary-tied"]
+    starts = ascent.start_candidates(problem, problem.random(rng, len(families)), families, rng)
+    turns, plain = [], ascent.polish
+    monkeypatch.setattr(ascent, "polish", lambda p, c, *a, **k: turns.append(list(c.family)) or plain(p, c, *a, **k))
+    result = ascent.polish_best(problem, starts, problem.clock() + 1e3)      # ample: every turn converges
+    assert sorted(result.family) == sorted(families) and turns[0] == families and len(turns[1]) == 1
+    first = turns[1][0]
+    constructed = {"structured", "rotary-tied"} - {first}
+    later = turns[2:2 + len(constructed)]
+    assert all(len(turn) == 2 and len(set(turn)) == 1 for turn in later)
+    assert {turn[0] for turn in later} == constructed
+    if first != "random":
+        assert turns[2 + len(constructed)] == ["random", "random"]
+    assert sum(len(turn) for turn in turns[1:]) == len(families)
+    assert np.all(np.sort(result.sigma) >= np.sort(starts.sigma) * (1 - 1e-12))
+
+
 def test_polish_best_keeps_every_candidate_and_never_loses():
     """The focused polish returns every candidate, none below its start, the best at least what a plain polish of
     the whole batch reaches by the first deadline, and every value the Jacobian norm at its point."""

@@ -167,19 +167,43 @@ def polish(problem, cands: Candidates, deadline: float, scale: float = 1.0, max_
     return best
 
 
+#: Start families without a construction behind them, polished last when time is left (:func:`polish_best`).
+GENERIC_FAMILIES = frozenset({"random", "continuation", "castin"})
+
+
 def polish_best(problem, cands: Candidates, deadline: float, share: float = 0.3, keep: int = 1) -> Candidates:
-    """:func:`polish` every candidate for ``share`` of the time left, then only the ``keep`` best for the rest.
+    """:func:`polish` every candidate for ``share`` of the time left, then the ``keep`` best for the rest; when they
+    converge before ``deadline``, the two best candidates of each other start family in turn (constructed
+    families first), then the others one by one.
 
     A polish step costs in proportion to the batch, so the few best candidates, which usually hold the witness,
-    get several times more L-BFGS steps than in a batch of all of them.  The others keep the points they
-    reached; the result is never worse than :func:`polish` stopped at the first deadline."""
+    get several times more L-BFGS steps than in a batch of all of them.  A polish stops when its line searches
+    fail (a local maximum): the time left then goes to another family's best points, which may climb to a higher
+    maximum (a family that starts low can climb fast), before further points of a family already polished.  The
+    others keep the points they reached; the first ``keep`` are polished exactly as without the later turns, so
+    the result is never worse than :func:`polish` stopped at the first deadline, nor than the ``keep`` best
+    polished alone."""
     start = problem.clock()
     cands = polish(problem, cands, start + share * (deadline - start))
     if len(cands.sigma) <= keep:
         return polish(problem, cands, deadline)
-    order = np.argsort(-np.where(np.isfinite(cands.sigma), cands.sigma, -np.inf))
-    best, rest = order[:keep], order[keep:]
-    return join(polish(problem, take(cands, best), deadline), take(cands, rest))
+    order = [int(i) for i in np.argsort(-np.where(np.isfinite(cands.sigma), cands.sigma, -np.inf), kind="stable")]
+    polished = {cands.family[i] for i in order[:keep]}
+    rest = order[keep:]
+    # the other families' two best points together (a family's best start is not always the one that climbs),
+    # constructed families first: random and continuation starts have had their own ascent
+    families = sorted(dict.fromkeys(cands.family[i] for i in rest if cands.family[i] not in polished),
+                      key=lambda family: family in GENERIC_FAMILIES)
+    turns = [order[:keep]] + [[i for i in rest if cands.family[i] == family][:2] for family in families]
+    turns += [[i] for i in rest if not any(i in turn for turn in turns)]
+    done: list[Candidates] = []
+    waiting = list(order)
+    for turn in turns:
+        if done and problem.clock() >= deadline:
+            break
+        done.append(polish(problem, take(cands, turn), deadline))
+        waiting = [i for i in waiting if i not in turn]
+    return join(*done, take(cands, waiting))
 
 
 def continuation(problem, rng, count: int, deadline: float) -> Candidates:

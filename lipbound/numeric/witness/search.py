@@ -13,7 +13,7 @@ from ..blas import one_blas_thread
 from ..domains import TokenBall, TokenDomain
 from ..memory import available_bytes, require_memory
 from ..model import Head, Layer
-from .ascent import continuation, join, polish_best, start_candidates, take
+from .ascent import GENERIC_FAMILIES, continuation, join, polish_best, start_candidates, take
 from .engine import engine_for
 from .kernel_starts import kernel_starts
 from .problem import ROLES, SearchProblem
@@ -145,8 +145,9 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     Candidates: structured alpha/beta inputs of every head (:func:`structured_starts`, dot-product
     self-attention; ties between far keys for cross-attention), several heads tied at one input,
     Castin et al.'s adversarial input, random inputs with a continuation from a shrunk domain; the
-    best are polished together by an L-BFGS ascent of the local Jacobian norm in smooth
-    coordinates of the domain.
+    best (the two best of every constructed family among them) are polished together by an L-BFGS
+    ascent of the local Jacobian norm in smooth coordinates of the domain, then the best alone, and,
+    when it converges early, each other family's two best in turn (:func:`.ascent.polish_best`).
     """
     if role not in ROLES:
         raise AssumptionError("role", f"one of {ROLES}", repr(role), "choose the argument of the constant")
@@ -178,9 +179,11 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
                            began + 0.4 * (deadline - began))
     families = list(dict.fromkeys(cands.family))
     pooled = clock()
-    # keep the best of every family, then the best overall
+    # keep the two best of every constructed family (its best start is not always the one that climbs: the
+    # polish gives the family's two a turn of their own), the best of the others, then the best overall
     order = list(np.argsort(-np.where(np.isfinite(cands.sigma), cands.sigma, -np.inf)))
-    chosen = [next(i for i in order if cands.family[i] == family) for family in dict.fromkeys(families)]
+    chosen = [i for family in families
+              for i in [i for i in order if cands.family[i] == family][:1 if family in GENERIC_FAMILIES else 2]]
     chosen += [i for i in order if i not in chosen][:max(polish_count - len(chosen), 0)]
     cands = take(cands, chosen)
     # continuation from random inputs gets a sixth of the remaining time
