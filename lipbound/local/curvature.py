@@ -87,7 +87,7 @@ from ..rigorous.linalg import Enclosure, RowGram, product_norm_interval, spectra
 from ..symbolic import local as T
 from .balls import TokenBalls
 from .bounds import LocalBounds, attention_bounds, attention_norms, evaluate_theorem, head_movement, value_space
-from .centred import CentredRows
+from .centred import CentredRows, ValueSpread
 from .enclosed import EnclosedAttention, head_products
 from .query_curvature import query_chis
 from .zeta_changes import Changes, HeadsJoint, centred_parts
@@ -168,6 +168,8 @@ class AttentionCurvature:
         u = values.expand(1) - outputs.expand(2)                                       # u_ij at X, (H, n, n, d_out)
         self.rho = IntervalArray(u.norm_lower(), u.norm_upper())                        # ||u_ij|| at X
         self.output_spectral = interval_spectral_norms_upper(E.P.expand(-1) * u)        # ||diag(p_i) U_i||_2, (H, n)
+        # the weighted values' spread for chi_II's m term (lemma curvature-covariance-spread; the centred forms only)
+        self.value_spread = ValueSpread(u, self.value_norms) if fold is None and H * n ** 3 <= JOINT_ENTRIES else None
         kappa = E.P.einsum("hil,hlk->hik", E.K)                                         # sum_l p_il k~_l
         spread = E.K.expand(1) - kappa.expand(2)                                        # k~_j - kappa_i, (H, n, n, d_k)
         if self.rotary:                                                                 # back to query i's position
@@ -309,7 +311,8 @@ class AttentionCurvature:
                 + IntervalArray(change.norms(p_plus.hi))
         else:   # rows p_ij (z_ij - m_hi), centred at X's weights (lemma curvature-covariance-centred; on MiniLM's
             # first layer below the rows read as one at every radius of the curve, so that form is not formed)
-            stacked_upper = IntervalArray(self.centred_rows.rows(facts, p_plus.hi, *centred))
+            stacked_upper = IntervalArray(min(self.centred_rows.rows(facts, p_plus.hi, *centred),
+                                              self.centred_rows.variance_rows(facts, centred[0])))
         first = min((IntervalArray(self.value_norms) * per_head).sum(axis=0).hi.item(),
                     (IntervalArray(self.values_joint) * stacked).hi.item(),
                     (IntervalArray(self.values_joint) * stacked_upper).hi.item())
@@ -326,6 +329,9 @@ class AttentionCurvature:
             chi_II = (IntervalArray(self.zeta_rows.norm_upper(scaled.ravel())) + IntervalArray(moved)).hi.item()
         else:   # centred at X's weights (lemma curvature-covariance-centred; the smaller at every radius measured)
             chi_II = self.centred_rows.covariance(facts, weight.hi, omega, *centred)
+            if self.value_spread is not None:   # the m term through the values' weighted spread
+                sigma = self.value_spread.on(facts, frobenius)
+                chi_II = min(chi_II, self.centred_rows.spread_covariance(facts, weight.hi, sigma, centred[0]))
         # chi_III: W_ij = sum_h ||Qt_h|| p_ij ||u_ij||, or the heads joined through ||[Qt_1 ... Qt_H]||
         reach = p_plus * IntervalArray(rho_on_u.hi)                                             # (H, n, n)
         W = (IntervalArray(self.pair_norms) * reach).sum(axis=0)
