@@ -14,11 +14,15 @@ f|| + ||M_i f|| ||Omega_i e|| + ||M_i e|| ||Omega_i f||``, hence (Minkowski over
 
     chi_II <= ||[(omega_i + mu_i) Omega_i]_i|| + ||[omega_i M_i]_i||,   omega_i >= ||Omega_i||, mu_i >= ||M_i||,
 
-where reading ``Omega_i - M_i`` as one matrix also pays ``||M_i e|| ||M_i f||``.  z's change on U is the keys' and
+where reading ``Omega_i - M_i`` as one matrix also pays ``||M_i e|| ||M_i f||`` (each query's own bound is ``omega_i
+(omega_i + 2 mu_i)``).  Lemma ``curvature-covariance-spread`` pays the m term through the values' weighted spread
+instead (:class:`ValueSpread`, :meth:`CentredRows.spread_covariance`): one row-scaled norm of z, the whole output's
+``chi_II`` where these forms are formed.  z's change on U is the keys' and
 queries' movements alone and m is 0 at X (:func:`~lipbound.local.zeta_changes.centred_parts`).  ``m_hi`` is also a
 row-scaled norm of z: ``|m_hi(f)| = |sum_l dp_hil z_hil(f)| <= (sum_l delta_hil^2 / p+_hil)^(1/2) (sum_l p+_hil
-z_hil(f)^2)^(1/2)`` (Cauchy-Schwarz with the weights' upper ends p+).  The first group's rows ``p_ij zeta_ij`` split
-the same way.  Every norm of z's scaled rows at X comes from the Gram matrix the curvature bound already has.
+z_hil(f)^2)^(1/2)`` (Cauchy-Schwarz with the weights' upper ends p+).  The first group's rows ``p_ij zeta_ij``
+split the same way, or without m through the weights' variance (lemma ``curvature-rows-variance``).  Every norm of
+z's scaled rows at X comes from the Gram matrix the curvature bound already has.
 """
 
 from __future__ import annotations
@@ -48,31 +52,6 @@ class CentredRows:
         n), rounded up, from the Gram matrix of the rows."""
         return np.array([self.zeta_rows.norm_upper(scales[:, i].ravel(), rows)
                          for i, rows in enumerate(self.query_rows)])
-
-    def covariance(self, facts: dict, weight: np.ndarray, omega: np.ndarray, centred: Changes,
-                   weights: Changes) -> float:
-        """``chi_II`` with the score changes centred at X's weights (lemma ``curvature-covariance-centred``):
-        ``||[(omega_i + mu_i) Omega_i]|| + ||[omega_i M_i]||``, ``Omega_i`` the rows ``w_hij z_hij`` and ``M_i`` the
-        rows ``w_hij m_hi`` of query i (``w`` = ``weight``, the upper ends of ``(p_ij ||u_ij||)^(1/2)`` on U),
-        ``omega_i >= ||Omega_i||`` and ``mu_i >= ||M_i||`` on U; ``omega`` holds ``||Omega_i(X)||``, ``centred`` and
-        ``weights`` are :func:`~lipbound.local.zeta_changes.centred_parts`, ``facts`` those of
-        :func:`~lipbound.local.bounds.attention_bounds` on U.  ``M_i`` is bounded by its blocks and through z's rows
-        (:meth:`through`); the smaller bound counts."""
-        through = self.through(facts, weight)                                                   # (H, n, n)
-        moved = IntervalArray(centred.norms(weight, 1))
-        own = weights.norms(weight, 1)
-        spread = IntervalArray(omega) + moved                                                   # omega_i
-        second = [weights.norms((spread[None, :, None] * IntervalArray(weight)).hi)]
-        if through is not None:
-            through_moved = IntervalArray(centred.norms(through, 1))
-            by_rows = IntervalArray(self.rows_at_x(through)) + through_moved
-            own = np.minimum(own, by_rows.hi)
-            second.append(self._scaled(spread[None, :, None] * IntervalArray(through), centred, spread * through_moved))
-        mu = IntervalArray(own)                                                                 # mu_i
-        outer = spread + mu                                                                     # omega_i + mu_i
-        first = self._scaled(outer[None, :, None] * IntervalArray(weight), centred, outer * moved)
-        second.append((spread * mu).norm_upper().item())
-        return (IntervalArray(first) + IntervalArray(min(second))).hi.item()
 
     def rows(self, facts: dict, scales: np.ndarray, centred: Changes, weights: Changes) -> float:
         """``sup_U ||diag(s) zeta(Y)||`` for row scales s (H, n, n) fixed on U through ``zeta = z - m`` (lemma

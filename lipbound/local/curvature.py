@@ -168,7 +168,8 @@ class AttentionCurvature:
         u = values.expand(1) - outputs.expand(2)                                       # u_ij at X, (H, n, n, d_out)
         self.rho = IntervalArray(u.norm_lower(), u.norm_upper())                        # ||u_ij|| at X
         self.output_spectral = interval_spectral_norms_upper(E.P.expand(-1) * u)        # ||diag(p_i) U_i||_2, (H, n)
-        # the weighted values' spread for chi_II's m term (lemma curvature-covariance-spread; the centred forms only)
+        # the weighted values' spread for chi_II's m term (lemma curvature-covariance-spread), where the centred forms
+        # are formed (:meth:`_functional_deviation`)
         self.value_spread = ValueSpread(u, self.value_norms) if fold is None and H * n ** 3 <= JOINT_ENTRIES else None
         kappa = E.P.einsum("hil,hlk->hik", E.K)                                         # sum_l p_il k~_l
         spread = E.K.expand(1) - kappa.expand(2)                                        # k~_j - kappa_i, (H, n, n, d_k)
@@ -320,18 +321,18 @@ class AttentionCurvature:
         # chi_II: Omega_i, rows (h, j) of query i scaled by the upper end of (p_ij ||u_ij||)^(1/2) on U
         # (scaling at X and adding the scale's change never did better on the MiniLM layers)
         weight = (p_plus * IntervalArray(rho_on_u.hi)).sqrt()
-        omega = self.centred_rows.rows_at_x(weight.hi)
-        if centred is None:
+        if centred is None or self.value_spread is None:
             row_change = change.norms(weight.hi, 1)
+            omega = self.centred_rows.rows_at_x(weight.hi)
             m = (IntervalArray(omega) + IntervalArray(row_change)).hi                          # omega_i
             scaled = (IntervalArray(m)[None, :, None] * weight).hi                             # (H, n, n)
             moved = min(change.norms(scaled), (IntervalArray(m) * IntervalArray(row_change)).norm_upper().item())
             chi_II = (IntervalArray(self.zeta_rows.norm_upper(scaled.ravel())) + IntervalArray(moved)).hi.item()
-        else:   # centred at X's weights (lemma curvature-covariance-centred; the smaller at every radius measured)
-            chi_II = self.centred_rows.covariance(facts, weight.hi, omega, *centred)
-            if self.value_spread is not None:   # the m term through the values' weighted spread
-                sigma = self.value_spread.on(facts, frobenius)
-                chi_II = min(chi_II, self.centred_rows.spread_covariance(facts, weight.hi, sigma, centred[0]))
+        else:   # centred at X's weights, the m term through the values' weighted spread (lemma
+            # curvature-covariance-spread: on MiniLM's first layer below lemma curvature-covariance-centred's
+            # ||[(omega_i + mu_i) Omega_i]|| + ||[omega_i M_i]|| at every radius measured, so that is not formed)
+            sigma = self.value_spread.on(facts, frobenius)
+            chi_II = self.centred_rows.spread_covariance(facts, weight.hi, sigma, centred[0])
         # chi_III: W_ij = sum_h ||Qt_h|| p_ij ||u_ij||, or the heads joined through ||[Qt_1 ... Qt_H]||
         reach = p_plus * IntervalArray(rho_on_u.hi)                                             # (H, n, n)
         W = (IntervalArray(self.pair_norms) * reach).sum(axis=0)
