@@ -25,7 +25,7 @@ from test_local_curvature import (
 
 from lipbound.local.balls import Neighbourhood
 from lipbound.local.bounds import attention_bounds
-from lipbound.local.centred import CentredRows, weight_ratios
+from lipbound.local.centred import CentredRows, weight_ratios, weighted_reach
 from lipbound.local.curvature import AttentionCurvature
 from lipbound.local.enclosed import EnclosedAttention
 from lipbound.numeric.model import Head, Layer
@@ -154,6 +154,33 @@ def test_the_weights_ratio_is_attained_by_changes_that_follow_the_rows():
     dp = 0.1 * p_plus * x
     kappa = weight_ratios({"delta": np.abs(dp)[None, None], "p_hi": p_plus[None, None]})[0, 0]
     np.testing.assert_allclose(abs(np.sum(dp * x)), kappa * np.sqrt(np.sum(p_plus * x * x)), rtol=1e-12)
+
+
+@settings(max_examples=5, deadline=None)
+@given(seed=st.integers(0, 10_000), kind=st.sampled_from(["head", "layer"]), n=st.integers(2, 4),
+       scale=st.sampled_from([0.5, 1.5, 4.0]), eps=st.sampled_from([0.05, 0.3, 1.0]))
+def test_each_weighted_value_spread_is_bounded_on_the_ball(seed, kind, n, scale, eps):
+    """Lemma curvature-weight-reach: ``p_ij(Y) ||u_ij(Y)|| <= weighted_reach`` at points Y of the ball."""
+    rng, target, X, curvature, _, facts, _ = _frobenius_case(seed, kind, n, scale, eps)
+    rho = (curvature.rho.hi + facts["value_shift"][:, None, :] + facts["head_movement"][:, :, None])
+    bound = weighted_reach(facts, rho, curvature.value_gaps)
+    for Y in _frobenius_points(rng, X, eps, 3 * n) + _steepest_points(target, X, eps):
+        for h, (P, u) in enumerate(_at(target, Y)):
+            assert np.all(P * np.linalg.norm(u, axis=-1) <= bound[h] * (1 + 1e-9) + 1e-12)
+
+
+def test_the_weighted_value_spread_is_an_equality_at_two_tokens():
+    """With two tokens ``u_i1 = p_i2 (v_1 - v_2)``, so ``p_i1 ||u_i1|| = p_i1 (1 - p_i1) ||v_1 - v_2||``: at eps = 0 the
+    bound is the value itself, where ``p+ ||u||`` alone is not (a looser statement fails)."""
+    rng = np.random.default_rng(1)
+    target = _target(rng, "layer", d=4, heads=2, d_k=2, scale=1.5)
+    X = rng.standard_normal((2, 4))
+    E = EnclosedAttention(target, X)
+    facts = attention_bounds(target, Neighbourhood("fro", 0.0).balls(X), E).facts
+    curvature = AttentionCurvature(E, target)
+    bound = weighted_reach(facts, curvature.rho.hi + 0.5, curvature.value_gaps)   # (the first form well above)
+    for h, (P, u) in enumerate(_at(target, X)):
+        np.testing.assert_allclose(bound[h], P * np.linalg.norm(u, axis=-1), rtol=1e-9, atol=1e-12)
 
 
 def test_the_real_first_layer_stays_below_the_curvature_bound_at_sampled_points():

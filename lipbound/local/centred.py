@@ -33,7 +33,7 @@ from ..rigorous.arrays import IntervalArray
 from ..rigorous.batched import interval_spectral_norms_upper
 from .zeta_changes import Changes
 
-__all__ = ["CentredRows", "ValueSpread", "weight_ratios"]
+__all__ = ["CentredRows", "ValueSpread", "weight_ratios", "weighted_reach"]
 
 #: Weights' upper ends below this are not divided by (:meth:`CentredRows.through`): ``delta^2 / p+`` stays finite.
 _SMALLEST_DIVISOR = 1e-150
@@ -170,3 +170,16 @@ class ValueSpread:
             tall = IntervalArray(np.max(facts["p_hi"], axis=-1)).sqrt() * IntervalArray(self.value_norms).expand(-1)
             moved = np.minimum(moved, (tall * IntervalArray(float(frobenius))).hi)
         return (at_x + IntervalArray(moved)).hi
+
+
+def weighted_reach(facts: dict, rho: np.ndarray, gaps: np.ndarray) -> np.ndarray:
+    """``p_ij(Y) ||u_ij(Y)||`` bounded on U (H, n, n) (lemma ``curvature-weight-reach``): the smaller of ``p+_ij
+    rho_ij`` (``rho`` bounds ``||u_ij||`` on U) and ``max_(p in [p-_ij, p+_ij]) p (1 - p) D_hij``, since ``u_ij = v_j -
+    f_i = sum_(l != j) p_il (v_j - v_l)`` has norm at most ``(1 - p_ij) D_hij``, ``D_hij = max_l (||v_j - v_l|| at X +
+    Delta v_j + Delta v_l)`` (``gaps`` (H, n, n) the distances at X, ``facts["value_shift"]`` the shifts on U); the
+    maximum of ``p (1 - p)`` on an interval is at its point nearest 1/2."""
+    shift = IntervalArray(facts["value_shift"])                                              # (H, n)
+    spans = (IntervalArray(gaps) + shift.expand(-1) + shift.expand(1)).hi.max(axis=-1)       # D_hj, (H, n(j))
+    nearest = np.clip(0.5, facts["p_lo"], facts["p_hi"])                                     # (H, n(i), n(j))
+    paired = IntervalArray(nearest) * (IntervalArray(1.0) - IntervalArray(nearest)) * IntervalArray(spans).expand(1)
+    return np.minimum((IntervalArray(facts["p_hi"]) * IntervalArray(rho)).hi, paired.hi)

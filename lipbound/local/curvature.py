@@ -87,7 +87,7 @@ from ..rigorous.linalg import Enclosure, RowGram, product_norm_interval, spectra
 from ..symbolic import local as T
 from .balls import TokenBalls
 from .bounds import LocalBounds, attention_bounds, attention_norms, evaluate_theorem, head_movement, value_space
-from .centred import CentredRows, ValueSpread
+from .centred import CentredRows, ValueSpread, weighted_reach
 from .enclosed import EnclosedAttention, head_products
 from .query_curvature import query_chis
 from .zeta_changes import Changes, HeadsJoint, centred_parts
@@ -166,6 +166,7 @@ class AttentionCurvature:
                 # ||diag(p_i) (V - 1 f_i^T)||_2 at X, (H, n): beta's spectral form (lemma curvature-values-spectral)
                 self.value_spectral = interval_spectral_norms_upper(E.P.expand(-1) * (E.V.expand(1) - E.F.expand(2)))
         u = values.expand(1) - outputs.expand(2)                                       # u_ij at X, (H, n, n, d_out)
+        self.value_gaps = (values.expand(1) - values.expand(2)).norm_upper()             # ||v_j - v_l|| at X, (H, n, n)
         self.rho = IntervalArray(u.norm_lower(), u.norm_upper())                        # ||u_ij|| at X
         self.output_spectral = interval_spectral_norms_upper(E.P.expand(-1) * u)        # ||diag(p_i) U_i||_2, (H, n)
         # the weighted values' spread for chi_II's m term (lemma curvature-covariance-spread), where the centred forms
@@ -320,7 +321,8 @@ class AttentionCurvature:
         chi_I = (IntervalArray(2.0) * IntervalArray(first)).hi.item()
         # chi_II: Omega_i, rows (h, j) of query i scaled by the upper end of (p_ij ||u_ij||)^(1/2) on U
         # (scaling at X and adding the scale's change never did better on the MiniLM layers)
-        weight = (p_plus * IntervalArray(rho_on_u.hi)).sqrt()
+        reach = IntervalArray(weighted_reach(facts, rho_on_u.hi, self.value_gaps))              # p_ij ||u_ij|| on U
+        weight = reach.sqrt()
         if centred is None or self.value_spread is None:
             row_change = change.norms(weight.hi, 1)
             omega = self.centred_rows.rows_at_x(weight.hi)
@@ -334,7 +336,6 @@ class AttentionCurvature:
             sigma = self.value_spread.on(facts, frobenius)
             chi_II = self.centred_rows.spread_covariance(facts, weight.hi, sigma, centred[0])
         # chi_III: W_ij = sum_h ||Qt_h|| p_ij ||u_ij||, or the heads joined through ||[Qt_1 ... Qt_H]||
-        reach = p_plus * IntervalArray(rho_on_u.hi)                                             # (H, n, n)
         W = (IntervalArray(self.pair_norms) * reach).sum(axis=0)
         joined = np.inf if self.rotary or self.fold is not None else (IntervalArray(self.scores_joint) * IntervalArray(
             reach.swapaxes(0, 1).reshape(n, -1).norm_upper())).hi

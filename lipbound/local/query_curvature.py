@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..rigorous.arrays import IntervalArray
+from .centred import weighted_reach
 
 __all__ = ["query_chis"]
 
@@ -43,7 +44,8 @@ def query_chis(curvature, bounds, r: np.ndarray, frobenius: float | None = None)
     p_plus = IntervalArray(facts["p_hi"])
     drift = IntervalArray(facts["value_shift"][:, None, :]) + IntervalArray(facts["head_movement"][:, :, None])
     rho_hi = IntervalArray((curvature.rho + drift).hi)                               # ||u_ij|| on U
-    weight = (p_plus * rho_hi).sqrt().hi                                             # (p_ij ||u_ij||)^(1/2) on U
+    reach = IntervalArray(weighted_reach(facts, rho_hi.hi, curvature.value_gaps))    # p_ij ||u_ij|| on U (H, n, n)
+    weight = reach.sqrt().hi                                                         # (p_ij ||u_ij||)^(1/2) on U
     at_x = curvature.E.P.magnitude
     # chi_I: query i's rows of Theta, scaled at X plus the scales' change, or at their upper ends on U
     scale_moves = curvature._scale_moves(curvature.E.P, IntervalArray(facts["p_lo"], facts["p_hi"]), size)
@@ -67,7 +69,6 @@ def query_chis(curvature, bounds, r: np.ndarray, frobenius: float | None = None)
     rows = IntervalArray(np.minimum(by_x.hi, by_upper.hi))
     first = IntervalArray(2.0) * IntervalArray(curvature.values_joint) * rows
     # chi_III: the theorem's per-query forms before their largest is taken
-    reach = p_plus * rho_hi                                                          # (H, n, n)
     spread = (IntervalArray(curvature.pair_norms) * reach).sum(axis=0).norm_upper()  # (n,)
     if not curvature.rotary:
         joined = (IntervalArray(curvature.scores_joint)

@@ -20,6 +20,7 @@ from .record import quantity as q
 from .theorems import Theorem
 
 __all__ = ["curvature_centred", "curvature_spread", "curvature_spread_sigma", "curvature_rows_variance",
+           "curvature_weight_reach",
            "slope_remainder_joint", "feedforward_curvature_joint", "attention_reach_remainder",
            "attention_token_reach", "attention_token_remainder", "block_reach_weighted", "SECOND_ORDER_THEOREMS"]
 
@@ -116,6 +117,24 @@ def curvature_spread_sigma() -> Theorem:
               "p <= p+ (the form grows with each weight), then Weyl's inequality for V_h(Y) - 1 c^T = (V_h(X) - 1 c^T) "
               "+ dV_h and ||.||_2 <= ||.||_F", "norm-calculus")
     return Theorem("local-curvature-spread-sigma", "The values' weighted spread on a neighbourhood", statement, proof)
+
+
+@functools.cache
+def curvature_weight_reach() -> Theorem:
+    """``p_ij ||u_ij|| <= max_(p in [p-, p+]) p (1 - p) D_hj``: a weight and its value's distance to the output together
+    (lemma ``curvature-weight-reach``)."""
+    statement = q(r"\max_{p \in [p^-_{ij}, p^+_{ij}]} p (1 - p)\,D_{hj}")
+    proof = Derivation("A weight and its value's distance to the output together")
+    proof.hypothesis("Y in U; p_ij(Y) in [p-_ij, p+_ij]; f_i = sum_l p_il v_l with sum_l p_il = 1; D_hj >= max_l "
+                     "||v_j(Y) - v_l(Y)|| on U")
+    proof.add(Described(r"u_{ij} = v_j - f_i = \textstyle\sum_{l \ne j} p_{il} (v_j - v_l)"),
+              "the weights sum to 1", "norm-calculus")
+    proof.add(le(Described(r"\|u_{ij}\|"), Described(r"(1 - p_{ij})\,D_{hj}")),
+              "triangle inequality, sum_(l != j) p_il = 1 - p_ij", "norm-calculus")
+    proof.add(le(Described(r"p_{ij} \|u_{ij}\|"), statement),
+              "p (1 - p) over the weight's range on U", "norm-calculus")
+    return Theorem("local-curvature-weight-reach", "A weight and its value's distance to the output together",
+                   statement, proof)
 
 
 @functools.cache
@@ -302,7 +321,8 @@ def block_reach_weighted() -> Theorem:
 
 #: the theorems of this module, by id (part of :data:`lipbound.symbolic.local.LOCAL_THEOREMS`)
 SECOND_ORDER_THEOREMS = {t.id: t for t in (curvature_centred(), curvature_spread(), curvature_spread_sigma(),
-                                           curvature_rows_variance(), slope_remainder_joint(),
+                                           curvature_rows_variance(), curvature_weight_reach(),
+                                           slope_remainder_joint(),
                                            feedforward_curvature_joint(), attention_reach_remainder(),
                                            attention_token_reach(), attention_token_remainder(),
                                            block_reach_weighted())}
