@@ -87,7 +87,7 @@ from ..rigorous.linalg import Enclosure, RowGram, product_norm_interval, spectra
 from ..symbolic import local as T
 from .balls import TokenBalls
 from .bounds import LocalBounds, attention_bounds, attention_norms, evaluate_theorem, head_movement, value_space
-from .centred import CentredRows
+from .centred import CentredRows, ValueSpread, weighted_reach
 from .enclosed import EnclosedAttention, head_products
 from .query_curvature import query_chis
 from .zeta_changes import Changes, HeadsJoint, centred_parts
@@ -166,8 +166,12 @@ class AttentionCurvature:
                 # ||diag(p_i) (V - 1 f_i^T)||_2 at X, (H, n): beta's spectral form (lemma curvature-values-spectral)
                 self.value_spectral = interval_spectral_norms_upper(E.P.expand(-1) * (E.V.expand(1) - E.F.expand(2)))
         u = values.expand(1) - outputs.expand(2)                                       # u_ij at X, (H, n, n, d_out)
+        self.value_gaps = (values.expand(1) - values.expand(2)).norm_upper()             # ||v_j - v_l|| at X, (H, n, n)
         self.rho = IntervalArray(u.norm_lower(), u.norm_upper())                        # ||u_ij|| at X
         self.output_spectral = interval_spectral_norms_upper(E.P.expand(-1) * u)        # ||diag(p_i) U_i||_2, (H, n)
+        # the weighted values' spread for chi_II's m term (lemma curvature-covariance-spread), where the centred forms
+        # are formed (:meth:`_functional_deviation`)
+        self.value_spread = ValueSpread(u, self.value_norms) if fold is None and H * n ** 3 <= JOINT_ENTRIES else None
         kappa = E.P.einsum("hil,hlk->hik", E.K)                                         # sum_l p_il k~_l
         spread = E.K.expand(1) - kappa.expand(2)                                        # k~_j - kappa_i, (H, n, n, d_k)
         if self.rotary:                                                                 # back to query i's position
@@ -309,25 +313,29 @@ class AttentionCurvature:
                 + IntervalArray(change.norms(p_plus.hi))
         else:   # rows p_ij (z_ij - m_hi), centred at X's weights (lemma curvature-covariance-centred; on MiniLM's
             # first layer below the rows read as one at every radius of the curve, so that form is not formed)
-            stacked_upper = IntervalArray(self.centred_rows.rows(facts, p_plus.hi, *centred))
+            stacked_upper = IntervalArray(min(self.centred_rows.rows(facts, p_plus.hi, *centred),
+                                              self.centred_rows.variance_rows(facts, centred[0])))
         first = min((IntervalArray(self.value_norms) * per_head).sum(axis=0).hi.item(),
                     (IntervalArray(self.values_joint) * stacked).hi.item(),
                     (IntervalArray(self.values_joint) * stacked_upper).hi.item())
         chi_I = (IntervalArray(2.0) * IntervalArray(first)).hi.item()
         # chi_II: Omega_i, rows (h, j) of query i scaled by the upper end of (p_ij ||u_ij||)^(1/2) on U
         # (scaling at X and adding the scale's change never did better on the MiniLM layers)
-        weight = (p_plus * IntervalArray(rho_on_u.hi)).sqrt()
-        omega = self.centred_rows.rows_at_x(weight.hi)
-        if centred is None:
+        reach = IntervalArray(weighted_reach(facts, rho_on_u.hi, self.value_gaps))              # p_ij ||u_ij|| on U
+        weight = reach.sqrt()
+        if centred is None or self.value_spread is None:
             row_change = change.norms(weight.hi, 1)
+            omega = self.centred_rows.rows_at_x(weight.hi)
             m = (IntervalArray(omega) + IntervalArray(row_change)).hi                          # omega_i
             scaled = (IntervalArray(m)[None, :, None] * weight).hi                             # (H, n, n)
             moved = min(change.norms(scaled), (IntervalArray(m) * IntervalArray(row_change)).norm_upper().item())
             chi_II = (IntervalArray(self.zeta_rows.norm_upper(scaled.ravel())) + IntervalArray(moved)).hi.item()
-        else:   # centred at X's weights (lemma curvature-covariance-centred; the smaller at every radius measured)
-            chi_II = self.centred_rows.covariance(facts, weight.hi, omega, *centred)
+        else:   # centred at X's weights, the m term through the values' weighted spread (lemma
+            # curvature-covariance-spread: on MiniLM's first layer below lemma curvature-covariance-centred's
+            # ||[(omega_i + mu_i) Omega_i]|| + ||[omega_i M_i]|| at every radius measured, so that is not formed)
+            sigma = self.value_spread.on(facts, frobenius)
+            chi_II = self.centred_rows.spread_covariance(facts, weight.hi, sigma, centred[0])
         # chi_III: W_ij = sum_h ||Qt_h|| p_ij ||u_ij||, or the heads joined through ||[Qt_1 ... Qt_H]||
-        reach = p_plus * IntervalArray(rho_on_u.hi)                                             # (H, n, n)
         W = (IntervalArray(self.pair_norms) * reach).sum(axis=0)
         joined = np.inf if self.rotary or self.fold is not None else (IntervalArray(self.scores_joint) * IntervalArray(
             reach.swapaxes(0, 1).reshape(n, -1).norm_upper())).hi

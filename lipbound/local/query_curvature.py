@@ -8,11 +8,13 @@ Y where the facts of the neighbourhood hold,
 
     ||D^2A(Y)[e, f]_i|| <= chi_I,i + chi_II,i + chi_III,i,
     chi_I,i   = 2 a sup_U ||Theta^(i)||                    (a = min(||[A_1 ... A_H]||, ||[A_1; ...; A_H]||)),
-    chi_II,i  = sup_U ||Omega_i||^2, or with the changes centred at X's weights omega_i (omega_i + 2 mu_i),
+    chi_II,i  = sup_U ||Omega_i||^2, or with the changes centred at X's weights omega_i (omega_i + 2 mu_i) and
+                omega'_i^2 (lemma curvature-covariance-spread), the smaller,
     chi_III,i = 2 c min(||(sum_h ||Qt_h|| p+_ij ||u_ij||)_j||, the heads joined, the values' spreads),
 
 ``Theta^(i)`` the rows ``p_ij zeta_ij`` of query i (rows (h, j)) and ``Omega_i``, ``M_i``, ``omega_i``, ``mu_i`` as in
-lemma ``curvature-covariance-centred``: each is the query's own term of the theorem's groups before they are summed
+lemma ``curvature-covariance-centred`` (the rows ``p_ij zeta_ij`` also as in lemma ``curvature-rows-variance``):
+each is the query's own term of the theorem's groups before they are summed
 over the queries (the whole output's bound is at least the largest of them).  Taylor's remainder of output token i
 then follows as in lemma ``attention-reach-remainder`` with ``chi_i`` for ``chi``
 (:meth:`~lipbound.local.curvature.CurvatureIntegral.query_integral`), so each token's reach after the attention pays
@@ -24,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..rigorous.arrays import IntervalArray
+from .centred import weighted_reach
 
 __all__ = ["query_chis"]
 
@@ -41,7 +44,8 @@ def query_chis(curvature, bounds, r: np.ndarray, frobenius: float | None = None)
     p_plus = IntervalArray(facts["p_hi"])
     drift = IntervalArray(facts["value_shift"][:, None, :]) + IntervalArray(facts["head_movement"][:, :, None])
     rho_hi = IntervalArray((curvature.rho + drift).hi)                               # ||u_ij|| on U
-    weight = (p_plus * rho_hi).sqrt().hi                                             # (p_ij ||u_ij||)^(1/2) on U
+    reach = IntervalArray(weighted_reach(facts, rho_hi.hi, curvature.value_gaps))    # p_ij ||u_ij|| on U (H, n, n)
+    weight = reach.sqrt().hi                                                         # (p_ij ||u_ij||)^(1/2) on U
     at_x = curvature.E.P.magnitude
     # chi_I: query i's rows of Theta, scaled at X plus the scales' change, or at their upper ends on U
     scale_moves = curvature._scale_moves(curvature.E.P, IntervalArray(facts["p_lo"], facts["p_hi"]), size)
@@ -52,13 +56,19 @@ def query_chis(curvature, bounds, r: np.ndarray, frobenius: float | None = None)
         second = omega * omega
     else:   # zeta = z - m (lemma curvature-covariance-centred), z's and m's rows of the query apart
         z, m = _centred_parts(curvature, facts, p_plus.hi, *centred)
-        by_upper = z + m
+        variance = _on_u(curvature, centred[0], curvature.centred_rows.variance_scales(facts))
+        by_upper = IntervalArray(np.minimum((z + m).hi, variance.hi))      # (lemma curvature-rows-variance)
         omega, mu = _centred_parts(curvature, facts, weight, *centred)
         second = omega * (omega + IntervalArray(2.0) * mu)
+        if curvature.value_spread is not None:   # the m term through the values' weighted spread
+            sigma = curvature.value_spread.on(facts, frobenius)
+            scales = curvature.centred_rows.spread_scales(facts, weight, sigma)
+            if scales is not None:   # omega'_i^2, omega'_i >= ||S_i z_i(Y)|| on U
+                joint = _on_u(curvature, centred[0], scales)
+                second = IntervalArray(np.minimum(second.hi, (joint * joint).hi))
     rows = IntervalArray(np.minimum(by_x.hi, by_upper.hi))
     first = IntervalArray(2.0) * IntervalArray(curvature.values_joint) * rows
     # chi_III: the theorem's per-query forms before their largest is taken
-    reach = p_plus * rho_hi                                                          # (H, n, n)
     spread = (IntervalArray(curvature.pair_norms) * reach).sum(axis=0).norm_upper()  # (n,)
     if not curvature.rotary:
         joined = (IntervalArray(curvature.scores_joint)

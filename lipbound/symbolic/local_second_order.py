@@ -19,7 +19,8 @@ from .record import Derivation, Described, le
 from .record import quantity as q
 from .theorems import Theorem
 
-__all__ = ["curvature_centred", "slope_remainder_joint", "feedforward_curvature_joint",
+__all__ = ["curvature_centred", "curvature_spread", "curvature_spread_sigma", "curvature_rows_variance",
+           "curvature_weight_reach", "slope_remainder_joint", "feedforward_curvature_joint",
            "feedforward_folded_reach", "attention_reach_remainder",
            "attention_token_reach", "attention_token_remainder", "block_reach_weighted", "SECOND_ORDER_THEOREMS"]
 
@@ -59,6 +60,102 @@ def curvature_centred() -> Theorem:
               "minkowski")
     return Theorem("local-curvature-centred", "Attention curvature with the score changes centred at X's weights",
                    statement, proof)
+
+
+@functools.cache
+def curvature_spread() -> Theorem:
+    """``chi_II <= ||[omega_i S_i z_i]_i||``, ``s_hij = (w_hij^2 + 2 sigma_hi kappa_hi p+_hij)^(1/2)``: the second group
+    of ``local-attention-curvature`` with the m term paid through the values' weighted spread (lemma
+    ``curvature-covariance-spread``)."""
+    statement = q(r"\|[\omega'_i\,S_i z_i]_i\|")
+    proof = Derivation("Second group of the attention's curvature, the m term through the values' weighted spread")
+    proof.hypothesis("Y in U; zeta_ij = z_ij - m_i per head h as in local-curvature-centred, m_hi = sum_l dp_hil "
+                     "z_hil with dp = p(Y) - p(X); p+ the weights' upper ends and w_hij >= (p_ij ||u_ij||)^(1/2) on U; "
+                     "kappa_hi >= (sum_l delta_hil^2 / p+_hil)^(1/2) with delta >= |dp| (dp_hil = 0 where p+_hil = 0); "
+                     "sigma_hi >= ||diag(p_hi)^(1/2) U_hi||_2 on U, U_hi the rows u_hij; S_i the row scales s_hij = "
+                     "(w_hij^2 + 2 sigma_hi kappa_hi p+_hij)^(1/2) of query i's rows (h, j) of z; omega'_i >= "
+                     "||S_i z_i(Y)|| on U")
+    proof.add(Described(r"\textstyle\sum_j p_{ij} \zeta_{ij}(e) \zeta_{ij}(f) u_{ij} = \sum_j p_{ij} z_{ij}(e) "
+                        r"z_{ij}(f) u_{ij} - m_i(f) V_i(e) - m_i(e) V_i(f)"),
+              "as in local-curvature-centred, V_i(e) = sum_j p_ij z_ij(e) u_ij", "softmax-derivative")
+    proof.add(le(Described(r"\|V_{hi}(e)\|"), Described(r"\sigma_{hi}\,N_{hi}(e),\ N_{hi}(e)^2 = \textstyle\sum_j "
+                                                        r"p^+_{hij} z_{hij}(e)^2")),
+              "V_hi(e) = U_hi^T D^(1/2) (D^(1/2) z_hi(e)) with D = diag(p_hi), and p <= p+", "submultiplicative")
+    proof.add(le(Described(r"|m_{hi}(f)|"), Described(r"\kappa_{hi}\,N_{hi}(f)")),
+              "Cauchy-Schwarz with the weights p+ (m_hi = sum_l dp_hil z_hil)", "norm-calculus")
+    proof.add(le(Described(r"\|\textstyle\sum_h m_{hi}(f) V_{hi}(e) + m_{hi}(e) V_{hi}(f)\|"),
+                 Described(r"\textstyle\sum_h 2 \sigma_{hi} \kappa_{hi} N_{hi}(e) N_{hi}(f)")),
+              "the two steps above, triangle inequality", "norm-calculus")
+    proof.add(le(Described(r"\|\textstyle\sum_{h,j} p_{ij} \zeta_{hij}(e) \zeta_{hij}(f) u_{hij}\|"),
+                 Described(r"\|S_i z_i(e)\|\,\|S_i z_i(f)\|")),
+              "the pure term is at most sum_(h,j) w_hij^2 |z_hij(e)| |z_hij(f)|; Cauchy-Schwarz over the pairs (h, j) "
+              "and the heads h together, whose squares add up to s_hij^2 z_hij^2", "norm-calculus")
+    proof.add(le(q(r"\chi_{II}"), statement),
+              "for unit e, f: ||S_i z_i(e)|| <= omega'_i, then the queries' rows stacked (the norm of the vector of "
+              "the n products)", "submultiplicative")
+    return Theorem("local-curvature-spread", "Attention curvature, the m term through the values' weighted spread",
+                   statement, proof)
+
+
+@functools.cache
+def curvature_spread_sigma() -> Theorem:
+    """``||diag(p_i(Y))^(1/2) U_hi(Y)||_2 <= ||diag(p+_hi)^(1/2) U_hi(X)||_2 + ||diag(p+_hi)^(1/2) dV_h||_F``: the
+    values' weighted spread on U (lemma ``curvature-covariance-spread``)."""
+    at_x, moved = q(r"\|\operatorname{diag}(p^+_{hi})^{1/2} U_{hi}(X)\|_2"), q(r"\|\operatorname{diag}(p^+_{hi})^{1/2}"
+                                                                                 r"\,dV_h\|_F")
+    statement = at_x + moved
+    proof = Derivation("The values' weighted spread on a neighbourhood")
+    proof.hypothesis("Y in U; u_ij(Y) = v_j(Y) - f_i(Y) with f_i = sum_j p_ij v_j, U_hi the matrix of rows u_ij; "
+                     "p(Y) <= p+ entrywise; dV_h = V_h(Y) - V_h(X)")
+    proof.add(Described(r"\|\operatorname{diag}(p)^{1/2} U\|_2^2 = \max_{\|x\| = 1} \textstyle\sum_j p_j ((v_j - f) "
+                        r"\cdot x)^2"), "the top eigenvalue of U^T diag(p) U", "norm-calculus")
+    proof.add(le(Described(r"\textstyle\sum_j p_j ((v_j - f) \cdot x)^2"),
+                 Described(r"\textstyle\sum_j p_j ((v_j - c) \cdot x)^2")),
+              "the weighted mean f minimises the weighted second moment (sum_j p_j = 1), for every fixed c; take c = "
+              "f_i(X)", "cauchy-schwarz-cov")
+    proof.add(le(Described(r"\|\operatorname{diag}(p(Y))^{1/2} U_{hi}(Y)\|_2"), statement),
+              "p <= p+ (the form grows with each weight), then Weyl's inequality for V_h(Y) - 1 c^T = (V_h(X) - 1 c^T) "
+              "+ dV_h and ||.||_2 <= ||.||_F", "norm-calculus")
+    return Theorem("local-curvature-spread-sigma", "The values' weighted spread on a neighbourhood", statement, proof)
+
+
+@functools.cache
+def curvature_weight_reach() -> Theorem:
+    """``p_ij ||u_ij|| <= max_(p in [p-, p+]) p (1 - p) D_hj``: a weight and its value's distance to the output together
+    (lemma ``curvature-weight-reach``)."""
+    statement = q(r"\max_{p \in [p^-_{ij}, p^+_{ij}]} p (1 - p)\,D_{hj}")
+    proof = Derivation("A weight and its value's distance to the output together")
+    proof.hypothesis("Y in U; p_ij(Y) in [p-_ij, p+_ij]; f_i = sum_l p_il v_l with sum_l p_il = 1; D_hj >= max_l "
+                     "||v_j(Y) - v_l(Y)|| on U")
+    proof.add(Described(r"u_{ij} = v_j - f_i = \textstyle\sum_{l \ne j} p_{il} (v_j - v_l)"),
+              "the weights sum to 1", "norm-calculus")
+    proof.add(le(Described(r"\|u_{ij}\|"), Described(r"(1 - p_{ij})\,D_{hj}")),
+              "triangle inequality, sum_(l != j) p_il = 1 - p_ij", "norm-calculus")
+    proof.add(le(Described(r"p_{ij} \|u_{ij}\|"), statement),
+              "p (1 - p) over the weight's range on U", "norm-calculus")
+    return Theorem("local-curvature-weight-reach", "A weight and its value's distance to the output together",
+                   statement, proof)
+
+
+@functools.cache
+def curvature_rows_variance() -> Theorem:
+    """``||diag(p(Y)) zeta(Y) f|| <= ||diag(s) z(Y) f||``, ``s_hij = (max_l p+_hil p+_hij)^(1/2)``: the first group's
+    rows without m (lemma ``curvature-rows-variance``)."""
+    statement = q(r"\|\operatorname{diag}(s)\,z(Y) f\|")
+    proof = Derivation("The first group's rows through the weights' variance")
+    proof.hypothesis("Y in U; zeta_ij = z_ij - m_i as in local-curvature-centred; p+ the weights' upper ends on U; "
+                     "s_hij = (max_l p+_hil p+_hij)^(1/2)")
+    proof.add(le(Described(r"\textstyle\sum_j p_{ij}^2 \zeta_{ij}(f)^2"),
+                 Described(r"(\max_l p_{il}) \textstyle\sum_j p_{ij} \zeta_{ij}(f)^2")), "p_ij <= max_l p_il",
+              "norm-calculus")
+    proof.add(le(Described(r"\textstyle\sum_j p_{ij} \zeta_{ij}(f)^2"), Described(r"\textstyle\sum_j p_{ij} "
+                                                                                    r"z_{ij}(f)^2")),
+              "zeta_i(f) is z_i(f) less its weighted mean m_i(f), and the weighted mean minimises the weighted second "
+              "moment", "cauchy-schwarz-cov")
+    proof.add(le(Described(r"\|\operatorname{diag}(p(Y))\,\zeta(Y) f\|"), statement),
+              "p <= p+ in both factors, summed over the heads and queries", "norm-calculus")
+    return Theorem("local-curvature-rows-variance", "The first group's rows through the weights' variance", statement,
+                   proof)
 
 
 def _slope_hypotheses(proof: Derivation) -> None:
@@ -252,7 +349,9 @@ def block_reach_weighted() -> Theorem:
 
 
 #: the theorems of this module, by id (part of :data:`lipbound.symbolic.local.LOCAL_THEOREMS`)
-SECOND_ORDER_THEOREMS = {t.id: t for t in (curvature_centred(), slope_remainder_joint(),
-                                           feedforward_curvature_joint(), feedforward_folded_reach(),
-                                           attention_reach_remainder(), attention_token_reach(),
-                                           attention_token_remainder(), block_reach_weighted())}
+SECOND_ORDER_THEOREMS = {t.id: t for t in (curvature_centred(), curvature_spread(), curvature_spread_sigma(),
+                                           curvature_rows_variance(), curvature_weight_reach(),
+                                           slope_remainder_joint(), feedforward_curvature_joint(),
+                                           feedforward_folded_reach(), attention_reach_remainder(),
+                                           attention_token_reach(), attention_token_remainder(),
+                                           block_reach_weighted())}
