@@ -88,7 +88,7 @@ CHAIN_DENSE_LIMIT = 6144
 #: witness is a Jacobian norm computed in float64 (sums of at most a few thousand terms, relative
 #: error far below 1e-12); the certified Jacobian norm at X is asked to sit 1e-8 above the estimate.
 FLOAT_ALLOWANCE = 1e-9
-#: the heads-joint supremum (lemma jacobian-heads-joint, about 2 CPU s per radius at n = 9 on MiniLM) is formed
+#: the heads-joint supremum (lemma jacobian-heads-joint, about 0.7 CPU s per radius at n = 9 on MiniLM) is formed
 #: where the heads' summed supremum is within this factor of the best route: on MiniLM's layer 0 the joint form
 #: was 2.8 times below that sum at 1e-1 R and 1.6 times at 1e-2 R, where the curvature route is 8 times below it
 JOINT_REACH = 4.0
