@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from lipbound.local.centre import ChainCentre
 from lipbound.local.chains import NormwiseProduct, chain_for
+from lipbound.local.stack import composed_variation
 from lipbound.numeric.forward import hidden_states
 from lipbound.rigorous.linalg import Enclosure, spectral_norm_upper_large
 
@@ -60,3 +61,12 @@ def test_stack_jacobian_from_block_products_is_tight_and_holds(seed, blocks, sca
     bound = product.norm_upper()
     assert truth <= bound * (1 + 1e-7)   # (central differences: about 1e-9 relative)
     assert bound <= truth * (1 + 1e-6)
+
+
+def test_a_composed_variation_past_the_float_range_is_no_bound_not_an_error():
+    # six blocks' constants of 1e98 (MiniLM at 1e-3 R) multiply past the float range: the route gives inf
+    L, V = [[1e98]] * 6, [[1e98]] * 6
+    prefix = [1.0] + [1e60] * 6
+    assert composed_variation(L, V, prefix, 6, 0) == np.inf
+    exact = 3.0 * 0.5 + 0.25 * 4.0   # L_2 V_1 + V_2 pi_1
+    assert exact <= composed_variation([[2.0], [3.0]], [[0.5], [0.25]], [1.0, 4.0, 12.0], 2, 0) <= exact * (1 + 1e-12)

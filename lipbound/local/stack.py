@@ -9,6 +9,7 @@ from typing import final
 
 import numpy as np
 
+from ..errors import NotCertifiedError
 from ..rigorous.intervals import interval, upper, upper_product
 from ..rigorous.linalg import Enclosure, spectral_norm_upper_large
 from ..symbolic import local as T
@@ -131,10 +132,7 @@ class StackOfBlocks:
             values = {**{f"M_{{{l + 1}}}": L[l][k] for l in range(blocks)},
                       **{f"V_{{{l + 1}}}": V[l][k] for l in range(blocks)},
                       **{f"N_{{{l + 1}}}": N[l] for l in range(blocks)}}
-            finite = all(math.isfinite(v) for v in values.values())
-            norms = float(evaluate_theorem(theorem, **{key: np.float64(v) for key, v in values.items()})) \
-                if finite else math.inf
-            self.variation.append(min(norms, composed_variation(L, V, prefix, blocks, k)))
+            self.variation.append(min(_evaluated(theorem, values), composed_variation(L, V, prefix, blocks, k)))
             self.product.append(upper_product(*(L[l][k] for l in range(blocks))))
 
 
@@ -145,9 +143,19 @@ def composed_variation(L: list, V: list, prefix: list, count: int, k: int) -> fl
     factor is."""
     values = {**{f"L_{{{m + 1}}}": L[m][k] for m in range(count)}, **{f"V_{{{j + 1}}}": V[j][k] for j in range(count)},
               **{rf"\pi_{{{j}}}": prefix[j] for j in range(1, count)}}
+    return _evaluated(T.chain_prefix(count), values)
+
+
+def _evaluated(theorem, values: dict) -> float:
+    """The theorem's bound at these values, outward rounded; inf where a value is or where the bound leaves the
+    float range (six blocks' constants of 1e98 multiply past it)."""
     if not all(math.isfinite(v) for v in values.values()):
         return math.inf
-    return float(evaluate_theorem(T.chain_prefix(count), **{key: np.float64(v) for key, v in values.items()}))
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):   # the overflow is the answer, not a warning
+            return float(evaluate_theorem(theorem, **{key: np.float64(v) for key, v in values.items()}))
+    except NotCertifiedError:
+        return math.inf
 
 
 def prefix_constant(L: list, V: list, prefix: list, count: int, k: int) -> float:
