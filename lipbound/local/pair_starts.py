@@ -55,12 +55,12 @@ def pair_starts(target: Layer, X: np.ndarray, eps: float, count: int = 6) -> lis
     c = float(score_scale(engine).hi)
     n = X.shape[0]
     j, m = np.triu_indices(n, 1)
+    at_x = engine.linearize(engine.to_work(X)[None])                        # the one float forward at X
     heads, candidates = [], []
     for h in range(engine.H):
-        W_Q, W_K, W_V, b_Q, b_K, b_V = engine.head_weights(h)
-        keys = (X @ W_K + b_K) @ W_Q.T                                       # a_j, (n, d)
-        scores = c * (X @ W_Q + b_Q) @ (X @ W_K + b_K).T
-        outputs = (X @ W_V + b_V) @ target.output_block(h)                   # u_j
+        keys = at_x.K[0, h] @ engine.head_weights(h)[0].T                   # a_j = W_Q k_j^T, (n, d)
+        scores = at_x.S[0, h]
+        outputs = at_x.V[0, h] @ target.output_block(h)                     # u_j
         heads.append((keys, scores))
         apart = np.linalg.norm(keys[j] - keys[m], axis=1)                    # ||a_j - a_m|| per pair
         reach = c * apart * np.linalg.norm(outputs[j] - outputs[m], axis=1) / 4
