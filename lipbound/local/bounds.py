@@ -371,6 +371,13 @@ def _split_norms(ffn: FeedForward, spread: np.ndarray) -> tuple[float, float]:
     return spectral_norm_upper_large(left), spectral_norm_upper_large(right)
 
 
+def _slope_deviation(over: IntervalArray, at_centre: IntervalArray) -> np.ndarray:
+    """``s_k >= |a - b|`` for a slope ``a`` in ``over`` and ``b`` in ``at_centre`` (entrywise, rounded up): how far
+    GELU' over a neuron's interval strays from its value at the centre."""
+    return np.maximum((IntervalArray(over.hi) - IntervalArray(at_centre.lo)).hi,
+                      (IntervalArray(at_centre.hi) - IntervalArray(over.lo)).hi)
+
+
 def remainder_weights(ffn: FeedForward, E: EnclosedFeedForward, R: np.ndarray, tokens) -> np.ndarray:
     """Per token and neuron, ``t_k >= |Delta_k (e.w_k)|`` on the ball of radius R (theorem
     local-feedforward-curvature): how far the mean of GELU'' over the segment moves from its value at the
@@ -499,9 +506,7 @@ def feedforward_bounds(ffn: FeedForward, balls: TokenBalls, enclosed: EnclosedFe
     slopes = gelu_slope(E.h + IntervalArray(-reach.hi, reach.hi))                 # GELU' over the interval of h
     factors = np.zeros((2, n))
     for i in np.flatnonzero(local):
-        deviation = np.maximum((IntervalArray(slopes.hi[i]) - IntervalArray(E.slope.lo[i])).hi,
-                               (IntervalArray(E.slope.hi[i]) - IntervalArray(slopes.lo[i])).hi)
-        factors[:, i] = _split_norms(ffn, deviation)
+        factors[:, i] = _split_norms(ffn, _slope_deviation(slopes[i], E.slope[i]))
     names = (r"\|W_2^\top \operatorname{diag}(s)^{1/2}\|", r"\|\operatorname{diag}(s)^{1/2} W_1^\top\|")
     variation = evaluate_theorem(T.feedforward_variation(), **{names[0]: factors[0], names[1]: factors[1]})
     if want_variation and np.any(local):

@@ -23,7 +23,7 @@ from ..rigorous.arrays import IntervalArray, gelu_slope
 from ..rigorous.linalg import spectral_norm_upper_large
 from ..symbolic import local as T
 from ..symbolic.local_second_order import feedforward_folded_reach
-from .bounds import evaluate_theorem
+from .bounds import _column_norms, _slope_deviation, _split_norms, evaluate_theorem
 
 __all__ = ["FoldedFeedForward"]
 
@@ -43,7 +43,7 @@ class FoldedFeedForward:
 
     def __init__(self, ffn, folded_weights):
         self.ffn, self.folded_weights = ffn, folded_weights
-        self.columns = IntervalArray(IntervalArray(ffn.ffn.W_1).norm_upper(axis=0))       # ||w_k||, rounded up
+        self.columns = IntervalArray(_column_norms(ffn.ffn))                               # ||w_k||, rounded up
         self._folded: dict = {}
 
     def folded_columns(self, i: int) -> IntervalArray:
@@ -62,9 +62,7 @@ class FoldedFeedForward:
     def deviations(self, i: int, reach: np.ndarray) -> np.ndarray:
         """``s_k >= |GELU'(h_k + t) - GELU'(h_k)|`` over ``|t| <= c_k`` (d_ff,): the range of GELU' over the interval
         about its value at the centre."""
-        slopes = gelu_slope(self.ffn.h[i] + IntervalArray(-reach, reach))
-        at_centre = self.ffn.slope[i]
-        return np.maximum((slopes - IntervalArray(at_centre.lo)).hi, (IntervalArray(at_centre.hi) - slopes).hi)
+        return _slope_deviation(gelu_slope(self.ffn.h[i] + IntervalArray(-reach, reach)), self.ffn.slope[i])
 
     def bounds(self, i: int, r: float, delta: float, radius: float) -> dict:
         """Token i's certified ``lipschitz`` (``M_F >= sup ||J_F||``), ``variation`` (``V_F >= sup ||J_F - J_F(x_2)||``)
@@ -73,12 +71,9 @@ class FoldedFeedForward:
         if not all(np.isfinite(v) for v in (r, delta, radius)):
             return {"lipschitz": np.inf, "variation": np.inf, "change": np.inf}
         spread = self.deviations(i, self.reach(i, r, delta, radius))
-        root = IntervalArray(spread).sqrt()
-        W_1, W_2 = IntervalArray(self.ffn.ffn.W_1), IntervalArray(self.ffn.ffn.W_2)
-        A = self.folded_weights(i)
-        right = spectral_norm_upper_large((W_2 * root.expand(-1)).to_enclosure())         # ||diag(s)^(1/2) W_2||
-        left = spectral_norm_upper_large((W_1 * root.expand(0)).to_enclosure())           # ||W_1 diag(s)^(1/2)||
-        front = spectral_norm_upper_large((A * root.expand(0)).to_enclosure())            # ||J_1 W_1 diag(s)^(1/2)||
+        right, left = _split_norms(self.ffn.ffn, spread)    # ||diag(s)^(1/2) W_2||, ||W_1 diag(s)^(1/2)||
+        root = IntervalArray(spread).sqrt()                    # ||J_1 W_1 diag(s)^(1/2)||:
+        front = spectral_norm_upper_large((self.folded_weights(i) * root.expand(0)).to_enclosure())
         names = (r"\|W_2^\top \operatorname{diag}(s)^{1/2}\|", r"\|\operatorname{diag}(s)^{1/2} W_1^\top\|")
         variation = float(evaluate_theorem(T.feedforward_variation(), **{names[0]: np.float64(right),
                                                                           names[1]: np.float64(left)}))
