@@ -39,8 +39,8 @@ from ..numeric.blas import one_blas_thread
 from ..numeric.kernels import SOFTMAX, DotProduct
 from ..rigorous.arrays import IntervalArray, gelu, gelu_slope, softmax
 from ..rigorous.zonotope import AffineForm, Symbols, single_rows
-from .relational import weights_on
-from .scores import score_scale, visibility
+from .relational import head_forms, mixed_output, weights_on
+from .scores import visibility
 
 __all__ = ["HullBounds", "candidate_form", "condensed", "points_softmax", "form_attention", "form_norm",
            "form_feedforward", "form_cost", "hull_bounds"]
@@ -235,16 +235,13 @@ def form_attention(layer, X: AffineForm) -> AffineForm:
     :class:`~lipbound.local.relational.RelationalAttention` on any input form."""
     engine = AttentionMap(layer)
     _check(engine)
-    projected = X.linear(engine.W, engine.bias)
-    Q, K, V = (engine.per_head(projected, part) for part in ("queries", "keys", "values"))
-    S = Q.dot(K).scale(score_scale(engine))
+    S, V = head_forms(engine, X.linear(engine.W, engine.bias))
     if S.symbols.points is not None and S.box.shape[0] >= S.symbols.points.shape[1]:
         P, weights = points_softmax(S)
     else:
         P, weights = S.softmax(weights_on(S.hull()))
         P = P.within(weights)
-    merged = P.mix(V, weights).swapaxes(-2, -3).reshape(X.shape[0], engine.H * engine.d_v)
-    return merged.linear(engine.W_O, engine.b_O) + X
+    return mixed_output(engine, P, V, weights, X)
 
 
 def form_norm(norm, Z: AffineForm) -> AffineForm:

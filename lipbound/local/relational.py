@@ -116,6 +116,20 @@ def _meet(*boxes: IntervalArray) -> IntervalArray:
     return IntervalArray(lo, np.maximum(lo, np.min([box.hi for box in boxes], axis=0)))
 
 
+def head_forms(engine: AttentionMap, projected: AffineForm) -> tuple[AffineForm, AffineForm]:
+    """The scores ``c q_i . k_j`` (H, n, n) and the values (H, n, d_v) of a layer's fused projection ``projected``
+    (n, width), as affine forms."""
+    Q, K, V = (engine.per_head(projected, part) for part in ("queries", "keys", "values"))
+    return Q.dot(K).scale(score_scale(engine)), V
+
+
+def mixed_output(engine: AttentionMap, P: AffineForm, V: AffineForm, weights: IntervalArray,
+                 X: AffineForm) -> AffineForm:
+    """``X + concat_h(P_h V_h) W_O + b_O``: the weights' form P (H, n, n), within ``weights``, mixing the values."""
+    merged = P.mix(V, weights).swapaxes(-2, -3).reshape(X.shape[0], engine.H * engine.d_v)
+    return merged.linear(engine.W_O, engine.b_O) + X
+
+
 @final
 class RelationalAttention:
     """An attention layer with residual on ``U(X, eps)``, as affine forms (module docstring).
@@ -151,8 +165,7 @@ class RelationalAttention:
         engine = AttentionMap(target)
         E = enclosed or EnclosedAttention(target, X)
         U, projected = AffineForm.ball_image(X, eps, engine.W, engine.bias)
-        Q, K, V = (engine.per_head(projected, part) for part in ("queries", "keys", "values"))
-        S = Q.dot(K).scale(score_scale(engine))
+        S, V = head_forms(engine, projected)
         # (the closed form is never wider than the score-deviation theorem on the token balls of U)
         self.scores = _meet(S.hull(), frobenius_scores(E, eps))
         self.enclosed, self._engine, self._known = E, engine, known_weights
@@ -187,8 +200,7 @@ class RelationalAttention:
         """The layer's output on U (n, d) as an affine form."""
         (U, _, V), engine = self._forms, self._engine
         weights, P = self._weights
-        merged = P.mix(V, weights).swapaxes(-2, -3).reshape(U.shape[0], engine.H * engine.d_v)
-        return merged.linear(engine.W_O, engine.b_O) + U
+        return mixed_output(engine, P, V, weights, U)
 
     @functools.cached_property
     def radii(self) -> np.ndarray:
