@@ -43,6 +43,8 @@ import numpy as np
 from ..numeric.model import Layer
 from ..rigorous.arrays import IntervalArray
 from ..rigorous.linalg import Enclosure, lambda_max_upper_large, lambda_min_lower
+from ..symbolic.local_jacobian import heads_joint
+from .bounds import evaluate_theorem
 from .enclosed import EnclosedAttention
 
 __all__ = ["JointHeads"]
@@ -188,9 +190,10 @@ class JointHeads:
         return out
 
     @staticmethod
-    def join(terms) -> float:
-        """``||sum_k t_k gamma_k S_k||^(1/2) ||sum_k gamma_k T_k / t_k||^(1/2)`` certified, with
-        ``t_k = (||T_k|| / ||S_k||)^(1/2)`` (each term then counts ``gamma_k (||S_k|| ||T_k||)^(1/2)`` at most)."""
+    def tops(terms) -> tuple[float, float]:
+        """``(lambda_S, lambda_T)``, certified upper bounds on ``||sum_k t_k gamma_k S_k||`` and ``||sum_k gamma_k T_k /
+        t_k||`` with ``t_k = (||T_k|| / ||S_k||)^(1/2)`` (each term then counts ``gamma_k (||S_k|| ||T_k||)^(1/2)`` at
+        most)."""
         left = right = None
         for _, _, gamma, S, T in terms:
             s, t = _estimate(S), _estimate(T)
@@ -202,11 +205,18 @@ class JointHeads:
             left = S.scale(a) if left is None else left + S.scale(a)
             right = T.scale(b) if right is None else right + T.scale(b)
         if left is None:
-            return 0.0
-        top = IntervalArray(max(lambda_max_upper_large(left.sym()), 0.0)) \
-            * IntervalArray(max(lambda_max_upper_large(right.sym()), 0.0))
-        return float(top.sqrt().hi)
+            return 0.0, 0.0
+        return max(lambda_max_upper_large(left.sym()), 0.0), max(lambda_max_upper_large(right.sym()), 0.0)
+
+    @classmethod
+    def join(cls, terms) -> float:
+        """``lambda_S^(1/2) lambda_T^(1/2)`` of :meth:`tops`, rounded up: a bound on ``||DF(Y) - I||_2`` on U."""
+        lam_s, lam_t = cls.tops(terms)
+        return float((IntervalArray(lam_s) * IntervalArray(lam_t)).sqrt().hi)
 
     def supremum(self, eps: float, weights: IntervalArray) -> float:
-        """``sup_{U(X, eps)} ||DF(Y)||_2 <= 1 + join(terms)`` (the residual's identity plus the heads' paths)."""
-        return float((IntervalArray(1.0) + IntervalArray(self.join(self.terms(eps, weights)))).hi)
+        """``sup_{U(X, eps)} ||DF(Y)||_2 <= 1 + lambda_S^(1/2) lambda_T^(1/2)`` (theorem
+        ``local-jacobian-heads-joint``: the residual's identity plus the heads' paths joined)."""
+        lam_s, lam_t = self.tops(self.terms(eps, weights))
+        return float(evaluate_theorem(heads_joint(), **{r"\lambda_S": np.float64(lam_s),
+                                                        r"\lambda_T": np.float64(lam_t)}))
