@@ -22,7 +22,9 @@ Heads that read and write different directions then add up in squares, not in no
   range of ``x . a_j`` is at most ``2^(1/2) ||C_a x||`` and that of ``x . (a'_j - a_j)`` at most
   ``2^(1/2) eps ||x G||`` (``||y_j - x_j||^2 + ||y_l - x_l||^2 <= eps^2``), so
   ``Var(x . a') <= x^T ((1 + r) C_a^T C_a + (1 + 1/r) eps^2 G G^T) x / 2``: ``gamma = c``, ``S`` that, ``T`` the
-  same of ``u`` (``C_u^T C_u`` and ``eps^2 A^T A``);
+  same of ``u`` (``C_u^T C_u`` and ``eps^2 A^T A``).  The spreads' halves ``C_a^T C_a / 2`` and ``C_u^T C_u / 2``
+  are replaced by covering forms (:func:`_covering`, lemma ``jacobian-heads-covering``), which pay only the widest
+  pair's half range and not the sum over the keys;
 * key path, row i ``c (E b'_i)^T J'_i V' W_O^h``: the covariance of ``e_j . b'_i`` and ``f_i . u'_j`` under
   ``p'_i``; a variance is at most ``sum_j p'_ij z_j^2`` and at most a quarter of the squared range, so at most
   ``(z_j^2 + z_l^2) / 2 <= sum_j z_j^2 / 2``; with ``b'_i - b_i = (y_i - x_i) G`` and ``p'_ij <= max_j p^+_ij``:
@@ -31,7 +33,8 @@ Heads that read and write different directions then add up in squares, not in no
 
 Every matrix is an outward-rounded enclosure (the keys, values and queries at X enclosed, the weights exact
 floats); the two top eigenvalues are certified (:func:`~lipbound.rigorous.linalg.lambda_max_upper_large`).
-The ``t_k`` and ``r`` are floats chosen to balance the two sides (any positive values give a bound).
+The ``t_k`` and ``r`` are floats chosen to balance the two sides (any positive values give a bound).  The bound is
+theorem ``local-jacobian-heads-joint`` (:mod:`lipbound.symbolic.local_jacobian`).
 """
 
 from __future__ import annotations
