@@ -10,12 +10,15 @@ seconds of each curve and radius (time.process_time: the machine is shared, wall
     python bench/bench_relational.py --sentences 2 --kinds block,stack --fractions 1e-4,1e-3,1e-2
     python bench/bench_relational.py --sentences 20 --fractions 1e-4,1e-3,1e-2,1e-1 --after-only --table
     python bench/bench_relational.py --text "The cat sat on the mat." --fractions 1e-4,1e-3,1e-2,1e-1 --without-joint
+    python bench/bench_relational.py --sentences 3 --fractions 1e-1 --without-covering
 
 ``--table`` ends with the ratios' median and worst over the sentences per radius, and the CPU seconds per radius
-(median, largest); ``--text`` runs one sentence of your own instead of the bundled ones.  ``--second-derivative``
-prints instead, per sentence, the curvature bound's groups at X (chi_I, chi_II, chi_III) beside a float lower
-estimate of each group's ``sup ||D^2A(X)[e, f]||`` over unit e, f (alternating top singular vectors of the dense
-``(n d) x (n d)`` matrix of ``e -> D^2A(X)[e, f]``; about a minute per group at n = 9, never a bound):
+(median, largest); ``--without-covering`` compares with the heads joined through the keys' and values' Gram forms
+(lemma jacobian-heads-covering replaces them); ``--text`` runs one sentence of your own instead of the bundled
+ones.  ``--second-derivative`` prints instead, per sentence, the curvature bound's groups at X (chi_I, chi_II,
+chi_III) beside a float lower estimate of each group's ``sup ||D^2A(X)[e, f]||`` over unit e, f (alternating top
+singular vectors of the dense ``(n d) x (n d)`` matrix of ``e -> D^2A(X)[e, f]``; about a minute per group at
+n = 9, never a bound):
 
     python bench/bench_relational.py --text "The cat sat on the mat." --second-derivative
 """
@@ -44,6 +47,7 @@ def run(text, kind, layer, fractions, model, mode: str):
     import math
 
     from lipbound.local import curve as curve_module
+    from lipbound.local import joint_heads
     from lipbound.measures.curves import local_curve
     top = layer + 1 if kind == "stack" else None
     began = time.process_time()
@@ -51,7 +55,9 @@ def run(text, kind, layer, fractions, model, mode: str):
         mock.patch.object(curve_module.RelationalRoute, "jacobian", return_value=(math.inf, math.inf)) \
         if mode == "relational" else \
         mock.patch.object(curve_module.RelationalRoute, "joint_supremum", return_value=math.inf) \
-        if mode == "summed" else contextlib.nullcontext()
+        if mode == "summed" else \
+        mock.patch.object(joint_heads, "_covering", lambda rows: joint_heads._gram(rows).scale(0.5)) \
+        if mode == "gram" else contextlib.nullcontext()
     with patch:
         found, _ = local_curve(text, layer=layer, kind=kind, last=top, eps=fractions, model=model)
     return found, time.process_time() - began
@@ -145,6 +151,8 @@ def main() -> None:
                         help="also run with the relational route but without the Jacobian enclosed over U")
     parser.add_argument("--without-joint", action="store_true",
                         help="compare with the run whose Jacobian supremum sums the heads (no jacobian-heads-joint)")
+    parser.add_argument("--without-covering", action="store_true",
+                        help="compare with the run whose joined heads read the keys' and values' Gram forms")
     parser.add_argument("--second-derivative", action="store_true",
                         help="the curvature bound's groups at X against ascent on the true second derivative")
     args = parser.parse_args()
@@ -159,7 +167,8 @@ def main() -> None:
     table: dict = {}
     for text in texts:
         for kind in args.kinds.split(","):
-            modes = ("summed", "after") if args.without_joint else ("after",) if args.after_only else \
+            modes = ("gram", "after") if args.without_covering else ("summed", "after") if args.without_joint \
+                else ("after",) if args.after_only else \
                 ("before", "relational", "after") if args.without_jacobian else ("before", "after")
             runs = {mode: run(text, kind, args.layer, fractions, model, mode) for mode in modes}
             after, seconds = runs["after"]
@@ -171,6 +180,7 @@ def main() -> None:
                 before = runs["before"][0].points[index] if "before" in runs else None
                 middle = runs["relational"][0].points[index] if "relational" in runs else None
                 summed = runs["summed"][0].points[index] if "summed" in runs else None
+                gram = runs["gram"][0].points[index] if "gram" in runs else None
                 print(f"  eps {point.eps / after.radius:7.0e} R: certified {point.certified:10.4g} witness "
                       f"{point.witness:8.4g} ratio {point.ratio:8.3g}"
                       + (f" (before {before.certified:10.4g}, ratio {before.ratio:8.3g})" if before else "")
@@ -178,6 +188,8 @@ def main() -> None:
                          if middle else "")
                       + (f" (heads summed {summed.certified:10.4g}, ratio {summed.ratio:8.3g}, CPU s "
                          f"{summed.cpu_seconds:.1f})" if summed else "")
+                      + (f" (Gram forms {gram.certified:10.4g}, ratio {gram.ratio:8.3g}, CPU s {gram.cpu_seconds:.1f})"
+                         if gram else "")
                       + f"; variation {point.variation:9.4g} (found {point.variation_witness:.3g}); "
                         f"route: {point.route}; CPU s {point.cpu_seconds:.1f}; {point.verdict}")
 

@@ -22,6 +22,7 @@ import functools
 import sympy as sp
 
 from . import symbols as S
+from .local_jacobian import JACOBIAN_THEOREMS
 from .local_second_order import SECOND_ORDER_THEOREMS, attention_token_reach, block_reach_weighted
 from .record import Derivation, Described, le
 from .record import quantity as q
@@ -691,4 +692,4 @@ LOCAL_THEOREMS = {t.id: t for t in (score_deviation(), score_deviation_normalise
                                     block_tail_variation(),
                                     jacobian_on_neighbourhood(), chain_variation(2), normwise_product(3),
                                     chain_prefix(3), path_certificate(),
-                                    coupling_bound())} | SECOND_ORDER_THEOREMS
+                                    coupling_bound())} | SECOND_ORDER_THEOREMS | JACOBIAN_THEOREMS
