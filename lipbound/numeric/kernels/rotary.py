@@ -18,6 +18,7 @@ A rotation is linear and orthogonal: its JVP is itself and its VJP the rotation 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import ClassVar, final
 
 import numpy as np
@@ -32,32 +33,48 @@ __all__ = ["Rotary", "Rotation", "PAIRINGS"]
 PAIRINGS = ("half", "interleaved")
 
 
+@lru_cache(maxsize=256)
+def _tables(base: float, D: int, positions: tuple, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """``cos`` and ``sin`` of the angles ``p base^(-2t/D)`` (L, D/2), read-only: a pure function of its arguments,
+    formed once (a witness search builds thousands of rotations at the same positions)."""
+    half = D // 2
+    frequencies = float(base) ** (-np.arange(half, dtype=np.float64) * 2.0 / D)
+    angles = np.asarray(positions, dtype=np.float64)[:, None] * frequencies[None, :]
+    cos, sin = np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+    cos.flags.writeable = sin.flags.writeable = False
+    return cos, sin
+
+
 @final
 class Rotation:
     """``R(p_l) u_l`` for the rows u_l (..., L, w) of U at positions ``p`` (L,), as a linearised
     transform (``F``, ``jvp``, ``vjp``)."""
 
-    __slots__ = ("cos", "sin", "first", "second", "F")
+    __slots__ = ("cos", "sin", "first", "second", "contiguous", "F")
 
     def __init__(self, rotary: Rotary, U: np.ndarray, positions: np.ndarray):
         D = rotary.rotated(U.shape[-1])
         half = D // 2
-        frequencies = float(rotary.base) ** (-np.arange(half, dtype=np.float64) * 2.0 / D)
-        angles = np.asarray(positions, dtype=np.float64)[:, None] * frequencies[None, :]
-        self.cos, self.sin = np.cos(angles).astype(U.dtype), np.sin(angles).astype(U.dtype)
+        self.cos, self.sin = _tables(float(rotary.base), D, tuple(np.asarray(positions).tolist()), U.dtype.str)
         if rotary.pairing == "half":
             self.first, self.second = slice(0, half), slice(half, D)
         else:
             self.first, self.second = slice(0, D, 2), slice(1, D, 2)
+        # every coordinate rotates in halves: the rotated array is the two halves side by side
+        self.contiguous = rotary.pairing == "half" and D == U.shape[-1]
         self.F = self.rotate(U, 1)
 
     def rotate(self, U: np.ndarray, sign: int) -> np.ndarray:
         """The rotation by ``sign * p theta`` (``sign = -1``: the transpose)."""
-        out = U.copy()
         a, b = U[..., self.first], U[..., self.second]
-        sin = self.sin if sign > 0 else -self.sin
-        out[..., self.first] = a * self.cos - b * sin
-        out[..., self.second] = b * self.cos + a * sin
+        if sign > 0:
+            first, second = a * self.cos - b * self.sin, b * self.cos + a * self.sin
+        else:
+            first, second = a * self.cos + b * self.sin, b * self.cos - a * self.sin
+        if self.contiguous:
+            return np.concatenate([first, second], axis=-1)
+        out = U.copy()
+        out[..., self.first], out[..., self.second] = first, second
         return out
 
     def jvp(self, dU):
