@@ -258,8 +258,13 @@ def test_rotations_at_the_same_positions_share_their_tables_and_rotate_as_the_re
         assert not first.cos.flags.writeable
         D, half = kernel.rotated(6), kernel.rotated(6) // 2
         angles = positions[:, None] * kernel.base ** (-np.arange(half) * 2.0 / D)
-        np.testing.assert_array_equal(first.cos, np.cos(angles))
-        np.testing.assert_array_equal(first.sin, np.sin(angles))
+        pairs = (np.arange(half), np.arange(half, D)) if kernel.pairing == "half" else (np.arange(0, D, 2),
+                                                                                        np.arange(1, D, 2))
+        for place, sign in zip(pairs, (-1, 1)):
+            np.testing.assert_array_equal(first.cos[:, place], np.cos(angles))
+            np.testing.assert_array_equal(first.sin[:, place], sign * np.sin(angles))
+        np.testing.assert_array_equal(first.cos[:, D:], 1.0)
+        np.testing.assert_array_equal(first.sin[:, D:], 0.0)
         assert kernel.rotation(U, positions + 1).cos is not first.cos
         expected = np.array([[rotate_reference(kernel, u, p) for u, p in zip(rows, positions)] for rows in U])
         np.testing.assert_allclose(first.F, expected, rtol=1e-12, atol=1e-12)
@@ -375,6 +380,24 @@ def test_curvature_matches_differences_of_vjps_for_masked_dot_products():
         h = 1e-6
         expected = (engine.linearize(X + h * E).vjp(G) - engine.linearize(X - h * E).vjp(G)) / (2 * h)
         np.testing.assert_allclose(engine.linearize(X).curvature(E, G), expected, rtol=1e-5, atol=1e-7)
+
+
+def test_curvature_of_rotary_scores_matches_differences_of_vjps():
+    """The analytic second-order term on rotated queries and keys (both pairings, a partial rotation, grouped
+    heads, causal and windowed masks, a single head and a layer) against central differences of VJPs."""
+    rng = np.random.default_rng(16)
+    kernels = (Rotary(base=30.0, pairing="half"), Rotary(base=7.0, dims=2, pairing="interleaved"))
+    for kernel, mask in zip(kernels, (AttentionMask(causal=True), AttentionMask(window=2, bias=ALiBi(0.3)))):
+        layer = _group_layer(rng, kernel, mask, 4, 2)
+        for target in (layer, layer.heads[1]):
+            engine = AttentionMap(target)
+            assert engine.rotated and not engine.bilinear
+            X, E = rng.standard_normal((2, 5, D)), rng.standard_normal((2, 5, D))
+            G = rng.standard_normal(engine.linearize(X).F.shape)
+            h = 1e-6
+            expected = (engine.linearize(X + h * E).vjp(G) - engine.linearize(X - h * E).vjp(G)) / (2 * h)
+            np.testing.assert_allclose(engine.linearize(X).curvature(E, G), expected, rtol=1e-5, atol=1e-7)
+    assert not AttentionMap(random_head(rng, Rotary(), AttentionMask(softcap=2.0))).rotated
 
 
 # Facts, dispatch, custom scores, the plain arrays ----------------------------------------------

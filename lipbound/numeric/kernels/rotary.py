@@ -34,15 +34,25 @@ PAIRINGS = ("half", "interleaved")
 
 
 @lru_cache(maxsize=256)
-def _tables(base: float, D: int, positions: tuple, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """``cos`` and ``sin`` of the angles ``p base^(-2t/D)`` (L, D/2), read-only: a pure function of its arguments,
-    formed once (a witness search builds thousands of rotations at the same positions)."""
+def _tables(base: float, D: int, width: int, pairing: str, positions: tuple, dtype: str):
+    """``(partner, cos, sin)`` with ``R(p) u = u * cos + u[partner] * sin`` row by row: ``partner`` swaps each rotated
+    pair, ``cos`` and ``sin`` (L, width) hold the angles ``p base^(-2t/D)`` on both coordinates of pair t (``sin``
+    negated on the first), 1 and 0 beyond the D rotated coordinates.  Read-only, and formed once: a pure function of
+    its arguments (a witness search builds thousands of rotations at the same positions)."""
     half = D // 2
     frequencies = float(base) ** (-np.arange(half, dtype=np.float64) * 2.0 / D)
     angles = np.asarray(positions, dtype=np.float64)[:, None] * frequencies[None, :]
-    cos, sin = np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
-    cos.flags.writeable = sin.flags.writeable = False
-    return cos, sin
+    first, second = (np.arange(half), np.arange(half, D)) if pairing == "half" else \
+        (np.arange(0, D, 2), np.arange(1, D, 2))
+    partner = np.arange(width)
+    partner[first], partner[second] = second, first
+    cos, sin = np.ones((len(positions), width)), np.zeros((len(positions), width))
+    cos[:, first], cos[:, second] = np.cos(angles), np.cos(angles)
+    sin[:, first], sin[:, second] = -np.sin(angles), np.sin(angles)
+    cos, sin = cos.astype(dtype), sin.astype(dtype)
+    for table in (partner, cos, sin):
+        table.flags.writeable = False
+    return partner, cos, sin
 
 
 @final
@@ -50,32 +60,20 @@ class Rotation:
     """``R(p_l) u_l`` for the rows u_l (..., L, w) of U at positions ``p`` (L,), as a linearised
     transform (``F``, ``jvp``, ``vjp``)."""
 
-    __slots__ = ("cos", "sin", "first", "second", "contiguous", "F")
+    __slots__ = ("partner", "cos", "sin", "F")
 
     def __init__(self, rotary: Rotary, U: np.ndarray, positions: np.ndarray):
-        D = rotary.rotated(U.shape[-1])
-        half = D // 2
-        self.cos, self.sin = _tables(float(rotary.base), D, tuple(np.asarray(positions).tolist()), U.dtype.str)
-        if rotary.pairing == "half":
-            self.first, self.second = slice(0, half), slice(half, D)
-        else:
-            self.first, self.second = slice(0, D, 2), slice(1, D, 2)
-        # every coordinate rotates in halves: the rotated array is the two halves side by side
-        self.contiguous = rotary.pairing == "half" and D == U.shape[-1]
+        self.partner, self.cos, self.sin = _tables(float(rotary.base), rotary.rotated(U.shape[-1]), U.shape[-1],
+                                                   rotary.pairing, tuple(np.asarray(positions).tolist()), U.dtype.str)
         self.F = self.rotate(U, 1)
 
     def rotate(self, U: np.ndarray, sign: int) -> np.ndarray:
-        """The rotation by ``sign * p theta`` (``sign = -1``: the transpose)."""
-        a, b = U[..., self.first], U[..., self.second]
-        if sign > 0:
-            first, second = a * self.cos - b * self.sin, b * self.cos + a * self.sin
-        else:
-            first, second = a * self.cos + b * self.sin, b * self.cos - a * self.sin
-        if self.contiguous:
-            return np.concatenate([first, second], axis=-1)
-        out = U.copy()
-        out[..., self.first], out[..., self.second] = first, second
-        return out
+        """The rotation by ``sign * p theta`` (``sign = -1``: the transpose): ``u'_a = u_a cos - u_b sin``, ``u'_b =
+        u_b cos + u_a sin`` on each pair (a, b)."""
+        swapped = np.take(U, self.partner, axis=-1)
+        swapped *= self.sin if sign > 0 else -self.sin
+        swapped += U * self.cos
+        return swapped
 
     def jvp(self, dU):
         return self.rotate(dU, 1)
@@ -141,6 +139,9 @@ class Rotary(AttentionKernel):
         ``c q R(offset) k^T`` (rows), so the head acts at that offset as a dot-product head with
         ``A = c W_Q R W_K^T``."""
         return Rotation(self, np.eye(d_k), np.full(d_k, offset)).F.T
+
+    def rotated_scale(self, d_k: int) -> float | None:
+        return scale_of(self.scale, d_k)
 
     def linearize(self, Q, K, pos_q, pos_k, d):
         return BilinearScores(scale_of(self.scale, Q.shape[-1]), Rotation(self, Q, pos_q), Rotation(self, K, pos_k))
