@@ -382,24 +382,6 @@ def test_curvature_matches_differences_of_vjps_for_masked_dot_products():
         np.testing.assert_allclose(engine.linearize(X).curvature(E, G), expected, rtol=1e-5, atol=1e-7)
 
 
-def test_curvature_of_rotary_scores_matches_differences_of_vjps():
-    """The analytic second-order term on rotated queries and keys (both pairings, a partial rotation, grouped
-    heads, causal and windowed masks, a single head and a layer) against central differences of VJPs."""
-    rng = np.random.default_rng(16)
-    kernels = (Rotary(base=30.0, pairing="half"), Rotary(base=7.0, dims=2, pairing="interleaved"))
-    for kernel, mask in zip(kernels, (AttentionMask(causal=True), AttentionMask(window=2, bias=ALiBi(0.3)))):
-        layer = _group_layer(rng, kernel, mask, 4, 2)
-        for target in (layer, layer.heads[1]):
-            engine = AttentionMap(target)
-            assert engine.rotated and not engine.bilinear
-            X, E = rng.standard_normal((2, 5, D)), rng.standard_normal((2, 5, D))
-            G = rng.standard_normal(engine.linearize(X).F.shape)
-            h = 1e-6
-            expected = (engine.linearize(X + h * E).vjp(G) - engine.linearize(X - h * E).vjp(G)) / (2 * h)
-            np.testing.assert_allclose(engine.linearize(X).curvature(E, G), expected, rtol=1e-5, atol=1e-7)
-    assert not AttentionMap(random_head(rng, Rotary(), AttentionMask(softcap=2.0))).rotated
-
-
 # Facts, dispatch, custom scores, the plain arrays ----------------------------------------------
 def test_kernels_without_theorems_are_refused_never_bound_by_another():
     rng = np.random.default_rng(7)

@@ -145,10 +145,6 @@ class AttentionMap:
         self.scale = self.kernel.bilinear_scale(self.d_k)
         self.bilinear = self.scale is not None and self.weights is SOFTMAX and \
             all(mask.softcap is None for mask in self.masks.masks)
-        # scores c (R_i q) . (R_j k) under the same softmax and masks (rotary): the analytic curvature on the
-        # rotated queries and keys
-        self.rotated = not self.bilinear and self.kernel.rotated_scale(self.d_k) is not None and \
-            self.weights is SOFTMAX and all(mask.softcap is None for mask in self.masks.masks)
         self.gram = None  # a single bilinear head: power iteration in output space (Gram blocks of W)
         if self.H == 1 and W_O is None and not residual and self.bilinear:
             W_Q, W_K, W_V = (self.W[:, c] for c in self.columns)
@@ -418,8 +414,6 @@ class Linearization:
             gQ  = c (gdS dK + gS K),  gK = c (gdS^T dQ + gS^T Q),  gV = dP^T G
             grad = [gQ | gK | gV] W^T
 
-        Rotated scores ``S = c (R Q) (R K)^T`` (:attr:`AttentionMap.rotated`: fixed rotations per position) take the
-        same formula on ``R Q``, ``R K``, ``R dQ``, ``R dK``, and ``gQ``, ``gK`` back through ``R^T``.
         Other kernels: the central difference ``(Df(X + hE)^T G - Df(X - hE)^T G) / 2h`` (symmetry of
         the Hessian of ``<G, f>``).  With ``G = Df[E] / ||Df[E]||`` and E the top right singular vector
         this is the gradient of the local Jacobian norm (envelope theorem).
@@ -427,7 +421,7 @@ class Linearization:
         if self.cross:
             raise WeightsError("curvature", "self-attention", "cross-attention", "use jvp and vjp")
         k = self.k
-        if not (k.bilinear or k.rotated):
+        if not k.bilinear:
             scale = np.sqrt(np.sum(self.X ** 2, axis=(1, 2), keepdims=True)) + 1.0
             h = 1e-5 * scale
             plus = k.linearize(self.X + h * E, positions=self.pos_k).vjp(G)
@@ -435,12 +429,8 @@ class Linearization:
             return (plus - minus) / (2 * h)
         dQ, dK, dV = k.split(k.project(E, bias=False))
         Gh = self._heads_in(G)
-        P, V = self.P5, self.V5
-        if k.rotated:
-            turn_q, turn_k = self.scores.tq, self.scores.tk
-            c, Q, K, dQ, dK = self.scores.c, turn_q.F, turn_k.F, turn_q.jvp(dQ), turn_k.jvp(dK)
-        else:
-            c, Q, K = k.scale, self.Q5, self.K5
+        c, P = k.scale, self.P5
+        Q, K, V = self.Q5, self.K5, self.V5
         dS = c * (dQ @ _swap(K) + Q @ _swap(dK))
         m = np.sum(P * dS, axis=-1, keepdims=True)
         dP = P * (dS - m)
@@ -452,8 +442,6 @@ class Linearization:
         gQ = c * (gdS @ dK + gS @ K)
         gK = reduce_to(c * (_swap(gdS) @ dQ + _swap(gS) @ Q), K.shape)
         gV = reduce_to(_swap(dP) @ Gh, V.shape)
-        if k.rotated:
-            gQ, gK = turn_q.vjp(gQ), turn_k.vjp(gK)
         return self._from_proj(k.merge(gQ, gK, gV))
 
     # power iteration -------------------------------------------------------------------------------

@@ -156,11 +156,6 @@ class AttentionKernel:
         iteration and the analytic curvature use it), else None."""
         return None
 
-    def rotated_scale(self, d_k: int) -> float | None:
-        """``c`` when the score is ``c (R_i q) . (R_j k)`` with fixed linear maps ``R`` of the positions (the
-        analytic curvature uses it, on the rotated queries and keys), else None."""
-        return self.bilinear_scale(d_k)
-
     def to_arrays(self) -> dict[str, np.ndarray]:
         """``{"kernel": name, parameter: array, ...}``: plain data (0-d arrays for numbers and strings;
         None parameters left out; a nested kernel under ``"<parameter>.<key>"``)."""

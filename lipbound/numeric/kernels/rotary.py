@@ -140,8 +140,5 @@ class Rotary(AttentionKernel):
         ``A = c W_Q R W_K^T``."""
         return Rotation(self, np.eye(d_k), np.full(d_k, offset)).F.T
 
-    def rotated_scale(self, d_k: int) -> float | None:
-        return scale_of(self.scale, d_k)
-
     def linearize(self, Q, K, pos_q, pos_k, d):
         return BilinearScores(scale_of(self.scale, Q.shape[-1]), Rotation(self, Q, pos_q), Rotation(self, K, pos_k))
