@@ -320,6 +320,13 @@ def main() -> None:
           f"{len(layer_gaps)} layers, gap median {np.median(layer_gaps):.3f}, max {np.max(layer_gaps):.3f}")
     print(f"wall time {seconds:.1f} s for {len(rows)} rows, {cpu:.1f} CPU s (this process and its finished workers); "
           f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} (2 cores)")
+    blocks, every = len({r["layer"] for r in rows}), model.stack_size(report.rows[0].block)
+    if blocks < every:
+        # the 10-minute target is for every block: CPU seconds scale with the blocks (each block's rows cost about the
+        # same), and on an idle machine --jobs J divides them by J
+        projected = cpu / blocks * every
+        print(f"projected for all {every} blocks: {projected:.0f} CPU s, {projected / args.jobs / 60:.1f} minutes "
+              f"with --jobs {args.jobs} on {args.jobs} idle cores")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "seconds": seconds, "cpu_seconds": cpu,
                                                "load": [load_before, load_after]}, indent=1))

@@ -245,6 +245,32 @@ def test_rope_depends_on_positions_only_through_their_offset():
         assert not np.allclose(S, engine.linearize(X, positions=np.arange(6) * 3).S)
 
 
+def test_rotations_at_the_same_positions_share_their_tables_and_rotate_as_the_reference():
+    """The cos/sin tables are formed once per (base, rotated width, positions, dtype): a second rotation at the same
+    positions reads the same read-only arrays, equal to tables formed afresh, and both rotate every row as the
+    reference does (forward and transpose), for both pairings and a partial rotation."""
+    rng = np.random.default_rng(5)
+    for kernel in (Rotary(base=100.0, pairing="half"), Rotary(base=50.0, dims=4, pairing="interleaved")):
+        U = rng.standard_normal((3, 7, 6))
+        positions = np.arange(7) * 2
+        first, second = kernel.rotation(U, positions), kernel.rotation(U[::-1].copy(), positions)
+        assert first.cos is second.cos and first.sin is second.sin
+        assert not first.cos.flags.writeable
+        D, half = kernel.rotated(6), kernel.rotated(6) // 2
+        angles = positions[:, None] * kernel.base ** (-np.arange(half) * 2.0 / D)
+        pairs = (np.arange(half), np.arange(half, D)) if kernel.pairing == "half" else (np.arange(0, D, 2),
+                                                                                        np.arange(1, D, 2))
+        for place, sign in zip(pairs, (-1, 1)):
+            np.testing.assert_array_equal(first.cos[:, place], np.cos(angles))
+            np.testing.assert_array_equal(first.sin[:, place], sign * np.sin(angles))
+        np.testing.assert_array_equal(first.cos[:, D:], 1.0)
+        np.testing.assert_array_equal(first.sin[:, D:], 0.0)
+        assert kernel.rotation(U, positions + 1).cos is not first.cos
+        expected = np.array([[rotate_reference(kernel, u, p) for u, p in zip(rows, positions)] for rows in U])
+        np.testing.assert_allclose(first.F, expected, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(first.vjp(first.F), U, rtol=1e-12, atol=1e-12)
+
+
 def test_t5_buckets_match_hand_computed_values():
     relative = np.array([0, 1, -1, 7, -7, 8, -20, 20, -200, 200])
     # bidirectional: 16 buckets a side, 8 exact, 8 + int(log(20/8) / log(16) * 8) = 10; one side: 16 exact,

@@ -29,6 +29,7 @@ from .sdp import HeadBounds, matrix_aware_closed_form, relax
 from .sdp.layer import layer_head_bounds, layer_joint_bound
 from .sdp.region import Region
 from .sdp.rotary import PositionalHeadBounds, positional_bound, positional_layer_bound
+from .sdp.rotary_floor import layer_candidate_floor
 
 __all__ = ["head_constant", "layer_constant", "head_bounds", "layer_bounds", "output_blocks", "NORMS"]
 
@@ -210,10 +211,16 @@ def layer_bounds(attention_layer: Layer | TransformerLayer, domain: TokenDomain,
 
 def _positional_layer(attention: Layer, domain: TokenDomain, n: int) -> list[CertifiedValue]:
     """``"matrix-aware"`` (the sum over heads of the bound of ``f^h W_O^h``) and ``"joint"`` for a layer of rotary
-    or masked heads (:mod:`lipbound.numeric.sdp.rotary`), from one set of per-head constants."""
+    or masked heads (:mod:`lipbound.numeric.sdp.rotary`), from one set of per-head constants.  The first is left out
+    where a certified floor under it (:mod:`lipbound.numeric.sdp.rotary_floor`) lies above the joint bound: it could
+    not be the best, and the joint bound's details record that floor."""
     region = Region.of(domain, None, attention.d)
     heads = [PositionalHeadBounds(head, region, n, output=attention.output_block(h))
              for h, head in enumerate(attention.heads)]
+    joint = positional_layer_bound(attention, region, n, heads=heads)
+    floor = layer_candidate_floor(heads) if joint.certified else None
+    if floor is not None and floor > joint.value:
+        return [joint.renamed(joint.name, details={**joint.details, "matrix_aware_floor": floor})]
     split = [positional_bound(head, region, n, bounds=bounds) for head, bounds in zip(attention.heads, heads)]
     failed = next((v for v in split if not v.certified), None)
     if failed is None:
@@ -224,7 +231,7 @@ def _positional_layer(attention: Layer, domain: TokenDomain, n: int) -> list[Cer
                                 details={"per_head": [v.value for v in split]})
     else:
         summed = not_certified("matrix-aware", "sum over heads of f^h W_O^h", f"a head: {failed.reason}")
-    return [summed, positional_layer_bound(attention, region, n, heads=heads)]
+    return [summed, joint]
 
 
 def _relaxation(target, domain, n, role, m, query_domain, **reuse) -> CertifiedValue:

@@ -18,6 +18,7 @@ A rotation is linear and orthogonal: its JVP is itself and its VJP the rotation 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import ClassVar, final
 
 import numpy as np
@@ -32,33 +33,47 @@ __all__ = ["Rotary", "Rotation", "PAIRINGS"]
 PAIRINGS = ("half", "interleaved")
 
 
+@lru_cache(maxsize=256)
+def _tables(base: float, D: int, width: int, pairing: str, positions: tuple, dtype: str):
+    """``(partner, cos, sin)`` with ``R(p) u = u * cos + u[partner] * sin`` row by row: ``partner`` swaps each rotated
+    pair, ``cos`` and ``sin`` (L, width) hold the angles ``p base^(-2t/D)`` on both coordinates of pair t (``sin``
+    negated on the first), 1 and 0 beyond the D rotated coordinates.  Read-only, and formed once: a pure function of
+    its arguments (a witness search builds thousands of rotations at the same positions)."""
+    half = D // 2
+    frequencies = float(base) ** (-np.arange(half, dtype=np.float64) * 2.0 / D)
+    angles = np.asarray(positions, dtype=np.float64)[:, None] * frequencies[None, :]
+    first, second = (np.arange(half), np.arange(half, D)) if pairing == "half" else \
+        (np.arange(0, D, 2), np.arange(1, D, 2))
+    partner = np.arange(width)
+    partner[first], partner[second] = second, first
+    cos, sin = np.ones((len(positions), width)), np.zeros((len(positions), width))
+    cos[:, first], cos[:, second] = np.cos(angles), np.cos(angles)
+    sin[:, first], sin[:, second] = -np.sin(angles), np.sin(angles)
+    cos, sin = cos.astype(dtype), sin.astype(dtype)
+    for table in (partner, cos, sin):
+        table.flags.writeable = False
+    return partner, cos, sin
+
+
 @final
 class Rotation:
     """``R(p_l) u_l`` for the rows u_l (..., L, w) of U at positions ``p`` (L,), as a linearised
     transform (``F``, ``jvp``, ``vjp``)."""
 
-    __slots__ = ("cos", "sin", "first", "second", "F")
+    __slots__ = ("partner", "cos", "sin", "F")
 
     def __init__(self, rotary: Rotary, U: np.ndarray, positions: np.ndarray):
-        D = rotary.rotated(U.shape[-1])
-        half = D // 2
-        frequencies = float(rotary.base) ** (-np.arange(half, dtype=np.float64) * 2.0 / D)
-        angles = np.asarray(positions, dtype=np.float64)[:, None] * frequencies[None, :]
-        self.cos, self.sin = np.cos(angles).astype(U.dtype), np.sin(angles).astype(U.dtype)
-        if rotary.pairing == "half":
-            self.first, self.second = slice(0, half), slice(half, D)
-        else:
-            self.first, self.second = slice(0, D, 2), slice(1, D, 2)
+        self.partner, self.cos, self.sin = _tables(float(rotary.base), rotary.rotated(U.shape[-1]), U.shape[-1],
+                                                   rotary.pairing, tuple(np.asarray(positions).tolist()), U.dtype.str)
         self.F = self.rotate(U, 1)
 
     def rotate(self, U: np.ndarray, sign: int) -> np.ndarray:
-        """The rotation by ``sign * p theta`` (``sign = -1``: the transpose)."""
-        out = U.copy()
-        a, b = U[..., self.first], U[..., self.second]
-        sin = self.sin if sign > 0 else -self.sin
-        out[..., self.first] = a * self.cos - b * sin
-        out[..., self.second] = b * self.cos + a * sin
-        return out
+        """The rotation by ``sign * p theta`` (``sign = -1``: the transpose): ``u'_a = u_a cos - u_b sin``, ``u'_b =
+        u_b cos + u_a sin`` on each pair (a, b)."""
+        swapped = np.take(U, self.partner, axis=-1)
+        swapped *= self.sin if sign > 0 else -self.sin
+        swapped += U * self.cos
+        return swapped
 
     def jvp(self, dU):
         return self.rotate(dU, 1)
