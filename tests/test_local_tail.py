@@ -3,6 +3,8 @@ constant of a curve on a domain that holds its neighbourhood: each checked again
 
 from __future__ import annotations
 
+import functools
+
 import local_models
 import numpy as np
 import pytest
@@ -155,14 +157,28 @@ def test_curve_global_constant_holds_off_the_layernorm_image():
     assert point.witness >= curve.points[1].witness and point.variation_witness >= curve.points[1].variation_witness
 
 
-def test_stack_curve_composes_its_blocks(monkeypatch):
+#: The radii of the two-layer stack's curve that the next tests share: eps = 0 (the Jacobian at X), a radius where
+#: the curve starts at ||DF(X)||, one where the composed local bound is certified, one where the global constant is.
+STACK_EPS = [0.0, 1e-5, 1e-3, 1.0]
+#: The tests reading :func:`stack_curve` run in one process, which forms it once (a stack curve costs seconds a radius).
+STACK_GROUP = pytest.mark.xdist_group("local-tail-stack")
+
+
+@pytest.fixture(scope="module")
+def stack_curve():
+    """A generated two-layer model, its hidden states X of four tokens and the stack's curve at :data:`STACK_EPS`."""
+    generated = local_models.model(seed=3, layers=2)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    return generated, X, lipschitz_curve(generated, X, kind="stack", layer=0, last=1, eps=STACK_EPS, ascent_steps=3)
+
+
+@STACK_GROUP
+def test_stack_curve_composes_its_blocks(stack_curve, monkeypatch):
     """A stack of two generated layers takes its blocks' own curves, composed: at eps = 0 the certified value is
     the Jacobian norm at X (the blockwise product of rounding balls gave more), and at every eps it holds against
     exact Jacobians at adversarial points of U and lies below the blockwise bound."""
-    generated = local_models.model(seed=3, layers=2)
-    X = hidden_states(generated, [1, 5, 7, 2])[0]
-    eps = [0.0, 1e-5, 0.1]
-    curve = lipschitz_curve(generated, X, kind="stack", layer=0, last=1, eps=eps, ascent_steps=3)
+    generated, X, curve = stack_curve
+    eps = STACK_EPS
     assert curve.variation_bound == "stack-blocks" and curve.jacobian_bound == "block-products"
     first, second = curve.to_json()["blocks"]
     assert (first["layer"], second["layer"]) == (0, 1) and first["radius"] == eps
@@ -317,18 +333,18 @@ def test_folding_the_layernorms_tightens_the_tail_on_real_weights():
     assert np.all(2 * change < np.diag(N[1]) * np.diag(V[2]))
 
 
-def test_whole_layer_and_stack_curves_end_at_their_global_constants():
+@STACK_GROUP
+def test_whole_layer_and_stack_curves_end_at_their_global_constants(stack_curve):
     """A whole layer's or a stack's global constant is the product of its components' (the first attention on
     the ball about the LayerNorm bias that holds U, the next one on the image of the LayerNorm before it, the
     LayerNorms and feed-forward blocks on all of R^d): finite, above the Jacobian norms at random points of
     U, above the local bound at a small eps, and the certified value where the local bounds outgrow it."""
-    generated = local_models.model(seed=3, layers=2)
-    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    generated, X, stack = stack_curve
     rng = np.random.default_rng(4)
     moving = np.ones(X.shape[0], dtype=bool)
-    for kind, last in (("block", None), ("stack", 1)):
-        small, large = lipschitz_curve(generated, X, kind=kind, layer=0, last=last, eps=[1e-3, 1.0],
-                                       ascent_steps=1).points
+    block = lipschitz_curve(generated, X, kind="block", layer=0, eps=[1e-3, 1.0], ascent_steps=1)
+    for kind, last, curve in (("block", None, block), ("stack", 1, stack)):
+        small, large = (next(p for p in curve.points if p.eps == eps) for eps in (1e-3, 1.0))
         assert np.isfinite(large.global_constant) and large.certified == min(large.local, large.global_constant)
         if kind == "stack":   # (a block's attention-tail bound, with its attention's L(eps) from the Jacobian
             # enclosed over U, stays below the global constant here: 8.0e7 against 3.9e8)
@@ -347,7 +363,7 @@ def test_nested_curves_share_the_centre_and_change_no_value(monkeypatch):
     from lipbound.local import curve as module
     generated = local_models.model(seed=3, layers=2)
     X = hidden_states(generated, [1, 5, 7, 2])[0]
-    eps = [0.0, 1e-4, 1e-2]
+    eps = [0.0, 1e-3]
     calls = []
     original = module.ChainCentre.part
 
@@ -557,9 +573,14 @@ def test_joint_slope_remainder_is_tighter_on_real_weights():
         assert joint_remainder(enclosed, i, radii[i]) < a * b
 
 
+#: The two tests reading :func:`_first_attention_curve` run in one process: both draw seed 0 first, formed once.
+ATTENTION_GROUP = pytest.mark.xdist_group("local-tail-attention")
+
+
+@functools.lru_cache(maxsize=4)
 def _first_attention_curve(seed: int):
     """A generated model's hidden states X, the chain of its first attention layer and that layer's curve at 1e-3 and
-    0.3 with the reach (remainders) formed."""
+    0.3 with the reach (remainders) formed (kept per seed: the tests only read them)."""
     generated = local_models.model(seed=seed % 50, layers=1)
     X = hidden_states(generated, [1, 5, 7, 2, 9])[0]
     chain = chain_for(generated, "block", 0)[:1]
@@ -568,6 +589,7 @@ def _first_attention_curve(seed: int):
     return X, chain, curve
 
 
+@ATTENTION_GROUP
 @settings(max_examples=2, deadline=None)
 @given(seed=st.integers(0, 10_000))
 def test_each_token_moves_within_its_own_reach_after_the_attention(seed):
@@ -602,6 +624,7 @@ def test_each_token_moves_within_its_own_reach_after_the_attention(seed):
             assert np.all(moved <= bound * (1 + 1e-9) + 1e-12)
 
 
+@ATTENTION_GROUP
 @settings(max_examples=1, deadline=None)   # (a generated block's curve: seconds per example)
 @given(seed=st.integers(0, 10_000))
 def test_each_token_pays_its_own_taylor_remainder(seed):

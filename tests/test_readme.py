@@ -5,9 +5,10 @@ Each command of a ``bash`` block runs in a fresh folder, as its own test, except
 earlier one wrote (``plot gaps report.json`` the report of ``verify --json report.json``) runs after it in the
 same folder (:data:`READS`); the block's variable assignments (``WHISPER=$(...)``) are the preamble of each
 command.  A command passes when it exits with 0 -- or with the
-status its comment announces ("exit status 3") -- and prints no traceback.  The quick commands without a
-shell variable run through ``lipbound.cli.main`` in the test process with the words bash would pass them; the
-others in bash, through the installed ``lipbound`` command.  The fast profile appends a small
+status its comment announces ("exit status 3") -- and prints no traceback.  The commands without a shell
+variable run through ``lipbound.cli.main`` in the test process with the words bash would pass them (a process of
+their own would import the numeric stack again, about 4 CPU seconds each); those with one in bash, through the
+installed ``lipbound`` command.  The fast profile appends a small
 witness budget, few radii, a small vocabulary (argparse takes the last value of an option), so the block
 runs in a minute or two; ``verify --whole`` on the full model is slow-marked.  The Quickstart's ``pip`` and
 ``bash scripts/test.sh`` are the install and this very suite: they are not run here (``.ci/run`` runs the
@@ -142,14 +143,10 @@ def _fast(command: str) -> str:
     return command + "".join(" " + shlex.quote(word) for word in extra)
 
 
-def _quick(command: str) -> bool:
-    return any(" ".join(shlex.split(command)[1:]).startswith(prefix) for prefix in QUICK)
-
-
 def _in_this_process(command: str) -> bool:
-    """A quick command that uses no shell variable runs through ``lipbound.cli.main`` in the test process (the
-    words bash would pass, without a second of start-up); the others run in bash."""
-    return _quick(command) and "$" not in command
+    """A command that uses no shell variable runs through ``lipbound.cli.main`` in the test process (the words bash
+    would pass, without the start-up and imports of a process); the others run in bash."""
+    return "$" not in command
 
 
 @pytest.mark.timeout(1800)
