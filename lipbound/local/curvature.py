@@ -88,6 +88,7 @@ from ..symbolic import local as T
 from .balls import TokenBalls
 from .bounds import LocalBounds, attention_bounds, attention_norms, evaluate_theorem, head_movement, value_space
 from .centred import CentredRows, ValueSpread, weighted_reach
+from .centred_change import CentredChange
 from .enclosed import EnclosedAttention, head_products
 from .query_curvature import query_chis
 from .zeta_changes import Changes, HeadsJoint, centred_parts
@@ -181,6 +182,8 @@ class AttentionCurvature:
         self.plain_key_norms = key_part.norm_upper()                                    # (H, n, n)
         self.key_spreads = interval_spectral_norms_upper(key_part)     # ||(K~ - 1 kappa_i^T) W_Q^T||
         self.heads_joint = None if self.rotary or fold is not None else HeadsJoint(E, spread, E.c)
+        self.centred_change = None if self.rotary or fold is not None or H * n ** 3 > JOINT_ENTRIES \
+            else CentredChange(E)
         if fold is not None:              # block m of a row acts on e_m F_m: z_m F_m^T
             key_part = key_part.einsum("hijd,ikd->hijk", fold)
             query_part = (query_part + IntervalArray(np.zeros((H, n, n, d)))).einsum("himd,mkd->himk", fold)
@@ -263,7 +266,7 @@ class AttentionCurvature:
         for i in range(self.n):
             fixed_hi[:, i, :, i] = (IntervalArray(fixed_hi[:, i, :, i]) + c * weights_kappa[:, i].expand(-1)).hi
         spectral = None if self.heads_joint is None else self.heads_joint.at(delta, weights_kappa)
-        centred = centred_parts(self.coefficient, delta, g, c, fixed_hi, r, frobenius, spectral)
+        centred = centred_parts(self.coefficient, delta, g, c, fixed_hi, r, frobenius, spectral, self.centred_change)
         return size_hi, Changes(change_hi, fixed_hi, self._linear_part(facts, g, c), r, frobenius, spectral), centred
 
     def _linear_part(self, facts: dict, g: IntervalArray, c: IntervalArray) -> tuple[np.ndarray, np.ndarray]:
