@@ -58,7 +58,9 @@ read at the weights' upper ends on U take ``zeta(Y) = z(Y) - m(Y)`` apart, ``z``
 weights (its change is the movements' alone) and ``m`` the weights' part, the same for every key of a query (lemma
 ``curvature-covariance-centred``, :class:`~lipbound.local.centred.CentredRows`): ``chi_II <= ||[(omega_i + mu_i)
 Omega_i]|| + ||[omega_i M_i]||`` with ``Omega_i`` z's rows and ``M_i`` m's rows of query i scaled by ``(p_ij
-||u_ij||)^(1/2)``, where reading ``zeta``'s rows as one matrix also pays ``||M_i e|| ||M_i f||``.
+||u_ij||)^(1/2)``, where reading ``zeta``'s rows as one matrix also pays ``||M_i e|| ||M_i f||``.  z's change, a
+bilinear form in the movement and the direction for dot-product heads, is also bounded with the heads' score maps
+together (lemma ``curvature-centred-change``, :class:`~lipbound.local.centred_change.CentredChange`).
 
 Longer inputs get the split bound instead (:mod:`~lipbound.local.split_rows`), which forms ``zeta`` one query at a
 time; the integral over the radii is :class:`~lipbound.local.curvature_integral.CurvatureIntegral`.
