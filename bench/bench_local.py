@@ -18,6 +18,10 @@ On all-MiniLM-L6-v2 and the 20 sentences of lipbound/measures/data/sentences.txt
 * ``time``  -- the CPU seconds of issue 29's time figures (``--time-kinds``): the attention layer's curve at four
   radii (n = 9, target <= 30 s), the whole layer's per radius (n = 9, <= 60 s), the six-layer stack's curve (n = 20,
   < 5 minutes), each split into the set-up every radius shares and each radius's own work;
+* ``zchange`` -- z's change on the Frobenius ball (the score changes centred at X's weights; lemmas curvature-joint
+  and curvature-centred-change) on layer 0 at ``--zchange-text`` and ``--zchange-fraction`` of R, per query with the
+  first group's variance scales: the blockwise bound, the heads together, and the largest change an alternating
+  ascent finds (z's change is bilinear in the movement and the direction; a float lower estimate, never a bound);
 * ``fits``  -- from the ``path`` rows: least-squares exponents of ``W1 ~ C k^a n^b`` for the measured and
   the certified movements per layer (a = -b is a law in k / n), and of ``W1 ~ C (k / n)^c``.
 
@@ -163,6 +167,73 @@ def time_part(model, kinds):
               + ", ".join(f"{p.ratio:.3g}" for p in curve.points))
 
 
+def _centred_change(engine, P, c, D, i, scales):
+    """z's change ``(H n(j), n d)`` of query i for the movement D (n, d) in floats (lemma curvature-centred-change):
+    row (h, j) is ``c (e_i . Qt_h (D_j - D~_hi) + (e_j - e~_hi) . Qt_h^T D_i)`` scaled by ``scales[h, i, j]``."""
+    n, d = D.shape
+    rows = []
+    for h in range(engine.H):
+        W_Q, W_K = engine.head_weights(h)[:2]
+        moved_keys = (D - P[h, i] @ D) @ W_K @ W_Q.T                         # Qt_h (D_j - D~_hi), (n(j), d)
+        block = (np.eye(n) - P[h, i][None, :])[:, :, None] * (D[i] @ W_Q @ W_K.T)[None, None, :]
+        block[:, i, :] += moved_keys
+        rows.append(c * scales[h, i][:, None, None] * block)
+    return np.concatenate(rows).reshape(-1, n * d)
+
+
+def _gradient(engine, P, c, w, e, i, scales):
+    """The movement D (n, d) maximising ``w . (z_i's change for D) e`` up to scale: the form's gradient in D
+    (``(e_i Qt_h) (delta_mj - p_m)`` summed on each token m, and ``Qt_h sum_m (delta_mj - p_m) e_m`` on token i)."""
+    n, d = e.shape
+    G = np.zeros((n, d))
+    weights = w.reshape(engine.H, n)
+    for h in range(engine.H):
+        W_Q, W_K = engine.head_weights(h)[:2]
+        alpha = c * weights[h] * scales[h, i]                                   # over the rows j
+        beta = alpha - P[h, i] * alpha.sum()                                     # over the tokens m
+        G += beta[:, None] * (e[i] @ W_Q @ W_K.T)[None, :]
+        G[i] += W_Q @ (W_K.T @ (beta @ e))
+    return G
+
+
+def zchange_part(model, text, fraction, starts=3, steps=25):
+    """Per query: the blockwise bound on ``||diag(s_i) (z_i(Y) - z_i(X))||_2`` over the ball, the bound with the heads
+    together, and the ascent's largest (alternating: the top singular pair for a movement, then the movement the pair
+    reads most: the form's gradient in the movement)."""
+    from lipbound.local.balls import Neighbourhood
+    from lipbound.local.bounds import attention_bounds
+    from lipbound.local.centred import CentredRows
+    from lipbound.local.chains import chain_for
+    from lipbound.local.curvature import AttentionCurvature
+    from lipbound.local.enclosed import EnclosedAttention
+    from lipbound.local.zeta_changes import Changes
+    X = model.hidden_states(model.encode(text))[0]
+    eps = fraction * model.layernorm_feeding(0).radius_about_center
+    target = chain_for(model.model, "layer", 0)[0].target
+    E = EnclosedAttention(target, X)
+    balls = Neighbourhood("fro", eps).balls(X)
+    facts = attention_bounds(target, balls, E).facts
+    began = time.process_time()
+    curvature = AttentionCurvature(E, target)
+    centred = curvature._functional_deviation(facts, balls.radii, eps)[2][0]
+    scales = CentredRows.variance_scales(facts)
+    blockwise = Changes(centred.per_token, centred.fixed, centred.linear, centred.radii, centred.frobenius)
+    before, after = blockwise.norms(scales, 1), centred.norms(scales, 1)
+    print(f"zchange, {text!r} (n = {E.n}), {fraction:g} R: bounds in {time.process_time() - began:.1f} CPU s")
+    P, c, n, d = E.P.mid, E.c.mid.item(), E.n, E.engine.d
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        best = 0.0
+        for _ in range(starts):
+            D = rng.standard_normal((n, d))
+            for _ in range(steps):
+                D *= eps / np.linalg.norm(D)
+                left, values, right = np.linalg.svd(_centred_change(E.engine, P, c, D, i, scales), full_matrices=False)
+                best = max(best, values[0])
+                D = _gradient(E.engine, P, c, left[:, 0], right[0].reshape(n, d), i, scales)
+        print(f"  query {i}: blockwise {before[i]:.4g}, heads together {after[i]:.4g}, ascent {best:.4g}")
+
+
 def fit(rows, key):
     """Least squares of ``log W1 = log C + a log k + b log n`` and of ``log W1 = log C + c log(k / n)``."""
     k = np.array([row.k for row in rows], dtype=float)
@@ -194,7 +265,7 @@ def fits_part(rows, layers, figure):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="+", default=["path", "set", "curve", "fits"],
-                        choices=["path", "set", "curve", "fits", "time"])
+                        choices=["path", "set", "curve", "fits", "time", "zchange"])
     parser.add_argument("--sentences", type=int, default=20, help="the N shortest of the 20 sentences (default 20)")
     parser.add_argument("--set-sentences", type=int, default=2,
                         help="sentences of the whole-vocabulary part (default 2)")
@@ -223,6 +294,9 @@ def main() -> None:
     parser.add_argument("--curvature-tokens", type=int, default=None,
                         help="largest n of the curvature bound's Gram route in the curve part (longer: the split "
                              "bound; default: lipbound's)")
+    parser.add_argument("--zchange-text", default="The cat sat on the mat.", help="the zchange part's sentence")
+    parser.add_argument("--zchange-fraction", type=float, default=1e-2,
+                        help="the zchange part's radius as a fraction of the LayerNorm radius (default 1e-2)")
     args = parser.parse_args()
 
     from lipbound.cli.parsing import int_list
@@ -237,6 +311,8 @@ def main() -> None:
         fits_part(rows, layers, args.figure)
     if "set" in args.parts:
         set_part(model, sentences(args.set_sentences), layers)
+    if "zchange" in args.parts:
+        zchange_part(model, args.zchange_text, args.zchange_fraction)
     if "time" in args.parts:
         time_part(model, args.time_kinds)
     if "curve" in args.parts:

@@ -25,9 +25,10 @@ from lipbound.local.bounds import attention_bounds
 from lipbound.local.centre import ChainCentre
 from lipbound.local.centred import CentredRows
 from lipbound.local.chains import Component
-from lipbound.local.curvature import CURVATURE_TOKENS, SPLIT_ENTRIES, AttentionCurvature, _SplitRows
+from lipbound.local.curvature import CURVATURE_TOKENS, SPLIT_ENTRIES, AttentionCurvature
 from lipbound.local.curve import _CurvatureRoute, lipschitz_curve
 from lipbound.local.enclosed import EnclosedAttention
+from lipbound.local.split_rows import SplitRows
 from lipbound.local.zeta_changes import Changes
 from lipbound.numeric.model import Head, Layer
 
@@ -131,7 +132,7 @@ def _route(target, X, ball="fro", eps=1.0, positions=(), split=False):
     chain = [Component(kind, target, "generated")]
     hoods = [Neighbourhood(ball, eps, positions)]
     route = _CurvatureRoute.of(chain, ChainCentre(chain, X, dense=False), X, hoods, 0 if split else CURVATURE_TOKENS)
-    assert isinstance(route.curvature.zeta_rows, _SplitRows) == split
+    assert isinstance(route.curvature.zeta_rows, SplitRows) == split
     return route
 
 
@@ -524,8 +525,8 @@ def test_each_input_gets_the_gram_route_the_split_bound_or_neither_by_its_size()
     centre = ChainCentre(chain, X, dense=False)
     routes = [_CurvatureRoute.of(chain, centre, X, [Neighbourhood("fro", 0.1)], tokens)
               for tokens in (CURVATURE_TOKENS, CURVATURE_TOKENS + 1)]
-    assert isinstance(routes[0].curvature.zeta_rows, _SplitRows)
-    assert not isinstance(routes[1].curvature.zeta_rows, _SplitRows)
+    assert isinstance(routes[0].curvature.zeta_rows, SplitRows)
+    assert not isinstance(routes[1].curvature.zeta_rows, SplitRows)
 
 
 def test_the_curve_of_a_generated_model_gains_from_the_route_and_keeps_its_witness_below(monkeypatch):

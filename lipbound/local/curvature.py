@@ -58,42 +58,31 @@ read at the weights' upper ends on U take ``zeta(Y) = z(Y) - m(Y)`` apart, ``z``
 weights (its change is the movements' alone) and ``m`` the weights' part, the same for every key of a query (lemma
 ``curvature-covariance-centred``, :class:`~lipbound.local.centred.CentredRows`): ``chi_II <= ||[(omega_i + mu_i)
 Omega_i]|| + ||[omega_i M_i]||`` with ``Omega_i`` z's rows and ``M_i`` m's rows of query i scaled by ``(p_ij
-||u_ij||)^(1/2)``, where reading ``zeta``'s rows as one matrix also pays ``||M_i e|| ||M_i f||``.
+||u_ij||)^(1/2)``, where reading ``zeta``'s rows as one matrix also pays ``||M_i e|| ||M_i f||``.  z's change, a
+bilinear form in the movement and the direction for dot-product heads, is also bounded with the heads' score maps
+together (lemma ``curvature-centred-change``, :class:`~lipbound.local.centred_change.CentredChange`).
 
-Longer inputs get the split bound instead, which forms ``zeta`` one query at a time.  With ``a_hi = W_K q_i``, row
-(h, i, j) of ``zeta`` is its own block ``o_hij = c ((delta_ij - p_ii) a_hi + W_Q (k_j - kappa_i))`` on
-``e_i`` plus ``c (delta_mj - p_im) a_hi`` on the other tokens' ``e_m``; for row scales s (Minkowski, then
-Cauchy-Schwarz per (h, i))
-
-    ||diag(s) zeta|| <= max_i ||diag(s_i) [o_hij]_(h,j)|| + c ||diag(nu) [a_hi]_(h,i)||,
-    nu_hi = ||diag(s_hi) [delta_mj - p_im]_(j, m != i)||  (an n x (n - 1) matrix),
-
-while the rows of one query i, ``H n`` of them, get their norms from their own Gram matrix.  It takes
-one ``H n x d`` Gram matrix, 2 n of size ``H n`` and ``H n`` of size n (at a cost that no longer grows as n^6); its
-deviation arrays have ``H n^4`` entries (:data:`SPLIT_ENTRIES` caps them).
+Longer inputs get the split bound instead (:mod:`~lipbound.local.split_rows`), which forms ``zeta`` one query at a
+time; the integral over the radii is :class:`~lipbound.local.curvature_integral.CurvatureIntegral`.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from ..errors import NotCertifiedError
-from ..rigorous.arrays import IntervalArray, as_interval_array
+from ..rigorous.arrays import IntervalArray
 from ..rigorous.batched import interval_spectral_norms_upper
 from ..rigorous.intervals import upper
 from ..rigorous.linalg import Enclosure, RowGram, product_norm_interval, spectral_norm_upper_large
 from ..symbolic import local as T
-from .balls import TokenBalls
-from .bounds import LocalBounds, attention_bounds, attention_norms, evaluate_theorem, head_movement, value_space
+from .bounds import LocalBounds, attention_norms, evaluate_theorem, head_movement, value_space
 from .centred import CentredRows, ValueSpread, weighted_reach
+from .centred_change import CentredChange
 from .enclosed import EnclosedAttention, head_products
-from .query_curvature import query_chis
+from .split_rows import SplitRows, query_rows
 from .zeta_changes import Changes, HeadsJoint, centred_parts
 
-__all__ = ["AttentionCurvature", "CurvatureIntegral", "CURVATURE_ENTRIES", "CURVATURE_TOKENS", "SPLIT_ENTRIES",
-           "GRID_PER_DECADE", "decade_grid"]
+__all__ = ["AttentionCurvature", "CURVATURE_ENTRIES", "CURVATURE_TOKENS", "SPLIT_ENTRIES"]
 
 #: Largest ``H n^3 d`` for which the curvature matrices are formed (memory: n <= 25 at MiniLM's width).
 CURVATURE_ENTRIES = 80_000_000
@@ -181,6 +170,8 @@ class AttentionCurvature:
         self.plain_key_norms = key_part.norm_upper()                                    # (H, n, n)
         self.key_spreads = interval_spectral_norms_upper(key_part)     # ||(K~ - 1 kappa_i^T) W_Q^T||
         self.heads_joint = None if self.rotary or fold is not None else HeadsJoint(E, spread, E.c)
+        self.centred_change = None if self.rotary or fold is not None or H * n ** 3 > JOINT_ENTRIES \
+            else CentredChange(E)
         if fold is not None:              # block m of a row acts on e_m F_m: z_m F_m^T
             key_part = key_part.einsum("hijd,ikd->hijk", fold)
             query_part = (query_part + IntervalArray(np.zeros((H, n, n, d)))).einsum("himd,mkd->himk", fold)
@@ -190,7 +181,7 @@ class AttentionCurvature:
         coefficient = IntervalArray(np.eye(n)[None, None]) - E.P.expand(2)              # (H, n(i), n(j), n(m))
         self.coefficient = coefficient.magnitude                                        # |delta_mj - p_im| at X
         self.c = E.c.hi.item()
-        self.zeta_rows = _SplitRows(query_part, key_part, coefficient, E.c) if split \
+        self.zeta_rows = SplitRows(query_part, key_part, coefficient, E.c) if split \
             else self._gram(E, coefficient, query_part, key_part)
         # Theta at X (rows p_ij zeta_ij) and its norms; the neighbourhoods only add deviations
         p_at_x = E.P.magnitude                                                          # (H, n, n)
@@ -202,7 +193,7 @@ class AttentionCurvature:
     def _gram(E: EnclosedAttention, coefficient, query_part, key_part) -> RowGram:
         """The Gram matrix of ``zeta``'s rows, formed from the rows themselves."""
         H, n, d = E.engine.H, E.n, E.engine.d
-        zeta = IntervalArray.stack([_query_rows(coefficient, query_part, key_part, E.c, i) for i in range(n)])
+        zeta = IntervalArray.stack([query_rows(coefficient, query_part, key_part, E.c, i) for i in range(n)])
         # every matrix below is zeta's rows (h, i, j) scaled: one Gram matrix of the rows serves them all
         return RowGram(zeta.swapaxes(0, 1).reshape(H * n * n, n * d).to_enclosure())
 
@@ -263,7 +254,7 @@ class AttentionCurvature:
         for i in range(self.n):
             fixed_hi[:, i, :, i] = (IntervalArray(fixed_hi[:, i, :, i]) + c * weights_kappa[:, i].expand(-1)).hi
         spectral = None if self.heads_joint is None else self.heads_joint.at(delta, weights_kappa)
-        centred = centred_parts(self.coefficient, delta, g, c, fixed_hi, r, frobenius, spectral)
+        centred = centred_parts(self.coefficient, delta, g, c, fixed_hi, r, frobenius, spectral, self.centred_change)
         return size_hi, Changes(change_hi, fixed_hi, self._linear_part(facts, g, c), r, frobenius, spectral), centred
 
     def _linear_part(self, facts: dict, g: IntervalArray, c: IntervalArray) -> tuple[np.ndarray, np.ndarray]:
@@ -424,167 +415,6 @@ def _folded_pair_norms(E: EnclosedAttention, fold: IntervalArray) -> np.ndarray:
     return out
 
 
-def _query_rows(coefficient: IntervalArray, query_part: IntervalArray, key_part: IntervalArray, c: IntervalArray,
-                i: int) -> IntervalArray:
-    """``zeta``'s rows ``(h, j)`` of query i, block m of each being ``c (delta_mj - p_im) a_him + [m = i] c W_Q M_i
-    (k~_j - kappa_i)`` with ``a_him = W_K M_m q~_i^T`` (``W_K q_i`` for a dot product): shape (H, n(j), n(m), d).
-    ``query_part`` is (H, n(i), n(m) or 1, d)."""
-    block = coefficient[:, i].expand(-1) * query_part[:, i].expand(1)
-    lo, hi = block.lo.copy(), block.hi.copy()
-    own = IntervalArray(lo[:, :, i], hi[:, :, i]) + key_part[:, i]
-    lo[:, :, i], hi[:, :, i] = own.lo, own.hi
-    return IntervalArray(lo, hi) * c
-
-
-class _SplitRows:
-    """Certified ``||diag(s) zeta_R||`` by the split bound (module docstring), with the interface of
-    :class:`~lipbound.rigorous.linalg.RowGram`: scales on the rows ``R`` (all by default) of ``zeta``'s
-    rows ``(h, i, j)``, the others zero.  The rows of one query have a Gram matrix of their own (``H n``
-    rows), which gives their norms without the split."""
-
-    def __init__(self, query_part: IntervalArray, key_part: IntervalArray, coefficient: IntervalArray,
-                 c: IntervalArray):
-        H, n, _, d = query_part.shape
-        self.shape, self.c = (H, n, n), c
-        self.own, self.per_query = [], []
-        for i in range(n):
-            rows = _query_rows(coefficient, query_part, key_part, c, i)                   # (H, n(j), n(m), d)
-            self.per_query.append(RowGram(rows.reshape(H * n, n * d).to_enclosure()))
-            self.own.append(RowGram(rows[:, :, i].reshape(H * n, d).to_enclosure()))      # its own blocks o_hij
-        self.queries = RowGram(query_part[:, :, 0].reshape(H * n, d).to_enclosure())      # rows a_hi, (h, i)
-        others = [np.arange(n) != i for i in range(n)]
-        # (delta_mj - p_im)_{j, m != i}
-        self.others = [[RowGram(coefficient[h, i][:, others[i]].to_enclosure()) for i in range(n)] for h in range(H)]
-
-    def norm_upper(self, scales, rows=None) -> float:
-        s = np.zeros(int(np.prod(self.shape)))
-        s[slice(None) if rows is None else rows] = scales
-        s = s.reshape(self.shape)
-        queries = np.flatnonzero(np.any(s > 0, axis=(0, 2)))
-        if queries.size == 0:
-            return 0.0
-        moving = [np.flatnonzero(s[:, i].ravel()) for i in queries]
-        if queries.size == 1:
-            return self.per_query[queries[0]].norm_upper(s[:, queries[0]].ravel()[moving[0]], moving[0])
-        own = max(self.own[i].norm_upper(s[:, i].ravel()[rows_i], rows_i) for i, rows_i in zip(queries, moving))
-        nu = np.array([[self.others[h][i].norm_upper(s[h, i]) if np.any(s[h, i]) else 0.0
-                        for i in range(self.shape[1])] for h in range(self.shape[0])]).ravel()   # (H n)
-        active = np.flatnonzero(nu)
-        other = self.queries.norm_upper(nu[active], active) if active.size else 0.0
-        return (IntervalArray(own) + self.c * IntervalArray(other)).hi.item()
-
-
 def _norm(matrix: IntervalArray) -> float:
     """Certified spectral norm of an interval matrix (midpoint's norm plus the radius's Frobenius norm)."""
     return spectral_norm_upper_large(matrix.to_enclosure())
-
-
-#: Radii per decade of the curvature bound's Riemann sum: 6 rather than 4 lowers the certified variation
-#: by about 5% (2.19 -> 2.09 at 2e-3 R on MiniLM's shortest sentence) for about 1.5 times the evaluations.
-GRID_PER_DECADE = 6
-
-
-def decade_grid(ends) -> list:
-    """The powers of 10^(1/6) over a decade below each end (positive), and the ends themselves, sorted."""
-    steps = GRID_PER_DECADE
-    lattice = {10.0 ** (k / steps) for end in ends
-               for k in range(math.floor(steps * math.log10(end)) - steps + 1, math.ceil(steps * math.log10(end)))}
-    return sorted(set(ends) | lattice)
-
-
-class CurvatureIntegral:
-    """``sup ||DA(Y) - DA(Z)||_2`` over a set of inputs of a head or an attention layer A through its second
-    derivative (theorem local-attention-curvature): for Y in the product ``P(rho)`` of token balls about Z
-    with ``||Y - Z||_F <= theta``, the segment ``Z + s (Y - Z)`` lies in ``P(s rho)``, so
-
-        ||DA(Y) - DA(Z)|| <= theta int_0^1 sup_{P(s rho)} ||D^2 A|| ds <= theta sum_k (s_k - s_{k-1}) chi(P(s_k rho)),
-
-    an upper Riemann sum over radii ``0 < s_1 rho < ... < s_K rho = rho`` with ``chi = chi_I + chi_II + chi_III``
-    on each product (:meth:`AttentionCurvature.chis`).  Each product's chi is computed once.
-
-    Parameters
-    ----------
-    component : Component
-        The head or attention layer (its ``bounds`` give the facts on a product of token balls).
-    enclosed : EnclosedAttention
-        It at Z.
-    split : bool
-        The split bound instead of the Gram matrix (:meth:`AttentionCurvature.route`).
-    fold : IntervalArray, optional
-        Per-token maps on both arguments (:class:`AttentionCurvature`): the bound is then on
-        ``sup ||D^2A[e F, f F]||``, and ``theta`` bounds ``||e||_F`` instead of ``||Y - Z||_F``.
-    per_query : bool
-        Also bound each output token's row of the second derivative on every product met
-        (:func:`~lipbound.local.query_curvature.query_chis`, for :meth:`query_integral`); unfolded only.
-    """
-
-    def __init__(self, component, enclosed, split: bool = False, fold: IntervalArray | None = None,
-                 per_query: bool = False):
-        self.component, self.enclosed = component, enclosed
-        self.curvature = AttentionCurvature(enclosed, component.target, split=split, fold=fold)
-        self.center = enclosed.X.mid
-        self.split, self.per_query = split, per_query and fold is None
-        self._chis: dict = {}
-        self._queries: dict = {}
-
-    def chis(self, radii: np.ndarray, overrides: dict | None = None, key=None) -> tuple:
-        """``(chi_I, chi_II, chi_III)`` on the product of token balls with these radii (inf where the
-        enclosures overflow); ``overrides``: score ranges and value shifts known to hold there
-        (:func:`~lipbound.local.bounds.attention_bounds`), and under ``"frobenius"`` a bound on ``||Y - Z||_F`` there
-        (:meth:`AttentionCurvature.chis`), identified by ``key``."""
-        key = (np.asarray(radii, dtype=np.float64).tobytes(), key)
-        if key not in self._chis:
-            balls = TokenBalls(self.center, radii)
-            try:
-                known = dict(overrides or {})
-                frobenius = known.pop("frobenius", None)
-                bounds = attention_bounds(self.component.target, balls, self.enclosed, **known)
-                self._chis[key] = self.curvature.chis(bounds, balls.radii, frobenius)
-            except NotCertifiedError:
-                self._chis[key], bounds = (math.inf,) * 3, None
-            if self.per_query:   # (on the same facts: the bounds are formed once)
-                self._queries[key] = np.full(self.curvature.n, np.inf)
-                if bounds is not None:
-                    try:
-                        self._queries[key] = query_chis(self.curvature, bounds, balls.radii, frobenius)
-                    except NotCertifiedError:   # (the whole output's values stand)
-                        pass
-        return self._chis[key]
-
-    def query_integral(self, steps, factor) -> np.ndarray:
-        """Per output token i, ``factor sum_k width_k chi_i(P(radii_k))`` over ``steps`` as in :meth:`integral`, with
-        ``chi_i`` query i's own curvature bound (:func:`~lipbound.local.query_curvature.query_chis`, lemma
-        curvature-per-query), (n,); inf where a bound is not finite.  Needs ``per_query``."""
-        if not self.per_query:
-            raise ValueError("query_integral needs a CurvatureIntegral made with per_query")
-        total, factor = IntervalArray(np.zeros(self.curvature.n)), as_interval_array(factor)
-        for width, radii, *known in steps:
-            self.chis(radii, *known)
-            key = (np.asarray(radii, dtype=np.float64).tobytes(), known[1] if len(known) > 1 else None)
-            total = total + IntervalArray(width) * IntervalArray(self._queries[key])
-        return np.where(np.isfinite(total.hi), (total * factor).hi, np.inf)
-
-    def integral(self, steps, factor, other: float = math.inf) -> float:
-        """``factor sum_k width_k chi(P(radii_k))`` over ``steps`` ``(width_k, radii_k)`` (radii growing), or
-        ``(width_k, radii_k, overrides_k, key_k)`` where more is known on the step's balls (:meth:`chis`); inf as
-        soon as the partial sum exceeds ``other`` (the rest only adds) or a chi is not finite."""
-        total, factor = IntervalArray(0.0), as_interval_array(factor)
-        for width, radii, *known in steps:
-            chis = self.chis(radii, *known)
-            if not all(math.isfinite(chi) for chi in chis):
-                return math.inf
-            total = total + IntervalArray(self.curvature.piece(chis, width))
-            if (total * factor).hi.item() > other:
-                return math.inf
-        return (total * factor).hi.item()
-
-    def over_balls(self, rho: np.ndarray, theta: float, other: float = math.inf) -> float:
-        """The bound for ``P(rho)`` with ``||Y - Z||_F <= theta`` (class docstring), on the grid
-        :func:`decade_grid` of fractions s of rho."""
-        if not np.any(rho) or theta == 0:
-            return 0.0
-        fractions, previous, steps = decade_grid([1.0]), 0.0, []
-        for s in fractions:
-            steps.append(((IntervalArray(s) - IntervalArray(previous)).hi.item(), (IntervalArray(rho) * s).hi))
-            previous = s
-        return self.integral(steps, theta, other)

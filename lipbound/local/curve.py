@@ -68,7 +68,8 @@ from .chains import (
     right_product,
     telescoped_variation,
 )
-from .curvature import CURVATURE_TOKENS, AttentionCurvature, CurvatureIntegral, decade_grid
+from .curvature import CURVATURE_TOKENS, AttentionCurvature
+from .curvature_integral import CurvatureIntegral, decade_grid
 from .front import FrontSplit
 from .pair_starts import pair_starts
 from .relational import RELATIONAL_WORTH, RelationalRoute, covers, relational_grid

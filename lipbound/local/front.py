@@ -28,7 +28,8 @@ from ..rigorous.linalg import spectral_norm_upper, spectral_norm_upper_large
 from ..symbolic import local as T
 from .bounds import evaluate_theorem
 from .chains import PER_TOKEN, product_upper, telescoped_variation
-from .curvature import CURVATURE_TOKENS, AttentionCurvature, CurvatureIntegral, decade_grid
+from .curvature import CURVATURE_TOKENS, AttentionCurvature
+from .curvature_integral import CurvatureIntegral, decade_grid
 
 __all__ = ["FrontSplit"]
 

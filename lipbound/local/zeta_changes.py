@@ -20,6 +20,7 @@ import numpy as np
 from ..rigorous.arrays import IntervalArray
 from ..rigorous.batched import interval_spectral_norms_upper, spectral_norms_upper
 from ..rigorous.linalg import Enclosure, RowGram, spectral_norm_upper_large
+from .centred_change import CentredChange
 from .enclosed import EnclosedAttention
 
 __all__ = ["Changes", "HeadsJoint", "centred_parts"]
@@ -35,12 +36,13 @@ class Changes:
     ball of radius ``frobenius`` (``||x|| <= frobenius``), ``frobenius ||diag(s) D||_2`` (``D >= 0`` at its upper ends:
     the norm of a non-negative matrix grows with its entries): the tokens share the radius instead of each taking all
     of it.  The fixed part's norm is its blocks' Frobenius norm or, for dot-product heads, ``spectral``
-    (:class:`HeadsJoint`)."""
+    (:class:`HeadsJoint`); the linear part's, where it is z's change alone (no fixed part) for dot-product heads, also
+    ``heads`` (:class:`~lipbound.local.centred_change.CentredChange`: the heads' score maps together)."""
 
     def __init__(self, per_token: np.ndarray, fixed: np.ndarray | None = None, linear: tuple | None = None,
-                 radii: np.ndarray | None = None, frobenius: float | None = None, spectral=None):
+                 radii: np.ndarray | None = None, frobenius: float | None = None, spectral=None, heads=None):
         self.per_token, self.fixed, self.linear, self.radii = per_token, fixed, linear, radii
-        self.frobenius, self.spectral = frobenius, spectral
+        self.frobenius, self.spectral, self.heads = frobenius, spectral, heads
 
     def norms(self, scales, axis: int | None = None, extra: np.ndarray | None = None):
         """``sup_U ||extra + s (zeta(Y) - zeta(X))||_2`` bounded, over all rows (``axis`` None: a float) or for each
@@ -61,12 +63,20 @@ class Changes:
         if self.frobenius is not None:
             linear = np.minimum(linear, (IntervalArray(float(self.frobenius))
                                          * IntervalArray(self._linear_norms(s, axis))).hi)
+        if self.heads is not None:    # the heads' score maps together (lemma curvature-centred-change)
+            linear = np.minimum(linear, self.heads.norms(s.hi[..., 0], self._radius(), axis))
         fixed = _grouped((s * IntervalArray(self.fixed)).hi, axis)
         if self.spectral is not None and axis != 1:   # (a query's own rows: 0.98-1.13 times the blocks' norm on MiniLM)
             fixed = np.minimum(fixed, self.spectral.norms(s.hi[..., 0], axis))
         joint = IntervalArray(_grouped(tail.hi, axis)) + IntervalArray(fixed) + IntervalArray(linear)
         joint_hi = joint.hi if axis is not None else joint.hi.item()
         return np.minimum(plain, joint_hi)
+
+    def _radius(self) -> float:
+        """A bound on ``||Y - X||_F`` on U: the shared radius where known, else the tokens' radii's norm."""
+        if self.frobenius is not None:
+            return float(self.frobenius)
+        return IntervalArray(np.asarray(self.radii, dtype=np.float64)).norm_upper().item()
 
     def _linear_norms(self, s: IntervalArray, axis: int | None) -> np.ndarray:
         """``||diag(s) D||_2`` over the rows of each group: a block m != i has one entry, on token i, so those of a
@@ -151,7 +161,8 @@ class HeadsJoint:
 
 
 def centred_parts(coefficient: np.ndarray, delta: IntervalArray, g: IntervalArray, c: IntervalArray, fixed: np.ndarray,
-                  radii: np.ndarray, frobenius: float | None, spectral: HeadsJoint | None) -> tuple[Changes, Changes]:
+                  radii: np.ndarray, frobenius: float | None, spectral: HeadsJoint | None,
+                  heads: CentredChange | None = None) -> tuple[Changes, Changes]:
     """``zeta(Y) - zeta(X) = (z(Y) - z(X)) - m(Y)`` split at X's weights (lemma ``curvature-covariance-centred``):
     ``z_ij = ds_ij - sum_l p_il(X) ds_il`` (the score changes centred with X's weights, at Y's keys and queries) and
     ``m_hi = sum_l (p_il(Y) - p_il(X)) ds_il``, the same for every key j of a query.  Block m of row (h, i, j) of
@@ -178,7 +189,7 @@ def centred_parts(coefficient: np.ndarray, delta: IntervalArray, g: IntervalArra
     centred = split(c * IntervalArray(coefficient) * g_query, c * IntervalArray(coefficient) * g_query)
     moved = split(c * delta.expand(2) * g_query, (c * delta * g).expand(2))
     zero = np.zeros(coefficient.shape)
-    return (Changes(_per_token(zero, *centred, radii), zero, centred, radii, frobenius),
+    return (Changes(_per_token(zero, *centred, radii), zero, centred, radii, frobenius, heads=heads),
             Changes(_per_token(fixed, *moved, radii), fixed, moved, radii, frobenius, spectral))
 
 

@@ -20,7 +20,7 @@ from .record import quantity as q
 from .theorems import Theorem
 
 __all__ = ["curvature_centred", "curvature_spread", "curvature_spread_sigma", "curvature_rows_variance",
-           "curvature_weight_reach", "slope_remainder_joint", "feedforward_curvature_joint",
+           "curvature_weight_reach", "curvature_centred_change", "slope_remainder_joint", "feedforward_curvature_joint",
            "feedforward_folded_reach", "attention_reach_remainder",
            "attention_token_reach", "attention_token_remainder", "block_reach_weighted", "SECOND_ORDER_THEOREMS"]
 
@@ -156,6 +156,35 @@ def curvature_rows_variance() -> Theorem:
               "p <= p+ in both factors, summed over the heads and queries", "norm-calculus")
     return Theorem("local-curvature-rows-variance", "The first group's rows through the weights' variance", statement,
                    proof)
+
+
+@functools.cache
+def curvature_centred_change() -> Theorem:
+    """``||diag(s_i) (z_i(Y) - z_i(X))||_2 <= c t (lambda_1i^(1/2) + lambda_2i^(1/2))``: z's change on a Frobenius ball
+    with the heads' score maps together (lemma ``curvature-centred-change``)."""
+    statement = q(r"c\,t\,(\lambda_{1i}^{1/2} + \lambda_{2i}^{1/2})")
+    proof = Derivation("The centred score changes' change on a Frobenius ball, the heads' score maps together")
+    proof.hypothesis("dot-product heads, Qt_h = W_Q^h W_K^h^T; ||Y - X||_F <= t, Delta = Y - X; z_hij(e) = ds_hij(e) - "
+                     "sum_l p_hil(X) ds_hil(e) at Y; s >= 0 row scales of query i's rows (h, j); kappa_hi >= "
+                     "||diag(s_hi) (I - 1 p_hi(X)^T)||_2^2; lambda_1i >= lambda_max(sum_h kappa_hi Qt_h Qt_h^T) and "
+                     "lambda_2i >= lambda_max(sum_h kappa_hi Qt_h^T Qt_h)")
+    proof.add(Described(r"z_{hij}(Y)(e) - z_{hij}(X)(e) = c\,(e_i \cdot Qt_h (\Delta_j - \tilde\Delta_{hi}) + (e_j - "
+                        r"\tilde e_{hi}) \cdot Qt_h^T \Delta_i)"),
+              "ds_ij(e) = c (e_i . Qt_h y_j + e_j . Qt_h^T y_i) plus terms free of Y; the centring with X's weights "
+              "(tilde: sum_l p_hil(X) .) is the same at X and Y", "norm-calculus")
+    proof.add(le(Described(r"\|(s_{hij} (e_j - \tilde e_{hi}) \cdot Qt_h^T \Delta_i)_{h,j}\|"),
+                 Described(r"\lambda_{1i}^{1/2} \|\Delta_i\|\,\|e\|")),
+              "for each h the rows are diag(s_hi) (I - 1 p_hi^T) times the one vector Qt_h^T Delta_i, of norm at most "
+              "kappa_hi^(1/2) ||Qt_h^T Delta_i||; the squares summed over h are a quadratic form in Delta_i",
+              "submultiplicative")
+    proof.add(le(Described(r"\|(s_{hij}\, e_i \cdot Qt_h (\Delta_j - \tilde\Delta_{hi}))_{h,j}\|"),
+                 Described(r"\lambda_{2i}^{1/2} \|\Delta\|_F\,\|e\|")),
+              "the rows act on e_i alone; their Frobenius norm squared is sum_h tr(Qt_h Delta^T C_hi Delta Qt_h^T) "
+              "with C_hi = (I - 1 p_hi^T)^T diag(s_hi^2) (I - 1 p_hi^T) <= kappa_hi I", "norm-calculus")
+    proof.add(le(Described(r"\|\operatorname{diag}(s_i) (z_i(Y) - z_i(X))\|_2"), statement),
+              "Minkowski's inequality for the two parts, ||Delta_i|| <= ||Delta||_F <= t", "minkowski")
+    return Theorem("local-curvature-centred-change", "The centred score changes on a Frobenius ball, heads together",
+                   statement, proof)
 
 
 def _slope_hypotheses(proof: Derivation) -> None:
@@ -351,6 +380,7 @@ def block_reach_weighted() -> Theorem:
 #: the theorems of this module, by id (part of :data:`lipbound.symbolic.local.LOCAL_THEOREMS`)
 SECOND_ORDER_THEOREMS = {t.id: t for t in (curvature_centred(), curvature_spread(), curvature_spread_sigma(),
                                            curvature_rows_variance(), curvature_weight_reach(),
+                                           curvature_centred_change(),
                                            slope_remainder_joint(), feedforward_curvature_joint(),
                                            feedforward_folded_reach(), attention_reach_remainder(),
                                            attention_token_reach(), attention_token_remainder(),

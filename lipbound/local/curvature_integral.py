@@ -1,0 +1,130 @@
+"""The curvature bound integrated over the radii: ``sup ||DA(Y) - DA(Z)||_2`` of a head or an attention layer on a set
+of inputs through its second derivative (theorem ``local-attention-curvature``), as an upper Riemann sum of the bound of
+:class:`~lipbound.local.curvature.AttentionCurvature` on growing products of token balls.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import NotCertifiedError
+from ..rigorous.arrays import IntervalArray, as_interval_array
+from .balls import TokenBalls
+from .bounds import attention_bounds
+from .curvature import AttentionCurvature
+from .query_curvature import query_chis
+
+__all__ = ["CurvatureIntegral", "GRID_PER_DECADE", "decade_grid"]
+
+
+#: Radii per decade of the curvature bound's Riemann sum: 6 rather than 4 lowers the certified variation
+#: by about 5% (2.19 -> 2.09 at 2e-3 R on MiniLM's shortest sentence) for about 1.5 times the evaluations.
+GRID_PER_DECADE = 6
+
+
+def decade_grid(ends) -> list:
+    """The powers of 10^(1/6) over a decade below each end (positive), and the ends themselves, sorted."""
+    steps = GRID_PER_DECADE
+    lattice = {10.0 ** (k / steps) for end in ends
+               for k in range(math.floor(steps * math.log10(end)) - steps + 1, math.ceil(steps * math.log10(end)))}
+    return sorted(set(ends) | lattice)
+
+
+class CurvatureIntegral:
+    """``sup ||DA(Y) - DA(Z)||_2`` over a set of inputs of a head or an attention layer A through its second
+    derivative (theorem local-attention-curvature): for Y in the product ``P(rho)`` of token balls about Z
+    with ``||Y - Z||_F <= theta``, the segment ``Z + s (Y - Z)`` lies in ``P(s rho)``, so
+
+        ||DA(Y) - DA(Z)|| <= theta int_0^1 sup_{P(s rho)} ||D^2 A|| ds <= theta sum_k (s_k - s_{k-1}) chi(P(s_k rho)),
+
+    an upper Riemann sum over radii ``0 < s_1 rho < ... < s_K rho = rho`` with ``chi = chi_I + chi_II + chi_III``
+    on each product (:meth:`AttentionCurvature.chis`).  Each product's chi is computed once.
+
+    Parameters
+    ----------
+    component : Component
+        The head or attention layer (its ``bounds`` give the facts on a product of token balls).
+    enclosed : EnclosedAttention
+        It at Z.
+    split : bool
+        The split bound instead of the Gram matrix (:meth:`AttentionCurvature.route`).
+    fold : IntervalArray, optional
+        Per-token maps on both arguments (:class:`AttentionCurvature`): the bound is then on
+        ``sup ||D^2A[e F, f F]||``, and ``theta`` bounds ``||e||_F`` instead of ``||Y - Z||_F``.
+    per_query : bool
+        Also bound each output token's row of the second derivative on every product met
+        (:func:`~lipbound.local.query_curvature.query_chis`, for :meth:`query_integral`); unfolded only.
+    """
+
+    def __init__(self, component, enclosed, split: bool = False, fold: IntervalArray | None = None,
+                 per_query: bool = False):
+        self.component, self.enclosed = component, enclosed
+        self.curvature = AttentionCurvature(enclosed, component.target, split=split, fold=fold)
+        self.center = enclosed.X.mid
+        self.split, self.per_query = split, per_query and fold is None
+        self._chis: dict = {}
+        self._queries: dict = {}
+
+    def chis(self, radii: np.ndarray, overrides: dict | None = None, key=None) -> tuple:
+        """``(chi_I, chi_II, chi_III)`` on the product of token balls with these radii (inf where the
+        enclosures overflow); ``overrides``: score ranges and value shifts known to hold there
+        (:func:`~lipbound.local.bounds.attention_bounds`), and under ``"frobenius"`` a bound on ``||Y - Z||_F`` there
+        (:meth:`AttentionCurvature.chis`), identified by ``key``."""
+        key = (np.asarray(radii, dtype=np.float64).tobytes(), key)
+        if key not in self._chis:
+            balls = TokenBalls(self.center, radii)
+            try:
+                known = dict(overrides or {})
+                frobenius = known.pop("frobenius", None)
+                bounds = attention_bounds(self.component.target, balls, self.enclosed, **known)
+                self._chis[key] = self.curvature.chis(bounds, balls.radii, frobenius)
+            except NotCertifiedError:
+                self._chis[key], bounds = (math.inf,) * 3, None
+            if self.per_query:   # (on the same facts: the bounds are formed once)
+                self._queries[key] = np.full(self.curvature.n, np.inf)
+                if bounds is not None:
+                    try:
+                        self._queries[key] = query_chis(self.curvature, bounds, balls.radii, frobenius)
+                    except NotCertifiedError:   # (the whole output's values stand)
+                        pass
+        return self._chis[key]
+
+    def query_integral(self, steps, factor) -> np.ndarray:
+        """Per output token i, ``factor sum_k width_k chi_i(P(radii_k))`` over ``steps`` as in :meth:`integral`, with
+        ``chi_i`` query i's own curvature bound (:func:`~lipbound.local.query_curvature.query_chis`, lemma
+        curvature-per-query), (n,); inf where a bound is not finite.  Needs ``per_query``."""
+        if not self.per_query:
+            raise ValueError("query_integral needs a CurvatureIntegral made with per_query")
+        total, factor = IntervalArray(np.zeros(self.curvature.n)), as_interval_array(factor)
+        for width, radii, *known in steps:
+            self.chis(radii, *known)
+            key = (np.asarray(radii, dtype=np.float64).tobytes(), known[1] if len(known) > 1 else None)
+            total = total + IntervalArray(width) * IntervalArray(self._queries[key])
+        return np.where(np.isfinite(total.hi), (total * factor).hi, np.inf)
+
+    def integral(self, steps, factor, other: float = math.inf) -> float:
+        """``factor sum_k width_k chi(P(radii_k))`` over ``steps`` ``(width_k, radii_k)`` (radii growing), or
+        ``(width_k, radii_k, overrides_k, key_k)`` where more is known on the step's balls (:meth:`chis`); inf as
+        soon as the partial sum exceeds ``other`` (the rest only adds) or a chi is not finite."""
+        total, factor = IntervalArray(0.0), as_interval_array(factor)
+        for width, radii, *known in steps:
+            chis = self.chis(radii, *known)
+            if not all(math.isfinite(chi) for chi in chis):
+                return math.inf
+            total = total + IntervalArray(self.curvature.piece(chis, width))
+            if (total * factor).hi.item() > other:
+                return math.inf
+        return (total * factor).hi.item()
+
+    def over_balls(self, rho: np.ndarray, theta: float, other: float = math.inf) -> float:
+        """The bound for ``P(rho)`` with ``||Y - Z||_F <= theta`` (class docstring), on the grid
+        :func:`decade_grid` of fractions s of rho."""
+        if not np.any(rho) or theta == 0:
+            return 0.0
+        fractions, previous, steps = decade_grid([1.0]), 0.0, []
+        for s in fractions:
+            steps.append(((IntervalArray(s) - IntervalArray(previous)).hi.item(), (IntervalArray(rho) * s).hi))
+            previous = s
+        return self.integral(steps, theta, other)
