@@ -132,3 +132,14 @@ def test_memory_saving_jacobians_are_the_dense_ones():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(tail, "SCALED_ROWS", 3)
         assert tail._columns_scaled_norm(at_x, scales) == whole
+
+
+def test_euclidean_sums_by_panels_are_the_whole_ones(monkeypatch):
+    """The affine forms' Euclidean sums over the symbols, formed for panels of entries: the same floats."""
+    from lipbound.rigorous import zonotope
+    rng = np.random.default_rng(2)
+    generators = rng.standard_normal((40, 3, 7)) * 1e-3
+    whole = IntervalArray(np.abs(generators)).norm_upper(axis=0)
+    monkeypatch.setattr(zonotope, "_PANEL_ENTRIES", 50)
+    assert np.array_equal(zonotope._l2_sum(generators, absolute=True), whole)
+    assert np.array_equal(zonotope._l2_sum(np.abs(generators).swapaxes(1, 2)), whole.T)

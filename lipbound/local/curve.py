@@ -383,7 +383,10 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         N_dense, jacobian_bound = stack.jacobian_norm, "block-products"
     else:
         N_dense, jacobian_bound = _jacobian_norm(centre, chain, N_blocks, moving, norm, witness_at_x, n, d, progress)
-    centre.jacobian = None   # read once, for its norm: (n d)^2 midpoints and radii, 0.94 GB at n = 20 on MiniLM
+    # read once, for its norm: (n d)^2 midpoints and radii, 0.94 GB at n = 20 on MiniLM (a block's is also its
+    # centre's last prefix; the attention's prefix stays: the tail reads it at every radius)
+    centre.jacobian = None
+    centre.prefix_jacobian.pop(len(chain), None)
     global_constant = _GlobalConstant(model, chain, layer, norm, X)
     # smallest eps first: U(X, eps) grows with eps, so what was found in a smaller one is a witness in it too
     order = sorted(range(len(neighbourhoods)), key=lambda i: neighbourhoods[i].eps)
