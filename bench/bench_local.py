@@ -17,7 +17,8 @@ On all-MiniLM-L6-v2 and the 20 sentences of lipbound/measures/data/sentences.txt
   each stack followed by its per-block breakdown), ``--fractions`` for the radii;
 * ``time``  -- the CPU seconds of issue 29's time figures (``--time-kinds``): the attention layer's curve at four
   radii (n = 9, target <= 30 s), the whole layer's per radius (n = 9, <= 60 s), the six-layer stack's curve (n = 20,
-  < 5 minutes), each split into the set-up every radius shares and each radius's own work;
+  < 5 minutes, within 8 GB), each split into the set-up every radius shares and each radius's own work, with the
+  process's peak resident memory so far (run the stack under ``ulimit -v``);
 * ``fits``  -- from the ``path`` rows: least-squares exponents of ``W1 ~ C k^a n^b`` for the measured and
   the certified movements per layer (a = -b is a law in k / n), and of ``W1 ~ C (k / n)^c``.
 
@@ -160,7 +161,14 @@ def time_part(model, kinds):
               f"(set-up {curve.setup_cpu_seconds:.1f}, per radius " + ", ".join(f"{p:.1f}" for p in per_radius)
               + f"); {scope}: {figure:.1f} CPU s against <= {target:.0f} "
               f"({'met' if figure <= target else 'NOT met'}); ratios "
-              + ", ".join(f"{p.ratio:.3g}" for p in curve.points))
+              + ", ".join(f"{p.ratio:.3g}" for p in curve.points)
+              + f"; peak resident memory of the process so far {_peak_gigabytes():.2f} GB")
+
+
+def _peak_gigabytes() -> float:
+    """The process's peak resident set (``ru_maxrss``, kilobytes on Linux) in GB (issue 29's limit: 8 GB)."""
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
 
 
 def fit(rows, key):
