@@ -763,8 +763,8 @@ def test_feedforward_bounds_on_the_folded_reach_hold(seed, eps):
 
 def test_kept_hadamard_products_give_the_same_remainders(monkeypatch):
     """:meth:`BlockTail.quadratic_remainder` reads the Hadamard products kept by the set-up (short inputs) or forms
-    them again (long ones): the same floats either way; and the certified top eigenvalue's ``level I - S`` is the
-    enclosure difference's own floats."""
+    them again (long ones): the same floats either way; and the certified top eigenvalue's ``level I - S`` and its
+    mirrored triangle are the whole-matrix forms' own floats."""
     from lipbound.local import tail as tails
     from lipbound.rigorous.linalg import Enclosure, _level_less
     generated = local_models.model(seed=11, layers=1)
@@ -780,3 +780,6 @@ def test_kept_hadamard_products_give_the_same_remainders(monkeypatch):
     S = Enclosure(rng.standard_normal((7, 7)), 1e-3 * rng.random((7, 7)))
     direct, difference = _level_less(2.5, S), Enclosure.exact(2.5 * np.eye(7)) - S
     assert np.array_equal(direct.mid, difference.mid) and np.array_equal(direct.rad, difference.rad)
+    mirrored = S.sym()   # the upper triangle mirrored, added in place
+    assert np.array_equal(mirrored.mid, np.triu(S.mid) + np.triu(S.mid, 1).T)
+    assert np.array_equal(mirrored.rad, np.triu(S.rad) + np.triu(S.rad, 1).T)

@@ -247,7 +247,7 @@ class Enclosure:
         mirrored (each computed entry encloses its exact value, and the exact matrix is symmetric)."""
         if np.array_equal(self.mid, self.mid.T) and np.array_equal(self.rad, self.rad.T):
             return self
-        return Enclosure(np.triu(self.mid) + np.triu(self.mid, 1).T, np.triu(self.rad) + np.triu(self.rad, 1).T)
+        return Enclosure._trusted(_mirrored(self.mid), _mirrored(self.rad))   # (a mirrored radius stays >= 0)
 
     def quad(self, v) -> Enclosure:
         """``v^T S v`` for a float vector v (taken exactly), as a 0-d enclosure."""
@@ -278,6 +278,13 @@ class Enclosure:
 
     def norm_lower(self) -> float:
         return lower(self.norm_interval())
+
+
+def _mirrored(A: np.ndarray) -> np.ndarray:
+    """``triu(A) + triu(A, 1)^T`` (exactly: each entry is one term plus zero), added in place."""
+    out = np.triu(A)
+    out += np.triu(A, 1).T
+    return out
 
 
 def _as_enclosure(value) -> Enclosure:
