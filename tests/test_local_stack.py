@@ -143,3 +143,19 @@ def test_euclidean_sums_by_panels_are_the_whole_ones(monkeypatch):
     monkeypatch.setattr(zonotope, "_PANEL_ENTRIES", 50)
     assert np.array_equal(zonotope._l2_sum(generators, absolute=True), whole)
     assert np.array_equal(zonotope._l2_sum(np.abs(generators).swapaxes(1, 2)), whole.T)
+
+
+def test_a_group_block_filled_token_by_token_is_the_stacked_one():
+    """``||DF(X)||`` by groups: the block between two groups of tokens filled input token by input token is the
+    stacked interval block settled at once, float for float."""
+    from lipbound.local import grouped
+    model = local_models.model(seed=8, layers=1, d=8)
+    X = hidden_states(model, [3, 1, 4, 1, 5, 9])[0]
+    centre = ChainCentre(chain_for(model, "block", 0), X, False)
+    attention, inputs, outputs = centre.enclosed[0], np.array([1, 2, 4]), np.array([0, 3])
+    tails = IntervalArray.stack([grouped.token_tail(centre.enclosed, int(i)) for i in outputs])
+    block = IntervalArray.stack([attention.jacobian_column(int(j), outputs).bmm(tails) for j in inputs])
+    g, m, d, width = block.shape
+    stacked = block.swapaxes(1, 2).reshape(g * d, m * width).to_enclosure()
+    filled = grouped._block(attention, inputs, outputs, tails)
+    assert np.array_equal(filled.mid, stacked.mid) and np.array_equal(filled.rad, stacked.rad)
