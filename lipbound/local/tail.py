@@ -38,10 +38,6 @@ from .grouped import token_tail
 __all__ = ["BlockTail", "TokenTail", "weighted_tail_variation", "weighted_tail_reach", "column_block_norms",
            "token_reach"]
 
-#: inputs of at most this many tokens keep each token's three ``d_ff x d_ff`` Hadamard products of Gram matrices
-#: (113 MB per token on MiniLM), which :meth:`BlockTail.quadratic_remainder` reads at every radius (a choice of work
-#: and memory, never of value: longer inputs form them again)
-KEPT_HADAMARD_TOKENS = 12
 #: rows of the attention's Jacobian scaled at a time by :func:`_columns_scaled_norm`
 SCALED_ROWS = 256
 #: a token's slopes' remainder is refined (lemma slope-remainder-quadratic) when its split terms are at least this
@@ -82,15 +78,12 @@ class BlockTail:
             W_2 = IntervalArray(ffn.W_2)
             g = self.ffn.curvature[i]
             squared = a_gram * a_gram                                                  # in "full" and "Lambda_10"
-            with_b, with_second = a_gram * b_gram, a_gram * plain_b
             self._folded[i] = {
                 "A": A, "B": B,
-                "full": trilinear_norm(g, A, B, a_gram, hadamards=(with_b, squared)),
+                "full": trilinear_norm(g, A, B, a_gram, hadamards=(a_gram * b_gram, squared)),
                 "mixed": trilinear_norm(g, A, B, plain, a_gram, b_gram),
-                "Lambda_10": trilinear_norm(g, A, W_2, a_gram, hadamards=(with_second, squared)),  # J_1 Delta J_F
+                "Lambda_10": trilinear_norm(g, A, W_2, a_gram, hadamards=(a_gram * plain_b, squared)),  # J_1 Delta J_F
                 "front": spectral_norm_upper_large(J_1.einsum("ab,bc->ac", self.ffn.jacobian_block(i)).to_enclosure())}
-            if self.taus.shape[0] <= KEPT_HADAMARD_TOKENS:   # what quadratic_remainder reads at every radius
-                self._folded[i]["hadamards"] = (squared, with_b, with_second)
         return self._folded[i]
 
     def omega_tokens(self, M: list, V: list, N: list, radii: list, rounding: np.ndarray) -> tuple:
@@ -178,23 +171,21 @@ class BlockTail:
         the e-side, R the feed-forward ball's radius): the first LayerNorm's projection and scales do not line up
         with the directions ``w_k``."""
         facts = self._token(i)
-        if "hadamards" in facts:
-            hadamards = facts["hadamards"]
-        else:   # a long input: formed again (kept, they cost 113 MB per token of MiniLM)
-            second = feedforward_grams(self.ffn.ffn)[1]                                # W_2 W_2^T
-            a_gram, b_gram = facts["A"].swapaxes(0, 1).bmm(facts["A"]), facts["B"].bmm(facts["B"].swapaxes(0, 1))
-            hadamards = (a_gram * a_gram, a_gram * b_gram, a_gram * second)
+        second = feedforward_grams(self.ffn.ffn)[1]                                    # W_2 W_2^T
+        # (A^T A, B B^T and their Hadamard products formed again at each radius: kept from the set-up they cost 113 MB
+        # per token of MiniLM, and at n = 9 the six layers' first block held 2.3 GB more resident)
+        a_gram, b_gram = facts["A"].swapaxes(0, 1).bmm(facts["A"]), facts["B"].bmm(facts["B"].swapaxes(0, 1))
         columns = IntervalArray(IntervalArray(self.ffn.ffn.W_1).norm_upper(axis=0))
         root = third_derivative_roots(self.ffn, i, radius)
         r, delta, weights = IntervalArray(float(near[0])), IntervalArray(float(near[1])), root * columns
 
-        def side(hadamard: IntervalArray, rows: IntervalArray) -> IntervalArray:   # rows: the vectors b_k (or a_k)
-            scaled = hadamard * root.expand(0) * root.expand(-1)
+        def side(gram: IntervalArray, rows: IntervalArray) -> IntervalArray:    # rows: the vectors b_k (or a_k)
+            scaled = a_gram * gram * root.expand(0) * root.expand(-1)
             spread = IntervalArray(spectral_norm_upper_large((rows * weights.expand(-1)).to_enclosure()))
             return r * IntervalArray(max(lambda_max_upper_large(scaled.to_enclosure()), 0.0)).sqrt() + delta * spread
-        near_a, half = side(hadamards[0], facts["A"].swapaxes(0, 1)), IntervalArray(0.5)
-        pairs = ((hadamards[1], facts["B"]), (hadamards[2], IntervalArray(self.ffn.ffn.W_2)))
-        folded, front = ((half * near_a * side(hadamard, rows)).hi.item() for hadamard, rows in pairs)
+        near_a, half = side(a_gram, facts["A"].swapaxes(0, 1)), IntervalArray(0.5)
+        folded, front = ((half * near_a * side(gram, rows)).hi.item()
+                         for gram, rows in ((b_gram, facts["B"]), (second, IntervalArray(self.ffn.ffn.W_2))))
         return folded, front
 
     def remainder_splits(self, radii: list) -> list:
