@@ -17,7 +17,8 @@ On all-MiniLM-L6-v2 and the 20 sentences of lipbound/measures/data/sentences.txt
   each stack followed by its per-block breakdown), ``--fractions`` for the radii;
 * ``time``  -- the CPU seconds of issue 29's time figures (``--time-kinds``): the attention layer's curve at four
   radii (n = 9, target <= 30 s), the whole layer's per radius (n = 9, <= 60 s), the six-layer stack's curve (n = 20,
-  < 5 minutes), each split into the set-up every radius shares and each radius's own work;
+  < 5 minutes, within 8 GB), each split into the set-up every radius shares and each radius's own work, with the
+  process's peak resident memory so far (run the stack under ``ulimit -v``);
 * ``zchange`` -- z's change on the Frobenius ball (the score changes centred at X's weights; lemmas curvature-joint
   and curvature-centred-change) on layer 0 at ``--zchange-text`` and ``--zchange-fraction`` of R, per query with the
   first group's variance scales: the blockwise bound, the heads together, and the largest change an alternating
@@ -164,7 +165,14 @@ def time_part(model, kinds):
               f"(set-up {curve.setup_cpu_seconds:.1f}, per radius " + ", ".join(f"{p:.1f}" for p in per_radius)
               + f"); {scope}: {figure:.1f} CPU s against <= {target:.0f} "
               f"({'met' if figure <= target else 'NOT met'}); ratios "
-              + ", ".join(f"{p.ratio:.3g}" for p in curve.points))
+              + ", ".join(f"{p.ratio:.3g}" for p in curve.points)
+              + f"; peak resident memory of the process so far {_peak_gigabytes():.2f} GB")
+
+
+def _peak_gigabytes() -> float:
+    """The process's peak resident set (``ru_maxrss``, kilobytes on Linux) in GB (issue 29's limit: 8 GB)."""
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
 
 
 def _centred_change(engine, P, c, D, i, scales):

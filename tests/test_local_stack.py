@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import local_models
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lipbound.local import tail
 from lipbound.local.centre import ChainCentre
-from lipbound.local.chains import NormwiseProduct, chain_for
+from lipbound.local.chains import NormwiseProduct, chain_for, right_product
 from lipbound.local.stack import composed_variation
 from lipbound.numeric.forward import hidden_states
-from lipbound.rigorous.linalg import Enclosure, spectral_norm_upper_large
+from lipbound.rigorous.arrays import IntervalArray
+from lipbound.rigorous.linalg import Enclosure, spectral_norm_upper_large, vector_norm_upper
+from lipbound.rigorous.panels import point_product_panels
 
 
 @settings(max_examples=6, deadline=None)
@@ -70,3 +74,88 @@ def test_a_composed_variation_past_the_float_range_is_no_bound_not_an_error():
     assert composed_variation(L, V, prefix, 6, 0) == np.inf
     exact = 3.0 * 0.5 + 0.25 * 4.0   # L_2 V_1 + V_2 pi_1
     assert exact <= composed_variation([[2.0], [3.0]], [[0.5], [0.25]], [1.0, 4.0, 12.0], 2, 0) <= exact * (1 + 1e-12)
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), rows=st.integers(1, 7), radius=st.sampled_from([0.0, 1e-9, 0.3]))
+def test_panel_products_hold_every_product_and_match_the_whole_one(seed, rows, radius):
+    """``point_product_panels`` (panels of ``rows`` rows): its midpoint is the whole product's up to the float
+    products' own rounding, ``s`` is at least the whole midpoint-radius product's radius norm (up to the panels'
+    interval sum), and ``|P A' - mid|`` stays within ``s`` for matrices A' at the corners of and inside A."""
+    rng = np.random.default_rng(seed)
+    P = rng.standard_normal((13, 9))
+    A = Enclosure(rng.standard_normal((9, 11)), radius * rng.random((9, 11)))
+    mid, s = point_product_panels(P, A, rows=rows)
+    whole = Enclosure.exact(P) @ A
+    assert np.allclose(mid, whole.mid, rtol=1e-14, atol=1e-14)
+    assert vector_norm_upper(whole.rad) <= s * (1 + 1e-12)
+    for draw in range(6):
+        signs = rng.choice([-1.0, 1.0], size=A.shape) if draw % 2 else rng.uniform(-1, 1, A.shape)
+        assert np.linalg.norm(P @ (A.mid + signs * A.rad) - mid) <= s
+
+
+def test_a_factor_settled_later_gives_the_same_product_bound():
+    """``NormwiseProduct.multiply(A, None)`` then ``settle(a)`` is ``multiply(A, a)``: the stack multiplies a block's
+    Jacobian before its curve and gives the norm after."""
+    rng = np.random.default_rng(3)
+    factors = [Enclosure(rng.standard_normal((600, 600)) / 30, 1e-6 * rng.random((600, 600))) for _ in range(3)]
+    now, later = NormwiseProduct(), NormwiseProduct()
+    for factor in factors:
+        norm = spectral_norm_upper_large(factor)
+        now.multiply(factor, norm)
+        later.multiply(factor, None)
+        later.settle(norm)
+    assert now.radius == later.radius and np.array_equal(now.mid, later.mid)
+    assert now.norm_upper() == later.norm_upper()
+
+
+def test_memory_saving_jacobians_are_the_dense_ones():
+    """The attention's Jacobian filled as midpoints and radii token by token, a per-token map's product written
+    over its left factor, and the Jacobian's scaled columns formed by panels of rows: the same floats as the
+    whole-matrix forms."""
+    model = local_models.model(seed=5, layers=1, d=8)
+    X = hidden_states(model, [1, 4, 2, 7, 3])[0]
+    chain = chain_for(model, "block", 0)
+    centre = ChainCentre(chain, X, True)
+    attention = centre.enclosed[0]
+    at_x = attention.jacobian_enclosure()
+    dense = attention.jacobian().to_enclosure()
+    assert np.array_equal(at_x.mid, dense.mid) and np.array_equal(at_x.rad, dense.rad)
+    fresh = right_product(at_x, chain[1], centre.enclosed[1])
+    copied = Enclosure(at_x.mid.copy(), at_x.rad.copy())
+    written = right_product(copied, chain[1], centre.enclosed[1], in_place=True)
+    assert written.mid is copied.mid
+    assert np.array_equal(fresh.mid, written.mid) and np.array_equal(fresh.rad, written.rad)
+    scales = np.linspace(0.5, 3.0, X.shape[0])
+    repeated = IntervalArray(np.repeat(scales, X.shape[1]))
+    whole = spectral_norm_upper_large((IntervalArray.from_enclosure(at_x) * repeated.expand(0)).to_enclosure())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tail, "SCALED_ROWS", 3)
+        assert tail._columns_scaled_norm(at_x, scales) == whole
+
+
+def test_euclidean_sums_by_panels_are_the_whole_ones(monkeypatch):
+    """The affine forms' Euclidean sums over the symbols, formed for panels of entries: the same floats."""
+    from lipbound.rigorous import zonotope
+    rng = np.random.default_rng(2)
+    generators = rng.standard_normal((40, 3, 7)) * 1e-3
+    whole = IntervalArray(np.abs(generators)).norm_upper(axis=0)
+    monkeypatch.setattr(zonotope, "_PANEL_ENTRIES", 50)
+    assert np.array_equal(zonotope._l2_sum(generators, absolute=True), whole)
+    assert np.array_equal(zonotope._l2_sum(np.abs(generators).swapaxes(1, 2)), whole.T)
+
+
+def test_a_group_block_filled_token_by_token_is_the_stacked_one():
+    """``||DF(X)||`` by groups: the block between two groups of tokens filled input token by input token is the
+    stacked interval block settled at once, float for float."""
+    from lipbound.local import grouped
+    model = local_models.model(seed=8, layers=1, d=8)
+    X = hidden_states(model, [3, 1, 4, 1, 5, 9])[0]
+    centre = ChainCentre(chain_for(model, "block", 0), X, False)
+    attention, inputs, outputs = centre.enclosed[0], np.array([1, 2, 4]), np.array([0, 3])
+    tails = IntervalArray.stack([grouped.token_tail(centre.enclosed, int(i)) for i in outputs])
+    block = IntervalArray.stack([attention.jacobian_column(int(j), outputs).bmm(tails) for j in inputs])
+    g, m, d, width = block.shape
+    stacked = block.swapaxes(1, 2).reshape(g * d, m * width).to_enclosure()
+    filled = grouped._block(attention, inputs, outputs, tails)
+    assert np.array_equal(filled.mid, stacked.mid) and np.array_equal(filled.rad, stacked.rad)

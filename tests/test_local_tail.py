@@ -782,3 +782,16 @@ def test_feedforward_bounds_on_the_folded_reach_hold(seed, eps):
             assert np.linalg.norm(moved, 2) <= found["lipschitz"] * (1 + 1e-9)
             assert np.linalg.norm(moved - at_centre, 2) <= found["variation"] * (1 + 1e-9) + 1e-12
             assert np.linalg.norm(J_1 @ (moved - at_centre), 2) <= found["change"] * (1 + 1e-6) + 1e-9
+
+
+def test_level_less_and_the_mirrored_triangle_are_the_whole_forms():
+    """The certified top eigenvalue's ``level I - S`` and its mirrored triangle (``Enclosure.sym``) are the
+    whole-matrix forms' own floats."""
+    from lipbound.rigorous.linalg import Enclosure, _level_less
+    rng = np.random.default_rng(0)
+    S = Enclosure(rng.standard_normal((7, 7)), 1e-3 * rng.random((7, 7)))
+    direct, difference = _level_less(2.5, S), Enclosure.exact(2.5 * np.eye(7)) - S
+    assert np.array_equal(direct.mid, difference.mid) and np.array_equal(direct.rad, difference.rad)
+    mirrored = S.sym()   # the upper triangle mirrored, added in place
+    assert np.array_equal(mirrored.mid, np.triu(S.mid) + np.triu(S.mid, 1).T)
+    assert np.array_equal(mirrored.rad, np.triu(S.rad) + np.triu(S.rad, 1).T)

@@ -38,7 +38,7 @@ class ChainCentre:
     def _product(self, chain, keep=()):
         product = None
         for k, (component, enclosed) in enumerate(zip(chain, self.enclosed)):
-            product = right_product(product, component, enclosed)
+            product = right_product(product, component, enclosed, in_place=k not in keep)   # a kept prefix stays
             if k + 1 in keep:
                 self.prefix_jacobian[k + 1] = product
         return product

@@ -37,6 +37,7 @@ from ..numeric.whole.chain import Step, layer_steps
 from ..rigorous.arrays import IntervalArray, as_interval_array
 from ..rigorous.intervals import interval, upper
 from ..rigorous.linalg import Enclosure, spectral_norm_upper_large, vector_norm_upper
+from ..rigorous.panels import point_product_panels
 from .balls import TokenBalls
 from .bounds import LocalBounds, NormFold, attention_bounds, feedforward_bounds, norm_bounds
 from .enclosed import EnclosedAttention, EnclosedFeedForward, EnclosedNorm
@@ -260,11 +261,14 @@ class EnclosedSublayer:
         return product + IntervalArray(np.eye(product.shape[0]))
 
 
-def right_product(product, component: Component, enclosed):
+def right_product(product, component: Component, enclosed, in_place: bool = False):
     """``product @ DJ`` (an Enclosure; ``product`` None: DJ itself) for a component's Jacobian at the
-    enclosed point, the per-token ones block by block (no dense block-diagonal matrix)."""
+    enclosed point, the per-token ones block by block (no dense block-diagonal matrix).  ``in_place``: a
+    per-token component's product is written over ``product`` (its column panel i is read only for the
+    result's panel i), so that no second ``(n d)^2`` pair is formed; the same floats."""
     if component.kind not in PER_TOKEN:
-        J = component.jacobian(enclosed).to_enclosure()
+        J = enclosed.jacobian_enclosure() if component.kind in ("head", "attention") \
+            else component.jacobian(enclosed).to_enclosure()
         return J if product is None else product @ J
     n, d = enclosed.output.shape
     blocks = [enclosed.jacobian_block(i).to_enclosure() for i in range(n)]
@@ -273,13 +277,16 @@ def right_product(product, component: Component, enclosed):
         for i, block in enumerate(blocks):
             mid[i * d:(i + 1) * d, i * d:(i + 1) * d] = block.mid
             rad[i * d:(i + 1) * d, i * d:(i + 1) * d] = block.rad
-        return Enclosure(mid, rad)
+        return Enclosure._trusted(mid, rad)   # (no copy of the radius: non-negative by construction)
     width = product.shape[1] // n
-    mid, rad = np.empty((product.shape[0], n * d)), np.empty((product.shape[0], n * d))
+    if in_place and width == d:
+        mid, rad = product.mid, product.rad
+    else:
+        mid, rad = np.empty((product.shape[0], n * d)), np.empty((product.shape[0], n * d))
     for i, block in enumerate(blocks):
         part = product[:, i * width:(i + 1) * width] @ block
         mid[:, i * d:(i + 1) * d], rad[:, i * d:(i + 1) * d] = part.mid, part.rad
-    return Enclosure(mid, rad)
+    return Enclosure._trusted(mid, rad)
 
 
 @final
@@ -299,21 +306,34 @@ class NormwiseProduct:
     def __init__(self):
         self.mid: np.ndarray | None = None
         self.radius = 0.0
+        self._step: float | None = None   # ||S_k||_F of a factor whose norm is not given yet
 
-    def multiply(self, factor: Enclosure, factor_norm: float) -> None:
-        """``P <- P A`` for ``A`` enclosed by ``factor``, ``factor_norm`` a certified upper bound on ``||A||_2``."""
+    def multiply(self, factor: Enclosure, factor_norm: float | None) -> None:
+        """``P <- P A`` for ``A`` enclosed by ``factor``, ``factor_norm`` a certified upper bound on ``||A||_2``, or
+        None: given by :meth:`settle` before the next factor (so that the factor can go before its norm is known).
+        The product is formed by panels of rows (:func:`~lipbound.rigorous.panels.point_product_panels`)."""
+        if self._step is not None:
+            raise AssumptionError("factor_norm", "the last factor's norm settled", "none", "call settle first")
         if self.mid is None:
             self.mid, self.radius = factor.mid, vector_norm_upper(factor.rad)
             return
-        step = Enclosure.exact(self.mid) @ factor                  # encloses P_(k-1) A_k entrywise
-        self.radius = upper(interval(self.radius) * interval(factor_norm) + interval(vector_norm_upper(step.rad)))
-        self.mid = step.mid
+        self.mid, self._step = point_product_panels(self.mid, factor)   # encloses P_(k-1) A_k entrywise
+        if factor_norm is not None:
+            self.settle(factor_norm)
+
+    def settle(self, factor_norm: float) -> None:
+        """``r_k = r_(k-1) a_k + ||S_k||_F`` with ``a_k = factor_norm >= ||A_k||_2`` of the last factor (nothing for a
+        first factor)."""
+        if self._step is not None:
+            self.radius = upper(interval(self.radius) * interval(factor_norm) + interval(self._step))
+            self._step = None
 
     def norm_upper(self, estimate: float | None = None) -> float:
         """A certified upper bound on ``||A_1 ... A_m||_2``: ``||P_m||_2`` (one Gram product and one Cholesky
         factorisation, ``estimate`` its float value if known) plus ``r_m``."""
-        if self.mid is None:
-            raise AssumptionError("factors", "at least one factor", "none", "multiply by a factor first")
+        if self.mid is None or self._step is not None:
+            raise AssumptionError("factors", "at least one factor, each norm settled", "none",
+                                  "multiply by a factor first, and settle its norm")
         return upper(interval(spectral_norm_upper_large(self.mid, estimate)) + interval(self.radius))
 
 

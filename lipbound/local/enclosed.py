@@ -184,13 +184,24 @@ class EnclosedAttention:
 
     def jacobian(self) -> IntervalArray:
         """The dense Jacobian in row convention, shape (n d, n d_out): rows index ``(j, a)`` inputs."""
+        return IntervalArray(*self._jacobian_rows(lambda column: (column.lo, column.hi)))
+
+    def jacobian_enclosure(self) -> Enclosure:
+        """:meth:`jacobian` as midpoint and radius (the same floats as ``jacobian().to_enclosure()``, which is
+        entrywise), formed input token by input token: no end-point pair of the whole matrix beside it."""
+        def settled(column: IntervalArray) -> tuple:
+            enclosure = column.to_enclosure()
+            return enclosure.mid, enclosure.rad
+        return Enclosure._trusted(*self._jacobian_rows(settled))
+
+    def _jacobian_rows(self, parts) -> tuple[np.ndarray, np.ndarray]:
+        """The two arrays ``parts(column)`` of every input token's rows of the dense Jacobian, filled in place."""
         n, d = self.n, self.engine.d
-        lo, hi = np.empty((n * d, n * self.d_out)), np.empty((n * d, n * self.d_out))
+        first, second = np.empty((n * d, n * self.d_out)), np.empty((n * d, n * self.d_out))
         for j in range(n):  # filled in place: no stacked copy of the whole matrix
-            column = self.jacobian_column(j)
-            lo[j * d:(j + 1) * d] = column.lo.transpose(1, 0, 2).reshape(d, -1)
-            hi[j * d:(j + 1) * d] = column.hi.transpose(1, 0, 2).reshape(d, -1)
-        return IntervalArray(lo, hi)
+            for whole, part in zip((first, second), parts(self.jacobian_column(j))):
+                whole[j * d:(j + 1) * d] = part.transpose(1, 0, 2).reshape(d, -1)
+        return first, second
 
 
 class EnclosedNorm:

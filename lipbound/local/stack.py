@@ -69,13 +69,21 @@ class StackOfBlocks:
         product = NormwiseProduct() if dense else None
         rows = np.concatenate([np.arange(j * X.shape[1], (j + 1) * X.shape[1]) for j in np.flatnonzero(moving)])
 
-        def multiply(l, piece, norm_bound):
-            """Block l's Jacobian onto the product; the certified norm of the product so far (inf without one)."""
+        def multiply(l, piece):
+            """Block l's Jacobian onto the product, before its curve: the curve lets the Jacobian go once it has its
+            norm, which :func:`settle` then gives the product."""
+            if product is None:
+                return
+            J = piece["centre"].jacobian
+            product.multiply(J if l or np.all(moving) else Enclosure(J.mid[rows], J.rad[rows]), None)
+
+        def settle(l, piece, norm_bound):
+            """The certified norm of the product so far (inf without one), block l's norm given (or formed from its
+            Jacobian where its curve ran at no radius)."""
             if product is None:
                 return math.inf
             J = piece["centre"].jacobian
-            product.multiply(J if l or np.all(moving) else Enclosure(J.mid[rows], J.rad[rows]),
-                             norm_bound if math.isfinite(norm_bound) else spectral_norm_upper_large(J))
+            product.settle(norm_bound if math.isfinite(norm_bound) or J is None else spectral_norm_upper_large(J))
             return product.norm_upper(estimate * (1 + 1e-8) if l == blocks - 1 else None)
 
         hoods = [Neighbourhood(ball, e, tuple(positions)) for e in eps]
@@ -83,10 +91,12 @@ class StackOfBlocks:
         # the first block's prefixes are its piece's now: the whole chain's centre lets them go, so that they leave
         # with the piece (two dense (n d)^2 enclosures, 0.9 GB each at n = 20 on MiniLM)
         centre.prefix_jacobian.clear()
+        multiply(0, piece)
         curve = block_curve(X, first, ball, positions, list(eps), report(0), attention,
                             **piece)   # the stack's own attention curve: the same neighbourhoods
         #: prefix[l]: certified ``||J~_l ... J~_1||`` (prefix[0] = 1: no block yet)
-        prefix = [1.0, multiply(0, piece, curve.jacobian_norm)]
+        prefix = [1.0, settle(0, piece, curve.jacobian_norm)]
+        piece = None   # (its Jacobians go before the next block's are formed)
         cpu = [p.cpu_seconds for p in curve.points]
         L, V, N = [[p.certified for p in curve.points]], [[p.variation for p in curve.points]], [curve.jacobian_norm]
         rho = [p.reach for p in curve.points]    # sup_U ||B_1(Y) - B_1(X)||_F (lemma block-reach)
@@ -108,6 +118,7 @@ class StackOfBlocks:
             V.append([math.inf] * len(eps))
             N.append(math.inf)
             piece = part(l)
+            multiply(l, piece)
             moved = [math.inf] * len(eps)   # sup_(U_l) ||B_l(Y) - B_l(X~_l)||_F per eps (lemma block-reach)
             if finite:
                 curve = block_curve(centre.points[size * l], first + l, "fro", (), [rho[k] for k in finite],
@@ -116,7 +127,8 @@ class StackOfBlocks:
                     cpu[k] += p.cpu_seconds
                     L[-1][k], V[-1][k], moved[k] = p.certified, p.variation, p.reach
                 N[-1] = curve.jacobian_norm
-            prefix.append(multiply(l, piece, N[-1]))
+            prefix.append(settle(l, piece, N[-1]))
+            piece = None
             rho = [min(upper_product(a, r), m) for a, r, m in zip(L[-1], rho, moved)]
         #: certified ``||J~_L ... J~_1||`` (block 1 restricted to the moving tokens), inf without dense Jacobians
         self.jacobian_norm = prefix[-1]

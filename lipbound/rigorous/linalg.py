@@ -247,7 +247,7 @@ class Enclosure:
         mirrored (each computed entry encloses its exact value, and the exact matrix is symmetric)."""
         if np.array_equal(self.mid, self.mid.T) and np.array_equal(self.rad, self.rad.T):
             return self
-        return Enclosure(np.triu(self.mid) + np.triu(self.mid, 1).T, np.triu(self.rad) + np.triu(self.rad, 1).T)
+        return Enclosure._trusted(_mirrored(self.mid), _mirrored(self.rad))   # (a mirrored radius stays >= 0)
 
     def quad(self, v) -> Enclosure:
         """``v^T S v`` for a float vector v (taken exactly), as a 0-d enclosure."""
@@ -278,6 +278,13 @@ class Enclosure:
 
     def norm_lower(self) -> float:
         return lower(self.norm_interval())
+
+
+def _mirrored(A: np.ndarray) -> np.ndarray:
+    """``triu(A) + triu(A, 1)^T`` (exactly: each entry is one term plus zero), added in place."""
+    out = np.triu(A)
+    out += np.triu(A, 1).T
+    return out
 
 
 def _as_enclosure(value) -> Enclosure:
@@ -434,13 +441,27 @@ def lambda_max_upper_large(S, margins=(1e-6, 1e-4, 1e-2)) -> float:
     S = _as_enclosure(S)
     estimate = _top_estimate(S.mid)
     scale = max(abs(estimate), float(np.max(np.abs(S.mid), initial=0.0)), 1e-300)
-    identity = np.eye(S.mid.shape[0])
     for margin in margins:
         level = estimate + margin * scale
-        floor = psd_floor(Enclosure.exact(level * identity) - S, shift=0.0)
+        floor = psd_floor(_level_less(level, S), shift=0.0)
         if math.isfinite(floor):
             return upper(interval(level) - interval(floor))
     return lambda_max_upper(S)
+
+
+def _level_less(level: float, S: Enclosure) -> Enclosure:
+    """``Enclosure.exact(level I) - S`` (the same floats, but for the sign of exact zeros), formed without the
+    identity, its zero radius or their copies: ``mid = fl(level I - S_m)`` (exact off the diagonal) and ``rad =
+    (S_r + u |mid|) (1 + 2 gamma_10) + eta``."""
+    mid = np.negative(S.mid)
+    diagonal = np.diag_indices(mid.shape[0])
+    mid[diagonal] = level - S.mid[diagonal]
+    rad = np.abs(mid)
+    rad *= _U
+    rad += S.rad
+    rad *= _safe(2)
+    rad += _ETA
+    return Enclosure._trusted(mid, rad)
 
 
 def top_eigenvalue_bounds(S):
