@@ -157,5 +157,5 @@ def test_a_group_block_filled_token_by_token_is_the_stacked_one():
     block = IntervalArray.stack([attention.jacobian_column(int(j), outputs).bmm(tails) for j in inputs])
     g, m, d, width = block.shape
     stacked = block.swapaxes(1, 2).reshape(g * d, m * width).to_enclosure()
-    filled = grouped._block(attention, inputs, outputs, tails)
+    filled = attention.jacobian_enclosure(inputs, outputs, tails)
     assert np.array_equal(filled.mid, stacked.mid) and np.array_equal(filled.rad, stacked.rad)

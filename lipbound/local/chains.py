@@ -106,6 +106,13 @@ class Component:
             hi[i * d:(i + 1) * d, i * d:(i + 1) * d] = block.hi
         return IntervalArray(lo, hi)
 
+    def jacobian_enclosure(self, enclosed) -> Enclosure:
+        """:meth:`jacobian` as midpoint and radius; an attention's formed token by token (no end-point pair of the
+        whole matrix beside it)."""
+        if self.kind in ("head", "attention"):
+            return enclosed.jacobian_enclosure()
+        return self.jacobian(enclosed).to_enclosure()
+
     # float64, batched (b, n, d): the one float engine ------------------------------------------------
     @functools.cached_property
     def step(self) -> Step:
@@ -267,8 +274,7 @@ def right_product(product, component: Component, enclosed, in_place: bool = Fals
     per-token component's product is written over ``product`` (its column panel i is read only for the
     result's panel i), so that no second ``(n d)^2`` pair is formed; the same floats."""
     if component.kind not in PER_TOKEN:
-        J = enclosed.jacobian_enclosure() if component.kind in ("head", "attention") \
-            else component.jacobian(enclosed).to_enclosure()
+        J = component.jacobian_enclosure(enclosed)
         return J if product is None else product @ J
     n, d = enclosed.output.shape
     blocks = [enclosed.jacobian_block(i).to_enclosure() for i in range(n)]

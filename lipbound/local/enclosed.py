@@ -186,22 +186,31 @@ class EnclosedAttention:
         """The dense Jacobian in row convention, shape (n d, n d_out): rows index ``(j, a)`` inputs."""
         return IntervalArray(*self._jacobian_rows(lambda column: (column.lo, column.hi)))
 
-    def jacobian_enclosure(self) -> Enclosure:
+    def jacobian_enclosure(self, inputs=None, outputs=None, tails: IntervalArray | None = None) -> Enclosure:
         """:meth:`jacobian` as midpoint and radius (the same floats as ``jacobian().to_enclosure()``, which is
-        entrywise), formed input token by input token: no end-point pair of the whole matrix beside it."""
+        entrywise), formed input token by input token: no end-point pair of the whole matrix beside it.  With
+        ``inputs`` / ``outputs`` (token indices) only those rows ``(j, a)`` and columns ``(i, c)``; with ``tails``
+        (len(outputs), d_out, d') each output token's block followed by its own map (rows ``(j, a)``, columns
+        ``(i, c')``)."""
         def settled(column: IntervalArray) -> tuple:
-            enclosure = column.to_enclosure()
+            enclosure = (column if tails is None else column.bmm(tails)).to_enclosure()
             return enclosure.mid, enclosure.rad
-        return Enclosure._trusted(*self._jacobian_rows(settled))
+        return Enclosure._trusted(*self._jacobian_rows(settled, inputs, outputs))
 
-    def _jacobian_rows(self, parts) -> tuple[np.ndarray, np.ndarray]:
-        """The two arrays ``parts(column)`` of every input token's rows of the dense Jacobian, filled in place."""
-        n, d = self.n, self.engine.d
-        first, second = np.empty((n * d, n * self.d_out)), np.empty((n * d, n * self.d_out))
-        for j in range(n):  # filled in place: no stacked copy of the whole matrix
-            for whole, part in zip((first, second), parts(self.jacobian_column(j))):
-                whole[j * d:(j + 1) * d] = part.transpose(1, 0, 2).reshape(d, -1)
-        return first, second
+    def _jacobian_rows(self, parts, inputs=None, outputs=None) -> tuple[np.ndarray, np.ndarray]:
+        """The two arrays ``parts(column)`` of the input tokens' rows (all, or ``inputs``) of the Jacobian's columns
+        of ``outputs`` (all by default), filled in place: no stacked copy of the whole matrix."""
+        d = self.engine.d
+        inputs = range(self.n) if inputs is None else inputs
+        wholes: tuple = ()
+        for row, j in enumerate(inputs):
+            column = parts(self.jacobian_column(int(j), outputs))                     # two (m, d, width)
+            if not wholes:
+                m, _, width = column[0].shape
+                wholes = (np.empty((len(inputs) * d, m * width)), np.empty((len(inputs) * d, m * width)))
+            for whole, part in zip(wholes, column):
+                whole[row * d:(row + 1) * d] = part.transpose(1, 0, 2).reshape(d, -1)
+        return wholes[0], wholes[1]
 
 
 class EnclosedNorm:

@@ -59,7 +59,7 @@ class FrontSplit:
     def __init__(self, stages, enclosed, fold, tokens: int = CURVATURE_TOKENS):
         self.stages, self.enclosed, self.fold = list(stages), list(enclosed), fold
         norm, attention = self.enclosed[0], self.enclosed[1]
-        self.dense = spectral_norm_upper_large(attention.jacobian().to_enclosure())      # ||DA(Z)||
+        self.dense = spectral_norm_upper_large(attention.jacobian_enclosure())      # ||DA(Z)||
         self.plain = self.folded = None
         route = AttentionCurvature.route(attention, tokens)
         if route is not None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..rigorous.arrays import IntervalArray
-from ..rigorous.linalg import Enclosure, spectral_norm_upper_large
+from ..rigorous.linalg import spectral_norm_upper_large
 
 __all__ = ["GROUP_WIDTH", "covers", "token_tail", "group_block_norms"]
 
@@ -86,25 +86,8 @@ def group_block_norms(chain, enclosed, moving: np.ndarray, tokens_per_group: int
     for a, outputs in enumerate(groups_out):
         tails_a = IntervalArray.stack([tail(int(i)) for i in outputs]) if len(chain) > 1 else None  # (m, d_out, d')
         for b, inputs in enumerate(groups_in):
-            T[a, b] = spectral_norm_upper_large(_block(attention, inputs, outputs, tails_a))
+            T[a, b] = spectral_norm_upper_large(attention.jacobian_enclosure(inputs, outputs, tails_a))
             if progress is not None:
                 progress(a * len(groups_in) + b + 1, T.size)
     return T
 
-
-def _block(attention, inputs: np.ndarray, outputs: np.ndarray, tails) -> Enclosure:
-    """The block ``J_GH`` (rows ``(j, a)`` for the inputs j, columns ``(i, c)`` for the outputs i) as midpoint and
-    radius, filled input token by input token (entrywise the same floats as the stacked interval block settled at
-    once, without its end points, their reshaped copy and the stack beside it: 0.3 GB each at 16 tokens of MiniLM)."""
-    mid = rad = None
-    for row, j in enumerate(inputs):
-        part = attention.jacobian_column(int(j), outputs)                 # (m, d, d_out)
-        if tails is not None:
-            part = part.bmm(tails)                                          # (m, d, d')
-        settled = part.to_enclosure()
-        m, d, width = part.shape
-        if mid is None:
-            mid, rad = np.empty((len(inputs) * d, m * width)), np.empty((len(inputs) * d, m * width))
-        mid[row * d:(row + 1) * d] = settled.mid.transpose(1, 0, 2).reshape(d, m * width)
-        rad[row * d:(row + 1) * d] = settled.rad.transpose(1, 0, 2).reshape(d, m * width)
-    return Enclosure._trusted(mid, rad)

@@ -73,7 +73,7 @@ def _paths_size(engine: AttentionMap, target: Layer, Y: np.ndarray, c: float) ->
 
 def pair_starts(target: Layer, X: np.ndarray, eps: float, count: int = 6) -> list[np.ndarray]:
     """Up to ``count`` points Y with ``||Y - X||_F < eps`` (only one token moved), the query's weights split between
-    two keys (module docstring), in the order of the covariance they aim at."""
+    two keys (module docstring), the largest query and key paths (:func:`_paths_size`) first."""
     X = np.asarray(X, dtype=np.float64)
     engine = AttentionMap(target)
     c = float(score_scale(engine).hi)

@@ -59,32 +59,32 @@ class BlockTail:
         self.ln_1, self.ffn, self.ln_2 = enclosed[1], enclosed[2], enclosed[3]
         self.taus = _tail_norms(enclosed)
         self.tau = float(np.max(self.taus))
-        self._folded = {}
+        # radius-free: formed with the curve's set-up, not by its first radius
+        self._facts = [self._token_facts(i) for i in range(self.taus.shape[0])]
         self.folded = FoldedFeedForward(self.ffn, lambda i: self._token(i)["A"])
-        for i in range(self.taus.shape[0]):   # radius-free: formed with the curve's set-up, not by its first radius
-            self._token(i)
 
     def _token(self, i: int) -> dict:
+        """Radius-free facts of token i (:meth:`_token_facts`), formed with the tail."""
+        return self._facts[i]
+
+    def _token_facts(self, i: int) -> dict:
         """Radius-free facts of token i: the folded weights ``J_1 W_1`` and ``W_2 J_2``, the second-derivative
-        bounds (e-side folded or not; b-side ``r_k J_2`` or ``r_k``) and ``||J_1 J_F||``, all certified, computed
-        once."""
-        if i not in self._folded:
-            ffn = self.ffn.ffn
-            J_1, J_2 = self.ln_1.jacobian_block(i), self.ln_2.jacobian_block(i)
-            A = J_1.matmul(ffn.W_1)                                                    # (d, d_ff): columns J_1 w_k
-            B = IntervalArray(ffn.W_2).bmm(J_2)                                        # (d_ff, d): rows r_k J_2
-            a_gram, b_gram = A.swapaxes(0, 1).bmm(A), B.bmm(B.swapaxes(0, 1))
-            plain, plain_b = feedforward_grams(ffn)                                   # W_1^T W_1, W_2 W_2^T
-            W_2 = IntervalArray(ffn.W_2)
-            g = self.ffn.curvature[i]
-            squared = a_gram * a_gram                                                  # in "full" and "Lambda_10"
-            self._folded[i] = {
-                "A": A, "B": B,
-                "full": trilinear_norm(g, A, B, a_gram, hadamards=(a_gram * b_gram, squared)),
-                "mixed": trilinear_norm(g, A, B, plain, a_gram, b_gram),
-                "Lambda_10": trilinear_norm(g, A, W_2, a_gram, hadamards=(a_gram * plain_b, squared)),  # J_1 Delta J_F
-                "front": spectral_norm_upper_large(J_1.einsum("ab,bc->ac", self.ffn.jacobian_block(i)).to_enclosure())}
-        return self._folded[i]
+        bounds (e-side folded or not; b-side ``r_k J_2`` or ``r_k``) and ``||J_1 J_F||``, all certified."""
+        ffn = self.ffn.ffn
+        J_1, J_2 = self.ln_1.jacobian_block(i), self.ln_2.jacobian_block(i)
+        A = J_1.matmul(ffn.W_1)                                                    # (d, d_ff): columns J_1 w_k
+        B = IntervalArray(ffn.W_2).bmm(J_2)                                        # (d_ff, d): rows r_k J_2
+        a_gram, b_gram = A.swapaxes(0, 1).bmm(A), B.bmm(B.swapaxes(0, 1))
+        plain, plain_b = feedforward_grams(ffn)                                   # W_1^T W_1, W_2 W_2^T
+        W_2 = IntervalArray(ffn.W_2)
+        g = self.ffn.curvature[i]
+        squared = a_gram * a_gram                                                  # in "full" and "Lambda_10"
+        return {
+            "A": A, "B": B,
+            "full": trilinear_norm(g, A, B, a_gram, hadamards=(a_gram * b_gram, squared)),
+            "mixed": trilinear_norm(g, A, B, plain, a_gram, b_gram),
+            "Lambda_10": trilinear_norm(g, A, W_2, a_gram, hadamards=(a_gram * plain_b, squared)),  # J_1 Delta J_F
+            "front": spectral_norm_upper_large(J_1.einsum("ab,bc->ac", self.ffn.jacobian_block(i)).to_enclosure())}
 
     def omega_tokens(self, M: list, V: list, N: list, radii: list, rounding: np.ndarray) -> tuple:
         """Per token, the two bounds on ``sup ||T_i(z) - T_i(A(X)_i)||`` on one neighbourhood: telescoped and
