@@ -28,7 +28,8 @@ from lipbound.numeric.evaluate import symbol_intervals
 from lipbound.numeric.kernels import ALiBi, AttentionMask, DotProduct, QKNorm, Rotary, Sigmoid, T5Bias
 from lipbound.numeric.model import Head, Layer, RMSNorm
 from lipbound.numeric.offsets import HeadRows, offsets_of, rotation_enclosure
-from lipbound.numeric.sdp.rotary import PositionalHeadBounds, positional_bound, positional_layer_bound
+from lipbound.numeric.sdp.rotary import PositionalHeadBounds, positional_bound
+from lipbound.numeric.sdp.rotary_layer import positional_layer_bound
 from lipbound.numeric.witness import search_witness
 from lipbound.numeric.witness.kernel_starts import rotary_tied_keys
 from lipbound.numeric.witness.problem import SearchProblem
@@ -529,7 +530,8 @@ def test_the_row_split_holds_against_an_independent_jacobian_of_causal_rotary_he
             bound = positional_bound(target, domain, n) if isinstance(target, Head) else \
                 positional_layer_bound(target, domain, n)
             certificate = bound.details
-            reported = min(certificate["coupled_rows"], certificate.get("own_key_rows", math.inf))   # steps 6-7, 8
+            reported = min(certificate["coupled_rows"], certificate.get("own_key_rows", math.inf),  # steps 6-7, 8
+                           certificate.get("key_columns_rows", math.inf))              # a layer's key columns
             assert bound.value == pytest.approx(reported, rel=0, abs=0)
             assert certificate["coupled_rows"] < certificate["minkowski"]
             if isinstance(target, Head):

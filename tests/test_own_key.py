@@ -15,7 +15,8 @@ from test_decoder_heads import _layer, _points, reference_norm
 from lipbound.numeric.domains import RMSNormOutputs
 from lipbound.numeric.model import RMSNorm
 from lipbound.numeric.sdp.own_key import OwnKeyTerms
-from lipbound.numeric.sdp.rotary import PositionalHeadBounds, positional_bound, positional_layer_bound
+from lipbound.numeric.sdp.rotary import PositionalHeadBounds, positional_bound
+from lipbound.numeric.sdp.rotary_layer import positional_layer_bound
 from lipbound.numeric.witness import search_witness
 from lipbound.rigorous.intervals import upper
 

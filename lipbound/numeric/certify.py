@@ -28,8 +28,9 @@ from .model import Head, Layer, TransformerLayer
 from .sdp import HeadBounds, matrix_aware_closed_form, relax
 from .sdp.layer import layer_head_bounds, layer_joint_bound
 from .sdp.region import Region
-from .sdp.rotary import PositionalHeadBounds, positional_bound, positional_layer_bound
+from .sdp.rotary import PositionalHeadBounds, positional_bound
 from .sdp.rotary_floor import layer_candidate_floor
+from .sdp.rotary_layer import positional_layer_bound
 
 __all__ = ["head_constant", "layer_constant", "head_bounds", "layer_bounds", "output_blocks", "NORMS"]
 

@@ -263,19 +263,35 @@ def row_factors(t: np.ndarray) -> np.ndarray:
     return np.array([upper(1 + 1 / interval(float(x))) for x in t])
 
 
-def split_layer(b, key2, coefficients: list, visible: np.ndarray, has_query: np.ndarray):
+def split_layer(b, key2, coefficients: list, visible: np.ndarray, has_query: np.ndarray, columns=None):
     """``Lip(S + key)`` of a layer with its rows' query and key parts split (step 6): row i's query part at most ``b
     ||e_i||`` (when ``has_query[i]``), its key part squared at most ``key2 c_i sum_{j in V_i} ||e_j||^2`` (``c_i``
-    from ``coefficients``, intervals; ``V_i`` the row of ``visible``); an interval."""
+    from ``coefficients``, intervals; ``V_i`` the row of ``visible``); an interval.
+
+    ``columns``, optional, charges each key through the offsets at which the rows read it (step 7 of
+    :func:`lipbound.numeric.sdp.rotary_layer.positional_layer_bound`): an object with ``shares`` (offset ->
+    float estimate of ``r^2 lambda_max(Phi_Delta)``, which steers the split) and ``column(weights)`` (``{offset:
+    f}`` -> a certified upper bound on ``r^2 lambda_max(sum_Delta f_Delta Phi_Delta)``, or None); key j is then
+    charged ``key2`` times the smaller of that and ``sum_i f_i``, ``f_i = c_i (1 + 1/t_i)``."""
     n = len(coefficients)
     has_query = np.asarray(has_query, dtype=bool)
     scale = [key2 * (coefficients[i] if has_query[i] else IV.mpf(0)) for i in range(n)]
-    proxy = np.array([[float(upper(scale[i])) if visible[i, j] else 0.0 for j in range(n)] for i in range(n)])
+    share = (lambda offset: 1.0) if columns is None else (lambda offset: columns.shares[offset])
+    proxy = np.array([[float(upper(scale[i])) * share(j - i) if visible[i, j] else 0.0 for j in range(n)]
+                      for i in range(n)])
     t = split_rows(np.where(has_query, float(upper(b ** 2)), 0.0), proxy)
     factors = row_factors(t)
-    columns = [sum((scale[i] * interval(float(factors[i])) for i in range(n) if visible[i, j]), IV.mpf(0))
-               for j in range(n)]
-    return coupled_rows(b, has_query, t, columns)
+    out = []
+    for j in range(n):
+        seen = [i for i in range(n) if visible[i, j] and has_query[i]]
+        weights = {i: coefficients[i] * interval(float(factors[i])) for i in seen}
+        plain = sum(weights.values(), IV.mpf(0))
+        if columns is not None and seen:
+            charged = columns.column({j - i: float(upper(w)) for i, w in weights.items()})
+            if charged is not None and charged < upper(plain):
+                plain = interval(charged)
+        out.append(key2 * plain)
+    return coupled_rows(b, has_query, t, out)
 
 
 def layer_head_bounds(layer: Layer, domain, query_domain=None, solver: str = "eig") -> list[HeadBounds]:

@@ -3,7 +3,7 @@ formed only where it could win.
 
 A layer ``F = sum_h f^h W_O^h`` gets two candidates from :mod:`.rotary`: ``"matrix-aware"``, the sum over heads of
 :func:`~.rotary.positional_bound` of ``f^h W_O^h`` (several certified forms per head, the smallest kept), and
-``"joint"`` (:func:`~.rotary.positional_layer_bound`).  Forming the first costs several times the second on real
+``"joint"`` (:func:`~.rotary_layer.positional_layer_bound`).  Forming the first costs several times the second on real
 decoders, where it is rarely the smaller.  This module gives, from constants the joint bound has already formed, a
 certified lower bound on the first's value (never on the Lipschitz constant): when it lies above the joint bound, the
 candidate cannot be the best and is not formed.  Skipping only ever drops a bound that another bound beats, so the
