@@ -154,11 +154,12 @@ def _factor(gram: np.ndarray) -> np.ndarray:
 
 
 def _stacked_form(terms: list[list[tuple[Enclosure, Enclosure]]], weights) -> Enclosure:
-    """``sum_h weights_h sum_k B_hk S_hk B_hk^T`` as an enclosure (per head, pairs ``B`` (p, k), ``S`` (k, k))."""
+    """``sum_h weights_h sum_k B_hk S_hk B_hk^T`` as an enclosure (per head, pairs ``B`` (p, k), ``S`` (k, k); a
+    weight a float or an interval)."""
     total = None
     for pairs, w in zip(terms, weights):
         for B, S in pairs:
-            term = B @ S.scale(float(w)) @ B.T
+            term = B @ S.scale(w) @ B.T
             total = term if total is None else total + term
     return total.sym()
 
@@ -178,7 +179,8 @@ def _joint_term(outputs, output_middles, inputs, offsets, radius, name, weights=
                                   _float_factors(inputs), offsets_up, float(upper(radius)) if inputs else 0.0)
     for inflate in (1e-9, 1e-6, 1e-3, 1e-1):
         lam = weights * (1 + inflate)
-        top_in = lambda_max_upper(_stacked_form(inputs, 1 / lam)) if inputs else 0.0
+        # (the reciprocals enclosed: a weight rounded below 1 / lambda_h would shrink the constraint)
+        top_in = lambda_max_upper(_stacked_form(inputs, [1 / interval(float(w)) for w in lam])) if inputs else 0.0
         constraint = (radius * IV.sqrt(IV.mpf(max(top_in, 0.0)))
                       + IV.sqrt(sum((IV.mpf(k) ** 2 / IV.mpf(w) for k, w in zip(offsets_up, lam)), IV.mpf(0))))
         if upper(constraint) <= 1.0:

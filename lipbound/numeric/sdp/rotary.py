@@ -331,7 +331,7 @@ class PositionalHeadBounds:
 
         def middle(a: float, delta: int) -> Enclosure:
             mid, rad = np.zeros((d_v + d_k, d_v + d_k)), np.zeros((d_v + d_k, d_v + d_k))
-            top, bottom = outputs.scale(a), inner[delta].scale(1.0 / a)
+            top, bottom = outputs.scale(a), inner[delta].scale(1 / interval(a))     # (1 / a enclosed)
             mid[:d_v, :d_v], rad[:d_v, :d_v] = top.mid, top.rad
             mid[d_v:, d_v:], rad[d_v:, d_v:] = bottom.mid, bottom.rad
             ridge = 1e-12 * float(np.max(np.abs(mid))) + 1e-300

@@ -115,7 +115,7 @@ def _spectral_key_term(layer, region, heads, blocks, value_forms, start) -> tupl
             mid, rad = np.zeros((size, size)), np.zeros((size, size))
             for h, form in enumerate(forms):
                 block = slice(owner[h] * d_k, (owner[h] + 1) * d_k)
-                scaled = form.scale(1.0 / float(lam[h]))
+                scaled = form.scale(1 / interval(float(lam[h])))     # (the reciprocal enclosed)
                 mid[block, block] += scaled.mid
                 rad[block, block] += scaled.rad
             ridge = 1e-12 * float(np.max(np.abs(mid))) + 1e-300
