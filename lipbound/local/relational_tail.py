@@ -1,0 +1,212 @@
+"""A block's per-token maps on the attention's output set, carried as affine forms plus per-token balls.
+
+After a block's attention A (with residual) the maps act token by token: ``LN_1``, the feed-forward block with its
+residual, ``LN_2``.  The per-token balls of :mod:`lipbound.local.tail` give every map the whole ball before it and pay
+its supremum there, so at 1e-2 R the feed-forward block's balls are several times the true movement and the output
+LayerNorm's reach past its centre.  Here the image of U is the set (lemma block-token-forms in docs/local.md)
+
+    S_k = { x~_k + f_k(e) + z :  ||e||_2 <= 1,  ||z_i|| <= b_i per token },
+
+``x~_k`` the chain's float point before map k, ``f_k`` an affine form over the ball's Euclidean symbols (one row form
+per token, :class:`~lipbound.rigorous.zonotope.AffineForm`, its generators the directions the tokens move along
+together) and ``b`` the radii of independent per-token balls (the remainders).  It starts from the attention's Taylor
+form on U, ``A(Y) = A(X) + (Y - X) DA(X) + r`` with ``||r_i|| <= rest_i`` (lemmas attention-reach-remainder and
+curvature-per-query); every map g is then linearised about the float point: ``g(x) = g(x~) + (x - x~) M + q``, M the
+midpoint of g's enclosed Jacobian at ``x~`` acting on the form's generators exactly, and ``q`` bounded in norm:
+
+* LayerNorm: ``||q|| <= r (||J - M|| + V(r))`` (mean value: the Jacobian's variation ``V`` on the token's ball of
+  radius r, :func:`~lipbound.local.bounds.norm_bounds`, which keeps a certified lower bound on the centred norm);
+* feed-forward block: ``||q|| <= r ||J - M|| + (1/2) P Q`` (lemma feedforward-taylor-joint): the GELU values' second
+  order remainders ``|phi_k(t_k)| <= S_k t_k^2 / 2`` (``S_k`` at least ``|GELU''|`` on neuron k's pre-activation range)
+  summed through ``W_2`` by Cauchy-Schwarz over the neurons, with ``P >= ||(S_k^(1/2) t_k)_k||`` and ``Q >= sup_v
+  ||(S_k^(1/2) t_k r_k.v)_k||`` from the Gram matrices of the form's pre-activation generators.
+
+The radii ``sup ||x - x~_k||`` per token of each ``S_k`` bound the token balls before each map, and the output
+set's Frobenius radius the block's reach.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import final
+
+import numpy as np
+
+from ..rigorous.arrays import IntervalArray, gelu_curvature
+from ..rigorous.elementwise import inv_sqrt_2pi
+from ..rigorous.linalg import Enclosure, lambda_max_upper_large, spectral_norm_upper_large
+from ..rigorous.zonotope import AffineForm, Symbols
+from .balls import TokenBalls
+from .bounds import norm_bounds
+from .centre import rounding_reach
+from .enclosed import EnclosedFeedForward, EnclosedNorm, feedforward_grams
+
+__all__ = ["TokenForms", "block_token_forms", "block_form_radii", "gelu_curvature_ceiling"]
+
+
+def gelu_curvature_ceiling() -> float:
+    """``sup |GELU''| = 2 phi(0) = 2 / sqrt(2 pi)``, rounded up: ``|GELU''(x)| = phi(x) |2 - x^2|`` is at most
+    ``2 phi(0)`` where ``x^2 <= 2``, and beyond it ``phi(x) (x^2 - 2)`` peaks at ``|x| = 2``, where it is below 0.11."""
+    return (IntervalArray(2.0) * IntervalArray(inv_sqrt_2pi()[1])).hi.item()
+
+
+def _up(x: IntervalArray) -> np.ndarray:
+    return np.maximum(x.hi, 0.0)
+
+
+def _sum_up(*terms) -> float:
+    total = IntervalArray(0.0)
+    for term in terms:
+        total = total + IntervalArray(float(term))
+    return total.hi.item()
+
+
+def _product_up(*factors) -> float:
+    total = IntervalArray(1.0)
+    for factor in factors:
+        total = total * IntervalArray(float(factor))
+    return total.hi.item()
+
+
+@final
+@dataclass(frozen=True)
+class TokenForms:
+    """``{x~ + f(e) + z}`` (module docstring): ``rows[i]`` the form of token i, shape (d,), all over one set of
+    symbols, centred near 0 (``x~`` is held by the caller); ``balls[i] >= ||z_i||``."""
+
+    rows: tuple
+    balls: np.ndarray
+
+    def radii(self) -> np.ndarray:
+        """``sup ||x_i - x~_i||`` per token: the row form's centre, its own radius and the ball, rounded up."""
+        return np.array([_sum_up(IntervalArray(row.center).norm_upper().item(), row.radius(), b)
+                         for row, b in zip(self.rows, self.balls)])
+
+    def frobenius(self) -> float:
+        """``sup ||x - x~||_F``: the operator norm of all rows' Euclidean generators side by side (the tokens move
+        along the same symbols) plus, token by token, the centre, the independent errors and the ball."""
+        if not np.all(np.isfinite(self.balls)):
+            return math.inf
+        generators = np.concatenate([row.l2 for row in self.rows], axis=1)
+        operator = spectral_norm_upper_large(generators) if generators.size else 0.0
+        rest = [_sum_up(IntervalArray(row.center).norm_upper().item(), IntervalArray(row.err).norm_upper().item(), b)
+                for row, b in zip(self.rows, self.balls)]
+        return _sum_up(operator, IntervalArray(np.array(rest)).norm_upper().item())
+
+    @classmethod
+    def taylor(cls, jacobian: Enclosure, radius: float, offset: IntervalArray, rests: np.ndarray) -> TokenForms:
+        """The attention's Taylor set on the Frobenius ball ``||Y - X||_F <= radius``: rows ``(Y - X) DA(X)`` with the
+        Jacobian (row convention: rows the moving tokens' inputs, columns the n output tokens' ``d`` coordinates),
+        plus ``offset`` (n, d), an enclosure of ``A(X) - x~``, and balls ``rests`` (Taylor's remainder per token)."""
+        n = rests.shape[0]
+        d = jacobian.shape[1] // n
+        symbols, scale = Symbols(), IntervalArray(float(radius))
+        rows = tuple(AffineForm.generated(offset[i], IntervalArray.around(jacobian.mid[:, i * d:(i + 1) * d],
+                                                                           jacobian.rad[:, i * d:(i + 1) * d]) * scale,
+                                          symbols) for i in range(n))
+        return cls(rows, np.asarray(rests, dtype=np.float64))
+
+    def norm_step(self, enclosed: EnclosedNorm, after: np.ndarray) -> TokenForms:
+        """Through a LayerNorm or RMSNorm at the float point ``enclosed.Z`` (module docstring), about ``after``."""
+        radii = self.radii()
+        if not np.all(np.isfinite(radii)):
+            return TokenForms(self.rows, np.full(len(self.rows), np.inf))
+        variation = np.diag(norm_bounds(enclosed.norm, TokenBalls(enclosed.Z.mid, radii), enclosed).variation)
+        rows, balls = [], []
+        for i, (row, b) in enumerate(zip(self.rows, self.balls)):
+            J = enclosed.jacobian_block(i)
+            form, gap, scale = _linear_step(row, J, enclosed.output[i] - IntervalArray(after[i]))
+            rows.append(form)
+            balls.append(_sum_up(_product_up(b, scale), _product_up(radii[i], _sum_up(gap, variation[i]))))
+        return TokenForms(tuple(rows), np.array(balls))
+
+    def feedforward_step(self, enclosed: EnclosedFeedForward, after: np.ndarray) -> TokenForms:
+        """Through the residual feed-forward block at the float point ``enclosed.Y`` (module docstring), about
+        ``after``."""
+        radii = self.radii()
+        if not np.all(np.isfinite(radii)):
+            return TokenForms(self.rows, np.full(len(self.rows), np.inf))
+        rows, balls = [], []
+        for i, (row, b) in enumerate(zip(self.rows, self.balls)):
+            J = enclosed.jacobian_block(i)
+            form, gap, scale = _linear_step(row, J, enclosed.output[i] - IntervalArray(after[i]))
+            rows.append(form)
+            remainder = feedforward_remainder(enclosed, i, row, b)
+            balls.append(_sum_up(_product_up(b, scale), _product_up(radii[i], gap), remainder))
+        return TokenForms(tuple(rows), np.array(balls))
+
+
+def _linear_step(row: AffineForm, J: IntervalArray, offset: IntervalArray) -> tuple[AffineForm, float, float]:
+    """``row M + offset`` with M the float midpoint of the enclosed Jacobian J (d, d), ``||J - M||`` and ``||M||``
+    rounded up."""
+    M = J.mid
+    form = row.linear(M).shift(offset)
+    gap = spectral_norm_upper_large(Enclosure._trusted(np.zeros_like(M), _up((J - IntervalArray(M)).abs())))
+    return form, gap, spectral_norm_upper_large(M)
+
+
+def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float) -> float:
+    """``sup ||FF(x) - FF(y) - (x - y) J_F(y)||`` over ``x - y`` in ``row + B(0, ball)``, y the block's float point at
+    token i (lemma feedforward-taylor-joint): with ``t_k = (x - y).w_k``, ``FF(x) - FF(y) - (x - y) J_F(y) = sum_k
+    phi_k(t_k) r_k`` and ``|phi_k(t)| <= S_k t^2 / 2``, ``S_k >= |GELU''|`` on ``h_k +- dev_k``.  So for a unit v,
+    ``|sum_k phi_k (r_k.v)| <= (1/2) ||(S_k^(1/2) t_k)_k|| ||(S_k^(1/2) t_k (r_k.v))_k||`` (Cauchy-Schwarz), and with
+    ``x - y = e G + u``, ``||u|| <= beta`` (centre, errors, ball), Minkowski's inequality in each factor:
+
+        P = lambda_max(D A^T A D)^(1/2) + beta ||W_1 D||,
+        Q = min(lambda_max(D (A^T A o W_2 W_2^T) D)^(1/2) + beta ||diag(D ||w||) W_2||,  max_k D_k dev_k ||W_2||),
+
+    ``A = G W_1`` (its Gram ``W_1^T (G^T G) W_1``), ``D = diag(S^(1/2))``, ``dev_k`` the bound on ``|t_k|``."""
+    ffn = enclosed.ffn
+    W_1, W_2 = IntervalArray(ffn.W_1), IntervalArray(ffn.W_2)
+    beta = _sum_up(IntervalArray(row.center).norm_upper().item(), IntervalArray(row.err).norm_upper().item(), ball)
+    gram = Enclosure.exact(row.l2.T) @ Enclosure.exact(row.l2)                                      # G^T G (d, d)
+    a_gram = IntervalArray.from_enclosure(Enclosure.exact(ffn.W_1.T) @ gram @ Enclosure.exact(ffn.W_1))  # A^T A
+    columns = IntervalArray(W_1.norm_upper(axis=0))
+    # |t_k| <= ||G w_k|| + beta ||w_k||
+    dev = (IntervalArray(np.diagonal(a_gram.hi).copy()).sqrt() + IntervalArray(beta) * columns).hi
+    hull = enclosed.h[i] + IntervalArray(-dev, dev)
+    curvature = gelu_curvature(hull)
+    S = np.minimum(np.maximum(np.abs(curvature.lo), np.abs(curvature.hi)), gelu_curvature_ceiling())
+    root = IntervalArray(S).sqrt()
+    scaled = a_gram * root.expand(0) * root.expand(-1)
+    P = (IntervalArray(max(lambda_max_upper_large(scaled.to_enclosure()), 0.0)).sqrt()
+         + IntervalArray(beta) * IntervalArray(spectral_norm_upper_large((W_1 * root.expand(0)).to_enclosure())))
+    b_gram = feedforward_grams(ffn)[1]                                                              # W_2 W_2^T
+    joint = (IntervalArray(max(lambda_max_upper_large((scaled * b_gram).to_enclosure()), 0.0)).sqrt()
+             + IntervalArray(beta) * IntervalArray(spectral_norm_upper_large(
+                 (W_2 * (root * columns).expand(-1)).to_enclosure())))
+    cheap = IntervalArray(float(np.max((root * IntervalArray(dev)).hi))) \
+        * IntervalArray(spectral_norm_upper_large(Enclosure.exact(ffn.W_2)))
+    Q = min(joint.hi.item(), cheap.hi.item())
+    return (IntervalArray(0.5) * P * IntervalArray(Q)).hi.item()
+
+
+def block_token_forms(enclosed: list, points: list, jacobian: Enclosure, radius: float,
+                      rests: np.ndarray) -> list[TokenForms]:
+    """The sets ``S_1 .. S_4`` of a post-norm block (attention, LayerNorm, feed-forward block, LayerNorm) on the
+    Frobenius ball of ``radius`` about X (module docstring): ``enclosed`` and ``points`` the chain's enclosures and
+    float points (:class:`~lipbound.local.centre.ChainCentre`), ``jacobian`` the attention's at X, ``rests`` Taylor's
+    remainder per output token.  Each set is about ``points[k]``."""
+    offset = enclosed[0].output - IntervalArray(points[1])
+    sets = [TokenForms.taylor(jacobian, radius, offset, rests)]
+    sets.append(sets[-1].norm_step(enclosed[1], points[2]))
+    sets.append(sets[-1].feedforward_step(enclosed[2], points[3]))
+    sets.append(sets[-1].norm_step(enclosed[3], points[4]))
+    return sets
+
+
+def block_form_radii(chain: list, centre, jacobian: Enclosure, radius: float, rests) -> tuple[list, float]:
+    """Per map of a post-norm block ``chain``, the token radii about the chain's float points before it (``[r_1, ..,
+    r_4]``, ``r_k`` about ``centre.points[k]``) of :func:`block_token_forms`, and a bound on ``sup_U ||F(Y) - F(X)||_F``
+    (the output set's Frobenius radius plus the float chain's rounding, :func:`~lipbound.local.centre.rounding_reach`);
+    infinite entries where a set is not bounded."""
+    n = centre.points[0].shape[0]
+    rests = np.broadcast_to(np.asarray(rests, dtype=np.float64), (n,))
+    if not (math.isfinite(radius) and np.all(np.isfinite(rests))):
+        return [np.full(n, np.inf)] * 4, math.inf
+    sets = block_token_forms(centre.enclosed, centre.points, jacobian, radius, rests)
+    moved = sets[-1].frobenius()
+    if math.isfinite(moved):
+        moved = _sum_up(moved, rounding_reach(chain, centre, 0))
+    return [s.radii() for s in sets], moved
