@@ -37,8 +37,9 @@ from ..rigorous.arrays import IntervalArray, gelu_curvature
 from ..rigorous.elementwise import inv_sqrt_2pi
 from ..rigorous.linalg import Enclosure, lambda_max_upper_large, spectral_norm_upper_large
 from ..rigorous.zonotope import AffineForm, Symbols
+from ..symbolic import local as T
 from .balls import TokenBalls
-from .bounds import norm_bounds
+from .bounds import evaluate_theorem, norm_bounds
 from .centre import rounding_reach
 from .enclosed import EnclosedFeedForward, EnclosedNorm, feedforward_grams
 
@@ -59,13 +60,6 @@ def _sum_up(*terms) -> float:
     total = IntervalArray(0.0)
     for term in terms:
         total = total + IntervalArray(float(term))
-    return total.hi.item()
-
-
-def _product_up(*factors) -> float:
-    total = IntervalArray(1.0)
-    for factor in factors:
-        total = total * IntervalArray(float(factor))
     return total.hi.item()
 
 
@@ -118,7 +112,7 @@ class TokenForms:
             J = enclosed.jacobian_block(i)
             form, gap, scale = _linear_step(row, J, enclosed.output[i] - IntervalArray(after[i]))
             rows.append(form)
-            balls.append(_sum_up(_product_up(b, scale), _product_up(radii[i], _sum_up(gap, variation[i]))))
+            balls.append(_step_ball(b, scale, radii[i], gap, variation=variation[i]))
         return TokenForms(tuple(rows), np.array(balls))
 
     def feedforward_step(self, enclosed: EnclosedFeedForward, after: np.ndarray) -> TokenForms:
@@ -132,9 +126,15 @@ class TokenForms:
             J = enclosed.jacobian_block(i)
             form, gap, scale = _linear_step(row, J, enclosed.output[i] - IntervalArray(after[i]))
             rows.append(form)
-            remainder = feedforward_remainder(enclosed, i, row, b)
-            balls.append(_sum_up(_product_up(b, scale), _product_up(radii[i], gap), remainder))
+            balls.append(_step_ball(b, scale, radii[i], gap, taylor=feedforward_remainder(enclosed, i, row, b)))
         return TokenForms(tuple(rows), np.array(balls))
+
+
+def _step_ball(ball: float, scale: float, radius: float, gap: float, variation: float = 0.0,
+               taylor: float = 0.0) -> float:
+    """The new ball of theorem local-token-form-step, rounded up."""
+    values = {"b": ball, r"\|M\|": scale, "r": radius, r"\|J - M\|": gap, "V": variation, "T": taylor}
+    return float(evaluate_theorem(T.token_form_step(), **{key: np.float64(v) for key, v in values.items()}))
 
 
 def _linear_step(row: AffineForm, J: IntervalArray, offset: IntervalArray) -> tuple[AffineForm, float, float]:
@@ -178,8 +178,8 @@ def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm
                  (W_2 * (root * columns).expand(-1)).to_enclosure())))
     cheap = IntervalArray(float(np.max((root * IntervalArray(dev)).hi))) \
         * IntervalArray(spectral_norm_upper_large(Enclosure.exact(ffn.W_2)))
-    Q = min(joint.hi.item(), cheap.hi.item())
-    return (IntervalArray(0.5) * P * IntervalArray(Q)).hi.item()
+    values = {"P": P.hi.item(), "Q": min(joint.hi.item(), cheap.hi.item())}
+    return float(evaluate_theorem(T.feedforward_taylor_joint(), **{key: np.float64(v) for key, v in values.items()}))
 
 
 def block_token_forms(enclosed: list, points: list, jacobian: Enclosure, radius: float,
