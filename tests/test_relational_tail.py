@@ -159,3 +159,26 @@ def test_gelu_curvature_ceiling_holds_on_a_grid():
     curvature = np.exp(-x * x / 2) / np.sqrt(2 * np.pi) * np.abs(2 - x * x)
     assert np.max(curvature) <= gelu_curvature_ceiling()
     assert gelu_curvature_ceiling() == pytest.approx(2 / np.sqrt(2 * np.pi), rel=1e-12)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), symbols=st.sampled_from([1, 5, 40]), shape=st.sampled_from([(3,), (2, 4)]))
+def test_generated_form_and_its_radius_hold_sampled_points(seed, symbols, shape):
+    """``AffineForm.generated`` holds ``c + e G`` for unit e (enclosed generators: their radii in ``err``), and
+    ``radius`` bounds ``||x - c||`` over the whole form; on exact generators it is their operator norm (within the
+    certified norm's margin)."""
+    rng = np.random.default_rng(seed)
+    G = rng.standard_normal((symbols,) + shape)
+    c = rng.standard_normal(shape)
+    form = AffineForm.generated(IntervalArray.around(c, 1e-3 * np.ones(shape)),
+                                IntervalArray.around(G, 1e-3 * np.abs(G)))
+    exact = AffineForm.generated(IntervalArray(c), IntervalArray(G))
+    operator = np.linalg.norm(G.reshape(symbols, -1), 2)
+    assert operator <= exact.radius() <= operator * (1 + 1e-5)
+    for _ in range(50):
+        e = rng.standard_normal(symbols)
+        e /= np.linalg.norm(e)
+        true_G = G * (1 + 1e-3 * rng.uniform(-1, 1, G.shape))
+        x = c + 1e-3 * rng.uniform(-1, 1, shape) + np.tensordot(e, true_G, axes=1)
+        assert np.all(np.abs(x - form.center - np.tensordot(e, form.l2, axes=1)) <= form.err * (1 + 1e-12))
+        assert np.linalg.norm(x - form.center) <= form.radius() * (1 + 1e-12)
