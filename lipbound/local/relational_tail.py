@@ -27,12 +27,15 @@ set's Frobenius radius the block's reach.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import final
 
 import numpy as np
 
+from ..errors import NotCertifiedError
 from ..rigorous.arrays import IntervalArray, gelu_curvature
 from ..rigorous.elementwise import inv_sqrt_2pi
 from ..rigorous.linalg import Enclosure, lambda_max_upper_large, spectral_norm_upper_large
@@ -43,7 +46,7 @@ from .bounds import evaluate_theorem, norm_bounds
 from .centre import rounding_reach
 from .enclosed import EnclosedFeedForward, EnclosedNorm, feedforward_grams
 
-__all__ = ["TokenForms", "block_token_forms", "block_form_radii", "gelu_curvature_ceiling"]
+__all__ = ["TokenForms", "BlockForms", "block_token_forms", "block_form_radii", "gelu_curvature_ceiling"]
 
 
 def gelu_curvature_ceiling() -> float:
@@ -72,6 +75,7 @@ class TokenForms:
     rows: tuple
     balls: np.ndarray
 
+    @functools.cached_property
     def radii(self) -> np.ndarray:
         """``sup ||x_i - x~_i||`` per token: the row form's centre, its own radius and the ball, rounded up."""
         return np.array([_sum_up(IntervalArray(row.center).norm_upper().item(), row.radius(), b)
@@ -103,7 +107,7 @@ class TokenForms:
 
     def norm_step(self, enclosed: EnclosedNorm, after: np.ndarray) -> TokenForms:
         """Through a LayerNorm or RMSNorm at the float point ``enclosed.Z`` (module docstring), about ``after``."""
-        radii = self.radii()
+        radii = self.radii
         if not np.all(np.isfinite(radii)):
             return TokenForms(self.rows, np.full(len(self.rows), np.inf))
         variation = np.diag(norm_bounds(enclosed.norm, TokenBalls(enclosed.Z.mid, radii), enclosed).variation)
@@ -118,15 +122,17 @@ class TokenForms:
     def feedforward_step(self, enclosed: EnclosedFeedForward, after: np.ndarray) -> TokenForms:
         """Through the residual feed-forward block at the float point ``enclosed.Y`` (module docstring), about
         ``after``."""
-        radii = self.radii()
+        radii = self.radii
         if not np.all(np.isfinite(radii)):
             return TokenForms(self.rows, np.full(len(self.rows), np.inf))
         rows, balls = [], []
+        second = spectral_norm_upper_large(Enclosure.exact(enclosed.ffn.W_2))
         for i, (row, b) in enumerate(zip(self.rows, self.balls)):
             J = enclosed.jacobian_block(i)
             form, gap, scale = _linear_step(row, J, enclosed.output[i] - IntervalArray(after[i]))
             rows.append(form)
-            balls.append(_step_ball(b, scale, radii[i], gap, taylor=feedforward_remainder(enclosed, i, row, b)))
+            remainder = feedforward_remainder(enclosed, i, row, b, second)
+            balls.append(_step_ball(b, scale, radii[i], gap, taylor=remainder))
         return TokenForms(tuple(rows), np.array(balls))
 
 
@@ -146,7 +152,8 @@ def _linear_step(row: AffineForm, J: IntervalArray, offset: IntervalArray) -> tu
     return form, gap, spectral_norm_upper_large(M)
 
 
-def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float) -> float:
+def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float,
+                          second: float | None = None) -> float:
     """``sup ||FF(x) - FF(y) - (x - y) J_F(y)||`` over ``x - y`` in ``row + B(0, ball)``, y the block's float point at
     token i (lemma feedforward-taylor-joint): with ``t_k = (x - y).w_k``, ``FF(x) - FF(y) - (x - y) J_F(y) = sum_k
     phi_k(t_k) r_k`` and ``|phi_k(t)| <= S_k t^2 / 2``, ``S_k >= |GELU''|`` on ``h_k +- dev_k``.  So for a unit v,
@@ -156,7 +163,8 @@ def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm
         P = lambda_max(D A^T A D)^(1/2) + beta ||W_1 D||,
         Q = min(lambda_max(D (A^T A o W_2 W_2^T) D)^(1/2) + beta ||diag(D ||w||) W_2||,  max_k D_k dev_k ||W_2||),
 
-    ``A = G W_1`` (its Gram ``W_1^T (G^T G) W_1``), ``D = diag(S^(1/2))``, ``dev_k`` the bound on ``|t_k|``."""
+    ``A = G W_1`` (its Gram ``W_1^T (G^T G) W_1``), ``D = diag(S^(1/2))``, ``dev_k`` the bound on ``|t_k|``;
+    ``second``: ``||W_2||`` rounded up, when the caller has it."""
     ffn = enclosed.ffn
     W_1, W_2 = IntervalArray(ffn.W_1), IntervalArray(ffn.W_2)
     beta = _sum_up(IntervalArray(row.center).norm_upper().item(), IntervalArray(row.err).norm_upper().item(), ball)
@@ -176,37 +184,72 @@ def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm
     joint = (IntervalArray(max(lambda_max_upper_large((scaled * b_gram).to_enclosure()), 0.0)).sqrt()
              + IntervalArray(beta) * IntervalArray(spectral_norm_upper_large(
                  (W_2 * (root * columns).expand(-1)).to_enclosure())))
-    cheap = IntervalArray(float(np.max((root * IntervalArray(dev)).hi))) \
-        * IntervalArray(spectral_norm_upper_large(Enclosure.exact(ffn.W_2)))
+    second = spectral_norm_upper_large(Enclosure.exact(ffn.W_2)) if second is None else second
+    cheap = IntervalArray(float(np.max((root * IntervalArray(dev)).hi))) * IntervalArray(second)
     values = {"P": P.hi.item(), "Q": min(joint.hi.item(), cheap.hi.item())}
     return float(evaluate_theorem(T.feedforward_taylor_joint(), **{key: np.float64(v) for key, v in values.items()}))
 
 
 def block_token_forms(enclosed: list, points: list, jacobian: Enclosure, radius: float,
-                      rests: np.ndarray) -> list[TokenForms]:
+                      rests: np.ndarray) -> Iterator[TokenForms]:
     """The sets ``S_1 .. S_4`` of a post-norm block (attention, LayerNorm, feed-forward block, LayerNorm) on the
-    Frobenius ball of ``radius`` about X (module docstring): ``enclosed`` and ``points`` the chain's enclosures and
-    float points (:class:`~lipbound.local.centre.ChainCentre`), ``jacobian`` the attention's at X, ``rests`` Taylor's
-    remainder per output token.  Each set is about ``points[k]``."""
-    offset = enclosed[0].output - IntervalArray(points[1])
-    sets = [TokenForms.taylor(jacobian, radius, offset, rests)]
-    sets.append(sets[-1].norm_step(enclosed[1], points[2]))
-    sets.append(sets[-1].feedforward_step(enclosed[2], points[3]))
-    sets.append(sets[-1].norm_step(enclosed[3], points[4]))
-    return sets
+    Frobenius ball of ``radius`` about X (module docstring), one at a time (a caller may stop early): ``enclosed`` and
+    ``points`` the chain's enclosures and float points (:class:`~lipbound.local.centre.ChainCentre`), ``jacobian`` the
+    attention's at X, ``rests`` Taylor's remainder per output token.  Set k is about ``points[k]``."""
+    current = TokenForms.taylor(jacobian, radius, enclosed[0].output - IntervalArray(points[1]), rests)
+    yield current
+    for k, step in ((1, TokenForms.norm_step), (2, TokenForms.feedforward_step), (3, TokenForms.norm_step)):
+        current = step(current, enclosed[k], points[k + 1])
+        yield current
+
+
+@final
+class BlockForms:
+    """The sets of :func:`block_token_forms` formed stage by stage for a block's curve (``chain``, its ``centre``):
+    :meth:`next_radii` the next set's token radii (about the chain's float point there), :meth:`reach` a bound on
+    ``sup_U ||F(Y) - F(X)||_F`` once the output set is formed.  Where Taylor's remainders are not finite every radius
+    is infinite."""
+
+    def __init__(self, chain: list, centre, jacobian: Enclosure, radius: float, rests):
+        self.chain, self.centre = chain, centre
+        n = centre.points[0].shape[0]
+        rests = np.broadcast_to(np.asarray(rests, dtype=np.float64), (n,))
+        finite = math.isfinite(radius) and bool(np.all(np.isfinite(rests)))
+        self._sets = block_token_forms(centre.enclosed, centre.points, jacobian, radius, rests) if finite else None
+        self._n, self.formed = n, []
+
+    def next_radii(self) -> np.ndarray:
+        """The next set's token radii (inf where an enclosure overflowed: no later set is formed then)."""
+        try:
+            if self._sets is not None:
+                self.formed.append(next(self._sets))
+                return self.formed[-1].radii
+        except NotCertifiedError:
+            self._sets = None
+        self.formed.append(None)
+        return np.full(self._n, np.inf)
+
+    def reach(self, limit: float = math.inf) -> float:
+        """The output set's Frobenius radius (the smaller of :meth:`TokenForms.frobenius` and the token radii's
+        Euclidean norm) plus the float chain's rounding (:func:`~lipbound.local.centre.rounding_reach`), the sets not
+        yet formed formed first; inf where its largest token radius is already ``limit`` or more (a choice of work)."""
+        while len(self.formed) < 4:
+            self.next_radii()
+        if self.formed[3] is None:
+            return math.inf
+        last = self.formed[3]
+        if not np.all(np.isfinite(last.radii)) or np.max(last.radii) >= limit:
+            return math.inf
+        try:
+            whole = min(last.frobenius(), IntervalArray(last.radii).norm_upper().item())
+            return _sum_up(whole, rounding_reach(self.chain, self.centre, 0))
+        except NotCertifiedError:
+            return math.inf
 
 
 def block_form_radii(chain: list, centre, jacobian: Enclosure, radius: float, rests) -> tuple[list, float]:
-    """Per map of a post-norm block ``chain``, the token radii about the chain's float points before it (``[r_1, ..,
-    r_4]``, ``r_k`` about ``centre.points[k]``) of :func:`block_token_forms`, and a bound on ``sup_U ||F(Y) - F(X)||_F``
-    (the output set's Frobenius radius plus the float chain's rounding, :func:`~lipbound.local.centre.rounding_reach`);
-    infinite entries where a set is not bounded."""
-    n = centre.points[0].shape[0]
-    rests = np.broadcast_to(np.asarray(rests, dtype=np.float64), (n,))
-    if not (math.isfinite(radius) and np.all(np.isfinite(rests))):
-        return [np.full(n, np.inf)] * 4, math.inf
-    sets = block_token_forms(centre.enclosed, centre.points, jacobian, radius, rests)
-    moved = sets[-1].frobenius()
-    if math.isfinite(moved):
-        moved = _sum_up(moved, rounding_reach(chain, centre, 0))
-    return [s.radii() for s in sets], moved
+    """Every set's token radii ``[r_1, .., r_4]`` (``r_k`` about ``centre.points[k]``) and the reach of
+    :class:`BlockForms`."""
+    forms = BlockForms(chain, centre, jacobian, radius, rests)
+    radii = [forms.next_radii() for _ in range(4)]
+    return radii, forms.reach()
