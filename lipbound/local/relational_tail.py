@@ -216,14 +216,16 @@ class BlockForms:
         rests = np.broadcast_to(np.asarray(rests, dtype=np.float64), (n,))
         finite = math.isfinite(radius) and bool(np.all(np.isfinite(rests)))
         self._sets = block_token_forms(centre.enclosed, centre.points, jacobian, radius, rests) if finite else None
-        self._n, self.formed = n, []
+        self._n = n
+        self.formed: list[TokenForms | None] = []
 
     def next_radii(self) -> np.ndarray:
         """The next set's token radii (inf where an enclosure overflowed: no later set is formed then)."""
         try:
             if self._sets is not None:
-                self.formed.append(next(self._sets))
-                return self.formed[-1].radii
+                formed = next(self._sets)
+                self.formed.append(formed)
+                return formed.radii
         except NotCertifiedError:
             self._sets = None
         self.formed.append(None)
