@@ -3,7 +3,7 @@
 After a block's attention A (with residual) the maps act token by token: ``LN_1``, the feed-forward block with its
 residual, ``LN_2``.  The per-token balls of :mod:`lipbound.local.tail` give every map the whole ball before it and pay
 its supremum there, so at 1e-2 R the feed-forward block's balls are several times the true movement and the output
-LayerNorm's reach past its centre.  Here the image of U is the set (lemma block-token-forms in docs/local.md)
+LayerNorm's reach past its centre.  Here the image of U is the set (docs/local.md, lemma token-form-step)
 
     S_k = { x~_k + f_k(e) + z :  ||e||_2 <= 1,  ||z_i|| <= b_i per token },
 
