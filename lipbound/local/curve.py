@@ -73,6 +73,7 @@ from .curvature_integral import CurvatureIntegral, decade_grid
 from .front import FrontSplit
 from .pair_starts import pair_starts
 from .relational import RELATIONAL_WORTH, RelationalRoute, covers, relational_grid
+from .relational_tail import BlockForms
 from .stack import StackOfBlocks
 from .tail import BlockTail, TokenTail, column_block_norms, token_reach, weighted_tail_reach
 
@@ -397,6 +398,8 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         hood = neighbourhoods[index]
         balls = hood.balls(X)
         M, V, ball_radii = [], [], []
+        # a post-norm block: its per-token maps carried on the attention's Taylor set (relational_tail.py)
+        forms = _block_forms(chain, centre, tail, attention_jacobian, first, index, hood, n)
         try:
             for k, component in enumerate(chain):
                 bounds = component.bounds(balls, centre.enclosed[k])
@@ -418,6 +421,12 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
                     if component.kind == "feedforward":   # the GELU values' changes jointly (secant slopes)
                         movement = np.minimum(movement, centre.enclosed[k].movement(balls.radii))
                     radii = (IntervalArray(movement) + IntervalArray(centre.rounding[k + 1])).hi
+                    if forms is not None:   # (about the same float point, its rounding included)
+                        formed = forms.next_radii()
+                        # where no token's set after the attention is smaller, the later ones are not formed (a
+                        # choice of work: at 1e-2 R of MiniLM's block 0 the chained feed-forward balls are smaller)
+                        forms = forms if k == 0 or np.any(formed < radii) else None
+                        radii = np.minimum(radii, formed)
                     balls = TokenBalls(centre.points[k + 1], radii)
         except NotCertifiedError:   # the balls grew past the float range: the blockwise routes give no bound
             M = None
@@ -466,6 +475,8 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         certified = routes.value
         rest, rests = _taylor_remainder(curvature, joined, hood) if want_reach else (math.inf, ())
         moved = min(reach(certified, hood, n), tail_reach, _taylor_reach(rest, hood, N_dense, n))
+        if forms is not None:   # the output set's radius
+            moved = min(moved, forms.reach(moved))
         if omegas is not None and token_columns is not None:   # the tokens' weights on their own columns
             moved = min(moved, _weighted_reach(tail, omegas, attention_jacobian, token_columns, first.points[index],
                                                hood, moved))
@@ -494,6 +505,21 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
     return LipschitzCurve(kind, description, norm, ball, tuple(positions), n, radius, N_dense, witness_at_x,
                           tuple(points), bound, jacobian_bound, setup, relational is not None,
                           () if stack is None else tuple(stack.blocks))
+
+
+def _block_forms(chain, centre: ChainCentre, tail, jacobian: Enclosure | None, first, index: int,
+                 hood: Neighbourhood, n: int) -> BlockForms | None:
+    """A post-norm block's per-token maps on the attention's Taylor set (:class:`~lipbound.local.relational_tail.
+    BlockForms`); None where it does not apply."""
+    if not isinstance(tail, BlockTail) or jacobian is None or first is None or hood.eps <= 0:
+        return None
+    own = first.points[index]
+    rests = np.minimum(own.remainder, own.token_remainders) if own.token_remainders else own.remainder
+    radius = (frobenius_factor(hood, n) * IntervalArray(hood.eps)).hi.item()
+    try:
+        return BlockForms(chain, centre, jacobian, radius, rests)
+    except NotCertifiedError:
+        return None
 
 
 def _at_center(component: Component, point: np.ndarray, rounding: np.ndarray, enclosed) -> np.ndarray:

@@ -41,7 +41,7 @@ import numpy as np
 
 from ..errors import AssumptionError, NotCertifiedError
 from .arrays import IntervalArray
-from .linalg import spectral_norm_upper
+from .linalg import spectral_norm_upper, spectral_norm_upper_large
 
 __all__ = ["AffineForm", "Symbols", "single_rows"]
 
@@ -207,6 +207,25 @@ class AffineForm:
         mid, rad = _settle(center)
         err = _add(rad, np.broadcast_to(_l2_sum(rows_rad), mid.shape))
         return U, cls(mid, l2, np.zeros((0, n, W.shape[1])), err, U.symbols)
+
+    @classmethod
+    def generated(cls, center: IntervalArray, generators: IntervalArray, symbols: Symbols | None = None) -> AffineForm:
+        """``{c + sum_s e_s G_s : ||e||_2 <= 1}`` for an enclosed centre (S) and enclosed Euclidean generators (m, *S)
+        (e.g. a linear map's rows times a radius: the map's image of a Frobenius ball): the midpoints are kept,
+        the radii move into ``err``."""
+        symbols = Symbols() if symbols is None else symbols
+        return cls._from_parts(center, iter([generators]), IntervalArray(np.zeros((0,) + center.shape)), 0.0,
+                               symbols, generators.shape[0])
+
+    def radius(self) -> float:
+        """``sup ||x - c||_2`` over the whole form (every axis flattened), rounded up: the operator norm of its
+        Euclidean generators (one certified Gram norm), the norms of its box generators and of ``err``."""
+        flat = self.l2.reshape(self.l2.shape[0], -1)
+        operator = spectral_norm_upper_large(flat) if flat.shape[0] and flat.shape[1] else 0.0
+        boxed = 0.0
+        if self.box.shape[0]:
+            boxed = IntervalArray(_box_sum(np.abs(self.box.reshape(self.box.shape[0], -1)))).norm_upper().item()
+        return _add(operator, boxed, IntervalArray(self.err.reshape(-1)).norm_upper()).item()
 
     @classmethod
     def _from_parts(cls, center: IntervalArray, l2_parts, box: IntervalArray, extra, symbols: Symbols,

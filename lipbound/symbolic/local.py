@@ -22,6 +22,7 @@ import functools
 import sympy as sp
 
 from . import symbols as S
+from .local_block_forms import BLOCK_FORM_THEOREMS, feedforward_taylor_joint, token_form_step
 from .local_jacobian import JACOBIAN_THEOREMS
 from .local_second_order import SECOND_ORDER_THEOREMS, attention_token_reach, block_reach_weighted
 from .record import Derivation, Described, le
@@ -34,7 +35,7 @@ __all__ = ["LOCAL_THEOREMS", "score_deviation", "score_deviation_normalised", "s
            "residual_step", "SCORE_NAMES", "feedforward_curvature", "feedforward_front_variation",
            "attention_tail", "attention_tail_weighted", "attention_token_reach", "block_reach_weighted",
            "attention_front", "block_tail_variation", "jacobian_on_neighbourhood", "chain_variation",
-           "normwise_product", "chain_prefix",
+           "normwise_product", "chain_prefix", "token_form_step", "feedforward_taylor_joint",
            "path_certificate", "coupling_bound", "q"]
 
 
@@ -692,4 +693,5 @@ LOCAL_THEOREMS = {t.id: t for t in (score_deviation(), score_deviation_normalise
                                     block_tail_variation(),
                                     jacobian_on_neighbourhood(), chain_variation(2), normwise_product(3),
                                     chain_prefix(3), path_certificate(),
-                                    coupling_bound())} | SECOND_ORDER_THEOREMS | JACOBIAN_THEOREMS
+                                    coupling_bound())} | SECOND_ORDER_THEOREMS | JACOBIAN_THEOREMS \
+    | BLOCK_FORM_THEOREMS

@@ -1,0 +1,78 @@
+"""A block's per-token maps on the attention's Taylor set (lipbound/local/relational_tail.py) against the chained balls.
+
+For one sentence and layer of all-MiniLM-L6-v2, the block's curve is run twice in one process at each radius: with the
+sets (``BlockForms``) and without them.  Printed per radius: the token radii before the feed-forward block and before
+the output LayerNorm, chained and from the sets (each token's smaller one counts in the curve), the certified value /
+witness of both runs, and each run's CPU seconds (``time.process_time``, set-up included).
+
+Run: ``python bench/bench_block_forms.py [--text "The cat sat on the mat."] [--layer 0] [--fractions 1e-3,1e-2]``
+(about four minutes of CPU per radius at n = 9).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+from unittest import mock
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _span(values) -> str:
+    values = np.asarray(values, dtype=float)
+    return f"{values.min():.3g}-{values.max():.3g}" if np.all(np.isfinite(values)) else "inf"
+
+
+def run(text: str, layer: int, fraction: float, forms: bool):
+    """One block curve at one radius; the token balls before each map after the attention (as the chain takes them)
+    and, with ``forms``, the sets' own radii."""
+    from lipbound.local import curve as curve_module
+    from lipbound.local import relational_tail
+    from lipbound.measures.curves import local_curve
+    balls, sets = [], []
+    original_balls, original_next = curve_module.TokenBalls, relational_tail.BlockForms.next_radii
+
+    def recorded_balls(centre, radii):
+        balls.append(np.array(radii))
+        return original_balls(centre, radii)
+
+    def recorded_next(self):
+        sets.append(original_next(self))
+        return sets[-1]
+    began = time.process_time()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(curve_module, "TokenBalls", recorded_balls))
+        stack.enter_context(mock.patch.object(relational_tail.BlockForms, "next_radii", recorded_next))
+        if not forms:
+            stack.enter_context(mock.patch.object(curve_module, "_block_forms", return_value=None))
+        found, _ = local_curve(text, layer=layer, kind="block", eps=(fraction,))
+    # the block's own chain forms its balls last (after the attention, before the feed-forward block, before the
+    # output LayerNorm); its sets come in the same order (a fourth, the output's, only for the reach)
+    return found.points[0], balls[-3:], sets[:3], time.process_time() - began
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--text", default="The cat sat on the mat.")
+    parser.add_argument("--layer", type=int, default=0)
+    parser.add_argument("--fractions", default="1e-3,1e-2")
+    args = parser.parse_args()
+    for fraction in (float(f) for f in args.fractions.split(",")):
+        before, chained, _, cpu_before = run(args.text, args.layer, fraction, forms=False)
+        after, taken, sets, cpu_after = run(args.text, args.layer, fraction, forms=True)
+        print(f"{args.text!r} layer {args.layer}, {fraction:g} R:")
+        for name, k in (("before the feed-forward block", 1), ("before the output LayerNorm", 2)):
+            own = _span(sets[k]) if len(sets) > k else "not formed"
+            print(f"  {name}: chained {_span(chained[k])}, sets {own}, taken {_span(taken[k])}")
+        print(f"  certified / witness: without the sets {before.certified:.6g} / {before.witness:.6g} = "
+              f"{before.certified / before.witness:.4g} ({cpu_before:.1f} CPU s), with them {after.certified:.6g} / "
+              f"{after.witness:.6g} = {after.certified / after.witness:.4g} ({cpu_after:.1f} CPU s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""A block's per-token maps on the attention's output set, carried as affine forms plus per-token balls.
+
+After a block's attention A (with residual) the maps act token by token: ``LN_1``, the feed-forward block with its
+residual, ``LN_2``.  The per-token balls of :mod:`lipbound.local.tail` give every map the whole ball before it and pay
+its supremum there, so at 1e-2 R the feed-forward block's balls are several times the true movement and the output
+LayerNorm's reach past its centre.  Here the image of U is the set (docs/local.md, lemma token-form-step)
+
+    S_k = { x~_k + f_k(e) + z :  ||e||_2 <= 1,  ||z_i|| <= b_i per token },
+
+``x~_k`` the chain's float point before map k, ``f_k`` an affine form over the ball's Euclidean symbols (one row form
+per token, :class:`~lipbound.rigorous.zonotope.AffineForm`, its generators the directions the tokens move along
+together) and ``b`` the radii of independent per-token balls (the remainders).  It starts from the attention's Taylor
+form on U, ``A(Y) = A(X) + (Y - X) DA(X) + r`` with ``||r_i|| <= rest_i`` (lemmas attention-reach-remainder and
+curvature-per-query); every map g is then linearised about the float point: ``g(x) = g(x~) + (x - x~) M + q``, M the
+midpoint of g's enclosed Jacobian at ``x~`` acting on the form's generators exactly, and ``q`` bounded in norm:
+
+* LayerNorm: ``||q|| <= r (||J - M|| + V(r))`` (mean value: the Jacobian's variation ``V`` on the token's ball of
+  radius r, :func:`~lipbound.local.bounds.norm_bounds`, which keeps a certified lower bound on the centred norm);
+* feed-forward block: ``||q|| <= r ||J - M|| + (1/2) P Q`` (lemma feedforward-taylor-joint): the GELU values' second
+  order remainders ``|phi_k(t_k)| <= S_k t_k^2 / 2`` (``S_k`` at least ``|GELU''|`` on neuron k's pre-activation range)
+  summed through ``W_2`` by Cauchy-Schwarz over the neurons, with ``P >= ||(S_k^(1/2) t_k)_k||`` and ``Q >= sup_v
+  ||(S_k^(1/2) t_k r_k.v)_k||`` from the Gram matrices of the form's pre-activation generators.
+
+The radii ``sup ||x - x~_k||`` per token of each ``S_k`` bound the token balls before each map, and the output
+set's Frobenius radius the block's reach.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import final
+
+import numpy as np
+
+from ..errors import NotCertifiedError
+from ..rigorous.arrays import IntervalArray, gelu_curvature
+from ..rigorous.elementwise import inv_sqrt_2pi
+from ..rigorous.linalg import Enclosure, lambda_max_upper_large, spectral_norm_upper_large
+from ..rigorous.zonotope import AffineForm, Symbols
+from ..symbolic import local as T
+from .balls import TokenBalls
+from .bounds import evaluate_theorem, norm_bounds
+from .centre import rounding_reach
+from .enclosed import EnclosedFeedForward, EnclosedNorm, feedforward_grams
+
+__all__ = ["TokenForms", "BlockForms", "block_token_forms", "block_form_radii", "gelu_curvature_ceiling"]
+
+
+def gelu_curvature_ceiling() -> float:
+    """``sup |GELU''| = 2 phi(0) = 2 / sqrt(2 pi)``, rounded up: ``|GELU''(x)| = phi(x) |2 - x^2|`` is at most
+    ``2 phi(0)`` where ``x^2 <= 2``, and beyond it ``phi(x) (x^2 - 2)`` peaks at ``|x| = 2``, where it is below 0.11."""
+    return (IntervalArray(2.0) * IntervalArray(inv_sqrt_2pi()[1])).hi.item()
+
+
+def _up(x: IntervalArray) -> np.ndarray:
+    return np.maximum(x.hi, 0.0)
+
+
+def _sum_up(*terms) -> float:
+    total = IntervalArray(0.0)
+    for term in terms:
+        total = total + IntervalArray(float(term))
+    return total.hi.item()
+
+
+@final
+@dataclass(frozen=True)
+class TokenForms:
+    """``{x~ + f(e) + z}`` (module docstring): ``rows[i]`` the form of token i, shape (d,), all over one set of
+    symbols, centred near 0 (``x~`` is held by the caller); ``balls[i] >= ||z_i||``."""
+
+    rows: tuple
+    balls: np.ndarray
+
+    @functools.cached_property
+    def radii(self) -> np.ndarray:
+        """``sup ||x_i - x~_i||`` per token: the row form's centre, its own radius and the ball, rounded up."""
+        return np.array([_sum_up(IntervalArray(row.center).norm_upper().item(), row.radius(), b)
+                         for row, b in zip(self.rows, self.balls)])
+
+    def frobenius(self) -> float:
+        """``sup ||x - x~||_F``: the operator norm of all rows' Euclidean generators side by side (the tokens move
+        along the same symbols) plus, token by token, the centre, the independent errors and the ball."""
+        if not np.all(np.isfinite(self.balls)):
+            return math.inf
+        generators = np.concatenate([row.l2 for row in self.rows], axis=1)
+        operator = spectral_norm_upper_large(generators) if generators.size else 0.0
+        rest = [_sum_up(IntervalArray(row.center).norm_upper().item(), IntervalArray(row.err).norm_upper().item(), b)
+                for row, b in zip(self.rows, self.balls)]
+        return _sum_up(operator, IntervalArray(np.array(rest)).norm_upper().item())
+
+    @classmethod
+    def taylor(cls, jacobian: Enclosure, radius: float, offset: IntervalArray, rests: np.ndarray) -> TokenForms:
+        """The attention's Taylor set on the Frobenius ball ``||Y - X||_F <= radius``: rows ``(Y - X) DA(X)`` with the
+        Jacobian (row convention: rows the moving tokens' inputs, columns the n output tokens' ``d`` coordinates),
+        plus ``offset`` (n, d), an enclosure of ``A(X) - x~``, and balls ``rests`` (Taylor's remainder per token)."""
+        n = rests.shape[0]
+        d = jacobian.shape[1] // n
+        symbols, scale = Symbols(), IntervalArray(float(radius))
+        rows = tuple(AffineForm.generated(offset[i], IntervalArray.around(jacobian.mid[:, i * d:(i + 1) * d],
+                                                                           jacobian.rad[:, i * d:(i + 1) * d]) * scale,
+                                          symbols) for i in range(n))
+        return cls(rows, np.asarray(rests, dtype=np.float64))
+
+    def norm_step(self, enclosed: EnclosedNorm, after: np.ndarray) -> TokenForms:
+        """Through a LayerNorm or RMSNorm at the float point ``enclosed.Z`` (module docstring), about ``after``."""
+        radii = self.radii
+        if not np.all(np.isfinite(radii)):
+            return TokenForms(self.rows, np.full(len(self.rows), np.inf))
+        variation = np.diag(norm_bounds(enclosed.norm, TokenBalls(enclosed.Z.mid, radii), enclosed).variation)
+        rows, balls = [], []
+        for i, (row, b) in enumerate(zip(self.rows, self.balls)):
+            J = enclosed.jacobian_block(i)
+            form, gap, scale = _linear_step(row, J, enclosed.output[i] - IntervalArray(after[i]))
+            rows.append(form)
+            balls.append(_step_ball(b, scale, radii[i], gap, variation=variation[i]))
+        return TokenForms(tuple(rows), np.array(balls))
+
+    def feedforward_step(self, enclosed: EnclosedFeedForward, after: np.ndarray) -> TokenForms:
+        """Through the residual feed-forward block at the float point ``enclosed.Y`` (module docstring), about
+        ``after``."""
+        radii = self.radii
+        if not np.all(np.isfinite(radii)):
+            return TokenForms(self.rows, np.full(len(self.rows), np.inf))
+        rows, balls = [], []
+        second = spectral_norm_upper_large(Enclosure.exact(enclosed.ffn.W_2))
+        for i, (row, b) in enumerate(zip(self.rows, self.balls)):
+            J = enclosed.jacobian_block(i)
+            form, gap, scale = _linear_step(row, J, enclosed.output[i] - IntervalArray(after[i]))
+            rows.append(form)
+            remainder = feedforward_remainder(enclosed, i, row, b, second)
+            balls.append(_step_ball(b, scale, radii[i], gap, taylor=remainder))
+        return TokenForms(tuple(rows), np.array(balls))
+
+
+def _step_ball(ball: float, scale: float, radius: float, gap: float, variation: float = 0.0,
+               taylor: float = 0.0) -> float:
+    """The new ball of theorem local-token-form-step, rounded up."""
+    values = {"b": ball, r"\|M\|": scale, "r": radius, r"\|J - M\|": gap, "V": variation, "T": taylor}
+    return float(evaluate_theorem(T.token_form_step(), **{key: np.float64(v) for key, v in values.items()}))
+
+
+def _linear_step(row: AffineForm, J: IntervalArray, offset: IntervalArray) -> tuple[AffineForm, float, float]:
+    """``row M + offset`` with M the float midpoint of the enclosed Jacobian J (d, d), ``||J - M||`` and ``||M||``
+    rounded up."""
+    M = J.mid
+    form = row.linear(M).shift(offset)
+    gap = spectral_norm_upper_large(Enclosure._trusted(np.zeros_like(M), _up((J - IntervalArray(M)).abs())))
+    return form, gap, spectral_norm_upper_large(M)
+
+
+def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float,
+                          second: float | None = None) -> float:
+    """``sup ||FF(x) - FF(y) - (x - y) J_F(y)||`` over ``x - y`` in ``row + B(0, ball)``, y the block's float point at
+    token i (lemma feedforward-taylor-joint): with ``t_k = (x - y).w_k``, ``FF(x) - FF(y) - (x - y) J_F(y) = sum_k
+    phi_k(t_k) r_k`` and ``|phi_k(t)| <= S_k t^2 / 2``, ``S_k >= |GELU''|`` on ``h_k +- dev_k``.  So for a unit v,
+    ``|sum_k phi_k (r_k.v)| <= (1/2) ||(S_k^(1/2) t_k)_k|| ||(S_k^(1/2) t_k (r_k.v))_k||`` (Cauchy-Schwarz), and with
+    ``x - y = e G + u``, ``||u|| <= beta`` (centre, errors, ball), Minkowski's inequality in each factor:
+
+        P = lambda_max(D A^T A D)^(1/2) + beta ||W_1 D||,
+        Q = min(lambda_max(D (A^T A o W_2 W_2^T) D)^(1/2) + beta ||diag(D ||w||) W_2||,  max_k D_k dev_k ||W_2||),
+
+    ``A = G W_1`` (its Gram ``W_1^T (G^T G) W_1``), ``D = diag(S^(1/2))``, ``dev_k`` the bound on ``|t_k|``;
+    ``second``: ``||W_2||`` rounded up, when the caller has it."""
+    ffn = enclosed.ffn
+    W_1, W_2 = IntervalArray(ffn.W_1), IntervalArray(ffn.W_2)
+    beta = _sum_up(IntervalArray(row.center).norm_upper().item(), IntervalArray(row.err).norm_upper().item(), ball)
+    gram = Enclosure.exact(row.l2.T) @ Enclosure.exact(row.l2)                                      # G^T G (d, d)
+    a_gram = IntervalArray.from_enclosure(Enclosure.exact(ffn.W_1.T) @ gram @ Enclosure.exact(ffn.W_1))  # A^T A
+    columns = IntervalArray(W_1.norm_upper(axis=0))
+    # |t_k| <= ||G w_k|| + beta ||w_k||
+    dev = (IntervalArray(np.diagonal(a_gram.hi).copy()).sqrt() + IntervalArray(beta) * columns).hi
+    hull = enclosed.h[i] + IntervalArray(-dev, dev)
+    curvature = gelu_curvature(hull)
+    S = np.minimum(np.maximum(np.abs(curvature.lo), np.abs(curvature.hi)), gelu_curvature_ceiling())
+    root = IntervalArray(S).sqrt()
+    scaled = a_gram * root.expand(0) * root.expand(-1)
+    P = (IntervalArray(max(lambda_max_upper_large(scaled.to_enclosure()), 0.0)).sqrt()
+         + IntervalArray(beta) * IntervalArray(spectral_norm_upper_large((W_1 * root.expand(0)).to_enclosure())))
+    b_gram = feedforward_grams(ffn)[1]                                                              # W_2 W_2^T
+    joint = (IntervalArray(max(lambda_max_upper_large((scaled * b_gram).to_enclosure()), 0.0)).sqrt()
+             + IntervalArray(beta) * IntervalArray(spectral_norm_upper_large(
+                 (W_2 * (root * columns).expand(-1)).to_enclosure())))
+    second = spectral_norm_upper_large(Enclosure.exact(ffn.W_2)) if second is None else second
+    cheap = IntervalArray(float(np.max((root * IntervalArray(dev)).hi))) * IntervalArray(second)
+    values = {"P": P.hi.item(), "Q": min(joint.hi.item(), cheap.hi.item())}
+    return float(evaluate_theorem(T.feedforward_taylor_joint(), **{key: np.float64(v) for key, v in values.items()}))
+
+
+def block_token_forms(enclosed: list, points: list, jacobian: Enclosure, radius: float,
+                      rests: np.ndarray) -> Iterator[TokenForms]:
+    """The sets ``S_1 .. S_4`` of a post-norm block (attention, LayerNorm, feed-forward block, LayerNorm) on the
+    Frobenius ball of ``radius`` about X (module docstring), one at a time (a caller may stop early): ``enclosed`` and
+    ``points`` the chain's enclosures and float points (:class:`~lipbound.local.centre.ChainCentre`), ``jacobian`` the
+    attention's at X, ``rests`` Taylor's remainder per output token.  Set k is about ``points[k]``."""
+    current = TokenForms.taylor(jacobian, radius, enclosed[0].output - IntervalArray(points[1]), rests)
+    yield current
+    for k, step in ((1, TokenForms.norm_step), (2, TokenForms.feedforward_step), (3, TokenForms.norm_step)):
+        current = step(current, enclosed[k], points[k + 1])
+        yield current
+
+
+@final
+class BlockForms:
+    """The sets of :func:`block_token_forms` formed stage by stage for a block's curve (``chain``, its ``centre``):
+    :meth:`next_radii` the next set's token radii (about the chain's float point there), :meth:`reach` a bound on
+    ``sup_U ||F(Y) - F(X)||_F`` once the output set is formed.  Where Taylor's remainders are not finite every radius
+    is infinite."""
+
+    def __init__(self, chain: list, centre, jacobian: Enclosure, radius: float, rests):
+        self.chain, self.centre = chain, centre
+        n = centre.points[0].shape[0]
+        rests = np.broadcast_to(np.asarray(rests, dtype=np.float64), (n,))
+        finite = math.isfinite(radius) and bool(np.all(np.isfinite(rests)))
+        self._sets = block_token_forms(centre.enclosed, centre.points, jacobian, radius, rests) if finite else None
+        self._n = n
+        self.formed: list[TokenForms | None] = []
+
+    def next_radii(self) -> np.ndarray:
+        """The next set's token radii (inf where an enclosure overflowed: no later set is formed then)."""
+        try:
+            if self._sets is not None:
+                formed = next(self._sets)
+                self.formed.append(formed)
+                return formed.radii
+        except NotCertifiedError:
+            self._sets = None
+        self.formed.append(None)
+        return np.full(self._n, np.inf)
+
+    def reach(self, limit: float = math.inf) -> float:
+        """The output set's Frobenius radius (the smaller of :meth:`TokenForms.frobenius` and the token radii's
+        Euclidean norm) plus the float chain's rounding (:func:`~lipbound.local.centre.rounding_reach`), the sets not
+        yet formed formed first; inf where its largest token radius is already ``limit`` or more (a choice of work)."""
+        while len(self.formed) < 4:
+            self.next_radii()
+        if self.formed[3] is None:
+            return math.inf
+        last = self.formed[3]
+        if not np.all(np.isfinite(last.radii)) or np.max(last.radii) >= limit:
+            return math.inf
+        try:
+            whole = min(last.frobenius(), IntervalArray(last.radii).norm_upper().item())
+            return _sum_up(whole, rounding_reach(self.chain, self.centre, 0))
+        except NotCertifiedError:
+            return math.inf
+
+
+def block_form_radii(chain: list, centre, jacobian: Enclosure, radius: float, rests) -> tuple[list, float]:
+    """Every set's token radii ``[r_1, .., r_4]`` (``r_k`` about ``centre.points[k]``) and the reach of
+    :class:`BlockForms`."""
+    forms = BlockForms(chain, centre, jacobian, radius, rests)
+    radii = [forms.next_radii() for _ in range(4)]
+    return radii, forms.reach()

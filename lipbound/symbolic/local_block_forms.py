@@ -1,0 +1,75 @@
+"""Local theorems on a block's per-token maps carried on affine forms: one map's step on a token's set (a linear
+part on the form's generators, a ball for the rest), and the feed-forward block's second-order remainder jointly over
+its neurons from the form's pre-activation generators.
+
+A token's set before a map g is ``x~ + f(e) + z``: ``x~`` a float point, ``f`` affine in the ball's symbols ``e``
+(``||e||_2 <= 1``), ``||z|| <= b``; ``r`` bounds ``||x - x~||`` on it.  The numeric layer
+(:mod:`lipbound.local.relational_tail`) forms every quantity in outward-rounded arithmetic; the proofs in words are
+in docs/local.md (lemmas token-form-step and feedforward-taylor-joint).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from .record import Derivation, Described, le
+from .record import quantity as q
+from .theorems import Theorem
+
+__all__ = ["token_form_step", "feedforward_taylor_joint", "BLOCK_FORM_THEOREMS"]
+
+
+@functools.cache
+def token_form_step() -> Theorem:
+    """``g(x) in g(x~) + f(e) M + B(0, b ||M|| + r (||J - M|| + V) + T)``: one per-token map on a token's set, M any
+    float matrix (the midpoint of g's enclosed Jacobian J at x~), V the Jacobian's variation on the ball ``B(x~, r)``
+    or T a bound on Taylor's remainder there, the other 0 (lemma ``token-form-step``)."""
+    b, M, r, gap, V, rest = q("b"), q(r"\|M\|"), q("r"), q(r"\|J - M\|"), q("V"), q("T")
+    statement = b * M + r * (gap + V) + rest
+    proof = Derivation("A per-token map on an affine form and a ball")
+    proof.hypothesis("g differentiable on the convex ball B(x~, r), which holds the set {x~ + f(e) + z : ||e|| <= 1, "
+                     "||z|| <= b}; J = Dg(x~); either V >= sup ||Dg(y) - J|| on B(x~, r) and T = 0, or "
+                     "T >= sup ||g(x) - g(x~) - (x - x~) J|| there and V = 0")
+    proof.add(Described(r"g(x) = g(x~) + f(e) M + z M + (x - x~)(J - M) + \textstyle\int_0^1 (Dg(x~ + t (x - x~)) "
+                        r"- J)(x - x~)\,dt"), "row convention, x - x~ = f(e) + z, the fundamental theorem of calculus",
+              "mean-value")
+    proof.add(le(Described(r"\|z M + (x - x~)(J - M)\|"), Described(r"b \|M\| + r \|J - M\|")), "submultiplicative",
+              "submultiplicative")
+    proof.add(le(Described(r"\|\int_0^1 (Dg(x~ + t (x - x~)) - J)(x - x~)\,dt\|"), Described(r"r V + T")),
+              "the segment lies in the ball; each of the two bounds alone", "mean-value")
+    proof.add(le(Described(r"\|g(x) - g(x~) - f(e) M\|"), statement), "triangle inequality", "norm-calculus")
+    return Theorem("local-token-form-step", "A per-token map on an affine form and a ball", statement, proof)
+
+
+@functools.cache
+def feedforward_taylor_joint() -> Theorem:
+    """``||FF(x) - FF(y) - (x - y) DFF(y)|| <= (1/2) P Q`` for ``x - y = e G + u``, ``||e|| <= 1``, ``||u|| <= beta``
+    (lemma ``feedforward-taylor-joint``)."""
+    P, Q = q("P"), q("Q")
+    statement = P * Q / 2
+    proof = Derivation("The feed-forward block's Taylor remainder on an affine form, jointly over the neurons")
+    proof.hypothesis("FF(x) = x + act(x W_1 + b_1) W_2 + b_2, columns w_k of W_1, rows r_k of W_2; t_k = (x - y) . w_k "
+                     "with |t_k| <= dev_k; S_k >= |act''| on [h_k - dev_k, h_k + dev_k], D = diag(S)^(1/2); A = G W_1; "
+                     "P >= lambda_max(D A^T A D)^(1/2) + beta ||W_1 D||; Q >= the smaller of lambda_max(D (A^T A o W_2 "
+                     "W_2^T) D)^(1/2) + beta ||diag(D ||w||) W_2|| and max_k D_k dev_k ||W_2||")
+    proof.add(Described(r"FF(x) - FF(y) - (x - y) DFF(y) = \textstyle\sum_k \phi_k(t_k)\, r_k,\ "
+                        r"|\phi_k(t)| \le S_k t^2 / 2"),
+              "phi_k(t) = act(h_k + t) - act(h_k) - act'(h_k) t, Taylor with Lagrange's remainder", "mean-value")
+    proof.add(le(Described(r"|\textstyle\sum_k \phi_k(t_k)\, r_k \cdot v|"),
+                 Described(r"\tfrac12 \|(S_k^{1/2} t_k)_k\|\, \|(S_k^{1/2} t_k\, r_k \cdot v)_k\|")),
+              "triangle inequality over k, then Cauchy-Schwarz, for a unit v", "norm-calculus")
+    proof.add(le(Described(r"\|(S_k^{1/2} t_k)_k\|"), P),
+              "t = e A + u W_1 and Minkowski's inequality: ||D A^T e^T|| <= lambda_max(D A^T A D)^(1/2)",
+              "minkowski")
+    proof.add(le(Described(r"\|(S_k^{1/2} t_k\, r_k \cdot v)_k\|"), Q),
+              "the linear part's squares sum_k S_k (e . a_k)^2 (r_k . v)^2 form the quadratic form of the Gram matrix "
+              "of the vectors S_k^(1/2) a_k (x) r_k at e (x) v; the rest |u . w_k| <= beta ||w_k|| by Minkowski; or "
+              "each S_k^(1/2) |t_k| at most its largest and sum_k (r_k . v)^2 <= ||W_2||^2", "minkowski")
+    proof.add(le(Described(r"\|FF(x) - FF(y) - (x - y) DFF(y)\|"), statement), "the supremum over unit v",
+              "norm-calculus")
+    return Theorem("local-feedforward-taylor-joint", "The feed-forward block's Taylor remainder on an affine form",
+                   statement, proof)
+
+
+#: the theorems of this module, by id (part of :data:`lipbound.symbolic.local.LOCAL_THEOREMS`)
+BLOCK_FORM_THEOREMS = {t.id: t for t in (token_form_step(), feedforward_taylor_joint())}

@@ -1,0 +1,184 @@
+"""A block's per-token maps carried on the attention's Taylor set (lipbound/local/relational_tail.py): the sets' token
+radii and the block's reach hold at sampled points of U and at points found by ascent, pushed through the float
+block; the form steps hold at points of their own input sets; dropping the feed-forward remainder fails."""
+
+from __future__ import annotations
+
+import local_models
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lipbound.local import relational_tail
+from lipbound.local.centre import ChainCentre
+from lipbound.local.chains import chain_for, chain_forward, chain_vjp
+from lipbound.local.curvature import CURVATURE_TOKENS
+from lipbound.local.curve import _curve
+from lipbound.local.relational_tail import TokenForms, block_form_radii, gelu_curvature_ceiling
+from lipbound.numeric.forward import hidden_states
+from lipbound.rigorous.arrays import IntervalArray
+from lipbound.rigorous.zonotope import AffineForm
+
+
+def _setting(seed: int, eps: float, scale: float = 1.0):
+    """A generated one-layer model, X, the block's chain and centre, and the attention's Taylor remainders on the
+    Frobenius ball of radius eps (as the block's curve forms them)."""
+    generated = local_models.model(seed=seed % 50, layers=1, scale=scale)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    chain = chain_for(generated, "block", 0)
+    centre = ChainCentre(chain, X, True, keep=(1,))
+    attention = _curve(generated, X, "layer", 0, None, None, "fro", "fro", (), [eps], 0, 0, CURVATURE_TOKENS, None,
+                       chain=chain[:1], centre=centre.part(chain, 0, 1, True), want_reach=True)
+    point = attention.points[0]
+    rests = np.minimum(point.remainder, point.token_remainders) if point.token_remainders else point.remainder
+    return chain, X, centre, rests
+
+
+def _stage_movements(chain, X, centre, Y):
+    """Per stage k = 1..4, each token's distance to the chain's float point there, and the output's Frobenius
+    distance to the float output."""
+    states = chain_forward(chain, Y[None])
+    per_token = [np.linalg.norm(states[k][0] - centre.points[k], axis=-1) for k in range(1, 5)]
+    return per_token, np.linalg.norm(states[4][0] - chain_forward(chain, X[None])[4][0])
+
+
+def _ascent_points(chain, X, eps, rng, stage: int, token: int, steps: int = 25):
+    """Points of the Frobenius ball that climb token ``token``'s movement at stage ``stage`` (float)."""
+    sub = chain[:stage]
+    base = chain_forward(sub, X[None])[-1][0]
+    E = rng.standard_normal(X.shape)
+    E *= eps / np.linalg.norm(E)
+    step = 0.3 * eps
+    for _ in range(steps):
+        states = chain_forward(sub, (X + E)[None])
+        diff = states[-1][0] - base
+        G = np.zeros_like(diff)
+        G[token] = diff[token] / max(np.linalg.norm(diff[token]), 1e-300)
+        g = chain_vjp(states, G[None])[0]
+        E = E + step * g / (np.linalg.norm(g) + 1e-300)
+        E *= eps / np.linalg.norm(E)
+        step *= 0.9
+    return X + E
+
+
+@settings(max_examples=3, deadline=None)
+@given(seed=st.integers(0, 10_000), eps=st.sampled_from([1e-3, 3e-2, 0.3]), scale=st.sampled_from([1.0, 2.0]))
+def test_token_forms_hold_at_sampled_and_ascent_points(seed, eps, scale):
+    """Every stage's token radii bound each token's movement about the chain's float point, and the reach the whole
+    output's, at random points of U (on the sphere and inside) and at points that climb one token's movement."""
+    chain, X, centre, rests = _setting(seed, eps, scale)
+    radii, reach = block_form_radii(chain, centre, centre.prefix_jacobian[1], eps, rests)
+    rng = np.random.default_rng(seed)
+    points = []
+    for _ in range(16):
+        E = rng.standard_normal(X.shape)
+        points.append(X + eps * E / np.linalg.norm(E) * (1.0 if rng.random() < 0.7 else rng.random()))
+    points += [_ascent_points(chain, X, eps, rng, stage, int(rng.integers(X.shape[0]))) for stage in (2, 3, 4)]
+    for Y in points:
+        per_token, whole = _stage_movements(chain, X, centre, Y)
+        for k in range(4):
+            assert np.all(per_token[k] <= radii[k] * (1 + 1e-9) + 1e-12)
+        assert whole <= reach * (1 + 1e-9) + 1e-12
+
+
+def _forms_about(Y, scale: float, rng, symbols: int = 12) -> TokenForms:
+    """Rows ``e G_i`` (random generators of norm about ``scale``) about the float point Y, no balls."""
+    from lipbound.rigorous.zonotope import Symbols
+    n, d = Y.shape
+    shared = Symbols()
+    generators = [scale * rng.standard_normal((symbols, d)) / np.sqrt(symbols) for _ in range(n)]
+    rows = tuple(AffineForm.generated(IntervalArray(np.zeros(d)), IntervalArray(G), shared) for G in generators)
+    return TokenForms(rows, np.zeros(n))
+
+
+def _escape(step_map, forms: TokenForms, Y, after, out: TokenForms, rng, samples: int = 200) -> float:
+    """The largest ``||g(x_i) - after_i - f_i(e)|| - (||err_i|| + b_i)`` over sampled unit e (x_i = Y_i + e G_i): at
+    most 0 where the step's set holds the map's values."""
+    worst = -np.inf
+    for _ in range(samples):
+        e = rng.standard_normal(forms.rows[0].l2.shape[0])
+        e /= np.linalg.norm(e) if rng.random() < 0.7 else np.linalg.norm(e) / rng.random()
+        x = np.stack([Y[i] + row.center + e @ row.l2 for i, row in enumerate(forms.rows)])
+        value = step_map(x)
+        for i, row in enumerate(out.rows):
+            gap = np.linalg.norm(value[i] - after[i] - row.center - e @ row.l2)
+            worst = max(worst, gap - (np.linalg.norm(row.err) + out.balls[i]))
+    return worst
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), scale=st.sampled_from([0.05, 0.5, 2.0]))
+def test_each_step_holds_the_maps_values(seed, scale):
+    """The LayerNorm and feed-forward steps: at sampled points of the input set, the map's value lies in the output
+    form (evaluated at the same symbols) plus its ball."""
+    generated = local_models.model(seed=seed % 50, layers=1, scale=2.0)
+    chain = chain_for(generated, "block", 0)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    centre = ChainCentre(chain, X, False)
+    rng = np.random.default_rng(seed)
+    for k, step in ((1, TokenForms.norm_step), (2, TokenForms.feedforward_step), (3, TokenForms.norm_step)):
+        Y = centre.points[k]
+        forms = _forms_about(Y, scale, rng)
+        out = step(forms, centre.enclosed[k], centre.points[k + 1])
+        if not np.all(np.isfinite(out.balls)):
+            continue
+        assert _escape(lambda x: chain[k].step.linearize(x[None], None).F[0], forms, Y, centre.points[k + 1], out,
+                       rng) <= 1e-9
+
+
+def test_dropping_a_remainder_fails(monkeypatch):
+    """Mutations: without the feed-forward block's second-order remainder, or without the LayerNorm's variation,
+    sampled points leave the step's set."""
+    generated = local_models.model(seed=3, layers=1, scale=2.0)
+    chain = chain_for(generated, "block", 0)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    centre = ChainCentre(chain, X, False)
+    rng = np.random.default_rng(0)
+    monkeypatch.setattr(relational_tail, "feedforward_remainder", lambda *args: 0.0)
+    forms = _forms_about(centre.points[2], 2.0, rng)
+    out = forms.feedforward_step(centre.enclosed[2], centre.points[3])
+    assert _escape(lambda x: chain[2].step.linearize(x[None], None).F[0], forms, centre.points[2], centre.points[3],
+                   out, rng) > 0
+    monkeypatch.setattr(relational_tail, "norm_bounds", lambda *args: _no_variation(*args))
+    forms = _forms_about(centre.points[1], 2.0, rng)
+    out = forms.norm_step(centre.enclosed[1], centre.points[2])
+    assert _escape(lambda x: chain[1].step.linearize(x[None], None).F[0], forms, centre.points[1], centre.points[2],
+                   out, rng) > 0
+
+
+def _no_variation(norm, balls, enclosed):
+    from lipbound.local.bounds import norm_bounds
+    found = norm_bounds(norm, balls, enclosed)
+    return type(found)(found.movement, found.blocks, 0 * found.variation, found.at_center, found.output, found.facts)
+
+
+def test_gelu_curvature_ceiling_holds_on_a_grid():
+    """``|GELU''| = phi(x) |2 - x^2|`` stays below the ceiling, which is within 1e-12 of its value at 0."""
+    x = np.linspace(-12.0, 12.0, 200_001)
+    curvature = np.exp(-x * x / 2) / np.sqrt(2 * np.pi) * np.abs(2 - x * x)
+    assert np.max(curvature) <= gelu_curvature_ceiling()
+    assert gelu_curvature_ceiling() == pytest.approx(2 / np.sqrt(2 * np.pi), rel=1e-12)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), symbols=st.sampled_from([1, 5, 40]), shape=st.sampled_from([(3,), (2, 4)]))
+def test_generated_form_and_its_radius_hold_sampled_points(seed, symbols, shape):
+    """``AffineForm.generated`` holds ``c + e G`` for unit e (enclosed generators: their radii in ``err``), and
+    ``radius`` bounds ``||x - c||`` over the whole form; on exact generators it is their operator norm (within the
+    certified norm's margin)."""
+    rng = np.random.default_rng(seed)
+    G = rng.standard_normal((symbols,) + shape)
+    c = rng.standard_normal(shape)
+    form = AffineForm.generated(IntervalArray.around(c, 1e-3 * np.ones(shape)),
+                                IntervalArray.around(G, 1e-3 * np.abs(G)))
+    exact = AffineForm.generated(IntervalArray(c), IntervalArray(G))
+    operator = np.linalg.norm(G.reshape(symbols, -1), 2)
+    assert operator <= exact.radius() <= operator * (1 + 1e-5)
+    for _ in range(50):
+        e = rng.standard_normal(symbols)
+        e /= np.linalg.norm(e)
+        true_G = G * (1 + 1e-3 * rng.uniform(-1, 1, G.shape))
+        x = c + 1e-3 * rng.uniform(-1, 1, shape) + np.tensordot(e, true_G, axes=1)
+        assert np.all(np.abs(x - form.center - np.tensordot(e, form.l2, axes=1)) <= form.err * (1 + 1e-12))
+        assert np.linalg.norm(x - form.center) <= form.radius() * (1 + 1e-12)
