@@ -13,7 +13,8 @@ seconds of each curve and radius (time.process_time: the machine is shared, wall
     python bench/bench_relational.py --sentences 3 --fractions 1e-1 --without-covering
 
 ``--recheck`` re-checks every witness of the head and layer curves in high precision (lipbound/local/witness_check.py)
-and takes the ratios against the re-checked lower bounds.  ``--table`` ends with the ratios' median and worst over the sentences per radius, and the CPU seconds per radius
+and takes the ratios against the re-checked lower bounds.  ``--table`` ends with the ratios' median and worst over
+the sentences per radius, and the CPU seconds per radius
 (median, largest); ``--without-covering`` compares with the heads joined through the keys' and values' Gram forms
 (lemma jacobian-heads-covering replaces them); ``--text`` runs one sentence of your own instead of the bundled
 ones.  ``--second-derivative`` prints instead, per sentence, the curvature bound's groups at X (chi_I, chi_II,
