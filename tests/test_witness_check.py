@@ -3,6 +3,8 @@ both sides of every ball kind), the value enclosed and compared with an independ
 curve's verdict taken from the enclosure; maps the re-check does not cover are refused."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import local_models
 import numpy as np
 import pytest
@@ -14,6 +16,9 @@ from lipbound.local.balls import Neighbourhood
 from lipbound.local.chains import chain_for, chain_forward
 from lipbound.local.curve import lipschitz_curve
 from lipbound.local.witness_check import inside, recheckable, witness_enclosure
+from lipbound.numeric.kernels.masks import AttentionMask
+from lipbound.numeric.model import Layer, LayerNorm
+from lipbound.numeric.recheck.chains import chain_directional_norm, chain_gaps
 
 
 def _on_boundary(ball: str, eps: float, n: int = 3, d: int = 4) -> np.ndarray:
@@ -76,5 +81,44 @@ def test_the_curve_reports_and_judges_by_the_enclosure():
     assert [p.witness for p in plain.points] == [p.witness for p in curve.points]
     assert all(p.witness_rechecked == () for p in plain.points)
     with pytest.raises(AssumptionError, match="recheck"):
-        lipschitz_curve(model, X, kind="block", eps=[0.1], recheck=True)
+        lipschitz_curve(model, X, kind="layer", eps=[0.1], norm="2,1", recheck=True)
     assert recheckable(chain_for(model, "layer", 0, None, None), "2,1")
+
+
+@settings(max_examples=5, deadline=None)
+@given(seed=st.integers(0, 2 ** 16), blocks=st.sampled_from([1, 2]), scale=st.sampled_from([0.5, 3.0]))
+def test_a_chain_enclosure_holds_the_test_suites_own_layer_formula(seed, blocks, scale):
+    """Blocks and stacks: the chain re-check against central differences of BERT's layer written in the test
+    helpers (``local_models._layer``), not through the package's engine."""
+    model = local_models.model(seed, layers=2, scale=scale)
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((3, 6))
+    E = rng.standard_normal(X.shape)
+    chain = chain_for(model, "block" if blocks == 1 else "stack", 0, None, blocks - 1)
+    assert recheckable(chain, "fro") == ""
+    low, high = chain_directional_norm([(c.kind, c.target) for c in chain], X, E)
+    # (GELU's normal CDF is enclosed in float64 to about 1e-15; two blocks with sharp softmax rows widen that to
+    # about 1e-7, MiniLM's block 0 to 1e-12)
+
+    def forward(Z):
+        for index in range(blocks):
+            Z = local_models._layer(model.layer(index), Z)
+        return Z
+    h = 1e-5
+    difference = np.linalg.norm((forward(X + h * E) - forward(X - h * E)) / (2 * h)) / np.linalg.norm(E)
+    assert low <= high <= low * (1 + 1e-6)
+    assert difference == pytest.approx(low, rel=1e-6)
+    # the same chain with its last LayerNorm's gain doubled is told apart
+    ln = chain[-1].target
+    doubled = [(c.kind, c.target) for c in chain[:-1]] + [("norm", LayerNorm(2 * ln.gamma, ln.beta, eps=ln.eps))]
+    assert chain_directional_norm(doubled, X, E)[0] > high
+
+
+def test_maps_the_chain_check_does_not_follow_are_named():
+    model = local_models.model(0, layers=1)
+    item = model.layer(0)
+    causal = Layer(tuple(replace(h, mask=AttentionMask(causal=True)) for h in item.attention.heads),
+                   item.attention.W_O, item.attention.b_O, residual=True)
+    assert "masks" in chain_gaps([("attention", causal)])
+    assert "GELU" in chain_gaps([("feedforward", replace(item.ffn, act="relu"))])
+    assert "gated" in chain_gaps([("gated", item.ffn)])

@@ -233,8 +233,8 @@ def register(sub) -> None:
                             "the longest the blockwise bound")
     local.add_argument("--recheck", action="store_true",
                        help="re-check each radius's witness in high precision: its point in U decided exactly, its "
-                            "value enclosed in interval arithmetic (a certified lower bound on L(eps); --map head or "
-                            "layer with --norm fro; about 2 CPU s per radius at 9 tokens)")
+                            "value enclosed in interval arithmetic (a certified lower bound on L(eps); --norm fro; "
+                            "post-norm encoders; about 2 CPU s per radius for a layer at 9 tokens, 10 for a block)")
     local.add_argument("--plot-curve", type=plot_file("--plot-curve"),
                        help="save L(eps) and its witness (png, pdf, ...)")
     _add_edit_options(local, "the number of --positions")

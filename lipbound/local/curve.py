@@ -323,13 +323,13 @@ def lipschitz_curve(model: Model, X: np.ndarray, *, kind: str = "layer", layer: 
     recheck : bool
         Re-check each radius's witness in high precision (:mod:`~lipbound.local.witness_check`: its point in U
         decided exactly, its value enclosed; about 2 CPU s per radius for MiniLM's attention layer at n = 9);
-        heads and attention layers in the Frobenius norm only.
+        the Frobenius norm, and the maps :func:`~lipbound.local.witness_check.recheckable` names.
     """
     chain = chain_for(model, kind, layer, head, last)
     missing = recheckable(chain, _check_norm(norm)) if recheck else ""
     if missing:
-        raise AssumptionError("recheck", "a head or an attention layer in the Frobenius norm", missing,
-                              "drop `recheck`, or ask for `kind` head or layer with `norm` fro")
+        raise AssumptionError("recheck", "maps the high-precision re-check covers, in the Frobenius norm", missing,
+                              "drop `recheck`")
     return _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent_steps, seed, curvature_tokens,
                   progress, chain=chain, recheck=recheck)
 

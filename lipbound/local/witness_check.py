@@ -6,9 +6,10 @@ iteration in float64.  Taken as exact binary numbers, Y is tested against ``U(X,
 derivative is enclosed by :func:`lipbound.numeric.recheck.directional_norm`, which writes the map's forward
 pass and JVP again in exact and outward-rounded interval arithmetic.  Its lower end is then a certified lower
 bound on ``L(eps)``: ``L(eps) >= ||DF(Y) E|| / ||E||`` for any Y in U and any E moving the tokens that may
-move.  Covered: a curve of one attention map (a head, or an attention layer with ``W_O`` and its residual) in
-the Frobenius norm; the norms and feed-forward blocks of blocks and stacks are not written in that
-arithmetic.
+move.  One attention map (a head, or an attention layer with ``W_O`` and its residual) is enclosed by
+:func:`lipbound.numeric.recheck.directional_norm` at 50 digits; a block or a stack (attention layers,
+LayerNorms, feed-forward blocks) by :func:`lipbound.numeric.recheck.chains.chain_directional_norm`, which covers
+softmax dot-product heads without masks and the exact GELU.  Frobenius norm only.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from ..errors import AssumptionError
 from ..numeric.recheck import directional_norm
+from ..numeric.recheck.chains import chain_directional_norm, chain_gaps
 from ..numeric.recheck.exact import Dyadic, exact_sqrt
 from ..rigorous.intervals import IV, upper
 from .balls import Neighbourhood
@@ -28,10 +30,9 @@ def recheckable(chain, norm: str) -> str:
     """Why the witnesses of this curve cannot be re-checked ('' when they can)."""
     if norm != "fro":
         return f"the {norm} norm (a re-check encloses a Frobenius directional derivative)"
-    if len(chain) != 1 or chain[0].kind not in ("head", "attention"):
-        return "maps other than one attention head or layer (norms and feed-forward blocks are not written " \
-               "in the re-check's arithmetic)"
-    return ""
+    if len(chain) == 1 and chain[0].kind in ("head", "attention"):
+        return ""
+    return chain_gaps([(component.kind, component.target) for component in chain])
 
 
 def inside(X: np.ndarray, Y: np.ndarray, hood: Neighbourhood) -> bool:
@@ -59,10 +60,12 @@ def witness_enclosure(chain, X: np.ndarray, Y: np.ndarray, E: np.ndarray, hood: 
         -> tuple[float, float] | None:
     """``(lower, upper)`` enclosing ``||DF(Y) E||_F / ||E||_F`` when Y lies in ``U(X, eps)`` and E moves only the
     tokens that may move, both decided exactly; None when they do not (the float witness is then not certified)."""
-    if recheckable(chain, "fro"):
-        raise AssumptionError("chain", "one attention head or layer", f"{len(chain)} maps",
-                              "re-check the witnesses of head and layer curves")
+    missing = recheckable(chain, "fro")
+    if missing:
+        raise AssumptionError("chain", "maps the re-check covers", missing, "re-check Frobenius curves of such maps")
     moving = hood.moving(X.shape[0])
     if not inside(X, Y, hood) or np.any(E[~moving] != 0) or not np.any(E):
         return None
-    return directional_norm(chain[0].target, Y, E)
+    if len(chain) == 1:
+        return directional_norm(chain[0].target, Y, E)
+    return chain_directional_norm([(component.kind, component.target) for component in chain], Y, E)
