@@ -7,10 +7,10 @@ intervals into balls (an exact centre, a float radius) and multiplies the centre
 (:class:`~.exact.Ball`); everything else -- scores, softmax, the norms' scales, GELU -- runs on the intervals,
 GELU's normal CDF and density enclosed by the package's outward-rounded float64 bounds at the intervals' float
 ends (:func:`lipbound.rigorous.elementwise.normal_cdf_bounds`: a relative width near 1e-16, far below what a
-witness needs; the error function at 20 digits cost four times the whole re-check).  Forward pass and JVP are written here
-from the maps' formulas; nothing of the float engine is reused.  Covered: softmax dot-product heads without
-masks or position terms (BERT-type encoders), LayerNorm and RMSNorm, and the feed-forward blocks with the exact
-GELU ``x Phi(x)``; anything else is refused by :func:`chain_gaps`.
+witness needs; the error function at 20 digits cost four times the whole re-check).  Forward pass and JVP are
+written here from the maps' formulas; nothing of the float engine is reused.  Covered: softmax dot-product heads
+without masks or position terms (BERT-type encoders), LayerNorm and RMSNorm, and the feed-forward blocks with the
+exact GELU ``x Phi(x)``; anything else is refused by :func:`chain_gaps`.
 
 Formulas (row convention, token x of width d, tangent e):
 
