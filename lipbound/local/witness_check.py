@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import AssumptionError
+from ..errors import AssumptionError, NotCertifiedError
 from ..numeric.recheck import directional_norm
 from ..numeric.recheck.chains import chain_directional_norm, chain_gaps
 from ..numeric.recheck.exact import Dyadic, exact_sqrt
@@ -59,7 +59,8 @@ def inside(X: np.ndarray, Y: np.ndarray, hood: Neighbourhood) -> bool:
 def witness_enclosure(chain, X: np.ndarray, Y: np.ndarray, E: np.ndarray, hood: Neighbourhood) \
         -> tuple[float, float] | None:
     """``(lower, upper)`` enclosing ``||DF(Y) E||_F / ||E||_F`` when Y lies in ``U(X, eps)`` and E moves only the
-    tokens that may move, both decided exactly; None when they do not (the float witness is then not certified)."""
+    tokens that may move, both decided exactly; None when they do not, or when a chain's enclosure stays too wide
+    (the float witness is then not re-checked)."""
     missing = recheckable(chain, "fro")
     if missing:
         raise AssumptionError("chain", "maps the re-check covers", missing, "re-check Frobenius curves of such maps")
@@ -68,4 +69,7 @@ def witness_enclosure(chain, X: np.ndarray, Y: np.ndarray, E: np.ndarray, hood: 
         return None
     if len(chain) == 1:
         return directional_norm(chain[0].target, Y, E)
-    return chain_directional_norm([(component.kind, component.target) for component in chain], Y, E)
+    try:
+        return chain_directional_norm([(component.kind, component.target) for component in chain], Y, E)
+    except NotCertifiedError:   # too wide at the highest precision tried: not re-checked
+        return None

@@ -90,7 +90,7 @@ def curve_table(curve: LipschitzCurve) -> str:
     for p in curve.points:
         global_text = f"{p.global_constant:10.4g}" if math.isfinite(p.global_constant) else f"{'-':>10s}"
         recheck_text = "" if not checked else \
-            f" {p.witness_rechecked[0]:14.10g}" if p.witness_rechecked else f" {'outside U':>14s}"
+            f" {p.witness_rechecked[0]:14.10g}" if p.witness_rechecked else f" {'-':>14s}"
         lines.append(f"{p.eps / curve.radius:9.2g} {p.eps:10.4g} {p.certified:11.5g} {p.witness:10.5g}{recheck_text} "
                      f"{_ratio_text(p.ratio)} {p.variation:10.4g} {p.variation_witness:10.4g} {global_text} "
                      f"{p.cpu_seconds:7.1f}  {p.verdict}")
@@ -120,7 +120,8 @@ CURVE_LEGEND = [
                   "components' bounds on U and global"),
     ("witness", "the Jacobian norm ||DF(Y)|| at a point Y of U(X, eps) found by ascent (a lower bound on L(eps))"),
     ("rechecked", "with --recheck: a certified lower bound on L(eps), the witness's value enclosed in high precision "
-                  "at its point, which lies in U exactly ('outside U': not certified)"),
+                  "at its point, which lies in U exactly ('-': not re-checked: outside U, or no enclosure narrow "
+                  "enough)"),
     ("ratio", "certified / witness (1: tight)"),
     ("variation", "a certified bound on sup over U of ||DF(Y) - DF(X)||"),
     ("var. found", "the largest ||DF(Y) - DF(X)|| found in U (at most variation)"),

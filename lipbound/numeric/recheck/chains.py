@@ -2,12 +2,12 @@
 feed-forward blocks with their residual, one after the other (a whole post-norm layer, a stack of them).
 
 The input and the direction are exact binary numbers; every later state is an interval per entry
-(``mpmath.iv`` at :data:`CHAIN_DPS` digits, outward rounded).  A product by a weight matrix turns the
+(``mpmath.iv`` at the digits of :data:`CHAIN_PRECISIONS`, outward rounded).  A product by a weight matrix turns the
 intervals into balls (an exact centre, a float radius) and multiplies the centre exactly
 (:class:`~.exact.Ball`); everything else -- scores, softmax, the norms' scales, GELU -- runs on the intervals,
-GELU's normal CDF and density enclosed by the package's outward-rounded float64 bounds at the intervals' float
-ends (:func:`lipbound.rigorous.elementwise.normal_cdf_bounds`: a relative width near 1e-16, far below what a
-witness needs; the error function at 20 digits cost four times the whole re-check).  Forward pass and JVP are
+GELU's normal CDF and density enclosed first by the package's outward-rounded float64 bounds at the intervals'
+float ends (:func:`lipbound.rigorous.elementwise.normal_cdf_bounds`, relative width near 1e-16), then, where the
+enclosure comes out too wide, by the error function's series at a higher precision.  Forward pass and JVP are
 written here from the maps' formulas; nothing of the float engine is reused.  Covered: softmax dot-product heads
 without masks or position terms (BERT-type encoders), LayerNorm and RMSNorm, and the feed-forward blocks with the
 exact GELU ``x Phi(x)``; anything else is refused by :func:`chain_gaps`.
@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import mpmath
 import numpy as np
+from mpmath.libmp import ComplexResult
 
+from ...errors import NotCertifiedError
 from ...rigorous.elementwise import normal_cdf_bounds, normal_pdf_bounds
+from ...rigorous.functions import erf
 from ...rigorous.intervals import IV, lower, precision, upper
 from ..kernels import DotProduct
 from ..kernels.masks import AttentionMask
@@ -34,10 +37,22 @@ from ..model import FeedForward, Layer
 from ..normalization import Normalization
 from .exact import Ball, Dyadic
 
-__all__ = ["CHAIN_DPS", "chain_gaps", "chain_directional_norm"]
+__all__ = ["CHAIN_PRECISIONS", "CHAIN_WIDTH", "DIGITS_PER_BLOCK", "ERF_SERIES_TO", "chain_gaps",
+           "chain_directional_norm"]
 
-#: decimal digits of the chains' interval arithmetic (the witness needs about twelve)
-CHAIN_DPS = 20
+#: ``(decimal digits, GELU's normal CDF by the error function's series)`` tried in turn: the package's float64 bounds
+#: of the CDF (relative width 1e-16) serve a block at 20 digits in about 10 CPU s on MiniLM; a stack's intervals
+#: widen through the blocks past what 1e-16 leaves (about 5 digits a block), and the series at the working precision
+#: costs about four times as much
+CHAIN_PRECISIONS = ((20, False), (40, True), (80, True))
+#: GELU's error function by its series up to this argument (its tail bound beyond 6 is about e^(-36) wide, which a
+#: re-check at 40 digits cannot afford); beyond it the tail bound's width e^(-x^2) is below 1e-86
+ERF_SERIES_TO = 14
+#: digits the intervals lose per block (attention, norms, feed-forward), measured on MiniLM: about 5; a precision is
+#: tried only when it holds this many per block and 8 more (the float64 CDF bounds count as 16 digits)
+DIGITS_PER_BLOCK = 6
+#: the widest enclosure accepted, relative (a witness needs a few digits; the verdict's float allowance is 1e-9)
+CHAIN_WIDTH = 1e-9
 
 
 def chain_gaps(maps) -> str:
@@ -121,18 +136,19 @@ def _norm(norm: Normalization, X: np.ndarray, E: np.ndarray) -> tuple[np.ndarray
         u, du = X[i], E[i]
         if norm.centred:
             u, du = u - IV.fsum(u) / d, du - IV.fsum(du) / d
-        s = IV.sqrt(IV.fsum(v * v for v in u) / d + eps)
+        s = IV.sqrt(IV.fsum(v ** 2 for v in u) / d + eps)
         inner = IV.fsum(a * b for a, b in zip(u, du))
         out[i] = gamma * u / s + centre
         tangent[i] = gamma * (du / s - u * inner / (d * s ** 3))
     return out, tangent
 
 
-def _feedforward(ffn: FeedForward, cache: dict, X: np.ndarray, E: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _feedforward(ffn: FeedForward, cache: dict, X: np.ndarray, E: np.ndarray, series: bool) \
+        -> tuple[np.ndarray, np.ndarray]:
     W_1 = cache.setdefault((id(ffn), 1), _Weights(ffn.W_1))
     W_2 = cache.setdefault((id(ffn), 2), _Weights(ffn.W_2))
     H, dH = _rows(W_1.times(X), ffn.b_1), W_1.times(E)
-    cdf, pdf = _normal_on(H)
+    cdf, pdf = _normal_series(H) if series else _normal_on(H)
     return _rows(W_2.times(H * cdf), ffn.b_2) + X, W_2.times((cdf + H * pdf) * dH) + E
 
 
@@ -151,18 +167,47 @@ def _normal_on(H: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return cdf, pdf
 
 
-def chain_directional_norm(maps, X: np.ndarray, E: np.ndarray, dps: int = CHAIN_DPS) -> tuple[float, float]:
+def _normal_series(H: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``Phi`` and ``phi`` over each interval of H at the working precision (the error function's series)."""
+    root2, root2pi = IV.sqrt(IV.mpf(2)), IV.sqrt(2 * IV.pi)
+    cdf = np.array([(1 + erf(h / root2, tail_from=ERF_SERIES_TO)) / 2 for h in H.ravel()],
+                   dtype=object).reshape(H.shape)
+    pdf = np.array([IV.exp(-h ** 2 / 2) / root2pi for h in H.ravel()], dtype=object).reshape(H.shape)
+    return cdf, pdf
+
+
+def _enclosure(maps, X: np.ndarray, E: np.ndarray, series: bool) -> tuple[float, float]:
+    values, tangent, cache = _exact(X), _exact(E), {}
+    for kind, target in maps:
+        if kind == "attention":
+            values, tangent = _attention(target, cache, values, tangent)
+        elif kind == "norm":
+            values, tangent = _norm(target, values, tangent)
+        else:
+            values, tangent = _feedforward(target, cache, values, tangent, series)
+    ratio = IV.sqrt(IV.fsum(t ** 2 for t in tangent.ravel())) / IV.sqrt(IV.fsum(v ** 2 for v in _exact(E).ravel()))
+    return lower(ratio), upper(ratio)
+
+
+def chain_directional_norm(maps, X: np.ndarray, E: np.ndarray) -> tuple[float, float]:
     """A rigorous enclosure ``(lower, upper)`` of ``||DF(X)[E]||_F / ||E||_F`` for the chain ``maps`` (``(kind,
-    target)`` pairs, :func:`chain_gaps` empty) at the exact float input X (n, d) along E (n, d)."""
-    with precision(int(dps * 3.3219280948873626) + 8), mpmath.workdps(dps):
-        values, tangent, cache = _exact(np.asarray(X, dtype=np.float64)), _exact(np.asarray(E, dtype=np.float64)), {}
-        for kind, target in maps:
-            if kind == "attention":
-                values, tangent = _attention(target, cache, values, tangent)
-            elif kind == "norm":
-                values, tangent = _norm(target, values, tangent)
-            else:
-                values, tangent = _feedforward(target, cache, values, tangent)
-        ratio = IV.sqrt(IV.fsum(t * t for t in tangent.ravel())) / IV.sqrt(IV.fsum(
-            v * v for v in _exact(np.asarray(E, dtype=np.float64)).ravel()))
-        return lower(ratio), upper(ratio)
+    target)`` pairs, :func:`chain_gaps` empty) at the exact float input X (n, d) along E (n, d).
+
+    Intervals widen from map to map (each entry's interval forgets how it depends on the others): the precisions
+    of :data:`CHAIN_PRECISIONS` are tried in turn until the enclosure is at most :data:`CHAIN_WIDTH` wide
+    (relative); :class:`~lipbound.errors.NotCertifiedError` when none is.
+    """
+    X, E = np.asarray(X, dtype=np.float64), np.asarray(E, dtype=np.float64)
+    blocks = sum(kind == "attention" for kind, _ in maps)
+    for dps, series in CHAIN_PRECISIONS:
+        if min(dps, 99 if series else 16) < DIGITS_PER_BLOCK * blocks + 8 and dps < CHAIN_PRECISIONS[-1][0]:
+            continue   # (a choice of work: too few digits for this many blocks, measured)
+        with precision(int(dps * 3.3219280948873626) + 8), mpmath.workdps(dps):
+            try:
+                low, high = _enclosure(maps, X, E, series)
+            except (ZeroDivisionError, ValueError, OverflowError, ComplexResult):   # past a root or a pole
+                continue
+        if 0 < low and high <= low * (1 + CHAIN_WIDTH):
+            return low, high
+    raise NotCertifiedError("witness", f"an enclosure within {CHAIN_WIDTH:g} (relative)",
+                            f"wider at {CHAIN_PRECISIONS[-1][0]} digits", "re-check a shorter chain")
