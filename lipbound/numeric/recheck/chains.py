@@ -42,15 +42,16 @@ __all__ = ["CHAIN_PRECISIONS", "CHAIN_WIDTH", "DIGITS_PER_BLOCK", "ERF_SERIES_TO
 
 #: ``(decimal digits, GELU's normal CDF by the error function's series)`` tried in turn: the package's float64 bounds
 #: of the CDF (relative width 1e-16) serve a block at 20 digits in about 10 CPU s on MiniLM; a stack's intervals
-#: widen through the blocks past what 1e-16 leaves (about 5 digits a block), and the series at the working precision
+#: widen through the blocks past what 1e-16 leaves (7-8 digits a block), and the series at the working precision
 #: costs about four times as much
 CHAIN_PRECISIONS = ((20, False), (40, True), (80, True))
 #: GELU's error function by its series up to this argument (its tail bound beyond 6 is about e^(-36) wide, which a
 #: re-check at 40 digits cannot afford); beyond it the tail bound's width e^(-x^2) is below 1e-86
 ERF_SERIES_TO = 14
-#: digits the intervals lose per block (attention, norms, feed-forward), measured on MiniLM: about 5; a precision is
-#: tried only when it holds this many per block and 8 more (the float64 CDF bounds count as 16 digits)
-DIGITS_PER_BLOCK = 6
+#: digits the intervals lose per block (attention, norms, feed-forward), measured on MiniLM's six layers at 80 digits:
+#: 7-8; a precision with the series is tried only when it holds this many per block and 10 more, the float64 CDF
+#: bounds (16 digits, 2-3 lost in the block they enter) for one block only, the last precision always
+DIGITS_PER_BLOCK = 8
 #: the widest enclosure accepted, relative (a witness needs a few digits; the verdict's float allowance is 1e-9)
 CHAIN_WIDTH = 1e-9
 
@@ -200,7 +201,8 @@ def chain_directional_norm(maps, X: np.ndarray, E: np.ndarray) -> tuple[float, f
     X, E = np.asarray(X, dtype=np.float64), np.asarray(E, dtype=np.float64)
     blocks = sum(kind == "attention" for kind, _ in maps)
     for dps, series in CHAIN_PRECISIONS:
-        if min(dps, 99 if series else 16) < DIGITS_PER_BLOCK * blocks + 8 and dps < CHAIN_PRECISIONS[-1][0]:
+        enough = dps >= DIGITS_PER_BLOCK * blocks + 10 if series else blocks == 1
+        if not enough and dps < CHAIN_PRECISIONS[-1][0]:
             continue   # (a choice of work: too few digits for this many blocks, measured)
         with precision(int(dps * 3.3219280948873626) + 8), mpmath.workdps(dps):
             try:
