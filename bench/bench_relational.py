@@ -12,7 +12,9 @@ seconds of each curve and radius (time.process_time: the machine is shared, wall
     python bench/bench_relational.py --text "The cat sat on the mat." --fractions 1e-4,1e-3,1e-2,1e-1 --without-joint
     python bench/bench_relational.py --sentences 3 --fractions 1e-1 --without-covering
 
-``--table`` ends with the ratios' median and worst over the sentences per radius, and the CPU seconds per radius
+``--recheck`` re-checks every witness of the head and layer curves in high precision (lipbound/local/witness_check.py)
+and takes the ratios against the re-checked lower bounds.  ``--table`` ends with the ratios' median and worst over
+the sentences per radius, and the CPU seconds per radius
 (median, largest); ``--without-covering`` compares with the heads joined through the keys' and values' Gram forms
 (lemma jacobian-heads-covering replaces them); ``--text`` runs one sentence of your own instead of the bundled
 ones.  ``--second-derivative`` prints instead, per sentence, the curvature bound's groups at X (chi_I, chi_II,
@@ -40,7 +42,7 @@ def sentences(count: int) -> list[str]:
     return sorted(lines, key=len)[:count]
 
 
-def run(text, kind, layer, fractions, model, mode: str):
+def run(text, kind, layer, fractions, model, mode: str, recheck: bool = False):
     """One curve: ``mode`` "before" (no relational route), "relational" (no Jacobian enclosed over U), "summed" (the
     Jacobian over U with the heads summed only, no heads-joint route) or "after"."""
     import contextlib
@@ -59,7 +61,8 @@ def run(text, kind, layer, fractions, model, mode: str):
         mock.patch.object(joint_heads, "_covering", lambda rows: joint_heads._gram(rows).scale(0.5)) \
         if mode == "gram" else contextlib.nullcontext()
     with patch:
-        found, _ = local_curve(text, layer=layer, kind=kind, last=top, eps=fractions, model=model)
+        found, _ = local_curve(text, layer=layer, kind=kind, last=top, eps=fractions, model=model,
+                               recheck=recheck and mode == "after")
     return found, time.process_time() - began
 
 
@@ -146,6 +149,9 @@ def main() -> None:
     parser.add_argument("--fractions", default="1e-3,1e-2,1e-1")
     parser.add_argument("--after-only", action="store_true", help="skip the runs without the relational routes")
     parser.add_argument("--table", action="store_true", help="end with the median and worst ratio per radius")
+    parser.add_argument("--recheck", action="store_true",
+                        help="re-check the witnesses in high precision (heads and layers): the ratios are then "
+                             "certified / the re-checked lower bound")
     parser.add_argument("--text", help="this sentence instead of the bundled ones")
     parser.add_argument("--without-jacobian", action="store_true",
                         help="also run with the relational route but without the Jacobian enclosed over U")
@@ -170,19 +176,23 @@ def main() -> None:
             modes = ("gram", "after") if args.without_covering else ("summed", "after") if args.without_joint \
                 else ("after",) if args.after_only else \
                 ("before", "relational", "after") if args.without_jacobian else ("before", "after")
-            runs = {mode: run(text, kind, args.layer, fractions, model, mode) for mode in modes}
+            runs = {mode: run(text, kind, args.layer, fractions, model, mode, args.recheck and kind != "block")
+                    for mode in modes}
             after, seconds = runs["after"]
             print(f"{text!r} {kind} layer {args.layer}, n = {after.n}, ||DF(X)|| {after.jacobian_norm:.4g}, "
                   f"variation {after.variation_bound}, relational {after.relational}; CPU s: "
                   + ", ".join(f"{mode} {s:.0f}" for mode, (_, s) in runs.items()))
             for index, point in enumerate(after.points):
-                table.setdefault((kind, fractions[index]), []).append((point.ratio, point.cpu_seconds))
+                ratio = point.certified / point.witness_rechecked[0] if point.witness_rechecked else point.ratio
+                table.setdefault((kind, fractions[index]), []).append((ratio, point.cpu_seconds))
                 before = runs["before"][0].points[index] if "before" in runs else None
                 middle = runs["relational"][0].points[index] if "relational" in runs else None
                 summed = runs["summed"][0].points[index] if "summed" in runs else None
                 gram = runs["gram"][0].points[index] if "gram" in runs else None
                 print(f"  eps {point.eps / after.radius:7.0e} R: certified {point.certified:10.4g} witness "
                       f"{point.witness:8.4g} ratio {point.ratio:8.3g}"
+                      + (f" (re-checked: witness >= {point.witness_rechecked[0]:.10g}, ratio {ratio:8.3g})"
+                         if point.witness_rechecked else "")
                       + (f" (before {before.certified:10.4g}, ratio {before.ratio:8.3g})" if before else "")
                       + (f" (without the Jacobian route {middle.certified:10.4g}, ratio {middle.ratio:8.3g})"
                          if middle else "")

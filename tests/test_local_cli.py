@@ -22,7 +22,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def test_local_curve_and_edit_rows_through_the_command_line(tmp_path, capsys):
     report, curve_png, edits_png = tmp_path / "local.json", tmp_path / "curve.png", tmp_path / "edits.png"
     status = main(["local", "The cat sat on the mat.", "--map", "head", "--head", "3", "--eps", "0,1e-4,1e-3,1e-2,2",
-                   "--positions", "2", "--vocabulary", "12", "--search", "all", "--per-candidate",
+                   "--positions", "2", "--vocabulary", "12", "--search", "all", "--per-candidate", "--recheck",
                    "--json", str(report), "--plot-curve", str(curve_png), "--plot", str(edits_png)])
     out = capsys.readouterr().out
     assert status == 0, out
@@ -38,6 +38,11 @@ def test_local_curve_and_edit_rows_through_the_command_line(tmp_path, capsys):
     assert all(w <= c for w, c in zip(witness, certified))
     assert all(p["variation_witness"] <= p["variation"] for p in curve["points"])
     assert np.all(np.diff(certified) >= 0)  # U(X, eps) grows with eps
+    # --recheck: every witness enclosed in high precision at a point of U, the enclosure under the certified value
+    for p in curve["points"]:
+        low, high = p["witness_rechecked"]
+        assert low <= p["witness"] * (1 + 1e-9) and p["witness"] <= high * (1 + 1e-9) and high <= p["certified"]
+    assert "rechecked" in out
     # eps -> 0: the certified value is the Jacobian norm at X, and the witness attains it
     assert certified[0] == pytest.approx(curve["jacobian_norm"], rel=1e-9)
     assert witness[0] == pytest.approx(curve["jacobian_norm"], rel=1e-6)
@@ -71,6 +76,7 @@ def test_local_curve_and_edit_rows_through_the_command_line(tmp_path, capsys):
     (["--plot-curve", "/nonexistent/dir/c.png"], "no folder /nonexistent/dir"),
     (["--curvature-tokens", "0"], "argument --curvature-tokens: expected a positive integer, got '0'"),
     (["--kind", "head"], "argument --kind: expected --map head (this option is now called --map; verify's --kind"),
+    (["--map", "block", "--recheck"], "--recheck: expected a head or an attention layer in the Frobenius norm"),
 ])
 def test_local_errors_are_one_line(args, fragment, capsys):
     try:

@@ -27,7 +27,7 @@ OPTIONS = {
     "prefix": "--prefix", "text_width": "--text-width", "font_size": "--font-size", "weights": "MODEL",
     "model": "MODEL", "effort": "--effort", "restarts": "--restarts", "iterations": "--iterations",
     "scale": "--scale", "steps": "--steps", "bias": "--bias", "softcap": "--softcap", "window": "--window",
-    "causal": "--causal", "per_candidate": "--per-candidate",
+    "causal": "--causal", "per_candidate": "--per-candidate", "recheck": "--recheck",
 }
 #: command (``plot`` with its kind) -> the options that differ from :data:`OPTIONS` there
 COMMAND_OPTIONS = {

@@ -27,11 +27,13 @@ DEFAULT_EPS = (0.0, 1e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 2.0
 
 def local_curve(sentence: str, *, layer: int = 0, kind: str = "layer", head: int | None = None,
                 last: int | None = None, norm: str = "fro", ball: str = "fro", positions=(), eps=DEFAULT_EPS,
-                curvature_tokens: int = CURVATURE_TOKENS, model=None, progress=None) -> tuple[LipschitzCurve, list]:
+                curvature_tokens: int = CURVATURE_TOKENS, model=None, progress=None,
+                recheck: bool = False) -> tuple[LipschitzCurve, list]:
     """``L(eps)`` of a component at the hidden states of ``sentence`` entering ``layer``.
 
     ``eps`` are fractions of the LayerNorm radius of the layer (module docstring).  Returns the curve and
-    the sentence's tokens.
+    the sentence's tokens.  ``recheck``: each witness re-checked in high precision (heads and attention layers,
+    Frobenius norm; :func:`~lipbound.local.curve.lipschitz_curve`).
     """
     if not isinstance(sentence, str) or not sentence.strip():
         raise AssumptionError("sentence", "a non-empty sentence", repr(sentence),
@@ -53,7 +55,7 @@ def local_curve(sentence: str, *, layer: int = 0, kind: str = "layer", head: int
     radius = bert.layernorm_feeding(layer).radius_about_center
     curve = lipschitz_curve(bert.model, X, kind=kind, layer=layer, head=head, last=last, norm=norm, ball=ball,
                             positions=positions, eps=[f * radius for f in fractions],
-                            curvature_tokens=int(curvature_tokens), progress=progress)
+                            curvature_tokens=int(curvature_tokens), progress=progress, recheck=bool(recheck))
     return curve, bert.tokenizer.tokens(ids)
 
 
@@ -82,9 +84,14 @@ def curve_table(curve: LipschitzCurve) -> str:
              + (", with the attention's relational enclosure on U" if curve.relational else ""),
              f"{'eps/R':>9s} {'eps':>10s} {'certified':>11s} {'witness':>10s} {'ratio':>8s} {'variation':>10s} "
              f"{'var. found':>10s} {'global':>10s} {'CPU s':>7s}  verdict"]
+    checked = any(p.witness_rechecked for p in curve.points)
+    if checked:
+        lines[-1] = lines[-1].replace(f"{'ratio':>8s}", f"{'rechecked':>14s} {'ratio':>8s}")
     for p in curve.points:
         global_text = f"{p.global_constant:10.4g}" if math.isfinite(p.global_constant) else f"{'-':>10s}"
-        lines.append(f"{p.eps / curve.radius:9.2g} {p.eps:10.4g} {p.certified:11.5g} {p.witness:10.5g} "
+        recheck_text = "" if not checked else \
+            f" {p.witness_rechecked[0]:14.10g}" if p.witness_rechecked else f" {'-':>14s}"
+        lines.append(f"{p.eps / curve.radius:9.2g} {p.eps:10.4g} {p.certified:11.5g} {p.witness:10.5g}{recheck_text} "
                      f"{_ratio_text(p.ratio)} {p.variation:10.4g} {p.variation_witness:10.4g} {global_text} "
                      f"{p.cpu_seconds:7.1f}  {p.verdict}")
     for block in curve.blocks:   # a stack, block by block: L_l and V_l on U_l, and U_l's radius
@@ -97,7 +104,7 @@ def curve_table(curve: LipschitzCurve) -> str:
         f"columns (L(eps): the Lipschitz constant of the component on U(X, eps), the inputs within eps of the "
         f"sentence's hidden states X in the {curve.ball} {'ball' if curve.ball != 'tokens' else 'ball of the tokens'}; "
         f"distances in the units of the hidden states, constants output units per input unit, {curve.norm} norm):",
-        CURVE_LEGEND))
+        [entry for entry in CURVE_LEGEND if checked or entry[0] != "rechecked"]))
 
 
 def _ratio_text(ratio: float) -> str:
@@ -112,6 +119,9 @@ CURVE_LEGEND = [
     ("certified", "a certified upper bound on L(eps): the smallest of ||DF(X)|| + variation, the product of the "
                   "components' bounds on U and global"),
     ("witness", "the Jacobian norm ||DF(Y)|| at a point Y of U(X, eps) found by ascent (a lower bound on L(eps))"),
+    ("rechecked", "with --recheck: a certified lower bound on L(eps), the witness's value enclosed in high precision "
+                  "at its point, which lies in U exactly ('-': not re-checked: outside U, or no enclosure narrow "
+                  "enough)"),
     ("ratio", "certified / witness (1: tight)"),
     ("variation", "a certified bound on sup over U of ||DF(Y) - DF(X)||"),
     ("var. found", "the largest ||DF(Y) - DF(X)|| found in U (at most variation)"),

@@ -152,9 +152,10 @@ class Ball:
     def __sub__(self, other: Ball) -> Ball:
         return Ball(self.center - other.center, inflate(self.radius + other.radius, 1))
 
-    def matmul_exact(self, matrix: Dyadic) -> Ball:
-        """``(c +- r) B = c B +- r |B|``."""
-        radius = inflate(self.radius @ matrix.abs_upper(), matrix.shape[0])
+    def matmul_exact(self, matrix: Dyadic, absolute: np.ndarray | None = None) -> Ball:
+        """``(c +- r) B = c B +- r |B|``; ``absolute``: an upper bound on ``|B|`` the caller holds (``|W|`` of a
+        float matrix W is exact in floats)."""
+        radius = inflate(self.radius @ (matrix.abs_upper() if absolute is None else absolute), matrix.shape[0])
         return Ball(self.center @ matrix, radius)
 
     def frobenius(self):
