@@ -11,9 +11,9 @@ their own would import the numeric stack again, about 4 CPU seconds each); those
 installed ``lipbound`` command.  The fast profile appends a small
 witness budget, few radii, a small vocabulary (argparse takes the last value of an option), so the block
 runs in a minute or two, and a command with ``--jobs`` runs serially (``--jobs 1``; the worker processes have
-their own default test in test_scaleout.py); ``verify --whole`` on the full model is slow-marked.  The Quickstart's ``pip`` and
-``bash scripts/test.sh`` are the install and this very suite: they are not run here (``.ci/run`` runs the
-latter), the ``lipbound`` command after ``&&`` is.
+their own default test in test_scaleout.py); ``verify --whole`` on the full model is slow-marked.  The
+Quickstart's ``pip`` and ``bash scripts/test.sh`` are the install and this very suite: they are not run here
+(``.ci/run`` runs the latter), the ``lipbound`` command after ``&&`` is.
 
 Every command that takes more than 30 seconds says how long in its comment; the quick ones are the
 commands listed in :data:`QUICK`.
