@@ -252,7 +252,7 @@ def test_random_edits_never_draw_a_word_of_the_offensive_list(model):
     whole = whole_word_ids(tokenizer)
     assert clean.size == whole.size - sum(tokenizer.vocab[i].lower() in banned for i in whole) > 0
     ids = model.encode(sentences()[0])
-    for seed in range(200):
+    for seed in range(50):   # the guarantee is the set check above; these draws check that edits draw from it
         for mode in ("replace", "insert"):
             words = draw_edits(model, ids, mode, (1, 2, 3), seed)[3].words
             assert not {w.lower() for w in words} & banned, (seed, mode, words)

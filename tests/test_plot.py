@@ -116,7 +116,8 @@ def _edit_rows(ks=(1, 2), layers=range(6)):
              "global": 2e4 * k * (layer + 1)} for layer in layers for k in ks]
 
 
-def _figures_of_every_kind(tmp_path, monkeypatch) -> dict:
+def _figures_of_every_kind(tmp_path, monkeypatch, kinds: tuple[str, ...] | None = None) -> dict:
+    """The figures of every kind (or of ``kinds``) drawn into ``tmp_path``: name -> the matplotlib Figure."""
     from lipbound.printing import figures
     drawn = {}
     original = figures._save
@@ -129,27 +130,43 @@ def _figures_of_every_kind(tmp_path, monkeypatch) -> dict:
               "rows_planned": 26,
               "rows": [{"layer": layer, "head": head, "n": 8, "gap": 1.3 + 0.01 * (head or 20)}
                        for layer in (0, 5) for head in list(range(12)) + [None]][:25]}
-    figures.draw_scaling(_scaling_data(), tmp_path / "scaling.png")
-    figures.draw_gaps(figures.gap_grid_from_report(report), tmp_path / "gaps.png")
-    figures.draw_perturbation({"mode": "replace", "rows": _edit_rows((1, 2, 3))}, tmp_path / "perturb.png")
-    figures.draw_edit_layers({"mode": "insert", "rows": _edit_rows()}, tmp_path / "edits.png")
     points = [{"eps": e, "certified": 3.9 + 1e3 * e, "witness": 3.88 + 10 * e, "global": None if e == 0 else 9.7e3}
               for e in (0.0, 1.8e-4, 1.8e-3, 1.8e-2, 0.18, 1.8, 18.0)]
-    figures.draw_local_curve({"curve": {"points": points, "layernorm_radius": 17.98, "jacobian_norm": 3.88,
-                                        "component": "layer 0 attention", "ball": "fro", "norm": "fro", "n": 9}},
-                             tmp_path / "curve.png")
-    figures.draw_edit_scaling(_edit_rows((1, 2, 3), (0, 2, 5)), tmp_path / "scaling-of-edits.png")
+    draws = {
+        "scaling": lambda: figures.draw_scaling(_scaling_data(), tmp_path / "scaling.png"),
+        "gaps": lambda: figures.draw_gaps(figures.gap_grid_from_report(report), tmp_path / "gaps.png"),
+        "perturb": lambda: figures.draw_perturbation({"mode": "replace", "rows": _edit_rows((1, 2, 3))},
+                                                     tmp_path / "perturb.png"),
+        "edits": lambda: figures.draw_edit_layers({"mode": "insert", "rows": _edit_rows()}, tmp_path / "edits.png"),
+        "curve": lambda: figures.draw_local_curve(
+            {"curve": {"points": points, "layernorm_radius": 17.98, "jacobian_norm": 3.88,
+                       "component": "layer 0 attention", "ball": "fro", "norm": "fro", "n": 9}},
+            tmp_path / "curve.png"),
+        "scaling-of-edits": lambda: figures.draw_edit_scaling(_edit_rows((1, 2, 3), (0, 2, 5)),
+                                                              tmp_path / "scaling-of-edits.png"),
+    }
+    for name, draw in draws.items():
+        if kinds is None or name in kinds:
+            draw()
     return drawn
 
 
-def test_every_figure_keeps_every_text_on_the_canvas(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def every_figure(tmp_path_factory) -> tuple[Path, dict]:
+    """The figures of every kind, drawn once for the tests that only read them (a few CPU seconds a drawing)."""
+    folder = tmp_path_factory.mktemp("figures")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        return folder, _figures_of_every_kind(folder, monkeypatch)
+
+
+def test_every_figure_keeps_every_text_on_the_canvas(every_figure):
     from lipbound.printing.figures import clipped_texts
-    drawn = _figures_of_every_kind(tmp_path, monkeypatch)
+    folder, drawn = every_figure
     assert sorted(drawn) == ["curve", "edits", "gaps", "perturb", "scaling", "scaling-of-edits"]
     for name, figure in drawn.items():
         assert clipped_texts(figure) == [], name
         assert figure.get_figwidth() == COLUMN_WIDTH
-        _check_png(tmp_path / f"{name}.png")
+        _check_png(folder / f"{name}.png")
 
 
 def test_the_depth_figure_keeps_every_text_on_the_canvas(tmp_path, monkeypatch):
@@ -172,13 +189,13 @@ def test_the_depth_figure_keeps_every_text_on_the_canvas(tmp_path, monkeypatch):
 def test_the_clipping_check_sees_a_clipped_label(tmp_path, monkeypatch):
     """The check itself: a colour-bar label longer than the figure is reported."""
     from lipbound.printing.figures import clipped_texts
-    figure = _figures_of_every_kind(tmp_path, monkeypatch)["gaps"]
+    figure = _figures_of_every_kind(tmp_path, monkeypatch, ("gaps",))["gaps"]   # its own: the label is changed
     figure.axes[-1].set_ylabel("a colour-bar label far longer than the figure is tall " * 3)
     assert clipped_texts(figure)
 
 
-def test_the_gap_figure_keeps_the_whole_layers_and_says_when_a_report_is_partial(tmp_path, monkeypatch):
-    drawn = _figures_of_every_kind(tmp_path, monkeypatch)
+def test_the_gap_figure_keeps_the_whole_layers_and_says_when_a_report_is_partial(every_figure):
+    _, drawn = every_figure
     axes = drawn["gaps"].axes[0]
     assert [label.get_text() for label in axes.get_xticklabels()][-1] == "all"
     assert "partial: 25 of 26 rows" in axes.get_title()

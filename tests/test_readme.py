@@ -10,9 +10,10 @@ variable run through ``lipbound.cli.main`` in the test process with the words ba
 their own would import the numeric stack again, about 4 CPU seconds each); those with one in bash, through the
 installed ``lipbound`` command.  The fast profile appends a small
 witness budget, few radii, a small vocabulary (argparse takes the last value of an option), so the block
-runs in a minute or two; ``verify --whole`` on the full model is slow-marked.  The Quickstart's ``pip`` and
-``bash scripts/test.sh`` are the install and this very suite: they are not run here (``.ci/run`` runs the
-latter), the ``lipbound`` command after ``&&`` is.
+runs in a minute or two, and a command with ``--jobs`` runs serially (``--jobs 1``; the worker processes have
+their own default test in test_scaleout.py); ``verify --whole`` on the full model is slow-marked.  The
+Quickstart's ``pip`` and ``bash scripts/test.sh`` are the install and this very suite: they are not run here
+(``.ci/run`` runs the latter), the ``lipbound`` command after ``&&`` is.
 
 Every command that takes more than 30 seconds says how long in its comment; the quick ones are the
 commands listed in :data:`QUICK`.
@@ -140,6 +141,10 @@ def _fast(command: str) -> str:
         extra += ["--n", "2", "--restarts", "1", "--iterations", "2", "--effort", "2"]
     if words[1] == "paper" and "--weights" not in words:
         extra = []
+    if "--jobs" in words and "--whole" not in words:
+        # serially: the worker processes of --jobs (a cluster's start and imports, about 8 CPU-s) have their
+        # default test in test_scaleout.py (test_jobs_2_through_the_cli_matches_serial)
+        extra += ["--jobs", "1"]
     return command + "".join(" " + shlex.quote(word) for word in extra)
 
 

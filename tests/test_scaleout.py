@@ -230,8 +230,10 @@ def test_the_serial_path_does_not_import_dask():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(DEFAULT_WEIGHTS.parents[3]))
 
 
+@pytest.mark.slow
 def test_whole_model_tasks_on_the_cluster_give_the_serial_report(cluster, tmp_path):
-    """``verify --whole`` runs its tasks through the same runner: identical numbers on the cluster."""
+    """``verify --whole`` runs its tasks through the same runner: identical numbers on the cluster (the library's
+    call; its fast sibling is the command line's, test_verify_whole_through_the_command_line_...)."""
     from test_whole import _saved, encoder_decoder
 
     from lipbound.numeric.whole import verify_whole
