@@ -7,7 +7,8 @@ layer ``sum_h f^h W_O^h`` of the chosen blocks, on the image of the RMSNorm that
 ellipsoid ``{gamma * u : ||u|| <= sqrt(d)}``), tokens at positions 0..n-1.  Prints per block the head gap
 (best certified / witness) median and max, the whole layer's gap, which bound is best, the refuted rows
 (must be 0), and the wall time and CPU seconds of the run with the load average before and after (the machine
-is shared: a busy machine makes the wall time pessimistic).  A nominal second of ``--budget`` is about a quarter
+is shared: a busy machine makes the wall time pessimistic), split per block into the witness searches (each
+witness records its CPU seconds, wherever it ran) and the rest (the certified bounds, the set-up).  A nominal second of ``--budget`` is about a quarter
 of a CPU second (:mod:`lipbound.numeric.witness.clock`): ``--budget 4`` gives each head about one CPU second.
 ``--layers all`` verifies every block: the 10-minute target.
 
