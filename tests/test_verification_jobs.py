@@ -78,3 +78,10 @@ def test_head_rows_wait_for_their_layer_and_survive_its_failure(model, tmp_path,
     for before, after in zip(report.rows, again.report.rows):
         assert _bounds(before) == _bounds(after)
     assert again.report.rows[0].upper_bounds[0].name == "derived"
+
+
+def test_the_command_line_and_the_library_share_the_default_budget():
+    from lipbound.cli import build_parser
+    from lipbound.numeric.verification import DEFAULT_BUDGET
+
+    assert build_parser().parse_args(["verify"]).budget == DEFAULT_BUDGET

@@ -50,7 +50,12 @@ from .report import KINDS, HeadReport, ModelReport, refutations
 from .scaleout import TaskFailed, run_all
 from .witness import Witness, search_witness
 
-__all__ = ["Job", "Verification", "verify_model", "verify_job", "KINDS", "KIND_CHOICES", "plan_jobs"]
+__all__ = ["Job", "Verification", "verify_model", "verify_job", "KINDS", "KIND_CHOICES", "plan_jobs", "DEFAULT_BUDGET"]
+
+#: Nominal seconds of witness search per head (twice per whole layer) unless asked: SmolLM2-135M's 30 blocks (270
+#: heads, 30 layers) take about 1000 CPU-s at 4, 8-9 minutes with two workers; its head gaps are within 3% of those
+#: at 10 but on block 0 (median 1.86 against 1.81, worst 2.26 against 2.10; docs/mathematics.md, section 14).
+DEFAULT_BUDGET = 4.0
 
 #: What ``--kind`` accepts: a kind, or ``cross`` for its three senses.
 KIND_CHOICES = ("self", "causal", "cross") + KINDS[2:]
@@ -174,15 +179,16 @@ class Verification:
     budget : float
         Nominal seconds of each head's witness search (twice that for a whole layer): a fixed
         amount of work (:mod:`lipbound.numeric.witness.clock`), so a seed gives the same numbers
-        on any machine and in any worker.
+        on any machine and in any worker (default :data:`DEFAULT_BUDGET`).
     drop_query_bias : bool
         Verify the heads without their query bias, the setting of published claims about plain
         dot-product attention (which are then listed and checked).
     """
 
     def __init__(self, model: Model, *, blocks=None, layers=None, heads=None, kinds=None, n: int = 8,
-                 m: int | None = None, domain="layernorm", sdp: bool = False, budget: float = 10.0, seed: int = 0,
-                 witness_dir: str | Path = "witnesses", whole_layers: bool = True, drop_query_bias: bool = False):
+                 m: int | None = None, domain="layernorm", sdp: bool = False, budget: float = DEFAULT_BUDGET,
+                 seed: int = 0, witness_dir: str | Path = "witnesses", whole_layers: bool = True,
+                 drop_query_bias: bool = False):
         if not isinstance(model, Model):
             raise AssumptionError("model", "a lipbound.numeric.model.Model", type(model).__name__,
                                   "load one with load_weights(path)")
