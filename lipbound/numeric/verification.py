@@ -288,8 +288,9 @@ class Verification:
                     finish(head_index, head_result)
 
         try:
-            run_all(verify_job, [self.task(self.jobs[i], derived=i not in layer_of) for i in order], jobs=jobs,
-                    scheduler=scheduler, progress=arrived)
+            tasks = [self.task(self.jobs[i], derived=False) if i in layer_of else self.task(self.jobs[i])
+                     for i in order]
+            run_all(verify_job, tasks, jobs=jobs, scheduler=scheduler, progress=arrived)
         except TaskFailed as failure:
             for head_index, head_result in [item for items in waiting.values() for item in items]:
                 finish(head_index, head_result, self._head_derived(self.jobs[head_index]))  # their layer failed
