@@ -8,9 +8,9 @@ ellipsoid ``{gamma * u : ||u|| <= sqrt(d)}``), tokens at positions 0..n-1.  Prin
 (best certified / witness) median and max, the whole layer's gap, which bound is best, the refuted rows
 (must be 0), and the wall time and CPU seconds of the run with the load average before and after (the machine
 is shared: a busy machine makes the wall time pessimistic), split per block into the witness searches (each
-witness records its CPU seconds, wherever it ran) and the rest (the certified bounds, the set-up).  A nominal second of ``--budget`` is about a quarter
-of a CPU second (:mod:`lipbound.numeric.witness.clock`): ``--budget 4`` gives each head about one CPU second.
-``--layers all`` verifies every block: the 10-minute target.
+witness records its CPU seconds, wherever it ran) and the rest (the certified bounds, the set-up).  A nominal
+second of ``--budget`` is about a quarter of a CPU second (:mod:`lipbound.numeric.witness.clock`): ``--budget 4``
+gives each head about one CPU second.  ``--layers all`` verifies every block: the 10-minute target.
 
 Targets (n = 8): head gap median <= 1.5 and max <= 2.5 on blocks 0, 15 and 29; whole-layer gap median
 <= 3; 30 x 9 heads and 30 layers in under 10 minutes with ``--jobs 2``; 0 refuted.
