@@ -7,9 +7,10 @@ layer ``sum_h f^h W_O^h`` of the chosen blocks, on the image of the RMSNorm that
 ellipsoid ``{gamma * u : ||u|| <= sqrt(d)}``), tokens at positions 0..n-1.  Prints per block the head gap
 (best certified / witness) median and max, the whole layer's gap, which bound is best, the refuted rows
 (must be 0), and the wall time and CPU seconds of the run with the load average before and after (the machine
-is shared: a busy machine makes the wall time pessimistic).  A nominal second of ``--budget`` is about a quarter
-of a CPU second (:mod:`lipbound.numeric.witness.clock`): ``--budget 4`` gives each head about one CPU second.
-``--layers all`` verifies every block: the 10-minute target.
+is shared: a busy machine makes the wall time pessimistic), split per block into the witness searches (each
+witness records its CPU seconds, wherever it ran) and the rest (the certified bounds, the set-up).  A nominal
+second of ``--budget`` is about a quarter of a CPU second (:mod:`lipbound.numeric.witness.clock`): ``--budget 4``
+gives each head about one CPU second.  ``--layers all`` verifies every block: the 10-minute target.
 
 Targets (n = 8): head gap median <= 1.5 and max <= 2.5 on blocks 0, 15 and 29; whole-layer gap median
 <= 3; 30 x 9 heads and 30 layers in under 10 minutes with ``--jobs 2``; 0 refuted.
@@ -132,6 +133,16 @@ def witness_parts(model, report) -> dict:
     return out
 
 
+def witness_seconds(report) -> dict:
+    """Per block the CPU seconds of its rows' witness searches (recorded in each witness, wherever it ran)."""
+    from lipbound.numeric.witness import Witness
+
+    out: dict = {}
+    for row in report.rows:
+        out[row.layer] = out.get(row.layer, 0.0) + float(Witness.load(row.witness_file).details.get("cpu_seconds", 0))
+    return out
+
+
 def _pair_grams(heads, outputs, scales: np.ndarray) -> list | None:
     """Per head ``(L_1^T L_1, L_2^T L_2)`` of the two-token estimate (module docstring) on the span of ``S * [W_Q, W_K,
     W_V]`` of all ``heads`` per token (the forms see nothing else), or None for a head the estimate does not cover."""
@@ -240,6 +251,7 @@ def main() -> None:
         began, cpu_began = time.perf_counter(), _cpu_seconds()
         report = verification.run(jobs=args.jobs)
         seconds, cpu = time.perf_counter() - began, _cpu_seconds() - cpu_began
+        searched = witness_seconds(report)
         parts = witness_parts(model, report) if args.per_head else {}
         stacked = stacked_key_parts(model, report) if args.stacked else {}
     load_after = os.getloadavg()
@@ -320,6 +332,10 @@ def main() -> None:
           f"{len(layer_gaps)} layers, gap median {np.median(layer_gaps):.3f}, max {np.max(layer_gaps):.3f}")
     print(f"wall time {seconds:.1f} s for {len(rows)} rows, {cpu:.1f} CPU s (this process and its finished workers); "
           f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} (2 cores)")
+    search = sum(searched.values())
+    print(f"CPU s per block: witness searches {search / len(searched):.1f}, bounds and the rest "
+          f"{(cpu - search) / len(searched):.1f} (" + ", ".join(f"block {b} {v:.1f}" for b, v in searched.items())
+          + " in the searches)")
     blocks, every = len({r["layer"] for r in rows}), model.stack_size(report.rows[0].block)
     if blocks < every:
         # the 10-minute target is for every block: CPU seconds scale with the blocks (each block's rows cost about the
@@ -329,6 +345,7 @@ def main() -> None:
               f"with --jobs {args.jobs} on {args.jobs} idle cores")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "seconds": seconds, "cpu_seconds": cpu,
+                                               "witness_cpu_seconds": searched,
                                                "load": [load_before, load_after]}, indent=1))
 
 

@@ -19,7 +19,7 @@ import pytest
 from lipbound.cli import main
 from lipbound.errors import AssumptionError, ClusterError
 from lipbound.numeric.domains import AllTokens, LayerNormOutputs, TokenBall, domain_from_plain
-from lipbound.numeric.model import DEFAULT_WEIGHTS, attention_arrays, attention_from_arrays, load_default
+from lipbound.numeric.model import DEFAULT_WEIGHTS, attention_arrays, attention_from_arrays, load_default, load_weights
 from lipbound.numeric.scaleout import TaskFailed, local_cluster, run_all
 from lipbound.numeric.sdp.layer import stacked_weights
 from lipbound.numeric.verification import Verification, verify_job
@@ -82,6 +82,21 @@ def test_cluster_gives_the_serial_numbers(model, cluster, tmp_path):
     """Heads 0 and 1 of the embedded MiniLM's layer 0: serially and on 2 workers."""
     serial, spread = _serial_and_cluster(model, cluster, tmp_path, (0, 1))
     assert serial == spread
+
+
+def test_a_layer_and_its_heads_on_the_cluster_give_the_serial_rows(cluster, tmp_path):
+    """A generated rotary decoder layer with its heads: on the cluster the whole layer's job runs first and the head
+    rows take its "derived" constants, whichever arrives first; the rows are the serial ones."""
+    from decoder_checkpoints import config_of, random_weights, write_huggingface
+
+    config = {**config_of("llama"), "num_hidden_layers": 1}
+    decoder = load_weights(str(write_huggingface(tmp_path / "llama", config, random_weights(config, 3))))
+    rows = []
+    for where in ({}, {"scheduler": cluster}):
+        verification = Verification(decoder, layers=[0], witness_dir=tmp_path / str(len(rows)), **_FAST)
+        rows.append([_numbers(row.to_json()) for row in verification.run(**where).rows])
+    assert [row["head"] for row in rows[0]] == [0, 1, 2, 3, None]
+    assert rows[0] == rows[1]
 
 
 @pytest.mark.slow

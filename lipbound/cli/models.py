@@ -276,7 +276,8 @@ def _add_run_options(parser, weights: bool = True) -> None:
                                  "plain dot-product attention (they are then listed and checked)")
     parser.add_argument("--n", type=positive_int("--n"), default=8,
                         help="number of tokens (default 8); for cross-attention, of context tokens")
-    parser.add_argument("--budget", type=positive_float("--budget"), default=10.0,
+    # verify's default is lipbound.numeric.verification.DEFAULT_BUDGET (not imported here: the CLI starts light)
+    parser.add_argument("--budget", type=positive_float("--budget"), default=4.0,
                         help=BUDGET_HELP.format(per="per head, twice that per whole layer"))
     parser.add_argument("--seed", type=int, default=0, help="seed of the witness search (default 0)")
     parser.add_argument("--jobs", type=positive_int("--jobs"), default=1,

@@ -61,7 +61,7 @@ def heads_of(target) -> tuple[tuple[Head, ...], np.ndarray | None, np.ndarray | 
 
 def unit_rows(E: np.ndarray) -> np.ndarray:
     """Each batch entry of E scaled to unit Frobenius norm."""
-    size = np.sqrt(np.sum(E * E, axis=tuple(range(1, E.ndim)), keepdims=True))
+    size = np.sqrt((E * E).sum(axis=tuple(range(1, E.ndim)), keepdims=True))
     return E / np.where(size > 0, size, 1.0)
 
 
@@ -267,7 +267,7 @@ class AttentionMap:
 
 
 def _swap(M: np.ndarray) -> np.ndarray:
-    return np.swapaxes(M, -1, -2)
+    return M.swapaxes(-1, -2)
 
 
 @final
@@ -422,7 +422,7 @@ class Linearization:
             raise WeightsError("curvature", "self-attention", "cross-attention", "use jvp and vjp")
         k = self.k
         if not k.bilinear:
-            scale = np.sqrt(np.sum(self.X ** 2, axis=(1, 2), keepdims=True)) + 1.0
+            scale = np.sqrt((self.X ** 2).sum(axis=(1, 2), keepdims=True)) + 1.0
             h = 1e-5 * scale
             plus = k.linearize(self.X + h * E, positions=self.pos_k).vjp(G)
             minus = k.linearize(self.X - h * E, positions=self.pos_k).vjp(G)
@@ -432,13 +432,13 @@ class Linearization:
         c, P = k.scale, self.P5
         Q, K, V = self.Q5, self.K5, self.V5
         dS = c * (dQ @ _swap(K) + Q @ _swap(dK))
-        m = np.sum(P * dS, axis=-1, keepdims=True)
+        m = (P * dS).sum(axis=-1, keepdims=True)
         dP = P * (dS - m)
         gdP = Gh @ _swap(V)
-        a = np.sum(P * gdP, axis=-1, keepdims=True)
+        a = (P * gdP).sum(axis=-1, keepdims=True)
         gdS = P * (gdP - a)
         gP = Gh @ _swap(dV) + gdP * (dS - m) - a * dS
-        gS = P * (gP - np.sum(P * gP, axis=-1, keepdims=True))
+        gS = P * (gP - (P * gP).sum(axis=-1, keepdims=True))
         gQ = c * (gdS @ dK + gS @ K)
         gK = reduce_to(c * (_swap(gdS) @ dQ + _swap(gS) @ Q), K.shape)
         gV = reduce_to(_swap(dP) @ Gh, V.shape)
@@ -496,7 +496,7 @@ class Linearization:
         c = self.k.scale
         b, n, dv = G.shape
         gS = G @ VT
-        gS -= np.sum(P * gS, axis=-1, keepdims=True)
+        gS -= (P * gS).sum(axis=-1, keepdims=True)
         gS *= P
         gST = _swap(gS)
         Gv = PT @ G
@@ -505,7 +505,7 @@ class Linearization:
         dS += Gv @ N3T
         dS += left @ np.concatenate([gST, gS, _swap(Gv)], axis=1)
         dS *= c
-        dS -= np.sum(P * dS, axis=-1, keepdims=True)
+        dS -= (P * dS).sum(axis=-1, keepdims=True)
         dS *= P
         dV = both[..., n:]
         dV += (Gv.reshape(b * n, dv) @ self.k.gram["VV"]).reshape(b, n, dv)
@@ -578,7 +578,7 @@ def jacobian_norm(jvp, vjp, X: np.ndarray, iterations: int = 50, seed: int = 0, 
         _, dF = jvp(X, E)
         E = unit_rows(vjp(X, dF))
     _, dF = jvp(X, E)
-    return np.sqrt(np.sum(dF * dF, axis=tuple(range(1, dF.ndim)))), E
+    return np.sqrt((dF * dF).sum(axis=tuple(range(1, dF.ndim)))), E
 
 
 def dense_jacobian(jvp, X: np.ndarray) -> np.ndarray:

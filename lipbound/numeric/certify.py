@@ -98,14 +98,17 @@ def _compose(per_head: list[float], blocks: list[float], whole: float, norm: str
 
 def layer_constant(layer: TransformerLayer | Layer, norm: str, domain: TokenDomain, n: int,
                    residual: bool = False, *, role: str = "self", m: int | None = None,
-                   query_domain: TokenDomain | None = None) -> CertifiedValue:
+                   query_domain: TokenDomain | None = None,
+                   per_head: list[CertifiedValue] | None = None) -> CertifiedValue:
     """The certified constant of a multi-head layer, composed from its heads' constants and the
-    per-head blocks of ``W_O`` (plus the identity when ``residual``)."""
+    per-head blocks of ``W_O`` (plus the identity when ``residual``).  ``per_head``: the heads'
+    :func:`head_constant` in the head norm, when the caller has evaluated them already."""
     norm = _check_norm(norm)
     attention = layer.attention if isinstance(layer, TransformerLayer) else layer
     head_norm = "2,inf" if norm == "inf" else norm
-    per_head = [head_constant(h, head_norm, domain, n, role=role, m=m, query_domain=query_domain)
-                for h in attention.heads]
+    if per_head is None:
+        per_head = [head_constant(h, head_norm, domain, n, role=role, m=m, query_domain=query_domain)
+                    for h in attention.heads]
     failed = next((v for v in per_head if not v.certified), None)
     if failed is not None:
         return not_certified("derived", "per-head theorems composed with the W_O blocks", f"a head: {failed.reason}")
@@ -119,7 +122,8 @@ def layer_constant(layer: TransformerLayer | Layer, norm: str, domain: TokenDoma
 
 
 def head_bounds(head: Head, domain: TokenDomain, n: int, *, role: str = "self", m: int | None = None,
-                query_domain: TokenDomain | None = None, sdp: bool = False) -> list[CertifiedValue]:
+                query_domain: TokenDomain | None = None, sdp: bool = False,
+                derived: bool = True) -> list[CertifiedValue]:
     """Every applicable certified upper bound on the Frobenius Lipschitz constant of one head.
 
     Parameters
@@ -137,11 +141,14 @@ def head_bounds(head: Head, domain: TokenDomain, n: int, *, role: str = "self", 
         The queries' domain (default: ``domain``).
     sdp : bool
         Add the SDP relaxation of the local Lipschitz problem (dot-product heads).
+    derived : bool
+        Evaluate the ``"derived"`` theorem (False: the caller has it, e.g. from the whole layer's
+        :func:`layer_bounds`, which evaluates every head's).
 
     Returns
     -------
     list of CertifiedValue
-        ``"derived"``: the theorem that covers the head (:mod:`lipbound.numeric.dispatch`), on one
+        ``"derived"`` (first, when asked): the theorem that covers the head (:mod:`lipbound.numeric.dispatch`), on one
         domain holding queries and context; for dot-product heads ``"matrix-aware"``: the same
         theorem with the norm products replaced by joint constants on the true domains (ellipsoids
         for LayerNorm images, two domains for cross-attention; eigenvalue certificates, no conic
@@ -150,7 +157,7 @@ def head_bounds(head: Head, domain: TokenDomain, n: int, *, role: str = "self", 
     """
     _check_role(role, m)
     head_facts(head, role)                               # refuses what no theorem covers, e.g. causal cross
-    values = [head_constant(head, "fro", domain, n, m=m, role=role, query_domain=query_domain)]
+    values = [head_constant(head, "fro", domain, n, m=m, role=role, query_domain=query_domain)] if derived else []
     if not dot_product_scope(head):
         if role == "self" and positional_scope(head):
             values.append(positional_bound(head, domain, n))
@@ -169,14 +176,15 @@ def head_bounds(head: Head, domain: TokenDomain, n: int, *, role: str = "self", 
 
 
 def layer_bounds(attention_layer: Layer | TransformerLayer, domain: TokenDomain, n: int, *, role: str = "self",
-                 m: int | None = None, query_domain: TokenDomain | None = None,
-                 sdp: bool = False) -> list[CertifiedValue]:
+                 m: int | None = None, query_domain: TokenDomain | None = None, sdp: bool = False,
+                 per_head: list[CertifiedValue] | None = None) -> list[CertifiedValue]:
     """Every applicable certified upper bound on the Frobenius Lipschitz constant of a whole
     multi-head layer ``sum_h f^h W_O^h`` (no residual), as :func:`head_bounds` for one head:
     ``"derived"`` (the per-head theorems composed with the blocks of ``W_O``), for dot-product heads
     ``"matrix-aware"`` (the sum over heads of the matrix-aware bound of ``f^h W_O^h``) and
     ``"joint"`` (the heads seen jointly with ``W_O``, :func:`lipbound.numeric.sdp.layer.layer_joint_bound`),
-    and ``"sdp"`` when asked (the smallest of the registry's multi-head combinations)."""
+    and ``"sdp"`` when asked (the smallest of the registry's multi-head combinations).  ``per_head``: the
+    heads' ``"derived"`` constants (:func:`head_constant`), when the caller has evaluated them already."""
     _check_role(role, m)
     attention = attention_layer.attention if isinstance(attention_layer, TransformerLayer) else attention_layer
     if attention.residual:
@@ -184,7 +192,8 @@ def layer_bounds(attention_layer: Layer | TransformerLayer, domain: TokenDomain,
     for head in attention.heads:
         head_facts(head, role)
     check_layer(attention)
-    values = [layer_constant(attention, "fro", domain, n, role=role, m=m, query_domain=query_domain)]
+    values = [layer_constant(attention, "fro", domain, n, role=role, m=m, query_domain=query_domain,
+                             per_head=per_head)]
     if not dot_product_scope(attention):
         if role == "self" and positional_scope(attention):
             values += _positional_layer(attention, domain, n)

@@ -41,7 +41,7 @@ import numpy as np
 from ..errors import AssumptionError
 from ..rigorous.value import CertifiedValue
 from ..symbolic.claims import CLAIMS
-from .certify import head_bounds, layer_bounds
+from .certify import head_bounds, head_constant, layer_bounds
 from .dispatch import check_layer, dot_product_scope, head_facts
 from .domains import DomainSpec, TokenBall, TokenDomain, domain_from_plain
 from .evaluate import evaluate_bound
@@ -50,7 +50,12 @@ from .report import KINDS, HeadReport, ModelReport, refutations
 from .scaleout import TaskFailed, run_all
 from .witness import Witness, search_witness
 
-__all__ = ["Job", "Verification", "verify_model", "verify_job", "KINDS", "KIND_CHOICES", "plan_jobs"]
+__all__ = ["Job", "Verification", "verify_model", "verify_job", "KINDS", "KIND_CHOICES", "plan_jobs", "DEFAULT_BUDGET"]
+
+#: Nominal seconds of witness search per head (twice per whole layer) unless asked: SmolLM2-135M's 30 blocks (270
+#: heads, 30 layers) take about 1000 CPU-s at 4, 8-9 minutes with two workers; its head gaps are within 3% of those
+#: at 10 but on block 0 (median 1.86 against 1.81, worst 2.26 against 2.10; docs/mathematics.md, section 14).
+DEFAULT_BUDGET = 4.0
 
 #: What ``--kind`` accepts: a kind, or ``cross`` for its three senses.
 KIND_CHOICES = ("self", "causal", "cross") + KINDS[2:]
@@ -174,15 +179,16 @@ class Verification:
     budget : float
         Nominal seconds of each head's witness search (twice that for a whole layer): a fixed
         amount of work (:mod:`lipbound.numeric.witness.clock`), so a seed gives the same numbers
-        on any machine and in any worker.
+        on any machine and in any worker (default :data:`DEFAULT_BUDGET`).
     drop_query_bias : bool
         Verify the heads without their query bias, the setting of published claims about plain
         dot-product attention (which are then listed and checked).
     """
 
     def __init__(self, model: Model, *, blocks=None, layers=None, heads=None, kinds=None, n: int = 8,
-                 m: int | None = None, domain="layernorm", sdp: bool = False, budget: float = 10.0, seed: int = 0,
-                 witness_dir: str | Path = "witnesses", whole_layers: bool = True, drop_query_bias: bool = False):
+                 m: int | None = None, domain="layernorm", sdp: bool = False, budget: float = DEFAULT_BUDGET,
+                 seed: int = 0, witness_dir: str | Path = "witnesses", whole_layers: bool = True,
+                 drop_query_bias: bool = False):
         if not isinstance(model, Model):
             raise AssumptionError("model", "a lipbound.numeric.model.Model", type(model).__name__,
                                   "load one with load_weights(path)")
@@ -253,20 +259,41 @@ class Verification:
         order = list(range(len(self.jobs)))
         if jobs != 1 or scheduler is not None:
             order.sort(key=lambda i: self.jobs[i].head is not None)
+        # a head whose whole layer is verified takes its "derived" constant from the layer's job, which
+        # evaluates every head's: its row waits for that job
+        layer_of = self._layer_jobs()
+        layers_done: dict[int, dict] = {}
+        waiting: dict[int, list[tuple[int, dict]]] = {}
 
-        def arrived(done: int, total: int, position: int, result: dict) -> None:
-            index = order[position]
-            row = self.assemble(self.jobs[index], result)
+        def finish(index: int, result: dict, derived: CertifiedValue | None = None) -> None:
+            if index in layer_of and derived is None:
+                head = self.jobs[index].head
+                derived = CertifiedValue.from_json(layers_done[layer_of[index]]["head_derived"][head])
+            row = self.assemble(self.jobs[index], result, derived)
             finished[index] = row
             self.report.rows = [finished[i] for i in sorted(finished)]
             self.report.seconds = time.perf_counter() - began
             if on_row is not None:
                 on_row(self.report, row)
 
+        def arrived(done: int, total: int, position: int, result: dict) -> None:
+            index = order[position]
+            if index in layer_of and layer_of[index] not in layers_done:
+                waiting.setdefault(layer_of[index], []).append((index, result))
+                return
+            finish(index, result)
+            if self.jobs[index].head is None:
+                layers_done[index] = result
+                for head_index, head_result in waiting.pop(index, []):
+                    finish(head_index, head_result)
+
         try:
-            run_all(verify_job, [self.task(self.jobs[i]) for i in order], jobs=jobs, scheduler=scheduler,
-                    progress=arrived)
+            tasks = [self.task(self.jobs[i], derived=False) if i in layer_of else self.task(self.jobs[i])
+                     for i in order]
+            run_all(verify_job, tasks, jobs=jobs, scheduler=scheduler, progress=arrived)
         except TaskFailed as failure:
+            for head_index, head_result in [item for items in waiting.values() for item in items]:
+                finish(head_index, head_result, self._head_derived(self.jobs[head_index]))  # their layer failed
             self.report.seconds = time.perf_counter() - began
             raise failure.error from None
         self.report.complete = True
@@ -281,17 +308,34 @@ class Verification:
         head = attention.heads[job.head]
         return replace(head, b_Q=np.zeros(head.d_k)) if self.drop_query_bias else head
 
-    def task(self, job: Job) -> tuple:
-        """The arguments of :func:`verify_job` for ``job``: plain arrays, numbers and strings."""
+    def _layer_jobs(self) -> dict[int, int]:
+        """Head job -> the planned job of its whole layer, for the heads whose ``"derived"`` constant that job
+        evaluates (all but heads verified without their query bias, which the layer keeps)."""
+        layers = {(job.block, job.layer, job.kind): i for i, job in enumerate(self.jobs) if job.head is None}
+        if self.drop_query_bias:
+            return {}
+        return {i: layers[(job.block, job.layer, job.kind)] for i, job in enumerate(self.jobs)
+                if job.head is not None and (job.block, job.layer, job.kind) in layers}
+
+    def _head_derived(self, job: Job) -> CertifiedValue:
+        """The ``"derived"`` constant of a head job, evaluated here."""
+        domain, query_domain = self.domains_of(job)
+        return head_constant(self._target(job), "fro", domain, self.n, m=self.m if job.cross else None,
+                             role=job.role, query_domain=query_domain)
+
+    def task(self, job: Job, derived: bool = True) -> tuple:
+        """The arguments of :func:`verify_job` for ``job``: plain arrays, numbers and strings (``derived``
+        False: a head job leaves its ``"derived"`` constant to its layer's job)."""
         domain, query_domain = self.domains_of(job)
         model = self.model
         return (attention_arrays(self._target(job)), domain.plain(), None if query_domain is None else
                 query_domain.plain(), self.n, self.m if job.cross else None, job.role, job.kind, self.sdp,
                 self.budget * (2 if job.head is None else 1), self.seed,
-                (model.name, model.path or "", model.sha256 or ""), job.block, job.layer, job.head)
+                (model.name, model.path or "", model.sha256 or ""), job.block, job.layer, job.head, derived)
 
-    def assemble(self, job: Job, result: dict) -> HeadReport:
-        """The report row of ``job`` from what :func:`verify_job` returned; saves the witness."""
+    def assemble(self, job: Job, result: dict, derived: CertifiedValue | None = None) -> HeadReport:
+        """The report row of ``job`` from what :func:`verify_job` returned; saves the witness.  ``derived``:
+        the head's ``"derived"`` constant when its job left it out (it comes first among the bounds)."""
         m = self.m if job.cross else None
         domain, query_domain = self.domains_of(job)
         witness = Witness.from_arrays(result["witness"])
@@ -301,6 +345,8 @@ class Verification:
         path = witness.save(self.witness_dir / f"{_slug(self.model.name)}-{job.block}-L{job.layer}-{job.kind}-{name}-"
                                                f"{size}.npz")
         bounds = [CertifiedValue.from_json(bound) for bound in result["bounds"]]
+        if derived is not None:
+            bounds.insert(0, derived)
         row = HeadReport(job.layer, job.head, _domain_text(domain, query_domain), self.n, witness.value, str(path),
                          witness.method, bounds, block=job.block, kind=job.kind, m=m)
         refutations(row)
@@ -309,7 +355,7 @@ class Verification:
 
 def verify_job(target: dict, domain: dict, query_domain: dict | None, n: int, m: int | None, role: str, kind: str,
                sdp: bool, budget: float, seed: int, origin: tuple[str, str, str], block: str, layer: int,
-               head: int | None) -> dict:
+               head: int | None, derived: bool = True) -> dict:
     """One row's work, from plain data to plain data, wherever it runs (a worker process too).
 
     Parameters
@@ -326,12 +372,15 @@ def verify_job(target: dict, domain: dict, query_domain: dict | None, n: int, m:
         The weights, recorded in the witness.
     block, layer, head : str, int, int or None
         Where the target sits in the model.
+    derived : bool
+        A head: evaluate its ``"derived"`` constant (False: its whole layer's job returns it).
 
     Returns
     -------
     dict
-        ``{"witness": Witness.to_arrays(), "bounds": [CertifiedValue.to_json(), ...]}``; any cvxpy
-        problem or SymPy expression is built and dropped here.
+        ``{"witness": Witness.to_arrays(), "bounds": [CertifiedValue.to_json(), ...]}``, and for a whole
+        layer ``"head_derived"``: every head's ``"derived"`` constant (the layer's is composed from them),
+        as JSON; any cvxpy problem or SymPy expression is built and dropped here.
     """
     target_map = attention_from_arrays(target)
     context = domain_from_plain(domain)
@@ -342,11 +391,16 @@ def verify_job(target: dict, domain: dict, query_domain: dict | None, n: int, m:
                              block=block, role=role, m=m, query_domain=queries)
     options = dict(role=role, m=m, query_domain=queries, sdp=sdp)
     if head is None:
-        bounds = layer_bounds(target_map, context, n, **options)
-    else:
-        bounds = head_bounds(target_map, context, n, **options)
-        if kind == "self":
-            bounds += _claims(target_map, context, n)
+        for one in target_map.heads:
+            head_facts(one, role)            # what no theorem covers is refused as layer_bounds refuses it
+        per_head = [head_constant(h, "fro", context, n, role=role, m=m, query_domain=queries)
+                    for h in target_map.heads]
+        bounds = layer_bounds(target_map, context, n, per_head=per_head, **options)
+        return {"witness": witness.to_arrays(), "bounds": [bound.to_json() for bound in bounds],
+                "head_derived": [value.to_json() for value in per_head]}
+    bounds = head_bounds(target_map, context, n, derived=derived, **options)
+    if kind == "self":
+        bounds += _claims(target_map, context, n)
     return {"witness": witness.to_arrays(), "bounds": [bound.to_json() for bound in bounds]}
 
 

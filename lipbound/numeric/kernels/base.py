@@ -59,7 +59,7 @@ def reduce_to(gradient: np.ndarray, shape: tuple) -> np.ndarray:
     extra = gradient.ndim - len(shape)
     axes = tuple(range(extra)) + tuple(extra + i for i, size in enumerate(shape)
                                        if size == 1 and gradient.shape[extra + i] != 1)
-    return np.sum(gradient, axis=axes, keepdims=True).reshape(shape) if axes else gradient
+    return gradient.sum(axis=axes, keepdims=True).reshape(shape) if axes else gradient
 
 
 @final

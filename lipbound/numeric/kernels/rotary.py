@@ -70,7 +70,7 @@ class Rotation:
     def rotate(self, U: np.ndarray, sign: int) -> np.ndarray:
         """The rotation by ``sign * p theta`` (``sign = -1``: the transpose): ``u'_a = u_a cos - u_b sin``, ``u'_b =
         u_b cos + u_a sin`` on each pair (a, b)."""
-        swapped = np.take(U, self.partner, axis=-1)
+        swapped = U.take(self.partner, axis=-1)
         swapped *= self.sin if sign > 0 else -self.sin
         swapped += U * self.cos
         return swapped

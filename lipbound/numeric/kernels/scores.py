@@ -28,7 +28,7 @@ __all__ = ["DotProduct", "L2Distance", "ScaledCosine", "BilinearScores", "Unchan
 
 
 def _swap(M: np.ndarray) -> np.ndarray:
-    return np.swapaxes(M, -1, -2)
+    return M.swapaxes(-1, -2)
 
 
 def scale_of(scale: float | None, d_k: int) -> float:
@@ -116,22 +116,22 @@ class _L2Scores(ScoreMap):
 
     def __init__(self, c: float, Q, K):
         self.c, self.Q, self.K = Q.dtype.type(c), Q, K
-        qq = np.sum(Q * Q, axis=-1)[..., :, None]
-        kk = np.sum(K * K, axis=-1)[..., None, :]
+        qq = (Q * Q).sum(axis=-1)[..., :, None]
+        kk = (K * K).sum(axis=-1)[..., None, :]
         self.S = -self.c * (qq - 2 * Q @ _swap(K) + kk)
 
     def jvp(self, dQ, dK):
         dS = np.zeros_like(self.S)
         if dQ is not None:
-            dS += np.sum(self.Q * dQ, axis=-1)[..., :, None] - dQ @ _swap(self.K)
+            dS += (self.Q * dQ).sum(axis=-1)[..., :, None] - dQ @ _swap(self.K)
         if dK is not None:
-            dS += np.sum(self.K * dK, axis=-1)[..., None, :] - self.Q @ _swap(dK)
+            dS += (self.K * dK).sum(axis=-1)[..., None, :] - self.Q @ _swap(dK)
         dS *= -2 * self.c
         return dS
 
     def vjp(self, gS):
-        gQ = -2 * self.c * (np.sum(gS, axis=-1)[..., None] * self.Q - gS @ self.K)
-        gK = 2 * self.c * (_swap(gS) @ self.Q - np.sum(gS, axis=-2)[..., None] * self.K)
+        gQ = -2 * self.c * (gS.sum(axis=-1)[..., None] * self.Q - gS @ self.K)
+        gK = 2 * self.c * (_swap(gS) @ self.Q - gS.sum(axis=-2)[..., None] * self.K)
         return gQ, reduce_to(gK, self.K.shape)
 
 

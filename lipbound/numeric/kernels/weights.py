@@ -29,7 +29,7 @@ def softmax(S: np.ndarray) -> np.ndarray:
         top = np.where(np.isfinite(top), top, 0)
     P = S - top
     np.exp(P, out=P)
-    total = np.sum(P, axis=-1, keepdims=True)
+    total = P.sum(axis=-1, keepdims=True)
     P /= np.where(total > 0, total, 1)
     return P
 
@@ -58,7 +58,7 @@ class Softmax(Weights):
         return softmax(S)
 
     def derivative(self, P, dS):
-        dS -= np.sum(P * dS, axis=-1, keepdims=True)
+        dS -= (P * dS).sum(axis=-1, keepdims=True)
         dS *= P
         return dS
 

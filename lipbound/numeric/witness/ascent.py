@@ -78,7 +78,7 @@ class _Chart:
         Z, size, scale, rho = cache
         grad = self.problem.from_unit(grad, self.scale)                 # d/du of x' = u K^{1/2} (K symmetric)
         unit = Z / size
-        radial = np.sum(grad * unit, axis=-1, keepdims=True)
+        radial = (grad * unit).sum(axis=-1, keepdims=True)
         gZ = scale * (grad - radial * unit) / size
         s = 0.5 + 0.5 * np.tanh(0.5 * rho)
         grho = radial[..., 0] * s * (1 - s)
@@ -116,21 +116,21 @@ def polish(problem, cands: Candidates, deadline: float, scale: float = 1.0, max_
         alphas = []
         for age in range(min(count, memory)):
             slot = (count - 1 - age) % memory
-            alpha = curv[slot] * np.sum(S[slot] * q, axis=1)
+            alpha = curv[slot] * (S[slot] * q).sum(axis=1)
             q -= alpha[:, None] * Yg[slot]
             alphas.append((slot, alpha))
         q *= gamma[:, None]
         for slot, alpha in reversed(alphas):
-            beta = curv[slot] * np.sum(Yg[slot] * q, axis=1)
+            beta = curv[slot] * (Yg[slot] * q).sum(axis=1)
             q += (alpha - beta)[:, None] * S[slot]
         p = -q
-        slope = np.sum(p * g, axis=1)
+        slope = (p * g).sum(axis=1)
         bad = slope >= 0                                            # not a descent direction: use -g
         p[bad] = -g[bad] * (0.01 / np.maximum(np.max(np.abs(g[bad]), axis=1), 1e-300))[:, None]
         # trust region: no coordinate moves by more than 1 (z starts with unit rows; flat regions
         # with vanishing curvature would otherwise ask for enormous steps)
         p *= np.minimum(1.0, 1.0 / np.maximum(np.max(np.abs(p), axis=1), 1e-300))[:, None]
-        slope = np.sum(p * g, axis=1)
+        slope = (p * g).sum(axis=1)
         # backtracking line search on the active candidates
         t = np.ones(b)
         accepted = np.zeros(b, dtype=bool)
@@ -155,13 +155,13 @@ def polish(problem, cands: Candidates, deadline: float, scale: float = 1.0, max_
             t[idx[~ok]] *= 0.3
         active &= accepted       # a candidate whose line search failed has converged
         s_new, y_new = new_v - v, new_g - g
-        sy = np.sum(s_new * y_new, axis=1)
+        sy = (s_new * y_new).sum(axis=1)
         slot = count % memory
         good = accepted & (sy > 1e-12 * np.linalg.norm(s_new, axis=1) * np.linalg.norm(y_new, axis=1))
         S[slot] = np.where(good[:, None], s_new, 0.0)
         Yg[slot] = np.where(good[:, None], y_new, 0.0)
         curv[slot] = np.where(good, 1.0 / np.where(good, sy, 1.0), 0.0)
-        gamma = np.where(good, sy / np.maximum(np.sum(y_new * y_new, axis=1), 1e-300), gamma)
+        gamma = np.where(good, sy / np.maximum((y_new * y_new).sum(axis=1), 1e-300), gamma)
         count += 1
         v, sigma, E, g = new_v, new_sigma, new_E, new_g
     return best

@@ -34,7 +34,7 @@ import numpy as np
 from ..kernels import CustomKernel, DotProduct, FeatureMap, L2Distance, QKNorm, Rotary, ScaledCosine, Sigmoid
 from ..kernels.scores import scale_of
 from ..offsets import HeadRows
-from .starts import cross_starts, self_starts
+from .starts import cross_starts, product_norm, self_starts
 
 __all__ = ["KERNEL_STARTS", "kernel_starts"]
 
@@ -62,6 +62,16 @@ def proxy_rotations(head, n: int) -> list[np.ndarray]:
     return [rotations[o] for o in dict.fromkeys([largest, offsets[len(offsets) // 2]])]
 
 
+def _left_singular(A: np.ndarray, B: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Left singular vectors (w, k) and values (k,) of ``A B`` (``B`` None: of A), A (w, r) thin, ``k <= r``: through
+    ``A = Q_A R_A``, ``B^T = Q_B R_B`` and the SVD of the small ``R_A R_B^T`` (the product has rank at most r)."""
+    if B is None:
+        return np.linalg.svd(A, full_matrices=False)[:2]
+    Q, R = np.linalg.qr(A)
+    core, widths, _ = np.linalg.svd(R @ np.linalg.qr(B.T, mode="r").T, full_matrices=False)
+    return Q @ core, widths
+
+
 def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
                      trade_offs=(0.0, 0.25, 1.0, 4.0, 16.0), penalties=(4.0, 16.0)) -> np.ndarray:
     """Chart inputs (b, n, width) of self-attention where the first two tokens are keys tied, at every offset at
@@ -81,16 +91,28 @@ def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
     sigma = scale_of(kernel.scale, d_k)
     rotations = [kernel.relative_rotation(d_k, delta) for delta in range(-(n - 1), 1)]
     through_W_O = getattr(problem.target, "W_O", None) is not None
-    factors, spread_map, chosen = [], 0.0, []
+    factors, chosen = [], []
+    # the summed value map as a product, group by group: sum_g (S V_g) (sum of the group's W_O^h), a layer's width
+    # against the groups' few d_v columns (its decompositions then cost a few d_v, not the layer's width)
+    value_factors: dict[int, list] = {}
     for h in heads:
         W_Q, W_K, V, b_Q, _, _ = engine.head_weights(h)
-        V = V @ problem.target.output_block(h) if through_W_O else V
         P, K = S @ W_Q, S @ W_K                                    # the chart's query and key factors
         keys = sum(R @ (K.T @ K) @ R.T for R in rotations[:n - 1])   # offsets -(n-1) .. -1: the keys' offsets
-        weight = np.linalg.norm(S @ V, 2) ** 2
+        SV = S @ V
+        if through_W_O:
+            output = problem.target.output_block(h)
+            weight = product_norm(SV, output) ** 2                  # ||S V W_O^h||^2
+            group = value_factors.setdefault(h // engine.r, [SV, 0.0])
+            group[1] = group[1] + output
+        else:
+            weight = np.linalg.norm(SV, 2) ** 2
+            group = value_factors.setdefault(0, [0.0, None])
+            group[0] = group[0] + SV
         factors.append(np.sqrt(weight) * sigma * P @ np.linalg.cholesky(keys + 1e-12 * np.trace(keys) * np.eye(d_k)))
-        spread_map = spread_map + S @ V
         chosen.append((P, K, b_Q, weight))
+    spread_left = np.concatenate([SV for SV, _ in value_factors.values()], axis=1)
+    spread_right = None if not through_W_O else np.concatenate([out for _, out in value_factors.values()], axis=0)
     # every form below lives on the span of the heads' query and key factors: eigenvectors there
     span = np.linalg.qr(np.concatenate([M for P, K, _, _ in chosen for M in (P, K)], axis=1))[0]
     F = span.T @ np.concatenate(factors, axis=1)
@@ -100,7 +122,7 @@ def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
     scale = np.linalg.norm(gram, 2) / max(np.linalg.norm(own_form, 2), 1e-300)
     candidates = (span @ np.concatenate([np.linalg.eigh(gram - t * scale * own_form)[1][:, -count:]
                                          for t in trade_offs], axis=1)).T
-    left, widths = np.linalg.svd(spread_map, full_matrices=False)[:2]
+    left, widths = _left_singular(spread_left, spread_right)
     left, widths = left[:, :d_k], widths[:d_k]                     # the values' widest directions
     value_direction = left[:, 0]
 
@@ -112,7 +134,7 @@ def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
         out = [exact / max(np.linalg.norm(exact), 1e-300)]
         # the widest value direction among those orthogonal to every key gradient (not the projection of the
         # widest one): the top left singular vector of the value map with the gradients' span taken out
-        out.append(np.linalg.svd(spread_map - frame @ (frame.T @ spread_map), full_matrices=False)[0][:, 0])
+        out.append(_left_singular(spread_left - frame @ (frame.T @ spread_left), spread_right)[0][:, 0])
         basis = np.linalg.qr(np.concatenate([left, tied.T], axis=1))[0]
         values = (basis.T @ left) * widths
         value_form, gradients = values @ values.T, (tied @ basis).T @ (tied @ basis)

@@ -202,7 +202,7 @@ class SearchProblem:
         sigma = np.sqrt(np.einsum("bij,bij->b", JE, JE))
         G = JE / np.maximum(sigma, 1e-300)[:, None, None]
         # grad_Z <G, Df(Z)[E]> = (Df(Z + hE)^T G - Df(Z - hE)^T G) / 2h (symmetry of the Hessian of <G, f>)
-        size = np.sqrt(np.sum(Z * Z, axis=(1, 2), keepdims=True)) + 1.0
+        size = np.sqrt((Z * Z).sum(axis=(1, 2), keepdims=True)) + 1.0
         h = 1e-5 * size
         plus = self._vjp(self.linearize(Z + h * E * self.mask), G)
         minus = self._vjp(self.linearize(Z - h * E * self.mask), G)

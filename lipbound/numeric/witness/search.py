@@ -79,6 +79,22 @@ def _evaluate_pool(problem: SearchProblem, pool, rng, power_steps: int, chunk: i
     return join(*parts)
 
 
+#: Starts of one family whose values agree to this relative tolerance count as one (:func:`_distinct`).
+_SAME_START = 1e-3
+
+
+def _distinct(cands, order: list) -> list:
+    """``order`` without the starts that repeat an earlier one of their family: a value within :data:`_SAME_START`
+    of it.  Constructions that come in mirror images (the rotary self-tied starts with the other tokens on the query
+    or on the key, at the same value to 1e-5 or so) would otherwise take two of the polish's slots."""
+    kept: list = []
+    for i in order:
+        if not any(cands.family[j] == cands.family[i]
+                   and abs(cands.sigma[i] - cands.sigma[j]) <= _SAME_START * abs(cands.sigma[j]) for j in kept):
+            kept.append(i)
+    return kept
+
+
 def _describe(target, domain: TokenDomain, origin, layer, head, block="encoder") -> dict:
     """What the witness is about: the map, its domain, and the weights (name, path, sha256)."""
     heads, _, _, residual = heads_of(target)
@@ -160,7 +176,7 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     query_domain = domain if query_domain is None else query_domain
     if cross:
         _check_domain("query_domain", query_domain, heads_of(target)[0][0].d)
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     problem = SearchProblem(target, role, domain, query_domain, n, m if cross else None)
     clock = problem.clock
     began = clock()
@@ -181,7 +197,7 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     pooled = clock()
     # keep the two best of every constructed family (its best start is not always the one that climbs: the
     # polish gives the family's two a turn of their own), the best of the others, then the best overall
-    order = list(np.argsort(-np.where(np.isfinite(cands.sigma), cands.sigma, -np.inf)))
+    order = _distinct(cands, list(np.argsort(-np.where(np.isfinite(cands.sigma), cands.sigma, -np.inf))))
     chosen = [i for family in families
               for i in [i for i in order if cands.family[i] == family][:1 if family in GENERIC_FAMILIES else 2]]
     chosen += [i for i in order if i not in chosen][:max(polish_count - len(chosen), 0)]
@@ -217,19 +233,22 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
         coordinates.update(_named("E", w))
         coordinates.update(_named("EQ", wq))
         value = cross_value(target, Y, X, EQ, E_X)
-        details["seconds"] = round(time.perf_counter() - started, 3)
+        details.update(seconds=round(time.perf_counter() - started, 3),
+                       cpu_seconds=round(time.process_time() - started_cpu, 3))
         return Witness(kind="jacobian", X=X, E=E_X, Q=Y, EQ=EQ, value=value, norm="fro", seed=seed, role=role,
                        method="structured+polish", details=details, coordinates=coordinates, **fields, **about)
     E, w = domain.representable_directions(E_X[0])
     coordinates.update(_named("E", w))
     value = jacobian_value(target, X, E)
     if norm == "fro":
-        details["seconds"] = round(time.perf_counter() - started, 3)
+        details.update(seconds=round(time.perf_counter() - started, 3),
+                       cpu_seconds=round(time.process_time() - started_cpu, 3))
         return Witness(kind="jacobian", X=X, E=E, value=value, norm="fro", seed=seed, method="structured+polish",
                        details=details, coordinates=coordinates, **fields, **about)
     Y, ratio, token, y_coordinates = _secant_21(target, X, E, domain)
     coordinates.update(_named("Y", y_coordinates))
-    details.update({"moved_token": token, "jacobian_value": value, "seconds": round(time.perf_counter() - started, 3)})
+    details.update({"moved_token": token, "jacobian_value": value, "seconds": round(time.perf_counter() - started, 3),
+                    "cpu_seconds": round(time.process_time() - started_cpu, 3)})
     return Witness(kind="secant", X=X, Y=Y, value=ratio, norm="2,1", seed=seed, method="structured+polish+secant",
                    details=details, coordinates=coordinates, **fields, **about)
 

@@ -15,7 +15,7 @@ from ..kernels import softmax
 from .clock import CALL_WORK
 from .structured import TieForm, ascend, structured_starts
 
-__all__ = ["TieSurrogate", "castin_input", "cross_starts", "self_starts"]
+__all__ = ["TieSurrogate", "castin_input", "cross_starts", "product_norm", "self_starts"]
 
 
 @final
@@ -146,6 +146,11 @@ def cross_starts(problem, rng, deadline: float | None = None, count: int = 8, he
     return out
 
 
+def product_norm(A: np.ndarray, B: np.ndarray) -> float:
+    """``||A B||_2`` for a thin A (w, r) and a wide B (r, v), through the triangular factors of their QRs (r x r)."""
+    return float(np.linalg.norm(np.linalg.qr(A, mode="r") @ np.linalg.qr(B.T, mode="r").T, 2))
+
+
 def castin_input(W_Q: np.ndarray, W_K: np.ndarray, radius: float, n: int, literal: bool = True) -> np.ndarray:
     """Castin, Ablin, Peyre (2024), code vcastin/how-smooth-is-attention (adversarial_data/toolbox.py).
 
@@ -196,7 +201,7 @@ def self_starts(problem, rng, deadline, work: float = 1.0, rotations=None) -> li
     surrogate = None
     through_W_O = getattr(target, "W_O", None) is not None      # a Layer: head h acts through W_O^h
     # heads in decreasing order of a crude size, ||A_h|| ||W_V^h|| ||W_O^h||: the budget may end early
-    sizes = [np.linalg.norm(h.A, 2) * np.linalg.norm(h.W_V, 2)
+    sizes = [product_norm(h.W_Q, h.W_K.T) / math.sqrt(h.d_k) * np.linalg.norm(h.W_V, 2)
              * (np.linalg.norm(target.output_block(i), 2) if through_W_O else 1.0) for i, h in enumerate(heads)]
     for index in np.argsort(sizes)[::-1]:
         head = heads[index]
