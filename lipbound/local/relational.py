@@ -39,7 +39,7 @@ from ..numeric.attention import AttentionMap
 from ..numeric.kernels import SOFTMAX, DotProduct
 from ..numeric.model import Layer
 from ..rigorous.arrays import IntervalArray
-from ..rigorous.zonotope import AffineForm
+from ..rigorous.zonotope import AffineForm, Symbols
 from .ball_weights import BallWeights
 from .balls import Neighbourhood
 from .bounds import LocalBounds, _softmax_range, attention_bounds
@@ -93,6 +93,11 @@ def frobenius_scores(E: EnclosedAttention, eps: float) -> IntervalArray:
 #: on the mat.", 1e-2 R: 18.78 with 24 radii per decade, 18.70 with 16 equal steps, 19.11 with 12, 19.95 with 8; CPU
 #: time in proportion to the radii).
 RELATIONAL_STEPS = 16
+#: Largest number of entries (box symbols times output entries) of the output form's box generators for which the whole
+#: output form is built; beyond it the token radii are formed one output token at a time with the symbols that token
+#: reads (:meth:`RelationalAttention.radii`).  At n = 20 tokens of MiniLM the whole form's box generators are 22080
+#: symbols x 7680 entries (1.4 GB an array, past 9.7 GB resident while they are formed); at n = 9 about 2.2e7.
+WHOLE_OUTPUT_ENTRIES = 50_000_000
 #: the route runs where the variation found so far exceeds this fraction of ``||DF(X)||``: below it the certified
 #: value is within that fraction of its floor, and the route's grid costs about twice the curve's curvature bounds
 RELATIONAL_WORTH = 0.25
@@ -128,6 +133,25 @@ def mixed_output(engine: AttentionMap, P: AffineForm, V: AffineForm, weights: In
     """``X + concat_h(P_h V_h) W_O + b_O``: the weights' form P (H, n, n), within ``weights``, mixing the values."""
     merged = P.mix(V, weights).swapaxes(-2, -3).reshape(X.shape[0], engine.H * engine.d_v)
     return merged.linear(engine.W_O, engine.b_O) + X
+
+
+def token_rows(engine: AttentionMap, P: AffineForm, V: AffineForm, weights: IntervalArray, X: AffineForm,
+               i: int) -> AffineForm:
+    """Row i (1, d) of :func:`mixed_output`, formed alone: query i's weights ``P[:, i]`` with only the box symbols
+    that are not zero on them (each box symbol of the weights lives in one query's row: a score's own, its row's
+    softmax remainder, a range put in its place), mixing the values V, then ``W_O`` and X's row i (V and X without
+    box symbols, as those of :class:`RelationalAttention`).
+
+    Every operation of the form acts on output row i through query i's row of the weights alone, so this is the whole
+    form's row i with the symbols that are zero on it left out, counted afresh (the Euclidean symbols all kept; the
+    roundings' bounds may differ in the last bits, counting fewer symbols).  Memory: the whole form's box generators
+    are (box symbols, n, d), the row's (its own symbols, 1, d)."""
+    live = np.flatnonzero(np.any(P.box[:, :, i] != 0, axis=(1, 2)))
+    symbols = Symbols()
+    symbols.fresh(live.size)
+    row = AffineForm(P.center[:, i:i + 1], P.l2[:, :, i:i + 1], P.box[live, :, i:i + 1], P.err[:, i:i + 1], symbols)
+    own = AffineForm(X.center[i:i + 1], X.l2[:, i:i + 1], X.box[:, i:i + 1], X.err[i:i + 1], X.symbols)
+    return mixed_output(engine, row, V.with_symbols(symbols), weights[:, i:i + 1], own.with_symbols(symbols))
 
 
 @final
@@ -166,6 +190,9 @@ class RelationalAttention:
         E = enclosed or EnclosedAttention(target, X)
         U, projected = AffineForm.ball_image(X, eps, engine.W, engine.bias)
         S, V = head_forms(engine, projected)
+        if not self._whole_output(engine, X.shape[0], S):   # the values apart from the projection, which then goes
+            V = AffineForm(V.center.copy(), V.l2.copy(), V.box.copy(), V.err.copy(), V.symbols)   # (3 n d x n d)
+        del projected
         # (the closed form is never wider than the score-deviation theorem on the token balls of U)
         self.scores = _meet(S.hull(), frobenius_scores(E, eps))
         self.enclosed, self._engine, self._known = E, engine, known_weights
@@ -204,12 +231,35 @@ class RelationalAttention:
 
     @functools.cached_property
     def radii(self) -> np.ndarray:
-        return self.output.token_radii()
+        """``sup_U ||F_i(Y) - c_i||`` per output token (n,): the whole output form's token radii, or (past
+        :data:`WHOLE_OUTPUT_ENTRIES`) each token's from its own row of the form (:func:`token_rows`)."""
+        return self._token_parts[0]
 
     @functools.cached_property
     def drift(self) -> np.ndarray:
         """``||c_i - F_i(X)||`` bounded: the form's centre against the layer's enclosure at X."""
-        return (IntervalArray(self.output.center) - self.enclosed.output).norm_upper()
+        return (IntervalArray(self._token_parts[1]) - self.enclosed.output).norm_upper()
+
+    @functools.cached_property
+    def _token_parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """The token radii and the centre (n, d) of the output form, from the whole form where it is formed or
+        small enough, else row by row."""
+        U, S, V = self._forms
+        if "output" in self.__dict__ or self._whole_output(self._engine, U.shape[0], S):
+            return self.output.token_radii(), self.output.center
+        weights, P = self._weights
+        radii, centre = np.empty(U.shape[0]), np.empty(U.shape)
+        for i in range(U.shape[0]):   # (each row's form goes before the next one's is formed)
+            row = token_rows(self._engine, P, V, weights, U, i)
+            radii[i], centre[i] = row.token_radii()[0], row.center[0]
+        return radii, centre
+
+    @staticmethod
+    def _whole_output(engine: AttentionMap, n: int, S: AffineForm) -> bool:
+        """Whether the whole output form is small enough to build (:data:`WHOLE_OUTPUT_ENTRIES`): its box symbols are
+        about the scores' own, as many again from the softmax, and one per mixed value."""
+        symbols = 3 * S.center.size + engine.H * n * engine.d_v
+        return symbols * n * engine.W_O.shape[1] <= WHOLE_OUTPUT_ENTRIES
 
     def bounds(self, target: Layer, hood: Neighbourhood) -> LocalBounds:
         """:func:`~lipbound.local.bounds.attention_bounds` on the token balls of ``hood`` with the relational
