@@ -174,9 +174,10 @@ def test_relational_attention_encloses_the_layer_on_the_ball(seed, n, eps, scale
 
 
 @settings(max_examples=10, deadline=None)
-@given(st.integers(0, 2**31 - 1), st.integers(2, 6), st.floats(1e-3, 1.0), st.floats(0.3, 2.0))
-def test_token_rows_match_the_whole_output_form(seed, n, eps, scale):
-    """The output's token radii formed one token at a time (past WHOLE_OUTPUT_ENTRIES) bound the sampled tokens'
+@given(st.integers(0, 2**31 - 1), st.integers(2, 6), st.floats(1e-3, 1.0), st.floats(0.3, 2.0),
+       st.sampled_from([0, 3000, 10**9]))
+def test_token_rows_match_the_whole_output_form(seed, n, eps, scale, panel):
+    """The output's token radii formed by panels of tokens (past WHOLE_OUTPUT_ENTRIES) bound the sampled tokens'
     movements and differ from the whole form's only in the roundings' bounds (fewer symbols counted: never wider)."""
     from unittest import mock
 
@@ -184,7 +185,8 @@ def test_token_rows_match_the_whole_output_form(seed, n, eps, scale):
     target, rng = _layer(seed, scale=scale)
     X = rng.standard_normal((n, 6))
     whole = RelationalAttention(target, X, eps)
-    with mock.patch.object(relational_module, "WHOLE_OUTPUT_ENTRIES", 0):
+    with mock.patch.object(relational_module, "WHOLE_OUTPUT_ENTRIES", 0), \
+            mock.patch.object(relational_module, "TOKEN_PANEL_ENTRIES", panel):   # one token, some, all a panel
         rows = RelationalAttention(target, X, eps)
         assert not rows._whole_output(rows._engine, n, rows._forms[1])
         radii, drift = rows.radii, rows.drift

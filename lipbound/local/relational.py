@@ -98,6 +98,9 @@ RELATIONAL_STEPS = 16
 #: reads (:meth:`RelationalAttention.radii`).  At n = 20 tokens of MiniLM the whole form's box generators are 22080
 #: symbols x 7680 entries (1.4 GB an array, past 9.7 GB resident while they are formed); at n = 9 about 2.2e7.
 WHOLE_OUTPUT_ENTRIES = 50_000_000
+#: Past it, about the entries of the values' box generators of a panel of output tokens formed at once (a token's
+#: queries carry about 3 H n box symbols): 4 tokens a panel at n = 20 on MiniLM, 0.18 GB an array.
+TOKEN_PANEL_ENTRIES = 25_000_000
 #: the route runs where the variation found so far exceeds this fraction of ``||DF(X)||``: below it the certified
 #: value is within that fraction of its floor, and the route's grid costs about twice the curve's curvature bounds
 RELATIONAL_WORTH = 0.25
@@ -136,22 +139,22 @@ def mixed_output(engine: AttentionMap, P: AffineForm, V: AffineForm, weights: In
 
 
 def token_rows(engine: AttentionMap, P: AffineForm, V: AffineForm, weights: IntervalArray, X: AffineForm,
-               i: int) -> AffineForm:
-    """Row i (1, d) of :func:`mixed_output`, formed alone: query i's weights ``P[:, i]`` with only the box symbols
-    that are not zero on them (each box symbol of the weights lives in one query's row: a score's own, its row's
-    softmax remainder, a range put in its place), mixing the values V, then ``W_O`` and X's row i (V and X without
-    box symbols, as those of :class:`RelationalAttention`).
+               rows: slice) -> AffineForm:
+    """Rows ``rows`` (a panel of consecutive tokens) of :func:`mixed_output`, formed alone: the queries' weights
+    ``P[:, rows]`` with only the box symbols that are not zero on them (each box symbol of the weights lives in one
+    query's row: a score's own, its row's softmax remainder, a range put in its place), mixing the values V, then
+    ``W_O`` and X's rows (V and X without box symbols, as those of :class:`RelationalAttention`).
 
-    Every operation of the form acts on output row i through query i's row of the weights alone, so this is the whole
-    form's row i with the symbols that are zero on it left out, counted afresh (the Euclidean symbols all kept; the
-    roundings' bounds may differ in the last bits, counting fewer symbols).  Memory: the whole form's box generators
-    are (box symbols, n, d), the row's (its own symbols, 1, d)."""
-    live = np.flatnonzero(np.any(P.box[:, :, i] != 0, axis=(1, 2)))
+    Every operation of the form acts on an output row through its query's row of the weights alone, so this is the
+    whole form's rows with the symbols that are zero on them left out, counted afresh (the Euclidean symbols all kept;
+    the roundings' bounds may differ in the last bits, counting fewer symbols).  Memory: the whole form's box
+    generators are (box symbols, n, d), the panel's (its own symbols, its rows, d)."""
+    live = np.flatnonzero(np.any(P.box[:, :, rows] != 0, axis=(1, 2, 3)))
     symbols = Symbols()
     symbols.fresh(live.size)
-    row = AffineForm(P.center[:, i:i + 1], P.l2[:, :, i:i + 1], P.box[live, :, i:i + 1], P.err[:, i:i + 1], symbols)
-    own = AffineForm(X.center[i:i + 1], X.l2[:, i:i + 1], X.box[:, i:i + 1], X.err[i:i + 1], X.symbols)
-    return mixed_output(engine, row, V.with_symbols(symbols), weights[:, i:i + 1], own.with_symbols(symbols))
+    panel = AffineForm(P.center[:, rows], P.l2[:, :, rows], P.box[live, :, rows], P.err[:, rows], symbols)
+    own = AffineForm(X.center[rows], X.l2[:, rows], X.box[:, rows], X.err[rows], X.symbols)
+    return mixed_output(engine, panel, V.with_symbols(symbols), weights[:, rows], own.with_symbols(symbols))
 
 
 @final
@@ -232,7 +235,7 @@ class RelationalAttention:
     @functools.cached_property
     def radii(self) -> np.ndarray:
         """``sup_U ||F_i(Y) - c_i||`` per output token (n,): the whole output form's token radii, or (past
-        :data:`WHOLE_OUTPUT_ENTRIES`) each token's from its own row of the form (:func:`token_rows`)."""
+        :data:`WHOLE_OUTPUT_ENTRIES`) by panels of tokens from their own rows of the form (:func:`token_rows`)."""
         return self._token_parts[0]
 
     @functools.cached_property
@@ -248,10 +251,14 @@ class RelationalAttention:
         if "output" in self.__dict__ or self._whole_output(self._engine, U.shape[0], S):
             return self.output.token_radii(), self.output.center
         weights, P = self._weights
-        radii, centre = np.empty(U.shape[0]), np.empty(U.shape)
-        for i in range(U.shape[0]):   # (each row's form goes before the next one's is formed)
-            row = token_rows(self._engine, P, V, weights, U, i)
-            radii[i], centre[i] = row.token_radii()[0], row.center[0]
+        engine, n = self._engine, U.shape[0]
+        # panels of tokens whose values' box generators (3 H n symbols a query, H n d_v entries) stay within a budget
+        size = max(1, TOKEN_PANEL_ENTRIES // (3 * engine.H * n * engine.H * n * engine.d_v))
+        radii, centre = np.empty(n), np.empty(U.shape)
+        for start in range(0, n, size):   # (each panel's form goes before the next one's is formed)
+            rows = slice(start, min(start + size, n))
+            panel = token_rows(engine, P, V, weights, U, rows)
+            radii[rows], centre[rows] = panel.token_radii(), panel.center
         return radii, centre
 
     @staticmethod
