@@ -173,6 +173,33 @@ def test_relational_attention_encloses_the_layer_on_the_ball(seed, n, eps, scale
         assert np.all(np.linalg.norm(out - at_x, axis=1) <= reach)
 
 
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(2, 6), st.floats(1e-3, 1.0), st.floats(0.3, 2.0),
+       st.sampled_from([0, 3000, 10**9]))
+def test_token_rows_match_the_whole_output_form(seed, n, eps, scale, panel):
+    """The output's token radii formed by panels of tokens (past WHOLE_OUTPUT_ENTRIES) bound the sampled tokens'
+    movements and differ from the whole form's only in the roundings' bounds (fewer symbols counted: never wider)."""
+    from unittest import mock
+
+    from lipbound.local import relational as relational_module
+    target, rng = _layer(seed, scale=scale)
+    X = rng.standard_normal((n, 6))
+    whole = RelationalAttention(target, X, eps)
+    with mock.patch.object(relational_module, "WHOLE_OUTPUT_ENTRIES", 0), \
+            mock.patch.object(relational_module, "TOKEN_PANEL_ENTRIES", panel):   # one token, some, all a panel
+        rows = RelationalAttention(target, X, eps)
+        assert not rows._whole_output(rows._engine, n, rows._forms[1])
+        radii, drift = rows.radii, rows.drift
+    assert "output" not in rows.__dict__                         # the whole output form was not built
+    assert np.all(radii <= whole.radii) and np.allclose(radii, whole.radii, rtol=1e-9, atol=0)
+    assert np.allclose(rows._token_parts[1], whole.output.center, rtol=1e-12, atol=1e-12)
+    _, _, at_x = _layer_forward(target, X)
+    for Y in _ball_points(rng, X, eps, 40):
+        out = _layer_forward(target, Y)[2]
+        assert np.all(np.linalg.norm(out - at_x, axis=1) <= radii + drift)
+        assert np.all(np.linalg.norm(out - rows._token_parts[1], axis=1) <= radii)
+
+
 def test_relational_route_scope():
     target, _ = _layer(0)
     assert not covers(target, Neighbourhood("2,inf", 0.1))

@@ -218,6 +218,28 @@ def test_row_gram_norms_cover_every_scaled_member_of_the_enclosure(seed, shape, 
     assert gram.norm_upper(np.zeros(rows.size), rows) <= 2 * largest * np.linalg.norm(rad / (largest or 1))
 
 
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.sampled_from([(6, 4), (3, 9), (40, 12)]), st.sampled_from([-600, -30, 0, 40, 600]),
+       st.booleans(), st.booleans())
+def test_row_gram_lower_norm_lies_below_the_exact_norm_and_the_upper_bound(seed, shape, exponent, subset, inexact):
+    rng = np.random.default_rng(seed)
+    Z = rng.standard_normal(shape) * 2.0 ** exponent
+    rad = np.abs(Z) * 1e-7 if inexact else np.zeros_like(Z)
+    gram = RowGram(Enclosure(Z, rad))
+    rows = np.sort(rng.choice(shape[0], max(1, shape[0] // 2), replace=False)) if subset else np.arange(shape[0])
+    scales = rng.uniform(0, 3, rows.size) * 2.0 ** -exponent
+    scales[0] = 0.0
+    below = gram.norm_lower(scales, None if not subset else rows)
+    with mpmath.workdps(60):
+        exact = max(mpmath.svd_r(mpmath.matrix([[_exact(s) * _exact(v) for v in Z[r]] for s, r in zip(scales, rows)]),
+                                 compute_uv=False))
+    assert _exact(below) <= exact and below <= gram.norm_upper(scales, None if not subset else rows)
+    assert below >= 0.5 * float(exact)        # twelve power steps from the rows' norms: no trivial bound
+    assert gram.norm_lower(np.zeros(rows.size), rows) == 0.0
+    with pytest.raises(Exception, match="non-negative row scales"):
+        gram.norm_lower(-scales - 1.0, None if not subset else rows)
+
+
 @pytest.mark.parametrize("rows", [250, 400])
 def test_row_gram_of_many_rows_places_its_level_by_eigenvalues_or_lanczos(rows):
     rng = np.random.default_rng(4)

@@ -39,7 +39,7 @@ from ..numeric.attention import AttentionMap
 from ..numeric.kernels import SOFTMAX, DotProduct
 from ..numeric.model import Layer
 from ..rigorous.arrays import IntervalArray
-from ..rigorous.zonotope import AffineForm
+from ..rigorous.zonotope import AffineForm, Symbols
 from .ball_weights import BallWeights
 from .balls import Neighbourhood
 from .bounds import LocalBounds, _softmax_range, attention_bounds
@@ -93,6 +93,14 @@ def frobenius_scores(E: EnclosedAttention, eps: float) -> IntervalArray:
 #: on the mat.", 1e-2 R: 18.78 with 24 radii per decade, 18.70 with 16 equal steps, 19.11 with 12, 19.95 with 8; CPU
 #: time in proportion to the radii).
 RELATIONAL_STEPS = 16
+#: Largest number of entries (box symbols times output entries) of the output form's box generators for which the whole
+#: output form is built; beyond it the token radii are formed one output token at a time with the symbols that token
+#: reads (:meth:`RelationalAttention.radii`).  At n = 20 tokens of MiniLM the whole form's box generators are 22080
+#: symbols x 7680 entries (1.4 GB an array, past 9.7 GB resident while they are formed); at n = 9 about 2.2e7.
+WHOLE_OUTPUT_ENTRIES = 50_000_000
+#: Past it, about the entries of the values' box generators of a panel of output tokens formed at once (a token's
+#: queries carry about 3 H n box symbols): 4 tokens a panel at n = 20 on MiniLM, 0.18 GB an array.
+TOKEN_PANEL_ENTRIES = 25_000_000
 #: the route runs where the variation found so far exceeds this fraction of ``||DF(X)||``: below it the certified
 #: value is within that fraction of its floor, and the route's grid costs about twice the curve's curvature bounds
 RELATIONAL_WORTH = 0.25
@@ -128,6 +136,25 @@ def mixed_output(engine: AttentionMap, P: AffineForm, V: AffineForm, weights: In
     """``X + concat_h(P_h V_h) W_O + b_O``: the weights' form P (H, n, n), within ``weights``, mixing the values."""
     merged = P.mix(V, weights).swapaxes(-2, -3).reshape(X.shape[0], engine.H * engine.d_v)
     return merged.linear(engine.W_O, engine.b_O) + X
+
+
+def token_rows(engine: AttentionMap, P: AffineForm, V: AffineForm, weights: IntervalArray, X: AffineForm,
+               rows: slice) -> AffineForm:
+    """Rows ``rows`` (a panel of consecutive tokens) of :func:`mixed_output`, formed alone: the queries' weights
+    ``P[:, rows]`` with only the box symbols that are not zero on them (each box symbol of the weights lives in one
+    query's row: a score's own, its row's softmax remainder, a range put in its place), mixing the values V, then
+    ``W_O`` and X's rows (V and X without box symbols, as those of :class:`RelationalAttention`).
+
+    Every operation of the form acts on an output row through its query's row of the weights alone, so this is the
+    whole form's rows with the symbols that are zero on them left out, counted afresh (the Euclidean symbols all kept;
+    the roundings' bounds may differ in the last bits, counting fewer symbols).  Memory: the whole form's box
+    generators are (box symbols, n, d), the panel's (its own symbols, its rows, d)."""
+    live = np.flatnonzero(np.any(P.box[:, :, rows] != 0, axis=(1, 2, 3)))
+    symbols = Symbols()
+    symbols.fresh(live.size)
+    panel = AffineForm(P.center[:, rows], P.l2[:, :, rows], P.box[live, :, rows], P.err[:, rows], symbols)
+    own = AffineForm(X.center[rows], X.l2[:, rows], X.box[:, rows], X.err[rows], X.symbols)
+    return mixed_output(engine, panel, V.with_symbols(symbols), weights[:, rows], own.with_symbols(symbols))
 
 
 @final
@@ -166,6 +193,9 @@ class RelationalAttention:
         E = enclosed or EnclosedAttention(target, X)
         U, projected = AffineForm.ball_image(X, eps, engine.W, engine.bias)
         S, V = head_forms(engine, projected)
+        if not self._whole_output(engine, X.shape[0], S):   # the values apart from the projection, which then goes
+            V = AffineForm(V.center.copy(), V.l2.copy(), V.box.copy(), V.err.copy(), V.symbols)   # (3 n d x n d)
+        del projected
         # (the closed form is never wider than the score-deviation theorem on the token balls of U)
         self.scores = _meet(S.hull(), frobenius_scores(E, eps))
         self.enclosed, self._engine, self._known = E, engine, known_weights
@@ -204,12 +234,39 @@ class RelationalAttention:
 
     @functools.cached_property
     def radii(self) -> np.ndarray:
-        return self.output.token_radii()
+        """``sup_U ||F_i(Y) - c_i||`` per output token (n,): the whole output form's token radii, or (past
+        :data:`WHOLE_OUTPUT_ENTRIES`) by panels of tokens from their own rows of the form (:func:`token_rows`)."""
+        return self._token_parts[0]
 
     @functools.cached_property
     def drift(self) -> np.ndarray:
         """``||c_i - F_i(X)||`` bounded: the form's centre against the layer's enclosure at X."""
-        return (IntervalArray(self.output.center) - self.enclosed.output).norm_upper()
+        return (IntervalArray(self._token_parts[1]) - self.enclosed.output).norm_upper()
+
+    @functools.cached_property
+    def _token_parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """The token radii and the centre (n, d) of the output form, from the whole form where it is formed or
+        small enough, else row by row."""
+        U, S, V = self._forms
+        if "output" in self.__dict__ or self._whole_output(self._engine, U.shape[0], S):
+            return self.output.token_radii(), self.output.center
+        weights, P = self._weights
+        engine, n = self._engine, U.shape[0]
+        # panels of tokens whose values' box generators (3 H n symbols a query, H n d_v entries) stay within a budget
+        size = max(1, TOKEN_PANEL_ENTRIES // (3 * engine.H * n * engine.H * n * engine.d_v))
+        radii, centre = np.empty(n), np.empty(U.shape)
+        for start in range(0, n, size):   # (each panel's form goes before the next one's is formed)
+            rows = slice(start, min(start + size, n))
+            panel = token_rows(engine, P, V, weights, U, rows)
+            radii[rows], centre[rows] = panel.token_radii(), panel.center
+        return radii, centre
+
+    @staticmethod
+    def _whole_output(engine: AttentionMap, n: int, S: AffineForm) -> bool:
+        """Whether the whole output form is small enough to build (:data:`WHOLE_OUTPUT_ENTRIES`): its box symbols are
+        about the scores' own, as many again from the softmax, and one per mixed value."""
+        symbols = 3 * S.center.size + engine.H * n * engine.d_v
+        return symbols * n * engine.W_O.shape[1] <= WHOLE_OUTPUT_ENTRIES
 
     def bounds(self, target: Layer, hood: Neighbourhood) -> LocalBounds:
         """:func:`~lipbound.local.bounds.attention_bounds` on the token balls of ``hood`` with the relational

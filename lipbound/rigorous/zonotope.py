@@ -253,6 +253,17 @@ class AffineForm:
         err = _add(extra, rad, _box_sum(box_rad), *l2_rads)
         return cls(mid, l2, box_mid, err, symbols)
 
+    def with_symbols(self, symbols: Symbols) -> AffineForm:
+        """The same set over another counter of box symbols, with its deviation if computed: a form without box symbols
+        only (its Euclidean symbols are the rows of its generators, the same in any computation)."""
+        if self.box.shape[0]:
+            raise AssumptionError("form", "a form without box symbols", f"{self.box.shape[0]} box symbols",
+                                  "derive the forms from one computation instead")
+        out = AffineForm(self.center, self.l2, self.box, self.err, symbols)
+        out.__dict__.update({key: value for key, value in self.__dict__.items()
+                             if key in ("_deviation", "_deviation_parts")})
+        return out
+
     # shape -----------------------------------------------------------------------------------------
     @property
     def shape(self) -> tuple:
