@@ -22,8 +22,9 @@ from test_local_curvature import _forward, _target
 from lipbound.local import curve as curve_module
 from lipbound.local.centre import ChainCentre
 from lipbound.local.chains import Component, chain_for
-from lipbound.local.curve import _float_jacobian, _matrix_norm, lipschitz_curve
+from lipbound.local.curve import _matrix_norm, lipschitz_curve
 from lipbound.local.grouped import covers, group_block_norms
+from lipbound.local.witness_search import float_jacobian
 from lipbound.rigorous.linalg import spectral_norm_upper_large
 
 
@@ -72,7 +73,7 @@ def test_whole_layer_by_groups_on_real_weights():
     assert covers(chain) and not covers(chain_for(bert.model, "stack", 0, last=1))
     centre = ChainCentre(chain, X, dense=False)
     moving = np.ones(X.shape[0], dtype=bool)
-    J = _float_jacobian(chain, X, moving)
+    J = float_jacobian(chain, X, moving)
     dense = float(np.linalg.norm(J.reshape(J.shape[0] * J.shape[1], -1), 2))
     whole = _matrix_norm(group_block_norms(chain, centre.enclosed, moving, X.shape[0]), "fro")
     halves = _matrix_norm(group_block_norms(chain, centre.enclosed, moving, 2), "fro")
@@ -105,14 +106,13 @@ def test_curve_beyond_the_dense_limit_takes_the_groups(monkeypatch):
 
 def test_float_jacobian_in_chunks_is_the_whole_one():
     """The witnesses' dense float Jacobian, formed a few basis directions at a time, against one pass."""
-    from lipbound.local.curve import _float_jacobian
     rng = np.random.default_rng(3)
     target = _target(rng, "layer", 4, heads=2, d_k=3, scale=1.0)
     X = rng.standard_normal((5, 4))
     chain = [Component("attention", target, "layer")]
     moving = np.array([True, False, True, True, False])
-    whole = _float_jacobian(chain, X, moving, chunk=10_000)
-    assert np.array_equal(_float_jacobian(chain, X, moving, chunk=3), whole)
+    whole = float_jacobian(chain, X, moving, chunk=10_000)
+    assert np.array_equal(float_jacobian(chain, X, moving, chunk=3), whole)
     J = central_jacobian(lambda Y: _forward(target, Y), X)[:, :, moving]
     assert np.allclose(whole, J, atol=1e-6)
 

@@ -15,8 +15,9 @@ from scipy.special import ndtr
 from lipbound.local.balls import TokenBalls
 from lipbound.local.bounds import feedforward_bounds
 from lipbound.local.chains import chain_for, chain_forward
-from lipbound.local.curve import _curve, _top_singular, lipschitz_curve
+from lipbound.local.curve import _curve, lipschitz_curve
 from lipbound.local.enclosed import EnclosedFeedForward
+from lipbound.local.witness_search import top_singular
 from lipbound.measures.bert import load_text_model
 from lipbound.numeric.certify import head_constant
 from lipbound.numeric.domains import LayerNormOutputs
@@ -100,16 +101,16 @@ def _check_at_adversarial_points(chain, X, curve, seed):
     ``reach``."""
     moving = np.ones(X.shape[0], dtype=bool)
     reference = chain_forward(chain, X[None])
-    _, top, _ = _top_singular(chain, X, moving, None, 0)
+    _, top, _ = top_singular(chain, X, moving, None, 0)
     rng = np.random.default_rng(seed)
     for point in curve.points:
         assert point.verdict == "holds" and point.witness <= point.certified
         if point.eps == 0:
             continue
-        _, E, _ = _top_singular(chain, X + 1e-3 * rng.standard_normal(X.shape), moving, None, 0, reference=reference)
+        _, E, _ = top_singular(chain, X + 1e-3 * rng.standard_normal(X.shape), moving, None, 0, reference=reference)
         for Y in (X + point.eps * E / np.linalg.norm(E), X - point.eps * E / np.linalg.norm(E)):
-            assert _top_singular(chain, Y, moving, None, 0)[0] <= point.certified * (1 + 1e-9)
-            assert _top_singular(chain, Y, moving, None, 0, reference=reference)[0] <= point.variation * (1 + 1e-9)
+            assert top_singular(chain, Y, moving, None, 0)[0] <= point.certified * (1 + 1e-9)
+            assert top_singular(chain, Y, moving, None, 0, reference=reference)[0] <= point.variation * (1 + 1e-9)
         for Y in (X + point.eps * E / np.linalg.norm(E), X + point.eps * top, X - point.eps * top):
             moved = np.linalg.norm(chain_forward(chain, Y[None])[-1] - reference[-1])
             assert moved <= point.reach * (1 + 1e-9) + 1e-12
@@ -145,7 +146,7 @@ def test_curve_global_constant_holds_off_the_layernorm_image():
     found = 0.0
     for _ in range(40):
         E = rng.standard_normal(X.shape)
-        found = max(found, _top_singular(chain, X + E * (eps / np.linalg.norm(E)), np.ones(3, dtype=bool), None, 0)[0])
+        found = max(found, top_singular(chain, X + E * (eps / np.linalg.norm(E)), np.ones(3, dtype=bool), None, 0)[0])
     assert found > image  # a cap at the image's constant would be refuted
     curve = lipschitz_curve(model, X, kind="head", head=0, layer=0, eps=[eps, 0.5], ascent_steps=2)
     point = curve.points[0]
@@ -353,7 +354,7 @@ def test_whole_layer_and_stack_curves_end_at_their_global_constants(stack_curve)
         chain = chain_for(generated, kind, 0, last=last)
         for _ in range(10):
             E = rng.standard_normal(X.shape)
-            assert _top_singular(chain, X + E / np.linalg.norm(E), moving, None, 0)[0] <= large.global_constant
+            assert top_singular(chain, X + E / np.linalg.norm(E), moving, None, 0)[0] <= large.global_constant
 
 
 def test_nested_curves_share_the_centre_and_change_no_value(monkeypatch):
@@ -693,7 +694,7 @@ def test_the_weighted_block_reach_holds_on_the_ball(seed):
         module._weighted_reach = original
     assert len(formed) == 2 and all(np.isfinite(bound) for _, bound in formed)
     centre = chain_forward(chain, X[None])[-1][0]
-    _, top, _ = _top_singular(chain, X, np.ones(X.shape[0], dtype=bool), None, 0)
+    _, top, _ = top_singular(chain, X, np.ones(X.shape[0], dtype=bool), None, 0)
     rng = np.random.default_rng(seed)
 
     def moved(E):
