@@ -27,6 +27,7 @@ from lipbound.rigorous.linalg import (
     lambda_max_upper_large,
     spectral_norm_upper_large,
 )
+from lipbound.rigorous.rayleigh import row_gram_norm_lower
 
 #: Exponent ranges of the entries: ordinary, tiny (products underflow), large.
 SCALES = st.sampled_from([0, -500, -1000, 300])
@@ -229,15 +230,15 @@ def test_row_gram_lower_norm_lies_below_the_exact_norm_and_the_upper_bound(seed,
     rows = np.sort(rng.choice(shape[0], max(1, shape[0] // 2), replace=False)) if subset else np.arange(shape[0])
     scales = rng.uniform(0, 3, rows.size) * 2.0 ** -exponent
     scales[0] = 0.0
-    below = gram.norm_lower(scales, None if not subset else rows)
+    below = row_gram_norm_lower(gram, scales, None if not subset else rows)
     with mpmath.workdps(60):
         exact = max(mpmath.svd_r(mpmath.matrix([[_exact(s) * _exact(v) for v in Z[r]] for s, r in zip(scales, rows)]),
                                  compute_uv=False))
     assert _exact(below) <= exact and below <= gram.norm_upper(scales, None if not subset else rows)
     assert below >= 0.5 * float(exact)        # twelve power steps from the rows' norms: no trivial bound
-    assert gram.norm_lower(np.zeros(rows.size), rows) == 0.0
+    assert row_gram_norm_lower(gram, np.zeros(rows.size), rows) == 0.0
     with pytest.raises(Exception, match="non-negative row scales"):
-        gram.norm_lower(-scales - 1.0, None if not subset else rows)
+        row_gram_norm_lower(gram, -scales - 1.0, None if not subset else rows)
 
 
 @pytest.mark.parametrize("rows", [250, 400])

@@ -74,6 +74,7 @@ from ..rigorous.arrays import IntervalArray
 from ..rigorous.batched import interval_spectral_norms_upper
 from ..rigorous.intervals import upper
 from ..rigorous.linalg import Enclosure, RowGram, product_norm_interval, spectral_norm_upper_large
+from ..rigorous.rayleigh import row_gram_norm_lower
 from ..symbolic import local as T
 from .bounds import LocalBounds, attention_norms, evaluate_theorem, head_movement, value_space
 from .centred import CentredRows, ValueSpread, weighted_reach
@@ -309,7 +310,7 @@ class AttentionCurvature:
             # passes the centred rows' bound it cannot be the smaller and is not factorised (same floats; on MiniLM
             # 2.37 against 1.80 at 1e-5 R, n = 9: one factorisation of four per radius saved)
             variance = CentredRows.variance_scales(facts).ravel()
-            if not (isinstance(self.zeta_rows, RowGram) and self.zeta_rows.norm_lower(variance) >= rows):
+            if not (isinstance(self.zeta_rows, RowGram) and row_gram_norm_lower(self.zeta_rows, variance) >= rows):
                 rows = min(rows, self.centred_rows.variance_rows(facts, centred[0]))
             stacked_upper = IntervalArray(rows)
         first = min((IntervalArray(self.value_norms) * per_head).sum(axis=0).hi.item(),

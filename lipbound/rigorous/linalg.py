@@ -719,51 +719,6 @@ class RowGram:
         shift = math.frexp(float(np.max(s)))[1] if s.size else 0
         return upper(self._norm_in_units(_ldexp_up(s, -shift), rows, margin) * IV.mpf(2) ** (shift + self.exponent))
 
-    def norm_lower(self, scales, rows=None, steps: int = 12) -> float:
-        """Certified lower bound on ``||diag(scales) 2^e A_rows||_2``, the norm of a point of the enclosure (so below
-        every :meth:`norm_upper` of the same scales), from a Rayleigh quotient: for any vector v and ``w = D v``,
-
-            ||D A_R||_2^2 >= w^T A A^T w / v^T v >= (w^T G w - gamma_k (sum_r |w_r| ||A_r||)^2 - k eta (sum_r |w_r|)^2)
-                                                   / v^T v,
-
-        since ``|G - A A^T| <= gamma_k |A||A|^T + k eta`` entrywise and ``|A_r| . |A_c| <= ||A_r|| ||A_c||``; the form
-        evaluated in interval arithmetic, v from ``steps`` float power steps on ``D G D`` (any v is sound; the steps
-        only bring the bound close).  One product of the Gram matrix per step, no factorisation: it decides where a
-        route whose norm would lose anyway need not be factorised.  The factors are scaled by a power of two rounded
-        down (the norm grows with every factor)."""
-        from .arrays import IntervalArray  # (arrays is built on this module)
-        rows = np.arange(self.m) if rows is None else np.asarray(rows, dtype=np.int64).ravel()
-        s = np.asarray(scales, dtype=np.float64).ravel()
-        if s.shape != rows.shape or not np.all(s >= 0) or not np.all(np.isfinite(s)):
-            raise WeightsError("scales", f"{rows.size} finite non-negative row scales", f"shape {s.shape}",
-                               "pass one row scale per row")
-        if not np.any((s > 0) & self.nonzero[rows]):
-            return 0.0
-        shift = math.frexp(float(np.max(s)))[1]
-        t = np.ldexp(s, -shift)
-        inexact = np.ldexp(t, shift) != s
-        t[inexact] = np.nextafter(t[inexact], 0.0)
-        every = rows.size == self.m and np.array_equal(rows, np.arange(self.m))
-        G = self.gram if every else self.gram[np.ix_(rows, rows)]
-        v = t * np.sqrt(self.squares[rows])
-        for _ in range(steps):
-            v = t * (G @ (t * v))
-            size = float(np.linalg.norm(v))
-            if not (math.isfinite(size) and size > 0):
-                return 0.0
-            v /= size
-        w = IntervalArray(t) * IntervalArray(v)
-        form = (w * w.matmul(G)).sum(axis=-1)
-        sizes = IntervalArray(w.magnitude)
-        rounding = interval(_gamma(self.k)) * interval(float((sizes * IntervalArray(self.squares[rows]).sqrt())
-                                                             .sum(axis=-1).hi)) ** 2 \
-            + interval(self.k) * interval(_ETA) * interval(float(sizes.sum(axis=-1).hi)) ** 2
-        top = interval(float(form.lo)) - rounding
-        length = float((IntervalArray(v) * IntervalArray(v)).sum(axis=-1).hi)
-        if not lower(top) > 0:
-            return 0.0
-        return lower(IV.sqrt(top / interval(length)) * IV.mpf(2) ** (shift + self.exponent))
-
     def _norm_in_units(self, s: np.ndarray, rows: np.ndarray, margin: float):
         """Interval above ``||diag(s) Z_rows|| / 2^e`` for factors s at most 1."""
         squared = _weighted_squares_upper(s, np.ones_like(s))                          # ||s||^2
