@@ -76,7 +76,7 @@ def test_local_curve_and_edit_rows_through_the_command_line(tmp_path, capsys):
     (["--plot-curve", "/nonexistent/dir/c.png"], "no folder /nonexistent/dir"),
     (["--curvature-tokens", "0"], "argument --curvature-tokens: expected a positive integer, got '0'"),
     (["--kind", "head"], "argument --kind: expected --map head (this option is now called --map; verify's --kind"),
-    (["--map", "block", "--recheck"], "--recheck: expected a head or an attention layer in the Frobenius norm"),
+    (["--norm", "2,1", "--recheck"], "--recheck: expected maps the high-precision re-check covers, in the Frobenius"),
 ])
 def test_local_errors_are_one_line(args, fragment, capsys):
     try:
