@@ -197,17 +197,22 @@ def test_large_matrix_norm_is_above_the_exact_singular_value(seed, with_estimate
     assert bound <= float(exact) * (1 + 1e-5) + 2 * float(frobenius_rad)
 
 
+def _scaled_rows(seed, shape, exponent, subset, inexact):
+    """A row Gram of a random enclosure at scale ``2^exponent``, some of its rows and their scales (the first 0)."""
+    rng = np.random.default_rng(seed)
+    Z = rng.standard_normal(shape) * 2.0 ** exponent
+    rad = np.abs(Z) * 1e-7 if inexact else np.zeros_like(Z)
+    rows = np.sort(rng.choice(shape[0], max(1, shape[0] // 2), replace=False)) if subset else np.arange(shape[0])
+    scales = rng.uniform(0, 3, rows.size) * 2.0 ** -exponent
+    scales[0] = 0.0
+    return rng, Z, rad, RowGram(Enclosure(Z, rad)), rows, scales
+
+
 @settings(max_examples=12)
 @given(st.integers(0, 2**31 - 1), st.sampled_from([(6, 4), (3, 9), (12, 5)]), st.sampled_from([-600, -30, 0, 40, 600]),
        st.booleans(), st.booleans())
 def test_row_gram_norms_cover_every_scaled_member_of_the_enclosure(seed, shape, exponent, subset, inexact):
-    rng = np.random.default_rng(seed)
-    Z = rng.standard_normal(shape) * 2.0 ** exponent
-    rad = np.abs(Z) * 1e-7 if inexact else np.zeros_like(Z)
-    gram = RowGram(Enclosure(Z, rad))
-    rows = np.sort(rng.choice(shape[0], max(1, shape[0] // 2), replace=False)) if subset else np.arange(shape[0])
-    scales = rng.uniform(0, 3, rows.size) * 2.0 ** -exponent
-    scales[0] = 0.0
+    rng, Z, rad, gram, rows, scales = _scaled_rows(seed, shape, exponent, subset, inexact)
     bound = gram.norm_upper(scales, None if not subset else rows)
     with mpmath.workdps(60):
         norms = [max(mpmath.svd_r(mpmath.matrix([[_exact(s) * _exact(v) for v in member[r]]
@@ -223,13 +228,7 @@ def test_row_gram_norms_cover_every_scaled_member_of_the_enclosure(seed, shape, 
 @given(st.integers(0, 2**31 - 1), st.sampled_from([(6, 4), (3, 9), (40, 12)]), st.sampled_from([-600, -30, 0, 40, 600]),
        st.booleans(), st.booleans())
 def test_row_gram_lower_norm_lies_below_the_exact_norm_and_the_upper_bound(seed, shape, exponent, subset, inexact):
-    rng = np.random.default_rng(seed)
-    Z = rng.standard_normal(shape) * 2.0 ** exponent
-    rad = np.abs(Z) * 1e-7 if inexact else np.zeros_like(Z)
-    gram = RowGram(Enclosure(Z, rad))
-    rows = np.sort(rng.choice(shape[0], max(1, shape[0] // 2), replace=False)) if subset else np.arange(shape[0])
-    scales = rng.uniform(0, 3, rows.size) * 2.0 ** -exponent
-    scales[0] = 0.0
+    rng, Z, rad, gram, rows, scales = _scaled_rows(seed, shape, exponent, subset, inexact)
     below = row_gram_norm_lower(gram, scales, None if not subset else rows)
     with mpmath.workdps(60):
         exact = max(mpmath.svd_r(mpmath.matrix([[_exact(s) * _exact(v) for v in Z[r]] for s, r in zip(scales, rows)]),
