@@ -28,7 +28,7 @@ from mpmath import libmp
 
 from ..errors import AssumptionError, NotCertifiedError, WeightsError
 from . import functions as F
-from .elementwise import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, all_finite
+from .elementwise import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, all_finite, gamma_bound
 from .intervals import IV, _raw, interval, lower, point, upper
 
 __all__ = ["Enclosure", "vector_norm_upper", "vector_norm_lower", "spectral_norm_bounds",
@@ -41,22 +41,14 @@ _U = UNIT_ROUNDOFF
 _ETA = SMALLEST_SUBNORMAL
 
 
-def _gamma(k: int) -> float:
-    """``gamma_k = k u / (1 - k u)`` rounded up (the factor ``1 + 4u`` covers its own rounding)."""
-    if k * _U >= 0.5:
-        raise NotCertifiedError("size", f"k u < 1/2 (k < {int(0.5 / _U)})", str(k),
-                                "the problem is too large for the floating-point error bounds")
-    return k * _U / (1.0 - k * _U) * (1.0 + 4 * _U)
-
-
 def dot_error_factor(k: int) -> float:
     """``gamma_k`` rounded up: ``|fl(x . y) - x . y| <= gamma_k |x| . |y|`` for k terms, any summation order."""
-    return _gamma(k)
+    return gamma_bound(k)
 
 
 def _safe(k: int) -> float:
     """Inflation factor for a non-negative quantity computed with at most ``k + 8`` roundings."""
-    return 1.0 + 2.0 * _gamma(k + 8)
+    return 1.0 + 2.0 * gamma_bound(k + 8)
 
 
 def _fro_upper(X: np.ndarray) -> float:
@@ -189,12 +181,12 @@ class Enclosure:
             left, right = np.abs(self.mid), np.abs(other.mid)
             largest = float(np.max(left, initial=0.0)) + float(np.max(right, initial=0.0))
             if other.is_exact:
-                weight = left * _gamma(k)
+                weight = left * gamma_bound(k)
                 if not self.is_exact:
                     weight += self.rad
                 spread = weight @ right
             else:
-                inner = right * _gamma(k)
+                inner = right * gamma_bound(k)
                 inner += other.rad
                 spread = left @ inner
                 if not self.is_exact:
@@ -309,7 +301,7 @@ def _sum_of_squares_bounds(v: np.ndarray) -> tuple:
     ``|fl(v . v) - v . v| <= gamma_n v . v + n eta`` for any summation order."""
     n = v.size
     computed = float(np.dot(v, v))
-    g = interval(2 * _gamma(n))
+    g = interval(2 * gamma_bound(n))
     slack = interval(2 * n) * interval(_ETA)
     return (interval(computed) - slack) / (1 + g), (interval(computed) + slack) / (1 - g)
 
@@ -378,7 +370,7 @@ def lambda_min_lower(S, attempts: int = 8) -> float:
             continue
         absL = np.abs(L)
         residual = (np.abs(B - L @ L.T) * (1 + 2 * _U)
-                    + (_gamma(m) * (absL @ absL.T) + m * _ETA) * _safe(m))
+                    + (gamma_bound(m) * (absL @ absL.T) + m * _ETA) * _safe(m))
         residual[np.diag_indices(m)] += _U * np.abs(np.diag(B)) * (1 + 2 * _U) + _ETA  # fl(M_ii - s)
         delta = _fro_upper(residual) + radius
         return math.nextafter(math.nextafter(shift - delta, -math.inf), -math.inf)
@@ -409,7 +401,7 @@ def psd_floor(S, shift: float | None = None, extra: float = 0.0) -> float:
     if M.ndim != 2 or M.shape[1] != n:
         raise WeightsError("S", "a square matrix", f"shape {M.shape}", "pass a symmetric matrix")
     radius = _fro_upper(S.rad)
-    g = _gamma(n + 1)
+    g = gamma_bound(n + 1)
     if shift is None:
         shift = 4.0 * (g * float(np.sum(np.maximum(np.diag(M), 0.0))) + radius + float(extra))
     B = M.copy()
@@ -564,7 +556,7 @@ def spectral_norm_upper_large(M, estimate: float | None = None, margin: float = 
     gram = _symmetric_gram(scaled.T)
     frobenius = _fro_upper(scaled)
     del scaled  # only the Gram matrix is needed from here on
-    gram_error = _gamma(rows) * frobenius * frobenius * _safe(rows) + k * _ETA
+    gram_error = gamma_bound(rows) * frobenius * frobenius * _safe(rows) + k * _ETA
     top = _top_estimate(gram)  # a failed factorisation costs more than the estimate
     if estimate is not None:
         top = max(top, (float(estimate) * 2.0 ** -exponent) ** 2)
@@ -630,11 +622,11 @@ def _top_by_cholesky(S: np.ndarray, top: float, margin: float, a_priori: bool = 
         if a_priori:
             if not all_finite(L):
                 continue
-            residual = (_gamma(k + 1) * _fro_upper(L) ** 2 + k * (k + 2) * _ETA) * _safe(k)
+            residual = (gamma_bound(k + 1) * _fro_upper(L) ** 2 + k * (k + 2) * _ETA) * _safe(k)
         else:
             product = L @ L.T
             product -= B  # fl(fl(L L^T) - B): within a factor 1 + 2u of its exact value, entrywise
-            residual = _fro_upper(product) * (1 + 4 * _U) + _gamma(k) * _fro_upper(L) ** 2 * _safe(k)
+            residual = _fro_upper(product) * (1 + 4 * _U) + gamma_bound(k) * _fro_upper(L) ** 2 * _safe(k)
         residual += _U * float(np.max(np.abs(np.diag(B)))) * math.sqrt(k) * (1 + 4 * _U)  # fl(level - S_ii)
         return interval(level) + interval(residual)
     return None
@@ -730,10 +722,10 @@ class RowGram:
         S = np.outer(s, s)  # fl(s_r s_c) = fl(s_c s_r): S is exactly symmetric
         every = rows.size == self.m and np.array_equal(rows, np.arange(self.m))
         S *= self.gram if every else self.gram[np.ix_(rows, rows)]
-        g2 = interval(_gamma(2))
+        g2 = interval(gamma_bound(2))
         underflow = interval(rows.size) * interval(self.k + 2) * interval(_ETA)            # ||.||_F of (k + 2) eta
         error = (g2 / (1 - g2) * (interval(_fro_upper(S)) + underflow) + underflow
-                 + interval(_gamma(self.k)) * interval(frobenius)
+                 + interval(gamma_bound(self.k)) * interval(frobenius)
                  + interval(self.k) * interval(_ETA) * interval(squared))
         top = _top_by_cholesky(S, _top_estimate(S), margin, a_priori=rows.size >= A_PRIORI_ROWS)
         if top is None:  # the Frobenius norm bounds the spectral norm

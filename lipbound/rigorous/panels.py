@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import NotCertifiedError
+from .elementwise import gamma_bound
 from .intervals import IV, interval, upper
-from .linalg import _ETA, Enclosure, _gamma, _safe, vector_norm_upper
+from .linalg import _ETA, Enclosure, _safe, vector_norm_upper
 
 __all__ = ["PANEL_ROWS", "point_product_panels"]
 
@@ -35,7 +36,7 @@ def point_product_panels(P: np.ndarray, A: Enclosure, rows: int = PANEL_ROWS) ->
     k = P.shape[1]
     magnitude = np.abs(A.mid)
     largest = float(np.max(np.abs(P), initial=0.0)) + float(np.max(magnitude, initial=0.0))
-    inner = np.multiply(magnitude, _gamma(k), out=magnitude)     # gamma_k |A_m| (+ A_r): the one whole operand
+    inner = np.multiply(magnitude, gamma_bound(k), out=magnitude)     # gamma_k |A_m| (+ A_r): the one whole operand
     if not A.is_exact:
         inner += A.rad
     mid = np.empty((P.shape[0], A.shape[1]))
