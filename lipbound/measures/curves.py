@@ -32,8 +32,8 @@ def local_curve(sentence: str, *, layer: int = 0, kind: str = "layer", head: int
     """``L(eps)`` of a component at the hidden states of ``sentence`` entering ``layer``.
 
     ``eps`` are fractions of the LayerNorm radius of the layer (module docstring).  Returns the curve and
-    the sentence's tokens.  ``recheck``: each witness re-checked in high precision (heads and attention layers,
-    Frobenius norm; :func:`~lipbound.local.curve.lipschitz_curve`).
+    the sentence's tokens.  ``recheck``: each witness re-checked in high precision (Frobenius norm; the maps
+    :func:`~lipbound.local.witness_check.recheckable` covers; :func:`~lipbound.local.curve.lipschitz_curve`).
     """
     if not isinstance(sentence, str) or not sentence.strip():
         raise AssumptionError("sentence", "a non-empty sentence", repr(sentence),

@@ -35,7 +35,9 @@ from ..kernels import DotProduct
 from ..kernels.masks import AttentionMask
 from ..model import FeedForward, Layer
 from ..normalization import Normalization
-from .exact import Ball, Dyadic
+from .exact import Ball, Dyadic, widen
+from .maps import softmax_row, softmax_tangent
+from .scores import score_scale
 
 __all__ = ["CHAIN_PRECISIONS", "CHAIN_WIDTH", "DIGITS_PER_BLOCK", "ERF_SERIES_TO", "chain_gaps",
            "chain_directional_norm"]
@@ -85,7 +87,7 @@ def _values(ball: Ball) -> np.ndarray:
     """The ball's entries as intervals."""
     out = ball.center.intervals()
     for index, radius in np.ndenumerate(ball.radius):
-        out[index] = out[index] + IV.mpf([-float(radius), float(radius)])
+        out[index] = widen(out[index], float(radius))
     return out
 
 
@@ -110,19 +112,12 @@ def _attention(layer: Layer, cache: dict, X: np.ndarray, E: np.ndarray) -> tuple
                          for key, matrix in (("Q", head.W_Q), ("K", head.W_K), ("V", head.V)))
         Q, K, V = _rows(W_Q.times(X), head.b_Q), _rows(W_K.times(X), head.b_K), _rows(W_V.times(X), head.b_V)
         dQ, dK, dV = W_Q.times(E), W_K.times(E), W_V.times(E)
-        c = 1 / IV.sqrt(IV.mpf(head.d_k)) if head.kernel.scale is None else IV.mpf(head.kernel.scale)
+        c = score_scale(head.kernel, head.d_k)
         S = (Q @ K.T) * c
         dS = (dQ @ K.T + Q @ dK.T) * c
-        P = np.empty_like(S)
-        for i in range(S.shape[0]):
-            shift = max(S[i], key=lambda s: s.mid).mid
-            exps = [IV.exp(s - shift) for s in S[i]]
-            total = IV.fsum(exps)
-            P[i] = [x / total for x in exps]
-        mean = np.array([IV.fsum(p * ds for p, ds in zip(P[i], dS[i])) for i in range(S.shape[0])], dtype=object)
-        dP = P * (dS - mean[:, None])
+        P = np.array([softmax_row(list(row)) for row in S], dtype=object)
         heads_out.append(P @ V)
-        heads_tangent.append(dP @ V + P @ dV)
+        heads_tangent.append(softmax_tangent(P, dS) @ V + P @ dV)
     W_O = cache.setdefault((id(layer), "O"), _Weights(layer.W_O))
     out = _rows(W_O.times(np.concatenate(heads_out, axis=1)), layer.b_O) + X
     return out, W_O.times(np.concatenate(heads_tangent, axis=1)) + E
@@ -178,7 +173,8 @@ def _normal_series(H: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _enclosure(maps, X: np.ndarray, E: np.ndarray, series: bool) -> tuple[float, float]:
-    values, tangent, cache = _exact(X), _exact(E), {}
+    direction = _exact(E)
+    values, tangent, cache = _exact(X), direction, {}
     for kind, target in maps:
         if kind == "attention":
             values, tangent = _attention(target, cache, values, tangent)
@@ -186,7 +182,7 @@ def _enclosure(maps, X: np.ndarray, E: np.ndarray, series: bool) -> tuple[float,
             values, tangent = _norm(target, values, tangent)
         else:
             values, tangent = _feedforward(target, cache, values, tangent, series)
-    ratio = IV.sqrt(IV.fsum(t ** 2 for t in tangent.ravel())) / IV.sqrt(IV.fsum(v ** 2 for v in _exact(E).ravel()))
+    ratio = IV.sqrt(IV.fsum(t ** 2 for t in tangent.ravel())) / IV.sqrt(IV.fsum(v ** 2 for v in direction.ravel()))
     return lower(ratio), upper(ratio)
 
 

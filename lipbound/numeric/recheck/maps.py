@@ -14,7 +14,7 @@ from ..model import Head, Layer
 from .exact import Ball, Dyadic, concat
 from .scores import score_check
 
-__all__ = ["HeadCheck", "MapCheck"]
+__all__ = ["HeadCheck", "MapCheck", "softmax_row", "softmax_tangent"]
 
 
 def _visible(mask, i: int, j: int) -> bool:
@@ -62,11 +62,9 @@ class HeadCheck:
         P = np.empty((self.m, self.n), dtype=object)
         for i in range(self.m):
             keys = self._keys(i)
-            shift = max((S[i, j] for j in keys), key=lambda x: x.mid).mid if keys else 0
-            exps = {j: IV.exp(S[i, j] - shift) for j in keys}
-            total = IV.fsum(exps.values())
+            weights = dict(zip(keys, softmax_row([S[i, j] for j in keys])))
             for j in range(self.n):
-                P[i, j] = exps[j] / total if j in exps else IV.mpf(0)
+                P[i, j] = weights.get(j, IV.mpf(0))
         return P
 
     def _sigmoid(self, S: np.ndarray) -> np.ndarray:
@@ -101,12 +99,24 @@ class HeadCheck:
         ``dP = P (1 - P) dS`` (sigmoid)."""
         dS, dV = self.score_jvp(E, EQ)
         P = self.P
-        if self.sigmoid:
-            dP = P * (1 - P) * dS
-        else:
-            mean = np.array([IV.fsum(P[i, j] * dS[i, j] for j in range(self.n)) for i in range(self.m)], dtype=object)
-            dP = P * (dS - mean[:, None])
+        dP = P * (1 - P) * dS if self.sigmoid else softmax_tangent(P, dS)
         return Ball.of_intervals(dP).matmul_exact(self.V) + Ball.of_intervals(P).matmul_exact(dV)
+
+
+def softmax_row(scores: list) -> list:
+    """Interval softmax of one row of scores (shifted by the largest midpoint; empty for no keys)."""
+    if not scores:
+        return []
+    shift = max(scores, key=lambda x: x.mid).mid
+    exps = [IV.exp(s - shift) for s in scores]
+    total = IV.fsum(exps)
+    return [x / total for x in exps]
+
+
+def softmax_tangent(P: np.ndarray, dS: np.ndarray) -> np.ndarray:
+    """``dP = P o (dS - rowsum(P o dS))``, the softmax rows' derivative along the score change dS."""
+    mean = np.array([IV.fsum(p * ds for p, ds in zip(P[i], dS[i])) for i in range(P.shape[0])], dtype=object)
+    return P * (dS - mean[:, None])
 
 
 def _row(bias: Dyadic, n: int) -> Dyadic:

@@ -23,7 +23,7 @@ from ..kernels import CustomKernel, DotProduct, FeatureMap, L2Distance, QKNorm, 
 from ..kernels.custom import gram_form
 from .exact import Dyadic
 
-__all__ = ["SCORE_CHECKS", "score_check"]
+__all__ = ["SCORE_CHECKS", "score_check", "score_scale"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -34,7 +34,7 @@ def _inner_rows(A: Dyadic, B: Dyadic) -> np.ndarray:
     return Dyadic(np.sum(A.m * B.m, axis=-1), A.e + B.e).intervals()
 
 
-def _scale(kernel, d_k: int):
+def score_scale(kernel, d_k: int):
     """The kernel's score scale as an interval: its own float exactly, or ``1/sqrt(d_k)`` enclosed."""
     return 1 / IV.sqrt(IV.mpf(d_k)) if kernel.scale is None else IV.mpf(kernel.scale)
 
@@ -44,7 +44,7 @@ class _DotCheck:
     """``s = c q . k`` (DotProduct, and the scores of Sigmoid)."""
 
     def __init__(self, kernel, head):
-        self.head, self.c = head, _scale(kernel, head.d_k)
+        self.head, self.c = head, score_scale(kernel, head.d_k)
         self.S = (head.Q @ head.K.T).intervals() * self.c
 
     def jvp(self, dQ: Dyadic, dK: Dyadic) -> np.ndarray:
@@ -56,7 +56,7 @@ class _L2Check:
     """``s = -c ||q - k||^2``."""
 
     def __init__(self, kernel, head):
-        self.head, self.c = head, _scale(kernel, head.d_k)
+        self.head, self.c = head, score_scale(kernel, head.d_k)
         Q, K = head.Q, head.K
         qq, kk = Q.row_sums_of_squares().intervals(), K.row_sums_of_squares().intervals()
         self.S = -(qq[:, None] - 2 * (Q @ K.T).intervals() + kk[None, :]) * self.c
@@ -144,7 +144,7 @@ class _QKCheck:
     without the norm)."""
 
     def __init__(self, kernel, head):
-        self.head, self.c = head, _scale(kernel, head.d_k)
+        self.head, self.c = head, score_scale(kernel, head.d_k)
         self.norm = kernel if isinstance(kernel, QKNorm) else None
         rotary = kernel.rotary if self.norm is not None else kernel
         self.rotation = None if rotary is None else _Rotation(rotary, head.d_k, max(head.m, head.n))
