@@ -34,7 +34,7 @@ from .starts import left_singular
 __all__ = ["rotary_spread_queries"]
 
 
-def rotary_spread_queries(problem, h: int, tied: np.ndarray, turns=(0.15, 0.3), margins=(10.0,)) -> list[np.ndarray]:
+def rotary_spread_queries(problem, h: int, tied: np.ndarray, turns=(0.2, 0.5), margins=(10.0,)) -> list[np.ndarray]:
     """Chart inputs (b, n, width) of self-attention with tokens 0 and 1 keys tied for every query 2..n-1 of head h
     (of a rotary head or layer), each query turned from a common point towards one common move of the keys (module
     docstring).
@@ -94,7 +94,7 @@ def _tied_pair(B: np.ndarray, P, K, SV, b_Q, sigma: float, rotations: dict, marg
     # one score for all rows' keys (per-row levels make the system inconsistent along its tiny singular directions)
     mid = np.linalg.lstsq(G, np.full(len(G), max(own) + margin), rcond=rcond)[0]
     mid = mid * min(1.0, 0.95 / max(np.linalg.norm(mid), 1e-300))
-    frame, widths, _ = np.linalg.svd(G.T, full_matrices=False)
+    frame, widths, _ = np.linalg.svd(np.vstack([G, mid]).T, full_matrices=False)
     frame = frame[:, widths > rcond * widths[0]]
     out = []
     for spread in _spreads(SV, frame)[:spreads]:
