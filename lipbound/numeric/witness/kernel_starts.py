@@ -14,8 +14,10 @@ continuation starts only):
   offset (no one matrix is exact, since each query sees its keys at its own offsets: the polish then
   climbs on the rotary map itself), and two keys tied for every query at all of its offsets at once
   (:func:`rotary_tied_keys`: the ties are linear in the keys), for the largest heads one by one and for
-  all heads together, and token 1 tied between key 0 and itself, so that one move shifts its query and one of
-  its keys at once (:func:`rotary_self_tied`, the two largest heads);
+  all heads together, the same with each query turned to its own point towards the keys' one common move
+  (:func:`.spread_starts.rotary_spread_queries`, the largest heads one by one; each head's best query point is
+  ranked first, since the pool is ranked in chunks until a deadline), and token 1 tied between key 0 and itself, so
+  that one move shifts its query and one of its keys at once (:func:`rotary_self_tied`, the two largest heads);
 * :class:`~lipbound.numeric.kernels.QKNorm` -- the scores are 0-homogeneous in q and k up to the
   regulariser, so their derivatives grow like ``1 / ||k||`` (``1 / ||q||``): one token near the
   affine null set ``x W_K + b_K = 0`` of the keys at the first position, which every query sees

@@ -164,7 +164,10 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     Castin et al.'s adversarial input, random inputs with a continuation from a shrunk domain; the
     best (the two best of every constructed family among them) are polished together by an L-BFGS
     ascent of the local Jacobian norm in smooth coordinates of the domain, then the best alone, and,
-    when it converges early, each other family's two best in turn (:func:`.ascent.polish_best`).
+    when it converges early, each other family's two best in turn (:func:`.ascent.polish_best`).  The
+    starts are ranked in chunks, at least one; when that overruns the budget (a wide layer at a small budget), the
+    continuation is left out where its share of the budget cannot pay its three stages, and the polish still gets
+    half the budget.
     """
     if role not in ROLES:
         raise AssumptionError("role", f"one of {ROLES}", repr(role), "choose the argument of the constant")
