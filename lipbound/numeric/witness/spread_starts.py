@@ -93,7 +93,7 @@ def _tied_pair(B: np.ndarray, P, K, SV, b_Q, sigma: float, rotations: dict, marg
     G = np.array(gradients)
     # one score for all rows' keys (per-row levels make the system inconsistent along its tiny singular directions)
     mid = np.linalg.lstsq(G, np.full(len(G), max(own) + margin), rcond=rcond)[0]
-    mid = mid * min(1.0, 0.95 / max(np.linalg.norm(mid), 1e-300))
+    mid = mid * min(1.0, 0.95 / max(float(np.linalg.norm(mid)), 1e-300))
     frame, widths, _ = np.linalg.svd(np.vstack([G, mid]).T, full_matrices=False)
     frame = frame[:, widths > rcond * widths[0]]
     out = []
