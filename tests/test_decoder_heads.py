@@ -454,6 +454,54 @@ def test_rotary_tied_key_starts_tie_the_two_keys_for_every_query_offset_and_head
         assert any(above) or len(tied) > 1
 
 
+def test_rotary_spread_starts_turn_each_query_towards_the_keys_common_move():
+    """The spread-query witness start (:func:`~lipbound.numeric.witness.spread_starts.rotary_spread_queries`): inside
+    the domain, and each query on the arc from the tied start's common point towards the point of the domain where
+    row i's score difference ``s_i0 - s_i1`` moves most along the keys' one move f (scores with the rotations written
+    here; f the top right singular vector of the rows' gradients in the keys at the common point), nearer that point
+    than the common point is (a head and a head of a layer, two turns each)."""
+    from lipbound.numeric.witness.spread_starts import rotary_spread_queries
+
+    rng = np.random.default_rng(29)
+    d, d_k, n = 12, 4, 5
+    layer = _layer("llama", rng, d, d_k, 2, 1, 1.0)
+    gamma = rng.uniform(0.2, 1.0, d)
+    domain = RMSNormOutputs(RMSNorm(gamma, 1e-5))
+    head = layer.heads[0]
+    kernel = head.kernel
+    dims = kernel.rotated(d_k)
+
+    def rotated(u: np.ndarray, position: int) -> np.ndarray:
+        return _rotate(u, position, kernel.base, dims, kernel.pairing)
+
+    def key_gradients(query: np.ndarray, i: int) -> np.ndarray:
+        """The gradient (2 d) of ``s_i0 - s_i1`` in ``(x_0, x_1)``: ``W_K R_j^T q`` for key j, q the rotated query."""
+        q = rotated(query @ head.W_Q, i) / math.sqrt(d_k)
+        return np.concatenate([sign * head.W_K @ np.array([q @ rotated(unit, j) for unit in np.eye(d_k)])
+                               for sign, j in ((1, 0), (-1, 1))])
+
+    for target in (head, layer):
+        problem = SearchProblem(target, "self", domain, None, n, None)
+        tied = rotary_tied_keys(problem, [0])
+        common = problem.lift(tied)[0]
+        points = [k for k in range(len(common)) if not any(np.allclose(common[k, 2], common[m, 2]) for m in range(k))]
+        groups = rotary_spread_queries(problem, 0, tied)
+        assert len(groups) == len(points)
+        for k, group in zip(points, groups):
+            b = common[k, 2]
+            f = np.linalg.svd(np.array([key_gradients(b, i) for i in range(2, n)]))[2][0]
+            for tokens in problem.lift(group)[0]:
+                assert np.all(domain.contains(tokens[None]))
+                for i in range(2, n):
+                    # s_i0 - s_i1 along f is linear in the query token: w . x, largest on the domain at gamma^2 w
+                    w = np.array([key_gradients(unit, i) @ f for unit in np.eye(d)])
+                    best = gamma ** 2 * w
+                    plane = np.linalg.qr(np.stack([b, best], axis=1))[0]
+                    x = tokens[i]
+                    np.testing.assert_allclose(plane @ (plane.T @ x), x, atol=1e-8 * np.linalg.norm(x))
+                    assert abs(w @ x) / np.linalg.norm(x / gamma) >= abs(w @ b) / np.linalg.norm(b / gamma) * (1 - 1e-9)
+
+
 def test_the_rmsnorm_image_is_an_ellipsoid_about_zero():
     norm = RMSNorm(np.array([0.5, 2.0, 0.1]), 1e-5)
     domain = DomainSpec.parse("layernorm").resolve(norm)

@@ -622,21 +622,20 @@ def test_recheck_uses_the_values_the_head_applies():
 @given(rows=st.integers(3, 40), rank=st.integers(1, 6), columns=st.integers(1, 30), seed=st.integers(0, 2 ** 16))
 @settings(max_examples=25, deadline=None)
 def test_the_starts_factored_decompositions_agree_with_the_dense_ones(rows, rank, columns, seed):
-    """``product_norm`` and ``_left_singular`` (a product through its thin factors) against the SVD of the product."""
-    from lipbound.numeric.witness.kernel_starts import _left_singular
-    from lipbound.numeric.witness.starts import product_norm
+    """``product_norm`` and ``left_singular`` (a product through its thin factors) against the SVD of the product."""
+    from lipbound.numeric.witness.starts import left_singular, product_norm
 
     rng = np.random.default_rng(seed)
     A, B = rng.standard_normal((rows, rank)), rng.standard_normal((rank, columns))
     left, values, _ = np.linalg.svd(A @ B, full_matrices=False)
     assert product_norm(A, B) == pytest.approx(values[0], rel=1e-10)
-    factored, widths = _left_singular(A, B)
+    factored, widths = left_singular(A, B)
     k = min(rank, columns)
     np.testing.assert_allclose(widths[:k], values[:k], rtol=1e-9, atol=1e-12 * values[0])
     # the top direction, up to its sign, where the top value is simple
     if k == 1 or values[0] > values[1] * (1 + 1e-6):
         assert abs(factored[:, 0] @ left[:, 0]) == pytest.approx(1.0, abs=1e-8)
-    alone, alone_widths = _left_singular(A, None)
+    alone, alone_widths = left_singular(A, None)
     np.testing.assert_allclose(alone_widths, np.linalg.svd(A, compute_uv=False))
 
 

@@ -64,7 +64,8 @@ alone fixes the witness.
 Modules: :mod:`.record` (the witness file), :mod:`.engine` (batched Jacobian norms on the attention engine),
 :mod:`.problem` (the map, its argument and the charts of its domains), :mod:`.structured` (two keys tied for many
 queries, on balls and ellipsoids, self- and cross-attention), :mod:`.starts` (several heads tied
-at once, cross-attention inputs, Castin et al.'s input),
+at once, cross-attention inputs, Castin et al.'s input), :mod:`.kernel_starts` (the starts of each attention kernel),
+:mod:`.spread_starts` (rotary keys tied for queries at their own points),
 :mod:`.ascent` (the polish), :mod:`.values` (final values from scratch), :mod:`.clock` (the work
 clock), :mod:`.search` (the public searches).
 """

@@ -10,7 +10,8 @@ from typing import final
 
 import numpy as np
 
-__all__ = ["Candidates", "start_candidates", "take", "join", "polish", "polish_best", "continuation"]
+__all__ = ["Candidates", "start_candidates", "take", "join", "polish", "polish_best", "continuation",
+           "CONTINUATION_STAGES"]
 
 
 @final
@@ -206,11 +207,15 @@ def polish_best(problem, cands: Candidates, deadline: float, share: float = 0.3,
     return join(*done, take(cands, waiting))
 
 
+#: The scales of the domain a continuation polishes on in turn.
+CONTINUATION_STAGES = (0.25, 0.5, 1.0)
+
+
 def continuation(problem, rng, count: int, deadline: float) -> Candidates:
     """Random inputs on the boundary polished on the domain scaled by 1/4 (softmax not yet
     saturated), then scaled to 1/2 and 1 and polished again."""
     Xw = problem.random(rng, count)
-    stages = (0.25, 0.5, 1.0)
+    stages = CONTINUATION_STAGES
     start_time = problem.clock()
     cands = None
     for index, fraction in enumerate(stages):

@@ -14,8 +14,10 @@ continuation starts only):
   offset (no one matrix is exact, since each query sees its keys at its own offsets: the polish then
   climbs on the rotary map itself), and two keys tied for every query at all of its offsets at once
   (:func:`rotary_tied_keys`: the ties are linear in the keys), for the largest heads one by one and for
-  all heads together, and token 1 tied between key 0 and itself, so that one move shifts its query and one of
-  its keys at once (:func:`rotary_self_tied`, the two largest heads);
+  all heads together, the same with each query turned to its own point towards the keys' one common move
+  (:func:`.spread_starts.rotary_spread_queries`, the largest heads one by one; each head's best query point is
+  ranked first, since the pool is ranked in chunks until a deadline), and token 1 tied between key 0 and itself, so
+  that one move shifts its query and one of its keys at once (:func:`rotary_self_tied`, the two largest heads);
 * :class:`~lipbound.numeric.kernels.QKNorm` -- the scores are 0-homogeneous in q and k up to the
   regulariser, so their derivatives grow like ``1 / ||k||`` (``1 / ||q||``): one token near the
   affine null set ``x W_K + b_K = 0`` of the keys at the first position, which every query sees
@@ -34,7 +36,8 @@ import numpy as np
 from ..kernels import CustomKernel, DotProduct, FeatureMap, L2Distance, QKNorm, Rotary, ScaledCosine, Sigmoid
 from ..kernels.scores import scale_of
 from ..offsets import HeadRows
-from .starts import cross_starts, product_norm, self_starts
+from .spread_starts import rotary_spread_queries
+from .starts import cross_starts, left_singular, product_norm, self_starts
 
 __all__ = ["KERNEL_STARTS", "kernel_starts"]
 
@@ -60,16 +63,6 @@ def proxy_rotations(head, n: int) -> list[np.ndarray]:
     left, right = np.linalg.qr(head.W_Q)[1], np.linalg.qr(head.W_K)[1]     # ||W_Q R W_K^T|| = ||r_Q R r_K^T||
     largest = max(offsets, key=lambda o: np.linalg.norm(left @ rotations[o] @ right.T, 2))
     return [rotations[o] for o in dict.fromkeys([largest, offsets[len(offsets) // 2]])]
-
-
-def _left_singular(A: np.ndarray, B: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """Left singular vectors (w, k) and values (k,) of ``A B`` (``B`` None: of A), A (w, r) thin, ``k <= r``: through
-    ``A = Q_A R_A``, ``B^T = Q_B R_B`` and the SVD of the small ``R_A R_B^T`` (the product has rank at most r)."""
-    if B is None:
-        return np.linalg.svd(A, full_matrices=False)[:2]
-    Q, R = np.linalg.qr(A)
-    core, widths, _ = np.linalg.svd(R @ np.linalg.qr(B.T, mode="r").T, full_matrices=False)
-    return Q @ core, widths
 
 
 def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
@@ -122,7 +115,7 @@ def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
     scale = np.linalg.norm(gram, 2) / max(np.linalg.norm(own_form, 2), 1e-300)
     candidates = (span @ np.concatenate([np.linalg.eigh(gram - t * scale * own_form)[1][:, -count:]
                                          for t in trade_offs], axis=1)).T
-    left, widths = _left_singular(spread_left, spread_right)
+    left, widths = left_singular(spread_left, spread_right)
     left, widths = left[:, :d_k], widths[:d_k]                     # the values' widest directions
     value_direction = left[:, 0]
 
@@ -134,7 +127,7 @@ def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
         out = [exact / max(np.linalg.norm(exact), 1e-300)]
         # the widest value direction among those orthogonal to every key gradient (not the projection of the
         # widest one): the top left singular vector of the value map with the gradients' span taken out
-        out.append(_left_singular(spread_left - frame @ (frame.T @ spread_left), spread_right)[0][:, 0])
+        out.append(left_singular(spread_left - frame @ (frame.T @ spread_left), spread_right)[0][:, 0])
         basis = np.linalg.qr(np.concatenate([left, tied.T], axis=1))[0]
         values = (basis.T @ left) * widths
         value_form, gradients = values @ values.T, (tied @ basis).T @ (tied @ basis)
@@ -229,6 +222,13 @@ def rotary_self_tied(problem, h: int, trade_offs=(0.25, 1.0, 4.0), count: int = 
     return problem.retract(problem.from_unit(np.array(out)), 1 - 1e-6)
 
 
+def _by_query_point(inputs: np.ndarray) -> list[np.ndarray]:
+    """Consecutive runs of ``inputs`` (b, n, width) that share token 2 (the tied-key starts come as several value
+    spreads per query point, best point first)."""
+    cuts = [k for k in range(1, len(inputs)) if not np.array_equal(inputs[k, 2], inputs[k - 1, 2])]
+    return [part for part in np.split(inputs, cuts) if len(part)]
+
+
 def _rotary_starts(problem, rng, deadline, work: float):
     """The dot-product starts of every head with its proxies ``W_Q R_Delta``, and two keys tied at every offset
     (:func:`rotary_tied_keys`) for the largest heads (module docstring); self-attention."""
@@ -237,8 +237,14 @@ def _rotary_starts(problem, rng, deadline, work: float):
     pool = []
     if problem.n >= 3:
         order = _head_order(problem)
+        ranked = []
         for heads in [[h] for h in order[:3]] + ([order] if len(order) > 1 else []):
-            pool.append((rotary_tied_keys(problem, heads), "rotary-tied"))
+            tied = rotary_tied_keys(problem, heads)
+            ranked.append([(group, "rotary-tied") for group in _by_query_point(tied)])
+            if len(heads) == 1:
+                ranked.append([(group, "rotary-spread") for group in rotary_spread_queries(problem, heads[0], tied)])
+        # the pool is ranked in chunks until a deadline: each head's best query point first, then the second best
+        pool += [entries[rank] for rank in range(max(map(len, ranked))) for entries in ranked if rank < len(entries)]
     if problem.n >= 2:
         pool += [(rotary_self_tied(problem, h), "rotary-self-tied") for h in _head_order(problem)[:2]]
     return pool + self_starts(problem, rng, deadline, work, rotations=lambda head: proxy_rotations(head, problem.n))

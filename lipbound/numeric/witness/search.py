@@ -13,7 +13,8 @@ from ..blas import one_blas_thread
 from ..domains import TokenBall, TokenDomain
 from ..memory import available_bytes, require_memory
 from ..model import Head, Layer
-from .ascent import GENERIC_FAMILIES, continuation, join, polish_best, start_candidates, take
+from .ascent import CONTINUATION_STAGES, GENERIC_FAMILIES, continuation, join, polish_best, start_candidates, take
+from .clock import WORK_PER_SECOND
 from .engine import engine_for
 from .kernel_starts import kernel_starts
 from .problem import ROLES, SearchProblem
@@ -163,7 +164,10 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     Castin et al.'s adversarial input, random inputs with a continuation from a shrunk domain; the
     best (the two best of every constructed family among them) are polished together by an L-BFGS
     ascent of the local Jacobian norm in smooth coordinates of the domain, then the best alone, and,
-    when it converges early, each other family's two best in turn (:func:`.ascent.polish_best`).
+    when it converges early, each other family's two best in turn (:func:`.ascent.polish_best`).  The
+    starts are ranked in chunks, at least one; when that overruns the budget (a wide layer at a small budget), the
+    continuation is left out where its share of the budget cannot pay its three stages, and the polish still gets
+    half the budget.
     """
     if role not in ROLES:
         raise AssumptionError("role", f"one of {ROLES}", repr(role), "choose the argument of the constant")
@@ -195,6 +199,10 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
                            began + 0.4 * (deadline - began))
     families = list(dict.fromkeys(cands.family))
     pooled = clock()
+    # the first chunk is always ranked: on a wide layer at a small budget it may use the whole budget, and the
+    # best start is then never polished (SmolLM2 block 0's layer at budget 4: 2932 as started, 3228 after one more
+    # budget's polish); the continuation and the polish keep at least half the budget
+    deadline = max(deadline, pooled + 0.5 * (deadline - began))
     # keep the two best of every constructed family (its best start is not always the one that climbs: the
     # polish gives the family's two a turn of their own), the best of the others, then the best overall
     order = _distinct(cands, list(np.argsort(-np.where(np.isfinite(cands.sigma), cands.sigma, -np.inf))))
@@ -202,9 +210,12 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
               for i in [i for i in order if cands.family[i] == family][:1 if family in GENERIC_FAMILIES else 2]]
     chosen += [i for i in order if i not in chosen][:max(polish_count - len(chosen), 0)]
     cands = take(cands, chosen)
-    # continuation from random inputs gets a sixth of the remaining time
+    # continuation from random inputs gets a sixth of the remaining time, if that pays for its three stages'
+    # evaluations (30 power steps each); on a wide layer at a small budget it would take the polish's time
     now = clock()
-    cands = join(cands, continuation(problem, rng, max(1, int(4 / work)), now + (deadline - now) / 6))
+    count = max(1, int(4 / work))
+    if (deadline - now) / 6 >= count * len(CONTINUATION_STAGES) * 33 * problem.work_per_input / WORK_PER_SECOND:
+        cands = join(cands, continuation(problem, rng, count, now + (deadline - now) / 6))
     cands = polish_best(problem, cands, deadline)
     polished = clock()
     best = int(np.argmax(np.where(np.isfinite(cands.sigma), cands.sigma, -np.inf)))

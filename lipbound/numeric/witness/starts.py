@@ -15,7 +15,7 @@ from ..kernels import softmax
 from .clock import CALL_WORK
 from .structured import TieForm, ascend, structured_starts
 
-__all__ = ["TieSurrogate", "castin_input", "cross_starts", "product_norm", "self_starts"]
+__all__ = ["TieSurrogate", "castin_input", "cross_starts", "left_singular", "product_norm", "self_starts"]
 
 
 @final
@@ -149,6 +149,16 @@ def cross_starts(problem, rng, deadline: float | None = None, count: int = 8, he
 def product_norm(A: np.ndarray, B: np.ndarray) -> float:
     """``||A B||_2`` for a thin A (w, r) and a wide B (r, v), through the triangular factors of their QRs (r x r)."""
     return float(np.linalg.norm(np.linalg.qr(A, mode="r") @ np.linalg.qr(B.T, mode="r").T, 2))
+
+
+def left_singular(A: np.ndarray, B: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Left singular vectors (w, k) and values (k,) of ``A B`` (``B`` None: of A), A (w, r) thin, ``k <= r``: through
+    ``A = Q_A R_A``, ``B^T = Q_B R_B`` and the SVD of the small ``R_A R_B^T`` (the product has rank at most r)."""
+    if B is None:
+        return np.linalg.svd(A, full_matrices=False)[:2]
+    Q, R = np.linalg.qr(A)
+    core, widths, _ = np.linalg.svd(R @ np.linalg.qr(B.T, mode="r").T, full_matrices=False)
+    return Q @ core, widths
 
 
 def castin_input(W_Q: np.ndarray, W_K: np.ndarray, radius: float, n: int, literal: bool = True) -> np.ndarray:
