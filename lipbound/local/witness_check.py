@@ -43,16 +43,12 @@ def inside(X: np.ndarray, Y: np.ndarray, hood: Neighbourhood) -> bool:
     if any(int(value) != 0 for value in offset.m[~moving].ravel()):
         return False
     squares = offset.row_sums_of_squares()                    # exact, exponent squares.e
-    eps = Dyadic.of(np.array([hood.eps]))
-    limit = eps * eps
-    e = min(squares.e, limit.e)
-    bound = int(limit.m[0]) << (limit.e - e)
-    rows = [int(value) << (squares.e - e) for value in squares.m]
+    rows, bound = squares.beside_square(hood.eps)
     if hood.ball == "fro":
         return sum(rows) <= bound
     if hood.ball in ("2,inf", "tokens"):
         return all(row <= bound for row in rows)
-    total = IV.fsum([exact_sqrt(row, e) for row in rows])    # (2,1): the row norms' sum, enclosed
+    total = IV.fsum([exact_sqrt(man, squares.e) for man in squares.m])    # (2,1): the row norms' sum, enclosed
     return upper(total) <= hood.eps
 
 

@@ -119,17 +119,13 @@ class Recheck:
 def _domain(points: list[np.ndarray], center: np.ndarray, radius: float) -> tuple[bool, float]:
     """Exact test ``||x_i - c||^2 <= R^2`` for every token; and ``max ||x_i - c||`` rounded up."""
     c = Dyadic.of(center[None, :])
-    R = Dyadic.of(np.array([radius]))
-    R2 = R * R
     inside, largest = True, 0.0
     for X in points:
         shifted = Dyadic.of(X) - Dyadic(np.broadcast_to(c.m, X.shape).copy(), c.e)
         squares = shifted.row_sums_of_squares()
-        e = min(squares.e, R2.e)
-        bound = int(R2.m[0]) << (R2.e - e)
-        for man in squares.m:
-            inside &= (int(man) << (squares.e - e)) <= bound
-            largest = max(largest, upper(exact_sqrt(man, squares.e)))
+        rows, bound = squares.beside_square(radius)
+        inside &= all(row <= bound for row in rows)
+        largest = max([largest] + [upper(exact_sqrt(man, squares.e)) for man in squares.m])
     return bool(inside), largest
 
 

@@ -69,6 +69,14 @@ class Dyadic:
     def row_sums_of_squares(self) -> Dyadic:
         return Dyadic(np.sum(self.m * self.m, axis=-1), 2 * self.e)
 
+    def beside_square(self, radius: float) -> tuple[list[int], int]:
+        """The entries and ``radius**2`` as integers on one exponent, to compare exactly (e.g. row sums of
+        squares against a ball's squared radius)."""
+        limit = Dyadic.of(np.array([radius]))
+        limit = limit * limit
+        e = min(self.e, limit.e)
+        return [int(value) << (self.e - e) for value in self.m.ravel()], int(limit.m[0]) << (limit.e - e)
+
     def intervals(self) -> np.ndarray:
         """Exact (point) intervals, an object array of ``IV.mpf``."""
         out = np.empty(self.m.shape, dtype=object)
