@@ -52,7 +52,7 @@ BERT layers of 12 heads, width 384) on ``verify``'s default encoder domain (the 
 the whole-layer gap median <= 3 is a target there too.
 
 Run: ``python bench/bench_decoders.py [--model smollm2 | minilm] [--layers 0,15,29 | all] [--n 8] [--jobs 2]
-[--budget 1] [--seed 0] [--per-head] [--two-token] [--stacked] [--json rows.json]``
+[--budget 4] [--seed 0] [--per-head] [--two-token] [--stacked] [--json rows.json]``
 """
 
 from __future__ import annotations
@@ -68,6 +68,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from lipbound.numeric.verification import DEFAULT_BUDGET
 
 
 def smollm2() -> Path:
@@ -222,7 +224,8 @@ def main() -> None:
     parser.add_argument("--layers", default="0,15,29", help="blocks to verify: comma-separated, or 'all'")
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--budget", type=float, default=1.0, help="nominal witness seconds per head (twice per layer)")
+    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET,
+                        help="nominal witness seconds per head (twice per layer); default: verify's")
     parser.add_argument("--seed", type=int, default=0, help="seed of the witness searches")
     parser.add_argument("--per-head", action="store_true",
                         help="print every head's witness, bound, gap and the bound's query, key and mean terms")
