@@ -5,8 +5,11 @@ sets (``BlockForms``) and without them.  Printed per radius: the token radii bef
 the output LayerNorm, chained and from the sets (each token's smaller one counts in the curve), the certified value /
 witness of both runs, and each run's CPU seconds (``time.process_time``, set-up included).
 
-Run: ``python bench/bench_block_forms.py [--text "The cat sat on the mat."] [--layer 0] [--fractions 1e-3,1e-2]``
-(about four minutes of CPU per radius at n = 9).
+With ``--scale-rests S`` (S < 1) the sets start from the attention's Taylor remainders multiplied by S: not a bound,
+a measurement of what a sharper remainder would give the block (the runs' values are then printed as "if").
+
+Run: ``python bench/bench_block_forms.py [--text "The cat sat on the mat."] [--layer 0] [--fractions 1e-3,1e-2]
+[--scale-rests 0.1]`` (about four minutes of CPU per radius at n = 9).
 """
 
 from __future__ import annotations
@@ -28,14 +31,18 @@ def _span(values) -> str:
     return f"{values.min():.3g}-{values.max():.3g}" if np.all(np.isfinite(values)) else "inf"
 
 
-def run(text: str, layer: int, fraction: float, forms: bool):
+def run(text: str, layer: int, fraction: float, forms: bool, scale: float = 1.0):
     """One block curve at one radius; the token balls before each map after the attention (as the chain takes them)
-    and, with ``forms``, the sets' own radii."""
+    and, with ``forms``, the sets' own radii (from Taylor's remainders times ``scale``: below 1 not a bound)."""
     from lipbound.local import curve as curve_module
     from lipbound.local import relational_tail
     from lipbound.measures.curves import local_curve
     balls, sets = [], []
     original_balls, original_next = curve_module.TokenBalls, relational_tail.BlockForms.next_radii
+    original_init = relational_tail.BlockForms.__init__
+
+    def scaled_init(self, chain, centre, jacobian, radius, rests):
+        original_init(self, chain, centre, jacobian, radius, np.asarray(rests, dtype=np.float64) * scale)
 
     def recorded_balls(centre, radii):
         balls.append(np.array(radii))
@@ -48,6 +55,8 @@ def run(text: str, layer: int, fraction: float, forms: bool):
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(curve_module, "TokenBalls", recorded_balls))
         stack.enter_context(mock.patch.object(relational_tail.BlockForms, "next_radii", recorded_next))
+        if scale != 1.0:
+            stack.enter_context(mock.patch.object(relational_tail.BlockForms, "__init__", scaled_init))
         if not forms:
             stack.enter_context(mock.patch.object(curve_module, "_block_forms", return_value=None))
         found, _ = local_curve(text, layer=layer, kind="block", eps=(fraction,))
@@ -61,11 +70,15 @@ def main() -> None:
     parser.add_argument("--text", default="The cat sat on the mat.")
     parser.add_argument("--layer", type=int, default=0)
     parser.add_argument("--fractions", default="1e-3,1e-2")
+    parser.add_argument("--scale-rests", type=float, default=1.0,
+                        help="the attention's Taylor remainders times this (below 1: what-if, not a bound)")
     args = parser.parse_args()
+    scale = args.scale_rests
     for fraction in (float(f) for f in args.fractions.split(",")):
         before, chained, _, cpu_before = run(args.text, args.layer, fraction, forms=False)
-        after, taken, sets, cpu_after = run(args.text, args.layer, fraction, forms=True)
-        print(f"{args.text!r} layer {args.layer}, {fraction:g} R:")
+        after, taken, sets, cpu_after = run(args.text, args.layer, fraction, forms=True, scale=scale)
+        what = "" if scale == 1.0 else f" (if Taylor's remainders were {scale:g} times theirs: not a bound)"
+        print(f"{args.text!r} layer {args.layer}, {fraction:g} R{what}:")
         for name, k in (("before the feed-forward block", 1), ("before the output LayerNorm", 2)):
             own = _span(sets[k]) if len(sets) > k else "not formed"
             print(f"  {name}: chained {_span(chained[k])}, sets {own}, taken {_span(taken[k])}")

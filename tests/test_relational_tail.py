@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy.special import erf
 
 from lipbound.local import relational_tail
 from lipbound.local.centre import ChainCentre
@@ -182,3 +183,84 @@ def test_generated_form_and_its_radius_hold_sampled_points(seed, symbols, shape)
         x = c + 1e-3 * rng.uniform(-1, 1, shape) + np.tensordot(e, true_G, axes=1)
         assert np.all(np.abs(x - form.center - np.tensordot(e, form.l2, axes=1)) <= form.err * (1 + 1e-12))
         assert np.linalg.norm(x - form.center) <= form.radius() * (1 + 1e-12)
+
+
+def _remainder_escape(enclosed, Y, forms: TokenForms, bound, rng, samples: int = 300) -> float:
+    """The largest ``||FF(x) - FF(y) - (x - y) DFF(y)|| - bound(i)`` over sampled ``x_i = y_i + c_i + e G_i + u`` (unit
+    or shorter e, ``||u|| <= b_i``), y the float point of ``enclosed``: at most 0 where ``bound`` holds."""
+    from lipbound.numeric.model import FeedForward
+    ffn: FeedForward = enclosed.ffn
+    step = lambda x: x + ffn(x)   # noqa: E731  (the residual feed-forward block in floats)
+    h = Y @ ffn.W_1 + ffn.b_1
+    slope = 0.5 * (1 + erf(h / np.sqrt(2))) + h * np.exp(-h * h / 2) / np.sqrt(2 * np.pi)
+    worst = -np.inf
+    bounds = [bound(i) for i in range(Y.shape[0])]
+    for _ in range(samples):
+        e = rng.standard_normal(forms.rows[0].l2.shape[0])
+        e /= np.linalg.norm(e) if rng.random() < 0.7 else np.linalg.norm(e) / rng.random()
+        for i, row in enumerate(forms.rows):
+            u = rng.standard_normal(Y.shape[1])
+            u *= forms.balls[i] / np.linalg.norm(u) * (1.0 if rng.random() < 0.7 else rng.random())
+            delta = row.center + e @ row.l2 + u
+            linear = delta + ((delta @ ffn.W_1) * slope[i]) @ ffn.W_2
+            gap = np.linalg.norm(step(Y[i] + delta) - step(Y[i]) - linear)
+            worst = max(worst, gap - bounds[i])
+    return worst
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), scale=st.sampled_from([0.05, 0.5, 2.0]), ball=st.sampled_from([0.0, 0.02, 0.5]))
+def test_signed_feedforward_remainder_holds_sampled_points(seed, scale, ball):
+    """Lemma feedforward-taylor-signed alone (and the smaller of both bounds): on generated blocks, the feed-forward
+    block's Taylor remainder at sampled points of a token's form plus ball stays below it."""
+    generated = local_models.model(seed=seed % 50, layers=1, scale=2.0)
+    chain = chain_for(generated, "block", 0)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    centre = ChainCentre(chain, X, False)
+    rng = np.random.default_rng(seed)
+    Y, enclosed = centre.points[2], centre.enclosed[2]
+    forms = _forms_about(Y, scale, rng)
+    forms = TokenForms(forms.rows, np.full(len(forms.rows), ball))
+
+    def signed(i):
+        return relational_tail.signed_remainder(*relational_tail._remainder_parts(enclosed, i, forms.rows[i], ball))
+
+    def smaller(i):
+        return relational_tail.feedforward_remainder(enclosed, i, forms.rows[i], ball)
+    assert _remainder_escape(enclosed, Y, forms, signed, rng) <= 1e-12
+    assert _remainder_escape(enclosed, Y, forms, smaller, rng) <= 1e-12
+
+
+def _one_neuron(at: float):
+    """A feed-forward block of one neuron (d = 2) whose pre-activation at y = 0 is ``at``, enclosed at y, and a form
+    that moves that neuron by up to 0.6."""
+    from lipbound.local.enclosed import EnclosedFeedForward
+    from lipbound.numeric.model import FeedForward
+    from lipbound.rigorous.zonotope import Symbols
+    ffn = FeedForward(np.array([[1.0], [0.0]]), np.array([at]), np.array([[1.0, 0.0]]), np.zeros(2))
+    Y = np.zeros((1, 2))
+    row = AffineForm.generated(IntervalArray(np.zeros(2)), IntervalArray(np.array([[0.6, 0.0], [0.0, 0.3]])),
+                               Symbols())
+    return EnclosedFeedForward(ffn, Y), Y, TokenForms((row,), np.zeros(1))
+
+
+def test_signed_remainder_mutations_fail(monkeypatch):
+    """Mutations of lemma feedforward-taylor-signed: without the cubic part, a neuron at GELU's curvature's zero
+    (pre-activation 2^(1/2), where the remainder is all third order) leaves the bound; without the quadratic part, a
+    neuron at 0 (the largest curvature) does."""
+    rng = np.random.default_rng(1)
+
+    def signed(enclosed, forms):
+        return lambda i: relational_tail.signed_remainder(*relational_tail._remainder_parts(
+            enclosed, i, forms.rows[i], 0.0))
+    for at in (np.sqrt(2.0), 0.0):   # both hold as they are
+        enclosed, Y, forms = _one_neuron(at)
+        assert _remainder_escape(enclosed, Y, forms, signed(enclosed, forms), rng) <= 1e-12
+    enclosed, Y, forms = _one_neuron(np.sqrt(2.0))
+    with monkeypatch.context() as patched:
+        patched.setattr(relational_tail, "gelu_third", lambda hull: IntervalArray(np.zeros(hull.shape)))
+        assert _remainder_escape(enclosed, Y, forms, signed(enclosed, forms), rng) > 0
+    enclosed, Y, forms = _one_neuron(0.0)
+    with monkeypatch.context() as patched:
+        patched.setattr(relational_tail, "_signed_part", lambda *args: (1.0, 0.0))
+        assert _remainder_escape(enclosed, Y, forms, signed(enclosed, forms), rng) > 0

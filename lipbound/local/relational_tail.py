@@ -36,7 +36,7 @@ from typing import final
 import numpy as np
 
 from ..errors import NotCertifiedError
-from ..rigorous.arrays import IntervalArray, gelu_curvature
+from ..rigorous.arrays import IntervalArray, gelu_curvature, gelu_third
 from ..rigorous.elementwise import inv_sqrt_2pi
 from ..rigorous.linalg import Enclosure, lambda_max_upper_large, spectral_norm_upper_large
 from ..rigorous.zonotope import AffineForm, Symbols
@@ -155,27 +155,73 @@ def _linear_step(row: AffineForm, J: IntervalArray, offset: IntervalArray) -> tu
 def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float,
                           second: float | None = None) -> float:
     """``sup ||FF(x) - FF(y) - (x - y) J_F(y)||`` over ``x - y`` in ``row + B(0, ball)``, y the block's float point at
-    token i (lemma feedforward-taylor-joint): with ``t_k = (x - y).w_k``, ``FF(x) - FF(y) - (x - y) J_F(y) = sum_k
-    phi_k(t_k) r_k`` and ``|phi_k(t)| <= S_k t^2 / 2``, ``S_k >= |GELU''|`` on ``h_k +- dev_k``.  So for a unit v,
-    ``|sum_k phi_k (r_k.v)| <= (1/2) ||(S_k^(1/2) t_k)_k|| ||(S_k^(1/2) t_k (r_k.v))_k||`` (Cauchy-Schwarz), and with
-    ``x - y = e G + u``, ``||u|| <= beta`` (centre, errors, ball), Minkowski's inequality in each factor:
+    token i: the smaller of lemma feedforward-taylor-joint and lemma feedforward-taylor-signed.
+
+    Joint: with ``t_k = (x - y).w_k``, ``FF(x) - FF(y) - (x - y) J_F(y) = sum_k phi_k(t_k) r_k`` and ``|phi_k(t)| <= S_k
+    t^2 / 2``, ``S_k >= |GELU''|`` on ``h_k +- dev_k``.  So for a unit v, ``|sum_k phi_k (r_k.v)| <= (1/2) ||(S_k^(1/2)
+    t_k)_k|| ||(S_k^(1/2) t_k r_k.v)_k||`` (Cauchy-Schwarz), and with ``x - y = e G + u``, ``||u|| <= beta`` (centre,
+    errors, ball), Minkowski's inequality in each factor:
 
         P = lambda_max(D A^T A D)^(1/2) + beta ||W_1 D||,
         Q = min(lambda_max(D (A^T A o W_2 W_2^T) D)^(1/2) + beta ||diag(D ||w||) W_2||,  max_k D_k dev_k ||W_2||),
 
-    ``A = G W_1`` (its Gram ``W_1^T (G^T G) W_1``), ``D = diag(S^(1/2))``, ``dev_k`` the bound on ``|t_k|``;
-    ``second``: ``||W_2||`` rounded up, when the caller has it."""
+    ``A = G W_1`` (its Gram ``W_1^T (G^T G) W_1``), ``D = diag(S^(1/2))``, ``dev_k`` the bound on ``|t_k|``.
+
+    Signed: ``phi_k(t) = g_k t^2 / 2 + psi_k(t)`` with ``g_k = GELU''(h_k)`` at the centre and ``|psi_k(t)| <= T_k
+    |t|^3 / 6 <= (T_k dev_k / 3) t^2 / 2`` (``T_k`` at least the third derivative's size on ``h_k +- dev_k``): the cubic
+    part is the joint bound with ``S_k = T_k dev_k / 3``, the quadratic part keeps the curvatures' signs
+    (:func:`_signed_part`).  ``second``: ``||W_2||`` rounded up, when the caller has it."""
+    parts = _remainder_parts(enclosed, i, row, ball, second)
+    joint = joint_remainder(*parts)
+    # (a choice of work: a Rayleigh quotient is at most the top eigenvalue, so where its quadratic part alone is not
+    # below the joint bound the signed one cannot be smaller, and its certified eigenvalue is not formed)
+    if not _signed_estimate(enclosed.ffn, enclosed.h[i], parts[2], parts[1]) < joint:
+        return joint
+    c, F = _signed_part(enclosed.ffn, enclosed.h[i], parts[2], parts[1])
+    if not (IntervalArray(0.5) * IntervalArray(c) * IntervalArray(F)).hi.item() < joint:
+        return joint
+    return min(joint, signed_remainder(*parts, signed=(c, F)))
+
+
+def _remainder_parts(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float,
+                     second: float | None = None) -> tuple:
+    """What both bounds of :func:`feedforward_remainder` read: ``(enclosed, beta, A^T A, ||w_k||, dev, hull, i,
+    ||W_2||)``, ``hull`` the pre-activations' range ``h_k +- dev_k``."""
     ffn = enclosed.ffn
-    W_1, W_2 = IntervalArray(ffn.W_1), IntervalArray(ffn.W_2)
     beta = _sum_up(IntervalArray(row.center).norm_upper().item(), IntervalArray(row.err).norm_upper().item(), ball)
     gram = Enclosure.exact(row.l2.T) @ Enclosure.exact(row.l2)                                      # G^T G (d, d)
     a_gram = IntervalArray.from_enclosure(Enclosure.exact(ffn.W_1.T) @ gram @ Enclosure.exact(ffn.W_1))  # A^T A
-    columns = IntervalArray(W_1.norm_upper(axis=0))
+    columns = IntervalArray(IntervalArray(ffn.W_1).norm_upper(axis=0))
     # |t_k| <= ||G w_k|| + beta ||w_k||
     dev = (IntervalArray(np.diagonal(a_gram.hi).copy()).sqrt() + IntervalArray(beta) * columns).hi
-    hull = enclosed.h[i] + IntervalArray(-dev, dev)
+    second = spectral_norm_upper_large(Enclosure.exact(ffn.W_2)) if second is None else second
+    return enclosed, beta, a_gram, columns, dev, enclosed.h[i] + IntervalArray(-dev, dev), i, second
+
+
+def joint_remainder(enclosed, beta, a_gram, columns, dev, hull, i, second) -> float:
+    """Lemma feedforward-taylor-joint on :func:`_remainder_parts` (:func:`feedforward_remainder`)."""
     curvature = gelu_curvature(hull)
     S = np.minimum(np.maximum(np.abs(curvature.lo), np.abs(curvature.hi)), gelu_curvature_ceiling())
+    P, Q = _joint_factors(enclosed.ffn, a_gram, columns, beta, dev, S, second)
+    return float(evaluate_theorem(T.feedforward_taylor_joint(), P=np.float64(P), Q=np.float64(Q)))
+
+
+def signed_remainder(enclosed, beta, a_gram, columns, dev, hull, i, second, signed=None) -> float:
+    """Lemma feedforward-taylor-signed on :func:`_remainder_parts` (:func:`feedforward_remainder`); ``signed`` the
+    quadratic part's ``(c, F)`` (:func:`_signed_part`) when the caller has it."""
+    c, F = _signed_part(enclosed.ffn, enclosed.h[i], a_gram, beta) if signed is None else signed
+    third = gelu_third(hull)
+    cubic = (IntervalArray(np.maximum(np.abs(third.lo), np.abs(third.hi))) * IntervalArray(dev)
+             / IntervalArray(3.0)).hi
+    P_3, Q_3 = _joint_factors(enclosed.ffn, a_gram, columns, beta, dev, cubic, second)
+    values = {"c": c, "F": F, "P_3": P_3, "Q_3": Q_3}
+    return float(evaluate_theorem(T.feedforward_taylor_signed(), **{key: np.float64(v) for key, v in values.items()}))
+
+
+def _joint_factors(ffn, a_gram: IntervalArray, columns: IntervalArray, beta: float, dev: np.ndarray, S: np.ndarray,
+                   second: float) -> tuple[float, float]:
+    """``(P, Q)`` of :func:`feedforward_remainder`'s joint bound for the curvature bounds ``S`` (d_ff,), rounded up."""
+    W_1, W_2 = IntervalArray(ffn.W_1), IntervalArray(ffn.W_2)
     root = IntervalArray(S).sqrt()
     scaled = a_gram * root.expand(0) * root.expand(-1)
     P = (IntervalArray(max(lambda_max_upper_large(scaled.to_enclosure()), 0.0)).sqrt()
@@ -184,10 +230,42 @@ def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm
     joint = (IntervalArray(max(lambda_max_upper_large((scaled * b_gram).to_enclosure()), 0.0)).sqrt()
              + IntervalArray(beta) * IntervalArray(spectral_norm_upper_large(
                  (W_2 * (root * columns).expand(-1)).to_enclosure())))
-    second = spectral_norm_upper_large(Enclosure.exact(ffn.W_2)) if second is None else second
     cheap = IntervalArray(float(np.max((root * IntervalArray(dev)).hi))) * IntervalArray(second)
-    values = {"P": P.hi.item(), "Q": min(joint.hi.item(), cheap.hi.item())}
-    return float(evaluate_theorem(T.feedforward_taylor_joint(), **{key: np.float64(v) for key, v in values.items()}))
+    return P.hi.item(), min(joint.hi.item(), cheap.hi.item())
+
+
+def _signed_estimate(ffn, h: IntervalArray, a_gram: IntervalArray, beta: float, steps: int = 30) -> float:
+    """A float estimate from below of ``c F / 2`` (:func:`_signed_part`): the Rayleigh quotient of ``W_2^T diag(g) (K o
+    K) diag(g) W_2`` after ``steps`` rounds of power iteration on its products (the matrix is not formed)."""
+    K = a_gram.mid + (beta * beta) * feedforward_grams(ffn)[0].mid if beta > 0 else a_gram.mid
+    squares, g = K * K, gelu_curvature(h).mid
+
+    def product(v: np.ndarray) -> np.ndarray:
+        return ffn.W_2.T @ (g * (squares @ (g * (ffn.W_2 @ v))))
+    v = np.ones(ffn.W_2.shape[1]) / np.sqrt(ffn.W_2.shape[1])
+    for _ in range(steps):
+        w = product(v)
+        size = np.linalg.norm(w)
+        if not size > 0:
+            return 0.0
+        v = w / size
+    return 0.5 * (2.0 if beta > 0 else 1.0) * math.sqrt(max(float(v @ product(v)), 0.0))
+
+
+def _signed_part(ffn, h: IntervalArray, a_gram: IntervalArray, beta: float) -> tuple[float, float]:
+    """``(c, F)`` with ``sup_v |sum_k g_k t_k^2 (r_k.v)| <= c F`` over unit v and ``t = e A + u W_1`` (``||e|| <= 1``,
+    ``||u|| <= beta``), ``g_k = GELU''(h_k)`` at the pre-activations ``h`` (d_ff,), enclosed: with ``z = (e, u /
+    beta)``, ``||z||^2 <= c`` (2 with a ball, else 1) and ``a^_k = (a_k, beta w_k)`` the sum is ``z (A^ diag(g o W_2 v)
+    A^^T) z^T``, at most ``c`` times that matrix's Frobenius norm, whose square is ``v^T W_2^T diag(g) (K o K) diag(g)
+    W_2 v`` with ``K = A^T A + beta^2 W_1^T W_1`` the Gram matrix of the ``a^_k``; ``F`` is the square root of that
+    d x d matrix's top eigenvalue, rounded up."""
+    K = a_gram
+    if beta > 0:
+        K = a_gram + IntervalArray(beta) * IntervalArray(beta) * feedforward_grams(ffn)[0]
+    g = gelu_curvature(h)
+    weighted = K * K * g.expand(0) * g.expand(-1)
+    N = Enclosure.exact(ffn.W_2.T) @ weighted.to_enclosure() @ Enclosure.exact(ffn.W_2)
+    return (2.0 if beta > 0 else 1.0), IntervalArray(max(lambda_max_upper_large(N), 0.0)).sqrt().hi.item()
 
 
 def block_token_forms(enclosed: list, points: list, jacobian: Enclosure, radius: float,

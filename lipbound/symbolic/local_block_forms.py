@@ -5,7 +5,7 @@ its neurons from the form's pre-activation generators.
 A token's set before a map g is ``x~ + f(e) + z``: ``x~`` a float point, ``f`` affine in the ball's symbols ``e``
 (``||e||_2 <= 1``), ``||z|| <= b``; ``r`` bounds ``||x - x~||`` on it.  The numeric layer
 (:mod:`lipbound.local.relational_tail`) forms every quantity in outward-rounded arithmetic; the proofs in words are
-in docs/local.md (lemmas token-form-step and feedforward-taylor-joint).
+in docs/local.md (lemmas token-form-step, feedforward-taylor-joint and feedforward-taylor-signed).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from .record import Derivation, Described, le
 from .record import quantity as q
 from .theorems import Theorem
 
-__all__ = ["token_form_step", "feedforward_taylor_joint", "BLOCK_FORM_THEOREMS"]
+__all__ = ["token_form_step", "feedforward_taylor_joint", "feedforward_taylor_signed", "BLOCK_FORM_THEOREMS"]
 
 
 @functools.cache
@@ -71,5 +71,37 @@ def feedforward_taylor_joint() -> Theorem:
                    statement, proof)
 
 
+@functools.cache
+def feedforward_taylor_signed() -> Theorem:
+    """``||FF(x) - FF(y) - (x - y) DFF(y)|| <= c F / 2 + P_3 Q_3 / 2``: the quadratic part with the curvatures' signs at
+    the centre, the cubic part jointly over the neurons (lemma ``feedforward-taylor-signed``)."""
+    c, F, P_3, Q_3 = q("c"), q("F"), q("P_3"), q("Q_3")
+    statement = c * F / 2 + P_3 * Q_3 / 2
+    proof = Derivation("The feed-forward block's Taylor remainder with the curvatures' signs kept")
+    proof.hypothesis("FF(x) = x + act(x W_1 + b_1) W_2 + b_2, columns w_k of W_1, rows r_k of W_2; x - y = e G + u, "
+                     "||e|| <= 1, ||u|| <= beta; t_k = (x - y) . w_k with |t_k| <= dev_k; g_k = act''(h_k) at the "
+                     "centre; T_k >= |act'''| on [h_k - dev_k, h_k + dev_k]; A = G W_1, K = A^T A + beta^2 W_1^T W_1; "
+                     "c = 2 if beta > 0, else 1; F >= lambda_max(W_2^T diag(g) (K o K) diag(g) W_2)^(1/2); P_3, Q_3 "
+                     "the factors of local-feedforward-taylor-joint with S_k = T_k dev_k / 3")
+    proof.add(Described(r"\phi_k(t) = \tfrac12 g_k t^2 + \psi_k(t),\ |\psi_k(t)| \le T_k |t|^3 / 6 "
+                        r"\le (T_k\, \mathrm{dev}_k / 3)\, t^2 / 2"),
+              "Taylor with Lagrange's remainder of third order, |t_k| <= dev_k", "mean-value")
+    proof.add(le(Described(r"|\textstyle\sum_k \psi_k(t_k)\, r_k \cdot v|"), Described(r"P_3 Q_3 / 2")),
+              "local-feedforward-taylor-joint's steps with S_k = T_k dev_k / 3", "norm-calculus")
+    proof.add(Described(r"\textstyle\sum_k g_k t_k^2\, r_k \cdot v = z\, \hat A \operatorname{diag}(g \circ W_2 v)"
+                        r"\, \hat A^\top z^\top,\ z = (e, u / \beta),\ \hat a_k = (a_k, \beta w_k),\ \|z\|^2 \le c"),
+              "t_k = z . a^_k (the u part dropped when beta = 0)", "norm-calculus")
+    proof.add(le(Described(r"\|\hat A \operatorname{diag}(g \circ W_2 v)\, \hat A^\top\|_2^2"),
+                 Described(r"v^\top W_2^\top \operatorname{diag}(g) (K \circ K) \operatorname{diag}(g)\, W_2 v "
+                           r"\le F^2")),
+              "the spectral norm at most the Frobenius norm, whose square is sum_(k,l) c_k c_l (a^_k . a^_l)^2 with "
+              "c = g o W_2 v; v a unit vector", "norm-calculus")
+    proof.add(le(Described(r"\|FF(x) - FF(y) - (x - y) DFF(y)\|"), statement),
+              "triangle inequality, then the supremum over unit v", "norm-calculus")
+    return Theorem("local-feedforward-taylor-signed", "The feed-forward block's Taylor remainder with signed "
+                   "curvatures", statement, proof)
+
+
 #: the theorems of this module, by id (part of :data:`lipbound.symbolic.local.LOCAL_THEOREMS`)
-BLOCK_FORM_THEOREMS = {t.id: t for t in (token_form_step(), feedforward_taylor_joint())}
+BLOCK_FORM_THEOREMS = {t.id: t for t in (token_form_step(), feedforward_taylor_joint(),
+                                          feedforward_taylor_signed())}
