@@ -508,3 +508,39 @@ def test_per_head_products_enclose_every_product_of_their_boxes(seed, batch, n, 
         swapped = _per_head_through(IntervalArray(A_mid), IntervalArray(M_mid[::-1].copy()))
         assert not np.all((swapped.lo <= np.einsum("bjhv,hvgw->bjhgw", A_mid, M_mid) + 1e-9)
                           & (swapped.hi >= np.einsum("bjhv,hvgw->bjhgw", A_mid, M_mid) - 1e-9))
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 10 ** 6), st.sampled_from([0.0, 1e-9, 1e-3, 0.3]))
+def test_the_slope_norm_over_a_box_is_above_every_point_of_it_in_rationals(seed, width):
+    """``sup (s^T G s)^(1/2)`` over a box of slopes, from one float product by G's midpoint and its error bound,
+    against ``||diag(gamma) W_1 diag(s) W_2||_F^2`` in rationals at the box's centre and corners; a bound that
+    forgets the box's spread is told apart at the corners."""
+    from fractions import Fraction
+
+    from lipbound.local.point_stages import _frobenius_over_box, _slope_gram
+    rng = np.random.default_rng(seed)
+    item = local_models.model(seed=seed % 97, layers=1).layer(0)
+    ffn, gamma = item.ffn, item.ln_out.gamma
+    G, widest = _slope_gram(ffn, gamma)[:2]
+    d_ff = ffn.W_1.shape[1]
+    center = rng.uniform(-0.2, 1.2, (2, 3, d_ff))
+    spread = width * rng.random(center.shape)
+    bound = _frobenius_over_box(G, widest, center, IntervalArray(spread)).hi
+    forgetful = _frobenius_over_box(G, widest, center, IntervalArray(np.zeros_like(spread))).hi
+    W_1 = [[Fraction(float(gamma[i])) * Fraction(float(w)) for w in row] for i, row in enumerate(ffn.W_1)]
+    W_2 = [[Fraction(float(w)) for w in row] for row in ffn.W_2]
+
+    def exact_square(s):
+        s = [Fraction(float(v)) for v in s]
+        M = [[sum(W_1[i][k] * s[k] * W_2[k][j] for k in range(d_ff)) for j in range(len(W_2[0]))]
+             for i in range(len(W_1))]
+        return sum(v * v for row in M for v in row)
+    told_apart = False
+    for index in np.ndindex(center.shape[:2]):
+        signs = rng.choice([-1.0, 1.0], d_ff)
+        for s in (center[index], center[index] + signs * spread[index]):
+            value = exact_square(s)
+            assert value <= Fraction(float(bound[index])) ** 2
+            told_apart |= value > Fraction(float(forgetful[index])) ** 2
+    assert told_apart or width < 1e-3
