@@ -307,10 +307,10 @@ _PDF_ONE_EXP = 2.0 ** -20
 def normal_pdf_bounds(x) -> tuple[np.ndarray, np.ndarray]:
     """``(lower, upper)`` enclosing ``phi(x) = exp(-x^2 / 2) / sqrt(2 pi)`` entrywise.
 
-    One exponential at ``t = -fl(x^2) / 2``: the exact exponent lies within ``delta = |fl(x^2)| 2^-53 + 2^-1070``
-    of it (``fl(x^2)`` is within ``u |fl(x^2)| / (1 - u) + 2^-1075`` of ``x^2``, u = 2^-53), so ``exp(-x^2 / 2)`` lies in
-    ``exp(t) [1 - delta, 1 + 2 delta]``; entries with ``delta`` above :data:`_PDF_ONE_EXP` take the exponentials at
-    both ends of the exponent's enclosure (``x^2`` is taken at most 1e300: ``exp(-1e300 / 2)`` is 0 in floats)."""
+    One exponential at ``t = -fl(x^2) / 2``: the exact exponent lies within ``delta = |fl(x^2)| 2^-53 + 2^-1070`` of
+    it (``fl(x^2)`` is within ``u |fl(x^2)| / (1 - u) + 2^-1075`` of ``x^2``, u = 2^-53), so ``exp(-x^2 / 2)`` lies
+    in ``exp(t) [1 - delta, 1 + 2 delta]``; entries with ``delta`` above :data:`_PDF_ONE_EXP` take the exponentials
+    at both ends of the exponent's enclosure (``x^2`` is taken at most 1e300: ``exp(-1e300 / 2)`` is 0 in floats)."""
     x = np.asarray(x, dtype=np.float64)
     with np.errstate(over="ignore"):   # beyond 1e300 the exponential is 0 below and the smallest float above
         square = np.minimum(x * x, 1e300)
