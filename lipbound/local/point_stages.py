@@ -326,20 +326,22 @@ class SlopeReference:
         return cls(slopes, _chain_spectral(item.ffn, item.ln_out.gamma, slopes))
 
 
-#: G -> the facts of :func:`_gram_center` (:func:`~.enclosed.kept_per_block`)
+#: G -> the facts of :func:`_gram_center` (:func:`~.enclosed.kept_per_block`; two floats per matrix)
 _GRAM_CENTRES: dict = {}
 
 
 def _gram_center(G: IntervalArray) -> tuple[np.ndarray, float, float]:
-    """G's midpoint ``M`` (m, m), ``omega >= max_k ||(gamma_m |M| + rad G)_{:, k}||_2`` and ``max |M|``, once per
-    Gram matrix: for every ``G'`` in G and float vectors c, ``|c G' - fl(c M)| <= |c| (gamma_m |M| + rad G) + (m + 4)
-    eta (3 + max|c| + max|M|)`` entrywise (Higham, eq. 3.13, and underflow as in the products of
-    :mod:`lipbound.rigorous.arrays`), and ``|c| W <= ||c|| omega`` column by column (Cauchy-Schwarz)."""
+    """G's midpoint ``M`` (m, m), ``omega >= max_k ||(gamma_m |M| + rad G)_{:, k}||_2`` and ``max |M|``: for every
+    ``G'`` in G and float vectors c, ``|c G' - fl(c M)| <= |c| (gamma_m |M| + rad G) + (m + 4) eta (3 + max|c| +
+    max|M|)`` entrywise (Higham, eq. 3.13, and underflow as in the products of :mod:`lipbound.rigorous.arrays`), and ``|c| W <=
+    ||c|| omega`` column by column (Cauchy-Schwarz).  The two bounds are kept once per matrix, the midpoint is formed
+    again (a d_ff x d_ff matrix per block kept would add to the blocks' caches)."""
+    mid = G.mid
+
     def compute():
-        mid, rad = G.mid, G.rad
-        spread = IntervalArray(np.abs(mid)) * IntervalArray(gamma_bound(mid.shape[-1])) + IntervalArray(rad)
-        return mid, float(np.max(IntervalArray(spread.hi).norm_upper(axis=0))), float(np.max(np.abs(mid)))
-    return kept_per_block(_GRAM_CENTRES, (G,), compute)
+        spread = IntervalArray(np.abs(mid)) * IntervalArray(gamma_bound(mid.shape[-1])) + IntervalArray(G.rad)
+        return float(np.max(IntervalArray(spread.hi).norm_upper(axis=0))), float(np.max(np.abs(mid)))
+    return (mid,) + kept_per_block(_GRAM_CENTRES, (G,), compute)
 
 
 def _frobenius_over_box(G: IntervalArray, widest: float, center: np.ndarray, spread: IntervalArray) -> IntervalArray:
