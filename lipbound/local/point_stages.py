@@ -333,9 +333,9 @@ _GRAM_CENTRES: dict = {}
 def _gram_center(G: IntervalArray) -> tuple[np.ndarray, float, float]:
     """G's midpoint ``M`` (m, m), ``omega >= max_k ||(gamma_m |M| + rad G)_{:, k}||_2`` and ``max |M|``: for every
     ``G'`` in G and float vectors c, ``|c G' - fl(c M)| <= |c| (gamma_m |M| + rad G) + (m + 4) eta (3 + max|c| +
-    max|M|)`` entrywise (Higham, eq. 3.13, and underflow as in the products of :mod:`lipbound.rigorous.arrays`), and ``|c| W <=
-    ||c|| omega`` column by column (Cauchy-Schwarz).  The two bounds are kept once per matrix, the midpoint is formed
-    again (a d_ff x d_ff matrix per block kept would add to the blocks' caches)."""
+    max|M|)`` entrywise (Higham, eq. 3.13, and underflow as in the products of :mod:`lipbound.rigorous.arrays`), and
+    ``|c| W <= ||c|| omega`` column by column (Cauchy-Schwarz).  The two bounds are kept once per matrix, the midpoint
+    is formed again (a d_ff x d_ff matrix per block kept would add to the blocks' caches)."""
     mid = G.mid
 
     def compute():
