@@ -482,3 +482,65 @@ def _four_layer_set(vocab: int):
     sets = propagate(generated, edit_set(IDS, "replace", [SLOT], words))
     return generated, sets, (generated, own, [SLOT], [embedding_enclosure(embeddings, words, SLOT)], [words],
                              [s.original for s in sets], 3)
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 10 ** 6), st.integers(1, 3), st.integers(1, 4), st.integers(1, 3), st.integers(1, 5))
+def test_per_head_products_enclose_every_product_of_their_boxes(seed, batch, n, heads, size):
+    """``a^h M_hg`` through one batched product per head encloses the product at sampled points of both boxes (exact
+    in rationals), and the heads are not mixed up: a head-swapped M is told apart."""
+    from fractions import Fraction
+
+    from lipbound.local.point_stages import _per_head_through
+    rng = np.random.default_rng(seed)
+    A_mid, M_mid = rng.standard_normal((batch, n, heads, size)), rng.standard_normal((heads, size, heads, size + 1))
+    A_rad, M_rad = 1e-3 * rng.random(A_mid.shape), 1e-3 * rng.random(M_mid.shape)
+    out = _per_head_through(IntervalArray(A_mid - A_rad, A_mid + A_rad), IntervalArray(M_mid - M_rad, M_mid + M_rad))
+    assert out.shape == (batch, n, heads, heads, size + 1)
+    for _ in range(3):
+        a = A_mid + A_rad * rng.uniform(-1, 1, A_mid.shape)
+        m = M_mid + M_rad * rng.uniform(-1, 1, M_mid.shape)
+        for index in np.ndindex(out.shape):
+            b, j, h, g, w = index
+            value = sum(Fraction(a[b, j, h, v]) * Fraction(m[h, v, g, w]) for v in range(size))
+            assert Fraction(out.lo[index]) <= value <= Fraction(out.hi[index])
+    if heads > 1:
+        swapped = _per_head_through(IntervalArray(A_mid), IntervalArray(M_mid[::-1].copy()))
+        assert not np.all((swapped.lo <= np.einsum("bjhv,hvgw->bjhgw", A_mid, M_mid) + 1e-9)
+                          & (swapped.hi >= np.einsum("bjhv,hvgw->bjhgw", A_mid, M_mid) - 1e-9))
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 10 ** 6), st.sampled_from([0.0, 1e-9, 1e-3, 0.3]))
+def test_the_slope_norm_over_a_box_is_above_every_point_of_it_in_rationals(seed, width):
+    """``sup (s^T G s)^(1/2)`` over a box of slopes, from one float product by G's midpoint and its error bound,
+    against ``||diag(gamma) W_1 diag(s) W_2||_F^2`` in rationals at the box's centre and corners; a bound that
+    forgets the box's spread is told apart at the corners."""
+    from fractions import Fraction
+
+    from lipbound.local.point_stages import _frobenius_over_box, _slope_gram
+    rng = np.random.default_rng(seed)
+    item = local_models.model(seed=seed % 97, layers=1).layer(0)
+    ffn, gamma = item.ffn, item.ln_out.gamma
+    G, widest = _slope_gram(ffn, gamma)[:2]
+    d_ff = ffn.W_1.shape[1]
+    center = rng.uniform(-0.2, 1.2, (2, 3, d_ff))
+    spread = width * rng.random(center.shape)
+    bound = _frobenius_over_box(G, widest, center, IntervalArray(spread)).hi
+    forgetful = _frobenius_over_box(G, widest, center, IntervalArray(np.zeros_like(spread))).hi
+    W_1 = [[Fraction(float(gamma[i])) * Fraction(float(w)) for w in row] for i, row in enumerate(ffn.W_1)]
+    W_2 = [[Fraction(float(w)) for w in row] for row in ffn.W_2]
+
+    def exact_square(s):
+        s = [Fraction(float(v)) for v in s]
+        M = [[sum(W_1[i][k] * s[k] * W_2[k][j] for k in range(d_ff)) for j in range(len(W_2[0]))]
+             for i in range(len(W_1))]
+        return sum(v * v for row in M for v in row)
+    told_apart = False
+    for index in np.ndindex(center.shape[:2]):
+        signs = rng.choice([-1.0, 1.0], d_ff)
+        for s in (center[index], center[index] + signs * spread[index]):
+            value = exact_square(s)
+            assert value <= Fraction(float(bound[index])) ** 2
+            told_apart |= value > Fraction(float(forgetful[index])) ** 2
+    assert told_apart or width < 1e-3

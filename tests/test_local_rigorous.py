@@ -58,6 +58,30 @@ def test_normal_cdf_and_density_enclosures(values):
     assert np.all(c_hi - c_lo <= 1e-14)
 
 
+@settings(max_examples=40)
+@given(st.lists(st.one_of(st.floats(-38.6, 38.6, allow_nan=False), st.floats(-1e-150, 1e-150),
+                          st.floats(1e3, 1e308)), min_size=1, max_size=30))
+def test_the_density_from_one_exponential_encloses_it_where_the_exponent_rounds(values):
+    """The density takes one exponential at the rounded exponent, widened by the exponent's rounding: enclosed at
+    200 bits where ``x^2`` rounds (large arguments), underflows (tiny ones) or passes 1e300, and as narrow as
+    the two-exponential form (relative width within 1e-12 while the density is a normal number)."""
+    x = np.array(values)
+    lo, hi = normal_pdf_bounds(x)
+    with mpmath.workprec(200):
+        assert all(_inside(a, b, mpmath.npdf(mpmath.mpf(v))) for v, a, b in zip(values, lo, hi))
+    normal = hi > 1e-300
+    assert np.all(hi[normal] - lo[normal] <= 1e-12 * hi[normal])
+
+
+def test_the_density_covers_the_rounding_of_large_exponents():
+    """Between 20 and 38 ``fl(x^2)`` is off by up to 1e-13 of the exponent, the largest rounding of the exponent
+    before the range 1e300 takes over: every value still enclosed at 200 bits."""
+    x = np.random.default_rng(5).uniform(20.0, 38.0, 400)
+    lo, hi = normal_pdf_bounds(x)
+    with mpmath.workprec(200):
+        assert all(_inside(a, b, mpmath.npdf(mpmath.mpf(v))) for v, a, b in zip(x, lo, hi))
+
+
 def test_gelu_and_its_slope_range_enclose_samples():
     edges = np.linspace(-9, 9, 181)
     ranges = gelu_slope(IntervalArray(edges[:-1], edges[1:]))

@@ -299,11 +299,28 @@ def gelu_slope_extrema() -> tuple[tuple[float, float], tuple[float, float], tupl
     return bottom, top, root
 
 
+#: Where the exponent's rounding ``delta`` stays below this, :func:`normal_pdf_bounds` widens one exponential by
+#: ``e^(+-delta)`` (``1 - delta <= e^-delta``, ``e^delta <= 1 + 2 delta`` for ``delta <= 1``).
+_PDF_ONE_EXP = 2.0 ** -20
+
+
 def normal_pdf_bounds(x) -> tuple[np.ndarray, np.ndarray]:
-    """``(lower, upper)`` enclosing ``phi(x) = exp(-x^2 / 2) / sqrt(2 pi)`` entrywise."""
+    """``(lower, upper)`` enclosing ``phi(x) = exp(-x^2 / 2) / sqrt(2 pi)`` entrywise.
+
+    One exponential at ``t = -fl(x^2) / 2``: the exact exponent lies within ``delta = |fl(x^2)| 2^-53 + 2^-1070`` of
+    it (``fl(x^2)`` is within ``u |fl(x^2)| / (1 - u) + 2^-1075`` of ``x^2``, u = 2^-53), so ``exp(-x^2 / 2)`` lies
+    in ``exp(t) [1 - delta, 1 + 2 delta]``; entries with ``delta`` above :data:`_PDF_ONE_EXP` take the exponentials
+    at both ends of the exponent's enclosure (``x^2`` is taken at most 1e300: ``exp(-1e300 / 2)`` is 0 in floats)."""
     x = np.asarray(x, dtype=np.float64)
-    square_lo, square_hi = down(x * x), up(x * x)
-    e_lo, _ = exp_bounds(-up(square_hi * 0.5))
-    _, e_hi = exp_bounds(-down(square_lo * 0.5))
+    with np.errstate(over="ignore"):   # beyond 1e300 the exponential is 0 below and the smallest float above
+        square = np.minimum(x * x, 1e300)
+    delta = np.abs(square) * 2.0 ** -53 + 2.0 ** -1070
+    e_lo, e_hi = exp_bounds(-square * 0.5)
+    e_lo, e_hi = np.maximum(down(e_lo * down(1.0 - delta)), 0.0), up(e_hi * up(1.0 + 2.0 * delta))
+    wide = delta > _PDF_ONE_EXP
+    if np.any(wide):
+        e_lo, e_hi = np.array(e_lo, dtype=np.float64), np.array(e_hi, dtype=np.float64)
+        e_lo[wide] = exp_bounds(-up(up(square[wide]) * 0.5))[0]
+        e_hi[wide] = exp_bounds(-down(down(square[wide]) * 0.5))[1]
     c_lo, c_hi = inv_sqrt_2pi()
     return np.maximum(down(e_lo * c_lo), 0.0), up(e_hi * c_hi)
