@@ -160,11 +160,11 @@ class AttentionCurvature:
         self.value_gaps = (values.expand(1) - values.expand(2)).norm_upper()             # ||v_j - v_l|| at X, (H, n, n)
         self.rho = IntervalArray(u.norm_lower(), u.norm_upper())                        # ||u_ij|| at X
         self.output_spectral = interval_spectral_norms_upper(E.P.expand(-1) * u)        # ||diag(p_i) U_i||_2, (H, n)
-        # chi_III's heads and F's tokens in one operator per query (lemma curvature-third-kronecker), at X
-        self.third_at_x = None
-        if not self.rotary and fold is None and d * n <= KRONECKER_ROWS:
-            weights = [engine.head_weights(h)[:2] for h in range(H)]
-            self.third_at_x = third_group_norm([w[0] for w in weights], [w[1] for w in weights], E.P.expand(-1) * u)
+        # chi_III's heads and F's tokens in one operator per query (lemma curvature-third-kronecker), at X: formed
+        # at the first radius where it can win (:meth:`_kronecker`)
+        self.kronecker = not self.rotary and fold is None and d * n <= KRONECKER_ROWS
+        self.third_at_x: float | None = None
+        self._output_rows = E.P.expand(-1) * u if self.kronecker else None
         # the weighted values' spread for chi_II's m term (lemma curvature-covariance-spread), where the centred forms
         # are formed (:meth:`_functional_deviation`)
         self.value_spread = ValueSpread(u, self.value_norms) if fold is None and H * n ** 3 <= JOINT_ENTRIES else None
@@ -344,7 +344,8 @@ class AttentionCurvature:
         joined = np.inf if self.rotary or self.fold is not None else (IntervalArray(self.scores_joint) * IntervalArray(
             reach.swapaxes(0, 1).reshape(n, -1).norm_upper())).hi
         third = min(float(np.max(np.minimum(W.norm_upper(), joined))), self._values_joined(facts, r),
-                    self._heads_weighted(self.output_spreads(facts)), self._kronecker(facts))
+                    self._heads_weighted(self.output_spreads(facts)))
+        third = min(third, self._kronecker(facts, third))
         chi_III = (IntervalArray(2.0) * IntervalArray(self.c) * IntervalArray(third)).hi.item()
         return chi_I, chi_II, chi_III
 
@@ -373,15 +374,20 @@ class AttentionCurvature:
         total = np.max(IntervalArray(gamma).sum(axis=0).hi)
         return (IntervalArray(total).sqrt() * IntervalArray(top).sqrt()).hi.item()
 
-    def _kronecker(self, facts: dict) -> float:
+    def _kronecker(self, facts: dict, other: float) -> float:
         """``max_i ||K_i(X)|| + (sum_h delta_hi)^(1/2) ||sum_h delta_hi Qt_h Qt_h^T||^(1/2)`` (lemma
         ``curvature-third-kronecker``, :mod:`~lipbound.local.third_group`), ``delta_hi >= ||D_hi(Y) - D_hi(X)||_2`` on
-        U; inf where ``K_i`` is not formed."""
-        if self.third_at_x is None:
+        U; inf where ``K_i`` is not formed, or where the changes' part alone reaches ``other`` (the other forms' best)."""
+        if not self.kronecker:
             return np.inf
         drift = IntervalArray(facts["value_shift"][:, None, :]) + IntervalArray(facts["head_movement"][:, :, None])
-        moved = _changes((self.rho + drift).hi, drift, facts, self.E.P.hi)
-        return (IntervalArray(self.third_at_x) + IntervalArray(self._heads_weighted(moved))).hi.item()
+        moved = self._heads_weighted(_changes((self.rho + drift).hi, drift, facts, self.E.P.hi))
+        if moved >= other:   # the form is at least its change's part: it cannot win here (decides work only)
+            return np.inf
+        if self.third_at_x is None:
+            weights = [self.E.engine.head_weights(h)[:2] for h in range(self.H)]
+            self.third_at_x = third_group_norm([w[0] for w in weights], [w[1] for w in weights], self._output_rows)
+        return (IntervalArray(self.third_at_x) + IntervalArray(moved)).hi.item()
 
     def output_spreads(self, facts: dict) -> np.ndarray:
         """``gamma_hi >= ||diag(p_i(Y)) U_i(Y)||_2`` for every Y where ``facts`` hold (those of
