@@ -13,6 +13,7 @@ lipbound/local/third_group.py), against quantities formed here:
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_local_curvature import _frobenius_points, _second
@@ -52,7 +53,7 @@ def _dense(Qts, D, cross: bool = True) -> float:
 def _trilinear(Qts, D, rng, starts: int = 3, steps: int = 60) -> float:
     """The largest ``||sum_(h, j) D_hj (e Qt_h f_j^T)||`` over unit e (d) and F (n, d) found by alternating ascent
     (e, then F, then the output direction y, each optimal for the others)."""
-    d, n, d_out = Qts[0].shape[0], D.shape[1], D.shape[2]
+    d, d_out = Qts[0].shape[0], D.shape[2]
     best = 0.0
     for _ in range(starts):
         x, y = rng.standard_normal(d), rng.standard_normal(d_out)
@@ -132,6 +133,7 @@ def test_the_heads_cross_terms_are_needed():
     assert beaten > 0
 
 
+@pytest.mark.slow
 def test_minilm_first_layer_third_group_at_the_centre():
     """all-MiniLM-L6-v2's first attention layer at "The cat sat on the mat.": chi_III at X is the Kronecker form,
     below the heads-weighted form (the smallest before), and above the trilinear half found by ascent."""

@@ -377,7 +377,8 @@ class AttentionCurvature:
     def _kronecker(self, facts: dict, other: float) -> float:
         """``max_i ||K_i(X)|| + (sum_h delta_hi)^(1/2) ||sum_h delta_hi Qt_h Qt_h^T||^(1/2)`` (lemma
         ``curvature-third-kronecker``, :mod:`~lipbound.local.third_group`), ``delta_hi >= ||D_hi(Y) - D_hi(X)||_2`` on
-        U; inf where ``K_i`` is not formed, or where the changes' part alone reaches ``other`` (the other forms' best)."""
+        U; inf where ``K_i`` is not formed, or where the changes' part alone reaches ``other`` (the other forms'
+        best)."""
         if not self.kronecker:
             return np.inf
         drift = IntervalArray(facts["value_shift"][:, None, :]) + IntervalArray(facts["head_movement"][:, :, None])
