@@ -12,7 +12,8 @@ so the half is at most ``c ||e_i|| ||F||_F ||K_i||``, and ``max_i ||K_i||`` at m
 ``sum_i K_i K_i^T`` (PSD terms; one certificate for all queries: :func:`third_group_norm`; lemma
 ``curvature-third-kronecker``, docs/mathematics.md).  The earlier forms bound each head's ``F^T D_hi`` by its own
 spectral norm (every head chooses its own F) and add the heads through ``||W_O||`` or Cauchy-Schwarz; on MiniLM's
-layer 0 around "The cat sat on the mat." they give 5.5-16 per query where ``||K_i||`` is 2.0-4.6 and ascent on the trilinear form finds 1.7-4.4 (the sum over the queries: 7.47).
+layer 0 around "The cat sat on the mat." they give 5.5-16 per query where ``||K_i||`` is 2.0-4.6 and ascent on the
+trilinear form finds 1.7-4.4 (the sum over the queries: 7.47).
 
 On a set U the matrices ``D_hi(Y) = D_hi(X) + Delta_hi`` with ``||Delta_hi||_2 <= delta_hi``, and
 ``||sum_h Qt_h^T kron Delta_hi|| <= (sum_h delta_hi)^(1/2) ||sum_h delta_hi Qt_h Qt_h^T||^(1/2)`` (the heads by the
