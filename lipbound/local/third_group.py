@@ -53,9 +53,12 @@ def third_group_norm(queries: list, keys: list, rows: IntervalArray) -> float:
     W_Q, W_K = IntervalArray(np.stack(queries)), IntervalArray(np.stack(keys))          # (H, d, d_k)
     inner = W_Q.einsum("hak,gam->hgkm", W_Q)                                              # (H, H, d_k, d_k)
     left = W_K.einsum("hak,hgkm->hgam", inner)                                            # (H, H, d, d_k)
-    crossed = left.bmm(W_K.swapaxes(1, 2)[None])                                          # (H, H, d, d)
-    tokens = rows.einsum("hijk,gilk->hgjl", rows)                                         # sum_i D_hi D_gi^T
-    summed = crossed.reshape(H * H, d * d).swapaxes(0, 1).bmm(tokens.reshape(H * H, n * n))
-    S = summed.reshape(d, d, n, n).swapaxes(1, 2).reshape(d * n, d * n)                   # rows (a, j), columns (b, l)
-    top = max(lambda_max_upper_large(S.to_enclosure().sym()), 0.0)
+    crossed = left.einsum("hgam,gbm->abhg", W_K).reshape(d * d, H * H)                    # (d^2, H^2), rows (a, b)
+    del left
+    tokens = rows.einsum("hijk,gilk->hgjl", rows).reshape(H * H, n * n)                   # sum_i D_hi D_gi^T
+    summed = crossed.bmm(tokens)                                                          # (d^2, n^2)
+    del crossed
+    S = summed.reshape(d, d, n, n).swapaxes(1, 2).reshape(d * n, d * n).to_enclosure()    # rows (a, j), columns (b, l)
+    del summed
+    top = max(lambda_max_upper_large(S.sym()), 0.0)
     return float(IntervalArray(top).sqrt().hi)
