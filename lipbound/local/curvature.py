@@ -81,6 +81,7 @@ from .centred import CentredRows, ValueSpread, weighted_reach
 from .centred_change import CentredChange
 from .enclosed import EnclosedAttention, head_products
 from .split_rows import SplitRows, query_rows
+from .third_group import KRONECKER_ROWS, third_group_norm
 from .zeta_changes import Changes, HeadsJoint, centred_parts
 
 __all__ = ["AttentionCurvature", "CURVATURE_ENTRIES", "CURVATURE_TOKENS", "SPLIT_ENTRIES"]
@@ -159,6 +160,11 @@ class AttentionCurvature:
         self.value_gaps = (values.expand(1) - values.expand(2)).norm_upper()             # ||v_j - v_l|| at X, (H, n, n)
         self.rho = IntervalArray(u.norm_lower(), u.norm_upper())                        # ||u_ij|| at X
         self.output_spectral = interval_spectral_norms_upper(E.P.expand(-1) * u)        # ||diag(p_i) U_i||_2, (H, n)
+        # chi_III's heads and F's tokens in one operator per query (lemma curvature-third-kronecker), at X: formed
+        # at the first radius where it can win (:meth:`_kronecker`)
+        self.kronecker = not self.rotary and fold is None and d * n <= KRONECKER_ROWS
+        self.third_at_x: float | None = None
+        self._output_rows = E.P.expand(-1) * u if self.kronecker else None
         # the weighted values' spread for chi_II's m term (lemma curvature-covariance-spread), where the centred forms
         # are formed (:meth:`_functional_deviation`)
         self.value_spread = ValueSpread(u, self.value_norms) if fold is None and H * n ** 3 <= JOINT_ENTRIES else None
@@ -339,6 +345,7 @@ class AttentionCurvature:
             reach.swapaxes(0, 1).reshape(n, -1).norm_upper())).hi
         third = min(float(np.max(np.minimum(W.norm_upper(), joined))), self._values_joined(facts, r),
                     self._heads_weighted(self.output_spreads(facts)))
+        third = min(third, self._kronecker(facts, third))
         chi_III = (IntervalArray(2.0) * IntervalArray(self.c) * IntervalArray(third)).hi.item()
         return chi_I, chi_II, chi_III
 
@@ -366,6 +373,22 @@ class AttentionCurvature:
         top = _norm(IntervalArray(np.max(gamma, axis=1)).einsum("h,hab->ab", self.score_grams))
         total = np.max(IntervalArray(gamma).sum(axis=0).hi)
         return (IntervalArray(total).sqrt() * IntervalArray(top).sqrt()).hi.item()
+
+    def _kronecker(self, facts: dict, other: float) -> float:
+        """``max_i ||K_i(X)|| + (sum_h delta_hi)^(1/2) ||sum_h delta_hi Qt_h Qt_h^T||^(1/2)`` (lemma
+        ``curvature-third-kronecker``, :mod:`~lipbound.local.third_group`), ``delta_hi >= ||D_hi(Y) - D_hi(X)||_2`` on
+        U; inf where ``K_i`` is not formed, or where the changes' part alone reaches ``other`` (the other forms'
+        best)."""
+        if not self.kronecker:
+            return np.inf
+        drift = IntervalArray(facts["value_shift"][:, None, :]) + IntervalArray(facts["head_movement"][:, :, None])
+        moved = self._heads_weighted(_changes((self.rho + drift).hi, drift, facts, self.E.P.hi))
+        if moved >= other:   # the form is at least its change's part: it cannot win here (decides work only)
+            return np.inf
+        if self.third_at_x is None:
+            weights = [self.E.engine.head_weights(h)[:2] for h in range(self.H)]
+            self.third_at_x = third_group_norm([w[0] for w in weights], [w[1] for w in weights], self._output_rows)
+        return (IntervalArray(self.third_at_x) + IntervalArray(moved)).hi.item()
 
     def output_spreads(self, facts: dict) -> np.ndarray:
         """``gamma_hi >= ||diag(p_i(Y)) U_i(Y)||_2`` for every Y where ``facts`` hold (those of
@@ -397,9 +420,15 @@ def _spreads(at_x: np.ndarray, rho: np.ndarray, drift: IntervalArray, facts: dic
     ``||p'_ij u'_ij - p_ij u_ij|| <= delta_ij ||u'_ij|| + p_ij ||u'_ij - u_ij||`` (Weyl, then Frobenius); ``rho`` bounds
     ``||u'_ij||`` and ``drift`` ``||u'_ij - u_ij||`` on U (H, n, n), ``facts`` those of
     :func:`~lipbound.local.bounds.attention_bounds` there (lemma curvature-values-spectral)."""
-    change = IntervalArray(facts["delta"]) * IntervalArray(rho) + IntervalArray(p_at_x) * drift
     return np.minimum((IntervalArray(facts["p_hi"]) * IntervalArray(rho)).norm_upper(),
-                      (IntervalArray(at_x) + IntervalArray(change.norm_upper())).hi)
+                      (IntervalArray(at_x) + IntervalArray(_changes(rho, drift, facts, p_at_x))).hi)
+
+
+def _changes(rho: np.ndarray, drift: IntervalArray, facts: dict, p_at_x: np.ndarray) -> np.ndarray:
+    """``||diag(p_i(Y)) U_i(Y) - diag(p_i) U_i||_F`` at most, per head and query (H, n):
+    ``||p'_ij u'_ij - p_ij u_ij|| <= delta_ij ||u'_ij|| + p_ij ||u'_ij - u_ij||`` (arguments as :func:`_spreads`)."""
+    change = IntervalArray(facts["delta"]) * IntervalArray(rho) + IntervalArray(p_at_x) * drift
+    return change.norm_upper()
 
 
 def _folded_pair_norms(E: EnclosedAttention, fold: IntervalArray) -> np.ndarray:

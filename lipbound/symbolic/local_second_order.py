@@ -20,7 +20,8 @@ from .record import quantity as q
 from .theorems import Theorem
 
 __all__ = ["curvature_centred", "curvature_spread", "curvature_spread_sigma", "curvature_rows_variance",
-           "curvature_weight_reach", "curvature_centred_change", "slope_remainder_joint", "feedforward_curvature_joint",
+           "curvature_weight_reach", "curvature_centred_change", "curvature_third_kronecker", "slope_remainder_joint",
+           "feedforward_curvature_joint",
            "feedforward_folded_reach", "attention_reach_remainder",
            "attention_token_reach", "attention_token_remainder", "block_reach_weighted", "SECOND_ORDER_THEOREMS"]
 
@@ -184,6 +185,40 @@ def curvature_centred_change() -> Theorem:
     proof.add(le(Described(r"\|\operatorname{diag}(s_i) (z_i(Y) - z_i(X))\|_2"), statement),
               "Minkowski's inequality for the two parts, ||Delta_i|| <= ||Delta||_F <= t", "minkowski")
     return Theorem("local-curvature-centred-change", "The centred score changes on a Frobenius ball, heads together",
+                   statement, proof)
+
+
+@functools.cache
+def curvature_third_kronecker() -> Theorem:
+    """``chi_III <= 2 c (kappa + (sum_h delta_h)^(1/2) lambda^(1/2))``: the third group of the attention's curvature
+    with the heads and the direction's tokens in one Kronecker operator per query (lemma
+    ``curvature-third-kronecker``)."""
+    kappa, delta, lam, c = q(r"\kappa_X"), q(r"\textstyle\sum_h \delta_h"), q(r"\lambda_\delta"), q("c")
+    statement = 2 * c * (kappa + sp.sqrt(delta) * sp.sqrt(lam))
+    proof = Derivation("Third group of the attention's curvature, the heads and the direction's tokens together")
+    proof.hypothesis("dot-product heads, Qt_h = W_Q^h W_K^h^T (d, d); D_hi = diag(p_hi) U_hi (n, d_out) with rows "
+                     "p_hij u_hij at Y in U; K_i = sum_h Qt_h^T kron D_hi; "
+                     "kappa_X^2 >= lambda_max(sum_i K_i(X) K_i(X)^T); "
+                     "delta_hi >= ||D_hi(Y) - D_hi(X)||_2 on U, delta_h >= delta_hi for every i; lambda_delta >= "
+                     "lambda_max(sum_h delta_h Qt_h Qt_h^T)")
+    proof.add(Described(r"r_i(e, F) \cdot y = c \langle F, \textstyle\sum_h (D_{hi} y^T)(e_i Qt_h) \rangle"),
+              "the third group's half at query i is c sum_(h, j) p_hij (e_i Qt_h f_j^T) u_hij; its value at a unit "
+              "y is the Frobenius product of F with the n x d matrix sum_h (D_hi y^T)(e_i Qt_h)", "norm-calculus")
+    proof.add(le(Described(r"\|\textstyle\sum_h (D_{hi} y^T)(e_i Qt_h)\|_F"),
+                 Described(r"\|K_i\|_2\,\|e_i\|\,\|y\|")),
+              "its entries are those of K_i (e_i^T kron y^T): (Qt_h^T e_i^T)_a (D_hi y^T)_j summed over h",
+              "submultiplicative")
+    proof.add(le(Described(r"\|K_i(X)\|_2"), kappa),
+              "K_i K_i^T = sum_(h, g) (Qt_h^T Qt_g) kron (D_hi D_gi^T) is PSD for every i, so each is below their sum",
+              "norm-calculus")
+    proof.add(le(Described(r"\|K_i(Y) - K_i(X)\|_2"), sp.sqrt(delta) * sp.sqrt(lam)),
+              "Qt_h^T kron Delta_hi = (I kron Delta_hi)(Qt_h^T kron I); the heads by the triangle inequality, then "
+              "Cauchy-Schwarz with the weights delta_h: sum_h delta_h ||(Qt_h^T kron I) z|| <= (sum_h delta_h)^(1/2) "
+              "(z^T (sum_h delta_h Qt_h Qt_h^T kron I) z)^(1/2)", "norm-calculus")
+    proof.add(le(Described(r"\chi_{III}"), statement),
+              "both halves of the third group (e and f swapped) are so bounded; ||r|| <= c max_i ||K_i|| ||e|| ||F||_F "
+              "over the rows i, and ||K_i(Y)|| <= ||K_i(X)|| + ||K_i(Y) - K_i(X)||", "minkowski")
+    return Theorem("local-curvature-third-kronecker", "The curvature's third group through one Kronecker operator",
                    statement, proof)
 
 
@@ -380,7 +415,7 @@ def block_reach_weighted() -> Theorem:
 #: the theorems of this module, by id (part of :data:`lipbound.symbolic.local.LOCAL_THEOREMS`)
 SECOND_ORDER_THEOREMS = {t.id: t for t in (curvature_centred(), curvature_spread(), curvature_spread_sigma(),
                                            curvature_rows_variance(), curvature_weight_reach(),
-                                           curvature_centred_change(),
+                                           curvature_centred_change(), curvature_third_kronecker(),
                                            slope_remainder_joint(), feedforward_curvature_joint(),
                                            feedforward_folded_reach(), attention_reach_remainder(),
                                            attention_token_reach(), attention_token_remainder(),
