@@ -188,7 +188,7 @@ def test_token_rows_match_the_whole_output_form(seed, n, eps, scale, panel):
     with mock.patch.object(relational_module, "WHOLE_OUTPUT_ENTRIES", 0), \
             mock.patch.object(relational_module, "TOKEN_PANEL_ENTRIES", panel):   # one token, some, all a panel
         rows = RelationalAttention(target, X, eps)
-        assert not rows._whole_output(rows._engine, n, rows._forms[1])
+        assert not rows._whole_output(rows._engine, n)
         radii, drift = rows.radii, rows.drift
     assert "output" not in rows.__dict__                         # the whole output form was not built
     assert np.all(radii <= whole.radii) and np.allclose(radii, whole.radii, rtol=1e-9, atol=0)
@@ -198,6 +198,25 @@ def test_token_rows_match_the_whole_output_form(seed, n, eps, scale, panel):
         out = _layer_forward(target, Y)[2]
         assert np.all(np.linalg.norm(out - at_x, axis=1) <= radii + drift)
         assert np.all(np.linalg.norm(out - rows._token_parts[1], axis=1) <= radii)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 6), st.floats(1e-3, 1.0), st.floats(0.3, 2.0))
+def test_head_forms_part_by_part_are_the_fused_images_floats(seed, n, eps, scale):
+    """The scores and values of the ball formed part by part (past WHOLE_OUTPUT_ENTRIES: no fused image) are the
+    floats of the fused image's, every array and its deviation; so are the ball's."""
+    from lipbound.local.relational import ball_head_forms, head_forms
+    from lipbound.numeric.attention import AttentionMap
+    target, rng = _layer(seed, scale=scale)
+    X, engine = rng.standard_normal((n, 6)), AttentionMap(target)
+    U, fused = AffineForm.ball_image(X, eps, engine.W, engine.bias)
+    S, V = head_forms(engine, fused)
+    U_parts, S_parts, V_parts = ball_head_forms(engine, X, eps)
+    for whole, part in ((U, U_parts), (S, S_parts), (V, V_parts)):
+        for name in ("center", "l2", "box", "err"):
+            assert np.array_equal(getattr(whole, name), getattr(part, name))
+        assert np.array_equal(whole.deviation(), part.deviation())
+    assert S_parts.symbols is U_parts.symbols and V_parts.symbols is U_parts.symbols
 
 
 def test_relational_route_scope():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import gc
 import math
 from typing import final
 
@@ -20,6 +21,7 @@ from .balls import Neighbourhood
 from .bounds import evaluate_theorem
 from .centre import ChainCentre, reach, rounding_reach
 from .chains import NormwiseProduct
+from .enclosed import release_block
 
 __all__ = ["StackOfBlocks", "composed_variation", "prefix_constant", "return_freed_pages"]
 
@@ -34,11 +36,16 @@ def _malloc_trim():
 
 
 def return_freed_pages() -> None:
-    """Give the heap's free pages back to the system (glibc's ``malloc_trim(0)``; nothing elsewhere).
+    """Free the garbage in reference cycles, then give the heap's free pages back to the system (glibc's
+    ``malloc_trim(0)``; nothing elsewhere).
 
-    A block's enclosures are arrays of 5-30 MB, below glibc's mmap threshold once it has risen after the first
-    large frees, so they come from the heap; freed, their pages stay with the process, and a stack's resident
-    memory grew by about 0.7 GB a block while its live arrays did not."""
+    A block's objects that refer to one another (a closure over its owner, a cached property's back-reference) are
+    freed only by a full collection of the cycle collector, which runs when the long-lived Python objects have grown
+    by a quarter: the models and the symbolic layer's theorems make those many, and a block allocates arrays, not
+    objects, so its cycles (with their arrays) stayed.  A block's enclosures are arrays of 5-30 MB, below glibc's
+    mmap threshold once it has risen after the first large frees, so they come from the heap; freed, their pages stay
+    with the process, and a stack's resident memory grew by about 0.7 GB a block while its live arrays did not."""
+    gc.collect()
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
@@ -153,8 +160,11 @@ class StackOfBlocks:
                 N[-1] = curve.jacobian_norm
             prefix.append(settle(l, piece, N[-1]))
             piece = None
+            # the block before is read no more (this block's rounding reaches the next one): its per-block caches go
+            release_block(*(component.target for component in chain[size * (l - 1):size * l]))
             return_freed_pages()
             rho = [min(upper_product(a, r), m) for a, r, m in zip(L[-1], rho, moved)]
+        release_block(*(component.target for component in chain[size * (blocks - 1):]))
         #: certified ``||J~_L ... J~_1||`` (block 1 restricted to the moving tokens), inf without dense Jacobians
         self.jacobian_norm = prefix[-1]
         theorem = T.chain_variation(blocks)

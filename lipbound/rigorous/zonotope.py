@@ -191,15 +191,17 @@ class AffineForm:
         return cls(X.copy(), l2, np.zeros((0,) + X.shape), np.zeros(X.shape), Symbols())
 
     @classmethod
-    def ball_image(cls, X, eps: float, W, b=None) -> tuple[AffineForm, AffineForm]:
+    def ball_image(cls, X, eps: float, W, b=None, columns: slice = slice(None)) -> tuple[AffineForm, AffineForm]:
         """The Frobenius ball about X (n, d) and its image ``Y W + b``, built directly: the image's generator
-        of symbol (i, a) is ``eps W[a]`` on row i (the product of the identity by W is not formed)."""
+        of symbol (i, a) is ``eps W[a]`` on row i (the product of the identity by W is not formed).  ``columns``:
+        only those columns of the image, the same floats as the whole image's (the centre is the whole product's)."""
         U = cls.ball(X, eps)
         W = np.asarray(W, dtype=np.float64)
         n, d = U.shape
         center = IntervalArray(U.center).matmul(W)
         if b is not None:
             center = center + IntervalArray(np.asarray(b, dtype=np.float64))
+        center, W = center[..., columns], W[:, columns]
         rows, rows_rad = _settle(IntervalArray(float(eps)) * IntervalArray(W))        # (d, width)
         l2 = np.zeros((n * d, n, W.shape[1]))
         for i in range(n):
