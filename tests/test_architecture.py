@@ -52,3 +52,10 @@ def test_importing_the_symbolic_layer_loads_no_numeric_code():
             "'cvxpy', 'scipy'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_every_benchmark_script_is_listed_in_the_benchmarks_readme():
+    bench = SCRIPT.parent.parent / "bench"
+    listed = (bench / "README.md").read_text()
+    missing = [path.name for path in sorted(bench.glob("*.py")) if f"`{path.name}`" not in listed]
+    assert not missing, f"bench/README.md does not list {missing}"
