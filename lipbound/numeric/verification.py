@@ -254,10 +254,11 @@ class Verification:
         began = time.perf_counter()
         self.witness_dir.mkdir(parents=True, exist_ok=True)
         finished: dict[int, HeadReport] = {}
-        # the whole layers (several times a head's work) start first: in parallel no long job is left alone
-        # at the end, and serially the head rows, which wait for their layer's job, then finish one by one
-        # (in the planned order, the report stayed empty until the last job and Ctrl-C kept nothing)
-        order = sorted(range(len(self.jobs)), key=lambda i: self.jobs[i].head is not None)
+        # in parallel, the whole layers (several times a head's work) start first, so that no long
+        # job is left alone at the end; serially, the planned order
+        order = list(range(len(self.jobs)))
+        if jobs != 1 or scheduler is not None:
+            order.sort(key=lambda i: self.jobs[i].head is not None)
         # a head whose whole layer is verified takes its "derived" constant from the layer's job, which
         # evaluates every head's: its row waits for that job
         layer_of = self._layer_jobs()
