@@ -536,7 +536,10 @@ def test_cross_attention_relaxation(d, n, m, seed, radius):
         assert bound.value <= closed * (1 + 1e-9)
 
 
+@pytest.mark.slow
 def test_relaxation_dominates_the_witness_search():
+    """Searched witnesses (3 nominal seconds) against the eigenvalue route: the default profile has the relaxation
+    against searched witnesses in test_soundness.py and the eigenvalue route against Jacobian norms above."""
     rng = np.random.default_rng(11)
     for d, n, radius in ((4, 3, 1.5), (6, 5, 3.0)):
         head = random_head(rng, d, 2, 2)

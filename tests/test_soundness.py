@@ -217,8 +217,9 @@ search_cases = st.fixed_dictionaries({
 })
 
 
-def _searched(case: dict):
-    """Search a witness on a random head and compare it with every certified upper bound."""
+def _searched(case: dict, budget: float = 0.3):
+    """Search a witness on a random head (``budget`` nominal seconds) and compare it with every certified upper
+    bound."""
     from lipbound.numeric.sdp import relax
     from lipbound.numeric.witness import search_witness
     rng = np.random.default_rng(case["seed"])
@@ -229,7 +230,7 @@ def _searched(case: dict):
                     case["scale"] * rng.standard_normal((d, d_k)) / np.sqrt(d),
                     rng.standard_normal((d, d_v)) / np.sqrt(d), **biases)
     domain = TokenBall(case["radius"])
-    witness = search_witness(head, domain=domain, n=case["n"], budget_seconds=0.3, seed=case["seed"])
+    witness = search_witness(head, domain=domain, n=case["n"], budget_seconds=budget, seed=case["seed"])
     name = "dot-product" if case["biases"] else "dot-product-nobias"
     closed = evaluate_bound(variant(name).derive(Assumptions(domain=Ball()), name), head, domain, case["n"]).value
     assert witness.value <= closed, (witness.value, closed)
@@ -242,7 +243,9 @@ def _searched(case: dict):
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=search_cases)
 def test_searched_witnesses_never_beat_a_certified_bound(case):
-    assert _searched(case) <= 1
+    # 0.1 nominal seconds (about 0.4 CPU seconds on these tiny heads): every stage of the search runs; the 1000
+    # cases below search 0.3
+    assert _searched(case, budget=0.1) <= 1
 
 
 @pytest.mark.slow

@@ -341,9 +341,10 @@ def test_witness_never_exceeds_the_dense_jacobian_norm():
     """On small heads the stated value is ||Df(X)[E]|| with ||E|| = 1: at most the exact
     spectral norm of the dense Jacobian at the same point, and close to it."""
     rng = np.random.default_rng(9)
+    # 0.2 nominal seconds: about 0.8 CPU seconds on these tiny heads (a nominal second is counted for MiniLM's)
     for trial in range(4):
         head = random_head(rng, d=5, d_k=2, d_v=2, causal=trial % 2 == 1)
-        witness = search_witness(head, domain=TokenBall(2.0), n=3, budget_seconds=0.5, seed=trial)
+        witness = search_witness(head, domain=TokenBall(2.0), n=3, budget_seconds=0.2, seed=trial)
         J = dense_jacobian(lambda Y, T: self_jvp(head, Y, T), witness.X)
         exact = np.linalg.norm(J, 2)
         assert witness.value <= exact * (1 + 1e-12)
@@ -370,7 +371,7 @@ def test_witnesses_stay_below_the_symbolic_upper_bound(model):
     for trial in range(3):
         head = random_head(rng, d=6, d_k=2, d_v=3, scale=1.5)
         radius, n = [0.5, 2.0, 4.0][trial], [3, 4, 6][trial]
-        witness = search_witness(head, domain=TokenBall(radius), n=n, budget_seconds=0.6, seed=trial)
+        witness = search_witness(head, domain=TokenBall(radius), n=n, budget_seconds=0.2, seed=trial)
         assert witness.value <= _dot_product_bound(head, radius, n)
     layer = model.layers[5]
     head, radius = layer.heads[3], layer.ln_in.radius_about_origin
@@ -453,7 +454,8 @@ def test_layer_witness_on_a_small_random_layer():
     heads = tuple(random_head(rng, d=8, d_k=2, d_v=2) for _ in range(3))
     for residual in (False, True):
         layer = Layer(heads, rng.standard_normal((6, 8)), rng.standard_normal(8), residual=residual)
-        witness = search_witness(layer, domain=TokenBall(1.5, center=rng.standard_normal(8)), n=4, budget_seconds=1.0)
+        # 0.3 nominal seconds (about 1.2 CPU seconds on this tiny layer): every stage of the search runs
+        witness = search_witness(layer, domain=TokenBall(1.5, center=rng.standard_normal(8)), n=4, budget_seconds=0.3)
         assert witness.head is None and witness.residual == residual
         assert recheck(witness, layer).valid
         dense = dense_jacobian(lambda Y, T: layer_jvp(layer, Y, T), witness.X)
