@@ -9,6 +9,7 @@ from decoder_checkpoints import config_of, random_weights, write_huggingface
 
 from lipbound.numeric import verification as verification_module
 from lipbound.numeric.model import load_weights
+from lipbound.numeric.scaleout import TaskFailed
 from lipbound.numeric.verification import Verification, verify_job
 
 _FAST = dict(n=4, budget=0.05, seed=3)
@@ -54,30 +55,57 @@ def test_head_rows_take_the_derived_constant_of_their_layers_job(model, tmp_path
 
 
 def test_head_rows_wait_for_their_layer_and_survive_its_failure(model, tmp_path, monkeypatch):
-    """Heads 0-1 of layer 0 finish before their layer (the layer is put last); then the layer's job fails."""
+    """Serially each layer's job runs just before its heads; where heads finish first (in parallel, simulated here by
+    the order the results arrive in) their rows wait for it, and survive its failure with their own constant."""
     verification = Verification(model, layers=[0], witness_dir=tmp_path, **_FAST)
     verification.jobs = [job for job in verification.jobs if job.head in (0, 1, None)]
-    seen = []
+    seen, sent = [], []
+    real = verification_module.run_all
+
+    def recording(function, tasks, **options):
+        sent.extend(task[13] for task in tasks)
+        return real(function, tasks, **options)
+
+    monkeypatch.setattr(verification_module, "run_all", recording)
     report = verification.run(lambda report, row: seen.append(row.head))
-    assert seen == [None, 0, 1]                 # serially the heads run first and wait for their layer
+    assert sent == [None, 0, 1] and seen == [None, 0, 1]   # serially the layer's job first, then its heads
     assert [row.head for row in report.rows] == [0, 1, None]
 
-    real = verification_module.verify_job
+    def heads_first_then_failing_layer(function, tasks, *, progress, **options):
+        heads = [k for k, task in enumerate(tasks) if task[13] is not None]
+        results = [None] * len(tasks)
+        for done, k in enumerate(heads):
+            results[k] = function(*tasks[k])
+            progress(done + 1, len(tasks), k, results[k])
+        layer = next(k for k, task in enumerate(tasks) if task[13] is None)
+        raise TaskFailed(layer, RuntimeError("the layer's job fails"), results, heads)
 
-    def failing(*task):
-        if task[13] is None:
-            raise RuntimeError("the layer's job fails")
-        return real(*task)
-
-    monkeypatch.setattr(verification_module, "verify_job", failing)
+    monkeypatch.setattr(verification_module, "run_all", heads_first_then_failing_layer)
     again = Verification(model, layers=[0], witness_dir=tmp_path / "again", **_FAST)
     again.jobs = list(verification.jobs)
+    arrived = []
     with pytest.raises(RuntimeError, match="layer's job fails"):
-        again.run()
-    assert [row.head for row in again.report.rows] == [0, 1]
+        again.run(lambda report, row: arrived.append(row.head))
+    assert arrived == [0, 1] and [row.head for row in again.report.rows] == [0, 1]
     for before, after in zip(report.rows, again.report.rows):
         assert _bounds(before) == _bounds(after)
     assert again.report.rows[0].upper_bounds[0].name == "derived"
+
+
+def test_an_interrupted_run_keeps_the_head_rows_that_waited_for_their_layer(model, tmp_path, monkeypatch):
+    """Ctrl-C while a layer's job runs after heads that finished first: their rows are kept."""
+    def heads_then_interrupt(function, tasks, *, progress, **options):
+        heads = [k for k, task in enumerate(tasks) if task[13] is not None]
+        for done, k in enumerate(heads):
+            progress(done + 1, len(tasks), k, function(*tasks[k]))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(verification_module, "run_all", heads_then_interrupt)
+    verification = Verification(model, layers=[0], witness_dir=tmp_path, **_FAST)
+    verification.jobs = [job for job in verification.jobs if job.head in (0, None)]
+    with pytest.raises(KeyboardInterrupt):
+        verification.run()
+    assert [row.head for row in verification.report.rows] == [0] and not verification.report.complete
 
 
 def test_the_command_line_and_the_library_share_the_default_budget():

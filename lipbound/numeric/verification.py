@@ -249,16 +249,25 @@ class Verification:
         job travels as plain arrays (:func:`verify_job`) and its result is assembled here into
         the report row, so every way gives the same rows.  ``report.rows`` lists the finished
         rows in the order of :attr:`jobs`.  If a job raises, the rows that finished stay in the
-        report (``complete`` False) and the job's exception propagates.
+        report (``complete`` False) and the job's exception propagates; so do they when the run is interrupted
+        (KeyboardInterrupt), head rows that waited for their layer's job included.
         """
         began = time.perf_counter()
         self.witness_dir.mkdir(parents=True, exist_ok=True)
         finished: dict[int, HeadReport] = {}
         # in parallel, the whole layers (several times a head's work) start first, so that no long
-        # job is left alone at the end; serially, the planned order
+        # job is left alone at the end; serially, each layer's whole job just before its heads, whose rows
+        # wait for it (in the planned order no row would be written until the layer's job, and Ctrl-C
+        # during it would keep none)
         order = list(range(len(self.jobs)))
         if jobs != 1 or scheduler is not None:
             order.sort(key=lambda i: self.jobs[i].head is not None)
+        else:
+            group = {}
+            for i, job in enumerate(self.jobs):
+                group.setdefault((job.block, job.layer, job.kind), i)
+            order.sort(key=lambda i: (group[self.jobs[i].block, self.jobs[i].layer, self.jobs[i].kind],
+                                      self.jobs[i].head is not None))
         # a head whose whole layer is verified takes its "derived" constant from the layer's job, which
         # evaluates every head's: its row waits for that job
         layer_of = self._layer_jobs()
@@ -291,11 +300,14 @@ class Verification:
             tasks = [self.task(self.jobs[i], derived=False) if i in layer_of else self.task(self.jobs[i])
                      for i in order]
             run_all(verify_job, tasks, jobs=jobs, scheduler=scheduler, progress=arrived)
-        except TaskFailed as failure:
+        except (TaskFailed, KeyboardInterrupt) as stopped:
+            # their layer failed or was interrupted: the finished heads' rows are kept, each with its own constant
             for head_index, head_result in [item for items in waiting.values() for item in items]:
-                finish(head_index, head_result, self._head_derived(self.jobs[head_index]))  # their layer failed
+                finish(head_index, head_result, self._head_derived(self.jobs[head_index]))
             self.report.seconds = time.perf_counter() - began
-            raise failure.error from None
+            if isinstance(stopped, KeyboardInterrupt):
+                raise
+            raise stopped.error from None
         self.report.complete = True
         self.report.seconds = time.perf_counter() - began
         return self.report
