@@ -23,6 +23,8 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 #: The radii of the head's curve in :func:`head_report`; the curvature test reads the one at 1e-3.
 HEAD_EPS = (0, 1e-4, 1e-3, 1e-2, 2)
+#: The tests reading :func:`head_report` run in one process, which runs the command once.
+HEAD_GROUP = pytest.mark.xdist_group("local-cli-head")
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +41,7 @@ def head_report(tmp_path_factory):
     return folder, status, printed.getvalue()
 
 
+@HEAD_GROUP
 def test_local_curve_and_edit_rows_through_the_command_line(head_report, tmp_path):
     folder, status, out = head_report
     report, curve_png, edits_png = folder / "local.json", folder / "curve.png", folder / "edits.png"
@@ -105,6 +108,7 @@ def test_local_errors_are_one_line(args, fragment, capsys):
     assert len(error) == 1 and fragment in error[0] and "Fix:" in error[0], error
 
 
+@HEAD_GROUP
 def test_curvature_tokens_choose_the_gram_route_or_the_looser_split_bound(head_report, tmp_path, capsys):
     # the sentence has 9 tokens: the default (at least 9) takes the Gram route in head_report's curve, whose
     # values at 0 and 1e-3 are those of a curve at these two radii alone (a point's certified value is its own)
