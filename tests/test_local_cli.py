@@ -5,6 +5,8 @@ Layers, heads and positions are counted from 0.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import numpy as np
@@ -19,12 +21,30 @@ ROW_KEYS = {"layer", "k", "positions", "n", "measured", "measured_max_token", "p
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def test_local_curve_and_edit_rows_through_the_command_line(tmp_path, capsys):
-    report, curve_png, edits_png = tmp_path / "local.json", tmp_path / "curve.png", tmp_path / "edits.png"
-    status = main(["local", "The cat sat on the mat.", "--map", "head", "--head", "3", "--eps", "0,1e-4,1e-3,1e-2,2",
-                   "--positions", "2", "--vocabulary", "12", "--search", "all", "--per-candidate", "--recheck",
-                   "--json", str(report), "--plot-curve", str(curve_png), "--plot", str(edits_png)])
-    out = capsys.readouterr().out
+#: The radii of the head's curve in :func:`head_report`; the curvature test reads the one at 1e-3.
+HEAD_EPS = (0, 1e-4, 1e-3, 1e-2, 2)
+#: The tests reading :func:`head_report` run in one process, which runs the command once.
+HEAD_GROUP = pytest.mark.xdist_group("local-cli-head")
+
+
+@pytest.fixture(scope="module")
+def head_report(tmp_path_factory):
+    """``lipbound local`` on head 3 of layer 0 with edit rows and both figures, run once for the tests reading it:
+    its folder, exit status and printed output."""
+    folder = tmp_path_factory.mktemp("local")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        status = main(["local", "The cat sat on the mat.", "--map", "head", "--head", "3", "--eps",
+                       ",".join(map(str, HEAD_EPS)), "--positions", "2", "--vocabulary", "12", "--search", "all",
+                       "--per-candidate", "--recheck", "--json", str(folder / "local.json"), "--plot-curve",
+                       str(folder / "curve.png"), "--plot", str(folder / "edits.png")])
+    return folder, status, printed.getvalue()
+
+
+@HEAD_GROUP
+def test_local_curve_and_edit_rows_through_the_command_line(head_report, tmp_path):
+    folder, status, out = head_report
+    report, curve_png, edits_png = folder / "local.json", folder / "curve.png", folder / "edits.png"
     assert status == 0, out
     assert out.splitlines()[0] == "[CLS] the cat sat on the mat . [SEP]"
     payload = json.loads(report.read_text())
@@ -60,7 +80,7 @@ def test_local_curve_and_edit_rows_through_the_command_line(tmp_path, capsys):
     assert payload["edits"]["set"]["routes"] == {"k=1, layer 0": "candidates"}
     assert row["predicted_set"] <= 1.01 * row["worst_witness"]
     assert curve_png.read_bytes()[:8] == PNG and edits_png.read_bytes()[:8] == PNG
-    assert not list(tmp_path.glob(".*partial"))
+    assert not list(folder.glob(".*partial"))
     # the same figures from the saved report
     for kind, out_name in (("curve", "again.pdf"), ("edits", "layers.svg"), ("perturb", "share.png")):
         assert main(["plot", kind, str(report), "-o", str(tmp_path / out_name)]) == 0
@@ -88,17 +108,22 @@ def test_local_errors_are_one_line(args, fragment, capsys):
     assert len(error) == 1 and fragment in error[0] and "Fix:" in error[0], error
 
 
-def test_curvature_tokens_choose_the_gram_route_or_the_looser_split_bound(tmp_path, capsys):
-    curves = {}
-    for tokens in ("16", "8"):   # the sentence has 9 tokens
-        path = tmp_path / f"{tokens}.json"
-        assert main(["local", "The cat sat on the mat.", "--map", "head", "--head", "3", "--eps", "0,1e-3",
-                     "--curvature-tokens", tokens, "--json", str(path)]) == 0
-        report = json.loads(path.read_text())["curve"]
-        assert report["variation_bound"] == ("curvature-gram" if tokens == "16" else "curvature-split")
-        curves[tokens] = report["points"]
-    assert curves["16"][0]["certified"] == pytest.approx(curves["8"][0]["certified"], rel=1e-9)
-    assert curves["16"][1]["witness"] <= curves["16"][1]["certified"] < curves["8"][1]["certified"]
+@HEAD_GROUP
+def test_curvature_tokens_choose_the_gram_route_or_the_looser_split_bound(head_report, tmp_path, capsys):
+    # the sentence has 9 tokens: the default (at least 9) takes the Gram route in head_report's curve, whose
+    # values at 0 and 1e-3 are those of a curve at these two radii alone (a point's certified value is its own)
+    assert CURVATURE_TOKENS >= 9
+    gram = json.loads((head_report[0] / "local.json").read_text())["curve"]
+    assert gram["variation_bound"] == "curvature-gram"
+    gram = [gram["points"][HEAD_EPS.index(eps)] for eps in (0, 1e-3)]
+    path = tmp_path / "8.json"
+    assert main(["local", "The cat sat on the mat.", "--map", "head", "--head", "3", "--eps", "0,1e-3",
+                 "--curvature-tokens", "8", "--json", str(path)]) == 0
+    report = json.loads(path.read_text())["curve"]
+    assert report["variation_bound"] == "curvature-split"
+    split = report["points"]
+    assert gram[0]["certified"] == pytest.approx(split[0]["certified"], rel=1e-9)
+    assert gram[1]["witness"] <= gram[1]["certified"] < split[1]["certified"]
     with pytest.raises(SystemExit):
         main(["local", "--help"])
     assert f"(default {CURVATURE_TOKENS};" in " ".join(capsys.readouterr().out.split())

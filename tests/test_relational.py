@@ -238,8 +238,9 @@ def test_curve_with_the_relational_route_is_sound_and_no_looser(seed, kind):
     X = generated.layer(0).ln_in(rng.standard_normal((4, 6)))
     eps = [0.03, 0.5]
     curve = lipschitz_curve(generated, X, kind=kind, eps=eps, ascent_steps=3)
+    # the certified values and variations come before the witness search and do not depend on it: none here
     with mock.patch.object(curve_module.RelationalRoute, "of", return_value=None):
-        alone = lipschitz_curve(generated, X, kind=kind, eps=eps, ascent_steps=3)
+        alone = lipschitz_curve(generated, X, kind=kind, eps=eps, ascent_steps=0)
     assert curve.relational and not alone.relational
     for with_route, without in zip(curve.points, alone.points):
         assert with_route.verdict == "holds"
