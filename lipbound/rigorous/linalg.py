@@ -33,17 +33,12 @@ from .intervals import IV, _raw, interval, lower, point, upper
 
 __all__ = ["Enclosure", "vector_norm_upper", "vector_norm_lower", "spectral_norm_bounds",
            "spectral_norm_upper", "spectral_norm_lower", "lambda_min_lower", "lambda_max_upper",
-           "top_eigenvalue_bounds", "is_psd_certified", "psd_floor", "dot_error_factor", "product_norm_interval",
+           "top_eigenvalue_bounds", "is_psd_certified", "psd_floor", "product_norm_interval",
            "product_norm_upper", "spectral_norm_upper_large", "lambda_max_upper_large", "RowGram", "gram_norm_interval",
            "gram_norm_upper"]
 
 _U = UNIT_ROUNDOFF
 _ETA = SMALLEST_SUBNORMAL
-
-
-def dot_error_factor(k: int) -> float:
-    """``gamma_k`` rounded up: ``|fl(x . y) - x . y| <= gamma_k |x| . |y|`` for k terms, any summation order."""
-    return gamma_bound(k)
 
 
 def _safe(k: int) -> float:

@@ -73,9 +73,9 @@ from typing import final
 import numpy as np
 
 from ...errors import AssumptionError, SolverError
-from ...rigorous.elementwise import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
+from ...rigorous.elementwise import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, gamma_bound
 from ...rigorous.intervals import IV, interval, upper
-from ...rigorous.linalg import Enclosure, dot_error_factor, psd_floor, vector_norm_upper
+from ...rigorous.linalg import Enclosure, psd_floor, vector_norm_upper
 from ...rigorous.value import CertifiedValue
 from ..blas import one_blas_thread
 from ..blocks.activations import check_activation, slope_range
@@ -336,7 +336,7 @@ def certify_lift(lift: GatedLift, roots: np.ndarray, rho: float) -> float:
     square_Y = interval(vector_norm_upper(Y)) ** 2
     eta = interval(SMALLEST_SUBNORMAL)
     e_Y = interval(UNIT_ROUNDOFF) * IV.sqrt(square_Y) + interval(k) * eta
-    rounding = (interval(dot_error_factor(k)) * square_Y + interval(k) ** 2 * interval(k) * eta
+    rounding = (interval(gamma_bound(k)) * square_Y + interval(k) ** 2 * interval(k) * eta
                 + 2 * e_Y * IV.sqrt(square_Y) + e_Y * e_Y)
     DcB = Enclosure.exact(np.vstack([lift.W_down, lift.W_down])).hadamard(_vector(lift, lift.centers))
     side = -(Enclosure.exact(H_m) @ DcB)
