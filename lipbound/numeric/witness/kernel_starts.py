@@ -37,7 +37,7 @@ from ..kernels import CustomKernel, DotProduct, FeatureMap, L2Distance, QKNorm, 
 from ..kernels.scores import scale_of
 from ..offsets import HeadRows
 from .spread_starts import rotary_spread_queries
-from .starts import cross_starts, left_singular, product_norm, self_starts
+from .starts import cross_starts, left_singular, orthogonal_value_spread, product_norm, self_starts
 
 __all__ = ["KERNEL_STARTS", "kernel_starts"]
 
@@ -125,9 +125,7 @@ def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
         (on the span of the values' widest directions and the gradients)."""
         exact = value_direction - frame @ (frame.T @ value_direction)
         out = [exact / max(np.linalg.norm(exact), 1e-300)]
-        # the widest value direction among those orthogonal to every key gradient (not the projection of the
-        # widest one): the top left singular vector of the value map with the gradients' span taken out
-        out.append(left_singular(spread_left - frame @ (frame.T @ spread_left), spread_right)[0][:, 0])
+        out.append(orthogonal_value_spread(spread_left, spread_right, frame))
         basis = np.linalg.qr(np.concatenate([left, tied.T], axis=1))[0]
         values = (basis.T @ left) * widths
         value_form, gradients = values @ values.T, (tied @ basis).T @ (tied @ basis)

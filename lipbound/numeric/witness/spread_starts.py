@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 from ..kernels.scores import scale_of
-from .starts import left_singular
+from .starts import orthogonal_value_spread
 
 __all__ = ["rotary_spread_queries"]
 
@@ -74,16 +74,18 @@ def rotary_spread_queries(problem, h: int, tied: np.ndarray, turns=(0.2, 0.5), m
                 B[i] = (1 - turn) * b + turn * best
                 B[i] /= max(np.linalg.norm(B[i]), 1e-300)
             for margin in margins:
-                group += _tied_pair(B, P, K, SV, b_Q, sigma, rotations, margin)
+                group.append(_tied_pair(B, P, K, SV, b_Q, sigma, rotations, margin))
         out.append(problem.retract(problem.from_unit(np.array(group)), 1 - 1e-6))
     return out
 
 
 def _tied_pair(B: np.ndarray, P, K, SV, b_Q, sigma: float, rotations: dict, margin: float,
-               rcond: float = 1e-2, spreads: int = 1) -> list[np.ndarray]:
-    """The inputs with the queries ``B[2:]`` (chart points) and keys 0, 1 at ``mid +- half`` tied for every row:
+               rcond: float = 1e-2) -> np.ndarray:
+    """The input with the queries ``B[2:]`` (chart points) and keys 0, 1 at ``mid +- half`` tied for every row:
     ``mid`` the least-norm point scoring both keys of row i ``margin`` above row i's scores of the queries 2..i, and
-    ``half`` each of :func:`_spreads` scaled to keep the keys in the chart's unit ball."""
+    ``half`` along the widest direction of the value map ``S V (W_O^h)`` (``SV`` its two factors, the second None for
+    a head) orthogonal to the key gradients (:func:`~.starts.orthogonal_value_spread`), scaled to keep the keys in
+    the chart's unit ball."""
     n = len(B)
     gradients, own = [], []
     for i in range(2, n):
@@ -96,21 +98,7 @@ def _tied_pair(B: np.ndarray, P, K, SV, b_Q, sigma: float, rotations: dict, marg
     mid = mid * min(1.0, 0.95 / max(float(np.linalg.norm(mid)), 1e-300))
     frame, widths, _ = np.linalg.svd(np.vstack([G, mid]).T, full_matrices=False)
     frame = frame[:, widths > rcond * widths[0]]
-    out = []
-    for spread in _spreads(SV, frame)[:spreads]:
-        half = math.sqrt(max(1.0 - mid @ mid, 0.0)) * spread
-        U = B.copy()
-        U[0], U[1] = mid + half, mid - half
-        out.append(U)
-    return out
-
-
-def _spreads(SV: tuple, frame: np.ndarray) -> list[np.ndarray]:
-    """Unit chart directions along which the two keys spread: the widest direction of the value map ``S V (W_O^h)``
-    (``SV`` its two factors, the second None for a head) among those orthogonal to the key gradients' span ``frame``
-    (exact ties), and the widest direction of the value map itself with that span taken out."""
-    left, right = SV
-    widest = left_singular(left - frame @ (frame.T @ left), right)[0][:, 0]
-    projected = left_singular(left, right)[0][:, 0]
-    projected = projected - frame @ (frame.T @ projected)
-    return [widest] + ([projected / np.linalg.norm(projected)] if np.linalg.norm(projected) > 1e-12 else [])
+    half = math.sqrt(max(1.0 - mid @ mid, 0.0)) * orthogonal_value_spread(*SV, frame)
+    U = B.copy()
+    U[0], U[1] = mid + half, mid - half
+    return U

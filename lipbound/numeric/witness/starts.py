@@ -15,7 +15,8 @@ from ..kernels import softmax
 from .clock import CALL_WORK
 from .structured import TieForm, ascend, structured_starts
 
-__all__ = ["TieSurrogate", "castin_input", "cross_starts", "left_singular", "product_norm", "self_starts"]
+__all__ = ["TieSurrogate", "castin_input", "cross_starts", "left_singular", "orthogonal_value_spread", "product_norm",
+           "self_starts"]
 
 
 @final
@@ -159,6 +160,13 @@ def left_singular(A: np.ndarray, B: np.ndarray | None) -> tuple[np.ndarray, np.n
     Q, R = np.linalg.qr(A)
     core, widths, _ = np.linalg.svd(R @ np.linalg.qr(B.T, mode="r").T, full_matrices=False)
     return Q @ core, widths
+
+
+def orthogonal_value_spread(left: np.ndarray, right: np.ndarray | None, frame: np.ndarray) -> np.ndarray:
+    """The widest direction of the value map ``left right`` (``right`` None: ``left`` alone) among those orthogonal
+    to the orthonormal columns ``frame`` (two keys' score gradients: spread along it, the keys stay tied): the top
+    left singular vector of the map with that span taken out (not the projection of the map's widest direction)."""
+    return left_singular(left - frame @ (frame.T @ left), right)[0][:, 0]
 
 
 def castin_input(W_Q: np.ndarray, W_K: np.ndarray, radius: float, n: int, literal: bool = True) -> np.ndarray:
