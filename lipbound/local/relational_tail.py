@@ -39,7 +39,7 @@ from ..errors import NotCertifiedError
 from ..rigorous.arrays import IntervalArray, gelu_curvature, gelu_third
 from ..rigorous.elementwise import inv_sqrt_2pi
 from ..rigorous.linalg import Enclosure, lambda_max_upper_large, spectral_norm_upper_large
-from ..rigorous.zonotope import AffineForm, Symbols
+from ..rigorous.zonotope import AffineForm, Symbols, sum_upper
 from ..symbolic import local as T
 from .balls import TokenBalls
 from .bounds import evaluate_theorem, norm_bounds
@@ -55,15 +55,11 @@ def gelu_curvature_ceiling() -> float:
     return (IntervalArray(2.0) * IntervalArray(inv_sqrt_2pi()[1])).hi.item()
 
 
-def _up(x: IntervalArray) -> np.ndarray:
-    return np.maximum(x.hi, 0.0)
-
-
-def _sum_up(*terms) -> float:
-    total = IntervalArray(0.0)
-    for term in terms:
-        total = total + IntervalArray(float(term))
-    return total.hi.item()
+def _off_generators(row: AffineForm, ball: float) -> float:
+    """``sup`` of the part of ``x - x~`` that is not along the row's Euclidean generators: its centre, its independent
+    errors and the ball, rounded up."""
+    return float(sum_upper(IntervalArray(row.center).norm_upper().item(), IntervalArray(row.err).norm_upper().item(),
+                           ball))
 
 
 @final
@@ -78,7 +74,7 @@ class TokenForms:
     @functools.cached_property
     def radii(self) -> np.ndarray:
         """``sup ||x_i - x~_i||`` per token: the row form's centre, its own radius and the ball, rounded up."""
-        return np.array([_sum_up(IntervalArray(row.center).norm_upper().item(), row.radius(), b)
+        return np.array([float(sum_upper(IntervalArray(row.center).norm_upper().item(), row.radius(), b))
                          for row, b in zip(self.rows, self.balls)])
 
     def frobenius(self) -> float:
@@ -88,9 +84,8 @@ class TokenForms:
             return math.inf
         generators = np.concatenate([row.l2 for row in self.rows], axis=1)
         operator = spectral_norm_upper_large(generators) if generators.size else 0.0
-        rest = [_sum_up(IntervalArray(row.center).norm_upper().item(), IntervalArray(row.err).norm_upper().item(), b)
-                for row, b in zip(self.rows, self.balls)]
-        return _sum_up(operator, IntervalArray(np.array(rest)).norm_upper().item())
+        rest = [_off_generators(row, b) for row, b in zip(self.rows, self.balls)]
+        return float(sum_upper(operator, IntervalArray(np.array(rest)).norm_upper().item()))
 
     @classmethod
     def taylor(cls, jacobian: Enclosure, radius: float, offset: IntervalArray, rests: np.ndarray) -> TokenForms:
@@ -148,7 +143,7 @@ def _linear_step(row: AffineForm, J: IntervalArray, offset: IntervalArray) -> tu
     rounded up."""
     M = J.mid
     form = row.linear(M).shift(offset)
-    gap = spectral_norm_upper_large(Enclosure._trusted(np.zeros_like(M), _up((J - IntervalArray(M)).abs())))
+    gap = spectral_norm_upper_large(Enclosure._trusted(np.zeros_like(M), (J - IntervalArray(M)).magnitude))
     return form, gap, spectral_norm_upper_large(M)
 
 
@@ -188,7 +183,7 @@ def _remainder_parts(enclosed: EnclosedFeedForward, i: int, row: AffineForm, bal
     """What both bounds of :func:`feedforward_remainder` read: ``(enclosed, beta, A^T A, ||w_k||, dev, hull, i,
     ||W_2||)``, ``hull`` the pre-activations' range ``h_k +- dev_k``."""
     ffn = enclosed.ffn
-    beta = _sum_up(IntervalArray(row.center).norm_upper().item(), IntervalArray(row.err).norm_upper().item(), ball)
+    beta = _off_generators(row, ball)
     gram = Enclosure.exact(row.l2.T) @ Enclosure.exact(row.l2)                                      # G^T G (d, d)
     a_gram = IntervalArray.from_enclosure(Enclosure.exact(ffn.W_1.T) @ gram @ Enclosure.exact(ffn.W_1))  # A^T A
     columns = IntervalArray(IntervalArray(ffn.W_1).norm_upper(axis=0))
@@ -322,7 +317,7 @@ class BlockForms:
             return math.inf
         try:
             whole = min(last.frobenius(), IntervalArray(last.radii).norm_upper().item())
-            return _sum_up(whole, rounding_reach(self.chain, self.centre, 0))
+            return float(sum_upper(whole, rounding_reach(self.chain, self.centre, 0)))
         except NotCertifiedError:
             return math.inf
 

@@ -43,7 +43,7 @@ from ..errors import AssumptionError, NotCertifiedError
 from .arrays import IntervalArray
 from .linalg import spectral_norm_upper, spectral_norm_upper_large
 
-__all__ = ["AffineForm", "Symbols", "single_rows"]
+__all__ = ["AffineForm", "Symbols", "single_rows", "sum_upper"]
 
 #: Euclidean symbols processed at a time by the products (bounds the temporaries' memory).
 _CHUNK = 512
@@ -132,7 +132,7 @@ def single_rows(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     wide = single.astype(np.float64)
     unit = IntervalArray(2.0 ** -24) * IntervalArray(float(m))
     gamma = unit / (IntervalArray(1.0) - unit)
-    error = _add(_up((IntervalArray(flat) - IntervalArray(wide)).abs().sum(axis=0)),
+    error = sum_upper(_up((IntervalArray(flat) - IntervalArray(wide)).abs().sum(axis=0)),
                  _up(IntervalArray(np.abs(wide)).sum(axis=0) * gamma))
     return single, error
 
@@ -152,12 +152,12 @@ def _points_sup(points: np.ndarray, B: np.ndarray) -> np.ndarray:
     for begin in range(0, live.size, _POINT_COLUMNS):
         part = points @ single[:, begin:begin + _POINT_COLUMNS]
         top[begin:begin + _POINT_COLUMNS] = np.maximum(part.max(axis=0), -part.min(axis=0)).astype(np.float64)
-    out[live] = _add(top, error)
+    out[live] = sum_upper(top, error)
     return out.reshape(B.shape[1:])
 
 
-def _add(*terms) -> np.ndarray:
-    """Upper bound on the sum of non-negative arrays."""
+def sum_upper(*terms) -> np.ndarray:
+    """Upper bound on the sum of non-negative arrays (or floats), in outward-rounded interval arithmetic."""
     total = IntervalArray(np.zeros(np.broadcast_shapes(*(np.shape(t) for t in terms))))
     for term in terms:
         total = total + IntervalArray(np.asarray(term, dtype=np.float64))
@@ -207,7 +207,7 @@ class AffineForm:
         for i in range(n):
             l2[i * d:(i + 1) * d, i] = rows
         mid, rad = _settle(center)
-        err = _add(rad, np.broadcast_to(_l2_sum(rows_rad), mid.shape))
+        err = sum_upper(rad, np.broadcast_to(_l2_sum(rows_rad), mid.shape))
         return U, cls(mid, l2, np.zeros((0, n, W.shape[1])), err, U.symbols)
 
     @classmethod
@@ -227,7 +227,7 @@ class AffineForm:
         boxed = 0.0
         if self.box.shape[0]:
             boxed = IntervalArray(_box_sum(np.abs(self.box.reshape(self.box.shape[0], -1)))).norm_upper().item()
-        return _add(operator, boxed, IntervalArray(self.err.reshape(-1)).norm_upper()).item()
+        return sum_upper(operator, boxed, IntervalArray(self.err.reshape(-1)).norm_upper()).item()
 
     @classmethod
     def _from_parts(cls, center: IntervalArray, l2_parts, box: IntervalArray, extra, symbols: Symbols,
@@ -252,7 +252,7 @@ class AffineForm:
         if l2 is None:
             l2 = np.zeros((0,) + mid.shape)
         box_mid, box_rad = _settle(box)
-        err = _add(extra, rad, _box_sum(box_rad), *l2_rads)
+        err = sum_upper(extra, rad, _box_sum(box_rad), *l2_rads)
         return cls(mid, l2, box_mid, err, symbols)
 
     def with_symbols(self, symbols: Symbols) -> AffineForm:
@@ -306,7 +306,7 @@ class AffineForm:
         """Entrywise upper bound on ``|x - c|`` over the set (computed once: a form does not change)."""
         if "_deviation" not in self.__dict__:
             words, rest = self._parts()
-            self.__dict__["_deviation"] = _add(words, rest)
+            self.__dict__["_deviation"] = sum_upper(words, rest)
         return self.__dict__["_deviation"]
 
     def _parts(self) -> tuple[np.ndarray, np.ndarray]:
@@ -318,7 +318,7 @@ class AffineForm:
             words = np.zeros(self.shape)
             if points is not None and m:
                 words = np.minimum(_points_sup(points[:, :m], self.box[:m]), _box_sum(np.abs(self.box[:m])))
-            rest = _add(_l2_sum(self.l2, absolute=True), _box_sum(np.abs(self.box[m:])), self.err)
+            rest = sum_upper(_l2_sum(self.l2, absolute=True), _box_sum(np.abs(self.box[m:])), self.err)
             self.__dict__["_deviation_parts"] = words, rest
         return self.__dict__["_deviation_parts"]
 
@@ -346,7 +346,7 @@ class AffineForm:
             largest = top if largest is None else np.maximum(largest, top)
         (wx, rx), (wy, ry) = self._parts(), other._parts()
         cross = [_up(IntervalArray(u).einsum(spec, IntervalArray(w))) for u, w in ((wx, ry), (rx, wy), (rx, ry))]
-        return _add(largest, *cross)
+        return sum_upper(largest, *cross)
 
     def hull(self) -> IntervalArray:
         """The smallest box this bound gives: ``c +- deviation``."""
@@ -367,7 +367,7 @@ class AffineForm:
                 by_symbol = _box_sum(IntervalArray(self.box[:, i, :]).norm_upper(axis=-1)[:, None])[0]
                 by_coordinate = IntervalArray(_box_sum(np.abs(self.box[:, i, :]))).norm_upper()
                 boxed = min(by_symbol, by_coordinate)
-            radii.append(_add(operator, boxed, IntervalArray(self.err[i]).norm_upper()).item())
+            radii.append(sum_upper(operator, boxed, IntervalArray(self.err[i]).norm_upper()).item())
         return np.array(radii)
 
     # linear operations ----------------------------------------------------------------------------------
@@ -393,7 +393,7 @@ class AffineForm:
             return IntervalArray(a) + IntervalArray(sign * b)
         chunks = (both(self.l2[s:s + _CHUNK], other.l2[s:s + _CHUNK]) for s in range(0, self.l2.shape[0], _CHUNK))
         box = both(self._box_rows(count), other._box_rows(count))
-        extra = np.broadcast_to(_add(self.err, other.err), shape)
+        extra = np.broadcast_to(sum_upper(self.err, other.err), shape)
         return AffineForm._from_parts(both(self.center, other.center), chunks, box, extra, self.symbols,
                                       self.l2.shape[0])
 
@@ -409,9 +409,9 @@ class AffineForm:
         factor = factor if isinstance(factor, IntervalArray) else IntervalArray(np.asarray(factor, dtype=np.float64))
         mid, rad = _settle(factor)
         f = IntervalArray(mid)
-        spread = _up(IntervalArray(rad) * IntervalArray(_add(np.abs(self.center), self.deviation())))
+        spread = _up(IntervalArray(rad) * IntervalArray(sum_upper(np.abs(self.center), self.deviation())))
         chunks = (IntervalArray(self.l2[s:s + _CHUNK]) * f for s in range(0, self.l2.shape[0], _CHUNK))
-        extra = _add(spread, _up(IntervalArray(self.err) * IntervalArray(np.abs(mid))))
+        extra = sum_upper(spread, _up(IntervalArray(self.err) * IntervalArray(np.abs(mid))))
         return AffineForm._from_parts(IntervalArray(self.center) * f, chunks, IntervalArray(self.box) * f, extra,
                                       self.symbols, self.l2.shape[0])
 
@@ -419,7 +419,7 @@ class AffineForm:
         """``x + offset`` for a constant (float or enclosed array broadcasting against the form)."""
         offset = offset if isinstance(offset, IntervalArray) else IntervalArray(np.asarray(offset, dtype=np.float64))
         mid, rad = _settle(IntervalArray(self.center) + offset)
-        return AffineForm(mid, self.l2, self.box, _add(self.err, rad), self.symbols)
+        return AffineForm(mid, self.l2, self.box, sum_upper(self.err, rad), self.symbols)
 
     def elementwise(self, value: IntervalArray, slope: IntervalArray) -> AffineForm:
         """``f(x)`` entry by entry, for ``value`` enclosing ``f(c)`` and ``slope`` enclosing ``f'`` over :meth:`hull`.
@@ -430,7 +430,7 @@ class AffineForm:
         s_mid, s_rad = _settle(slope)
         s = IntervalArray(s_mid)
         spread = _up(IntervalArray(s_rad) * IntervalArray(self.deviation()))
-        extra = _add(spread, _up(IntervalArray(self.err) * IntervalArray(np.abs(s_mid))))
+        extra = sum_upper(spread, _up(IntervalArray(self.err) * IntervalArray(np.abs(s_mid))))
         chunks = (IntervalArray(self.l2[c:c + _CHUNK]) * s for c in range(0, self.l2.shape[0], _CHUNK))
         return AffineForm._from_parts(value, chunks, IntervalArray(self.box) * s, extra, self.symbols,
                                       self.l2.shape[0])
@@ -477,8 +477,8 @@ class AffineForm:
         count = max(self.box.shape[0], other.box.shape[0])
         box = generators(self._box_rows(count), other._box_rows(count))
         # the independent errors times the other factor's whole size (centre and deviation)
-        ax, ay = _add(np.abs(self.center), self.deviation()), _add(np.abs(other.center), other.deviation())
-        extra = _add(_up(IntervalArray(self.err).einsum(spec, IntervalArray(ay))),
+        ax, ay = sum_upper(np.abs(self.center), self.deviation()), sum_upper(np.abs(other.center), other.deviation())
+        extra = sum_upper(_up(IntervalArray(self.err).einsum(spec, IntervalArray(ay))),
                      _up(IntervalArray(ax).einsum(spec, IntervalArray(other.err))))
         if self.symbols.points is not None:   # the deviations' product point by point
             quadratic = np.minimum(quadratic, self._points_quadratic(other, spec))
@@ -511,7 +511,7 @@ class AffineForm:
         if self.box.shape[0] == 0:
             return out.reshape(lead)
         box = IntervalArray(np.abs(self.box).reshape(self.box.shape[0], -1, k)).norm_upper(axis=-1)
-        return _add(out, _box_sum(box)).reshape(lead)
+        return sum_upper(out, _box_sum(box)).reshape(lead)
 
     def dot(self, other: AffineForm) -> AffineForm:
         """``x_hi . y_hj`` over the last axis of two 3-d forms (H, n, k), (H, l, k) -> (H, n, l).
@@ -532,9 +532,9 @@ class AffineForm:
         no_box = plain_x[:, :, None] & plain_y[:, None, :]
         half = np.where(~shared & no_box, 0.5, 1.0)
         symbolic = _up(IntervalArray(nx[:, :, None]) * IntervalArray(ny[:, None, :]) * IntervalArray(half))
-        errors = _add(_up(IntervalArray(self.err).einsum(spec, IntervalArray(ry))),
+        errors = sum_upper(_up(IntervalArray(self.err).einsum(spec, IntervalArray(ry))),
                       _up(IntervalArray(rx).einsum(spec, IntervalArray(other.err))))
-        return self._bilinear(other, spec, np.minimum(boxed, _add(symbolic, errors)))
+        return self._bilinear(other, spec, np.minimum(boxed, sum_upper(symbolic, errors)))
 
     def mix(self, values: AffineForm, ranges: IntervalArray | None = None) -> AffineForm:
         """``sum_j p_ij v_jk``: weights (H, n, l) and values (H, l, k) -> (H, n, k); the deviations' product
@@ -544,7 +544,7 @@ class AffineForm:
         rp = self.deviation()
         if ranges is not None:   # the symbolic part at a point of the set is p - c - u: |.| <= |p - c| + err
             capped = np.maximum(_up(ranges - IntervalArray(self.center)), _up(IntervalArray(self.center) - ranges))
-            rp = np.minimum(rp, _add(capped, self.err))
+            rp = np.minimum(rp, sum_upper(capped, self.err))
         quadratic = _up(IntervalArray(rp).einsum(spec, IntervalArray(values.deviation())))
         return self._bilinear(values, spec, quadratic)
 
@@ -625,5 +625,5 @@ class AffineForm:
         sizes = sum(np.sum(f.l2.reshape(count, -1) ** 2, axis=1) for f in forms)
         order = np.argsort(sizes)[::-1]
         kept, dropped = np.sort(order[:keep]), order[keep:]
-        return [AffineForm(f.center, f.l2[kept], f.box, _add(f.err, _l2_sum(np.abs(f.l2[dropped]))), f.symbols)
+        return [AffineForm(f.center, f.l2[kept], f.box, sum_upper(f.err, _l2_sum(np.abs(f.l2[dropped]))), f.symbols)
                 for f in forms]
