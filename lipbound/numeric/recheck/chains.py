@@ -35,7 +35,7 @@ from ..kernels import DotProduct
 from ..kernels.masks import AttentionMask
 from ..model import FeedForward, Layer
 from ..normalization import Normalization
-from .exact import Ball, Dyadic, widen
+from .exact import Ball, Dyadic
 from .maps import softmax_row, softmax_tangent
 from .scores import score_scale
 
@@ -83,14 +83,6 @@ def _exact(array: np.ndarray) -> np.ndarray:
     return Dyadic.of(array).intervals()
 
 
-def _values(ball: Ball) -> np.ndarray:
-    """The ball's entries as intervals."""
-    out = ball.center.intervals()
-    for index, radius in np.ndenumerate(ball.radius):
-        out[index] = widen(out[index], float(radius))
-    return out
-
-
 class _Weights:
     """A float matrix, exact, multiplied into interval rows through balls (``|W|`` is exact in floats)."""
 
@@ -98,7 +90,7 @@ class _Weights:
         self.exact, self.absolute = Dyadic.of(W), np.abs(W)
 
     def times(self, values: np.ndarray) -> np.ndarray:
-        return _values(Ball.of_intervals(values).matmul_exact(self.exact, self.absolute))
+        return Ball.of_intervals(values).matmul_exact(self.exact, self.absolute).intervals()
 
 
 def _rows(values: np.ndarray, bias: np.ndarray | None) -> np.ndarray:

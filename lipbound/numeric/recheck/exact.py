@@ -154,6 +154,14 @@ class Ball:
         shifts = np.where(nonzero, exps - base, 0).astype(object)
         return cls(Dyadic(mans << shifts, base), radius)
 
+    def intervals(self) -> np.ndarray:
+        """The entries as intervals ``center +- radius`` (an object array of ``IV.mpf``; :meth:`of_intervals` the
+        other way)."""
+        out = self.center.intervals()
+        for index, radius in np.ndenumerate(self.radius):
+            out[index] = widen(out[index], float(radius))
+        return out
+
     def __add__(self, other: Ball) -> Ball:
         return Ball(self.center + other.center, inflate(self.radius + other.radius, 1))
 
