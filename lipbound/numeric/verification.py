@@ -255,22 +255,18 @@ class Verification:
         began = time.perf_counter()
         self.witness_dir.mkdir(parents=True, exist_ok=True)
         finished: dict[int, HeadReport] = {}
+        # a head whose whole layer is verified takes its "derived" constant from the layer's job, which
+        # evaluates every head's: its row waits for that job
+        layer_of = self._layer_jobs()
         # in parallel, the whole layers (several times a head's work) start first, so that no long
-        # job is left alone at the end; serially, each layer's whole job just before its heads, whose rows
-        # wait for it (in the planned order no row would be written until the layer's job, and Ctrl-C
-        # during it would keep none)
+        # job is left alone at the end; serially, each layer's whole job just before the heads that wait for
+        # it (in the planned order no row would be written until the layer's job, and Ctrl-C during it would
+        # keep none)
         order = list(range(len(self.jobs)))
         if jobs != 1 or scheduler is not None:
             order.sort(key=lambda i: self.jobs[i].head is not None)
         else:
-            group = {}
-            for i, job in enumerate(self.jobs):
-                group.setdefault((job.block, job.layer, job.kind), i)
-            order.sort(key=lambda i: (group[self.jobs[i].block, self.jobs[i].layer, self.jobs[i].kind],
-                                      self.jobs[i].head is not None))
-        # a head whose whole layer is verified takes its "derived" constant from the layer's job, which
-        # evaluates every head's: its row waits for that job
-        layer_of = self._layer_jobs()
+            order.sort(key=lambda i: (layer_of.get(i, i), self.jobs[i].head is not None))
         layers_done: dict[int, dict] = {}
         waiting: dict[int, list[tuple[int, dict]]] = {}
 
