@@ -48,6 +48,8 @@ from lipbound.numeric.witness import (
     search_witness,
     structured_starts,
 )
+from lipbound.numeric.witness.clock import CALL_WORK, INPUT_WORK, STEP_WORK, WORK_PER_SECOND, WorkClock
+from lipbound.numeric.witness.problem import SearchProblem
 from lipbound.numeric.witness.starts import castin_input
 from lipbound.symbolic.assumptions import Assumptions
 from lipbound.symbolic.registry import variant
@@ -394,6 +396,40 @@ def test_structured_search_beats_300_on_layer0_head0(l0h0_witness, l0h0):
     np.testing.assert_array_equal(l0h0_witness.center, np.zeros(384))
     # the budget (3 nominal seconds) is work, not wall-clock time: the search stays within it
     assert l0h0_witness.details["pool_work"] + l0h0_witness.details["polish_work"] <= 3.0
+
+
+def _arithmetic(target, n: int, width: int) -> int:
+    """Multiply-adds of one input's step by the cost model, from the weights' shapes: ``H r (r (d_k + d_v) + k (2 d_k
+    + d_v))`` for ``H`` heads, ``r`` rows and working width ``k``."""
+    heads = target.heads if isinstance(target, Layer) else (target,)
+    d_k, d_v = heads[0].W_K.shape[1], heads[0].W_V.shape[1]
+    return len(heads) * n * (n * (d_k + d_v) + width * (2 * d_k + d_v))
+
+
+def test_the_clock_charges_the_arithmetic_on_real_maps_and_the_dispatch_on_tiny_ones(model):
+    """An evaluation of ``b`` inputs in ``s`` power steps is charged ``(s + 3) b w + c_call`` multiply-adds on MiniLM's
+    head and layer at verify's n = 8 (the floors lie below them, so the real models' witnesses are those of the
+    arithmetic alone), and the steps' dispatch on a tiny head, whose arithmetic would buy several times the CPU."""
+    layer = model.layer(0)
+    rng = np.random.default_rng(4)
+    tiny = random_head(rng, d=5, d_k=2, d_v=2)
+    for target, domain, n, floored in ((layer.heads[0], LayerNormOutputs(layer.ln_in), 8, False),
+                                       (layer.as_layer(), LayerNormOutputs(layer.ln_in), 8, False),
+                                       (tiny, TokenBall(1.0), 3, True)):
+        problem = SearchProblem(target, "self", domain, None, n, None, WorkClock())
+        w = _arithmetic(target, n, problem.width)
+        assert w == problem.work_per_input
+        for batch, steps in ((1, 0), (1, 6), (4, 8), (32, 30)):
+            Z = problem.random(rng, batch, 0.9)
+            before = problem.clock()
+            problem.evaluate(Z, rng.standard_normal(Z.shape), steps)
+            charged = (problem.clock() - before) * WORK_PER_SECOND - CALL_WORK
+            arithmetic = (steps + 3) * batch * w
+            if not floored:
+                assert charged == pytest.approx(arithmetic, rel=1e-12)
+            else:
+                assert charged == pytest.approx((steps + 3) * max(batch * INPUT_WORK, STEP_WORK), rel=1e-12)
+                assert charged >= 4 * arithmetic
 
 
 def test_structured_starts_predict_the_jacobian_norm(l0h0):
