@@ -42,7 +42,7 @@ def step_work(batch: int, work_per_input: float) -> float:
 
     ``max(batch * max(w, INPUT_WORK), STEP_WORK)`` for ``w`` multiply-adds per input: the arithmetic, or, on maps so
     small that the dispatch outweighs it, the dispatch.  Without these floors the search's budget bought 4 to 8
-    CPU seconds per nominal second on the tests' tiny heads against a quarter to one on the real models.  A map with
+    CPU seconds per nominal second on the tests' tiny heads against 0.3 to 0.9 on the real models.  A map with
     ``w >= STEP_WORK`` never meets a floor: verify's heads and layers of MiniLM (a head at n = 8: ``w`` = 77 824) and
     SmolLM2 at n >= 8 are charged their arithmetic alone, as before, so their witnesses are the same bit for bit.
     """
