@@ -75,7 +75,8 @@ def l0h0(model):
 @pytest.fixture(scope="module")
 def l0h0_witness(model, l0h0):
     head, radius = l0h0
-    return search_witness(head, domain=TokenBall(radius), n=8, budget_seconds=3.0, seed=0, origin=model, layer=0,
+    # 1 nominal second (about half a CPU second): the value of 3 to six digits (963.47251 against 963.47258)
+    return search_witness(head, domain=TokenBall(radius), n=8, budget_seconds=1.0, seed=0, origin=model, layer=0,
                           head=0)
 
 
@@ -394,8 +395,8 @@ def test_structured_search_beats_300_on_layer0_head0(l0h0_witness, l0h0):
     assert l0h0_witness.value > 300
     assert l0h0_witness.in_domain() and l0h0_witness.radius == radius
     np.testing.assert_array_equal(l0h0_witness.center, np.zeros(384))
-    # the budget (3 nominal seconds) is work, not wall-clock time: the search stays within it
-    assert l0h0_witness.details["pool_work"] + l0h0_witness.details["polish_work"] <= 3.0
+    # the budget (1 nominal second) is work, not wall-clock time: the search stays within it
+    assert l0h0_witness.details["pool_work"] + l0h0_witness.details["polish_work"] <= 1.0
 
 
 def _arithmetic(target, n: int, width: int) -> int:
