@@ -45,6 +45,8 @@ def step_work(batch: int, work_per_input: float) -> float:
     CPU seconds per nominal second on the tests' tiny heads against 0.3 to 0.9 on the real models.  A map with
     ``w >= STEP_WORK`` never meets a floor: verify's heads and layers of MiniLM (a head at n = 8: ``w`` = 77 824) and
     SmolLM2 at n >= 8 are charged their arithmetic alone, as before, so their witnesses are the same bit for bit.
+    Below it lie MiniLM's single heads at n <= 6 (``w`` = 57 600 at n = 6, 9 280 at n = 1) and SmolLM2's at n = 1:
+    their one-input steps now cost the floor, so a budget buys them somewhat fewer steps than before.
     """
     return max(batch * max(work_per_input, INPUT_WORK), STEP_WORK)
 
