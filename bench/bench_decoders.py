@@ -9,7 +9,7 @@ ellipsoid ``{gamma * u : ||u|| <= sqrt(d)}``), tokens at positions 0..n-1.  Prin
 (must be 0), and the wall time and CPU seconds of the run with the load average before and after (the machine
 is shared: a busy machine makes the wall time pessimistic), split per block into the witness searches (each
 witness records its CPU seconds, wherever it ran) and the rest (the certified bounds, the set-up).  A nominal
-second of ``--budget`` is about a quarter of a CPU second (:mod:`lipbound.numeric.witness.clock`): ``--budget 4``
+second of ``--budget`` is about half a CPU second (:mod:`lipbound.numeric.witness.clock`): ``--budget 4``
 gave each head about 1.7-1.8 CPU seconds on SmolLM2 (measured).  ``--layers all`` verifies every block: the
 10-minute target.
 

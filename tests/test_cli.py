@@ -248,7 +248,7 @@ def test_interrupted_verify_keeps_the_finished_rows(tmp_path):
 
 
 def test_a_one_second_budget_ends_within_seconds(tmp_path):
-    """CPU seconds of this process: the budget is counted work, about a quarter of a CPU second on an idle core; on a
+    """CPU seconds of this process: the budget is counted work, about half a CPU second on an idle core; on a
     busy machine the wall clock says more about the other processes (it failed at load 27 on two cores)."""
     started = time.process_time()
     assert main(["verify", MODEL, "--layer", "0", "--head", "0", "--budget", "1", "--witness-dir", str(tmp_path)]) == 0

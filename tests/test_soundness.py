@@ -217,7 +217,7 @@ search_cases = st.fixed_dictionaries({
 })
 
 
-def _searched(case: dict, budget: float = 0.3):
+def _searched(case: dict, budget: float = 1.2):
     """Search a witness on a random head (``budget`` nominal seconds) and compare it with every certified upper
     bound."""
     from lipbound.numeric.sdp import relax
@@ -243,9 +243,9 @@ def _searched(case: dict, budget: float = 0.3):
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=search_cases)
 def test_searched_witnesses_never_beat_a_certified_bound(case):
-    # 0.1 nominal seconds (about 0.4 CPU seconds on these tiny heads): every stage of the search runs; the 1000
-    # cases below search 0.3
-    assert _searched(case, budget=0.1) <= 1
+    # 0.2 nominal seconds (about 0.2 CPU seconds on these tiny heads): every stage of the search runs in all six
+    # (at 0.1 the continuation did not in four); the 1000 cases below search 1.2
+    assert _searched(case, budget=0.2) <= 1
 
 
 @pytest.mark.slow

@@ -43,7 +43,7 @@ _KINDS = ("self", "causal", "cross", "cross-queries", "cross-context", "cross-jo
 
 #: What --budget means, in every command that searches witnesses.
 BUDGET_HELP = ("nominal seconds of witness search {per} (default %(default)g): a fixed amount of work, done in "
-               "about a quarter of that many CPU seconds on an idle core (more on a busy one), so that the same "
+               "about half that many CPU seconds on an idle core (more on a busy one), so that the same "
                "--seed gives the same numbers on any machine, with any --jobs")
 #: What a row of verify bounds (its --help and the README say the same).
 ROWS_HELP = ("A head row bounds the head's own map X -> f^h(X), before its block W_O^h of the output projection: it is "

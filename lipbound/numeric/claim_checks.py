@@ -189,21 +189,22 @@ def _compare(sigmoid: tuple, softmax: tuple) -> tuple[str, str]:
 def check_sigmoid_regularity(item: PublishedClaim, seed: int, budget: float, weights) -> CheckResult:
     """Certified sandwiches of the sigmoid and softmax maps of the same heads on the same balls."""
     found: dict = {}
+    # each softmax search's share of the budget
+    count = 3 if budget >= 10 else 1
+    per = max(0.5, budget / (6 * count))
     # the scalar instance: its witness is exact (claim_theorems.sigmoid_scalar_instance)
     n, radius = SCALAR_INSTANCE[0], float(SCALAR_INSTANCE[1])
     one = Head(np.ones((1, 1)), np.ones((1, 1)), np.ones((1, 1)), name="scalar")
     X, E = np.full((n, 1), radius), np.ones((n, 1))
     closed = compile_interval(sigmoid_scalar_instance().statement, [S.n, S.R])(n, radius)
     relation, line = _compare((certified_ratio(one, X, E)[0], _sigmoid_bound(one, radius, n)),
-                              _softmax_sandwich(one, radius, n, seed, 1.0))
+                              _softmax_sandwich(one, radius, n, seed, per))
     found[f"d = 1, W_Q = W_K = W_V = 1, no biases, n = {n}, R = {radius}"] = (
         line + f" (the sigmoid witness at X = R 1 equals n (sigma + 2 sigma' R^2) = {lower(closed):.6g})")
     relations, spreads = [relation], []
     model = weights or load_default(layers=0)
     layer = model.layers[min(model.layers)]
     ln_radius = layer.ln_in.radius_about_origin if layer.ln_in is not None else 1.0
-    count = 3 if budget >= 10 else 1
-    per = max(0.5, budget / (6 * count))
     n = 8
     for index, head in enumerate(layer.heads[:count]):
         # the same weights without a mask (the sigmoid map is defined for every dot-product head)

@@ -189,7 +189,7 @@ class SearchProblem:
         """``(sigma, E, grad)``: power iteration warm-started at E (masked to the moving rows) and
         ``grad_Z sigma`` (envelope theorem: ``grad_Z <G, Df(Z)[E]>`` at ``G = Df[E] / sigma``);
         charges :attr:`clock`."""
-        self.clock.charge(len(Z) * (steps + (3 if not self.cross else 5)) * self.work_per_input)
+        self.clock.charge_steps(len(Z), steps + (3 if not self.cross else 5), self.work_per_input)
         lin = self.linearize(Z)
         if not self.cross:
             sigma, E, JE = lin.top_singular(E[..., :self.context.width], steps)

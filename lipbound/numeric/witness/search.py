@@ -14,7 +14,7 @@ from ..domains import TokenBall, TokenDomain
 from ..memory import available_bytes, require_memory
 from ..model import Head, Layer
 from .ascent import CONTINUATION_STAGES, GENERIC_FAMILIES, continuation, join, polish_best, start_candidates, take
-from .clock import WORK_PER_SECOND
+from .clock import WORK_PER_SECOND, step_work
 from .engine import engine_for
 from .kernel_starts import kernel_starts
 from .problem import ROLES, SearchProblem
@@ -132,7 +132,7 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
         Number of tokens (of context tokens for cross-attention).
     budget_seconds : float
         Budget of the search in nominal seconds of work (:mod:`.clock`): a fixed number of steps
-        and restarts for the shapes, about a quarter of that in CPU seconds on an idle core.  The search stops
+        and restarts for the shapes, about half that in CPU seconds on an idle core.  The search stops
         at the same step on any machine, so the seed alone fixes the witness.
     seed : int
     norm : {"fro", "2,1"}
@@ -214,7 +214,8 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     # evaluations (30 power steps each); on a wide layer at a small budget it would take the polish's time
     now = clock()
     count = max(1, int(4 / work))
-    if (deadline - now) / 6 >= count * len(CONTINUATION_STAGES) * 33 * problem.work_per_input / WORK_PER_SECOND:
+    stages_work = len(CONTINUATION_STAGES) * 33 * step_work(count, problem.work_per_input)
+    if (deadline - now) / 6 >= stages_work / WORK_PER_SECOND:
         cands = join(cands, continuation(problem, rng, count, now + (deadline - now) / 6))
     cands = polish_best(problem, cands, deadline)
     polished = clock()
