@@ -127,6 +127,7 @@ from .head import largest_over_shares, max_on_weights, top_count
 from .joint import _golden_min, sdp_value
 from .own_key import OwnKeyTerms
 from .region import Region, trust_region_sup
+from .rotary_centred import centred_head_rows
 from .rotary_rows import split_head_rows
 
 __all__ = ["PositionalHeadBounds", "positional_bound", "positional_scope", "reduced_sup"]
@@ -220,6 +221,7 @@ class PositionalHeadBounds:
         self.rows = HeadRows(head, self.n)
         self.r = region.r
         self._grams: dict[str, Enclosure] = {}  # _gram's cache, one per instance (dropped with it)
+        self.splits: dict = {}                  # row_splits' cache: query term's upper end -> (has_query, t)
         started = time.perf_counter()
         W_V = Enclosure.exact(head.W_V)
         shaped_values = region.times_shape(W_V.T)                                  # V^T M, (d_v, d)
@@ -519,9 +521,15 @@ def positional_bound(head: Head, domain, n: int, *, output=None, bounds: Positio
     if n >= 2 and upper(cap) > 0:
         total = _smaller_by_rows(total, b, n, cap, L + rho_beta * IV.sqrt(cap), certificate, "row_by_row")
     if terms["several"]:
-        coupled = bounds.coupled_rows(b) + L * IV.sqrt(terms["kappa"])
+        # step 9 applies where step 7 does and is at most step 7 at the same splits: then step 7 is not formed
+        centred = centred_head_rows(bounds, b)
+        coupled = bounds.coupled_rows(b, apart=centred is None) + L * IV.sqrt(terms["kappa"])
         certificate["coupled_rows"] = upper(coupled)
         total = coupled if upper(coupled) < upper(total) else total
+        if centred is not None:
+            centred = centred + L * IV.sqrt(terms["kappa"])
+            certificate["centred_rows"] = upper(centred)
+            total = centred if upper(centred) < upper(total) else total
         merged = _own_key_head(bounds, L * IV.sqrt(terms["kappa"]), total)
         if merged is not None:
             certificate.update(own_key_rows=upper(merged))
