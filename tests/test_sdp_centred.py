@@ -11,6 +11,7 @@ against the spectral norm of the reference Jacobian on generated causal RoPE hea
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import decoder_reference as reference
 import numpy as np
@@ -25,6 +26,7 @@ from lipbound.numeric.sdp.rotary import PositionalHeadBounds, positional_bound
 from lipbound.numeric.sdp.rotary_centred import centred_head_rows
 from lipbound.numeric.witness import search_witness
 from lipbound.rigorous.intervals import upper
+from lipbound.rigorous.linalg import weighted_sum
 
 CASES = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -43,6 +45,24 @@ def test_a_variance_is_at_most_half_the_squares_about_the_mean_of_the_keys(count
     variance = half @ pair ** 2 - (half @ pair) ** 2
     assert variance == 0.5 * np.sum((pair - pair.mean()) ** 2) == 1.0
     assert 0.25 * np.sum((pair - pair.mean()) ** 2) < variance
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 9), st.integers(0, 2 ** 31))
+def test_a_weighted_sum_of_enclosures_encloses_the_exact_sum(count, seed):
+    """``weighted_sum`` against exact rational arithmetic: every sum of members of the enclosures (their ends) with the
+    float weights lies in the returned enclosure, with magnitudes from 1e-300 to 1e10 and cancelling signs."""
+    rng = np.random.default_rng(seed)
+    weights = rng.standard_normal(count) * 10.0 ** rng.integers(-5, 5, count)
+    mids = rng.standard_normal((count, 3, 2)) * 10.0 ** rng.integers(-300, 10, (count, 3, 2))
+    rads = np.abs(mids) * rng.uniform(0, 1e-8, (count, 3, 2)) * (rng.random((count, 3, 2)) < 0.5)
+    found = weighted_sum(weights, mids, rads)
+    for sign in (-1, 1):
+        for a in range(3):
+            for b in range(2):
+                exact = sum(Fraction(float(w)) * (Fraction(float(m[a, b])) + sign * Fraction(float(r[a, b])))
+                            for w, m, r in zip(weights, mids, rads))
+                assert abs(exact - Fraction(float(found.mid[a, b]))) <= Fraction(float(found.rad[a, b]))
 
 
 def _rotated(head: Head, i: int, j: int) -> np.ndarray:

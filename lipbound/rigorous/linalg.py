@@ -271,7 +271,8 @@ def weighted_sum(weights, mids: np.ndarray, rads: np.ndarray) -> Enclosure:
     """``sum_e w_e P_e`` for exact float weights ``w`` (m,) and the enclosures ``P_e`` stacked as ``mids``, ``rads``
     (m, p, q), in one pass: ``mid = fl(sum_e fl(w_e P_e.mid))`` is a dot product of length m in each entry, so
     ``|mid - sum_e w_e P_e.mid| <= gamma_m sum_e |w_e P_e.mid| + m eta`` (Higham, eq. 3.5, with underflow), and the
-    radii add ``sum_e |w_e| P_e.rad``; the radius is computed with at most ``2m + 2`` roundings (``_safe``)."""
+    radii add ``sum_e |w_e| P_e.rad``; the radius is computed with at most ``2m + 2`` roundings (``_safe``) and at most
+    2m products that may underflow (``eta`` each)."""
     weights = np.asarray(weights, dtype=np.float64)
     m = len(weights)
     mid = np.tensordot(weights, mids, axes=1)
@@ -279,7 +280,7 @@ def weighted_sum(weights, mids: np.ndarray, rads: np.ndarray) -> Enclosure:
     rad = np.tensordot(size, rads, axes=1)
     rad += gamma_bound(m) * np.tensordot(size, np.abs(mids), axes=1)
     rad *= _safe(2 * m + 2)
-    rad += (m + 1) * _ETA
+    rad += (3 * m + 2) * _ETA
     return Enclosure._trusted(np.asarray(mid, dtype=np.float64), rad)
 
 

@@ -99,6 +99,10 @@ carry over.  What does (each step holds at every X of ``D^n``):
    (A_0 + A_0^T) x_i``: with ``Ahat_0 = A_0 + A_0^T`` in place of ``A_0`` in steps 1 and 1b (gain ``a'``, query term
    ``b'``) and the key forms of step 6 without their diagonal ``j = i``, step 6 holds with ``b'``; the smaller of this
    and steps 6-7 is used.  For a layer the same with the heads' ``a'_h`` (:func:`positional_layer_bound`).
+9. *A row's key part centred over its keys* (:mod:`.rotary_centred`).  ``Var_p(z) <= (1/2) sum_j (z_j - zbar)^2`` for
+   every p (``zbar`` the plain mean over the row's keys), so row i's key form of step 2b becomes ``rho^2 r^2 (1/2)
+   sum_{j, l} (delta_jl - 1/N_i) e_j^T Pi A_{j-i}^T M M^T A_{l-i} Pi e_l``: step 7's sum is then one eigenvalue over all
+   tokens' moves (``n 2 d_k`` coordinates), at most step 7's at the same ``t_i``; where it applies step 7 is not formed.
 
 On a dot product without a window, bias or soft-cap the joint constants of :mod:`.head` are sharper and are
 used there; this module serves the heads they do not cover.  Every constant is computed in outward-rounded
