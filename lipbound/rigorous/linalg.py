@@ -435,15 +435,16 @@ def lambda_max_upper(S) -> float:
     return -lambda_min_lower(-S if isinstance(S, Enclosure) else -_as_array("S", S))
 
 
-def lambda_max_upper_large(S, margins=(1e-6, 1e-4, 1e-2)) -> float:
+def lambda_max_upper_large(S, margins=(1e-6, 1e-4, 1e-2), estimate: float | None = None) -> float:
     """A certified upper bound on ``lambda_max`` of the symmetric matrix enclosed by S, from one Cholesky
     factorisation: at a level t a little above a float estimate of ``lambda_max`` (:func:`_top_estimate`: no
     eigendecomposition above 300 rows), ``lambda_min(t I - S) >= -loss`` (:func:`psd_floor`, with its a priori
     backward error) gives ``lambda_max(S) <= t + loss``; the level rises through ``margins`` (relative to the
     larger of the estimate and the largest entry) while the factorisation breaks down, then
-    :func:`lambda_max_upper` decides.  For large matrices: about a third of :func:`lambda_max_upper`'s work."""
+    :func:`lambda_max_upper` decides.  For large matrices: about a third of :func:`lambda_max_upper`'s work.
+    ``estimate``: a float estimate the caller has, in place of :func:`_top_estimate`'s (it only places the level)."""
     S = _as_enclosure(S)
-    estimate = _top_estimate(S.mid)
+    estimate = _top_estimate(S.mid) if estimate is None else float(estimate)
     scale = max(abs(estimate), float(np.max(np.abs(S.mid), initial=0.0)), 1e-300)
     for margin in margins:
         level = estimate + margin * scale

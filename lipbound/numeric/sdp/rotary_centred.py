@@ -43,7 +43,6 @@ from scipy.sparse.linalg import eigsh
 
 from ...rigorous.intervals import IV, interval, upper
 from ...rigorous.linalg import Enclosure, is_psd_certified, lambda_max_upper_large, weighted_sum
-from .joint import _golden_min
 from .layer import row_factors
 from .rotary_rows import query_inverse, row_splits
 
@@ -82,7 +81,7 @@ def centred_head_rows(bounds, b, splits: np.ndarray | None = None):
     k = C.shape[0]
     has_query, t_start = row_splits(bounds, b, bounds.offset_gains())
     size = 2 * k
-    top = Enclosure.exact(L[:k].T) @ C @ Enclosure.exact(L[:k])                      # the query block, L^T diag(C, 0) L
+    top = (Enclosure.exact(L[:k].T) @ C @ Enclosure.exact(L[:k])).sym()              # the query block, L^T diag(C, 0) L
     key_rows = Enclosure.exact(L[k:])                                                 # (k, 2k)
     queries = bounds.gram("queries_shaped")                                          # sigma^2 W_Q^T M M^T W_Q
     turned = {delta: R @ key_rows for delta, R in bounds.rotations.items()}
@@ -111,37 +110,40 @@ def centred_head_rows(bounds, b, splits: np.ndarray | None = None):
     scale2 = bounds.spread ** 2 * bounds.r ** 2
     b2 = b ** 2
 
-    def assemble(query_factors: np.ndarray, row_factor: np.ndarray) -> np.ndarray:
-        """The float matrix at the given query factors (per token) and row factors (per row) of the forms."""
-        total = np.zeros((size * n, size * n))
-        for j in range(n):
-            if has_query[j]:
-                total[j * size:(j + 1) * size, j * size:(j + 1) * size] += query_factors[j] * top.mid
-        for i, (keys, weight, theta) in forms.items():
-            for j in keys:
-                for l in keys:
-                    coefficient = (1.0 if j == l else 0.0) - (0.0 if theta is None else theta)
-                    if coefficient:
-                        total[j * size:(j + 1) * size, l * size:(l + 1) * size] += \
-                            (row_factor[i] * weight * coefficient) * product(j - i, l - i).mid
-        return total
-
-    # floats, to choose one factor e^s of the t_i: with t = t_start e^s the matrix is A + e^s B + e^-s C
+    # floats, to choose one factor e^s of the t_i: with t = t_start e^s the matrix is A + e^s B + e^-s C, B the query
+    # blocks at b^2 t_start, C the rows' forms at rho^2 r^2 / t_start, A both at factor 1
     b2_float, scale2_float = float(upper(b2)), float(upper(scale2))
-    queries_on = has_query * b2_float
-    fixed = assemble(queries_on, np.full(n, scale2_float))
-    rising = assemble(queries_on * t_start, np.zeros(n))
-    falling = assemble(np.zeros(n), scale2_float / t_start)
-    start = [np.ones(size * n)]
+    rising, falling = np.zeros((size * n, size * n)), np.zeros((size * n, size * n))
+    for j in range(n):
+        if has_query[j]:
+            rising[j * size:(j + 1) * size, j * size:(j + 1) * size] = (b2_float * t_start[j]) * top.mid
+    keys_part = np.zeros((size * n, size * n))
+    for i, (keys, weight, theta) in forms.items():
+        for j in keys:
+            for l in keys:
+                coefficient = (1.0 if j == l else 0.0) - (0.0 if theta is None else theta)
+                if coefficient:
+                    part = product(j - i, l - i).mid * (scale2_float * weight * coefficient)
+                    keys_part[j * size:(j + 1) * size, l * size:(l + 1) * size] += part
+                    falling[j * size:(j + 1) * size, l * size:(l + 1) * size] += part / t_start[i]
+    fixed = keys_part
+    for j in range(n):
+        if has_query[j]:
+            fixed[j * size:(j + 1) * size, j * size:(j + 1) * size] += b2_float * top.mid
 
-    def largest(log_s: float) -> float:
-        total = fixed + math.exp(log_s) * rising + math.exp(-log_s) * falling
-        values, vectors = eigsh(total, k=1, which="LA", tol=1e-6, v0=start[0])
-        start[0] = vectors[:, 0]                        # the next evaluation starts from this eigenvector
-        return float(values[0])
-
-    t = np.asarray(splits, dtype=float) if splits is not None else \
-        t_start * math.exp(_golden_min(largest, -1.5, 1.5, iterations=5))
+    # lambda_max(A + e^s B + e^-s C) is convex in s, and at the top eigenvector v of s its slope is e^s v^T B v - e^-s
+    # v^T C v: bisection on the slope's sign, the smallest value kept
+    best, best_s, low, high, vector = math.inf, 0.0, -3.0, 3.0, np.ones(size * n)
+    for _step in range(10):
+        s = 0.5 * (low + high)
+        values, vectors = eigsh(fixed + math.exp(s) * rising + math.exp(-s) * falling, k=1, which="LA", tol=1e-6,
+                                v0=vector)
+        vector = vectors[:, 0]
+        if values[0] < best:
+            best, best_s = float(values[0]), s
+        slope = math.exp(s) * float(vector @ rising @ vector) - math.exp(-s) * float(vector @ falling @ vector)
+        low, high = (low, s) if slope > 0 else (s, high)
+    t = np.asarray(splits, dtype=float) if splits is not None else t_start * math.exp(best_s)
     factors = row_factors(t)
     # certified: row i's form times u_i >= (1 + 1/t_i) rho^2 r^2 weight_i as exact floats, its coefficients a_diag on
     # the diagonal and a_off off it with a_off >= -u_i theta_i and a_diag - a_off >= u_i, so that a_diag I + a_off (11^T
@@ -171,7 +173,7 @@ def centred_head_rows(bounds, b, splits: np.ndarray | None = None):
     for (j, l), block in blocks.items():
         mid[j * size:(j + 1) * size, l * size:(l + 1) * size] = block.mid
         rad[j * size:(j + 1) * size, l * size:(l + 1) * size] = block.rad
-    value = lambda_max_upper_large(Enclosure(mid, rad).sym())
+    value = lambda_max_upper_large(Enclosure(mid, rad).sym(), estimate=best if splits is None else None)
     if not math.isfinite(value):
         return None
     return IV.sqrt(interval(max(value, 0.0)))
