@@ -23,15 +23,18 @@ key alone: ``(1/2) (1 - 1/N_i) z_j^2``).
 together (step 2b's form is its diagonal).  A row whose weights are confined (``nu_i < 1/2``) keeps step 2b's
 ``nu_i`` on the diagonal.  Steps 6 and 7 then give, as there,
 
-    ||S + cov||_F^2 <= sum_i (1 + t_i) b_i^2 ||P_Q e_i||^2 + sum_i (1 + 1/t_i) ||cov_i||^2 <= lambda_max(F_D) ||E||^2,
+    ||S + cov||_F^2 <= sum_i (1 + t_i) b_i^2 ||P_Q e_i||^2 + sum_i (1 + 1/t_i) ||cov_i||^2,
 
 ``||P_Q e||^2 <= e^T Z C Z^T e`` (step 7).  The right side is ``E^T (I (x) F) D (I (x) F)^T E`` with ``F = [Pi W_Q,
 Pi W_K]`` (each token's ``2 d_k`` coordinates) and D the block matrix of the query forms ``(1 + t_j) b_j^2 C`` on
 the diagonal and the rows' centred key forms, PSD.  For any L with ``L L^T >= F^T F`` (certified),
 ``lambda_max(D^(1/2) (I (x) F^T F) D^(1/2)) <= lambda_max((I (x) L)^T D (I (x) L))``, an ``n 2 d_k`` square
 matrix whose top eigenvalue is certified by one Cholesky factorisation
-(:func:`~lipbound.rigorous.linalg.lambda_max_upper_large`).  The ``t_i`` are step 6's times one factor chosen in
-floats.
+(:func:`~lipbound.rigorous.linalg.lambda_max_upper_large`).  The ``t_i`` are step 6's times one factor ``e^s`` chosen
+in floats: the matrix is ``A + e^s B + e^-s C`` with B, C PSD, so its top eigenvalue is convex in s, and a bisection on
+the sign of its slope at the top eigenvector finds the minimum (also at the kink where the query-led and the key-led
+eigenvalues cross).  At the same ``t_i`` the form is step 7's less a PSD part, so where it applies step 7 is not
+formed.
 """
 
 from __future__ import annotations
