@@ -570,10 +570,10 @@ def test_the_row_split_bounds_every_split_of_a_unit_tangent_and_is_below_the_min
 
 def test_the_row_split_holds_against_an_independent_jacobian_of_causal_rotary_heads_and_layers():
     """A causal rotary head and a grouped-query layer on a ball and on an RMSNorm image: the row split (steps 6 and 7,
-    or step 8 where lower) is the reported bound, below the Minkowski sum, and above the spectral norm of the Jacobian
-    of the reference forward pass at points of the domain and at lipbound's witness for the layer.  With ``W_Q`` and
-    ``W_K`` of rank 2 in width 8 a head's query part and its keys' parts read different directions of a move: step 7
-    is well below step 6."""
+    or step 8 or 9 where lower) is the reported bound, below the Minkowski sum, and above the spectral norm of the
+    Jacobian of the reference forward pass at points of the domain and at lipbound's witness for the layer.  With
+    ``W_Q`` and ``W_K`` of rank 2 in width 8 a head's query part and its keys' parts read different directions of a
+    move: step 7 is well below step 6."""
     rng = np.random.default_rng(29)
     d, d_k, n = 8, 2, 5
     for domain in (TokenBall(1.2), RMSNormOutputs(RMSNorm(rng.uniform(0.2, 1.0, d), 1e-5))):
@@ -583,6 +583,7 @@ def test_the_row_split_holds_against_an_independent_jacobian_of_causal_rotary_he
                 positional_layer_bound(target, domain, n)
             certificate = bound.details
             reported = min(certificate["coupled_rows"], certificate.get("own_key_rows", math.inf),  # steps 6-7, 8
+                           certificate.get("centred_rows", math.inf),                   # a head's step 9
                            certificate.get("key_columns_rows", math.inf))              # a layer's key columns
             assert bound.value == pytest.approx(reported, rel=0, abs=0)
             assert certificate["coupled_rows"] < certificate["minkowski"]

@@ -99,6 +99,10 @@ carry over.  What does (each step holds at every X of ``D^n``):
    (A_0 + A_0^T) x_i``: with ``Ahat_0 = A_0 + A_0^T`` in place of ``A_0`` in steps 1 and 1b (gain ``a'``, query term
    ``b'``) and the key forms of step 6 without their diagonal ``j = i``, step 6 holds with ``b'``; the smaller of this
    and steps 6-7 is used.  For a layer the same with the heads' ``a'_h`` (:func:`positional_layer_bound`).
+9. *A row's key part centred over its keys* (:mod:`.rotary_centred`).  ``Var_p(z) <= (1/2) sum_j (z_j - zbar)^2`` for
+   every p (``zbar`` the plain mean over the row's keys), so row i's key form of step 2b becomes ``rho^2 r^2 (1/2)
+   sum_{j, l} (delta_jl - 1/N_i) e_j^T Pi A_{j-i}^T M M^T A_{l-i} Pi e_l``: step 7's sum is then one eigenvalue over all
+   tokens' moves (``n 2 d_k`` coordinates), at most step 7's at the same ``t_i``; where it applies step 7 is not formed.
 
 On a dot product without a window, bias or soft-cap the joint constants of :mod:`.head` are sharper and are
 used there; this module serves the heads they do not cover.  Every constant is computed in outward-rounded
@@ -127,6 +131,7 @@ from .head import largest_over_shares, max_on_weights, top_count
 from .joint import _golden_min, sdp_value
 from .own_key import OwnKeyTerms
 from .region import Region, trust_region_sup
+from .rotary_centred import centred_head_rows
 from .rotary_rows import split_head_rows
 
 __all__ = ["PositionalHeadBounds", "positional_bound", "positional_scope", "reduced_sup"]
@@ -220,6 +225,7 @@ class PositionalHeadBounds:
         self.rows = HeadRows(head, self.n)
         self.r = region.r
         self._grams: dict[str, Enclosure] = {}  # _gram's cache, one per instance (dropped with it)
+        self.splits: dict = {}                  # row_splits' cache: query term's upper end -> (has_query, t)
         started = time.perf_counter()
         W_V = Enclosure.exact(head.W_V)
         shaped_values = region.times_shape(W_V.T)                                  # V^T M, (d_v, d)
@@ -519,9 +525,15 @@ def positional_bound(head: Head, domain, n: int, *, output=None, bounds: Positio
     if n >= 2 and upper(cap) > 0:
         total = _smaller_by_rows(total, b, n, cap, L + rho_beta * IV.sqrt(cap), certificate, "row_by_row")
     if terms["several"]:
-        coupled = bounds.coupled_rows(b) + L * IV.sqrt(terms["kappa"])
+        # step 9 applies where step 7 does and is at most step 7 at the same splits: then step 7 is not formed
+        centred = centred_head_rows(bounds, b)
+        coupled = bounds.coupled_rows(b, apart=centred is None) + L * IV.sqrt(terms["kappa"])
         certificate["coupled_rows"] = upper(coupled)
         total = coupled if upper(coupled) < upper(total) else total
+        if centred is not None:
+            centred = centred + L * IV.sqrt(terms["kappa"])
+            certificate["centred_rows"] = upper(centred)
+            total = centred if upper(centred) < upper(total) else total
         merged = _own_key_head(bounds, L * IV.sqrt(terms["kappa"]), total)
         if merged is not None:
             certificate.update(own_key_rows=upper(merged))

@@ -10,7 +10,7 @@ candidate cannot be the best and is not formed.  Skipping only ever drops a boun
 best certified bound is the same float.
 
 **The floor.**  Without a centre and biases (every form by columns applies), each form of
-:func:`~.rotary.positional_bound` (module docstring of :mod:`.rotary`, steps 5-8) is at least
+:func:`~.rotary.positional_bound` (module docstring of :mod:`.rotary`, steps 5-9) is at least
 
     L kappa^(1/2) + rho r max_j lambda_max(K'_j)^(1/2),
     K'_j = sum_{i sees j, i != j} nu_i Pi A_{j-i}^T M M^T A_{j-i} Pi,
@@ -26,6 +26,9 @@ the mean term plus the key part of the columns without their diagonal (``nu_i`` 
 * The row splits (steps 6 and 7) and the merged own keys (step 8) are ``(max_j [...])^(1/2)`` plus the mean term,
   where the bracket holds the column's key form with factors ``1 + 1/t_i >= 1`` (with or without its diagonal) and a
   non-negative query part: at least ``lambda_max(K'_j)`` times ``rho^2 r^2``.
+* The centred rows (step 9) are ``lambda_max`` of one form over all tokens plus the mean term; at a move of token j
+  alone the form is at least its key part there, where row i charges ``(1/2)(1 - theta_i) >= (1/2)(1 - 1/N_i)``
+  (``N_i`` the row's keys) in place of ``nu_i``.  So ``nu_i`` above is taken as ``min(nu_i, (1/2)(1 - 1/N_i))``.
 
 Each ``lambda_max(K'_j) = ||X Y_j||^2`` (``X = Pi W_K``, ``Y_j Y_j^T`` the rotated query forms) is bounded from below by
 a Rayleigh quotient at a float vector, evaluated in interval arithmetic: ``lambda_max(X T X^T) >= v^T G T G v / v^T G
@@ -66,15 +69,17 @@ def _rayleigh_floor(gram: Enclosure, form: Enclosure) -> float:
 
 def candidate_floor(bounds: PositionalHeadBounds) -> float | None:
     """A certified lower bound on :func:`~.rotary.positional_bound`'s value for the head of ``bounds`` (module
-    docstring), or None where the floor does not apply (a centre, a query or key bias, no row with two keys, or a
-    constant not certified)."""
+    docstring; steps 5-9), or None where the floor does not apply (a centre, a query or key bias, no row with two keys,
+    or a constant not certified)."""
     head, rows = bounds.head, bounds.rows
     if (np.any(bounds.region.center) or np.any(head.b_Q) or np.any(head.b_K) or not bounds.certified
             or not np.any(rows.key_counts >= 2)):
         return None
     kappa = rows.column_sum([IV.mpf(lower(bounds.weight_range(i)[1])) for i in range(rows.n)])
     mean = interval(lower(bounds.value_norm)) * IV.sqrt(interval(lower(kappa)))
-    nus = [float(lower(bounds.row_nu(i))) for i in range(rows.n)]
+    # step 9 charges a key alone (1/2)(1 - theta_i) >= (1/2)(1 - 1/N_i) in a row of N_i keys, the other forms nu_i
+    nus = [min(float(lower(bounds.row_nu(i))), float(lower((1 - 1 / IV.mpf(int(rows.key_counts[i]))) / 2)))
+           for i in range(rows.n)]
     queries, keys = bounds.gram("queries_shaped"), bounds.gram("key_left")
     largest = 0.0
     form: Enclosure | None

@@ -14,7 +14,7 @@ from ...rigorous.linalg import Enclosure, gram_norm_upper, is_psd_certified
 from .joint import _golden_min
 from .layer import coupled_rows, row_factors, split_rows
 
-__all__ = ["split_head_rows"]
+__all__ = ["query_inverse", "row_splits", "split_head_rows"]
 
 
 def split_head_rows(bounds, b, apart: bool = True):
@@ -23,19 +23,10 @@ def split_head_rows(bounds, b, apart: bool = True):
     the key part per row from step 2b (or step 2 with a centre or a query bias); with ``apart`` also step 7 (the query
     part on the span of ``Pi W_Q``, the key part on that of ``Pi W_K``), the smaller; an interval."""
     rows = bounds.rows
-    has_query = rows.key_counts >= 2
-    nus = np.array([float(upper(bounds.row_nu(i))) for i in range(rows.n)])
     rho2 = bounds.spread ** 2
     gains = bounds.offset_gains() if bounds.column_key is not None else None
-    r2, proxy = float(upper(bounds.r ** 2)), np.zeros((rows.n, rows.n))
     beta2 = IV.mpf(bounds.key_gain.value) ** 2
-    for i in range(rows.n):
-        for j in range(rows.n):
-            if rows.visible[i, j]:
-                gain2 = r2 * gains[j - i] ** 2 if gains is not None else float(upper(beta2))
-                proxy[i, j] = float(upper(rho2)) * nus[i] * gain2
-    query = np.where(has_query, float(upper(b ** 2)), 0.0)
-    t = split_rows(query, proxy)
+    has_query, t = row_splits(bounds, b, gains)
     factors = row_factors(t)
     norms = bounds.column_norms(factors) if gains is not None else None
     if norms is not None:
@@ -49,29 +40,57 @@ def split_head_rows(bounds, b, apart: bool = True):
     return apart if apart is not None and upper(apart) < upper(aligned) else aligned
 
 
-def _rows_apart(bounds, b, has_query: np.ndarray, t_start: np.ndarray):
-    """Step 7 of :mod:`.rotary`: ``(max_j lambda_max((1 + t_j) b_j^2 Z C Z^T + rho^2 r^2 X Y_j Y_j^T
-    X^T))^(1/2)`` with ``Z = Pi W_Q``, ``X = Pi W_K``, ``C >= (Z^T Z)^-1`` (certified), ``Y_j Y_j^T = sum_{i sees j}
-    (1 + 1/t_i) nu_i sigma^2 R^T W_Q^T M M^T W_Q R``; the ``t_i`` a multiple of ``t_start`` found in floats.
-    An interval, or None when ``Z^T Z`` is singular or a bound was not certified."""
-    rows, n = bounds.rows, bounds.rows.n
-    gram_q = bounds.gram("query_left")
+def row_splits(bounds, b, gains: dict | None) -> tuple[np.ndarray, np.ndarray]:
+    """``(has_query, t)``: which rows have a query part (two keys or more) and the splits ``t_i`` of step 6 found in
+    floats (:func:`~.layer.split_rows`) from each row's key charge per key, ``rho^2 nu_i r^2 gain_Delta^2`` with the
+    offsets' gains ``gains`` (:meth:`~.rotary.PositionalHeadBounds.offset_gains`), or ``rho^2 nu_i beta^2`` without;
+    kept in ``bounds.splits`` (steps 6, 7 and 9 use the same splits)."""
+    key = (float(upper(b)), gains is not None)
+    if key in bounds.splits:
+        return bounds.splits[key]
+    rows = bounds.rows
+    has_query = rows.key_counts >= 2
+    nus = np.array([float(upper(bounds.row_nu(i))) for i in range(rows.n)])
+    rho2, r2 = float(upper(bounds.spread ** 2)), float(upper(bounds.r ** 2))
+    beta2 = float(upper(IV.mpf(bounds.key_gain.value) ** 2))
+    proxy = np.zeros((rows.n, rows.n))
+    for i in range(rows.n):
+        for j in range(rows.n):
+            if rows.visible[i, j]:
+                proxy[i, j] = rho2 * nus[i] * (r2 * gains[j - i] ** 2 if gains is not None else beta2)
+    bounds.splits[key] = has_query, split_rows(np.where(has_query, float(upper(b ** 2)), 0.0), proxy)
+    return bounds.splits[key]
+
+
+def query_inverse(gram_q: Enclosure) -> Enclosure | None:
+    """An exact float matrix ``C >= (Z^T Z)^-1`` for the enclosed Gram matrix ``gram_q`` of ``Z = Pi W_Q`` (step 7 of
+    :mod:`.rotary`): a float inverse enlarged by ``1 + 1e-9`` (or more), accepted when ``[[C, I], [I, G]] >= 0`` is
+    certified (Schur complement); None when G is singular or no enlargement was certified."""
     k = gram_q.shape[0]
     try:
         inverse = np.linalg.inv(gram_q.mid)
     except np.linalg.LinAlgError:
         return None
     inverse = 0.5 * (inverse + inverse.T)
-    C = None
     for inflate in (1e-9, 1e-6, 1e-3):
         trial = Enclosure.exact(inverse * (1 + inflate))
         schur = Enclosure(np.block([[trial.mid, np.eye(k)], [np.eye(k), gram_q.mid]]),
                           np.block([[trial.rad, np.zeros((k, k))], [np.zeros((k, k)), gram_q.rad]]))
         if is_psd_certified(schur.sym()):      # [[C, I], [I, G]] >= 0 with G > 0: C >= G^-1
-            C = trial
-            break
+            return trial
+    return None
+
+
+def _rows_apart(bounds, b, has_query: np.ndarray, t_start: np.ndarray):
+    """Step 7 of :mod:`.rotary`: ``(max_j lambda_max((1 + t_j) b_j^2 Z C Z^T + rho^2 r^2 X Y_j Y_j^T
+    X^T))^(1/2)`` with ``Z = Pi W_Q``, ``X = Pi W_K``, ``C >= (Z^T Z)^-1`` (certified), ``Y_j Y_j^T = sum_{i sees j}
+    (1 + 1/t_i) nu_i sigma^2 R^T W_Q^T M M^T W_Q R``; the ``t_i`` a multiple of ``t_start`` found in floats.
+    An interval, or None when ``Z^T Z`` is singular or a bound was not certified."""
+    rows, n = bounds.rows, bounds.rows.n
+    C = query_inverse(bounds.gram("query_left"))
     if C is None:
         return None
+    k = C.shape[0]
     both = Enclosure.concatenate([bounds.query_left, bounds.key_left])              # F = [Z, X]
     gram = (both.T @ both).sym()
     queries = bounds.gram("queries_shaped")
