@@ -396,6 +396,8 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         N_dense, jacobian_bound = stack.jacobian_norm, "block-products"
     else:
         N_dense, jacobian_bound = _jacobian_norm(centre, chain, N_blocks, moving, norm, witness_at_x, n, d, progress)
+    if curvature is not None:   # the curve the variation adds to (weighs the Kronecker form's effect)
+        curvature.integral.floor = N_dense
     # read once, for its norm: (n d)^2 midpoints and radii, 0.94 GB at n = 20 on MiniLM (a block's is also its
     # centre's last prefix; the attention's prefix stays: the tail reads it at every radius)
     centre.jacobian = None
