@@ -202,3 +202,26 @@ def test_the_kronecker_form_is_left_out_only_where_it_cannot_move_the_value(seed
         assert gated == always
     if never > always * (1 + 2 * KRONECKER_SHARE) and floor == 0.0:
         assert formed
+
+
+@settings(max_examples=4, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(2, 3), st.floats(0.3, 2.0), st.sampled_from([0.05, 0.5]))
+def test_the_integral_stops_early_exactly_where_it_would_pass_the_other_bound(seed, n, scale, eps):
+    """The integral with a bound ``other`` to beat is its full value where that is at most ``other`` and inf
+    above it (its widest ball is read first, then the others in order); its last term alone (the curve's lower
+    bound that orders the routes) is at most the full value."""
+    from types import SimpleNamespace
+
+    from lipbound.local.curvature_integral import CurvatureIntegral, decade_grid
+    target, rng = _layer(seed, heads=2, scale=scale)
+    X = rng.standard_normal((n, 6))
+    rho, previous, steps = Neighbourhood("fro", eps).balls(X).radii, 0.0, []
+    for s in decade_grid([1.0]):
+        steps.append((s - previous, rho * s))
+        previous = s
+    made = lambda: CurvatureIntegral(SimpleNamespace(target=target), EnclosedAttention(target, X))  # noqa: E731
+    full = made().integral(steps, eps)
+    assert 0.0 <= made().integral(steps[-1:], eps) <= full
+    for other in (0.5 * full, full * (1 - 1e-6), full * (1 + 1e-6), 2.0 * full):
+        stopped = made().integral(steps, eps, other)
+        assert stopped == (np.inf if full > other else full)

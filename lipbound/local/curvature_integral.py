@@ -129,6 +129,13 @@ class CurvatureIntegral:
         formed only where it can lower the result by :data:`KRONECKER_SHARE` of ``floor`` plus the result (its part
         at X taken as 0: a float bound on its effect, which decides work only), and used wherever it is formed."""
         total, room, factor = IntervalArray(0.0), 0.0, as_interval_array(factor)
+        if steps and math.isfinite(other):   # the widest ball first: its term alone bounds the sum from below
+            width, radii, *known = steps[-1]
+            last = self._parts(radii, *known)
+            if all(math.isfinite(chi) for chi in last[:3]) and factor.hi.item() * (
+                    self.curvature.piece(self.curvature.combined(last, form=False), width)
+                    - width * self.curvature.kronecker_room(last)) > other:
+                return math.inf
         parts = []
         for width, radii, *known in steps:
             part = self._parts(radii, *known)

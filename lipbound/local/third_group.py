@@ -49,25 +49,32 @@ def third_group_norm(queries: list, keys: list, rows: IntervalArray) -> float:
     """
     H, n = rows.shape[0], rows.shape[1]
     d, d_k = queries[0].shape
+    # The pair (g, h) adds the transpose of the pair (h, g)'s term (Qt_g^T Qt_h = (Qt_h^T Qt_g)^T, the same for the
+    # tokens), so the sum is Q + Q^T with Q over the pairs h <= g, those with h = g halved (exactly).
     # Qt_h^T Qt_g = W_K^h (W_Q^h^T W_Q^g) W_K^g^T through the heads' width: the middle factors for all pairs as one
     # product, then W_K^h on the left (rows (h, a)) and each W_K^g^T on the right, as point-matrix enclosures
-    # (BLAS products with a priori rounding bounds; the pairs are laid out (h, g, a, b))
+    # (BLAS products with a priori rounding bounds)
     W_Q = Enclosure.exact(np.concatenate(queries, axis=1))                               # (d, H d_k)
     middle = W_Q.T @ W_Q                                                                  # (H d_k, H d_k)
     left = Enclosure.concatenate([Enclosure.exact(keys[h]) @ middle[h * d_k:(h + 1) * d_k, :] for h in range(H)],
                                  axis=0)                                                  # (H d, H d_k)
-    mid, rad = np.empty((H, H, d, d)), np.empty((H, H, d, d))
+    first, second = np.triu_indices(H)                                                    # the pairs h <= g
+    mid, rad = np.empty((first.size, d, d)), np.empty((first.size, d, d))
     for g in range(H):
-        pair = left[:, g * d_k:(g + 1) * d_k] @ Enclosure.exact(keys[g].T)                # rows (h, a), (H d, d)
-        mid[:, g], rad[:, g] = pair.mid.reshape(H, d, d), pair.rad.reshape(H, d, d)
-    crossed = Enclosure._trusted(mid.reshape(H * H, d * d), rad.reshape(H * H, d * d)).T  # (d^2, H^2), rows (a, b)
+        pair = left[:(g + 1) * d, g * d_k:(g + 1) * d_k] @ Enclosure.exact(keys[g].T)     # rows (h <= g, a)
+        at = np.flatnonzero(second == g)                                                  # the pairs (0..g, g)
+        mid[at], rad[at] = pair.mid.reshape(g + 1, d, d), pair.rad.reshape(g + 1, d, d)
+    halves = np.where(first == second, 0.5, 1.0)[:, None, None]                           # exact scalings
+    mid *= halves
+    rad *= halves
+    crossed = Enclosure._trusted(mid.reshape(-1, d * d), rad.reshape(-1, d * d)).T       # (d^2, pairs), rows (a, b)
     del mid, rad
-    tokens = rows.einsum("hijk,gilk->hgjl", rows).reshape(H * H, n * n).to_enclosure()   # sum_i D_hi D_gi^T
+    tokens = rows.einsum("hijk,gilk->hgjl", rows)[first, second].reshape(-1, n * n).to_enclosure()  # sum_i D_hi D_gi^T
     summed = crossed @ tokens                                                             # (d^2, n^2)
     del crossed
-    # rows (a, j), columns (b, l)
-    S = Enclosure._trusted(*(part.reshape(d, d, n, n).swapaxes(1, 2).reshape(d * n, d * n)
+    # Q with rows (a, j), columns (b, l); Q + Q^T is exactly symmetric (fl(x + y) = fl(y + x))
+    Q = Enclosure._trusted(*(part.reshape(d, d, n, n).swapaxes(1, 2).reshape(d * n, d * n)
                              for part in (summed.mid, summed.rad)))
     del summed
-    top = max(lambda_max_upper_large(S.sym()), 0.0)
+    top = max(lambda_max_upper_large(Q + Q.T), 0.0)
     return float(IntervalArray(top).sqrt().hi)
