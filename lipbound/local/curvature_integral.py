@@ -70,7 +70,7 @@ class CurvatureIntegral:
         self.split, self.per_query = split, per_query and fold is None
         #: the value an integral adds to (a curve's ||DF(X)||), against which the Kronecker form's effect is weighed
         self.floor = 0.0
-        self._chis: dict = {}
+        self._parts_at: dict = {}
         self._queries: dict = {}
 
     def chis(self, radii: np.ndarray, overrides: dict | None = None, key=None) -> tuple:
@@ -89,15 +89,15 @@ class CurvatureIntegral:
     def _parts(self, radii: np.ndarray, overrides: dict | None = None, key=None) -> tuple:
         """:meth:`AttentionCurvature.parts` on that product (:meth:`chis`), each product's once."""
         key = (np.asarray(radii, dtype=np.float64).tobytes(), key)
-        if key not in self._chis:
+        if key not in self._parts_at:
             balls = TokenBalls(self.center, radii)
             try:
                 known = dict(overrides or {})
                 frobenius = known.pop("frobenius", None)
                 bounds = attention_bounds(self.component.target, balls, self.enclosed, **known)
-                self._chis[key] = self.curvature.parts(bounds, balls.radii, frobenius)
+                self._parts_at[key] = self.curvature.parts(bounds, balls.radii, frobenius)
             except NotCertifiedError:
-                self._chis[key], bounds = (math.inf,) * 4, None
+                self._parts_at[key], bounds = (math.inf,) * 4, None
             if self.per_query:   # (on the same facts: the bounds are formed once)
                 self._queries[key] = np.full(self.curvature.n, np.inf)
                 if bounds is not None:
@@ -105,7 +105,7 @@ class CurvatureIntegral:
                         self._queries[key] = query_chis(self.curvature, bounds, balls.radii, frobenius)
                     except NotCertifiedError:   # (the whole output's values stand)
                         pass
-        return self._chis[key]
+        return self._parts_at[key]
 
     def query_integral(self, steps, factor) -> np.ndarray:
         """Per output token i, ``factor sum_k width_k chi_i(P(radii_k))`` over ``steps`` as in :meth:`integral`, with
@@ -120,14 +120,16 @@ class CurvatureIntegral:
             total = total + IntervalArray(width) * IntervalArray(self._queries[key])
         return np.where(np.isfinite(total.hi), (total * factor).hi, np.inf)
 
-    def integral(self, steps, factor, other: float = math.inf) -> float:
+    def integral(self, steps, factor, other: float = math.inf, floor: float | None = None) -> float:
         """``factor sum_k width_k chi(P(radii_k))`` over ``steps`` ``(width_k, radii_k)`` (radii growing), or
         ``(width_k, radii_k, overrides_k, key_k)`` where more is known on the step's balls (:meth:`chis`); inf as
         soon as the partial sum exceeds ``other`` (the rest only adds) or a chi is not finite.
 
         The Kronecker form of ``chi_III`` (:meth:`AttentionCurvature.combined`) costs one large factorisation; it is
-        formed only where it can lower the result by :data:`KRONECKER_SHARE` of ``floor`` plus the result (its part
-        at X taken as 0: a float bound on its effect, which decides work only), and used wherever it is formed."""
+        formed only where it can lower the result by :data:`KRONECKER_SHARE` of ``floor`` (default :attr:`floor`)
+        plus the result (its part at X taken as 0: a float bound on its effect, which decides work only), and used
+        wherever it is formed."""
+        floor = self.floor if floor is None else floor
         total, room, factor = IntervalArray(0.0), 0.0, as_interval_array(factor)
         if steps and math.isfinite(other):   # the widest ball first: its term alone bounds the sum from below
             width, radii, *known = steps[-1]
@@ -147,7 +149,7 @@ class CurvatureIntegral:
             if (total * factor).hi.item() - factor.hi.item() * room > other:   # the form cannot bring it back either
                 return math.inf
         bound = (total * factor).hi.item()
-        if room > 0 and factor.hi.item() * room >= KRONECKER_SHARE * (self.floor + bound):
+        if room > 0 and factor.hi.item() * room >= KRONECKER_SHARE * (floor + bound):
             total = IntervalArray(0.0)
             for width, part in parts:
                 total = total + IntervalArray(self.curvature.piece(self.curvature.combined(part, form=True), width))

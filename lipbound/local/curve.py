@@ -617,8 +617,9 @@ class _CurvatureRoute:
         if hood.eps == 0:
             return 0.0
         try:
+            # (a remainder is weighed against itself: it bounds a movement, not the curve)
             return self.integral.integral(self._steps(hood, grid, known, remainder=True),
-                                          self.frobenius * self.frobenius)
+                                          self.frobenius * self.frobenius, floor=0.0)
         except NotCertifiedError:   # the weights or the bounds left the float range (a ball far past the model's)
             return math.inf
 
