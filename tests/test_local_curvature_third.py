@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_local_curvature import _frobenius_points, _second
 from test_local_curvature_spread import _at
@@ -153,3 +153,75 @@ def test_minilm_first_layer_third_group_at_the_centre():
     Qts = _score_maps(target)
     found = _trilinear(Qts, rows[:, 4], np.random.default_rng(0), starts=2, steps=40)
     assert 2 * curvature.c * found <= chi_iii
+
+
+def _integrals(target, X, eps, floor):
+    """The curvature integral over ``U(X, eps)`` with the Kronecker form formed wherever it can win (share 0),
+    never (share inf) and as gated by :data:`KRONECKER_SHARE`, each on a fresh integral: ``(values, formed)``."""
+    from types import SimpleNamespace
+
+    import lipbound.local.curvature_integral as integral_module
+    rho = Neighbourhood("fro", eps).balls(X).radii
+    values, formed = [], []
+    for share in (0.0, np.inf, integral_module.KRONECKER_SHARE):
+        saved, integral_module.KRONECKER_SHARE = integral_module.KRONECKER_SHARE, share
+        try:
+            route = integral_module.CurvatureIntegral(SimpleNamespace(target=target), EnclosedAttention(target, X))
+            route.floor = floor
+            values.append(route.over_balls(rho, eps))
+            formed.append(route.curvature.third_at_x is not None)
+        finally:
+            integral_module.KRONECKER_SHARE = saved
+    return values, formed
+
+
+@settings(max_examples=3, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(2, 3), st.floats(0.3, 2.0), st.sampled_from([0.01, 0.1, 0.5]),
+       st.sampled_from([0.0, 1.0, 100.0]))
+@example(3, 3, 0.5, 0.01, 0.0)   # the form lowers this integral by 5%: it must be formed
+def test_the_kronecker_form_is_left_out_only_where_it_cannot_move_the_value(seed, n, scale, eps, floor):
+    """The integral with the form gated by its effect lies between the one that always forms it where it can win (the
+    integral of the chis of :meth:`AttentionCurvature.chis`, step by step) and the one that never does, and it is above
+    the first by at most :data:`KRONECKER_SHARE` of ``floor`` plus itself; formed, the two agree."""
+    from lipbound.local.curvature_integral import KRONECKER_SHARE, decade_grid
+    target, rng = _layer(seed, heads=2, scale=scale)
+    X = rng.standard_normal((n, 6))
+    (always, never, gated), (_, never_formed, formed) = _integrals(target, X, eps, floor)
+    assert not never_formed
+    E = EnclosedAttention(target, X)
+    curvature, rho = AttentionCurvature(E, target), Neighbourhood("fro", eps).balls(X).radii
+    previous = written = 0.0
+    for s in decade_grid([1.0]):   # the old integral, written out: every step's chis with the form where it wins
+        balls = Neighbourhood("fro", eps * s).balls(X)
+        written += (s - previous) * sum(curvature.chis(attention_bounds(target, balls, E), rho * s))
+        previous = s
+    assert always == pytest.approx(eps * written, rel=1e-9)
+    assert always <= gated <= never
+    assert gated - always <= KRONECKER_SHARE * (floor + gated) * (1 + 1e-9)
+    if formed:
+        assert gated == always
+    if never > always * (1 + 2 * KRONECKER_SHARE) and floor == 0.0:
+        assert formed
+
+
+@settings(max_examples=3, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(2, 3), st.floats(0.3, 2.0), st.sampled_from([0.05, 0.5]))
+def test_the_integral_stops_early_exactly_where_it_would_pass_the_other_bound(seed, n, scale, eps):
+    """The integral with a bound ``other`` to beat is its full value where that is at most ``other`` and inf
+    above it (its widest ball is read first, then the others in order); its last term alone (the curve's lower
+    bound that orders the routes) is at most the full value."""
+    from types import SimpleNamespace
+
+    from lipbound.local.curvature_integral import CurvatureIntegral, decade_grid
+    target, rng = _layer(seed, heads=2, scale=scale)
+    X = rng.standard_normal((n, 6))
+    rho, previous, steps = Neighbourhood("fro", eps).balls(X).radii, 0.0, []
+    for s in decade_grid([1.0]):
+        steps.append((s - previous, rho * s))
+        previous = s
+    made = lambda: CurvatureIntegral(SimpleNamespace(target=target), EnclosedAttention(target, X))  # noqa: E731
+    full = made().integral(steps, eps)
+    assert 0.0 <= made().integral(steps[-1:], eps) <= full
+    for other in (0.5 * full, full * (1 - 1e-6), full * (1 + 1e-6), 2.0 * full):
+        stopped = made().integral(steps, eps, other)
+        assert stopped == (np.inf if full > other else full)

@@ -68,6 +68,8 @@ time; the integral over the radii is :class:`~lipbound.local.curvature_integral.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..rigorous.arrays import IntervalArray
@@ -161,7 +163,8 @@ class AttentionCurvature:
         self.rho = IntervalArray(u.norm_lower(), u.norm_upper())                        # ||u_ij|| at X
         self.output_spectral = interval_spectral_norms_upper(E.P.expand(-1) * u)        # ||diag(p_i) U_i||_2, (H, n)
         # chi_III's heads and F's tokens in one operator per query (lemma curvature-third-kronecker), at X: formed
-        # at the first radius where it can win (:meth:`_kronecker`)
+        # at the first radius where it can win (:meth:`combined`; the curvature integral forms it only where it can
+        # move the curve)
         self.kronecker = not self.rotary and fold is None and d * n <= KRONECKER_ROWS
         self.third_at_x: float | None = None
         self._output_rows = E.P.expand(-1) * u if self.kronecker else None
@@ -293,7 +296,15 @@ class AttentionCurvature:
     def chis(self, bounds: LocalBounds, r: np.ndarray, frobenius: float | None = None) -> tuple[float, float, float]:
         """``(chi_I, chi_II, chi_III)`` on the token balls with radii ``r``; ``bounds`` are those of
         :func:`~lipbound.local.bounds.attention_bounds` on the same balls (their ``facts``); ``frobenius`` bounds
-        ``||Y - X||_F`` there where known (the tokens then share it: :class:`~lipbound.local.zeta_changes.Changes`)."""
+        ``||Y - X||_F`` there where known (the tokens then share it: :class:`~lipbound.local.zeta_changes.Changes`).
+        The Kronecker form is formed here where it can win (:meth:`parts` and :meth:`combined` leave that choice to
+        the caller)."""
+        return self.combined(self.parts(bounds, r, frobenius), form=True)
+
+    def parts(self, bounds: LocalBounds, r: np.ndarray, frobenius: float | None = None) -> tuple:
+        """``(chi_I, chi_II, chi_III', moved)`` on the balls of :meth:`chis`: ``chi_III'`` the third group without the
+        Kronecker form, ``moved`` the form's change part on U (inf where the form cannot win there: :meth:`_kronecker`);
+        :meth:`combined` joins them."""
         E, facts = self.E, bounds.facts
         n = self.n
         p_on_u = IntervalArray(facts["p_lo"], facts["p_hi"])
@@ -345,9 +356,30 @@ class AttentionCurvature:
             reach.swapaxes(0, 1).reshape(n, -1).norm_upper())).hi
         third = min(float(np.max(np.minimum(W.norm_upper(), joined))), self._values_joined(facts, r),
                     self._heads_weighted(self.output_spreads(facts)))
-        third = min(third, self._kronecker(facts, third))
         chi_III = (IntervalArray(2.0) * IntervalArray(self.c) * IntervalArray(third)).hi.item()
-        return chi_I, chi_II, chi_III
+        return chi_I, chi_II, chi_III, self._kronecker_change(facts, third)
+
+    def combined(self, parts: tuple, form: bool) -> tuple[float, float, float]:
+        """``(chi_I, chi_II, chi_III)`` from :meth:`parts`: ``chi_III`` the smaller of the other forms' and
+        ``2 c (max_i ||K_i(X)|| + moved)`` (lemma ``curvature-third-kronecker``) where the form's part at X is formed,
+        or where ``form`` asks to form it (one certified factorisation:
+        :func:`~lipbound.local.third_group.third_group_norm`) and it can win."""
+        chi_I, chi_II, chi_III, moved = parts
+        if math.isinf(moved) or (self.third_at_x is None and not form):
+            return chi_I, chi_II, chi_III
+        if self.third_at_x is None:
+            weights = [self.E.engine.head_weights(h)[:2] for h in range(self.H)]
+            self.third_at_x = third_group_norm([w[0] for w in weights], [w[1] for w in weights], self._output_rows)
+        third = IntervalArray(self.third_at_x) + IntervalArray(moved)
+        return chi_I, chi_II, min(chi_III, (IntervalArray(2.0) * IntervalArray(self.c) * third).hi.item())
+
+    def kronecker_room(self, parts: tuple) -> float:
+        """A float bound on how much the Kronecker form can lower ``chi_III`` of :meth:`parts` (its part at X taken as
+        0): 0 where it is formed already or cannot win; decides work only."""
+        chi_III, moved = parts[2], parts[3]
+        if self.third_at_x is not None or math.isinf(moved):
+            return 0.0
+        return max(chi_III - 2.0 * self.c * moved, 0.0)
 
     def _values_joined(self, facts: dict, r: np.ndarray) -> float:
         """``||W_O|| max_i ||sum_h beta_hi^2 Qt_h Qt_h^T||^(1/2)`` with ``beta_hi >= ||diag(p_i) (V - 1 f_i^T)||_2``
@@ -374,21 +406,16 @@ class AttentionCurvature:
         total = np.max(IntervalArray(gamma).sum(axis=0).hi)
         return (IntervalArray(total).sqrt() * IntervalArray(top).sqrt()).hi.item()
 
-    def _kronecker(self, facts: dict, other: float) -> float:
-        """``max_i ||K_i(X)|| + (sum_h delta_hi)^(1/2) ||sum_h delta_hi Qt_h Qt_h^T||^(1/2)`` (lemma
-        ``curvature-third-kronecker``, :mod:`~lipbound.local.third_group`), ``delta_hi >= ||D_hi(Y) - D_hi(X)||_2`` on
-        U; inf where ``K_i`` is not formed, or where the changes' part alone reaches ``other`` (the other forms'
-        best)."""
+    def _kronecker_change(self, facts: dict, other: float) -> float:
+        """The change part ``(sum_h delta_hi)^(1/2) ||sum_h delta_hi Qt_h Qt_h^T||^(1/2)`` of the Kronecker form ``max_i
+        ||K_i(X)|| + that`` (lemma ``curvature-third-kronecker``, :mod:`~lipbound.local.third_group`), ``delta_hi >=
+        ||D_hi(Y) - D_hi(X)||_2`` on U; inf where ``K_i`` is not formed, or where the change part alone reaches
+        ``other`` (the other forms' best: the form cannot win there)."""
         if not self.kronecker:
             return np.inf
         drift = IntervalArray(facts["value_shift"][:, None, :]) + IntervalArray(facts["head_movement"][:, :, None])
         moved = self._heads_weighted(_changes((self.rho + drift).hi, drift, facts, self.E.P.hi))
-        if moved >= other:   # the form is at least its change's part: it cannot win here (decides work only)
-            return np.inf
-        if self.third_at_x is None:
-            weights = [self.E.engine.head_weights(h)[:2] for h in range(self.H)]
-            self.third_at_x = third_group_norm([w[0] for w in weights], [w[1] for w in weights], self._output_rows)
-        return (IntervalArray(self.third_at_x) + IntervalArray(moved)).hi.item()
+        return np.inf if moved >= other else moved
 
     def output_spreads(self, facts: dict) -> np.ndarray:
         """``gamma_hi >= ||diag(p_i(Y)) U_i(Y)||_2`` for every Y where ``facts`` hold (those of

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..rigorous.arrays import IntervalArray
-from ..rigorous.linalg import lambda_max_upper_large
+from ..rigorous.linalg import Enclosure, lambda_max_upper_large
 
 __all__ = ["KRONECKER_ROWS", "third_group_norm"]
 
@@ -48,17 +48,33 @@ def third_group_norm(queries: list, keys: list, rows: IntervalArray) -> float:
         ``D_hi``'s rows ``p_hij u_hij`` enclosed, indexed (h, i, j).
     """
     H, n = rows.shape[0], rows.shape[1]
-    d = queries[0].shape[0]
-    # Qt_h^T Qt_g = W_K^h (W_Q^h^T W_Q^g) W_K^g^T through the heads' width, (H, H, d, d)
-    W_Q, W_K = IntervalArray(np.stack(queries)), IntervalArray(np.stack(keys))          # (H, d, d_k)
-    inner = W_Q.einsum("hak,gam->hgkm", W_Q)                                              # (H, H, d_k, d_k)
-    left = W_K.einsum("hak,hgkm->hgam", inner)                                            # (H, H, d, d_k)
-    crossed = left.einsum("hgam,gbm->abhg", W_K).reshape(d * d, H * H)                    # (d^2, H^2), rows (a, b)
-    del left
-    tokens = rows.einsum("hijk,gilk->hgjl", rows).reshape(H * H, n * n)                   # sum_i D_hi D_gi^T
-    summed = crossed.bmm(tokens)                                                          # (d^2, n^2)
+    d, d_k = queries[0].shape
+    # The pair (g, h) adds the transpose of the pair (h, g)'s term (Qt_g^T Qt_h = (Qt_h^T Qt_g)^T, the same for the
+    # tokens), so the sum is Q + Q^T with Q over the pairs h <= g, those with h = g halved (exactly).
+    # Qt_h^T Qt_g = W_K^h (W_Q^h^T W_Q^g) W_K^g^T through the heads' width: the middle factors for all pairs as one
+    # product, then W_K^h on the left (rows (h, a)) and each W_K^g^T on the right, as point-matrix enclosures
+    # (BLAS products with a priori rounding bounds)
+    W_Q = Enclosure.exact(np.concatenate(queries, axis=1))                               # (d, H d_k)
+    middle = W_Q.T @ W_Q                                                                  # (H d_k, H d_k)
+    left = Enclosure.concatenate([Enclosure.exact(keys[h]) @ middle[h * d_k:(h + 1) * d_k, :] for h in range(H)],
+                                 axis=0)                                                  # (H d, H d_k)
+    first, second = np.triu_indices(H)                                                    # the pairs h <= g
+    mid, rad = np.empty((first.size, d, d)), np.empty((first.size, d, d))
+    for g in range(H):
+        pair = left[:(g + 1) * d, g * d_k:(g + 1) * d_k] @ Enclosure.exact(keys[g].T)     # rows (h <= g, a)
+        at = np.flatnonzero(second == g)                                                  # the pairs (0..g, g)
+        mid[at], rad[at] = pair.mid.reshape(g + 1, d, d), pair.rad.reshape(g + 1, d, d)
+    halves = np.where(first == second, 0.5, 1.0)[:, None, None]                           # exact scalings
+    mid *= halves
+    rad *= halves
+    crossed = Enclosure._trusted(mid.reshape(-1, d * d), rad.reshape(-1, d * d)).T       # (d^2, pairs), rows (a, b)
+    del mid, rad
+    tokens = rows.einsum("hijk,gilk->hgjl", rows)[first, second].reshape(-1, n * n).to_enclosure()  # sum_i D_hi D_gi^T
+    summed = crossed @ tokens                                                             # (d^2, n^2)
     del crossed
-    S = summed.reshape(d, d, n, n).swapaxes(1, 2).reshape(d * n, d * n).to_enclosure()    # rows (a, j), columns (b, l)
+    # Q with rows (a, j), columns (b, l); Q + Q^T is exactly symmetric (fl(x + y) = fl(y + x))
+    Q = Enclosure._trusted(*(part.reshape(d, d, n, n).swapaxes(1, 2).reshape(d * n, d * n)
+                             for part in (summed.mid, summed.rad)))
     del summed
-    top = max(lambda_max_upper_large(S.sym()), 0.0)
+    top = max(lambda_max_upper_large(Q + Q.T), 0.0)
     return float(IntervalArray(top).sqrt().hi)

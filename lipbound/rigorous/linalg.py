@@ -669,8 +669,9 @@ def _ldexp_up(array: np.ndarray, exponent: int) -> np.ndarray:
 
 
 #: From this many rows on, :class:`RowGram` bounds its factorisation's residual a priori instead of forming ``L L^T``
-#: (:func:`_top_by_cholesky`): the product is two thirds of the work and the bound moves by about ``k u`` relative.
-A_PRIORI_ROWS = 1024
+#: (:func:`_top_by_cholesky`): the product is two thirds of the work and the bound moves by about ``k u`` relative
+#: (972 rows, the curvature's Gram matrix of MiniLM's layer at 9 tokens: 52 -> 29 ms, 6e-14 relative).
+A_PRIORI_ROWS = 512
 
 
 @final
