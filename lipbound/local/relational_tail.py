@@ -36,7 +36,7 @@ from typing import final
 import numpy as np
 
 from ..errors import NotCertifiedError
-from ..rigorous.arrays import IntervalArray, gelu_curvature, gelu_third
+from ..rigorous.arrays import IntervalArray, gelu_curvature, gelu_curvature_magnitude, gelu_third_magnitude
 from ..rigorous.elementwise import inv_sqrt_2pi
 from ..rigorous.linalg import Enclosure, lambda_max_upper_large, spectral_norm_upper_large
 from ..rigorous.zonotope import AffineForm, Symbols, sum_upper
@@ -195,8 +195,7 @@ def _remainder_parts(enclosed: EnclosedFeedForward, i: int, row: AffineForm, bal
 
 def joint_remainder(enclosed, beta, a_gram, columns, dev, hull, i, second) -> float:
     """Lemma feedforward-taylor-joint on :func:`_remainder_parts` (:func:`feedforward_remainder`)."""
-    curvature = gelu_curvature(hull)
-    S = np.minimum(np.maximum(np.abs(curvature.lo), np.abs(curvature.hi)), gelu_curvature_ceiling())
+    S = np.minimum(gelu_curvature_magnitude(hull), gelu_curvature_ceiling())
     P, Q = _joint_factors(enclosed.ffn, a_gram, columns, beta, dev, S, second)
     return float(evaluate_theorem(T.feedforward_taylor_joint(), P=np.float64(P), Q=np.float64(Q)))
 
@@ -205,9 +204,7 @@ def signed_remainder(enclosed, beta, a_gram, columns, dev, hull, i, second, sign
     """Lemma feedforward-taylor-signed on :func:`_remainder_parts` (:func:`feedforward_remainder`); ``signed`` the
     quadratic part's ``(c, F)`` (:func:`_signed_part`) when the caller has it."""
     c, F = _signed_part(enclosed.ffn, enclosed.h[i], a_gram, beta) if signed is None else signed
-    third = gelu_third(hull)
-    cubic = (IntervalArray(np.maximum(np.abs(third.lo), np.abs(third.hi))) * IntervalArray(dev)
-             / IntervalArray(3.0)).hi
+    cubic = (IntervalArray(gelu_third_magnitude(hull)) * IntervalArray(dev) / IntervalArray(3.0)).hi
     P_3, Q_3 = _joint_factors(enclosed.ffn, a_gram, columns, beta, dev, cubic, second)
     values = {"c": c, "F": F, "P_3": P_3, "Q_3": Q_3}
     return float(evaluate_theorem(T.feedforward_taylor_signed(), **{key: np.float64(v) for key, v in values.items()}))
