@@ -44,7 +44,8 @@ from .intervals import interval, lower, upper
 from .linalg import Enclosure
 
 __all__ = ["IntervalArray", "as_interval_array", "softmax", "gelu", "gelu_slope", "gelu_curvature", "gelu_third",
-           "gelu_curvature_magnitude", "gelu_third_magnitude", "gelu_with_slopes", "normal_cdf", "normal_pdf"]
+           "gelu_curvature_range", "gelu_curvature_magnitude", "gelu_third_magnitude", "gelu_with_slopes", "normal_cdf",
+           "normal_pdf"]
 
 _ETA = SMALLEST_SUBNORMAL
 #: Entries per block of the blockwise loops (large arrays): temporaries stay in the cache and the heap.
@@ -634,6 +635,21 @@ def _largest_over(f, x: IntervalArray, critical: tuple) -> np.ndarray:
         meets = (x.lo <= c_hi) & (x.hi >= c_lo)
         largest = np.where(meets, np.maximum(largest, f(IntervalArray(c_lo, c_hi)).magnitude.item()), largest)
     return largest
+
+
+def gelu_curvature_range(x: IntervalArray) -> IntervalArray:
+    """The range of ``GELU''`` over each interval, enclosed: the hull of its values at the ends and at the critical
+    points 0 and ``+-2`` inside (its derivative ``x phi(x) (x^2 - 4)`` vanishes there only; :func:`gelu_curvature`
+    multiplies the factors' ranges)."""
+    x = as_interval_array(x)
+    ends = (gelu_curvature(IntervalArray(x.lo)), gelu_curvature(IntervalArray(x.hi)))
+    lo, hi = np.minimum(ends[0].lo, ends[1].lo), np.maximum(ends[0].hi, ends[1].hi)
+    for c in (-2.0, 0.0, 2.0):
+        value = gelu_curvature(IntervalArray(c))
+        meets = (x.lo <= c) & (x.hi >= c)
+        lo = np.where(meets, np.minimum(lo, value.lo.item()), lo)
+        hi = np.where(meets, np.maximum(hi, value.hi.item()), hi)
+    return IntervalArray._ordered(lo, hi)
 
 
 def gelu_curvature_magnitude(x: IntervalArray) -> np.ndarray:
