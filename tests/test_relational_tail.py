@@ -258,7 +258,7 @@ def test_signed_remainder_mutations_fail(monkeypatch):
         assert _remainder_escape(enclosed, Y, forms, signed(enclosed, forms), rng) <= 1e-12
     enclosed, Y, forms = _one_neuron(np.sqrt(2.0))
     with monkeypatch.context() as patched:
-        patched.setattr(relational_tail, "gelu_third", lambda hull: IntervalArray(np.zeros(hull.shape)))
+        patched.setattr(relational_tail, "gelu_third_magnitude", lambda hull: np.zeros(hull.shape))
         assert _remainder_escape(enclosed, Y, forms, signed(enclosed, forms), rng) > 0
     enclosed, Y, forms = _one_neuron(0.0)
     with monkeypatch.context() as patched:
