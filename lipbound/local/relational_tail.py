@@ -105,13 +105,13 @@ class TokenForms:
         radii = self.radii
         if not np.all(np.isfinite(radii)):
             return TokenForms(self.rows, np.full(len(self.rows), np.inf))
-        variation = np.diag(norm_bounds(enclosed.norm, TokenBalls(enclosed.Z.mid, radii), enclosed).variation)
+        rests = norm_taylor_remainder(enclosed, radii)
         rows, balls = [], []
         for i, (row, b) in enumerate(zip(self.rows, self.balls)):
             J = enclosed.jacobian_block(i)
             form, gap, scale = _linear_step(row, J, enclosed.output[i] - IntervalArray(after[i]))
             rows.append(form)
-            balls.append(_step_ball(b, scale, radii[i], gap, variation=variation[i]))
+            balls.append(_step_ball(b, scale, radii[i], gap, taylor=rests[i]))
         return TokenForms(tuple(rows), np.array(balls))
 
     def feedforward_step(self, enclosed: EnclosedFeedForward, after: np.ndarray) -> TokenForms:
@@ -129,6 +129,27 @@ class TokenForms:
             remainder = feedforward_remainder(enclosed, i, row, b, second)
             balls.append(_step_ball(b, scale, radii[i], gap, taylor=remainder))
         return TokenForms(tuple(rows), np.array(balls))
+
+
+#: the nested balls of :func:`norm_taylor_remainder`: radii ``k r / NESTED_BALLS``, k = 1 .. NESTED_BALLS
+NESTED_BALLS = 8
+_NESTED_SUM = r"\textstyle\sum_k (t_k - t_{k-1})\,V(t_k r)"
+
+
+def norm_taylor_remainder(enclosed: EnclosedNorm, radii: np.ndarray) -> np.ndarray:
+    """Per token, a bound on Taylor's remainder ``sup ||g(x) - g(x~) - (x - x~) J||`` of a LayerNorm or RMSNorm g on
+    ``B(x~, r)`` (lemma token-form-nested): ``r sum_k (t_k - t_(k-1)) V(t_k r)``, ``V(rho)`` its Jacobian's variation on
+    the ball of radius rho (:func:`~lipbound.local.bounds.norm_bounds`), ``t_k = k / NESTED_BALLS``; at most ``r
+    V(r)``, which it replaces in lemma token-form-step (about ``(1 + 1 / NESTED_BALLS) / 2`` of it where V grows
+    linearly)."""
+    width = IntervalArray(1.0) / IntervalArray(float(NESTED_BALLS))
+    total, variation = IntervalArray(np.zeros(len(radii))), None
+    for k in range(1, NESTED_BALLS + 1):
+        inner = (IntervalArray(radii) * width * IntervalArray(float(k))).hi        # t_k r, rounded up
+        variation = np.diag(norm_bounds(enclosed.norm, TokenBalls(enclosed.Z.mid, inner), enclosed).variation)
+        total = total + width * IntervalArray(variation)
+    nested = evaluate_theorem(T.token_form_nested(), r=np.asarray(radii, dtype=np.float64), **{_NESTED_SUM: total.hi})
+    return np.minimum(nested, (IntervalArray(radii) * IntervalArray(variation)).hi)
 
 
 def _step_ball(ball: float, scale: float, radius: float, gap: float, variation: float = 0.0,
