@@ -319,3 +319,16 @@ def test_norm_taylor_remainder_needs_its_outer_balls(monkeypatch):
     monkeypatch.setattr(relational_tail, "norm_bounds", innermost)
     bound = relational_tail.norm_taylor_remainder(enclosed, radii)
     assert np.any(_norm_gaps(chain, centre, radii, np.random.default_rng(0)) > bound)
+
+
+def test_feedforward_remainders_only_where_the_set_wins():
+    """Given the chain's balls before the feed-forward block, the sets form the feed-forward remainder only for the
+    tokens whose set there is smaller: the others' radii after it are inf, the rest as without the chain's balls."""
+    chain, X, centre, rests = _setting(7, 3e-2)
+    radii, _ = block_form_radii(chain, centre, centre.prefix_jacobian[1], 3e-2, rests)
+    forms = relational_tail.BlockForms(chain, centre, centre.prefix_jacobian[1], 3e-2, rests)
+    chained = radii[1] * 2.0
+    chained[0] = radii[1][0]                                  # token 0's set is not below its chained ball
+    gated = [forms.next_radii(), forms.next_radii(chained), forms.next_radii()]
+    assert np.array_equal(gated[1], radii[1])
+    assert gated[2][0] == np.inf and np.array_equal(gated[2][1:], radii[2][1:])

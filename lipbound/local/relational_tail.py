@@ -73,9 +73,10 @@ class TokenForms:
 
     @functools.cached_property
     def radii(self) -> np.ndarray:
-        """``sup ||x_i - x~_i||`` per token: the row form's centre, its own radius and the ball, rounded up."""
+        """``sup ||x_i - x~_i||`` per token: the row form's centre, its own radius and the ball, rounded up (inf with
+        an infinite ball)."""
         return np.array([float(sum_upper(IntervalArray(row.center).norm_upper().item(), row.radius(), b))
-                         for row, b in zip(self.rows, self.balls)])
+                         if math.isfinite(b) else math.inf for row, b in zip(self.rows, self.balls)])
 
     def frobenius(self) -> float:
         """``sup ||x - x~||_F``: the operator norm of all rows' Euclidean generators side by side (the tokens move
@@ -114,9 +115,11 @@ class TokenForms:
             balls.append(_step_ball(b, scale, radii[i], gap, taylor=rests[i]))
         return TokenForms(tuple(rows), np.array(balls))
 
-    def feedforward_step(self, enclosed: EnclosedFeedForward, after: np.ndarray) -> TokenForms:
+    def feedforward_step(self, enclosed: EnclosedFeedForward, after: np.ndarray,
+                         tokens: np.ndarray | None = None) -> TokenForms:
         """Through the residual feed-forward block at the float point ``enclosed.Y`` (module docstring), about
-        ``after``."""
+        ``after``; ``tokens`` (n,) bool, optional: only these tokens' remainders are formed, the others' balls are
+        inf (a choice of work)."""
         radii = self.radii
         if not np.all(np.isfinite(radii)):
             return TokenForms(self.rows, np.full(len(self.rows), np.inf))
@@ -126,6 +129,9 @@ class TokenForms:
             J = enclosed.jacobian_block(i)
             form, gap, scale = _linear_step(row, J, enclosed.output[i] - IntervalArray(after[i]))
             rows.append(form)
+            if tokens is not None and not tokens[i]:
+                balls.append(math.inf)
+                continue
             remainder = feedforward_remainder(enclosed, i, row, b, second)
             balls.append(_step_ball(b, scale, radii[i], gap, taylor=remainder))
         return TokenForms(tuple(rows), np.array(balls))
@@ -282,16 +288,19 @@ def _signed_part(ffn, h: IntervalArray, a_gram: IntervalArray, beta: float) -> t
 
 
 def block_token_forms(enclosed: list, points: list, jacobian: Enclosure, radius: float,
-                      rests: np.ndarray) -> Iterator[TokenForms]:
+                      rests: np.ndarray, wanted: dict | None = None) -> Iterator[TokenForms]:
     """The sets ``S_1 .. S_4`` of a post-norm block (attention, LayerNorm, feed-forward block, LayerNorm) on the
     Frobenius ball of ``radius`` about X (module docstring), one at a time (a caller may stop early): ``enclosed`` and
     ``points`` the chain's enclosures and float points (:class:`~lipbound.local.centre.ChainCentre`), ``jacobian`` the
-    attention's at X, ``rests`` Taylor's remainder per output token.  Set k is about ``points[k]``."""
+    attention's at X, ``rests`` Taylor's remainder per output token.  Set k is about ``points[k]``.  ``wanted``: its
+    entry "tokens" (n,) bool, when set before ``S_3`` is drawn, the tokens whose feed-forward remainder is formed."""
     current = TokenForms.taylor(jacobian, radius, enclosed[0].output - IntervalArray(points[1]), rests)
     yield current
-    for k, step in ((1, TokenForms.norm_step), (2, TokenForms.feedforward_step), (3, TokenForms.norm_step)):
-        current = step(current, enclosed[k], points[k + 1])
-        yield current
+    current = current.norm_step(enclosed[1], points[2])
+    yield current
+    current = current.feedforward_step(enclosed[2], points[3], (wanted or {}).get("tokens"))
+    yield current
+    yield current.norm_step(enclosed[3], points[4])
 
 
 @final
@@ -306,16 +315,23 @@ class BlockForms:
         n = centre.points[0].shape[0]
         rests = np.broadcast_to(np.asarray(rests, dtype=np.float64), (n,))
         finite = math.isfinite(radius) and bool(np.all(np.isfinite(rests)))
-        self._sets = block_token_forms(centre.enclosed, centre.points, jacobian, radius, rests) if finite else None
+        self._wanted: dict = {}
+        self._sets = block_token_forms(centre.enclosed, centre.points, jacobian, radius, rests, self._wanted) \
+            if finite else None
         self._n = n
         self.formed: list[TokenForms | None] = []
 
-    def next_radii(self) -> np.ndarray:
-        """The next set's token radii (inf where an enclosure overflowed: no later set is formed then)."""
+    def next_radii(self, chained: np.ndarray | None = None) -> np.ndarray:
+        """The next set's token radii (inf where an enclosure overflowed: no later set is formed then).  ``chained``:
+        the chain's own balls there, when the caller has them; the feed-forward remainders are then formed only for
+        the tokens whose set before the feed-forward block is below its chained ball (a choice of work: at 1e-2 R of
+        MiniLM's block 0 the others' sets stay above the chained balls after it)."""
         try:
             if self._sets is not None:
                 formed = next(self._sets)
                 self.formed.append(formed)
+                if chained is not None and len(self.formed) == 2:
+                    self._wanted["tokens"] = formed.radii < chained
                 return formed.radii
         except NotCertifiedError:
             self._sets = None
