@@ -48,8 +48,8 @@ def run(text: str, layer: int, fraction: float, forms: bool, scale: float = 1.0)
         balls.append(np.array(radii))
         return original_balls(centre, radii)
 
-    def recorded_next(self):
-        sets.append(original_next(self))
+    def recorded_next(self, *chained):
+        sets.append(original_next(self, *chained))
         return sets[-1]
     began = time.process_time()
     with contextlib.ExitStack() as stack:

@@ -13,7 +13,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lipbound.errors import NotCertifiedError
-from lipbound.rigorous.arrays import IntervalArray, gelu, gelu_slope, normal_cdf
+from lipbound.rigorous.arrays import (
+    IntervalArray,
+    gelu,
+    gelu_curvature,
+    gelu_curvature_magnitude,
+    gelu_curvature_range,
+    gelu_slope,
+    gelu_third,
+    gelu_third_magnitude,
+    normal_cdf,
+)
 from lipbound.rigorous.compiler import compile_array, compile_interval
 from lipbound.rigorous.elementwise import down, exp_bounds, normal_cdf_bounds, normal_pdf_bounds, up
 from lipbound.rigorous.intervals import lower, upper
@@ -95,6 +105,41 @@ def test_gelu_and_its_slope_range_enclose_samples():
             assert _inside(lo, hi, mpmath.mpf(t) * mpmath.ncdf(mpmath.mpf(t)))
     assert ranges.lo.min() == pytest.approx(-0.1289, abs=1e-4) and ranges.hi.max() == pytest.approx(1.1289, abs=1e-4)
     assert normal_cdf(IntervalArray(-50.0, 50.0)).contains(np.array([0.0, 1.0]))
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.floats(-9.0, 9.0), st.floats(0.0, 6.0))
+def test_gelu_curvature_and_third_over_an_interval_enclose_samples(start, width):
+    """The range of GELU'' and the largest |GELU'''| over an interval hold GELU'' = phi (2 - x^2) and GELU''' = x phi
+    (x^2 - 4) at 200 bits on a grid and at the critical points inside; without the critical points (the ends alone)
+    the interval [-1, 1] (holding GELU'''s extremes +-0.7923 and GELU'''s maximum at 0) is not covered."""
+    lo, hi = start, start + width
+    x = IntervalArray(np.array([lo]), np.array([hi]))
+    curvature, third = gelu_curvature_range(x), gelu_third_magnitude(x)
+    critical = [c for c in (0.0, 2.0, -2.0, 0.7923, -0.7923, 2.5243, -2.5243) if lo <= c <= hi]
+    with mpmath.workprec(200):
+        for t in list(np.linspace(lo, hi, 41)) + critical:
+            t = mpmath.mpf(t)
+            second = mpmath.npdf(t) * (2 - t * t)
+            assert curvature.lo[0] <= second <= curvature.hi[0]
+            assert abs(t * mpmath.npdf(t) * (t * t - 4)) <= third[0]
+            assert abs(second) <= gelu_curvature_magnitude(x)[0]
+    # tight: within the grid's sampling of the factors' products
+    assert third[0] <= np.max(gelu_third(x).magnitude) + 1e-12
+    assert gelu_curvature_magnitude(x)[0] <= np.max(gelu_curvature(x).magnitude) + 1e-12
+
+
+def test_gelu_curvature_and_third_need_their_critical_points(monkeypatch):
+    """Mutation: with no critical points (the ends alone) [-1, 1] misses GELU'''s extremes at +-0.7923 and GELU'''s
+    maximum 2 phi(0) at 0; as they are, both are held, and sup |GELU'''| is 0.7788 (its known value)."""
+    from lipbound.rigorous import arrays
+    x = IntervalArray(np.array([-1.0]), np.array([1.0]))
+    assert gelu_third_magnitude(x)[0] == pytest.approx(0.778769635, abs=1e-8)
+    assert gelu_curvature_range(x).hi[0] >= 2 / math.sqrt(2 * math.pi)
+    original = arrays._largest_over
+    monkeypatch.setattr(arrays, "_largest_over", lambda f, x, critical: original(f, x, ()))
+    assert arrays.gelu_third_magnitude(x)[0] < 0.7787
+    assert arrays.gelu_curvature_magnitude(x)[0] < 2 / math.sqrt(2 * math.pi) - 0.1
 
 
 def test_outward_rounding_moves_past_the_neighbouring_float():

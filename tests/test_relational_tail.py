@@ -258,9 +258,77 @@ def test_signed_remainder_mutations_fail(monkeypatch):
         assert _remainder_escape(enclosed, Y, forms, signed(enclosed, forms), rng) <= 1e-12
     enclosed, Y, forms = _one_neuron(np.sqrt(2.0))
     with monkeypatch.context() as patched:
-        patched.setattr(relational_tail, "gelu_third", lambda hull: IntervalArray(np.zeros(hull.shape)))
+        patched.setattr(relational_tail, "gelu_third_magnitude", lambda hull: np.zeros(hull.shape))
         assert _remainder_escape(enclosed, Y, forms, signed(enclosed, forms), rng) > 0
     enclosed, Y, forms = _one_neuron(0.0)
     with monkeypatch.context() as patched:
         patched.setattr(relational_tail, "_signed_part", lambda *args: (1.0, 0.0))
         assert _remainder_escape(enclosed, Y, forms, signed(enclosed, forms), rng) > 0
+
+
+def _norm_gaps(chain, centre, radii, rng, samples: int = 60) -> np.ndarray:
+    """Per token, the largest ``||g(x) - g(x~) - (x - x~) J||`` found for the block's first LayerNorm g at sampled
+    points of ``B(x~, r)`` (on the sphere and inside), J its float Jacobian at x~."""
+    Z = centre.points[1]
+    g = lambda x: chain[1].step.linearize(x[None], None).F[0]   # noqa: E731
+    enclosed = centre.enclosed[1]
+    jacobians = [enclosed.jacobian_block(i).mid for i in range(Z.shape[0])]
+    at = g(Z)
+    worst = np.zeros(Z.shape[0])
+    for _ in range(samples):
+        delta = rng.standard_normal(Z.shape)
+        delta *= (radii / np.linalg.norm(delta, axis=1) * (1.0 if rng.random() < 0.8 else rng.random()))[:, None]
+        moved = g(Z + delta) - at
+        worst = np.maximum(worst, [np.linalg.norm(moved[i] - delta[i] @ jacobians[i]) for i in range(Z.shape[0])])
+    return worst
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), fraction=st.sampled_from([0.02, 0.3, 0.8]))
+def test_norm_taylor_remainder_holds_sampled_points(seed, fraction):
+    """Lemma token-form-nested for a LayerNorm: on generated blocks the remainder's bound on ``B(x~, r)`` (r a fraction
+    of the centred norm) holds at sampled points, and is at most ``r V(r)``."""
+    from lipbound.local.balls import TokenBalls
+    from lipbound.local.bounds import norm_bounds
+    generated = local_models.model(seed=seed % 50, layers=1, scale=2.0)
+    chain = chain_for(generated, "block", 0)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    centre = ChainCentre(chain, X, False)
+    enclosed = centre.enclosed[1]
+    radii = fraction * enclosed.nu.lo
+    bound = relational_tail.norm_taylor_remainder(enclosed, radii)
+    whole = radii * np.diag(norm_bounds(enclosed.norm, TokenBalls(enclosed.Z.mid, radii), enclosed).variation)
+    assert np.all(bound <= whole * (1 + 1e-12))
+    assert np.all(_norm_gaps(chain, centre, radii, np.random.default_rng(seed)) <= bound)
+
+
+def test_norm_taylor_remainder_needs_its_outer_balls(monkeypatch):
+    """Mutation: with every nested ball's variation read on the innermost one (radius r / 8), sampled points of a
+    generated LayerNorm's ball leave the bound."""
+    generated = local_models.model(seed=3, layers=1, scale=2.0)
+    chain = chain_for(generated, "block", 0)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    centre = ChainCentre(chain, X, False)
+    enclosed = centre.enclosed[1]
+    radii = 0.5 * enclosed.nu.lo
+    original = relational_tail.norm_bounds
+
+    def innermost(norm, balls, enclosed):
+        from lipbound.local.balls import TokenBalls
+        return original(norm, TokenBalls(balls.center, radii / relational_tail.NESTED_BALLS), enclosed)
+    monkeypatch.setattr(relational_tail, "norm_bounds", innermost)
+    bound = relational_tail.norm_taylor_remainder(enclosed, radii)
+    assert np.any(_norm_gaps(chain, centre, radii, np.random.default_rng(0)) > bound)
+
+
+def test_feedforward_remainders_only_where_the_set_wins():
+    """Given the chain's balls before the feed-forward block, the sets form the feed-forward remainder only for the
+    tokens whose set there is smaller: the others' radii after it are inf, the rest as without the chain's balls."""
+    chain, X, centre, rests = _setting(7, 3e-2)
+    radii, _ = block_form_radii(chain, centre, centre.prefix_jacobian[1], 3e-2, rests)
+    forms = relational_tail.BlockForms(chain, centre, centre.prefix_jacobian[1], 3e-2, rests)
+    chained = radii[1] * 2.0
+    chained[0] = radii[1][0]                                  # token 0's set is not below its chained ball
+    gated = [forms.next_radii(), forms.next_radii(chained), forms.next_radii()]
+    assert np.array_equal(gated[1], radii[1])
+    assert gated[2][0] == np.inf and np.array_equal(gated[2][1:], radii[2][1:])

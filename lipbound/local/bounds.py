@@ -27,7 +27,7 @@ import numpy as np
 
 from ..numeric.model import FeedForward, Head, Layer
 from ..numeric.normalization import Normalization
-from ..rigorous.arrays import IntervalArray, gelu_curvature, gelu_slope, gelu_third
+from ..rigorous.arrays import IntervalArray, gelu_curvature_range, gelu_slope, gelu_third, gelu_third_magnitude
 from ..rigorous.compiler import compile_array
 from ..rigorous.elementwise import gelu_slope_extrema, normal_pdf_bounds
 from ..rigorous.linalg import lambda_max_upper_large, product_norm_upper, spectral_norm_upper, spectral_norm_upper_large
@@ -386,7 +386,7 @@ def remainder_weights(ffn: FeedForward, E: EnclosedFeedForward, R: np.ndarray, t
     columns = IntervalArray(_column_norms(ffn))
     reach = columns[None, :] * IntervalArray(R)[:, None]
     interval = E.h + IntervalArray(-reach.hi, reach.hi)
-    ranges, third = gelu_curvature(interval), gelu_third(interval).magnitude
+    ranges, third = gelu_curvature_range(interval), gelu_third_magnitude(interval)
     at_centre = E.curvature
     out = np.zeros(E.h.shape)
     for i in tokens:
@@ -452,7 +452,7 @@ def third_derivative_roots(E: EnclosedFeedForward, i: int, radius: float) -> Int
     """``S_k^(1/2)`` (d_ff,): ``S_k >= |GELU'''|`` on the interval ``h_ik +- ||w_k|| radius`` of neuron k's
     pre-activation over token i's ball (capped by :func:`gelu_third_ceiling`)."""
     reach = (IntervalArray(_column_norms(E.ffn)) * IntervalArray(float(radius))).hi
-    third = np.minimum(gelu_third(E.h[i] + IntervalArray(-reach, reach)).magnitude, gelu_third_ceiling())
+    third = np.minimum(gelu_third_magnitude(E.h[i] + IntervalArray(-reach, reach)), gelu_third_ceiling())
     return IntervalArray(third).sqrt()
 
 

@@ -435,7 +435,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
                         movement = np.minimum(movement, centre.enclosed[k].movement(balls.radii))
                     radii = (IntervalArray(movement) + IntervalArray(centre.rounding[k + 1])).hi
                     if forms is not None:   # (about the same float point, its rounding included)
-                        formed = forms.next_radii()
+                        formed = forms.next_radii(radii)
                         # where no token's set after the attention is smaller, the later ones are not formed (a
                         # choice of work: at 1e-2 R of MiniLM's block 0 the chained feed-forward balls are smaller)
                         forms = forms if k == 0 or np.any(formed < radii) else None

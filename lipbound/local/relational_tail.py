@@ -36,7 +36,7 @@ from typing import final
 import numpy as np
 
 from ..errors import NotCertifiedError
-from ..rigorous.arrays import IntervalArray, gelu_curvature, gelu_third
+from ..rigorous.arrays import IntervalArray, gelu_curvature, gelu_curvature_magnitude, gelu_third_magnitude
 from ..rigorous.elementwise import inv_sqrt_2pi
 from ..rigorous.linalg import Enclosure, lambda_max_upper_large, spectral_norm_upper_large
 from ..rigorous.zonotope import AffineForm, Symbols, sum_upper
@@ -73,9 +73,10 @@ class TokenForms:
 
     @functools.cached_property
     def radii(self) -> np.ndarray:
-        """``sup ||x_i - x~_i||`` per token: the row form's centre, its own radius and the ball, rounded up."""
+        """``sup ||x_i - x~_i||`` per token: the row form's centre, its own radius and the ball, rounded up (inf with
+        an infinite ball)."""
         return np.array([float(sum_upper(IntervalArray(row.center).norm_upper().item(), row.radius(), b))
-                         for row, b in zip(self.rows, self.balls)])
+                         if math.isfinite(b) else math.inf for row, b in zip(self.rows, self.balls)])
 
     def frobenius(self) -> float:
         """``sup ||x - x~||_F``: the operator norm of all rows' Euclidean generators side by side (the tokens move
@@ -105,18 +106,20 @@ class TokenForms:
         radii = self.radii
         if not np.all(np.isfinite(radii)):
             return TokenForms(self.rows, np.full(len(self.rows), np.inf))
-        variation = np.diag(norm_bounds(enclosed.norm, TokenBalls(enclosed.Z.mid, radii), enclosed).variation)
+        rests = norm_taylor_remainder(enclosed, radii)
         rows, balls = [], []
         for i, (row, b) in enumerate(zip(self.rows, self.balls)):
             J = enclosed.jacobian_block(i)
             form, gap, scale = _linear_step(row, J, enclosed.output[i] - IntervalArray(after[i]))
             rows.append(form)
-            balls.append(_step_ball(b, scale, radii[i], gap, variation=variation[i]))
+            balls.append(_step_ball(b, scale, radii[i], gap, taylor=rests[i]))
         return TokenForms(tuple(rows), np.array(balls))
 
-    def feedforward_step(self, enclosed: EnclosedFeedForward, after: np.ndarray) -> TokenForms:
+    def feedforward_step(self, enclosed: EnclosedFeedForward, after: np.ndarray,
+                         tokens: np.ndarray | None = None) -> TokenForms:
         """Through the residual feed-forward block at the float point ``enclosed.Y`` (module docstring), about
-        ``after``."""
+        ``after``; ``tokens`` (n,) bool, optional: only these tokens' remainders are formed, the others' balls are
+        inf (a choice of work)."""
         radii = self.radii
         if not np.all(np.isfinite(radii)):
             return TokenForms(self.rows, np.full(len(self.rows), np.inf))
@@ -126,9 +129,33 @@ class TokenForms:
             J = enclosed.jacobian_block(i)
             form, gap, scale = _linear_step(row, J, enclosed.output[i] - IntervalArray(after[i]))
             rows.append(form)
+            if tokens is not None and not tokens[i]:
+                balls.append(math.inf)
+                continue
             remainder = feedforward_remainder(enclosed, i, row, b, second)
             balls.append(_step_ball(b, scale, radii[i], gap, taylor=remainder))
         return TokenForms(tuple(rows), np.array(balls))
+
+
+#: the nested balls of :func:`norm_taylor_remainder`: radii ``k r / NESTED_BALLS``, k = 1 .. NESTED_BALLS
+NESTED_BALLS = 8
+_NESTED_SUM = r"\textstyle\sum_k (t_k - t_{k-1})\,V(t_k r)"
+
+
+def norm_taylor_remainder(enclosed: EnclosedNorm, radii: np.ndarray) -> np.ndarray:
+    """Per token, a bound on Taylor's remainder ``sup ||g(x) - g(x~) - (x - x~) J||`` of a LayerNorm or RMSNorm g on
+    ``B(x~, r)`` (lemma token-form-nested): ``r sum_k (t_k - t_(k-1)) V(t_k r)``, ``V(rho)`` its Jacobian's variation on
+    the ball of radius rho (:func:`~lipbound.local.bounds.norm_bounds`), ``t_k = k / NESTED_BALLS``; at most ``r
+    V(r)``, which it replaces in lemma token-form-step (about ``(1 + 1 / NESTED_BALLS) / 2`` of it where V grows
+    linearly)."""
+    width = IntervalArray(1.0) / IntervalArray(float(NESTED_BALLS))
+    total, variation = IntervalArray(np.zeros(len(radii))), None
+    for k in range(1, NESTED_BALLS + 1):
+        inner = (IntervalArray(radii) * width * IntervalArray(float(k))).hi        # t_k r, rounded up
+        variation = np.diag(norm_bounds(enclosed.norm, TokenBalls(enclosed.Z.mid, inner), enclosed).variation)
+        total = total + width * IntervalArray(variation)
+    nested = evaluate_theorem(T.token_form_nested(), r=np.asarray(radii, dtype=np.float64), **{_NESTED_SUM: total.hi})
+    return np.minimum(nested, (IntervalArray(radii) * IntervalArray(variation)).hi)
 
 
 def _step_ball(ball: float, scale: float, radius: float, gap: float, variation: float = 0.0,
@@ -195,8 +222,7 @@ def _remainder_parts(enclosed: EnclosedFeedForward, i: int, row: AffineForm, bal
 
 def joint_remainder(enclosed, beta, a_gram, columns, dev, hull, i, second) -> float:
     """Lemma feedforward-taylor-joint on :func:`_remainder_parts` (:func:`feedforward_remainder`)."""
-    curvature = gelu_curvature(hull)
-    S = np.minimum(np.maximum(np.abs(curvature.lo), np.abs(curvature.hi)), gelu_curvature_ceiling())
+    S = np.minimum(gelu_curvature_magnitude(hull), gelu_curvature_ceiling())
     P, Q = _joint_factors(enclosed.ffn, a_gram, columns, beta, dev, S, second)
     return float(evaluate_theorem(T.feedforward_taylor_joint(), P=np.float64(P), Q=np.float64(Q)))
 
@@ -205,9 +231,7 @@ def signed_remainder(enclosed, beta, a_gram, columns, dev, hull, i, second, sign
     """Lemma feedforward-taylor-signed on :func:`_remainder_parts` (:func:`feedforward_remainder`); ``signed`` the
     quadratic part's ``(c, F)`` (:func:`_signed_part`) when the caller has it."""
     c, F = _signed_part(enclosed.ffn, enclosed.h[i], a_gram, beta) if signed is None else signed
-    third = gelu_third(hull)
-    cubic = (IntervalArray(np.maximum(np.abs(third.lo), np.abs(third.hi))) * IntervalArray(dev)
-             / IntervalArray(3.0)).hi
+    cubic = (IntervalArray(gelu_third_magnitude(hull)) * IntervalArray(dev) / IntervalArray(3.0)).hi
     P_3, Q_3 = _joint_factors(enclosed.ffn, a_gram, columns, beta, dev, cubic, second)
     values = {"c": c, "F": F, "P_3": P_3, "Q_3": Q_3}
     return float(evaluate_theorem(T.feedforward_taylor_signed(), **{key: np.float64(v) for key, v in values.items()}))
@@ -264,16 +288,19 @@ def _signed_part(ffn, h: IntervalArray, a_gram: IntervalArray, beta: float) -> t
 
 
 def block_token_forms(enclosed: list, points: list, jacobian: Enclosure, radius: float,
-                      rests: np.ndarray) -> Iterator[TokenForms]:
+                      rests: np.ndarray, wanted: dict | None = None) -> Iterator[TokenForms]:
     """The sets ``S_1 .. S_4`` of a post-norm block (attention, LayerNorm, feed-forward block, LayerNorm) on the
     Frobenius ball of ``radius`` about X (module docstring), one at a time (a caller may stop early): ``enclosed`` and
     ``points`` the chain's enclosures and float points (:class:`~lipbound.local.centre.ChainCentre`), ``jacobian`` the
-    attention's at X, ``rests`` Taylor's remainder per output token.  Set k is about ``points[k]``."""
+    attention's at X, ``rests`` Taylor's remainder per output token.  Set k is about ``points[k]``.  ``wanted``: its
+    entry "tokens" (n,) bool, when set before ``S_3`` is drawn, the tokens whose feed-forward remainder is formed."""
     current = TokenForms.taylor(jacobian, radius, enclosed[0].output - IntervalArray(points[1]), rests)
     yield current
-    for k, step in ((1, TokenForms.norm_step), (2, TokenForms.feedforward_step), (3, TokenForms.norm_step)):
-        current = step(current, enclosed[k], points[k + 1])
-        yield current
+    current = current.norm_step(enclosed[1], points[2])
+    yield current
+    current = current.feedforward_step(enclosed[2], points[3], (wanted or {}).get("tokens"))
+    yield current
+    yield current.norm_step(enclosed[3], points[4])
 
 
 @final
@@ -288,16 +315,23 @@ class BlockForms:
         n = centre.points[0].shape[0]
         rests = np.broadcast_to(np.asarray(rests, dtype=np.float64), (n,))
         finite = math.isfinite(radius) and bool(np.all(np.isfinite(rests)))
-        self._sets = block_token_forms(centre.enclosed, centre.points, jacobian, radius, rests) if finite else None
+        self._wanted: dict = {}
+        self._sets = block_token_forms(centre.enclosed, centre.points, jacobian, radius, rests, self._wanted) \
+            if finite else None
         self._n = n
         self.formed: list[TokenForms | None] = []
 
-    def next_radii(self) -> np.ndarray:
-        """The next set's token radii (inf where an enclosure overflowed: no later set is formed then)."""
+    def next_radii(self, chained: np.ndarray | None = None) -> np.ndarray:
+        """The next set's token radii (inf where an enclosure overflowed: no later set is formed then).  ``chained``:
+        the chain's own balls there, when the caller has them; the feed-forward remainders are then formed only for
+        the tokens whose set before the feed-forward block is below its chained ball (a choice of work: at 1e-2 R of
+        MiniLM's block 0 the others' sets stay above the chained balls after it)."""
         try:
             if self._sets is not None:
                 formed = next(self._sets)
                 self.formed.append(formed)
+                if chained is not None and len(self.formed) == 2:
+                    self._wanted["tokens"] = formed.radii < chained
                 return formed.radii
         except NotCertifiedError:
             self._sets = None

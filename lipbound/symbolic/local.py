@@ -22,7 +22,13 @@ import functools
 import sympy as sp
 
 from . import symbols as S
-from .local_block_forms import BLOCK_FORM_THEOREMS, feedforward_taylor_joint, feedforward_taylor_signed, token_form_step
+from .local_block_forms import (
+    BLOCK_FORM_THEOREMS,
+    feedforward_taylor_joint,
+    feedforward_taylor_signed,
+    token_form_nested,
+    token_form_step,
+)
 from .local_jacobian import JACOBIAN_THEOREMS
 from .local_second_order import SECOND_ORDER_THEOREMS, attention_token_reach, block_reach_weighted
 from .record import Derivation, Described, le
@@ -35,7 +41,7 @@ __all__ = ["LOCAL_THEOREMS", "score_deviation", "score_deviation_normalised", "s
            "residual_step", "SCORE_NAMES", "feedforward_curvature", "feedforward_front_variation",
            "attention_tail", "attention_tail_weighted", "attention_token_reach", "block_reach_weighted",
            "attention_front", "block_tail_variation", "jacobian_on_neighbourhood", "chain_variation",
-           "normwise_product", "chain_prefix", "token_form_step", "feedforward_taylor_joint",
+           "normwise_product", "chain_prefix", "token_form_step", "token_form_nested", "feedforward_taylor_joint",
            "feedforward_taylor_signed", "path_certificate", "coupling_bound", "q"]
 
 

@@ -5,7 +5,8 @@ its neurons from the form's pre-activation generators.
 A token's set before a map g is ``x~ + f(e) + z``: ``x~`` a float point, ``f`` affine in the ball's symbols ``e``
 (``||e||_2 <= 1``), ``||z|| <= b``; ``r`` bounds ``||x - x~||`` on it.  The numeric layer
 (:mod:`lipbound.local.relational_tail`) forms every quantity in outward-rounded arithmetic; the proofs in words are
-in docs/local.md (lemmas token-form-step, feedforward-taylor-joint and feedforward-taylor-signed).
+in docs/local.md (lemmas token-form-step, token-form-nested, feedforward-taylor-joint and
+feedforward-taylor-signed).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from .record import Derivation, Described, le
 from .record import quantity as q
 from .theorems import Theorem
 
-__all__ = ["token_form_step", "feedforward_taylor_joint", "feedforward_taylor_signed", "BLOCK_FORM_THEOREMS"]
+__all__ = ["token_form_step", "token_form_nested", "feedforward_taylor_joint", "feedforward_taylor_signed",
+           "BLOCK_FORM_THEOREMS"]
 
 
 @functools.cache
@@ -39,6 +41,27 @@ def token_form_step() -> Theorem:
               "the segment lies in the ball; each of the two bounds alone", "mean-value")
     proof.add(le(Described(r"\|g(x) - g(x~) - f(e) M\|"), statement), "triangle inequality", "norm-calculus")
     return Theorem("local-token-form-step", "A per-token map on an affine form and a ball", statement, proof)
+
+
+@functools.cache
+def token_form_nested() -> Theorem:
+    """``sup ||g(x) - g(x~) - (x - x~) Dg(x~)|| <= r sum_k (t_k - t_(k-1)) V(t_k r)`` on ``B(x~, r)``: Taylor's
+    remainder of a per-token map from its Jacobian's variation on nested balls (lemma ``token-form-nested``)."""
+    r, nested = q("r"), q(r"\textstyle\sum_k (t_k - t_{k-1})\,V(t_k r)")
+    statement = r * nested
+    proof = Derivation("Taylor's remainder of a per-token map from its variation on nested balls")
+    proof.hypothesis("g differentiable on B(x~, r), J = Dg(x~); 0 = t_0 < t_1 < ... < t_K = 1; V(rho) >= sup ||Dg(y) - "
+                     "J|| over B(x~, rho) for rho = t_k r")
+    proof.add(Described(r"g(x) - g(x~) - (x - x~) J = \textstyle\int_0^1 (Dg(x~ + t \delta) - J)\,\delta\,dt,\ "
+                        r"\delta = x - x~"), "the fundamental theorem of calculus, row convention", "mean-value")
+    proof.add(le(Described(r"\|g(x) - g(x~) - \delta J\|"), Described(r"\textstyle\int_0^{\|\delta\|} s(\rho)\,d\rho "
+                                                                       r"\le \int_0^r s(\rho)\,d\rho")),
+              "s(rho) = sup ||Dg(y) - J|| over B(x~, rho) is non-decreasing (nested balls) and x~ + t delta lies in "
+              "B(x~, t ||delta||); substitute rho = t ||delta||", "norm-calculus")
+    proof.add(le(Described(r"\textstyle\int_0^r s(\rho)\,d\rho"), statement),
+              "on [t_(k-1) r, t_k r], s(rho) <= s(t_k r) <= V(t_k r)", "norm-calculus")
+    return Theorem("local-token-form-nested", "Taylor's remainder of a per-token map on nested balls", statement,
+                   proof)
 
 
 @functools.cache
@@ -103,5 +126,5 @@ def feedforward_taylor_signed() -> Theorem:
 
 
 #: the theorems of this module, by id (part of :data:`lipbound.symbolic.local.LOCAL_THEOREMS`)
-BLOCK_FORM_THEOREMS = {t.id: t for t in (token_form_step(), feedforward_taylor_joint(),
+BLOCK_FORM_THEOREMS = {t.id: t for t in (token_form_step(), token_form_nested(), feedforward_taylor_joint(),
                                           feedforward_taylor_signed())}
