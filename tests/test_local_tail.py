@@ -796,3 +796,36 @@ def test_level_less_and_the_mirrored_triangle_are_the_whole_forms():
     mirrored = S.sym()   # the upper triangle mirrored, added in place
     assert np.array_equal(mirrored.mid, np.triu(S.mid) + np.triu(S.mid, 1).T)
     assert np.array_equal(mirrored.rad, np.triu(S.rad) + np.triu(S.rad, 1).T)
+
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), width=st.sampled_from([5, 12, 40]), rows=st.sampled_from([(6, 6), (4, 9)]))
+def test_trilinear_norm_is_the_smaller_of_both_sides_formed(seed, width, rows):
+    """``trilinear_norm`` is the same float as the smaller of both sides formed: the side it leaves is certified to
+    lose by a Rayleigh quotient."""
+    from lipbound.local import enclosed as module
+    from lipbound.rigorous.arrays import IntervalArray
+    rng = np.random.default_rng(seed)
+    (d, e), m = rows, width
+
+    def box(shape):
+        mid = rng.standard_normal(shape)
+        return IntervalArray(mid - 1e-8, mid + 1e-8)
+    A, B, E, g = box((d, m)), box((m, e)), box((e, m)), box((m,))
+    e_gram = E.swapaxes(0, 1).bmm(E)
+    both = min(module._sandwich_top(outer * g.expand(0), gram) for outer, gram in
+               zip((A, B.swapaxes(0, 1)), (e_gram * B.bmm(B.swapaxes(0, 1)), e_gram * A.swapaxes(0, 1).bmm(A))))
+    assert module.trilinear_norm(g, A, B, e_gram) == IntervalArray(max(both, 0.0)).sqrt().hi.item()
+
+
+def test_trilinear_norm_forms_one_side_on_real_weights(monkeypatch):
+    """On a real feed-forward block the two sides differ by far: the second derivative's norm forms one."""
+    from lipbound.local import enclosed as module
+    formed = []
+    monkeypatch.setattr(module, "_sandwich_top", lambda *side: formed.append(side) or module.lambda_max_upper(
+        side[0].bmm(side[1]).bmm(side[0].swapaxes(0, 1)).to_enclosure()))
+    bert = load_text_model()
+    X = bert.hidden_states(bert.encode("The cat slept."))[0][:1]
+    ffn = EnclosedFeedForward(chain_for(bert.model, "block", 0)[2].target, X)
+    assert ffn.curvature_norms()[0] > 0 and len(formed) == 1

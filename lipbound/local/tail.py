@@ -62,7 +62,7 @@ class BlockTail:
         # radius-free: formed with the curve's set-up, not by its first radius
         self._facts = facts = [self._token_facts(i) for i in range(self.taus.shape[0])]
         # (the folded weights read the facts' list, not the tail: a tail in a reference cycle is freed only by a full
-        # collection, and its facts hold 19 MB a token of MiniLM, 0.38 GB a block at n = 20)
+        # collection, and its facts hold 94 MB a token of MiniLM, 1.9 GB a block at n = 20)
         self.folded = FoldedFeedForward(self.ffn, lambda i: facts[i]["A"])
 
     def _token(self, i: int) -> dict:
@@ -82,7 +82,7 @@ class BlockTail:
         g = self.ffn.curvature[i]
         squared = a_gram * a_gram                                                  # in "full" and "Lambda_10"
         return {
-            "A": A, "B": B,
+            "A": A, "B": B, "a_gram": a_gram, "b_gram": b_gram,   # (the grams: read again at every radius)
             "full": trilinear_norm(g, A, B, a_gram, hadamards=(a_gram * b_gram, squared)),
             "mixed": trilinear_norm(g, A, B, plain, a_gram, b_gram),
             "Lambda_10": trilinear_norm(g, A, W_2, a_gram, hadamards=(a_gram * plain_b, squared)),  # J_1 Delta J_F
@@ -174,9 +174,9 @@ class BlockTail:
         with the directions ``w_k``."""
         facts = self._token(i)
         second = feedforward_grams(self.ffn.ffn)[1]                                    # W_2 W_2^T
-        # (A^T A, B B^T and their Hadamard products formed again at each radius: kept from the set-up they cost 113 MB
-        # per token of MiniLM, and at n = 9 the six layers' first block held 2.3 GB more resident)
-        a_gram, b_gram = facts["A"].swapaxes(0, 1).bmm(facts["A"]), facts["B"].bmm(facts["B"].swapaxes(0, 1))
+        # (A^T A and B B^T kept from the set-up, 75 MB a token of MiniLM: forming them again cost about 1 CPU s a token
+        # at every radius; their Hadamard products, 113 MB more, are formed again)
+        a_gram, b_gram = facts["a_gram"], facts["b_gram"]
         columns = IntervalArray(IntervalArray(self.ffn.ffn.W_1).norm_upper(axis=0))
         root = third_derivative_roots(self.ffn, i, radius)
         r, delta, weights = IntervalArray(float(near[0])), IntervalArray(float(near[1])), root * columns
