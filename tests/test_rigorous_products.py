@@ -267,6 +267,26 @@ def test_sandwich_lower_bound_lies_below_every_members_top_eigenvalue_and_the_up
     assert below >= 0.5 * estimate > 0          # twelve power steps: no trivial bound
 
 
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.sampled_from([(300, 300), (150, 600), (1, 70000)]),
+       st.sampled_from(["same", "row", "column"]), st.sampled_from(["interval", "positive"]), SCALES)
+def test_large_products_by_panels_are_the_same_floats_as_the_hull_of_the_ends(seed, shape, broadcast, kind, scale):
+    """A large matrix times an interval matrix of its shape, a row or a column (formed by panels of rows) has the
+    ends of the hull of the four products of the ends, each rounded outward as :func:`elementwise.down` and
+    ``up`` round (written here from the definition), both ways round; zeros and ends of both signs included."""
+    from lipbound.rigorous.elementwise import down, up
+    rng = np.random.default_rng(seed)
+    x = _operand(rng, shape, "interval", scale)
+    other = {"same": shape, "row": (1, shape[1]), "column": (shape[0], 1)}[broadcast]
+    y = _operand(rng, other, kind, -scale // 2)
+    for end in (x.lo, x.hi):   # exact zeros
+        end.reshape(-1)[::5] = 0.0
+    ends = [x.lo * y.lo, x.lo * y.hi, x.hi * y.lo, x.hi * y.hi]
+    low, high = down(np.minimum.reduce(ends)), up(np.maximum.reduce(ends))
+    for product in (x * y, y * x):
+        assert np.array_equal(product.lo, low) and np.array_equal(product.hi, high)
+
+
 @pytest.mark.parametrize("rows", [250, 400])
 def test_row_gram_of_many_rows_places_its_level_by_eigenvalues_or_lanczos(rows):
     rng = np.random.default_rng(4)

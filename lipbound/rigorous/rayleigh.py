@@ -71,7 +71,7 @@ def sandwich_top_bounds(outer: IntervalArray, inner: IntervalArray, steps: int =
     arithmetic (it encloses ``w^T H w`` for every point of S and H), v from ``steps`` float power steps on the
     midpoints (any v is sound; the steps only bring the bound close).  Products by ``S`` and ``H`` only: it decides
     where a side whose ``d x d`` product would lose anyway need not be formed."""
-    S, H = outer.mid, inner.mid
+    S, H = outer._as_operand()[0], inner._as_operand()[0]   # (the midpoints the products by them read again)
     v = np.random.default_rng(0).standard_normal(S.shape[0])   # (a fixed start: the same bounds on every run)
     for _ in range(steps):
         v = S @ (H @ (S.T @ v))
