@@ -785,17 +785,25 @@ def test_feedforward_bounds_on_the_folded_reach_hold(seed, eps):
             assert np.linalg.norm(J_1 @ (moved - at_centre), 2) <= found["change"] * (1 + 1e-6) + 1e-9
 
 
-def test_level_less_and_the_mirrored_triangle_are_the_whole_forms():
-    """The certified top eigenvalue's ``level I - S`` and its mirrored triangle (``Enclosure.sym``) are the
-    whole-matrix forms' own floats."""
-    from lipbound.rigorous.linalg import Enclosure, _level_less
+@pytest.mark.parametrize("size", [7, 300])
+def test_level_less_and_the_mirrored_triangle_are_the_whole_forms(size):
+    """The certified top eigenvalue's ``level I - S`` and its mirrored triangle (``Enclosure.sym``, by panels of
+    rows from 256 rows on) are the whole-matrix forms' own floats, signed zeros included; the panels' symmetry test
+    is the whole one's."""
+    from lipbound.rigorous.linalg import Enclosure, _is_symmetric, _level_less
     rng = np.random.default_rng(0)
-    S = Enclosure(rng.standard_normal((7, 7)), 1e-3 * rng.random((7, 7)))
-    direct, difference = _level_less(2.5, S), Enclosure.exact(2.5 * np.eye(7)) - S
+    S = Enclosure(rng.standard_normal((size, size)), 1e-3 * rng.random((size, size)))
+    S.mid[::3, ::2] = -0.0
+    direct, difference = _level_less(2.5, S), Enclosure.exact(2.5 * np.eye(size)) - S
     assert np.array_equal(direct.mid, difference.mid) and np.array_equal(direct.rad, difference.rad)
     mirrored = S.sym()   # the upper triangle mirrored, added in place
-    assert np.array_equal(mirrored.mid, np.triu(S.mid) + np.triu(S.mid, 1).T)
-    assert np.array_equal(mirrored.rad, np.triu(S.rad) + np.triu(S.rad, 1).T)
+    for mine, whole in ((mirrored.mid, S.mid), (mirrored.rad, S.rad)):
+        expected = np.triu(whole) + np.triu(whole, 1).T
+        assert np.array_equal(mine, expected) and np.array_equal(np.signbit(mine), np.signbit(expected))
+    assert mirrored.sym() is mirrored and _is_symmetric(mirrored.mid) and not _is_symmetric(S.mid)
+    almost = mirrored.mid.copy()
+    almost[size - 1, size - 2] += 1.0   # one entry off, in the last panel
+    assert _is_symmetric(almost) == np.array_equal(almost, almost.T) == False   # noqa: E712
 
 
 
