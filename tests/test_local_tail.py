@@ -837,3 +837,25 @@ def test_trilinear_norm_forms_one_side_on_real_weights(monkeypatch):
     X = bert.hidden_states(bert.encode("The cat slept."))[0][:1]
     ffn = EnclosedFeedForward(chain_for(bert.model, "block", 0)[2].target, X)
     assert ffn.curvature_norms()[0] > 0 and len(formed) == 1
+
+
+@pytest.mark.parametrize("budget", [0, 1, None])
+def test_the_tails_grams_kept_or_formed_again_give_the_same_omegas(budget, monkeypatch):
+    """The slopes' quadratic remainder reads each token's ``A^T A`` and ``B B^T`` kept from the set-up while they fit
+    ``KEPT_GRAM_BYTES`` (none, the first token's only, or all) or formed again: the same floats."""
+    from lipbound.local import tail as module
+    generated = local_models.model(seed=3, layers=1)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    _, _, whole, setting = _tail_setting(generated, X, 3e-2)
+    assert all("a_gram" in fact for fact in whole._facts)
+    size = sum(whole._facts[0][key].lo.nbytes + whole._facts[0][key].hi.nbytes for key in ("a_gram", "b_gram"))
+    monkeypatch.setattr(module, "KEPT_GRAM_BYTES", 0 if budget == 0 else size if budget == 1 else 10 ** 12)
+    _, _, tail, setting = _tail_setting(generated, X, 3e-2)
+    assert sum("a_gram" in fact for fact in tail._facts) == (0 if budget == 0 else 1 if budget == 1 else X.shape[0])
+    refined = []
+    original = module.BlockTail.quadratic_remainder
+    monkeypatch.setattr(module.BlockTail, "quadratic_remainder",
+                        lambda self, *args: refined.append(args) or original(self, *args))
+    for ours, theirs in zip(tail.omega_tokens(*setting), whole.omega_tokens(*setting)):
+        assert np.array_equal(ours, theirs)
+    assert refined   # (the remainders were refined: the grams were read)
