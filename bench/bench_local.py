@@ -18,7 +18,7 @@ On all-MiniLM-L6-v2 and the 20 sentences of lipbound/measures/data/sentences.txt
 * ``time``  -- the CPU seconds of issue 29's time figures (``--time-kinds``): the attention layer's curve at four
   radii (n = 9, target <= 30 s), the whole layer's per radius (n = 9, <= 60 s), the six-layer stack's curve (n = 20,
   < 5 minutes, within 8 GB), each split into the set-up every radius shares and each radius's own work, with the
-  process's peak resident memory so far (run the stack under ``ulimit -v``);
+  process's peak resident memory so far (run the stack under ``ulimit -v``), and the stack's per block;
 * ``zchange`` -- z's change on the Frobenius ball (the score changes centred at X's weights; lemmas curvature-joint
   and curvature-centred-change) on layer 0 at ``--zchange-text`` and ``--zchange-fraction`` of R, per query with the
   first group's variance scales: the blockwise bound, the heads together, and the largest change an alternating
@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 import time
 
@@ -157,7 +158,8 @@ def time_part(model, kinds):
         if kind not in kinds:
             continue
         began = time.process_time()
-        curve, _ = local_curve(text, layer=0, kind=kind, last=last, eps=fractions, model=model)
+        meter = _BlockMeter(began) if kind == "stack" else None
+        curve, _ = local_curve(text, layer=0, kind=kind, last=last, eps=fractions, model=model, progress=meter)
         cpu = time.process_time() - began
         per_radius = [p.cpu_seconds for p in curve.points]
         figure = cpu if scope == "the curve" else max(curve.setup_cpu_seconds / len(per_radius) + p for p in per_radius)
@@ -167,6 +169,28 @@ def time_part(model, kinds):
               f"({'met' if figure <= target else 'NOT met'}); ratios "
               + ", ".join(f"{p.ratio:.3g}" for p in curve.points)
               + f"; peak resident memory of the process so far {_peak_gigabytes():.2f} GB")
+        if meter is not None:
+            meter.print()
+
+
+class _BlockMeter:
+    """A progress callback of a stack's curve that records, per block (the stack's own attention curve first), the
+    CPU seconds from the previous block's last report to the block's last report and the process's peak resident
+    memory so far at that report."""
+
+    def __init__(self, began: float):
+        self.began, self.rows = began, {}
+
+    def __call__(self, done, total, what) -> None:
+        found = re.search(r"block (\d+) of the stack", what)
+        self.rows[f"block {found.group(1)}" if found else "the stack's attention curve"] = \
+            (time.process_time() - self.began, _peak_gigabytes())
+
+    def print(self) -> None:
+        previous = 0.0
+        for name, (cpu, peak) in self.rows.items():
+            print(f"  {name}: {cpu - previous:.1f} CPU s, peak resident so far {peak:.2f} GB")
+            previous = cpu
 
 
 def _peak_gigabytes() -> float:

@@ -785,14 +785,77 @@ def test_feedforward_bounds_on_the_folded_reach_hold(seed, eps):
             assert np.linalg.norm(J_1 @ (moved - at_centre), 2) <= found["change"] * (1 + 1e-6) + 1e-9
 
 
-def test_level_less_and_the_mirrored_triangle_are_the_whole_forms():
-    """The certified top eigenvalue's ``level I - S`` and its mirrored triangle (``Enclosure.sym``) are the
-    whole-matrix forms' own floats."""
-    from lipbound.rigorous.linalg import Enclosure, _level_less
+@pytest.mark.parametrize("size", [7, 300])
+def test_level_less_and_the_mirrored_triangle_are_the_whole_forms(size):
+    """The certified top eigenvalue's ``level I - S`` and its mirrored triangle (``Enclosure.sym``, by panels of
+    rows from 256 rows on) are the whole-matrix forms' own floats, signed zeros included; the panels' symmetry test
+    is the whole one's."""
+    from lipbound.rigorous.linalg import Enclosure, _is_symmetric, _level_less
     rng = np.random.default_rng(0)
-    S = Enclosure(rng.standard_normal((7, 7)), 1e-3 * rng.random((7, 7)))
-    direct, difference = _level_less(2.5, S), Enclosure.exact(2.5 * np.eye(7)) - S
+    S = Enclosure(rng.standard_normal((size, size)), 1e-3 * rng.random((size, size)))
+    S.mid[::3, ::2] = -0.0
+    direct, difference = _level_less(2.5, S), Enclosure.exact(2.5 * np.eye(size)) - S
     assert np.array_equal(direct.mid, difference.mid) and np.array_equal(direct.rad, difference.rad)
     mirrored = S.sym()   # the upper triangle mirrored, added in place
-    assert np.array_equal(mirrored.mid, np.triu(S.mid) + np.triu(S.mid, 1).T)
-    assert np.array_equal(mirrored.rad, np.triu(S.rad) + np.triu(S.rad, 1).T)
+    for mine, whole in ((mirrored.mid, S.mid), (mirrored.rad, S.rad)):
+        expected = np.triu(whole) + np.triu(whole, 1).T
+        assert np.array_equal(mine, expected) and np.array_equal(np.signbit(mine), np.signbit(expected))
+    assert mirrored.sym() is mirrored and _is_symmetric(mirrored.mid) and not _is_symmetric(S.mid)
+    almost = mirrored.mid.copy()
+    almost[size - 1, size - 2] += 1.0   # one entry off, in the last panel
+    assert _is_symmetric(almost) == np.array_equal(almost, almost.T) == False   # noqa: E712
+
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), width=st.sampled_from([5, 12, 40]), rows=st.sampled_from([(6, 6), (4, 9)]))
+def test_trilinear_norm_is_the_smaller_of_both_sides_formed(seed, width, rows):
+    """``trilinear_norm`` is the same float as the smaller of both sides formed: the side it leaves is certified to
+    lose by a Rayleigh quotient."""
+    from lipbound.local import enclosed as module
+    from lipbound.rigorous.arrays import IntervalArray
+    rng = np.random.default_rng(seed)
+    (d, e), m = rows, width
+
+    def box(shape):
+        mid = rng.standard_normal(shape)
+        return IntervalArray(mid - 1e-8, mid + 1e-8)
+    A, B, E, g = box((d, m)), box((m, e)), box((e, m)), box((m,))
+    e_gram = E.swapaxes(0, 1).bmm(E)
+    both = min(module._sandwich_top(outer * g.expand(0), gram) for outer, gram in
+               zip((A, B.swapaxes(0, 1)), (e_gram * B.bmm(B.swapaxes(0, 1)), e_gram * A.swapaxes(0, 1).bmm(A))))
+    assert module.trilinear_norm(g, A, B, e_gram) == IntervalArray(max(both, 0.0)).sqrt().hi.item()
+
+
+def test_trilinear_norm_forms_one_side_on_real_weights(monkeypatch):
+    """On a real feed-forward block the two sides differ by far: the second derivative's norm forms one."""
+    from lipbound.local import enclosed as module
+    formed = []
+    monkeypatch.setattr(module, "_sandwich_top", lambda *side: formed.append(side) or module.lambda_max_upper(
+        side[0].bmm(side[1]).bmm(side[0].swapaxes(0, 1)).to_enclosure()))
+    bert = load_text_model()
+    X = bert.hidden_states(bert.encode("The cat slept."))[0][:1]
+    ffn = EnclosedFeedForward(chain_for(bert.model, "block", 0)[2].target, X)
+    assert ffn.curvature_norms()[0] > 0 and len(formed) == 1
+
+
+@pytest.mark.parametrize("budget", [0, 1, None])
+def test_the_tails_grams_kept_or_formed_again_give_the_same_omegas(budget, monkeypatch):
+    """The slopes' quadratic remainder reads each token's ``A^T A`` and ``B B^T`` kept from the set-up while they fit
+    ``KEPT_GRAM_BYTES`` (none, the first token's only, or all) or formed again: the same floats."""
+    from lipbound.local import tail as module
+    generated = local_models.model(seed=3, layers=1)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    _, _, whole, setting = _tail_setting(generated, X, 3e-2)
+    assert all("a_gram" in fact for fact in whole._facts)
+    size = sum(whole._facts[0][key].lo.nbytes + whole._facts[0][key].hi.nbytes for key in ("a_gram", "b_gram"))
+    monkeypatch.setattr(module, "KEPT_GRAM_BYTES", 0 if budget == 0 else size if budget == 1 else 10 ** 12)
+    _, _, tail, setting = _tail_setting(generated, X, 3e-2)
+    assert sum("a_gram" in fact for fact in tail._facts) == (0 if budget == 0 else 1 if budget == 1 else X.shape[0])
+    refined = []
+    original = module.BlockTail.quadratic_remainder
+    monkeypatch.setattr(module.BlockTail, "quadratic_remainder",
+                        lambda self, *args: refined.append(args) or original(self, *args))
+    for ours, theirs in zip(tail.omega_tokens(*setting), whole.omega_tokens(*setting)):
+        assert np.array_equal(ours, theirs)
+    assert refined   # (the remainders were refined: the grams were read)

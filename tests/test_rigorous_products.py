@@ -24,10 +24,11 @@ from lipbound.rigorous.linalg import (
     _fro_upper,
     _power_of_two_scale,
     _top_by_cholesky,
+    lambda_max_upper,
     lambda_max_upper_large,
     spectral_norm_upper_large,
 )
-from lipbound.rigorous.rayleigh import row_gram_norm_lower
+from lipbound.rigorous.rayleigh import row_gram_norm_lower, sandwich_top_bounds
 
 #: Exponent ranges of the entries: ordinary, tiny (products underflow), large.
 SCALES = st.sampled_from([0, -500, -1000, 300])
@@ -238,6 +239,52 @@ def test_row_gram_lower_norm_lies_below_the_exact_norm_and_the_upper_bound(seed,
     assert row_gram_norm_lower(gram, np.zeros(rows.size), rows) == 0.0
     with pytest.raises(Exception, match="non-negative row scales"):
         row_gram_norm_lower(gram, -scales - 1.0, None if not subset else rows)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.sampled_from([(3, 7), (8, 5), (12, 30)]), st.sampled_from([-300, 0, 200]),
+       st.booleans())
+def test_sandwich_lower_bound_lies_below_every_members_top_eigenvalue_and_the_upper_bound(seed, shape, exponent,
+                                                                                         inexact):
+    """``sandwich_top_bounds``: below ``lambda_max(S H S^T)`` (mpmath, 60 digits) at corners and random points of
+    both enclosures and below the certified upper bound of the formed product; near the top for a Gram H."""
+    rng = np.random.default_rng(seed)
+    d, m = shape
+    kind = "interval" if inexact else "point"
+    S = _operand(rng, (d, m), kind, exponent // 2)
+    root = rng.standard_normal((m, m + 2))
+    H_mid = root @ root.T
+    H = IntervalArray(H_mid - 1e-9 * np.abs(H_mid), H_mid + 1e-9 * np.abs(H_mid)) if inexact else IntervalArray(H_mid)
+    below, estimate = sandwich_top_bounds(S, H)
+    formed = lambda_max_upper(S.bmm(H).bmm(S.swapaxes(0, 1)).to_enclosure())
+    assert below <= formed
+    with mpmath.workdps(60):
+        for s_point, h_point in zip(_samples(S, rng, 1), _samples(H, rng, 1)):
+            h_point = (h_point + h_point.T) / 2 if inexact else h_point
+            M = mpmath.matrix(s_point.tolist()) * mpmath.matrix(h_point.tolist()) * mpmath.matrix(s_point.T.tolist())
+            top = max(mpmath.eigsy((M + M.T) / 2, eigvals_only=True))
+            assert _exact(below) <= top
+    assert below >= 0.5 * estimate > 0          # twelve power steps: no trivial bound
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.sampled_from([(300, 300), (150, 600), (1, 70000)]),
+       st.sampled_from(["same", "row", "column"]), st.sampled_from(["interval", "positive"]), SCALES)
+def test_large_products_by_panels_are_the_same_floats_as_the_hull_of_the_ends(seed, shape, broadcast, kind, scale):
+    """A large matrix times an interval matrix of its shape, a row or a column (formed by panels of rows) has the
+    ends of the hull of the four products of the ends, each rounded outward as :func:`elementwise.down` and
+    ``up`` round (written here from the definition), both ways round; zeros and ends of both signs included."""
+    from lipbound.rigorous.elementwise import down, up
+    rng = np.random.default_rng(seed)
+    x = _operand(rng, shape, "interval", scale)
+    other = {"same": shape, "row": (1, shape[1]), "column": (shape[0], 1)}[broadcast]
+    y = _operand(rng, other, kind, -scale // 2)
+    for end in (x.lo, x.hi):   # exact zeros
+        end.reshape(-1)[::5] = 0.0
+    ends = [x.lo * y.lo, x.lo * y.hi, x.hi * y.lo, x.hi * y.hi]
+    low, high = down(np.minimum.reduce(ends)), up(np.maximum.reduce(ends))
+    for product in (x * y, y * x):
+        assert np.array_equal(product.lo, low) and np.array_equal(product.hi, high)
 
 
 @pytest.mark.parametrize("rows", [250, 400])

@@ -31,6 +31,7 @@ from ..numeric.normalization import Normalization
 from ..rigorous.arrays import IntervalArray, as_interval_array, gelu, gelu_curvature, gelu_slope, softmax
 from ..rigorous.intervals import IV
 from ..rigorous.linalg import Enclosure, lambda_max_upper, spectral_norm_upper_large
+from ..rigorous.rayleigh import sandwich_top_bounds
 from .scores import ScoreNorms, head_projections, score_scale, visibility
 
 #: pieces per side of the interval of a neuron's pre-activation on which its secant slopes are enclosed
@@ -455,8 +456,17 @@ def trilinear_norm(g: IntervalArray, A: IntervalArray, B: IntervalArray, e_gram:
         a_gram = A.swapaxes(0, 1).bmm(A) if a_gram is None else a_gram
         b_gram = B.bmm(B.swapaxes(0, 1)) if b_gram is None else b_gram
         hadamards = (e_gram * b_gram, e_gram * a_gram)
-    tops = []
-    for outer, gram in zip((A, B.swapaxes(0, 1)), hadamards):
-        scaled = outer * g.expand(0)                                                      # (d, m)
-        tops.append(lambda_max_upper(scaled.bmm(gram).bmm(scaled.swapaxes(0, 1)).to_enclosure()))
-    return IntervalArray(max(min(tops), 0.0)).sqrt().hi.item()
+    sides = [(outer * g.expand(0), gram) for outer, gram in zip((A, B.swapaxes(0, 1)), hadamards)]   # (d, m), (m, m)
+    found = [sandwich_top_bounds(*side) for side in sides]
+    # the side estimated smaller first; the other is formed only where its certified lower bound does not already
+    # pass the first's upper bound (then it could not be the smaller: the same float either way)
+    first, second = sorted(range(2), key=lambda k: found[k][1])
+    top = _sandwich_top(*sides[first])
+    if not found[second][0] >= top:
+        top = min(top, _sandwich_top(*sides[second]))
+    return IntervalArray(max(top, 0.0)).sqrt().hi.item()
+
+
+def _sandwich_top(scaled: IntervalArray, gram: IntervalArray) -> float:
+    """Certified upper bound on ``lambda_max(S H S^T)`` for the enclosed ``S`` (d, m) and ``H`` (m, m)."""
+    return lambda_max_upper(scaled.bmm(gram).bmm(scaled.swapaxes(0, 1)).to_enclosure())

@@ -40,6 +40,11 @@ __all__ = ["BlockTail", "TokenTail", "weighted_tail_variation", "weighted_tail_r
 
 #: rows of the attention's Jacobian scaled at a time by :func:`_columns_scaled_norm`
 SCALED_ROWS = 256
+#: bytes of a block's ``A^T A`` and ``B B^T`` enclosures (the slopes' quadratic remainder reads them at every radius)
+#: kept from the set-up, token by token while they fit; the other tokens' are formed again at each radius (MiniLM:
+#: 75 MB a token, so 10 of 20 tokens: about 0.8 CPU s a token and radius for 0.75 GB, where the block's relational
+#: route at n = 20 peaks)
+KEPT_GRAM_BYTES = 750_000_000
 #: a token's slopes' remainder is refined (lemma slope-remainder-quadratic) when its split terms are at least this
 #: share of the token's bound
 REFINE_SHARE = 0.01
@@ -60,9 +65,18 @@ class BlockTail:
         self.taus = _tail_norms(enclosed)
         self.tau = float(np.max(self.taus))
         # radius-free: formed with the curve's set-up, not by its first radius
-        self._facts = facts = [self._token_facts(i) for i in range(self.taus.shape[0])]
+        self._facts: list = []
+        facts, kept = self._facts, 0
+        for i in range(self.taus.shape[0]):
+            fact = self._token_facts(i)
+            size = sum(fact[key].lo.nbytes + fact[key].hi.nbytes for key in ("a_gram", "b_gram"))
+            if kept + size > KEPT_GRAM_BYTES:   # past the budget: formed again at each radius
+                del fact["a_gram"], fact["b_gram"]
+            else:
+                kept += size
+            facts.append(fact)
         # (the folded weights read the facts' list, not the tail: a tail in a reference cycle is freed only by a full
-        # collection, and its facts hold 19 MB a token of MiniLM, 0.38 GB a block at n = 20)
+        # collection, and its facts hold 19 MB a token of MiniLM and the grams kept, 1.1 GB a block at n = 20)
         self.folded = FoldedFeedForward(self.ffn, lambda i: facts[i]["A"])
 
     def _token(self, i: int) -> dict:
@@ -82,7 +96,7 @@ class BlockTail:
         g = self.ffn.curvature[i]
         squared = a_gram * a_gram                                                  # in "full" and "Lambda_10"
         return {
-            "A": A, "B": B,
+            "A": A, "B": B, "a_gram": a_gram, "b_gram": b_gram,   # (the grams: kept within KEPT_GRAM_BYTES)
             "full": trilinear_norm(g, A, B, a_gram, hadamards=(a_gram * b_gram, squared)),
             "mixed": trilinear_norm(g, A, B, plain, a_gram, b_gram),
             "Lambda_10": trilinear_norm(g, A, W_2, a_gram, hadamards=(a_gram * plain_b, squared)),  # J_1 Delta J_F
@@ -174,9 +188,12 @@ class BlockTail:
         with the directions ``w_k``."""
         facts = self._token(i)
         second = feedforward_grams(self.ffn.ffn)[1]                                    # W_2 W_2^T
-        # (A^T A, B B^T and their Hadamard products formed again at each radius: kept from the set-up they cost 113 MB
-        # per token of MiniLM, and at n = 9 the six layers' first block held 2.3 GB more resident)
-        a_gram, b_gram = facts["A"].swapaxes(0, 1).bmm(facts["A"]), facts["B"].bmm(facts["B"].swapaxes(0, 1))
+        # (A^T A and B B^T kept from the set-up within KEPT_GRAM_BYTES, or formed again: the same floats; their Hadamard
+        # products, 113 MB a token more, are formed again)
+        if "a_gram" in facts:
+            a_gram, b_gram = facts["a_gram"], facts["b_gram"]
+        else:
+            a_gram, b_gram = facts["A"].swapaxes(0, 1).bmm(facts["A"]), facts["B"].bmm(facts["B"].swapaxes(0, 1))
         columns = IntervalArray(IntervalArray(self.ffn.ffn.W_1).norm_upper(axis=0))
         root = third_derivative_roots(self.ffn, i, radius)
         r, delta, weights = IntervalArray(float(near[0])), IntervalArray(float(near[1])), root * columns

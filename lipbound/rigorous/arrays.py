@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import NotCertifiedError
 from .elementwise import (
+    _ULP_FACTOR,
     SMALLEST_SUBNORMAL,
     UNIT_ROUNDOFF,
     all_finite,
@@ -279,6 +280,10 @@ class IntervalArray:
                     return IntervalArray._ordered(down(product), up(product))
                 first, second = self.lo * other.lo, self.hi * other.lo
                 low, high = np.minimum(first, second), np.maximum(first, second)
+            elif self.lo.ndim == other.lo.ndim == 2 and self.lo.size >= 2 * _BLOCK \
+                    and self.lo.shape == np.broadcast_shapes(self.lo.shape, other.lo.shape):
+                # a large matrix: by panels of rows, the same floats
+                return _panel_products(self, other, signed=other.lo.size > self.lo.size or bool(np.any(other.lo < 0)))
             elif other.lo.size <= self.lo.size and not np.any(other.lo < 0):  # other >= 0: the sign of x decides
                 low = np.minimum(self.lo * other.lo, self.lo * other.hi)
                 high = np.maximum(self.hi * other.lo, self.hi * other.hi)
@@ -413,6 +418,45 @@ class IntervalArray:
         contract = lambda a, b: np.einsum(spec, a, b, optimize=fast)  # noqa: E731
         center, spread = _product(contract, self, other, count)
         return IntervalArray.around(center, spread)
+
+
+def _panel_products(x: IntervalArray, y: IntervalArray, signed: bool) -> IntervalArray:
+    """``x * y`` of :meth:`IntervalArray.__mul__` for a large matrix x and y of its shape or broadcast to it (both
+    non-points), formed by panels of about :data:`_BLOCK` entries: the same products, hulls and outward roundings
+    entry by entry (so the same floats), with the temporaries in the cache instead of eight whole arrays.
+    ``signed``: the hull of all four products of the ends; otherwise y >= 0, and x's ends give the ends."""
+    rows, columns = x.lo.shape
+    step = max(1, _BLOCK // max(columns, 1))
+    low, high = np.empty(x.lo.shape), np.empty(x.lo.shape)
+    first, second, spare = (np.empty((min(step, rows), columns)) for _ in range(3))
+
+    def panel(array: np.ndarray, part: slice) -> np.ndarray:
+        return array[part] if array.shape[0] == rows else array
+
+    for start in range(0, rows, step):
+        part = slice(start, start + step)
+        x_lo, x_hi, y_lo, y_hi = panel(x.lo, part), panel(x.hi, part), panel(y.lo, part), panel(y.hi, part)
+        size = x_lo.shape[0]
+        p, q, t, lo, hi = first[:size], second[:size], spare[:size], low[part], high[part]
+        np.multiply(x_lo, y_lo, out=p)
+        np.multiply(x_lo, y_hi, out=q)
+        np.minimum(p, q, out=lo)
+        if signed:
+            np.maximum(p, q, out=hi)
+            np.multiply(x_hi, y_lo, out=p)
+            np.multiply(x_hi, y_hi, out=q)
+            np.minimum(lo, np.minimum(p, q, out=t), out=lo)
+            np.maximum(hi, np.maximum(p, q, out=t), out=hi)
+        else:
+            np.multiply(x_hi, y_lo, out=p)
+            np.multiply(x_hi, y_hi, out=q)
+            np.maximum(p, q, out=hi)
+        for end, away in ((lo, np.subtract), (hi, np.add)):   # down and up of elementwise, in place
+            np.abs(end, out=t)
+            t *= _ULP_FACTOR
+            t += SMALLEST_SUBNORMAL
+            away(end, t, out=end)
+    return IntervalArray._ordered(low, high)
 
 
 def _product(contract, a: IntervalArray, b: IntervalArray, count: int) -> tuple[np.ndarray, np.ndarray]:

@@ -232,7 +232,7 @@ class Enclosure:
     def sym(self) -> Enclosure:
         """An exactly symmetric enclosure of a matrix known to be symmetric: the upper triangle
         mirrored (each computed entry encloses its exact value, and the exact matrix is symmetric)."""
-        if np.array_equal(self.mid, self.mid.T) and np.array_equal(self.rad, self.rad.T):
+        if _is_symmetric(self.mid) and _is_symmetric(self.rad):
             return self
         return Enclosure._trusted(_mirrored(self.mid), _mirrored(self.rad))   # (a mirrored radius stays >= 0)
 
@@ -284,11 +284,39 @@ def weighted_sum(weights, mids: np.ndarray, rads: np.ndarray) -> Enclosure:
     return Enclosure._trusted(np.asarray(mid, dtype=np.float64), rad)
 
 
+#: rows of a square matrix handled at a time by :func:`_mirrored` and :func:`_is_symmetric` (from this size on)
+MIRROR_ROWS = 64
+
+
 def _mirrored(A: np.ndarray) -> np.ndarray:
-    """``triu(A) + triu(A, 1)^T`` (exactly: each entry is one term plus zero), added in place."""
-    out = np.triu(A)
-    out += np.triu(A, 1).T
+    """``triu(A) + triu(A, 1)^T`` (exactly: each entry is one term plus zero, which turns -0 into +0); a large
+    matrix by panels of :data:`MIRROR_ROWS` rows, each entry copied and 0 added (the same floats, without the two
+    triangles' masks and copies)."""
+    m = A.shape[0]
+    if m < 4 * MIRROR_ROWS:
+        out = np.triu(A)
+        out += np.triu(A, 1).T
+        return out
+    out = np.empty_like(A)
+    for start in range(0, m, MIRROR_ROWS):
+        stop = min(start + MIRROR_ROWS, m)
+        out[start:stop, start:] = A[start:stop, start:]
+        out[start:stop, :start] = A[:start, start:stop].T
+        block = out[start:stop, start:stop]
+        lower = np.tril_indices(stop - start, -1)
+        block[lower] = block.T[lower]
+    out += 0.0
     return out
+
+
+def _is_symmetric(A: np.ndarray) -> bool:
+    """``np.array_equal(A, A.T)`` for a square matrix, by panels of :data:`MIRROR_ROWS` rows (no whole transposed
+    comparison)."""
+    if A.ndim != 2 or A.shape[0] != A.shape[1]:
+        return bool(np.array_equal(A, A.T))
+    m = A.shape[0]
+    return all(np.array_equal(A[start:start + MIRROR_ROWS, start:], A[start:, start:start + MIRROR_ROWS].T)
+               for start in range(0, m, MIRROR_ROWS))
 
 
 def _as_enclosure(value) -> Enclosure:

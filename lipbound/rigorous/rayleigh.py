@@ -14,7 +14,7 @@ from .elementwise import SMALLEST_SUBNORMAL, gamma_bound
 from .intervals import IV, interval, lower
 from .linalg import RowGram
 
-__all__ = ["row_gram_norm_lower"]
+__all__ = ["row_gram_norm_lower", "sandwich_top_bounds"]
 
 
 def row_gram_norm_lower(gram: RowGram, scales, rows=None, steps: int = 12) -> float:
@@ -60,3 +60,29 @@ def row_gram_norm_lower(gram: RowGram, scales, rows=None, steps: int = 12) -> fl
     if not lower(top) > 0:
         return 0.0
     return lower(IV.sqrt(top / interval(length)) * IV.mpf(2) ** (shift + gram.exponent))
+
+
+def sandwich_top_bounds(outer: IntervalArray, inner: IntervalArray, steps: int = 12) -> tuple[float, float]:
+    """``(lower, estimate)`` for ``lambda_max(S H S^T)`` of the enclosed ``S`` (d, m) and ``H`` (m, m): ``lower``
+    is certified below ``lambda_max`` of every such product of points of the enclosures, so below every certified
+    upper bound of the same product; ``estimate`` is a float guess.
+
+    For any vector v, ``lambda_max(S H S^T) >= w^T H w / v^T v`` with ``w = S^T v``; the form is evaluated in interval
+    arithmetic (it encloses ``w^T H w`` for every point of S and H), v from ``steps`` float power steps on the
+    midpoints (any v is sound; the steps only bring the bound close).  Products by ``S`` and ``H`` only: it decides
+    where a side whose ``d x d`` product would lose anyway need not be formed."""
+    S, H = outer._as_operand()[0], inner._as_operand()[0]   # (the midpoints the products by them read again)
+    v = np.random.default_rng(0).standard_normal(S.shape[0])   # (a fixed start: the same bounds on every run)
+    for _ in range(steps):
+        v = S @ (H @ (S.T @ v))
+        size = float(np.linalg.norm(v))
+        if not (math.isfinite(size) and size > 0):
+            return -math.inf, 0.0
+        v /= size
+    w = outer.swapaxes(0, 1).matmul(v[:, None])                          # (m, 1)
+    form = (w * inner.bmm(w)).sum(axis=0)
+    length = (IntervalArray(v) * IntervalArray(v)).sum(axis=-1)
+    quotient = interval((float(form.lo.item()), float(form.hi.item()))) \
+        / interval((float(length.lo), float(length.hi)))
+    estimate = float(v @ (S @ (H @ (S.T @ v))))
+    return lower(quotient), estimate
