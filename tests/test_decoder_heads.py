@@ -145,6 +145,23 @@ cases = st.fixed_dictionaries({
 })
 
 
+#: generated causal RoPE grouped-query layers of :func:`rotary_case` (the sdp lemmas' tests)
+rotary_cases = st.fixed_dictionaries({"d": st.integers(3, 6), "n": st.integers(2, 5),
+                                      "heads": st.sampled_from([(2, 1), (4, 2), (2, 2)]),
+                                      "domain": st.sampled_from(["ball", "rmsnorm"]), "seed": st.integers(0, 2 ** 31)})
+
+
+def rotary_case(case) -> tuple:
+    """``(rng, layer, domain)`` of a :data:`rotary_cases` draw: a Llama-shaped layer with head size 2 and a token
+    ball or an RMSNorm image as the domain (``rng`` then draws the points)."""
+    rng = np.random.default_rng(case["seed"])
+    heads, groups = case["heads"]
+    layer = _layer("llama", rng, case["d"], 2, heads, groups, 2.0)
+    domain = TokenBall(float(rng.uniform(0.5, 2.0))) if case["domain"] == "ball" else \
+        RMSNormOutputs(RMSNorm(rng.uniform(0.1, 1.0, case["d"]), 1e-5))
+    return rng, layer, domain
+
+
 def _points(rng, domain, n: int, d: int, count: int) -> list[np.ndarray]:
     """Points of the domain: random ones and ones on its boundary."""
     radius, center = domain.enclosing_ball()

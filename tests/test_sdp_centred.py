@@ -17,11 +17,11 @@ import decoder_reference as reference
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_decoder_heads import EXAMPLES, _key_part, _layer, _points, reference_norm
+from test_decoder_heads import EXAMPLES, _key_part, _points, reference_norm, rotary_case, rotary_cases
 
-from lipbound.numeric.domains import RMSNormOutputs, TokenBall
+from lipbound.numeric.domains import TokenBall
 from lipbound.numeric.kernels import AttentionMask, Rotary
-from lipbound.numeric.model import Head, RMSNorm
+from lipbound.numeric.model import Head
 from lipbound.numeric.sdp.rotary import PositionalHeadBounds, positional_bound
 from lipbound.numeric.sdp.rotary_centred import centred_head_rows
 from lipbound.numeric.witness import search_witness
@@ -147,23 +147,14 @@ def test_the_certified_eigenvalue_is_the_one_formed_from_the_rotated_matrices(n,
         assert not formed * (1 - 1e-5) <= mutated <= formed * (1 + 1e-5), (formed, mutated)
 
 
-cases = st.fixed_dictionaries({"d": st.integers(3, 6), "n": st.integers(2, 5),
-                               "heads": st.sampled_from([(2, 1), (4, 2), (2, 2)]),
-                               "domain": st.sampled_from(["ball", "rmsnorm"]), "seed": st.integers(0, 2 ** 31)})
-
-
 @CASES
-@given(cases)
+@given(rotary_cases)
 def test_the_centred_rows_hold_against_an_independent_jacobian(case):
     """Step 9 on generated causal RoPE heads (the first head of a grouped-query layer): the centred candidate bounds the
     spectral norm of the reference Jacobian at points of the domain and at lipbound's witness, and so does the reported
     bound."""
-    rng = np.random.default_rng(case["seed"])
-    heads, groups = case["heads"]
+    rng, layer, domain = rotary_case(case)
     d, n = case["d"], case["n"]
-    layer = _layer("llama", rng, d, 2, heads, groups, 2.0)
-    domain = TokenBall(float(rng.uniform(0.5, 2.0))) if case["domain"] == "ball" else \
-        RMSNormOutputs(RMSNorm(rng.uniform(0.1, 1.0, d), 1e-5))
     head = layer.heads[0]
     bound = positional_bound(head, domain, n)
     certificate = bound.details

@@ -16,7 +16,7 @@ import decoder_reference as reference
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_decoder_heads import EXAMPLES, _layer, _points, reference_norm
+from test_decoder_heads import EXAMPLES, _layer, _points, reference_norm, rotary_case, rotary_cases
 
 from lipbound.numeric.domains import RMSNormOutputs, TokenBall
 from lipbound.numeric.model import RMSNorm
@@ -111,24 +111,15 @@ def _layer_key_part(layer, X: np.ndarray, step: float = 1e-6) -> np.ndarray:
     return np.array(columns).T
 
 
-cases = st.fixed_dictionaries({"d": st.integers(3, 6), "n": st.integers(2, 5),
-                               "heads": st.sampled_from([(2, 1), (4, 2), (2, 2)]),
-                               "domain": st.sampled_from(["ball", "rmsnorm"]), "seed": st.integers(0, 2 ** 31)})
-
-
 @CASES
-@given(cases)
+@given(rotary_cases)
 def test_the_layer_key_term_by_columns_holds_against_an_independent_key_part_and_jacobian(case):
     """The lemma: ``||key part of DF(X)||^2 <= r^2 Lambda' max_j r^2 lambda_max(sum_{i sees j} (1/2) Phi_{j-i})`` (row
     coefficients ``c_i = 1/2 >= 2 max p (1 - p)``, no split) at points of the domain and at lipbound's witness, and
     the layer bound (whose candidates include step 7) above the whole Jacobian at the witness (every other point:
     tests/test_decoder_heads.py's soundness test)."""
-    rng = np.random.default_rng(case["seed"])
-    heads, groups = case["heads"]
+    rng, layer, domain = rotary_case(case)
     d, n = case["d"], case["n"]
-    layer = _layer("llama", rng, d, 2, heads, groups, 2.0)
-    domain = TokenBall(float(rng.uniform(0.5, 2.0))) if case["domain"] == "ball" else \
-        RMSNormOutputs(RMSNorm(rng.uniform(0.1, 1.0, d), 1e-5))
     value, columns, region, heads = _spectral(layer, domain, n)
     assert value is not None and columns is not None
     key2 = float(upper(region.r ** 2 * value ** 2))
