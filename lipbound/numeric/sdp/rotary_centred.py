@@ -116,22 +116,18 @@ def centred_head_rows(bounds, b, splits: np.ndarray | None = None):
     # floats, to choose one factor e^s of the t_i: with t = t_start e^s the matrix is A + e^s B + e^-s C, B the query
     # blocks at b^2 t_start, C the rows' forms at rho^2 r^2 / t_start, A both at factor 1
     b2_float, scale2_float = float(upper(b2)), float(upper(scale2))
-    rising, falling = np.zeros((size * n, size * n)), np.zeros((size * n, size * n))
-    for j in range(n):
-        if has_query[j]:
-            rising[j * size:(j + 1) * size, j * size:(j + 1) * size] = (b2_float * t_start[j]) * top.mid
-    keys_part = np.zeros((size * n, size * n))
+    fixed, rising, falling = (np.zeros((size * n, size * n)) for _ in range(3))
     for i, (keys, weight, theta) in forms.items():
         for j in keys:
             for l in keys:
                 coefficient = (1.0 if j == l else 0.0) - (0.0 if theta is None else theta)
                 if coefficient:
                     part = product(j - i, l - i).mid * (scale2_float * weight * coefficient)
-                    keys_part[j * size:(j + 1) * size, l * size:(l + 1) * size] += part
+                    fixed[j * size:(j + 1) * size, l * size:(l + 1) * size] += part
                     falling[j * size:(j + 1) * size, l * size:(l + 1) * size] += part / t_start[i]
-    fixed = keys_part
     for j in range(n):
         if has_query[j]:
+            rising[j * size:(j + 1) * size, j * size:(j + 1) * size] = (b2_float * t_start[j]) * top.mid
             fixed[j * size:(j + 1) * size, j * size:(j + 1) * size] += b2_float * top.mid
 
     # lambda_max(A + e^s B + e^-s C) is convex in s, and at the top eigenvector v of s its slope is e^s v^T B v - e^-s
