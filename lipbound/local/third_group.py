@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..rigorous.arrays import IntervalArray
+from ..rigorous.elementwise import up_nonnegative
 from ..rigorous.linalg import Enclosure, lambda_max_upper_large
 
 __all__ = ["KRONECKER_ROWS", "third_group_norm"]
@@ -64,9 +65,11 @@ def third_group_norm(queries: list, keys: list, rows: IntervalArray) -> float:
         pair = left[:(g + 1) * d, g * d_k:(g + 1) * d_k] @ Enclosure.exact(keys[g].T)     # rows (h <= g, a)
         at = np.flatnonzero(second == g)                                                  # the pairs (0..g, g)
         mid[at], rad[at] = pair.mid.reshape(g + 1, d, d), pair.rad.reshape(g + 1, d, d)
-    halves = np.where(first == second, 0.5, 1.0)[:, None, None]                           # exact scalings
-    mid *= halves
-    rad *= halves
+    # the pairs h = g halved: exact unless a half falls into the subnormals (then off by at most 2^-1075 in the centre
+    # and the radius each, which the radius's step up covers)
+    same = first == second
+    mid[same] *= 0.5
+    rad[same] = up_nonnegative(rad[same] * 0.5)
     crossed = Enclosure._trusted(mid.reshape(-1, d * d), rad.reshape(-1, d * d)).T       # (d^2, pairs), rows (a, b)
     del mid, rad
     tokens = rows.einsum("hijk,gilk->hgjl", rows)[first, second].reshape(-1, n * n).to_enclosure()  # sum_i D_hi D_gi^T
