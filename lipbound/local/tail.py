@@ -50,6 +50,12 @@ KEPT_GRAM_BYTES = 750_000_000
 REFINE_SHARE = 0.01
 
 
+def _folded_grams(A: IntervalArray, B: IntervalArray) -> tuple[IntervalArray, IntervalArray]:
+    """``(A^T A, B B^T)`` (d_ff, d_ff) of a token's folded weights ``A = J_1 W_1`` (d, d_ff) and ``B = W_2 J_2`` (d_ff,
+    d) (:meth:`BlockTail._token_facts`)."""
+    return A.swapaxes(0, 1).bmm(A), B.bmm(B.swapaxes(0, 1))
+
+
 class BlockTail:
     """The per-token maps of one block at its centre (module docstring).
 
@@ -90,7 +96,7 @@ class BlockTail:
         J_1, J_2 = self.ln_1.jacobian_block(i), self.ln_2.jacobian_block(i)
         A = J_1.matmul(ffn.W_1)                                                    # (d, d_ff): columns J_1 w_k
         B = IntervalArray(ffn.W_2).bmm(J_2)                                        # (d_ff, d): rows r_k J_2
-        a_gram, b_gram = A.swapaxes(0, 1).bmm(A), B.bmm(B.swapaxes(0, 1))
+        a_gram, b_gram = _folded_grams(A, B)
         plain, plain_b = feedforward_grams(ffn)                                   # W_1^T W_1, W_2 W_2^T
         W_2 = IntervalArray(ffn.W_2)
         g = self.ffn.curvature[i]
@@ -190,10 +196,8 @@ class BlockTail:
         second = feedforward_grams(self.ffn.ffn)[1]                                    # W_2 W_2^T
         # (A^T A and B B^T kept from the set-up within KEPT_GRAM_BYTES, or formed again: the same floats; their Hadamard
         # products, 113 MB a token more, are formed again)
-        if "a_gram" in facts:
-            a_gram, b_gram = facts["a_gram"], facts["b_gram"]
-        else:
-            a_gram, b_gram = facts["A"].swapaxes(0, 1).bmm(facts["A"]), facts["B"].bmm(facts["B"].swapaxes(0, 1))
+        a_gram, b_gram = (facts["a_gram"], facts["b_gram"]) if "a_gram" in facts else \
+            _folded_grams(facts["A"], facts["B"])
         columns = IntervalArray(IntervalArray(self.ffn.ffn.W_1).norm_upper(axis=0))
         root = third_derivative_roots(self.ffn, i, radius)
         r, delta, weights = IntervalArray(float(near[0])), IntervalArray(float(near[1])), root * columns
