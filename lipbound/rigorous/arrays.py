@@ -670,51 +670,42 @@ def gelu_third(x: IntervalArray) -> IntervalArray:
     return x * normal_pdf(x) * (x.square() - IntervalArray(4.0))
 
 
-def _largest_over(f, x: IntervalArray, critical: tuple) -> np.ndarray:
-    """``max |f|`` over each interval of x, rounded up: a continuous f's extremes on ``[lo, hi]`` lie at its ends or at
-    critical points inside, so the largest of ``|f|`` enclosed at the ends and over each critical point's enclosure
-    ``(c_lo, c_hi)`` that meets the interval."""
-    largest = np.maximum(f(IntervalArray(x.lo)).magnitude, f(IntervalArray(x.hi)).magnitude)
-    for c_lo, c_hi in critical:
-        meets = (x.lo <= c_hi) & (x.hi >= c_lo)
-        largest = np.where(meets, np.maximum(largest, f(IntervalArray(c_lo, c_hi)).magnitude.item()), largest)
-    return largest
-
-
-def gelu_curvature_range(x: IntervalArray) -> IntervalArray:
-    """The range of ``GELU''`` over each interval, enclosed: the hull of its values at the ends and at the critical
-    points 0 and ``+-2`` inside (its derivative ``x phi(x) (x^2 - 4)`` vanishes there only; :func:`gelu_curvature`
-    multiplies the factors' ranges)."""
-    x = as_interval_array(x)
-    ends = (gelu_curvature(IntervalArray(x.lo)), gelu_curvature(IntervalArray(x.hi)))
+def _range_over(f, x: IntervalArray, critical: tuple) -> IntervalArray:
+    """The range of a continuous f over each interval of x, enclosed: its extremes on ``[lo, hi]`` lie at the ends or
+    at critical points inside, so the hull of f enclosed at the ends and over each critical point's enclosure ``(c_lo,
+    c_hi)`` that meets the interval."""
+    ends = (f(IntervalArray(x.lo)), f(IntervalArray(x.hi)))
     lo, hi = np.minimum(ends[0].lo, ends[1].lo), np.maximum(ends[0].hi, ends[1].hi)
-    for c in (-2.0, 0.0, 2.0):
-        value = gelu_curvature(IntervalArray(c))
-        meets = (x.lo <= c) & (x.hi >= c)
+    for c_lo, c_hi in critical:
+        value = f(IntervalArray(c_lo, c_hi))
+        meets = (x.lo <= c_hi) & (x.hi >= c_lo)
         lo = np.where(meets, np.minimum(lo, value.lo.item()), lo)
         hi = np.where(meets, np.maximum(hi, value.hi.item()), hi)
     return IntervalArray._ordered(lo, hi)
 
 
+def gelu_curvature_range(x: IntervalArray) -> IntervalArray:
+    """The range of ``GELU''`` over each interval, enclosed: its derivative ``GELU''' = x phi(x) (x^2 - 4)`` vanishes
+    at 0 and ``+-2`` only, so the ends and those of them inside decide (:func:`gelu_curvature` multiplies the factors'
+    ranges: several times wider on intervals of width 1 and more)."""
+    return _range_over(gelu_curvature, as_interval_array(x), ((-2.0, -2.0), (0.0, 0.0), (2.0, 2.0)))
+
+
 def gelu_curvature_magnitude(x: IntervalArray) -> np.ndarray:
-    """``max |GELU''|`` over each interval, rounded up (float array): its derivative ``GELU''' = x phi(x) (x^2 - 4)``
-    vanishes at 0 and ``+-2`` only, so the ends and those of them inside decide (:func:`gelu_curvature` multiplies
-    the factors' ranges: several times wider on intervals of width 1 and more)."""
-    x = as_interval_array(x)
-    return _largest_over(gelu_curvature, x, ((-2.0, -2.0), (0.0, 0.0), (2.0, 2.0)))
+    """``max |GELU''|`` over each interval, rounded up (float array): the magnitude of :func:`gelu_curvature_range`."""
+    return gelu_curvature_range(x).magnitude
 
 
 def gelu_third_magnitude(x: IntervalArray) -> np.ndarray:
     """``max |GELU'''|`` over each interval, rounded up (float array): its derivative ``phi(x) (7 x^2 - x^4 - 4)``
     vanishes where ``x^2 = (7 -+ 33^(1/2)) / 2`` (``|x|`` 0.7923 and 2.5243), enclosed, so the ends and those points
     inside decide (``sup |GELU'''| = 0.7788...``)."""
-    x = as_interval_array(x)
     root = IntervalArray(33.0).sqrt()
     critical = []
     for square in ((IntervalArray(7.0) - root) / IntervalArray(2.0), (IntervalArray(7.0) + root) / IntervalArray(2.0)):
         c = square.sqrt()
         critical += [(-c.hi.item(), -c.lo.item()), (c.lo.item(), c.hi.item())]
-    return _largest_over(gelu_third, x, tuple(critical))
+    return _range_over(gelu_third, as_interval_array(x), tuple(critical)).magnitude
 
 
 def gelu(x: IntervalArray, global_slopes: bool = False) -> IntervalArray:
