@@ -135,7 +135,7 @@ def test_minilm_pair_start_splits_a_query_between_two_keys(minilm_layer0):
 
 
 @settings(max_examples=10, deadline=None)
-@given(st.integers(0, 2**31 - 1), st.integers(3, 6), st.floats(0.05, 3.0), st.floats(0.3, 3.0))
+@given(st.integers(0, 2**31 - 1), st.integers(2, 6), st.floats(0.05, 3.0), st.floats(0.3, 3.0))
 def test_widened_starts_move_two_keys_apart_and_tie_them(seed, n, eps, scale):
     from lipbound.local.pair_starts import _widened
     from lipbound.local.scores import score_scale

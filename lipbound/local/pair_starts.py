@@ -88,7 +88,9 @@ def _widened(engine: AttentionMap, at_x, X: np.ndarray, eps: float, c: float) ->
     delta solving ``s_ij(Y) = s_il(Y)`` (token i moves neither as key nor as query), kept where
     ``tau^2 + delta^2 < eps^2``."""
     n = X.shape[0]
-    starts = []
+    starts: list[np.ndarray] = []
+    if n < 3:   # a row needs two keys besides its own token
+        return starts
     for h in range(engine.H):
         W_Q, W_K = engine.head_weights(h)[:2]
         scores, queries, keys = at_x.S[0, h], at_x.Q[0, h], at_x.K[0, h]
