@@ -23,6 +23,15 @@ singular vectors of the dense ``(n d) x (n d)`` matrix of ``e -> D^2A(X)[e, f]``
 n = 9, never a bound):
 
     python bench/bench_relational.py --text "The cat sat on the mat." --second-derivative
+
+``--paths`` prints, at each radius where the joined heads are formed (lemma jacobian-heads-joint), what they pay:
+every head's value, query and key terms ``gamma (||S|| ||T||)^(1/2)`` with the tokens' movement and without it
+(eps set to 0 in the forms, the weights' ranges kept), each path and each head joined alone, and all of them
+joined.  ``--without-widened`` compares with the witness search without the widened pair starts and the short
+uphill steps (lipbound/local/pair_starts.py, witness_search.py):
+
+    python bench/bench_relational.py --text "The cat sat on the mat." --fractions 1e-2,1e-1 --paths
+    python bench/bench_relational.py --sentences 6 --fractions 1e-1 --without-widened --recheck --table
 """
 
 from __future__ import annotations
@@ -44,12 +53,13 @@ def sentences(count: int) -> list[str]:
 
 def run(text, kind, layer, fractions, model, mode: str, recheck: bool = False):
     """One curve: ``mode`` "before" (no relational route), "relational" (no Jacobian enclosed over U), "summed" (the
-    Jacobian over U with the heads summed only, no heads-joint route) or "after"."""
+    Jacobian over U with the heads summed only, no heads-joint route), "unwidened" (the witness without the widened
+    pair starts and the short uphill steps) or "after"."""
     import contextlib
     import math
 
     from lipbound.local import curve as curve_module
-    from lipbound.local import joint_heads
+    from lipbound.local import joint_heads, pair_starts, witness_search
     from lipbound.measures.curves import local_curve
     top = layer + 1 if kind == "stack" else None
     began = time.process_time()
@@ -60,6 +70,10 @@ def run(text, kind, layer, fractions, model, mode: str, recheck: bool = False):
         if mode == "summed" else \
         mock.patch.object(joint_heads, "_covering", lambda rows: joint_heads._gram(rows).scale(0.5)) \
         if mode == "gram" else contextlib.nullcontext()
+    if mode == "unwidened":
+        patch = contextlib.ExitStack()
+        patch.enter_context(mock.patch.object(pair_starts, "_widened", return_value=[]))
+        patch.enter_context(mock.patch.object(witness_search, "UPHILL_STEPS", 0))
     with patch:
         found, _ = local_curve(text, layer=layer, kind=kind, last=top, eps=fractions, model=model,
                                recheck=recheck and mode == "after")
@@ -140,6 +154,47 @@ def centre_groups(text: str, layer_index: int, model) -> None:
           + ", ".join(f"{value:.4g}" for value in found) + " (float lower estimates)")
 
 
+def joined_paths(text: str, layer_index: int, fractions, model) -> None:
+    """What the joined heads pay at each radius (``--paths``): per head and path ``gamma (||S|| ||T||)^(1/2)`` (float
+    estimates of the norms) with and without the tokens' movement, each path and each head joined alone (certified
+    tops, as the route joins them), and all joined."""
+    import numpy as np
+
+    from lipbound.local import joint_heads
+    from lipbound.measures.curves import local_curve
+    seen = []
+    supremum = joint_heads.JointHeads.supremum
+
+    def recording(self, eps, weights):
+        with mock.patch.object(joint_heads, "_balanced", lambda first, second, eps2: first):   # no movement
+            still = self.terms(eps, weights)
+        seen.append((eps, self.terms(eps, weights), still))
+        return supremum(self, eps, weights)
+
+    with mock.patch.object(joint_heads.JointHeads, "supremum", recording):
+        curve, _ = local_curve(text, layer=layer_index, kind="layer", eps=fractions, model=model)
+    for eps, terms, still in seen:
+        point = next(p for p in curve.points if p.eps == eps)
+        print(f"{text!r} eps {eps / curve.radius:7.0e} R: joined heads {joint_heads.JointHeads.join(terms):.4g} "
+              f"(without the movement {joint_heads.JointHeads.join(still):.4g}); certified {point.certified:.4g} "
+              f"({point.route}), witness {point.witness:.4g}")
+        heads = sorted({head for _, head, *_ in terms})
+        for path in ("value", "query", "key"):
+            size = [gamma * np.sqrt(joint_heads._estimate(S) * joint_heads._estimate(T))
+                    for name, _, gamma, S, T in terms if name == path]
+            quiet = [gamma * np.sqrt(joint_heads._estimate(S) * joint_heads._estimate(T))
+                     for name, _, gamma, S, T in still if name == path]
+            print(f"  {path:5s} per head " + " ".join(f"{a:.1f}/{b:.1f}" for a, b in zip(size, quiet))
+                  + f"; sum {sum(size):.1f}/{sum(quiet):.1f}; joined alone "
+                  f"{joint_heads.JointHeads.join([t for t in terms if t[0] == path]):.4g}"
+                  f"/{joint_heads.JointHeads.join([t for t in still if t[0] == path]):.4g}  (with/without movement)")
+        alone = [joint_heads.JointHeads.join([t for t in terms if t[1] == h]) for h in heads]
+        print("  heads joined alone " + " ".join(f"{value:.1f}" for value in alone))
+        largest = int(np.argmax(alone))
+        print(f"  head {heads[largest]} alone {alone[largest]:.4g}, the other heads joined "
+              f"{joint_heads.JointHeads.join([t for t in terms if t[1] != heads[largest]]):.4g}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sentences", type=int, default=1, help="how many of the shortest sentences")
@@ -159,6 +214,10 @@ def main() -> None:
                         help="compare with the run whose Jacobian supremum sums the heads (no jacobian-heads-joint)")
     parser.add_argument("--without-covering", action="store_true",
                         help="compare with the run whose joined heads read the keys' and values' Gram forms")
+    parser.add_argument("--paths", action="store_true",
+                        help="what the joined heads pay per head and path, with and without the tokens' movement")
+    parser.add_argument("--without-widened", action="store_true",
+                        help="compare with the witness search without the widened pair starts and uphill steps")
     parser.add_argument("--second-derivative", action="store_true",
                         help="the curvature bound's groups at X against ascent on the true second derivative")
     args = parser.parse_args()
@@ -170,10 +229,15 @@ def main() -> None:
         for text in texts:
             centre_groups(text, args.layer, model)
         return
+    if args.paths:
+        for text in texts:
+            joined_paths(text, args.layer, fractions, model)
+        return
     table: dict = {}
     for text in texts:
         for kind in args.kinds.split(","):
             modes = ("gram", "after") if args.without_covering else ("summed", "after") if args.without_joint \
+                else ("unwidened", "after") if args.without_widened \
                 else ("after",) if args.after_only else \
                 ("before", "relational", "after") if args.without_jacobian else ("before", "after")
             runs = {mode: run(text, kind, args.layer, fractions, model, mode, args.recheck and kind != "block")
@@ -189,6 +253,7 @@ def main() -> None:
                 middle = runs["relational"][0].points[index] if "relational" in runs else None
                 summed = runs["summed"][0].points[index] if "summed" in runs else None
                 gram = runs["gram"][0].points[index] if "gram" in runs else None
+                unwidened = runs["unwidened"][0].points[index] if "unwidened" in runs else None
                 print(f"  eps {point.eps / after.radius:7.0e} R: certified {point.certified:10.4g} witness "
                       f"{point.witness:8.4g} ratio {point.ratio:8.3g}"
                       + (f" (re-checked: witness >= {point.witness_rechecked[0]:.10g}, ratio {ratio:8.3g})"
@@ -200,6 +265,8 @@ def main() -> None:
                          f"{summed.cpu_seconds:.1f})" if summed else "")
                       + (f" (Gram forms {gram.certified:10.4g}, ratio {gram.ratio:8.3g}, CPU s {gram.cpu_seconds:.1f})"
                          if gram else "")
+                      + (f" (without the widened starts: witness {unwidened.witness:8.4g}, ratio "
+                         f"{unwidened.ratio:8.3g}, CPU s {unwidened.cpu_seconds:.1f})" if unwidened else "")
                       + f"; variation {point.variation:9.4g} (found {point.variation_witness:.3g}); "
                         f"route: {point.route}; CPU s {point.cpu_seconds:.1f}; {point.verdict}")
 

@@ -11,8 +11,15 @@ query token i alone, by the least ``e`` with
 makes the two keys tie above every other (only ``q_i`` moves: ``s_im(Y) = s_im + c e . a_m``).  Moving token i also
 moves key i of every other row, which may split a second row at once; the starts are ranked by the query and key
 paths' Frobenius norms at the point (:func:`_paths_size`, one forward each).  On MiniLM's layer 0 at 1e-1 R the best
-start has ``||DF(Y)|| = 13.75`` (head 2's rows 6 and 7 split by moving token 6) where projected ascent from X and from
-random points found 5.18.  Floats only: a start is a candidate for the witness ascent, never a bound.
+such start has ``||DF(Y)|| = 13.75`` (head 2's rows 6 and 7 split by moving token 6) where projected ascent from X and
+from random points found 5.18.
+
+The covariance grows with the two keys' distance as well: moving the keys j and l apart, ``e_j = -e_l`` along the top
+left singular vector w of ``M = W_K W_Q^T`` (``a_j`` moves by ``e_j M``), widens ``x . (a_j - a_l)`` by up to
+``2^(1/2) tau ||M||`` for a share tau of eps, and the rest of eps, along the part of the tie's gradient
+``c q_i W_K^T`` orthogonal to w, ties the two keys in row i (:func:`_widened`; the tie is affine in the keys' moves,
+so it is solved exactly).  On the same layer the best widened start has ``||DF(Y)|| = 16.8`` before the climb.
+Floats only: a start is a candidate for the witness ascent, never a bound.
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ PAIR_CANDIDATES = 150
 #: how far the two keys' scores end above every other key's (0: at least level with them; a margin of 3 left out
 #: the best start above)
 PAIR_MARGIN = 0.0
+#: shares tau of eps that move a pair of keys apart in a widened start (the rest ties them; on MiniLM's layer 0 at
+#: 1e-1 R the best widened starts used 0.8 and 0.95 of eps, half of eps gave 14.2 where 0.8 gave 16.8)
+WIDEN_SHARES = (0.8, 0.95)
 
 
 def _least_moves(G: np.ndarray, h: np.ndarray, sweeps: int = 200) -> np.ndarray:
@@ -71,9 +81,53 @@ def _paths_size(engine: AttentionMap, target: Layer, Y: np.ndarray, c: float) ->
     return c * float(np.sqrt(max(total, 0.0)))
 
 
+def _widened(engine: AttentionMap, at_x, X: np.ndarray, eps: float, c: float) -> list[np.ndarray]:
+    """Points of ``U(X, eps)`` that move two keys j, l of row i's two largest weights other than i's own apart and
+    tie them (module docstring): ``e_j = -e_l = (tau w + delta g) / 2^(1/2)``, w the top left singular vector of
+    ``W_K W_Q^T`` (its sign adding to the pair's own distance), g the unit part of ``c q_i W_K^T`` orthogonal to w,
+    delta solving ``s_ij(Y) = s_il(Y)`` (token i moves neither as key nor as query), kept where
+    ``tau^2 + delta^2 < eps^2``."""
+    n = X.shape[0]
+    starts: list[np.ndarray] = []
+    if n < 3:   # a row needs two keys besides its own token
+        return starts
+    for h in range(engine.H):
+        W_Q, W_K = engine.head_weights(h)[:2]
+        scores, queries, keys = at_x.S[0, h], at_x.Q[0, h], at_x.K[0, h]
+        w = None
+        for i in range(n):
+            first, second = [j for j in np.argsort(-scores[i]) if j != i][:2]   # row i's query stays
+            tie = c * (queries[i] @ W_K.T)                  # s_ij moves by tie . e_j
+            # the tie alone needs |delta| >= gap / (2^(1/2) ||tie||): rows it cannot reach are left out
+            reach = eps * np.sqrt(1 - min(WIDEN_SHARES) ** 2) * np.sqrt(2) * np.linalg.norm(tie)
+            if not scores[i, first] - scores[i, second] < reach:
+                continue
+            if w is None:   # through the thin QR of W_K: M = Q_K (R_K W_Q^T), a (d_k, d) SVD
+                basis, upper = np.linalg.qr(W_K)
+                w = basis @ np.linalg.svd(upper @ W_Q.T, full_matrices=False)[0][:, 0]
+            g = tie - (tie @ w) * w
+            if not np.linalg.norm(g) > 0:
+                continue
+            g /= np.linalg.norm(g)
+            # the sign of w that adds to the pair's own distance along the widened direction w M
+            side = 1.0 if ((w @ W_K) @ W_Q.T) @ ((keys[first] - keys[second]) @ W_Q.T) >= 0 else -1.0
+            for share in WIDEN_SHARES:
+                tau = side * share * eps
+                # s_ij - s_il moves by tie . (e_j - e_l) = 2^(1/2) (tau tie . w + delta tie . g)
+                delta = ((scores[i, second] - scores[i, first]) / np.sqrt(2) - tau * (tie @ w)) / (tie @ g)
+                if tau ** 2 + delta ** 2 < (eps * (1 - 1e-9)) ** 2:
+                    move = (tau * w + delta * g) / np.sqrt(2)
+                    Y = X.copy()
+                    Y[first] += move
+                    Y[second] -= move
+                    starts.append(Y)
+    return starts
+
+
 def pair_starts(target: Layer, X: np.ndarray, eps: float, count: int = 6) -> list[np.ndarray]:
-    """Up to ``count`` points Y with ``||Y - X||_F < eps`` (only one token moved), the query's weights split between
-    two keys (module docstring), the largest query and key paths (:func:`_paths_size`) first."""
+    """Up to ``count`` points Y with ``||Y - X||_F < eps``, a query's weights split between two keys (module
+    docstring: one token moved, or two keys moved apart), the largest query and key paths (:func:`_paths_size`)
+    first."""
     X = np.asarray(X, dtype=np.float64)
     engine = AttentionMap(target)
     c = float(score_scale(engine).hi)
@@ -104,14 +158,14 @@ def pair_starts(target: Layer, X: np.ndarray, eps: float, count: int = 6) -> lis
         # each constraint alone already needs |limit| / ||row|| where its limit is negative
         if not np.any(-limits >= eps * np.linalg.norm(G, axis=1)):
             problems.append((i, G, limits))
-    if not problems:
-        return []
-    moves = _least_moves(np.array([G for _, G, _ in problems]), np.array([limits for _, _, limits in problems]))
-    starts = []
-    for (i, _, _), e in zip(problems, moves):
-        if np.linalg.norm(e) < eps * (1 - 1e-9):
-            Y = X.copy()
-            Y[i] += e
-            starts.append(Y)
+    starts = _widened(engine, at_x, X, eps, c)
+    if problems:
+        moves = _least_moves(np.array([G for _, G, _ in problems]),
+                             np.array([limits for _, _, limits in problems]))
+        for (i, _, _), e in zip(problems, moves):
+            if np.linalg.norm(e) < eps * (1 - 1e-9):
+                Y = X.copy()
+                Y[i] += e
+                starts.append(Y)
     sizes = [_paths_size(engine, target, Y, c) for Y in starts]
     return [starts[k] for k in np.argsort(sizes)[::-1][:count]]
