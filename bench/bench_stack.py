@@ -34,6 +34,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 SENTENCE = "Interest rates rose by 0.25% last quarter, the third increase in a row."
 PAGE = os.sysconf("SC_PAGE_SIZE")
+#: the stack's own attention curve is its first block's: they are one stage
+FIRST_STAGE = "the stack's attention curve and block 0"
 
 
 def resident_gigabytes() -> float:
@@ -52,7 +54,7 @@ class StageMeter:
     def __init__(self, trace: bool, top: int = 8):
         self.trace, self.top = trace, top
         self.rows: list = []
-        self.stage, self.began, self.start_rss, self.peak = "the stack's attention curve", time.process_time(), \
+        self.stage, self.began, self.start_rss, self.peak = FIRST_STAGE, time.process_time(), \
             resident_gigabytes(), 0.0
         self.snapshot = tracemalloc.take_snapshot() if trace else None
         self._stop = threading.Event()
@@ -64,10 +66,13 @@ class StageMeter:
             self.peak = max(self.peak, resident_gigabytes())
 
     def __call__(self, done, total, what) -> None:
+        if what == "blocks of the stack":   # block done - 1 is done and its memory let go: the next stage begins
+            self._close(f"block {done}" if done < total else "the stack's own radii")
+            return
         found = re.search(r"block (\d+) of the stack", what)
         stage = f"block {found.group(1)}" if found else \
             "the stack's attention curve" if "attention alone" in what else "the stack's own radii"
-        if stage != self.stage:
+        if stage != self.stage and self.stage != FIRST_STAGE:
             self._close(stage)
         print(f"    [{time.strftime('%H:%M:%S')}] {self.stage}: {what} {done}/{total}, "
               f"{time.process_time() - self.began:.1f} CPU s, resident {resident_gigabytes():.2f} GB", flush=True)
@@ -86,8 +91,10 @@ class StageMeter:
             live = sum(s.size for s in snapshot.statistics("filename")) / 1e9
             print(f"  live (tracemalloc) at the start of {following}: {live:.2f} GB; grown most since the last stage:",
                   flush=True)
-            for stat in snapshot.compare_to(self.snapshot, "lineno")[:self.top]:
-                print(f"      {stat.size_diff / 1e6:+9.1f} MB  {stat.traceback}", flush=True)
+            for stat in snapshot.compare_to(self.snapshot, "traceback")[:self.top]:
+                where = [f"{frame.filename.split('lipbound/')[-1]}:{frame.lineno}" for frame in stat.traceback
+                         if "lipbound/" in frame.filename][:5]
+                print(f"      {stat.size_diff / 1e6:+9.1f} MB  {' < '.join(where)}", flush=True)
             self.snapshot = snapshot
 
     def finish(self) -> list:
@@ -155,7 +162,7 @@ def main(argv=None) -> int:
         return 0
 
     if args.trace:
-        tracemalloc.start()
+        tracemalloc.start(16)
     with single_threaded_blas():
         began = time.process_time()
         meter = StageMeter(args.trace)
