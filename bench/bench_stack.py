@@ -144,6 +144,8 @@ def main(argv=None) -> int:
     parser.add_argument("--eps", default="1e-4,1e-3", help="radii as fractions of the LayerNorm radius")
     parser.add_argument("--trace", action="store_true", help="tracemalloc: live memory and its growth per stage")
     parser.add_argument("--json", help="write the rows and the curve as JSON")
+    parser.add_argument("--keep-products", action="store_true",
+                        help="keep every block's attention products to the stack's end (as before they were let go)")
     parser.add_argument("--part", choices=["stack", "estimates"], default="stack",
                         help="the stack's curve (default) or the curvature bound's estimates side by side")
     args = parser.parse_args(argv)
@@ -161,6 +163,9 @@ def main(argv=None) -> int:
             estimates_part(args.sentence, args.first, fractions)
         return 0
 
+    if args.keep_products:
+        from lipbound.local.enclosed import EnclosedAttention
+        EnclosedAttention.release_products = lambda self: None   # type: ignore[method-assign]
     if args.trace:
         tracemalloc.start(16)
     with single_threaded_blas():
