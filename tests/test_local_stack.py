@@ -197,3 +197,28 @@ def test_a_released_block_leaves_its_caches_and_only_its_own():
     again = enclosed.feedforward_grams(first)
     assert again is not grams[0] and np.array_equal(again[0].lo, grams[0][0].lo)
     assert point_stages._slope_gram(first, model.layer(0).ffn_norm.gamma) is not slopes
+
+
+def test_a_stack_lets_each_blocks_attention_products_go_with_the_same_curve(monkeypatch):
+    """:func:`~lipbound.local.stack.release_products`: once a block's curve has run, its attention's Jacobian
+    products go (every block's, each once, after its own Jacobians were formed), and the stack's curve is the same
+    float by float as when they stay."""
+    from lipbound.local.curve import lipschitz_curve
+    from lipbound.local.enclosed import EnclosedAttention
+    model = local_models.model(seed=3, layers=2)
+    X = hidden_states(model, [1, 5, 7, 2])[0]
+    released = []
+    original = EnclosedAttention.release_products
+
+    def recording(self):
+        released.append((self, self._products is not None))
+        original(self)
+    monkeypatch.setattr(EnclosedAttention, "release_products", recording)
+    curve = lipschitz_curve(model, X, kind="stack", layer=0, last=1, eps=[1e-3], ascent_steps=0)
+    assert len(released) == 2 and len({id(e) for e, _ in released}) == 2 and all(formed for _, formed in released)
+    assert all(e._products is None for e, _ in released)
+    monkeypatch.setattr(EnclosedAttention, "release_products", lambda self: None)
+    kept = lipschitz_curve(model, X, kind="stack", layer=0, last=1, eps=[1e-3], ascent_steps=0)
+    assert [p.certified for p in curve.points] == [p.certified for p in kept.points]
+    assert [p.variation for p in curve.points] == [p.variation for p in kept.points]
+    assert curve.blocks == kept.blocks

@@ -324,6 +324,55 @@ def test_row_gram_of_more_rows_than_a_priori_rows_covers_the_norm_without_the_pr
     assert exact * (1 - 1e-12) <= RowGram(Z).norm_upper(scales) <= exact * (1 + 1e-4)
 
 
+def test_row_gram_estimates_start_from_the_last_ritz_vector_of_alike_factors_with_the_same_bounds(monkeypatch):
+    """Warm starts (RowGram._estimate): factors near earlier ones of the same rows start their Lanczos steps from that
+    estimate's Ritz vector and stop when it settles; the certified norms cover the exact ones and match the bounds of
+    the estimates from the fixed random start (the estimate places the level only)."""
+    from lipbound.rigorous import linalg
+    rng = np.random.default_rng(7)
+    rows = 700
+    Z = rng.standard_normal((rows, 90)) @ rng.standard_normal((90, 120)) * rng.uniform(0.2, 2, (rows, 1))
+    base = rng.uniform(0.1, 1, rows)
+    alike = [base * (1 + 0.01 * k * rng.uniform(0, 1, rows)) for k in range(4)]
+    other = rng.uniform(0.1, 1, rows)                       # far from the others: cold
+    starts = []
+    ritz = linalg._top_ritz
+    monkeypatch.setattr(linalg, "_top_ritz", lambda S, steps, start, settled=0.0: (
+        starts.append((steps, settled)), ritz(S, steps, start, settled))[1])
+    gram = RowGram(Z)
+    warm = [gram.norm_upper(s) for s in alike + [other]]
+    assert [steps for steps, _ in starts] == [60, linalg.WARM_STEPS, linalg.WARM_STEPS, linalg.WARM_STEPS, 60]
+    monkeypatch.setattr(linalg, "WARM_STEPS", 0)
+    cold = [RowGram(Z).norm_upper(s) for s in alike + [other]]
+    for s, w, c in zip(alike + [other], warm, cold):
+        exact = np.linalg.norm(s[:, None] * Z, 2)
+        assert exact * (1 - 1e-12) <= w <= exact * (1 + 2e-5)
+        assert abs(w - c) <= 1e-12 * c
+
+
+def test_a_warm_estimate_that_misses_the_top_gives_the_fixed_starts_bound(monkeypatch):
+    """Where the warm-started estimate's level does not factorise (its Ritz value below the top: a crossing of
+    eigenvalues between the radii), the level of the estimate from the fixed start is tried, on S as it came: the
+    same bound as without warm starts, not a level raised by factors of 4."""
+    from lipbound.rigorous import linalg
+    rng = np.random.default_rng(8)
+    rows = 600
+    Z = rng.standard_normal((rows, 80)) * rng.uniform(0.2, 2, (rows, 1))
+    scales = [rng.uniform(0.5, 1, rows), None]
+    scales[1] = scales[0] * (1 + 0.001 * rng.uniform(0, 1, rows))
+    ritz = linalg._top_ritz
+
+    def missing(S, steps, start, settled=0.0):
+        value, vector = ritz(S, steps, start, settled)
+        return (value * 0.9 if settled else value), vector    # the warm ones 10% low
+    monkeypatch.setattr(linalg, "_top_ritz", missing)
+    gram = RowGram(Z)
+    warm = [gram.norm_upper(s) for s in scales]
+    monkeypatch.setattr(linalg, "WARM_STEPS", 0)
+    cold = [RowGram(Z).norm_upper(s) for s in scales]
+    assert warm == cold
+
+
 def test_large_matrix_norm_from_a_priori_columns_on_covers_the_norm_without_the_product():
     rng = np.random.default_rng(6)
     M = rng.standard_normal((A_PRIORI_ROWS + 40, A_PRIORI_ROWS + 8)) * rng.uniform(0.2, 2, (1, A_PRIORI_ROWS + 8))
