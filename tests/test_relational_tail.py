@@ -332,3 +332,35 @@ def test_feedforward_remainders_only_where_the_set_wins():
     gated = [forms.next_radii(), forms.next_radii(chained), forms.next_radii()]
     assert np.array_equal(gated[1], radii[1])
     assert gated[2][0] == np.inf and np.array_equal(gated[2][1:], radii[2][1:])
+
+
+def test_feedforward_remainders_skipped_only_where_no_set_can_win(monkeypatch):
+    """Given the chain's balls after the feed-forward block, the remainders are not formed (every radius inf) where
+    no token's set there can be below them, and where one token's can, every set is as without them."""
+    chain, X, centre, rests = _setting(7, 3e-2)
+    radii, _ = block_form_radii(chain, centre, centre.prefix_jacobian[1], 3e-2, rests)
+    calls = []
+    original = relational_tail.feedforward_remainder
+
+    def counted(*args, **kwargs):
+        calls.append(args[1])
+        return original(*args, **kwargs)
+    monkeypatch.setattr(relational_tail, "feedforward_remainder", counted)
+
+    def third(ceiling):
+        forms = relational_tail.BlockForms(chain, centre, centre.prefix_jacobian[1], 3e-2, rests)
+        return [forms.next_radii(), forms.next_radii(), forms.next_radii(ceiling)][2]
+    one = np.zeros_like(radii[2])
+    one[1] = radii[2][1] * 1.5                               # token 1's set is below its ball there
+    assert np.array_equal(third(one), radii[2]) and len(calls) == len(one)
+    calls.clear()
+    assert np.all(third(np.zeros_like(radii[2])) == np.inf) and not calls
+    monkeypatch.setattr(relational_tail, "feedforward_remainder", lambda *args, **kwargs: 0.0)
+    floors = third(None)                                     # the radii without the remainders
+    assert np.all(floors < radii[2])
+    monkeypatch.setattr(relational_tail, "feedforward_remainder", counted)
+    calls.clear()
+    assert np.all(third(floors) == np.inf) and not calls
+    above = floors.copy()
+    above[-1] = np.nextafter(floors[-1], np.inf)
+    assert np.array_equal(third(above), radii[2]) and len(calls) == len(one)

@@ -116,25 +116,31 @@ class TokenForms:
         return TokenForms(tuple(rows), np.array(balls))
 
     def feedforward_step(self, enclosed: EnclosedFeedForward, after: np.ndarray,
-                         tokens: np.ndarray | None = None) -> TokenForms:
+                         tokens: np.ndarray | None = None, ceiling: np.ndarray | None = None) -> TokenForms:
         """Through the residual feed-forward block at the float point ``enclosed.Y`` (module docstring), about
         ``after``; ``tokens`` (n,) bool, optional: only these tokens' remainders are formed, the others' balls are
-        inf (a choice of work)."""
+        inf (a choice of work).  ``ceiling`` (n,), optional: the radii below which the new set matters (the chain's
+        own balls after the block); where no token's radius without its remainder (at most the radius with it: the
+        step's ball grows with the remainder) is below its ceiling, no remainder is formed and every ball is inf (a
+        choice of work: the caller keeps the smaller of the two radii, so its values are those it would have had)."""
         radii = self.radii
         if not np.all(np.isfinite(radii)):
             return TokenForms(self.rows, np.full(len(self.rows), np.inf))
-        rows, balls = [], []
+        steps = [_linear_step(row, enclosed.jacobian_block(i), enclosed.output[i] - IntervalArray(after[i]))
+                 for i, row in enumerate(self.rows)]
+        rows = tuple(form for form, _, _ in steps)
+        linear = [_step_ball(b, scale, radii[i], gap) for i, (b, (_, gap, scale)) in enumerate(zip(self.balls, steps))]
+        if ceiling is not None and not np.any(TokenForms(rows, np.array(linear)).radii < ceiling):
+            return TokenForms(rows, np.full(len(rows), np.inf))
+        balls = []
         second = spectral_norm_upper_large(Enclosure.exact(enclosed.ffn.W_2))
-        for i, (row, b) in enumerate(zip(self.rows, self.balls)):
-            J = enclosed.jacobian_block(i)
-            form, gap, scale = _linear_step(row, J, enclosed.output[i] - IntervalArray(after[i]))
-            rows.append(form)
+        for i, (row, b, (_, gap, scale)) in enumerate(zip(self.rows, self.balls, steps)):
             if tokens is not None and not tokens[i]:
                 balls.append(math.inf)
                 continue
             remainder = feedforward_remainder(enclosed, i, row, b, second)
             balls.append(_step_ball(b, scale, radii[i], gap, taylor=remainder))
-        return TokenForms(tuple(rows), np.array(balls))
+        return TokenForms(rows, np.array(balls))
 
 
 #: the nested balls of :func:`norm_taylor_remainder`: radii ``k r / NESTED_BALLS``, k = 1 .. NESTED_BALLS
@@ -293,12 +299,14 @@ def block_token_forms(enclosed: list, points: list, jacobian: Enclosure, radius:
     Frobenius ball of ``radius`` about X (module docstring), one at a time (a caller may stop early): ``enclosed`` and
     ``points`` the chain's enclosures and float points (:class:`~lipbound.local.centre.ChainCentre`), ``jacobian`` the
     attention's at X, ``rests`` Taylor's remainder per output token.  Set k is about ``points[k]``.  ``wanted``: its
-    entry "tokens" (n,) bool, when set before ``S_3`` is drawn, the tokens whose feed-forward remainder is formed."""
+    entries, when set before ``S_3`` is drawn: "tokens" (n,) bool, the tokens whose feed-forward remainder is formed,
+    and "ceiling" (n,), the radii below which ``S_3`` matters (:meth:`TokenForms.feedforward_step`)."""
     current = TokenForms.taylor(jacobian, radius, enclosed[0].output - IntervalArray(points[1]), rests)
     yield current
     current = current.norm_step(enclosed[1], points[2])
     yield current
-    current = current.feedforward_step(enclosed[2], points[3], (wanted or {}).get("tokens"))
+    current = current.feedforward_step(enclosed[2], points[3], (wanted or {}).get("tokens"),
+                                       (wanted or {}).get("ceiling"))
     yield current
     yield current.norm_step(enclosed[3], points[4])
 
@@ -325,9 +333,12 @@ class BlockForms:
         """The next set's token radii (inf where an enclosure overflowed: no later set is formed then).  ``chained``:
         the chain's own balls there, when the caller has them; the feed-forward remainders are then formed only for
         the tokens whose set before the feed-forward block is below its chained ball (a choice of work: at 1e-2 R of
-        MiniLM's block 0 the others' sets stay above the chained balls after it)."""
+        MiniLM's block 0 the others' sets stay above the chained balls after it), and none where no token's set after
+        it can be below its chained ball even without its remainder (:meth:`TokenForms.feedforward_step`)."""
         try:
             if self._sets is not None:
+                if chained is not None and len(self.formed) == 2:
+                    self._wanted["ceiling"] = chained
                 formed = next(self._sets)
                 self.formed.append(formed)
                 if chained is not None and len(self.formed) == 2:
