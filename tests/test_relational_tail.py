@@ -355,12 +355,31 @@ def test_feedforward_remainders_skipped_only_where_no_set_can_win(monkeypatch):
     assert np.array_equal(third(one), radii[2]) and len(calls) == len(one)
     calls.clear()
     assert np.all(third(np.zeros_like(radii[2])) == np.inf) and not calls
-    monkeypatch.setattr(relational_tail, "feedforward_remainder", lambda *args, **kwargs: 0.0)
-    floors = third(None)                                     # the radii without the remainders
-    assert np.all(floors < radii[2])
+    monkeypatch.setattr(relational_tail, "feedforward_remainder",
+                        lambda enclosed, i, row, ball, second=None: relational_tail.remainder_floor(enclosed, i, row,
+                                                                                                    ball))
+    floors = third(None)                                     # the radii with the remainders' floors
+    assert np.all(floors <= radii[2]) and np.any(floors < radii[2])
     monkeypatch.setattr(relational_tail, "feedforward_remainder", counted)
     calls.clear()
     assert np.all(third(floors) == np.inf) and not calls
     above = floors.copy()
     above[-1] = np.nextafter(floors[-1], np.inf)
     assert np.array_equal(third(above), radii[2]) and len(calls) == len(one)
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), scale=st.sampled_from([0.5, 1.0, 2.0]), eps=st.sampled_from([1e-2, 5e-2, 0.2]))
+def test_the_remainder_floor_is_below_the_certified_remainder(seed, scale, eps):
+    """``remainder_floor`` (float estimates from below of both lemmas' ball parts) never exceeds the certified
+    ``feedforward_remainder`` on the sets before a generated block's feed-forward block, and is not 0 where the set has
+    a ball."""
+    chain, X, centre, rests = _setting(seed, eps, scale)
+    forms = relational_tail.BlockForms(chain, centre, centre.prefix_jacobian[1], eps, rests)
+    forms.next_radii()
+    forms.next_radii()
+    before = forms.formed[1]
+    enclosed = centre.enclosed[2]
+    for i, (row, ball) in enumerate(zip(before.rows, before.balls)):
+        floor = relational_tail.remainder_floor(enclosed, i, row, ball)
+        assert 0 < floor <= relational_tail.feedforward_remainder(enclosed, i, row, ball)

@@ -120,18 +120,21 @@ class TokenForms:
         """Through the residual feed-forward block at the float point ``enclosed.Y`` (module docstring), about
         ``after``; ``tokens`` (n,) bool, optional: only these tokens' remainders are formed, the others' balls are
         inf (a choice of work).  ``ceiling`` (n,), optional: the radii below which the new set matters (the chain's
-        own balls after the block); where no token's radius without its remainder (at most the radius with it: the
-        step's ball grows with the remainder) is below its ceiling, no remainder is formed and every ball is inf (a
-        choice of work: the caller keeps the smaller of the two radii, so its values are those it would have had)."""
+        own balls after the block); where no token's radius with :func:`remainder_floor` for its remainder (at most
+        the radius with the certified one: the step's ball grows with the remainder) is below its ceiling, no
+        remainder is formed and every ball is inf (a choice of work: the caller keeps the smaller of the two radii, so
+        its values are those it would have had)."""
         radii = self.radii
         if not np.all(np.isfinite(radii)):
             return TokenForms(self.rows, np.full(len(self.rows), np.inf))
         steps = [_linear_step(row, enclosed.jacobian_block(i), enclosed.output[i] - IntervalArray(after[i]))
                  for i, row in enumerate(self.rows)]
         rows = tuple(form for form, _, _ in steps)
-        linear = [_step_ball(b, scale, radii[i], gap) for i, (b, (_, gap, scale)) in enumerate(zip(self.balls, steps))]
-        if ceiling is not None and not np.any(TokenForms(rows, np.array(linear)).radii < ceiling):
-            return TokenForms(rows, np.full(len(rows), np.inf))
+        if ceiling is not None:
+            floors = [_step_ball(b, scale, radii[i], gap, taylor=remainder_floor(enclosed, i, row, b))
+                      for i, (row, b, (_, gap, scale)) in enumerate(zip(self.rows, self.balls, steps))]
+            if not np.any(TokenForms(rows, np.array(floors)).radii < ceiling):
+                return TokenForms(rows, np.full(len(rows), np.inf))
         balls = []
         second = spectral_norm_upper_large(Enclosure.exact(enclosed.ffn.W_2))
         for i, (row, b, (_, gap, scale)) in enumerate(zip(self.rows, self.balls, steps)):
@@ -209,6 +212,52 @@ def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm
     if not (IntervalArray(0.5) * IntervalArray(c) * IntervalArray(F)).hi.item() < joint:
         return joint
     return min(joint, signed_remainder(*parts, signed=(c, F)))
+
+
+#: :func:`remainder_floor` is this share of its float estimate (the estimate's own rounding, far below it, and the
+#: certified bound's hull read at the float deviations)
+FLOOR_SHARE = 0.99
+
+
+def remainder_floor(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float) -> float:
+    """A float estimate from below of :func:`feedforward_remainder` (both lemmas' ball parts alone, a choice of work:
+    it decides whether the certified one is formed, never a value).  With the notation there, the joint bound is at
+    least ``(1/2) beta ||W_1 D|| min(beta ||diag(D ||w||) W_2||, max_k D_k dev_k ||W_2||)`` (``P`` and ``Q`` without
+    their form parts, which are not negative) and the signed one at least the same with ``S_k = T_k dev_k / 3`` (its
+    cubic part; ``c F / 2 >= 0``); each norm is estimated from below by power iteration (a Rayleigh quotient is at most
+    the top eigenvalue), ``dev_k`` and the curvature bounds are read at the float deviations, and the smaller of the
+    two is taken times :data:`FLOOR_SHARE`."""
+    ffn = enclosed.ffn
+    beta = _off_generators(row, ball)
+    if not beta > 0:
+        return 0.0
+    gram = row.l2.T @ row.l2                                                                         # G^T G (d, d)
+    columns = np.linalg.norm(ffn.W_1, axis=0)                                                        # ||w_k||
+    dev = np.sqrt(np.maximum(np.einsum("ak,ab,bk->k", ffn.W_1, gram, ffn.W_1), 0.0)) + beta * columns
+    hull = enclosed.h[i] + IntervalArray(-dev, dev)
+    second = _norm_from_below(ffn.W_2)
+
+    def half_product(S: np.ndarray) -> float:
+        root = np.sqrt(S)
+        P = beta * _norm_from_below(ffn.W_1 * root)
+        Q = min(beta * _norm_from_below(ffn.W_2 * (root * columns)[:, None]), float(np.max(root * dev)) * second)
+        return 0.5 * P * Q
+    joint = half_product(np.minimum(gelu_curvature_magnitude(hull), gelu_curvature_ceiling()))
+    signed = half_product(gelu_third_magnitude(hull) * dev / 3.0)
+    return FLOOR_SHARE * min(joint, signed)
+
+
+def _norm_from_below(M: np.ndarray, steps: int = 12) -> float:
+    """``||M v|| / ||v||`` after ``steps`` rounds of power iteration on ``M^T M`` (float): at most ``||M||_2``."""
+    v = np.ones(M.shape[1]) / math.sqrt(M.shape[1])
+    size = 0.0
+    for _ in range(steps):
+        w = M.T @ (M @ v)
+        size = float(np.linalg.norm(w))
+        if not size > 0:
+            return 0.0
+        v = w / size
+    return float(np.linalg.norm(M @ v))
 
 
 def _remainder_parts(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float,
