@@ -30,7 +30,7 @@ from ..rigorous.arrays import IntervalArray
 from ..rigorous.linalg import spectral_norm_upper_large
 from .centred import weighted_reach
 
-__all__ = ["query_chis"]
+__all__ = ["query_chis", "query_groups"]
 
 
 def query_chis(curvature, bounds, r: np.ndarray, frobenius: float | None = None) -> np.ndarray:
@@ -39,6 +39,13 @@ def query_chis(curvature, bounds, r: np.ndarray, frobenius: float | None = None)
     :class:`~lipbound.local.curvature.AttentionCurvature`, ``bounds`` those of
     :func:`~lipbound.local.bounds.attention_bounds` on the token balls of radii ``r``, ``frobenius`` a bound on ``||Y -
     X||_F`` there where known (as :meth:`~lipbound.local.curvature.AttentionCurvature.chis`)."""
+    first, second, third = query_groups(curvature, bounds, r, frobenius)
+    return (first + second + third).hi
+
+
+def query_groups(curvature, bounds, r: np.ndarray, frobenius: float | None = None) -> tuple:
+    """``(chi_I,i, chi_II,i, chi_III,i)`` of :func:`query_chis`, three (n,) interval arrays (the module docstring's
+    groups, each enclosed)."""
     if curvature.fold is not None:
         raise ValueError("query_chis reads an unfolded curvature bound")
     facts, n = bounds.facts, curvature.n
@@ -87,7 +94,7 @@ def query_chis(curvature, bounds, r: np.ndarray, frobenius: float | None = None)
         spread[own] = np.minimum(spread[own], _own_spectral_forms(curvature, facts, r, gamma, own,
                                                                   ("values",) if values <= heads else ("heads",)))
     third = IntervalArray(2.0) * IntervalArray(curvature.c) * IntervalArray(spread)
-    return (first + second + third).hi
+    return first, second, third
 
 
 def _own_spectral_forms(curvature, facts: dict, r: np.ndarray, gamma: np.ndarray, queries: np.ndarray,
