@@ -336,7 +336,8 @@ def test_feedforward_remainders_only_where_the_set_wins():
 
 def test_feedforward_remainders_skipped_only_where_no_set_can_win(monkeypatch):
     """Given the chain's balls after the feed-forward block, the remainders are not formed (every radius inf) where
-    no token's set there can be below them, and where one token's can, every set is as without them."""
+    no token's set there can be below them by its remainder's floor; where one token's can, its certified remainder is
+    formed first, and the others' only where its set wins (then every set is as without the chain's balls)."""
     chain, X, centre, rests = _setting(7, 3e-2)
     radii, _ = block_form_radii(chain, centre, centre.prefix_jacobian[1], 3e-2, rests)
     calls = []
@@ -363,9 +364,15 @@ def test_feedforward_remainders_skipped_only_where_no_set_can_win(monkeypatch):
     monkeypatch.setattr(relational_tail, "feedforward_remainder", counted)
     calls.clear()
     assert np.all(third(floors) == np.inf) and not calls
-    above = floors.copy()
-    above[-1] = np.nextafter(floors[-1], np.inf)
-    assert np.array_equal(third(above), radii[2]) and len(calls) == len(one)
+    # token k alone may win by its floor: its certified remainder is formed first, the others' only where it wins
+    k = len(one) - 1
+    loses = floors.copy()
+    loses[k] = (floors[k] + radii[2][k]) / 2
+    assert np.all(third(loses) == np.inf) and calls == [k]
+    calls.clear()
+    wins = floors.copy()
+    wins[k] = radii[2][k] * (1 + 1e-9)
+    assert np.array_equal(third(wins), radii[2]) and calls[0] == k and sorted(calls) == list(range(len(one)))
 
 
 @settings(max_examples=6, deadline=None)

@@ -120,30 +120,39 @@ class TokenForms:
         """Through the residual feed-forward block at the float point ``enclosed.Y`` (module docstring), about
         ``after``; ``tokens`` (n,) bool, optional: only these tokens' remainders are formed, the others' balls are
         inf (a choice of work).  ``ceiling`` (n,), optional: the radii below which the new set matters (the chain's
-        own balls after the block); where no token's radius with :func:`remainder_floor` for its remainder (at most
-        the radius with the certified one: the step's ball grows with the remainder) is below its ceiling, no
-        remainder is formed and every ball is inf (a choice of work: the caller keeps the smaller of the two radii, so
-        its values are those it would have had)."""
+        own balls after the block): the certified remainders are formed first for the tokens whose radius with
+        :func:`remainder_floor` for their remainder (at most the radius with the certified one: the step's ball grows
+        with the remainder) is below their ceiling, and where none of those tokens' radii is, every ball is inf and
+        no other remainder is formed (a choice of work: the caller keeps the smaller of the two radii and drops a set
+        no token of which wins, so its values are those it would have had)."""
         radii = self.radii
         if not np.all(np.isfinite(radii)):
             return TokenForms(self.rows, np.full(len(self.rows), np.inf))
         steps = [_linear_step(row, enclosed.jacobian_block(i), enclosed.output[i] - IntervalArray(after[i]))
                  for i, row in enumerate(self.rows)]
         rows = tuple(form for form, _, _ in steps)
+        n = len(rows)
+        wanted = np.ones(n, dtype=bool) if tokens is None else np.asarray(tokens, dtype=bool)
+        balls = np.full(n, np.inf)
+        second = spectral_norm_upper_large(Enclosure.exact(enclosed.ffn.W_2))
+
+        def form(chosen: np.ndarray) -> None:   # the certified balls of these tokens
+            for i in np.flatnonzero(chosen & wanted):
+                _, gap, scale = steps[i]
+                remainder = feedforward_remainder(enclosed, i, self.rows[i], self.balls[i], second)
+                balls[i] = _step_ball(self.balls[i], scale, radii[i], gap, taylor=remainder)
         if ceiling is not None:
             floors = [_step_ball(b, scale, radii[i], gap, taylor=remainder_floor(enclosed, i, row, b))
                       for i, (row, b, (_, gap, scale)) in enumerate(zip(self.rows, self.balls, steps))]
-            if not np.any(TokenForms(rows, np.array(floors)).radii < ceiling):
-                return TokenForms(rows, np.full(len(rows), np.inf))
-        balls = []
-        second = spectral_norm_upper_large(Enclosure.exact(enclosed.ffn.W_2))
-        for i, (row, b, (_, gap, scale)) in enumerate(zip(self.rows, self.balls, steps)):
-            if tokens is not None and not tokens[i]:
-                balls.append(math.inf)
-                continue
-            remainder = feedforward_remainder(enclosed, i, row, b, second)
-            balls.append(_step_ball(b, scale, radii[i], gap, taylor=remainder))
-        return TokenForms(rows, np.array(balls))
+            # the tokens whose set may win first: where none of them does, no token's set does
+            candidates = TokenForms(rows, np.array(floors)).radii < ceiling
+            form(candidates)
+            if not np.any(TokenForms(rows, balls).radii < ceiling):
+                return TokenForms(rows, np.full(n, np.inf))
+            form(~candidates)
+        else:
+            form(np.ones(n, dtype=bool))
+        return TokenForms(rows, balls)
 
 
 #: the nested balls of :func:`norm_taylor_remainder`: radii ``k r / NESTED_BALLS``, k = 1 .. NESTED_BALLS
