@@ -478,8 +478,10 @@ def test_the_taylor_remainder_and_the_reach_hold_on_the_neighbourhood(seed, kind
         assert route.remainder(Neighbourhood(ball, 1e300, hood.positions)) == np.inf
     grid = route.grid(eps)
     shared = ball in ("fro", "2,1")   # the route lets the tokens share the Frobenius radius t of U(X, t)
-    weighted = sum((t - s) * (eps - s) * sum(route.integral.chis(Neighbourhood(ball, t, hood.positions).balls(X).radii,
-                                                                 {"frobenius": t} if shared else None))
+    # each step's weight is the integral of (eps - r) over it
+    weighted = sum((t - s) * (eps - (s + t) / 2)
+                   * sum(route.integral.chis(Neighbourhood(ball, t, hood.positions).balls(X).radii,
+                                             {"frobenius": t} if shared else None))
                    for s, t in zip([0.0] + grid[:-1], grid))
     np.testing.assert_allclose(remainder, theta ** 2 * weighted, rtol=1e-9)
     J0, F0 = _jacobian(target, X), _forward(target, X)

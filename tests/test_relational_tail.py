@@ -332,3 +332,61 @@ def test_feedforward_remainders_only_where_the_set_wins():
     gated = [forms.next_radii(), forms.next_radii(chained), forms.next_radii()]
     assert np.array_equal(gated[1], radii[1])
     assert gated[2][0] == np.inf and np.array_equal(gated[2][1:], radii[2][1:])
+
+
+def test_feedforward_remainders_skipped_only_where_no_set_can_win(monkeypatch):
+    """Given the chain's balls after the feed-forward block, the remainders are not formed (every radius inf) where
+    no token's set there can be below them by its remainder's floor; where one token's can, its certified remainder is
+    formed first, and the others' only where its set wins (then every set is as without the chain's balls)."""
+    chain, X, centre, rests = _setting(7, 3e-2)
+    radii, _ = block_form_radii(chain, centre, centre.prefix_jacobian[1], 3e-2, rests)
+    calls = []
+    original = relational_tail.feedforward_remainder
+
+    def counted(*args, **kwargs):
+        calls.append(args[1])
+        return original(*args, **kwargs)
+    monkeypatch.setattr(relational_tail, "feedforward_remainder", counted)
+
+    def third(ceiling):
+        forms = relational_tail.BlockForms(chain, centre, centre.prefix_jacobian[1], 3e-2, rests)
+        return [forms.next_radii(), forms.next_radii(), forms.next_radii(ceiling)][2]
+    one = np.zeros_like(radii[2])
+    one[1] = radii[2][1] * 1.5                               # token 1's set is below its ball there
+    assert np.array_equal(third(one), radii[2]) and len(calls) == len(one)
+    calls.clear()
+    assert np.all(third(np.zeros_like(radii[2])) == np.inf) and not calls
+    monkeypatch.setattr(relational_tail, "feedforward_remainder",
+                        lambda enclosed, i, row, ball, second=None: relational_tail.remainder_floor(enclosed, i, row,
+                                                                                                    ball))
+    floors = third(None)                                     # the radii with the remainders' floors
+    assert np.all(floors <= radii[2]) and np.any(floors < radii[2])
+    monkeypatch.setattr(relational_tail, "feedforward_remainder", counted)
+    calls.clear()
+    assert np.all(third(floors) == np.inf) and not calls
+    # token k alone may win by its floor: its certified remainder is formed first, the others' only where it wins
+    k = len(one) - 1
+    loses = floors.copy()
+    loses[k] = (floors[k] + radii[2][k]) / 2
+    assert np.all(third(loses) == np.inf) and calls == [k]
+    calls.clear()
+    wins = floors.copy()
+    wins[k] = radii[2][k] * (1 + 1e-9)
+    assert np.array_equal(third(wins), radii[2]) and calls[0] == k and sorted(calls) == list(range(len(one)))
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), scale=st.sampled_from([0.5, 1.0, 2.0]), eps=st.sampled_from([1e-2, 5e-2, 0.2]))
+def test_the_remainder_floor_is_below_the_certified_remainder(seed, scale, eps):
+    """``remainder_floor`` (float estimates from below of both lemmas' ball parts) never exceeds the certified
+    ``feedforward_remainder`` on the sets before a generated block's feed-forward block, and is not 0 where the set has
+    a ball."""
+    chain, X, centre, rests = _setting(seed, eps, scale)
+    forms = relational_tail.BlockForms(chain, centre, centre.prefix_jacobian[1], eps, rests)
+    forms.next_radii()
+    forms.next_radii()
+    before = forms.formed[1]
+    enclosed = centre.enclosed[2]
+    for i, (row, ball) in enumerate(zip(before.rows, before.balls)):
+        floor = relational_tail.remainder_floor(enclosed, i, row, ball)
+        assert 0 < floor <= relational_tail.feedforward_remainder(enclosed, i, row, ball)

@@ -610,7 +610,8 @@ class _CurvatureRoute:
         return self.integral.integral(self._steps(hood, grid, known, remainder=False)[-1:], self.frobenius)
 
     def remainder(self, hood: Neighbourhood, grid=None, known=None) -> float:
-        """``theta_U^2 sum_k (t_k - t_(k-1)) (eps - t_(k-1)) chi(U(X, t_k))`` (lemma attention-reach-remainder):
+        """``theta_U^2 sum_k (t_k - t_(k-1)) (eps - (t_(k-1) + t_k) / 2) chi(U(X, t_k))`` (lemma
+        attention-reach-remainder):
         a bound on ``sup_U ||F(Y) - F(X) - DF(X) (Y - X)||_F``, from the same curvature bounds as
         :meth:`variation` on the same grid (cached: no new bound is formed when the variation ran first); inf where
         they leave the float range."""
@@ -624,7 +625,7 @@ class _CurvatureRoute:
             return math.inf
 
     def token_remainders(self, hood: Neighbourhood, grid=None, known=None) -> np.ndarray:
-        """Per output token i, ``theta_U^2 sum_k (t_k - t_(k-1)) (eps - t_(k-1)) chi_i(U(X, t_k))`` (lemmas
+        """Per output token i, ``theta_U^2 sum_k (t_k - t_(k-1)) (eps - (t_(k-1) + t_k) / 2) chi_i(U(X, t_k))`` (lemmas
         attention-reach-remainder and curvature-per-query): a bound on ``sup_U ||(F(Y) - F(X) - DF(X) (Y - X))_i||``
         from query i's own curvature bounds on the grid of :meth:`remainder` (n,); inf where they leave the float
         range.  Needs a route made with ``per_query``."""
@@ -639,13 +640,15 @@ class _CurvatureRoute:
 
     def _steps(self, hood: Neighbourhood, grid, known, remainder: bool) -> list:
         """The integral's steps ``(width, radii[, known, key])`` up to ``hood.eps``; with ``remainder`` each width
-        ``t_k - t_(k-1)`` multiplied by ``eps - t_(k-1)`` (the weight of ``(eps - t)`` in Taylor's remainder)."""
+        ``t_k - t_(k-1)`` multiplied by ``eps - (t_(k-1) + t_k) / 2``: their product is ``int (eps - t) dt`` over the
+        step, the weight of ``(eps - t)`` in Taylor's remainder)."""
         steps, previous = [], 0.0
         shared = self.hood.ball in ("fro", "2,1")   # U(X, t) lies in the Frobenius ball of radius t: tokens share it
         for t in (grid or self.grid)(hood.eps):
             width = IntervalArray(t) - IntervalArray(previous)
             if remainder:
-                width = width * (IntervalArray(hood.eps) - IntervalArray(previous))
+                middle = (IntervalArray(previous) + IntervalArray(t)) * IntervalArray(0.5)
+                width = width * (IntervalArray(hood.eps) - middle)
             step = (width.hi.item(), Neighbourhood(self.hood.ball, t, self.hood.positions).balls(self.X).radii)
             facts = ({} if known is None else known(t)) | ({"frobenius": t} if shared else {})
             steps.append(step + (facts, ("known" if known else "frobenius", t)) if facts else step)

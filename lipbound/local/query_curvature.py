@@ -10,7 +10,8 @@ Y where the facts of the neighbourhood hold,
     chi_I,i   = 2 a sup_U ||Theta^(i)||                    (a = min(||[A_1 ... A_H]||, ||[A_1; ...; A_H]||)),
     chi_II,i  = sup_U ||Omega_i||^2, or with the changes centred at X's weights omega_i (omega_i + 2 mu_i) and
                 omega'_i^2 (lemma curvature-covariance-spread), the smaller,
-    chi_III,i = 2 c min(||(sum_h ||Qt_h|| p+_ij ||u_ij||)_j||, the heads joined, the values' spreads),
+    chi_III,i = 2 c min(||(sum_h ||Qt_h|| p+_ij ||u_ij||)_j||, the heads joined, the values' and heads' spectral
+                        forms at query i's own spreads),
 
 ``Theta^(i)`` the rows ``p_ij zeta_ij`` of query i (rows (h, j)) and ``Omega_i``, ``M_i``, ``omega_i``, ``mu_i`` as in
 lemma ``curvature-covariance-centred`` (the rows ``p_ij zeta_ij`` also as in lemma ``curvature-rows-variance``):
@@ -26,9 +27,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..rigorous.arrays import IntervalArray
+from ..rigorous.linalg import spectral_norm_upper_large
 from .centred import weighted_reach
 
-__all__ = ["query_chis"]
+__all__ = ["query_chis", "query_groups"]
 
 
 def query_chis(curvature, bounds, r: np.ndarray, frobenius: float | None = None) -> np.ndarray:
@@ -37,6 +39,13 @@ def query_chis(curvature, bounds, r: np.ndarray, frobenius: float | None = None)
     :class:`~lipbound.local.curvature.AttentionCurvature`, ``bounds`` those of
     :func:`~lipbound.local.bounds.attention_bounds` on the token balls of radii ``r``, ``frobenius`` a bound on ``||Y -
     X||_F`` there where known (as :meth:`~lipbound.local.curvature.AttentionCurvature.chis`)."""
+    first, second, third = query_groups(curvature, bounds, r, frobenius)
+    return (first + second + third).hi
+
+
+def query_groups(curvature, bounds, r: np.ndarray, frobenius: float | None = None) -> tuple:
+    """``(chi_I,i, chi_II,i, chi_III,i)`` of :func:`query_chis`, three (n,) interval arrays (the module docstring's
+    groups, each enclosed)."""
     if curvature.fold is not None:
         raise ValueError("query_chis reads an unfolded curvature bound")
     facts, n = bounds.facts, curvature.n
@@ -74,9 +83,42 @@ def query_chis(curvature, bounds, r: np.ndarray, frobenius: float | None = None)
         joined = (IntervalArray(curvature.scores_joint)
                   * IntervalArray(reach.swapaxes(0, 1).reshape(n, -1).norm_upper())).hi
         spread = np.minimum(spread, joined)
-    uniform = min(curvature._values_joined(facts, r), curvature._heads_weighted(curvature.output_spreads(facts)))
-    third = IntervalArray(2.0) * IntervalArray(curvature.c) * IntervalArray(np.minimum(spread, uniform))
-    return (first + second + third).hi
+    gamma = curvature.output_spreads(facts)
+    values, heads = curvature._values_joined(facts, r), curvature._heads_weighted(gamma)
+    uniform = min(values, heads)
+    spread = np.minimum(spread, uniform)
+    # the form in use at query i's own spreads, where the largest over the queries is the one in use (the other form
+    # at query i is not formed: a choice of work, one d x d norm per query)
+    own = np.flatnonzero(spread >= uniform)
+    if own.size:
+        spread[own] = np.minimum(spread[own], _own_spectral_forms(curvature, facts, r, gamma, own,
+                                                                  ("values",) if values <= heads else ("heads",)))
+    third = IntervalArray(2.0) * IntervalArray(curvature.c) * IntervalArray(spread)
+    return first, second, third
+
+
+def _own_spectral_forms(curvature, facts: dict, r: np.ndarray, gamma: np.ndarray, queries: np.ndarray,
+                        forms=("values", "heads")) -> np.ndarray:
+    """Per query i in ``queries``, the smaller of ``||W_O|| ||sum_h beta_hi^2 Qt_h Qt_h^T||^(1/2)`` ("values") and
+    ``(sum_h gamma_hi)^(1/2) ||sum_h gamma_hi Qt_h Qt_h^T||^(1/2)`` ("heads") among ``forms`` (lemma
+    curvature-values-spectral at query i; ``beta``, ``gamma`` (H, n) the values' and outputs' spreads on U,
+    :meth:`~lipbound.local.curvature.AttentionCurvature.value_spreads` and ``output_spreads``), rounded up; inf where
+    no form applies (a single head, rotations)."""
+    values = np.full(len(queries), np.inf)
+    heads = np.full(len(queries), np.inf)
+    grams = curvature.score_grams
+    if curvature.output_norm is not None and "values" in forms:
+        beta = IntervalArray(curvature.value_spreads(facts, r))
+        squares = (beta * beta).hi
+        for k, i in enumerate(queries):
+            top = spectral_norm_upper_large(IntervalArray(squares[:, i]).einsum("h,hab->ab", grams).to_enclosure())
+            values[k] = (IntervalArray(curvature.output_norm) * IntervalArray(top).sqrt()).hi.item()
+    if not (curvature.rotary or curvature.fold is not None) and "heads" in forms:
+        totals = IntervalArray(gamma).sum(axis=0).hi
+        for k, i in enumerate(queries):
+            top = spectral_norm_upper_large(IntervalArray(gamma[:, i]).einsum("h,hab->ab", grams).to_enclosure())
+            heads[k] = (IntervalArray(totals[i]).sqrt() * IntervalArray(top).sqrt()).hi.item()
+    return np.minimum(values, heads)
 
 
 def _on_u(curvature, change, scales: np.ndarray, *moves) -> IntervalArray:

@@ -116,25 +116,43 @@ class TokenForms:
         return TokenForms(tuple(rows), np.array(balls))
 
     def feedforward_step(self, enclosed: EnclosedFeedForward, after: np.ndarray,
-                         tokens: np.ndarray | None = None) -> TokenForms:
+                         tokens: np.ndarray | None = None, ceiling: np.ndarray | None = None) -> TokenForms:
         """Through the residual feed-forward block at the float point ``enclosed.Y`` (module docstring), about
         ``after``; ``tokens`` (n,) bool, optional: only these tokens' remainders are formed, the others' balls are
-        inf (a choice of work)."""
+        inf (a choice of work).  ``ceiling`` (n,), optional: the radii below which the new set matters (the chain's
+        own balls after the block): the certified remainders are formed first for the tokens whose radius with
+        :func:`remainder_floor` for their remainder (at most the radius with the certified one: the step's ball grows
+        with the remainder) is below their ceiling, and where none of those tokens' radii is, every ball is inf and
+        no other remainder is formed (a choice of work: the caller keeps the smaller of the two radii and drops a set
+        no token of which wins, so its values are those it would have had)."""
         radii = self.radii
         if not np.all(np.isfinite(radii)):
             return TokenForms(self.rows, np.full(len(self.rows), np.inf))
-        rows, balls = [], []
+        steps = [_linear_step(row, enclosed.jacobian_block(i), enclosed.output[i] - IntervalArray(after[i]))
+                 for i, row in enumerate(self.rows)]
+        rows = tuple(form for form, _, _ in steps)
+        n = len(rows)
+        wanted = np.ones(n, dtype=bool) if tokens is None else np.asarray(tokens, dtype=bool)
+        balls = np.full(n, np.inf)
         second = spectral_norm_upper_large(Enclosure.exact(enclosed.ffn.W_2))
-        for i, (row, b) in enumerate(zip(self.rows, self.balls)):
-            J = enclosed.jacobian_block(i)
-            form, gap, scale = _linear_step(row, J, enclosed.output[i] - IntervalArray(after[i]))
-            rows.append(form)
-            if tokens is not None and not tokens[i]:
-                balls.append(math.inf)
-                continue
-            remainder = feedforward_remainder(enclosed, i, row, b, second)
-            balls.append(_step_ball(b, scale, radii[i], gap, taylor=remainder))
-        return TokenForms(tuple(rows), np.array(balls))
+
+        def form(chosen: np.ndarray) -> None:   # the certified balls of these tokens
+            for i in np.flatnonzero(chosen & wanted):
+                _, gap, scale = steps[i]
+                remainder = feedforward_remainder(enclosed, i, self.rows[i], self.balls[i], second)
+                balls[i] = _step_ball(self.balls[i], scale, radii[i], gap, taylor=remainder)
+        if ceiling is not None:
+            floors = [_step_ball(b, scale, radii[i], gap, taylor=remainder_floor(enclosed, i, row, b))
+                      for i, (row, b, (_, gap, scale)) in enumerate(zip(self.rows, self.balls, steps))]
+            # the tokens whose set may win first: where none of them does, no token's set does
+            candidates = TokenForms(rows, np.array(floors)).radii < ceiling
+            form(candidates)
+            if not np.any(TokenForms(rows, balls).radii < ceiling):
+                return TokenForms(rows, np.full(n, np.inf))
+            form(~candidates)
+        else:
+            form(np.ones(n, dtype=bool))
+        return TokenForms(rows, balls)
 
 
 #: the nested balls of :func:`norm_taylor_remainder`: radii ``k r / NESTED_BALLS``, k = 1 .. NESTED_BALLS
@@ -203,6 +221,52 @@ def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm
     if not (IntervalArray(0.5) * IntervalArray(c) * IntervalArray(F)).hi.item() < joint:
         return joint
     return min(joint, signed_remainder(*parts, signed=(c, F)))
+
+
+#: :func:`remainder_floor` is this share of its float estimate (the estimate's own rounding, far below it, and the
+#: certified bound's hull read at the float deviations)
+FLOOR_SHARE = 0.99
+
+
+def remainder_floor(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float) -> float:
+    """A float estimate from below of :func:`feedforward_remainder` (both lemmas' ball parts alone, a choice of work:
+    it decides whether the certified one is formed, never a value).  With the notation there, the joint bound is at
+    least ``(1/2) beta ||W_1 D|| min(beta ||diag(D ||w||) W_2||, max_k D_k dev_k ||W_2||)`` (``P`` and ``Q`` without
+    their form parts, which are not negative) and the signed one at least the same with ``S_k = T_k dev_k / 3`` (its
+    cubic part; ``c F / 2 >= 0``); each norm is estimated from below by power iteration (a Rayleigh quotient is at most
+    the top eigenvalue), ``dev_k`` and the curvature bounds are read at the float deviations, and the smaller of the
+    two is taken times :data:`FLOOR_SHARE`."""
+    ffn = enclosed.ffn
+    beta = _off_generators(row, ball)
+    if not beta > 0:
+        return 0.0
+    gram = row.l2.T @ row.l2                                                                         # G^T G (d, d)
+    columns = np.linalg.norm(ffn.W_1, axis=0)                                                        # ||w_k||
+    dev = np.sqrt(np.maximum(np.einsum("ak,ab,bk->k", ffn.W_1, gram, ffn.W_1), 0.0)) + beta * columns
+    hull = enclosed.h[i] + IntervalArray(-dev, dev)
+    second = _norm_from_below(ffn.W_2)
+
+    def half_product(S: np.ndarray) -> float:
+        root = np.sqrt(S)
+        P = beta * _norm_from_below(ffn.W_1 * root)
+        Q = min(beta * _norm_from_below(ffn.W_2 * (root * columns)[:, None]), float(np.max(root * dev)) * second)
+        return 0.5 * P * Q
+    joint = half_product(np.minimum(gelu_curvature_magnitude(hull), gelu_curvature_ceiling()))
+    signed = half_product(gelu_third_magnitude(hull) * dev / 3.0)
+    return FLOOR_SHARE * min(joint, signed)
+
+
+def _norm_from_below(M: np.ndarray, steps: int = 12) -> float:
+    """``||M v|| / ||v||`` after ``steps`` rounds of power iteration on ``M^T M`` (float): at most ``||M||_2``."""
+    v = np.ones(M.shape[1]) / math.sqrt(M.shape[1])
+    size = 0.0
+    for _ in range(steps):
+        w = M.T @ (M @ v)
+        size = float(np.linalg.norm(w))
+        if not size > 0:
+            return 0.0
+        v = w / size
+    return float(np.linalg.norm(M @ v))
 
 
 def _remainder_parts(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float,
@@ -293,12 +357,14 @@ def block_token_forms(enclosed: list, points: list, jacobian: Enclosure, radius:
     Frobenius ball of ``radius`` about X (module docstring), one at a time (a caller may stop early): ``enclosed`` and
     ``points`` the chain's enclosures and float points (:class:`~lipbound.local.centre.ChainCentre`), ``jacobian`` the
     attention's at X, ``rests`` Taylor's remainder per output token.  Set k is about ``points[k]``.  ``wanted``: its
-    entry "tokens" (n,) bool, when set before ``S_3`` is drawn, the tokens whose feed-forward remainder is formed."""
+    entries, when set before ``S_3`` is drawn: "tokens" (n,) bool, the tokens whose feed-forward remainder is formed,
+    and "ceiling" (n,), the radii below which ``S_3`` matters (:meth:`TokenForms.feedforward_step`)."""
     current = TokenForms.taylor(jacobian, radius, enclosed[0].output - IntervalArray(points[1]), rests)
     yield current
     current = current.norm_step(enclosed[1], points[2])
     yield current
-    current = current.feedforward_step(enclosed[2], points[3], (wanted or {}).get("tokens"))
+    current = current.feedforward_step(enclosed[2], points[3], (wanted or {}).get("tokens"),
+                                       (wanted or {}).get("ceiling"))
     yield current
     yield current.norm_step(enclosed[3], points[4])
 
@@ -325,9 +391,12 @@ class BlockForms:
         """The next set's token radii (inf where an enclosure overflowed: no later set is formed then).  ``chained``:
         the chain's own balls there, when the caller has them; the feed-forward remainders are then formed only for
         the tokens whose set before the feed-forward block is below its chained ball (a choice of work: at 1e-2 R of
-        MiniLM's block 0 the others' sets stay above the chained balls after it)."""
+        MiniLM's block 0 the others' sets stay above the chained balls after it), and none where no token's set after
+        it can be below its chained ball even without its remainder (:meth:`TokenForms.feedforward_step`)."""
         try:
             if self._sets is not None:
+                if chained is not None and len(self.formed) == 2:
+                    self._wanted["ceiling"] = chained
                 formed = next(self._sets)
                 self.formed.append(formed)
                 if chained is not None and len(self.formed) == 2:

@@ -323,11 +323,11 @@ def _reach_hypotheses(proof: Derivation) -> None:
 
 @functools.cache
 def attention_reach_remainder() -> Theorem:
-    """``sup_U ||A(Y) - A(X)||_F <= ||DA(X)|| theta_U eps + theta_U^2 sum_k (t_k - t_{k-1}) (eps - t_{k-1})
-    kappa(t_k)``: how far an attention layer moves a ball, through Taylor's remainder (lemma
+    """``sup_U ||A(Y) - A(X)||_F <= ||DA(X)|| theta_U eps + theta_U^2 sum_k (t_k - t_{k-1}) (eps - (t_{k-1} +
+    t_k) / 2) kappa(t_k)``: how far an attention layer moves a ball, through Taylor's remainder (lemma
     ``attention-reach-remainder``)."""
     jac, theta, eps = q(r"\|DA(X)\|"), q(r"\theta_U"), q(r"\epsilon")
-    rest = q(r"\textstyle\sum_k (t_k - t_{k-1}) (\epsilon - t_{k-1})\,\kappa(t_k)")
+    rest = q(r"\textstyle\sum_k (t_k - t_{k-1}) (\epsilon - \frac{t_{k-1} + t_k}{2})\,\kappa(t_k)")
     statement = jac * theta * eps + theta**2 * rest
     proof = Derivation("How far an attention layer moves a ball")
     _reach_hypotheses(proof)
@@ -338,7 +338,8 @@ def attention_reach_remainder() -> Theorem:
               "X + s delta lies in U(X, s eps) and ||delta||_F <= theta_U eps; substitute r = s eps",
               "norm-calculus")
     proof.add(le(Described(r"\textstyle\int_0^\epsilon (\epsilon - r)\,\kappa(r)\,dr"), rest),
-              "on [t_(k-1), t_k], eps - r <= eps - t_(k-1) and kappa(r) <= kappa(t_k)", "norm-calculus")
+              "on [t_(k-1), t_k], kappa(r) <= kappa(t_k) and eps - r >= 0 integrates to (t_k - t_(k-1)) "
+              "(eps - (t_(k-1) + t_k) / 2)", "norm-calculus")
     proof.add(le(Described(r"\sup_U \|A(Y) - A(X)\|_F"), statement),
               "triangle inequality with ||DA(X) delta||_F <= ||DA(X)|| theta_U eps", "submultiplicative")
     return Theorem("local-attention-reach-remainder", "How far an attention layer moves a ball", statement, proof)
@@ -366,10 +367,11 @@ def attention_token_reach() -> Theorem:
 
 @functools.cache
 def attention_token_remainder() -> Theorem:
-    """``||(A(Y) - A(X) - DA(X) delta)_i|| <= theta_U^2 sum_k (t_k - t_{k-1}) (eps - t_{k-1}) chi_i(t_k)``: Taylor's
-    remainder of output token i from query i's own curvature groups (lemma ``curvature-per-query``)."""
+    """``||(A(Y) - A(X) - DA(X) delta)_i|| <= theta_U^2 sum_k (t_k - t_{k-1}) (eps - (t_{k-1} + t_k) / 2)
+    chi_i(t_k)``: Taylor's remainder of output token i from query i's own curvature groups (lemma
+    ``curvature-per-query``)."""
     theta = q(r"\theta_U")
-    rest = q(r"\textstyle\sum_k (t_k - t_{k-1}) (\epsilon - t_{k-1})\,\chi_i(t_k)")
+    rest = q(r"\textstyle\sum_k (t_k - t_{k-1}) (\epsilon - \frac{t_{k-1} + t_k}{2})\,\chi_i(t_k)")
     statement = theta**2 * rest
     proof = Derivation("Taylor's remainder of an attention layer, output token by output token")
     _reach_hypotheses(proof)

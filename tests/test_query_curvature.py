@@ -1,0 +1,51 @@
+"""The third group of the curvature bound at one query (lemmas curvature-values-spectral and curvature-per-query): the
+values' and heads' spectral forms at query i's own spreads bound the third group's row i, ``c sum_(h,j) p_ij (e_i Qt_h
+f_j^T + f_i Qt_h e_j^T) u_ij`` (formed here from the weights and values, not from the bound's code), at points of a
+Frobenius ball and along an ascent on it, and are never above the forms at the largest spreads over the queries."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_local_curvature import _frobenius_case, _frobenius_points, _second
+
+from lipbound.local.query_curvature import _own_spectral_forms
+
+
+def _largest_row(target, Y, i, rng, restarts=3, steps=25):
+    """Alternating ascent on ``||III(Y)[e, f]_i||`` over unit e, f (Frobenius): for fixed f and the output's
+    direction w, the e that ``w . III[., f]_i`` reads most, then f for e (the group is symmetric in e and f)."""
+    n, d = Y.shape
+    basis = np.eye(n * d).reshape(-1, n, d)
+    best = 0.0
+    for _ in range(restarts):
+        e, f = (rng.standard_normal((n, d)) for _ in range(2))
+        e, f = e / np.linalg.norm(e), f / np.linalg.norm(f)
+        for _ in range(steps):
+            w = _second_row(target, Y, e, f, i)
+            w = w / max(np.linalg.norm(w), 1e-300)
+            e = np.array([w @ _second_row(target, Y, b, f, i) for b in basis]).reshape(n, d)
+            e /= max(np.linalg.norm(e), 1e-300)
+            e, f = f, e
+        best = max(best, float(np.linalg.norm(_second_row(target, Y, e, f, i))))
+    return best
+
+
+def _second_row(target, Y, e, f, i):
+    return _second(target, Y, e, f, groups=("III",))[i]
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 4), scale=st.sampled_from([0.5, 1.5, 3.0]),
+       eps=st.sampled_from([0.0, 0.05, 0.3]))
+def test_each_querys_spectral_forms_bound_its_third_group(seed, n, scale, eps):
+    rng, target, X, curvature, balls, facts, _ = _frobenius_case(seed, "layer", n, scale, max(eps, 1e-12))
+    gamma = curvature.output_spreads(facts)
+    own = _own_spectral_forms(curvature, facts, balls.radii, gamma, np.arange(n))
+    uniform = min(curvature._values_joined(facts, balls.radii), curvature._heads_weighted(gamma))
+    assert np.all(np.isfinite(own)) and np.all(own <= uniform * (1 + 1e-12))
+    bound = 2 * curvature.c * own
+    for Y in [X] + _frobenius_points(rng, X, max(eps, 1e-12), 2):
+        for i in range(n):
+            assert _largest_row(target, Y, i, rng) <= bound[i] * (1 + 1e-9)
