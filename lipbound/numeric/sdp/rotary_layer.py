@@ -36,7 +36,7 @@ import numpy as np
 
 from ...errors import AssumptionError
 from ...rigorous.intervals import IV, interval, upper
-from ...rigorous.linalg import Enclosure, gram_norm_upper, lambda_max_upper, product_norm_interval
+from ...rigorous.linalg import Enclosure, gram_norm_upper, lambda_max_upper, lambda_min_lower, product_norm_interval
 from ...rigorous.value import CertifiedValue
 from .joint import sdp_value
 from .layer import _factor, _joint_term, _stacked_form, _top, split_layer
@@ -190,6 +190,48 @@ class KeyColumns:
         return float(upper(self.radius ** 2 * interval(norm) ** 2))
 
 
+def _psd_part(S: np.ndarray) -> np.ndarray:
+    """The positive semidefinite part of a symmetric float matrix (its negative eigenvalues set to 0)."""
+    values, vectors = np.linalg.eigh(0.5 * (S + S.T))
+    return (vectors * np.maximum(values, 0.0)) @ vectors.T
+
+
+def dominating_key_form(hb: PositionalHeadBounds) -> Enclosure | None:
+    """A certified ``d_k x d_k`` form ``Kbar >= R_Delta G R_Delta^T`` for every offset Delta of the head's rows,
+    ``G = sigma^2 W_K^T M M^T W_K`` (step 8 of :func:`positional_layer_bound`), or None when not certified.
+
+    Built in floats from the farthest offset inwards: ``K <- K + (R_Delta G R_Delta^T - K)_+`` (the positive part)
+    dominates the form of Delta and keeps every form dominated before (it only grows); then a ridge, and each
+    ``Kbar - R_Delta G R_Delta^T >= 0`` is checked in interval arithmetic (the smallest eigenvalue from below)."""
+    G = hb.gram("keys_scaled")
+    rotated = {delta: (R @ G @ R.T).sym() for delta, R in hb.rotations.items()}
+    order = sorted(rotated, key=abs, reverse=True)
+    K = rotated[order[-1]].mid.copy()
+    for delta in order:
+        K = K + _psd_part(rotated[delta].mid - K)
+    K = 0.5 * (K + K.T)
+    scale = max(float(np.max(np.abs(K))), 1e-300)
+    for ridge in (1e-9, 1e-6, 1e-3):
+        Kbar = Enclosure.exact(K + ridge * scale * np.eye(K.shape[0]))
+        if all(lambda_min_lower((Kbar - form).sym()) >= 0.0 for form in rotated.values()):
+            return Kbar
+    return None
+
+
+def _shared_query_term(heads: list[PositionalHeadBounds], blocks, value_forms, r):
+    """Step 8 of :func:`positional_layer_bound`: the layer's query term with the heads' query gradients bounded
+    together on the shared tangent ``e_i`` through one dominating key form per head, ``r Lambda^(1/2)`` under
+    ``r^2 lambda_max(sum_h Pi W_Q^h Kbar_h W_Q^hT Pi / lambda_h) <= 1``; ``(interval or None, details)``."""
+    if any(hb.centred(hb.head.W_K, hb.head.b_K) is not None for hb in heads):
+        return None, {"skipped": "the query gradients have a constant part (a centre or a key bias)"}
+    forms = [dominating_key_form(hb) for hb in heads]
+    if any(form is None for form in forms):
+        return None, {"failed": "a dominating key form was not certified"}
+    inputs = [[(hb.query_left, form)] for hb, form in zip(heads, forms)]
+    joint, info = _joint_term(blocks, value_forms, inputs, None, r, "shared query term")
+    return (None if joint is None else r * joint), info
+
+
 def _own_key_layer(heads: list[PositionalHeadBounds], blocks, value_forms, r, key2, coefficients, has_query):
     """Step 6 of :func:`positional_layer_bound` with every row's own key merged into its query part (step 8 of
     :mod:`.rotary`, :mod:`.own_key`): the layer's query term from the heads' gains ``a'_h`` (their sum of ``rho_h
@@ -243,6 +285,15 @@ def positional_layer_bound(layer, domain, n: int, *, heads: list[PositionalHeadB
        and the key parts without the diagonal, when smaller.
     7. *The key term by columns* (this module's docstring): step 5 under the spectral condition's weights with key j
        charged ``r^2 Lambda' r^2 lambda_max(sum_{i sees j} (1 + 1/t_i) c_i Phi_{j-i})``, when smaller.
+    8. *The query term on the shared tangent* (no centre, no key bias).  Every head's query part of row i reads the
+       same ``e_i``: ``zeta^h_j = e_i . Pi A^h_{Delta_ij} M w_j`` (a soft-cap's factor in (0, 1] only shrinks it), so
+       ``Var zeta^h <= max_j (zeta^h_j)^2 <= r^2 e_i^T Pi W_Q^h Kbar_h W_Q^hT Pi e_i`` for any ``Kbar_h >= R_Delta
+       G_h R_Delta^T`` at every offset of the rows (``G_h = sigma^2 W_K^T M M^T W_K``; :func:`dominating_key_form`).
+       Cauchy-Schwarz over heads as in step 1 with ``sum_h Var zeta^h / lambda_h <= r^2 lambda_max(sum_h Pi W_Q^h
+       Kbar_h W_Q^hT Pi / lambda_h) ||e_i||^2`` gives ``||sum_h S^h_i|| <= r Lambda^(1/2) ||e_i||`` for weights with
+       ``r^2 lambda_max(...) <= 1`` (checked in interval arithmetic): one eigenvalue over the heads' query directions
+       in place of step 1's ``sum_h a_h^2 / lambda_h``, each head's worst tangent taken apart.  Used as step 1's
+       query term when smaller.
     """
     started = time.perf_counter()
     if layer.residual:
@@ -294,7 +345,10 @@ def positional_layer_bound(layer, domain, n: int, *, heads: list[PositionalHeadB
         joint, _ = _joint_term(blocks, value_forms, [], [IV.mpf(hb.query_gain.value) for hb in heads],
                                interval(0), "query term")
         b = summed if joint is None or upper(summed) <= upper(r * joint) else r * joint
-        certificate.update(query_summed=upper(summed), query_joint=None if joint is None else upper(r * joint))
+        shared, _ = _shared_query_term(heads, blocks, value_forms, r)
+        b = shared if shared is not None and upper(shared) < upper(b) else b
+        certificate.update(query_summed=upper(summed), query_joint=None if joint is None else upper(r * joint),
+                           query_shared=None if shared is None else upper(shared))
         # 2. key term
         kappa_max = rows.column_sum([IV.mpf(max(upper(hb.weight_range(i)[1]) for hb in heads)) for i in range(rows.n)])
         largest = [max((hb.row_nu(i, with_cap=False) for hb in heads), key=upper) for i in range(rows.n)]
