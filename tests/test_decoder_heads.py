@@ -86,6 +86,29 @@ def reference_norm(target, X: np.ndarray, step: float = 1e-6) -> float:
     return float(np.linalg.norm(np.array(columns).T, 2))
 
 
+def layer_part(layer, X: np.ndarray, moving: str, step: float = 1e-6) -> np.ndarray:
+    """The part of a causal rotary layer's Jacobian (n d_out, n d) where the tokens move only as ``moving``
+    (``"queries"`` or ``"keys"``), the other roles fixed at X, by central differences of the reference forward."""
+
+    def forward(Y: np.ndarray) -> np.ndarray:
+        roles = {"queries": X, "keys": X, moving: Y}
+        outputs = []
+        for head in layer.heads:
+            kernel = head.kernel
+            Q, K, V = (Z[:, None, :] for Z in (roles["queries"] @ head.W_Q, roles["keys"] @ head.W_K, X @ head.W_V))
+            Q, K = (reference.rope(U, kernel.base, kernel.pairing, kernel.dims) for U in (Q, K))
+            outputs.append(reference.attention(Q, K, V, 1 / math.sqrt(head.d_k), None, None, True, None))
+        return (np.concatenate(outputs, axis=1) @ layer.W_O).reshape(-1)
+
+    columns = []
+    for index in range(X.size):
+        E = np.zeros(X.size)
+        E[index] = step
+        E = E.reshape(X.shape)
+        columns.append((forward(X + E) - forward(X - E)) / (2 * step))
+    return np.array(columns).T
+
+
 # Generated decoders ------------------------------------------------------------------------------
 SHAPES = ("llama", "qwen3", "gemma2", "gemma3", "masked")
 

@@ -16,7 +16,7 @@ import decoder_reference as reference
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_decoder_heads import EXAMPLES, _layer, _points, reference_norm, rotary_case, rotary_cases
+from test_decoder_heads import EXAMPLES, _layer, _points, layer_part, reference_norm, rotary_case, rotary_cases
 
 from lipbound.numeric.domains import RMSNormOutputs, TokenBall
 from lipbound.numeric.model import RMSNorm
@@ -88,29 +88,6 @@ def test_the_certified_column_is_the_eigenvalue_formed_from_the_rotated_matrices
         assert columns.column({delta: 1.0}) <= 1.0 + 1e-9
 
 
-def _layer_key_part(layer, X: np.ndarray, step: float = 1e-6) -> np.ndarray:
-    """The key part of the layer's Jacobian (n d_out, n d) by central differences of the reference forward: the
-    tokens move only as keys (queries and values fixed at X)."""
-    n, d = X.shape
-
-    def forward(keys: np.ndarray) -> np.ndarray:
-        outputs = []
-        for head in layer.heads:
-            kernel = head.kernel
-            Q, K, V = (Y[:, None, :] for Y in (X @ head.W_Q, keys @ head.W_K, X @ head.W_V))
-            Q, K = (reference.rope(U, kernel.base, kernel.pairing, kernel.dims) for U in (Q, K))
-            outputs.append(reference.attention(Q, K, V, 1 / math.sqrt(head.d_k), None, None, True, None))
-        return (np.concatenate(outputs, axis=1) @ layer.W_O).reshape(-1)
-
-    columns = []
-    for index in range(X.size):
-        E = np.zeros(X.size)
-        E[index] = step
-        E = E.reshape(X.shape)
-        columns.append((forward(X + E) - forward(X - E)) / (2 * step))
-    return np.array(columns).T
-
-
 @CASES
 @given(rotary_cases)
 def test_the_layer_key_term_by_columns_holds_against_an_independent_key_part_and_jacobian(case):
@@ -128,7 +105,7 @@ def test_the_layer_key_term_by_columns_holds_against_an_independent_key_part_and
     bound = positional_layer_bound(layer, region, n, heads=heads)
     witness = search_witness(layer, domain=domain, n=n, budget_seconds=0.1, seed=case["seed"] % 1000)
     for X in _points(rng, domain, n, d, 3) + [witness.X]:
-        key_part = np.linalg.norm(_layer_key_part(layer, X), 2)
+        key_part = np.linalg.norm(layer_part(layer, X, "keys"), 2)
         assert key_part ** 2 <= key2 * charged * (1 + 1e-6) + 1e-12, (key_part ** 2, key2 * charged)
     assert reference_norm(layer, witness.X) <= bound.value * (1 + 1e-6) + 1e-12
 

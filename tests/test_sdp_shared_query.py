@@ -15,7 +15,7 @@ import math
 import decoder_reference as reference
 import numpy as np
 from hypothesis import HealthCheck, given, settings
-from test_decoder_heads import EXAMPLES, _layer, _points, reference_norm, rotary_case, rotary_cases
+from test_decoder_heads import EXAMPLES, _layer, _points, layer_part, reference_norm, rotary_case, rotary_cases
 
 from lipbound.numeric.domains import TokenBall
 from lipbound.numeric.sdp.region import Region
@@ -73,28 +73,6 @@ def test_the_dominating_form_holds_every_offsets_query_gradient_form_rotated_by_
                                                        for R in (r.mid for r in hb.rotations.values())) * (1 + 1e-6)
 
 
-def _layer_query_part(layer, X: np.ndarray, step: float = 1e-6) -> np.ndarray:
-    """The query part of the layer's Jacobian (n d_out, n d) by central differences of the reference forward: the
-    tokens move only as queries (keys and values fixed at X)."""
-
-    def forward(queries: np.ndarray) -> np.ndarray:
-        outputs = []
-        for head in layer.heads:
-            kernel = head.kernel
-            Q, K, V = (Y[:, None, :] for Y in (queries @ head.W_Q, X @ head.W_K, X @ head.W_V))
-            Q, K = (reference.rope(U, kernel.base, kernel.pairing, kernel.dims) for U in (Q, K))
-            outputs.append(reference.attention(Q, K, V, 1 / math.sqrt(head.d_k), None, None, True, None))
-        return (np.concatenate(outputs, axis=1) @ layer.W_O).reshape(-1)
-
-    columns = []
-    for index in range(X.size):
-        E = np.zeros(X.size)
-        E[index] = step
-        E = E.reshape(X.shape)
-        columns.append((forward(X + E) - forward(X - E)) / (2 * step))
-    return np.array(columns).T
-
-
 @CASES
 @given(rotary_cases)
 def test_the_shared_query_term_bounds_the_query_part_of_the_layers_jacobian(case):
@@ -110,7 +88,7 @@ def test_the_shared_query_term_bounds_the_query_part_of_the_layers_jacobian(case
     assert bound.details["query_shared"] == upper(b)
     witness = search_witness(layer, domain=domain, n=n, budget_seconds=0.1, seed=case["seed"] % 1000)
     for X in _points(rng, domain, n, d, 3) + [witness.X]:
-        query_part = np.linalg.norm(_layer_query_part(layer, X), 2)
+        query_part = np.linalg.norm(layer_part(layer, X, "queries"), 2)
         assert query_part <= upper(b) * (1 + 1e-6) + 1e-12, (query_part, upper(b))
     assert reference_norm(layer, witness.X) <= bound.value * (1 + 1e-6) + 1e-12
 
