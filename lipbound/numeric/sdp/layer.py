@@ -77,7 +77,7 @@ import numpy as np
 
 from ...errors import AssumptionError
 from ...rigorous.intervals import IV, interval, upper
-from ...rigorous.linalg import Enclosure, lambda_max_upper, spectral_norm_upper
+from ...rigorous.linalg import Enclosure, is_psd_certified, lambda_max_upper, spectral_norm_upper
 from ...rigorous.value import CertifiedValue
 from ..blas import one_blas_thread
 from ..model import Layer
@@ -151,6 +151,28 @@ def _factor(gram: np.ndarray) -> np.ndarray:
     """``L`` with ``L L^T = gram`` (PSD, float; a search aid only)."""
     values, vectors = np.linalg.eigh(0.5 * (gram + gram.T))
     return vectors * np.sqrt(np.maximum(values, 0.0))
+
+
+def ridged_root(gram: np.ndarray) -> np.ndarray:
+    """The Cholesky factor of ``gram + 1e-12 trace(gram) I`` (float, positive semidefinite ``gram``): the root through
+    which the rotary relaxations steer their factors in floats (a search aid only)."""
+    return np.linalg.cholesky(gram + 1e-12 * np.trace(gram) * np.eye(gram.shape[0]))
+
+
+def gram_factor(gram: Enclosure) -> np.ndarray | None:
+    """A float lower-triangular L with ``L L^T >= gram`` certified (a Cholesky factor of the midpoint lifted by a
+    small ridge, raised until the check passes), or None."""
+    size = gram.shape[0]
+    ridge = 1e-12 * max(float(np.trace(gram.mid)), 1e-300) + float(np.max(gram.rad, initial=0.0))
+    for _attempt in range(6):
+        try:
+            L = np.linalg.cholesky(gram.mid + ridge * np.eye(size))
+        except np.linalg.LinAlgError:
+            L = None
+        if L is not None and is_psd_certified((Enclosure.exact(L) @ Enclosure.exact(L.T)).sym() - gram):
+            return L
+        ridge *= 100
+    return None
 
 
 def _stacked_form(terms: list[list[tuple[Enclosure, Enclosure]]], weights) -> Enclosure:

@@ -50,7 +50,7 @@ import numpy as np
 from ...rigorous.intervals import IV, interval, upper
 from ...rigorous.linalg import Enclosure, gram_norm_upper, product_norm_interval
 from .joint import _golden_min
-from .layer import coupled_rows, row_factors, split_rows
+from .layer import coupled_rows, ridged_root, row_factors, split_rows
 
 __all__ = ["OwnKeyTerms"]
 
@@ -144,7 +144,7 @@ class OwnKeyTerms:
             # a and 1/a enclosed together: AM-GM needs their product to be exactly 1
             return _placed(size, [(values_at, outputs.scale(interval(a))), (where, form.scale(1 / interval(a)))])
 
-        root = np.linalg.cholesky(gram.mid + 1e-12 * np.trace(gram.mid) * np.eye(size))
+        root = ridged_root(gram.mid)
         values_part = root[values_at].T @ outputs.mid @ root[values_at]
         parts = [root[where].T @ form.mid @ root[where] for where, form in forms]
 

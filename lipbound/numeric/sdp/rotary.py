@@ -122,13 +122,14 @@ import numpy as np
 
 from ...errors import AssumptionError
 from ...rigorous.intervals import IV, interval, lower, upper
-from ...rigorous.linalg import Enclosure, gram_norm_upper, is_psd_certified, product_norm_interval
+from ...rigorous.linalg import Enclosure, gram_norm_upper, product_norm_interval
 from ...rigorous.value import CertifiedValue
 from ..kernels import DotProduct, Rotary
 from ..model import Head
 from ..offsets import HeadRows, rotation_enclosure
 from .head import largest_over_shares, max_on_weights, top_count
 from .joint import _golden_min, sdp_value
+from .layer import gram_factor, ridged_root
 from .own_key import OwnKeyTerms
 from .region import Region, trust_region_sup
 from .rotary_centred import centred_head_rows
@@ -166,17 +167,9 @@ def reduced_sup(left: Enclosure, right: Enclosure, shift: Enclosure | None, radi
         value = interval(radius) * product_norm_interval(left, right)
         return sdp_value(name, upper(value), True, {"lower": lower(value)}, "norm", time.perf_counter() - started,
                          "certified", provenance, lower=lower(value))
-    gram = (right @ right.T).sym()
-    k = gram.shape[0]
-    slack = 1e-12 * max(float(np.max(np.abs(gram.mid))), 1e-300) + float(np.max(gram.rad))
-    for _attempt in range(6):
-        try:
-            C = np.linalg.cholesky(gram.mid + slack * np.eye(k))
-        except np.linalg.LinAlgError:
-            C = None
-        if C is not None and is_psd_certified((Enclosure.exact(C) @ Enclosure.exact(C.T)) - gram):
-            return trust_region_sup(left @ Enclosure.exact(C), shift, radius, name, provenance)
-        slack *= 100
+    C = gram_factor((right @ right.T).sym())
+    if C is not None:
+        return trust_region_sup(left @ Enclosure.exact(C), shift, radius, name, provenance)
     return trust_region_sup((left, right), shift, radius, name, provenance)
 
 
@@ -346,7 +339,7 @@ class PositionalHeadBounds:
 
         # the common a that makes the largest over the offsets smallest, in floats (golden section on log a);
         # only the certificate at that a counts
-        root = np.linalg.cholesky(gram.mid + 1e-12 * np.trace(gram.mid) * np.eye(gram.shape[0]))
+        root = ridged_root(gram.mid)
         values_part = root[:d_v].T @ outputs.mid @ root[:d_v]
         scores_part = {delta: root[d_v:].T @ block.mid @ root[d_v:] for delta, block in inner.items()}
 

@@ -45,27 +45,11 @@ import numpy as np
 from scipy.sparse.linalg import eigsh
 
 from ...rigorous.intervals import IV, interval, upper
-from ...rigorous.linalg import Enclosure, is_psd_certified, lambda_max_upper_large, weighted_sum
-from .layer import row_factors
+from ...rigorous.linalg import Enclosure, lambda_max_upper_large, weighted_sum
+from .layer import gram_factor, row_factors
 from .rotary_rows import query_inverse, row_splits
 
-__all__ = ["centred_head_rows", "gram_factor"]
-
-
-def gram_factor(gram: Enclosure) -> np.ndarray | None:
-    """A float lower-triangular L with ``L L^T >= gram`` certified (a Cholesky factor of the midpoint lifted by a
-    small ridge, raised until the check passes), or None."""
-    size = gram.shape[0]
-    ridge = 1e-12 * max(float(np.trace(gram.mid)), 1e-300) + float(np.max(gram.rad, initial=0.0))
-    for _attempt in range(6):
-        try:
-            L = np.linalg.cholesky(gram.mid + ridge * np.eye(size))
-        except np.linalg.LinAlgError:
-            L = None
-        if L is not None and is_psd_certified((Enclosure.exact(L) @ Enclosure.exact(L.T)).sym() - gram):
-            return L
-        ridge *= 100
-    return None
+__all__ = ["centred_head_rows"]
 
 
 def centred_head_rows(bounds, b, splits: np.ndarray | None = None):

@@ -39,7 +39,7 @@ from ...rigorous.intervals import IV, interval, upper
 from ...rigorous.linalg import Enclosure, gram_norm_upper, lambda_max_upper, lambda_min_lower, product_norm_interval
 from ...rigorous.value import CertifiedValue
 from .joint import sdp_value
-from .layer import _factor, _joint_term, _stacked_form, _top, split_layer
+from .layer import _factor, _joint_term, _stacked_form, _top, ridged_root, split_layer
 from .own_key import OwnKeyTerms
 from .region import Region
 from .rotary import PositionalHeadBounds, _smaller_by_rows
@@ -58,7 +58,7 @@ def _spectral_key_weights(layer, region, heads: list[PositionalHeadBounds], outp
     keys = [region.project(Enclosure.exact(layer.heads[members[0]].W_K)) for members in groups]
     basis = Enclosure.concatenate(keys)
     gram = (basis.T @ basis).sym()
-    root = np.linalg.cholesky(gram.mid + 1e-12 * np.trace(gram.mid) * np.eye(gram.shape[0]))
+    root = ridged_root(gram.mid)
     d_k = layer.heads[0].d_k
     offsets = heads[0].rows.offsets
     inner = {delta: [(hb.rotations[delta].T @ hb.gram("queries_shaped") @ hb.rotations[delta]).sym() for hb in heads]
@@ -161,8 +161,7 @@ class KeyColumns:
     def __init__(self, radius, gram: Enclosure, inner: dict, owner: list[int], weights: np.ndarray, d_k: int):
         self.radius, self.gram, self.inner, self.owner, self.d_k = radius, gram, inner, owner, d_k
         self.weights = [interval(float(w)) for w in weights]
-        size = gram.shape[0]
-        root = np.linalg.cholesky(gram.mid + 1e-12 * np.trace(gram.mid) * np.eye(size))
+        root = ridged_root(gram.mid)
         r2 = float(upper(radius ** 2))
         self.shares = {delta: r2 * max(float(np.linalg.eigvalsh(root.T @ self._form({delta: 1.0}).mid @ root)[-1]),
                                        0.0) for delta in inner}

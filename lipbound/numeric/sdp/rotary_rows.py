@@ -12,7 +12,7 @@ import numpy as np
 from ...rigorous.intervals import IV, interval, upper
 from ...rigorous.linalg import Enclosure, gram_norm_upper, is_psd_certified
 from .joint import _golden_min
-from .layer import coupled_rows, row_factors, split_rows
+from .layer import coupled_rows, ridged_root, row_factors, split_rows
 
 __all__ = ["query_inverse", "row_splits", "split_head_rows"]
 
@@ -99,7 +99,7 @@ def _rows_apart(bounds, b, has_query: np.ndarray, t_start: np.ndarray):
              for i in range(n) for j in range(n) if rows.visible[i, j] and nus[i] > 0}
     scale2 = float(upper(bounds.spread ** 2 * bounds.r ** 2))
     b2 = float(upper(b ** 2))
-    root = np.linalg.cholesky(gram.mid + 1e-12 * np.trace(gram.mid) * np.eye(2 * k))
+    root = ridged_root(gram.mid)
 
     def middles(t: np.ndarray) -> list[Enclosure]:
         factors = row_factors(t)
