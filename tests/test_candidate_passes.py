@@ -522,12 +522,12 @@ def test_the_slope_norm_over_a_box_is_above_every_point_of_it_in_rationals(seed,
     rng = np.random.default_rng(seed)
     item = local_models.model(seed=seed % 97, layers=1).layer(0)
     ffn, gamma = item.ffn, item.ln_out.gamma
-    G, widest = _slope_gram(ffn, gamma)[:2]
+    slope_gram = _slope_gram(ffn, gamma)
     d_ff = ffn.W_1.shape[1]
     center = rng.uniform(-0.2, 1.2, (2, 3, d_ff))
     spread = width * rng.random(center.shape)
-    bound = _frobenius_over_box(G, widest, center, IntervalArray(spread)).hi
-    forgetful = _frobenius_over_box(G, widest, center, IntervalArray(np.zeros_like(spread))).hi
+    bound = _frobenius_over_box(slope_gram, center, IntervalArray(spread)).hi
+    forgetful = _frobenius_over_box(slope_gram, center, IntervalArray(np.zeros_like(spread))).hi
     W_1 = [[Fraction(float(gamma[i])) * Fraction(float(w)) for w in row] for i, row in enumerate(ffn.W_1)]
     W_2 = [[Fraction(float(w)) for w in row] for row in ffn.W_2]
 

@@ -282,11 +282,12 @@ def feedforward_radii(ffn, X: PointStates) -> PointStates:
 _SLOPE_GRAMS: dict = {}
 
 
-def _slope_gram(ffn, gamma: np.ndarray) -> tuple[IntervalArray, float, np.ndarray, float, float]:
+def _slope_gram(ffn, gamma: np.ndarray) -> tuple[IntervalArray, float, np.ndarray, float, float, tuple[float, float]]:
     """``G = (W_1^T diag(gamma)^2 W_1) o (W_2 W_2^T)`` (d_ff, d_ff), enclosed, with
     ``||diag(gamma) W_1 diag(s) W_2||_F^2 = s^T G s``; an upper bound on ``|| |G| ||_inf`` (>= ``|| |G| ||_2``,
-    ``|G|`` symmetric), the column norms ``||diag(gamma) w_1k||``, a certified ``||W_2||`` and an upper bound on
-    ``|| |W_1| |W_2| ||_F`` (the error scale of products formed in floats); once per block."""
+    ``|G|`` symmetric), the column norms ``||diag(gamma) w_1k||``, a certified ``||W_2||``, an upper bound on
+    ``|| |W_1| |W_2| ||_F`` (the error scale of products formed in floats) and the two bounds of
+    :func:`_gram_center`; once per block."""
     def compute():
         scaled = IntervalArray(ffn.W_1) * IntervalArray(np.asarray(gamma, dtype=np.float64))[:, None]     # (d, d_ff)
         left = scaled.swapaxes(0, 1).bmm(scaled)
@@ -295,7 +296,7 @@ def _slope_gram(ffn, gamma: np.ndarray) -> tuple[IntervalArray, float, np.ndarra
         widest = float(np.max(IntervalArray(G.magnitude).sum(axis=-1).hi))
         absolute = IntervalArray(np.abs(ffn.W_1)).bmm(IntervalArray(np.abs(ffn.W_2)))
         return (G, widest, scaled.norm_upper(axis=0), spectral_norm_upper(ffn.W_2),
-                float(IntervalArray(absolute.hi).square().sum(axis=-1).sum(axis=-1).sqrt().hi))
+                float(IntervalArray(absolute.hi).square().sum(axis=-1).sum(axis=-1).sqrt().hi), _gram_center(G))
     return kept_per_block(_SLOPE_GRAMS, (ffn, gamma), compute)
 
 
@@ -326,30 +327,25 @@ class SlopeReference:
         return cls(slopes, _chain_spectral(item.ffn, item.ln_out.gamma, slopes))
 
 
-#: G -> the facts of :func:`_gram_center` (:func:`~.enclosed.kept_per_block`; two floats per matrix)
-_GRAM_CENTRES: dict = {}
-
-
-def _gram_center(G: IntervalArray) -> tuple[np.ndarray, float, float]:
-    """G's midpoint ``M`` (m, m), ``omega >= max_k ||(gamma_m |M| + rad G)_{:, k}||_2`` and ``max |M|``: for every
+def _gram_center(G: IntervalArray) -> tuple[float, float]:
+    """For G's midpoint ``M`` (m, m): ``omega >= max_k ||(gamma_m |M| + rad G)_{:, k}||_2`` and ``max |M|``; for every
     ``G'`` in G and float vectors c, ``|c G' - fl(c M)| <= |c| (gamma_m |M| + rad G) + (m + 4) eta (3 + max|c| +
     max|M|)`` entrywise (Higham, eq. 3.13, and underflow as in the products of :mod:`lipbound.rigorous.arrays`), and
-    ``|c| W <= ||c|| omega`` column by column (Cauchy-Schwarz).  The two bounds are kept once per matrix, the midpoint
-    is formed again (a d_ff x d_ff matrix per block kept would add to the blocks' caches)."""
+    ``|c| W <= ||c|| omega`` column by column (Cauchy-Schwarz).  Kept with G by :func:`_slope_gram`; the midpoint
+    is formed again where it is used (a d_ff x d_ff matrix per block kept would add to the blocks' caches)."""
     mid = G.mid
-
-    def compute():
-        spread = IntervalArray(np.abs(mid)) * IntervalArray(gamma_bound(mid.shape[-1])) + IntervalArray(G.rad)
-        return float(np.max(IntervalArray(spread.hi).norm_upper(axis=0))), float(np.max(np.abs(mid)))
-    return (mid,) + kept_per_block(_GRAM_CENTRES, (G,), compute)
+    spread = IntervalArray(np.abs(mid)) * IntervalArray(gamma_bound(mid.shape[-1])) + IntervalArray(G.rad)
+    return float(np.max(IntervalArray(spread.hi).norm_upper(axis=0))), float(np.max(np.abs(mid)))
 
 
-def _frobenius_over_box(G: IntervalArray, widest: float, center: np.ndarray, spread: IntervalArray) -> IntervalArray:
-    """``sup (s^T G s)^(1/2)`` over ``s`` in ``center +- spread`` (B, n, d_ff), for the slope Gram matrix G:
-    ``s^T G s <= c^T G c + 2 r^T |G c| + ||r||^2 |||G|||``.  ``G c`` is one float product by G's midpoint, enclosed
-    with the error bound of :func:`_gram_center`, ``||c|| omega`` per entry (3e-11 to 6.5e-9 of ``c^T G c`` at
-    random slopes on all-MiniLM-L6-v2) instead of a second product by ``|G|``."""
-    mid, omega, top = _gram_center(G)
+def _frobenius_over_box(slope_gram: tuple, center: np.ndarray, spread: IntervalArray) -> IntervalArray:
+    """``sup (s^T G s)^(1/2)`` over ``s`` in ``center +- spread`` (B, n, d_ff), for the slope Gram matrix G of
+    ``slope_gram`` (:func:`_slope_gram`'s facts): ``s^T G s <= c^T G c + 2 r^T |G c| + ||r||^2 |||G|||``.  ``G c`` is
+    one float product by G's midpoint, enclosed with the error bound of :func:`_gram_center`, ``||c|| omega`` per
+    entry (3e-11 to 6.5e-9 of ``c^T G c`` at random slopes on all-MiniLM-L6-v2) instead of a second product by
+    ``|G|``."""
+    G, widest, (omega, top) = slope_gram[0], slope_gram[1], slope_gram[5]
+    mid = G.mid
     m = mid.shape[-1]
     largest = float(np.max(np.abs(center), initial=0.0))
     underflow = IntervalArray(float((m + 4) * SMALLEST_SUBNORMAL)) * (IntervalArray(3.0 + largest) + IntervalArray(top))
@@ -420,7 +416,8 @@ def chain_radii(item, X: PointStates, reference: SlopeReference | None = None, e
     points = IntervalArray(Y.points)
     pre = points.matmul(ffn.W_1, exact_sums=True) + IntervalArray(ffn.b_1)
     hidden, slopes = gelu_with_slopes(pre)
-    G, widest, scaled_columns, down_norm, _ = _slope_gram(ffn, norm.gamma)
+    slope_gram = _slope_gram(ffn, norm.gamma)
+    widest, scaled_columns, down_norm = slope_gram[1:4]
     lowered, lowered_rounding = _ball_product(hidden, ffn.W_2, down_norm)
     output = points + lowered + IntervalArray(ffn.b_2)
     rounding = IntervalArray(Y.radii)
@@ -431,10 +428,10 @@ def chain_radii(item, X: PointStates, reference: SlopeReference | None = None, e
     top = IntervalArray(float(np.max(gammas)))
     tokens = np.arange(X.points.shape[1]) if plain is None or reference is None else np.asarray(plain, dtype=int)
     bound = np.full(X.radii.shape, np.inf)                   # sup ||diag(gamma) (I + W_1 diag(s) W_2)||, per token
-    bound[:, tokens] = (top + _frobenius_over_box(G, widest, slopes.mid[:, tokens], spread[:, tokens])).hi
+    bound[:, tokens] = (top + _frobenius_over_box(slope_gram, slopes.mid[:, tokens], spread[:, tokens])).hi
     if reference is not None:
         offset = IntervalArray(slopes.mid) - IntervalArray(reference.slopes)                      # c - s0, enclosed
-        around = IntervalArray(reference.spectral) + _frobenius_over_box(G, widest, offset.mid, spread + offset.rad)
+        around = IntervalArray(reference.spectral) + _frobenius_over_box(slope_gram, offset.mid, spread + offset.rad)
         bound = np.minimum(bound, around.hi)
     if exact is not False:   # the norm at the slopes' centre in full, the box about it in Frobenius norm
         chosen = slice(None) if exact is True else np.asarray(exact, dtype=int)
