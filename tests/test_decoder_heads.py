@@ -28,6 +28,7 @@ from lipbound.numeric.evaluate import symbol_intervals
 from lipbound.numeric.kernels import ALiBi, AttentionMask, DotProduct, QKNorm, Rotary, Sigmoid, T5Bias
 from lipbound.numeric.model import Head, Layer, RMSNorm
 from lipbound.numeric.offsets import HeadRows, offsets_of, rotation_enclosure
+from lipbound.numeric.sdp.region import Region
 from lipbound.numeric.sdp.rotary import PositionalHeadBounds, positional_bound
 from lipbound.numeric.sdp.rotary_layer import positional_layer_bound
 from lipbound.numeric.witness import search_witness
@@ -35,6 +36,7 @@ from lipbound.numeric.witness.kernel_starts import rotary_tied_keys
 from lipbound.numeric.witness.problem import SearchProblem
 from lipbound.numeric.witness.values import jacobian_parts
 from lipbound.rigorous.intervals import lower, upper
+from lipbound.rigorous.linalg import Enclosure
 from lipbound.symbolic.assumptions import Assumptions, RMSNormImage
 
 SLOW = os.environ.get("LIPBOUND_SLOW") == "1"
@@ -84,6 +86,18 @@ def reference_norm(target, X: np.ndarray, step: float = 1e-6) -> float:
         E = E.reshape(X.shape)
         columns.append(((f(X + E) - f(X - E)) / (2 * step)).reshape(-1))
     return float(np.linalg.norm(np.array(columns).T, 2))
+
+
+def layer_setting(layer, domain, n: int):
+    """``(region, per-head constants, W_O blocks, value forms)`` as ``positional_layer_bound`` forms them."""
+    region = Region.of(domain, None, layer.d)
+    heads = [PositionalHeadBounds(head, region, n, output=layer.output_block(h)) for h, head in enumerate(layer.heads)]
+    blocks = [Enclosure.exact(layer.output_block(h)) for h in range(layer.num_heads)]
+    value_forms = []
+    for head in layer.heads:
+        shaped = region.times_shape(Enclosure.exact(head.W_V.T))
+        value_forms.append((shaped @ shaped.T).sym())
+    return region, heads, blocks, value_forms
 
 
 def layer_part(layer, X: np.ndarray, moving: str, step: float = 1e-6) -> np.ndarray:

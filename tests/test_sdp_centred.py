@@ -15,9 +15,9 @@ from fractions import Fraction
 
 import decoder_reference as reference
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_decoder_heads import EXAMPLES, _key_part, _points, reference_norm, rotary_case, rotary_cases
+from test_decoder_heads import CASES, _key_part, _points, reference_norm, rotary_case, rotary_cases
 
 from lipbound.numeric.domains import TokenBall
 from lipbound.numeric.kernels import AttentionMask, Rotary
@@ -27,8 +27,6 @@ from lipbound.numeric.sdp.rotary_centred import centred_head_rows
 from lipbound.numeric.witness import search_witness
 from lipbound.rigorous.intervals import upper
 from lipbound.rigorous.linalg import weighted_sum
-
-CASES = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @settings(max_examples=200, deadline=None)

@@ -14,32 +14,30 @@ import math
 
 import decoder_reference as reference
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_decoder_heads import EXAMPLES, _layer, _points, layer_part, reference_norm, rotary_case, rotary_cases
+from test_decoder_heads import (
+    CASES,
+    _layer,
+    _points,
+    layer_part,
+    layer_setting,
+    reference_norm,
+    rotary_case,
+    rotary_cases,
+)
 
 from lipbound.numeric.domains import RMSNormOutputs, TokenBall
 from lipbound.numeric.model import RMSNorm
-from lipbound.numeric.sdp.region import Region
-from lipbound.numeric.sdp.rotary import PositionalHeadBounds
 from lipbound.numeric.sdp.rotary_layer import _spectral_key_term, positional_layer_bound
 from lipbound.numeric.witness import search_witness
 from lipbound.rigorous.intervals import upper
-from lipbound.rigorous.linalg import Enclosure
-
-CASES = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _spectral(layer, domain, n: int):
     """``(Lambda'^(1/2), KeyColumns, region, heads)`` of the layer's spectral key term (weights from a uniform start)
     and the per-head constants."""
-    region = Region.of(domain, None, layer.d)
-    heads = [PositionalHeadBounds(head, region, n, output=layer.output_block(h)) for h, head in enumerate(layer.heads)]
-    blocks = [Enclosure.exact(layer.output_block(h)) for h in range(layer.num_heads)]
-    value_forms = []
-    for head in layer.heads:
-        shaped = region.times_shape(Enclosure.exact(head.W_V.T))
-        value_forms.append((shaped @ shaped.T).sym())
+    region, heads, blocks, value_forms = layer_setting(layer, domain, n)
     value, info = _spectral_key_term(layer, region, heads, blocks, value_forms, np.ones(len(heads)))
     return value, info.get("columns"), region, heads
 

@@ -14,30 +14,22 @@ import math
 
 import decoder_reference as reference
 import numpy as np
-from hypothesis import HealthCheck, given, settings
-from test_decoder_heads import EXAMPLES, _layer, _points, layer_part, reference_norm, rotary_case, rotary_cases
+from hypothesis import given
+from test_decoder_heads import (
+    CASES,
+    _layer,
+    _points,
+    layer_part,
+    layer_setting,
+    reference_norm,
+    rotary_case,
+    rotary_cases,
+)
 
 from lipbound.numeric.domains import TokenBall
-from lipbound.numeric.sdp.region import Region
-from lipbound.numeric.sdp.rotary import PositionalHeadBounds
 from lipbound.numeric.sdp.rotary_layer import _shared_query_term, dominating_key_form, positional_layer_bound
 from lipbound.numeric.witness import search_witness
 from lipbound.rigorous.intervals import upper
-from lipbound.rigorous.linalg import Enclosure
-
-CASES = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def _setting(layer, domain, n: int):
-    """``(region, per-head constants, W_O blocks, value forms)`` as ``positional_layer_bound`` forms them."""
-    region = Region.of(domain, None, layer.d)
-    heads = [PositionalHeadBounds(head, region, n, output=layer.output_block(h)) for h, head in enumerate(layer.heads)]
-    blocks = [Enclosure.exact(layer.output_block(h)) for h in range(layer.num_heads)]
-    value_forms = []
-    for head in layer.heads:
-        shaped = region.times_shape(Enclosure.exact(head.W_V.T))
-        value_forms.append((shaped @ shaped.T).sym())
-    return region, heads, blocks, value_forms
 
 
 def _query_gradient_form(head, M: np.ndarray, delta: int) -> np.ndarray:
@@ -58,7 +50,7 @@ def test_the_dominating_form_holds_every_offsets_query_gradient_form_rotated_by_
     differences)."""
     _, layer, domain = rotary_case(case)
     n = case["n"]
-    region, heads, _, _ = _setting(layer, domain, n)
+    region, heads, _, _ = layer_setting(layer, domain, n)
     M = region.shape.mid if region.shape is not None else np.eye(layer.d)
     for hb in heads:
         form = dominating_key_form(hb)
@@ -81,7 +73,7 @@ def test_the_shared_query_term_bounds_the_query_part_of_the_layers_jacobian(case
     the smaller of this one and the others, above the whole Jacobian at the witness."""
     rng, layer, domain = rotary_case(case)
     d, n = case["d"], case["n"]
-    region, heads, blocks, value_forms = _setting(layer, domain, n)
+    region, heads, blocks, value_forms = layer_setting(layer, domain, n)
     b, info = _shared_query_term(heads, blocks, value_forms, region.r)
     assert b is not None, info
     bound = positional_layer_bound(layer, region, n, heads=heads)
