@@ -267,13 +267,17 @@ class PositionalHeadBounds:
         return Enclosure.exact(W.T) @ Enclosure.exact(center.reshape(-1, 1)) + Enclosure.exact(bias.reshape(-1, 1))
 
     def gram(self, which: str) -> Enclosure:
-        """The d_k x d_k Gram matrices of the fixed factors (each computed once per instance)."""
+        """The Gram matrices of the fixed factors, d_k x d_k (2 d_k x 2 d_k for ``[Z, X]``, "query_and_key_left"),
+        each computed once per instance."""
         gram = self._grams.get(which)
         if gram is None:
             gram = self._grams[which] = self._gram_of(which)
         return gram
 
     def _gram_of(self, which: str) -> Enclosure:
+        if which == "query_and_key_left":   # F = [Z, X] of the row splits apart and centred (steps 7 and 9)
+            both = Enclosure.concatenate([self.query_left, self.key_left])
+            return (both.T @ both).sym()
         factor = {"query_left": self.query_left, "key_left": self.key_left,
                   "keys_shaped": self.keys_shaped.T}.get(which)
         if factor is not None:

@@ -61,8 +61,7 @@ def centred_head_rows(bounds, b, splits: np.ndarray | None = None):
     if rows.softcap is not None or bounds.centred(head.W_Q, head.b_Q) is not None:
         return None
     C = query_inverse(bounds.gram("query_left"))
-    both = Enclosure.concatenate([bounds.query_left, bounds.key_left])                # F = [Z, X]
-    L = gram_factor((both.T @ both).sym())
+    L = gram_factor(bounds.gram("query_and_key_left"))                                 # L L^T >= F^T F, F = [Z, X]
     if C is None or L is None:
         return None
     k = C.shape[0]

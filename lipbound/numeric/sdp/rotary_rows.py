@@ -91,8 +91,7 @@ def _rows_apart(bounds, b, has_query: np.ndarray, t_start: np.ndarray):
     if C is None:
         return None
     k = C.shape[0]
-    both = Enclosure.concatenate([bounds.query_left, bounds.key_left])              # F = [Z, X]
-    gram = (both.T @ both).sym()
+    gram = bounds.gram("query_and_key_left")                                        # F^T F, F = [Z, X]
     queries = bounds.gram("queries_shaped")
     nus = [float(upper(bounds.row_nu(i))) for i in range(n)]
     forms = {(i, j): (bounds.rotations[j - i].T @ queries @ bounds.rotations[j - i]).sym()
