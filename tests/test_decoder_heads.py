@@ -674,3 +674,10 @@ def test_rotary_self_tied_starts_tie_token_one_between_key_zero_and_itself():
             q = _rotate(tokens[1] @ head.W_Q, 1, kernel.base, dims, kernel.pairing)
             k = [_rotate(tokens[j] @ head.W_K, j, kernel.base, dims, kernel.pairing) for j in (0, 1)]
             np.testing.assert_allclose(q @ k[0], q @ k[1], rtol=1e-6, atol=1e-9 * abs(q @ k[0]) + 1e-12)
+            for i in range(2, n):
+                # the later queries tie the two keys too, each at its own offsets -i and 1 - i
+                q = _rotate(tokens[i] @ head.W_Q, i, kernel.base, dims, kernel.pairing)
+                scale = np.linalg.norm(q) * max(np.linalg.norm(k[0]), np.linalg.norm(k[1]))
+                np.testing.assert_allclose(q @ k[0], q @ k[1], rtol=0, atol=1e-9 * scale)
+            # the later queries sit at their own point, not on token 1 or key 0
+            assert not np.allclose(np.abs(tokens[2]), np.abs(tokens[1]))

@@ -17,7 +17,8 @@ continuation starts only):
   all heads together, the same with each query turned to its own point towards the keys' one common move
   (:func:`.spread_starts.rotary_spread_queries`, the largest heads one by one; each head's best query point is
   ranked first, since the pool is ranked in chunks until a deadline), and token 1 tied between key 0 and itself, so
-  that one move shifts its query and one of its keys at once (:func:`rotary_self_tied`, the two largest heads);
+  that one move shifts its query and one of its keys at once, with the later queries at a point where the same two
+  keys tie for them too (:func:`rotary_self_tied`, the two largest heads);
 * :class:`~lipbound.numeric.kernels.QKNorm` -- the scores are 0-homogeneous in q and k up to the
   regulariser, so their derivatives grow like ``1 / ||k||`` (``1 / ||q||``): one token near the
   affine null set ``x W_K + b_K = 0`` of the keys at the first position, which every query sees
@@ -170,8 +171,10 @@ def rotary_self_tied(problem, h: int, trade_offs=(0.25, 1.0, 4.0), count: int = 
     working coordinates, where the moves are measured), so the row stretches by about ``||u S V|| ||B u|| / 2``,
     ``B = (A_{-1} + A_0 + A_0^T) S^T``.  u is a top eigenvector of ``S V V^T S^T / ||.|| + t B^T B / ||.||``, turned in
     the plane of an eigenvector of ``Q = sym(C_{-1} + C_0)`` (``C_Delta = S A_Delta S^T``, the scores in the chart) of
-    the other sign until ``u^T Q u = 0``, the tie (a direction where no such turn exists is dropped).  The other
-    tokens sit on token 1 or on key 0."""
+    the other sign until ``u^T Q u = 0``, the tie (a direction where no such turn exists is dropped).  The queries
+    2..n-1 sit at one chart point where keys 0 and 1 tie for each of them as well (:func:`_tying_queries`), so that
+    moving the two keys apart adds the key parts of all later rows to token 1's own part; with n = 2 there are none
+    (n < 3: the other tokens sit on token 1 or on key 0)."""
     engine, n, S = problem.engine, problem.n, problem.context.root
     kernel, d_k = engine.kernel, engine.d_k
     sigma = scale_of(kernel.scale, d_k)
@@ -188,6 +191,11 @@ def rotary_self_tied(problem, h: int, trade_offs=(0.25, 1.0, 4.0), count: int = 
     gradient = B.T @ B
     spread, gradient = (M / max(np.linalg.norm(M, 2), 1e-300) for M in (spread, gradient))
     values, vectors = np.linalg.eigh(Q)
+    # the chart's score forms C_Delta = S A_Delta S of the offsets at which queries 2..n-1 read the two keys (and
+    # each other), on the span: a query point that ties the keys for every later row (_tying_queries)
+    charted = {o: (span.T @ S) @ (sigma * W_Q @ kernel.relative_rotation(d_k, o) @ W_K.T) @ (S.T @ span)
+               for o in range(-(n - 1), 1)}
+    Q_own = 0.5 * (charted[0] + charted[0].T)
     out = []
     for t in trade_offs:
         for u in np.linalg.eigh(spread + t * gradient)[1][:, -count:].T:
@@ -210,14 +218,45 @@ def rotary_self_tied(problem, h: int, trade_offs=(0.25, 1.0, 4.0), count: int = 
                     break
             if a != 0:
                 continue                                                    # no tie on this direction
+            points = _tying_queries(u, charted, Q_own, n)
             u = span @ u
-            for rest in (u, -u):
+            for rest in [span @ b for b in points] or [u, -u]:
                 U = np.empty((n, problem.width))
                 U[0], U[1], U[2:] = -u, u, rest
                 out.append(U)
     if not out:
         return np.zeros((0, n, problem.width))
     return problem.retract(problem.from_unit(np.array(out)), 1 - 1e-6)
+
+
+def _tying_queries(u: np.ndarray, charted: dict, own: np.ndarray, n: int, trade_offs=(0.0, 1.0, 4.0)) -> list:
+    """Chart points b (unit, on the span) for the queries 2..n-1 of a self-tied start (key 0 at ``-u``, token 1 at
+    ``u``) at which the two keys tie for every one of those rows: row i reads key 0 at offset ``-i`` and key 1 at
+    ``1 - i``, so the tie ``b C_{-i} (-u) = b C_{1-i} u`` is linear in b (b orthogonal to ``(C_{-i} + C_{1-i}) u``).
+    Among those points, the top eigenvectors of ``G - t H`` on the ties' complement: ``G = sum_Delta C_Delta C_Delta^T``
+    over the keys' offsets (the rows' key gradients in the chart, which move the outputs of all the later rows
+    together) less ``t`` times the queries' own score form ``H`` (a query that scores itself above the keys' common
+    level takes the weight from them), with the sign that scores the keys above 0 for the last row.  Empty for
+    n < 3."""
+    if n < 3:
+        return []
+    ties = np.array([(charted[-i] + charted[1 - i]) @ u for i in range(2, n)])
+    frame = np.linalg.svd(ties.T, full_matrices=False)[0]
+    keys = sum(C @ C.T for o, C in charted.items() if o < 0)
+    scale = np.linalg.norm(keys, 2) / max(np.linalg.norm(own, 2), 1e-300)
+    out = []
+    for t in trade_offs:
+        form = keys - t * scale * own
+        form = form - frame @ (frame.T @ form)
+        form = form - (form @ frame) @ frame.T
+        b = np.linalg.eigh(0.5 * (form + form.T))[1][:, -1]
+        b = b - frame @ (frame.T @ b)
+        if np.linalg.norm(b) <= 1e-12:
+            continue
+        b = b / np.linalg.norm(b)
+        level = -b @ charted[-(n - 1)] @ u                                # the keys' score for the last row
+        out.append(b if level >= 0 else -b)
+    return out
 
 
 def _by_query_point(inputs: np.ndarray) -> list[np.ndarray]:

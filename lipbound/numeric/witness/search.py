@@ -86,8 +86,8 @@ _SAME_START = 1e-3
 
 def _distinct(cands, order: list) -> list:
     """``order`` without the starts that repeat an earlier one of their family: a value within :data:`_SAME_START`
-    of it.  Constructions that come in mirror images (the rotary self-tied starts with the other tokens on the query
-    or on the key, at the same value to 1e-5 or so) would otherwise take two of the polish's slots."""
+    of it.  Constructions that come in near copies (the rotary self-tied starts at n = 2, or whose later queries land
+    on one point for two trade-offs, at the same value to 1e-5 or so) would otherwise take two of the polish's slots."""
     kept: list = []
     for i in order:
         if not any(cands.family[j] == cands.family[i]
