@@ -31,7 +31,7 @@ import math
 from typing import final
 
 import numpy as np
-from scipy.sparse.linalg import eigsh
+from scipy.sparse.linalg import ArpackNoConvergence, eigsh
 
 from ...rigorous.intervals import IV, interval, upper
 from ...rigorous.linalg import Enclosure, lambda_max_upper_large, weighted_sum
@@ -79,13 +79,16 @@ class JoinedColumns:
             if total is None:
                 out.append(None)
                 continue
-            if total.shape[0] <= _DENSE:
-                values, vectors = np.linalg.eigh(total)
-                out.append((float(values[-1]), vectors[:, -1]))
-                continue
-            values, vectors = eigsh(total, k=1, which="LA", tol=1e-8, v0=starts[j])
-            starts[j] = vectors[:, 0]
-            out.append((float(values[0]), vectors[:, 0]))
+            if total.shape[0] > _DENSE:
+                try:
+                    values, vectors = eigsh(total, k=1, which="LA", tol=1e-8, v0=starts[j])
+                    starts[j] = vectors[:, 0]
+                    out.append((float(values[0]), vectors[:, 0]))
+                    continue
+                except ArpackNoConvergence:      # a dense eigendecomposition instead
+                    pass
+            values, vectors = np.linalg.eigh(total)
+            out.append((float(values[-1]), vectors[:, -1]))
         return out
 
     def bound(self, b, key2, coefficients: list, visible: np.ndarray, has_query: np.ndarray, t_start: np.ndarray,
