@@ -127,6 +127,19 @@ def query_terms(best) -> dict | None:
     return found or None
 
 
+def layer_candidates(best) -> dict | None:
+    """A layer's candidates for the whole bound by the names its certificate uses: Minkowski, the row split (step 5 of
+    ``positional_layer_bound``), the key term by columns (step 7) and the query and key charges of each column in one
+    eigenvalue (step 9); None for a head."""
+    if best is None:
+        return None
+    names = {"minkowski": "Minkowski", "coupled_rows": "row split", "key_columns_rows": "key columns",
+             "joined_columns_rows": "joined columns"}
+    found = {label: best.details.get(key) for key, label in names.items()}
+    found = {label: value for label, value in found.items() if isinstance(value, float)}
+    return found or None
+
+
 def witness_parts(model, report) -> dict:
     """Per row ``(layer, head)`` (head None for the whole layer) the norms of its witness's query, key and value parts
     (:func:`lipbound.numeric.witness.values.jacobian_parts`) and the rows whose key part is at least a tenth of the
@@ -279,7 +292,8 @@ def main() -> None:
                      "best": row.best_upper, "best_name": None if best is None else best.name,
                      "gap": row.gap, "refuted": list(row.refuted),
                      "bounds": {b.name: b.value for b in proven},
-                     "terms": bound_terms(best), "query_terms": query_terms(best)})
+                     "terms": bound_terms(best), "query_terms": query_terms(best),
+                     "layer_candidates": layer_candidates(best) if row.head is None else None})
     print(f"{title} ({path.name}): n = {args.n}, budget {args.budget}, jobs {args.jobs}; "
           f"loaded in {loaded:.1f} s")
     print(f"{'block':>5s} {'heads':>5s} {'head gap median':>15s} {'max':>6s} {'best head bound':>16s} "
@@ -343,8 +357,10 @@ def main() -> None:
     for whole in (r for r in rows if r["head"] is None and r["terms"]):
         terms = ", ".join(f"{key} {value:.4g}" for key, value in whole["terms"].items())
         query = ", ".join(f"{name} {value:.4g}" for name, value in (whole["query_terms"] or {}).items())
+        candidates = ", ".join(f"{name} {value:.6g}" for name, value in (whole["layer_candidates"] or {}).items())
         print(f"block {whole['layer']}: the layer's best bound ({whole['best_name']}) has the terms {terms}"
-              + (f"; its query term's candidates {query}" if query else ""))
+              + (f"; its query term's candidates {query}" if query else "")
+              + (f"; its candidates {candidates}" if candidates else ""))
     print(f"all: {len(head_gaps)} heads, gap median {np.median(head_gaps):.3f}, max {np.max(head_gaps):.3f}; "
           f"{len(layer_gaps)} layers, gap median {np.median(layer_gaps):.3f}, max {np.max(layer_gaps):.3f}")
     print(f"wall time {seconds:.1f} s for {len(rows)} rows, {cpu:.1f} CPU s (this process and its finished workers); "

@@ -121,4 +121,4 @@ def test_the_columns_lower_the_layer_bound_where_the_rotations_turn_fast():
     details = bound.details
     assert details["key_columns_rows"] < details["coupled_rows"]
     assert bound.value == min(details[k] for k in ("coupled_rows", "key_columns_rows", "minkowski", "row_form",
-                                                   "own_key_rows") if details.get(k) is not None)
+                                                   "own_key_rows", "joined_columns_rows") if details.get(k) is not None)

@@ -287,6 +287,18 @@ def row_factors(t: np.ndarray) -> np.ndarray:
     return np.array([upper(1 + 1 / interval(float(x))) for x in t])
 
 
+def layer_splits(b, key2, coefficients: list, visible: np.ndarray, has_query: np.ndarray, columns=None) -> np.ndarray:
+    """The splits ``t_i`` of :func:`split_layer` (floats): step 5's scalar split with row i's key charge per key
+    ``key2 c_i`` (times ``columns.shares`` of the offset with ``columns``)."""
+    n = len(coefficients)
+    has_query = np.asarray(has_query, dtype=bool)
+    scale = [key2 * (coefficients[i] if has_query[i] else IV.mpf(0)) for i in range(n)]
+    share = (lambda offset: 1.0) if columns is None else (lambda offset: columns.shares[offset])
+    proxy = np.array([[float(upper(scale[i])) * share(j - i) if visible[i, j] else 0.0 for j in range(n)]
+                      for i in range(n)])
+    return split_rows(np.where(has_query, float(upper(b ** 2)), 0.0), proxy)
+
+
 def split_layer(b, key2, coefficients: list, visible: np.ndarray, has_query: np.ndarray, columns=None):
     """``Lip(S + key)`` of a layer with its rows' query and key parts split (step 6): row i's query part at most ``b
     ||e_i||`` (when ``has_query[i]``), its key part squared at most ``key2 c_i sum_{j in V_i} ||e_j||^2`` (``c_i``
@@ -299,11 +311,7 @@ def split_layer(b, key2, coefficients: list, visible: np.ndarray, has_query: np.
     charged ``key2`` times the smaller of that and ``sum_i f_i``, ``f_i = c_i (1 + 1/t_i)``."""
     n = len(coefficients)
     has_query = np.asarray(has_query, dtype=bool)
-    scale = [key2 * (coefficients[i] if has_query[i] else IV.mpf(0)) for i in range(n)]
-    share = (lambda offset: 1.0) if columns is None else (lambda offset: columns.shares[offset])
-    proxy = np.array([[float(upper(scale[i])) * share(j - i) if visible[i, j] else 0.0 for j in range(n)]
-                      for i in range(n)])
-    t = split_rows(np.where(has_query, float(upper(b ** 2)), 0.0), proxy)
+    t = layer_splits(b, key2, coefficients, visible, has_query, columns)
     factors = row_factors(t)
     out = []
     for j in range(n):

@@ -39,10 +39,11 @@ from ...rigorous.intervals import IV, interval, upper
 from ...rigorous.linalg import Enclosure, gram_norm_upper, lambda_max_upper, lambda_min_lower, product_norm_interval
 from ...rigorous.value import CertifiedValue
 from .joint import sdp_value
-from .layer import _factor, _joint_term, _stacked_form, _top, ridged_root, split_layer
+from .layer import _factor, _joint_term, _stacked_form, _top, layer_splits, ridged_root, split_layer
 from .own_key import OwnKeyTerms
 from .region import Region
 from .rotary import PositionalHeadBounds, _smaller_by_rows
+from .rotary_joined import JoinedColumns
 
 __all__ = ["positional_layer_bound"]
 
@@ -97,7 +98,7 @@ def _spectral_key_weights(layer, region, heads: list[PositionalHeadBounds], outp
         gradient = w * (grad_top + 2 * grad_C / max(C, 1e-300))              # d log(value) / d log w
         log_w = np.log(best_w) - step * gradient / max(np.max(np.abs(gradient)), 1e-12)
     C, _ = constraint(best_w)
-    return best_w * C * C, gram, inner, owner
+    return best_w * C * C, basis, gram, inner, owner
 
 
 def _spectral_key_term(layer, region, heads, blocks, value_forms, start) -> tuple:
@@ -105,7 +106,7 @@ def _spectral_key_term(layer, region, heads, blocks, value_forms, start) -> tupl
     ``r^2 max_Delta lambda_max(sum_h F^h_Delta F^hT_Delta / lambda_h) <= 1`` holds in interval arithmetic
     (``F^h_Delta = Pi A^h_Delta^T M``, all heads at one key sharing its offset), or ``(None, reason)``."""
     outputs = [O.mid.T @ _factor(S.mid) for O, S in zip(blocks, value_forms)]
-    weights, gram, inner, owner = _spectral_key_weights(layer, region, heads, outputs, start)
+    weights, basis, gram, inner, owner = _spectral_key_weights(layer, region, heads, outputs, start)
     d_k = layer.heads[0].d_k
     for inflate in (1e-9, 1e-6, 1e-3, 1e-1):
         lam = weights * (1 + inflate)
@@ -128,7 +129,7 @@ def _spectral_key_term(layer, region, heads, blocks, value_forms, start) -> tupl
         return None, {"failed": "the spectral condition was not certified"}
     top = max(lambda_max_upper(_stacked_form([[(O.T, S)] for O, S in zip(blocks, value_forms)], lam)), 0.0)
     return IV.sqrt(IV.mpf(top)), {"weights": [float(w) for w in lam],
-                                  "columns": KeyColumns(region.r, gram, inner, owner, lam, d_k)}
+                                  "columns": KeyColumns(region.r, basis, gram, inner, owner, lam, d_k)}
 
 
 @final
@@ -141,6 +142,8 @@ class KeyColumns:
     ----------
     radius : interval
         ``r``.
+    basis : Enclosure (d, G d_k)
+        ``B = [Pi W_K^1, ..., Pi W_K^G]``.
     gram : Enclosure (G d_k, G d_k)
         ``B^T B`` of the key projections ``B = [Pi W_K^1, ..., Pi W_K^G]`` of the G key/value groups.
     inner : dict
@@ -158,8 +161,9 @@ class KeyColumns:
         Per offset ``r^2 lambda_max(Phi_Delta)`` in floats (at most about 1 by the condition; steers the row split).
     """
 
-    def __init__(self, radius, gram: Enclosure, inner: dict, owner: list[int], weights: np.ndarray, d_k: int):
-        self.radius, self.gram, self.inner, self.owner, self.d_k = radius, gram, inner, owner, d_k
+    def __init__(self, radius, basis: Enclosure, gram: Enclosure, inner: dict, owner: list[int], weights: np.ndarray,
+                 d_k: int):
+        self.radius, self.basis, self.gram, self.inner, self.owner, self.d_k = radius, basis, gram, inner, owner, d_k
         self.weights = [interval(float(w)) for w in weights]
         root = ridged_root(gram.mid)
         r2 = float(upper(radius ** 2))
@@ -187,6 +191,12 @@ class KeyColumns:
         if not math.isfinite(norm):
             return None
         return float(upper(self.radius ** 2 * interval(norm) ** 2))
+
+    def forms(self) -> dict:
+        """Per offset ``r^2 Phi_Delta = r^2 B D_Delta B^T`` as a ``d x d`` enclosure (PSD; step 9 of
+        :func:`positional_layer_bound`)."""
+        r2 = self.radius ** 2
+        return {delta: (self.basis @ self._form({delta: 1.0}) @ self.basis.T).sym().scale(r2) for delta in self.inner}
 
 
 def _psd_part(S: np.ndarray) -> np.ndarray:
@@ -220,7 +230,8 @@ def dominating_key_form(hb: PositionalHeadBounds) -> Enclosure | None:
 def _shared_query_term(heads: list[PositionalHeadBounds], blocks, value_forms, r):
     """Step 8 of :func:`positional_layer_bound`: the layer's query term with the heads' query gradients bounded
     together on the shared tangent ``e_i`` through one dominating key form per head, ``r Lambda^(1/2)`` under
-    ``r^2 lambda_max(sum_h Pi W_Q^h Kbar_h W_Q^hT Pi / lambda_h) <= 1``; ``(interval or None, details)``."""
+    ``r^2 lambda_max(sum_h Pi W_Q^h Kbar_h W_Q^hT Pi / lambda_h) <= 1``; ``(interval or None, details)``, the details
+    with ``form``, ``r^2 sum_h Pi W_Q^h Kbar_h W_Q^hT Pi / lambda_h`` at the certified weights (for step 9)."""
     if any(hb.centred(hb.head.W_K, hb.head.b_K) is not None for hb in heads):
         return None, {"skipped": "the query gradients have a constant part (a centre or a key bias)"}
     forms = [dominating_key_form(hb) for hb in heads]
@@ -228,7 +239,10 @@ def _shared_query_term(heads: list[PositionalHeadBounds], blocks, value_forms, r
         return None, {"failed": "a dominating key form was not certified"}
     inputs = [[(hb.query_left, form)] for hb, form in zip(heads, forms)]
     joint, info = _joint_term(blocks, value_forms, inputs, None, r, "shared query term")
-    return (None if joint is None else r * joint), info
+    if joint is None:
+        return None, info
+    info["form"] = _stacked_form(inputs, [1 / interval(w) for w in info["weights"]]).scale(r ** 2)
+    return r * joint, info
 
 
 def _own_key_layer(heads: list[PositionalHeadBounds], blocks, value_forms, r, key2, coefficients, has_query):
@@ -293,6 +307,11 @@ def positional_layer_bound(layer, domain, n: int, *, heads: list[PositionalHeadB
        ``r^2 lambda_max(...) <= 1`` (checked in interval arithmetic): one eigenvalue over the heads' query directions
        in place of step 1's ``sum_h a_h^2 / lambda_h``, each head's worst tangent taken apart.  Used as step 1's
        query term when smaller.
+    9. *Query and key charges of a column in one eigenvalue* (:mod:`.rotary_joined`; when step 8's query term is the
+       one used and step 7 applies): ``||S_i||^2 <= b^2 e_i^T (r^2 Q) e_i`` by step 8 and ``||cov_i||^2 <= r^2 Lambda'
+       c_i sum_{j in V_i} e_j^T (r^2 Phi_{j-i}) e_j`` by step 7, so step 5's split gives ``Lip(S + cov)^2 <= max_j
+       lambda_max((1 + t_j) b^2 r^2 Q + r^2 Lambda' sum_{i sees j} (1 + 1/t_i) c_i r^2 Phi_{j-i})``: one eigenvalue per
+       key column in place of the sum of the two parts' own, when smaller.
     """
     started = time.perf_counter()
     if layer.residual:
@@ -344,7 +363,8 @@ def positional_layer_bound(layer, domain, n: int, *, heads: list[PositionalHeadB
         joint, _ = _joint_term(blocks, value_forms, [], [IV.mpf(hb.query_gain.value) for hb in heads],
                                interval(0), "query term")
         b = summed if joint is None or upper(summed) <= upper(r * joint) else r * joint
-        shared, _ = _shared_query_term(heads, blocks, value_forms, r)
+        shared, shared_info = _shared_query_term(heads, blocks, value_forms, r)
+        shared_form = shared_info.pop("form", None)
         b = shared if shared is not None and upper(shared) < upper(b) else b
         certificate.update(query_summed=upper(summed), query_joint=None if joint is None else upper(r * joint),
                            query_shared=None if shared is None else upper(shared))
@@ -396,5 +416,14 @@ def positional_layer_bound(layer, domain, n: int, *, heads: list[PositionalHeadB
                                   columns=key_columns) + mean
             certificate["key_columns_rows"] = upper(columns)
             total_iv = columns if upper(columns) < upper(total_iv) else total_iv
+            if shared_form is not None and b is shared:
+                # step 9: the query term on the shared tangent and the key charges of each column in one eigenvalue
+                t = layer_splits(b, (r * spectral) ** 2, coefficients, rows.visible, has_query, columns=key_columns)
+                joined = JoinedColumns(shared_form, key_columns.forms()).bound(
+                    b, (r * spectral) ** 2, coefficients, rows.visible, has_query, t)
+                if joined is not None:
+                    joined = joined + mean
+                    certificate["joined_columns_rows"] = upper(joined)
+                    total_iv = joined if upper(joined) < upper(total_iv) else total_iv
     return sdp_value(name, upper(total_iv), True, certificate, "eig", time.perf_counter() - started, "certified",
                      _LAYER_PROVENANCE)
