@@ -357,8 +357,8 @@ def test_feedforward_remainders_skipped_only_where_no_set_can_win(monkeypatch):
     calls.clear()
     assert np.all(third(np.zeros_like(radii[2])) == np.inf) and not calls
     monkeypatch.setattr(relational_tail, "feedforward_remainder",
-                        lambda enclosed, i, row, ball, second=None: relational_tail.remainder_floor(enclosed, i, row,
-                                                                                                    ball))
+                        lambda enclosed, i, row, ball, second=None, shape=None:
+                        relational_tail.remainder_floor(enclosed, i, row, ball, shape))
     floors = third(None)                                     # the radii with the remainders' floors
     assert np.all(floors <= radii[2]) and np.any(floors < radii[2])
     monkeypatch.setattr(relational_tail, "feedforward_remainder", counted)
@@ -390,3 +390,75 @@ def test_the_remainder_floor_is_below_the_certified_remainder(seed, scale, eps):
     for i, (row, ball) in enumerate(zip(before.rows, before.balls)):
         floor = relational_tail.remainder_floor(enclosed, i, row, ball)
         assert 0 < floor <= relational_tail.feedforward_remainder(enclosed, i, row, ball)
+
+
+def _carried_about(Y, scale: float, carried: float, rng, symbols: int = 12) -> TokenForms:
+    """Rows ``e G_i`` (norm about ``scale``) and carried balls ``z_i N_i`` (random N_i of norm about ``carried``, each
+    token's over symbols of its own) about the float point Y."""
+    forms = _forms_about(Y, scale, rng, symbols)
+    n, d = Y.shape
+    shapes = tuple(AffineForm.generated(IntervalArray(np.zeros(d)),
+                                        IntervalArray(carried * rng.standard_normal((d, d)) / np.sqrt(d)))
+                   for _ in range(n))
+    return TokenForms(forms.rows, np.zeros(n), shapes)
+
+
+def _carried_escape(step_map, forms: TokenForms, Y, after, out: TokenForms, rng, samples: int = 200) -> float:
+    """As :func:`_escape` with each token's own carried symbols ``z_i`` drawn too (unit or shorter, independent)."""
+    worst = -np.inf
+    for _ in range(samples):
+        e = rng.standard_normal(forms.rows[0].l2.shape[0])
+        e /= np.linalg.norm(e) if rng.random() < 0.7 else np.linalg.norm(e) / rng.random()
+        z = rng.standard_normal((len(forms.rows), forms.shapes[0].l2.shape[0]))
+        inside = np.where(rng.random(len(z)) < 0.7, 1.0, rng.random(len(z)))
+        z *= (inside / np.linalg.norm(z, axis=1))[:, None]
+        x = np.stack([Y[i] + row.center + e @ row.l2 + shape.center + z[i] @ shape.l2
+                      for i, (row, shape) in enumerate(zip(forms.rows, forms.shapes))])
+        value = step_map(x)
+        for i, (row, shape) in enumerate(zip(out.rows, out.shapes)):
+            gap = np.linalg.norm(value[i] - after[i] - row.center - e @ row.l2 - shape.center - z[i] @ shape.l2)
+            worst = max(worst, gap - (np.linalg.norm(row.err) + np.linalg.norm(shape.err) + out.balls[i]))
+    return worst
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), scale=st.sampled_from([0.05, 0.5]), carried=st.sampled_from([0.1, 1.0]))
+def test_carried_balls_hold_the_maps_values(seed, scale, carried):
+    """Lemma token-form-carried: the LayerNorm and feed-forward steps on sets with carried balls hold the map's values
+    at sampled points (rows and each token's own carried symbols drawn together), the carried balls taking the steps'
+    linear maps; the token radii hold every sampled point."""
+    generated = local_models.model(seed=seed % 50, layers=1, scale=2.0)
+    chain = chain_for(generated, "block", 0)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    centre = ChainCentre(chain, X, False)
+    rng = np.random.default_rng(seed)
+    for k, step in ((1, TokenForms.norm_step), (2, TokenForms.feedforward_step), (3, TokenForms.norm_step)):
+        Y = centre.points[k]
+        forms = _carried_about(Y, scale, carried, rng)
+        out = step(forms, centre.enclosed[k], centre.points[k + 1])
+        if not np.all(np.isfinite(out.balls)):
+            continue
+        assert len(out.shapes) == len(forms.shapes)
+        assert _carried_escape(lambda x: chain[k].step.linearize(x[None], None).F[0], forms, Y, centre.points[k + 1],
+                               out, rng) <= 1e-9
+
+
+def test_dropping_the_carried_ball_fails(monkeypatch):
+    """Mutation: a feed-forward remainder that forgets the carried ball (its columns and rows zero, as if the set were
+    the rows alone) lets sampled points leave the step's set."""
+    generated = local_models.model(seed=3, layers=1, scale=2.0)
+    chain = chain_for(generated, "block", 0)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    centre = ChainCentre(chain, X, False)
+    Y = centre.points[2]
+
+    def escape() -> float:
+        rng = np.random.default_rng(0)
+        forms = _carried_about(Y, 0.05, 2.0, rng)
+        out = forms.feedforward_step(centre.enclosed[2], centre.points[3])
+        return _carried_escape(lambda x: chain[2].step.linearize(x[None], None).F[0], forms, Y, centre.points[3], out,
+                               rng)
+    assert escape() <= 1e-9
+    monkeypatch.setattr(relational_tail, "_carried_ball",
+                        lambda shape, ffn, beta: relational_tail.CarriedBall(None, np.zeros(ffn.W_1.shape[1]), beta))
+    assert escape() > 0

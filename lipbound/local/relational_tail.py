@@ -65,18 +65,33 @@ def _off_generators(row: AffineForm, ball: float) -> float:
 @final
 @dataclass(frozen=True)
 class TokenForms:
-    """``{x~ + f(e) + z}`` (module docstring): ``rows[i]`` the form of token i, shape (d,), all over one set of
-    symbols, centred near 0 (``x~`` is held by the caller); ``balls[i] >= ||z_i||``."""
+    """``{x~ + f(e) + s(z) + w}`` (module docstring): ``rows[i]`` the form of token i, shape (d,), all over one set of
+    symbols, centred near 0 (``x~`` is held by the caller); ``shapes[i]`` (optional, empty for none) the carried ball of
+    token i, a form ``s_i(z_i)`` (d,) over Euclidean symbols of its own (``||z_i|| <= 1``, independent of e and of the
+    other tokens'; lemma token-form-carried); ``balls[i] >= ||w_i||``."""
 
     rows: tuple
     balls: np.ndarray
+    shapes: tuple = ()
+
+    def shape(self, i: int) -> AffineForm | None:
+        """Token i's carried ball (None where the set carries none)."""
+        return self.shapes[i] if self.shapes else None
+
+    def _carried(self, i: int) -> float:
+        """``sup ||s_i(z)||`` over the carried ball's symbols (its centre, generators and errors), rounded up."""
+        shape = self.shape(i)
+        if shape is None:
+            return 0.0
+        return float(sum_upper(IntervalArray(shape.center).norm_upper().item(), shape.radius()))
 
     @functools.cached_property
     def radii(self) -> np.ndarray:
         """``sup ||x_i - x~_i||`` per token: the row form's centre, its own radius and the ball, rounded up (inf with
         an infinite ball)."""
-        return np.array([float(sum_upper(IntervalArray(row.center).norm_upper().item(), row.radius(), b))
-                         if math.isfinite(b) else math.inf for row, b in zip(self.rows, self.balls)])
+        return np.array([float(sum_upper(IntervalArray(row.center).norm_upper().item(), row.radius(),
+                                         self._carried(i), b))
+                         if math.isfinite(b) else math.inf for i, (row, b) in enumerate(zip(self.rows, self.balls))])
 
     def frobenius(self) -> float:
         """``sup ||x - x~||_F``: the operator norm of all rows' Euclidean generators side by side (the tokens move
@@ -85,21 +100,30 @@ class TokenForms:
             return math.inf
         generators = np.concatenate([row.l2 for row in self.rows], axis=1)
         operator = spectral_norm_upper_large(generators) if generators.size else 0.0
-        rest = [_off_generators(row, b) for row, b in zip(self.rows, self.balls)]
+        rest = [float(sum_upper(_off_generators(row, b), self._carried(i)))
+                for i, (row, b) in enumerate(zip(self.rows, self.balls))]
         return float(sum_upper(operator, IntervalArray(np.array(rest)).norm_upper().item()))
 
     @classmethod
-    def taylor(cls, jacobian: Enclosure, radius: float, offset: IntervalArray, rests: np.ndarray) -> TokenForms:
+    def taylor(cls, jacobian: Enclosure, radius: float, offset: IntervalArray, rests: np.ndarray,
+               carried: bool = True) -> TokenForms:
         """The attention's Taylor set on the Frobenius ball ``||Y - X||_F <= radius``: rows ``(Y - X) DA(X)`` with the
         Jacobian (row convention: rows the moving tokens' inputs, columns the n output tokens' ``d`` coordinates),
-        plus ``offset`` (n, d), an enclosure of ``A(X) - x~``, and balls ``rests`` (Taylor's remainder per token)."""
+        plus ``offset`` (n, d), an enclosure of ``A(X) - x~``, and Taylor's remainder per token ``rests``: carried
+        balls ``rest_i I`` (lemma token-form-carried: the later linear steps act on them), or with ``carried`` False
+        plain balls."""
         n = rests.shape[0]
         d = jacobian.shape[1] // n
         symbols, scale = Symbols(), IntervalArray(float(radius))
         rows = tuple(AffineForm.generated(offset[i], IntervalArray.around(jacobian.mid[:, i * d:(i + 1) * d],
                                                                            jacobian.rad[:, i * d:(i + 1) * d]) * scale,
                                           symbols) for i in range(n))
-        return cls(rows, np.asarray(rests, dtype=np.float64))
+        rests = np.asarray(rests, dtype=np.float64)
+        if not carried or not np.all(np.isfinite(rests)):
+            return cls(rows, rests)
+        shapes = tuple(AffineForm.generated(IntervalArray(np.zeros(d)), IntervalArray(np.eye(d) * rest))
+                       for rest in rests)
+        return cls(rows, np.zeros(n), shapes)
 
     def norm_step(self, enclosed: EnclosedNorm, after: np.ndarray) -> TokenForms:
         """Through a LayerNorm or RMSNorm at the float point ``enclosed.Z`` (module docstring), about ``after``."""
@@ -107,13 +131,19 @@ class TokenForms:
         if not np.all(np.isfinite(radii)):
             return TokenForms(self.rows, np.full(len(self.rows), np.inf))
         rests = norm_taylor_remainder(enclosed, radii)
-        rows, balls = [], []
+        rows, balls, Js = [], [], []
         for i, (row, b) in enumerate(zip(self.rows, self.balls)):
-            J = enclosed.jacobian_block(i)
-            form, gap, scale = _linear_step(row, J, enclosed.output[i] - IntervalArray(after[i]))
+            Js.append(enclosed.jacobian_block(i))
+            form, gap, scale = _linear_step(row, Js[-1], enclosed.output[i] - IntervalArray(after[i]))
             rows.append(form)
             balls.append(_step_ball(b, scale, radii[i], gap, taylor=rests[i]))
-        return TokenForms(tuple(rows), np.array(balls))
+        return TokenForms(tuple(rows), np.array(balls), self._carried_through(Js))
+
+    def _carried_through(self, jacobians: list) -> tuple:
+        """The carried balls through a step's linear part: ``s_i(z) M_i``, M_i the midpoint of the step's enclosed
+        Jacobian at token i (``jacobians[i]``: the matrix the rows take), outward-rounded
+        (:meth:`AffineForm.linear`)."""
+        return tuple(shape.linear(J.mid) for shape, J in zip(self.shapes, jacobians))
 
     def feedforward_step(self, enclosed: EnclosedFeedForward, after: np.ndarray,
                          tokens: np.ndarray | None = None, ceiling: np.ndarray | None = None) -> TokenForms:
@@ -128,7 +158,9 @@ class TokenForms:
         radii = self.radii
         if not np.all(np.isfinite(radii)):
             return TokenForms(self.rows, np.full(len(self.rows), np.inf))
-        steps = [_linear_step(row, enclosed.jacobian_block(i), enclosed.output[i] - IntervalArray(after[i]))
+        Js = [enclosed.jacobian_block(i) for i in range(len(self.rows))]
+        shapes = self._carried_through(Js)
+        steps = [_linear_step(row, Js[i], enclosed.output[i] - IntervalArray(after[i]))
                  for i, row in enumerate(self.rows)]
         rows = tuple(form for form, _, _ in steps)
         n = len(rows)
@@ -139,20 +171,20 @@ class TokenForms:
         def form(chosen: np.ndarray) -> None:   # the certified balls of these tokens
             for i in np.flatnonzero(chosen & wanted):
                 _, gap, scale = steps[i]
-                remainder = feedforward_remainder(enclosed, i, self.rows[i], self.balls[i], second)
+                remainder = feedforward_remainder(enclosed, i, self.rows[i], self.balls[i], second, self.shape(i))
                 balls[i] = _step_ball(self.balls[i], scale, radii[i], gap, taylor=remainder)
         if ceiling is not None:
-            floors = [_step_ball(b, scale, radii[i], gap, taylor=remainder_floor(enclosed, i, row, b))
+            floors = [_step_ball(b, scale, radii[i], gap, taylor=remainder_floor(enclosed, i, row, b, self.shape(i)))
                       for i, (row, b, (_, gap, scale)) in enumerate(zip(self.rows, self.balls, steps))]
             # the tokens whose set may win first: where none of them does, no token's set does
-            candidates = TokenForms(rows, np.array(floors)).radii < ceiling
+            candidates = TokenForms(rows, np.array(floors), shapes).radii < ceiling
             form(candidates)
-            if not np.any(TokenForms(rows, balls).radii < ceiling):
+            if not np.any(TokenForms(rows, balls, shapes).radii < ceiling):
                 return TokenForms(rows, np.full(n, np.inf))
             form(~candidates)
         else:
             form(np.ones(n, dtype=bool))
-        return TokenForms(rows, balls)
+        return TokenForms(rows, balls, shapes)
 
 
 #: the nested balls of :func:`norm_taylor_remainder`: radii ``k r / NESTED_BALLS``, k = 1 .. NESTED_BALLS
@@ -193,34 +225,61 @@ def _linear_step(row: AffineForm, J: IntervalArray, offset: IntervalArray) -> tu
 
 
 def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float,
-                          second: float | None = None) -> float:
-    """``sup ||FF(x) - FF(y) - (x - y) J_F(y)||`` over ``x - y`` in ``row + B(0, ball)``, y the block's float point at
-    token i: the smaller of lemma feedforward-taylor-joint and lemma feedforward-taylor-signed.
+                          second: float | None = None, shape: AffineForm | None = None) -> float:
+    """``sup ||FF(x) - FF(y) - (x - y) J_F(y)||`` over ``x - y`` in ``row + shape + B(0, ball)``, y the block's float
+    point at token i, ``shape`` (optional) the token's carried ball (:class:`TokenForms`): the smaller of lemma
+    feedforward-taylor-joint and lemma feedforward-taylor-signed.
 
     Joint: with ``t_k = (x - y).w_k``, ``FF(x) - FF(y) - (x - y) J_F(y) = sum_k phi_k(t_k) r_k`` and ``|phi_k(t)| <= S_k
     t^2 / 2``, ``S_k >= |GELU''|`` on ``h_k +- dev_k``.  So for a unit v, ``|sum_k phi_k (r_k.v)| <= (1/2) ||(S_k^(1/2)
-    t_k)_k|| ||(S_k^(1/2) t_k r_k.v)_k||`` (Cauchy-Schwarz), and with ``x - y = e G + u``, ``||u|| <= beta`` (centre,
-    errors, ball), Minkowski's inequality in each factor:
+    t_k)_k|| ||(S_k^(1/2) t_k r_k.v)_k||`` (Cauchy-Schwarz), and with ``x - y = e G + z N + u``, ``||e||, ||z|| <= 1``
+    (the carried ball's generators N), ``||u|| <= beta`` (centres, errors, ball), Minkowski's inequality in each
+    factor:
 
-        P = lambda_max(D A^T A D)^(1/2) + beta ||W_1 D||,
-        Q = min(lambda_max(D (A^T A o W_2 W_2^T) D)^(1/2) + beta ||diag(D ||w||) W_2||,  max_k D_k dev_k ||W_2||),
+        P = lambda_max(D A^T A D)^(1/2) + ||N W_1 D|| + beta ||W_1 D||,
+        Q = min(lambda_max(D (A^T A o W_2 W_2^T) D)^(1/2) + ||diag(D m) W_2|| + beta ||diag(D ||w||) W_2||,
+                max_k D_k dev_k ||W_2||),
 
-    ``A = G W_1`` (its Gram ``W_1^T (G^T G) W_1``), ``D = diag(S^(1/2))``, ``dev_k`` the bound on ``|t_k|``.
+    ``A = G W_1`` (its Gram ``W_1^T (G^T G) W_1``), ``D = diag(S^(1/2))``, ``m_k >= ||N w_k||``, ``dev_k = ||G w_k|| +
+    m_k + beta ||w_k||`` the bound on ``|t_k|`` (lemma token-form-carried).
 
     Signed: ``phi_k(t) = g_k t^2 / 2 + psi_k(t)`` with ``g_k = GELU''(h_k)`` at the centre and ``|psi_k(t)| <= T_k
     |t|^3 / 6 <= (T_k dev_k / 3) t^2 / 2`` (``T_k`` at least the third derivative's size on ``h_k +- dev_k``): the cubic
     part is the joint bound with ``S_k = T_k dev_k / 3``, the quadratic part keeps the curvatures' signs
-    (:func:`_signed_part`).  ``second``: ``||W_2||`` rounded up, when the caller has it."""
-    parts = _remainder_parts(enclosed, i, row, ball, second)
+    (:func:`_signed_part`, on the ball ``beta + ||N||`` that holds ``z N + u``).  ``second``: ``||W_2||`` rounded up,
+    when the caller has it."""
+    parts = _remainder_parts(enclosed, i, row, ball, second, shape)
     joint = joint_remainder(*parts)
     # (a choice of work: a Rayleigh quotient is at most the top eigenvalue, so where its quadratic part alone is not
     # below the joint bound the signed one cannot be smaller, and its certified eigenvalue is not formed)
-    if not _signed_estimate(enclosed.ffn, enclosed.h[i], parts[2], parts[1]) < joint:
+    spread = parts[-1].spread
+    if not _signed_estimate(enclosed.ffn, enclosed.h[i], parts[2], spread) < joint:
         return joint
-    c, F = _signed_part(enclosed.ffn, enclosed.h[i], parts[2], parts[1])
+    c, F = _signed_part(enclosed.ffn, enclosed.h[i], parts[2], spread)
     if not (IntervalArray(0.5) * IntervalArray(c) * IntervalArray(F)).hi.item() < joint:
         return joint
     return min(joint, signed_remainder(*parts, signed=(c, F)))
+
+
+@final
+@dataclass(frozen=True)
+class CarriedBall:
+    """What the feed-forward remainder reads of a token's carried ball ``z N`` (:func:`_remainder_parts`): ``rows``
+    the enclosed ``N W_1`` (m, d_ff) or None, ``columns`` ``m_k >= ||N w_k||`` (d_ff,), ``spread`` ``beta + ||N||``
+    rounded up (the ball that holds ``z N + u``)."""
+
+    rows: IntervalArray | None
+    columns: np.ndarray
+    spread: float
+
+
+def _carried_ball(shape: AffineForm | None, ffn, beta: float) -> CarriedBall:
+    """:class:`CarriedBall` of ``shape``'s generators (none: zero columns, spread ``beta``)."""
+    if shape is None or not shape.l2.shape[0]:
+        return CarriedBall(None, np.zeros(ffn.W_1.shape[1]), beta)
+    rows = IntervalArray(shape.l2).matmul(ffn.W_1)
+    spread = float(sum_upper(beta, spectral_norm_upper_large(shape.l2)))
+    return CarriedBall(rows, rows.norm_upper(axis=0), spread)
 
 
 #: :func:`remainder_floor` is this share of its float estimate (the estimate's own rounding, far below it, and the
@@ -228,29 +287,37 @@ def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm
 FLOOR_SHARE = 0.99
 
 
-def remainder_floor(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float) -> float:
+def remainder_floor(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float,
+                    shape: AffineForm | None = None) -> float:
     """A float estimate from below of :func:`feedforward_remainder` (both lemmas' ball parts alone, a choice of work:
     it decides whether the certified one is formed, never a value).  With the notation there, the joint bound is at
-    least ``(1/2) beta ||W_1 D|| min(beta ||diag(D ||w||) W_2||, max_k D_k dev_k ||W_2||)`` (``P`` and ``Q`` without
-    their form parts, which are not negative) and the signed one at least the same with ``S_k = T_k dev_k / 3`` (its
-    cubic part; ``c F / 2 >= 0``); each norm is estimated from below by power iteration (a Rayleigh quotient is at most
-    the top eigenvalue), ``dev_k`` and the curvature bounds are read at the float deviations, and the smaller of the
-    two is taken times :data:`FLOOR_SHARE`."""
+    least ``(1/2) (||N W_1 D|| + beta ||W_1 D||) min(||diag(D m) W_2|| + beta ||diag(D ||w||) W_2||, max_k D_k dev_k
+    ||W_2||)`` (``P`` and ``Q`` without their form parts, which are not negative) and the signed one at least the same
+    with ``S_k = T_k dev_k / 3`` (its cubic part; ``c F / 2 >= 0``); each norm is estimated from below by power
+    iteration (a Rayleigh quotient is at most the top eigenvalue), ``dev_k`` and the curvature bounds are read at the
+    float deviations, and the smaller of the two is taken times :data:`FLOOR_SHARE`."""
     ffn = enclosed.ffn
     beta = _off_generators(row, ball)
-    if not beta > 0:
+    if shape is not None:
+        beta += float(np.linalg.norm(shape.center)) + float(np.linalg.norm(shape.err))
+    carried = None if shape is None or not shape.l2.shape[0] else shape.l2 @ ffn.W_1                  # N W_1
+    if not beta > 0 and carried is None:
         return 0.0
     gram = row.l2.T @ row.l2                                                                         # G^T G (d, d)
     columns = np.linalg.norm(ffn.W_1, axis=0)                                                        # ||w_k||
-    dev = np.sqrt(np.maximum(np.einsum("ak,ab,bk->k", ffn.W_1, gram, ffn.W_1), 0.0)) + beta * columns
+    m = np.zeros_like(columns) if carried is None else np.linalg.norm(carried, axis=0)
+    dev = np.sqrt(np.maximum(np.einsum("ak,ab,bk->k", ffn.W_1, gram, ffn.W_1), 0.0)) + m + beta * columns
     hull = enclosed.h[i] + IntervalArray(-dev, dev)
     second = _norm_from_below(ffn.W_2)
 
     def half_product(S: np.ndarray) -> float:
         root = np.sqrt(S)
         P = beta * _norm_from_below(ffn.W_1 * root)
-        Q = min(beta * _norm_from_below(ffn.W_2 * (root * columns)[:, None]), float(np.max(root * dev)) * second)
-        return 0.5 * P * Q
+        Q = beta * _norm_from_below(ffn.W_2 * (root * columns)[:, None])
+        if carried is not None:
+            P += _norm_from_below(carried * root)
+            Q += _norm_from_below(ffn.W_2 * (root * m)[:, None])
+        return 0.5 * P * min(Q, float(np.max(root * dev)) * second)
     joint = half_product(np.minimum(gelu_curvature_magnitude(hull), gelu_curvature_ceiling()))
     signed = half_product(gelu_third_magnitude(hull) * dev / 3.0)
     return FLOOR_SHARE * min(joint, signed)
@@ -270,39 +337,46 @@ def _norm_from_below(M: np.ndarray, steps: int = 12) -> float:
 
 
 def _remainder_parts(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float,
-                     second: float | None = None) -> tuple:
+                     second: float | None = None, shape: AffineForm | None = None) -> tuple:
     """What both bounds of :func:`feedforward_remainder` read: ``(enclosed, beta, A^T A, ||w_k||, dev, hull, i,
-    ||W_2||)``, ``hull`` the pre-activations' range ``h_k +- dev_k``."""
+    ||W_2||, carried)``, ``hull`` the pre-activations' range ``h_k +- dev_k``, ``carried`` the :class:`CarriedBall` of
+    ``shape`` (its centre and errors go into ``beta``)."""
     ffn = enclosed.ffn
     beta = _off_generators(row, ball)
+    if shape is not None:
+        beta = float(sum_upper(beta, IntervalArray(shape.center).norm_upper().item(),
+                               IntervalArray(shape.err).norm_upper().item()))
+    carried = _carried_ball(shape, ffn, beta)
     gram = Enclosure.exact(row.l2.T) @ Enclosure.exact(row.l2)                                      # G^T G (d, d)
     a_gram = IntervalArray.from_enclosure(Enclosure.exact(ffn.W_1.T) @ gram @ Enclosure.exact(ffn.W_1))  # A^T A
     columns = IntervalArray(IntervalArray(ffn.W_1).norm_upper(axis=0))
-    # |t_k| <= ||G w_k|| + beta ||w_k||
-    dev = (IntervalArray(np.diagonal(a_gram.hi).copy()).sqrt() + IntervalArray(beta) * columns).hi
+    # |t_k| <= ||G w_k|| + ||N w_k|| + beta ||w_k||
+    dev = (IntervalArray(np.diagonal(a_gram.hi).copy()).sqrt() + IntervalArray(carried.columns)
+           + IntervalArray(beta) * columns).hi
     second = spectral_norm_upper_large(Enclosure.exact(ffn.W_2)) if second is None else second
-    return enclosed, beta, a_gram, columns, dev, enclosed.h[i] + IntervalArray(-dev, dev), i, second
+    return enclosed, beta, a_gram, columns, dev, enclosed.h[i] + IntervalArray(-dev, dev), i, second, carried
 
 
-def joint_remainder(enclosed, beta, a_gram, columns, dev, hull, i, second) -> float:
+def joint_remainder(enclosed, beta, a_gram, columns, dev, hull, i, second, carried=None) -> float:
     """Lemma feedforward-taylor-joint on :func:`_remainder_parts` (:func:`feedforward_remainder`)."""
     S = np.minimum(gelu_curvature_magnitude(hull), gelu_curvature_ceiling())
-    P, Q = _joint_factors(enclosed.ffn, a_gram, columns, beta, dev, S, second)
+    P, Q = _joint_factors(enclosed.ffn, a_gram, columns, beta, dev, S, second, carried)
     return float(evaluate_theorem(T.feedforward_taylor_joint(), P=np.float64(P), Q=np.float64(Q)))
 
 
-def signed_remainder(enclosed, beta, a_gram, columns, dev, hull, i, second, signed=None) -> float:
+def signed_remainder(enclosed, beta, a_gram, columns, dev, hull, i, second, carried=None, signed=None) -> float:
     """Lemma feedforward-taylor-signed on :func:`_remainder_parts` (:func:`feedforward_remainder`); ``signed`` the
     quadratic part's ``(c, F)`` (:func:`_signed_part`) when the caller has it."""
-    c, F = _signed_part(enclosed.ffn, enclosed.h[i], a_gram, beta) if signed is None else signed
+    spread = beta if carried is None else carried.spread
+    c, F = _signed_part(enclosed.ffn, enclosed.h[i], a_gram, spread) if signed is None else signed
     cubic = (IntervalArray(gelu_third_magnitude(hull)) * IntervalArray(dev) / IntervalArray(3.0)).hi
-    P_3, Q_3 = _joint_factors(enclosed.ffn, a_gram, columns, beta, dev, cubic, second)
+    P_3, Q_3 = _joint_factors(enclosed.ffn, a_gram, columns, beta, dev, cubic, second, carried)
     values = {"c": c, "F": F, "P_3": P_3, "Q_3": Q_3}
     return float(evaluate_theorem(T.feedforward_taylor_signed(), **{key: np.float64(v) for key, v in values.items()}))
 
 
 def _joint_factors(ffn, a_gram: IntervalArray, columns: IntervalArray, beta: float, dev: np.ndarray, S: np.ndarray,
-                   second: float) -> tuple[float, float]:
+                   second: float, carried: CarriedBall | None = None) -> tuple[float, float]:
     """``(P, Q)`` of :func:`feedforward_remainder`'s joint bound for the curvature bounds ``S`` (d_ff,), rounded up."""
     W_1, W_2 = IntervalArray(ffn.W_1), IntervalArray(ffn.W_2)
     root = IntervalArray(S).sqrt()
@@ -313,6 +387,10 @@ def _joint_factors(ffn, a_gram: IntervalArray, columns: IntervalArray, beta: flo
     joint = (IntervalArray(max(lambda_max_upper_large((scaled * b_gram).to_enclosure()), 0.0)).sqrt()
              + IntervalArray(beta) * IntervalArray(spectral_norm_upper_large(
                  (W_2 * (root * columns).expand(-1)).to_enclosure())))
+    if carried is not None and carried.rows is not None:   # the carried ball's own terms (lemma token-form-carried)
+        P = P + IntervalArray(spectral_norm_upper_large((carried.rows * root.expand(0)).to_enclosure()))
+        joint = joint + IntervalArray(spectral_norm_upper_large(
+            (W_2 * (root * IntervalArray(carried.columns)).expand(-1)).to_enclosure()))
     cheap = IntervalArray(float(np.max((root * IntervalArray(dev)).hi))) * IntervalArray(second)
     return P.hi.item(), min(joint.hi.item(), cheap.hi.item())
 
