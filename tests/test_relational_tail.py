@@ -187,7 +187,8 @@ def test_generated_form_and_its_radius_hold_sampled_points(seed, symbols, shape)
 
 def _remainder_escape(enclosed, Y, forms: TokenForms, bound, rng, samples: int = 300) -> float:
     """The largest ``||FF(x) - FF(y) - (x - y) DFF(y)|| - bound(i)`` over sampled ``x_i = y_i + c_i + e G_i + u`` (unit
-    or shorter e, ``||u|| <= b_i``), y the float point of ``enclosed``: at most 0 where ``bound`` holds."""
+    or shorter e, ``||u|| <= b_i``; plus ``z_i N_i`` with unit or shorter ``z_i`` where the set carries balls), y the
+    float point of ``enclosed``: at most 0 where ``bound`` holds."""
     from lipbound.numeric.model import FeedForward
     ffn: FeedForward = enclosed.ffn
     step = lambda x: x + ffn(x)   # noqa: E731  (the residual feed-forward block in floats)
@@ -202,6 +203,11 @@ def _remainder_escape(enclosed, Y, forms: TokenForms, bound, rng, samples: int =
             u = rng.standard_normal(Y.shape[1])
             u *= forms.balls[i] / np.linalg.norm(u) * (1.0 if rng.random() < 0.7 else rng.random())
             delta = row.center + e @ row.l2 + u
+            shape = forms.shape(i)
+            if shape is not None:
+                z = rng.standard_normal(shape.l2.shape[0])
+                z *= (1.0 if rng.random() < 0.7 else rng.random()) / np.linalg.norm(z)
+                delta = delta + shape.center + z @ shape.l2
             linear = delta + ((delta @ ffn.W_1) * slope[i]) @ ffn.W_2
             gap = np.linalg.norm(step(Y[i] + delta) - step(Y[i]) - linear)
             worst = max(worst, gap - bounds[i])
@@ -209,24 +215,26 @@ def _remainder_escape(enclosed, Y, forms: TokenForms, bound, rng, samples: int =
 
 
 @settings(max_examples=8, deadline=None)
-@given(seed=st.integers(0, 10_000), scale=st.sampled_from([0.05, 0.5, 2.0]), ball=st.sampled_from([0.0, 0.02, 0.5]))
-def test_signed_feedforward_remainder_holds_sampled_points(seed, scale, ball):
+@given(seed=st.integers(0, 10_000), scale=st.sampled_from([0.05, 0.5, 2.0]), ball=st.sampled_from([0.0, 0.02, 0.5]),
+       carried=st.sampled_from([0.0, 0.5]))
+def test_signed_feedforward_remainder_holds_sampled_points(seed, scale, ball, carried):
     """Lemma feedforward-taylor-signed alone (and the smaller of both bounds): on generated blocks, the feed-forward
-    block's Taylor remainder at sampled points of a token's form plus ball stays below it."""
+    block's Taylor remainder at sampled points of a token's form plus ball (and carried ball) stays below it."""
     generated = local_models.model(seed=seed % 50, layers=1, scale=2.0)
     chain = chain_for(generated, "block", 0)
     X = hidden_states(generated, [1, 5, 7, 2])[0]
     centre = ChainCentre(chain, X, False)
     rng = np.random.default_rng(seed)
     Y, enclosed = centre.points[2], centre.enclosed[2]
-    forms = _forms_about(Y, scale, rng)
-    forms = TokenForms(forms.rows, np.full(len(forms.rows), ball))
+    forms = _carried_about(Y, scale, carried, rng) if carried else _forms_about(Y, scale, rng)
+    forms = TokenForms(forms.rows, np.full(len(forms.rows), ball), forms.shapes)
 
     def signed(i):
-        return relational_tail.signed_remainder(*relational_tail._remainder_parts(enclosed, i, forms.rows[i], ball))
+        return relational_tail.signed_remainder(*relational_tail._remainder_parts(enclosed, i, forms.rows[i], ball,
+                                                                                  None, forms.shape(i)))
 
     def smaller(i):
-        return relational_tail.feedforward_remainder(enclosed, i, forms.rows[i], ball)
+        return relational_tail.feedforward_remainder(enclosed, i, forms.rows[i], ball, None, forms.shape(i))
     assert _remainder_escape(enclosed, Y, forms, signed, rng) <= 1e-12
     assert _remainder_escape(enclosed, Y, forms, smaller, rng) <= 1e-12
 
@@ -460,5 +468,26 @@ def test_dropping_the_carried_ball_fails(monkeypatch):
                                rng)
     assert escape() <= 1e-9
     monkeypatch.setattr(relational_tail, "_carried_ball",
-                        lambda shape, ffn, beta: relational_tail.CarriedBall(None, np.zeros(ffn.W_1.shape[1]), beta))
+                        lambda shape, ffn: relational_tail.CarriedBall(None, np.zeros(ffn.W_1.shape[1])))
     assert escape() > 0
+
+
+def test_signed_remainder_reads_the_carried_ball(monkeypatch):
+    """Lemma feedforward-taylor-signed with a carried ball (its symbols a third part of the quadratic form): a neuron at
+    0 (the largest curvature) moved mostly by the carried ball stays below the bound; with the carried ball's Gram
+    term dropped from K, sampled points leave it."""
+    from lipbound.rigorous.zonotope import Symbols
+    enclosed, Y, _ = _one_neuron(0.0)
+    row = AffineForm.generated(IntervalArray(np.zeros(2)), IntervalArray(np.array([[0.01, 0.0]])), Symbols())
+    shape = AffineForm.generated(IntervalArray(np.zeros(2)), IntervalArray(np.array([[0.6, 0.0], [0.0, 0.3]])))
+    forms = TokenForms((row,), np.zeros(1), (shape,))
+
+    def signed(i):
+        return relational_tail.signed_remainder(*relational_tail._remainder_parts(enclosed, i, forms.rows[i], 0.0,
+                                                                                  None, forms.shape(i)))
+    rng = np.random.default_rng(2)
+    assert _remainder_escape(enclosed, Y, forms, signed, rng) <= 1e-12
+    original = relational_tail._signed_gram
+    monkeypatch.setattr(relational_tail, "_signed_gram", lambda ffn, a_gram, beta, carried: original(ffn, a_gram, beta,
+                                                                                                      None))
+    assert _remainder_escape(enclosed, Y, forms, signed, rng) > 0

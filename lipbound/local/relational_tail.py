@@ -246,16 +246,16 @@ def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm
     Signed: ``phi_k(t) = g_k t^2 / 2 + psi_k(t)`` with ``g_k = GELU''(h_k)`` at the centre and ``|psi_k(t)| <= T_k
     |t|^3 / 6 <= (T_k dev_k / 3) t^2 / 2`` (``T_k`` at least the third derivative's size on ``h_k +- dev_k``): the cubic
     part is the joint bound with ``S_k = T_k dev_k / 3``, the quadratic part keeps the curvatures' signs
-    (:func:`_signed_part`, on the ball ``beta + ||N||`` that holds ``z N + u``).  ``second``: ``||W_2||`` rounded up,
-    when the caller has it."""
+    (:func:`_signed_part`, the carried ball's symbols a third part of its quadratic form).  ``second``: ``||W_2||``
+    rounded up, when the caller has it."""
     parts = _remainder_parts(enclosed, i, row, ball, second, shape)
     joint = joint_remainder(*parts)
     # (a choice of work: a Rayleigh quotient is at most the top eigenvalue, so where its quadratic part alone is not
     # below the joint bound the signed one cannot be smaller, and its certified eigenvalue is not formed)
-    spread = parts[-1].spread
-    if not _signed_estimate(enclosed.ffn, enclosed.h[i], parts[2], spread) < joint:
+    beta, carried = parts[1], parts[-1]
+    if not _signed_estimate(enclosed.ffn, enclosed.h[i], parts[2], beta, carried) < joint:
         return joint
-    c, F = _signed_part(enclosed.ffn, enclosed.h[i], parts[2], spread)
+    c, F = _signed_part(enclosed.ffn, enclosed.h[i], parts[2], beta, carried)
     if not (IntervalArray(0.5) * IntervalArray(c) * IntervalArray(F)).hi.item() < joint:
         return joint
     return min(joint, signed_remainder(*parts, signed=(c, F)))
@@ -265,21 +265,18 @@ def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm
 @dataclass(frozen=True)
 class CarriedBall:
     """What the feed-forward remainder reads of a token's carried ball ``z N`` (:func:`_remainder_parts`): ``rows``
-    the enclosed ``N W_1`` (m, d_ff) or None, ``columns`` ``m_k >= ||N w_k||`` (d_ff,), ``spread`` ``beta + ||N||``
-    rounded up (the ball that holds ``z N + u``)."""
+    the enclosed ``N W_1`` (m, d_ff) or None, ``columns`` ``m_k >= ||N w_k||`` (d_ff,)."""
 
     rows: IntervalArray | None
     columns: np.ndarray
-    spread: float
 
 
-def _carried_ball(shape: AffineForm | None, ffn, beta: float) -> CarriedBall:
-    """:class:`CarriedBall` of ``shape``'s generators (none: zero columns, spread ``beta``)."""
+def _carried_ball(shape: AffineForm | None, ffn) -> CarriedBall:
+    """:class:`CarriedBall` of ``shape``'s generators (none: zero columns)."""
     if shape is None or not shape.l2.shape[0]:
-        return CarriedBall(None, np.zeros(ffn.W_1.shape[1]), beta)
+        return CarriedBall(None, np.zeros(ffn.W_1.shape[1]))
     rows = IntervalArray(shape.l2).matmul(ffn.W_1)
-    spread = float(sum_upper(beta, spectral_norm_upper_large(shape.l2)))
-    return CarriedBall(rows, rows.norm_upper(axis=0), spread)
+    return CarriedBall(rows, rows.norm_upper(axis=0))
 
 
 #: :func:`remainder_floor` is this share of its float estimate (the estimate's own rounding, far below it, and the
@@ -346,7 +343,7 @@ def _remainder_parts(enclosed: EnclosedFeedForward, i: int, row: AffineForm, bal
     if shape is not None:
         beta = float(sum_upper(beta, IntervalArray(shape.center).norm_upper().item(),
                                IntervalArray(shape.err).norm_upper().item()))
-    carried = _carried_ball(shape, ffn, beta)
+    carried = _carried_ball(shape, ffn)
     gram = Enclosure.exact(row.l2.T) @ Enclosure.exact(row.l2)                                      # G^T G (d, d)
     a_gram = IntervalArray.from_enclosure(Enclosure.exact(ffn.W_1.T) @ gram @ Enclosure.exact(ffn.W_1))  # A^T A
     columns = IntervalArray(IntervalArray(ffn.W_1).norm_upper(axis=0))
@@ -367,8 +364,7 @@ def joint_remainder(enclosed, beta, a_gram, columns, dev, hull, i, second, carri
 def signed_remainder(enclosed, beta, a_gram, columns, dev, hull, i, second, carried=None, signed=None) -> float:
     """Lemma feedforward-taylor-signed on :func:`_remainder_parts` (:func:`feedforward_remainder`); ``signed`` the
     quadratic part's ``(c, F)`` (:func:`_signed_part`) when the caller has it."""
-    spread = beta if carried is None else carried.spread
-    c, F = _signed_part(enclosed.ffn, enclosed.h[i], a_gram, spread) if signed is None else signed
+    c, F = _signed_part(enclosed.ffn, enclosed.h[i], a_gram, beta, carried) if signed is None else signed
     cubic = (IntervalArray(gelu_third_magnitude(hull)) * IntervalArray(dev) / IntervalArray(3.0)).hi
     P_3, Q_3 = _joint_factors(enclosed.ffn, a_gram, columns, beta, dev, cubic, second, carried)
     values = {"c": c, "F": F, "P_3": P_3, "Q_3": Q_3}
@@ -395,10 +391,26 @@ def _joint_factors(ffn, a_gram: IntervalArray, columns: IntervalArray, beta: flo
     return P.hi.item(), min(joint.hi.item(), cheap.hi.item())
 
 
-def _signed_estimate(ffn, h: IntervalArray, a_gram: IntervalArray, beta: float, steps: int = 30) -> float:
+def _signed_gram(ffn, a_gram: IntervalArray, beta: float, carried: CarriedBall | None) -> tuple[IntervalArray, int]:
+    """``(K, c)`` of :func:`_signed_part`: ``K = A^T A + (N W_1)^T (N W_1) + beta^2 W_1^T W_1`` (the terms of the
+    carried ball and of the ball where present), ``c`` the number of its parts."""
+    K, c = a_gram, 1
+    if carried is not None and carried.rows is not None:
+        K, c = K + carried.rows.swapaxes(0, 1).bmm(carried.rows), c + 1
+    if beta > 0:
+        K, c = K + IntervalArray(beta) * IntervalArray(beta) * feedforward_grams(ffn)[0], c + 1
+    return K, c
+
+
+def _signed_estimate(ffn, h: IntervalArray, a_gram: IntervalArray, beta: float, carried: CarriedBall | None = None,
+                     steps: int = 30) -> float:
     """A float estimate from below of ``c F / 2`` (:func:`_signed_part`): the Rayleigh quotient of ``W_2^T diag(g) (K o
     K) diag(g) W_2`` after ``steps`` rounds of power iteration on its products (the matrix is not formed)."""
-    K = a_gram.mid + (beta * beta) * feedforward_grams(ffn)[0].mid if beta > 0 else a_gram.mid
+    K, c = a_gram.mid, 1
+    if carried is not None and carried.rows is not None:
+        K, c = K + carried.rows.mid.T @ carried.rows.mid, c + 1
+    if beta > 0:
+        K, c = K + (beta * beta) * feedforward_grams(ffn)[0].mid, c + 1
     squares, g = K * K, gelu_curvature(h).mid
 
     def product(v: np.ndarray) -> np.ndarray:
@@ -410,23 +422,23 @@ def _signed_estimate(ffn, h: IntervalArray, a_gram: IntervalArray, beta: float, 
         if not size > 0:
             return 0.0
         v = w / size
-    return 0.5 * (2.0 if beta > 0 else 1.0) * math.sqrt(max(float(v @ product(v)), 0.0))
+    return 0.5 * c * math.sqrt(max(float(v @ product(v)), 0.0))
 
 
-def _signed_part(ffn, h: IntervalArray, a_gram: IntervalArray, beta: float) -> tuple[float, float]:
-    """``(c, F)`` with ``sup_v |sum_k g_k t_k^2 (r_k.v)| <= c F`` over unit v and ``t = e A + u W_1`` (``||e|| <= 1``,
-    ``||u|| <= beta``), ``g_k = GELU''(h_k)`` at the pre-activations ``h`` (d_ff,), enclosed: with ``z = (e, u /
-    beta)``, ``||z||^2 <= c`` (2 with a ball, else 1) and ``a^_k = (a_k, beta w_k)`` the sum is ``z (A^ diag(g o W_2 v)
-    A^^T) z^T``, at most ``c`` times that matrix's Frobenius norm, whose square is ``v^T W_2^T diag(g) (K o K) diag(g)
-    W_2 v`` with ``K = A^T A + beta^2 W_1^T W_1`` the Gram matrix of the ``a^_k``; ``F`` is the square root of that
-    d x d matrix's top eigenvalue, rounded up."""
-    K = a_gram
-    if beta > 0:
-        K = a_gram + IntervalArray(beta) * IntervalArray(beta) * feedforward_grams(ffn)[0]
+def _signed_part(ffn, h: IntervalArray, a_gram: IntervalArray, beta: float,
+                 carried: CarriedBall | None = None) -> tuple[float, float]:
+    """``(c, F)`` with ``sup_v |sum_k g_k t_k^2 (r_k.v)| <= c F`` over unit v and ``t = e A + z N W_1 + u W_1``
+    (``||e||, ||z|| <= 1``, ``||u|| <= beta``; N the carried ball's generators, lemma token-form-carried), ``g_k =
+    GELU''(h_k)`` at the pre-activations ``h`` (d_ff,), enclosed: with ``z^ = (e, z, u / beta)``, ``||z^||^2 <= c`` (the
+    number of parts present) and ``a^_k = (a_k, N w_k, beta w_k)`` the sum is ``z^ (A^ diag(g o W_2 v) A^^T) z^^T``, at
+    most ``c`` times that matrix's Frobenius norm, whose square is ``v^T W_2^T diag(g) (K o K) diag(g) W_2 v`` with
+    ``K = A^T A + (N W_1)^T (N W_1) + beta^2 W_1^T W_1`` the Gram matrix of the ``a^_k``; ``F`` is the square root of
+    that d x d matrix's top eigenvalue, rounded up."""
+    K, c = _signed_gram(ffn, a_gram, beta, carried)
     g = gelu_curvature(h)
     weighted = K * K * g.expand(0) * g.expand(-1)
     N = Enclosure.exact(ffn.W_2.T) @ weighted.to_enclosure() @ Enclosure.exact(ffn.W_2)
-    return (2.0 if beta > 0 else 1.0), IntervalArray(max(lambda_max_upper_large(N), 0.0)).sqrt().hi.item()
+    return float(c), IntervalArray(max(lambda_max_upper_large(N), 0.0)).sqrt().hi.item()
 
 
 def block_token_forms(enclosed: list, points: list, jacobian: Enclosure, radius: float,
