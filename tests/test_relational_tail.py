@@ -203,11 +203,8 @@ def _remainder_escape(enclosed, Y, forms: TokenForms, bound, rng, samples: int =
             u = rng.standard_normal(Y.shape[1])
             u *= forms.balls[i] / np.linalg.norm(u) * (1.0 if rng.random() < 0.7 else rng.random())
             delta = row.center + e @ row.l2 + u
-            shape = forms.shape(i)
-            if shape is not None:
-                z = rng.standard_normal(shape.l2.shape[0])
-                z *= (1.0 if rng.random() < 0.7 else rng.random()) / np.linalg.norm(z)
-                delta = delta + shape.center + z @ shape.l2
+            for part in forms.shape(i):
+                delta = delta + part.center + _unit_or_shorter(rng, part.l2.shape[0]) @ part.l2
             linear = delta + ((delta @ ffn.W_1) * slope[i]) @ ffn.W_2
             gap = np.linalg.norm(step(Y[i] + delta) - step(Y[i]) - linear)
             worst = max(worst, gap - bounds[i])
@@ -405,27 +402,45 @@ def _carried_about(Y, scale: float, carried: float, rng, symbols: int = 12) -> T
     token's over symbols of its own) about the float point Y."""
     forms = _forms_about(Y, scale, rng, symbols)
     n, d = Y.shape
-    shapes = tuple(AffineForm.generated(IntervalArray(np.zeros(d)),
-                                        IntervalArray(carried * rng.standard_normal((d, d)) / np.sqrt(d)))
+    shapes = tuple((AffineForm.generated(IntervalArray(np.zeros(d)),
+                                         IntervalArray(carried * rng.standard_normal((d, d)) / np.sqrt(d))),)
                    for _ in range(n))
     return TokenForms(forms.rows, np.zeros(n), shapes)
 
 
+def _unit_or_shorter(rng, size: int) -> np.ndarray:
+    z = rng.standard_normal(size)
+    return z * (1.0 if rng.random() < 0.7 else rng.random()) / np.linalg.norm(z)
+
+
 def _carried_escape(step_map, forms: TokenForms, Y, after, out: TokenForms, rng, samples: int = 200) -> float:
-    """As :func:`_escape` with each token's own carried symbols ``z_i`` drawn too (unit or shorter, independent)."""
+    """As :func:`_escape` with each token's own carried symbols drawn too (unit or shorter, independent); the output's
+    carried balls (those of the input, then any the step adds, at extreme or inner points of their own) are read at the
+    same symbols, its added ones' generators at fresh ones: the largest distance beyond the output's set."""
     worst = -np.inf
     for _ in range(samples):
         e = rng.standard_normal(forms.rows[0].l2.shape[0])
         e /= np.linalg.norm(e) if rng.random() < 0.7 else np.linalg.norm(e) / rng.random()
-        z = rng.standard_normal((len(forms.rows), forms.shapes[0].l2.shape[0]))
-        inside = np.where(rng.random(len(z)) < 0.7, 1.0, rng.random(len(z)))
-        z *= (inside / np.linalg.norm(z, axis=1))[:, None]
-        x = np.stack([Y[i] + row.center + e @ row.l2 + shape.center + z[i] @ shape.l2
-                      for i, (row, shape) in enumerate(zip(forms.rows, forms.shapes))])
+        z = [[_unit_or_shorter(rng, part.l2.shape[0]) for part in forms.shape(i)] for i in range(len(forms.rows))]
+        x = np.stack([Y[i] + row.center + e @ row.l2 + sum(part.center + zp @ part.l2
+                                                           for part, zp in zip(forms.shape(i), z[i]))
+                      for i, row in enumerate(forms.rows)])
         value = step_map(x)
-        for i, (row, shape) in enumerate(zip(out.rows, out.shapes)):
-            gap = np.linalg.norm(value[i] - after[i] - row.center - e @ row.l2 - shape.center - z[i] @ shape.l2)
-            worst = max(worst, gap - (np.linalg.norm(row.err) + np.linalg.norm(shape.err) + out.balls[i]))
+        for i, row in enumerate(out.rows):
+            inherited = out.shape(i)[:len(z[i])]
+            rest = value[i] - after[i] - row.center - e @ row.l2 - sum(part.center + zp @ part.l2
+                                                                       for part, zp in zip(inherited, z[i]))
+            # the step's own carried balls: the distance from rest to their set, bounded by a projection onto it
+            slack = np.linalg.norm(row.err) + sum(np.linalg.norm(part.err) for part in out.shape(i)) + out.balls[i]
+            for part in out.shape(i)[len(z[i]):]:
+                rest = rest - part.center
+                coefficients = np.linalg.lstsq(part.l2.T, rest, rcond=None)[0]
+                if not np.all(np.isfinite(coefficients)):   # (generators about 0: any point of the set will do)
+                    coefficients = np.zeros_like(coefficients)
+                if np.linalg.norm(coefficients) > 1:
+                    coefficients /= np.linalg.norm(coefficients)
+                rest = rest - coefficients @ part.l2
+            worst = max(worst, np.linalg.norm(rest) - slack)
     return worst
 
 
@@ -468,7 +483,7 @@ def test_dropping_the_carried_ball_fails(monkeypatch):
                                rng)
     assert escape() <= 1e-9
     monkeypatch.setattr(relational_tail, "_carried_ball",
-                        lambda shape, ffn: relational_tail.CarriedBall(None, np.zeros(ffn.W_1.shape[1])))
+                        lambda shape, ffn: relational_tail.CarriedBall((), (), np.zeros(ffn.W_1.shape[1])))
     assert escape() > 0
 
 
@@ -480,7 +495,7 @@ def test_signed_remainder_reads_the_carried_ball(monkeypatch):
     enclosed, Y, _ = _one_neuron(0.0)
     row = AffineForm.generated(IntervalArray(np.zeros(2)), IntervalArray(np.array([[0.01, 0.0]])), Symbols())
     shape = AffineForm.generated(IntervalArray(np.zeros(2)), IntervalArray(np.array([[0.6, 0.0], [0.0, 0.3]])))
-    forms = TokenForms((row,), np.zeros(1), (shape,))
+    forms = TokenForms((row,), np.zeros(1), ((shape,),))
 
     def signed(i):
         return relational_tail.signed_remainder(*relational_tail._remainder_parts(enclosed, i, forms.rows[i], 0.0,
@@ -491,3 +506,23 @@ def test_signed_remainder_reads_the_carried_ball(monkeypatch):
     monkeypatch.setattr(relational_tail, "_signed_gram", lambda ffn, a_gram, beta, carried: original(ffn, a_gram, beta,
                                                                                                       None))
     assert _remainder_escape(enclosed, Y, forms, signed, rng) > 0
+
+
+def test_dropping_the_norms_carried_remainder_fails(monkeypatch):
+    """Mutation: a LayerNorm step whose carried Taylor remainder (the ball ``rho diag(gamma)``) is zero lets sampled
+    points leave the step's set."""
+    generated = local_models.model(seed=3, layers=1, scale=2.0)
+    chain = chain_for(generated, "block", 0)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    centre = ChainCentre(chain, X, False)
+    Y = centre.points[1]
+
+    def escape() -> float:
+        rng = np.random.default_rng(0)
+        forms = _carried_about(Y, 0.5, 1.0, rng)
+        out = forms.norm_step(centre.enclosed[1], centre.points[2])
+        return _carried_escape(lambda x: chain[1].step.linearize(x[None], None).F[0], forms, Y, centre.points[2], out,
+                               rng)
+    assert escape() <= 1e-9
+    monkeypatch.setattr(relational_tail, "norm_taylor_remainder", lambda enclosed, radii: np.zeros(len(radii)))
+    assert escape() > 0

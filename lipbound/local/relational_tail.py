@@ -65,25 +65,24 @@ def _off_generators(row: AffineForm, ball: float) -> float:
 @final
 @dataclass(frozen=True)
 class TokenForms:
-    """``{x~ + f(e) + s(z) + w}`` (module docstring): ``rows[i]`` the form of token i, shape (d,), all over one set of
-    symbols, centred near 0 (``x~`` is held by the caller); ``shapes[i]`` (optional, empty for none) the carried ball of
-    token i, a form ``s_i(z_i)`` (d,) over Euclidean symbols of its own (``||z_i|| <= 1``, independent of e and of the
-    other tokens'; lemma token-form-carried); ``balls[i] >= ||w_i||``."""
+    """``{x~ + f(e) + sum_p s_p(z_p) + w}`` (module docstring): ``rows[i]`` the form of token i, shape (d,), all over
+    one set of symbols, centred near 0 (``x~`` is held by the caller); ``shapes[i]`` (optional, empty for none) the
+    carried balls of token i, forms ``s_p(z_p)`` (d,) each over Euclidean symbols of its own (``||z_p|| <= 1``,
+    independent of e, of each other and of the other tokens'; lemma token-form-carried); ``balls[i] >= ||w_i||``."""
 
     rows: tuple
     balls: np.ndarray
     shapes: tuple = ()
 
-    def shape(self, i: int) -> AffineForm | None:
-        """Token i's carried ball (None where the set carries none)."""
-        return self.shapes[i] if self.shapes else None
+    def shape(self, i: int) -> tuple:
+        """Token i's carried balls (empty where the set carries none)."""
+        return self.shapes[i] if self.shapes else ()
 
     def _carried(self, i: int) -> float:
-        """``sup ||s_i(z)||`` over the carried ball's symbols (its centre, generators and errors), rounded up."""
-        shape = self.shape(i)
-        if shape is None:
-            return 0.0
-        return float(sum_upper(IntervalArray(shape.center).norm_upper().item(), shape.radius()))
+        """``sup ||sum_p s_p(z_p)||`` over the carried balls' symbols (their centres, generators and errors), rounded
+        up."""
+        return float(sum_upper(0.0, *(sum_upper(IntervalArray(part.center).norm_upper().item(), part.radius())
+                                      for part in self.shape(i))))
 
     @functools.cached_property
     def radii(self) -> np.ndarray:
@@ -121,12 +120,14 @@ class TokenForms:
         rests = np.asarray(rests, dtype=np.float64)
         if not carried or not np.all(np.isfinite(rests)):
             return cls(rows, rests)
-        shapes = tuple(AffineForm.generated(IntervalArray(np.zeros(d)), IntervalArray(np.eye(d) * rest))
+        shapes = tuple((AffineForm.generated(IntervalArray(np.zeros(d)), IntervalArray(np.eye(d) * rest)),)
                        for rest in rests)
         return cls(rows, np.zeros(n), shapes)
 
     def norm_step(self, enclosed: EnclosedNorm, after: np.ndarray) -> TokenForms:
-        """Through a LayerNorm or RMSNorm at the float point ``enclosed.Z`` (module docstring), about ``after``."""
+        """Through a LayerNorm or RMSNorm at the float point ``enclosed.Z`` (module docstring), about ``after``.  A set
+        that carries balls also carries the norm's Taylor remainder, as the ball ``rho diag(gamma)``, ``||rho|| <= T /
+        max|gamma|`` (lemma token-form-carried: the norm is ``gamma`` times a map whose remainder is at most that)."""
         radii = self.radii
         if not np.all(np.isfinite(radii)):
             return TokenForms(self.rows, np.full(len(self.rows), np.inf))
@@ -136,14 +137,20 @@ class TokenForms:
             Js.append(enclosed.jacobian_block(i))
             form, gap, scale = _linear_step(row, Js[-1], enclosed.output[i] - IntervalArray(after[i]))
             rows.append(form)
-            balls.append(_step_ball(b, scale, radii[i], gap, taylor=rests[i]))
-        return TokenForms(tuple(rows), np.array(balls), self._carried_through(Js))
+            balls.append(_step_ball(b, scale, radii[i], gap, taylor=0.0 if self.shapes else rests[i]))
+        shapes = self._carried_through(Js)
+        if self.shapes:
+            gamma = IntervalArray(np.diag(np.asarray(enclosed.norm.gamma, dtype=np.float64)))
+            shapes = tuple(parts + (AffineForm.generated(IntervalArray(np.zeros(gamma.shape[0])), gamma * IntervalArray(
+                (IntervalArray(rest) / IntervalArray(enclosed.norm.gamma_max)).hi.item())),)
+                           for parts, rest in zip(shapes, rests))
+        return TokenForms(tuple(rows), np.array(balls), shapes)
 
     def _carried_through(self, jacobians: list) -> tuple:
         """The carried balls through a step's linear part: ``s_i(z) M_i``, M_i the midpoint of the step's enclosed
         Jacobian at token i (``jacobians[i]``: the matrix the rows take), outward-rounded
         (:meth:`AffineForm.linear`)."""
-        return tuple(shape.linear(J.mid) for shape, J in zip(self.shapes, jacobians))
+        return tuple(tuple(part.linear(J.mid) for part in parts) for parts, J in zip(self.shapes, jacobians))
 
     def feedforward_step(self, enclosed: EnclosedFeedForward, after: np.ndarray,
                          tokens: np.ndarray | None = None, ceiling: np.ndarray | None = None) -> TokenForms:
@@ -225,28 +232,28 @@ def _linear_step(row: AffineForm, J: IntervalArray, offset: IntervalArray) -> tu
 
 
 def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float,
-                          second: float | None = None, shape: AffineForm | None = None) -> float:
-    """``sup ||FF(x) - FF(y) - (x - y) J_F(y)||`` over ``x - y`` in ``row + shape + B(0, ball)``, y the block's float
-    point at token i, ``shape`` (optional) the token's carried ball (:class:`TokenForms`): the smaller of lemma
-    feedforward-taylor-joint and lemma feedforward-taylor-signed.
+                          second: float | None = None, shape: tuple = ()) -> float:
+    """``sup ||FF(x) - FF(y) - (x - y) J_F(y)||`` over ``x - y`` in ``row + sum_p shape[p] + B(0, ball)``, y the block's
+    float point at token i, ``shape`` the token's carried balls (:class:`TokenForms`, each over symbols of its own): the
+    smaller of lemma feedforward-taylor-joint and lemma feedforward-taylor-signed.
 
     Joint: with ``t_k = (x - y).w_k``, ``FF(x) - FF(y) - (x - y) J_F(y) = sum_k phi_k(t_k) r_k`` and ``|phi_k(t)| <= S_k
     t^2 / 2``, ``S_k >= |GELU''|`` on ``h_k +- dev_k``.  So for a unit v, ``|sum_k phi_k (r_k.v)| <= (1/2) ||(S_k^(1/2)
-    t_k)_k|| ||(S_k^(1/2) t_k r_k.v)_k||`` (Cauchy-Schwarz), and with ``x - y = e G + z N + u``, ``||e||, ||z|| <= 1``
-    (the carried ball's generators N), ``||u|| <= beta`` (centres, errors, ball), Minkowski's inequality in each
-    factor:
+    t_k)_k|| ||(S_k^(1/2) t_k r_k.v)_k||`` (Cauchy-Schwarz), and with ``x - y = e G + sum_p z_p N_p + u``, ``||e||,
+    ||z_p|| <= 1`` (the carried balls' generators N_p), ``||u|| <= beta`` (centres, errors, ball), Minkowski's
+    inequality in each factor:
 
-        P = lambda_max(D A^T A D)^(1/2) + ||N W_1 D|| + beta ||W_1 D||,
-        Q = min(lambda_max(D (A^T A o W_2 W_2^T) D)^(1/2) + ||diag(D m) W_2|| + beta ||diag(D ||w||) W_2||,
+        P = lambda_max(D A^T A D)^(1/2) + sum_p ||N_p W_1 D|| + beta ||W_1 D||,
+        Q = min(lambda_max(D (A^T A o W_2 W_2^T) D)^(1/2) + sum_p ||diag(D m_p) W_2|| + beta ||diag(D ||w||) W_2||,
                 max_k D_k dev_k ||W_2||),
 
-    ``A = G W_1`` (its Gram ``W_1^T (G^T G) W_1``), ``D = diag(S^(1/2))``, ``m_k >= ||N w_k||``, ``dev_k = ||G w_k|| +
-    m_k + beta ||w_k||`` the bound on ``|t_k|`` (lemma token-form-carried).
+    ``A = G W_1`` (its Gram ``W_1^T (G^T G) W_1``), ``D = diag(S^(1/2))``, ``m_pk >= ||N_p w_k||``, ``dev_k = ||G
+    w_k|| + sum_p m_pk + beta ||w_k||`` the bound on ``|t_k|`` (lemma token-form-carried).
 
     Signed: ``phi_k(t) = g_k t^2 / 2 + psi_k(t)`` with ``g_k = GELU''(h_k)`` at the centre and ``|psi_k(t)| <= T_k
     |t|^3 / 6 <= (T_k dev_k / 3) t^2 / 2`` (``T_k`` at least the third derivative's size on ``h_k +- dev_k``): the cubic
     part is the joint bound with ``S_k = T_k dev_k / 3``, the quadratic part keeps the curvatures' signs
-    (:func:`_signed_part`, the carried ball's symbols a third part of its quadratic form).  ``second``: ``||W_2||``
+    (:func:`_signed_part`, each carried ball's symbols a part of its quadratic form).  ``second``: ``||W_2||``
     rounded up, when the caller has it."""
     parts = _remainder_parts(enclosed, i, row, ball, second, shape)
     joint = joint_remainder(*parts)
@@ -264,19 +271,20 @@ def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm
 @final
 @dataclass(frozen=True)
 class CarriedBall:
-    """What the feed-forward remainder reads of a token's carried ball ``z N`` (:func:`_remainder_parts`): ``rows``
-    the enclosed ``N W_1`` (m, d_ff) or None, ``columns`` ``m_k >= ||N w_k||`` (d_ff,)."""
+    """What the feed-forward remainder reads of a token's carried balls ``z_p N_p`` (:func:`_remainder_parts`):
+    ``rows`` the enclosed ``N_p W_1`` (m_p, d_ff), ``columns`` ``m_pk >= ||N_p w_k||`` (d_ff,) per part, ``reach`` their
+    sum over the parts, rounded up."""
 
-    rows: IntervalArray | None
-    columns: np.ndarray
+    rows: tuple
+    columns: tuple
+    reach: np.ndarray
 
 
-def _carried_ball(shape: AffineForm | None, ffn) -> CarriedBall:
-    """:class:`CarriedBall` of ``shape``'s generators (none: zero columns)."""
-    if shape is None or not shape.l2.shape[0]:
-        return CarriedBall(None, np.zeros(ffn.W_1.shape[1]))
-    rows = IntervalArray(shape.l2).matmul(ffn.W_1)
-    return CarriedBall(rows, rows.norm_upper(axis=0))
+def _carried_ball(shape: tuple, ffn) -> CarriedBall:
+    """:class:`CarriedBall` of the generators of the carried balls ``shape`` (none: zero reach)."""
+    rows = tuple(IntervalArray(part.l2).matmul(ffn.W_1) for part in shape if part.l2.shape[0])
+    columns = tuple(part.norm_upper(axis=0) for part in rows)
+    return CarriedBall(rows, columns, sum_upper(np.zeros(ffn.W_1.shape[1]), *columns))
 
 
 #: :func:`remainder_floor` is this share of its float estimate (the estimate's own rounding, far below it, and the
@@ -284,26 +292,24 @@ def _carried_ball(shape: AffineForm | None, ffn) -> CarriedBall:
 FLOOR_SHARE = 0.99
 
 
-def remainder_floor(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float,
-                    shape: AffineForm | None = None) -> float:
+def remainder_floor(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float, shape: tuple = ()) -> float:
     """A float estimate from below of :func:`feedforward_remainder` (both lemmas' ball parts alone, a choice of work:
     it decides whether the certified one is formed, never a value).  With the notation there, the joint bound is at
-    least ``(1/2) (||N W_1 D|| + beta ||W_1 D||) min(||diag(D m) W_2|| + beta ||diag(D ||w||) W_2||, max_k D_k dev_k
-    ||W_2||)`` (``P`` and ``Q`` without their form parts, which are not negative) and the signed one at least the same
-    with ``S_k = T_k dev_k / 3`` (its cubic part; ``c F / 2 >= 0``); each norm is estimated from below by power
-    iteration (a Rayleigh quotient is at most the top eigenvalue), ``dev_k`` and the curvature bounds are read at the
-    float deviations, and the smaller of the two is taken times :data:`FLOOR_SHARE`."""
+    least ``(1/2) (sum_p ||N_p W_1 D|| + beta ||W_1 D||) min(sum_p ||diag(D m_p) W_2|| + beta ||diag(D ||w||) W_2||,
+    max_k D_k dev_k ||W_2||)`` (``P`` and ``Q`` without their form parts, which are not negative) and the signed one at
+    least the same with ``S_k = T_k dev_k / 3`` (its cubic part; ``c F / 2 >= 0``); each norm is estimated from below
+    by power iteration (a Rayleigh quotient is at most the top eigenvalue), ``dev_k`` and the curvature bounds are read
+    at the float deviations, and the smaller of the two is taken times :data:`FLOOR_SHARE`."""
     ffn = enclosed.ffn
-    beta = _off_generators(row, ball)
-    if shape is not None:
-        beta += float(np.linalg.norm(shape.center)) + float(np.linalg.norm(shape.err))
-    carried = None if shape is None or not shape.l2.shape[0] else shape.l2 @ ffn.W_1                  # N W_1
-    if not beta > 0 and carried is None:
+    beta = _off_generators(row, ball) + sum(float(np.linalg.norm(part.center)) + float(np.linalg.norm(part.err))
+                                            for part in shape)
+    carried = [part.l2 @ ffn.W_1 for part in shape if part.l2.shape[0]]                                # N_p W_1
+    if not beta > 0 and not carried:
         return 0.0
     gram = row.l2.T @ row.l2                                                                         # G^T G (d, d)
     columns = np.linalg.norm(ffn.W_1, axis=0)                                                        # ||w_k||
-    m = np.zeros_like(columns) if carried is None else np.linalg.norm(carried, axis=0)
-    dev = np.sqrt(np.maximum(np.einsum("ak,ab,bk->k", ffn.W_1, gram, ffn.W_1), 0.0)) + m + beta * columns
+    m = [np.linalg.norm(part, axis=0) for part in carried]
+    dev = np.sqrt(np.maximum(np.einsum("ak,ab,bk->k", ffn.W_1, gram, ffn.W_1), 0.0)) + sum(m) + beta * columns
     hull = enclosed.h[i] + IntervalArray(-dev, dev)
     second = _norm_from_below(ffn.W_2)
 
@@ -311,9 +317,9 @@ def remainder_floor(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball
         root = np.sqrt(S)
         P = beta * _norm_from_below(ffn.W_1 * root)
         Q = beta * _norm_from_below(ffn.W_2 * (root * columns)[:, None])
-        if carried is not None:
-            P += _norm_from_below(carried * root)
-            Q += _norm_from_below(ffn.W_2 * (root * m)[:, None])
+        for part, reach in zip(carried, m):
+            P += _norm_from_below(part * root)
+            Q += _norm_from_below(ffn.W_2 * (root * reach)[:, None])
         return 0.5 * P * min(Q, float(np.max(root * dev)) * second)
     joint = half_product(np.minimum(gelu_curvature_magnitude(hull), gelu_curvature_ceiling()))
     signed = half_product(gelu_third_magnitude(hull) * dev / 3.0)
@@ -334,21 +340,21 @@ def _norm_from_below(M: np.ndarray, steps: int = 12) -> float:
 
 
 def _remainder_parts(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float,
-                     second: float | None = None, shape: AffineForm | None = None) -> tuple:
+                     second: float | None = None, shape: tuple = ()) -> tuple:
     """What both bounds of :func:`feedforward_remainder` read: ``(enclosed, beta, A^T A, ||w_k||, dev, hull, i,
     ||W_2||, carried)``, ``hull`` the pre-activations' range ``h_k +- dev_k``, ``carried`` the :class:`CarriedBall` of
-    ``shape`` (its centre and errors go into ``beta``)."""
+    the carried balls ``shape`` (their centres and errors go into ``beta``)."""
     ffn = enclosed.ffn
     beta = _off_generators(row, ball)
-    if shape is not None:
-        beta = float(sum_upper(beta, IntervalArray(shape.center).norm_upper().item(),
-                               IntervalArray(shape.err).norm_upper().item()))
+    if shape:
+        beta = float(sum_upper(beta, *(IntervalArray(part.center).norm_upper().item() for part in shape),
+                               *(IntervalArray(part.err).norm_upper().item() for part in shape)))
     carried = _carried_ball(shape, ffn)
     gram = Enclosure.exact(row.l2.T) @ Enclosure.exact(row.l2)                                      # G^T G (d, d)
     a_gram = IntervalArray.from_enclosure(Enclosure.exact(ffn.W_1.T) @ gram @ Enclosure.exact(ffn.W_1))  # A^T A
     columns = IntervalArray(IntervalArray(ffn.W_1).norm_upper(axis=0))
-    # |t_k| <= ||G w_k|| + ||N w_k|| + beta ||w_k||
-    dev = (IntervalArray(np.diagonal(a_gram.hi).copy()).sqrt() + IntervalArray(carried.columns)
+    # |t_k| <= ||G w_k|| + sum_p ||N_p w_k|| + beta ||w_k||
+    dev = (IntervalArray(np.diagonal(a_gram.hi).copy()).sqrt() + IntervalArray(carried.reach)
            + IntervalArray(beta) * columns).hi
     second = spectral_norm_upper_large(Enclosure.exact(ffn.W_2)) if second is None else second
     return enclosed, beta, a_gram, columns, dev, enclosed.h[i] + IntervalArray(-dev, dev), i, second, carried
@@ -383,20 +389,21 @@ def _joint_factors(ffn, a_gram: IntervalArray, columns: IntervalArray, beta: flo
     joint = (IntervalArray(max(lambda_max_upper_large((scaled * b_gram).to_enclosure()), 0.0)).sqrt()
              + IntervalArray(beta) * IntervalArray(spectral_norm_upper_large(
                  (W_2 * (root * columns).expand(-1)).to_enclosure())))
-    if carried is not None and carried.rows is not None:   # the carried ball's own terms (lemma token-form-carried)
-        P = P + IntervalArray(spectral_norm_upper_large((carried.rows * root.expand(0)).to_enclosure()))
+    for rows, reach in zip(*((carried.rows, carried.columns) if carried is not None else ((), ()))):
+        # each carried ball's own terms (lemma token-form-carried)
+        P = P + IntervalArray(spectral_norm_upper_large((rows * root.expand(0)).to_enclosure()))
         joint = joint + IntervalArray(spectral_norm_upper_large(
-            (W_2 * (root * IntervalArray(carried.columns)).expand(-1)).to_enclosure()))
+            (W_2 * (root * IntervalArray(reach)).expand(-1)).to_enclosure()))
     cheap = IntervalArray(float(np.max((root * IntervalArray(dev)).hi))) * IntervalArray(second)
     return P.hi.item(), min(joint.hi.item(), cheap.hi.item())
 
 
 def _signed_gram(ffn, a_gram: IntervalArray, beta: float, carried: CarriedBall | None) -> tuple[IntervalArray, int]:
-    """``(K, c)`` of :func:`_signed_part`: ``K = A^T A + (N W_1)^T (N W_1) + beta^2 W_1^T W_1`` (the terms of the
-    carried ball and of the ball where present), ``c`` the number of its parts."""
+    """``(K, c)`` of :func:`_signed_part`: ``K = A^T A + sum_p (N_p W_1)^T (N_p W_1) + beta^2 W_1^T W_1`` (the terms of
+    the carried balls and of the ball where present), ``c`` the number of its parts."""
     K, c = a_gram, 1
-    if carried is not None and carried.rows is not None:
-        K, c = K + carried.rows.swapaxes(0, 1).bmm(carried.rows), c + 1
+    for rows in (carried.rows if carried is not None else ()):
+        K, c = K + rows.swapaxes(0, 1).bmm(rows), c + 1
     if beta > 0:
         K, c = K + IntervalArray(beta) * IntervalArray(beta) * feedforward_grams(ffn)[0], c + 1
     return K, c
@@ -407,8 +414,8 @@ def _signed_estimate(ffn, h: IntervalArray, a_gram: IntervalArray, beta: float, 
     """A float estimate from below of ``c F / 2`` (:func:`_signed_part`): the Rayleigh quotient of ``W_2^T diag(g) (K o
     K) diag(g) W_2`` after ``steps`` rounds of power iteration on its products (the matrix is not formed)."""
     K, c = a_gram.mid, 1
-    if carried is not None and carried.rows is not None:
-        K, c = K + carried.rows.mid.T @ carried.rows.mid, c + 1
+    for rows in (carried.rows if carried is not None else ()):
+        K, c = K + rows.mid.T @ rows.mid, c + 1
     if beta > 0:
         K, c = K + (beta * beta) * feedforward_grams(ffn)[0].mid, c + 1
     squares, g = K * K, gelu_curvature(h).mid
@@ -427,13 +434,13 @@ def _signed_estimate(ffn, h: IntervalArray, a_gram: IntervalArray, beta: float, 
 
 def _signed_part(ffn, h: IntervalArray, a_gram: IntervalArray, beta: float,
                  carried: CarriedBall | None = None) -> tuple[float, float]:
-    """``(c, F)`` with ``sup_v |sum_k g_k t_k^2 (r_k.v)| <= c F`` over unit v and ``t = e A + z N W_1 + u W_1``
-    (``||e||, ||z|| <= 1``, ``||u|| <= beta``; N the carried ball's generators, lemma token-form-carried), ``g_k =
-    GELU''(h_k)`` at the pre-activations ``h`` (d_ff,), enclosed: with ``z^ = (e, z, u / beta)``, ``||z^||^2 <= c`` (the
-    number of parts present) and ``a^_k = (a_k, N w_k, beta w_k)`` the sum is ``z^ (A^ diag(g o W_2 v) A^^T) z^^T``, at
-    most ``c`` times that matrix's Frobenius norm, whose square is ``v^T W_2^T diag(g) (K o K) diag(g) W_2 v`` with
-    ``K = A^T A + (N W_1)^T (N W_1) + beta^2 W_1^T W_1`` the Gram matrix of the ``a^_k``; ``F`` is the square root of
-    that d x d matrix's top eigenvalue, rounded up."""
+    """``(c, F)`` with ``sup_v |sum_k g_k t_k^2 (r_k.v)| <= c F`` over unit v and ``t = e A + sum_p z_p N_p W_1 + u
+    W_1`` (``||e||, ||z_p|| <= 1``, ``||u|| <= beta``; N_p the carried balls' generators, lemma token-form-carried),
+    ``g_k = GELU''(h_k)`` at the pre-activations ``h`` (d_ff,), enclosed: with ``z^ = (e, z_1, .., u / beta)``,
+    ``||z^||^2 <= c`` (the number of parts present) and ``a^_k = (a_k, N_1 w_k, .., beta w_k)`` the sum is ``z^ (A^
+    diag(g o W_2 v) A^^T) z^^T``, at most ``c`` times that matrix's Frobenius norm, whose square is ``v^T W_2^T diag(g)
+    (K o K) diag(g) W_2 v`` with ``K = A^T A + sum_p (N_p W_1)^T (N_p W_1) + beta^2 W_1^T W_1`` the Gram matrix of the
+    ``a^_k``; ``F`` is the square root of that d x d matrix's top eigenvalue, rounded up."""
     K, c = _signed_gram(ffn, a_gram, beta, carried)
     g = gelu_curvature(h)
     weighted = K * K * g.expand(0) * g.expand(-1)
