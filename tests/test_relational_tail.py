@@ -526,3 +526,47 @@ def test_dropping_the_norms_carried_remainder_fails(monkeypatch):
     assert escape() <= 1e-9
     monkeypatch.setattr(relational_tail, "norm_taylor_remainder", lambda enclosed, radii: np.zeros(len(radii)))
     assert escape() > 0
+
+
+def _outlier_block(seed: int):
+    """A feed-forward block (d = 4, 64 neurons) whose neuron 0 is an outlier (its row of W_2 40 times the others', its
+    column of W_1 3 times) at GELU's largest curvature (pre-activation 0 at y = 0), enclosed at y = 0, and a token form
+    that moves the block's input by up to 0.5."""
+    from lipbound.local.enclosed import EnclosedFeedForward
+    from lipbound.numeric.model import FeedForward
+    from lipbound.rigorous.zonotope import Symbols
+    rng = np.random.default_rng(seed)
+    W_1, W_2 = rng.standard_normal((4, 64)) / 2, rng.standard_normal((64, 4)) / 2
+    W_1[:, 0] *= 3.0 / np.linalg.norm(W_1[:, 0])
+    W_2[0] *= 40.0 / np.linalg.norm(W_2[0])
+    b_1 = rng.standard_normal(64)
+    b_1[0] = 0.0
+    ffn = FeedForward(W_1, b_1, W_2, np.zeros(4))
+    Y = np.zeros((1, 4))
+    generators = 0.5 * rng.standard_normal((6, 4)) / np.sqrt(6)
+    row = AffineForm.generated(IntervalArray(np.zeros(4)), IntervalArray(generators), Symbols())
+    return EnclosedFeedForward(ffn, Y), Y, TokenForms((row,), np.zeros(1))
+
+
+@settings(max_examples=5, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_outlier_neurons_bounded_apart(seed):
+    """Lemma feedforward-taylor-separated: an outlier neuron is found and bounded by itself; the joint and signed
+    bounds with it apart hold at sampled points of the form."""
+    enclosed, Y, forms = _outlier_block(seed)
+    assert list(relational_tail.outlier_neurons(enclosed.ffn)) == [0]
+    rng = np.random.default_rng(seed)
+    parts = relational_tail._remainder_parts(enclosed, 0, forms.rows[0], 0.0)
+    for bound in (relational_tail.joint_remainder(*parts), relational_tail.signed_remainder(*parts),
+                  relational_tail.feedforward_remainder(enclosed, 0, forms.rows[0], 0.0)):
+        assert _remainder_escape(enclosed, Y, forms, lambda i: bound, rng) <= 1e-12
+
+
+def test_dropping_the_separated_neurons_fails(monkeypatch):
+    """Mutation: the outlier's own remainder left out (its curvature removed from the joint bound and nothing added)
+    lets sampled points leave the bound."""
+    enclosed, Y, forms = _outlier_block(0)
+    monkeypatch.setattr(relational_tail, "separated_remainder", lambda *args: 0.0)
+    rng = np.random.default_rng(0)
+    bound = relational_tail.feedforward_remainder(enclosed, 0, forms.rows[0], 0.0)
+    assert _remainder_escape(enclosed, Y, forms, lambda i: bound, rng) > 0
