@@ -21,6 +21,12 @@ midpoint of g's enclosed Jacobian at ``x~`` acting on the form's generators exac
   summed through ``W_2`` by Cauchy-Schwarz over the neurons, with ``P >= ||(S_k^(1/2) t_k)_k||`` and ``Q >= sup_v
   ||(S_k^(1/2) t_k r_k.v)_k||`` from the Gram matrices of the form's pre-activation generators.
 
+The remainders need not be round (lemma token-form-carried): the attention's Taylor remainder and each LayerNorm's
+(``rho diag(gamma)``, ``||rho|| <= T / max|gamma|``) are carried as balls of their own symbols per token, which the
+later linear steps map by their matrices M, so the feed-forward block sees them through ``||N w_k||`` rather than
+``||N|| ||w_k||``; only the feed-forward remainder, whose outlier neurons are bounded apart (lemma
+feedforward-taylor-separated), stays a plain ball.
+
 The radii ``sup ||x - x~_k||`` per token of each ``S_k`` bound the token balls before each map, and the output
 set's Frobenius radius the block's reach.
 """
