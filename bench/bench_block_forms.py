@@ -8,8 +8,14 @@ witness of both runs, and each run's CPU seconds (``time.process_time``, set-up 
 With ``--scale-rests S`` (S < 1) the sets start from the attention's Taylor remainders multiplied by S: not a bound,
 a measurement of what a sharper remainder would give the block (the runs' values are then printed as "if").
 
+With ``--parts`` the curves are not run: the block's attention curve at each radius gives Taylor's remainders, and the
+sets are formed twice from them, with the remainders as plain balls (before) and carried through the linear steps
+(lemma token-form-carried, now); printed per token and set, its radius and the parts it adds up (the affine form's own
+radius, the carried balls, the plain ball), the output LayerNorm's centred norms beside the set before it, and the
+CPU seconds of each way of forming the sets.
+
 Run: ``python bench/bench_block_forms.py [--text "The cat sat on the mat."] [--layer 0] [--fractions 1e-3,1e-2]
-[--scale-rests 0.1]`` (about four minutes of CPU per radius at n = 9).
+[--scale-rests 0.1] [--parts]`` (about four minutes of CPU per radius at n = 9; with ``--parts`` about a minute).
 """
 
 from __future__ import annotations
@@ -65,6 +71,51 @@ def run(text: str, layer: int, fraction: float, forms: bool, scale: float = 1.0)
     return found.points[0], balls[-3:], sets[:3], time.process_time() - began
 
 
+def _row(values) -> str:
+    return " ".join(f"{v:7.3f}" for v in values)
+
+
+def parts(text: str, layer: int, fraction: float) -> None:
+    """The sets before each map after the attention, formed from the same remainders with plain and carried balls
+    (module docstring), per token."""
+    from lipbound.local.balls import Neighbourhood
+    from lipbound.local.centre import ChainCentre, frobenius_factor
+    from lipbound.local.chains import chain_for
+    from lipbound.local.curvature import CURVATURE_TOKENS
+    from lipbound.local.curve import _curve
+    from lipbound.local.relational_tail import TokenForms
+    from lipbound.measures.bert import load_text_model
+    from lipbound.rigorous.arrays import IntervalArray
+    bert = load_text_model()
+    X = bert.hidden_states(bert.encode(text))[layer]
+    n = X.shape[0]
+    eps = fraction * bert.layernorm_feeding(layer).radius_about_center
+    chain = chain_for(bert.model, "block", layer)
+    centre = ChainCentre(chain, X, True, keep=(1, 4))
+    attention = _curve(bert.model, X, "layer", layer, None, None, "fro", "fro", (), [eps], 0, 0, CURVATURE_TOKENS, None,
+                       chain=chain[:1], centre=centre.part(chain, 0, 1, True), want_reach=True).points[0]
+    rests = np.minimum(attention.remainder, attention.token_remainders) if attention.token_remainders \
+        else np.full(n, attention.remainder)
+    radius = (frobenius_factor(Neighbourhood("fro", eps, ()), n) * IntervalArray(eps)).hi.item()
+    offset = centre.enclosed[0].output - IntervalArray(centre.points[1])
+    print(f"{text!r} layer {layer}, {fraction:g} R (eps = {eps:.4g}), per token:")
+    print(f"  the attention's Taylor remainders  {_row(rests)}")
+    for carried in (False, True):
+        began = time.process_time()
+        sets = [TokenForms.taylor(centre.prefix_jacobian[1], radius, offset, rests, carried=carried)]
+        sets.append(sets[-1].norm_step(centre.enclosed[1], centre.points[2]))
+        sets.append(sets[-1].feedforward_step(centre.enclosed[2], centre.points[3]))
+        cpu = time.process_time() - began
+        print(f"  {'carried (now)' if carried else 'plain balls (before)'}: {cpu:.1f} CPU s")
+        for name, found in zip(("after the attention", "before the feed-forward block", "before the output LayerNorm"),
+                               sets):
+            print(f"    {name}: radius {_row(found.radii)}")
+            print(f"      form   {_row([row.radius() for row in found.rows])}")
+            print(f"      carried{_row([found.carried(i) for i in range(n)])}")
+            print(f"      ball   {_row(found.balls)}")
+    print(f"  the output LayerNorm's centred norms {_row(centre.enclosed[3].nu.lo)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--text", default="The cat sat on the mat.")
@@ -72,7 +123,13 @@ def main() -> None:
     parser.add_argument("--fractions", default="1e-3,1e-2")
     parser.add_argument("--scale-rests", type=float, default=1.0,
                         help="the attention's Taylor remainders times this (below 1: what-if, not a bound)")
+    parser.add_argument("--parts", action="store_true",
+                        help="the sets' radii per token and their parts, plain and carried balls (no curves)")
     args = parser.parse_args()
+    if args.parts:
+        for fraction in (float(f) for f in args.fractions.split(",")):
+            parts(args.text, args.layer, fraction)
+        return
     scale = args.scale_rests
     for fraction in (float(f) for f in args.fractions.split(",")):
         before, chained, _, cpu_before = run(args.text, args.layer, fraction, forms=False)

@@ -187,7 +187,8 @@ def test_generated_form_and_its_radius_hold_sampled_points(seed, symbols, shape)
 
 def _remainder_escape(enclosed, Y, forms: TokenForms, bound, rng, samples: int = 300) -> float:
     """The largest ``||FF(x) - FF(y) - (x - y) DFF(y)|| - bound(i)`` over sampled ``x_i = y_i + c_i + e G_i + u`` (unit
-    or shorter e, ``||u|| <= b_i``), y the float point of ``enclosed``: at most 0 where ``bound`` holds."""
+    or shorter e, ``||u|| <= b_i``; plus ``z_i N_i`` with unit or shorter ``z_i`` where the set carries balls), y the
+    float point of ``enclosed``: at most 0 where ``bound`` holds."""
     from lipbound.numeric.model import FeedForward
     ffn: FeedForward = enclosed.ffn
     step = lambda x: x + ffn(x)   # noqa: E731  (the residual feed-forward block in floats)
@@ -202,6 +203,8 @@ def _remainder_escape(enclosed, Y, forms: TokenForms, bound, rng, samples: int =
             u = rng.standard_normal(Y.shape[1])
             u *= forms.balls[i] / np.linalg.norm(u) * (1.0 if rng.random() < 0.7 else rng.random())
             delta = row.center + e @ row.l2 + u
+            for part in forms.shape(i):
+                delta = delta + part.center + _unit_or_shorter(rng, part.l2.shape[0]) @ part.l2
             linear = delta + ((delta @ ffn.W_1) * slope[i]) @ ffn.W_2
             gap = np.linalg.norm(step(Y[i] + delta) - step(Y[i]) - linear)
             worst = max(worst, gap - bounds[i])
@@ -209,24 +212,26 @@ def _remainder_escape(enclosed, Y, forms: TokenForms, bound, rng, samples: int =
 
 
 @settings(max_examples=8, deadline=None)
-@given(seed=st.integers(0, 10_000), scale=st.sampled_from([0.05, 0.5, 2.0]), ball=st.sampled_from([0.0, 0.02, 0.5]))
-def test_signed_feedforward_remainder_holds_sampled_points(seed, scale, ball):
+@given(seed=st.integers(0, 10_000), scale=st.sampled_from([0.05, 0.5, 2.0]), ball=st.sampled_from([0.0, 0.02, 0.5]),
+       carried=st.sampled_from([0.0, 0.5]))
+def test_signed_feedforward_remainder_holds_sampled_points(seed, scale, ball, carried):
     """Lemma feedforward-taylor-signed alone (and the smaller of both bounds): on generated blocks, the feed-forward
-    block's Taylor remainder at sampled points of a token's form plus ball stays below it."""
+    block's Taylor remainder at sampled points of a token's form plus ball (and carried ball) stays below it."""
     generated = local_models.model(seed=seed % 50, layers=1, scale=2.0)
     chain = chain_for(generated, "block", 0)
     X = hidden_states(generated, [1, 5, 7, 2])[0]
     centre = ChainCentre(chain, X, False)
     rng = np.random.default_rng(seed)
     Y, enclosed = centre.points[2], centre.enclosed[2]
-    forms = _forms_about(Y, scale, rng)
-    forms = TokenForms(forms.rows, np.full(len(forms.rows), ball))
+    forms = _carried_about(Y, scale, carried, rng) if carried else _forms_about(Y, scale, rng)
+    forms = TokenForms(forms.rows, np.full(len(forms.rows), ball), forms.shapes)
 
     def signed(i):
-        return relational_tail.signed_remainder(*relational_tail._remainder_parts(enclosed, i, forms.rows[i], ball))
+        return relational_tail.signed_remainder(*relational_tail._remainder_parts(enclosed, i, forms.rows[i], ball,
+                                                                                  None, forms.shape(i)))
 
     def smaller(i):
-        return relational_tail.feedforward_remainder(enclosed, i, forms.rows[i], ball)
+        return relational_tail.feedforward_remainder(enclosed, i, forms.rows[i], ball, None, forms.shape(i))
     assert _remainder_escape(enclosed, Y, forms, signed, rng) <= 1e-12
     assert _remainder_escape(enclosed, Y, forms, smaller, rng) <= 1e-12
 
@@ -357,8 +362,8 @@ def test_feedforward_remainders_skipped_only_where_no_set_can_win(monkeypatch):
     calls.clear()
     assert np.all(third(np.zeros_like(radii[2])) == np.inf) and not calls
     monkeypatch.setattr(relational_tail, "feedforward_remainder",
-                        lambda enclosed, i, row, ball, second=None: relational_tail.remainder_floor(enclosed, i, row,
-                                                                                                    ball))
+                        lambda enclosed, i, row, ball, second=None, shape=None:
+                        relational_tail.remainder_floor(enclosed, i, row, ball, shape))
     floors = third(None)                                     # the radii with the remainders' floors
     assert np.all(floors <= radii[2]) and np.any(floors < radii[2])
     monkeypatch.setattr(relational_tail, "feedforward_remainder", counted)
@@ -390,3 +395,178 @@ def test_the_remainder_floor_is_below_the_certified_remainder(seed, scale, eps):
     for i, (row, ball) in enumerate(zip(before.rows, before.balls)):
         floor = relational_tail.remainder_floor(enclosed, i, row, ball)
         assert 0 < floor <= relational_tail.feedforward_remainder(enclosed, i, row, ball)
+
+
+def _carried_about(Y, scale: float, carried: float, rng, symbols: int = 12) -> TokenForms:
+    """Rows ``e G_i`` (norm about ``scale``) and carried balls ``z_i N_i`` (random N_i of norm about ``carried``, each
+    token's over symbols of its own) about the float point Y."""
+    forms = _forms_about(Y, scale, rng, symbols)
+    n, d = Y.shape
+    shapes = tuple((AffineForm.generated(IntervalArray(np.zeros(d)),
+                                         IntervalArray(carried * rng.standard_normal((d, d)) / np.sqrt(d))),)
+                   for _ in range(n))
+    return TokenForms(forms.rows, np.zeros(n), shapes)
+
+
+def _unit_or_shorter(rng, size: int) -> np.ndarray:
+    z = rng.standard_normal(size)
+    return z * (1.0 if rng.random() < 0.7 else rng.random()) / np.linalg.norm(z)
+
+
+def _carried_escape(step_map, forms: TokenForms, Y, after, out: TokenForms, rng, samples: int = 200) -> float:
+    """As :func:`_escape` with each token's own carried symbols drawn too (unit or shorter, independent); the output's
+    carried balls (those of the input, then any the step adds, at extreme or inner points of their own) are read at the
+    same symbols, its added ones' generators at fresh ones: the largest distance beyond the output's set."""
+    worst = -np.inf
+    for _ in range(samples):
+        e = rng.standard_normal(forms.rows[0].l2.shape[0])
+        e /= np.linalg.norm(e) if rng.random() < 0.7 else np.linalg.norm(e) / rng.random()
+        z = [[_unit_or_shorter(rng, part.l2.shape[0]) for part in forms.shape(i)] for i in range(len(forms.rows))]
+        x = np.stack([Y[i] + row.center + e @ row.l2 + sum(part.center + zp @ part.l2
+                                                           for part, zp in zip(forms.shape(i), z[i]))
+                      for i, row in enumerate(forms.rows)])
+        value = step_map(x)
+        for i, row in enumerate(out.rows):
+            inherited = out.shape(i)[:len(z[i])]
+            rest = value[i] - after[i] - row.center - e @ row.l2 - sum(part.center + zp @ part.l2
+                                                                       for part, zp in zip(inherited, z[i]))
+            # the step's own carried balls: the distance from rest to their set, bounded by a projection onto it
+            slack = np.linalg.norm(row.err) + sum(np.linalg.norm(part.err) for part in out.shape(i)) + out.balls[i]
+            for part in out.shape(i)[len(z[i]):]:
+                rest = rest - part.center
+                coefficients = np.linalg.lstsq(part.l2.T, rest, rcond=None)[0]
+                if not np.all(np.isfinite(coefficients)):   # (generators about 0: any point of the set will do)
+                    coefficients = np.zeros_like(coefficients)
+                if np.linalg.norm(coefficients) > 1:
+                    coefficients /= np.linalg.norm(coefficients)
+                rest = rest - coefficients @ part.l2
+            worst = max(worst, np.linalg.norm(rest) - slack)
+    return worst
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), scale=st.sampled_from([0.05, 0.5]), carried=st.sampled_from([0.1, 1.0]))
+def test_carried_balls_hold_the_maps_values(seed, scale, carried):
+    """Lemma token-form-carried: the LayerNorm and feed-forward steps on sets with carried balls hold the map's values
+    at sampled points (rows and each token's own carried symbols drawn together), the carried balls taking the steps'
+    linear maps; the token radii hold every sampled point."""
+    generated = local_models.model(seed=seed % 50, layers=1, scale=2.0)
+    chain = chain_for(generated, "block", 0)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    centre = ChainCentre(chain, X, False)
+    rng = np.random.default_rng(seed)
+    for k, step in ((1, TokenForms.norm_step), (2, TokenForms.feedforward_step), (3, TokenForms.norm_step)):
+        Y = centre.points[k]
+        forms = _carried_about(Y, scale, carried, rng)
+        out = step(forms, centre.enclosed[k], centre.points[k + 1])
+        if not np.all(np.isfinite(out.balls)):
+            continue
+        assert len(out.shapes) == len(forms.shapes)
+        assert _carried_escape(lambda x: chain[k].step.linearize(x[None], None).F[0], forms, Y, centre.points[k + 1],
+                               out, rng) <= 1e-9
+
+
+def test_dropping_the_carried_ball_fails(monkeypatch):
+    """Mutation: a feed-forward remainder that forgets the carried ball (its columns and rows zero, as if the set were
+    the rows alone) lets sampled points leave the step's set."""
+    generated = local_models.model(seed=3, layers=1, scale=2.0)
+    chain = chain_for(generated, "block", 0)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    centre = ChainCentre(chain, X, False)
+    Y = centre.points[2]
+
+    def escape() -> float:
+        rng = np.random.default_rng(0)
+        forms = _carried_about(Y, 0.05, 2.0, rng)
+        out = forms.feedforward_step(centre.enclosed[2], centre.points[3])
+        return _carried_escape(lambda x: chain[2].step.linearize(x[None], None).F[0], forms, Y, centre.points[3], out,
+                               rng)
+    assert escape() <= 1e-9
+    monkeypatch.setattr(relational_tail, "_carried_ball",
+                        lambda shape, ffn: relational_tail.CarriedBall((), (), np.zeros(ffn.W_1.shape[1])))
+    assert escape() > 0
+
+
+def test_signed_remainder_reads_the_carried_ball(monkeypatch):
+    """Lemma feedforward-taylor-signed with a carried ball (its symbols a third part of the quadratic form): a neuron at
+    0 (the largest curvature) moved mostly by the carried ball stays below the bound; with the carried ball's Gram
+    term dropped from K, sampled points leave it."""
+    from lipbound.rigorous.zonotope import Symbols
+    enclosed, Y, _ = _one_neuron(0.0)
+    row = AffineForm.generated(IntervalArray(np.zeros(2)), IntervalArray(np.array([[0.01, 0.0]])), Symbols())
+    shape = AffineForm.generated(IntervalArray(np.zeros(2)), IntervalArray(np.array([[0.6, 0.0], [0.0, 0.3]])))
+    forms = TokenForms((row,), np.zeros(1), ((shape,),))
+
+    def signed(i):
+        return relational_tail.signed_remainder(*relational_tail._remainder_parts(enclosed, i, forms.rows[i], 0.0,
+                                                                                  None, forms.shape(i)))
+    rng = np.random.default_rng(2)
+    assert _remainder_escape(enclosed, Y, forms, signed, rng) <= 1e-12
+    original = relational_tail._signed_gram
+    monkeypatch.setattr(relational_tail, "_signed_gram", lambda ffn, a_gram, beta, carried: original(ffn, a_gram, beta,
+                                                                                                      None))
+    assert _remainder_escape(enclosed, Y, forms, signed, rng) > 0
+
+
+def test_dropping_the_norms_carried_remainder_fails(monkeypatch):
+    """Mutation: a LayerNorm step whose carried Taylor remainder (the ball ``rho diag(gamma)``) is zero lets sampled
+    points leave the step's set."""
+    generated = local_models.model(seed=3, layers=1, scale=2.0)
+    chain = chain_for(generated, "block", 0)
+    X = hidden_states(generated, [1, 5, 7, 2])[0]
+    centre = ChainCentre(chain, X, False)
+    Y = centre.points[1]
+
+    def escape() -> float:
+        rng = np.random.default_rng(0)
+        forms = _carried_about(Y, 0.5, 1.0, rng)
+        out = forms.norm_step(centre.enclosed[1], centre.points[2])
+        return _carried_escape(lambda x: chain[1].step.linearize(x[None], None).F[0], forms, Y, centre.points[2], out,
+                               rng)
+    assert escape() <= 1e-9
+    monkeypatch.setattr(relational_tail, "norm_taylor_remainder", lambda enclosed, radii: np.zeros(len(radii)))
+    assert escape() > 0
+
+
+def _outlier_block(seed: int):
+    """A feed-forward block (d = 4, 64 neurons) whose neuron 0 is an outlier (its row of W_2 40 times the others', its
+    column of W_1 3 times) at GELU's largest curvature (pre-activation 0 at y = 0), enclosed at y = 0, and a token form
+    that moves the block's input by up to 0.5."""
+    from lipbound.local.enclosed import EnclosedFeedForward
+    from lipbound.numeric.model import FeedForward
+    from lipbound.rigorous.zonotope import Symbols
+    rng = np.random.default_rng(seed)
+    W_1, W_2 = rng.standard_normal((4, 64)) / 2, rng.standard_normal((64, 4)) / 2
+    W_1[:, 0] *= 3.0 / np.linalg.norm(W_1[:, 0])
+    W_2[0] *= 40.0 / np.linalg.norm(W_2[0])
+    b_1 = rng.standard_normal(64)
+    b_1[0] = 0.0
+    ffn = FeedForward(W_1, b_1, W_2, np.zeros(4))
+    Y = np.zeros((1, 4))
+    generators = 0.5 * rng.standard_normal((6, 4)) / np.sqrt(6)
+    row = AffineForm.generated(IntervalArray(np.zeros(4)), IntervalArray(generators), Symbols())
+    return EnclosedFeedForward(ffn, Y), Y, TokenForms((row,), np.zeros(1))
+
+
+@settings(max_examples=5, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_outlier_neurons_bounded_apart(seed):
+    """Lemma feedforward-taylor-separated: an outlier neuron is found and bounded by itself; the joint and signed
+    bounds with it apart hold at sampled points of the form."""
+    enclosed, Y, forms = _outlier_block(seed)
+    assert list(relational_tail.outlier_neurons(enclosed.ffn)) == [0]
+    rng = np.random.default_rng(seed)
+    parts = relational_tail._remainder_parts(enclosed, 0, forms.rows[0], 0.0)
+    for bound in (relational_tail.joint_remainder(*parts), relational_tail.signed_remainder(*parts),
+                  relational_tail.feedforward_remainder(enclosed, 0, forms.rows[0], 0.0)):
+        assert _remainder_escape(enclosed, Y, forms, lambda i: bound, rng) <= 1e-12
+
+
+def test_dropping_the_separated_neurons_fails(monkeypatch):
+    """Mutation: the outlier's own remainder left out (its curvature removed from the joint bound and nothing added)
+    lets sampled points leave the bound."""
+    enclosed, Y, forms = _outlier_block(0)
+    monkeypatch.setattr(relational_tail, "separated_remainder", lambda *args: 0.0)
+    rng = np.random.default_rng(0)
+    bound = relational_tail.feedforward_remainder(enclosed, 0, forms.rows[0], 0.0)
+    assert _remainder_escape(enclosed, Y, forms, lambda i: bound, rng) > 0

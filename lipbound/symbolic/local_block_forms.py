@@ -66,15 +66,18 @@ def token_form_nested() -> Theorem:
 
 @functools.cache
 def feedforward_taylor_joint() -> Theorem:
-    """``||FF(x) - FF(y) - (x - y) DFF(y)|| <= (1/2) P Q`` for ``x - y = e G + u``, ``||e|| <= 1``, ``||u|| <= beta``
-    (lemma ``feedforward-taylor-joint``)."""
+    """``||FF(x) - FF(y) - (x - y) DFF(y)|| <= (1/2) P Q`` for ``x - y = e G + sum_p z_p N_p + u``, ``||e||, ||z_p||
+    <= 1``, ``||u|| <= beta`` (lemma ``feedforward-taylor-joint``, with the carried balls ``z_p N_p`` of lemma
+    ``token-form-carried``)."""
     P, Q = q("P"), q("Q")
     statement = P * Q / 2
     proof = Derivation("The feed-forward block's Taylor remainder on an affine form, jointly over the neurons")
-    proof.hypothesis("FF(x) = x + act(x W_1 + b_1) W_2 + b_2, columns w_k of W_1, rows r_k of W_2; t_k = (x - y) . w_k "
-                     "with |t_k| <= dev_k; S_k >= |act''| on [h_k - dev_k, h_k + dev_k], D = diag(S)^(1/2); A = G W_1; "
-                     "P >= lambda_max(D A^T A D)^(1/2) + beta ||W_1 D||; Q >= the smaller of lambda_max(D (A^T A o W_2 "
-                     "W_2^T) D)^(1/2) + beta ||diag(D ||w||) W_2|| and max_k D_k dev_k ||W_2||")
+    proof.hypothesis("FF(x) = x + act(x W_1 + b_1) W_2 + b_2, columns w_k of W_1, rows r_k of W_2; x - y = e G + "
+                     "sum_p z_p N_p + u, ||e||, ||z_p|| <= 1, ||u|| <= beta; t_k = (x - y) . w_k with |t_k| <= dev_k; "
+                     "S_k >= |act''| on [h_k - dev_k, h_k + dev_k], D = diag(S)^(1/2); A = G W_1; m_pk >= ||N_p w_k||; "
+                     "P >= lambda_max(D A^T A D)^(1/2) + sum_p ||N_p W_1 D|| + beta ||W_1 D||; Q >= the smaller of "
+                     "lambda_max(D (A^T A o W_2 W_2^T) D)^(1/2) + sum_p ||diag(D m_p) W_2|| + beta ||diag(D ||w||) "
+                     "W_2|| and max_k D_k dev_k ||W_2||")
     proof.add(Described(r"FF(x) - FF(y) - (x - y) DFF(y) = \textstyle\sum_k \phi_k(t_k)\, r_k,\ "
                         r"|\phi_k(t)| \le S_k t^2 / 2"),
               "phi_k(t) = act(h_k + t) - act(h_k) - act'(h_k) t, Taylor with Lagrange's remainder", "mean-value")
@@ -82,11 +85,13 @@ def feedforward_taylor_joint() -> Theorem:
                  Described(r"\tfrac12 \|(S_k^{1/2} t_k)_k\|\, \|(S_k^{1/2} t_k\, r_k \cdot v)_k\|")),
               "triangle inequality over k, then Cauchy-Schwarz, for a unit v", "norm-calculus")
     proof.add(le(Described(r"\|(S_k^{1/2} t_k)_k\|"), P),
-              "t = e A + u W_1 and Minkowski's inequality: ||D A^T e^T|| <= lambda_max(D A^T A D)^(1/2)",
+              "t = e A + sum_p z_p N_p W_1 + u W_1 and Minkowski's inequality: ||D A^T e^T|| <= lambda_max(D A^T A "
+              "D)^(1/2), ||D (N_p W_1)^T z_p^T|| <= ||N_p W_1 D||",
               "minkowski")
     proof.add(le(Described(r"\|(S_k^{1/2} t_k\, r_k \cdot v)_k\|"), Q),
               "the linear part's squares sum_k S_k (e . a_k)^2 (r_k . v)^2 form the quadratic form of the Gram matrix "
-              "of the vectors S_k^(1/2) a_k (x) r_k at e (x) v; the rest |u . w_k| <= beta ||w_k|| by Minkowski; or "
+              "of the vectors S_k^(1/2) a_k (x) r_k at e (x) v; the rest |z_p N_p . w_k| <= m_pk and |u . w_k| <= beta "
+              "||w_k|| by Minkowski; or "
               "each S_k^(1/2) |t_k| at most its largest and sum_k (r_k . v)^2 <= ||W_2||^2", "minkowski")
     proof.add(le(Described(r"\|FF(x) - FF(y) - (x - y) DFF(y)\|"), statement), "the supremum over unit v",
               "norm-calculus")
@@ -101,19 +106,21 @@ def feedforward_taylor_signed() -> Theorem:
     c, F, P_3, Q_3 = q("c"), q("F"), q("P_3"), q("Q_3")
     statement = c * F / 2 + P_3 * Q_3 / 2
     proof = Derivation("The feed-forward block's Taylor remainder with the curvatures' signs kept")
-    proof.hypothesis("FF(x) = x + act(x W_1 + b_1) W_2 + b_2, columns w_k of W_1, rows r_k of W_2; x - y = e G + u, "
-                     "||e|| <= 1, ||u|| <= beta; t_k = (x - y) . w_k with |t_k| <= dev_k; g_k = act''(h_k) at the "
-                     "centre; T_k >= |act'''| on [h_k - dev_k, h_k + dev_k]; A = G W_1, K = A^T A + beta^2 W_1^T W_1; "
-                     "c = 2 if beta > 0, else 1; F >= lambda_max(W_2^T diag(g) (K o K) diag(g) W_2)^(1/2); P_3, Q_3 "
-                     "the factors of local-feedforward-taylor-joint with S_k = T_k dev_k / 3")
+    proof.hypothesis("FF(x) = x + act(x W_1 + b_1) W_2 + b_2, columns w_k of W_1, rows r_k of W_2; x - y = e G + "
+                     "sum_p z_p N_p + u, ||e||, ||z_p|| <= 1, ||u|| <= beta; t_k = (x - y) . w_k with |t_k| <= dev_k; "
+                     "g_k = act''(h_k) at the centre; T_k >= |act'''| on [h_k - dev_k, h_k + dev_k]; A = G W_1, K = "
+                     "A^T A + sum_p (N_p W_1)^T (N_p W_1) + beta^2 W_1^T W_1; c the number of the parts e, z_p, u "
+                     "present; F >= lambda_max(W_2^T diag(g) (K o K) diag(g) W_2)^(1/2); P_3, Q_3 the factors of "
+                     "local-feedforward-taylor-joint with S_k = T_k dev_k / 3")
     proof.add(Described(r"\phi_k(t) = \tfrac12 g_k t^2 + \psi_k(t),\ |\psi_k(t)| \le T_k |t|^3 / 6 "
                         r"\le (T_k\, \mathrm{dev}_k / 3)\, t^2 / 2"),
               "Taylor with Lagrange's remainder of third order, |t_k| <= dev_k", "mean-value")
     proof.add(le(Described(r"|\textstyle\sum_k \psi_k(t_k)\, r_k \cdot v|"), Described(r"P_3 Q_3 / 2")),
               "local-feedforward-taylor-joint's steps with S_k = T_k dev_k / 3", "norm-calculus")
     proof.add(Described(r"\textstyle\sum_k g_k t_k^2\, r_k \cdot v = z\, \hat A \operatorname{diag}(g \circ W_2 v)"
-                        r"\, \hat A^\top z^\top,\ z = (e, u / \beta),\ \hat a_k = (a_k, \beta w_k),\ \|z\|^2 \le c"),
-              "t_k = z . a^_k (the u part dropped when beta = 0)", "norm-calculus")
+                        r"\, \hat A^\top z^\top,\ z = (e, z_1, .., u / \beta),"
+                        r"\ \hat a_k = (a_k, N_1 w_k, .., \beta w_k),\ \|z\|^2 \le c"),
+              "t_k = z . a^_k (the parts absent dropped)", "norm-calculus")
     proof.add(le(Described(r"\|\hat A \operatorname{diag}(g \circ W_2 v)\, \hat A^\top\|_2^2"),
                  Described(r"v^\top W_2^\top \operatorname{diag}(g) (K \circ K) \operatorname{diag}(g)\, W_2 v "
                            r"\le F^2")),
