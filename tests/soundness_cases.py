@@ -193,14 +193,14 @@ def operator_norm(J: np.ndarray, norm: str, rows_out: int, rows_in: int, rng) ->
                          for j in range(rows_in)))
     best = 0.0
     for i in range(rows_out):
-        for _ in range(4):
-            E = rng.standard_normal((rows_in, in_dim))
-            for _ in range(20):  # alternating ascent; every iterate is feasible
-                E /= np.maximum(np.linalg.norm(E, axis=1, keepdims=True), 1e-300)
-                y = np.einsum("ajb,jb->a", blocks[i], E)
-                best = max(best, float(np.linalg.norm(y)))
-                y /= max(np.linalg.norm(y), 1e-300)
-                E = np.einsum("ajb,a->jb", blocks[i], y)
+        E = rng.standard_normal((4, rows_in, in_dim))   # four starts, ascending side by side
+        for _ in range(20):  # alternating ascent; every iterate is feasible
+            E /= np.maximum(np.linalg.norm(E, axis=2, keepdims=True), 1e-300)
+            y = np.einsum("ajb,sjb->sa", blocks[i], E)
+            lengths = np.linalg.norm(y, axis=1, keepdims=True)
+            best = max(best, float(np.max(lengths)))
+            y /= np.maximum(lengths, 1e-300)
+            E = np.einsum("ajb,sa->sjb", blocks[i], y)
     return best
 
 

@@ -128,10 +128,10 @@ def induced_norm_lower(J: np.ndarray, rows: int, cols: int, out_dim: int, in_dim
                 u = rng.standard_normal(in_dim)
                 for _ in range(30):
                     u /= np.linalg.norm(u)
-                    images = [blocks[i, :, j, :] @ u for i in range(rows)]
-                    best = max(best, sum(np.linalg.norm(v) for v in images))
-                    u = sum(blocks[i, :, j, :].T @ (v / max(np.linalg.norm(v), 1e-300))
-                            for i, v in zip(range(rows), images))
+                    images = blocks[:, :, j, :] @ u                 # J_ij u for every i, (rows, out_dim)
+                    lengths = np.linalg.norm(images, axis=1)
+                    best = max(best, float(np.sum(lengths)))
+                    u = np.einsum("ia,iab->b", images / np.maximum(lengths, 1e-300)[:, None], blocks[:, :, j, :])
                     if not np.any(u):
                         break
         return best
@@ -140,10 +140,10 @@ def induced_norm_lower(J: np.ndarray, rows: int, cols: int, out_dim: int, in_dim
             E = rng.standard_normal((cols, in_dim))
             for _ in range(30):
                 E /= np.maximum(np.linalg.norm(E, axis=1, keepdims=True), 1e-300)
-                image = sum(blocks[i, :, k, :] @ E[k] for k in range(cols))
+                image = np.einsum("akb,kb->a", blocks[i], E)     # sum_k J_ik e_k
                 best = max(best, float(np.linalg.norm(image)))
                 v = image / max(np.linalg.norm(image), 1e-300)
-                E = np.stack([blocks[i, :, k, :].T @ v for k in range(cols)])
+                E = np.einsum("akb,a->kb", blocks[i], v)
     return best
 
 

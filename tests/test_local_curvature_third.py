@@ -93,8 +93,7 @@ def _third_ascent(target, Y, rng, steps: int = 8) -> float:
     f /= np.linalg.norm(f)
     value = 0.0
     for _ in range(steps):
-        columns = np.array([_second(target, Y, basis.reshape(n, d), f, ("III",)).ravel()
-                            for basis in np.eye(n * d)]).T
+        columns = _second(target, Y, np.eye(n * d).reshape(-1, n, d), f, ("III",)).reshape(n * d, -1).T
         u, s, vt = np.linalg.svd(columns)
         value = max(value, float(s[0]))
         f = vt[0].reshape(n, d)

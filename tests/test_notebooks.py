@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(glob.glob(str(ROOT / "notebooks" / "*.ipynb")))
 TUTORIALS = {"measure_view.ipynb", "new_kernel_to_paper.ipynb", "verify_checkpoint.ipynb", "token_edits.ipynb",
              "regular_minilm.ipynb"}
+#: The notebooks share one kernel (:func:`kernel`), so one xdist process runs them all.
+NOTEBOOK_GROUP = pytest.mark.xdist_group("notebooks")
 #: a tutorial must run in under three minutes
 TIME_LIMIT_S = 180
 #: The default profile's sizes, by notebook: each name is one its ``parameters`` cell assigns (the kernel's CPU
@@ -28,6 +30,8 @@ FAST = {
     # 30.1 -> 24.5 CPU-s
     "token_edits.ipynb": {"VOCABULARY": "4", "RADII": "(0, 1e-3)"},
     # 4 of the 12 heads (the worst of them is cooled), 32 of 128 candidates, one LayerNorm epsilon: 15.9 -> 11.9 CPU-s
+    # 32 of the 256 replacement words of the perturbation table (its cell 3.2 -> 2.3 CPU-s)
+    "measure_view.ipynb": {"VOCABULARY": "32"},
     "regular_minilm.ipynb": {"HEADS": "4", "CANDIDATES": "32", "EPSILONS": "(1e-3,)"},
 }
 
@@ -78,21 +82,42 @@ def test_notebook_is_stored_with_its_outputs(path):
     assert any("image/png" in output.get("data", {}) for cell in code for output in cell.outputs)
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[os.path.basename(p) for p in NOTEBOOKS])
-def test_notebook_runs(path, monkeypatch, request):
+@pytest.fixture(scope="module")
+def kernel():
+    """One python3 kernel for the module's notebooks, started in notebooks/ and importing lipbound from this
+    checkout, whatever is installed.  Each notebook starts on an empty namespace (``%reset -f``); only the
+    imported modules are shared, which spares each notebook a kernel's start and the numeric stack's import
+    (about 2.5 CPU-s each)."""
     import nbclient
     import nbformat
-    # the kernel imports lipbound from this checkout, whatever is installed
-    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    from nbclient.util import run_sync
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        manager = nbclient.NotebookClient(nbformat.v4.new_notebook(), kernel_name="python3").create_kernel_manager()
+        run_sync(manager.start_kernel)(cwd=str(ROOT / "notebooks"))
+    yield manager
+    run_sync(manager.shutdown_kernel)(now=True)
+
+
+@NOTEBOOK_GROUP
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[os.path.basename(p) for p in NOTEBOOKS])
+def test_notebook_runs(path, kernel, request):
+    import nbclient
+    import nbformat
     notebook = nbformat.read(path, as_version=4)
     name = os.path.basename(path)
     slow = request.config.getoption("--runslow") or os.environ.get("LIPBOUND_SLOW") == "1"
     if name in FAST and not slow:
         notebook = _with_fast_parameters(notebook, name)
-    client = nbclient.NotebookClient(notebook, timeout=TIME_LIMIT_S, kernel_name="python3",
-                                     resources={"metadata": {"path": os.path.dirname(path)}})
+    # the namespace the previous notebook left is emptied before this one's first cell
+    notebook.cells.insert(0, nbformat.v4.new_code_cell("%reset -f", metadata={"tags": ["injected-reset"]}))
+    client = nbclient.NotebookClient(notebook, km=kernel, timeout=TIME_LIMIT_S, kernel_name="python3")
     start = time.perf_counter()
-    client.execute()  # raises CellExecutionError on the first failing cell
+    try:
+        client.execute()  # raises CellExecutionError on the first failing cell
+    finally:
+        if client.kc is not None:
+            client.kc.stop_channels()
     elapsed = time.perf_counter() - start
     errors = [output for cell in notebook.cells if cell.cell_type == "code"
               for output in cell.get("outputs", []) if output.get("output_type") == "error"]

@@ -26,6 +26,10 @@ from lipbound.symbolic.assumptions import Assumptions, Ball, LayerNormImage, Unb
 from lipbound.symbolic.local import LOCAL_THEOREMS
 from lipbound.symbolic.registry import variant
 
+#: The derivations are formed once per process (the theorems are cached): test_proofs regenerates them all,
+#: test_symbolic and test_symbolic_modern form most of them again, so one xdist process runs the three modules.
+pytestmark = pytest.mark.xdist_group("derivations")
+
 PROOFS = Path(__file__).resolve().parent.parent / "proofs"
 REGENERATE = "lipbound proofs proofs/"
 #: An overfull line wider than this (points) is a layout bug, not a rounding of TeX's line breaking.

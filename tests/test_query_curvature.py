@@ -25,7 +25,7 @@ def _largest_row(target, Y, i, rng, restarts=3, steps=25):
         for _ in range(steps):
             w = _second_row(target, Y, e, f, i)
             w = w / max(np.linalg.norm(w), 1e-300)
-            e = np.array([w @ _second_row(target, Y, b, f, i) for b in basis]).reshape(n, d)
+            e = (_second(target, Y, basis, f, groups=("III",))[:, i] @ w).reshape(n, d)
             e /= max(np.linalg.norm(e), 1e-300)
             e, f = f, e
         best = max(best, float(np.linalg.norm(_second_row(target, Y, e, f, i))))

@@ -72,12 +72,16 @@ def test_two_pass_rounding_up_passes_the_next_float(exponent, mantissa):
     assert np.all(result >= np.nextafter(x, np.inf))
 
 
-def test_all_finite_is_exact_also_when_the_sum_overflows():
-    huge = np.full(4, 1.7e308)
-    assert all_finite(huge)                       # the sum overflows; every entry is finite
-    assert not all_finite(np.array([1.0, np.inf]))
-    assert not all_finite(np.array([np.nan, 1.0]))
-    assert not all_finite(np.array([np.inf, -np.inf]))
+@pytest.mark.parametrize("size", [1, 4, 1024, 1025, 5000])   # entry by entry up to 1024 entries, by the sum beyond
+def test_all_finite_is_exact_also_when_the_sum_overflows(size):
+    huge = np.full(size, 1.7e308)
+    assert all_finite(huge) and all_finite(-huge.reshape(size, 1))   # the sum overflows; every entry is finite
+    for bad in ([np.inf], [np.nan], [np.inf, -np.inf], [-np.inf]):
+        for where in (0, size - 1):
+            array = np.ones(max(size, len(bad)))
+            array[where:where + len(bad)] = bad if where == 0 else bad[:1]
+            assert not all_finite(array) and not all_finite(array.reshape(1, -1)), (size, bad, where)
+    assert all_finite(np.ones(size)) and all_finite(2.5) and not all_finite(float("nan"))
     with pytest.raises(NotCertifiedError):
         IntervalArray(np.array([1.0, np.nan]))
 

@@ -11,8 +11,6 @@ import subprocess
 import sys
 import time
 
-import dask
-import distributed  # noqa: F401  (its config defaults must exist before a dask.config.set block)
 import numpy as np
 import pytest
 
@@ -29,6 +27,14 @@ from lipbound.rigorous.value import CertifiedValue, not_certified
 pytestmark = pytest.mark.xdist_group("scaleout")   # one xdist process starts the shared cluster
 
 _FAST = dict(n=4, budget=0.05, seed=3)
+
+
+def _connect_timeout(seconds: int):
+    """A dask configuration block in which connecting to a scheduler gives up after ``seconds`` (dask is imported
+    here, not in the collection of every test process)."""
+    import dask
+    import distributed  # noqa: F401  (its config defaults must exist before a dask.config.set block)
+    return dask.config.set({"distributed.comm.timeouts.connect": f"{seconds}s"})
 
 
 def slow_reciprocal(x: float, delay: float) -> float:
@@ -158,7 +164,7 @@ def test_bad_jobs_in_the_library():
 def test_unreachable_scheduler_is_one_line_exit_2(tmp_path, capsys):
     address = f"tcp://127.0.0.1:{_closed_port()}"
     began = time.perf_counter()
-    with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
+    with _connect_timeout(1):
         status = main(["verify", str(DEFAULT_WEIGHTS), "--layer", "0", "--head", "0", "--n", "4", "--budget", "0.05",
                        "--scheduler", address, "--witness-dir", str(tmp_path)])
     assert status == 2 and time.perf_counter() - began < 30
@@ -174,7 +180,7 @@ def test_scheduler_address_is_checked_when_parsed(capsys):
 
 
 def test_unreachable_scheduler_in_the_library():
-    with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
+    with _connect_timeout(1):
         with pytest.raises(ClusterError, match="dask worker"):
             run_all(slow_reciprocal, [(1.0, 0.0)], scheduler=f"tcp://127.0.0.1:{_closed_port()}")
 

@@ -24,6 +24,10 @@ from lipbound.symbolic.registry import VARIANTS, variant
 from lipbound.symbolic.scores import CustomScore, L2Distance
 from lipbound.symbolic.variants import SelfAttention
 
+#: The derivations are formed once per process (the theorems are cached): test_proofs regenerates them all,
+#: test_symbolic and test_symbolic_modern form most of them again, so one xdist process runs the three modules.
+pytestmark = pytest.mark.xdist_group("derivations")
+
 A, W_V = S.MatrixNormSymbol("A"), S.MatrixNormSymbol("W_V")
 #: Variants whose theorems need a bounded domain and claim nothing (no bound, no witness) beyond it.
 BOUNDED_ONLY = ("sigmoid", "linear-elu")

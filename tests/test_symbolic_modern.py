@@ -34,6 +34,9 @@ from lipbound.symbolic.rotary import RotaryScore, unrotated_counterexample
 from lipbound.symbolic.scores import DotProduct
 from lipbound.symbolic.variants import CrossAttention, SelfAttention
 
+#: One xdist process runs this module with test_symbolic and test_proofs, which form the same derivations.
+pytestmark = pytest.mark.xdist_group("derivations")
+
 #: Symbols a bound decreases in: their values are rounded down, every other one up.
 DECREASING = {"epsilon", "eps", "m_A"}
 ROUND = 1e-9

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import ot
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -100,6 +99,7 @@ def test_one_dimensional_closed_form_uniform_equal_size_is_sorted_matching():
     (7, 7, 3, True), (12, 12, 5, False), (6, 11, 2, False), (15, 4, 8, False), (10, 13, 3, True), (40, 40, 16, True),
 ])
 def test_against_pot_exact_solver(k, l, d, uniform):
+    import ot  # POT (about a CPU second to import): here, not in every test process's collection
     rng = np.random.default_rng(k + 10 * l + 100 * d)
     mu, nu = random_measure(rng, k, d, uniform), random_measure(rng, l, d, uniform, scale=1.5)
     value, plan = w1_with_plan(mu, nu)

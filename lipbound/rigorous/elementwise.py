@@ -90,10 +90,18 @@ def up_nonnegative(x, out=None):
     return result
 
 
+#: Up to this many entries :func:`all_finite` tests each entry at once: the sum's error-state context costs more
+#: than the temporary (about 9 against 2 microseconds a call for 16 entries; tiny maps make 10^5 such calls).
+_SMALL_ARRAY = 1024
+
+
 def all_finite(array: np.ndarray) -> bool:
-    """Whether every entry is finite.  A finite sum proves it (an Inf or NaN entry makes the sum Inf or
-    NaN) in one pass without a temporary; only a sum that is not finite is looked at entry by entry
-    (an entry is not finite, or the sum of finite entries overflowed)."""
+    """Whether every entry is finite.  A small array is tested entry by entry; for a larger one a finite sum
+    proves it (an Inf or NaN entry makes the sum Inf or NaN) in one pass without a temporary; only a sum that
+    is not finite is looked at entry by entry (an entry is not finite, or the sum of finite entries
+    overflowed)."""
+    if getattr(array, "size", _SMALL_ARRAY + 1) <= _SMALL_ARRAY:
+        return bool(np.isfinite(array).all())
     with np.errstate(over="ignore", invalid="ignore"):
         if np.isfinite(np.sum(array)):
             return True
