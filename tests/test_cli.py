@@ -230,9 +230,18 @@ def test_recheck_names_its_weights_and_refuses_other_ones(tmp_path):
 def test_interrupted_verify_keeps_the_finished_rows(tmp_path):
     """Ctrl-C during a long run: the report written so far survives, marked partial."""
     report = tmp_path / "partial.json"
-    process = subprocess.Popen([sys.executable, "-m", "lipbound.cli", "verify", MODEL, "--layer", "0", "--budget", "2",
-                                "--witness-dir", str(tmp_path / "w"), "--json", str(report)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a suite started as a shell's background job runs with SIGINT ignored, and a child inherits an ignored
+    # signal (Python then installs no handler): the child must start as a terminal's foreground process would
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = subprocess.Popen([sys.executable, "-m", "lipbound.cli", "verify", MODEL, "--layer", "0", "--budget",
+                                    "2", "--witness-dir", str(tmp_path / "w"), "--json", str(report)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
     deadline = time.time() + 300
     while time.time() < deadline and not report.exists():
         time.sleep(0.02)   # the other 12 rows take seconds of CPU: the signal comes long before the end
