@@ -108,15 +108,19 @@ def _escape(step_map, forms: TokenForms, Y, after, out: TokenForms, rng, samples
     return worst
 
 
+def _generated_block(seed: int):
+    """The block chain of a generated one-layer model and its centre at a four-token sentence."""
+    generated = local_models.model(seed=seed, layers=1, scale=2.0)
+    chain = chain_for(generated, "block", 0)
+    return chain, ChainCentre(chain, hidden_states(generated, [1, 5, 7, 2])[0], False)
+
+
 @settings(max_examples=8, deadline=None)
 @given(seed=st.integers(0, 10_000), scale=st.sampled_from([0.05, 0.5, 2.0]))
 def test_each_step_holds_the_maps_values(seed, scale):
     """The LayerNorm and feed-forward steps: at sampled points of the input set, the map's value lies in the output
     form (evaluated at the same symbols) plus its ball."""
-    generated = local_models.model(seed=seed % 50, layers=1, scale=2.0)
-    chain = chain_for(generated, "block", 0)
-    X = hidden_states(generated, [1, 5, 7, 2])[0]
-    centre = ChainCentre(chain, X, False)
+    chain, centre = _generated_block(seed % 50)
     rng = np.random.default_rng(seed)
     for k, step in ((1, TokenForms.norm_step), (2, TokenForms.feedforward_step), (3, TokenForms.norm_step)):
         Y = centre.points[k]
@@ -131,10 +135,7 @@ def test_each_step_holds_the_maps_values(seed, scale):
 def test_dropping_a_remainder_fails(monkeypatch):
     """Mutations: without the feed-forward block's second-order remainder, or without the LayerNorm's variation,
     sampled points leave the step's set."""
-    generated = local_models.model(seed=3, layers=1, scale=2.0)
-    chain = chain_for(generated, "block", 0)
-    X = hidden_states(generated, [1, 5, 7, 2])[0]
-    centre = ChainCentre(chain, X, False)
+    chain, centre = _generated_block(3)
     rng = np.random.default_rng(0)
     monkeypatch.setattr(relational_tail, "feedforward_remainder", lambda *args: 0.0)
     forms = _forms_about(centre.points[2], 2.0, rng)
@@ -217,10 +218,7 @@ def _remainder_escape(enclosed, Y, forms: TokenForms, bound, rng, samples: int =
 def test_signed_feedforward_remainder_holds_sampled_points(seed, scale, ball, carried):
     """Lemma feedforward-taylor-signed alone (and the smaller of both bounds): on generated blocks, the feed-forward
     block's Taylor remainder at sampled points of a token's form plus ball (and carried ball) stays below it."""
-    generated = local_models.model(seed=seed % 50, layers=1, scale=2.0)
-    chain = chain_for(generated, "block", 0)
-    X = hidden_states(generated, [1, 5, 7, 2])[0]
-    centre = ChainCentre(chain, X, False)
+    chain, centre = _generated_block(seed % 50)
     rng = np.random.default_rng(seed)
     Y, enclosed = centre.points[2], centre.enclosed[2]
     forms = _carried_about(Y, scale, carried, rng) if carried else _forms_about(Y, scale, rng)
@@ -295,10 +293,7 @@ def test_norm_taylor_remainder_holds_sampled_points(seed, fraction):
     of the centred norm) holds at sampled points, and is at most ``r V(r)``."""
     from lipbound.local.balls import TokenBalls
     from lipbound.local.bounds import norm_bounds
-    generated = local_models.model(seed=seed % 50, layers=1, scale=2.0)
-    chain = chain_for(generated, "block", 0)
-    X = hidden_states(generated, [1, 5, 7, 2])[0]
-    centre = ChainCentre(chain, X, False)
+    chain, centre = _generated_block(seed % 50)
     enclosed = centre.enclosed[1]
     radii = fraction * enclosed.nu.lo
     bound = relational_tail.norm_taylor_remainder(enclosed, radii)
@@ -310,10 +305,7 @@ def test_norm_taylor_remainder_holds_sampled_points(seed, fraction):
 def test_norm_taylor_remainder_needs_its_outer_balls(monkeypatch):
     """Mutation: with every nested ball's variation read on the innermost one (radius r / 8), sampled points of a
     generated LayerNorm's ball leave the bound."""
-    generated = local_models.model(seed=3, layers=1, scale=2.0)
-    chain = chain_for(generated, "block", 0)
-    X = hidden_states(generated, [1, 5, 7, 2])[0]
-    centre = ChainCentre(chain, X, False)
+    chain, centre = _generated_block(3)
     enclosed = centre.enclosed[1]
     radii = 0.5 * enclosed.nu.lo
     original = relational_tail.norm_bounds
@@ -450,10 +442,7 @@ def test_carried_balls_hold_the_maps_values(seed, scale, carried):
     """Lemma token-form-carried: the LayerNorm and feed-forward steps on sets with carried balls hold the map's values
     at sampled points (rows and each token's own carried symbols drawn together), the carried balls taking the steps'
     linear maps; the token radii hold every sampled point."""
-    generated = local_models.model(seed=seed % 50, layers=1, scale=2.0)
-    chain = chain_for(generated, "block", 0)
-    X = hidden_states(generated, [1, 5, 7, 2])[0]
-    centre = ChainCentre(chain, X, False)
+    chain, centre = _generated_block(seed % 50)
     rng = np.random.default_rng(seed)
     for k, step in ((1, TokenForms.norm_step), (2, TokenForms.feedforward_step), (3, TokenForms.norm_step)):
         Y = centre.points[k]
@@ -466,25 +455,24 @@ def test_carried_balls_hold_the_maps_values(seed, scale, carried):
                                out, rng) <= 1e-9
 
 
+def _step_escape(k: int, step, scale: float, carried: float) -> float:
+    """How far sampled points of a set with a carried ball (:func:`_carried_about`, about the block's centre point k of
+    a generated model) leave the set that ``step`` maps it to."""
+    chain, centre = _generated_block(3)
+    Y, rng = centre.points[k], np.random.default_rng(0)
+    forms = _carried_about(Y, scale, carried, rng)
+    out = step(forms, centre.enclosed[k], centre.points[k + 1])
+    return _carried_escape(lambda x: chain[k].step.linearize(x[None], None).F[0], forms, Y, centre.points[k + 1], out,
+                           rng)
+
+
 def test_dropping_the_carried_ball_fails(monkeypatch):
     """Mutation: a feed-forward remainder that forgets the carried ball (its columns and rows zero, as if the set were
     the rows alone) lets sampled points leave the step's set."""
-    generated = local_models.model(seed=3, layers=1, scale=2.0)
-    chain = chain_for(generated, "block", 0)
-    X = hidden_states(generated, [1, 5, 7, 2])[0]
-    centre = ChainCentre(chain, X, False)
-    Y = centre.points[2]
-
-    def escape() -> float:
-        rng = np.random.default_rng(0)
-        forms = _carried_about(Y, 0.05, 2.0, rng)
-        out = forms.feedforward_step(centre.enclosed[2], centre.points[3])
-        return _carried_escape(lambda x: chain[2].step.linearize(x[None], None).F[0], forms, Y, centre.points[3], out,
-                               rng)
-    assert escape() <= 1e-9
+    assert _step_escape(2, TokenForms.feedforward_step, 0.05, 2.0) <= 1e-9
     monkeypatch.setattr(relational_tail, "_carried_ball",
                         lambda shape, ffn: relational_tail.CarriedBall((), (), np.zeros(ffn.W_1.shape[1])))
-    assert escape() > 0
+    assert _step_escape(2, TokenForms.feedforward_step, 0.05, 2.0) > 0
 
 
 def test_signed_remainder_reads_the_carried_ball(monkeypatch):
@@ -511,21 +499,9 @@ def test_signed_remainder_reads_the_carried_ball(monkeypatch):
 def test_dropping_the_norms_carried_remainder_fails(monkeypatch):
     """Mutation: a LayerNorm step whose carried Taylor remainder (the ball ``rho diag(gamma)``) is zero lets sampled
     points leave the step's set."""
-    generated = local_models.model(seed=3, layers=1, scale=2.0)
-    chain = chain_for(generated, "block", 0)
-    X = hidden_states(generated, [1, 5, 7, 2])[0]
-    centre = ChainCentre(chain, X, False)
-    Y = centre.points[1]
-
-    def escape() -> float:
-        rng = np.random.default_rng(0)
-        forms = _carried_about(Y, 0.5, 1.0, rng)
-        out = forms.norm_step(centre.enclosed[1], centre.points[2])
-        return _carried_escape(lambda x: chain[1].step.linearize(x[None], None).F[0], forms, Y, centre.points[2], out,
-                               rng)
-    assert escape() <= 1e-9
+    assert _step_escape(1, TokenForms.norm_step, 0.5, 1.0) <= 1e-9
     monkeypatch.setattr(relational_tail, "norm_taylor_remainder", lambda enclosed, radii: np.zeros(len(radii)))
-    assert escape() > 0
+    assert _step_escape(1, TokenForms.norm_step, 0.5, 1.0) > 0
 
 
 def _outlier_block(seed: int):
