@@ -257,6 +257,26 @@ def test_each_heads_movement_is_bounded_through_the_weights_ratios_on_the_ball(s
         assert np.all(np.linalg.norm(_head_outputs(target, Y) - at_x, axis=-1) <= moved * (1 + 1e-9) + 1e-12)
 
 
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 4), scale=st.sampled_from([0.5, 1.5, 4.0]),
+       eps=st.sampled_from([0.05, 0.3, 1.0]))
+def test_each_heads_movement_in_the_values_space_is_bounded_on_the_ball(seed, n, scale, eps):
+    """The same lemma before W_O (``AttentionCurvature.value_movement``, read by chi_III's values-joined form): each
+    head's ``sum_j p_ij v_j`` moves at most ``moved`` at points of the ball, where every token may take all of eps."""
+    rng, target, X, curvature, balls, facts, _ = _frobenius_case(seed, "layer", n, scale, eps)
+    _, moved = curvature.value_movement(facts, balls.radii)
+
+    def outputs(Y):
+        return np.array([_softmax((Y @ h.W_Q + h.b_Q) @ (Y @ h.W_K + h.b_K).T / np.sqrt(h.W_Q.shape[1]))
+                         @ (Y @ h.V + h.b_V) for h in target.heads])
+
+    at_x = outputs(X)
+    for Y in _frobenius_points(rng, X, eps, 3 * n) + _steepest_points(target, X, eps) + [
+            X + sign * eps * (1 - 1e-9) / np.sqrt(n) * np.linalg.svd(h.V)[0][:, 0] for h in target.heads
+            for sign in (1, -1)]:
+        assert np.all(np.linalg.norm(outputs(Y) - at_x, axis=-1) <= moved * (1 + 1e-9) + 1e-12)
+
+
 def test_the_real_first_layers_heads_move_less_than_the_weights_box_says():
     """On all-MiniLM-L6-v2's first layer at "The cat sat on the mat." and 1e-2 of its LayerNorm radius, with the
     relational ranges of the curve: the heads' movement through the weights' ratios is below ``sum_j delta_ij
