@@ -24,6 +24,14 @@ n = 9, never a bound):
 
     python bench/bench_relational.py --text "The cat sat on the mat." --second-derivative
 
+``--basins N`` climbs N times with short projected steps from random points of U's boundary at each radius, beside
+the curve's own witness search, re-checks the best point in high precision and prints per head how far a row's two
+largest keys are from a tie on the ball; ``--integrand`` prints the relational curvature integral radius by radius
+and the curve with parts of U's facts put back to X (measurements, not bounds):
+
+    python bench/bench_relational.py --text "The cat sat on the mat." --fractions 1e-3,1e-2 --basins 12
+    python bench/bench_relational.py --sentences 3 --fractions 1e-2 --integrand
+
 ``--paths`` prints, at each radius where the joined heads are formed (lemma jacobian-heads-joint), what they pay:
 every head's value, query and key terms ``gamma (||S|| ||T||)^(1/2)`` with the tokens' movement and without it
 (eps set to 0 in the forms, the weights' ranges kept), each path and each head joined alone, and all of them
@@ -195,6 +203,147 @@ def joined_paths(text: str, layer_index: int, fractions, model) -> None:
               f"{joint_heads.JointHeads.join([t for t in terms if t[1] != heads[largest]]):.4g}")
 
 
+def _centre(text: str, layer_index: int, model):
+    """The sentence's hidden states entering the layer, the layer's chain and the LayerNorm radius R."""
+    from lipbound.local.chains import chain_for
+    from lipbound.measures.bert import load_text_model
+    bert = load_text_model(model)
+    X = bert.hidden_states(bert.encode(text))[layer_index]
+    return X, chain_for(bert.model, "layer", layer_index), bert.layernorm_feeding(layer_index).radius_about_center
+
+
+def tie_reach(layer, X, eps) -> list:
+    """Per head, the smallest ``gap / reach`` over its rows i and the keys l ranked second and third: ``gap = s_ij -
+    s_il`` (j the row's top key) and ``reach = eps ||grad (s_ij - s_il)|| + c ||W_Q W_K^T|| eps^2`` over every token
+    moving (the score difference's largest change on the Frobenius ball of radius eps); above 1, no point of the ball
+    ties the row's two keys (floats)."""
+    import numpy as np
+
+    from lipbound.local.scores import score_scale
+    from lipbound.numeric.attention import AttentionMap
+    engine = AttentionMap(layer)
+    c = float(score_scale(engine).hi)
+    at = engine.linearize(engine.to_work(X)[None])
+    out = []
+    for h in range(engine.H):
+        W_Q, W_K = engine.head_weights(h)[:2]
+        S, Q, K = at.S[0, h], at.Q[0, h], at.K[0, h]
+        g, least = np.linalg.norm(W_Q @ W_K.T, 2), np.inf
+        for i in range(X.shape[0]):
+            order = np.argsort(-S[i])
+            for l in order[1:3]:
+                G = np.zeros_like(X)
+                G[i] += c * (W_Q @ (K[order[0]] - K[l]))
+                G[order[0]] += c * (W_K @ Q[i])
+                G[l] -= c * (W_K @ Q[i])
+                least = min(least, (S[i, order[0]] - S[i, l]) / (eps * np.linalg.norm(G) + c * g * eps ** 2))
+        out.append(least)
+    return out
+
+
+def witness_basins(text: str, layer_index: int, fractions, model, count: int) -> None:
+    """``--basins N``: the curve's witness search at each radius against N climbs of short projected steps
+    (``witness_search.uphill``, up to 150 steps from a tenth of eps) from random points of U's boundary (every token
+    moving, one, two, in turn) and from the search's own point; the best re-checked in high precision, and per head
+    :func:`tie_reach` (floats)."""
+    import numpy as np
+
+    from lipbound.local.balls import Neighbourhood
+    from lipbound.local.pair_starts import pair_starts
+    from lipbound.local.witness_check import witness_enclosure
+    from lipbound.local.witness_search import ascent, larger, uphill, witness_value
+    X, chain, radius = _centre(text, layer_index, model)
+    moving = np.ones(X.shape[0], dtype=bool)
+    at_x, direction = witness_value(chain, X, moving, "fro", 0)
+    for fraction in fractions:
+        eps, began = fraction * radius, time.process_time()
+        hood = Neighbourhood("fro", eps)
+        found = ascent(chain, X, hood, moving, "fro", at_x, direction, 12, 0,
+                       starts=pair_starts(chain[0].target, X, eps))
+        searched = time.process_time() - began
+        rng, values = np.random.default_rng(5), []
+        best = uphill(chain, X, hood, moving, found[1], 0, steps=150, share=0.1, largest=1.0)
+        for k in range(count):
+            offset = rng.standard_normal(X.shape)
+            if k % 3:
+                offset *= np.isin(np.arange(X.shape[0]), rng.choice(X.shape[0], k % 3, replace=False))[:, None]
+            climbed = uphill(chain, X, hood, moving, X + offset * (eps / np.linalg.norm(offset)), 0, steps=150,
+                             share=0.1, largest=1.0)
+            values.append(climbed[0])
+            best = larger(best, climbed)
+        checked = witness_enclosure(chain, X, best[1], best[2], hood)
+        values = np.array(values)
+        print(f"{text!r} n = {X.shape[0]}, eps {fraction:.0e} R: search {found[0]:.10g} ({searched:.1f} CPU s); "
+              f"{count} climbs from the boundary: largest {values.max():.10g}, smallest {values.min():.10g}, "
+              f"{int(np.sum(values >= best[0] * (1 - 1e-9)))} within 1e-9 of the best {best[0]:.10g}"
+              + (f" (re-checked >= {checked[0]:.10g})" if checked else "") + "; the best point moves the tokens by "
+              + ", ".join(f"{v:.2f}" for v in np.linalg.norm(best[1] - X, axis=1) / eps) + " eps; CPU s "
+              f"{time.process_time() - began:.1f}")
+        print("  per head, least gap / reach of a row's top key over its second and third: "
+              + ", ".join(f"{v:.3g}" for v in tie_reach(chain[0].target, X, eps)))
+
+
+def integrand(text: str, layer_index: int, fraction: float, model) -> None:
+    """``--integrand``: the relational curvature integral at one radius, radius by radius ``(chi_I, chi_II,
+    chi_III)`` on ``U(X, t)`` and each group's share of the sum; then the same curve with parts of the facts on U
+    put back to their values at X (the weights' ranges, the values' shift and the heads' movement, the tokens'
+    movement in the score changes), which are not bounds: they measure what each part costs."""
+    import numpy as np
+
+    from lipbound.local import curvature_integral
+    from lipbound.local.bounds import LocalBounds
+    from lipbound.measures.curves import local_curve
+    seen: dict = {}
+    parts = curvature_integral.CurvatureIntegral._parts
+
+    def recording(self, radii, overrides=None, key=None):
+        found = parts(self, radii, overrides, key)
+        if isinstance(key, tuple) and key and key[0] == "known":
+            seen[key[1]] = found
+        return found
+
+    with mock.patch.object(curvature_integral.CurvatureIntegral, "_parts", recording):
+        curve, _ = local_curve(text, layer=layer_index, kind="layer", eps=[fraction], model=model)
+    point, eps = curve.points[0], max(seen)
+    print(f"{text!r} n = {curve.n}, eps {fraction:.0e} R = {eps:.4g}: certified {point.certified:.5g} = ||DF(X)|| "
+          f"{curve.jacobian_norm:.5g} + variation {point.variation:.5g} ({point.route}); witness {point.witness:.5g}")
+    shares = np.zeros(3)
+    for t in sorted(seen):
+        chis = seen[t]
+        shares += np.array(chis[:3]) * eps / len(seen)
+        print(f"  t = {t / eps:.4f} eps: chi_I {chis[0]:.4g}, chi_II {chis[1]:.4g}, chi_III {chis[2]:.4g} (the "
+              f"Kronecker form's change part {chis[3]:.4g})")
+    print("  the groups' terms of the sum (chi_III without the Kronecker form): " + ", ".join(
+        f"{name} {value:.4g}" for name, value in zip(("I", "II", "III"), shares)) + f"; total {shares.sum():.4g}")
+    bounds = curvature_integral.attention_bounds
+
+    def at_x(kept: str):
+        def facts_at_x(target, balls, enclosed=None, **known):
+            found = bounds(target, balls, enclosed, **known)
+            facts = dict(found.facts)
+            if "weights" in kept:
+                P = enclosed.P
+                facts.update(p_hi=P.hi, p_lo=P.lo, delta=np.zeros_like(facts["delta"]))
+            if "values" in kept:
+                facts.update(value_shift=np.zeros_like(facts["value_shift"]),
+                             head_movement=np.zeros_like(facts["head_movement"]))
+            return LocalBounds(found.movement, found.blocks, found.variation, found.at_center, found.output, facts)
+        return facts_at_x
+
+    chis = curvature_integral.AttentionCurvature.parts
+
+    def unmoved(self, bounds, r, frobenius=None):
+        return chis(self, bounds, np.zeros_like(r), None if frobenius is None else 0.0)
+
+    for kept in ("weights", "values", "movement", "weights+values+movement"):
+        with mock.patch.object(curvature_integral, "attention_bounds", at_x(kept)), \
+                mock.patch.object(curvature_integral.AttentionCurvature, "parts",
+                                  unmoved if "movement" in kept else chis):
+            moved, _ = local_curve(text, layer=layer_index, kind="layer", eps=[fraction], model=model)
+        print(f"  with {kept} at X (not a bound): certified {moved.points[0].certified:.5g}, variation "
+              f"{moved.points[0].variation:.5g}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sentences", type=int, default=1, help="how many of the shortest sentences")
@@ -220,6 +369,10 @@ def main() -> None:
                         help="compare with the witness search without the widened pair starts and uphill steps")
     parser.add_argument("--second-derivative", action="store_true",
                         help="the curvature bound's groups at X against ascent on the true second derivative")
+    parser.add_argument("--basins", type=int, default=0,
+                        help="N climbs from random points of U against the witness search, per radius")
+    parser.add_argument("--integrand", action="store_true",
+                        help="the relational curvature integral radius by radius, and what each part of U costs")
     args = parser.parse_args()
     from lipbound.measures.bert import load_text_model
     model = load_text_model()
@@ -232,6 +385,15 @@ def main() -> None:
     if args.paths:
         for text in texts:
             joined_paths(text, args.layer, fractions, model)
+        return
+    if args.basins:
+        for text in texts:
+            witness_basins(text, args.layer, fractions, model, args.basins)
+        return
+    if args.integrand:
+        for text in texts:
+            for fraction in fractions:
+                integrand(text, args.layer, fraction, model)
         return
     table: dict = {}
     for text in texts:

@@ -232,3 +232,35 @@ def test_minilm_covering_forms_certified_and_joined_lower(minilm_layer0):
     for h, name, gram in gram_parts:
         joint.heads[h][name] = gram
     assert covering < joint.supremum(eps, weights)
+
+
+def _finite_difference_norm(target, Y, h=1e-6) -> float:
+    """``||DF(Y)||_2`` of the layer from central differences of its forward written in this file's helpers."""
+    n, d = Y.shape
+    columns = []
+    for k in range(n * d):
+        step = np.zeros(n * d)
+        step[k] = h
+        step = step.reshape(n, d)
+        columns.append(((_layer_forward(target, Y + step)[2] - _layer_forward(target, Y - step)[2]) / (2 * h)).ravel())
+    return float(np.linalg.norm(np.array(columns).T, 2))
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(2, 5), st.floats(0.05, 2.0), st.floats(0.3, 3.0))
+def test_uphill_climbs_inside_the_ball_to_the_norm_it_reports(seed, n, eps, scale):
+    """The short-step climb of the witness search (lipbound/local/witness_search.py ``uphill``): its point lies in the
+    Frobenius ball, its value is the Jacobian norm there by finite differences of the layer written here, and it never
+    ends below the norm at its start."""
+    from lipbound.local.balls import Neighbourhood
+    from lipbound.local.chains import Component
+    from lipbound.local.witness_search import uphill
+    target, rng = _layer(seed, scale=scale, heads=2)
+    X = rng.standard_normal((n, 6))
+    start = X + rng.standard_normal(X.shape) * (0.5 * eps / np.sqrt(X.size))
+    moving = np.ones(n, dtype=bool)
+    value, Y, _ = uphill([Component("attention", target, "layer")], X, Neighbourhood("fro", eps), moving, start, 0,
+                         steps=20, share=0.2, largest=1.0)
+    assert np.linalg.norm(Y - X) <= eps
+    assert value == pytest.approx(_finite_difference_norm(target, Y), rel=1e-5)
+    assert value >= _finite_difference_norm(target, start) * (1 - 1e-5)

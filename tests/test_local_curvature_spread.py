@@ -1,7 +1,9 @@
 """The curvature bound's forms without the m term (lemmas curvature-covariance-spread and curvature-rows-variance),
 checked against quantities formed here at points of the ball: the values' weighted spread, each query's second group
 against the scaled rows of z, the first group's rows against their variance form; the cases where a step is an
-equality (a looser statement fails them); and the real first layer of all-MiniLM-L6-v2.
+equality (a looser statement fails them); and the real first layer of all-MiniLM-L6-v2.  The heads' movement through
+the weights' ratios and the values' spread (lemma head-movement-spread) against the heads' outputs formed here at
+points of the ball, on small layers and on MiniLM's first layer.
 """
 
 from __future__ import annotations
@@ -212,3 +214,88 @@ def test_the_real_first_layer_stays_below_the_curvature_bound_at_sampled_points(
             step = [_forward(target, Y + a * h * e + b * h * f) for a in (1, -1) for b in (1, -1)]
             second = (step[0] - step[1] - step[2] + step[3]) / (4 * h * h)
             assert np.linalg.norm(second) <= sum(chis)
+
+
+def _head_outputs(target, Y):
+    """Every head's output ``f_hi = sum_j p_ij v_j`` in the output space at Y, (H, n, d_out)."""
+    out = []
+    for W_Q, W_K, A, b_Q, b_K, b_A in _parts(target):
+        out.append(_softmax((Y @ W_Q + b_Q) @ (Y @ W_K + b_K).T / np.sqrt(W_Q.shape[1])) @ (Y @ A + b_A))
+    return np.array(out)
+
+
+def _value_points(target, X, eps):
+    """All of eps on one token along the top left singular vector of a head's value map, or every token moved along it
+    by ``eps / n^(1/2)`` (either sign): the values' shift at its largest, alone or all together."""
+    points = []
+    n = X.shape[0]
+    for _, _, A, *_ in _parts(target):
+        direction = np.linalg.svd(A)[0][:, 0]
+        for sign in (1, -1):
+            for token in range(n):
+                Y = X.copy()
+                Y[token] += sign * eps * (1 - 1e-9) * direction
+                points.append(Y)
+            points.append(X + sign * eps * (1 - 1e-9) / np.sqrt(n) * direction)
+    return points
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), kind=st.sampled_from(["head", "layer"]), n=st.integers(2, 4),
+       scale=st.sampled_from([0.5, 1.5, 4.0]), eps=st.sampled_from([0.05, 0.3, 1.0]))
+def test_each_heads_movement_is_bounded_through_the_weights_ratios_on_the_ball(seed, kind, n, scale, eps):
+    """Lemma head-movement-spread: ``||f_hi(Y) - f_hi(X)|| <= kappa_hi ||diag(p+)^(1/2) U_hi(X)||_2`` plus the values'
+    mean shift, at points of the Frobenius ball (random, one token or two taking all of eps, the scores' and the
+    values' steepest directions); never above the facts' own bound, and the same without the shared radius."""
+    rng, target, X, curvature, balls, _, _ = _frobenius_case(seed, kind, n, scale, eps)
+    bounds = attention_bounds(target, balls, curvature.E)
+    moved = curvature.moved_heads(bounds, eps).facts["head_movement"]
+    assert np.all(moved <= bounds.facts["head_movement"])
+    assert np.all(moved <= curvature.moved_heads(bounds).facts["head_movement"])
+    at_x = _head_outputs(target, X)
+    for Y in _frobenius_points(rng, X, eps, 3 * n) + _steepest_points(target, X, eps) + _value_points(target, X, eps):
+        assert np.all(np.linalg.norm(_head_outputs(target, Y) - at_x, axis=-1) <= moved * (1 + 1e-9) + 1e-12)
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 4), scale=st.sampled_from([0.5, 1.5, 4.0]),
+       eps=st.sampled_from([0.05, 0.3, 1.0]))
+def test_each_heads_movement_in_the_values_space_is_bounded_on_the_ball(seed, n, scale, eps):
+    """The same lemma before W_O (``AttentionCurvature.value_movement``, read by chi_III's values-joined form): each
+    head's ``sum_j p_ij v_j`` moves at most ``moved`` at points of the ball, where every token may take all of eps."""
+    rng, target, X, curvature, balls, facts, _ = _frobenius_case(seed, "layer", n, scale, eps)
+    _, moved = curvature.value_movement(facts, balls.radii)
+
+    def outputs(Y):
+        return np.array([_softmax((Y @ h.W_Q + h.b_Q) @ (Y @ h.W_K + h.b_K).T / np.sqrt(h.W_Q.shape[1]))
+                         @ (Y @ h.V + h.b_V) for h in target.heads])
+
+    at_x = outputs(X)
+    for Y in _frobenius_points(rng, X, eps, 3 * n) + _steepest_points(target, X, eps) + [
+            X + sign * eps * (1 - 1e-9) / np.sqrt(n) * np.linalg.svd(h.V)[0][:, 0] for h in target.heads
+            for sign in (1, -1)]:
+        assert np.all(np.linalg.norm(outputs(Y) - at_x, axis=-1) <= moved * (1 + 1e-9) + 1e-12)
+
+
+def test_the_real_first_layers_heads_move_less_than_the_weights_box_says():
+    """On all-MiniLM-L6-v2's first layer at "The cat sat on the mat." and 1e-2 of its LayerNorm radius, with the
+    relational ranges of the curve: the heads' movement through the weights' ratios is below ``sum_j delta_ij
+    ||u_ij||`` plus the shift for most heads and queries, and above the movement at sampled points of the ball."""
+    from lipbound.local.chains import Component, chain_for
+    from lipbound.local.relational import RelationalRoute
+    from lipbound.measures.bert import load_text_model
+    bert = load_text_model()
+    X = bert.hidden_states(bert.encode("The cat sat on the mat."))[0]
+    eps = 1e-2 * bert.layernorm_feeding(0).radius_about_center
+    target = chain_for(bert.model, "layer", 0)[0].target
+    E = EnclosedAttention(target, X)
+    route = RelationalRoute(Component("attention", target, "layer 0"), X, E, movement=False)
+    balls = Neighbourhood("fro", eps).balls(X)
+    bounds = attention_bounds(target, balls, E, **route.known(eps))
+    moved = AttentionCurvature(E, target).moved_heads(bounds, eps).facts["head_movement"]
+    ratio = moved / bounds.facts["head_movement"]
+    assert np.median(ratio) < 0.8 and np.all(ratio <= 1)
+    at_x = _head_outputs(target, X)
+    rng = np.random.default_rng(0)
+    for Y in _frobenius_points(rng, X, eps, 12) + _value_points(target, X, eps)[::5]:
+        assert np.all(np.linalg.norm(_head_outputs(target, Y) - at_x, axis=-1) <= moved)

@@ -191,8 +191,9 @@ def test_the_kronecker_form_is_left_out_only_where_it_cannot_move_the_value(seed
     curvature, rho = AttentionCurvature(E, target), Neighbourhood("fro", eps).balls(X).radii
     previous = written = 0.0
     for s in decade_grid([1.0]):   # the old integral, written out: every step's chis with the form where it wins
-        balls = Neighbourhood("fro", eps * s).balls(X)
-        written += (s - previous) * sum(curvature.chis(attention_bounds(target, balls, E), rho * s))
+        balls = Neighbourhood("fro", eps * s).balls(X)   # (the heads' movement also by lemma head-movement-spread)
+        bounds = curvature.moved_heads(attention_bounds(target, balls, E))
+        written += (s - previous) * sum(curvature.chis(bounds, rho * s))
         previous = s
     assert always == pytest.approx(eps * written, rel=1e-9)
     assert always <= gated <= never

@@ -159,15 +159,23 @@ class ValueSpread:
         self.gram, self.value_norms = u.einsum("hijd,hikd->hijk", u), value_norms
         # (facts, frobenius, sigma) last formed: the whole output's bound and the queries' ask for the same
         self._last: tuple | None = None
+        self._spread: tuple | None = None     # (p_hi, ||diag(p_hi)^(1/2) U_hi(X)||_2) last formed
+
+    def at_x(self, p_hi: np.ndarray) -> np.ndarray:
+        """``||diag(p+_hi)^(1/2) U_hi(X)||_2`` bounded above (H, n), from the Gram matrices at X (the last formed is
+        kept: the head movement's bound and sigma read the same ``p_hi``)."""
+        if self._spread is None or self._spread[0] is not p_hi:
+            root = IntervalArray(IntervalArray(p_hi).sqrt().hi)                                  # (p+)^(1/2), up
+            scaled = root.expand(-1) * root.expand(-2) * self.gram                                # (H, n, n, n)
+            self._spread = (p_hi, IntervalArray(interval_spectral_norms_upper(scaled)).sqrt().hi)
+        return self._spread[1]
 
     def on(self, facts: dict, frobenius: float | None = None) -> np.ndarray:
         """``sigma`` (H, n) where ``facts`` (of :func:`~lipbound.local.bounds.attention_bounds`) hold; ``frobenius``
         bounds ``||Y - X||_F`` there where known."""
         if self._last is not None and self._last[0] is facts and self._last[1] == frobenius:
             return self._last[2]
-        root = IntervalArray(IntervalArray(facts["p_hi"]).sqrt().hi)                             # (p+)^(1/2), up
-        scaled = root.expand(-1) * root.expand(-2) * self.gram                                    # (H, n, n, n)
-        at_x = IntervalArray(interval_spectral_norms_upper(scaled)).sqrt()
+        at_x = IntervalArray(self.at_x(facts["p_hi"]))
         shift = IntervalArray(facts["value_shift"])                                               # (H, n(j))
         moved = (IntervalArray(facts["p_hi"]) * shift.square().expand(1)).sum(axis=-1).sqrt().hi
         if frobenius is not None:

@@ -94,7 +94,8 @@ class CurvatureIntegral:
             try:
                 known = dict(overrides or {})
                 frobenius = known.pop("frobenius", None)
-                bounds = attention_bounds(self.component.target, balls, self.enclosed, **known)
+                bounds = self.curvature.moved_heads(
+                    attention_bounds(self.component.target, balls, self.enclosed, **known), frobenius)
                 self._parts_at[key] = self.curvature.parts(bounds, balls.radii, frobenius)
             except NotCertifiedError:
                 self._parts_at[key], bounds = (math.inf,) * 4, None

@@ -15,7 +15,7 @@ from .balls import Neighbourhood
 from .chains import chain_forward, chain_jvp, chain_vjp
 
 __all__ = ["SCREENED_STARTS", "ascent", "float_jacobian", "mixed_norm", "top_singular", "witness_value", "project",
-           "screened_start", "larger"]
+           "screened_start", "larger", "uphill"]
 
 
 def float_jacobian(chain, Y: np.ndarray, moving: np.ndarray, chunk: int = 512) -> np.ndarray:
@@ -126,6 +126,41 @@ STEP_SHARE = 0.05
 UPHILL_STEPS = 40
 
 
+def _gradient(chain, Y: np.ndarray, E: np.ndarray, G: np.ndarray, hood: Neighbourhood,
+              moving: np.ndarray) -> np.ndarray:
+    """The gradient in Y of ``<G, DF(Y) E>``: the symmetric difference of the VJPs of G at ``Y +- h E``."""
+    h = 1e-4 * hood.eps + 1e-7
+    states_plus = chain_forward(chain, (Y + h * E)[None])
+    states_minus = chain_forward(chain, (Y - h * E)[None])
+    return (chain_vjp(states_plus, G[None])[0] - chain_vjp(states_minus, G[None])[0]) / (2 * h) * moving[:, None]
+
+
+def uphill(chain, X: np.ndarray, hood: Neighbourhood, moving: np.ndarray, Y: np.ndarray, seed: int,
+           steps: int | None = None, share: float = STEP_SHARE, largest: float = 0.5) -> tuple:
+    """``(sigma, Y', E)``: projected ascent on ``||DF(Y)||_2`` (Frobenius ball norms) from the point Y of
+    ``U(X, eps)``, in steps of ``share`` eps along the gradient of ``<G, DF(Y) E>`` at the top singular pair (E, G),
+    each kept only where the norm rises (the share then doubles, up to ``largest``) and halved where it does not,
+    until the share falls below ``STEP_SHARE / 64`` or after ``steps`` (default :data:`UPHILL_STEPS`) steps.  The
+    climb of :func:`ascent` steps a whole eps, which on MiniLM's layer 0 at 1e-1 R leaves the basin of a widened
+    pair start (16.77 stays 16.77 where these steps reach 17.2).  The value never falls below Y's own, and Y' lies
+    in U (every step is projected)."""
+    sigma, E, G = top_singular(chain, Y, moving, None, seed, steps=25)
+    for _ in range(UPHILL_STEPS if steps is None else steps):
+        gradient = _gradient(chain, Y, E, G, hood, moving)
+        size = np.linalg.norm(gradient)
+        if not np.isfinite(size) or size == 0:
+            break
+        Z = project(X, Y + gradient * (share * hood.eps / size), hood, moving)
+        rise, F, H = top_singular(chain, Z, moving, E, seed, steps=15)
+        if rise > sigma:
+            Y, sigma, E, G, share = Z, rise, F, H, min(2 * share, largest)
+        else:
+            share /= 2
+            if share < STEP_SHARE / 64:
+                break
+    return sigma, Y, E
+
+
 def screened_start(chain, X, hood, moving, seed):
     """The best of :data:`SCREENED_STARTS` random points on U's boundary by a short power iteration (even
     draws move every moving token, odd ones a single token: the corners of the (2,1) ball):
@@ -170,46 +205,19 @@ def ascent(chain, X, hood, moving, norm, at_x, direction, steps, seed, change: b
         jacobian -= dense_at_x
         return mixed_norm(jacobian, norm), Y, E
 
-    def gradient_at(Y, E, G):
-        h = 1e-4 * hood.eps + 1e-7
-        states_plus = chain_forward(chain, (Y + h * E)[None])
-        states_minus = chain_forward(chain, (Y - h * E)[None])
-        return (chain_vjp(states_plus, G[None])[0] - chain_vjp(states_minus, G[None])[0]) / (2 * h) * moving[:, None]
-
     def climb(Y, E, from_x):
         found = (0.0, Y, E)
         for step in range(steps):
             # from X the change is 0 and has no direction: the first step follows DF(X)'s own
             sigma, E, G = top_singular(chain, Y, moving, E, seed + step, steps=15,
                                         reference=None if from_x and step == 0 else reference)
-            gradient = gradient_at(Y, E, G)
+            gradient = _gradient(chain, Y, E, G, hood, moving)
             size = np.linalg.norm(gradient)
             if not np.isfinite(size) or size == 0:
                 break
             Y = project(X, Y + gradient * (hood.eps / size), hood, moving)
             found = larger(found, value(Y, E))
         return found
-
-    def uphill(Y):
-        """Steps of ``STEP_SHARE`` eps along the gradient, each kept only where the norm rises (halved where it
-        does not): the climb above steps a whole eps, which on MiniLM's layer 0 at 1e-1 R leaves the basin of a
-        widened pair start (16.77 stays 16.77 where these steps reach 17.2)."""
-        sigma, E, G = top_singular(chain, Y, moving, None, seed, steps=25)
-        share = STEP_SHARE
-        for _ in range(UPHILL_STEPS):
-            gradient = gradient_at(Y, E, G)
-            size = np.linalg.norm(gradient)
-            if not np.isfinite(size) or size == 0:
-                break
-            Z = project(X, Y + gradient * (share * hood.eps / size), hood, moving)
-            rise, F, H = top_singular(chain, Z, moving, E, seed, steps=15)
-            if rise > sigma:
-                Y, sigma, E, G, share = Z, rise, F, H, min(2 * share, 0.5)
-            else:
-                share /= 2
-                if share < STEP_SHARE / 64:
-                    break
-        return sigma, Y, E
 
     best = larger(best, climb(X.copy(), direction, True))
     if change:  # (the change's witness only shows where a gap comes from: one climb is enough there)
@@ -225,7 +233,7 @@ def ascent(chain, X, hood, moving, norm, at_x, direction, steps, seed, change: b
         short = norm == "fro" and sigma > best[0]
         best = larger(best, (sigma, Y, E), climb(Y, E, False))
         if short:
-            best = larger(best, uphill(Y))
+            best = larger(best, uphill(chain, X, hood, moving, Y, seed))
     return best
 
 
