@@ -147,7 +147,7 @@ class AttentionCurvature:
             self.values_joint = max(_norm(block) for block in joined)                   # max_j ||F_j [A_1 ... A_H]||
             self.value_norms = np.array([max(_norm(block[:, h * d_out:(h + 1) * d_out])
                                              for block in joined) for h in range(H)])   # max_j ||F_j A_h||
-        self.output_norm, self.values_spread = None, None
+        self.output_norm, self.value_space_spread = None, None
         if not self.rotary and fold is None:  # the heads joined through one Qt_h each (one per offset if rotary)
             scores = IntervalArray.stack([IntervalArray.from_enclosure(Enclosure.exact(W_Q) @ Enclosure.exact(W_K.T))
                                           for W_Q, W_K in (engine.head_weights(h)[:2] for h in range(H))])
@@ -160,7 +160,7 @@ class AttentionCurvature:
                 # ||diag(p_i) (V - 1 f_i^T)||_2 at X, (H, n): beta's spectral form (lemma curvature-values-spectral)
                 self.value_spectral = interval_spectral_norms_upper(E.P.expand(-1) * (E.V.expand(1) - E.F.expand(2)))
                 # the same rows' spread for the heads' movement in the values' space (lemma head-movement-spread)
-                self.values_spread = ValueSpread(E.V.expand(1) - E.F.expand(2), self.norms["L_V"]) \
+                self.value_space_spread = ValueSpread(E.V.expand(1) - E.F.expand(2), self.norms["L_V"]) \
                     if H * n ** 3 <= JOINT_ENTRIES else None
         u = values.expand(1) - outputs.expand(2)                                       # u_ij at X, (H, n, n, d_out)
         self.value_gaps = (values.expand(1) - values.expand(2)).norm_upper()             # ||v_j - v_l|| at X, (H, n, n)
@@ -450,8 +450,8 @@ class AttentionCurvature:
         weights' box bound and lemma ``head-movement-spread``."""
         shift = (IntervalArray(self.norms["L_V"][:, None]) * IntervalArray(r[None, :])).hi         # ||V^h|| r_j
         moved = head_movement(facts["p_lo"], facts["p_hi"], facts["delta"], self.value_rho, shift)
-        if self.values_spread is not None:
-            moved = np.minimum(moved, _moved_by_ratios(self.values_spread, facts, shift))
+        if self.value_space_spread is not None:
+            moved = np.minimum(moved, _moved_by_ratios(self.value_space_spread, facts, shift))
         return shift, moved
 
     def value_spreads(self, facts: dict, r: np.ndarray) -> np.ndarray:
