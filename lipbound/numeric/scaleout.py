@@ -185,8 +185,11 @@ def _distributed(function, tasks, jobs, scheduler, progress) -> list:
     finished: list[int] = []
     run = uuid.uuid4().hex[:12]
     try:
+        # each task's data goes to a worker beside the graph: a task carrying a layer's matrices (megabytes) would
+        # otherwise travel inside the graph through the scheduler (and dask warns of a large graph)
+        data = client.scatter(tasks, hash=False)
         futures = {client.submit(_call, function, task, key=f"lipbound-{run}-{index}", pure=False): index
-                   for index, task in enumerate(tasks)}
+                   for index, task in enumerate(data)}
         for future in as_completed(futures):
             index = futures[future]
             if future.status == "error":
