@@ -209,6 +209,16 @@ def test_a_failing_task_keeps_what_finished_on_the_cluster(cluster):
     assert caught.results[0] == 0.5 and caught.results[1] is None and caught.results[3] is None
 
 
+def test_a_task_of_megabytes_travels_beside_the_graph(cluster):
+    """A task carrying megabytes (a decoder layer's matrices) goes to a worker beside the task graph: inside it, it
+    would pass through the scheduler, and dask warns of a graph past its 10 MB threshold."""
+    import warnings
+    big = np.ones(1_600_000)   # 12.8 MB
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="Sending large graph")
+        assert run_all(np.sum, [(big,), (2 * big,)], scheduler=cluster) == [1.6e6, 3.2e6]
+
+
 def test_a_failing_job_keeps_the_finished_rows(model, tmp_path):
     """Through Verification.run: the row before the failing job stays, the job's own error propagates."""
     verification = Verification(model, layers=[0], heads=[0, 1], witness_dir=tmp_path, **_FAST)
