@@ -142,18 +142,23 @@ def largest_second_derivative(layer, X, groups, starts=2, steps=6, seed=0) -> fl
     return best
 
 
+def _centre(text: str, layer_index: int, model):
+    """The sentence's hidden states entering the layer, the layer's chain and the LayerNorm radius R."""
+    from lipbound.local.chains import chain_for
+    from lipbound.measures.bert import load_text_model
+    bert = load_text_model(model)
+    X = bert.hidden_states(bert.encode(text))[layer_index]
+    return X, chain_for(bert.model, "layer", layer_index), bert.layernorm_feeding(layer_index).radius_about_center
+
+
 def centre_groups(text: str, layer_index: int, model) -> None:
     """The curvature bound's groups at X against the ascent's estimates of the true groups (``--second-derivative``)."""
     import numpy as np
 
     from lipbound.local.balls import Neighbourhood
     from lipbound.local.centre import ChainCentre
-    from lipbound.local.chains import chain_for
     from lipbound.local.curve import _CurvatureRoute
-    from lipbound.measures.bert import load_text_model
-    bert = load_text_model(model)
-    X = bert.hidden_states(bert.encode(text))[layer_index]
-    chain = chain_for(bert.model, "layer", layer_index)
+    X, chain, _ = _centre(text, layer_index, model)
     route = _CurvatureRoute.of(chain, ChainCentre(chain, X, dense=False), X, [Neighbourhood("fro", 1.0)])
     chis = route.integral.chis(np.zeros(X.shape[0]), {"frobenius": 0.0})
     found = [largest_second_derivative(chain[0].target, X, (group,)) for group in ("I", "II", "III")]
@@ -201,15 +206,6 @@ def joined_paths(text: str, layer_index: int, fractions, model) -> None:
         largest = int(np.argmax(alone))
         print(f"  head {heads[largest]} alone {alone[largest]:.4g}, the other heads joined "
               f"{joint_heads.JointHeads.join([t for t in terms if t[1] != heads[largest]]):.4g}")
-
-
-def _centre(text: str, layer_index: int, model):
-    """The sentence's hidden states entering the layer, the layer's chain and the LayerNorm radius R."""
-    from lipbound.local.chains import chain_for
-    from lipbound.measures.bert import load_text_model
-    bert = load_text_model(model)
-    X = bert.hidden_states(bert.encode(text))[layer_index]
-    return X, chain_for(bert.model, "layer", layer_index), bert.layernorm_feeding(layer_index).radius_about_center
 
 
 def tie_reach(layer, X, eps) -> list:
