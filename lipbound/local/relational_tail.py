@@ -322,7 +322,8 @@ def remainder_floor(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball
     apart = outlier_neurons(ffn)
 
     def half_product(S: np.ndarray) -> float:   # (the outliers are bounded apart, by a part not negative)
-        root = np.sqrt(np.where(np.isin(np.arange(S.size), apart), 0.0, S))
+        root = np.sqrt(S)
+        root[apart] = 0.0
         P = beta * _norm_from_below(ffn.W_1 * root)
         Q = beta * _norm_from_below(ffn.W_2 * (root * columns)[:, None])
         for part, reach in zip(carried, m):
