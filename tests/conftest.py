@@ -1,5 +1,6 @@
 """Test configuration: the slow profile and the import path of shared test helpers."""
 
+import gc
 import json
 import os
 import resource
@@ -124,6 +125,15 @@ def _start_order(item) -> int:
     if item.get_closest_marker("xdist_group"):
         return -1
     return next((i for i, prefix in enumerate(_FIRST) if item.nodeid.startswith(prefix)), len(_FIRST))
+
+
+def pytest_collection_finish(session):
+    # What collection made (the imported modules, sympy's caches, every test function and its parameters) lives
+    # to the end of the process: moved out of the cycle collector's reach, it is not traversed again by every full
+    # collection the tests trigger (lipbound.local.stack collects once a block): test_local_tail in one process
+    # 2.0 -> 0.7 CPU-s in the collector
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(config, items):
