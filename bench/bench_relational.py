@@ -22,7 +22,10 @@ chi_III) beside a float lower estimate of each group's ``sup ||D^2A(X)[e, f]||``
 singular vectors of the dense ``(n d) x (n d)`` matrix of ``e -> D^2A(X)[e, f]``; about a minute per group at
 n = 9, never a bound):
 
-    python bench/bench_relational.py --text "The cat sat on the mat." --second-derivative
+    python bench/bench_relational.py --text "The cat sat on the mat." --second-derivative [--queries]
+
+``--queries`` prints instead each query's groups and the whole second derivative's row found by ascent, beside the
+certified groups of each query, the whole output's and each token's ``chi_i`` (about 15 CPU minutes at n = 9).
 
 ``--basins N`` climbs N times with short projected steps from random points of U's boundary at each radius, beside
 the curve's own witness search, re-checks the best point in high precision and prints per head how far a row's two
@@ -140,6 +143,100 @@ def largest_second_derivative(layer, X, groups, starts=2, steps=6, seed=0) -> fl
             last = value[0]
         best = max(best, float(value[0]))
     return best
+
+
+def query_second_derivative(layer, X, f, i, groups):
+    """The matrix of ``e -> D^2A(X)[e, f]_i`` (d_out, n d): output token i's row of :func:`second_derivative`, formed
+    for that query alone (n times less work)."""
+    import numpy as np
+    n, d = X.shape
+    eye, total = np.eye(n), 0.0
+    for k, head in enumerate(layer.heads):
+        W_Q, W_K, A = head.W_Q, head.W_K, head.V @ layer.output_block(k)
+        c = 1 / np.sqrt(W_Q.shape[1])
+        q, key, v = X @ W_Q + head.b_Q, X @ W_K + head.b_K, X @ A + head.b_V @ layer.output_block(k)
+        s = c * q[i] @ key.T
+        p = np.exp(s - s.max())
+        p /= p.sum()
+        u = v - p @ v                                                         # u_ij, (j, o)
+        a, b = key @ W_Q.T, q[i] @ W_K.T                                       # W_Q k_j (n, d), W_K q_i (d,)
+        # zeta_ij's derivative in e_(m, a): c [i = m] (W_Q (k_j - kappa_i))_a + c ([j = m] - p_m) (W_K q_i)_a
+        Z = (eye[:, :, None] - p[None, :, None]) * b[None, None, :]
+        Z[:, i, :] += a - p @ a
+        Z = c * Z.reshape(n, n * d)                                           # rows j
+        zf = Z @ f.ravel()
+        out = np.zeros((A.shape[1], n, d))
+        if "I" in groups:
+            out += (p * zf)[None, :, None] * A.T[:, None, :]
+            out += ((p[:, None] * (f @ A)).T @ Z).reshape(out.shape)
+        if "II" in groups:
+            out += (((p * zf)[:, None] * u).T @ Z).reshape(out.shape)
+        if "III" in groups:
+            Qt = W_Q @ W_K.T
+            out[:, i, :] += c * ((u * p[:, None]).T @ (f @ Qt.T))
+            out += c * (p[:, None] * u).T[:, :, None] * (f @ Qt)[i][None, None, :]
+        total = total + out
+    return total.reshape(-1, n * d)
+
+
+def largest_rows(layer, X, queries, groups, starts=2, steps=15, seed=0) -> float:
+    """A float lower estimate of ``sup ||(D^2A(X)[e, f]_i)_(i in queries)||`` over unit e, f: alternating top singular
+    vectors of the rows' matrix (each by 30 power steps: the form is symmetric, the top right vector for f is the next
+    f)."""
+    import numpy as np
+    rng, best = np.random.default_rng(seed), 0.0
+    for _ in range(starts):
+        f, last = rng.standard_normal(X.shape), 0.0
+        f /= np.linalg.norm(f)
+        for _ in range(steps):
+            N = np.concatenate([query_second_derivative(layer, X, f, i, groups) for i in queries])
+            g = f.ravel()
+            for _ in range(30):
+                g = N.T @ (N @ g)
+                g /= np.linalg.norm(g)
+            value = float(np.linalg.norm(N @ g))
+            f = g.reshape(X.shape)
+            if abs(value - last) < 1e-7 * value:
+                break
+            last = value
+        best = max(best, value)
+    return best
+
+
+def query_groups_at_x(text: str, layer_index: int, model) -> None:
+    """Per query and for the whole output at X (``--second-derivative --queries``): each group's and the whole second
+    derivative's norm found by ascent (float lower estimates), beside the certified groups of each query
+    (``query_groups``), the whole output's, and each token's ``chi_i`` as the remainders read it (``row_chis``)."""
+    import numpy as np
+
+    from lipbound.local.balls import Neighbourhood, TokenBalls
+    from lipbound.local.bounds import attention_bounds
+    from lipbound.local.centre import ChainCentre
+    from lipbound.local.curve import _CurvatureRoute
+    from lipbound.local.query_curvature import query_groups, row_chis
+    X, chain, _ = _centre(text, layer_index, model)
+    n, layer = X.shape[0], chain[0].target
+    route = _CurvatureRoute.of(chain, ChainCentre(chain, X, dense=False), X, [Neighbourhood("fro", 1.0)],
+                               per_query=True)
+    curvature, radii = route.curvature, np.zeros(n)
+    whole = route.integral.chis(radii, {"frobenius": 0.0})
+    balls = TokenBalls(X, radii)
+    bounds = curvature.moved_heads(attention_bounds(layer, balls, curvature.E), 0.0)
+    certified = np.stack([group.hi for group in query_groups(curvature, bounds, balls.radii, 0.0)])
+    chi = row_chis(certified, whole)
+    print(f"{text!r} layer {layer_index}, n = {n}, at X: per query i (found: float lower estimates; certified: bounds)")
+    names = (("I",), ("II",), ("III",), ("I", "II", "III"))
+    found = {group: [largest_rows(layer, X, [i], group) for i in range(n)] for group in names}
+    for k, group in enumerate(names[:3]):
+        print(f"  group {group[0]:3s} found     " + " ".join(f"{v:6.3f}" for v in found[group]))
+        print(f"  group {group[0]:3s} certified " + " ".join(f"{v:6.3f}" for v in certified[k])
+              + f"   (whole output: {whole[k]:.4g})")
+    print("  all      found     " + " ".join(f"{v:6.3f}" for v in found[names[3]]))
+    print("  own sum  certified " + " ".join(f"{v:6.3f}" for v in certified.sum(axis=0)))
+    print("  chi_i    certified " + " ".join(f"{v:6.3f}" for v in chi))
+    totals = [largest_rows(layer, X, range(n), group) for group in names]
+    print("  whole output found: " + ", ".join(f"{'+'.join(g)} {v:.4g}" for g, v in zip(names, totals))
+          + f"; certified {', '.join(f'{v:.4g}' for v in whole)} (sum {sum(whole):.4g})")
 
 
 def _centre(text: str, layer_index: int, model):
@@ -365,6 +462,8 @@ def main() -> None:
                         help="compare with the witness search without the widened pair starts and uphill steps")
     parser.add_argument("--second-derivative", action="store_true",
                         help="the curvature bound's groups at X against ascent on the true second derivative")
+    parser.add_argument("--queries", action="store_true",
+                        help="with --second-derivative: per query and all groups together, found and certified")
     parser.add_argument("--basins", type=int, default=0,
                         help="N climbs from random points of U against the witness search, per radius")
     parser.add_argument("--integrand", action="store_true",
@@ -376,7 +475,7 @@ def main() -> None:
     texts = [args.text] if args.text else sentences(args.skip + args.sentences)[args.skip:]
     if args.second_derivative:
         for text in texts:
-            centre_groups(text, args.layer, model)
+            (query_groups_at_x if args.queries else centre_groups)(text, args.layer, model)
         return
     if args.paths:
         for text in texts:

@@ -103,8 +103,8 @@ def test_each_querys_groups_met_with_the_whole_outputs_bound_its_row(seed, n, sc
 def test_minilm_first_layer_rows_read_the_whole_third_group():
     """all-MiniLM-L6-v2's first attention layer at "The cat sat on the mat.", at X: the whole output's third group
     (the Kronecker form over all queries, 2.64) is below every query's own (3.4-4.9), so each token's ``chi_i`` is
-    below its own groups' sum, and still above its row of the second derivative found by ascent (tokens 0 and 4, the
-    largest rows)."""
+    below its own groups' sum, and still above its row of the second derivative along random directions (the ascent on
+    generated layers is the test above)."""
     from lipbound.local.chains import chain_for
     from lipbound.measures.bert import load_text_model
     bert = load_text_model()
@@ -113,6 +113,8 @@ def test_minilm_first_layer_rows_read_the_whole_third_group():
     chi, own, whole = _row_bounds(target, X, 0.0)
     assert np.all(own[2] > whole[2]) and np.all(chi < own.sum(axis=0) - 0.5)
     rng = np.random.default_rng(0)
-    for i in (0, 4):
-        assert _largest_whole_row(target, X, i, rng, restarts=1, steps=8) <= chi[i]
+    e = rng.standard_normal((4,) + X.shape)
+    e /= np.linalg.norm(e, axis=(1, 2), keepdims=True)
+    rows = np.linalg.norm(np.array([_second(target, X, v, v) for v in e]), axis=-1)     # (directions, n)
+    assert np.all(rows <= chi)
 
