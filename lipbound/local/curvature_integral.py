@@ -58,8 +58,9 @@ class CurvatureIntegral:
         Per-token maps on both arguments (:class:`AttentionCurvature`): the bound is then on
         ``sup ||D^2A[e F, f F]||``, and ``theta`` bounds ``||e||_F`` instead of ``||Y - Z||_F``.
     per_query : bool
-        Also bound each output token's row of the second derivative on every product met
-        (:func:`~lipbound.local.query_curvature.query_chis`, for :meth:`query_integral`); unfolded only.
+        Also bound each output token's row of the second derivative on every product met (the queries' own groups,
+        :func:`~lipbound.local.query_curvature.query_groups`, met with the whole output's by
+        :func:`~lipbound.local.query_curvature.row_chis` in :meth:`query_integral`); unfolded only.
     """
 
     def __init__(self, component, enclosed, split: bool = False, fold: IntervalArray | None = None,
