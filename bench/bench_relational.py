@@ -25,7 +25,10 @@ n = 9, never a bound):
     python bench/bench_relational.py --text "The cat sat on the mat." --second-derivative [--queries]
 
 ``--queries`` prints instead each query's groups and the whole second derivative's row found by ascent, beside the
-certified groups of each query, the whole output's and each token's ``chi_i`` (about 15 CPU minutes at n = 9).
+certified groups of each query, the whole output's and each token's ``chi_i`` (about 15 CPU minutes at n = 9);
+``--matricized`` adds per query ``sup_w ||H_i(w)||_F`` over unit w, ``H_i(w)`` the Hessian of ``w . A(X)_i``: the
+row's norm with the output on one side and (e, f) on the other, an upper bound on the row's norm, with
+``||H_i(w)||_2`` at the w found (float estimates; about 2 CPU minutes a query).
 
 ``--basins N`` climbs N times with short projected steps from random points of U's boundary at each radius, beside
 the curve's own witness search, re-checks the best point in high precision and prints per head how far a row's two
@@ -203,7 +206,73 @@ def largest_rows(layer, X, queries, groups, starts=2, steps=15, seed=0) -> float
     return best
 
 
-def query_groups_at_x(text: str, layer_index: int, model) -> None:
+def _query_heads(layer, X, i):
+    """Per head ``(A_h, c, p_i, U_i, Z_i, Qt_h)`` at X for query i: the values in the output space, the score scale,
+    the weights, the rows ``u_ij``, zeta's rows (n, n d) and ``W_Q W_K^T``."""
+    import numpy as np
+    n, d = X.shape
+    eye, heads = np.eye(n), []
+    for k, head in enumerate(layer.heads):
+        W_Q, W_K, A = head.W_Q, head.W_K, head.V @ layer.output_block(k)
+        c = 1 / np.sqrt(W_Q.shape[1])
+        q, key, v = X @ W_Q + head.b_Q, X @ W_K + head.b_K, X @ A + head.b_V @ layer.output_block(k)
+        s = c * q[i] @ key.T
+        p = np.exp(s - s.max())
+        p /= p.sum()
+        a, b = key @ W_Q.T, q[i] @ W_K.T
+        Z = (eye[:, :, None] - p[None, :, None]) * b[None, None, :]
+        Z[:, i, :] += a - p @ a
+        heads.append((A, c, p, v - p @ v, c * Z.reshape(n, n * d), W_Q @ W_K.T))
+    return heads
+
+
+def query_hessian(heads, X, w, i):
+    """``H_i(w)``, the (n d x n d) Hessian of ``w . A(X)_i`` (the bilinear form ``w . D^2A(X)[e, f]_i``)."""
+    import numpy as np
+    n, d = X.shape
+    H = np.zeros((n * d, n * d))
+    for A, c, p, u, Z, Qt in heads:
+        columns = np.zeros((n, d, n))
+        columns[np.arange(n), :, np.arange(n)] = p[:, None] * (A @ w)[None, :]     # p_j (A_h w) at token j
+        first = columns.reshape(n * d, n) @ Z
+        s = p * (u @ w)
+        third = np.zeros((n * d, n * d))
+        third[i * d:(i + 1) * d] = c * np.concatenate([s_j * Qt for s_j in s], axis=1)
+        H += first + first.T + (Z.T * s) @ Z + third + third.T
+    return H
+
+
+def query_contract(heads, X, M, i):
+    """``sum_(a, b) M_ab D^2A(X)[delta_a, delta_b]_i`` for a symmetric (n d x n d) M: the matricized second derivative
+    applied to M (its adjoint is :func:`query_hessian`)."""
+    import numpy as np
+    n, d = X.shape
+    v = 0.0
+    for A, c, p, u, Z, Qt in heads:
+        MZ = (M @ Z.T).reshape(n, d, n)                                     # (M zeta_j) by blocks, (m, a, j)
+        v = v + 2 * A.T @ (p @ MZ[np.arange(n), :, np.arange(n)])
+        v = v + (p * np.einsum("jk,kj->j", Z, MZ.reshape(n * d, n))) @ u
+        inner = np.einsum("ab,jab->j", Qt, M[i * d:(i + 1) * d].reshape(d, n, d).swapaxes(0, 1))
+        v = v + 2 * c * (p * inner) @ u
+    return v
+
+
+def matricized_row(layer, X, i, steps=12, seed=0) -> tuple[float, float]:
+    """``(sup_w ||H_i(w)||_F, ||H_i(w)||_2 at that w)`` over unit w by power steps on ``w -> contract(H_i(w))``: the
+    norm of row i's second derivative matricized with the output on one side and (e, f) on the other, which bounds
+    the row's norm (float estimates)."""
+    import numpy as np
+    heads = _query_heads(layer, X, i)
+    w = np.random.default_rng(seed).standard_normal(heads[0][0].shape[1])
+    w /= np.linalg.norm(w)
+    for _ in range(steps):
+        v = query_contract(heads, X, query_hessian(heads, X, w, i), i)
+        w = v / np.linalg.norm(v)
+    H = query_hessian(heads, X, w, i)
+    return float(np.linalg.norm(H)), float(np.linalg.norm(H, 2))
+
+
+def query_groups_at_x(text: str, layer_index: int, model, matricized: bool = False) -> None:
     """Per query and for the whole output at X (``--second-derivative --queries``): each group's and the whole second
     derivative's norm found by ascent (float lower estimates), beside the certified groups of each query
     (``query_groups``), the whole output's, and each token's ``chi_i`` as the remainders read it (``row_chis``)."""
@@ -234,6 +303,10 @@ def query_groups_at_x(text: str, layer_index: int, model) -> None:
     print("  all      found     " + " ".join(f"{v:6.3f}" for v in found[names[3]]))
     print("  own sum  certified " + " ".join(f"{v:6.3f}" for v in certified.sum(axis=0)))
     print("  chi_i    certified " + " ".join(f"{v:6.3f}" for v in chi))
+    if matricized:
+        values = [matricized_row(layer, X, i) for i in range(n)]
+        print("  matricized ||H_i(w)||_F " + " ".join(f"{v:6.3f}" for v, _ in values))
+        print("  at its w   ||H_i(w)||_2 " + " ".join(f"{v:6.3f}" for _, v in values))
     totals = [largest_rows(layer, X, range(n), group) for group in names]
     print("  whole output found: " + ", ".join(f"{'+'.join(g)} {v:.4g}" for g, v in zip(names, totals))
           + f"; certified {', '.join(f'{v:.4g}' for v in whole)} (sum {sum(whole):.4g})")
@@ -464,6 +537,8 @@ def main() -> None:
                         help="the curvature bound's groups at X against ascent on the true second derivative")
     parser.add_argument("--queries", action="store_true",
                         help="with --second-derivative: per query and all groups together, found and certified")
+    parser.add_argument("--matricized", action="store_true",
+                        help="with --queries: each row's second derivative matricized (output against (e, f))")
     parser.add_argument("--basins", type=int, default=0,
                         help="N climbs from random points of U against the witness search, per radius")
     parser.add_argument("--integrand", action="store_true",
@@ -475,7 +550,10 @@ def main() -> None:
     texts = [args.text] if args.text else sentences(args.skip + args.sentences)[args.skip:]
     if args.second_derivative:
         for text in texts:
-            (query_groups_at_x if args.queries else centre_groups)(text, args.layer, model)
+            if args.queries:
+                query_groups_at_x(text, args.layer, model, args.matricized)
+            else:
+                centre_groups(text, args.layer, model)
         return
     if args.paths:
         for text in texts:
