@@ -28,7 +28,7 @@ n = 9, never a bound):
 certified groups of each query, the whole output's and each token's ``chi_i`` (about 15 CPU minutes at n = 9);
 ``--matricized`` adds per query ``sup_w ||H_i(w)||_F`` over unit w, ``H_i(w)`` the Hessian of ``w . A(X)_i``: the
 row's norm with the output on one side and (e, f) on the other, an upper bound on the row's norm, with
-``||H_i(w)||_2`` at the w found (float estimates; about 2 CPU minutes a query).
+``||H_i(w)||_2`` at the w found (float estimates).
 
 ``--basins N`` climbs N times with short projected steps from random points of U's boundary at each radius, beside
 the curve's own witness search, re-checks the best point in high precision and prints per head how far a row's two
@@ -257,19 +257,58 @@ def query_contract(heads, X, M, i):
     return v
 
 
-def matricized_row(layer, X, i, steps=12, seed=0) -> tuple[float, float]:
-    """``(sup_w ||H_i(w)||_F, ||H_i(w)||_2 at that w)`` over unit w by power steps on ``w -> contract(H_i(w))``: the
-    norm of row i's second derivative matricized with the output on one side and (e, f) on the other, which bounds
-    the row's norm (float estimates)."""
+def matricized_gram(heads, X, i):
+    """``G_i`` (d_out x d_out) with ``w^T G_i w = ||H_i(w)||_F^2`` (:func:`query_hessian`), in closed form over the
+    terms ``t = (h, j)`` (``T = H n``): with ``zeta_t`` query i's rows, ``Gz = [zeta_t . zeta_s]``, ``pp = [p_t p_s]``,
+    ``[j_t = j_s]`` the same key,
+
+        G_i = 2 sum_(t,s) pp Gz [j_t = j_s] A_(h_t)^T A_(h_s) + 2 sym sum_(t,s) pp a_ts a_st^T + U^T K U
+              + 4 sym sum_(t,s) pp A_(h_t)^T b_ts u_s^T,
+
+    ``a_ts = A_(h_s)^T zeta_t[j_s]``, ``K = pp (Gz^2 + 2 c (q_ts + q_st) + 2 c^2 [j_t = j_s] (<Qt_(h_t), Qt_(h_s)>
+    + [j_t = i] tr(Qt_(h_t) Qt_(h_s))))``, ``q_ts = zeta_s[i] . Qt_(h_t) zeta_s[j_t]``, ``b_ts = Gz_st zeta_s[j_t] + c
+    [j_t = i] Qt_(h_s) zeta_t[j_s] + c [j_t = j_s] Qt_(h_s)^T zeta_t[i]`` (blocks ``[m]`` of length d; the first two
+    terms are the first group's ``||C Z^T + Z C^T||_F^2``, the third the second and third groups', the last their cross
+    terms)."""
+    import numpy as np
+    n, d = X.shape
+    H, c = len(heads), heads[0][1]
+    A = np.stack([head[0] for head in heads])
+    p, U = np.concatenate([head[2] for head in heads]), np.concatenate([head[3] for head in heads])
+    Z, Qt = np.concatenate([head[4] for head in heads]), np.stack([head[5] for head in heads])
+    hh, jj = np.repeat(np.arange(H), n), np.tile(np.arange(n), H)
+    Gz, blocks, pp = Z @ Z.T, Z.reshape(H * n, n, d), np.outer(p, p)
+    same = jj[:, None] == jj[None, :]
+    heads_weight = np.zeros((H, H))
+    np.add.at(heads_weight, (hh[:, None], hh[None, :]), Gz * pp * same)
+    G = 2 * np.einsum("ab,ado,bdq->oq", heads_weight, A, A, optimize=True)
+    at = blocks[:, jj, :]                                                   # zeta_t[j_s], (t, s, d)
+    a = np.einsum("sdo,tsd->tso", A[hh], at, optimize=True)
+    pairs = np.einsum("ts,tso,stq->oq", pp, a, a, optimize=True)
+    G += pairs + pairs.T
+    q = np.einsum("sa,tab,stb->ts", blocks[:, i, :], Qt[hh], at, optimize=True)
+    inner, traces = np.einsum("hab,gab->hg", Qt, Qt), np.einsum("hab,gba->hg", Qt, Qt)
+    traces = inner[hh][:, hh] + (jj[:, None] == i) * traces[hh][:, hh]
+    K = pp * (Gz ** 2 + 2 * c * (q + q.T) + 2 * c * c * same * traces)
+    G += U.T @ K @ U
+    b = at.swapaxes(0, 1) * Gz.T[:, :, None]                                 # Gz_st zeta_s[j_t]
+    b += c * (jj[:, None, None] == i) * np.einsum("sab,tsb->tsa", Qt[hh], at, optimize=True)
+    b += c * same[:, :, None] * np.einsum("sba,tb->tsa", Qt[hh], blocks[:, i, :], optimize=True)
+    per_head = np.zeros((H, d, U.shape[1]))
+    np.add.at(per_head, hh, np.einsum("ts,tsd,sq->tdq", pp, b, U, optimize=True))
+    cross = np.einsum("hdo,hdq->oq", A, per_head, optimize=True)
+    return G + 2 * (cross + cross.T)
+
+
+def matricized_row(layer, X, i) -> tuple[float, float]:
+    """``(sup_w ||H_i(w)||_F, ||H_i(w)||_2 at that w)`` over unit w (:func:`matricized_gram`'s top eigenpair): the norm
+    of row i's second derivative matricized with the output on one side and (e, f) on the other, which bounds the
+    row's norm (float estimates; on generated layers the same as power steps on ``w -> query_contract(H_i(w))``)."""
     import numpy as np
     heads = _query_heads(layer, X, i)
-    w = np.random.default_rng(seed).standard_normal(heads[0][0].shape[1])
-    w /= np.linalg.norm(w)
-    for _ in range(steps):
-        v = query_contract(heads, X, query_hessian(heads, X, w, i), i)
-        w = v / np.linalg.norm(v)
-    H = query_hessian(heads, X, w, i)
-    return float(np.linalg.norm(H)), float(np.linalg.norm(H, 2))
+    values, vectors = np.linalg.eigh(matricized_gram(heads, X, i))
+    H = query_hessian(heads, X, vectors[:, -1], i)
+    return float(np.sqrt(max(values[-1], 0.0))), float(np.linalg.norm(H, 2))
 
 
 def query_groups_at_x(text: str, layer_index: int, model, matricized: bool = False) -> None:
