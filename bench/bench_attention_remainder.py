@@ -3,8 +3,9 @@
 For one sentence and layer of all-MiniLM-L6-v2, the block's attention curve (the one a block's curve runs first, with
 each output token's own remainder, lemma curvature-per-query) at one radius: per output token the certified remainder
 ``rest_i`` and the whole output's ``rest``; then, on the smallest and the widest ball of each grid the remainder's
-Riemann sum met, the groups ``chi_I,i``, ``chi_II,i``, ``chi_III,i`` of query i (``query_groups``), and the curve's
-CPU seconds (``time.process_time``, the set-up of the centre apart).
+Riemann sum met, the groups ``chi_I,i``, ``chi_II,i``, ``chi_III,i`` of query i (``query_groups``; the remainder reads
+each group as the smaller of these and the whole output's on the same ball, ``row_chis``), and the curve's CPU seconds
+(``time.process_time``, the set-up of the centre apart).
 
 Run: ``python bench/bench_attention_remainder.py [--text "The cat sat on the mat."] [--layer 0] [--fraction 1e-2]``
 (about a minute of CPU at n = 9).
@@ -50,11 +51,11 @@ def main() -> None:
     met = []   # (Frobenius radius or the largest token radius, chi_I, chi_II, chi_III) per ball
 
     def recorded(curvature, bounds, r, frobenius=None):
-        first, second, third = query_curvature.query_groups(curvature, bounds, r, frobenius)
-        met.append((frobenius if frobenius is not None else float(np.max(r)), first.hi, second.hi, third.hi))
-        return (first + second + third).hi
+        groups = query_curvature.query_groups(curvature, bounds, r, frobenius)
+        met.append((frobenius if frobenius is not None else float(np.max(r)), *(group.hi for group in groups)))
+        return groups
     began = time.process_time()
-    with mock.patch.object(curvature_integral, "query_chis", recorded):
+    with mock.patch.object(curvature_integral, "query_groups", recorded):
         attention = _curve(bert.model, X, "layer", args.layer, None, None, "fro", "fro", (), [eps], 0, 0,
                            CURVATURE_TOKENS, None, chain=chain[:1], centre=centre.part(chain, 0, 1, True),
                            want_reach=True)

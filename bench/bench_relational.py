@@ -22,7 +22,13 @@ chi_III) beside a float lower estimate of each group's ``sup ||D^2A(X)[e, f]||``
 singular vectors of the dense ``(n d) x (n d)`` matrix of ``e -> D^2A(X)[e, f]``; about a minute per group at
 n = 9, never a bound):
 
-    python bench/bench_relational.py --text "The cat sat on the mat." --second-derivative
+    python bench/bench_relational.py --text "The cat sat on the mat." --second-derivative [--queries]
+
+``--queries`` prints instead each query's groups and the whole second derivative's row found by ascent, beside the
+certified groups of each query, the whole output's and each token's ``chi_i`` (about 15 CPU minutes at n = 9);
+``--matricized`` adds per query ``sup_w ||H_i(w)||_F`` over unit w, ``H_i(w)`` the Hessian of ``w . A(X)_i``: the
+row's norm with the output on one side and (e, f) on the other, an upper bound on the row's norm, with
+``||H_i(w)||_2`` at the w found (float estimates).
 
 ``--basins N`` climbs N times with short projected steps from random points of U's boundary at each radius, beside
 the curve's own witness search, re-checks the best point in high precision and prints per head how far a row's two
@@ -140,6 +146,195 @@ def largest_second_derivative(layer, X, groups, starts=2, steps=6, seed=0) -> fl
             last = value[0]
         best = max(best, float(value[0]))
     return best
+
+
+def query_second_derivative(layer, X, f, i, groups):
+    """The matrix of ``e -> D^2A(X)[e, f]_i`` (d_out, n d): output token i's row of :func:`second_derivative`, formed
+    for that query alone (n times less work)."""
+    import numpy as np
+    n, d = X.shape
+    eye, total = np.eye(n), 0.0
+    for k, head in enumerate(layer.heads):
+        W_Q, W_K, A = head.W_Q, head.W_K, head.V @ layer.output_block(k)
+        c = 1 / np.sqrt(W_Q.shape[1])
+        q, key, v = X @ W_Q + head.b_Q, X @ W_K + head.b_K, X @ A + head.b_V @ layer.output_block(k)
+        s = c * q[i] @ key.T
+        p = np.exp(s - s.max())
+        p /= p.sum()
+        u = v - p @ v                                                         # u_ij, (j, o)
+        a, b = key @ W_Q.T, q[i] @ W_K.T                                       # W_Q k_j (n, d), W_K q_i (d,)
+        # zeta_ij's derivative in e_(m, a): c [i = m] (W_Q (k_j - kappa_i))_a + c ([j = m] - p_m) (W_K q_i)_a
+        Z = (eye[:, :, None] - p[None, :, None]) * b[None, None, :]
+        Z[:, i, :] += a - p @ a
+        Z = c * Z.reshape(n, n * d)                                           # rows j
+        zf = Z @ f.ravel()
+        out = np.zeros((A.shape[1], n, d))
+        if "I" in groups:
+            out += (p * zf)[None, :, None] * A.T[:, None, :]
+            out += ((p[:, None] * (f @ A)).T @ Z).reshape(out.shape)
+        if "II" in groups:
+            out += (((p * zf)[:, None] * u).T @ Z).reshape(out.shape)
+        if "III" in groups:
+            Qt = W_Q @ W_K.T
+            out[:, i, :] += c * ((u * p[:, None]).T @ (f @ Qt.T))
+            out += c * (p[:, None] * u).T[:, :, None] * (f @ Qt)[i][None, None, :]
+        total = total + out
+    return total.reshape(-1, n * d)
+
+
+def largest_rows(layer, X, queries, groups, starts=2, steps=15, seed=0) -> float:
+    """A float lower estimate of ``sup ||(D^2A(X)[e, f]_i)_(i in queries)||`` over unit e, f: alternating top singular
+    vectors of the rows' matrix (each by 30 power steps: the form is symmetric, the top right vector for f is the next
+    f)."""
+    import numpy as np
+    rng, best = np.random.default_rng(seed), 0.0
+    for _ in range(starts):
+        f, last = rng.standard_normal(X.shape), 0.0
+        f /= np.linalg.norm(f)
+        for _ in range(steps):
+            N = np.concatenate([query_second_derivative(layer, X, f, i, groups) for i in queries])
+            g = f.ravel()
+            for _ in range(30):
+                g = N.T @ (N @ g)
+                g /= np.linalg.norm(g)
+            value = float(np.linalg.norm(N @ g))
+            f = g.reshape(X.shape)
+            if abs(value - last) < 1e-7 * value:
+                break
+            last = value
+        best = max(best, value)
+    return best
+
+
+def _query_heads(layer, X, i):
+    """Per head ``(A_h, c, p_i, U_i, Z_i, Qt_h)`` at X for query i: the values in the output space, the score scale,
+    the weights, the rows ``u_ij``, zeta's rows (n, n d) and ``W_Q W_K^T``."""
+    import numpy as np
+    n, d = X.shape
+    eye, heads = np.eye(n), []
+    for k, head in enumerate(layer.heads):
+        W_Q, W_K, A = head.W_Q, head.W_K, head.V @ layer.output_block(k)
+        c = 1 / np.sqrt(W_Q.shape[1])
+        q, key, v = X @ W_Q + head.b_Q, X @ W_K + head.b_K, X @ A + head.b_V @ layer.output_block(k)
+        s = c * q[i] @ key.T
+        p = np.exp(s - s.max())
+        p /= p.sum()
+        a, b = key @ W_Q.T, q[i] @ W_K.T
+        Z = (eye[:, :, None] - p[None, :, None]) * b[None, None, :]
+        Z[:, i, :] += a - p @ a
+        heads.append((A, c, p, v - p @ v, c * Z.reshape(n, n * d), W_Q @ W_K.T))
+    return heads
+
+
+def query_hessian(heads, X, w, i):
+    """``H_i(w)``, the (n d x n d) Hessian of ``w . A(X)_i`` (the bilinear form ``w . D^2A(X)[e, f]_i``; on generated
+    layers ``e^T H_i(w) f`` equals ``w`` against the tests' closed form of row i)."""
+    import numpy as np
+    n, d = X.shape
+    H = np.zeros((n * d, n * d))
+    for A, c, p, u, Z, Qt in heads:
+        columns = np.zeros((n, d, n))
+        columns[np.arange(n), :, np.arange(n)] = p[:, None] * (A @ w)[None, :]     # p_j (A_h w) at token j
+        first = columns.reshape(n * d, n) @ Z
+        s = p * (u @ w)
+        third = np.zeros((n * d, n * d))
+        third[i * d:(i + 1) * d] = c * np.concatenate([s_j * Qt for s_j in s], axis=1)
+        H += first + first.T + (Z.T * s) @ Z + third + third.T
+    return H
+
+
+def matricized_gram(heads, X, i):
+    """``G_i`` (d_out x d_out) with ``w^T G_i w = ||H_i(w)||_F^2`` (:func:`query_hessian`), in closed form over the
+    terms ``t = (h, j)`` (``T = H n``): with ``zeta_t`` query i's rows, ``Gz = [zeta_t . zeta_s]``, ``pp = [p_t p_s]``,
+    ``[j_t = j_s]`` the same key,
+
+        G_i = 2 sum_(t,s) pp Gz [j_t = j_s] A_(h_t)^T A_(h_s) + 2 sym sum_(t,s) pp a_ts a_st^T + U^T K U
+              + 4 sym sum_(t,s) pp A_(h_t)^T b_ts u_s^T,
+
+    ``a_ts = A_(h_s)^T zeta_t[j_s]``, ``K = pp (Gz^2 + 2 c (q_ts + q_st) + 2 c^2 [j_t = j_s] (<Qt_(h_t), Qt_(h_s)>
+    + [j_t = i] tr(Qt_(h_t) Qt_(h_s))))``, ``q_ts = zeta_s[i] . Qt_(h_t) zeta_s[j_t]``, ``b_ts = Gz_st zeta_s[j_t] + c
+    [j_t = i] Qt_(h_s) zeta_t[j_s] + c [j_t = j_s] Qt_(h_s)^T zeta_t[i]`` (blocks ``[m]`` of length d; the first two
+    terms are the first group's ``||C Z^T + Z C^T||_F^2``, the third the second and third groups', the last their cross
+    terms)."""
+    import numpy as np
+    n, d = X.shape
+    H, c = len(heads), heads[0][1]
+    A = np.stack([head[0] for head in heads])
+    p, U = np.concatenate([head[2] for head in heads]), np.concatenate([head[3] for head in heads])
+    Z, Qt = np.concatenate([head[4] for head in heads]), np.stack([head[5] for head in heads])
+    hh, jj = np.repeat(np.arange(H), n), np.tile(np.arange(n), H)
+    Gz, blocks, pp = Z @ Z.T, Z.reshape(H * n, n, d), np.outer(p, p)
+    same = jj[:, None] == jj[None, :]
+    heads_weight = np.zeros((H, H))
+    np.add.at(heads_weight, (hh[:, None], hh[None, :]), Gz * pp * same)
+    G = 2 * np.einsum("ab,ado,bdq->oq", heads_weight, A, A, optimize=True)
+    at = blocks[:, jj, :]                                                   # zeta_t[j_s], (t, s, d)
+    a = np.einsum("sdo,tsd->tso", A[hh], at, optimize=True)
+    pairs = np.einsum("ts,tso,stq->oq", pp, a, a, optimize=True)
+    G += pairs + pairs.T
+    q = np.einsum("sa,tab,stb->ts", blocks[:, i, :], Qt[hh], at, optimize=True)
+    inner, traces = np.einsum("hab,gab->hg", Qt, Qt), np.einsum("hab,gba->hg", Qt, Qt)
+    traces = inner[hh][:, hh] + (jj[:, None] == i) * traces[hh][:, hh]
+    K = pp * (Gz ** 2 + 2 * c * (q + q.T) + 2 * c * c * same * traces)
+    G += U.T @ K @ U
+    b = at.swapaxes(0, 1) * Gz.T[:, :, None]                                 # Gz_st zeta_s[j_t]
+    b += c * (jj[:, None, None] == i) * np.einsum("sab,tsb->tsa", Qt[hh], at, optimize=True)
+    b += c * same[:, :, None] * np.einsum("sba,tb->tsa", Qt[hh], blocks[:, i, :], optimize=True)
+    per_head = np.zeros((H, d, U.shape[1]))
+    np.add.at(per_head, hh, np.einsum("ts,tsd,sq->tdq", pp, b, U, optimize=True))
+    cross = np.einsum("hdo,hdq->oq", A, per_head, optimize=True)
+    return G + 2 * (cross + cross.T)
+
+
+def matricized_row(layer, X, i) -> tuple[float, float]:
+    """``(sup_w ||H_i(w)||_F, ||H_i(w)||_2 at that w)`` over unit w (:func:`matricized_gram`'s top eigenpair): the norm
+    of row i's second derivative matricized with the output on one side and (e, f) on the other, which bounds the
+    row's norm (float estimates)."""
+    import numpy as np
+    heads = _query_heads(layer, X, i)
+    values, vectors = np.linalg.eigh(matricized_gram(heads, X, i))
+    H = query_hessian(heads, X, vectors[:, -1], i)
+    return float(np.sqrt(max(values[-1], 0.0))), float(np.linalg.norm(H, 2))
+
+
+def query_groups_at_x(text: str, layer_index: int, model, matricized: bool = False) -> None:
+    """Per query and for the whole output at X (``--second-derivative --queries``): each group's and the whole second
+    derivative's norm found by ascent (float lower estimates), beside the certified groups of each query
+    (``query_groups``), the whole output's, and each token's ``chi_i`` as the remainders read it (``row_chis``)."""
+    import numpy as np
+
+    from lipbound.local.balls import Neighbourhood, TokenBalls
+    from lipbound.local.bounds import attention_bounds
+    from lipbound.local.centre import ChainCentre
+    from lipbound.local.curve import _CurvatureRoute
+    from lipbound.local.query_curvature import query_groups, row_chis
+    X, chain, _ = _centre(text, layer_index, model)
+    n, layer = X.shape[0], chain[0].target
+    route = _CurvatureRoute.of(chain, ChainCentre(chain, X, dense=False), X, [Neighbourhood("fro", 1.0)],
+                               per_query=True)
+    curvature, radii = route.curvature, np.zeros(n)
+    whole = route.integral.chis(radii, {"frobenius": 0.0})
+    balls = TokenBalls(X, radii)
+    bounds = curvature.moved_heads(attention_bounds(layer, balls, curvature.E), 0.0)
+    certified = np.stack([group.hi for group in query_groups(curvature, bounds, balls.radii, 0.0)])
+    chi = row_chis(certified, whole)
+    print(f"{text!r} layer {layer_index}, n = {n}, at X: per query i (found: float lower estimates; certified: bounds)")
+    names = (("I",), ("II",), ("III",), ("I", "II", "III"))
+    found = {group: [largest_rows(layer, X, [i], group) for i in range(n)] for group in names}
+    for k, group in enumerate(names[:3]):
+        print(f"  group {group[0]:3s} found     " + " ".join(f"{v:6.3f}" for v in found[group]))
+        print(f"  group {group[0]:3s} certified " + " ".join(f"{v:6.3f}" for v in certified[k])
+              + f"   (whole output: {whole[k]:.4g})")
+    print("  all      found     " + " ".join(f"{v:6.3f}" for v in found[names[3]]))
+    print("  own sum  certified " + " ".join(f"{v:6.3f}" for v in certified.sum(axis=0)))
+    print("  chi_i    certified " + " ".join(f"{v:6.3f}" for v in chi))
+    if matricized:
+        values = [matricized_row(layer, X, i) for i in range(n)]
+        print("  matricized ||H_i(w)||_F " + " ".join(f"{v:6.3f}" for v, _ in values))
+        print("  at its w   ||H_i(w)||_2 " + " ".join(f"{v:6.3f}" for _, v in values))
+    totals = [largest_rows(layer, X, range(n), group) for group in names]
+    print("  whole output found: " + ", ".join(f"{'+'.join(g)} {v:.4g}" for g, v in zip(names, totals))
+          + f"; certified {', '.join(f'{v:.4g}' for v in whole)} (sum {sum(whole):.4g})")
 
 
 def _centre(text: str, layer_index: int, model):
@@ -365,6 +560,10 @@ def main() -> None:
                         help="compare with the witness search without the widened pair starts and uphill steps")
     parser.add_argument("--second-derivative", action="store_true",
                         help="the curvature bound's groups at X against ascent on the true second derivative")
+    parser.add_argument("--queries", action="store_true",
+                        help="with --second-derivative: per query and all groups together, found and certified")
+    parser.add_argument("--matricized", action="store_true",
+                        help="with --queries: each row's second derivative matricized (output against (e, f))")
     parser.add_argument("--basins", type=int, default=0,
                         help="N climbs from random points of U against the witness search, per radius")
     parser.add_argument("--integrand", action="store_true",
@@ -376,7 +575,10 @@ def main() -> None:
     texts = [args.text] if args.text else sentences(args.skip + args.sentences)[args.skip:]
     if args.second_derivative:
         for text in texts:
-            centre_groups(text, args.layer, model)
+            if args.queries:
+                query_groups_at_x(text, args.layer, model, args.matricized)
+            else:
+                centre_groups(text, args.layer, model)
         return
     if args.paths:
         for text in texts:

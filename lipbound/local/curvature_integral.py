@@ -14,7 +14,7 @@ from ..rigorous.arrays import IntervalArray, as_interval_array
 from .balls import TokenBalls
 from .bounds import attention_bounds
 from .curvature import AttentionCurvature
-from .query_curvature import query_chis
+from .query_curvature import query_groups, row_chis
 
 __all__ = ["CurvatureIntegral", "GRID_PER_DECADE", "KRONECKER_SHARE", "decade_grid"]
 
@@ -58,8 +58,9 @@ class CurvatureIntegral:
         Per-token maps on both arguments (:class:`AttentionCurvature`): the bound is then on
         ``sup ||D^2A[e F, f F]||``, and ``theta`` bounds ``||e||_F`` instead of ``||Y - Z||_F``.
     per_query : bool
-        Also bound each output token's row of the second derivative on every product met
-        (:func:`~lipbound.local.query_curvature.query_chis`, for :meth:`query_integral`); unfolded only.
+        Also bound each output token's row of the second derivative on every product met (the queries' own groups,
+        :func:`~lipbound.local.query_curvature.query_groups`, met with the whole output's by
+        :func:`~lipbound.local.query_curvature.row_chis` in :meth:`query_integral`); unfolded only.
     """
 
     def __init__(self, component, enclosed, split: bool = False, fold: IntervalArray | None = None,
@@ -100,25 +101,27 @@ class CurvatureIntegral:
             except NotCertifiedError:
                 self._parts_at[key], bounds = (math.inf,) * 4, None
             if self.per_query:   # (on the same facts: the bounds are formed once)
-                self._queries[key] = np.full(self.curvature.n, np.inf)
+                self._queries[key] = np.full((3, self.curvature.n), np.inf)
                 if bounds is not None:
                     try:
-                        self._queries[key] = query_chis(self.curvature, bounds, balls.radii, frobenius)
+                        self._queries[key] = np.stack([group.hi for group in query_groups(
+                            self.curvature, bounds, balls.radii, frobenius)])
                     except NotCertifiedError:   # (the whole output's values stand)
                         pass
         return self._parts_at[key]
 
     def query_integral(self, steps, factor) -> np.ndarray:
         """Per output token i, ``factor sum_k width_k chi_i(P(radii_k))`` over ``steps`` as in :meth:`integral`, with
-        ``chi_i`` query i's own curvature bound (:func:`~lipbound.local.query_curvature.query_chis`, lemma
-        curvature-per-query), (n,); inf where a bound is not finite.  Needs ``per_query``."""
+        ``chi_i`` query i's own curvature bound, each group the smaller of query i's own and the whole output's on the
+        same product (:func:`~lipbound.local.query_curvature.row_chis`, lemmas curvature-per-query and
+        curvature-row-whole), (n,); inf where a bound is not finite.  Needs ``per_query``."""
         if not self.per_query:
             raise ValueError("query_integral needs a CurvatureIntegral made with per_query")
         total, factor = IntervalArray(np.zeros(self.curvature.n)), as_interval_array(factor)
         for width, radii, *known in steps:
-            self.chis(radii, *known)
+            whole = self.chis(radii, *known)
             key = (np.asarray(radii, dtype=np.float64).tobytes(), known[1] if len(known) > 1 else None)
-            total = total + IntervalArray(width) * IntervalArray(self._queries[key])
+            total = total + IntervalArray(width) * IntervalArray(row_chis(self._queries[key], whole))
         return np.where(np.isfinite(total.hi), (total * factor).hi, np.inf)
 
     def integral(self, steps, factor, other: float = math.inf, floor: float | None = None) -> float:
