@@ -42,7 +42,7 @@ from typing import final
 import numpy as np
 
 from ..errors import NotCertifiedError
-from ..rigorous.arrays import IntervalArray, gelu_curvature, gelu_curvature_magnitude, gelu_slope, gelu_third_magnitude
+from ..rigorous.arrays import IntervalArray, gelu_curvature_magnitude, gelu_slope
 from ..rigorous.elementwise import inv_sqrt_2pi
 from ..rigorous.linalg import Enclosure, lambda_max_upper_large, spectral_norm_upper_large
 from ..rigorous.zonotope import AffineForm, Symbols, sum_upper
@@ -50,7 +50,8 @@ from ..symbolic import local as T
 from .balls import TokenBalls
 from .bounds import evaluate_theorem, norm_bounds
 from .centre import rounding_reach
-from .enclosed import EnclosedFeedForward, EnclosedNorm, feedforward_grams
+from .enclosed import EnclosedFeedForward, EnclosedNorm, feedforward_grams, feedforward_hadamards
+from .taylor_quotients import curvature_split
 
 __all__ = ["TokenForms", "BlockForms", "block_token_forms", "block_form_radii", "gelu_curvature_ceiling"]
 
@@ -262,16 +263,17 @@ def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm
     (:func:`_signed_part`, each carried ball's symbols a part of its quadratic form).  ``second``: ``||W_2||``
     rounded up, when the caller has it."""
     parts = _remainder_parts(enclosed, i, row, ball, second, shape)
-    joint = joint_remainder(*parts)
+    split = curvature_split(enclosed.h[i], parts[4], outlier_neurons(enclosed.ffn))
+    joint = joint_remainder(*parts, split=split)
     # (a choice of work: a Rayleigh quotient is at most the top eigenvalue, so where its quadratic part alone is not
     # below the joint bound the signed one cannot be smaller, and its certified eigenvalue is not formed)
     beta, carried = parts[1], parts[-1]
-    if not _signed_estimate(enclosed.ffn, enclosed.h[i], parts[2], beta, carried) < joint:
+    if not _signed_estimate(enclosed.ffn, split[0], parts[2], beta, carried) < joint:
         return joint
-    c, F = _signed_part(enclosed.ffn, enclosed.h[i], parts[2], beta, carried)
+    c, F = _signed_part(enclosed.ffn, split[0], parts[2], beta, carried)
     if not (IntervalArray(0.5) * IntervalArray(c) * IntervalArray(F)).hi.item() < joint:
         return joint
-    return min(joint, signed_remainder(*parts, signed=(c, F)))
+    return min(joint, signed_remainder(*parts, signed=(c, F), split=split))
 
 
 @final
@@ -284,6 +286,11 @@ class CarriedBall:
     rows: tuple
     columns: tuple
     reach: np.ndarray
+
+    @functools.cached_property
+    def grams(self) -> tuple:
+        """``(N_p W_1)^T (N_p W_1)`` (d_ff, d_ff) per part, enclosed (formed once: both lemmas read them)."""
+        return tuple(rows.swapaxes(0, 1).bmm(rows) for rows in self.rows)
 
 
 def _carried_ball(shape: tuple, ffn) -> CarriedBall:
@@ -330,8 +337,9 @@ def remainder_floor(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball
             P += _norm_from_below(part * root)
             Q += _norm_from_below(ffn.W_2 * (root * reach)[:, None])
         return 0.5 * P * min(Q, float(np.max(root * dev)) * second)
-    joint = half_product(np.minimum(gelu_curvature_magnitude(hull), gelu_curvature_ceiling()))
-    signed = half_product(gelu_third_magnitude(hull) * dev / 3.0)
+    split = curvature_split(enclosed.h[i], dev, apart)
+    joint = half_product(np.minimum(np.minimum(gelu_curvature_magnitude(hull), gelu_curvature_ceiling()), split[2]))
+    signed = half_product(split[1])
     return FLOOR_SHARE * min(joint, signed)
 
 
@@ -369,23 +377,30 @@ def _remainder_parts(enclosed: EnclosedFeedForward, i: int, row: AffineForm, bal
     return enclosed, beta, a_gram, columns, dev, enclosed.h[i] + IntervalArray(-dev, dev), i, second, carried
 
 
-def joint_remainder(enclosed, beta, a_gram, columns, dev, hull, i, second, carried=None) -> float:
+def joint_remainder(enclosed, beta, a_gram, columns, dev, hull, i, second, carried=None, split=None) -> float:
     """Lemma feedforward-taylor-joint on :func:`_remainder_parts` (:func:`feedforward_remainder`), the outlier
-    neurons apart (lemma feedforward-taylor-separated)."""
+    neurons apart (lemma feedforward-taylor-separated); ``S_k`` the smaller of ``|GELU''|``'s largest value on the
+    neuron's range and the Taylor quotient's (``split``, :func:`~lipbound.local.taylor_quotients.curvature_split`,
+    formed here unless given)."""
     apart = outlier_neurons(enclosed.ffn)
-    S = np.minimum(gelu_curvature_magnitude(hull), gelu_curvature_ceiling())
+    split = curvature_split(enclosed.h[i], dev, apart) if split is None else split
+    S = np.minimum(np.minimum(gelu_curvature_magnitude(hull), gelu_curvature_ceiling()), split[2])
     S[apart] = 0.0
     P, Q = _joint_factors(enclosed.ffn, a_gram, columns, beta, dev, S, second, carried)
     rest = float(evaluate_theorem(T.feedforward_taylor_joint(), P=np.float64(P), Q=np.float64(Q)))
     return float(sum_upper(rest, separated_remainder(enclosed, i, dev, apart)))
 
 
-def signed_remainder(enclosed, beta, a_gram, columns, dev, hull, i, second, carried=None, signed=None) -> float:
-    """Lemma feedforward-taylor-signed on :func:`_remainder_parts` (:func:`feedforward_remainder`); ``signed`` the
-    quadratic part's ``(c, F)`` (:func:`_signed_part`) when the caller has it."""
+def signed_remainder(enclosed, beta, a_gram, columns, dev, hull, i, second, carried=None, signed=None,
+                     split=None) -> float:
+    """Lemma feedforward-taylor-signed on :func:`_remainder_parts` (:func:`feedforward_remainder`): ``g_k`` the
+    midpoint of neuron k's Taylor quotients and ``S_k`` their spread about it (``split``,
+    :func:`~lipbound.local.taylor_quotients.curvature_split`, formed here unless given); ``signed`` the quadratic
+    part's ``(c, F)`` (:func:`_signed_part`) when the caller has it."""
     apart = outlier_neurons(enclosed.ffn)
-    c, F = _signed_part(enclosed.ffn, enclosed.h[i], a_gram, beta, carried) if signed is None else signed
-    cubic = (IntervalArray(gelu_third_magnitude(hull)) * IntervalArray(dev) / IntervalArray(3.0)).hi
+    split = curvature_split(enclosed.h[i], dev, apart) if split is None else split
+    c, F = _signed_part(enclosed.ffn, split[0], a_gram, beta, carried) if signed is None else signed
+    cubic = np.array(split[1], dtype=np.float64)
     cubic[apart] = 0.0
     P_3, Q_3 = _joint_factors(enclosed.ffn, a_gram, columns, beta, dev, cubic, second, carried)
     values = {"c": c, "F": F, "P_3": P_3, "Q_3": Q_3}
@@ -402,30 +417,52 @@ def _joint_factors(ffn, a_gram: IntervalArray, columns: IntervalArray, beta: flo
     P = (IntervalArray(max(lambda_max_upper_large(scaled.to_enclosure()), 0.0)).sqrt()
          + IntervalArray(beta) * IntervalArray(spectral_norm_upper_large((W_1 * root.expand(0)).to_enclosure())))
     b_gram = feedforward_grams(ffn)[1]                                                              # W_2 W_2^T
-    joint = (IntervalArray(max(lambda_max_upper_large((scaled * b_gram).to_enclosure()), 0.0)).sqrt()
-             + IntervalArray(beta) * IntervalArray(spectral_norm_upper_large(
-                 (W_2 * (root * columns).expand(-1)).to_enclosure())))
-    for rows, reach in zip(*((carried.rows, carried.columns) if carried is not None else ((), ()))):
+    joint = IntervalArray(max(lambda_max_upper_large((scaled * b_gram).to_enclosure()), 0.0)).sqrt()
+    if beta > 0:
+        plain = spectral_norm_upper_large((W_2 * (root * columns).expand(-1)).to_enclosure())
+        joint = joint + IntervalArray(beta) * IntervalArray(
+            _hadamard_term(feedforward_hadamards(ffn)[0], root, plain))
+    for rows, reach, gram in zip(*((carried.rows, carried.columns, carried.grams) if carried is not None
+                                   else ((), (), ()))):
         # each carried ball's own terms (lemma token-form-carried)
         P = P + IntervalArray(spectral_norm_upper_large((rows * root.expand(0)).to_enclosure()))
-        joint = joint + IntervalArray(spectral_norm_upper_large(
-            (W_2 * (root * IntervalArray(reach)).expand(-1)).to_enclosure()))
+        plain = spectral_norm_upper_large((W_2 * (root * IntervalArray(reach)).expand(-1)).to_enclosure())
+        joint = joint + IntervalArray(_hadamard_term(gram * b_gram, root, plain))
     cheap = IntervalArray(float(np.max((root * IntervalArray(dev)).hi))) * IntervalArray(second)
     return P.hi.item(), min(joint.hi.item(), cheap.hi.item())
+
+
+#: :func:`_hadamard_term` certifies the joint term only where its float estimate is below this share of the plain one
+HADAMARD_SHARE = 0.95
+
+
+def _hadamard_term(hadamard: IntervalArray, root: IntervalArray, plain: float) -> float:
+    """The smaller of ``plain`` (a part's ``||diag(D m) W_2||``) and ``lambda_max(D H D)^(1/2)``, ``H`` (d_ff, d_ff) the
+    part's ``hadamard`` (the Gram matrix of its vectors ``N w_k (x) r_k``: ``(N W_1)^T (N W_1) o W_2 W_2^T``), ``D =
+    diag(root)``, rounded up (lemma feedforward-taylor-joint: the part's squares ``sum_k S_k (z . N w_k)^2 (r_k .
+    v)^2`` are the quadratic form of that Gram matrix at ``z (x) v``).  The eigenvalue is certified only where a
+    float estimate of it from below (:func:`_norm_from_below` of the positive semidefinite matrix) leaves it below
+    :data:`HADAMARD_SHARE` of ``plain`` (a choice of work)."""
+    scaled = hadamard * root.expand(0) * root.expand(-1)
+    estimate = _norm_from_below(scaled.mid)
+    if not math.sqrt(max(estimate, 0.0)) < HADAMARD_SHARE * plain:
+        return plain
+    found = IntervalArray(max(lambda_max_upper_large(scaled.to_enclosure(), estimate=estimate), 0.0)).sqrt()
+    return min(plain, found.hi.item())
 
 
 def _signed_gram(ffn, a_gram: IntervalArray, beta: float, carried: CarriedBall | None) -> tuple[IntervalArray, int]:
     """``(K, c)`` of :func:`_signed_part`: ``K = A^T A + sum_p (N_p W_1)^T (N_p W_1) + beta^2 W_1^T W_1`` (the terms of
     the carried balls and of the ball where present), ``c`` the number of its parts."""
     K, c = a_gram, 1
-    for rows in (carried.rows if carried is not None else ()):
-        K, c = K + rows.swapaxes(0, 1).bmm(rows), c + 1
+    for gram in (carried.grams if carried is not None else ()):
+        K, c = K + gram, c + 1
     if beta > 0:
         K, c = K + IntervalArray(beta) * IntervalArray(beta) * feedforward_grams(ffn)[0], c + 1
     return K, c
 
 
-def _signed_estimate(ffn, h: IntervalArray, a_gram: IntervalArray, beta: float, carried: CarriedBall | None = None,
+def _signed_estimate(ffn, g: IntervalArray, a_gram: IntervalArray, beta: float, carried: CarriedBall | None = None,
                      steps: int = 30) -> float:
     """A float estimate from below of ``c F / 2`` (:func:`_signed_part`): the Rayleigh quotient of ``W_2^T diag(g) (K o
     K) diag(g) W_2`` after ``steps`` rounds of power iteration on its products (the matrix is not formed)."""
@@ -434,7 +471,7 @@ def _signed_estimate(ffn, h: IntervalArray, a_gram: IntervalArray, beta: float, 
         K, c = K + rows.mid.T @ rows.mid, c + 1
     if beta > 0:
         K, c = K + (beta * beta) * feedforward_grams(ffn)[0].mid, c + 1
-    squares, g = K * K, _without_outliers(ffn, gelu_curvature(h)).mid
+    squares, g = K * K, _without_outliers(ffn, g).mid
 
     def product(v: np.ndarray) -> np.ndarray:
         return ffn.W_2.T @ (g * (squares @ (g * (ffn.W_2 @ v))))
@@ -448,7 +485,7 @@ def _signed_estimate(ffn, h: IntervalArray, a_gram: IntervalArray, beta: float, 
     return 0.5 * c * math.sqrt(max(float(v @ product(v)), 0.0))
 
 
-def _signed_part(ffn, h: IntervalArray, a_gram: IntervalArray, beta: float,
+def _signed_part(ffn, g: IntervalArray, a_gram: IntervalArray, beta: float,
                  carried: CarriedBall | None = None) -> tuple[float, float]:
     """``(c, F)`` with ``sup_v |sum_k g_k t_k^2 (r_k.v)| <= c F`` over unit v and ``t = e A + sum_p z_p N_p W_1 + u
     W_1`` (``||e||, ||z_p|| <= 1``, ``||u|| <= beta``; N_p the carried balls' generators, lemma token-form-carried),
@@ -459,7 +496,7 @@ def _signed_part(ffn, h: IntervalArray, a_gram: IntervalArray, beta: float,
     ``a^_k``; ``F`` is the square root of that d x d matrix's top eigenvalue, rounded up.  The outlier neurons
     (:func:`outlier_neurons`) have ``g_k = 0``: they are bounded apart (lemma feedforward-taylor-separated)."""
     K, c = _signed_gram(ffn, a_gram, beta, carried)
-    g = _without_outliers(ffn, gelu_curvature(h))
+    g = _without_outliers(ffn, g)
     weighted = K * K * g.expand(0) * g.expand(-1)
     N = Enclosure.exact(ffn.W_2.T) @ weighted.to_enclosure() @ Enclosure.exact(ffn.W_2)
     return float(c), IntervalArray(max(lambda_max_upper_large(N), 0.0)).sqrt().hi.item()
