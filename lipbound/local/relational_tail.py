@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import final
 
 import numpy as np
@@ -286,11 +286,18 @@ class CarriedBall:
     rows: tuple
     columns: tuple
     reach: np.ndarray
+    _grams: dict = field(default_factory=dict, compare=False, repr=False)
 
-    @functools.cached_property
+    def gram(self, p: int) -> IntervalArray:
+        """``(N_p W_1)^T (N_p W_1)`` (d_ff, d_ff), enclosed (formed once, when first read: both lemmas read it)."""
+        if p not in self._grams:
+            self._grams[p] = self.rows[p].swapaxes(0, 1).bmm(self.rows[p])
+        return self._grams[p]
+
+    @property
     def grams(self) -> tuple:
-        """``(N_p W_1)^T (N_p W_1)`` (d_ff, d_ff) per part, enclosed (formed once: both lemmas read them)."""
-        return tuple(rows.swapaxes(0, 1).bmm(rows) for rows in self.rows)
+        """:meth:`gram` of every part."""
+        return tuple(self.gram(p) for p in range(len(self.rows)))
 
 
 def _carried_ball(shape: tuple, ffn) -> CarriedBall:
@@ -420,14 +427,15 @@ def _joint_factors(ffn, a_gram: IntervalArray, columns: IntervalArray, beta: flo
     joint = IntervalArray(max(lambda_max_upper_large((scaled * b_gram).to_enclosure()), 0.0)).sqrt()
     if beta > 0:
         plain = spectral_norm_upper_large((W_2 * (root * columns).expand(-1)).to_enclosure())
+        hadamard = feedforward_hadamards(ffn)[0]
         joint = joint + IntervalArray(beta) * IntervalArray(
-            _hadamard_term(feedforward_hadamards(ffn)[0], root, plain))
-    for rows, reach, gram in zip(*((carried.rows, carried.columns, carried.grams) if carried is not None
-                                   else ((), (), ()))):
+            _hadamard_term(hadamard.mid, lambda: hadamard, root, plain))
+    for p, (rows, reach) in enumerate(zip(*((carried.rows, carried.columns) if carried is not None else ((), ())))):
         # each carried ball's own terms (lemma token-form-carried)
         P = P + IntervalArray(spectral_norm_upper_large((rows * root.expand(0)).to_enclosure()))
         plain = spectral_norm_upper_large((W_2 * (root * IntervalArray(reach)).expand(-1)).to_enclosure())
-        joint = joint + IntervalArray(_hadamard_term(gram * b_gram, root, plain))
+        joint = joint + IntervalArray(_hadamard_term((rows.mid.T @ rows.mid) * b_gram.mid,
+                                                     lambda p=p: carried.gram(p) * b_gram, root, plain))
     cheap = IntervalArray(float(np.max((root * IntervalArray(dev)).hi))) * IntervalArray(second)
     return P.hi.item(), min(joint.hi.item(), cheap.hi.item())
 
@@ -436,17 +444,19 @@ def _joint_factors(ffn, a_gram: IntervalArray, columns: IntervalArray, beta: flo
 HADAMARD_SHARE = 0.95
 
 
-def _hadamard_term(hadamard: IntervalArray, root: IntervalArray, plain: float) -> float:
+def _hadamard_term(estimated: np.ndarray, hadamard, root: IntervalArray, plain: float) -> float:
     """The smaller of ``plain`` (a part's ``||diag(D m) W_2||``) and ``lambda_max(D H D)^(1/2)``, ``H`` (d_ff, d_ff) the
-    part's ``hadamard`` (the Gram matrix of its vectors ``N w_k (x) r_k``: ``(N W_1)^T (N W_1) o W_2 W_2^T``), ``D =
-    diag(root)``, rounded up (lemma feedforward-taylor-joint: the part's squares ``sum_k S_k (z . N w_k)^2 (r_k .
-    v)^2`` are the quadratic form of that Gram matrix at ``z (x) v``).  The eigenvalue is certified only where a
-    float estimate of it from below (:func:`_norm_from_below` of the positive semidefinite matrix) leaves it below
-    :data:`HADAMARD_SHARE` of ``plain`` (a choice of work)."""
-    scaled = hadamard * root.expand(0) * root.expand(-1)
-    estimate = _norm_from_below(scaled.mid)
+    part's Hadamard product (the Gram matrix of its vectors ``N w_k (x) r_k``: ``(N W_1)^T (N W_1) o W_2 W_2^T``), ``D
+    = diag(root)``, rounded up (lemma feedforward-taylor-joint: the part's squares ``sum_k S_k (z . N w_k)^2 (r_k .
+    v)^2`` are the quadratic form of that Gram matrix at ``z (x) v``).  ``hadamard()`` forms H enclosed, ``estimated``
+    is H in floats: only where a float estimate from below of the eigenvalue (:func:`_norm_from_below` of the positive
+    semidefinite ``D H D`` in floats) is below :data:`HADAMARD_SHARE` of ``plain`` is H enclosed and the eigenvalue
+    certified (a choice of work)."""
+    r = root.mid
+    estimate = _norm_from_below(estimated * r[:, None] * r[None, :])
     if not math.sqrt(max(estimate, 0.0)) < HADAMARD_SHARE * plain:
         return plain
+    scaled = hadamard() * root.expand(0) * root.expand(-1)
     found = IntervalArray(max(lambda_max_upper_large(scaled.to_enclosure(), estimate=estimate), 0.0)).sqrt()
     return min(plain, found.hi.item())
 
