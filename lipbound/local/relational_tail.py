@@ -17,7 +17,8 @@ midpoint of g's enclosed Jacobian at ``x~`` acting on the form's generators exac
 * LayerNorm: ``||q|| <= r (||J - M|| + V(r))`` (mean value: the Jacobian's variation ``V`` on the token's ball of
   radius r, :func:`~lipbound.local.bounds.norm_bounds`, which keeps a certified lower bound on the centred norm);
 * feed-forward block: ``||q|| <= r ||J - M|| + (1/2) P Q`` (lemma feedforward-taylor-joint): the GELU values' second
-  order remainders ``|phi_k(t_k)| <= S_k t_k^2 / 2`` (``S_k`` at least ``|GELU''|`` on neuron k's pre-activation range)
+  order remainders ``|phi_k(t_k)| <= S_k t_k^2 / 2`` (``S_k`` at least the Taylor quotients ``|2 phi_k(t) / t^2|`` on
+  neuron k's pre-activation range, :mod:`lipbound.local.taylor_quotients`)
   summed through ``W_2`` by Cauchy-Schwarz over the neurons, with ``P >= ||(S_k^(1/2) t_k)_k||`` and ``Q >= sup_v
   ||(S_k^(1/2) t_k r_k.v)_k||`` from the Gram matrices of the form's pre-activation generators.
 
@@ -246,20 +247,25 @@ def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm
 
     Joint: with ``t_k = (x - y).w_k``, ``FF(x) - FF(y) - (x - y) J_F(y) = sum_k phi_k(t_k) r_k`` and ``|phi_k(t)| <= S_k
     t^2 / 2``, ``S_k >= |GELU''|`` on ``h_k +- dev_k``.  So for a unit v, ``|sum_k phi_k (r_k.v)| <= (1/2) ||(S_k^(1/2)
-    t_k)_k|| ||(S_k^(1/2) t_k r_k.v)_k||`` (Cauchy-Schwarz), and with ``x - y = e G + sum_p z_p N_p + u``, ``||e||,
+    t_k)_k|| ||(S_k^(1/2) t_k r_k.v)_k||`` (Cauchy-Schwarz; ``S_k`` the smaller of that and the Taylor quotients'
+    magnitude, lemma gelu-taylor-quotient), and with ``x - y = e G + sum_p z_p N_p + u``, ``||e||,
     ||z_p|| <= 1`` (the carried balls' generators N_p), ``||u|| <= beta`` (centres, errors, ball), Minkowski's
     inequality in each factor:
 
         P = lambda_max(D A^T A D)^(1/2) + sum_p ||N_p W_1 D|| + beta ||W_1 D||,
-        Q = min(lambda_max(D (A^T A o W_2 W_2^T) D)^(1/2) + sum_p ||diag(D m_p) W_2|| + beta ||diag(D ||w||) W_2||,
-                max_k D_k dev_k ||W_2||),
+        Q = min(lambda_max(D (A^T A o W_2 W_2^T) D)^(1/2) + sum_p q_p + beta q_0, max_k D_k dev_k ||W_2||),
+
+    ``q_p`` the smaller of ``||diag(D m_p) W_2||`` and ``lambda_max(D ((N_p W_1)^T (N_p W_1) o W_2 W_2^T) D)^(1/2)``,
+    ``q_0`` of ``||diag(D ||w||) W_2||`` and ``lambda_max(D (W_1^T W_1 o W_2 W_2^T) D)^(1/2)`` (:func:`_hadamard_term`),
 
     ``A = G W_1`` (its Gram ``W_1^T (G^T G) W_1``), ``D = diag(S^(1/2))``, ``m_pk >= ||N_p w_k||``, ``dev_k = ||G
     w_k|| + sum_p m_pk + beta ||w_k||`` the bound on ``|t_k|`` (lemma token-form-carried).
 
-    Signed: ``phi_k(t) = g_k t^2 / 2 + psi_k(t)`` with ``g_k = GELU''(h_k)`` at the centre and ``|psi_k(t)| <= T_k
-    |t|^3 / 6 <= (T_k dev_k / 3) t^2 / 2`` (``T_k`` at least the third derivative's size on ``h_k +- dev_k``): the cubic
-    part is the joint bound with ``S_k = T_k dev_k / 3``, the quadratic part keeps the curvatures' signs
+    Signed: ``phi_k(t) = g_k t^2 / 2 + psi_k(t)`` with ``|psi_k(t)| <= S_k t^2 / 2``, ``g_k`` and ``S_k`` the midpoint
+    and half-width of an enclosure of the quotients ``2 phi_k(t) / t^2`` on ``|t| <= dev_k`` (lemma
+    gelu-taylor-quotient, :func:`~lipbound.local.taylor_quotients.curvature_split`; within ``GELU''(h_k) +- T_k dev_k /
+    3``): the
+    spread part is the joint bound with these ``S_k``, the quadratic part keeps the curvatures' signs
     (:func:`_signed_part`, each carried ball's symbols a part of its quadratic form).  ``second``: ``||W_2||``
     rounded up, when the caller has it."""
     parts = _remainder_parts(enclosed, i, row, ball, second, shape)
@@ -499,7 +505,8 @@ def _signed_part(ffn, g: IntervalArray, a_gram: IntervalArray, beta: float,
                  carried: CarriedBall | None = None) -> tuple[float, float]:
     """``(c, F)`` with ``sup_v |sum_k g_k t_k^2 (r_k.v)| <= c F`` over unit v and ``t = e A + sum_p z_p N_p W_1 + u
     W_1`` (``||e||, ||z_p|| <= 1``, ``||u|| <= beta``; N_p the carried balls' generators, lemma token-form-carried),
-    ``g_k = GELU''(h_k)`` at the pre-activations ``h`` (d_ff,), enclosed: with ``z^ = (e, z_1, .., u / beta)``,
+    ``g`` (d_ff,) the curvatures of the quadratic part (the Taylor quotients' midpoints), enclosed: with
+    ``z^ = (e, z_1, .., u / beta)``,
     ``||z^||^2 <= c`` (the number of parts present) and ``a^_k = (a_k, N_1 w_k, .., beta w_k)`` the sum is ``z^ (A^
     diag(g o W_2 v) A^^T) z^^T``, at most ``c`` times that matrix's Frobenius norm, whose square is ``v^T W_2^T diag(g)
     (K o K) diag(g) W_2 v`` with ``K = A^T A + sum_p (N_p W_1)^T (N_p W_1) + beta^2 W_1^T W_1`` the Gram matrix of the
