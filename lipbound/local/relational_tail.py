@@ -431,17 +431,18 @@ def _joint_factors(ffn, a_gram: IntervalArray, columns: IntervalArray, beta: flo
          + IntervalArray(beta) * IntervalArray(spectral_norm_upper_large((W_1 * root.expand(0)).to_enclosure())))
     b_gram = feedforward_grams(ffn)[1]                                                              # W_2 W_2^T
     joint = IntervalArray(max(lambda_max_upper_large((scaled * b_gram).to_enclosure()), 0.0)).sqrt()
+    own = joint.hi.item()   # the form's term: the parts' joint terms are formed only where a part's is larger
     if beta > 0:
         plain = spectral_norm_upper_large((W_2 * (root * columns).expand(-1)).to_enclosure())
         hadamard = feedforward_hadamards(ffn)[0]
         joint = joint + IntervalArray(beta) * IntervalArray(
-            _hadamard_term(hadamard.mid, lambda: hadamard, root, plain))
+            _hadamard_term(hadamard.mid, lambda: hadamard, root, plain, beta * plain >= own))
     for p, (rows, reach) in enumerate(zip(*((carried.rows, carried.columns) if carried is not None else ((), ())))):
         # each carried ball's own terms (lemma token-form-carried)
         P = P + IntervalArray(spectral_norm_upper_large((rows * root.expand(0)).to_enclosure()))
         plain = spectral_norm_upper_large((W_2 * (root * IntervalArray(reach)).expand(-1)).to_enclosure())
         joint = joint + IntervalArray(_hadamard_term((rows.mid.T @ rows.mid) * b_gram.mid,
-                                                     lambda p=p: carried.gram(p) * b_gram, root, plain))
+                                                     lambda p=p: carried.gram(p) * b_gram, root, plain, plain >= own))
     cheap = IntervalArray(float(np.max((root * IntervalArray(dev)).hi))) * IntervalArray(second)
     return P.hi.item(), min(joint.hi.item(), cheap.hi.item())
 
@@ -450,14 +451,17 @@ def _joint_factors(ffn, a_gram: IntervalArray, columns: IntervalArray, beta: flo
 HADAMARD_SHARE = 0.95
 
 
-def _hadamard_term(estimated: np.ndarray, hadamard, root: IntervalArray, plain: float) -> float:
+def _hadamard_term(estimated: np.ndarray, hadamard, root: IntervalArray, plain: float, wanted: bool = True) -> float:
     """The smaller of ``plain`` (a part's ``||diag(D m) W_2||``) and ``lambda_max(D H D)^(1/2)``, ``H`` (d_ff, d_ff) the
     part's Hadamard product (the Gram matrix of its vectors ``N w_k (x) r_k``: ``(N W_1)^T (N W_1) o W_2 W_2^T``), ``D
     = diag(root)``, rounded up (lemma feedforward-taylor-joint: the part's squares ``sum_k S_k (z . N w_k)^2 (r_k .
     v)^2`` are the quadratic form of that Gram matrix at ``z (x) v``).  ``hadamard()`` forms H enclosed, ``estimated``
     is H in floats: only where a float estimate from below of the eigenvalue (:func:`_norm_from_below` of the positive
     semidefinite ``D H D`` in floats) is below :data:`HADAMARD_SHARE` of ``plain`` is H enclosed and the eigenvalue
-    certified (a choice of work)."""
+    certified (a choice of work); not at all unless ``wanted`` (the caller's choice of work: :func:`_joint_factors`
+    forms it where the part's plain term is at least the form's own, so that the part weighs in Q)."""
+    if not wanted:
+        return plain
     r = root.mid
     estimate = _norm_from_below(estimated * r[:, None] * r[None, :])
     if not math.sqrt(max(estimate, 0.0)) < HADAMARD_SHARE * plain:
