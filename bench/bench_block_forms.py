@@ -12,7 +12,9 @@ With ``--parts`` the curves are not run: the block's attention curve at each rad
 sets are formed twice from them, with the remainders as plain balls (before) and carried through the linear steps
 (lemma token-form-carried, now); printed per token and set, its radius and the parts it adds up (the affine form's own
 radius, the carried balls, the plain ball), the output LayerNorm's centred norms beside the set before it, and the
-CPU seconds of each way of forming the sets.
+CPU seconds of each way of forming the sets; then each token's feed-forward remainder on the carried set before the
+feed-forward block, with GELU'' at the centre and the per-neuron Q terms (before) and with the Taylor quotients and
+the joint Q terms (lemma gelu-taylor-quotient, now), side by side.
 
 Run: ``python bench/bench_block_forms.py [--text "The cat sat on the mat."] [--layer 0] [--fractions 1e-3,1e-2]
 [--scale-rests 0.1] [--parts]`` (about four minutes of CPU per radius at n = 9; with ``--parts`` about a minute).
@@ -114,6 +116,41 @@ def parts(text: str, layer: int, fraction: float) -> None:
             print(f"      carried{_row([found.carried(i) for i in range(n)])}")
             print(f"      ball   {_row(found.balls)}")
     print(f"  the output LayerNorm's centred norms {_row(centre.enclosed[3].nu.lo)}")
+    _remainders(sets[1], centre)
+
+
+def _centre_split(h, dev, apart=(), pieces=None):
+    """The signed lemma's pair before the Taylor quotients: ``g_k = GELU''(h_k)`` and ``S_k = T_k dev_k / 3``, and the
+    joint lemma's ``|GELU''|`` on the range."""
+    from lipbound.rigorous.arrays import IntervalArray, gelu_curvature, gelu_curvature_magnitude, gelu_third_magnitude
+    hull = h + IntervalArray(-np.asarray(dev), np.asarray(dev))
+    g = gelu_curvature(h)
+    spread = (IntervalArray(gelu_third_magnitude(hull)) * IntervalArray(dev) / IntervalArray(3.0)).hi
+    magnitude = gelu_curvature_magnitude(hull)
+    apart = np.asarray(apart, dtype=np.int64)
+    lo, hi = g.lo.copy(), g.hi.copy()
+    lo[apart], hi[apart], spread[apart], magnitude[apart] = 0.0, 0.0, 0.0, 0.0
+    return IntervalArray(lo, hi), spread, magnitude
+
+
+def _remainders(before_ffn, centre) -> None:
+    """Per token, the feed-forward remainder on the set before the feed-forward block, certified two ways in one
+    process: with ``GELU''`` at the centre, ``T_k dev_k / 3`` and the carried balls' Q terms per neuron (before), and
+    with the Taylor quotients and the joint Q terms (now); each way's CPU seconds."""
+    from lipbound.local import relational_tail
+    found = {}
+    for name, patches in (("before", {"curvature_split": _centre_split, "HADAMARD_SHARE": 0.0}), ("now", {})):
+        began = time.process_time()
+        with contextlib.ExitStack() as stack:
+            for key, value in patches.items():
+                stack.enter_context(mock.patch.object(relational_tail, key, value))
+            found[name] = [relational_tail.feedforward_remainder(centre.enclosed[2], i, row, before_ffn.balls[i], None,
+                                                                 before_ffn.shape(i))
+                           for i, row in enumerate(before_ffn.rows)]
+        found[name + " cpu"] = time.process_time() - began
+    print("  the feed-forward remainders on the carried sets:")
+    for name in ("before", "now"):
+        print(f"    {name:7s}{_row(found[name])}  ({found[name + ' cpu']:.1f} CPU s)")
 
 
 def main() -> None:

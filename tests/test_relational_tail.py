@@ -248,8 +248,9 @@ def _one_neuron(at: float):
 
 
 def test_signed_remainder_mutations_fail(monkeypatch):
-    """Mutations of lemma feedforward-taylor-signed: without the cubic part, a neuron at GELU's curvature's zero
-    (pre-activation 2^(1/2), where the remainder is all third order) leaves the bound; without the quadratic part, a
+    """Mutations of lemma feedforward-taylor-signed: without the spread part (the Taylor quotients' spread about
+    their midpoint), a neuron at GELU's curvature's zero (pre-activation 2^(1/2), where the remainder is all third
+    order) leaves the bound; without the quadratic part, a
     neuron at 0 (the largest curvature) does."""
     rng = np.random.default_rng(1)
 
@@ -261,7 +262,9 @@ def test_signed_remainder_mutations_fail(monkeypatch):
         assert _remainder_escape(enclosed, Y, forms, signed(enclosed, forms), rng) <= 1e-12
     enclosed, Y, forms = _one_neuron(np.sqrt(2.0))
     with monkeypatch.context() as patched:
-        patched.setattr(relational_tail, "gelu_third_magnitude", lambda hull: np.zeros(hull.shape))
+        split = relational_tail.curvature_split
+        patched.setattr(relational_tail, "curvature_split",
+                        lambda *args: (lambda g, S, M: (g, np.zeros_like(S), M))(*split(*args)))
         assert _remainder_escape(enclosed, Y, forms, signed(enclosed, forms), rng) > 0
     enclosed, Y, forms = _one_neuron(0.0)
     with monkeypatch.context() as patched:
@@ -546,3 +549,37 @@ def test_dropping_the_separated_neurons_fails(monkeypatch):
     rng = np.random.default_rng(0)
     bound = relational_tail.feedforward_remainder(enclosed, 0, forms.rows[0], 0.0)
     assert _remainder_escape(enclosed, Y, forms, lambda i: bound, rng) > 0
+
+
+def _squares_ascent(N: np.ndarray, W_1: np.ndarray, W_2: np.ndarray, S: np.ndarray, rounds: int = 40) -> float:
+    """The largest ``(sum_k S_k (z . N w_k)^2 (r_k . v)^2)^(1/2)`` found over unit z and v by alternating top
+    eigenvectors (each step maximises one of them exactly for the other fixed): a lower bound on its supremum."""
+    rows = N @ W_1                                                         # (m, d_ff): the vectors N w_k
+    v = np.ones(W_2.shape[1]) / np.sqrt(W_2.shape[1])
+    value = 0.0
+    for _ in range(rounds):
+        z = np.linalg.eigh((rows * (S * (W_2 @ v) ** 2)) @ rows.T)[1][:, -1]
+        t = z @ rows
+        top = np.linalg.eigh((W_2.T * (S * t * t)) @ W_2)
+        v, value = top[1][:, -1], float(np.sqrt(max(top[0][-1], 0.0)))
+    return value
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), width=st.sampled_from([1, 4, 12]))
+def test_hadamard_term_holds_the_parts_squares(seed, width):
+    """Lemma feedforward-taylor-joint's Q, a carried ball's term jointly over the neurons: ``(sum_k S_k (z . N w_k)^2
+    (r_k . v)^2)^(1/2)`` found by ascent stays below the certified term; without W_2's Gram matrix in the Hadamard
+    product (each ``r_k . v`` taken as 1) the ascent leaves it once the rows of W_2 are long."""
+    rng = np.random.default_rng(seed)
+    d, d_ff = 6, 24
+    W_1, W_2 = rng.standard_normal((d, d_ff)), 3.0 * rng.standard_normal((d_ff, d))
+    N, S = rng.standard_normal((width, d)), rng.uniform(0, 1, d_ff)
+    rows = IntervalArray(N).matmul(W_1)
+    gram = rows.swapaxes(0, 1).bmm(rows)
+    b_gram = IntervalArray(W_2).bmm(IntervalArray(W_2.T))
+    root = IntervalArray(S).sqrt()
+    found = _squares_ascent(N, W_1, W_2, S)
+    term = relational_tail._hadamard_term((gram * b_gram).mid, lambda: gram * b_gram, root, np.inf)
+    assert found <= term * (1 + 1e-12)
+    assert found > relational_tail._hadamard_term(gram.mid, lambda: gram, root, np.inf)

@@ -17,7 +17,8 @@ midpoint of g's enclosed Jacobian at ``x~`` acting on the form's generators exac
 * LayerNorm: ``||q|| <= r (||J - M|| + V(r))`` (mean value: the Jacobian's variation ``V`` on the token's ball of
   radius r, :func:`~lipbound.local.bounds.norm_bounds`, which keeps a certified lower bound on the centred norm);
 * feed-forward block: ``||q|| <= r ||J - M|| + (1/2) P Q`` (lemma feedforward-taylor-joint): the GELU values' second
-  order remainders ``|phi_k(t_k)| <= S_k t_k^2 / 2`` (``S_k`` at least ``|GELU''|`` on neuron k's pre-activation range)
+  order remainders ``|phi_k(t_k)| <= S_k t_k^2 / 2`` (``S_k`` at least the Taylor quotients ``|2 phi_k(t) / t^2|`` on
+  neuron k's pre-activation range, :mod:`lipbound.local.taylor_quotients`)
   summed through ``W_2`` by Cauchy-Schwarz over the neurons, with ``P >= ||(S_k^(1/2) t_k)_k||`` and ``Q >= sup_v
   ||(S_k^(1/2) t_k r_k.v)_k||`` from the Gram matrices of the form's pre-activation generators.
 
@@ -36,13 +37,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import final
 
 import numpy as np
 
 from ..errors import NotCertifiedError
-from ..rigorous.arrays import IntervalArray, gelu_curvature, gelu_curvature_magnitude, gelu_slope, gelu_third_magnitude
+from ..rigorous.arrays import IntervalArray, gelu_curvature_magnitude, gelu_slope
 from ..rigorous.elementwise import inv_sqrt_2pi
 from ..rigorous.linalg import Enclosure, lambda_max_upper_large, spectral_norm_upper_large
 from ..rigorous.zonotope import AffineForm, Symbols, sum_upper
@@ -50,7 +51,8 @@ from ..symbolic import local as T
 from .balls import TokenBalls
 from .bounds import evaluate_theorem, norm_bounds
 from .centre import rounding_reach
-from .enclosed import EnclosedFeedForward, EnclosedNorm, feedforward_grams
+from .enclosed import EnclosedFeedForward, EnclosedNorm, feedforward_grams, feedforward_hadamards
+from .taylor_quotients import curvature_split
 
 __all__ = ["TokenForms", "BlockForms", "block_token_forms", "block_form_radii", "gelu_curvature_ceiling"]
 
@@ -245,33 +247,39 @@ def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm
 
     Joint: with ``t_k = (x - y).w_k``, ``FF(x) - FF(y) - (x - y) J_F(y) = sum_k phi_k(t_k) r_k`` and ``|phi_k(t)| <= S_k
     t^2 / 2``, ``S_k >= |GELU''|`` on ``h_k +- dev_k``.  So for a unit v, ``|sum_k phi_k (r_k.v)| <= (1/2) ||(S_k^(1/2)
-    t_k)_k|| ||(S_k^(1/2) t_k r_k.v)_k||`` (Cauchy-Schwarz), and with ``x - y = e G + sum_p z_p N_p + u``, ``||e||,
+    t_k)_k|| ||(S_k^(1/2) t_k r_k.v)_k||`` (Cauchy-Schwarz; ``S_k`` the smaller of that and the Taylor quotients'
+    magnitude, lemma gelu-taylor-quotient), and with ``x - y = e G + sum_p z_p N_p + u``, ``||e||,
     ||z_p|| <= 1`` (the carried balls' generators N_p), ``||u|| <= beta`` (centres, errors, ball), Minkowski's
     inequality in each factor:
 
         P = lambda_max(D A^T A D)^(1/2) + sum_p ||N_p W_1 D|| + beta ||W_1 D||,
-        Q = min(lambda_max(D (A^T A o W_2 W_2^T) D)^(1/2) + sum_p ||diag(D m_p) W_2|| + beta ||diag(D ||w||) W_2||,
-                max_k D_k dev_k ||W_2||),
+        Q = min(lambda_max(D (A^T A o W_2 W_2^T) D)^(1/2) + sum_p q_p + beta q_0, max_k D_k dev_k ||W_2||),
+
+    ``q_p`` the smaller of ``||diag(D m_p) W_2||`` and ``lambda_max(D ((N_p W_1)^T (N_p W_1) o W_2 W_2^T) D)^(1/2)``,
+    ``q_0`` of ``||diag(D ||w||) W_2||`` and ``lambda_max(D (W_1^T W_1 o W_2 W_2^T) D)^(1/2)`` (:func:`_hadamard_term`),
 
     ``A = G W_1`` (its Gram ``W_1^T (G^T G) W_1``), ``D = diag(S^(1/2))``, ``m_pk >= ||N_p w_k||``, ``dev_k = ||G
     w_k|| + sum_p m_pk + beta ||w_k||`` the bound on ``|t_k|`` (lemma token-form-carried).
 
-    Signed: ``phi_k(t) = g_k t^2 / 2 + psi_k(t)`` with ``g_k = GELU''(h_k)`` at the centre and ``|psi_k(t)| <= T_k
-    |t|^3 / 6 <= (T_k dev_k / 3) t^2 / 2`` (``T_k`` at least the third derivative's size on ``h_k +- dev_k``): the cubic
-    part is the joint bound with ``S_k = T_k dev_k / 3``, the quadratic part keeps the curvatures' signs
+    Signed: ``phi_k(t) = g_k t^2 / 2 + psi_k(t)`` with ``|psi_k(t)| <= S_k t^2 / 2``, ``g_k`` and ``S_k`` the midpoint
+    and half-width of an enclosure of the quotients ``2 phi_k(t) / t^2`` on ``|t| <= dev_k`` (lemma
+    gelu-taylor-quotient, :func:`~lipbound.local.taylor_quotients.curvature_split`; within ``GELU''(h_k) +- T_k dev_k /
+    3``): the
+    spread part is the joint bound with these ``S_k``, the quadratic part keeps the curvatures' signs
     (:func:`_signed_part`, each carried ball's symbols a part of its quadratic form).  ``second``: ``||W_2||``
     rounded up, when the caller has it."""
     parts = _remainder_parts(enclosed, i, row, ball, second, shape)
-    joint = joint_remainder(*parts)
+    split = curvature_split(enclosed.h[i], parts[4], outlier_neurons(enclosed.ffn))
+    joint = joint_remainder(*parts, split=split)
     # (a choice of work: a Rayleigh quotient is at most the top eigenvalue, so where its quadratic part alone is not
     # below the joint bound the signed one cannot be smaller, and its certified eigenvalue is not formed)
     beta, carried = parts[1], parts[-1]
-    if not _signed_estimate(enclosed.ffn, enclosed.h[i], parts[2], beta, carried) < joint:
+    if not _signed_estimate(enclosed.ffn, split[0], parts[2], beta, carried) < joint:
         return joint
-    c, F = _signed_part(enclosed.ffn, enclosed.h[i], parts[2], beta, carried)
+    c, F = _signed_part(enclosed.ffn, split[0], parts[2], beta, carried)
     if not (IntervalArray(0.5) * IntervalArray(c) * IntervalArray(F)).hi.item() < joint:
         return joint
-    return min(joint, signed_remainder(*parts, signed=(c, F)))
+    return min(joint, signed_remainder(*parts, signed=(c, F), split=split))
 
 
 @final
@@ -284,6 +292,18 @@ class CarriedBall:
     rows: tuple
     columns: tuple
     reach: np.ndarray
+    _grams: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def gram(self, p: int) -> IntervalArray:
+        """``(N_p W_1)^T (N_p W_1)`` (d_ff, d_ff), enclosed (formed once, when first read: both lemmas read it)."""
+        if p not in self._grams:
+            self._grams[p] = self.rows[p].swapaxes(0, 1).bmm(self.rows[p])
+        return self._grams[p]
+
+    @property
+    def grams(self) -> tuple:
+        """:meth:`gram` of every part."""
+        return tuple(self.gram(p) for p in range(len(self.rows)))
 
 
 def _carried_ball(shape: tuple, ffn) -> CarriedBall:
@@ -330,8 +350,9 @@ def remainder_floor(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball
             P += _norm_from_below(part * root)
             Q += _norm_from_below(ffn.W_2 * (root * reach)[:, None])
         return 0.5 * P * min(Q, float(np.max(root * dev)) * second)
-    joint = half_product(np.minimum(gelu_curvature_magnitude(hull), gelu_curvature_ceiling()))
-    signed = half_product(gelu_third_magnitude(hull) * dev / 3.0)
+    split = curvature_split(enclosed.h[i], dev, apart)
+    joint = half_product(np.minimum(np.minimum(gelu_curvature_magnitude(hull), gelu_curvature_ceiling()), split[2]))
+    signed = half_product(split[1])
     return FLOOR_SHARE * min(joint, signed)
 
 
@@ -369,23 +390,30 @@ def _remainder_parts(enclosed: EnclosedFeedForward, i: int, row: AffineForm, bal
     return enclosed, beta, a_gram, columns, dev, enclosed.h[i] + IntervalArray(-dev, dev), i, second, carried
 
 
-def joint_remainder(enclosed, beta, a_gram, columns, dev, hull, i, second, carried=None) -> float:
+def joint_remainder(enclosed, beta, a_gram, columns, dev, hull, i, second, carried=None, split=None) -> float:
     """Lemma feedforward-taylor-joint on :func:`_remainder_parts` (:func:`feedforward_remainder`), the outlier
-    neurons apart (lemma feedforward-taylor-separated)."""
+    neurons apart (lemma feedforward-taylor-separated); ``S_k`` the smaller of ``|GELU''|``'s largest value on the
+    neuron's range and the Taylor quotient's (``split``, :func:`~lipbound.local.taylor_quotients.curvature_split`,
+    formed here unless given)."""
     apart = outlier_neurons(enclosed.ffn)
-    S = np.minimum(gelu_curvature_magnitude(hull), gelu_curvature_ceiling())
+    split = curvature_split(enclosed.h[i], dev, apart) if split is None else split
+    S = np.minimum(np.minimum(gelu_curvature_magnitude(hull), gelu_curvature_ceiling()), split[2])
     S[apart] = 0.0
     P, Q = _joint_factors(enclosed.ffn, a_gram, columns, beta, dev, S, second, carried)
     rest = float(evaluate_theorem(T.feedforward_taylor_joint(), P=np.float64(P), Q=np.float64(Q)))
     return float(sum_upper(rest, separated_remainder(enclosed, i, dev, apart)))
 
 
-def signed_remainder(enclosed, beta, a_gram, columns, dev, hull, i, second, carried=None, signed=None) -> float:
-    """Lemma feedforward-taylor-signed on :func:`_remainder_parts` (:func:`feedforward_remainder`); ``signed`` the
-    quadratic part's ``(c, F)`` (:func:`_signed_part`) when the caller has it."""
+def signed_remainder(enclosed, beta, a_gram, columns, dev, hull, i, second, carried=None, signed=None,
+                     split=None) -> float:
+    """Lemma feedforward-taylor-signed on :func:`_remainder_parts` (:func:`feedforward_remainder`): ``g_k`` the
+    midpoint of neuron k's Taylor quotients and ``S_k`` their spread about it (``split``,
+    :func:`~lipbound.local.taylor_quotients.curvature_split`, formed here unless given); ``signed`` the quadratic
+    part's ``(c, F)`` (:func:`_signed_part`) when the caller has it."""
     apart = outlier_neurons(enclosed.ffn)
-    c, F = _signed_part(enclosed.ffn, enclosed.h[i], a_gram, beta, carried) if signed is None else signed
-    cubic = (IntervalArray(gelu_third_magnitude(hull)) * IntervalArray(dev) / IntervalArray(3.0)).hi
+    split = curvature_split(enclosed.h[i], dev, apart) if split is None else split
+    c, F = _signed_part(enclosed.ffn, split[0], a_gram, beta, carried) if signed is None else signed
+    cubic = np.array(split[1], dtype=np.float64)
     cubic[apart] = 0.0
     P_3, Q_3 = _joint_factors(enclosed.ffn, a_gram, columns, beta, dev, cubic, second, carried)
     values = {"c": c, "F": F, "P_3": P_3, "Q_3": Q_3}
@@ -402,30 +430,59 @@ def _joint_factors(ffn, a_gram: IntervalArray, columns: IntervalArray, beta: flo
     P = (IntervalArray(max(lambda_max_upper_large(scaled.to_enclosure()), 0.0)).sqrt()
          + IntervalArray(beta) * IntervalArray(spectral_norm_upper_large((W_1 * root.expand(0)).to_enclosure())))
     b_gram = feedforward_grams(ffn)[1]                                                              # W_2 W_2^T
-    joint = (IntervalArray(max(lambda_max_upper_large((scaled * b_gram).to_enclosure()), 0.0)).sqrt()
-             + IntervalArray(beta) * IntervalArray(spectral_norm_upper_large(
-                 (W_2 * (root * columns).expand(-1)).to_enclosure())))
-    for rows, reach in zip(*((carried.rows, carried.columns) if carried is not None else ((), ()))):
+    joint = IntervalArray(max(lambda_max_upper_large((scaled * b_gram).to_enclosure()), 0.0)).sqrt()
+    own = joint.hi.item()   # the form's term: the parts' joint terms are formed only where a part's is larger
+    if beta > 0:
+        plain = spectral_norm_upper_large((W_2 * (root * columns).expand(-1)).to_enclosure())
+        hadamard = feedforward_hadamards(ffn)[0]
+        joint = joint + IntervalArray(beta) * IntervalArray(
+            _hadamard_term(hadamard.mid, lambda: hadamard, root, plain, beta * plain >= own))
+    for p, (rows, reach) in enumerate(zip(*((carried.rows, carried.columns) if carried is not None else ((), ())))):
         # each carried ball's own terms (lemma token-form-carried)
         P = P + IntervalArray(spectral_norm_upper_large((rows * root.expand(0)).to_enclosure()))
-        joint = joint + IntervalArray(spectral_norm_upper_large(
-            (W_2 * (root * IntervalArray(reach)).expand(-1)).to_enclosure()))
+        plain = spectral_norm_upper_large((W_2 * (root * IntervalArray(reach)).expand(-1)).to_enclosure())
+        joint = joint + IntervalArray(_hadamard_term((rows.mid.T @ rows.mid) * b_gram.mid,
+                                                     lambda p=p: carried.gram(p) * b_gram, root, plain, plain >= own))
     cheap = IntervalArray(float(np.max((root * IntervalArray(dev)).hi))) * IntervalArray(second)
     return P.hi.item(), min(joint.hi.item(), cheap.hi.item())
+
+
+#: :func:`_hadamard_term` certifies the joint term only where its float estimate is below this share of the plain one
+HADAMARD_SHARE = 0.95
+
+
+def _hadamard_term(estimated: np.ndarray, hadamard, root: IntervalArray, plain: float, wanted: bool = True) -> float:
+    """The smaller of ``plain`` (a part's ``||diag(D m) W_2||``) and ``lambda_max(D H D)^(1/2)``, ``H`` (d_ff, d_ff) the
+    part's Hadamard product (the Gram matrix of its vectors ``N w_k (x) r_k``: ``(N W_1)^T (N W_1) o W_2 W_2^T``), ``D
+    = diag(root)``, rounded up (lemma feedforward-taylor-joint: the part's squares ``sum_k S_k (z . N w_k)^2 (r_k .
+    v)^2`` are the quadratic form of that Gram matrix at ``z (x) v``).  ``hadamard()`` forms H enclosed, ``estimated``
+    is H in floats: only where a float estimate from below of the eigenvalue (:func:`_norm_from_below` of the positive
+    semidefinite ``D H D`` in floats) is below :data:`HADAMARD_SHARE` of ``plain`` is H enclosed and the eigenvalue
+    certified (a choice of work); not at all unless ``wanted`` (the caller's choice of work: :func:`_joint_factors`
+    forms it where the part's plain term is at least the form's own, so that the part weighs in Q)."""
+    if not wanted:
+        return plain
+    r = root.mid
+    estimate = _norm_from_below(estimated * r[:, None] * r[None, :])
+    if not math.sqrt(max(estimate, 0.0)) < HADAMARD_SHARE * plain:
+        return plain
+    scaled = hadamard() * root.expand(0) * root.expand(-1)
+    found = IntervalArray(max(lambda_max_upper_large(scaled.to_enclosure(), estimate=estimate), 0.0)).sqrt()
+    return min(plain, found.hi.item())
 
 
 def _signed_gram(ffn, a_gram: IntervalArray, beta: float, carried: CarriedBall | None) -> tuple[IntervalArray, int]:
     """``(K, c)`` of :func:`_signed_part`: ``K = A^T A + sum_p (N_p W_1)^T (N_p W_1) + beta^2 W_1^T W_1`` (the terms of
     the carried balls and of the ball where present), ``c`` the number of its parts."""
     K, c = a_gram, 1
-    for rows in (carried.rows if carried is not None else ()):
-        K, c = K + rows.swapaxes(0, 1).bmm(rows), c + 1
+    for gram in (carried.grams if carried is not None else ()):
+        K, c = K + gram, c + 1
     if beta > 0:
         K, c = K + IntervalArray(beta) * IntervalArray(beta) * feedforward_grams(ffn)[0], c + 1
     return K, c
 
 
-def _signed_estimate(ffn, h: IntervalArray, a_gram: IntervalArray, beta: float, carried: CarriedBall | None = None,
+def _signed_estimate(ffn, g: IntervalArray, a_gram: IntervalArray, beta: float, carried: CarriedBall | None = None,
                      steps: int = 30) -> float:
     """A float estimate from below of ``c F / 2`` (:func:`_signed_part`): the Rayleigh quotient of ``W_2^T diag(g) (K o
     K) diag(g) W_2`` after ``steps`` rounds of power iteration on its products (the matrix is not formed)."""
@@ -434,7 +491,7 @@ def _signed_estimate(ffn, h: IntervalArray, a_gram: IntervalArray, beta: float, 
         K, c = K + rows.mid.T @ rows.mid, c + 1
     if beta > 0:
         K, c = K + (beta * beta) * feedforward_grams(ffn)[0].mid, c + 1
-    squares, g = K * K, _without_outliers(ffn, gelu_curvature(h)).mid
+    squares, g = K * K, _without_outliers(ffn, g).mid
 
     def product(v: np.ndarray) -> np.ndarray:
         return ffn.W_2.T @ (g * (squares @ (g * (ffn.W_2 @ v))))
@@ -448,18 +505,19 @@ def _signed_estimate(ffn, h: IntervalArray, a_gram: IntervalArray, beta: float, 
     return 0.5 * c * math.sqrt(max(float(v @ product(v)), 0.0))
 
 
-def _signed_part(ffn, h: IntervalArray, a_gram: IntervalArray, beta: float,
+def _signed_part(ffn, g: IntervalArray, a_gram: IntervalArray, beta: float,
                  carried: CarriedBall | None = None) -> tuple[float, float]:
     """``(c, F)`` with ``sup_v |sum_k g_k t_k^2 (r_k.v)| <= c F`` over unit v and ``t = e A + sum_p z_p N_p W_1 + u
     W_1`` (``||e||, ||z_p|| <= 1``, ``||u|| <= beta``; N_p the carried balls' generators, lemma token-form-carried),
-    ``g_k = GELU''(h_k)`` at the pre-activations ``h`` (d_ff,), enclosed: with ``z^ = (e, z_1, .., u / beta)``,
+    ``g`` (d_ff,) the curvatures of the quadratic part (the Taylor quotients' midpoints), enclosed: with
+    ``z^ = (e, z_1, .., u / beta)``,
     ``||z^||^2 <= c`` (the number of parts present) and ``a^_k = (a_k, N_1 w_k, .., beta w_k)`` the sum is ``z^ (A^
     diag(g o W_2 v) A^^T) z^^T``, at most ``c`` times that matrix's Frobenius norm, whose square is ``v^T W_2^T diag(g)
     (K o K) diag(g) W_2 v`` with ``K = A^T A + sum_p (N_p W_1)^T (N_p W_1) + beta^2 W_1^T W_1`` the Gram matrix of the
     ``a^_k``; ``F`` is the square root of that d x d matrix's top eigenvalue, rounded up.  The outlier neurons
     (:func:`outlier_neurons`) have ``g_k = 0``: they are bounded apart (lemma feedforward-taylor-separated)."""
     K, c = _signed_gram(ffn, a_gram, beta, carried)
-    g = _without_outliers(ffn, gelu_curvature(h))
+    g = _without_outliers(ffn, g)
     weighted = K * K * g.expand(0) * g.expand(-1)
     N = Enclosure.exact(ffn.W_2.T) @ weighted.to_enclosure() @ Enclosure.exact(ffn.W_2)
     return float(c), IntervalArray(max(lambda_max_upper_large(N), 0.0)).sqrt().hi.item()

@@ -72,15 +72,19 @@ def feedforward_taylor_joint() -> Theorem:
     P, Q = q("P"), q("Q")
     statement = P * Q / 2
     proof = Derivation("The feed-forward block's Taylor remainder on an affine form, jointly over the neurons")
-    proof.hypothesis("FF(x) = x + act(x W_1 + b_1) W_2 + b_2, columns w_k of W_1, rows r_k of W_2; x - y = e G + "
-                     "sum_p z_p N_p + u, ||e||, ||z_p|| <= 1, ||u|| <= beta; t_k = (x - y) . w_k with |t_k| <= dev_k; "
-                     "S_k >= |act''| on [h_k - dev_k, h_k + dev_k], D = diag(S)^(1/2); A = G W_1; m_pk >= ||N_p w_k||; "
-                     "P >= lambda_max(D A^T A D)^(1/2) + sum_p ||N_p W_1 D|| + beta ||W_1 D||; Q >= the smaller of "
-                     "lambda_max(D (A^T A o W_2 W_2^T) D)^(1/2) + sum_p ||diag(D m_p) W_2|| + beta ||diag(D ||w||) "
-                     "W_2|| and max_k D_k dev_k ||W_2||")
+    proof.hypothesis("FF(x) = x + act(x W_1 + b_1) W_2 + b_2, columns w_k of W_1, rows r_k of W_2; x - y = e G + sum_p "
+                     "z_p N_p + u, ||e||, ||z_p|| <= 1, ||u|| <= beta; t_k = (x - y) . w_k with |t_k| <= dev_k; S_k >= "
+                     "|2 phi_k(t) / t^2| for all |t| <= dev_k, which the largest |act''| on [h_k - dev_k, h_k + dev_k] "
+                     "is; D = diag(S)^(1/2); A = G W_1; m_pk >= ||N_p w_k||; P >= lambda_max(D A^T A D)^(1/2) + sum_p "
+                     "||N_p W_1 D|| + beta ||W_1 D||; Q >= the smaller of lambda_max(D (A^T A o W_2 W_2^T) D)^(1/2) + "
+                     "sum_p q_p + beta q_0 and max_k D_k dev_k ||W_2||, q_p the smaller of ||diag(D m_p) W_2|| and "
+                     "lambda_max(D ((N_p W_1)^T (N_p W_1) o W_2 W_2^T) D)^(1/2), q_0 the smaller of ||diag(D ||w||) "
+                     "W_2|| and lambda_max(D (W_1^T W_1 o W_2 W_2^T) D)^(1/2)")
     proof.add(Described(r"FF(x) - FF(y) - (x - y) DFF(y) = \textstyle\sum_k \phi_k(t_k)\, r_k,\ "
                         r"|\phi_k(t)| \le S_k t^2 / 2"),
-              "phi_k(t) = act(h_k + t) - act(h_k) - act'(h_k) t, Taylor with Lagrange's remainder", "mean-value")
+              "phi_k(t) = act(h_k + t) - act(h_k) - act'(h_k) t, whose quotient 2 phi_k(t) / t^2 is a weighted mean "
+              "of act'' on the segment from h_k to h_k + t (Taylor with the integral remainder, weights 2 (1 - u))",
+              "mean-value")
     proof.add(le(Described(r"|\textstyle\sum_k \phi_k(t_k)\, r_k \cdot v|"),
                  Described(r"\tfrac12 \|(S_k^{1/2} t_k)_k\|\, \|(S_k^{1/2} t_k\, r_k \cdot v)_k\|")),
               "triangle inequality over k, then Cauchy-Schwarz, for a unit v", "norm-calculus")
@@ -90,8 +94,9 @@ def feedforward_taylor_joint() -> Theorem:
               "minkowski")
     proof.add(le(Described(r"\|(S_k^{1/2} t_k\, r_k \cdot v)_k\|"), Q),
               "the linear part's squares sum_k S_k (e . a_k)^2 (r_k . v)^2 form the quadratic form of the Gram matrix "
-              "of the vectors S_k^(1/2) a_k (x) r_k at e (x) v; the rest |z_p N_p . w_k| <= m_pk and |u . w_k| <= beta "
-              "||w_k|| by Minkowski; or "
+              "of the vectors S_k^(1/2) a_k (x) r_k at e (x) v, and so do each carried ball's (the vectors S_k^(1/2) "
+              "N_p w_k (x) r_k at z_p (x) v) and the ball's (S_k^(1/2) w_k (x) r_k at (u / beta) (x) v), or "
+              "|z_p N_p . w_k| <= m_pk and |u . w_k| <= beta ||w_k||; Minkowski over the parts; or "
               "each S_k^(1/2) |t_k| at most its largest and sum_k (r_k . v)^2 <= ||W_2||^2", "minkowski")
     proof.add(le(Described(r"\|FF(x) - FF(y) - (x - y) DFF(y)\|"), statement), "the supremum over unit v",
               "norm-calculus")
@@ -108,15 +113,18 @@ def feedforward_taylor_signed() -> Theorem:
     proof = Derivation("The feed-forward block's Taylor remainder with the curvatures' signs kept")
     proof.hypothesis("FF(x) = x + act(x W_1 + b_1) W_2 + b_2, columns w_k of W_1, rows r_k of W_2; x - y = e G + "
                      "sum_p z_p N_p + u, ||e||, ||z_p|| <= 1, ||u|| <= beta; t_k = (x - y) . w_k with |t_k| <= dev_k; "
-                     "g_k = act''(h_k) at the centre; T_k >= |act'''| on [h_k - dev_k, h_k + dev_k]; A = G W_1, K = "
+                     "g_k and S_k >= 0 with |2 phi_k(t) / t^2 - g_k| <= S_k for all |t| <= dev_k: g_k = act''(h_k) "
+                     "and S_k = T_k dev_k / 3 with T_k >= |act'''| on [h_k - dev_k, h_k + dev_k], or the midpoint "
+                     "and half-width of an enclosure of those quotients; A = G W_1, K = "
                      "A^T A + sum_p (N_p W_1)^T (N_p W_1) + beta^2 W_1^T W_1; c the number of the parts e, z_p, u "
                      "present; F >= lambda_max(W_2^T diag(g) (K o K) diag(g) W_2)^(1/2); P_3, Q_3 the factors of "
-                     "local-feedforward-taylor-joint with S_k = T_k dev_k / 3")
-    proof.add(Described(r"\phi_k(t) = \tfrac12 g_k t^2 + \psi_k(t),\ |\psi_k(t)| \le T_k |t|^3 / 6 "
-                        r"\le (T_k\, \mathrm{dev}_k / 3)\, t^2 / 2"),
-              "Taylor with Lagrange's remainder of third order, |t_k| <= dev_k", "mean-value")
+                     "local-feedforward-taylor-joint with these S_k")
+    proof.add(Described(r"\phi_k(t) = \tfrac12 g_k t^2 + \psi_k(t),\ |\psi_k(t)| \le S_k\, t^2 / 2"),
+              "the hypothesis, |t_k| <= dev_k; with g_k = act''(h_k) the quotient less g_k is a weighted mean of "
+              "act''(h_k + u t) - act''(h_k), at most T_k u |t|, whose weights 2 (1 - u) give T_k |t| / 3",
+              "mean-value")
     proof.add(le(Described(r"|\textstyle\sum_k \psi_k(t_k)\, r_k \cdot v|"), Described(r"P_3 Q_3 / 2")),
-              "local-feedforward-taylor-joint's steps with S_k = T_k dev_k / 3", "norm-calculus")
+              "local-feedforward-taylor-joint's steps with these S_k", "norm-calculus")
     proof.add(Described(r"\textstyle\sum_k g_k t_k^2\, r_k \cdot v = z\, \hat A \operatorname{diag}(g \circ W_2 v)"
                         r"\, \hat A^\top z^\top,\ z = (e, z_1, .., u / \beta),"
                         r"\ \hat a_k = (a_k, N_1 w_k, .., \beta w_k),\ \|z\|^2 \le c"),
