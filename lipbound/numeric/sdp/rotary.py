@@ -103,6 +103,14 @@ carry over.  What does (each step holds at every X of ``D^n``):
    every p (``zbar`` the plain mean over the row's keys), so row i's key form of step 2b becomes ``rho^2 r^2 (1/2)
    sum_{j, l} (delta_jl - 1/N_i) e_j^T Pi A_{j-i}^T M M^T A_{l-i} Pi e_l``: step 7's sum is then one eigenvalue over all
    tokens' moves (``n 2 d_k`` coordinates), at most step 7's at the same ``t_i``; where it applies step 7 is not formed.
+10. *Step 9 with some rows' own keys merged* (:func:`_centred_merged`).  Step 8's identity holds row by row: for a row
+   i in a chosen set, ``y^T (S_i + cov_i) = Cov(alpha, zeta') + Cov(delta, z')`` with ``z'_i = 0``, so its key form of
+   step 9 loses the own key's rows and columns (a principal part of a PSD form that majorises ``Var z'``, since the
+   variance inequality holds for every vector), and its query part is ``b' ||P_F e_i||``: ``zeta'`` reads ``e_i``
+   through ``W_Q^T e_i`` and, by ``A_0^T``, ``W_K^T e_i``, so only through the projector ``P_F`` onto ``range [Pi W_Q,
+   Pi W_K]``, with ``||P_F e||^2 <= e^T F C_F F^T e`` for ``C_F >= (F^T F)^-1`` (step 7's check on ``F^T F``).  The
+   other rows keep step 9.  Two sets are estimated in floats (the first row with two keys, and every such row), where
+   ``b'`` is at most 1.2 ``b``; the better is certified when 0.5% below step 9.
 
 On a dot product without a window, bias or soft-cap the joint constants of :mod:`.head` are sharper and are
 used there; this module serves the heads they do not cover.  Every constant is computed in outward-rounded
@@ -528,15 +536,50 @@ def positional_bound(head: Head, domain, n: int, *, output=None, bounds: Positio
         certificate["coupled_rows"] = upper(coupled)
         total = coupled if upper(coupled) < upper(total) else total
         if centred is not None:
+            merged = _centred_merged(bounds, b, centred)
             centred = centred + L * IV.sqrt(terms["kappa"])
             certificate["centred_rows"] = upper(centred)
             total = centred if upper(centred) < upper(total) else total
+            if merged is not None:
+                merged = merged + L * IV.sqrt(terms["kappa"])
+                certificate["centred_merged_rows"] = upper(merged)
+                total = merged if upper(merged) < upper(total) else total
         merged = _own_key_head(bounds, L * IV.sqrt(terms["kappa"]), total)
         if merged is not None:
             certificate.update(own_key_rows=upper(merged))
             total = merged if upper(merged) < upper(total) else total
     return sdp_value(name, upper(total), True, certificate, "eig", time.perf_counter() - started, "certified",
                      _PROVENANCE)
+
+
+def _centred_merged(bounds: PositionalHeadBounds, b, centred):
+    """Step 10 of the module docstring: ``||S + cov||`` by step 9 with the own key of some rows merged into their query
+    part (step 8), an interval, or None where the merge does not apply or its float estimate is not 0.5% below
+    ``centred``.  Two choices of rows are estimated (the first row with a query part alone, and every such row) at a
+    float guess of ``b'``; the certificate of ``b'`` is formed only for the better one, and only where ``b'`` is at most
+    1.2 times ``b`` (a longer ``b'`` lifts every merged row's query part more than its own key's part falls)."""
+    own = OwnKeyTerms(bounds, coupled=False)
+    if not own.applies:
+        return None
+    guess = own.estimate()
+    guess = float(upper(own.query_term)) if guess is None else min(guess, float(upper(own.query_term)))
+    if guess > 1.2 * float(upper(b)):
+        return None
+    with_query = [i for i in range(bounds.rows.n) if bounds.rows.key_counts[i] >= 2]
+    if not with_query:
+        return None
+    estimates = {}
+    for rows in {frozenset(with_query[:1]), frozenset(with_query)}:
+        value = centred_head_rows(bounds, b, merged=rows, b_merged=IV.mpf(guess), estimate=True)
+        if value is not None:
+            estimates[rows] = value
+    if not estimates:
+        return None
+    rows = min(estimates, key=estimates.__getitem__)
+    if estimates[rows] >= 0.995 * float(upper(centred)):
+        return None
+    own.refine()
+    return centred_head_rows(bounds, b, merged=rows, b_merged=own.query_term)
 
 
 def _own_key_head(bounds: PositionalHeadBounds, mean, total):
