@@ -109,8 +109,8 @@ carry over.  What does (each step holds at every X of ``D^n``):
    variance inequality holds for every vector), and its query part is ``b' ||P_F e_i||``: ``zeta'`` reads ``e_i``
    through ``W_Q^T e_i`` and, by ``A_0^T``, ``W_K^T e_i``, so only through the projector ``P_F`` onto ``range [Pi W_Q,
    Pi W_K]``, with ``||P_F e||^2 <= e^T F C_F F^T e`` for ``C_F >= (F^T F)^-1`` (step 7's check on ``F^T F``).  The
-   other rows keep step 9.  Two sets are estimated in floats (the first row with two keys, and every such row), where
-   ``b'`` is at most 1.2 ``b``; the better is certified when 0.5% below step 9.
+   other rows keep step 9.  Every row with two keys is merged where ``b'`` is at most 1.2 ``b``, and the form is
+   certified when its float estimate is 0.5% below step 9.
 
 On a dot product without a window, bias or soft-cap the joint constants of :mod:`.head` are sharper and are
 used there; this module serves the heads they do not cover.  Every constant is computed in outward-rounded
@@ -535,8 +535,9 @@ def positional_bound(head: Head, domain, n: int, *, output=None, bounds: Positio
         coupled = bounds.coupled_rows(b, apart=centred is None) + L * IV.sqrt(terms["kappa"])
         certificate["coupled_rows"] = upper(coupled)
         total = coupled if upper(coupled) < upper(total) else total
+        own = OwnKeyTerms(bounds, coupled=False)           # steps 8 and 10 share b' (certified at most once)
         if centred is not None:
-            merged = _centred_merged(bounds, b, centred)
+            merged = _centred_merged(bounds, b, centred, own)
             centred = centred + L * IV.sqrt(terms["kappa"])
             certificate["centred_rows"] = upper(centred)
             total = centred if upper(centred) < upper(total) else total
@@ -544,7 +545,7 @@ def positional_bound(head: Head, domain, n: int, *, output=None, bounds: Positio
                 merged = merged + L * IV.sqrt(terms["kappa"])
                 certificate["centred_merged_rows"] = upper(merged)
                 total = merged if upper(merged) < upper(total) else total
-        merged = _own_key_head(bounds, L * IV.sqrt(terms["kappa"]), total)
+        merged = _own_key_head(own, L * IV.sqrt(terms["kappa"]), total)
         if merged is not None:
             certificate.update(own_key_rows=upper(merged))
             total = merged if upper(merged) < upper(total) else total
@@ -552,42 +553,31 @@ def positional_bound(head: Head, domain, n: int, *, output=None, bounds: Positio
                      _PROVENANCE)
 
 
-def _centred_merged(bounds: PositionalHeadBounds, b, centred):
-    """Step 10 of the module docstring: ``||S + cov||`` by step 9 with the own key of some rows merged into their query
-    part (step 8), an interval, or None where the merge does not apply or its float estimate is not 0.5% below
-    ``centred``.  Two choices of rows are estimated (the first row with a query part alone, and every such row) at a
-    float guess of ``b'``; the certificate of ``b'`` is formed only for the better one, and only where ``b'`` is at most
-    1.2 times ``b`` (a longer ``b'`` lifts every merged row's query part more than its own key's part falls)."""
-    own = OwnKeyTerms(bounds, coupled=False)
+def _centred_merged(bounds: PositionalHeadBounds, b, centred, own: OwnKeyTerms):
+    """Step 10 of the module docstring: ``||S + cov||`` by step 9 with the own key of every row with two keys merged
+    into its query part (step 8; ``own`` the head's :class:`~.own_key.OwnKeyTerms`), an interval, or None where the
+    merge does not apply, ``b'`` (a float guess) exceeds 1.2 ``b`` (then every merged row's query part rises more than
+    its own key's part falls), or the float estimate at that guess is not 0.5% below ``centred``; only then is ``b'``
+    certified and the form bounded."""
     if not own.applies:
         return None
     guess = own.estimate()
     guess = float(upper(own.query_term)) if guess is None else min(guess, float(upper(own.query_term)))
-    if guess > 1.2 * float(upper(b)):
+    rows = frozenset(i for i in range(bounds.rows.n) if bounds.rows.key_counts[i] >= 2)
+    if guess > 1.2 * float(upper(b)) or not rows:
         return None
-    with_query = [i for i in range(bounds.rows.n) if bounds.rows.key_counts[i] >= 2]
-    if not with_query:
-        return None
-    estimates = {}
-    for rows in {frozenset(with_query[:1]), frozenset(with_query)}:
-        value = centred_head_rows(bounds, b, merged=rows, b_merged=IV.mpf(guess), estimate=True)
-        if value is not None:
-            estimates[rows] = value
-    if not estimates:
-        return None
-    rows = min(estimates, key=estimates.__getitem__)
-    if estimates[rows] >= 0.995 * float(upper(centred)):
+    estimate = centred_head_rows(bounds, b, merged=rows, b_merged=IV.mpf(guess), estimate=True)
+    if estimate is None or estimate >= 0.995 * float(upper(centred)):
         return None
     own.refine()
     return centred_head_rows(bounds, b, merged=rows, b_merged=own.query_term)
 
 
-def _own_key_head(bounds: PositionalHeadBounds, mean, total):
+def _own_key_head(own: OwnKeyTerms, mean, total):
     """Step 8 of the module docstring for one head: the merged row split plus the mean term ``mean``, an interval, or
     None when the merge does not apply or its float guess (``b'_1b`` at step 1b's a, which the search for a can lower
     by a few per cent) leaves it 5% above ``total`` (then the certificate of ``b'_1b``, the costly part, is not
     formed)."""
-    own = OwnKeyTerms(bounds, coupled=False)
     if not own.applies:
         return None
     guess = own.estimate()
