@@ -109,8 +109,8 @@ carry over.  What does (each step holds at every X of ``D^n``):
    variance inequality holds for every vector), and its query part is ``b' ||P_F e_i||``: ``zeta'`` reads ``e_i``
    through ``W_Q^T e_i`` and, by ``A_0^T``, ``W_K^T e_i``, so only through the projector ``P_F`` onto ``range [Pi W_Q,
    Pi W_K]``, with ``||P_F e||^2 <= e^T F C_F F^T e`` for ``C_F >= (F^T F)^-1`` (step 7's check on ``F^T F``).  The
-   other rows keep step 9.  Every row with two keys is merged where ``b'`` is at most 1.2 ``b``, and the form is
-   certified when its float estimate is 0.5% below step 9.
+   other rows keep step 9.  Where ``b'`` is at most 1.2 ``b``, every row with two keys is merged, or else the first
+   such row alone, the first whose float estimate is 0.5% below step 9, and that form is certified.
 
 On a dot product without a window, bias or soft-cap the joint constants of :mod:`.head` are sharper and are
 used there; this module serves the heads they do not cover.  Every constant is computed in outward-rounded
@@ -555,22 +555,23 @@ def positional_bound(head: Head, domain, n: int, *, output=None, bounds: Positio
 
 def _centred_merged(bounds: PositionalHeadBounds, b, centred, own: OwnKeyTerms):
     """Step 10 of the module docstring: ``||S + cov||`` by step 9 with the own key of every row with two keys merged
-    into its query part (step 8; ``own`` the head's :class:`~.own_key.OwnKeyTerms`), an interval, or None where the
-    merge does not apply, ``b'`` (a float guess) exceeds 1.2 ``b`` (then every merged row's query part rises more than
-    its own key's part falls), or the float estimate at that guess is not 0.5% below ``centred``; only then is ``b'``
-    certified and the form bounded."""
+    into its query part, else of the first such row alone (step 8; ``own`` the head's :class:`~.own_key.OwnKeyTerms`),
+    an interval, or None where the merge does not apply, ``b'`` (a float guess) exceeds 1.2 ``b`` (then every merged
+    row's query part rises more than its own key's part falls), or neither float estimate at that guess is 0.5% below
+    ``centred``; only then is ``b'`` certified and the form bounded."""
     if not own.applies:
         return None
     guess = own.estimate()
     guess = float(upper(own.query_term)) if guess is None else min(guess, float(upper(own.query_term)))
-    rows = frozenset(i for i in range(bounds.rows.n) if bounds.rows.key_counts[i] >= 2)
-    if guess > 1.2 * float(upper(b)) or not rows:
+    with_query = [i for i in range(bounds.rows.n) if bounds.rows.key_counts[i] >= 2]
+    if guess > 1.2 * float(upper(b)) or not with_query:
         return None
-    estimate = centred_head_rows(bounds, b, merged=rows, b_merged=IV.mpf(guess), estimate=True)
-    if estimate is None or estimate >= 0.995 * float(upper(centred)):
-        return None
-    own.refine()
-    return centred_head_rows(bounds, b, merged=rows, b_merged=own.query_term)
+    for rows in (frozenset(with_query), frozenset(with_query[:1])):
+        estimate = centred_head_rows(bounds, b, merged=rows, b_merged=IV.mpf(guess), estimate=True)
+        if estimate is not None and estimate < 0.995 * float(upper(centred)):
+            own.refine()
+            return centred_head_rows(bounds, b, merged=rows, b_merged=own.query_term)
+    return None
 
 
 def _own_key_head(own: OwnKeyTerms, mean, total):
