@@ -624,9 +624,9 @@ def test_the_row_split_bounds_every_split_of_a_unit_tangent_and_is_below_the_min
 
 def test_the_row_split_holds_against_an_independent_jacobian_of_causal_rotary_heads_and_layers():
     """A causal rotary head and a grouped-query layer on a ball and on an RMSNorm image: the row split (steps 6 and 7,
-    or step 8 or 9 where lower; a layer's steps 7 and 9) is the reported bound, below the Minkowski sum, and above the
-    spectral norm of the Jacobian of the reference forward pass at points of the domain and at lipbound's witness for
-    the layer.  With
+    or step 8, 9 or 10 where lower; a layer's steps 7 and 9) is the reported bound, below the Minkowski sum, and above
+    the spectral norm of the Jacobian of the reference forward pass at points of the domain and at lipbound's witness
+    for the layer.  With
     ``W_Q`` and ``W_K`` of rank 2 in width 8 a head's query part and its keys' parts read different directions of a
     move: step 7 is well below step 6."""
     rng = np.random.default_rng(29)
@@ -639,6 +639,7 @@ def test_the_row_split_holds_against_an_independent_jacobian_of_causal_rotary_he
             certificate = bound.details
             reported = min(certificate["coupled_rows"], certificate.get("own_key_rows", math.inf),  # steps 6-7, 8
                            certificate.get("centred_rows", math.inf),                   # a head's step 9
+                           certificate.get("centred_merged_rows", math.inf),            # a head's step 10
                            certificate.get("key_columns_rows", math.inf),              # a layer's key columns
                            certificate.get("joined_columns_rows", math.inf))           # a layer's joined columns
             assert bound.value == pytest.approx(reported, rel=0, abs=0)

@@ -22,10 +22,11 @@ from test_decoder_heads import CASES, _key_part, _points, reference_norm, rotary
 from lipbound.numeric.domains import TokenBall
 from lipbound.numeric.kernels import AttentionMask, Rotary
 from lipbound.numeric.model import Head
+from lipbound.numeric.sdp.own_key import OwnKeyTerms
 from lipbound.numeric.sdp.rotary import PositionalHeadBounds, positional_bound
 from lipbound.numeric.sdp.rotary_centred import centred_head_rows
 from lipbound.numeric.witness import search_witness
-from lipbound.rigorous.intervals import upper
+from lipbound.rigorous.intervals import IV, interval, upper
 from lipbound.rigorous.linalg import weighted_sum
 
 
@@ -103,24 +104,29 @@ def test_each_rows_key_part_is_within_the_centred_form():
 
 
 def _formed(head: Head, bounds: PositionalHeadBounds, t: np.ndarray, transpose: bool = False,
-            centre: bool = True) -> float:
+            centre: bool = True, merged: frozenset = frozenset(), b_merged: float = 0.0, own: bool = False,
+            projector: str = "both") -> float:
     """``lambda_max`` of step 9's form formed here on the n d coordinates of the moves (the domains here have interior,
     ``Pi = I``, ``M = I`` on a ball): ``(1 + t_j) b^2 P_Q`` on token j, and per row ``(1 + 1/t_i) rho^2 r^2 (1/2)
     sum_{j, l <= i} (delta_jl - 1/N_i) B_ij^T B_il`` with ``B_ij = sigma W_Q R_i^T R_j W_K^T``; ``transpose`` turns the
-    key by ``-j`` (a wrong rotation), ``centre=False`` leaves the ``1/N_i`` out."""
+    key by ``-j`` (a wrong rotation), ``centre=False`` leaves the ``1/N_i`` out.  Rows in ``merged`` (step 10): the
+    query part ``(1 + t_j) b_merged^2 P_F`` (``P_F`` the projector onto ``range [W_Q, W_K]``) and the row's own key left
+    out of its form; ``own`` keeps it, ``projector="query"`` takes ``P_Q`` (two wrong forms)."""
     n, d = bounds.rows.n, head.d
     b2 = float(upper(bounds.query_term)) ** 2
     scale2 = float(upper(bounds.spread ** 2 * bounds.r ** 2))
     Q = np.linalg.qr(head.W_Q)[0]
+    F = np.linalg.qr(np.concatenate([head.W_Q, head.W_K], axis=1))[0] if projector == "both" else Q
     D = np.zeros((n * d, n * d))
     for j in range(1, n):
-        D[j * d:(j + 1) * d, j * d:(j + 1) * d] += (1 + t[j]) * b2 * Q @ Q.T
+        query = b_merged ** 2 * F @ F.T if j in merged else b2 * Q @ Q.T
+        D[j * d:(j + 1) * d, j * d:(j + 1) * d] += (1 + t[j]) * query
     for i in range(1, n):
-        keys = range(i + 1)
+        keys = [j for j in range(i + 1) if own or i not in merged or j != i]
         B = {j: _rotated(head, i, -j if transpose else j) for j in keys}
         for j in keys:
             for l in keys:
-                coefficient = 0.5 * ((j == l) - (1 / (i + 1) if centre else 0.0))
+                coefficient = 0.5 * ((j == l) - (1 / (i + 1) if centre else 0.0))     # N_i = i + 1 keys
                 D[j * d:(j + 1) * d, l * d:(l + 1) * d] += (1 + 1 / t[i]) * scale2 * coefficient * B[j].T @ B[l]
     return math.sqrt(float(np.linalg.eigvalsh(D)[-1]))
 
@@ -143,6 +149,54 @@ def test_the_certified_eigenvalue_is_the_one_formed_from_the_rotated_matrices(n,
     assert formed <= certified <= formed * (1 + 1e-5), (formed, certified)
     for mutated in (_formed(head, bounds, t, transpose=True), _formed(head, bounds, t, centre=False)):
         assert not formed * (1 - 1e-5) <= mutated <= formed * (1 + 1e-5), (formed, mutated)
+
+
+@settings(max_examples=4, deadline=None)
+@given(st.integers(3, 5), st.integers(0, 2 ** 31))
+def test_the_merged_rows_eigenvalue_is_the_one_formed_from_the_rotated_matrices(n, seed):
+    """Step 10 at given splits: ``centred_head_rows`` with the own keys of some rows merged into their query parts
+    equals the eigenvalue formed here from d x d matrices, from above and within 1e-5; keeping the merged rows' own
+    keys in their forms, or bounding their query parts on the span of ``W_Q`` alone, moves the formed value outside
+    that band for one of the two choices of rows at least (the comparison can fail)."""
+    rng = np.random.default_rng(seed)
+    d, d_k = 6, 2
+    head = _head(rng, d, d_k, float(rng.choice([2.0, 10.0])))
+    bounds = PositionalHeadBounds(head, TokenBall(3.0), n)
+    t = rng.uniform(0.3, 3.0, n)
+    b_merged = float(upper(bounds.query_term)) * rng.uniform(0.9, 1.3)
+    moved = {"own": False, "query": False}
+    for merged in (frozenset({1}), frozenset(range(1, n))):
+        certified = float(upper(centred_head_rows(bounds, bounds.query_term, splits=t, merged=merged,
+                                                  b_merged=interval(b_merged))))
+        formed = _formed(head, bounds, t, merged=merged, b_merged=b_merged)
+        assert formed <= certified <= formed * (1 + 1e-5), (formed, certified)
+        for kind, mutated in (("own", _formed(head, bounds, t, merged=merged, b_merged=b_merged, own=True)),
+                              ("query", _formed(head, bounds, t, merged=merged, b_merged=b_merged,
+                                                projector="query"))):
+            moved[kind] |= not formed * (1 - 1e-5) <= mutated <= formed * (1 + 1e-5)
+    assert all(moved.values()), moved
+
+
+@CASES
+@given(rotary_cases)
+def test_the_merged_rows_hold_against_an_independent_jacobian(case):
+    """Step 10 on generated causal RoPE heads: with every row's own key merged (the certified ``b'`` of step 8), and
+    with the first row's alone, the bound plus the mean term is at least the spectral norm of the reference Jacobian
+    at points of the domain and at lipbound's witness."""
+    rng, layer, domain = rotary_case(case)
+    d, n = case["d"], case["n"]
+    head = layer.heads[0]
+    bounds = PositionalHeadBounds(head, domain, n)
+    own = OwnKeyTerms(bounds)
+    if not own.applies or n < 2:
+        return
+    mean = bounds.value_norm * IV.sqrt(bounds.terms()["kappa"])
+    witness = search_witness(head, domain=domain, n=n, budget_seconds=0.1, seed=case["seed"] % 1000)
+    found = max(reference_norm(head, X) for X in _points(rng, domain, n, d, 3) + [witness.X])
+    for merged in (frozenset({1}), frozenset(range(1, n))):
+        rows = centred_head_rows(bounds, bounds.query_term, merged=merged, b_merged=own.query_term)
+        if rows is not None:
+            assert found <= upper(rows + mean), (found, upper(rows + mean))
 
 
 @CASES

@@ -96,6 +96,7 @@ class OwnKeyTerms:
                             and np.all(np.diag(rows.visible)))
         self.gain = self.query_term = None
         self.seconds = 0.0
+        self.refined = False
         if not self.applies:
             return
         started = time.perf_counter()
@@ -111,7 +112,10 @@ class OwnKeyTerms:
         self.seconds = time.perf_counter() - started
 
     def refine(self) -> None:
-        """Take ``b'_1b`` into ``query_term`` where it is smaller (certified)."""
+        """Take ``b'_1b`` into ``query_term`` where it is smaller (certified); formed once."""
+        if self.refined:
+            return
+        self.refined = True
         better = self._coupled()
         if better is not None and upper(better) < upper(self.query_term):
             self.query_term = better

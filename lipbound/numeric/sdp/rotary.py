@@ -103,6 +103,14 @@ carry over.  What does (each step holds at every X of ``D^n``):
    every p (``zbar`` the plain mean over the row's keys), so row i's key form of step 2b becomes ``rho^2 r^2 (1/2)
    sum_{j, l} (delta_jl - 1/N_i) e_j^T Pi A_{j-i}^T M M^T A_{l-i} Pi e_l``: step 7's sum is then one eigenvalue over all
    tokens' moves (``n 2 d_k`` coordinates), at most step 7's at the same ``t_i``; where it applies step 7 is not formed.
+10. *Step 9 with some rows' own keys merged* (:func:`_centred_merged`).  Step 8's identity holds row by row: for a row
+   i in a chosen set, ``y^T (S_i + cov_i) = Cov(alpha, zeta') + Cov(delta, z')`` with ``z'_i = 0``, so its key form of
+   step 9 loses the own key's rows and columns (a principal part of a PSD form that majorises ``Var z'``, since the
+   variance inequality holds for every vector), and its query part is ``b' ||P_F e_i||``: ``zeta'`` reads ``e_i``
+   through ``W_Q^T e_i`` and, by ``A_0^T``, ``W_K^T e_i``, so only through the projector ``P_F`` onto ``range [Pi W_Q,
+   Pi W_K]``, with ``||P_F e||^2 <= e^T F C_F F^T e`` for ``C_F >= (F^T F)^-1`` (step 7's check on ``F^T F``).  The
+   other rows keep step 9.  Where ``b'`` is at most 1.2 ``b``, every row with two keys is merged, or else the first
+   such row alone, the first whose float estimate is 0.5% below step 9, and that form is certified.
 
 On a dot product without a window, bias or soft-cap the joint constants of :mod:`.head` are sharper and are
 used there; this module serves the heads they do not cover.  Every constant is computed in outward-rounded
@@ -527,11 +535,17 @@ def positional_bound(head: Head, domain, n: int, *, output=None, bounds: Positio
         coupled = bounds.coupled_rows(b, apart=centred is None) + L * IV.sqrt(terms["kappa"])
         certificate["coupled_rows"] = upper(coupled)
         total = coupled if upper(coupled) < upper(total) else total
+        own = OwnKeyTerms(bounds, coupled=False)           # steps 8 and 10 share b' (certified at most once)
         if centred is not None:
+            merged = _centred_merged(bounds, b, centred, own)
             centred = centred + L * IV.sqrt(terms["kappa"])
             certificate["centred_rows"] = upper(centred)
             total = centred if upper(centred) < upper(total) else total
-        merged = _own_key_head(bounds, L * IV.sqrt(terms["kappa"]), total)
+            if merged is not None:
+                merged = merged + L * IV.sqrt(terms["kappa"])
+                certificate["centred_merged_rows"] = upper(merged)
+                total = merged if upper(merged) < upper(total) else total
+        merged = _own_key_head(own, L * IV.sqrt(terms["kappa"]), total)
         if merged is not None:
             certificate.update(own_key_rows=upper(merged))
             total = merged if upper(merged) < upper(total) else total
@@ -539,12 +553,32 @@ def positional_bound(head: Head, domain, n: int, *, output=None, bounds: Positio
                      _PROVENANCE)
 
 
-def _own_key_head(bounds: PositionalHeadBounds, mean, total):
+def _centred_merged(bounds: PositionalHeadBounds, b, centred, own: OwnKeyTerms):
+    """Step 10 of the module docstring: ``||S + cov||`` by step 9 with the own key of every row with two keys merged
+    into its query part, else of the first such row alone (step 8; ``own`` the head's :class:`~.own_key.OwnKeyTerms`),
+    an interval, or None where the merge does not apply, ``b'`` (a float guess) exceeds 1.2 ``b`` (then every merged
+    row's query part rises more than its own key's part falls), or neither float estimate at that guess is 0.5% below
+    ``centred``; only then is ``b'`` certified and the form bounded."""
+    if not own.applies:
+        return None
+    guess = own.estimate()
+    guess = float(upper(own.query_term)) if guess is None else min(guess, float(upper(own.query_term)))
+    with_query = [i for i in range(bounds.rows.n) if bounds.rows.key_counts[i] >= 2]
+    if guess > 1.2 * float(upper(b)) or not with_query:
+        return None
+    for rows in (frozenset(with_query), frozenset(with_query[:1])):
+        estimate = centred_head_rows(bounds, b, merged=rows, b_merged=IV.mpf(guess), estimate=True)
+        if estimate is not None and estimate < 0.995 * float(upper(centred)):
+            own.refine()
+            return centred_head_rows(bounds, b, merged=rows, b_merged=own.query_term)
+    return None
+
+
+def _own_key_head(own: OwnKeyTerms, mean, total):
     """Step 8 of the module docstring for one head: the merged row split plus the mean term ``mean``, an interval, or
     None when the merge does not apply or its float guess (``b'_1b`` at step 1b's a, which the search for a can lower
     by a few per cent) leaves it 5% above ``total`` (then the certificate of ``b'_1b``, the costly part, is not
     formed)."""
-    own = OwnKeyTerms(bounds, coupled=False)
     if not own.applies:
         return None
     guess = own.estimate()

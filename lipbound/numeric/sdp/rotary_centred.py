@@ -35,6 +35,12 @@ in floats: the matrix is ``A + e^s B + e^-s C`` with B, C PSD, so its top eigenv
 the sign of its slope at the top eigenvector finds the minimum (also at the kink where the query-led and the key-led
 eigenvalues cross).  At the same ``t_i`` the form is step 7's less a PSD part, so where it applies step 7 is not
 formed.
+
+**Merged rows** (step 10 of :mod:`.rotary`).  For a row i whose own key is merged into its query part (step 8), row
+i's form leaves out key i (``z'_i = 0``; the inequality above holds for every vector, so the principal part of the
+row's form on the other keys majorises ``Var z'``), and token i's query block is ``(1 + t_i) b'^2 C_F`` in the
+coordinates ``F^T e_i``, ``C_F >= (F^T F)^-1`` certified as step 7's C, since the merged query part reads ``e_i``
+through ``W_Q^T e_i`` and ``W_K^T e_i``.
 """
 
 from __future__ import annotations
@@ -52,11 +58,14 @@ from .rotary_rows import query_inverse, row_splits
 __all__ = ["centred_head_rows"]
 
 
-def centred_head_rows(bounds, b, splits: np.ndarray | None = None):
+def centred_head_rows(bounds, b, splits: np.ndarray | None = None, merged: frozenset = frozenset(),
+                      b_merged=None, estimate: bool = False):
     """``||S + cov||`` of the head whose constants are ``bounds`` (a :class:`~.rotary.PositionalHeadBounds`) with each
     row's key part centred over its keys (module docstring), an interval; None with a soft-cap, a centre or a query
     bias, a singular ``Z^T Z``, or a bound not certified.  ``splits``: the ``t_i`` to take as they are (default:
-    step 6's times one factor chosen in floats)."""
+    step 6's times one factor chosen in floats).  ``merged``: the rows whose own key joins their query part (step 8,
+    "Merged rows" in the module docstring), with the query term ``b_merged`` (``b'``, an interval); with ``estimate``
+    the float value at the chosen splits, never a bound."""
     head, rows, n = bounds.head, bounds.rows, bounds.rows.n
     if rows.softcap is not None or bounds.centred(head.W_Q, head.b_Q) is not None:
         return None
@@ -68,6 +77,12 @@ def centred_head_rows(bounds, b, splits: np.ndarray | None = None):
     has_query, t_start = row_splits(bounds, b, bounds.offset_gains())
     size = 2 * k
     top = (Enclosure.exact(L[:k].T) @ C @ Enclosure.exact(L[:k])).sym()              # the query block, L^T diag(C, 0) L
+    merged = frozenset(i for i in merged if has_query[i])
+    if merged:
+        C_both = query_inverse(bounds.gram("query_and_key_left"))                     # C_F >= (F^T F)^-1
+        if C_both is None or b_merged is None:
+            return None
+        top_both = (Enclosure.exact(L.T) @ C_both @ Enclosure.exact(L)).sym()       # L^T C_F L: ||P_F e||^2
     key_rows = Enclosure.exact(L[k:])                                                 # (k, 2k)
     queries = bounds.gram("queries_shaped")                                          # sigma^2 W_Q^T M M^T W_Q
     turned = {delta: R @ key_rows for delta, R in bounds.rotations.items()}
@@ -99,19 +114,21 @@ def centred_head_rows(bounds, b, splits: np.ndarray | None = None):
     # floats, to choose one factor e^s of the t_i: with t = t_start e^s the matrix is A + e^s B + e^-s C, B the query
     # blocks at b^2 t_start, C the rows' forms at rho^2 r^2 / t_start, A both at factor 1
     b2_float, scale2_float = float(upper(b2)), float(upper(scale2))
+    b2_merged_float = float(upper(b_merged ** 2)) if merged else 0.0
     fixed, rising, falling = (np.zeros((size * n, size * n)) for _ in range(3))
     for i, (keys, weight, theta) in forms.items():
         for j in keys:
             for l in keys:
                 coefficient = (1.0 if j == l else 0.0) - (0.0 if theta is None else theta)
-                if coefficient:
+                if coefficient and not (i in merged and i in (j, l)):
                     part = product(j - i, l - i).mid * (scale2_float * weight * coefficient)
                     fixed[j * size:(j + 1) * size, l * size:(l + 1) * size] += part
                     falling[j * size:(j + 1) * size, l * size:(l + 1) * size] += part / t_start[i]
     for j in range(n):
         if has_query[j]:
-            rising[j * size:(j + 1) * size, j * size:(j + 1) * size] = (b2_float * t_start[j]) * top.mid
-            fixed[j * size:(j + 1) * size, j * size:(j + 1) * size] += b2_float * top.mid
+            query_float = (b2_merged_float * top_both.mid) if j in merged else (b2_float * top.mid)
+            rising[j * size:(j + 1) * size, j * size:(j + 1) * size] = t_start[j] * query_float
+            fixed[j * size:(j + 1) * size, j * size:(j + 1) * size] += query_float
 
     # lambda_max(A + e^s B + e^-s C) is convex in s, and at the top eigenvector v of s its slope is e^s v^T B v - e^-s
     # v^T C v: bisection on the slope's sign, the smallest value kept
@@ -125,6 +142,8 @@ def centred_head_rows(bounds, b, splits: np.ndarray | None = None):
             best, best_s = float(values[0]), s
         slope = math.exp(s) * float(vector @ rising @ vector) - math.exp(-s) * float(vector @ falling @ vector)
         low, high = (low, s) if slope > 0 else (s, high)
+    if estimate:
+        return math.sqrt(max(best, 0.0))
     t = np.asarray(splits, dtype=float) if splits is not None else t_start * math.exp(best_s)
     factors = row_factors(t)
     # certified: row i's form times u_i >= (1 + 1/t_i) rho^2 r^2 weight_i as exact floats, its coefficients a_diag on
@@ -140,7 +159,7 @@ def centred_head_rows(bounds, b, splits: np.ndarray | None = None):
             on = float(upper(u + interval(off)))
         for j in keys:
             for l in keys:
-                if j == l or off:
+                if (j == l or off) and not (i in merged and i in (j, l)):
                     entries.setdefault((j, l), []).append((on if j == l else off, (j - i, l - i)))
     blocks: dict = {}
     for (j, l), terms in entries.items():
@@ -149,7 +168,8 @@ def centred_head_rows(bounds, b, splits: np.ndarray | None = None):
                                       np.stack([p.rad for p in parts]))
     for j in range(n):
         if has_query[j]:
-            query = top.scale((1 + interval(float(t[j]))) * b2)
+            query = (top_both.scale((1 + interval(float(t[j]))) * b_merged ** 2) if j in merged
+                     else top.scale((1 + interval(float(t[j]))) * b2))
             blocks[(j, j)] = query if (j, j) not in blocks else blocks[(j, j)] + query
     mid, rad = np.zeros((size * n, size * n)), np.zeros((size * n, size * n))
     for (j, l), block in blocks.items():

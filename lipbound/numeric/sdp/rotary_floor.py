@@ -29,6 +29,7 @@ the mean term plus the key part of the columns without their diagonal (``nu_i`` 
 * The centred rows (step 9) are ``lambda_max`` of one form over all tokens plus the mean term; at a move of token j
   alone the form is at least its key part there, where row i charges ``(1/2)(1 - theta_i) >= (1/2)(1 - 1/N_i)``
   (``N_i`` the row's keys) in place of ``nu_i``.  So ``nu_i`` above is taken as ``min(nu_i, (1/2)(1 - 1/N_i))``.
+  Step 10 (some rows' own keys merged) drops from row i only key i, which ``K'_j`` leaves out already.
 
 Each ``lambda_max(K'_j) = ||X Y_j||^2`` (``X = Pi W_K``, ``Y_j Y_j^T`` the rotated query forms) is bounded from below by
 a Rayleigh quotient at a float vector, evaluated in interval arithmetic: ``lambda_max(X T X^T) >= v^T G T G v / v^T G
