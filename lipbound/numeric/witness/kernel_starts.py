@@ -177,6 +177,8 @@ def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
                 U = np.zeros((n, problem.width))
                 U[0], U[1], U[2:] = mid + half, mid - half, b
                 out.append(U)
+    if not out:                                                     # aligned_only with one head: no such spread
+        return np.zeros((0, n, problem.width))
     return problem.retract(problem.from_unit(np.array(out)), 1 - 1e-6)
 
 
