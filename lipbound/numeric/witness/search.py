@@ -147,7 +147,8 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     Notes
     -----
     Candidates: structured alpha/beta inputs of every head (:func:`structured_starts`, dot-product
-    self-attention; ties between far keys for cross-attention), several heads tied at one input,
+    self-attention; ties between far keys for cross-attention; for a rotary layer, its heads scouted alone through
+    their blocks of ``W_O`` for 45% of the budget, :mod:`.layer_starts`), several heads tied at one input,
     Castin et al.'s adversarial input, random inputs with a continuation from a shrunk domain; the
     best (the two best of every constructed family among them) are polished together by an L-BFGS
     ascent of the local Jacobian norm in smooth coordinates of the domain, then the best alone, and,
