@@ -142,8 +142,9 @@ def layer_candidates(best) -> dict | None:
 
 def witness_parts(model, report) -> dict:
     """Per row ``(layer, head)`` (head None for the whole layer) the norms of its witness's query, key and value parts
-    (:func:`lipbound.numeric.witness.values.jacobian_parts`) and the rows whose key part is at least a tenth of the
-    largest: which of the bound's terms the witness reaches, and with how many rows."""
+    (:func:`lipbound.numeric.witness.values.jacobian_parts`), the rows whose key part is at least a tenth of the
+    largest (which of the bound's terms the witness reaches, and with how many rows) and the start family it climbed
+    from (a layer's ``head-scout``, ``joint-tied``, ``head-combined``: :mod:`lipbound.numeric.witness.layer_starts`)."""
     from lipbound.numeric.witness import Witness
     from lipbound.numeric.witness.values import jacobian_parts
 
@@ -155,6 +156,7 @@ def witness_parts(model, report) -> dict:
         parts = jacobian_parts(target, witness.X, witness.E)
         rows = np.linalg.norm(parts["key"], axis=1)
         out[(row.layer, row.head)] = {"norms": {role: float(np.linalg.norm(part)) for role, part in parts.items()},
+                                      "family": witness.details.get("family"),
                                       "key_rows": [int(i) for i in np.flatnonzero(rows >= 0.1 * rows.max())]
                                       if rows.max() > 0 else []}
     return out
@@ -318,9 +320,9 @@ def main() -> None:
             found = parts[(row["layer"], row["head"])]
             at = ", ".join(f"{role} {value:.4g}" for role, value in found["norms"].items())
             name = "layer" if row["head"] is None else f"head {row['head']}"
-            print(f"block {row['layer']} {name}: witness {row['witness']:.4g}, bound {row['best']:.4g} "
-                  f"({row['best_name']}), gap {row['gap']:.3f}; bound terms {terms}; witness parts {at}, key part in "
-                  f"rows {found['key_rows']}")
+            print(f"block {row['layer']} {name}: witness {row['witness']:.4g} ({found['family']}), "
+                  f"bound {row['best']:.4g} ({row['best_name']}), gap {row['gap']:.3f}; bound terms {terms}; "
+                  f"witness parts {at}, key part in rows {found['key_rows']}")
     if args.stacked:
         for block in sorted({r["layer"] for r in rows}):
             attention = model.layer(block, report.rows[0].block).attention

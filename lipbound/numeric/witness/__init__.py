@@ -54,7 +54,8 @@ is searched in the orthonormal basis of that span (at most ``3 d_k`` coordinates
 without loss, and its power iteration runs in output space through ``n x n`` Gram sandwiches
 (:meth:`_Linearization._gram_step`).  For a multi-head layer every head contributes its
 structured inputs, a greedy step ties further heads at the same input (:class:`.starts.TieSurrogate`),
-and the polish runs on the layer map.  The best candidate's value is recomputed from scratch
+and the polish runs on the layer map; a rotary layer first scouts its heads, each through its block of ``W_O`` in
+its own chart (:mod:`.layer_starts`).  The best candidate's value is recomputed from scratch
 in float64 with :mod:`lipbound.numeric.attention`, at a point that lies in the domain exactly.
 
 Every deadline of the search is read on a :class:`~.clock.WorkClock`, which counts the work
@@ -66,6 +67,7 @@ Modules: :mod:`.record` (the witness file), :mod:`.engine` (batched Jacobian nor
 queries, on balls and ellipsoids, self- and cross-attention), :mod:`.starts` (several heads tied
 at once, cross-attention inputs, Castin et al.'s input), :mod:`.kernel_starts` (the starts of each attention kernel),
 :mod:`.spread_starts` (rotary keys tied for queries at their own points),
+:mod:`.layer_starts` (a rotary layer's heads scouted alone through ``W_O``, tied together and combined),
 :mod:`.ascent` (the polish), :mod:`.values` (final values from scratch), :mod:`.clock` (the work
 clock), :mod:`.search` (the public searches).
 """

@@ -10,7 +10,7 @@ from typing import final
 
 import numpy as np
 
-__all__ = ["Candidates", "start_candidates", "take", "join", "polish", "polish_best", "continuation",
+__all__ = ["Candidates", "start_candidates", "rank_pool", "take", "join", "polish", "polish_best", "continuation",
            "CONTINUATION_STAGES"]
 
 
@@ -43,6 +43,22 @@ def join(*parts: Candidates) -> Candidates:
     parts = [p for p in parts if len(p.X)]
     return Candidates(*(np.concatenate([getattr(p, key) for p in parts]) for key in ("X", "E", "sigma")),
                        [f for p in parts for f in p.family])
+
+
+def rank_pool(problem, pool, rng, power_steps: int, chunk: int, deadline: float):
+    """Jacobian norms of the starting inputs ``pool`` (``[(inputs, family)]``) after ``power_steps`` power steps, in
+    chunks of ``chunk`` until ``deadline`` (at least one chunk)."""
+    Xw = np.concatenate([p[0] for p in pool])
+    families = [p[1] for p in pool for _ in range(len(p[0]))]
+    parts = []
+    for first in range(0, len(Xw), chunk):
+        if parts and problem.clock() >= deadline:
+            break
+        part = slice(first, first + chunk)
+        parts.append(start_candidates(problem, problem.retract(Xw[part], 1 - 1e-9), families[part], rng,
+                                      power_steps=power_steps))
+    return join(*parts)
+
 
 
 @final

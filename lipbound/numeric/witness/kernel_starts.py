@@ -37,10 +37,11 @@ import numpy as np
 from ..kernels import CustomKernel, DotProduct, FeatureMap, L2Distance, QKNorm, Rotary, ScaledCosine, Sigmoid
 from ..kernels.scores import scale_of
 from ..offsets import HeadRows
+from .layer_starts import aligned_spread
 from .spread_starts import rotary_spread_queries
 from .starts import cross_starts, left_singular, orthogonal_value_spread, product_norm, self_starts
 
-__all__ = ["KERNEL_STARTS", "kernel_starts"]
+__all__ = ["KERNEL_STARTS", "kernel_starts", "joint_ties", "head_ties"]
 
 
 def _dot_product_starts(problem, rng, deadline, work: float):
@@ -67,7 +68,8 @@ def proxy_rotations(head, n: int) -> list[np.ndarray]:
 
 
 def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
-                     trade_offs=(0.0, 0.25, 1.0, 4.0, 16.0), penalties=(4.0, 16.0)) -> np.ndarray:
+                     trade_offs=(0.0, 0.25, 1.0, 4.0, 16.0), penalties=(4.0, 16.0), aligned_only: bool = False
+                     ) -> np.ndarray:
     """Chart inputs (b, n, width) of self-attention where the first two tokens are keys tied, at every offset at
     once and for every head in ``heads``, for the queries 2..n-1 of a rotary head or layer (module docstring).
 
@@ -79,7 +81,9 @@ def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
     about ``||F^T b|| (1 - ||mid||^2)^(1/2)``, ``F F^T = sum_h ||S V_h||^2 sum_Delta S A^h_Delta S S A^hT_Delta S`` over
     the keys' offsets; b is the best ``count`` of the top eigenvectors of ``F F^T - t H`` (``H`` the symmetric part
     of the queries' own score forms, t over ``trade_offs`` scaled to the two matrices): a query that scores
-    itself high needs a long ``mid``."""
+    itself high needs a long ``mid``.  For several heads of a layer one more spread makes their images through ``W_O``
+    add (:func:`~.layer_starts.aligned_spread`); ``aligned_only``: that spread alone (each input of a layer costs a
+    layer evaluation)."""
     engine, n, S = problem.engine, problem.n, problem.context.root
     kernel, d_k = engine.kernel, engine.d_k
     sigma = scale_of(kernel.scale, d_k)
@@ -135,16 +139,28 @@ def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
             out.append(basis @ np.linalg.eigh(value_form - mu * unit * gradients)[1][:, -1])
         return out
 
-    def tie(b: np.ndarray, margin: float) -> tuple[np.ndarray, np.ndarray]:
+    def tie(b: np.ndarray, margin: float) -> tuple[np.ndarray, list[np.ndarray]]:
         tied, own = [], []
         for P, K, b_Q, _ in chosen:
             query = sigma * (b @ P + b_Q)                          # g_Delta = query R_Delta K^T
             gradients = np.array([query @ R @ K.T for R in rotations])
             tied.append(gradients[:n - 1])
             own += [max(gradients[n - 1 + delta] @ b for delta in range(-(n - 3), 1))] * (n - 1)
-        tied = np.concatenate(tied)
-        mid = np.linalg.lstsq(tied, np.array(own) + margin, rcond=None)[0]
+        mid = np.linalg.lstsq(np.concatenate(tied), np.array(own) + margin, rcond=None)[0]
         return mid * min(1.0, 0.95 / max(np.linalg.norm(mid), 1e-300)), tied
+
+    # several heads through W_O: the spread whose images through the heads' blocks of W_O add (layer_starts)
+    images = [S @ engine.head_weights(h)[2] @ problem.target.output_block(h) for h in heads] \
+        if through_W_O and len(heads) > 1 else None
+
+    def aligned(per_head: list[np.ndarray], frame: np.ndarray) -> list[np.ndarray]:
+        if images is None:
+            return []
+        # row i (2..n-1) reads key 0 at offset -i (index n - 1 - i) and key 1 at 1 - i: its score difference's
+        # gradient in the two keys' moves; sigma_h the top singular value of those rows
+        strengths = np.array([np.linalg.norm(np.hstack([g[n - 1 - np.arange(2, n)], -g[n - np.arange(2, n)]]), 2)
+                              for g in per_head])
+        return [aligned_spread(images, strengths, frame)]
 
     predicted = [np.linalg.norm(F.T @ (span.T @ b)) * math.sqrt(max(1 - np.linalg.norm(tie(b, margins[0])[0]) ** 2,
                                                                     0.0)) for b in candidates]
@@ -152,13 +168,17 @@ def rotary_tied_keys(problem, heads: list[int], count: int = 3, margins=(10.0,),
     for k in np.argsort(predicted)[::-1][:count]:
         b = candidates[k]
         for margin in margins:
-            mid, tied = tie(b, margin)
+            mid, per_head = tie(b, margin)
+            tied = np.concatenate(per_head)
             frame = np.linalg.svd(tied.T, full_matrices=False)[0]
-            for spread in spreads(tied, frame):
+            kinds = aligned(per_head, frame) if aligned_only else spreads(tied, frame) + aligned(per_head, frame)
+            for spread in kinds:
                 half = math.sqrt(max(1.0 - mid @ mid, 0.0)) * spread
                 U = np.zeros((n, problem.width))
                 U[0], U[1], U[2:] = mid + half, mid - half, b
                 out.append(U)
+    if not out:                                                     # aligned_only with one head: no such spread
+        return np.zeros((0, n, problem.width))
     return problem.retract(problem.from_unit(np.array(out)), 1 - 1e-6)
 
 
@@ -315,6 +335,23 @@ def _qk_norm_starts(problem, rng, deadline, work: float):
 #: kernel class -> ``starts(problem, rng, deadline, work) -> [(inputs, family)]``, or None: random starts only
 KERNEL_STARTS = {DotProduct: _dot_product_starts, Rotary: _rotary_starts, QKNorm: _qk_norm_starts, L2Distance: None,
                  ScaledCosine: None, Sigmoid: None, FeatureMap: None, CustomKernel: None}
+
+
+def head_ties(problem) -> np.ndarray:
+    """Two keys tied for every query of the problem's one head (:func:`rotary_tied_keys`): the few starts that say
+    how high a head of a layer can reach through its block of ``W_O`` (:func:`~.layer_starts.scout_heads`); none for
+    n < 3."""
+    if problem.n < 3:
+        return np.zeros((0, problem.n, problem.width))
+    return rotary_tied_keys(problem, [0])
+
+
+def joint_ties(problem, heads: list[int]) -> np.ndarray:
+    """Two keys tied for several heads of a rotary layer at once, spread so that their images through ``W_O`` add
+    (:func:`rotary_tied_keys` with the aligned spread alone, the best query point); none for n < 3."""
+    if problem.n < 3:
+        return np.zeros((0, problem.n, problem.width))
+    return rotary_tied_keys(problem, heads, count=1, aligned_only=True)
 
 
 def kernel_starts(problem, rng, deadline, work: float = 1.0) -> list:

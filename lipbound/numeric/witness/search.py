@@ -13,10 +13,11 @@ from ..blas import one_blas_thread
 from ..domains import TokenBall, TokenDomain
 from ..memory import available_bytes, require_memory
 from ..model import Head, Layer
-from .ascent import CONTINUATION_STAGES, GENERIC_FAMILIES, continuation, join, polish_best, start_candidates, take
+from .ascent import CONTINUATION_STAGES, GENERIC_FAMILIES, continuation, join, polish_best, rank_pool, take
 from .clock import WORK_PER_SECOND, step_work
 from .engine import engine_for
-from .kernel_starts import kernel_starts
+from .kernel_starts import head_ties, joint_ties, kernel_starts
+from .layer_starts import layer_starts, scouted
 from .problem import ROLES, SearchProblem
 from .record import NORMS, Witness, project_to_ball
 from .starts import castin_input
@@ -64,20 +65,6 @@ def _check_memory(heads: int, n: int, d: int) -> None:
     needed = per_token_squared * n * n + _BATCH * 16 * n * d * 8
     largest = int((available_bytes() * 0.8 / per_token_squared) ** 0.5)
     require_memory(needed, "n", "witness search", largest)
-
-
-def _evaluate_pool(problem: SearchProblem, pool, rng, power_steps: int, chunk: int, deadline: float):
-    """Jacobian norms of the starting inputs, in chunks until ``deadline`` (at least one chunk)."""
-    Xw = np.concatenate([p[0] for p in pool])
-    families = [p[1] for p in pool for _ in range(len(p[0]))]
-    parts = []
-    for first in range(0, len(Xw), chunk):
-        if parts and problem.clock() >= deadline:
-            break
-        part = slice(first, first + chunk)
-        parts.append(start_candidates(problem, problem.retract(Xw[part], 1 - 1e-9), families[part], rng,
-                                      power_steps=power_steps))
-    return join(*parts)
 
 
 #: Starts of one family whose values agree to this relative tolerance count as one (:func:`_distinct`).
@@ -160,7 +147,8 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     Notes
     -----
     Candidates: structured alpha/beta inputs of every head (:func:`structured_starts`, dot-product
-    self-attention; ties between far keys for cross-attention), several heads tied at one input,
+    self-attention; ties between far keys for cross-attention; for a rotary layer, its heads scouted alone through
+    their blocks of ``W_O`` for 45% of the budget, :mod:`.layer_starts`), several heads tied at one input,
     Castin et al.'s adversarial input, random inputs with a continuation from a shrunk domain; the
     best (the two best of every constructed family among them) are polished together by an L-BFGS
     ascent of the local Jacobian norm in smooth coordinates of the domain, then the best alone, and,
@@ -192,11 +180,15 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     polish_count = max(2, int(polish_count / work))
     until = began + 0.25 * (deadline - began)
     pool = []
-    pool += kernel_starts(problem, rng, until, work)   # the structured starts of the head's kernel
+    if scouted(problem):          # a rotary layer: its heads scouted alone, then tied together and combined
+        pool += layer_starts(problem, rng, began + 0.45 * (deadline - began), work, kernel_starts, head_ties,
+                             joint_ties)
+    else:
+        pool += kernel_starts(problem, rng, until, work)   # the structured starts of the head's kernel
     pool.append((problem.random(rng, max(2, int(8 / work)), 1 - 1e-6), "random"))
     # a few power steps rank the starts (the polish refines E); more would leave fewer starts ranked at all
-    cands = _evaluate_pool(problem, pool, rng, 8 if len(heads) == 1 else 6, max(1, int(32 / work)),
-                           began + 0.4 * (deadline - began))
+    cands = rank_pool(problem, pool, rng, 8 if len(heads) == 1 else 6, max(1, int(32 / work)),
+                      began + (0.6 if scouted(problem) else 0.4) * (deadline - began))
     families = list(dict.fromkeys(cands.family))
     pooled = clock()
     # the first chunk is always ranked: on a wide layer at a small budget it may use the whole budget, and the
