@@ -153,20 +153,8 @@ def query_second_derivative(layer, X, f, i, groups):
     for that query alone (n times less work)."""
     import numpy as np
     n, d = X.shape
-    eye, total = np.eye(n), 0.0
-    for k, head in enumerate(layer.heads):
-        W_Q, W_K, A = head.W_Q, head.W_K, head.V @ layer.output_block(k)
-        c = 1 / np.sqrt(W_Q.shape[1])
-        q, key, v = X @ W_Q + head.b_Q, X @ W_K + head.b_K, X @ A + head.b_V @ layer.output_block(k)
-        s = c * q[i] @ key.T
-        p = np.exp(s - s.max())
-        p /= p.sum()
-        u = v - p @ v                                                         # u_ij, (j, o)
-        a, b = key @ W_Q.T, q[i] @ W_K.T                                       # W_Q k_j (n, d), W_K q_i (d,)
-        # zeta_ij's derivative in e_(m, a): c [i = m] (W_Q (k_j - kappa_i))_a + c ([j = m] - p_m) (W_K q_i)_a
-        Z = (eye[:, :, None] - p[None, :, None]) * b[None, None, :]
-        Z[:, i, :] += a - p @ a
-        Z = c * Z.reshape(n, n * d)                                           # rows j
+    total = 0.0
+    for A, c, p, u, Z, Qt in _query_heads(layer, X, i):
         zf = Z @ f.ravel()
         out = np.zeros((A.shape[1], n, d))
         if "I" in groups:
@@ -175,7 +163,6 @@ def query_second_derivative(layer, X, f, i, groups):
         if "II" in groups:
             out += (((p * zf)[:, None] * u).T @ Z).reshape(out.shape)
         if "III" in groups:
-            Qt = W_Q @ W_K.T
             out[:, i, :] += c * ((u * p[:, None]).T @ (f @ Qt.T))
             out += c * (p[:, None] * u).T[:, :, None] * (f @ Qt)[i][None, None, :]
         total = total + out
@@ -219,7 +206,8 @@ def _query_heads(layer, X, i):
         s = c * q[i] @ key.T
         p = np.exp(s - s.max())
         p /= p.sum()
-        a, b = key @ W_Q.T, q[i] @ W_K.T
+        a, b = key @ W_Q.T, q[i] @ W_K.T                                       # W_Q k_j (n, d), W_K q_i (d,)
+        # zeta_ij's derivative in e_(m, a): c [i = m] (W_Q (k_j - kappa_i))_a + c ([j = m] - p_m) (W_K q_i)_a
         Z = (eye[:, :, None] - p[None, :, None]) * b[None, None, :]
         Z[:, i, :] += a - p @ a
         heads.append((A, c, p, v - p @ v, c * Z.reshape(n, n * d), W_Q @ W_K.T))
