@@ -24,17 +24,17 @@ def _centred(x: np.ndarray) -> float:
 
 
 def _along(x: np.ndarray, w: np.ndarray) -> float:
-    """``<P x, w> / ||w||``: at most ``||P x||`` (the lemma's first step), so a floor above it is a floor above the
-    centred norm too, and the sharper check."""
-    return float(np.dot(x - np.mean(x), w) / np.linalg.norm(w))
+    """``max(<P x, w> / ||w||, 0)``: at most ``||P x||`` (the lemma's first step), so a floor above it is a floor above
+    the centred norm too, and the sharper check (the lemma bounds ``<P x, w>`` itself where its floor is positive)."""
+    return max(float(np.dot(x - np.mean(x), w) / np.linalg.norm(w)), 0.0)
 
 
 def _feedforward_floor_escape(seed: int, scale: float, carried: float, ball: float, steps: int = 30):
     """Feed-forward step of a generated block on a set with rows, carried balls and a ball, its sets' floors before
-    the output LayerNorm, and the largest ``floor_i - <P x, w_i> / ||w_i||`` (at least ``floor_i - ||P x||``) over
-    points x of the step's image: the real map's
-    values at the points of the input set that minimise ``<w_i, FF(x)>`` (a fixed point of the linearised minimiser:
-    every part at its extreme against ``J_F(x) w_i``), at sampled ones, and on the segments from the float point.
+    the output LayerNorm, and the largest ``floor_i - max(<P x, w_i> / ||w_i||, 0)`` (at least ``floor_i - ||P
+    x||``) over points x of the step's image: the real map's values at the points of the input set that minimise
+    ``<w_i, FF(x)>`` (a fixed point of the linearised minimiser: every part at its extreme against ``J_F(x) w_i``), at
+    sampled ones, and on the segments from the float point.
     Also the floors and ``max(nu - R, 0)`` for comparison."""
     chain, centre = _generated_block(seed % 50)
     rng = np.random.default_rng(seed)
