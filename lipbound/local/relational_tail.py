@@ -126,8 +126,8 @@ class TokenForms:
                       r"\sigma": IntervalArray(w).sum().magnitude.item(),
                       r"\rho": float(sum_upper(IntervalArray(points[i]).norm_upper().item(), self.radii[i])),
                       "d": float(w.shape[0])}
-            floors[i] = max(float(evaluate_theorem_lower(T.centred_floor(), **{key: np.float64(v)
-                                                                                for key, v in values.items()})), 0.0)
+            floor = float(evaluate_theorem_lower(T.centred_floor(), **{k: np.float64(v) for k, v in values.items()}))
+            floors[i] = floor if floor > 0 else 0.0   # (and 0 where it is not a number)
         return floors
 
     def frobenius(self) -> float:
