@@ -16,8 +16,14 @@ CPU seconds of each way of forming the sets; then each token's feed-forward rema
 feed-forward block, with GELU'' at the centre and the per-neuron Q terms (before) and with the Taylor quotients and
 the joint Q terms (lemma gelu-taylor-quotient, now), side by side.
 
+With ``--floors`` the block's curve is run twice in one process at each radius: with the floors of the centred norm on
+the sets (lemma centred-floor, now) and with every floor 0 (before: the LayerNorms read ``nu - R`` alone); printed
+per token before the output LayerNorm: its centred norm ``nu``, the ball it is read on, ``nu - R`` and the floor, and
+the tail's ``omega``, then each run's certified value / witness and CPU seconds.
+
 Run: ``python bench/bench_block_forms.py [--text "The cat sat on the mat."] [--layer 0] [--fractions 1e-3,1e-2]
-[--scale-rests 0.1] [--parts]`` (about four minutes of CPU per radius at n = 9; with ``--parts`` about a minute).
+[--scale-rests 0.1] [--parts] [--floors]`` (about four minutes of CPU per radius at n = 9; with ``--parts`` about a
+minute).
 """
 
 from __future__ import annotations
@@ -52,9 +58,9 @@ def run(text: str, layer: int, fraction: float, forms: bool, scale: float = 1.0)
     def scaled_init(self, chain, centre, jacobian, radius, rests):
         original_init(self, chain, centre, jacobian, radius, np.asarray(rests, dtype=np.float64) * scale)
 
-    def recorded_balls(centre, radii):
+    def recorded_balls(centre, radii, **kwargs):
         balls.append(np.array(radii))
-        return original_balls(centre, radii)
+        return original_balls(centre, radii, **kwargs)
 
     def recorded_next(self, *chained):
         sets.append(original_next(self, *chained))
@@ -71,6 +77,44 @@ def run(text: str, layer: int, fraction: float, forms: bool, scale: float = 1.0)
     # the block's own chain forms its balls last (after the attention, before the feed-forward block, before the
     # output LayerNorm); its sets come in the same order (a fourth, the output's, only for the reach)
     return found.points[0], balls[-3:], sets[:3], time.process_time() - began
+
+
+def floors(text: str, layer: int, fraction: float) -> None:
+    """The block's curve at one radius with and without the sets' floors of the centred norm (module docstring)."""
+    from lipbound.local import relational_tail
+    from lipbound.local.tail import BlockTail
+    from lipbound.measures.curves import local_curve
+    original_floors, original_omegas = relational_tail.TokenForms.centred_floors, BlockTail.omegas
+    for kept in (False, True):
+        seen: dict = {}
+
+        def recorded_floors(self, points):
+            return original_floors(self, points) if kept else np.zeros(len(self.rows))
+
+        def recorded_omegas(self, M, V, N, radii, rounding, floors=None):
+            seen["omegas"] = original_omegas(self, M, V, N, radii, rounding, floors)
+            seen["radii"], seen["nu"] = radii[3], self.ln_2.nu.lo
+            seen["floors"] = floors[3] if floors is not None and floors[3] is not None else np.zeros(len(radii[3]))
+            return seen["omegas"]
+        began = time.process_time()
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(mock.patch.object(relational_tail.TokenForms, "centred_floors", recorded_floors))
+            stack.enter_context(mock.patch.object(BlockTail, "omegas", recorded_omegas))
+            if not kept:   # (nor the feed-forward remainders along the directions: the work before)
+                stack.enter_context(mock.patch.object(relational_tail, "feedforward_remainder_along",
+                                                      lambda *args, **kwargs: np.inf))
+            found, _ = local_curve(text, layer=layer, kind="block", eps=(fraction,))
+        cpu = time.process_time() - began
+        point = found.points[0]
+        print(f"{text!r} layer {layer}, {fraction:g} R, {'with the floors (now)' if kept else 'floors 0 (before)'}:")
+        if "omegas" in seen:
+            print(f"  output LayerNorm: nu      {_row(seen['nu'])}")
+            print(f"                    ball    {_row(seen['radii'])}")
+            print(f"                    nu - R  {_row(np.maximum(seen['nu'] - seen['radii'], 0.0))}")
+            print(f"                    floor   {_row(seen['floors'])}")
+            print(f"  omega per token           {_row(seen['omegas'])}")
+        print(f"  certified / witness {point.certified:.6g} / {point.witness:.6g} = "
+              f"{point.certified / point.witness:.4g} ({point.verdict}; {cpu:.1f} CPU s)")
 
 
 def _row(values) -> str:
@@ -162,7 +206,13 @@ def main() -> None:
                         help="the attention's Taylor remainders times this (below 1: what-if, not a bound)")
     parser.add_argument("--parts", action="store_true",
                         help="the sets' radii per token and their parts, plain and carried balls (no curves)")
+    parser.add_argument("--floors", action="store_true",
+                        help="the curves with the sets' floors of the centred norm and with every floor 0")
     args = parser.parse_args()
+    if args.floors:
+        for fraction in (float(f) for f in args.fractions.split(",")):
+            floors(args.text, args.layer, fraction)
+        return
     if args.parts:
         for fraction in (float(f) for f in args.fractions.split(",")):
             parts(args.text, args.layer, fraction)

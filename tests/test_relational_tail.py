@@ -503,7 +503,8 @@ def test_dropping_the_norms_carried_remainder_fails(monkeypatch):
     """Mutation: a LayerNorm step whose carried Taylor remainder (the ball ``rho diag(gamma)``) is zero lets sampled
     points leave the step's set."""
     assert _step_escape(1, TokenForms.norm_step, 0.5, 1.0) <= 1e-9
-    monkeypatch.setattr(relational_tail, "norm_taylor_remainder", lambda enclosed, radii: np.zeros(len(radii)))
+    monkeypatch.setattr(relational_tail, "norm_taylor_remainder",
+                        lambda enclosed, radii, floors=None: np.zeros(len(radii)))
     assert _step_escape(1, TokenForms.norm_step, 0.5, 1.0) > 0
 
 

@@ -45,11 +45,15 @@ class TokenBalls:
         Non-negative; upper bounds (rounded up by whoever computed them).
     masses : ndarray, shape (n,), optional
         Positive key masses (default 1).
+    floors : ndarray, shape (n,), optional
+        Certified lower bounds of the centred norm ``||P y_j||`` at the points that matter (the token's set, lemma
+        centred-floor), which a LayerNorm's bounds read besides ``nu - R``; None: only the balls.
     """
 
     center: np.ndarray
     radii: np.ndarray
     masses: np.ndarray | None = None
+    floors: np.ndarray | None = None
 
     def __post_init__(self):
         center = np.asarray(self.center, dtype=np.float64)
@@ -65,6 +69,12 @@ class TokenBalls:
         object.__setattr__(self, "center", center)
         object.__setattr__(self, "radii", radii)
         object.__setattr__(self, "masses", masses)
+        if self.floors is not None:
+            floors = np.asarray(self.floors, dtype=np.float64)
+            if floors.shape != (center.shape[0],) or not np.all(floors >= 0) or not np.all(np.isfinite(floors)):
+                raise AssumptionError("floors", "one finite non-negative floor per token", repr(floors[:4]),
+                                      "pass the centred norms' lower bounds, 0 where none is known")
+            object.__setattr__(self, "floors", floors)
 
     @property
     def n(self) -> int:

@@ -86,6 +86,11 @@ def evaluate_theorem(theorem, **values) -> np.ndarray:
     return _enclose(theorem, **values).hi
 
 
+def evaluate_theorem_lower(theorem, **values) -> np.ndarray:
+    """The lower end of :func:`_enclose`: a certified lower bound of what the theorem states (a floor)."""
+    return _enclose(theorem, **values).lo
+
+
 def simplex_box_max(p_lo: np.ndarray, p_hi: np.ndarray, z: np.ndarray) -> np.ndarray:
     """Upper bounds on ``max {sum_l p_l z_l : p_lo <= p <= p_hi, sum_l p_l = 1}`` over the last axis.
 
@@ -339,7 +344,10 @@ def norm_bounds(norm: Normalization, balls: TokenBalls, enclosed: EnclosedNorm |
     R = balls.radii
     common = {r"\|\gamma\|_\infty": np.float64(norm.gamma_max), "d": np.float64(norm.d), r"\nu": E.nu,
               r"\delta": E.delta}
-    lipschitz = evaluate_theorem(T.norm_lipschitz(kind), **common, R=R)
+    # a set with a floor of its centred norm (lemma centred-floor) reads max(nu - R, floor) where nu - R stood
+    floored = {} if balls.floors is None else {r"\ell": np.asarray(balls.floors, dtype=np.float64)}
+    lipschitz = evaluate_theorem((T.norm_lipschitz_floor if floored else T.norm_lipschitz)(kind), **common, R=R,
+                                 **floored)
     at_center = evaluate_theorem(T.norm_lipschitz(kind), **common, R=np.zeros_like(R))
     reach = (IntervalArray(norm.radius_about_center)
              + IntervalArray((E.output - IntervalArray(norm.center)).norm_upper())).hi
@@ -351,7 +359,8 @@ def norm_bounds(norm: Normalization, balls: TokenBalls, enclosed: EnclosedNorm |
     movement = np.minimum(np.minimum(chord, (IntervalArray(lipschitz) * IntervalArray(R)).hi), reach)
     scale = IntervalArray(norm.gamma_max) * IntervalArray(float(norm.d)).sqrt()
     G = np.minimum((IntervalArray(movement) / scale).hi, 2.0)
-    variation = evaluate_theorem(T.norm_variation(kind), **common, R=R, G=G)
+    variation = evaluate_theorem((T.norm_variation_floor if floored else T.norm_variation)(kind), **common, R=R, G=G,
+                                 **floored)
     return LocalBounds(movement, np.diag(lipschitz), np.diag(variation), np.diag(at_center), E.output,
                        {"nu": E.nu, "lipschitz": lipschitz})
 

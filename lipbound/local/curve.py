@@ -410,7 +410,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         started = time.process_time()
         hood = neighbourhoods[index]
         balls = hood.balls(X)
-        M, V, ball_radii = [], [], []
+        M, V, ball_radii, ball_floors = [], [], [], []
         # a post-norm block: its per-token maps carried on the attention's Taylor set (relational_tail.py)
         forms = _block_forms(chain, centre, tail, attention_jacobian, first, index, hood, n)
         try:
@@ -421,6 +421,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
                 M.append(bounds.blocks)
                 V.append(bounds.variation)
                 ball_radii.append(balls.radii)
+                ball_floors.append(balls.floors)
                 if k + 1 < len(chain):
                     movement = bounds.movement
                     if k == 0 and first is not None:
@@ -434,13 +435,15 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
                     if component.kind == "feedforward":   # the GELU values' changes jointly (secant slopes)
                         movement = np.minimum(movement, centre.enclosed[k].movement(balls.radii))
                     radii = (IntervalArray(movement) + IntervalArray(centre.rounding[k + 1])).hi
+                    floors = None   # the centred norms' floors on the set (lemma centred-floor), where one is formed
                     if forms is not None:   # (about the same float point, its rounding included)
                         formed = forms.next_radii(radii)
+                        floors = forms.floors
                         # where no token's set after the attention is smaller, the later ones are not formed (a
                         # choice of work: at 1e-2 R of MiniLM's block 0 the chained feed-forward balls are smaller)
                         forms = forms if k == 0 or np.any(formed < radii) else None
                         radii = np.minimum(radii, formed)
-                    balls = TokenBalls(centre.points[k + 1], radii)
+                    balls = TokenBalls(centre.points[k + 1], radii, floors=floors)
         except NotCertifiedError:   # the balls grew past the float range: the blockwise routes give no bound
             M = None
         columns = np.flatnonzero(moving)
@@ -459,7 +462,7 @@ def _curve(model, X, kind, layer, head, last, norm, ball, positions, eps, ascent
         tail_reach, omegas = math.inf, None
         if tail is not None and M is not None and hood.eps > 0:
             try:
-                omegas = tail.omegas(M, V, N_blocks, ball_radii, centre.rounding)
+                omegas = tail.omegas(M, V, N_blocks, ball_radii, centre.rounding, ball_floors)
                 named.offer("attention-tail", tail.variation(first.points[index], omegas, attention_jacobian))
                 tail_reach = tail.reach(first.points[index].reach, omegas)
             except NotCertifiedError:   # an enclosure overflowed (balls past the LayerNorms' centres): no bound

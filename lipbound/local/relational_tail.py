@@ -49,7 +49,7 @@ from ..rigorous.linalg import Enclosure, lambda_max_upper_large, spectral_norm_u
 from ..rigorous.zonotope import AffineForm, Symbols, sum_upper
 from ..symbolic import local as T
 from .balls import TokenBalls
-from .bounds import evaluate_theorem, norm_bounds
+from .bounds import evaluate_theorem, evaluate_theorem_lower, norm_bounds
 from .centre import rounding_reach
 from .enclosed import EnclosedFeedForward, EnclosedNorm, feedforward_grams, feedforward_hadamards
 from .taylor_quotients import curvature_split
@@ -81,6 +81,12 @@ class TokenForms:
     rows: tuple
     balls: np.ndarray
     shapes: tuple = ()
+    #: (n,) the part of each ball that is not the feed-forward remainder, and (n,) bounds of that remainder along the
+    #: token's :func:`centred_direction` (inf where not formed): what :meth:`centred_floors` reads of the ball
+    plain: np.ndarray | None = None
+    along: np.ndarray | None = None
+    #: (n, d) the vectors w of ``along``
+    directions: np.ndarray | None = None
 
     def shape(self, i: int) -> tuple:
         """Token i's carried balls (empty where the set carries none)."""
@@ -99,6 +105,30 @@ class TokenForms:
         return np.array([float(sum_upper(IntervalArray(row.center).norm_upper().item(), row.radius(),
                                          self.carried(i), b))
                          if math.isfinite(b) else math.inf for i, (row, b) in enumerate(zip(self.rows, self.balls))])
+
+    def centred_floors(self, points: np.ndarray) -> np.ndarray:
+        """Per token, a certified lower bound of the centred norm ``||P x||`` on the set (lemma centred-floor) and on
+        the segments from ``points[i]`` (the set's float point, (n, d)) to it, along ``w``, the vector of ``along``
+        where formed, else ``centred_direction(points[i])``: the form's and the carried balls' parts along w (their
+        centres counted both ways), the ball times ``||w||`` except for the feed-forward remainder, which counts by its
+        own bound along w where formed; 0 where the set is not finite or the bound not positive."""
+        floors = np.zeros(len(self.rows))
+        for i, (row, b) in enumerate(zip(self.rows, self.balls)):
+            if not math.isfinite(self.radii[i]):
+                continue
+            directed = self.along is not None and self.plain is not None and self.directions is not None \
+                and math.isfinite(self.along[i])
+            w = self.directions[i] if directed else centred_direction(points[i])
+            values = {r"\langle \tilde x, w\rangle": (IntervalArray(points[i]) * IntervalArray(w)).sum().lo.item(),
+                      "f_w": _along(row, w), "c_w": float(sum_upper(0.0, *(_along(part, w) for part in self.shape(i)))),
+                      "b_0": self.plain[i] if directed else b, "T_w": self.along[i] if directed else 0.0,
+                      r"\|w\|": IntervalArray(w).norm_upper().item(),
+                      r"\sigma": IntervalArray(w).sum().magnitude.item(),
+                      r"\rho": float(sum_upper(IntervalArray(points[i]).norm_upper().item(), self.radii[i])),
+                      "d": float(w.shape[0])}
+            floor = float(evaluate_theorem_lower(T.centred_floor(), **{k: np.float64(v) for k, v in values.items()}))
+            floors[i] = floor if floor > 0 else 0.0   # (and 0 where it is not a number)
+        return floors
 
     def frobenius(self) -> float:
         """``sup ||x - x~||_F``: the operator norm of all rows' Euclidean generators side by side (the tokens move
@@ -139,7 +169,7 @@ class TokenForms:
         radii = self.radii
         if not np.all(np.isfinite(radii)):
             return TokenForms(self.rows, np.full(len(self.rows), np.inf))
-        rests = norm_taylor_remainder(enclosed, radii)
+        rests = norm_taylor_remainder(enclosed, radii, self.centred_floors(enclosed.Z.mid))
         rows, balls, Js = [], [], []
         for i, (row, b) in enumerate(zip(self.rows, self.balls)):
             Js.append(enclosed.jacobian_block(i))
@@ -180,13 +210,17 @@ class TokenForms:
         rows = tuple(form for form, _, _ in steps)
         n = len(rows)
         wanted = np.ones(n, dtype=bool) if tokens is None else np.asarray(tokens, dtype=bool)
-        balls = np.full(n, np.inf)
+        balls, plain, along = np.full(n, np.inf), np.full(n, np.inf), np.full(n, np.inf)
         second = spectral_norm_upper_large(Enclosure.exact(enclosed.ffn.W_2))
 
         def form(chosen: np.ndarray) -> None:   # the certified balls of these tokens
             for i in np.flatnonzero(chosen & wanted):
                 _, gap, scale = steps[i]
                 remainder = feedforward_remainder(enclosed, i, self.rows[i], self.balls[i], second, self.shape(i))
+                if remainder >= FLOOR_WORTH * float(np.linalg.norm(after[i] - np.mean(after[i]))):
+                    along[i] = feedforward_remainder_along(enclosed, i, self.rows[i], self.balls[i], second,
+                                                           self.shape(i), centred_direction(after[i]), remainder)
+                plain[i] = _step_ball(self.balls[i], scale, radii[i], gap)
                 balls[i] = _step_ball(self.balls[i], scale, radii[i], gap, taylor=remainder)
         if ceiling is not None:
             floors = [_step_ball(b, scale, radii[i], gap, taylor=remainder_floor(enclosed, i, row, b, self.shape(i)))
@@ -199,7 +233,7 @@ class TokenForms:
             form(~candidates)
         else:
             form(np.ones(n, dtype=bool))
-        return TokenForms(rows, balls, shapes)
+        return TokenForms(rows, balls, shapes, plain, along, np.array([centred_direction(x) for x in after]))
 
 
 #: the nested balls of :func:`norm_taylor_remainder`: radii ``k r / NESTED_BALLS``, k = 1 .. NESTED_BALLS
@@ -207,17 +241,19 @@ NESTED_BALLS = 8
 _NESTED_SUM = r"\textstyle\sum_k (t_k - t_{k-1})\,V(t_k r)"
 
 
-def norm_taylor_remainder(enclosed: EnclosedNorm, radii: np.ndarray) -> np.ndarray:
+def norm_taylor_remainder(enclosed: EnclosedNorm, radii: np.ndarray, floors: np.ndarray | None = None) -> np.ndarray:
     """Per token, a bound on Taylor's remainder ``sup ||g(x) - g(x~) - (x - x~) J||`` of a LayerNorm or RMSNorm g on
     ``B(x~, r)`` (lemma token-form-nested): ``r sum_k (t_k - t_(k-1)) V(t_k r)``, ``V(rho)`` its Jacobian's variation on
     the ball of radius rho (:func:`~lipbound.local.bounds.norm_bounds`), ``t_k = k / NESTED_BALLS``; at most ``r
     V(r)``, which it replaces in lemma token-form-step (about ``(1 + 1 / NESTED_BALLS) / 2`` of it where V grows
-    linearly)."""
+    linearly).  ``floors``: lower bounds of the centred norm on the set and on the segments from its float point
+    (:meth:`TokenForms.centred_floors`), which the nested balls' bounds read too."""
     width = IntervalArray(1.0) / IntervalArray(float(NESTED_BALLS))
     total, variation = IntervalArray(np.zeros(len(radii))), None
     for k in range(1, NESTED_BALLS + 1):
         inner = (IntervalArray(radii) * width * IntervalArray(float(k))).hi        # t_k r, rounded up
-        variation = np.diag(norm_bounds(enclosed.norm, TokenBalls(enclosed.Z.mid, inner), enclosed).variation)
+        variation = np.diag(norm_bounds(enclosed.norm, TokenBalls(enclosed.Z.mid, inner, floors=floors),
+                                         enclosed).variation)
         total = total + width * IntervalArray(variation)
     nested = evaluate_theorem(T.token_form_nested(), r=np.asarray(radii, dtype=np.float64), **{_NESTED_SUM: total.hi})
     return np.minimum(nested, (IntervalArray(radii) * IntervalArray(variation)).hi)
@@ -269,7 +305,12 @@ def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm
     (:func:`_signed_part`, each carried ball's symbols a part of its quadratic form).  ``second``: ``||W_2||``
     rounded up, when the caller has it."""
     parts = _remainder_parts(enclosed, i, row, ball, second, shape)
-    split = curvature_split(enclosed.h[i], parts[4], outlier_neurons(enclosed.ffn))
+    return _remainder_on_parts(parts, curvature_split(enclosed.h[i], parts[4], outlier_neurons(enclosed.ffn)))
+
+
+def _remainder_on_parts(parts: tuple, split: tuple) -> float:
+    """:func:`feedforward_remainder` on its :func:`_remainder_parts` and the Taylor quotients' ``split``."""
+    enclosed = parts[0]
     joint = joint_remainder(*parts, split=split)
     # (a choice of work: a Rayleigh quotient is at most the top eigenvalue, so where its quadratic part alone is not
     # below the joint bound the signed one cannot be smaller, and its certified eigenvalue is not formed)
@@ -280,6 +321,61 @@ def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm
     if not (IntervalArray(0.5) * IntervalArray(c) * IntervalArray(F)).hi.item() < joint:
         return joint
     return min(joint, signed_remainder(*parts, signed=(c, F), split=split))
+
+
+#: the feed-forward remainder along a token's centred direction is formed only where the remainder is at least this
+#: share of the token's centred norm (a choice of work: below it the floor ``nu - R`` is close to ``nu`` anyway)
+FLOOR_WORTH = 0.05
+
+
+def centred_direction(x: np.ndarray) -> np.ndarray:
+    """``P x / ||P x||`` in floats (P the centring; any non-zero vector serves lemma centred-floor, this one makes it
+    tight at x); the first unit vector where ``P x`` is 0."""
+    centred = np.asarray(x, dtype=np.float64) - np.mean(x)
+    size = float(np.linalg.norm(centred))
+    return centred / size if size > 0 else np.eye(centred.shape[0])[0]
+
+
+def _along(form: AffineForm, w: np.ndarray) -> float:
+    """``sup |<y, w>|`` over the values y of a row form (d,), its centre included, rounded up."""
+    line = form.linear(np.asarray(w, dtype=np.float64)[:, None])
+    return float(sum_upper(IntervalArray(line.center).norm_upper().item(), line.radius()))
+
+
+def feedforward_remainder_along(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float,
+                                second: float | None, shape: tuple, direction: np.ndarray,
+                                remainder: float = math.inf) -> float:
+    """A bound on ``|<w, FF(x) - FF(y) - (x - y) J_F(y)>|`` over the set of :func:`feedforward_remainder` for the
+    vector ``w = direction``: the smaller of lemma feedforward-taylor-directed and ``remainder ||w||`` (``remainder``
+    a bound on the remainder's norm, when the caller has it)."""
+    parts = _remainder_parts(enclosed, i, row, ball, second, shape)
+    split = curvature_split(enclosed.h[i], parts[4], outlier_neurons(enclosed.ffn))
+    size = IntervalArray(direction).norm_upper().item()
+    whole = (IntervalArray(remainder) * IntervalArray(size)).hi.item() if math.isfinite(remainder) else math.inf
+    return min(whole, directed_remainder(parts, split, direction))
+
+
+def directed_remainder(parts: tuple, split: tuple, direction: np.ndarray) -> float:
+    """Lemma feedforward-taylor-directed on :func:`_remainder_parts` and the Taylor quotients' ``split``
+    (:func:`~lipbound.local.taylor_quotients.curvature_split`): with ``x_w = g o W_2 w`` and ``y_w = S o |W_2 w|`` (the
+    outlier neurons' entries 0), ``(c / 2) (sqrt(x_w^T (K o K) x_w) + lambda_max(diag(y_w)^(1/2) K diag(y_w)^(1/2)))``
+    plus the outliers' separated remainder times ``||w||``, rounded up (K, c of :func:`_signed_gram`)."""
+    enclosed, beta, a_gram, dev, i, carried = parts[0], parts[1], parts[2], parts[4], parts[6], parts[-1]
+    ffn = enclosed.ffn
+    apart = outlier_neurons(ffn)
+    K, c = _signed_gram(ffn, a_gram, beta, carried)
+    w = np.asarray(direction, dtype=np.float64)
+    reads = IntervalArray(ffn.W_2).matmul(w[:, None]).reshape(-1)                                # r_k . w
+    x = _without_outliers(ffn, split[0]) * reads
+    squares = ((K * K * x.expand(0)).sum(axis=-1) * x).sum()
+    S = np.array(split[1], dtype=np.float64)
+    S[apart] = 0.0
+    root = (IntervalArray(S) * IntervalArray(reads.magnitude)).sqrt()
+    scaled = K * root.expand(0) * root.expand(-1)
+    values = {"c": float(c), "F_w": IntervalArray(max(squares.hi.item(), 0.0)).sqrt().hi.item(),
+              r"\Lambda_w": max(lambda_max_upper_large(scaled.to_enclosure()), 0.0),
+              "s": separated_remainder(enclosed, i, dev, apart), r"\|w\|": IntervalArray(w).norm_upper().item()}
+    return float(evaluate_theorem(T.feedforward_taylor_directed(), **{key: np.float64(v) for key, v in values.items()}))
 
 
 @final
@@ -606,6 +702,8 @@ class BlockForms:
             if finite else None
         self._n = n
         self.formed: list[TokenForms | None] = []
+        #: the last formed set's floors of the centred norm (:meth:`TokenForms.centred_floors`), None where none
+        self.floors: np.ndarray | None = None
 
     def next_radii(self, chained: np.ndarray | None = None) -> np.ndarray:
         """The next set's token radii (inf where an enclosure overflowed: no later set is formed then).  ``chained``:
@@ -619,12 +717,14 @@ class BlockForms:
                     self._wanted["ceiling"] = chained
                 formed = next(self._sets)
                 self.formed.append(formed)
+                self.floors = formed.centred_floors(self.centre.points[len(self.formed)])
                 if chained is not None and len(self.formed) == 2:
                     self._wanted["tokens"] = formed.radii < chained
                 return formed.radii
         except NotCertifiedError:
             self._sets = None
         self.formed.append(None)
+        self.floors = None
         return np.full(self._n, np.inf)
 
     def reach(self, limit: float = math.inf) -> float:

@@ -108,11 +108,13 @@ class BlockTail:
             "Lambda_10": trilinear_norm(g, A, W_2, a_gram, hadamards=(a_gram * plain_b, squared)),  # J_1 Delta J_F
             "front": spectral_norm_upper_large(J_1.einsum("ab,bc->ac", self.ffn.jacobian_block(i)).to_enclosure())}
 
-    def omega_tokens(self, M: list, V: list, N: list, radii: list, rounding: np.ndarray) -> tuple:
+    def omega_tokens(self, M: list, V: list, N: list, radii: list, rounding: np.ndarray,
+                     floors: list | None = None) -> tuple:
         """Per token, the two bounds on ``sup ||T_i(z) - T_i(A(X)_i)||`` on one neighbourhood: telescoped and
         folded.  ``M``, ``V``, ``N`` are the chain's per-token block-norm matrices (the attention first, then
         the three maps; diagonal for these), ``radii`` the token balls' radii before each map, ``rounding``
-        the rounding radii of the chain's float centres (one array per map's input).
+        the rounding radii of the chain's float centres (one array per map's input), ``floors`` (optional) the
+        balls' floors of the centred norm (one array or None per map's input; lemma centred-floor).
 
         The slopes' remainder is then taken through the quadratic split folded behind the first LayerNorm (lemma
         slope-remainder-folded, three certified ``m x m`` eigenvalue bounds per token) at every token where it can
@@ -125,7 +127,8 @@ class BlockTail:
         for _ in range(2):   # the bounds, then again with the remainders refined where that is worth it
             change, _ = self.feedforward_change(V, N, radii, rounding, splits, quadratic)
             change = np.minimum(change, folded_change)
-            M_2, V_2 = self._output_norm_on_tighter_balls(M, V, radii, rounding, change)
+            M_2, V_2 = self._output_norm_on_tighter_balls(M, V, radii, rounding, change,
+                                                          None if floors is None else floors[3])
             if telescoped is None:
                 telescoped = np.diag(telescoped_variation(M[1:3] + [M_2], V[1:3] + [V_2], N[1:], np.arange(n)))
             folded = np.array([self._folded_bound(i, V[1][i, i], M[2][i, i], M_2[i, i], V_2[i, i], change[i],
@@ -249,11 +252,12 @@ class BlockTail:
             out[i] = min(out[i], value)
         return out, splits
 
-    def _output_norm_on_tighter_balls(self, M, V, radii, rounding, change) -> tuple:
+    def _output_norm_on_tighter_balls(self, M, V, radii, rounding, change, floors=None) -> tuple:
         """``M_2``, ``V_2`` of the output LayerNorm on balls of radius ``min(radii[3], r (||J_1 J_F|| + V_1 M_F +
         K) + rho_3)``: the input of that LayerNorm moves by ``(y - x)`` times the mean Jacobian of the first two
         maps on the segment, within ``V_1 M_F + K`` of ``J_1 J_F`` at the centre (theorem local-block-tail,
-        ``K`` from :meth:`feedforward_change`), where the chained balls pay ``M_1 M_F``."""
+        ``K`` from :meth:`feedforward_change`), where the chained balls pay ``M_1 M_F``; ``floors`` the floors of
+        that LayerNorm's centred norm on the set that holds its input (lemma centred-floor), when formed."""
         n = V[1].shape[0]
         front = np.array([self._token(i)["front"] for i in range(n)])
         rate = (IntervalArray(front) + IntervalArray(np.diag(V[1])) * IntervalArray(np.diag(M[2]))
@@ -261,12 +265,13 @@ class BlockTail:
         # the float centre x_3 lies within rho_3 of the exact image of x (the roundings of two steps)
         rho_3 = IntervalArray(rounding[3]) + IntervalArray(np.diag(M[2])) * IntervalArray(rounding[2])
         tighter = np.minimum(radii[3], (rate * IntervalArray(radii[1]) + rho_3).hi)
-        bounds = norm_bounds(self.ln_2.norm, TokenBalls(self.ln_2.Z.mid, tighter), self.ln_2)
+        bounds = norm_bounds(self.ln_2.norm, TokenBalls(self.ln_2.Z.mid, tighter, floors=floors), self.ln_2)
         return bounds.blocks, bounds.variation
 
-    def omegas(self, M: list, V: list, N: list, radii: list, rounding: np.ndarray) -> np.ndarray:
+    def omegas(self, M: list, V: list, N: list, radii: list, rounding: np.ndarray,
+               floors: list | None = None) -> np.ndarray:
         """Per token, the smaller of the two bounds of :meth:`omega_tokens`."""
-        return np.minimum(*self.omega_tokens(M, V, N, radii, rounding))
+        return np.minimum(*self.omega_tokens(M, V, N, radii, rounding, floors))
 
     def variation(self, attention, omegas: np.ndarray, jacobian=None) -> float:
         """``tau var_U(A) + omega Lip_U(A)`` (theorem local-attention-tail), ``attention`` a point of the
@@ -294,8 +299,9 @@ class TokenTail:
         self.taus = _tail_norms(enclosed)
         self.tau = float(np.max(self.taus))
 
-    def omegas(self, M: list, V: list, N: list, radii: list, rounding) -> np.ndarray:
-        """Per token, the diagonal of the maps' telescoped variation."""
+    def omegas(self, M: list, V: list, N: list, radii: list, rounding, floors: list | None = None) -> np.ndarray:
+        """Per token, the diagonal of the maps' telescoped variation (``M``, ``V`` already read the balls'
+        ``floors``)."""
         return np.diag(telescoped_variation(M[1:], V[1:], N[1:], np.arange(V[1].shape[0])))
 
     def variation(self, attention, omegas: np.ndarray, jacobian=None) -> float:

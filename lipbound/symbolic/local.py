@@ -24,6 +24,8 @@ import sympy as sp
 from . import symbols as S
 from .local_block_forms import (
     BLOCK_FORM_THEOREMS,
+    centred_floor,
+    feedforward_taylor_directed,
     feedforward_taylor_joint,
     feedforward_taylor_signed,
     token_form_nested,
@@ -37,12 +39,14 @@ from .theorems import Theorem
 
 __all__ = ["LOCAL_THEOREMS", "score_deviation", "score_deviation_normalised", "softmax_upper", "softmax_lower",
            "attention_movement", "attention_reach", "attention_block", "attention_variation", "attention_curvature",
-           "norm_lipschitz", "norm_movement", "norm_variation", "feedforward_variation", "gated_variation",
+           "norm_lipschitz", "norm_movement", "norm_variation",
+           "norm_lipschitz_floor", "norm_variation_floor", "feedforward_variation", "gated_variation",
            "residual_step", "SCORE_NAMES", "feedforward_curvature", "feedforward_front_variation",
            "attention_tail", "attention_tail_weighted", "attention_token_reach", "block_reach_weighted",
            "attention_front", "block_tail_variation", "jacobian_on_neighbourhood", "chain_variation",
            "normwise_product", "chain_prefix", "token_form_step", "token_form_nested", "feedforward_taylor_joint",
-           "feedforward_taylor_signed", "path_certificate", "coupling_bound", "q"]
+           "feedforward_taylor_signed", "feedforward_taylor_directed", "centred_floor", "path_certificate",
+           "coupling_bound", "q"]
 
 
 _LIP = Described(r"\operatorname{Lip}_U(f)")
@@ -286,6 +290,45 @@ def norm_lipschitz(kind: str = "layernorm") -> Theorem:
     proof.add(le(Described(r"\|P z'\|"), s["nu"] + s["R"]), f"P is an orthogonal projection ({projection})")
     proof.add(le(Described(rf"\sup \|D\,{symbol}\|"), statement), "||P z'|| >= nu - R", "norm-calculus")
     return Theorem(f"local-{key}-lipschitz", f"{title} on a ball (Lipschitz)", statement, proof)
+
+
+@functools.cache
+def norm_lipschitz_floor(kind: str = "layernorm") -> Theorem:
+    """``sup ||J_N|| <= ||gamma||_inf sqrt(d) / sqrt(max(nu - R, ell, 0)^2 + delta)`` on the points of a set inside
+    ``B(z, R)`` where ``||P z'|| >= ell`` (lemma centred-floor gives ell)."""
+    projection, symbol, definition, key, title = _NORMS[kind]
+    s, ell = _layernorm_symbols(), q(r"\ell")
+    low = sp.Max(s["nu"] - s["R"], ell, 0)
+    statement = gamma_max * sp.sqrt(s["d"]) / sp.sqrt(low ** 2 + s["delta"])
+    proof = Derivation(f"{title} on a set with a floor of its centred norm")
+    proof.hypothesis(f"{definition}; delta = d eps; nu = ||P z|| at the centre; z' in a set inside B(z, R) on which "
+                     f"||P z'|| >= ell")
+    proof.add(le(Described(rf"\|D\,{symbol}(z')\|"),
+                 gamma_max * sp.sqrt(s["d"]) / Described(r"\sqrt{\|P z'\|^2 + \delta}")),
+              f"local-{key}-lipschitz's first step", "layernorm-jacobian")
+    proof.add(le(Described(rf"\sup \|D\,{symbol}\|"), statement),
+              "||P z'|| >= nu - R (P an orthogonal projection) and ||P z'|| >= ell", "norm-calculus")
+    return Theorem(f"local-{key}-lipschitz-floor", f"{title} on a set with a floor (Lipschitz)", statement, proof)
+
+
+@functools.cache
+def norm_variation_floor(kind: str = "layernorm") -> Theorem:
+    """Theorem local-layernorm-variation with ``nu - R`` replaced by ``max(nu - R, ell)`` on a set where ``||P z'|| >=
+    ell``."""
+    projection, symbol, definition, key, title = _NORMS[kind]
+    s, G, ell = _layernorm_symbols(), q("G"), q(r"\ell")
+    n_c = sp.sqrt(s["nu"] ** 2 + s["delta"])
+    n_low = sp.sqrt(sp.Max(s["nu"] - s["R"], ell, 0) ** 2 + s["delta"])
+    n_high = sp.sqrt((s["nu"] + s["R"]) ** 2 + s["delta"])
+    statement = gamma_max * sp.sqrt(s["d"]) * (sp.Max(1 / n_low - 1 / n_c, 1 / n_c - 1 / n_high) + 2 * G / n_c)
+    proof = Derivation(f"Variation of the {title} Jacobian on a set with a floor of its centred norm")
+    proof.hypothesis(f"{definition}; z' in a set inside B(z, R) on which ||P z'|| >= ell; G as in "
+                     f"local-{key}-variation")
+    proof.add(le(Described(rf"\sup \|D\,{symbol}(z') - D\,{symbol}(z)\|"), statement),
+              f"local-{key}-variation's steps; n(u') lies between n(max(nu - R, ell)) and n(nu + R)",
+              "layernorm-jacobian")
+    return Theorem(f"local-{key}-variation-floor", f"Variation of the {title} Jacobian on a set with a floor",
+                   statement, proof)
 
 
 def _lam(t, delta):
@@ -691,7 +734,8 @@ LOCAL_THEOREMS = {t.id: t for t in (score_deviation(), score_deviation_normalise
                                     attention_reach(),
                                     attention_block(), attention_variation(), attention_curvature(),
                                     *(theorem(kind) for kind in _NORMS
-                                      for theorem in (norm_lipschitz, norm_movement, norm_variation)),
+                                      for theorem in (norm_lipschitz, norm_movement, norm_variation,
+                                                      norm_lipschitz_floor, norm_variation_floor)),
                                     feedforward_variation(), gated_variation(), residual_step(),
                                     feedforward_curvature(), feedforward_front_variation(), attention_tail(),
                                     attention_tail_weighted(),

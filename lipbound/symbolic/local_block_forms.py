@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import functools
 
+import sympy as sp
+
 from .record import Derivation, Described, le
 from .record import quantity as q
 from .theorems import Theorem
 
 __all__ = ["token_form_step", "token_form_nested", "feedforward_taylor_joint", "feedforward_taylor_signed",
-           "BLOCK_FORM_THEOREMS"]
+           "feedforward_taylor_directed", "centred_floor", "BLOCK_FORM_THEOREMS"]
 
 
 @functools.cache
@@ -140,6 +142,57 @@ def feedforward_taylor_signed() -> Theorem:
                    "curvatures", statement, proof)
 
 
+@functools.cache
+def feedforward_taylor_directed() -> Theorem:
+    """``|<w, FF(x) - FF(y) - (x - y) DFF(y)>| <= (c / 2) (F_w + Lambda_w) + s ||w||`` for one fixed vector w (lemma
+    ``feedforward-taylor-directed``)."""
+    c, F, lam, sep, size = q("c"), q("F_w"), q(r"\Lambda_w"), q("s"), q(r"\|w\|")
+    statement = c * (F + lam) / 2 + sep * size
+    proof = Derivation("The feed-forward block's Taylor remainder along one direction")
+    proof.hypothesis("local-feedforward-taylor-signed's hypotheses with the outlier neurons O apart (g_k = S_k = 0 "
+                     "there); w a fixed vector, x_w = g o W_2 w, y_w = S o |W_2 w|; F_w^2 >= x_w^T (K o K) x_w; "
+                     "Lambda_w >= lambda_max(diag(y_w)^(1/2) K diag(y_w)^(1/2)); s >= sum_(k in O) sup_(|t| <= dev_k) "
+                     "|phi_k(t)| ||r_k||")
+    proof.add(Described(r"\langle w, \textstyle\sum_k \phi_k(t_k) r_k\rangle = \sum_k (\tfrac12 g_k t_k^2 + "
+                        r"\psi_k(t_k))\, r_k \cdot w"), "local-feedforward-taylor-signed's first step", "mean-value")
+    proof.add(le(Described(r"|\textstyle\sum_k g_k t_k^2\, r_k \cdot w|"), c * F),
+              "the sum is z A^ diag(x_w) A^^T z^T with ||z||^2 <= c, at most c times the Frobenius norm of that "
+              "matrix, whose square is x_w^T (K o K) x_w", "norm-calculus")
+    proof.add(le(Described(r"|\textstyle\sum_k \psi_k(t_k)\, r_k \cdot w|"), c * lam / 2),
+              "|psi_k(t_k) r_k . w| <= y_wk t_k^2 / 2 and sum_k y_wk t_k^2 = z A^ diag(y_w) A^^T z^T <= c times its "
+              "top eigenvalue, that of diag(y_w)^(1/2) K diag(y_w)^(1/2) (the same non-zero eigenvalues)",
+              "norm-calculus")
+    proof.add(le(Described(r"|\langle w, \textstyle\sum_{k \in O} \phi_k(t_k) r_k\rangle|"), sep * size),
+              "Cauchy-Schwarz", "norm-calculus")
+    return Theorem("local-feedforward-taylor-directed", "The feed-forward block's Taylor remainder along a direction",
+                   statement, proof)
+
+
+@functools.cache
+def centred_floor() -> Theorem:
+    """``||P z'|| >= max(L - f_w - c_w - b_0 ||w|| - T_w - sigma rho / sqrt(d), 0) / ||w||`` on a token's set (lemma
+    ``centred-floor``)."""
+    L, f, c, b_0, size, T_w = q(r"\langle \tilde x, w\rangle"), q("f_w"), q("c_w"), q("b_0"), q(r"\|w\|"), q("T_w")
+    sigma, rho, d = q(r"\sigma"), q(r"\rho"), q("d")
+    statement = sp.Max(L - f - c - b_0 * size - T_w - sigma * rho / sp.sqrt(d), 0) / size
+    proof = Derivation("A floor of the centred norm on a token's set")
+    proof.hypothesis("z' = x~ + f(e) + sum_p s_p(z_p) + z + q in R^d, ||e||, ||z_p|| <= 1, ||z|| <= b_0, q the "
+                     "feed-forward remainder; P the centring projection; w a fixed non-zero vector; L <= <x~, w>; "
+                     "f_w >= sup |<f(e), w>|, c_w >= sum_p sup |<s_p(z_p), w>|, T_w >= |<q, w>|; sigma >= |sum_j "
+                     "w_j|; rho >= ||z'||, and the same bounds at the segments from x~ to the set (f_w, c_w count "
+                     "the forms' centres too)")
+    proof.add(le(Described(r"\langle P z', w\rangle"), Described(r"\|P z'\|\, \|w\|")), "Cauchy-Schwarz",
+              "norm-calculus")
+    proof.add(Described(r"\langle P z', w\rangle = \langle z', w\rangle - \tfrac1d \langle z', 1\rangle "
+                        r"\textstyle\sum_j w_j \ge \langle z', w\rangle - \sigma \rho / \sqrt d"),
+              "P z' = z' - mean(z') 1 and |<z', 1>| <= sqrt(d) ||z'||", "norm-calculus")
+    proof.add(le(Described(r"L - f_w - c_w - b_0 \|w\| - T_w"), Described(r"\langle z', w\rangle")),
+              "the parts of z' one by one, Cauchy-Schwarz for z", "norm-calculus")
+    proof.add(le(statement, Described(r"\|P z'\|")), "the three steps, and ||P z'|| >= 0", "norm-calculus")
+    return Theorem("local-centred-floor", "A floor of the centred norm on a token's set", statement, proof)
+
+
 #: the theorems of this module, by id (part of :data:`lipbound.symbolic.local.LOCAL_THEOREMS`)
 BLOCK_FORM_THEOREMS = {t.id: t for t in (token_form_step(), token_form_nested(), feedforward_taylor_joint(),
-                                          feedforward_taylor_signed())}
+                                          feedforward_taylor_signed(), feedforward_taylor_directed(),
+                                          centred_floor())}
