@@ -16,7 +16,7 @@ from __future__ import annotations
 import local_models
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from lipbound.local.balls import Neighbourhood
@@ -176,9 +176,11 @@ def test_relational_attention_encloses_the_layer_on_the_ball(seed, n, eps, scale
 @settings(max_examples=10, deadline=None)
 @given(st.integers(0, 2**31 - 1), st.integers(2, 6), st.floats(1e-3, 1.0), st.floats(0.3, 2.0),
        st.sampled_from([0, 3000, 10**9]))
+@example(0, 2, 0.00390625, 1.0, 0)     # the panel's radius 5e-16 above the whole form's: its sums' order differs
 def test_token_rows_match_the_whole_output_form(seed, n, eps, scale, panel):
     """The output's token radii formed by panels of tokens (past WHOLE_OUTPUT_ENTRIES) bound the sampled tokens'
-    movements and differ from the whole form's only in the roundings' bounds (fewer symbols counted: never wider)."""
+    movements and differ from the whole form's only in the roundings' bounds (fewer symbols counted: never wider but
+    for the order in which the two sum their roundings, a few units in the last place)."""
     from unittest import mock
 
     from lipbound.local import relational as relational_module
@@ -191,7 +193,7 @@ def test_token_rows_match_the_whole_output_form(seed, n, eps, scale, panel):
         assert not rows._whole_output(rows._engine, n)
         radii, drift = rows.radii, rows.drift
     assert "output" not in rows.__dict__                         # the whole output form was not built
-    assert np.all(radii <= whole.radii) and np.allclose(radii, whole.radii, rtol=1e-9, atol=0)
+    assert np.all(radii <= whole.radii * (1 + 1e-13)) and np.allclose(radii, whole.radii, rtol=1e-9, atol=0)
     assert np.allclose(rows._token_parts[1], whole.output.center, rtol=1e-12, atol=1e-12)
     _, _, at_x = _layer_forward(target, X)
     for Y in _ball_points(rng, X, eps, 40):
