@@ -97,6 +97,7 @@ class OwnKeyTerms:
         self.gain = self.query_term = None
         self.seconds = 0.0
         self.refined = False
+        self._estimated: tuple = ()   # (the float guess,) once formed: steps 8 and 10 both read it
         if not self.applies:
             return
         started = time.perf_counter()
@@ -122,8 +123,10 @@ class OwnKeyTerms:
 
     def estimate(self) -> float | None:
         """``b'_1b`` in floats at the ``a`` of step 1b (a guess that only decides whether :meth:`refine` is worth its
-        cost; None without that a)."""
-        return self._coupled(estimate=True)
+        cost; None without that a); formed once."""
+        if not self._estimated:
+            self._estimated = (self._coupled(estimate=True),)
+        return self._estimated[0]
 
     def _coupled(self, estimate: bool = False):
         """``b'_1b`` (module docstring), an interval, or None when not certified; with ``estimate`` a float at step
