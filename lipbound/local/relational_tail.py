@@ -447,7 +447,7 @@ def remainder_floor(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball
             Q += _norm_from_below(ffn.W_2 * (root * reach)[:, None])
         return 0.5 * P * min(Q, float(np.max(root * dev)) * second)
     split = curvature_split(enclosed.h[i], dev, apart)
-    joint = half_product(np.minimum(np.minimum(gelu_curvature_magnitude(hull), gelu_curvature_ceiling()), split[2]))
+    joint = half_product(_joint_curvatures(hull, split))
     signed = half_product(split[1])
     return FLOOR_SHARE * min(joint, signed)
 
@@ -486,6 +486,12 @@ def _remainder_parts(enclosed: EnclosedFeedForward, i: int, row: AffineForm, bal
     return enclosed, beta, a_gram, columns, dev, enclosed.h[i] + IntervalArray(-dev, dev), i, second, carried
 
 
+def _joint_curvatures(hull: IntervalArray, split: tuple) -> np.ndarray:
+    """Lemma feedforward-taylor-joint's ``S_k`` per neuron: the smallest of ``|GELU''|``'s largest value on the
+    neuron's range ``hull``, its ceiling over the line and the Taylor quotients' magnitude (``split[2]``)."""
+    return np.minimum(np.minimum(gelu_curvature_magnitude(hull), gelu_curvature_ceiling()), split[2])
+
+
 def joint_remainder(enclosed, beta, a_gram, columns, dev, hull, i, second, carried=None, split=None) -> float:
     """Lemma feedforward-taylor-joint on :func:`_remainder_parts` (:func:`feedforward_remainder`), the outlier
     neurons apart (lemma feedforward-taylor-separated); ``S_k`` the smaller of ``|GELU''|``'s largest value on the
@@ -493,7 +499,7 @@ def joint_remainder(enclosed, beta, a_gram, columns, dev, hull, i, second, carri
     formed here unless given)."""
     apart = outlier_neurons(enclosed.ffn)
     split = curvature_split(enclosed.h[i], dev, apart) if split is None else split
-    S = np.minimum(np.minimum(gelu_curvature_magnitude(hull), gelu_curvature_ceiling()), split[2])
+    S = _joint_curvatures(hull, split)
     S[apart] = 0.0
     P, Q = _joint_factors(enclosed.ffn, a_gram, columns, beta, dev, S, second, carried)
     rest = float(evaluate_theorem(T.feedforward_taylor_joint(), P=np.float64(P), Q=np.float64(Q)))
