@@ -266,7 +266,7 @@ def main() -> None:
                              "norms (and a layer's heads and groups apart): a diagnostic in floats")
     parser.add_argument("--worst-move", action="store_true",
                         help="print per head how much any input gives at the worst move of its centred row split "
-                             "(floats, lower estimates; about 3 budgets of search a head)")
+                             "(floats, lower estimates; about 8 budgets of search a head)")
     parser.add_argument("--json", help="write the rows as JSON")
     args = parser.parse_args()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -366,7 +366,7 @@ def main() -> None:
             attention = model.layer(block, report.rows[0].block).attention
             domain = verification.domains_of(next(job for job in verification.jobs if job.layer == block))[0]
             for h, head in enumerate(attention.heads):
-                reach = worst_move_reach(head, domain, args.n, args.budget, args.seed)
+                reach = worst_move_reach(head, domain, args.n, 2 * args.budget, args.seed)
                 if reach is not None:
                     rows_found = np.array(reach["rows"])
                     print(f"block {block} head {h}: at the centred split's worst move (form {reach['form']:.4g}, "
@@ -374,7 +374,9 @@ def main() -> None:
                           + f") inputs give {reach['coupled']:.4g}, its rows alone "
                           + " ".join(f"{v:.4g}" for v in rows_found)
                           + f" ((sum of squares)^(1/2) {np.sqrt(np.sum(rows_found ** 2)):.4g}); "
-                          f"then E free {reach['free']:.4g}")
+                          f"then E free {reach['free']:.4g}; per row query/key parts there "
+                          + " ".join(f"{q:.0f}/{k:.0f}" for q, k in reach["parts"])
+                          + " against the split's charges " + " ".join(f"{q:.0f}/{k:.0f}" for q, k in reach["charges"]))
     if args.two_token:
         for block in sorted({r["layer"] for r in rows}):
             layer = model.layer(block, report.rows[0].block)

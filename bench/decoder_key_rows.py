@@ -249,13 +249,16 @@ def worst_move_reach(head, domain, n: int, budget: float = 4.0, seed: int = 0) -
     and random inputs, ``budget`` nominal seconds), ``rows`` the largest ``||row i of Df(X)[E]||`` found for each row
     alone (a fifth of the budget each, X free per row), ``free`` the largest ``||Df(X)||`` after a polish of the
     coupled ascent's inputs with E free (``budget`` again): a start of the witness search from the bound's own worst
-    move.  ``form`` the float value of the form at E (the mean term left out), ``shares`` the tokens' shares of
-    ``||E||^2``.  None where step 9 does not apply.  Floats: lower estimates of each supremum, never bounds."""
+    move.  ``parts`` each row's query and key parts at the input where that row was largest, ``charges`` what step 9
+    charges each row at E for them (:func:`_row_charges`).  ``form`` the float value of the form at E (the mean term
+    left out), ``shares`` the tokens' shares of ``||E||^2``.  None where step 9 does not apply.  Floats: lower
+    estimates of each supremum, never bounds."""
     from lipbound.numeric.sdp.rotary import PositionalHeadBounds, positional_scope
     from lipbound.numeric.sdp.rotary_centred import centred_head_rows
     from lipbound.numeric.witness.ascent import Candidates, polish
     from lipbound.numeric.witness.kernel_starts import kernel_starts
     from lipbound.numeric.witness.problem import SearchProblem
+    from lipbound.numeric.witness.values import jacobian_parts
 
     if not positional_scope(head):
         return None
@@ -275,8 +278,36 @@ def worst_move_reach(head, domain, n: int, budget: float = 4.0, seed: int = 0) -
     starts = Candidates(Z, np.repeat(moves[None], len(Z), 0), np.full(len(Z), -np.inf),
                         [family for inputs, family in pool for _ in inputs])
     coupled = polish(problem, starts, problem.clock() + budget, power_steps=0)
-    rows = [float(np.max(polish(_RowsOfProblem(problem, [i]), starts, problem.clock() + budget / 5,
-                                power_steps=0).sigma)) for i in range(n)]
+    reached = [polish(_RowsOfProblem(problem, [i]), starts, problem.clock() + budget / 5, power_steps=0)
+               for i in range(n)]
+    rows, parts = [], []
+    for i, found_i in enumerate(reached):
+        best = int(np.argmax(found_i.sigma))
+        rows.append(float(found_i.sigma[best]))
+        X = problem.lift(found_i.X[best][None])[0][0]
+        split = jacobian_parts(head, X, E)
+        parts.append((float(np.linalg.norm(split["query"][i])), float(np.linalg.norm(split["key"][i]))))
     free = polish(problem, coupled, problem.clock() + budget)
     return {"form": form, "shares": (E ** 2).sum(axis=1).tolist(), "coupled": float(np.max(coupled.sigma)),
-            "rows": rows, "free": float(np.max(free.sigma))}
+            "rows": rows, "parts": parts, "charges": _row_charges(bounds, E), "free": float(np.max(free.sigma))}
+
+
+def _row_charges(bounds, E: np.ndarray) -> list[tuple[float, float]]:
+    """Per row i, step 9's two charges at the move E before the split: the query part ``b ||P_Q e_i||`` (0 for a row
+    of one key) and the key part ``rho r ((1/2) sum_j ||c_j - cbar||^2)^(1/2)`` over the row's keys (``nu_i rho^2 r^2
+    sum_j ||c_j||^2`` for a row whose weights are confined), ``c_j = sigma M^T W_Q R_{j-i} W_K^T Pi e_j``."""
+    from lipbound.rigorous.intervals import upper
+
+    rows, n = bounds.rows, bounds.rows.n
+    b, spread, r = (float(upper(value)) for value in (bounds.terms()["b"], bounds.spread, bounds.r))
+    basis = np.linalg.qr(bounds.query_left.mid)[0]
+    charges = []
+    for i in range(n):
+        keys = [j for j in range(n) if rows.visible[i, j]]
+        query = b * float(np.linalg.norm(basis.T @ E[i])) if len(keys) >= 2 else 0.0
+        c = np.array([bounds.queries_shaped.mid.T @ bounds.rotations[j - i].mid @ bounds.key_left.mid.T @ E[j]
+                      for j in keys])
+        nu = float(upper(bounds.row_nu(i)))
+        spread2 = 0.5 * float(np.sum((c - c.mean(axis=0)) ** 2)) if nu >= 0.5 else nu * float(np.sum(c ** 2))
+        charges.append((query, spread * r * float(np.sqrt(spread2)) if len(keys) >= 2 else 0.0))
+    return charges
