@@ -31,6 +31,10 @@ how much of the key gradient a per-row bound through the own score would leave (
 must score at least the own key less ``log n``, which shortens their spread); and per head the float estimate of a
 row's query and key parts bounded through one second moment (``row_joint_estimate``).
 These diagnostics live in ``bench/decoder_key_rows.py``.
+``--worst-move`` adds per head, at the worst move E of its centred row split (step 9: the unit move where the form
+is attained), the largest ``||Df(X)[E]||`` an ascent over the inputs finds, the same for each output row alone, and a
+polish from there with E free (``decoder_key_rows.worst_move_reach``): whether the bound's worst move is
+out of reach of every input (the bound's side), and whether the rows' own suprema could be attained together.
 ``--n 2`` shows the smallest case: one row with two keys,
 where the heads' witnesses are already those of n = 8 (docs/mathematics.md, section 14).
 
@@ -52,7 +56,7 @@ BERT layers of 12 heads, width 384) on ``verify``'s default encoder domain (the 
 the whole-layer gap median <= 3 is a target there too.
 
 Run: ``python bench/bench_decoders.py [--model smollm2 | minilm] [--layers 0,15,29 | all] [--n 8] [--jobs 2]
-[--budget 4] [--seed 0] [--per-head] [--two-token] [--stacked] [--json rows.json]``
+[--budget 4] [--seed 0] [--per-head] [--two-token] [--stacked] [--worst-move] [--json rows.json]``
 """
 
 from __future__ import annotations
@@ -260,10 +264,19 @@ def main() -> None:
     parser.add_argument("--stacked", action="store_true",
                         help="print at every witness the key part of the Jacobian as one operator against its rows' "
                              "norms (and a layer's heads and groups apart): a diagnostic in floats")
+    parser.add_argument("--worst-move", action="store_true",
+                        help="print per head how much any input gives at the worst move of its centred row split "
+                             "(floats, lower estimates; about 8 budgets of search a head)")
     parser.add_argument("--json", help="write the rows as JSON")
     args = parser.parse_args()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from decoder_key_rows import own_score_ceiling, own_score_reach, row_joint_estimate, stacked_key_parts
+    from decoder_key_rows import (
+        own_score_ceiling,
+        own_score_reach,
+        row_joint_estimate,
+        stacked_key_parts,
+        worst_move_reach,
+    )
 
     from lipbound.numeric.model import load_weights
     from lipbound.numeric.verification import Verification
@@ -348,6 +361,22 @@ def main() -> None:
                  + ", ".join(f"{v:.4g}" for v in found["groups"])) if head is None else ""
         print(f"block {block} {name}: key part at the witness, one operator {found['stacked']:.4g}, its rows' norms "
               f"(sum of squares)^(1/2) {found['rows']:.4g}{extra}")
+    if args.worst_move:
+        for block in sorted({r["layer"] for r in rows}):
+            attention = model.layer(block, report.rows[0].block).attention
+            domain = verification.domains_of(next(job for job in verification.jobs if job.layer == block))[0]
+            for h, head in enumerate(attention.heads):
+                reach = worst_move_reach(head, domain, args.n, 2 * args.budget, args.seed)
+                if reach is not None:
+                    rows_found = np.array(reach["rows"])
+                    print(f"block {block} head {h}: at the centred split's worst move (form {reach['form']:.4g}, "
+                          f"tokens' shares " + " ".join(f"{v:.2f}" for v in reach["shares"])
+                          + f") inputs give {reach['coupled']:.4g}, its rows alone "
+                          + " ".join(f"{v:.4g}" for v in rows_found)
+                          + f" ((sum of squares)^(1/2) {np.sqrt(np.sum(rows_found ** 2)):.4g}); "
+                          f"then E free {reach['free']:.4g}; per row query/key parts there "
+                          + " ".join(f"{q:.0f}/{k:.0f}" for q, k in reach["parts"])
+                          + " against the split's charges " + " ".join(f"{q:.0f}/{k:.0f}" for q, k in reach["charges"]))
     if args.two_token:
         for block in sorted({r["layer"] for r in rows}):
             layer = model.layer(block, report.rows[0].block)

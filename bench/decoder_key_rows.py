@@ -1,7 +1,8 @@
 """Diagnostics of the key term of rotary heads and layers at their witnesses, for ``bench_decoders.py --stacked``
 (docs/mathematics.md, section 14): the key part of the Jacobian at a witness as one operator against its rows (and a
 layer's heads and key/value groups apart), the key gradient a query reaches with a non-positive own score, and a row's
-query and key parts bounded through one second moment.  Floats throughout: diagnostics, never bounds."""
+query and key parts bounded through one second moment; and at the worst move of a head's centred row split, what any
+input gives (``--worst-move``).  Floats throughout: diagnostics, never bounds."""
 
 from __future__ import annotations
 
@@ -214,3 +215,99 @@ def own_score_ceiling(head, domain, n: int, mus: int = 41) -> list[tuple[float, 
                 turned = max(turned, (1 - (m / r) ** 2) * reach)
         out.append((float(np.sqrt(ideal / beta2)), float(np.sqrt(turned / beta2))))
     return out
+
+
+class _RowsOfProblem:
+    """A head's :class:`~lipbound.numeric.witness.problem.SearchProblem` whose objective is ``||P (Df(X)[E])||`` for a
+    fixed unit E, P keeping the output rows ``rows``: what :func:`~lipbound.numeric.witness.ascent.polish` climbs
+    with ``power_steps=0`` when the rows of one output are to be reached apart."""
+
+    def __init__(self, problem, rows: list[int]):
+        self.problem = problem
+        self.keep = np.zeros((1, problem.rows, 1))
+        self.keep[0, rows] = 1.0
+
+    def __getattr__(self, name: str):
+        return getattr(self.problem, name)
+
+    def evaluate(self, Z: np.ndarray, E: np.ndarray, steps: int):
+        from lipbound.numeric.attention import unit_rows
+
+        problem = self.problem
+        problem.clock.charge_steps(len(Z), 3, problem.work_per_input)
+        linear = problem.linearize(Z)
+        E = unit_rows(E)
+        JE = linear.jvp(E[..., :problem.context.width]) * self.keep
+        sigma = np.sqrt(np.einsum("bij,bij->b", JE, JE))
+        return sigma, E, linear.curvature(E, JE / np.maximum(sigma, 1e-300)[:, None, None])
+
+
+def worst_move_reach(head, domain, n: int, budget: float = 4.0, seed: int = 0) -> dict | None:
+    """At the worst move E of step 9's form (the centred row split, :func:`~lipbound.numeric.sdp.rotary_centred.
+    centred_head_rows` with ``move=True``: the move where the bound is attained, unmerged rows), how much any input
+    gives: ``coupled`` the largest ``||Df(X)[E]||`` found (L-BFGS over X with E held, from the head's kernel starts
+    and random inputs, ``budget`` nominal seconds), ``rows`` the largest ``||row i of Df(X)[E]||`` found for each row
+    alone (a fifth of the budget each, X free per row), ``free`` the largest ``||Df(X)||`` after a polish of the
+    coupled ascent's inputs with E free (``budget`` again): a start of the witness search from the bound's own worst
+    move.  ``parts`` each row's query and key parts at the input where that row was largest, ``charges`` what step 9
+    charges each row at E for them (:func:`_row_charges`).  ``form`` the float value of the form at E (the mean term
+    left out), ``shares`` the tokens' shares of ``||E||^2``.  None where step 9 does not apply.  Floats: lower
+    estimates of each supremum, never bounds."""
+    from lipbound.numeric.sdp.rotary import PositionalHeadBounds, positional_scope
+    from lipbound.numeric.sdp.rotary_centred import centred_head_rows
+    from lipbound.numeric.witness.ascent import Candidates, polish
+    from lipbound.numeric.witness.kernel_starts import kernel_starts
+    from lipbound.numeric.witness.problem import SearchProblem
+    from lipbound.numeric.witness.values import jacobian_parts
+
+    if not positional_scope(head):
+        return None
+    bounds = PositionalHeadBounds(head, domain, n)
+    if not bounds.certified or not bounds.terms()["several"]:
+        return None
+    found = centred_head_rows(bounds, bounds.terms()["b"], estimate=True, move=True)
+    if found is None:
+        return None
+    form, E, _ = found
+    problem = SearchProblem(head, "self", domain, None, n, None)
+    basis = problem.engine.basis
+    moves = E if basis is None else E @ basis
+    rng = np.random.default_rng(seed)
+    pool = kernel_starts(problem, rng, problem.clock() + budget / 4) + [(problem.random(rng, 8, 1 - 1e-6), "random")]
+    Z = np.concatenate([inputs for inputs, _ in pool])
+    starts = Candidates(Z, np.repeat(moves[None], len(Z), 0), np.full(len(Z), -np.inf),
+                        [family for inputs, family in pool for _ in inputs])
+    coupled = polish(problem, starts, problem.clock() + budget, power_steps=0)
+    reached = [polish(_RowsOfProblem(problem, [i]), starts, problem.clock() + budget / 5, power_steps=0)
+               for i in range(n)]
+    rows, parts = [], []
+    for i, found_i in enumerate(reached):
+        best = int(np.argmax(found_i.sigma))
+        rows.append(float(found_i.sigma[best]))
+        X = problem.lift(found_i.X[best][None])[0][0]
+        split = jacobian_parts(head, X, E)
+        parts.append((float(np.linalg.norm(split["query"][i])), float(np.linalg.norm(split["key"][i]))))
+    free = polish(problem, coupled, problem.clock() + budget)
+    return {"form": form, "shares": (E ** 2).sum(axis=1).tolist(), "coupled": float(np.max(coupled.sigma)),
+            "rows": rows, "parts": parts, "charges": _row_charges(bounds, E), "free": float(np.max(free.sigma))}
+
+
+def _row_charges(bounds, E: np.ndarray) -> list[tuple[float, float]]:
+    """Per row i, step 9's two charges at the move E before the split: the query part ``b ||P_Q e_i||`` (0 for a row
+    of one key) and the key part ``rho r ((1/2) sum_j ||c_j - cbar||^2)^(1/2)`` over the row's keys (``nu_i rho^2 r^2
+    sum_j ||c_j||^2`` for a row whose weights are confined), ``c_j = sigma M^T W_Q R_{j-i} W_K^T Pi e_j``."""
+    from lipbound.rigorous.intervals import upper
+
+    rows, n = bounds.rows, bounds.rows.n
+    b, spread, r = (float(upper(value)) for value in (bounds.terms()["b"], bounds.spread, bounds.r))
+    basis = np.linalg.qr(bounds.query_left.mid)[0]
+    charges = []
+    for i in range(n):
+        keys = [j for j in range(n) if rows.visible[i, j]]
+        query = b * float(np.linalg.norm(basis.T @ E[i])) if len(keys) >= 2 else 0.0
+        c = np.array([bounds.queries_shaped.mid.T @ bounds.rotations[j - i].mid @ bounds.key_left.mid.T @ E[j]
+                      for j in keys])
+        nu = float(upper(bounds.row_nu(i)))
+        spread2 = 0.5 * float(np.sum((c - c.mean(axis=0)) ** 2)) if nu >= 0.5 else nu * float(np.sum(c ** 2))
+        charges.append((query, spread * r * float(np.sqrt(spread2)) if len(keys) >= 2 else 0.0))
+    return charges

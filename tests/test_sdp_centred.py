@@ -106,7 +106,15 @@ def test_each_rows_key_part_is_within_the_centred_form():
 def _formed(head: Head, bounds: PositionalHeadBounds, t: np.ndarray, transpose: bool = False,
             centre: bool = True, merged: frozenset = frozenset(), b_merged: float = 0.0, own: bool = False,
             projector: str = "both") -> float:
-    """``lambda_max`` of step 9's form formed here on the n d coordinates of the moves (the domains here have interior,
+    """``lambda_max`` of :func:`_form` (same arguments) to the power 1/2."""
+    D = _form(head, bounds, t, transpose, centre, merged, b_merged, own, projector)
+    return math.sqrt(float(np.linalg.eigvalsh(D)[-1]))
+
+
+def _form(head: Head, bounds: PositionalHeadBounds, t: np.ndarray, transpose: bool = False,
+          centre: bool = True, merged: frozenset = frozenset(), b_merged: float = 0.0, own: bool = False,
+          projector: str = "both") -> np.ndarray:
+    """Step 9's form formed here on the n d coordinates of the moves (the domains here have interior,
     ``Pi = I``, ``M = I`` on a ball): ``(1 + t_j) b^2 P_Q`` on token j, and per row ``(1 + 1/t_i) rho^2 r^2 (1/2)
     sum_{j, l <= i} (delta_jl - 1/N_i) B_ij^T B_il`` with ``B_ij = sigma W_Q R_i^T R_j W_K^T``; ``transpose`` turns the
     key by ``-j`` (a wrong rotation), ``centre=False`` leaves the ``1/N_i`` out.  Rows in ``merged`` (step 10): the
@@ -128,7 +136,36 @@ def _formed(head: Head, bounds: PositionalHeadBounds, t: np.ndarray, transpose: 
             for l in keys:
                 coefficient = 0.5 * ((j == l) - (1 / (i + 1) if centre else 0.0))     # N_i = i + 1 keys
                 D[j * d:(j + 1) * d, l * d:(l + 1) * d] += (1 + 1 / t[i]) * scale2 * coefficient * B[j].T @ B[l]
-    return math.sqrt(float(np.linalg.eigvalsh(D)[-1]))
+    return D
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.integers(2, 5), st.integers(0, 2 ** 31))
+def test_the_worst_move_is_the_top_eigenvector_of_the_form_formed_from_the_rotated_matrices(n, seed):
+    """The float estimate's worst move (``move=True``): at its splits t the form formed here from d x d matrices takes
+    the value squared at E (its Rayleigh quotient), and that is the form's top eigenvalue, both within 1e-6; a move
+    mapped back without the factor L (``e_j = F^+ v_j``) or a token left out gives a quotient outside that band (the
+    comparison can fail)."""
+    rng = np.random.default_rng(seed)
+    d, d_k = 6, 2
+    head = _head(rng, d, d_k, float(rng.choice([2.0, 10.0])))
+    bounds = PositionalHeadBounds(head, TokenBall(3.0), n)
+    value, E, t = centred_head_rows(bounds, bounds.query_term, estimate=True, move=True)
+    assert E.shape == (n, d) and abs(np.linalg.norm(E) - 1) < 1e-12
+    D = _form(head, bounds, t)
+    top = float(np.linalg.eigvalsh(D)[-1])
+
+    def quotient(M: np.ndarray) -> float:
+        m = M.reshape(-1) / np.linalg.norm(M)
+        return float(m @ D @ m)
+
+    assert abs(quotient(E) - value ** 2) <= 1e-6 * top and abs(top - value ** 2) <= 1e-6 * top, (value ** 2, top)
+    F = np.concatenate([bounds.query_left.mid, bounds.key_left.mid], axis=1)
+    moves = np.linalg.solve(np.linalg.cholesky(F.T @ F), F.T @ E.T)                # v_j = L^-1 F^T e_j
+    plain = np.linalg.pinv(F.T) @ moves                                             # e_j = (F^T)^+ v_j: L left out
+    dropped = E.copy()
+    dropped[int(np.argmax((E ** 2).sum(axis=1)))] = 0.0
+    assert min(abs(quotient(plain.T) - top), abs(quotient(dropped) - top)) > 1e-6 * top
 
 
 @settings(max_examples=4, deadline=None)

@@ -59,13 +59,16 @@ __all__ = ["centred_head_rows"]
 
 
 def centred_head_rows(bounds, b, splits: np.ndarray | None = None, merged: frozenset = frozenset(),
-                      b_merged=None, estimate: bool = False):
+                      b_merged=None, estimate: bool = False, move: bool = False):
     """``||S + cov||`` of the head whose constants are ``bounds`` (a :class:`~.rotary.PositionalHeadBounds`) with each
     row's key part centred over its keys (module docstring), an interval; None with a soft-cap, a centre or a query
     bias, a singular ``Z^T Z``, or a bound not certified.  ``splits``: the ``t_i`` to take as they are (default:
     step 6's times one factor chosen in floats).  ``merged``: the rows whose own key joins their query part (step 8,
     "Merged rows" in the module docstring), with the query term ``b_merged`` (``b'``, an interval); with ``estimate``
-    the float value at the chosen splits, never a bound."""
+    the float value at the chosen splits, never a bound, and with ``move`` as well ``(value, E, t)``: E (n, d) the
+    form's worst move, unit, each token's ``e_j`` the least-norm solution of ``F^T e_j = L v_j`` (v the top
+    eigenvector), so that the form at E and the chosen splits t is the value squared (``L L^T = F^T F`` up to the
+    enlargement of :func:`~.layer.gram_factor`)."""
     head, rows, n = bounds.head, bounds.rows, bounds.rows.n
     if rows.softcap is not None or bounds.centred(head.W_Q, head.b_Q) is not None:
         return None
@@ -142,6 +145,12 @@ def centred_head_rows(bounds, b, splits: np.ndarray | None = None, merged: froze
             best, best_s = float(values[0]), s
         slope = math.exp(s) * float(vector @ rising @ vector) - math.exp(-s) * float(vector @ falling @ vector)
         low, high = (low, s) if slope > 0 else (s, high)
+    if estimate and move:
+        v = eigsh(fixed + math.exp(best_s) * rising + math.exp(-best_s) * falling, k=1, which="LA", tol=1e-9,
+                  v0=vector)[1][:, 0]
+        F = np.concatenate([bounds.query_left.mid, bounds.key_left.mid], axis=1)          # (d, 2 d_k)
+        E = np.linalg.lstsq(F.T, L @ v.reshape(n, size).T, rcond=None)[0].T           # F^T e_j = L v_j
+        return math.sqrt(max(best, 0.0)), E / np.linalg.norm(E), t_start * math.exp(best_s)
     if estimate:
         return math.sqrt(max(best, 0.0))
     t = np.asarray(splits, dtype=float) if splits is not None else t_start * math.exp(best_s)
