@@ -8,6 +8,7 @@ layer ``sum_h f^h W_O^h`` on ``verify``'s encoder domain (the ball of the LayerN
   against the key term of each head through its block of ``W_O`` alone (the same function on the one-head layer):
   the largest, their root sum of squares and their sum, and the joint term as a multiple of the largest and of the
   root sum of squares (the joint term sits near the RSS when the heads' forms weigh alike);
+* what one spread shared by the heads would give the key term (:func:`shared_spread`, floats, the bound's weights);
 * the witness side: the layer witness (:func:`lipbound.numeric.witness.search_witness`) at the budget ``verify``
   gives a layer (twice a head's) and at four times that, with its start family and CPU seconds; each head through its
   block of ``W_O`` searched alone (:func:`lipbound.numeric.witness.layer_starts.scout_heads`, every head), the
@@ -30,6 +31,27 @@ import time
 import numpy as np
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+def shared_spread(layer, domain, weights, rounds: int = 40) -> tuple[float, float]:
+    """``(Lambda, Lambda_shared)`` in floats for the key term's weights ``lambda_h``: ``Lambda = max_y sum_h lambda_h
+    ||G_h y||^2`` (the bound's, each head's keys spread along its own ``G_h y``) and ``Lambda_shared = max_{y, z}
+    sum_h lambda_h (z . G_h y)^2`` (one spread z for every head, as when the heads tie one pair of keys), ``G_h = M^T
+    V_h W_O^h``; the second by alternating top singular vectors from the first's y.  A float estimate of what a key
+    term that made the heads share their keys' spread could reach, never a bound."""
+    from lipbound.numeric.sdp.region import Region
+    from lipbound.rigorous.linalg import Enclosure
+
+    keys = Region.of(domain, None, layer.d)
+    G = [keys.times_shape(Enclosure.exact(head.W_V.T)).mid.T @ layer.output_block(h)
+         for h, head in enumerate(layer.heads)]
+    form = sum(w * (g.T @ g) for w, g in zip(weights, G))
+    values, vectors = np.linalg.eigh(0.5 * (form + form.T))
+    y = vectors[:, -1]
+    for _ in range(rounds):
+        z = np.linalg.svd(np.array([np.sqrt(w) * (g @ y) for w, g in zip(weights, G)]).T, full_matrices=False)[0][:, 0]
+        y = np.linalg.svd(np.array([np.sqrt(w) * (z @ g) for w, g in zip(weights, G)]).T, full_matrices=False)[0][:, 0]
+    return float(values[-1]), float(sum(w * (z @ g @ y) ** 2 for w, g in zip(weights, G)))
 
 
 def main() -> None:
@@ -69,9 +91,11 @@ def main() -> None:
         key, rss = whole.details["key"], float(np.sqrt(np.sum(keys ** 2)))
         joint_over_max.append(key / keys.max())
         joint_over_rss.append(key / rss)
+        own, shared = shared_spread(layer, domain, whole.details["key_weights"]["weights"])
         print(f"block {job.layer} bound: total {whole.value:.4g}, key term {key:.4g}; heads' key terms alone: largest "
               f"{keys.max():.4g}, RSS {rss:.4g}, sum {keys.sum():.4g}; joint / largest {key / keys.max():.2f}, "
-              f"joint / RSS {key / rss:.2f}")
+              f"joint / RSS {key / rss:.2f}; one shared spread (floats, same weights): key term x "
+              f"{(shared / own) ** 0.5:.3f} = {key * (shared / own) ** 0.5:.4g}")
         found = []
         for budget in (args.budget, 4 * args.budget):
             started = time.process_time()
