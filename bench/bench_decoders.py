@@ -179,10 +179,9 @@ def witness_seconds(report) -> dict:
 def _pair_grams(heads, outputs, scales: np.ndarray) -> list | None:
     """Per head ``(L_1^T L_1, L_2^T L_2)`` of the two-token estimate (module docstring) on the span of ``S * [W_Q, W_K,
     W_V]`` of all ``heads`` per token (the forms see nothing else), or None for a head the estimate does not cover."""
-    from lipbound.numeric.kernels import DotProduct, Rotary
     from lipbound.numeric.kernels.scores import scale_of
 
-    if any(not isinstance(head.kernel, (Rotary, DotProduct)) or not head.mask.causal or head.mask.bias is not None
+    if any(head.kernel.relative_rotation(head.d_k, 0) is None or not head.mask.causal or head.mask.bias is not None
            or head.mask.softcap is not None or (head.mask.window is not None and head.mask.window < 2)
            or np.any(head.b_Q) or np.any(head.b_K) for head in heads):
         return None
@@ -193,9 +192,8 @@ def _pair_grams(heads, outputs, scales: np.ndarray) -> list | None:
     out = []
     for head, output in zip(heads, outputs):
         kernel, d_k = head.kernel, head.d_k
-        rotation = kernel.relative_rotation if isinstance(kernel, Rotary) else (lambda d_k, offset: np.eye(d_k))
         sigma = scale_of(kernel.scale, d_k)
-        A = {o: sigma * head.W_Q @ rotation(d_k, o) @ head.W_K.T for o in (-1, 0)}
+        A = {o: sigma * head.W_Q @ kernel.relative_rotation(d_k, o) @ head.W_K.T for o in (-1, 0)}
         values = (head.W_V if output is None else head.W_V @ output).T @ M
         L1 = np.hstack([-values, values])                                         # V^T (x_1 - x_0)
         L2 = np.block([[-A[-1] @ M, (A[0] + A[0].T) @ M], [np.zeros((A[0].shape[0], M.shape[1])), -A[-1].T @ M]])

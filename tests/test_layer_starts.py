@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_decoder_heads import _layer, _rotate, reference_map
+from test_decoder_heads import _layer, _rotate, reference_map, reference_norm
 
-from lipbound.numeric.domains import RMSNormOutputs
-from lipbound.numeric.model import RMSNorm
+from lipbound.numeric.domains import RMSNormOutputs, TokenBall
+from lipbound.numeric.kernels import DotProduct, QKNorm
+from lipbound.numeric.model import Head, Layer, RMSNorm
 from lipbound.numeric.recheck import recheck
 from lipbound.numeric.witness import search_witness
 from lipbound.numeric.witness.kernel_starts import head_ties, joint_ties, kernel_starts
@@ -129,3 +130,46 @@ def test_the_layer_witness_from_scouted_starts_holds_against_a_jacobian_computed
     assert witness.value <= np.linalg.norm(J, 2) * (1 + 1e-6)
     checked = recheck(witness, layer)
     assert checked.valid and checked.lower <= witness.value <= checked.upper * (1 + 1e-12)
+
+
+def _dot_layer(seed: int, d: int = 16, d_k: int = 4, heads: int = 3):
+    """A BERT-like layer: dot-product heads with query, key and value biases, no mask, and ``W_O``."""
+    rng = np.random.default_rng(seed)
+    parts = [Head(W_Q=rng.standard_normal((d, d_k)), W_K=rng.standard_normal((d, d_k)),
+                  W_V=rng.standard_normal((d, d_k)), b_Q=rng.standard_normal(d_k), b_K=rng.standard_normal(d_k),
+                  b_V=rng.standard_normal(d_k)) for _ in range(heads)]
+    layer = Layer(heads=tuple(parts), W_O=rng.standard_normal((heads * d_k, d)) / np.sqrt(heads * d_k))
+    return layer, TokenBall(2.0, center=rng.uniform(-0.5, 0.5, d))
+
+
+def test_a_dot_product_kernel_acts_at_every_offset_as_itself_and_ties_its_layers_keys_through_that():
+    """``DotProduct.relative_rotation`` is the identity at every offset (a kernel without one matrix per offset says
+    None), and through it :func:`joint_ties` ties tokens 0 and 1 for every query 2..n-1 of every tied head of a
+    dot-product layer with biases (scores written here): the starts are points of the ball whose Jacobian norm, as the
+    search evaluates it, is that of the reference forward's central differences."""
+    for offset in (-3, 0, 2):
+        np.testing.assert_array_equal(DotProduct().relative_rotation(5, offset), np.eye(5))
+    assert QKNorm(gamma_q=np.ones(4), gamma_k=np.ones(4)).relative_rotation(4, 0) is None
+    layer, domain = _dot_layer(43)
+    n = 5
+    problem = SearchProblem(layer, "self", domain, None, n, None)
+    for tied in ([0, 1], [0, 1, 2]):
+        inputs = joint_ties(problem, tied)
+        tokens = problem.lift(inputs)[0][0]
+        assert np.all(domain.contains(tokens))
+        for h in tied:
+            head = layer.heads[h]
+            q, k = tokens @ head.W_Q + head.b_Q, tokens @ head.W_K + head.b_K
+            for i in range(2, n):     # exact up to the pull into the domain (scale 1 - 1e-6; the biases stay)
+                np.testing.assert_allclose(q[i] @ k[0], q[i] @ k[1], rtol=1e-5)
+        sigma, _ = problem.sigma(inputs, steps=300)
+        np.testing.assert_allclose(sigma[0], reference_norm(layer, tokens), rtol=1e-4)
+
+
+def test_only_positional_layers_are_scouted_through_their_heads():
+    """A rotary layer's search starts from its heads; a dot-product layer, which has a relative rotation too (the
+    identity), keeps its own starts (:func:`scouted`)."""
+    _, rotary, rms = _setting(47)
+    assert scouted(SearchProblem(rotary, "self", rms, None, 5, None))
+    layer, domain = _dot_layer(47)
+    assert not scouted(SearchProblem(layer, "self", domain, None, 5, None))

@@ -156,6 +156,13 @@ class AttentionKernel:
         iteration and the analytic curvature use it), else None."""
         return None
 
+    def relative_rotation(self, d_k: int, offset: int) -> np.ndarray | None:
+        """``R(offset)`` (d_k, d_k) when a query and a key ``offset = p_j - p_i`` positions apart score
+        ``c q R(offset) k^T`` (the head acts at that offset as the dot-product head ``c W_Q R W_K^T``), else
+        None: the witness starts that tie keys through these matrices (:mod:`lipbound.numeric.witness.layer_starts`)
+        need them."""
+        return None
+
     def to_arrays(self) -> dict[str, np.ndarray]:
         """``{"kernel": name, parameter: array, ...}``: plain data (0-d arrays for numbers and strings;
         None parameters left out; a nested kernel under ``"<parameter>.<key>"``)."""

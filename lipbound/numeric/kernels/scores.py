@@ -109,6 +109,10 @@ class DotProduct(AttentionKernel):
     def bilinear_scale(self, d_k: int) -> float | None:
         return scale_of(self.scale, d_k)
 
+    def relative_rotation(self, d_k: int, offset: int) -> np.ndarray:
+        """The identity: a dot-product head scores ``c q . k`` at every offset."""
+        return np.eye(d_k)
+
 
 @final
 class _L2Scores(ScoreMap):
