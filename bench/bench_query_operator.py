@@ -2,11 +2,11 @@
 
 For one sentence and layer of all-MiniLM-L6-v2, the block's attention curve at one radius (as
 ``bench_attention_remainder.py``); on the smallest and the widest ball the remainder's Riemann sum met, per output token
-i: ``chi_i`` as the remainder reads it (each group the smaller of query i's own and the whole output's, ``row_chis``),
-the certified change ``kappa_i`` of row i's second derivative over the ball (``query_changes``, lemma
-curvature-row-change) and, with ``--gram``, ``lambda_max(G_i(X))^(1/2)`` in floats (``matricized_gram`` of
-``bench_relational.py``, about 30 CPU s a query) and their sum, the operator route's bound were ``G_i(X)`` certified.
-CPU seconds by ``time.process_time``.
+i: the queries' own groups summed, the certified change ``kappa_i`` of row i's second derivative over the ball
+(``query_changes``, lemma curvature-row-change) and ``lambda_max(G_i(X))^(1/2) + kappa_i`` (lemma
+curvature-row-operator, ``operator_tops`` certified); then ``rest_i`` with the groups alone and with the operator route
+too, back to back (``--gram``: ``lambda_max(G_i(X))^(1/2)`` also in floats, ``matricized_gram`` of
+``bench_relational.py``).  CPU seconds by ``time.process_time``.
 
 Run: ``python bench/bench_query_operator.py [--text "The cat sat on the mat."] [--layer 0] [--fractions 1e-2,1e-1]
 [--gram]``.
@@ -59,41 +59,36 @@ def main() -> None:
         print(f"lambda_max(G_i(X))^(1/2) (floats) {_row(gram)}  ({time.process_time() - began:.1f} CPU s)")
     for fraction in (float(f) for f in args.fractions.split(",")):
         eps = fraction * bert.layernorm_feeding(args.layer).radius_about_center
-        met, spent, kappas = [], [0.0], {}
+        met, rests, tops = [], {}, {}
 
         def recorded(curvature, bounds, r, frobenius=None):
             groups = query_curvature.query_groups(curvature, bounds, r, frobenius)
-            began = time.process_time()
-            kappa = query_changes(curvature, bounds, r, frobenius)
-            spent[0] += time.process_time() - began
-            stacked = np.stack([group.hi for group in groups])
-            kappas[stacked.tobytes()] = kappa
-            met.append((frobenius if frobenius is not None else float(np.max(r)), stacked, kappa))
+            met.append((frobenius if frobenius is not None else float(np.max(r)),
+                        np.stack([group.hi for group in groups]), query_changes(curvature, bounds, r, frobenius)))
             return groups
 
-        def what_if(groups, whole):   # the operator route at its float G_i(X): not certified
-            chi = query_curvature.row_chis(groups, whole)
-            return np.minimum(chi, gram + kappas[groups.tobytes()]) if gram is not None else chi
-        rests = {}
-        for name, rows in (("now", query_curvature.row_chis), ("what-if", what_if)):
-            if name == "what-if" and gram is None:
-                break
+        def formed(integral):   # the certified tops, timed
+            began = time.process_time()
+            value = original(integral)
+            tops["value"], tops["cpu"] = value, time.process_time() - began
+            return value
+        original = curvature_integral.CurvatureIntegral.operator_tops
+        for name, route in (("groups", lambda integral: np.full(n, np.inf)), ("operator", formed)):
             met.clear()
             began = time.process_time()
             with mock.patch.object(curvature_integral, "query_groups", recorded), \
-                    mock.patch.object(curvature_integral, "row_chis", rows):
+                    mock.patch.object(curvature_integral.CurvatureIntegral, "operator_tops", route):
                 attention = _curve(bert.model, X, "layer", args.layer, None, None, "fro", "fro", (), [eps], 0, 0,
                                    CURVATURE_TOKENS, None, chain=chain[:1], centre=centre.part(chain, 0, 1, True),
                                    want_reach=True)
             rests[name] = (attention.points[0].token_remainders, time.process_time() - began)
-        print(f"{args.text!r}, layer {args.layer}, n = {n}, eps = {fraction:g} R = {eps:.4g}; {len(met)} balls, "
-              f"query_changes {spent[0] / len(rests):.1f} CPU s a curve")
+        print(f"{args.text!r}, layer {args.layer}, n = {n}, eps = {fraction:g} R = {eps:.4g}; {len(met)} balls")
+        print(f"lambda_max(G_i(X))^(1/2) certified {_row(tops['value'])}  ({tops['cpu']:.1f} CPU s)")
         radii = sorted({radius for radius, *_ in met})
         for radius in (radii[0], radii[-1]):
             at, groups, kappa = next(item for item in met if item[0] == radius)
-            print(f"ball {at:.4g}:\n  own sum   {_row(groups.sum(axis=0))}\n  kappa_i   {_row(kappa)}")
-            if gram is not None:
-                print(f"  G + kappa {_row(gram + kappa)}")
+            print(f"ball {at:.4g}:\n  own sum   {_row(groups.sum(axis=0))}\n  kappa_i   {_row(kappa)}"
+                  f"\n  G + kappa {_row(tops['value'] + kappa)}")
         for name, (rest, cpu) in rests.items():
             print(f"rest_i {name:8s} {_row(rest)}  (curve {cpu:.1f} CPU s)")
 

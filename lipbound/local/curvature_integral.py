@@ -15,6 +15,7 @@ from .balls import TokenBalls
 from .bounds import attention_bounds
 from .curvature import AttentionCurvature
 from .query_curvature import query_groups, row_chis
+from .query_operator import operator_tops, query_changes
 
 __all__ = ["CurvatureIntegral", "GRID_PER_DECADE", "KRONECKER_SHARE", "decade_grid"]
 
@@ -73,6 +74,8 @@ class CurvatureIntegral:
         self.floor = 0.0
         self._parts_at: dict = {}
         self._queries: dict = {}
+        self._changes: dict = {}
+        self._tops: np.ndarray | None = None
 
     def chis(self, radii: np.ndarray, overrides: dict | None = None, key=None) -> tuple:
         """``(chi_I, chi_II, chi_III)`` on the product of token balls with these radii (inf where the
@@ -106,6 +109,7 @@ class CurvatureIntegral:
                     try:
                         self._queries[key] = np.stack([group.hi for group in query_groups(
                             self.curvature, bounds, balls.radii, frobenius)])
+                        self._changes[key] = query_changes(self.curvature, bounds, balls.radii, frobenius)
                     except NotCertifiedError:   # (the whole output's values stand)
                         pass
         return self._parts_at[key]
@@ -121,8 +125,18 @@ class CurvatureIntegral:
         for width, radii, *known in steps:
             whole = self.chis(radii, *known)
             key = (np.asarray(radii, dtype=np.float64).tobytes(), known[1] if len(known) > 1 else None)
-            total = total + IntervalArray(width) * IntervalArray(row_chis(self._queries[key], whole))
+            chi = row_chis(self._queries[key], whole)
+            if key in self._changes:   # the operator at X carried over the ball (lemma curvature-row-operator)
+                chi = np.minimum(chi, (IntervalArray(self.operator_tops()) + IntervalArray(self._changes[key])).hi)
+            total = total + IntervalArray(width) * IntervalArray(chi)
         return np.where(np.isfinite(total.hi), (total * factor).hi, np.inf)
+
+    def operator_tops(self) -> np.ndarray:
+        """``lambda_max(G_i(X))^(1/2)`` per output token i (:func:`~lipbound.local.query_operator.operator_tops`),
+        formed once, at the first ball that reads it."""
+        if self._tops is None:
+            self._tops = operator_tops(self.enclosed, self.component.target)
+        return self._tops
 
     def integral(self, steps, factor, other: float = math.inf, floor: float | None = None) -> float:
         """``factor sum_k width_k chi(P(radii_k))`` over ``steps`` ``(width_k, radii_k)`` (radii growing), or
