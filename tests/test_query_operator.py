@@ -94,3 +94,16 @@ def test_the_per_query_integral_with_the_operator_bounds_each_row(seed, n, scale
     for Y in _frobenius_points(rng, X, eps, 2):
         for i in range(n):
             assert _largest_row(target, Y, i, rng, ("I", "II", "III"), restarts=2) <= chi[i] * (1 + 1e-9)
+
+
+def test_a_layer_without_the_operator_keeps_the_groups():
+    """Where ``operator_tops`` is not formed (inf: rotations, masks) the per-query integral is the groups' own, finite
+    (an inf route must not reach the minimum as a NaN)."""
+    from unittest import mock
+
+    from lipbound.local.curvature_integral import CurvatureIntegral
+    _, target, X, *_ = _frobenius_case(5, "layer", 3, 1.5, 0.05)
+    with mock.patch.object(CurvatureIntegral, "operator_tops", lambda integral: np.full(3, np.inf)):
+        groups, own, whole = _row_bounds(target, X, 0.05)
+    chi, *_ = _row_bounds(target, X, 0.05)
+    assert np.all(np.isfinite(groups)) and np.all(chi <= groups)

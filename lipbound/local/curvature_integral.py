@@ -118,7 +118,9 @@ class CurvatureIntegral:
         """Per output token i, ``factor sum_k width_k chi_i(P(radii_k))`` over ``steps`` as in :meth:`integral`, with
         ``chi_i`` query i's own curvature bound, each group the smaller of query i's own and the whole output's on the
         same product (:func:`~lipbound.local.query_curvature.row_chis`, lemmas curvature-per-query and
-        curvature-row-whole), (n,); inf where a bound is not finite.  Needs ``per_query``."""
+        curvature-row-whole), or where smaller the row as one operator at X plus its change on the product
+        (:func:`~lipbound.local.query_operator.operator_tops` and ``query_changes``, lemmas curvature-row-operator and
+        curvature-row-change), (n,); inf where a bound is not finite.  Needs ``per_query``."""
         if not self.per_query:
             raise ValueError("query_integral needs a CurvatureIntegral made with per_query")
         total, factor = IntervalArray(np.zeros(self.curvature.n)), as_interval_array(factor)
@@ -126,8 +128,13 @@ class CurvatureIntegral:
             whole = self.chis(radii, *known)
             key = (np.asarray(radii, dtype=np.float64).tobytes(), known[1] if len(known) > 1 else None)
             chi = row_chis(self._queries[key], whole)
-            if key in self._changes:   # the operator at X carried over the ball (lemma curvature-row-operator)
-                chi = np.minimum(chi, (IntervalArray(self.operator_tops()) + IntervalArray(self._changes[key])).hi)
+            if key in self._changes:   # the operator at X carried over the ball, where both are finite
+                tops, changes = self.operator_tops(), self._changes[key]
+                finite = np.isfinite(tops) & np.isfinite(changes)
+                if np.any(finite):
+                    route = (IntervalArray(tops[finite]) + IntervalArray(changes[finite])).hi
+                    chi = chi.copy()
+                    chi[finite] = np.minimum(chi[finite], route)
             total = total + IntervalArray(width) * IntervalArray(chi)
         return np.where(np.isfinite(total.hi), (total * factor).hi, np.inf)
 
