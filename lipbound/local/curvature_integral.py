@@ -15,6 +15,7 @@ from .balls import TokenBalls
 from .bounds import attention_bounds
 from .curvature import AttentionCurvature
 from .query_curvature import query_groups, row_chis
+from .query_operator import operator_tops, query_changes
 
 __all__ = ["CurvatureIntegral", "GRID_PER_DECADE", "KRONECKER_SHARE", "decade_grid"]
 
@@ -73,6 +74,8 @@ class CurvatureIntegral:
         self.floor = 0.0
         self._parts_at: dict = {}
         self._queries: dict = {}
+        self._changes: dict = {}
+        self._tops: np.ndarray | None = None
 
     def chis(self, radii: np.ndarray, overrides: dict | None = None, key=None) -> tuple:
         """``(chi_I, chi_II, chi_III)`` on the product of token balls with these radii (inf where the
@@ -106,6 +109,7 @@ class CurvatureIntegral:
                     try:
                         self._queries[key] = np.stack([group.hi for group in query_groups(
                             self.curvature, bounds, balls.radii, frobenius)])
+                        self._changes[key] = query_changes(self.curvature, bounds, balls.radii, frobenius)
                     except NotCertifiedError:   # (the whole output's values stand)
                         pass
         return self._parts_at[key]
@@ -114,15 +118,32 @@ class CurvatureIntegral:
         """Per output token i, ``factor sum_k width_k chi_i(P(radii_k))`` over ``steps`` as in :meth:`integral`, with
         ``chi_i`` query i's own curvature bound, each group the smaller of query i's own and the whole output's on the
         same product (:func:`~lipbound.local.query_curvature.row_chis`, lemmas curvature-per-query and
-        curvature-row-whole), (n,); inf where a bound is not finite.  Needs ``per_query``."""
+        curvature-row-whole), or where smaller the row as one operator at X plus its change on the product
+        (:func:`~lipbound.local.query_operator.operator_tops` and ``query_changes``, lemmas curvature-row-operator and
+        curvature-row-change), (n,); inf where a bound is not finite.  Needs ``per_query``."""
         if not self.per_query:
             raise ValueError("query_integral needs a CurvatureIntegral made with per_query")
         total, factor = IntervalArray(np.zeros(self.curvature.n)), as_interval_array(factor)
         for width, radii, *known in steps:
             whole = self.chis(radii, *known)
             key = (np.asarray(radii, dtype=np.float64).tobytes(), known[1] if len(known) > 1 else None)
-            total = total + IntervalArray(width) * IntervalArray(row_chis(self._queries[key], whole))
+            chi = row_chis(self._queries[key], whole)
+            if key in self._changes:   # the operator at X carried over the ball, where both are finite
+                tops, changes = self.operator_tops(), self._changes[key]
+                finite = np.isfinite(tops) & np.isfinite(changes)
+                if np.any(finite):
+                    route = (IntervalArray(tops[finite]) + IntervalArray(changes[finite])).hi
+                    chi = chi.copy()
+                    chi[finite] = np.minimum(chi[finite], route)
+            total = total + IntervalArray(width) * IntervalArray(chi)
         return np.where(np.isfinite(total.hi), (total * factor).hi, np.inf)
+
+    def operator_tops(self) -> np.ndarray:
+        """``lambda_max(G_i(X))^(1/2)`` per output token i (:func:`~lipbound.local.query_operator.operator_tops`),
+        formed once, at the first ball that reads it."""
+        if self._tops is None:
+            self._tops = operator_tops(self.enclosed, self.component.target)
+        return self._tops
 
     def integral(self, steps, factor, other: float = math.inf, floor: float | None = None) -> float:
         """``factor sum_k width_k chi(P(radii_k))`` over ``steps`` ``(width_k, radii_k)`` (radii growing), or
