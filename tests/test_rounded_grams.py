@@ -1,0 +1,107 @@
+"""The key path's Gram form in floats with its rounding bounded a posteriori (lemma float-gram,
+lipbound.local.rounded_grams), against the same form in exact rationals."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lipbound.local.rounded_grams import block_majorants, key_path_squares
+from lipbound.rigorous.arrays import IntervalArray
+
+
+def _symmetric_blocks(rng, heads: int, size: int, scale: float) -> np.ndarray:
+    """A Gram matrix of random rows in head blocks (H, k, H, k), exactly symmetric in floats."""
+    rows = rng.standard_normal((heads * size, 3 * heads * size)) * scale
+    gram = rows @ rows.T
+    return ((gram + gram.T) * 0.5).reshape(heads, size, heads, size)
+
+
+def _box(mid: np.ndarray, rad: np.ndarray) -> IntervalArray:
+    return IntervalArray(mid - rad, mid + rad)
+
+
+def _exact_squares(q, v, f, p, Omega, Psi, b: int, i: int, j: int) -> Fraction:
+    """``S_ij`` of the module docstring in rationals, term by term from its definition."""
+    H = q.shape[1]
+
+    def form(x, M, h, g, y):
+        return sum(Fraction(x[k]) * Fraction(M[h, k, g, l]) * Fraction(y[l])
+                   for k in range(x.size) for l in range(y.size))
+
+    total = Fraction(0)
+    for h in range(H):
+        for g in range(H):
+            keys = form(q[b, h, i], Psi, h, g, q[b, g, i])
+            outputs = form(v[b, h, j], Omega, h, g, v[b, g, j]) - form(f[b, h, i], Omega, h, g, v[b, g, j]) \
+                - form(f[b, g, i], Omega, g, h, v[b, h, j]) + form(f[b, h, i], Omega, h, g, f[b, g, i])
+            total += Fraction(p[b, h, i, j]) * Fraction(p[b, g, i, j]) * keys * outputs
+    return total
+
+
+def _case(seed: int, heads: int, n: int, width: float):
+    rng = np.random.default_rng(seed)
+    d_k, d_v = 2, 3
+    mids = [rng.standard_normal((1, heads, n, d_k)) * 3.0, rng.standard_normal((1, heads, n, d_v)),
+            rng.standard_normal((1, heads, n, d_v)), rng.dirichlet(np.ones(n), size=(1, heads, n))]
+    Omega, Psi = _symmetric_blocks(rng, heads, d_v, 0.7), _symmetric_blocks(rng, heads, d_k, 0.4)
+    rads = [width * rng.random(m.shape) for m in mids + [Omega, Psi]]
+    return rng, mids + [Omega, Psi], rads
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 10 ** 6), st.integers(1, 3), st.integers(1, 3), st.sampled_from([0.0, 1e-12, 1e-4, 1e-2]))
+def test_the_float_gram_bound_is_above_the_exact_form_at_every_point_of_the_boxes(seed, heads, n, width):
+    """``key_path_squares`` against ``S_ij`` in rationals at the boxes' midpoints, corners and random points (every
+    operand moved, the head blocks too, not kept symmetric): never below; on point boxes within 1e-9 of it."""
+    rng, mids, rads = _case(seed, heads, n, width)
+    boxes = [_box(m, r) for m, r in zip(mids, rads)]
+    bound = key_path_squares(*boxes, block_majorants(boxes[4], boxes[5]))
+    assert bound.shape == (1, n, n)
+    points = [[b.mid for b in boxes]]
+    for _ in range(2):
+        points.append([b.mid + b.rad * rng.choice([-1.0, 1.0], b.shape) for b in boxes])
+        points.append([b.mid + b.rad * rng.uniform(-1, 1, b.shape) for b in boxes])
+    for point in points:
+        point = [np.clip(x, b.lo, b.hi) for x, b in zip(point, boxes)]
+        for i in range(n):
+            for j in range(n):
+                assert _exact_squares(*point, 0, i, j) <= Fraction(bound[0, i, j])
+    if width == 0.0:
+        exact = np.array([[float(_exact_squares(*points[0], 0, i, j)) for j in range(n)] for i in range(n)])
+        assert np.all(bound[0] - exact <= 1e-9 * (1.0 + np.abs(exact)))
+
+
+def test_without_the_rounding_term_the_bound_falls_below_the_exact_form():
+    """The ``gamma_m`` term is needed: on point boxes (no radius to hide behind) the float value alone is below the
+    exact form in rationals for some entries, the bound with it never."""
+    below = 0
+    for seed in range(40):
+        _, mids, _ = _case(seed, 2, 3, 0.0)
+        boxes = [IntervalArray(m) for m in mids]
+        majorants = block_majorants(boxes[4], boxes[5])
+        bare = key_path_squares(*boxes, majorants, rounding=False)
+        bound = key_path_squares(*boxes, majorants)
+        for i in range(3):
+            for j in range(3):
+                exact = _exact_squares(*mids, 0, i, j)
+                assert exact <= Fraction(bound[0, i, j])
+                below += exact > Fraction(bare[0, i, j])
+    assert below > 0
+
+
+def test_the_majorants_bound_the_blocks_norms():
+    """``M = psi o omega`` is at least the product of the blocks' spectral norms of magnitudes, and ``M_r`` is only
+    the rounding of zero on point blocks."""
+    rng = np.random.default_rng(5)
+    Omega, Psi = _symmetric_blocks(rng, 3, 4, 1.0), _symmetric_blocks(rng, 3, 2, 1.0)
+    M, M_r, psi_top, omega_top = block_majorants(IntervalArray(Omega), IntervalArray(Psi))
+    for h in range(3):
+        for g in range(3):
+            psi = np.linalg.norm(np.abs(Psi[h, :, g]), 2)
+            omega = np.linalg.norm(np.abs(Omega[h, :, g]), 2)
+            assert M[h, g] >= psi * omega * (1 - 1e-12) and psi <= psi_top and omega <= omega_top
+    assert np.all(M_r <= 1e-150)
