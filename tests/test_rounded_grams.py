@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lipbound.local.rounded_grams import block_majorants, key_path_squares
+from lipbound.local.rounded_grams import block_majorants, key_path_squares, query_squares
 from lipbound.rigorous.arrays import IntervalArray
 
 
@@ -90,6 +90,69 @@ def test_without_the_rounding_term_the_bound_falls_below_the_exact_form():
                 exact = _exact_squares(*mids, 0, i, j)
                 assert exact <= Fraction(bound[0, i, j])
                 below += exact > Fraction(bare[0, i, j])
+    assert below > 0
+
+
+def _exact_query_squares(k, v, f, p, gram, b: int, h: int, i: int) -> Fraction:
+    """``S_hi`` of :func:`query_squares` in rationals from its definition."""
+    n = k.shape[2]
+
+    def keys(j, l):
+        return sum(Fraction(k[b, h, j, a]) * Fraction(gram[h, a, c]) * Fraction(k[b, h, l, c])
+                   for a in range(k.shape[-1]) for c in range(k.shape[-1]))
+
+    def values(j, l):
+        mean = [Fraction(x) for x in f[b, h, i]]
+        return sum((Fraction(v[b, h, j, w]) - mean[w]) * (Fraction(v[b, h, l, w]) - mean[w]) for w in range(len(mean)))
+    return sum(Fraction(p[b, h, i, j]) * Fraction(p[b, h, i, l]) * keys(j, l) * values(j, l)
+               for j in range(n) for l in range(n))
+
+
+def _query_case(seed: int, heads: int, n: int, width: float):
+    rng = np.random.default_rng(seed)
+    mids = [rng.standard_normal((1, heads, n, 2)) * 3.0, rng.standard_normal((1, heads, n, 3)),
+            rng.standard_normal((1, heads, n, 3)), rng.dirichlet(np.ones(n), size=(1, heads, n))]
+    rows = rng.standard_normal((heads, 4, 2))
+    gram = np.matmul(rows.swapaxes(1, 2), rows)
+    mids.append((gram + gram.swapaxes(1, 2)) * 0.5)
+    return rng, mids, [width * rng.random(m.shape) for m in mids]
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 10 ** 6), st.integers(1, 2), st.integers(1, 3), st.sampled_from([0.0, 1e-12, 1e-4, 1e-2]))
+def test_the_float_query_form_is_above_the_exact_form_at_every_point_of_the_boxes(seed, heads, n, width):
+    """``query_squares`` against ``S_hi`` in rationals at the boxes' midpoints, corners and random points: never
+    below; on point boxes within 1e-9 of it."""
+    rng, mids, rads = _query_case(seed, heads, n, width)
+    boxes = [_box(m, r) for m, r in zip(mids, rads)]
+    bound = query_squares(*boxes)
+    assert bound.shape == (1, heads, n)
+    points = [[b.mid for b in boxes]]
+    for _ in range(2):
+        points.append([b.mid + b.rad * rng.choice([-1.0, 1.0], b.shape) for b in boxes])
+        points.append([b.mid + b.rad * rng.uniform(-1, 1, b.shape) for b in boxes])
+    for point in points:
+        point = [np.clip(x, b.lo, b.hi) for x, b in zip(point, boxes)]
+        for h in range(heads):
+            for i in range(n):
+                assert _exact_query_squares(*point, 0, h, i) <= Fraction(bound[0, h, i])
+    if width == 0.0:
+        exact = np.array([[float(_exact_query_squares(*points[0], 0, h, i)) for i in range(n)] for h in range(heads)])
+        assert np.all(bound[0] - exact <= 1e-9 * (1.0 + np.abs(exact)))
+
+
+def test_without_the_rounding_term_the_query_form_falls_below_the_exact_form():
+    """As for the key path: on point boxes the float value alone is below the exact form for some rows."""
+    below = 0
+    for seed in range(40):
+        _, mids, _ = _query_case(seed, 2, 3, 0.0)
+        boxes = [IntervalArray(m) for m in mids]
+        bare, bound = query_squares(*boxes, rounding=False), query_squares(*boxes)
+        for h in range(2):
+            for i in range(3):
+                exact = _exact_query_squares(*mids, 0, h, i)
+                assert exact <= Fraction(bound[0, h, i])
+                below += exact > Fraction(bare[0, h, i])
     assert below > 0
 
 

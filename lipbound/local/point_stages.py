@@ -35,7 +35,7 @@ from ..rigorous.elementwise import SMALLEST_SUBNORMAL, gamma_bound, inv_sqrt_2pi
 from ..rigorous.linalg import spectral_norm_upper
 from .bounds import _column_norms, attention_norms, feedforward_global
 from .enclosed import EnclosedNorm, inverse_sqrt, kept_per_block
-from .rounded_grams import block_majorants, key_path_squares
+from .rounded_grams import block_majorants, key_path_squares, query_squares
 from .scores import ScoreNorms
 
 __all__ = ["PointStates", "attention_radii", "norm_radii", "feedforward_radii", "chain_radii", "SlopeReference"]
@@ -86,17 +86,14 @@ def _query_covariance(engine: AttentionMap, P: IntervalArray, K: IntervalArray, 
     ``(y_i - x~_i) W_Q^h Cbar_i``.  At the point ``C~_i = c sum_j p~_ij k~_j (v~_j - f~_i)^T`` (keys and values move
     together: no triangle inequality over j) and ``||W_Q^h C~_i||_F^2 = c^2 sum_jl p~_ij p~_il (k~_j W_Q^hT W_Q^h k~_l)
     (v~_j - f~_i).(v~_l - f~_i)`` (Gram matrices of the keys and values, (n, n) per head: no d_k x d_v matrix per
-    row); as ``sum_j p_ij(t) (v~_j - phi_i(t)) = 0`` the keys may be centred on any fixed ``kappa_i`` (the mean key
+    row; in floats with the rounding bounded a posteriori, :func:`~lipbound.local.rounded_grams.query_squares`); as
+    ``sum_j p_ij(t) (v~_j - phi_i(t)) = 0`` the keys may be centred on any fixed ``kappa_i`` (the mean key
     at the point), so
     ``||Cbar_i - C~_i||_F <= c sum_j ||k~_j - kappa_i|| (dp_ij (||v~_j - f~_i|| + drift_i) + p~_ij drift_i)`` and
     ``||W_Q^h Cbar_i|| <= ||W_Q^h C~_i||_F + ||W_Q^h|| ||Cbar_i - C~_i||_F``."""
     exact = IntervalArray(_head_stack(engine, 0))
-    keys = K.bmm(exact.swapaxes(1, 2).bmm(exact)).bmm(K.swapaxes(2, 3))                          # k_j W_Q^hT W_Q^h k_l
-    cross = V.bmm(F.swapaxes(2, 3)).swapaxes(2, 3)                                      # (B, H, i, j): f_i . v_j
-    values = V.bmm(V.swapaxes(2, 3)).expand(2) - cross.expand(4) - cross.expand(3) \
-        + F.square().sum(axis=-1).expand(-1).expand(-1)                                 # (v_j - f_i).(v_l - f_i)
-    weights = P.expand(-1) * P.expand(3)                                                         # p_ij p_il
-    at_point = (weights * keys.expand(2) * values).sum(axis=-1).sum(axis=-1).clip_below(0.0).sqrt() * c
+    squares = query_squares(K, V, F, P, exact.swapaxes(1, 2).bmm(exact))       # in floats, lemma float-gram
+    at_point = IntervalArray(np.maximum(squares, 0.0)).sqrt() * c
     kappa = IntervalArray(P.einsum("bhij,bhjk->bhik", K).mid)
     spread = (K.expand(2) - kappa.expand(3)).norm_upper()                                        # (B, H, i, j)
     change = (IntervalArray(spread) * (moved * (gaps + drift) + IntervalArray(P.hi) * drift)).sum(axis=-1) * c

@@ -27,16 +27,20 @@ from ..errors import NotCertifiedError
 from ..rigorous.arrays import IntervalArray
 from ..rigorous.elementwise import SMALLEST_SUBNORMAL, gamma_bound
 
-__all__ = ["block_majorants", "key_path_squares"]
+__all__ = ["block_majorants", "key_path_squares", "query_squares"]
 
 
 def _block_norms(blocks: np.ndarray) -> np.ndarray:
-    """Upper bounds (H, H) on ``||A_hg||_2`` of the non-negative blocks of ``blocks`` (H, k, H, k), symmetrised:
-    ``||A||_2 <= (||A||_1 ||A||_inf)^(1/2)`` (Hoelder), the larger of the ``hg`` and ``gh`` bounds."""
+    """Upper bounds (H, G) on ``||A_hg||_2`` of the non-negative blocks of ``blocks`` (H, k, G, l):
+    ``||A||_2 <= (||A||_1 ||A||_inf)^(1/2)`` (Hoelder)."""
     A = IntervalArray(blocks)
     rows = np.max(A.sum(axis=3).hi, axis=1)                                              # (H, H): row sums
     columns = np.max(A.sum(axis=1).hi, axis=-1)                                         # (H, H): column sums
-    norms = (IntervalArray(rows) * IntervalArray(columns)).sqrt().hi
+    return (IntervalArray(rows) * IntervalArray(columns)).sqrt().hi
+
+
+def _symmetric(norms: np.ndarray) -> np.ndarray:
+    """The larger of the ``hg`` and ``gh`` bounds: the form's pieces use both blocks."""
     return np.maximum(norms, norms.T)
 
 
@@ -44,8 +48,8 @@ def block_majorants(Omega: IntervalArray, Psi: IntervalArray) -> tuple[np.ndarra
     """``M = psi o omega`` and ``M_r = psi_r o omega + psi o omega_r`` (H, H), rounded up, and ``max psi``, ``max
     omega``, from the enclosed head blocks: ``psi_hg >= || |Psi|_hg ||_2`` over the box (its magnitudes), ``psi_r``
     likewise of its radii."""
-    psi, psi_r = _block_norms(Psi.magnitude), _block_norms(Psi.rad)
-    omega, omega_r = _block_norms(Omega.magnitude), _block_norms(Omega.rad)
+    psi, psi_r, omega, omega_r = (_symmetric(_block_norms(A)) for A in (Psi.magnitude, Psi.rad, Omega.magnitude,
+                                                                         Omega.rad))
     M = IntervalArray(psi) * IntervalArray(omega)
     M_r = IntervalArray(psi_r) * IntervalArray(omega) + IntervalArray(psi) * IntervalArray(omega_r)
     return M.hi, M_r.hi, float(np.max(psi)), float(np.max(omega))
@@ -103,19 +107,64 @@ def key_path_squares(Q: IntervalArray, V: IntervalArray, F: IntervalArray, P: In
     x = weights * queries * vectors
     moved = weights_rad * queries * vectors + weights * queries_rad * vectors + weights * queries * vectors_rad
     m = 2 * (d_k + d_v) + H * H + 8
+    outer = _quadratic(x, M, x)
     error = _quadratic(x, M, moved) * 2.0 + _quadratic(x, M_r, x)
-    if rounding:
-        error = error + _quadratic(x, M, x) * gamma_bound(m)
-    # underflow: at most this many products, each off by a subnormal at most, times the factors that follow it
     products = H * H * (d_k * d_k + d_k + 3 * (d_v * d_v + d_v) + 3)
-    top = [float(np.max(A, initial=0.0)) for A in (P.magnitude, Q.magnitude, np.maximum(V.magnitude, F.magnitude),
-                                                    query_big.hi, vectors.hi)]
-    keys_top = IntervalArray(top[3]).square() * IntervalArray(psi_top)               # >= |K_hg|
-    outputs_top = IntervalArray(top[4]).square() * IntervalArray(omega_top)           # >= |O_hg|
+    keys_top = IntervalArray(float(np.max(query_big.hi, initial=0.0))).square() * IntervalArray(psi_top)
+    outputs_top = IntervalArray(float(np.max(vectors.hi, initial=0.0))).square() * IntervalArray(omega_top)
+    return _a_posteriori(S, outer, error, m, products, (P.magnitude, Q.magnitude, np.maximum(V.magnitude, F.magnitude)),
+                         keys_top, outputs_top, rounding)
+
+
+def _a_posteriori(S: np.ndarray, outer: IntervalArray, radii_terms: IntervalArray, m: int, products: int, factors,
+                  keys_top: IntervalArray, outputs_top: IntervalArray, rounding: bool = True) -> np.ndarray:
+    """``fl(S~) + gamma_m (the magnitudes' form) + (the radii's terms) + (underflow)``, rounded up (lemma float-gram):
+    ``outer`` bounds the sum of the monomials' magnitudes, ``products`` counts the products, ``factors`` (weights,
+    first and second vectors' magnitudes) and the forms' largest entries bound what multiplies an underflow."""
+    if not np.all(np.isfinite(S)):
+        raise NotCertifiedError("Gram form", "finite Gram forms in floats", "an overflow",
+                                "the states are too large for the float route")
+    top = [float(np.max(A, initial=0.0)) for A in factors]
     later = IntervalArray(1.0 + top[0]).square() * IntervalArray(1.0 + top[1]) * IntervalArray(1.0 + top[2]) \
         * (keys_top + 1.0) * (outputs_top + 1.0)
     underflow = (later * IntervalArray(float(products) * SMALLEST_SUBNORMAL) * (1.0 + gamma_bound(m))).hi
-    if not np.all(np.isfinite(S)):
-        raise NotCertifiedError("key path", "finite Gram forms in floats", "an overflow",
-                                "the states are too large for the float route")
-    return (IntervalArray(S) + error + IntervalArray(underflow)).hi
+    relative = gamma_bound(m) if rounding else 0.0
+    return (IntervalArray(S) + outer * relative + radii_terms + IntervalArray(underflow)).hi
+
+
+def query_squares(K: IntervalArray, V: IntervalArray, F: IntervalArray, P: IntervalArray, gram: IntervalArray,
+                  rounding: bool = True) -> np.ndarray:
+    """Upper bounds (B, H, n) on ``S_hi = sum_jl p_ij p_il (k_j Gamma_h k_l^T) (v_j - f_i).(v_l - f_i)`` over the
+    boxes K (B, H, n, d_k), V, F (B, H, n, d_v), P (B, H, n, n) and ``gram`` (H, d_k, d_k) (``Gamma_h = W_Q^hT W_Q^h``
+    for the query part of lemma point-attention), by lemma float-gram with the sum over the keys j, l in place of the
+    heads': ``x_j = |p|_ij ||k_j|| (||v_j|| + ||f_i||)``, one block norm ``psi_h`` per head, so every form is
+    ``psi_h (sum_j x_j)(sum_l y_l)``; ``m = 2 d_k + d_v + n^2 + 8``.  ``rounding=False`` as in
+    :func:`key_path_squares`."""
+    B, H, n, d_k = K.shape
+    d_v = V.shape[-1]
+    k, v, f, p, G = K.mid, V.mid, F.mid, P.mid, gram.mid
+    keys = np.matmul(np.matmul(k, G[None]), k.swapaxes(2, 3))                                   # (B, H, j, l)
+    cross = np.matmul(f, v.swapaxes(2, 3))                                                      # (B, H, i, l): f_i.v_l
+    values = np.matmul(v, v.swapaxes(2, 3))[:, :, None] - cross[..., None, :] - cross[..., :, None] \
+        + np.sum(f * f, axis=-1)[..., None, None]                                               # (B, H, i, j, l)
+    S = np.einsum("bhij,bhil,bhjl,bhijl->bhi", p, p, keys, values)
+    top = IntervalArray(_block_norms(gram.magnitude[:, :, None, :])[:, 0, None, None])        # (H, 1, 1): psi_h
+    spread = IntervalArray(_block_norms(gram.rad[:, :, None, :])[:, 0, None, None])
+    key_big, key_rad = IntervalArray(K.norm_upper()), IntervalArray(IntervalArray(K.rad).norm_upper())   # (B, H, j)
+    value_big, value_rad = IntervalArray(V.norm_upper()), IntervalArray(IntervalArray(V.rad).norm_upper())
+    mean_big, mean_rad = IntervalArray(F.norm_upper()), IntervalArray(IntervalArray(F.rad).norm_upper())
+    vectors = value_big.expand(2) + mean_big.expand(3)                                          # (B, H, i, j)
+    vectors_rad = value_rad.expand(2) + mean_rad.expand(3)
+    weights, weights_rad = IntervalArray(P.magnitude), IntervalArray(P.rad)
+    x = weights * key_big.expand(2) * vectors
+    moved = weights_rad * key_big.expand(2) * vectors + weights * key_rad.expand(2) * vectors \
+        + weights * key_big.expand(2) * vectors_rad
+    total, total_moved = x.sum(axis=-1), moved.sum(axis=-1)                                     # (B, H, i)
+    outer = top[..., 0] * total.square()
+    m = 2 * d_k + d_v + n * n + 8
+    error = top[..., 0] * total * total_moved * 2.0 + spread[..., 0] * total.square()
+    products = n * n * (d_k * d_k + d_k + 3) + 3 * d_v * n
+    keys_top = IntervalArray(float(np.max(key_big.hi, initial=0.0))).square() * IntervalArray(float(np.max(top.hi)))
+    outputs_top = IntervalArray(float(np.max(vectors.hi, initial=0.0))).square()
+    return _a_posteriori(S, outer, error, m, products, (P.magnitude, K.magnitude, np.maximum(V.magnitude, F.magnitude)),
+                         keys_top, outputs_top, rounding)
