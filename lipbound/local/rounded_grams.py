@@ -1,4 +1,5 @@
-"""The key path's Gram form of lemma point-attention in floats, with its rounding bounded a posteriori.
+"""The Gram forms of lemma point-attention (the key path's and the query part's) in floats, with their rounding
+bounded a posteriori.
 
 The key path's output-space norms ``||N_ij||_F`` (:func:`~lipbound.local.point_stages._key_path_norms`) are the
 square roots of
@@ -16,7 +17,8 @@ per (b, i, j), with ``x_h = |p|^h_ij ||q^h_i|| (||v^h_j|| + ||f^h_i||)`` from th
 the same with one factor replaced by its radius, ``M = psi o omega`` and ``M_r = psi_r o omega + psi o omega_r``
 (H x H: upper bounds on the spectral norms of the blocks ``|Psi_hg|``, ``|Omega_hg|`` and of their radii) and
 ``m = 2 (d_k + d_v) + H^2 + 8`` roundings per monomial.  The error terms cost (B, n, n, H) arrays; the float
-evaluation is about fourteen times faster than the interval one on all-MiniLM-L6-v2.
+evaluation is about fourteen times faster than the interval one on all-MiniLM-L6-v2.  The query part's form
+(:func:`query_squares`) is bounded the same way with the keys in place of the heads.
 """
 
 from __future__ import annotations
