@@ -17,7 +17,8 @@ before them as a ball (``||W||_2 ||rad||``).  The attention block's two Gram for
 norms and the query part's key-value covariance) are evaluated in floats with their rounding and the boxes' radii
 bounded a posteriori (:mod:`lipbound.local.rounded_grams`, lemma float-gram), a third of the interval forms'
 time.  On all-MiniLM-L6-v2 the radii grow about 350-fold per layer (attention block 21-34, chain 6-18 per token by
-reference slopes), about 100-fold with ``exact_chain`` (chain 4-5), where the global-type factors of the stages gave 1e4 and interval arithmetic's entrywise ``|W|`` 1e6.
+reference slopes), about 100-fold with ``exact_chain`` (chain 4-5), where the global-type factors of the stages
+gave 1e4 and interval arithmetic's entrywise ``|W|`` 1e6.
 
 :mod:`lipbound.local.candidates` runs the passes and turns them into bounds on the movement.
 """
