@@ -165,7 +165,7 @@ def query_squares(K: IntervalArray, V: IntervalArray, F: IntervalArray, P: Inter
     outer = top[..., 0] * total.square()
     m = 2 * d_k + d_v + n * n + 8
     error = top[..., 0] * total * total_moved * 2.0 + spread[..., 0] * total.square()
-    products = n * n * (d_k * d_k + d_k + 3) + 3 * d_v * n
+    products = n * n * (d_k * d_k + d_k + 3 + 2 * d_v) + n * d_v
     keys_top = IntervalArray(float(np.max(key_big.hi, initial=0.0))).square() * IntervalArray(float(np.max(top.hi)))
     outputs_top = IntervalArray(float(np.max(vectors.hi, initial=0.0))).square()
     return _a_posteriori(S, outer, error, m, products, (P.magnitude, K.magnitude, np.maximum(V.magnitude, F.magnitude)),
