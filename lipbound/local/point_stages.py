@@ -13,9 +13,12 @@ feed-forward block and output LayerNorm as one chain through the slopes GELU' at
 from a slope Gram matrix).  The matrix products and the LayerNorms' sums are exact (``exact_sums`` of
 :meth:`~lipbound.rigorous.arrays.IntervalArray.matmul` and ``sum``), so an evaluation at a point adds radii of
 about 1e-15 of the values instead of ``k u |x| |W|``; the products by ``W_O`` and ``W_2`` carry the rounding
-before them as a ball (``||W||_2 ||rad||``).  On all-MiniLM-L6-v2 the radii grow about 350-fold per layer
-(attention block 21-34, chain 6-18 per token by reference slopes), about 100-fold with ``exact_chain`` (chain
-4-5), where the global-type factors of the stages gave 1e4 and interval arithmetic's entrywise ``|W|`` 1e6.
+before them as a ball (``||W||_2 ||rad||``).  The attention block's two Gram forms (the key path's output-space
+norms and the query part's key-value covariance) are evaluated in floats with their rounding and the boxes' radii
+bounded a posteriori (:mod:`lipbound.local.rounded_grams`, lemma float-gram), a third of the interval forms'
+time.  On all-MiniLM-L6-v2 the radii grow about 350-fold per layer (attention block 21-34, chain 6-18 per token by
+reference slopes), about 100-fold with ``exact_chain`` (chain 4-5), where the global-type factors of the stages
+gave 1e4 and interval arithmetic's entrywise ``|W|`` 1e6.
 
 :mod:`lipbound.local.candidates` runs the passes and turns them into bounds on the movement.
 """
@@ -35,6 +38,7 @@ from ..rigorous.elementwise import SMALLEST_SUBNORMAL, gamma_bound, inv_sqrt_2pi
 from ..rigorous.linalg import spectral_norm_upper
 from .bounds import _column_norms, attention_norms, feedforward_global
 from .enclosed import EnclosedNorm, inverse_sqrt, kept_per_block
+from .rounded_grams import block_majorants, key_path_squares, query_squares
 from .scores import ScoreNorms
 
 __all__ = ["PointStates", "attention_radii", "norm_radii", "feedforward_radii", "chain_radii", "SlopeReference"]
@@ -85,17 +89,14 @@ def _query_covariance(engine: AttentionMap, P: IntervalArray, K: IntervalArray, 
     ``(y_i - x~_i) W_Q^h Cbar_i``.  At the point ``C~_i = c sum_j p~_ij k~_j (v~_j - f~_i)^T`` (keys and values move
     together: no triangle inequality over j) and ``||W_Q^h C~_i||_F^2 = c^2 sum_jl p~_ij p~_il (k~_j W_Q^hT W_Q^h k~_l)
     (v~_j - f~_i).(v~_l - f~_i)`` (Gram matrices of the keys and values, (n, n) per head: no d_k x d_v matrix per
-    row); as ``sum_j p_ij(t) (v~_j - phi_i(t)) = 0`` the keys may be centred on any fixed ``kappa_i`` (the mean key
+    row; in floats with the rounding bounded a posteriori, :func:`~lipbound.local.rounded_grams.query_squares`); as
+    ``sum_j p_ij(t) (v~_j - phi_i(t)) = 0`` the keys may be centred on any fixed ``kappa_i`` (the mean key
     at the point), so
     ``||Cbar_i - C~_i||_F <= c sum_j ||k~_j - kappa_i|| (dp_ij (||v~_j - f~_i|| + drift_i) + p~_ij drift_i)`` and
     ``||W_Q^h Cbar_i|| <= ||W_Q^h C~_i||_F + ||W_Q^h|| ||Cbar_i - C~_i||_F``."""
     exact = IntervalArray(_head_stack(engine, 0))
-    keys = K.bmm(exact.swapaxes(1, 2).bmm(exact)).bmm(K.swapaxes(2, 3))                          # k_j W_Q^hT W_Q^h k_l
-    cross = V.bmm(F.swapaxes(2, 3)).swapaxes(2, 3)                                      # (B, H, i, j): f_i . v_j
-    values = V.bmm(V.swapaxes(2, 3)).expand(2) - cross.expand(4) - cross.expand(3) \
-        + F.square().sum(axis=-1).expand(-1).expand(-1)                                 # (v_j - f_i).(v_l - f_i)
-    weights = P.expand(-1) * P.expand(3)                                                         # p_ij p_il
-    at_point = (weights * keys.expand(2) * values).sum(axis=-1).sum(axis=-1).clip_below(0.0).sqrt() * c
+    squares = query_squares(K, V, F, P, exact.swapaxes(1, 2).bmm(exact))       # in floats, lemma float-gram
+    at_point = IntervalArray(np.maximum(squares, 0.0)).sqrt() * c
     kappa = IntervalArray(P.einsum("bhij,bhjk->bhik", K).mid)
     spread = (K.expand(2) - kappa.expand(3)).norm_upper()                                        # (B, H, i, j)
     change = (IntervalArray(spread) * (moved * (gaps + drift) + IntervalArray(P.hi) * drift)).sum(axis=-1) * c
@@ -121,16 +122,6 @@ def _head_block_grams(engine: AttentionMap) -> tuple[IntervalArray, IntervalArra
     return entry[1], entry[2]
 
 
-def _per_head_through(A: IntervalArray, M: IntervalArray) -> IntervalArray:
-    """``a^h M_hg`` for every pair of heads: A (B, n, H, k), M (H, k, G, l) -> (B, n, H, G, l), one batched product
-    per head through BLAS (an einsum with the head index on both sides and in the output runs its own loops, five
-    times slower here)."""
-    B, n, H, k = A.shape
-    G, l = M.shape[2:]
-    out = A.reshape(B * n, H, k).swapaxes(0, 1).bmm(M.reshape(H, k, G * l))                    # (H, B n, G l)
-    return out.reshape(H, B, n, G, l).swapaxes(0, 1).swapaxes(1, 2)
-
-
 def _key_path_norms(engine: AttentionMap, Q: IntervalArray, V: IntervalArray, F: IntervalArray, P: IntervalArray,
                     c) -> np.ndarray:
     """Upper bounds (B, n, n) on ``||N_ij||_F`` for the key path in the output space (lemma point-attention),
@@ -138,22 +129,21 @@ def _key_path_norms(engine: AttentionMap, Q: IntervalArray, V: IntervalArray, F:
     ``e_j`` of token j to its first-order key-path change of output i, heads and ``W_O`` together:
     ``||N_ij||_F^2 = c^2 sum_hg p_h p_g (u_h . u_g) (y_h . y_g)`` with ``u_h = W_K^h q~^h_i`` and ``y_h = (v~^h_j -
     f~^h_i) W_O^h``: Gram matrices over the heads (H x H per pair), no d x d matrix; ``u_h . u_g = q~^h Psi_hg q~^gT``
-    and ``y_h . y_g`` likewise through ``Omega`` (:func:`_head_block_grams`), head-sized products only."""
+    and ``y_h . y_g`` likewise through ``Omega`` (:func:`_head_block_grams`), head-sized products only, evaluated in
+    floats with the rounding and the boxes' radii bounded a posteriori
+    (:func:`~lipbound.local.rounded_grams.key_path_squares`, lemma float-gram)."""
     Omega, Psi = _head_block_grams(engine)                          # (H, d_v, H, d_v), (H, d_k, H, d_k), enclosed
-    Vt, Ft, Qt = (A.swapaxes(1, 2) for A in (V, F, Q))                                      # (B, n, H, .)
-    B, n, H, d_v = Vt.shape
-    VO = _per_head_through(Vt, Omega)                                                   # v_j^h Omega_hg
-    FO = _per_head_through(Ft, Omega)
-    keys = _per_head_through(Qt, Psi).einsum("bihgl,bigl->bihg", Qt)                  # (B, n, H, H)
-    values = VO.einsum("bjhgw,bjgw->bjhg", Vt)
-    means = FO.einsum("bihgw,bigw->bihg", Ft)
-    # f_i^h Omega_hg v_j^g: per sentence and head g one product (n H, d_v) x (d_v, n) through BLAS
-    cross = FO.swapaxes(2, 3).swapaxes(1, 2).reshape(B, H, n * H, d_v).bmm(Vt.swapaxes(1, 2).swapaxes(2, 3)) \
-        .reshape(B, H, n, H, n).swapaxes(1, 4).swapaxes(1, 2)                           # (B, i, j, H, H)
-    outputs = values.expand(1) - cross - cross.swapaxes(3, 4) + means.expand(2)              # (B, i, j, H, H)
-    weights = P.swapaxes(1, 2).swapaxes(2, 3)                                                 # (B, i, j, H)
-    squares = (weights.expand(-1) * weights.expand(-2) * keys.expand(2) * outputs).sum(axis=-1).sum(axis=-1)
-    return (squares.clip_below(0.0).sqrt() * c).hi
+    majorants = _BLOCK_MAJORANTS.get(id(engine))
+    if majorants is None or majorants[0] is not engine:
+        if len(_BLOCK_MAJORANTS) >= 16:
+            _BLOCK_MAJORANTS.clear()
+        majorants = _BLOCK_MAJORANTS[id(engine)] = (engine, block_majorants(Omega, Psi))
+    squares = key_path_squares(Q, V, F, P, Omega, Psi, majorants[1])
+    return (IntervalArray(np.maximum(squares, 0.0)).sqrt() * c).hi
+
+
+#: id(engine) -> (engine, :func:`~lipbound.local.rounded_grams.block_majorants` of its head blocks).
+_BLOCK_MAJORANTS: dict = {}
 
 
 def attention_radii(engine: AttentionMap, X: PointStates, output_norm: float | None = None) -> PointStates:
