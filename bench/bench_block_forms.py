@@ -181,15 +181,15 @@ def _remainders(before_ffn, centre) -> None:
     """Per token, the feed-forward remainder on the set before the feed-forward block, certified two ways in one
     process: with ``GELU''`` at the centre, ``T_k dev_k / 3`` and the carried balls' Q terms per neuron (before), and
     with the Taylor quotients and the joint Q terms (now); each way's CPU seconds."""
-    from lipbound.local import relational_tail
+    from lipbound.local import feedforward_taylor
     found = {}
     for name, patches in (("before", {"curvature_split": _centre_split, "HADAMARD_SHARE": 0.0}), ("now", {})):
         began = time.process_time()
         with contextlib.ExitStack() as stack:
             for key, value in patches.items():
-                stack.enter_context(mock.patch.object(relational_tail, key, value))
-            found[name] = [relational_tail.feedforward_remainder(centre.enclosed[2], i, row, before_ffn.balls[i], None,
-                                                                 before_ffn.shape(i))
+                stack.enter_context(mock.patch.object(feedforward_taylor, key, value))
+            found[name] = [feedforward_taylor.feedforward_remainder(centre.enclosed[2], i, row, before_ffn.balls[i],
+                                                                    None, before_ffn.shape(i))
                            for i, row in enumerate(before_ffn.rows)]
         found[name + " cpu"] = time.process_time() - began
     print("  the feed-forward remainders on the carried sets:")

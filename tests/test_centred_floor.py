@@ -13,7 +13,7 @@ from scipy.special import erf
 from test_relational_tail import _carried_about, _generated_block, _setting
 
 from lipbound.errors import AssumptionError
-from lipbound.local import relational_tail
+from lipbound.local import feedforward_taylor, relational_tail
 from lipbound.local.balls import TokenBalls
 from lipbound.local.bounds import norm_bounds
 from lipbound.local.chains import chain_forward, chain_vjp
@@ -105,7 +105,7 @@ def test_floor_mutations_fail(monkeypatch):
         patched.setattr(relational_tail, "_along", lambda form, w: real(form, w) if form.l2.shape[0] > 12 else 0.0)
         assert _feedforward_floor_escape(11, 0.5, 0.5, 0.0)[0] > 0
     with monkeypatch.context() as patched:
-        patched.setattr(relational_tail, "directed_remainder", lambda *args: 0.0)
+        patched.setattr(feedforward_taylor, "directed_remainder", lambda *args: 0.0)
         assert _feedforward_floor_escape(11, 0.5, 0.5, 0.0)[0] > 0
 
 
