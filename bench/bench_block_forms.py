@@ -160,7 +160,37 @@ def parts(text: str, layer: int, fraction: float) -> None:
             print(f"      carried{_row([found.carried(i) for i in range(n)])}")
             print(f"      ball   {_row(found.balls)}")
     print(f"  the output LayerNorm's centred norms {_row(centre.enclosed[3].nu.lo)}")
+    _across(sets[2], centre.points[3], centre.enclosed[3].nu.lo)
     _remainders(sets[1], centre)
+
+
+def _across(before_norm, points, nu) -> None:
+    """Per token, the set before the output LayerNorm along and across its centred direction w (floats, estimates):
+    each part's extent across w (after the centring), the floor of the centred norm along w, and the normalised
+    output's chord on the ball (``R / nu``, the cap) against the set's ``c / floor`` (c the extent across w)."""
+    from lipbound.local.relational_tail import centred_direction
+    floors = before_norm.centred_floors(points)
+    rows = {name: [] for name in ("form across", "carried across", "ball", "c = across", "floor", "cap chord",
+                                  "set c / floor")}
+    for i, row in enumerate(before_norm.rows):
+        w = centred_direction(points[i])
+        d = w.shape[0]
+        across = np.eye(d) - np.full((d, d), 1.0 / d) - np.outer(w, w)            # (I - w w^T) P, symmetric
+        form = np.linalg.norm(row.center @ across) + np.linalg.norm(row.l2 @ across, 2)
+        carried = sum(np.linalg.norm(part.center @ across) + np.linalg.norm(part.l2 @ across, 2)
+                      for part in before_norm.shape(i))
+        c = form + carried + before_norm.balls[i]
+        ratio = before_norm.radii[i] / nu[i]
+        rows["form across"].append(form)
+        rows["carried across"].append(carried)
+        rows["ball"].append(before_norm.balls[i])
+        rows["c = across"].append(c)
+        rows["floor"].append(floors[i])
+        rows["cap chord"].append(ratio * np.sqrt(2 / (1 + np.sqrt(max(1 - ratio ** 2, 0.0)))) if ratio < 1 else np.inf)
+        rows["set c / floor"].append(c / floors[i] if floors[i] > 0 else np.inf)
+    print("  before the output LayerNorm, across its centred direction w (floats):")
+    for name, values in rows.items():
+        print(f"    {name:15s}{_row(values)}")
 
 
 def _centre_split(h, dev, apart=(), pieces=None):

@@ -167,3 +167,24 @@ def test_a_floor_lowers_the_layernorms_bounds():
     assert np.all(np.diag(floored.variation) < np.diag(plain.variation))
     with pytest.raises(AssumptionError):
         TokenBalls(Z, radii, floors=-np.ones(len(nu)))
+
+
+def test_the_kept_parts_give_the_same_bound_along():
+    """The remainder along w from the parts that the remainder's norm kept is the one formed afresh, and it reads them
+    (parts whose ball is wider give a larger bound)."""
+    chain, centre = _generated_block(3)
+    rng = np.random.default_rng(3)
+    Y, enclosed = centre.points[2], centre.enclosed[2]
+    forms = _carried_about(Y, 0.5, 0.5, rng)
+    w = relational_tail.centred_direction(centre.points[3][0])
+    kept: dict = {}
+    remainder = feedforward_taylor.feedforward_remainder(enclosed, 0, forms.rows[0], 0.1, None, forms.shape(0), kept)
+    fresh = feedforward_taylor.feedforward_remainder_along(enclosed, 0, forms.rows[0], 0.1, None, forms.shape(0), w,
+                                                           remainder)
+    reused = feedforward_taylor.feedforward_remainder_along(enclosed, 0, forms.rows[0], 0.1, None, forms.shape(0), w,
+                                                            remainder, kept)
+    assert reused == fresh
+    wider: dict = {}
+    feedforward_taylor.feedforward_remainder(enclosed, 0, forms.rows[0], 0.5, None, forms.shape(0), wider)
+    assert feedforward_taylor.feedforward_remainder_along(enclosed, 0, forms.rows[0], 0.1, None, forms.shape(0), w,
+                                                          np.inf, wider) > fresh

@@ -357,7 +357,7 @@ def test_feedforward_remainders_skipped_only_where_no_set_can_win(monkeypatch):
     calls.clear()
     assert np.all(third(np.zeros_like(radii[2])) == np.inf) and not calls
     monkeypatch.setattr(relational_tail, "feedforward_remainder",
-                        lambda enclosed, i, row, ball, second=None, shape=None:
+                        lambda enclosed, i, row, ball, second=None, shape=None, kept=None:
                         feedforward_taylor.remainder_floor(enclosed, i, row, ball, shape))
     floors = third(None)                                     # the radii with the remainders' floors
     assert np.all(floors <= radii[2]) and np.any(floors < radii[2])

@@ -49,7 +49,7 @@ def _off_generators(row: AffineForm, ball: float) -> float:
 
 
 def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float,
-                          second: float | None = None, shape: tuple = ()) -> float:
+                          second: float | None = None, shape: tuple = (), kept: dict | None = None) -> float:
     """``sup ||FF(x) - FF(y) - (x - y) J_F(y)||`` over ``x - y`` in ``row + sum_p shape[p] + B(0, ball)``, y the block's
     float point at token i, ``shape`` the token's carried balls (:class:`TokenForms`, each over symbols of its own): the
     smaller of lemma feedforward-taylor-joint and lemma feedforward-taylor-signed.
@@ -76,9 +76,13 @@ def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm
     3``): the
     spread part is the joint bound with these ``S_k``, the quadratic part keeps the curvatures' signs
     (:func:`_signed_part`, each carried ball's symbols a part of its quadratic form).  ``second``: ``||W_2||``
-    rounded up, when the caller has it."""
+    rounded up, when the caller has it.  ``kept``: a dict that receives the parts and the split ("parts", "split"),
+    for :func:`feedforward_remainder_along` on the same set (a choice of work: they are formed once)."""
     parts = _remainder_parts(enclosed, i, row, ball, second, shape)
-    return _remainder_on_parts(parts, curvature_split(enclosed.h[i], parts[4], outlier_neurons(enclosed.ffn)))
+    split = curvature_split(enclosed.h[i], parts[4], outlier_neurons(enclosed.ffn))
+    if kept is not None:
+        kept.update(parts=parts, split=split)
+    return _remainder_on_parts(parts, split)
 
 
 def _remainder_on_parts(parts: tuple, split: tuple) -> float:
@@ -98,12 +102,16 @@ def _remainder_on_parts(parts: tuple, split: tuple) -> float:
 
 def feedforward_remainder_along(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float,
                                 second: float | None, shape: tuple, direction: np.ndarray,
-                                remainder: float = math.inf) -> float:
+                                remainder: float = math.inf, kept: dict | None = None) -> float:
     """A bound on ``|<w, FF(x) - FF(y) - (x - y) J_F(y)>|`` over the set of :func:`feedforward_remainder` for the
     vector ``w = direction``: the smaller of lemma feedforward-taylor-directed and ``remainder ||w||`` (``remainder``
-    a bound on the remainder's norm, when the caller has it)."""
-    parts = _remainder_parts(enclosed, i, row, ball, second, shape)
-    split = curvature_split(enclosed.h[i], parts[4], outlier_neurons(enclosed.ffn))
+    a bound on the remainder's norm, when the caller has it).  ``kept``: the parts and split that
+    :func:`feedforward_remainder` kept for the same arguments, when the caller has them."""
+    if kept is not None and "parts" in kept:
+        parts, split = kept["parts"], kept["split"]
+    else:
+        parts = _remainder_parts(enclosed, i, row, ball, second, shape)
+        split = curvature_split(enclosed.h[i], parts[4], outlier_neurons(enclosed.ffn))
     size = IntervalArray(direction).norm_upper().item()
     whole = (IntervalArray(remainder) * IntervalArray(size)).hi.item() if math.isfinite(remainder) else math.inf
     return min(whole, directed_remainder(parts, split, direction))

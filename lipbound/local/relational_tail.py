@@ -208,10 +208,13 @@ class TokenForms:
         def form(chosen: np.ndarray) -> None:   # the certified balls of these tokens
             for i in np.flatnonzero(chosen & wanted):
                 _, gap, scale = steps[i]
-                remainder = feedforward_remainder(enclosed, i, self.rows[i], self.balls[i], second, self.shape(i))
+                kept: dict = {}   # the lemmas' parts, formed once for both bounds
+                remainder = feedforward_remainder(enclosed, i, self.rows[i], self.balls[i], second, self.shape(i),
+                                                  kept)
                 if remainder >= FLOOR_WORTH * float(np.linalg.norm(after[i] - np.mean(after[i]))):
                     along[i] = feedforward_remainder_along(enclosed, i, self.rows[i], self.balls[i], second,
-                                                           self.shape(i), centred_direction(after[i]), remainder)
+                                                           self.shape(i), centred_direction(after[i]), remainder,
+                                                           kept)
                 plain[i] = _step_ball(self.balls[i], scale, radii[i], gap)
                 balls[i] = _step_ball(self.balls[i], scale, radii[i], gap, taylor=remainder)
         if ceiling is not None:
