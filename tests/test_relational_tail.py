@@ -584,3 +584,45 @@ def test_hadamard_term_holds_the_parts_squares(seed, width):
     term = feedforward_taylor._hadamard_term((gram * b_gram).mid, lambda: gram * b_gram, root, np.inf)
     assert found <= term * (1 + 1e-12)
     assert found > feedforward_taylor._hadamard_term(gram.mid, lambda: gram, root, np.inf)
+
+
+def _joint_and_signed(seed: int, scale: float, carried: float, ball: float):
+    """Per token of a generated block's feed-forward step on a set with rows, carried balls and a ball: the lemmas'
+    parts and Taylor quotients' split, the certified joint and signed bounds, the joint one's float floor and the
+    remainder :func:`feedforward_remainder` takes."""
+    chain, centre = _generated_block(seed % 50)
+    rng = np.random.default_rng(seed)
+    Y, enclosed = centre.points[2], centre.enclosed[2]
+    forms = _carried_about(Y, scale, carried, rng)
+    found = []
+    for i, row in enumerate(forms.rows):
+        parts = feedforward_taylor._remainder_parts(enclosed, i, row, ball, None, forms.shape(i))
+        split = feedforward_taylor.curvature_split(enclosed.h[i], parts[4],
+                                                   feedforward_taylor.outlier_neurons(enclosed.ffn))
+        found.append((feedforward_taylor.joint_remainder(*parts, split=split),
+                      feedforward_taylor.signed_remainder(*parts, split=split),
+                      feedforward_taylor.joint_floor(parts, split),
+                      feedforward_taylor._remainder_on_parts(parts, split)))
+    return found
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), scale=st.sampled_from([0.05, 0.5, 2.0]), carried=st.sampled_from([0.0, 0.5]),
+       ball=st.sampled_from([0.0, 0.1]))
+def test_the_joint_floor_is_below_the_joint_bound_and_the_remainder_the_smaller(seed, scale, carried, ball):
+    """The joint bound's float floor is at most the certified joint bound, and the remainder the certified bounds'
+    order of work gives is exactly the smaller of the two lemmas' bounds (which one is certified first never changes
+    the value)."""
+    for joint, signed, floor, taken in _joint_and_signed(seed, scale, carried, ball):
+        assert 0 <= floor <= joint * (1 + 1e-9)
+        assert taken == min(joint, signed)
+
+
+def test_a_joint_floor_above_the_joint_bound_changes_the_remainder(monkeypatch):
+    """Mutation: a floor ten times the joint one skips the joint bound where it is the smaller (seed 3 has such a
+    token), so the remainder is no longer the smaller of the two."""
+    cases = _joint_and_signed(3, 0.05, 0.5, 0.1)
+    assert any(joint < signed for joint, signed, _, _ in cases)
+    original = feedforward_taylor.joint_floor
+    monkeypatch.setattr(feedforward_taylor, "joint_floor", lambda parts, split: 10 * original(parts, split))
+    assert any(taken != min(joint, signed) for joint, signed, _, taken in _joint_and_signed(3, 0.05, 0.5, 0.1))

@@ -86,18 +86,40 @@ def feedforward_remainder(enclosed: EnclosedFeedForward, i: int, row: AffineForm
 
 
 def _remainder_on_parts(parts: tuple, split: tuple) -> float:
-    """:func:`feedforward_remainder` on its :func:`_remainder_parts` and the Taylor quotients' ``split``."""
+    """:func:`feedforward_remainder` on its :func:`_remainder_parts` and the Taylor quotients' ``split``.
+
+    (A choice of work, never of the value: where the signed lemma's quadratic part is estimated below a float estimate
+    from below of the joint bound (:func:`joint_floor`), the signed bound is certified first, and the joint one only
+    where its estimate times :data:`FLOOR_SHARE` is not above it.)"""
     enclosed = parts[0]
+    beta, carried = parts[1], parts[-1]
+    estimate = _signed_estimate(enclosed.ffn, split[0], parts[2], beta, carried)
+    floor = joint_floor(parts, split)
+    if estimate < floor:
+        signed = signed_remainder(*parts, split=split)
+        if FLOOR_SHARE * floor > signed:
+            return signed
+        return min(signed, joint_remainder(*parts, split=split))
     joint = joint_remainder(*parts, split=split)
     # (a choice of work: a Rayleigh quotient is at most the top eigenvalue, so where its quadratic part alone is not
     # below the joint bound the signed one cannot be smaller, and its certified eigenvalue is not formed)
-    beta, carried = parts[1], parts[-1]
-    if not _signed_estimate(enclosed.ffn, split[0], parts[2], beta, carried) < joint:
+    if not estimate < joint:
         return joint
     c, F = _signed_part(enclosed.ffn, split[0], parts[2], beta, carried)
     if not (IntervalArray(0.5) * IntervalArray(c) * IntervalArray(F)).hi.item() < joint:
         return joint
     return min(joint, signed_remainder(*parts, signed=(c, F), split=split))
+
+
+def joint_floor(parts: tuple, split: tuple) -> float:
+    """A float estimate from below of :func:`joint_remainder` on :func:`_remainder_parts` and the Taylor quotients'
+    ``split`` (its ``P Q / 2`` with the form's parts, :func:`_half_product_floor`, plus the outliers' certified
+    separated remainder): it decides which bound is certified first, never a value."""
+    enclosed, beta, a_gram, dev, hull, i = parts[0], parts[1], parts[2], parts[4], parts[5], parts[6]
+    carried = parts[-1]
+    rows = [] if carried is None else [part.mid for part in carried.rows]
+    half = _half_product_floor(enclosed.ffn, _joint_curvatures(hull, split), beta, rows, dev, a_gram.mid)
+    return half + separated_remainder(enclosed, i, dev, outlier_neurons(enclosed.ffn))
 
 
 def feedforward_remainder_along(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float,
@@ -195,23 +217,53 @@ def remainder_floor(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball
     m = [np.linalg.norm(part, axis=0) for part in carried]
     dev = np.sqrt(np.maximum(np.einsum("ak,ab,bk->k", ffn.W_1, gram, ffn.W_1), 0.0)) + sum(m) + beta * columns
     hull = enclosed.h[i] + IntervalArray(-dev, dev)
-    second = _norm_from_below(ffn.W_2)
-
     apart = outlier_neurons(ffn)
-
-    def half_product(S: np.ndarray) -> float:   # (the outliers are bounded apart, by a part not negative)
-        root = np.sqrt(S)
-        root[apart] = 0.0
-        P = beta * _norm_from_below(ffn.W_1 * root)
-        Q = beta * _norm_from_below(ffn.W_2 * (root * columns)[:, None])
-        for part, reach in zip(carried, m):
-            P += _norm_from_below(part * root)
-            Q += _norm_from_below(ffn.W_2 * (root * reach)[:, None])
-        return 0.5 * P * min(Q, float(np.max(root * dev)) * second)
     split = curvature_split(enclosed.h[i], dev, apart)
-    joint = half_product(_joint_curvatures(hull, split))
-    signed = half_product(split[1])
+    joint = _half_product_floor(ffn, _joint_curvatures(hull, split), beta, carried, dev)
+    signed = _half_product_floor(ffn, split[1], beta, carried, dev)
     return FLOOR_SHARE * min(joint, signed)
+
+
+def _half_product_floor(ffn, S: np.ndarray, beta: float, carried: list, dev: np.ndarray,
+                        a_gram: np.ndarray | None = None) -> float:
+    """A float estimate from below of lemma feedforward-taylor-joint's ``P Q / 2`` for the curvature bounds ``S``
+    (d_ff,; the outlier neurons' 0: they are bounded apart, by a part not negative): ``carried`` the float ``N_p W_1``,
+    ``dev`` the deviations; with ``a_gram`` (the float ``A^T A``) the form's parts ``lambda_max(D A^T A D)^(1/2)`` and
+    ``lambda_max(D (A^T A o W_2 W_2^T) D)^(1/2)`` too, without it the ball's and carried balls' parts alone (every
+    part is not negative) and, as the certified ``Q``, each part's smaller of its plain and joint terms
+    (:func:`_hadamard_term`).  Each norm by power iteration (:func:`_norm_from_below`, :func:`_top_from_below`)."""
+    root = np.sqrt(np.maximum(S, 0.0))
+    root[outlier_neurons(ffn)] = 0.0
+    columns = np.linalg.norm(ffn.W_1, axis=0)
+    b_gram = feedforward_grams(ffn)[1].mid                                                          # W_2 W_2^T
+
+    def joint_term(gram: np.ndarray) -> float:   # lambda_max(D (gram o W_2 W_2^T) D)^(1/2)
+        return math.sqrt(max(_top_from_below(gram * b_gram * root[:, None] * root[None, :]), 0.0))
+    P = beta * _norm_from_below(ffn.W_1 * root)
+    Q = beta * _norm_from_below(ffn.W_2 * (root * columns)[:, None])
+    if a_gram is not None and beta > 0:   # (the certified Q takes the smaller of the two terms, _hadamard_term)
+        Q = min(Q, beta * joint_term(feedforward_grams(ffn)[0].mid))                             # W_1^T W_1
+    for part in carried:
+        P += _norm_from_below(part * root)
+        plain = _norm_from_below(ffn.W_2 * (root * np.linalg.norm(part, axis=0))[:, None])
+        Q += plain if a_gram is None else min(plain, joint_term(part.T @ part))
+    if a_gram is not None:
+        P += math.sqrt(max(_top_from_below(a_gram * root[:, None] * root[None, :]), 0.0))
+        Q += joint_term(a_gram)
+    return 0.5 * P * min(Q, float(np.max(root * dev)) * _norm_from_below(ffn.W_2))
+
+
+def _top_from_below(M: np.ndarray, steps: int = 12) -> float:
+    """The Rayleigh quotient of the symmetric positive semidefinite M after ``steps`` rounds of power iteration
+    (float): at most ``lambda_max(M)``."""
+    v = np.ones(M.shape[0]) / math.sqrt(M.shape[0])
+    for _ in range(steps):
+        w = M @ v
+        size = float(np.linalg.norm(w))
+        if not size > 0:
+            return 0.0
+        v = w / size
+    return float(v @ (M @ v))
 
 
 def _norm_from_below(M: np.ndarray, steps: int = 12) -> float:
