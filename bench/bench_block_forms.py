@@ -14,7 +14,9 @@ sets are formed twice from them, with the remainders as plain balls (before) and
 radius, the carried balls, the plain ball), the output LayerNorm's centred norms beside the set before it, and the
 CPU seconds of each way of forming the sets; then each token's feed-forward remainder on the carried set before the
 feed-forward block, with GELU'' at the centre and the per-neuron Q terms (before) and with the Taylor quotients and
-the joint Q terms (lemma gelu-taylor-quotient, now), side by side.
+the joint Q terms (lemma gelu-taylor-quotient, now), side by side; and, before the output LayerNorm, each part's extent
+across the token's centred direction w, the floor of its centred norm, and the cap's chord on the ball against the
+chord ``c / floor`` of a set of that extent c across w (floats).
 
 With ``--floors`` the block's curve is run twice in one process at each radius: with the floors of the centred norm on
 the sets (lemma centred-floor, now) and with every floor 0 (before: the LayerNorms read ``nu - R`` alone); printed
@@ -208,12 +210,16 @@ def _centre_split(h, dev, apart=(), pieces=None):
 
 
 def _remainders(before_ffn, centre) -> None:
-    """Per token, the feed-forward remainder on the set before the feed-forward block, certified two ways in one
-    process: with ``GELU''`` at the centre, ``T_k dev_k / 3`` and the carried balls' Q terms per neuron (before), and
-    with the Taylor quotients and the joint Q terms (now); each way's CPU seconds."""
+    """Per token, the feed-forward remainder on the set before the feed-forward block, certified three ways in one
+    process: with ``GELU''`` at the centre, ``T_k dev_k / 3`` and the carried balls' Q terms per neuron (before), with
+    the Taylor quotients and the joint Q terms, the joint bound certified first (joint first), and the same with the
+    signed bound first where the joint floor says it is the smaller (now); each way's CPU seconds."""
     from lipbound.local import feedforward_taylor
     found = {}
-    for name, patches in (("before", {"curvature_split": _centre_split, "HADAMARD_SHARE": 0.0}), ("now", {})):
+    # "joint first": the joint bound certified first at every token (a joint floor of 0), the order of work before
+    # joint_floor; the values are the same as "now"
+    for name, patches in (("before", {"curvature_split": _centre_split, "HADAMARD_SHARE": 0.0}),
+                          ("joint first", {"joint_floor": lambda parts, split: 0.0}), ("now", {})):
         began = time.process_time()
         with contextlib.ExitStack() as stack:
             for key, value in patches.items():
@@ -223,8 +229,8 @@ def _remainders(before_ffn, centre) -> None:
                            for i, row in enumerate(before_ffn.rows)]
         found[name + " cpu"] = time.process_time() - began
     print("  the feed-forward remainders on the carried sets:")
-    for name in ("before", "now"):
-        print(f"    {name:7s}{_row(found[name])}  ({found[name + ' cpu']:.1f} CPU s)")
+    for name in ("before", "joint first", "now"):
+        print(f"    {name:11s}{_row(found[name])}  ({found[name + ' cpu']:.1f} CPU s)")
 
 
 def main() -> None:
