@@ -14,7 +14,9 @@ sets are formed twice from them, with the remainders as plain balls (before) and
 radius, the carried balls, the plain ball), the output LayerNorm's centred norms beside the set before it, and the
 CPU seconds of each way of forming the sets; then each token's feed-forward remainder on the carried set before the
 feed-forward block, with GELU'' at the centre and the per-neuron Q terms (before) and with the Taylor quotients and
-the joint Q terms (lemma gelu-taylor-quotient, now), side by side.
+the joint Q terms (lemma gelu-taylor-quotient, now), side by side; and, before the output LayerNorm, each part's extent
+across the token's centred direction w, the floor of its centred norm, and the cap's chord on the ball against the
+chord ``c / floor`` of a set of that extent c across w (floats).
 
 With ``--floors`` the block's curve is run twice in one process at each radius: with the floors of the centred norm on
 the sets (lemma centred-floor, now) and with every floor 0 (before: the LayerNorms read ``nu - R`` alone); printed
@@ -160,7 +162,37 @@ def parts(text: str, layer: int, fraction: float) -> None:
             print(f"      carried{_row([found.carried(i) for i in range(n)])}")
             print(f"      ball   {_row(found.balls)}")
     print(f"  the output LayerNorm's centred norms {_row(centre.enclosed[3].nu.lo)}")
+    _across(sets[2], centre.points[3], centre.enclosed[3].nu.lo)
     _remainders(sets[1], centre)
+
+
+def _across(before_norm, points, nu) -> None:
+    """Per token, the set before the output LayerNorm along and across its centred direction w (floats, estimates):
+    each part's extent across w (after the centring), the floor of the centred norm along w, and the normalised
+    output's chord on the ball (``R / nu``, the cap) against the set's ``c / floor`` (c the extent across w)."""
+    from lipbound.local.relational_tail import centred_direction
+    floors = before_norm.centred_floors(points)
+    rows = {name: [] for name in ("form across", "carried across", "ball", "c = across", "floor", "cap chord",
+                                  "set c / floor")}
+    for i, row in enumerate(before_norm.rows):
+        w = centred_direction(points[i])
+        d = w.shape[0]
+        across = np.eye(d) - np.full((d, d), 1.0 / d) - np.outer(w, w)            # (I - w w^T) P, symmetric
+        form = np.linalg.norm(row.center @ across) + np.linalg.norm(row.l2 @ across, 2)
+        carried = sum(np.linalg.norm(part.center @ across) + np.linalg.norm(part.l2 @ across, 2)
+                      for part in before_norm.shape(i))
+        c = form + carried + before_norm.balls[i]
+        ratio = before_norm.radii[i] / nu[i]
+        rows["form across"].append(form)
+        rows["carried across"].append(carried)
+        rows["ball"].append(before_norm.balls[i])
+        rows["c = across"].append(c)
+        rows["floor"].append(floors[i])
+        rows["cap chord"].append(ratio * np.sqrt(2 / (1 + np.sqrt(max(1 - ratio ** 2, 0.0)))) if ratio < 1 else np.inf)
+        rows["set c / floor"].append(c / floors[i] if floors[i] > 0 else np.inf)
+    print("  before the output LayerNorm, across its centred direction w (floats):")
+    for name, values in rows.items():
+        print(f"    {name:15s}{_row(values)}")
 
 
 def _centre_split(h, dev, apart=(), pieces=None):
@@ -178,23 +210,27 @@ def _centre_split(h, dev, apart=(), pieces=None):
 
 
 def _remainders(before_ffn, centre) -> None:
-    """Per token, the feed-forward remainder on the set before the feed-forward block, certified two ways in one
-    process: with ``GELU''`` at the centre, ``T_k dev_k / 3`` and the carried balls' Q terms per neuron (before), and
-    with the Taylor quotients and the joint Q terms (now); each way's CPU seconds."""
-    from lipbound.local import relational_tail
+    """Per token, the feed-forward remainder on the set before the feed-forward block, certified three ways in one
+    process: with ``GELU''`` at the centre, ``T_k dev_k / 3`` and the carried balls' Q terms per neuron (before), with
+    the Taylor quotients and the joint Q terms, the joint bound certified first (joint first), and the same with the
+    signed bound first where the joint floor says it is the smaller (now); each way's CPU seconds."""
+    from lipbound.local import feedforward_taylor
     found = {}
-    for name, patches in (("before", {"curvature_split": _centre_split, "HADAMARD_SHARE": 0.0}), ("now", {})):
+    # "joint first": the joint bound certified first at every token (a joint floor of 0), the order of work before
+    # joint_floor; the values are the same as "now"
+    for name, patches in (("before", {"curvature_split": _centre_split, "HADAMARD_SHARE": 0.0}),
+                          ("joint first", {"joint_floor": lambda parts, split: 0.0}), ("now", {})):
         began = time.process_time()
         with contextlib.ExitStack() as stack:
             for key, value in patches.items():
-                stack.enter_context(mock.patch.object(relational_tail, key, value))
-            found[name] = [relational_tail.feedforward_remainder(centre.enclosed[2], i, row, before_ffn.balls[i], None,
-                                                                 before_ffn.shape(i))
+                stack.enter_context(mock.patch.object(feedforward_taylor, key, value))
+            found[name] = [feedforward_taylor.feedforward_remainder(centre.enclosed[2], i, row, before_ffn.balls[i],
+                                                                    None, before_ffn.shape(i))
                            for i, row in enumerate(before_ffn.rows)]
         found[name + " cpu"] = time.process_time() - began
     print("  the feed-forward remainders on the carried sets:")
-    for name in ("before", "now"):
-        print(f"    {name:7s}{_row(found[name])}  ({found[name + ' cpu']:.1f} CPU s)")
+    for name in ("before", "joint first", "now"):
+        print(f"    {name:11s}{_row(found[name])}  ({found[name + ' cpu']:.1f} CPU s)")
 
 
 def main() -> None:

@@ -74,6 +74,7 @@ def main() -> None:
     parser.add_argument("--scale-rests", type=float, default=1.0,
                         help="the attention's Taylor remainders times this (below 1: what-if, not a bound)")
     args = parser.parse_args()
+    from lipbound.local import feedforward_taylor as lemmas
     from lipbound.local import relational_tail as tail
     from lipbound.local.balls import Neighbourhood
     from lipbound.local.centre import ChainCentre, frobenius_factor
@@ -106,17 +107,17 @@ def main() -> None:
     print("token  ||G||   beta | joint  signed (c F/2, P3 Q3/2) | form: joint signed | ascent: form  ball   set")
     rng = np.random.default_rng(0)
     for i, (row, ball) in enumerate(zip(before.rows, before.balls)):
-        parts = tail._remainder_parts(enclosed, i, row, ball)
+        parts = lemmas._remainder_parts(enclosed, i, row, ball)
         _, beta, a_gram, columns, dev, hull, _, second = parts
-        c, F = tail._signed_part(enclosed.ffn, enclosed.h[i], a_gram, beta)
+        c, F = lemmas._signed_part(enclosed.ffn, enclosed.h[i], a_gram, beta)
         cubic = (IntervalArray(gelu_third_magnitude(hull)) * IntervalArray(dev) / IntervalArray(3.0)).hi
-        P_3, Q_3 = tail._joint_factors(enclosed.ffn, a_gram, columns, beta, dev, cubic, second)
-        form = tail._remainder_parts(enclosed, i, row, 0.0)
+        P_3, Q_3 = lemmas._joint_factors(enclosed.ffn, a_gram, columns, beta, dev, cubic, second)
+        form = lemmas._remainder_parts(enclosed, i, row, 0.0)
         found = [ascent_remainder(enclosed.ffn, enclosed.Y.mid[i], row.l2, beta, mode, rng)
                  for mode in ("form", "ball", "set")]
-        print(f"{i:5d} {np.linalg.norm(row.l2, 2):6.3f} {beta:6.3f} | {tail.joint_remainder(*parts):6.3g} "
-              f"{tail.signed_remainder(*parts, signed=(c, F)):6.3g} ({c * F / 2:.3g}, {P_3 * Q_3 / 2:.3g}) | "
-              f"{tail.joint_remainder(*form):6.3g} {tail.signed_remainder(*form):6.3g} | "
+        print(f"{i:5d} {np.linalg.norm(row.l2, 2):6.3f} {beta:6.3f} | {lemmas.joint_remainder(*parts):6.3g} "
+              f"{lemmas.signed_remainder(*parts, signed=(c, F)):6.3g} ({c * F / 2:.3g}, {P_3 * Q_3 / 2:.3g}) | "
+              f"{lemmas.joint_remainder(*form):6.3g} {lemmas.signed_remainder(*form):6.3g} | "
               f"{found[0]:.3g} {found[1]:.3g} {found[2]:.3g}")
     print(f"total {time.process_time() - began:.1f} CPU s")
 

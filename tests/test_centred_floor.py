@@ -13,7 +13,7 @@ from scipy.special import erf
 from test_relational_tail import _carried_about, _generated_block, _setting
 
 from lipbound.errors import AssumptionError
-from lipbound.local import relational_tail
+from lipbound.local import feedforward_taylor, relational_tail
 from lipbound.local.balls import TokenBalls
 from lipbound.local.bounds import norm_bounds
 from lipbound.local.chains import chain_forward, chain_vjp
@@ -105,7 +105,7 @@ def test_floor_mutations_fail(monkeypatch):
         patched.setattr(relational_tail, "_along", lambda form, w: real(form, w) if form.l2.shape[0] > 12 else 0.0)
         assert _feedforward_floor_escape(11, 0.5, 0.5, 0.0)[0] > 0
     with monkeypatch.context() as patched:
-        patched.setattr(relational_tail, "directed_remainder", lambda *args: 0.0)
+        patched.setattr(feedforward_taylor, "directed_remainder", lambda *args: 0.0)
         assert _feedforward_floor_escape(11, 0.5, 0.5, 0.0)[0] > 0
 
 
@@ -167,3 +167,24 @@ def test_a_floor_lowers_the_layernorms_bounds():
     assert np.all(np.diag(floored.variation) < np.diag(plain.variation))
     with pytest.raises(AssumptionError):
         TokenBalls(Z, radii, floors=-np.ones(len(nu)))
+
+
+def test_the_kept_parts_give_the_same_bound_along():
+    """The remainder along w from the parts that the remainder's norm kept is the one formed afresh, and it reads them
+    (parts whose ball is wider give a larger bound)."""
+    chain, centre = _generated_block(3)
+    rng = np.random.default_rng(3)
+    Y, enclosed = centre.points[2], centre.enclosed[2]
+    forms = _carried_about(Y, 0.5, 0.5, rng)
+    w = relational_tail.centred_direction(centre.points[3][0])
+    kept: dict = {}
+    remainder = feedforward_taylor.feedforward_remainder(enclosed, 0, forms.rows[0], 0.1, None, forms.shape(0), kept)
+    fresh = feedforward_taylor.feedforward_remainder_along(enclosed, 0, forms.rows[0], 0.1, None, forms.shape(0), w,
+                                                           remainder)
+    reused = feedforward_taylor.feedforward_remainder_along(enclosed, 0, forms.rows[0], 0.1, None, forms.shape(0), w,
+                                                            remainder, kept)
+    assert reused == fresh
+    wider: dict = {}
+    feedforward_taylor.feedforward_remainder(enclosed, 0, forms.rows[0], 0.5, None, forms.shape(0), wider)
+    assert feedforward_taylor.feedforward_remainder_along(enclosed, 0, forms.rows[0], 0.1, None, forms.shape(0), w,
+                                                          np.inf, wider) > fresh

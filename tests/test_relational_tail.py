@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.special import erf
 
-from lipbound.local import relational_tail
+from lipbound.local import feedforward_taylor, relational_tail
 from lipbound.local.centre import ChainCentre
 from lipbound.local.chains import chain_for, chain_forward, chain_vjp
 from lipbound.local.curvature import CURVATURE_TOKENS
@@ -225,11 +225,11 @@ def test_signed_feedforward_remainder_holds_sampled_points(seed, scale, ball, ca
     forms = TokenForms(forms.rows, np.full(len(forms.rows), ball), forms.shapes)
 
     def signed(i):
-        return relational_tail.signed_remainder(*relational_tail._remainder_parts(enclosed, i, forms.rows[i], ball,
-                                                                                  None, forms.shape(i)))
+        parts = feedforward_taylor._remainder_parts(enclosed, i, forms.rows[i], ball, None, forms.shape(i))
+        return feedforward_taylor.signed_remainder(*parts)
 
     def smaller(i):
-        return relational_tail.feedforward_remainder(enclosed, i, forms.rows[i], ball, None, forms.shape(i))
+        return feedforward_taylor.feedforward_remainder(enclosed, i, forms.rows[i], ball, None, forms.shape(i))
     assert _remainder_escape(enclosed, Y, forms, signed, rng) <= 1e-12
     assert _remainder_escape(enclosed, Y, forms, smaller, rng) <= 1e-12
 
@@ -255,20 +255,20 @@ def test_signed_remainder_mutations_fail(monkeypatch):
     rng = np.random.default_rng(1)
 
     def signed(enclosed, forms):
-        return lambda i: relational_tail.signed_remainder(*relational_tail._remainder_parts(
+        return lambda i: feedforward_taylor.signed_remainder(*feedforward_taylor._remainder_parts(
             enclosed, i, forms.rows[i], 0.0))
     for at in (np.sqrt(2.0), 0.0):   # both hold as they are
         enclosed, Y, forms = _one_neuron(at)
         assert _remainder_escape(enclosed, Y, forms, signed(enclosed, forms), rng) <= 1e-12
     enclosed, Y, forms = _one_neuron(np.sqrt(2.0))
     with monkeypatch.context() as patched:
-        split = relational_tail.curvature_split
-        patched.setattr(relational_tail, "curvature_split",
+        split = feedforward_taylor.curvature_split
+        patched.setattr(feedforward_taylor, "curvature_split",
                         lambda *args: (lambda g, S, M: (g, np.zeros_like(S), M))(*split(*args)))
         assert _remainder_escape(enclosed, Y, forms, signed(enclosed, forms), rng) > 0
     enclosed, Y, forms = _one_neuron(0.0)
     with monkeypatch.context() as patched:
-        patched.setattr(relational_tail, "_signed_part", lambda *args: (1.0, 0.0))
+        patched.setattr(feedforward_taylor, "_signed_part", lambda *args: (1.0, 0.0))
         assert _remainder_escape(enclosed, Y, forms, signed(enclosed, forms), rng) > 0
 
 
@@ -357,8 +357,8 @@ def test_feedforward_remainders_skipped_only_where_no_set_can_win(monkeypatch):
     calls.clear()
     assert np.all(third(np.zeros_like(radii[2])) == np.inf) and not calls
     monkeypatch.setattr(relational_tail, "feedforward_remainder",
-                        lambda enclosed, i, row, ball, second=None, shape=None:
-                        relational_tail.remainder_floor(enclosed, i, row, ball, shape))
+                        lambda enclosed, i, row, ball, second=None, shape=None, kept=None:
+                        feedforward_taylor.remainder_floor(enclosed, i, row, ball, shape))
     floors = third(None)                                     # the radii with the remainders' floors
     assert np.all(floors <= radii[2]) and np.any(floors < radii[2])
     monkeypatch.setattr(relational_tail, "feedforward_remainder", counted)
@@ -388,8 +388,8 @@ def test_the_remainder_floor_is_below_the_certified_remainder(seed, scale, eps):
     before = forms.formed[1]
     enclosed = centre.enclosed[2]
     for i, (row, ball) in enumerate(zip(before.rows, before.balls)):
-        floor = relational_tail.remainder_floor(enclosed, i, row, ball)
-        assert 0 < floor <= relational_tail.feedforward_remainder(enclosed, i, row, ball)
+        floor = feedforward_taylor.remainder_floor(enclosed, i, row, ball)
+        assert 0 < floor <= feedforward_taylor.feedforward_remainder(enclosed, i, row, ball)
 
 
 def _carried_about(Y, scale: float, carried: float, rng, symbols: int = 12) -> TokenForms:
@@ -473,8 +473,8 @@ def test_dropping_the_carried_ball_fails(monkeypatch):
     """Mutation: a feed-forward remainder that forgets the carried ball (its columns and rows zero, as if the set were
     the rows alone) lets sampled points leave the step's set."""
     assert _step_escape(2, TokenForms.feedforward_step, 0.05, 2.0) <= 1e-9
-    monkeypatch.setattr(relational_tail, "_carried_ball",
-                        lambda shape, ffn: relational_tail.CarriedBall((), (), np.zeros(ffn.W_1.shape[1])))
+    monkeypatch.setattr(feedforward_taylor, "_carried_ball",
+                        lambda shape, ffn: feedforward_taylor.CarriedBall((), (), np.zeros(ffn.W_1.shape[1])))
     assert _step_escape(2, TokenForms.feedforward_step, 0.05, 2.0) > 0
 
 
@@ -489,13 +489,13 @@ def test_signed_remainder_reads_the_carried_ball(monkeypatch):
     forms = TokenForms((row,), np.zeros(1), ((shape,),))
 
     def signed(i):
-        return relational_tail.signed_remainder(*relational_tail._remainder_parts(enclosed, i, forms.rows[i], 0.0,
+        return feedforward_taylor.signed_remainder(*feedforward_taylor._remainder_parts(enclosed, i, forms.rows[i], 0.0,
                                                                                   None, forms.shape(i)))
     rng = np.random.default_rng(2)
     assert _remainder_escape(enclosed, Y, forms, signed, rng) <= 1e-12
-    original = relational_tail._signed_gram
-    monkeypatch.setattr(relational_tail, "_signed_gram", lambda ffn, a_gram, beta, carried: original(ffn, a_gram, beta,
-                                                                                                      None))
+    original = feedforward_taylor._signed_gram
+    monkeypatch.setattr(feedforward_taylor, "_signed_gram",
+                        lambda ffn, a_gram, beta, carried: original(ffn, a_gram, beta, None))
     assert _remainder_escape(enclosed, Y, forms, signed, rng) > 0
 
 
@@ -534,11 +534,11 @@ def test_outlier_neurons_bounded_apart(seed):
     """Lemma feedforward-taylor-separated: an outlier neuron is found and bounded by itself; the joint and signed
     bounds with it apart hold at sampled points of the form."""
     enclosed, Y, forms = _outlier_block(seed)
-    assert list(relational_tail.outlier_neurons(enclosed.ffn)) == [0]
+    assert list(feedforward_taylor.outlier_neurons(enclosed.ffn)) == [0]
     rng = np.random.default_rng(seed)
-    parts = relational_tail._remainder_parts(enclosed, 0, forms.rows[0], 0.0)
-    for bound in (relational_tail.joint_remainder(*parts), relational_tail.signed_remainder(*parts),
-                  relational_tail.feedforward_remainder(enclosed, 0, forms.rows[0], 0.0)):
+    parts = feedforward_taylor._remainder_parts(enclosed, 0, forms.rows[0], 0.0)
+    for bound in (feedforward_taylor.joint_remainder(*parts), feedforward_taylor.signed_remainder(*parts),
+                  feedforward_taylor.feedforward_remainder(enclosed, 0, forms.rows[0], 0.0)):
         assert _remainder_escape(enclosed, Y, forms, lambda i: bound, rng) <= 1e-12
 
 
@@ -546,9 +546,9 @@ def test_dropping_the_separated_neurons_fails(monkeypatch):
     """Mutation: the outlier's own remainder left out (its curvature removed from the joint bound and nothing added)
     lets sampled points leave the bound."""
     enclosed, Y, forms = _outlier_block(0)
-    monkeypatch.setattr(relational_tail, "separated_remainder", lambda *args: 0.0)
+    monkeypatch.setattr(feedforward_taylor, "separated_remainder", lambda *args: 0.0)
     rng = np.random.default_rng(0)
-    bound = relational_tail.feedforward_remainder(enclosed, 0, forms.rows[0], 0.0)
+    bound = feedforward_taylor.feedforward_remainder(enclosed, 0, forms.rows[0], 0.0)
     assert _remainder_escape(enclosed, Y, forms, lambda i: bound, rng) > 0
 
 
@@ -581,6 +581,48 @@ def test_hadamard_term_holds_the_parts_squares(seed, width):
     b_gram = IntervalArray(W_2).bmm(IntervalArray(W_2.T))
     root = IntervalArray(S).sqrt()
     found = _squares_ascent(N, W_1, W_2, S)
-    term = relational_tail._hadamard_term((gram * b_gram).mid, lambda: gram * b_gram, root, np.inf)
+    term = feedforward_taylor._hadamard_term((gram * b_gram).mid, lambda: gram * b_gram, root, np.inf)
     assert found <= term * (1 + 1e-12)
-    assert found > relational_tail._hadamard_term(gram.mid, lambda: gram, root, np.inf)
+    assert found > feedforward_taylor._hadamard_term(gram.mid, lambda: gram, root, np.inf)
+
+
+def _joint_and_signed(seed: int, scale: float, carried: float, ball: float):
+    """Per token of a generated block's feed-forward step on a set with rows, carried balls and a ball: the lemmas'
+    parts and Taylor quotients' split, the certified joint and signed bounds, the joint one's float floor and the
+    remainder :func:`feedforward_remainder` takes."""
+    chain, centre = _generated_block(seed % 50)
+    rng = np.random.default_rng(seed)
+    Y, enclosed = centre.points[2], centre.enclosed[2]
+    forms = _carried_about(Y, scale, carried, rng)
+    found = []
+    for i, row in enumerate(forms.rows):
+        parts = feedforward_taylor._remainder_parts(enclosed, i, row, ball, None, forms.shape(i))
+        split = feedforward_taylor.curvature_split(enclosed.h[i], parts[4],
+                                                   feedforward_taylor.outlier_neurons(enclosed.ffn))
+        found.append((feedforward_taylor.joint_remainder(*parts, split=split),
+                      feedforward_taylor.signed_remainder(*parts, split=split),
+                      feedforward_taylor.joint_floor(parts, split),
+                      feedforward_taylor._remainder_on_parts(parts, split)))
+    return found
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), scale=st.sampled_from([0.05, 0.5, 2.0]), carried=st.sampled_from([0.0, 0.5]),
+       ball=st.sampled_from([0.0, 0.1]))
+def test_the_joint_floor_is_below_the_joint_bound_and_the_remainder_the_smaller(seed, scale, carried, ball):
+    """The joint bound's float floor is at most the certified joint bound, and the remainder the certified bounds'
+    order of work gives is exactly the smaller of the two lemmas' bounds (which one is certified first never changes
+    the value)."""
+    for joint, signed, floor, taken in _joint_and_signed(seed, scale, carried, ball):
+        assert 0 <= floor <= joint * (1 + 1e-9)
+        assert taken == min(joint, signed)
+
+
+def test_a_joint_floor_above_the_joint_bound_changes_the_remainder(monkeypatch):
+    """Mutation: a floor ten times the joint one skips the joint bound where it is the smaller (seed 3 has such a
+    token), so the remainder is no longer the smaller of the two."""
+    cases = _joint_and_signed(3, 0.05, 0.5, 0.1)
+    assert any(joint < signed for joint, signed, _, _ in cases)
+    original = feedforward_taylor.joint_floor
+    monkeypatch.setattr(feedforward_taylor, "joint_floor", lambda parts, split: 10 * original(parts, split))
+    assert any(taken != min(joint, signed) for joint, signed, _, taken in _joint_and_signed(3, 0.05, 0.5, 0.1))

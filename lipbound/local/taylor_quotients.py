@@ -1,6 +1,6 @@
 """GELU's second-order Taylor quotients over each neuron's own pre-activation range.
 
-The feed-forward remainder of a token's set (:mod:`lipbound.local.relational_tail`) is ``sum_k phi_k(t_k) r_k`` with
+The feed-forward remainder of a token's set (:mod:`lipbound.local.feedforward_taylor`) is ``sum_k phi_k(t_k) r_k`` with
 ``phi_k(t) = GELU(h_k + t) - GELU(h_k) - GELU'(h_k) t`` and ``|t_k| <= dev_k``.  Its two lemmas read ``phi_k`` through
 the quotient (lemma gelu-taylor-quotient, docs/local.md)
 
