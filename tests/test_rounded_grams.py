@@ -25,6 +25,15 @@ def _box(mid: np.ndarray, rad: np.ndarray) -> IntervalArray:
     return IntervalArray(mid - rad, mid + rad)
 
 
+def _points_of(boxes: list, rng) -> list:
+    """The boxes' midpoints, two corners and two random points inside, each a list with one array per box."""
+    points = [[b.mid for b in boxes]]
+    for _ in range(2):
+        points.append([b.mid + b.rad * rng.choice([-1.0, 1.0], b.shape) for b in boxes])
+        points.append([b.mid + b.rad * rng.uniform(-1, 1, b.shape) for b in boxes])
+    return [[np.clip(x, b.lo, b.hi) for x, b in zip(point, boxes)] for point in points]
+
+
 def _exact_squares(q, v, f, p, Omega, Psi, b: int, i: int, j: int) -> Fraction:
     """``S_ij`` of the module docstring in rationals, term by term from its definition."""
     H = q.shape[1]
@@ -62,12 +71,8 @@ def test_the_float_gram_bound_is_above_the_exact_form_at_every_point_of_the_boxe
     boxes = [_box(m, r) for m, r in zip(mids, rads)]
     bound = key_path_squares(*boxes, block_majorants(boxes[4], boxes[5]))
     assert bound.shape == (1, n, n)
-    points = [[b.mid for b in boxes]]
-    for _ in range(2):
-        points.append([b.mid + b.rad * rng.choice([-1.0, 1.0], b.shape) for b in boxes])
-        points.append([b.mid + b.rad * rng.uniform(-1, 1, b.shape) for b in boxes])
+    points = _points_of(boxes, rng)
     for point in points:
-        point = [np.clip(x, b.lo, b.hi) for x, b in zip(point, boxes)]
         for i in range(n):
             for j in range(n):
                 assert _exact_squares(*point, 0, i, j) <= Fraction(bound[0, i, j])
@@ -128,12 +133,8 @@ def test_the_float_query_form_is_above_the_exact_form_at_every_point_of_the_boxe
     boxes = [_box(m, r) for m, r in zip(mids, rads)]
     bound = query_squares(*boxes)
     assert bound.shape == (1, heads, n)
-    points = [[b.mid for b in boxes]]
-    for _ in range(2):
-        points.append([b.mid + b.rad * rng.choice([-1.0, 1.0], b.shape) for b in boxes])
-        points.append([b.mid + b.rad * rng.uniform(-1, 1, b.shape) for b in boxes])
+    points = _points_of(boxes, rng)
     for point in points:
-        point = [np.clip(x, b.lo, b.hi) for x, b in zip(point, boxes)]
         for h in range(heads):
             for i in range(n):
                 assert _exact_query_squares(*point, 0, h, i) <= Fraction(bound[0, h, i])
