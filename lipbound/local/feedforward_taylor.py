@@ -201,8 +201,9 @@ FLOOR_SHARE = 0.99
 def remainder_floor(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float, shape: tuple = ()) -> float:
     """A float estimate from below of :func:`feedforward_remainder` (both lemmas' ball parts alone, a choice of work:
     it decides whether the certified one is formed, never a value).  With the notation there, the joint bound is at
-    least ``(1/2) (sum_p ||N_p W_1 D|| + beta ||W_1 D||) min(sum_p ||diag(D m_p) W_2|| + beta ||diag(D ||w||) W_2||,
-    max_k D_k dev_k ||W_2||)`` (``P`` and ``Q`` without their form parts, which are not negative) and the signed one at
+    least ``(1/2) (sum_p ||N_p W_1 D|| + beta ||W_1 D||) min(sum_p q_p + beta q_0, max_k D_k dev_k ||W_2||)`` (``P``
+    and ``Q`` without their form parts, which are not negative; ``q_p``, ``q_0`` each the smaller of its plain and
+    Hadamard terms, as the certified ``Q`` may take either) and the signed one at
     least the same with ``S_k = T_k dev_k / 3`` (its cubic part; ``c F / 2 >= 0``); each norm is estimated from below
     by power iteration (a Rayleigh quotient is at most the top eigenvalue), ``dev_k`` and the curvature bounds are read
     at the float deviations, and the smaller of the two is taken times :data:`FLOOR_SHARE`."""
@@ -230,7 +231,7 @@ def _half_product_floor(ffn, S: np.ndarray, beta: float, carried: list, dev: np.
     (d_ff,; the outlier neurons' 0: they are bounded apart, by a part not negative): ``carried`` the float ``N_p W_1``,
     ``dev`` the deviations; with ``a_gram`` (the float ``A^T A``) the form's parts ``lambda_max(D A^T A D)^(1/2)`` and
     ``lambda_max(D (A^T A o W_2 W_2^T) D)^(1/2)`` too, without it the ball's and carried balls' parts alone (every
-    part is not negative) and, as the certified ``Q``, each part's smaller of its plain and joint terms
+    part is not negative); either way, as the certified ``Q`` may, each part's smaller of its plain and joint terms
     (:func:`_hadamard_term`).  Each norm by power iteration (:func:`_norm_from_below`, :func:`_top_from_below`)."""
     root = np.sqrt(np.maximum(S, 0.0))
     root[outlier_neurons(ffn)] = 0.0
@@ -241,12 +242,12 @@ def _half_product_floor(ffn, S: np.ndarray, beta: float, carried: list, dev: np.
         return math.sqrt(max(_top_from_below(gram * b_gram * root[:, None] * root[None, :]), 0.0))
     P = beta * _norm_from_below(ffn.W_1 * root)
     Q = beta * _norm_from_below(ffn.W_2 * (root * columns)[:, None])
-    if a_gram is not None and beta > 0:   # (the certified Q takes the smaller of the two terms, _hadamard_term)
+    if beta > 0:   # (the certified Q may take the smaller of the two terms, _hadamard_term: so may its floor)
         Q = min(Q, beta * joint_term(feedforward_grams(ffn)[0].mid))                             # W_1^T W_1
     for part in carried:
         P += _norm_from_below(part * root)
         plain = _norm_from_below(ffn.W_2 * (root * np.linalg.norm(part, axis=0))[:, None])
-        Q += plain if a_gram is None else min(plain, joint_term(part.T @ part))
+        Q += min(plain, joint_term(part.T @ part))
     if a_gram is not None:
         P += math.sqrt(max(_top_from_below(a_gram * root[:, None] * root[None, :]), 0.0))
         Q += joint_term(a_gram)
