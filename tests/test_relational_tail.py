@@ -656,3 +656,20 @@ def test_the_ball_parts_floor_takes_the_hadamard_terms_as_the_certified_q(seed, 
                                              second, carried)
     floor = feedforward_taylor._half_product_floor(ffn, S, beta, [N @ ffn.W_1], dev)
     assert 0.5 * P * Q * 0.9 < floor <= 0.5 * P * Q
+
+
+def test_the_signed_gram_is_kept_per_form_and_ball():
+    """``_signed_gram`` is formed once per set's form Gram matrix and ball (the signed and directed lemmas share it),
+    and a kept one is never read for another ball or form: each equals the one formed afresh."""
+    rng = np.random.default_rng(5)
+    d, width = 6, 40
+    ffn = _Block(rng.standard_normal((d, width)), rng.standard_normal((width, d)))
+    shape = (AffineForm.generated(IntervalArray(np.zeros(d)), IntervalArray(rng.standard_normal((3, d)))),)
+    carried = feedforward_taylor._carried_ball(shape, ffn)
+    grams = [IntervalArray(G.T @ G) for G in (rng.standard_normal((4, width)), rng.standard_normal((4, width)))]
+    first = feedforward_taylor._signed_gram(ffn, grams[0], 0.5, carried)
+    assert feedforward_taylor._signed_gram(ffn, grams[0], 0.5, carried)[0] is first[0]
+    for a_gram, beta in ((grams[0], 0.0), (grams[0], 0.25), (grams[1], 0.5)):
+        K, c = feedforward_taylor._signed_gram(ffn, a_gram, beta, carried)
+        fresh, count = feedforward_taylor._signed_gram(ffn, a_gram, beta, feedforward_taylor._carried_ball(shape, ffn))
+        assert c == count and np.array_equal(K.lo, fresh.lo) and np.array_equal(K.hi, fresh.hi)

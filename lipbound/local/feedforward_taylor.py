@@ -180,6 +180,14 @@ class CarriedBall:
             self._grams[p] = self.rows[p].swapaxes(0, 1).bmm(self.rows[p])
         return self._grams[p]
 
+    def kept(self, a_gram: IntervalArray, beta: float, compute):
+        """``compute()`` for the set's form Gram matrix ``a_gram`` and ball ``beta``, formed once (the signed and
+        directed lemmas both read :func:`_signed_gram`'s sum)."""
+        key = ("sum", id(a_gram), beta)
+        if key not in self._grams:
+            self._grams[key] = (a_gram, compute())   # (a_gram held: its id is not reused while the entry lives)
+        return self._grams[key][1]
+
     @property
     def grams(self) -> tuple:
         """:meth:`gram` of every part."""
@@ -390,13 +398,16 @@ def _hadamard_term(estimated: np.ndarray, hadamard, root: IntervalArray, plain: 
 
 def _signed_gram(ffn, a_gram: IntervalArray, beta: float, carried: CarriedBall | None) -> tuple[IntervalArray, int]:
     """``(K, c)`` of :func:`_signed_part`: ``K = A^T A + sum_p (N_p W_1)^T (N_p W_1) + beta^2 W_1^T W_1`` (the terms of
-    the carried balls and of the ball where present), ``c`` the number of its parts."""
-    K, c = a_gram, 1
-    for gram in (carried.grams if carried is not None else ()):
-        K, c = K + gram, c + 1
-    if beta > 0:
-        K, c = K + IntervalArray(beta) * IntervalArray(beta) * feedforward_grams(ffn)[0], c + 1
-    return K, c
+    the carried balls and of the ball where present), ``c`` the number of its parts.  (Kept by ``carried``, which
+    belongs to one set's parts, for the same ``A^T A`` and ``beta``: the signed and directed lemmas both read it.)"""
+    def compute() -> tuple[IntervalArray, int]:
+        K, c = a_gram, 1
+        for gram in (carried.grams if carried is not None else ()):
+            K, c = K + gram, c + 1
+        if beta > 0:
+            K, c = K + IntervalArray(beta) * IntervalArray(beta) * feedforward_grams(ffn)[0], c + 1
+        return K, c
+    return compute() if carried is None else carried.kept(a_gram, beta, compute)
 
 
 def _signed_estimate(ffn, g: IntervalArray, a_gram: IntervalArray, beta: float, carried: CarriedBall | None = None,
