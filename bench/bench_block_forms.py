@@ -14,7 +14,8 @@ sets are formed twice from them, with the remainders as plain balls (before) and
 radius, the carried balls, the plain ball), the output LayerNorm's centred norms beside the set before it, and the
 CPU seconds of each way of forming the sets; then each token's feed-forward remainder on the carried set before the
 feed-forward block, with GELU'' at the centre and the per-neuron Q terms (before) and with the Taylor quotients and
-the joint Q terms (lemma gelu-taylor-quotient, now), side by side; and, before the output LayerNorm, each part's extent
+the joint Q terms (lemma gelu-taylor-quotient, now), side by side, and the float floors that order the work
+(``remainder_floor``) with their CPU seconds; and, before the output LayerNorm, each part's extent
 across the token's centred direction w, the floor of its centred norm, and the cap's chord on the ball against the
 chord ``c / floor`` of a set of that extent c across w (floats).
 
@@ -228,9 +229,14 @@ def _remainders(before_ffn, centre) -> None:
                                                                     None, before_ffn.shape(i))
                            for i, row in enumerate(before_ffn.rows)]
         found[name + " cpu"] = time.process_time() - began
+    began = time.process_time()
+    floors = [feedforward_taylor.remainder_floor(centre.enclosed[2], i, row, before_ffn.balls[i], before_ffn.shape(i))
+              for i, row in enumerate(before_ffn.rows)]
+    floors_cpu = time.process_time() - began
     print("  the feed-forward remainders on the carried sets:")
     for name in ("before", "joint first", "now"):
         print(f"    {name:11s}{_row(found[name])}  ({found[name + ' cpu']:.1f} CPU s)")
+    print(f"    {'floors':11s}{_row(floors)}  ({floors_cpu:.1f} CPU s; remainder_floor, never above \"now\")")
 
 
 def main() -> None:

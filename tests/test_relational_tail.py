@@ -581,9 +581,9 @@ def test_hadamard_term_holds_the_parts_squares(seed, width):
     b_gram = IntervalArray(W_2).bmm(IntervalArray(W_2.T))
     root = IntervalArray(S).sqrt()
     found = _squares_ascent(N, W_1, W_2, S)
-    term = feedforward_taylor._hadamard_term((gram * b_gram).mid, lambda: gram * b_gram, root, np.inf)
+    term = feedforward_taylor._hadamard_term(lambda: (gram * b_gram).mid, lambda: gram * b_gram, root, np.inf)
     assert found <= term * (1 + 1e-12)
-    assert found > feedforward_taylor._hadamard_term(gram.mid, lambda: gram, root, np.inf)
+    assert found > feedforward_taylor._hadamard_term(lambda: gram.mid, lambda: gram, root, np.inf)
 
 
 def _joint_and_signed(seed: int, scale: float, carried: float, ball: float):
@@ -626,3 +626,50 @@ def test_a_joint_floor_above_the_joint_bound_changes_the_remainder(monkeypatch):
     original = feedforward_taylor.joint_floor
     monkeypatch.setattr(feedforward_taylor, "joint_floor", lambda parts, split: 10 * original(parts, split))
     assert any(taken != min(joint, signed) for joint, signed, _, taken in _joint_and_signed(3, 0.05, 0.5, 0.1))
+
+
+class _Block:
+    """A feed-forward block's weights alone (W_1 (d, d_ff), W_2 (d_ff, d)): what the remainders' factors read."""
+
+    def __init__(self, W_1: np.ndarray, W_2: np.ndarray):
+        self.W_1, self.W_2 = W_1, W_2
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), beta=st.sampled_from([0.0, 0.3]), rows=st.sampled_from([3, 8]))
+def test_the_ball_parts_floor_takes_the_hadamard_terms_as_the_certified_q(seed, beta, rows):
+    """With no form part (``A = 0``) the ball parts' float floor of ``P Q / 2`` (what :func:`remainder_floor` reads) is
+    at most the certified ``P Q / 2`` of ``_joint_factors`` on a block of 96 neurons, where the certified Q takes the
+    carried ball's and the ball's Hadamard terms (far below their plain terms there): the floor must take them too.
+    (Mutation: the plain terms alone put the floor 20-45% above the certified product.)"""
+    rng = np.random.default_rng(seed)
+    d, width = 8, 96
+    ffn = _Block(rng.standard_normal((d, width)), rng.standard_normal((width, d)))
+    N = rng.standard_normal((rows, d))
+    carried = feedforward_taylor._carried_ball((AffineForm.generated(IntervalArray(np.zeros(d)), IntervalArray(N)),),
+                                               ffn)
+    S = rng.random(width)
+    dev = np.full(width, 1e3)   # the cheap Q (max_k D_k dev_k ||W_2||) out of the way
+    columns = IntervalArray(IntervalArray(ffn.W_1).norm_upper(axis=0))
+    second = float(np.linalg.norm(ffn.W_2, 2)) * 1.01
+    P, Q = feedforward_taylor._joint_factors(ffn, IntervalArray(np.zeros((width, width))), columns, beta, dev, S,
+                                             second, carried)
+    floor = feedforward_taylor._half_product_floor(ffn, S, beta, [N @ ffn.W_1], dev)
+    assert 0.5 * P * Q * 0.9 < floor <= 0.5 * P * Q
+
+
+def test_the_signed_gram_is_kept_per_form_and_ball():
+    """``_signed_gram`` is formed once per set's form Gram matrix and ball (the signed and directed lemmas share it),
+    and a kept one is never read for another ball or form: each equals the one formed afresh."""
+    rng = np.random.default_rng(5)
+    d, width = 6, 40
+    ffn = _Block(rng.standard_normal((d, width)), rng.standard_normal((width, d)))
+    shape = (AffineForm.generated(IntervalArray(np.zeros(d)), IntervalArray(rng.standard_normal((3, d)))),)
+    carried = feedforward_taylor._carried_ball(shape, ffn)
+    grams = [IntervalArray(G.T @ G) for G in (rng.standard_normal((4, width)), rng.standard_normal((4, width)))]
+    first = feedforward_taylor._signed_gram(ffn, grams[0], 0.5, carried)
+    assert feedforward_taylor._signed_gram(ffn, grams[0], 0.5, carried)[0] is first[0]
+    for a_gram, beta in ((grams[0], 0.0), (grams[0], 0.25), (grams[1], 0.5)):
+        K, c = feedforward_taylor._signed_gram(ffn, a_gram, beta, carried)
+        fresh, count = feedforward_taylor._signed_gram(ffn, a_gram, beta, feedforward_taylor._carried_ball(shape, ffn))
+        assert c == count and np.array_equal(K.lo, fresh.lo) and np.array_equal(K.hi, fresh.hi)

@@ -39,7 +39,8 @@ from .scores import ScoreNorms, head_projections, score_scale, visibility
 SECANT_PIECES = 16
 
 __all__ = ["EnclosedAttention", "EnclosedNorm", "EnclosedFeedForward", "inverse_sqrt", "head_products", "softmax",
-           "trilinear_norm", "feedforward_grams", "feedforward_hadamards", "kept_per_block", "release_block",
+           "trilinear_norm", "feedforward_grams", "feedforward_float_grams", "feedforward_hadamards", "kept_per_block",
+           "release_block",
            "key_masses", "hidden_fill"]
 
 
@@ -433,6 +434,15 @@ def feedforward_grams(ffn: FeedForward) -> tuple:
     return kept_per_block(_GRAMS, (ffn,), lambda: (
         IntervalArray.from_enclosure(Enclosure.exact(ffn.W_1.T) @ Enclosure.exact(ffn.W_1)),
         IntervalArray.from_enclosure(Enclosure.exact(ffn.W_2) @ Enclosure.exact(ffn.W_2.T))))
+
+
+_FLOAT_GRAMS: dict = {}
+
+
+def feedforward_float_grams(ffn: FeedForward) -> tuple:
+    """The midpoints of :func:`feedforward_grams` (floats: the estimates that order the work read them), once per
+    block."""
+    return kept_per_block(_FLOAT_GRAMS, (ffn,), lambda: tuple(gram.mid for gram in feedforward_grams(ffn)))
 
 
 _HADAMARDS: dict = {}

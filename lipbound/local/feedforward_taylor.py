@@ -27,7 +27,7 @@ from ..rigorous.linalg import Enclosure, lambda_max_upper_large, spectral_norm_u
 from ..rigorous.zonotope import AffineForm, sum_upper
 from ..symbolic import local as T
 from .bounds import evaluate_theorem
-from .enclosed import EnclosedFeedForward, feedforward_grams, feedforward_hadamards
+from .enclosed import EnclosedFeedForward, feedforward_float_grams, feedforward_grams, feedforward_hadamards
 from .taylor_quotients import curvature_split
 
 __all__ = ["CarriedBall", "feedforward_remainder", "feedforward_remainder_along", "directed_remainder",
@@ -180,6 +180,14 @@ class CarriedBall:
             self._grams[p] = self.rows[p].swapaxes(0, 1).bmm(self.rows[p])
         return self._grams[p]
 
+    def kept(self, a_gram: IntervalArray, beta: float, compute):
+        """``compute()`` for the set's form Gram matrix ``a_gram`` and ball ``beta``, formed once (the signed and
+        directed lemmas both read :func:`_signed_gram`'s sum)."""
+        key = ("sum", id(a_gram), beta)
+        if key not in self._grams:
+            self._grams[key] = (a_gram, compute())   # (a_gram held: its id is not reused while the entry lives)
+        return self._grams[key][1]
+
     @property
     def grams(self) -> tuple:
         """:meth:`gram` of every part."""
@@ -201,8 +209,9 @@ FLOOR_SHARE = 0.99
 def remainder_floor(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball: float, shape: tuple = ()) -> float:
     """A float estimate from below of :func:`feedforward_remainder` (both lemmas' ball parts alone, a choice of work:
     it decides whether the certified one is formed, never a value).  With the notation there, the joint bound is at
-    least ``(1/2) (sum_p ||N_p W_1 D|| + beta ||W_1 D||) min(sum_p ||diag(D m_p) W_2|| + beta ||diag(D ||w||) W_2||,
-    max_k D_k dev_k ||W_2||)`` (``P`` and ``Q`` without their form parts, which are not negative) and the signed one at
+    least ``(1/2) (sum_p ||N_p W_1 D|| + beta ||W_1 D||) min(sum_p q_p + beta q_0, max_k D_k dev_k ||W_2||)`` (``P``
+    and ``Q`` without their form parts, which are not negative; ``q_p``, ``q_0`` each the smaller of its plain and
+    Hadamard terms, as the certified ``Q`` may take either) and the signed one at
     least the same with ``S_k = T_k dev_k / 3`` (its cubic part; ``c F / 2 >= 0``); each norm is estimated from below
     by power iteration (a Rayleigh quotient is at most the top eigenvalue), ``dev_k`` and the curvature bounds are read
     at the float deviations, and the smaller of the two is taken times :data:`FLOOR_SHARE`."""
@@ -215,7 +224,8 @@ def remainder_floor(enclosed: EnclosedFeedForward, i: int, row: AffineForm, ball
     gram = row.l2.T @ row.l2                                                                         # G^T G (d, d)
     columns = np.linalg.norm(ffn.W_1, axis=0)                                                        # ||w_k||
     m = [np.linalg.norm(part, axis=0) for part in carried]
-    dev = np.sqrt(np.maximum(np.einsum("ak,ab,bk->k", ffn.W_1, gram, ffn.W_1), 0.0)) + sum(m) + beta * columns
+    # ||G w_k||^2 = (W_1^T G^T G W_1)_kk, by one BLAS product (einsum's own three-index loop is ten times slower)
+    dev = np.sqrt(np.maximum(np.einsum("ak,ak->k", ffn.W_1, gram @ ffn.W_1), 0.0)) + sum(m) + beta * columns
     hull = enclosed.h[i] + IntervalArray(-dev, dev)
     apart = outlier_neurons(ffn)
     split = curvature_split(enclosed.h[i], dev, apart)
@@ -230,23 +240,23 @@ def _half_product_floor(ffn, S: np.ndarray, beta: float, carried: list, dev: np.
     (d_ff,; the outlier neurons' 0: they are bounded apart, by a part not negative): ``carried`` the float ``N_p W_1``,
     ``dev`` the deviations; with ``a_gram`` (the float ``A^T A``) the form's parts ``lambda_max(D A^T A D)^(1/2)`` and
     ``lambda_max(D (A^T A o W_2 W_2^T) D)^(1/2)`` too, without it the ball's and carried balls' parts alone (every
-    part is not negative) and, as the certified ``Q``, each part's smaller of its plain and joint terms
+    part is not negative); either way, as the certified ``Q`` may, each part's smaller of its plain and joint terms
     (:func:`_hadamard_term`).  Each norm by power iteration (:func:`_norm_from_below`, :func:`_top_from_below`)."""
     root = np.sqrt(np.maximum(S, 0.0))
     root[outlier_neurons(ffn)] = 0.0
     columns = np.linalg.norm(ffn.W_1, axis=0)
-    b_gram = feedforward_grams(ffn)[1].mid                                                          # W_2 W_2^T
+    b_gram = feedforward_float_grams(ffn)[1]                                                        # W_2 W_2^T
 
     def joint_term(gram: np.ndarray) -> float:   # lambda_max(D (gram o W_2 W_2^T) D)^(1/2)
         return math.sqrt(max(_top_from_below(gram * b_gram * root[:, None] * root[None, :]), 0.0))
     P = beta * _norm_from_below(ffn.W_1 * root)
     Q = beta * _norm_from_below(ffn.W_2 * (root * columns)[:, None])
-    if a_gram is not None and beta > 0:   # (the certified Q takes the smaller of the two terms, _hadamard_term)
-        Q = min(Q, beta * joint_term(feedforward_grams(ffn)[0].mid))                             # W_1^T W_1
+    if beta > 0:   # (the certified Q may take the smaller of the two terms, _hadamard_term: so may its floor)
+        Q = min(Q, beta * joint_term(feedforward_float_grams(ffn)[0]))                           # W_1^T W_1
     for part in carried:
         P += _norm_from_below(part * root)
         plain = _norm_from_below(ffn.W_2 * (root * np.linalg.norm(part, axis=0))[:, None])
-        Q += plain if a_gram is None else min(plain, joint_term(part.T @ part))
+        Q += min(plain, joint_term(part.T @ part))
     if a_gram is not None:
         P += math.sqrt(max(_top_from_below(a_gram * root[:, None] * root[None, :]), 0.0))
         Q += joint_term(a_gram)
@@ -345,19 +355,19 @@ def _joint_factors(ffn, a_gram: IntervalArray, columns: IntervalArray, beta: flo
     scaled = a_gram * root.expand(0) * root.expand(-1)
     P = (IntervalArray(max(lambda_max_upper_large(scaled.to_enclosure()), 0.0)).sqrt()
          + IntervalArray(beta) * IntervalArray(spectral_norm_upper_large((W_1 * root.expand(0)).to_enclosure())))
-    b_gram = feedforward_grams(ffn)[1]                                                              # W_2 W_2^T
+    b_gram, b_float = feedforward_grams(ffn)[1], feedforward_float_grams(ffn)[1]                   # W_2 W_2^T
     joint = IntervalArray(max(lambda_max_upper_large((scaled * b_gram).to_enclosure()), 0.0)).sqrt()
     own = joint.hi.item()   # the form's term: the parts' joint terms are formed only where a part's is larger
     if beta > 0:
         plain = spectral_norm_upper_large((W_2 * (root * columns).expand(-1)).to_enclosure())
         hadamard = feedforward_hadamards(ffn)[0]
         joint = joint + IntervalArray(beta) * IntervalArray(
-            _hadamard_term(hadamard.mid, lambda: hadamard, root, plain, beta * plain >= own))
+            _hadamard_term(lambda: hadamard.mid, lambda: hadamard, root, plain, beta * plain >= own))
     for p, (rows, reach) in enumerate(zip(*((carried.rows, carried.columns) if carried is not None else ((), ())))):
         # each carried ball's own terms (lemma token-form-carried)
         P = P + IntervalArray(spectral_norm_upper_large((rows * root.expand(0)).to_enclosure()))
         plain = spectral_norm_upper_large((W_2 * (root * IntervalArray(reach)).expand(-1)).to_enclosure())
-        joint = joint + IntervalArray(_hadamard_term((rows.mid.T @ rows.mid) * b_gram.mid,
+        joint = joint + IntervalArray(_hadamard_term(lambda rows=rows: (rows.mid.T @ rows.mid) * b_float,
                                                      lambda p=p: carried.gram(p) * b_gram, root, plain, plain >= own))
     cheap = IntervalArray(float(np.max((root * IntervalArray(dev)).hi))) * IntervalArray(second)
     return P.hi.item(), min(joint.hi.item(), cheap.hi.item())
@@ -367,19 +377,20 @@ def _joint_factors(ffn, a_gram: IntervalArray, columns: IntervalArray, beta: flo
 HADAMARD_SHARE = 0.95
 
 
-def _hadamard_term(estimated: np.ndarray, hadamard, root: IntervalArray, plain: float, wanted: bool = True) -> float:
+def _hadamard_term(estimated, hadamard, root: IntervalArray, plain: float, wanted: bool = True) -> float:
     """The smaller of ``plain`` (a part's ``||diag(D m) W_2||``) and ``lambda_max(D H D)^(1/2)``, ``H`` (d_ff, d_ff) the
     part's Hadamard product (the Gram matrix of its vectors ``N w_k (x) r_k``: ``(N W_1)^T (N W_1) o W_2 W_2^T``), ``D
     = diag(root)``, rounded up (lemma feedforward-taylor-joint: the part's squares ``sum_k S_k (z . N w_k)^2 (r_k .
-    v)^2`` are the quadratic form of that Gram matrix at ``z (x) v``).  ``hadamard()`` forms H enclosed, ``estimated``
-    is H in floats: only where a float estimate from below of the eigenvalue (:func:`_norm_from_below` of the positive
-    semidefinite ``D H D`` in floats) is below :data:`HADAMARD_SHARE` of ``plain`` is H enclosed and the eigenvalue
-    certified (a choice of work); not at all unless ``wanted`` (the caller's choice of work: :func:`_joint_factors`
-    forms it where the part's plain term is at least the form's own, so that the part weighs in Q)."""
+    v)^2`` are the quadratic form of that Gram matrix at ``z (x) v``).  ``hadamard()`` forms H enclosed,
+    ``estimated()`` H in floats (each only where it is read): only where a float estimate from below of the eigenvalue
+    (:func:`_norm_from_below` of the positive semidefinite ``D H D`` in floats) is below :data:`HADAMARD_SHARE` of
+    ``plain`` is H enclosed and the eigenvalue certified (a choice of work); not at all unless ``wanted`` (the caller's
+    choice of work: :func:`_joint_factors` forms it where the part's plain term is at least the form's own, so that
+    the part weighs in Q)."""
     if not wanted:
         return plain
     r = root.mid
-    estimate = _norm_from_below(estimated * r[:, None] * r[None, :])
+    estimate = _norm_from_below(estimated() * r[:, None] * r[None, :])
     if not math.sqrt(max(estimate, 0.0)) < HADAMARD_SHARE * plain:
         return plain
     scaled = hadamard() * root.expand(0) * root.expand(-1)
@@ -389,13 +400,16 @@ def _hadamard_term(estimated: np.ndarray, hadamard, root: IntervalArray, plain: 
 
 def _signed_gram(ffn, a_gram: IntervalArray, beta: float, carried: CarriedBall | None) -> tuple[IntervalArray, int]:
     """``(K, c)`` of :func:`_signed_part`: ``K = A^T A + sum_p (N_p W_1)^T (N_p W_1) + beta^2 W_1^T W_1`` (the terms of
-    the carried balls and of the ball where present), ``c`` the number of its parts."""
-    K, c = a_gram, 1
-    for gram in (carried.grams if carried is not None else ()):
-        K, c = K + gram, c + 1
-    if beta > 0:
-        K, c = K + IntervalArray(beta) * IntervalArray(beta) * feedforward_grams(ffn)[0], c + 1
-    return K, c
+    the carried balls and of the ball where present), ``c`` the number of its parts.  (Kept by ``carried``, which
+    belongs to one set's parts, for the same ``A^T A`` and ``beta``: the signed and directed lemmas both read it.)"""
+    def compute() -> tuple[IntervalArray, int]:
+        K, c = a_gram, 1
+        for gram in (carried.grams if carried is not None else ()):
+            K, c = K + gram, c + 1
+        if beta > 0:
+            K, c = K + IntervalArray(beta) * IntervalArray(beta) * feedforward_grams(ffn)[0], c + 1
+        return K, c
+    return compute() if carried is None else carried.kept(a_gram, beta, compute)
 
 
 def _signed_estimate(ffn, g: IntervalArray, a_gram: IntervalArray, beta: float, carried: CarriedBall | None = None,
@@ -406,7 +420,7 @@ def _signed_estimate(ffn, g: IntervalArray, a_gram: IntervalArray, beta: float, 
     for rows in (carried.rows if carried is not None else ()):
         K, c = K + rows.mid.T @ rows.mid, c + 1
     if beta > 0:
-        K, c = K + (beta * beta) * feedforward_grams(ffn)[0].mid, c + 1
+        K, c = K + (beta * beta) * feedforward_float_grams(ffn)[0], c + 1
     squares, g = K * K, _without_outliers(ffn, g).mid
 
     def product(v: np.ndarray) -> np.ndarray:
