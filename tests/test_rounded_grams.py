@@ -34,6 +34,29 @@ def _points_of(boxes: list, rng) -> list:
     return [[np.clip(x, b.lo, b.hi) for x, b in zip(point, boxes)] for point in points]
 
 
+def _assert_above_at_points(exact, bound: np.ndarray, points: list, entries: list, close: bool) -> None:
+    """``exact(point, *entry) <= bound[0][entry]`` in rationals at every point; with ``close`` (point boxes) the
+    bound within 1e-9 of the exact value at the midpoints."""
+    for point in points:
+        for entry in entries:
+            assert exact(point, *entry) <= Fraction(bound[0][entry])
+    if close:
+        values = np.array([float(exact(points[0], *entry)) for entry in entries])
+        tops = np.array([bound[0][entry] for entry in entries])
+        assert np.all(tops - values <= 1e-9 * (1.0 + np.abs(values)))
+
+
+def _below_the_bare_value(exact, bare: np.ndarray, bound: np.ndarray, entries: list) -> int:
+    """How many entries' exact value (rationals) lies above the float value without the rounding term ``bare``,
+    asserting it never lies above ``bound``."""
+    below = 0
+    for entry in entries:
+        value = exact(*entry)
+        assert value <= Fraction(bound[0][entry])
+        below += value > Fraction(bare[0][entry])
+    return below
+
+
 def _exact_squares(q, v, f, p, Omega, Psi, b: int, i: int, j: int) -> Fraction:
     """``S_ij`` of the module docstring in rationals, term by term from its definition."""
     H = q.shape[1]
@@ -71,14 +94,8 @@ def test_the_float_gram_bound_is_above_the_exact_form_at_every_point_of_the_boxe
     boxes = [_box(m, r) for m, r in zip(mids, rads)]
     bound = key_path_squares(*boxes, block_majorants(boxes[4], boxes[5]))
     assert bound.shape == (1, n, n)
-    points = _points_of(boxes, rng)
-    for point in points:
-        for i in range(n):
-            for j in range(n):
-                assert _exact_squares(*point, 0, i, j) <= Fraction(bound[0, i, j])
-    if width == 0.0:
-        exact = np.array([[float(_exact_squares(*points[0], 0, i, j)) for j in range(n)] for i in range(n)])
-        assert np.all(bound[0] - exact <= 1e-9 * (1.0 + np.abs(exact)))
+    _assert_above_at_points(lambda point, i, j: _exact_squares(*point, 0, i, j), bound,
+                            _points_of(boxes, rng), [(i, j) for i in range(n) for j in range(n)], width == 0.0)
 
 
 def test_without_the_rounding_term_the_bound_falls_below_the_exact_form():
@@ -91,11 +108,8 @@ def test_without_the_rounding_term_the_bound_falls_below_the_exact_form():
         majorants = block_majorants(boxes[4], boxes[5])
         bare = key_path_squares(*boxes, majorants, rounding=False)
         bound = key_path_squares(*boxes, majorants)
-        for i in range(3):
-            for j in range(3):
-                exact = _exact_squares(*mids, 0, i, j)
-                assert exact <= Fraction(bound[0, i, j])
-                below += exact > Fraction(bare[0, i, j])
+        below += _below_the_bare_value(lambda i, j: _exact_squares(*mids, 0, i, j), bare, bound,
+                                       [(i, j) for i in range(3) for j in range(3)])
     assert below > 0
 
 
@@ -133,14 +147,8 @@ def test_the_float_query_form_is_above_the_exact_form_at_every_point_of_the_boxe
     boxes = [_box(m, r) for m, r in zip(mids, rads)]
     bound = query_squares(*boxes)
     assert bound.shape == (1, heads, n)
-    points = _points_of(boxes, rng)
-    for point in points:
-        for h in range(heads):
-            for i in range(n):
-                assert _exact_query_squares(*point, 0, h, i) <= Fraction(bound[0, h, i])
-    if width == 0.0:
-        exact = np.array([[float(_exact_query_squares(*points[0], 0, h, i)) for i in range(n)] for h in range(heads)])
-        assert np.all(bound[0] - exact <= 1e-9 * (1.0 + np.abs(exact)))
+    _assert_above_at_points(lambda point, h, i: _exact_query_squares(*point, 0, h, i), bound,
+                            _points_of(boxes, rng), [(h, i) for h in range(heads) for i in range(n)], width == 0.0)
 
 
 def test_without_the_rounding_term_the_query_form_falls_below_the_exact_form():
@@ -150,11 +158,8 @@ def test_without_the_rounding_term_the_query_form_falls_below_the_exact_form():
         _, mids, _ = _query_case(seed, 2, 3, 0.0)
         boxes = [IntervalArray(m) for m in mids]
         bare, bound = query_squares(*boxes, rounding=False), query_squares(*boxes)
-        for h in range(2):
-            for i in range(3):
-                exact = _exact_query_squares(*mids, 0, h, i)
-                assert exact <= Fraction(bound[0, h, i])
-                below += exact > Fraction(bare[0, h, i])
+        below += _below_the_bare_value(lambda h, i: _exact_query_squares(*mids, 0, h, i), bare, bound,
+                                       [(h, i) for h in range(2) for i in range(3)])
     assert below > 0
 
 
