@@ -103,13 +103,15 @@ def _query_covariance(engine: AttentionMap, P: IntervalArray, K: IntervalArray, 
     return (at_point + IntervalArray(query_norms)[None, :, None] * change).hi
 
 
-#: id(engine) -> (engine, W_O's head blocks W_O^h W_O^gT, W_K's W_K^hT W_K^g), enclosed, (H, ., H, .).
+#: id(engine) -> (engine, W_O's head blocks W_O^h W_O^gT, W_K's W_K^hT W_K^g), enclosed, (H, ., H, .), and their
+#: majorants (:func:`~lipbound.local.rounded_grams.block_majorants`).
 _HEAD_GRAMS: dict = {}
 
 
-def _head_block_grams(engine: AttentionMap) -> tuple[IntervalArray, IntervalArray]:
+def _head_block_grams(engine: AttentionMap) -> tuple[IntervalArray, IntervalArray, tuple]:
     """``Omega_hg = W_O^h W_O^gT`` (d_v x d_v) and ``Psi_hg = W_K^hT W_K^g`` (d_k x d_k) for every pair of heads,
-    enclosed, once per layer: the inner products of the key path's vectors in d dimensions from head-sized ones."""
+    enclosed, and their :func:`~lipbound.local.rounded_grams.block_majorants`, once per layer: the inner products of
+    the key path's vectors in d dimensions from head-sized ones."""
     entry = _HEAD_GRAMS.get(id(engine))
     if entry is None or entry[0] is not engine:
         if len(_HEAD_GRAMS) >= 16:
@@ -118,8 +120,9 @@ def _head_block_grams(engine: AttentionMap) -> tuple[IntervalArray, IntervalArra
         keys = np.concatenate([engine.head_weights(h)[1] for h in range(H)], axis=1)      # (d, H d_k)
         outputs = IntervalArray(engine.W_O).bmm(IntervalArray(np.ascontiguousarray(engine.W_O.T)))
         products = IntervalArray(np.ascontiguousarray(keys.T)).bmm(IntervalArray(keys))
-        entry = _HEAD_GRAMS[id(engine)] = (engine, outputs.reshape(H, d_v, H, d_v), products.reshape(H, d_k, H, d_k))
-    return entry[1], entry[2]
+        Omega, Psi = outputs.reshape(H, d_v, H, d_v), products.reshape(H, d_k, H, d_k)
+        entry = _HEAD_GRAMS[id(engine)] = (engine, Omega, Psi, block_majorants(Omega, Psi))
+    return entry[1], entry[2], entry[3]
 
 
 def _key_path_norms(engine: AttentionMap, Q: IntervalArray, V: IntervalArray, F: IntervalArray, P: IntervalArray,
@@ -132,18 +135,9 @@ def _key_path_norms(engine: AttentionMap, Q: IntervalArray, V: IntervalArray, F:
     and ``y_h . y_g`` likewise through ``Omega`` (:func:`_head_block_grams`), head-sized products only, evaluated in
     floats with the rounding and the boxes' radii bounded a posteriori
     (:func:`~lipbound.local.rounded_grams.key_path_squares`, lemma float-gram)."""
-    Omega, Psi = _head_block_grams(engine)                          # (H, d_v, H, d_v), (H, d_k, H, d_k), enclosed
-    majorants = _BLOCK_MAJORANTS.get(id(engine))
-    if majorants is None or majorants[0] is not engine:
-        if len(_BLOCK_MAJORANTS) >= 16:
-            _BLOCK_MAJORANTS.clear()
-        majorants = _BLOCK_MAJORANTS[id(engine)] = (engine, block_majorants(Omega, Psi))
-    squares = key_path_squares(Q, V, F, P, Omega, Psi, majorants[1])
+    Omega, Psi, majorants = _head_block_grams(engine)    # (H, d_v, H, d_v), (H, d_k, H, d_k), enclosed; (H, H)
+    squares = key_path_squares(Q, V, F, P, Omega, Psi, majorants)
     return (IntervalArray(np.maximum(squares, 0.0)).sqrt() * c).hi
-
-
-#: id(engine) -> (engine, :func:`~lipbound.local.rounded_grams.block_majorants` of its head blocks).
-_BLOCK_MAJORANTS: dict = {}
 
 
 def attention_radii(engine: AttentionMap, X: PointStates, output_norm: float | None = None) -> PointStates:
