@@ -133,7 +133,6 @@ class CurvatureIntegral:
                 finite = np.isfinite(tops) & np.isfinite(changes)
                 if np.any(finite):
                     route = (IntervalArray(tops[finite]) + IntervalArray(changes[finite])).hi
-                    chi = chi.copy()
                     chi[finite] = np.minimum(chi[finite], route)
             total = total + IntervalArray(width) * IntervalArray(chi)
         return np.where(np.isfinite(total.hi), (total * factor).hi, np.inf)

@@ -30,17 +30,7 @@ from ..rigorous.arrays import IntervalArray
 from ..rigorous.linalg import spectral_norm_upper_large
 from .centred import weighted_reach
 
-__all__ = ["query_chis", "query_groups", "row_chis"]
-
-
-def query_chis(curvature, bounds, r: np.ndarray, frobenius: float | None = None) -> np.ndarray:
-    """``chi_i >= sup ||D^2A(Y)[e, f]_i||`` over unit e, f and the Y where ``bounds.facts`` hold, per output token i
-    (n,), rounded up (module docstring); ``curvature`` an unfolded
-    :class:`~lipbound.local.curvature.AttentionCurvature`, ``bounds`` those of
-    :func:`~lipbound.local.bounds.attention_bounds` on the token balls of radii ``r``, ``frobenius`` a bound on ``||Y -
-    X||_F`` there where known (as :meth:`~lipbound.local.curvature.AttentionCurvature.chis`)."""
-    first, second, third = query_groups(curvature, bounds, r, frobenius)
-    return (first + second + third).hi
+__all__ = ["query_groups", "row_chis"]
 
 
 def row_chis(groups: np.ndarray, whole: tuple) -> np.ndarray:
@@ -60,10 +50,13 @@ def row_chis(groups: np.ndarray, whole: tuple) -> np.ndarray:
 
 
 def query_groups(curvature, bounds, r: np.ndarray, frobenius: float | None = None) -> tuple:
-    """``(chi_I,i, chi_II,i, chi_III,i)`` of :func:`query_chis`, three (n,) interval arrays (the module docstring's
-    groups, each enclosed)."""
+    """``(chi_I,i, chi_II,i, chi_III,i)``, three (n,) interval arrays (the module docstring's groups, each enclosed):
+    their sum bounds ``sup ||D^2A(Y)[e, f]_i||`` over unit e, f and the Y where ``bounds.facts`` hold, per output token
+    i.  ``curvature`` an unfolded :class:`~lipbound.local.curvature.AttentionCurvature`, ``bounds`` those of
+    :func:`~lipbound.local.bounds.attention_bounds` on the token balls of radii ``r``, ``frobenius`` a bound on ``||Y -
+    X||_F`` there where known (as :meth:`~lipbound.local.curvature.AttentionCurvature.chis`)."""
     if curvature.fold is not None:
-        raise ValueError("query_chis reads an unfolded curvature bound")
+        raise ValueError("query_groups reads an unfolded curvature bound")
     facts, n = bounds.facts, curvature.n
     size, change, centred = curvature._functional_deviation(facts, r, frobenius)
     p_plus = IntervalArray(facts["p_hi"])
