@@ -1,5 +1,6 @@
-"""How much output token i's row of an attention layer's second derivative can change over a neighbourhood U of X
-(lemma ``curvature-row-change``): the half of the operator route that carries a bound at X over U.
+"""Output token i's row of an attention layer's second derivative as one operator: its bound at X
+(:func:`operator_tops`, lemma ``curvature-row-operator``) and how much the row can change over a neighbourhood U of X
+(:func:`query_changes`, lemma ``curvature-row-change``), the half that carries the bound at X over U.
 
 Row i is ``D^2A(Y)[e, f]_i = I_i + II_i + III_i`` (theorem ``local-attention-curvature``, lemma
 ``curvature-per-query``), each group exact at every Y with Y's weights ``p_ij``, score changes ``zeta_ij`` and rows

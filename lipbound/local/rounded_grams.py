@@ -81,6 +81,11 @@ def _float_squares(Q: np.ndarray, V: np.ndarray, F: np.ndarray, P: np.ndarray, O
     return np.einsum("bijh,bijg,bihg,bijhg->bij", weights, weights, keys, outputs)
 
 
+def _norms(A: IntervalArray) -> tuple[IntervalArray, IntervalArray]:
+    """Upper bounds on the norms over the last axis of the box's vectors and of its radii."""
+    return IntervalArray(A.norm_upper()), IntervalArray(IntervalArray(A.rad).norm_upper())
+
+
 def _quadratic(x: IntervalArray, M: np.ndarray, y: IntervalArray) -> IntervalArray:
     """``x^T M y`` over the last axis (H) of non-negative x, y, enclosed."""
     return (x.matmul(M) * y).sum(axis=-1)
@@ -94,9 +99,7 @@ def key_path_squares(Q: IntervalArray, V: IntervalArray, F: IntervalArray, P: In
     M, M_r, psi_top, omega_top = majorants
     H, d_k, d_v = Q.shape[1], Q.shape[-1], V.shape[-1]
     S = _float_squares(Q.mid, V.mid, F.mid, P.mid, Omega.mid, Psi.mid)
-    query_big, query_rad = IntervalArray(Q.norm_upper()), IntervalArray(IntervalArray(Q.rad).norm_upper())
-    value_big, value_rad = IntervalArray(V.norm_upper()), IntervalArray(IntervalArray(V.rad).norm_upper())
-    mean_big, mean_rad = IntervalArray(F.norm_upper()), IntervalArray(IntervalArray(F.rad).norm_upper())
+    (query_big, query_rad), (value_big, value_rad), (mean_big, mean_rad) = (_norms(A) for A in (Q, V, F))
 
     def to_pairs(A: IntervalArray) -> IntervalArray:                                     # (B, H, i) -> (B, i, 1, H)
         return A.swapaxes(1, 2).expand(2)
@@ -152,9 +155,7 @@ def query_squares(K: IntervalArray, V: IntervalArray, F: IntervalArray, P: Inter
     S = np.einsum("bhij,bhil,bhjl,bhijl->bhi", p, p, keys, values)
     top = IntervalArray(_block_norms(gram.magnitude[:, :, None, :])[:, 0, None, None])        # (H, 1, 1): psi_h
     spread = IntervalArray(_block_norms(gram.rad[:, :, None, :])[:, 0, None, None])
-    key_big, key_rad = IntervalArray(K.norm_upper()), IntervalArray(IntervalArray(K.rad).norm_upper())   # (B, H, j)
-    value_big, value_rad = IntervalArray(V.norm_upper()), IntervalArray(IntervalArray(V.rad).norm_upper())
-    mean_big, mean_rad = IntervalArray(F.norm_upper()), IntervalArray(IntervalArray(F.rad).norm_upper())
+    (key_big, key_rad), (value_big, value_rad), (mean_big, mean_rad) = (_norms(A) for A in (K, V, F))   # (B, H, j)
     vectors = value_big.expand(2) + mean_big.expand(3)                                          # (B, H, i, j)
     vectors_rad = value_rad.expand(2) + mean_rad.expand(3)
     weights, weights_rad = IntervalArray(P.magnitude), IntervalArray(P.rad)

@@ -180,7 +180,8 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     polish_count = max(2, int(polish_count / work))
     until = began + 0.25 * (deadline - began)
     pool = []
-    if scouted(problem):          # a rotary layer: its heads scouted alone, then tied together and combined
+    scout = scouted(problem)
+    if scout:                     # a rotary layer: its heads scouted alone, then tied together and combined
         pool += layer_starts(problem, rng, began + 0.45 * (deadline - began), work, kernel_starts, head_ties,
                              joint_ties)
     else:
@@ -188,7 +189,7 @@ def search_witness(target: Head | Layer, *, domain: TokenDomain, n: int, budget_
     pool.append((problem.random(rng, max(2, int(8 / work)), 1 - 1e-6), "random"))
     # a few power steps rank the starts (the polish refines E); more would leave fewer starts ranked at all
     cands = rank_pool(problem, pool, rng, 8 if len(heads) == 1 else 6, max(1, int(32 / work)),
-                      began + (0.6 if scouted(problem) else 0.4) * (deadline - began))
+                      began + (0.6 if scout else 0.4) * (deadline - began))
     families = list(dict.fromkeys(cands.family))
     pooled = clock()
     # the first chunk is always ranked: on a wide layer at a small budget it may use the whole budget, and the
